@@ -1,0 +1,91 @@
+/* Datasets of 8-bit images with class labels (MNIST, Fashion-MNIST, KMNIST,
+ * or any directory of the four IDX files), decoded once into a cache file and
+ * mapped read-only, so every local process shares one copy (DESIGN decision 7).
+ *
+ * Name resolution for --dataset:
+ *   "mnist", "fashion-mnist", "kmnist"  -> $DOWNPOUR_DATA/<name>, default ./data/<name>
+ *   anything else                       -> a directory path
+ * The directory holds train-images-idx3-ubyte, train-labels-idx1-ubyte,
+ * t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw or with ".gz". */
+#ifndef DOWNPOUR_DATASET_H
+#define DOWNPOUR_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/rng.h"
+#include "downpour/status.h"
+
+/* A view of records: images (n, dim) bytes, labels (n). */
+typedef struct dp_split {
+    const uint8_t *images;
+    const uint8_t *labels;
+    uint32_t n;
+    uint32_t dim;
+} dp_split;
+
+typedef struct dp_dataset {
+    char dir[1024];       /* where the IDX files were found */
+    char cache_path[1024];
+    uint32_t rows, cols;  /* image shape; dim = rows*cols */
+    uint32_t classes;     /* 1 + the largest label seen */
+    dp_split train_all;   /* the 60,000 training records */
+    dp_split test;        /* the 10,000 test records */
+    void *map;            /* read-only mapping of the cache file */
+    size_t map_len;
+} dp_dataset;
+
+/* Resolves name_or_dir, reads or builds the cache, maps it.  The cache lives
+ * in $DOWNPOUR_CACHE, else <dir> if writable, else $XDG_CACHE_HOME/downpour or
+ * ~/.cache/downpour; it is rebuilt when the source files change (size, mtime)
+ * and refused when its header or checksum is wrong.  A missing KMNIST says
+ * where to download it and where to put it. */
+int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
+void dp_dataset_close(dp_dataset *ds);
+
+/* The source experiment's split: of the training records the first n_train
+ * train and the next n_val validate (54,000 and 6,000 by default).  Returns -1
+ * if they do not fit. */
+int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_split *train,
+                     dp_split *val, dp_err *err);
+
+/* Sharding policies for data-parallel workers. */
+typedef enum dp_shard_policy {
+    DP_SHARD_OFF,  /* every worker sees every record */
+    DP_SHARD_DATA, /* worker k of w keeps records k, k+w, k+2w, ... */
+    DP_SHARD_FILE, /* worker k of w keeps the k-th contiguous block */
+    DP_SHARD_COUNT
+} dp_shard_policy;
+
+int dp_shard_parse(const char *name, dp_shard_policy *out, dp_err *err);
+const char *dp_shard_name(dp_shard_policy p);
+
+/* Walks a split in batches, reshuffled every epoch from a seed.  All memory
+ * is allocated in dp_batcher_init; dp_batcher_next allocates nothing. */
+typedef struct dp_batcher {
+    const dp_split *split;
+    uint32_t *order;     /* indices of the records this batcher owns */
+    uint32_t n;          /* how many it owns */
+    uint32_t pos;        /* next position in order */
+    uint64_t seed;
+    long epoch;          /* epochs started */
+    int shuffle;
+} dp_batcher;
+
+/* Owns the records of shard `shard_index` of `shard_count` under `policy`. */
+int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shuffle,
+                    dp_shard_policy policy, int shard_index, int shard_count, dp_err *err);
+void dp_batcher_free(dp_batcher *b);
+/* Starts epoch `epoch` (0-based): order is a permutation seeded by (seed, epoch),
+ * so any process can reproduce any epoch's order. */
+void dp_batcher_start_epoch(dp_batcher *b, long epoch);
+/* Fills x (batch, dim) with pixels / 255 and y (batch) with labels; returns
+ * the number of records written (< batch at the end of the epoch, 0 when done). */
+int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
+/* Number of batches in one epoch of this batcher (the last may be short). */
+uint32_t dp_batcher_batches(const dp_batcher *b, int batch);
+
+/* Copies records idx[0..n) of split into x (pixels / 255) and y. */
+void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n);
+
+#endif

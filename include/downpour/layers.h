@@ -1,0 +1,32 @@
+/* Layer kernels: pure compute, outputs first, then inputs, then sizes.
+ * Backward functions ACCUMULATE into parameter gradients (dw, db) and
+ * OVERWRITE input gradients (dinp).  Matrices are row-major. */
+#ifndef DOWNPOUR_LAYERS_H
+#define DOWNPOUR_LAYERS_H
+
+#include <stdint.h>
+
+/* out = inp W^T + b.  inp (batch,in), w (out,in) as PyTorch's Linear, b (out), out (batch,out). */
+void dp_dense_forward(float *out, const float *inp, const float *w, const float *b,
+                      int batch, int in, int out_dim);
+/* dinp (batch,in) = dout W  (skipped when dinp is NULL: the first layer needs none);
+ * dw (out,in) += dout^T inp;  db (out) += column sums of dout. */
+void dp_dense_backward(float *dinp, float *dw, float *db, const float *dout,
+                       const float *inp, const float *w, int batch, int in, int out_dim);
+
+/* In place: x = max(x, 0). */
+void dp_relu_forward(float *x, int n);
+/* In place: dx = dout where the relu output was positive, else 0.  `out` is
+ * the relu's output (the forward kept it in place). */
+void dp_relu_backward(float *dx, const float *out, int n);
+
+/* Fused softmax + cross-entropy, numerically stable (log-sum-exp).
+ * logits (batch,classes) in; probs (batch,classes) out; returns the MEAN loss
+ * over the batch; counts correct argmax predictions into *correct if non-NULL. */
+float dp_softmax_xent_forward(float *probs, const float *logits, const uint8_t *labels,
+                              int batch, int classes, int *correct);
+/* dlogits = (probs - onehot(labels)) / batch: the gradient of the mean loss. */
+void dp_softmax_xent_backward(float *dlogits, const float *probs, const uint8_t *labels,
+                              int batch, int classes);
+
+#endif

@@ -1,0 +1,32 @@
+/* Metrics: one JSON object a line (JSON Lines) for programs to read.  Every
+ * object has "event" and "t" (seconds since the writer opened).  The contract:
+ *   {"event":"epoch","epoch":1,"val_accuracy":..,"train_loss":..,"seconds":..}
+ *   {"event":"done","test_accuracy":..,"train_seconds":..,"samples_per_second":..,
+ *    "strategy":"single","model":"mlp-300-100","batch":128,"epochs":25}
+ * Later events (resource, step) follow the same shape. */
+#ifndef DOWNPOUR_METRICS_H
+#define DOWNPOUR_METRICS_H
+
+#include "downpour/status.h"
+
+typedef struct dp_metrics dp_metrics;
+
+/* Opens (truncates) path for writing; path NULL gives a writer that drops
+ * everything, so callers need no checks. */
+int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err);
+void dp_metrics_close(dp_metrics *m); /* NULL is a no-op */
+
+/* Field kinds for dp_metrics_event's variadic list. */
+typedef enum dp_field_kind {
+    DP_F_END,    /* terminates the list */
+    DP_F_INT,    /* const char *key, long value */
+    DP_F_NUM,    /* const char *key, double value */
+    DP_F_STR,    /* const char *key, const char *value */
+    DP_F_COUNT
+} dp_field_kind;
+
+/* dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_NUM, "val_accuracy", 0.97,
+ *                  DP_F_END);  one line, flushed. */
+int dp_metrics_event(dp_metrics *m, const char *event, ...);
+
+#endif

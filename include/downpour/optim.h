@@ -1,0 +1,55 @@
+/* Optimisers on flat ranges (DESIGN decision 2).  An optimiser owns the state
+ * for exactly n parameters (a whole model, or one parameter-server shard) and
+ * updates params[0..n) from grads[0..n).  Formulas follow Keras:
+ *   sgd:       p -= lr g
+ *   momentum:  v = mu v - lr g;  p += v            (nesterov: p += mu v - lr g)
+ *   adagrad:   a += g^2;  p -= lr g / (sqrt(a) + eps)      a starts at 0.1
+ *   adam:      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *              p -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)   */
+#ifndef DOWNPOUR_OPTIM_H
+#define DOWNPOUR_OPTIM_H
+
+#include <stddef.h>
+
+#include "downpour/status.h"
+
+typedef enum dp_optim_kind {
+    DP_OPTIM_SGD,
+    DP_OPTIM_MOMENTUM,
+    DP_OPTIM_NESTEROV,
+    DP_OPTIM_ADAGRAD,
+    DP_OPTIM_ADAM,
+    DP_OPTIM_COUNT
+} dp_optim_kind;
+
+typedef struct dp_optim_config {
+    dp_optim_kind kind;
+    float lr;
+    float momentum;      /* momentum, nesterov */
+    float beta1, beta2;  /* adam */
+    float eps;           /* adagrad, adam */
+    float initial_accumulator; /* adagrad */
+} dp_optim_config;
+
+typedef struct dp_optim {
+    dp_optim_config cfg;
+    size_t n;
+    float *state;  /* slots of n floats each: velocity, accumulator, or m then v */
+    long t;        /* updates applied so far */
+} dp_optim;
+
+/* Keras defaults for a kind: sgd lr 0.01; momentum/nesterov lr 0.01 mu 0.9;
+ * adagrad lr 0.001 acc 0.1 eps 1e-7; adam lr 0.001 b 0.9/0.999 eps 1e-7. */
+dp_optim_config dp_optim_defaults(dp_optim_kind kind);
+/* "sgd", "momentum", "nesterov", "adagrad", "adam"; -1 with a message if unknown. */
+int dp_optim_parse_kind(const char *name, dp_optim_kind *out, dp_err *err);
+const char *dp_optim_kind_name(dp_optim_kind kind);
+/* Number of state slots (0, 1 or 2) a kind keeps per parameter. */
+int dp_optim_slots(dp_optim_kind kind);
+
+int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err);
+void dp_optim_free(dp_optim *o);
+/* One update of all n parameters; increments t first (Adam's t starts at 1). */
+void dp_optim_apply(dp_optim *o, float *params, const float *grads);
+
+#endif

@@ -1,0 +1,49 @@
+/* safetensors files (the Hugging Face format PyTorch users load directly):
+ *   8 bytes little-endian header length N, N bytes of JSON header, then data.
+ * The header maps tensor names to {"dtype","shape","data_offsets":[begin,end]}
+ * and may hold "__metadata__": {string: string}.  Only F32 tensors are written;
+ * the reader checks every size and offset before trusting it: offsets inside
+ * the data, byte length equal to the shape's, no overlaps, no gaps, header
+ * length bounded (100 MB) and within the file. */
+#ifndef DOWNPOUR_SAFETENSORS_H
+#define DOWNPOUR_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/status.h"
+
+#define DP_ST_MAX_DIMS 8
+
+typedef struct dp_st_tensor {
+    const char *name;
+    const float *data;
+    int ndim;
+    int64_t shape[DP_ST_MAX_DIMS];
+} dp_st_tensor;
+
+typedef struct dp_st_meta {
+    const char *key;
+    const char *value;
+} dp_st_meta;
+
+/* Writes tensors and metadata to path atomically: a temporary file in the
+ * same directory, fsync, rename, fsync of the directory.  A crash leaves
+ * either the old file or the new one, never a torn one. */
+int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_tensors,
+                        const dp_st_meta *meta, int n_meta, dp_err *err);
+
+/* A loaded file: tensors point into one buffer owned by the handle. */
+typedef struct dp_safetensors dp_safetensors;
+
+int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err);
+void dp_safetensors_free(dp_safetensors *st); /* NULL is a no-op */
+int dp_safetensors_count(const dp_safetensors *st);
+/* The i-th tensor in file order (F32 data; other dtypes are refused at load). */
+const dp_st_tensor *dp_safetensors_at(const dp_safetensors *st, int i);
+/* NULL when absent. */
+const dp_st_tensor *dp_safetensors_find(const dp_safetensors *st, const char *name);
+/* NULL when absent. */
+const char *dp_safetensors_meta(const dp_safetensors *st, const char *key);
+
+#endif
