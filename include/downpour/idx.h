@@ -17,7 +17,7 @@ typedef struct dp_idx {
     size_t len;
 } dp_idx;
 
-/* Reads path; a name ending in ".gz" (or starting with the gzip magic) is
+/* Reads path; a file starting with the gzip magic (1f 8b), whatever its name, is
  * inflated with zlib.  Refuses files larger than the header implies, too. */
 int dp_idx_read(const char *path, dp_idx *out, dp_err *err);
 void dp_idx_free(dp_idx *idx);

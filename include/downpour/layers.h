@@ -9,10 +9,19 @@
 /* out = inp W^T + b.  inp (batch,in), w (out,in) as PyTorch's Linear, b (out), out (batch,out). */
 void dp_dense_forward(float *out, const float *inp, const float *w, const float *b,
                       int batch, int in, int out_dim);
+/* out = max(inp W^T + b, 0): dense then relu in one pass over out (hidden layers). */
+void dp_dense_relu_forward(float *out, const float *inp, const float *w, const float *b,
+                           int batch, int in, int out_dim);
 /* dinp (batch,in) = dout W  (skipped when dinp is NULL: the first layer needs none);
  * dw (out,in) += dout^T inp;  db (out) += column sums of dout. */
 void dp_dense_backward(float *dinp, float *dw, float *db, const float *dout,
                        const float *inp, const float *w, int batch, int in, int out_dim);
+/* The same, but OVERWRITES dw and db: dw = dout^T inp, db = column sums.  The
+ * model uses it so one batch's gradients need no zeroing pass (the GEMM runs
+ * with beta 0). */
+void dp_dense_backward_overwrite(float *dinp, float *dw, float *db, const float *dout,
+                                 const float *inp, const float *w, int batch, int in,
+                                 int out_dim);
 
 /* In place: x = max(x, 0). */
 void dp_relu_forward(float *x, int n);
@@ -21,11 +30,15 @@ void dp_relu_forward(float *x, int n);
 void dp_relu_backward(float *dx, const float *out, int n);
 
 /* Fused softmax + cross-entropy, numerically stable (log-sum-exp).
- * logits (batch,classes) in; probs (batch,classes) out; returns the MEAN loss
- * over the batch; counts correct argmax predictions into *correct if non-NULL. */
+ * logits (batch,classes) in; probs (batch,classes) out (may alias logits);
+ * returns the MEAN loss over the batch; ADDS the number of correct argmax
+ * predictions (first maximum wins ties) to *correct if non-NULL.  Every label
+ * must be < classes.  labels may be NULL (prediction only): probs are written,
+ * the result is 0 and *correct is untouched. */
 float dp_softmax_xent_forward(float *probs, const float *logits, const uint8_t *labels,
                               int batch, int classes, int *correct);
-/* dlogits = (probs - onehot(labels)) / batch: the gradient of the mean loss. */
+/* dlogits = (probs - onehot(labels)) / batch: the gradient of the mean loss.
+ * dlogits may alias probs. */
 void dp_softmax_xent_backward(float *dlogits, const float *probs, const uint8_t *labels,
                               int batch, int classes);
 

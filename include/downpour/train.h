@@ -1,0 +1,51 @@
+/* The one training loop every strategy shares (DESIGN decision 3): epochs,
+ * batching, validation, log lines, the metrics file and checkpoints are
+ * written once here; a strategy only decides how gradients become parameters. */
+#ifndef DOWNPOUR_TRAIN_H
+#define DOWNPOUR_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "downpour/dataset.h"
+#include "downpour/model.h"
+#include "downpour/optim.h"
+#include "downpour/status.h"
+
+typedef struct dp_train_config {
+    const char *dataset;      /* name or directory (see dataset.h) */
+    const char *model;        /* preset or spec (see model.h) */
+    const char *strategy;     /* "single" for now */
+    int batch;                /* per-step batch */
+    int epochs;
+    dp_optim_config optim;
+    uint64_t seed;
+    uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
+    int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */
+    int threads;              /* BLAS threads; 0 = leave as configured */
+    bool progress;            /* draw a progress bar (stderr is a terminal) */
+    const char *metrics_path; /* JSON Lines, or NULL */
+    const char *save_path;    /* safetensors checkpoint at the end, or NULL */
+    const char *task_label;   /* "Worker 0" in step lines */
+} dp_train_config;
+
+/* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,
+ * adam with Keras defaults, seed 1, 54,000 / 6,000, a step line every 100 steps. */
+dp_train_config dp_train_defaults(void);
+
+typedef struct dp_train_result {
+    double test_accuracy;
+    double val_accuracy;      /* after the last epoch */
+    double train_loss;        /* mean over the last epoch */
+    double train_seconds;     /* the epoch loop, data loading excluded */
+    double samples_per_second;
+    long steps;
+} dp_train_result;
+
+int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+
+/* Accuracy and mean loss of the model over a split, in chunks of at most
+ * m->max_batch records, using x (max_batch * dim floats) and y as scratch. */
+double dp_evaluate(dp_model *m, const dp_split *s, float *x, uint8_t *y, double *mean_loss);
+
+#endif

@@ -1,0 +1,135 @@
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "downpour/status.h"
+
+static const cli_opt *find_opt(const cli_opt *opts, int n, const char *name, size_t len)
+{
+    for (int i = 0; i < n; i++)
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+static void print_default(const cli_opt *o)
+{
+    switch (o->kind) {
+    case CLI_STR: {
+        const char *v = *(const char **)o->dst;
+        if (v)
+            fprintf(stderr, " (default: %s)", v);
+        break;
+    }
+    case CLI_INT:
+        fprintf(stderr, " (default: %ld)", *(long *)o->dst);
+        break;
+    case CLI_NUM:
+        fprintf(stderr, " (default: %g)", *(double *)o->dst);
+        break;
+    case CLI_FLAG:
+    case CLI_KIND_COUNT:
+        break;
+    }
+}
+
+void cli_print_help(const char *usage, const cli_opt *opts, int n_opts)
+{
+    fprintf(stderr, "usage: %s\n\noptions:\n", usage);
+    for (int i = 0; i < n_opts; i++) {
+        const cli_opt *o = &opts[i];
+        char left[64];
+        if (o->kind == CLI_FLAG)
+            snprintf(left, sizeof left, "--%s", o->name);
+        else
+            snprintf(left, sizeof left, "--%s %s", o->name, o->meta ? o->meta : "VALUE");
+        fprintf(stderr, "  %-26s %s", left, o->help);
+        print_default(o);
+        fputc('\n', stderr);
+    }
+    fprintf(stderr, "  %-26s %s\n", "--help", "show this help");
+}
+
+static int set_value(const cli_opt *o, const char *val)
+{
+    dp_err err;
+    char what[80];
+    snprintf(what, sizeof what, "--%s", o->name);
+    switch (o->kind) {
+    case CLI_STR:
+        if (!*val) {
+            fprintf(stderr, "downpour: %s: empty value\n", what);
+            return -1;
+        }
+        *(const char **)o->dst = val;
+        return 0;
+    case CLI_INT: {
+        long v;
+        if (dp_parse_long(val, (long)o->lo, (long)o->hi, &v, what, &err) < 0)
+            break;
+        *(long *)o->dst = v;
+        return 0;
+    }
+    case CLI_NUM: {
+        double v;
+        if (dp_parse_double(val, o->lo, o->hi, &v, what, &err) < 0)
+            break;
+        *(double *)o->dst = v;
+        return 0;
+    }
+    case CLI_FLAG:
+    case CLI_KIND_COUNT:
+        return -1;
+    }
+    fprintf(stderr, "downpour: %s\n", err.msg);
+    return -1;
+}
+
+int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char **argv,
+              int *rest)
+{
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            cli_print_help(usage, opts, n_opts);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            break;
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const cli_opt *o = find_opt(opts, n_opts, name, len);
+        if (!o) {
+            fprintf(stderr, "downpour: unknown option '--%.*s' (see --help)\n", (int)len, name);
+            return -1;
+        }
+        if (o->kind == CLI_FLAG) {
+            if (eq) {
+                fprintf(stderr, "downpour: --%s takes no value\n", o->name);
+                return -1;
+            }
+            *(bool *)o->dst = true;
+            continue;
+        }
+        const char *val = eq ? eq + 1 : NULL;
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "downpour: --%s needs a value (%s)\n", o->name,
+                        o->meta ? o->meta : "VALUE");
+                return -1;
+            }
+            val = argv[++i];
+        }
+        if (set_value(o, val) < 0)
+            return -1;
+    }
+    *rest = i;
+    return 0;
+}

@@ -1,0 +1,41 @@
+/* The downpour program: one file per subcommand (cmd_<name>.c), a shared
+ * option parser.  Every subcommand returns the process exit status. */
+#ifndef DOWNPOUR_CLI_H
+#define DOWNPOUR_CLI_H
+
+#include <stdbool.h>
+
+typedef enum cli_kind {
+    CLI_STR,   /* const char **dst */
+    CLI_INT,   /* long *dst, range [lo, hi] */
+    CLI_NUM,   /* double *dst, range [lo, hi] */
+    CLI_FLAG,  /* bool *dst, takes no value */
+    CLI_KIND_COUNT
+} cli_kind;
+
+typedef struct cli_opt {
+    const char *name;  /* "batch" for --batch */
+    cli_kind kind;
+    void *dst;         /* holds the default on entry */
+    const char *meta;  /* value placeholder in --help, "N" */
+    const char *help;
+    double lo, hi;     /* range for CLI_INT / CLI_NUM */
+} cli_opt;
+
+/* Parses "--name value" and "--name=value" into the table's destinations.
+ * Stops at "--" or at the first non-option argument; *rest is the index of
+ * the first unparsed argument.  Returns 0 on success, 1 when --help was
+ * printed (exit 0), -1 on a bad flag or value (message printed, exit 2).
+ * `usage` is the synopsis line; the help lists every option with its default. */
+int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char **argv,
+              int *rest);
+
+void cli_print_help(const char *usage, const cli_opt *opts, int n_opts);
+
+/* Subcommands. */
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+#endif

@@ -1,0 +1,81 @@
+/* downpour eval: test accuracy of a saved checkpoint. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "downpour/checkpoint.h"
+#include "downpour/clock.h"
+#include "downpour/log.h"
+#include "downpour/metrics.h"
+#include "downpour/train.h"
+
+#define USAGE "downpour eval --checkpoint FILE [--dataset NAME|DIR] [--metrics FILE]"
+#define EVAL_BATCH 500
+
+int cmd_eval(int argc, char **argv)
+{
+    const char *checkpoint = NULL, *dataset = "mnist", *metrics_path = NULL;
+    const cli_opt opts[] = {
+        {"checkpoint", CLI_STR, &checkpoint, "FILE", "a safetensors file written by train --save", 0, 0},
+        {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory", 0, 0},
+        {"metrics", CLI_STR, &metrics_path, "FILE", "write a done-style JSON line to FILE", 0, 0},
+    };
+    int rest;
+    int r = cli_parse(USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
+    if (r != 0)
+        return r > 0 ? 0 : 2;
+    if (rest < argc) {
+        fprintf(stderr, "downpour eval: unexpected argument '%s' (see --help)\n", argv[rest]);
+        return 2;
+    }
+    if (!checkpoint) {
+        fprintf(stderr, "downpour eval: --checkpoint FILE is required\n");
+        return 2;
+    }
+
+    dp_err err;
+    dp_model m;
+    dp_dataset ds;
+    dp_metrics *metrics = NULL;
+    dp_ckpt_info info;
+    float *x = NULL;
+    uint8_t *y = NULL;
+    int rc = 1;
+    memset(&m, 0, sizeof m);
+    memset(&ds, 0, sizeof ds);
+    if (dp_checkpoint_load(checkpoint, &m, EVAL_BATCH, NULL, &info, &err) < 0 ||
+        dp_dataset_open(&ds, dataset, &err) < 0 || dp_metrics_open(&metrics, metrics_path, &err) < 0)
+        goto out;
+    if ((uint32_t)dp_model_inputs(&m) != ds.test.dim) {
+        snprintf(err.msg, sizeof err.msg, "%s takes %d inputs but %s has %u pixels per image",
+                 checkpoint, dp_model_inputs(&m), dataset, ds.test.dim);
+        goto out;
+    }
+    x = malloc((size_t)EVAL_BATCH * ds.test.dim * sizeof *x);
+    y = malloc(EVAL_BATCH);
+    if (!x || !y) {
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+        goto out;
+    }
+    double t0 = dp_now(), loss;
+    double acc = dp_evaluate(&m, &ds.test, x, y, &loss);
+    double secs = dp_now() - t0;
+    dp_info("%s (%s, step %ld): test accuracy %.4f, test loss %.4f on %u records", checkpoint,
+            m.name, info.step, acc, loss, ds.test.n);
+    printf("%.4f\n", acc);
+    dp_metrics_event(metrics, "done", DP_F_NUM, "test_accuracy", acc, DP_F_NUM, "test_loss", loss,
+                     DP_F_NUM, "eval_seconds", secs, DP_F_STR, "model", m.name, DP_F_STR, "dataset",
+                     dataset, DP_F_STR, "checkpoint", checkpoint, DP_F_STR, "strategy",
+                     info.strategy, DP_F_INT, "step", info.step, DP_F_END);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "downpour eval: %s\n", err.msg);
+    free(x);
+    free(y);
+    dp_metrics_close(metrics);
+    dp_dataset_close(&ds);
+    dp_model_free(&m);
+    return rc;
+}

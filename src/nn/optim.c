@@ -1,0 +1,198 @@
+/* Optimisers on flat ranges (DESIGN decision 2), Keras formulas.  The update
+ * loops are plain unit-stride float loops over restrict pointers so gcc -O3
+ * vectorises them (sqrtf becomes sqrtps with -fno-math-errno). */
+#include "downpour/optim.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[DP_OPTIM_COUNT] = {
+    [DP_OPTIM_SGD] = "sgd",
+    [DP_OPTIM_MOMENTUM] = "momentum",
+    [DP_OPTIM_NESTEROV] = "nesterov",
+    [DP_OPTIM_ADAGRAD] = "adagrad",
+    [DP_OPTIM_ADAM] = "adam",
+};
+
+dp_optim_config dp_optim_defaults(dp_optim_kind kind)
+{
+    dp_optim_config c = {.kind = kind, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+                         .eps = 1e-7f, .initial_accumulator = 0.1f};
+    switch (kind) {
+    case DP_OPTIM_MOMENTUM:
+    case DP_OPTIM_NESTEROV: c.momentum = 0.9f; break;
+    case DP_OPTIM_ADAGRAD:
+    case DP_OPTIM_ADAM: c.lr = 0.001f; break;
+    default: break;
+    }
+    return c;
+}
+
+int dp_optim_parse_kind(const char *name, dp_optim_kind *out, dp_err *err)
+{
+    for (int k = 0; k < DP_OPTIM_COUNT; k++) {
+        if (name && strcmp(name, kind_names[k]) == 0) {
+            *out = (dp_optim_kind)k;
+            return 0;
+        }
+    }
+    return dp_errf(err, "unknown optimizer '%s' (expected one of: sgd, momentum, nesterov, "
+                        "adagrad, adam)",
+                   name ? name : "");
+}
+
+const char *dp_optim_kind_name(dp_optim_kind kind)
+{
+    return (unsigned)kind < DP_OPTIM_COUNT ? kind_names[kind] : "unknown";
+}
+
+int dp_optim_slots(dp_optim_kind kind)
+{
+    switch (kind) {
+    case DP_OPTIM_MOMENTUM:
+    case DP_OPTIM_NESTEROV:
+    case DP_OPTIM_ADAGRAD: return 1;
+    case DP_OPTIM_ADAM: return 2;
+    default: return 0;
+    }
+}
+
+static int check_config(const dp_optim_config *c, dp_err *err)
+{
+    const char *name = dp_optim_kind_name(c->kind);
+    if ((unsigned)c->kind >= DP_OPTIM_COUNT)
+        return dp_errf(err, "optimizer: unknown kind %d", (int)c->kind);
+    if (!(c->lr >= 0.0f) || isinf(c->lr))
+        return dp_errf(err, "optimizer %s: learning rate %g must be finite and >= 0", name,
+                       (double)c->lr);
+    if ((c->kind == DP_OPTIM_MOMENTUM || c->kind == DP_OPTIM_NESTEROV) &&
+        !(c->momentum >= 0.0f && c->momentum <= 1.0f))
+        return dp_errf(err, "optimizer %s: momentum %g must be in [0, 1]", name,
+                       (double)c->momentum);
+    if (c->kind == DP_OPTIM_ADAM && !(c->beta1 >= 0.0f && c->beta1 < 1.0f))
+        return dp_errf(err, "optimizer adam: beta1 %g must be in [0, 1)", (double)c->beta1);
+    if (c->kind == DP_OPTIM_ADAM && !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+        return dp_errf(err, "optimizer adam: beta2 %g must be in [0, 1)", (double)c->beta2);
+    if ((c->kind == DP_OPTIM_ADAM || c->kind == DP_OPTIM_ADAGRAD) &&
+        (!(c->eps >= 0.0f) || isinf(c->eps)))
+        return dp_errf(err, "optimizer %s: epsilon %g must be finite and >= 0", name,
+                       (double)c->eps);
+    if (c->kind == DP_OPTIM_ADAGRAD &&
+        (!(c->initial_accumulator >= 0.0f) || isinf(c->initial_accumulator)))
+        return dp_errf(err, "optimizer adagrad: initial accumulator %g must be finite and >= 0",
+                       (double)c->initial_accumulator);
+    return 0;
+}
+
+int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err)
+{
+    memset(o, 0, sizeof *o);
+    if (check_config(cfg, err) < 0)
+        return -1;
+    size_t slots = (size_t)dp_optim_slots(cfg->kind);
+    if (slots && n > SIZE_MAX / sizeof(float) / slots)
+        return dp_errf(err, "optimizer %s: %zu parameters is too many",
+                       dp_optim_kind_name(cfg->kind), n);
+    size_t len = slots * n;
+    if (len) {
+        o->state = malloc(len * sizeof(float));
+        if (!o->state)
+            return dp_errf(err, "optimizer %s: out of memory for %zu state floats",
+                           dp_optim_kind_name(cfg->kind), len);
+        float init = cfg->kind == DP_OPTIM_ADAGRAD ? cfg->initial_accumulator : 0.0f;
+        if (init == 0.0f) {
+            memset(o->state, 0, len * sizeof(float));
+        } else {
+            for (size_t i = 0; i < len; i++)
+                o->state[i] = init;
+        }
+    }
+    o->cfg = *cfg;
+    o->n = n;
+    o->t = 0;
+    return 0;
+}
+
+void dp_optim_free(dp_optim *o)
+{
+    if (!o)
+        return;
+    free(o->state);
+    o->state = NULL;
+    o->n = 0;
+    o->t = 0;
+}
+
+static void sgd_update(float *restrict p, const float *restrict g, size_t n, float lr)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] -= lr * g[i];
+}
+
+static void momentum_update(float *restrict p, const float *restrict g, float *restrict v,
+                            size_t n, float lr, float mu)
+{
+    for (size_t i = 0; i < n; i++) {
+        float vi = mu * v[i] - lr * g[i];
+        v[i] = vi;
+        p[i] += vi;
+    }
+}
+
+static void nesterov_update(float *restrict p, const float *restrict g, float *restrict v,
+                            size_t n, float lr, float mu)
+{
+    for (size_t i = 0; i < n; i++) {
+        float vi = mu * v[i] - lr * g[i];
+        v[i] = vi;
+        p[i] += mu * vi - lr * g[i];
+    }
+}
+
+static void adagrad_update(float *restrict p, const float *restrict g, float *restrict a,
+                           size_t n, float lr, float eps)
+{
+    for (size_t i = 0; i < n; i++) {
+        float ai = a[i] + g[i] * g[i];
+        a[i] = ai;
+        p[i] -= lr * g[i] / (sqrtf(ai) + eps);
+    }
+}
+
+static void adam_update(float *restrict p, const float *restrict g, float *restrict m,
+                        float *restrict v, size_t n, float lr_t, float b1, float b2, float eps)
+{
+    float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + c1 * gi;
+        float vi = b2 * v[i] + c2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr_t * mi / (sqrtf(vi) + eps);
+    }
+}
+
+void dp_optim_apply(dp_optim *o, float *params, const float *grads)
+{
+    const dp_optim_config *c = &o->cfg;
+    size_t n = o->n;
+    o->t++;
+    switch (c->kind) {
+    case DP_OPTIM_SGD: sgd_update(params, grads, n, c->lr); break;
+    case DP_OPTIM_MOMENTUM: momentum_update(params, grads, o->state, n, c->lr, c->momentum); break;
+    case DP_OPTIM_NESTEROV: nesterov_update(params, grads, o->state, n, c->lr, c->momentum); break;
+    case DP_OPTIM_ADAGRAD: adagrad_update(params, grads, o->state, n, c->lr, c->eps); break;
+    case DP_OPTIM_ADAM: {
+        /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
+        double t = (double)o->t;
+        double lr_t = c->lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t));
+        adam_update(params, grads, o->state, o->state + n, n, (float)lr_t, c->beta1, c->beta2,
+                    c->eps);
+        break;
+    }
+    default: break;
+    }
+}
