@@ -278,7 +278,7 @@ static void test_bad_files(void)
 
     bad_json("notjson", "{\"a\": not json", 0, "JSON");
     bad_json("array", "[1, 2]", 0, "object");
-    bad_json("trailing", "{} {}", 0, "trailing");
+    bad_json("trailing", "{} {}", 0, "after the JSON");
     bad_json("badutf8", "{\"__metadata__\":{\"k\":\"\xff\"}}", 0, "UTF-8");
     bad_json("f16", "{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "F16");
     bad_json("nodtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'a'");

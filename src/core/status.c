@@ -21,13 +21,15 @@ int dp_errf(dp_err *err, const char *fmt, ...)
 int dp_err_prefix(dp_err *err, const char *fmt, ...)
 {
     if (err) {
-        char head[DP_ERR_MAX], old[DP_ERR_MAX];
+        char head[DP_ERR_MAX], joined[2 * DP_ERR_MAX + 2];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(head, sizeof head, fmt, ap);
         va_end(ap);
-        memcpy(old, err->msg, sizeof old);
-        snprintf(err->msg, sizeof err->msg, "%s: %s", head, old);
+        snprintf(joined, sizeof joined, "%s: %s", head, err->msg);
+        size_t n = strnlen(joined, sizeof err->msg - 1); /* keep the head, cut the tail */
+        memcpy(err->msg, joined, n);
+        err->msg[n] = '\0';
     }
     return -1;
 }

@@ -612,7 +612,7 @@ static int build_index(const char *path, dp_safetensors *st, const cJSON *root, 
             return -1;
         for (const cJSON *v = meta->child; v; v = v->next) {
             st->n_meta++;
-            str_bytes += strlen(v->valuestring) + 1;
+            str_bytes += strlen(v->string) + strlen(v->valuestring) + 2;
         }
     }
 
@@ -718,21 +718,23 @@ int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
     const unsigned char *hdr = st->buf + 8;
     size_t bad = utf8_check(hdr, (size_t)n);
     if (bad != n) {
-        dp_errf(err, "%s: header is not valid UTF-8 (byte %zu)", path, 8 + bad);
+        dp_errf(err, "%s: header is not valid UTF-8 (at byte %zu of the header)", path, bad);
         goto fail;
     }
     const char *end = NULL;
     root = cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &end, 0);
     if (!root) {
         size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
-        dp_errf(err, "%s: header is not valid JSON (near byte %zu of %" PRIu64 ")", path,
-                8 + at, n);
+        dp_errf(err, "%s: header is not valid JSON (error near byte %zu of the %" PRIu64
+                     "-byte header)", path, at, n);
         goto fail;
     }
+    if (!end)
+        end = (const char *)hdr + n;
     for (const char *p = end; p < (const char *)hdr + n; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            dp_errf(err, "%s: header has trailing bytes after the JSON object (byte %zu)", path,
-                    (size_t)(8 + (p - (const char *)hdr)));
+            dp_errf(err, "%s: header has bytes after the JSON object (at byte %zu of the header)",
+                    path, (size_t)(p - (const char *)hdr));
             goto fail;
         }
     }

@@ -1,0 +1,149 @@
+/* Metrics: every line is one JSON object with "event" and "t" first, values
+ * round-trip (escaped strings, exact integers, doubles, NaN as null), t never
+ * decreases, and the NULL-path writer accepts everything. */
+#include "downpour/metrics.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static char tmpdir[512];
+
+static void make_tmpdir(void)
+{
+    const char *base = getenv("DOWNPOUR_TEST_TMP");
+    if (!base || !*base)
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(tmpdir, sizeof tmpdir, "%s/test_metrics.XXXXXX", base);
+    REQUIRE(mkdtemp(tmpdir) != NULL);
+}
+
+static const char *tricky = "quote \" backslash \\ newline \n tab \t ctrl \x01 unicode \xc3\xa9\xe2\x82\xac";
+
+static void test_write_and_read(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", tmpdir);
+    dp_metrics *m = NULL;
+    dp_err err = {{0}};
+    REQUIRE(dp_metrics_open(&m, path, &err) == 0 && m != NULL);
+
+    CHECK(dp_metrics_event(m, "start", DP_F_END) == 0);
+    CHECK(dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_NUM, "val_accuracy", 0.9731,
+                           DP_F_NUM, "train_loss", 0.1234567890123, DP_F_NUM, "seconds",
+                           12.5, DP_F_END) == 0);
+    CHECK(dp_metrics_event(m, "done", DP_F_STR, "strategy", tricky, DP_F_INT, "big", LONG_MAX,
+                           DP_F_INT, "neg", -7L, DP_F_NUM, "nan", (double)NAN, DP_F_NUM, "inf",
+                           (double)INFINITY, DP_F_NUM, "tiny", 1e-300, DP_F_STR, "nullstr",
+                           (const char *)NULL, DP_F_END) == 0);
+    /* An unknown kind writes nothing. */
+    CHECK(dp_metrics_event(m, "bad", DP_F_INT, "x", 1L, 99, "y", 2L, DP_F_END) == -1);
+    CHECK(dp_metrics_event(m, "bad", DP_F_COUNT, "y", 2L, DP_F_END) == -1);
+    CHECK(dp_metrics_event(m, NULL, DP_F_END) == -1);
+    for (int i = 0; i < 50; i++)
+        CHECK(dp_metrics_event(m, "step", DP_F_INT, "step", (long)i, DP_F_END) == 0);
+    dp_metrics_close(m);
+
+    FILE *f = fopen(path, "r");
+    REQUIRE(f != NULL);
+    char line[4096];
+    int n = 0;
+    double last_t = -1;
+    while (fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        CHECKF(len > 0 && line[len - 1] == '\n', "line %d not newline-terminated", n);
+        CHECKF(memchr(line, '\n', len - 1) == NULL, "line %d has an inner newline", n);
+        CHECKF(strncmp(line, "{\"event\":", 9) == 0, "line %d does not start with event: %s", n,
+               line);
+        cJSON *o = cJSON_Parse(line);
+        CHECKF(o != NULL, "line %d is not JSON: %s", n, line);
+        if (!o)
+            continue;
+        cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "t");
+        CHECK(cJSON_IsString(ev));
+        CHECK(cJSON_IsNumber(t));
+        CHECK(o->child && o->child->next == t); /* "t" second */
+        if (cJSON_IsNumber(t)) {
+            CHECK(t->valuedouble >= 0 && t->valuedouble >= last_t);
+            last_t = t->valuedouble;
+        }
+        if (n == 0) {
+            CHECK(strcmp(ev->valuestring, "start") == 0);
+            CHECK(cJSON_GetArraySize(o) == 2);
+        } else if (n == 1) {
+            CHECK(strcmp(ev->valuestring, "epoch") == 0);
+            cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "epoch");
+            CHECK(cJSON_IsNumber(e) && e->valuedouble == 1);
+            CHECK(t->next == e); /* fields in the given order */
+            CHECK(cJSON_GetObjectItemCaseSensitive(o, "val_accuracy")->valuedouble == 0.9731);
+            CHECK(cJSON_GetObjectItemCaseSensitive(o, "train_loss")->valuedouble ==
+                  0.1234567890123);
+            CHECK(cJSON_GetObjectItemCaseSensitive(o, "seconds")->valuedouble == 12.5);
+            CHECK(strstr(line, "\"epoch\":1,") != NULL); /* an integer, not 1.0 */
+        } else if (n == 2) {
+            CHECK(strcmp(ev->valuestring, "done") == 0);
+            cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "strategy");
+            CHECK(cJSON_IsString(s) && strcmp(s->valuestring, tricky) == 0);
+            char want[64];
+            snprintf(want, sizeof want, "\"big\":%ld,", LONG_MAX);
+            CHECKF(strstr(line, want) != NULL, "exact integer missing: %s", line);
+            CHECK(cJSON_GetObjectItemCaseSensitive(o, "neg")->valuedouble == -7);
+            CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "nan")));
+            CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "inf")));
+            CHECK(cJSON_GetObjectItemCaseSensitive(o, "tiny")->valuedouble == 1e-300);
+            CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "nullstr")));
+        } else {
+            CHECK(strcmp(ev->valuestring, "step") == 0);
+            cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+            CHECK(cJSON_IsNumber(s) && s->valuedouble == n - 3);
+        }
+        cJSON_Delete(o);
+        n++;
+    }
+    fclose(f);
+    CHECKF(n == 3 + 50, "%d lines", n);
+    unlink(path);
+}
+
+static void test_null_writer(void)
+{
+    dp_metrics *m = NULL;
+    dp_err err = {{0}};
+    CHECK(dp_metrics_open(&m, NULL, &err) == 0 && m != NULL);
+    CHECK(dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_STR, "s", "x", DP_F_END) == 0);
+    CHECK(dp_metrics_event(m, "bad", 42, DP_F_END) == -1);
+    dp_metrics_close(m);
+    CHECK(dp_metrics_event(NULL, "epoch", DP_F_NUM, "x", 1.0, DP_F_END) == 0);
+    dp_metrics_close(NULL);
+}
+
+static void test_open_failure(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/no/such/dir/m.jsonl", tmpdir);
+    dp_metrics *m = (dp_metrics *)1;
+    dp_err err = {{0}};
+    CHECK(dp_metrics_open(&m, path, &err) == -1);
+    CHECK(m == NULL);
+    CHECKF(strstr(err.msg, path) != NULL && strstr(err.msg, "No such file") != NULL, "%s",
+           err.msg);
+}
+
+int main(void)
+{
+    make_tmpdir();
+    test_write_and_read();
+    test_null_writer();
+    test_open_failure();
+    rmdir(tmpdir);
+    return CHECK_DONE();
+}
