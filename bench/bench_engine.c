@@ -65,7 +65,7 @@ static double train_step_seconds(dp_model *m, dp_optim *o, dp_batcher *bt, float
     for (int s = 0; s < steps; s++) {
         int n = dp_batcher_next(bt, x, y, batch);
         if (n < batch) {
-            dp_batcher_start_epoch(bt, bt->epoch + 1);
+            dp_batcher_start_epoch(bt, bt->epoch); /* epoch counts those started */
             n = dp_batcher_next(bt, x, y, batch);
         }
         dp_model_forward_backward(m, x, y, n, NULL);

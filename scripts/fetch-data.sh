@@ -35,7 +35,8 @@ fi
 
 if ! have_all "$root/kmnist" ".gz" && ! have_all "$root/kmnist" ""; then
   echo "fetch-data: KMNIST is not in any registry reachable here; to use it, download the four"
-  echo "  IDX files (kmnist-*-idx*-ubyte.gz, from the rois-codh/kmnist project) and save them as"
-  echo "  $root/kmnist/{train-images-idx3-ubyte,train-labels-idx1-ubyte,t10k-images-idx3-ubyte,t10k-labels-idx1-ubyte}.gz"
+  echo "  MNIST-format files of the rois-codh/kmnist project (codh.rois.ac.jp/kmnist/dataset/kmnist/:"
+  echo "  train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz,"
+  echo "  t10k-labels-idx1-ubyte.gz) into $root/kmnist/ (see docs/datasets.md)"
 fi
 echo "fetch-data: datasets under $root"

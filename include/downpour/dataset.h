@@ -26,9 +26,9 @@ typedef struct dp_split {
 
 typedef struct dp_dataset {
     char dir[1024];       /* where the IDX files were found */
-    char cache_path[1024];
+    char cache_path[1024]; /* "" when the decoded data is held in memory only */
     uint32_t rows, cols;  /* image shape; dim = rows*cols */
-    uint32_t classes;     /* 1 + the largest label seen */
+    uint32_t classes;     /* 10 for the named datasets, else 1 + the largest label */
     dp_split train_all;   /* the 60,000 training records */
     dp_split test;        /* the 10,000 test records */
     void *map;            /* read-only mapping of the cache file */
@@ -37,9 +37,11 @@ typedef struct dp_dataset {
 
 /* Resolves name_or_dir, reads or builds the cache, maps it.  The cache lives
  * in $DOWNPOUR_CACHE, else <dir> if writable, else $XDG_CACHE_HOME/downpour or
- * ~/.cache/downpour; it is rebuilt when the source files change (size, mtime)
- * and refused when its header or checksum is wrong.  A missing KMNIST says
- * where to download it and where to put it. */
+ * ~/.cache/downpour; it is rebuilt when the source files change (size, mtime,
+ * inode) and, with a warning, when its header is wrong (the payload checksum
+ * is checked on open only with DOWNPOUR_CACHE_VERIFY=1).  The named datasets
+ * refuse labels >= 10; a directory has 1 + its largest label classes (>= 2).
+ * A missing KMNIST says where to download it and where to put it. */
 int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
 void dp_dataset_close(dp_dataset *ds);
 
@@ -66,6 +68,8 @@ typedef struct dp_batcher {
     const dp_split *split;
     uint32_t *order;     /* indices of the records this batcher owns */
     uint32_t n;          /* how many it owns */
+    uint32_t first;      /* its natural order is first + i*stride, i < n */
+    uint32_t stride;
     uint32_t pos;        /* next position in order */
     uint64_t seed;
     long epoch;          /* epochs started */
@@ -85,7 +89,7 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
 /* Number of batches in one epoch of this batcher (the last may be short). */
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch);
 
-/* Copies records idx[0..n) of split into x (pixels / 255) and y. */
+/* Copies records idx[0..n) of split into x (pixels / 255) and y (y may be NULL). */
 void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n);
 
 #endif

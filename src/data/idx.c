@@ -40,6 +40,14 @@ static const char *type_name(uint8_t t)
     }
 }
 
+/* zlib's message without the "<fd:N>: " prefix gzdopen streams carry. */
+static const char *gz_msg(gzFile gz, int *zerr)
+{
+    const char *m = gzerror(gz, zerr);
+    const char *colon = m[0] == '<' ? strstr(m, ">: ") : NULL;
+    return colon ? colon + 3 : m;
+}
+
 /* Reads up to n bytes; returns the count (short only at end of input) or -1. */
 static long long src_read(idx_src *s, void *buf, size_t n, dp_err *err)
 {
@@ -53,14 +61,14 @@ static long long src_read(idx_src *s, void *buf, size_t n, dp_err *err)
             int r = gzread(s->gz, p + got, (unsigned)want);
             if (r < 0) {
                 int zerr;
-                const char *m = gzerror(s->gz, &zerr);
+                const char *m = gz_msg(s->gz, &zerr);
                 if (zerr == Z_ERRNO)
                     return dp_errf(err, "%s: read error: %s", s->path, strerror(errno));
                 return dp_errf(err, "%s: corrupt gzip data (zlib: %s)", s->path, m);
             }
             if (r == 0) {
                 int zerr;
-                const char *m = gzerror(s->gz, &zerr);
+                const char *m = gz_msg(s->gz, &zerr);
                 /* A stream cut short ends with Z_BUF_ERROR ("unexpected end of file"). */
                 if (zerr == Z_BUF_ERROR)
                     return dp_errf(err, "%s: truncated gzip stream (zlib: %s)", s->path, m);
@@ -227,7 +235,7 @@ int dp_idx_read(const char *path, dp_idx *out, dp_err *err)
         }
         gzbuffer(s.gz, 1u << 17);
     }
-    uint64_t total;
+    uint64_t total = 0;
     if (read_header(&s, out, &total, err) != 0)
         goto done;
     long hdr_len = 4 + 4L * out->ndim;

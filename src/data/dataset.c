@@ -1,0 +1,770 @@
+/* Datasets: name resolution, the four IDX sources, the decoded cache file,
+ * the train/validation split and the shard policy names.
+ *
+ * Cache file (all integers little-endian), DESIGN decision 7:
+ *   0   magic "DPCACHE\x1a"        8   u32 version       12  u32 payload offset (4096)
+ *   16  u32 n_train                20  u32 n_test         24  u32 rows
+ *   28  u32 cols                   32  u32 classes        36  u32 CRC-32 of the payload
+ *   40  u64 payload length         48  u64 FNV-1a hash of the dataset's absolute path
+ *   56  4 x {u64 size, u64 mtime in ns, u64 inode} of the sources, in src_names order
+ *   152 u32 CRC-32 of bytes [0, 152)
+ *   4096 payload: train images, train labels, test images, test labels (uint8)
+ * It is written to a temporary file, fsynced and renamed into place, so readers
+ * see either no cache or a whole one, and racing builders both end with a valid
+ * mapping; builders also queue on flock("<cache>.lock") so that processes
+ * started together decode once, the others mapping the result.
+ *
+ * An open checks the header (its own CRC, the sources' size, mtime and inode,
+ * the file length) and that every label is below `classes` (70 kB for MNIST).
+ * The payload CRC is computed when building and checked on open only when
+ * DOWNPOUR_CACHE_VERIFY=1, since hashing 55 MB costs far more than the rest of
+ * the open.  A cache that fails any check is rebuilt, never trusted, and a
+ * cache file is never modified in place (readers map it MAP_SHARED). */
+#include "downpour/dataset.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "downpour/clock.h"
+#include "downpour/idx.h"
+#include "downpour/log.h"
+
+enum { SRC_TRAIN_IMAGES, SRC_TRAIN_LABELS, SRC_TEST_IMAGES, SRC_TEST_LABELS, SRC_COUNT };
+
+static const char *const src_names[SRC_COUNT] = {
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+
+#define CACHE_MAGIC "DPCACHE\x1a"
+#define CACHE_VERSION 1u
+#define CACHE_PAYLOAD_OFF 4096u
+#define CACHE_HDR_CRC_AT 152u
+#define CACHE_HDR_USED 156u
+
+/* The named datasets: all 10 classes of 28x28 images. */
+typedef struct known_ds {
+    const char *name;
+    int fetchable; /* scripts/fetch-data.sh gets it */
+} known_ds;
+
+static const known_ds known[] = {{"mnist", 1}, {"fashion-mnist", 1}, {"kmnist", 0}};
+#define KNOWN_CLASSES 10u
+
+typedef struct src_file {
+    char path[1100];
+    uint64_t size, mtime_ns, ino;
+} src_file;
+
+typedef enum cache_state { CACHE_OK, CACHE_ABSENT, CACHE_STALE, CACHE_CORRUPT } cache_state;
+
+/* ---- little helpers ---- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+/* snprintf through a va_list (so short diagnostics may truncate quietly);
+ * returns 0, or -1 when the text did not fit. */
+static int fmt(char *buf, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
+static int fmt(char *buf, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(buf, cap, f, ap);
+    va_end(ap);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++) {
+        h ^= (uint8_t)*s;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* CRC-32 of n bytes, fed to zlib in pieces its uInt length can hold. */
+static uint32_t crc_of(const uint8_t *p, size_t n)
+{
+    uLong c = crc32(0L, Z_NULL, 0);
+    while (n > 0) {
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        c = crc32(c, p, k);
+        p += k;
+        n -= k;
+    }
+    return (uint32_t)c;
+}
+
+static int env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* mkdir -p; returns 0 when path is a directory afterwards. */
+static int mkdir_p(const char *path)
+{
+    char buf[1100];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (stat(buf, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+static const known_ds *find_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i].name) == 0)
+            return &known[i];
+    return NULL;
+}
+
+/* ---- sources ---- */
+
+static int missing_sources(const dp_dataset *ds, const known_ds *k, const char *first,
+                           int n_missing, int dir_missing, dp_err *err)
+{
+    char what[1400];
+    if (dir_missing)
+        snprintf(what, sizeof what, "directory %s does not exist", ds->dir);
+    else if (n_missing > 1)
+        snprintf(what, sizeof what, "%s/%s (or .gz) not found, nor %d more of the 4 IDX files",
+                 ds->dir, first, n_missing - 1);
+    else
+        snprintf(what, sizeof what, "%s/%s (or .gz) not found", ds->dir, first);
+    if (!k)
+        return dp_errf(err, "dataset %s: %s. Hint: a dataset directory holds "
+                       "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                       "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each raw or .gz",
+                       ds->dir, what);
+    if (k->fetchable)
+        return dp_errf(err, "dataset %s: %s. Hint: run make run (it fetches the data) or "
+                       "scripts/fetch-data.sh; DOWNPOUR_DATA names the directory holding %s/",
+                       k->name, what, k->name);
+    return dp_errf(err, "dataset %s: %s. KMNIST is not fetched automatically: download "
+                   "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+                   "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz from "
+                   "http://codh.rois.ac.jp/kmnist/dataset/kmnist/ (github.com/rois-codh/kmnist) "
+                   "into %s/", k->name, what, ds->dir);
+}
+
+/* Finds each source raw or .gz (raw preferred) and records size, mtime, inode. */
+static int find_sources(const dp_dataset *ds, const known_ds *k, src_file src[SRC_COUNT],
+                        dp_err *err)
+{
+    struct stat st;
+    if (stat(ds->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        if (!k && stat(ds->dir, &st) != 0)
+            return dp_errf(err, "dataset '%s' is neither a known name (mnist, fashion-mnist, "
+                           "kmnist) nor a directory: %s", ds->dir, strerror(errno));
+        if (!k)
+            return dp_errf(err, "dataset %s: not a directory", ds->dir);
+        return missing_sources(ds, k, src_names[0], SRC_COUNT, 1, err);
+    }
+    int n_missing = 0;
+    const char *first = NULL;
+    for (int i = 0; i < SRC_COUNT; i++) {
+        int found = 0;
+        for (int gz = 0; gz < 2 && !found; gz++) {
+            int len = snprintf(src[i].path, sizeof src[i].path, "%s/%s%s", ds->dir, src_names[i],
+                               gz ? ".gz" : "");
+            if (len >= (int)sizeof src[i].path)
+                return dp_errf(err, "dataset %s: path too long", ds->dir);
+            if (stat(src[i].path, &st) == 0 && S_ISREG(st.st_mode)) {
+                found = 1;
+                src[i].size = (uint64_t)st.st_size;
+                src[i].mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u +
+                                  (uint64_t)st.st_mtim.tv_nsec;
+                src[i].ino = (uint64_t)st.st_ino;
+            }
+        }
+        if (!found) {
+            if (!first)
+                first = src_names[i];
+            n_missing++;
+        }
+    }
+    if (n_missing)
+        return missing_sources(ds, k, first, n_missing, 0, err);
+    return 0;
+}
+
+/* ---- the cache file ---- */
+
+static void fill_views(dp_dataset *ds, const uint8_t *base, uint32_t n_train, uint32_t n_test)
+{
+    uint32_t dim = ds->rows * ds->cols;
+    const uint8_t *p = base + CACHE_PAYLOAD_OFF;
+    ds->train_all.images = p;
+    ds->train_all.labels = p + (size_t)n_train * dim;
+    ds->train_all.n = n_train;
+    ds->train_all.dim = dim;
+    p += (size_t)n_train * (dim + 1);
+    ds->test.images = p;
+    ds->test.labels = p + (size_t)n_test * dim;
+    ds->test.n = n_test;
+    ds->test.dim = dim;
+}
+
+static int labels_below(const uint8_t *labels, uint32_t n, uint32_t classes)
+{
+    uint8_t max = 0;
+    for (uint32_t i = 0; i < n; i++)
+        max = labels[i] > max ? labels[i] : max;
+    return n == 0 || max < classes;
+}
+
+/* Payload length for a shape, or 0 if it does not fit the format's limits. */
+static uint64_t payload_len(uint32_t n_train, uint32_t n_test, uint32_t rows, uint32_t cols)
+{
+    uint64_t dim = (uint64_t)rows * cols;
+    uint64_t n = (uint64_t)n_train + n_test;
+    if (dim == 0 || dim > (1u << 24) || n == 0 || n > UINT32_MAX)
+        return 0;
+    uint64_t len = n * (dim + 1);
+    if (len > ((uint64_t)1 << 40) || len > SIZE_MAX - CACHE_PAYLOAD_OFF)
+        return 0;
+    return len;
+}
+
+/* Opens and checks the cache at path; on CACHE_OK, ds holds the mapping. */
+static cache_state try_cache(dp_dataset *ds, const char *path, const src_file src[SRC_COUNT],
+                             uint64_t dir_hash, uint32_t want_classes, char *why, size_t whylen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return CACHE_ABSENT;
+        fmt(why, whylen, "cannot open it: %s", strerror(errno));
+        return CACHE_CORRUPT;
+    }
+    cache_state st = CACHE_CORRUPT;
+    struct stat fs;
+    uint8_t h[CACHE_HDR_USED];
+    if (fstat(fd, &fs) != 0) {
+        fmt(why, whylen, "cannot stat it: %s", strerror(errno));
+        goto done;
+    }
+    ssize_t r = pread(fd, h, sizeof h, 0);
+    if (r != (ssize_t)sizeof h) {
+        fmt(why, whylen, "header is truncated (the file is %lld bytes)", (long long)fs.st_size);
+        goto done;
+    }
+    if (memcmp(h, CACHE_MAGIC, 8) != 0) {
+        fmt(why, whylen, "bad magic");
+        goto done;
+    }
+    if (get32(h + 8) != CACHE_VERSION) {
+        fmt(why, whylen, "format version %u, expected %u", get32(h + 8), CACHE_VERSION);
+        st = CACHE_STALE;
+        goto done;
+    }
+    if (get32(h + CACHE_HDR_CRC_AT) != crc_of(h, CACHE_HDR_CRC_AT)) {
+        fmt(why, whylen, "header checksum mismatch");
+        goto done;
+    }
+    uint32_t n_train = get32(h + 16), n_test = get32(h + 20);
+    uint32_t rows = get32(h + 24), cols = get32(h + 28), classes = get32(h + 32);
+    uint64_t len = payload_len(n_train, n_test, rows, cols);
+    if (get32(h + 12) != CACHE_PAYLOAD_OFF || len == 0 || len != get64(h + 40) ||
+        n_train == 0 || n_test == 0 || classes < 2 || classes > 256) {
+        fmt(why, whylen, "header fields are inconsistent");
+        goto done;
+    }
+    if ((uint64_t)fs.st_size != CACHE_PAYLOAD_OFF + len) {
+        fmt(why, whylen, "file is %lld bytes, its header describes %llu",
+                 (long long)fs.st_size, (unsigned long long)(CACHE_PAYLOAD_OFF + len));
+        goto done;
+    }
+    st = CACHE_STALE;
+    if (get64(h + 48) != dir_hash) {
+        fmt(why, whylen, "it was built from another directory");
+        goto done;
+    }
+    for (int i = 0; i < SRC_COUNT; i++) {
+        const uint8_t *s = h + 56 + 24 * i;
+        if (get64(s) != src[i].size || get64(s + 8) != src[i].mtime_ns ||
+            get64(s + 16) != src[i].ino) {
+            fmt(why, whylen, "%s changed since it was built", src[i].path);
+            goto done;
+        }
+    }
+    if (want_classes && classes != want_classes) {
+        fmt(why, whylen, "it has %u classes, expected %u", classes, want_classes);
+        goto done;
+    }
+    st = CACHE_CORRUPT;
+    size_t map_len = (size_t)fs.st_size;
+    void *map = mmap(NULL, map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        fmt(why, whylen, "cannot map it: %s", strerror(errno));
+        goto done;
+    }
+    ds->rows = rows;
+    ds->cols = cols;
+    ds->classes = classes;
+    fill_views(ds, map, n_train, n_test);
+    if (!labels_below(ds->train_all.labels, n_train, classes) ||
+        !labels_below(ds->test.labels, n_test, classes)) {
+        fmt(why, whylen, "a label is >= its %u classes", classes);
+        munmap(map, map_len);
+        memset(&ds->train_all, 0, sizeof ds->train_all);
+        memset(&ds->test, 0, sizeof ds->test);
+        goto done;
+    }
+    if (env_set("DOWNPOUR_CACHE_VERIFY") &&
+        crc_of((const uint8_t *)map + CACHE_PAYLOAD_OFF, len) != get32(h + 36)) {
+        fmt(why, whylen, "payload checksum mismatch");
+        munmap(map, map_len);
+        memset(&ds->train_all, 0, sizeof ds->train_all);
+        memset(&ds->test, 0, sizeof ds->test);
+        goto done;
+    }
+    ds->map = map;
+    ds->map_len = map_len;
+    st = CACHE_OK;
+done:
+    close(fd);
+    return st;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes image (len bytes) to path atomically and maps the written file.
+ * Returns the mapping, or NULL with why filled. */
+static void *publish_cache(const char *path, const uint8_t *image, size_t len, char *why,
+                           size_t whylen)
+{
+    char tmp[1200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
+        fmt(why, whylen, "path too long");
+        return NULL;
+    }
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        fmt(why, whylen, "cannot create %s: %s", tmp, strerror(errno));
+        return NULL;
+    }
+    void *map = NULL;
+    if (write_all(fd, image, len) != 0 || fsync(fd) != 0) {
+        fmt(why, whylen, "cannot write %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    /* mkostemp makes the file 0600; the cache is for every local user. */
+    if (fchmod(fd, 0644) != 0) {
+        fmt(why, whylen, "cannot chmod %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        map = NULL;
+        fmt(why, whylen, "cannot map %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        fmt(why, whylen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    close(fd);
+    /* Make the rename itself durable (best effort: some filesystems refuse). */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+    }
+    return map;
+fail:
+    if (map)
+        munmap(map, len);
+    close(fd);
+    unlink(tmp);
+    return NULL;
+}
+
+/* Takes an exclusive lock on "<cache>.lock"; returns its fd (closing it
+ * unlocks), or -1 when no lock can be had. */
+static int lock_cache(const char *cache)
+{
+    char path[1200];
+    if (fmt(path, sizeof path, "%s.lock", cache) != 0)
+        return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    while (flock(fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}
+
+/* ---- building from the sources ---- */
+
+static int check_labels(const dp_idx *lab, const char *path, const known_ds *k, uint32_t classes,
+                        dp_err *err)
+{
+    for (size_t i = 0; i < lab->len; i++)
+        if (lab->data[i] >= classes)
+            return dp_errf(err, "%s: label %u at record %zu is out of range (%s has %u classes, "
+                           "labels must be < %u)", path, lab->data[i], i, k->name, classes,
+                           classes);
+    return 0;
+}
+
+/* Reads the four sources, checks them against each other, and lays out the
+ * cache image in an anonymous mapping (so close() always munmaps). */
+static int build_image(dp_dataset *ds, const known_ds *k, const src_file src[SRC_COUNT],
+                       uint64_t dir_hash, uint8_t **image_out, size_t *len_out, dp_err *err)
+{
+    dp_idx idx[SRC_COUNT];
+    memset(idx, 0, sizeof idx);
+    int rc = -1;
+    for (int i = 0; i < SRC_COUNT; i++)
+        if (dp_idx_read(src[i].path, &idx[i], err) != 0)
+            goto done;
+    for (int i = 0; i < SRC_COUNT; i += 2) {
+        const dp_idx *im = &idx[i], *lb = &idx[i + 1];
+        if (im->ndim != 3) {
+            dp_errf(err, "%s: images must be 3-D (count, rows, cols), this file has rank %d",
+                    src[i].path, im->ndim);
+            goto done;
+        }
+        if (lb->ndim != 1) {
+            dp_errf(err, "%s: labels must be 1-D (count), this file has rank %d", src[i + 1].path,
+                    lb->ndim);
+            goto done;
+        }
+        if (im->dims[0] != lb->dims[0]) {
+            dp_errf(err, "%s has %u images but %s has %u labels", src[i].path, im->dims[0],
+                    src[i + 1].path, lb->dims[0]);
+            goto done;
+        }
+    }
+    const dp_idx *tr = &idx[SRC_TRAIN_IMAGES], *te = &idx[SRC_TEST_IMAGES];
+    if (tr->dims[1] != te->dims[1] || tr->dims[2] != te->dims[2]) {
+        dp_errf(err, "%s holds %ux%u images but %s holds %ux%u", src[SRC_TRAIN_IMAGES].path,
+                tr->dims[1], tr->dims[2], src[SRC_TEST_IMAGES].path, te->dims[1], te->dims[2]);
+        goto done;
+    }
+    uint32_t n_train = tr->dims[0], n_test = te->dims[0], rows = tr->dims[1], cols = tr->dims[2];
+    uint32_t classes;
+    if (k) {
+        classes = KNOWN_CLASSES;
+        if (check_labels(&idx[SRC_TRAIN_LABELS], src[SRC_TRAIN_LABELS].path, k, classes, err) ||
+            check_labels(&idx[SRC_TEST_LABELS], src[SRC_TEST_LABELS].path, k, classes, err))
+            goto done;
+    } else {
+        /* A directory's labels define its classes: 1 + the largest label. */
+        uint32_t max = 0;
+        for (int i = SRC_TRAIN_LABELS; i < SRC_COUNT; i += 2)
+            for (size_t j = 0; j < idx[i].len; j++)
+                max = idx[i].data[j] > max ? idx[i].data[j] : max;
+        classes = max + 1;
+        if (classes < 2) {
+            dp_errf(err, "%s and %s: every label is 0; a classifier needs at least 2 classes",
+                    src[SRC_TRAIN_LABELS].path, src[SRC_TEST_LABELS].path);
+            goto done;
+        }
+    }
+    uint64_t plen = payload_len(n_train, n_test, rows, cols);
+    if (plen == 0) {
+        dp_errf(err, "dataset %s: %u + %u records of %ux%u are too large to cache", ds->dir,
+                n_train, n_test, rows, cols);
+        goto done;
+    }
+    size_t len = CACHE_PAYLOAD_OFF + (size_t)plen;
+    uint8_t *img = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (img == MAP_FAILED) {
+        dp_errf(err, "dataset %s: cannot allocate %zu bytes for the decoded data: %s", ds->dir,
+                len, strerror(errno));
+        goto done;
+    }
+    uint8_t *p = img + CACHE_PAYLOAD_OFF;
+    for (int i = 0; i < SRC_COUNT; i++) {
+        memcpy(p, idx[i].data, idx[i].len);
+        p += idx[i].len;
+    }
+    memcpy(img, CACHE_MAGIC, 8);
+    put32(img + 8, CACHE_VERSION);
+    put32(img + 12, CACHE_PAYLOAD_OFF);
+    put32(img + 16, n_train);
+    put32(img + 20, n_test);
+    put32(img + 24, rows);
+    put32(img + 28, cols);
+    put32(img + 32, classes);
+    put32(img + 36, crc_of(img + CACHE_PAYLOAD_OFF, (size_t)plen));
+    put64(img + 40, plen);
+    put64(img + 48, dir_hash);
+    for (int i = 0; i < SRC_COUNT; i++) {
+        uint8_t *s = img + 56 + 24 * i;
+        put64(s, src[i].size);
+        put64(s + 8, src[i].mtime_ns);
+        put64(s + 16, src[i].ino);
+    }
+    put32(img + CACHE_HDR_CRC_AT, crc_of(img, CACHE_HDR_CRC_AT));
+    ds->rows = rows;
+    ds->cols = cols;
+    ds->classes = classes;
+    *image_out = img;
+    *len_out = len;
+    rc = 0;
+done:
+    for (int i = 0; i < SRC_COUNT; i++)
+        dp_idx_free(&idx[i]);
+    return rc;
+}
+
+/* ---- where the cache lives ---- */
+
+/* Fills primary (where to read and write the cache, "" if nowhere) and
+ * fallback (a read-only cache in an unwritable data dir, "" if none). */
+static void cache_paths(const dp_dataset *ds, const char *abs_dir, uint64_t dir_hash,
+                        char *primary, char *fallback, size_t cap)
+{
+    primary[0] = fallback[0] = '\0';
+    const char *base = strrchr(abs_dir, '/');
+    base = base && base[1] ? base + 1 : "dataset";
+    char in_dir[1200];
+    int n = snprintf(in_dir, sizeof in_dir, "%s/%s.dpcache", ds->dir, base);
+    int in_dir_ok = n > 0 && (size_t)n < cap;
+
+    char shared[1100] = "";
+    int shared_ok = 1;
+    const char *env = getenv("DOWNPOUR_CACHE");
+    if (env && *env) {
+        shared_ok = fmt(shared, sizeof shared, "%s", env) == 0;
+    } else if (in_dir_ok && access(ds->dir, W_OK) == 0) {
+        fmt(primary, cap, "%s", in_dir);
+        return;
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg)
+            shared_ok = fmt(shared, sizeof shared, "%s/downpour", xdg) == 0;
+        else if (home && *home)
+            shared_ok = fmt(shared, sizeof shared, "%s/.cache/downpour", home) == 0;
+        if (in_dir_ok)
+            fmt(fallback, cap, "%s", in_dir);
+    }
+    if (!shared_ok)
+        shared[0] = '\0';
+    if (!shared[0])
+        return;
+    if (mkdir_p(shared) != 0) {
+        dp_warn("cannot create cache directory %s: %s", shared, strerror(errno));
+        return;
+    }
+    n = snprintf(primary, cap, "%s/%s-%016llx.dpcache", shared, base,
+                 (unsigned long long)dir_hash);
+    if (n < 0 || (size_t)n >= cap)
+        primary[0] = '\0';
+}
+
+/* ---- public ---- */
+
+int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
+{
+    memset(ds, 0, sizeof *ds);
+    if (!name_or_dir || !*name_or_dir)
+        return dp_errf(err, "dataset: empty name (use mnist, fashion-mnist, kmnist or a "
+                       "directory)");
+    const known_ds *k = find_known(name_or_dir);
+    int n;
+    if (k) {
+        const char *root = getenv("DOWNPOUR_DATA");
+        n = snprintf(ds->dir, sizeof ds->dir, "%s/%s", root && *root ? root : "./data", k->name);
+    } else {
+        n = snprintf(ds->dir, sizeof ds->dir, "%s", name_or_dir);
+        while (n > 1 && ds->dir[n - 1] == '/')
+            ds->dir[--n] = '\0';
+    }
+    if (n < 0 || (size_t)n >= sizeof ds->dir)
+        return dp_errf(err, "dataset %s: path too long", name_or_dir);
+
+    src_file src[SRC_COUNT];
+    if (find_sources(ds, k, src, err) != 0)
+        return -1;
+    char *abs = realpath(ds->dir, NULL);
+    if (!abs)
+        return dp_errf(err, "dataset %s: cannot resolve the directory: %s", ds->dir,
+                       strerror(errno));
+    uint64_t dir_hash = fnv1a(abs);
+    char primary[sizeof ds->cache_path], fallback[sizeof ds->cache_path];
+    cache_paths(ds, abs, dir_hash, primary, fallback, sizeof primary);
+    free(abs);
+
+    uint32_t want_classes = k ? KNOWN_CLASSES : 0;
+    char why[600];
+    if (fallback[0] &&
+        try_cache(ds, fallback, src, dir_hash, want_classes, why, sizeof why) == CACHE_OK) {
+        snprintf(ds->cache_path, sizeof ds->cache_path, "%s", fallback);
+        return 0;
+    }
+    int lock = -1;
+    if (primary[0]) {
+        cache_state st = try_cache(ds, primary, src, dir_hash, want_classes, why, sizeof why);
+        if (st != CACHE_OK) {
+            /* Builders queue on a lock so a local cluster decodes once; the
+             * ones that waited find the new cache.  Without a lock (e.g. a
+             * filesystem that refuses flock) racing builders are still safe. */
+            lock = lock_cache(primary);
+            if (lock >= 0)
+                st = try_cache(ds, primary, src, dir_hash, want_classes, why, sizeof why);
+        }
+        if (st == CACHE_OK) {
+            if (lock >= 0)
+                close(lock);
+            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", primary);
+            return 0;
+        }
+        if (st == CACHE_STALE)
+            dp_info("dataset cache %s is out of date (%s); rebuilding", primary, why);
+        else if (st == CACHE_CORRUPT)
+            dp_warn("dataset cache %s is unusable (%s); rebuilding", primary, why);
+    }
+
+    double t0 = dp_now();
+    uint8_t *img;
+    size_t len;
+    if (build_image(ds, k, src, dir_hash, &img, &len, err) != 0) {
+        if (lock >= 0)
+            close(lock);
+        return -1;
+    }
+    uint32_t n_train = get32(img + 16), n_test = get32(img + 20);
+    if (primary[0]) {
+        void *map = publish_cache(primary, img, len, why, sizeof why);
+        if (map) {
+            munmap(img, len);
+            img = map;
+            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", primary);
+        } else {
+            dp_warn("dataset %s: cannot write the cache (%s); keeping the decoded data in "
+                    "memory", ds->dir, why);
+        }
+    } else {
+        dp_warn("dataset %s: no writable cache location (set DOWNPOUR_CACHE); keeping the "
+                "decoded data in memory", ds->dir);
+    }
+    if (lock >= 0)
+        close(lock);
+    if (!ds->cache_path[0])
+        (void)mprotect(img, len, PROT_READ);
+    ds->map = img;
+    ds->map_len = len;
+    fill_views(ds, img, n_train, n_test);
+    dp_info("dataset %s: decoded %u + %u records of %ux%u in %.2f s%s%s", ds->dir, n_train,
+            n_test, ds->rows, ds->cols, dp_now() - t0, ds->cache_path[0] ? "; cache " : "",
+            ds->cache_path);
+    return 0;
+}
+
+void dp_dataset_close(dp_dataset *ds)
+{
+    if (!ds)
+        return;
+    if (ds->map)
+        munmap(ds->map, ds->map_len);
+    memset(ds, 0, sizeof *ds);
+}
+
+int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_split *train,
+                     dp_split *val, dp_err *err)
+{
+    const dp_split *all = &ds->train_all;
+    if (n_train == 0)
+        return dp_errf(err, "dataset %s: a split needs at least 1 training record", ds->dir);
+    if ((uint64_t)n_train + n_val > all->n)
+        return dp_errf(err, "dataset %s: a split of %u training + %u validation records does "
+                       "not fit in its %u training records", ds->dir, n_train, n_val, all->n);
+    size_t dim = all->dim;
+    *train = (dp_split){all->images, all->labels, n_train, all->dim};
+    *val = (dp_split){all->images + (size_t)n_train * dim, all->labels + n_train, n_val, all->dim};
+    return 0;
+}
+
+static const char *const shard_names[DP_SHARD_COUNT] = {"off", "data", "file"};
+
+int dp_shard_parse(const char *name, dp_shard_policy *out, dp_err *err)
+{
+    for (int i = 0; i < DP_SHARD_COUNT; i++)
+        if (name && strcmp(name, shard_names[i]) == 0) {
+            *out = (dp_shard_policy)i;
+            return 0;
+        }
+    return dp_errf(err, "unknown shard policy '%s' (expected off, data or file)",
+                   name ? name : "");
+}
+
+const char *dp_shard_name(dp_shard_policy p)
+{
+    return (unsigned)p < DP_SHARD_COUNT ? shard_names[p] : "unknown";
+}
