@@ -47,9 +47,15 @@ const char *dp_optim_kind_name(dp_optim_kind kind);
 /* Number of state slots (0, 1 or 2) a kind keeps per parameter. */
 int dp_optim_slots(dp_optim_kind kind);
 
+/* Checks cfg (finite lr >= 0, momentum in [0,1], betas in [0,1), eps and the
+ * initial accumulator >= 0) and allocates the zeroed state (adagrad's at the
+ * initial accumulator); slot k is at state + k*n. */
 int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err);
-void dp_optim_free(dp_optim *o);
-/* One update of all n parameters; increments t first (Adam's t starts at 1). */
+void dp_optim_free(dp_optim *o); /* safe on a zeroed or freed optimiser */
+/* One update of all n parameters; increments t first (Adam's t starts at 1).
+ * On x86 the update runs with denormals flushed to zero (FTZ/DAZ, as
+ * TensorFlow does; the caller's MXCSR is restored): a decaying Adam moment
+ * would otherwise crawl through denormals at ~7x the cost. */
 void dp_optim_apply(dp_optim *o, float *params, const float *grads);
 
 #endif

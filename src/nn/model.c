@@ -36,10 +36,13 @@ static int parse_widths(const char *spec, const char *shown, int *widths, dp_err
             if (*s == '-')
                 return dp_errf(err, "model spec '%s': empty width at position %d", shown,
                                (int)(s - spec) + 1);
-            return dp_errf(err,
-                           "model spec '%s': unexpected '%c' at position %d (expected a preset "
-                           "mlp-300-100 or mlp-128, or widths like 784-300-100-10)",
-                           shown, *s, (int)(s - spec) + 1);
+            if (s == spec)
+                return dp_errf(err,
+                               "model spec '%s': not a preset (mlp-300-100, mlp-128) nor "
+                               "widths joined by '-' like 784-300-100-10",
+                               shown);
+            return dp_errf(err, "model spec '%s': unexpected '%c' at position %d", shown, *s,
+                           (int)(s - spec) + 1);
         }
         long v = 0;
         const char *start = s;

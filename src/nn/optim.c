@@ -8,6 +8,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+/* Flush denormals to zero (FTZ) and read them as zero (DAZ) for the length of
+ * one update, as TensorFlow does around its kernels.  Adam's first moment of
+ * a rarely-active input decays by beta1 every step and reaches the denormal
+ * range (< 1.2e-38) after ~700 steps of zero gradient; on x86 every denormal
+ * operand then costs a microcode assist and the update gets ~7x slower
+ * (measured: 150 us -> 1050 us for 266,610 parameters).  The caller's MXCSR
+ * is restored afterwards. */
+static unsigned flush_denormals_begin(void)
+{
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040u); /* FTZ | DAZ */
+    return old;
+}
+static void flush_denormals_end(unsigned old) { _mm_setcsr(old); }
+#else
+static unsigned flush_denormals_begin(void) { return 0; }
+static void flush_denormals_end(unsigned old) { (void)old; }
+#endif
+
 static const char *const kind_names[DP_OPTIM_COUNT] = {
     [DP_OPTIM_SGD] = "sgd",
     [DP_OPTIM_MOMENTUM] = "momentum",
@@ -180,6 +201,9 @@ void dp_optim_apply(dp_optim *o, float *params, const float *grads)
     const dp_optim_config *c = &o->cfg;
     size_t n = o->n;
     o->t++;
+    if (n == 0)
+        return;
+    unsigned csr = flush_denormals_begin();
     switch (c->kind) {
     case DP_OPTIM_SGD: sgd_update(params, grads, n, c->lr); break;
     case DP_OPTIM_MOMENTUM: momentum_update(params, grads, o->state, n, c->lr, c->momentum); break;
@@ -195,4 +219,5 @@ void dp_optim_apply(dp_optim *o, float *params, const float *grads)
     }
     default: break;
     }
+    flush_denormals_end(csr);
 }

@@ -1,0 +1,255 @@
+/* Optimisers against values worked out by hand (double precision, written out
+ * below), Keras defaults, kind parsing, and config errors. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "downpour/optim.h"
+
+#define N 3
+
+static const float p0[N] = {1.0f, -2.0f, 0.5f};
+static const float g0[N] = {0.1f, -0.2f, 0.3f};
+
+/* Applies `steps` updates with the fixed gradient g0 from p0 and compares the
+ * parameters after every step with want[step][i]. */
+static void run(const char *what, const dp_optim_config *cfg, int steps,
+                const double want[][N], double tol)
+{
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, cfg, N, &err) == 0);
+    float p[N];
+    memcpy(p, p0, sizeof p);
+    for (int s = 0; s < steps; s++) {
+        dp_optim_apply(&o, p, g0);
+        CHECK(o.t == s + 1);
+        for (int i = 0; i < N; i++)
+            CHECKF(fabs(p[i] - want[s][i]) <= tol, "%s step %d p[%d] = %.9g, want %.9g", what,
+                   s + 1, i, (double)p[i], want[s][i]);
+    }
+    dp_optim_free(&o);
+    CHECK(o.state == NULL);
+}
+
+static void test_sgd(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_SGD);
+    c.lr = 0.1f;
+    /* p -= 0.1 g: each step moves by (-0.01, +0.02, -0.03). */
+    const double want[3][N] = {
+        {0.99, -1.98, 0.47},
+        {0.98, -1.96, 0.44},
+        {0.97, -1.94, 0.41},
+    };
+    run("sgd", &c, 3, want, 1e-6);
+}
+
+static void test_momentum(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    c.lr = 0.1f;
+    /* For g = 0.1: v1 = -0.01, p1 = 0.99; v2 = 0.9(-0.01) - 0.01 = -0.019,
+     * p2 = 0.971; v3 = 0.9(-0.019) - 0.01 = -0.0271, p3 = 0.9439.  The other
+     * components move by the same multiples of their gradient (x -2, x 3). */
+    const double want[3][N] = {
+        {0.99, -1.98, 0.47},
+        {0.971, -1.942, 0.413},
+        {0.9439, -1.8878, 0.3317},
+    };
+    run("momentum", &c, 3, want, 1e-6);
+}
+
+static void test_nesterov(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_NESTEROV);
+    c.lr = 0.1f;
+    /* p += mu v_new - lr g.  For g = 0.1: v1 = -0.01, p1 = 1 - 0.009 - 0.01 = 0.981;
+     * v2 = -0.019, p2 = 0.981 - 0.0171 - 0.01 = 0.9539; v3 = -0.0271,
+     * p3 = 0.9539 - 0.02439 - 0.01 = 0.91951. */
+    const double want[3][N] = {
+        {0.981, -1.962, 0.443},
+        {0.9539, -1.9078, 0.3617},
+        {0.91951, -1.83902, 0.25853},
+    };
+    run("nesterov", &c, 3, want, 1e-6);
+}
+
+static void test_adagrad(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    c.lr = 0.1f;
+    /* a starts at 0.1; a += g^2; p -= 0.1 g / (sqrt(a) + 1e-7).  Written out: */
+    double want[3][N];
+    for (int i = 0; i < N; i++) {
+        double g = g0[i], gg = g * g;
+        double a1 = 0.1 + gg, a2 = 0.1 + 2 * gg, a3 = 0.1 + 3 * gg;
+        want[0][i] = p0[i] - 0.1 * g / (sqrt(a1) + 1e-7);
+        want[1][i] = want[0][i] - 0.1 * g / (sqrt(a2) + 1e-7);
+        want[2][i] = want[1][i] - 0.1 * g / (sqrt(a3) + 1e-7);
+    }
+    /* and by calculator, for component 0: a1 = 0.11, 0.01 / 0.331662 = 0.0301511 */
+    CHECK_NEAR(want[0][0], 0.969848874633, 1e-7); /* g0 is float */
+    CHECK_NEAR(want[2][2], 0.325160947308, 1e-7);
+    run("adagrad", &c, 3, want, 1e-6);
+}
+
+static void test_adam(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    c.lr = 0.1f;
+    /* With a constant gradient m_t = (1-0.9^t) g and v_t = (1-0.999^t) g^2, so
+     * lr_t m / (sqrt(v) + eps) = 0.1 g / (|g| + eps / sqrt(1-0.999^t)): each step
+     * moves by almost exactly 0.1 against the sign of g, a little less because
+     * of epsilon-hat (Keras 2).  Step 1, g = 0.1: lr_t = 0.1 sqrt(0.001)/0.1,
+     * m = 0.01, v = 1e-5: update 0.0316228 * 0.01 / (0.00316228 + 1e-7)
+     * = 0.0999968, p1 = 0.900003162. */
+    const double want[3][N] = {
+        {0.900003162178, -1.900001581114, 0.400001054081},
+        {0.800005398755, -1.800002699415, 0.300001799618},
+        {0.700007225377, -1.700003612734, 0.200002408500},
+    };
+    /* tol well below the epsilon-hat effect (3e-6 at step 1), so the paper's
+     * form (eps added to sqrt(v_hat)) would fail. */
+    run("adam", &c, 3, want, 5e-7);
+}
+
+static void test_adam_varying(void)
+{
+    /* Large eps and changing gradients so every term matters. lr 0.01, b1 0.8,
+     * b2 0.99, eps 0.01, p0 (0.3, -0.7, 1.5), g1 (0.05, -0.5, 2), g2 (-0.1, 0.2, 1).
+     * Step 1: lr_t = 0.01 sqrt(0.01) / 0.2 = 0.005; m = 0.2 g1 = (0.01, -0.1, 0.4),
+     * v = 0.01 g1^2 = (2.5e-5, 2.5e-3, 0.04), sqrt(v) = (0.005, 0.05, 0.2):
+     * p1 = 0.3 - 0.005*0.01/0.015 = 0.29666667, -0.7 + 0.005*0.1/0.06 = -0.69166667,
+     * 1.5 - 0.005*0.4/0.21 = 1.49047619.
+     * Step 2: lr_t = 0.01 sqrt(1-0.99^2)/(1-0.8^2) = 0.0039185378;
+     * m = (-0.012, -0.04, 0.52), v = (1.2475e-4, 2.875e-3, 0.0496). */
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    c.lr = 0.01f;
+    c.beta1 = 0.8f;
+    c.beta2 = 0.99f;
+    c.eps = 0.01f;
+    const float g[2][N] = {{0.05f, -0.5f, 2.0f}, {-0.1f, 0.2f, 1.0f}};
+    const double want[2][N] = {
+        {0.296666666667, -0.691666666667, 1.490476190476},
+        {0.298887938871, -0.689202914554, 1.481720079389},
+    };
+    float p[N] = {0.3f, -0.7f, 1.5f};
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &c, N, &err) == 0);
+    for (int s = 0; s < 2; s++) {
+        dp_optim_apply(&o, p, g[s]);
+        for (int i = 0; i < N; i++)
+            CHECKF(fabs(p[i] - want[s][i]) <= 1e-6, "adam step %d p[%d] = %.9g, want %.9g",
+                   s + 1, i, (double)p[i], want[s][i]);
+    }
+    /* state layout: slot 0 (m) at state, slot 1 (v) at state + n */
+    CHECK_NEAR(o.state[0], -0.012, 1e-7);
+    CHECK_NEAR(o.state[2], 0.52, 1e-6);
+    CHECK_NEAR(o.state[N + 1], 2.875e-3, 1e-8);
+    dp_optim_free(&o);
+}
+
+static void test_defaults_and_parse(void)
+{
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    CHECK(c.kind == DP_OPTIM_ADAM);
+    CHECK(c.lr == 0.001f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-7f);
+    c = dp_optim_defaults(DP_OPTIM_SGD);
+    CHECK(c.lr == 0.01f && c.momentum == 0.0f);
+    c = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    CHECK(c.lr == 0.01f && c.momentum == 0.9f);
+    c = dp_optim_defaults(DP_OPTIM_NESTEROV);
+    CHECK(c.lr == 0.01f && c.momentum == 0.9f);
+    c = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    CHECK(c.lr == 0.001f && c.initial_accumulator == 0.1f && c.eps == 1e-7f);
+
+    CHECK(dp_optim_slots(DP_OPTIM_SGD) == 0);
+    CHECK(dp_optim_slots(DP_OPTIM_MOMENTUM) == 1);
+    CHECK(dp_optim_slots(DP_OPTIM_NESTEROV) == 1);
+    CHECK(dp_optim_slots(DP_OPTIM_ADAGRAD) == 1);
+    CHECK(dp_optim_slots(DP_OPTIM_ADAM) == 2);
+
+    const char *names[] = {"sgd", "momentum", "nesterov", "adagrad", "adam"};
+    for (int k = 0; k < DP_OPTIM_COUNT; k++) {
+        dp_optim_kind kind = DP_OPTIM_COUNT;
+        dp_err err;
+        CHECK(dp_optim_parse_kind(names[k], &kind, &err) == 0);
+        CHECK((int)kind == k);
+        CHECK(strcmp(dp_optim_kind_name(kind), names[k]) == 0);
+    }
+    dp_err err = {{0}};
+    dp_optim_kind kind = DP_OPTIM_SGD;
+    CHECK(dp_optim_parse_kind("adamw", &kind, &err) == -1);
+    CHECK(strstr(err.msg, "adamw") != NULL);
+    CHECK(strstr(err.msg, "sgd") && strstr(err.msg, "nesterov") && strstr(err.msg, "adam"));
+    CHECK(kind == DP_OPTIM_SGD);
+    CHECK(dp_optim_parse_kind("", &kind, &err) == -1);
+    CHECK(dp_optim_parse_kind("Adam", &kind, &err) == -1);
+}
+
+static void test_init_errors(void)
+{
+    dp_optim o;
+    dp_err err = {{0}};
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    c.beta1 = 1.0f;
+    CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
+    CHECK(strstr(err.msg, "beta1") != NULL);
+    c = dp_optim_defaults(DP_OPTIM_SGD);
+    c.lr = NAN;
+    CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
+    CHECK(strstr(err.msg, "learning rate") != NULL);
+
+    /* adagrad state starts at the initial accumulator; sgd keeps no state */
+    c = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    REQUIRE(dp_optim_init(&o, &c, 5, &err) == 0);
+    for (int i = 0; i < 5; i++)
+        CHECK(o.state[i] == 0.1f);
+    dp_optim_free(&o);
+    dp_optim_free(&o); /* twice is harmless */
+    c = dp_optim_defaults(DP_OPTIM_SGD);
+    REQUIRE(dp_optim_init(&o, &c, 5, &err) == 0);
+    CHECK(o.state == NULL);
+    dp_optim_free(&o);
+    /* an empty range is fine */
+    c = dp_optim_defaults(DP_OPTIM_ADAM);
+    REQUIRE(dp_optim_init(&o, &c, 0, &err) == 0);
+    dp_optim_apply(&o, NULL, NULL);
+    dp_optim_free(&o);
+}
+
+static void test_denormals_flushed(void)
+{
+    /* A zero gradient after one step makes Adam's m decay by 0.9 per step:
+     * 1e-4 * 0.9^800 = 2.5e-41 would be a denormal; flushed, it is exactly 0. */
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &c, 1, &err) == 0);
+    float p = 0.0f, g = 1e-3f, zero = 0.0f;
+    dp_optim_apply(&o, &p, &g);
+    for (int s = 0; s < 800; s++)
+        dp_optim_apply(&o, &p, &zero);
+#if defined(__SSE__)
+    CHECK(o.state[0] == 0.0f);
+#endif
+    CHECK(isfinite(p));
+    dp_optim_free(&o);
+}
+
+int main(void)
+{
+    test_sgd();
+    test_momentum();
+    test_nesterov();
+    test_adagrad();
+    test_adam();
+    test_adam_varying();
+    test_defaults_and_parse();
+    test_init_errors();
+    test_denormals_flushed();
+    return CHECK_DONE();
+}
