@@ -6,6 +6,9 @@
  * one weight-gradient product per layer, one input-gradient product per layer
  * but the first.  bound = batch / (GEMM seconds per step); the fraction is
  * the step's throughput over that bound.  Figures are medians of REPEATS.
+ * For reference the last column is the same products with our pool off and
+ * OpenBLAS's own threads (as many) inside each product: which of the two
+ * ways of using the cores multiplies faster (DESIGN decision 10).
  *
  *   bench_engine [--steps N] [--repeats N]
  * Target (issue 2): mlp-300-100, batch 128 reaches >= 85% of the bound, and
@@ -108,8 +111,8 @@ int main(int argc, char **argv)
     dp_split split = {images, labels, N_RECORDS, 784};
 
     printf("BLAS: %s; %d steps per timing, median of %d\n", dp_blas_info(), steps, repeats);
-    printf("%-12s %6s %8s %14s %14s %9s\n", "model", "batch", "threads", "samples/s", "gemm bound/s",
-           "fraction");
+    printf("%-12s %6s %8s %14s %14s %9s %16s\n", "model", "batch", "threads", "samples/s",
+           "gemm bound/s", "fraction", "openblas-mt/s");
     const char *models[] = {"mlp-300-100", "mlp-128"};
     const int batches[] = {128, 256};
     int status = 0;
@@ -134,14 +137,19 @@ int main(int argc, char **argv)
                 dp_blas_set_threads(threads);
                 train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
                 gemm_step_seconds(&m, batch, steps / 4 + 1, scratch);
-                double tr[MAX_REPEATS], gm[MAX_REPEATS];
+                double tr[MAX_REPEATS], gm[MAX_REPEATS], nat[MAX_REPEATS];
                 for (int r = 0; r < repeats; r++) {
                     tr[r] = train_step_seconds(&m, &o, &bt, x, y, batch, steps);
                     gm[r] = gemm_step_seconds(&m, batch, steps, scratch);
                 }
+                dp_blas_set_native_threads(threads);
+                gemm_step_seconds(&m, batch, steps / 4 + 1, scratch);
+                for (int r = 0; r < repeats; r++)
+                    nat[r] = gemm_step_seconds(&m, batch, steps, scratch);
+                dp_blas_set_threads(threads);
                 double sps = batch / median(tr, repeats), bound = batch / median(gm, repeats);
-                printf("%-12s %6d %8d %14.0f %14.0f %8.1f%%\n", models[mi], batch, threads, sps, bound,
-                       100 * sps / bound);
+                printf("%-12s %6d %8d %14.0f %14.0f %8.1f%% %16.0f\n", models[mi], batch, threads,
+                       sps, bound, 100 * sps / bound, batch / median(nat, repeats));
                 fflush(stdout);
                 if (mi == 0 && bi == 0) {
                     sps_target[threads] = sps;

@@ -9,9 +9,23 @@
 void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
               const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
-/* Threads of the BLAS pool for this process (the only arithmetic pool). */
+/* The same product; afterwards every thread calls ep(ep_ctx, c, ldc, r0, r1, c0, c1)
+ * on the block of C it computed (rows [r0,r1), columns [c0,c1)) while it is
+ * still in cache: bias and activation fuse into the product this way. */
+typedef void (*dp_gemm_epilogue)(void *ctx, float *c, int ldc, int r0, int r1, int c0, int c1);
+void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                 dp_gemm_epilogue ep, void *ep_ctx);
+
+/* Threads of the process's arithmetic pool (pool.h; DESIGN decision 10).  BLAS
+ * itself always runs single-threaded: dp_sgemm splits each product over the
+ * pool, each thread multiplying its block of C.  n = 1 starts no thread.
+ * Until this is called the pool takes OpenBLAS's own default (OPENBLAS_NUM_THREADS
+ * or all cores) at the first product. */
 void dp_blas_set_threads(int n);
 int dp_blas_threads(void);
+/* For benchmarks only: our pool off, OpenBLAS's own n threads inside each product. */
+void dp_blas_set_native_threads(int n);
 /* Name of the BLAS library and its kernel ("OpenBLAS 0.3.21 Haswell"). */
 const char *dp_blas_info(void);
 

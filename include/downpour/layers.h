@@ -22,6 +22,13 @@ void dp_dense_backward(float *dinp, float *dw, float *db, const float *dout,
 void dp_dense_backward_overwrite(float *dinp, float *dw, float *db, const float *dout,
                                  const float *inp, const float *w, int batch, int in,
                                  int out_dim);
+/* dp_dense_backward_overwrite for a layer fed by a relu: inp is that relu's
+ * output, and dinp comes out already masked (zero where inp is 0), i.e. it is
+ * the gradient at the relu's INPUT.  The mask runs on each block of dinp as
+ * soon as the product has computed it. */
+void dp_dense_backward_relu_overwrite(float *dinp, float *dw, float *db, const float *dout,
+                                      const float *inp, const float *w, int batch, int in,
+                                      int out_dim);
 
 /* In place: x = max(x, 0). */
 void dp_relu_forward(float *x, int n);

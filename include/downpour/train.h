@@ -10,12 +10,33 @@
 #include "downpour/dataset.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
+#include "downpour/ps.h"
 #include "downpour/status.h"
+
+/* How gradients become parameters. */
+typedef enum dp_strategy {
+    DP_STRATEGY_SINGLE,    /* one process, local optimiser */
+    DP_STRATEGY_PS_ASYNC,  /* Downpour SGD */
+    DP_STRATEGY_PS_SYNC,   /* synchronous aggregation on the servers */
+    DP_STRATEGY_PS_SSP,    /* stale synchronous parallel */
+    DP_STRATEGY_PS_DSSP,   /* dynamic SSP */
+    DP_STRATEGY_MODEL_AVG, /* parameter averaging */
+    DP_STRATEGY_COUNT
+} dp_strategy;
+
+/* "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg". */
+int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err);
+const char *dp_strategy_name(dp_strategy s);
 
 typedef struct dp_train_config {
     const char *dataset;      /* name or directory (see dataset.h) */
     const char *model;        /* preset or spec (see model.h) */
-    const char *strategy;     /* "single" for now */
+    dp_strategy strategy;
+    dp_ps_config ps;          /* parameter-server strategies: mode and layout */
+    dp_shard_policy shard;    /* how workers split the training records (data) */
+    int straggler;            /* worker index slowed on purpose, -1 for none */
+    double straggler_ms;      /* its extra milliseconds per step */
+    bool trace_clocks;        /* a "clock" metrics event per step (for tests) */
     int batch;                /* per-step batch */
     int epochs;
     dp_optim_config optim;
@@ -26,7 +47,6 @@ typedef struct dp_train_config {
     bool progress;            /* draw a progress bar (stderr is a terminal) */
     const char *metrics_path; /* JSON Lines, or NULL */
     const char *save_path;    /* safetensors checkpoint at the end, or NULL */
-    const char *task_label;   /* "Worker 0" in step lines */
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

@@ -133,3 +133,8 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
     *rest = i;
     return 0;
 }
+
+bool cli_is_task_command(const char *name)
+{
+    return strcmp(name, "train") == 0 || strcmp(name, "ping") == 0;
+}

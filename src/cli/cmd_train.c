@@ -1,5 +1,6 @@
 /* downpour train: the training run of one process. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -8,10 +9,46 @@
 
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"
 
+/* "A:B" into two integers in [0, max]. */
+static int parse_pair(const char *s, const char *flag, const char *a_name, const char *b_name,
+                      long *a, long *b, long max, dp_err *err)
+{
+    char buf[64], what[96];
+    const char *colon = strchr(s, ':');
+    if (!colon || strlen(s) >= sizeof buf)
+        return dp_errf(err, "%s '%s': expected %s:%s", flag, s, a_name, b_name);
+    memcpy(buf, s, (size_t)(colon - s));
+    buf[colon - s] = '\0';
+    snprintf(what, sizeof what, "%s %s", flag, a_name);
+    if (dp_parse_long(buf, 0, max, a, what, err) < 0)
+        return -1;
+    snprintf(what, sizeof what, "%s %s", flag, b_name);
+    return dp_parse_long(colon + 1, 0, max, b, what, err);
+}
+
+/* "K:MS": worker K sleeps MS milliseconds every step. */
+static int parse_straggler(const char *s, long *k, double *ms, dp_err *err)
+{
+    char buf[64];
+    const char *colon = strchr(s, ':');
+    if (!colon || strlen(s) >= sizeof buf)
+        return dp_errf(err, "--straggler '%s': expected K:MS", s);
+    memcpy(buf, s, (size_t)(colon - s));
+    buf[colon - s] = '\0';
+    if (dp_parse_long(buf, 0, 4095, k, "--straggler K", err) < 0)
+        return -1;
+    return dp_parse_double(colon + 1, 0, 60000, ms, "--straggler MS", err);
+}
+
 int cmd_train(int argc, char **argv)
 {
     dp_train_config cfg = dp_train_defaults();
-    const char *dataset = cfg.dataset, *model = cfg.model, *strategy = cfg.strategy;
+    const char *dataset = cfg.dataset, *model = cfg.model, *strategy = "single";
+    const char *shard = "data", *staleness_range = "1:6", *straggler = NULL;
+    long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
+    long staleness = cfg.ps.staleness, period = cfg.ps.period;
+    long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0;
+    bool trace_clocks = false;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
@@ -20,7 +57,17 @@ int cmd_train(int argc, char **argv)
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
-        {"strategy", CLI_STR, &strategy, "NAME", "how gradients become parameters", 0, 0},
+        {"strategy", CLI_STR, &strategy, "NAME", "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg", 0, 0},
+        {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
+        {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
+        {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
+        {"staleness", CLI_INT, &staleness, "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000},
+        {"staleness-range", CLI_STR, &staleness_range, "LO:HI", "ps-dssp: range of the adapted bound", 0, 0},
+        {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
+        {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4, 1L << 40},
+        {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
+        {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
+        {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad or adam", 0, 0},
@@ -46,6 +93,33 @@ int cmd_train(int argc, char **argv)
     }
 
     dp_err err;
+    if (dp_strategy_parse(strategy, &cfg.strategy, &err) < 0 ||
+        dp_shard_parse(shard, &cfg.shard, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    long lo, hi, k = -1;
+    double ms = 0;
+    if (parse_pair(staleness_range, "--staleness-range", "LO", "HI", &lo, &hi, 1000000, &err) < 0 ||
+        (straggler && parse_straggler(straggler, &k, &ms, &err) < 0)) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    if (lo > hi) {
+        fprintf(stderr, "downpour train: --staleness-range %ld:%ld: LO must not exceed HI\n", lo, hi);
+        return 2;
+    }
+    cfg.straggler = (int)k;
+    cfg.straggler_ms = ms;
+    cfg.ps.fetch_every = (int)fetch_every;
+    cfg.ps.push_every = (int)push_every;
+    cfg.ps.staleness = (int)staleness;
+    cfg.ps.staleness_lo = (int)lo;
+    cfg.ps.staleness_hi = (int)hi;
+    cfg.ps.period = (int)period;
+    cfg.ps.min_shard_bytes = (size_t)min_shard_bytes;
+    cfg.ps.max_shards = (int)max_shards;
+    cfg.trace_clocks = trace_clocks;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(optimizer, &kind, &err) < 0) {
         fprintf(stderr, "downpour train: --optimizer: %s\n", err.msg);
@@ -63,7 +137,6 @@ int cmd_train(int argc, char **argv)
         cfg.optim.momentum = (float)momentum;
     cfg.dataset = dataset;
     cfg.model = model;
-    cfg.strategy = strategy;
     cfg.batch = (int)batch;
     cfg.epochs = (int)epochs;
     cfg.seed = (uint64_t)seed;

@@ -16,6 +16,7 @@ static const command commands[] = {
     {"eval", cmd_eval, "test accuracy of a saved checkpoint"},
     {"launch", cmd_launch, "run a local cluster of tasks as processes on this machine"},
     {"run", cmd_run, "run one task of a multi-host cluster"},
+    {"ping", cmd_ping, "check a cluster: every task reaches every other, with latencies"},
 };
 
 static void usage(FILE *f)

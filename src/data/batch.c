@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "downpour/dataset.h"
+#include "downpour/pool.h"
 
 /* splitmix64's finaliser: a bijection that spreads every input bit. */
 static uint64_t mix64(uint64_t z)
@@ -133,13 +134,44 @@ static void bytes_to_unit(float *restrict dst, const uint8_t *restrict src, uint
         dst[j] = (float)src[j] / 255.0f;
 }
 
+typedef struct gather_job {
+    float *x;
+    uint8_t *y;
+    const dp_split *s;
+    const uint32_t *idx;
+    int n;
+} gather_job;
+
+static void gather_rows(const gather_job *j, int lo, int hi)
+{
+    const dp_split *s = j->s;
+    size_t dim = s->dim;
+    for (int i = lo; i < hi; i++) {
+        size_t r = j->idx[i];
+        bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
+        if (j->y)
+            j->y[i] = s->labels[r];
+    }
+}
+
+static void gather_task(void *ctx, int i, int n_threads)
+{
+    const gather_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->n, 1, i, n_threads, &lo, &hi);
+    gather_rows(j, (int)lo, (int)hi);
+}
+
+/* Batches below this many values convert on the calling thread. */
+#define GATHER_MIN_SPLIT 32768
+
 void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n)
 {
-    size_t dim = s->dim;
-    for (int i = 0; i < n; i++) {
-        size_t r = idx[i];
-        bytes_to_unit(x + (size_t)i * dim, s->images + r * dim, s->dim);
-        if (y)
-            y[i] = s->labels[r];
-    }
+    gather_job j = {x, y, s, idx, n};
+    if (n <= 0)
+        return;
+    if ((size_t)n * s->dim < GATHER_MIN_SPLIT)
+        gather_rows(&j, 0, n);
+    else
+        dp_pool_run(gather_task, &j);
 }

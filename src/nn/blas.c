@@ -7,19 +7,110 @@
 #include <stdio.h>
 #include <string.h>
 
-void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
+#include "downpour/pool.h"
+
+/* Products smaller than this many multiply-adds run on the calling thread:
+ * waking the pool costs more than the product.  Blocks of C are multiples of
+ * DP_GEMM_ALIGN rows or columns (the kernels' register tiles and 64-byte lines). */
+#define DP_GEMM_MIN_SPLIT (48 * 1024)
+#define DP_GEMM_ALIGN 16
+
+static int native_mode; /* dp_blas_set_native_threads: OpenBLAS threads, pool off */
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+/* Until dp_blas_set_threads: the pool takes OpenBLAS's default thread count
+ * and OpenBLAS itself goes single-threaded. */
+static void default_threads(void)
+{
+    int n = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    dp_pool_set_threads(n, NULL);
+}
+
+typedef struct gemm_job {
+    bool ta, tb;
+    int m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int lda, ldb, ldc;
+    bool split_rows;
+    dp_gemm_epilogue ep;
+    void *ep_ctx;
+} gemm_job;
+
+static void gemm_block(const gemm_job *j, int r0, int r1, int c0, int c1)
+{
+    if (r1 <= r0 || c1 <= c0)
+        return;
+    /* Row r of op(A) starts at a + r*lda (no trans) or a + r (trans);
+     * column c of op(B) at b + c (no trans) or b + c*ldb (trans). */
+    const float *a = j->a + (j->ta ? (size_t)r0 : (size_t)r0 * j->lda);
+    const float *b = j->b + (j->tb ? (size_t)c0 * j->ldb : (size_t)c0);
+    float *c = j->c + (size_t)r0 * j->ldc + c0;
+    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans,
+                j->tb ? CblasTrans : CblasNoTrans, r1 - r0, c1 - c0, j->k, j->alpha, a, j->lda,
+                b, j->ldb, j->beta, c, j->ldc);
+    if (j->ep)
+        j->ep(j->ep_ctx, j->c, j->ldc, r0, r1, c0, c1);
+}
+
+static void gemm_task(void *ctx, int i, int n)
+{
+    const gemm_job *j = ctx;
+    size_t lo, hi;
+    if (j->split_rows) {
+        dp_pool_range((size_t)j->m, DP_GEMM_ALIGN, i, n, &lo, &hi);
+        gemm_block(j, (int)lo, (int)hi, 0, j->n);
+    } else {
+        dp_pool_range((size_t)j->n, DP_GEMM_ALIGN, i, n, &lo, &hi);
+        gemm_block(j, 0, j->m, (int)lo, (int)hi);
+    }
+}
+
+void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                 dp_gemm_epilogue ep, void *ep_ctx)
 {
     if (m <= 0 || n <= 0)
         return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                ldc);
+    pthread_once(&default_once, default_threads);
+    gemm_job j = {trans_a, trans_b, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, m >= n, ep,
+                  ep_ctx};
+    if (dp_pool_threads() == 1 || (double)m * n * k < DP_GEMM_MIN_SPLIT ||
+        (m < 2 * DP_GEMM_ALIGN && n < 2 * DP_GEMM_ALIGN))
+        gemm_block(&j, 0, m, 0, n);
+    else
+        dp_pool_run(gemm_task, &j);
 }
 
-void dp_blas_set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    dp_sgemm_ep(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, NULL);
+}
 
-int dp_blas_threads(void) { return openblas_get_num_threads(); }
+void dp_blas_set_threads(int n)
+{
+    pthread_once(&default_once, default_threads);
+    native_mode = 0;
+    openblas_set_num_threads(1);
+    dp_pool_set_threads(n < 1 ? 1 : n, NULL);
+}
+
+void dp_blas_set_native_threads(int n)
+{
+    pthread_once(&default_once, default_threads);
+    native_mode = 1;
+    dp_pool_set_threads(1, NULL);
+    openblas_set_num_threads(n < 1 ? 1 : n);
+}
+
+int dp_blas_threads(void)
+{
+    pthread_once(&default_once, default_threads);
+    return native_mode ? openblas_get_num_threads() : dp_pool_threads();
+}
 
 static char blas_info[128];
 static pthread_once_t blas_info_once = PTHREAD_ONCE_INIT;

@@ -9,19 +9,28 @@
 
 #include "downpour/blas.h"
 
-/* out (batch,out_dim) += b on every row, then optionally max(., 0). */
-static void bias_act_rows(float *restrict out, const float *restrict b, int batch, int out_dim,
-                          int relu)
+/* Epilogues run by each thread of dp_sgemm_ep on the block of C it just
+ * computed, while the block is in cache. */
+typedef struct bias_ctx {
+    const float *b;
+    int relu;
+} bias_ctx;
+
+/* out rows [r0,r1), columns [c0,c1): += b, then optionally max(., 0). */
+static void bias_act_block(void *ctx, float *out, int ld, int r0, int r1, int c0, int c1)
 {
-    for (int r = 0; r < batch; r++) {
-        float *restrict o = out + (size_t)r * out_dim;
-        if (relu) {
-            for (int j = 0; j < out_dim; j++) {
+    const bias_ctx *bc = ctx;
+    const float *restrict b = bc->b + c0;
+    int w = c1 - c0;
+    for (int r = r0; r < r1; r++) {
+        float *restrict o = out + (size_t)r * ld + c0;
+        if (bc->relu) {
+            for (int j = 0; j < w; j++) {
                 float v = o[j] + b[j];
                 o[j] = v < 0.0f ? 0.0f : v;
             }
         } else {
-            for (int j = 0; j < out_dim; j++)
+            for (int j = 0; j < w; j++)
                 o[j] += b[j];
         }
     }
@@ -30,61 +39,112 @@ static void bias_act_rows(float *restrict out, const float *restrict b, int batc
 void dp_dense_forward(float *out, const float *inp, const float *w, const float *b, int batch,
                       int in, int out_dim)
 {
-    dp_sgemm(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim);
-    bias_act_rows(out, b, batch, out_dim, 0);
+    bias_ctx bc = {b, 0};
+    dp_sgemm_ep(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim,
+                bias_act_block, &bc);
 }
 
 void dp_dense_relu_forward(float *out, const float *inp, const float *w, const float *b,
                            int batch, int in, int out_dim)
 {
-    dp_sgemm(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim);
-    bias_act_rows(out, b, batch, out_dim, 1);
+    bias_ctx bc = {b, 1};
+    dp_sgemm_ep(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim,
+                bias_act_block, &bc);
 }
 
-/* db (out_dim) = (accumulate ? db : 0) + column sums of dout (batch,out_dim). */
+/* db[lo,hi) = (accumulate ? db : 0) + column sums of dout (batch,out_dim).  Each
+ * element sums the rows in order, so the result never depends on the split. */
 static void col_sums(float *restrict db, const float *restrict dout, int batch, int out_dim,
-                     int accumulate)
+                     int lo, int hi, int accumulate)
 {
-    int r = 0;
+    int r = 0, w = hi - lo;
+    db += lo;
+    dout += lo;
     if (!accumulate) {
         if (batch <= 0) {
-            memset(db, 0, (size_t)out_dim * sizeof *db);
+            memset(db, 0, (size_t)w * sizeof *db);
             return;
         }
-        memcpy(db, dout, (size_t)out_dim * sizeof *db);
+        memcpy(db, dout, (size_t)w * sizeof *db);
         r = 1;
     }
     for (; r < batch; r++) {
         const float *restrict d = dout + (size_t)r * out_dim;
-        for (int j = 0; j < out_dim; j++)
+        for (int j = 0; j < w; j++)
             db[j] += d[j];
+    }
+}
+
+typedef struct dw_ctx {
+    float *db;
+    const float *dout;
+    int batch, out_dim, in, accumulate;
+} dw_ctx;
+
+/* After a block of columns [c0,c1) of dw (out,in): the same share of the bias
+ * sums, out*c0/in .. out*c1/in, so the blocks' shares tile [0, out). */
+static void bias_sums_block(void *ctx, float *dw, int ld, int r0, int r1, int c0, int c1)
+{
+    (void)dw;
+    (void)ld;
+    const dw_ctx *d = ctx;
+    int lo, hi;
+    if (r0 == 0 && r1 == d->out_dim) { /* a column block (or the whole of dw) */
+        lo = (int)((long long)d->out_dim * c0 / d->in);
+        hi = (int)((long long)d->out_dim * c1 / d->in);
+    } else { /* a row block: rows are output units */
+        lo = r0;
+        hi = r1;
+    }
+    if (hi > lo)
+        col_sums(d->db, d->dout, d->batch, d->out_dim, lo, hi, d->accumulate);
+}
+
+/* dinp rows [r0,r1), columns [c0,c1): zero where the relu output inp was not positive. */
+static void relu_mask_block(void *ctx, float *dinp, int ld, int r0, int r1, int c0, int c1)
+{
+    const float *inp = ctx;
+    int w = c1 - c0;
+    for (int r = r0; r < r1; r++) {
+        float *restrict d = dinp + (size_t)r * ld + c0;
+        const float *restrict o = inp + (size_t)r * ld + c0;
+        for (int j = 0; j < w; j++)
+            d[j] = o[j] > 0.0f ? d[j] : 0.0f;
     }
 }
 
 static void dense_backward(float *dinp, float *dw, float *db, const float *dout,
                            const float *inp, const float *w, int batch, int in, int out_dim,
-                           int accumulate)
+                           int accumulate, int relu_inp)
 {
-    /* dw (out,in) = dout^T (out,batch) . inp (batch,in) */
-    dp_sgemm(true, false, out_dim, in, batch, 1.0f, dout, out_dim, inp, in,
-             accumulate ? 1.0f : 0.0f, dw, in);
-    col_sums(db, dout, batch, out_dim, accumulate);
+    /* dw (out,in) = dout^T (out,batch) . inp (batch,in); db = column sums of dout */
+    dw_ctx dc = {db, dout, batch, out_dim, in, accumulate};
+    dp_sgemm_ep(true, false, out_dim, in, batch, 1.0f, dout, out_dim, inp, in,
+                accumulate ? 1.0f : 0.0f, dw, in, bias_sums_block, &dc);
     /* dinp (batch,in) = dout (batch,out) . W (out,in) */
     if (dinp)
-        dp_sgemm(false, false, batch, in, out_dim, 1.0f, dout, out_dim, w, in, 0.0f, dinp, in);
+        dp_sgemm_ep(false, false, batch, in, out_dim, 1.0f, dout, out_dim, w, in, 0.0f, dinp,
+                    in, relu_inp ? relu_mask_block : NULL, (void *)inp);
 }
 
 void dp_dense_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                        const float *w, int batch, int in, int out_dim)
 {
-    dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 1);
+    dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 1, 0);
 }
 
 void dp_dense_backward_overwrite(float *dinp, float *dw, float *db, const float *dout,
                                  const float *inp, const float *w, int batch, int in,
                                  int out_dim)
 {
-    dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 0);
+    dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 0, 0);
+}
+
+void dp_dense_backward_relu_overwrite(float *dinp, float *dw, float *db, const float *dout,
+                                      const float *inp, const float *w, int batch, int in,
+                                      int out_dim)
+{
+    dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 0, 1);
 }
 
 void dp_relu_forward(float *restrict x, int n)

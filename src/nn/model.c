@@ -227,15 +227,17 @@ float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, i
     for (int i = m->n_dense - 1; i >= 0; i--) {
         const dp_dense *d = &m->dense[i];
         const float *inp = i ? m->acts + m->act_off[i] : x;
-        float *dinp = i ? next : NULL; /* the first layer needs no input gradient */
-        dp_dense_backward_overwrite(dinp, m->grads + d->w_off, m->grads + d->b_off, cur, inp,
-                                    m->params + d->w_off, batch, d->in, d->out);
-        if (i) {
-            /* inp is the previous layer's relu output */
-            dp_relu_backward(dinp, inp, batch * d->in);
-            next = cur;
-            cur = dinp;
+        if (i == 0) { /* the first layer needs no input gradient */
+            dp_dense_backward_overwrite(NULL, m->grads + d->w_off, m->grads + d->b_off, cur,
+                                        inp, m->params + d->w_off, batch, d->in, d->out);
+            break;
         }
+        /* inp is the previous layer's relu output: the mask fuses into the product */
+        dp_dense_backward_relu_overwrite(next, m->grads + d->w_off, m->grads + d->b_off, cur,
+                                         inp, m->params + d->w_off, batch, d->in, d->out);
+        float *t = cur;
+        cur = next;
+        next = t;
     }
     return loss;
 }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/pool.h"
+
 #if defined(__SSE__)
 #include <xmmintrin.h>
 /* Flush denormals to zero (FTZ) and read them as zero (DAZ) for the length of
@@ -196,28 +198,60 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
     }
 }
 
-void dp_optim_apply(dp_optim *o, float *params, const float *grads)
+typedef struct apply_job {
+    const dp_optim *o;
+    float *params;
+    const float *grads;
+    float lr_t; /* adam's bias-corrected rate */
+} apply_job;
+
+/* Thread i's share of the range: 64-byte aligned pieces, each thread with its
+ * own MXCSR flush (the register is per thread). */
+static void apply_task(void *ctx, int i, int n_threads)
 {
+    const apply_job *j = ctx;
+    const dp_optim *o = j->o;
     const dp_optim_config *c = &o->cfg;
-    size_t n = o->n;
-    o->t++;
-    if (n == 0)
+    size_t n = o->n, lo, hi;
+    dp_pool_range(n, 16, i, n_threads, &lo, &hi);
+    if (hi <= lo)
         return;
+    float *p = j->params + lo;
+    const float *g = j->grads + lo;
+    float *s0 = o->state ? o->state + lo : NULL;
+    size_t len = hi - lo;
     unsigned csr = flush_denormals_begin();
     switch (c->kind) {
-    case DP_OPTIM_SGD: sgd_update(params, grads, n, c->lr); break;
-    case DP_OPTIM_MOMENTUM: momentum_update(params, grads, o->state, n, c->lr, c->momentum); break;
-    case DP_OPTIM_NESTEROV: nesterov_update(params, grads, o->state, n, c->lr, c->momentum); break;
-    case DP_OPTIM_ADAGRAD: adagrad_update(params, grads, o->state, n, c->lr, c->eps); break;
-    case DP_OPTIM_ADAM: {
-        /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
-        double t = (double)o->t;
-        double lr_t = c->lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t));
-        adam_update(params, grads, o->state, o->state + n, n, (float)lr_t, c->beta1, c->beta2,
-                    c->eps);
+    case DP_OPTIM_SGD: sgd_update(p, g, len, c->lr); break;
+    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, c->lr, c->momentum); break;
+    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, c->lr, c->momentum); break;
+    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, c->lr, c->eps); break;
+    case DP_OPTIM_ADAM:
+        adam_update(p, g, s0, s0 + n, len, j->lr_t, c->beta1, c->beta2, c->eps);
         break;
-    }
     default: break;
     }
     flush_denormals_end(csr);
+}
+
+/* Ranges below this many parameters update on the calling thread. */
+#define APPLY_MIN_SPLIT 16384
+
+void dp_optim_apply(dp_optim *o, float *params, const float *grads)
+{
+    const dp_optim_config *c = &o->cfg;
+    o->t++;
+    if (o->n == 0)
+        return;
+    apply_job j = {o, params, grads, 0.0f};
+    if (c->kind == DP_OPTIM_ADAM) {
+        /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
+        double t = (double)o->t;
+        j.lr_t = (float)(c->lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
+    }
+    /* Elementwise: the result does not depend on the split. */
+    if (o->n < APPLY_MIN_SPLIT)
+        apply_task(&j, 0, 1);
+    else
+        dp_pool_run(apply_task, &j);
 }

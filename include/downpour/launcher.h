@@ -1,0 +1,98 @@
+/* Local launcher: runs every task of a cluster spec as a child process of
+ * this one, prefixes their output with the task, and makes sure none
+ * outlives the run.
+ *
+ * For each task the launcher runs opts.argv with this environment added:
+ *   DOWNPOUR_CONFIG       the cluster spec JSON with "task" set to that task
+ *   DOWNPOUR_TASK         the task's name, "worker:2"
+ *   DOWNPOUR_SECRET       64 hex characters, fresh random per run, same for all tasks
+ *   OPENBLAS_NUM_THREADS  max(1, online cores / tasks), unless already set
+ * Each child runs in its own process group (signals go to the whole group, so
+ * helpers a task forks go with it), with stdin on /dev/null and stdout and
+ * stderr on pipes; the launcher writes every line as "[worker 2] line" to
+ * its own stdout or stderr.  Lines longer than DP_LAUNCH_LINE_MAX bytes are
+ * split (at a UTF-8 character boundary); a last line without a newline gets one.
+ *
+ * Stopping: SIGINT or SIGTERM to the launcher is forwarded to every task
+ * (a second one sends SIGKILL).  When a task exits non-zero or is killed by a
+ * signal, the launcher logs which task and how, sends SIGTERM to the others,
+ * and SIGKILL after the grace period.  Children get PR_SET_PDEATHSIG SIGKILL,
+ * so they die with the launcher even if it is killed with SIGKILL.  When a
+ * task's main process ends, the rest of its process group is killed.
+ *
+ * Metrics: when opts.argv holds "--metrics FILE" (or "--metrics=FILE"), each
+ * task is given FILE.<type>-<index> instead (FILE.worker-0, ...), and at the
+ * end the launcher writes FILE: every task's lines in rank order, each tagged
+ * with "task", then one "resource_total" line (see dp_launch_merge_metrics).
+ * The per-task files are kept.
+ *
+ * Tasks inherit no descriptor but 0, 1 and 2.  PR_SET_PDEATHSIG fires when
+ * the thread that forked exits, so start and wait from a thread that lives
+ * for the whole run (normally the main thread).  Descendants that leave the
+ * task's process group (setsid) are outside the launcher's reach.
+ *
+ * The launcher installs handlers for SIGINT, SIGTERM, SIGCHLD and ignores
+ * SIGPIPE from dp_launcher_start to dp_launcher_free, restoring the previous
+ * dispositions after; only one launcher may be active in a process. */
+#ifndef DOWNPOUR_LAUNCHER_H
+#define DOWNPOUR_LAUNCHER_H
+
+#include <sys/types.h>
+
+#include "downpour/cluster.h"
+#include "downpour/status.h"
+
+#define DP_LAUNCH_LINE_MAX 4096   /* bytes of a child's line before it is split */
+#define DP_LAUNCH_GRACE 5.0       /* default seconds between SIGTERM and SIGKILL */
+
+typedef struct dp_launch_opts {
+    const dp_cluster *cluster; /* every task is started locally */
+    int argc;
+    char *const *argv;         /* task command; argv[0] is a path (execve, no PATH search) */
+    double grace_seconds;      /* <= 0: DP_LAUNCH_GRACE */
+    int out_fd, err_fd;        /* where prefixed lines go; <= 0: 1 and 2 */
+} dp_launch_opts;
+
+typedef struct dp_launcher dp_launcher;
+
+/* Starts every task.  On failure nothing is left running. */
+int dp_launcher_start(dp_launcher **out, const dp_launch_opts *opts, dp_err *err);
+
+/* Pid of the task of rank `rank` (its process group id too); -1 if none. */
+pid_t dp_launcher_pid(const dp_launcher *l, int rank);
+
+/* Relays output and waits until every task has ended and been reaped, then
+ * merges metrics.  Returns the exit status for the program: 0 when every task
+ * exited 0; else the first failed task's exit code (128+signal if it was
+ * killed), or 128+signal when the launcher itself was signalled, with err
+ * saying which task failed and how.  Call once. */
+int dp_launcher_wait(dp_launcher *l, dp_err *err);
+
+/* Kills (SIGKILL) and reaps any task still running, closes everything and
+ * restores the signal dispositions.  NULL is a no-op. */
+void dp_launcher_free(dp_launcher *l);
+
+/* start + wait + free: the exit status as dp_launcher_wait gives it (1 if
+ * the tasks could not be started). */
+int dp_launch(const dp_launch_opts *opts, dp_err *err);
+
+/* Picks n distinct free TCP ports on 127.0.0.1 (bind to port 0, read it,
+ * close).  Another process may take a port between this call and the task's
+ * own bind; the window is short, and the transport's bind error names it. */
+int dp_launch_free_ports(int *ports, int n, dp_err *err);
+
+/* Writes `path` from the per-task files path.<type>-<index> of cluster c:
+ * each task's JSON lines in rank order, "task" added where missing (lines that
+ * are not JSON objects, such as a torn last line, are skipped), then
+ *   {"event":"resource_total","t":..,"tasks":T,"samples":S,
+ *    "cpu_percent_mean":..,   mean over tasks of each task's mean CPU %
+ *    "cpu_percent_sum":..,    sum of those means (100 = one core busy)
+ *    "rss_peak_bytes":..,     sum over tasks of each task's peak RSS
+ *    "net_tx_bytes":..,"net_rx_bytes":..}  sum of each task's last counters
+ * when any task wrote "resource" events.  `seconds` is the "t" of that line.
+ * Missing task files are skipped with a warning.  Written to path.tmp and
+ * renamed. */
+int dp_launch_merge_metrics(const char *path, const dp_cluster *c, double seconds,
+                            dp_err *err);
+
+#endif

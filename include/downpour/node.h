@@ -1,0 +1,40 @@
+/* A task's runtime in a cluster: who it is (the cluster spec), how it talks
+ * (an authenticated transport to every other task) and what it costs (the
+ * resource sampler writing "resource" events).  Every distributed command
+ * opens one node and closes it at the end. */
+#ifndef DOWNPOUR_NODE_H
+#define DOWNPOUR_NODE_H
+
+#include "downpour/cluster.h"
+#include "downpour/metrics.h"
+#include "downpour/resource.h"
+#include "downpour/status.h"
+#include "downpour/transport.h"
+
+typedef struct dp_node_config {
+    const char *secret_file;   /* NULL: DOWNPOUR_SECRET */
+    int insecure;              /* allow no secret (trusted networks only) */
+    double connect_timeout;    /* s to reach every peer (60) */
+    double heartbeat_timeout;  /* s of silence before a peer is lost (10) */
+    dp_metrics *metrics;       /* resource events go here; NULL: no sampler */
+    double sample_interval;    /* s between resource samples (1) */
+} dp_node_config;
+
+typedef struct dp_node {
+    dp_cluster cluster;
+    const dp_task *self;
+    dp_transport *transport;
+    dp_resource_sampler *sampler;
+} dp_node;
+
+void dp_node_config_init(dp_node_config *cfg);
+
+/* Reads the spec from DOWNPOUR_CONFIG, loads the secret, listens on this
+ * task's address and connects to every other task.  Returns 1 (and leaves
+ * *n empty) when DOWNPOUR_CONFIG is not set: not a cluster task. */
+int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err);
+
+/* Stops the sampler (one last sample), says BYE, closes.  Safe on an empty node. */
+void dp_node_close(dp_node *n);
+
+#endif

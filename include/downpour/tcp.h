@@ -1,0 +1,43 @@
+/* The TCP transport: one connection per pair of ranks, the lower rank dials
+ * the higher (both sides call dp_transport_connect), authenticated by an
+ * HMAC challenge on the cluster secret, kept alive by heartbeats.  Details and
+ * the wire format: docs/transport.md. */
+#ifndef DOWNPOUR_TCP_H
+#define DOWNPOUR_TCP_H
+
+#include "downpour/transport.h"
+
+#include <stdint.h>
+
+typedef struct dp_tcp_config {
+    int rank, n_ranks;
+    const char *const *addrs; /* n_ranks "host:port"; addrs[rank] is where to listen */
+    const char *const *names; /* optional n_ranks names for logs ("worker:2") */
+    const unsigned char *secret; /* cluster secret (dp_secret_load), copied */
+    size_t secret_len;
+    int insecure;           /* 1 allows secret_len == 0: anyone who can connect is trusted */
+    int listen_fd;          /* -1: bind addrs[rank]; else a socket from dp_tcp_listen, taken over */
+    double heartbeat_interval; /* s between heartbeats on an idle connection (1) */
+    double heartbeat_timeout;  /* s of silence before a peer is lost (10) */
+    double handshake_timeout;  /* s for a connection's handshake (5) */
+    double late_log;           /* s between "waiting for" lines (5) */
+    uint64_t max_frame_bytes;  /* largest payload accepted (DP_FRAME_MAX_DEFAULT, 1 GiB) */
+    int sock_buf_bytes;        /* SO_SNDBUF/SO_RCVBUF (4 MiB); 0 leaves the kernel's autotuning */
+} dp_tcp_config;
+
+/* Defaults as above; listen_fd -1.  Always start from this. */
+void dp_tcp_config_init(dp_tcp_config *cfg);
+
+/* Binds and listens on "host:port" (port 0: an ephemeral port, returned in
+ * *port_out) before the transport exists, so a launcher or a test can learn
+ * every port first and then give the full address list to dp_tcp_open. */
+int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_out, dp_err *err);
+
+/* Listens, starts the accept and heartbeat threads.  No connection is made
+ * until dp_transport_connect. */
+int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err);
+
+/* The port this transport listens on (-1 if t is not TCP). */
+int dp_tcp_port(const dp_transport *t);
+
+#endif

@@ -1,0 +1,101 @@
+/* The transport interface: typed frames to and from tasks identified by rank
+ * 0..n-1.  Strategies use only these calls; TCP (tcp.h) is the first
+ * implementation, an MPI and an in-process transport plug in behind the same
+ * table of operations (src/net/transport_impl.h).
+ *
+ * Sending is thread-safe (frames to one peer never interleave).  Receiving
+ * (dp_transport_poll, dp_transport_recv, dp_transport_recv_payload) is done by
+ * one thread at a time.
+ *
+ * Receiving is two-step so payloads land straight in the caller's memory:
+ * poll returns a FRAME event with the header only; the caller then reads the
+ * payload with dp_transport_recv_payload into, for example, params + offset,
+ * in one or several pieces.  The payload CRC is checked when its last byte has
+ * been read.  A payload not read before the next poll of that peer is
+ * discarded with a warning. */
+#ifndef DOWNPOUR_TRANSPORT_H
+#define DOWNPOUR_TRANSPORT_H
+
+#include "downpour/frame.h"
+#include "downpour/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+typedef struct dp_transport dp_transport;
+
+#define DP_PEER_ANY (-1) /* poll: any peer; stats: totals over every peer */
+
+typedef enum dp_event_kind {
+    DP_EVENT_TIMEOUT = 0, /* nothing arrived before the timeout */
+    DP_EVENT_FRAME,       /* a frame header from ev->peer; payload not read yet */
+    DP_EVENT_PEER_LOST,   /* ev->peer is gone: EOF, reset, silence, bad frame or BYE */
+    DP_EVENT_KIND_COUNT
+} dp_event_kind;
+
+typedef struct dp_event {
+    dp_event_kind kind;
+    int peer;               /* FRAME, PEER_LOST */
+    int orderly;            /* PEER_LOST: 1 when the peer said BYE */
+    dp_frame_header header; /* FRAME */
+    char reason[256];       /* PEER_LOST: what happened, for the log */
+} dp_event;
+
+typedef struct dp_transport_stats {
+    uint64_t bytes_sent, bytes_recv;   /* every byte on the wire: headers + payloads */
+    uint64_t frames_sent, frames_recv; /* every frame, handshake and heartbeats included */
+    uint64_t heartbeats_sent, heartbeats_recv;
+} dp_transport_stats;
+
+/* This task's rank, the number of ranks, the implementation's name ("tcp"),
+ * and a peer's name for logs ("worker:2", or "rank 2" when none was given). */
+int dp_transport_rank(const dp_transport *t);
+int dp_transport_size(const dp_transport *t);
+const char *dp_transport_name(const dp_transport *t);
+const char *dp_transport_peer_name(const dp_transport *t, int peer);
+
+/* Makes sure a connection to peer is up, waiting at most until deadline
+ * (dp_now() seconds).  Which side dials is the implementation's business (TCP:
+ * the lower rank dials, the higher one waits for it); both sides call this. */
+int dp_transport_connect(dp_transport *t, int peer, double deadline, dp_err *err);
+/* Connects to every other rank. */
+int dp_transport_connect_all(dp_transport *t, double deadline, dp_err *err);
+
+/* Sends one frame: header plus payload, the payload never copied. */
+int dp_transport_send(dp_transport *t, int peer, unsigned type, uint64_t step, uint64_t offset,
+                      const void *payload, size_t len, dp_err *err);
+/* The same with the payload gathered from iovcnt pieces (at most 64). */
+int dp_transport_sendv(dp_transport *t, int peer, unsigned type, uint64_t step, uint64_t offset,
+                       const struct iovec *iov, int iovcnt, dp_err *err);
+
+/* Waits up to timeout_s seconds (0: just look) for the next event from peer
+ * (or DP_PEER_ANY).  Heartbeats are consumed here.  Returns 0 with ev filled
+ * (including DP_EVENT_TIMEOUT), or -1 on misuse (bad peer). */
+int dp_transport_poll(dp_transport *t, int peer, double timeout_s, dp_event *ev, dp_err *err);
+
+/* Reads the next len bytes of the payload of the frame last polled from peer
+ * into dst.  After the last byte the CRC is checked; a mismatch (or EOF, or
+ * a peer silent past the timeout) returns -1, closes that connection and is
+ * reported as a PEER_LOST event by the next poll. */
+int dp_transport_recv_payload(dp_transport *t, int peer, void *dst, size_t len, dp_err *err);
+/* Discards what is left of that payload. */
+int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err);
+
+/* Waits for the next frame from one peer.  Every late_log seconds (the
+ * transport's setting) it logs "waiting for worker:2 (what) for 10 s".
+ * Returns 0 with a FRAME in ev; -1 with ev->kind PEER_LOST or TIMEOUT and err
+ * naming the peer and what was awaited. */
+int dp_transport_recv(dp_transport *t, int peer, const char *what, double timeout_s,
+                      dp_event *ev, dp_err *err);
+
+/* Counters of one peer, or of all with DP_PEER_ANY.  Safe from any thread. */
+int dp_transport_stats_get(const dp_transport *t, int peer, dp_transport_stats *out);
+
+/* Says BYE to every peer, stops background threads, closes everything.
+ * NULL is a no-op. */
+void dp_transport_close(dp_transport *t);
+
+const char *dp_event_kind_name(dp_event_kind k);
+
+#endif

@@ -1,0 +1,911 @@
+/* Local launcher: fork/exec one child per task, relay their output line by
+ * line with a task prefix, forward signals, stop everyone when one fails,
+ * and reap every child on every path.  See launcher.h for the behaviour. */
+#include "downpour/launcher.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "downpour/clock.h"
+#include "downpour/log.h"
+
+extern char **environ;
+
+typedef struct lstream {
+    int fd;   /* read end of the child's pipe, -1 once closed */
+    int to;   /* launcher fd the lines go to */
+    size_t len;
+    char buf[DP_LAUNCH_LINE_MAX];
+} lstream;
+
+typedef struct ltask {
+    pid_t pid;     /* -1 before start and after reaping */
+    int running;
+    char prefix[40];
+    char **argv;
+    char **envp;
+    lstream out, err;
+} ltask;
+
+struct dp_launcher {
+    const dp_cluster *c;
+    int n;
+    ltask *t;
+    int out_fd, err_fd;
+    double grace;
+    double t0;
+    int devnull;
+    int live;              /* tasks not yet reaped */
+    int stopping;          /* the others have been told to stop */
+    double kill_at;        /* when to send SIGKILL while stopping */
+    int killed;            /* SIGKILL sent */
+    int status;            /* exit status for the program */
+    char reason[DP_ERR_MAX];
+    char *metrics_path;    /* FILE of "--metrics FILE", or NULL */
+    int signals_installed;
+    struct sigaction old_int, old_term, old_chld, old_pipe;
+};
+
+/* One launcher per process: the signal handlers reach it through these. */
+static int g_sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t g_signal;
+static volatile sig_atomic_t g_signal_count;
+static int g_active;
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    if (sig != SIGCHLD) {
+        g_signal = sig;
+        g_signal_count++;
+    }
+    char b = 0;
+    if (g_sig_pipe[1] >= 0)
+        (void)!write(g_sig_pipe[1], &b, 1);
+    errno = saved;
+}
+
+static int install_signals(dp_launcher *l, dp_err *err)
+{
+    if (g_active)
+        return dp_errf(err, "launcher: another launcher is already running in this process");
+    if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+        return dp_errf(err, "launcher: pipe: %s", strerror(errno));
+    g_signal = 0;
+    g_signal_count = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &l->old_int);
+    sigaction(SIGTERM, &sa, &l->old_term);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, &l->old_chld);
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &l->old_pipe);
+    l->signals_installed = 1;
+    g_active = 1;
+    return 0;
+}
+
+static void restore_signals(dp_launcher *l)
+{
+    if (!l->signals_installed)
+        return;
+    sigaction(SIGINT, &l->old_int, NULL);
+    sigaction(SIGTERM, &l->old_term, NULL);
+    sigaction(SIGCHLD, &l->old_chld, NULL);
+    sigaction(SIGPIPE, &l->old_pipe, NULL);
+    close(g_sig_pipe[0]);
+    close(g_sig_pipe[1]);
+    g_sig_pipe[0] = g_sig_pipe[1] = -1;
+    l->signals_installed = 0;
+    g_active = 0;
+}
+
+/* ---- output relay ---- */
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN) {
+                struct pollfd pf = {.fd = fd, .events = POLLOUT};
+                poll(&pf, 1, 100);
+                continue;
+            }
+            return; /* EPIPE and friends: the reader is gone, drop the output */
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void emit_line(const ltask *t, const lstream *s, const char *line, size_t n)
+{
+    char out[sizeof t->prefix + DP_LAUNCH_LINE_MAX + 2];
+    size_t pl = strlen(t->prefix);
+    memcpy(out, t->prefix, pl);
+    memcpy(out + pl, line, n);
+    out[pl + n] = '\n';
+    write_all(s->to, out, pl + n + 1);
+}
+
+/* Length of the longest prefix of buf[0..n) that does not end inside a UTF-8
+ * sequence (so a split never cuts a character in two). */
+static size_t utf8_cut(const char *buf, size_t n)
+{
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)buf[i - 1] & 0xC0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (i == 0)
+        return n;
+    unsigned char lead = (unsigned char)buf[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (need > 1 && back + 1 < need)
+        return i - 1; /* incomplete sequence at the end: keep it for the next line */
+    return n;
+}
+
+static void stream_flush_lines(const ltask *t, lstream *s, int eof)
+{
+    size_t start = 0;
+    for (;;) {
+        char *nl = memchr(s->buf + start, '\n', s->len - start);
+        if (!nl)
+            break;
+        size_t n = (size_t)(nl - (s->buf + start));
+        emit_line(t, s, s->buf + start, n);
+        start += n + 1;
+    }
+    if (start > 0) {
+        memmove(s->buf, s->buf + start, s->len - start);
+        s->len -= start;
+    }
+    if (s->len == sizeof s->buf) { /* a very long line: split it */
+        size_t cut = utf8_cut(s->buf, s->len);
+        if (cut == 0)
+            cut = s->len;
+        emit_line(t, s, s->buf, cut);
+        memmove(s->buf, s->buf + cut, s->len - cut);
+        s->len -= cut;
+    }
+    if (eof && s->len > 0) {
+        emit_line(t, s, s->buf, s->len);
+        s->len = 0;
+    }
+}
+
+static void stream_close(const ltask *t, lstream *s)
+{
+    if (s->fd < 0)
+        return;
+    stream_flush_lines(t, s, 1);
+    close(s->fd);
+    s->fd = -1;
+}
+
+static void stream_read(const ltask *t, lstream *s)
+{
+    ssize_t r = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (r < 0) {
+        if (errno == EINTR || errno == EAGAIN)
+            return;
+        stream_close(t, s);
+        return;
+    }
+    if (r == 0) {
+        stream_close(t, s);
+        return;
+    }
+    s->len += (size_t)r;
+    stream_flush_lines(t, s, 0);
+}
+
+/* ---- building the children's argv and environment (before any fork) ---- */
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    return s;
+}
+
+static void free_strv(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++)
+        free(*p);
+    free(v);
+}
+
+static int find_metrics_arg(int argc, char *const *argv, int *at, const char **file)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc) {
+            *at = i + 1;
+            *file = argv[i + 1];
+            return 1;
+        }
+        if (strncmp(argv[i], "--metrics=", 10) == 0 && argv[i][10]) {
+            *at = i;
+            *file = argv[i] + 10;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static char **task_argv(const dp_launcher *l, const dp_launch_opts *o, const dp_task *task)
+{
+    char **v = calloc((size_t)o->argc + 1, sizeof *v);
+    if (!v)
+        return NULL;
+    int at = -1;
+    const char *file = NULL;
+    find_metrics_arg(o->argc, o->argv, &at, &file);
+    for (int i = 0; i < o->argc; i++) {
+        if (i == at && l->metrics_path)
+            v[i] = xasprintf("%s%s.%s-%d", strncmp(o->argv[i], "--metrics=", 10) == 0
+                                               ? "--metrics=" : "",
+                             l->metrics_path, dp_role_name(task->role), task->index);
+        else
+            v[i] = strdup(o->argv[i]);
+        if (!v[i]) {
+            free_strv(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
+static int env_is(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
+
+static char **task_envp(const dp_cluster *c, int rank, const char *secret, int blas_threads)
+{
+    size_t n = 0;
+    while (environ && environ[n])
+        n++;
+    char **v = calloc(n + 5, sizeof *v);
+    if (!v)
+        return NULL;
+    size_t k = 0;
+    int keep_blas = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = environ[i];
+        if (env_is(e, DP_CLUSTER_ENV) || env_is(e, "DOWNPOUR_SECRET") ||
+            env_is(e, "DOWNPOUR_TASK"))
+            continue;
+        if (env_is(e, "OPENBLAS_NUM_THREADS"))
+            keep_blas = 1;
+        if (!(v[k++] = strdup(e)))
+            goto fail;
+    }
+    char *json = dp_cluster_to_json(c, rank, NULL);
+    if (!json)
+        goto fail;
+    v[k] = xasprintf("%s=%s", DP_CLUSTER_ENV, json);
+    free(json);
+    if (!v[k++])
+        goto fail;
+    if (!(v[k++] = xasprintf("DOWNPOUR_TASK=%s", c->tasks[rank].name)))
+        goto fail;
+    if (!(v[k++] = xasprintf("DOWNPOUR_SECRET=%s", secret)))
+        goto fail;
+    if (!keep_blas && !(v[k++] = xasprintf("OPENBLAS_NUM_THREADS=%d", blas_threads)))
+        goto fail;
+    return v;
+fail:
+    free_strv(v);
+    return NULL;
+}
+
+static int make_secret(char hex[65], dp_err *err)
+{
+    unsigned char raw[32];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return dp_errf(err, "launcher: getrandom: %s", strerror(errno));
+        }
+        got += (size_t)r;
+    }
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        hex[2 * i] = digits[raw[i] >> 4];
+        hex[2 * i + 1] = digits[raw[i] & 15];
+    }
+    hex[64] = '\0';
+    return 0;
+}
+
+/* ---- children ---- */
+
+static void signal_all(dp_launcher *l, int sig)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running)
+            kill(-l->t[i].pid, sig);
+}
+
+static void describe_status(char *buf, size_t size, int st)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, size, "exited with status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, size, "ended with wait status %d", st);
+}
+
+static void begin_stop(dp_launcher *l, int sig)
+{
+    if (!l->stopping) {
+        l->stopping = 1;
+        l->kill_at = dp_now() + l->grace;
+    }
+    signal_all(l, sig);
+}
+
+/* Reaps the tasks that have ended.  A task's leftover process group is
+ * killed before the zombie is reaped, so its id cannot be reused meanwhile. */
+static void reap(dp_launcher *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        ltask *t = &l->t[i];
+        if (!t->running)
+            continue;
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)t->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+            if (errno != ECHILD)
+                continue;
+            /* Reaped behind our back (SIGCHLD set to SIG_IGN by another thread?) */
+            dp_warn("launcher: %s (pid %d) was reaped elsewhere; its status is lost",
+                    l->c->tasks[i].name, (int)t->pid);
+            kill(-t->pid, SIGKILL);
+            t->running = 0;
+            l->live--;
+            continue;
+        }
+        if (si.si_pid == 0)
+            continue;
+        kill(-t->pid, SIGKILL);
+        int st = 0;
+        while (waitpid(t->pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        t->running = 0;
+        l->live--;
+        int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        char how[96];
+        describe_status(how, sizeof how, st);
+        const char *name = l->c->tasks[i].name;
+        if (ok) {
+            dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
+        } else if (l->stopping) {
+            dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
+        } else {
+            l->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+            snprintf(l->reason, sizeof l->reason, "task %s (pid %d) %s", name, (int)t->pid, how);
+            if (l->live > 0)
+                dp_error("launcher: %s; stopping the other %d task%s", l->reason, l->live,
+                         l->live == 1 ? "" : "s");
+            else
+                dp_error("launcher: %s", l->reason);
+            begin_stop(l, SIGTERM);
+        }
+    }
+}
+
+static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err)
+{
+    ltask *t = &l->t[i];
+    int po[2] = {-1, -1}, pe[2] = {-1, -1};
+    if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0) {
+        int e = errno;
+        if (po[0] >= 0) {
+            close(po[0]);
+            close(po[1]);
+        }
+        return dp_errf(err, "launcher: pipe for %s: %s%s", l->c->tasks[i].name, strerror(e),
+                       e == EMFILE ? " (Hint: raise the open-file limit, ulimit -n)" : "");
+    }
+    /* Signals stay blocked across fork, so the child cannot run the
+     * launcher's handler before it has reset the dispositions. */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask);
+    pid_t pid = fork();
+    if (pid != 0)
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid < 0) {
+        int e = errno;
+        close(po[0]);
+        close(po[1]);
+        close(pe[0]);
+        close(pe[1]);
+        return dp_errf(err, "launcher: fork for %s: %s", l->c->tasks[i].name, strerror(e));
+    }
+    if (pid == 0) {
+        /* Child: async-signal-safe calls only until execve. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1); /* the launcher died before prctl took effect */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGCHLD, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (dup2(l->devnull, 0) < 0 || dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0)
+            _exit(127);
+#ifdef SYS_close_range
+        /* Descriptors the caller left without close-on-exec stay out of tasks. */
+        syscall(SYS_close_range, 3u, ~0u, 0u);
+#endif
+        execve(t->argv[0], t->argv, t->envp);
+        static const char msg[] = "launcher: cannot execute the task command: ";
+        (void)!write(2, msg, sizeof msg - 1);
+        const char *es = strerror(errno);
+        (void)!write(2, t->argv[0], strlen(t->argv[0]));
+        (void)!write(2, ": ", 2);
+        (void)!write(2, es, strlen(es));
+        (void)!write(2, "\n", 1);
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also in the parent, so kill(-pid) works at once */
+    close(po[1]);
+    close(pe[1]);
+    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    fcntl(pe[0], F_SETFL, O_NONBLOCK);
+    t->pid = pid;
+    t->running = 1;
+    t->out.fd = po[0];
+    t->out.to = l->out_fd;
+    t->err.fd = pe[0];
+    t->err.to = l->err_fd;
+    l->live++;
+    return 0;
+}
+
+static void kill_and_reap_all(dp_launcher *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        ltask *t = &l->t[i];
+        if (!t->running)
+            continue;
+        kill(-t->pid, SIGKILL);
+        int st;
+        while (waitpid(t->pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        t->running = 0;
+        l->live--;
+    }
+}
+
+void dp_launcher_free(dp_launcher *l)
+{
+    if (!l)
+        return;
+    if (l->t) {
+        kill_and_reap_all(l);
+        for (int i = 0; i < l->n; i++) {
+            stream_close(&l->t[i], &l->t[i].out);
+            stream_close(&l->t[i], &l->t[i].err);
+            free_strv(l->t[i].argv);
+            free_strv(l->t[i].envp);
+        }
+        free(l->t);
+    }
+    if (l->devnull >= 0)
+        close(l->devnull);
+    restore_signals(l);
+    free(l->metrics_path);
+    free(l);
+}
+
+int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
+{
+    *out = NULL;
+    if (!o->cluster || o->cluster->n_tasks < 1)
+        return dp_errf(err, "launcher: empty cluster");
+    if (o->argc < 1 || !o->argv || !o->argv[0])
+        return dp_errf(err, "launcher: no task command");
+    dp_launcher *l = calloc(1, sizeof *l);
+    if (!l)
+        return dp_errf(err, "launcher: out of memory");
+    l->devnull = -1;
+    l->c = o->cluster;
+    l->n = o->cluster->n_tasks;
+    l->out_fd = o->out_fd > 0 ? o->out_fd : 1;
+    l->err_fd = o->err_fd > 0 ? o->err_fd : 2;
+    l->grace = o->grace_seconds > 0 ? o->grace_seconds : DP_LAUNCH_GRACE;
+    l->t0 = dp_now();
+    l->t = calloc((size_t)l->n, sizeof *l->t);
+    if (!l->t) {
+        dp_errf(err, "launcher: out of memory for %d tasks", l->n);
+        goto fail;
+    }
+    for (int i = 0; i < l->n; i++) {
+        l->t[i].pid = -1;
+        l->t[i].out.fd = l->t[i].err.fd = -1;
+        const dp_task *task = &l->c->tasks[i];
+        if (task->role == DP_ROLE_CHIEF)
+            snprintf(l->t[i].prefix, sizeof l->t[i].prefix, "[chief] ");
+        else
+            snprintf(l->t[i].prefix, sizeof l->t[i].prefix, "[%s %d] ",
+                     dp_role_name(task->role), task->index);
+    }
+    int at;
+    const char *file;
+    if (find_metrics_arg(o->argc, o->argv, &at, &file) && !(l->metrics_path = strdup(file))) {
+        dp_errf(err, "launcher: out of memory");
+        goto fail;
+    }
+    char secret[65];
+    if (make_secret(secret, err) < 0)
+        goto fail;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int blas = cores > l->n ? (int)(cores / l->n) : 1;
+    for (int i = 0; i < l->n; i++) {
+        l->t[i].argv = task_argv(l, o, &l->c->tasks[i]);
+        l->t[i].envp = task_envp(l->c, i, secret, blas);
+        if (!l->t[i].argv || !l->t[i].envp) {
+            dp_errf(err, "launcher: out of memory building the command of %s",
+                    l->c->tasks[i].name);
+            goto fail;
+        }
+    }
+    memset(secret, 0, sizeof secret);
+    l->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (l->devnull < 0) {
+        dp_errf(err, "launcher: cannot open /dev/null: %s", strerror(errno));
+        goto fail;
+    }
+    if (install_signals(l, err) < 0)
+        goto fail;
+    pid_t self = getpid();
+    for (int i = 0; i < l->n; i++) {
+        if (g_signal_count > 0) {
+            dp_errf(err, "launcher: interrupted by signal %d while starting the tasks",
+                    (int)g_signal);
+            goto fail;
+        }
+        if (spawn(l, i, self, err) < 0)
+            goto fail;
+    }
+    dp_info("launcher: started %d task%s (%s)", l->n, l->n == 1 ? "" : "s", o->argv[0]);
+    *out = l;
+    return 0;
+fail:
+    dp_launcher_free(l);
+    return -1;
+}
+
+pid_t dp_launcher_pid(const dp_launcher *l, int rank)
+{
+    if (!l || rank < 0 || rank >= l->n)
+        return -1;
+    return l->t[rank].pid;
+}
+
+int dp_launcher_wait(dp_launcher *l, dp_err *err)
+{
+    int nfd = 2 * l->n + 1;
+    struct pollfd *pf = calloc((size_t)nfd, sizeof *pf);
+    lstream **who = calloc((size_t)nfd, sizeof *who);
+    int *owner = calloc((size_t)nfd, sizeof *owner);
+    if (!pf || !who || !owner) {
+        free(pf);
+        free(who);
+        free(owner);
+        kill_and_reap_all(l);
+        return dp_errf(err, "launcher: out of memory"), 1;
+    }
+    int seen_signals = 0;
+    double drain_until = 0;
+    for (;;) {
+        reap(l);
+        /* Signals to the launcher: forward the first, SIGKILL on the second. */
+        int count = g_signal_count;
+        if (count > seen_signals) {
+            int sig = g_signal;
+            if (l->live > 0) {
+                if (seen_signals == 0) {
+                    dp_warn("launcher: got signal %d (%s), forwarding it to %d task%s", sig,
+                            strsignal(sig), l->live, l->live == 1 ? "" : "s");
+                    begin_stop(l, sig);
+                } else if (!l->killed) {
+                    dp_warn("launcher: second signal, killing every task");
+                    signal_all(l, SIGKILL);
+                    l->killed = 1;
+                }
+            }
+            if (seen_signals == 0 && l->status == 0) {
+                l->status = 128 + sig;
+                snprintf(l->reason, sizeof l->reason, "launcher interrupted by signal %d (%s)",
+                         sig, strsignal(sig));
+            }
+            seen_signals = count;
+        }
+        double now = dp_now();
+        if (l->stopping && !l->killed && l->live > 0 && now >= l->kill_at) {
+            dp_warn("launcher: %d task%s still running after %.1f s, sending SIGKILL", l->live,
+                    l->live == 1 ? "" : "s", l->grace);
+            signal_all(l, SIGKILL);
+            l->killed = 1;
+        }
+        int k = 0;
+        pf[k].fd = g_sig_pipe[0];
+        pf[k].events = POLLIN;
+        who[k++] = NULL;
+        for (int i = 0; i < l->n; i++) {
+            lstream *ss[2] = {&l->t[i].out, &l->t[i].err};
+            for (int j = 0; j < 2; j++)
+                if (ss[j]->fd >= 0) {
+                    pf[k].fd = ss[j]->fd;
+                    pf[k].events = POLLIN;
+                    owner[k] = i;
+                    who[k++] = ss[j];
+                }
+        }
+        if (l->live == 0) {
+            /* Everyone is reaped: read what is left in the pipes; a descendant
+             * that left its group may hold a pipe open, so not forever. */
+            if (k == 1)
+                break;
+            if (drain_until == 0)
+                drain_until = now + 2.0;
+            if (now >= drain_until)
+                break;
+        }
+        double wait_s = 0.25;
+        if (l->stopping && !l->killed && l->kill_at - now < wait_s)
+            wait_s = l->kill_at - now > 0 ? l->kill_at - now : 0;
+        int r = poll(pf, (nfds_t)k, (int)(wait_s * 1000) + 1);
+        if (r < 0 && errno != EINTR) {
+            dp_errf(err, "launcher: poll: %s", strerror(errno));
+            break;
+        }
+        if (r <= 0)
+            continue;
+        if (pf[0].revents) {
+            char drain[64];
+            while (read(g_sig_pipe[0], drain, sizeof drain) > 0)
+                ;
+        }
+        for (int j = 1; j < k; j++)
+            if (pf[j].revents)
+                stream_read(&l->t[owner[j]], who[j]);
+    }
+    free(pf);
+    free(who);
+    free(owner);
+    kill_and_reap_all(l); /* only after a poll failure can any be left */
+    for (int i = 0; i < l->n; i++) {
+        stream_close(&l->t[i], &l->t[i].out);
+        stream_close(&l->t[i], &l->t[i].err);
+    }
+    if (l->metrics_path) {
+        dp_err merr;
+        if (dp_launch_merge_metrics(l->metrics_path, l->c, dp_now() - l->t0, &merr) < 0) {
+            dp_warn("launcher: %s", merr.msg);
+            if (l->status == 0) {
+                l->status = 1;
+                snprintf(l->reason, sizeof l->reason, "%s", merr.msg);
+            }
+        }
+    }
+    if (l->status != 0)
+        dp_errf(err, "%s", l->reason[0] ? l->reason : "launcher failed");
+    return l->status;
+}
+
+int dp_launch(const dp_launch_opts *opts, dp_err *err)
+{
+    dp_launcher *l;
+    if (dp_launcher_start(&l, opts, err) < 0)
+        return 1;
+    int st = dp_launcher_wait(l, err);
+    dp_launcher_free(l);
+    return st;
+}
+
+int dp_launch_free_ports(int *ports, int n, dp_err *err)
+{
+    int *fds = malloc((size_t)(n > 0 ? n : 1) * sizeof *fds);
+    if (!fds)
+        return dp_errf(err, "free ports: out of memory");
+    int rc = 0, k = 0;
+    /* All sockets stay open until every port is chosen, so the ports differ. */
+    for (; k < n; k++) {
+        fds[k] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fds[k] < 0) {
+            rc = dp_errf(err, "free ports: socket: %s", strerror(errno));
+            break;
+        }
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = 0;
+        socklen_t len = sizeof a;
+        if (bind(fds[k], (struct sockaddr *)&a, sizeof a) < 0 ||
+            getsockname(fds[k], (struct sockaddr *)&a, &len) < 0) {
+            rc = dp_errf(err, "free ports: bind 127.0.0.1:0: %s", strerror(errno));
+            k++;
+            break;
+        }
+        ports[k] = ntohs(a.sin_port);
+    }
+    for (int i = 0; i < k; i++)
+        close(fds[i]);
+    free(fds);
+    return rc;
+}
+
+/* ---- metrics merge ---- */
+
+typedef struct task_res {
+    double cpu_sum;
+    long samples;
+    double rss_peak;
+    double tx, rx;
+} task_res;
+
+static double num_field(const cJSON *o, const char *key, int *found)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) {
+        *found = 1;
+        return v->valuedouble;
+    }
+    return 0;
+}
+
+int dp_launch_merge_metrics(const char *path, const dp_cluster *c, double seconds, dp_err *err)
+{
+    char *tmp = xasprintf("%s.tmp", path);
+    if (!tmp)
+        return dp_errf(err, "merging metrics: out of memory");
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        int e = errno;
+        free(tmp);
+        return dp_errf(err, "merging metrics: cannot create %s.tmp: %s", path, strerror(e));
+    }
+    double cpu_mean_sum = 0, rss = 0, tx = 0, rx = 0;
+    long samples = 0;
+    int tasks_with = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < c->n_tasks; i++) {
+        const dp_task *t = &c->tasks[i];
+        char src[4096];
+        snprintf(src, sizeof src, "%s.%s-%d", path, dp_role_name(t->role), t->index);
+        FILE *in = fopen(src, "r");
+        if (!in) {
+            dp_warn("merging metrics: no metrics from %s (%s: %s)", t->name, src, strerror(errno));
+            continue;
+        }
+        task_res tr = {0};
+        long skipped = 0;
+        ssize_t n;
+        while ((n = getline(&line, &cap, in)) > 0) {
+            cJSON *o = cJSON_ParseWithLength(line, (size_t)n);
+            if (!cJSON_IsObject(o)) {
+                skipped++;
+                cJSON_Delete(o);
+                continue;
+            }
+            if (!cJSON_GetObjectItemCaseSensitive(o, "task"))
+                cJSON_AddStringToObject(o, "task", t->name);
+            const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
+            if (cJSON_IsString(ev) && strcmp(ev->valuestring, "resource") == 0) {
+                int f = 0;
+                double cpu = num_field(o, "cpu_percent", &f);
+                if (f) {
+                    tr.cpu_sum += cpu;
+                    tr.samples++;
+                }
+                f = 0;
+                double v = num_field(o, "rss_bytes", &f);
+                if (f && v > tr.rss_peak)
+                    tr.rss_peak = v;
+                v = num_field(o, "net_tx_bytes", &f);
+                if (v > tr.tx)
+                    tr.tx = v;
+                v = num_field(o, "net_rx_bytes", &f);
+                if (v > tr.rx)
+                    tr.rx = v;
+            }
+            char *s = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            if (!s) {
+                fclose(in);
+                fclose(out);
+                free(line);
+                unlink(tmp);
+                free(tmp);
+                return dp_errf(err, "merging metrics: out of memory");
+            }
+            fputs(s, out);
+            fputc('\n', out);
+            free(s);
+        }
+        fclose(in);
+        if (skipped)
+            dp_warn("merging metrics: skipped %ld line%s of %s (not a JSON object; a task "
+                    "killed while writing leaves a torn last line)",
+                    skipped, skipped == 1 ? "" : "s", src);
+        if (tr.samples > 0) {
+            tasks_with++;
+            samples += tr.samples;
+            cpu_mean_sum += tr.cpu_sum / (double)tr.samples;
+        }
+        rss += tr.rss_peak;
+        tx += tr.tx;
+        rx += tr.rx;
+    }
+    free(line);
+    if (tasks_with > 0)
+        fprintf(out,
+                "{\"event\":\"resource_total\",\"t\":%.3f,\"tasks\":%d,\"samples\":%ld,"
+                "\"cpu_percent_mean\":%.3f,\"cpu_percent_sum\":%.3f,\"rss_peak_bytes\":%.0f,"
+                "\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
+                seconds, tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum, rss, tx,
+                rx);
+    int bad = ferror(out);
+    if (fclose(out) != 0 || bad) {
+        unlink(tmp);
+        free(tmp);
+        return dp_errf(err, "merging metrics: cannot write %s.tmp", path);
+    }
+    if (rename(tmp, path) < 0) {
+        int e = errno;
+        unlink(tmp);
+        free(tmp);
+        return dp_errf(err, "merging metrics: cannot rename to %s: %s", path, strerror(e));
+    }
+    free(tmp);
+    return 0;
+}

@@ -1,0 +1,553 @@
+/* Parameter servers and their clients: see include/downpour/ps.h. */
+#include "downpour/ps.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/wire.h"
+#include "downpour/clock.h"
+#include "downpour/log.h"
+
+#define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
+
+static const char *const mode_names[DP_PS_MODE_COUNT] = {"async", "sync", "ssp", "dssp", "avg"};
+
+void dp_ps_config_init(dp_ps_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->mode = DP_PS_ASYNC;
+    cfg->fetch_every = 1;
+    cfg->push_every = 1;
+    cfg->staleness = 3;
+    cfg->staleness_lo = 1;
+    cfg->staleness_hi = 6;
+    cfg->period = 8;
+    cfg->min_shard_bytes = DP_PARTITION_MIN_SHARD_BYTES;
+}
+
+int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
+                      const dp_ps_config *cfg, dp_err *err)
+{
+    int n_ps = c->count[DP_ROLE_PS];
+    if (n_ps < 1)
+        return dp_errf(err, "parameter-server training needs at least one ps task "
+                            "(launch --ps 1, or a \"ps\" list in the cluster spec)");
+    int max = cfg->max_shards > 0 ? cfg->max_shards : n_ps;
+    if (max > n_ps) {
+        dp_warn("--ps-max-shards %d is more than the %d ps task(s); using %d", max, n_ps, n_ps);
+        max = n_ps;
+    }
+    int k = dp_partition_min_size(n_params, cfg->min_shard_bytes, max, out->range, err);
+    if (k < 0)
+        return -1;
+    out->n_shards = k;
+    for (int s = 0; s < k; s++)
+        out->rank[s] = dp_cluster_rank(c, DP_ROLE_PS, s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- server */
+
+typedef struct worker_state {
+    int rank;
+    int live;          /* has not said DONE and is not lost */
+    long clock;        /* pushes applied (parameter rounds, for avg) */
+    int pending;       /* owed a PARAMS reply (ssp, dssp, sync, avg) */
+    double last_push;  /* dp_now() of its last push */
+    double interval;   /* moving average of its push intervals */
+} worker_state;
+
+typedef struct server {
+    dp_transport *t;
+    dp_ps_config cfg;
+    size_t lo, n;
+    float *params, *scratch, *sum;
+    double round_records;
+    int round_pushes;
+    dp_optim opt;
+    worker_state *w;
+    int n_workers;
+    int *worker_of; /* rank -> worker index, or -1 */
+    int chief;      /* rank of the chief, or -1 */
+    long updates;
+} server;
+
+static long min_live_clock(const server *s)
+{
+    long m = -1;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].live && (m < 0 || s->w[i].clock < m))
+            m = s->w[i].clock;
+    return m;
+}
+
+static int live_workers(const server *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        n += s->w[i].live;
+    return n;
+}
+
+static int send_params(server *s, int rank, dp_err *err)
+{
+    long m = min_live_clock(s);
+    return dp_transport_send(s->t, rank, DP_WIRE_PARAMS, (uint64_t)(m < 0 ? 0 : m), s->lo,
+                             s->params, s->n * sizeof(float), err);
+}
+
+/* DSSP (Zhao et al. 2019): beyond the lower bound a fast worker may run on,
+ * up to the upper bound, when waiting for the slowest worker's next push
+ * would cost it more than one of its own iterations; otherwise it waits. */
+static int dssp_may_run(const server *s, const worker_state *fast, long gap, double now)
+{
+    if (gap <= s->cfg.staleness_lo)
+        return 1;
+    if (gap > s->cfg.staleness_hi)
+        return 0;
+    double slow_next = 0;
+    long m = min_live_clock(s);
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].live && s->w[i].clock == m) {
+            double eta = s->w[i].last_push + s->w[i].interval - now;
+            slow_next = eta > slow_next ? eta : slow_next;
+        }
+    return slow_next > fast->interval;
+}
+
+/* Answers every waiting worker the consistency mode lets go. */
+static int release_pending(server *s, dp_err *err)
+{
+    long m = min_live_clock(s);
+    double now = dp_now();
+    for (int i = 0; i < s->n_workers; i++) {
+        worker_state *w = &s->w[i];
+        if (!w->pending)
+            continue;
+        long gap = m < 0 ? 0 : w->clock - m;
+        int go = s->cfg.mode == DP_PS_SSP ? gap <= s->cfg.staleness : dssp_may_run(s, w, gap, now);
+        if (!go)
+            continue;
+        w->pending = 0;
+        if (send_params(s, w->rank, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* sync and avg: once every live worker has pushed, finish the round. */
+static int finish_round(server *s, dp_err *err)
+{
+    int live = live_workers(s);
+    if (s->round_pushes == 0 || s->round_pushes < live)
+        return 0;
+    if (s->round_records > 0) {
+        float scale = (float)(1.0 / s->round_records);
+        if (s->cfg.mode == DP_PS_SYNC) {
+            for (size_t i = 0; i < s->n; i++)
+                s->scratch[i] = s->sum[i] * scale;
+            dp_optim_apply(&s->opt, s->params, s->scratch);
+            s->updates++;
+        } else {
+            for (size_t i = 0; i < s->n; i++)
+                s->params[i] = s->sum[i] * scale;
+        }
+    }
+    s->round_pushes = 0;
+    s->round_records = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].pending) {
+            s->w[i].pending = 0;
+            if (send_params(s, s->w[i].rank, err) < 0)
+                return -1;
+        }
+    return 0;
+}
+
+static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, w->rank);
+    size_t want_len = sizeof(dp_push_head) + s->n * sizeof(float);
+    int is_params = ev->header.type == DP_WIRE_PUSH_PARAMS;
+    if (ev->header.length != want_len || ev->header.offset != s->lo)
+        return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu at %zu",
+                       who, (unsigned long long)ev->header.length,
+                       (unsigned long long)ev->header.offset, want_len, s->lo);
+    if (is_params != (s->cfg.mode == DP_PS_AVG))
+        return dp_errf(err, "%s pushed %s, but this run averages %s", who,
+                       is_params ? "parameters" : "gradients",
+                       s->cfg.mode == DP_PS_AVG ? "parameters" : "gradients");
+    if (!w->live)
+        return dp_errf(err, "%s pushed after it said it was done", who);
+    dp_push_head head;
+    if (dp_transport_recv_payload(s->t, w->rank, &head, sizeof head, err) < 0 ||
+        dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
+        return -1;
+    double now = dp_now();
+    if (w->clock > 0)
+        w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
+                                      : now - w->last_push;
+    w->last_push = now;
+    w->clock++;
+
+    switch (s->cfg.mode) {
+    case DP_PS_ASYNC:
+    case DP_PS_SSP:
+    case DP_PS_DSSP:
+        if (head.records > 0) {
+            dp_optim_apply(&s->opt, s->params, s->scratch);
+            s->updates++;
+        }
+        if (s->cfg.mode == DP_PS_ASYNC)
+            return head.want ? send_params(s, w->rank, err) : 0;
+        w->pending = 1;
+        return release_pending(s, err);
+    case DP_PS_SYNC:
+    case DP_PS_AVG: {
+        if (w->pending)
+            return dp_errf(err, "%s pushed twice in one round", who);
+        float r = (float)head.records;
+        if (s->round_pushes == 0)
+            for (size_t i = 0; i < s->n; i++)
+                s->sum[i] = s->scratch[i] * r;
+        else
+            for (size_t i = 0; i < s->n; i++)
+                s->sum[i] += s->scratch[i] * r;
+        s->round_records += head.records;
+        s->round_pushes++;
+        w->pending = 1;
+        return finish_round(s, err);
+    }
+    case DP_PS_MODE_COUNT:
+        break;
+    }
+    return dp_errf(err, "unknown consistency mode");
+}
+
+/* A worker is gone (DONE or lost): the others must not wait for it. */
+static int retire_worker(server *s, worker_state *w, dp_err *err)
+{
+    w->live = 0;
+    w->pending = 0;
+    if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
+        return finish_round(s, err);
+    if (s->cfg.mode == DP_PS_SSP || s->cfg.mode == DP_PS_DSSP)
+        return release_pending(s, err);
+    return 0;
+}
+
+static int serve_loop(server *s, dp_err *err)
+{
+    int chief_live = s->chief >= 0;
+    for (;;) {
+        if (!chief_live && live_workers(s) == 0)
+            return 0;
+        int waiting = 0;
+        for (int i = 0; i < s->n_workers; i++)
+            waiting |= s->w[i].pending;
+        /* DSSP decisions depend on time, so look again soon while someone waits. */
+        double timeout = s->cfg.mode == DP_PS_DSSP && waiting ? 0.005 : 1.0;
+        dp_event ev;
+        if (dp_transport_poll(s->t, DP_PEER_ANY, timeout, &ev, err) < 0)
+            return -1;
+        if (ev.kind == DP_EVENT_TIMEOUT) {
+            if (s->cfg.mode == DP_PS_DSSP && waiting && release_pending(s, err) < 0)
+                return -1;
+            continue;
+        }
+        int wi = s->worker_of[ev.peer];
+        const char *who = dp_transport_peer_name(s->t, ev.peer);
+        if (ev.kind == DP_EVENT_PEER_LOST) {
+            if (ev.peer == s->chief) {
+                if (chief_live)
+                    return dp_errf(err, "lost the chief %s (%s) before it ended the run", who,
+                                   ev.reason);
+                continue;
+            }
+            if (wi < 0 || !s->w[wi].live)
+                continue;
+            if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
+                return dp_errf(err, "lost %s at clock %ld (%s): a synchronous run cannot go on "
+                                    "without it", who, s->w[wi].clock, ev.reason);
+            dp_warn("lost %s at clock %ld (%s); training goes on with the other workers", who,
+                    s->w[wi].clock, ev.reason);
+            if (retire_worker(s, &s->w[wi], err) < 0)
+                return -1;
+            continue;
+        }
+        switch (ev.header.type) {
+        case DP_WIRE_PUSH_GRAD:
+        case DP_WIRE_PUSH_PARAMS:
+            if (wi < 0)
+                return dp_errf(err, "%s pushed, but it is not a worker", who);
+            if (on_push(s, &s->w[wi], &ev, err) < 0)
+                return -1;
+            break;
+        case DP_WIRE_PULL:
+            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0 || send_params(s, ev.peer, err) < 0)
+                return -1;
+            break;
+        case DP_WIRE_DONE:
+            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+                return -1;
+            if (wi >= 0 && s->w[wi].live && retire_worker(s, &s->w[wi], err) < 0)
+                return -1;
+            break;
+        case DP_WIRE_SHUTDOWN:
+            dp_transport_skip_payload(s->t, ev.peer, err);
+            if (ev.peer == s->chief)
+                return 0;
+            dp_warn("ignoring SHUTDOWN from %s: only the chief ends a run", who);
+            break;
+        default:
+            dp_warn("ignoring frame type %u from %s", ev.header.type, who);
+            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+                return -1;
+        }
+    }
+}
+
+int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout,
+                const dp_ps_config *cfg, const dp_optim_config *optim, const float *init,
+                size_t n_params, dp_err *err)
+{
+    server s;
+    memset(&s, 0, sizeof s);
+    s.t = t;
+    s.cfg = *cfg;
+    s.chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
+    int me = dp_transport_rank(t), shard = -1;
+    for (int i = 0; i < layout->n_shards; i++)
+        if (layout->rank[i] == me)
+            shard = i;
+    if (shard < 0) {
+        dp_info("%s holds no shard (%d shard(s) for %d ps task(s)); it idles until the end",
+                dp_transport_peer_name(t, me), layout->n_shards, c->count[DP_ROLE_PS]);
+        s.n = 0;
+    } else {
+        s.lo = layout->range[shard].lo;
+        s.n = layout->range[shard].hi - s.lo;
+    }
+    int rc = -1;
+    s.n_workers = c->count[DP_ROLE_WORKER];
+    s.w = calloc((size_t)s.n_workers, sizeof *s.w);
+    s.worker_of = malloc((size_t)c->n_tasks * sizeof *s.worker_of);
+    size_t nn = s.n ? s.n : 1;
+    s.params = malloc(nn * sizeof(float));
+    s.scratch = malloc(nn * sizeof(float));
+    s.sum = malloc(nn * sizeof(float));
+    if (!s.w || !s.worker_of || !s.params || !s.scratch || !s.sum) {
+        dp_errf(err, "out of memory for a shard of %zu parameters", s.n);
+        goto out;
+    }
+    if (s.n && dp_optim_init(&s.opt, optim, s.n, err) < 0)
+        goto out;
+    (void)n_params;
+    memcpy(s.params, init + s.lo, s.n * sizeof(float));
+    for (int r = 0; r < c->n_tasks; r++)
+        s.worker_of[r] = -1;
+    for (int i = 0; i < s.n_workers; i++) {
+        s.w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
+        s.w[i].live = 1;
+        s.worker_of[s.w[i].rank] = i;
+    }
+    if (s.n)
+        dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode",
+                dp_transport_peer_name(t, me), s.lo, s.lo + s.n, s.n, s.n * 4 / 1024.0,
+                mode_names[cfg->mode]);
+    rc = serve_loop(&s, err);
+    if (rc == 0)
+        dp_info("%s applied %ld update(s)", dp_transport_peer_name(t, me), s.updates);
+out:
+    dp_optim_free(&s.opt);
+    free(s.w);
+    free(s.worker_of);
+    free(s.params);
+    free(s.scratch);
+    free(s.sum);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- client */
+
+struct dp_ps_client {
+    dp_transport *t;
+    dp_ps_layout layout;
+    dp_ps_config cfg;
+    size_t n;
+    float *acc;          /* async push_every > 1: records-weighted gradient sum */
+    uint32_t acc_records;
+    int acc_steps;
+    int since_fetch;
+    int since_avg;
+    uint32_t avg_records;
+    dp_optim local;      /* avg: the worker's own optimiser */
+    long clock;
+    long max_gap;
+};
+
+int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
+                      const dp_ps_config *cfg, const dp_optim_config *local_optim,
+                      size_t n_params, dp_err *err)
+{
+    dp_ps_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return dp_errf(err, "out of memory");
+    c->t = t;
+    c->layout = *layout;
+    c->cfg = *cfg;
+    c->n = n_params;
+    if (cfg->mode == DP_PS_ASYNC && cfg->push_every > 1) {
+        c->acc = calloc(n_params, sizeof *c->acc);
+        if (!c->acc)
+            goto oom;
+    }
+    if (cfg->mode == DP_PS_AVG && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
+        goto fail;
+    *out = c;
+    return 0;
+oom:
+    dp_errf(err, "out of memory for %zu parameters", n_params);
+fail:
+    dp_ps_client_free(c);
+    return -1;
+}
+
+void dp_ps_client_free(dp_ps_client *c)
+{
+    if (!c)
+        return;
+    free(c->acc);
+    dp_optim_free(&c->local);
+    free(c);
+}
+
+long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
+
+static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
+                    dp_err *err)
+{
+    dp_push_head head = {records, (uint32_t)want};
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        const dp_range *r = &c->layout.range[s];
+        struct iovec iov[2] = {{&head, sizeof head},
+                               {(void *)(v + r->lo), (r->hi - r->lo) * sizeof(float)}};
+        if (dp_transport_sendv(c->t, c->layout.rank[s], type, (uint64_t)c->clock, r->lo, iov, 2,
+                               err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Receives every shard's PARAMS straight into params. */
+static int receive_params(dp_ps_client *c, float *params, dp_err *err)
+{
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        const dp_range *r = &c->layout.range[s];
+        int rank = c->layout.rank[s];
+        dp_event ev;
+        if (dp_transport_recv(c->t, rank, "parameters", PS_TIMEOUT, &ev, err) < 0)
+            return -1;
+        size_t len = (r->hi - r->lo) * sizeof(float);
+        if (ev.header.type != DP_WIRE_PARAMS || ev.header.length != len ||
+            ev.header.offset != r->lo)
+            return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
+                                "parameters, %zu bytes at %zu",
+                           dp_transport_peer_name(c->t, rank), ev.header.type,
+                           (unsigned long long)ev.header.length,
+                           (unsigned long long)ev.header.offset, len, r->lo);
+        if (dp_transport_recv_payload(c->t, rank, params + r->lo, len, err) < 0)
+            return -1;
+        long gap = c->clock - (long)ev.header.step;
+        if (gap > c->max_gap)
+            c->max_gap = gap;
+    }
+    return 0;
+}
+
+int dp_ps_client_pull(dp_ps_client *c, float *params, dp_err *err)
+{
+    for (int s = 0; s < c->layout.n_shards; s++)
+        if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_PULL, (uint64_t)c->clock, 0, NULL, 0,
+                              err) < 0)
+            return -1;
+    return receive_params(c, params, err);
+}
+
+/* Pushes the accumulated gradient (async, push_every > 1). */
+static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *err)
+{
+    if (c->acc_records > 0) {
+        float scale = 1.0f / (float)c->acc_records;
+        for (size_t i = 0; i < c->n; i++)
+            c->acc[i] *= scale;
+    }
+    c->clock++;
+    int rc = push_all(c, DP_WIRE_PUSH_GRAD, c->acc, c->acc_records, want, err);
+    memset(c->acc, 0, c->n * sizeof *c->acc);
+    c->acc_records = 0;
+    c->acc_steps = 0;
+    if (rc < 0)
+        return -1;
+    return want ? receive_params(c, params, err) : 0;
+}
+
+/* Model averaging: hand in this worker's parameters, get the average back. */
+static int average_round(dp_ps_client *c, float *params, dp_err *err)
+{
+    c->clock++;
+    int rc = push_all(c, DP_WIRE_PUSH_PARAMS, params, c->avg_records, 1, err);
+    c->since_avg = 0;
+    c->avg_records = 0;
+    return rc < 0 ? -1 : receive_params(c, params, err);
+}
+
+int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records,
+                      dp_err *err)
+{
+    switch (c->cfg.mode) {
+    case DP_PS_ASYNC: {
+        int fetch = ++c->since_fetch >= c->cfg.fetch_every;
+        if (fetch)
+            c->since_fetch = 0;
+        if (c->cfg.push_every <= 1) {
+            c->clock++;
+            if (push_all(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, fetch, err) < 0)
+                return -1;
+            return fetch ? receive_params(c, params, err) : 0;
+        }
+        float r = (float)records;
+        for (size_t i = 0; i < c->n; i++)
+            c->acc[i] += grads[i] * r;
+        c->acc_records += (uint32_t)records;
+        if (++c->acc_steps >= c->cfg.push_every)
+            return push_accumulated(c, params, fetch, err);
+        return fetch ? dp_ps_client_pull(c, params, err) : 0;
+    }
+    case DP_PS_SYNC:
+    case DP_PS_SSP:
+    case DP_PS_DSSP:
+        c->clock++;
+        if (push_all(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, 1, err) < 0)
+            return -1;
+        return receive_params(c, params, err);
+    case DP_PS_AVG:
+        if (records > 0)
+            dp_optim_apply(&c->local, params, grads);
+        c->avg_records += (uint32_t)records;
+        return ++c->since_avg >= c->cfg.period ? average_round(c, params, err) : 0;
+    case DP_PS_MODE_COUNT:
+        break;
+    }
+    return dp_errf(err, "unknown consistency mode");
+}
+
+int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
+{
+    if (c->cfg.mode == DP_PS_ASYNC && c->acc_steps > 0)
+        return push_accumulated(c, params, 1, err);
+    if (c->cfg.mode == DP_PS_AVG && c->since_avg > 0)
+        return average_round(c, params, err);
+    return 0;
+}

@@ -1,0 +1,1152 @@
+/* The TCP transport.
+ *
+ * Threads: the caller's threads send (one frame at a time per connection,
+ * under conn.send_mu) and one caller thread receives (poll, recv_payload);
+ * an accept thread runs the handshake of incoming connections; a heartbeat
+ * thread sends HEARTBEAT frames on idle connections and notices silent peers.
+ *
+ * Liveness: last_rx_us is refreshed whenever the receiving thread reads bytes
+ * and, while nobody reads, whenever the heartbeat thread sees the socket's
+ * unread byte count (FIONREAD) grow.  A peer is lost by silence only when
+ * nothing arrived for heartbeat_timeout and nothing is waiting unread: a full
+ * receive buffer means the peer is alive and we are the slow one.
+ *
+ * Lock order: tcp.mu -> conn.send_mu -> conn.mu.  A lost connection is shut
+ * down at once but its fd stays open until it is replaced or the transport
+ * closes, so no thread ever uses a recycled descriptor. */
+#include "downpour/tcp.h"
+
+#include "auth.h"
+#include "sock.h"
+#include "transport_impl.h"
+
+#include "downpour/clock.h"
+#include "downpour/crc32c.h"
+#include "downpour/log.h"
+#include "downpour/secret.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RECV_CHUNK (256 * 1024) /* payload read size: CRC runs while it is in cache */
+#define RBUF (64 * 1024)        /* read-ahead buffer per connection */
+
+enum conn_state { CONN_NONE, CONN_UP, CONN_LOST };
+
+typedef struct conn {
+    pthread_mutex_t mu;      /* state, fd, addr, reason, reported, hb_unread */
+    pthread_mutex_t send_mu; /* whole frames: app sends and heartbeats */
+    int state;
+    int fd;
+    int reported; /* LOST already returned by poll */
+    int orderly;
+    int hb_unread; /* FIONREAD at the heartbeat thread's last look */
+    char addr[64];
+    char reason[200];
+    _Atomic int64_t last_rx_us, last_tx_us;
+    _Atomic uint64_t bytes_sent, bytes_recv, frames_sent, frames_recv, hb_sent, hb_recv;
+    /* Receiving thread only: read-ahead buffer (headers and small payloads
+     * arrive with one read; large payloads bypass it). */
+    uint8_t *rbuf;
+    size_t rpos, rlen;
+    int pay_pending;
+    uint64_t pay_left;
+    uint32_t pay_crc;
+    dp_frame_header pay_h;
+} conn;
+
+typedef struct tcp {
+    dp_transport base;
+    int listen_fd, port;
+    int wake[2]; /* written once at close: wakes the accept and heartbeat threads */
+    char **addrs;
+    unsigned char secret[DP_SECRET_MAX];
+    size_t secret_len;
+    double hb_interval, hb_timeout, hs_timeout;
+    double slice; /* longest single blocking wait: SO_RCVTIMEO and SO_SNDTIMEO */
+    uint64_t max_frame;
+    int sock_buf;
+    _Atomic int stopping;
+    pthread_mutex_t mu;  /* install/wait for a connection; hs_fd */
+    pthread_cond_t cond; /* a connection was installed */
+    int hs_fd;           /* fd of the handshake the accept thread runs, or -1 */
+    pthread_t accept_thr, hb_thr;
+    int threads;
+    int rr; /* poll's round-robin start */
+    uint8_t *scratch; /* skip_payload's sink */
+    struct pollfd *pf; /* poll's arrays, n_ranks each */
+    int *who;
+    conn *conns;
+} tcp;
+
+static const dp_transport_ops tcp_ops;
+
+static int64_t now_us(void) { return (int64_t)(dp_now() * 1e6); }
+
+static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
+
+/* ---- connection state ---- */
+
+/* Marks c lost with a reason (first reason wins), shuts the socket down so
+ * any thread blocked on it wakes, and logs it once. */
+static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
+{
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_UP) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->reason, sizeof c->reason, fmt, ap);
+        va_end(ap);
+        c->state = CONN_LOST;
+        c->orderly = orderly;
+        c->reported = 0;
+        shutdown(c->fd, SHUT_RDWR);
+        if (orderly)
+            dp_info("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
+        else
+            dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Returns the fd of an UP connection, or -1 with err saying why not. */
+static int conn_fd(tcp *t, int peer, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    int fd = c->state == CONN_UP ? c->fd : -1;
+    if (fd < 0) {
+        if (c->state == CONN_NONE)
+            dp_errf(err, "not connected to %s", pname(t, peer));
+        else
+            dp_errf(err, "connection to %s (%s) is lost: %s", pname(t, peer), c->addr,
+                    c->reason);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return fd;
+}
+
+static void add_io(conn *c, const dp_auth_io *io)
+{
+    atomic_fetch_add_explicit(&c->frames_sent, io->frames_sent, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes_sent, io->bytes_sent, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->frames_recv, io->frames_recv, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes_recv, io->bytes_recv, memory_order_relaxed);
+}
+
+/* After the handshake a connection's socket blocks, with SO_RCVTIMEO and
+ * SO_SNDTIMEO of t->slice so no wait outlasts a liveness check: a frame then
+ * costs one system call each way, as on a plain blocking socket. */
+static int make_blocking(tcp *t, int fd, dp_err *err)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return dp_errf(err, "fcntl: %s", strerror(errno));
+    struct timeval tv = {(time_t)t->slice, (long)((t->slice - (time_t)t->slice) * 1e6)};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
+        return dp_errf(err, "setsockopt SO_RCVTIMEO: %s", strerror(errno));
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        return dp_errf(err, "setsockopt SO_SNDTIMEO: %s", strerror(errno));
+    return 0;
+}
+
+static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io *io)
+{
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->send_mu);
+    pthread_mutex_lock(&c->mu);
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = fd;
+    c->state = CONN_UP;
+    c->reported = 0;
+    c->orderly = 0;
+    c->hb_unread = 0;
+    c->reason[0] = '\0';
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
+    int64_t now = now_us();
+    atomic_store(&c->last_rx_us, now);
+    atomic_store(&c->last_tx_us, now);
+    add_io(c, io);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->send_mu);
+    pthread_mutex_lock(&t->mu);
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+    dp_debug("connected to %s (%s)", pname(t, peer), addr);
+}
+
+/* Called by the receiving thread when it has reported a loss: the receive
+ * state of the old connection is forgotten. */
+static void reset_rx(conn *c)
+{
+    c->rpos = c->rlen = 0;
+    c->pay_pending = 0;
+    c->pay_left = 0;
+}
+
+static int silent_for(tcp *t, conn *c, double *secs)
+{
+    *secs = (double)(now_us() - atomic_load(&c->last_rx_us)) * 1e-6;
+    return *secs > t->hb_timeout;
+}
+
+/* ---- accept thread ---- */
+
+static int admit(void *ctx, int peer, char *why, size_t cap)
+{
+    tcp *t = ctx;
+    conn *c = &t->conns[peer];
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_UP) {
+        snprintf(why, cap, "rank %d is already connected from %s", peer, c->addr);
+        rc = -1;
+    } else if (c->state == CONN_LOST && !c->reported) {
+        snprintf(why, cap, "the previous connection of rank %d is not yet released", peer);
+        rc = -1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static void *accept_main(void *arg)
+{
+    tcp *t = arg;
+    while (!atomic_load(&t->stopping)) {
+        struct pollfd p[2] = {{t->listen_fd, POLLIN, 0}, {t->wake[0], POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno != EINTR)
+                dp_warn("accept thread: poll: %s", strerror(errno));
+            continue;
+        }
+        if (p[1].revents || atomic_load(&t->stopping))
+            break;
+        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK &&
+                errno != ECONNABORTED) {
+                dp_warn("accept on port %d: %s", t->port, strerror(errno));
+                usleep(100 * 1000); /* EMFILE and friends: do not spin */
+            }
+            continue;
+        }
+        char addr[64];
+        dp_sock_peer_str(fd, addr, sizeof addr);
+        dp_err err;
+        dp_auth_io io = {0};
+        int peer = -1;
+        dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
+                             dp_now() + t->hs_timeout, admit, t};
+        pthread_mutex_lock(&t->mu);
+        t->hs_fd = fd;
+        pthread_mutex_unlock(&t->mu);
+        int rc = dp_sock_tune(fd, t->sock_buf, addr, &err);
+        if (rc == 0)
+            rc = dp_auth_accept(fd, &ap, &peer, &io, &err);
+        if (rc == 0)
+            rc = make_blocking(t, fd, &err);
+        pthread_mutex_lock(&t->mu);
+        t->hs_fd = -1;
+        pthread_mutex_unlock(&t->mu);
+        if (rc != 0) {
+            if (!atomic_load(&t->stopping))
+                dp_warn("refused connection from %s: %s", addr, err.msg);
+            close(fd);
+            continue;
+        }
+        install(t, peer, fd, addr, &io);
+    }
+    return NULL;
+}
+
+/* ---- heartbeat thread ---- */
+
+static void send_heartbeat(tcp *t, int peer, conn *c)
+{
+    if (pthread_mutex_trylock(&c->send_mu) != 0)
+        return; /* a frame is being sent: the connection is not idle */
+    pthread_mutex_lock(&c->mu);
+    int fd = c->state == CONN_UP ? c->fd : -1;
+    pthread_mutex_unlock(&c->mu);
+    if (fd >= 0) {
+        uint8_t h[DP_FRAME_HEADER_SIZE];
+        dp_frame_header fh = {0};
+        fh.type = DP_FRAME_HEARTBEAT;
+        fh.source = (uint32_t)t->base.rank;
+        dp_frame_encode(h, &fh);
+        ssize_t n;
+        do
+            n = send(fd, h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        int ok = n == (ssize_t)sizeof h;
+        if (n > 0 && !ok) { /* partial: finish it, or the stream is torn */
+            dp_err err;
+            ok = dp_sock_write_full(fd, h + n, sizeof h - (size_t)n, dp_now() + t->hb_timeout,
+                                    &err) == 0;
+            if (!ok)
+                conn_fail(t, peer, 0, "sending a heartbeat: %s", err.msg);
+        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            conn_fail(t, peer, 0, "sending a heartbeat: %s", strerror(errno));
+        }
+        /* n < 0 with EAGAIN: the send buffer is full, data is in flight. */
+        if (ok) {
+            atomic_fetch_add_explicit(&c->hb_sent, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_sent, sizeof h, memory_order_relaxed);
+            atomic_store(&c->last_tx_us, now_us());
+        }
+    }
+    pthread_mutex_unlock(&c->send_mu);
+}
+
+static void *heartbeat_main(void *arg)
+{
+    tcp *t = arg;
+    double tick = t->hb_interval / 2 < t->hb_timeout / 4 ? t->hb_interval / 2 : t->hb_timeout / 4;
+    if (tick < 0.005)
+        tick = 0.005;
+    while (!atomic_load(&t->stopping)) {
+        struct pollfd p = {t->wake[0], POLLIN, 0};
+        if (poll(&p, 1, (int)(tick * 1000)) > 0)
+            break;
+        for (int i = 0; i < t->base.n_ranks; i++) {
+            conn *c = &t->conns[i];
+            int unread = 0, up;
+            pthread_mutex_lock(&c->mu);
+            up = c->state == CONN_UP;
+            if (up && ioctl(c->fd, FIONREAD, &unread) == 0) {
+                if (unread > c->hb_unread)
+                    atomic_store(&c->last_rx_us, now_us());
+                c->hb_unread = unread;
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (!up)
+                continue;
+            double silent;
+            if (unread == 0 && silent_for(t, c, &silent)) {
+                conn_fail(t, i, 0, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
+                          silent, t->hb_timeout);
+                continue;
+            }
+            double idle = (double)(now_us() - atomic_load(&c->last_tx_us)) * 1e-6;
+            if (idle >= t->hb_interval)
+                send_heartbeat(t, i, c);
+        }
+    }
+    return NULL;
+}
+
+/* ---- connect ---- */
+
+static int is_retryable(int e)
+{
+    return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
+           e == ECONNRESET || e == EAGAIN || e == EINTR || e == ECONNABORTED || e == EADDRNOTAVAIL;
+}
+
+static int dial(tcp *t, int peer, double deadline, dp_err *err)
+{
+    const char *addr = t->addrs[peer];
+    double backoff = 0.01, start = dp_now(), next_log = start + t->base.late_log;
+    dp_err last;
+    snprintf(last.msg, sizeof last.msg, "no attempt made");
+    for (;;) {
+        dp_sockaddr sa;
+        int fd = -1, eno = 0;
+        double now = dp_now();
+        if (now >= deadline)
+            return dp_errf(err, "cannot connect to %s at %s within %.1f s: %s", pname(t, peer),
+                           addr, now - start, last.msg);
+        if (now >= next_log) {
+            dp_info("waiting for %s at %s (connect) for %.0f s: %s", pname(t, peer), addr,
+                    now - start, last.msg);
+            next_log = now + t->base.late_log;
+        }
+        if (dp_sock_resolve(addr, 0, &sa, &last) == 0) { /* names may appear late too */
+            double left = deadline - now;
+            if (dp_sock_dial(&sa, t->sock_buf, left < 2 ? left : 2, &fd, &eno, &last) == 0) {
+                dp_auth_io io = {0};
+                double hs = now + t->hs_timeout;
+                dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
+                                     hs < deadline ? hs : deadline, NULL, NULL};
+                int rc = dp_auth_dial(fd, &ap, peer, &io, &last);
+                if (rc == 0 && make_blocking(t, fd, err)) {
+                    close(fd);
+                    return -1;
+                }
+                if (rc == 0) {
+                    install(t, peer, fd, addr, &io);
+                    return 0;
+                }
+                close(fd);
+                if (rc == -2) {
+                    dp_warn("handshake with %s at %s failed: %s", pname(t, peer), addr, last.msg);
+                    return dp_errf(err, "handshake with %s at %s: %s", pname(t, peer), addr,
+                                   last.msg);
+                }
+                dp_err_prefix(&last, "handshake");
+            } else if (!is_retryable(eno)) {
+                return dp_errf(err, "%s", last.msg);
+            }
+        }
+        double left = deadline - dp_now();
+        double nap = backoff < left ? backoff : left;
+        if (nap > 0)
+            nanosleep(&(struct timespec){(time_t)nap, (long)((nap - (time_t)nap) * 1e9)}, NULL);
+        backoff = backoff * 2 < 0.5 ? backoff * 2 : 0.5;
+    }
+}
+
+static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
+{
+    tcp *t = (tcp *)bt;
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    int state = c->state;
+    if (state == CONN_LOST && !c->reported) { /* the caller reconnects: the loss is known */
+        c->reported = 1;
+        reset_rx(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (state == CONN_UP)
+        return 0;
+    if (t->base.rank < peer)
+        return dial(t, peer, deadline, err);
+    /* The peer dials us: wait for the accept thread to install it. */
+    double start = dp_now(), next_log = start + t->base.late_log;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        state = c->state;
+        pthread_mutex_unlock(&c->mu);
+        if (state == CONN_UP)
+            break;
+        double now = dp_now();
+        if (now >= deadline) {
+            pthread_mutex_unlock(&t->mu);
+            return dp_errf(err, "%s did not connect to this task (rank %d, port %d) within %.1f s",
+                           pname(t, peer), t->base.rank, t->port, now - start);
+        }
+        if (now >= next_log) {
+            dp_info("waiting for %s (connect) for %.0f s", pname(t, peer), now - start);
+            next_log = now + t->base.late_log;
+        }
+        double until = deadline < next_log ? deadline : next_log;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double wait = until - now;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - (time_t)wait) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&t->cond, &t->mu, &ts);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+/* ---- send ---- */
+
+/* Writes the whole iovec array, waiting for buffer space while the peer is
+ * alive.  Returns 0 or -1 with err. */
+static int write_iov(tcp *t, conn *c, int fd, struct iovec *v, int n, dp_err *err)
+{
+    while (n > 0) {
+        struct msghdr m = {0};
+        m.msg_iov = v;
+        m.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return dp_errf(err, "%s", strerror(errno));
+            /* The send timeout (t->slice) expired: is the peer still there? */
+            double silent;
+            if (silent_for(t, c, &silent))
+                return dp_errf(err, "peer stopped reading and has been silent for %.1f s",
+                               silent);
+            continue;
+        }
+        size_t done = (size_t)w;
+        while (n > 0 && done >= v->iov_len) {
+            done -= v->iov_len;
+            v++;
+            n--;
+        }
+        if (n > 0) {
+            v->iov_base = (char *)v->iov_base + done;
+            v->iov_len -= done;
+        }
+    }
+    return 0;
+}
+
+/* CRC of len bytes of the iovec list v[0..n), starting skip bytes in. */
+static uint32_t crc_ranges(const struct iovec *v, int n, size_t skip, size_t len)
+{
+    uint32_t crc = 0;
+    for (int i = 0; i < n && len; i++) {
+        if (skip >= v[i].iov_len) {
+            skip -= v[i].iov_len;
+            continue;
+        }
+        size_t take = v[i].iov_len - skip < len ? v[i].iov_len - skip : len;
+        crc = dp_crc32c(crc, (const char *)v[i].iov_base + skip, take);
+        skip = 0;
+        len -= take;
+    }
+    return crc;
+}
+
+typedef struct crc_job {
+    const struct iovec *v;
+    int n;
+    size_t skip, len;
+    uint32_t crc;
+} crc_job;
+
+static void *crc_job_main(void *arg)
+{
+    crc_job *j = arg;
+    j->crc = crc_ranges(j->v, j->n, j->skip, j->len);
+    return NULL;
+}
+
+/* The payload CRC comes before the first byte is sent, so on a large payload
+ * it is pure latency: split it over two threads and combine the halves. */
+#define PAR_CRC_MIN (8u << 20)
+
+static uint32_t payload_crc(const struct iovec *v, int n, size_t len)
+{
+    if (len < PAR_CRC_MIN)
+        return crc_ranges(v, n, 0, len);
+    size_t half = (len / 2) & ~(size_t)63;
+    crc_job j = {v, n, half, len - half, 0};
+    pthread_t th;
+    if (pthread_create(&th, NULL, crc_job_main, &j) != 0)
+        return crc_ranges(v, n, 0, len);
+    uint32_t first = crc_ranges(v, n, 0, half);
+    pthread_join(th, NULL);
+    return dp_crc32c_combine(first, j.crc, len - half);
+}
+
+static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struct iovec *iov,
+                     int iovcnt, dp_err *err)
+{
+    tcp *t = (tcp *)bt;
+    conn *c = &t->conns[peer];
+    struct iovec v[DP_TRANSPORT_MAX_IOV + 1];
+    uint8_t hb[DP_FRAME_HEADER_SIZE];
+    uint64_t len = 0;
+    int n = 1;
+    for (int i = 0; i < iovcnt; i++) {
+        if (!iov[i].iov_len)
+            continue;
+        len += iov[i].iov_len;
+        v[n++] = iov[i];
+    }
+    if (len > t->max_frame)
+        return dp_errf(err, "sending %" PRIu64 " bytes to %s: frame larger than the maximum %" PRIu64
+                            " bytes",
+                       len, pname(t, peer), t->max_frame);
+    h->source = (uint32_t)t->base.rank;
+    h->length = len;
+    h->payload_crc = payload_crc(v + 1, n - 1, (size_t)len);
+    dp_frame_encode(hb, h);
+    v[0].iov_base = hb;
+    v[0].iov_len = sizeof hb;
+
+    pthread_mutex_lock(&c->send_mu);
+    int fd = conn_fd(t, peer, err);
+    int rc = -1;
+    if (fd >= 0) {
+        dp_err werr;
+        rc = write_iov(t, c, fd, v, n, &werr);
+        if (rc == 0) {
+            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_sent, sizeof hb + len, memory_order_relaxed);
+            atomic_store(&c->last_tx_us, now_us());
+        } else {
+            conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type),
+                      werr.msg);
+            dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
+        }
+    }
+    pthread_mutex_unlock(&c->send_mu);
+    return rc;
+}
+
+/* ---- receive ---- */
+
+enum { RX_NOTHING, RX_FRAME, RX_LOST };
+
+/* Reads what the socket has into c's buffer.  wait: block up to the socket's
+ * receive timeout (t->slice).  Returns 1 (got bytes), 0 (nothing yet) or -1
+ * (connection lost). */
+static int rx_fill(tcp *t, int peer, int fd, int wait)
+{
+    conn *c = &t->conns[peer];
+    if (c->rpos > 0) {
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    for (;;) {
+        ssize_t n = recv(fd, c->rbuf + c->rlen, RBUF - c->rlen, wait ? 0 : MSG_DONTWAIT);
+        if (n > 0) {
+            c->rlen += (size_t)n;
+            atomic_store(&c->last_rx_us, now_us());
+            return 1;
+        }
+        if (n == 0) {
+            if (c->rlen)
+                conn_fail(t, peer, 0, "connection closed mid-frame (%zu of %d header bytes)",
+                          c->rlen, DP_FRAME_HEADER_SIZE);
+            else
+                conn_fail(t, peer, 0, "connection closed (EOF) without BYE");
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        conn_fail(t, peer, 0, "%s", strerror(errno));
+        return -1;
+    }
+}
+
+/* Parses the buffered header at rpos.  Heartbeats are consumed (RX_NOTHING). */
+static int parse_header(tcp *t, int peer, dp_event *ev)
+{
+    conn *c = &t->conns[peer];
+    dp_frame_header h;
+    char why[200];
+    dp_frame_status st = dp_frame_decode(&h, c->rbuf + c->rpos, t->max_frame, why, sizeof why);
+    c->rpos += DP_FRAME_HEADER_SIZE;
+    atomic_fetch_add_explicit(&c->bytes_recv, DP_FRAME_HEADER_SIZE, memory_order_relaxed);
+    if (st != DP_FRAME_OK) {
+        conn_fail(t, peer, 0, "bad frame header: %s", why);
+        return RX_LOST;
+    }
+    atomic_fetch_add_explicit(&c->frames_recv, 1, memory_order_relaxed);
+    if (h.source != (uint32_t)peer) {
+        conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
+        return RX_LOST;
+    }
+    if (h.type == DP_FRAME_HEARTBEAT && h.length == 0) {
+        atomic_fetch_add_explicit(&c->hb_recv, 1, memory_order_relaxed);
+        return RX_NOTHING;
+    }
+    if (h.type == DP_FRAME_BYE && h.length == 0) {
+        conn_fail(t, peer, 1, "said goodbye (BYE)");
+        return RX_LOST;
+    }
+    if (h.type < DP_FRAME_APP_FIRST) {
+        conn_fail(t, peer, 0, "unexpected %s frame (%" PRIu64 " payload bytes) after the handshake",
+                  dp_frame_type_name(h.type), h.length);
+        return RX_LOST;
+    }
+    if (h.length == 0 && h.payload_crc != 0) {
+        conn_fail(t, peer, 0, "empty %s frame with payload CRC 0x%08" PRIx32,
+                  dp_frame_type_name(h.type), h.payload_crc);
+        return RX_LOST;
+    }
+    c->pay_pending = h.length > 0;
+    c->pay_left = h.length;
+    c->pay_crc = 0;
+    c->pay_h = h;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DP_EVENT_FRAME;
+    ev->peer = peer;
+    ev->header = h;
+    return RX_FRAME;
+}
+
+/* The next application frame from peer, if one is (or, with wait, becomes)
+ * available; heartbeats are consumed on the way.  At most one read waits. */
+static int next_frame(tcp *t, int peer, int fd, int wait, dp_event *ev)
+{
+    conn *c = &t->conns[peer];
+    for (;;) {
+        while (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
+            int r = parse_header(t, peer, ev);
+            if (r != RX_NOTHING)
+                return r;
+        }
+        int r = rx_fill(t, peer, fd, wait);
+        if (r <= 0)
+            return r < 0 ? RX_LOST : RX_NOTHING;
+        wait = 0;
+    }
+}
+
+/* Reads len payload bytes of the pending frame into dst (NULL: discard),
+ * first from the read-ahead buffer, then straight from the socket.  Returns
+ * 0, or -1 (connection failed, err filled). */
+static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    if (len == 0)
+        return 0;
+    if (!c->pay_pending)
+        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
+    if (len > c->pay_left)
+        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
+                       len, pname(t, peer), c->pay_left);
+    int fd = conn_fd(t, peer, err);
+    if (fd < 0) {
+        c->pay_pending = 0;
+        return -1;
+    }
+    size_t have = c->rlen - c->rpos, take = have < len ? have : len;
+    if (take) {
+        const uint8_t *src = c->rbuf + c->rpos;
+        c->pay_crc = dp_crc32c(c->pay_crc, src, take);
+        if (dst) {
+            memcpy(dst, src, take);
+            dst += take;
+        }
+        c->rpos += take;
+        c->pay_left -= take;
+        len -= take;
+        atomic_fetch_add_explicit(&c->bytes_recv, take, memory_order_relaxed);
+    }
+    while (len) {
+        size_t want = len < RECV_CHUNK ? len : RECV_CHUNK;
+        uint8_t *p = dst ? dst : t->scratch;
+        ssize_t n = recv(fd, p, want, 0); /* blocks up to t->slice */
+        if (n > 0) {
+            c->pay_crc = dp_crc32c(c->pay_crc, p, (size_t)n);
+            c->pay_left -= (uint64_t)n;
+            len -= (size_t)n;
+            if (dst)
+                dst += n;
+            atomic_store(&c->last_rx_us, now_us());
+            atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double silent;
+            if (!silent_for(t, c, &silent))
+                continue;
+            conn_fail(t, peer, 0, "silent for %.1f s in the middle of %s frame (%" PRIu64
+                                  " bytes missing)",
+                      silent, dp_frame_type_name(c->pay_h.type), c->pay_left);
+        } else if (n == 0) {
+            conn_fail(t, peer, 0, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
+                                  " payload bytes missing",
+                      c->pay_left, c->pay_h.length);
+        } else {
+            conn_fail(t, peer, 0, "reading a payload: %s", strerror(errno));
+        }
+        c->pay_pending = 0;
+        pthread_mutex_lock(&c->mu);
+        dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
+        pthread_mutex_unlock(&c->mu);
+        return -1;
+    }
+    if (c->pay_left == 0) {
+        c->pay_pending = 0;
+        if (c->pay_crc != c->pay_h.payload_crc) {
+            conn_fail(t, peer, 0, "payload CRC mismatch on %s frame (step %" PRIu64
+                                  ", offset %" PRIu64 ", %" PRIu64 " bytes): got 0x%08" PRIx32
+                                  ", header says 0x%08" PRIx32,
+                      dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
+                      c->pay_h.length, c->pay_crc, c->pay_h.payload_crc);
+            return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
+        }
+    }
+    return 0;
+}
+
+static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
+{
+    if (!dst && len)
+        return dp_errf(err, "recv_payload: NULL destination");
+    return read_payload((tcp *)bt, peer, dst, len, err);
+}
+
+static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
+{
+    tcp *t = (tcp *)bt;
+    conn *c = &t->conns[peer];
+    while (c->pay_pending) {
+        size_t n = c->pay_left < RECV_CHUNK ? (size_t)c->pay_left : RECV_CHUNK;
+        if (read_payload(t, peer, NULL, n, err))
+            return -1;
+    }
+    return 0;
+}
+
+static int wanted(const tcp *t, int want, int i)
+{
+    return i != t->base.rank && (want == DP_PEER_ANY || want == i);
+}
+
+/* A loss not yet reported, as an event. */
+static int report_lost(tcp *t, int want, dp_event *ev)
+{
+    for (int i = 0; i < t->base.n_ranks; i++) {
+        if (!wanted(t, want, i))
+            continue;
+        conn *c = &t->conns[i];
+        if (c->pay_pending) {
+            dp_err e;
+            dp_warn("discarding %" PRIu64 " unread payload bytes of %s frame from %s",
+                    c->pay_left, dp_frame_type_name(c->pay_h.type), pname(t, i));
+            tcp_skip_payload(&t->base, i, &e);
+        }
+        pthread_mutex_lock(&c->mu);
+        int lost = c->state == CONN_LOST && !c->reported;
+        if (lost) {
+            c->reported = 1;
+            reset_rx(c);
+            memset(ev, 0, sizeof *ev);
+            ev->kind = DP_EVENT_PEER_LOST;
+            ev->peer = i;
+            ev->orderly = c->orderly;
+            snprintf(ev->reason, sizeof ev->reason, "%s", c->reason);
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (lost)
+            return 1;
+    }
+    return 0;
+}
+
+static void check_silence(tcp *t, int peer)
+{
+    double silent;
+    if (silent_for(t, &t->conns[peer], &silent))
+        conn_fail(t, peer, 0, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
+                  silent, t->hb_timeout);
+}
+
+static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, dp_err *err)
+{
+    tcp *t = (tcp *)bt;
+    int n = t->base.n_ranks;
+    double deadline = dp_now() + timeout_s;
+    (void)err;
+    for (;;) {
+        if (report_lost(t, want, ev))
+            return 0;
+        /* Collect the live connections; frames already buffered go first. */
+        int np = 0, lost = 0;
+        for (int k = 0; k < n; k++) {
+            int i = (t->rr + k) % n;
+            if (!wanted(t, want, i))
+                continue;
+            conn *c = &t->conns[i];
+            pthread_mutex_lock(&c->mu);
+            int fd = c->state == CONN_UP ? c->fd : -1;
+            pthread_mutex_unlock(&c->mu);
+            if (fd < 0)
+                continue;
+            if (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
+                int r = next_frame(t, i, fd, 0, ev);
+                if (r == RX_FRAME) {
+                    t->rr = (i + 1) % n;
+                    return 0;
+                }
+                if (r == RX_LOST) {
+                    lost = 1;
+                    continue;
+                }
+            }
+            t->pf[np].fd = fd;
+            t->pf[np].events = POLLIN;
+            t->pf[np].revents = 0;
+            t->who[np++] = i;
+        }
+        if (lost)
+            continue;
+        double left = deadline - dp_now();
+        if (np == 1 && want != DP_PEER_ANY && left >= t->slice) {
+            /* One peer and time to spare: a blocking read, one system call
+             * per frame as with a plain socket. */
+            int r = next_frame(t, want, t->pf[0].fd, 1, ev);
+            if (r == RX_FRAME)
+                return 0;
+            if (r == RX_NOTHING)
+                check_silence(t, want);
+        } else {
+            double slice = left < t->slice ? left : t->slice;
+            int rc = poll(t->pf, (nfds_t)np, slice <= 0 ? 0 : (int)(slice * 1000.0 + 0.999));
+            if (rc < 0 && errno != EINTR)
+                dp_warn("poll: %s", strerror(errno));
+            for (int k = 0; k < np; k++) {
+                int i = t->who[k];
+                if (rc > 0 && t->pf[k].revents) {
+                    int r = next_frame(t, i, t->pf[k].fd, 0, ev);
+                    if (r == RX_FRAME) {
+                        t->rr = (i + 1) % n;
+                        return 0;
+                    }
+                } else {
+                    check_silence(t, i);
+                }
+            }
+        }
+        if (dp_now() >= deadline) {
+            if (report_lost(t, want, ev))
+                return 0;
+            memset(ev, 0, sizeof *ev);
+            ev->kind = DP_EVENT_TIMEOUT;
+            ev->peer = -1;
+            return 0;
+        }
+    }
+}
+
+/* ---- stats, open, close ---- */
+
+static void add_stats(dp_transport_stats *s, conn *c)
+{
+    s->bytes_sent += atomic_load_explicit(&c->bytes_sent, memory_order_relaxed);
+    s->bytes_recv += atomic_load_explicit(&c->bytes_recv, memory_order_relaxed);
+    s->frames_sent += atomic_load_explicit(&c->frames_sent, memory_order_relaxed);
+    s->frames_recv += atomic_load_explicit(&c->frames_recv, memory_order_relaxed);
+    s->heartbeats_sent += atomic_load_explicit(&c->hb_sent, memory_order_relaxed);
+    s->heartbeats_recv += atomic_load_explicit(&c->hb_recv, memory_order_relaxed);
+}
+
+static void tcp_stats(const dp_transport *bt, int peer, dp_transport_stats *out)
+{
+    const tcp *t = (const tcp *)bt;
+    for (int i = 0; i < t->base.n_ranks; i++)
+        if (peer == DP_PEER_ANY || peer == i)
+            add_stats(out, &t->conns[i]);
+}
+
+static void tcp_close(dp_transport *bt)
+{
+    tcp *t = (tcp *)bt;
+    if (t->threads) {
+        atomic_store(&t->stopping, 1);
+        ssize_t w;
+        do
+            w = write(t->wake[1], "x", 1);
+        while (w < 0 && errno == EINTR);
+        pthread_mutex_lock(&t->mu);
+        if (t->hs_fd >= 0)
+            shutdown(t->hs_fd, SHUT_RDWR); /* cut a stranger's slow handshake short */
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->accept_thr, NULL);
+        pthread_join(t->hb_thr, NULL);
+    }
+    for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
+        conn *c = &t->conns[i];
+        if (c->state == CONN_UP) {
+            /* BYE, then drain what the peer sent so close() sends FIN, not a
+             * reset that could destroy data the peer has not read yet. */
+            uint8_t h[DP_FRAME_HEADER_SIZE];
+            dp_frame_header fh = {0};
+            fh.type = DP_FRAME_BYE;
+            fh.source = (uint32_t)t->base.rank;
+            dp_frame_encode(h, &fh);
+            pthread_mutex_lock(&c->send_mu);
+            if (dp_sock_write_full(c->fd, h, sizeof h, dp_now() + 1.0, NULL) == 0) {
+                atomic_fetch_add(&c->frames_sent, 1);
+                atomic_fetch_add(&c->bytes_sent, sizeof h);
+            }
+            pthread_mutex_unlock(&c->send_mu);
+            shutdown(c->fd, SHUT_WR);
+            char sink[4096];
+            while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+                ;
+        }
+        if (c->fd >= 0)
+            close(c->fd);
+        free(c->rbuf);
+        pthread_mutex_destroy(&c->mu);
+        pthread_mutex_destroy(&c->send_mu);
+    }
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    for (int k = 0; k < 2; k++)
+        if (t->wake[k] >= 0)
+            close(t->wake[k]);
+    if (t->addrs)
+        for (int i = 0; i < t->base.n_ranks; i++)
+            free(t->addrs[i]);
+    free(t->addrs);
+    free(t->conns);
+    free(t->scratch);
+    free(t->pf);
+    free(t->who);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cond);
+    dp_transport_base_free(&t->base);
+    sodium_memzero(t->secret, sizeof t->secret);
+    free(t);
+}
+
+void dp_tcp_config_init(dp_tcp_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->listen_fd = -1;
+    cfg->heartbeat_interval = 1.0;
+    cfg->heartbeat_timeout = 10.0;
+    cfg->handshake_timeout = 5.0;
+    cfg->late_log = 5.0;
+    cfg->max_frame_bytes = DP_FRAME_MAX_DEFAULT;
+    cfg->sock_buf_bytes = 4 << 20;
+}
+
+int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_out, dp_err *err)
+{
+    return dp_sock_listen(addr, sock_buf_bytes, fd_out, port_out, err);
+}
+
+int dp_tcp_port(const dp_transport *t) { return t->ops == &tcp_ops ? ((const tcp *)t)->port : -1; }
+
+int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
+{
+    *out = NULL;
+    if (cfg->n_ranks < 1 || cfg->rank < 0 || cfg->rank >= cfg->n_ranks)
+        return dp_errf(err, "tcp transport: rank %d of %d is out of range", cfg->rank,
+                       cfg->n_ranks);
+    if (!cfg->addrs)
+        return dp_errf(err, "tcp transport: no address list");
+    if (cfg->secret_len == 0 && !cfg->insecure)
+        return dp_errf(err, "no cluster secret: refusing to accept unauthenticated connections. "
+                            "Hint: set DOWNPOUR_SECRET (the launcher does this), or run "
+                            "insecure only on a trusted private network");
+    if (cfg->secret_len > DP_SECRET_MAX)
+        return dp_errf(err, "cluster secret of %zu bytes (at most %d)", cfg->secret_len,
+                       DP_SECRET_MAX);
+    if (!(cfg->heartbeat_interval > 0) || !(cfg->heartbeat_timeout > cfg->heartbeat_interval))
+        return dp_errf(err, "heartbeat interval %g s and timeout %g s: need 0 < interval < "
+                            "timeout",
+                       cfg->heartbeat_interval, cfg->heartbeat_timeout);
+    if (sodium_init() < 0)
+        return dp_errf(err, "libsodium failed to initialise");
+    if (cfg->secret_len == 0)
+        dp_warn("tcp transport: no cluster secret, connections are NOT authenticated");
+
+    tcp *t = calloc(1, sizeof *t);
+    if (!t)
+        return dp_errf(err, "out of memory");
+    t->listen_fd = t->hs_fd = -1;
+    t->wake[0] = t->wake[1] = -1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (dp_transport_base_init(&t->base, &tcp_ops, cfg->rank, cfg->n_ranks, cfg->names,
+                               cfg->late_log, err)) {
+        free(t);
+        return -1;
+    }
+    memcpy(t->secret, cfg->secret, cfg->secret_len);
+    t->secret_len = cfg->secret_len;
+    t->hb_interval = cfg->heartbeat_interval;
+    t->hb_timeout = cfg->heartbeat_timeout;
+    t->hs_timeout = cfg->handshake_timeout > 0 ? cfg->handshake_timeout : 5.0;
+    t->max_frame = cfg->max_frame_bytes ? cfg->max_frame_bytes : DP_FRAME_MAX_DEFAULT;
+    t->sock_buf = cfg->sock_buf_bytes;
+    t->slice = t->hb_timeout / 4 < 0.5 ? t->hb_timeout / 4 : 0.5;
+    t->conns = calloc((size_t)cfg->n_ranks, sizeof *t->conns);
+    t->addrs = calloc((size_t)cfg->n_ranks, sizeof *t->addrs);
+    t->scratch = malloc(RECV_CHUNK);
+    t->pf = calloc((size_t)cfg->n_ranks, sizeof *t->pf);
+    t->who = calloc((size_t)cfg->n_ranks, sizeof *t->who);
+    if (!t->conns || !t->addrs || !t->scratch || !t->pf || !t->who) {
+        free(t->conns);
+        t->conns = NULL;
+        dp_errf(err, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < cfg->n_ranks; i++) {
+        conn *c = &t->conns[i];
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_mutex_init(&c->send_mu, NULL);
+        c->fd = -1;
+    }
+    for (int i = 0; i < cfg->n_ranks; i++) {
+        if (!(t->conns[i].rbuf = malloc(RBUF))) {
+            dp_errf(err, "out of memory");
+            goto fail;
+        }
+    }
+    for (int i = 0; i < cfg->n_ranks; i++) {
+        const char *a = cfg->addrs[i];
+        if (!a || !(t->addrs[i] = strdup(a))) {
+            dp_errf(err, "address of %s: %s", pname(t, i), a ? "out of memory" : "missing");
+            goto fail;
+        }
+    }
+    if (cfg->listen_fd >= 0) {
+        int acc = 0;
+        socklen_t sl = sizeof acc;
+        if (getsockopt(cfg->listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) != 0 || !acc) {
+            dp_errf(err, "listen_fd %d is not a listening socket (use dp_tcp_listen, or -1)",
+                    cfg->listen_fd);
+            goto fail;
+        }
+        t->listen_fd = cfg->listen_fd;
+        t->port = dp_sock_local_port(t->listen_fd);
+    } else if (dp_sock_listen(t->addrs[cfg->rank], t->sock_buf, &t->listen_fd, &t->port, err)) {
+        dp_err_prefix(err, "%s", pname(t, cfg->rank));
+        goto fail;
+    }
+    if (pipe2(t->wake, O_CLOEXEC) != 0) {
+        dp_errf(err, "pipe: %s", strerror(errno));
+        goto fail;
+    }
+    if (pthread_create(&t->accept_thr, NULL, accept_main, t) != 0) {
+        dp_errf(err, "cannot start the accept thread");
+        goto fail;
+    }
+    if (pthread_create(&t->hb_thr, NULL, heartbeat_main, t) != 0) {
+        atomic_store(&t->stopping, 1);
+        ssize_t w = write(t->wake[1], "x", 1);
+        (void)w;
+        pthread_join(t->accept_thr, NULL);
+        dp_errf(err, "cannot start the heartbeat thread");
+        goto fail;
+    }
+    t->threads = 1;
+    *out = &t->base;
+    return 0;
+fail:
+    tcp_close(&t->base);
+    return -1;
+}
+
+static const dp_transport_ops tcp_ops = {
+    .name = "tcp",
+    .connect = tcp_connect,
+    .sendv = tcp_sendv,
+    .poll = tcp_poll,
+    .recv_payload = tcp_recv_payload,
+    .skip_payload = tcp_skip_payload,
+    .stats = tcp_stats,
+    .close = tcp_close,
+};

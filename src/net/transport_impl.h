@@ -1,0 +1,38 @@
+/* For transport implementations only (TCP here; MPI and in-process later):
+ * the table of operations behind include/downpour/transport.h, in the manner
+ * of ggml-backend-impl.h.  Strategies never include this. */
+#ifndef DOWNPOUR_NET_TRANSPORT_IMPL_H
+#define DOWNPOUR_NET_TRANSPORT_IMPL_H
+
+#include "downpour/transport.h"
+
+typedef struct dp_transport_ops {
+    const char *name;
+    int (*connect)(dp_transport *t, int peer, double deadline, dp_err *err);
+    /* h has type, step, offset set; the implementation fills source,
+     * length and payload_crc. */
+    int (*sendv)(dp_transport *t, int peer, dp_frame_header *h, const struct iovec *iov,
+                 int iovcnt, dp_err *err);
+    int (*poll)(dp_transport *t, int peer, double timeout_s, dp_event *ev, dp_err *err);
+    int (*recv_payload)(dp_transport *t, int peer, void *dst, size_t len, dp_err *err);
+    int (*skip_payload)(dp_transport *t, int peer, dp_err *err);
+    void (*stats)(const dp_transport *t, int peer, dp_transport_stats *out);
+    void (*close)(dp_transport *t);
+} dp_transport_ops;
+
+/* Every implementation's handle starts with this. */
+struct dp_transport {
+    const dp_transport_ops *ops;
+    int rank, n_ranks;
+    double late_log; /* seconds between "waiting for" lines */
+    char **names;    /* n_ranks peer names, owned */
+};
+
+/* Fills the common part; names may be NULL ("rank N").  Returns -1 on ENOMEM. */
+int dp_transport_base_init(dp_transport *t, const dp_transport_ops *ops, int rank, int n_ranks,
+                           const char *const *names, double late_log, dp_err *err);
+void dp_transport_base_free(dp_transport *t);
+
+#define DP_TRANSPORT_MAX_IOV 64
+
+#endif
