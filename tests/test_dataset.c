@@ -555,14 +555,16 @@ static void test_shards(const dp_split *s)
                     if (pi == DP_SHARD_FILE && i > 0)
                         CHECK(b.order[i] == b.order[i - 1] + 1);
                 }
-                /* Shuffled, a shard keeps exactly its own records. */
+                /* Shuffled, a FILE or OFF shard keeps exactly its own records
+                 * (DATA shards reshuffle the whole split: checked below). */
                 dp_batcher bs;
                 REQUIRE(dp_batcher_init(&bs, s, 7, 1, (dp_shard_policy)pi, k, w, &err) == 0);
                 dp_batcher_start_epoch(&bs, 3);
                 uint32_t a[64] = {0}, c[64] = {0};
                 for (uint32_t i = 0; i < b.n; i++)
                     a[b.order[i]]++, c[bs.order[i]]++;
-                CHECK(memcmp(a, c, sizeof a) == 0);
+                if (pi != DP_SHARD_DATA)
+                    CHECK(memcmp(a, c, sizeof a) == 0);
                 dp_batcher_free(&bs);
                 dp_batcher_free(&b);
             }
@@ -574,6 +576,43 @@ static void test_shards(const dp_split *s)
             if (pi != DP_SHARD_OFF)
                 CHECK(max_n - min_n <= 1);
         }
+    }
+    /* DATA, shuffled: worker k's j-th batch of b is, as a set, its share of
+     * the j-th batch of w*b of one process with the same seed; the shards of
+     * one epoch partition the split; the next epoch deals other records. */
+    for (int wi = 1; wi < 4; wi++) {
+        uint32_t w = (uint32_t)ws[wi], bsz = 3;
+        dp_batcher one, k_b[5];
+        REQUIRE(dp_batcher_init(&one, s, 11, 1, DP_SHARD_DATA, 0, 1, &err) == 0);
+        dp_batcher_start_epoch(&one, 2);
+        uint32_t seen[64] = {0};
+        for (uint32_t k = 0; k < w; k++) {
+            REQUIRE(dp_batcher_init(&k_b[k], s, 11, 1, DP_SHARD_DATA, (int)k, (int)w, &err) == 0);
+            dp_batcher_start_epoch(&k_b[k], 2);
+            for (uint32_t i = 0; i < k_b[k].n; i++)
+                seen[k_b[k].order[i]]++;
+        }
+        int exact = 1;
+        for (uint32_t i = 0; i < s->n; i++)
+            exact &= seen[i] == 1;
+        CHECKF(exact, "DATA, %u workers: one epoch does not deal every record once", w);
+        for (uint32_t j = 0; (j + 1) * bsz * w <= s->n; j++) {
+            uint32_t a[64] = {0}, c[64] = {0};
+            for (uint32_t i = 0; i < bsz * w; i++)
+                a[one.order[j * bsz * w + i]]++;
+            for (uint32_t k = 0; k < w; k++)
+                for (uint32_t i = 0; i < bsz; i++)
+                    c[k_b[k].order[j * bsz + i]]++;
+            CHECKF(memcmp(a, c, sizeof a) == 0, "DATA, %u workers: batch %u differs from the "
+                   "single process's", w, j);
+        }
+        uint32_t before[64];
+        memcpy(before, k_b[0].order, k_b[0].n * sizeof *before);
+        dp_batcher_start_epoch(&k_b[0], 3);
+        CHECK(memcmp(before, k_b[0].order, k_b[0].n * sizeof *before) != 0);
+        for (uint32_t k = 0; k < w; k++)
+            dp_batcher_free(&k_b[k]);
+        dp_batcher_free(&one);
     }
     /* Refusals: index out of range, no workers, a shard with no records. */
     dp_batcher b;

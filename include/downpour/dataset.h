@@ -54,7 +54,10 @@ int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_
 /* Sharding policies for data-parallel workers. */
 typedef enum dp_shard_policy {
     DP_SHARD_OFF,  /* every worker sees every record */
-    DP_SHARD_DATA, /* worker k of w keeps records k, k+w, k+2w, ... */
+    DP_SHARD_DATA, /* every worker shuffles all records alike (same seed) and worker k
+                      of w keeps positions k, k+w, k+2w, ... of that order, as
+                      TensorFlow's DATA auto-shard does: so the w workers' j-th
+                      batches of b together are the j-th batch of w*b of one process */
     DP_SHARD_FILE, /* worker k of w keeps the k-th contiguous block */
     DP_SHARD_COUNT
 } dp_shard_policy;
@@ -69,6 +72,7 @@ typedef struct dp_batcher {
     uint32_t *order;     /* indices of the records this batcher owns */
     uint32_t n;          /* how many it owns */
     uint32_t first;      /* its natural order is first + i*stride, i < n */
+    uint32_t *perm;      /* DATA: the epoch's order of every record of the split */
     uint32_t stride;
     uint32_t pos;        /* next position in order */
     uint64_t seed;

@@ -67,8 +67,14 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
         return dp_errf(err, "batcher: shard %d of %d (policy %s) of a %u-record split owns no "
                        "records", shard_index, shard_count, dp_shard_name(policy), split->n);
     b->order = malloc((size_t)n * sizeof *b->order);
-    if (!b->order)
-        return dp_errf(err, "batcher: out of memory for %u record indices", n);
+    if (policy == DP_SHARD_DATA && shuffle)
+        b->perm = malloc((size_t)split->n * sizeof *b->perm);
+    if (!b->order || (policy == DP_SHARD_DATA && shuffle && !b->perm)) {
+        free(b->order);
+        free(b->perm);
+        b->order = b->perm = NULL;
+        return dp_errf(err, "batcher: out of memory for %u record indices", split->n);
+    }
     b->split = split;
     b->n = n;
     b->first = first;
@@ -84,6 +90,7 @@ void dp_batcher_free(dp_batcher *b)
     if (!b)
         return;
     free(b->order);
+    free(b->perm);
     memset(b, 0, sizeof *b);
 }
 
@@ -91,12 +98,22 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch)
 {
     if (!b->order)
         return;
-    /* Resetting first makes the order a function of (seed, epoch) alone. */
-    natural_order(b);
-    if (b->shuffle) {
-        dp_rng r;
-        dp_rng_seed(&r, mix64(b->seed ^ mix64((uint64_t)epoch + 0x9e3779b97f4a7c15ULL)));
-        dp_rng_shuffle(&r, b->order, b->n);
+    dp_rng r;
+    dp_rng_seed(&r, mix64(b->seed ^ mix64((uint64_t)epoch + 0x9e3779b97f4a7c15ULL)));
+    if (b->perm) {
+        /* DATA: one shuffle of the whole split, the same in every worker;
+         * this shard keeps every stride-th position of it. */
+        uint32_t total = b->split->n;
+        for (uint32_t i = 0; i < total; i++)
+            b->perm[i] = i;
+        dp_rng_shuffle(&r, b->perm, total);
+        for (uint32_t i = 0; i < b->n; i++)
+            b->order[i] = b->perm[b->first + (size_t)i * b->stride];
+    } else {
+        /* Resetting first makes the order a function of (seed, epoch) alone. */
+        natural_order(b);
+        if (b->shuffle)
+            dp_rng_shuffle(&r, b->order, b->n);
     }
     b->pos = 0;
     b->epoch = epoch + 1;

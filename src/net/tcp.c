@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RECV_CHUNK (256 * 1024) /* payload read size: CRC runs while it is in cache */
+#define RECV_CHUNK (64 * 1024) /* payload read size: the CRC runs while it is in L1/L2 */
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 
 enum conn_state { CONN_NONE, CONN_UP, CONN_LOST };

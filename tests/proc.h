@@ -1,0 +1,136 @@
+/* Helpers for tests that run the downpour program: run a shell command and
+ * keep its stderr, read a file whole, and find metrics events. */
+#ifndef DOWNPOUR_TEST_PROC_H
+#define DOWNPOUR_TEST_PROC_H
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "check.h"
+
+/* The program under test and a scratch directory, from CTest's environment. */
+static inline const char *test_bin(void) { return getenv("DOWNPOUR_BIN"); }
+static inline const char *test_tmp(void) { return getenv("DOWNPOUR_TEST_TMP"); }
+
+/* Runs a shell command with stdout and stderr kept in files under the scratch
+ * directory; returns the exit status (-1 if killed) and copies stderr into out. */
+static inline int run_cmd(char *out, size_t out_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int run_cmd(char *out, size_t out_len, const char *fmt, ...)
+{
+    char cmd[8192], full[8600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s 2>%s/stderr.txt >%s/stdout.txt", cmd, test_tmp(), test_tmp());
+    int st = system(full);
+    if (out) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/stderr.txt", test_tmp());
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(out, 1, out_len - 1, f) : 0;
+        out[n] = '\0';
+        if (f)
+            fclose(f);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static inline char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+/* Calls fn on every metrics line with the given event (and task, if not NULL). */
+static inline int for_each_event(const char *path, const char *event, const char *task,
+                                 void (*fn)(const cJSON *j, void *ctx), void *ctx)
+{
+    size_t len;
+    char *text = slurp(path, &len);
+    if (!text)
+        return -1;
+    int count = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        CHECKF(j != NULL, "metrics line is not JSON: %s", line);
+        if (!j)
+            continue;
+        const cJSON *e = cJSON_GetObjectItem(j, "event"), *t = cJSON_GetObjectItem(j, "task");
+        if (cJSON_IsString(e) && strcmp(e->valuestring, event) == 0 &&
+            (!task || (cJSON_IsString(t) && strcmp(t->valuestring, task) == 0))) {
+            count++;
+            if (fn)
+                fn(j, ctx);
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    return count;
+}
+
+static inline void keep_last(const cJSON *j, void *ctx)
+{
+    cJSON **last = ctx;
+    cJSON_Delete(*last);
+    *last = cJSON_Duplicate(j, 1);
+}
+
+/* The last line with this event (and task), or NULL; free with cJSON_Delete. */
+static inline cJSON *last_event(const char *path, const char *event, const char *task)
+{
+    cJSON *last = NULL;
+    for_each_event(path, event, task, keep_last, &last);
+    return last;
+}
+
+static inline double json_num(const cJSON *j, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    CHECKF(cJSON_IsNumber(v), "metrics field '%s' missing", key);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+static inline const char *json_str(const cJSON *j, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    CHECKF(cJSON_IsString(v), "metrics field '%s' missing", key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Skips the test (CTest's code 77) when MNIST is not there. */
+static inline void require_mnist(void)
+{
+    const char *data = getenv("DOWNPOUR_DATA");
+    char probe[1200];
+    snprintf(probe, sizeof probe, "%s/mnist/train-images-idx3-ubyte", data ? data : "data");
+    FILE *f = fopen(probe, "rb");
+    if (!f) {
+        fprintf(stderr, "skipping: MNIST not found at %s (run scripts/fetch-data.sh)\n", probe);
+        exit(77);
+    }
+    fclose(f);
+}
+
+#endif
