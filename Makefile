@@ -35,9 +35,11 @@ asan: deps
 data: deps
 	scripts/fetch-data.sh
 
-# The main job: the source experiment's Model 1 on MNIST, 25 epochs.
+# The main job: the source experiment's Model 1 on MNIST, 25 epochs, as a
+# local cluster (a chief, two workers, one ps) with Downpour SGD (ps-async).
 run: build data
-	$(BUILD)/downpour train --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 \
+	$(BUILD)/downpour launch --chief --workers 2 --ps 1 -- train --strategy ps-async \
+	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.0005 --log-every 200 \
 	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
 
 test: build asan data

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "downpour/blas.h"
 #include "downpour/clock.h"
@@ -147,6 +148,9 @@ int main(int argc, char **argv)
                 for (int r = 0; r < repeats; r++)
                     nat[r] = gemm_step_seconds(&m, batch, steps, scratch);
                 dp_blas_set_threads(threads);
+                /* OpenBLAS's idle threads spin ~2^28 cycles before they sleep:
+                 * let them, or they would share the cores with the next row. */
+                nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
                 double sps = batch / median(tr, repeats), bound = batch / median(gm, repeats);
                 printf("%-12s %6d %8d %14.0f %14.0f %8.1f%% %16.0f\n", models[mi], batch, threads,
                        sps, bound, 100 * sps / bound, batch / median(nat, repeats));

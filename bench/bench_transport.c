@@ -5,13 +5,19 @@
  * the medians are compared.  Targets: >= 90 % of raw throughput, latency
  * within 1.2x of raw.
  *
- *   bench_transport [repetitions (7)]
- *   DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning). */
+ *   bench_transport [repetitions (7)] [split|same|free]
+ *
+ * split (the default) pins the two processes to different CPUs, as tasks on
+ * different cores or hosts run; same pins both to CPU 0, where every cycle
+ * of checksum work is added to the copy; free lets the scheduler choose (on a
+ * busy machine it flips between the two, so medians become bimodal).
+ * DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning). */
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/tcp.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -37,6 +43,17 @@ typedef struct run {
 
 static const run runs[2] = {{1u << 20, 1024}, {64u << 20, 16}}; /* 1 GiB each */
 
+static void pin(int cpu)
+{
+    if (cpu < 0)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        fprintf(stderr, "bench_transport: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+}
+
 static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "bench_transport: %s: %s\n", what, msg);
@@ -57,11 +74,13 @@ static void raw_send(int fd, const void *buf, size_t len)
     }
 }
 
+static size_t raw_chunk = 64 * 1024; /* DP_BENCH_RAWCHUNK; the transport reads 64 KiB too */
+
 static void raw_recv(int fd, void *buf, size_t len)
 {
     char *p = buf;
     while (len) {
-        ssize_t n = recv(fd, p, len, 0);
+        ssize_t n = recv(fd, p, len < raw_chunk ? len : raw_chunk, 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -162,14 +181,27 @@ static double median(double *v, int n)
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
+    const char *mode = argc > 2 ? argv[2] : "split";
+    int cpu_parent = 0, cpu_child = 1;
+    if (strcmp(mode, "same") == 0)
+        cpu_child = 0;
+    else if (strcmp(mode, "free") == 0)
+        cpu_parent = cpu_child = -1;
+    else if (strcmp(mode, "split") != 0)
+        reps = 0;
     if (reps < 1 || reps > 1000) {
-        fprintf(stderr, "usage: bench_transport [repetitions, 1..1000]\n");
+        fprintf(stderr, "usage: bench_transport [repetitions, 1..1000] [split|same|free]\n");
         return 2;
     }
+    if (cpu_child == 1 && sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        cpu_child = 0;
     signal(SIGPIPE, SIG_DFL);
     const char *sb = getenv("DP_BENCH_SOCKBUF");
     if (sb)
         SOCK_BUF = atoi(sb);
+    const char *rc = getenv("DP_BENCH_RAWCHUNK");
+    if (rc && atol(rc) > 0)
+        raw_chunk = (size_t)atol(rc);
     dp_err err;
     int lfd[2], port[2], rawl, rawport;
     for (int r = 0; r < 2; r++)
@@ -192,6 +224,7 @@ int main(int argc, char **argv)
     if (pid < 0)
         die("fork", strerror(errno));
     if (pid == 0) {
+        pin(cpu_child);
         close(lfd[0]);
         close(rawl);
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -207,6 +240,7 @@ int main(int argc, char **argv)
         dp_transport_close(t);
         _exit(0);
     }
+    pin(cpu_parent);
     close(lfd[1]);
     int rawfd;
     do
@@ -257,8 +291,8 @@ int main(int argc, char **argv)
     close(rawl);
 
     printf("transport benchmark: loopback, 2 processes, %d repetitions, medians "
-           "(crc32c: %s, socket buffers %d)\n",
-           reps, dp_crc32c_impl(), SOCK_BUF);
+           "(crc32c: %s, socket buffers %d, CPUs: %s)\n",
+           reps, dp_crc32c_impl(), SOCK_BUF, mode);
     printf("%-28s %12s %12s %8s %s\n", "", "raw", "transport", "ratio", "target");
     for (int k = 0; k < 2; k++) {
         double a = median(raw_tp[k], reps), b = median(tp_tp[k], reps);

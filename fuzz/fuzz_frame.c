@@ -31,14 +31,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* every refusal gives a reason */
         return 0;
     }
-    if (h.length > max_len || h.type >= DP_FRAME_COUNT || (h.flags & ~DP_FRAME_FLAGS_APP))
+    if (h.length > max_len || h.type >= DP_FRAME_COUNT ||
+        (h.flags & ~(DP_FRAME_FLAGS_APP | DP_FRAME_F_CHUNKED)) ||
+        !(h.flags & DP_FRAME_F_CHUNKED) != !(h.length > DP_FRAME_CHUNK))
         abort();
     uint8_t again[DP_FRAME_HEADER_SIZE];
     dp_frame_encode(again, &h);
     if (memcmp(again, hdr, DP_FRAME_HEADER_SIZE) != 0)
         abort(); /* decode and encode are inverse on valid headers */
     int ok = dp_frame_check_payload(&h, payload, plen) == 0;
-    int want = h.length == plen && dp_crc32c_sw(0, payload, plen) == h.payload_crc;
+    size_t first = plen > DP_FRAME_CHUNK ? (size_t)DP_FRAME_CHUNK : plen;
+    int want = h.length == plen && dp_crc32c_sw(0, payload, first) == h.payload_crc;
     if (ok != want)
         abort();
     (void)dp_frame_type_name(h.type);

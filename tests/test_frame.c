@@ -89,9 +89,29 @@ int main(void)
 
     /* Reserved flags. */
     bad = sample();
-    bad.flags = 0x10000;
+    bad.flags = 0x20000;
     dp_frame_encode(c, &bad);
     CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_BAD_FLAGS);
+    CHECKF(strstr(why, "reserved") != NULL, "%s", why);
+
+    /* The chunked flag goes with, and only with, payloads over one chunk. */
+    bad = sample();
+    bad.flags = DP_FRAME_F_CHUNKED;
+    dp_frame_encode(c, &bad);
+    CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_BAD_FLAGS);
+    CHECKF(strstr(why, "chunked flag set") != NULL, "%s", why);
+    bad.length = DP_FRAME_CHUNK + 1;
+    dp_frame_encode(c, &bad);
+    CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_OK);
+    bad.flags = 0;
+    dp_frame_encode(c, &bad);
+    CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_BAD_FLAGS);
+    CHECKF(strstr(why, "chunked flag missing") != NULL, "%s", why);
+    CHECK(dp_frame_wire_size(0) == DP_FRAME_HEADER_SIZE);
+    CHECK(dp_frame_wire_size(DP_FRAME_CHUNK) == DP_FRAME_HEADER_SIZE + DP_FRAME_CHUNK);
+    CHECK(dp_frame_wire_size(DP_FRAME_CHUNK + 1) == DP_FRAME_HEADER_SIZE + DP_FRAME_CHUNK + 5);
+    CHECK(dp_frame_wire_size(64 * DP_FRAME_CHUNK) ==
+          DP_FRAME_HEADER_SIZE + 64 * DP_FRAME_CHUNK + 4 * 63);
 
     /* Length over the limit, at the limit, and a huge one. */
     bad = sample();
@@ -101,6 +121,7 @@ int main(void)
     CHECKF(strstr(why, "4097") != NULL && strstr(why, "4096") != NULL, "%s", why);
     CHECK(decode(c, 4097, why) == DP_FRAME_OK);
     bad.length = UINT64_MAX;
+    bad.flags = DP_FRAME_F_CHUNKED;
     dp_frame_encode(c, &bad);
     CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_TOO_LONG);
 

@@ -156,7 +156,7 @@ static long finished_by(const trace *v, double t)
 static void check_ssp_bound(void)
 {
     enum { W = 3, S = 2 };
-    const char *common = "--train-size 6000 --val-size 1000 --epochs 2 --batch 64 --straggler 1:4 "
+    const char *common = "--train-size 6000 --val-size 1000 --epochs 2 --batch 64 --straggler 1:8 "
                          "--trace-clocks";
     char extra[256];
     snprintf(extra, sizeof extra, "%s --staleness %d", common, S);

@@ -77,7 +77,7 @@ static int sender(int listen_fd, const char *const *addrs)
     dp_transport_stats s0, s1;
     dp_transport_stats_get(t, 1, &s0);
     unsigned char buf[301];
-    uint64_t payload = 0;
+    uint64_t wire = 0;
     for (int i = 0; i < N_SMALL; i++) {
         size_t n = small_len(i);
         fill_small(buf, i, n);
@@ -85,7 +85,7 @@ static int sender(int listen_fd, const char *const *addrs)
             fprintf(stderr, "sender: %s\n", err.msg);
             return 3;
         }
-        payload += n;
+        wire += dp_frame_wire_size(n);
     }
     unsigned char *big = malloc(BIG);
     if (!big)
@@ -97,16 +97,15 @@ static int sender(int listen_fd, const char *const *addrs)
         fprintf(stderr, "sender: %s\n", err.msg);
         return 5;
     }
-    payload += BIG;
+    wire += dp_frame_wire_size(BIG);
     free(big);
     dp_transport_stats_get(t, 1, &s1);
     uint64_t frames = s1.frames_sent - s0.frames_sent, bytes = s1.bytes_sent - s0.bytes_sent;
+    uint64_t hb = s1.heartbeats_sent - s0.heartbeats_sent;
     int rc = 0;
-    if (bytes != frames * DP_FRAME_HEADER_SIZE + payload ||
-        frames - (s1.heartbeats_sent - s0.heartbeats_sent) != N_SMALL + 1) {
-        fprintf(stderr, "sender counters: %llu frames, %llu bytes, %llu payload\n",
-                (unsigned long long)frames, (unsigned long long)bytes,
-                (unsigned long long)payload);
+    if (bytes != wire + hb * DP_FRAME_HEADER_SIZE || frames - hb != N_SMALL + 1) {
+        fprintf(stderr, "sender counters: %llu frames, %llu bytes, %llu expected\n",
+                (unsigned long long)frames, (unsigned long long)bytes, (unsigned long long)wire);
         rc = 6;
     }
     dp_event ev;
@@ -150,7 +149,7 @@ int main(void)
     double t0 = dp_now();
     unsigned char got[301], want[301];
     int bad_small = 0;
-    uint64_t payload = 0;
+    uint64_t wire = 0;
     dp_event ev;
     for (int i = 0; i < N_SMALL; i++) {
         if (dp_transport_recv(t, 0, "small frames", 30, &ev, &err)) {
@@ -171,7 +170,7 @@ int main(void)
         fill_small(want, i, n);
         if (memcmp(got, want, n) != 0)
             bad_small++;
-        payload += n;
+        wire += dp_frame_wire_size(n);
     }
     CHECKF(bad_small == 0, "%d small frames wrong", bad_small);
     double t1 = dp_now();
@@ -184,11 +183,13 @@ int main(void)
     if (big_ok) {
         CHECK(ev.header.type == T_BIG && ev.header.step == 99 && ev.header.offset == 12345);
         CHECK(ev.header.length == BIG);
-        /* Scatter: the first 3 MiB, then the rest. */
-        CHECK(dp_transport_recv_payload(t, 0, big, 3u << 20, &err) == 0);
-        CHECK(dp_transport_recv_payload(t, 0, big + (3u << 20), BIG - (3u << 20), &err) == 0);
+        /* Scatter: 3 MiB + 5 bytes (across a chunk boundary), then the rest. */
+        size_t cut = (3u << 20) + 5;
+        CHECK(dp_transport_recv_payload(t, 0, big, cut, &err) == 0);
+        CHECK(dp_transport_recv_payload(t, 0, big + cut, BIG - cut, &err) == 0);
         CHECK(dp_transport_recv_payload(t, 0, big, 1, &err) == -1); /* nothing left */
-        payload += BIG;
+        CHECK(ev.header.flags & DP_FRAME_F_CHUNKED);
+        wire += dp_frame_wire_size(BIG);
     }
     double t2 = dp_now();
     fill_big(ref);
@@ -203,8 +204,10 @@ int main(void)
     uint64_t hb = s1.heartbeats_recv - s0.heartbeats_recv;
     CHECKF(frames - hb == N_SMALL + 1, "%llu frames, %llu heartbeats", (unsigned long long)frames,
            (unsigned long long)hb);
-    CHECKF(bytes == frames * DP_FRAME_HEADER_SIZE + payload, "%llu bytes vs %llu frames + %llu",
-           (unsigned long long)bytes, (unsigned long long)frames, (unsigned long long)payload);
+    /* Every byte on the wire: headers, payloads, the 63 chunk CRCs of the big
+     * frame, and the heartbeats' headers. */
+    CHECKF(bytes == wire + hb * DP_FRAME_HEADER_SIZE, "%llu bytes, expected %llu + %llu heartbeats",
+           (unsigned long long)bytes, (unsigned long long)wire, (unsigned long long)hb);
     dp_transport_stats tot;
     dp_transport_stats_get(t, DP_PEER_ANY, &tot);
     CHECK(tot.bytes_recv == s1.bytes_recv && tot.frames_sent == s1.frames_sent);

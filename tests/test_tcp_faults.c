@@ -26,7 +26,7 @@
 
 #define T_PING DP_FRAME_APP(0)
 #define T_PONG DP_FRAME_APP(1)
-#define MAX_FRAME (1u << 20)
+#define MAX_FRAME (4u << 20)
 
 static const unsigned char secret[] = "fault-test-secret-0123456789abcd";
 static const char *const names[3] = {"worker:0", "worker:1", "ps:0"};
@@ -187,6 +187,8 @@ static void header(uint8_t *b, unsigned type, uint64_t len, uint32_t crc)
     h.source = 0;
     h.length = len;
     h.payload_crc = crc;
+    if (len > DP_FRAME_CHUNK)
+        h.flags = DP_FRAME_F_CHUNKED;
     dp_frame_encode(b, &h);
 }
 
@@ -310,6 +312,24 @@ static void fault_cases(dp_transport *t)
     EXPECT_LOST(t, "payload CRC mismatch");
     close(fd);
     CHECK(ping(t, 1, 9) == 0);
+
+    /* 9b. A chunked frame whose second chunk's CRC is wrong. */
+    fd = raw_auth(secret, sizeof secret - 1, &err);
+    CHECKF(fd >= 0, "%s", err.msg);
+    size_t big = (size_t)DP_FRAME_CHUNK;
+    char *chunk0 = calloc(1, big);
+    REQUIRE(chunk0);
+    header(h, DP_FRAME_APP(0), big + 100, dp_crc32c(0, chunk0, big));
+    send_raw(fd, h, sizeof h);
+    send_raw(fd, chunk0, big);
+    uint8_t crc1[4];
+    dp_put_u32(crc1, dp_crc32c(0, junk, 100) ^ 0x100);
+    send_raw(fd, crc1, 4);
+    send_raw(fd, junk, 100);
+    free(chunk0);
+    EXPECT_LOST(t, "chunk 1");
+    close(fd);
+    CHECK(ping(t, 1, 19) == 0);
 
     /* 10. A wrong header CRC. */
     fd = raw_auth(secret, sizeof secret - 1, &err);

@@ -18,13 +18,20 @@ uint32_t dp_crc32c(uint32_t crc, const void *buf, size_t len);
  * |B|, in O(log len2): lets pieces be checksummed in parallel. */
 uint32_t dp_crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2);
 
-/* The two implementations, for tests and benchmarks.  dp_crc32c_hw falls back
- * to the table when the CPU lacks SSE4.2 (and to plain SSE4.2 without
- * PCLMULQDQ), so it is always safe to call. */
+/* The table and the hardware implementation, for tests and benchmarks.
+ * dp_crc32c_hw uses the best the CPU has (SSE4.2 crc32, with PCLMULQDQ or
+ * AVX-512 VPCLMULQDQ folding when present) and falls back to the table, so it
+ * is always safe to call. */
 uint32_t dp_crc32c_sw(uint32_t crc, const void *buf, size_t len);
 uint32_t dp_crc32c_hw(uint32_t crc, const void *buf, size_t len);
 
-/* "sse4.2+pclmul", "sse4.2" or "slicing-by-8": what dp_crc32c uses here. */
+/* What dp_crc32c uses here: "avx512+vpclmulqdq", "sse4.2+pclmul", "sse4.2" or
+ * "slicing-by-8". */
 const char *dp_crc32c_impl(void);
+
+/* For tests and benchmarks: use the named implementation (or a lesser one,
+ * never one the CPU lacks).  Returns 0, or -1 if unknown or unsupported.
+ * Not thread-safe: call it before any other thread computes a CRC. */
+int dp_crc32c_force(const char *impl);
 
 #endif

@@ -6,14 +6,23 @@
  *    0   4   magic        "DPWF" (bytes 44 50 57 46)
  *    4   2   version      DP_FRAME_VERSION
  *    6   2   type         dp_frame_type, < DP_FRAME_COUNT
- *    8   4   flags        bits 0-15 for the application, 16-31 reserved (zero)
+ *    8   4   flags        bits 0-15 for the application; bit 16 DP_FRAME_F_CHUNKED;
+ *                         17-31 reserved (zero)
  *   12   4   source       rank of the sending task
  *   16   8   step         step or clock of the sender
  *   24   8   offset       e.g. element offset into the flat parameter vector
  *   32   8   length       payload bytes, <= the receiver's maximum frame size
- *   40   4   payload_crc  CRC32C of the payload (0 for an empty payload)
+ *   40   4   payload_crc  CRC32C of the payload, or of its first chunk when chunked
+ *                         (0 for an empty payload)
  *   44   4   header_crc   CRC32C of bytes 0..43
- */
+ *
+ * A payload longer than DP_FRAME_CHUNK (1 MiB) is chunked, and only then:
+ * flag DP_FRAME_F_CHUNKED is set and every chunk after the first is preceded
+ * on the wire by its own 4-byte little-endian CRC32C:
+ *   header | chunk 0 | crc 1 | chunk 1 | crc 2 | chunk 2 ...
+ * So a sender checksums 1 MiB, sends it while it is still in cache, and so on:
+ * the first byte leaves after one chunk's CRC, not the whole payload's, and
+ * the payload is read from memory once.  `length` counts payload bytes only. */
 #ifndef DOWNPOUR_FRAME_H
 #define DOWNPOUR_FRAME_H
 
@@ -25,6 +34,8 @@
 #define DP_FRAME_HEADER_SIZE 48
 #define DP_FRAME_MAX_DEFAULT ((uint64_t)1 << 30) /* 1 GiB */
 #define DP_FRAME_FLAGS_APP 0x0000ffffu           /* bits an application may set */
+#define DP_FRAME_F_CHUNKED 0x00010000u           /* set by the codec iff length > CHUNK */
+#define DP_FRAME_CHUNK ((uint64_t)1 << 20)       /* bytes per payload chunk */
 
 typedef enum dp_frame_type {
     /* Connection handshake (see docs/transport.md). */
@@ -72,15 +83,20 @@ typedef enum dp_frame_status {
 void dp_frame_encode(uint8_t out[DP_FRAME_HEADER_SIZE], const dp_frame_header *h);
 
 /* Parses and validates a header in this order: magic, version, header CRC,
- * type, reserved flags, length <= max_len.  Returns DP_FRAME_OK or the first
+ * type, reserved flags, length <= max_len, chunked flag == (length > CHUNK).  Returns DP_FRAME_OK or the first
  * failure; why (may be NULL) receives a sentence such as
  * "payload length 2147483648 exceeds the maximum frame size 1073741824".
  * Never allocates; length is checked before anyone sizes a buffer from it. */
 dp_frame_status dp_frame_decode(dp_frame_header *h, const uint8_t in[DP_FRAME_HEADER_SIZE],
                                 uint64_t max_len, char *why, size_t why_cap);
 
-/* 0 when the payload's CRC32C and length match the header, else -1. */
+/* 0 when the payload's length and CRC32C (of its first chunk, when chunked)
+ * match the header, else -1.  For a payload held in memory, without the
+ * per-chunk CRCs of the wire. */
 int dp_frame_check_payload(const dp_frame_header *h, const void *payload, size_t len);
+
+/* Bytes the frame occupies on the wire: header, payload and chunk CRCs. */
+uint64_t dp_frame_wire_size(uint64_t length);
 
 const char *dp_frame_status_name(dp_frame_status s);
 /* "HELLO", "HEARTBEAT", ..., "APP+3" or "INVALID". */

@@ -76,9 +76,11 @@ void dp_ps_client_free(dp_ps_client *c);
 
 /* After a local forward/backward over `records` records (0: an empty tail
  * batch in a synchronous mode), turns grads into new params as the mode
- * says.  Allocates nothing. */
+ * says.  lr_scale multiplies the optimiser's learning rate for this update
+ * (the schedule travels with the gradient, so servers need no clock of their
+ * own).  Allocates nothing. */
 int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records,
-                      dp_err *err);
+                      float lr_scale, dp_err *err);
 /* At the end of training: pushes what is still accumulated (async with
  * push_every > 1) or averages a last short period (avg), and takes the
  * parameters back. */

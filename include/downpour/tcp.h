@@ -16,7 +16,9 @@ typedef struct dp_tcp_config {
     const unsigned char *secret; /* cluster secret (dp_secret_load), copied */
     size_t secret_len;
     int insecure;           /* 1 allows secret_len == 0: anyone who can connect is trusted */
-    int listen_fd;          /* -1: bind addrs[rank]; else a socket from dp_tcp_listen, taken over */
+    int listen_fd;          /* -1: bind addrs[rank]; else a socket from dp_tcp_listen, which
+                               dp_tcp_open takes over (and closes, also when it fails) once
+                               it has checked that it is a listening socket */
     double heartbeat_interval; /* s between heartbeats on an idle connection (1) */
     double heartbeat_timeout;  /* s of silence before a peer is lost (10) */
     double handshake_timeout;  /* s for a connection's handshake (5) */

@@ -28,6 +28,18 @@ typedef enum dp_strategy {
 int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err);
 const char *dp_strategy_name(dp_strategy s);
 
+/* Learning rate over the run: constant (Keras's default) or a cosine decay
+ * from lr to 0 over every step of every epoch. */
+typedef enum dp_lr_schedule {
+    DP_LR_CONSTANT,
+    DP_LR_COSINE,
+    DP_LR_COUNT
+} dp_lr_schedule;
+
+int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err);
+/* The factor on lr after `done` of `total` steps. */
+float dp_lr_scale(dp_lr_schedule s, long done, long total);
+
 typedef struct dp_train_config {
     const char *dataset;      /* name or directory (see dataset.h) */
     const char *model;        /* preset or spec (see model.h) */
@@ -40,6 +52,7 @@ typedef struct dp_train_config {
     int batch;                /* per-step batch */
     int epochs;
     dp_optim_config optim;
+    dp_lr_schedule lr_schedule;
     uint64_t seed;
     uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
     int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */

@@ -44,6 +44,7 @@ int cmd_train(int argc, char **argv)
 {
     dp_train_config cfg = dp_train_defaults();
     const char *dataset = cfg.dataset, *model = cfg.model, *strategy = "single";
+    const char *lr_schedule = "constant";
     const char *shard = "data", *staleness_range = "1:6", *straggler = NULL;
     long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
@@ -72,6 +73,7 @@ int cmd_train(int argc, char **argv)
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad or adam", 0, 0},
         {"lr", CLI_NUM, &lr, "X", "learning rate (-1: the optimizer's Keras default)", -1, 100},
+        {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", "momentum for momentum/nesterov (-1: 0.9)", -1, 1},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
@@ -94,6 +96,7 @@ int cmd_train(int argc, char **argv)
 
     dp_err err;
     if (dp_strategy_parse(strategy, &cfg.strategy, &err) < 0 ||
+        dp_lr_schedule_parse(lr_schedule, &cfg.lr_schedule, &err) < 0 ||
         dp_shard_parse(shard, &cfg.shard, &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;

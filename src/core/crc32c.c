@@ -25,9 +25,10 @@ static uint32_t g_table[8][256];
 static uint32_t g_long_shift[4][256];
 static uint32_t g_short_shift[4][256];
 static uint32_t g_hyb_a_shift[4][256], g_hyb_b_shift[4][256];
-static uint64_t g_k_fold[2][2]; /* PCLMULQDQ folding constants: [0] 512 bits, [1] 128 bits */
+static uint64_t g_k_fold[3][2]; /* carry-less folding constants: 512, 128, 2048 bits */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_have_pclmul;
+static int g_have_sse42, g_have_pclmul, g_have_vpclmul; /* what is used */
+static int g_cpu_level; /* 0 table, 1 sse4.2, 2 +pclmul, 3 +avx512 vpclmulqdq */
 
 /* GF(2) 32x32 matrix times vector: the matrix is 32 columns. */
 static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
@@ -130,15 +131,26 @@ static void init_tables(void)
     zeros_table(g_long_shift, LONG_BLOCK);
     zeros_table(g_short_shift, SHORT_BLOCK);
 #if defined(__x86_64__)
-    g_have_pclmul = __builtin_cpu_supports("pclmul");
+    if (__builtin_cpu_supports("sse4.2")) {
+        g_cpu_level = 1;
+        if (__builtin_cpu_supports("pclmul")) {
+            g_cpu_level = 2;
+            if (__builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512vl"))
+                g_cpu_level = 3;
+        }
+    }
 #endif
+    g_have_sse42 = g_cpu_level >= 1;
+    g_have_pclmul = g_cpu_level >= 2;
+    g_have_vpclmul = g_cpu_level >= 3;
     zeros_table(g_hyb_a_shift, HYB_A);
     zeros_table(g_hyb_b_shift, HYB_B);
     /* Folding a 128-bit lane forward by d bits multiplies its low (earlier)
      * quadword by x^(d+32) and its high quadword by x^(d-32), mod P; in the
      * reflected domain each constant is bit-reversed and shifted left by 1. */
-    const int dist[2] = {512, 128};
-    for (int k = 0; k < 2; k++) {
+    const int dist[3] = {512, 128, 2048};
+    for (int k = 0; k < 3; k++) {
         g_k_fold[k][0] = (uint64_t)reflect32(xpow_mod(dist[k] + 32)) << 1;
         g_k_fold[k][1] = (uint64_t)reflect32(xpow_mod(dist[k] - 32)) << 1;
     }
@@ -174,8 +186,55 @@ uint32_t dp_crc32c_sw(uint32_t crc, const void *buf, size_t len)
 }
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #include <wmmintrin.h>
+
+#define AVX512_TARGET "avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2"
+
+__attribute__((target(AVX512_TARGET))) static __m512i fold512(__m512i z, __m512i k)
+{
+    return _mm512_xor_si512(_mm512_clmulepi64_epi128(z, k, 0x00),
+                            _mm512_clmulepi64_epi128(z, k, 0x11));
+}
+
+__attribute__((target(AVX512_TARGET))) static __m128i fold128_v(__m128i x, __m128i k)
+{
+    return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+
+/* VPCLMULQDQ on 512-bit registers: four accumulators of four 128-bit lanes
+ * fold 256 bytes per iteration; len is a multiple of 256.  crc is the raw
+ * register; it is xored into the first bytes, and the single 128-bit lane
+ * left at the end is finished with the crc32 instruction. */
+__attribute__((target(AVX512_TARGET))) static uint64_t crc_avx512(uint64_t crc,
+                                                                 const unsigned char *p,
+                                                                 size_t len)
+{
+    const __m512i k2048 = _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)g_k_fold[2][1], (long long)g_k_fold[2][0]));
+    const __m512i k512 = _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)g_k_fold[0][1], (long long)g_k_fold[0][0]));
+    const __m128i k128 = _mm_set_epi64x((long long)g_k_fold[1][1], (long long)g_k_fold[1][0]);
+    __m512i z0 = _mm512_loadu_si512(p), z1 = _mm512_loadu_si512(p + 64);
+    __m512i z2 = _mm512_loadu_si512(p + 128), z3 = _mm512_loadu_si512(p + 192);
+    z0 = _mm512_xor_si512(z0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)crc)));
+    for (p += 256, len -= 256; len >= 256; p += 256, len -= 256) {
+        z0 = _mm512_xor_si512(fold512(z0, k2048), _mm512_loadu_si512(p));
+        z1 = _mm512_xor_si512(fold512(z1, k2048), _mm512_loadu_si512(p + 64));
+        z2 = _mm512_xor_si512(fold512(z2, k2048), _mm512_loadu_si512(p + 128));
+        z3 = _mm512_xor_si512(fold512(z3, k2048), _mm512_loadu_si512(p + 192));
+    }
+    z0 = _mm512_xor_si512(fold512(z0, k512), z1);
+    z0 = _mm512_xor_si512(fold512(z0, k512), z2);
+    z0 = _mm512_xor_si512(fold512(z0, k512), z3);
+    __m128i x = _mm512_extracti32x4_epi32(z0, 0);
+    x = _mm_xor_si128(fold128_v(x, k128), _mm512_extracti32x4_epi32(z0, 1));
+    x = _mm_xor_si128(fold128_v(x, k128), _mm512_extracti32x4_epi32(z0, 2));
+    x = _mm_xor_si128(fold128_v(x, k128), _mm512_extracti32x4_epi32(z0, 3));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));
+    return _mm_crc32_u64(c, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(x, x)));
+}
 
 __attribute__((target("sse4.2,pclmul"))) static __m128i fold(__m128i x, __m128i k)
 {
@@ -232,6 +291,12 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
         crc0 = _mm_crc32_u8((uint32_t)crc0, *next++);
         len--;
     }
+    if (g_have_vpclmul && len >= 1024) {
+        size_t n = len & ~(size_t)255;
+        crc0 = crc_avx512(crc0, next, n);
+        next += n;
+        len -= n;
+    }
     if (g_have_pclmul)
         while (len >= 3 * HYB_A + HYB_B) {
             crc0 = hybrid_block(crc0, next);
@@ -279,7 +344,11 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
     return ~(uint32_t)crc0;
 }
 
-static int have_sse42(void) { return __builtin_cpu_supports("sse4.2"); }
+static int have_sse42(void)
+{
+    pthread_once(&g_once, init_tables);
+    return g_have_sse42;
+}
 
 uint32_t dp_crc32c_hw(uint32_t crc, const void *buf, size_t len)
 {
@@ -332,10 +401,27 @@ uint32_t dp_crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2)
     return crc1 ^ crc2;
 }
 
+static const char *const impl_names[4] = {"slicing-by-8", "sse4.2", "sse4.2+pclmul",
+                                           "avx512+vpclmulqdq"};
+
+int dp_crc32c_force(const char *impl)
+{
+    pthread_once(&g_once, init_tables);
+    for (int level = 0; level < 4; level++) {
+        if (strcmp(impl, impl_names[level]) != 0)
+            continue;
+        if (level > g_cpu_level)
+            return -1;
+        g_have_sse42 = level >= 1;
+        g_have_pclmul = level >= 2;
+        g_have_vpclmul = level >= 3;
+        return 0;
+    }
+    return -1;
+}
+
 const char *dp_crc32c_impl(void)
 {
     pthread_once(&g_once, init_tables);
-    if (!have_sse42())
-        return "slicing-by-8";
-    return g_have_pclmul ? "sse4.2+pclmul" : "sse4.2";
+    return impl_names[g_have_vpclmul ? 3 : g_have_pclmul ? 2 : g_have_sse42 ? 1 : 0];
 }

@@ -165,6 +165,11 @@ static void gather_rows(const gather_job *j, int lo, int hi)
     size_t dim = s->dim;
     for (int i = lo; i < hi; i++) {
         size_t r = j->idx[i];
+        if (i + 1 < hi) { /* rows are random: start fetching the next one now */
+            const uint8_t *next = s->images + (size_t)j->idx[i + 1] * dim;
+            for (size_t o = 0; o < dim; o += 64)
+                __builtin_prefetch(next + o);
+        }
         bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
         if (j->y)
             j->y[i] = s->labels[r];

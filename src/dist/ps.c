@@ -66,6 +66,8 @@ typedef struct server {
     double round_records;
     int round_pushes;
     dp_optim opt;
+    float base_lr;   /* the optimiser's rate before a push's schedule scale */
+    float round_lr;  /* sync: the scale of the round's pushes */
     worker_state *w;
     int n_workers;
     int *worker_of; /* rank -> worker index, or -1 */
@@ -147,6 +149,7 @@ static int finish_round(server *s, dp_err *err)
         if (s->cfg.mode == DP_PS_SYNC) {
             for (size_t i = 0; i < s->n; i++)
                 s->scratch[i] = s->sum[i] * scale;
+            s->opt.cfg.lr = s->base_lr * s->round_lr;
             dp_optim_apply(&s->opt, s->params, s->scratch);
             s->updates++;
         } else {
@@ -184,6 +187,8 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
     if (dp_transport_recv_payload(s->t, w->rank, &head, sizeof head, err) < 0 ||
         dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
         return -1;
+    if (!(head.lr_scale >= 0 && head.lr_scale <= 1e6f)) /* also refuses NaN */
+        return dp_errf(err, "%s pushed a learning-rate scale of %g", who, (double)head.lr_scale);
     double now = dp_now();
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
@@ -196,6 +201,7 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
     case DP_PS_SSP:
     case DP_PS_DSSP:
         if (head.records > 0) {
+            s->opt.cfg.lr = s->base_lr * head.lr_scale;
             dp_optim_apply(&s->opt, s->params, s->scratch);
             s->updates++;
         }
@@ -215,6 +221,7 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
             for (size_t i = 0; i < s->n; i++)
                 s->sum[i] += s->scratch[i] * r;
         s->round_records += head.records;
+        s->round_lr = head.lr_scale;
         s->round_pushes++;
         w->pending = 1;
         return finish_round(s, err);
@@ -343,6 +350,7 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
     }
     if (s.n && dp_optim_init(&s.opt, optim, s.n, err) < 0)
         goto out;
+    s.base_lr = optim->lr;
     (void)n_params;
     memcpy(s.params, init + s.lo, s.n * sizeof(float));
     for (int r = 0; r < c->n_tasks; r++)
@@ -383,6 +391,8 @@ struct dp_ps_client {
     int since_avg;
     uint32_t avg_records;
     dp_optim local;      /* avg: the worker's own optimiser */
+    float lr_scale;      /* of the latest step, sent with every push */
+    float base_lr;       /* avg: the local optimiser's rate before the scale */
     long clock;
     long max_gap;
 };
@@ -405,6 +415,8 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     }
     if (cfg->mode == DP_PS_AVG && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
+    c->base_lr = local_optim->lr;
+    c->lr_scale = 1;
     *out = c;
     return 0;
 oom:
@@ -428,7 +440,7 @@ long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                     dp_err *err)
 {
-    dp_push_head head = {records, (uint32_t)want};
+    dp_push_head head = {records, (uint32_t)want, c->lr_scale, 0};
     for (int s = 0; s < c->layout.n_shards; s++) {
         const dp_range *r = &c->layout.range[s];
         struct iovec iov[2] = {{&head, sizeof head},
@@ -504,8 +516,9 @@ static int average_round(dp_ps_client *c, float *params, dp_err *err)
 }
 
 int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records,
-                      dp_err *err)
+                      float lr_scale, dp_err *err)
 {
+    c->lr_scale = lr_scale;
     switch (c->cfg.mode) {
     case DP_PS_ASYNC: {
         int fetch = ++c->since_fetch >= c->cfg.fetch_every;
@@ -533,8 +546,10 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
             return -1;
         return receive_params(c, params, err);
     case DP_PS_AVG:
-        if (records > 0)
+        if (records > 0) {
+            c->local.cfg.lr = c->base_lr * lr_scale;
             dp_optim_apply(&c->local, params, grads);
+        }
         c->avg_records += (uint32_t)records;
         return ++c->since_avg >= c->cfg.period ? average_round(c, params, err) : 0;
     case DP_PS_MODE_COUNT:

@@ -30,6 +30,8 @@ enum dp_wire_type {
 typedef struct dp_push_head {
     uint32_t records;   /* records behind this gradient or these parameters (the weight) */
     uint32_t want;      /* 1: answer with the shard's parameters */
+    float lr_scale;     /* the worker's learning-rate schedule at this step (1: constant) */
+    uint32_t reserved;  /* 0 */
 } dp_push_head;
 
 /* Payload of DP_WIRE_EPOCH. */
@@ -38,6 +40,7 @@ typedef struct dp_epoch_stats {
     uint64_t records;
     uint64_t correct;
     double seconds;     /* the worker's time for the epoch */
+    uint64_t steps;     /* the worker's steps so far */
 } dp_epoch_stats;
 
 #endif

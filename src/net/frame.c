@@ -101,7 +101,7 @@ dp_frame_status dp_frame_decode(dp_frame_header *h, const uint8_t in[DP_FRAME_HE
         WHY("frame type %u is out of range (< %d)", (unsigned)h->type, DP_FRAME_COUNT);
         return DP_FRAME_BAD_TYPE;
     }
-    if (h->flags & ~DP_FRAME_FLAGS_APP) {
+    if (h->flags & ~(DP_FRAME_FLAGS_APP | DP_FRAME_F_CHUNKED)) {
         WHY("reserved flag bits set (flags 0x%08" PRIx32 ")", h->flags);
         return DP_FRAME_BAD_FLAGS;
     }
@@ -110,6 +110,12 @@ dp_frame_status dp_frame_decode(dp_frame_header *h, const uint8_t in[DP_FRAME_HE
             max_len);
         return DP_FRAME_TOO_LONG;
     }
+    if (!(h->flags & DP_FRAME_F_CHUNKED) != !(h->length > DP_FRAME_CHUNK)) {
+        WHY("chunked flag %s on a %" PRIu64 "-byte payload (payloads over %" PRIu64
+            " bytes, and only those, are chunked)",
+            (h->flags & DP_FRAME_F_CHUNKED) ? "set" : "missing", h->length, DP_FRAME_CHUNK);
+        return DP_FRAME_BAD_FLAGS;
+    }
     return DP_FRAME_OK;
 }
 
@@ -117,7 +123,14 @@ int dp_frame_check_payload(const dp_frame_header *h, const void *payload, size_t
 {
     if ((uint64_t)len != h->length)
         return -1;
-    return dp_crc32c(0, payload, len) == h->payload_crc ? 0 : -1;
+    size_t first = len > DP_FRAME_CHUNK ? (size_t)DP_FRAME_CHUNK : len;
+    return dp_crc32c(0, payload, first) == h->payload_crc ? 0 : -1;
+}
+
+uint64_t dp_frame_wire_size(uint64_t length)
+{
+    uint64_t chunks = (length + DP_FRAME_CHUNK - 1) / DP_FRAME_CHUNK;
+    return DP_FRAME_HEADER_SIZE + length + (chunks > 1 ? 4 * (chunks - 1) : 0);
 }
 
 const char *dp_frame_status_name(dp_frame_status s)

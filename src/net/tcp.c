@@ -43,13 +43,14 @@
 
 #define RECV_CHUNK (64 * 1024) /* payload read size: the CRC runs while it is in L1/L2 */
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
+#define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
 
 enum conn_state { CONN_NONE, CONN_UP, CONN_LOST };
 
 typedef struct conn {
     pthread_mutex_t mu;      /* state, fd, addr, reason, reported, hb_unread */
     pthread_mutex_t send_mu; /* whole frames: app sends and heartbeats */
-    int state;
+    _Atomic int state; /* written under mu; read without it on the fast paths */
     int fd;
     int reported; /* LOST already returned by poll */
     int orderly;
@@ -63,8 +64,11 @@ typedef struct conn {
     uint8_t *rbuf;
     size_t rpos, rlen;
     int pay_pending;
-    uint64_t pay_left;
-    uint32_t pay_crc;
+    uint64_t pay_left;   /* payload bytes still to read */
+    uint64_t chunk_left; /* bytes left in the current chunk; 0 before a chunk CRC */
+    uint32_t pay_crc;    /* running CRC of the current chunk */
+    uint32_t chunk_crc;  /* what it must come to */
+    uint64_t chunk_no;
     dp_frame_header pay_h;
 } conn;
 
@@ -94,7 +98,14 @@ typedef struct tcp {
 
 static const dp_transport_ops tcp_ops;
 
-static int64_t now_us(void) { return (int64_t)(dp_now() * 1e6); }
+/* Liveness timestamps need milliseconds, not nanoseconds: the coarse clock
+ * costs a few ns where the precise one costs ~25 on every frame. */
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
 
@@ -130,6 +141,8 @@ static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
 static int conn_fd(tcp *t, int peer, dp_err *err)
 {
     conn *c = &t->conns[peer];
+    if (atomic_load(&c->state) == CONN_UP)
+        return c->fd; /* fd only changes while the state is not UP */
     pthread_mutex_lock(&c->mu);
     int fd = c->state == CONN_UP ? c->fd : -1;
     if (fd < 0) {
@@ -472,10 +485,15 @@ static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
 static int write_iov(tcp *t, conn *c, int fd, struct iovec *v, int n, dp_err *err)
 {
     while (n > 0) {
-        struct msghdr m = {0};
-        m.msg_iov = v;
-        m.msg_iovlen = (size_t)n;
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        ssize_t w;
+        if (n == 1) {
+            w = send(fd, v->iov_base, v->iov_len, MSG_NOSIGNAL);
+        } else {
+            struct msghdr m = {0};
+            m.msg_iov = v;
+            m.msg_iovlen = (size_t)n;
+            w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        }
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -502,53 +520,28 @@ static int write_iov(tcp *t, conn *c, int fd, struct iovec *v, int n, dp_err *er
     return 0;
 }
 
-/* CRC of len bytes of the iovec list v[0..n), starting skip bytes in. */
-static uint32_t crc_ranges(const struct iovec *v, int n, size_t skip, size_t len)
+/* Moves up to want bytes of the source iovecs, from cursor (*idx, *off), into
+ * out[0..) as pieces; returns the number of pieces and the chunk's CRC. */
+static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, size_t want,
+                      struct iovec *out, uint32_t *crc)
 {
-    uint32_t crc = 0;
-    for (int i = 0; i < n && len; i++) {
-        if (skip >= v[i].iov_len) {
-            skip -= v[i].iov_len;
-            continue;
+    int k = 0;
+    *crc = 0;
+    while (want && *idx < n) {
+        size_t avail = src[*idx].iov_len - *off;
+        size_t take = avail < want ? avail : want;
+        out[k].iov_base = (char *)src[*idx].iov_base + *off;
+        out[k].iov_len = take;
+        *crc = dp_crc32c(*crc, out[k].iov_base, take);
+        k++;
+        want -= take;
+        *off += take;
+        if (*off == src[*idx].iov_len) {
+            (*idx)++;
+            *off = 0;
         }
-        size_t take = v[i].iov_len - skip < len ? v[i].iov_len - skip : len;
-        crc = dp_crc32c(crc, (const char *)v[i].iov_base + skip, take);
-        skip = 0;
-        len -= take;
     }
-    return crc;
-}
-
-typedef struct crc_job {
-    const struct iovec *v;
-    int n;
-    size_t skip, len;
-    uint32_t crc;
-} crc_job;
-
-static void *crc_job_main(void *arg)
-{
-    crc_job *j = arg;
-    j->crc = crc_ranges(j->v, j->n, j->skip, j->len);
-    return NULL;
-}
-
-/* The payload CRC comes before the first byte is sent, so on a large payload
- * it is pure latency: split it over two threads and combine the halves. */
-#define PAR_CRC_MIN (8u << 20)
-
-static uint32_t payload_crc(const struct iovec *v, int n, size_t len)
-{
-    if (len < PAR_CRC_MIN)
-        return crc_ranges(v, n, 0, len);
-    size_t half = (len / 2) & ~(size_t)63;
-    crc_job j = {v, n, half, len - half, 0};
-    pthread_t th;
-    if (pthread_create(&th, NULL, crc_job_main, &j) != 0)
-        return crc_ranges(v, n, 0, len);
-    uint32_t first = crc_ranges(v, n, 0, half);
-    pthread_join(th, NULL);
-    return dp_crc32c_combine(first, j.crc, len - half);
+    return k;
 }
 
 static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struct iovec *iov,
@@ -556,15 +549,15 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
 {
     tcp *t = (tcp *)bt;
     conn *c = &t->conns[peer];
-    struct iovec v[DP_TRANSPORT_MAX_IOV + 1];
-    uint8_t hb[DP_FRAME_HEADER_SIZE];
+    struct iovec src[DP_TRANSPORT_MAX_IOV], v[DP_TRANSPORT_MAX_IOV + 1];
+    uint8_t hb[DP_FRAME_HEADER_SIZE], crcb[4];
     uint64_t len = 0;
-    int n = 1;
+    int ns = 0;
     for (int i = 0; i < iovcnt; i++) {
         if (!iov[i].iov_len)
             continue;
         len += iov[i].iov_len;
-        v[n++] = iov[i];
+        src[ns++] = iov[i];
     }
     if (len > t->max_frame)
         return dp_errf(err, "sending %" PRIu64 " bytes to %s: frame larger than the maximum %" PRIu64
@@ -572,10 +565,33 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
                        len, pname(t, peer), t->max_frame);
     h->source = (uint32_t)t->base.rank;
     h->length = len;
-    h->payload_crc = payload_crc(v + 1, n - 1, (size_t)len);
+    if (len > DP_FRAME_CHUNK)
+        h->flags |= DP_FRAME_F_CHUNKED;
+
+    /* Chunk 0 goes with the header; each later chunk is preceded by its CRC
+     * and sent right after it was checksummed, while it is in cache. */
+    int idx = 0;
+    size_t off = 0;
+    uint64_t left = len;
+    size_t want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
+    int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &h->payload_crc);
+    left -= want;
     dp_frame_encode(hb, h);
     v[0].iov_base = hb;
     v[0].iov_len = sizeof hb;
+    /* A small frame goes out as one contiguous buffer: one plain send. */
+    uint8_t small[DP_FRAME_HEADER_SIZE + SMALL_FRAME];
+    if (len <= SMALL_FRAME && n > 1) {
+        memcpy(small, hb, sizeof hb);
+        size_t at = sizeof hb;
+        for (int i = 1; i < n; i++) {
+            memcpy(small + at, v[i].iov_base, v[i].iov_len);
+            at += v[i].iov_len;
+        }
+        v[0].iov_base = small;
+        v[0].iov_len = at;
+        n = 1;
+    }
 
     pthread_mutex_lock(&c->send_mu);
     int fd = conn_fd(t, peer, err);
@@ -583,13 +599,23 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     if (fd >= 0) {
         dp_err werr;
         rc = write_iov(t, c, fd, v, n, &werr);
+        while (rc == 0 && left) {
+            uint32_t crc;
+            want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
+            n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &crc);
+            left -= want;
+            dp_put_u32(crcb, crc);
+            v[0].iov_base = crcb;
+            v[0].iov_len = sizeof crcb;
+            rc = write_iov(t, c, fd, v, n, &werr);
+        }
         if (rc == 0) {
             atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_sent, sizeof hb + len, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_sent, dp_frame_wire_size(len),
+                                      memory_order_relaxed);
             atomic_store(&c->last_tx_us, now_us());
         } else {
-            conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type),
-                      werr.msg);
+            conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
             dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
         }
     }
@@ -674,7 +700,10 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
     }
     c->pay_pending = h.length > 0;
     c->pay_left = h.length;
+    c->chunk_left = h.length < DP_FRAME_CHUNK ? h.length : DP_FRAME_CHUNK;
     c->pay_crc = 0;
+    c->chunk_crc = h.payload_crc;
+    c->chunk_no = 0;
     c->pay_h = h;
     memset(ev, 0, sizeof *ev);
     ev->kind = DP_EVENT_FRAME;
@@ -701,50 +730,24 @@ static int next_frame(tcp *t, int peer, int fd, int wait, dp_event *ev)
     }
 }
 
-/* Reads len payload bytes of the pending frame into dst (NULL: discard),
- * first from the read-ahead buffer, then straight from the socket.  Returns
- * 0, or -1 (connection failed, err filled). */
-static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+/* Reads up to want (> 0) bytes from the read-ahead buffer or, when it is
+ * empty, with one recv.  Returns the count, or -1 after failing the
+ * connection (reason in c->reason). */
+static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
 {
     conn *c = &t->conns[peer];
-    if (len == 0)
-        return 0;
-    if (!c->pay_pending)
-        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
-    if (len > c->pay_left)
-        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
-                       len, pname(t, peer), c->pay_left);
-    int fd = conn_fd(t, peer, err);
-    if (fd < 0) {
-        c->pay_pending = 0;
-        return -1;
-    }
-    size_t have = c->rlen - c->rpos, take = have < len ? have : len;
-    if (take) {
-        const uint8_t *src = c->rbuf + c->rpos;
-        c->pay_crc = dp_crc32c(c->pay_crc, src, take);
-        if (dst) {
-            memcpy(dst, src, take);
-            dst += take;
-        }
+    size_t have = c->rlen - c->rpos;
+    if (have) {
+        size_t take = have < want ? have : want;
+        memcpy(dst, c->rbuf + c->rpos, take);
         c->rpos += take;
-        c->pay_left -= take;
-        len -= take;
-        atomic_fetch_add_explicit(&c->bytes_recv, take, memory_order_relaxed);
+        return (ssize_t)take;
     }
-    while (len) {
-        size_t want = len < RECV_CHUNK ? len : RECV_CHUNK;
-        uint8_t *p = dst ? dst : t->scratch;
-        ssize_t n = recv(fd, p, want, 0); /* blocks up to t->slice */
+    for (;;) {
+        ssize_t n = recv(fd, dst, want, 0); /* blocks up to t->slice */
         if (n > 0) {
-            c->pay_crc = dp_crc32c(c->pay_crc, p, (size_t)n);
-            c->pay_left -= (uint64_t)n;
-            len -= (size_t)n;
-            if (dst)
-                dst += n;
             atomic_store(&c->last_rx_us, now_us());
-            atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
-            continue;
+            return n;
         }
         if (n < 0 && errno == EINTR)
             continue;
@@ -762,24 +765,76 @@ static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
         } else {
             conn_fail(t, peer, 0, "reading a payload: %s", strerror(errno));
         }
-        c->pay_pending = 0;
-        pthread_mutex_lock(&c->mu);
-        dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
-        pthread_mutex_unlock(&c->mu);
         return -1;
     }
-    if (c->pay_left == 0) {
+}
+
+/* Reads len payload bytes of the pending frame into dst (NULL: discard),
+ * checking each chunk's CRC as its last byte arrives.  Returns 0, or -1
+ * (connection failed, err filled). */
+static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    if (len == 0)
+        return 0;
+    if (!c->pay_pending)
+        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
+    if (len > c->pay_left)
+        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
+                       len, pname(t, peer), c->pay_left);
+    int fd = conn_fd(t, peer, err);
+    if (fd < 0) {
         c->pay_pending = 0;
-        if (c->pay_crc != c->pay_h.payload_crc) {
+        return -1;
+    }
+    while (len) {
+        if (c->chunk_left == 0) { /* the next chunk's CRC comes first */
+            uint8_t b[4];
+            for (size_t got = 0; got < sizeof b;) {
+                ssize_t n = read_some(t, peer, fd, b + got, sizeof b - got);
+                if (n < 0)
+                    goto fail;
+                got += (size_t)n;
+            }
+            atomic_fetch_add_explicit(&c->bytes_recv, sizeof b, memory_order_relaxed);
+            c->chunk_crc = dp_get_u32(b);
+            c->chunk_left = c->pay_left < DP_FRAME_CHUNK ? c->pay_left : DP_FRAME_CHUNK;
+            c->pay_crc = 0;
+            c->chunk_no++;
+        }
+        size_t want = len < RECV_CHUNK ? len : RECV_CHUNK;
+        if (want > c->chunk_left)
+            want = (size_t)c->chunk_left;
+        uint8_t *p = dst ? dst : t->scratch;
+        ssize_t n = read_some(t, peer, fd, p, want);
+        if (n < 0)
+            goto fail;
+        c->pay_crc = dp_crc32c(c->pay_crc, p, (size_t)n);
+        c->pay_left -= (uint64_t)n;
+        c->chunk_left -= (uint64_t)n;
+        len -= (size_t)n;
+        if (dst)
+            dst += n;
+        atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
+        if (c->chunk_left == 0 && c->pay_crc != c->chunk_crc) {
             conn_fail(t, peer, 0, "payload CRC mismatch on %s frame (step %" PRIu64
-                                  ", offset %" PRIu64 ", %" PRIu64 " bytes): got 0x%08" PRIx32
-                                  ", header says 0x%08" PRIx32,
+                                  ", offset %" PRIu64 ", %" PRIu64 " bytes, chunk %" PRIu64
+                                  "): got 0x%08" PRIx32 ", expected 0x%08" PRIx32,
                       dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
-                      c->pay_h.length, c->pay_crc, c->pay_h.payload_crc);
+                      c->pay_h.length, c->chunk_no, c->pay_crc, c->chunk_crc);
+            c->pay_pending = 0;
             return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
         }
     }
+    if (c->pay_left == 0)
+        c->pay_pending = 0;
     return 0;
+fail:
+    c->pay_pending = 0;
+    pthread_mutex_lock(&c->mu);
+    dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
+    pthread_mutex_unlock(&c->mu);
+    return -1;
 }
 
 static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
@@ -819,6 +874,8 @@ static int report_lost(tcp *t, int want, dp_event *ev)
                     c->pay_left, dp_frame_type_name(c->pay_h.type), pname(t, i));
             tcp_skip_payload(&t->base, i, &e);
         }
+        if (atomic_load(&c->state) != CONN_LOST)
+            continue;
         pthread_mutex_lock(&c->mu);
         int lost = c->state == CONN_LOST && !c->reported;
         if (lost) {
@@ -861,9 +918,7 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
             if (!wanted(t, want, i))
                 continue;
             conn *c = &t->conns[i];
-            pthread_mutex_lock(&c->mu);
-            int fd = c->state == CONN_UP ? c->fd : -1;
-            pthread_mutex_unlock(&c->mu);
+            int fd = atomic_load(&c->state) == CONN_UP ? c->fd : -1;
             if (fd < 0)
                 continue;
             if (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
@@ -976,7 +1031,8 @@ static void tcp_close(dp_transport *bt)
             pthread_mutex_unlock(&c->send_mu);
             shutdown(c->fd, SHUT_WR);
             char sink[4096];
-            while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+            double until = dp_now() + 0.5;
+            while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0 && dp_now() < until)
                 ;
         }
         if (c->fd >= 0)
@@ -1036,6 +1092,8 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         return dp_errf(err, "no cluster secret: refusing to accept unauthenticated connections. "
                             "Hint: set DOWNPOUR_SECRET (the launcher does this), or run "
                             "insecure only on a trusted private network");
+    if (cfg->secret_len && !cfg->secret)
+        return dp_errf(err, "tcp transport: secret_len %zu with a NULL secret", cfg->secret_len);
     if (cfg->secret_len > DP_SECRET_MAX)
         return dp_errf(err, "cluster secret of %zu bytes (at most %d)", cfg->secret_len,
                        DP_SECRET_MAX);
@@ -1064,7 +1122,8 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         free(t);
         return -1;
     }
-    memcpy(t->secret, cfg->secret, cfg->secret_len);
+    if (cfg->secret_len)
+        memcpy(t->secret, cfg->secret, cfg->secret_len);
     t->secret_len = cfg->secret_len;
     t->hb_interval = cfg->heartbeat_interval;
     t->hb_timeout = cfg->heartbeat_timeout;

@@ -57,6 +57,25 @@ static dp_ps_mode ps_mode_of(dp_strategy s)
     }
 }
 
+int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err)
+{
+    if (strcmp(name, "constant") == 0)
+        *out = DP_LR_CONSTANT;
+    else if (strcmp(name, "cosine") == 0)
+        *out = DP_LR_COSINE;
+    else
+        return dp_errf(err, "unknown learning-rate schedule '%s' (valid: constant, cosine)", name);
+    return 0;
+}
+
+float dp_lr_scale(dp_lr_schedule s, long done, long total)
+{
+    if (s != DP_LR_COSINE || total <= 0)
+        return 1.0f;
+    double p = (double)done / (double)total;
+    return (float)(0.5 * (1.0 + cos(M_PI * (p > 1 ? 1 : p))));
+}
+
 dp_train_config dp_train_defaults(void)
 {
     dp_train_config c;
@@ -112,6 +131,7 @@ typedef struct run {
     dp_ps_client *client;  /* worker, chief */
     float *x;
     uint8_t *y;
+    double (*history)[3];  /* per epoch: val_accuracy, train_loss, seconds */
     int workers;           /* data-parallel replicas */
     int worker_index;      /* this worker's index, 0 for single */
 } run;
@@ -159,14 +179,31 @@ static void log_epoch(run *r, int epoch, double train_loss, double val_acc, doub
 {
     dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
             r->cfg->epochs, train_loss, val_loss, val_acc, secs);
+    if (r->history && epoch >= 1 && epoch <= r->cfg->epochs) {
+        r->history[epoch - 1][0] = val_acc;
+        r->history[epoch - 1][1] = train_loss;
+        r->history[epoch - 1][2] = secs;
+    }
     dp_metrics_event(r->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
                      val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
                      DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_END);
 }
 
+/* The per-epoch table people compare with the source experiment's. */
+static void print_table(const run *r)
+{
+    if (!r->history)
+        return;
+    dp_info("%6s %13s %11s %9s", "epoch", "val_accuracy", "train_loss", "seconds");
+    for (int e = 0; e < r->cfg->epochs; e++)
+        dp_info("%6d %13.4f %11.4f %9.2f", e + 1, r->history[e][0], r->history[e][1],
+                r->history[e][2]);
+}
+
 static void log_done(run *r, dp_train_result *res)
 {
     const dp_train_config *cfg = r->cfg;
+    print_table(r);
     dp_info("Test accuracy: %.4f, training time: %.2f s (%.0f samples/s)", res->test_accuracy,
             res->train_seconds, res->samples_per_second);
     dp_metrics_event(r->metrics, "done", DP_F_NUM, "test_accuracy", res->test_accuracy, DP_F_NUM,
@@ -264,10 +301,12 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             }
             if (r->worker_index == cfg->straggler && r->in_cluster)
                 sleep_ms(cfg->straggler_ms);
+            float scale = dp_lr_scale(cfg->lr_schedule, (long)epoch * spe + k, (long)cfg->epochs * spe);
             if (r->client) {
-                if (dp_ps_client_step(r->client, r->m.params, r->m.grads, n, err) < 0)
+                if (dp_ps_client_step(r->client, r->m.params, r->m.grads, n, scale, err) < 0)
                     goto out;
             } else if (n > 0) {
+                r->opt.cfg.lr = cfg->optim.lr * scale;
                 dp_optim_apply(&r->opt, r->m.params, r->m.grads);
             }
             step++;
@@ -308,7 +347,8 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             log_epoch(r, epoch + 1, epoch_loss, val_acc, val_loss, dp_now() - t_epoch, step);
             res->val_accuracy = val_acc;
         } else if (chief >= 0) {
-            dp_epoch_stats st = {loss_sum, (uint64_t)seen, (uint64_t)correct_sum, secs};
+            dp_epoch_stats st = {loss_sum, (uint64_t)seen, (uint64_t)correct_sum, secs,
+                                 (uint64_t)step};
             if (send_to(r, chief, DP_WIRE_EPOCH, (uint64_t)epoch + 1, &st, sizeof st, err) < 0)
                 goto out;
         } else {
@@ -348,6 +388,7 @@ out:
 typedef struct epoch_tally {
     int reports;
     double loss_sum, records;
+    long steps; /* every worker's steps by the end of this epoch */
 } epoch_tally;
 
 static int chief_evaluate(run *r, int epoch, const epoch_tally *t, double secs, long step,
@@ -397,7 +438,8 @@ static int run_chief(run *r, dp_train_result *res, dp_err *err)
         /* Evaluate every epoch that every live worker has finished, in order. */
         if (next_eval <= cfg->epochs && tally[next_eval].reports >= live_workers) {
             double now = dp_now();
-            if (chief_evaluate(r, next_eval, &tally[next_eval], now - t_last, steps, res, err) < 0)
+            if (chief_evaluate(r, next_eval, &tally[next_eval], now - t_last,
+                               tally[next_eval].steps, res, err) < 0)
                 goto out;
             t_last = now;
             next_eval++;
@@ -449,6 +491,7 @@ static int run_chief(run *r, dp_train_result *res, dp_err *err)
             tally[e].reports++;
             tally[e].loss_sum += st.loss_sum;
             tally[e].records += (double)st.records;
+            tally[e].steps += (long)st.steps;
             break;
         }
         case DP_WIRE_DONE:
@@ -539,6 +582,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         dp_blas_set_threads(cfg->threads);
     if (dp_metrics_open(&r.metrics, cfg->metrics_path, err) < 0)
         return -1;
+    r.history = calloc((size_t)cfg->epochs, sizeof *r.history); /* the table is optional */
 
     dp_node_config nc;
     dp_node_config_init(&nc);
@@ -579,6 +623,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     }
 out:
     dp_ps_client_free(r.client);
+    free(r.history);
     free(r.x);
     free(r.y);
     dp_optim_free(&r.opt);
