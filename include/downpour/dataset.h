@@ -63,6 +63,10 @@ typedef enum dp_shard_policy {
 } dp_shard_policy;
 
 int dp_shard_parse(const char *name, dp_shard_policy *out, dp_err *err);
+
+/* How many of `total` records shard k of w owns under a policy (OFF: all),
+ * so every worker knows every other's batch sizes without asking. */
+uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w);
 const char *dp_shard_name(dp_shard_policy p);
 
 /* Walks a split in batches, reshuffled every epoch from a seed.  All memory

@@ -21,10 +21,11 @@ typedef enum dp_strategy {
     DP_STRATEGY_PS_SSP,    /* stale synchronous parallel */
     DP_STRATEGY_PS_DSSP,   /* dynamic SSP */
     DP_STRATEGY_MODEL_AVG, /* parameter averaging */
+    DP_STRATEGY_ALLREDUCE, /* synchronous ring all-reduce of gradients, mirrored replicas */
     DP_STRATEGY_COUNT
 } dp_strategy;
 
-/* "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg". */
+/* "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg", "allreduce". */
 int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err);
 const char *dp_strategy_name(dp_strategy s);
 
@@ -46,6 +47,9 @@ typedef struct dp_train_config {
     dp_strategy strategy;
     dp_ps_config ps;          /* parameter-server strategies: mode and layout */
     dp_shard_policy shard;    /* how workers split the training records (data) */
+    size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
+    bool overlap;             /* allreduce: reduce buckets while backprop goes on */
+    double collective_timeout; /* allreduce: s to wait for a neighbour (300) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */

@@ -89,6 +89,13 @@ int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err);
 int dp_transport_recv(dp_transport *t, int peer, const char *what, double timeout_s,
                       dp_event *ev, dp_err *err);
 
+/* The transport's own all-reduce (MPI_Allreduce), when it has one: sums
+ * buf[0..len) in place over the given ranks (this one among them).
+ * dp_transport_allreduce fails when dp_transport_has_allreduce says 0. */
+int dp_transport_has_allreduce(const dp_transport *t);
+int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,
+                           dp_err *err);
+
 /* Counters of one peer, or of all with DP_PEER_ANY.  Safe from any thread. */
 int dp_transport_stats_get(const dp_transport *t, int peer, dp_transport_stats *out);
 

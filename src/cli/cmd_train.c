@@ -49,7 +49,9 @@ int cmd_train(int argc, char **argv)
     long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0;
-    bool trace_clocks = false;
+    bool trace_clocks = false, no_overlap = false;
+    long bucket_bytes = (long)cfg.bucket_bytes;
+    double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
@@ -58,7 +60,7 @@ int cmd_train(int argc, char **argv)
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
-        {"strategy", CLI_STR, &strategy, "NAME", "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg", 0, 0},
+        {"strategy", CLI_STR, &strategy, "NAME", "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, allreduce", 0, 0},
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
         {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
         {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
@@ -67,6 +69,9 @@ int cmd_train(int argc, char **argv)
         {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
         {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4, 1L << 40},
         {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
+        {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 4, 1L << 32},
+        {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop", 0, 0},
+        {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 0.1, 86400},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
@@ -123,6 +128,9 @@ int cmd_train(int argc, char **argv)
     cfg.ps.min_shard_bytes = (size_t)min_shard_bytes;
     cfg.ps.max_shards = (int)max_shards;
     cfg.trace_clocks = trace_clocks;
+    cfg.bucket_bytes = (size_t)bucket_bytes;
+    cfg.overlap = !no_overlap;
+    cfg.collective_timeout = collective_timeout;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(optimizer, &kind, &err) < 0) {
         fprintf(stderr, "downpour train: --optimizer: %s\n", err.msg);

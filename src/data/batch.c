@@ -197,3 +197,12 @@ void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *id
     else
         dp_pool_run(gather_task, &j);
 }
+
+uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w)
+{
+    uint32_t first, stride, n;
+    if (w < 1 || k < 0 || k >= w)
+        return 0;
+    shard_range(p, total, (uint32_t)k, (uint32_t)w, &first, &stride, &n);
+    return n;
+}

@@ -16,6 +16,8 @@ enum dp_wire_type {
     DP_WIRE_PUSH_PARAMS = DP_FRAME_APP(1), /* worker -> ps: push head + parameters (model-avg) */
     DP_WIRE_PULL = DP_FRAME_APP(2),        /* anyone -> ps: send me the shard's parameters */
     DP_WIRE_PARAMS = DP_FRAME_APP(3),      /* ps -> anyone: the shard's parameters; step = slowest clock */
+    /* ring all-reduce (src/dist/ring.c) */
+    DP_WIRE_RING = DP_FRAME_APP(8),        /* a segment; step = the training step, offset = element */
     /* run coordination (src/train) */
     DP_WIRE_START = DP_FRAME_APP(16),      /* chief -> workers: every task is up, go */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),      /* worker -> chief: epoch `step` done, with its stats */

@@ -182,3 +182,13 @@ const char *dp_event_kind_name(dp_event_kind k)
     static const char *const names[DP_EVENT_KIND_COUNT] = {"timeout", "frame", "peer lost"};
     return (unsigned)k < DP_EVENT_KIND_COUNT ? names[k] : "invalid";
 }
+
+int dp_transport_has_allreduce(const dp_transport *t) { return t->ops->allreduce != NULL; }
+
+int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,
+                           dp_err *err)
+{
+    if (!t->ops->allreduce)
+        return dp_errf(err, "the %s transport has no collective all-reduce", t->ops->name);
+    return t->ops->allreduce(t, buf, len, ranks, n_ranks, err);
+}

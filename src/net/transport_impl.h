@@ -18,6 +18,10 @@ typedef struct dp_transport_ops {
     int (*skip_payload)(dp_transport *t, int peer, dp_err *err);
     void (*stats)(const dp_transport *t, int peer, dp_transport_stats *out);
     void (*close)(dp_transport *t);
+    /* Optional collective fast path (MPI_Allreduce): sums buf over ranks[]
+     * in place.  NULL: strategies run their own ring over sendv and poll. */
+    int (*allreduce)(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,
+                     dp_err *err);
 } dp_transport_ops;
 
 /* Every implementation's handle starts with this. */

@@ -17,10 +17,12 @@
 #include "downpour/blas.h"
 #include "downpour/checkpoint.h"
 #include "downpour/clock.h"
+#include "downpour/crc32c.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
 #include "downpour/node.h"
 #include "downpour/resource.h"
+#include "downpour/ring.h"
 
 /* Evaluation runs in chunks this large even when the training batch is small:
  * fewer, larger GEMMs. */
@@ -28,7 +30,7 @@
 #define WAIT_TIMEOUT 600.0 /* s the chief or a worker waits for a peer */
 
 static const char *const strategy_names[DP_STRATEGY_COUNT] = {
-    "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg"};
+    "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg", "allreduce"};
 
 int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err)
 {
@@ -38,7 +40,7 @@ int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err)
             return 0;
         }
     return dp_errf(err, "unknown strategy '%s' (valid: single, ps-async, ps-sync, ps-ssp, "
-                        "ps-dssp, model-avg)", name);
+                        "ps-dssp, model-avg, allreduce)", name);
 }
 
 const char *dp_strategy_name(dp_strategy s)
@@ -85,6 +87,9 @@ dp_train_config dp_train_defaults(void)
     c.strategy = DP_STRATEGY_SINGLE;
     dp_ps_config_init(&c.ps);
     c.shard = DP_SHARD_DATA;
+    c.bucket_bytes = 512u << 10;
+    c.overlap = true;
+    c.collective_timeout = 300;
     c.straggler = -1;
     c.batch = 128;
     c.epochs = 25;
@@ -129,6 +134,9 @@ typedef struct run {
     dp_optim opt;          /* single: the optimiser */
     dp_ps_layout layout;
     dp_ps_client *client;  /* worker, chief */
+    int allreduce;         /* mirrored replicas, gradients summed by dp_ring */
+    dp_ring ring;
+    uint32_t *shard_sizes; /* allreduce: every participant's records per epoch */
     float *x;
     uint8_t *y;
     double (*history)[3];  /* per epoch: val_accuracy, train_loss, seconds */
@@ -259,6 +267,51 @@ static long steps_per_epoch(const run *r)
     return (share + r->cfg->batch - 1) / r->cfg->batch;
 }
 
+/* Records every participant contributes to step k of an epoch (the shards'
+ * sizes are known to all, so nobody has to send them). */
+static double records_in_step(const run *r, long k)
+{
+    double total = 0;
+    for (int w = 0; w < r->workers; w++) {
+        long left = (long)r->shard_sizes[w] - k * r->cfg->batch;
+        total += left < 0 ? 0 : (left < r->cfg->batch ? left : r->cfg->batch);
+    }
+    return total;
+}
+
+/* All-reduce of the gradient, last layers first (backprop's order), in
+ * buckets.  Each worker's mean gradient is weighted by its share of the
+ * step's records first, so the sum is the mean over the summed batch. */
+static int allreduce_grads(run *r, int records, long k, long step, dp_err *err)
+{
+    float weight = (float)(records / records_in_step(r, k));
+    size_t bucket = r->cfg->bucket_bytes / sizeof(float);
+    if (bucket < 1)
+        bucket = 1;
+    int b = 0;
+    for (size_t hi = r->m.n_params; hi > 0; b++) {
+        size_t lo = hi > bucket ? hi - bucket : 0;
+        float *restrict g = r->m.grads + lo;
+        for (size_t i = 0; i < hi - lo; i++)
+            g[i] *= weight;
+        if (dp_ring_allreduce(&r->ring, g, hi - lo, (uint64_t)step, b, err) < 0)
+            return -1;
+        hi = lo;
+    }
+    return 0;
+}
+
+/* Sums an epoch's training stats over every replica (allreduce). */
+static int allreduce_stats(run *r, double *loss_sum, long *seen, long step, dp_err *err)
+{
+    float v[2] = {(float)*loss_sum, (float)*seen};
+    if (dp_ring_allreduce(&r->ring, v, 2, (uint64_t)step, -1, err) < 0)
+        return -1;
+    *loss_sum = v[0];
+    *seen = (long)v[1];
+    return 0;
+}
+
 static int train_worker(run *r, dp_train_result *res, dp_err *err)
 {
     const dp_train_config *cfg = r->cfg;
@@ -273,10 +326,17 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
     if (dp_batcher_init(&batcher, &r->train, seed, 1, policy, index, count, err) < 0)
         return -1;
 
+    /* Step lines name the task as the source's logs do: "Worker 2, At step ...". */
     char label[32];
-    snprintf(label, sizeof label, "Worker %d", r->worker_index);
+    if (r->in_cluster && r->node.self->role == DP_ROLE_CHIEF)
+        snprintf(label, sizeof label, "Chief");
+    else
+        snprintf(label, sizeof label, "Worker %d", r->in_cluster ? r->node.self->index : 0);
     int chief = r->in_cluster ? dp_cluster_rank(&r->node.cluster, DP_ROLE_CHIEF, 0) : -1;
-    if (r->in_cluster && await_start(r, err) < 0)
+    /* The evaluator: the process itself when alone, position 0 of the
+     * all-reduce ring (the chief, as in MultiWorkerMirroredStrategy). */
+    int evaluator = !r->in_cluster || (r->allreduce && r->worker_index == 0);
+    if (r->in_cluster && !r->allreduce && await_start(r, err) < 0)
         goto out;
 
     long spe = steps_per_epoch(r), step = 0;
@@ -305,6 +365,13 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             if (r->client) {
                 if (dp_ps_client_step(r->client, r->m.params, r->m.grads, n, scale, err) < 0)
                     goto out;
+            } else if (r->allreduce) {
+                if (n == 0)
+                    memset(r->m.grads, 0, r->m.n_params * sizeof *r->m.grads);
+                if (allreduce_grads(r, n, k, step + 1, err) < 0)
+                    goto out;
+                r->opt.cfg.lr = cfg->optim.lr * scale;
+                dp_optim_apply(&r->opt, r->m.params, r->m.grads);
             } else if (n > 0) {
                 r->opt.cfg.lr = cfg->optim.lr * scale;
                 dp_optim_apply(&r->opt, r->m.params, r->m.grads);
@@ -340,9 +407,13 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
         }
         if (cfg->progress)
             fputc('\n', stderr);
+        if (r->allreduce && allreduce_stats(r, &loss_sum, &seen, step, err) < 0)
+            goto out;
         epoch_loss = seen ? loss_sum / seen : 0;
         double secs = dp_now() - t_epoch;
-        if (!r->in_cluster) {
+        if (r->allreduce && !evaluator) {
+            /* the chief reports */
+        } else if (!r->in_cluster || r->allreduce) {
             double val_loss, val_acc = dp_evaluate(&r->m, &r->val, r->x, r->y, &val_loss);
             log_epoch(r, epoch + 1, epoch_loss, val_acc, val_loss, dp_now() - t_epoch, step);
             res->val_accuracy = val_acc;
@@ -361,7 +432,19 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
     res->train_seconds = dp_now() - t_start;
     res->steps = step;
     res->train_loss = epoch_loss;
-    if (r->in_cluster) {
+    if (r->allreduce) {
+        /* Mirrored replicas must end identical: each says what it holds. */
+        uint32_t crc = dp_crc32c(0, r->m.params, r->m.n_params * sizeof *r->m.params);
+        dp_metrics_event(r->metrics, "replica", DP_F_INT, "params_crc32c", (long)crc, DP_F_INT,
+                         "steps", step, DP_F_END);
+        res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
+        if (evaluator) {
+            res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
+            log_done(r, res);
+            if (save(r, step, err) < 0)
+                goto out;
+        }
+    } else if (r->in_cluster) {
         if (r->client)
             dp_info("%s: done after %ld steps in %.2f s; largest clock gap allowed: %ld", label,
                     step, res->train_seconds, dp_ps_client_max_gap(r->client));
@@ -534,6 +617,52 @@ out:
 
 /* ------------------------------------------------------------ entry */
 
+/* All-reduce: the chief (if any) and the workers are the replicas, in rank
+ * order; the first of them evaluates, reports and saves. */
+static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
+{
+    const dp_cluster *c = &r->node.cluster;
+    if (c->count[DP_ROLE_PS] > 0)
+        return dp_errf(err, "allreduce keeps every parameter on every worker and needs no ps "
+                            "task (the spec has %d). Hint: launch without --ps",
+                       c->count[DP_ROLE_PS]);
+    if (r->node.self->role != DP_ROLE_CHIEF && r->node.self->role != DP_ROLE_WORKER)
+        return dp_errf(err, "allreduce runs on chief and worker tasks only");
+    int n = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
+    int *ranks = malloc((size_t)n * sizeof *ranks);
+    r->shard_sizes = malloc((size_t)n * sizeof *r->shard_sizes);
+    if (!ranks || !r->shard_sizes) {
+        free(ranks);
+        return dp_errf(err, "out of memory");
+    }
+    int k = 0;
+    for (int i = 0; i < c->n_tasks; i++)
+        if (c->tasks[i].role == DP_ROLE_CHIEF || c->tasks[i].role == DP_ROLE_WORKER) {
+            if (i == c->self)
+                r->worker_index = k;
+            ranks[k++] = i;
+        }
+    r->workers = n;
+    int rc = dp_ring_init(&r->ring, r->node.transport, ranks, n, r->cfg->collective_timeout,
+                          0, err);
+    free(ranks);
+    if (rc < 0 || open_data(r, err) < 0 ||
+        dp_optim_init(&r->opt, &r->cfg->optim, r->m.n_params, err) < 0)
+        return -1;
+    dp_shard_policy policy = n > 1 ? r->cfg->shard : DP_SHARD_OFF;
+    for (int w = 0; w < n; w++)
+        r->shard_sizes[w] = dp_shard_size(policy, r->train.n, policy == DP_SHARD_OFF ? 0 : w,
+                                          policy == DP_SHARD_OFF ? 1 : n);
+    r->allreduce = 1;
+    if (r->worker_index == 0)
+        dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
+                "buckets of %zu KiB%s", r->node.self->name, n, r->ring.use_fast_path ? "the transport's collective"
+                                                               : "ring over the transport",
+                r->cfg->batch, r->cfg->batch * n, r->cfg->bucket_bytes >> 10,
+                r->cfg->overlap ? ", overlapped with backprop" : "");
+    return train_worker(r, res, err);
+}
+
 static int run_cluster_role(run *r, dp_train_result *res, dp_err *err)
 {
     const dp_train_config *cfg = r->cfg;
@@ -542,7 +671,9 @@ static int run_cluster_role(run *r, dp_train_result *res, dp_err *err)
     if (cfg->strategy == DP_STRATEGY_SINGLE)
         return dp_errf(err, "--strategy single trains one process alone, but this is task %s of a "
                             "cluster. Hint: --strategy ps-async (or ps-sync, ps-ssp, ps-dssp, "
-                            "model-avg)", r->node.self->name);
+                            "model-avg, allreduce)", r->node.self->name);
+    if (cfg->strategy == DP_STRATEGY_ALLREDUCE)
+        return run_allreduce(r, res, err);
     if (c->count[DP_ROLE_CHIEF] == 0)
         return dp_errf(err, "strategy %s needs a chief to start, evaluate and end the run. Hint: "
                             "downpour launch --chief ..., or a \"chief\" entry in the cluster spec",
@@ -623,6 +754,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     }
 out:
     dp_ps_client_free(r.client);
+    dp_ring_free(&r.ring);
+    free(r.shard_sizes);
     free(r.history);
     free(r.x);
     free(r.y);

@@ -1,0 +1,40 @@
+/* Ring all-reduce over the transport (the algorithm of Baidu's ring and
+ * Horovod): a reduce-scatter then an all-gather around a ring of n ranks, each
+ * rank sending 2(n-1)/n of the buffer, chunked and pipelined in segments so
+ * sends never wait on a full socket.  Every element's sum is computed once,
+ * by the chunk's owner, and copied to the others: the replicas stay bitwise
+ * identical.  A transport with a collective fast path (MPI_Allreduce) is
+ * used instead when it has one. */
+#ifndef DOWNPOUR_RING_H
+#define DOWNPOUR_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/status.h"
+#include "downpour/transport.h"
+
+#define DP_RING_SEGMENT_BYTES (256u << 10)
+
+typedef struct dp_ring {
+    dp_transport *t;
+    int *ranks;          /* the ring's transport ranks, in ring order */
+    int n, pos;          /* size, and this rank's position */
+    double timeout;      /* s to wait for a neighbour before giving up */
+    size_t seg;          /* floats per segment */
+    float *scratch;      /* one segment, for reduce-scatter receives */
+    int use_fast_path;   /* the transport's own all-reduce */
+    uint64_t bytes_sent; /* payload bytes this rank sent */
+} dp_ring;
+
+/* ranks: the participants in ring order, this transport's rank among them. */
+int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
+                 size_t segment_bytes, dp_err *err);
+void dp_ring_free(dp_ring *r);
+
+/* Sums buf[0..len) over the ring, in place.  step and bucket name the
+ * operation in log lines and errors ("all-reduce step 12 bucket 3"): a late
+ * neighbour is logged while we wait, a silent one ends it with an error. */
+int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err);
+
+#endif
