@@ -11,7 +11,8 @@
  * different cores or hosts run; same pins both to CPU 0, where every cycle
  * of checksum work is added to the copy; free lets the scheduler choose (on a
  * busy machine it flips between the two, so medians become bimodal).
- * DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning). */
+ * DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning);
+ * DP_BENCH_CRC=sse4.2+pclmul (etc.) picks the CRC32C implementation. */
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/tcp.h"
@@ -199,6 +200,9 @@ int main(int argc, char **argv)
     const char *sb = getenv("DP_BENCH_SOCKBUF");
     if (sb)
         SOCK_BUF = atoi(sb);
+    const char *impl = getenv("DP_BENCH_CRC"); /* e.g. sse4.2+pclmul, to compare */
+    if (impl && dp_crc32c_force(impl) != 0)
+        die("DP_BENCH_CRC", "unknown or unsupported CRC32C implementation");
     const char *rc = getenv("DP_BENCH_RAWCHUNK");
     if (rc && atol(rc) > 0)
         raw_chunk = (size_t)atol(rc);

@@ -12,6 +12,9 @@
 #include "downpour/transport.h"
 
 typedef struct dp_node_config {
+    const char *transport;     /* "tcp" (the spec in DOWNPOUR_CONFIG) or "mpi" (roles
+                                  from the MPI rank: 0 chief, 1..mpi_ps ps, the rest workers) */
+    int mpi_ps;                /* mpi: how many ps ranks follow the chief */
     const char *secret_file;   /* NULL: DOWNPOUR_SECRET */
     int insecure;              /* allow no secret (trusted networks only) */
     double connect_timeout;    /* s to reach every peer (60) */
@@ -29,9 +32,10 @@ typedef struct dp_node {
 
 void dp_node_config_init(dp_node_config *cfg);
 
-/* Reads the spec from DOWNPOUR_CONFIG, loads the secret, listens on this
- * task's address and connects to every other task.  Returns 1 (and leaves
- * *n empty) when DOWNPOUR_CONFIG is not set: not a cluster task. */
+/* tcp: reads the spec from DOWNPOUR_CONFIG, loads the secret, listens on
+ * this task's address and connects to every other task.  Returns 1 (and
+ * leaves *n empty) when DOWNPOUR_CONFIG is not set: not a cluster task.
+ * mpi: the cluster is the MPI job (mpirun, srun); never returns 1. */
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err);
 
 /* Stops the sampler (one last sample), says BYE, closes.  Safe on an empty node. */

@@ -62,6 +62,8 @@ typedef struct dp_train_config {
     int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */
     int threads;              /* BLAS threads; 0 = leave as configured */
     bool progress;            /* draw a progress bar (stderr is a terminal) */
+    const char *transport;    /* "tcp" (default) or "mpi" */
+    int mpi_ps;               /* mpi: ps ranks after the chief (rank 0) */
     const char *metrics_path; /* JSON Lines, or NULL */
     const char *save_path;    /* safetensors checkpoint at the end, or NULL */
 } dp_train_config;

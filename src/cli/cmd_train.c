@@ -50,7 +50,8 @@ int cmd_train(int argc, char **argv)
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0;
     bool trace_clocks = false, no_overlap = false;
-    long bucket_bytes = (long)cfg.bucket_bytes;
+    long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
+    const char *transport = "tcp";
     double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
@@ -69,6 +70,8 @@ int cmd_train(int argc, char **argv)
         {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
         {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4, 1L << 40},
         {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
+        {"transport", CLI_STR, &transport, "NAME", "tcp (launch, run) or mpi (mpirun, srun)", 0, 0},
+        {"ps", CLI_INT, &mpi_ps, "P", "mpi: ranks 1..P are ps tasks (rank 0 is the chief)", 0, 4096},
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 4, 1L << 32},
         {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 0.1, 86400},
@@ -129,6 +132,13 @@ int cmd_train(int argc, char **argv)
     cfg.ps.max_shards = (int)max_shards;
     cfg.trace_clocks = trace_clocks;
     cfg.bucket_bytes = (size_t)bucket_bytes;
+    if (mpi_ps > 0 && strcmp(transport, "mpi") != 0) {
+        fprintf(stderr, "downpour train: --ps %ld is for --transport mpi; a TCP cluster's ps tasks "
+                        "come from its spec (downpour launch --ps, or the \"ps\" list)\n", mpi_ps);
+        return 2;
+    }
+    cfg.transport = transport;
+    cfg.mpi_ps = (int)mpi_ps;
     cfg.overlap = !no_overlap;
     cfg.collective_timeout = collective_timeout;
     dp_optim_kind kind;

@@ -11,6 +11,7 @@
 void dp_node_config_init(dp_node_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->transport = "tcp";
     cfg->connect_timeout = 60;
     cfg->heartbeat_timeout = 10;
     cfg->sample_interval = 1;
@@ -30,6 +31,8 @@ static void transport_bytes(void *ctx, uint64_t *tx, uint64_t *rx)
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
 {
     memset(n, 0, sizeof *n);
+    if (cfg->transport && strcmp(cfg->transport, "tcp") != 0)
+        return dp_errf(err, "unknown transport '%s' (valid: tcp, mpi)", cfg->transport);
     int rc = dp_cluster_from_env(&n->cluster, NULL, err);
     if (rc != 0)
         return rc;

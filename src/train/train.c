@@ -718,6 +718,9 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     dp_node_config nc;
     dp_node_config_init(&nc);
     nc.metrics = cfg->metrics_path ? r.metrics : NULL;
+    if (cfg->transport)
+        nc.transport = cfg->transport;
+    nc.mpi_ps = cfg->mpi_ps;
     int node_rc = dp_node_open(&r.node, &nc, err);
     if (node_rc < 0)
         goto out;
