@@ -41,6 +41,8 @@ typedef struct dp_ps_config {
     int period;             /* avg: local steps between averages (8) */
     size_t min_shard_bytes; /* partitioner (256 KiB) */
     int max_shards;         /* partitioner (0: one per ps task) */
+    float ema;              /* servers keep an exponential moving average of the
+                               parameters with this decay (0: none) for the chief */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -85,8 +87,9 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
  * push_every > 1) or averages a last short period (avg), and takes the
  * parameters back. */
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
-/* Fetches every shard's parameters into params. */
-int dp_ps_client_pull(dp_ps_client *c, float *params, dp_err *err);
+/* Fetches every shard's parameters into params; with average set, the
+ * servers' moving average of them instead (cfg.ema > 0). */
+int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
 /* The largest gap (own clock minus the slowest clock the servers reported)
  * this client has been allowed to run with. */
 long dp_ps_client_max_gap(const dp_ps_client *c);

@@ -57,6 +57,8 @@ typedef struct dp_train_config {
     int epochs;
     dp_optim_config optim;
     dp_lr_schedule lr_schedule;
+    float ema;                /* evaluate and save an exponential moving average of
+                                 the parameters with this decay (0: the parameters) */
     uint64_t seed;
     uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
     int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */

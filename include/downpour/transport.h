@@ -10,9 +10,9 @@
  * Receiving is two-step so payloads land straight in the caller's memory:
  * poll returns a FRAME event with the header only; the caller then reads the
  * payload with dp_transport_recv_payload into, for example, params + offset,
- * in one or several pieces.  The payload CRC is checked when its last byte has
- * been read.  A payload not read before the next poll of that peer is
- * discarded with a warning. */
+ * in one or several pieces.  The CRC of each chunk (1 MiB, see frame.h) is
+ * checked as soon as its last byte has been read.  A payload not read before
+ * the next poll of that peer is discarded with a warning. */
 #ifndef DOWNPOUR_TRANSPORT_H
 #define DOWNPOUR_TRANSPORT_H
 
@@ -62,7 +62,8 @@ int dp_transport_connect(dp_transport *t, int peer, double deadline, dp_err *err
 /* Connects to every other rank. */
 int dp_transport_connect_all(dp_transport *t, double deadline, dp_err *err);
 
-/* Sends one frame: header plus payload, the payload never copied. */
+/* Sends one frame: header plus payload, straight from the caller's memory
+ * (payloads up to 512 bytes are copied next to the header for one send). */
 int dp_transport_send(dp_transport *t, int peer, unsigned type, uint64_t step, uint64_t offset,
                       const void *payload, size_t len, dp_err *err);
 /* The same with the payload gathered from iovcnt pieces (at most 64). */
@@ -75,9 +76,9 @@ int dp_transport_sendv(dp_transport *t, int peer, unsigned type, uint64_t step, 
 int dp_transport_poll(dp_transport *t, int peer, double timeout_s, dp_event *ev, dp_err *err);
 
 /* Reads the next len bytes of the payload of the frame last polled from peer
- * into dst.  After the last byte the CRC is checked; a mismatch (or EOF, or
- * a peer silent past the timeout) returns -1, closes that connection and is
- * reported as a PEER_LOST event by the next poll. */
+ * into dst.  A CRC mismatch (or EOF, or a peer silent past the timeout)
+ * returns -1, closes that connection and is reported as a PEER_LOST event by
+ * the next poll; the bytes already in dst must then be treated as garbage. */
 int dp_transport_recv_payload(dp_transport *t, int peer, void *dst, size_t len, dp_err *err);
 /* Discards what is left of that payload. */
 int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err);

@@ -5,6 +5,7 @@
 
 #include "downpour/clock.h"
 #include "downpour/log.h"
+#include "downpour/mpi.h"
 #include "downpour/secret.h"
 #include "downpour/tcp.h"
 
@@ -28,12 +29,96 @@ static void transport_bytes(void *ctx, uint64_t *tx, uint64_t *rx)
     }
 }
 
+/* The MPI job is the cluster: world rank 0 is the chief, ranks 1..mpi_ps the
+ * ps tasks, the rest the workers (docs/mpi.md).  The spec is built locally
+ * with placeholder addresses, which MPI never uses; there is no secret: the
+ * MPI job (its launcher) is the trust boundary. */
+static int open_mpi(dp_node *n, const dp_node_config *cfg, dp_err *err)
+{
+    int wrank, wsize, *ports = NULL, *world_of = NULL;
+    const char **names = NULL;
+    if (dp_mpi_init(&wrank, &wsize, err) < 0)
+        return -1;
+    int ps = cfg->mpi_ps;
+    if (ps < 0)
+        return dp_errf(err, "--ps %d: the number of ps ranks cannot be negative", ps);
+    if (wsize > DP_CLUSTER_MAX_TASKS)
+        return dp_errf(err, "an MPI job of %d ranks; downpour clusters have at most %d tasks",
+                       wsize, DP_CLUSTER_MAX_TASKS);
+    if (ps > 0 && wsize < 3)
+        return dp_errf(err, "--ps %d needs at least 3 MPI ranks (a chief, %d ps, a worker) but the "
+                            "job has %d. Hint: mpirun -np %d ... (rank 0 is the chief, ranks 1..%d "
+                            "the ps tasks, the rest workers)",
+                       ps, ps, wsize, ps + 2, ps);
+    if (ps > 0 && ps > wsize - 2)
+        return dp_errf(err, "--ps %d leaves no worker in an MPI job of %d ranks (rank 0 is the "
+                            "chief, ranks 1..%d the ps tasks). Hint: mpirun -np %d or more, or "
+                            "fewer --ps",
+                       ps, wsize, ps, ps + 2);
+    int workers = wsize - 1 - ps;
+    ports = malloc((size_t)wsize * sizeof *ports);
+    world_of = malloc((size_t)wsize * sizeof *world_of);
+    names = calloc((size_t)wsize, sizeof *names);
+    if (!ports || !world_of || !names) {
+        dp_errf(err, "out of memory for %d ranks", wsize);
+        goto fail;
+    }
+    for (int r = 0; r < wsize; r++)
+        ports[r] = 1 + r; /* placeholders: MPI does not use addresses */
+    if (dp_cluster_local(&n->cluster, 1, workers, ps, ports, err) < 0)
+        goto fail;
+    /* Cluster order: chief, workers, ps.  World order: chief, ps, workers. */
+    for (int r = 0; r < wsize; r++) {
+        const dp_task *tk = &n->cluster.tasks[r];
+        world_of[r] = tk->role == DP_ROLE_CHIEF ? 0
+                      : tk->role == DP_ROLE_PS  ? 1 + tk->index
+                                                : 1 + ps + tk->index;
+        if (world_of[r] == wrank)
+            n->cluster.self = r;
+        names[r] = tk->name;
+    }
+    n->self = &n->cluster.tasks[n->cluster.self];
+    dp_mpi_config mc;
+    dp_mpi_config_init(&mc);
+    mc.rank = n->cluster.self;
+    mc.n_ranks = wsize;
+    mc.world_rank_of = world_of;
+    mc.names = names;
+    if (dp_mpi_open(&mc, &n->transport, err) < 0) {
+        dp_err_prefix(err, "%s (MPI rank %d)", n->self->name, wrank);
+        goto fail;
+    }
+    if (wrank == 0)
+        dp_info("MPI job of %d ranks: chief (rank 0), %d ps (ranks 1..%d), %d worker(s)", wsize,
+                ps, ps, workers);
+    free(ports);
+    free(world_of);
+    free(names);
+    return 0;
+fail:
+    free(ports);
+    free(world_of);
+    free(names);
+    return -1;
+}
+
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
 {
     memset(n, 0, sizeof *n);
+    int rc;
+    if (cfg->transport && strcmp(cfg->transport, "mpi") == 0) {
+        if (open_mpi(n, cfg, err) < 0)
+            goto fail;
+        if (cfg->metrics &&
+            dp_resource_sampler_start(&n->sampler, cfg->metrics, n->self->name,
+                                      cfg->sample_interval, transport_bytes, n->transport,
+                                      err) < 0)
+            goto fail;
+        return 0;
+    }
     if (cfg->transport && strcmp(cfg->transport, "tcp") != 0)
         return dp_errf(err, "unknown transport '%s' (valid: tcp, mpi)", cfg->transport);
-    int rc = dp_cluster_from_env(&n->cluster, NULL, err);
+    rc = dp_cluster_from_env(&n->cluster, NULL, err);
     if (rc != 0)
         return rc;
     n->self = &n->cluster.tasks[n->cluster.self];
@@ -102,4 +187,7 @@ void dp_node_close(dp_node *n)
     n->transport = NULL;
     dp_cluster_free(&n->cluster);
     n->self = NULL;
+    /* No dp_mpi_finalize here: this cannot tell a finished run from a failed
+     * one, and a failed rank that finalises hangs in MPI_Finalize while its
+     * peers wait for it.  dp_mpi_init finalises at a zero exit (on_exit). */
 }

@@ -63,6 +63,7 @@ typedef struct server {
     dp_ps_config cfg;
     size_t lo, n;
     float *params, *scratch, *sum;
+    float *ema;      /* moving average of params (cfg.ema > 0), else NULL */
     double round_records;
     int round_pushes;
     dp_optim opt;
@@ -97,6 +98,21 @@ static int send_params(server *s, int rank, dp_err *err)
     long m = min_live_clock(s);
     return dp_transport_send(s->t, rank, DP_WIRE_PARAMS, (uint64_t)(m < 0 ? 0 : m), s->lo,
                              s->params, s->n * sizeof(float), err);
+}
+
+/* One optimiser update of the shard, and the moving average after it. */
+static void apply_update(server *s, const float *grad, float lr_scale)
+{
+    s->opt.cfg.lr = s->base_lr * lr_scale;
+    dp_optim_apply(&s->opt, s->params, grad);
+    s->updates++;
+    if (s->ema) {
+        float d = s->cfg.ema, e = 1.0f - d;
+        float *restrict a = s->ema;
+        const float *restrict p = s->params;
+        for (size_t i = 0; i < s->n; i++)
+            a[i] = d * a[i] + e * p[i];
+    }
 }
 
 /* DSSP (Zhao et al. 2019): beyond the lower bound a fast worker may run on,
@@ -149,9 +165,7 @@ static int finish_round(server *s, dp_err *err)
         if (s->cfg.mode == DP_PS_SYNC) {
             for (size_t i = 0; i < s->n; i++)
                 s->scratch[i] = s->sum[i] * scale;
-            s->opt.cfg.lr = s->base_lr * s->round_lr;
-            dp_optim_apply(&s->opt, s->params, s->scratch);
-            s->updates++;
+            apply_update(s, s->scratch, s->round_lr);
         } else {
             for (size_t i = 0; i < s->n; i++)
                 s->params[i] = s->sum[i] * scale;
@@ -200,11 +214,8 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
     case DP_PS_ASYNC:
     case DP_PS_SSP:
     case DP_PS_DSSP:
-        if (head.records > 0) {
-            s->opt.cfg.lr = s->base_lr * head.lr_scale;
-            dp_optim_apply(&s->opt, s->params, s->scratch);
-            s->updates++;
-        }
+        if (head.records > 0)
+            apply_update(s, s->scratch, head.lr_scale);
         if (s->cfg.mode == DP_PS_ASYNC)
             return head.want ? send_params(s, w->rank, err) : 0;
         w->pending = 1;
@@ -295,6 +306,12 @@ static int serve_loop(server *s, dp_err *err)
             if (dp_transport_skip_payload(s->t, ev.peer, err) < 0 || send_params(s, ev.peer, err) < 0)
                 return -1;
             break;
+        case DP_WIRE_PULL_AVERAGE:
+            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0 ||
+                dp_transport_send(s->t, ev.peer, DP_WIRE_PARAMS, 0, s->lo,
+                                  s->ema ? s->ema : s->params, s->n * sizeof(float), err) < 0)
+                return -1;
+            break;
         case DP_WIRE_DONE:
             if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
                 return -1;
@@ -342,9 +359,11 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
     s.worker_of = malloc((size_t)c->n_tasks * sizeof *s.worker_of);
     size_t nn = s.n ? s.n : 1;
     s.params = malloc(nn * sizeof(float));
+    if (cfg->ema > 0)
+        s.ema = malloc(nn * sizeof(float));
     s.scratch = malloc(nn * sizeof(float));
     s.sum = malloc(nn * sizeof(float));
-    if (!s.w || !s.worker_of || !s.params || !s.scratch || !s.sum) {
+    if (!s.w || !s.worker_of || !s.params || !s.scratch || !s.sum || (cfg->ema > 0 && !s.ema)) {
         dp_errf(err, "out of memory for a shard of %zu parameters", s.n);
         goto out;
     }
@@ -353,6 +372,8 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
     s.base_lr = optim->lr;
     (void)n_params;
     memcpy(s.params, init + s.lo, s.n * sizeof(float));
+    if (s.ema)
+        memcpy(s.ema, s.params, s.n * sizeof(float));
     for (int r = 0; r < c->n_tasks; r++)
         s.worker_of[r] = -1;
     for (int i = 0; i < s.n_workers; i++) {
@@ -372,6 +393,7 @@ out:
     free(s.w);
     free(s.worker_of);
     free(s.params);
+    free(s.ema);
     free(s.scratch);
     free(s.sum);
     return rc;
@@ -478,11 +500,11 @@ static int receive_params(dp_ps_client *c, float *params, dp_err *err)
     return 0;
 }
 
-int dp_ps_client_pull(dp_ps_client *c, float *params, dp_err *err)
+int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
+    unsigned type = average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL;
     for (int s = 0; s < c->layout.n_shards; s++)
-        if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_PULL, (uint64_t)c->clock, 0, NULL, 0,
-                              err) < 0)
+        if (dp_transport_send(c->t, c->layout.rank[s], type, (uint64_t)c->clock, 0, NULL, 0, err) < 0)
             return -1;
     return receive_params(c, params, err);
 }
@@ -536,7 +558,7 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
         c->acc_records += (uint32_t)records;
         if (++c->acc_steps >= c->cfg.push_every)
             return push_accumulated(c, params, fetch, err);
-        return fetch ? dp_ps_client_pull(c, params, err) : 0;
+        return fetch ? dp_ps_client_pull(c, params, 0, err) : 0;
     }
     case DP_PS_SYNC:
     case DP_PS_SSP:

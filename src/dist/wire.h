@@ -16,6 +16,7 @@ enum dp_wire_type {
     DP_WIRE_PUSH_PARAMS = DP_FRAME_APP(1), /* worker -> ps: push head + parameters (model-avg) */
     DP_WIRE_PULL = DP_FRAME_APP(2),        /* anyone -> ps: send me the shard's parameters */
     DP_WIRE_PARAMS = DP_FRAME_APP(3),      /* ps -> anyone: the shard's parameters; step = slowest clock */
+    DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
     /* ring all-reduce (src/dist/ring.c) */
     DP_WIRE_RING = DP_FRAME_APP(8),        /* a segment; step = the training step, offset = element */
     /* run coordination (src/train) */

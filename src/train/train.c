@@ -132,6 +132,7 @@ typedef struct run {
     dp_split train, val;
     dp_model m;
     dp_optim opt;          /* single: the optimiser */
+    float *ema;            /* single, allreduce evaluator: moving average of params */
     dp_ps_layout layout;
     dp_ps_client *client;  /* worker, chief */
     int allreduce;         /* mirrored replicas, gradients summed by dp_ring */
@@ -235,6 +236,38 @@ static int save(run *r, long step, dp_err *err)
         return -1;
     dp_info("Saved %s", r->cfg->save_path);
     return 0;
+}
+
+static int alloc_ema(run *r, dp_err *err)
+{
+    r->ema = malloc(r->m.n_params * sizeof *r->ema);
+    if (!r->ema)
+        return dp_errf(err, "out of memory for the moving average");
+    memcpy(r->ema, r->m.params, r->m.n_params * sizeof *r->ema);
+    return 0;
+}
+
+/* The moving average follows every update (single, the all-reduce evaluator). */
+static void update_ema(run *r)
+{
+    if (!r->ema)
+        return;
+    float d = r->cfg->ema, e = 1.0f - d;
+    float *restrict a = r->ema;
+    const float *restrict p = r->m.params;
+    for (size_t i = 0; i < r->m.n_params; i++)
+        a[i] = d * a[i] + e * p[i];
+}
+
+/* Evaluation and checkpoints use the average when there is one: swapping
+ * the buffers costs nothing. */
+static void swap_ema(run *r)
+{
+    if (r->ema) {
+        float *t = r->m.params;
+        r->m.params = r->ema;
+        r->ema = t;
+    }
 }
 
 /* ------------------------------------------------------------ workers */
@@ -372,9 +405,11 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
                     goto out;
                 r->opt.cfg.lr = cfg->optim.lr * scale;
                 dp_optim_apply(&r->opt, r->m.params, r->m.grads);
+                update_ema(r);
             } else if (n > 0) {
                 r->opt.cfg.lr = cfg->optim.lr * scale;
                 dp_optim_apply(&r->opt, r->m.params, r->m.grads);
+                update_ema(r);
             }
             step++;
             if (cfg->trace_clocks)
@@ -414,7 +449,9 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
         if (r->allreduce && !evaluator) {
             /* the chief reports */
         } else if (!r->in_cluster || r->allreduce) {
+            swap_ema(r);
             double val_loss, val_acc = dp_evaluate(&r->m, &r->val, r->x, r->y, &val_loss);
+            swap_ema(r);
             log_epoch(r, epoch + 1, epoch_loss, val_acc, val_loss, dp_now() - t_epoch, step);
             res->val_accuracy = val_acc;
         } else if (chief >= 0) {
@@ -439,9 +476,12 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
                          "steps", step, DP_F_END);
         res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
         if (evaluator) {
+            swap_ema(r);
             res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
             log_done(r, res);
-            if (save(r, step, err) < 0)
+            int saved = save(r, step, err);
+            swap_ema(r);
+            if (saved < 0)
                 goto out;
         }
     } else if (r->in_cluster) {
@@ -455,9 +495,12 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             goto out;
     } else {
         res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
+        swap_ema(r);
         res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
         log_done(r, res);
-        if (save(r, step, err) < 0)
+        int saved = save(r, step, err);
+        swap_ema(r);
+        if (saved < 0)
             goto out;
     }
     rc = 0;
@@ -477,7 +520,7 @@ typedef struct epoch_tally {
 static int chief_evaluate(run *r, int epoch, const epoch_tally *t, double secs, long step,
                           dp_train_result *res, dp_err *err)
 {
-    if (dp_ps_client_pull(r->client, r->m.params, err) < 0)
+    if (dp_ps_client_pull(r->client, r->m.params, r->cfg->ema > 0, err) < 0)
         return -1;
     double val_loss, val_acc = dp_evaluate(&r->m, &r->val, r->x, r->y, &val_loss);
     log_epoch(r, epoch, t->records > 0 ? t->loss_sum / t->records : 0, val_acc, val_loss, secs, step);
@@ -596,7 +639,7 @@ static int run_chief(run *r, dp_train_result *res, dp_err *err)
     }
     res->train_seconds = dp_now() - t_start;
     res->steps = steps;
-    if (dp_ps_client_pull(r->client, r->m.params, err) < 0)
+    if (dp_ps_client_pull(r->client, r->m.params, r->cfg->ema > 0, err) < 0)
         goto out;
     res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
     res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
@@ -654,6 +697,8 @@ static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
         r->shard_sizes[w] = dp_shard_size(policy, r->train.n, policy == DP_SHARD_OFF ? 0 : w,
                                           policy == DP_SHARD_OFF ? 1 : n);
     r->allreduce = 1;
+    if (r->cfg->ema > 0 && r->worker_index == 0 && alloc_ema(r, err) < 0)
+        return -1;
     if (r->worker_index == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
                 "buckets of %zu KiB%s", r->node.self->name, n, r->ring.use_fast_path ? "the transport's collective"
@@ -683,6 +728,7 @@ static int run_cluster_role(run *r, dp_train_result *res, dp_err *err)
         return dp_errf(err, "the cluster has no worker");
     dp_ps_config pc = cfg->ps;
     pc.mode = ps_mode_of(cfg->strategy);
+    pc.ema = cfg->ema;
     if (dp_ps_layout_make(&r->layout, c, r->m.n_params, &pc, err) < 0)
         return -1;
     if (role == DP_ROLE_PS)
@@ -751,7 +797,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         if (rc < 0)
             dp_err_prefix(err, "%s", r.node.self->name);
     } else {
-        if (dp_optim_init(&r.opt, &cfg->optim, r.m.n_params, err) < 0 || open_data(&r, err) < 0)
+        if (dp_optim_init(&r.opt, &cfg->optim, r.m.n_params, err) < 0 || open_data(&r, err) < 0 ||
+            (cfg->ema > 0 && alloc_ema(&r, err) < 0))
             goto out;
         rc = train_worker(&r, res, err);
     }
@@ -760,6 +807,7 @@ out:
     dp_ring_free(&r.ring);
     free(r.shard_sizes);
     free(r.history);
+    free(r.ema);
     free(r.x);
     free(r.y);
     dp_optim_free(&r.opt);
