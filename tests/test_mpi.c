@@ -1,0 +1,192 @@
+/* The MPI transport, end to end through `mpirun ... downpour train
+ * --transport mpi` on MNIST (a test program of its own cannot run under
+ * mpirun in CTest's one-binary-per-test scheme, so every check goes through
+ * the downpour program):
+ * - allreduce on 3 ranks, ps-async and ps-sync with --ps 1 on 4 ranks: each
+ *   exits 0 and the chief's metrics end with a done event;
+ * - the same run over TCP (downpour launch) and over MPI gives the same
+ *   parameters: within 1e-5 for allreduce (MPI_Allreduce may sum in another
+ *   order than our ring), within 1e-6 for ps-sync (no reduction-order change);
+ * - every MPI replica ends bitwise identical (each rank writes its own
+ *   metrics file through a shell wrapper, $OMPI_COMM_WORLD_RANK);
+ * - a nonsense job (--ps 5 on 3 ranks) is refused with a clear message.
+ * Skipped (77) when downpour was built without MPI or mpirun is missing. */
+#include <math.h>
+#include <unistd.h>
+
+#include "downpour/mpi.h"
+#include "downpour/safetensors.h"
+#include "proc.h"
+
+static char err[65536];
+
+/* What works on one machine, as root, in a container: shared memory only
+ * (no TCP BTL probing the interfaces), no cross-memory attach (CMA needs
+ * ptrace rights a container may not give), more ranks than cores. */
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader " \
+               "--mca btl_vader_single_copy_mechanism none"
+
+static const char *common = "--dataset mnist --train-size 3200 --val-size 1000 --epochs 1 "
+                            "--threads 1 --no-progress --log-every 0 --optimizer sgd --lr 0.1 "
+                            "--batch 64";
+
+static double max_diff(const char *a_name, const char *b_name)
+{
+    char pa[1200], pb[1200];
+    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
+    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
+    dp_safetensors *a = NULL, *b = NULL;
+    dp_err e;
+    double worst = INFINITY;
+    int tensors = 0;
+    if (dp_safetensors_load(pa, &a, &e) == 0 && dp_safetensors_load(pb, &b, &e) == 0) {
+        worst = 0;
+        for (int i = 0; i < dp_safetensors_count(a); i++) {
+            const dp_st_tensor *ta = dp_safetensors_at(a, i), *tb;
+            if (strncmp(ta->name, "layers.", 7) != 0)
+                continue;
+            tb = dp_safetensors_find(b, ta->name);
+            CHECKF(tb != NULL, "%s has no tensor %s", b_name, ta->name);
+            if (!tb)
+                continue;
+            tensors++;
+            size_t n = 1;
+            for (int d = 0; d < ta->ndim; d++)
+                n *= (size_t)ta->shape[d];
+            for (size_t k = 0; k < n; k++)
+                worst = fmax(worst, fabs((double)ta->data[k] - (double)tb->data[k]));
+        }
+        CHECKF(tensors > 0, "%s has no layers.* tensor", a_name);
+    } else {
+        CHECKF(0, "%s", e.msg);
+    }
+    dp_safetensors_free(a);
+    dp_safetensors_free(b);
+    return worst;
+}
+
+/* The run went through and its chief wrote the done event. */
+static void check_done(const char *what, int rc, const char *metrics)
+{
+    CHECKF(rc == 0, "%s exited %d: %s", what, rc, err);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", test_tmp(), metrics);
+    cJSON *done = last_event(path, "done", NULL);
+    CHECKF(done != NULL, "%s: no done event in %s", what, metrics);
+    if (done)
+        fprintf(stderr, "%s: test accuracy %.4f\n", what, json_num(done, "test_accuracy"));
+    cJSON_Delete(done);
+}
+
+static void crc_of(const cJSON *j, void *ctx)
+{
+    long *v = ctx;
+    long crc = (long)json_num(j, "params_crc32c");
+    if (v[0] == 0)
+        v[1] = crc;
+    else if (crc != v[1])
+        v[2] = 1;
+    v[0]++;
+}
+
+/* Rank r of an MPI run wrote <prefix>.<r>; every replica event agrees. */
+static void check_replicas(const char *prefix, int ranks)
+{
+    long v[3] = {0, 0, 0};
+    for (int r = 0; r < ranks; r++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s.%d", test_tmp(), prefix, r);
+        CHECKF(for_each_event(path, "replica", NULL, crc_of, v) == 1,
+               "%s: not exactly one replica event", path);
+    }
+    CHECKF(v[0] == ranks && v[2] == 0, "%s: %ld replica checksums, %s", prefix, v[0],
+           v[2] ? "not all equal" : "all equal");
+}
+
+/* ASan builds: Open MPI's own allocations at exit are not ours to report.
+ * Keep its components loaded (so their frames resolve), unwind slowly (its
+ * libraries have no frame pointers) and suppress by library. */
+static void quiet_mpi_leaks(void)
+{
+    char supp[1200], opts[1600];
+    snprintf(supp, sizeof supp, "%s/lsan-mpi.supp", test_tmp());
+    FILE *f = fopen(supp, "w");
+    if (!f)
+        return;
+    fputs("leak:libmpi.so\nleak:libopen-pal.so\nleak:libopen-rte.so\nleak:libhwloc.so\n"
+          "leak:libpmix.so\nleak:libevent\nleak:mca_\nleak:ld-linux\n", f);
+    fclose(f);
+    snprintf(opts, sizeof opts, "suppressions=%s:print_suppressions=0", supp);
+    setenv("LSAN_OPTIONS", opts, 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    snprintf(opts, sizeof opts, "%s%sfast_unwind_on_malloc=0", asan ? asan : "",
+             asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    setenv("OMPI_MCA_mca_base_component_disable_dlclose", "1", 1);
+}
+
+int main(void)
+{
+    REQUIRE(test_bin() && test_tmp());
+    if (!dp_mpi_available()) {
+        fprintf(stderr, "skipping: downpour was built without MPI\n");
+        return 77;
+    }
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "skipping: no mpirun (apt-get install openmpi-bin)\n");
+        return 77;
+    }
+    require_mnist();
+    quiet_mpi_leaks();
+    const char *bin = test_bin(), *tmp = test_tmp();
+    int rc;
+
+    /* All-reduce on 3 ranks; each rank its own metrics file. */
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 3 sh -c 'exec %s train --transport mpi --strategy allreduce %s "
+                        "--metrics %s/ar.$OMPI_COMM_WORLD_RANK --save %s/ar-mpi.st'",
+                 bin, common, tmp, tmp);
+    check_done("mpi allreduce", rc, "ar.0");
+    CHECKF(strstr(err, "the transport's collective") != NULL,
+           "allreduce did not use MPI_Allreduce: %s", err);
+    check_replicas("ar", 3);
+
+    /* The same over TCP. */
+    rc = run_cmd(err, sizeof err,
+                 "%s launch --chief --workers 2 -- train --strategy allreduce %s "
+                 "--metrics %s/ar-tcp.jsonl --save %s/ar-tcp.st",
+                 bin, common, tmp, tmp);
+    check_done("tcp allreduce", rc, "ar-tcp.jsonl");
+    double d = max_diff("ar-tcp.st", "ar-mpi.st");
+    fprintf(stderr, "allreduce, TCP ring vs MPI_Allreduce: max |diff| %.3g\n", d);
+    CHECKF(d < 1e-5, "allreduce over TCP and MPI differ by %g", d);
+
+    /* Parameter servers on 4 ranks: chief, ps, 2 workers. */
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 4 sh -c 'exec %s train --transport mpi --ps 1 --strategy ps-async "
+                        "%s --metrics %s/async.$OMPI_COMM_WORLD_RANK'",
+                 bin, common, tmp);
+    check_done("mpi ps-async", rc, "async.0");
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 4 sh -c 'exec %s train --transport mpi --ps 1 --strategy ps-sync "
+                        "%s --metrics %s/sync.$OMPI_COMM_WORLD_RANK --save %s/sync-mpi.st'",
+                 bin, common, tmp, tmp);
+    check_done("mpi ps-sync", rc, "sync.0");
+    rc = run_cmd(err, sizeof err,
+                 "%s launch --chief --workers 2 --ps 1 -- train --strategy ps-sync %s "
+                 "--metrics %s/sync-tcp.jsonl --save %s/sync-tcp.st",
+                 bin, common, tmp, tmp);
+    check_done("tcp ps-sync", rc, "sync-tcp.jsonl");
+    d = max_diff("sync-tcp.st", "sync-mpi.st");
+    fprintf(stderr, "ps-sync, TCP vs MPI: max |diff| %.3g\n", d);
+    CHECKF(d <= 1e-6, "ps-sync over TCP and MPI differ by %g", d);
+
+    /* Nonsense is refused, clearly, and the job ends. */
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 3 %s train --transport mpi --ps 5 --strategy ps-async %s", bin,
+                 common);
+    CHECKF(rc != 0, "--ps 5 on 3 ranks was accepted");
+    CHECKF(strstr(err, "--ps 5 leaves no worker in an MPI job of 3 ranks") != NULL,
+           "unclear refusal: %s", err);
+    return CHECK_DONE();
+}
