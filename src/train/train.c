@@ -22,6 +22,7 @@
 #include "downpour/metrics.h"
 #include "downpour/node.h"
 #include "downpour/resource.h"
+#include "downpour/reducer.h"
 #include "downpour/ring.h"
 
 /* Evaluation runs in chunks this large even when the training batch is small:
@@ -137,6 +138,7 @@ typedef struct run {
     dp_ps_client *client;  /* worker, chief */
     int allreduce;         /* mirrored replicas, gradients summed by dp_ring */
     dp_ring ring;
+    dp_reducer *reducer;   /* allreduce: buckets, overlapped with backprop */
     uint32_t *shard_sizes; /* allreduce: every participant's records per epoch */
     float *x;
     uint8_t *y;
@@ -312,28 +314,6 @@ static double records_in_step(const run *r, long k)
     return total;
 }
 
-/* All-reduce of the gradient, last layers first (backprop's order), in
- * buckets.  Each worker's mean gradient is weighted by its share of the
- * step's records first, so the sum is the mean over the summed batch. */
-static int allreduce_grads(run *r, int records, long k, long step, dp_err *err)
-{
-    float weight = (float)(records / records_in_step(r, k));
-    size_t bucket = r->cfg->bucket_bytes / sizeof(float);
-    if (bucket < 1)
-        bucket = 1;
-    int b = 0;
-    for (size_t hi = r->m.n_params; hi > 0; b++) {
-        size_t lo = hi > bucket ? hi - bucket : 0;
-        float *restrict g = r->m.grads + lo;
-        for (size_t i = 0; i < hi - lo; i++)
-            g[i] *= weight;
-        if (dp_ring_allreduce(&r->ring, g, hi - lo, (uint64_t)step, b, err) < 0)
-            return -1;
-        hi = lo;
-    }
-    return 0;
-}
-
 /* Sums an epoch's training stats over every replica (allreduce). */
 static int allreduce_stats(run *r, double *loss_sum, long *seen, long step, dp_err *err)
 {
@@ -384,6 +364,11 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             double t0 = dp_now();
             int n = dp_batcher_next(&batcher, r->x, r->y, cfg->batch), correct = 0;
             float loss = 0;
+            /* Each replica's mean gradient weighs its share of the step's
+             * records, so the sum is the mean over the summed batch. */
+            if (r->allreduce)
+                dp_reducer_begin(r->reducer, (uint64_t)step + 1,
+                                 (float)(n / records_in_step(r, k)));
             if (n > 0) {
                 loss = dp_model_forward_backward(&r->m, r->x, r->y, n, &correct);
                 if (!isfinite(loss)) {
@@ -401,7 +386,7 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
             } else if (r->allreduce) {
                 if (n == 0)
                     memset(r->m.grads, 0, r->m.n_params * sizeof *r->m.grads);
-                if (allreduce_grads(r, n, k, step + 1, err) < 0)
+                if (dp_reducer_finish(r->reducer, err) < 0)
                     goto out;
                 r->opt.cfg.lr = cfg->optim.lr * scale;
                 dp_optim_apply(&r->opt, r->m.params, r->m.grads);
@@ -689,7 +674,10 @@ static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
     int rc = dp_ring_init(&r->ring, r->node.transport, ranks, n, r->cfg->collective_timeout,
                           0, err);
     free(ranks);
-    if (rc < 0 || open_data(r, err) < 0 ||
+    if (rc < 0 ||
+        dp_reducer_open(&r->reducer, &r->ring, r->m.grads, r->m.n_params, r->cfg->bucket_bytes,
+                        r->cfg->overlap, err) < 0 ||
+        open_data(r, err) < 0 ||
         dp_optim_init(&r->opt, &r->cfg->optim, r->m.n_params, err) < 0)
         return -1;
     dp_shard_policy policy = n > 1 ? r->cfg->shard : DP_SHARD_OFF;
@@ -804,6 +792,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     }
 out:
     dp_ps_client_free(r.client);
+    dp_reducer_close(r.reducer);
     dp_ring_free(&r.ring);
     free(r.shard_sizes);
     free(r.history);
