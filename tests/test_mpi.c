@@ -9,6 +9,8 @@
  *   order than our ring), within 1e-6 for ps-sync (no reduction-order change);
  * - every MPI replica ends bitwise identical (each rank writes its own
  *   metrics file through a shell wrapper, $OMPI_COMM_WORLD_RANK);
+ * - the same with MPI calls serialised (DOWNPOUR_MPI_SERIALIZED=1, as with a
+ *   library that only grants MPI_THREAD_SERIALIZED);
  * - a nonsense job (--ps 5 on 3 ranks) is refused with a clear message.
  * Skipped (77) when downpour was built without MPI or mpirun is missing. */
 #include <math.h>
@@ -180,6 +182,17 @@ int main(void)
     d = max_diff("sync-tcp.st", "sync-mpi.st");
     fprintf(stderr, "ps-sync, TCP vs MPI: max |diff| %.3g\n", d);
     CHECKF(d <= 1e-6, "ps-sync over TCP and MPI differ by %g", d);
+
+    /* The serialised path (a library without MPI_THREAD_MULTIPLE) gives the same. */
+    rc = run_cmd(err, sizeof err,
+                 "DOWNPOUR_MPI_SERIALIZED=1 " MPIRUN " -np 4 sh -c 'exec %s train --transport mpi "
+                 "--ps 1 --strategy ps-sync %s --metrics %s/ser.$OMPI_COMM_WORLD_RANK --save "
+                 "%s/sync-ser.st'",
+                 bin, common, tmp, tmp);
+    check_done("mpi ps-sync, MPI_THREAD_SERIALIZED", rc, "ser.0");
+    CHECKF(strstr(err, "SERIALIZED") != NULL, "the serialised mode was not used: %s", err);
+    d = max_diff("sync-tcp.st", "sync-ser.st");
+    CHECKF(d <= 1e-6, "ps-sync over TCP and serialised MPI differ by %g", d);
 
     /* Nonsense is refused, clearly, and the job ends. */
     rc = run_cmd(err, sizeof err,

@@ -88,9 +88,12 @@ static int open_mpi(dp_node *n, const dp_node_config *cfg, dp_err *err)
         dp_err_prefix(err, "%s (MPI rank %d)", n->self->name, wrank);
         goto fail;
     }
-    if (wrank == 0)
-        dp_info("MPI job of %d ranks: chief (rank 0), %d ps (ranks 1..%d), %d worker(s)", wsize,
-                ps, ps, workers);
+    if (wrank == 0 && ps > 0)
+        dp_info("MPI job of %d ranks: chief (rank 0), %d ps (ranks 1..%d), %d worker(s) (ranks "
+                "%d..%d)", wsize, ps, ps, workers, ps + 1, wsize - 1);
+    else if (wrank == 0)
+        dp_info("MPI job of %d ranks: chief (rank 0), %d worker(s) (ranks 1..%d)", wsize, workers,
+                wsize - 1);
     free(ports);
     free(world_of);
     free(names);

@@ -88,6 +88,7 @@ static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_serial;  /* the library gave less than MPI_THREAD_MULTIPLE */
 static int g_started; /* dp_mpi_init called MPI_Init_thread */
 static int g_done;    /* dp_mpi_finalize ran */
+static int g_said;    /* the serialised mode was logged */
 
 #define LOCK()                                                                                     \
     do {                                                                                           \
@@ -123,7 +124,10 @@ typedef struct mpit {
     int *cluster_of;  /* world_size: world rank -> cluster rank, or -1 */
     uint64_t max_frame;
     peer *peers;
-    /* The all-reduce communicator of the last rank set. */
+    /* The all-reduce communicator of the last rank set.  ar_mu: one
+     * collective at a time from this process (a reducer's communication
+     * thread and the main thread may both reduce). */
+    pthread_mutex_t ar_mu;
     MPI_Comm ar_comm;
     int *ar_ranks, ar_n;
     _Atomic uint64_t coll_bytes; /* estimated bytes each way of the collectives */
@@ -207,8 +211,11 @@ int dp_mpi_init(int *world_rank, int *world_size, dp_err *err)
     if (finalized) {
         rc = dp_errf(err, "MPI was already finalized in this process");
     } else if (!inited) {
+        /* DOWNPOUR_MPI_SERIALIZED=1 asks for less, to test the serialised path. */
+        const char *ser = getenv("DOWNPOUR_MPI_SERIALIZED");
+        int ask = ser && strcmp(ser, "1") == 0 ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE;
         int provided = MPI_THREAD_SINGLE;
-        int r = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        int r = MPI_Init_thread(NULL, NULL, ask, &provided);
         if (r != MPI_SUCCESS) {
             char s[MPI_MAX_ERROR_STRING];
             rc = dp_errf(err, "MPI_Init_thread: %s", mpi_errstr(r, s));
@@ -221,8 +228,7 @@ int dp_mpi_init(int *world_rank, int *world_size, dp_err *err)
             g_started = 1;
             g_serial = provided < MPI_THREAD_MULTIPLE;
             on_exit(finalize_at_exit, NULL);
-            if (g_serial)
-                dp_debug("MPI gives MPI_THREAD_SERIALIZED: MPI calls are serialised");
+
         }
     } else {
         int provided = MPI_THREAD_SINGLE;
@@ -238,6 +244,10 @@ int dp_mpi_init(int *world_rank, int *world_size, dp_err *err)
         int r = 0, s = 0;
         MPI_Comm_rank(MPI_COMM_WORLD, &r);
         MPI_Comm_size(MPI_COMM_WORLD, &s);
+        if (g_serial && r == 0 && !g_said) {
+            dp_info("MPI thread level SERIALIZED: the transport serialises its MPI calls");
+            g_said = 1;
+        }
         if (world_rank)
             *world_rank = r;
         if (world_size)
@@ -576,10 +586,22 @@ static int mpi_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
 
 /* ---- the collective fast path ---- */
 
+static int allreduce_locked(mpit *t, float *buf, size_t len, const int *ranks, int n,
+                            dp_err *err);
+
 static int mpi_allreduce(dp_transport *bt, float *buf, size_t len, const int *ranks, int n,
                          dp_err *err)
 {
     mpit *t = (mpit *)bt;
+    pthread_mutex_lock(&t->ar_mu);
+    int rc = allreduce_locked(t, buf, len, ranks, n, err);
+    pthread_mutex_unlock(&t->ar_mu);
+    return rc;
+}
+
+static int allreduce_locked(mpit *t, float *buf, size_t len, const int *ranks, int n,
+                            dp_err *err)
+{
     char s[MPI_MAX_ERROR_STRING];
     int me = 0;
     if (n < 1 || n > t->base.n_ranks)
@@ -699,6 +721,7 @@ static void mpi_close(dp_transport *bt)
     free(t->world_of);
     free(t->cluster_of);
     free(t->ar_ranks);
+    pthread_mutex_destroy(&t->ar_mu);
     dp_transport_base_free(&t->base);
     free(t);
 }
@@ -727,6 +750,7 @@ int dp_mpi_open(const dp_mpi_config *cfg, dp_transport **out, dp_err *err)
     if (!t)
         return dp_errf(err, "out of memory");
     t->comm = t->ar_comm = MPI_COMM_NULL;
+    pthread_mutex_init(&t->ar_mu, NULL);
     if (dp_transport_base_init(&t->base, &mpi_ops, cfg->rank, cfg->n_ranks, cfg->names,
                                cfg->late_log, err)) {
         free(t);
