@@ -12,9 +12,23 @@
 
 #include "check.h"
 
-/* The program under test and a scratch directory, from CTest's environment. */
+/* The program under test and a scratch directory, from CTest's environment.
+ * The directory is emptied on first use, so no file of an earlier run can
+ * stand in for one this run failed to write. */
 static inline const char *test_bin(void) { return getenv("DOWNPOUR_BIN"); }
-static inline const char *test_tmp(void) { return getenv("DOWNPOUR_TEST_TMP"); }
+static inline const char *test_tmp(void)
+{
+    static int cleaned;
+    const char *dir = getenv("DOWNPOUR_TEST_TMP");
+    if (dir && !cleaned) {
+        char cmd[1200];
+        cleaned = 1;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot empty %s\n", dir);
+    }
+    return dir;
+}
 
 /* Runs a shell command with stdout and stderr kept in files under the scratch
  * directory; returns the exit status (-1 if killed) and copies stderr into out. */

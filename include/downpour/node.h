@@ -38,6 +38,10 @@ void dp_node_config_init(dp_node_config *cfg);
  * mpi: the cluster is the MPI job (mpirun, srun); never returns 1. */
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err);
 
+/* Starts the resource sampler on an open node (when the metrics file could
+ * only be named after the node knew its task, as under MPI). */
+int dp_node_sample(dp_node *n, dp_metrics *m, double interval, dp_err *err);
+
 /* Stops the sampler (one last sample), says BYE, closes.  Safe on an empty node. */
 void dp_node_close(dp_node *n);
 

@@ -105,17 +105,21 @@ fail:
     return -1;
 }
 
+int dp_node_sample(dp_node *n, dp_metrics *m, double interval, dp_err *err)
+{
+    if (n->sampler)
+        return dp_errf(err, "%s: the resource sampler is already running", n->self->name);
+    return dp_resource_sampler_start(&n->sampler, m, n->self->name, interval, transport_bytes,
+                                     n->transport, err);
+}
+
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
 {
     memset(n, 0, sizeof *n);
     int rc;
     if (cfg->transport && strcmp(cfg->transport, "mpi") == 0) {
-        if (open_mpi(n, cfg, err) < 0)
-            goto fail;
-        if (cfg->metrics &&
-            dp_resource_sampler_start(&n->sampler, cfg->metrics, n->self->name,
-                                      cfg->sample_interval, transport_bytes, n->transport,
-                                      err) < 0)
+        if (open_mpi(n, cfg, err) < 0 ||
+            (cfg->metrics && dp_node_sample(n, cfg->metrics, cfg->sample_interval, err) < 0))
             goto fail;
         return 0;
     }
@@ -168,9 +172,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
         dp_err_prefix(err, "%s", n->self->name);
         goto fail;
     }
-    if (cfg->metrics &&
-        dp_resource_sampler_start(&n->sampler, cfg->metrics, n->self->name, cfg->sample_interval,
-                                  transport_bytes, n->transport, err) < 0)
+    if (cfg->metrics && dp_node_sample(n, cfg->metrics, cfg->sample_interval, err) < 0)
         goto fail;
     if (dp_transport_connect_all(n->transport, dp_now() + cfg->connect_timeout, err) < 0) {
         dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);

@@ -745,19 +745,35 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);
-    if (dp_metrics_open(&r.metrics, cfg->metrics_path, err) < 0)
-        return -1;
-    r.history = calloc((size_t)cfg->epochs, sizeof *r.history); /* the table is optional */
-
     dp_node_config nc;
     dp_node_config_init(&nc);
-    nc.metrics = cfg->metrics_path ? r.metrics : NULL;
     if (cfg->transport)
         nc.transport = cfg->transport;
     nc.mpi_ps = cfg->mpi_ps;
-    int node_rc = dp_node_open(&r.node, &nc, err);
-    if (node_rc < 0)
-        goto out;
+    int node_rc;
+    if (strcmp(nc.transport, "mpi") == 0) {
+        /* Every MPI rank gets the same --metrics path: the chief keeps it,
+         * the others write beside it with their task's name, as under launch. */
+        node_rc = dp_node_open(&r.node, &nc, err);
+        char path[1100];
+        const char *mpath = cfg->metrics_path;
+        if (node_rc == 0 && mpath && r.node.self->role != DP_ROLE_CHIEF) {
+            snprintf(path, sizeof path, "%s.%s-%d", mpath, dp_role_name(r.node.self->role),
+                     r.node.self->index);
+            mpath = path;
+        }
+        if (node_rc < 0 || dp_metrics_open(&r.metrics, mpath, err) < 0 ||
+            (mpath && dp_node_sample(&r.node, r.metrics, 1.0, err) < 0))
+            goto out;
+    } else {
+        if (dp_metrics_open(&r.metrics, cfg->metrics_path, err) < 0)
+            return -1;
+        nc.metrics = cfg->metrics_path ? r.metrics : NULL;
+        node_rc = dp_node_open(&r.node, &nc, err);
+        if (node_rc < 0)
+            goto out;
+    }
+    r.history = calloc((size_t)cfg->epochs, sizeof *r.history); /* the table is optional */
     r.in_cluster = node_rc == 0;
     if (!r.in_cluster && cfg->strategy != DP_STRATEGY_SINGLE) {
         dp_errf(err, "strategy %s runs on a cluster. Hint: downpour launch --chief --workers 2 "
