@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "downpour/clock.h"
 #include "downpour/ring.h"
 #include "downpour/tcp.h"
@@ -25,12 +26,6 @@
 #define MAX_REPEATS 21
 
 static const unsigned char secret[32] = "bench_allreduce secret 32 bytes";
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Raw loopback: bytes per second of one TCP stream between two processes. */
 static double raw_loopback(size_t total)
@@ -119,7 +114,7 @@ static int rank_main(int n, int me, const int *fds, char addrs[][32], const size
             if (r >= 0)
                 times[r] = dp_now() - t0;
         }
-        qsort(times, (size_t)repeats, sizeof *times, cmp_double);
+        qsort(times, (size_t)repeats, sizeof *times, bench_cmp_double);
         double med = times[repeats / 2];
         if (me == 0 && write(out_fd, &med, sizeof med) != sizeof med)
             return 1;
@@ -196,7 +191,7 @@ int main(int argc, char **argv)
     double raws[5];
     for (int i = 0; i < 5; i++)
         raws[i] = raw_loopback((size_t)1 << 30);
-    qsort(raws, 5, sizeof *raws, cmp_double);
+    qsort(raws, 5, sizeof *raws, bench_cmp_double);
     double raw = raws[2];
     printf("raw loopback TCP stream: %.0f MB/s (median of 5 x 1 GiB)\n", raw / 1e6);
     int status = 0;

@@ -27,22 +27,13 @@ int main(void)
 #include <mpi.h>
 #include <string.h>
 
+#include "bench.h"
 #include "downpour/mpi.h"
 
 #define REPS 5
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median over REPS of the slowest rank's seconds per call. */
-static double median(double *t)
-{
-    qsort(t, REPS, sizeof *t, cmp_double);
-    return t[REPS / 2];
-}
+static double median(double *t) { return bench_median(t, REPS); }
 
 static double slowest(double secs)
 {

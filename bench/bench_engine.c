@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "downpour/blas.h"
 #include "downpour/clock.h"
 #include "downpour/dataset.h"
@@ -27,18 +28,6 @@
 
 #define MAX_REPEATS 15
 #define N_RECORDS 8192
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Seconds per step of the model's matrix products alone.  Inputs (a, w) are
  * only read and outputs only written, so values never drift into denormals. */
@@ -151,9 +140,9 @@ int main(int argc, char **argv)
                 /* OpenBLAS's idle threads spin ~2^28 cycles before they sleep:
                  * let them, or they would share the cores with the next row. */
                 nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
-                double sps = batch / median(tr, repeats), bound = batch / median(gm, repeats);
+                double sps = batch / bench_median(tr, repeats), bound = batch / bench_median(gm, repeats);
                 printf("%-12s %6d %8d %14.0f %14.0f %8.1f%% %16.0f\n", models[mi], batch, threads,
-                       sps, bound, 100 * sps / bound, batch / median(nat, repeats));
+                       sps, bound, 100 * sps / bound, batch / bench_median(nat, repeats));
                 fflush(stdout);
                 if (mi == 0 && bi == 0) {
                     sps_target[threads] = sps;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "dist/wire.h"
+#include "bench.h"
 #include "downpour/clock.h"
 #include "downpour/cluster.h"
 #include "downpour/launcher.h"
@@ -27,12 +28,6 @@
 
 #define MAX_REPEATS 15
 #define ECHO DP_FRAME_APP(200)
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int open_transport(const dp_cluster *c, int rank, const dp_secret *secret, dp_transport **t,
                           dp_err *err)
@@ -155,8 +150,8 @@ int main(int argc, char **argv)
     }
     if (dp_transport_send(t, 1, DP_WIRE_DONE, 0, 0, NULL, 0, &err) < 0)
         goto fail;
-    qsort(echo_t, (size_t)repeats, sizeof *echo_t, cmp_double);
-    qsort(push_t, (size_t)repeats, sizeof *push_t, cmp_double);
+    qsort(echo_t, (size_t)repeats, sizeof *echo_t, bench_cmp_double);
+    qsort(push_t, (size_t)repeats, sizeof *push_t, bench_cmp_double);
     double e = echo_t[repeats / 2], p = push_t[repeats / 2];
     printf("model mlp-300-100: %zu parameters, %.2f MB each way per push\n", n, bytes / 1e6);
     printf("transport round trip (same bytes, no server work): %8.0f /s  %8.0f MB/s\n", 1 / e,

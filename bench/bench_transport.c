@@ -13,6 +13,7 @@
  * busy machine it flips between the two, so medians become bimodal).
  * DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning);
  * DP_BENCH_CRC=sse4.2+pclmul (etc.) picks the CRC32C implementation. */
+#include "bench.h"
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/tcp.h"
@@ -167,18 +168,6 @@ static void child(int rawfd, dp_transport *t, int reps, unsigned char *buf)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
@@ -299,11 +288,11 @@ int main(int argc, char **argv)
            reps, dp_crc32c_impl(), SOCK_BUF, mode);
     printf("%-28s %12s %12s %8s %s\n", "", "raw", "transport", "ratio", "target");
     for (int k = 0; k < 2; k++) {
-        double a = median(raw_tp[k], reps), b = median(tp_tp[k], reps);
+        double a = bench_median(raw_tp[k], reps), b = bench_median(tp_tp[k], reps);
         printf("throughput %2zu MiB frames (MB/s) %9.0f %12.0f %7.2f%% %s\n", runs[k].size >> 20,
                a, b, 100 * b / a, b >= 0.9 * a ? ">= 90% met" : ">= 90% MISSED");
     }
-    double a = median(raw_lat, reps), b = median(tp_lat, reps);
+    double a = bench_median(raw_lat, reps), b = bench_median(tp_lat, reps);
     printf("round trip, 64 B (us)        %9.1f %12.1f %7.2fx %s\n", a, b, b / a,
            b <= 1.2 * a ? "<= 1.2x met" : "<= 1.2x MISSED");
     free(buf);

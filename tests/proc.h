@@ -4,6 +4,7 @@
 #define DOWNPOUR_TEST_PROC_H
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "check.h"
+#include "downpour/safetensors.h"
 
 /* The program under test and a scratch directory, from CTest's environment.
  * The directory is emptied on first use, so no file of an earlier run can
@@ -131,6 +133,57 @@ static inline const char *json_str(const cJSON *j, const char *key)
     const cJSON *v = cJSON_GetObjectItem(j, key);
     CHECKF(cJSON_IsString(v), "metrics field '%s' missing", key);
     return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* for_each_event callback over "replica" events: v[0] counts them, v[1]
+ * keeps the first params_crc32c, v[2] becomes 1 if any other differs. */
+static inline void tally_replica(const cJSON *j, void *ctx)
+{
+    long *v = ctx;
+    long crc = (long)json_num(j, "params_crc32c");
+    if (v[0] == 0)
+        v[1] = crc;
+    else if (crc != v[1])
+        v[2] = 1;
+    v[0]++;
+}
+
+/* Largest |a - b| over every layers.* tensor of two checkpoints in the
+ * scratch directory (INFINITY if either cannot be read). */
+static inline double checkpoint_max_diff(const char *a_name, const char *b_name)
+{
+    char pa[1200], pb[1200];
+    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
+    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
+    dp_safetensors *a = NULL, *b = NULL;
+    dp_err e;
+    double worst = INFINITY;
+    int tensors = 0;
+    if (dp_safetensors_load(pa, &a, &e) == 0 && dp_safetensors_load(pb, &b, &e) == 0) {
+        worst = 0;
+        for (int i = 0; i < dp_safetensors_count(a); i++) {
+            const dp_st_tensor *ta = dp_safetensors_at(a, i), *tb;
+            if (strncmp(ta->name, "layers.", 7) != 0)
+                continue;
+            tb = dp_safetensors_find(b, ta->name);
+            CHECKF(tb != NULL && tb->ndim == ta->ndim, "%s has no tensor %s like %s's", b_name,
+                   ta->name, a_name);
+            if (!tb || tb->ndim != ta->ndim)
+                continue;
+            tensors++;
+            size_t n = 1;
+            for (int d = 0; d < ta->ndim; d++)
+                n *= (size_t)ta->shape[d];
+            for (size_t k = 0; k < n; k++)
+                worst = fmax(worst, fabs((double)ta->data[k] - (double)tb->data[k]));
+        }
+        CHECKF(tensors > 0, "%s has no layers.* tensor", a_name);
+    } else {
+        CHECKF(0, "%s", e.msg);
+    }
+    dp_safetensors_free(a);
+    dp_safetensors_free(b);
+    return worst;
 }
 
 /* Skips the test (CTest's code 77) when MNIST is not there. */

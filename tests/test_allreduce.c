@@ -8,57 +8,16 @@
 #include <math.h>
 
 #include "downpour/clock.h"
-#include "downpour/safetensors.h"
 #include "proc.h"
 
 static char err[65536];
-
-static double max_diff(const char *a_name, const char *b_name)
-{
-    char pa[1200], pb[1200];
-    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
-    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
-    dp_safetensors *a = NULL, *b = NULL;
-    dp_err e;
-    double worst = INFINITY;
-    if (dp_safetensors_load(pa, &a, &e) == 0 && dp_safetensors_load(pb, &b, &e) == 0) {
-        worst = 0;
-        for (int i = 0; i < dp_safetensors_count(a); i++) {
-            const dp_st_tensor *ta = dp_safetensors_at(a, i), *tb;
-            if (strncmp(ta->name, "layers.", 7) != 0 || !(tb = dp_safetensors_find(b, ta->name)))
-                continue;
-            size_t n = 1;
-            for (int d = 0; d < ta->ndim; d++)
-                n *= (size_t)ta->shape[d];
-            for (size_t k = 0; k < n; k++)
-                worst = fmax(worst, fabs((double)ta->data[k] - (double)tb->data[k]));
-        }
-    } else {
-        CHECKF(0, "%s", e.msg);
-    }
-    dp_safetensors_free(a);
-    dp_safetensors_free(b);
-    return worst;
-}
-
-/* Every replica's final checksum agrees. */
-static void crc_of(const cJSON *j, void *ctx)
-{
-    long *v = ctx;
-    long crc = (long)json_num(j, "params_crc32c");
-    if (v[0] == 0)
-        v[1] = crc;
-    else if (crc != v[1])
-        v[2] = 1;
-    v[0]++;
-}
 
 static void check_replicas(const char *metrics, int replicas)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", test_tmp(), metrics);
     long v[3] = {0, 0, 0};
-    for_each_event(path, "replica", NULL, crc_of, v);
+    for_each_event(path, "replica", NULL, tally_replica, v);
     CHECKF(v[0] == replicas && v[2] == 0, "%s: %ld replica checksums, %s", metrics, v[0],
            v[2] ? "not all equal" : "all equal");
 }
@@ -79,7 +38,7 @@ int main(void)
                      "--bucket-bytes 100000 %s %s --metrics %s/ar%d.jsonl --save %s/ar%d.st",
                      test_bin(), modes[m], common, test_tmp(), m, test_tmp(), m);
         CHECKF(rc == 0, "allreduce %s exited %d: %s", modes[m], rc, err);
-        double d = max_diff("single.st", m ? "ar1.st" : "ar0.st");
+        double d = checkpoint_max_diff("single.st", m ? "ar1.st" : "ar0.st");
         fprintf(stderr, "allreduce %s vs one process at the summed batch: max |diff| %.3g\n",
                 modes[m], d);
         CHECKF(d < 1e-5, "allreduce differs from one process at the summed batch by %g", d);

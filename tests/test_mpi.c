@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "downpour/mpi.h"
-#include "downpour/safetensors.h"
 #include "proc.h"
 
 static char err[65536];
@@ -32,41 +31,6 @@ static const char *common = "--dataset mnist --train-size 3200 --val-size 1000 -
                             "--threads 1 --no-progress --log-every 0 --optimizer sgd --lr 0.1 "
                             "--batch 64";
 
-static double max_diff(const char *a_name, const char *b_name)
-{
-    char pa[1200], pb[1200];
-    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
-    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
-    dp_safetensors *a = NULL, *b = NULL;
-    dp_err e;
-    double worst = INFINITY;
-    int tensors = 0;
-    if (dp_safetensors_load(pa, &a, &e) == 0 && dp_safetensors_load(pb, &b, &e) == 0) {
-        worst = 0;
-        for (int i = 0; i < dp_safetensors_count(a); i++) {
-            const dp_st_tensor *ta = dp_safetensors_at(a, i), *tb;
-            if (strncmp(ta->name, "layers.", 7) != 0)
-                continue;
-            tb = dp_safetensors_find(b, ta->name);
-            CHECKF(tb != NULL, "%s has no tensor %s", b_name, ta->name);
-            if (!tb)
-                continue;
-            tensors++;
-            size_t n = 1;
-            for (int d = 0; d < ta->ndim; d++)
-                n *= (size_t)ta->shape[d];
-            for (size_t k = 0; k < n; k++)
-                worst = fmax(worst, fabs((double)ta->data[k] - (double)tb->data[k]));
-        }
-        CHECKF(tensors > 0, "%s has no layers.* tensor", a_name);
-    } else {
-        CHECKF(0, "%s", e.msg);
-    }
-    dp_safetensors_free(a);
-    dp_safetensors_free(b);
-    return worst;
-}
-
 /* The run went through and its chief wrote the done event. */
 static void check_done(const char *what, int rc, const char *metrics)
 {
@@ -80,17 +44,6 @@ static void check_done(const char *what, int rc, const char *metrics)
     cJSON_Delete(done);
 }
 
-static void crc_of(const cJSON *j, void *ctx)
-{
-    long *v = ctx;
-    long crc = (long)json_num(j, "params_crc32c");
-    if (v[0] == 0)
-        v[1] = crc;
-    else if (crc != v[1])
-        v[2] = 1;
-    v[0]++;
-}
-
 /* Under MPI the chief (rank 0) writes the --metrics path itself and every
  * other rank writes <path>.worker-<k>; every replica event agrees. */
 static void check_replicas(const char *prefix, int ranks)
@@ -102,7 +55,7 @@ static void check_replicas(const char *prefix, int ranks)
             snprintf(path, sizeof path, "%s/%s", test_tmp(), prefix);
         else
             snprintf(path, sizeof path, "%s/%s.worker-%d", test_tmp(), prefix, r - 1);
-        CHECKF(for_each_event(path, "replica", NULL, crc_of, v) == 1,
+        CHECKF(for_each_event(path, "replica", NULL, tally_replica, v) == 1,
                "%s: not exactly one replica event", path);
     }
     CHECKF(v[0] == ranks && v[2] == 0, "%s: %ld replica checksums, %s", prefix, v[0],
@@ -163,7 +116,7 @@ int main(void)
                  "--metrics %s/ar-tcp.jsonl --save %s/ar-tcp.st",
                  bin, common, tmp, tmp);
     check_done("tcp allreduce", rc, "ar-tcp.jsonl");
-    double d = max_diff("ar-tcp.st", "ar-mpi.st");
+    double d = checkpoint_max_diff("ar-tcp.st", "ar-mpi.st");
     fprintf(stderr, "allreduce, TCP ring vs MPI_Allreduce: max |diff| %.3g\n", d);
     CHECKF(d < 1e-5, "allreduce over TCP and MPI differ by %g", d);
 
@@ -183,7 +136,7 @@ int main(void)
                  "--metrics %s/sync-tcp.jsonl --save %s/sync-tcp.st",
                  bin, common, tmp, tmp);
     check_done("tcp ps-sync", rc, "sync-tcp.jsonl");
-    d = max_diff("sync-tcp.st", "sync-mpi.st");
+    d = checkpoint_max_diff("sync-tcp.st", "sync-mpi.st");
     fprintf(stderr, "ps-sync, TCP vs MPI: max |diff| %.3g\n", d);
     CHECKF(d <= 1e-6, "ps-sync over TCP and MPI differ by %g", d);
 
@@ -194,7 +147,7 @@ int main(void)
                  bin, common, tmp, tmp);
     check_done("mpi ps-sync, MPI_THREAD_SERIALIZED", rc, "ser");
     CHECKF(strstr(err, "SERIALIZED") != NULL, "the serialised mode was not used: %s", err);
-    d = max_diff("sync-tcp.st", "sync-ser.st");
+    d = checkpoint_max_diff("sync-tcp.st", "sync-ser.st");
     CHECKF(d <= 1e-6, "ps-sync over TCP and serialised MPI differ by %g", d);
 
     /* Nonsense is refused, clearly, and the job ends. */

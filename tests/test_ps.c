@@ -8,7 +8,6 @@
  *   speed beside that straggler. */
 #include <math.h>
 
-#include "downpour/safetensors.h"
 #include "proc.h"
 
 #define MAX_EVENTS 4096
@@ -48,41 +47,6 @@ static void check_mode(const char *strategy, const char *extra)
     CHECK(for_each_event(path, "resource_total", NULL, NULL, NULL) == 1);
 }
 
-/* Largest |a - b| over every tensor of two checkpoints. */
-static double max_diff(const char *a_name, const char *b_name)
-{
-    char pa[1200], pb[1200];
-    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
-    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
-    dp_safetensors *a = NULL, *b = NULL;
-    dp_err e;
-    double worst = INFINITY;
-    if (dp_safetensors_load(pa, &a, &e) < 0 || dp_safetensors_load(pb, &b, &e) < 0) {
-        CHECKF(0, "%s", e.msg);
-        goto out;
-    }
-    worst = 0;
-    int tensors = 0;
-    for (int i = 0; i < dp_safetensors_count(a); i++) {
-        const dp_st_tensor *ta = dp_safetensors_at(a, i);
-        if (strncmp(ta->name, "layers.", 7) != 0)
-            continue;
-        const dp_st_tensor *tb = dp_safetensors_find(b, ta->name);
-        REQUIRE(tb && tb->ndim == ta->ndim);
-        size_t n = 1;
-        for (int d = 0; d < ta->ndim; d++)
-            n *= (size_t)ta->shape[d];
-        for (size_t k = 0; k < n; k++)
-            worst = fmax(worst, fabs((double)ta->data[k] - (double)tb->data[k]));
-        tensors++;
-    }
-    CHECK(tensors == 6);
-out:
-    dp_safetensors_free(a);
-    dp_safetensors_free(b);
-    return worst;
-}
-
 static void check_sync_is_exact(void)
 {
     const char *common = "--train-size 3200 --val-size 1000 --epochs 1 --optimizer sgd --lr 0.1";
@@ -99,7 +63,7 @@ static void check_sync_is_exact(void)
     rc = launch("ps-sync", 2, 2, "sync2.jsonl", extra);
     CHECKF(rc == 0, "ps-sync on 2 shards exited %d: %s", rc, err);
     CHECKF(strstr(err, "shard 1: parameters") != NULL, "the run did not use two shards: %s", err);
-    double d1 = max_diff("single.st", "sync1.st"), d2 = max_diff("sync1.st", "sync2.st");
+    double d1 = checkpoint_max_diff("single.st", "sync1.st"), d2 = checkpoint_max_diff("sync1.st", "sync2.st");
     fprintf(stderr, "ps-sync vs single at the summed batch: max |diff| %.3g; 2 shards vs 1: %.3g\n",
             d1, d2);
     CHECKF(d1 < 1e-5, "ps-sync differs from one process at the summed batch by %g", d1);
@@ -109,7 +73,7 @@ static void check_sync_is_exact(void)
                  "%s train --batch 64 --threads 1 --no-progress --log-every 0 %s --save %s/other.st",
                  test_bin(), common, test_tmp());
     CHECK(rc == 0);
-    CHECK(max_diff("single.st", "other.st") > 1e-3);
+    CHECK(checkpoint_max_diff("single.st", "other.st") > 1e-3);
 }
 
 /* Clock events of one worker: when it started each step. */

@@ -272,6 +272,19 @@ static void swap_ema(run *r)
     }
 }
 
+/* The end of a run whose evaluator holds the parameters itself (single, the
+ * first all-reduce replica): test accuracy, the done event, the checkpoint. */
+static int report_and_save(run *r, dp_train_result *res, long step, dp_err *err)
+{
+    res->samples_per_second = (double)r->train.n * r->cfg->epochs / res->train_seconds;
+    swap_ema(r);
+    res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
+    log_done(r, res);
+    int saved = save(r, step, err);
+    swap_ema(r);
+    return saved;
+}
+
 /* ------------------------------------------------------------ workers */
 
 static int send_to(run *r, int rank, unsigned type, uint64_t step, const void *p, size_t len,
@@ -459,16 +472,8 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
         uint32_t crc = dp_crc32c(0, r->m.params, r->m.n_params * sizeof *r->m.params);
         dp_metrics_event(r->metrics, "replica", DP_F_INT, "params_crc32c", (long)crc, DP_F_INT,
                          "steps", step, DP_F_END);
-        res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
-        if (evaluator) {
-            swap_ema(r);
-            res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
-            log_done(r, res);
-            int saved = save(r, step, err);
-            swap_ema(r);
-            if (saved < 0)
-                goto out;
-        }
+        if (evaluator && report_and_save(r, res, step, err) < 0)
+            goto out;
     } else if (r->in_cluster) {
         if (r->client)
             dp_info("%s: done after %ld steps in %.2f s; largest clock gap allowed: %ld", label,
@@ -478,15 +483,8 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
                 goto out;
         if (chief >= 0 && send_to(r, chief, DP_WIRE_DONE, (uint64_t)step, NULL, 0, err) < 0)
             goto out;
-    } else {
-        res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
-        swap_ema(r);
-        res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
-        log_done(r, res);
-        int saved = save(r, step, err);
-        swap_ema(r);
-        if (saved < 0)
-            goto out;
+    } else if (report_and_save(r, res, step, err) < 0) {
+        goto out;
     }
     rc = 0;
 out:
