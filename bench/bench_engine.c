@@ -29,23 +29,33 @@
 #define MAX_REPEATS 15
 #define N_RECORDS 8192
 
-/* Seconds per step of the model's matrix products alone.  Inputs (a, w) are
- * only read and outputs only written, so values never drift into denormals. */
+/* Seconds per step of the model's matrix products alone, on the step's own
+ * buffers: the batch x, the weights and gradients in the flat buffers, the
+ * activations in the model's scratch; the output gradients come from two
+ * buffers of random values (read only, so nothing drifts into denormals). */
 #define GEMM_ACT (256 * 1024)
-#define GEMM_MAT (1024 * 1024)
-#define GEMM_SCRATCH (2 * GEMM_ACT + 2 * GEMM_MAT)
-static double gemm_step_seconds(const dp_model *m, int batch, int steps, float *scratch)
+#define GEMM_SCRATCH (2 * GEMM_ACT)
+static double gemm_step_seconds(dp_model *m, const float *x, int batch, int steps,
+                                float *scratch)
 {
-    const float *a = scratch, *w = scratch + GEMM_ACT;
-    float *out = scratch + GEMM_ACT + GEMM_MAT, *dw = out + GEMM_ACT;
+    const float *dout = scratch;
+    float *dinp = scratch + GEMM_ACT;
     double t0 = dp_now();
     for (int s = 0; s < steps; s++) {
-        for (int i = 0; i < m->n_dense; i++) {
-            int in = m->dense[i].in, o = m->dense[i].out;
-            dp_sgemm(false, true, batch, o, in, 1.0f, a, in, w, in, 0.0f, out, o);   /* forward */
-            dp_sgemm(true, false, o, in, batch, 1.0f, a, o, a, in, 0.0f, dw, in);    /* dW */
+        for (int i = 0; i < m->n_dense; i++) { /* forward */
+            const dp_dense *d = &m->dense[i];
+            const float *inp = i == 0 ? x : m->acts + m->act_off[i];
+            dp_sgemm(false, true, batch, d->out, d->in, 1.0f, inp, d->in, m->params + d->w_off,
+                     d->in, 0.0f, m->acts + m->act_off[i + 1], d->out);
+        }
+        for (int i = m->n_dense - 1; i >= 0; i--) { /* backward */
+            const dp_dense *d = &m->dense[i];
+            const float *inp = i == 0 ? x : m->acts + m->act_off[i];
+            dp_sgemm(true, false, d->out, d->in, batch, 1.0f, dout, d->out, inp, d->in, 0.0f,
+                     m->grads + d->w_off, d->in);
             if (i > 0)
-                dp_sgemm(false, false, batch, in, o, 1.0f, a, o, w, in, 0.0f, out, in); /* dinp */
+                dp_sgemm(false, false, batch, d->in, d->out, 1.0f, dout, d->out,
+                         m->params + d->w_off, d->in, 0.0f, dinp, d->in);
         }
     }
     return (dp_now() - t0) / steps;
@@ -126,16 +136,16 @@ int main(int argc, char **argv)
                 dp_batcher_start_epoch(&bt, 0);
                 dp_blas_set_threads(threads);
                 train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
-                gemm_step_seconds(&m, batch, steps / 4 + 1, scratch);
+                gemm_step_seconds(&m, x, batch, steps / 4 + 1, scratch);
                 double tr[MAX_REPEATS], gm[MAX_REPEATS], nat[MAX_REPEATS];
                 for (int r = 0; r < repeats; r++) {
                     tr[r] = train_step_seconds(&m, &o, &bt, x, y, batch, steps);
-                    gm[r] = gemm_step_seconds(&m, batch, steps, scratch);
+                    gm[r] = gemm_step_seconds(&m, x, batch, steps, scratch);
                 }
                 dp_blas_set_native_threads(threads);
-                gemm_step_seconds(&m, batch, steps / 4 + 1, scratch);
+                gemm_step_seconds(&m, x, batch, steps / 4 + 1, scratch);
                 for (int r = 0; r < repeats; r++)
-                    nat[r] = gemm_step_seconds(&m, batch, steps, scratch);
+                    nat[r] = gemm_step_seconds(&m, x, batch, steps, scratch);
                 dp_blas_set_threads(threads);
                 /* OpenBLAS's idle threads spin ~2^28 cycles before they sleep:
                  * let them, or they would share the cores with the next row. */

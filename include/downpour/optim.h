@@ -36,6 +36,8 @@ typedef struct dp_optim {
     size_t n;
     float *state;  /* slots of n floats each: velocity, accumulator, or m then v */
     long t;        /* updates applied so far */
+    int exact;     /* adam: IEEE sqrt and division instead of the fast estimates
+                      (set from DOWNPOUR_EXACT_ADAM=1 by dp_optim_init) */
 } dp_optim;
 
 /* Keras defaults for a kind: sgd lr 0.01; momentum/nesterov lr 0.01 mu 0.9;
