@@ -26,6 +26,11 @@ typedef struct dp_dense {
     int relu;     /* 1 for hidden layers, 0 for the logits layer */
 } dp_dense;
 
+/* Told during dp_model_forward_backward each time the gradients [lo,
+ * n_params) are final, last layer first, so a gradient all-reduce can start
+ * on them while backprop goes on (see reducer.h). */
+typedef void (*dp_grad_ready_fn)(void *ctx, size_t lo);
+
 typedef struct dp_model {
     char spec[128];     /* canonical widths, "784-300-100-10" */
     char name[128];     /* preset name if any, else the spec */
@@ -42,6 +47,8 @@ typedef struct dp_model {
      * caller's x directly (never copied). */
     size_t act_off[DP_MAX_DENSE + 1];
     float *probs;       /* (max_batch, classes) softmax output */
+    dp_grad_ready_fn grad_ready; /* NULL: nobody listens */
+    void *grad_ready_ctx;
 } dp_model;
 
 /* Parses spec, allocates params, grads and scratch; params are zero until

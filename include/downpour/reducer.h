@@ -28,5 +28,8 @@ void dp_reducer_ready(dp_reducer *r, size_t lo);
  * the ring's message if a reduction failed (a late or lost rank). */
 int dp_reducer_finish(dp_reducer *r, dp_err *err);
 int dp_reducer_buckets(const dp_reducer *r);
+/* Buckets whose reduction started while backprop was still running, and
+ * all buckets reduced so far: how much of the communication overlapped. */
+void dp_reducer_counts(dp_reducer *r, long *overlapped, long *total);
 
 #endif

@@ -19,6 +19,8 @@ struct dp_reducer {
     int ready;          /* buckets whose gradients are final */
     int done;           /* buckets reduced */
     int failed, stop;
+    int finishing;      /* dp_reducer_finish has been called this step */
+    long early, total;  /* buckets reduced that started before finish, and all */
     dp_err err;
 };
 
@@ -52,6 +54,7 @@ static void *comm_main(void *arg)
         int b = r->done;
         uint64_t step = r->step;
         float weight = r->weight;
+        r->early += !r->finishing;
         pthread_mutex_unlock(&r->mu);
         dp_err err;
         int rc = reduce_bucket(r, b, step, weight, &err);
@@ -115,12 +118,22 @@ void dp_reducer_close(dp_reducer *r)
 
 int dp_reducer_buckets(const dp_reducer *r) { return r->n_buckets; }
 
+void dp_reducer_counts(dp_reducer *r, long *overlapped, long *total)
+{
+    pthread_mutex_lock(&r->mu);
+    *overlapped = r->early;
+    *total = r->total;
+    pthread_mutex_unlock(&r->mu);
+}
+
 void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight)
 {
     pthread_mutex_lock(&r->mu);
     r->step = step;
     r->weight = weight;
     r->ready = r->done = 0;
+    r->finishing = 0;
+    r->total += r->n_buckets;
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -149,6 +162,7 @@ int dp_reducer_finish(dp_reducer *r, dp_err *err)
     }
     pthread_mutex_lock(&r->mu);
     r->ready = r->n_buckets;
+    r->finishing = 1;
     pthread_cond_broadcast(&r->cv);
     while (r->done < r->n_buckets && !r->failed)
         pthread_cond_wait(&r->cv, &r->mu);

@@ -230,11 +230,15 @@ float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, i
         if (i == 0) { /* the first layer needs no input gradient */
             dp_dense_backward_overwrite(NULL, m->grads + d->w_off, m->grads + d->b_off, cur,
                                         inp, m->params + d->w_off, batch, d->in, d->out);
+            if (m->grad_ready)
+                m->grad_ready(m->grad_ready_ctx, d->w_off);
             break;
         }
         /* inp is the previous layer's relu output: the mask fuses into the product */
         dp_dense_backward_relu_overwrite(next, m->grads + d->w_off, m->grads + d->b_off, cur,
                                          inp, m->params + d->w_off, batch, d->in, d->out);
+        if (m->grad_ready) /* this layer's weights and bias: [w_off, b_off + out) */
+            m->grad_ready(m->grad_ready_ctx, d->w_off);
         float *t = cur;
         cur = next;
         next = t;

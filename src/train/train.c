@@ -470,8 +470,14 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
     if (r->allreduce) {
         /* Mirrored replicas must end identical: each says what it holds. */
         uint32_t crc = dp_crc32c(0, r->m.params, r->m.n_params * sizeof *r->m.params);
+        long early, total;
+        dp_reducer_counts(r->reducer, &early, &total);
         dp_metrics_event(r->metrics, "replica", DP_F_INT, "params_crc32c", (long)crc, DP_F_INT,
-                         "steps", step, DP_F_END);
+                         "steps", step, DP_F_INT, "buckets", total, DP_F_INT,
+                         "buckets_overlapped", early, DP_F_END);
+        if (evaluator)
+            dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
+                    label, early, total);
         if (evaluator && report_and_save(r, res, step, err) < 0)
             goto out;
     } else if (r->in_cluster) {
@@ -643,6 +649,8 @@ out:
 
 /* ------------------------------------------------------------ entry */
 
+static void reducer_ready(void *ctx, size_t lo) { dp_reducer_ready(ctx, lo); }
+
 /* All-reduce: the chief (if any) and the workers are the replicas, in rank
  * order; the first of them evaluates, reports and saves. */
 static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
@@ -683,6 +691,9 @@ static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
         r->shard_sizes[w] = dp_shard_size(policy, r->train.n, policy == DP_SHARD_OFF ? 0 : w,
                                           policy == DP_SHARD_OFF ? 1 : n);
     r->allreduce = 1;
+    /* Backprop tells the reducer as each layer's gradients are final. */
+    r->m.grad_ready = reducer_ready;
+    r->m.grad_ready_ctx = r->reducer;
     if (r->cfg->ema > 0 && r->worker_index == 0 && alloc_ema(r, err) < 0)
         return -1;
     if (r->worker_index == 0)
