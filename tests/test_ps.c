@@ -167,7 +167,8 @@ int main(void)
 {
     REQUIRE(test_bin() && test_tmp());
     require_mnist();
-    check_mode("ps-async", "--epochs 2");
+    check_mode("ps-async", "--epochs 2 --keep-best --ema 0.9");
+    CHECKF(strstr(err, "Restored the weights of epoch"), "--keep-best restored nothing: %s", err);
     check_mode("ps-sync", "--epochs 2");
     check_mode("ps-ssp", "--epochs 2 --staleness 3");
     check_mode("ps-dssp", "--epochs 2 --staleness-range 1:6");

@@ -59,6 +59,8 @@ typedef struct dp_train_config {
     dp_lr_schedule lr_schedule;
     float ema;                /* evaluate and save an exponential moving average of
                                  the parameters with this decay (0: the parameters) */
+    bool keep_best;           /* report and save the epoch with the best validation
+                                 accuracy, not the last (Keras restore_best_weights) */
     uint64_t seed;
     uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
     int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */

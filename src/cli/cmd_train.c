@@ -57,7 +57,7 @@ int cmd_train(int argc, char **argv)
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
     double lr = -1, momentum = -1, ema = 0;
-    bool no_progress = false, quiet = false;
+    bool no_progress = false, quiet = false, keep_best = false;
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
@@ -83,6 +83,7 @@ int cmd_train(int argc, char **argv)
         {"lr", CLI_NUM, &lr, "X", "learning rate (-1: the optimizer's Keras default)", -1, 100},
         {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
+        {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", "momentum for momentum/nesterov (-1: 0.9)", -1, 1},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
@@ -134,6 +135,7 @@ int cmd_train(int argc, char **argv)
     cfg.trace_clocks = trace_clocks;
     cfg.bucket_bytes = (size_t)bucket_bytes;
     cfg.ema = (float)ema;
+    cfg.keep_best = keep_best;
     if (mpi_ps > 0 && strcmp(transport, "mpi") != 0) {
         fprintf(stderr, "downpour train: --ps %ld is for --transport mpi; a TCP cluster's ps tasks "
                         "come from its spec (downpour launch --ps, or the \"ps\" list)\n", mpi_ps);

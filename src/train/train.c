@@ -134,6 +134,9 @@ typedef struct run {
     dp_model m;
     dp_optim opt;          /* single: the optimiser */
     float *ema;            /* single, allreduce evaluator: moving average of params */
+    float *best;           /* --keep-best: the evaluated weights of the best epoch */
+    double best_acc;
+    int best_epoch;
     dp_ps_layout layout;
     dp_ps_client *client;  /* worker, chief */
     int allreduce;         /* mirrored replicas, gradients summed by dp_ring */
@@ -249,6 +252,17 @@ static int alloc_ema(run *r, dp_err *err)
     return 0;
 }
 
+static int alloc_best(run *r, dp_err *err)
+{
+    if (!r->cfg->keep_best)
+        return 0;
+    r->best = malloc(r->m.n_params * sizeof *r->best);
+    if (!r->best)
+        return dp_errf(err, "out of memory for the best epoch's weights");
+    r->best_acc = -1;
+    return 0;
+}
+
 /* The moving average follows every update (single, the all-reduce evaluator). */
 static void update_ema(run *r)
 {
@@ -272,16 +286,39 @@ static void swap_ema(run *r)
     }
 }
 
+/* --keep-best: after each validation, keep the weights just evaluated when
+ * they beat every earlier epoch (Keras's restore_best_weights). */
+static void note_best(run *r, int epoch, double val_acc)
+{
+    if (r->best && val_acc > r->best_acc) {
+        memcpy(r->best, r->m.params, r->m.n_params * sizeof *r->best);
+        r->best_acc = val_acc;
+        r->best_epoch = epoch;
+    }
+}
+
+/* At the end: report and save the best epoch's weights instead of the last. */
+static void restore_best(run *r)
+{
+    if (!r->best || r->best_epoch == 0)
+        return;
+    r->m.params = r->best;
+    dp_info("Restored the weights of epoch %d (val_accuracy %.4f), the best of %d", r->best_epoch,
+            r->best_acc, r->cfg->epochs);
+}
+
 /* The end of a run whose evaluator holds the parameters itself (single, the
  * first all-reduce replica): test accuracy, the done event, the checkpoint. */
 static int report_and_save(run *r, dp_train_result *res, long step, dp_err *err)
 {
     res->samples_per_second = (double)r->train.n * r->cfg->epochs / res->train_seconds;
-    swap_ema(r);
+    float *live = r->m.params;
+    r->m.params = r->ema ? r->ema : live;
+    restore_best(r);
     res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
     log_done(r, res);
     int saved = save(r, step, err);
-    swap_ema(r);
+    r->m.params = live;
     return saved;
 }
 
@@ -449,6 +486,7 @@ static int train_worker(run *r, dp_train_result *res, dp_err *err)
         } else if (!r->in_cluster || r->allreduce) {
             swap_ema(r);
             double val_loss, val_acc = dp_evaluate(&r->m, &r->val, r->x, r->y, &val_loss);
+            note_best(r, epoch + 1, val_acc);
             swap_ema(r);
             log_epoch(r, epoch + 1, epoch_loss, val_acc, val_loss, dp_now() - t_epoch, step);
             res->val_accuracy = val_acc;
@@ -512,6 +550,7 @@ static int chief_evaluate(run *r, int epoch, const epoch_tally *t, double secs, 
     if (dp_ps_client_pull(r->client, r->m.params, r->cfg->ema > 0, err) < 0)
         return -1;
     double val_loss, val_acc = dp_evaluate(&r->m, &r->val, r->x, r->y, &val_loss);
+    note_best(r, epoch, val_acc);
     log_epoch(r, epoch, t->records > 0 ? t->loss_sum / t->records : 0, val_acc, val_loss, secs, step);
     res->val_accuracy = val_acc;
     res->train_loss = t->records > 0 ? t->loss_sum / t->records : 0;
@@ -631,9 +670,13 @@ static int run_chief(run *r, dp_train_result *res, dp_err *err)
     if (dp_ps_client_pull(r->client, r->m.params, r->cfg->ema > 0, err) < 0)
         goto out;
     res->samples_per_second = (double)r->train.n * cfg->epochs / res->train_seconds;
+    float *pulled = r->m.params;
+    restore_best(r);
     res->test_accuracy = dp_evaluate(&r->m, &r->ds.test, r->x, r->y, NULL);
     log_done(r, res);
-    if (save(r, steps, err) < 0)
+    int saved = save(r, steps, err);
+    r->m.params = pulled;
+    if (saved < 0)
         goto out;
     rc = 0;
 out:
@@ -694,7 +737,8 @@ static int run_allreduce(run *r, dp_train_result *res, dp_err *err)
     /* Backprop tells the reducer as each layer's gradients are final. */
     r->m.grad_ready = reducer_ready;
     r->m.grad_ready_ctx = r->reducer;
-    if (r->cfg->ema > 0 && r->worker_index == 0 && alloc_ema(r, err) < 0)
+    if (r->worker_index == 0 && ((r->cfg->ema > 0 && alloc_ema(r, err) < 0) ||
+                                 alloc_best(r, err) < 0))
         return -1;
     if (r->worker_index == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
@@ -736,7 +780,7 @@ static int run_cluster_role(run *r, dp_train_result *res, dp_err *err)
                           r->m.n_params, err) < 0)
         return -1;
     if (role == DP_ROLE_CHIEF)
-        return run_chief(r, res, err);
+        return alloc_best(r, err) < 0 ? -1 : run_chief(r, res, err);
     r->worker_index = r->node.self->index;
     return train_worker(r, res, err);
 }
@@ -811,7 +855,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
             dp_err_prefix(err, "%s", r.node.self->name);
     } else {
         if (dp_optim_init(&r.opt, &cfg->optim, r.m.n_params, err) < 0 || open_data(&r, err) < 0 ||
-            (cfg->ema > 0 && alloc_ema(&r, err) < 0))
+            (cfg->ema > 0 && alloc_ema(&r, err) < 0) || alloc_best(&r, err) < 0)
             goto out;
         rc = train_worker(&r, res, err);
     }
@@ -822,6 +866,7 @@ out:
     free(r.shard_sizes);
     free(r.history);
     free(r.ema);
+    free(r.best);
     free(r.x);
     free(r.y);
     dp_optim_free(&r.opt);
