@@ -316,6 +316,11 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
                                     &err) == 0;
             if (!ok)
                 conn_fail(t, peer, 0, "sending a heartbeat: %s", err.msg);
+        } else if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+            /* The peer has closed: what it sent before closing is still to
+             * be read, and the reader's account of it (a frame cut short,
+             * a clean EOF) is the reason worth reporting.  Leave it to the
+             * reader; the silence check still covers a reader that never comes. */
         } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
             conn_fail(t, peer, 0, "sending a heartbeat: %s", strerror(errno));
         }
