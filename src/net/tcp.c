@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RECV_CHUNK (64 * 1024) /* payload read size: the CRC runs while it is in L1/L2 */
+#define RECV_CHUNK (8 * 1024) /* payload read size: 8 KiB reads keep the kernel's copy and the CRC in L1 (measured best of 8..1024 KiB) */
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 #define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
 
