@@ -31,7 +31,7 @@ done
 # (ps-sync averages 6 workers' gradients: 6x the batch, so a larger rate).
 declare -A HPARAMS=(
   [ps-async:128]="--optimizer adam --lr 0.001 --lr-schedule cosine"
-  [ps-async:256]="--optimizer adam --lr 0.0005 --lr-schedule cosine"
+  [ps-async:256]="--optimizer adam --lr 0.0005"
   [ps-sync:128]="--optimizer adam --lr 0.003 --lr-schedule cosine"
   [ps-sync:256]="--optimizer adam --lr 0.004 --lr-schedule cosine"
   [allreduce:128]="--optimizer adam --lr 0.003 --lr-schedule cosine"
