@@ -52,7 +52,7 @@ data: deps
 # local cluster (a chief, two workers, one ps) with Downpour SGD (ps-async).
 run: build data
 	$(BUILD)/downpour launch --chief --workers 2 --ps 1 -- train --strategy ps-async \
-	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.0005 --log-every 200 \
+	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.001 --lr-schedule cosine --log-every 200 \
 	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
 
 test: build asan fuzz-build data
