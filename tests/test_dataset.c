@@ -17,28 +17,11 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "scratch.h"
 #include "downpour/clock.h"
 #include "downpour/dataset.h"
 
 static char scratch[1024];
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void make_scratch(void)
-{
-    const char *t = getenv("DOWNPOUR_TEST_TMP");
-    if (t && *t) {
-        mkdir(t, 0755);
-        snprintf(scratch, sizeof scratch, "%s/test_dataset.XXXXXX", t);
-    } else {
-        snprintf(scratch, sizeof scratch, "/tmp/test_dataset.XXXXXX");
-    }
-    REQUIRE(mkdtemp(scratch) != NULL);
-}
 
 /* scratch/<a>[/<b>], in one of a few rotating buffers. */
 static const char *sp(const char *a, const char *b)
@@ -765,7 +748,7 @@ int main(void)
     const char *env = getenv("DOWNPOUR_DATA");
     if (env && *env)
         snprintf(real_root, sizeof real_root, "%s", env);
-    make_scratch();
+    scratch_make(scratch, sizeof scratch, "test_dataset");
     unsetenv("DOWNPOUR_DATA");
     unsetenv("DOWNPOUR_CACHE");
     unsetenv("DOWNPOUR_CACHE_VERIFY");
@@ -793,6 +776,6 @@ int main(void)
 
     int rc = CHECK_DONE();
     if (rc == 0)
-        nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        scratch_remove(scratch);
     return rc;
 }

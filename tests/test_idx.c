@@ -11,27 +11,10 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "scratch.h"
 #include "downpour/idx.h"
 
 static char scratch[1024];
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void make_scratch(void)
-{
-    const char *t = getenv("DOWNPOUR_TEST_TMP");
-    if (t && *t) {
-        mkdir(t, 0755);
-        snprintf(scratch, sizeof scratch, "%s/test_idx.XXXXXX", t);
-    } else {
-        snprintf(scratch, sizeof scratch, "/tmp/test_idx.XXXXXX");
-    }
-    REQUIRE(mkdtemp(scratch) != NULL);
-}
 
 static const char *path_of(const char *name)
 {
@@ -114,7 +97,7 @@ static void check_good(const char *path, int ndim, const uint32_t *dims, size_t 
 
 int main(void)
 {
-    make_scratch();
+    scratch_make(scratch, sizeof scratch, "test_idx");
     static uint8_t buf[1 << 16];
     uint32_t d3[3] = {3, 4, 5}, d1[1] = {7};
     size_t n;
@@ -242,6 +225,6 @@ int main(void)
     dp_idx_free(NULL);
     int rc = CHECK_DONE();
     if (rc == 0)
-        nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        scratch_remove(scratch);
     return rc;
 }
