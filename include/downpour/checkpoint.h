@@ -14,6 +14,7 @@ typedef struct dp_ckpt_info {
     long step;
     long epoch;
     const char *strategy;
+    const char *dataset; /* what it was trained on ("mnist", or a directory) */
 } dp_ckpt_info;
 
 /* opt may be NULL (weights only). */
@@ -23,7 +24,7 @@ int dp_checkpoint_save(const char *path, const dp_model *m, const dp_optim *opt,
 /* Builds *m from the file's model spec (max_batch for scratch) and loads the
  * weights; if opt is non-NULL and the file holds optimiser state, restores it
  * (opt must be initialised for m->n_params with the same kind).  info may be
- * NULL; its strategy string points into a static buffer. */
+ * NULL; its strategy and dataset strings point into static buffers. */
 int dp_checkpoint_load(const char *path, dp_model *m, int max_batch, dp_optim *opt,
                        dp_ckpt_info *info, dp_err *err);
 

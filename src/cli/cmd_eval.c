@@ -52,6 +52,9 @@ int cmd_eval(int argc, char **argv)
                  checkpoint, dp_model_inputs(&m), dataset, ds.test.dim);
         goto out;
     }
+    if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
+        dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
+                dataset);
     x = malloc((size_t)EVAL_BATCH * ds.test.dim * sizeof *x);
     y = malloc(EVAL_BATCH);
     if (!x || !y) {

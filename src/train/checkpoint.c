@@ -45,6 +45,7 @@ int dp_checkpoint_save(const char *path, const dp_model *m, const dp_optim *opt,
         {"step", step},
         {"epoch", epoch},
         {"strategy", info && info->strategy ? info->strategy : "single"},
+        {"dataset", info && info->dataset ? info->dataset : "unknown"},
     };
     return dp_safetensors_save(path, t, nt, meta, (int)(sizeof meta / sizeof meta[0]), err);
 }
@@ -71,7 +72,7 @@ static long meta_long(const dp_safetensors *st, const char *key)
 int dp_checkpoint_load(const char *path, dp_model *m, int max_batch, dp_optim *opt,
                        dp_ckpt_info *info, dp_err *err)
 {
-    static char strategy[64];
+    static char strategy[64], dataset[1024];
     dp_safetensors *st = NULL;
     if (dp_safetensors_load(path, &st, err) < 0)
         return -1;
@@ -116,6 +117,9 @@ int dp_checkpoint_load(const char *path, dp_model *m, int max_batch, dp_optim *o
         const char *s = dp_safetensors_meta(st, "strategy");
         snprintf(strategy, sizeof strategy, "%s", s ? s : "unknown");
         info->strategy = strategy;
+        const char *d = dp_safetensors_meta(st, "dataset");
+        snprintf(dataset, sizeof dataset, "%s", d ? d : "unknown");
+        info->dataset = dataset;
     }
     dp_safetensors_free(st);
     return 0;

@@ -236,7 +236,8 @@ static int save(run *r, long step, dp_err *err)
     if (!r->cfg->save_path)
         return 0;
     dp_ckpt_info info = {.step = step, .epoch = r->cfg->epochs,
-                         .strategy = dp_strategy_name(r->cfg->strategy)};
+                         .strategy = dp_strategy_name(r->cfg->strategy),
+                         .dataset = r->cfg->dataset};
     if (dp_checkpoint_save(r->cfg->save_path, &r->m, r->in_cluster ? NULL : &r->opt, &info, err) < 0)
         return -1;
     dp_info("Saved %s", r->cfg->save_path);
