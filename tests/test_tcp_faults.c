@@ -462,13 +462,23 @@ int main(void)
     /* A stopped peer says nothing: lost by silence after the 2 s timeout. */
     REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &fd[1], &port[1], &err) == 0);
     snprintf(addr_buf[1], sizeof addr_buf[1], "127.0.0.1:%d", port[1]);
+    /* A stranger connects first and says nothing: the good peer's handshake
+     * runs beside it, not after its 2 s handshake timeout. */
+    int silent = raw_connect();
+    REQUIRE(silent >= 0);
+    usleep(100 * 1000); /* its handshake is under way */
     pid_t stopped = fork();
     REQUIRE(stopped >= 0);
     if (stopped == 0)
         _exit(good_peer(1, fd[1]));
     close(fd[1]);
+    t0 = dp_now();
     CHECKF(dp_transport_connect(t, 1, dp_now() + 10, &err) == 0, "%s", err.msg);
+    dt = dp_now() - t0;
+    CHECKF(dt < 1.5, "a silent stranger delayed a good peer's connection by %.2f s", dt);
+    fprintf(stderr, "connected beside a silent stranger in %.3f s\n", dt);
     CHECK(ping(t, 1, 200) == 0);
+    close(silent);
     kill(stopped, SIGSTOP);
     t0 = dp_now();
     CHECK(dp_transport_poll(t, 1, 5, &ev, &err) == 0);

@@ -2,7 +2,8 @@
  *
  * Threads: the caller's threads send (one frame at a time per connection,
  * under conn.send_mu) and one caller thread receives (poll, recv_payload);
- * an accept thread runs the handshake of incoming connections; a heartbeat
+ * an accept thread starts a thread for the handshake of each incoming
+ * connection (so a silent stranger delays nobody); a heartbeat
  * thread sends HEARTBEAT frames on idle connections and notices silent peers.
  *
  * Liveness: last_rx_us is refreshed whenever the receiving thread reads bytes
@@ -41,6 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Handshakes run in threads of their own, so a stranger who connects and
+ * says nothing delays nobody; past this many at once, new ones are refused. */
+#define MAX_HANDSHAKES 32
 #define RECV_CHUNK (8 * 1024) /* payload read size: 8 KiB reads keep the kernel's copy and the CRC in L1 (measured best of 8..1024 KiB) */
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 #define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
@@ -84,9 +88,10 @@ typedef struct tcp {
     uint64_t max_frame;
     int sock_buf;
     _Atomic int stopping;
-    pthread_mutex_t mu;  /* install/wait for a connection; hs_fd */
-    pthread_cond_t cond; /* a connection was installed */
-    int hs_fd;           /* fd of the handshake the accept thread runs, or -1 */
+    pthread_mutex_t mu;  /* install/wait for a connection; the handshakes below */
+    pthread_cond_t cond; /* a connection was installed, or a handshake ended */
+    int hs_fd[MAX_HANDSHAKES]; /* fds of the handshakes in progress, or -1 */
+    int hs_active;       /* handshake threads running */
     pthread_t accept_thr, hb_thr;
     int threads;
     int rr; /* poll's round-robin start */
@@ -240,6 +245,90 @@ static int admit(void *ctx, int peer, char *why, size_t cap)
     return rc;
 }
 
+typedef struct handshake {
+    tcp *t;
+    int fd, slot;
+    char addr[64];
+} handshake;
+
+/* One incoming connection: tune, authenticate, install (or refuse). */
+static void *handshake_main(void *arg)
+{
+    handshake *h = arg;
+    tcp *t = h->t;
+    dp_err err;
+    dp_auth_io io = {0};
+    int peer = -1;
+    dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
+                         dp_now() + t->hs_timeout, admit, t};
+    int rc = dp_sock_tune(h->fd, t->sock_buf, h->addr, &err);
+    if (rc == 0)
+        rc = dp_auth_accept(h->fd, &ap, &peer, &io, &err);
+    if (rc == 0)
+        rc = make_blocking(t, h->fd, &err);
+    pthread_mutex_lock(&t->mu);
+    t->hs_fd[h->slot] = -1;
+    int stopping = atomic_load(&t->stopping);
+    pthread_mutex_unlock(&t->mu);
+    if (rc != 0 || stopping) {
+        if (rc != 0 && !stopping)
+            dp_warn("refused connection from %s: %s", h->addr, err.msg);
+        close(h->fd);
+    } else {
+        install(t, peer, h->fd, h->addr, &io);
+    }
+    pthread_mutex_lock(&t->mu);
+    t->hs_active--;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+    free(h);
+    return NULL;
+}
+
+/* Starts a handshake thread for fd; refuses it when too many are running. */
+static void start_handshake(tcp *t, int fd)
+{
+    handshake *h = calloc(1, sizeof *h);
+    char addr[64];
+    dp_sock_peer_str(fd, addr, sizeof addr);
+    int slot = -1;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; h && i < MAX_HANDSHAKES && slot < 0; i++)
+        if (t->hs_fd[i] < 0)
+            slot = i;
+    if (slot >= 0) {
+        t->hs_fd[slot] = fd;
+        t->hs_active++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (slot < 0) {
+        dp_warn("refused connection from %s: %s", addr,
+                h ? "too many handshakes in progress" : "out of memory");
+        close(fd);
+        free(h);
+        return;
+    }
+    h->t = t;
+    h->fd = fd;
+    h->slot = slot;
+    snprintf(h->addr, sizeof h->addr, "%s", addr);
+    pthread_t thr;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&thr, &attr, handshake_main, h);
+    pthread_attr_destroy(&attr);
+    if (e != 0) {
+        dp_warn("refused connection from %s: cannot start its handshake: %s", addr, strerror(e));
+        pthread_mutex_lock(&t->mu);
+        t->hs_fd[slot] = -1;
+        t->hs_active--;
+        pthread_mutex_unlock(&t->mu);
+        close(fd);
+        free(h);
+    }
+}
+
 static void *accept_main(void *arg)
 {
     tcp *t = arg;
@@ -261,31 +350,7 @@ static void *accept_main(void *arg)
             }
             continue;
         }
-        char addr[64];
-        dp_sock_peer_str(fd, addr, sizeof addr);
-        dp_err err;
-        dp_auth_io io = {0};
-        int peer = -1;
-        dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
-                             dp_now() + t->hs_timeout, admit, t};
-        pthread_mutex_lock(&t->mu);
-        t->hs_fd = fd;
-        pthread_mutex_unlock(&t->mu);
-        int rc = dp_sock_tune(fd, t->sock_buf, addr, &err);
-        if (rc == 0)
-            rc = dp_auth_accept(fd, &ap, &peer, &io, &err);
-        if (rc == 0)
-            rc = make_blocking(t, fd, &err);
-        pthread_mutex_lock(&t->mu);
-        t->hs_fd = -1;
-        pthread_mutex_unlock(&t->mu);
-        if (rc != 0) {
-            if (!atomic_load(&t->stopping))
-                dp_warn("refused connection from %s: %s", addr, err.msg);
-            close(fd);
-            continue;
-        }
-        install(t, peer, fd, addr, &io);
+        start_handshake(t, fd);
     }
     return NULL;
 }
@@ -1011,11 +1076,15 @@ static void tcp_close(dp_transport *bt)
         do
             w = write(t->wake[1], "x", 1);
         while (w < 0 && errno == EINTR);
-        pthread_mutex_lock(&t->mu);
-        if (t->hs_fd >= 0)
-            shutdown(t->hs_fd, SHUT_RDWR); /* cut a stranger's slow handshake short */
-        pthread_mutex_unlock(&t->mu);
         pthread_join(t->accept_thr, NULL);
+        /* Cut strangers' slow handshakes short and wait for every one to end. */
+        pthread_mutex_lock(&t->mu);
+        for (int i = 0; i < MAX_HANDSHAKES; i++)
+            if (t->hs_fd[i] >= 0)
+                shutdown(t->hs_fd[i], SHUT_RDWR);
+        while (t->hs_active > 0)
+            pthread_cond_wait(&t->cond, &t->mu);
+        pthread_mutex_unlock(&t->mu);
         pthread_join(t->hb_thr, NULL);
     }
     for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
@@ -1114,7 +1183,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     tcp *t = calloc(1, sizeof *t);
     if (!t)
         return dp_errf(err, "out of memory");
-    t->listen_fd = t->hs_fd = -1;
+    t->listen_fd = -1;
+    for (int i = 0; i < MAX_HANDSHAKES; i++)
+        t->hs_fd[i] = -1;
     t->wake[0] = t->wake[1] = -1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_condattr_t ca;
