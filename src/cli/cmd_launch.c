@@ -10,10 +10,10 @@
 #include "downpour/status.h"
 
 #define LAUNCH_USAGE                                                                      \
-    "downpour launch --workers N [--ps P] [--chief] [--grace S] [--] train [TRAIN OPTIONS]\n" \
+    "downpour launch --workers N [--ps P] [--chief] [--grace S] [--] train|ping [OPTIONS]\n" \
     "\n"                                                                                  \
     "Starts the tasks of a cluster as local processes on free 127.0.0.1 ports, each\n"   \
-    "running `downpour train ...` with its DOWNPOUR_CONFIG, a fresh DOWNPOUR_SECRET\n"   \
+    "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh secret\n" \
     "and OPENBLAS_NUM_THREADS = cores / tasks (unless set). Output lines are prefixed\n"  \
     "with the task ([worker 2] ...). SIGINT/SIGTERM are forwarded to every task; when\n"  \
     "one task fails the others get SIGTERM, then SIGKILL after the grace period, and\n"   \

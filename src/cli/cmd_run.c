@@ -9,7 +9,7 @@
 #include "downpour/status.h"
 
 #define RUN_USAGE                                                                         \
-    "downpour run [--cluster FILE] [--task TYPE:INDEX] [--] train [TRAIN OPTIONS]\n"      \
+    "downpour run [--cluster FILE] [--task TYPE:INDEX] [--] train|ping [OPTIONS]\n"      \
     "\n"                                                                                  \
     "Runs one task of a cluster in this process. The spec (TF_CONFIG format:\n"           \
     "{\"cluster\": {\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}) comes\n" \
