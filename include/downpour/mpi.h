@@ -7,7 +7,7 @@
  * workers, ps; see cluster.h); world_rank_of maps them to MPI world ranks.
  *
  * Built without MPI (cmake -DDOWNPOUR_MPI=OFF, or no MPI library found) every
- * call below is a stub: dp_mpi_available says 0 and the others fail with a
+ * call below falls back: dp_mpi_available says 0 and the others fail with a
  * message saying how to get MPI. */
 #ifndef DOWNPOUR_MPI_H
 #define DOWNPOUR_MPI_H
