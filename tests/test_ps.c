@@ -117,6 +117,28 @@ static long finished_by(const trace *v, double t)
     return c;
 }
 
+/* The largest lead over the slowest worker seen in the traces, and the
+ * largest gap the servers said they allowed. */
+static long traced_lead(const trace *tr, int workers, long *server_gap)
+{
+    long worst = 0;
+    *server_gap = 0;
+    for (int w = 0; w < workers; w++) {
+        *server_gap = tr[w].max_gap > *server_gap ? tr[w].max_gap : *server_gap;
+        for (int i = 0; i < tr[w].n; i++) {
+            long slowest = tr[w].clock[i];
+            for (int v = 0; v < workers; v++)
+                if (v != w && tr[v].n > 0 && tr[v].mono[tr[v].n - 1] > tr[w].mono[i]) {
+                    long f = finished_by(&tr[v], tr[w].mono[i]);
+                    slowest = f < slowest ? f : slowest;
+                }
+            long gap = tr[w].clock[i] - slowest;
+            worst = gap > worst ? gap : worst;
+        }
+    }
+    return worst;
+}
+
 static void check_ssp_bound(void)
 {
     enum { W = 3, S = 2 };
@@ -128,26 +150,28 @@ static void check_ssp_bound(void)
     CHECKF(rc == 0, "ps-ssp exited %d: %s", rc, err);
     static trace tr[W];
     read_traces("ssp.jsonl", tr, W);
-    long worst = 0;
-    for (int w = 0; w < W; w++) {
-        CHECKF(tr[w].max_gap <= S, "worker %d was let run %ld clocks ahead (s = %d)", w,
-               tr[w].max_gap, S);
-        for (int i = 0; i < tr[w].n; i++) {
-            long slowest = tr[w].clock[i];
-            for (int v = 0; v < W; v++)
-                if (v != w && tr[v].n > 0 && tr[v].mono[tr[v].n - 1] > tr[w].mono[i]) {
-                    long f = finished_by(&tr[v], tr[w].mono[i]);
-                    slowest = f < slowest ? f : slowest;
-                }
-            long gap = tr[w].clock[i] - slowest;
-            worst = gap > worst ? gap : worst;
-        }
-    }
+    long allowed, worst = traced_lead(tr, W, &allowed);
+    CHECKF(allowed <= S, "a worker was let run %ld clocks ahead (s = %d)", allowed, S);
     /* A worker's trace line follows its push, so the servers may count one
      * more step of the slowest worker than its trace shows by then: s + 1. */
     fprintf(stderr, "ps-ssp s=%d with a straggler: largest lead seen in the traces %ld\n", S, worst);
     CHECKF(worst <= S + 1, "a worker led the slowest by %ld clocks with staleness %d", worst, S);
     CHECKF(worst >= 1, "the straggler never fell behind: the test proves nothing");
+
+    /* ps-dssp: the bound adapts within its range.  The straggler's next push
+     * is always far off, so the fast workers are let run past the lower
+     * bound, and never past the upper one. */
+    enum { LO = 1, HI = 4 };
+    snprintf(extra, sizeof extra, "%s --staleness-range %d:%d", common, LO, HI);
+    rc = launch("ps-dssp", W, 1, "dssp.jsonl", extra);
+    CHECKF(rc == 0, "ps-dssp exited %d: %s", rc, err);
+    read_traces("dssp.jsonl", tr, W);
+    worst = traced_lead(tr, W, &allowed);
+    fprintf(stderr, "ps-dssp %d:%d with a straggler: servers allowed %ld, traces show %ld\n", LO, HI,
+            allowed, worst);
+    CHECKF(allowed <= HI && worst <= HI + 1, "ps-dssp let a worker lead by %ld (traced %ld), "
+           "upper bound %d", allowed, worst, HI);
+    CHECKF(allowed > LO, "ps-dssp never went past its lower bound %d beside a straggler", LO);
 
     /* ps-async with the same straggler: the others do not wait for it. */
     rc = launch("ps-async", W, 1, "async.jsonl", common);
