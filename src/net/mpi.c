@@ -462,31 +462,19 @@ static int mpi_skip_payload(dp_transport *bt, int p, dp_err *err)
     return 0;
 }
 
-static int wanted(const mpit *t, int want, int i)
-{
-    return i != t->base.rank && (want == DP_PEER_ANY || want == i);
-}
-
 /* Unread payloads are discarded before the next poll of their peer (as with
  * TCP); a loss not yet reported becomes the event. */
 static int before_poll(mpit *t, int want, dp_event *ev)
 {
     for (int i = 0; i < t->base.n_ranks; i++) {
-        if (!wanted(t, want, i))
+        if (!dp_transport_base_wants(&t->base, want, i))
             continue;
         peer *c = &t->peers[i];
-        if (c->pay_pending) {
-            dp_err e;
-            dp_warn("discarding %" PRIu64 " unread payload bytes of %s frame from %s", c->pay_left,
-                    dp_frame_type_name(c->pay_h.type), pname(t, i));
-            mpi_skip_payload(&t->base, i, &e);
-        }
+        if (c->pay_pending)
+            dp_transport_base_discard(&t->base, i, c->pay_left, c->pay_h.type);
         if (atomic_load(&c->lost) && !c->reported) {
             c->reported = 1;
-            memset(ev, 0, sizeof *ev);
-            ev->kind = DP_EVENT_PEER_LOST;
-            ev->peer = i;
-            snprintf(ev->reason, sizeof ev->reason, "%s", c->reason);
+            dp_transport_base_lost(ev, i, 0, c->reason);
             return 1;
         }
     }
@@ -531,10 +519,7 @@ static int take_header(mpit *t, int w, const uint8_t *hb, int count, dp_event *e
         return 1;
     }
     c->reported = 1;
-    memset(ev, 0, sizeof *ev);
-    ev->kind = DP_EVENT_PEER_LOST;
-    ev->peer = p;
-    snprintf(ev->reason, sizeof ev->reason, "%s", c->reason);
+    dp_transport_base_lost(ev, p, 0, c->reason);
     return 1;
 }
 

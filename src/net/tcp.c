@@ -926,24 +926,15 @@ static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
     return 0;
 }
 
-static int wanted(const tcp *t, int want, int i)
-{
-    return i != t->base.rank && (want == DP_PEER_ANY || want == i);
-}
-
 /* A loss not yet reported, as an event. */
 static int report_lost(tcp *t, int want, dp_event *ev)
 {
     for (int i = 0; i < t->base.n_ranks; i++) {
-        if (!wanted(t, want, i))
+        if (!dp_transport_base_wants(&t->base, want, i))
             continue;
         conn *c = &t->conns[i];
-        if (c->pay_pending) {
-            dp_err e;
-            dp_warn("discarding %" PRIu64 " unread payload bytes of %s frame from %s",
-                    c->pay_left, dp_frame_type_name(c->pay_h.type), pname(t, i));
-            tcp_skip_payload(&t->base, i, &e);
-        }
+        if (c->pay_pending)
+            dp_transport_base_discard(&t->base, i, c->pay_left, c->pay_h.type);
         if (atomic_load(&c->state) != CONN_LOST)
             continue;
         pthread_mutex_lock(&c->mu);
@@ -951,11 +942,7 @@ static int report_lost(tcp *t, int want, dp_event *ev)
         if (lost) {
             c->reported = 1;
             reset_rx(c);
-            memset(ev, 0, sizeof *ev);
-            ev->kind = DP_EVENT_PEER_LOST;
-            ev->peer = i;
-            ev->orderly = c->orderly;
-            snprintf(ev->reason, sizeof ev->reason, "%s", c->reason);
+            dp_transport_base_lost(ev, i, c->orderly, c->reason);
         }
         pthread_mutex_unlock(&c->mu);
         if (lost)
@@ -985,7 +972,7 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
         int np = 0, lost = 0;
         for (int k = 0; k < n; k++) {
             int i = (t->rr + k) % n;
-            if (!wanted(t, want, i))
+            if (!dp_transport_base_wants(&t->base, want, i))
                 continue;
             conn *c = &t->conns[i];
             int fd = atomic_load(&c->state) == CONN_UP ? c->fd : -1;

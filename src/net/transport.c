@@ -192,3 +192,25 @@ int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *r
         return dp_errf(err, "the %s transport has no collective all-reduce", t->ops->name);
     return t->ops->allreduce(t, buf, len, ranks, n_ranks, err);
 }
+
+int dp_transport_base_wants(const dp_transport *t, int want, int i)
+{
+    return i != t->rank && (want == DP_PEER_ANY || want == i);
+}
+
+void dp_transport_base_discard(dp_transport *t, int peer, uint64_t left, unsigned type)
+{
+    dp_err e;
+    dp_warn("discarding %llu unread payload bytes of %s frame from %s", (unsigned long long)left,
+            dp_frame_type_name(type), dp_transport_peer_name(t, peer));
+    t->ops->skip_payload(t, peer, &e);
+}
+
+void dp_transport_base_lost(dp_event *ev, int peer, int orderly, const char *reason)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DP_EVENT_PEER_LOST;
+    ev->peer = peer;
+    ev->orderly = orderly;
+    snprintf(ev->reason, sizeof ev->reason, "%s", reason);
+}

@@ -37,6 +37,15 @@ int dp_transport_base_init(dp_transport *t, const dp_transport_ops *ops, int ran
                            const char *const *names, double late_log, dp_err *err);
 void dp_transport_base_free(dp_transport *t);
 
+/* What every implementation's poll does the same way. */
+/* Is rank i one that a poll of `want` (a rank or DP_PEER_ANY) looks at? */
+int dp_transport_base_wants(const dp_transport *t, int want, int i);
+/* A payload the caller left unread before polling its peer again: warned
+ * about and skipped through the implementation's skip_payload. */
+void dp_transport_base_discard(dp_transport *t, int peer, uint64_t left, unsigned type);
+/* Fills ev as the PEER_LOST event of peer. */
+void dp_transport_base_lost(dp_event *ev, int peer, int orderly, const char *reason);
+
 #define DP_TRANSPORT_MAX_IOV 64
 
 #endif
