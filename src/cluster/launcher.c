@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "downpour/clock.h"
+#include "downpour/file.h"
 #include "downpour/log.h"
 
 extern char **environ;
@@ -124,25 +125,6 @@ static void restore_signals(dp_launcher *l)
 
 /* ---- output relay ---- */
 
-static void write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN) {
-                struct pollfd pf = {.fd = fd, .events = POLLOUT};
-                poll(&pf, 1, 100);
-                continue;
-            }
-            return; /* EPIPE and friends: the reader is gone, drop the output */
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
 static void emit_line(const ltask *t, const lstream *s, const char *line, size_t n)
 {
     char out[sizeof t->prefix + DP_LAUNCH_LINE_MAX + 2];
@@ -150,7 +132,8 @@ static void emit_line(const ltask *t, const lstream *s, const char *line, size_t
     memcpy(out, t->prefix, pl);
     memcpy(out + pl, line, n);
     out[pl + n] = '\n';
-    write_all(s->to, out, pl + n + 1);
+    /* A failed write (EPIPE: the reader is gone) drops the line. */
+    (void)dp_write_all(s->to, out, pl + n + 1, NULL);
 }
 
 /* Length of the longest prefix of buf[0..n) that does not end inside a UTF-8

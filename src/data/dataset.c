@@ -35,6 +35,7 @@
 #include <zlib.h>
 
 #include "downpour/clock.h"
+#include "downpour/file.h"
 #include "downpour/idx.h"
 #include "downpour/log.h"
 
@@ -376,76 +377,35 @@ done:
     return st;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Writes image (len bytes) to path atomically and maps the written file.
- * Returns the mapping, or NULL with why filled. */
+/* Writes image (len bytes) to path atomically (file.h) and maps the written
+ * file.  Returns the mapping, or NULL with why filled. */
 static void *publish_cache(const char *path, const uint8_t *image, size_t len, char *why,
                            size_t whylen)
 {
-    char tmp[1200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
-        fmt(why, whylen, "path too long");
+    dp_atomic_file af;
+    dp_err err;
+    if (dp_atomic_open(&af, path, &err) < 0) {
+        fmt(why, whylen, "%s", err.msg);
         return NULL;
     }
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        fmt(why, whylen, "cannot create %s: %s", tmp, strerror(errno));
+    if (dp_write_all(af.fd, image, len, NULL) < 0) {
+        fmt(why, whylen, "cannot write %s: %s", af.tmp, strerror(errno));
+        dp_atomic_abort(&af);
         return NULL;
     }
-    void *map = NULL;
-    if (write_all(fd, image, len) != 0 || fsync(fd) != 0) {
-        fmt(why, whylen, "cannot write %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    /* mkostemp makes the file 0600; the cache is for every local user. */
-    if (fchmod(fd, 0644) != 0) {
-        fmt(why, whylen, "cannot chmod %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    /* Mapped before the rename: the mapping outlives the descriptor. */
+    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, af.fd, 0);
     if (map == MAP_FAILED) {
-        map = NULL;
-        fmt(why, whylen, "cannot map %s: %s", tmp, strerror(errno));
-        goto fail;
+        fmt(why, whylen, "cannot map %s: %s", af.tmp, strerror(errno));
+        dp_atomic_abort(&af);
+        return NULL;
     }
-    if (rename(tmp, path) != 0) {
-        fmt(why, whylen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    close(fd);
-    /* Make the rename itself durable (best effort: some filesystems refuse). */
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = '\0';
-        int dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
+    if (dp_atomic_commit(&af, &err) < 0) {
+        fmt(why, whylen, "%s", err.msg);
+        munmap(map, len);
+        return NULL;
     }
     return map;
-fail:
-    if (map)
-        munmap(map, len);
-    close(fd);
-    unlink(tmp);
-    return NULL;
 }
 
 /* Takes an exclusive lock on "<cache>.lock"; returns its fd (closing it

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "downpour/clock.h"
+#include "downpour/file.h"
 
 struct dp_metrics {
     int fd;    /* -1: drop everything */
@@ -65,21 +66,6 @@ static cJSON *json_long(long v)
 static cJSON *json_num(double v)
 {
     return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
-}
-
-static int write_line(int fd, const char *s, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, s, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* Returns 0, or -1 (nothing written) for a NULL event or key, an unknown
@@ -139,7 +125,7 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     size_t n = strlen(line);
     /* cJSON's buffer has room for the terminator, which becomes the newline. */
     line[n] = '\n';
-    rc = write_line(m->fd, line, n + 1);
+    rc = dp_write_all(m->fd, line, n + 1, NULL);
 out:
     cJSON_free(line);
     cJSON_Delete(obj);

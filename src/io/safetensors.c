@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "downpour/file.h"
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this code writes floats as stored in memory"
 #endif
@@ -102,27 +104,6 @@ static size_t utf8_check(const unsigned char *s, size_t len)
         i += k + 1;
     }
     return len;
-}
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const unsigned char *c = p;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, c, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* A JSON integer printed exactly (cJSON would print large doubles as 1e+15). */
@@ -287,33 +268,6 @@ fail:
     return NULL;
 }
 
-/* fsync of the directory holding path, so the rename itself is durable. */
-static int sync_dir(const char *path, dp_err *err)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash)
-        dir = strdup(".");
-    else if (slash == path)
-        dir = strdup("/");
-    else
-        dir = strndup(path, (size_t)(slash - path));
-    if (!dir)
-        return dp_errf(err, "%s: out of memory", path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        dp_errf(err, "%s: cannot open directory %s to sync it: %s", path, dir, strerror(errno));
-        free(dir);
-        return -1;
-    }
-    int rc = 0;
-    if (fsync(fd) < 0 && errno != EINVAL && errno != ENOTSUP)
-        rc = dp_errf(err, "%s: fsync of directory %s: %s", path, dir, strerror(errno));
-    close(fd);
-    free(dir);
-    return rc;
-}
-
 int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_tensors,
                         const dp_st_meta *meta, int n_meta, dp_err *err)
 {
@@ -321,8 +275,7 @@ int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_ten
         return dp_errf(err, "safetensors save: no path");
     uint64_t *bytes = NULL;
     unsigned char *head = NULL;
-    char *tmp = NULL;
-    int fd = -1;
+    dp_atomic_file af = {.fd = -1};
     size_t head_len = 0;
 
     bytes = malloc(((size_t)(n_tensors > 0 ? n_tensors : 0) + 1) * sizeof *bytes);
@@ -334,58 +287,25 @@ int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_ten
     if (!head)
         goto fail;
 
-    size_t tl = strlen(path) + 32;
-    tmp = malloc(tl);
-    if (!tmp) {
-        dp_errf(err, "%s: out of memory", path);
+    if (dp_atomic_open(&af, path, err) < 0)
         goto fail;
-    }
-    snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        dp_errf(err, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        free(tmp);
-        tmp = NULL; /* nothing to remove */
-        goto fail;
-    }
-    if (write_all(fd, head, head_len) < 0) {
-        dp_errf(err, "%s: writing the header to %s: %s", path, tmp, strerror(errno));
+    if (dp_write_all(af.fd, head, head_len, NULL) < 0) {
+        dp_errf(err, "%s: writing the header to %s: %s", path, af.tmp, strerror(errno));
         goto fail;
     }
     for (int i = 0; i < n_tensors; i++) {
-        if (bytes[i] > 0 && write_all(fd, tensors[i].data, (size_t)bytes[i]) < 0) {
-            dp_errf(err, "%s: writing tensor '%s' to %s: %s", path, tensors[i].name, tmp,
+        if (bytes[i] > 0 && dp_write_all(af.fd, tensors[i].data, (size_t)bytes[i], NULL) < 0) {
+            dp_errf(err, "%s: writing tensor '%s' to %s: %s", path, tensors[i].name, af.tmp,
                     strerror(errno));
             goto fail;
         }
     }
-    if (fsync(fd) < 0) {
-        dp_errf(err, "%s: fsync of %s: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) < 0) {
-        dp_errf(err, "%s: closing %s: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) < 0) {
-        dp_errf(err, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    free(tmp);
-    tmp = NULL;
     free(head);
     free(bytes);
-    return sync_dir(path, err); /* the new file is in place even if this fails */
+    return dp_atomic_commit(&af, err);
 
 fail:
-    if (fd >= 0)
-        close(fd);
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
+    dp_atomic_abort(&af);
     free(head);
     free(bytes);
     return -1;

@@ -1,0 +1,61 @@
+/* Files: the one place that writes whole buffers, replaces a file atomically,
+ * and checks output paths before a run spends hours training.
+ *
+ * Atomic replace: the new contents go to a temporary file in the same
+ * directory ("<path>.tmp.<pid>.<n>", created with O_EXCL and mode 0644 less
+ * the umask), which is fsynced, closed and renamed over path, and then the
+ * directory is fsynced so the rename itself survives a crash.  A reader sees
+ * the old file or the new one, never a torn one; a failed write removes the
+ * temporary file.
+ *
+ *   dp_atomic_file af;
+ *   if (dp_atomic_open(&af, path, err) < 0) return -1;
+ *   if (dp_write_all(af.fd, head, n, err) < 0) { dp_atomic_abort(&af); return -1; }
+ *   return dp_atomic_commit(&af, err);     (commit or abort frees af either way) */
+#ifndef DOWNPOUR_FILE_H
+#define DOWNPOUR_FILE_H
+
+#include <stddef.h>
+
+#include "downpour/status.h"
+
+/* Writes all len bytes to fd: EINTR is retried, a short write continues, and
+ * a non-blocking fd that is full (EAGAIN) is waited on with poll.  Returns 0,
+ * or -1 with errno kept and err (may be NULL) holding "write: <strerror>". */
+int dp_write_all(int fd, const void *buf, size_t len, dp_err *err);
+
+typedef struct dp_atomic_file {
+    int fd;     /* write the new contents here (opened read-write, so it can be mapped) */
+    char *path; /* the file being replaced */
+    char *tmp;  /* the temporary file in the same directory */
+} dp_atomic_file;
+
+/* Creates the temporary file for replacing path.  On failure af is left
+ * empty (fd -1) and needs no abort. */
+int dp_atomic_open(dp_atomic_file *af, const char *path, dp_err *err);
+
+/* fsync, close, rename over path, fsync the directory.  Returns 0 once the
+ * new file is in place (a directory that cannot be synced only draws a
+ * warning: the rename has happened); -1 with the old file untouched and the
+ * temporary removed.  Frees af either way. */
+int dp_atomic_commit(dp_atomic_file *af, dp_err *err);
+
+/* Closes and removes the temporary file; path is untouched.  Safe on an
+ * empty or already finished af. */
+void dp_atomic_abort(dp_atomic_file *af);
+
+/* Replaces path with buf (len bytes) atomically: open, write, commit. */
+int dp_file_replace(const char *path, const void *buf, size_t len, dp_err *err);
+
+/* Checks, before a run, that path can be written later: its directory
+ * exists and is writable, and path is not a directory (nor an existing file
+ * that is read-only).  `what` names the flag in the message:
+ *   "--save /nonexistent/m.safetensors: directory /nonexistent does not exist" */
+int dp_path_check_writable(const char *path, const char *what, dp_err *err);
+
+/* Makes dir (and missing parents, as mkdir -p, mode 0755 less the umask)
+ * and checks it is a writable directory; refuses a path that is a file.
+ * `what` names the flag in the message. */
+int dp_dir_prepare(const char *dir, const char *what, dp_err *err);
+
+#endif
