@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dist/wire.h"
+#include "downpour/wire.h"
 #include "bench.h"
 #include "downpour/clock.h"
 #include "downpour/cluster.h"
@@ -70,7 +70,8 @@ static int ps_main(const dp_cluster *c, const dp_secret *secret, const dp_ps_lay
     dp_ps_config pc;
     dp_ps_config_init(&pc);
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAM);
-    int rc = dp_ps_serve(t, c, layout, &pc, &oc, init, n, &err);
+    dp_ps_start start = {.params = init};
+    int rc = dp_ps_serve(t, c, layout, &pc, &oc, &start, n, &err);
     if (rc < 0)
         fprintf(stderr, "bench_ps (ps): %s\n", err.msg);
     dp_transport_close(t);

@@ -16,6 +16,7 @@
 #define DOWNPOUR_PS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "downpour/cluster.h"
 #include "downpour/optim.h"
@@ -43,6 +44,8 @@ typedef struct dp_ps_config {
     int max_shards;         /* partitioner (0: one per ps task) */
     float ema;              /* servers keep an exponential moving average of the
                                parameters with this decay (0: none) for the chief */
+    double (*now)(void);    /* the servers' clock for DSSP decisions (NULL: dp_now);
+                               tests step it by hand */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -59,12 +62,51 @@ typedef struct dp_ps_layout {
 int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err);
 
-/* Serves this task's shard until the chief says SHUTDOWN or every worker and
- * the chief are gone.  init holds the whole initial parameter vector (every
- * task computes the same one from the seed).  Returns -1 when a worker is
- * lost in a mode that cannot go on without it. */
+/* Head of a push payload, before the floats: DP_PUSH_HEAD_SIZE bytes,
+ * [u32 records][u32 want][f32 lr_scale][u32 reserved = 0]. */
+#define DP_PUSH_HEAD_SIZE 16
+typedef struct dp_push_head {
+    uint32_t records;   /* records behind this gradient or these parameters (the weight) */
+    uint32_t want;      /* 1: answer with the shard's parameters */
+    float lr_scale;     /* the worker's learning-rate schedule at this step (1: constant) */
+} dp_push_head;
+void dp_push_head_put(uint8_t *p, const dp_push_head *h);
+void dp_push_head_get(dp_push_head *h, const uint8_t *p);
+
+/* Where a server starts: full-length vectors, of which it keeps its slice.
+ * Every task computes the same initial parameters from the seed; a resumed
+ * run passes the checkpoint's parameters, optimiser slots (slot k at
+ * slots + k * n_params) with their update count, and moving average. */
+typedef struct dp_ps_start {
+    const float *params;  /* n_params floats */
+    const float *slots;   /* NULL: a fresh optimiser */
+    long t;
+    const float *ema;     /* NULL: the average starts at params */
+} dp_ps_start;
+
+/* One ps task's server, as an object so a test can drive it event by event
+ * on the in-process transport. */
+typedef struct dp_ps_server dp_ps_server;
+
+int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
+                      const dp_ps_layout *layout, const dp_ps_config *cfg,
+                      const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
+                      dp_err *err);
+/* Handles at most one event, waiting up to timeout_s for it.  Returns 0 to
+ * go on, 1 when the run is over (the chief said SHUTDOWN, or no chief and no
+ * live worker is left), -1 when a worker is lost in a mode that cannot go on
+ * without it, or the chief is lost. */
+int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err);
+void dp_ps_server_close(dp_ps_server *s); /* NULL is a no-op */
+/* What the server has done: updates applied; a worker's clock (pushes
+ * applied); whether a worker is owed a reply the mode holds back. */
+long dp_ps_server_updates(const dp_ps_server *s);
+long dp_ps_server_clock(const dp_ps_server *s, int worker);
+int dp_ps_server_pending(const dp_ps_server *s, int worker);
+
+/* open, poll until the end, close. */
 int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout,
-                const dp_ps_config *cfg, const dp_optim_config *optim, const float *init,
+                const dp_ps_config *cfg, const dp_optim_config *optim, const dp_ps_start *start,
                 size_t n_params, dp_err *err);
 
 /* A worker's (or the chief's) side. */
@@ -90,6 +132,18 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
 /* Fetches every shard's parameters into params; with average set, the
  * servers' moving average of them instead (cfg.ema > 0). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
+/* The chief's side of a checkpoint: asks every shard for its training state
+ * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL
+ * when the servers keep none).  *t is the servers' optimiser update count. */
+int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
+                            float *params, float *slots, float *ema, long *t, dp_err *err);
+/* A round trip to every shard after pushing whatever is accumulated, so every
+ * push this worker made has been applied (a checkpoint's consistent point). */
+int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);
+/* model-avg: the worker's own optimiser (its state is this worker's part of a
+ * checkpoint); NULL in the other modes. */
+dp_optim *dp_ps_client_local_optim(dp_ps_client *c);
+
 /* The largest gap (own clock minus the slowest clock the servers reported)
  * this client has been allowed to run with. */
 long dp_ps_client_max_gap(const dp_ps_client *c);

@@ -69,7 +69,12 @@ typedef struct dp_train_config {
     const char *transport;    /* "tcp" (default) or "mpi" */
     int mpi_ps;               /* mpi: ps ranks after the chief (rank 0) */
     const char *metrics_path; /* JSON Lines, or NULL */
-    const char *save_path;    /* safetensors checkpoint at the end, or NULL */
+    const char *save_path;    /* safetensors weights at the end, or NULL */
+    const char *checkpoint_dir; /* training-state checkpoints go here, or NULL */
+    long checkpoint_every;    /* steps between checkpoints (0: only at the end of the run) */
+    int keep_checkpoints;     /* the newest K are kept (3) */
+    bool resume;              /* continue from the newest valid checkpoint in checkpoint_dir */
+    const char *secret_file;  /* the cluster secret (NULL: DOWNPOUR_SECRET) */
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

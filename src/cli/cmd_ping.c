@@ -11,7 +11,7 @@
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "downpour/node.h"
-#include "dist/wire.h"
+#include "downpour/wire.h"
 
 #define USAGE "downpour ping [--count N] [--bytes N] (as a task of launch or run)"
 #define PING DP_WIRE_PING

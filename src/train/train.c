@@ -1,7 +1,7 @@
 /* The one training loop (DESIGN decision 3).  A process is one of:
  *   single  trains alone with a local optimiser;
  *   worker  trains on its shard and hands gradients to the parameter servers;
- *   ps      serves a shard of the parameters (src/dist/ps.c);
+ *   ps      serves a shard of the parameters (src/strategy/ps.c);
  *   chief   starts the run, evaluates after every epoch, reports and saves.
  * Epochs, batching, step lines, evaluation and the metrics contract are
  * written once here for all of them. */
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/wire.h"
+#include "downpour/wire.h"
 #include "downpour/blas.h"
 #include "downpour/checkpoint.h"
 #include "downpour/clock.h"
@@ -24,6 +24,14 @@
 #include "downpour/resource.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
+
+typedef struct dp_epoch_stats {
+    double loss_sum;
+    uint64_t records;
+    uint64_t correct;
+    double seconds;
+    uint64_t steps;
+} dp_epoch_stats;
 
 /* Evaluation runs in chunks this large even when the training batch is small:
  * fewer, larger GEMMs. */
@@ -99,6 +107,7 @@ dp_train_config dp_train_defaults(void)
     c.n_train = 54000;
     c.n_val = 6000;
     c.log_every = 100;
+    c.keep_checkpoints = 3;
     return c;
 }
 
@@ -773,9 +782,11 @@ static int run_cluster_role(run *r, dp_train_result *res, dp_err *err)
     pc.ema = cfg->ema;
     if (dp_ps_layout_make(&r->layout, c, r->m.n_params, &pc, err) < 0)
         return -1;
-    if (role == DP_ROLE_PS)
-        return dp_ps_serve(r->node.transport, c, &r->layout, &pc, &cfg->optim, r->m.params,
+    if (role == DP_ROLE_PS) {
+        dp_ps_start start = {.params = r->m.params};
+        return dp_ps_serve(r->node.transport, c, &r->layout, &pc, &cfg->optim, &start,
                            r->m.n_params, err);
+    }
     if (open_data(r, err) < 0 ||
         dp_ps_client_open(&r->client, r->node.transport, &r->layout, &pc, &cfg->optim,
                           r->m.n_params, err) < 0)

@@ -5,13 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/wire.h"
+#include "downpour/wire.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 
 static const char *const mode_names[DP_PS_MODE_COUNT] = {"async", "sync", "ssp", "dssp", "avg"};
+
+void dp_push_head_put(uint8_t *p, const dp_push_head *h)
+{
+    dp_put_u32(p, h->records);
+    dp_put_u32(p + 4, h->want);
+    dp_put_f32(p + 8, h->lr_scale);
+    dp_put_u32(p + 12, 0); /* reserved */
+}
+
+void dp_push_head_get(dp_push_head *h, const uint8_t *p)
+{
+    h->records = dp_get_u32(p);
+    h->want = dp_get_u32(p + 4);
+    h->lr_scale = dp_get_f32(p + 8);
+}
 
 void dp_ps_config_init(dp_ps_config *cfg)
 {
@@ -58,7 +73,7 @@ typedef struct worker_state {
     double interval;   /* moving average of its push intervals */
 } worker_state;
 
-typedef struct server {
+struct dp_ps_server {
     dp_transport *t;
     dp_ps_config cfg;
     size_t lo, n;
@@ -73,8 +88,13 @@ typedef struct server {
     int n_workers;
     int *worker_of; /* rank -> worker index, or -1 */
     int chief;      /* rank of the chief, or -1 */
+    int chief_live;
+    int shard;      /* index in the layout, or -1 when this task holds none */
     long updates;
-} server;
+};
+typedef struct dp_ps_server server;
+
+static double server_now(const server *s) { return s->cfg.now ? s->cfg.now() : dp_now(); }
 
 static long min_live_clock(const server *s)
 {
@@ -138,7 +158,7 @@ static int dssp_may_run(const server *s, const worker_state *fast, long gap, dou
 static int release_pending(server *s, dp_err *err)
 {
     long m = min_live_clock(s);
-    double now = dp_now();
+    double now = server_now(s);
     for (int i = 0; i < s->n_workers; i++) {
         worker_state *w = &s->w[i];
         if (!w->pending)
@@ -185,7 +205,7 @@ static int finish_round(server *s, dp_err *err)
 static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
 {
     const char *who = dp_transport_peer_name(s->t, w->rank);
-    size_t want_len = sizeof(dp_push_head) + s->n * sizeof(float);
+    size_t want_len = DP_PUSH_HEAD_SIZE + s->n * sizeof(float);
     int is_params = ev->header.type == DP_WIRE_PUSH_PARAMS;
     if (ev->header.length != want_len || ev->header.offset != s->lo)
         return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu at %zu",
@@ -197,13 +217,15 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
                        s->cfg.mode == DP_PS_AVG ? "parameters" : "gradients");
     if (!w->live)
         return dp_errf(err, "%s pushed after it said it was done", who);
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
     dp_push_head head;
-    if (dp_transport_recv_payload(s->t, w->rank, &head, sizeof head, err) < 0 ||
+    if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
         dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
         return -1;
+    dp_push_head_get(&head, raw);
     if (!(head.lr_scale >= 0 && head.lr_scale <= 1e6f)) /* also refuses NaN */
         return dp_errf(err, "%s pushed a learning-rate scale of %g", who, (double)head.lr_scale);
-    double now = dp_now();
+    double now = server_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
                                       : now - w->last_push;
@@ -255,148 +277,225 @@ static int retire_worker(server *s, worker_state *w, dp_err *err)
     return 0;
 }
 
-static int serve_loop(server *s, dp_err *err)
+/* The shard's training state for a checkpoint: [u64 optimiser t][u64
+ * updates] then the parameters, every optimiser slot and the moving average
+ * (when kept), each s->n floats, straight from the server's buffers. */
+static int send_state(server *s, int rank, uint64_t step, dp_err *err)
 {
-    int chief_live = s->chief >= 0;
-    for (;;) {
-        if (!chief_live && live_workers(s) == 0)
-            return 0;
-        int waiting = 0;
-        for (int i = 0; i < s->n_workers; i++)
-            waiting |= s->w[i].pending;
-        /* DSSP decisions depend on time, so look again soon while someone waits. */
-        double timeout = s->cfg.mode == DP_PS_DSSP && waiting ? 0.005 : 1.0;
-        dp_event ev;
-        if (dp_transport_poll(s->t, DP_PEER_ANY, timeout, &ev, err) < 0)
+    uint8_t head[16];
+    dp_put_u64(head, (uint64_t)s->opt.t);
+    dp_put_u64(head + 8, (uint64_t)s->updates);
+    size_t bytes = s->n * sizeof(float);
+    struct iovec iov[2 + 2 + 1];
+    int k = 0;
+    iov[k++] = (struct iovec){head, sizeof head};
+    iov[k++] = (struct iovec){s->params, bytes};
+    for (int j = 0; j < dp_optim_slots(s->opt.cfg.kind) && s->opt.state; j++)
+        iov[k++] = (struct iovec){s->opt.state + (size_t)j * s->n, bytes};
+    if (s->ema)
+        iov[k++] = (struct iovec){s->ema, bytes};
+    return dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err);
+}
+
+int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
+{
+    if (!s->chief_live && live_workers(s) == 0)
+        return 1;
+    int waiting = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        waiting |= s->w[i].pending;
+    /* DSSP decisions depend on time, so look again soon while someone waits. */
+    if (s->cfg.mode == DP_PS_DSSP && waiting && timeout_s > 0.005)
+        timeout_s = 0.005;
+    dp_event ev;
+    if (dp_transport_poll(s->t, DP_PEER_ANY, timeout_s, &ev, err) < 0)
+        return -1;
+    if (ev.kind == DP_EVENT_TIMEOUT) {
+        if (s->cfg.mode == DP_PS_DSSP && waiting && release_pending(s, err) < 0)
             return -1;
-        if (ev.kind == DP_EVENT_TIMEOUT) {
-            if (s->cfg.mode == DP_PS_DSSP && waiting && release_pending(s, err) < 0)
-                return -1;
-            continue;
+        return 0;
+    }
+    int wi = s->worker_of[ev.peer];
+    const char *who = dp_transport_peer_name(s->t, ev.peer);
+    if (ev.kind == DP_EVENT_PEER_LOST) {
+        if (ev.peer == s->chief) {
+            if (s->chief_live)
+                return dp_errf(err, "lost the chief %s (%s) before it ended the run", who,
+                               ev.reason);
+            return 0;
         }
-        int wi = s->worker_of[ev.peer];
-        const char *who = dp_transport_peer_name(s->t, ev.peer);
-        if (ev.kind == DP_EVENT_PEER_LOST) {
-            if (ev.peer == s->chief) {
-                if (chief_live)
-                    return dp_errf(err, "lost the chief %s (%s) before it ended the run", who,
-                                   ev.reason);
-                continue;
-            }
-            if (wi < 0 || !s->w[wi].live)
-                continue;
-            if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
-                return dp_errf(err, "lost %s at clock %ld (%s): a synchronous run cannot go on "
-                                    "without it", who, s->w[wi].clock, ev.reason);
-            dp_warn("lost %s at clock %ld (%s); training goes on with the other workers", who,
-                    s->w[wi].clock, ev.reason);
-            if (retire_worker(s, &s->w[wi], err) < 0)
-                return -1;
-            continue;
+        if (wi < 0 || !s->w[wi].live)
+            return 0;
+        if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
+            return dp_errf(err, "lost %s at clock %ld (%s): a synchronous run cannot go on "
+                                "without it", who, s->w[wi].clock, ev.reason);
+        dp_warn("lost %s at clock %ld (%s); training goes on with the other workers", who,
+                s->w[wi].clock, ev.reason);
+        return retire_worker(s, &s->w[wi], err);
+    }
+    switch (ev.header.type) {
+    case DP_WIRE_PUSH_GRAD:
+    case DP_WIRE_PUSH_PARAMS:
+        if (wi < 0)
+            return dp_errf(err, "%s pushed, but it is not a worker", who);
+        return on_push(s, &s->w[wi], &ev, err);
+    case DP_WIRE_PULL:
+        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+            return -1;
+        return send_params(s, ev.peer, err);
+    case DP_WIRE_PULL_AVERAGE:
+        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+            return -1;
+        return dp_transport_send(s->t, ev.peer, DP_WIRE_PARAMS, 0, s->lo,
+                                 s->ema ? s->ema : s->params, s->n * sizeof(float), err);
+    case DP_WIRE_STATE_REQ:
+        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+            return -1;
+        if (ev.peer != s->chief)
+            return dp_errf(err, "%s asked for the shard's training state; only the chief may",
+                           who);
+        return send_state(s, ev.peer, ev.header.step, err);
+    case DP_WIRE_DONE:
+        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+            return -1;
+        if (wi >= 0 && s->w[wi].live)
+            return retire_worker(s, &s->w[wi], err);
+        return 0;
+    case DP_WIRE_SHUTDOWN:
+        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
+            return -1;
+        if (ev.peer == s->chief) {
+            s->chief_live = 0;
+            return 1;
         }
-        switch (ev.header.type) {
-        case DP_WIRE_PUSH_GRAD:
-        case DP_WIRE_PUSH_PARAMS:
-            if (wi < 0)
-                return dp_errf(err, "%s pushed, but it is not a worker", who);
-            if (on_push(s, &s->w[wi], &ev, err) < 0)
-                return -1;
-            break;
-        case DP_WIRE_PULL:
-            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0 || send_params(s, ev.peer, err) < 0)
-                return -1;
-            break;
-        case DP_WIRE_PULL_AVERAGE:
-            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0 ||
-                dp_transport_send(s->t, ev.peer, DP_WIRE_PARAMS, 0, s->lo,
-                                  s->ema ? s->ema : s->params, s->n * sizeof(float), err) < 0)
-                return -1;
-            break;
-        case DP_WIRE_DONE:
-            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-                return -1;
-            if (wi >= 0 && s->w[wi].live && retire_worker(s, &s->w[wi], err) < 0)
-                return -1;
-            break;
-        case DP_WIRE_SHUTDOWN:
-            dp_transport_skip_payload(s->t, ev.peer, err);
-            if (ev.peer == s->chief)
-                return 0;
-            dp_warn("ignoring SHUTDOWN from %s: only the chief ends a run", who);
-            break;
-        default:
-            dp_warn("ignoring frame type %u from %s", ev.header.type, who);
-            if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-                return -1;
-        }
+        dp_warn("ignoring SHUTDOWN from %s: only the chief ends a run", who);
+        return 0;
+    default:
+        dp_warn("ignoring frame type %u from %s", ev.header.type, who);
+        return dp_transport_skip_payload(s->t, ev.peer, err);
     }
 }
 
-int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout,
-                const dp_ps_config *cfg, const dp_optim_config *optim, const float *init,
-                size_t n_params, dp_err *err)
+void dp_ps_server_close(dp_ps_server *s)
 {
-    server s;
-    memset(&s, 0, sizeof s);
-    s.t = t;
-    s.cfg = *cfg;
-    s.chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
-    int me = dp_transport_rank(t), shard = -1;
+    if (!s)
+        return;
+    dp_optim_free(&s->opt);
+    free(s->w);
+    free(s->worker_of);
+    free(s->params);
+    free(s->ema);
+    free(s->scratch);
+    free(s->sum);
+    free(s);
+}
+
+/* Copies this shard's slice of a full-length vector (or of each slot of a
+ * full-length optimiser state) into the server. */
+static void take_slice(float *dst, const float *full, size_t lo, size_t n)
+{
+    memcpy(dst, full + lo, n * sizeof(float));
+}
+
+int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
+                      const dp_ps_layout *layout, const dp_ps_config *cfg,
+                      const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
+                      dp_err *err)
+{
+    server *s = calloc(1, sizeof *s);
+    if (!s)
+        return dp_errf(err, "out of memory");
+    s->t = t;
+    s->cfg = *cfg;
+    s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
+    s->chief_live = s->chief >= 0;
+    int me = dp_transport_rank(t);
+    s->shard = -1;
     for (int i = 0; i < layout->n_shards; i++)
         if (layout->rank[i] == me)
-            shard = i;
-    if (shard < 0) {
+            s->shard = i;
+    if (s->shard < 0) {
         dp_info("%s holds no shard (%d shard(s) for %d ps task(s)); it idles until the end",
                 dp_transport_peer_name(t, me), layout->n_shards, c->count[DP_ROLE_PS]);
-        s.n = 0;
     } else {
-        s.lo = layout->range[shard].lo;
-        s.n = layout->range[shard].hi - s.lo;
+        s->lo = layout->range[s->shard].lo;
+        s->n = layout->range[s->shard].hi - s->lo;
     }
-    int rc = -1;
-    s.n_workers = c->count[DP_ROLE_WORKER];
-    s.w = calloc((size_t)s.n_workers, sizeof *s.w);
-    s.worker_of = malloc((size_t)c->n_tasks * sizeof *s.worker_of);
-    size_t nn = s.n ? s.n : 1;
-    s.params = malloc(nn * sizeof(float));
+    if (s->lo + s->n > n_params) {
+        dp_ps_server_close(s);
+        return dp_errf(err, "shard [%zu, %zu) lies outside the %zu parameters", s->lo,
+                       s->lo + s->n, n_params);
+    }
+    s->n_workers = c->count[DP_ROLE_WORKER];
+    s->w = calloc((size_t)(s->n_workers ? s->n_workers : 1), sizeof *s->w);
+    s->worker_of = malloc((size_t)c->n_tasks * sizeof *s->worker_of);
+    size_t nn = s->n ? s->n : 1;
+    s->params = malloc(nn * sizeof(float));
     if (cfg->ema > 0)
-        s.ema = malloc(nn * sizeof(float));
-    s.scratch = malloc(nn * sizeof(float));
-    s.sum = malloc(nn * sizeof(float));
-    if (!s.w || !s.worker_of || !s.params || !s.scratch || !s.sum || (cfg->ema > 0 && !s.ema)) {
-        dp_errf(err, "out of memory for a shard of %zu parameters", s.n);
-        goto out;
+        s->ema = malloc(nn * sizeof(float));
+    s->scratch = malloc(nn * sizeof(float));
+    s->sum = malloc(nn * sizeof(float));
+    if (!s->w || !s->worker_of || !s->params || !s->scratch || !s->sum ||
+        (cfg->ema > 0 && !s->ema)) {
+        dp_ps_server_close(s);
+        return dp_errf(err, "out of memory for a shard of %zu parameters", s->n);
     }
-    if (s.n && dp_optim_init(&s.opt, optim, s.n, err) < 0)
-        goto out;
-    s.base_lr = optim->lr;
-    (void)n_params;
-    memcpy(s.params, init + s.lo, s.n * sizeof(float));
-    if (s.ema)
-        memcpy(s.ema, s.params, s.n * sizeof(float));
+    if (dp_optim_init(&s->opt, optim, nn, err) < 0) {
+        dp_ps_server_close(s);
+        return -1;
+    }
+    s->base_lr = optim->lr;
+    take_slice(s->params, start->params, s->lo, s->n);
+    if (s->ema)
+        take_slice(s->ema, start->ema ? start->ema : start->params, s->lo, s->n);
+    if (start->slots) {
+        for (int k = 0; k < dp_optim_slots(optim->kind); k++)
+            take_slice(s->opt.state + (size_t)k * s->n, start->slots + (size_t)k * n_params,
+                       s->lo, s->n);
+        s->opt.t = start->t;
+    }
     for (int r = 0; r < c->n_tasks; r++)
-        s.worker_of[r] = -1;
-    for (int i = 0; i < s.n_workers; i++) {
-        s.w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
-        s.w[i].live = 1;
-        s.worker_of[s.w[i].rank] = i;
+        s->worker_of[r] = -1;
+    for (int i = 0; i < s->n_workers; i++) {
+        s->w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
+        s->w[i].live = 1;
+        s->worker_of[s->w[i].rank] = i;
     }
-    if (s.n)
-        dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode",
-                dp_transport_peer_name(t, me), s.lo, s.lo + s.n, s.n, s.n * 4 / 1024.0,
-                mode_names[cfg->mode]);
-    rc = serve_loop(&s, err);
-    if (rc == 0)
-        dp_info("%s applied %ld update(s)", dp_transport_peer_name(t, me), s.updates);
-out:
-    dp_optim_free(&s.opt);
-    free(s.w);
-    free(s.worker_of);
-    free(s.params);
-    free(s.ema);
-    free(s.scratch);
-    free(s.sum);
-    return rc;
+    if (s->n)
+        dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode%s",
+                dp_transport_peer_name(t, me), s->lo, s->lo + s->n, s->n, s->n * 4 / 1024.0,
+                mode_names[cfg->mode], start->slots ? ", resumed" : "");
+    *out = s;
+    return 0;
+}
+
+long dp_ps_server_updates(const dp_ps_server *s) { return s->updates; }
+
+long dp_ps_server_clock(const dp_ps_server *s, int worker)
+{
+    return worker >= 0 && worker < s->n_workers ? s->w[worker].clock : -1;
+}
+
+int dp_ps_server_pending(const dp_ps_server *s, int worker)
+{
+    return worker >= 0 && worker < s->n_workers ? s->w[worker].pending : 0;
+}
+
+int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout,
+                const dp_ps_config *cfg, const dp_optim_config *optim, const dp_ps_start *start,
+                size_t n_params, dp_err *err)
+{
+    dp_ps_server *s;
+    if (dp_ps_server_open(&s, t, c, layout, cfg, optim, start, n_params, err) < 0)
+        return -1;
+    int rc;
+    while ((rc = dp_ps_server_poll(s, 1.0, err)) == 0)
+        ;
+    if (rc > 0)
+        dp_info("%s applied %ld update(s)", dp_transport_peer_name(t, dp_transport_rank(t)),
+                s->updates);
+    dp_ps_server_close(s);
+    return rc < 0 ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- client */
@@ -462,10 +561,12 @@ long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                     dp_err *err)
 {
-    dp_push_head head = {records, (uint32_t)want, c->lr_scale, 0};
+    dp_push_head head = {records, (uint32_t)want, c->lr_scale};
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head_put(raw, &head);
     for (int s = 0; s < c->layout.n_shards; s++) {
         const dp_range *r = &c->layout.range[s];
-        struct iovec iov[2] = {{&head, sizeof head},
+        struct iovec iov[2] = {{raw, sizeof raw},
                                {(void *)(v + r->lo), (r->hi - r->lo) * sizeof(float)}};
         if (dp_transport_sendv(c->t, c->layout.rank[s], type, (uint64_t)c->clock, r->lo, iov, 2,
                                err) < 0)
@@ -587,4 +688,70 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
     if (c->cfg.mode == DP_PS_AVG && c->since_avg > 0)
         return average_round(c, params, err);
     return 0;
+}
+
+int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
+                            float *params, float *slots, float *ema, long *t, dp_err *err)
+{
+    int n_slots = dp_optim_slots(optim->kind);
+    for (int s = 0; s < c->layout.n_shards; s++)
+        if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_STATE_REQ, step, 0, NULL, 0,
+                              err) < 0)
+            return -1;
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        const dp_range *r = &c->layout.range[s];
+        int rank = c->layout.rank[s];
+        size_t n = r->hi - r->lo, bytes = n * sizeof(float);
+        size_t len = 16 + bytes * (size_t)(1 + n_slots + (c->cfg.ema > 0));
+        dp_event ev;
+        if (dp_transport_recv(c->t, rank, "its training state", PS_TIMEOUT, &ev, err) < 0)
+            return -1;
+        if (ev.header.type != DP_WIRE_STATE || ev.header.step != step ||
+            ev.header.length != len || ev.header.offset != r->lo)
+            return dp_errf(err, "%s answered the state request for step %llu with frame type %u "
+                                "of %llu bytes at %llu, step %llu; expected %zu bytes at %zu",
+                           dp_transport_peer_name(c->t, rank), (unsigned long long)step,
+                           ev.header.type, (unsigned long long)ev.header.length,
+                           (unsigned long long)ev.header.offset,
+                           (unsigned long long)ev.header.step, len, r->lo);
+        uint8_t head[16];
+        if (dp_transport_recv_payload(c->t, rank, head, sizeof head, err) < 0 ||
+            dp_transport_recv_payload(c->t, rank, params + r->lo, bytes, err) < 0)
+            return -1;
+        for (int k = 0; k < n_slots; k++)
+            if (dp_transport_recv_payload(c->t, rank, slots + (size_t)k * c->n + r->lo, bytes,
+                                          err) < 0)
+                return -1;
+        if (c->cfg.ema > 0 && (ema ? dp_transport_recv_payload(c->t, rank, ema + r->lo, bytes, err)
+                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
+            return -1;
+        long shard_t = (long)dp_get_u64(head);
+        if (s > 0 && shard_t != *t)
+            dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "
+                    "shard 0's count)", dp_transport_peer_name(c->t, rank), shard_t, *t);
+        if (s == 0)
+            *t = shard_t;
+    }
+    return 0;
+}
+
+int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
+{
+    switch (c->cfg.mode) {
+    case DP_PS_ASYNC:
+        if (c->acc_steps > 0)
+            return push_accumulated(c, params, 1, err);
+        /* the last push went unanswered: a pull behind it on the same
+         * connection returns once the server has applied it */
+        return c->since_fetch > 0 ? dp_ps_client_pull(c, params, 0, err) : 0;
+    case DP_PS_AVG:
+        return c->since_avg > 0 ? average_round(c, params, err) : 0;
+    default: /* every push was answered, so every push was applied */
+        return 0;
+    }
+}
+
+dp_optim *dp_ps_client_local_optim(dp_ps_client *c)
+{
+    return c->cfg.mode == DP_PS_AVG ? &c->local : NULL;
 }

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/wire.h"
+#include "downpour/wire.h"
 
 int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
                  size_t segment_bytes, dp_err *err)

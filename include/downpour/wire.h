@@ -1,0 +1,81 @@
+/* Every application frame type, in one table so no two modules pick the same
+ * number, and the byte helpers every payload field is written with.  Each
+ * module owns a range and only it sends or consumes those types:
+ *
+ *   APP(0..7)     parameter servers         src/strategy/ps.c
+ *   APP(8..15)    ring all-reduce           src/strategy/ring.c
+ *   APP(16..31)   run coordination          src/train/loop.c and the strategy
+ *                                           that coordinates (src/strategy/ps_family.c)
+ *   APP(100..101) ping                      src/cli/cmd_ping.c
+ *
+ * Payload fields are little-endian, written with dp_put_* / read with
+ * dp_get_* (frame.h and below), never as a C struct lies in memory.  Float
+ * arrays (parameters, gradients) travel as IEEE-754 binary32 in
+ * little-endian order, which is how they lie in memory on every host the
+ * build accepts: they go straight from the model's buffers to the socket. */
+#ifndef DOWNPOUR_WIRE_H
+#define DOWNPOUR_WIRE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "downpour/frame.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "downpour sends float arrays as they lie in memory, which needs a little-endian host"
+#endif
+
+enum dp_wire_type {
+    /* parameter servers (src/strategy/ps.c) */
+    DP_WIRE_PUSH_GRAD = DP_FRAME_APP(0),    /* worker -> ps: push head + the shard's gradient */
+    DP_WIRE_PUSH_PARAMS = DP_FRAME_APP(1),  /* worker -> ps: push head + parameters (model-avg) */
+    DP_WIRE_PULL = DP_FRAME_APP(2),         /* anyone -> ps: send me the shard's parameters */
+    DP_WIRE_PARAMS = DP_FRAME_APP(3),       /* ps -> anyone: the shard's parameters; step = slowest clock */
+    DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
+    DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step` */
+    DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state) */
+    /* ring all-reduce (src/strategy/ring.c) */
+    DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element */
+    /* run coordination (the loop, and the strategy that coordinates) */
+    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers: every task is up, go */
+    DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
+    DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
+    DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
+    DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state */
+    DP_WIRE_CKPT_GO = DP_FRAME_APP(21),     /* chief -> workers: checkpoint `step` is written, go on */
+    /* downpour ping (src/cli/cmd_ping.c) */
+    DP_WIRE_PING = DP_FRAME_APP(100),
+    DP_WIRE_PONG = DP_FRAME_APP(101),
+};
+
+static inline void dp_put_f32(uint8_t *p, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    dp_put_u32(p, u);
+}
+
+static inline float dp_get_f32(const uint8_t *p)
+{
+    uint32_t u = dp_get_u32(p);
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static inline void dp_put_f64(uint8_t *p, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    dp_put_u64(p, u);
+}
+
+static inline double dp_get_f64(const uint8_t *p)
+{
+    uint64_t u = dp_get_u64(p);
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+#endif
