@@ -1,6 +1,7 @@
 /* Metrics: every line is one JSON object with "event" and "t" first, values
  * round-trip (escaped strings, exact integers, doubles, NaN as null), t never
- * decreases, and the NULL-path writer accepts everything. */
+ * decreases, the NULL-path writer accepts everything, and the merge of a
+ * cluster's per-task files keeps their lines in order with a resource total. */
 #include "downpour/metrics.h"
 
 #include <cjson/cJSON.h>
@@ -138,12 +139,85 @@ static void test_open_failure(void)
            err.msg);
 }
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    REQUIRE(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The launcher's merge: lines in source order, tagged with the task, torn
+ * lines skipped, a missing file skipped, one resource_total at the end. */
+static void test_merge(void)
+{
+    char a[1024], b[1024], none[1024], out[1024];
+    snprintf(a, sizeof a, "%s/m.chief-0", tmpdir);
+    snprintf(b, sizeof b, "%s/m.worker-0", tmpdir);
+    snprintf(none, sizeof none, "%s/m.ps-0", tmpdir);
+    snprintf(out, sizeof out, "%s/m", tmpdir);
+    write_text(a, "{\"event\":\"resource\",\"t\":1,\"cpu_percent\":40,\"rss_bytes\":1000,"
+                  "\"net_tx_bytes\":5,\"net_rx_bytes\":6}\n"
+                  "{\"event\":\"resource\",\"t\":2,\"cpu_percent\":60,\"rss_bytes\":3000,"
+                  "\"net_tx_bytes\":7,\"net_rx_bytes\":8}\n"
+                  "{\"event\":\"epoch\",\"epoch\":1,\"task\":\"kept\"}\n");
+    write_text(b, "{\"event\":\"resource\",\"t\":1,\"cpu_percent\":100,\"rss_bytes\":500}\n"
+                  "not json\n{\"torn");
+    write_text(out, "old contents\n");
+    dp_metrics_source src[3] = {{a, "chief:0"}, {none, "ps:0"}, {b, "worker:0"}};
+    dp_err err = {{0}};
+    CHECKF(dp_metrics_merge(out, src, 3, 12.5, &err) == 0, "%s", err.msg);
+    FILE *f = fopen(out, "r");
+    REQUIRE(f != NULL);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    const char *want =
+        "{\"event\":\"resource\",\"t\":1,\"cpu_percent\":40,\"rss_bytes\":1000,"
+        "\"net_tx_bytes\":5,\"net_rx_bytes\":6,\"task\":\"chief:0\"}\n"
+        "{\"event\":\"resource\",\"t\":2,\"cpu_percent\":60,\"rss_bytes\":3000,"
+        "\"net_tx_bytes\":7,\"net_rx_bytes\":8,\"task\":\"chief:0\"}\n"
+        "{\"event\":\"epoch\",\"epoch\":1,\"task\":\"kept\"}\n"
+        "{\"event\":\"resource\",\"t\":1,\"cpu_percent\":100,\"rss_bytes\":500,"
+        "\"task\":\"worker:0\"}\n"
+        "{\"event\":\"resource_total\",\"t\":12.500,\"tasks\":2,\"samples\":3,"
+        "\"cpu_percent_mean\":75.000,\"cpu_percent_sum\":150.000,\"rss_peak_bytes\":3500,"
+        "\"net_tx_bytes\":7,\"net_rx_bytes\":8}\n";
+    CHECKF(strcmp(text, want) == 0, "merged:\n%s", text);
+    CHECK(access(a, F_OK) == 0 && access(b, F_OK) == 0); /* task files are kept */
+
+    /* No resource events: no resource_total line; an empty list: an empty file. */
+    write_text(a, "{\"event\":\"epoch\",\"epoch\":2}\n");
+    CHECKF(dp_metrics_merge(out, src, 1, 1.0, &err) == 0, "%s", err.msg);
+    f = fopen(out, "r");
+    REQUIRE(f != NULL);
+    n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    CHECKF(strcmp(text, "{\"event\":\"epoch\",\"epoch\":2,\"task\":\"chief:0\"}\n") == 0, "%s",
+           text);
+    CHECK(dp_metrics_merge(out, NULL, 0, 1.0, &err) == 0);
+    struct stat st;
+    CHECK(stat(out, &st) == 0 && st.st_size == 0);
+
+    /* An output directory that does not exist: an error naming it. */
+    char bad[1100];
+    snprintf(bad, sizeof bad, "%s/no/such/m", tmpdir);
+    CHECK(dp_metrics_merge(bad, src, 1, 1.0, &err) == -1);
+    CHECKF(strstr(err.msg, "merging metrics") && strstr(err.msg, bad), "%s", err.msg);
+    unlink(a);
+    unlink(b);
+    unlink(out);
+}
+
 int main(void)
 {
     make_tmpdir();
     test_write_and_read();
     test_null_writer();
     test_open_failure();
+    test_merge();
     rmdir(tmpdir);
     return CHECK_DONE();
 }

@@ -23,7 +23,7 @@
  * Metrics: when opts.argv holds "--metrics FILE" (or "--metrics=FILE"), each
  * task is given FILE.<type>-<index> instead (FILE.worker-0, ...), and at the
  * end the launcher writes FILE: every task's lines in rank order, each tagged
- * with "task", then one "resource_total" line (see dp_launch_merge_metrics).
+ * with "task", then one "resource_total" line (dp_metrics_merge, metrics.h).
  * The per-task files are kept.
  *
  * Tasks inherit no descriptor but 0, 1 and 2.  PR_SET_PDEATHSIG fires when
@@ -80,19 +80,5 @@ int dp_launch(const dp_launch_opts *opts, dp_err *err);
  * close).  Another process may take a port between this call and the task's
  * own bind; the window is short, and the transport's bind error names it. */
 int dp_launch_free_ports(int *ports, int n, dp_err *err);
-
-/* Writes `path` from the per-task files path.<type>-<index> of cluster c:
- * each task's JSON lines in rank order, "task" added where missing (lines that
- * are not JSON objects, such as a torn last line, are skipped), then
- *   {"event":"resource_total","t":..,"tasks":T,"samples":S,
- *    "cpu_percent_mean":..,   mean over tasks of each task's mean CPU %
- *    "cpu_percent_sum":..,    sum of those means (100 = one core busy)
- *    "rss_peak_bytes":..,     sum over tasks of each task's peak RSS
- *    "net_tx_bytes":..,"net_rx_bytes":..}  sum of each task's last counters
- * when any task wrote "resource" events.  `seconds` is the "t" of that line.
- * Missing task files are skipped with a warning.  Written to path.tmp and
- * renamed. */
-int dp_launch_merge_metrics(const char *path, const dp_cluster *c, double seconds,
-                            dp_err *err);
 
 #endif

@@ -29,4 +29,24 @@ typedef enum dp_field_kind {
  *                  DP_F_END);  one line, flushed. */
 int dp_metrics_event(dp_metrics *m, const char *event, ...);
 
+/* One task's metrics file for dp_metrics_merge. */
+typedef struct dp_metrics_source {
+    const char *path; /* the task's JSON Lines file */
+    const char *task; /* its name, "worker:2", added as "task" where a line lacks one */
+} dp_metrics_source;
+
+/* Writes `path` from the n task files in src, in that order: each task's
+ * JSON lines, "task" added where missing (lines that are not JSON objects,
+ * such as a torn last line, are skipped with a warning), then
+ *   {"event":"resource_total","t":..,"tasks":T,"samples":S,
+ *    "cpu_percent_mean":..,   mean over tasks of each task's mean CPU %
+ *    "cpu_percent_sum":..,    sum of those means (100 = one core busy)
+ *    "rss_peak_bytes":..,     sum over tasks of each task's peak RSS
+ *    "net_tx_bytes":..,"net_rx_bytes":..}  sum of each task's last counters
+ * when any task wrote "resource" events.  `seconds` is the "t" of that line.
+ * A missing task file is skipped with a warning.  path is replaced
+ * atomically (file.h); the task files are left as they are. */
+int dp_metrics_merge(const char *path, const dp_metrics_source *src, int n, double seconds,
+                     dp_err *err);
+
 #endif

@@ -3,7 +3,6 @@
  * and reap every child on every path.  See launcher.h for the behaviour. */
 #include "downpour/launcher.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -24,6 +23,7 @@
 #include "downpour/clock.h"
 #include "downpour/file.h"
 #include "downpour/log.h"
+#include "downpour/metrics.h"
 
 extern char **environ;
 
@@ -611,6 +611,29 @@ pid_t dp_launcher_pid(const dp_launcher *l, int rank)
     return l->t[rank].pid;
 }
 
+/* FILE from the tasks' FILE.<type>-<index>, in rank order (metrics.h). */
+static int merge_metrics(const dp_launcher *l, dp_err *err)
+{
+    const dp_cluster *c = l->c;
+    dp_metrics_source *src = calloc((size_t)c->n_tasks, sizeof *src);
+    if (!src)
+        return dp_errf(err, "merging metrics: out of memory");
+    int rc = 0;
+    for (int i = 0; i < c->n_tasks && rc == 0; i++) {
+        const dp_task *t = &c->tasks[i];
+        src[i].task = t->name;
+        src[i].path = xasprintf("%s.%s-%d", l->metrics_path, dp_role_name(t->role), t->index);
+        if (!src[i].path)
+            rc = dp_errf(err, "merging metrics: out of memory");
+    }
+    if (rc == 0)
+        rc = dp_metrics_merge(l->metrics_path, src, c->n_tasks, dp_now() - l->t0, err);
+    for (int i = 0; i < c->n_tasks; i++)
+        free((char *)src[i].path);
+    free(src);
+    return rc;
+}
+
 int dp_launcher_wait(dp_launcher *l, dp_err *err)
 {
     int nfd = 2 * l->n + 1;
@@ -710,7 +733,7 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
     }
     if (l->metrics_path) {
         dp_err merr;
-        if (dp_launch_merge_metrics(l->metrics_path, l->c, dp_now() - l->t0, &merr) < 0) {
+        if (merge_metrics(l, &merr) < 0) {
             dp_warn("launcher: %s", merr.msg);
             if (l->status == 0) {
                 l->status = 1;
@@ -764,131 +787,4 @@ int dp_launch_free_ports(int *ports, int n, dp_err *err)
         close(fds[i]);
     free(fds);
     return rc;
-}
-
-/* ---- metrics merge ---- */
-
-typedef struct task_res {
-    double cpu_sum;
-    long samples;
-    double rss_peak;
-    double tx, rx;
-} task_res;
-
-static double num_field(const cJSON *o, const char *key, int *found)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsNumber(v)) {
-        *found = 1;
-        return v->valuedouble;
-    }
-    return 0;
-}
-
-int dp_launch_merge_metrics(const char *path, const dp_cluster *c, double seconds, dp_err *err)
-{
-    char *tmp = xasprintf("%s.tmp", path);
-    if (!tmp)
-        return dp_errf(err, "merging metrics: out of memory");
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        int e = errno;
-        free(tmp);
-        return dp_errf(err, "merging metrics: cannot create %s.tmp: %s", path, strerror(e));
-    }
-    double cpu_mean_sum = 0, rss = 0, tx = 0, rx = 0;
-    long samples = 0;
-    int tasks_with = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    for (int i = 0; i < c->n_tasks; i++) {
-        const dp_task *t = &c->tasks[i];
-        char src[4096];
-        snprintf(src, sizeof src, "%s.%s-%d", path, dp_role_name(t->role), t->index);
-        FILE *in = fopen(src, "r");
-        if (!in) {
-            dp_warn("merging metrics: no metrics from %s (%s: %s)", t->name, src, strerror(errno));
-            continue;
-        }
-        task_res tr = {0};
-        long skipped = 0;
-        ssize_t n;
-        while ((n = getline(&line, &cap, in)) > 0) {
-            cJSON *o = cJSON_ParseWithLength(line, (size_t)n);
-            if (!cJSON_IsObject(o)) {
-                skipped++;
-                cJSON_Delete(o);
-                continue;
-            }
-            if (!cJSON_GetObjectItemCaseSensitive(o, "task"))
-                cJSON_AddStringToObject(o, "task", t->name);
-            const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
-            if (cJSON_IsString(ev) && strcmp(ev->valuestring, "resource") == 0) {
-                int f = 0;
-                double cpu = num_field(o, "cpu_percent", &f);
-                if (f) {
-                    tr.cpu_sum += cpu;
-                    tr.samples++;
-                }
-                f = 0;
-                double v = num_field(o, "rss_bytes", &f);
-                if (f && v > tr.rss_peak)
-                    tr.rss_peak = v;
-                v = num_field(o, "net_tx_bytes", &f);
-                if (v > tr.tx)
-                    tr.tx = v;
-                v = num_field(o, "net_rx_bytes", &f);
-                if (v > tr.rx)
-                    tr.rx = v;
-            }
-            char *s = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
-            if (!s) {
-                fclose(in);
-                fclose(out);
-                free(line);
-                unlink(tmp);
-                free(tmp);
-                return dp_errf(err, "merging metrics: out of memory");
-            }
-            fputs(s, out);
-            fputc('\n', out);
-            free(s);
-        }
-        fclose(in);
-        if (skipped)
-            dp_warn("merging metrics: skipped %ld line%s of %s (not a JSON object; a task "
-                    "killed while writing leaves a torn last line)",
-                    skipped, skipped == 1 ? "" : "s", src);
-        if (tr.samples > 0) {
-            tasks_with++;
-            samples += tr.samples;
-            cpu_mean_sum += tr.cpu_sum / (double)tr.samples;
-        }
-        rss += tr.rss_peak;
-        tx += tr.tx;
-        rx += tr.rx;
-    }
-    free(line);
-    if (tasks_with > 0)
-        fprintf(out,
-                "{\"event\":\"resource_total\",\"t\":%.3f,\"tasks\":%d,\"samples\":%ld,"
-                "\"cpu_percent_mean\":%.3f,\"cpu_percent_sum\":%.3f,\"rss_peak_bytes\":%.0f,"
-                "\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
-                seconds, tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum, rss, tx,
-                rx);
-    int bad = ferror(out);
-    if (fclose(out) != 0 || bad) {
-        unlink(tmp);
-        free(tmp);
-        return dp_errf(err, "merging metrics: cannot write %s.tmp", path);
-    }
-    if (rename(tmp, path) < 0) {
-        int e = errno;
-        unlink(tmp);
-        free(tmp);
-        return dp_errf(err, "merging metrics: cannot rename to %s: %s", path, strerror(e));
-    }
-    free(tmp);
-    return 0;
 }

@@ -1,7 +1,8 @@
 /* Metrics as JSON Lines.  Each event is built with cJSON (so strings are
  * escaped correctly), printed on one line and written with one write(2), so
  * a program tailing the file sees whole lines.  After open the handle is
- * read-only, so threads may share one writer. */
+ * read-only, so threads may share one writer.  The merge of a cluster's
+ * per-task files is here too, written with the atomic replace of file.h. */
 #include "downpour/metrics.h"
 
 #include <cjson/cJSON.h>
@@ -16,6 +17,7 @@
 
 #include "downpour/clock.h"
 #include "downpour/file.h"
+#include "downpour/log.h"
 
 struct dp_metrics {
     int fd;    /* -1: drop everything */
@@ -130,4 +132,138 @@ out:
     cJSON_free(line);
     cJSON_Delete(obj);
     return rc;
+}
+
+/* ---- merging the files of a cluster's tasks ---- */
+
+typedef struct task_res {
+    double cpu_sum;
+    long samples;
+    double rss_peak;
+    double tx, rx;
+} task_res;
+
+static double num_field(const cJSON *o, const char *key, int *found)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) {
+        *found = 1;
+        return v->valuedouble;
+    }
+    return 0;
+}
+
+/* Folds one "resource" event into the task's totals. */
+static void add_resource(task_res *tr, const cJSON *o)
+{
+    int f = 0;
+    double cpu = num_field(o, "cpu_percent", &f);
+    if (f) {
+        tr->cpu_sum += cpu;
+        tr->samples++;
+    }
+    double v = num_field(o, "rss_bytes", &f);
+    if (v > tr->rss_peak)
+        tr->rss_peak = v;
+    v = num_field(o, "net_tx_bytes", &f);
+    if (v > tr->tx)
+        tr->tx = v;
+    v = num_field(o, "net_rx_bytes", &f);
+    if (v > tr->rx)
+        tr->rx = v;
+}
+
+/* Copies one task's file into fd, tagging lines with the task; adds its
+ * resource figures to tr.  A missing file is a warning, not an error. */
+static int merge_one(int fd, const dp_metrics_source *src, task_res *tr, char **line, size_t *cap,
+                     const char *out, dp_err *err)
+{
+    FILE *in = fopen(src->path, "r");
+    if (!in) {
+        dp_warn("merging metrics: no metrics from %s (%s: %s)", src->task, src->path,
+                strerror(errno));
+        return 0;
+    }
+    long skipped = 0;
+    ssize_t n;
+    int rc = 0;
+    while (rc == 0 && (n = getline(line, cap, in)) > 0) {
+        cJSON *o = cJSON_ParseWithLength(*line, (size_t)n);
+        if (!cJSON_IsObject(o)) {
+            skipped++;
+            cJSON_Delete(o);
+            continue;
+        }
+        if (!cJSON_GetObjectItemCaseSensitive(o, "task"))
+            cJSON_AddStringToObject(o, "task", src->task);
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
+        if (cJSON_IsString(ev) && strcmp(ev->valuestring, "resource") == 0)
+            add_resource(tr, o);
+        char *s = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!s) {
+            rc = dp_errf(err, "merging metrics: out of memory");
+            break;
+        }
+        size_t len = strlen(s);
+        s[len] = '\n'; /* cJSON's buffer has room for the terminator */
+        if (dp_write_all(fd, s, len + 1, NULL) < 0)
+            rc = dp_errf(err, "merging metrics: writing %s: %s", out, strerror(errno));
+        cJSON_free(s);
+    }
+    fclose(in);
+    if (skipped)
+        dp_warn("merging metrics: skipped %ld line%s of %s (not a JSON object; a task "
+                "killed while writing leaves a torn last line)",
+                skipped, skipped == 1 ? "" : "s", src->path);
+    return rc;
+}
+
+int dp_metrics_merge(const char *path, const dp_metrics_source *src, int n, double seconds,
+                     dp_err *err)
+{
+    dp_atomic_file af;
+    if (dp_atomic_open(&af, path, err) < 0)
+        return dp_err_prefix(err, "merging metrics");
+    double cpu_mean_sum = 0, rss = 0, tx = 0, rx = 0;
+    long samples = 0;
+    int tasks_with = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < n; i++) {
+        task_res tr = {0};
+        if (merge_one(af.fd, &src[i], &tr, &line, &cap, path, err) < 0) {
+            free(line);
+            dp_atomic_abort(&af);
+            return -1;
+        }
+        if (tr.samples > 0) {
+            tasks_with++;
+            samples += tr.samples;
+            cpu_mean_sum += tr.cpu_sum / (double)tr.samples;
+        }
+        rss += tr.rss_peak;
+        tx += tr.tx;
+        rx += tr.rx;
+    }
+    free(line);
+    if (tasks_with > 0) {
+        char total[512];
+        int len = snprintf(total, sizeof total,
+                           "{\"event\":\"resource_total\",\"t\":%.3f,\"tasks\":%d,\"samples\":%ld,"
+                           "\"cpu_percent_mean\":%.3f,\"cpu_percent_sum\":%.3f,"
+                           "\"rss_peak_bytes\":%.0f,\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
+                           seconds, tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum,
+                           rss, tx, rx);
+        if (len < 0 || (size_t)len >= sizeof total ||
+            dp_write_all(af.fd, total, (size_t)len, NULL) < 0) {
+            dp_errf(err, "merging metrics: writing %s: %s", path,
+                    len < 0 || (size_t)len >= sizeof total ? "line too long" : strerror(errno));
+            dp_atomic_abort(&af);
+            return -1;
+        }
+    }
+    if (dp_atomic_commit(&af, err) < 0)
+        return dp_err_prefix(err, "merging metrics");
+    return 0;
 }
