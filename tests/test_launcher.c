@@ -183,6 +183,9 @@ static void test_environment(void)
     s = slurp(out_path);
     REQUIRE(s);
     CHECK(count_substr(s, "blas=7\n") == 4);
+    /* Fresh per run: the second launch's secret is another one. */
+    p = strstr(s, "secret=");
+    CHECK(p && strspn(p + 7, "0123456789abcdef") == 64 && strncmp(p, secret, 71) != 0);
     free(s);
     dp_cluster_free(&c);
 }

@@ -8,13 +8,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -24,6 +24,7 @@
 #include "downpour/file.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
+#include "downpour/secret.h"
 
 extern char **environ;
 
@@ -278,6 +279,19 @@ static int env_is(const char *entry, const char *name)
     return strncmp(entry, name, n) == 0 && entry[n] == '=';
 }
 
+/* free_strv for environments, which hold the cluster secret: each string is
+ * zeroed before it is freed. */
+static void free_env(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++) {
+        sodium_memzero(*p, strlen(*p));
+        free(*p);
+    }
+    free(v);
+}
+
 static char **task_envp(const dp_cluster *c, int rank, const char *secret, int blas_threads)
 {
     size_t n = 0;
@@ -313,30 +327,8 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
         goto fail;
     return v;
 fail:
-    free_strv(v);
+    free_env(v);
     return NULL;
-}
-
-static int make_secret(char hex[65], dp_err *err)
-{
-    unsigned char raw[32];
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return dp_errf(err, "launcher: getrandom: %s", strerror(errno));
-        }
-        got += (size_t)r;
-    }
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof raw; i++) {
-        hex[2 * i] = digits[raw[i] >> 4];
-        hex[2 * i + 1] = digits[raw[i] & 15];
-    }
-    hex[64] = '\0';
-    return 0;
 }
 
 /* ---- children ---- */
@@ -515,7 +507,7 @@ void dp_launcher_free(dp_launcher *l)
             stream_close(&l->t[i], &l->t[i].out);
             stream_close(&l->t[i], &l->t[i].err);
             free_strv(l->t[i].argv);
-            free_strv(l->t[i].envp);
+            free_env(l->t[i].envp);
         }
         free(l->t);
     }
@@ -536,6 +528,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     dp_launcher *l = calloc(1, sizeof *l);
     if (!l)
         return dp_errf(err, "launcher: out of memory");
+    char secret[2 * DP_SECRET_GEN + 1] = {0}; /* hex, for DOWNPOUR_SECRET */
     l->devnull = -1;
     l->c = o->cluster;
     l->n = o->cluster->n_tasks;
@@ -564,9 +557,13 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
         dp_errf(err, "launcher: out of memory");
         goto fail;
     }
-    char secret[65];
-    if (make_secret(secret, err) < 0)
+    dp_secret raw;
+    int got = dp_secret_generate(&raw, secret, sizeof secret, err);
+    dp_secret_wipe(&raw); /* the tasks get the hex form */
+    if (got < 0) {
+        dp_err_prefix(err, "launcher: cluster secret");
         goto fail;
+    }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int blas = cores > l->n ? (int)(cores / l->n) : 1;
     for (int i = 0; i < l->n; i++) {
@@ -578,7 +575,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
             goto fail;
         }
     }
-    memset(secret, 0, sizeof secret);
+    sodium_memzero(secret, sizeof secret);
     l->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (l->devnull < 0) {
         dp_errf(err, "launcher: cannot open /dev/null: %s", strerror(errno));
@@ -596,10 +593,16 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
         if (spawn(l, i, self, err) < 0)
             goto fail;
     }
+    /* Every task has its copy of the environment: the secret goes now. */
+    for (int i = 0; i < l->n; i++) {
+        free_env(l->t[i].envp);
+        l->t[i].envp = NULL;
+    }
     dp_info("launcher: started %d task%s (%s)", l->n, l->n == 1 ? "" : "s", o->argv[0]);
     *out = l;
     return 0;
 fail:
+    sodium_memzero(secret, sizeof secret);
     dp_launcher_free(l);
     return -1;
 }
