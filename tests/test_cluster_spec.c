@@ -1,5 +1,6 @@
 /* Cluster spec: ranks, names and addresses of good specs; every kind of bad
  * spec refused with a message naming the field; the writer round-trips. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,7 @@ static void test_env_and_file(void)
     dp_cluster c;
     dp_err err = {{0}};
     unsetenv(DP_CLUSTER_ENV);
+    unsetenv(DP_CLUSTER_ENV_TF);
     CHECK(dp_cluster_from_env(&c, NULL, &err) == 1);
     setenv(DP_CLUSTER_ENV, "{\"cluster\":{\"worker\":[\"a:1\",\"b:1\"]},"
                            "\"task\":{\"type\":\"worker\",\"index\":1}}", 1);
@@ -259,6 +261,84 @@ static void test_env_and_file(void)
     unlink(path);
     CHECK(dp_cluster_load(&c, path, "worker:0", &err) == -1);
     CHECKF(strstr(err.msg, "cannot open") && strstr(err.msg, "No such file"), "%s", err.msg);
+}
+
+/* dp_cluster_from_env with stderr kept in log (cap bytes). */
+static int from_env_logged(dp_cluster *c, const char *task, dp_err *err, char *log, size_t cap)
+{
+    char path[4096];
+    const char *dir = getenv("DOWNPOUR_TEST_TMP");
+    snprintf(path, sizeof path, "%s/cluster_spec_log_%d.txt", dir && *dir ? dir : "/tmp",
+             (int)getpid());
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    int rc = dp_cluster_from_env(c, task, err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ssize_t n = pread(fd, log, cap - 1, 0);
+    log[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+/* TF_CONFIG, TensorFlow's variable, is read when DOWNPOUR_CONFIG is not set;
+ * when both are, DOWNPOUR_CONFIG wins (with a line saying so if they differ). */
+static void test_tf_config(void)
+{
+    static const char two[] = "{\"cluster\":{\"worker\":[\"a:1\",\"b:1\"]},"
+                              "\"task\":{\"type\":\"worker\",\"index\":1}}";
+    static const char three[] = "{\"cluster\":{\"chief\":[\"c:1\"],\"worker\":[\"a:1\",\"b:1\"]},"
+                                "\"task\":{\"type\":\"chief\",\"index\":0},"
+                                "\"environment\":\"cloud\"}";
+    dp_cluster c;
+    dp_err err = {{0}};
+    char log[2048];
+    unsetenv(DP_CLUSTER_ENV);
+    unsetenv(DP_CLUSTER_ENV_TF);
+    CHECK(dp_cluster_from_env(&c, NULL, &err) == 1);
+
+    /* Only TF_CONFIG (also with DOWNPOUR_CONFIG empty). */
+    setenv(DP_CLUSTER_ENV_TF, three, 1);
+    CHECKF(from_env_logged(&c, NULL, &err, log, sizeof log) == 0, "%s", err.msg);
+    CHECK(c.n_tasks == 3 && c.self == 0 && c.count[DP_ROLE_CHIEF] == 1);
+    CHECKF(log[0] == '\0', "unexpected log: %s", log);
+    dp_cluster_free(&c);
+    setenv(DP_CLUSTER_ENV, "", 1);
+    CHECKF(dp_cluster_from_env(&c, "worker:1", &err) == 0, "%s", err.msg);
+    CHECK(c.n_tasks == 3 && c.self == 2);
+    dp_cluster_free(&c);
+
+    /* Both, the same text: DOWNPOUR_CONFIG, silently. */
+    setenv(DP_CLUSTER_ENV, three, 1);
+    CHECKF(from_env_logged(&c, NULL, &err, log, sizeof log) == 0, "%s", err.msg);
+    CHECK(c.n_tasks == 3);
+    CHECKF(log[0] == '\0', "unexpected log: %s", log);
+    dp_cluster_free(&c);
+
+    /* Both, different: DOWNPOUR_CONFIG wins and a line says so. */
+    setenv(DP_CLUSTER_ENV, two, 1);
+    CHECKF(from_env_logged(&c, NULL, &err, log, sizeof log) == 0, "%s", err.msg);
+    CHECK(c.n_tasks == 2 && c.self == 1);
+    CHECKF(strstr(log, "DOWNPOUR_CONFIG and TF_CONFIG are both set and differ; using "
+                       "DOWNPOUR_CONFIG"), "log: %s", log);
+    dp_cluster_free(&c);
+
+    /* A bad TF_CONFIG is named as such; a good DOWNPOUR_CONFIG beside it is used. */
+    unsetenv(DP_CLUSTER_ENV);
+    setenv(DP_CLUSTER_ENV_TF, "{\"cluster\":{\"worker\":[\"a:1\"]},"
+                              "\"task\":{\"type\":\"evaluator\",\"index\":0}}", 1);
+    CHECK(dp_cluster_from_env(&c, NULL, &err) == -1);
+    CHECKF(strncmp(err.msg, "TF_CONFIG: ", 11) == 0, "%s", err.msg);
+    setenv(DP_CLUSTER_ENV, two, 1);
+    CHECKF(from_env_logged(&c, NULL, &err, log, sizeof log) == 0, "%s", err.msg);
+    CHECK(c.n_tasks == 2);
+    dp_cluster_free(&c);
+    unsetenv(DP_CLUSTER_ENV);
+    unsetenv(DP_CLUSTER_ENV_TF);
 }
 
 static void test_local_and_helpers(void)
@@ -306,6 +386,7 @@ int main(void)
     test_bad_specs();
     test_too_many_tasks();
     test_env_and_file();
+    test_tf_config();
     test_local_and_helpers();
     return CHECK_DONE();
 }

@@ -3,7 +3,7 @@
  *   {"cluster": {"chief": ["host:port"], "worker": ["host:port", ..], "ps": [..]},
  *    "task": {"type": "worker", "index": 0}}
  * read from a string, a file (--cluster FILE, with --task TYPE:INDEX), or the
- * environment variable DOWNPOUR_CONFIG.
+ * environment variable DOWNPOUR_CONFIG (else TF_CONFIG, TensorFlow's own).
  *
  * Ranks follow one fixed order: the chief (if any) is rank 0, then the workers
  * by index, then the ps tasks by index.  So with a chief, worker:i is rank 1+i;
@@ -19,6 +19,7 @@
 #define DP_CLUSTER_MAX_ADDR 255            /* characters of "host:port" */
 #define DP_CLUSTER_MAX_SPEC (8 << 20)      /* bytes of spec JSON we accept */
 #define DP_CLUSTER_ENV "DOWNPOUR_CONFIG"
+#define DP_CLUSTER_ENV_TF "TF_CONFIG"       /* read when DP_CLUSTER_ENV is unset or empty */
 
 typedef enum dp_role {
     DP_ROLE_CHIEF,  /* coordinates, evaluates, checkpoints; worker 0 in all-reduce */
@@ -65,8 +66,10 @@ int dp_cluster_parse(dp_cluster *c, const char *json, const char *task, dp_err *
 /* Reads the spec from a file (at most DP_CLUSTER_MAX_SPEC bytes). */
 int dp_cluster_load(dp_cluster *c, const char *path, const char *task, dp_err *err);
 
-/* Reads the spec from DOWNPOUR_CONFIG.  Returns 1 (and leaves *c empty) when
- * the variable is unset or empty, 0 on success, -1 on a bad spec. */
+/* Reads the spec from DOWNPOUR_CONFIG, or from TF_CONFIG when DOWNPOUR_CONFIG
+ * is unset or empty (when both are set and differ, DOWNPOUR_CONFIG wins and
+ * an info line says so).  Returns 1 (and leaves *c empty) when neither is
+ * set, 0 on success, -1 on a bad spec (the message names the variable). */
 int dp_cluster_from_env(dp_cluster *c, const char *task, dp_err *err);
 
 /* A local cluster on 127.0.0.1: `chief` (0 or 1) chief, `workers` workers,

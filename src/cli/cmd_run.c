@@ -13,15 +13,16 @@
     "\n"                                                                                  \
     "Runs one task of a cluster in this process. The spec (TF_CONFIG format:\n"           \
     "{\"cluster\": {\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}) comes\n" \
-    "from --cluster FILE, else from DOWNPOUR_CONFIG; --task overrides its \"task\".\n"     \
+    "from --cluster FILE, else from DOWNPOUR_CONFIG, else from TF_CONFIG; --task\n"       \
+    "overrides its \"task\".\n"                                                            \
     "Every task of the run needs the same DOWNPOUR_SECRET. See docs/cluster.md."
 
 int cmd_run(int argc, char **argv)
 {
     const char *cluster = NULL, *task = NULL;
     const cli_opt opts[] = {
-        {"cluster", CLI_STR, &cluster, "FILE", "cluster spec JSON (default: $DOWNPOUR_CONFIG)",
-         0, 0},
+        {"cluster", CLI_STR, &cluster, "FILE",
+         "cluster spec JSON (default: $DOWNPOUR_CONFIG, else $TF_CONFIG)", 0, 0},
         {"task", CLI_STR, &task, "TYPE:INDEX",
          "this process's task, e.g. worker:0 (default: the spec's \"task\")", 0, 0},
     };
@@ -49,7 +50,8 @@ int cmd_run(int argc, char **argv)
         rc = dp_cluster_from_env(&c, task, &err);
         if (rc == 1) {
             fprintf(stderr, "downpour run: no cluster spec. Hint: pass --cluster FILE (see "
-                            "docs/cluster.md) or set DOWNPOUR_CONFIG to the spec's JSON\n");
+                            "docs/cluster.md) or set DOWNPOUR_CONFIG (or TF_CONFIG) to the "
+                            "spec's JSON\n");
             return 2;
         }
     }
@@ -58,9 +60,9 @@ int cmd_run(int argc, char **argv)
         return 2;
     }
     /* train learns its role the same way under launch and run: DOWNPOUR_CONFIG
-     * holding the spec with this task. */
+     * holding the spec with this task (and no TF_CONFIG beside it to differ). */
     char *json = dp_cluster_to_json(&c, c.self, &err);
-    if (!json || setenv(DP_CLUSTER_ENV, json, 1) < 0 ||
+    if (!json || setenv(DP_CLUSTER_ENV, json, 1) < 0 || unsetenv(DP_CLUSTER_ENV_TF) < 0 ||
         setenv("DOWNPOUR_TASK", c.tasks[c.self].name, 1) < 0) {
         fprintf(stderr, "downpour run: cannot set %s: %s\n", DP_CLUSTER_ENV,
                 json ? "out of memory" : err.msg);

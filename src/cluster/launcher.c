@@ -304,8 +304,8 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
     int keep_blas = 0;
     for (size_t i = 0; i < n; i++) {
         const char *e = environ[i];
-        if (env_is(e, DP_CLUSTER_ENV) || env_is(e, "DOWNPOUR_SECRET") ||
-            env_is(e, "DOWNPOUR_TASK"))
+        if (env_is(e, DP_CLUSTER_ENV) || env_is(e, DP_CLUSTER_ENV_TF) ||
+            env_is(e, "DOWNPOUR_SECRET") || env_is(e, "DOWNPOUR_TASK"))
             continue;
         if (env_is(e, "OPENBLAS_NUM_THREADS"))
             keep_blas = 1;

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "downpour/log.h"
+
 static const char *const role_names[DP_ROLE_COUNT] = {"chief", "worker", "ps"};
 
 const char *dp_role_name(dp_role role)
@@ -455,11 +457,19 @@ int dp_cluster_load(dp_cluster *c, const char *path, const char *task, dp_err *e
 int dp_cluster_from_env(dp_cluster *c, const char *task, dp_err *err)
 {
     memset(c, 0, sizeof *c);
-    const char *v = getenv(DP_CLUSTER_ENV);
+    const char *ours = getenv(DP_CLUSTER_ENV), *tf = getenv(DP_CLUSTER_ENV_TF);
+    const char *name = DP_CLUSTER_ENV, *v = ours;
+    if (!ours || !*ours) {
+        name = DP_CLUSTER_ENV_TF;
+        v = tf;
+    } else if (tf && *tf && strcmp(ours, tf) != 0) {
+        dp_info("cluster spec: %s and %s are both set and differ; using %s", DP_CLUSTER_ENV,
+                DP_CLUSTER_ENV_TF, DP_CLUSTER_ENV);
+    }
     if (!v || !*v)
         return 1;
     if (dp_cluster_parse(c, v, task, err) < 0)
-        return dp_err_prefix(err, "%s", DP_CLUSTER_ENV);
+        return dp_err_prefix(err, "%s", name);
     return 0;
 }
 
