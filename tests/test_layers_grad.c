@@ -138,19 +138,19 @@ static void test_relu(uint64_t seed)
     dp_rng r;
     dp_rng_seed(&r, seed);
     int n = 1 + (int)dp_rng_below(&r, 40);
-    float x[MAXN], dx[MAXN];
+    float x[MAXN], y[MAXN], dy[MAXN], dx[MAXN];
     double x_d[MAXN], c_d[MAXN];
     for (int i = 0; i < n; i++) {
         float v = urand(&r, -1, 1);
         if (fabsf(v) < 0.05f) /* keep finite differences away from the kink */
             v = v < 0 ? -0.5f : 0.5f;
         x_d[i] = x[i] = v;
-        c_d[i] = dx[i] = urand(&r, -1, 1);
+        c_d[i] = dy[i] = urand(&r, -1, 1);
     }
-    dp_relu_forward(x, n);
+    dp_relu_forward(y, x, n);
     for (int i = 0; i < n; i++)
-        CHECK(x[i] == (x_d[i] > 0 ? (float)x_d[i] : 0.0f));
-    dp_relu_backward(dx, x, n);
+        CHECK(y[i] == (x_d[i] > 0 ? (float)x_d[i] : 0.0f));
+    dp_relu_backward(dx, dy, y, n);
     for (int i = 0; i < n; i++) {
         double save = x_d[i];
         x_d[i] = save + H;
@@ -160,6 +160,13 @@ static void test_relu(uint64_t seed)
         x_d[i] = save;
         check_grad("relu dx", i, dx[i], (lp - lm) / (2 * H));
     }
+    /* in place gives the same (the inputs are left alone out of place) */
+    for (int i = 0; i < n; i++)
+        CHECK(x[i] == (float)x_d[i] && dy[i] == (float)c_d[i]);
+    dp_relu_forward(x, x, n);
+    dp_relu_backward(dy, dy, x, n);
+    CHECK(memcmp(x, y, (size_t)n * sizeof *x) == 0);
+    CHECK(memcmp(dy, dx, (size_t)n * sizeof *dx) == 0);
 }
 
 /* ---- softmax + cross-entropy --------------------------------------------- */

@@ -30,11 +30,11 @@ void dp_dense_backward_relu_overwrite(float *dinp, float *dw, float *db, const f
                                       const float *inp, const float *w, int batch, int in,
                                       int out_dim);
 
-/* In place: x = max(x, 0). */
-void dp_relu_forward(float *x, int n);
-/* In place: dx = dout where the relu output was positive, else 0.  `out` is
- * the relu's output (the forward kept it in place). */
-void dp_relu_backward(float *dx, const float *out, int n);
+/* out = max(inp, 0), n elements; out may alias inp (in place). */
+void dp_relu_forward(float *out, const float *inp, int n);
+/* dinp = dout where the relu's output `out` is positive, else 0; dinp may
+ * alias dout (in place). */
+void dp_relu_backward(float *dinp, const float *dout, const float *out, int n);
 
 /* Fused softmax + cross-entropy, numerically stable (log-sum-exp).
  * logits (batch,classes) in; probs (batch,classes) out (may alias logits);

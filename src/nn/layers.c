@@ -147,16 +147,18 @@ void dp_dense_backward_relu_overwrite(float *dinp, float *dw, float *db, const f
     dense_backward(dinp, dw, db, dout, inp, w, batch, in, out_dim, 0, 1);
 }
 
-void dp_relu_forward(float *restrict x, int n)
+/* No restrict on the aliasable pair: gcc checks for overlap at run time and
+ * still vectorises. */
+void dp_relu_forward(float *out, const float *inp, int n)
 {
     for (int i = 0; i < n; i++)
-        x[i] = x[i] < 0.0f ? 0.0f : x[i];
+        out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
 }
 
-void dp_relu_backward(float *restrict dx, const float *restrict out, int n)
+void dp_relu_backward(float *dinp, const float *dout, const float *restrict out, int n)
 {
     for (int i = 0; i < n; i++)
-        dx[i] = out[i] > 0.0f ? dx[i] : 0.0f;
+        dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 /* Rows are processed one at a time and each logit is read before its prob is
