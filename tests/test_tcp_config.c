@@ -20,7 +20,8 @@ static void secrets(void)
 
     unsetenv("DOWNPOUR_SECRET");
     CHECK(dp_secret_load(&s, NULL, &err) == -1);
-    CHECKF(strstr(err.msg, "DOWNPOUR_SECRET") != NULL, "%s", err.msg);
+    CHECKF(strstr(err.msg, "DOWNPOUR_SECRET") && strstr(err.msg, "--secret-file FILE"), "%s",
+           err.msg);
 
     setenv("DOWNPOUR_SECRET", "00112233445566778899aabbccddeeff\n", 1);
     CHECK(dp_secret_load(&s, NULL, &err) == 0);

@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,7 +27,8 @@ static void print_default(const cli_opt *o)
         fprintf(stderr, " (default: %ld)", *(long *)o->dst);
         break;
     case CLI_NUM:
-        fprintf(stderr, " (default: %g)", *(double *)o->dst);
+        if (!isnan(*(double *)o->dst)) /* NAN: unset, the help text says what applies */
+            fprintf(stderr, " (default: %g)", *(double *)o->dst);
         break;
     case CLI_FLAG:
     case CLI_KIND_COUNT:

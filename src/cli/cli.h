@@ -16,7 +16,7 @@ typedef enum cli_kind {
 typedef struct cli_opt {
     const char *name;  /* "batch" for --batch */
     cli_kind kind;
-    void *dst;         /* holds the default on entry */
+    void *dst;         /* holds the default on entry (a CLI_NUM's NAN: none shown) */
     const char *meta;  /* value placeholder in --help, "N" */
     const char *help;
     double lo, hi;     /* range for CLI_INT / CLI_NUM */

@@ -1,4 +1,5 @@
 /* downpour run: one task of a multi-host cluster, started by hand on its host. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +7,7 @@
 #include "cli/cli.h"
 #include "downpour/cluster.h"
 #include "downpour/log.h"
+#include "downpour/secret.h"
 #include "downpour/status.h"
 
 #define RUN_USAGE                                                                         \
@@ -15,16 +17,53 @@
     "{\"cluster\": {\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}) comes\n" \
     "from --cluster FILE, else from DOWNPOUR_CONFIG, else from TF_CONFIG; --task\n"       \
     "overrides its \"task\".\n"                                                            \
-    "Every task of the run needs the same DOWNPOUR_SECRET. See docs/cluster.md."
+    "Every task of the run needs the same secret: --secret-file FILE (passed on to\n"     \
+    "the command), else DOWNPOUR_SECRET. See docs/cluster.md."
+
+/* Whether a command's arguments hold --name or --name=VALUE (before any "--"). */
+static bool has_option(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strncmp(argv[i], "--", 2) == 0 && strncmp(argv[i] + 2, name, n) == 0 &&
+            (argv[i][2 + n] == '\0' || argv[i][2 + n] == '='))
+            return true;
+    return false;
+}
+
+/* Runs train or ping with argv; --secret-file FILE, when given to run, goes
+ * right after the command name (an explicit one of the command's own, later,
+ * wins). */
+static int run_command(int argc, char **argv, const char *secret_file)
+{
+    int (*cmd)(int, char **) = strcmp(argv[0], "ping") == 0 ? cmd_ping : cmd_train;
+    if (!secret_file)
+        return cmd(argc, argv);
+    char **v = calloc((size_t)argc + 3, sizeof *v);
+    if (!v) {
+        fprintf(stderr, "downpour run: out of memory\n");
+        return 1;
+    }
+    v[0] = argv[0];
+    v[1] = "--secret-file";
+    v[2] = (char *)secret_file;
+    for (int i = 1; i < argc; i++)
+        v[i + 2] = argv[i];
+    int st = cmd(argc + 2, v);
+    free(v);
+    return st;
+}
 
 int cmd_run(int argc, char **argv)
 {
-    const char *cluster = NULL, *task = NULL;
+    const char *cluster = NULL, *task = NULL, *secret_file = NULL;
     const cli_opt opts[] = {
         {"cluster", CLI_STR, &cluster, "FILE",
          "cluster spec JSON (default: $DOWNPOUR_CONFIG, else $TF_CONFIG)", 0, 0},
         {"task", CLI_STR, &task, "TYPE:INDEX",
          "this process's task, e.g. worker:0 (default: the spec's \"task\")", 0, 0},
+        {"secret-file", CLI_STR, &secret_file, "FILE",
+         "the cluster secret, same on every host (default: $DOWNPOUR_SECRET)", 0, 0},
     };
     int rest = 0;
     int rc = cli_parse(RUN_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
@@ -73,12 +112,23 @@ int cmd_run(int argc, char **argv)
     free(json);
     const dp_task *me = &c.tasks[c.self];
     dp_info("run: task %s (rank %d of %d) at %s", me->name, me->rank, c.n_tasks, me->addr);
-    const char *secret = getenv("DOWNPOUR_SECRET");
-    if (!secret || !*secret)
-        dp_warn("run: DOWNPOUR_SECRET is not set; every task needs the same secret to "
-                "authenticate. Hint: run `openssl rand -hex 32` once and export the result "
-                "as DOWNPOUR_SECRET on every host");
     dp_cluster_free(&c);
-    return strcmp(argv[rest], "ping") == 0 ? cmd_ping(argc - rest, argv + rest)
-                                           : cmd_train(argc - rest, argv + rest);
+    if (secret_file) {
+        /* Read it now, so a missing or short file stops the task before it starts. */
+        dp_secret s;
+        rc = dp_secret_load(&s, secret_file, &err);
+        dp_secret_wipe(&s);
+        if (rc < 0) {
+            fprintf(stderr, "downpour run: --secret-file: %s\n", err.msg);
+            return 2;
+        }
+    } else if (!has_option(argc - rest, argv + rest, "secret-file")) {
+        const char *secret = getenv("DOWNPOUR_SECRET");
+        if (!secret || !*secret)
+            dp_warn("run: DOWNPOUR_SECRET is not set and no --secret-file was given; every "
+                    "task needs the same secret to authenticate. Hint: run `openssl rand -hex "
+                    "32 > secret` once, copy the file (mode 0600) to every host and pass "
+                    "--secret-file secret");
+    }
+    return run_command(argc - rest, argv + rest, secret_file);
 }

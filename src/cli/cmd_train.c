@@ -1,10 +1,12 @@
 /* downpour train: the training run of one process. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "downpour/file.h"
 #include "downpour/train.h"
 
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"
@@ -40,6 +42,32 @@ static int parse_straggler(const char *s, long *k, double *ms, dp_err *err)
     return dp_parse_double(colon + 1, 0, 60000, ms, "--straggler MS", err);
 }
 
+/* "learning rate (default: the optimizer's: sgd 0.01, ..., adam 0.001)" */
+static void lr_help(char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "learning rate (default: the optimizer's:");
+    for (int k = 0; k < DP_OPTIM_COUNT && n < cap; k++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s %s %g", k ? "," : "",
+                              dp_optim_kind_name((dp_optim_kind)k),
+                              (double)dp_optim_defaults((dp_optim_kind)k).lr);
+    if (n < cap)
+        snprintf(buf + n, cap - n, ")");
+}
+
+/* Checks the output paths before any training, so a typo costs seconds, not
+ * a run: exits 2 with the message. */
+static int check_outputs(const char *save, const char *metrics, const char *checkpoint_dir)
+{
+    dp_err err;
+    if ((save && dp_path_check_writable(save, "--save", &err) < 0) ||
+        (metrics && dp_path_check_writable(metrics, "--metrics", &err) < 0) ||
+        (checkpoint_dir && dp_dir_prepare(checkpoint_dir, "--checkpoint-dir", &err) < 0)) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int cmd_train(int argc, char **argv)
 {
     dp_train_config cfg = dp_train_defaults();
@@ -54,9 +82,16 @@ int cmd_train(int argc, char **argv)
     const char *transport = "tcp";
     double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
+    const char *checkpoint_dir = NULL, *secret_file = NULL;
+    long checkpoint_every = cfg.checkpoint_every, keep_checkpoints = cfg.keep_checkpoints;
+    bool resume = false;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
-    double lr = -1, momentum = -1, ema = 0;
+    double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
+    char lr_text[200], momentum_text[80];
+    lr_help(lr_text, sizeof lr_text);
+    snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
+             (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false;
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
@@ -80,11 +115,11 @@ int cmd_train(int argc, char **argv)
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad or adam", 0, 0},
-        {"lr", CLI_NUM, &lr, "X", "learning rate (-1: the optimizer's Keras default)", -1, 100},
+        {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
         {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
         {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
-        {"momentum", CLI_NUM, &momentum, "X", "momentum for momentum/nesterov (-1: 0.9)", -1, 1},
+        {"momentum", CLI_NUM, &momentum, "X", momentum_text, -INFINITY, INFINITY},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
         {"val-size", CLI_INT, &n_val, "N", "validation records (the next N)", 0, 100000000},
@@ -92,6 +127,11 @@ int cmd_train(int argc, char **argv)
         {"log-every", CLI_INT, &log_every, "N", "steps between step lines (0: none)", 0, 100000000},
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
         {"save", CLI_STR, &save, "FILE", "save the trained weights as safetensors", 0, 0},
+        {"checkpoint-dir", CLI_STR, &checkpoint_dir, "DIR", "write training-state checkpoints here (made if missing)", 0, 0},
+        {"checkpoint-every", CLI_INT, &checkpoint_every, "N", "steps between checkpoints (0: only at the end)", 0, 1000000000000L},
+        {"keep-checkpoints", CLI_INT, &keep_checkpoints, "K", "keep the newest K checkpoints", 1, 1000},
+        {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir", 0, 0},
+        {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
         {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
     };
@@ -151,15 +191,24 @@ int cmd_train(int argc, char **argv)
         return 2;
     }
     cfg.optim = dp_optim_defaults(kind);
-    if (lr >= 0) {
-        if (lr == 0) {
-            fprintf(stderr, "downpour train: --lr must be positive\n");
+    if (!isnan(lr)) {
+        if (!(lr > 0 && lr <= 100)) {
+            fprintf(stderr, "downpour train: --lr %g: the learning rate must be in (0, 100]. "
+                            "Hint: leave --lr out for %s's default, %g\n",
+                    lr, optimizer, (double)cfg.optim.lr);
             return 2;
         }
         cfg.optim.lr = (float)lr;
     }
-    if (momentum >= 0)
+    if (!isnan(momentum)) {
+        if (!(momentum >= 0 && momentum <= 1)) {
+            fprintf(stderr, "downpour train: --momentum %g: the momentum must be in [0, 1] "
+                            "(default %g)\n",
+                    momentum, (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
+            return 2;
+        }
         cfg.optim.momentum = (float)momentum;
+    }
     cfg.dataset = dataset;
     cfg.model = model;
     cfg.batch = (int)batch;
@@ -172,6 +221,24 @@ int cmd_train(int argc, char **argv)
     cfg.progress = !no_progress && isatty(STDERR_FILENO);
     cfg.metrics_path = metrics;
     cfg.save_path = save;
+    if (resume && !checkpoint_dir) {
+        fprintf(stderr, "downpour train: --resume needs --checkpoint-dir DIR, the directory "
+                        "holding the checkpoints to continue from\n");
+        return 2;
+    }
+    if (!checkpoint_dir && (checkpoint_every != cfg.checkpoint_every ||
+                            keep_checkpoints != cfg.keep_checkpoints)) {
+        fprintf(stderr, "downpour train: --checkpoint-every and --keep-checkpoints need "
+                        "--checkpoint-dir DIR\n");
+        return 2;
+    }
+    cfg.checkpoint_dir = checkpoint_dir;
+    cfg.checkpoint_every = checkpoint_every;
+    cfg.keep_checkpoints = (int)keep_checkpoints;
+    cfg.resume = resume;
+    cfg.secret_file = secret_file;
+    if (check_outputs(save, metrics, checkpoint_dir) < 0)
+        return 2;
 
     dp_train_result res;
     if (dp_train_run(&cfg, &res, &err) < 0) {

@@ -53,9 +53,10 @@ int dp_secret_load(dp_secret *out, const char *path, dp_err *err)
     if (!path) {
         const char *env = getenv("DOWNPOUR_SECRET");
         if (!env || !*env)
-            return dp_errf(err, "no cluster secret: DOWNPOUR_SECRET is not set. Hint: `downpour "
-                                "launch` sets it for local runs; for a multi-host cluster put "
-                                "the same secret in a file on every host and pass it, or "
+            return dp_errf(err, "no cluster secret: DOWNPOUR_SECRET is not set and no "
+                                "--secret-file was given. Hint: `downpour launch` sets it for "
+                                "local runs; for a multi-host cluster put the same secret in a "
+                                "file (mode 0600) on every host and pass --secret-file FILE, or "
                                 "export DOWNPOUR_SECRET");
         return from_text(out, (const unsigned char *)env, strlen(env), "DOWNPOUR_SECRET", err);
     }

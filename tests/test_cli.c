@@ -1,0 +1,181 @@
+/* The downpour program's command line, run as a user would (fork and exec of
+ * DOWNPOUR_BIN, no shell): exit codes (0 done, 1 failed, 2 usage), which
+ * stream the text goes to, and the checks train makes before it trains. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static const char *g_bin;
+static char g_dir[1024];
+static char g_out[1 << 16], g_err[1 << 16];
+
+static void read_back(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : 0;
+    buf[n > 0 ? n : 0] = '\0';
+    if (fd >= 0)
+        close(fd);
+}
+
+/* Runs DOWNPOUR_BIN with args (NULL-terminated, without argv[0]); stdout and
+ * stderr land in g_out and g_err.  Returns the exit status, -1 if killed. */
+static int run(const char *const *args)
+{
+    char out_path[1100], err_path[1100];
+    snprintf(out_path, sizeof out_path, "%s/stdout.txt", g_dir);
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", g_dir);
+    const char *argv[64] = {g_bin};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int in = open("/dev/null", O_RDONLY);
+        if (o < 0 || e < 0 || in < 0 || dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+            _exit(126);
+        execv(g_bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        REQUIRE(errno == EINTR);
+    read_back(out_path, g_out, sizeof g_out);
+    read_back(err_path, g_err, sizeof g_err);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Expects exit status `code`, `want` in stderr (or NULL) and nothing on stdout. */
+#define USAGE_ERROR(want, ...)                                                         \
+    do {                                                                               \
+        const char *args_[] = {__VA_ARGS__, NULL};                                     \
+        int rc_ = run(args_);                                                          \
+        CHECKF(rc_ == 2, "%s ...: exit %d, want 2; stderr: %s", args_[0], rc_, g_err); \
+        CHECKF(g_out[0] == '\0', "%s ...: usage error printed on stdout: %s", args_[0], g_out); \
+        CHECKF(!(want) || strstr(g_err, (want)) != NULL, "%s ...: stderr lacks '%s': %s",   \
+               args_[0], (const char *)(want), g_err);                                 \
+    } while (0)
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[16][1200]; /* a few may be in use in one argument list */
+    static int k;
+    k = (k + 1) % 16;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
+    return buf[k];
+}
+
+/* train refuses bad values and unusable output paths before it trains. */
+static void test_train_checks(void)
+{
+    USAGE_ERROR("--lr -1: the learning rate must be in (0, 100]", "train", "--lr", "-1");
+    USAGE_ERROR("--lr 0:", "train", "--lr=0");
+    USAGE_ERROR("--lr", "train", "--lr", "1e9");
+    USAGE_ERROR("--momentum -0.5: the momentum must be in [0, 1]", "train", "--momentum", "-0.5");
+    USAGE_ERROR("--momentum", "train", "--momentum", "1.5");
+    USAGE_ERROR("--lr", "train", "--lr", "fast");
+    USAGE_ERROR("--resume needs --checkpoint-dir", "train", "--resume");
+    USAGE_ERROR("need --checkpoint-dir", "train", "--checkpoint-every", "100");
+    USAGE_ERROR("--keep-checkpoints", "train", "--checkpoint-dir", tmp_path("ck"),
+                "--keep-checkpoints", "0");
+    USAGE_ERROR("--keep-checkpoints", "train", "--checkpoint-dir", tmp_path("ck"),
+                "--keep-checkpoints", "1001");
+    USAGE_ERROR("--checkpoint-every", "train", "--checkpoint-dir", tmp_path("ck"),
+                "--checkpoint-every", "-1");
+    USAGE_ERROR("--save /nonexistent/m.safetensors: directory /nonexistent does not exist",
+                "train", "--save", "/nonexistent/m.safetensors");
+    USAGE_ERROR("--metrics /nonexistent/run.jsonl: directory /nonexistent does not exist",
+                "train", "--metrics", "/nonexistent/run.jsonl");
+    USAGE_ERROR("is a directory", "train", "--save", g_dir);
+
+    FILE *f = fopen(tmp_path("plainfile"), "w");
+    REQUIRE(f != NULL);
+    fclose(f);
+    USAGE_ERROR("is a file, not a directory", "train", "--checkpoint-dir", tmp_path("plainfile"));
+    USAGE_ERROR("is not a directory", "train", "--metrics", tmp_path("plainfile/run.jsonl"));
+
+    /* Good paths pass the checks (the checkpoint directory is made); the run
+     * then fails on the dataset, a runtime error: exit 1. */
+    const char *args[] = {"train", "--dataset", tmp_path("no-such-data"), "--checkpoint-dir",
+                          tmp_path("made/by/train"), "--checkpoint-every", "50",
+                          "--keep-checkpoints", "2", "--resume", "--save", tmp_path("m.st"),
+                          "--metrics", tmp_path("m.jsonl"), "--lr", "0.01", "--momentum", "0",
+                          "--secret-file", tmp_path("no-secret-needed"), NULL};
+    int rc = run(args);
+    CHECKF(rc == 1, "exit %d: %s", rc, g_err);
+    CHECKF(strstr(g_err, "no-such-data"), "%s", g_err);
+    struct stat st;
+    CHECK(stat(tmp_path("made/by/train"), &st) == 0 && S_ISDIR(st.st_mode));
+}
+
+/* The help lists the new options; the learning rate's default is the optimizer's. */
+static void test_train_help(void)
+{
+    const char *args[] = {"train", "--help", NULL};
+    CHECK(run(args) == 0);
+    static const char *const want[] = {"--checkpoint-dir DIR", "--checkpoint-every N",
+                                       "--keep-checkpoints K", "--resume", "--secret-file FILE",
+                                       "adam 0.001", "sgd 0.01", "(default: 0.9)",
+                                       "(default: 3)"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECKF(strstr(g_err, want[i]) != NULL, "train --help lacks '%s'", want[i]);
+    CHECKF(strstr(g_err, "nan") == NULL && strstr(g_err, "-1:") == NULL, "%s", g_err);
+}
+
+/* run --secret-file: read before the task starts. */
+static void test_run_secret_file(void)
+{
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s", tmp_path("cluster.json"));
+    FILE *f = fopen(spec, "w");
+    REQUIRE(f != NULL);
+    fputs("{\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}}\n", f);
+    fclose(f);
+    USAGE_ERROR("cannot open secret file", "run", "--cluster", spec, "--task", "worker:0",
+                "--secret-file", tmp_path("missing-secret"), "--", "train");
+    f = fopen(tmp_path("short-secret"), "w");
+    REQUIRE(f != NULL);
+    fputs("abc\n", f);
+    fclose(f);
+    chmod(tmp_path("short-secret"), 0600);
+    USAGE_ERROR("at least 16", "run", "--cluster", spec, "--task", "worker:0", "--secret-file",
+                tmp_path("short-secret"), "--", "train");
+    const char *args[] = {"run", "--help", NULL};
+    CHECK(run(args) == 0);
+    CHECKF(strstr(g_err, "--secret-file FILE"), "%s", g_err);
+}
+
+int main(void)
+{
+    g_bin = getenv("DOWNPOUR_BIN");
+    if (!g_bin || !*g_bin) {
+        fprintf(stderr, "skipping: DOWNPOUR_BIN is not set (run under ctest)\n");
+        return 77;
+    }
+    const char *base = getenv("DOWNPOUR_TEST_TMP");
+    if (!base || !*base)
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(g_dir, sizeof g_dir, "%s/test_cli.XXXXXX", base);
+    REQUIRE(mkdtemp(g_dir) != NULL);
+    unsetenv("DOWNPOUR_CONFIG");
+    unsetenv("TF_CONFIG");
+    unsetenv("DOWNPOUR_SECRET");
+    test_train_checks();
+    test_train_help();
+    test_run_secret_file();
+    return CHECK_DONE();
+}
