@@ -131,8 +131,8 @@ static void test_train_help(void)
                                        "adam 0.001", "sgd 0.01", "(default: 0.9)",
                                        "(default: 3)"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        CHECKF(strstr(g_err, want[i]) != NULL, "train --help lacks '%s'", want[i]);
-    CHECKF(strstr(g_err, "nan") == NULL && strstr(g_err, "-1:") == NULL, "%s", g_err);
+        CHECKF(strstr(g_out, want[i]) != NULL, "train --help lacks '%s'", want[i]);
+    CHECKF(strstr(g_out, "nan") == NULL && strstr(g_out, "-1:") == NULL, "%s", g_out);
 }
 
 /* run --secret-file: read before the task starts. */
@@ -155,7 +155,92 @@ static void test_run_secret_file(void)
                 tmp_path("short-secret"), "--", "train");
     const char *args[] = {"run", "--help", NULL};
     CHECK(run(args) == 0);
-    CHECKF(strstr(g_err, "--secret-file FILE"), "%s", g_err);
+    CHECKF(strstr(g_out, "--secret-file FILE"), "%s", g_out);
+}
+
+/* Help, asked for, goes to stdout with exit 0 and nothing on stderr. */
+static void test_help(void)
+{
+    static const char *const cases[][5] = {
+        {"--help"}, {"-h"}, {"help"}, {"help", "train"}, {"help", "launch"},
+        {"train", "--help"}, {"eval", "--help"}, {"launch", "--help"}, {"run", "--help"},
+        {"ping", "--help"}, {"version", "--help"}, {"train", "-h"},
+        {"train", "--batch", "64", "--help"}, {"launch", "--workers", "3", "--help"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(cases[i]);
+        CHECKF(rc == 0, "%s %s: exit %d", cases[i][0], cases[i][1] ? cases[i][1] : "", rc);
+        CHECKF(strncmp(g_out, "usage: ", 7) == 0, "%s %s: stdout: %s", cases[i][0],
+               cases[i][1] ? cases[i][1] : "", g_out);
+        CHECKF(g_err[0] == '\0', "%s %s: stderr: %s", cases[i][0], cases[i][1] ? cases[i][1] : "",
+               g_err);
+    }
+    const char *top[] = {"--help", NULL};
+    run(top);
+    CHECK(strstr(g_out, "  version ") && strstr(g_out, "  train "));
+}
+
+static void test_version(void)
+{
+    static const char *const cases[][2] = {{"--version"}, {"version"}, {"-V"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECKF(run(cases[i]) == 0, "%s", cases[i][0]);
+        int a, b, c, n = 0;
+        CHECKF(sscanf(g_out, "downpour %d.%d.%d\n%n", &a, &b, &c, &n) == 3 &&
+                   (size_t)n == strlen(g_out),
+               "%s: stdout '%s'", cases[i][0], g_out);
+        CHECKF(g_err[0] == '\0', "%s: stderr: %s", cases[i][0], g_err);
+    }
+    CHECK(strcmp(g_out, "downpour 0.1.0\n") == 0 || getenv("DOWNPOUR_VERSION_ANY"));
+}
+
+/* Every usage error exits 2, says so on stderr, and prints nothing on stdout. */
+static void test_usage_errors(void)
+{
+    const char *none[] = {NULL};
+    CHECK(run(none) == 2 && g_out[0] == '\0' && strstr(g_err, "usage: "));
+
+    USAGE_ERROR("unknown command 'frobnicate'", "frobnicate");
+    USAGE_ERROR("unknown option '--frob'", "--frob");
+    USAGE_ERROR("unknown command 'nope'", "help", "nope");
+    USAGE_ERROR("unexpected argument 'extra'", "help", "train", "extra");
+    USAGE_ERROR("unexpected argument 'extra'", "version", "extra");
+    USAGE_ERROR("unexpected argument", "--version", "extra");
+
+    /* unknown option, for every command */
+    static const char *const cmds[] = {"train", "eval", "launch", "run", "ping"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        USAGE_ERROR("unknown option '--frob'", cmds[i], "--frob");
+    /* missing value */
+    USAGE_ERROR("--batch needs a value", "train", "--batch");
+    USAGE_ERROR("--workers needs a value", "launch", "--workers");
+    USAGE_ERROR("--checkpoint needs a value", "eval", "--checkpoint");
+    USAGE_ERROR("--cluster needs a value", "run", "--cluster");
+    USAGE_ERROR("--count needs a value", "ping", "--count");
+    /* bad value */
+    USAGE_ERROR("--batch: 'abc' is not an integer", "train", "--batch", "abc");
+    USAGE_ERROR("--batch: 0 is out of range", "train", "--batch=0");
+    USAGE_ERROR("--workers", "launch", "--workers", "0", "--", "train");
+    USAGE_ERROR("--grace", "launch", "--grace", "soon", "--", "train");
+    USAGE_ERROR("--dataset: empty value", "eval", "--dataset=");
+    USAGE_ERROR("--count", "ping", "--count", "x");
+    USAGE_ERROR("takes no value", "train", "--resume=yes");
+    USAGE_ERROR("--strategy", "train", "--strategy", "gossip");
+    USAGE_ERROR("--optimizer", "train", "--optimizer", "lion");
+    USAGE_ERROR("--staleness-range", "train", "--staleness-range", "5:2");
+    /* unexpected argument */
+    USAGE_ERROR("unexpected argument 'extra'", "train", "extra");
+    USAGE_ERROR("unexpected argument '-x'", "train", "-x");
+    USAGE_ERROR("unexpected argument 'extra'", "eval", "--checkpoint", "m.st", "extra");
+    USAGE_ERROR("unexpected argument 'extra'", "ping", "extra");
+    /* missing or wrong parts */
+    USAGE_ERROR("--checkpoint FILE is required", "eval");
+    USAGE_ERROR("no task command", "launch", "--workers", "2");
+    USAGE_ERROR("'eval'", "launch", "--", "eval");
+    USAGE_ERROR("no command", "run");
+    USAGE_ERROR("'launch'", "run", "--", "launch");
+    USAGE_ERROR("no cluster spec", "run", "--", "train");
+    USAGE_ERROR("not a cluster task", "ping");
 }
 
 int main(void)
@@ -174,6 +259,9 @@ int main(void)
     unsetenv("DOWNPOUR_CONFIG");
     unsetenv("TF_CONFIG");
     unsetenv("DOWNPOUR_SECRET");
+    test_help();
+    test_version();
+    test_usage_errors();
     test_train_checks();
     test_train_help();
     test_run_secret_file();

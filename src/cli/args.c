@@ -14,21 +14,21 @@ static const cli_opt *find_opt(const cli_opt *opts, int n, const char *name, siz
     return NULL;
 }
 
-static void print_default(const cli_opt *o)
+static void print_default(FILE *f, const cli_opt *o)
 {
     switch (o->kind) {
     case CLI_STR: {
         const char *v = *(const char **)o->dst;
         if (v)
-            fprintf(stderr, " (default: %s)", v);
+            fprintf(f, " (default: %s)", v);
         break;
     }
     case CLI_INT:
-        fprintf(stderr, " (default: %ld)", *(long *)o->dst);
+        fprintf(f, " (default: %ld)", *(long *)o->dst);
         break;
     case CLI_NUM:
         if (!isnan(*(double *)o->dst)) /* NAN: unset, the help text says what applies */
-            fprintf(stderr, " (default: %g)", *(double *)o->dst);
+            fprintf(f, " (default: %g)", *(double *)o->dst);
         break;
     case CLI_FLAG:
     case CLI_KIND_COUNT:
@@ -38,7 +38,8 @@ static void print_default(const cli_opt *o)
 
 void cli_print_help(const char *usage, const cli_opt *opts, int n_opts)
 {
-    fprintf(stderr, "usage: %s\n\noptions:\n", usage);
+    FILE *f = stdout; /* asked for: not an error */
+    fprintf(f, "usage: %s\n\noptions:\n", usage);
     for (int i = 0; i < n_opts; i++) {
         const cli_opt *o = &opts[i];
         char left[64];
@@ -46,11 +47,11 @@ void cli_print_help(const char *usage, const cli_opt *opts, int n_opts)
             snprintf(left, sizeof left, "--%s", o->name);
         else
             snprintf(left, sizeof left, "--%s %s", o->name, o->meta ? o->meta : "VALUE");
-        fprintf(stderr, "  %-26s %s", left, o->help);
-        print_default(o);
-        fputc('\n', stderr);
+        fprintf(f, "  %-26s %s", left, o->help);
+        print_default(f, o);
+        fputc('\n', f);
     }
-    fprintf(stderr, "  %-26s %s\n", "--help", "show this help");
+    fprintf(f, "  %-26s %s\n", "--help", "show this help");
 }
 
 static int set_value(const cli_opt *o, const char *val)

@@ -25,12 +25,13 @@ typedef struct cli_opt {
 /* Parses "--name value" and "--name=value" into the table's destinations.
  * Stops at "--" or at the first non-option argument; *rest is the index of
  * the first unparsed argument.  Returns 0 on success, 1 when --help was
- * printed (exit 0), -1 on a bad flag or value (message printed, exit 2).
+ * printed on stdout (exit 0), -1 on a bad flag or value (message printed on
+ * stderr, exit 2).  Every usage error of the program exits 2. 
  * `usage` is the synopsis line; the help lists every option with its default. */
 int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char **argv,
               int *rest);
 
-void cli_print_help(const char *usage, const cli_opt *opts, int n_opts);
+void cli_print_help(const char *usage, const cli_opt *opts, int n_opts); /* on stdout */
 
 /* Subcommands. */
 int cmd_train(int argc, char **argv);

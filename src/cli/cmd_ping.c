@@ -119,7 +119,8 @@ int cmd_ping(int argc, char **argv)
     double t0 = dp_now();
     r = dp_node_open(&node, &nc, &err);
     if (r == 1) {
-        fprintf(stderr, "downpour ping: not a cluster task (DOWNPOUR_CONFIG is not set). Hint: "
+        fprintf(stderr, "downpour ping: not a cluster task (neither DOWNPOUR_CONFIG nor "
+                        "TF_CONFIG is set). Hint: "
                         "downpour launch --workers 2 -- ping, or downpour run --cluster FILE "
                         "--task worker:0 -- ping\n");
         rc = 2;

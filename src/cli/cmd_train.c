@@ -145,10 +145,12 @@ int cmd_train(int argc, char **argv)
     }
 
     dp_err err;
-    if (dp_strategy_parse(strategy, &cfg.strategy, &err) < 0 ||
-        dp_lr_schedule_parse(lr_schedule, &cfg.lr_schedule, &err) < 0 ||
-        dp_shard_parse(shard, &cfg.shard, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+    const char *bad = dp_strategy_parse(strategy, &cfg.strategy, &err) < 0         ? "--strategy"
+                      : dp_lr_schedule_parse(lr_schedule, &cfg.lr_schedule, &err) < 0 ? "--lr-schedule"
+                      : dp_shard_parse(shard, &cfg.shard, &err) < 0                 ? "--shard"
+                                                                                    : NULL;
+    if (bad) {
+        fprintf(stderr, "downpour train: %s: %s\n", bad, err.msg);
         return 2;
     }
     long lo, hi, k = -1;

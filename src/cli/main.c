@@ -1,9 +1,15 @@
 /* downpour: distributed deep-learning training.  Dispatches to one file per
- * subcommand. */
+ * subcommand.  Exit status: 0 done, 1 the work failed, 2 a usage error (an
+ * unknown command or option, a missing or bad value, an unexpected
+ * argument); help and the version go to stdout, errors to stderr. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
+
+#ifndef DOWNPOUR_VERSION
+#error "DOWNPOUR_VERSION comes from CMake's project version (CMakeLists.txt)"
+#endif
 
 typedef struct command {
     const char *name;
@@ -11,20 +17,52 @@ typedef struct command {
     const char *summary;
 } command;
 
+static int cmd_version(int argc, char **argv);
+
 static const command commands[] = {
     {"train", cmd_train, "train a model (one process, or one task of a cluster)"},
     {"eval", cmd_eval, "test accuracy of a saved checkpoint"},
     {"launch", cmd_launch, "run a local cluster of tasks as processes on this machine"},
     {"run", cmd_run, "run one task of a multi-host cluster"},
     {"ping", cmd_ping, "check a cluster: every task reaches every other, with latencies"},
+    {"version", cmd_version, "print the version"},
 };
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: downpour COMMAND [OPTIONS]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "usage: downpour COMMAND [OPTIONS]\n       downpour --version\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'downpour COMMAND --help' lists a command's options and their defaults.\n");
+}
+
+static int is_help(const char *a)
+{
+    return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || strcmp(a, "help") == 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: downpour version (or downpour --version)\n\nprints \"downpour %s\"\n",
+               DOWNPOUR_VERSION);
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "downpour version: unexpected argument '%s'\n", argv[1]);
+        return 2;
+    }
+    printf("downpour %s\n", DOWNPOUR_VERSION);
+    return 0;
+}
+
+static const command *find_command(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -33,14 +71,32 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
-        usage(stdout);
-        return 0;
+    const char *a = argv[1];
+    if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0)
+        return cmd_version(argc - 1, argv + 1);
+    if (is_help(a)) {
+        if (argc == 2) {
+            usage(stdout);
+            return 0;
+        }
+        /* downpour help train: the same as downpour train --help */
+        const command *c = find_command(argv[2]);
+        if (!c || argc > 3) {
+            fprintf(stderr, "downpour help: %s '%s'\n", c ? "unexpected argument" : "unknown command",
+                    c ? argv[3] : argv[2]);
+            usage(stderr);
+            return 2;
+        }
+        char *sub[] = {argv[2], "--help", NULL};
+        return c->run(2, sub);
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s'\n", argv[1]);
+    const command *c = find_command(a);
+    if (c)
+        return c->run(argc - 1, argv + 1);
+    if (a[0] == '-')
+        fprintf(stderr, "downpour: unknown option '%s' (a command comes first)\n", a);
+    else
+        fprintf(stderr, "downpour: unknown command '%s'\n", a);
     usage(stderr);
     return 2;
 }
