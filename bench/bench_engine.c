@@ -42,18 +42,22 @@ static double gemm_step_seconds(dp_model *m, const float *x, int batch, int step
     float *dinp = scratch + GEMM_ACT;
     double t0 = dp_now();
     for (int s = 0; s < steps; s++) {
-        for (int i = 0; i < m->n_dense; i++) { /* forward */
-            const dp_dense *d = &m->dense[i];
-            const float *inp = i == 0 ? x : m->acts + m->act_off[i];
+        for (int l = 0; l < m->n_layers; l++) { /* forward */
+            const dp_layer *d = &m->layers[l];
+            if (d->kind != DP_LAYER_DENSE)
+                continue;
+            const float *inp = l == 0 ? x : dp_model_act(m, 0, l);
             dp_sgemm(false, true, batch, d->out, d->in, 1.0f, inp, d->in, m->params + d->w_off,
-                     d->in, 0.0f, m->acts + m->act_off[i + 1], d->out);
+                     d->in, 0.0f, dp_model_act(m, 0, l + 1), d->out);
         }
-        for (int i = m->n_dense - 1; i >= 0; i--) { /* backward */
-            const dp_dense *d = &m->dense[i];
-            const float *inp = i == 0 ? x : m->acts + m->act_off[i];
+        for (int l = m->n_layers - 1; l >= 0; l--) { /* backward */
+            const dp_layer *d = &m->layers[l];
+            if (d->kind != DP_LAYER_DENSE)
+                continue;
+            const float *inp = l == 0 ? x : dp_model_act(m, 0, l);
             dp_sgemm(true, false, d->out, d->in, batch, 1.0f, dout, d->out, inp, d->in, 0.0f,
                      m->grads + d->w_off, d->in);
-            if (i > 0)
+            if (l > 0)
                 dp_sgemm(false, false, batch, d->in, d->out, 1.0f, dout, d->out,
                          m->params + d->w_off, d->in, 0.0f, dinp, d->in);
         }
@@ -72,7 +76,7 @@ static double train_step_seconds(dp_model *m, dp_optim *o, dp_batcher *bt, float
             n = dp_batcher_next(bt, x, y, batch);
         }
         dp_model_forward_backward(m, x, y, n, NULL);
-        dp_optim_apply(o, m->params, m->grads);
+        dp_optim_apply(o, m->params, m->grads, o->cfg.lr);
     }
     return (dp_now() - t0) / steps;
 }
@@ -126,7 +130,7 @@ int main(int argc, char **argv)
                 dp_optim o;
                 dp_batcher bt;
                 dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAM);
-                if (dp_model_init(&m, models[mi], batch, &err) < 0 ||
+                if (dp_model_init(&m, models[mi], batch, 1, &err) < 0 ||
                     dp_optim_init(&o, &oc, m.n_params, &err) < 0 ||
                     dp_batcher_init(&bt, &split, 1, 1, DP_SHARD_OFF, 0, 1, &err) < 0) {
                     fprintf(stderr, "bench_engine: %s\n", err.msg);

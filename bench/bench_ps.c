@@ -101,7 +101,7 @@ int main(int argc, char **argv)
     int ports[2];
     dp_ps_config pc;
     dp_ps_config_init(&pc);
-    if (dp_model_init(&m, "mlp-300-100", 1, &err) < 0 || dp_launch_free_ports(ports, 2, &err) < 0 ||
+    if (dp_model_init(&m, "mlp-300-100", 1, 1, &err) < 0 || dp_launch_free_ports(ports, 2, &err) < 0 ||
         dp_cluster_local(&c, 0, 1, 1, ports, &err) < 0 ||
         dp_secret_generate(&secret, NULL, 0, &err) < 0 ||
         dp_ps_layout_make(&layout, &c, m.n_params, &pc, &err) < 0) {

@@ -18,21 +18,26 @@ static double ref_loss(const dp_model *m, const double *p, const float *x, const
     double a[2][64];
     double loss = 0.0;
     for (int r = 0; r < batch; r++) {
-        const dp_dense *d0 = &m->dense[0];
+        const dp_layer *d0 = &m->layers[0];
         for (int i = 0; i < d0->in; i++)
             a[0][i] = x[r * d0->in + i];
         int cur = 0;
-        for (int l = 0; l < m->n_dense; l++) {
-            const dp_dense *d = &m->dense[l];
+        for (int l = 0; l + 1 < m->n_layers; l++) {
+            const dp_layer *d = &m->layers[l];
             for (int o = 0; o < d->out; o++) {
-                double z = p[d->b_off + o];
-                for (int i = 0; i < d->in; i++)
-                    z += p[d->w_off + (size_t)o * d->in + i] * a[cur][i];
-                a[1 - cur][o] = d->relu && z < 0 ? 0.0 : z;
+                double z = a[cur][o];
+                if (d->kind == DP_LAYER_DENSE) {
+                    z = p[d->b_off + o];
+                    for (int i = 0; i < d->in; i++)
+                        z += p[d->w_off + (size_t)o * d->in + i] * a[cur][i];
+                } else if (z < 0) { /* relu */
+                    z = 0.0;
+                }
+                a[1 - cur][o] = z;
             }
             cur = 1 - cur;
         }
-        int classes = m->dense[m->n_dense - 1].out;
+        int classes = m->layers[m->n_layers - 1].out;
         double sum = 0.0;
         for (int j = 0; j < classes; j++)
             sum += exp(a[cur][j]);
@@ -46,16 +51,16 @@ static void test_gradients(uint64_t seed)
     enum { B = 4 };
     dp_model m;
     dp_err err;
-    REQUIRE(dp_model_init(&m, "6-5-4-3", B, &err) == 0);
+    REQUIRE(dp_model_init(&m, "6-5-4-3", B, 1, &err) == 0);
     CHECK(m.n_params == 6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
     CHECK(strcmp(m.name, "6-5-4-3") == 0 && strcmp(m.spec, "6-5-4-3") == 0);
     dp_model_init_params(&m, seed);
     dp_rng r;
     dp_rng_seed(&r, seed + 100);
     /* non-zero biases so they matter */
-    for (int l = 0; l < m.n_dense; l++)
-        for (int o = 0; o < m.dense[l].out; o++)
-            m.params[m.dense[l].b_off + o] = 0.2f * (dp_rng_uniform(&r) - 0.5f);
+    for (int l = 0; l < m.n_layers; l++)
+        for (int o = 0; m.layers[l].kind == DP_LAYER_DENSE && o < m.layers[l].out; o++)
+            m.params[m.layers[l].b_off + o] = 0.2f * (dp_rng_uniform(&r) - 0.5f);
     float x[B * 6];
     uint8_t y[B];
     for (int k = 0; k < B * 6; k++)
@@ -98,7 +103,7 @@ static void test_gradients(uint64_t seed)
 
     /* batch < max_batch: the same as a model whose max_batch is that batch */
     dp_model m2;
-    REQUIRE(dp_model_init(&m2, "6-5-4-3", 2, &err) == 0);
+    REQUIRE(dp_model_init(&m2, "6-5-4-3", 2, 1, &err) == 0);
     memcpy(m2.params, m.params, m.n_params * sizeof(float));
     float la = dp_model_forward_backward(&m, x, y, 2, NULL);
     float lb = dp_model_forward_backward(&m2, x, y, 2, NULL);
@@ -116,7 +121,7 @@ static void test_forward(void)
     enum { B = 7 };
     dp_model m;
     dp_err err;
-    REQUIRE(dp_model_init(&m, "mlp-128", 16, &err) == 0);
+    REQUIRE(dp_model_init(&m, "mlp-128", 16, 1, &err) == 0);
     dp_model_init_params(&m, 42);
     float *x = malloc(B * 784 * sizeof *x);
     REQUIRE(x);
@@ -128,8 +133,8 @@ static void test_forward(void)
     for (int k = 0; k < B; k++)
         y[k] = (uint8_t)dp_rng_below(&r, 10);
     int c1 = 0, c2 = 0;
-    float l1 = dp_model_forward(&m, x, y, B, &c1);
-    float l2 = dp_model_forward(&m, x, y, B, &c2);
+    float l1 = dp_model_forward(&m, m.params, x, y, B, &c1);
+    float l2 = dp_model_forward(&m, m.params, x, y, B, &c2);
     CHECK(isfinite(l1) && l1 > 0.0f);
     CHECK(l1 == l2 && c1 == c2);
     /* untrained on 10 classes: the loss is near ln 10 */
@@ -138,11 +143,11 @@ static void test_forward(void)
     CHECK(dp_model_forward_backward(&m, x, y, B, NULL) == l1);
     double s = 0.0;
     for (int j = 0; j < 10; j++)
-        s += m.probs[j];
+        s += dp_model_act(&m, 0, m.n_layers)[j];
     CHECK_NEAR(s, 1.0, 1e-6);
     /* out-of-range batches do nothing */
-    CHECK(isnan(dp_model_forward(&m, x, y, 0, NULL)));
-    CHECK(isnan(dp_model_forward(&m, x, y, 17, NULL)));
+    CHECK(isnan(dp_model_forward(&m, m.params, x, y, 0, NULL)));
+    CHECK(isnan(dp_model_forward(&m, m.params, x, y, 17, NULL)));
     CHECK(isnan(dp_model_forward_backward(&m, x, y, 17, NULL)));
     free(x);
     dp_model_free(&m);
@@ -153,8 +158,8 @@ static void test_init_params(void)
 {
     dp_model a, b;
     dp_err err;
-    REQUIRE(dp_model_init(&a, "mlp-300-100", 1, &err) == 0);
-    REQUIRE(dp_model_init(&b, "784-300-100-10", 1, &err) == 0);
+    REQUIRE(dp_model_init(&a, "mlp-300-100", 1, 1, &err) == 0);
+    REQUIRE(dp_model_init(&b, "784-300-100-10", 1, 1, &err) == 0);
     CHECK(a.n_params == 266610);
     CHECK(b.n_params == 266610);
     CHECK(strcmp(a.name, "mlp-300-100") == 0 && strcmp(a.spec, "784-300-100-10") == 0);
@@ -162,18 +167,30 @@ static void test_init_params(void)
     CHECK(dp_model_inputs(&a) == 784 && dp_model_classes(&a) == 10);
     /* PyTorch Linear layout: weight (out,in) then bias (out), layer after layer */
     CHECK(a.n_dense == 3);
-    CHECK(a.dense[0].w_off == 0 && a.dense[0].b_off == 784 * 300);
-    CHECK(a.dense[1].w_off == 784 * 300 + 300);
-    CHECK(a.dense[1].b_off == a.dense[1].w_off + 300 * 100);
-    CHECK(a.dense[2].w_off == a.dense[1].b_off + 100);
-    CHECK(a.dense[2].b_off + 10 == a.n_params);
-    CHECK(a.dense[0].relu && a.dense[1].relu && !a.dense[2].relu);
+    const dp_layer *L = a.layers;
+    REQUIRE(a.n_layers == 6);
+    const dp_layer_kind kinds[6] = {DP_LAYER_DENSE, DP_LAYER_RELU, DP_LAYER_DENSE,
+                                    DP_LAYER_RELU,  DP_LAYER_DENSE, DP_LAYER_SOFTMAX_XENT};
+    const int ins[6] = {784, 300, 300, 100, 100, 10}, outs[6] = {300, 300, 100, 100, 10, 10};
+    for (int l = 0; l < 6; l++)
+        CHECKF(L[l].kind == kinds[l] && L[l].in == ins[l] && L[l].out == outs[l],
+               "layer %d: %s %d->%d", l, dp_layer_kind_name(L[l].kind), L[l].in, L[l].out);
+    CHECK(L[0].w_off == 0 && L[0].b_off == 784 * 300);
+    CHECK(L[2].w_off == 784 * 300 + 300);
+    CHECK(L[2].b_off == L[2].w_off + 300 * 100);
+    CHECK(L[4].w_off == L[2].b_off + 100);
+    CHECK(L[4].b_off + 10 == a.n_params);
+    CHECK(strcmp(dp_layer_kind_name(DP_LAYER_DENSE), "dense") == 0);
+    CHECK(strcmp(dp_layer_kind_name(DP_LAYER_RELU), "relu") == 0);
+    CHECK(strcmp(dp_layer_kind_name(DP_LAYER_SOFTMAX_XENT), "softmax_xent") == 0);
+    CHECK(strcmp(dp_layer_kind_name(DP_LAYER_KIND_COUNT), "?") == 0);
 
     dp_model_init_params(&a, 7);
     dp_model_init_params(&b, 7);
     CHECK(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0);
-    for (int l = 0; l < a.n_dense; l++) {
-        const dp_dense *d = &a.dense[l];
+    for (int l = 0; l < a.n_layers; l += 2) {
+        const dp_layer *d = &a.layers[l];
+        REQUIRE(d->kind == DP_LAYER_DENSE);
         double limit = sqrt(6.0 / (d->in + d->out)), sum = 0.0, sq = 0.0, maxabs = 0.0;
         size_t n = (size_t)d->in * d->out;
         for (size_t k = 0; k < n; k++) {
@@ -200,7 +217,7 @@ static void test_init_params(void)
     dp_model_free(&a);
     dp_model_free(&b);
 
-    REQUIRE(dp_model_init(&a, "mlp-128", 1, &err) == 0);
+    REQUIRE(dp_model_init(&a, "mlp-128", 1, 1, &err) == 0);
     CHECK(a.n_params == 101770);
     CHECK(strcmp(a.name, "mlp-128") == 0 && strcmp(a.spec, "784-128-10") == 0);
     dp_model_free(&a);
@@ -229,23 +246,26 @@ static void test_bad_specs(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dp_model m;
         dp_err err = {{0}};
-        CHECKF(dp_model_init(&m, bad[i], 8, &err) == -1, "spec '%s' accepted", bad[i]);
+        CHECKF(dp_model_init(&m, bad[i], 8, 1, &err) == -1, "spec '%s' accepted", bad[i]);
         CHECKF(strstr(err.msg, bad[i]) != NULL, "message for '%s': %s", bad[i], err.msg);
         CHECK(m.params == NULL);
         dp_model_free(&m);
     }
     dp_model m;
     dp_err err = {{0}};
-    CHECK(dp_model_init(&m, "784-10", 0, &err) == -1); /* max batch */
+    CHECK(dp_model_init(&m, "784-10", 0, 1, &err) == -1); /* max batch */
     CHECK(strstr(err.msg, "batch") != NULL);
+    CHECK(dp_model_init(&m, "784-10", 8, 0, &err) == -1); /* slots */
+    CHECK(strstr(err.msg, "slots") != NULL);
+    CHECK(m.params == NULL);
     /* the limits themselves are fine */
-    REQUIRE(dp_model_init(&m, "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2", 1, &err) == 0);
-    CHECK(m.n_dense == 16);
+    REQUIRE(dp_model_init(&m, "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2", 1, 1, &err) == 0);
+    CHECK(m.n_dense == 16 && m.n_layers == 32 && m.n_layers <= DP_MAX_LAYERS);
     dp_model_free(&m);
-    REQUIRE(dp_model_init(&m, "3-256", 1, &err) == 0);
+    REQUIRE(dp_model_init(&m, "3-256", 1, 1, &err) == 0);
     CHECK(dp_model_classes(&m) == 256);
     dp_model_free(&m);
-    REQUIRE(dp_model_init(&m, "0003-0002", 1, &err) == 0);
+    REQUIRE(dp_model_init(&m, "0003-0002", 1, 1, &err) == 0);
     CHECK(strcmp(m.spec, "3-2") == 0);
     dp_model_free(&m);
 }

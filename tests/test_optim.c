@@ -23,7 +23,7 @@ static void run(const char *what, const dp_optim_config *cfg, int steps,
     float p[N];
     memcpy(p, p0, sizeof p);
     for (int s = 0; s < steps; s++) {
-        dp_optim_apply(&o, p, g0);
+        dp_optim_apply(&o, p, g0, o.cfg.lr);
         CHECK(o.t == s + 1);
         for (int i = 0; i < N; i++)
             CHECKF(fabs(p[i] - want[s][i]) <= tol, "%s step %d p[%d] = %.9g, want %.9g", what,
@@ -140,7 +140,7 @@ static void test_adam_varying(void)
     dp_err err;
     REQUIRE(dp_optim_init(&o, &c, N, &err) == 0);
     for (int s = 0; s < 2; s++) {
-        dp_optim_apply(&o, p, g[s]);
+        dp_optim_apply(&o, p, g[s], o.cfg.lr);
         for (int i = 0; i < N; i++)
             CHECKF(fabs(p[i] - want[s][i]) <= 1e-6, "adam step %d p[%d] = %.9g, want %.9g",
                    s + 1, i, (double)p[i], want[s][i]);
@@ -217,7 +217,7 @@ static void test_init_errors(void)
     /* an empty range is fine */
     c = dp_optim_defaults(DP_OPTIM_ADAM);
     REQUIRE(dp_optim_init(&o, &c, 0, &err) == 0);
-    dp_optim_apply(&o, NULL, NULL);
+    dp_optim_apply(&o, NULL, NULL, o.cfg.lr);
     dp_optim_free(&o);
 }
 
@@ -230,9 +230,9 @@ static void test_denormals_flushed(void)
     dp_err err;
     REQUIRE(dp_optim_init(&o, &c, 1, &err) == 0);
     float p = 0.0f, g = 1e-3f, zero = 0.0f;
-    dp_optim_apply(&o, &p, &g);
+    dp_optim_apply(&o, &p, &g, o.cfg.lr);
     for (int s = 0; s < 800; s++)
-        dp_optim_apply(&o, &p, &zero);
+        dp_optim_apply(&o, &p, &zero, o.cfg.lr);
 #if defined(__SSE__)
     CHECK(o.state[0] == 0.0f);
 #endif
@@ -263,8 +263,8 @@ static void test_adam_fast_matches_exact(void)
             g[i] = k == 0 ? 0.0f : (k == 1 ? 1e-12f : (float)((i % 19) - 9) * (k == 2 ? 30.0f : 0.01f));
         }
         g[5] = 0.0f; /* in the vector body: never a gradient */
-        dp_optim_apply(&a, pa, g);
-        dp_optim_apply(&b, pb, g);
+        dp_optim_apply(&a, pa, g, a.cfg.lr);
+        dp_optim_apply(&b, pb, g, b.cfg.lr);
         for (int i = 0; i < LEN; i++) {
             double tol = 1e-6 * (fabs(pa[i]) + c.lr);
             double d = fabs((double)pa[i] - (double)pb[i]);

@@ -1,31 +1,107 @@
-/* Model checkpoints as safetensors (DESIGN decision 8): the weights under
- * PyTorch Linear names (layers.{i}.weight (out,in), layers.{i}.bias), the
- * optimiser's state slots as flat tensors (optimizer.slot{k}), and metadata
- * strings: format, model spec, model name, optimizer, t, step, epoch,
- * strategy.  Written atomically. */
+/* Checkpoints are the training state (docs/architecture.md, "Checkpoints"):
+ * one safetensors file holds everything a run needs to go on from a step,
+ * and its weights load straight into PyTorch.
+ *
+ * Tensors (F32):
+ *   layers.{i}.weight (out,in), layers.{i}.bias (out)   the weights, as nn.Linear
+ *   optimizer.slot{k} (n_params)        the optimiser state over the flat vector
+ *                                       (momentum's velocity; Adam's m then v)
+ *   worker.{w}.optimizer.slot{k}        model-avg: each worker's own optimiser
+ *   ema (n_params)                      --ema: the moving average
+ *   best (n_params)                     --keep-best: the best epoch's weights
+ *   loop.history (epochs, 3)            per epoch: val_accuracy, train_loss, seconds
+ * Metadata (strings): format, model, model_name, optimizer, optimizer_t, lr,
+ * lr_schedule, step, epoch, strategy, dataset, workers, ps, batch, seed,
+ * train_size, val_size, steps_per_epoch, epochs, best_accuracy, best_epoch,
+ * and worker.{w}.optimizer_t.
+ *
+ * Loading is strict: a missing or damaged tensor or key, a shape that is not
+ * the model's, a number that does not parse is an error naming it; a
+ * checkpoint of another run (model, strategy, optimiser, world size, batch,
+ * seed, split) is refused with what differs. */
 #ifndef DOWNPOUR_CHECKPOINT_H
 #define DOWNPOUR_CHECKPOINT_H
+
+#include <stdint.h>
 
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/status.h"
 
+#define DP_CKPT_FORMAT "downpour-checkpoint-2"
+
+/* Everything a run needs to go on from `step`.  Buffers are owned by the
+ * state (dp_train_state_alloc / _free). */
+typedef struct dp_train_state {
+    long step;            /* steps every trainer has taken */
+    size_t n_params;
+    int n_slots;          /* optimiser slots per parameter (0, 1 or 2) */
+    float *params;        /* n_params */
+    float *slots;         /* n_slots * n_params, slot k at k * n_params; NULL when none */
+    long optim_t;         /* updates the optimiser has applied */
+    float *ema;           /* n_params, or NULL */
+    float *best;          /* n_params, or NULL */
+    double best_accuracy; /* of best; -1 when none */
+    int best_epoch;       /* 0 when none */
+    int n_history;        /* epochs evaluated */
+    int max_history;
+    float *history;       /* max_history rows of val_accuracy, train_loss, seconds */
+    int n_workers;        /* model-avg: workers with an optimiser of their own, else 0 */
+    float *worker_slots;  /* n_workers * n_slots * n_params */
+    long *worker_t;       /* n_workers */
+} dp_train_state;
+
+/* Which parts to allocate beside params (and slots when n_slots > 0). */
+enum { DP_STATE_EMA = 1, DP_STATE_BEST = 2 };
+int dp_train_state_alloc(dp_train_state *st, size_t n_params, int n_slots, int parts,
+                         int max_history, int n_workers, dp_err *err);
+void dp_train_state_free(dp_train_state *st); /* safe on a zeroed or freed state */
+
+/* The run a checkpoint belongs to. */
+typedef struct dp_run_identity {
+    const char *strategy;
+    const char *dataset;
+    const char *optimizer;   /* dp_optim_kind_name */
+    const char *lr_schedule;
+    float lr;
+    int workers, ps;
+    int batch;
+    uint64_t seed;
+    uint32_t train_size, val_size;
+    long steps_per_epoch;
+    int epochs;
+} dp_run_identity;
+
+/* Writes st (with the model's layout) atomically to path. */
+int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,
+                        const dp_run_identity *id, dp_err *err);
+
+/* Reads a checkpoint for model m (already built from the run's spec) and run
+ * id into *st (allocated here; free with dp_train_state_free).  Strict:
+ * see the top of this file. */
+int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,
+                       dp_train_state *st, dp_err *err);
+
+/* What downpour eval needs: builds *m from the file's model spec (max_batch
+ * for scratch), loads its weights; strategy, dataset and step are copied
+ * into info (which may be NULL). */
 typedef struct dp_ckpt_info {
     long step;
-    long epoch;
-    const char *strategy;
-    const char *dataset; /* what it was trained on ("mnist", or a directory) */
+    char strategy[64];
+    char dataset[1024];
 } dp_ckpt_info;
+int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_ckpt_info *info,
+                               dp_err *err);
 
-/* opt may be NULL (weights only). */
-int dp_checkpoint_save(const char *path, const dp_model *m, const dp_optim *opt,
-                       const dp_ckpt_info *info, dp_err *err);
-
-/* Builds *m from the file's model spec (max_batch for scratch) and loads the
- * weights; if opt is non-NULL and the file holds optimiser state, restores it
- * (opt must be initialised for m->n_params with the same kind).  info may be
- * NULL; its strategy and dataset strings point into static buffers. */
-int dp_checkpoint_load(const char *path, dp_model *m, int max_batch, dp_optim *opt,
-                       dp_ckpt_info *info, dp_err *err);
+/* Checkpoint files in a directory: DIR/ckpt-<step, 10 digits>.safetensors. */
+void dp_checkpoint_path(char *buf, size_t n, const char *dir, long step);
+/* The newest checkpoint of dir that reads back (older ones are tried when a
+ * newer one is damaged, with a warning naming it): 1 with *st filled and
+ * path set, 0 when the directory holds none, -1 on an error (a checkpoint
+ * that reads but belongs to another run is an error, not skipped). */
+int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_identity *id,
+                              dp_train_state *st, char *path, size_t path_len, dp_err *err);
+/* Deletes all but the newest `keep` checkpoints of dir. */
+void dp_checkpoint_prune(const char *dir, int keep);
 
 #endif

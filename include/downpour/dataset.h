@@ -94,6 +94,9 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch);
 /* Fills x (batch, dim) with pixels / 255 and y (batch) with labels; returns
  * the number of records written (< batch at the end of the epoch, 0 when done). */
 int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
+/* Skips to position pos of the epoch's order (a resumed run's place in
+ * its epoch); past the end means the epoch is over. */
+void dp_batcher_seek(dp_batcher *b, uint32_t pos);
 /* Number of batches in one epoch of this batcher (the last may be short). */
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch);
 

@@ -54,10 +54,12 @@ int dp_optim_slots(dp_optim_kind kind);
  * initial accumulator); slot k is at state + k*n. */
 int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err);
 void dp_optim_free(dp_optim *o); /* safe on a zeroed or freed optimiser */
-/* One update of all n parameters; increments t first (Adam's t starts at 1).
+/* One update of all n parameters with learning rate lr (cfg.lr is the
+ * configured rate; a schedule passes its own); increments t first (Adam's t
+ * starts at 1).
  * On x86 the update runs with denormals flushed to zero (FTZ/DAZ, as
  * TensorFlow does; the caller's MXCSR is restored): a decaying Adam moment
  * would otherwise crawl through denormals at ~7x the cost. */
-void dp_optim_apply(dp_optim *o, float *params, const float *grads);
+void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr);
 
 #endif

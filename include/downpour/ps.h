@@ -63,12 +63,13 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err);
 
 /* Head of a push payload, before the floats: DP_PUSH_HEAD_SIZE bytes,
- * [u32 records][u32 want][f32 lr_scale][u32 reserved = 0]. */
+ * [u32 records][u32 want][f32 lr][u32 reserved = 0]. */
 #define DP_PUSH_HEAD_SIZE 16
 typedef struct dp_push_head {
     uint32_t records;   /* records behind this gradient or these parameters (the weight) */
     uint32_t want;      /* 1: answer with the shard's parameters */
-    float lr_scale;     /* the worker's learning-rate schedule at this step (1: constant) */
+    float lr;           /* the worker's learning rate at this step (the schedule travels
+                           with the gradient, so servers need no clock of their own) */
 } dp_push_head;
 void dp_push_head_put(uint8_t *p, const dp_push_head *h);
 void dp_push_head_get(dp_push_head *h, const uint8_t *p);
@@ -109,6 +110,11 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
                 const dp_ps_config *cfg, const dp_optim_config *optim, const dp_ps_start *start,
                 size_t n_params, dp_err *err);
 
+/* Whether a run in this mode goes on when a worker is lost (async, ssp,
+ * dssp) or must stop (sync, avg: every round waits for every worker).  The
+ * one place this rule is written; the servers and the chief both ask. */
+int dp_ps_mode_survives_loss(dp_ps_mode mode);
+
 /* A worker's (or the chief's) side. */
 typedef struct dp_ps_client dp_ps_client;
 
@@ -120,11 +126,9 @@ void dp_ps_client_free(dp_ps_client *c);
 
 /* After a local forward/backward over `records` records (0: an empty tail
  * batch in a synchronous mode), turns grads into new params as the mode
- * says.  lr_scale multiplies the optimiser's learning rate for this update
- * (the schedule travels with the gradient, so servers need no clock of their
- * own).  Allocates nothing. */
-int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records,
-                      float lr_scale, dp_err *err);
+ * says, with learning rate lr.  Allocates nothing. */
+int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records, float lr,
+                      dp_err *err);
 /* At the end of training: pushes what is still accumulated (async with
  * push_every > 1) or averages a last short period (avg), and takes the
  * parameters back. */

@@ -1,6 +1,8 @@
-/* The one training loop every strategy shares (DESIGN decision 3): epochs,
- * batching, validation, log lines, the metrics file and checkpoints are
- * written once here; a strategy only decides how gradients become parameters. */
+/* The one training loop every strategy shares (src/train/loop.c;
+ * docs/architecture.md): epochs, batching, the learning-rate schedule,
+ * validation, log lines, the metrics file, checkpoints and resuming are
+ * written once there; a strategy (strategy.h) decides how the tasks
+ * cooperate. */
 #ifndef DOWNPOUR_TRAIN_H
 #define DOWNPOUR_TRAIN_H
 
@@ -12,22 +14,6 @@
 #include "downpour/optim.h"
 #include "downpour/ps.h"
 #include "downpour/status.h"
-
-/* How gradients become parameters. */
-typedef enum dp_strategy {
-    DP_STRATEGY_SINGLE,    /* one process, local optimiser */
-    DP_STRATEGY_PS_ASYNC,  /* Downpour SGD */
-    DP_STRATEGY_PS_SYNC,   /* synchronous aggregation on the servers */
-    DP_STRATEGY_PS_SSP,    /* stale synchronous parallel */
-    DP_STRATEGY_PS_DSSP,   /* dynamic SSP */
-    DP_STRATEGY_MODEL_AVG, /* parameter averaging */
-    DP_STRATEGY_ALLREDUCE, /* synchronous ring all-reduce of gradients, mirrored replicas */
-    DP_STRATEGY_COUNT
-} dp_strategy;
-
-/* "single", "ps-async", "ps-sync", "ps-ssp", "ps-dssp", "model-avg", "allreduce". */
-int dp_strategy_parse(const char *name, dp_strategy *out, dp_err *err);
-const char *dp_strategy_name(dp_strategy s);
 
 /* Learning rate over the run: constant (Keras's default) or a cosine decay
  * from lr to 0 over every step of every epoch. */
@@ -44,7 +30,7 @@ float dp_lr_scale(dp_lr_schedule s, long done, long total);
 typedef struct dp_train_config {
     const char *dataset;      /* name or directory (see dataset.h) */
     const char *model;        /* preset or spec (see model.h) */
-    dp_strategy strategy;
+    const char *strategy;     /* a name from the strategy table (strategy.h): "single", ... */
     dp_ps_config ps;          /* parameter-server strategies: mode and layout */
     dp_shard_policy shard;    /* how workers split the training records (data) */
     size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
@@ -92,8 +78,10 @@ typedef struct dp_train_result {
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
 
-/* Accuracy and mean loss of the model over a split, in chunks of at most
- * m->max_batch records, using x (max_batch * dim floats) and y as scratch. */
-double dp_evaluate(dp_model *m, const dp_split *s, float *x, uint8_t *y, double *mean_loss);
+/* Accuracy and mean loss of the model with weights params (m->n_params
+ * floats) over a split, in chunks of at most m->max_batch records, using x
+ * (max_batch * dim floats) and y as scratch. */
+double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
+                   double *mean_loss);
 
 #endif

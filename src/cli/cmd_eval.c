@@ -44,7 +44,7 @@ int cmd_eval(int argc, char **argv)
     int rc = 1;
     memset(&m, 0, sizeof m);
     memset(&ds, 0, sizeof ds);
-    if (dp_checkpoint_load(checkpoint, &m, EVAL_BATCH, NULL, &info, &err) < 0 ||
+    if (dp_checkpoint_load_weights(checkpoint, &m, EVAL_BATCH, &info, &err) < 0 ||
         dp_dataset_open(&ds, dataset, &err) < 0 || dp_metrics_open(&metrics, metrics_path, &err) < 0)
         goto out;
     if ((uint32_t)dp_model_inputs(&m) != ds.test.dim) {
@@ -62,7 +62,7 @@ int cmd_eval(int argc, char **argv)
         goto out;
     }
     double t0 = dp_now(), loss;
-    double acc = dp_evaluate(&m, &ds.test, x, y, &loss);
+    double acc = dp_evaluate(&m, m.params, &ds.test, x, y, &loss);
     double secs = dp_now() - t0;
     dp_info("%s (%s, step %ld): test accuracy %.4f, test loss %.4f on %u records", checkpoint,
             m.name, info.step, acc, loss, ds.test.n);

@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "downpour/file.h"
+#include "downpour/strategy.h"
 #include "downpour/train.h"
 
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"
@@ -145,7 +146,8 @@ int cmd_train(int argc, char **argv)
     }
 
     dp_err err;
-    const char *bad = dp_strategy_parse(strategy, &cfg.strategy, &err) < 0         ? "--strategy"
+    cfg.strategy = strategy;
+    const char *bad = !dp_strategy_find(strategy, &err)                             ? "--strategy"
                       : dp_lr_schedule_parse(lr_schedule, &cfg.lr_schedule, &err) < 0 ? "--lr-schedule"
                       : dp_shard_parse(shard, &cfg.shard, &err) < 0                 ? "--shard"
                                                                                     : NULL;

@@ -130,6 +130,8 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
     return k;
 }
 
+void dp_batcher_seek(dp_batcher *b, uint32_t pos) { b->pos = pos < b->n ? pos : b->n; }
+
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch)
 {
     if (batch <= 0)

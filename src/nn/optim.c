@@ -295,6 +295,7 @@ typedef struct apply_job {
     const dp_optim *o;
     float *params;
     const float *grads;
+    float lr;   /* this update's learning rate */
     float lr_t; /* adam's bias-corrected rate */
 } apply_job;
 
@@ -315,10 +316,10 @@ static void apply_task(void *ctx, int i, int n_threads)
     size_t len = hi - lo;
     unsigned csr = flush_denormals_begin();
     switch (c->kind) {
-    case DP_OPTIM_SGD: sgd_update(p, g, len, c->lr); break;
-    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, c->lr, c->momentum); break;
-    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, c->lr, c->momentum); break;
-    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, c->lr, c->eps); break;
+    case DP_OPTIM_SGD: sgd_update(p, g, len, j->lr); break;
+    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, j->lr, c->momentum); break;
+    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, j->lr, c->momentum); break;
+    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, j->lr, c->eps); break;
     case DP_OPTIM_ADAM:
         pick_adam(o->exact)(p, g, s0, s0 + n, len, j->lr_t, c->beta1, c->beta2, c->eps);
         break;
@@ -330,17 +331,17 @@ static void apply_task(void *ctx, int i, int n_threads)
 /* Ranges below this many parameters update on the calling thread. */
 #define APPLY_MIN_SPLIT 16384
 
-void dp_optim_apply(dp_optim *o, float *params, const float *grads)
+void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr)
 {
     const dp_optim_config *c = &o->cfg;
     o->t++;
     if (o->n == 0)
         return;
-    apply_job j = {o, params, grads, 0.0f};
+    apply_job j = {o, params, grads, lr, 0.0f};
     if (c->kind == DP_OPTIM_ADAM) {
         /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
         double t = (double)o->t;
-        j.lr_t = (float)(c->lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
+        j.lr_t = (float)(lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
     }
     /* Elementwise: the result does not depend on the split. */
     if (o->n < APPLY_MIN_SPLIT)

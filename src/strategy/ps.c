@@ -13,11 +13,16 @@
 
 static const char *const mode_names[DP_PS_MODE_COUNT] = {"async", "sync", "ssp", "dssp", "avg"};
 
+int dp_ps_mode_survives_loss(dp_ps_mode mode)
+{
+    return mode != DP_PS_SYNC && mode != DP_PS_AVG;
+}
+
 void dp_push_head_put(uint8_t *p, const dp_push_head *h)
 {
     dp_put_u32(p, h->records);
     dp_put_u32(p + 4, h->want);
-    dp_put_f32(p + 8, h->lr_scale);
+    dp_put_f32(p + 8, h->lr);
     dp_put_u32(p + 12, 0); /* reserved */
 }
 
@@ -25,7 +30,7 @@ void dp_push_head_get(dp_push_head *h, const uint8_t *p)
 {
     h->records = dp_get_u32(p);
     h->want = dp_get_u32(p + 4);
-    h->lr_scale = dp_get_f32(p + 8);
+    h->lr = dp_get_f32(p + 8);
 }
 
 void dp_ps_config_init(dp_ps_config *cfg)
@@ -82,8 +87,7 @@ struct dp_ps_server {
     double round_records;
     int round_pushes;
     dp_optim opt;
-    float base_lr;   /* the optimiser's rate before a push's schedule scale */
-    float round_lr;  /* sync: the scale of the round's pushes */
+    float round_lr;  /* sync: the learning rate of the round's pushes */
     worker_state *w;
     int n_workers;
     int *worker_of; /* rank -> worker index, or -1 */
@@ -121,10 +125,9 @@ static int send_params(server *s, int rank, dp_err *err)
 }
 
 /* One optimiser update of the shard, and the moving average after it. */
-static void apply_update(server *s, const float *grad, float lr_scale)
+static void apply_update(server *s, const float *grad, float lr)
 {
-    s->opt.cfg.lr = s->base_lr * lr_scale;
-    dp_optim_apply(&s->opt, s->params, grad);
+    dp_optim_apply(&s->opt, s->params, grad, lr);
     s->updates++;
     if (s->ema) {
         float d = s->cfg.ema, e = 1.0f - d;
@@ -223,8 +226,8 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
         dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
         return -1;
     dp_push_head_get(&head, raw);
-    if (!(head.lr_scale >= 0 && head.lr_scale <= 1e6f)) /* also refuses NaN */
-        return dp_errf(err, "%s pushed a learning-rate scale of %g", who, (double)head.lr_scale);
+    if (!(head.lr >= 0 && head.lr <= 1e6f)) /* also refuses NaN */
+        return dp_errf(err, "%s pushed a learning rate of %g", who, (double)head.lr);
     double now = server_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
@@ -237,7 +240,7 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
     case DP_PS_SSP:
     case DP_PS_DSSP:
         if (head.records > 0)
-            apply_update(s, s->scratch, head.lr_scale);
+            apply_update(s, s->scratch, head.lr);
         if (s->cfg.mode == DP_PS_ASYNC)
             return head.want ? send_params(s, w->rank, err) : 0;
         w->pending = 1;
@@ -254,7 +257,7 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
             for (size_t i = 0; i < s->n; i++)
                 s->sum[i] += s->scratch[i] * r;
         s->round_records += head.records;
-        s->round_lr = head.lr_scale;
+        s->round_lr = head.lr;
         s->round_pushes++;
         w->pending = 1;
         return finish_round(s, err);
@@ -326,7 +329,7 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
         }
         if (wi < 0 || !s->w[wi].live)
             return 0;
-        if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
+        if (!dp_ps_mode_survives_loss(s->cfg.mode))
             return dp_errf(err, "lost %s at clock %ld (%s): a synchronous run cannot go on "
                                 "without it", who, s->w[wi].clock, ev.reason);
         dp_warn("lost %s at clock %ld (%s); training goes on with the other workers", who,
@@ -444,7 +447,6 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         dp_ps_server_close(s);
         return -1;
     }
-    s->base_lr = optim->lr;
     take_slice(s->params, start->params, s->lo, s->n);
     if (s->ema)
         take_slice(s->ema, start->ema ? start->ema : start->params, s->lo, s->n);
@@ -512,8 +514,7 @@ struct dp_ps_client {
     int since_avg;
     uint32_t avg_records;
     dp_optim local;      /* avg: the worker's own optimiser */
-    float lr_scale;      /* of the latest step, sent with every push */
-    float base_lr;       /* avg: the local optimiser's rate before the scale */
+    float lr;            /* of the latest step, sent with every push */
     long clock;
     long max_gap;
 };
@@ -536,8 +537,7 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     }
     if (cfg->mode == DP_PS_AVG && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
-    c->base_lr = local_optim->lr;
-    c->lr_scale = 1;
+    c->lr = local_optim->lr;
     *out = c;
     return 0;
 oom:
@@ -561,7 +561,7 @@ long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                     dp_err *err)
 {
-    dp_push_head head = {records, (uint32_t)want, c->lr_scale};
+    dp_push_head head = {records, (uint32_t)want, c->lr};
     uint8_t raw[DP_PUSH_HEAD_SIZE];
     dp_push_head_put(raw, &head);
     for (int s = 0; s < c->layout.n_shards; s++) {
@@ -638,10 +638,10 @@ static int average_round(dp_ps_client *c, float *params, dp_err *err)
     return rc < 0 ? -1 : receive_params(c, params, err);
 }
 
-int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records,
-                      float lr_scale, dp_err *err)
+int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records, float lr,
+                      dp_err *err)
 {
-    c->lr_scale = lr_scale;
+    c->lr = lr;
     switch (c->cfg.mode) {
     case DP_PS_ASYNC: {
         int fetch = ++c->since_fetch >= c->cfg.fetch_every;
@@ -670,8 +670,7 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
         return receive_params(c, params, err);
     case DP_PS_AVG:
         if (records > 0) {
-            c->local.cfg.lr = c->base_lr * lr_scale;
-            dp_optim_apply(&c->local, params, grads);
+            dp_optim_apply(&c->local, params, grads, lr);
         }
         c->avg_records += (uint32_t)records;
         return ++c->since_avg >= c->cfg.period ? average_round(c, params, err) : 0;
@@ -739,11 +738,15 @@ int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
 {
     switch (c->cfg.mode) {
     case DP_PS_ASYNC:
-        if (c->acc_steps > 0)
-            return push_accumulated(c, params, 1, err);
+    {
         /* the last push went unanswered: a pull behind it on the same
          * connection returns once the server has applied it */
-        return c->since_fetch > 0 ? dp_ps_client_pull(c, params, 0, err) : 0;
+        int rc = c->acc_steps > 0   ? push_accumulated(c, params, 1, err)
+                 : c->since_fetch > 0 ? dp_ps_client_pull(c, params, 0, err)
+                                      : 0;
+        c->since_fetch = 0; /* as a fresh client resuming from here starts */
+        return rc;
+    }
     case DP_PS_AVG:
         return c->since_avg > 0 ? average_round(c, params, err) : 0;
     default: /* every push was answered, so every push was applied */

@@ -1,130 +1,586 @@
+/* Training-state checkpoints: see include/downpour/checkpoint.h. */
 #include "downpour/checkpoint.h"
 
+#include <dirent.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "downpour/crc32c.h"
+#include "downpour/log.h"
 #include "downpour/safetensors.h"
 
-#define CKPT_FORMAT "downpour-checkpoint-1"
-#define MAX_TENSORS (2 * DP_MAX_DENSE + 2)
+#define MAX_WORKERS 4096
+#define MAX_TENSORS (2 * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
+#define NAME_LEN 48
 
-int dp_checkpoint_save(const char *path, const dp_model *m, const dp_optim *opt,
-                       const dp_ckpt_info *info, dp_err *err)
+static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+
+int dp_train_state_alloc(dp_train_state *st, size_t n_params, int n_slots, int parts,
+                         int max_history, int n_workers, dp_err *err)
 {
-    dp_st_tensor t[MAX_TENSORS];
-    char names[MAX_TENSORS][40];
-    int nt = 0;
-    for (int i = 0; i < m->n_dense; i++) {
-        const dp_dense *d = &m->dense[i];
-        snprintf(names[nt], sizeof names[nt], "layers.%d.weight", i);
-        t[nt] = (dp_st_tensor){names[nt], m->params + d->w_off, 2, {d->out, d->in}};
-        nt++;
-        snprintf(names[nt], sizeof names[nt], "layers.%d.bias", i);
-        t[nt] = (dp_st_tensor){names[nt], m->params + d->b_off, 1, {d->out}};
-        nt++;
+    memset(st, 0, sizeof *st);
+    st->n_params = n_params;
+    st->n_slots = n_slots;
+    st->best_accuracy = -1;
+    st->max_history = max_history;
+    st->n_workers = n_workers;
+    st->params = alloc_floats(n_params);
+    int ok = st->params != NULL;
+    if (n_slots > 0)
+        ok &= (st->slots = alloc_floats((size_t)n_slots * n_params)) != NULL;
+    if (parts & DP_STATE_EMA)
+        ok &= (st->ema = alloc_floats(n_params)) != NULL;
+    if (parts & DP_STATE_BEST)
+        ok &= (st->best = alloc_floats(n_params)) != NULL;
+    if (max_history > 0)
+        ok &= (st->history = calloc((size_t)max_history * 3, sizeof(float))) != NULL;
+    if (n_workers > 0) {
+        ok &= (st->worker_slots = alloc_floats((size_t)n_workers * n_slots * n_params)) != NULL;
+        ok &= (st->worker_t = calloc((size_t)n_workers, sizeof(long))) != NULL;
     }
-    int slots = opt ? dp_optim_slots(opt->cfg.kind) : 0;
-    for (int k = 0; k < slots; k++) {
-        snprintf(names[nt], sizeof names[nt], "optimizer.slot%d", k);
-        t[nt] = (dp_st_tensor){names[nt], opt->state + (size_t)k * opt->n, 1, {(int64_t)opt->n}};
-        nt++;
+    if (!ok) {
+        dp_train_state_free(st);
+        return dp_errf(err, "out of memory for the training state of %zu parameters", n_params);
     }
-    char step[32], epoch[32], tt[32], lr[32];
-    snprintf(step, sizeof step, "%ld", info ? info->step : 0L);
-    snprintf(epoch, sizeof epoch, "%ld", info ? info->epoch : 0L);
-    snprintf(tt, sizeof tt, "%ld", opt ? opt->t : 0L);
-    snprintf(lr, sizeof lr, "%.9g", opt ? (double)opt->cfg.lr : 0.0);
-    dp_st_meta meta[] = {
-        {"format", CKPT_FORMAT},
-        {"model", m->spec},
-        {"model_name", m->name},
-        {"optimizer", opt ? dp_optim_kind_name(opt->cfg.kind) : "none"},
-        {"optimizer_t", tt},
-        {"lr", lr},
-        {"step", step},
-        {"epoch", epoch},
-        {"strategy", info && info->strategy ? info->strategy : "single"},
-        {"dataset", info && info->dataset ? info->dataset : "unknown"},
-    };
-    return dp_safetensors_save(path, t, nt, meta, (int)(sizeof meta / sizeof meta[0]), err);
+    return 0;
 }
 
-static int copy_tensor(float *dst, const dp_safetensors *st, const char *name, int ndim,
+void dp_train_state_free(dp_train_state *st)
+{
+    if (!st)
+        return;
+    free(st->params);
+    free(st->slots);
+    free(st->ema);
+    free(st->best);
+    free(st->history);
+    free(st->worker_slots);
+    free(st->worker_t);
+    memset(st, 0, sizeof *st);
+}
+
+/* ------------------------------------------------------------ writing */
+
+typedef struct writer {
+    dp_st_tensor t[MAX_TENSORS];
+    char names[MAX_TENSORS][NAME_LEN];
+    int nt;
+    dp_st_meta meta[64 + MAX_WORKERS];
+    char values[64 + MAX_WORKERS][48];
+    char keys[MAX_WORKERS][NAME_LEN];
+    int nm;
+} writer;
+
+static uint32_t crc_text(uint32_t crc, const char *key, const char *value)
+{
+    crc = dp_crc32c(crc, key, strlen(key) + 1);
+    return dp_crc32c(crc, value, strlen(value) + 1);
+}
+
+static uint32_t crc_tensor(uint32_t crc, const dp_st_tensor *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    crc = dp_crc32c(crc, t->name, strlen(t->name) + 1);
+    return dp_crc32c(crc, t->data, n * sizeof(float));
+}
+
+static void add_tensor(writer *w, const float *data, int ndim, int64_t d0, int64_t d1,
+                       const char *fmt, int i, int k)
+{
+    snprintf(w->names[w->nt], NAME_LEN, fmt, i, k);
+    w->t[w->nt] = (dp_st_tensor){w->names[w->nt], data, ndim, {d0, d1}};
+    w->nt++;
+}
+
+static void add_meta(writer *w, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_meta(writer *w, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->values[w->nm], sizeof w->values[w->nm], fmt, ap);
+    va_end(ap);
+    w->meta[w->nm] = (dp_st_meta){key, w->values[w->nm]};
+    w->nm++;
+}
+
+int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,
+                        const dp_run_identity *id, dp_err *err)
+{
+    if (st->n_params != m->n_params)
+        return dp_errf(err, "%s: the state holds %zu parameters, the model %zu", path,
+                       st->n_params, m->n_params);
+    if (st->n_workers > MAX_WORKERS)
+        return dp_errf(err, "%s: %d workers' optimisers, at most %d", path, st->n_workers,
+                       MAX_WORKERS);
+    writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return dp_errf(err, "out of memory");
+    int dense = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->kind != DP_LAYER_DENSE)
+            continue;
+        add_tensor(w, st->params + d->w_off, 2, d->out, d->in, "layers.%d.weight", dense, 0);
+        add_tensor(w, st->params + d->b_off, 1, d->out, 0, "layers.%d.bias", dense, 0);
+        dense++;
+    }
+    size_t n = st->n_params;
+    for (int k = 0; k < st->n_slots && st->slots; k++)
+        add_tensor(w, st->slots + (size_t)k * n, 1, (int64_t)n, 0, "optimizer.slot%d", k, 0);
+    for (int i = 0; i < st->n_workers; i++)
+        for (int k = 0; k < st->n_slots; k++)
+            add_tensor(w, st->worker_slots + ((size_t)i * st->n_slots + k) * n, 1, (int64_t)n, 0,
+                       "worker.%d.optimizer.slot%d", i, k);
+    if (st->ema)
+        add_tensor(w, st->ema, 1, (int64_t)n, 0, "ema", 0, 0);
+    if (st->best && st->best_epoch > 0)
+        add_tensor(w, st->best, 1, (int64_t)n, 0, "best", 0, 0);
+    if (st->n_history > 0)
+        add_tensor(w, st->history, 2, st->n_history, 3, "loop.history", 0, 0);
+
+    long spe = id ? id->steps_per_epoch : 0;
+    add_meta(w, "format", "%s", DP_CKPT_FORMAT);
+    add_meta(w, "model", "%s", m->spec);
+    add_meta(w, "model_name", "%s", m->name);
+    add_meta(w, "step", "%ld", st->step);
+    add_meta(w, "epoch", "%ld", spe > 0 ? st->step / spe : 0L);
+    add_meta(w, "optimizer_t", "%ld", st->optim_t);
+    add_meta(w, "best_accuracy", "%.17g", st->best_accuracy);
+    add_meta(w, "best_epoch", "%d", st->best_epoch);
+    if (id) {
+        add_meta(w, "strategy", "%s", id->strategy);
+        add_meta(w, "dataset", "%s", id->dataset);
+        add_meta(w, "optimizer", "%s", id->optimizer);
+        add_meta(w, "lr", "%.9g", (double)id->lr);
+        add_meta(w, "lr_schedule", "%s", id->lr_schedule);
+        add_meta(w, "workers", "%d", id->workers);
+        add_meta(w, "ps", "%d", id->ps);
+        add_meta(w, "batch", "%d", id->batch);
+        add_meta(w, "seed", "%" PRIu64, id->seed);
+        add_meta(w, "train_size", "%" PRIu32, id->train_size);
+        add_meta(w, "val_size", "%" PRIu32, id->val_size);
+        add_meta(w, "steps_per_epoch", "%ld", id->steps_per_epoch);
+        add_meta(w, "epochs", "%d", id->epochs);
+    }
+    for (int i = 0; i < st->n_workers; i++) {
+        snprintf(w->keys[i], NAME_LEN, "worker.%d.optimizer_t", i);
+        add_meta(w, w->keys[i], "%ld", st->worker_t[i]);
+    }
+    /* A checksum over every metadata value and every tensor, so a flipped
+     * byte anywhere is caught on reading. */
+    uint32_t crc = 0;
+    for (int i = 0; i < w->nm; i++)
+        crc = crc_text(crc, w->meta[i].key, w->meta[i].value);
+    for (int i = 0; i < w->nt; i++)
+        crc = crc_tensor(crc, &w->t[i]);
+    add_meta(w, "crc32c", "%08x", crc);
+    int rc = dp_safetensors_save(path, w->t, w->nt, w->meta, w->nm, err);
+    free(w);
+    return rc;
+}
+
+/* ------------------------------------------------------------ reading */
+
+static int copy_tensor(float *dst, const dp_safetensors *f, const char *name, int ndim,
                        int64_t d0, int64_t d1, const char *path, dp_err *err)
 {
-    const dp_st_tensor *t = dp_safetensors_find(st, name);
+    const dp_st_tensor *t = dp_safetensors_find(f, name);
     if (!t)
         return dp_errf(err, "%s: tensor '%s' is missing", path, name);
-    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
-        return dp_errf(err, "%s: tensor '%s' has the wrong shape for the model in its metadata",
-                       path, name);
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        char want[64], got[64];
+        snprintf(want, sizeof want, ndim == 2 ? "(%lld, %lld)" : "(%lld)", (long long)d0,
+                 (long long)d1);
+        snprintf(got, sizeof got, t->ndim == 2 ? "(%lld, %lld)" : t->ndim == 1 ? "(%lld)" : "rank %lld",
+                 t->ndim >= 1 ? (long long)t->shape[0] : (long long)t->ndim,
+                 t->ndim == 2 ? (long long)t->shape[1] : 0LL);
+        return dp_errf(err, "%s: tensor '%s' has shape %s, the model needs %s", path, name, got,
+                       want);
+    }
     memcpy(dst, t->data, (size_t)(d0 * (ndim == 2 ? d1 : 1)) * sizeof *dst);
     return 0;
 }
 
-static long meta_long(const dp_safetensors *st, const char *key)
+static int meta_str(const dp_safetensors *f, const char *key, const char **out, const char *path,
+                    dp_err *err)
 {
-    const char *v = dp_safetensors_meta(st, key);
-    return v ? strtol(v, NULL, 10) : 0;
+    *out = dp_safetensors_meta(f, key);
+    if (!*out)
+        return dp_errf(err, "%s: metadata '%s' is missing", path, key);
+    return 0;
 }
 
-int dp_checkpoint_load(const char *path, dp_model *m, int max_batch, dp_optim *opt,
-                       dp_ckpt_info *info, dp_err *err)
+static int meta_long(const dp_safetensors *f, const char *key, long lo, long hi, long *out,
+                     const char *path, dp_err *err)
 {
-    static char strategy[64], dataset[1024];
-    dp_safetensors *st = NULL;
-    if (dp_safetensors_load(path, &st, err) < 0)
+    const char *v;
+    if (meta_str(f, key, &v, path, err) < 0)
         return -1;
-    const char *spec = dp_safetensors_meta(st, "model");
-    if (!spec) {
-        dp_safetensors_free(st);
-        return dp_errf(err, "%s: no 'model' in the metadata: not a downpour checkpoint", path);
+    char what[128];
+    snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
+    return dp_parse_long(v, lo, hi, out, what, err);
+}
+
+static int meta_double(const dp_safetensors *f, const char *key, double *out, const char *path,
+                       dp_err *err)
+{
+    const char *v;
+    if (meta_str(f, key, &v, path, err) < 0)
+        return -1;
+    char what[128];
+    snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
+    return dp_parse_double(v, -1, 1, out, what, err);
+}
+
+/* A metadata value that must equal this run's. */
+static int same(const dp_safetensors *f, const char *key, const char *want, const char *path,
+                dp_err *err)
+{
+    const char *v;
+    if (meta_str(f, key, &v, path, err) < 0)
+        return -1;
+    if (strcmp(v, want) != 0)
+        return dp_errf(err, "%s belongs to another run: its %s is %s, this run's is %s", path, key,
+                       v, want);
+    return 0;
+}
+
+static int same_long(const dp_safetensors *f, const char *key, long want, const char *path,
+                     dp_err *err)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%ld", want);
+    return same(f, key, s, path, err);
+}
+
+static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_run_identity *id,
+                          const char *path, dp_err *err)
+{
+    const char *v;
+    if (meta_str(f, "format", &v, path, err) < 0)
+        return -1;
+    if (strcmp(v, DP_CKPT_FORMAT) != 0)
+        return dp_errf(err, "%s: format '%s', this build reads %s", path, v, DP_CKPT_FORMAT);
+    char seed[32], lr[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, id->seed);
+    snprintf(lr, sizeof lr, "%.9g", (double)id->lr);
+    if (same(f, "model", m->spec, path, err) < 0 || same(f, "strategy", id->strategy, path, err) < 0 ||
+        same(f, "dataset", id->dataset, path, err) < 0 ||
+        same(f, "optimizer", id->optimizer, path, err) < 0 ||
+        same(f, "lr_schedule", id->lr_schedule, path, err) < 0 || same(f, "lr", lr, path, err) < 0 ||
+        same(f, "seed", seed, path, err) < 0 || same_long(f, "batch", id->batch, path, err) < 0 ||
+        same_long(f, "train_size", (long)id->train_size, path, err) < 0 ||
+        same_long(f, "val_size", (long)id->val_size, path, err) < 0 ||
+        same_long(f, "steps_per_epoch", id->steps_per_epoch, path, err) < 0)
+        return -1;
+    long workers, ps;
+    if (meta_long(f, "workers", 0, INT_MAX, &workers, path, err) < 0 ||
+        meta_long(f, "ps", 0, INT_MAX, &ps, path, err) < 0)
+        return -1;
+    if (workers != id->workers || ps != id->ps)
+        return dp_errf(err, "%s was written by a run of %ld worker(s) and %ld ps task(s); this run "
+                            "has %d and %d. Hint: resume with the cluster it was written by",
+                       path, workers, ps, id->workers, id->ps);
+    long epochs;
+    if (meta_long(f, "epochs", 1, INT_MAX, &epochs, path, err) < 0)
+        return -1;
+    if (epochs != id->epochs && strcmp(id->lr_schedule, "constant") != 0)
+        return dp_errf(err, "%s was written by a run of %ld epochs with a %s learning rate; the "
+                            "schedule of %d epochs differs", path, epochs, id->lr_schedule,
+                       id->epochs);
+    return 0;
+}
+
+/* The metadata keys in the order dp_checkpoint_write adds them. */
+static const char *const meta_keys[] = {
+    "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
+    "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
+    "train_size", "val_size", "steps_per_epoch", "epochs"};
+
+/* Recomputes the writer's checksum: every value of meta_keys present, the
+ * workers' keys, then every tensor in file order. */
+static int check_crc(const dp_safetensors *f, const char *path, dp_err *err)
+{
+    const char *format = dp_safetensors_meta(f, "format");
+    if (!format || strcmp(format, DP_CKPT_FORMAT) != 0)
+        return dp_errf(err, "%s: not a downpour training checkpoint (format '%s', expected %s)",
+                       path, format ? format : "(none)", DP_CKPT_FORMAT);
+    const char *want = dp_safetensors_meta(f, "crc32c");
+    if (!want)
+        return dp_errf(err, "%s: metadata 'crc32c' is missing", path);
+    uint32_t crc = 0;
+    for (size_t i = 0; i < sizeof meta_keys / sizeof meta_keys[0]; i++) {
+        const char *v = dp_safetensors_meta(f, meta_keys[i]);
+        if (v)
+            crc = crc_text(crc, meta_keys[i], v);
     }
-    if (dp_model_init(m, spec, max_batch, err) < 0) {
+    for (int i = 0; i < MAX_WORKERS; i++) {
+        char key[NAME_LEN];
+        snprintf(key, sizeof key, "worker.%d.optimizer_t", i);
+        const char *v = dp_safetensors_meta(f, key);
+        if (!v)
+            break;
+        crc = crc_text(crc, key, v);
+    }
+    for (int i = 0; i < dp_safetensors_count(f); i++)
+        crc = crc_tensor(crc, dp_safetensors_at(f, i));
+    char got[16];
+    snprintf(got, sizeof got, "%08x", crc);
+    if (strcmp(got, want) != 0)
+        return dp_errf(err, "%s: checksum mismatch (stored %s, computed %s): the file is damaged",
+                       path, want, got);
+    return 0;
+}
+
+static int read_state(const dp_safetensors *f, const char *path, const dp_model *m,
+                      const dp_run_identity *id, dp_train_state *st, dp_err *err)
+{
+    if (check_crc(f, path, err) < 0 || check_identity(f, m, id, path, err) < 0)
+        return -1;
+    dp_optim_kind kind;
+    if (dp_optim_parse_kind(id->optimizer, &kind, err) < 0)
+        return -1;
+    int n_slots = dp_optim_slots(kind);
+    long step, t, best_epoch;
+    double best_acc;
+    if (meta_long(f, "step", 0, LONG_MAX, &step, path, err) < 0 ||
+        meta_long(f, "optimizer_t", 0, LONG_MAX, &t, path, err) < 0 ||
+        meta_long(f, "best_epoch", 0, id->epochs, &best_epoch, path, err) < 0 ||
+        meta_double(f, "best_accuracy", &best_acc, path, err) < 0)
+        return -1;
+    const dp_st_tensor *hist = dp_safetensors_find(f, "loop.history");
+    int n_hist = hist ? (int)hist->shape[0] : 0;
+    if (hist && (hist->ndim != 2 || hist->shape[1] != 3 || hist->shape[0] > id->epochs))
+        return dp_errf(err, "%s: tensor 'loop.history' is not (epochs <= %d, 3)", path, id->epochs);
+    /* model-avg keeps one optimiser per worker; the others one in all */
+    int n_workers = dp_safetensors_find(f, "worker.0.optimizer.slot0") ? id->workers : 0;
+    int parts = (dp_safetensors_find(f, "ema") ? DP_STATE_EMA : 0) |
+                (dp_safetensors_find(f, "best") ? DP_STATE_BEST : 0);
+    if (dp_train_state_alloc(st, m->n_params, n_slots, parts, id->epochs, n_workers, err) < 0)
+        return -1;
+    st->step = step;
+    st->optim_t = t;
+    st->best_epoch = (int)best_epoch;
+    st->best_accuracy = best_acc;
+    st->n_history = n_hist;
+    int dense = 0;
+    char name[NAME_LEN];
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->kind != DP_LAYER_DENSE)
+            continue;
+        snprintf(name, sizeof name, "layers.%d.weight", dense);
+        if (copy_tensor(st->params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
+            return -1;
+        snprintf(name, sizeof name, "layers.%d.bias", dense);
+        if (copy_tensor(st->params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
+            return -1;
+        dense++;
+    }
+    size_t n = m->n_params;
+    if (n_workers == 0)
+        for (int k = 0; k < n_slots; k++) {
+            snprintf(name, sizeof name, "optimizer.slot%d", k);
+            if (copy_tensor(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
+                return -1;
+        }
+    for (int i = 0; i < n_workers; i++) {
+        for (int k = 0; k < n_slots; k++) {
+            snprintf(name, sizeof name, "worker.%d.optimizer.slot%d", i, k);
+            if (copy_tensor(st->worker_slots + ((size_t)i * n_slots + k) * n, f, name, 1,
+                            (int64_t)n, 0, path, err) < 0)
+                return -1;
+        }
+        snprintf(name, sizeof name, "worker.%d.optimizer_t", i);
+        if (meta_long(f, name, 0, LONG_MAX, &st->worker_t[i], path, err) < 0)
+            return -1;
+    }
+    if (st->ema && copy_tensor(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)
+        return -1;
+    if (st->best && copy_tensor(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
+        return -1;
+    if (!st->best && best_epoch > 0)
+        return dp_errf(err, "%s: best_epoch is %ld but tensor 'best' is missing", path, best_epoch);
+    if (n_hist > 0 && copy_tensor(st->history, f, "loop.history", 2, n_hist, 3, path, err) < 0)
+        return -1;
+    return 0;
+}
+
+int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,
+                       dp_train_state *st, dp_err *err)
+{
+    dp_safetensors *f = NULL;
+    memset(st, 0, sizeof *st);
+    if (dp_safetensors_load(path, &f, err) < 0)
+        return -1;
+    int rc = read_state(f, path, m, id, st, err);
+    dp_safetensors_free(f);
+    if (rc < 0)
+        dp_train_state_free(st);
+    return rc;
+}
+
+int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_ckpt_info *info,
+                               dp_err *err)
+{
+    dp_safetensors *f = NULL;
+    memset(m, 0, sizeof *m);
+    if (dp_safetensors_load(path, &f, err) < 0)
+        return -1;
+    const char *spec = dp_safetensors_meta(f, "model");
+    if (!spec) {
+        dp_safetensors_free(f);
+        return dp_errf(err, "%s: metadata 'model' is missing: not a downpour checkpoint", path);
+    }
+    if (dp_model_init(m, spec, max_batch, 1, err) < 0) {
         dp_err_prefix(err, "%s", path);
         goto fail;
     }
-    const char *preset = dp_safetensors_meta(st, "model_name");
+    const char *preset = dp_safetensors_meta(f, "model_name");
     if (preset && strlen(preset) < sizeof m->name)
         snprintf(m->name, sizeof m->name, "%s", preset);
-    for (int i = 0; i < m->n_dense; i++) {
-        const dp_dense *d = &m->dense[i];
-        char name[40];
-        snprintf(name, sizeof name, "layers.%d.weight", i);
-        if (copy_tensor(m->params + d->w_off, st, name, 2, d->out, d->in, path, err) < 0)
+    int dense = 0;
+    char name[NAME_LEN];
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->kind != DP_LAYER_DENSE)
+            continue;
+        snprintf(name, sizeof name, "layers.%d.weight", dense);
+        if (copy_tensor(m->params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
             goto fail;
-        snprintf(name, sizeof name, "layers.%d.bias", i);
-        if (copy_tensor(m->params + d->b_off, st, name, 1, d->out, 0, path, err) < 0)
+        snprintf(name, sizeof name, "layers.%d.bias", dense);
+        if (copy_tensor(m->params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
             goto fail;
-    }
-    if (opt) {
-        const char *kind = dp_safetensors_meta(st, "optimizer");
-        if (kind && strcmp(kind, dp_optim_kind_name(opt->cfg.kind)) == 0 && opt->n == m->n_params) {
-            for (int k = 0; k < dp_optim_slots(opt->cfg.kind); k++) {
-                char name[40];
-                snprintf(name, sizeof name, "optimizer.slot%d", k);
-                if (copy_tensor(opt->state + (size_t)k * opt->n, st, name, 1, (int64_t)opt->n, 0,
-                                path, err) < 0)
-                    goto fail;
-            }
-            opt->t = meta_long(st, "optimizer_t");
-        }
+        dense++;
     }
     if (info) {
-        info->step = meta_long(st, "step");
-        info->epoch = meta_long(st, "epoch");
-        const char *s = dp_safetensors_meta(st, "strategy");
-        snprintf(strategy, sizeof strategy, "%s", s ? s : "unknown");
-        info->strategy = strategy;
-        const char *d = dp_safetensors_meta(st, "dataset");
-        snprintf(dataset, sizeof dataset, "%s", d ? d : "unknown");
-        info->dataset = dataset;
+        const char *s = dp_safetensors_meta(f, "strategy"), *d = dp_safetensors_meta(f, "dataset");
+        snprintf(info->strategy, sizeof info->strategy, "%s", s ? s : "unknown");
+        snprintf(info->dataset, sizeof info->dataset, "%s", d ? d : "unknown");
+        info->step = 0;
+        if (dp_safetensors_meta(f, "step") &&
+            meta_long(f, "step", 0, LONG_MAX, &info->step, path, err) < 0)
+            goto fail;
     }
-    dp_safetensors_free(st);
+    dp_safetensors_free(f);
     return 0;
 fail:
-    dp_safetensors_free(st);
+    dp_safetensors_free(f);
     dp_model_free(m);
     return -1;
+}
+
+/* ------------------------------------------------------------ a directory of them */
+
+#define CKPT_PREFIX "ckpt-"
+#define CKPT_SUFFIX ".safetensors"
+
+void dp_checkpoint_path(char *buf, size_t n, const char *dir, long step)
+{
+    snprintf(buf, n, "%s/" CKPT_PREFIX "%010ld" CKPT_SUFFIX, dir, step);
+}
+
+/* The step in a checkpoint's file name, or -1 when it is not one. */
+static long step_of(const char *name)
+{
+    size_t len = strlen(name), lp = strlen(CKPT_PREFIX), ls = strlen(CKPT_SUFFIX);
+    if (len != lp + 10 + ls || strncmp(name, CKPT_PREFIX, lp) != 0 ||
+        strcmp(name + len - ls, CKPT_SUFFIX) != 0)
+        return -1;
+    long step = 0;
+    for (size_t i = lp; i < lp + 10; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+        step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Every checkpoint step in dir, newest first; -1 when dir can't be read. */
+static int list_steps(const char *dir, long **out, dp_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return dp_errf(err, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+    long *steps = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long s = step_of(e->d_name);
+        if (s < 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *grown = realloc(steps, (size_t)cap * sizeof *steps);
+            if (!grown) {
+                free(steps);
+                closedir(d);
+                return dp_errf(err, "out of memory");
+            }
+            steps = grown;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (n > 1)
+        qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+    *out = steps;
+    return n;
+}
+
+int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_identity *id,
+                              dp_train_state *st, char *path, size_t path_len, dp_err *err)
+{
+    long *steps = NULL;
+    int n = list_steps(dir, &steps, err);
+    if (n < 0)
+        return -1;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        dp_checkpoint_path(path, path_len, dir, steps[i]);
+        dp_safetensors *f = NULL;
+        dp_err why;
+        if (dp_safetensors_load(path, &f, &why) < 0 || check_crc(f, path, &why) < 0) {
+            /* a damaged file (a disk that filled, a copy cut short): an older one will do */
+            dp_warn("skipping checkpoint %s: %s", path, why.msg);
+            dp_safetensors_free(f);
+            continue;
+        }
+        rc = read_state(f, path, m, id, st, err) < 0 ? -1 : 1;
+        dp_safetensors_free(f);
+        if (rc < 0)
+            dp_train_state_free(st);
+        break;
+    }
+    free(steps);
+    return rc;
+}
+
+void dp_checkpoint_prune(const char *dir, int keep)
+{
+    long *steps = NULL;
+    dp_err err;
+    int n = list_steps(dir, &steps, &err);
+    for (int i = keep; i < n; i++) {
+        char path[4096];
+        dp_checkpoint_path(path, sizeof path, dir, steps[i]);
+        if (unlink(path) != 0 && errno != ENOENT)
+            dp_warn("cannot delete old checkpoint %s: %s", path, strerror(errno));
+    }
+    free(steps);
 }

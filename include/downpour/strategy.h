@@ -1,0 +1,197 @@
+/* The strategy interface: how the tasks of a run cooperate, under the one
+ * training loop (src/train/loop.c; docs/architecture.md, "The loop and its
+ * strategies").
+ *
+ * The loop owns everything every strategy shares: epochs, batches and their
+ * order, the learning-rate schedule, step lines, the progress bar,
+ * evaluation, the metrics file, checkpoint cadence, the resume position and
+ * the final report.  It never asks which strategy it runs.  A strategy is
+ * one table of operations (dp_strategy_ops) in one file under src/strategy/,
+ * and owns everything about cooperation: who holds which parameters, what
+ * crosses the wire, and which task is lost without stopping the run.
+ *
+ * Each task of a run is, for its strategy, one of three parts:
+ *   TRAINER      walks batches of its data shard; the loop calls step() on
+ *                each and epoch_end() after each epoch;
+ *   SERVER       holds state for others (a parameter-server shard); the loop
+ *                calls serve() once, which returns when the run is over;
+ *   COORDINATOR  trains nothing but evaluates and checkpoints (the
+ *                parameter-server chief); the loop calls next() for what to
+ *                do: an epoch every trainer finished, a checkpoint every
+ *                trainer reached, or the end.
+ * One task is the evaluator (info.evaluator): it evaluates each epoch with
+ * params(), reports, saves the weights and writes checkpoints.
+ *
+ * Data-parallel strategies (single, ps-*, model-avg, allreduce) need only
+ * the small "gradients -> parameters" interface below (dp_grad_ops: begin,
+ * ready, update, flush); dp_data_parallel_step turns it into step().
+ *
+ * How the strategies still to come plug in:
+ *   pipeline        step() is a schedule of micro-batch forwards and
+ *                   backwards over this stage's layer range
+ *                   (dp_model_forward_range / backward_range with one
+ *                   activation slot per micro-batch in flight), sending
+ *                   activations to the next stage and activation gradients
+ *                   to the previous; the update happens at the flush.  The
+ *                   first stage reads the batch the loop hands it, the last
+ *                   computes the loss; each stage is a TRAINER.
+ *   model-parallel  step() runs every layer on this task's slice of the
+ *                   units, all-gathering activations forward and
+ *                   reduce-scattering their gradients backward within the
+ *                   replica; params() assembles the full weights for the
+ *                   evaluator; save() contributes this task's slice.
+ *   lbfgs           the chief is a COORDINATOR whose next() drives the
+ *                   batch method (gradient requests over the whole data,
+ *                   line search, two-loop recursion on ps shards);
+ *                   workers are TRAINERs whose step() answers the
+ *                   coordinator's requests; ps tasks are SERVERs.
+ * Fault tolerance (a lost or restarted task) is decided in one place per
+ * strategy: the code that sees the transport's PEER_LOST event. */
+#ifndef DOWNPOUR_STRATEGY_H
+#define DOWNPOUR_STRATEGY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/checkpoint.h"
+#include "downpour/metrics.h"
+#include "downpour/model.h"
+#include "downpour/node.h"
+#include "downpour/status.h"
+#include "downpour/train.h"
+
+typedef struct dp_strategy dp_strategy; /* one task's instance; the strategy's own struct */
+
+typedef enum dp_part {
+    DP_PART_TRAINER,
+    DP_PART_SERVER,
+    DP_PART_COORDINATOR,
+    DP_PART_COUNT
+} dp_part;
+
+/* What the loop hands a strategy when it opens. */
+typedef struct dp_run_env {
+    const dp_train_config *cfg;
+    dp_node *node;                /* NULL for a process alone */
+    dp_model *model;              /* params hold the initial weights (or the resumed ones) */
+    dp_metrics *metrics;
+    uint32_t n_train;             /* records in the training split */
+    long steps_per_epoch;         /* the same on every trainer */
+    const dp_train_state *resume; /* NULL: a fresh run; else the checkpoint resumed from */
+} dp_run_env;
+
+/* What this task is, filled by open(). */
+typedef struct dp_task_info {
+    dp_part part;
+    int evaluator;      /* evaluates, reports, saves and writes checkpoints */
+    int live_params;    /* the evaluator's model->params are the live weights
+                           (the loop keeps --ema and evaluates them directly) */
+    int shard_index;    /* TRAINER: which data shard of shard_count it walks */
+    int shard_count;
+    int replicas;       /* data-parallel replicas (the global batch is batch * replicas) */
+    int worker_optimizers; /* workers whose own optimiser is part of the state
+                              (model-avg), so the writer's state has room for them */
+    char label[32];     /* in step lines: "Worker 2", "Chief" */
+} dp_task_info;
+
+/* One step's outcome, for step lines and metrics. */
+typedef struct dp_step_out {
+    float loss;         /* mean over the records (0 when there were none) */
+    int correct;
+    long clock_gap;     /* ps-*: the largest staleness this worker has been allowed */
+} dp_step_out;
+
+/* An epoch's training figures: one trainer's in, the run's out. */
+typedef struct dp_epoch_stats {
+    double loss_sum;    /* over records */
+    double records;
+    double correct;
+    double seconds;
+    long steps;         /* every trainer's steps by the end of this epoch */
+} dp_epoch_stats;
+
+/* What a coordinator's next() tells the loop to do. */
+typedef enum dp_coord_kind {
+    DP_COORD_EPOCH,      /* every trainer finished `epoch`: evaluate it with params() */
+    DP_COORD_CHECKPOINT, /* every trainer is at `step`; the state is gathered: write it */
+    DP_COORD_DONE,       /* every trainer is done; `step` is the sum of their steps */
+    DP_COORD_KIND_COUNT
+} dp_coord_kind;
+
+typedef struct dp_coord_event {
+    dp_coord_kind kind;
+    int epoch;
+    long step;
+    dp_epoch_stats stats; /* EPOCH */
+} dp_coord_event;
+
+/* Which weights params() returns. */
+typedef enum dp_weights {
+    DP_WEIGHTS_LIVE,    /* the current parameters */
+    DP_WEIGHTS_AVERAGE, /* their moving average (--ema), where the strategy keeps it */
+    DP_WEIGHTS_COUNT
+} dp_weights;
+
+typedef struct dp_strategy_ops {
+    const char *name;    /* the --strategy value: written here and nowhere else */
+    const char *summary; /* one line for --help and the docs */
+    int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
+
+    /* Sets up this task's part of the run (from env->resume when resuming). */
+    int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
+    /* SERVER: serves until the run is over. */
+    int (*serve)(dp_strategy *s, dp_err *err);
+    /* TRAINER: one step on a batch of n records (n may be 0 when this
+     * shard ran out before the others: synchronous strategies still take
+     * part); lr is this step's learning rate.  Allocates nothing. */
+    int (*step)(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
+                dp_step_out *out, dp_err *err);
+    /* TRAINER: after epoch `epoch` (1-based): this trainer's figures in,
+     * the run's out (meaningful on the evaluator). */
+    int (*epoch_end)(dp_strategy *s, int epoch, dp_epoch_stats *stats, dp_err *err);
+    /* COORDINATOR: waits for the next thing to do.  A CHECKPOINT's state is
+     * in *st; the trainers go on when the loop next calls next(). */
+    int (*next)(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err);
+    /* Evaluator: the weights to evaluate now (they stay valid until the
+     * next call into the strategy). */
+    const float *(*params)(dp_strategy *s, dp_weights which, dp_err *err);
+    /* TRAINER at a checkpoint step: contribute this task's state.  Returns
+     * 1 when this task writes the checkpoint (st filled: parameters and
+     * optimiser state), 0 when another task writes it, -1 on error. */
+    int (*save)(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
+    /* TRAINER after its last step: flush what is pending, say goodbye. */
+    int (*finish)(dp_strategy *s, long steps, dp_err *err);
+    void (*close)(dp_strategy *s); /* NULL is a no-op */
+} dp_strategy_ops;
+
+/* Every strategy, in --help order, and lookup by name. */
+extern const dp_strategy_ops *const dp_strategies[];
+extern const int dp_strategy_count;
+const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err);
+/* "single, ps-async, ...": every name, for messages. */
+const char *dp_strategy_names(void);
+
+/* ------------------------------------------------------------------------
+ * The data-parallel interface: every replica computes gradients of its own
+ * batch; the strategy turns them into parameters. */
+typedef struct dp_grad_ops {
+    /* Before backprop of `step` over `records` records (may be NULL). */
+    void (*begin)(void *self, long step, int records);
+    /* Backprop's hook: gradients [lo, n_params) are final (may be NULL). */
+    void (*ready)(void *self, size_t lo);
+    /* Gradients -> parameters with learning rate lr. */
+    int (*update)(void *self, float *params, const float *grads, int records, float lr,
+                  dp_err *err);
+} dp_grad_ops;
+
+/* The data-parallel step: begin, forward and backward (gradients zeroed when
+ * n is 0), update.  Gives out->loss and out->correct. */
+int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,
+                          const uint8_t *y, int n, float lr, long step, dp_step_out *out,
+                          dp_err *err);
+
+/* The strategies (src/strategy/<name>.c). */
+extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,
+    dp_strategy_ps_ssp, dp_strategy_ps_dssp, dp_strategy_model_avg, dp_strategy_allreduce;
+
+#endif

@@ -1,0 +1,106 @@
+/* single: one process trains alone with a local optimiser.  The reference
+ * every distributed strategy is checked against. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "downpour/strategy.h"
+
+struct dp_strategy {
+    dp_model *m;
+    dp_optim opt;
+};
+
+static int update(void *self, float *params, const float *grads, int records, float lr,
+                  dp_err *err)
+{
+    (void)err;
+    struct dp_strategy *s = self;
+    if (records > 0)
+        dp_optim_apply(&s->opt, params, grads, lr);
+    return 0;
+}
+
+static const dp_grad_ops grad_ops = {.update = update};
+
+static void single_close(dp_strategy *s)
+{
+    if (!s)
+        return;
+    dp_optim_free(&s->opt);
+    free(s);
+}
+
+static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
+{
+    dp_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return dp_errf(err, "out of memory");
+    s->m = env->model;
+    if (dp_optim_init(&s->opt, &env->cfg->optim, env->model->n_params, err) < 0) {
+        single_close(s);
+        return -1;
+    }
+    if (env->resume) {
+        size_t n = env->model->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind);
+        if (n)
+            memcpy(s->opt.state, env->resume->slots, n * sizeof(float));
+        s->opt.t = env->resume->optim_t;
+    }
+    info->part = DP_PART_TRAINER;
+    info->evaluator = 1;
+    info->live_params = 1;
+    info->shard_index = 0;
+    info->shard_count = 1;
+    info->replicas = 1;
+    snprintf(info->label, sizeof info->label, "Worker 0");
+    *out = s;
+    return 0;
+}
+
+static int single_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
+                       long step, dp_step_out *out, dp_err *err)
+{
+    return dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+}
+
+static int single_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
+{
+    (void)s, (void)epoch, (void)st, (void)err;
+    return 0;
+}
+
+static const float *single_params(dp_strategy *s, dp_weights which, dp_err *err)
+{
+    (void)which, (void)err;
+    return s->m->params;
+}
+
+static int single_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
+{
+    (void)step, (void)err;
+    memcpy(st->params, s->m->params, s->m->n_params * sizeof(float));
+    if (st->n_slots)
+        memcpy(st->slots, s->opt.state, (size_t)st->n_slots * s->m->n_params * sizeof(float));
+    st->optim_t = s->opt.t;
+    return 1;
+}
+
+static int single_finish(dp_strategy *s, long steps, dp_err *err)
+{
+    (void)s, (void)steps, (void)err;
+    return 0;
+}
+
+const dp_strategy_ops dp_strategy_single = {
+    .name = "single",
+    .summary = "one process, a local optimiser",
+    .cluster = 0,
+    .open = single_open,
+    .step = single_step,
+    .epoch_end = single_epoch_end,
+    .params = single_params,
+    .save = single_save,
+    .finish = single_finish,
+    .close = single_close,
+};

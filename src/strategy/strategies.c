@@ -1,0 +1,54 @@
+/* The table of strategies: each name is written once, in its own file's
+ * dp_strategy_ops; this list only orders them. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "downpour/strategy.h"
+
+const dp_strategy_ops *const dp_strategies[] = {
+    &dp_strategy_single,  &dp_strategy_ps_async,  &dp_strategy_ps_sync, &dp_strategy_ps_ssp,
+    &dp_strategy_ps_dssp, &dp_strategy_model_avg, &dp_strategy_allreduce,
+};
+const int dp_strategy_count = (int)(sizeof dp_strategies / sizeof dp_strategies[0]);
+
+const char *dp_strategy_names(void)
+{
+    static char names[256];
+    if (!names[0]) {
+        size_t len = 0;
+        for (int i = 0; i < dp_strategy_count && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    dp_strategies[i]->name);
+    }
+    return names;
+}
+
+const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err)
+{
+    for (int i = 0; i < dp_strategy_count; i++)
+        if (strcmp(name, dp_strategies[i]->name) == 0)
+            return dp_strategies[i];
+    dp_errf(err, "unknown strategy '%s' (valid: %s)", name, dp_strategy_names());
+    return NULL;
+}
+
+int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,
+                          const uint8_t *y, int n, float lr, long step, dp_step_out *out,
+                          dp_err *err)
+{
+    out->loss = 0;
+    out->correct = 0;
+    if (ops->begin)
+        ops->begin(self, step, n);
+    if (n > 0) {
+        out->loss = dp_model_forward_backward(m, x, y, n, &out->correct);
+        if (!isfinite(out->loss))
+            return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
+                           (double)out->loss, step);
+    } else {
+        /* a shard that ran out still takes part in a synchronous step */
+        memset(m->grads, 0, m->n_params * sizeof *m->grads);
+    }
+    return ops->update(self, m->params, m->grads, n, lr, err);
+}

@@ -1,0 +1,606 @@
+/* The one training loop (docs/architecture.md, "The loop and its
+ * strategies").  Every task of every strategy runs it: it opens the task's
+ * part of the strategy, then serves (a SERVER), coordinates (a COORDINATOR)
+ * or walks batches (a TRAINER).  Epochs, the batch order, the learning-rate
+ * schedule, step lines, evaluation, --ema, --keep-best, checkpoints and the
+ * resume position are written here once; the strategy is asked only through
+ * its table of operations. */
+#include "downpour/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "downpour/blas.h"
+#include "downpour/checkpoint.h"
+#include "downpour/clock.h"
+#include "downpour/file.h"
+#include "downpour/log.h"
+#include "downpour/metrics.h"
+#include "downpour/node.h"
+#include "downpour/resource.h"
+#include "downpour/strategy.h"
+#include "train/progress.h"
+
+/* Evaluation runs in chunks this large even when the training batch is
+ * small: fewer, larger GEMMs. */
+#define EVAL_CHUNK 500
+
+int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err)
+{
+    if (strcmp(name, "constant") == 0)
+        *out = DP_LR_CONSTANT;
+    else if (strcmp(name, "cosine") == 0)
+        *out = DP_LR_COSINE;
+    else
+        return dp_errf(err, "unknown learning-rate schedule '%s' (valid: constant, cosine)", name);
+    return 0;
+}
+
+static const char *lr_schedule_name(dp_lr_schedule s)
+{
+    return s == DP_LR_COSINE ? "cosine" : "constant";
+}
+
+float dp_lr_scale(dp_lr_schedule s, long done, long total)
+{
+    if (s != DP_LR_COSINE || total <= 0)
+        return 1.0f;
+    double p = (double)done / (double)total;
+    return (float)(0.5 * (1.0 + cos(M_PI * (p > 1 ? 1 : p))));
+}
+
+dp_train_config dp_train_defaults(void)
+{
+    dp_train_config c;
+    memset(&c, 0, sizeof c);
+    c.dataset = "mnist";
+    c.model = "mlp-300-100";
+    c.strategy = "single";
+    dp_ps_config_init(&c.ps);
+    c.shard = DP_SHARD_DATA;
+    c.bucket_bytes = 512u << 10;
+    c.overlap = true;
+    c.collective_timeout = 300;
+    c.straggler = -1;
+    c.batch = 128;
+    c.epochs = 25;
+    c.optim = dp_optim_defaults(DP_OPTIM_ADAM);
+    c.seed = 1;
+    c.n_train = 54000;
+    c.n_val = 6000;
+    c.log_every = 100;
+    c.keep_checkpoints = 3;
+    return c;
+}
+
+double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
+                   double *mean_loss)
+{
+    long correct = 0;
+    double loss_sum = 0;
+    uint32_t idx[EVAL_CHUNK];
+    int chunk = m->max_batch < EVAL_CHUNK ? m->max_batch : EVAL_CHUNK;
+    for (uint32_t lo = 0; lo < s->n; lo += (uint32_t)chunk) {
+        int n = (int)(s->n - lo < (uint32_t)chunk ? s->n - lo : (uint32_t)chunk);
+        for (int i = 0; i < n; i++)
+            idx[i] = lo + (uint32_t)i;
+        dp_split_gather(x, y, s, idx, n);
+        int c = 0;
+        loss_sum += (double)dp_model_forward(m, params, x, y, n, &c) * n;
+        correct += c;
+    }
+    if (mean_loss)
+        *mean_loss = s->n ? loss_sum / s->n : 0;
+    return s->n ? (double)correct / s->n : 0;
+}
+
+/* ------------------------------------------------------------ one task's run */
+
+typedef struct loop {
+    const dp_train_config *cfg;
+    const dp_strategy_ops *ops;
+    dp_strategy *s;
+    dp_task_info info;
+    dp_run_env env;
+    dp_metrics *metrics;
+    dp_node node;
+    int in_cluster;
+    dp_dataset ds;
+    dp_split train, val;
+    dp_model m;
+    float *x;
+    uint8_t *y;
+    dp_run_identity id;
+    dp_train_state ck;     /* the evaluator's state: what a checkpoint holds,
+                              with the live --ema, --keep-best and history */
+    dp_train_state resume; /* the checkpoint this run goes on from */
+    long spe, total_steps;
+    dp_train_result *res;
+} loop;
+
+static int open_data(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    if (dp_dataset_open(&L->ds, cfg->dataset, err) < 0 ||
+        dp_dataset_split(&L->ds, cfg->n_train, cfg->n_val, &L->train, &L->val, err) < 0)
+        return -1;
+    if ((uint32_t)dp_model_inputs(&L->m) != L->train.dim)
+        return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%u = %u pixels",
+                       L->m.name, dp_model_inputs(&L->m), cfg->dataset, L->ds.rows, L->ds.cols,
+                       L->train.dim);
+    if ((uint32_t)dp_model_classes(&L->m) < L->ds.classes)
+        return dp_errf(err, "model %s has %d outputs but dataset %s has %u classes", L->m.name,
+                       dp_model_classes(&L->m), cfg->dataset, L->ds.classes);
+    L->x = malloc((size_t)L->m.max_batch * L->train.dim * sizeof *L->x);
+    L->y = malloc((size_t)L->m.max_batch);
+    if (!L->x || !L->y)
+        return dp_errf(err, "out of memory for a batch of %d records", L->m.max_batch);
+    return 0;
+}
+
+static int checkpoint_due(const loop *L, long step)
+{
+    if (!L->cfg->checkpoint_dir)
+        return 0;
+    long every = L->cfg->checkpoint_every;
+    return step == L->total_steps || (every > 0 && step % every == 0);
+}
+
+/* The weights the evaluator reports: the moving average where the loop
+ * keeps it, else what the strategy hands out. */
+static const float *eval_params(loop *L, dp_err *err)
+{
+    if (L->ck.ema && L->info.live_params)
+        return L->ck.ema;
+    return L->ops->params(L->s, L->cfg->ema > 0 ? DP_WEIGHTS_AVERAGE : DP_WEIGHTS_LIVE, err);
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000) * 1e6)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* The evaluator after epoch `epoch`: validation, the epoch line and event,
+ * --keep-best, the history table. */
+static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double secs, long step,
+                          dp_err *err)
+{
+    const float *params = eval_params(L, err);
+    if (!params)
+        return -1;
+    double val_loss, val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss);
+    double train_loss = st->records > 0 ? st->loss_sum / st->records : 0;
+    if (L->ck.best && val_acc > L->ck.best_accuracy) {
+        memcpy(L->ck.best, params, L->m.n_params * sizeof(float));
+        L->ck.best_accuracy = val_acc;
+        L->ck.best_epoch = epoch;
+    }
+    dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
+            L->cfg->epochs, train_loss, val_loss, val_acc, secs);
+    if (epoch >= 1 && epoch <= L->ck.max_history) {
+        float *h = L->ck.history + (size_t)(epoch - 1) * 3;
+        h[0] = (float)val_acc;
+        h[1] = (float)train_loss;
+        h[2] = (float)secs;
+        if (epoch > L->ck.n_history)
+            L->ck.n_history = epoch;
+    }
+    dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
+                     val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
+                     DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_END);
+    L->res->val_accuracy = val_acc;
+    L->res->train_loss = train_loss;
+    return 0;
+}
+
+static int write_checkpoint(loop *L, long step, dp_err *err)
+{
+    char path[4096];
+    L->ck.step = step;
+    dp_checkpoint_path(path, sizeof path, L->cfg->checkpoint_dir, step);
+    if (dp_checkpoint_write(path, &L->m, &L->ck, &L->id, err) < 0)
+        return -1;
+    dp_checkpoint_prune(L->cfg->checkpoint_dir, L->cfg->keep_checkpoints);
+    dp_info("Checkpoint %s (step %ld, epoch %ld)", path, step, step / L->spe);
+    dp_metrics_event(L->metrics, "checkpoint", DP_F_INT, "step", step, DP_F_STR, "path", path,
+                     DP_F_END);
+    return 0;
+}
+
+/* A trainer at a checkpoint step: every holder of state hands it in; the
+ * one the strategy names writes. */
+static int trainer_checkpoint(loop *L, long step, dp_err *err)
+{
+    int rc = L->ops->save(L->s, step, &L->ck, err);
+    if (rc <= 0)
+        return rc;
+    return write_checkpoint(L, step, err);
+}
+
+/* The per-epoch table people compare with the source experiment's. */
+static void print_table(const loop *L)
+{
+    if (L->ck.n_history == 0)
+        return;
+    dp_info("%6s %13s %11s %9s", "epoch", "val_accuracy", "train_loss", "seconds");
+    for (int e = 0; e < L->ck.n_history; e++) {
+        const float *h = L->ck.history + (size_t)e * 3;
+        dp_info("%6d %13.4f %11.4f %9.2f", e + 1, (double)h[0], (double)h[1], (double)h[2]);
+    }
+}
+
+/* The evaluator at the end: test accuracy, the table, the done event, --save. */
+static int report_and_save(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    dp_train_result *res = L->res;
+    const float *params = eval_params(L, err);
+    if (!params)
+        return -1;
+    if (L->ck.best && L->ck.best_epoch > 0) {
+        params = L->ck.best;
+        dp_info("Restored the weights of epoch %d (val_accuracy %.4f), the best of %d",
+                L->ck.best_epoch, L->ck.best_accuracy, cfg->epochs);
+    }
+    long trained = L->total_steps - L->resume.step;
+    res->samples_per_second =
+        res->train_seconds > 0
+            ? (double)L->train.n * cfg->epochs * ((double)trained / (double)L->total_steps) /
+                  res->train_seconds
+            : 0;
+    res->test_accuracy = dp_evaluate(&L->m, params, &L->ds.test, L->x, L->y, NULL);
+    print_table(L);
+    dp_info("Test accuracy: %.4f, training time: %.2f s (%.0f samples/s)", res->test_accuracy,
+            res->train_seconds, res->samples_per_second);
+    dp_metrics_event(L->metrics, "done", DP_F_NUM, "test_accuracy", res->test_accuracy, DP_F_NUM,
+                     "train_seconds", res->train_seconds, DP_F_NUM, "samples_per_second",
+                     res->samples_per_second, DP_F_STR, "strategy", cfg->strategy, DP_F_STR,
+                     "model", L->m.name, DP_F_STR, "dataset", cfg->dataset, DP_F_INT, "batch",
+                     (long)cfg->batch, DP_F_INT, "global_batch",
+                     (long)cfg->batch * L->info.replicas, DP_F_INT, "epochs", (long)cfg->epochs,
+                     DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_INT,
+                     "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
+                     DP_F_INT, "resumed_from", L->resume.step, DP_F_END);
+    if (!cfg->save_path)
+        return 0;
+    dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
+                              .step = L->total_steps, .best_accuracy = -1};
+    if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0)
+        return -1;
+    dp_info("Saved %s", cfg->save_path);
+    return 0;
+}
+
+/* A COORDINATOR: does what the strategy says, until the trainers are done. */
+static int coordinate(loop *L, dp_err *err)
+{
+    double t_start = dp_now(), t_last = t_start;
+    for (;;) {
+        dp_coord_event ev;
+        if (L->ops->next(L->s, &ev, &L->ck, err) < 0)
+            return -1;
+        if (ev.kind == DP_COORD_DONE) {
+            L->res->steps = ev.step;
+            break;
+        }
+        if (ev.kind == DP_COORD_EPOCH) {
+            double now = dp_now();
+            if (evaluate_epoch(L, ev.epoch, &ev.stats, now - t_last, ev.step, err) < 0)
+                return -1;
+            t_last = now;
+        } else if (write_checkpoint(L, ev.step, err) < 0) {
+            return -1;
+        }
+    }
+    L->res->train_seconds = dp_now() - t_start;
+    return report_and_save(L, err);
+}
+
+/* A TRAINER: walks its shard's batches from the resume position on. */
+static int train(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    const dp_task_info *info = &L->info;
+    dp_batcher batcher;
+    int rc = -1;
+    dp_shard_policy policy = info->shard_count > 1 ? cfg->shard : DP_SHARD_OFF;
+    /* Shard "off": every worker walks all records in its own order. */
+    uint64_t seed = policy == DP_SHARD_OFF && info->shard_count > 1
+                        ? cfg->seed + 1000003ULL * (uint64_t)info->shard_index
+                        : cfg->seed;
+    int index = policy == DP_SHARD_OFF ? 0 : info->shard_index;
+    int count = policy == DP_SHARD_OFF ? 1 : info->shard_count;
+    if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
+        return -1;
+
+    long step = L->resume.step;
+    int first_epoch = (int)(step / L->spe);
+    long first_k = step % L->spe;
+    double t_start = dp_now(), window_loss = 0, window_time = 0;
+    long window_correct = 0, window_samples = 0, window_steps = 0;
+    dp_step_out out = {0};
+    for (int epoch = first_epoch; epoch < cfg->epochs; epoch++) {
+        double t_epoch = dp_now();
+        dp_epoch_stats st = {0};
+        dp_batcher_start_epoch(&batcher, epoch);
+        long k = epoch == first_epoch ? first_k : 0;
+        dp_batcher_seek(&batcher, (uint32_t)(k * cfg->batch));
+        for (; k < L->spe; k++) {
+            double t0 = dp_now();
+            int n = dp_batcher_next(&batcher, L->x, L->y, cfg->batch);
+            float lr = cfg->optim.lr * dp_lr_scale(cfg->lr_schedule, step, L->total_steps);
+            if (L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
+                goto out;
+            step++;
+            if (L->ck.ema && info->live_params) {
+                float d = cfg->ema, e = 1.0f - d;
+                float *restrict a = L->ck.ema;
+                const float *restrict p = L->m.params;
+                for (size_t i = 0; i < L->m.n_params; i++)
+                    a[i] = d * a[i] + e * p[i];
+            }
+            if (L->in_cluster && info->shard_index == cfg->straggler)
+                sleep_ms(cfg->straggler_ms);
+            if (cfg->trace_clocks)
+                dp_metrics_event(L->metrics, "clock", DP_F_INT, "worker", (long)info->shard_index,
+                                 DP_F_INT, "clock", step, DP_F_NUM, "mono", dp_now(), DP_F_INT,
+                                 "max_gap", out.clock_gap, DP_F_END);
+            if (checkpoint_due(L, step) && k + 1 < L->spe && trainer_checkpoint(L, step, err) < 0)
+                goto out;
+            if (n == 0)
+                continue;
+            double dt = dp_now() - t0;
+            st.loss_sum += (double)out.loss * n;
+            st.records += n;
+            st.correct += out.correct;
+            window_loss += out.loss;
+            window_correct += out.correct;
+            window_samples += n;
+            window_steps++;
+            window_time += dt;
+            if (cfg->log_every > 0 && step % cfg->log_every == 0) {
+                if (cfg->progress)
+                    fputc('\n', stderr);
+                dp_info("%s, At step %ld, Cost: %.4f Accuracy: %.4f AvgTime: %.2fms", info->label,
+                        step, window_loss / window_steps, (double)window_correct / window_samples,
+                        window_time / window_steps * 1e3);
+                window_loss = window_time = 0;
+                window_correct = window_samples = window_steps = 0;
+            }
+            if (cfg->progress && (step % 10 == 0 || k == L->spe - 1))
+                dp_progress_draw(stderr, epoch + 1, cfg->epochs, k + 1, L->spe,
+                                 st.loss_sum / st.records, dp_now() - t_epoch);
+        }
+        if (cfg->progress)
+            fputc('\n', stderr);
+        st.seconds = dp_now() - t_epoch;
+        st.steps = step;
+        if (L->ops->epoch_end(L->s, epoch + 1, &st, err) < 0)
+            goto out;
+        L->res->train_loss = st.records > 0 ? st.loss_sum / st.records : 0;
+        if (info->evaluator &&
+            evaluate_epoch(L, epoch + 1, &st, dp_now() - t_epoch, step, err) < 0)
+            goto out;
+        if (checkpoint_due(L, step) && trainer_checkpoint(L, step, err) < 0)
+            goto out;
+    }
+    if (L->ops->finish(L->s, step, err) < 0)
+        goto out;
+    L->res->train_seconds = dp_now() - t_start;
+    L->res->steps = step;
+    if (info->evaluator && report_and_save(L, err) < 0)
+        goto out;
+    rc = 0;
+out:
+    dp_batcher_free(&batcher);
+    return rc;
+}
+
+/* --resume: the newest checkpoint that reads back, every task the same one. */
+static int load_resume(loop *L, dp_err *err)
+{
+    char path[4096];
+    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, &L->resume,
+                                          path, sizeof path, err);
+    if (found < 0)
+        return -1;
+    if (found == 0) {
+        dp_info("--resume: no checkpoint in %s; starting fresh", L->cfg->checkpoint_dir);
+        return 0;
+    }
+    const dp_train_state *r = &L->resume;
+    if ((L->cfg->ema > 0) != (r->ema != NULL))
+        return dp_errf(err, "%s: %s, but this run has --ema %g", path,
+                       r->ema ? "it holds a moving average" : "tensor 'ema' is missing",
+                       (double)L->cfg->ema);
+    if (r->step > (long)L->cfg->epochs * 1000000000L)
+        return dp_errf(err, "%s: step %ld is past the end of the run", path, r->step);
+    memcpy(L->m.params, r->params, L->m.n_params * sizeof(float));
+    dp_info("Resuming from %s (step %ld)", path, r->step);
+    L->env.resume = r;
+    return 0;
+}
+
+/* The evaluator's and writer's state: room for everything a checkpoint
+ * holds, filled from the resumed checkpoint. */
+static int alloc_state(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    int parts = (cfg->ema > 0 ? DP_STATE_EMA : 0) | (cfg->keep_best ? DP_STATE_BEST : 0);
+    if (dp_train_state_alloc(&L->ck, L->m.n_params, dp_optim_slots(cfg->optim.kind), parts,
+                             cfg->epochs, L->info.worker_optimizers, err) < 0)
+        return -1;
+    const dp_train_state *r = L->env.resume;
+    size_t bytes = L->m.n_params * sizeof(float);
+    if (L->ck.ema)
+        memcpy(L->ck.ema, r ? r->ema : L->m.params, bytes);
+    if (r && L->ck.best && r->best) {
+        memcpy(L->ck.best, r->best, bytes);
+        L->ck.best_accuracy = r->best_accuracy;
+        L->ck.best_epoch = r->best_epoch;
+    }
+    if (r && r->n_history > 0) {
+        L->ck.n_history = r->n_history < L->ck.max_history ? r->n_history : L->ck.max_history;
+        memcpy(L->ck.history, r->history, (size_t)L->ck.n_history * 3 * sizeof(float));
+    }
+    return 0;
+}
+
+static int open_node(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    dp_node_config nc;
+    dp_node_config_init(&nc);
+    if (cfg->transport)
+        nc.transport = cfg->transport;
+    nc.mpi_ps = cfg->mpi_ps;
+    nc.secret_file = cfg->secret_file;
+    int rc;
+    if (strcmp(nc.transport, "mpi") == 0) {
+        /* Every MPI rank gets the same --metrics path: the chief keeps it,
+         * the others write beside it with their task's name, as under launch. */
+        rc = dp_node_open(&L->node, &nc, err);
+        char path[1100];
+        const char *mpath = cfg->metrics_path;
+        if (rc == 0 && mpath && L->node.self->role != DP_ROLE_CHIEF) {
+            snprintf(path, sizeof path, "%s.%s-%d", mpath, dp_role_name(L->node.self->role),
+                     L->node.self->index);
+            mpath = path;
+        }
+        if (rc < 0 || dp_metrics_open(&L->metrics, mpath, err) < 0 ||
+            (mpath && dp_node_sample(&L->node, L->metrics, 1.0, err) < 0))
+            return -1;
+        return rc;
+    }
+    if (dp_metrics_open(&L->metrics, cfg->metrics_path, err) < 0)
+        return -1;
+    nc.metrics = cfg->metrics_path ? L->metrics : NULL;
+    return dp_node_open(&L->node, &nc, err);
+}
+
+/* Refuses a run whose outputs cannot be written, before it trains. */
+static int check_outputs(const dp_train_config *cfg, dp_err *err)
+{
+    if (cfg->save_path && dp_path_check_writable(cfg->save_path, "--save", err) < 0)
+        return -1;
+    if (cfg->checkpoint_dir && dp_dir_prepare(cfg->checkpoint_dir, "--checkpoint-dir", err) < 0)
+        return -1;
+    if (cfg->resume && !cfg->checkpoint_dir)
+        return dp_errf(err, "--resume needs --checkpoint-dir (where the checkpoints are)");
+    if (cfg->keep_checkpoints < 1)
+        return dp_errf(err, "--keep-checkpoints %d: keep at least 1", cfg->keep_checkpoints);
+    return 0;
+}
+
+static int run_task(loop *L, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    int role_ps = L->in_cluster && L->node.self->role == DP_ROLE_PS;
+    /* Every task builds the same initial parameters from the seed, so no
+     * task has to ship them to another. */
+    int max_batch = cfg->batch > EVAL_CHUNK ? cfg->batch : EVAL_CHUNK;
+    if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0)
+        return -1;
+    dp_model_init_params(&L->m, cfg->seed);
+    dp_info("%s%s%s: %s (%zu parameters) on %s, batch %d, %d epoch(s), %s lr %g, %d thread(s) (%s)",
+            L->in_cluster ? L->node.self->name : "Training", L->in_cluster ? " " : "",
+            L->in_cluster ? cfg->strategy : "", L->m.name, L->m.n_params, cfg->dataset,
+            cfg->batch, cfg->epochs, dp_optim_kind_name(cfg->optim.kind), (double)cfg->optim.lr,
+            dp_blas_threads(), dp_blas_info());
+    /* The servers need no data; everyone else checks it against the model. */
+    if (!role_ps && open_data(L, err) < 0)
+        return -1;
+    L->id = (dp_run_identity){
+        .strategy = cfg->strategy, .dataset = cfg->dataset,
+        .optimizer = dp_optim_kind_name(cfg->optim.kind),
+        .lr_schedule = lr_schedule_name(cfg->lr_schedule), .lr = cfg->optim.lr,
+        .workers = L->in_cluster ? L->node.cluster.count[DP_ROLE_WORKER] : 0,
+        .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
+        .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
+        .epochs = cfg->epochs};
+    if (cfg->resume && load_resume(L, err) < 0)
+        return -1;
+    L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
+                          .metrics = L->metrics, .n_train = cfg->n_train,
+                          .resume = L->env.resume};
+    if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
+        return -1;
+    /* Steps per epoch: the same for every trainer, so synchronous
+     * strategies line up; together the trainers cover the split once. */
+    long replicas = L->info.replicas > 0 ? L->info.replicas : 1;
+    long share = ((long)cfg->n_train + replicas - 1) / replicas;
+    L->spe = (share + cfg->batch - 1) / cfg->batch;
+    L->total_steps = L->spe * cfg->epochs;
+    L->env.steps_per_epoch = L->spe;
+    L->id.steps_per_epoch = L->spe;
+    if (L->resume.step > L->total_steps)
+        return dp_errf(err, "the checkpoint is at step %ld, past this run's %ld steps",
+                       L->resume.step, L->total_steps);
+    switch (L->info.part) {
+    case DP_PART_SERVER:
+        return L->ops->serve(L->s, err);
+    case DP_PART_COORDINATOR:
+        return alloc_state(L, err) < 0 ? -1 : coordinate(L, err);
+    case DP_PART_TRAINER:
+        return alloc_state(L, err) < 0 ? -1 : train(L, err);
+    default:
+        return dp_errf(err, "strategy %s opened an unknown part", cfg->strategy);
+    }
+}
+
+int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
+{
+    loop L;
+    dp_resource_sampler *sampler = NULL;
+    int rc = -1;
+    memset(&L, 0, sizeof L);
+    memset(res, 0, sizeof *res);
+    L.cfg = cfg;
+    L.res = res;
+    if (cfg->batch < 1 || cfg->epochs < 1)
+        return dp_errf(err, "batch and epochs must be at least 1");
+    if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
+        check_outputs(cfg, err) < 0)
+        return -1;
+    if (cfg->threads > 0)
+        dp_blas_set_threads(cfg->threads);
+    int node_rc = open_node(&L, err);
+    if (node_rc < 0)
+        goto out;
+    L.in_cluster = node_rc == 0;
+    if (L.in_cluster != L.ops->cluster) {
+        if (L.in_cluster)
+            dp_errf(err, "--strategy %s trains one process alone, but this is task %s of a "
+                         "cluster. Hint: --strategy ps-async (or another of %s)",
+                    cfg->strategy, L.node.self->name, dp_strategy_names());
+        else
+            dp_errf(err, "strategy %s runs on a cluster. Hint: downpour launch --chief "
+                         "--workers 2 --ps 1 -- train --strategy %s ...",
+                    cfg->strategy, cfg->strategy);
+        goto out;
+    }
+    if (!L.in_cluster && cfg->metrics_path &&
+        dp_resource_sampler_start(&sampler, L.metrics, "worker:0", 1.0, NULL, NULL, err) < 0)
+        goto out;
+    rc = run_task(&L, err);
+    if (rc < 0 && L.in_cluster)
+        dp_err_prefix(err, "%s", L.node.self->name);
+out:
+    if (L.ops && L.s)
+        L.ops->close(L.s);
+    dp_train_state_free(&L.ck);
+    dp_train_state_free(&L.resume);
+    free(L.x);
+    free(L.y);
+    dp_model_free(&L.m);
+    dp_dataset_close(&L.ds);
+    dp_resource_sampler_stop(sampler);
+    dp_node_close(&L.node);
+    dp_metrics_close(L.metrics);
+    return rc;
+}
