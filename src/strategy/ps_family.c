@@ -91,9 +91,7 @@ static int open_chief(dp_strategy *s, dp_err *err)
                 dp_transport_peer_name(s->t, s->layout.rank[i]));
     s->live_workers = workers;
     s->go_pending = -1;
-    s->next_eval = 1;
-    if (s->env->resume)
-        s->next_eval = (int)(s->env->resume->step / s->env->steps_per_epoch) + 1;
+    s->next_eval = 0; /* the first next() sets it: steps per epoch are not known yet */
     for (int w = 0; w < workers; w++) {
         int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
         s->live[rank] = 1;
@@ -335,6 +333,10 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
 {
     const dp_train_config *cfg = s->env->cfg;
     memset(ev, 0, sizeof *ev);
+    if (s->next_eval == 0) /* a resumed run evaluates from the epoch it resumed in */
+        s->next_eval = s->env->resume
+                           ? (int)(s->env->resume->step / s->env->steps_per_epoch) + 1
+                           : 1;
     if (s->go_pending >= 0) {
         for (int r = 0; r < s->c->n_tasks; r++)
             if (s->ready[r]) {

@@ -279,8 +279,7 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
         same(f, "lr_schedule", id->lr_schedule, path, err) < 0 || same(f, "lr", lr, path, err) < 0 ||
         same(f, "seed", seed, path, err) < 0 || same_long(f, "batch", id->batch, path, err) < 0 ||
         same_long(f, "train_size", (long)id->train_size, path, err) < 0 ||
-        same_long(f, "val_size", (long)id->val_size, path, err) < 0 ||
-        same_long(f, "steps_per_epoch", id->steps_per_epoch, path, err) < 0)
+        same_long(f, "val_size", (long)id->val_size, path, err) < 0)
         return -1;
     long workers, ps;
     if (meta_long(f, "workers", 0, INT_MAX, &workers, path, err) < 0 ||

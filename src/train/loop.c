@@ -8,6 +8,7 @@
 #include "downpour/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,6 +319,10 @@ static int train(loop *L, dp_err *err)
     if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
 
+    /* Fault injection for the resume tests: SIGKILL this task right after
+     * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
+    const char *kill_env = getenv("DOWNPOUR_FAULT_KILL_AT_STEP");
+    long kill_at = kill_env ? strtol(kill_env, NULL, 10) : -1;
     long step = L->resume.step;
     int first_epoch = (int)(step / L->spe);
     long first_k = step % L->spe;
@@ -337,6 +342,8 @@ static int train(loop *L, dp_err *err)
             if (L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
             step++;
+            if (step == kill_at)
+                raise(SIGKILL);
             if (L->ck.ema && info->live_params) {
                 float d = cfg->ema, e = 1.0f - d;
                 float *restrict a = L->ck.ema;
