@@ -25,7 +25,34 @@ suite() { # name dir [ctest args...]
   rm -f "$log"
 }
 
+# The installed library: downpour.pc names the prefix installed to, and the
+# README's static-link recipe gives a program that needs no libdownpour.so.
+install_check() { # build
+  echo "== install and static link"
+  local tmp ok=1
+  tmp=$(mktemp -d)
+  cmake --install "$1" --prefix "$tmp/prefix" >/dev/null || ok=0
+  local pc
+  pc=$(ls "$tmp"/prefix/lib*/pkgconfig/downpour.pc 2>/dev/null | head -1)
+  if [ $ok = 1 ] && [ -n "$pc" ] && grep -qx "prefix=$tmp/prefix" "$pc"; then
+    printf '#include "downpour/crc32c.h"\n#include <stdio.h>\nint main(void) { printf("%%08x\\n", dp_crc32c(0, "123456789", 9)); return 0; }\n' >"$tmp/prog.c"
+    export PKG_CONFIG_PATH="$(dirname "$pc")"
+    # the README's recipe, as written there
+    cc -o "$tmp/prog" "$tmp/prog.c" $(pkg-config --cflags downpour) -Wl,--as-needed \
+       -Wl,-Bstatic -ldownpour -Wl,-Bdynamic $(pkg-config --static --libs downpour) || ok=0
+    unset PKG_CONFIG_PATH
+    [ $ok = 1 ] && readelf -d "$tmp/prog" | grep -q 'libdownpour\.so' && { echo "linked libdownpour.so"; ok=0; }
+    [ $ok = 1 ] && [ "$("$tmp/prog")" = "e3069283" ] || ok=0
+  else
+    echo "no downpour.pc with prefix=$tmp/prefix (found: ${pc:-none})"; ok=0
+  fi
+  rm -rf "$tmp"
+  if [ $ok = 1 ]; then echo "install and static link: passed"; passed=$((passed + 1));
+  else echo "install and static link: FAILED"; failed=$((failed + 1)); status=1; fi
+}
+
 suite "tests" "$build"
+install_check "$build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 suite "tests under ASan+UBSan" "$asan"
 [ -d "$fuzz" ] && suite "fuzz targets" "$fuzz" -L fuzz
 echo "test: $passed passed, $failed failed"
