@@ -124,10 +124,10 @@ static int send_params(server *s, int rank, dp_err *err)
                              s->params, s->n * sizeof(float), err);
 }
 
-/* One optimiser update of the shard, and the moving average after it. */
-static void apply_update(server *s, const float *grad, float lr)
+/* Every change of the shard's parameters (an optimiser update, or a
+ * model-avg round) counts as an update and moves the moving average. */
+static void follow_average(server *s)
 {
-    dp_optim_apply(&s->opt, s->params, grad, lr);
     s->updates++;
     if (s->ema) {
         float d = s->cfg.ema, e = 1.0f - d;
@@ -136,6 +136,12 @@ static void apply_update(server *s, const float *grad, float lr)
         for (size_t i = 0; i < s->n; i++)
             a[i] = d * a[i] + e * p[i];
     }
+}
+
+static void apply_update(server *s, const float *grad, float lr)
+{
+    dp_optim_apply(&s->opt, s->params, grad, lr);
+    follow_average(s);
 }
 
 /* DSSP (Zhao et al. 2019): beyond the lower bound a fast worker may run on,
@@ -192,6 +198,7 @@ static int finish_round(server *s, dp_err *err)
         } else {
             for (size_t i = 0; i < s->n; i++)
                 s->params[i] = s->sum[i] * scale;
+            follow_average(s);
         }
     }
     s->round_pushes = 0;

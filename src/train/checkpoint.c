@@ -210,6 +210,26 @@ static int copy_tensor(float *dst, const dp_safetensors *f, const char *name, in
     return 0;
 }
 
+/* Every dense layer's layers.{i}.weight and .bias into params (the model's layout). */
+static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
+                        const char *path, dp_err *err)
+{
+    char name[NAME_LEN];
+    for (int l = 0, dense = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->kind != DP_LAYER_DENSE)
+            continue;
+        snprintf(name, sizeof name, "layers.%d.weight", dense);
+        if (copy_tensor(params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
+            return -1;
+        snprintf(name, sizeof name, "layers.%d.bias", dense);
+        if (copy_tensor(params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
+            return -1;
+        dense++;
+    }
+    return 0;
+}
+
 static int meta_str(const dp_safetensors *f, const char *key, const char **out, const char *path,
                     dp_err *err)
 {
@@ -371,20 +391,9 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     st->best_epoch = (int)best_epoch;
     st->best_accuracy = best_acc;
     st->n_history = n_hist;
-    int dense = 0;
+    if (read_weights(f, m, st->params, path, err) < 0)
+        return -1;
     char name[NAME_LEN];
-    for (int l = 0; l < m->n_layers; l++) {
-        const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
-            continue;
-        snprintf(name, sizeof name, "layers.%d.weight", dense);
-        if (copy_tensor(st->params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
-            return -1;
-        snprintf(name, sizeof name, "layers.%d.bias", dense);
-        if (copy_tensor(st->params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
-            return -1;
-        dense++;
-    }
     size_t n = m->n_params;
     if (n_workers == 0)
         for (int k = 0; k < n_slots; k++) {
@@ -447,20 +456,8 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
     const char *preset = dp_safetensors_meta(f, "model_name");
     if (preset && strlen(preset) < sizeof m->name)
         snprintf(m->name, sizeof m->name, "%s", preset);
-    int dense = 0;
-    char name[NAME_LEN];
-    for (int l = 0; l < m->n_layers; l++) {
-        const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
-            continue;
-        snprintf(name, sizeof name, "layers.%d.weight", dense);
-        if (copy_tensor(m->params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
-            goto fail;
-        snprintf(name, sizeof name, "layers.%d.bias", dense);
-        if (copy_tensor(m->params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
-            goto fail;
-        dense++;
-    }
+    if (read_weights(f, m, m->params, path, err) < 0)
+        goto fail;
     if (info) {
         const char *s = dp_safetensors_meta(f, "strategy"), *d = dp_safetensors_meta(f, "dataset");
         snprintf(info->strategy, sizeof info->strategy, "%s", s ? s : "unknown");
