@@ -33,13 +33,14 @@ asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-# libFuzzer targets for the frame decoder and the cluster-spec parser, a short
-# fixed number of runs each; built only where clang is (it is on Debian's C image).
+# libFuzzer targets for the frame decoder, the cluster-spec parser and the
+# safetensors reader, a short fixed number of runs each; built only where clang
+# is (it is on Debian's C image).
 fuzz-build: deps
 	@if command -v clang >/dev/null 2>&1; then \
 	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_FUZZ=ON \
 	    -DDOWNPOUR_BUILD_BENCH=OFF >/dev/null && \
-	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_frame fuzz_cluster_spec; \
+	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_frame fuzz_cluster_spec fuzz_safetensors; \
 	else echo "make fuzz-build: clang not found; fuzz targets skipped"; fi
 
 fuzz: fuzz-build

@@ -92,6 +92,66 @@ static void expect_refused(const char *name, const char *path, const char *word)
         CHECKF(strstr(err.msg, word) != NULL, "%s: message lacks '%s': %s", name, word, err.msg);
     if (rc != -1)
         dp_safetensors_free(st);
+
+    /* The same bytes from memory are refused the same way. */
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return;
+    size_t n;
+    unsigned char *bytes = read_bytes(path, &n);
+    st = (dp_safetensors *)1;
+    rc = dp_safetensors_load_mem(bytes, n, &st, &err);
+    CHECKF(rc == -1 && st == NULL, "%s: loaded bad bytes from memory", name);
+    CHECKF(strstr(err.msg, "safetensors buffer") != NULL, "%s: %s", name, err.msg);
+    if (word)
+        CHECKF(strstr(err.msg, word) != NULL, "%s (memory): message lacks '%s': %s", name, word,
+               err.msg);
+    if (rc != -1)
+        dp_safetensors_free(st);
+    free(bytes);
+}
+
+/* load_mem of a file's bytes gives what load gives; the handle owns a copy. */
+static void test_load_mem(void)
+{
+    char path[1024];
+    tmp_path(path, sizeof path, "mem.safetensors");
+    float w[6] = {1, -2, 3.5f, 4, 5, 6.25f};
+    dp_st_tensor ts[2] = {{.name = "w", .data = w, .ndim = 2, .shape = {2, 2}},
+                          {.name = "b", .data = w + 4, .ndim = 1, .shape = {2}}};
+    dp_st_meta meta[1] = {{"step", "42"}};
+    dp_err err = {{0}};
+    REQUIRE(dp_safetensors_save(path, ts, 2, meta, 1, &err) == 0);
+    size_t n;
+    unsigned char *bytes = read_bytes(path, &n);
+    /* One byte more on each side, so the copy starts unaligned. */
+    unsigned char *shifted = malloc(n + 1);
+    REQUIRE(shifted != NULL);
+    memcpy(shifted + 1, bytes, n);
+    dp_safetensors *st = NULL;
+    CHECKF(dp_safetensors_load_mem(shifted + 1, n, &st, &err) == 0, "%s", err.msg);
+    memset(shifted, 0xff, n + 1); /* the handle must not point into the caller's bytes */
+    free(shifted);
+    if (st) {
+        CHECK(dp_safetensors_count(st) == 2);
+        const dp_st_tensor *t = dp_safetensors_find(st, "w");
+        CHECK(t && t->ndim == 2 && t->shape[0] == 2 && t->data[2] == 3.5f);
+        CHECK(((uintptr_t)t->data & 3) == 0);
+        t = dp_safetensors_find(st, "b");
+        CHECK(t && t->data[1] == 6.25f);
+        const char *v = dp_safetensors_meta(st, "step");
+        CHECK(v && strcmp(v, "42") == 0);
+        dp_safetensors_free(st);
+    }
+    st = (dp_safetensors *)1;
+    CHECK(dp_safetensors_load_mem(NULL, 0, &st, &err) == -1 && st == NULL);
+    CHECKF(strstr(err.msg, "too short"), "%s", err.msg);
+    CHECK(dp_safetensors_load_mem(NULL, 16, &st, &err) == -1);
+    CHECK(dp_safetensors_load_mem(bytes, n, NULL, &err) == -1);
+    CHECK(dp_safetensors_load_mem(bytes, 7, &st, &err) == -1);
+    CHECK(dp_safetensors_load_mem(bytes, n - 1, &st, &err) == -1); /* data cut short */
+    free(bytes);
+    unlink(path);
 }
 
 static void bad_json(const char *name, const char *json, size_t data_len, const char *word)
@@ -450,6 +510,7 @@ int main(void)
     test_bad_files();
     test_bad_save_args();
     test_atomic();
+    test_load_mem();
     CHECK(count_temps() == 0);
     rmdir(tmpdir);
     return CHECK_DONE();

@@ -37,6 +37,10 @@ int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_ten
 typedef struct dp_safetensors dp_safetensors;
 
 int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err);
+/* The same from len bytes in memory (the file's contents); the handle keeps
+ * its own copy, so buf may be freed at once.  Messages name the source
+ * "safetensors buffer". */
+int dp_safetensors_load_mem(const void *buf, size_t len, dp_safetensors **out, dp_err *err);
 void dp_safetensors_free(dp_safetensors *st); /* NULL is a no-op */
 int dp_safetensors_count(const dp_safetensors *st);
 /* The i-th tensor in file order (F32 data; other dtypes are refused at load). */

@@ -313,6 +313,35 @@ fail:
 
 /* ---- reader ------------------------------------------------------------ */
 
+/* Checks the 8-byte header length n of a file or buffer of `size` bytes:
+ * bounded, and within the size, before anything is allocated for it. */
+static int check_header_length(const char *what, const unsigned char len8[8], size_t size,
+                               uint64_t *hdr_len, dp_err *err)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < 8; k++)
+        n |= (uint64_t)len8[k] << (8 * k);
+    if (n > ST_HEADER_MAX)
+        return dp_errf(err, "%s: header length %" PRIu64 " exceeds the %llu-byte limit", what, n,
+                       ST_HEADER_MAX);
+    if (n > size - 8)
+        return dp_errf(err, "%s: header length %" PRIu64 " runs past the end of the file (%zu "
+                            "bytes)",
+                       what, n, size);
+    *hdr_len = n;
+    return 0;
+}
+
+static int check_size(const char *what, uint64_t size, dp_err *err)
+{
+    if (size < 8)
+        return dp_errf(err, "%s: %llu bytes is too short for a safetensors file (at least 8)",
+                       what, (unsigned long long)size);
+    if (size > (uint64_t)SIZE_MAX)
+        return dp_errf(err, "%s: file too large", what);
+    return 0;
+}
+
 /* Reads the whole file into a fresh buffer after checking the header length. */
 static int read_file(const char *path, unsigned char **out, size_t *out_len, uint64_t *hdr_len,
                      dp_err *err)
@@ -330,15 +359,8 @@ static int read_file(const char *path, unsigned char **out, size_t *out_len, uin
         dp_errf(err, "%s: not a regular file", path);
         goto fail;
     }
-    if (sb.st_size < 8) {
-        dp_errf(err, "%s: %lld bytes is too short for a safetensors file (at least 8)", path,
-                (long long)sb.st_size);
+    if (check_size(path, (uint64_t)sb.st_size, err) < 0)
         goto fail;
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
-        dp_errf(err, "%s: file too large", path);
-        goto fail;
-    }
     size_t size = (size_t)sb.st_size;
     unsigned char len8[8];
     ssize_t r;
@@ -350,19 +372,8 @@ static int read_file(const char *path, unsigned char **out, size_t *out_len, uin
                 r < 0 ? strerror(errno) : "short read");
         goto fail;
     }
-    uint64_t n = 0;
-    for (int k = 0; k < 8; k++)
-        n |= (uint64_t)len8[k] << (8 * k);
-    if (n > ST_HEADER_MAX) {
-        dp_errf(err, "%s: header length %" PRIu64 " exceeds the %llu-byte limit", path, n,
-                ST_HEADER_MAX);
+    if (check_header_length(path, len8, size, hdr_len, err) < 0)
         goto fail;
-    }
-    if (n > size - 8) {
-        dp_errf(err, "%s: header length %" PRIu64 " runs past the end of the file (%zu bytes)",
-                path, n, size);
-        goto fail;
-    }
     buf = malloc(size);
     if (!buf) {
         dp_errf(err, "%s: out of memory for %zu bytes", path, size);
@@ -387,7 +398,6 @@ static int read_file(const char *path, unsigned char **out, size_t *out_len, uin
     close(fd);
     *out = buf;
     *out_len = size;
-    *hdr_len = n;
     return 0;
 fail:
     free(buf);
@@ -619,22 +629,12 @@ out:
     return rc;
 }
 
-int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
+/* Validates st->buf (size bytes, header length n already checked) and
+ * indexes it.  `path` names the source in messages.  On failure st is freed. */
+static int parse_loaded(const char *path, dp_safetensors *st, size_t size, uint64_t n,
+                        dp_safetensors **out, dp_err *err)
 {
-    if (!out)
-        return dp_errf(err, "safetensors load: no output handle");
-    *out = NULL;
-    if (!path)
-        return dp_errf(err, "safetensors load: no path");
-    dp_safetensors *st = calloc(1, sizeof *st);
-    if (!st)
-        return dp_errf(err, "%s: out of memory", path);
     cJSON *root = NULL;
-    size_t size = 0;
-    uint64_t n = 0;
-    if (read_file(path, &st->buf, &size, &n, err) < 0)
-        goto fail;
-
     const unsigned char *hdr = st->buf + 8;
     size_t bad = utf8_check(hdr, (size_t)n);
     if (bad != n) {
@@ -680,6 +680,45 @@ fail:
     cJSON_Delete(root);
     dp_safetensors_free(st);
     return -1;
+}
+
+int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
+{
+    if (!out)
+        return dp_errf(err, "safetensors load: no output handle");
+    *out = NULL;
+    if (!path)
+        return dp_errf(err, "safetensors load: no path");
+    dp_safetensors *st = calloc(1, sizeof *st);
+    if (!st)
+        return dp_errf(err, "%s: out of memory", path);
+    size_t size = 0;
+    uint64_t n = 0;
+    if (read_file(path, &st->buf, &size, &n, err) < 0) {
+        dp_safetensors_free(st);
+        return -1;
+    }
+    return parse_loaded(path, st, size, n, out, err);
+}
+
+int dp_safetensors_load_mem(const void *buf, size_t len, dp_safetensors **out, dp_err *err)
+{
+    static const char what[] = "safetensors buffer";
+    if (!out)
+        return dp_errf(err, "safetensors load: no output handle");
+    *out = NULL;
+    if (!buf && len > 0)
+        return dp_errf(err, "%s: NULL with %zu bytes", what, len);
+    uint64_t n = 0;
+    if (check_size(what, len, err) < 0 || check_header_length(what, buf, len, &n, err) < 0)
+        return -1;
+    dp_safetensors *st = calloc(1, sizeof *st);
+    if (!st || !(st->buf = malloc(len))) {
+        free(st);
+        return dp_errf(err, "%s: out of memory for %zu bytes", what, len);
+    }
+    memcpy(st->buf, buf, len); /* the handle owns its bytes, aligned for float */
+    return parse_loaded(what, st, len, n, out, err);
 }
 
 void dp_safetensors_free(dp_safetensors *st)
