@@ -8,7 +8,7 @@
  * the step's throughput over that bound.  Figures are medians of REPEATS.
  * For reference the last column is the same products with our pool off and
  * OpenBLAS's own threads (as many) inside each product: which of the two
- * ways of using the cores multiplies faster (DESIGN decision 10).
+ * ways of using the cores multiplies faster (docs/architecture.md, "Threads").
  *
  *   bench_engine [--steps N] [--repeats N]
  * Target (issue 2): mlp-300-100, batch 128 reaches >= 85% of the bound, and

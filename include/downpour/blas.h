@@ -17,7 +17,7 @@ void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
                  int lda, const float *b, int ldb, float beta, float *c, int ldc,
                  dp_gemm_epilogue ep, void *ep_ctx);
 
-/* Threads of the process's arithmetic pool (pool.h; DESIGN decision 10).  BLAS
+/* Threads of the process's arithmetic pool (pool.h; docs/architecture.md, "Threads").  BLAS
  * itself always runs single-threaded: dp_sgemm splits each product over the
  * pool, each thread multiplying its block of C.  n = 1 starts no thread.
  * Until this is called the pool takes OpenBLAS's own default (OPENBLAS_NUM_THREADS

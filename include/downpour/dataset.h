@@ -1,6 +1,6 @@
 /* Datasets of 8-bit images with class labels (MNIST, Fashion-MNIST, KMNIST,
  * or any directory of the four IDX files), decoded once into a cache file and
- * mapped read-only, so every local process shares one copy (DESIGN decision 7).
+ * mapped read-only, so every local process shares one copy (docs/architecture.md, "Data").
  *
  * Name resolution for --dataset:
  *   "mnist", "fashion-mnist", "kmnist"  -> $DOWNPOUR_DATA/<name>, default ./data/<name>

@@ -1,6 +1,6 @@
 /* The in-process transport: n endpoints (ranks 0..n-1) in one process,
  * connected through a shared hub of queues, for deterministic tests of
- * strategies (DESIGN decision 6).  Each endpoint is a dp_transport with the
+ * strategies (docs/architecture.md, "Transports").  Each endpoint is a dp_transport with the
  * contract of transport.h, as TCP keeps it:
  *   - per-peer FIFO order; with DP_PEER_ANY, frames come in the order they
  *     were sent (one sequence over the whole hub), so a test driving several

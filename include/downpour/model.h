@@ -1,4 +1,4 @@
-/* A model is a sequence of typed layers (DESIGN decision 4): dense, relu and
+/* A model is a sequence of typed layers (docs/architecture.md, "The model"): dense, relu and
  * a softmax/cross-entropy loss layer, run forward or backward over any range
  * of layers [a, b).  One process runs the whole range; a pipeline stage or a
  * model-parallel task runs its part with the same calls.
@@ -8,8 +8,9 @@
  *     0 dense 784->300, 1 relu 300, 2 dense 300->100, 3 relu 100,
  *     4 dense 100->10,  5 softmax_xent 10 (the loss; its output is the probabilities)
  * Only dense layers have parameters.  All parameters live in ONE flat float
- * buffer and all gradients in a twin buffer of the same layout (DESIGN decision
- * 1): dense after dense, weights (out,in) at w_off then bias (out) at b_off,
+ * buffer and all gradients in a twin buffer of the same layout
+ * (docs/architecture.md, "The flat parameter buffer"): dense after dense,
+ * weights (out,in) at w_off then bias (out) at b_off,
  * PyTorch Linear's layout; a layer only knows its offsets.  Parameters and
  * gradients are arguments of the range calls, so evaluation runs any weights
  * (an EMA, the best epoch's) without touching m->params.

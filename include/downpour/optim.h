@@ -1,4 +1,4 @@
-/* Optimisers on flat ranges (DESIGN decision 2).  An optimiser owns the state
+/* Optimisers on flat ranges (docs/architecture.md, "Optimisers").  An optimiser owns the state
  * for exactly n parameters (a whole model, or one parameter-server shard) and
  * updates params[0..n) from grads[0..n).  Formulas follow Keras:
  *   sgd:       p -= lr g

@@ -1,4 +1,4 @@
-/* The process's one arithmetic thread pool (DESIGN decision 10).  A pool of n
+/* The process's one arithmetic thread pool (docs/architecture.md, "Threads").  A pool of n
  * threads runs fn(ctx, i, n) for i in [0, n): the caller is thread 0 and the
  * n-1 workers are persistent.  dp_pool_exec returns when every index is done.
  * Idle workers spin briefly (about DP_POOL_SPIN_US microseconds, with a pause

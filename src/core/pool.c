@@ -1,4 +1,4 @@
-/* A small persistent thread pool (DESIGN decision 10).  One run is published
+/* A small persistent thread pool (docs/architecture.md, "Threads").  One run is published
  * by bumping a generation counter; workers spin on it for DP_POOL_SPIN_US,
  * then sleep on a futex.  The caller works as thread 0 and then waits for a
  * pending count to reach zero the same way (spin, then futex).  Sleeping and

@@ -1,7 +1,7 @@
 /* Datasets: name resolution, the four IDX sources, the decoded cache file,
  * the train/validation split and the shard policy names.
  *
- * Cache file (all integers little-endian), DESIGN decision 7:
+ * Cache file (all integers little-endian; docs/architecture.md, "Data"):
  *   0   magic "DPCACHE\x1a"        8   u32 version       12  u32 payload offset (4096)
  *   16  u32 n_train                20  u32 n_test         24  u32 rows
  *   28  u32 cols                   32  u32 classes        36  u32 CRC-32 of the payload

@@ -1,5 +1,5 @@
 /* The model as a sequence of typed layers over one flat parameter buffer
- * (DESIGN decisions 1 and 4): forward and backward over any range of layers. */
+ * (docs/architecture.md, "The model"): forward and backward over any range of layers. */
 #include "downpour/model.h"
 
 #include <limits.h>

@@ -1,4 +1,4 @@
-/* Optimisers on flat ranges (DESIGN decision 2), Keras formulas.  The update
+/* Optimisers on flat ranges (docs/architecture.md, "Optimisers"), Keras formulas.  The update
  * loops are plain unit-stride float loops over restrict pointers so gcc -O3
  * vectorises them (sqrtf becomes sqrtps with -fno-math-errno). */
 #include "downpour/optim.h"
