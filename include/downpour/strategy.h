@@ -24,7 +24,8 @@
  *
  * Data-parallel strategies (single, ps-*, model-avg, allreduce) need only
  * the small "gradients -> parameters" interface below (dp_grad_ops: begin,
- * ready, update, flush); dp_data_parallel_step turns it into step().
+ * ready, update); dp_data_parallel_step turns it into step(), and what an
+ * update holds back is flushed by finish().
  *
  * How the strategies still to come plug in:
  *   pipeline        step() is a schedule of micro-batch forwards and

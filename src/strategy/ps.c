@@ -1,4 +1,6 @@
-/* Parameter servers and their clients: see include/downpour/ps.h. */
+/* Parameter servers and their clients: see include/downpour/ps.h.  The
+ * machinery is here; what each consistency mode decides is in its
+ * strategy's file (ps_rules.h). */
 #include "downpour/ps.h"
 
 #include <math.h>
@@ -8,14 +10,19 @@
 #include "downpour/wire.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
+#include "strategy/ps_rules.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 
-static const char *const mode_names[DP_PS_MODE_COUNT] = {"async", "sync", "ssp", "dssp", "avg"};
+static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
+    [DP_PS_ASYNC] = &dp_ps_rules_async, [DP_PS_SYNC] = &dp_ps_rules_sync,
+    [DP_PS_SSP] = &dp_ps_rules_ssp,     [DP_PS_DSSP] = &dp_ps_rules_dssp,
+    [DP_PS_AVG] = &dp_ps_rules_avg,
+};
 
 int dp_ps_mode_survives_loss(dp_ps_mode mode)
 {
-    return mode != DP_PS_SYNC && mode != DP_PS_AVG;
+    return (unsigned)mode < DP_PS_MODE_COUNT && rules_of[mode]->survives_loss;
 }
 
 void dp_push_head_put(uint8_t *p, const dp_push_head *h)
@@ -69,38 +76,11 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
 
 /* ---------------------------------------------------------------- server */
 
-typedef struct worker_state {
-    int rank;
-    int live;          /* has not said DONE and is not lost */
-    long clock;        /* pushes applied (parameter rounds, for avg) */
-    int pending;       /* owed a PARAMS reply (ssp, dssp, sync, avg) */
-    double last_push;  /* dp_now() of its last push */
-    double interval;   /* moving average of its push intervals */
-} worker_state;
-
-struct dp_ps_server {
-    dp_transport *t;
-    dp_ps_config cfg;
-    size_t lo, n;
-    float *params, *scratch, *sum;
-    float *ema;      /* moving average of params (cfg.ema > 0), else NULL */
-    double round_records;
-    int round_pushes;
-    dp_optim opt;
-    float round_lr;  /* sync: the learning rate of the round's pushes */
-    worker_state *w;
-    int n_workers;
-    int *worker_of; /* rank -> worker index, or -1 */
-    int chief;      /* rank of the chief, or -1 */
-    int chief_live;
-    int shard;      /* index in the layout, or -1 when this task holds none */
-    long updates;
-};
 typedef struct dp_ps_server server;
 
-static double server_now(const server *s) { return s->cfg.now ? s->cfg.now() : dp_now(); }
+double dp_ps_now(const server *s) { return s->cfg.now ? s->cfg.now() : dp_now(); }
 
-static long min_live_clock(const server *s)
+long dp_ps_min_clock(const server *s)
 {
     long m = -1;
     for (int i = 0; i < s->n_workers; i++)
@@ -119,14 +99,20 @@ static int live_workers(const server *s)
 
 static int send_params(server *s, int rank, dp_err *err)
 {
-    long m = min_live_clock(s);
+    long m = dp_ps_min_clock(s);
     return dp_transport_send(s->t, rank, DP_WIRE_PARAMS, (uint64_t)(m < 0 ? 0 : m), s->lo,
                              s->params, s->n * sizeof(float), err);
 }
 
+int dp_ps_reply(server *s, dp_ps_worker *w, dp_err *err)
+{
+    w->pending = 0;
+    return send_params(s, w->rank, err);
+}
+
 /* Every change of the shard's parameters (an optimiser update, or a
  * model-avg round) counts as an update and moves the moving average. */
-static void follow_average(server *s)
+void dp_ps_changed(server *s)
 {
     s->updates++;
     if (s->ema) {
@@ -138,81 +124,78 @@ static void follow_average(server *s)
     }
 }
 
-static void apply_update(server *s, const float *grad, float lr)
+void dp_ps_apply(server *s, const float *g, float lr)
 {
-    dp_optim_apply(&s->opt, s->params, grad, lr);
-    follow_average(s);
+    dp_optim_apply(&s->opt, s->params, g, lr);
+    dp_ps_changed(s);
 }
 
-/* DSSP (Zhao et al. 2019): beyond the lower bound a fast worker may run on,
- * up to the upper bound, when waiting for the slowest worker's next push
- * would cost it more than one of its own iterations; otherwise it waits. */
-static int dssp_may_run(const server *s, const worker_state *fast, long gap, double now)
+int dp_ps_release_if(server *s, dp_ps_may_go go, dp_err *err)
 {
-    if (gap <= s->cfg.staleness_lo)
-        return 1;
-    if (gap > s->cfg.staleness_hi)
-        return 0;
-    double slow_next = 0;
-    long m = min_live_clock(s);
-    for (int i = 0; i < s->n_workers; i++)
-        if (s->w[i].live && s->w[i].clock == m) {
-            double eta = s->w[i].last_push + s->w[i].interval - now;
-            slow_next = eta > slow_next ? eta : slow_next;
-        }
-    return slow_next > fast->interval;
-}
-
-/* Answers every waiting worker the consistency mode lets go. */
-static int release_pending(server *s, dp_err *err)
-{
-    long m = min_live_clock(s);
-    double now = server_now(s);
+    long m = dp_ps_min_clock(s);
+    double now = dp_ps_now(s);
     for (int i = 0; i < s->n_workers; i++) {
-        worker_state *w = &s->w[i];
-        if (!w->pending)
-            continue;
-        long gap = m < 0 ? 0 : w->clock - m;
-        int go = s->cfg.mode == DP_PS_SSP ? gap <= s->cfg.staleness : dssp_may_run(s, w, gap, now);
-        if (!go)
-            continue;
-        w->pending = 0;
-        if (send_params(s, w->rank, err) < 0)
+        dp_ps_worker *w = &s->w[i];
+        if (w->pending && go(s, w, m < 0 ? 0 : w->clock - m, now) && dp_ps_reply(s, w, err) < 0)
             return -1;
     }
     return 0;
 }
 
-/* sync and avg: once every live worker has pushed, finish the round. */
-static int finish_round(server *s, dp_err *err)
+int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
 {
-    int live = live_workers(s);
-    if (s->round_pushes == 0 || s->round_pushes < live)
-        return 0;
-    if (s->round_records > 0) {
-        float scale = (float)(1.0 / s->round_records);
-        if (s->cfg.mode == DP_PS_SYNC) {
-            for (size_t i = 0; i < s->n; i++)
-                s->scratch[i] = s->sum[i] * scale;
-            apply_update(s, s->scratch, s->round_lr);
-        } else {
-            for (size_t i = 0; i < s->n; i++)
-                s->params[i] = s->sum[i] * scale;
-            follow_average(s);
-        }
-    }
-    s->round_pushes = 0;
-    s->round_records = 0;
-    for (int i = 0; i < s->n_workers; i++)
-        if (s->w[i].pending) {
-            s->w[i].pending = 0;
-            if (send_params(s, s->w[i].rank, err) < 0)
-                return -1;
-        }
+    if (w->pending)
+        return dp_errf(err, "%s pushed twice in one round", dp_transport_peer_name(s->t, w->rank));
+    float r = (float)h->records;
+    if (s->round_pushes == 0)
+        for (size_t i = 0; i < s->n; i++)
+            s->sum[i] = s->scratch[i] * r;
+    else
+        for (size_t i = 0; i < s->n; i++)
+            s->sum[i] += s->scratch[i] * r;
+    s->round_records += h->records;
+    s->round_lr = h->lr;
+    s->round_pushes++;
+    w->pending = 1;
     return 0;
 }
 
-static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
+/* Complete when every live worker has pushed into it: counted by worker, not
+ * by push, so a worker that pushed and then left does not stand in for one
+ * that has not pushed yet. */
+int dp_ps_round_complete(const server *s)
+{
+    if (s->round_pushes == 0)
+        return 0;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].live && !s->w[i].pending)
+            return 0;
+    return 1;
+}
+
+const float *dp_ps_round_mean(server *s)
+{
+    if (s->round_records <= 0)
+        return NULL;
+    float scale = (float)(1.0 / s->round_records);
+    for (size_t i = 0; i < s->n; i++)
+        s->scratch[i] = s->sum[i] * scale;
+    return s->scratch;
+}
+
+int dp_ps_round_close(server *s, dp_err *err)
+{
+    s->round_pushes = 0;
+    s->round_records = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].pending && dp_ps_reply(s, &s->w[i], err) < 0)
+            return -1;
+    return 0;
+}
+
+/* Checks a push, reads it into s->scratch, counts the worker's clock and
+ * hands it to the mode's rule. */
+static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
 {
     const char *who = dp_transport_peer_name(s->t, w->rank);
     size_t want_len = DP_PUSH_HEAD_SIZE + s->n * sizeof(float);
@@ -221,10 +204,10 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
         return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu at %zu",
                        who, (unsigned long long)ev->header.length,
                        (unsigned long long)ev->header.offset, want_len, s->lo);
-    if (is_params != (s->cfg.mode == DP_PS_AVG))
+    if (is_params != s->rules->pushes_params)
         return dp_errf(err, "%s pushed %s, but this run averages %s", who,
                        is_params ? "parameters" : "gradients",
-                       s->cfg.mode == DP_PS_AVG ? "parameters" : "gradients");
+                       s->rules->pushes_params ? "parameters" : "gradients");
     if (!w->live)
         return dp_errf(err, "%s pushed after it said it was done", who);
     uint8_t raw[DP_PUSH_HEAD_SIZE];
@@ -235,56 +218,21 @@ static int on_push(server *s, worker_state *w, const dp_event *ev, dp_err *err)
     dp_push_head_get(&head, raw);
     if (!(head.lr >= 0 && head.lr <= 1e6f)) /* also refuses NaN */
         return dp_errf(err, "%s pushed a learning rate of %g", who, (double)head.lr);
-    double now = server_now(s);
+    double now = dp_ps_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
                                       : now - w->last_push;
     w->last_push = now;
     w->clock++;
-
-    switch (s->cfg.mode) {
-    case DP_PS_ASYNC:
-    case DP_PS_SSP:
-    case DP_PS_DSSP:
-        if (head.records > 0)
-            apply_update(s, s->scratch, head.lr);
-        if (s->cfg.mode == DP_PS_ASYNC)
-            return head.want ? send_params(s, w->rank, err) : 0;
-        w->pending = 1;
-        return release_pending(s, err);
-    case DP_PS_SYNC:
-    case DP_PS_AVG: {
-        if (w->pending)
-            return dp_errf(err, "%s pushed twice in one round", who);
-        float r = (float)head.records;
-        if (s->round_pushes == 0)
-            for (size_t i = 0; i < s->n; i++)
-                s->sum[i] = s->scratch[i] * r;
-        else
-            for (size_t i = 0; i < s->n; i++)
-                s->sum[i] += s->scratch[i] * r;
-        s->round_records += head.records;
-        s->round_lr = head.lr;
-        s->round_pushes++;
-        w->pending = 1;
-        return finish_round(s, err);
-    }
-    case DP_PS_MODE_COUNT:
-        break;
-    }
-    return dp_errf(err, "unknown consistency mode");
+    return s->rules->on_push(s, w, &head, err);
 }
 
 /* A worker is gone (DONE or lost): the others must not wait for it. */
-static int retire_worker(server *s, worker_state *w, dp_err *err)
+static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     w->live = 0;
     w->pending = 0;
-    if (s->cfg.mode == DP_PS_SYNC || s->cfg.mode == DP_PS_AVG)
-        return finish_round(s, err);
-    if (s->cfg.mode == DP_PS_SSP || s->cfg.mode == DP_PS_DSSP)
-        return release_pending(s, err);
-    return 0;
+    return s->rules->release ? s->rules->release(s, err) : 0;
 }
 
 /* The shard's training state for a checkpoint: [u64 optimiser t][u64
@@ -314,14 +262,14 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
     int waiting = 0;
     for (int i = 0; i < s->n_workers; i++)
         waiting |= s->w[i].pending;
-    /* DSSP decisions depend on time, so look again soon while someone waits. */
-    if (s->cfg.mode == DP_PS_DSSP && waiting && timeout_s > 0.005)
+    /* A rule that changes with time alone looks again soon while someone waits. */
+    if (s->rules->watches_time && waiting && timeout_s > 0.005)
         timeout_s = 0.005;
     dp_event ev;
     if (dp_transport_poll(s->t, DP_PEER_ANY, timeout_s, &ev, err) < 0)
         return -1;
     if (ev.kind == DP_EVENT_TIMEOUT) {
-        if (s->cfg.mode == DP_PS_DSSP && waiting && release_pending(s, err) < 0)
+        if (s->rules->watches_time && waiting && s->rules->release(s, err) < 0)
             return -1;
         return 0;
     }
@@ -417,6 +365,7 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         return dp_errf(err, "out of memory");
     s->t = t;
     s->cfg = *cfg;
+    s->rules = rules_of[cfg->mode];
     s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
     s->chief_live = s->chief >= 0;
     int me = dp_transport_rank(t);
@@ -473,7 +422,7 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
     if (s->n)
         dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode%s",
                 dp_transport_peer_name(t, me), s->lo, s->lo + s->n, s->n, s->n * 4 / 1024.0,
-                mode_names[cfg->mode], start->slots ? ", resumed" : "");
+                s->rules->name, start->slots ? ", resumed" : "");
     *out = s;
     return 0;
 }
@@ -509,23 +458,6 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
 
 /* ---------------------------------------------------------------- client */
 
-struct dp_ps_client {
-    dp_transport *t;
-    dp_ps_layout layout;
-    dp_ps_config cfg;
-    size_t n;
-    float *acc;          /* async push_every > 1: records-weighted gradient sum */
-    uint32_t acc_records;
-    int acc_steps;
-    int since_fetch;
-    int since_avg;
-    uint32_t avg_records;
-    dp_optim local;      /* avg: the worker's own optimiser */
-    float lr;            /* of the latest step, sent with every push */
-    long clock;
-    long max_gap;
-};
-
 int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
                       const dp_ps_config *cfg, const dp_optim_config *local_optim,
                       size_t n_params, dp_err *err)
@@ -534,6 +466,7 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     if (!c)
         return dp_errf(err, "out of memory");
     c->t = t;
+    c->rules = rules_of[cfg->mode];
     c->layout = *layout;
     c->cfg = *cfg;
     c->n = n_params;
@@ -542,7 +475,7 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
         if (!c->acc)
             goto oom;
     }
-    if (cfg->mode == DP_PS_AVG && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
+    if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
     c->lr = local_optim->lr;
     *out = c;
@@ -565,8 +498,8 @@ void dp_ps_client_free(dp_ps_client *c)
 
 long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 
-static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
-                    dp_err *err)
+int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
+               dp_err *err)
 {
     dp_push_head head = {records, (uint32_t)want, c->lr};
     uint8_t raw[DP_PUSH_HEAD_SIZE];
@@ -583,7 +516,7 @@ static int push_all(dp_ps_client *c, unsigned type, const float *v, uint32_t rec
 }
 
 /* Receives every shard's PARAMS straight into params. */
-static int receive_params(dp_ps_client *c, float *params, dp_err *err)
+int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err)
 {
     for (int s = 0; s < c->layout.n_shards; s++) {
         const dp_range *r = &c->layout.range[s];
@@ -614,86 +547,28 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
     for (int s = 0; s < c->layout.n_shards; s++)
         if (dp_transport_send(c->t, c->layout.rank[s], type, (uint64_t)c->clock, 0, NULL, 0, err) < 0)
             return -1;
-    return receive_params(c, params, err);
+    return dp_ps_receive(c, params, err);
 }
 
-/* Pushes the accumulated gradient (async, push_every > 1). */
-static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *err)
+int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
+                        dp_err *err)
 {
-    if (c->acc_records > 0) {
-        float scale = 1.0f / (float)c->acc_records;
-        for (size_t i = 0; i < c->n; i++)
-            c->acc[i] *= scale;
-    }
     c->clock++;
-    int rc = push_all(c, DP_WIRE_PUSH_GRAD, c->acc, c->acc_records, want, err);
-    memset(c->acc, 0, c->n * sizeof *c->acc);
-    c->acc_records = 0;
-    c->acc_steps = 0;
-    if (rc < 0)
+    if (dp_ps_push(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, 1, err) < 0)
         return -1;
-    return want ? receive_params(c, params, err) : 0;
-}
-
-/* Model averaging: hand in this worker's parameters, get the average back. */
-static int average_round(dp_ps_client *c, float *params, dp_err *err)
-{
-    c->clock++;
-    int rc = push_all(c, DP_WIRE_PUSH_PARAMS, params, c->avg_records, 1, err);
-    c->since_avg = 0;
-    c->avg_records = 0;
-    return rc < 0 ? -1 : receive_params(c, params, err);
+    return dp_ps_receive(c, params, err);
 }
 
 int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records, float lr,
                       dp_err *err)
 {
     c->lr = lr;
-    switch (c->cfg.mode) {
-    case DP_PS_ASYNC: {
-        int fetch = ++c->since_fetch >= c->cfg.fetch_every;
-        if (fetch)
-            c->since_fetch = 0;
-        if (c->cfg.push_every <= 1) {
-            c->clock++;
-            if (push_all(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, fetch, err) < 0)
-                return -1;
-            return fetch ? receive_params(c, params, err) : 0;
-        }
-        float r = (float)records;
-        for (size_t i = 0; i < c->n; i++)
-            c->acc[i] += grads[i] * r;
-        c->acc_records += (uint32_t)records;
-        if (++c->acc_steps >= c->cfg.push_every)
-            return push_accumulated(c, params, fetch, err);
-        return fetch ? dp_ps_client_pull(c, params, 0, err) : 0;
-    }
-    case DP_PS_SYNC:
-    case DP_PS_SSP:
-    case DP_PS_DSSP:
-        c->clock++;
-        if (push_all(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, 1, err) < 0)
-            return -1;
-        return receive_params(c, params, err);
-    case DP_PS_AVG:
-        if (records > 0) {
-            dp_optim_apply(&c->local, params, grads, lr);
-        }
-        c->avg_records += (uint32_t)records;
-        return ++c->since_avg >= c->cfg.period ? average_round(c, params, err) : 0;
-    case DP_PS_MODE_COUNT:
-        break;
-    }
-    return dp_errf(err, "unknown consistency mode");
+    return c->rules->step(c, params, grads, records, err);
 }
 
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
 {
-    if (c->cfg.mode == DP_PS_ASYNC && c->acc_steps > 0)
-        return push_accumulated(c, params, 1, err);
-    if (c->cfg.mode == DP_PS_AVG && c->since_avg > 0)
-        return average_round(c, params, err);
-    return 0;
+    return c->rules->flush ? c->rules->flush(c, params, err) : 0;
 }
 
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
@@ -743,25 +618,10 @@ int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_confi
 
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
 {
-    switch (c->cfg.mode) {
-    case DP_PS_ASYNC:
-    {
-        /* the last push went unanswered: a pull behind it on the same
-         * connection returns once the server has applied it */
-        int rc = c->acc_steps > 0   ? push_accumulated(c, params, 1, err)
-                 : c->since_fetch > 0 ? dp_ps_client_pull(c, params, 0, err)
-                                      : 0;
-        c->since_fetch = 0; /* as a fresh client resuming from here starts */
-        return rc;
-    }
-    case DP_PS_AVG:
-        return c->since_avg > 0 ? average_round(c, params, err) : 0;
-    default: /* every push was answered, so every push was applied */
-        return 0;
-    }
+    return c->rules->sync ? c->rules->sync(c, params, err) : 0;
 }
 
 dp_optim *dp_ps_client_local_optim(dp_ps_client *c)
 {
-    return c->cfg.mode == DP_PS_AVG ? &c->local : NULL;
+    return c->rules->pushes_params ? &c->local : NULL;
 }

@@ -4,8 +4,82 @@
  * worker waits for another.  --push-every N accumulates N steps' gradients
  * (records-weighted) before a push, --fetch-every N pulls every N steps:
  * DistBelief's n_push and n_fetch.  A lost worker costs its share of the data,
- * not the run.  The rule lives in ps.c (on_push: DP_PS_ASYNC). */
+ * not the run.
+ * Its rule, for the servers and the workers, is the dp_ps_rules below; the
+ * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
+#include <string.h>
+
+#include "downpour/wire.h"
 #include "strategy/ps_family.h"
+#include "strategy/ps_rules.h"
+
+/* The server applies every gradient at once and answers when asked. */
+static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
+{
+    if (h->records > 0)
+        dp_ps_apply(s, s->scratch, h->lr);
+    return h->want ? dp_ps_reply(s, w, err) : 0;
+}
+
+/* Pushes the accumulated gradient (push_every > 1), records-weighted. */
+static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *err)
+{
+    if (c->acc_records > 0) {
+        float scale = 1.0f / (float)c->acc_records;
+        for (size_t i = 0; i < c->n; i++)
+            c->acc[i] *= scale;
+    }
+    c->clock++;
+    int rc = dp_ps_push(c, DP_WIRE_PUSH_GRAD, c->acc, c->acc_records, want, err);
+    memset(c->acc, 0, c->n * sizeof *c->acc);
+    c->acc_records = 0;
+    c->acc_steps = 0;
+    if (rc < 0)
+        return -1;
+    return want ? dp_ps_receive(c, params, err) : 0;
+}
+
+/* A worker pushes every push_every steps and fetches every fetch_every. */
+static int step(dp_ps_client *c, float *params, const float *grads, int records, dp_err *err)
+{
+    int fetch = ++c->since_fetch >= c->cfg.fetch_every;
+    if (fetch)
+        c->since_fetch = 0;
+    if (c->cfg.push_every <= 1) {
+        c->clock++;
+        if (dp_ps_push(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, fetch, err) < 0)
+            return -1;
+        return fetch ? dp_ps_receive(c, params, err) : 0;
+    }
+    float r = (float)records;
+    for (size_t i = 0; i < c->n; i++)
+        c->acc[i] += grads[i] * r;
+    c->acc_records += (uint32_t)records;
+    if (++c->acc_steps >= c->cfg.push_every)
+        return push_accumulated(c, params, fetch, err);
+    return fetch ? dp_ps_client_pull(c, params, 0, err) : 0;
+}
+
+static int flush(dp_ps_client *c, float *params, dp_err *err)
+{
+    return c->acc_steps > 0 ? push_accumulated(c, params, 1, err) : 0;
+}
+
+/* Before a checkpoint: the last push went unanswered, so a pull behind it on
+ * the same connection returns once the server has applied it. */
+static int sync(dp_ps_client *c, float *params, dp_err *err)
+{
+    int rc = c->acc_steps > 0     ? push_accumulated(c, params, 1, err)
+             : c->since_fetch > 0 ? dp_ps_client_pull(c, params, 0, err)
+                                  : 0;
+    c->since_fetch = 0; /* as a fresh client resuming from here starts */
+    return rc;
+}
+
+const dp_ps_rules dp_ps_rules_async = {
+    .mode = DP_PS_ASYNC, .name = "async", .survives_loss = 1, .on_push = on_push,
+    .step = step, .flush = flush, .sync = sync,
+};
 
 static int open_ps_async(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {

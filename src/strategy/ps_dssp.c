@@ -2,8 +2,45 @@
  * but the bound adapts within --staleness-range LO:HI: below LO a worker
  * always goes on, beyond HI never; in between it goes on when waiting for the
  * slowest worker's next push would cost it more than one of its own
- * iterations.  The rule lives in ps.c (dssp_may_run). */
+ * iterations.
+ * Its rule, for the servers and the workers, is the dp_ps_rules below; the
+ * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
 #include "strategy/ps_family.h"
+#include "strategy/ps_rules.h"
+
+/* Beyond the lower bound a fast worker may run on, up to the upper bound,
+ * when waiting for the slowest worker's next push would cost it more than
+ * one of its own iterations; otherwise it waits. */
+static int may_run(const dp_ps_server *s, const dp_ps_worker *fast, long gap, double now)
+{
+    if (gap <= s->cfg.staleness_lo)
+        return 1;
+    if (gap > s->cfg.staleness_hi)
+        return 0;
+    double slow_next = 0;
+    long m = dp_ps_min_clock(s);
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].live && s->w[i].clock == m) {
+            double eta = s->w[i].last_push + s->w[i].interval - now;
+            slow_next = eta > slow_next ? eta : slow_next;
+        }
+    return slow_next > fast->interval;
+}
+
+static int release(dp_ps_server *s, dp_err *err) { return dp_ps_release_if(s, may_run, err); }
+
+static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
+{
+    if (h->records > 0)
+        dp_ps_apply(s, s->scratch, h->lr);
+    w->pending = 1;
+    return release(s, err);
+}
+
+const dp_ps_rules dp_ps_rules_dssp = {
+    .mode = DP_PS_DSSP, .name = "dssp", .survives_loss = 1, .watches_time = 1,
+    .on_push = on_push, .release = release, .step = dp_ps_push_and_wait,
+};
 
 static int open_ps_dssp(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {

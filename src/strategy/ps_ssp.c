@@ -1,9 +1,36 @@
 /* ps-ssp: stale synchronous parallel (Ho et al. 2013).  Gradients are applied
  * at once, as in ps-async, but a worker's parameters come back only while its
  * clock (pushes) leads the slowest live worker's by at most --staleness s, so
- * the fastest worker never runs more than s steps ahead.  The rule lives in
- * ps.c (release_pending). */
+ * the fastest worker never runs more than s steps ahead.
+ * Its rule, for the servers and the workers, is the dp_ps_rules below; the
+ * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
 #include "strategy/ps_family.h"
+#include "strategy/ps_rules.h"
+
+static int within_staleness(const dp_ps_server *s, const dp_ps_worker *w, long gap, double now)
+{
+    (void)w, (void)now;
+    return gap <= s->cfg.staleness;
+}
+
+static int release(dp_ps_server *s, dp_err *err)
+{
+    return dp_ps_release_if(s, within_staleness, err);
+}
+
+/* Applied at once; the answer waits while the worker leads by too much. */
+static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
+{
+    if (h->records > 0)
+        dp_ps_apply(s, s->scratch, h->lr);
+    w->pending = 1;
+    return release(s, err);
+}
+
+const dp_ps_rules dp_ps_rules_ssp = {
+    .mode = DP_PS_SSP, .name = "ssp", .survives_loss = 1, .on_push = on_push,
+    .release = release, .step = dp_ps_push_and_wait,
+};
 
 static int open_ps_ssp(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {

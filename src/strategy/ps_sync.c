@@ -2,8 +2,32 @@
  * live worker pushes its gradient; a shard waits for all of them, applies the
  * records-weighted mean gradient once and only then answers, so the run equals
  * one process at the summed batch.  It runs at the pace of the slowest worker
- * and stops when one is lost.  The rule lives in ps.c (finish_round). */
+ * and stops when one is lost.
+ * Its rule, for the servers and the workers, is the dp_ps_rules below; the
+ * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
 #include "strategy/ps_family.h"
+#include "strategy/ps_rules.h"
+
+/* The round's mean gradient is applied once every live worker has pushed. */
+static int release(dp_ps_server *s, dp_err *err)
+{
+    if (!dp_ps_round_complete(s))
+        return 0;
+    const float *mean = dp_ps_round_mean(s);
+    if (mean)
+        dp_ps_apply(s, mean, s->round_lr);
+    return dp_ps_round_close(s, err);
+}
+
+static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
+{
+    return dp_ps_round_add(s, w, h, err) < 0 ? -1 : release(s, err);
+}
+
+const dp_ps_rules dp_ps_rules_sync = {
+    .mode = DP_PS_SYNC, .name = "sync", .survives_loss = 0, .on_push = on_push,
+    .release = release, .step = dp_ps_push_and_wait,
+};
 
 static int open_ps_sync(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {

@@ -1,0 +1,120 @@
+/* Inside the parameter server: what one consistency mode decides, and the
+ * machinery it decides with.  ps.c is the machinery (shards, pushes, replies,
+ * rounds, the wire); each ps strategy's file (ps_async.c, ps_sync.c,
+ * ps_ssp.c, ps_dssp.c, model_avg.c) states its rule as a dp_ps_rules table:
+ * what a server does with a push, whom it answers when a worker leaves, and
+ * what a worker's step sends.  Private to src/strategy. */
+#ifndef DOWNPOUR_STRATEGY_PS_RULES_H
+#define DOWNPOUR_STRATEGY_PS_RULES_H
+
+#include "downpour/ps.h"
+
+typedef struct dp_ps_worker {
+    int rank;
+    int live;          /* has not said DONE and is not lost */
+    long clock;        /* pushes applied (parameter rounds, for avg) */
+    int pending;       /* owed a PARAMS reply the rule holds back */
+    double last_push;  /* the server's clock at its last push */
+    double interval;   /* moving average of its push intervals */
+} dp_ps_worker;
+
+typedef struct dp_ps_rules dp_ps_rules;
+
+struct dp_ps_server {
+    dp_transport *t;
+    dp_ps_config cfg;
+    const dp_ps_rules *rules;
+    size_t lo, n;
+    float *params;   /* the shard */
+    float *scratch;  /* the push being handled (gradient, or parameters for avg) */
+    float *sum;      /* a round's records-weighted sum */
+    float *ema;      /* moving average of params (cfg.ema > 0), else NULL */
+    double round_records;
+    int round_pushes;
+    float round_lr;  /* the learning rate of the round's pushes */
+    dp_optim opt;
+    dp_ps_worker *w;
+    int n_workers;
+    int *worker_of;  /* rank -> worker index, or -1 */
+    int chief;       /* rank of the chief, or -1 */
+    int chief_live;
+    int shard;       /* index in the layout, or -1 when this task holds none */
+    long updates;
+};
+
+struct dp_ps_client {
+    dp_transport *t;
+    const dp_ps_rules *rules;
+    dp_ps_layout layout;
+    dp_ps_config cfg;
+    size_t n;
+    float *acc;          /* async push_every > 1: records-weighted gradient sum */
+    uint32_t acc_records;
+    int acc_steps;
+    int since_fetch;
+    int since_avg;
+    uint32_t avg_records;
+    dp_optim local;      /* avg: the worker's own optimiser */
+    float lr;            /* of the latest step, sent with every push */
+    long clock;
+    long max_gap;
+};
+
+struct dp_ps_rules {
+    dp_ps_mode mode;
+    const char *name;        /* in log lines: "async" */
+    int survives_loss;       /* a lost worker costs its data, not the run */
+    int pushes_params;       /* workers push parameters (avg), not gradients */
+    int watches_time;        /* its decisions change with time alone (dssp):
+                                look again every few ms while someone waits */
+    /* Server: a push from w is in s->scratch (checked, w's clock counted). */
+    int (*on_push)(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err);
+    /* Server: a worker left (DONE or lost) or time passed: answer whoever
+     * no longer has to wait. */
+    int (*release)(dp_ps_server *s, dp_err *err);
+    /* Client: one step; c->lr is the step's learning rate. */
+    int (*step)(dp_ps_client *c, float *params, const float *grads, int records, dp_err *err);
+    /* Client: push what is held back (NULL: nothing ever is). */
+    int (*flush)(dp_ps_client *c, float *params, dp_err *err);
+    /* Client: make every push applied, for a checkpoint (NULL: every push
+     * is answered, so it already is). */
+    int (*sync)(dp_ps_client *c, float *params, dp_err *err);
+};
+
+extern const dp_ps_rules dp_ps_rules_async, dp_ps_rules_sync, dp_ps_rules_ssp, dp_ps_rules_dssp,
+    dp_ps_rules_avg;
+
+/* ---- the machinery the rules use (ps.c) ---- */
+
+double dp_ps_now(const dp_ps_server *s);         /* the server's clock (cfg.now or dp_now) */
+long dp_ps_min_clock(const dp_ps_server *s);     /* the slowest live worker's clock, -1: none */
+/* Sends w the shard's parameters and clears its pending flag. */
+int dp_ps_reply(dp_ps_server *s, dp_ps_worker *w, dp_err *err);
+/* An optimiser update of the shard with gradient g; the average follows. */
+void dp_ps_apply(dp_ps_server *s, const float *g, float lr);
+/* The shard's parameters changed otherwise (an average): the average follows. */
+void dp_ps_changed(dp_ps_server *s);
+/* Answers every pending worker for which go(s, w, gap, now) says so; gap is
+ * its clock minus the slowest live worker's. */
+typedef int (*dp_ps_may_go)(const dp_ps_server *s, const dp_ps_worker *w, long gap, double now);
+int dp_ps_release_if(dp_ps_server *s, dp_ps_may_go go, dp_err *err);
+/* Rounds (sync, avg): adds w's push, records-weighted; a round is complete
+ * when every live worker has pushed; dp_ps_round_mean gives the weighted
+ * mean in s->scratch (NULL when the round carried no records); closing it
+ * answers every worker of the round. */
+int dp_ps_round_add(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err);
+int dp_ps_round_complete(const dp_ps_server *s);
+const float *dp_ps_round_mean(dp_ps_server *s);
+int dp_ps_round_close(dp_ps_server *s, dp_err *err);
+
+/* Client: sends v's slice to every shard (a push), and takes every shard's
+ * parameters back into params. */
+int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
+               dp_err *err);
+int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err);
+/* The step of the modes whose every push is answered (sync, ssp, dssp): push
+ * the gradient, wait for the parameters. */
+int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
+                        dp_err *err);
+
+#endif
