@@ -97,7 +97,7 @@ int cmd_train(int argc, char **argv)
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
-        {"strategy", CLI_STR, &strategy, "NAME", "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, allreduce", 0, 0},
+        {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
         {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
         {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
