@@ -112,6 +112,13 @@ static void add_meta(writer *w, const char *key, const char *fmt, ...)
     w->nm++;
 }
 
+/* A string value as it is (a dataset path, a model spec): no copy, so no
+ * length limit. */
+static void add_text(writer *w, const char *key, const char *value)
+{
+    w->meta[w->nm++] = (dp_st_meta){key, value};
+}
+
 int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,
                         const dp_run_identity *id, dp_err *err)
 {
@@ -148,20 +155,20 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         add_tensor(w, st->history, 2, st->n_history, 3, "loop.history", 0, 0);
 
     long spe = id ? id->steps_per_epoch : 0;
-    add_meta(w, "format", "%s", DP_CKPT_FORMAT);
-    add_meta(w, "model", "%s", m->spec);
-    add_meta(w, "model_name", "%s", m->name);
+    add_text(w, "format", DP_CKPT_FORMAT);
+    add_text(w, "model", m->spec);
+    add_text(w, "model_name", m->name);
     add_meta(w, "step", "%ld", st->step);
     add_meta(w, "epoch", "%ld", spe > 0 ? st->step / spe : 0L);
     add_meta(w, "optimizer_t", "%ld", st->optim_t);
     add_meta(w, "best_accuracy", "%.17g", st->best_accuracy);
     add_meta(w, "best_epoch", "%d", st->best_epoch);
     if (id) {
-        add_meta(w, "strategy", "%s", id->strategy);
-        add_meta(w, "dataset", "%s", id->dataset);
-        add_meta(w, "optimizer", "%s", id->optimizer);
+        add_text(w, "strategy", id->strategy);
+        add_text(w, "dataset", id->dataset);
+        add_text(w, "optimizer", id->optimizer);
         add_meta(w, "lr", "%.9g", (double)id->lr);
-        add_meta(w, "lr_schedule", "%s", id->lr_schedule);
+        add_text(w, "lr_schedule", id->lr_schedule);
         add_meta(w, "workers", "%d", id->workers);
         add_meta(w, "ps", "%d", id->ps);
         add_meta(w, "batch", "%d", id->batch);
@@ -201,7 +208,7 @@ static int copy_tensor(float *dst, const dp_safetensors *f, const char *name, in
         snprintf(want, sizeof want, ndim == 2 ? "(%lld, %lld)" : "(%lld)", (long long)d0,
                  (long long)d1);
         snprintf(got, sizeof got, t->ndim == 2 ? "(%lld, %lld)" : t->ndim == 1 ? "(%lld)" : "rank %lld",
-                 t->ndim >= 1 ? (long long)t->shape[0] : (long long)t->ndim,
+                 t->ndim == 1 || t->ndim == 2 ? (long long)t->shape[0] : (long long)t->ndim,
                  t->ndim == 2 ? (long long)t->shape[1] : 0LL);
         return dp_errf(err, "%s: tensor '%s' has shape %s, the model needs %s", path, name, got,
                        want);
@@ -380,8 +387,9 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     int n_hist = hist ? (int)hist->shape[0] : 0;
     if (hist && (hist->ndim != 2 || hist->shape[1] != 3 || hist->shape[0] > id->epochs))
         return dp_errf(err, "%s: tensor 'loop.history' is not (epochs <= %d, 3)", path, id->epochs);
-    /* model-avg keeps one optimiser per worker; the others one in all */
-    int n_workers = dp_safetensors_find(f, "worker.0.optimizer.slot0") ? id->workers : 0;
+    /* model-avg keeps one optimiser per worker (found by its t: sgd has no
+     * slot tensors); the others one in all */
+    int n_workers = dp_safetensors_meta(f, "worker.0.optimizer_t") ? id->workers : 0;
     int parts = (dp_safetensors_find(f, "ema") ? DP_STATE_EMA : 0) |
                 (dp_safetensors_find(f, "best") ? DP_STATE_BEST : 0);
     if (dp_train_state_alloc(st, m->n_params, n_slots, parts, id->epochs, n_workers, err) < 0)
@@ -395,12 +403,11 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         return -1;
     char name[NAME_LEN];
     size_t n = m->n_params;
-    if (n_workers == 0)
-        for (int k = 0; k < n_slots; k++) {
-            snprintf(name, sizeof name, "optimizer.slot%d", k);
-            if (copy_tensor(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
-                return -1;
-        }
+    for (int k = 0; k < n_slots; k++) {
+        snprintf(name, sizeof name, "optimizer.slot%d", k);
+        if (copy_tensor(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
+            return -1;
+    }
     for (int i = 0; i < n_workers; i++) {
         for (int k = 0; k < n_slots; k++) {
             snprintf(name, sizeof name, "worker.%d.optimizer.slot%d", i, k);
@@ -543,6 +550,7 @@ int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_i
                               dp_train_state *st, char *path, size_t path_len, dp_err *err)
 {
     long *steps = NULL;
+    memset(st, 0, sizeof *st); /* what an error frees, as dp_checkpoint_read */
     int n = list_steps(dir, &steps, err);
     if (n < 0)
         return -1;
