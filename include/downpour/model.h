@@ -121,9 +121,9 @@ float dp_model_forward_range_loss(dp_model *m, int slot, const float *params, co
 /* Backward over [a, b), b < n_layers (a range without the loss layer), after
  * the forwards of this slot over those layers with the same params, in and
  * batch:
- *   din (batch, layers[a].in) = the gradient at the range's input; NULL: not
- *       wanted (layer 0's weight gradient needs no input gradient, so this
- *       skips a product).  For a = 0 it is the gradient with respect to x.
+ *   din (batch, layers[a].in) = the gradient at the range's input (for
+ *       a = 0, with respect to x); NULL: not wanted, and layer a's
+ *       input-gradient product is skipped (training never needs layer 0's).
  *   grads (n_params): each dense layer's weight and bias gradients in [a, b)
  *       are OVERWRITTEN (no zeroing pass; the products run with beta 0);
  *       every other float of grads is left alone.
