@@ -861,9 +861,10 @@ static void test_find_newest(void)
         dp_train_state_free(&ref);
         dp_train_state_free(&st);
     }
-    CHECKF(strstr(log, "skipping") == NULL, "a warning with nothing damaged: %s", log);
+    CHECKF(strstr(log, "set aside") == NULL, "a warning with nothing damaged: %s", log);
 
-    /* a truncated newest one is skipped with a warning naming it; the older is read */
+    /* a truncated newest one is set aside (renamed *.damaged, so it no longer
+     * counts among the kept ones) with a warning naming it; the older is read */
     char newest[1200];
     dp_checkpoint_path(newest, sizeof newest, dir, 150);
     write_step(dir, &m, &id, 150);
@@ -875,9 +876,12 @@ static void test_find_newest(void)
                path);
         dp_train_state_free(&st);
     }
-    CHECKF(strstr(log, "warning") && strstr(log, "skipping") && strstr(log, newest),
+    CHECKF(strstr(log, "warning") && strstr(log, "set aside") && strstr(log, newest),
            "no warning naming %s: %s", newest, log);
-    /* and one with a flipped data byte too: both skipped */
+    char aside[1300];
+    snprintf(aside, sizeof aside, "%s.damaged", newest);
+    CHECKF(access(aside, F_OK) == 0 && access(newest, F_OK) != 0, "%s was not set aside", newest);
+    /* and one with a flipped data byte: set aside too */
     write_step(dir, &m, &id, 200);
     dp_checkpoint_path(newest, sizeof newest, dir, 200);
     size_t n;
@@ -889,8 +893,8 @@ static void test_find_newest(void)
     CHECKF(rc == 1 && st.step == 100, "two damaged newest: %d step %ld %s", rc, st.step, err.msg);
     if (rc == 1)
         dp_train_state_free(&st);
-    CHECKF(strstr(log, "checksum mismatch") && strstr(log, "ckpt-0000000150"),
-           "the warnings name both: %s", log);
+    CHECKF(strstr(log, "checksum mismatch") && strstr(log, "ckpt-0000000200"),
+           "the warning names it: %s", log);
 
     /* every one damaged: none to resume from */
     char lone[1200];
@@ -900,7 +904,7 @@ static void test_find_newest(void)
     dp_checkpoint_path(path, sizeof path, lone, 7);
     REQUIRE(truncate(path, 8) == 0);
     rc = find_logged(lone, &m, &id, &st, path, sizeof path, &err, log, sizeof log);
-    CHECKF(rc == 0 && strstr(log, "skipping"), "only a damaged one: %d %s", rc, log);
+    CHECKF(rc == 0 && strstr(log, "set aside"), "only a damaged one: %d %s", rc, log);
 
     /* a newest one of another run is an error, not skipped (and a state
      * the caller never initialised is left zeroed, not freed) */

@@ -456,6 +456,12 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
         dp_safetensors_free(f);
         return dp_errf(err, "%s: metadata 'model' is missing: not a downpour checkpoint", path);
     }
+    /* Files of this format carry a checksum; weights-only files of the first
+     * format had none. */
+    if (dp_safetensors_meta(f, "crc32c") && check_crc(f, path, err) < 0) {
+        dp_safetensors_free(f);
+        return -1;
+    }
     if (dp_model_init(m, spec, max_batch, 1, err) < 0) {
         dp_err_prefix(err, "%s", path);
         goto fail;
@@ -560,8 +566,15 @@ int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_i
         dp_safetensors *f = NULL;
         dp_err why;
         if (dp_safetensors_load(path, &f, &why) < 0 || check_crc(f, path, &why) < 0) {
-            /* a damaged file (a disk that filled, a copy cut short): an older one will do */
-            dp_warn("skipping checkpoint %s: %s", path, why.msg);
+            /* A damaged file (a disk that filled, a copy cut short): an older
+             * one will do.  It is set aside, not deleted (someone may want to
+             * look at it), so it no longer counts among the kept ones. */
+            char aside[4200];
+            snprintf(aside, sizeof aside, "%s.damaged", path);
+            if (rename(path, aside) == 0)
+                dp_warn("%s; set aside as %s, going back to an older checkpoint", why.msg, aside);
+            else
+                dp_warn("%s; going back to an older checkpoint", why.msg);
             dp_safetensors_free(f);
             continue;
         }
