@@ -394,7 +394,7 @@ static void test_flipped(void)
 static const char *const meta_keys[] = {
     "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
     "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
-    "train_size", "val_size", "steps_per_epoch", "epochs"};
+    "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
 #define N_KEYS (int)(sizeof meta_keys / sizeof meta_keys[0])
 #define MAX_WORKER_KEYS 8
 

@@ -12,8 +12,8 @@
  *   loop.history (epochs, 3)            per epoch: val_accuracy, train_loss, seconds
  * Metadata (strings): format, model, model_name, optimizer, optimizer_t, lr,
  * lr_schedule, step, epoch, strategy, dataset, workers, ps, batch, seed,
- * train_size, val_size, steps_per_epoch, epochs, best_accuracy, best_epoch,
- * and worker.{w}.optimizer_t.
+ * train_size, val_size, steps_per_epoch, epochs, settings, best_accuracy,
+ * best_epoch, worker.{w}.optimizer_t and crc32c.
  *
  * Loading is strict: a missing or damaged tensor or key, a shape that is not
  * the model's, a number that does not parse is an error naming it; a
@@ -70,6 +70,8 @@ typedef struct dp_run_identity {
     uint32_t train_size, val_size;
     long steps_per_epoch;
     int epochs;
+    const char *settings; /* every other setting the trajectory depends on, as
+                             "key=value ..." (momentum, shard, period, ...) */
 } dp_run_identity;
 
 /* Writes st (with the model's layout) atomically to path. */

@@ -177,6 +177,7 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         add_meta(w, "val_size", "%" PRIu32, id->val_size);
         add_meta(w, "steps_per_epoch", "%ld", id->steps_per_epoch);
         add_meta(w, "epochs", "%d", id->epochs);
+        add_text(w, "settings", id->settings ? id->settings : "");
     }
     for (int i = 0; i < st->n_workers; i++) {
         snprintf(w->keys[i], NAME_LEN, "worker.%d.optimizer_t", i);
@@ -281,6 +282,29 @@ static int same(const dp_safetensors *f, const char *key, const char *want, cons
     return 0;
 }
 
+/* "key=value ..." lists: names the first setting that differs. */
+static int same_settings(const dp_safetensors *f, const char *want, const char *path, dp_err *err)
+{
+    const char *have;
+    if (meta_str(f, "settings", &have, path, err) < 0)
+        return -1;
+    if (strcmp(have, want) == 0)
+        return 0;
+    const char *a = have, *b = want;
+    for (;;) {
+        size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+        if (la != lb || strncmp(a, b, la) != 0)
+            return dp_errf(err, "%s belongs to another run: its %.*s, this run's %.*s", path,
+                           (int)la, a, (int)lb, b);
+        if (!a[la] || !b[lb])
+            break;
+        a += la + 1;
+        b += lb + 1;
+    }
+    return dp_errf(err, "%s belongs to another run: its settings are '%s', this run's '%s'", path,
+                   have, want);
+}
+
 static int same_long(const dp_safetensors *f, const char *key, long want, const char *path,
                      dp_err *err)
 {
@@ -306,7 +330,8 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
         same(f, "lr_schedule", id->lr_schedule, path, err) < 0 || same(f, "lr", lr, path, err) < 0 ||
         same(f, "seed", seed, path, err) < 0 || same_long(f, "batch", id->batch, path, err) < 0 ||
         same_long(f, "train_size", (long)id->train_size, path, err) < 0 ||
-        same_long(f, "val_size", (long)id->val_size, path, err) < 0)
+        same_long(f, "val_size", (long)id->val_size, path, err) < 0 ||
+        same_settings(f, id->settings ? id->settings : "", path, err) < 0)
         return -1;
     long workers, ps;
     if (meta_long(f, "workers", 0, INT_MAX, &workers, path, err) < 0 ||
@@ -330,7 +355,7 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
 static const char *const meta_keys[] = {
     "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
     "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
-    "train_size", "val_size", "steps_per_epoch", "epochs"};
+    "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
 
 /* Recomputes the writer's checksum: every value of meta_keys present, the
  * workers' keys, then every tensor in file order. */

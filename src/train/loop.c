@@ -530,6 +530,16 @@ static int run_task(loop *L, dp_err *err)
         .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
         .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
         .epochs = cfg->epochs};
+    char settings[512];
+    snprintf(settings, sizeof settings,
+             "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g fetch_every=%d "
+             "push_every=%d staleness=%d staleness_range=%d:%d period=%d min_shard_bytes=%zu "
+             "max_shards=%d",
+             (double)cfg->optim.momentum, (double)cfg->optim.beta1, (double)cfg->optim.beta2,
+             (double)cfg->optim.eps, dp_shard_name(cfg->shard), (double)cfg->ema,
+             cfg->ps.fetch_every, cfg->ps.push_every, cfg->ps.staleness, cfg->ps.staleness_lo,
+             cfg->ps.staleness_hi, cfg->ps.period, cfg->ps.min_shard_bytes, cfg->ps.max_shards);
+    L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
