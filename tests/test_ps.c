@@ -158,9 +158,10 @@ static void check_ssp_bound(void)
     CHECKF(worst <= S + 1, "a worker led the slowest by %ld clocks with staleness %d", worst, S);
     CHECKF(worst >= 1, "the straggler never fell behind: the test proves nothing");
 
-    /* ps-dssp: the bound adapts within its range.  The straggler's next push
-     * is always far off, so the fast workers are let run past the lower
-     * bound, and never past the upper one. */
+    /* ps-dssp: the bound adapts within its range and never passes the upper
+     * one.  (When it goes past the lower bound depends on the timing of the
+     * pushes; test_ps_rules checks that rule step by step on a clock of its
+     * own, since a loaded machine can change the timing here.) */
     enum { LO = 1, HI = 4 };
     snprintf(extra, sizeof extra, "%s --staleness-range %d:%d", common, LO, HI);
     rc = launch("ps-dssp", W, 1, "dssp.jsonl", extra);
@@ -171,7 +172,6 @@ static void check_ssp_bound(void)
             allowed, worst);
     CHECKF(allowed <= HI && worst <= HI + 1, "ps-dssp let a worker lead by %ld (traced %ld), "
            "upper bound %d", allowed, worst, HI);
-    CHECKF(allowed > LO, "ps-dssp never went past its lower bound %d beside a straggler", LO);
 
     /* ps-async with the same straggler: the others do not wait for it. */
     rc = launch("ps-async", W, 1, "async.jsonl", common);
