@@ -142,6 +142,14 @@ int dp_ps_release_if(server *s, dp_ps_may_go go, dp_err *err)
     return 0;
 }
 
+int dp_ps_apply_then_wait(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
+{
+    if (h->records > 0)
+        dp_ps_apply(s, s->scratch, h->lr);
+    w->pending = 1;
+    return s->rules->release(s, err);
+}
+
 int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
 {
     if (w->pending)

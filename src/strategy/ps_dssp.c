@@ -29,17 +29,10 @@ static int may_run(const dp_ps_server *s, const dp_ps_worker *fast, long gap, do
 
 static int release(dp_ps_server *s, dp_err *err) { return dp_ps_release_if(s, may_run, err); }
 
-static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
-{
-    if (h->records > 0)
-        dp_ps_apply(s, s->scratch, h->lr);
-    w->pending = 1;
-    return release(s, err);
-}
 
 const dp_ps_rules dp_ps_rules_dssp = {
     .mode = DP_PS_DSSP, .name = "dssp", .survives_loss = 1, .watches_time = 1,
-    .on_push = on_push, .release = release, .step = dp_ps_push_and_wait,
+    .on_push = dp_ps_apply_then_wait, .release = release, .step = dp_ps_push_and_wait,
 };
 
 static int open_ps_dssp(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)

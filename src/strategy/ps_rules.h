@@ -98,6 +98,9 @@ void dp_ps_changed(dp_ps_server *s);
  * its clock minus the slowest live worker's. */
 typedef int (*dp_ps_may_go)(const dp_ps_server *s, const dp_ps_worker *w, long gap, double now);
 int dp_ps_release_if(dp_ps_server *s, dp_ps_may_go go, dp_err *err);
+/* The bounded-staleness push (ssp, dssp): the gradient is applied at once;
+ * the answer waits until the rule's release lets the worker go. */
+int dp_ps_apply_then_wait(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err);
 /* Rounds (sync, avg): adds w's push, records-weighted; a round is complete
  * when every live worker has pushed; dp_ps_round_mean gives the weighted
  * mean in s->scratch (NULL when the round carried no records); closing it

@@ -18,17 +18,9 @@ static int release(dp_ps_server *s, dp_err *err)
     return dp_ps_release_if(s, within_staleness, err);
 }
 
-/* Applied at once; the answer waits while the worker leads by too much. */
-static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
-{
-    if (h->records > 0)
-        dp_ps_apply(s, s->scratch, h->lr);
-    w->pending = 1;
-    return release(s, err);
-}
 
 const dp_ps_rules dp_ps_rules_ssp = {
-    .mode = DP_PS_SSP, .name = "ssp", .survives_loss = 1, .on_push = on_push,
+    .mode = DP_PS_SSP, .name = "ssp", .survives_loss = 1, .on_push = dp_ps_apply_then_wait,
     .release = release, .step = dp_ps_push_and_wait,
 };
 
