@@ -179,29 +179,7 @@ static void expect_refused(const char *what, const char *path, const dp_model *m
         CHECKF(strstr(err.msg, word2) != NULL, "%s: message lacks '%s': %s", what, word2, err.msg);
 }
 
-static unsigned char *read_bytes(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f != NULL);
-    REQUIRE(fseek(f, 0, SEEK_END) == 0);
-    long len = ftell(f);
-    REQUIRE(len >= 0);
-    rewind(f);
-    unsigned char *p = malloc((size_t)len + 1);
-    REQUIRE(p != NULL);
-    REQUIRE(fread(p, 1, (size_t)len, f) == (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return p;
-}
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f != NULL);
-    REQUIRE(n == 0 || fwrite(p, 1, n, f) == n);
-    REQUIRE(fclose(f) == 0);
-}
 
 static size_t header_len(const unsigned char *b)
 {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "scratch.h"
 
 static const char *g_bin;
 static char g_dir[1024];
@@ -250,12 +251,7 @@ int main(void)
         fprintf(stderr, "skipping: DOWNPOUR_BIN is not set (run under ctest)\n");
         return 77;
     }
-    const char *base = getenv("DOWNPOUR_TEST_TMP");
-    if (!base || !*base)
-        base = "/tmp";
-    mkdir(base, 0755);
-    snprintf(g_dir, sizeof g_dir, "%s/test_cli.XXXXXX", base);
-    REQUIRE(mkdtemp(g_dir) != NULL);
+    scratch_make(g_dir, sizeof g_dir, "test_cli");
     unsetenv("DOWNPOUR_CONFIG");
     unsetenv("TF_CONFIG");
     unsetenv("DOWNPOUR_SECRET");

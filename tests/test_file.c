@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "scratch.h"
 
 static char tmpdir[512];
 
@@ -226,12 +227,7 @@ static void test_dir_prepare(void)
 
 int main(void)
 {
-    const char *base = getenv("DOWNPOUR_TEST_TMP");
-    if (!base || !*base)
-        base = "/tmp";
-    mkdir(base, 0755);
-    snprintf(tmpdir, sizeof tmpdir, "%s/test_file.XXXXXX", base);
-    REQUIRE(mkdtemp(tmpdir) != NULL);
+    scratch_make(tmpdir, sizeof tmpdir, "test_file");
     test_write_all();
     test_atomic();
     test_path_check();

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "scratch.h"
 
 static char tmpdir[512];
 
@@ -34,29 +35,7 @@ static void tmp_path(char *out, size_t cap, const char *name)
     snprintf(out, cap, "%s/%s", tmpdir, name);
 }
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f != NULL);
-    REQUIRE(fwrite(p, 1, n, f) == n);
-    REQUIRE(fclose(f) == 0);
-}
 
-static unsigned char *read_bytes(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f != NULL);
-    REQUIRE(fseek(f, 0, SEEK_END) == 0);
-    long len = ftell(f);
-    REQUIRE(len >= 0);
-    rewind(f);
-    unsigned char *p = malloc((size_t)len + 1);
-    REQUIRE(p != NULL);
-    REQUIRE(fread(p, 1, (size_t)len, f) == (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return p;
-}
 
 static void put_u64(unsigned char *p, uint64_t v)
 {
