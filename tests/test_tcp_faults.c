@@ -117,6 +117,25 @@ static void log_begin(void)
     close(fd);
 }
 
+/* The refusing side logs from its handshake thread, which may still be
+ * writing after the dialler has seen the refusal: waits (at most 10 s) until
+ * the log holds `what`, so the check below reads a finished log. */
+static void log_await(const char *what)
+{
+    for (int i = 0; i < 1000; i++) {
+        fflush(stderr);
+        char buf[65536];
+        FILE *f = fopen(log_path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        if (strstr(buf, what))
+            return;
+        usleep(10000);
+    }
+}
+
 /* Restores stderr, echoes what was logged, and returns it (static buffer). */
 static const char *log_end(void)
 {
@@ -431,6 +450,7 @@ int main(void)
 
     log_begin();
     fault_cases(t);
+    log_await("already connected");
     const char *log = log_end();
     CHECK(strstr(log, "refused connection from 127.0.0.1:") != NULL);
     CHECK(strstr(log, "bad magic") != NULL);
