@@ -3,9 +3,11 @@
  * stream the text goes to, and the checks train makes before it trains. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -136,6 +138,52 @@ static void test_train_help(void)
     CHECKF(strstr(g_out, "nan") == NULL && strstr(g_out, "-1:") == NULL, "%s", g_out);
 }
 
+/* A loopback port that was free a moment ago. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    REQUIRE(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* --startup-timeout and --heartbeat-timeout: ranges, help, and a task whose
+ * peer never comes gives up after the startup timeout, naming it. */
+static void test_train_timeouts(void)
+{
+    USAGE_ERROR("--startup-timeout: 0 is out of range [1, 86400]", "train", "--startup-timeout", "0");
+    USAGE_ERROR("--heartbeat-timeout: 0.1 is out of range [0.5, 3600]", "train",
+                "--heartbeat-timeout", "0.1");
+    USAGE_ERROR("--heartbeat-timeout: 5000 is out of range", "train", "--heartbeat-timeout", "5000");
+    const char *help[] = {"train", "--help", NULL};
+    CHECK(run(help) == 0);
+    CHECKF(strstr(g_out, "--startup-timeout S") && strstr(g_out, "(default: 600)"), "%s", g_out);
+    CHECKF(strstr(g_out, "--heartbeat-timeout S") && strstr(g_out, "(default: 10)"), "%s", g_out);
+
+    static const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+    int fd = open(tmp_path("secret"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0 && write(fd, hex, sizeof hex - 1) == (ssize_t)(sizeof hex - 1));
+    close(fd);
+    char spec[256];
+    int p0 = free_port(), p1 = free_port();
+    snprintf(spec, sizeof spec,
+             "{\"cluster\": {\"worker\": [\"127.0.0.1:%d\", \"127.0.0.1:%d\"]}, "
+             "\"task\": {\"type\": \"worker\", \"index\": 0}}",
+             p0, p1 == p0 ? p0 + 1 : p1);
+    setenv("DOWNPOUR_CONFIG", spec, 1);
+    const char *args[] = {"train", "--strategy", "allreduce", "--secret-file", tmp_path("secret"),
+                          "--startup-timeout", "1", "--heartbeat-timeout", "1", NULL};
+    int rc = run(args);
+    unsetenv("DOWNPOUR_CONFIG");
+    CHECKF(rc == 1, "exit %d: %s", rc, g_err);
+    CHECKF(strstr(g_err, "cannot connect to worker:1") && strstr(g_err, "within 1.0 s"), "%s",
+           g_err);
+}
+
 /* run --secret-file: read before the task starts. */
 static void test_run_secret_file(void)
 {
@@ -261,5 +309,6 @@ int main(void)
     test_train_checks();
     test_train_help();
     test_run_secret_file();
+    test_train_timeouts();
     return CHECK_DONE();
 }

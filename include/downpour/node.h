@@ -17,8 +17,9 @@ typedef struct dp_node_config {
     int mpi_ps;                /* mpi: how many ps ranks follow the chief */
     const char *secret_file;   /* NULL: DOWNPOUR_SECRET */
     int insecure;              /* allow no secret (trusted networks only) */
-    double connect_timeout;    /* s to reach every peer (60) */
-    double heartbeat_timeout;  /* s of silence before a peer is lost (10) */
+    double connect_timeout;    /* s to reach every peer (600) */
+    double heartbeat_timeout;  /* s of silence before a peer is lost (10); the
+                                  heartbeat interval is at most a quarter of it */
     dp_metrics *metrics;       /* resource events go here; NULL: no sampler */
     double sample_interval;    /* s between resource samples (1) */
 } dp_node_config;

@@ -61,6 +61,8 @@ typedef struct dp_train_config {
     int keep_checkpoints;     /* the newest K are kept (3) */
     bool resume;              /* continue from the newest valid checkpoint in checkpoint_dir */
     const char *secret_file;  /* the cluster secret (NULL: DOWNPOUR_SECRET) */
+    double startup_timeout;   /* s a task waits for every peer (0: the node's, 600) */
+    double heartbeat_timeout; /* s of silence before a peer is lost (0: the node's, 10) */
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "downpour/file.h"
+#include "downpour/node.h"
 #include "downpour/strategy.h"
 #include "downpour/train.h"
 
@@ -86,6 +87,10 @@ int cmd_train(int argc, char **argv)
     const char *checkpoint_dir = NULL, *secret_file = NULL;
     long checkpoint_every = cfg.checkpoint_every, keep_checkpoints = cfg.keep_checkpoints;
     bool resume = false;
+    dp_node_config node_defaults;
+    dp_node_config_init(&node_defaults);
+    double startup_timeout = node_defaults.connect_timeout;
+    double heartbeat_timeout = node_defaults.heartbeat_timeout;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
@@ -133,6 +138,8 @@ int cmd_train(int argc, char **argv)
         {"keep-checkpoints", CLI_INT, &keep_checkpoints, "K", "keep the newest K checkpoints", 1, 1000},
         {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir", 0, 0},
         {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
+        {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
+        {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
         {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
     };
@@ -241,6 +248,8 @@ int cmd_train(int argc, char **argv)
     cfg.keep_checkpoints = (int)keep_checkpoints;
     cfg.resume = resume;
     cfg.secret_file = secret_file;
+    cfg.startup_timeout = startup_timeout;
+    cfg.heartbeat_timeout = heartbeat_timeout;
     if (check_outputs(save, metrics, checkpoint_dir) < 0)
         return 2;
 

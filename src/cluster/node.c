@@ -13,7 +13,9 @@ void dp_node_config_init(dp_node_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->transport = "tcp";
-    cfg->connect_timeout = 60;
+    /* Generous: tasks started by hand or by a scheduler may come up minutes
+     * apart (docs/cluster.md, "Startup and heartbeat timeouts"). */
+    cfg->connect_timeout = 600;
     cfg->heartbeat_timeout = 10;
     cfg->sample_interval = 1;
 }
@@ -162,8 +164,13 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.secret = secret.bytes;
     tc.secret_len = secret.len;
     tc.insecure = cfg->insecure;
-    if (cfg->heartbeat_timeout > 0)
+    if (cfg->heartbeat_timeout > 0) {
         tc.heartbeat_timeout = cfg->heartbeat_timeout;
+        /* The interval must stay below the timeout: at most a quarter of it,
+         * so a short timeout (1 s) still sees several heartbeats in time. */
+        if (tc.heartbeat_interval > tc.heartbeat_timeout / 4)
+            tc.heartbeat_interval = tc.heartbeat_timeout / 4;
+    }
     rc = dp_tcp_open(&tc, &n->transport, err);
     dp_secret_wipe(&secret); /* the transport keeps its own copy */
     free(addrs);

@@ -467,6 +467,10 @@ static int open_node(loop *L, dp_err *err)
         nc.transport = cfg->transport;
     nc.mpi_ps = cfg->mpi_ps;
     nc.secret_file = cfg->secret_file;
+    if (cfg->startup_timeout > 0)
+        nc.connect_timeout = cfg->startup_timeout;
+    if (cfg->heartbeat_timeout > 0)
+        nc.heartbeat_timeout = cfg->heartbeat_timeout;
     int rc;
     if (strcmp(nc.transport, "mpi") == 0) {
         /* Every MPI rank gets the same --metrics path: the chief keeps it,
