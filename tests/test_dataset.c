@@ -19,6 +19,7 @@
 #include "check.h"
 #include "scratch.h"
 #include "downpour/clock.h"
+#include "downpour/crc32c.h"
 #include "downpour/dataset.h"
 
 static char scratch[1024];
@@ -170,6 +171,8 @@ static int stat_ok(const char *path, struct stat *st)
     return rc;
 }
 
+static char g_log[4096]; /* what the last open_logged wrote on stderr */
+
 /* Runs dp_dataset_open with stderr sent to a file; returns the open's status
  * and whether the log contained `needle`. */
 static int open_logged(dp_dataset *ds, const char *name, const char *needle, int *found)
@@ -186,10 +189,10 @@ static int open_logged(dp_dataset *ds, const char *name, const char *needle, int
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    char text[4096] = "";
+    char *text = g_log;
     FILE *fp = fopen(log, "r");
     REQUIRE(fp != NULL);
-    size_t n = fread(text, 1, sizeof text - 1, fp);
+    size_t n = fread(text, 1, sizeof g_log - 1, fp);
     text[n] = '\0';
     fclose(fp);
     fprintf(stderr, "log of that open: %s", text);
@@ -208,7 +211,91 @@ static void patch_file(const char *path, long off, const void *bytes, size_t n)
     REQUIRE(fclose(fp) == 0);
 }
 
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
 /* ---- the cache ---- */
+
+/* One flipped byte anywhere in the payload: the next open (no environment
+ * variable needed) warns once, naming the file and the damaged section,
+ * rebuilds the cache from the sources and hands out the sources' data. */
+static void test_cache_flip(const char *dir, const char *cache, const fake *f)
+{
+    static const struct {
+        long off;
+        const char *section;
+    } cases[] = {
+        {4096 + 17, "train images"},
+        {4096 + 50 * 16 - 1, "train images"},
+        {4096 + 50 * 16 + 3, "train labels"},
+        {4096 + 50 * 17 + 20 * 16 - 5, "test images"},
+        {4096 + 50 * 17 + 20 * 17 - 1, "test labels"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct stat a, b;
+        size_t n;
+        if (stat_ok(cache, &a) != 0)
+            return;
+        uint8_t *before = read_bytes(cache, &n);
+        uint8_t byte = before[cases[i].off] ^ 0x01;
+        patch_file(cache, cases[i].off, &byte, 1);
+        dp_dataset ds;
+        int found = 0;
+        if (open_logged(&ds, dir, "payload checksum mismatch", &found) != 0) {
+            CHECK(0);
+            free(before);
+            return;
+        }
+        CHECKF(found && strstr(g_log, cache) && strstr(g_log, cases[i].section),
+               "byte %ld: the warning names neither %s nor the %s: %s", cases[i].off, cache,
+               cases[i].section, g_log);
+        CHECKF(count_of(g_log, "warning") == 1, "byte %ld: not one warning: %s", cases[i].off,
+               g_log);
+        check_contents(&ds, f);
+        dp_dataset_close(&ds);
+        stat_ok(cache, &b);
+        CHECKF(a.st_ino != b.st_ino, "byte %ld: the cache was not rebuilt", cases[i].off);
+        /* The rebuilt file is the original one, byte for byte, and opens quietly. */
+        uint8_t *after = read_bytes(cache, &n);
+        CHECKF(memcmp(before, after, n) == 0, "byte %ld: the rebuilt cache differs",
+               cases[i].off);
+        free(before);
+        free(after);
+        if (open_logged(&ds, dir, "warning", &found) == 0) {
+            CHECKF(!found, "byte %ld: the rebuilt cache warns: %s", cases[i].off, g_log);
+            check_contents(&ds, f);
+            dp_dataset_close(&ds);
+        }
+    }
+}
+
+/* Patches a label of the cache and re-signs the file (section, payload and
+ * header CRCs), so only the label check can catch it. */
+static void patch_label_resigned(const char *cache, long off, uint8_t label)
+{
+    size_t n;
+    uint8_t *p = read_bytes(cache, &n);
+    p[off] = label;
+    /* tiny: 50 + 20 records of 4x4; sections at 4096 in payload order */
+    size_t lens[4] = {50 * 16, 50, 20 * 16, 20}, at = 4096;
+    uint32_t all = 0;
+    for (int i = 0; i < 4; i++) {
+        uint32_t c = dp_crc32c(0, p + at, lens[i]);
+        memcpy(p + 152 + 4 * i, &c, 4); /* little-endian host */
+        all = dp_crc32c_combine(all, c, lens[i]);
+        at += lens[i];
+    }
+    memcpy(p + 36, &all, 4);
+    uint32_t h = dp_crc32c(0, p, 168);
+    memcpy(p + 168, &h, 4);
+    write_bytes(cache, p, n);
+    free(p);
+}
 
 static void test_cache(void)
 {
@@ -303,32 +390,11 @@ static void test_cache(void)
     } else {
         CHECK(0);
     }
-    /* A flipped payload byte is caught by the payload checksum, which an open
-     * computes only when DOWNPOUR_CACHE_VERIFY is set (it is cheap here, not
-     * for 55 MB). */
-    stat_ok(cache, &a);
-    uint8_t byte = (uint8_t)(px(0, 1, 1) ^ 0xff);
-    patch_file(cache, 4096 + 17, &byte, 1);
-    if (open_ok(&ds, dir) == 0) {
-        CHECK(ds.train_all.images[17] == byte); /* trusted on a cheap open */
-        dp_dataset_close(&ds);
-    }
-    setenv("DOWNPOUR_CACHE_VERIFY", "1", 1);
-    if (open_logged(&ds, dir, "payload checksum", &found) == 0) {
-        CHECK(found);
-        check_contents(&ds, &f);
-        dp_dataset_close(&ds);
-    } else {
-        CHECK(0);
-    }
-    if (open_ok(&ds, dir) == 0) { /* the rebuilt cache verifies */
-        check_contents(&ds, &f);
-        dp_dataset_close(&ds);
-    }
-    unsetenv("DOWNPOUR_CACHE_VERIFY");
-    /* A label beyond the classes in its header is never handed out. */
-    byte = 200;
-    patch_file(cache, 4096 + 50 * 16 + 3, &byte, 1);
+    /* A flipped payload byte is caught on every open by the payload checksum. */
+    test_cache_flip(dir, cache, &f);
+    /* A label beyond the classes in its header is never handed out, even in
+     * a cache whose checksums were made to match. */
+    patch_label_resigned(cache, 4096 + 50 * 16 + 3, 200);
     if (open_logged(&ds, dir, "label", &found) == 0) {
         CHECK(found);
         check_contents(&ds, &f);
@@ -751,7 +817,6 @@ int main(void)
     scratch_make(scratch, sizeof scratch, "test_dataset");
     unsetenv("DOWNPOUR_DATA");
     unsetenv("DOWNPOUR_CACHE");
-    unsetenv("DOWNPOUR_CACHE_VERIFY");
     setenv("XDG_CACHE_HOME", sp("xdg", NULL), 1);
 
     test_cache();

@@ -38,8 +38,8 @@ typedef struct dp_dataset {
 /* Resolves name_or_dir, reads or builds the cache, maps it.  The cache lives
  * in $DOWNPOUR_CACHE, else <dir> if writable, else $XDG_CACHE_HOME/downpour or
  * ~/.cache/downpour; it is rebuilt when the source files change (size, mtime,
- * inode) and, with a warning, when its header is wrong (the payload checksum
- * is checked on open only with DOWNPOUR_CACHE_VERIFY=1).  The named datasets
+ * inode) and, with a warning naming the file and the check, when its header
+ * or a payload section's checksum is wrong (checked on every open).  The named datasets
  * refuse labels >= 10; a directory has 1 + its largest label classes (>= 2).
  * A missing KMNIST says where to download it and where to put it. */
 int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
