@@ -1,0 +1,201 @@
+/* libFuzzer target for the parameter server's messages (src/strategy/ps.c
+ * and each mode's rule: ps_async.c, ps_sync.c, ps_ssp.c, ps_dssp.c,
+ * model_avg.c).  A ps server is opened on the in-process transport, as
+ * tests/test_ps_rules.c does, and the fuzz bytes decode into frames that the
+ * chief and the workers send it (pushes with any head and floats, pulls,
+ * state requests, DONE, SHUTDOWN, any other type), crashes and cuts of those
+ * endpoints, and steps of the servers' clock; the server handles one event
+ * after each.  Any sequence must leave the server answering, ending the run
+ * (1), or refusing with a message (-1); never a crash, an out-of-bounds
+ * access, a leak, or a hang.
+ *
+ * Input: byte 0 the mode (% 5: async, sync, ssp, dssp, avg) and the servers'
+ * optimiser (/ 5 % 5); byte 1 the workers (1 + % 3), bit 2 two ps tasks (the
+ * server holds shard 0 of 2), bit 3 a moving average, bits 4-7 the staleness
+ * bounds; then operations, each a byte (bits 0-1 the sender, 2-7 what it
+ * does: the switch below) and a step byte, then its arguments. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "downpour/inproc.h"
+#include "downpour/log.h"
+#include "downpour/ps.h"
+#include "downpour/wire.h"
+#include "fuzz_input.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define NP 6 /* parameters */
+#define MAX_WORKERS 3
+#define MAX_OPS 512
+
+static double fake_now;
+static double fake_clock(void) { return fake_now; }
+
+static const float lr_table[16] = {0.1f, 0.0f, 1.0f, 1e6f, 2e6f, -1.0f, NAN, INFINITY,
+                                   1e-3f, 1e-40f, 0.5f, 0.01f, -0.0f, 3.0f, 1e-8f, 100.0f};
+
+/* A push from `from` to the ps task: the head, then `floats` floats. */
+static void send_push(dp_transport *from, int ps, unsigned type, uint64_t step, uint64_t offset,
+                      size_t floats, fz_in *in)
+{
+    uint8_t buf[DP_PUSH_HEAD_SIZE + (NP + 4) * sizeof(float)];
+    dp_push_head h;
+    h.records = fz_u8(in);
+    uint8_t w = fz_u8(in);
+    h.want = w & 0x80 ? w : (w & 1u);
+    h.lr = lr_table[fz_u8(in) & 15];
+    dp_push_head_put(buf, &h);
+    if (floats > NP + 4)
+        floats = NP + 4;
+    fz_bytes(in, buf + DP_PUSH_HEAD_SIZE, floats * sizeof(float));
+    dp_err err;
+    (void)dp_transport_send(from, ps, type, step, offset, buf,
+                            DP_PUSH_HEAD_SIZE + floats * sizeof(float), &err);
+}
+
+/* Reads (and drops) whatever the server sent to endpoint t. */
+static void drain(dp_transport *t, int n)
+{
+    dp_event ev;
+    dp_err err;
+    for (int k = 0; k < 64; k++) {
+        if (dp_transport_poll(t, DP_PEER_ANY, 0, &ev, &err) != 0 || ev.kind == DP_EVENT_TIMEOUT)
+            return;
+        if (ev.kind == DP_EVENT_FRAME) {
+            if (ev.peer < 0 || ev.peer >= n)
+                abort();
+            (void)dp_transport_skip_payload(t, ev.peer, &err);
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int quiet;
+    if (!quiet) {
+        dp_log_set_level(DP_LOG_ERROR);
+        quiet = 1;
+    }
+    if (size < 2 || size > 4096)
+        return 0;
+    fz_in in = {data, size, 0};
+    uint8_t b0 = fz_u8(&in), b1 = fz_u8(&in);
+    dp_ps_config cfg;
+    dp_ps_config_init(&cfg);
+    cfg.mode = (dp_ps_mode)(b0 % DP_PS_MODE_COUNT);
+    dp_optim_config oc = dp_optim_defaults((dp_optim_kind)((b0 / 5) % DP_OPTIM_COUNT));
+    int workers = 1 + b1 % MAX_WORKERS;
+    int n_ps = (b1 >> 2) & 1 ? 2 : 1;
+    cfg.ema = (b1 >> 3) & 1 ? 0.9f : 0.0f;
+    cfg.staleness = (b1 >> 4) & 3;
+    cfg.staleness_lo = (b1 >> 4) & 3;
+    cfg.staleness_hi = cfg.staleness_lo + ((b1 >> 6) & 3);
+    cfg.min_shard_bytes = sizeof(float);
+    cfg.now = fake_clock;
+    fake_now = 1000.0;
+
+    int ports[MAX_WORKERS + 3];
+    const char *names[MAX_WORKERS + 3];
+    int n = 1 + workers + n_ps;
+    for (int i = 0; i < n; i++)
+        ports[i] = 20000 + i; /* never listened on */
+    dp_cluster c;
+    dp_err err;
+    if (dp_cluster_local(&c, 1, workers, n_ps, ports, &err) != 0)
+        abort();
+    for (int i = 0; i < n; i++)
+        names[i] = c.tasks[i].name;
+    dp_transport *ts[MAX_WORKERS + 3];
+    if (dp_inproc_open_named(ts, n, names, &err) != 0)
+        abort();
+    dp_ps_layout layout;
+    if (dp_ps_layout_make(&layout, &c, NP, &cfg, &err) != 0)
+        abort();
+    int ps = dp_cluster_rank(&c, DP_ROLE_PS, 0);
+    size_t lo = layout.range[0].lo, len = layout.range[0].hi - lo;
+    float p0[NP] = {1, 2, -3, 0.5f, 0, 4};
+    dp_ps_start start = {.params = p0};
+    dp_ps_server *s;
+    if (dp_ps_server_open(&s, ts[ps], &c, &layout, &cfg, &oc, &start, NP, &err) != 0)
+        abort();
+    int killed[MAX_WORKERS + 3] = {0};
+    unsigned push_type = cfg.mode == DP_PS_AVG ? DP_WIRE_PUSH_PARAMS : DP_WIRE_PUSH_GRAD;
+    int rc = 0;
+    for (int op = 0; op < MAX_OPS && fz_left(&in) > 0 && rc == 0; op++) {
+        uint8_t o = fz_u8(&in);
+        int from = (o & 3) % (1 + workers); /* 0: the chief, k: worker k-1 */
+        dp_transport *t = ts[from];
+        uint64_t step = fz_u8(&in);
+        switch ((o >> 2) % 12) {
+        case 0: /* a well-formed push for this shard */
+            send_push(t, ps, push_type, step, lo, len, &in);
+            break;
+        case 1: /* a push of the other kind */
+            send_push(t, ps,
+                      push_type == DP_WIRE_PUSH_GRAD ? DP_WIRE_PUSH_PARAMS : DP_WIRE_PUSH_GRAD,
+                      step, lo, len, &in);
+            break;
+        case 2: { /* a push of the wrong length or at the wrong offset */
+            uint8_t a = fz_u8(&in);
+            int floats = (int)len + ((a >> 3) & 7) - 3;
+            send_push(t, ps, push_type, step, a & 0x80 ? lo : a & 7,
+                      (size_t)(floats < 0 ? 0 : floats), &in);
+            break;
+        }
+        case 3: case 4: case 5: case 6: case 7: { /* PULL .. SHUTDOWN, maybe with bytes */
+            static const unsigned types[5] = {DP_WIRE_PULL, DP_WIRE_PULL_AVERAGE,
+                                              DP_WIRE_STATE_REQ, DP_WIRE_DONE, DP_WIRE_SHUTDOWN};
+            uint8_t pay[8];
+            size_t k = fz_u8(&in) & 7;
+            fz_bytes(&in, pay, k);
+            (void)dp_transport_send(t, ps, types[(o >> 2) % 12 - 3], step, 0, pay, k, &err);
+            break;
+        }
+        case 8: { /* any application frame type */
+            uint8_t pay[32];
+            unsigned type =
+                DP_FRAME_APP_FIRST + fz_u8(&in) % (DP_FRAME_COUNT - DP_FRAME_APP_FIRST);
+            uint64_t offset = fz_u8(&in);
+            size_t k = fz_u8(&in) % sizeof pay;
+            fz_bytes(&in, pay, k);
+            (void)dp_transport_send(t, ps, type, step, offset, pay, k, &err);
+            break;
+        }
+        case 9: /* the sender crashes, or its links are cut */
+            if (!killed[from]) {
+                killed[from] = 1;
+                (void)dp_inproc_kill(t, step & 1 ? DP_INPROC_CUT : DP_INPROC_CRASH, &err);
+            }
+            break;
+        case 10: /* the servers' clock moves on */
+            fake_now += (double)step * 0.01;
+            break;
+        default: /* the sender reads its replies */
+            drain(t, n);
+            break;
+        }
+        err.msg[0] = '\0';
+        rc = dp_ps_server_poll(s, 0, &err);
+        if (rc < 0 && err.msg[0] == '\0')
+            abort(); /* every refusal says why */
+        if (rc != 0 && rc != 1 && rc != -1)
+            abort();
+    }
+    /* Let the server take what is still queued. */
+    for (int k = 0; k < 64 && rc == 0; k++)
+        rc = dp_ps_server_poll(s, 0, &err);
+    if (dp_ps_server_updates(s) < 0)
+        abort();
+    for (int w = 0; w < workers; w++)
+        if (dp_ps_server_clock(s, w) < 0)
+            abort();
+    dp_ps_server_close(s);
+    for (int i = 0; i < n; i++)
+        dp_transport_close(ts[i]);
+    dp_cluster_free(&c);
+    return 0;
+}
