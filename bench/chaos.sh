@@ -1,0 +1,575 @@
+#!/usr/bin/env bash
+# chaos.sh: fault-injection benchmark.  For each strategy, one fault-free run
+# (the baseline), then trials of (fault x role x moment), each a small MNIST run:
+#
+#   kill    SIGKILL the task, under `downpour launch`
+#   freeze  SIGSTOP the task for heartbeat timeout + 2 s, then SIGCONT, under launch
+#   cut     its network link down for heartbeat timeout + 2 s, then up again:
+#           the tasks are started by hand, one per network namespace
+#           (scripts/netns.sh, root only; `downpour launch` puts every task
+#           on 127.0.0.1, where one task's link cannot be cut)
+#
+# A trial passes when the run exits 0 and its test accuracy is within
+# --tolerance of the baseline of the same strategy.  One line per trial, then a
+# summary against the targets: every trial completes, accuracy within the
+# tolerance, the loss detected within the heartbeat timeout.
+#
+# The faulted worker is worker 1, which is also the straggler (--straggler
+# 1:MS): the runs last a few seconds at little CPU, and worker 1 is alive at
+# every moment.  Moments are fractions of the strategy's baseline wall time
+# (early 0.2, mid 0.5, late 0.8).  Detection time: from the fault to the first
+# output line "lost <task>" (any task's), stamped as it arrives.
+#
+# usage: bench/chaos.sh [options]
+#   --trials N            trials per cell (default 1)
+#   --strategies LIST     comma-separated (default ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce)
+#   --roles LIST          worker,ps,chief (default all; a strategy without the role skips it)
+#   --faults LIST         kill,freeze,cut (default all; cut is skipped when not root)
+#   --moments LIST        early,mid,late for kill (default all); freeze and cut at --fault-moment
+#   --fault-moment M      moment of the freeze and cut trials (default mid)
+#   --max-restarts N      passed to `downpour launch`; in cut trials a failed task is
+#                         restarted by this script up to N times while the run goes on
+#   --train-size N        training records (default 6000); --epochs N (default 2)
+#   --straggler-ms MS     worker 1's sleep per step (default 100)
+#   --heartbeat S         --heartbeat-timeout of every task (default 2)
+#   --tolerance X         accuracy difference allowed, absolute (default 0.005)
+#   --timeout S           per-trial wall-clock limit (default 90)
+#   --bin PATH            the downpour program (default $DOWNPOUR_BIN, build/downpour)
+#   --out DIR             logs and results.tsv (default a fresh /tmp/downpour-chaos.XXXX)
+# Needs DOWNPOUR_DATA (or ./data) with MNIST.  Exit status: 0 when every
+# target is met, 1 when any is missed, 2 on a usage or setup error.
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+NETNS="$root/scripts/netns.sh"
+
+TRIALS=1
+STRATEGIES=ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce
+ROLES=worker,ps,chief
+FAULTS=kill,freeze,cut
+MOMENTS=early,mid,late
+FAULT_MOMENT=mid
+MAX_RESTARTS=
+TRAIN=6000
+EPOCHS=2
+STRAG_MS=100
+HB=2
+TOL=0.005
+TIMEOUT=90
+BIN=${DOWNPOUR_BIN:-}
+OUT=
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit "${1:-2}"; }
+die() { echo "chaos.sh: $*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --trials) TRIALS=$2; shift 2 ;;
+    --strategies) STRATEGIES=$2; shift 2 ;;
+    --roles) ROLES=$2; shift 2 ;;
+    --faults) FAULTS=$2; shift 2 ;;
+    --moments) MOMENTS=$2; shift 2 ;;
+    --fault-moment) FAULT_MOMENT=$2; shift 2 ;;
+    --max-restarts) MAX_RESTARTS=$2; shift 2 ;;
+    --train-size) TRAIN=$2; shift 2 ;;
+    --epochs) EPOCHS=$2; shift 2 ;;
+    --straggler-ms) STRAG_MS=$2; shift 2 ;;
+    --heartbeat) HB=$2; shift 2 ;;
+    --tolerance) TOL=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    --bin) BIN=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "chaos.sh: unknown option '$1'" >&2; usage 2 ;;
+    esac
+done
+
+int_ok() { [[ "$1" =~ ^[0-9]+$ ]]; }
+num_ok() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
+int_ok "$TRIALS" && [ "$TRIALS" -ge 1 ] || die "--trials: a positive integer"
+int_ok "$TRAIN" && int_ok "$EPOCHS" && int_ok "$STRAG_MS" || die "--train-size, --epochs, --straggler-ms: integers"
+num_ok "$HB" && num_ok "$TOL" && num_ok "$TIMEOUT" || die "--heartbeat, --tolerance, --timeout: numbers"
+[ -z "$MAX_RESTARTS" ] || int_ok "$MAX_RESTARTS" || die "--max-restarts: an integer"
+case "$FAULT_MOMENT" in early|mid|late) ;; *) die "--fault-moment: early, mid or late" ;; esac
+
+if [ -z "$BIN" ]; then
+    for b in "$root/build/downpour" "$(command -v downpour 2>/dev/null)"; do
+        [ -n "$b" ] && [ -x "$b" ] && { BIN=$b; break; }
+    done
+fi
+[ -n "$BIN" ] && [ -x "$BIN" ] || die "no downpour program (build it, or pass --bin PATH / set DOWNPOUR_BIN)"
+export DOWNPOUR_DATA=${DOWNPOUR_DATA:-$root/data}
+[ -e "$DOWNPOUR_DATA/mnist/train-images-idx3-ubyte" ] || [ -e "$DOWNPOUR_DATA/mnist/train-images-idx3-ubyte.gz" ] ||
+    die "MNIST not found under $DOWNPOUR_DATA (scripts/fetch-data.sh)"
+if [ -n "$MAX_RESTARTS" ]; then
+    "$BIN" launch --help 2>&1 | grep -q -- '--max-restarts' ||
+        die "this downpour launch has no --max-restarts"
+fi
+export OPENBLAS_NUM_THREADS=1
+
+if [ -z "$OUT" ]; then
+    OUT=$(mktemp -d /tmp/downpour-chaos.XXXXXX) || die "cannot make a scratch directory"
+else
+    mkdir -p "$OUT" || die "cannot make $OUT"
+fi
+RESULTS=$OUT/results.tsv
+
+can_cut=1
+cut_why=
+if [[ ",$FAULTS," == *,cut,* ]]; then
+    if [ "$(id -u)" != 0 ]; then can_cut=0; cut_why="not root"
+    elif ! command -v ip >/dev/null 2>&1; then can_cut=0; cut_why="no 'ip'"
+    elif [ ! -x "$NETNS" ]; then can_cut=0; cut_why="no $NETNS"
+    fi
+fi
+PREFIX="dc$(( $$ % 10000000 ))"
+
+# ---- processes: everything started here is tracked and ended on every path ----
+
+PIDS=()          # pids to end when a trial (or the script) ends
+NETNS_UP=0
+
+kill_all() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill -TERM "$p" 2>/dev/null
+    done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        local alive=0
+        for p in "${PIDS[@]}"; do
+            kill -0 "$p" 2>/dev/null && alive=1
+        done
+        [ $alive = 0 ] && break
+        sleep 0.2
+    done
+    for p in "${PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    PIDS=()
+}
+
+cleanup() {
+    kill_all
+    if [ "$NETNS_UP" = 1 ]; then
+        "$NETNS" down "$PREFIX" 2>/dev/null
+        NETNS_UP=0
+    fi
+}
+trap cleanup EXIT
+trap 'echo "chaos.sh: interrupted" >&2; exit 130' INT TERM HUP
+
+now() { echo "$EPOCHREALTIME"; }
+fsub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
+fle() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+
+# Stamps every line read with the wall time it arrived and an optional tag.
+stamp() {
+    local tag=${1:-} line
+    while IFS= read -r line; do
+        printf '%s %s%s\n' "$EPOCHREALTIME" "$tag" "$line"
+    done
+}
+
+# ---- the runs ----
+
+has_role() {  # strategy role
+    case "$2" in
+    worker) return 0 ;;
+    ps|chief) [ "$1" != allreduce ] ;;
+    esac
+}
+
+target_name() {  # role -> task name
+    case "$1" in
+    worker) echo worker:1 ;;
+    ps) echo ps:0 ;;
+    chief) echo chief:0 ;;
+    esac
+}
+
+train_args() {  # strategy
+    local a=(train --strategy "$1" --dataset mnist --train-size "$TRAIN" --val-size 1000
+             --epochs "$EPOCHS" --batch 128 --seed 1 --log-every 8 --no-progress
+             --heartbeat-timeout "$HB" --startup-timeout 30 --straggler "1:$STRAG_MS")
+    [ "$1" = allreduce ] && a+=(--collective-timeout 20)
+    printf '%s\n' "${a[@]}"
+}
+
+launch_opts() {  # strategy
+    if [ "$1" = allreduce ]; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps 1; fi
+    [ -z "$MAX_RESTARTS" ] || printf '%s\n' --max-restarts "$MAX_RESTARTS"
+}
+
+# Pid of the launcher's child running task NAME (its DOWNPOUR_TASK), or nothing.
+task_pid() {  # launcher_pid name
+    local c
+    for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+        if tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "DOWNPOUR_TASK=$2"; then
+            echo "$c"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Sleeps until T (epoch seconds) or until pid P has ended; 0 if P still runs.
+sleep_until() {  # t pid
+    while fle "$(now)" "$1"; do
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    kill -0 "$2" 2>/dev/null
+}
+
+# Waits for pid P until the deadline; sets RC (124 at the deadline).
+wait_deadline() {  # pid deadline
+    while kill -0 "$1" 2>/dev/null; do
+        if ! fle "$(now)" "$2"; then
+            RC=124
+            return
+        fi
+        sleep 0.1
+    done
+    wait "$1" 2>/dev/null
+    RC=$?
+}
+
+# A run under `downpour launch`, with an optional fault.  Sets RC, LOG, T0,
+# T_FAULT (empty when no fault was made) and NOTE.
+run_launch() {  # strategy fault role at_seconds tag
+    local s=$1 fault=$2 role=$3 at=$4 tag=$5
+    LOG=$OUT/$tag.log
+    NOTE=
+    T_FAULT=
+    local fifo=$OUT/$tag.fifo opts args
+    rm -f "$fifo"
+    mkfifo "$fifo" || die "mkfifo $fifo"
+    mapfile -t opts < <(launch_opts "$s")
+    mapfile -t args < <(train_args "$s")
+    stamp <"$fifo" >"$LOG" &
+    local spid=$!
+    PIDS+=("$spid")
+    T0=$(now)
+    "$BIN" launch "${opts[@]}" -- "${args[@]}" >"$fifo" 2>&1 &
+    local lpid=$!
+    PIDS+=("$lpid")
+    local deadline
+    deadline=$(awk -v a="$T0" -v b="$TIMEOUT" 'BEGIN { printf "%.3f", a + b }')
+    if [ "$fault" != none ]; then
+        local name tp
+        name=$(target_name "$role")
+        if sleep_until "$(awk -v a="$T0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')" "$lpid"; then
+            if tp=$(task_pid "$lpid" "$name"); then
+                case "$fault" in
+                kill)
+                    T_FAULT=$(now)
+                    kill -KILL "$tp" 2>/dev/null
+                    ;;
+                freeze)
+                    T_FAULT=$(now)
+                    kill -STOP "$tp" 2>/dev/null
+                    sleep "$(awk -v h="$HB" 'BEGIN { print h + 2 }')"
+                    kill -CONT "$tp" 2>/dev/null
+                    ;;
+                esac
+            else
+                NOTE="$name had already ended at $(fsub "$(now)" "$T0") s: no fault made"
+            fi
+        else
+            NOTE="the run ended before the fault ($at s)"
+        fi
+    fi
+    wait_deadline "$lpid" "$deadline"
+    local rc=$RC
+    [ "$rc" = 124 ] && NOTE="timed out after $TIMEOUT s${NOTE:+; $NOTE}"
+    [ "$rc" = 124 ] && kill -KILL "$lpid" 2>/dev/null
+    # The stamper ends at the launcher's EOF: let it write the last lines.
+    wait_deadline "$spid" "$(awk -v a="$(now)" 'BEGIN { printf "%.3f", a + 3 }')"
+    RC=$rc
+    kill_all
+    rm -f "$fifo"
+}
+
+# A run of hand-started tasks, one per network namespace, with its link cut
+# for HB + 2 s at AT.  The run's exit is the first non-zero exit of a task
+# (0 when every task exits 0), as the launcher reports it; no task is stopped
+# because another failed.  With --max-restarts N, a task that fails while the
+# evaluating task still runs is started again (at most N times in all).
+run_cut() {  # strategy role at_seconds tag
+    local s=$1 role=$2 at=$3 tag=$4
+    LOG=$OUT/$tag.log
+    NOTE=
+    T_FAULT=
+    local names=() i
+    if [ "$s" = allreduce ]; then names=(worker:0 worker:1); else names=(chief:0 ps:0 worker:0 worker:1); fi
+    local n=${#names[@]}
+    if ! "$NETNS" up "$PREFIX" "$n" >/dev/null; then
+        RC=125
+        NOTE="netns.sh up failed"
+        return
+    fi
+    NETNS_UP=1
+    local addrs=()
+    for i in $(seq 1 "$n"); do
+        addrs+=("$("$NETNS" addr "$PREFIX" "$i")")
+    done
+    local spec=$OUT/$tag.cluster.json
+    if [ "$s" = allreduce ]; then
+        printf '{"cluster": {"worker": ["%s:2222", "%s:2222"]}}\n' "${addrs[0]}" "${addrs[1]}" >"$spec"
+    else
+        printf '{"cluster": {"chief": ["%s:2222"], "ps": ["%s:2222"], "worker": ["%s:2222", "%s:2222"]}}\n' \
+            "${addrs[0]}" "${addrs[1]}" "${addrs[2]}" "${addrs[3]}" >"$spec"
+    fi
+    DOWNPOUR_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+    export DOWNPOUR_SECRET
+    local args
+    mapfile -t args < <(train_args "$s")
+    local tpid=() host=() st=() tlog=()
+    start_one() {  # index
+        local k=$1 name=${names[$1]}
+        local f=$OUT/$tag.${name/:/-}.fifo
+        rm -f "$f"
+        mkfifo "$f"
+        local pre="[${name%%:*} ${name##*:}] "
+        [ "$name" = chief:0 ] && pre="[chief] "
+        stamp "$pre" <"$f" >>"${tlog[$k]}" &
+        PIDS+=("$!")
+        "$NETNS" exec "$PREFIX" "$((k + 1))" "$BIN" run --cluster "$spec" --task "$name" -- \
+            "${args[@]}" >"$f" 2>&1 &
+        tpid[$k]=$!
+        PIDS+=("${tpid[$k]}")
+        st[$k]=
+    }
+    T0=$(now)
+    for i in $(seq 0 $((n - 1))); do
+        tlog[$i]=$OUT/$tag.${names[$i]/:/-}.log
+        : >"${tlog[$i]}"
+        start_one "$i"
+    done
+    local name target=-1
+    name=$(target_name "$role")
+    for i in $(seq 0 $((n - 1))); do
+        [ "${names[$i]}" = "$name" ] && target=$i
+    done
+    local eval_i=0    # chief:0, or worker:0 in allreduce: the task that reports accuracy
+    local deadline restarts=0 first_fail=
+    deadline=$(awk -v a="$T0" -v b="$TIMEOUT" 'BEGIN { printf "%.3f", a + b }')
+    local t_at t_restore=
+    t_at=$(awk -v a="$T0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')
+    RC=
+    while :; do
+        local left=0
+        for i in $(seq 0 $((n - 1))); do
+            [ -n "${st[$i]}" ] && continue
+            if kill -0 "${tpid[$i]}" 2>/dev/null; then
+                left=1
+                continue
+            fi
+            wait "${tpid[$i]}" 2>/dev/null
+            st[$i]=$?
+            if [ "${st[$i]}" != 0 ]; then
+                if [ -n "$MAX_RESTARTS" ] && [ "$restarts" -lt "$MAX_RESTARTS" ] && [ "$i" != "$eval_i" ] &&
+                   [ -z "${st[$eval_i]}" ]; then
+                    restarts=$((restarts + 1))
+                    echo "$(now) [chaos] ${names[$i]} exited ${st[$i]}; restart $restarts of $MAX_RESTARTS" >>"$LOG.events"
+                    start_one "$i"
+                    left=1
+                    continue
+                fi
+                [ -z "$first_fail" ] && first_fail="${names[$i]} exited ${st[$i]}" && RC=${st[$i]}
+            fi
+        done
+        [ $left = 0 ] && break
+        local t
+        t=$(now)
+        if [ -z "$T_FAULT" ] && ! fle "$t" "$t_at" && [ -z "$t_restore" ]; then
+            if [ -n "${st[$target]}" ]; then
+                NOTE="$name had already ended: no fault made"
+                t_restore=done
+            else
+                "$NETNS" cut "$PREFIX" "$((target + 1))"
+                T_FAULT=$(now)
+                t_restore=$(awk -v a="$T_FAULT" -v h="$HB" 'BEGIN { printf "%.3f", a + h + 2 }')
+                echo "$T_FAULT [chaos] cut $name" >>"$LOG.events"
+            fi
+        fi
+        if [ -n "$T_FAULT" ] && [ "$t_restore" != done ] && ! fle "$t" "$t_restore"; then
+            "$NETNS" restore "$PREFIX" "$((target + 1))"
+            echo "$(now) [chaos] restored $name" >>"$LOG.events"
+            t_restore=done
+        fi
+        if ! fle "$t" "$deadline"; then
+            RC=124
+            NOTE="timed out after $TIMEOUT s${NOTE:+; $NOTE}"
+            break
+        fi
+        sleep 0.05
+    done
+    [ -z "$RC" ] && RC=0
+    # Every task has ended (or is killed now): let the stampers write the last lines.
+    [ "$RC" = 124 ] && for i in $(seq 0 $((n - 1))); do kill -KILL "${tpid[$i]}" 2>/dev/null; done
+    local rc=$RC p
+    for p in "${PIDS[@]}"; do
+        wait_deadline "$p" "$(awk -v a="$(now)" 'BEGIN { printf "%.3f", a + 3 }')"
+    done
+    RC=$rc
+    kill_all
+    "$NETNS" down "$PREFIX" 2>/dev/null
+    NETNS_UP=0
+    sort -n "${tlog[@]}" "$LOG.events" 2>/dev/null >"$LOG"
+    rm -f "${tlog[@]}" "$LOG.events" "$OUT/$tag".*.fifo
+    [ -n "$first_fail" ] && NOTE="${NOTE:+$NOTE; }$first_fail"
+    [ "$restarts" -gt 0 ] && NOTE="${NOTE:+$NOTE; }$restarts restart(s)"
+    unset -f start_one
+}
+
+# Test accuracy of a run's log: the chief's, or worker 0's in allreduce.
+accuracy() {  # log
+    grep -E '\[(chief|worker 0)\] Test accuracy: ' "$1" 2>/dev/null | tail -n 1 |
+        sed -E 's/.*Test accuracy: ([0-9.]+).*/\1/'
+}
+
+# Seconds from the fault to the first "lost <name>" line after it.
+detection() {  # log t_fault name
+    [ -n "$2" ] || return
+    awk -v t="$2" -v pat="lost (the chief )?$3" '$1 >= t && $0 ~ pat { printf "%.2f", $1 - t; exit }' "$1"
+}
+
+# Why a run failed, from its log: the launcher's verdict or a task's error.
+reason() {  # log
+    local r t
+    r=$(grep -E 'launcher: (task|got signal|[0-9]+ task)' "$1" | head -n 1 | cut -d' ' -f2- |
+        sed -E 's/^error: //; s/; stopping the other.*//')
+    t=$(grep -E 'downpour (train|run): ' "$1" | head -n 1 | cut -d' ' -f2- | cut -c1-140)
+    echo "${r}${r:+${t:+; }}${t}"
+}
+
+# ---- the benchmark ----
+
+printf 'strategy\tfault\ttarget\tmoment\ttrial\texit\taccuracy\tdelta\tdetect_s\tverdict\treason\n' >"$RESULTS"
+echo "chaos: $BIN, MNIST --train-size $TRAIN --epochs $EPOCHS, worker 1 straggles ${STRAG_MS} ms/step," \
+     "heartbeat timeout $HB s, tolerance $TOL${MAX_RESTARTS:+, --max-restarts $MAX_RESTARTS}; logs in $OUT"
+[ "$can_cut" = 0 ] && echo "chaos: cut trials skipped ($cut_why)"
+printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' strategy fault target moment exit accuracy delta detect verdict reason
+
+declare -A BASE_ACC BASE_T
+TOTAL=0 PASSED=0
+DELTAS=() DETECTS=()
+
+frac() { case "$1" in early) echo 0.2 ;; mid) echo 0.5 ;; late) echo 0.8 ;; esac; }
+
+report() {  # strategy fault target moment trial
+    local s=$1 fault=$2 target=$3 moment=$4 trial=$5 acc delta det verdict why
+    acc=$(accuracy "$LOG")
+    delta=-
+    if [ -n "$acc" ] && [ -n "${BASE_ACC[$s]:-}" ]; then
+        delta=$(awk -v a="$acc" -v b="${BASE_ACC[$s]}" 'BEGIN { printf "%+.4f", a - b }')
+    fi
+    det=$(detection "$LOG" "$T_FAULT" "$target")
+    verdict=PASS
+    why=$NOTE
+    if [ -z "$T_FAULT" ] && [ "$fault" != none ]; then
+        verdict=NOFAULT
+    elif [ "$RC" != 0 ]; then
+        verdict=FAIL
+        local r
+        r=$(reason "$LOG")
+        why="${r:-exit $RC}${why:+; $why}"
+    elif [ -z "$acc" ]; then
+        verdict=FAIL
+        why="no test accuracy in the log${why:+; $why}"
+    elif [ "$delta" != - ] && ! awk -v d="$delta" -v t="$TOL" 'BEGIN { exit !(d >= -t && d <= t) }'; then
+        verdict=FAIL
+        why="accuracy off by $delta${why:+; $why}"
+    fi
+    if [ "$fault" != none ] && [ "$verdict" != NOFAULT ]; then
+        TOTAL=$((TOTAL + 1))
+        [ "$verdict" = PASS ] && PASSED=$((PASSED + 1))
+        [ "$delta" != - ] && DELTAS+=("${delta#[+-]}")
+        [ -n "$det" ] && DETECTS+=("$det")
+    fi
+    printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' "$s" "$fault" "$target" "$moment" "$RC" \
+        "${acc:--}" "$delta" "${det:--}" "$verdict" "$why"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$fault" "$target" "$moment" "$trial" "$RC" \
+        "${acc:--}" "$delta" "${det:--}" "$verdict" "$why" >>"$RESULTS"
+}
+
+IFS=, read -r -a S_LIST <<<"$STRATEGIES"
+IFS=, read -r -a R_LIST <<<"$ROLES"
+IFS=, read -r -a F_LIST <<<"$FAULTS"
+IFS=, read -r -a M_LIST <<<"$MOMENTS"
+
+for s in "${S_LIST[@]}"; do
+    case "$s" in
+    ps-async|ps-ssp|ps-dssp|ps-sync|model-avg|allreduce) ;;
+    *) echo "chaos.sh: unknown strategy '$s' (skipped)" >&2; continue ;;
+    esac
+    run_launch "$s" none - 0 "$s.baseline"
+    t_base=$(fsub "$(now)" "$T0")
+    acc=$(accuracy "$LOG")
+    if [ "$RC" != 0 ] || [ -z "$acc" ]; then
+        report "$s" none - - 0
+        echo "chaos: $s: the fault-free run failed (exit $RC; $LOG); its trials are skipped"
+        continue
+    fi
+    BASE_ACC[$s]=$acc
+    BASE_T[$s]=$t_base
+    report "$s" none - - 0
+    for f in "${F_LIST[@]}"; do
+        case "$f" in
+        kill) moments=("${M_LIST[@]}") ;;
+        freeze) moments=("$FAULT_MOMENT") ;;
+        cut) [ "$can_cut" = 1 ] || continue; moments=("$FAULT_MOMENT") ;;
+        *) echo "chaos.sh: unknown fault '$f' (skipped)" >&2; continue ;;
+        esac
+        for r in "${R_LIST[@]}"; do
+            case "$r" in worker|ps|chief) ;; *) echo "chaos.sh: unknown role '$r' (skipped)" >&2; continue ;; esac
+            has_role "$s" "$r" || continue
+            for m in "${moments[@]}"; do
+                at=$(awk -v t="$t_base" -v f="$(frac "$m")" 'BEGIN { printf "%.2f", t * f }')
+                for k in $(seq 1 "$TRIALS"); do
+                    tag="$s.$f.$r.$m.$k"
+                    if [ "$f" = cut ]; then
+                        run_cut "$s" "$r" "$at" "$tag"
+                    else
+                        run_launch "$s" "$f" "$r" "$at" "$tag"
+                    fi
+                    report "$s" "$f" "$(target_name "$r")" "$m" "$k"
+                done
+            done
+        done
+    done
+done
+
+# ---- summary against the targets ----
+
+echo
+if [ "$TOTAL" = 0 ]; then
+    echo "summary: no fault trial ran"
+    exit 1
+fi
+rate=$(awk -v p="$PASSED" -v t="$TOTAL" 'BEGIN { printf "%.1f", 100 * p / t }')
+maxd=$(printf '%s\n' "${DELTAS[@]:-}" | awk 'NF { if ($1 > m) m = $1; n++ } END { if (n) printf "%.4f", m; else print "-" }')
+medd=$(printf '%s\n' "${DETECTS[@]:-}" | awk 'NF' | sort -g |
+       awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
+             else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+met=1
+line() {  # name value target ok
+    printf '  %-28s %-10s target %-12s %s\n' "$1" "$2" "$3" "$([ "$4" = 1 ] && echo met || echo MISSED)"
+    [ "$4" = 1 ] || met=0
+}
+echo "summary: $PASSED of $TOTAL fault trials passed (results in $RESULTS)"
+line "trials completed" "$rate %" "100 %" "$([ "$PASSED" = "$TOTAL" ] && echo 1 || echo 0)"
+if [ "$maxd" = - ]; then
+    line "max accuracy difference" "-" "<= $TOL" 0
+else
+    line "max accuracy difference" "$maxd" "<= $TOL" "$(fle "$maxd" "$TOL" && echo 1 || echo 0)"
+fi
+if [ "$medd" = - ]; then
+    line "median detection time" "-" "<= $HB s" 0
+else
+    line "median detection time" "$medd s" "<= $HB s" "$(fle "$medd" "$HB" && echo 1 || echo 0)"
+fi
+[ "$met" = 1 ] && exit 0 || exit 1
