@@ -4,9 +4,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +20,7 @@
 static const char *g_bin;
 static char g_dir[1024];
 static char g_out[1 << 16], g_err[1 << 16];
+static long g_fsize_limit; /* > 0: the child's RLIMIT_FSIZE in bytes (writes fail with EFBIG) */
 
 static void read_back(const char *path, char *buf, size_t cap)
 {
@@ -50,6 +53,12 @@ static int run(const char *const *args)
         int in = open("/dev/null", O_RDONLY);
         if (o < 0 || e < 0 || in < 0 || dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
             _exit(126);
+        if (g_fsize_limit > 0) {
+            struct rlimit lim = {(rlim_t)g_fsize_limit, (rlim_t)g_fsize_limit};
+            signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead */
+            if (setrlimit(RLIMIT_FSIZE, &lim) != 0)
+                _exit(126);
+        }
         execv(g_bin, (char *const *)argv);
         _exit(127);
     }
@@ -184,6 +193,49 @@ static void test_train_timeouts(void)
            g_err);
 }
 
+/* Every write error of a run's outputs fails the command (exit 1), naming
+ * the file and the error: --metrics on a full disk (/dev/full), --save and
+ * checkpoints past a file size limit (EFBIG, which binds root too). */
+static void test_train_write_errors(void)
+{
+    const char *data = getenv("DOWNPOUR_DATA");
+    char mnist[1100];
+    snprintf(mnist, sizeof mnist, "%s/mnist", data ? data : "");
+    struct stat st;
+    if (!data || stat(mnist, &st) != 0) {
+        fprintf(stderr, "no MNIST under DOWNPOUR_DATA: skipping the write-error runs\n");
+        return;
+    }
+    USAGE_ERROR("", "train", "--save", "/dev/full"); /* never renamed over */
+    CHECKF(strstr(g_err, "--save /dev/full: is a character device"), "%s", g_err);
+    REQUIRE(stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode));
+    REQUIRE(mkfifo(tmp_path("fifo"), 0644) == 0);
+    USAGE_ERROR("is a FIFO", "train", "--save", tmp_path("fifo"));
+
+#define SMALL_RUN "train", "--dataset", mnist, "--train-size", "1000", "--val-size", "200", \
+                  "--epochs", "2", "--batch", "100", "--quiet", "--no-progress"
+    const char *metrics[] = {SMALL_RUN, "--metrics", "/dev/full", NULL};
+    int rc = run(metrics);
+    CHECKF(rc == 1, "--metrics /dev/full: exit %d: %s", rc, g_err);
+    CHECKF(strstr(g_err, "downpour train: metrics file /dev/full: write failed: ") &&
+               strstr(g_err, strerror(ENOSPC)) && strstr(g_err, "Test accuracy"),
+           "%s", g_err);
+
+    g_fsize_limit = 64 * 1024; /* the weights are 1 MB */
+    const char *save[] = {SMALL_RUN, "--save", tmp_path("m.safetensors"), NULL};
+    rc = run(save);
+    CHECKF(rc == 1, "--save past the size limit: exit %d: %s", rc, g_err);
+    CHECKF(strstr(g_err, tmp_path("m.safetensors")) && strstr(g_err, strerror(EFBIG)), "%s",
+           g_err);
+    const char *ckpt[] = {SMALL_RUN, "--checkpoint-dir", tmp_path("ck"), "--checkpoint-every",
+                          "5", NULL};
+    rc = run(ckpt);
+    CHECKF(rc == 1, "checkpoint past the size limit: exit %d: %s", rc, g_err);
+    CHECKF(strstr(g_err, "ckpt-0000000005") && strstr(g_err, strerror(EFBIG)), "%s", g_err);
+    g_fsize_limit = 0;
+#undef SMALL_RUN
+}
+
 /* run --secret-file: read before the task starts. */
 static void test_run_secret_file(void)
 {
@@ -310,5 +362,6 @@ int main(void)
     test_train_help();
     test_run_secret_file();
     test_train_timeouts();
+    test_train_write_errors();
     return CHECK_DONE();
 }

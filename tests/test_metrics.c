@@ -5,6 +5,8 @@
 #include "downpour/metrics.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -139,6 +141,51 @@ static void test_open_failure(void)
            err.msg);
 }
 
+/* A full disk (/dev/full fails every write with ENOSPC): one warning naming
+ * the file, every event -1, and the close reports the file and the error. */
+static void test_write_failure(void)
+{
+    dp_metrics *m = NULL;
+    dp_err err = {{0}};
+    if (access("/dev/full", W_OK) != 0) {
+        fprintf(stderr, "note: no /dev/full; skipping the full-disk check\n");
+        return;
+    }
+    char log[1024];
+    snprintf(log, sizeof log, "%s/stderr.log", tmpdir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    REQUIRE(dp_metrics_open(&m, "/dev/full", &err) == 0);
+    int a = dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_END);
+    int b = dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 2L, DP_F_END);
+    int c = dp_metrics_close_check(m, &err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CHECK(a == -1 && b == -1 && c == -1);
+    CHECKF(strstr(err.msg, "/dev/full") && strstr(err.msg, strerror(ENOSPC)), "%s", err.msg);
+    FILE *f = fopen(log, "r");
+    REQUIRE(f != NULL);
+    char text[2048] = "";
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    const char *w = strstr(text, "warning: metrics file /dev/full: write failed: ");
+    CHECKF(w && strstr(w, strerror(ENOSPC)) && !strstr(w + 1, "warning"),
+           "want one warning naming /dev/full: %s", text);
+
+    /* A file that took every write closes cleanly; NULL too. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ok.jsonl", tmpdir);
+    REQUIRE(dp_metrics_open(&m, path, &err) == 0);
+    CHECK(dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_END) == 0);
+    CHECKF(dp_metrics_close_check(m, &err) == 0, "%s", err.msg);
+    CHECK(dp_metrics_close_check(NULL, &err) == 0);
+    unlink(path);
+    unlink(log);
+}
+
 static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -217,6 +264,7 @@ int main(void)
     test_write_and_read();
     test_null_writer();
     test_open_failure();
+    test_write_failure();
     test_merge();
     rmdir(tmpdir);
     return CHECK_DONE();

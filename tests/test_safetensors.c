@@ -449,6 +449,17 @@ static void test_atomic(void)
     unlink(inner);
     rmdir(dirpath);
 
+    /* A FIFO (or a device such as /dev/full) is refused, not renamed over. */
+    char fifo[1024];
+    tmp_path(fifo, sizeof fifo, "fifo");
+    REQUIRE(mkfifo(fifo, 0644) == 0);
+    CHECK(dp_safetensors_save(fifo, &t_old, 1, NULL, 0, &err) == -1);
+    CHECKF(strstr(err.msg, fifo) && strstr(err.msg, "is a FIFO"), "%s", err.msg);
+    struct stat fst;
+    CHECK(lstat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
+    CHECK(count_temps() == 0);
+    unlink(fifo);
+
     /* A write that fails half way (file size limit, which binds root too):
      * the old file is intact and no temporary is left. */
     enum { BIG = 1 << 18 };
@@ -466,7 +477,8 @@ static void test_atomic(void)
         int rc = dp_safetensors_save(path, &t_big, 1, NULL, 0, &err);
         REQUIRE(setrlimit(RLIMIT_FSIZE, &saved) == 0);
         CHECK(rc == -1);
-        CHECKF(strstr(err.msg, path) != NULL, "%s", err.msg);
+        CHECKF(strstr(err.msg, path) != NULL && strstr(err.msg, strerror(EFBIG)) != NULL, "%s",
+               err.msg);
         CHECK(holds(path, old, 4));
         CHECK(count_temps() == 0);
     } else {

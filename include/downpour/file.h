@@ -31,7 +31,9 @@ typedef struct dp_atomic_file {
 } dp_atomic_file;
 
 /* Creates the temporary file for replacing path.  On failure af is left
- * empty (fd -1) and needs no abort. */
+ * empty (fd -1) and needs no abort.  An existing path that is a device
+ * (such as /dev/full), a FIFO or a socket is refused: the rename would
+ * replace it, not write into it. */
 int dp_atomic_open(dp_atomic_file *af, const char *path, dp_err *err);
 
 /* fsync, close, rename over path, fsync the directory.  Returns 0 once the
@@ -52,6 +54,11 @@ int dp_file_replace(const char *path, const void *buf, size_t len, dp_err *err);
  * that is read-only).  `what` names the flag in the message:
  *   "--save /nonexistent/m.safetensors: directory /nonexistent does not exist" */
 int dp_path_check_writable(const char *path, const char *what, dp_err *err);
+
+/* dp_path_check_writable for a file that will be replaced atomically
+ * (--save): an existing path must also not be a device, FIFO or socket, as
+ * dp_atomic_open requires. */
+int dp_path_check_replaceable(const char *path, const char *what, dp_err *err);
 
 /* Makes dir (and missing parents, as mkdir -p, mode 0755 less the umask)
  * and checks it is a writable directory; refuses a path that is a file.

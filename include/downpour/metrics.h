@@ -14,7 +14,15 @@ typedef struct dp_metrics dp_metrics;
 /* Opens (truncates) path for writing; path NULL gives a writer that drops
  * everything, so callers need no checks. */
 int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err);
-void dp_metrics_close(dp_metrics *m); /* NULL is a no-op */
+
+/* Write errors are sticky: the first failed write (ENOSPC on a full disk)
+ * warns once on stderr, naming the file and the error; later events are
+ * dropped.  dp_metrics_close_check syncs and closes the file and returns -1,
+ * naming the file and the error, when any write, the sync or the close
+ * failed, so the command can fail at its end; dp_metrics_close ignores it
+ * (for paths that fail anyway).  Both free m; NULL is a no-op. */
+int dp_metrics_close_check(dp_metrics *m, dp_err *err);
+void dp_metrics_close(dp_metrics *m);
 
 /* Field kinds for dp_metrics_event's variadic list. */
 typedef enum dp_field_kind {

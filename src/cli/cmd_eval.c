@@ -71,6 +71,10 @@ int cmd_eval(int argc, char **argv)
                      DP_F_NUM, "eval_seconds", secs, DP_F_STR, "model", m.name, DP_F_STR, "dataset",
                      dataset, DP_F_STR, "checkpoint", checkpoint, DP_F_STR, "strategy",
                      info.strategy, DP_F_INT, "step", info.step, DP_F_END);
+    dp_metrics *done = metrics;
+    metrics = NULL;
+    if (dp_metrics_close_check(done, &err) < 0)
+        goto out;
     rc = 0;
 out:
     if (rc)

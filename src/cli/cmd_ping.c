@@ -142,6 +142,11 @@ int cmd_ping(int argc, char **argv)
     dp_info("%s: ok; sent %llu bytes in %llu frames, received %llu bytes in %llu frames",
             node.self->name, (unsigned long long)s.bytes_sent, (unsigned long long)s.frames_sent,
             (unsigned long long)s.bytes_recv, (unsigned long long)s.frames_recv);
+    dp_node_close(&node); /* stops the sampler, the other metrics writer */
+    dp_metrics *done = metrics;
+    metrics = NULL;
+    if (dp_metrics_close_check(done, &err) < 0)
+        goto fail;
     rc = 0;
     goto out;
 fail:

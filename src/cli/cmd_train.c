@@ -61,7 +61,7 @@ static void lr_help(char *buf, size_t cap)
 static int check_outputs(const char *save, const char *metrics, const char *checkpoint_dir)
 {
     dp_err err;
-    if ((save && dp_path_check_writable(save, "--save", &err) < 0) ||
+    if ((save && dp_path_check_replaceable(save, "--save", &err) < 0) ||
         (metrics && dp_path_check_writable(metrics, "--metrics", &err) < 0) ||
         (checkpoint_dir && dp_dir_prepare(checkpoint_dir, "--checkpoint-dir", &err) < 0)) {
         fprintf(stderr, "downpour train: %s\n", err.msg);

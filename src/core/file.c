@@ -58,6 +58,26 @@ static char *dir_of(const char *path)
     return strndup(path, (size_t)(slash - path));
 }
 
+static const char *kind_of(mode_t m)
+{
+    return S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+/* -1 when path exists and is neither a regular file nor a link: the atomic
+ * replace renames over path, which would swap a device node (/dev/full, as
+ * root) for a plain file instead of writing into it. */
+static int not_replaceable(const char *path, const char *what, dp_err *err)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0 || S_ISREG(st.st_mode) || S_ISLNK(st.st_mode) ||
+        S_ISDIR(st.st_mode)) /* a directory: the rename fails, and says so */
+        return 0;
+    return dp_errf(err, "%s%s%s: is %s; it would be replaced by a new file, not written "
+                   "into. Hint: name a regular file", what, *what ? " " : "", path,
+                   kind_of(st.st_mode));
+}
+
 static void atomic_clear(dp_atomic_file *af)
 {
     free(af->path);
@@ -75,6 +95,8 @@ int dp_atomic_open(dp_atomic_file *af, const char *path, dp_err *err)
     af->tmp = NULL;
     if (!path || !*path)
         return dp_errf(err, "atomic write: no path");
+    if (not_replaceable(path, "", err) < 0)
+        return -1;
     size_t cap = strlen(path) + 48;
     af->path = strdup(path);
     af->tmp = malloc(cap);
@@ -209,6 +231,13 @@ int dp_path_check_writable(const char *path, const char *what, dp_err *err)
     int rc = check_dir(dir, what, path, err);
     free(dir);
     return rc;
+}
+
+int dp_path_check_replaceable(const char *path, const char *what, dp_err *err)
+{
+    if (dp_path_check_writable(path, what, err) < 0)
+        return -1;
+    return not_replaceable(path, what ? what : "output", err);
 }
 
 int dp_dir_prepare(const char *dir, const char *what, dp_err *err)

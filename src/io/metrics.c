@@ -1,8 +1,12 @@
 /* Metrics as JSON Lines.  Each event is built with cJSON (so strings are
  * escaped correctly), printed on one line and written with one write(2), so
  * a program tailing the file sees whole lines.  After open the handle is
- * read-only, so threads may share one writer.  The merge of a cluster's
- * per-task files is here too, written with the atomic replace of file.h. */
+ * read-only but for its sticky error, so threads may share one writer.  A
+ * failed write (a full disk) is warned about once, naming the file and the
+ * error; later events are dropped, and dp_metrics_close_check reports it, so
+ * the command fails at its end without losing the rest of the run
+ * (docs/metrics.md).  The merge of a cluster's per-task files is here too,
+ * written with the atomic replace of file.h. */
 #include "downpour/metrics.h"
 
 #include <cjson/cJSON.h>
@@ -10,6 +14,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +27,18 @@
 struct dp_metrics {
     int fd;    /* -1: drop everything */
     double t0; /* dp_now() at open */
+    atomic_int failed; /* errno of the first failed write, 0: none */
+    char *path;
 };
+
+/* Records the first failure (the one that warns); later ones are dropped. */
+static void set_failed(dp_metrics *m, int e)
+{
+    int none = 0;
+    if (atomic_compare_exchange_strong(&m->failed, &none, e ? e : EIO))
+        dp_warn("metrics file %s: write failed: %s; later events are dropped and the command "
+                "will exit with an error", m->path, strerror(e ? e : EIO));
+}
 
 int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err)
 {
@@ -34,10 +50,14 @@ int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err)
         return dp_errf(err, "metrics: out of memory");
     m->fd = -1;
     m->t0 = dp_now();
+    atomic_init(&m->failed, 0);
+    m->path = NULL;
     if (path) {
-        m->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        m->path = strdup(path);
+        m->fd = m->path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
         if (m->fd < 0) {
-            int e = errno;
+            int e = m->path ? errno : ENOMEM;
+            free(m->path);
             free(m);
             return dp_errf(err, "cannot open metrics file %s: %s", path, strerror(e));
         }
@@ -46,13 +66,33 @@ int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err)
     return 0;
 }
 
-void dp_metrics_close(dp_metrics *m)
+int dp_metrics_close_check(dp_metrics *m, dp_err *err)
 {
     if (!m)
-        return;
-    if (m->fd >= 0)
-        close(m->fd);
+        return 0;
+    int rc = 0;
+    if (m->fd >= 0) {
+        /* A filesystem may report a lost write only at fsync or close (NFS,
+         * a disk filled behind the page cache); pipes and devices such as
+         * /dev/stdout cannot sync, which is no error. */
+        if (!atomic_load(&m->failed) && fsync(m->fd) < 0 && errno != EINVAL &&
+            errno != ENOTSUP && errno != EROFS)
+            set_failed(m, errno);
+        if (close(m->fd) < 0 && errno != EINTR && !atomic_load(&m->failed))
+            set_failed(m, errno);
+    }
+    int e = atomic_load(&m->failed);
+    if (e)
+        rc = dp_errf(err, "metrics file %s: write failed: %s (the file is incomplete)", m->path,
+                     strerror(e));
+    free(m->path);
     free(m);
+    return rc;
+}
+
+void dp_metrics_close(dp_metrics *m)
+{
+    dp_metrics_close_check(m, NULL);
 }
 
 /* A JSON integer printed exactly (cJSON would go through double). */
@@ -71,7 +111,8 @@ static cJSON *json_num(double v)
 }
 
 /* Returns 0, or -1 (nothing written) for a NULL event or key, an unknown
- * field kind, out of memory or a failed write.  A NULL handle and the
+ * field kind, out of memory or a failed write (this one or an earlier one:
+ * the error is sticky).  A NULL handle and the
  * writer opened with a NULL path accept everything and write nothing, after
  * checking the list all the same. */
 int dp_metrics_event(dp_metrics *m, const char *event, ...)
@@ -120,6 +161,8 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
         rc = 0;
         goto out;
     }
+    if (atomic_load_explicit(&m->failed, memory_order_relaxed))
+        goto out; /* already reported: one warning, not one per event */
 
     line = cJSON_PrintUnformatted(obj);
     if (!line)
@@ -128,6 +171,8 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     /* cJSON's buffer has room for the terminator, which becomes the newline. */
     line[n] = '\n';
     rc = dp_write_all(m->fd, line, n + 1, NULL);
+    if (rc < 0)
+        set_failed(m, errno);
 out:
     cJSON_free(line);
     cJSON_Delete(obj);

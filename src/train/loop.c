@@ -622,6 +622,10 @@ out:
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
     dp_node_close(&L.node);
-    dp_metrics_close(L.metrics);
+    dp_err merr; /* a failed metrics write fails the run at its end (metrics.h) */
+    if (dp_metrics_close_check(L.metrics, &merr) < 0 && rc == 0) {
+        *err = merr;
+        rc = -1;
+    }
     return rc;
 }
