@@ -61,7 +61,9 @@ int main(void)
     memcpy(c, b, sizeof c);
     dp_put_u16(c + 4, DP_FRAME_VERSION + 1);
     CHECK(decode(c, DP_FRAME_MAX_DEFAULT, why) == DP_FRAME_BAD_VERSION);
-    CHECKF(strstr(why, "version 2") != NULL, "%s", why);
+    char want_version[32];
+    snprintf(want_version, sizeof want_version, "version %d", DP_FRAME_VERSION + 1);
+    CHECKF(strstr(why, want_version) != NULL, "%s", why);
 
     /* Any flipped bit in the covered bytes: header CRC. */
     int crc_bad = 0;

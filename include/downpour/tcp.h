@@ -25,6 +25,7 @@ typedef struct dp_tcp_config {
     double late_log;           /* s between "waiting for" lines (5) */
     uint64_t max_frame_bytes;  /* largest payload accepted (DP_FRAME_MAX_DEFAULT, 1 GiB) */
     int sock_buf_bytes;        /* SO_SNDBUF/SO_RCVBUF (4 MiB); 0 leaves the kernel's autotuning */
+    int encrypt;               /* 1: encrypt payloads (needs a secret; every task must agree) */
 } dp_tcp_config;
 
 /* Defaults as above; listen_fd -1.  Always start from this. */

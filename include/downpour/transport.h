@@ -97,6 +97,15 @@ int dp_transport_has_allreduce(const dp_transport *t);
 int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,
                            dp_err *err);
 
+/* A random 64-bit number drawn by each process when it opens its transport
+ * (TCP: sent in the handshake), so a task that restarted and rejoined can be
+ * told from its old self.  dp_transport_peer_incarnation gives the one of
+ * peer's current connection, 0 when unknown (not connected yet, or a
+ * transport without incarnations: in-process, MPI); dp_transport_incarnation
+ * gives this task's own. */
+uint64_t dp_transport_peer_incarnation(const dp_transport *t, int peer);
+uint64_t dp_transport_incarnation(const dp_transport *t);
+
 /* Counters of one peer, or of all with DP_PEER_ANY.  Safe from any thread. */
 int dp_transport_stats_get(const dp_transport *t, int peer, dp_transport_stats *out);
 

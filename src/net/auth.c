@@ -1,5 +1,7 @@
 #include "auth.h"
 
+#include "fmac.h"
+
 #include "sock.h"
 
 #include "downpour/clock.h"
@@ -12,24 +14,58 @@
 
 #define HANDSHAKE_MAX_PAYLOAD 1024
 
-static const char auth_label[] = "downpour-auth-v1";
+static const char auth_label[] = "downpour-auth-v2";
+static const char session_label[] = "downpour-session-v2";
 
-static void compute_mac(uint8_t out[DP_AUTH_MAC], const dp_auth_params *p, const uint8_t *nonce_d,
-                        const uint8_t *nonce_a, int dialer, int acceptor, char dir)
+#define HELLO_LEN (8 + DP_AUTH_NONCE + 12)
+#define CHAL_LEN (DP_AUTH_NONCE + DP_AUTH_MAC + 12)
+#define TRANSCRIPT_LEN (2 * DP_AUTH_NONCE + 12 + 16 + 8)
+
+/* Everything both sides said: the proofs and the session key cover it, so a
+ * man in the middle cannot change an incarnation or turn encryption off. */
+static void transcript(uint8_t out[TRANSCRIPT_LEN], const dp_auth_params *p, const uint8_t *nonce_d,
+                       const uint8_t *nonce_a, int dialer, int acceptor, uint64_t inc_d,
+                       uint64_t inc_a, uint32_t opt_d, uint32_t opt_a)
+{
+    memcpy(out, nonce_d, DP_AUTH_NONCE);
+    memcpy(out + DP_AUTH_NONCE, nonce_a, DP_AUTH_NONCE);
+    uint8_t *q = out + 2 * DP_AUTH_NONCE;
+    dp_put_u32(q, (uint32_t)dialer);
+    dp_put_u32(q + 4, (uint32_t)acceptor);
+    dp_put_u32(q + 8, (uint32_t)p->n_ranks);
+    dp_put_u64(q + 12, inc_d);
+    dp_put_u64(q + 20, inc_a);
+    dp_put_u32(q + 28, opt_d);
+    dp_put_u32(q + 32, opt_a);
+}
+
+static void hmac(uint8_t out[DP_AUTH_MAC], const dp_auth_params *p, const char *label,
+                 const uint8_t *tr, int dir)
 {
     crypto_auth_hmacsha256_state st;
-    uint8_t tail[13];
-    dp_put_u32(tail, (uint32_t)dialer);
-    dp_put_u32(tail + 4, (uint32_t)acceptor);
-    dp_put_u32(tail + 8, (uint32_t)p->n_ranks);
-    tail[12] = (uint8_t)dir;
     crypto_auth_hmacsha256_init(&st, p->secret, p->secret_len);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)auth_label, sizeof auth_label - 1);
-    crypto_auth_hmacsha256_update(&st, nonce_d, DP_AUTH_NONCE);
-    crypto_auth_hmacsha256_update(&st, nonce_a, DP_AUTH_NONCE);
-    crypto_auth_hmacsha256_update(&st, tail, sizeof tail);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label));
+    crypto_auth_hmacsha256_update(&st, tr, TRANSCRIPT_LEN);
+    if (dir) {
+        uint8_t d = (uint8_t)dir;
+        crypto_auth_hmacsha256_update(&st, &d, 1);
+    }
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof st);
+}
+
+/* Per-direction frame keys (docs/transport.md, "Key schedule"). */
+static void derive(dp_auth_session *s, const dp_auth_params *p, const uint8_t *tr, int dialer_side,
+                   uint32_t opt_a)
+{
+    uint8_t master[crypto_kdf_KEYBYTES];
+    s->keyed = p->secret_len > 0;
+    s->encrypt = (opt_a & DP_AUTH_OPT_ENCRYPT) != 0;
+    s->suite = (opt_a & DP_AUTH_OPT_AES) ? DP_FMAC_AESGCM : DP_FMAC_CHACHA;
+    hmac(master, p, session_label, tr, 0);
+    crypto_kdf_derive_from_key(dialer_side ? s->key_tx : s->key_rx, 32, 1, "dpframes", master);
+    crypto_kdf_derive_from_key(dialer_side ? s->key_rx : s->key_tx, 32, 2, "dpframes", master);
+    sodium_memzero(master, sizeof master);
 }
 
 static int send_frame(int fd, int self, unsigned type, const void *payload, size_t len,
@@ -99,14 +135,20 @@ void dp_auth_send_reject(int fd, int self_rank, const char *reason)
     send_frame(fd, self_rank, DP_FRAME_REJECT, reason, len, dp_now() + 0.2, &io, NULL);
 }
 
-int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_err *err)
+int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_auth_session *s,
+                 dp_err *err)
 {
-    uint8_t hello[8 + DP_AUTH_NONCE], chal[DP_AUTH_NONCE + DP_AUTH_MAC], mac[DP_AUTH_MAC];
+    uint8_t hello[HELLO_LEN], chal[CHAL_LEN], mac[DP_AUTH_MAC], tr[TRANSCRIPT_LEN];
     dp_frame_header h;
     const uint8_t *nonce_d = hello + 8;
+    uint32_t opt_d = (p->encrypt ? DP_AUTH_OPT_ENCRYPT : 0) |
+                     (dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0);
+    memset(s, 0, sizeof *s);
     dp_put_u32(hello, (uint32_t)p->n_ranks);
     dp_put_u32(hello + 4, (uint32_t)peer);
     randombytes_buf(hello + 8, DP_AUTH_NONCE);
+    dp_put_u64(hello + 8 + DP_AUTH_NONCE, p->incarnation);
+    dp_put_u32(hello + 16 + DP_AUTH_NONCE, opt_d);
     if (send_frame(fd, p->self_rank, DP_FRAME_HELLO, hello, sizeof hello, p->deadline, io, err))
         return -1;
     int rc = recv_frame(fd, DP_FRAME_CHALLENGE, sizeof chal, &h, chal, sizeof chal,
@@ -119,29 +161,48 @@ int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_e
                 h.source, peer);
         return -2;
     }
-    compute_mac(mac, p, nonce_d, chal, p->self_rank, peer, 'A');
+    uint64_t inc_a = dp_get_u64(chal + DP_AUTH_NONCE + DP_AUTH_MAC);
+    uint32_t opt_a = dp_get_u32(chal + DP_AUTH_NONCE + DP_AUTH_MAC + 8);
+    transcript(tr, p, nonce_d, chal, p->self_rank, peer, p->incarnation, inc_a, opt_d, opt_a);
+    hmac(mac, p, auth_label, tr, 'A');
     if (crypto_verify_32(mac, chal + DP_AUTH_NONCE) != 0) {
         dp_auth_send_reject(fd, p->self_rank, "authentication failed: wrong secret");
         dp_errf(err, "authentication failed: the peer does not know the cluster secret (is "
                      "DOWNPOUR_SECRET the same on every task?)");
         return -2;
     }
-    compute_mac(mac, p, nonce_d, chal, p->self_rank, peer, 'D');
+    if ((opt_a & DP_AUTH_OPT_ENCRYPT) != (opt_d & DP_AUTH_OPT_ENCRYPT) ||
+        ((opt_a & DP_AUTH_OPT_AES) && !(opt_d & DP_AUTH_OPT_AES))) {
+        dp_auth_send_reject(fd, p->self_rank, "the peer chose options this task did not offer");
+        dp_errf(err, "the peer chose options this task did not offer (0x%x for 0x%x)", opt_a,
+                opt_d);
+        return -2;
+    }
+    hmac(mac, p, auth_label, tr, 'D');
     if (send_frame(fd, p->self_rank, DP_FRAME_AUTH, mac, sizeof mac, p->deadline, io, err))
         return -1;
     uint8_t none[1];
-    return recv_frame(fd, DP_FRAME_WELCOME, 0, &h, none, 0, p->deadline, io, err);
+    rc = recv_frame(fd, DP_FRAME_WELCOME, 0, &h, none, 0, p->deadline, io, err);
+    if (rc == 0) {
+        derive(s, p, tr, 1, opt_a);
+        s->peer_incarnation = inc_a;
+    }
+    return rc;
 }
 
-int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io, dp_err *err)
+int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io,
+                   dp_auth_session *s, dp_err *err)
 {
-    uint8_t hello[8 + DP_AUTH_NONCE], chal[DP_AUTH_NONCE + DP_AUTH_MAC], mac[DP_AUTH_MAC];
+    uint8_t hello[HELLO_LEN], chal[CHAL_LEN], mac[DP_AUTH_MAC], tr[TRANSCRIPT_LEN];
     char why[256];
     dp_frame_header h;
+    memset(s, 0, sizeof *s);
     if (recv_frame(fd, DP_FRAME_HELLO, sizeof hello, &h, hello, sizeof hello, p->deadline, io,
                    err))
         return -1;
     uint32_t n = dp_get_u32(hello), target = dp_get_u32(hello + 4);
+    uint64_t inc_d = dp_get_u64(hello + 8 + DP_AUTH_NONCE);
+    uint32_t opt_d = dp_get_u32(hello + 16 + DP_AUTH_NONCE);
     int peer = (int)h.source;
     why[0] = '\0';
     if (n != (uint32_t)p->n_ranks)
@@ -154,30 +215,45 @@ int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *i
     else if (peer > p->self_rank)
         snprintf(why, sizeof why, "rank %d dialed lower rank %d (lower ranks dial higher)", peer,
                  p->self_rank);
+    else if (!(opt_d & DP_AUTH_OPT_ENCRYPT) != !p->encrypt)
+        snprintf(why, sizeof why, "encryption mismatch: rank %d has encryption %s, rank %d has "
+                                  "it %s (use --encrypt on every task or on none)",
+                 peer, (opt_d & DP_AUTH_OPT_ENCRYPT) ? "on" : "off", p->self_rank,
+                 p->encrypt ? "on" : "off");
+    else if (p->encrypt && p->secret_len == 0)
+        snprintf(why, sizeof why, "encryption needs a cluster secret");
     if (why[0]) {
         dp_auth_send_reject(fd, p->self_rank, why);
         return dp_errf(err, "%s", why);
     }
+    /* AES-256-GCM when both CPUs have AES-NI, else ChaCha20-Poly1305. */
+    uint32_t opt_a = (p->encrypt ? DP_AUTH_OPT_ENCRYPT : 0) |
+                     ((opt_d & DP_AUTH_OPT_AES) && dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0);
     randombytes_buf(chal, DP_AUTH_NONCE);
-    compute_mac(chal + DP_AUTH_NONCE, p, hello + 8, chal, peer, p->self_rank, 'A');
+    transcript(tr, p, hello + 8, chal, peer, p->self_rank, inc_d, p->incarnation, opt_d, opt_a);
+    hmac(chal + DP_AUTH_NONCE, p, auth_label, tr, 'A');
+    dp_put_u64(chal + DP_AUTH_NONCE + DP_AUTH_MAC, p->incarnation);
+    dp_put_u32(chal + DP_AUTH_NONCE + DP_AUTH_MAC + 8, opt_a);
     if (send_frame(fd, p->self_rank, DP_FRAME_CHALLENGE, chal, sizeof chal, p->deadline, io, err))
         return -1;
     if (recv_frame(fd, DP_FRAME_AUTH, sizeof mac, &h, mac, sizeof mac, p->deadline, io, err))
         return dp_err_prefix(err, "rank %d", peer);
     uint8_t want[DP_AUTH_MAC];
-    compute_mac(want, p, hello + 8, chal, peer, p->self_rank, 'D');
+    hmac(want, p, auth_label, tr, 'D');
     if (crypto_verify_32(want, mac) != 0) {
         dp_auth_send_reject(fd, p->self_rank, "authentication failed: wrong secret");
         return dp_errf(err, "authentication failed: peer claiming rank %d does not know the "
                             "cluster secret",
                        peer);
     }
-    if (p->admit && p->admit(p->admit_ctx, peer, why, sizeof why) != 0) {
+    if (p->admit && p->admit(p->admit_ctx, peer, inc_d, why, sizeof why) != 0) {
         dp_auth_send_reject(fd, p->self_rank, why);
         return dp_errf(err, "rank %d refused: %s", peer, why);
     }
     if (send_frame(fd, p->self_rank, DP_FRAME_WELCOME, NULL, 0, p->deadline, io, err))
         return -1;
+    derive(s, p, tr, 0, opt_a);
+    s->peer_incarnation = inc_d;
     *peer_out = peer;
     return 0;
 }

@@ -1,10 +1,17 @@
 /* The connection handshake of the TCP transport (docs/transport.md):
  *
- *   dialer   -> HELLO     {n_ranks u32, target rank u32, nonce_d[32]}
- *   acceptor -> CHALLENGE {nonce_a[32], mac_a[32]}   mac_a = HMAC(secret, ctx | 'A')
- *   dialer   -> AUTH      {mac_d[32]}                mac_d = HMAC(secret, ctx | 'D')
+ *   dialer   -> HELLO     {n_ranks u32, target rank u32, nonce_d[32], inc_d u64, opt_d u32}
+ *   acceptor -> CHALLENGE {nonce_a[32], mac_a[32], inc_a u64, opt_a u32}
+ *   dialer   -> AUTH      {mac_d[32]}
  *   acceptor -> WELCOME   {}
- *   ctx = "downpour-auth-v1" | nonce_d | nonce_a | dialer u32 | acceptor u32 | n_ranks u32
+ *   mac_x = HMAC-SHA256(secret, "downpour-auth-v2" | transcript | 'A' or 'D')
+ *   transcript = nonce_d | nonce_a | dialer u32 | acceptor u32 | n_ranks u32 |
+ *                inc_d u64 | inc_a u64 | opt_d u32 | opt_a u32
+ *   session = HMAC-SHA256(secret, "downpour-session-v2" | transcript), then
+ *   crypto_kdf subkeys 1 (dialer -> acceptor) and 2 (acceptor -> dialer)
+ *
+ * inc: the process's incarnation (random per dp_tcp_open); opt bit 0: payload
+ * encryption, bit 1: AES-256-GCM (dialer: available; acceptor: chosen).
  *
  * Either side may send REJECT {reason text} instead and close.  Both sides
  * prove they hold the secret; the direction byte stops a reflected answer and
@@ -20,6 +27,8 @@
 
 #define DP_AUTH_NONCE 32
 #define DP_AUTH_MAC 32
+#define DP_AUTH_OPT_ENCRYPT 1u
+#define DP_AUTH_OPT_AES 2u
 
 typedef struct dp_auth_params {
     int self_rank, n_ranks;
@@ -27,10 +36,21 @@ typedef struct dp_auth_params {
     size_t secret_len;
     double deadline; /* dp_now() seconds for the whole handshake */
     /* Acceptor only: called once the dialer has proved itself, before
-     * WELCOME; returns 0 to admit rank peer, or -1 with why filled. */
-    int (*admit)(void *ctx, int peer, char *why, size_t why_cap);
+     * WELCOME; returns 0 to admit rank peer (of that incarnation), or -1 with
+     * why filled. */
+    int (*admit)(void *ctx, int peer, uint64_t incarnation, char *why, size_t why_cap);
     void *admit_ctx;
+    uint64_t incarnation; /* this process's, sent to the peer */
+    int encrypt;          /* encrypt payloads: both sides must agree */
 } dp_auth_params;
+
+/* What a finished handshake agreed on.  keyed is 0 with an empty secret
+ * (insecure): then frames carry CRCs only. */
+typedef struct dp_auth_session {
+    int keyed, encrypt, suite; /* suite: DP_FMAC_AESGCM or DP_FMAC_CHACHA (fmac.h) */
+    uint64_t peer_incarnation;
+    unsigned char key_tx[32], key_rx[32]; /* this side's sending and receiving keys */
+} dp_auth_session;
 
 /* Frames and bytes the handshake put on and took off the wire. */
 typedef struct dp_auth_io {
@@ -40,8 +60,10 @@ typedef struct dp_auth_io {
 /* Both return 0, or -1 on a failure worth retrying (timeout, EOF: the peer
  * may be restarting) or -2 on a final one (wrong secret, rejected by the
  * peer, wrong rank at that address). */
-int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_err *err);
-int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io, dp_err *err);
+int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_auth_session *s,
+                 dp_err *err);
+int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io,
+                   dp_auth_session *s, dp_err *err);
 
 /* Sends a REJECT frame with a reason, best effort, waiting at most 0.2 s. */
 void dp_auth_send_reject(int fd, int self_rank, const char *reason);

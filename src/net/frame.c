@@ -133,6 +133,12 @@ uint64_t dp_frame_wire_size(uint64_t length)
     return DP_FRAME_HEADER_SIZE + length + (chunks > 1 ? 4 * (chunks - 1) : 0);
 }
 
+uint64_t dp_frame_wire_size_mac(uint64_t length)
+{
+    uint64_t chunks = (length + DP_FRAME_CHUNK - 1) / DP_FRAME_CHUNK;
+    return dp_frame_wire_size(length) + DP_FRAME_TAG_SIZE * (1 + chunks);
+}
+
 const char *dp_frame_status_name(dp_frame_status s)
 {
     static const char *const names[DP_FRAME_STATUS_COUNT] = {

@@ -18,6 +18,7 @@
 #include "downpour/tcp.h"
 
 #include "auth.h"
+#include "fmac.h"
 #include "sock.h"
 #include "transport_impl.h"
 
@@ -48,6 +49,12 @@
 #define RECV_CHUNK (8 * 1024) /* payload read size: 8 KiB reads keep the kernel's copy and the CRC in L1 (measured best of 8..1024 KiB) */
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 #define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
+#define HDR_MAC (DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE) /* header and its tag */
+/* "refused connection" lines: the first from an address and kind, then at
+ * most one summary per window (an idle-connection flood wrote 11,720 lines
+ * in 16 s). */
+#define REFUSE_SLOTS 32
+#define REFUSE_WINDOW 10.0
 
 enum conn_state { CONN_NONE, CONN_UP, CONN_LOST };
 
@@ -74,7 +81,32 @@ typedef struct conn {
     uint32_t chunk_crc;  /* what it must come to */
     uint64_t chunk_no;
     dp_frame_header pay_h;
+    /* Frame MAC (fmac.h; keyed transports only), fixed while UP. */
+    int enc;           /* payloads encrypted */
+    dp_fmac tx, rx;    /* tx under send_mu; rx by the receiving thread */
+    uint64_t tx_seq;   /* next frame's sequence number, under send_mu */
+    uint64_t rx_seq;   /* receiving thread: the next frame's */
+    uint64_t pay_seq;  /* the pending payload's frame */
+    uint64_t wire_left; /* payload bytes not yet read from the socket */
+    uint8_t *sbuf;     /* one chunk gathered or encrypted (send_mu) */
+    uint8_t *cbuf;     /* one verified chunk not yet handed out */
+    size_t cb_pos, cb_len;
+    _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
+    /* A reconnection of the peer that waits until the loss of the current
+     * connection has been reported (then the receiving thread installs it). */
+    int next_fd;
+    char next_addr[64];
+    dp_auth_io next_io;
+    dp_auth_session next_sess;
 } conn;
+
+typedef struct refusal {
+    char key[96]; /* host | start of the reason */
+    char host[64];
+    char reason[120];
+    double last_log;
+    uint64_t suppressed;
+} refusal;
 
 typedef struct tcp {
     dp_transport base;
@@ -87,6 +119,10 @@ typedef struct tcp {
     double slice; /* longest single blocking wait: SO_RCVTIMEO and SO_SNDTIMEO */
     uint64_t max_frame;
     int sock_buf;
+    int keyed, encrypt; /* frames carry tags (a secret); payloads encrypted */
+    uint64_t incarnation;
+    pthread_mutex_t rl_mu; /* refusal log */
+    refusal rl[REFUSE_SLOTS];
     _Atomic int stopping;
     pthread_mutex_t mu;  /* install/wait for a connection; the handshakes below */
     pthread_cond_t cond; /* a connection was installed, or a handshake ended */
@@ -121,15 +157,12 @@ static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
 static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
+/* The same with c->mu held. */
+static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
 {
     conn *c = &t->conns[peer];
-    pthread_mutex_lock(&c->mu);
     if (c->state == CONN_UP) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->reason, sizeof c->reason, fmt, ap);
-        va_end(ap);
+        snprintf(c->reason, sizeof c->reason, "%s", reason);
         c->state = CONN_LOST;
         c->orderly = orderly;
         c->reported = 0;
@@ -139,7 +172,84 @@ static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
         else
             dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
     }
+}
+
+static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
+{
+    conn *c = &t->conns[peer];
+    char reason[sizeof c->reason];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    mark_lost(t, peer, orderly, reason);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- refusal log ---- */
+
+/* Logs "refused connection from ADDR: reason", at most once per window for
+ * one host and kind of reason; the rest are counted and summed up later. */
+static void refused(tcp *t, const char *addr, const char *reason)
+{
+    char host[64], key[96];
+    snprintf(host, sizeof host, "%s", addr);
+    char *colon = strrchr(host, ':'); /* the port changes with every connection */
+    if (colon && colon != host)
+        *colon = '\0';
+    snprintf(key, sizeof key, "%s|%.24s", host, reason);
+    double now = dp_now();
+    pthread_mutex_lock(&t->rl_mu);
+    refusal *r = NULL, *oldest = &t->rl[0];
+    for (int i = 0; i < REFUSE_SLOTS && !r; i++) {
+        if (t->rl[i].key[0] && strcmp(t->rl[i].key, key) == 0)
+            r = &t->rl[i];
+        else if (t->rl[i].last_log < oldest->last_log)
+            oldest = &t->rl[i];
+    }
+    if (r && now - r->last_log < REFUSE_WINDOW) {
+        r->suppressed++;
+        pthread_mutex_unlock(&t->rl_mu);
+        return;
+    }
+    if (!r) {
+        r = oldest;
+        if (r->key[0] && r->suppressed)
+            dp_warn("refused %" PRIu64 " more connection(s) from %s (%s)", r->suppressed,
+                    r->host, r->reason);
+        snprintf(r->key, sizeof r->key, "%s", key);
+        snprintf(r->host, sizeof r->host, "%s", host);
+        r->suppressed = 0;
+    }
+    snprintf(r->reason, sizeof r->reason, "%s", reason);
+    if (r->suppressed)
+        dp_warn("refused connection from %s: %s (and %" PRIu64 " more like it from %s in the "
+                "last %.0f s, not logged)",
+                addr, reason, r->suppressed, host, now - r->last_log);
+    else
+        dp_warn("refused connection from %s: %s", addr, reason);
+    r->suppressed = 0;
+    r->last_log = now;
+    pthread_mutex_unlock(&t->rl_mu);
+}
+
+/* Summary lines for refusals not logged, once their window has passed (all
+ * of them when force). */
+static void refusals_flush(tcp *t, int force)
+{
+    double now = dp_now();
+    pthread_mutex_lock(&t->rl_mu);
+    for (int i = 0; i < REFUSE_SLOTS; i++) {
+        refusal *r = &t->rl[i];
+        if (r->suppressed && (force || now - r->last_log >= REFUSE_WINDOW)) {
+            dp_warn("refused %" PRIu64 " more connection(s) from %s in the last %.0f s (%s)",
+                    r->suppressed, r->host, now - r->last_log, r->reason);
+            r->suppressed = 0;
+            r->last_log = now;
+        }
+    }
+    pthread_mutex_unlock(&t->rl_mu);
 }
 
 /* Returns the fd of an UP connection, or -1 with err saying why not. */
@@ -185,15 +295,14 @@ static int make_blocking(tcp *t, int fd, dp_err *err)
     return 0;
 }
 
-static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io *io)
+/* Makes fd the connection of c (c->send_mu and c->mu held; c is not UP and
+ * its loss, if any, has been reported, so no thread reads its old state). */
+static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
+                       const dp_auth_session *s)
 {
-    conn *c = &t->conns[peer];
-    pthread_mutex_lock(&c->send_mu);
-    pthread_mutex_lock(&c->mu);
     if (c->fd >= 0)
         close(c->fd);
     c->fd = fd;
-    c->state = CONN_UP;
     c->reported = 0;
     c->orderly = 0;
     c->hb_unread = 0;
@@ -203,12 +312,86 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
     atomic_store(&c->last_rx_us, now);
     atomic_store(&c->last_tx_us, now);
     add_io(c, io);
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->send_mu);
+    c->enc = s->encrypt;
+    if (s->keyed) {
+        dp_fmac_init(&c->tx, s->suite, s->key_tx);
+        dp_fmac_init(&c->rx, s->suite, s->key_rx);
+    }
+    c->tx_seq = c->rx_seq = 0;
+    atomic_store(&c->incarnation, s->peer_incarnation);
+    c->state = CONN_UP; /* last: the receiving thread reads the rest once it sees UP */
+}
+
+static void wake_waiters(tcp *t)
+{
     pthread_mutex_lock(&t->mu);
     pthread_cond_broadcast(&t->cond);
     pthread_mutex_unlock(&t->mu);
-    dp_debug("connected to %s (%s)", pname(t, peer), addr);
+}
+
+/* Installs a connection that finished its handshake.  A peer that is still
+ * UP but comes back with another incarnation has restarted: the old
+ * connection is lost, and the new one waits (next_fd) until that loss has
+ * been reported, so the receiving thread sees PEER_LOST before the new
+ * peer's frames. */
+static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io *io,
+                    const dp_auth_session *s)
+{
+    conn *c = &t->conns[peer];
+    int pend = 0, dup = 0;
+    pthread_mutex_lock(&c->send_mu);
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_UP && atomic_load(&c->incarnation) == s->peer_incarnation) {
+        dup = 1; /* two handshakes of one process raced past admit() */
+    } else if (c->state == CONN_UP) {
+        char why[128];
+        snprintf(why, sizeof why, "%s restarted (new incarnation)", pname(t, peer));
+        mark_lost(t, peer, 0, why);
+        pend = 1;
+    } else if (c->state == CONN_LOST && !c->reported) {
+        pend = 1;
+    }
+    if (pend) {
+        if (c->next_fd >= 0)
+            close(c->next_fd); /* an older replacement is superseded */
+        c->next_fd = fd;
+        snprintf(c->next_addr, sizeof c->next_addr, "%s", addr);
+        c->next_io = *io;
+        c->next_sess = *s;
+    } else if (!dup) {
+        conn_setup(c, fd, addr, io, s);
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->send_mu);
+    if (dup) {
+        refused(t, addr, "already connected (same incarnation)");
+        close(fd);
+        return;
+    }
+    wake_waiters(t);
+    dp_debug("connected to %s (%s)%s", pname(t, peer), addr, pend ? ", after its old connection" : "");
+}
+
+/* Receiving thread, once the loss of peer's connection has been reported:
+ * installs the replacement that waited for it, if any. */
+static void promote(tcp *t, int peer)
+{
+    conn *c = &t->conns[peer];
+    int done = 0;
+    pthread_mutex_lock(&c->send_mu);
+    pthread_mutex_lock(&c->mu);
+    if (c->next_fd >= 0 && c->state == CONN_LOST && c->reported) {
+        conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess);
+        c->next_fd = -1;
+        sodium_memzero(&c->next_sess, sizeof c->next_sess);
+        done = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->send_mu);
+    if (done) {
+        wake_waiters(t);
+        dp_info("%s reconnected (%s)", pname(t, peer), c->addr);
+    }
 }
 
 /* Called by the receiving thread when it has reported a loss: the receive
@@ -218,6 +401,8 @@ static void reset_rx(conn *c)
     c->rpos = c->rlen = 0;
     c->pay_pending = 0;
     c->pay_left = 0;
+    c->wire_left = 0;
+    c->cb_pos = c->cb_len = 0;
 }
 
 static int silent_for(tcp *t, conn *c, double *secs)
@@ -228,17 +413,16 @@ static int silent_for(tcp *t, conn *c, double *secs)
 
 /* ---- accept thread ---- */
 
-static int admit(void *ctx, int peer, char *why, size_t cap)
+/* Refuses a second connection from the same process (same incarnation)
+ * while its first is UP; a new incarnation replaces it (install). */
+static int admit(void *ctx, int peer, uint64_t incarnation, char *why, size_t cap)
 {
     tcp *t = ctx;
     conn *c = &t->conns[peer];
     int rc = 0;
     pthread_mutex_lock(&c->mu);
-    if (c->state == CONN_UP) {
+    if (c->state == CONN_UP && atomic_load(&c->incarnation) == incarnation) {
         snprintf(why, cap, "rank %d is already connected from %s", peer, c->addr);
-        rc = -1;
-    } else if (c->state == CONN_LOST && !c->reported) {
-        snprintf(why, cap, "the previous connection of rank %d is not yet released", peer);
         rc = -1;
     }
     pthread_mutex_unlock(&c->mu);
@@ -258,12 +442,14 @@ static void *handshake_main(void *arg)
     tcp *t = h->t;
     dp_err err;
     dp_auth_io io = {0};
+    dp_auth_session sess;
     int peer = -1;
-    dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
-                         dp_now() + t->hs_timeout, admit, t};
+    dp_auth_params ap = {t->base.rank,        t->base.n_ranks, t->secret, t->secret_len,
+                         dp_now() + t->hs_timeout, admit, t, t->incarnation, t->encrypt};
+    memset(&sess, 0, sizeof sess);
     int rc = dp_sock_tune(h->fd, t->sock_buf, h->addr, &err);
     if (rc == 0)
-        rc = dp_auth_accept(h->fd, &ap, &peer, &io, &err);
+        rc = dp_auth_accept(h->fd, &ap, &peer, &io, &sess, &err);
     if (rc == 0)
         rc = make_blocking(t, h->fd, &err);
     pthread_mutex_lock(&t->mu);
@@ -272,11 +458,12 @@ static void *handshake_main(void *arg)
     pthread_mutex_unlock(&t->mu);
     if (rc != 0 || stopping) {
         if (rc != 0 && !stopping)
-            dp_warn("refused connection from %s: %s", h->addr, err.msg);
+            refused(t, h->addr, err.msg);
         close(h->fd);
     } else {
-        install(t, peer, h->fd, h->addr, &io);
+        install(t, peer, h->fd, h->addr, &io, &sess);
     }
+    sodium_memzero(&sess, sizeof sess);
     pthread_mutex_lock(&t->mu);
     t->hs_active--;
     pthread_cond_broadcast(&t->cond);
@@ -302,8 +489,7 @@ static void start_handshake(tcp *t, int fd)
     }
     pthread_mutex_unlock(&t->mu);
     if (slot < 0) {
-        dp_warn("refused connection from %s: %s", addr,
-                h ? "too many handshakes in progress" : "out of memory");
+        refused(t, addr, h ? "too many handshakes in progress" : "out of memory");
         close(fd);
         free(h);
         return;
@@ -319,7 +505,9 @@ static void start_handshake(tcp *t, int fd)
     int e = pthread_create(&thr, &attr, handshake_main, h);
     pthread_attr_destroy(&attr);
     if (e != 0) {
-        dp_warn("refused connection from %s: cannot start its handshake: %s", addr, strerror(e));
+        char why[128];
+        snprintf(why, sizeof why, "cannot start its handshake: %s", strerror(e));
+        refused(t, addr, why);
         pthread_mutex_lock(&t->mu);
         t->hs_fd[slot] = -1;
         t->hs_active--;
@@ -364,20 +552,31 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
     pthread_mutex_lock(&c->mu);
     int fd = c->state == CONN_UP ? c->fd : -1;
     pthread_mutex_unlock(&c->mu);
+    /* A tagged heartbeat takes a sequence number, which must then go out:
+     * only send one when the socket has room. */
+    struct pollfd wp = {fd, POLLOUT, 0};
+    if (fd >= 0 && t->keyed && (poll(&wp, 1, 0) != 1 || !(wp.revents & POLLOUT)))
+        fd = -1;
     if (fd >= 0) {
-        uint8_t h[DP_FRAME_HEADER_SIZE];
+        uint8_t h[HDR_MAC];
+        size_t hl = t->keyed ? HDR_MAC : DP_FRAME_HEADER_SIZE;
         dp_frame_header fh = {0};
         fh.type = DP_FRAME_HEARTBEAT;
         fh.source = (uint32_t)t->base.rank;
         dp_frame_encode(h, &fh);
+        if (t->keyed)
+            dp_fmac_tag(&c->tx, c->tx_seq++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE,
+                        h + DP_FRAME_HEADER_SIZE);
         ssize_t n;
         do
-            n = send(fd, h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+            n = send(fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
-        int ok = n == (ssize_t)sizeof h;
-        if (n > 0 && !ok) { /* partial: finish it, or the stream is torn */
+        int ok = n == (ssize_t)hl;
+        if (t->keyed && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            n = 0; /* its sequence number is spent: send it whole */
+        if (n >= 0 && !ok) { /* partial: finish it, or the stream is torn */
             dp_err err;
-            ok = dp_sock_write_full(fd, h + n, sizeof h - (size_t)n, dp_now() + t->hb_timeout,
+            ok = dp_sock_write_full(fd, h + n, hl - (size_t)n, dp_now() + t->hb_timeout,
                                     &err) == 0;
             if (!ok)
                 conn_fail(t, peer, 0, "sending a heartbeat: %s", err.msg);
@@ -393,7 +592,7 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
         if (ok) {
             atomic_fetch_add_explicit(&c->hb_sent, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_sent, sizeof h, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_sent, hl, memory_order_relaxed);
             atomic_store(&c->last_tx_us, now_us());
         }
     }
@@ -410,6 +609,7 @@ static void *heartbeat_main(void *arg)
         struct pollfd p = {t->wake[0], POLLIN, 0};
         if (poll(&p, 1, (int)(tick * 1000)) > 0)
             break;
+        refusals_flush(t, 0);
         for (int i = 0; i < t->base.n_ranks; i++) {
             conn *c = &t->conns[i];
             int unread = 0, up;
@@ -467,16 +667,26 @@ static int dial(tcp *t, int peer, double deadline, dp_err *err)
             double left = deadline - now;
             if (dp_sock_dial(&sa, t->sock_buf, left < 2 ? left : 2, &fd, &eno, &last) == 0) {
                 dp_auth_io io = {0};
+                dp_auth_session sess;
                 double hs = now + t->hs_timeout;
-                dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret, t->secret_len,
-                                     hs < deadline ? hs : deadline, NULL, NULL};
-                int rc = dp_auth_dial(fd, &ap, peer, &io, &last);
+                dp_auth_params ap = {t->base.rank,
+                                     t->base.n_ranks,
+                                     t->secret,
+                                     t->secret_len,
+                                     hs < deadline ? hs : deadline,
+                                     NULL,
+                                     NULL,
+                                     t->incarnation,
+                                     t->encrypt};
+                int rc = dp_auth_dial(fd, &ap, peer, &io, &sess, &last);
                 if (rc == 0 && make_blocking(t, fd, err)) {
+                    sodium_memzero(&sess, sizeof sess);
                     close(fd);
                     return -1;
                 }
                 if (rc == 0) {
-                    install(t, peer, fd, addr, &io);
+                    install(t, peer, fd, addr, &io, &sess);
+                    sodium_memzero(&sess, sizeof sess);
                     return 0;
                 }
                 close(fd);
@@ -509,6 +719,10 @@ static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
         reset_rx(c);
     }
     pthread_mutex_unlock(&c->mu);
+    if (state == CONN_LOST) {
+        promote(t, peer); /* the peer may have dialed again already */
+        state = atomic_load(&c->state);
+    }
     if (state == CONN_UP)
         return 0;
     if (t->base.rank < peer)
@@ -614,6 +828,77 @@ static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, siz
     return k;
 }
 
+/* A tagged frame (docs/transport.md, "Frame MAC"), with c->send_mu held:
+ *   header | htag | tag 0 | chunk 0 | crc 1 | tag 1 | chunk 1 ...
+ * A chunk in one piece is tagged where it lies; one gathered from several,
+ * or encrypted, goes through c->sbuf while it is in cache. */
+static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct iovec *src,
+                       int ns, uint64_t len, dp_err *werr)
+{
+    uint8_t pre[HDR_MAC + DP_FRAME_TAG_SIZE + SMALL_FRAME];
+    struct iovec v[DP_TRANSPORT_MAX_IOV + 1];
+    uint64_t seq = c->tx_seq++, left = len;
+    int idx = 0;
+    size_t off = 0;
+    for (uint32_t k = 0; k == 0 || left; k++) {
+        size_t want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
+        uint32_t crc;
+        uint8_t tag[DP_FRAME_TAG_SIZE];
+        int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &crc);
+        left -= want;
+        if (want && (c->enc || n > 2)) {
+            const uint8_t *from = v[1].iov_base;
+            if (n > 2) {
+                size_t at = 0;
+                for (int i = 1; i < n; i++) {
+                    memcpy(c->sbuf + at, v[i].iov_base, v[i].iov_len);
+                    at += v[i].iov_len;
+                }
+                from = c->sbuf;
+            }
+            if (c->enc) {
+                dp_fmac_seal(&c->tx, seq, k, c->sbuf, from, want, tag);
+                crc = dp_crc32c(0, c->sbuf, want); /* CRCs cover the bytes on the wire */
+            } else {
+                dp_fmac_tag(&c->tx, seq, k, c->sbuf, want, tag);
+            }
+            v[1].iov_base = c->sbuf;
+            v[1].iov_len = want;
+            n = 2;
+        } else if (want) {
+            dp_fmac_tag(&c->tx, seq, k, v[1].iov_base, want, tag);
+        }
+        size_t plen;
+        if (k == 0) {
+            h->payload_crc = want ? crc : 0;
+            dp_frame_encode(pre, h);
+            dp_fmac_tag(&c->tx, seq, DP_FMAC_HEADER, pre, DP_FRAME_HEADER_SIZE,
+                        pre + DP_FRAME_HEADER_SIZE);
+            plen = HDR_MAC;
+            if (want) {
+                memcpy(pre + plen, tag, sizeof tag);
+                plen += sizeof tag;
+            }
+            if (len <= SMALL_FRAME) { /* one contiguous buffer: one plain send */
+                for (int i = 1; i < n; i++) {
+                    memcpy(pre + plen, v[i].iov_base, v[i].iov_len);
+                    plen += v[i].iov_len;
+                }
+                n = 1;
+            }
+        } else {
+            dp_put_u32(pre, crc);
+            memcpy(pre + 4, tag, sizeof tag);
+            plen = 4 + sizeof tag;
+        }
+        v[0].iov_base = pre;
+        v[0].iov_len = plen;
+        if (write_iov(t, c, fd, v, n, werr))
+            return -1;
+    }
+    return 0;
+}
+
 static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struct iovec *iov,
                      int iovcnt, dp_err *err)
 {
@@ -637,6 +922,26 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     h->length = len;
     if (len > DP_FRAME_CHUNK)
         h->flags |= DP_FRAME_F_CHUNKED;
+    if (t->keyed) { /* the sequence number and the tags are taken under send_mu */
+        pthread_mutex_lock(&c->send_mu);
+        int fd = conn_fd(t, peer, err), rc = -1;
+        if (fd >= 0) {
+            dp_err werr;
+            rc = send_tagged(t, c, fd, h, src, ns, len, &werr);
+            if (rc == 0) {
+                atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&c->bytes_sent, dp_frame_wire_size_mac(len),
+                                          memory_order_relaxed);
+                atomic_store(&c->last_tx_us, now_us());
+            } else {
+                conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type),
+                          werr.msg);
+                dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
+            }
+        }
+        pthread_mutex_unlock(&c->send_mu);
+        return rc;
+    }
 
     /* Chunk 0 goes with the header; each later chunk is preceded by its CRC
      * and sent right after it was checksummed, while it is in cache. */
@@ -695,7 +1000,7 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
 
 /* ---- receive ---- */
 
-enum { RX_NOTHING, RX_FRAME, RX_LOST };
+enum { RX_NOTHING, RX_FRAME, RX_LOST, RX_MORE /* a header's tag is still on its way */ };
 
 /* Reads what the socket has into c's buffer.  wait: block up to the socket's
  * receive timeout (t->slice).  Returns 1 (got bytes), 0 (nothing yet) or -1
@@ -717,8 +1022,9 @@ static int rx_fill(tcp *t, int peer, int fd, int wait)
         }
         if (n == 0) {
             if (c->rlen)
-                conn_fail(t, peer, 0, "connection closed mid-frame (%zu of %d header bytes)",
-                          c->rlen, DP_FRAME_HEADER_SIZE);
+                conn_fail(t, peer, 0, "connection closed mid-frame (%zu of %d header%s bytes)",
+                          c->rlen, c->rlen < DP_FRAME_HEADER_SIZE ? DP_FRAME_HEADER_SIZE : HDR_MAC,
+                          c->rlen < DP_FRAME_HEADER_SIZE ? "" : " and tag");
             else
                 conn_fail(t, peer, 0, "connection closed (EOF) without BYE");
             return -1;
@@ -738,18 +1044,36 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
     conn *c = &t->conns[peer];
     dp_frame_header h;
     char why[200];
-    dp_frame_status st = dp_frame_decode(&h, c->rbuf + c->rpos, t->max_frame, why, sizeof why);
-    c->rpos += DP_FRAME_HEADER_SIZE;
-    atomic_fetch_add_explicit(&c->bytes_recv, DP_FRAME_HEADER_SIZE, memory_order_relaxed);
-    if (st != DP_FRAME_OK) {
-        conn_fail(t, peer, 0, "bad frame header: %s", why);
+    const uint8_t *hb = c->rbuf + c->rpos;
+    dp_frame_status st = dp_frame_decode(&h, hb, t->max_frame, why, sizeof why);
+    if (st != DP_FRAME_OK || h.source != (uint32_t)peer) {
+        c->rpos += DP_FRAME_HEADER_SIZE;
+        atomic_fetch_add_explicit(&c->bytes_recv, DP_FRAME_HEADER_SIZE, memory_order_relaxed);
+        if (st != DP_FRAME_OK)
+            conn_fail(t, peer, 0, "bad frame header: %s", why);
+        else
+            conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
         return RX_LOST;
     }
+    size_t hl = DP_FRAME_HEADER_SIZE;
+    if (t->keyed) { /* nothing of the header counts before its tag matches */
+        if (c->rlen - c->rpos < HDR_MAC)
+            return RX_MORE;
+        hl = HDR_MAC;
+        if (dp_fmac_verify(&c->rx, c->rx_seq, DP_FMAC_HEADER, hb, DP_FRAME_HEADER_SIZE,
+                           hb + DP_FRAME_HEADER_SIZE) != 0) {
+            c->rpos += hl;
+            atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
+            conn_fail(t, peer, 0, "frame %" PRIu64 " from %s failed authentication: altered or "
+                                  "replayed (its header)",
+                      c->rx_seq, pname(t, peer));
+            return RX_LOST;
+        }
+        c->pay_seq = c->rx_seq++;
+    }
+    c->rpos += hl;
+    atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->frames_recv, 1, memory_order_relaxed);
-    if (h.source != (uint32_t)peer) {
-        conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
-        return RX_LOST;
-    }
     if (h.type == DP_FRAME_HEARTBEAT && h.length == 0) {
         atomic_fetch_add_explicit(&c->hb_recv, 1, memory_order_relaxed);
         return RX_NOTHING;
@@ -770,6 +1094,8 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
     }
     c->pay_pending = h.length > 0;
     c->pay_left = h.length;
+    c->wire_left = h.length;
+    c->cb_pos = c->cb_len = 0;
     c->chunk_left = h.length < DP_FRAME_CHUNK ? h.length : DP_FRAME_CHUNK;
     c->pay_crc = 0;
     c->chunk_crc = h.payload_crc;
@@ -790,6 +1116,8 @@ static int next_frame(tcp *t, int peer, int fd, int wait, dp_event *ev)
     for (;;) {
         while (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
             int r = parse_header(t, peer, ev);
+            if (r == RX_MORE)
+                break;
             if (r != RX_NOTHING)
                 return r;
         }
@@ -907,11 +1235,108 @@ fail:
     return -1;
 }
 
+/* read_payload on a tagged connection.  A chunk is handed out only after
+ * its tag matched: read straight into dst when this call takes the whole
+ * chunk, else into c->cbuf, from which this and later calls copy. */
+static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    if (len == 0)
+        return 0;
+    if (!c->pay_pending)
+        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
+    if (len > c->pay_left)
+        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
+                       len, pname(t, peer), c->pay_left);
+    int fd = conn_fd(t, peer, err);
+    if (fd < 0) {
+        c->pay_pending = 0;
+        return -1;
+    }
+    while (len) {
+        if (c->cb_pos < c->cb_len) {
+            size_t n = c->cb_len - c->cb_pos < len ? c->cb_len - c->cb_pos : len;
+            if (dst) {
+                memcpy(dst, c->cbuf + c->cb_pos, n);
+                dst += n;
+            }
+            c->cb_pos += n;
+            c->pay_left -= n;
+            len -= n;
+            continue;
+        }
+        uint32_t k = (uint32_t)c->chunk_no;
+        uint8_t pre[4 + DP_FRAME_TAG_SIZE]; /* crc (chunks after the first) and tag */
+        size_t plen = k ? sizeof pre : DP_FRAME_TAG_SIZE;
+        for (size_t got = 0; got < plen;) {
+            ssize_t n = read_some(t, peer, fd, pre + got, plen - got);
+            if (n < 0)
+                goto fail;
+            got += (size_t)n;
+        }
+        atomic_fetch_add_explicit(&c->bytes_recv, plen, memory_order_relaxed);
+        uint32_t want_crc = k ? dp_get_u32(pre) : c->pay_h.payload_crc, crc = 0;
+        const uint8_t *tag = pre + plen - DP_FRAME_TAG_SIZE;
+        size_t csize = c->wire_left < DP_FRAME_CHUNK ? (size_t)c->wire_left : (size_t)DP_FRAME_CHUNK;
+        int direct = dst && len >= csize;
+        uint8_t *p = direct ? dst : c->cbuf;
+        for (size_t got = 0; got < csize;) {
+            size_t want = csize - got < RECV_CHUNK ? csize - got : RECV_CHUNK;
+            ssize_t n = read_some(t, peer, fd, p + got, want);
+            if (n < 0)
+                goto fail;
+            crc = dp_crc32c(crc, p + got, (size_t)n);
+            got += (size_t)n;
+            atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
+        }
+        c->wire_left -= csize;
+        c->chunk_no++;
+        int bad = c->enc ? dp_fmac_open(&c->rx, c->pay_seq, k, p, csize, tag)
+                         : dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag);
+        if (bad) {
+            conn_fail(t, peer, 0, "frame %" PRIu64 " from %s failed authentication: altered or "
+                                  "replayed (%s frame, chunk %" PRIu32 ")",
+                      c->pay_seq, pname(t, peer), dp_frame_type_name(c->pay_h.type), k);
+            c->pay_pending = 0;
+            return dp_errf(err, "receiving from %s: frame %" PRIu64 " failed authentication",
+                           pname(t, peer), c->pay_seq);
+        }
+        if (crc != want_crc) { /* the tag matched: the sender's own CRC is wrong */
+            conn_fail(t, peer, 0, "payload CRC mismatch on %s frame (step %" PRIu64
+                                  ", offset %" PRIu64 ", %" PRIu64 " bytes, chunk %" PRIu32
+                                  "): got 0x%08" PRIx32 ", expected 0x%08" PRIx32,
+                      dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
+                      c->pay_h.length, k, crc, want_crc);
+            c->pay_pending = 0;
+            return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
+        }
+        if (direct) {
+            dst += csize;
+            len -= csize;
+            c->pay_left -= csize;
+        } else {
+            c->cb_pos = 0;
+            c->cb_len = csize;
+        }
+    }
+    if (c->pay_left == 0)
+        c->pay_pending = 0;
+    return 0;
+fail:
+    c->pay_pending = 0;
+    pthread_mutex_lock(&c->mu);
+    dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
+    pthread_mutex_unlock(&c->mu);
+    return -1;
+}
+
 static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
 {
+    tcp *t = (tcp *)bt;
     if (!dst && len)
         return dp_errf(err, "recv_payload: NULL destination");
-    return read_payload((tcp *)bt, peer, dst, len, err);
+    return t->keyed ? read_payload_tagged(t, peer, dst, len, err)
+                    : read_payload(t, peer, dst, len, err);
 }
 
 static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
@@ -920,7 +1345,8 @@ static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
     conn *c = &t->conns[peer];
     while (c->pay_pending) {
         size_t n = c->pay_left < RECV_CHUNK ? (size_t)c->pay_left : RECV_CHUNK;
-        if (read_payload(t, peer, NULL, n, err))
+        if (t->keyed ? read_payload_tagged(t, peer, NULL, n, err)
+                     : read_payload(t, peer, NULL, n, err))
             return -1;
     }
     return 0;
@@ -945,8 +1371,10 @@ static int report_lost(tcp *t, int want, dp_event *ev)
             dp_transport_base_lost(ev, i, c->orderly, c->reason);
         }
         pthread_mutex_unlock(&c->mu);
-        if (lost)
+        if (lost) {
+            promote(t, i); /* a restarted peer's new connection, if it is waiting */
             return 1;
+        }
     }
     return 0;
 }
@@ -1073,21 +1501,26 @@ static void tcp_close(dp_transport *bt)
             pthread_cond_wait(&t->cond, &t->mu);
         pthread_mutex_unlock(&t->mu);
         pthread_join(t->hb_thr, NULL);
+        refusals_flush(t, 1);
     }
     for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
         conn *c = &t->conns[i];
         if (c->state == CONN_UP) {
             /* BYE, then drain what the peer sent so close() sends FIN, not a
              * reset that could destroy data the peer has not read yet. */
-            uint8_t h[DP_FRAME_HEADER_SIZE];
+            uint8_t h[HDR_MAC];
+            size_t hl = t->keyed ? HDR_MAC : DP_FRAME_HEADER_SIZE;
             dp_frame_header fh = {0};
             fh.type = DP_FRAME_BYE;
             fh.source = (uint32_t)t->base.rank;
             dp_frame_encode(h, &fh);
             pthread_mutex_lock(&c->send_mu);
-            if (dp_sock_write_full(c->fd, h, sizeof h, dp_now() + 1.0, NULL) == 0) {
+            if (t->keyed) /* a BYE is tagged too: nobody else can say it for us */
+                dp_fmac_tag(&c->tx, c->tx_seq++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE,
+                            h + DP_FRAME_HEADER_SIZE);
+            if (dp_sock_write_full(c->fd, h, hl, dp_now() + 1.0, NULL) == 0) {
                 atomic_fetch_add(&c->frames_sent, 1);
-                atomic_fetch_add(&c->bytes_sent, sizeof h);
+                atomic_fetch_add(&c->bytes_sent, hl);
             }
             pthread_mutex_unlock(&c->send_mu);
             shutdown(c->fd, SHUT_WR);
@@ -1098,7 +1531,14 @@ static void tcp_close(dp_transport *bt)
         }
         if (c->fd >= 0)
             close(c->fd);
+        if (c->next_fd >= 0)
+            close(c->next_fd);
         free(c->rbuf);
+        free(c->sbuf);
+        free(c->cbuf);
+        dp_fmac_wipe(&c->tx);
+        dp_fmac_wipe(&c->rx);
+        sodium_memzero(&c->next_sess, sizeof c->next_sess);
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->send_mu);
     }
@@ -1116,6 +1556,7 @@ static void tcp_close(dp_transport *bt)
     free(t->pf);
     free(t->who);
     pthread_mutex_destroy(&t->mu);
+    pthread_mutex_destroy(&t->rl_mu);
     pthread_cond_destroy(&t->cond);
     dp_transport_base_free(&t->base);
     sodium_memzero(t->secret, sizeof t->secret);
@@ -1141,6 +1582,12 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
 
 int dp_tcp_port(const dp_transport *t) { return t->ops == &tcp_ops ? ((const tcp *)t)->port : -1; }
 
+static uint64_t tcp_incarnation(const dp_transport *bt, int peer)
+{
+    tcp *t = (tcp *)bt;
+    return peer == t->base.rank ? t->incarnation : atomic_load(&t->conns[peer].incarnation);
+}
+
 int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
 {
     *out = NULL;
@@ -1155,6 +1602,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
                             "insecure only on a trusted private network");
     if (cfg->secret_len && !cfg->secret)
         return dp_errf(err, "tcp transport: secret_len %zu with a NULL secret", cfg->secret_len);
+    if (cfg->encrypt && cfg->secret_len == 0)
+        return dp_errf(err, "encryption needs a cluster secret (its keys are derived from it): "
+                            "set DOWNPOUR_SECRET, or run without --encrypt");
     if (cfg->secret_len > DP_SECRET_MAX)
         return dp_errf(err, "cluster secret of %zu bytes (at most %d)", cfg->secret_len,
                        DP_SECRET_MAX);
@@ -1175,6 +1625,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         t->hs_fd[i] = -1;
     t->wake[0] = t->wake[1] = -1;
     pthread_mutex_init(&t->mu, NULL);
+    pthread_mutex_init(&t->rl_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1188,6 +1639,10 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     if (cfg->secret_len)
         memcpy(t->secret, cfg->secret, cfg->secret_len);
     t->secret_len = cfg->secret_len;
+    t->keyed = cfg->secret_len > 0;
+    t->encrypt = cfg->encrypt != 0;
+    while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
+        randombytes_buf(&t->incarnation, sizeof t->incarnation);
     t->hb_interval = cfg->heartbeat_interval;
     t->hb_timeout = cfg->heartbeat_timeout;
     t->hs_timeout = cfg->handshake_timeout > 0 ? cfg->handshake_timeout : 5.0;
@@ -1210,9 +1665,14 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         pthread_mutex_init(&c->mu, NULL);
         pthread_mutex_init(&c->send_mu, NULL);
         c->fd = -1;
+        c->next_fd = -1;
     }
     for (int i = 0; i < cfg->n_ranks; i++) {
-        if (!(t->conns[i].rbuf = malloc(RBUF))) {
+        conn *c = &t->conns[i];
+        /* Tagged connections also hold one chunk each way (fmac.h). */
+        if (!(c->rbuf = malloc(RBUF)) || (t->keyed && i != cfg->rank &&
+                                          (!(c->sbuf = malloc(DP_FRAME_CHUNK)) ||
+                                           !(c->cbuf = malloc(DP_FRAME_CHUNK))))) {
             dp_errf(err, "out of memory");
             goto fail;
         }
@@ -1271,4 +1731,5 @@ static const dp_transport_ops tcp_ops = {
     .skip_payload = tcp_skip_payload,
     .stats = tcp_stats,
     .close = tcp_close,
+    .incarnation = tcp_incarnation,
 };

@@ -183,6 +183,18 @@ const char *dp_event_kind_name(dp_event_kind k)
     return (unsigned)k < DP_EVENT_KIND_COUNT ? names[k] : "invalid";
 }
 
+uint64_t dp_transport_peer_incarnation(const dp_transport *t, int peer)
+{
+    if (!t || peer < 0 || peer >= t->n_ranks || !t->ops->incarnation)
+        return 0;
+    return t->ops->incarnation(t, peer);
+}
+
+uint64_t dp_transport_incarnation(const dp_transport *t)
+{
+    return t && t->ops->incarnation ? t->ops->incarnation(t, t->rank) : 0;
+}
+
 int dp_transport_has_allreduce(const dp_transport *t) { return t->ops->allreduce != NULL; }
 
 int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,

@@ -22,6 +22,9 @@ typedef struct dp_transport_ops {
      * in place.  NULL: strategies run their own ring over sendv and poll. */
     int (*allreduce)(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,
                      dp_err *err);
+    /* Optional: the incarnation of peer's process (peer == own rank: this
+     * one's), 0 when unknown.  NULL: always 0. */
+    uint64_t (*incarnation)(const dp_transport *t, int peer);
 } dp_transport_ops;
 
 /* Every implementation's handle starts with this. */
