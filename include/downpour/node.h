@@ -17,6 +17,7 @@ typedef struct dp_node_config {
     int mpi_ps;                /* mpi: how many ps ranks follow the chief */
     const char *secret_file;   /* NULL: DOWNPOUR_SECRET */
     int insecure;              /* allow no secret (trusted networks only) */
+    int encrypt;               /* tcp: encrypt payloads too (every task must agree) */
     double connect_timeout;    /* s to reach every peer (600) */
     double heartbeat_timeout;  /* s of silence before a peer is lost (10); the
                                   heartbeat interval is at most a quarter of it */

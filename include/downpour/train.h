@@ -60,6 +60,7 @@ typedef struct dp_train_config {
     long checkpoint_every;    /* steps between checkpoints (0: only at the end of the run) */
     int keep_checkpoints;     /* the newest K are kept (3) */
     bool resume;              /* continue from the newest valid checkpoint in checkpoint_dir */
+    bool encrypt;             /* cluster: encrypt payloads between tasks (docs/transport.md) */
     const char *secret_file;  /* the cluster secret (NULL: DOWNPOUR_SECRET) */
     double startup_timeout;   /* s a task waits for every peer (0: the node's, 600) */
     double heartbeat_timeout; /* s of silence before a peer is lost (0: the node's, 10) */

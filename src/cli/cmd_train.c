@@ -138,6 +138,7 @@ int cmd_train(int argc, char **argv)
         {"keep-checkpoints", CLI_INT, &keep_checkpoints, "K", "keep the newest K checkpoints", 1, 1000},
         {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir", 0, 0},
         {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
+        {"encrypt", CLI_FLAG, &cfg.encrypt, NULL, "cluster: encrypt payloads between tasks (every task must agree)", 0, 0},
         {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
         {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},

@@ -467,6 +467,7 @@ static int open_node(loop *L, dp_err *err)
         nc.transport = cfg->transport;
     nc.mpi_ps = cfg->mpi_ps;
     nc.secret_file = cfg->secret_file;
+    nc.encrypt = cfg->encrypt;
     if (cfg->startup_timeout > 0)
         nc.connect_timeout = cfg->startup_timeout;
     if (cfg->heartbeat_timeout > 0)
