@@ -295,6 +295,58 @@ static void test_version(void)
     CHECK(strcmp(g_out, "downpour 0.1.0\n") == 0 || getenv("DOWNPOUR_VERSION_ANY"));
 }
 
+/* Every numeric flag of every command has a range: a value just below or
+ * just above it is refused with exit 2, naming the flag and the range. */
+static void test_flag_ranges(void)
+{
+    static const struct {
+        const char *cmd, *flag, *low, *high, *range;
+    } cases[] = {
+        {"train", "--fetch-every", "0", "1000001", "[1, 1000000]"},
+        {"train", "--push-every", "0", "1000001", "[1, 1000000]"},
+        {"train", "--staleness", "-1", "1000001", "[0, 1000000]"},
+        {"train", "--period", "0", "1000001", "[1, 1000000]"},
+        {"train", "--ps-min-shard-bytes", "4095", "1099511627777", "[4096, 1099511627776]"},
+        {"train", "--ps-max-shards", "-1", "4097", "[0, 4096]"},
+        {"train", "--ps", "-1", "4097", "[0, 4096]"},
+        {"train", "--bucket-bytes", "4", "4294967297", "[16384, 4294967296]"},
+        {"train", "--collective-timeout", "0.5", "86401", "[1, 86400]"},
+        {"train", "--batch", "0", "65537", "[1, 65536]"},
+        {"train", "--epochs", "0", "100001", "[1, 100000]"},
+        {"train", "--ema", "-0.1", "1", "[0, 0.999999]"},
+        {"train", "--seed", "-1", "2147483648", "[0, 2147483647]"},
+        {"train", "--train-size", "0", "100000001", "[1, 100000000]"},
+        {"train", "--val-size", "-1", "100000001", "[0, 100000000]"},
+        {"train", "--threads", "-1", "1025", "[0, 1024]"},
+        {"train", "--log-every", "-1", "100000001", "[0, 100000000]"},
+        {"train", "--checkpoint-every", "-1", "1000000000001", "[0, 1000000000000]"},
+        {"train", "--keep-checkpoints", "0", "1001", "[1, 1000]"},
+        {"train", "--startup-timeout", "0.5", "86401", "[1, 86400]"},
+        {"train", "--heartbeat-timeout", "0.4", "3601", "[0.5, 3600]"},
+        {"ping", "--count", "0", "10000001", "[1, 10000000]"},
+        {"ping", "--bytes", "-1", "1073741825", "[0, 1073741824]"},
+        {"ping", "--timeout", "0.001", "86401", "[0.01, 86400]"},
+        {"ping", "--connect-timeout", "0.5", "86401", "[1, 86400]"},
+        {"launch", "--workers", "0", "257", "[1, 256]"},
+        {"launch", "--ps", "-1", "257", "[0, 256]"},
+        {"launch", "--grace", "0.01", "3601", "[0.1, 3600]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *vals[2] = {cases[i].low, cases[i].high};
+        for (int k = 0; k < 2; k++) {
+            char buf[160];
+            const char *want = buf;
+            snprintf(buf, sizeof buf, "%s: %s is out of range %s", cases[i].flag, vals[k],
+                     cases[i].range);
+            USAGE_ERROR(want, cases[i].cmd, cases[i].flag, vals[k], "--", "train");
+        }
+    }
+    USAGE_ERROR("--heartbeat-timeout", "train", "--heartbeat-timeout", "nan");
+    USAGE_ERROR("--startup-timeout", "train", "--startup-timeout", "inf");
+    USAGE_ERROR("--keep-best picks the epoch with the best validation accuracy", "train",
+                "--keep-best", "--val-size", "0");
+}
+
 /* Every usage error exits 2, says so on stderr, and prints nothing on stdout. */
 static void test_usage_errors(void)
 {
@@ -363,5 +415,6 @@ int main(void)
     test_run_secret_file();
     test_train_timeouts();
     test_train_write_errors();
+    test_flag_ranges();
     return CHECK_DONE();
 }

@@ -82,7 +82,7 @@ int cmd_ping(int argc, char **argv)
         {"count", CLI_INT, &count, "N", "round trips per pair of tasks", 1, 10000000},
         {"bytes", CLI_INT, &bytes, "N", "payload bytes per message", 0, 1L << 30},
         {"timeout", CLI_NUM, &timeout, "S", "seconds to wait for one reply", 0.01, 86400},
-        {"connect-timeout", CLI_NUM, &connect_timeout, "S", "seconds to reach every task", 0.1, 86400},
+        {"connect-timeout", CLI_NUM, &connect_timeout, "S", "seconds to reach every task", 1, 86400},
         {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
         {"insecure", CLI_FLAG, &insecure, NULL, "allow running without a secret", 0, 0},
         {"metrics", CLI_STR, &metrics_path, "FILE", "write ping and resource events to FILE", 0, 0},

@@ -109,13 +109,13 @@ int cmd_train(int argc, char **argv)
         {"staleness", CLI_INT, &staleness, "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000},
         {"staleness-range", CLI_STR, &staleness_range, "LO:HI", "ps-dssp: range of the adapted bound", 0, 0},
         {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
-        {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4, 1L << 40},
+        {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4096, 1L << 40},
         {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
         {"transport", CLI_STR, &transport, "NAME", "tcp (launch, run) or mpi (mpirun, srun)", 0, 0},
         {"ps", CLI_INT, &mpi_ps, "P", "mpi: ranks 1..P are ps tasks (rank 0 is the chief)", 0, 4096},
-        {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 4, 1L << 32},
+        {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
         {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop", 0, 0},
-        {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 0.1, 86400},
+        {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
@@ -242,6 +242,11 @@ int cmd_train(int argc, char **argv)
                             keep_checkpoints != cfg.keep_checkpoints)) {
         fprintf(stderr, "downpour train: --checkpoint-every and --keep-checkpoints need "
                         "--checkpoint-dir DIR\n");
+        return 2;
+    }
+    if (keep_best && n_val == 0) {
+        fprintf(stderr, "downpour train: --keep-best picks the epoch with the best validation "
+                        "accuracy, and --val-size 0 leaves no validation records\n");
         return 2;
     }
     cfg.checkpoint_dir = checkpoint_dir;

@@ -746,7 +746,8 @@ int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_
         return dp_errf(err, "dataset %s: a split needs at least 1 training record", ds->dir);
     if ((uint64_t)n_train + n_val > all->n)
         return dp_errf(err, "dataset %s: a split of %u training + %u validation records does "
-                       "not fit in its %u training records", ds->dir, n_train, n_val, all->n);
+                       "not fit in its %u training records. Hint: --train-size + --val-size "
+                       "must be at most %u", ds->dir, n_train, n_val, all->n, all->n);
     size_t dim = all->dim;
     *train = (dp_split){all->images, all->labels, n_train, all->dim};
     *val = (dp_split){all->images + (size_t)n_train * dim, all->labels + n_train, n_val, all->dim};
