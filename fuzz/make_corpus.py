@@ -186,7 +186,33 @@ def ring_corpus():
                             head + ops)
 
 
+# ---- TCP receive path: byte 0 how payloads are read (0 whole, 1 in pieces of
+# bits 3-7 + 1, 2 skipped, 3 left) and bit 2 the keyed transport; then ops:
+# kind 1 an encoded frame, 2 a chunked frame, 3 the transport's own types.
+def tcp_frame(ty, step, offset, payload):
+    return bytes([1 | 4, ty]) + struct.pack("<HBBH", 0, step, offset, len(payload)) + payload
+
+
+HEARTBEAT = bytes([3 | 5 << 2])
+BYE = bytes([3 | 6 << 2])
+
+
+def tcp_corpus():
+    body = bytes(range(256)) * 2
+    frames = tcp_frame(0, 1, 0, body[:100]) + HEARTBEAT + tcp_frame(3, 2, 40, body[:400]) + \
+        tcp_frame(84, 3, 0, b"")
+    put("fuzz_tcp", "frames_whole_bye", b"\x00" + frames + BYE)
+    put("fuzz_tcp", "frames_pieces_eof", bytes([1 | 6 << 3]) + frames)
+    put("fuzz_tcp", "frames_skipped_bye", b"\x02" + frames + BYE)
+    put("fuzz_tcp", "frames_left_bye", b"\x03" + frames + BYE)
+    put("fuzz_tcp", "chunked_bye", b"\x00" + bytes([2 | 1 << 4]) + struct.pack("<HB", 100, 0xAB) + BYE)
+    put("fuzz_tcp", "chunked_bad_crc", b"\x00" + bytes([2 | 2 << 2]) + struct.pack("<HB", 7, 1) + BYE)
+    put("fuzz_tcp", "keyed_frame", b"\x04" + tcp_frame(0, 1, 0, body[:64]) + BYE)
+    put("fuzz_tcp", "hello_after_handshake", b"\x00" + bytes([3 | 0 << 2]))
+
+
 if __name__ == "__main__":
+    tcp_corpus()
     cluster_specs()
     idx_files()
     dataset_cache()
