@@ -12,7 +12,11 @@
  * of checksum work is added to the copy; free lets the scheduler choose (on a
  * busy machine it flips between the two, so medians become bimodal).
  * DP_BENCH_SOCKBUF=bytes sets SO_SNDBUF/SO_RCVBUF of both (0: autotuning);
- * DP_BENCH_CRC=sse4.2+pclmul (etc.) picks the CRC32C implementation. */
+ * DP_BENCH_CRC=sse4.2+pclmul (etc.) picks the CRC32C implementation.
+ *
+ * The transport runs three ways in the same program, each on its own pair of
+ * connections: CRC only (insecure, no secret), with the frame MAC (a secret),
+ * and with the MAC and encryption (docs/transport.md, "Frame MAC"). */
 #include "bench.h"
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
@@ -44,6 +48,9 @@ typedef struct run {
 } run;
 
 static const run runs[2] = {{1u << 20, 1024}, {64u << 20, 16}}; /* 1 GiB each */
+
+enum { V_CRC, V_MAC, V_ENC, NV };
+static const char *const vname[NV] = {"CRC only", "MAC", "MAC+encrypt"};
 
 static void pin(int cpu)
 {
@@ -107,7 +114,7 @@ static void raw_tune(int fd)
     }
 }
 
-static dp_transport *open_rank(int rank, int lfd, const char *const *addrs)
+static dp_transport *open_rank(int rank, int lfd, const char *const *addrs, int v)
 {
     dp_tcp_config cfg;
     dp_tcp_config_init(&cfg);
@@ -115,7 +122,9 @@ static dp_transport *open_rank(int rank, int lfd, const char *const *addrs)
     cfg.n_ranks = 2;
     cfg.addrs = addrs;
     cfg.secret = secret;
-    cfg.secret_len = sizeof secret - 1;
+    cfg.secret_len = v == V_CRC ? 0 : sizeof secret - 1;
+    cfg.insecure = v == V_CRC;
+    cfg.encrypt = v == V_ENC;
     cfg.listen_fd = lfd;
     cfg.sock_buf_bytes = SOCK_BUF;
     dp_transport *t;
@@ -145,7 +154,7 @@ static void tp_send(dp_transport *t, int peer, unsigned type, const void *buf, s
 }
 
 /* The child: receives and echoes according to the same schedule. */
-static void child(int rawfd, dp_transport *t, int reps, unsigned char *buf)
+static void child(int rawfd, dp_transport **t, int reps, unsigned char *buf)
 {
     char ack = 'k';
     for (int r = 0; r < reps; r++) {
@@ -153,24 +162,28 @@ static void child(int rawfd, dp_transport *t, int reps, unsigned char *buf)
             for (int i = 0; i < runs[k].count; i++)
                 raw_recv(rawfd, buf, runs[k].size);
             raw_send(rawfd, &ack, 1);
-            for (int i = 0; i < runs[k].count; i++)
-                tp_recv(t, 0, buf, runs[k].size);
-            tp_send(t, 0, T_ACK, &ack, 1);
+            for (int v = 0; v < NV; v++) {
+                for (int i = 0; i < runs[k].count; i++)
+                    tp_recv(t[v], 0, buf, runs[k].size);
+                tp_send(t[v], 0, T_ACK, &ack, 1);
+            }
         }
         for (int i = 0; i < LAT_ROUNDS; i++) {
             raw_recv(rawfd, buf, LAT_MSG);
             raw_send(rawfd, buf, LAT_MSG);
         }
-        for (int i = 0; i < LAT_ROUNDS; i++) {
-            tp_recv(t, 0, buf, LAT_MSG);
-            tp_send(t, 0, T_DATA, buf, LAT_MSG);
+        for (int v = 0; v < NV; v++) {
+            for (int i = 0; i < LAT_ROUNDS; i++) {
+                tp_recv(t[v], 0, buf, LAT_MSG);
+                tp_send(t[v], 0, T_DATA, buf, LAT_MSG);
+            }
         }
     }
 }
 
 int main(int argc, char **argv)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    int reps = argc > 1 ? atoi(argv[1]) : 5;
     const char *mode = argc > 2 ? argv[2] : "split";
     int cpu_parent = 0, cpu_child = 1;
     if (strcmp(mode, "same") == 0)
@@ -196,16 +209,18 @@ int main(int argc, char **argv)
     if (rc && atol(rc) > 0)
         raw_chunk = (size_t)atol(rc);
     dp_err err;
-    int lfd[2], port[2], rawl, rawport;
-    for (int r = 0; r < 2; r++)
-        if (dp_tcp_listen("127.0.0.1:0", SOCK_BUF, &lfd[r], &port[r], &err))
-            die("listen", err.msg);
+    int lfd[NV][2], port[NV][2], rawl, rawport;
+    char abuf[NV][2][32];
+    const char *addrs[NV][2];
+    for (int v = 0; v < NV; v++)
+        for (int r = 0; r < 2; r++) {
+            if (dp_tcp_listen("127.0.0.1:0", SOCK_BUF, &lfd[v][r], &port[v][r], &err))
+                die("listen", err.msg);
+            snprintf(abuf[v][r], sizeof abuf[v][r], "127.0.0.1:%d", port[v][r]);
+            addrs[v][r] = abuf[v][r];
+        }
     if (dp_tcp_listen("127.0.0.1:0", SOCK_BUF, &rawl, &rawport, &err))
         die("listen", err.msg);
-    char a0[32], a1[32];
-    snprintf(a0, sizeof a0, "127.0.0.1:%d", port[0]);
-    snprintf(a1, sizeof a1, "127.0.0.1:%d", port[1]);
-    const char *addrs[2] = {a0, a1};
     size_t cap = runs[1].size;
     unsigned char *buf = malloc(cap);
     if (!buf)
@@ -218,7 +233,8 @@ int main(int argc, char **argv)
         die("fork", strerror(errno));
     if (pid == 0) {
         pin(cpu_child);
-        close(lfd[0]);
+        for (int v = 0; v < NV; v++)
+            close(lfd[v][0]);
         close(rawl);
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         raw_tune(fd);
@@ -228,13 +244,17 @@ int main(int argc, char **argv)
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
             die("raw connect", strerror(errno));
-        dp_transport *t = open_rank(1, lfd[1], addrs);
+        dp_transport *t[NV];
+        for (int v = 0; v < NV; v++)
+            t[v] = open_rank(1, lfd[v][1], addrs[v], v);
         child(fd, t, reps, buf);
-        dp_transport_close(t);
+        for (int v = 0; v < NV; v++)
+            dp_transport_close(t[v]);
         _exit(0);
     }
     pin(cpu_parent);
-    close(lfd[1]);
+    for (int v = 0; v < NV; v++)
+        close(lfd[v][1]);
     int rawfd;
     do
         rawfd = accept(rawl, NULL, NULL);
@@ -243,9 +263,11 @@ int main(int argc, char **argv)
         die("raw accept", strerror(errno));
     /* accept() on the non-blocking listener gives a blocking socket. */
     raw_tune(rawfd);
-    dp_transport *t = open_rank(0, lfd[0], addrs);
+    dp_transport *t[NV];
+    for (int v = 0; v < NV; v++)
+        t[v] = open_rank(0, lfd[v][0], addrs[v], v);
 
-    double raw_tp[2][1000], tp_tp[2][1000], raw_lat[1000], tp_lat[1000];
+    static double raw_tp[2][1000], tp_tp[NV][2][1000], raw_lat[1000], tp_lat[NV][1000];
     char ack;
     for (int r = 0; r < reps; r++) {
         for (int k = 0; k < 2; k++) {
@@ -255,11 +277,13 @@ int main(int argc, char **argv)
                 raw_send(rawfd, buf, runs[k].size);
             raw_recv(rawfd, &ack, 1);
             raw_tp[k][r] = bytes / (dp_now() - t0) / 1e6;
-            t0 = dp_now();
-            for (int i = 0; i < runs[k].count; i++)
-                tp_send(t, 1, T_DATA, buf, runs[k].size);
-            tp_recv(t, 1, &ack, 1);
-            tp_tp[k][r] = bytes / (dp_now() - t0) / 1e6;
+            for (int v = 0; v < NV; v++) {
+                t0 = dp_now();
+                for (int i = 0; i < runs[k].count; i++)
+                    tp_send(t[v], 1, T_DATA, buf, runs[k].size);
+                tp_recv(t[v], 1, &ack, 1);
+                tp_tp[v][k][r] = bytes / (dp_now() - t0) / 1e6;
+            }
         }
         double t0 = dp_now();
         for (int i = 0; i < LAT_ROUNDS; i++) {
@@ -267,18 +291,24 @@ int main(int argc, char **argv)
             raw_recv(rawfd, buf, LAT_MSG);
         }
         raw_lat[r] = (dp_now() - t0) / LAT_ROUNDS * 1e6;
-        t0 = dp_now();
-        for (int i = 0; i < LAT_ROUNDS; i++) {
-            tp_send(t, 1, T_DATA, buf, LAT_MSG);
-            tp_recv(t, 1, buf, LAT_MSG);
+        for (int v = 0; v < NV; v++) {
+            t0 = dp_now();
+            for (int i = 0; i < LAT_ROUNDS; i++) {
+                tp_send(t[v], 1, T_DATA, buf, LAT_MSG);
+                tp_recv(t[v], 1, buf, LAT_MSG);
+            }
+            tp_lat[v][r] = (dp_now() - t0) / LAT_ROUNDS * 1e6;
         }
-        tp_lat[r] = (dp_now() - t0) / LAT_ROUNDS * 1e6;
-        fprintf(stderr, "rep %d: 1 MiB raw %.0f tp %.0f MB/s | 64 MiB raw %.0f tp %.0f MB/s | "
-                        "rtt raw %.1f tp %.1f us\n",
-                r, raw_tp[0][r], tp_tp[0][r], raw_tp[1][r], tp_tp[1][r], raw_lat[r], tp_lat[r]);
+        fprintf(stderr, "rep %d: 1 MiB raw %.0f crc %.0f mac %.0f enc %.0f MB/s | 64 MiB raw %.0f "
+                        "crc %.0f mac %.0f enc %.0f MB/s | rtt raw %.1f crc %.1f mac %.1f enc "
+                        "%.1f us\n",
+                r, raw_tp[0][r], tp_tp[0][0][r], tp_tp[1][0][r], tp_tp[2][0][r], raw_tp[1][r],
+                tp_tp[0][1][r], tp_tp[1][1][r], tp_tp[2][1][r], raw_lat[r], tp_lat[0][r],
+                tp_lat[1][r], tp_lat[2][r]);
     }
     int status;
-    dp_transport_close(t);
+    for (int v = 0; v < NV; v++)
+        dp_transport_close(t[v]);
     waitpid(pid, &status, 0);
     close(rawfd);
     close(rawl);
@@ -286,15 +316,30 @@ int main(int argc, char **argv)
     printf("transport benchmark: loopback, 2 processes, %d repetitions, medians "
            "(crc32c: %s, socket buffers %d, CPUs: %s)\n",
            reps, dp_crc32c_impl(), SOCK_BUF, mode);
-    printf("%-28s %12s %12s %8s %s\n", "", "raw", "transport", "ratio", "target");
-    for (int k = 0; k < 2; k++) {
-        double a = bench_median(raw_tp[k], reps), b = bench_median(tp_tp[k], reps);
-        printf("throughput %2zu MiB frames (MB/s) %9.0f %12.0f %7.2f%% %s\n", runs[k].size >> 20,
-               a, b, 100 * b / a, b >= 0.9 * a ? ">= 90% met" : ">= 90% MISSED");
+    for (int v = 0; v < NV; v++) {
+        printf("transport: %s\n", vname[v]);
+        printf("%-28s %12s %12s %8s %s\n", "", "raw", "transport", "ratio", "target");
+        for (int k = 0; k < 2; k++) {
+            double a = bench_median(raw_tp[k], reps), b = bench_median(tp_tp[v][k], reps);
+            printf("throughput %2zu MiB frames (MB/s) %9.0f %12.0f %7.2f%% %s\n",
+                   runs[k].size >> 20, a, b, 100 * b / a,
+                   b >= 0.9 * a ? ">= 90% met" : ">= 90% MISSED");
+        }
+        double a = bench_median(raw_lat, reps), b = bench_median(tp_lat[v], reps);
+        printf("round trip, 64 B (us)        %9.1f %12.1f %7.2fx %s\n", a, b, b / a,
+               b <= 1.2 * a ? "<= 1.2x met" : "<= 1.2x MISSED");
     }
-    double a = bench_median(raw_lat, reps), b = bench_median(tp_lat, reps);
-    printf("round trip, 64 B (us)        %9.1f %12.1f %7.2fx %s\n", a, b, b / a,
-           b <= 1.2 * a ? "<= 1.2x met" : "<= 1.2x MISSED");
+    /* The cost of integrity, against CRC only, in the same run. */
+    for (int v = V_MAC; v < NV; v++) {
+        for (int k = 0; k < 2; k++) {
+            double c = bench_median(tp_tp[V_CRC][k], reps), m = bench_median(tp_tp[v][k], reps);
+            printf("frame %s: %2zu MiB frames %.2f GB/s vs CRC-only %.2f GB/s (%+.1f %%)\n",
+                   vname[v], runs[k].size >> 20, m / 1e3, c / 1e3, 100 * (m - c) / c);
+        }
+        double c = bench_median(tp_lat[V_CRC], reps), m = bench_median(tp_lat[v], reps);
+        printf("frame %s: 64 B round trip %.1f us vs CRC-only %.1f us (%+.1f %%)\n", vname[v], m,
+               c, 100 * (m - c) / c);
+    }
     free(buf);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
