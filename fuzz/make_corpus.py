@@ -211,7 +211,42 @@ def tcp_corpus():
     put("fuzz_tcp", "hello_after_handshake", b"\x00" + bytes([3 | 0 << 2]))
 
 
+# ---- frame headers: 8 bytes of maximum length, the 48-byte header, the
+# payload.  The version is read from frame.h, so the seeds follow it.
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def frame_version():
+    import re
+    h = os.path.join(os.path.dirname(ROOT), "..", "include", "downpour", "frame.h")
+    with open(h) as f:
+        return int(re.search(r"#define DP_FRAME_VERSION (\d+)", f.read()).group(1))
+
+
+def frame_header(ty, flags, source, step, offset, length, pcrc):
+    h = struct.pack("<IHHIIQQQI", 0x46575044, frame_version(), ty, flags, source, step, offset, length, pcrc)
+    return h + struct.pack("<I", crc32c(h))
+
+
+def frame_corpus():
+    big = (1 << 24) - 1  # the target keeps the low 24 bits of the maximum
+    pay = bytes(range(64))
+    put("fuzz_frame", "app_frame", struct.pack("<Q", big) + frame_header(17, 3, 2, 9, 40, len(pay), crc32c(pay)) + pay)
+    put("fuzz_frame", "heartbeat", struct.pack("<Q", big) + frame_header(5, 0, 1, 0, 0, 0, 0))
+    chunk = bytes(64)
+    put("fuzz_frame", "chunked", struct.pack("<Q", big) +
+        frame_header(16, 0x10000, 0, 1, 0, (1 << 20) + 5, crc32c(chunk)) + chunk)
+    put("fuzz_frame", "too_long", struct.pack("<Q", 100) + frame_header(16, 0, 0, 0, 0, 101, 0))
+
+
 if __name__ == "__main__":
+    frame_corpus()
     tcp_corpus()
     cluster_specs()
     idx_files()
