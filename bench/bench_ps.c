@@ -8,7 +8,8 @@
  * answered with fresh parameters.  Prints pushes per second, both rates in
  * MB/s, and the fraction.  Medians of REPEATS timings.
  *
- *   bench_ps [--pushes N] [--repeats N] */
+ *   bench_ps [--pushes N] [--repeats N]
+ *   DP_BENCH_INSECURE=1: CRC-only frames; DP_BENCH_ENCRYPT=1: encrypted payloads */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,13 @@ static int open_transport(const dp_cluster *c, int rank, const dp_secret *secret
     tc.names = names;
     tc.secret = secret->bytes;
     tc.secret_len = secret->len;
+    /* The frame MAC's cost (docs/transport.md): DP_BENCH_INSECURE=1 runs CRC
+     * only, DP_BENCH_ENCRYPT=1 adds encryption. */
+    if (getenv("DP_BENCH_INSECURE") && atoi(getenv("DP_BENCH_INSECURE"))) {
+        tc.secret_len = 0;
+        tc.insecure = 1;
+    }
+    tc.encrypt = getenv("DP_BENCH_ENCRYPT") && atoi(getenv("DP_BENCH_ENCRYPT"));
     if (dp_tcp_open(&tc, t, err) < 0)
         return -1;
     return dp_transport_connect_all(*t, dp_now() + 30, err);
