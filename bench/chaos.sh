@@ -442,7 +442,7 @@ reason() {  # log
     local r t
     r=$(grep -E 'launcher: (task|got signal|[0-9]+ task)' "$1" | head -n 1 | cut -d' ' -f2- |
         sed -E 's/^error: //; s/; stopping the other.*//')
-    t=$(grep -E 'downpour (train|run): ' "$1" | head -n 1 | cut -d' ' -f2- | cut -c1-140)
+    t=$(grep -E 'downpour (train|run): ' "$1" | head -n 1 | cut -d' ' -f2- | cut -c1-220)
     echo "${r}${r:+${t:+; }}${t}"
 }
 
@@ -456,7 +456,7 @@ printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' strategy fault target m
 
 declare -A BASE_ACC BASE_T
 TOTAL=0 PASSED=0
-DELTAS=() DETECTS=()
+DELTAS=() DETECTS=() SILENT=()  # SILENT: detection times of freezes and cuts
 
 frac() { case "$1" in early) echo 0.2 ;; mid) echo 0.5 ;; late) echo 0.8 ;; esac; }
 
@@ -489,6 +489,7 @@ report() {  # strategy fault target moment trial
         [ "$verdict" = PASS ] && PASSED=$((PASSED + 1))
         [ "$delta" != - ] && DELTAS+=("${delta#[+-]}")
         [ -n "$det" ] && DETECTS+=("$det")
+        [ -n "$det" ] && [ "$fault" != kill ] && SILENT+=("$det")
     fi
     printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' "$s" "$fault" "$target" "$moment" "$RC" \
         "${acc:--}" "$delta" "${det:--}" "$verdict" "$why"
@@ -552,9 +553,13 @@ if [ "$TOTAL" = 0 ]; then
 fi
 rate=$(awk -v p="$PASSED" -v t="$TOTAL" 'BEGIN { printf "%.1f", 100 * p / t }')
 maxd=$(printf '%s\n' "${DELTAS[@]:-}" | awk 'NF { if ($1 > m) m = $1; n++ } END { if (n) printf "%.4f", m; else print "-" }')
-medd=$(printf '%s\n' "${DETECTS[@]:-}" | awk 'NF' | sort -g |
-       awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
-             else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+median() {
+    printf '%s\n' "$@" | awk 'NF' | sort -g |
+        awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
+              else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+medd=$(median "${DETECTS[@]:-}")
+meds=$(median "${SILENT[@]:-}")
 met=1
 line() {  # name value target ok
     printf '  %-28s %-10s target %-12s %s\n' "$1" "$2" "$3" "$([ "$4" = 1 ] && echo met || echo MISSED)"
@@ -572,4 +577,6 @@ if [ "$medd" = - ]; then
 else
     line "median detection time" "$medd s" "<= $HB s" "$(fle "$medd" "$HB" && echo 1 || echo 0)"
 fi
+# Kills are seen at once (EOF); freezes and cuts only by the heartbeat timeout.
+[ "$meds" = - ] || line "  of freezes and cuts" "$meds s" "<= $HB s" "$(fle "$meds" "$HB" && echo 1 || echo 0)"
 [ "$met" = 1 ] && exit 0 || exit 1
