@@ -35,7 +35,7 @@
 #   --tolerance X         accuracy difference allowed, absolute (default 0.005)
 #   --timeout S           per-trial wall-clock limit (default 90)
 #   --bin PATH            the downpour program (default $DOWNPOUR_BIN, build/downpour)
-#   --out DIR             logs and results.tsv (default a fresh /tmp/downpour-chaos.XXXX)
+#   --out DIR             logs and results.tsv (default a fresh directory from mktemp -d)
 # Needs DOWNPOUR_DATA (or ./data) with MNIST.  Exit status: 0 when every
 # target is met, 1 when any is missed, 2 on a usage or setup error.
 set -u
@@ -109,7 +109,7 @@ fi
 export OPENBLAS_NUM_THREADS=1
 
 if [ -z "$OUT" ]; then
-    OUT=$(mktemp -d /tmp/downpour-chaos.XXXXXX) || die "cannot make a scratch directory"
+    OUT=$(mktemp -d) || die "cannot make a scratch directory"
 else
     mkdir -p "$OUT" || die "cannot make $OUT"
 fi
@@ -326,7 +326,7 @@ run_cut() {  # strategy role at_seconds tag
     export DOWNPOUR_SECRET
     local args
     mapfile -t args < <(train_args "$s")
-    local tpid=() host=() st=() tlog=()
+    local tpid=() st=() tlog=()
     start_one() {  # index
         local k=$1 name=${names[$1]}
         local f=$OUT/$tag.${name/:/-}.fifo
@@ -387,7 +387,7 @@ run_cut() {  # strategy role at_seconds tag
         if [ -z "$T_FAULT" ] && ! fle "$t" "$t_at" && [ -z "$t_restore" ]; then
             if [ -n "${st[$target]}" ]; then
                 NOTE="$name had already ended: no fault made"
-                t_restore=done
+                t_restore=over
             else
                 "$NETNS" cut "$PREFIX" "$((target + 1))"
                 T_FAULT=$(now)
@@ -395,10 +395,10 @@ run_cut() {  # strategy role at_seconds tag
                 echo "$T_FAULT [chaos] cut $name" >>"$LOG.events"
             fi
         fi
-        if [ -n "$T_FAULT" ] && [ "$t_restore" != done ] && ! fle "$t" "$t_restore"; then
+        if [ -n "$T_FAULT" ] && [ "$t_restore" != over ] && ! fle "$t" "$t_restore"; then
             "$NETNS" restore "$PREFIX" "$((target + 1))"
             echo "$(now) [chaos] restored $name" >>"$LOG.events"
-            t_restore=done
+            t_restore=over
         fi
         if ! fle "$t" "$deadline"; then
             RC=124
@@ -454,7 +454,7 @@ echo "chaos: $BIN, MNIST --train-size $TRAIN --epochs $EPOCHS, worker 1 straggle
 [ "$can_cut" = 0 ] && echo "chaos: cut trials skipped ($cut_why)"
 printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' strategy fault target moment exit accuracy delta detect verdict reason
 
-declare -A BASE_ACC BASE_T
+declare -A BASE_ACC
 TOTAL=0 PASSED=0
 DELTAS=() DETECTS=() SILENT=()  # SILENT: detection times of freezes and cuts
 
@@ -516,7 +516,6 @@ for s in "${S_LIST[@]}"; do
         continue
     fi
     BASE_ACC[$s]=$acc
-    BASE_T[$s]=$t_base
     report "$s" none - - 0
     for f in "${F_LIST[@]}"; do
         case "$f" in
