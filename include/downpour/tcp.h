@@ -1,7 +1,9 @@
 /* The TCP transport: one connection per pair of ranks, the lower rank dials
  * the higher (both sides call dp_transport_connect), authenticated by an
- * HMAC challenge on the cluster secret, kept alive by heartbeats.  Details and
- * the wire format: docs/transport.md. */
+ * HMAC challenge on the cluster secret, kept alive by heartbeats.  A peer
+ * this side dials that is lost without BYE is redialed in the background
+ * until it is back (a restarted task rejoins) or the transport closes.
+ * Details and the wire format: docs/transport.md. */
 #ifndef DOWNPOUR_TCP_H
 #define DOWNPOUR_TCP_H
 

@@ -4,7 +4,9 @@
  * under conn.send_mu) and one caller thread receives (poll, recv_payload);
  * an accept thread starts a thread for the handshake of each incoming
  * connection (so a silent stranger delays nobody); a heartbeat
- * thread sends HEARTBEAT frames on idle connections and notices silent peers.
+ * thread sends HEARTBEAT frames on idle connections, notices silent peers and
+ * starts a redial thread for a lost peer this side dials (one at a time per
+ * peer, each bounded by the handshake timeout).
  *
  * Liveness: last_rx_us is refreshed whenever the receiving thread reads bytes
  * and, while nobody reads, whenever the heartbeat thread sees the socket's
@@ -98,6 +100,17 @@ typedef struct conn {
     char next_addr[64];
     dp_auth_io next_io;
     dp_auth_session next_sess;
+    /* Its sending side (send_mu): the waiting connection gets heartbeats,
+     * so the peer does not take us for dead while our loss report waits. */
+    dp_fmac next_tx;
+    uint64_t next_tx_seq;
+    int64_t next_last_tx_us;
+    /* Redial of a peer this side dials (docs/transport.md, "Redial"), under
+     * mu: wanted after a loss without BYE or when the old connection hung up. */
+    int redial, dialing;
+    double redial_due, redial_backoff;
+    char redial_err[200];
+    int dial_fd; /* the running attempt's socket (tcp.mu), for close to cut short */
 } conn;
 
 typedef struct refusal {
@@ -128,6 +141,7 @@ typedef struct tcp {
     pthread_cond_t cond; /* a connection was installed, or a handshake ended */
     int hs_fd[MAX_HANDSHAKES]; /* fds of the handshakes in progress, or -1 */
     int hs_active;       /* handshake threads running */
+    int rd_active;       /* redial threads running */
     pthread_t accept_thr, hb_thr;
     int threads;
     int rr; /* poll's round-robin start */
@@ -153,9 +167,29 @@ static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
 /* ---- connection state ---- */
 
 /* Marks c lost with a reason (first reason wins), shuts the socket down so
- * any thread blocked on it wakes, and logs it once. */
+ * any thread blocked on it wakes, and logs it once.  A peer this side dials
+ * that left without BYE is redialed in the background. */
 static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+#define REDIAL_FIRST 0.2 /* s after the loss: a restarted task needs that long anyway */
+#define REDIAL_MAX 2.0
+
+/* With c->mu held: after a loss (orderly: a BYE, which stops it) or a hang-up. */
+static void want_redial(tcp *t, int peer, int orderly)
+{
+    conn *c = &t->conns[peer];
+    if (orderly || peer < t->base.rank || atomic_load(&t->stopping)) {
+        c->redial = 0;
+        return;
+    }
+    if (!c->redial) {
+        c->redial = 1;
+        c->redial_backoff = REDIAL_FIRST;
+        c->redial_due = dp_now() + REDIAL_FIRST;
+        c->redial_err[0] = '\0';
+    }
+}
 
 /* The same with c->mu held. */
 static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
@@ -167,6 +201,7 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
         c->orderly = orderly;
         c->reported = 0;
         shutdown(c->fd, SHUT_RDWR);
+        want_redial(t, peer, orderly);
         if (orderly)
             dp_info("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
         else
@@ -322,6 +357,20 @@ static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
     c->state = CONN_UP; /* last: the receiving thread reads the rest once it sees UP */
 }
 
+/* A HEARTBEAT or BYE frame into h (tagged with m's next sequence number
+ * when keyed); returns its size. */
+static size_t ctl_frame(tcp *t, unsigned type, dp_fmac *m, uint64_t *seq, uint8_t h[HDR_MAC])
+{
+    dp_frame_header fh = {0};
+    fh.type = type;
+    fh.source = (uint32_t)t->base.rank;
+    dp_frame_encode(h, &fh);
+    if (!t->keyed)
+        return DP_FRAME_HEADER_SIZE;
+    dp_fmac_tag(m, (*seq)++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE, h + DP_FRAME_HEADER_SIZE);
+    return HDR_MAC;
+}
+
 static void wake_waiters(tcp *t)
 {
     pthread_mutex_lock(&t->mu);
@@ -344,6 +393,14 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
     if (c->state == CONN_UP && atomic_load(&c->incarnation) == s->peer_incarnation) {
         dup = 1; /* two handshakes of one process raced past admit() */
     } else if (c->state == CONN_UP) {
+        /* A BYE, best effort, so that the old process, should it still be
+         * alive, takes the loss as orderly and does not redial. */
+        uint8_t h[HDR_MAC];
+        size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->tx, &c->tx_seq, h);
+        if (send(c->fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
+            atomic_fetch_add(&c->frames_sent, 1);
+            atomic_fetch_add(&c->bytes_sent, hl);
+        }
         char why[128];
         snprintf(why, sizeof why, "%s restarted (new incarnation)", pname(t, peer));
         mark_lost(t, peer, 0, why);
@@ -358,9 +415,15 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
         snprintf(c->next_addr, sizeof c->next_addr, "%s", addr);
         c->next_io = *io;
         c->next_sess = *s;
+        if (s->keyed)
+            dp_fmac_init(&c->next_tx, s->suite, s->key_tx);
+        c->next_tx_seq = 0;
+        c->next_last_tx_us = now_us();
     } else if (!dup) {
         conn_setup(c, fd, addr, io, s);
     }
+    if (!dup)
+        c->redial = 0;
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->send_mu);
     if (dup) {
@@ -382,6 +445,12 @@ static void promote(tcp *t, int peer)
     pthread_mutex_lock(&c->mu);
     if (c->next_fd >= 0 && c->state == CONN_LOST && c->reported) {
         conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess);
+        /* The heartbeats it got while waiting took sequence numbers (send_mu
+         * is held: no sender sees the tx state in between). */
+        c->tx = c->next_tx;
+        c->tx_seq = c->next_tx_seq;
+        atomic_store(&c->last_tx_us, c->next_last_tx_us);
+        dp_fmac_wipe(&c->next_tx);
         c->next_fd = -1;
         sodium_memzero(&c->next_sess, sizeof c->next_sess);
         done = 1;
@@ -559,14 +628,7 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
         fd = -1;
     if (fd >= 0) {
         uint8_t h[HDR_MAC];
-        size_t hl = t->keyed ? HDR_MAC : DP_FRAME_HEADER_SIZE;
-        dp_frame_header fh = {0};
-        fh.type = DP_FRAME_HEARTBEAT;
-        fh.source = (uint32_t)t->base.rank;
-        dp_frame_encode(h, &fh);
-        if (t->keyed)
-            dp_fmac_tag(&c->tx, c->tx_seq++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE,
-                        h + DP_FRAME_HEADER_SIZE);
+        size_t hl = ctl_frame(t, DP_FRAME_HEARTBEAT, &c->tx, &c->tx_seq, h);
         ssize_t n;
         do
             n = send(fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -599,20 +661,69 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
     pthread_mutex_unlock(&c->send_mu);
 }
 
+/* Has the peer closed its end (FIN or reset)?  poll does not consume a
+ * pending error, so the reader still gets its own account of the end. */
+static int hung_up(int fd)
+{
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* A heartbeat on a replacement that waits for its predecessor's loss to be
+ * reported (c->next_fd), so the peer hears from us meanwhile.  One that
+ * cannot be sent whole, or whose peer has hung up with nothing unread, is
+ * dropped (and redialed when this side dials).  send_mu and mu held. */
+static void pending_tick(tcp *t, int peer, conn *c)
+{
+    int unread = 0;
+    if (ioctl(c->next_fd, FIONREAD, &unread) == 0 && unread == 0 && hung_up(c->next_fd)) {
+        dp_info("%s's new connection (%s) closed before it was installed", pname(t, peer),
+                c->next_addr);
+    } else if ((double)(now_us() - c->next_last_tx_us) * 1e-6 < t->hb_interval) {
+        return;
+    } else {
+        uint8_t h[HDR_MAC];
+        struct pollfd wp = {c->next_fd, POLLOUT, 0};
+        if (poll(&wp, 1, 0) != 1 || !(wp.revents & POLLOUT))
+            return; /* full: the peer is reading slowly, data is in flight */
+        size_t hl = ctl_frame(t, DP_FRAME_HEARTBEAT, &c->next_tx, &c->next_tx_seq, h);
+        if (send(c->next_fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
+            atomic_fetch_add_explicit(&c->hb_sent, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_sent, hl, memory_order_relaxed);
+            c->next_last_tx_us = now_us();
+            return;
+        }
+        dp_info("%s's new connection (%s) failed before it was installed: %s", pname(t, peer),
+                c->next_addr, strerror(errno));
+    }
+    close(c->next_fd);
+    c->next_fd = -1;
+    dp_fmac_wipe(&c->next_tx);
+    sodium_memzero(&c->next_sess, sizeof c->next_sess);
+    if (c->state == CONN_LOST && !c->orderly)
+        want_redial(t, peer, 0);
+}
+
+static void start_redial(tcp *t, int peer);
+
 static void *heartbeat_main(void *arg)
 {
     tcp *t = arg;
     double tick = t->hb_interval / 2 < t->hb_timeout / 4 ? t->hb_interval / 2 : t->hb_timeout / 4;
     if (tick < 0.005)
         tick = 0.005;
+    double wait = tick;
     while (!atomic_load(&t->stopping)) {
         struct pollfd p = {t->wake[0], POLLIN, 0};
-        if (poll(&p, 1, (int)(tick * 1000)) > 0)
+        if (poll(&p, 1, (int)(wait * 1000)) > 0)
             break;
         refusals_flush(t, 0);
+        double now = dp_now();
+        wait = tick;
         for (int i = 0; i < t->base.n_ranks; i++) {
             conn *c = &t->conns[i];
-            int unread = 0, up;
+            int unread = 0, up, redial = 0;
             pthread_mutex_lock(&c->mu);
             up = c->state == CONN_UP;
             if (up && ioctl(c->fd, FIONREAD, &unread) == 0) {
@@ -620,7 +731,31 @@ static void *heartbeat_main(void *arg)
                     atomic_store(&c->last_rx_us, now_us());
                 c->hb_unread = unread;
             }
+            /* A peer we dial that hung up with nothing unread has exited or
+             * restarted: dial it now rather than after the heartbeat timeout
+             * (a new incarnation replaces the old connection; a BYE still in
+             * the read-ahead buffer stops the redial once it is read). */
+            if (up && unread == 0 && i > t->base.rank && !c->redial && hung_up(c->fd)) {
+                want_redial(t, i, 0);
+                c->redial_due = now;
+            }
+            if (c->redial && !c->dialing && c->next_fd < 0) {
+                if (now >= c->redial_due) {
+                    c->dialing = redial = 1;
+                } else if (c->redial_due - now < wait) {
+                    wait = c->redial_due - now;
+                }
+            }
             pthread_mutex_unlock(&c->mu);
+            if (redial)
+                start_redial(t, i);
+            if (!pthread_mutex_trylock(&c->send_mu)) { /* busy: that connection is not idle */
+                pthread_mutex_lock(&c->mu);
+                if (c->next_fd >= 0)
+                    pending_tick(t, i, c);
+                pthread_mutex_unlock(&c->mu);
+                pthread_mutex_unlock(&c->send_mu);
+            }
             if (!up)
                 continue;
             double silent;
@@ -633,6 +768,8 @@ static void *heartbeat_main(void *arg)
             if (idle >= t->hb_interval)
                 send_heartbeat(t, i, c);
         }
+        if (wait < 0.005)
+            wait = 0.005;
     }
     return NULL;
 }
@@ -645,6 +782,61 @@ static int is_retryable(int e)
            e == ECONNRESET || e == EAGAIN || e == EINTR || e == ECONNABORTED || e == EADDRNOTAVAIL;
 }
 
+/* One attempt to dial peer and authenticate, by deadline.  Returns 0 (the
+ * connection is installed), -1 with *eno set when it is worth retrying, or
+ * -2 when it is not (rejected, wrong secret, wrong rank at that address).
+ * bg: a redial thread, whose socket tcp_close may cut short. */
+static int dial_once(tcp *t, int peer, double deadline, int bg, int *eno, dp_err *last)
+{
+    const char *addr = t->addrs[peer];
+    dp_sockaddr sa;
+    int fd = -1;
+    *eno = 0;
+    if (dp_sock_resolve(addr, 0, &sa, last)) /* names may appear late too */
+        return -1;
+    double left = deadline - dp_now();
+    if (dp_sock_dial(&sa, t->sock_buf, left < 2 ? left : 2, &fd, eno, last))
+        return is_retryable(*eno) ? -1 : -2;
+    if (bg) {
+        pthread_mutex_lock(&t->mu);
+        int stop = atomic_load(&t->stopping);
+        if (!stop)
+            t->conns[peer].dial_fd = fd;
+        pthread_mutex_unlock(&t->mu);
+        if (stop) {
+            close(fd);
+            dp_errf(last, "transport closing");
+            return -2;
+        }
+    }
+    dp_auth_io io = {0};
+    dp_auth_session sess;
+    double hs = dp_now() + t->hs_timeout;
+    dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret,     t->secret_len,
+                         hs < deadline ? hs : deadline,  NULL, NULL, t->incarnation,
+                         t->encrypt};
+    int rc = dp_auth_dial(fd, &ap, peer, &io, &sess, last);
+    if (rc == 0 && make_blocking(t, fd, last))
+        rc = -2;
+    if (bg) {
+        pthread_mutex_lock(&t->mu);
+        t->conns[peer].dial_fd = -1;
+        if (atomic_load(&t->stopping) && rc == 0) {
+            dp_errf(last, "transport closing");
+            rc = -2;
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    if (rc == 0)
+        install(t, peer, fd, addr, &io, &sess);
+    else
+        close(fd);
+    sodium_memzero(&sess, sizeof sess);
+    if (rc == -1)
+        dp_err_prefix(last, "handshake");
+    return rc;
+}
+
 static int dial(tcp *t, int peer, double deadline, dp_err *err)
 {
     const char *addr = t->addrs[peer];
@@ -652,8 +844,6 @@ static int dial(tcp *t, int peer, double deadline, dp_err *err)
     dp_err last;
     snprintf(last.msg, sizeof last.msg, "no attempt made");
     for (;;) {
-        dp_sockaddr sa;
-        int fd = -1, eno = 0;
         double now = dp_now();
         if (now >= deadline)
             return dp_errf(err, "cannot connect to %s at %s within %.1f s: %s", pname(t, peer),
@@ -663,42 +853,15 @@ static int dial(tcp *t, int peer, double deadline, dp_err *err)
                     now - start, last.msg);
             next_log = now + t->base.late_log;
         }
-        if (dp_sock_resolve(addr, 0, &sa, &last) == 0) { /* names may appear late too */
-            double left = deadline - now;
-            if (dp_sock_dial(&sa, t->sock_buf, left < 2 ? left : 2, &fd, &eno, &last) == 0) {
-                dp_auth_io io = {0};
-                dp_auth_session sess;
-                double hs = now + t->hs_timeout;
-                dp_auth_params ap = {t->base.rank,
-                                     t->base.n_ranks,
-                                     t->secret,
-                                     t->secret_len,
-                                     hs < deadline ? hs : deadline,
-                                     NULL,
-                                     NULL,
-                                     t->incarnation,
-                                     t->encrypt};
-                int rc = dp_auth_dial(fd, &ap, peer, &io, &sess, &last);
-                if (rc == 0 && make_blocking(t, fd, err)) {
-                    sodium_memzero(&sess, sizeof sess);
-                    close(fd);
-                    return -1;
-                }
-                if (rc == 0) {
-                    install(t, peer, fd, addr, &io, &sess);
-                    sodium_memzero(&sess, sizeof sess);
-                    return 0;
-                }
-                close(fd);
-                if (rc == -2) {
-                    dp_warn("handshake with %s at %s failed: %s", pname(t, peer), addr, last.msg);
-                    return dp_errf(err, "handshake with %s at %s: %s", pname(t, peer), addr,
-                                   last.msg);
-                }
-                dp_err_prefix(&last, "handshake");
-            } else if (!is_retryable(eno)) {
-                return dp_errf(err, "%s", last.msg);
-            }
+        int eno;
+        int rc = dial_once(t, peer, deadline, 0, &eno, &last);
+        if (rc == 0)
+            return 0;
+        if (rc == -2 && eno) /* a socket error no retry cures */
+            return dp_errf(err, "%s", last.msg);
+        if (rc == -2) {
+            dp_warn("handshake with %s at %s failed: %s", pname(t, peer), addr, last.msg);
+            return dp_errf(err, "handshake with %s at %s: %s", pname(t, peer), addr, last.msg);
         }
         double left = deadline - dp_now();
         double nap = backoff < left ? backoff : left;
@@ -706,6 +869,85 @@ static int dial(tcp *t, int peer, double deadline, dp_err *err)
             nanosleep(&(struct timespec){(time_t)nap, (long)((nap - (time_t)nap) * 1e9)}, NULL);
         backoff = backoff * 2 < 0.5 ? backoff * 2 : 0.5;
     }
+}
+
+/* ---- redial ---- */
+
+typedef struct redial_job {
+    tcp *t;
+    int peer;
+} redial_job;
+
+/* One background attempt to reach a lost peer this side dials; on failure
+ * the next is scheduled with a doubled backoff (REDIAL_FIRST..REDIAL_MAX).
+ * Every failure is retried, a refusal too: the peer may not yet have noticed
+ * that our old connection is gone ("already connected"). */
+static void *redial_main(void *arg)
+{
+    redial_job *j = arg;
+    tcp *t = j->t;
+    int peer = j->peer, eno;
+    conn *c = &t->conns[peer];
+    dp_err last;
+    snprintf(last.msg, sizeof last.msg, "no attempt made");
+    int rc = dial_once(t, peer, dp_now() + t->hs_timeout, 1, &eno, &last);
+    if (rc == 0)
+        dp_info("redialed %s at %s", pname(t, peer), t->addrs[peer]);
+    pthread_mutex_lock(&c->mu);
+    c->dialing = 0;
+    if (rc != 0) {
+        if (rc == -2 && strncmp(c->redial_err, last.msg, 190) != 0)
+            dp_warn("redialing %s at %s: %s", pname(t, peer), t->addrs[peer], last.msg);
+        else
+            dp_debug("redialing %s at %s: %s", pname(t, peer), t->addrs[peer], last.msg);
+        snprintf(c->redial_err, sizeof c->redial_err, "%.190s", last.msg);
+        c->redial_due = dp_now() + c->redial_backoff;
+        c->redial_backoff = c->redial_backoff * 2 < REDIAL_MAX ? c->redial_backoff * 2 : REDIAL_MAX;
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&t->mu);
+    t->rd_active--;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+    free(j);
+    return NULL;
+}
+
+/* Heartbeat thread: starts redial_main for peer (c->dialing already set). */
+static void start_redial(tcp *t, int peer)
+{
+    conn *c = &t->conns[peer];
+    redial_job *j = malloc(sizeof *j);
+    int e = ENOMEM;
+    pthread_mutex_lock(&t->mu);
+    int stop = atomic_load(&t->stopping);
+    if (!stop && j)
+        t->rd_active++;
+    pthread_mutex_unlock(&t->mu);
+    if (!stop && j) {
+        j->t = t;
+        j->peer = peer;
+        pthread_t thr;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        e = pthread_create(&thr, &attr, redial_main, j);
+        pthread_attr_destroy(&attr);
+        if (e == 0)
+            return;
+        pthread_mutex_lock(&t->mu);
+        t->rd_active--;
+        pthread_cond_broadcast(&t->cond);
+        pthread_mutex_unlock(&t->mu);
+    }
+    free(j);
+    pthread_mutex_lock(&c->mu);
+    c->dialing = 0;
+    c->redial_due = dp_now() + REDIAL_MAX;
+    if (!stop)
+        snprintf(c->redial_err, sizeof c->redial_err, "cannot start a redial thread: %s",
+                 strerror(e));
+    pthread_mutex_unlock(&c->mu);
 }
 
 static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
@@ -725,7 +967,10 @@ static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
     }
     if (state == CONN_UP)
         return 0;
-    if (t->base.rank < peer)
+    pthread_mutex_lock(&c->mu);
+    int redial = c->redial; /* a second dialer would be refused as a duplicate */
+    pthread_mutex_unlock(&c->mu);
+    if (t->base.rank < peer && !redial)
         return dial(t, peer, deadline, err);
     /* The peer dials us: wait for the accept thread to install it. */
     double start = dp_now(), next_log = start + t->base.late_log;
@@ -739,6 +984,14 @@ static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
         double now = dp_now();
         if (now >= deadline) {
             pthread_mutex_unlock(&t->mu);
+            if (redial) {
+                pthread_mutex_lock(&c->mu);
+                dp_errf(err, "cannot reconnect to %s at %s within %.1f s: %s", pname(t, peer),
+                        t->addrs[peer], now - start,
+                        c->redial_err[0] ? c->redial_err : "no attempt finished");
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+            }
             return dp_errf(err, "%s did not connect to this task (rank %d, port %d) within %.1f s",
                            pname(t, peer), t->base.rank, t->port, now - start);
         }
@@ -1501,6 +1754,14 @@ static void tcp_close(dp_transport *bt)
             pthread_cond_wait(&t->cond, &t->mu);
         pthread_mutex_unlock(&t->mu);
         pthread_join(t->hb_thr, NULL);
+        /* No redial starts now; cut the running ones short. */
+        pthread_mutex_lock(&t->mu);
+        for (int i = 0; i < t->base.n_ranks; i++)
+            if (t->conns[i].dial_fd >= 0)
+                shutdown(t->conns[i].dial_fd, SHUT_RDWR);
+        while (t->rd_active > 0)
+            pthread_cond_wait(&t->cond, &t->mu);
+        pthread_mutex_unlock(&t->mu);
         refusals_flush(t, 1);
     }
     for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
@@ -1509,15 +1770,9 @@ static void tcp_close(dp_transport *bt)
             /* BYE, then drain what the peer sent so close() sends FIN, not a
              * reset that could destroy data the peer has not read yet. */
             uint8_t h[HDR_MAC];
-            size_t hl = t->keyed ? HDR_MAC : DP_FRAME_HEADER_SIZE;
-            dp_frame_header fh = {0};
-            fh.type = DP_FRAME_BYE;
-            fh.source = (uint32_t)t->base.rank;
-            dp_frame_encode(h, &fh);
             pthread_mutex_lock(&c->send_mu);
-            if (t->keyed) /* a BYE is tagged too: nobody else can say it for us */
-                dp_fmac_tag(&c->tx, c->tx_seq++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE,
-                            h + DP_FRAME_HEADER_SIZE);
+            /* a BYE is tagged too: nobody else can say it for us */
+            size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->tx, &c->tx_seq, h);
             if (dp_sock_write_full(c->fd, h, hl, dp_now() + 1.0, NULL) == 0) {
                 atomic_fetch_add(&c->frames_sent, 1);
                 atomic_fetch_add(&c->bytes_sent, hl);
@@ -1531,13 +1786,21 @@ static void tcp_close(dp_transport *bt)
         }
         if (c->fd >= 0)
             close(c->fd);
-        if (c->next_fd >= 0)
+        if (c->next_fd >= 0) { /* a waiting replacement is told too, or its peer redials */
+            uint8_t h[HDR_MAC];
+            size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->next_tx, &c->next_tx_seq, h);
+            if (send(c->next_fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
+                atomic_fetch_add(&c->frames_sent, 1);
+                atomic_fetch_add(&c->bytes_sent, hl);
+            }
             close(c->next_fd);
+        }
         free(c->rbuf);
         free(c->sbuf);
         free(c->cbuf);
         dp_fmac_wipe(&c->tx);
         dp_fmac_wipe(&c->rx);
+        dp_fmac_wipe(&c->next_tx);
         sodium_memzero(&c->next_sess, sizeof c->next_sess);
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->send_mu);
@@ -1666,6 +1929,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         pthread_mutex_init(&c->send_mu, NULL);
         c->fd = -1;
         c->next_fd = -1;
+        c->dial_fd = -1;
     }
     for (int i = 0; i < cfg->n_ranks; i++) {
         conn *c = &t->conns[i];
