@@ -28,6 +28,8 @@ typedef enum dp_role {
     DP_ROLE_COUNT
 } dp_role;
 
+#define DP_ROLE_BIT(role) (1u << (role)) /* a role in a set of roles */
+
 /* One task of the cluster: plain data. */
 typedef struct dp_task {
     dp_role role;

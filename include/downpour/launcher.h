@@ -7,6 +7,8 @@
  *   DOWNPOUR_TASK         the task's name, "worker:2"
  *   DOWNPOUR_SECRET       64 hex characters, fresh random per run, same for all tasks
  *   OPENBLAS_NUM_THREADS  max(1, online cores / tasks), unless already set
+ *   DOWNPOUR_RESTARTS     opts.max_restarts, when above 0: a lost task may come
+ *                         back that many times, so a coordinator waits for it
  * Each child runs in its own process group (signals go to the whole group, so
  * helpers a task forks go with it), with stdin on /dev/null and stdout and
  * stderr on pipes; the launcher writes every line as "[worker 2] line" to
@@ -15,8 +17,15 @@
  *
  * Stopping: SIGINT or SIGTERM to the launcher is forwarded to every task
  * (a second one sends SIGKILL).  When a task exits non-zero or is killed by a
- * signal, the launcher logs which task and how, sends SIGTERM to the others,
- * and SIGKILL after the grace period.  Children get PR_SET_PDEATHSIG SIGKILL,
+ * signal (a fault), the launcher asks opts.survives whether the run goes on
+ * without it (the strategy's answer: docs/faults.md).  If it does, the task
+ * is restarted while it has restarts left (opts.max_restarts, counted per
+ * task; a restarted task rejoins the running job) and otherwise left out;
+ * the run's status stays 0 when the rest end well.  If it does not, the
+ * launcher logs which task and how, sends SIGTERM to the others, and SIGKILL
+ * after the grace period.  No task is restarted once a chief has exited 0
+ * (the run is over).  Each fault is one log line and, with --metrics, one
+ * "fault" event in FILE.launcher (merged into FILE).  Children get PR_SET_PDEATHSIG SIGKILL,
  * so they die with the launcher even if it is killed with SIGKILL.  When a
  * task's main process ends, the rest of its process group is killed.
  *
@@ -44,6 +53,7 @@
 
 #define DP_LAUNCH_LINE_MAX 4096   /* bytes of a child's line before it is split */
 #define DP_LAUNCH_GRACE 5.0       /* default seconds between SIGTERM and SIGKILL */
+#define DP_LAUNCH_RESTARTS_ENV "DOWNPOUR_RESTARTS" /* see above */
 
 typedef struct dp_launch_opts {
     const dp_cluster *cluster; /* every task is started locally */
@@ -51,6 +61,11 @@ typedef struct dp_launch_opts {
     char *const *argv;         /* task command; argv[0] is a path (execve, no PATH search) */
     double grace_seconds;      /* <= 0: DP_LAUNCH_GRACE */
     int out_fd, err_fd;        /* where prefixed lines go; <= 0: 1 and 2 */
+    /* Whether the run goes on without `task` once it has failed; NULL: never
+     * (every fault stops the run).  `why` gets a few words for the log. */
+    int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
+    void *survives_ctx;
+    int max_restarts;          /* restarts of each task the run survives losing (0) */
 } dp_launch_opts;
 
 typedef struct dp_launcher dp_launcher;

@@ -23,6 +23,8 @@ typedef struct dp_node_config {
                                   heartbeat interval is at most a quarter of it */
     dp_metrics *metrics;       /* resource events go here; NULL: no sampler */
     double sample_interval;    /* s between resource samples (1) */
+    const unsigned *talks_to;  /* tcp: per role, the DP_ROLE_BITs it connects to (the
+                                  strategy's); NULL: every other task */
 } dp_node_config;
 
 typedef struct dp_node {

@@ -110,11 +110,6 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
                 const dp_ps_config *cfg, const dp_optim_config *optim, const dp_ps_start *start,
                 size_t n_params, dp_err *err);
 
-/* Whether a run in this mode goes on when a worker is lost (async, ssp,
- * dssp) or must stop (sync, avg: every round waits for every worker).  The
- * one place this rule is written; the servers and the chief both ask. */
-int dp_ps_mode_survives_loss(dp_ps_mode mode);
-
 /* A worker's (or the chief's) side. */
 typedef struct dp_ps_client dp_ps_client;
 

@@ -47,7 +47,8 @@
  *                   workers are TRAINERs whose step() answers the
  *                   coordinator's requests; ps tasks are SERVERs.
  * Fault tolerance (a lost or restarted task) is decided in one place per
- * strategy: the code that sees the transport's PEER_LOST event. */
+ * strategy: the code that sees the transport's PEER_LOST event; `survives`
+ * below says the same to the launcher (docs/faults.md). */
 #ifndef DOWNPOUR_STRATEGY_H
 #define DOWNPOUR_STRATEGY_H
 
@@ -92,6 +93,9 @@ typedef struct dp_task_info {
     int replicas;       /* data-parallel replicas (the global batch is batch * replicas) */
     int worker_optimizers; /* workers whose own optimiser is part of the state
                               (model-avg), so the writer's state has room for them */
+    long start_step;    /* TRAINER: where a restarted task rejoins the running
+                           job (the coordinator's answer); -1: the loop's own
+                           start (0, or the --resume position) */
     char label[32];     /* in step lines: "Worker 2", "Chief" */
 } dp_task_info;
 
@@ -137,6 +141,13 @@ typedef struct dp_strategy_ops {
     const char *name;    /* the --strategy value: written here and nowhere else */
     const char *summary; /* one line for --help and the docs */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
+    unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
+                            run goes on without, and which rejoins when restarted
+                            (docs/faults.md); the launcher asks it */
+    unsigned talks_to[DP_ROLE_COUNT]; /* per role, the DP_ROLE_BITs of the roles its
+                            tasks exchange frames with; all zero: every task.  The
+                            node connects only these, so a restarted task never
+                            waits for a peer it has no business with */
 
     /* Sets up this task's part of the run (from env->resume when resuming). */
     int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
@@ -147,6 +158,10 @@ typedef struct dp_strategy_ops {
      * part); lr is this step's learning rate.  Allocates nothing. */
     int (*step)(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
                 dp_step_out *out, dp_err *err);
+    /* TRAINER, before each epoch (0-based `epoch`): the data shard to walk,
+     * *index of *count, when the live trainers changed (one lost, one back:
+     * docs/faults.md).  NULL: info's shard throughout. */
+    int (*deal)(dp_strategy *s, int epoch, int *index, int *count, dp_err *err);
     /* TRAINER: after epoch `epoch` (1-based): this trainer's figures in,
      * the run's out (meaningful on the evaluator). */
     int (*epoch_end)(dp_strategy *s, int epoch, dp_epoch_stats *stats, dp_err *err);

@@ -37,12 +37,14 @@ enum dp_wire_type {
     /* ring all-reduce (src/strategy/ring.c) */
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element */
     /* run coordination (the loop, and the strategy that coordinates) */
-    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers: every task is up, go */
+    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
     DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
     DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
     DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state */
     DP_WIRE_CKPT_GO = DP_FRAME_APP(21),     /* chief -> workers: checkpoint `step` is written, go on */
+    DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
+    DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),

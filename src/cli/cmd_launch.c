@@ -8,6 +8,7 @@
 #include "downpour/cluster.h"
 #include "downpour/launcher.h"
 #include "downpour/status.h"
+#include "downpour/strategy.h"
 
 #define LAUNCH_USAGE                                                                      \
     "downpour launch --workers N [--ps P] [--chief] [--grace S] [--] train|ping [OPTIONS]\n" \
@@ -16,23 +17,56 @@
     "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh secret\n" \
     "and OPENBLAS_NUM_THREADS = cores / tasks (unless set). Output lines are prefixed\n"  \
     "with the task ([worker 2] ...). SIGINT/SIGTERM are forwarded to every task; when\n"  \
-    "one task fails the others get SIGTERM, then SIGKILL after the grace period, and\n"   \
-    "launch exits with the failed task's status. With --metrics FILE in the train\n"      \
-    "options, task T writes FILE.<type>-<index> and FILE gets all of them merged."
+    "a task fails, the strategy decides: a task the run survives losing (a worker in\n"  \
+    "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"     \
+    "else the run goes on without it; otherwise the others get SIGTERM, then SIGKILL\n"   \
+    "after the grace period, and launch exits with the failed task's status. With\n"      \
+    "--metrics FILE in the train options, task T writes FILE.<type>-<index> and FILE\n"   \
+    "gets all of them merged, with one \"fault\" event per fault."
 
 #define LAUNCH_MAX_TASKS 256
+
+/* The strategy's answer to "does the run go on without this task". */
+static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t cap)
+{
+    const dp_strategy_ops *ops = ctx;
+    snprintf(why, cap, "%s %s a lost %s", ops->name,
+             ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",
+             dp_role_name(task->role));
+    return (ops->survives & DP_ROLE_BIT(task->role)) != 0;
+}
+
+/* The strategy the tasks will run: the train command's --strategy. */
+static const dp_strategy_ops *task_strategy(int argc, char **argv, dp_err *err)
+{
+    if (strcmp(argv[0], "train") != 0)
+        return NULL;
+    const char *name = "single";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            break;
+        if (strcmp(argv[i], "--strategy") == 0 && i + 1 < argc)
+            name = argv[++i];
+        else if (strncmp(argv[i], "--strategy=", 11) == 0)
+            name = argv[i] + 11;
+    }
+    return dp_strategy_find(name, err);
+}
 
 int cmd_launch(int argc, char **argv)
 {
     long workers = 2, ps = 0;
     bool chief = false;
     double grace = DP_LAUNCH_GRACE;
+    long max_restarts = 0;
     const cli_opt opts[] = {
         {"workers", CLI_INT, &workers, "N", "worker tasks", 1, LAUNCH_MAX_TASKS},
         {"ps", CLI_INT, &ps, "P", "parameter-server tasks", 0, LAUNCH_MAX_TASKS},
         {"chief", CLI_FLAG, &chief, NULL, "add a chief task (rank 0)", 0, 0},
         {"grace", CLI_NUM, &grace, "S", "seconds between SIGTERM and SIGKILL when stopping",
          0.1, 3600},
+        {"max-restarts", CLI_INT, &max_restarts, "N",
+         "restart a failed task up to N times when its strategy survives losing it", 0, 1000},
     };
     int rest = 0;
     int rc = cli_parse(LAUNCH_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
@@ -58,6 +92,11 @@ int cmd_launch(int argc, char **argv)
 
     int ports[LAUNCH_MAX_TASKS];
     dp_err err;
+    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &err);
+    if (!strategy && strcmp(argv[rest], "train") == 0) {
+        fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
+        return 2;
+    }
     dp_cluster c;
     if (dp_launch_free_ports(ports, n, &err) < 0 ||
         dp_cluster_local(&c, chief ? 1 : 0, (int)workers, (int)ps, ports, &err) < 0) {
@@ -75,7 +114,9 @@ int cmd_launch(int argc, char **argv)
     cmd[0] = "/proc/self/exe";
     for (int i = rest; i < argc; i++)
         cmd[i - rest + 1] = argv[i];
-    dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace};
+    dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
+                         .survives = strategy ? strategy_survives : NULL,
+                         .survives_ctx = (void *)strategy, .max_restarts = (int)max_restarts};
     int status = dp_launch(&lo, &err);
     if (status != 0)
         fprintf(stderr, "downpour launch: %s\n", err.msg);

@@ -1,6 +1,7 @@
 /* Local launcher: fork/exec one child per task, relay their output line by
- * line with a task prefix, forward signals, stop everyone when one fails,
- * and reap every child on every path.  See launcher.h for the behaviour. */
+ * line with a task prefix, forward signals, restart or leave out a failed
+ * task the run survives, stop everyone when the run cannot go on, and reap
+ * every child on every path.  See launcher.h for the behaviour. */
 #include "downpour/launcher.h"
 
 #include <errno.h>
@@ -38,6 +39,7 @@ typedef struct lstream {
 typedef struct ltask {
     pid_t pid;     /* -1 before start and after reaping */
     int running;
+    int restarts;  /* times this task was restarted */
     char prefix[40];
     char **argv;
     char **envp;
@@ -59,6 +61,12 @@ struct dp_launcher {
     int status;            /* exit status for the program */
     char reason[DP_ERR_MAX];
     char *metrics_path;    /* FILE of "--metrics FILE", or NULL */
+    dp_metrics *faults;    /* FILE.launcher: one "fault" event per fault */
+    int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
+    void *survives_ctx;
+    int max_restarts;
+    int chief_done;        /* a chief exited 0: the run is over, no restarts */
+    pid_t self;            /* the launcher's pid, for the children's death signal */
     int signals_installed;
     struct sigaction old_int, old_term, old_chld, old_pipe;
 };
@@ -210,6 +218,21 @@ static void stream_read(const ltask *t, lstream *s)
     stream_flush_lines(t, s, 0);
 }
 
+/* Relays what is left in a dead task's pipe and closes it (a descendant
+ * that left the task's group and still holds the pipe loses the rest). */
+static void stream_drain(const ltask *t, lstream *s)
+{
+    while (s->fd >= 0) {
+        ssize_t r = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+        if (r > 0) {
+            s->len += (size_t)r;
+            stream_flush_lines(t, s, 0);
+        } else if (!(r < 0 && errno == EINTR)) {
+            stream_close(t, s);
+        }
+    }
+}
+
 /* ---- building the children's argv and environment (before any fork) ---- */
 
 static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -292,12 +315,13 @@ static void free_env(char **v)
     free(v);
 }
 
-static char **task_envp(const dp_cluster *c, int rank, const char *secret, int blas_threads)
+static char **task_envp(const dp_cluster *c, int rank, const char *secret, int blas_threads,
+                        int restarts)
 {
     size_t n = 0;
     while (environ && environ[n])
         n++;
-    char **v = calloc(n + 5, sizeof *v);
+    char **v = calloc(n + 6, sizeof *v);
     if (!v)
         return NULL;
     size_t k = 0;
@@ -305,7 +329,8 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
     for (size_t i = 0; i < n; i++) {
         const char *e = environ[i];
         if (env_is(e, DP_CLUSTER_ENV) || env_is(e, DP_CLUSTER_ENV_TF) ||
-            env_is(e, "DOWNPOUR_SECRET") || env_is(e, "DOWNPOUR_TASK"))
+            env_is(e, "DOWNPOUR_SECRET") || env_is(e, "DOWNPOUR_TASK") ||
+            env_is(e, DP_LAUNCH_RESTARTS_ENV))
             continue;
         if (env_is(e, "OPENBLAS_NUM_THREADS"))
             keep_blas = 1;
@@ -324,6 +349,8 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
     if (!(v[k++] = xasprintf("DOWNPOUR_SECRET=%s", secret)))
         goto fail;
     if (!keep_blas && !(v[k++] = xasprintf("OPENBLAS_NUM_THREADS=%d", blas_threads)))
+        goto fail;
+    if (restarts > 0 && !(v[k++] = xasprintf("%s=%d", DP_LAUNCH_RESTARTS_ENV, restarts)))
         goto fail;
     return v;
 fail:
@@ -357,6 +384,63 @@ static void begin_stop(dp_launcher *l, int sig)
         l->kill_at = dp_now() + l->grace;
     }
     signal_all(l, sig);
+}
+
+static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err);
+
+/* FILE.<type>-<index>, the metrics file of task i; with restart r > 0, the
+ * file an earlier run of the task left, renamed FILE.<type>-<index>.r<r>. */
+static char *task_metrics_path(const dp_launcher *l, int i, int r)
+{
+    const dp_task *t = &l->c->tasks[i];
+    return r > 0 ? xasprintf("%s.%s-%d.r%d", l->metrics_path, dp_role_name(t->role), t->index, r)
+                 : xasprintf("%s.%s-%d", l->metrics_path, dp_role_name(t->role), t->index);
+}
+
+/* Task i failed (how says how).  Returns 0 when the run goes on without it
+ * (the strategy survives the loss of such a task), after restarting it if it
+ * has restarts left; -1 when the run must stop. */
+static int survive_fault(dp_launcher *l, int i, const char *how)
+{
+    const dp_task *task = &l->c->tasks[i];
+    ltask *t = &l->t[i];
+    char why[160] = "";
+    if (!l->survives)
+        return -1;
+    if (!l->survives(l->survives_ctx, task, why, sizeof why)) {
+        dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
+                         DP_F_STR, "action", "stop", DP_F_END);
+        dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s)", task->name,
+                 (int)t->pid, how, why);
+        return -1;
+    }
+    int restart = !l->chief_done && t->restarts < l->max_restarts;
+    dp_warn("launcher: fault: %s (pid %d) %s; %s (%s)", task->name, (int)t->pid, how,
+            restart ? "restarting it" : "the run goes on without it", why);
+    dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
+                     DP_F_STR, "action", restart ? "restart" : "continue", DP_F_INT, "restarts",
+                     (long)t->restarts + restart, DP_F_END);
+    if (!restart)
+        return 0;
+    /* What the old process wrote is relayed before the new one writes. */
+    stream_drain(t, &t->out);
+    stream_drain(t, &t->err);
+    t->restarts++;
+    if (l->metrics_path) {
+        char *cur = task_metrics_path(l, i, 0), *old = task_metrics_path(l, i, t->restarts);
+        if (cur && old && rename(cur, old) != 0 && errno != ENOENT)
+            dp_warn("launcher: cannot keep %s as %s: %s", cur, old, strerror(errno));
+        free(cur);
+        free(old);
+    }
+    dp_err err;
+    if (spawn(l, i, l->self, &err) < 0) {
+        dp_error("launcher: cannot restart %s: %s", task->name, err.msg);
+        return -1;
+    }
+    dp_info("launcher: %s restarted as pid %d (restart %d of %d)", task->name, (int)t->pid,
+            t->restarts, l->max_restarts);
+    return 0;
 }
 
 /* Reaps the tasks that have ended.  A task's leftover process group is
@@ -394,8 +478,12 @@ static void reap(dp_launcher *l)
         const char *name = l->c->tasks[i].name;
         if (ok) {
             dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
+            if (l->c->tasks[i].role == DP_ROLE_CHIEF)
+                l->chief_done = 1;
         } else if (l->stopping) {
             dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
+        } else if (survive_fault(l, i, how) == 0) {
+            continue;
         } else {
             l->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
             snprintf(l->reason, sizeof l->reason, "task %s (pid %d) %s", name, (int)t->pid, how);
@@ -515,6 +603,7 @@ void dp_launcher_free(dp_launcher *l)
         close(l->devnull);
     restore_signals(l);
     free(l->metrics_path);
+    dp_metrics_close(l->faults);
     free(l);
 }
 
@@ -535,6 +624,10 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     l->out_fd = o->out_fd > 0 ? o->out_fd : 1;
     l->err_fd = o->err_fd > 0 ? o->err_fd : 2;
     l->grace = o->grace_seconds > 0 ? o->grace_seconds : DP_LAUNCH_GRACE;
+    l->survives = o->survives;
+    l->survives_ctx = o->survives_ctx;
+    l->max_restarts = o->max_restarts > 0 ? o->max_restarts : 0;
+    l->self = getpid();
     l->t0 = dp_now();
     l->t = calloc((size_t)l->n, sizeof *l->t);
     if (!l->t) {
@@ -557,6 +650,15 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
         dp_errf(err, "launcher: out of memory");
         goto fail;
     }
+    if (l->metrics_path && l->survives) {
+        char *fp = xasprintf("%s.launcher", l->metrics_path);
+        int frc = fp ? dp_metrics_open(&l->faults, fp, err) : dp_errf(err, "out of memory");
+        free(fp);
+        if (frc < 0) {
+            dp_err_prefix(err, "launcher: fault log");
+            goto fail;
+        }
+    }
     dp_secret raw;
     int got = dp_secret_generate(&raw, secret, sizeof secret, err);
     dp_secret_wipe(&raw); /* the tasks get the hex form */
@@ -568,7 +670,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     int blas = cores > l->n ? (int)(cores / l->n) : 1;
     for (int i = 0; i < l->n; i++) {
         l->t[i].argv = task_argv(l, o, &l->c->tasks[i]);
-        l->t[i].envp = task_envp(l->c, i, secret, blas);
+        l->t[i].envp = task_envp(l->c, i, secret, blas, l->max_restarts);
         if (!l->t[i].argv || !l->t[i].envp) {
             dp_errf(err, "launcher: out of memory building the command of %s",
                     l->c->tasks[i].name);
@@ -583,18 +685,18 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     }
     if (install_signals(l, err) < 0)
         goto fail;
-    pid_t self = getpid();
     for (int i = 0; i < l->n; i++) {
         if (g_signal_count > 0) {
             dp_errf(err, "launcher: interrupted by signal %d while starting the tasks",
                     (int)g_signal);
             goto fail;
         }
-        if (spawn(l, i, self, err) < 0)
+        if (spawn(l, i, l->self, err) < 0)
             goto fail;
     }
-    /* Every task has its copy of the environment: the secret goes now. */
-    for (int i = 0; i < l->n; i++) {
+    /* Every task has its copy of the environment: the secret goes now,
+     * unless a task may have to be started again. */
+    for (int i = 0; i < l->n && l->max_restarts == 0; i++) {
         free_env(l->t[i].envp);
         l->t[i].envp = NULL;
     }
@@ -614,24 +716,33 @@ pid_t dp_launcher_pid(const dp_launcher *l, int rank)
     return l->t[rank].pid;
 }
 
-/* FILE from the tasks' FILE.<type>-<index>, in rank order (metrics.h). */
+/* FILE from the tasks' FILE.<type>-<index> in rank order (metrics.h), each
+ * restarted task's earlier files first, then the launcher's fault events. */
 static int merge_metrics(const dp_launcher *l, dp_err *err)
 {
     const dp_cluster *c = l->c;
-    dp_metrics_source *src = calloc((size_t)c->n_tasks, sizeof *src);
+    int n = 1;
+    for (int i = 0; i < c->n_tasks; i++)
+        n += 1 + l->t[i].restarts;
+    dp_metrics_source *src = calloc((size_t)n, sizeof *src);
     if (!src)
         return dp_errf(err, "merging metrics: out of memory");
-    int rc = 0;
-    for (int i = 0; i < c->n_tasks && rc == 0; i++) {
-        const dp_task *t = &c->tasks[i];
-        src[i].task = t->name;
-        src[i].path = xasprintf("%s.%s-%d", l->metrics_path, dp_role_name(t->role), t->index);
-        if (!src[i].path)
+    int rc = 0, k = 0;
+    for (int i = 0; i < c->n_tasks && rc == 0; i++)
+        for (int r = 1; r <= l->t[i].restarts + 1 && rc == 0; r++) {
+            src[k].task = c->tasks[i].name;
+            src[k].path = task_metrics_path(l, i, r <= l->t[i].restarts ? r : 0);
+            if (!src[k++].path)
+                rc = dp_errf(err, "merging metrics: out of memory");
+        }
+    if (rc == 0 && l->faults) {
+        src[k].task = "launcher";
+        if (!(src[k++].path = xasprintf("%s.launcher", l->metrics_path)))
             rc = dp_errf(err, "merging metrics: out of memory");
     }
     if (rc == 0)
-        rc = dp_metrics_merge(l->metrics_path, src, c->n_tasks, dp_now() - l->t0, err);
-    for (int i = 0; i < c->n_tasks; i++)
+        rc = dp_metrics_merge(l->metrics_path, src, k, dp_now() - l->t0, err);
+    for (int i = 0; i < k; i++)
         free((char *)src[i].path);
     free(src);
     return rc;

@@ -182,9 +182,18 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     }
     if (cfg->metrics && dp_node_sample(n, cfg->metrics, cfg->sample_interval, err) < 0)
         goto fail;
-    if (dp_transport_connect_all(n->transport, dp_now() + cfg->connect_timeout, err) < 0) {
-        dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);
-        goto fail;
+    /* Higher ranks first: those are the ones this rank dials, so no rank
+     * waits for an accept while its own dials are still pending. */
+    double deadline = dp_now() + cfg->connect_timeout;
+    for (int p = n->cluster.n_tasks - 1; p >= 0; p--) {
+        if (p == n->cluster.self ||
+            (cfg->talks_to &&
+             !(cfg->talks_to[n->self->role] & DP_ROLE_BIT(n->cluster.tasks[p].role))))
+            continue;
+        if (dp_transport_connect(n->transport, p, deadline, err) < 0) {
+            dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);
+            goto fail;
+        }
     }
     return 0;
 fail:

@@ -20,11 +20,6 @@ static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
     [DP_PS_AVG] = &dp_ps_rules_avg,
 };
 
-int dp_ps_mode_survives_loss(dp_ps_mode mode)
-{
-    return (unsigned)mode < DP_PS_MODE_COUNT && rules_of[mode]->survives_loss;
-}
-
 void dp_push_head_put(uint8_t *p, const dp_push_head *h)
 {
     dp_put_u32(p, h->records);
@@ -89,6 +84,11 @@ long dp_ps_min_clock(const server *s)
     return m;
 }
 
+static const char *self_name(const server *s)
+{
+    return dp_transport_peer_name(s->t, dp_transport_rank(s->t));
+}
+
 static int live_workers(const server *s)
 {
     int n = 0;
@@ -104,10 +104,20 @@ static int send_params(server *s, int rank, dp_err *err)
                              s->params, s->n * sizeof(float), err);
 }
 
+/* A worker the server cannot answer is gone (its loss is on its way as an
+ * event): it is dropped here, and the server goes on with the others. */
 int dp_ps_reply(server *s, dp_ps_worker *w, dp_err *err)
 {
     w->pending = 0;
-    return send_params(s, w->rank, err);
+    dp_err why;
+    if (send_params(s, w->rank, &why) < 0 && w->live) {
+        dp_warn("fault: cannot send %s its parameters (%s); %s goes on without it",
+                dp_transport_peer_name(s->t, w->rank), why.msg, self_name(s));
+        w->live = 0;
+        s->dropped = 1;
+    }
+    (void)err;
+    return 0;
 }
 
 /* Every change of the shard's parameters (an optimiser update, or a
@@ -216,8 +226,8 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
         return dp_errf(err, "%s pushed %s, but this run averages %s", who,
                        is_params ? "parameters" : "gradients",
                        s->rules->pushes_params ? "parameters" : "gradients");
-    if (!w->live)
-        return dp_errf(err, "%s pushed after it said it was done", who);
+    if (!w->live) /* dropped, or done: what it still sends counts for nothing */
+        return dp_transport_skip_payload(s->t, w->rank, err);
     uint8_t raw[DP_PUSH_HEAD_SIZE];
     dp_push_head head;
     if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
@@ -235,12 +245,38 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     return s->rules->on_push(s, w, &head, err);
 }
 
-/* A worker is gone (DONE or lost): the others must not wait for it. */
+/* A worker is gone (DONE, lost or dropped): the others must not wait for
+ * it.  Releasing them may drop more workers (a reply that cannot be sent):
+ * the release runs again until nobody else left. */
 static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     w->live = 0;
     w->pending = 0;
-    return s->rules->release ? s->rules->release(s, err) : 0;
+    do {
+        s->dropped = 0;
+        if (s->rules->release && s->rules->release(s, err) < 0)
+            return -1;
+    } while (s->dropped);
+    return 0;
+}
+
+/* A restarted worker (a new incarnation) takes part again from the
+ * slowest live worker's clock, so it neither waits for the others nor
+ * holds them back (docs/faults.md). */
+static int rejoin_worker(server *s, dp_ps_worker *w)
+{
+    if (w->live)
+        return 0; /* the first incarnation's JOIN: nothing to do */
+    long m = dp_ps_min_clock(s);
+    w->live = 1;
+    w->pending = 0;
+    w->clock = m < 0 ? 0 : m;
+    w->interval = 0;
+    w->last_push = dp_ps_now(s);
+    dp_warn("fault: %s rejoined at clock %ld; %s serves it again",
+            dp_transport_peer_name(s->t, w->rank), w->clock,
+            self_name(s));
+    return 0;
 }
 
 /* The shard's training state for a checkpoint: [u64 optimiser t][u64
@@ -261,6 +297,62 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
     if (s->ema)
         iov[k++] = (struct iovec){s->ema, bytes};
     return dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err);
+}
+
+/* One frame from ev->peer (worker index wi, or -1).  -1 with err: that
+ * peer is at fault (dp_ps_server_poll decides what it costs). */
+static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, ev->peer);
+    switch (ev->header.type) {
+    case DP_WIRE_PUSH_GRAD:
+    case DP_WIRE_PUSH_PARAMS:
+        if (wi < 0) {
+            dp_warn("ignoring a push from %s: it is not a worker", who);
+            return dp_transport_skip_payload(s->t, ev->peer, err);
+        }
+        return on_push(s, &s->w[wi], ev, err);
+    case DP_WIRE_PULL:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        if (wi >= 0)
+            return dp_ps_reply(s, &s->w[wi], err);
+        return send_params(s, ev->peer, err);
+    case DP_WIRE_PULL_AVERAGE:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        return dp_transport_send(s->t, ev->peer, DP_WIRE_PARAMS, 0, s->lo,
+                                 s->ema ? s->ema : s->params, s->n * sizeof(float), err);
+    case DP_WIRE_STATE_REQ:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        if (ev->peer != s->chief)
+            return dp_errf(err, "%s asked for the shard's training state; only the chief may",
+                           who);
+        return send_state(s, ev->peer, ev->header.step, err);
+    case DP_WIRE_JOIN:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        return wi >= 0 ? rejoin_worker(s, &s->w[wi]) : 0;
+    case DP_WIRE_DONE:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        if (wi >= 0 && s->w[wi].live)
+            return retire_worker(s, &s->w[wi], err);
+        return 0;
+    case DP_WIRE_SHUTDOWN:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        if (ev->peer == s->chief) {
+            s->chief_live = 0;
+            return 1;
+        }
+        dp_warn("ignoring SHUTDOWN from %s: only the chief ends a run", who);
+        return 0;
+    default:
+        dp_warn("ignoring frame type %u from %s", ev->header.type, who);
+        return dp_transport_skip_payload(s->t, ev->peer, err);
+    }
 }
 
 int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
@@ -292,54 +384,25 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
         }
         if (wi < 0 || !s->w[wi].live)
             return 0;
-        if (!dp_ps_mode_survives_loss(s->cfg.mode))
-            return dp_errf(err, "lost %s at clock %ld (%s): a synchronous run cannot go on "
-                                "without it", who, s->w[wi].clock, ev.reason);
-        dp_warn("lost %s at clock %ld (%s); training goes on with the other workers", who,
-                s->w[wi].clock, ev.reason);
+        dp_warn("fault: lost %s at clock %ld (%s); %s goes on with the other workers", who,
+                s->w[wi].clock, ev.reason, self_name(s));
         return retire_worker(s, &s->w[wi], err);
     }
-    switch (ev.header.type) {
-    case DP_WIRE_PUSH_GRAD:
-    case DP_WIRE_PUSH_PARAMS:
-        if (wi < 0)
-            return dp_errf(err, "%s pushed, but it is not a worker", who);
-        return on_push(s, &s->w[wi], &ev, err);
-    case DP_WIRE_PULL:
-        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-            return -1;
-        return send_params(s, ev.peer, err);
-    case DP_WIRE_PULL_AVERAGE:
-        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-            return -1;
-        return dp_transport_send(s->t, ev.peer, DP_WIRE_PARAMS, 0, s->lo,
-                                 s->ema ? s->ema : s->params, s->n * sizeof(float), err);
-    case DP_WIRE_STATE_REQ:
-        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-            return -1;
-        if (ev.peer != s->chief)
-            return dp_errf(err, "%s asked for the shard's training state; only the chief may",
-                           who);
-        return send_state(s, ev.peer, ev.header.step, err);
-    case DP_WIRE_DONE:
-        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-            return -1;
-        if (wi >= 0 && s->w[wi].live)
-            return retire_worker(s, &s->w[wi], err);
-        return 0;
-    case DP_WIRE_SHUTDOWN:
-        if (dp_transport_skip_payload(s->t, ev.peer, err) < 0)
-            return -1;
-        if (ev.peer == s->chief) {
-            s->chief_live = 0;
-            return 1;
-        }
-        dp_warn("ignoring SHUTDOWN from %s: only the chief ends a run", who);
-        return 0;
-    default:
-        dp_warn("ignoring frame type %u from %s", ev.header.type, who);
-        return dp_transport_skip_payload(s->t, ev.peer, err);
+    dp_err why;
+    int rc = handle(s, &ev, wi, &why);
+    if (rc >= 0)
+        return rc;
+    if (wi < 0 || ev.peer == s->chief) {
+        *err = why;
+        return -1;
     }
+    /* A worker that sent what no worker may (or died in the middle of a
+     * frame) is dropped; the server and the others go on. */
+    if (!s->w[wi].live)
+        return 0;
+    dp_warn("fault: dropping %s: %s; %s goes on with the other workers", who, why.msg,
+            self_name(s));
+    return retire_worker(s, &s->w[wi], err);
 }
 
 void dp_ps_server_close(dp_ps_server *s)

@@ -77,7 +77,7 @@ static int sync(dp_ps_client *c, float *params, dp_err *err)
 }
 
 const dp_ps_rules dp_ps_rules_async = {
-    .mode = DP_PS_ASYNC, .name = "async", .survives_loss = 1, .on_push = on_push,
+    .mode = DP_PS_ASYNC, .name = "async", .on_push = on_push,
     .step = step, .flush = flush, .sync = sync,
 };
 

@@ -31,7 +31,7 @@ static int release(dp_ps_server *s, dp_err *err) { return dp_ps_release_if(s, ma
 
 
 const dp_ps_rules dp_ps_rules_dssp = {
-    .mode = DP_PS_DSSP, .name = "dssp", .survives_loss = 1, .watches_time = 1,
+    .mode = DP_PS_DSSP, .name = "dssp", .watches_time = 1,
     .on_push = dp_ps_apply_then_wait, .release = release, .step = dp_ps_push_and_wait,
 };
 

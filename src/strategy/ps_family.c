@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/wire.h"
 
@@ -27,10 +28,17 @@ struct dp_strategy {
     dp_part part;
     int chief;             /* the chief's rank */
     int worker;            /* this worker's index */
+    int deal_index, deal_count; /* the data shard the chief dealt it last */
     /* the chief */
     epoch_tally *tally;    /* [1..epochs] */
     int *live, *ready;     /* per rank: a worker not lost nor done; at the checkpoint barrier */
+    int *lost;             /* per rank: a worker lost, not (yet) back */
+    int *from_epoch;       /* per rank: the first epoch a worker reports (1; later when it rejoined) */
+    int *joining;          /* per rank: a restarted worker waiting for a checkpoint to pass */
+    int *losses;           /* per rank: times a worker was lost */
+    int restarts;          /* times a lost task may come back (DOWNPOUR_RESTARTS, launcher.h) */
     int live_workers, done, next_eval, n_ready;
+    long last_ckpt;        /* step of the newest checkpoint written (or resumed from) */
     long ckpt_step;        /* the barrier's step */
     long go_pending;       /* a checkpoint written, its workers not yet released; -1 */
     long steps;            /* every worker's steps, from their DONE */
@@ -57,18 +65,85 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->tally);
     free(s->live);
     free(s->ready);
+    free(s->lost);
+    free(s->from_epoch);
+    free(s->joining);
+    free(s->losses);
     free(s);
 }
 
-/* A worker waits for the chief's START, so every clock starts together. */
-static int await_start(dp_strategy *s, dp_err *err)
+#define ONLY_DEALS 0u /* from_chief's type when nothing else may come */
+
+/* A DEAL from the chief: this worker's data shard from its next epoch. */
+static int take_deal(dp_strategy *s, const dp_event *ev, dp_err *err)
+{
+    uint8_t p[8];
+    if (ev->header.length != sizeof p)
+        return dp_errf(err, "the chief sent a %llu-byte DEAL; expected 8",
+                       (unsigned long long)ev->header.length);
+    if (dp_transport_recv_payload(s->t, s->chief, p, sizeof p, err) < 0)
+        return -1;
+    uint32_t index = dp_get_u32(p), count = dp_get_u32(p + 4);
+    if (count < 1 || index >= count || count > (uint32_t)s->c->count[DP_ROLE_WORKER])
+        return dp_errf(err, "the chief dealt shard %u of %u", index, count);
+    s->deal_index = (int)index;
+    s->deal_count = (int)count;
+    return 0;
+}
+
+/* The next frame from the chief of the given type; DEALs on the way are
+ * taken in passing.  timeout 0: only what has arrived (returns 0 when
+ * nothing of that type has). */
+static int from_chief(dp_strategy *s, unsigned type, const char *what, double timeout,
+                      dp_event *ev, dp_err *err)
+{
+    for (;;) {
+        if (timeout > 0) {
+            if (dp_transport_recv(s->t, s->chief, what, timeout, ev, err) < 0)
+                return -1;
+        } else {
+            if (dp_transport_poll(s->t, s->chief, 0, ev, err) < 0)
+                return -1;
+            if (ev->kind == DP_EVENT_TIMEOUT)
+                return 0;
+            if (ev->kind == DP_EVENT_PEER_LOST)
+                return dp_errf(err, "lost the chief %s (%s)",
+                               dp_transport_peer_name(s->t, s->chief), ev->reason);
+        }
+        if (ev->header.type == DP_WIRE_DEAL) {
+            if (take_deal(s, ev, err) < 0)
+                return -1;
+            continue;
+        }
+        if (ev->header.type != type)
+            return dp_errf(err, "expected %s from the chief, got frame type %u", what,
+                           ev->header.type);
+        return 1;
+    }
+}
+
+/* A worker says JOIN and waits for the chief's START, so every clock
+ * starts together.  A restarted worker's START names the step it rejoins
+ * at: it tells the servers it is back and takes the current parameters
+ * (docs/faults.md). */
+static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
 {
     dp_event ev;
-    if (dp_transport_recv(s->t, s->chief, "the start signal", WAIT_TIMEOUT, &ev, err) < 0)
+    if (send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0 ||
+        from_chief(s, DP_WIRE_START, "the start signal", WAIT_TIMEOUT, &ev, err) < 0)
         return -1;
-    if (ev.header.type != DP_WIRE_START)
-        return dp_errf(err, "expected START from the chief, got frame type %u", ev.header.type);
-    return dp_transport_skip_payload(s->t, s->chief, err);
+    if (ev.header.offset != 1)
+        return dp_transport_skip_payload(s->t, s->chief, err);
+    if (take_deal(s, &ev, err) < 0)
+        return -1;
+    info->start_step = (long)ev.header.step;
+    for (int i = 0; i < s->layout.n_shards; i++)
+        if (send_to(s, s->layout.rank[i], DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
+            return -1;
+    if (dp_ps_client_pull(s->client, s->m->params, 0, err) < 0)
+        return -1;
+    dp_info("Worker %d: rejoined the run at step %ld", s->worker, info->start_step);
+    return 0;
 }
 
 static int open_chief(dp_strategy *s, dp_err *err)
@@ -78,8 +153,16 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->tally = calloc((size_t)cfg->epochs + 2, sizeof *s->tally);
     s->live = calloc((size_t)n, sizeof *s->live);
     s->ready = calloc((size_t)n, sizeof *s->ready);
-    if (!s->tally || !s->live || !s->ready)
+    s->lost = calloc((size_t)n, sizeof *s->lost);
+    s->from_epoch = calloc((size_t)n, sizeof *s->from_epoch);
+    s->joining = calloc((size_t)n, sizeof *s->joining);
+    s->losses = calloc((size_t)n, sizeof *s->losses);
+    if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
+        !s->losses)
         return dp_errf(err, "out of memory");
+    const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
+    s->restarts = restarts ? atoi(restarts) : 0;
+    s->last_ckpt = s->env->resume ? s->env->resume->step : 0;
     int workers = s->c->count[DP_ROLE_WORKER];
     dp_info("Chief: %s on %d worker(s) and %d ps task(s), batch %d per worker (global %d); "
             "%d shard(s):", s->env->cfg->strategy, workers, s->c->count[DP_ROLE_PS], cfg->batch,
@@ -95,6 +178,7 @@ static int open_chief(dp_strategy *s, dp_err *err)
     for (int w = 0; w < workers; w++) {
         int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
         s->live[rank] = 1;
+        s->from_epoch[rank] = 1;
         if (send_to(s, rank, DP_WIRE_START, 0, NULL, 0, err) < 0)
             return -1;
     }
@@ -149,6 +233,8 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     } else {
         s->worker = env->node->self->index;
         info->shard_index = s->worker;
+        s->deal_index = s->worker;
+        s->deal_count = c->count[DP_ROLE_WORKER];
         snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
         dp_optim *local = dp_ps_client_local_optim(s->client);
         if (local && env->resume) {
@@ -158,7 +244,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                        n * sizeof(float));
             local->t = env->resume->worker_t[s->worker];
         }
-        if (await_start(s, err) < 0)
+        if (await_start(s, info, err) < 0)
             goto fail;
     }
     *out = s;
@@ -201,6 +287,17 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     return rc;
 }
 
+int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err *err)
+{
+    (void)epoch;
+    dp_event ev;
+    if (from_chief(s, ONLY_DEALS, "nothing but deals", 0, &ev, err) < 0)
+        return -1;
+    *index = s->deal_index;
+    *count = s->deal_count;
+    return 0;
+}
+
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     uint8_t p[EPOCH_REPORT_SIZE];
@@ -234,10 +331,10 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
                            err) < 0)
         return -1;
     dp_event ev;
-    if (dp_transport_recv(s->t, s->chief, "the checkpoint to be written", WAIT_TIMEOUT, &ev,
-                          err) < 0)
+    if (from_chief(s, DP_WIRE_CKPT_GO, "the checkpoint to be written", WAIT_TIMEOUT, &ev,
+                   err) < 0)
         return -1;
-    if (ev.header.type != DP_WIRE_CKPT_GO || ev.header.step != (uint64_t)step)
+    if (ev.header.step != (uint64_t)step)
         return dp_errf(err, "expected the chief's go-ahead after checkpoint %ld, got frame type "
                             "%u for step %llu", step, ev.header.type,
                        (unsigned long long)ev.header.step);
@@ -309,24 +406,119 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
     return 0;
 }
 
+static void deal_all(dp_strategy *s, int joiner, long step);
+
+/* Every mode goes on without a lost worker: the servers release whoever
+ * waited for it, and the run is evaluated on the survivors' reports. */
 static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
     const char *who = dp_transport_peer_name(s->t, ev->peer);
+    s->joining[ev->peer] = 0;
     if (!s->live[ev->peer] && s->c->tasks[ev->peer].role != DP_ROLE_PS)
         return 0;
     if (s->c->tasks[ev->peer].role == DP_ROLE_PS)
         return dp_errf(err, "lost %s (%s): its shard of the parameters is gone", who, ev->reason);
-    if (!dp_ps_mode_survives_loss(s->pc.mode))
-        return dp_errf(err, "lost %s (%s): a synchronous run cannot go on without it", who,
-                       ev->reason);
     s->live_workers--;
-    dp_warn("lost %s (%s); the run goes on with %d worker(s)", who, ev->reason, s->live_workers);
+    dp_warn("fault: lost %s (%s); the run goes on with %d worker(s), its data dealt among "
+            "them from their next epoch", who, ev->reason, s->live_workers - s->done);
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
+                     ev->reason, DP_F_STR, "action", "continue", DP_F_INT, "workers",
+                     (long)(s->live_workers - s->done), DP_F_END);
     s->live[ev->peer] = 0;
+    s->lost[ev->peer] = 1;
+    s->losses[ev->peer]++;
+    deal_all(s, -1, 0);
     if (s->ready[ev->peer]) {
         s->ready[ev->peer] = 0;
         s->n_ready--;
     }
     return 0;
+}
+
+/* Deals the data among the workers not lost, in worker order: a
+ * DEAL to each, and to a rejoining worker (rank `joiner`) its START at
+ * `step` with its deal.  A worker that cannot be told is on its way out:
+ * its loss arrives as an event. */
+static void deal_all(dp_strategy *s, int joiner, long step)
+{
+    int n = 0;
+    for (int w = 0; w < s->c->count[DP_ROLE_WORKER]; w++)
+        n += !s->lost[dp_cluster_rank(s->c, DP_ROLE_WORKER, w)];
+    for (int w = 0, k = 0; w < s->c->count[DP_ROLE_WORKER]; w++) {
+        int r = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
+        if (s->lost[r])
+            continue;
+        int index = k++;
+        if (!s->live[r])
+            continue; /* done: its epochs are behind it */
+        uint8_t p[8];
+        dp_put_u32(p, (uint32_t)index);
+        dp_put_u32(p + 4, (uint32_t)n);
+        dp_err ignore;
+        if (r == joiner)
+            dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, sizeof p, &ignore);
+        else
+            send_to(s, r, DP_WIRE_DEAL, 0, p, sizeof p, &ignore);
+    }
+}
+
+/* Reports epoch e waits for: every worker not lost that takes part from e. */
+static int expected_reports(const dp_strategy *s, int e)
+{
+    int n = 0;
+    for (int w = 0; w < s->c->count[DP_ROLE_WORKER]; w++) {
+        int r = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
+        n += !s->lost[r] && s->from_epoch[r] <= e;
+    }
+    return n;
+}
+
+/* A restarted worker is back: it starts at the end of the newest epoch any
+ * worker finished (no earlier than the newest checkpoint), one step before
+ * it when a checkpoint falls there, so it takes part in that checkpoint. */
+static int admit_rejoin(dp_strategy *s, int r, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    long spe = s->env->steps_per_epoch, total = spe * cfg->epochs;
+    int top = 0;
+    for (int e = 1; e <= cfg->epochs; e++)
+        if (s->tally[e].reports > 0)
+            top = e;
+    long step = (long)top * spe;
+    if (step < s->last_ckpt)
+        step = s->last_ckpt;
+    int ckpt_there = cfg->checkpoint_dir &&
+                     (step == total || (cfg->checkpoint_every > 0 && step % cfg->checkpoint_every == 0));
+    if (step > s->last_ckpt && ckpt_there)
+        step--;
+    s->joining[r] = 0;
+    s->lost[r] = 0;
+    s->live[r] = 1;
+    s->live_workers++;
+    s->from_epoch[r] = (int)(step / spe) + 1;
+    const char *who = dp_transport_peer_name(s->t, r);
+    dp_warn("fault: %s rejoined; it starts at step %ld (epoch %d) and the run goes on with %d "
+            "worker(s)", who, step, s->from_epoch[r], s->live_workers - s->done);
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
+                     "restarted", DP_F_STR, "action", "rejoin", DP_F_INT, "step", step, DP_F_END);
+    deal_all(s, r, step);
+    (void)err;
+    return 0;
+}
+
+/* JOIN: the first incarnation's is a no-op; a restarted worker's is admitted
+ * at once, or after the checkpoint barrier in progress. */
+static int on_join(dp_strategy *s, int r, dp_err *err)
+{
+    if (dp_transport_skip_payload(s->t, r, err) < 0)
+        return -1;
+    if (s->c->tasks[r].role != DP_ROLE_WORKER || s->live[r] || !s->lost[r])
+        return 0;
+    if (s->n_ready > 0 || s->go_pending >= 0) {
+        s->joining[r] = 1;
+        return 0;
+    }
+    return admit_rejoin(s, r, err);
 }
 
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
@@ -347,13 +539,16 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             }
         s->n_ready = 0;
         s->go_pending = -1;
+        for (int r = 0; r < s->c->n_tasks; r++)
+            if (s->joining[r] && admit_rejoin(s, r, err) < 0)
+                return -1;
     }
     for (;;) {
         /* Epochs every live worker has finished, in order; then a
          * checkpoint every live worker has reached; then the end. */
         int active = s->live_workers - s->done;
         if (s->next_eval <= cfg->epochs && s->live_workers > 0 &&
-            s->tally[s->next_eval].reports >= s->live_workers) {
+            s->tally[s->next_eval].reports >= expected_reports(s, s->next_eval)) {
             ev->kind = DP_COORD_EPOCH;
             ev->epoch = s->next_eval;
             ev->stats = s->tally[s->next_eval].sum;
@@ -369,9 +564,17 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             ev->kind = DP_COORD_CHECKPOINT;
             ev->step = s->ckpt_step;
             s->go_pending = s->ckpt_step;
+            s->last_ckpt = s->ckpt_step;
             return 0;
         }
-        if (active <= 0) {
+        int awaited = 0; /* lost workers with a restart left: they may rejoin */
+        for (int r = 0; r < s->c->n_tasks; r++)
+            awaited += s->lost[r] && s->losses[r] <= s->restarts;
+        if (active <= 0 && awaited == 0 && s->done == 0)
+            return dp_errf(err, "every worker was lost and none finished: the run cannot go on "
+                                "(downpour launch --max-restarts N restarts lost workers; "
+                                "--resume continues from the newest checkpoint)");
+        if (active <= 0 && awaited == 0) {
             if (s->next_eval <= cfg->epochs)
                 dp_warn("%d worker(s) lost: epochs %d to %d were not evaluated",
                         s->c->count[DP_ROLE_WORKER] - s->live_workers, s->next_eval, cfg->epochs);
@@ -397,6 +600,9 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             break;
         case DP_WIRE_CKPT_READY:
             rc = on_ready(s, &e, st, err);
+            break;
+        case DP_WIRE_JOIN:
+            rc = on_join(s, e.peer, err);
             break;
         case DP_WIRE_DONE:
             /* A worker reports every epoch before it says DONE (one ordered

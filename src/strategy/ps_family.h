@@ -21,6 +21,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
 int dp_ps_family_serve(dp_strategy *s, dp_err *err);
 int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                       long step, dp_step_out *out, dp_err *err);
+int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err *err);
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err);
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err);
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err);
@@ -30,8 +31,14 @@ void dp_ps_family_close(dp_strategy *s);
 
 /* A mode's table entry, every operation the family's. */
 #define DP_PS_FAMILY_OPS(open_fn)                                                               \
-    .cluster = 1, .open = open_fn, .serve = dp_ps_family_serve, .step = dp_ps_family_step,     \
-    .epoch_end = dp_ps_family_epoch_end, .next = dp_ps_family_next,                            \
+    .cluster = 1, .survives = DP_ROLE_BIT(DP_ROLE_WORKER),                                     \
+    .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \
+                 [DP_ROLE_WORKER] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),    \
+                 [DP_ROLE_PS] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER)},   \
+    .open = open_fn,                                                                           \
+    .serve = dp_ps_family_serve, .step = dp_ps_family_step,                                    \
+    .deal = dp_ps_family_deal, .epoch_end = dp_ps_family_epoch_end,                            \
+    .next = dp_ps_family_next,                                                                 \
     .params = dp_ps_family_params, .save = dp_ps_family_save, .finish = dp_ps_family_finish,   \
     .close = dp_ps_family_close
 

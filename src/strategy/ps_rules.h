@@ -40,6 +40,7 @@ struct dp_ps_server {
     int chief_live;
     int shard;       /* index in the layout, or -1 when this task holds none */
     long updates;
+    int dropped;     /* a worker was dropped while answering: release again */
 };
 
 struct dp_ps_client {
@@ -63,7 +64,6 @@ struct dp_ps_client {
 struct dp_ps_rules {
     dp_ps_mode mode;
     const char *name;        /* in log lines: "async" */
-    int survives_loss;       /* a lost worker costs its data, not the run */
     int pushes_params;       /* workers push parameters (avg), not gradients */
     int watches_time;        /* its decisions change with time alone (dssp):
                                 look again every few ms while someone waits */

@@ -20,7 +20,7 @@ static int release(dp_ps_server *s, dp_err *err)
 
 
 const dp_ps_rules dp_ps_rules_ssp = {
-    .mode = DP_PS_SSP, .name = "ssp", .survives_loss = 1, .on_push = dp_ps_apply_then_wait,
+    .mode = DP_PS_SSP, .name = "ssp", .on_push = dp_ps_apply_then_wait,
     .release = release, .step = dp_ps_push_and_wait,
 };
 

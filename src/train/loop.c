@@ -302,6 +302,37 @@ static int coordinate(loop *L, dp_err *err)
     return report_and_save(L, err);
 }
 
+/* Before an epoch: the shard the strategy deals this trainer now.  When the
+ * live trainers changed, the records are split among those there are and
+ * each step takes a bigger (or smaller) bite, so an epoch keeps its number
+ * of steps (and the step count its meaning) and still covers the split once
+ * (docs/faults.md). */
+static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int *batch,
+                  dp_err *err)
+{
+    int i = *index, c = *count;
+    if (L->ops->deal(L->s, epoch, &i, &c, err) < 0)
+        return -1;
+    if (i == *index && c == *count)
+        return 0;
+    if (c < 1 || i < 0 || i >= c)
+        return dp_errf(err, "the strategy dealt shard %d of %d", i, c);
+    dp_batcher_free(b);
+    if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0)
+        return -1;
+    long share = ((long)L->cfg->n_train + c - 1) / c;
+    long want = (share + L->spe - 1) / L->spe;
+    *batch = want > L->m.max_batch ? L->m.max_batch : (int)want;
+    if (want > L->m.max_batch)
+        dp_warn("%s: a batch of %ld would cover shard %d of %d; the model holds %d, so some "
+                "records wait for the next epoch", L->info.label, want, i, c, L->m.max_batch);
+    dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
+            epoch + 1, i, c, *batch, c < *count ? "a worker was lost" : "a worker is back");
+    *index = i;
+    *count = c;
+    return 0;
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -323,21 +354,25 @@ static int train(loop *L, dp_err *err)
      * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
     const char *kill_env = getenv("DOWNPOUR_FAULT_KILL_AT_STEP");
     long kill_at = kill_env ? strtol(kill_env, NULL, 10) : -1;
-    long step = L->resume.step;
+    long step = info->start_step >= 0 ? info->start_step : L->resume.step;
     int first_epoch = (int)(step / L->spe);
     long first_k = step % L->spe;
     double t_start = dp_now(), window_loss = 0, window_time = 0;
     long window_correct = 0, window_samples = 0, window_steps = 0;
     dp_step_out out = {0};
+    int batch = cfg->batch;
     for (int epoch = first_epoch; epoch < cfg->epochs; epoch++) {
         double t_epoch = dp_now();
         dp_epoch_stats st = {0};
+        if (L->ops->deal && policy != DP_SHARD_OFF &&
+            redeal(L, &batcher, epoch, &index, &count, &batch, err) < 0)
+            goto out;
         dp_batcher_start_epoch(&batcher, epoch);
         long k = epoch == first_epoch ? first_k : 0;
-        dp_batcher_seek(&batcher, (uint32_t)(k * cfg->batch));
+        dp_batcher_seek(&batcher, (uint32_t)(k * batch));
         for (; k < L->spe; k++) {
             double t0 = dp_now();
-            int n = dp_batcher_next(&batcher, L->x, L->y, cfg->batch);
+            int n = dp_batcher_next(&batcher, L->x, L->y, batch);
             float lr = cfg->optim.lr * dp_lr_scale(cfg->lr_schedule, step, L->total_steps);
             if (L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
@@ -492,6 +527,10 @@ static int open_node(loop *L, dp_err *err)
     if (dp_metrics_open(&L->metrics, cfg->metrics_path, err) < 0)
         return -1;
     nc.metrics = cfg->metrics_path ? L->metrics : NULL;
+    int all = 1;
+    for (int r = 0; r < DP_ROLE_COUNT; r++)
+        all &= L->ops->talks_to[r] == 0;
+    nc.talks_to = all ? NULL : L->ops->talks_to;
     return dp_node_open(&L->node, &nc, err);
 }
 
@@ -515,7 +554,11 @@ static int run_task(loop *L, dp_err *err)
     int role_ps = L->in_cluster && L->node.self->role == DP_ROLE_PS;
     /* Every task builds the same initial parameters from the seed, so no
      * task has to ship them to another. */
-    int max_batch = cfg->batch > EVAL_CHUNK ? cfg->batch : EVAL_CHUNK;
+    /* Room for twice the batch in a cluster: a trainer that takes over the
+     * share of lost ones takes bigger bites (redeal). */
+    int max_batch = cfg->batch * (L->in_cluster ? 2 : 1);
+    if (max_batch < EVAL_CHUNK)
+        max_batch = EVAL_CHUNK;
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
@@ -550,6 +593,7 @@ static int run_task(loop *L, dp_err *err)
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
                           .resume = L->env.resume};
+    L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
     /* Steps per epoch: the same for every trainer, so synchronous
