@@ -1,8 +1,8 @@
 /* ps-sync: synchronous aggregation on the parameter servers.  Each step every
  * live worker pushes its gradient; a shard waits for all of them, applies the
  * records-weighted mean gradient once and only then answers, so the run equals
- * one process at the summed batch.  It runs at the pace of the slowest worker
- * and stops when one is lost.
+ * one process at the summed batch.  It runs at the pace of the slowest worker;
+ * a lost one is dropped and the round closes with the survivors.
  * Its rule, for the servers and the workers, is the dp_ps_rules below; the
  * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
 #include "strategy/ps_family.h"
