@@ -9,11 +9,13 @@
  * and the wire does not show them; a mismatch is refused at the handshake.
  * (f) A second rank 0 (a restarted process: a new incarnation) replaces the
  * first: the survivor sees PEER_LOST for the old one, then the new one's
- * frames. */
+ * frames.  (g) The streaming tags (OpenSSL, in pieces) equal the one-shot
+ * ones (libsodium) for both suites, and streamed encryption round-trips. */
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/frame.h"
 #include "downpour/tcp.h"
+#include "net/fmac.h"
 #include "net/sock.h"
 
 #include "check.h"
@@ -344,10 +346,60 @@ static void tampered(int mode, const char *what, int want_good)
     pair_close(&p);
 }
 
+/* (g) Both implementations of each suite, on a payload cut into uneven pieces. */
+static void fmac_streaming(int suite)
+{
+    static uint8_t d[100003], e[sizeof d], back[sizeof d];
+    unsigned char key[DP_FMAC_KEY], t1[DP_FMAC_TAG], t2[DP_FMAC_TAG];
+    fill(d, sizeof d, 11);
+    fill(key, sizeof key, 12);
+    dp_fmac tx = {0}, rx = {0};
+    REQUIRE(dp_fmac_init(&tx, suite, key, 0) == 0 && dp_fmac_init(&rx, suite, key, 1) == 0);
+    const size_t cut[] = {0, 1, 15, 16, 4096, 70001, sizeof d};
+    dp_fmac_tag(&tx, 7, 3, d, sizeof d, t1);
+    dp_fmac_begin(&tx, 7, 3);
+    for (int i = 0; i + 1 < 7; i++)
+        dp_fmac_ad(&tx, d + cut[i], cut[i + 1] - cut[i]);
+    dp_fmac_end_tag(&tx, t2);
+    CHECKF(memcmp(t1, t2, sizeof t1) == 0, "%s: streamed tag differs", dp_fmac_suite_name(suite));
+    CHECK(dp_fmac_verify(&rx, 7, 3, d, sizeof d, t2) == 0);
+    for (int flip = 0; flip < 2; flip++) {
+        d[5000] ^= (uint8_t)flip;
+        dp_fmac_begin(&rx, 7, 3);
+        for (int i = 0; i + 1 < 7; i++)
+            dp_fmac_ad(&rx, d + cut[i], cut[i + 1] - cut[i]);
+        CHECK(dp_fmac_end_verify(&rx, t1) == (flip ? -1 : 0));
+        d[5000] ^= (uint8_t)flip;
+    }
+    dp_fmac_begin(&rx, 8, 3); /* another sequence number */
+    dp_fmac_ad(&rx, d, sizeof d);
+    CHECK(dp_fmac_end_verify(&rx, t1) == -1);
+    dp_fmac_begin(&tx, 9, 0);
+    for (int i = 0; i + 1 < 7; i++)
+        dp_fmac_crypt(&tx, e + cut[i], d + cut[i], cut[i + 1] - cut[i]);
+    dp_fmac_end_tag(&tx, t1);
+    CHECK(memcmp(e, d, 64) != 0);
+    memcpy(back, e, sizeof e);
+    dp_fmac_begin(&rx, 9, 0);
+    dp_fmac_crypt(&rx, back, back, 4097);
+    dp_fmac_crypt(&rx, back + 4097, back + 4097, sizeof back - 4097);
+    CHECK(dp_fmac_end_verify(&rx, t1) == 0 && memcmp(back, d, sizeof d) == 0);
+    e[99999] ^= 1;
+    dp_fmac_begin(&rx, 9, 0);
+    dp_fmac_crypt(&rx, back, e, sizeof e);
+    CHECK(dp_fmac_end_verify(&rx, t1) == -1);
+    dp_fmac_free(&tx);
+    dp_fmac_free(&rx);
+}
+
 int main(void)
 {
     dp_err err;
     pair p;
+
+    if (dp_fmac_aes_available())
+        fmac_streaming(DP_FMAC_AESGCM);
+    fmac_streaming(DP_FMAC_CHACHA);
 
     /* (a) a flipped bit with both CRCs recomputed, in a small frame (its
      * header's CRC changes, so the header's tag fails) and in chunk 1 of a

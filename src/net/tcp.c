@@ -52,6 +52,11 @@
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 #define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
 #define HDR_MAC (DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE) /* header and its tag */
+/* Chunks are CRC'd and tagged in blocks of this size, each while in L1; up
+ * to FMAC_ONESHOT bytes in one piece take libsodium's one-shot tag, which
+ * starts faster than OpenSSL's (fmac.h). */
+#define FMAC_BLOCK (16 * 1024)
+#define FMAC_ONESHOT 4096
 /* "refused connection" lines: the first from an address and kind, then at
  * most one summary per window (an idle-connection flood wrote 11,720 lines
  * in 16 s). */
@@ -90,7 +95,7 @@ typedef struct conn {
     uint64_t rx_seq;   /* receiving thread: the next frame's */
     uint64_t pay_seq;  /* the pending payload's frame */
     uint64_t wire_left; /* payload bytes not yet read from the socket */
-    uint8_t *sbuf;     /* one chunk gathered or encrypted (send_mu) */
+    uint8_t *sbuf;     /* one chunk encrypted (send_mu; encrypting transports only) */
     uint8_t *cbuf;     /* one verified chunk not yet handed out */
     size_t cb_pos, cb_len;
     _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
@@ -349,8 +354,9 @@ static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
     add_io(c, io);
     c->enc = s->encrypt;
     if (s->keyed) {
-        dp_fmac_init(&c->tx, s->suite, s->key_tx);
-        dp_fmac_init(&c->rx, s->suite, s->key_rx);
+        /* The contexts were allocated at open: these cannot run out of memory. */
+        (void)dp_fmac_init(&c->tx, s->suite, s->key_tx, 0);
+        (void)dp_fmac_init(&c->rx, s->suite, s->key_rx, 1);
     }
     c->tx_seq = c->rx_seq = 0;
     atomic_store(&c->incarnation, s->peer_incarnation);
@@ -416,7 +422,7 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
         c->next_io = *io;
         c->next_sess = *s;
         if (s->keyed)
-            dp_fmac_init(&c->next_tx, s->suite, s->key_tx);
+            (void)dp_fmac_init(&c->next_tx, s->suite, s->key_tx, 0);
         c->next_tx_seq = 0;
         c->next_last_tx_us = now_us();
     } else if (!dup) {
@@ -447,10 +453,9 @@ static void promote(tcp *t, int peer)
         conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess);
         /* The heartbeats it got while waiting took sequence numbers (send_mu
          * is held: no sender sees the tx state in between). */
-        c->tx = c->next_tx;
+        dp_fmac_move(&c->tx, &c->next_tx);
         c->tx_seq = c->next_tx_seq;
         atomic_store(&c->last_tx_us, c->next_last_tx_us);
-        dp_fmac_wipe(&c->next_tx);
         c->next_fd = -1;
         sodium_memzero(&c->next_sess, sizeof c->next_sess);
         done = 1;
@@ -1058,18 +1063,21 @@ static int write_iov(tcp *t, conn *c, int fd, struct iovec *v, int n, dp_err *er
 }
 
 /* Moves up to want bytes of the source iovecs, from cursor (*idx, *off), into
- * out[0..) as pieces; returns the number of pieces and the chunk's CRC. */
+ * out[0..) as pieces; returns the number of pieces and (crc not NULL) the
+ * chunk's CRC. */
 static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, size_t want,
                       struct iovec *out, uint32_t *crc)
 {
     int k = 0;
-    *crc = 0;
+    if (crc)
+        *crc = 0;
     while (want && *idx < n) {
         size_t avail = src[*idx].iov_len - *off;
         size_t take = avail < want ? avail : want;
         out[k].iov_base = (char *)src[*idx].iov_base + *off;
         out[k].iov_len = take;
-        *crc = dp_crc32c(*crc, out[k].iov_base, take);
+        if (crc)
+            *crc = dp_crc32c(*crc, out[k].iov_base, take);
         k++;
         want -= take;
         *off += take;
@@ -1083,8 +1091,9 @@ static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, siz
 
 /* A tagged frame (docs/transport.md, "Frame MAC"), with c->send_mu held:
  *   header | htag | tag 0 | chunk 0 | crc 1 | tag 1 | chunk 1 ...
- * A chunk in one piece is tagged where it lies; one gathered from several,
- * or encrypted, goes through c->sbuf while it is in cache. */
+ * Each chunk's CRC and tag are taken in one pass of FMAC_BLOCK pieces, each
+ * hashed twice while in L1; a small chunk in one piece gets the one-shot tag.
+ * Only an encrypted chunk is copied (into c->sbuf, as ciphertext). */
 static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct iovec *src,
                        int ns, uint64_t len, dp_err *werr)
 {
@@ -1095,31 +1104,36 @@ static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct
     size_t off = 0;
     for (uint32_t k = 0; k == 0 || left; k++) {
         size_t want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
-        uint32_t crc;
+        uint32_t crc = 0;
         uint8_t tag[DP_FRAME_TAG_SIZE];
-        int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &crc);
+        int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, NULL);
         left -= want;
-        if (want && (c->enc || n > 2)) {
-            const uint8_t *from = v[1].iov_base;
-            if (n > 2) {
-                size_t at = 0;
-                for (int i = 1; i < n; i++) {
-                    memcpy(c->sbuf + at, v[i].iov_base, v[i].iov_len);
-                    at += v[i].iov_len;
-                }
-                from = c->sbuf;
-            }
-            if (c->enc) {
-                dp_fmac_seal(&c->tx, seq, k, c->sbuf, from, want, tag);
-                crc = dp_crc32c(0, c->sbuf, want); /* CRCs cover the bytes on the wire */
-            } else {
-                dp_fmac_tag(&c->tx, seq, k, c->sbuf, want, tag);
-            }
-            v[1].iov_base = c->sbuf;
-            v[1].iov_len = want;
-            n = 2;
-        } else if (want) {
+        if (want && !c->enc && n == 2 && want <= FMAC_ONESHOT) {
+            crc = dp_crc32c(0, v[1].iov_base, want);
             dp_fmac_tag(&c->tx, seq, k, v[1].iov_base, want, tag);
+        } else if (want) {
+            size_t at = 0;
+            dp_fmac_begin(&c->tx, seq, k);
+            for (int i = 1; i < n; i++) {
+                const uint8_t *p = v[i].iov_base;
+                for (size_t o = 0; o < v[i].iov_len; o += FMAC_BLOCK) {
+                    size_t b = v[i].iov_len - o < FMAC_BLOCK ? v[i].iov_len - o : FMAC_BLOCK;
+                    if (c->enc) { /* the CRC covers the bytes on the wire */
+                        dp_fmac_crypt(&c->tx, c->sbuf + at, p + o, b);
+                        crc = dp_crc32c(crc, c->sbuf + at, b);
+                        at += b;
+                    } else {
+                        crc = dp_crc32c(crc, p + o, b);
+                        dp_fmac_ad(&c->tx, p + o, b);
+                    }
+                }
+            }
+            dp_fmac_end_tag(&c->tx, tag);
+            if (c->enc) {
+                v[1].iov_base = c->sbuf;
+                v[1].iov_len = want;
+                n = 2;
+            }
         }
         size_t plen;
         if (k == 0) {
@@ -1533,19 +1547,28 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
         size_t csize = c->wire_left < DP_FRAME_CHUNK ? (size_t)c->wire_left : (size_t)DP_FRAME_CHUNK;
         int direct = dst && len >= csize;
         uint8_t *p = direct ? dst : c->cbuf;
+        /* Each piece is CRC'd and hashed (decrypted) right after the read that
+         * brought it in, while it is in L1. */
+        int oneshot = !c->enc && csize <= FMAC_ONESHOT;
+        if (!oneshot)
+            dp_fmac_begin(&c->rx, c->pay_seq, k);
         for (size_t got = 0; got < csize;) {
             size_t want = csize - got < RECV_CHUNK ? csize - got : RECV_CHUNK;
             ssize_t n = read_some(t, peer, fd, p + got, want);
             if (n < 0)
                 goto fail;
             crc = dp_crc32c(crc, p + got, (size_t)n);
+            if (c->enc)
+                dp_fmac_crypt(&c->rx, p + got, p + got, (size_t)n);
+            else if (!oneshot)
+                dp_fmac_ad(&c->rx, p + got, (size_t)n);
             got += (size_t)n;
             atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
         }
         c->wire_left -= csize;
         c->chunk_no++;
-        int bad = c->enc ? dp_fmac_open(&c->rx, c->pay_seq, k, p, csize, tag)
-                         : dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag);
+        int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
+                          : dp_fmac_end_verify(&c->rx, tag);
         if (bad) {
             conn_fail(t, peer, 0, "frame %" PRIu64 " from %s failed authentication: altered or "
                                   "replayed (%s frame, chunk %" PRIu32 ")",
@@ -1798,9 +1821,9 @@ static void tcp_close(dp_transport *bt)
         free(c->rbuf);
         free(c->sbuf);
         free(c->cbuf);
-        dp_fmac_wipe(&c->tx);
-        dp_fmac_wipe(&c->rx);
-        dp_fmac_wipe(&c->next_tx);
+        dp_fmac_free(&c->tx);
+        dp_fmac_free(&c->rx);
+        dp_fmac_free(&c->next_tx);
         sodium_memzero(&c->next_sess, sizeof c->next_sess);
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->send_mu);
@@ -1933,10 +1956,13 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     }
     for (int i = 0; i < cfg->n_ranks; i++) {
         conn *c = &t->conns[i];
-        /* Tagged connections also hold one chunk each way (fmac.h). */
-        if (!(c->rbuf = malloc(RBUF)) || (t->keyed && i != cfg->rank &&
-                                          (!(c->sbuf = malloc(DP_FRAME_CHUNK)) ||
-                                           !(c->cbuf = malloc(DP_FRAME_CHUNK))))) {
+        /* Tagged connections hold one chunk for partial reads, one for
+         * encrypting, and their EVP contexts (fmac.h). */
+        if (!(c->rbuf = malloc(RBUF)) ||
+            (t->keyed && i != cfg->rank &&
+             ((t->encrypt && !(c->sbuf = malloc(DP_FRAME_CHUNK))) ||
+              !(c->cbuf = malloc(DP_FRAME_CHUNK)) || dp_fmac_alloc(&c->tx) ||
+              dp_fmac_alloc(&c->rx) || dp_fmac_alloc(&c->next_tx)))) {
             dp_errf(err, "out of memory");
             goto fail;
         }
