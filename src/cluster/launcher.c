@@ -397,15 +397,18 @@ static char *task_metrics_path(const dp_launcher *l, int i, int r)
                  : xasprintf("%s.%s-%d", l->metrics_path, dp_role_name(t->role), t->index);
 }
 
-/* Task i failed (how says how).  Returns 0 when the run goes on without it
- * (the strategy survives the loss of such a task), after restarting it if it
- * has restarts left; -1 when the run must stop. */
-static int survive_fault(dp_launcher *l, int i, const char *how)
+/* Task i failed (wait status st; how says how).  Returns 0 when the run goes
+ * on without it (the strategy survives the loss of such a task), after
+ * restarting it if it has restarts left; -1 when the run must stop. */
+static int survive_fault(dp_launcher *l, int i, int st, const char *how)
 {
     const dp_task *task = &l->c->tasks[i];
     ltask *t = &l->t[i];
     char why[160] = "";
     if (!l->survives)
+        return -1;
+    /* Exit status 2 is a usage error: every task would make it again. */
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 2)
         return -1;
     if (!l->survives(l->survives_ctx, task, why, sizeof why)) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
@@ -482,7 +485,7 @@ static void reap(dp_launcher *l)
                 l->chief_done = 1;
         } else if (l->stopping) {
             dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
-        } else if (survive_fault(l, i, how) == 0) {
+        } else if (survive_fault(l, i, st, how) == 0) {
             continue;
         } else {
             l->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;

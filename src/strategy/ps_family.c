@@ -593,6 +593,13 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
                 return -1;
             continue;
         }
+        if (s->lost[e.peer] && e.header.type != DP_WIRE_JOIN) {
+            /* The old incarnation of a dropped worker (frozen, then woken):
+             * what it says counts for nothing; it finds itself cut off. */
+            if (dp_transport_skip_payload(s->t, e.peer, err) < 0)
+                return -1;
+            continue;
+        }
         int rc = 0;
         switch (e.header.type) {
         case DP_WIRE_EPOCH:

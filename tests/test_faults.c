@@ -1,0 +1,258 @@
+/* Lost and restarted tasks under `downpour launch` (docs/faults.md): for each
+ * parameter-server strategy, a worker SIGKILLed in the middle of the run
+ * costs the run nothing but that worker's share of the data: the launcher
+ * exits 0 and the test accuracy is within 1 % of the fault-free run's.
+ * With --max-restarts 1 the killed worker is restarted and rejoins.  A
+ * worker frozen (SIGSTOP) past the heartbeat timeout is dropped; when it
+ * wakes, its old incarnation finds itself refused and exits, and the run
+ * still completes.  A lost parameter server still stops the run, with the
+ * launcher's exit status saying so.
+ *
+ * The test strikes when worker 1 has logged step 20 of its 180, and finds
+ * its pid among the launcher's children by the DOWNPOUR_TASK each child
+ * gets (launcher.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "proc.h"
+
+#define RUN "--dataset mnist --model 784-300-100-10 --train-size 12000 --val-size 1000 " \
+            "--epochs 3 --batch 100 --threads 1 --no-progress --log-every 10"
+
+static const char *bin, *tmp;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts `downpour launch ARGS` with its output in tmp/NAME.log. */
+static pid_t start(const char *name, const char *args)
+{
+    char log[1200], cmd[4096];
+    snprintf(log, sizeof log, "%s/%s.log", tmp, name);
+    snprintf(cmd, sizeof cmd, "exec %s launch %s", bin, args);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Whether tmp/NAME.log holds text. */
+static int log_has(const char *name, const char *text)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+    size_t len;
+    char *s = slurp(path, &len);
+    int has = s && strstr(s, text) != NULL;
+    free(s);
+    return has;
+}
+
+static int wait_log(const char *name, const char *text, double timeout)
+{
+    for (double end = now_s() + timeout; now_s() < end; sleep_s(0.02))
+        if (log_has(name, text))
+            return 1;
+    return 0;
+}
+
+/* The pid of the launcher's child whose environment says DOWNPOUR_TASK=task. */
+static pid_t task_pid(pid_t launcher, const char *task)
+{
+    char want[64];
+    snprintf(want, sizeof want, "DOWNPOUR_TASK=%s", task);
+    DIR *d = opendir("/proc");
+    pid_t found = -1;
+    struct dirent *e;
+    while (d && found < 0 && (e = readdir(d))) {
+        char path[300], buf[8192];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        int ppid = -1;
+        if (f) {
+            if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1)
+                ppid = -1;
+            fclose(f);
+        }
+        if (ppid != launcher)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1) {
+            buf[n] = '\0';
+            if (strcmp(buf + i, want) == 0)
+                found = pid;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Waits for the launcher; kills it (and so its tasks) after timeout. */
+static int finish(pid_t pid, double timeout)
+{
+    int st = 0;
+    for (double end = now_s() + timeout;; sleep_s(0.05)) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (now_s() > end) {
+            fprintf(stderr, "launcher %d still running after %.0f s: killing it\n", (int)pid,
+                    timeout);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+    }
+}
+
+static double test_accuracy(const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    cJSON *done = last_event(path, "done", NULL);
+    double acc = done ? json_num(done, "test_accuracy") : -1;
+    cJSON_Delete(done);
+    return acc;
+}
+
+static void count_one(const cJSON *j, void *ctx)
+{
+    (void)j;
+    (*(int *)ctx)++;
+}
+
+static int count_events(const char *name, const char *event)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    int n = 0;
+    for_each_event(path, event, NULL, count_one, &n);
+    return n;
+}
+
+/* One run of `strategy` on a chief, 2 workers and a ps; fault: NULL, or
+ * "kill" / "stop" worker:1 once it logged step 20.  Returns the exit status. */
+static int run(const char *name, const char *strategy, const char *extra, const char *fault)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--chief --workers 2 --ps 1 %s -- train --strategy %s " RUN
+             " --heartbeat-timeout 1 --metrics %s/%s.jsonl", extra, strategy, tmp, name);
+    pid_t l = start(name, args);
+    if (fault) {
+        CHECKF(wait_log(name, "Worker 1, At step 20,", 120), "%s: worker 1 never reached step 20",
+               name);
+        pid_t w = task_pid(l, "worker:1");
+        CHECKF(w > 0, "%s: no worker:1 among the launcher's children", name);
+        if (w > 0 && strcmp(fault, "kill") == 0) {
+            kill(w, SIGKILL);
+        } else if (w > 0) {
+            double t0 = now_s();
+            kill(w, SIGSTOP);
+            int seen = wait_log(name, "fault: lost worker:1", 60);
+            CHECKF(seen, "%s: the chief never noticed the frozen worker", name);
+            if (seen)
+                fprintf(stderr, "%s: frozen worker detected after %.2f s (heartbeat timeout 1 s)\n",
+                        name, now_s() - t0);
+            kill(w, SIGCONT);
+        }
+    }
+    return finish(l, 300);
+}
+
+static void strategy_survives(const char *strategy, const char *extra)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s-clean", strategy);
+    int rc = run(name, strategy, "", NULL);
+    double clean = test_accuracy(name);
+    CHECKF(rc == 0 && clean > 0.8, "%s: the fault-free run exited %d, accuracy %.4f", strategy,
+           rc, clean);
+
+    snprintf(name, sizeof name, "%s-kill", strategy);
+    rc = run(name, strategy, extra, "kill");
+    double acc = test_accuracy(name);
+    CHECKF(rc == 0, "%s: a killed worker ended the run (exit %d)", strategy, rc);
+    CHECKF(fabs(acc - clean) <= 0.01, "%s: accuracy %.4f with a worker lost, %.4f without",
+           strategy, acc, clean);
+    CHECKF(log_has(name, "fault: lost worker:1"), "%s: no fault line from the chief", strategy);
+    CHECKF(count_events(name, "fault") >= 2, "%s: expected fault events from the launcher and "
+           "the chief in the metrics", strategy);
+
+    snprintf(name, sizeof name, "%s-restart", strategy);
+    char more[256];
+    snprintf(more, sizeof more, "--max-restarts 1 %s", extra);
+    rc = run(name, strategy, more, "kill");
+    acc = test_accuracy(name);
+    CHECKF(rc == 0, "%s: the run with a restarted worker exited %d", strategy, rc);
+    CHECKF(log_has(name, "restarted as pid") && log_has(name, "fault: worker:1 rejoined"),
+           "%s: the killed worker was not restarted and rejoined", strategy);
+    CHECKF(fabs(acc - clean) <= 0.01, "%s: accuracy %.4f with a restarted worker, %.4f without",
+           strategy, acc, clean);
+}
+
+int main(void)
+{
+    bin = test_bin();
+    tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    require_mnist();
+    const char *strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "ps-sync", "model-avg"};
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
+        strategy_survives(strategies[i], "");
+
+    /* Frozen past the heartbeat timeout: dropped; awake, refused; the run completes. */
+    int rc = run("sync-stop", "ps-sync", "", "stop");
+    CHECKF(rc == 0, "ps-sync with a frozen worker exited %d", rc);
+    CHECKF(test_accuracy("sync-stop") > 0.8, "ps-sync with a frozen worker: accuracy %.4f",
+           test_accuracy("sync-stop"));
+
+    /* A lost ps: the run cannot go on, and says so. */
+    char args[2048];
+    snprintf(args, sizeof args, "--chief --workers 2 --ps 1 -- train --strategy ps-async " RUN
+             " --heartbeat-timeout 1");
+    pid_t l = start("ps-kill", args);
+    CHECK(wait_log("ps-kill", "Worker 1, At step 20,", 120));
+    pid_t ps = task_pid(l, "ps:0");
+    CHECK(ps > 0);
+    if (ps > 0)
+        kill(ps, SIGKILL);
+    rc = finish(l, 120);
+    CHECKF(rc != 0 && log_has("ps-kill", "task ps:0") && log_has("ps-kill", "cannot survive"),
+           "a lost ps: exit %d", rc);
+    return check_failures ? 1 : 0;
+}
