@@ -121,6 +121,18 @@ static inline cJSON *last_event(const char *path, const char *event, const char 
     return last;
 }
 
+static inline double json_num(const cJSON *j, const char *key);
+
+/* The test accuracy of the run whose metrics are at path: its last "done"
+ * event's, or -1 when there is none. */
+static inline double done_accuracy(const char *path)
+{
+    cJSON *done = last_event(path, "done", NULL);
+    double acc = done ? json_num(done, "test_accuracy") : -1;
+    cJSON_Delete(done);
+    return acc;
+}
+
 static inline double json_num(const cJSON *j, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItem(j, key);

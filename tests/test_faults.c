@@ -144,10 +144,7 @@ static double test_accuracy(const char *name)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
-    cJSON *done = last_event(path, "done", NULL);
-    double acc = done ? json_num(done, "test_accuracy") : -1;
-    cJSON_Delete(done);
-    return acc;
+    return done_accuracy(path);
 }
 
 static void count_one(const cJSON *j, void *ctx)

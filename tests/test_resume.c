@@ -65,10 +65,7 @@ static double test_accuracy(const char *metrics)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", tmp, metrics);
-    cJSON *done = last_event(path, "done", NULL);
-    double acc = done ? json_num(done, "test_accuracy") : -1;
-    cJSON_Delete(done);
-    return acc;
+    return done_accuracy(path);
 }
 
 int main(void)
