@@ -36,6 +36,7 @@ struct dp_strategy {
     int *from_epoch;       /* per rank: the first epoch a worker reports (1; later when it rejoined) */
     int *joining;          /* per rank: a restarted worker waiting for a checkpoint to pass */
     int *losses;           /* per rank: times a worker was lost */
+    int *reported;         /* per rank: the newest epoch a worker reported */
     int restarts;          /* times a lost task may come back (DOWNPOUR_RESTARTS, launcher.h) */
     int live_workers, done, next_eval, n_ready;
     long last_ckpt;        /* step of the newest checkpoint written (or resumed from) */
@@ -69,6 +70,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->from_epoch);
     free(s->joining);
     free(s->losses);
+    free(s->reported);
     free(s);
 }
 
@@ -157,8 +159,9 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->from_epoch = calloc((size_t)n, sizeof *s->from_epoch);
     s->joining = calloc((size_t)n, sizeof *s->joining);
     s->losses = calloc((size_t)n, sizeof *s->losses);
+    s->reported = calloc((size_t)n, sizeof *s->reported);
     if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
-        !s->losses)
+        !s->losses || !s->reported)
         return dp_errf(err, "out of memory");
     const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
     s->restarts = restarts ? atoi(restarts) : 0;
@@ -367,6 +370,8 @@ static int on_epoch_report(dp_strategy *s, const dp_event *ev, dp_err *err)
         return -1;
     epoch_tally *t = &s->tally[e];
     t->reports++;
+    if ((int)e > s->reported[ev->peer])
+        s->reported[ev->peer] = (int)e;
     t->sum.loss_sum += dp_get_f64(p);
     t->sum.records += dp_get_f64(p + 8);
     t->sum.correct += dp_get_f64(p + 16);
@@ -419,15 +424,19 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
     if (s->c->tasks[ev->peer].role == DP_ROLE_PS)
         return dp_errf(err, "lost %s (%s): its shard of the parameters is gone", who, ev->reason);
     s->live_workers--;
-    dp_warn("fault: lost %s (%s); the run goes on with %d worker(s), its data dealt among "
-            "them from their next epoch", who, ev->reason, s->live_workers - s->done);
-    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
-                     ev->reason, DP_F_STR, "action", "continue", DP_F_INT, "workers",
-                     (long)(s->live_workers - s->done), DP_F_END);
     s->live[ev->peer] = 0;
     s->lost[ev->peer] = 1;
-    s->losses[ev->peer]++;
-    deal_all(s, -1, 0);
+    /* A worker with a restart left comes back for its own share; one
+     * without has its share dealt to the others. */
+    int awaited = ++s->losses[ev->peer] <= s->restarts;
+    dp_warn("fault: lost %s (%s); the run goes on with %d worker(s), %s", who, ev->reason,
+            s->live_workers - s->done,
+            awaited ? "waiting for it to rejoin" : "its data dealt among them from their next epoch");
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
+                     ev->reason, DP_F_STR, "action", awaited ? "await" : "continue", DP_F_INT,
+                     "workers", (long)(s->live_workers - s->done), DP_F_END);
+    if (!awaited)
+        deal_all(s, -1, 0);
     if (s->ready[ev->peer]) {
         s->ready[ev->peer] = 0;
         s->n_ready--;
@@ -473,15 +482,17 @@ static int expected_reports(const dp_strategy *s, int e)
     return n;
 }
 
-/* A restarted worker is back: it starts at the end of the newest epoch any
- * worker finished (no earlier than the newest checkpoint), one step before
- * it when a checkpoint falls there, so it takes part in that checkpoint. */
+/* A restarted worker is back: it starts at the end of the newest epoch it
+ * finished before it was lost, or, where the workers move in step (sync,
+ * avg), that any worker finished, so it lines up with the others; no
+ * earlier than the newest checkpoint, and one step before it when a
+ * checkpoint falls there, so it takes part in that checkpoint. */
 static int admit_rejoin(dp_strategy *s, int r, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
     long spe = s->env->steps_per_epoch, total = spe * cfg->epochs;
-    int top = 0;
-    for (int e = 1; e <= cfg->epochs; e++)
+    int top = s->reported[r];
+    for (int e = top + 1; dp_ps_mode_rounds(s->pc.mode) && e <= cfg->epochs; e++)
         if (s->tally[e].reports > 0)
             top = e;
     long step = (long)top * spe;
