@@ -2,8 +2,9 @@
  * - three replicas at batch b end where one process at batch 3b ends over
  *   the same data order (a short last step included), within float noise;
  * - the replicas are bitwise identical at the end, overlapped or not;
- * - a rank that stops answering ends the run within the collective timeout
- *   with a message naming it, instead of a hang;
+ * - a rank that stops answering (alive, but stuck) is dropped after the
+ *   collective timeout with a message naming it, and the others finish
+ *   without it (docs/faults.md, "All-reduce");
  * - allreduce reaches 0.95 validation accuracy. */
 #include <math.h>
 
@@ -71,16 +72,18 @@ int main(void)
     cJSON_Delete(epoch);
     check_replicas("acc.jsonl", 5);
 
-    /* A rank that stops answering: named, and the run ends, within the timeout. */
+    /* A rank that stops answering: named and dropped within the timeout; the
+     * run goes on without it.  Awake, it finds the ring gone on and exits. */
     double t0 = dp_now();
     rc = run_cmd(err, sizeof err,
                  "%s launch --workers 3 --grace 2 -- train --strategy allreduce --epochs 1 "
-                 "--train-size 1280 %s --straggler 1:60000 --collective-timeout 2",
+                 "--train-size 1280 %s --straggler 1:3000 --collective-timeout 2",
                  test_bin(), common + strlen("--train-size 3200 "));
     double secs = dp_now() - t0;
-    CHECKF(rc != 0, "a stuck rank did not fail the run");
-    CHECKF(secs < 20, "the run took %.1f s to give up on a stuck rank", secs);
-    CHECKF(strstr(err, "worker:1") && strstr(err, "all-reduce step "),
-           "the error does not name the rank and the step: %s", err);
+    CHECKF(rc == 0, "a stuck rank ended the run (exit %d): %s", rc, err);
+    CHECKF(secs < 30, "the run took %.1f s to give up on a stuck rank", secs);
+    CHECKF(strstr(err, "fault: lost worker:1") && strstr(err, "all-reduce step "),
+           "the fault line does not name the rank and the step: %s", err);
+    CHECKF(strstr(err, "Test accuracy"), "worker:0 did not finish: %s", err);
     return CHECK_DONE();
 }

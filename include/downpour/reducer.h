@@ -24,8 +24,10 @@ void dp_reducer_close(dp_reducer *r); /* NULL is a no-op */
 void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight);
 /* Gradients [lo, n) are final (called from backprop, last layer first). */
 void dp_reducer_ready(dp_reducer *r, size_t lo);
-/* Everything is final: waits until every bucket is summed.  Returns -1 with
- * the ring's message if a reduction failed (a late or lost rank). */
+/* Everything is final: waits until every bucket is summed.  Returns the
+ * ring's failure with its message if a reduction failed: -1 (a late rank),
+ * DP_RING_BROKEN (a lost one, or one re-forming the ring; the gradients are
+ * then partly summed, and the next dp_reducer_begin starts afresh). */
 int dp_reducer_finish(dp_reducer *r, dp_err *err);
 int dp_reducer_buckets(const dp_reducer *r);
 /* Buckets whose reduction started while backprop was still running, and

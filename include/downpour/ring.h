@@ -25,7 +25,17 @@ typedef struct dp_ring {
     float *scratch;      /* one segment, for reduce-scatter receives */
     int use_fast_path;   /* the transport's own all-reduce */
     uint64_t bytes_sent; /* payload bytes this rank sent */
+    /* Why the last call returned DP_RING_BROKEN: the neighbour's rank, and
+     * whether it was lost; else it sent DP_WIRE_RING_RESET of generation
+     * reset_gen (it is re-forming the ring, docs/faults.md), or was silent
+     * past the timeout (reset_gen 0: the stall may be further up the ring). */
+    int broken_peer, broken_lost;
+    uint64_t reset_gen;
 } dp_ring;
+
+/* A neighbour was lost or is re-forming the ring: the caller re-forms it
+ * (src/strategy/allreduce.c); err says what happened. */
+#define DP_RING_BROKEN (-2)
 
 /* ranks: the participants in ring order, this transport's rank among them. */
 int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
@@ -34,7 +44,9 @@ void dp_ring_free(dp_ring *r);
 
 /* Sums buf[0..len) over the ring, in place.  step and bucket name the
  * operation in log lines and errors ("all-reduce step 12 bucket 3"): a late
- * neighbour is logged while we wait, a silent one ends it with an error. */
+ * neighbour is logged while we wait; a lost neighbour, one silent past the
+ * timeout or a RESET from one returns DP_RING_BROKEN with buf partly summed;
+ * -1 is any other error. */
 int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err);
 
 #endif

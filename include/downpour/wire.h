@@ -3,7 +3,7 @@
  * module owns a range and only it sends or consumes those types:
  *
  *   APP(0..7)     parameter servers         src/strategy/ps.c
- *   APP(8..15)    ring all-reduce           src/strategy/ring.c
+ *   APP(8..15)    ring all-reduce           src/strategy/ring.c, allreduce.c
  *   APP(16..31)   run coordination          src/train/loop.c and the strategy
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(100..101) ping                      src/cli/cmd_ping.c
@@ -34,8 +34,14 @@ enum dp_wire_type {
     DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
     DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step` */
     DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state) */
-    /* ring all-reduce (src/strategy/ring.c) */
+    /* ring all-reduce (src/strategy/ring.c, and allreduce.c re-forming it) */
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element */
+    DP_WIRE_RING_RESET = DP_FRAME_APP(9),   /* replica -> replicas: re-forming the ring; step = generation */
+    DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> replica 0: step = the last step it applied */
+    DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* replica 0 -> replicas: the new ring (allreduce.c send_plan) */
+    DP_WIRE_RING_STATE = DP_FRAME_APP(12),  /* newest replica -> those behind: params, optimiser slots; offset = optimiser t */
+    DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> replica 0: epoch figures, 3 f64 */
+    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> replica 0 at open; answered with a PLAN */
     /* run coordination (the loop, and the strategy that coordinates) */
     DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */

@@ -410,7 +410,11 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     /* Exit status 2 is a usage error: every task would make it again. */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 2)
         return -1;
-    if (!l->survives(l->survives_ctx, task, why, sizeof why)) {
+    /* Without a chief, worker 0 plays it (evaluates, writes): ask as for the chief. */
+    dp_task as = *task;
+    if (as.role == DP_ROLE_WORKER && as.index == 0 && l->c->count[DP_ROLE_CHIEF] == 0)
+        as.role = DP_ROLE_CHIEF;
+    if (!l->survives(l->survives_ctx, &as, why, sizeof why)) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
                          DP_F_STR, "action", "stop", DP_F_END);
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s)", task->name,

@@ -4,7 +4,14 @@
  * overlapped with backprop: reducer.h), so every replica applies the same
  * update and the replicas stay bitwise identical.  The first replica (the
  * chief when there is one) evaluates, reports and checkpoints; nobody else
- * needs to, since it holds the whole state. */
+ * needs to, since it holds the whole state.
+ *
+ * A lost replica other than the first never ends the run (docs/faults.md,
+ * "All-reduce"): whoever sees the loss says RESET to the others, replica 0
+ * gathers the last step each survivor applied, the newest survivor hands its
+ * state to those one step behind, and the ring re-forms over the survivors;
+ * a step nobody applied is retried.  The fault-free path pays nothing for
+ * this but one handshake at open and one per epoch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +21,7 @@
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
+#include "downpour/wire.h"
 
 struct dp_strategy {
     const dp_run_env *env;
@@ -22,22 +30,381 @@ struct dp_strategy {
     dp_ring ring;
     int ring_open;
     dp_reducer *reducer;
-    uint32_t *shard_sizes; /* every replica's records per epoch */
-    int replicas, position;
-    long k;                /* step within the epoch */
+    dp_transport *t;
+    int n, position;       /* replicas at the start, and this one's position */
+    int *ranks;            /* transport rank of each position */
+    unsigned char *live;   /* per position: in the ring */
+    unsigned char *reset;  /* per position: its RESET of this round is read */
+    int n_live;
+    dp_shard_policy policy;
+    uint32_t *sizes;       /* per position: its shard's records this epoch */
+    int batch;             /* records a step this epoch (the loop's, redeal) */
+    int dealt;             /* live replicas when this epoch's shards were dealt */
+    long applied;          /* the newest step whose update this replica applied */
+    long cur;              /* the step in progress */
+    uint64_t gen;          /* ring generation: one more per re-forming */
+    int broken;            /* the step's reduction returned DP_RING_BROKEN */
+    double (*stats)[3];    /* replica 0: epoch figures per position */
+    unsigned char *have;   /* replica 0: stats[position] arrived */
 };
 
-/* Records every replica contributes to step k of an epoch (the shards'
+static int pos_of(const dp_strategy *s, int rank)
+{
+    for (int p = 0; p < s->n; p++)
+        if (s->ranks[p] == rank)
+            return p;
+    return -1;
+}
+
+static const char *name_of(const dp_strategy *s, int p)
+{
+    return dp_transport_peer_name(s->t, s->ranks[p]);
+}
+
+/* Records every live replica contributes to step k of an epoch (the shards'
  * sizes are known to all, so nobody has to send them). */
 static double records_in_step(const dp_strategy *s, long k)
 {
-    int batch = s->env->cfg->batch;
+    int batch = s->batch;
     double total = 0;
-    for (int w = 0; w < s->replicas; w++) {
-        long left = (long)s->shard_sizes[w] - k * batch;
+    for (int w = 0; w < s->n; w++) {
+        if (!s->live[w])
+            continue;
+        long left = (long)s->sizes[w] - k * batch;
         total += left < 0 ? 0 : (left < batch ? left : batch);
     }
     return total;
+}
+
+/* Replica p is gone.  Replica 0 evaluates and writes: without it the run
+ * cannot go on. */
+static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
+{
+    char why[sizeof err->msg]; /* reason may be err's own message */
+    snprintf(why, sizeof why, "%s", reason);
+    if (p == 0)
+        return dp_errf(err, "lost replica 0, %s (%s): it evaluates and writes the run's "
+                            "results, so the run cannot go on", name_of(s, 0), why);
+    if (!s->live[p])
+        return 0;
+    s->live[p] = 0;
+    s->n_live--;
+    dp_warn("fault: lost %s (%s); the all-reduce ring re-forms over the %d replica(s) left",
+            name_of(s, p), why, s->n_live);
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR, "what",
+                     why, DP_F_STR, "action", "continue", DP_F_END);
+    return 0;
+}
+
+/* Waits for a frame from position p other than ring segments (read past) and
+ * stale RESETs.  Returns 0 with a frame, 1 when p was lost (or silent past
+ * the collective timeout), -1 on error.  Replica 0 may itself be waiting a
+ * timeout per replica for a silent one, so it gets longer. */
+static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_err *err)
+{
+    double timeout = s->ring.timeout * (p == 0 ? s->n + 2 : 1);
+    for (;;) {
+        if (dp_transport_recv(s->t, s->ranks[p], what, timeout, ev, err) < 0) {
+            if (ev->kind != DP_EVENT_PEER_LOST && ev->kind != DP_EVENT_TIMEOUT)
+                return -1;
+            return lose(s, p, err->msg, err) < 0 ? -1 : 1;
+        }
+        unsigned type = ev->header.type;
+        if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen)) {
+            if (dp_transport_skip_payload(s->t, s->ranks[p], err) < 0)
+                return lose(s, p, err->msg, err) < 0 ? -1 : 1;
+            continue;
+        }
+        return 0;
+    }
+}
+
+/* Reads epoch figures from p into replica 0's table. */
+static int take_stats(dp_strategy *s, int p, dp_err *err)
+{
+    uint8_t b[24];
+    if (dp_transport_recv_payload(s->t, s->ranks[p], b, sizeof b, err) < 0)
+        return lose(s, p, err->msg, err);
+    for (int i = 0; i < 3; i++) {
+        uint64_t u = dp_get_u64(b + 8 * i);
+        memcpy(&s->stats[p][i], &u, sizeof u);
+    }
+    s->have[p] = 1;
+    return 0;
+}
+
+/* The members in position order, with who is behind: u32 count, then per
+ * member u32 position and u32 behind. */
+static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const long *applied,
+                     uint64_t offset, dp_err *err)
+{
+    uint8_t buf[4 + 8 * 256];
+    size_t len = 4;
+    int k = 0;
+    for (int p = 0; p < s->n && k < 256; p++)
+        if (s->live[p]) {
+            dp_put_u32(buf + len, (uint32_t)p);
+            dp_put_u32(buf + len + 4, applied && applied[p] < newest);
+            len += 8;
+            k++;
+        }
+    dp_put_u32(buf, (uint32_t)k);
+    return dp_transport_send(s->t, s->ranks[to], type, (uint64_t)newest, offset, buf, len, err);
+}
+
+/* The payload of a plan frame just polled from position `from`: the ring's
+ * members become exactly the plan's (a member this replica had given up on
+ * but replica 0 heard from is back in), behind[] says who takes the state. */
+static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char *behind,
+                     dp_err *err)
+{
+    uint8_t buf[4 + 8 * 256];
+    size_t got = ev->header.length;
+    if (got < 4 || got > sizeof buf || (got - 4) % 8 != 0)
+        return dp_errf(err, "%s sent a malformed ring plan (%zu bytes)", name_of(s, from), got);
+    if (dp_transport_recv_payload(s->t, s->ranks[from], buf, got, err) < 0)
+        return -1;
+    uint32_t k = dp_get_u32(buf);
+    if (k != (got - 4) / 8)
+        return dp_errf(err, "%s sent a malformed ring plan", name_of(s, from));
+    unsigned char *in = calloc((size_t)s->n, 1);
+    if (!in)
+        return dp_errf(err, "out of memory");
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t p = dp_get_u32(buf + 4 + 8 * i);
+        if (p >= (uint32_t)s->n) {
+            free(in);
+            return dp_errf(err, "%s sent a ring plan naming replica %u of %d", name_of(s, from),
+                           p, s->n);
+        }
+        in[p] = 1;
+        if (behind)
+            behind[p] = dp_get_u32(buf + 8 + 8 * i) != 0;
+    }
+    if (!in[s->position]) {
+        free(in);
+        return dp_errf(err, "the all-reduce ring is running without this replica and takes "
+                            "none back (docs/faults.md)");
+    }
+    for (int p = 0; p < s->n; p++) {
+        if (s->live[p] && !in[p])
+            lose(s, p, "replica 0 lost it", err);
+        else if (!s->live[p] && in[p]) {
+            s->live[p] = 1;
+            s->n_live++;
+        }
+    }
+    free(in);
+    return 0;
+}
+
+/* The ring over the live replicas, in position order. */
+static int rebuild_ring(dp_strategy *s, dp_err *err)
+{
+    int ranks[256 + 1], k = 0;
+    int *r = s->n <= 256 ? ranks : malloc((size_t)s->n * sizeof *r);
+    if (!r)
+        return dp_errf(err, "out of memory");
+    for (int p = 0; p < s->n; p++)
+        if (s->live[p])
+            r[k++] = s->ranks[p];
+    double timeout = s->ring.timeout;
+    dp_ring_free(&s->ring);
+    int rc = dp_ring_init(&s->ring, s->t, r, k, timeout, 0, err);
+    s->ring_open = rc == 0;
+    if (r != ranks)
+        free(r);
+    return rc;
+}
+
+/* The parameters and optimiser state, straight from and into their buffers. */
+static int send_state(dp_strategy *s, int to, dp_err *err)
+{
+    struct iovec iov[2] = {{s->m->params, s->m->n_params * sizeof(float)},
+                           {s->opt.state, s->m->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind) *
+                                              sizeof(float)}};
+    return dp_transport_sendv(s->t, s->ranks[to], DP_WIRE_RING_STATE, (uint64_t)s->applied,
+                              (uint64_t)s->opt.t, iov, iov[1].iov_len ? 2 : 1, err);
+}
+
+static int recv_state(dp_strategy *s, int from, dp_err *err)
+{
+    size_t pb = s->m->n_params * sizeof(float);
+    size_t ob = s->m->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind) * sizeof(float);
+    dp_event ev;
+    if (dp_transport_recv(s->t, s->ranks[from], "the newest replica's state", s->ring.timeout, &ev,
+                          err) < 0)
+        return -1;
+    if (ev.header.type != DP_WIRE_RING_STATE || ev.header.length != pb + ob)
+        return dp_errf(err, "%s sent frame type %u (%llu bytes) instead of its state",
+                       name_of(s, from), ev.header.type, (unsigned long long)ev.header.length);
+    if (dp_transport_recv_payload(s->t, s->ranks[from], s->m->params, pb, err) < 0 ||
+        (ob && dp_transport_recv_payload(s->t, s->ranks[from], s->opt.state, ob, err) < 0))
+        return -1;
+    s->opt.t = (long)ev.header.offset;
+    s->applied = (long)ev.header.step;
+    return 0;
+}
+
+/* Re-forms the ring over the survivors (docs/faults.md, "All-reduce"):
+ * RESET to every member, read every member up to its RESET (so nothing of
+ * the broken ring is left in flight), replica 0 gathers the last step each
+ * applied and sends the plan, the newest replica hands its state to those
+ * behind, and the ring is rebuilt.  Afterwards every member has applied the
+ * same steps and holds the same bits. */
+static int reform(dp_strategy *s, dp_err *err)
+{
+    uint64_t gen = s->gen + 1;
+    int me = s->position;
+    dp_err e;
+    long before = s->applied;
+    for (int p = 0; p < s->n; p++)
+        if (p != me && s->live[p] &&
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_RESET, gen, 0, NULL, 0, &e) < 0 &&
+            lose(s, p, e.msg, err) < 0)
+            return -1;
+    for (int p = 0; p < s->n; p++) {
+        while (p != me && s->live[p] && !s->reset[p]) {
+            dp_event ev;
+            int rc = recv_from(s, p, "re-forming the ring", &ev, err);
+            if (rc < 0)
+                return -1;
+            if (rc > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_RESET && ev.header.step == gen)
+                s->reset[p] = 1;
+            else if (ev.header.type == DP_WIRE_RING_STATS && me == 0 && ev.header.length == 24)
+                rc = take_stats(s, p, err); /* sent before its RESET: still this epoch's */
+            else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0)
+                rc = lose(s, p, e.msg, err);
+            if (rc < 0)
+                return -1;
+        }
+    }
+    memset(s->reset, 0, (size_t)s->n);
+    unsigned char *behind = calloc((size_t)s->n, 1);
+    long *applied = calloc((size_t)s->n, sizeof *applied);
+    int rc = -1, source = me;
+    if (!behind || !applied) {
+        dp_errf(err, "out of memory");
+        goto out;
+    }
+    long newest = s->applied;
+    if (me == 0) {
+        applied[0] = s->applied;
+        for (int p = 1; p < s->n; p++) {
+            dp_event ev;
+            int got = 0;
+            while (s->live[p] && !got) {
+                int r = recv_from(s, p, "the last step it applied", &ev, err);
+                if (r < 0)
+                    goto out;
+                if (r > 0)
+                    break;
+                if (ev.header.type == DP_WIRE_RING_REPORT && ev.header.step == gen) {
+                    applied[p] = (long)ev.header.offset;
+                    got = 1;
+                } else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
+                           lose(s, p, e.msg, err) < 0) {
+                    goto out;
+                }
+            }
+            if (s->live[p] && applied[p] > newest) {
+                newest = applied[p];
+                source = p;
+            }
+        }
+        /* The first replica with the newest state is the source. */
+        for (int p = s->n - 1; p >= 0; p--)
+            if (s->live[p] && applied[p] == newest)
+                source = p;
+        for (int p = 1; p < s->n; p++)
+            if (s->live[p] &&
+                send_plan(s, p, DP_WIRE_RING_PLAN, newest, applied, (uint64_t)source, &e) < 0 &&
+                lose(s, p, e.msg, err) < 0)
+                goto out;
+        for (int p = 0; p < s->n; p++)
+            behind[p] = s->live[p] && applied[p] < newest;
+    } else {
+        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_REPORT, gen, (uint64_t)s->applied,
+                              NULL, 0, &e) < 0) {
+            lose(s, 0, e.msg, err);
+            goto out;
+        }
+        dp_event ev;
+        int r;
+        while ((r = recv_from(s, 0, "the ring's new members", &ev, err)) == 0 &&
+               ev.header.type != DP_WIRE_RING_PLAN)
+            if (dp_transport_skip_payload(s->t, s->ranks[0], err) < 0)
+                goto out;
+        if (r != 0)
+            goto out;
+        if (take_plan(s, 0, &ev, behind, err) < 0)
+            goto out;
+        newest = (long)ev.header.step;
+        source = (int)ev.header.offset;
+        if (source < 0 || source >= s->n || !s->live[source]) {
+            dp_errf(err, "replica 0 named replica %d as the newest", source);
+            goto out;
+        }
+    }
+    /* Those behind finished one step fewer (a reduction that completed on
+     * some replicas only): the newest state goes to them. */
+    if (me == source) {
+        for (int p = 0; p < s->n; p++)
+            if (behind[p] && send_state(s, p, &e) < 0 && lose(s, p, e.msg, err) < 0)
+                goto out;
+    } else if (behind[me] && recv_state(s, source, err) < 0) {
+        dp_err_prefix(err, "re-forming the ring");
+        goto out;
+    }
+    s->gen = gen;
+    if (rebuild_ring(s, err) < 0)
+        goto out;
+    if (me == 0)
+        dp_info("%s: the all-reduce ring goes on over %d replica(s) from step %ld%s",
+                name_of(s, 0) , s->n_live, newest + 1,
+                s->applied > before ? " (this replica took the newest state)" : "");
+    rc = 0;
+out:
+    free(behind);
+    free(applied);
+    return rc;
+}
+
+/* Called when a ring operation broke: what the ring saw, then re-form. */
+static int ring_broke(dp_strategy *s, const dp_err *why, dp_err *err)
+{
+    int p = pos_of(s, s->ring.broken_peer);
+    if (p < 0)
+        return dp_errf(err, "%s", why->msg);
+    if (s->ring.broken_lost) {
+        if (lose(s, p, why->msg, err) < 0)
+            return -1;
+    } else if (s->ring.reset_gen == 0) {
+        dp_warn("%s; re-forming the all-reduce ring", why->msg);
+    } else if (s->ring.reset_gen == s->gen + 1) {
+        s->reset[p] = 1;
+    }
+    return reform(s, err);
+}
+
+/* Replica 0, after a loss: a replica that comes back says HELLO; the ring
+ * takes nobody back (docs/faults.md), so it is told so and exits. */
+static void refuse_returning(dp_strategy *s)
+{
+    for (int p = 1; p < s->n; p++) {
+        dp_event ev;
+        dp_err e;
+        if (s->live[p] || dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 ||
+            ev.kind != DP_EVENT_FRAME)
+            continue;
+        if (ev.header.type == DP_WIRE_RING_HELLO &&
+            send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL, 0, &e) == 0)
+            dp_warn("fault: %s came back; the all-reduce ring takes no replica back, so it goes "
+                    "on without it", name_of(s, p));
+        dp_transport_skip_payload(s->t, s->ranks[p], &e);
+    }
 }
 
 /* Each replica's mean gradient weighs its share of the step's records, so
@@ -46,7 +413,9 @@ static void begin(void *self, long step, int records)
 {
     dp_strategy *s = self;
     long k = (step - 1) % s->env->steps_per_epoch;
-    dp_reducer_begin(s->reducer, (uint64_t)step, (float)(records / records_in_step(s, k)));
+    double all = records_in_step(s, k);
+    s->cur = step;
+    dp_reducer_begin(s->reducer, (uint64_t)step, all > 0 ? (float)(records / all) : 0.0f);
 }
 
 static void ready(void *self, size_t lo) { dp_reducer_ready(((dp_strategy *)self)->reducer, lo); }
@@ -56,9 +425,13 @@ static int update(void *self, float *params, const float *grads, int records, fl
 {
     (void)records;
     dp_strategy *s = self;
-    if (dp_reducer_finish(s->reducer, err) < 0)
+    int rc = dp_reducer_finish(s->reducer, err);
+    if (rc < 0) {
+        s->broken = rc == DP_RING_BROKEN;
         return -1;
+    }
     dp_optim_apply(&s->opt, params, grads, lr);
+    s->applied = s->cur;
     return 0;
 }
 
@@ -72,10 +445,52 @@ static void allreduce_close(dp_strategy *s)
     if (s->ring_open)
         dp_ring_free(&s->ring);
     dp_optim_free(&s->opt);
-    free(s->shard_sizes);
+    free(s->ranks);
+    free(s->live);
+    free(s->reset);
+    free(s->sizes);
+    free(s->stats);
+    free(s->have);
     if (s->m)
         s->m->grad_ready = NULL;
     free(s);
+}
+
+/* At open: every replica says HELLO to replica 0, which answers with the
+ * ring's members (those that said it).  A replica restarted into a running
+ * ring gets an answer without itself in it (refuse_returning). */
+static int handshake(dp_strategy *s, dp_err *err)
+{
+    if (s->n == 1)
+        return 0;
+    if (s->position != 0) {
+        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_HELLO, 0, 0, NULL, 0, err) < 0)
+            return -1;
+        dp_event ev;
+        int rc = recv_from(s, 0, "the ring's members", &ev, err);
+        if (rc != 0)
+            return -1;
+        if (ev.header.type != DP_WIRE_RING_HELLO)
+            return dp_errf(err, "%s sent frame type %u instead of the ring's members",
+                           name_of(s, 0), ev.header.type);
+        return take_plan(s, 0, &ev, NULL, err);
+    }
+    for (int p = 1; p < s->n; p++) {
+        dp_event ev;
+        int rc = recv_from(s, p, "its HELLO", &ev, err);
+        if (rc < 0)
+            return -1;
+        if (rc == 0 && ev.header.type != DP_WIRE_RING_HELLO)
+            return dp_errf(err, "%s sent frame type %u instead of HELLO", name_of(s, p),
+                           ev.header.type);
+    }
+    for (int p = 1; p < s->n; p++) {
+        dp_err e;
+        if (s->live[p] && send_plan(s, p, DP_WIRE_RING_HELLO, 0, NULL, 1, &e) < 0 &&
+            lose(s, p, e.msg, err) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
@@ -95,11 +510,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         return dp_errf(err, "out of memory");
     s->env = env;
     s->m = env->model;
+    s->t = env->node->transport;
     int n = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
-    int *ranks = malloc((size_t)n * sizeof *ranks);
-    s->shard_sizes = malloc((size_t)n * sizeof *s->shard_sizes);
-    if (!ranks || !s->shard_sizes) {
-        free(ranks);
+    s->n = n;
+    s->ranks = malloc((size_t)n * sizeof *s->ranks);
+    s->sizes = malloc((size_t)n * sizeof *s->sizes);
+    s->live = malloc((size_t)n);
+    s->reset = calloc((size_t)n, 1);
+    s->stats = calloc((size_t)n, sizeof *s->stats);
+    s->have = calloc((size_t)n, 1);
+    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->stats || !s->have) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -109,13 +529,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         if (c->tasks[i].role == DP_ROLE_CHIEF || c->tasks[i].role == DP_ROLE_WORKER) {
             if (i == c->self)
                 s->position = k;
-            ranks[k++] = i;
+            s->ranks[k++] = i;
         }
-    s->replicas = n;
-    int rc = dp_ring_init(&s->ring, env->node->transport, ranks, n, cfg->collective_timeout, 0,
-                          err);
-    free(ranks);
-    s->ring_open = rc == 0;
+    memset(s->live, 1, (size_t)n);
+    s->n_live = n;
+    s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
+    if (handshake(s, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
+    int rc = rebuild_ring(s, err);
     if (rc < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
                         cfg->overlap, err) < 0 ||
@@ -128,11 +551,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         if (len)
             memcpy(s->opt.state, env->resume->slots, len * sizeof(float));
         s->opt.t = env->resume->optim_t;
+        s->applied = env->resume->step;
     }
-    dp_shard_policy policy = n > 1 ? cfg->shard : DP_SHARD_OFF;
+    /* The loop deals shard position of n at batch cfg->batch until the
+     * replicas change (deal). */
+    s->policy = n > 1 ? cfg->shard : DP_SHARD_OFF;
+    s->batch = cfg->batch;
+    s->dealt = n;
     for (int w = 0; w < n; w++)
-        s->shard_sizes[w] = dp_shard_size(policy, env->n_train, policy == DP_SHARD_OFF ? 0 : w,
-                                          policy == DP_SHARD_OFF ? 1 : n);
+        s->sizes[w] = dp_shard_size(s->policy, env->n_train, s->policy == DP_SHARD_OFF ? 0 : w,
+                                    s->policy == DP_SHARD_OFF ? 1 : n);
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
     s->m->grad_ready_ctx = s;
@@ -159,19 +587,125 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
 static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                           long step, dp_step_out *out, dp_err *err)
 {
-    return dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    if (s->n_live < s->n && s->position == 0)
+        refuse_returning(s);
+    for (;;) {
+        s->broken = 0;
+        if (dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
+            return 0;
+        if (!s->broken)
+            return -1;
+        dp_err why = *err;
+        if (ring_broke(s, &why, err) < 0)
+            return -1;
+        /* Applied by some replica before the ring broke: now by all.  Else
+         * every survivor retries it over the new ring. */
+        if (s->applied >= step)
+            return 0;
+    }
 }
 
-/* Sums the epoch's training figures over every replica. */
+/* The data shard of each epoch: this replica's place among the live ones.
+ * The loop then bites ceil(share / steps per epoch) records a step (redeal),
+ * which the step weights must know too. */
+static int allreduce_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err *err)
+{
+    (void)epoch, (void)err;
+    int i = 0;
+    for (int p = 0; p < s->position; p++)
+        i += s->live[p];
+    *index = i;
+    *count = s->n_live;
+    if (s->n_live == s->dealt)
+        return 0;
+    long share = ((long)s->env->n_train + s->n_live - 1) / s->n_live;
+    long want = (share + s->env->steps_per_epoch - 1) / s->env->steps_per_epoch;
+    s->batch = want > s->m->max_batch ? s->m->max_batch : (int)want;
+    s->dealt = s->n_live;
+    for (int p = 0, j = 0; p < s->n; p++)
+        s->sizes[p] = s->live[p] ? dp_shard_size(s->policy, s->env->n_train, j++, s->n_live) : 0;
+    return 0;
+}
+
+/* The epoch's figures go to replica 0, which sums them and answers with the
+ * ring's members, so every replica starts the next epoch (and deals its data)
+ * with the same ring. */
 static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
-    float v[3] = {(float)st->loss_sum, (float)st->records, (float)st->correct};
-    if (dp_ring_allreduce(&s->ring, v, 3, (uint64_t)st->steps, -1, err) < 0)
-        return -1;
     (void)epoch;
-    st->loss_sum = v[0];
-    st->records = v[1];
-    st->correct = v[2];
+    if (s->n == 1)
+        return 0;
+    if (s->position != 0) {
+        uint8_t b[24];
+        double v[3] = {st->loss_sum, st->records, st->correct};
+        for (int i = 0; i < 3; i++) {
+            uint64_t u;
+            memcpy(&u, &v[i], sizeof u);
+            dp_put_u64(b + 8 * i, u);
+        }
+        dp_err e;
+        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_STATS, (uint64_t)st->steps, 0, b,
+                              sizeof b, &e) < 0)
+            return lose(s, 0, e.msg, err);
+        for (;;) {
+            dp_event ev;
+            int rc = recv_from(s, 0, "the end of the epoch", &ev, err);
+            if (rc != 0)
+                return -1;
+            if (ev.header.type == DP_WIRE_RING_RESET) {
+                /* Replica 0 is re-forming the ring: take part, then wait on. */
+                s->reset[0] = 1;
+                if (reform(s, err) < 0)
+                    return -1;
+                continue;
+            }
+            if (ev.header.type != DP_WIRE_RING_PLAN)
+                return dp_errf(err, "%s sent frame type %u at the end of the epoch",
+                               name_of(s, 0), ev.header.type);
+            if (take_plan(s, 0, &ev, NULL, err) < 0)
+                return -1;
+            return s->ring.n != s->n_live ? rebuild_ring(s, err) : 0;
+        }
+    }
+    double sum[3] = {st->loss_sum, st->records, st->correct};
+    for (int p = 1; p < s->n; p++) {
+        while (s->live[p] && !s->have[p]) {
+            dp_event ev;
+            int rc = recv_from(s, p, "its epoch figures", &ev, err);
+            if (rc < 0)
+                return -1;
+            if (rc > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_STATS && ev.header.length == 24) {
+                if (take_stats(s, p, err) < 0)
+                    return -1;
+            } else if (ev.header.type == DP_WIRE_RING_RESET) {
+                /* p lost another replica in the epoch's last step. */
+                s->reset[p] = 1;
+                if (reform(s, err) < 0)
+                    return -1;
+            } else {
+                return dp_errf(err, "%s sent frame type %u at the end of the epoch",
+                               name_of(s, p), ev.header.type);
+            }
+        }
+    }
+    for (int p = 1; p < s->n; p++) {
+        if (s->have[p])
+            for (int i = 0; i < 3; i++)
+                sum[i] += s->stats[p][i];
+        s->have[p] = 0;
+    }
+    for (int p = 1; p < s->n; p++) {
+        dp_err e;
+        if (s->live[p] && send_plan(s, p, DP_WIRE_RING_PLAN, s->applied, NULL, 0, &e) < 0)
+            lose(s, p, e.msg, err);
+    }
+    if (s->ring.n != s->n_live && rebuild_ring(s, err) < 0)
+        return -1;
+    st->loss_sum = sum[0];
+    st->records = sum[1];
+    st->correct = sum[2];
     return 0;
 }
 
@@ -215,8 +749,10 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .name = "allreduce",
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
+    .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,
+    .deal = allreduce_deal,
     .epoch_end = allreduce_epoch_end,
     .params = allreduce_params,
     .save = allreduce_save,

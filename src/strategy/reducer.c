@@ -18,7 +18,7 @@ struct dp_reducer {
     float weight;
     int ready;          /* buckets whose gradients are final */
     int done;           /* buckets reduced */
-    int failed, stop;
+    int failed, stop;   /* failed: the ring's return (-1, DP_RING_BROKEN) */
     int finishing;      /* dp_reducer_finish has been called this step */
     long early, total;  /* buckets reduced that started before finish, and all */
     dp_err err;
@@ -60,7 +60,7 @@ static void *comm_main(void *arg)
         int rc = reduce_bucket(r, b, step, weight, &err);
         pthread_mutex_lock(&r->mu);
         if (rc < 0) {
-            r->failed = 1;
+            r->failed = rc;
             r->err = err;
         } else {
             r->done++;
@@ -133,6 +133,7 @@ void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight)
     r->weight = weight;
     r->ready = r->done = 0;
     r->finishing = 0;
+    r->failed = 0; /* a broken ring was re-formed before this step */
     r->total += r->n_buckets;
     pthread_mutex_unlock(&r->mu);
 }
@@ -155,9 +156,11 @@ void dp_reducer_ready(dp_reducer *r, size_t lo)
 int dp_reducer_finish(dp_reducer *r, dp_err *err)
 {
     if (!r->overlap) {
-        for (int b = 0; b < r->n_buckets; b++)
-            if (reduce_bucket(r, b, r->step, r->weight, err) < 0)
-                return -1;
+        for (int b = 0; b < r->n_buckets; b++) {
+            int rc = reduce_bucket(r, b, r->step, r->weight, err);
+            if (rc < 0)
+                return rc;
+        }
         return 0;
     }
     pthread_mutex_lock(&r->mu);
@@ -170,5 +173,5 @@ int dp_reducer_finish(dp_reducer *r, dp_err *err)
     if (failed && err)
         *err = r->err;
     pthread_mutex_unlock(&r->mu);
-    return failed ? -1 : 0;
+    return failed;
 }

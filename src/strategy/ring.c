@@ -46,6 +46,14 @@ void dp_ring_free(dp_ring *r)
 /* Chunk c of n over len elements: [c*len/n, (c+1)*len/n). */
 static size_t chunk_lo(size_t len, int n, int c) { return (size_t)((uint64_t)len * (unsigned)c / (unsigned)n); }
 
+static int broken(dp_ring *r, int peer, int lost, uint64_t gen)
+{
+    r->broken_peer = peer;
+    r->broken_lost = lost;
+    r->reset_gen = gen;
+    return DP_RING_BROKEN;
+}
+
 static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t count, uint64_t step,
                         int bucket, const char *phase, dp_err *err)
 {
@@ -54,7 +62,11 @@ static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t cou
              bucket, phase);
     dp_event ev;
     if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
-        return -1;
+        return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0); /* silent: see reset_gen */
+    if (ev.header.type == DP_WIRE_RING_RESET) {
+        dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
+        return broken(r, from, 0, ev.header.step);
+    }
     if (ev.header.type != DP_WIRE_RING || ev.header.step != step || ev.header.offset != off ||
         ev.header.length != count * sizeof(float))
         return dp_errf(err, "%s sent frame type %u step %llu offset %llu, %llu bytes during %s; "
@@ -63,7 +75,9 @@ static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t cou
                        (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
                        (unsigned long long)ev.header.length, what, (unsigned long long)step, off,
                        count * sizeof(float));
-    return dp_transport_recv_payload(r->t, from, dst, count * sizeof(float), err);
+    if (dp_transport_recv_payload(r->t, from, dst, count * sizeof(float), err) < 0)
+        return broken(r, from, 1, 0);
+    return 0;
 }
 
 /* One step of the ring: send chunk `out` to the next rank while receiving
@@ -81,21 +95,24 @@ static int ring_step(dp_ring *r, float *buf, size_t len, int out, int in, int ad
             size_t k = ohi - o < r->seg ? ohi - o : r->seg;
             if (dp_transport_send(r->t, next, DP_WIRE_RING, step, o, buf + o, k * sizeof(float),
                                   err) < 0)
-                return -1;
+                return broken(r, next, 1, 0);
             r->bytes_sent += k * sizeof(float);
             o += k;
         }
         if (i < ihi) {
             size_t k = ihi - i < r->seg ? ihi - i : r->seg;
             if (add) {
-                if (recv_segment(r, prev, r->scratch, i, k, step, bucket, "reduce-scatter", err) < 0)
-                    return -1;
+                int rc = recv_segment(r, prev, r->scratch, i, k, step, bucket, "reduce-scatter", err);
+                if (rc < 0)
+                    return rc;
                 float *restrict dst = buf + i;
                 const float *restrict src = r->scratch;
                 for (size_t j = 0; j < k; j++)
                     dst[j] += src[j];
-            } else if (recv_segment(r, prev, buf + i, i, k, step, bucket, "all-gather", err) < 0) {
-                return -1;
+            } else {
+                int rc = recv_segment(r, prev, buf + i, i, k, step, bucket, "all-gather", err);
+                if (rc < 0)
+                    return rc;
             }
             i += k;
         }
@@ -111,12 +128,11 @@ int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int buc
         return dp_transport_allreduce(r->t, buf, len, r->ranks, r->n, err);
     int n = r->n, p = r->pos;
     /* Reduce-scatter: after n-1 steps this rank holds the sum of chunk p+1. */
-    for (int s = 0; s < n - 1; s++)
-        if (ring_step(r, buf, len, (p - s + n) % n, (p - s - 1 + 2 * n) % n, 1, step, bucket, err) < 0)
-            return -1;
+    int rc = 0;
+    for (int s = 0; s < n - 1 && rc == 0; s++)
+        rc = ring_step(r, buf, len, (p - s + n) % n, (p - s - 1 + 2 * n) % n, 1, step, bucket, err);
     /* All-gather: pass the finished chunks around. */
-    for (int s = 0; s < n - 1; s++)
-        if (ring_step(r, buf, len, (p + 1 - s + n) % n, (p - s + n) % n, 0, step, bucket, err) < 0)
-            return -1;
-    return 0;
+    for (int s = 0; s < n - 1 && rc == 0; s++)
+        rc = ring_step(r, buf, len, (p + 1 - s + n) % n, (p - s + n) % n, 0, step, bucket, err);
+    return rc;
 }
