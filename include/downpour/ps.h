@@ -110,10 +110,6 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
                 const dp_ps_config *cfg, const dp_optim_config *optim, const dp_ps_start *start,
                 size_t n_params, dp_err *err);
 
-/* Whether every live worker takes part in every round (sync, avg), so the
- * workers move in step; else each goes at its own pace (async, ssp, dssp). */
-int dp_ps_mode_rounds(dp_ps_mode mode);
-
 /* A worker's (or the chief's) side. */
 typedef struct dp_ps_client dp_ps_client;
 

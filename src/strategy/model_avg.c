@@ -56,7 +56,7 @@ static int flush(dp_ps_client *c, float *params, dp_err *err)
 }
 
 const dp_ps_rules dp_ps_rules_avg = {
-    .mode = DP_PS_AVG, .name = "avg", .rounds = 1, .pushes_params = 1,
+    .mode = DP_PS_AVG, .name = "avg", .pushes_params = 1,
     .on_push = on_push, .release = release, .step = step, .flush = flush, .sync = flush,
 };
 

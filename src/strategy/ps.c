@@ -20,11 +20,6 @@ static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
     [DP_PS_AVG] = &dp_ps_rules_avg,
 };
 
-int dp_ps_mode_rounds(dp_ps_mode mode)
-{
-    return (unsigned)mode < DP_PS_MODE_COUNT && rules_of[mode]->rounds;
-}
-
 void dp_push_head_put(uint8_t *p, const dp_push_head *h)
 {
     dp_put_u32(p, h->records);

@@ -10,6 +10,7 @@
 #include "downpour/wire.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
+#define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
 #define EPOCH_REPORT_SIZE 40  /* f64 loss_sum, f64 records, f64 correct, f64 seconds, u64 steps */
 
 typedef struct epoch_tally {
@@ -36,7 +37,7 @@ struct dp_strategy {
     int *from_epoch;       /* per rank: the first epoch a worker reports (1; later when it rejoined) */
     int *joining;          /* per rank: a restarted worker waiting for a checkpoint to pass */
     int *losses;           /* per rank: times a worker was lost */
-    int *reported;         /* per rank: the newest epoch a worker reported */
+    long *progress;        /* per rank: the newest step a worker said it reached */
     int restarts;          /* times a lost task may come back (DOWNPOUR_RESTARTS, launcher.h) */
     int live_workers, done, next_eval, n_ready;
     long last_ckpt;        /* step of the newest checkpoint written (or resumed from) */
@@ -70,7 +71,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->from_epoch);
     free(s->joining);
     free(s->losses);
-    free(s->reported);
+    free(s->progress);
     free(s);
 }
 
@@ -159,13 +160,15 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->from_epoch = calloc((size_t)n, sizeof *s->from_epoch);
     s->joining = calloc((size_t)n, sizeof *s->joining);
     s->losses = calloc((size_t)n, sizeof *s->losses);
-    s->reported = calloc((size_t)n, sizeof *s->reported);
+    s->progress = calloc((size_t)n, sizeof *s->progress);
     if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
-        !s->losses || !s->reported)
+        !s->losses || !s->progress)
         return dp_errf(err, "out of memory");
     const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
     s->restarts = restarts ? atoi(restarts) : 0;
     s->last_ckpt = s->env->resume ? s->env->resume->step : 0;
+    for (int r = 0; r < n; r++)
+        s->progress[r] = s->last_ckpt;
     int workers = s->c->count[DP_ROLE_WORKER];
     dp_info("Chief: %s on %d worker(s) and %d ps task(s), batch %d per worker (global %d); "
             "%d shard(s):", s->env->cfg->strategy, workers, s->c->count[DP_ROLE_PS], cfg->batch,
@@ -287,6 +290,11 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
 {
     int rc = dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
     out->clock_gap = dp_ps_client_max_gap(s->client);
+    /* A few times an epoch the chief hears how far this worker got: a
+     * restarted worker goes on from there, not from its epoch's start. */
+    long every = s->env->steps_per_epoch / PROGRESS_PER_EPOCH;
+    if (rc == 0 && step % (every > 0 ? every : 1) == 0)
+        rc = send_to(s, s->chief, DP_WIRE_PROGRESS, (uint64_t)step, NULL, 0, err);
     return rc;
 }
 
@@ -370,8 +378,8 @@ static int on_epoch_report(dp_strategy *s, const dp_event *ev, dp_err *err)
         return -1;
     epoch_tally *t = &s->tally[e];
     t->reports++;
-    if ((int)e > s->reported[ev->peer])
-        s->reported[ev->peer] = (int)e;
+    if ((long)e * s->env->steps_per_epoch > s->progress[ev->peer])
+        s->progress[ev->peer] = (long)e * s->env->steps_per_epoch;
     t->sum.loss_sum += dp_get_f64(p);
     t->sum.records += dp_get_f64(p + 8);
     t->sum.correct += dp_get_f64(p + 16);
@@ -482,20 +490,16 @@ static int expected_reports(const dp_strategy *s, int e)
     return n;
 }
 
-/* A restarted worker is back: it starts at the end of the newest epoch it
- * finished before it was lost, or, where the workers move in step (sync,
- * avg), that any worker finished, so it lines up with the others; no
- * earlier than the newest checkpoint, and one step before it when a
- * checkpoint falls there, so it takes part in that checkpoint. */
+/* A restarted worker is back: it goes on from the newest step it said it
+ * reached (PROGRESS, an epoch report), so its share is trained once, however
+ * far the others got; no earlier than the newest checkpoint, and one step
+ * before it when a checkpoint falls there, so it takes part in that
+ * checkpoint. */
 static int admit_rejoin(dp_strategy *s, int r, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
     long spe = s->env->steps_per_epoch, total = spe * cfg->epochs;
-    int top = s->reported[r];
-    for (int e = top + 1; dp_ps_mode_rounds(s->pc.mode) && e <= cfg->epochs; e++)
-        if (s->tally[e].reports > 0)
-            top = e;
-    long step = (long)top * spe;
+    long step = s->progress[r];
     if (step < s->last_ckpt)
         step = s->last_ckpt;
     int ckpt_there = cfg->checkpoint_dir &&
@@ -621,6 +625,11 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             break;
         case DP_WIRE_JOIN:
             rc = on_join(s, e.peer, err);
+            break;
+        case DP_WIRE_PROGRESS:
+            rc = dp_transport_skip_payload(s->t, e.peer, err);
+            if ((long)e.header.step > s->progress[e.peer])
+                s->progress[e.peer] = (long)e.header.step;
             break;
         case DP_WIRE_DONE:
             /* A worker reports every epoch before it says DONE (one ordered

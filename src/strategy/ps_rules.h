@@ -64,8 +64,6 @@ struct dp_ps_client {
 struct dp_ps_rules {
     dp_ps_mode mode;
     const char *name;        /* in log lines: "async" */
-    int rounds;              /* every live worker takes part in every round (sync,
-                                avg): the workers move in step */
     int pushes_params;       /* workers push parameters (avg), not gradients */
     int watches_time;        /* its decisions change with time alone (dssp):
                                 look again every few ms while someone waits */

@@ -25,7 +25,7 @@ static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_e
 }
 
 const dp_ps_rules dp_ps_rules_sync = {
-    .mode = DP_PS_SYNC, .name = "sync", .rounds = 1, .on_push = on_push,
+    .mode = DP_PS_SYNC, .name = "sync", .on_push = on_push,
     .release = release, .step = dp_ps_push_and_wait,
 };
 
