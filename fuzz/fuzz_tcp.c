@@ -9,10 +9,11 @@
  * never a crash, a read past a buffer, a leak or a hang.
  *
  * Two transports, chosen by the input: one without a cluster secret (frames
- * carry CRCs only, so the well-formed frames the harness encodes reach the
- * payload path: chunking, chunk CRCs, partial reads, discards), and one with
- * a secret, whose frames carry tags this harness does not compute, so that
- * every frame there tests the refusal of an unauthenticated frame.
+ * carry CRCs only: chunking, chunk CRCs, partial reads, discards), and one
+ * with a secret (wire version 3: header | htag | chunk 0 | tag 0 | ..., no
+ * payload CRCs).  The harness holds the session keys of its own handshake, so
+ * it tags the frames it encodes there, and they reach the tagged payload
+ * path; damage bits spoil a tag, set a payload CRC or cut a frame.
  *
  * Input: byte 0 bits 0-1 how payloads are read (0 whole, 1 in pieces of
  * bits 3-7 + 1 bytes, 2 skipped, 3 left for the next poll to discard), bit 2
@@ -34,6 +35,7 @@
 #include "downpour/tcp.h"
 #include "fuzz_input.h"
 #include "net/auth.h"
+#include "net/fmac.h"
 #include "net/sock.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -81,6 +83,9 @@ static void open_server(server *s, int keyed)
 typedef struct out {
     uint8_t *p;
     size_t n;
+    dp_fmac *m;   /* keyed: the dialer's sending key; NULL: CRCs only */
+    uint64_t seq; /* the next frame's sequence number */
+    uint64_t fseq; /* the current frame's */
 } out;
 
 static void emit(out *o, const void *p, size_t n)
@@ -105,25 +110,48 @@ static void emit_header(out *o, unsigned type, uint32_t flags, uint32_t source, 
     uint8_t b[DP_FRAME_HEADER_SIZE];
     dp_frame_encode(b, &h);
     emit(o, b, sizeof b);
+    if (o->m) {
+        uint8_t tag[DP_FMAC_TAG];
+        o->fseq = o->seq++;
+        dp_fmac_tag(o->m, o->fseq, DP_FMAC_HEADER, b, sizeof b, tag);
+        emit(o, tag, sizeof tag);
+    }
+}
+
+/* Keyed: chunk k's tag, behind it; spoil flips one of its bits. */
+static void emit_tag(out *o, uint32_t k, const void *p, size_t n, int spoil)
+{
+    if (!o->m)
+        return;
+    uint8_t tag[DP_FMAC_TAG];
+    dp_fmac_tag(o->m, o->fseq, k, p, n, tag);
+    tag[3] ^= (uint8_t)(spoil ? 0x20 : 0);
+    emit(o, tag, sizeof tag);
 }
 
 /* A chunked frame of len bytes (> one chunk) filled with `fill`; damage 1
- * spoils the first chunk's CRC, 2 the second's, 3 cuts it after the first. */
+ * spoils the first chunk's CRC (keyed: its tag), 2 the second's, 3 cuts it
+ * after the first. */
 static void emit_big(out *o, unsigned type, uint64_t len, uint8_t fill, int damage)
 {
     static uint8_t chunk[DP_FRAME_CHUNK];
     memset(chunk, fill, sizeof chunk);
-    uint32_t c0 = dp_crc32c(0, chunk, DP_FRAME_CHUNK);
-    emit_header(o, type, DP_FRAME_F_CHUNKED, 0, 1, 0, len, c0 ^ (damage == 1));
+    uint32_t c0 = o->m ? 0 : dp_crc32c(0, chunk, DP_FRAME_CHUNK) ^ (damage == 1);
+    emit_header(o, type, DP_FRAME_F_CHUNKED, 0, 1, 0, len, c0);
     emit(o, chunk, DP_FRAME_CHUNK);
     if (damage == 3)
         return;
-    for (uint64_t at = DP_FRAME_CHUNK; at < len; at += DP_FRAME_CHUNK) {
+    emit_tag(o, 0, chunk, DP_FRAME_CHUNK, damage == 1);
+    uint32_t i = 1;
+    for (uint64_t at = DP_FRAME_CHUNK; at < len; at += DP_FRAME_CHUNK, i++) {
         size_t k = len - at < DP_FRAME_CHUNK ? (size_t)(len - at) : (size_t)DP_FRAME_CHUNK;
-        uint8_t cb[4];
-        dp_put_u32(cb, dp_crc32c(0, chunk, k) ^ (damage == 2));
-        emit(o, cb, 4);
+        if (!o->m) {
+            uint8_t cb[4];
+            dp_put_u32(cb, dp_crc32c(0, chunk, k) ^ (damage == 2));
+            emit(o, cb, 4);
+        }
         emit(o, chunk, k);
+        emit_tag(o, i, chunk, k, damage == 2);
     }
 }
 
@@ -147,13 +175,19 @@ static void decode(fz_in *in, out *o)
             uint64_t step = fz_u8(in), offset = fz_u8(in);
             size_t len = fz_u16(in) % sizeof pay;
             fz_bytes(in, pay, len);
-            uint32_t crc = len ? dp_crc32c(0, pay, len) : 0;
-            if (b & 32)
-                crc ^= 1u << (fz_u8(in) & 31);
+            /* Keyed: no payload CRC (bit 7 sets one, which is refused). */
+            uint32_t crc = len && (!o->m || (b & 128)) ? dp_crc32c(0, pay, len) : 0;
+            int spoil = 0;
+            if (b & 32) {
+                uint8_t bit = fz_u8(in);
+                crc ^= o->m ? 0 : 1u << (bit & 31);
+                spoil = 1; /* keyed: the chunk's tag */
+            }
             emit_header(o, type, flags, source, step, offset, len, crc);
-            if (b & 64) /* cut short */
-                len = len / 2;
-            emit(o, pay, len);
+            size_t sent = b & 64 ? len / 2 : len; /* cut short */
+            emit(o, pay, sent);
+            if (len && sent == len)
+                emit_tag(o, 0, pay, len, spoil);
             break;
         }
         case 2: /* a chunked frame */
@@ -164,8 +198,10 @@ static void decode(fz_in *in, out *o)
             unsigned type = (b >> 2) & 7; /* HELLO .. BYE, and 7 */
             size_t len = (b >> 5) & 1 ? fz_u8(in) % 16 : 0;
             fz_bytes(in, pay, len);
-            emit_header(o, type, 0, 0, 0, 0, len, len ? dp_crc32c(0, pay, len) : 0);
+            emit_header(o, type, 0, 0, 0, 0, len, len && !o->m ? dp_crc32c(0, pay, len) : 0);
             emit(o, pay, len);
+            if (len)
+                emit_tag(o, 0, pay, len, 0);
             break;
         }
         }
@@ -199,7 +235,7 @@ static void *write_main(void *arg)
     return NULL;
 }
 
-static int dial(server *s, int keyed, uint64_t incarnation)
+static int dial(server *s, int keyed, uint64_t incarnation, dp_auth_session *ses)
 {
     dp_sockaddr sa;
     dp_err err;
@@ -219,8 +255,7 @@ static int dial(server *s, int keyed, uint64_t incarnation)
     p.deadline = dp_now() + 10.0;
     p.incarnation = incarnation;
     dp_auth_io io = {0};
-    dp_auth_session ses;
-    if (dp_auth_dial(fd, &p, 1, &io, &ses, &err) != 0) {
+    if (dp_auth_dial(fd, &p, 1, &io, ses, &err) != 0) {
         fprintf(stderr, "fuzz_tcp: handshake: %s\n", err.msg);
         abort();
     }
@@ -236,6 +271,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static uint64_t incarnation = 1;
     static out o;
     static uint8_t *rbuf;
+    static dp_fmac tx;
     if (!o.p) {
         dp_log_set_level(DP_LOG_ERROR);
         open_server(&servers[0], 0);
@@ -251,11 +287,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t b0 = fz_u8(&in);
     int style = b0 & 3, keyed = (b0 >> 2) & 1;
     size_t piece = 1 + (b0 >> 3);
+    server *s = &servers[keyed];
+    dp_auth_session ses;
+    int fd = dial(s, keyed, incarnation++, &ses);
     o.n = 0;
+    o.seq = 0;
+    o.m = NULL;
+    if (ses.keyed) {
+        if (dp_fmac_init(&tx, ses.suite, ses.key_tx, 0) != 0)
+            abort();
+        o.m = &tx;
+    }
     decode(&in, &o);
 
-    server *s = &servers[keyed];
-    int fd = dial(s, keyed, incarnation++);
     writer w = {fd, &o};
     pthread_t thr;
     if (pthread_create(&thr, NULL, write_main, &w) != 0)

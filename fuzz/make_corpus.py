@@ -187,10 +187,11 @@ def ring_corpus():
 
 
 # ---- TCP receive path: byte 0 how payloads are read (0 whole, 1 in pieces of
-# bits 3-7 + 1, 2 skipped, 3 left) and bit 2 the keyed transport; then ops:
-# kind 1 an encoded frame, 2 a chunked frame, 3 the transport's own types.
-def tcp_frame(ty, step, offset, payload):
-    return bytes([1 | 4, ty]) + struct.pack("<HBBH", 0, step, offset, len(payload)) + payload
+# bits 3-7 + 1, 2 skipped, 3 left) and bit 2 the keyed transport (the harness
+# tags its frames there: wire version 3); then ops: kind 1 an encoded frame,
+# 2 a chunked frame, 3 the transport's own types.
+def tcp_frame(ty, step, offset, payload, extra=0):
+    return bytes([1 | 4 | extra, ty]) + struct.pack("<HBBH", 0, step, offset, len(payload)) + payload
 
 
 HEARTBEAT = bytes([3 | 5 << 2])
@@ -208,6 +209,12 @@ def tcp_corpus():
     put("fuzz_tcp", "chunked_bye", b"\x00" + bytes([2 | 1 << 4]) + struct.pack("<HB", 100, 0xAB) + BYE)
     put("fuzz_tcp", "chunked_bad_crc", b"\x00" + bytes([2 | 2 << 2]) + struct.pack("<HB", 7, 1) + BYE)
     put("fuzz_tcp", "keyed_frame", b"\x04" + tcp_frame(0, 1, 0, body[:64]) + BYE)
+    put("fuzz_tcp", "keyed_frames_pieces_eof", bytes([4 | 1 | 6 << 3]) + frames)
+    put("fuzz_tcp", "keyed_frames_left_bye", b"\x07" + frames + BYE)
+    put("fuzz_tcp", "keyed_chunked_bye", b"\x04" + bytes([2 | 1 << 4]) + struct.pack("<HB", 100, 0xAB) + BYE)
+    put("fuzz_tcp", "keyed_chunk1_bad_tag", b"\x04" + bytes([2 | 2 << 2]) + struct.pack("<HB", 7, 1) + BYE)
+    put("fuzz_tcp", "keyed_bad_tag", b"\x04" + tcp_frame(0, 1, 0, body[:64], 32) + b"\x05" + BYE)
+    put("fuzz_tcp", "keyed_payload_crc", b"\x04" + tcp_frame(0, 1, 0, body[:64], 128) + BYE)
     put("fuzz_tcp", "hello_after_handshake", b"\x00" + bytes([3 | 0 << 2]))
 
 

@@ -1,8 +1,8 @@
 /* The frame MAC against a man in the middle (docs/transport.md, "Frame MAC").
  * A proxy thread sits between rank 0 ("worker:0") and rank 1 ("ps:0") of two
  * TCP transports in this process and, after the handshake, (a) flips a
- * payload bit and recomputes the CRCs, in a small frame and in chunk 1 of a
- * chunked one, (b) replays an earlier frame, (c) swaps two frames: each time
+ * payload bit, in a small frame and in chunk 1 of a chunked one, and changes
+ * a header field with its CRC recomputed, (b) replays an earlier frame, (c) swaps two frames: each time
  * the receiver refuses the frame, drops the connection with the reason
  * logged, and never hands out the altered payload.  (d) A peer with the wrong
  * secret gets nothing.  (e) With encryption on both sides payloads round-trip
@@ -10,7 +10,9 @@
  * (f) A second rank 0 (a restarted process: a new incarnation) replaces the
  * first: the survivor sees PEER_LOST for the old one, then the new one's
  * frames.  (g) The streaming tags (OpenSSL, in pieces) equal the one-shot
- * ones (libsodium) for both suites, and streamed encryption round-trips. */
+ * ones (libsodium) for both suites, and streamed encryption round-trips.
+ * (h) The sniffed wire shows version 3's layout: header | htag | chunk 0 |
+ * tag 0 | chunk 1 ..., payload CRC 0 and no chunk CRCs. */
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/frame.h"
@@ -47,7 +49,7 @@ static int fcntl_nonblock_off(int fd)
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
 }
 
-enum { SNIFF, FLIP_SMALL, FLIP_CHUNK1, REPLAY, SWAP };
+enum { SNIFF, FLIP_SMALL, FLIP_HEADER, FLIP_CHUNK1, REPLAY, SWAP };
 
 typedef struct proxy {
     int lfd, port, mode, target_port;
@@ -56,6 +58,7 @@ typedef struct proxy {
     size_t up_len;
     uint8_t *cap;    /* SNIFF: everything rank 0 sent after the handshake */
     size_t cap_len;
+    size_t big_at;   /* SNIFF: where the first chunked frame starts in cap, + 1 */
     uint8_t *held;   /* REPLAY: a copy of the first app frame; SWAP: it, held back */
     size_t held_len;
     int hs_frames, app_frames, acted;
@@ -79,6 +82,8 @@ static void on_frame(proxy *x, int out, uint8_t *f, size_t n)
         return;
     }
     if (x->mode == SNIFF && x->cap_len + n <= UPBUF) {
+        if (len > DP_FRAME_CHUNK && !x->big_at)
+            x->big_at = x->cap_len + 1;
         memcpy(x->cap + x->cap_len, f, n);
         x->cap_len += n;
     }
@@ -89,18 +94,15 @@ static void on_frame(proxy *x, int out, uint8_t *f, size_t n)
     x->app_frames++;
     size_t hl = DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE;
     if (x->mode == FLIP_SMALL && !x->acted && len > 0 && len <= DP_FRAME_CHUNK) {
-        uint8_t *pay = f + hl + DP_FRAME_TAG_SIZE;
-        pay[5] ^= 0x10; /* a gradient's bit, and both CRCs made right again */
-        dp_put_u32(f + 40, dp_crc32c(0, pay, (size_t)len));
+        f[hl + 5] ^= 0x10; /* a gradient's bit: there is no CRC to fix up, only the tag */
+        x->acted = 1;
+    } else if (x->mode == FLIP_HEADER && !x->acted && len > 0) {
+        f[24] ^= 0x08; /* the offset, with the header CRC made right again */
         dp_put_u32(f + 44, dp_crc32c(0, f, 44));
         x->acted = 1;
     } else if (x->mode == FLIP_CHUNK1 && !x->acted && len > DP_FRAME_CHUNK) {
-        uint8_t *crc1 = f + hl + DP_FRAME_TAG_SIZE + DP_FRAME_CHUNK;
-        uint8_t *c1 = crc1 + 4 + DP_FRAME_TAG_SIZE;
-        size_t l1 = len - DP_FRAME_CHUNK < DP_FRAME_CHUNK ? (size_t)(len - DP_FRAME_CHUNK)
-                                                          : (size_t)DP_FRAME_CHUNK;
+        uint8_t *c1 = f + hl + DP_FRAME_CHUNK + DP_FRAME_TAG_SIZE; /* behind chunk 0's tag */
         c1[100] ^= 0x01;
-        dp_put_u32(crc1, dp_crc32c(0, c1, l1));
         x->acted = 1;
     } else if ((x->mode == REPLAY || x->mode == SWAP) && x->app_frames == 1) {
         x->held = malloc(n);
@@ -401,10 +403,11 @@ int main(void)
         fmac_streaming(DP_FMAC_AESGCM);
     fmac_streaming(DP_FMAC_CHACHA);
 
-    /* (a) a flipped bit with both CRCs recomputed, in a small frame (its
-     * header's CRC changes, so the header's tag fails) and in chunk 1 of a
-     * chunked frame (the header is untouched: chunk 1's tag fails). */
+    /* (a) a flipped payload bit, in a small frame (its chunk's tag fails)
+     * and in chunk 1 of a chunked frame (chunk 0 was good, chunk 1's tag
+     * fails); a header field changed, header CRC recomputed (its tag fails). */
     tampered(FLIP_SMALL, "bit flip, small frame", 0);
+    tampered(FLIP_HEADER, "header field, CRC recomputed", 0);
     tampered(FLIP_CHUNK1, "bit flip, chunk 1", 1);
     /* (b) a replayed frame, (c) two frames swapped. */
     tampered(REPLAY, "replay", 2);
@@ -450,6 +453,22 @@ int main(void)
         CHECKF(p.x.cap_len > BIG, "only %zu bytes sniffed", p.x.cap_len);
         CHECKF(seen == !enc, "encrypt %d: plaintext %s on the wire", enc,
                seen ? "visible" : "not visible");
+        /* (h) header | htag | chunk 0 | tag 0 | chunk 1 ...: no CRCs. */
+        CHECK(p.x.big_at > 0);
+        const uint8_t *bf = p.x.cap + p.x.big_at - 1;
+        size_t hl = DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE, ch = DP_FRAME_CHUNK;
+        CHECK(p.x.big_at - 1 + dp_frame_wire_size_mac(BIG) <= p.x.cap_len);
+        CHECK(dp_get_u64(bf + 32) == BIG && dp_get_u32(bf + 40) == 0);
+        CHECK(dp_get_u16(bf + 4) == DP_FRAME_VERSION && DP_FRAME_VERSION == 3);
+        if (!enc) {
+            want = malloc(BIG);
+            REQUIRE(want);
+            fill(want, BIG, 2);
+            CHECK(memcmp(bf + hl, want, ch) == 0);
+            CHECK(memcmp(bf + hl + ch + DP_FRAME_TAG_SIZE, want + ch, ch) == 0);
+            CHECK(memcmp(bf + hl + 3 * (ch + DP_FRAME_TAG_SIZE), want + 3 * ch, BIG - 3 * ch) == 0);
+            free(want);
+        }
         pair_close(&p);
     }
     /* An encryption mismatch is refused at the handshake, with the reason. */

@@ -24,14 +24,17 @@
  * the first byte leaves after one chunk's CRC, not the whole payload's, and
  * the payload is read from memory once.  `length` counts payload bytes only.
  *
- * After an authenticated handshake (a cluster secret) every frame also
- * carries 16-byte tags (docs/transport.md, "Frame MAC"): one right after the
- * header, over the header, and one in front of each chunk, over that chunk:
- *   header | htag | tag 0 | chunk 0 | crc 1 | tag 1 | chunk 1 ...
- * Each tag also covers the frame's sequence number on that connection (counted
- * by both sides, never sent) and the chunk index, so an altered, replayed,
- * reordered or dropped frame is refused.  With encryption the chunks are
- * ciphertext (the CRCs cover the bytes on the wire). */
+ * After an authenticated handshake (a cluster secret) every frame carries
+ * 16-byte tags instead of payload CRCs (docs/transport.md, "Frame MAC"): one
+ * right after the header, over the header, and one right AFTER each chunk,
+ * over that chunk; payload_crc is 0 and no chunk CRCs are sent:
+ *   header | htag | chunk 0 | tag 0 | chunk 1 | tag 1 ...
+ * With the tag behind its chunk a sender tags and sends a chunk piece by
+ * piece, and the first bytes leave at once.  Each tag also covers the frame's
+ * sequence number on that connection (counted by both sides, never sent) and
+ * the chunk index, so an altered, replayed, reordered or dropped frame is
+ * refused.  The header CRC stays: it is checked before the header's tag has
+ * arrived.  With encryption the chunks are ciphertext. */
 #ifndef DOWNPOUR_FRAME_H
 #define DOWNPOUR_FRAME_H
 
@@ -39,7 +42,7 @@
 #include <stdint.h>
 
 #define DP_FRAME_MAGIC 0x46575044u /* "DPWF" read as a little-endian u32 */
-#define DP_FRAME_VERSION 2 /* 2: frame tags, incarnation and options in the handshake */
+#define DP_FRAME_VERSION 3 /* 3: keyed frames carry tags after their chunks, no payload CRCs */
 #define DP_FRAME_HEADER_SIZE 48
 #define DP_FRAME_TAG_SIZE 16 /* per header and per chunk on an authenticated connection */
 #define DP_FRAME_MAX_DEFAULT ((uint64_t)1 << 30) /* 1 GiB */
@@ -107,8 +110,8 @@ int dp_frame_check_payload(const dp_frame_header *h, const void *payload, size_t
 
 /* Bytes the frame occupies on the wire: header, payload and chunk CRCs. */
 uint64_t dp_frame_wire_size(uint64_t length);
-/* The same on an authenticated connection: plus the header's tag and one tag
- * per chunk. */
+/* The same on an authenticated connection: header, its tag, payload and one
+ * tag per chunk (no CRCs). */
 uint64_t dp_frame_wire_size_mac(uint64_t length);
 
 const char *dp_frame_status_name(dp_frame_status s);

@@ -136,7 +136,7 @@ uint64_t dp_frame_wire_size(uint64_t length)
 uint64_t dp_frame_wire_size_mac(uint64_t length)
 {
     uint64_t chunks = (length + DP_FRAME_CHUNK - 1) / DP_FRAME_CHUNK;
-    return dp_frame_wire_size(length) + DP_FRAME_TAG_SIZE * (1 + chunks);
+    return DP_FRAME_HEADER_SIZE + length + DP_FRAME_TAG_SIZE * (1 + chunks);
 }
 
 const char *dp_frame_status_name(dp_frame_status s)

@@ -52,10 +52,12 @@
 #define RBUF (64 * 1024)        /* read-ahead buffer per connection */
 #define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
 #define HDR_MAC (DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE) /* header and its tag */
-/* Chunks are CRC'd and tagged in blocks of this size, each while in L1; up
- * to FMAC_ONESHOT bytes in one piece take libsodium's one-shot tag, which
- * starts faster than OpenSSL's (fmac.h). */
-#define FMAC_BLOCK (16 * 1024)
+/* A keyed sender tags (or encrypts) and writes a chunk in pieces of this
+ * size, each while it is in cache; up to FMAC_ONESHOT bytes in one piece
+ * take libsodium's one-shot tag, which starts faster than OpenSSL's (fmac.h). */
+#ifndef SEND_PIECE
+#define SEND_PIECE (64 * 1024)
+#endif
 #define FMAC_ONESHOT 4096
 /* "refused connection" lines: the first from an address and kind, then at
  * most one summary per window (an idle-connection flood wrote 11,720 lines
@@ -95,7 +97,7 @@ typedef struct conn {
     uint64_t rx_seq;   /* receiving thread: the next frame's */
     uint64_t pay_seq;  /* the pending payload's frame */
     uint64_t wire_left; /* payload bytes not yet read from the socket */
-    uint8_t *sbuf;     /* one chunk encrypted (send_mu; encrypting transports only) */
+    uint8_t *sbuf;     /* one SEND_PIECE encrypted (send_mu; encrypting transports only) */
     uint8_t *cbuf;     /* one verified chunk not yet handed out */
     size_t cb_pos, cb_len;
     _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
@@ -1090,78 +1092,90 @@ static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, siz
 }
 
 /* A tagged frame (docs/transport.md, "Frame MAC"), with c->send_mu held:
- *   header | htag | tag 0 | chunk 0 | crc 1 | tag 1 | chunk 1 ...
- * Each chunk's CRC and tag are taken in one pass of FMAC_BLOCK pieces, each
- * hashed twice while in L1; a small chunk in one piece gets the one-shot tag.
- * Only an encrypted chunk is copied (into c->sbuf, as ciphertext). */
+ *   header | htag | chunk 0 | tag 0 | chunk 1 | tag 1 ...
+ * No payload CRCs: the tags cover the bytes.  A chunk is tagged and sent in
+ * SEND_PIECE pieces, each hashed (or encrypted into c->sbuf) right before its
+ * write, so the first bytes leave at once and the hashing overlaps the
+ * receiver's; the tag rides with the chunk's last piece, the header with the
+ * first.  A small chunk in one piece gets the one-shot tag. */
 static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct iovec *src,
                        int ns, uint64_t len, dp_err *werr)
 {
-    uint8_t pre[HDR_MAC + DP_FRAME_TAG_SIZE + SMALL_FRAME];
-    struct iovec v[DP_TRANSPORT_MAX_IOV + 1];
+    uint8_t pre[HDR_MAC + SMALL_FRAME + DP_FRAME_TAG_SIZE];
+    uint8_t tag[DP_FRAME_TAG_SIZE];
+    struct iovec v[DP_TRANSPORT_MAX_IOV + 2];
     uint64_t seq = c->tx_seq++, left = len;
-    int idx = 0;
-    size_t off = 0;
-    for (uint32_t k = 0; k == 0 || left; k++) {
-        size_t want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
-        uint32_t crc = 0;
-        uint8_t tag[DP_FRAME_TAG_SIZE];
-        int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, NULL);
-        left -= want;
-        if (want && !c->enc && n == 2 && want <= FMAC_ONESHOT) {
-            crc = dp_crc32c(0, v[1].iov_base, want);
-            dp_fmac_tag(&c->tx, seq, k, v[1].iov_base, want, tag);
-        } else if (want) {
-            size_t at = 0;
-            dp_fmac_begin(&c->tx, seq, k);
-            for (int i = 1; i < n; i++) {
-                const uint8_t *p = v[i].iov_base;
-                for (size_t o = 0; o < v[i].iov_len; o += FMAC_BLOCK) {
-                    size_t b = v[i].iov_len - o < FMAC_BLOCK ? v[i].iov_len - o : FMAC_BLOCK;
-                    if (c->enc) { /* the CRC covers the bytes on the wire */
-                        dp_fmac_crypt(&c->tx, c->sbuf + at, p + o, b);
-                        crc = dp_crc32c(crc, c->sbuf + at, b);
-                        at += b;
-                    } else {
-                        crc = dp_crc32c(crc, p + o, b);
-                        dp_fmac_ad(&c->tx, p + o, b);
-                    }
-                }
-            }
-            dp_fmac_end_tag(&c->tx, tag);
-            if (c->enc) {
-                v[1].iov_base = c->sbuf;
-                v[1].iov_len = want;
-                n = 2;
-            }
+    h->payload_crc = 0;
+    dp_frame_encode(pre, h);
+    dp_fmac_tag(&c->tx, seq, DP_FMAC_HEADER, pre, DP_FRAME_HEADER_SIZE, pre + DP_FRAME_HEADER_SIZE);
+    size_t plen = HDR_MAC;
+    if (len <= SMALL_FRAME) { /* one contiguous buffer: one plain send */
+        uint8_t *p = pre + plen;
+        for (int i = 0; i < ns; i++) {
+            memcpy(pre + plen, src[i].iov_base, src[i].iov_len);
+            plen += src[i].iov_len;
         }
-        size_t plen;
-        if (k == 0) {
-            h->payload_crc = want ? crc : 0;
-            dp_frame_encode(pre, h);
-            dp_fmac_tag(&c->tx, seq, DP_FMAC_HEADER, pre, DP_FRAME_HEADER_SIZE,
-                        pre + DP_FRAME_HEADER_SIZE);
-            plen = HDR_MAC;
-            if (want) {
-                memcpy(pre + plen, tag, sizeof tag);
-                plen += sizeof tag;
-            }
-            if (len <= SMALL_FRAME) { /* one contiguous buffer: one plain send */
-                for (int i = 1; i < n; i++) {
-                    memcpy(pre + plen, v[i].iov_base, v[i].iov_len);
-                    plen += v[i].iov_len;
-                }
-                n = 1;
-            }
-        } else {
-            dp_put_u32(pre, crc);
-            memcpy(pre + 4, tag, sizeof tag);
-            plen = 4 + sizeof tag;
+        if (len && c->enc) {
+            dp_fmac_begin(&c->tx, seq, 0);
+            dp_fmac_crypt(&c->tx, p, p, (size_t)len);
+            dp_fmac_end_tag(&c->tx, pre + plen);
+            plen += DP_FRAME_TAG_SIZE;
+        } else if (len) {
+            dp_fmac_tag(&c->tx, seq, 0, p, (size_t)len, pre + plen);
+            plen += DP_FRAME_TAG_SIZE;
         }
         v[0].iov_base = pre;
         v[0].iov_len = plen;
-        if (write_iov(t, c, fd, v, n, werr))
-            return -1;
+        return write_iov(t, c, fd, v, 1, werr);
+    }
+    int idx = 0, head = 1; /* the header is still to go, with the first piece */
+    size_t off = 0;
+    for (uint32_t k = 0; left; k++) {
+        size_t cleft = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
+        left -= cleft;
+        int oneshot = !c->enc && cleft <= FMAC_ONESHOT;
+        if (!oneshot)
+            dp_fmac_begin(&c->tx, seq, k);
+        while (cleft) {
+            size_t want = cleft < SEND_PIECE ? cleft : SEND_PIECE;
+            int n0 = head, n = head;
+            if (head) {
+                v[0].iov_base = pre;
+                v[0].iov_len = plen;
+            }
+            n += take_chunk(src, ns, &idx, &off, want, v + n0, NULL);
+            cleft -= want;
+            if (oneshot && n - n0 == 1) {
+                dp_fmac_tag(&c->tx, seq, k, v[n0].iov_base, want, tag);
+            } else {
+                if (oneshot) /* gathered from several pieces: stream them */
+                    dp_fmac_begin(&c->tx, seq, k);
+                size_t at = 0;
+                for (int i = n0; i < n; i++) {
+                    if (c->enc) {
+                        dp_fmac_crypt(&c->tx, c->sbuf + at, v[i].iov_base, v[i].iov_len);
+                        at += v[i].iov_len;
+                    } else {
+                        dp_fmac_ad(&c->tx, v[i].iov_base, v[i].iov_len);
+                    }
+                }
+                if (c->enc) {
+                    v[n0].iov_base = c->sbuf;
+                    v[n0].iov_len = want;
+                    n = n0 + 1;
+                }
+                if (!cleft)
+                    dp_fmac_end_tag(&c->tx, tag);
+            }
+            if (!cleft) {
+                v[n].iov_base = tag;
+                v[n].iov_len = sizeof tag;
+                n++;
+            }
+            if (write_iov(t, c, fd, v, n, werr))
+                return -1;
+            head = 0;
+        }
     }
     return 0;
 }
@@ -1359,6 +1373,12 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
                   dp_frame_type_name(h.type), h.payload_crc);
         return RX_LOST;
     }
+    if (t->keyed && h.payload_crc != 0) { /* one encoding per frame: tags, no CRCs */
+        conn_fail(t, peer, 0, "%s frame with payload CRC 0x%08" PRIx32 " on an authenticated "
+                              "connection (tags replace CRCs there)",
+                  dp_frame_type_name(h.type), h.payload_crc);
+        return RX_LOST;
+    }
     c->pay_pending = h.length > 0;
     c->pay_left = h.length;
     c->wire_left = h.length;
@@ -1502,9 +1522,11 @@ fail:
     return -1;
 }
 
-/* read_payload on a tagged connection.  A chunk is handed out only after
- * its tag matched: read straight into dst when this call takes the whole
- * chunk, else into c->cbuf, from which this and later calls copy. */
+/* read_payload on a tagged connection: chunk | tag, no CRCs.  A chunk is
+ * handed out only after its tag (behind it) matched: read straight into dst
+ * when this call takes the whole chunk (the call fails if the tag does not
+ * match, so the caller never takes those bytes as valid), else into c->cbuf,
+ * from which this and later calls copy. */
 static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
 {
     conn *c = &t->conns[peer];
@@ -1533,22 +1555,11 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
             continue;
         }
         uint32_t k = (uint32_t)c->chunk_no;
-        uint8_t pre[4 + DP_FRAME_TAG_SIZE]; /* crc (chunks after the first) and tag */
-        size_t plen = k ? sizeof pre : DP_FRAME_TAG_SIZE;
-        for (size_t got = 0; got < plen;) {
-            ssize_t n = read_some(t, peer, fd, pre + got, plen - got);
-            if (n < 0)
-                goto fail;
-            got += (size_t)n;
-        }
-        atomic_fetch_add_explicit(&c->bytes_recv, plen, memory_order_relaxed);
-        uint32_t want_crc = k ? dp_get_u32(pre) : c->pay_h.payload_crc, crc = 0;
-        const uint8_t *tag = pre + plen - DP_FRAME_TAG_SIZE;
         size_t csize = c->wire_left < DP_FRAME_CHUNK ? (size_t)c->wire_left : (size_t)DP_FRAME_CHUNK;
         int direct = dst && len >= csize;
         uint8_t *p = direct ? dst : c->cbuf;
-        /* Each piece is CRC'd and hashed (decrypted) right after the read that
-         * brought it in, while it is in L1. */
+        /* Each piece is hashed (decrypted) right after the read that brought
+         * it in, while it is in L1. */
         int oneshot = !c->enc && csize <= FMAC_ONESHOT;
         if (!oneshot)
             dp_fmac_begin(&c->rx, c->pay_seq, k);
@@ -1557,7 +1568,6 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
             ssize_t n = read_some(t, peer, fd, p + got, want);
             if (n < 0)
                 goto fail;
-            crc = dp_crc32c(crc, p + got, (size_t)n);
             if (c->enc)
                 dp_fmac_crypt(&c->rx, p + got, p + got, (size_t)n);
             else if (!oneshot)
@@ -1565,6 +1575,14 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
             got += (size_t)n;
             atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
         }
+        uint8_t tag[DP_FRAME_TAG_SIZE];
+        for (size_t got = 0; got < sizeof tag;) {
+            ssize_t n = read_some(t, peer, fd, tag + got, sizeof tag - got);
+            if (n < 0)
+                goto fail;
+            got += (size_t)n;
+        }
+        atomic_fetch_add_explicit(&c->bytes_recv, sizeof tag, memory_order_relaxed);
         c->wire_left -= csize;
         c->chunk_no++;
         int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
@@ -1576,15 +1594,6 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
             c->pay_pending = 0;
             return dp_errf(err, "receiving from %s: frame %" PRIu64 " failed authentication",
                            pname(t, peer), c->pay_seq);
-        }
-        if (crc != want_crc) { /* the tag matched: the sender's own CRC is wrong */
-            conn_fail(t, peer, 0, "payload CRC mismatch on %s frame (step %" PRIu64
-                                  ", offset %" PRIu64 ", %" PRIu64 " bytes, chunk %" PRIu32
-                                  "): got 0x%08" PRIx32 ", expected 0x%08" PRIx32,
-                      dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
-                      c->pay_h.length, k, crc, want_crc);
-            c->pay_pending = 0;
-            return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
         }
         if (direct) {
             dst += csize;
@@ -1960,7 +1969,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
          * encrypting, and their EVP contexts (fmac.h). */
         if (!(c->rbuf = malloc(RBUF)) ||
             (t->keyed && i != cfg->rank &&
-             ((t->encrypt && !(c->sbuf = malloc(DP_FRAME_CHUNK))) ||
+             ((t->encrypt && !(c->sbuf = malloc(SEND_PIECE))) ||
               !(c->cbuf = malloc(DP_FRAME_CHUNK)) || dp_fmac_alloc(&c->tx) ||
               dp_fmac_alloc(&c->rx) || dp_fmac_alloc(&c->next_tx)))) {
             dp_errf(err, "out of memory");
