@@ -294,8 +294,9 @@ run_launch() {  # strategy fault role at_seconds tag
 
 # A run of hand-started tasks, one per network namespace, with its link cut
 # for HB + 2 s at AT.  The run's exit is the first non-zero exit of a task
-# (0 when every task exits 0), as the launcher reports it; no task is stopped
-# because another failed.  With --max-restarts N, a task that fails while the
+# the run cannot do without (0 when they all exit 0), as the launcher reports
+# it: a failed worker other than the evaluating one is left out; no task is
+# stopped because another failed.  With --max-restarts N, a task that fails while the
 # evaluating task still runs is started again (at most N times in all).
 run_cut() {  # strategy role at_seconds tag
     local s=$1 role=$2 at=$3 tag=$4
@@ -324,6 +325,8 @@ run_cut() {  # strategy role at_seconds tag
     fi
     DOWNPOUR_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
     export DOWNPOUR_SECRET
+    # What the launcher tells its tasks: a lost one may come back (the chief waits for it).
+    if [ -n "$MAX_RESTARTS" ]; then export DOWNPOUR_RESTARTS=$MAX_RESTARTS; else unset DOWNPOUR_RESTARTS; fi
     local args
     mapfile -t args < <(train_args "$s")
     local tpid=() st=() tlog=()
@@ -376,6 +379,12 @@ run_cut() {  # strategy role at_seconds tag
                     echo "$(now) [chaos] ${names[$i]} exited ${st[$i]}; restart $restarts of $MAX_RESTARTS" >>"$LOG.events"
                     start_one "$i"
                     left=1
+                    continue
+                fi
+                # As the launcher does: a worker the run survives losing
+                # (any but the evaluating one) fails alone, not the run.
+                if [ "${names[$i]%%:*}" = worker ] && [ "$i" != "$eval_i" ]; then
+                    NOTE="${NOTE:+$NOTE; }${names[$i]} exited ${st[$i]}, left out"
                     continue
                 fi
                 [ -z "$first_fail" ] && first_fail="${names[$i]} exited ${st[$i]}" && RC=${st[$i]}
