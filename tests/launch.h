@@ -1,0 +1,144 @@
+/* Helpers for tests that run whole jobs under `downpour launch` and strike
+ * one task: start the launcher with its output in a log, wait for a line,
+ * find a task's pid among the launcher's children (by the DOWNPOUR_TASK each
+ * child gets, launcher.h), wait for the end, read the test accuracy. */
+#ifndef DOWNPOUR_TEST_LAUNCH_H
+#define DOWNPOUR_TEST_LAUNCH_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "proc.h"
+
+/* A run long enough to strike in the middle of: 180 steps a worker. */
+#define RUN "--dataset mnist --model 784-300-100-10 --train-size 12000 --val-size 1000 " \
+            "--epochs 3 --batch 100 --threads 1 --no-progress --log-every 10"
+
+/* The program under test and the scratch directory: main sets them. */
+static const char *bin, *tmp;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts `downpour launch ARGS` with its output in tmp/NAME.log. */
+static pid_t start(const char *name, const char *args)
+{
+    char log[1200], cmd[4096];
+    snprintf(log, sizeof log, "%s/%s.log", tmp, name);
+    snprintf(cmd, sizeof cmd, "exec %s launch %s", bin, args);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Whether tmp/NAME.log holds text. */
+static int log_has(const char *name, const char *text)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+    size_t len;
+    char *s = slurp(path, &len);
+    int has = s && strstr(s, text) != NULL;
+    free(s);
+    return has;
+}
+
+static int wait_log(const char *name, const char *text, double timeout)
+{
+    for (double end = now_s() + timeout; now_s() < end; sleep_s(0.02))
+        if (log_has(name, text))
+            return 1;
+    return 0;
+}
+
+/* The pid of the launcher's child whose environment says DOWNPOUR_TASK=task. */
+static pid_t task_pid(pid_t launcher, const char *task)
+{
+    char want[64];
+    snprintf(want, sizeof want, "DOWNPOUR_TASK=%s", task);
+    DIR *d = opendir("/proc");
+    pid_t found = -1;
+    struct dirent *e;
+    while (d && found < 0 && (e = readdir(d))) {
+        char path[300], buf[8192];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        int ppid = -1;
+        if (f) {
+            if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1)
+                ppid = -1;
+            fclose(f);
+        }
+        if (ppid != launcher)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1) {
+            buf[n] = '\0';
+            if (strcmp(buf + i, want) == 0)
+                found = pid;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Waits for the launcher; kills it (and so its tasks) after timeout. */
+static int finish(pid_t pid, double timeout)
+{
+    int st = 0;
+    for (double end = now_s() + timeout;; sleep_s(0.05)) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (now_s() > end) {
+            fprintf(stderr, "launcher %d still running after %.0f s: killing it\n", (int)pid,
+                    timeout);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+    }
+}
+
+static double test_accuracy(const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+
+#endif
