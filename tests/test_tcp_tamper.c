@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +62,8 @@ typedef struct proxy {
     size_t big_at;   /* SNIFF: where the first chunked frame starts in cap, + 1 */
     uint8_t *held;   /* REPLAY: a copy of the first app frame; SWAP: it, held back */
     size_t held_len;
-    int hs_frames, app_frames, acted;
+    int hs_frames, app_frames;
+    _Atomic int acted; /* read by the test while the proxy runs */
 } proxy;
 
 static void fwd(int fd, const void *p, size_t n)
@@ -112,11 +114,14 @@ static void on_frame(proxy *x, int out, uint8_t *f, size_t n)
         if (x->mode == SWAP)
             return; /* sent after the next one */
     }
-    fwd(out, f, n);
-    if (x->app_frames == 2 && x->held) {
-        fwd(out, x->held, x->held_len); /* REPLAY: again; SWAP: late */
+    /* Marked before anything goes out: the receiver may refuse the first
+     * frame forwarded and the test look at once. */
+    int late = x->app_frames == 2 && x->held;
+    if (late)
         x->acted = 1;
-    }
+    fwd(out, f, n);
+    if (late)
+        fwd(out, x->held, x->held_len); /* REPLAY: again; SWAP: late */
 }
 
 static void *proxy_main(void *arg)
