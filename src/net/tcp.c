@@ -1454,24 +1454,36 @@ static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
     }
 }
 
+/* Checks a payload read of len bytes from peer and gives the connection's
+ * fd; -1 with err when nothing is pending, len is too long, or the
+ * connection is gone (the payload is then forgotten). */
+static int payload_fd(tcp *t, int peer, size_t len, int *fd, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    if (!c->pay_pending)
+        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
+    if (len > c->pay_left)
+        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
+                       len, pname(t, peer), c->pay_left);
+    *fd = conn_fd(t, peer, err);
+    if (*fd < 0) {
+        c->pay_pending = 0;
+        return -1;
+    }
+    return 0;
+}
+
 /* Reads len payload bytes of the pending frame into dst (NULL: discard),
  * checking each chunk's CRC as its last byte arrives.  Returns 0, or -1
  * (connection failed, err filled). */
 static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
 {
     conn *c = &t->conns[peer];
+    int fd = -1;
     if (len == 0)
         return 0;
-    if (!c->pay_pending)
-        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
-    if (len > c->pay_left)
-        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
-                       len, pname(t, peer), c->pay_left);
-    int fd = conn_fd(t, peer, err);
-    if (fd < 0) {
-        c->pay_pending = 0;
+    if (payload_fd(t, peer, len, &fd, err) < 0)
         return -1;
-    }
     while (len) {
         if (c->chunk_left == 0) { /* the next chunk's CRC comes first */
             uint8_t b[4];
@@ -1530,18 +1542,11 @@ fail:
 static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
 {
     conn *c = &t->conns[peer];
+    int fd = -1;
     if (len == 0)
         return 0;
-    if (!c->pay_pending)
-        return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
-    if (len > c->pay_left)
-        return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
-                       len, pname(t, peer), c->pay_left);
-    int fd = conn_fd(t, peer, err);
-    if (fd < 0) {
-        c->pay_pending = 0;
+    if (payload_fd(t, peer, len, &fd, err) < 0)
         return -1;
-    }
     while (len) {
         if (c->cb_pos < c->cb_len) {
             size_t n = c->cb_len - c->cb_pos < len ? c->cb_len - c->cb_pos : len;
