@@ -1,7 +1,10 @@
 /* Lost and restarted tasks under `downpour launch` (docs/faults.md): for each
  * parameter-server strategy, a worker SIGKILLed in the middle of the run
  * costs the run nothing but that worker's share of the data: the launcher
- * exits 0 and the test accuracy is within 1 % of the fault-free run's.
+ * exits 0 and the test accuracy is no more than 1 % below the fault-free
+ * run's.  (It may come out higher: while a worker is down the others train
+ * without waiting for it, so the same records make more updates, and this
+ * short run is far from converged; 2 % above is the sanity bound.)
  * With --max-restarts 1 the killed worker is restarted and rejoins.  A
  * worker frozen (SIGSTOP) past the heartbeat timeout is dropped; when it
  * wakes, its old incarnation finds itself refused and exits, and the run
@@ -73,7 +76,8 @@ static void strategy_survives(const char *strategy, const char *extra)
     rc = run(name, strategy, extra, "kill");
     double acc = test_accuracy(name);
     CHECKF(rc == 0, "%s: a killed worker ended the run (exit %d)", strategy, rc);
-    CHECKF(fabs(acc - clean) <= 0.01, "%s: accuracy %.4f with a worker lost, %.4f without",
+    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
+           "%s: accuracy %.4f with a worker lost, %.4f without",
            strategy, acc, clean);
     CHECKF(log_has(name, "fault: lost worker:1"), "%s: no fault line from the chief", strategy);
     CHECKF(count_events(name, "fault") >= 2, "%s: expected fault events from the launcher and "
@@ -87,7 +91,8 @@ static void strategy_survives(const char *strategy, const char *extra)
     CHECKF(rc == 0, "%s: the run with a restarted worker exited %d", strategy, rc);
     CHECKF(log_has(name, "restarted as pid") && log_has(name, "fault: worker:1 rejoined"),
            "%s: the killed worker was not restarted and rejoined", strategy);
-    CHECKF(fabs(acc - clean) <= 0.01, "%s: accuracy %.4f with a restarted worker, %.4f without",
+    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
+           "%s: accuracy %.4f with a restarted worker, %.4f without",
            strategy, acc, clean);
 }
 
