@@ -136,9 +136,28 @@ static int finish(pid_t pid, double timeout)
     }
 }
 
+/* The test accuracy of the run tmp/NAME.jsonl, or -1. */
 static double test_accuracy(const char *name)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    return done_accuracy(path);
+}
+
+/* How many "event" lines tmp/NAME.jsonl holds. */
+static void count_one(const cJSON *j, void *ctx)
+{
+    (void)j;
+    (*(int *)ctx)++;
+}
+
+static int count_events(const char *name, const char *event)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    int n = 0;
+    for_each_event(path, event, NULL, count_one, &n);
+    return n;
+}
 
 #endif

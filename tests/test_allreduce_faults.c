@@ -8,27 +8,6 @@
  * completes.  Losing the chief (replica 0, the evaluator) stops the run. */
 #include "launch.h"
 
-    cJSON *done = last_event(path, "done", NULL);
-    double acc = done ? json_num(done, "test_accuracy") : -1;
-    cJSON_Delete(done);
-    return acc;
-}
-
-static void count_one(const cJSON *j, void *ctx)
-{
-    (void)j;
-    (*(int *)ctx)++;
-}
-
-static int count_events(const char *name, const char *event)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
-    int n = 0;
-    for_each_event(path, event, NULL, count_one, &n);
-    return n;
-}
-
 static void tally(const cJSON *j, void *ctx)
 {
     long *v = ctx;

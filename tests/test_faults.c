@@ -16,24 +16,6 @@
  * gets (launcher.h). */
 #include "launch.h"
 
-    return done_accuracy(path);
-}
-
-static void count_one(const cJSON *j, void *ctx)
-{
-    (void)j;
-    (*(int *)ctx)++;
-}
-
-static int count_events(const char *name, const char *event)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
-    int n = 0;
-    for_each_event(path, event, NULL, count_one, &n);
-    return n;
-}
-
 /* One run of `strategy` on a chief, 2 workers and a ps; fault: NULL, or
  * "kill" / "stop" worker:1 once it logged step 20.  Returns the exit status. */
 static int run(const char *name, const char *strategy, const char *extra, const char *fault)

@@ -505,6 +505,15 @@ static int admit(void *ctx, int peer, uint64_t incarnation, char *why, size_t ca
     return rc;
 }
 
+/* A handshake or redial thread ends: one fewer running (close waits for 0). */
+static void thread_done(tcp *t, int *active)
+{
+    pthread_mutex_lock(&t->mu);
+    (*active)--;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->mu);
+}
+
 typedef struct handshake {
     tcp *t;
     int fd, slot;
@@ -540,10 +549,7 @@ static void *handshake_main(void *arg)
         install(t, peer, h->fd, h->addr, &io, &sess);
     }
     sodium_memzero(&sess, sizeof sess);
-    pthread_mutex_lock(&t->mu);
-    t->hs_active--;
-    pthread_cond_broadcast(&t->cond);
-    pthread_mutex_unlock(&t->mu);
+    thread_done(t, &t->hs_active);
     free(h);
     return NULL;
 }
@@ -912,10 +918,7 @@ static void *redial_main(void *arg)
         c->redial_backoff = c->redial_backoff * 2 < REDIAL_MAX ? c->redial_backoff * 2 : REDIAL_MAX;
     }
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&t->mu);
-    t->rd_active--;
-    pthread_cond_broadcast(&t->cond);
-    pthread_mutex_unlock(&t->mu);
+    thread_done(t, &t->rd_active);
     free(j);
     return NULL;
 }
