@@ -1457,6 +1457,18 @@ static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
     }
 }
 
+/* A payload read that lost the connection: the payload is forgotten and
+ * err says why the connection went.  Returns -1. */
+static int payload_failed(tcp *t, int peer, dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    c->pay_pending = 0;
+    pthread_mutex_lock(&c->mu);
+    dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
+    pthread_mutex_unlock(&c->mu);
+    return -1;
+}
+
 /* Checks a payload read of len bytes from peer and gives the connection's
  * fd; -1 with err when nothing is pending, len is too long, or the
  * connection is gone (the payload is then forgotten). */
@@ -1530,11 +1542,7 @@ static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
         c->pay_pending = 0;
     return 0;
 fail:
-    c->pay_pending = 0;
-    pthread_mutex_lock(&c->mu);
-    dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
-    pthread_mutex_unlock(&c->mu);
-    return -1;
+    return payload_failed(t, peer, err);
 }
 
 /* read_payload on a tagged connection: chunk | tag, no CRCs.  A chunk is
@@ -1616,11 +1624,7 @@ static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_er
         c->pay_pending = 0;
     return 0;
 fail:
-    c->pay_pending = 0;
-    pthread_mutex_lock(&c->mu);
-    dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
-    pthread_mutex_unlock(&c->mu);
-    return -1;
+    return payload_failed(t, peer, err);
 }
 
 static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
