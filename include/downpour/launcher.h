@@ -23,8 +23,9 @@
  * task; a restarted task rejoins the running job) and otherwise left out;
  * the run's status stays 0 when the rest end well.  If it does not, the
  * launcher logs which task and how, sends SIGTERM to the others, and SIGKILL
- * after the grace period.  No task is restarted once a chief has exited 0
- * (the run is over).  Each fault is one log line and, with --metrics, one
+ * after the grace period.  The chief, or without one worker 0 (which plays
+ * it), is asked about as the chief, and no task is restarted once it has
+ * exited 0 (the run is over).  Each fault is one log line and, with --metrics, one
  * "fault" event in FILE.launcher (merged into FILE).  Children get PR_SET_PDEATHSIG SIGKILL,
  * so they die with the launcher even if it is killed with SIGKILL.  When a
  * task's main process ends, the rest of its process group is killed.

@@ -388,6 +388,15 @@ static void begin_stop(dp_launcher *l, int sig)
 
 static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err);
 
+/* The chief, or without one worker 0, which plays it (evaluates, writes:
+ * cluster.h): the launcher asks about it as about the chief, and the run is
+ * over when it has exited 0. */
+static int plays_chief(const dp_cluster *c, const dp_task *t)
+{
+    return t->role == DP_ROLE_CHIEF ||
+           (t->role == DP_ROLE_WORKER && t->index == 0 && c->count[DP_ROLE_CHIEF] == 0);
+}
+
 /* FILE.<type>-<index>, the metrics file of task i; with restart r > 0, the
  * file an earlier run of the task left, renamed FILE.<type>-<index>.r<r>. */
 static char *task_metrics_path(const dp_launcher *l, int i, int r)
@@ -410,9 +419,8 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     /* Exit status 2 is a usage error: every task would make it again. */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 2)
         return -1;
-    /* Without a chief, worker 0 plays it (evaluates, writes): ask as for the chief. */
     dp_task as = *task;
-    if (as.role == DP_ROLE_WORKER && as.index == 0 && l->c->count[DP_ROLE_CHIEF] == 0)
+    if (plays_chief(l->c, task))
         as.role = DP_ROLE_CHIEF;
     if (!l->survives(l->survives_ctx, &as, why, sizeof why)) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
@@ -485,7 +493,7 @@ static void reap(dp_launcher *l)
         const char *name = l->c->tasks[i].name;
         if (ok) {
             dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
-            if (l->c->tasks[i].role == DP_ROLE_CHIEF)
+            if (plays_chief(l->c, &l->c->tasks[i]))
                 l->chief_done = 1;
         } else if (l->stopping) {
             dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);

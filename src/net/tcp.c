@@ -1491,14 +1491,9 @@ static int payload_fd(tcp *t, int peer, size_t len, int *fd, dp_err *err)
 /* Reads len payload bytes of the pending frame into dst (NULL: discard),
  * checking each chunk's CRC as its last byte arrives.  Returns 0, or -1
  * (connection failed, err filled). */
-static int read_payload(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+static int read_payload(tcp *t, int peer, int fd, uint8_t *dst, size_t len, dp_err *err)
 {
     conn *c = &t->conns[peer];
-    int fd = -1;
-    if (len == 0)
-        return 0;
-    if (payload_fd(t, peer, len, &fd, err) < 0)
-        return -1;
     while (len) {
         if (c->chunk_left == 0) { /* the next chunk's CRC comes first */
             uint8_t b[4];
@@ -1550,14 +1545,10 @@ fail:
  * when this call takes the whole chunk (the call fails if the tag does not
  * match, so the caller never takes those bytes as valid), else into c->cbuf,
  * from which this and later calls copy. */
-static int read_payload_tagged(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+static int read_payload_tagged(tcp *t, int peer, int fd, uint8_t *dst, size_t len,
+                               dp_err *err)
 {
     conn *c = &t->conns[peer];
-    int fd = -1;
-    if (len == 0)
-        return 0;
-    if (payload_fd(t, peer, len, &fd, err) < 0)
-        return -1;
     while (len) {
         if (c->cb_pos < c->cb_len) {
             size_t n = c->cb_len - c->cb_pos < len ? c->cb_len - c->cb_pos : len;
@@ -1627,13 +1618,25 @@ fail:
     return payload_failed(t, peer, err);
 }
 
+/* The next len bytes of the pending payload into dst (NULL: discard), on
+ * whichever read path the connection takes. */
+static int read_pending(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+{
+    int fd = -1;
+    if (len == 0)
+        return 0;
+    if (payload_fd(t, peer, len, &fd, err) < 0)
+        return -1;
+    return t->keyed ? read_payload_tagged(t, peer, fd, dst, len, err)
+                    : read_payload(t, peer, fd, dst, len, err);
+}
+
 static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
 {
     tcp *t = (tcp *)bt;
     if (!dst && len)
         return dp_errf(err, "recv_payload: NULL destination");
-    return t->keyed ? read_payload_tagged(t, peer, dst, len, err)
-                    : read_payload(t, peer, dst, len, err);
+    return read_pending(t, peer, dst, len, err);
 }
 
 static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
@@ -1642,8 +1645,7 @@ static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
     conn *c = &t->conns[peer];
     while (c->pay_pending) {
         size_t n = c->pay_left < RECV_CHUNK ? (size_t)c->pay_left : RECV_CHUNK;
-        if (t->keyed ? read_payload_tagged(t, peer, NULL, n, err)
-                     : read_payload(t, peer, NULL, n, err))
+        if (read_pending(t, peer, NULL, n, err))
             return -1;
     }
     return 0;

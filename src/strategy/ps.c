@@ -105,8 +105,9 @@ static int send_params(server *s, int rank, dp_err *err)
 }
 
 /* A worker the server cannot answer is gone (its loss is on its way as an
- * event): it is dropped here, and the server goes on with the others. */
-int dp_ps_reply(server *s, dp_ps_worker *w, dp_err *err)
+ * event): it is dropped here, and the server goes on with the others once
+ * whoever waited for it is released (settle). */
+void dp_ps_reply(server *s, dp_ps_worker *w)
 {
     w->pending = 0;
     dp_err why;
@@ -116,8 +117,6 @@ int dp_ps_reply(server *s, dp_ps_worker *w, dp_err *err)
         w->live = 0;
         s->dropped = 1;
     }
-    (void)err;
-    return 0;
 }
 
 /* Every change of the shard's parameters (an optimiser update, or a
@@ -146,9 +145,10 @@ int dp_ps_release_if(server *s, dp_ps_may_go go, dp_err *err)
     double now = dp_ps_now(s);
     for (int i = 0; i < s->n_workers; i++) {
         dp_ps_worker *w = &s->w[i];
-        if (w->pending && go(s, w, m < 0 ? 0 : w->clock - m, now) && dp_ps_reply(s, w, err) < 0)
-            return -1;
+        if (w->pending && go(s, w, m < 0 ? 0 : w->clock - m, now))
+            dp_ps_reply(s, w);
     }
+    (void)err;
     return 0;
 }
 
@@ -206,8 +206,9 @@ int dp_ps_round_close(server *s, dp_err *err)
     s->round_pushes = 0;
     s->round_records = 0;
     for (int i = 0; i < s->n_workers; i++)
-        if (s->w[i].pending && dp_ps_reply(s, &s->w[i], err) < 0)
-            return -1;
+        if (s->w[i].pending)
+            dp_ps_reply(s, &s->w[i]);
+    (void)err;
     return 0;
 }
 
@@ -245,19 +246,26 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     return s->rules->on_push(s, w, &head, err);
 }
 
-/* A worker is gone (DONE, lost or dropped): the others must not wait for
- * it.  Releasing them may drop more workers (a reply that cannot be sent):
- * the release runs again until nobody else left. */
+/* Workers left (dropped while being answered, DONE, lost): whoever waited
+ * for them is released.  Releasing may drop more (a reply that cannot be
+ * sent), so it runs again until nobody else left. */
+static int settle(server *s, dp_err *err)
+{
+    while (s->dropped) {
+        s->dropped = 0;
+        if (s->rules->release && s->rules->release(s, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A worker is gone (DONE, lost or dropped): the others must not wait for it. */
 static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     w->live = 0;
     w->pending = 0;
-    do {
-        s->dropped = 0;
-        if (s->rules->release && s->rules->release(s, err) < 0)
-            return -1;
-    } while (s->dropped);
-    return 0;
+    s->dropped = 1;
+    return settle(s, err);
 }
 
 /* A restarted worker (a new incarnation) takes part again from the
@@ -315,9 +323,10 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     case DP_WIRE_PULL:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
-        if (wi >= 0)
-            return dp_ps_reply(s, &s->w[wi], err);
-        return send_params(s, ev->peer, err);
+        if (wi < 0)
+            return send_params(s, ev->peer, err);
+        dp_ps_reply(s, &s->w[wi]);
+        return 0;
     case DP_WIRE_PULL_AVERAGE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -391,7 +400,7 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
     dp_err why;
     int rc = handle(s, &ev, wi, &why);
     if (rc >= 0)
-        return rc;
+        return settle(s, err) < 0 ? -1 : rc;
     if (wi < 0 || ev.peer == s->chief) {
         *err = why;
         return -1;

@@ -18,7 +18,10 @@ static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_e
 {
     if (h->records > 0)
         dp_ps_apply(s, s->scratch, h->lr);
-    return h->want ? dp_ps_reply(s, w, err) : 0;
+    (void)err;
+    if (h->want)
+        dp_ps_reply(s, w);
+    return 0;
 }
 
 /* Pushes the accumulated gradient (push_every > 1), records-weighted. */

@@ -495,7 +495,7 @@ static int expected_reports(const dp_strategy *s, int e)
  * far the others got; no earlier than the newest checkpoint, and one step
  * before it when a checkpoint falls there, so it takes part in that
  * checkpoint. */
-static int admit_rejoin(dp_strategy *s, int r, dp_err *err)
+static void admit_rejoin(dp_strategy *s, int r)
 {
     const dp_train_config *cfg = s->env->cfg;
     long spe = s->env->steps_per_epoch, total = spe * cfg->epochs;
@@ -517,8 +517,6 @@ static int admit_rejoin(dp_strategy *s, int r, dp_err *err)
     dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
                      "restarted", DP_F_STR, "action", "rejoin", DP_F_INT, "step", step, DP_F_END);
     deal_all(s, r, step);
-    (void)err;
-    return 0;
 }
 
 /* JOIN: the first incarnation's is a no-op; a restarted worker's is admitted
@@ -533,7 +531,8 @@ static int on_join(dp_strategy *s, int r, dp_err *err)
         s->joining[r] = 1;
         return 0;
     }
-    return admit_rejoin(s, r, err);
+    admit_rejoin(s, r);
+    return 0;
 }
 
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
@@ -555,8 +554,8 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
         s->n_ready = 0;
         s->go_pending = -1;
         for (int r = 0; r < s->c->n_tasks; r++)
-            if (s->joining[r] && admit_rejoin(s, r, err) < 0)
-                return -1;
+            if (s->joining[r])
+                admit_rejoin(s, r);
     }
     for (;;) {
         /* Epochs every live worker has finished, in order; then a

@@ -88,8 +88,9 @@ extern const dp_ps_rules dp_ps_rules_async, dp_ps_rules_sync, dp_ps_rules_ssp, d
 
 double dp_ps_now(const dp_ps_server *s);         /* the server's clock (cfg.now or dp_now) */
 long dp_ps_min_clock(const dp_ps_server *s);     /* the slowest live worker's clock, -1: none */
-/* Sends w the shard's parameters and clears its pending flag. */
-int dp_ps_reply(dp_ps_server *s, dp_ps_worker *w, dp_err *err);
+/* Sends w the shard's parameters and clears its pending flag; a worker
+ * that cannot be sent to is dropped (s->dropped), never the server. */
+void dp_ps_reply(dp_ps_server *s, dp_ps_worker *w);
 /* An optimiser update of the shard with gradient g; the average follows. */
 void dp_ps_apply(dp_ps_server *s, const float *g, float lr);
 /* The shard's parameters changed otherwise (an average): the average follows. */
