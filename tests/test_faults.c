@@ -105,7 +105,10 @@ int main(void)
     if (ps > 0)
         kill(ps, SIGKILL);
     rc = finish(l, 120);
-    CHECKF(rc != 0 && log_has("ps-kill", "task ps:0") && log_has("ps-kill", "cannot survive"),
+    /* Whichever the launcher reaps first, the killed ps or the chief that
+     * exited for want of it, the run stops and the ps is named. */
+    CHECKF(rc != 0 && (log_has("ps-kill", "task ps:0") || log_has("ps-kill", "lost ps:0")) &&
+               log_has("ps-kill", "the run cannot go on"),
            "a lost ps: exit %d", rc);
     return check_failures ? 1 : 0;
 }

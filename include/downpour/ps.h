@@ -42,23 +42,31 @@ typedef struct dp_ps_config {
     int period;             /* avg: local steps between averages (8) */
     size_t min_shard_bytes; /* partitioner (256 KiB) */
     int max_shards;         /* partitioner (0: one per ps task) */
+    int replicas;           /* copies of each shard (1: none; 2: a backup on the next
+                               ps task, which takes over when the primary is lost;
+                               docs/faults.md "Parameter-server replicas") */
     float ema;              /* servers keep an exponential moving average of the
                                parameters with this decay (0: none) for the chief */
     double (*now)(void);    /* the servers' clock for DSSP decisions (NULL: dp_now);
                                tests step it by hand */
+    int survives_chief;     /* servers serve on while the chief is lost, until it
+                               comes back (the strategy survives it: docs/faults.md) */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
 
-/* Where each shard lives: shard s is range[s] on ps task rank[s]. */
+/* Where each shard lives: shard s is range[s] on ps task rank[s], and with
+ * replicas 2 its backup on ps task backup[s] (the next ps task, wrapping;
+ * -1: none).  A client's copy follows failovers: rank[s] becomes the backup. */
 typedef struct dp_ps_layout {
     int n_shards;
     dp_range range[DP_PARTITION_MAX];
     int rank[DP_PARTITION_MAX];
+    int backup[DP_PARTITION_MAX];
 } dp_ps_layout;
 
 /* Shards over the cluster's ps tasks, one contiguous range per task at most;
- * a run with no ps task is refused. */
+ * a run with no ps task, or with fewer ps tasks than replicas, is refused. */
 int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err);
 
@@ -136,6 +144,14 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
  * when the servers keep none).  *t is the servers' optimiser update count. */
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
                             float *params, float *slots, float *ema, long *t, dp_err *err);
+/* Sends a frame without payload (JOIN, DONE) to every copy of every shard,
+ * so a backup knows the worker as its primary does.  A copy that cannot be
+ * told is lost: the client fails over from it (dp_ps_client_lost). */
+int dp_ps_client_say(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err);
+/* The task at `rank` is lost: every shard it held as primary goes on on its
+ * backup, and it is nobody's backup any more.  Returns the number of shards
+ * moved, or -1 when a shard it held has no copy left. */
+int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err);
 /* A round trip to every shard after pushing whatever is accumulated, so every
  * push this worker made has been applied (a checkpoint's consistent point). */
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);

@@ -120,6 +120,10 @@ typedef enum dp_coord_kind {
     DP_COORD_EPOCH,      /* every trainer finished `epoch`: evaluate it with params() */
     DP_COORD_CHECKPOINT, /* every trainer is at `step`; the state is gathered: write it */
     DP_COORD_DONE,       /* every trainer is done; `step` is the sum of their steps */
+    DP_COORD_ATTACH,     /* this coordinator was restarted into a running job: the
+                            loop fills state's evaluator part (history, best) from
+                            the newest checkpoint, state->step its step (0: none),
+                            before it asks again (docs/faults.md, "A lost chief") */
     DP_COORD_KIND_COUNT
 } dp_coord_kind;
 

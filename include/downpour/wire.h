@@ -6,6 +6,7 @@
  *   APP(8..15)    ring all-reduce           src/strategy/ring.c, allreduce.c
  *   APP(16..31)   run coordination          src/train/loop.c and the strategy
  *                                           that coordinates (src/strategy/ps_family.c)
+ *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(100..101) ping                      src/cli/cmd_ping.c
  *
  * Payload fields are little-endian, written with dp_put_* / read with
@@ -52,6 +53,9 @@ enum dp_wire_type {
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
+    /* parameter-server replicas (src/strategy/ps_replica.c) */
+    DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
+    DP_WIRE_REPLICATE_ACK = DP_FRAME_APP(33), /* backup -> primary: updates up to `step` are applied */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),

@@ -26,19 +26,36 @@
 
 #define LAUNCH_MAX_TASKS 256
 
-/* The strategy's answer to "does the run go on without this task". */
+/* What the launcher asks about the tasks' run: the train command's
+ * --strategy and --ps-replicas. */
+typedef struct task_run {
+    const dp_strategy_ops *ops;
+    long ps_replicas;
+} task_run;
+
+/* The strategy's answer to "does the run go on without this task".  A ps
+ * task is survivable where the strategy has ps tasks and each shard has a
+ * backup (--ps-replicas 2, docs/faults.md): its shards fail over. */
 static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t cap)
 {
-    const dp_strategy_ops *ops = ctx;
+    const task_run *run = ctx;
+    const dp_strategy_ops *ops = run->ops;
+    if (task->role == DP_ROLE_PS && run->ps_replicas >= 2 && ops->talks_to[DP_ROLE_PS]) {
+        snprintf(why, cap, "%s survives a lost ps with --ps-replicas %ld: its shards go on on "
+                 "their backups", ops->name, run->ps_replicas);
+        return 1;
+    }
     snprintf(why, cap, "%s %s a lost %s", ops->name,
              ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",
              dp_role_name(task->role));
     return (ops->survives & DP_ROLE_BIT(task->role)) != 0;
 }
 
-/* The strategy the tasks will run: the train command's --strategy. */
-static const dp_strategy_ops *task_strategy(int argc, char **argv, dp_err *err)
+/* The strategy the tasks will run (the train command's --strategy), and
+ * its --ps-replicas. */
+static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas, dp_err *err)
 {
+    *ps_replicas = 1;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = "single";
@@ -49,6 +66,10 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, dp_err *err)
             name = argv[++i];
         else if (strncmp(argv[i], "--strategy=", 11) == 0)
             name = argv[i] + 11;
+        else if (strcmp(argv[i], "--ps-replicas") == 0 && i + 1 < argc)
+            *ps_replicas = atol(argv[++i]);
+        else if (strncmp(argv[i], "--ps-replicas=", 14) == 0)
+            *ps_replicas = atol(argv[i] + 14);
     }
     return dp_strategy_find(name, err);
 }
@@ -92,7 +113,9 @@ int cmd_launch(int argc, char **argv)
 
     int ports[LAUNCH_MAX_TASKS];
     dp_err err;
-    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &err);
+    task_run run = {0};
+    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &run.ps_replicas, &err);
+    run.ops = strategy;
     if (!strategy && strcmp(argv[rest], "train") == 0) {
         fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
         return 2;
@@ -116,7 +139,7 @@ int cmd_launch(int argc, char **argv)
         cmd[i - rest + 1] = argv[i];
     dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
                          .survives = strategy ? strategy_survives : NULL,
-                         .survives_ctx = (void *)strategy, .max_restarts = (int)max_restarts};
+                         .survives_ctx = &run, .max_restarts = (int)max_restarts};
     int status = dp_launch(&lo, &err);
     if (status != 0)
         fprintf(stderr, "downpour launch: %s\n", err.msg);

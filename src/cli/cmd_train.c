@@ -78,7 +78,7 @@ int cmd_train(int argc, char **argv)
     const char *shard = "data", *staleness_range = "1:6", *straggler = NULL;
     long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
-    long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0;
+    long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
     bool trace_clocks = false, no_overlap = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
     const char *transport = "tcp";
@@ -111,6 +111,9 @@ int cmd_train(int argc, char **argv)
         {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
         {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4096, 1L << 40},
         {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
+        {"ps-replicas", CLI_INT, &ps_replicas, "N",
+         "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
+         "the primary is lost (1)", 1, 2},
         {"transport", CLI_STR, &transport, "NAME", "tcp (launch, run) or mpi (mpirun, srun)", 0, 0},
         {"ps", CLI_INT, &mpi_ps, "P", "mpi: ranks 1..P are ps tasks (rank 0 is the chief)", 0, 4096},
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
@@ -184,6 +187,7 @@ int cmd_train(int argc, char **argv)
     cfg.ps.period = (int)period;
     cfg.ps.min_shard_bytes = (size_t)min_shard_bytes;
     cfg.ps.max_shards = (int)max_shards;
+    cfg.ps.replicas = (int)ps_replicas;
     cfg.trace_clocks = trace_clocks;
     cfg.bucket_bytes = (size_t)bucket_bytes;
     cfg.ema = (float)ema;

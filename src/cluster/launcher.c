@@ -430,6 +430,16 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
         return -1;
     }
     int restart = !l->chief_done && t->restarts < l->max_restarts;
+    if (as.role == DP_ROLE_CHIEF && !restart) {
+        /* The chief evaluates and writes the result: the run may go on
+         * without it only while it can come back. */
+        dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
+                         DP_F_STR, "action", "stop", DP_F_END);
+        dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on: the chief evaluates and "
+                 "writes the result, and it has no restart left (--max-restarts %d)",
+                 task->name, (int)t->pid, how, l->max_restarts);
+        return -1;
+    }
     dp_warn("launcher: fault: %s (pid %d) %s; %s (%s)", task->name, (int)t->pid, how,
             restart ? "restarting it" : "the run goes on without it", why);
     dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
@@ -458,58 +468,65 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     return 0;
 }
 
-/* Reaps the tasks that have ended.  A task's leftover process group is
- * killed before the zombie is reaped, so its id cannot be reused meanwhile. */
-static void reap(dp_launcher *l)
+/* Reaps task i if it has ended (with killed_only, only if a signal ended
+ * it).  Its leftover process group is killed before the zombie is reaped,
+ * so its id cannot be reused meanwhile. */
+static void reap_one(dp_launcher *l, int i, int killed_only)
 {
-    for (int i = 0; i < l->n; i++) {
-        ltask *t = &l->t[i];
-        if (!t->running)
-            continue;
-        siginfo_t si;
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)t->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-            if (errno != ECHILD)
-                continue;
-            /* Reaped behind our back (SIGCHLD set to SIG_IGN by another thread?) */
-            dp_warn("launcher: %s (pid %d) was reaped elsewhere; its status is lost",
-                    l->c->tasks[i].name, (int)t->pid);
-            kill(-t->pid, SIGKILL);
-            t->running = 0;
-            l->live--;
-            continue;
-        }
-        if (si.si_pid == 0)
-            continue;
+    ltask *t = &l->t[i];
+    if (!t->running)
+        return;
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (waitid(P_PID, (id_t)t->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+        if (errno != ECHILD)
+            return;
+        /* Reaped behind our back (SIGCHLD set to SIG_IGN by another thread?) */
+        dp_warn("launcher: %s (pid %d) was reaped elsewhere; its status is lost",
+                l->c->tasks[i].name, (int)t->pid);
         kill(-t->pid, SIGKILL);
-        int st = 0;
-        while (waitpid(t->pid, &st, 0) < 0 && errno == EINTR)
-            ;
         t->running = 0;
         l->live--;
-        int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        char how[96];
-        describe_status(how, sizeof how, st);
-        const char *name = l->c->tasks[i].name;
-        if (ok) {
-            dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
-            if (plays_chief(l->c, &l->c->tasks[i]))
-                l->chief_done = 1;
-        } else if (l->stopping) {
-            dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
-        } else if (survive_fault(l, i, st, how) == 0) {
-            continue;
-        } else {
-            l->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
-            snprintf(l->reason, sizeof l->reason, "task %s (pid %d) %s", name, (int)t->pid, how);
-            if (l->live > 0)
-                dp_error("launcher: %s; stopping the other %d task%s", l->reason, l->live,
-                         l->live == 1 ? "" : "s");
-            else
-                dp_error("launcher: %s", l->reason);
-            begin_stop(l, SIGTERM);
-        }
+        return;
     }
+    if (si.si_pid == 0 || (killed_only && si.si_code == CLD_EXITED))
+        return;
+    kill(-t->pid, SIGKILL);
+    int st = 0;
+    while (waitpid(t->pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    t->running = 0;
+    l->live--;
+    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    char how[96];
+    describe_status(how, sizeof how, st);
+    const char *name = l->c->tasks[i].name;
+    if (ok) {
+        dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
+        if (plays_chief(l->c, &l->c->tasks[i]))
+            l->chief_done = 1;
+    } else if (l->stopping) {
+        dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
+    } else if (survive_fault(l, i, st, how) < 0) {
+        l->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+        snprintf(l->reason, sizeof l->reason, "task %s (pid %d) %s", name, (int)t->pid, how);
+        if (l->live > 0)
+            dp_error("launcher: %s; stopping the other %d task%s", l->reason, l->live,
+                     l->live == 1 ? "" : "s");
+        else
+            dp_error("launcher: %s", l->reason);
+        begin_stop(l, SIGTERM);
+    }
+}
+
+/* Reaps the tasks that have ended, those killed by a signal first: when one
+ * task's death makes another exit with an error (a chief that lost its only
+ * ps), the fault is the first one's. */
+static void reap(dp_launcher *l)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < l->n; i++)
+            reap_one(l, i, pass == 0);
 }
 
 static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err)

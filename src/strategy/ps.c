@@ -13,6 +13,7 @@
 #include "strategy/ps_rules.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
+#define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */
 
 static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
     [DP_PS_ASYNC] = &dp_ps_rules_async, [DP_PS_SYNC] = &dp_ps_rules_sync,
@@ -46,6 +47,7 @@ void dp_ps_config_init(dp_ps_config *cfg)
     cfg->staleness_hi = 6;
     cfg->period = 8;
     cfg->min_shard_bytes = DP_PARTITION_MIN_SHARD_BYTES;
+    cfg->replicas = 1;
 }
 
 int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
@@ -55,6 +57,14 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
     if (n_ps < 1)
         return dp_errf(err, "parameter-server training needs at least one ps task "
                             "(launch --ps 1, or a \"ps\" list in the cluster spec)");
+    int replicas = cfg->replicas > 1 ? cfg->replicas : 1;
+    if (replicas > 2)
+        return dp_errf(err, "--ps-replicas %d: at most 2 copies of a shard are kept (a primary "
+                            "and one backup)", replicas);
+    if (replicas > n_ps)
+        return dp_errf(err, "--ps-replicas %d needs at least %d ps tasks, one for each copy of "
+                            "a shard; this cluster has %d (launch --ps %d)",
+                       replicas, replicas, n_ps, replicas);
     int max = cfg->max_shards > 0 ? cfg->max_shards : n_ps;
     if (max > n_ps) {
         dp_warn("--ps-max-shards %d is more than the %d ps task(s); using %d", max, n_ps, n_ps);
@@ -64,8 +74,10 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
     if (k < 0)
         return -1;
     out->n_shards = k;
-    for (int s = 0; s < k; s++)
+    for (int s = 0; s < k; s++) {
         out->rank[s] = dp_cluster_rank(c, DP_ROLE_PS, s);
+        out->backup[s] = replicas > 1 ? dp_cluster_rank(c, DP_ROLE_PS, (s + 1) % n_ps) : -1;
+    }
     return 0;
 }
 
@@ -106,10 +118,18 @@ static int send_params(server *s, int rank, dp_err *err)
 
 /* A worker the server cannot answer is gone (its loss is on its way as an
  * event): it is dropped here, and the server goes on with the others once
- * whoever waited for it is released (settle). */
+ * whoever waited for it is released (settle).  With a backup, the answer
+ * waits until the backup holds every update before it (ps_replica.c). */
 void dp_ps_reply(server *s, dp_ps_worker *w)
 {
     w->pending = 0;
+    if (!dp_ps_replica_holds(s, w))
+        dp_ps_send_reply(s, w);
+}
+
+void dp_ps_send_reply(server *s, dp_ps_worker *w)
+{
+    w->owed = 0;
     dp_err why;
     if (send_params(s, w->rank, &why) < 0 && w->live) {
         dp_warn("fault: cannot send %s its parameters (%s); %s goes on without it",
@@ -119,10 +139,24 @@ void dp_ps_reply(server *s, dp_ps_worker *w)
     }
 }
 
+/* The pushes an update carries: the one being handled (a rule that applies
+ * at once), or every push of the round being closed. */
+static void note_applied(server *s)
+{
+    if (s->pusher && s->round_pushes == 0) {
+        s->pusher->applied = s->pusher->step;
+        return;
+    }
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].pending)
+            s->w[i].applied = s->w[i].step;
+}
+
 /* Every change of the shard's parameters (an optimiser update, or a
  * model-avg round) counts as an update and moves the moving average. */
-void dp_ps_changed(server *s)
+static void changed(server *s)
 {
+    note_applied(s);
     s->updates++;
     if (s->ema) {
         float d = s->cfg.ema, e = 1.0f - d;
@@ -133,10 +167,17 @@ void dp_ps_changed(server *s)
     }
 }
 
+void dp_ps_changed(server *s)
+{
+    changed(s);
+    dp_ps_replica_forward(s, DP_PS_OP_SET, s->params, 0);
+}
+
 void dp_ps_apply(server *s, const float *g, float lr)
 {
     dp_optim_apply(&s->opt, s->params, g, lr);
-    dp_ps_changed(s);
+    changed(s);
+    dp_ps_replica_forward(s, DP_PS_OP_APPLY, g, lr);
 }
 
 int dp_ps_release_if(server *s, dp_ps_may_go go, dp_err *err)
@@ -237,13 +278,29 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     dp_push_head_get(&head, raw);
     if (!(head.lr >= 0 && head.lr <= 1e6f)) /* also refuses NaN */
         return dp_errf(err, "%s pushed a learning rate of %g", who, (double)head.lr);
+    uint64_t step = ev->header.step;
+    if (step != 0 && step == w->applied) {
+        /* Re-sent after its primary was lost, and applied already (the
+         * primary forwarded it): answered as the rule says, not applied again. */
+        if (s->rules->on_push == dp_ps_apply_then_wait) {
+            w->pending = 1;
+            return s->rules->release(s, err);
+        }
+        if (head.want)
+            dp_ps_reply(s, w);
+        return 0;
+    }
+    w->step = step;
     double now = dp_ps_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
                                       : now - w->last_push;
     w->last_push = now;
     w->clock++;
-    return s->rules->on_push(s, w, &head, err);
+    s->pusher = w;
+    int rc = s->rules->on_push(s, w, &head, err);
+    s->pusher = NULL;
+    return rc;
 }
 
 /* Workers left (dropped while being answered, DONE, lost): whoever waited
@@ -264,6 +321,7 @@ static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     w->live = 0;
     w->pending = 0;
+    w->owed = 0;
     s->dropped = 1;
     return settle(s, err);
 }
@@ -278,6 +336,8 @@ static int rejoin_worker(server *s, dp_ps_worker *w)
     long m = dp_ps_min_clock(s);
     w->live = 1;
     w->pending = 0;
+    w->owed = 0;
+    w->applied = 0; /* a new incarnation counts its pushes from 1 again */
     w->clock = m < 0 ? 0 : m;
     w->interval = 0;
     w->last_push = dp_ps_now(s);
@@ -364,13 +424,35 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     }
 }
 
+/* The chief is gone before it ended the run.  Where the strategy survives
+ * that, the server serves the workers on and waits for a restarted chief
+ * (docs/faults.md, "A lost chief"); otherwise the run is over. */
+static int chief_lost(server *s, const dp_event *ev, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, s->chief);
+    if (!s->chief_live)
+        return 0;
+    if (!s->cfg.survives_chief)
+        return dp_errf(err, "lost the chief %s (%s) before it ended the run", who, ev->reason);
+    dp_warn("fault: lost the chief %s (%s); %s serves the workers on and waits for it to come "
+            "back", who, ev->reason, self_name(s));
+    s->chief_lost_at = dp_ps_now(s);
+    return 0;
+}
+
 int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
 {
     if (!s->chief_live && live_workers(s) == 0)
         return 1;
+    if (s->chief_lost_at > 0 && live_workers(s) == 0 &&
+        dp_ps_now(s) - s->chief_lost_at > CHIEF_WAIT)
+        return dp_errf(err, "the chief %s was lost %.0f s ago and has not come back, and every "
+                            "worker is done: the run cannot be finished (restart the chief, or "
+                            "--resume from the newest checkpoint)",
+                       dp_transport_peer_name(s->t, s->chief), CHIEF_WAIT);
     int waiting = 0;
     for (int i = 0; i < s->n_workers; i++)
-        waiting |= s->w[i].pending;
+        waiting |= s->w[i].pending | (s->backup ? s->backup->w[i].pending : 0);
     /* A rule that changes with time alone looks again soon while someone waits. */
     if (s->rules->watches_time && waiting && timeout_s > 0.005)
         timeout_s = 0.005;
@@ -378,46 +460,63 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
     if (dp_transport_poll(s->t, DP_PEER_ANY, timeout_s, &ev, err) < 0)
         return -1;
     if (ev.kind == DP_EVENT_TIMEOUT) {
-        if (s->rules->watches_time && waiting && s->rules->release(s, err) < 0)
+        if (s->rules->watches_time && waiting &&
+            (s->rules->release(s, err) < 0 ||
+             (s->backup && s->rules->release(s->backup, err) < 0)))
             return -1;
         return 0;
     }
     int wi = s->worker_of[ev.peer];
     const char *who = dp_transport_peer_name(s->t, ev.peer);
+    if (ev.peer == s->chief && s->chief_lost_at > 0 && ev.kind == DP_EVENT_FRAME) {
+        dp_warn("fault: the chief %s is back; %s answers it again", who, self_name(s));
+        s->chief_lost_at = 0;
+    }
     if (ev.kind == DP_EVENT_PEER_LOST) {
-        if (ev.peer == s->chief) {
-            if (s->chief_live)
-                return dp_errf(err, "lost the chief %s (%s) before it ended the run", who,
-                               ev.reason);
+        if (ev.peer == s->chief)
+            return chief_lost(s, &ev, err);
+        if (dp_ps_replica_lost(s, &ev))
             return 0;
-        }
+        /* The shard this task backs up loses the worker too, silently. */
+        if (s->backup && wi >= 0 && s->backup->w[wi].live &&
+            retire_worker(s->backup, &s->backup->w[wi], err) < 0)
+            return -1;
         if (wi < 0 || !s->w[wi].live)
             return 0;
         dp_warn("fault: lost %s at clock %ld (%s); %s goes on with the other workers", who,
                 s->w[wi].clock, ev.reason, self_name(s));
         return retire_worker(s, &s->w[wi], err);
     }
+    int rr = dp_ps_replica_frame(s, &ev, err);
+    if (rr != 0)
+        return rr < 0 ? -1 : 0;
+    /* The shard the frame is for: this task's own, or the one it backs up. */
+    server *h = dp_ps_replica_route(s, &ev);
     dp_err why;
-    int rc = handle(s, &ev, wi, &why);
+    int rc = handle(h, &ev, wi, &why);
+    if (h != s && s->shard < 0 && wi >= 0)
+        s->w[wi].live = h->w[wi].live; /* a task with no shard of its own ends with its backup's workers */
     if (rc >= 0)
-        return settle(s, err) < 0 ? -1 : rc;
+        return settle(h, err) < 0 ? -1 : rc;
     if (wi < 0 || ev.peer == s->chief) {
         *err = why;
         return -1;
     }
     /* A worker that sent what no worker may (or died in the middle of a
      * frame) is dropped; the server and the others go on. */
-    if (!s->w[wi].live)
+    if (!h->w[wi].live)
         return 0;
     dp_warn("fault: dropping %s: %s; %s goes on with the other workers", who, why.msg,
             self_name(s));
-    return retire_worker(s, &s->w[wi], err);
+    return retire_worker(h, &h->w[wi], err);
 }
 
 void dp_ps_server_close(dp_ps_server *s)
 {
     if (!s)
         return;
+    dp_ps_server_close(s->backup);
+    free(s->table);
     dp_optim_free(&s->opt);
     free(s->w);
     free(s->worker_of);
@@ -440,6 +539,24 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
                       const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
                       dp_err *err)
 {
+    int me = dp_transport_rank(t), shard = -1;
+    for (int i = 0; i < layout->n_shards; i++)
+        if (layout->rank[i] == me)
+            shard = i;
+    if (dp_ps_shard_open(out, t, c, layout, cfg, optim, start, n_params, shard, err) < 0)
+        return -1;
+    if (dp_ps_replica_open(*out, c, layout, optim, start, n_params, err) < 0) {
+        dp_ps_server_close(*out);
+        return -1;
+    }
+    return 0;
+}
+
+int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
+                     const dp_ps_layout *layout, const dp_ps_config *cfg,
+                     const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
+                     int shard, dp_err *err)
+{
     server *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -448,14 +565,14 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
     s->rules = rules_of[cfg->mode];
     s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
     s->chief_live = s->chief >= 0;
+    s->backup_rank = -1;
+    s->primary_rank = -1;
     int me = dp_transport_rank(t);
-    s->shard = -1;
-    for (int i = 0; i < layout->n_shards; i++)
-        if (layout->rank[i] == me)
-            s->shard = i;
+    s->shard = shard;
     if (s->shard < 0) {
-        dp_info("%s holds no shard (%d shard(s) for %d ps task(s)); it idles until the end",
-                dp_transport_peer_name(t, me), layout->n_shards, c->count[DP_ROLE_PS]);
+        if (cfg->replicas < 2)
+            dp_info("%s holds no shard (%d shard(s) for %d ps task(s)); it idles until the end",
+                    dp_transport_peer_name(t, me), layout->n_shards, c->count[DP_ROLE_PS]);
     } else {
         s->lo = layout->range[s->shard].lo;
         s->n = layout->range[s->shard].hi - s->lo;
@@ -499,7 +616,7 @@ int dp_ps_server_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->w[i].live = 1;
         s->worker_of[s->w[i].rank] = i;
     }
-    if (s->n)
+    if (s->n && layout->rank[s->shard] == me)
         dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode%s",
                 dp_transport_peer_name(t, me), s->lo, s->lo + s->n, s->n, s->n * 4 / 1024.0,
                 s->rules->name, start->slots ? ", resumed" : "");
@@ -578,55 +695,205 @@ void dp_ps_client_free(dp_ps_client *c)
 
 long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 
+/* ---- the client's requests, and failover to a shard's backup ---- */
+
+static const char *client_name(const dp_ps_client *c)
+{
+    return dp_transport_peer_name(c->t, dp_transport_rank(c->t));
+}
+
+int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err)
+{
+    dp_ps_layout *l = &c->layout;
+    const char *who = dp_transport_peer_name(c->t, rank);
+    int moved = 0;
+    for (int s = 0; s < l->n_shards; s++)
+        if (l->backup[s] == rank)
+            l->backup[s] = -1;
+    for (int s = 0; s < l->n_shards; s++) {
+        if (l->rank[s] != rank)
+            continue;
+        if (l->backup[s] < 0)
+            return dp_errf(err, "lost %s (%s): it held shard %d of the parameters and no copy of "
+                                "it is left%s", who, reason, s,
+                           c->cfg.replicas < 2 ? " (--ps-replicas 2 keeps a backup of each shard)"
+                                               : "");
+        dp_warn("fault: %s lost %s (%s); shard %d goes on on its backup %s", client_name(c), who,
+                reason, s, dp_transport_peer_name(c->t, l->backup[s]));
+        l->rank[s] = l->backup[s];
+        l->backup[s] = -1;
+        moved++;
+    }
+    return moved;
+}
+
+/* Sends shard s the client's newest request (c->last) once. */
+static int send_request(dp_ps_client *c, int s, dp_err *err)
+{
+    const dp_range *r = &c->layout.range[s];
+    int rank = c->layout.rank[s];
+    if (c->last.type == DP_WIRE_PUSH_GRAD || c->last.type == DP_WIRE_PUSH_PARAMS) {
+        dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr};
+        uint8_t raw[DP_PUSH_HEAD_SIZE];
+        dp_push_head_put(raw, &head);
+        struct iovec iov[2] = {{raw, sizeof raw},
+                               {(void *)(c->last.v + r->lo), (r->hi - r->lo) * sizeof(float)}};
+        return dp_transport_sendv(c->t, rank, c->last.type, c->last.step, r->lo, iov, 2, err);
+    }
+    return dp_transport_send(c->t, rank, c->last.type, c->last.step, r->lo, NULL, 0, err);
+}
+
+/* Sends shard s the newest request, on its backup when its primary cannot
+ * be sent to. */
+static int request(dp_ps_client *c, int s, dp_err *err)
+{
+    for (;;) {
+        dp_err why;
+        if (send_request(c, s, &why) == 0)
+            return 0;
+        if (dp_ps_client_lost(c, c->layout.rank[s], why.msg, err) < 0)
+            return -1;
+    }
+}
+
+static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
+{
+    c->last.type = type;
+    c->last.step = step;
+    for (int s = 0; s < c->layout.n_shards; s++)
+        if (request(c, s, err) < 0)
+            return -1;
+    return 0;
+}
+
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err)
 {
-    dp_push_head head = {records, (uint32_t)want, c->lr};
-    uint8_t raw[DP_PUSH_HEAD_SIZE];
-    dp_push_head_put(raw, &head);
-    for (int s = 0; s < c->layout.n_shards; s++) {
-        const dp_range *r = &c->layout.range[s];
-        struct iovec iov[2] = {{raw, sizeof raw},
-                               {(void *)(v + r->lo), (r->hi - r->lo) * sizeof(float)}};
-        if (dp_transport_sendv(c->t, c->layout.rank[s], type, (uint64_t)c->clock, r->lo, iov, 2,
-                               err) < 0)
-            return -1;
+    c->last.v = v;
+    c->last.records = records;
+    c->last.want = want;
+    return request_all(c, type, (uint64_t)c->clock, err);
+}
+
+int dp_ps_client_say(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
+{
+    dp_ps_layout *l = &c->layout;
+    for (int s = 0; s < l->n_shards; s++) {
+        for (int copy = 0; copy < 2; copy++) {
+            int rank = copy ? l->backup[s] : l->rank[s];
+            dp_err why;
+            if (rank < 0 ||
+                dp_transport_send(c->t, rank, type, step, l->range[s].lo, NULL, 0, &why) == 0)
+                continue;
+            if (dp_ps_client_lost(c, rank, why.msg, err) < 0)
+                return -1;
+            if (copy == 0)
+                copy = -1; /* the shard moved to its backup: tell it there */
+        }
     }
+    return 0;
+}
+
+/* One answer of frame type `type` per shard, from whichever task holds the
+ * shard now, in whatever order they come (a task that took a shard over
+ * answers for two).  take reads the payload of shard s's answer: -1 when it
+ * could not be read (its sender is lost), -2 when it is not what it should
+ * be.  A task lost meanwhile is asked again on the backups. */
+typedef int (*take_fn)(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err);
+
+static int shard_answering(const dp_ps_client *c, int rank, uint64_t offset, const char *got)
+{
+    for (int s = 0; s < c->layout.n_shards; s++)
+        if (!got[s] && c->layout.rank[s] == rank && c->layout.range[s].lo == offset)
+            return s;
+    return -1;
+}
+
+static int fail_over(dp_ps_client *c, int rank, const char *reason, const char *got, dp_err *err)
+{
+    char moved[DP_PARTITION_MAX] = {0};
+    for (int s = 0; s < c->layout.n_shards; s++)
+        moved[s] = !got[s] && c->layout.rank[s] == rank;
+    if (dp_ps_client_lost(c, rank, reason, err) < 0)
+        return -1;
+    for (int s = 0; s < c->layout.n_shards; s++)
+        if (moved[s] && request(c, s, err) < 0)
+            return -1;
+    return 0;
+}
+
+static int collect(dp_ps_client *c, unsigned type, const char *what, take_fn take, void *ctx,
+                   dp_err *err)
+{
+    char got[DP_PARTITION_MAX] = {0};
+    for (int left = c->layout.n_shards; left > 0;) {
+        int first = 0;
+        while (got[first])
+            first++;
+        int rank = c->layout.rank[first];
+        dp_event ev;
+        dp_err why;
+        if (dp_transport_recv(c->t, rank, what, PS_TIMEOUT, &ev, &why) < 0) {
+            if (ev.kind != DP_EVENT_PEER_LOST) {
+                *err = why;
+                return -1;
+            }
+            if (fail_over(c, rank, ev.reason, got, err) < 0)
+                return -1;
+            continue;
+        }
+        int s = shard_answering(c, rank, ev.header.offset, got);
+        if (ev.header.type != type || s < 0)
+            return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
+                                "%s for a shard it holds",
+                           dp_transport_peer_name(c->t, rank), ev.header.type,
+                           (unsigned long long)ev.header.length,
+                           (unsigned long long)ev.header.offset, what);
+        int rc = take(c, s, &ev, ctx, &why);
+        if (rc == -2) {
+            *err = why;
+            return -1;
+        }
+        if (rc < 0) {
+            if (fail_over(c, rank, why.msg, got, err) < 0)
+                return -1;
+            continue;
+        }
+        got[s] = 1;
+        left--;
+    }
+    return 0;
+}
+
+static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
+{
+    float *params = ctx;
+    const dp_range *r = &c->layout.range[s];
+    size_t len = (r->hi - r->lo) * sizeof(float);
+    if (ev->header.length != len) {
+        dp_errf(err, "%s answered with %llu bytes of parameters for shard %d; expected %zu",
+                dp_transport_peer_name(c->t, ev->peer), (unsigned long long)ev->header.length, s,
+                len);
+        return -2;
+    }
+    if (dp_transport_recv_payload(c->t, ev->peer, params + r->lo, len, err) < 0)
+        return -1;
+    long gap = c->clock - (long)ev->header.step;
+    if (gap > c->max_gap)
+        c->max_gap = gap;
     return 0;
 }
 
 /* Receives every shard's PARAMS straight into params. */
 int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err)
 {
-    for (int s = 0; s < c->layout.n_shards; s++) {
-        const dp_range *r = &c->layout.range[s];
-        int rank = c->layout.rank[s];
-        dp_event ev;
-        if (dp_transport_recv(c->t, rank, "parameters", PS_TIMEOUT, &ev, err) < 0)
-            return -1;
-        size_t len = (r->hi - r->lo) * sizeof(float);
-        if (ev.header.type != DP_WIRE_PARAMS || ev.header.length != len ||
-            ev.header.offset != r->lo)
-            return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
-                                "parameters, %zu bytes at %zu",
-                           dp_transport_peer_name(c->t, rank), ev.header.type,
-                           (unsigned long long)ev.header.length,
-                           (unsigned long long)ev.header.offset, len, r->lo);
-        if (dp_transport_recv_payload(c->t, rank, params + r->lo, len, err) < 0)
-            return -1;
-        long gap = c->clock - (long)ev.header.step;
-        if (gap > c->max_gap)
-            c->max_gap = gap;
-    }
-    return 0;
+    return collect(c, DP_WIRE_PARAMS, "parameters", take_params, params, err);
 }
 
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
-    unsigned type = average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL;
-    for (int s = 0; s < c->layout.n_shards; s++)
-        if (dp_transport_send(c->t, c->layout.rank[s], type, (uint64_t)c->clock, 0, NULL, 0, err) < 0)
-            return -1;
+    if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0)
+        return -1;
     return dp_ps_receive(c, params, err);
 }
 
@@ -651,49 +918,54 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
     return c->rules->flush ? c->rules->flush(c, params, err) : 0;
 }
 
+typedef struct state_into {
+    uint64_t step;
+    int n_slots;
+    float *params, *slots, *ema;
+    long *t;
+} state_into;
+
+static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
+{
+    state_into *o = ctx;
+    const dp_range *r = &c->layout.range[s];
+    int rank = ev->peer;
+    size_t n = r->hi - r->lo, bytes = n * sizeof(float);
+    size_t len = 16 + bytes * (size_t)(1 + o->n_slots + (c->cfg.ema > 0));
+    if (ev->header.step != o->step || ev->header.length != len) {
+        dp_errf(err, "%s answered the state request for step %llu with %llu bytes for step %llu; "
+                     "expected %zu bytes for shard %d", dp_transport_peer_name(c->t, rank),
+                (unsigned long long)o->step, (unsigned long long)ev->header.length,
+                (unsigned long long)ev->header.step, len, s);
+        return -2;
+    }
+    uint8_t head[16];
+    if (dp_transport_recv_payload(c->t, rank, head, sizeof head, err) < 0 ||
+        dp_transport_recv_payload(c->t, rank, o->params + r->lo, bytes, err) < 0)
+        return -1;
+    for (int k = 0; k < o->n_slots; k++)
+        if (dp_transport_recv_payload(c->t, rank, o->slots + (size_t)k * c->n + r->lo, bytes,
+                                      err) < 0)
+            return -1;
+    if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + r->lo, bytes, err)
+                                  : dp_transport_skip_payload(c->t, rank, err)) < 0)
+        return -1;
+    long shard_t = (long)dp_get_u64(head);
+    if (s > 0 && shard_t != *o->t)
+        dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "
+                "shard 0's count)", dp_transport_peer_name(c->t, rank), shard_t, *o->t);
+    if (s == 0)
+        *o->t = shard_t;
+    return 0;
+}
+
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
                             float *params, float *slots, float *ema, long *t, dp_err *err)
 {
-    int n_slots = dp_optim_slots(optim->kind);
-    for (int s = 0; s < c->layout.n_shards; s++)
-        if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_STATE_REQ, step, 0, NULL, 0,
-                              err) < 0)
-            return -1;
-    for (int s = 0; s < c->layout.n_shards; s++) {
-        const dp_range *r = &c->layout.range[s];
-        int rank = c->layout.rank[s];
-        size_t n = r->hi - r->lo, bytes = n * sizeof(float);
-        size_t len = 16 + bytes * (size_t)(1 + n_slots + (c->cfg.ema > 0));
-        dp_event ev;
-        if (dp_transport_recv(c->t, rank, "its training state", PS_TIMEOUT, &ev, err) < 0)
-            return -1;
-        if (ev.header.type != DP_WIRE_STATE || ev.header.step != step ||
-            ev.header.length != len || ev.header.offset != r->lo)
-            return dp_errf(err, "%s answered the state request for step %llu with frame type %u "
-                                "of %llu bytes at %llu, step %llu; expected %zu bytes at %zu",
-                           dp_transport_peer_name(c->t, rank), (unsigned long long)step,
-                           ev.header.type, (unsigned long long)ev.header.length,
-                           (unsigned long long)ev.header.offset,
-                           (unsigned long long)ev.header.step, len, r->lo);
-        uint8_t head[16];
-        if (dp_transport_recv_payload(c->t, rank, head, sizeof head, err) < 0 ||
-            dp_transport_recv_payload(c->t, rank, params + r->lo, bytes, err) < 0)
-            return -1;
-        for (int k = 0; k < n_slots; k++)
-            if (dp_transport_recv_payload(c->t, rank, slots + (size_t)k * c->n + r->lo, bytes,
-                                          err) < 0)
-                return -1;
-        if (c->cfg.ema > 0 && (ema ? dp_transport_recv_payload(c->t, rank, ema + r->lo, bytes, err)
-                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
-            return -1;
-        long shard_t = (long)dp_get_u64(head);
-        if (s > 0 && shard_t != *t)
-            dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "
-                    "shard 0's count)", dp_transport_peer_name(c->t, rank), shard_t, *t);
-        if (s == 0)
-            *t = shard_t;
-    }
-    return 0;
+    state_into o = {step, dp_optim_slots(optim->kind), params, slots, ema, t};
+    if (request_all(c, DP_WIRE_STATE_REQ, step, err) < 0)
+        return -1;
+    return collect(c, DP_WIRE_STATE, "its training state", take_state, &o, err);
 }
 
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)

@@ -33,13 +33,14 @@ static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *er
             c->acc[i] *= scale;
     }
     c->clock++;
+    /* The sum is kept until answered: a failover re-sends it (ps.c). */
     int rc = dp_ps_push(c, DP_WIRE_PUSH_GRAD, c->acc, c->acc_records, want, err);
+    if (rc == 0 && want)
+        rc = dp_ps_receive(c, params, err);
     memset(c->acc, 0, c->n * sizeof *c->acc);
     c->acc_records = 0;
     c->acc_steps = 0;
-    if (rc < 0)
-        return -1;
-    return want ? dp_ps_receive(c, params, err) : 0;
+    return rc;
 }
 
 /* A worker pushes every push_every steps and fetches every fetch_every. */
@@ -92,5 +93,5 @@ static int open_ps_async(dp_strategy **out, const dp_run_env *env, dp_task_info 
 const dp_strategy_ops dp_strategy_ps_async = {
     .name = "ps-async",
     .summary = "Downpour SGD: asynchronous pushes to parameter-server shards",
-    DP_PS_FAMILY_OPS(open_ps_async),
+    DP_PS_FAMILY_OPS(open_ps_async, DP_ROLE_BIT(DP_ROLE_CHIEF)),
 };

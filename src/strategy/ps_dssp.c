@@ -43,5 +43,5 @@ static int open_ps_dssp(dp_strategy **out, const dp_run_env *env, dp_task_info *
 const dp_strategy_ops dp_strategy_ps_dssp = {
     .name = "ps-dssp",
     .summary = "dynamic SSP: the staleness bound adapts within --staleness-range",
-    DP_PS_FAMILY_OPS(open_ps_dssp),
+    DP_PS_FAMILY_OPS(open_ps_dssp, DP_ROLE_BIT(DP_ROLE_CHIEF)),
 };

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clock.h"
 #include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/wire.h"
@@ -12,6 +13,8 @@
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
 #define EPOCH_REPORT_SIZE 40  /* f64 loss_sum, f64 records, f64 correct, f64 seconds, u64 steps */
+#define ATTACH_HEAD 20        /* u64 step reached, u64 steps when done (else ~0), u32 reports */
+#define NOT_DONE UINT64_MAX
 
 typedef struct epoch_tally {
     int reports;
@@ -30,6 +33,13 @@ struct dp_strategy {
     int chief;             /* the chief's rank */
     int worker;            /* this worker's index */
     int deal_index, deal_count; /* the data shard the chief dealt it last */
+    int chief_optional;    /* the strategy survives a lost chief (docs/faults.md) */
+    int chief_lost;        /* a worker: the chief is gone; it trains on and waits */
+    int started;           /* a worker: the run has started (a START now is an attach) */
+    int finished;          /* a worker: said DONE after done_steps */
+    long done_steps, at_step;
+    uint8_t *reports;      /* a worker: its epoch reports, sent again to a chief that is back */
+    int n_reports;
     /* the chief */
     epoch_tally *tally;    /* [1..epochs] */
     int *live, *ready;     /* per rank: a worker not lost nor done; at the checkpoint barrier */
@@ -44,6 +54,12 @@ struct dp_strategy {
     long ckpt_step;        /* the barrier's step */
     long go_pending;       /* a checkpoint written, its workers not yet released; -1 */
     long steps;            /* every worker's steps, from their DONE */
+    uint8_t *reported;     /* [rank * (epochs + 1) + e]: epoch e's report counted */
+    int *heard;            /* per rank: the worker's first word (JOIN, attach) or loss came */
+    int unheard;           /* workers not heard of yet: nothing is decided before */
+    int attached;          /* workers that said they were already running: a restarted chief */
+    int attach_state;      /* 0; 1 ATTACH handed to the loop; 2 its checkpoint taken */
+    int ended;             /* next() said DONE: close ends the run */
 };
 
 static int send_to(dp_strategy *s, int rank, unsigned type, uint64_t step, const void *p,
@@ -56,12 +72,15 @@ void dp_ps_family_close(dp_strategy *s)
 {
     if (!s)
         return;
-    if (s->part == DP_PART_COORDINATOR)
-        /* The servers stop with the chief, whatever happened. */
-        for (int i = 0; i < s->c->count[DP_ROLE_PS]; i++) {
+    /* The servers and the workers stop with the chief; where the strategy
+     * survives a lost chief, only when it ended the run (a chief that
+     * failed leaves the run to its restarted self). */
+    if (s->part == DP_PART_COORDINATOR && (s->ended || !s->chief_optional))
+        for (int r = 0; r < s->c->n_tasks; r++) {
             dp_err ignore;
-            send_to(s, dp_cluster_rank(s->c, DP_ROLE_PS, i), DP_WIRE_SHUTDOWN, 0, NULL, 0,
-                    &ignore);
+            dp_role role = s->c->tasks[r].role;
+            if (role == DP_ROLE_PS || (role == DP_ROLE_WORKER && !s->lost[r]))
+                send_to(s, r, DP_WIRE_SHUTDOWN, 0, NULL, 0, &ignore);
         }
     dp_ps_client_free(s->client);
     free(s->tally);
@@ -72,6 +91,9 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->joining);
     free(s->losses);
     free(s->progress);
+    free(s->reported);
+    free(s->heard);
+    free(s->reports);
     free(s);
 }
 
@@ -94,30 +116,89 @@ static int take_deal(dp_strategy *s, const dp_event *ev, dp_err *err)
     return 0;
 }
 
-/* The next frame from the chief of the given type; DEALs on the way are
- * taken in passing.  timeout 0: only what has arrived (returns 0 when
- * nothing of that type has). */
+/* The chief is gone.  Where the strategy survives that, the worker trains
+ * on, keeps what it would have told the chief and tells a restarted chief
+ * (attach); otherwise the run is over (docs/faults.md, "A lost chief"). */
+static int chief_gone(dp_strategy *s, const char *reason, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, s->chief);
+    if (!s->chief_optional)
+        return dp_errf(err, "lost the chief %s (%s)", who, reason);
+    if (!s->chief_lost)
+        dp_warn("fault: Worker %d lost the chief %s (%s); it trains on and waits for the chief "
+                "to come back", s->worker, who, reason);
+    s->chief_lost = 1;
+    return 0;
+}
+
+/* A frame for the chief; while the chief is lost, none (attach sends what
+ * it must know again). */
+static int tell_chief(dp_strategy *s, unsigned type, uint64_t step, const void *p, size_t len,
+                      dp_err *err)
+{
+    dp_err why;
+    if (s->chief_lost || send_to(s, s->chief, type, step, p, len, &why) == 0)
+        return 0;
+    return chief_gone(s, why.msg, err);
+}
+
+/* A restarted chief asked where this worker is: the step it reached, its
+ * steps if it is done, and every epoch report, for the chief to count
+ * those it missed.  The worker then talks to it as before. */
+static int attach(dp_strategy *s, dp_err *err)
+{
+    uint8_t head[ATTACH_HEAD];
+    dp_put_u64(head, (uint64_t)s->at_step);
+    dp_put_u64(head + 8, s->finished ? (uint64_t)s->done_steps : NOT_DONE);
+    dp_put_u32(head + 16, (uint32_t)s->n_reports);
+    struct iovec iov[2] = {{head, sizeof head},
+                           {s->reports, (size_t)s->n_reports * EPOCH_REPORT_SIZE}};
+    s->chief_lost = 0;
+    dp_warn("fault: the chief %s is back; Worker %d re-attaches at step %ld%s",
+            dp_transport_peer_name(s->t, s->chief), s->worker, s->at_step,
+            s->finished ? " (done)" : "");
+    dp_err why;
+    if (dp_transport_sendv(s->t, s->chief, DP_WIRE_JOIN, 0, 1, iov, 2, &why) < 0)
+        return chief_gone(s, why.msg, err);
+    return 0;
+}
+
+/* The next frame from the chief of the given type; DEALs, and the START of
+ * a chief that came back (attach), are taken on the way.  Returns 1 with
+ * the frame in ev; 0 when the chief was lost and the strategy survives that
+ * (s->chief_lost), or with timeout 0 when nothing of that type has come. */
 static int from_chief(dp_strategy *s, unsigned type, const char *what, double timeout,
                       dp_event *ev, dp_err *err)
 {
+    double deadline = dp_now() + timeout;
     for (;;) {
-        if (timeout > 0) {
-            if (dp_transport_recv(s->t, s->chief, what, timeout, ev, err) < 0)
-                return -1;
-        } else {
-            if (dp_transport_poll(s->t, s->chief, 0, ev, err) < 0)
-                return -1;
-            if (ev->kind == DP_EVENT_TIMEOUT)
-                return 0;
-            if (ev->kind == DP_EVENT_PEER_LOST)
-                return dp_errf(err, "lost the chief %s (%s)",
-                               dp_transport_peer_name(s->t, s->chief), ev->reason);
+        double left = timeout > 0 ? deadline - dp_now() : 0;
+        if (timeout > 0 && left <= 0)
+            return dp_errf(err, "waited %.0f s for %s from the chief %s", timeout, what,
+                           dp_transport_peer_name(s->t, s->chief));
+        if (dp_transport_poll(s->t, s->chief, left, ev, err) < 0)
+            return -1;
+        if (ev->kind == DP_EVENT_TIMEOUT) {
+            if (timeout > 0)
+                continue;
+            return 0;
         }
+        if (ev->kind == DP_EVENT_PEER_LOST)
+            return chief_gone(s, ev->reason, err) < 0 ? -1 : 0;
         if (ev->header.type == DP_WIRE_DEAL) {
             if (take_deal(s, ev, err) < 0)
                 return -1;
             continue;
         }
+        if (ev->header.type == DP_WIRE_START && s->started) {
+            if (dp_transport_skip_payload(s->t, s->chief, err) < 0 || attach(s, err) < 0)
+                return -1;
+            continue;
+        }
+        if (ev->header.type == DP_WIRE_SHUTDOWN && type != DP_WIRE_SHUTDOWN)
+            return dp_errf(err, "the chief %s ended the run while this worker was %s",
+                           dp_transport_peer_name(s->t, s->chief),
+                           type == ONLY_DEALS ? "training" : what);
         if (ev->header.type != type)
             return dp_errf(err, "expected %s from the chief, got frame type %u", what,
                            ev->header.type);
@@ -132,17 +213,27 @@ static int from_chief(dp_strategy *s, unsigned type, const char *what, double ti
 static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
 {
     dp_event ev;
-    if (send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0 ||
-        from_chief(s, DP_WIRE_START, "the start signal", WAIT_TIMEOUT, &ev, err) < 0)
+    int rc;
+    if (send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
         return -1;
+    /* A chief lost before the start (and the strategy survives it): its
+     * restarted self sends the START. */
+    int relost = 0;
+    while ((rc = from_chief(s, DP_WIRE_START, "the start signal", WAIT_TIMEOUT, &ev, err)) == 0)
+        relost = 1;
+    if (rc < 0)
+        return -1;
+    s->started = 1;
+    s->chief_lost = 0;
+    if (relost && send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
+        return -1; /* the JOIN went to the chief that was lost */
     if (ev.header.offset != 1)
         return dp_transport_skip_payload(s->t, s->chief, err);
     if (take_deal(s, &ev, err) < 0)
         return -1;
     info->start_step = (long)ev.header.step;
-    for (int i = 0; i < s->layout.n_shards; i++)
-        if (send_to(s, s->layout.rank[i], DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
-            return -1;
+    if (dp_ps_client_say(s->client, DP_WIRE_JOIN, 0, err) < 0)
+        return -1;
     if (dp_ps_client_pull(s->client, s->m->params, 0, err) < 0)
         return -1;
     dp_info("Worker %d: rejoined the run at step %ld", s->worker, info->start_step);
@@ -161,8 +252,10 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->joining = calloc((size_t)n, sizeof *s->joining);
     s->losses = calloc((size_t)n, sizeof *s->losses);
     s->progress = calloc((size_t)n, sizeof *s->progress);
+    s->reported = calloc((size_t)n * ((size_t)cfg->epochs + 1), 1);
+    s->heard = calloc((size_t)n, sizeof *s->heard);
     if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
-        !s->losses || !s->progress)
+        !s->losses || !s->progress || !s->reported || !s->heard)
         return dp_errf(err, "out of memory");
     const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
     s->restarts = restarts ? atoi(restarts) : 0;
@@ -179,6 +272,7 @@ static int open_chief(dp_strategy *s, dp_err *err)
                 (s->layout.range[i].hi - s->layout.range[i].lo) * 4 / 1024.0,
                 dp_transport_peer_name(s->t, s->layout.rank[i]));
     s->live_workers = workers;
+    s->unheard = workers;
     s->go_pending = -1;
     s->next_eval = 0; /* the first next() sets it: steps per epoch are not known yet */
     for (int w = 0; w < workers; w++) {
@@ -212,6 +306,9 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->pc = cfg->ps;
     s->pc.mode = mode;
     s->pc.ema = cfg->ema;
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy, NULL);
+    s->chief_optional = ops && (ops->survives & DP_ROLE_BIT(DP_ROLE_CHIEF));
+    s->pc.survives_chief = s->chief_optional;
     s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
     dp_role role = env->node->self->role;
     s->part = role == DP_ROLE_PS      ? DP_PART_SERVER
@@ -242,6 +339,11 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
         s->deal_index = s->worker;
         s->deal_count = c->count[DP_ROLE_WORKER];
         snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
+        s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
+        if (!s->reports) {
+            dp_errf(err, "out of memory");
+            goto fail;
+        }
         dp_optim *local = dp_ps_client_local_optim(s->client);
         if (local && env->resume) {
             size_t n = s->m->n_params * (size_t)dp_optim_slots(local->cfg.kind);
@@ -292,10 +394,16 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     out->clock_gap = dp_ps_client_max_gap(s->client);
     /* A few times an epoch the chief hears how far this worker got: a
      * restarted worker goes on from there, not from its epoch's start. */
+    s->at_step = step;
     long every = s->env->steps_per_epoch / PROGRESS_PER_EPOCH;
-    if (rc == 0 && step % (every > 0 ? every : 1) == 0)
-        rc = send_to(s, s->chief, DP_WIRE_PROGRESS, (uint64_t)step, NULL, 0, err);
-    return rc;
+    if (rc < 0 || step % (every > 0 ? every : 1) != 0)
+        return rc;
+    /* Then whatever the chief sent: a deal, or a chief that is back. */
+    dp_event ev;
+    if (tell_chief(s, DP_WIRE_PROGRESS, (uint64_t)step, NULL, 0, err) < 0 ||
+        from_chief(s, ONLY_DEALS, "nothing but deals", 0, &ev, err) < 0)
+        return -1;
+    return 0;
 }
 
 int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err *err)
@@ -317,7 +425,11 @@ int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err
     dp_put_f64(p + 16, st->correct);
     dp_put_f64(p + 24, st->seconds);
     dp_put_u64(p + 32, (uint64_t)st->steps);
-    return send_to(s, s->chief, DP_WIRE_EPOCH, (uint64_t)epoch, p, sizeof p, err);
+    if (epoch >= 1 && epoch <= s->env->cfg->epochs) {
+        memcpy(s->reports + (size_t)(epoch - 1) * EPOCH_REPORT_SIZE, p, sizeof p);
+        s->n_reports = epoch;
+    }
+    return tell_chief(s, DP_WIRE_EPOCH, (uint64_t)epoch, p, sizeof p, err);
 }
 
 /* The checkpoint barrier, a worker's side: everything this worker pushed is
@@ -338,13 +450,27 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
         iov[1].iov_len = local->n * (size_t)dp_optim_slots(local->cfg.kind) * sizeof(float);
         iovcnt = 2;
     }
-    if (dp_transport_sendv(s->t, s->chief, DP_WIRE_CKPT_READY, (uint64_t)step, 0, iov, iovcnt,
-                           err) < 0)
-        return -1;
+    /* A chief that is back is attached first, so that it holds this
+     * checkpoint with this worker; while it is lost, the checkpoint is not
+     * written and its restarted self goes on from the one before. */
     dp_event ev;
-    if (from_chief(s, DP_WIRE_CKPT_GO, "the checkpoint to be written", WAIT_TIMEOUT, &ev,
-                   err) < 0)
+    dp_err why;
+    int rc = 0;
+    if (s->chief_lost && from_chief(s, ONLY_DEALS, "nothing but deals", 0, &ev, err) < 0)
         return -1;
+    if (!s->chief_lost &&
+        dp_transport_sendv(s->t, s->chief, DP_WIRE_CKPT_READY, (uint64_t)step, 0, iov, iovcnt,
+                           &why) < 0 &&
+        chief_gone(s, why.msg, err) < 0)
+        return -1;
+    if (!s->chief_lost && (rc = from_chief(s, DP_WIRE_CKPT_GO, "the checkpoint to be written",
+                                           WAIT_TIMEOUT, &ev, err)) < 0)
+        return -1;
+    if (rc == 0) {
+        dp_warn("fault: Worker %d: the checkpoint at step %ld is not written: the chief is lost",
+                s->worker, step);
+        return 0;
+    }
     if (ev.header.step != (uint64_t)step)
         return dp_errf(err, "expected the chief's go-ahead after checkpoint %ld, got frame type "
                             "%u for step %llu", step, ev.header.type,
@@ -358,13 +484,40 @@ int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err)
         return -1;
     dp_info("Worker %d: done after %ld steps; largest clock gap allowed: %ld", s->worker, steps,
             dp_ps_client_max_gap(s->client));
-    for (int i = 0; i < s->layout.n_shards; i++)
-        if (send_to(s, s->layout.rank[i], DP_WIRE_DONE, (uint64_t)steps, NULL, 0, err) < 0)
-            return -1;
-    return send_to(s, s->chief, DP_WIRE_DONE, (uint64_t)steps, NULL, 0, err);
+    if (dp_ps_client_say(s->client, DP_WIRE_DONE, (uint64_t)steps, err) < 0)
+        return -1;
+    s->finished = 1;
+    s->done_steps = steps;
+    if (tell_chief(s, DP_WIRE_DONE, (uint64_t)steps, NULL, 0, err) < 0)
+        return -1;
+    /* The worker stays until the chief has ended the run, so a chief
+     * restarted meanwhile still hears that it is done. */
+    dp_event ev;
+    int rc;
+    while ((rc = from_chief(s, DP_WIRE_SHUTDOWN, "the end of the run", WAIT_TIMEOUT, &ev, err)) == 0)
+        ;
+    return rc < 0 ? -1 : dp_transport_skip_payload(s->t, s->chief, err);
 }
 
 /* ------------------------------------------------------------ the chief */
+
+/* Worker r's report of epoch e, counted once: a worker tells a restarted
+ * chief every report again (attach). */
+static void count_report(dp_strategy *s, int r, int e, const uint8_t *p)
+{
+    uint8_t *seen = &s->reported[(size_t)r * ((size_t)s->env->cfg->epochs + 1) + (size_t)e];
+    if (*seen)
+        return;
+    *seen = 1;
+    epoch_tally *t = &s->tally[e];
+    t->reports++;
+    if ((long)e * s->env->steps_per_epoch > s->progress[r])
+        s->progress[r] = (long)e * s->env->steps_per_epoch;
+    t->sum.loss_sum += dp_get_f64(p);
+    t->sum.records += dp_get_f64(p + 8);
+    t->sum.correct += dp_get_f64(p + 16);
+    t->sum.steps += (long)dp_get_u64(p + 32);
+}
 
 static int on_epoch_report(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
@@ -376,14 +529,7 @@ static int on_epoch_report(dp_strategy *s, const dp_event *ev, dp_err *err)
     uint8_t p[EPOCH_REPORT_SIZE];
     if (dp_transport_recv_payload(s->t, ev->peer, p, sizeof p, err) < 0)
         return -1;
-    epoch_tally *t = &s->tally[e];
-    t->reports++;
-    if ((long)e * s->env->steps_per_epoch > s->progress[ev->peer])
-        s->progress[ev->peer] = (long)e * s->env->steps_per_epoch;
-    t->sum.loss_sum += dp_get_f64(p);
-    t->sum.records += dp_get_f64(p + 8);
-    t->sum.correct += dp_get_f64(p + 16);
-    t->sum.steps += (long)dp_get_u64(p + 32);
+    count_report(s, ev->peer, (int)e, p);
     return 0;
 }
 
@@ -421,16 +567,34 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
 
 static void deal_all(dp_strategy *s, int joiner, long step);
 
+/* A worker's first word (or its loss) came.  The chief decides nothing
+ * before it has heard of every worker: a restarted chief must first learn
+ * where the running ones are (on_attach). */
+static void hear(dp_strategy *s, int r)
+{
+    if (s->c->tasks[r].role == DP_ROLE_WORKER && !s->heard[r]) {
+        s->heard[r] = 1;
+        s->unheard--;
+    }
+}
+
 /* Every mode goes on without a lost worker: the servers release whoever
  * waited for it, and the run is evaluated on the survivors' reports. */
 static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
     const char *who = dp_transport_peer_name(s->t, ev->peer);
     s->joining[ev->peer] = 0;
+    hear(s, ev->peer);
     if (!s->live[ev->peer] && s->c->tasks[ev->peer].role != DP_ROLE_PS)
         return 0;
-    if (s->c->tasks[ev->peer].role == DP_ROLE_PS)
-        return dp_errf(err, "lost %s (%s): its shard of the parameters is gone", who, ev->reason);
+    if (s->c->tasks[ev->peer].role == DP_ROLE_PS) {
+        /* With --ps-replicas 2 its shards go on on their backups (ps.c). */
+        if (dp_ps_client_lost(s->client, ev->peer, ev->reason, err) < 0)
+            return -1;
+        dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
+                         ev->reason, DP_F_STR, "action", "failover", DP_F_END);
+        return 0;
+    }
     s->live_workers--;
     s->live[ev->peer] = 0;
     s->lost[ev->peer] = 1;
@@ -519,12 +683,59 @@ static void admit_rejoin(dp_strategy *s, int r)
     deal_all(s, r, step);
 }
 
+/* A restarted chief hears from a worker that was running all along
+ * (attach): where it is, whether it is done, and its epoch reports. */
+static int on_attach(dp_strategy *s, const dp_event *ev, dp_err *err)
+{
+    int r = ev->peer;
+    const char *who = dp_transport_peer_name(s->t, r);
+    uint8_t head[ATTACH_HEAD];
+    int epochs = s->env->cfg->epochs;
+    if (ev->header.length < ATTACH_HEAD ||
+        dp_transport_recv_payload(s->t, r, head, sizeof head, err) < 0)
+        return ev->header.length < ATTACH_HEAD
+                   ? dp_errf(err, "%s re-attached with %llu bytes; expected at least %d", who,
+                             (unsigned long long)ev->header.length, ATTACH_HEAD)
+                   : -1;
+    uint64_t step = dp_get_u64(head), done = dp_get_u64(head + 8);
+    uint32_t n = dp_get_u32(head + 16);
+    long total = s->env->steps_per_epoch * epochs;
+    if (n > (uint32_t)epochs || ev->header.length != ATTACH_HEAD + (uint64_t)n * EPOCH_REPORT_SIZE ||
+        step > (uint64_t)total || (done != NOT_DONE && done > (uint64_t)total))
+        return dp_errf(err, "%s re-attached at step %llu with %u epoch report(s) in %llu bytes; "
+                            "this run has %d epochs of %ld steps", who, (unsigned long long)step,
+                       n, (unsigned long long)ev->header.length, epochs, s->env->steps_per_epoch);
+    for (uint32_t e = 1; e <= n; e++) {
+        uint8_t p[EPOCH_REPORT_SIZE];
+        if (dp_transport_recv_payload(s->t, r, p, sizeof p, err) < 0)
+            return -1;
+        count_report(s, r, (int)e, p);
+    }
+    if ((long)step > s->progress[r])
+        s->progress[r] = (long)step;
+    if (done != NOT_DONE && s->live[r]) {
+        s->live[r] = 0;
+        s->done++;
+        s->steps += (long)done;
+    }
+    if (!s->heard[r])
+        s->attached++;
+    hear(s, r);
+    dp_info("Chief: %s is running: at step %llu%s, %u epoch(s) reported", who,
+            (unsigned long long)step, done != NOT_DONE ? ", done" : "", n);
+    return 0;
+}
+
 /* JOIN: the first incarnation's is a no-op; a restarted worker's is admitted
  * at once, or after the checkpoint barrier in progress. */
-static int on_join(dp_strategy *s, int r, dp_err *err)
+static int on_join(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
+    int r = ev->peer;
+    if (ev->header.offset == 1 && s->c->tasks[r].role == DP_ROLE_WORKER && !s->lost[r])
+        return on_attach(s, ev, err);
     if (dp_transport_skip_payload(s->t, r, err) < 0)
         return -1;
+    hear(s, r);
     if (s->c->tasks[r].role != DP_ROLE_WORKER || s->live[r] || !s->lost[r])
         return 0;
     if (s->n_ready > 0 || s->go_pending >= 0) {
@@ -532,6 +743,68 @@ static int on_join(dp_strategy *s, int r, dp_err *err)
         return 0;
     }
     admit_rejoin(s, r);
+    return 0;
+}
+
+/* A restarted chief has heard from every worker, some running all along:
+ * it evaluates from the first epoch one of them has not finished (those
+ * before were evaluated by the chief that was lost, or finished while none
+ * was there), and asks the loop for the newest checkpoint's state. */
+static void reattach(dp_strategy *s, dp_coord_event *ev)
+{
+    int first = s->env->cfg->epochs + 1;
+    long lo = -1, hi = 0;
+    for (int w = 0; w < s->c->count[DP_ROLE_WORKER]; w++) {
+        int r = dp_cluster_rank(s->c, DP_ROLE_WORKER, w), e = 1;
+        if (s->lost[r])
+            continue;
+        while (e <= s->env->cfg->epochs && s->reported[(size_t)r * (s->env->cfg->epochs + 1) + e])
+            e++;
+        first = e < first ? e : first;
+        lo = lo < 0 || s->progress[r] < lo ? s->progress[r] : lo;
+        hi = s->progress[r] > hi ? s->progress[r] : hi;
+    }
+    if (first > s->next_eval) {
+        dp_warn("Chief: epochs %d to %d finished before this chief was there; they are not "
+                "evaluated again", s->next_eval, first - 1);
+        s->next_eval = first;
+    }
+    dp_warn("fault: the chief re-attached to the running job: %d worker(s) running, at steps %ld "
+            "to %ld, %d done", s->attached, lo, hi, s->done);
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task",
+                     dp_transport_peer_name(s->t, s->chief), DP_F_STR, "what", "restarted",
+                     DP_F_STR, "action", "re-attach", DP_F_INT, "step", lo, DP_F_END);
+    s->attach_state = 1;
+    ev->kind = DP_COORD_ATTACH;
+}
+
+/* The first live worker not at the checkpoint barrier that is past its
+ * step: it went by while the chief was lost, so the barrier can never
+ * close; -1 when none. */
+static int passed_barrier(const dp_strategy *s)
+{
+    for (int r = 0; r < s->c->n_tasks; r++)
+        if (s->live[r] && !s->ready[r] && s->progress[r] > s->ckpt_step)
+            return r;
+    return -1;
+}
+
+/* Lets the workers at a barrier that cannot close go on, writing nothing. */
+static int skip_barrier(dp_strategy *s, int passed, dp_err *err)
+{
+    dp_warn("fault: the checkpoint at step %ld is not written: %s went past it while the chief "
+            "was lost", s->ckpt_step, dp_transport_peer_name(s->t, passed));
+    for (int r = 0; r < s->c->n_tasks; r++)
+        if (s->ready[r]) {
+            s->ready[r] = 0;
+            if (s->live[r] &&
+                send_to(s, r, DP_WIRE_CKPT_GO, (uint64_t)s->ckpt_step, NULL, 0, err) < 0)
+                return -1;
+        }
+    s->n_ready = 0;
+    for (int r = 0; r < s->c->n_tasks; r++)
+        if (s->joining[r])
+            admit_rejoin(s, r);
     return 0;
 }
 
@@ -557,10 +830,28 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             if (s->joining[r])
                 admit_rejoin(s, r);
     }
+    if (s->attach_state == 1) {
+        /* The loop took the newest checkpoint's evaluator state: its step. */
+        if (st->step > s->last_ckpt)
+            s->last_ckpt = st->step;
+        s->attach_state = 2;
+    }
     for (;;) {
-        /* Epochs every live worker has finished, in order; then a
-         * checkpoint every live worker has reached; then the end. */
+        /* Nothing before every worker is heard of; then, for a restarted
+         * chief, the attach; epochs every live worker has finished, in
+         * order; a checkpoint every live worker has reached; the end. */
         int active = s->live_workers - s->done;
+        if (s->unheard > 0)
+            goto wait;
+        if (s->attached > 0 && s->attach_state == 0) {
+            reattach(s, ev);
+            return 0;
+        }
+        if (s->n_ready > 0 && passed_barrier(s) >= 0) {
+            if (skip_barrier(s, passed_barrier(s), err) < 0)
+                return -1;
+            continue;
+        }
         if (s->next_eval <= cfg->epochs && s->live_workers > 0 &&
             s->tally[s->next_eval].reports >= expected_reports(s, s->next_eval)) {
             ev->kind = DP_COORD_EPOCH;
@@ -594,8 +885,10 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
                         s->c->count[DP_ROLE_WORKER] - s->live_workers, s->next_eval, cfg->epochs);
             ev->kind = DP_COORD_DONE;
             ev->step = s->steps;
+            s->ended = 1;
             return 0;
         }
+    wait:;
         dp_event e;
         if (dp_transport_poll(s->t, DP_PEER_ANY, WAIT_TIMEOUT, &e, err) < 0)
             return -1;
@@ -623,7 +916,7 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             rc = on_ready(s, &e, st, err);
             break;
         case DP_WIRE_JOIN:
-            rc = on_join(s, e.peer, err);
+            rc = on_join(s, &e, err);
             break;
         case DP_WIRE_PROGRESS:
             rc = dp_transport_skip_payload(s->t, e.peer, err);

@@ -16,6 +16,11 @@ typedef struct dp_ps_worker {
     int pending;       /* owed a PARAMS reply the rule holds back */
     double last_push;  /* the server's clock at its last push */
     double interval;   /* moving average of its push intervals */
+    /* replicas (ps_replica.c): pushes are told apart by the client's clock,
+     * which travels as the frame's step (0: none, never a duplicate) */
+    uint64_t step;     /* of its newest push */
+    uint64_t applied;  /* of its newest push applied: the same step again is a re-send */
+    uint64_t owed;     /* a reply held until the backup acknowledged update `owed` */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
@@ -37,10 +42,18 @@ struct dp_ps_server {
     int n_workers;
     int *worker_of;  /* rank -> worker index, or -1 */
     int chief;       /* rank of the chief, or -1 */
-    int chief_live;
+    int chief_live;  /* the run is not over: the chief has not said SHUTDOWN */
+    double chief_lost_at; /* when the chief was lost (survives_chief), else 0 */
     int shard;       /* index in the layout, or -1 when this task holds none */
     long updates;
     int dropped;     /* a worker was dropped while answering: release again */
+    /* replicas (ps_replica.c) */
+    int backup_rank;       /* primary: where this shard's backup lives, -1: none (left) */
+    uint64_t fwd_seq, ack_seq; /* primary: updates forwarded to it, and acknowledged */
+    uint8_t *table;        /* primary: the forwarded worker table's buffer */
+    dp_ps_worker *pusher;  /* the worker whose push is being handled (applied at once) */
+    dp_ps_server *backup;  /* the shard this task backs up, as a server of its own; NULL */
+    int primary_rank;      /* on a backup: its primary, -1 once it took the shard over */
 };
 
 struct dp_ps_client {
@@ -59,6 +72,15 @@ struct dp_ps_client {
     float lr;            /* of the latest step, sent with every push */
     long clock;
     long max_gap;
+    /* The request each shard has not answered yet, re-sent to the backup
+     * when its primary is lost (ps.c failover). */
+    struct {
+        unsigned type;
+        const float *v;  /* a push's full-length vector */
+        uint32_t records;
+        int want;
+        uint64_t step;
+    } last;
 };
 
 struct dp_ps_rules {
@@ -118,6 +140,37 @@ int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
 int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err);
 /* The step of the modes whose every push is answered (sync, ssp, dssp): push
  * the gradient, wait for the parameters. */
+/* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */
+void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
+
+/* ---- replicas (ps_replica.c) ---- */
+
+/* One shard's server (dp_ps_server_open picks this task's own shard; the
+ * backup's is opened the same way, with its primary's shard index). */
+int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
+                     const dp_ps_layout *layout, const dp_ps_config *cfg,
+                     const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
+                     int shard, dp_err *err);
+
+/* Server open: with cfg.replicas 2, connects to the ps tasks it forwards to
+ * and from, and opens the shard it backs up (s->backup).  Close frees it. */
+int dp_ps_replica_open(dp_ps_server *s, const dp_cluster *c, const dp_ps_layout *layout,
+                       const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
+                       dp_err *err);
+/* Primary: the shard changed by op (DP_PS_OP_*) with vector v (a gradient at
+ * rate lr, or the new parameters): the backup gets the same, in order. */
+enum { DP_PS_OP_APPLY = 1, DP_PS_OP_SET = 2 };
+void dp_ps_replica_forward(dp_ps_server *s, int op, const float *v, float lr);
+/* Primary: whether a reply to w must wait for the backup (it is then owed). */
+int dp_ps_replica_holds(dp_ps_server *s, dp_ps_worker *w);
+/* A REPLICATE or REPLICATE_ACK frame (1: it was one, handled), or the loss
+ * of a ps task (1: it mattered to a shard here). */
+int dp_ps_replica_frame(dp_ps_server *s, const dp_event *ev, dp_err *err);
+int dp_ps_replica_lost(dp_ps_server *s, const dp_event *ev);
+/* The server that a client's frame for the shard at ev->header.offset is
+ * for: s, or the backup (taken over first when the frame asks to be served). */
+dp_ps_server *dp_ps_replica_route(dp_ps_server *s, const dp_event *ev);
+
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
                         dp_err *err);
 

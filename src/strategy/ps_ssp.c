@@ -32,5 +32,5 @@ static int open_ps_ssp(dp_strategy **out, const dp_run_env *env, dp_task_info *i
 const dp_strategy_ops dp_strategy_ps_ssp = {
     .name = "ps-ssp",
     .summary = "stale synchronous parallel: workers at most --staleness clocks apart",
-    DP_PS_FAMILY_OPS(open_ps_ssp),
+    DP_PS_FAMILY_OPS(open_ps_ssp, DP_ROLE_BIT(DP_ROLE_CHIEF)),
 };

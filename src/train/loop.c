@@ -277,6 +277,44 @@ static int report_and_save(loop *L, dp_err *err)
     return 0;
 }
 
+/* What the evaluator keeps across a restart: --keep-best and the history. */
+static void take_evaluator_state(loop *L, const dp_train_state *r)
+{
+    if (L->ck.best && r->best) {
+        memcpy(L->ck.best, r->best, L->m.n_params * sizeof(float));
+        L->ck.best_accuracy = r->best_accuracy;
+        L->ck.best_epoch = r->best_epoch;
+    }
+    if (r->n_history > 0) {
+        L->ck.n_history = r->n_history < L->ck.max_history ? r->n_history : L->ck.max_history;
+        memcpy(L->ck.history, r->history, (size_t)L->ck.n_history * 3 * sizeof(float));
+    }
+}
+
+/* A coordinator restarted into a running job takes the evaluator's part of
+ * the newest checkpoint (the history, --keep-best) and tells the strategy
+ * its step (docs/faults.md, "A lost chief"). */
+static int reattach(loop *L, dp_err *err)
+{
+    L->ck.step = 0;
+    if (!L->cfg->checkpoint_dir)
+        return 0;
+    char path[4096];
+    dp_train_state r;
+    memset(&r, 0, sizeof r);
+    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, &r, path,
+                                          sizeof path, err);
+    if (found < 0)
+        return -1;
+    if (found > 0) {
+        take_evaluator_state(L, &r);
+        L->ck.step = r.step;
+        dp_info("Chief: the evaluation history so far from %s (step %ld)", path, r.step);
+    }
+    dp_train_state_free(&r);
+    return 0;
+}
+
 /* A COORDINATOR: does what the strategy says, until the trainers are done. */
 static int coordinate(loop *L, dp_err *err)
 {
@@ -288,6 +326,11 @@ static int coordinate(loop *L, dp_err *err)
         if (ev.kind == DP_COORD_DONE) {
             L->res->steps = ev.step;
             break;
+        }
+        if (ev.kind == DP_COORD_ATTACH) {
+            if (reattach(L, err) < 0)
+                return -1;
+            continue;
         }
         if (ev.kind == DP_COORD_EPOCH) {
             double now = dp_now();
@@ -478,18 +521,10 @@ static int alloc_state(loop *L, dp_err *err)
                              cfg->epochs, L->info.worker_optimizers, err) < 0)
         return -1;
     const dp_train_state *r = L->env.resume;
-    size_t bytes = L->m.n_params * sizeof(float);
     if (L->ck.ema)
-        memcpy(L->ck.ema, r ? r->ema : L->m.params, bytes);
-    if (r && L->ck.best && r->best) {
-        memcpy(L->ck.best, r->best, bytes);
-        L->ck.best_accuracy = r->best_accuracy;
-        L->ck.best_epoch = r->best_epoch;
-    }
-    if (r && r->n_history > 0) {
-        L->ck.n_history = r->n_history < L->ck.max_history ? r->n_history : L->ck.max_history;
-        memcpy(L->ck.history, r->history, (size_t)L->ck.n_history * 3 * sizeof(float));
-    }
+        memcpy(L->ck.ema, r ? r->ema : L->m.params, L->m.n_params * sizeof(float));
+    if (r)
+        take_evaluator_state(L, r);
     return 0;
 }
 
