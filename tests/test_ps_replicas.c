@@ -1,0 +1,269 @@
+/* Parameter-server replicas (--ps-replicas 2, docs/faults.md "Parameter
+ * servers").
+ *
+ * Event by event on the in-process transport (one shard on ps:0, its backup
+ * on ps:1, one worker; frames sent by hand as in test_ps_rules):
+ * - the primary applies a push, forwards it and holds the reply until the
+ *   backup acknowledged it; the backup's parameters, Adam state, step count
+ *   and update count then equal the primary's bit for bit;
+ * - the primary crashes after forwarding an update whose reply it held: the
+ *   worker re-sends the push to the backup, which applied it already and
+ *   answers it without applying it again;
+ * - the primary's links are cut with the forward in flight: the backup never
+ *   got the update, so the re-sent push is applied there, once.
+ *
+ * Whole runs under `downpour launch` (2 workers, 2 ps tasks, each the
+ * primary of one shard and the backup of the other), ps:0 SIGKILLed when
+ * worker 1 has logged step 60 of 180:
+ * - ps-sync: exit 0, and the saved parameters equal the fault-free run's
+ *   (ps-sync is deterministic; no update is lost or applied twice);
+ * - ps-async: exit 0, test accuracy within 1 % of the fault-free run's;
+ * - --ps-replicas 2 with one ps task is refused, naming the fix. */
+#include <math.h>
+#include <stdint.h>
+
+#include "downpour/inproc.h"
+#include "downpour/log.h"
+#include "downpour/wire.h"
+#include "launch.h"
+#include "strategy/ps_rules.h"
+
+#define NP 4
+
+static dp_err err;
+static const float p_init[NP] = {1, 2, -3, 0.5f};
+
+/* chief 0, worker 1, ps:0 2 (the primary), ps:1 3 (the backup). */
+enum { CHIEF, WORKER, PS0, PS1, N_RANKS };
+
+typedef struct rig {
+    dp_cluster c;
+    dp_transport *ts[N_RANKS];
+    dp_ps_server *s[N_RANKS]; /* PS0, PS1 */
+} rig;
+
+static void rig_open(rig *r)
+{
+    int ports[N_RANKS] = {21000, 21001, 21002, 21003}; /* never listened on */
+    const char *names[N_RANKS];
+    REQUIRE(dp_cluster_local(&r->c, 1, 1, 2, ports, &err) == 0);
+    for (int i = 0; i < N_RANKS; i++)
+        names[i] = r->c.tasks[i].name;
+    REQUIRE(dp_inproc_open_named(r->ts, N_RANKS, names, &err) == 0);
+    dp_ps_config cfg;
+    dp_ps_config_init(&cfg);
+    cfg.replicas = 2;
+    cfg.max_shards = 1;
+    dp_ps_layout layout;
+    REQUIRE(dp_ps_layout_make(&layout, &r->c, NP, &cfg, &err) == 0);
+    REQUIRE(layout.n_shards == 1 && layout.rank[0] == PS0 && layout.backup[0] == PS1);
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAM);
+    oc.lr = 1;
+    dp_ps_start start = {.params = p_init};
+    for (int p = PS0; p <= PS1; p++)
+        if (dp_ps_server_open(&r->s[p], r->ts[p], &r->c, &layout, &cfg, &oc, &start, NP, &err) <
+            0) {
+            fprintf(stderr, "dp_ps_server_open: %s\n", err.msg);
+            exit(1);
+        }
+    REQUIRE(r->s[PS1]->backup && r->s[PS1]->shard < 0 && r->s[PS0]->backup == NULL);
+}
+
+static void rig_close(rig *r)
+{
+    for (int p = PS0; p <= PS1; p++)
+        dp_ps_server_close(r->s[p]);
+    for (int i = 0; i < N_RANKS; i++)
+        dp_transport_close(r->ts[i]);
+    dp_cluster_free(&r->c);
+}
+
+/* The worker pushes gradient g with client clock `step` to ps task `to`. */
+static void push(rig *r, int to, uint64_t step, const float *g)
+{
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head h = {10, 1, 0.1f};
+    dp_push_head_put(raw, &h);
+    struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g, NP * sizeof(float)}};
+    REQUIRE(dp_transport_sendv(r->ts[WORKER], to, DP_WIRE_PUSH_GRAD, step, 0, iov, 2, &err) == 0);
+}
+
+static void serve(rig *r, int p, int line)
+{
+    int rc = dp_ps_server_poll(r->s[p], 0, &err);
+    if (rc != 0) {
+        fprintf(stderr, "%s:%d: %s poll returned %d: %s\n", __FILE__, line, r->c.tasks[p].name,
+                rc, err.msg);
+        check_failures++;
+    }
+}
+#define SERVE(r, p) serve(r, p, __LINE__)
+
+/* Whether the worker has a PARAMS reply from `from`; read into out. */
+static int reply(rig *r, int from, float *out)
+{
+    dp_event ev;
+    REQUIRE(dp_transport_poll(r->ts[WORKER], from, 0, &ev, &err) == 0);
+    if (ev.kind != DP_EVENT_FRAME)
+        return 0;
+    REQUIRE(ev.header.type == DP_WIRE_PARAMS && ev.header.length == NP * sizeof(float));
+    REQUIRE(dp_transport_recv_payload(r->ts[WORKER], from, out, NP * sizeof(float), &err) == 0);
+    return 1;
+}
+
+/* The backup's copy equals the primary's bit for bit. */
+static int same_state(const dp_ps_server *a, const dp_ps_server *b)
+{
+    return a->n == b->n && memcmp(a->params, b->params, a->n * sizeof(float)) == 0 &&
+           memcmp(a->opt.state, b->opt.state, 2 * a->n * sizeof(float)) == 0 &&
+           a->opt.t == b->opt.t && a->updates == b->updates;
+}
+
+static const float g1[NP] = {0.5f, -1, 2, 0.25f}, g2[NP] = {-0.3f, 0.7f, 0.1f, -2};
+
+static void forwarding(void)
+{
+    rig r;
+    rig_open(&r);
+    dp_ps_server *primary = r.s[PS0], *backup = r.s[PS1]->backup;
+    float got[NP];
+    push(&r, PS0, 1, g1);
+    SERVE(&r, PS0); /* applied and forwarded; the reply waits for the ack */
+    CHECK(primary->updates == 1 && backup->updates == 0);
+    CHECKF(!reply(&r, PS0, got), "the primary answered before its backup had the update");
+    SERVE(&r, PS1); /* the backup applies it and acknowledges */
+    CHECK(backup->updates == 1);
+    CHECKF(same_state(primary, backup), "the backup's shard differs from the primary's");
+    SERVE(&r, PS0); /* the ack lets the reply go */
+    CHECKF(reply(&r, PS0, got), "no reply after the backup's acknowledgement");
+    CHECK(memcmp(got, primary->params, sizeof got) == 0);
+
+    /* A second update, then the primary crashes with its reply held. */
+    push(&r, PS0, 2, g2);
+    SERVE(&r, PS0);
+    float want[NP];
+    memcpy(want, primary->params, sizeof want);
+    REQUIRE(dp_inproc_kill(r.ts[PS0], DP_INPROC_CRASH, &err) == 0);
+    push(&r, PS1, 2, g2); /* the worker's failover: the same push, to the backup */
+    SERVE(&r, PS1);       /* the forwarded update */
+    SERVE(&r, PS1);       /* ps:0 lost: ps:1 takes shard 0 over */
+    CHECK(backup->primary_rank < 0);
+    SERVE(&r, PS1); /* the re-sent push: applied already, answered */
+    CHECKF(backup->updates == 2, "the backup applied %ld updates; 2 were pushed", backup->updates);
+    CHECKF(reply(&r, PS1, got) && memcmp(got, want, sizeof got) == 0,
+           "the re-sent push was not answered with the parameters after both updates");
+    /* The next push is a new one, applied by the new primary. */
+    push(&r, PS1, 3, g1);
+    SERVE(&r, PS1);
+    CHECK(backup->updates == 3 && reply(&r, PS1, got));
+    rig_close(&r);
+}
+
+static void forward_lost(void)
+{
+    rig r;
+    rig_open(&r);
+    dp_ps_server *backup = r.s[PS1]->backup;
+    float got[NP];
+    push(&r, PS0, 1, g1);
+    SERVE(&r, PS0);
+    float want[NP];
+    memcpy(want, r.s[PS0]->params, sizeof want);
+    REQUIRE(dp_inproc_kill(r.ts[PS0], DP_INPROC_CUT, &err) == 0); /* the forward is dropped */
+    push(&r, PS1, 1, g1);
+    SERVE(&r, PS1); /* ps:0 lost */
+    CHECK(backup->updates == 0 && backup->primary_rank < 0);
+    SERVE(&r, PS1); /* the re-sent push is new here: applied */
+    CHECKF(backup->updates == 1, "the backup applied %ld updates; 1 was pushed", backup->updates);
+    CHECKF(reply(&r, PS1, got) && memcmp(got, want, sizeof got) == 0,
+           "the backup's update differs from the primary's");
+    rig_close(&r);
+}
+
+/* ------------------------------------------------------------ whole runs */
+
+static int run(const char *name, const char *strategy, const char *extra, int kill_ps)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --strategy %s " RUN
+             " --ps-replicas 2 --heartbeat-timeout 1 --metrics %s/%s.jsonl --save %s/%s.st %s",
+             strategy, tmp, name, tmp, name, extra);
+    pid_t l = start(name, args);
+    if (kill_ps) {
+        CHECKF(wait_log(name, "Worker 1, At step 60,", 120), "%s: worker 1 never reached step 60",
+               name);
+        pid_t ps = task_pid(l, "ps:0");
+        CHECKF(ps > 0, "%s: no ps:0 among the launcher's children", name);
+        if (ps > 0)
+            kill(ps, SIGKILL);
+    }
+    return finish(l, 300);
+}
+
+static double max_diff(const char *a, const char *b)
+{
+    char na[256], nb[256];
+    snprintf(na, sizeof na, "%s.st", a);
+    snprintf(nb, sizeof nb, "%s.st", b);
+    return checkpoint_max_diff(na, nb);
+}
+
+static void sync_loses_nothing(void)
+{
+    int rc = run("sync-clean", "ps-sync", "", 0);
+    CHECKF(rc == 0, "ps-sync with replicas, fault-free, exited %d", rc);
+    rc = run("sync-kill", "ps-sync", "", 1);
+    CHECKF(rc == 0, "ps-sync with replicas and ps:0 killed exited %d", rc);
+    double d = max_diff("sync-clean", "sync-kill");
+    fprintf(stderr, "ps-sync, ps:0 killed at step 60: max |diff| of the final parameters %.3g "
+            "(test accuracy %.4f, fault-free %.4f)\n", d, test_accuracy("sync-kill"),
+            test_accuracy("sync-clean"));
+    CHECKF(d < 1e-5, "ps-sync's parameters differ from the fault-free run's by %g", d);
+    CHECKF(log_has("sync-kill", "takes the shard over") &&
+               log_has("sync-kill", "fault: chief:0 lost ps:0") &&
+               log_has("sync-kill", "survives a lost ps"),
+           "ps-sync: missing fault lines from the backup, the chief or the launcher");
+    CHECKF(count_events("sync-kill", "fault") >= 2,
+           "ps-sync: expected fault events from the launcher and the chief");
+}
+
+static void async_goes_on(void)
+{
+    int rc = run("async-clean", "ps-async", "", 0);
+    double clean = test_accuracy("async-clean");
+    CHECKF(rc == 0 && clean > 0.8, "ps-async with replicas, fault-free: exit %d, accuracy %.4f",
+           rc, clean);
+    rc = run("async-kill", "ps-async", "", 1);
+    double acc = test_accuracy("async-kill");
+    fprintf(stderr, "ps-async, ps:0 killed at step 60: test accuracy %.4f, fault-free %.4f\n", acc,
+            clean);
+    CHECKF(rc == 0, "ps-async with replicas and ps:0 killed exited %d", rc);
+    CHECKF(fabs(acc - clean) <= 0.01, "ps-async: accuracy %.4f with ps:0 lost, %.4f without", acc,
+           clean);
+}
+
+static void refused_without_tasks(void)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "--chief --workers 1 --ps 1 -- train --strategy ps-async " RUN
+             " --ps-replicas 2");
+    int rc = finish(start("refused", args), 120);
+    CHECKF(rc != 0 && log_has("refused", "--ps-replicas 2 needs at least 2 ps tasks"),
+           "--ps-replicas 2 on one ps task: exit %d, no clear refusal", rc);
+}
+
+int main(void)
+{
+    dp_log_set_level(DP_LOG_ERROR);
+    forwarding();
+    forward_lost();
+    dp_log_set_level(DP_LOG_INFO);
+    bin = test_bin();
+    tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    require_mnist();
+    refused_without_tasks();
+    sync_loses_nothing();
+    async_goes_on();
+    return check_failures ? 1 : 0;
+}
