@@ -156,7 +156,6 @@ static void note_applied(server *s)
  * model-avg round) counts as an update and moves the moving average. */
 static void changed(server *s)
 {
-    note_applied(s);
     s->updates++;
     if (s->ema) {
         float d = s->cfg.ema, e = 1.0f - d;
@@ -169,15 +168,18 @@ static void changed(server *s)
 
 void dp_ps_changed(server *s)
 {
+    note_applied(s);
     changed(s);
     dp_ps_replica_forward(s, DP_PS_OP_SET, s->params, 0);
 }
 
+/* The gradient goes to the backup first, so both apply it at once. */
 void dp_ps_apply(server *s, const float *g, float lr)
 {
+    note_applied(s);
+    dp_ps_replica_forward(s, DP_PS_OP_APPLY, g, lr);
     dp_optim_apply(&s->opt, s->params, g, lr);
     changed(s);
-    dp_ps_replica_forward(s, DP_PS_OP_APPLY, g, lr);
 }
 
 int dp_ps_release_if(server *s, dp_ps_may_go go, dp_err *err)

@@ -150,6 +150,12 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
     if (workers != (uint32_t)b->n_workers || (op != DP_PS_OP_APPLY && op != DP_PS_OP_SET))
         return dp_errf(err, "%s forwarded op %u for %u workers; this run has %d", from, op,
                        workers, b->n_workers);
+    /* The update is whole here and is applied before anything else is
+     * handled, so it is acknowledged first: the primary's reply does not
+     * wait for this task's optimiser step, which runs beside the primary's. */
+    dp_err ignore; /* a primary that cannot hear the ack is lost: that comes as an event */
+    dp_transport_send(s->t, ev->peer, DP_WIRE_REPLICATE_ACK, ev->header.step, b->lo, NULL, 0,
+                      &ignore);
     if (op == DP_PS_OP_APPLY) {
         dp_ps_apply(b, b->scratch, lr);
     } else {
@@ -161,9 +167,6 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
         b->w[i].clock = (long)dp_get_u64(q);
         b->w[i].applied = dp_get_u64(q + 8);
     }
-    dp_err ignore; /* a primary that cannot hear the ack is lost: that comes as an event */
-    dp_transport_send(s->t, ev->peer, DP_WIRE_REPLICATE_ACK, ev->header.step, b->lo, NULL, 0,
-                      &ignore);
     return 0;
 }
 
