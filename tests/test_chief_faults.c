@@ -33,44 +33,51 @@ static int run(const char *name, const char *strategy, const char *extra, int ki
     return finish(l, 300);
 }
 
+/* A chief killed and restarted in `strategy`: the workers never stop, the
+ * new chief re-attaches, and the result is as good as the fault-free one. */
+static void chief_survives(const char *strategy)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s-clean", strategy);
+    int rc = run(name, strategy, "", 0);
+    double clean = test_accuracy(name);
+    CHECKF(rc == 0 && clean > 0.8, "%s: the fault-free run exited %d, accuracy %.4f", strategy,
+           rc, clean);
+
+    snprintf(name, sizeof name, "%s-chief", strategy);
+    rc = run(name, strategy, "--max-restarts 1", 1);
+    double acc = test_accuracy(name);
+    CHECKF(rc == 0, "%s with a restarted chief exited %d", strategy, rc);
+    CHECKF(log_has(name, "chief:0 restarted as pid"), "%s: the chief was not restarted",
+           strategy);
+    CHECKF(log_has(name, "fault: lost the chief chief:0"),
+           "%s: no fault line from a server or worker about the lost chief", strategy);
+    CHECKF(log_has(name, "fault: the chief re-attached to the running job"),
+           "%s: the restarted chief did not re-attach", strategy);
+    CHECKF(log_has(name, "the evaluation history so far from"),
+           "%s: the restarted chief did not take the newest checkpoint's history", strategy);
+    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
+           "%s: accuracy %.4f with the chief restarted, %.4f without", strategy, acc, clean);
+    CHECKF(log_has(name, "Epoch 3/3"), "%s: epoch 3 was not evaluated", strategy);
+    CHECKF(count_events(name, "epoch") >= 3 && count_events(name, "fault") >= 2,
+           "%s: %d epoch and %d fault events; expected every epoch evaluated, and the "
+           "launcher's and the chief's fault events", strategy, count_events(name, "epoch"),
+           count_events(name, "fault"));
+}
+
 int main(void)
 {
     bin = test_bin();
     tmp = test_tmp();
     REQUIRE(bin && tmp);
     require_mnist();
-
-    int rc = run("async-clean", "ps-async", "", 0);
-    double clean = test_accuracy("async-clean");
-    CHECKF(rc == 0 && clean > 0.8, "the fault-free run exited %d, accuracy %.4f", rc, clean);
-
-    /* Killed and restarted: the workers never stop, the new chief re-attaches. */
-    rc = run("async-chief", "ps-async", "--max-restarts 1", 1);
-    double acc = test_accuracy("async-chief");
-    CHECKF(rc == 0, "ps-async with a restarted chief exited %d", rc);
-    CHECKF(log_has("async-chief", "chief:0") && log_has("async-chief", "restarted as pid"),
-           "the chief was not restarted");
-    CHECKF(log_has("async-chief", "fault: lost the chief chief:0"),
-           "no fault line from a server or worker about the lost chief");
-    CHECKF(log_has("async-chief", "fault: the chief re-attached to the running job"),
-           "the restarted chief did not re-attach");
-    CHECKF(log_has("async-chief", "the evaluation history so far from"),
-           "the restarted chief did not take the newest checkpoint's history");
-    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
-           "accuracy %.4f with the chief restarted, %.4f without", acc, clean);
-    CHECKF(count_events("async-chief", "epoch") >= 3,
-           "%d epoch events: the epochs after the re-attach were not all evaluated",
-           count_events("async-chief", "epoch"));
-    CHECKF(log_has("async-chief", "Epoch 3/3"), "epoch 3 was not evaluated");
+    const char *strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "ps-sync", "model-avg"};
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
+        chief_survives(strategies[i]);
 
     /* No restart left: the run cannot produce its result, and stops. */
-    rc = run("async-chief-gone", "ps-async", "", 1);
+    int rc = run("async-chief-gone", "ps-async", "", 1);
     CHECKF(rc != 0 && log_has("async-chief-gone", "it has no restart left"),
            "a chief lost for good: exit %d", rc);
-
-    /* ps-sync needs its chief: the run stops even with restarts. */
-    rc = run("sync-chief", "ps-sync", "--max-restarts 1", 1);
-    CHECKF(rc != 0 && log_has("sync-chief", "cannot survive a lost chief"),
-           "ps-sync with a lost chief: exit %d", rc);
     return check_failures ? 1 : 0;
 }

@@ -68,5 +68,5 @@ static int open_model_avg(dp_strategy **out, const dp_run_env *env, dp_task_info
 const dp_strategy_ops dp_strategy_model_avg = {
     .name = "model-avg",
     .summary = "parameter averaging every --period local steps",
-    DP_PS_FAMILY_OPS(open_model_avg, 0),
+    DP_PS_FAMILY_OPS(open_model_avg, DP_ROLE_BIT(DP_ROLE_CHIEF)),
 };

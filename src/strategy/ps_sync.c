@@ -37,5 +37,5 @@ static int open_ps_sync(dp_strategy **out, const dp_run_env *env, dp_task_info *
 const dp_strategy_ops dp_strategy_ps_sync = {
     .name = "ps-sync",
     .summary = "synchronous aggregation on the parameter servers",
-    DP_PS_FAMILY_OPS(open_ps_sync, 0),
+    DP_PS_FAMILY_OPS(open_ps_sync, DP_ROLE_BIT(DP_ROLE_CHIEF)),
 };
