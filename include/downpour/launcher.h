@@ -55,6 +55,7 @@
 #define DP_LAUNCH_LINE_MAX 4096   /* bytes of a child's line before it is split */
 #define DP_LAUNCH_GRACE 5.0       /* default seconds between SIGTERM and SIGKILL */
 #define DP_LAUNCH_RESTARTS_ENV "DOWNPOUR_RESTARTS" /* see above */
+#define DP_LAUNCH_NO_RESTART 2 /* survives' answer: goes on, the task not restarted */
 
 typedef struct dp_launch_opts {
     const dp_cluster *cluster; /* every task is started locally */
@@ -63,7 +64,10 @@ typedef struct dp_launch_opts {
     double grace_seconds;      /* <= 0: DP_LAUNCH_GRACE */
     int out_fd, err_fd;        /* where prefixed lines go; <= 0: 1 and 2 */
     /* Whether the run goes on without `task` once it has failed; NULL: never
-     * (every fault stops the run).  `why` gets a few words for the log. */
+     * (every fault stops the run).  0: it stops; 1: it goes on, and the task
+     * is restarted while it has restarts left; DP_LAUNCH_NO_RESTART: it goes
+     * on, never with the task restarted (a ps whose shards went to their
+     * backups).  `why` gets a few words for the log. */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;          /* restarts of each task the run survives losing (0) */

@@ -41,9 +41,11 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
     const task_run *run = ctx;
     const dp_strategy_ops *ops = run->ops;
     if (task->role == DP_ROLE_PS && run->ps_replicas >= 2 && ops->talks_to[DP_ROLE_PS]) {
+        /* Not restarted: the clients stay with the backups, and a fresh ps
+         * would hold the initial parameters. */
         snprintf(why, cap, "%s survives a lost ps with --ps-replicas %ld: its shards go on on "
                  "their backups", ops->name, run->ps_replicas);
-        return 1;
+        return DP_LAUNCH_NO_RESTART;
     }
     snprintf(why, cap, "%s %s a lost %s", ops->name,
              ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",

@@ -422,14 +422,16 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     dp_task as = *task;
     if (plays_chief(l->c, task))
         as.role = DP_ROLE_CHIEF;
-    if (!l->survives(l->survives_ctx, &as, why, sizeof why)) {
+    int survived = l->survives(l->survives_ctx, &as, why, sizeof why);
+    if (!survived) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
                          DP_F_STR, "action", "stop", DP_F_END);
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s)", task->name,
                  (int)t->pid, how, why);
         return -1;
     }
-    int restart = !l->chief_done && t->restarts < l->max_restarts;
+    int restart = survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
+                  t->restarts < l->max_restarts;
     if (as.role == DP_ROLE_CHIEF && !restart) {
         /* The chief evaluates and writes the result: the run may go on
          * without it only while it can come back. */

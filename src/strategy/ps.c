@@ -676,6 +676,8 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     }
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
+    if (c->rules->pushes_params && cfg->replicas > 1 && !(c->sent = malloc(n_params * sizeof(float))))
+        goto oom;
     c->lr = local_optim->lr;
     *out = c;
     return 0;
@@ -691,6 +693,7 @@ void dp_ps_client_free(dp_ps_client *c)
     if (!c)
         return;
     free(c->acc);
+    free(c->sent);
     dp_optim_free(&c->local);
     free(c);
 }
@@ -771,6 +774,10 @@ static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *er
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err)
 {
+    if (c->sent && type == DP_WIRE_PUSH_PARAMS) {
+        memcpy(c->sent, v, c->n * sizeof(float));
+        v = c->sent;
+    }
     c->last.v = v;
     c->last.records = records;
     c->last.want = want;
