@@ -13,10 +13,12 @@
  *   got the update, so the re-sent push is applied there, once.
  *
  * Whole runs under `downpour launch` (2 workers, 2 ps tasks, each the
- * primary of one shard and the backup of the other), ps:0 SIGKILLed when
+ * primary of one shard and the backup of the other), a ps SIGKILLed when
  * worker 1 has logged step 60 of 180:
- * - ps-sync: exit 0, and the saved parameters equal the fault-free run's
- *   (ps-sync is deterministic; no update is lost or applied twice);
+ * - ps-sync (ps:0 or ps:1 killed) and model-avg: exit 0, and the saved
+ *   parameters equal the fault-free run's (both modes are deterministic; no
+ *   update is lost or applied twice); checkpoints every 25 steps, so the
+ *   chief's state pulls fail over as well;
  * - ps-async: exit 0, test accuracy within 1 % of the fault-free run's;
  * - --ps-replicas 2 with one ps task is refused, naming the fix. */
 #include <math.h>
@@ -182,18 +184,19 @@ static void forward_lost(void)
 
 /* ------------------------------------------------------------ whole runs */
 
-static int run(const char *name, const char *strategy, const char *extra, int kill_ps)
+/* One run; victim: NULL, or the ps task to SIGKILL once worker 1 logged step 60. */
+static int run(const char *name, const char *strategy, const char *extra, const char *victim)
 {
     char args[2048];
     snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --strategy %s " RUN
              " --ps-replicas 2 --heartbeat-timeout 1 --metrics %s/%s.jsonl --save %s/%s.st %s",
              strategy, tmp, name, tmp, name, extra);
     pid_t l = start(name, args);
-    if (kill_ps) {
+    if (victim) {
         CHECKF(wait_log(name, "Worker 1, At step 60,", 120), "%s: worker 1 never reached step 60",
                name);
-        pid_t ps = task_pid(l, "ps:0");
-        CHECKF(ps > 0, "%s: no ps:0 among the launcher's children", name);
+        pid_t ps = task_pid(l, victim);
+        CHECKF(ps > 0, "%s: no %s among the launcher's children", name, victim);
         if (ps > 0)
             kill(ps, SIGKILL);
     }
@@ -208,32 +211,40 @@ static double max_diff(const char *a, const char *b)
     return checkpoint_max_diff(na, nb);
 }
 
-static void sync_loses_nothing(void)
+/* A deterministic mode (ps-sync, model-avg) ends with the fault-free run's
+ * parameters when `victim` is SIGKILLed: no update lost, none applied twice. */
+static void loses_nothing(const char *strategy, const char *victim, const char *extra)
 {
-    int rc = run("sync-clean", "ps-sync", "", 0);
-    CHECKF(rc == 0, "ps-sync with replicas, fault-free, exited %d", rc);
-    rc = run("sync-kill", "ps-sync", "", 1);
-    CHECKF(rc == 0, "ps-sync with replicas and ps:0 killed exited %d", rc);
-    double d = max_diff("sync-clean", "sync-kill");
-    fprintf(stderr, "ps-sync, ps:0 killed at step 60: max |diff| of the final parameters %.3g "
-            "(test accuracy %.4f, fault-free %.4f)\n", d, test_accuracy("sync-kill"),
-            test_accuracy("sync-clean"));
-    CHECKF(d < 1e-5, "ps-sync's parameters differ from the fault-free run's by %g", d);
-    CHECKF(log_has("sync-kill", "takes the shard over") &&
-               log_has("sync-kill", "fault: chief:0 lost ps:0") &&
-               log_has("sync-kill", "survives a lost ps"),
-           "ps-sync: missing fault lines from the backup, the chief or the launcher");
-    CHECKF(count_events("sync-kill", "fault") >= 2,
-           "ps-sync: expected fault events from the launcher and the chief");
+    char clean[128], killed[128], cks[2][160];
+    snprintf(clean, sizeof clean, "%s-clean", strategy);
+    snprintf(killed, sizeof killed, "%s-kill-%c", strategy, victim[3]);
+    snprintf(cks[0], sizeof cks[0], "%s --checkpoint-dir %s/%s.ck", extra, tmp, clean);
+    snprintf(cks[1], sizeof cks[1], "%s --checkpoint-dir %s/%s.ck", extra, tmp, killed);
+    int rc = run(clean, strategy, cks[0], NULL);
+    CHECKF(rc == 0, "%s with replicas, fault-free, exited %d", strategy, rc);
+    rc = run(killed, strategy, cks[1], victim);
+    CHECKF(rc == 0, "%s with replicas and %s killed exited %d", strategy, victim, rc);
+    double d = max_diff(clean, killed);
+    fprintf(stderr, "%s, %s killed at step 60: max |diff| of the final parameters %.3g "
+            "(test accuracy %.4f, fault-free %.4f)\n", strategy, victim, d,
+            test_accuracy(killed), test_accuracy(clean));
+    CHECKF(d < 1e-5, "%s's parameters differ from the fault-free run's by %g", strategy, d);
+    char chief_line[64];
+    snprintf(chief_line, sizeof chief_line, "fault: chief:0 lost %s", victim);
+    CHECKF(log_has(killed, "takes the shard over") && log_has(killed, chief_line) &&
+               log_has(killed, "survives a lost ps"),
+           "%s: missing fault lines from the backup, the chief or the launcher", strategy);
+    CHECKF(count_events(killed, "fault") >= 2,
+           "%s: expected fault events from the launcher and the chief", strategy);
 }
 
 static void async_goes_on(void)
 {
-    int rc = run("async-clean", "ps-async", "", 0);
+    int rc = run("async-clean", "ps-async", "", NULL);
     double clean = test_accuracy("async-clean");
     CHECKF(rc == 0 && clean > 0.8, "ps-async with replicas, fault-free: exit %d, accuracy %.4f",
            rc, clean);
-    rc = run("async-kill", "ps-async", "", 1);
+    rc = run("async-kill", "ps-async", "", "ps:0");
     double acc = test_accuracy("async-kill");
     fprintf(stderr, "ps-async, ps:0 killed at step 60: test accuracy %.4f, fault-free %.4f\n", acc,
             clean);
@@ -263,7 +274,10 @@ int main(void)
     REQUIRE(bin && tmp);
     require_mnist();
     refused_without_tasks();
-    sync_loses_nothing();
+    /* Checkpoints every 25 steps: the chief's state pulls fail over too. */
+    loses_nothing("ps-sync", "ps:0", "--checkpoint-every 25");
+    loses_nothing("ps-sync", "ps:1", "--checkpoint-every 25");
+    loses_nothing("model-avg", "ps:0", "--period 4 --checkpoint-every 25");
     async_goes_on();
     return check_failures ? 1 : 0;
 }
