@@ -3,9 +3,9 @@
  * step 20 costs the run nothing but its share of the data: the launcher
  * exits 0, the two survivors end bitwise identical, and the test accuracy is
  * within 1 % of the fault-free run's.  Frozen (SIGSTOP) past the heartbeat
- * timeout it is dropped the same way.  Restarted (--max-restarts 1), it is
- * told the ring takes no replica back and exits, and the run still
- * completes.  Losing the chief (replica 0, the evaluator) stops the run. */
+ * timeout it is dropped the same way.  Restarted (--max-restarts 1), it
+ * rejoins the ring at the next epoch with replica 0's state, and all three
+ * end bitwise identical.  Losing the chief (replica 0, the evaluator) stops the run. */
 #include "launch.h"
 
 static void tally(const cJSON *j, void *ctx)
@@ -97,9 +97,12 @@ int main(void)
 
     rc = run("restart", "--max-restarts 1", "kill", "worker:2");
     survived("restart", rc, clean, "a restarted replica");
+    long n;
     CHECKF(log_has("restart", "restarted as pid") &&
-               log_has("restart", "takes none back"),
-           "restart: the restarted replica was not refused clearly");
+               log_has("restart", "fault: worker:2 rejoined the all-reduce ring at step"),
+           "restart: the restarted replica did not rejoin");
+    CHECKF(replicas_equal("restart", &n) && n == 3,
+           "restart: %ld replica checksums (expected 3, all equal)", n);
 
     /* Replica 0 (the chief) evaluates and writes: losing it stops the run. */
     rc = run("lead", "--chief", "kill", "chief:0");

@@ -67,6 +67,12 @@ int dp_shard_parse(const char *name, dp_shard_policy *out, dp_err *err);
 /* How many of `total` records shard k of w owns under a policy (OFF: all),
  * so every worker knows every other's batch sizes without asking. */
 uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w);
+/* The batch a worker takes when the split is re-dealt among `live` of the
+ * `all` workers a run started with (docs/faults.md): enough that an epoch
+ * keeps its steps_per_epoch steps, at most max_batch; with all of them
+ * there, the run's own batch. */
+int dp_redeal_batch(int batch, int all, int live, uint32_t total, long steps_per_epoch,
+                    int max_batch);
 const char *dp_shard_name(dp_shard_policy p);
 
 /* Walks a split in batches, reshuffled every epoch from a seed.  All memory

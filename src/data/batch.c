@@ -200,6 +200,16 @@ void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *id
         dp_pool_run(gather_task, &j);
 }
 
+int dp_redeal_batch(int batch, int all, int live, uint32_t total, long steps_per_epoch,
+                    int max_batch)
+{
+    if (live >= all || live < 1 || steps_per_epoch < 1)
+        return batch;
+    long share = ((long)total + live - 1) / live;
+    long want = (share + steps_per_epoch - 1) / steps_per_epoch;
+    return want > max_batch ? max_batch : (int)want;
+}
+
 uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w)
 {
     uint32_t first, stride, n;

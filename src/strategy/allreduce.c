@@ -10,8 +10,10 @@
  * "All-reduce"): whoever sees the loss says RESET to the others, replica 0
  * gathers the last step each survivor applied, the newest survivor hands its
  * state to those one step behind, and the ring re-forms over the survivors;
- * a step nobody applied is retried.  The fault-free path pays nothing for
- * this but one handshake at open and one per epoch. */
+ * a step nobody applied is retried.  A replica restarted into the running
+ * ring says HELLO, and replica 0 takes it back at the next epoch's start
+ * with the newest state.  The fault-free path pays nothing for this but one
+ * handshake at open and one per epoch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,7 @@ struct dp_strategy {
     int *ranks;            /* transport rank of each position */
     unsigned char *live;   /* per position: in the ring */
     unsigned char *reset;  /* per position: its RESET of this round is read */
+    unsigned char *back;   /* replica 0, per position: restarted, said HELLO, waits */
     int n_live;
     dp_shard_policy policy;
     uint32_t *sizes;       /* per position: its shard's records this epoch */
@@ -183,8 +186,7 @@ static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char
     }
     if (!in[s->position]) {
         free(in);
-        return dp_errf(err, "the all-reduce ring is running without this replica and takes "
-                            "none back (docs/faults.md)");
+        return dp_errf(err, "%s sent a ring plan without this replica", name_of(s, from));
     }
     for (int p = 0; p < s->n; p++) {
         if (s->live[p] && !in[p])
@@ -389,22 +391,60 @@ static int ring_broke(dp_strategy *s, const dp_err *why, dp_err *err)
     return reform(s, err);
 }
 
-/* Replica 0, after a loss: a replica that comes back says HELLO; the ring
- * takes nobody back (docs/faults.md), so it is told so and exits. */
-static void refuse_returning(dp_strategy *s)
+/* Replica 0, after a loss: a replica restarted into the running ring says
+ * HELLO; it is taken back at the next epoch's start (admit). */
+static void note_returning(dp_strategy *s)
 {
     for (int p = 1; p < s->n; p++) {
         dp_event ev;
         dp_err e;
-        if (s->live[p] || dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 ||
+        if (s->live[p] || s->back[p] || dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 ||
             ev.kind != DP_EVENT_FRAME)
             continue;
-        if (ev.header.type == DP_WIRE_RING_HELLO &&
-            send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL, 0, &e) == 0)
-            dp_warn("fault: %s came back; the all-reduce ring takes no replica back, so it goes "
-                    "on without it", name_of(s, p));
+        if (ev.header.type == DP_WIRE_RING_HELLO) {
+            s->back[p] = 1;
+            dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
+                    name_of(s, p));
+        }
         dp_transport_skip_payload(s->t, s->ranks[p], &e);
     }
+}
+
+/* Replica 0, between epochs (and at the end): the replicas that came back
+ * are members again (take_back), so the epoch's plan names them; then each
+ * is answered (welcome): the plan as the answer to its HELLO, with the step
+ * to start after and the ring's generation, then the parameters and
+ * optimiser state, so it holds the same bits as every other member. */
+static void take_back(dp_strategy *s)
+{
+    note_returning(s);
+    for (int p = 1; p < s->n; p++)
+        if (s->back[p]) {
+            s->live[p] = 1;
+            s->n_live++;
+        }
+}
+
+static int welcome(dp_strategy *s, dp_err *err)
+{
+    for (int p = 1; p < s->n; p++) {
+        if (!s->back[p])
+            continue;
+        s->back[p] = 0;
+        dp_err e;
+        if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL, s->gen, &e) < 0 ||
+            send_state(s, p, &e) < 0) {
+            if (lose(s, p, e.msg, err) < 0)
+                return -1;
+            continue;
+        }
+        dp_warn("fault: %s rejoined the all-reduce ring at step %ld; the ring goes on over %d "
+                "replica(s)", name_of(s, p), s->applied, s->n_live);
+        dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR,
+                         "what", "restarted", DP_F_STR, "action", "rejoin", DP_F_INT, "step",
+                         s->applied, DP_F_END);
+    }
+    return 0;
 }
 
 /* Each replica's mean gradient weighs its share of the step's records, so
@@ -448,6 +488,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->ranks);
     free(s->live);
     free(s->reset);
+    free(s->back);
     free(s->sizes);
     free(s->stats);
     free(s->have);
@@ -458,8 +499,10 @@ static void allreduce_close(dp_strategy *s)
 
 /* At open: every replica says HELLO to replica 0, which answers with the
  * ring's members (those that said it).  A replica restarted into a running
- * ring gets an answer without itself in it (refuse_returning). */
-static int handshake(dp_strategy *s, dp_err *err)
+ * ring is answered at the next epoch's start (admit): the step the ring is
+ * at and its generation, then the state; it goes on from there
+ * (info->start_step). */
+static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
 {
     if (s->n == 1)
         return 0;
@@ -473,7 +516,18 @@ static int handshake(dp_strategy *s, dp_err *err)
         if (ev.header.type != DP_WIRE_RING_HELLO)
             return dp_errf(err, "%s sent frame type %u instead of the ring's members",
                            name_of(s, 0), ev.header.type);
-        return take_plan(s, 0, &ev, NULL, err);
+        if (take_plan(s, 0, &ev, NULL, err) < 0)
+            return -1;
+        if (ev.header.step == 0)
+            return 0;
+        /* Restarted into the running ring: its state, then on from there. */
+        s->gen = ev.header.offset;
+        if (recv_state(s, 0, err) < 0)
+            return -1;
+        info->start_step = s->applied;
+        dp_info("%s: rejoined the all-reduce ring over %d replica(s) at step %ld",
+                name_of(s, s->position), s->n_live, s->applied);
+        return 0;
     }
     for (int p = 1; p < s->n; p++) {
         dp_event ev;
@@ -517,9 +571,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->sizes = malloc((size_t)n * sizeof *s->sizes);
     s->live = malloc((size_t)n);
     s->reset = calloc((size_t)n, 1);
+    s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
-    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->stats || !s->have) {
+    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -534,15 +589,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     memset(s->live, 1, (size_t)n);
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
-    if (handshake(s, err) < 0) {
-        allreduce_close(s);
-        return -1;
-    }
-    int rc = rebuild_ring(s, err);
-    if (rc < 0 ||
-        dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
-                        cfg->overlap, err) < 0 ||
-        dp_optim_init(&s->opt, &cfg->optim, s->m->n_params, err) < 0) {
+    if (dp_optim_init(&s->opt, &cfg->optim, s->m->n_params, err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -552,6 +599,13 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
             memcpy(s->opt.state, env->resume->slots, len * sizeof(float));
         s->opt.t = env->resume->optim_t;
         s->applied = env->resume->step;
+    }
+    /* A replica restarted into the running ring takes its state here. */
+    if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
+        dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
+                        cfg->overlap, err) < 0) {
+        allreduce_close(s);
+        return -1;
     }
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
@@ -588,7 +642,7 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
                           long step, dp_step_out *out, dp_err *err)
 {
     if (s->n_live < s->n && s->position == 0)
-        refuse_returning(s);
+        note_returning(s);
     for (;;) {
         s->broken = 0;
         if (dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
@@ -618,9 +672,8 @@ static int allreduce_deal(dp_strategy *s, int epoch, int *index, int *count, dp_
     *count = s->n_live;
     if (s->n_live == s->dealt)
         return 0;
-    long share = ((long)s->env->n_train + s->n_live - 1) / s->n_live;
-    long want = (share + s->env->steps_per_epoch - 1) / s->env->steps_per_epoch;
-    s->batch = want > s->m->max_batch ? s->m->max_batch : (int)want;
+    s->batch = dp_redeal_batch(s->env->cfg->batch, s->n, s->n_live, s->env->n_train,
+                               s->env->steps_per_epoch, s->m->max_batch);
     s->dealt = s->n_live;
     for (int p = 0, j = 0; p < s->n; p++)
         s->sizes[p] = s->live[p] ? dp_shard_size(s->policy, s->env->n_train, j++, s->n_live) : 0;
@@ -696,12 +749,15 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
                 sum[i] += s->stats[p][i];
         s->have[p] = 0;
     }
+    if (s->n_live < s->n)
+        take_back(s);
     for (int p = 1; p < s->n; p++) {
         dp_err e;
-        if (s->live[p] && send_plan(s, p, DP_WIRE_RING_PLAN, s->applied, NULL, 0, &e) < 0)
+        if (s->live[p] && !s->back[p] &&
+            send_plan(s, p, DP_WIRE_RING_PLAN, s->applied, NULL, 0, &e) < 0)
             lose(s, p, e.msg, err);
     }
-    if (s->ring.n != s->n_live && rebuild_ring(s, err) < 0)
+    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_ring(s, err) < 0))
         return -1;
     st->loss_sum = sum[0];
     st->records = sum[1];
@@ -732,7 +788,6 @@ static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err 
 /* Mirrored replicas must end identical: each says what it holds. */
 static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
 {
-    (void)err;
     uint32_t crc = dp_crc32c(0, s->m->params, s->m->n_params * sizeof *s->m->params);
     long early, total;
     dp_reducer_counts(s->reducer, &early, &total);
@@ -742,6 +797,12 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);
+    /* One that came back in the last epoch takes the final state: it ends
+     * with the same bits. */
+    if (s->position == 0 && s->n_live < s->n) {
+        take_back(s);
+        return welcome(s, err);
+    }
     return 0;
 }
 

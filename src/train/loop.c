@@ -363,12 +363,12 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
     dp_batcher_free(b);
     if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0)
         return -1;
-    long share = ((long)L->cfg->n_train + c - 1) / c;
-    long want = (share + L->spe - 1) / L->spe;
-    *batch = want > L->m.max_batch ? L->m.max_batch : (int)want;
-    if (want > L->m.max_batch)
-        dp_warn("%s: a batch of %ld would cover shard %d of %d; the model holds %d, so some "
-                "records wait for the next epoch", L->info.label, want, i, c, L->m.max_batch);
+    *batch = dp_redeal_batch(L->cfg->batch, L->info.shard_count, c, L->cfg->n_train, L->spe,
+                             L->m.max_batch);
+    if (*batch == L->m.max_batch && c < L->info.shard_count &&
+        (long)*batch * L->spe < ((long)L->cfg->n_train + c - 1) / c)
+        dp_warn("%s: shard %d of %d takes more than the %d records a step the model holds, so "
+                "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
             epoch + 1, i, c, *batch, c < *count ? "a worker was lost" : "a worker is back");
     *index = i;
