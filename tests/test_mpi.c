@@ -11,6 +11,9 @@
  *   metrics file: the chief the given path, the others path.worker-<k>);
  * - the same with MPI calls serialised (DOWNPOUR_MPI_SERIALIZED=1, as with a
  *   library that only grants MPI_THREAD_SERIALIZED);
+ * - a rank killed mid-run ends the job (that is MPI's rule), the checkpoint
+ *   written before is intact, and the same job with --resume goes on from
+ *   it to the end (docs/mpi.md, "Failure semantics");
  * - a nonsense job (--ps 5 on 3 ranks) is refused with a clear message.
  * Skipped (77) when downpour was built without MPI or mpirun is missing. */
 #include <math.h>
@@ -149,6 +152,23 @@ int main(void)
     CHECKF(strstr(err, "SERIALIZED") != NULL, "the serialised mode was not used: %s", err);
     d = checkpoint_max_diff("sync-tcp.st", "sync-ser.st");
     CHECKF(d <= 1e-6, "ps-sync over TCP and serialised MPI differ by %g", d);
+
+    /* A rank killed at step 25 (of 51) ends the job; --resume continues
+     * from the checkpoint at step 20, as `srun --requeue` would. */
+    const char *ckpt = "--epochs 3 --checkpoint-every 10";
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 2 %s train --transport mpi --strategy allreduce %s %s "
+                        "--checkpoint-dir %s/ck : -np 1 env DOWNPOUR_FAULT_KILL_AT_STEP=25 %s "
+                        "train --transport mpi --strategy allreduce %s %s --checkpoint-dir %s/ck",
+                 bin, common, ckpt, tmp, bin, common, ckpt, tmp);
+    CHECKF(rc != 0, "the MPI job with a rank killed exited 0: %s", err);
+    rc = run_cmd(err, sizeof err,
+                 MPIRUN " -np 3 %s train --transport mpi --strategy allreduce %s %s "
+                        "--checkpoint-dir %s/ck --resume --metrics %s/resumed",
+                 bin, common, ckpt, tmp, tmp);
+    check_done("mpi allreduce resumed after a lost rank", rc, "resumed");
+    CHECKF(strstr(err, "ckpt-0000000020") != NULL && strstr(err, "Resuming from") != NULL,
+           "the job did not resume from the checkpoint at step 20: %s", err);
 
     /* Nonsense is refused, clearly, and the job ends. */
     rc = run_cmd(err, sizeof err,
