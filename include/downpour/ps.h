@@ -152,6 +152,10 @@ int dp_ps_client_say(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
  * backup, and it is nobody's backup any more.  Returns the number of shards
  * moved, or -1 when a shard it held has no copy left. */
 int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err);
+/* fn(ctx, rank, reason) is called once for each ps task the client finds
+ * lost while every shard keeps a copy (the task's `fault` metrics event). */
+void dp_ps_client_on_failover(dp_ps_client *c, void (*fn)(void *ctx, int rank, const char *reason),
+                              void *ctx);
 /* A round trip to every shard after pushing whatever is accumulated, so every
  * push this worker made has been applied (a checkpoint's consistent point). */
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);

@@ -711,10 +711,12 @@ int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err
 {
     dp_ps_layout *l = &c->layout;
     const char *who = dp_transport_peer_name(c->t, rank);
-    int moved = 0;
-    for (int s = 0; s < l->n_shards; s++)
+    int moved = 0, news = 0;
+    for (int s = 0; s < l->n_shards; s++) {
+        news |= l->rank[s] == rank || l->backup[s] == rank;
         if (l->backup[s] == rank)
             l->backup[s] = -1;
+    }
     for (int s = 0; s < l->n_shards; s++) {
         if (l->rank[s] != rank)
             continue;
@@ -729,7 +731,16 @@ int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err
         l->backup[s] = -1;
         moved++;
     }
+    if (news && c->on_failover)
+        c->on_failover(c->failover_ctx, rank, reason);
     return moved;
+}
+
+void dp_ps_client_on_failover(dp_ps_client *c, void (*fn)(void *ctx, int rank, const char *reason),
+                              void *ctx)
+{
+    c->on_failover = fn;
+    c->failover_ctx = ctx;
 }
 
 /* Sends shard s the client's newest request (c->last) once. */

@@ -285,6 +285,15 @@ static int open_chief(dp_strategy *s, dp_err *err)
     return 0;
 }
 
+/* A ps task lost while its shards go on on their backups: a `fault` event. */
+static void failover_event(void *ctx, int rank, const char *reason)
+{
+    dp_strategy *s = ctx;
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task",
+                     dp_transport_peer_name(s->t, rank), DP_F_STR, "what", reason, DP_F_STR,
+                     "action", "failover", DP_F_END);
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -329,6 +338,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     if (dp_ps_client_open(&s->client, s->t, &s->layout, &s->pc, &cfg->optim, s->m->n_params,
                           err) < 0)
         goto fail;
+    dp_ps_client_on_failover(s->client, failover_event, s);
     if (s->part == DP_PART_COORDINATOR) {
         snprintf(info->label, sizeof info->label, "Chief");
         if (open_chief(s, err) < 0)
@@ -588,12 +598,9 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
     if (!s->live[ev->peer] && s->c->tasks[ev->peer].role != DP_ROLE_PS)
         return 0;
     if (s->c->tasks[ev->peer].role == DP_ROLE_PS) {
-        /* With --ps-replicas 2 its shards go on on their backups (ps.c). */
-        if (dp_ps_client_lost(s->client, ev->peer, ev->reason, err) < 0)
-            return -1;
-        dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
-                         ev->reason, DP_F_STR, "action", "failover", DP_F_END);
-        return 0;
+        /* With --ps-replicas 2 its shards go on on their backups (ps.c,
+         * which logs it; failover_event records it). */
+        return dp_ps_client_lost(s->client, ev->peer, ev->reason, err) < 0 ? -1 : 0;
     }
     s->live_workers--;
     s->live[ev->peer] = 0;
@@ -789,16 +796,14 @@ static int passed_barrier(const dp_strategy *s)
     return -1;
 }
 
-/* Lets the workers at a barrier that cannot close go on, writing nothing. */
-static int skip_barrier(dp_strategy *s, int passed, dp_err *err)
+/* The workers at the checkpoint barrier of `step` go on, and the workers
+ * that rejoined meanwhile are admitted. */
+static int release_barrier(dp_strategy *s, long step, dp_err *err)
 {
-    dp_warn("fault: the checkpoint at step %ld is not written: %s went past it while the chief "
-            "was lost", s->ckpt_step, dp_transport_peer_name(s->t, passed));
     for (int r = 0; r < s->c->n_tasks; r++)
         if (s->ready[r]) {
             s->ready[r] = 0;
-            if (s->live[r] &&
-                send_to(s, r, DP_WIRE_CKPT_GO, (uint64_t)s->ckpt_step, NULL, 0, err) < 0)
+            if (s->live[r] && send_to(s, r, DP_WIRE_CKPT_GO, (uint64_t)step, NULL, 0, err) < 0)
                 return -1;
         }
     s->n_ready = 0;
@@ -806,6 +811,14 @@ static int skip_barrier(dp_strategy *s, int passed, dp_err *err)
         if (s->joining[r])
             admit_rejoin(s, r);
     return 0;
+}
+
+/* A barrier that cannot close: its workers go on, writing nothing. */
+static int skip_barrier(dp_strategy *s, int passed, dp_err *err)
+{
+    dp_warn("fault: the checkpoint at step %ld is not written: %s went past it while the chief "
+            "was lost", s->ckpt_step, dp_transport_peer_name(s->t, passed));
+    return release_barrier(s, s->ckpt_step, err);
 }
 
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
@@ -817,18 +830,10 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
                            ? (int)(s->env->resume->step / s->env->steps_per_epoch) + 1
                            : 1;
     if (s->go_pending >= 0) {
-        for (int r = 0; r < s->c->n_tasks; r++)
-            if (s->ready[r]) {
-                s->ready[r] = 0;
-                if (s->live[r] &&
-                    send_to(s, r, DP_WIRE_CKPT_GO, (uint64_t)s->go_pending, NULL, 0, err) < 0)
-                    return -1;
-            }
-        s->n_ready = 0;
+        long step = s->go_pending;
         s->go_pending = -1;
-        for (int r = 0; r < s->c->n_tasks; r++)
-            if (s->joining[r])
-                admit_rejoin(s, r);
+        if (release_barrier(s, step, err) < 0)
+            return -1;
     }
     if (s->attach_state == 1) {
         /* The loop took the newest checkpoint's evaluator state: its step. */

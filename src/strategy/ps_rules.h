@@ -81,6 +81,8 @@ struct dp_ps_client {
         int want;
         uint64_t step;
     } last;
+    void (*on_failover)(void *ctx, int rank, const char *reason);
+    void *failover_ctx;
     float *sent;         /* avg with replicas: the pushed parameters, kept for a re-send
                             while the answer overwrites the caller's */
 };
