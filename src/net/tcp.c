@@ -34,6 +34,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sodium.h>
 #include <stdatomic.h>
@@ -140,6 +141,10 @@ typedef struct tcp {
     uint64_t max_frame;
     int sock_buf;
     int keyed, encrypt; /* frames carry tags (a secret); payloads encrypted */
+    /* Test hook (docs/faults.md, "Testing"): pause the nth frame larger than
+     * pause_bytes once that many payload bytes are written; 0: off. */
+    uint64_t pause_bytes;
+    _Atomic long pause_left; /* such frames still to pass before the pause */
     uint64_t incarnation;
     pthread_mutex_t rl_mu; /* refusal log */
     refusal rl[REFUSE_SLOTS];
@@ -1094,6 +1099,44 @@ static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, siz
     return k;
 }
 
+/* The mid-frame test hook (docs/faults.md, "Testing"): reads its settings
+ * at open.  Armed only in the task DOWNPOUR_TEST_PAUSE_TASK names (the
+ * launcher hands every task the same environment), or in every task when
+ * that is unset. */
+static void pause_hook_init(tcp *t)
+{
+    const char *b = getenv("DOWNPOUR_TEST_PAUSE_MIDFRAME");
+    const char *who = getenv("DOWNPOUR_TEST_PAUSE_TASK");
+    const char *me = getenv("DOWNPOUR_TASK");
+    const char *nth = getenv("DOWNPOUR_TEST_PAUSE_FRAME");
+    if (!b || !*b || (who && *who && (!me || strcmp(who, me) != 0)))
+        return;
+    t->pause_bytes = strtoull(b, NULL, 10);
+    atomic_store(&t->pause_left, nth && atol(nth) > 0 ? atol(nth) : 1);
+}
+
+/* Called after each write of a frame's payload (done bytes of len so far,
+ * done < len): in the chosen frame, once past pause_bytes, the process
+ * stops itself for the test to kill (the frame stays cut where it is). */
+static void pause_hook(tcp *t, int peer, uint64_t done, uint64_t len, int *counted)
+{
+    if (!t->pause_bytes || len <= t->pause_bytes)
+        return;
+    if (!*counted) {
+        *counted = 1;
+        if (atomic_fetch_sub(&t->pause_left, 1) != 1)
+            return;
+        *counted = 2; /* this frame is the one */
+    }
+    if (*counted != 2 || done < t->pause_bytes)
+        return;
+    fprintf(stderr, "test hook: paused mid-frame to %s (%" PRIu64 " of %" PRIu64 " payload bytes "
+                    "sent)\n", pname(t, peer), done, len);
+    fflush(stderr);
+    for (;;) /* until the test kills it; SIGCONT would only stop it again */
+        raise(SIGSTOP);
+}
+
 /* A tagged frame (docs/transport.md, "Frame MAC"), with c->send_mu held:
  *   header | htag | chunk 0 | tag 0 | chunk 1 | tag 1 ...
  * No payload CRCs: the tags cover the bytes.  A chunk is tagged and sent in
@@ -1132,6 +1175,7 @@ static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct
         return write_iov(t, c, fd, v, 1, werr);
     }
     int idx = 0, head = 1; /* the header is still to go, with the first piece */
+    int counted = 0;
     size_t off = 0;
     for (uint32_t k = 0; left; k++) {
         size_t cleft = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
@@ -1178,6 +1222,8 @@ static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct
             if (write_iov(t, c, fd, v, n, werr))
                 return -1;
             head = 0;
+            if (left || cleft)
+                pause_hook(t, (int)(c - t->conns), len - left - cleft, len, &counted);
         }
     }
     return 0;
@@ -1258,8 +1304,10 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     if (fd >= 0) {
         dp_err werr;
         rc = write_iov(t, c, fd, v, n, &werr);
+        int counted = 0;
         while (rc == 0 && left) {
             uint32_t crc;
+            pause_hook(t, peer, len - left, len, &counted);
             want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
             n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &crc);
             left -= want;
@@ -1447,9 +1495,11 @@ static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
                                   " bytes missing)",
                       silent, dp_frame_type_name(c->pay_h.type), c->pay_left);
         } else if (n == 0) {
+            /* Keyed, pay_left counts bytes not yet checked: the chunk under
+             * way may have arrived in part. */
             conn_fail(t, peer, 0, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
-                                  " payload bytes missing",
-                      c->pay_left, c->pay_h.length);
+                                  " payload bytes missing%s",
+                      c->pay_left, c->pay_h.length, t->keyed ? " or not yet authenticated" : "");
         } else {
             conn_fail(t, peer, 0, "reading a payload: %s", strerror(errno));
         }
@@ -1950,6 +2000,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->secret_len = cfg->secret_len;
     t->keyed = cfg->secret_len > 0;
     t->encrypt = cfg->encrypt != 0;
+    pause_hook_init(t);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);
     t->hb_interval = cfg->heartbeat_interval;
