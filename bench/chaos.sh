@@ -30,6 +30,8 @@
 #   --max-restarts N      passed to `downpour launch`; in cut trials a failed task is
 #                         restarted by this script up to N times while the run goes on
 #   --train-size N        training records (default 6000); --epochs N (default 2)
+#   --ps N                ps tasks in the parameter-server runs (default 1)
+#   --train-args "ARGS"   more train options for every run (e.g. "--ps-replicas 2")
 #   --straggler-ms MS     worker 1's sleep per step (default 100)
 #   --heartbeat S         --heartbeat-timeout of every task (default 2)
 #   --tolerance X         accuracy difference allowed, absolute (default 0.005)
@@ -53,6 +55,8 @@ FAULT_MOMENT=mid
 MAX_RESTARTS=
 TRAIN=6000
 EPOCHS=2
+NPS=1
+EXTRA=
 STRAG_MS=100
 HB=2
 TOL=0.005
@@ -74,6 +78,8 @@ while [ $# -gt 0 ]; do
     --max-restarts) MAX_RESTARTS=$2; shift 2 ;;
     --train-size) TRAIN=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
+    --ps) NPS=$2; shift 2 ;;
+    --train-args) EXTRA=$2; shift 2 ;;
     --straggler-ms) STRAG_MS=$2; shift 2 ;;
     --heartbeat) HB=$2; shift 2 ;;
     --tolerance) TOL=$2; shift 2 ;;
@@ -88,7 +94,8 @@ done
 int_ok() { [[ "$1" =~ ^[0-9]+$ ]]; }
 num_ok() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
 int_ok "$TRIALS" && [ "$TRIALS" -ge 1 ] || die "--trials: a positive integer"
-int_ok "$TRAIN" && int_ok "$EPOCHS" && int_ok "$STRAG_MS" || die "--train-size, --epochs, --straggler-ms: integers"
+int_ok "$TRAIN" && int_ok "$EPOCHS" && int_ok "$STRAG_MS" && int_ok "$NPS" ||
+    die "--train-size, --epochs, --straggler-ms, --ps: integers"
 num_ok "$HB" && num_ok "$TOL" && num_ok "$TIMEOUT" || die "--heartbeat, --tolerance, --timeout: numbers"
 [ -z "$MAX_RESTARTS" ] || int_ok "$MAX_RESTARTS" || die "--max-restarts: an integer"
 case "$FAULT_MOMENT" in early|mid|late) ;; *) die "--fault-moment: early, mid or late" ;; esac
@@ -194,11 +201,13 @@ train_args() {  # strategy
              --epochs "$EPOCHS" --batch 128 --seed 1 --log-every 8 --no-progress
              --heartbeat-timeout "$HB" --startup-timeout 30 --straggler "1:$STRAG_MS")
     [ "$1" = allreduce ] && a+=(--collective-timeout 20)
-    printf '%s\n' "${a[@]}"
+    local extra=()
+    [ -n "$EXTRA" ] && read -r -a extra <<<"$EXTRA"
+    printf '%s\n' "${a[@]}" "${extra[@]}"
 }
 
 launch_opts() {  # strategy
-    if [ "$1" = allreduce ]; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps 1; fi
+    if [ "$1" = allreduce ]; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps "$NPS"; fi
     [ -z "$MAX_RESTARTS" ] || printf '%s\n' --max-restarts "$MAX_RESTARTS"
 }
 
@@ -304,7 +313,13 @@ run_cut() {  # strategy role at_seconds tag
     NOTE=
     T_FAULT=
     local names=() i
-    if [ "$s" = allreduce ]; then names=(worker:0 worker:1); else names=(chief:0 ps:0 worker:0 worker:1); fi
+    if [ "$s" = allreduce ]; then
+        names=(worker:0 worker:1)
+    else
+        names=(chief:0)
+        for i in $(seq 0 $((NPS - 1))); do names+=("ps:$i"); done
+        names+=(worker:0 worker:1)
+    fi
     local n=${#names[@]}
     if ! "$NETNS" up "$PREFIX" "$n" >/dev/null; then
         RC=125
@@ -320,8 +335,10 @@ run_cut() {  # strategy role at_seconds tag
     if [ "$s" = allreduce ]; then
         printf '{"cluster": {"worker": ["%s:2222", "%s:2222"]}}\n' "${addrs[0]}" "${addrs[1]}" >"$spec"
     else
-        printf '{"cluster": {"chief": ["%s:2222"], "ps": ["%s:2222"], "worker": ["%s:2222", "%s:2222"]}}\n' \
-            "${addrs[0]}" "${addrs[1]}" "${addrs[2]}" "${addrs[3]}" >"$spec"
+        local pss
+        pss=$(printf '"%s:2222", ' "${addrs[@]:1:$NPS}")
+        printf '{"cluster": {"chief": ["%s:2222"], "ps": [%s], "worker": ["%s:2222", "%s:2222"]}}\n' \
+            "${addrs[0]}" "${pss%, }" "${addrs[$((NPS + 1))]}" "${addrs[$((NPS + 2))]}" >"$spec"
     fi
     DOWNPOUR_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
     export DOWNPOUR_SECRET
@@ -373,8 +390,11 @@ run_cut() {  # strategy role at_seconds tag
             wait "${tpid[$i]}" 2>/dev/null
             st[$i]=$?
             if [ "${st[$i]}" != 0 ]; then
-                if [ -n "$MAX_RESTARTS" ] && [ "$restarts" -lt "$MAX_RESTARTS" ] && [ "$i" != "$eval_i" ] &&
-                   [ -z "${st[$eval_i]}" ]; then
+                # Restarted as the launcher would: a task while the evaluating
+                # one runs; the chief itself where the strategy survives it.
+                if [ -n "$MAX_RESTARTS" ] && [ "$restarts" -lt "$MAX_RESTARTS" ] &&
+                   { { [ "$i" != "$eval_i" ] && [ -z "${st[$eval_i]}" ]; } ||
+                     { [ "$i" = "$eval_i" ] && [ "$s" != allreduce ]; }; }; then
                     restarts=$((restarts + 1))
                     echo "$(now) [chaos] ${names[$i]} exited ${st[$i]}; restart $restarts of $MAX_RESTARTS" >>"$LOG.events"
                     start_one "$i"
