@@ -55,7 +55,9 @@
 #define HDR_MAC (DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE) /* header and its tag */
 /* A keyed sender tags (or encrypts) and writes a chunk in pieces of this
  * size, each while it is in cache; up to FMAC_ONESHOT bytes in one piece
- * take libsodium's one-shot tag, which starts faster than OpenSSL's (fmac.h). */
+ * take libsodium's one-shot tag, which starts faster than OpenSSL's (fmac.h).
+ * A whole chunk per write costs less CPU on loopback but holds a frame's
+ * first byte back on a network (docs/transport.md, "Piece size"). */
 #ifndef SEND_PIECE
 #define SEND_PIECE (64 * 1024)
 #endif
