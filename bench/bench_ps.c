@@ -207,7 +207,7 @@ int main(int argc, char **argv)
             goto fail;
     printf("model mlp-300-100: %zu parameters, %.2f MB each way per push; medians of %d runs\n", n,
            bytes / 1e6, repeats);
-    printf("%-17s %26s %34s %10s\n", "", "round trip (no server work)",
+    printf("%-17s %28s %36s %10s\n", "", "round trip (no server work)",
            "ps-async push + Adam + params back", "fraction");
     for (int k = 0; k < N_MODES; k++) {
         if (!rigs[k].on)
