@@ -79,6 +79,27 @@ static double records_in_step(const dp_strategy *s, long k)
     return total;
 }
 
+/* What a replica no longer in the ring has sent is void; reading it also
+ * takes the transport's report of its loss, after which a restarted
+ * replica's new connection is in place (docs/transport.md).  Replica 0 notes
+ * a HELLO: the replica is back (welcome).  Every replica looks at each one
+ * out of the ring at every step, so none is left with an unread loss. */
+static void forget(dp_strategy *s, int p)
+{
+    for (int k = 0; k < 8; k++) {
+        dp_event ev;
+        dp_err e;
+        if (dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 || ev.kind != DP_EVENT_FRAME)
+            return;
+        if (s->position == 0 && ev.header.type == DP_WIRE_RING_HELLO && !s->back[p]) {
+            s->back[p] = 1;
+            dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
+                    name_of(s, p));
+        }
+        dp_transport_skip_payload(s->t, s->ranks[p], &e);
+    }
+}
+
 /* Replica p is gone.  Replica 0 evaluates and writes: without it the run
  * cannot go on. */
 static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
@@ -92,6 +113,7 @@ static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
         return 0;
     s->live[p] = 0;
     s->n_live--;
+    forget(s, p);
     dp_warn("fault: lost %s (%s); the all-reduce ring re-forms over the %d replica(s) left",
             name_of(s, p), why, s->n_live);
     dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR, "what",
@@ -391,23 +413,12 @@ static int ring_broke(dp_strategy *s, const dp_err *why, dp_err *err)
     return reform(s, err);
 }
 
-/* Replica 0, after a loss: a replica restarted into the running ring says
- * HELLO; it is taken back at the next epoch's start (admit). */
-static void note_returning(dp_strategy *s)
+/* After a loss: the replicas out of the ring are looked at (forget). */
+static void watch_lost(dp_strategy *s)
 {
-    for (int p = 1; p < s->n; p++) {
-        dp_event ev;
-        dp_err e;
-        if (s->live[p] || s->back[p] || dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 ||
-            ev.kind != DP_EVENT_FRAME)
-            continue;
-        if (ev.header.type == DP_WIRE_RING_HELLO) {
-            s->back[p] = 1;
-            dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
-                    name_of(s, p));
-        }
-        dp_transport_skip_payload(s->t, s->ranks[p], &e);
-    }
+    for (int p = 0; p < s->n; p++)
+        if (!s->live[p] && !s->back[p])
+            forget(s, p);
 }
 
 /* Replica 0, between epochs (and at the end): the replicas that came back
@@ -417,7 +428,7 @@ static void note_returning(dp_strategy *s)
  * optimiser state, so it holds the same bits as every other member. */
 static void take_back(dp_strategy *s)
 {
-    note_returning(s);
+    watch_lost(s);
     for (int p = 1; p < s->n; p++)
         if (s->back[p]) {
             s->live[p] = 1;
@@ -641,8 +652,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
 static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                           long step, dp_step_out *out, dp_err *err)
 {
-    if (s->n_live < s->n && s->position == 0)
-        note_returning(s);
+    if (s->n_live < s->n)
+        watch_lost(s);
     for (;;) {
         s->broken = 0;
         if (dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
