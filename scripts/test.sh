@@ -35,7 +35,8 @@ install_check() { # build
   local pc
   pc=$(ls "$tmp"/prefix/lib*/pkgconfig/downpour.pc 2>/dev/null | head -1)
   if [ $ok = 1 ] && [ -n "$pc" ] && grep -qx "prefix=$tmp/prefix" "$pc"; then
-    printf '#include "downpour/crc32c.h"\n#include <stdio.h>\nint main(void) { printf("%%08x\\n", dp_crc32c(0, "123456789", 9)); return 0; }\n' >"$tmp/prog.c"
+    # dp_tcp_open pulls in the transport and so every library it needs (libcrypto, libsodium)
+    printf '#include "downpour/crc32c.h"\n#include "downpour/tcp.h"\n#include <stdio.h>\nint (*volatile tcp)(const dp_tcp_config *, dp_transport **, dp_err *) = dp_tcp_open;\nint main(void) { printf("%%08x\\n", dp_crc32c(0, "123456789", 9) ^ (tcp == 0)); return 0; }\n' >"$tmp/prog.c"
     export PKG_CONFIG_PATH="$(dirname "$pc")"
     # the README's recipe, as written there
     cc -o "$tmp/prog" "$tmp/prog.c" $(pkg-config --cflags downpour) -Wl,--as-needed \
