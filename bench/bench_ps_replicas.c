@@ -35,6 +35,7 @@
 #define MAX_REPEATS 15
 #define BOUND 0.15 /* replication may cost under 15 % of ps-async throughput */
 #define N_RANKS 3  /* worker 0, ps:0, ps:1 */
+#define READY DP_FRAME_APP(200) /* ps -> worker: this turn's server is closed */
 
 static int open_transport(const dp_cluster *c, int rank, const dp_secret *secret, dp_transport **t,
                           dp_err *err)
@@ -68,8 +69,9 @@ static void config(dp_ps_config *pc, int replicas)
     pc->replicas = replicas;
 }
 
-/* A ps process: one server per turn, replicas 1 then 2, until the worker's
- * DONE ends it. */
+/* A ps process: one server per turn, replicas 1 then 2, each until the
+ * worker's DONE ends it; then READY, so no frame of the next turn reaches
+ * this turn's server (a forward would find no backup there). */
 static int ps_main(const dp_cluster *c, const dp_secret *secret, int rank, const float *init,
                    size_t n, int turns)
 {
@@ -90,6 +92,8 @@ static int ps_main(const dp_cluster *c, const dp_secret *secret, int rank, const
         if (dp_ps_layout_make(&layout, c, n, &pc, &err) < 0 ||
             dp_ps_serve(t, c, &layout, &pc, &oc, &start, n, &err) < 0) {
             fprintf(stderr, "bench_ps_replicas (%s): %s\n", c->tasks[rank].name, err.msg);
+            rc = 1;
+        } else if (dp_transport_send(t, 0, READY, 0, 0, NULL, 0, &err) < 0) {
             rc = 1;
         }
     }
@@ -121,6 +125,14 @@ static double turn(dp_transport *t, const dp_cluster *c, dp_model *m, int replic
     for (int r = 1; r < N_RANKS; r++)
         if (dp_transport_send(t, r, DP_WIRE_DONE, 0, 0, NULL, 0, err) < 0)
             return -1;
+    for (int r = 1; r < N_RANKS; r++) {
+        dp_event ev;
+        if (dp_transport_recv(t, r, "the end of its turn", 60, &ev, err) < 0)
+            return -1;
+        if (ev.header.type != READY)
+            return dp_errf(err, "%s sent frame type %u after its turn", c->tasks[r].name,
+                           ev.header.type);
+    }
     return per;
 }
 

@@ -19,7 +19,10 @@
  *   parameters equal the fault-free run's (both modes are deterministic; no
  *   update is lost or applied twice); checkpoints every 25 steps, so the
  *   chief's state pulls fail over as well;
- * - ps-async: exit 0, test accuracy within 1 % of the fault-free run's;
+ * - ps-sync with ps:0 frozen (SIGSTOP) past the 1 s heartbeat timeout, then
+ *   woken: the same;
+ * - ps-async: exit 0, the shard taken over holds each of the 360 pushes once,
+ *   and the test accuracy is within 1 % of the fault-free run's;
  * - --ps-replicas 2 with one ps task is refused, naming the fix. */
 #include <math.h>
 #include <stdint.h>
@@ -184,8 +187,11 @@ static void forward_lost(void)
 
 /* ------------------------------------------------------------ whole runs */
 
-/* One run; victim: NULL, or the ps task to SIGKILL once worker 1 logged step 60. */
-static int run(const char *name, const char *strategy, const char *extra, const char *victim)
+/* One run; victim: NULL, or the ps task to strike once worker 1 logged step
+ * 60: SIGKILL, or with `freeze` SIGSTOP until its backup took over (past the
+ * 1 s heartbeat timeout), then SIGCONT. */
+static int run_fault(const char *name, const char *strategy, const char *extra,
+                     const char *victim, int freeze)
 {
     char args[2048];
     snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --strategy %s " RUN
@@ -197,10 +203,21 @@ static int run(const char *name, const char *strategy, const char *extra, const 
                name);
         pid_t ps = task_pid(l, victim);
         CHECKF(ps > 0, "%s: no %s among the launcher's children", name, victim);
-        if (ps > 0)
+        if (ps > 0 && !freeze) {
             kill(ps, SIGKILL);
+        } else if (ps > 0) {
+            kill(ps, SIGSTOP);
+            CHECKF(wait_log(name, "takes the shard over", 60), "%s: no backup took over from "
+                   "the frozen %s", name, victim);
+            kill(ps, SIGCONT);
+        }
     }
     return finish(l, 300);
+}
+
+static int run(const char *name, const char *strategy, const char *extra, const char *victim)
+{
+    return run_fault(name, strategy, extra, victim, 0);
 }
 
 static double max_diff(const char *a, const char *b)
@@ -240,6 +257,19 @@ static void loses_nothing(const char *strategy, const char *victim, const char *
            "%s: expected fault events from the launcher and one from the chief", strategy);
 }
 
+/* A frozen primary is lost to the others past the heartbeat timeout; when it
+ * wakes, its connections are gone, and it counts for nothing. */
+static void sync_survives_freeze(void)
+{
+    int rc = run_fault("sync-freeze", "ps-sync", "", "ps:0", 1);
+    CHECKF(rc == 0, "ps-sync with replicas and ps:0 frozen exited %d", rc);
+    double d = max_diff("ps-sync-clean", "sync-freeze");
+    fprintf(stderr, "ps-sync, ps:0 frozen past the heartbeat timeout at step 60: max |diff| of "
+            "the final parameters %.3g\n", d);
+    CHECKF(d < 1e-5, "ps-sync's parameters differ from the fault-free run's by %g after a freeze",
+           d);
+}
+
 static void async_goes_on(void)
 {
     int rc = run("async-clean", "ps-async", "", NULL);
@@ -251,6 +281,9 @@ static void async_goes_on(void)
     fprintf(stderr, "ps-async, ps:0 killed at step 60: test accuracy %.4f, fault-free %.4f\n", acc,
             clean);
     CHECKF(rc == 0, "ps-async with replicas and ps:0 killed exited %d", rc);
+    /* No update lost or applied twice: 2 workers x 180 pushes, all on ps:1. */
+    CHECKF(log_has("async-kill", "ps:1 holds 360 update(s) of shard 0, which it took over"),
+           "ps-async: the shard taken over does not hold every worker's 180 pushes once");
     CHECKF(fabs(acc - clean) <= 0.01, "ps-async: accuracy %.4f with ps:0 lost, %.4f without", acc,
            clean);
 }
@@ -279,6 +312,7 @@ int main(void)
     /* Checkpoints every 25 steps: the chief's state pulls fail over too. */
     loses_nothing("ps-sync", "ps:0", "--checkpoint-every 25");
     loses_nothing("ps-sync", "ps:1", "--checkpoint-every 25");
+    sync_survives_freeze();
     loses_nothing("model-avg", "ps:0", "--period 4 --checkpoint-every 25");
     async_goes_on();
     return check_failures ? 1 : 0;

@@ -49,6 +49,8 @@ typedef struct dp_ps_config {
                                parameters with this decay (0: none) for the chief */
     double (*now)(void);    /* the servers' clock for DSSP decisions (NULL: dp_now);
                                tests step it by hand */
+    double heartbeat_timeout; /* replicas: a server stopped about this long (its peers
+                               may have failed over from it) leaves the run; 0: never */
     int survives_chief;     /* servers serve on while the chief is lost, until it
                                comes back (the strategy survives it: docs/faults.md) */
 } dp_ps_config;

@@ -260,6 +260,7 @@ int cmd_train(int argc, char **argv)
     cfg.secret_file = secret_file;
     cfg.startup_timeout = startup_timeout;
     cfg.heartbeat_timeout = heartbeat_timeout;
+    cfg.ps.heartbeat_timeout = heartbeat_timeout;
     if (check_outputs(save, metrics, checkpoint_dir) < 0)
         return 2;
 

@@ -130,6 +130,8 @@ void dp_ps_reply(server *s, dp_ps_worker *w)
 void dp_ps_send_reply(server *s, dp_ps_worker *w)
 {
     w->owed = 0;
+    if (s->fenced)
+        return; /* the backups may serve its shards now: it answers nobody */
     dp_err why;
     if (send_params(s, w->rank, &why) < 0 && w->live) {
         dp_warn("fault: cannot send %s its parameters (%s); %s goes on without it",
@@ -459,7 +461,8 @@ int dp_ps_server_poll(dp_ps_server *s, double timeout_s, dp_err *err)
     if (s->rules->watches_time && waiting && timeout_s > 0.005)
         timeout_s = 0.005;
     dp_event ev;
-    if (dp_transport_poll(s->t, DP_PEER_ANY, timeout_s, &ev, err) < 0)
+    if (dp_transport_poll(s->t, DP_PEER_ANY, timeout_s, &ev, err) < 0 ||
+        dp_ps_replica_awake(s, err) < 0)
         return -1;
     if (ev.kind == DP_EVENT_TIMEOUT) {
         if (s->rules->watches_time && waiting &&
@@ -517,6 +520,7 @@ void dp_ps_server_close(dp_ps_server *s)
 {
     if (!s)
         return;
+    dp_ps_replica_close(s);
     dp_ps_server_close(s->backup);
     free(s->table);
     dp_optim_free(&s->opt);
@@ -651,6 +655,10 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
     if (rc > 0)
         dp_info("%s applied %ld update(s)", dp_transport_peer_name(t, dp_transport_rank(t)),
                 s->updates);
+    if (rc > 0 && s->backup && s->backup->primary_rank < 0)
+        dp_info("%s holds %ld update(s) of shard %d, which it took over",
+                dp_transport_peer_name(t, dp_transport_rank(t)), s->backup->updates,
+                s->backup->shard);
     dp_ps_server_close(s);
     return rc < 0 ? -1 : 0;
 }

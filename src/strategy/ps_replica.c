@@ -18,8 +18,11 @@
  * worker's newest applied push) is answered, not applied again.  A client
  * can reach the backup before the backup has read all the primary sent it,
  * so the backup first reads the primary's stream to its end. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "downpour/clock.h"
 #include "downpour/log.h"
@@ -38,6 +41,8 @@ static const char *self(const server *s) { return name(s, dp_transport_rank(s->t
 
 static size_t table_bytes(const server *s) { return REP_HEAD + (size_t)s->n_workers * REP_WORKER; }
 
+static int start_ticker(server *s, dp_err *err); /* the stop watch, below */
+
 int dp_ps_replica_open(server *s, const dp_cluster *c, const dp_ps_layout *layout,
                        const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
                        dp_err *err)
@@ -48,6 +53,8 @@ int dp_ps_replica_open(server *s, const dp_cluster *c, const dp_ps_layout *layou
     for (int i = 0; i < layout->n_shards; i++)
         if (layout->backup[i] == me)
             backs = i;
+    if (s->cfg.heartbeat_timeout > 0 && start_ticker(s, err) < 0)
+        return -1;
     double deadline = dp_now() + CONNECT_WAIT;
     if (s->shard >= 0 && layout->backup[s->shard] >= 0) {
         s->backup_rank = layout->backup[s->shard];
@@ -74,10 +81,27 @@ int dp_ps_replica_open(server *s, const dp_cluster *c, const dp_ps_layout *layou
     return 0;
 }
 
-/* The backup is gone: the shard goes on alone, and every held reply goes out. */
+static int stopped(const server *s);
+
+/* This task answers nobody any more, for either shard it holds. */
+static void fence(server *s)
+{
+    s->fenced = 1;
+    if (s->backup)
+        s->backup->fenced = 1;
+}
+
+/* The backup is gone: the shard goes on alone, and every held reply goes out.
+ * Unless this task was stopped since its last poll: then the backup may have
+ * taken the shard over, and the held replies must never go (the clients
+ * re-send them there). */
 static void lose_backup(server *s)
 {
     s->backup_rank = -1;
+    if (stopped(s)) {
+        fence(s);
+        return;
+    }
     for (int i = 0; i < s->n_workers; i++)
         if (s->w[i].owed)
             dp_ps_send_reply(s, &s->w[i]);
@@ -238,6 +262,83 @@ static void drain_primary(server *s)
             }
         }
     }
+}
+
+/* Peers lose a task after heartbeat_timeout of silence.  A task stopped
+ * about that long (SIGSTOP, a suspended VM; a margin, since their clocks
+ * started at its last frame) may find its shards served by their backups
+ * when it wakes; serving on would make two primaries of one shard, so it
+ * leaves, and its clients fail over too.  A thread ticking every TICK_NS
+ * tells being stopped (it stops too) from being blocked (a send to a slow
+ * peer, a drain): the main thread's own clock cannot. */
+#define FENCE_SHARE 0.8
+#define TICK_NS 50000000L
+
+struct dp_ps_ticker {
+    pthread_t thread;
+    atomic_int stop;
+    atomic_llong last_us; /* its newest tick */
+    atomic_int gap;       /* a tick came FENCE_SHARE * heartbeat_timeout late */
+    long long fence_us;
+};
+
+static long long now_us(void) { return (long long)(dp_now() * 1e6); }
+
+static void *tick(void *arg)
+{
+    struct dp_ps_ticker *k = arg;
+    while (!atomic_load(&k->stop)) {
+        struct timespec ts = {0, TICK_NS};
+        nanosleep(&ts, NULL);
+        long long now = now_us();
+        if (now - atomic_load(&k->last_us) > k->fence_us)
+            atomic_store(&k->gap, 1);
+        atomic_store(&k->last_us, now);
+    }
+    return NULL;
+}
+
+static int start_ticker(server *s, dp_err *err)
+{
+    struct dp_ps_ticker *k = calloc(1, sizeof *k);
+    if (!k)
+        return dp_errf(err, "out of memory");
+    k->fence_us = (long long)(FENCE_SHARE * s->cfg.heartbeat_timeout * 1e6);
+    atomic_store(&k->last_us, now_us());
+    if (pthread_create(&k->thread, NULL, tick, k) != 0) {
+        free(k);
+        return dp_errf(err, "cannot start the ps's stop watch thread");
+    }
+    s->ticker = k;
+    return 0;
+}
+
+void dp_ps_replica_close(server *s)
+{
+    if (!s->ticker)
+        return;
+    atomic_store(&s->ticker->stop, 1);
+    pthread_join(s->ticker->thread, NULL);
+    free(s->ticker);
+    s->ticker = NULL;
+}
+
+/* Whether this task was stopped long enough to have been taken over: the
+ * ticker saw it, or has not ticked for that long (it is waking up too). */
+static int stopped(const server *s)
+{
+    const struct dp_ps_ticker *k = s->ticker;
+    return k && (atomic_load(&k->gap) || now_us() - atomic_load(&k->last_us) > k->fence_us);
+}
+
+int dp_ps_replica_awake(server *s, dp_err *err)
+{
+    if (!s->fenced && !stopped(s))
+        return 0;
+    fence(s);
+    return dp_errf(err, "fault: %s was stopped near or past the %.1f s heartbeat timeout: its "
+                        "peers may have handed its shards to their backups, so it leaves the run",
+                   self(s), s->cfg.heartbeat_timeout);
 }
 
 server *dp_ps_replica_route(server *s, const dp_event *ev)

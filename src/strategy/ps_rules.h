@@ -54,6 +54,8 @@ struct dp_ps_server {
     dp_ps_worker *pusher;  /* the worker whose push is being handled (applied at once) */
     dp_ps_server *backup;  /* the shard this task backs up, as a server of its own; NULL */
     int primary_rank;      /* on a backup: its primary, -1 once it took the shard over */
+    struct dp_ps_ticker *ticker; /* notices this task being stopped (ps_replica.c) */
+    int fenced;            /* stopped long enough to be taken over: it must leave */
 };
 
 struct dp_ps_client {
@@ -174,6 +176,11 @@ int dp_ps_replica_lost(dp_ps_server *s, const dp_event *ev);
 /* The server that a client's frame for the shard at ev->header.offset is
  * for: s, or the backup (taken over first when the frame asks to be served). */
 dp_ps_server *dp_ps_replica_route(dp_ps_server *s, const dp_event *ev);
+/* After each poll: -1 when this task was stopped (SIGSTOP, a suspended VM)
+ * long enough that its peers may have declared it lost and handed its
+ * shards to the backups; it must leave.  Close stops what open started. */
+int dp_ps_replica_awake(dp_ps_server *s, dp_err *err);
+void dp_ps_replica_close(dp_ps_server *s);
 
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
                         dp_err *err);
