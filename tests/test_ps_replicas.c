@@ -21,8 +21,10 @@
  *   chief's state pulls fail over as well;
  * - ps-sync with ps:0 frozen (SIGSTOP) past the 1 s heartbeat timeout, then
  *   woken: the same;
- * - ps-async: exit 0, the shard taken over holds each of the 360 pushes once,
- *   and the test accuracy is within 1 % of the fault-free run's;
+ * - ps-async with one worker (deterministic): the final parameters equal the
+ *   fault-free run's; with two: exit 0, the shard taken over holds each of
+ *   the 360 pushes once, and the test accuracy is within 2 % (the workers'
+ *   interleaving alone moves it by about 1 %);
  * - --ps-replicas 2 with one ps task is refused, naming the fix. */
 #include <math.h>
 #include <stdint.h>
@@ -190,17 +192,17 @@ static void forward_lost(void)
 /* One run; victim: NULL, or the ps task to strike once worker 1 logged step
  * 60: SIGKILL, or with `freeze` SIGSTOP until its backup took over (past the
  * 1 s heartbeat timeout), then SIGCONT. */
-static int run_fault(const char *name, const char *strategy, const char *extra,
-                     const char *victim, int freeze)
+static int run_workers(const char *name, const char *strategy, const char *extra,
+                       const char *victim, int freeze, int workers)
 {
-    char args[2048];
-    snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --strategy %s " RUN
+    char args[2048], line[64];
+    snprintf(args, sizeof args, "--chief --workers %d --ps 2 -- train --strategy %s " RUN
              " --ps-replicas 2 --heartbeat-timeout 1 --metrics %s/%s.jsonl --save %s/%s.st %s",
-             strategy, tmp, name, tmp, name, extra);
+             workers, strategy, tmp, name, tmp, name, extra);
     pid_t l = start(name, args);
     if (victim) {
-        CHECKF(wait_log(name, "Worker 1, At step 60,", 120), "%s: worker 1 never reached step 60",
-               name);
+        snprintf(line, sizeof line, "Worker %d, At step 60,", workers - 1);
+        CHECKF(wait_log(name, line, 120), "%s: the last worker never reached step 60", name);
         pid_t ps = task_pid(l, victim);
         CHECKF(ps > 0, "%s: no %s among the launcher's children", name, victim);
         if (ps > 0 && !freeze) {
@@ -213,6 +215,12 @@ static int run_fault(const char *name, const char *strategy, const char *extra,
         }
     }
     return finish(l, 300);
+}
+
+static int run_fault(const char *name, const char *strategy, const char *extra,
+                     const char *victim, int freeze)
+{
+    return run_workers(name, strategy, extra, victim, freeze, 2);
 }
 
 static int run(const char *name, const char *strategy, const char *extra, const char *victim)
@@ -270,6 +278,24 @@ static void sync_survives_freeze(void)
            d);
 }
 
+/* ps-async with one worker is deterministic: a lost ps changes nothing. */
+static void async_loses_nothing(void)
+{
+    int rc = run_workers("async1-clean", "ps-async", "", NULL, 0, 1);
+    CHECKF(rc == 0, "ps-async, one worker, fault-free, exited %d", rc);
+    rc = run_workers("async1-kill", "ps-async", "", "ps:0", 0, 1);
+    CHECKF(rc == 0, "ps-async, one worker, ps:0 killed, exited %d", rc);
+    double d = max_diff("async1-clean", "async1-kill");
+    fprintf(stderr, "ps-async, one worker, ps:0 killed at step 60: max |diff| of the final "
+            "parameters %.3g (test accuracy %.4f, fault-free %.4f)\n", d,
+            test_accuracy("async1-kill"), test_accuracy("async1-clean"));
+    CHECKF(d < 1e-5, "ps-async's parameters differ from the fault-free run's by %g", d);
+}
+
+/* Two workers: the order their pushes interleave in differs from run to run
+ * (test accuracy varies by about 0.01 between fault-free runs), so the
+ * check that nothing is lost is the update count; the accuracy is a sanity
+ * bound. */
 static void async_goes_on(void)
 {
     int rc = run("async-clean", "ps-async", "", NULL);
@@ -284,7 +310,7 @@ static void async_goes_on(void)
     /* No update lost or applied twice: 2 workers x 180 pushes, all on ps:1. */
     CHECKF(log_has("async-kill", "ps:1 holds 360 update(s) of shard 0, which it took over"),
            "ps-async: the shard taken over does not hold every worker's 180 pushes once");
-    CHECKF(fabs(acc - clean) <= 0.01, "ps-async: accuracy %.4f with ps:0 lost, %.4f without", acc,
+    CHECKF(fabs(acc - clean) <= 0.02, "ps-async: accuracy %.4f with ps:0 lost, %.4f without", acc,
            clean);
 }
 
@@ -314,6 +340,7 @@ int main(void)
     loses_nothing("ps-sync", "ps:1", "--checkpoint-every 25");
     sync_survives_freeze();
     loses_nothing("model-avg", "ps:0", "--period 4 --checkpoint-every 25");
+    async_loses_nothing();
     async_goes_on();
     return check_failures ? 1 : 0;
 }

@@ -92,9 +92,9 @@ static void fence(server *s)
 }
 
 /* The backup is gone: the shard goes on alone, and every held reply goes out.
- * Unless this task was stopped since its last poll: then the backup may have
- * taken the shard over, and the held replies must never go (the clients
- * re-send them there). */
+ * Unless this task was stopped (below): then the backup may have taken the
+ * shard over, and the held replies must never go (the clients re-send them
+ * there). */
 static void lose_backup(server *s)
 {
     s->backup_rank = -1;
