@@ -69,6 +69,7 @@ bench: build data
 	$(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_transport
 	$(BUILD)/bench/bench_ps
+	$(BUILD)/bench/bench_ps_replicas
 	$(BUILD)/bench/bench_allreduce
 
 clean:
