@@ -35,6 +35,7 @@ struct dp_strategy {
     int deal_index, deal_count; /* the data shard the chief dealt it last */
     int chief_optional;    /* the strategy survives a lost chief (docs/faults.md) */
     int chief_lost;        /* a worker: the chief is gone; it trains on and waits */
+    uint64_t lost_chief;   /* a worker: the incarnation of the chief it lost */
     int started;           /* a worker: the run has started (a START now is an attach) */
     int finished;          /* a worker: said DONE after done_steps */
     long done_steps, at_step;
@@ -128,7 +129,23 @@ static int chief_gone(dp_strategy *s, const char *reason, dp_err *err)
         dp_warn("fault: Worker %d lost the chief %s (%s); it trains on and waits for the chief "
                 "to come back", s->worker, who, reason);
     s->chief_lost = 1;
+    s->lost_chief = dp_transport_peer_incarnation(s->t, s->chief);
     return 0;
+}
+
+/* The connection to a lost chief is back, and the chief is the same
+ * process: it did not die, it dropped this worker (frozen past the
+ * heartbeat timeout, or cut off), which then cannot take part as it is. */
+static int check_dropped(dp_strategy *s, dp_err *err)
+{
+    dp_err e;
+    if (!s->chief_lost || s->lost_chief == 0 ||
+        dp_transport_connect(s->t, s->chief, dp_now(), &e) < 0 ||
+        dp_transport_peer_incarnation(s->t, s->chief) != s->lost_chief)
+        return 0;
+    return dp_errf(err, "the chief %s is running and dropped this worker (it was silent past "
+                        "the heartbeat timeout, or cut off); a restarted worker rejoins the run",
+                   dp_transport_peer_name(s->t, s->chief));
 }
 
 /* A frame for the chief; while the chief is lost, none (attach sends what
@@ -176,9 +193,12 @@ static int from_chief(dp_strategy *s, unsigned type, const char *what, double ti
         if (timeout > 0 && left <= 0)
             return dp_errf(err, "waited %.0f s for %s from the chief %s", timeout, what,
                            dp_transport_peer_name(s->t, s->chief));
-        if (dp_transport_poll(s->t, s->chief, left, ev, err) < 0)
+        /* While the chief is lost, look every second whether it dropped us. */
+        if (dp_transport_poll(s->t, s->chief, s->chief_lost && left > 1 ? 1 : left, ev, err) < 0)
             return -1;
         if (ev->kind == DP_EVENT_TIMEOUT) {
+            if (check_dropped(s, err) < 0)
+                return -1;
             if (timeout > 0)
                 continue;
             return 0;
