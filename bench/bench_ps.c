@@ -114,16 +114,8 @@ int main(int argc, char **argv)
 {
     long pushes = 300;
     int repeats = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--pushes") == 0)
-            pushes = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--repeats") == 0)
-            repeats = atoi(argv[i + 1]);
-    }
-    if (pushes < 1 || repeats < 1 || repeats > MAX_REPEATS) {
-        fprintf(stderr, "usage: bench_ps [--pushes N>=1] [--repeats 1..%d]\n", MAX_REPEATS);
+    if (bench_push_args(argc, argv, "bench_ps", MAX_REPEATS, &pushes, &repeats) != 0)
         return 2;
-    }
     rig rigs[N_MODES] = {{0}};
     rigs[MODE_CRC].on = 1;
     rigs[MODE_MAC].on = !(getenv("DP_BENCH_INSECURE") && atoi(getenv("DP_BENCH_INSECURE")));

@@ -140,17 +140,8 @@ int main(int argc, char **argv)
 {
     long pushes = 300;
     int repeats = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--pushes") == 0)
-            pushes = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--repeats") == 0)
-            repeats = atoi(argv[i + 1]);
-    }
-    if (pushes < 1 || repeats < 1 || repeats > MAX_REPEATS) {
-        fprintf(stderr, "usage: bench_ps_replicas [--pushes N>=1] [--repeats 1..%d]\n",
-                MAX_REPEATS);
+    if (bench_push_args(argc, argv, "bench_ps_replicas", MAX_REPEATS, &pushes, &repeats) != 0)
         return 2;
-    }
     dp_err err;
     dp_model m;
     dp_cluster c;
