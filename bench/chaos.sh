@@ -484,7 +484,7 @@ echo "chaos: $BIN, MNIST --train-size $TRAIN --epochs $EPOCHS, worker 1 straggle
 printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' strategy fault target moment exit accuracy delta detect verdict reason
 
 declare -A BASE_ACC
-TOTAL=0 PASSED=0
+TOTAL=0 PASSED=0 COMPLETED=0  # COMPLETED: exit 0 with a test accuracy
 DELTAS=() DETECTS=() SILENT=()  # SILENT: detection times of freezes and cuts
 
 frac() { case "$1" in early) echo 0.2 ;; mid) echo 0.5 ;; late) echo 0.8 ;; esac; }
@@ -516,6 +516,7 @@ report() {  # strategy fault target moment trial
     if [ "$fault" != none ] && [ "$verdict" != NOFAULT ]; then
         TOTAL=$((TOTAL + 1))
         [ "$verdict" = PASS ] && PASSED=$((PASSED + 1))
+        [ "$RC" = 0 ] && [ -n "$acc" ] && COMPLETED=$((COMPLETED + 1))
         [ "$delta" != - ] && DELTAS+=("${delta#[+-]}")
         [ -n "$det" ] && DETECTS+=("$det")
         [ -n "$det" ] && [ "$fault" != kill ] && SILENT+=("$det")
@@ -579,7 +580,8 @@ if [ "$TOTAL" = 0 ]; then
     echo "summary: no fault trial ran"
     exit 1
 fi
-rate=$(awk -v p="$PASSED" -v t="$TOTAL" 'BEGIN { printf "%.1f", 100 * p / t }')
+rate=$(awk -v p="$COMPLETED" -v t="$TOTAL" 'BEGIN { printf "%.1f", 100 * p / t }')
+within=$(printf '%s\n' "${DELTAS[@]:-}" | awk -v t="$TOL" 'NF { n++; w += ($1 <= t) } END { if (n) printf "%.1f", 100 * w / n; else print "-" }')
 maxd=$(printf '%s\n' "${DELTAS[@]:-}" | awk 'NF { if ($1 > m) m = $1; n++ } END { if (n) printf "%.4f", m; else print "-" }')
 median() {
     printf '%s\n' "$@" | awk 'NF' | sort -g |
@@ -594,7 +596,8 @@ line() {  # name value target ok
     [ "$4" = 1 ] || met=0
 }
 echo "summary: $PASSED of $TOTAL fault trials passed (results in $RESULTS)"
-line "trials completed" "$rate %" "100 %" "$([ "$PASSED" = "$TOTAL" ] && echo 1 || echo 0)"
+line "trials completed (exit 0)" "$rate %" "100 %" "$([ "$COMPLETED" = "$TOTAL" ] && echo 1 || echo 0)"
+line "accuracy within tolerance" "$within %" "100 %" "$([ "$within" = 100.0 ] && echo 1 || echo 0)"
 if [ "$maxd" = - ]; then
     line "max accuracy difference" "-" "<= $TOL" 0
 else

@@ -32,6 +32,8 @@ typedef struct dp_node {
     const dp_task *self;
     dp_transport *transport;
     dp_resource_sampler *sampler;
+    int failed; /* the task ends in failure: dp_node_close says no goodbye
+                   (dp_transport_close_failed) */
 } dp_node;
 
 void dp_node_config_init(dp_node_config *cfg);

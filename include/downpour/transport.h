@@ -112,6 +112,10 @@ int dp_transport_stats_get(const dp_transport *t, int peer, dp_transport_stats *
 /* Says BYE to every peer, stops background threads, closes everything.
  * NULL is a no-op. */
 void dp_transport_close(dp_transport *t);
+/* Closes as a task that failed: its peers take it as lost, not finished
+ * (TCP: no BYE), so those that dial it redial and find it again when a
+ * supervisor restarts it (docs/faults.md). */
+void dp_transport_close_failed(dp_transport *t);
 
 const char *dp_event_kind_name(dp_event_kind k);
 

@@ -205,7 +205,10 @@ void dp_node_close(dp_node *n)
 {
     dp_resource_sampler_stop(n->sampler);
     n->sampler = NULL;
-    dp_transport_close(n->transport);
+    if (n->failed)
+        dp_transport_close_failed(n->transport);
+    else
+        dp_transport_close(n->transport);
     n->transport = NULL;
     dp_cluster_free(&n->cluster);
     n->self = NULL;

@@ -1865,13 +1865,14 @@ static void tcp_close(dp_transport *bt)
     for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
         conn *c = &t->conns[i];
         if (c->state == CONN_UP) {
-            /* BYE, then drain what the peer sent so close() sends FIN, not a
-             * reset that could destroy data the peer has not read yet. */
+            /* BYE (unless this task failed: its peers must take it as
+             * lost), then drain what the peer sent so close() sends FIN,
+             * not a reset that could destroy data the peer has not read. */
             uint8_t h[HDR_MAC];
             pthread_mutex_lock(&c->send_mu);
             /* a BYE is tagged too: nobody else can say it for us */
             size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->tx, &c->tx_seq, h);
-            if (dp_sock_write_full(c->fd, h, hl, dp_now() + 1.0, NULL) == 0) {
+            if (!t->base.failed && dp_sock_write_full(c->fd, h, hl, dp_now() + 1.0, NULL) == 0) {
                 atomic_fetch_add(&c->frames_sent, 1);
                 atomic_fetch_add(&c->bytes_sent, hl);
             }

@@ -177,6 +177,14 @@ void dp_transport_close(dp_transport *t)
         t->ops->close(t);
 }
 
+void dp_transport_close_failed(dp_transport *t)
+{
+    if (t) {
+        t->failed = 1;
+        t->ops->close(t);
+    }
+}
+
 const char *dp_event_kind_name(dp_event_kind k)
 {
     static const char *const names[DP_EVENT_KIND_COUNT] = {"timeout", "frame", "peer lost"};

@@ -33,6 +33,7 @@ struct dp_transport {
     int rank, n_ranks;
     double late_log; /* seconds between "waiting for" lines */
     char **names;    /* n_ranks peer names, owned */
+    int failed;      /* dp_transport_close_failed: close without saying BYE */
 };
 
 /* Fills the common part; names may be NULL ("rank N").  Returns -1 on ENOMEM. */

@@ -701,6 +701,7 @@ out:
     dp_model_free(&L.m);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
+    L.node.failed = rc < 0;
     dp_node_close(&L.node);
     dp_err merr; /* a failed metrics write fails the run at its end (metrics.h) */
     if (dp_metrics_close_check(L.metrics, &merr) < 0 && rc == 0) {
