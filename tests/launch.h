@@ -24,8 +24,23 @@
 #define RUN "--dataset mnist --model 784-300-100-10 --train-size 12000 --val-size 1000 " \
             "--epochs 3 --batch 100 --threads 1 --no-progress --log-every 10"
 
-/* The program under test and the scratch directory: main sets them. */
+/* The program under test and the scratch directory: launch_test_init sets them. */
 static const char *bin, *tmp;
+
+/* A launch test's start: the program, its scratch directory and MNIST (a
+ * test without MNIST is skipped, exit 77). */
+static void launch_test_init(void)
+{
+    bin = test_bin();
+    tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    require_mnist();
+}
+
+/* The parameter-server strategies, which the fault tests strike alike. */
+static const char *const ps_strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "ps-sync",
+                                            "model-avg"};
+#define N_PS_STRATEGIES (sizeof ps_strategies / sizeof ps_strategies[0])
 
 static double now_s(void)
 {

@@ -76,10 +76,7 @@ static void survived(const char *name, int rc, double clean, const char *what)
 
 int main(void)
 {
-    bin = test_bin();
-    tmp = test_tmp();
-    REQUIRE(bin && tmp);
-    require_mnist();
+    launch_test_init();
 
     int rc = run("clean", "", NULL, NULL);
     double clean = test_accuracy("clean");

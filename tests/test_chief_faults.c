@@ -67,13 +67,9 @@ static void chief_survives(const char *strategy)
 
 int main(void)
 {
-    bin = test_bin();
-    tmp = test_tmp();
-    REQUIRE(bin && tmp);
-    require_mnist();
-    const char *strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "ps-sync", "model-avg"};
-    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
-        chief_survives(strategies[i]);
+    launch_test_init();
+    for (size_t i = 0; i < N_PS_STRATEGIES; i++)
+        chief_survives(ps_strategies[i]);
 
     /* No restart left: the run cannot produce its result, and stops. */
     int rc = run("async-chief-gone", "ps-async", "", 1);

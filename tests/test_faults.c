@@ -80,13 +80,9 @@ static void strategy_survives(const char *strategy, const char *extra)
 
 int main(void)
 {
-    bin = test_bin();
-    tmp = test_tmp();
-    REQUIRE(bin && tmp);
-    require_mnist();
-    const char *strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "ps-sync", "model-avg"};
-    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
-        strategy_survives(strategies[i], "");
+    launch_test_init();
+    for (size_t i = 0; i < N_PS_STRATEGIES; i++)
+        strategy_survives(ps_strategies[i], "");
 
     /* Frozen past the heartbeat timeout: dropped; awake, refused; the run completes. */
     int rc = run("sync-stop", "ps-sync", "", "stop");

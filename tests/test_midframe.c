@@ -55,10 +55,7 @@ static void find_line(const char *name, const char *a, const char *b, char *out,
 
 int main(void)
 {
-    bin = test_bin();
-    tmp = test_tmp();
-    REQUIRE(bin && tmp);
-    require_mnist();
+    launch_test_init();
 
     int rc = run("clean", 0);
     double clean = test_accuracy("clean");

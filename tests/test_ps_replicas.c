@@ -330,10 +330,7 @@ int main(void)
     forwarding();
     forward_lost();
     dp_log_set_level(DP_LOG_INFO);
-    bin = test_bin();
-    tmp = test_tmp();
-    REQUIRE(bin && tmp);
-    require_mnist();
+    launch_test_init();
     refused_without_tasks();
     /* Checkpoints every 25 steps: the chief's state pulls fail over too. */
     loses_nothing("ps-sync", "ps:0", "--checkpoint-every 25");
