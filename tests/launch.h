@@ -133,6 +133,18 @@ static pid_t task_pid(pid_t launcher, const char *task)
     return found;
 }
 
+/* Waits until tmp/NAME.log holds `line`, then finds `task` among the
+ * launcher's children: its pid, or -1 (a failed check) when either does
+ * not come. */
+static pid_t await_task(pid_t launcher, const char *name, const char *line, const char *task)
+{
+    int seen = wait_log(name, line, 120);
+    CHECKF(seen, "%s: \"%s\" never came", name, line);
+    pid_t pid = seen ? task_pid(launcher, task) : -1;
+    CHECKF(!seen || pid > 0, "%s: no %s among the launcher's children", name, task);
+    return pid;
+}
+
 /* Waits for the launcher; kills it (and so its tasks) after timeout. */
 static int finish(pid_t pid, double timeout)
 {

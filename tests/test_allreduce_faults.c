@@ -37,10 +37,7 @@ static int run(const char *name, const char *extra, const char *fault, const cha
              " --heartbeat-timeout 1 --metrics %s/%s.jsonl", extra, tmp, name);
     pid_t l = start(name, args);
     if (fault) {
-        CHECKF(wait_log(name, "Worker 2, At step 20,", 120), "%s: worker 2 never reached step 20",
-               name);
-        pid_t w = task_pid(l, task);
-        CHECKF(w > 0, "%s: no %s among the launcher's children", name, task);
+        pid_t w = await_task(l, name, "Worker 2, At step 20,", task);
         if (w > 0 && strcmp(fault, "kill") == 0) {
             kill(w, SIGKILL);
         } else if (w > 0) {

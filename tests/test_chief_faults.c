@@ -23,10 +23,7 @@ static int run(const char *name, const char *strategy, const char *extra, int ki
              "--metrics %s/%s.jsonl", extra, strategy, tmp, name, tmp, name);
     pid_t l = start(name, args);
     if (kill_chief) {
-        CHECKF(wait_log(name, "Worker 1, At step 70,", 120), "%s: worker 1 never reached step 70",
-               name);
-        pid_t c = task_pid(l, "chief:0");
-        CHECKF(c > 0, "%s: no chief:0 among the launcher's children", name);
+        pid_t c = await_task(l, name, "Worker 1, At step 70,", "chief:0");
         if (c > 0)
             kill(c, SIGKILL);
     }

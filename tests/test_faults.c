@@ -25,10 +25,7 @@ static int run(const char *name, const char *strategy, const char *extra, const 
              " --heartbeat-timeout 1 --metrics %s/%s.jsonl", extra, strategy, tmp, name);
     pid_t l = start(name, args);
     if (fault) {
-        CHECKF(wait_log(name, "Worker 1, At step 20,", 120), "%s: worker 1 never reached step 20",
-               name);
-        pid_t w = task_pid(l, "worker:1");
-        CHECKF(w > 0, "%s: no worker:1 among the launcher's children", name);
+        pid_t w = await_task(l, name, "Worker 1, At step 20,", "worker:1");
         if (w > 0 && strcmp(fault, "kill") == 0) {
             kill(w, SIGKILL);
         } else if (w > 0) {
@@ -95,9 +92,7 @@ int main(void)
     snprintf(args, sizeof args, "--chief --workers 2 --ps 1 -- train --strategy ps-async " RUN
              " --heartbeat-timeout 1");
     pid_t l = start("ps-kill", args);
-    CHECK(wait_log("ps-kill", "Worker 1, At step 20,", 120));
-    pid_t ps = task_pid(l, "ps:0");
-    CHECK(ps > 0);
+    pid_t ps = await_task(l, "ps-kill", "Worker 1, At step 20,", "ps:0");
     if (ps > 0)
         kill(ps, SIGKILL);
     rc = finish(l, 120);

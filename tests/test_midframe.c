@@ -27,11 +27,8 @@ static int run(const char *name, int pause)
     unsetenv("DOWNPOUR_TEST_PAUSE_FRAME");
     unsetenv("DOWNPOUR_TEST_PAUSE_TASK");
     if (pause) {
-        int paused = wait_log(name, "[worker 1] test hook: paused mid-frame to ps:0", 120);
-        CHECKF(paused, "%s: worker 1 never paused mid-frame", name);
-        pid_t w = task_pid(l, "worker:1");
-        CHECKF(w > 0, "%s: no worker:1 among the launcher's children", name);
-        if (paused && w > 0)
+        pid_t w = await_task(l, name, "[worker 1] test hook: paused mid-frame to ps:0", "worker:1");
+        if (w > 0)
             kill(w, SIGKILL);
     }
     return finish(l, 300);

@@ -202,9 +202,7 @@ static int run_workers(const char *name, const char *strategy, const char *extra
     pid_t l = start(name, args);
     if (victim) {
         snprintf(line, sizeof line, "Worker %d, At step 60,", workers - 1);
-        CHECKF(wait_log(name, line, 120), "%s: the last worker never reached step 60", name);
-        pid_t ps = task_pid(l, victim);
-        CHECKF(ps > 0, "%s: no %s among the launcher's children", name, victim);
+        pid_t ps = await_task(l, name, line, victim);
         if (ps > 0 && !freeze) {
             kill(ps, SIGKILL);
         } else if (ps > 0) {
