@@ -93,6 +93,8 @@ typedef struct dp_ps_start {
     const float *slots;   /* NULL: a fresh optimiser */
     long t;
     const float *ema;     /* NULL: the average starts at params */
+    long step;            /* the step the run starts at (0, or --resume's): a
+                             worker's clock is its steps since then */
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event

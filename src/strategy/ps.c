@@ -330,14 +330,19 @@ static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
     return settle(s, err);
 }
 
-/* A restarted worker (a new incarnation) takes part again from the
- * slowest live worker's clock, so it neither waits for the others nor
- * holds them back (docs/faults.md). */
-static int rejoin_worker(server *s, dp_ps_worker *w)
+/* A restarted worker (a new incarnation) takes part again at the clock of
+ * the step it starts at (join_step - 1; 0: not said, the slowest live
+ * worker's), as if it had never left: in ps-ssp and ps-dssp the others wait
+ * for it as for any slow worker.  At the slowest clock instead, its clock
+ * would run ahead of its steps, and a worker held at a checkpoint barrier
+ * it has not reached would never be let go (docs/faults.md). */
+static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
 {
     if (w->live)
         return 0; /* the first incarnation's JOIN: nothing to do */
     long m = dp_ps_min_clock(s);
+    if (join_step > 0)
+        m = (long)join_step - 1 - s->base_step;
     w->live = 1;
     w->pending = 0;
     w->owed = 0;
@@ -406,7 +411,7 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     case DP_WIRE_JOIN:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
-        return wi >= 0 ? rejoin_worker(s, &s->w[wi]) : 0;
+        return wi >= 0 ? rejoin_worker(s, &s->w[wi], ev->header.step) : 0;
     case DP_WIRE_DONE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -606,6 +611,7 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         dp_ps_server_close(s);
         return -1;
     }
+    s->base_step = start->step;
     take_slice(s->params, start->params, s->lo, s->n);
     if (s->ema)
         take_slice(s->ema, start->ema ? start->ema : start->params, s->lo, s->n);

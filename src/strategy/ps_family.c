@@ -35,7 +35,7 @@ struct dp_strategy {
     int deal_index, deal_count; /* the data shard the chief dealt it last */
     int chief_optional;    /* the strategy survives a lost chief (docs/faults.md) */
     int chief_lost;        /* a worker: the chief is gone; it trains on and waits */
-    uint64_t lost_chief;   /* a worker: the incarnation of the chief it lost */
+    uint64_t chief_inc;    /* a worker: the incarnation of the chief it works with */
     int started;           /* a worker: the run has started (a START now is an attach) */
     int finished;          /* a worker: said DONE after done_steps */
     long done_steps, at_step;
@@ -129,7 +129,6 @@ static int chief_gone(dp_strategy *s, const char *reason, dp_err *err)
         dp_warn("fault: Worker %d lost the chief %s (%s); it trains on and waits for the chief "
                 "to come back", s->worker, who, reason);
     s->chief_lost = 1;
-    s->lost_chief = dp_transport_peer_incarnation(s->t, s->chief);
     return 0;
 }
 
@@ -139,9 +138,9 @@ static int chief_gone(dp_strategy *s, const char *reason, dp_err *err)
 static int check_dropped(dp_strategy *s, dp_err *err)
 {
     dp_err e;
-    if (!s->chief_lost || s->lost_chief == 0 ||
+    if (!s->chief_lost || s->chief_inc == 0 ||
         dp_transport_connect(s->t, s->chief, dp_now(), &e) < 0 ||
-        dp_transport_peer_incarnation(s->t, s->chief) != s->lost_chief)
+        dp_transport_peer_incarnation(s->t, s->chief) != s->chief_inc)
         return 0;
     return dp_errf(err, "the chief %s is running and dropped this worker (it was silent past "
                         "the heartbeat timeout, or cut off); a restarted worker rejoins the run",
@@ -171,6 +170,7 @@ static int attach(dp_strategy *s, dp_err *err)
     struct iovec iov[2] = {{head, sizeof head},
                            {s->reports, (size_t)s->n_reports * EPOCH_REPORT_SIZE}};
     s->chief_lost = 0;
+    s->chief_inc = dp_transport_peer_incarnation(s->t, s->chief);
     dp_warn("fault: the chief %s is back; Worker %d re-attaches at step %ld%s",
             dp_transport_peer_name(s->t, s->chief), s->worker, s->at_step,
             s->finished ? " (done)" : "");
@@ -245,6 +245,7 @@ static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
         return -1;
     s->started = 1;
     s->chief_lost = 0;
+    s->chief_inc = dp_transport_peer_incarnation(s->t, s->chief);
     if (relost && send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
         return -1; /* the JOIN went to the chief that was lost */
     if (ev.header.offset != 1)
@@ -252,7 +253,8 @@ static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
     if (take_deal(s, &ev, err) < 0)
         return -1;
     info->start_step = (long)ev.header.step;
-    if (dp_ps_client_say(s->client, DP_WIRE_JOIN, 0, err) < 0)
+    /* The servers take it back at the clock of the step it starts at. */
+    if (dp_ps_client_say(s->client, DP_WIRE_JOIN, (uint64_t)info->start_step + 1, err) < 0)
         return -1;
     if (dp_ps_client_pull(s->client, s->m->params, 0, err) < 0)
         return -1;
@@ -401,6 +403,7 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
         start.slots = r->slots;
         start.t = r->optim_t;
         start.ema = r->ema;
+        start.step = r->step;
     }
     return dp_ps_serve(s->t, s->c, &s->layout, &s->pc, &s->env->cfg->optim, &start,
                        s->m->n_params, err);

@@ -43,6 +43,7 @@ struct dp_ps_server {
     int *worker_of;  /* rank -> worker index, or -1 */
     int chief;       /* rank of the chief, or -1 */
     int chief_live;  /* the run is not over: the chief has not said SHUTDOWN */
+    long base_step;  /* the step the run started at (dp_ps_start.step) */
     double chief_lost_at; /* when the chief was lost (survives_chief), else 0 */
     int shard;       /* index in the layout, or -1 when this task holds none */
     long updates;
