@@ -1509,6 +1509,20 @@ static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
     }
 }
 
+/* Exactly len bytes of a payload's framing (a chunk's CRC, a tag), counted
+ * as received.  -1: the connection failed (read_some says why). */
+static int read_exact(tcp *t, int peer, int fd, uint8_t *dst, size_t len)
+{
+    for (size_t got = 0; got < len;) {
+        ssize_t n = read_some(t, peer, fd, dst + got, len - got);
+        if (n < 0)
+            return -1;
+        got += (size_t)n;
+    }
+    atomic_fetch_add_explicit(&t->conns[peer].bytes_recv, len, memory_order_relaxed);
+    return 0;
+}
+
 /* A payload read that lost the connection: the payload is forgotten and
  * err says why the connection went.  Returns -1. */
 static int payload_failed(tcp *t, int peer, dp_err *err)
@@ -1549,13 +1563,8 @@ static int read_payload(tcp *t, int peer, int fd, uint8_t *dst, size_t len, dp_e
     while (len) {
         if (c->chunk_left == 0) { /* the next chunk's CRC comes first */
             uint8_t b[4];
-            for (size_t got = 0; got < sizeof b;) {
-                ssize_t n = read_some(t, peer, fd, b + got, sizeof b - got);
-                if (n < 0)
-                    goto fail;
-                got += (size_t)n;
-            }
-            atomic_fetch_add_explicit(&c->bytes_recv, sizeof b, memory_order_relaxed);
+            if (read_exact(t, peer, fd, b, sizeof b) < 0)
+                goto fail;
             c->chunk_crc = dp_get_u32(b);
             c->chunk_left = c->pay_left < DP_FRAME_CHUNK ? c->pay_left : DP_FRAME_CHUNK;
             c->pay_crc = 0;
@@ -1635,13 +1644,8 @@ static int read_payload_tagged(tcp *t, int peer, int fd, uint8_t *dst, size_t le
             atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
         }
         uint8_t tag[DP_FRAME_TAG_SIZE];
-        for (size_t got = 0; got < sizeof tag;) {
-            ssize_t n = read_some(t, peer, fd, tag + got, sizeof tag - got);
-            if (n < 0)
-                goto fail;
-            got += (size_t)n;
-        }
-        atomic_fetch_add_explicit(&c->bytes_recv, sizeof tag, memory_order_relaxed);
+        if (read_exact(t, peer, fd, tag, sizeof tag) < 0)
+            goto fail;
         c->wire_left -= csize;
         c->chunk_no++;
         int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
