@@ -423,23 +423,20 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     if (plays_chief(l->c, task))
         as.role = DP_ROLE_CHIEF;
     int survived = l->survives(l->survives_ctx, &as, why, sizeof why);
+    int restart = survived && survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
+                  t->restarts < l->max_restarts;
+    if (survived && as.role == DP_ROLE_CHIEF && !restart) {
+        /* The chief evaluates and writes the result: the run may go on
+         * without it only while it can come back. */
+        snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
+                 "restart left (--max-restarts %d)", l->max_restarts);
+        survived = 0;
+    }
     if (!survived) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
                          DP_F_STR, "action", "stop", DP_F_END);
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s)", task->name,
                  (int)t->pid, how, why);
-        return -1;
-    }
-    int restart = survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
-                  t->restarts < l->max_restarts;
-    if (as.role == DP_ROLE_CHIEF && !restart) {
-        /* The chief evaluates and writes the result: the run may go on
-         * without it only while it can come back. */
-        dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
-                         DP_F_STR, "action", "stop", DP_F_END);
-        dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on: the chief evaluates and "
-                 "writes the result, and it has no restart left (--max-restarts %d)",
-                 task->name, (int)t->pid, how, l->max_restarts);
         return -1;
     }
     dp_warn("launcher: fault: %s (pid %d) %s; %s (%s)", task->name, (int)t->pid, how,
