@@ -56,6 +56,7 @@
 #define DP_LAUNCH_GRACE 5.0       /* default seconds between SIGTERM and SIGKILL */
 #define DP_LAUNCH_RESTARTS_ENV "DOWNPOUR_RESTARTS" /* see above */
 #define DP_LAUNCH_NO_RESTART 2 /* survives' answer: goes on, the task not restarted */
+#define DP_LAUNCH_IF_RESTARTED 3 /* survives' answer: goes on only with the task restarted */
 
 typedef struct dp_launch_opts {
     const dp_cluster *cluster; /* every task is started locally */
@@ -67,7 +68,8 @@ typedef struct dp_launch_opts {
      * (every fault stops the run).  0: it stops; 1: it goes on, and the task
      * is restarted while it has restarts left; DP_LAUNCH_NO_RESTART: it goes
      * on, never with the task restarted (a ps whose shards went to their
-     * backups).  `why` gets a few words for the log. */
+     * backups); DP_LAUNCH_IF_RESTARTED: it goes on only while the task has a
+     * restart left (a ps without replicas: it reloads its shard).  `why` gets a few words for the log. */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;          /* restarts of each task the run survives losing (0) */

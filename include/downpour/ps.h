@@ -53,6 +53,8 @@ typedef struct dp_ps_config {
                                may have failed over from it) leaves the run; 0: never */
     int survives_chief;     /* servers serve on while the chief is lost, until it
                                comes back (the strategy survives it: docs/faults.md) */
+    double ps_wait;         /* s a client waits for a lost ps with no backup to be
+                               restarted (it reloads its shard); 0: the run stops */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -95,6 +97,10 @@ typedef struct dp_ps_start {
     const float *ema;     /* NULL: the average starts at params */
     long step;            /* the step the run starts at (0, or --resume's): a
                              worker's clock is its steps since then */
+    const uint8_t *live;  /* a restarted ps: which workers take part (one byte per
+                             worker); NULL: all */
+    long clock;           /* a restarted ps: every live worker's clock until its
+                             JOIN says where it is */
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event
@@ -160,6 +166,15 @@ int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err
  * lost while every shard keeps a copy (the task's `fault` metrics event). */
 void dp_ps_client_on_failover(dp_ps_client *c, void (*fn)(void *ctx, int rank, const char *reason),
                               void *ctx);
+/* A ps task with no backup was lost and is back, restarted (a new
+ * incarnation): fn(ctx, rank, err) gives it its shard's state (the chief's
+ * RESTORE) before the client re-sends what it had not had answered.  fn
+ * returns 0, 1 when the ps was lost again (the client waits on), or -1. */
+void dp_ps_client_on_restart(dp_ps_client *c, int (*fn)(void *ctx, int rank, dp_err *err),
+                             void *ctx);
+/* The step this client's worker is taking (1-based, as the loop counts): a
+ * restarted ps learns from it where the worker is (JOIN). */
+void dp_ps_client_at_step(dp_ps_client *c, long step);
 /* A round trip to every shard after pushing whatever is accumulated, so every
  * push this worker made has been applied (a checkpoint's consistent point). */
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);

@@ -80,6 +80,7 @@ typedef struct dp_run_env {
     uint32_t n_train;             /* records in the training split */
     long steps_per_epoch;         /* the same on every trainer */
     const dp_train_state *resume; /* NULL: a fresh run; else the checkpoint resumed from */
+    const dp_run_identity *id;    /* the run's checkpoints are this run's */
 } dp_run_env;
 
 /* What this task is, filled by open(). */

@@ -44,7 +44,7 @@ enum dp_wire_type {
     DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> replica 0: epoch figures, 3 f64 */
     DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> replica 0 at open; answered with a PLAN */
     /* run coordination (the loop, and the strategy that coordinates) */
-    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
+    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
     DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
     DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
@@ -53,6 +53,7 @@ enum dp_wire_type {
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
+    DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
     DP_WIRE_REPLICATE_ACK = DP_FRAME_APP(33), /* backup -> primary: updates up to `step` are applied */

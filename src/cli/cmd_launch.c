@@ -34,8 +34,9 @@ typedef struct task_run {
 } task_run;
 
 /* The strategy's answer to "does the run go on without this task".  A ps
- * task is survivable where the strategy has ps tasks and each shard has a
- * backup (--ps-replicas 2, docs/faults.md): its shards fail over. */
+ * task is survivable where the strategy has ps tasks: each shard has a
+ * backup (--ps-replicas 2, docs/faults.md) and fails over, or the ps is
+ * restarted and reloads its shard from the newest checkpoint. */
 static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t cap)
 {
     const task_run *run = ctx;
@@ -46,6 +47,12 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
         snprintf(why, cap, "%s survives a lost ps with --ps-replicas %ld: its shards go on on "
                  "their backups", ops->name, run->ps_replicas);
         return DP_LAUNCH_NO_RESTART;
+    }
+    if (task->role == DP_ROLE_PS && ops->talks_to[DP_ROLE_PS]) {
+        /* Restarted, it reloads its shard from the newest checkpoint. */
+        snprintf(why, cap, "%s survives a lost ps that is restarted: it reloads its shard from "
+                 "the newest checkpoint", ops->name);
+        return DP_LAUNCH_IF_RESTARTED;
     }
     snprintf(why, cap, "%s %s a lost %s", ops->name,
              ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",

@@ -431,6 +431,11 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
         snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
                  "restart left (--max-restarts %d)", l->max_restarts);
         survived = 0;
+    } else if (survived == DP_LAUNCH_IF_RESTARTED && !restart) {
+        size_t len = strlen(why);
+        snprintf(why + len, sizeof why - len, ", and it has no restart left (--max-restarts %d)",
+                 l->max_restarts);
+        survived = 0;
     }
     if (!survived) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,

@@ -338,6 +338,15 @@ static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
  * it has not reached would never be let go (docs/faults.md). */
 static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
 {
+    if (w->live && join_step > 0) {
+        /* This server was restarted into the run and the worker says where
+         * it is (ps.c await_restart): whoever waited for it may go. */
+        long c = (long)join_step - 1 - s->base_step;
+        w->clock = c < 0 ? 0 : c;
+        s->dropped = 1;
+        dp_debug("%s is at clock %ld", dp_transport_peer_name(s->t, w->rank), w->clock);
+        return 0;
+    }
     if (w->live)
         return 0; /* the first incarnation's JOIN: nothing to do */
     long m = dp_ps_min_clock(s);
@@ -418,6 +427,11 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
         if (wi >= 0 && s->w[wi].live)
             return retire_worker(s, &s->w[wi], err);
         return 0;
+    case DP_WIRE_START: /* a restarted chief starts everyone: this server serves already */
+    case DP_WIRE_RESTORE: /* a late one, after this server started */
+        if (ev->peer != s->chief)
+            dp_warn("ignoring frame type %u from %s", ev->header.type, who);
+        return dp_transport_skip_payload(s->t, ev->peer, err);
     case DP_WIRE_SHUTDOWN:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -625,7 +639,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->worker_of[r] = -1;
     for (int i = 0; i < s->n_workers; i++) {
         s->w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
-        s->w[i].live = 1;
+        s->w[i].live = start->live ? start->live[i] != 0 : 1;
+        s->w[i].clock = s->w[i].live ? start->clock : 0;
         s->worker_of[s->w[i].rank] = i;
     }
     if (s->n && layout->rank[s->shard] == me)
@@ -690,8 +705,11 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     }
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
-    if (c->rules->pushes_params && cfg->replicas > 1 && !(c->sent = malloc(n_params * sizeof(float))))
+    if (c->rules->pushes_params && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
+        !(c->sent = malloc(n_params * sizeof(float))))
         goto oom;
+    for (int s = 0; s < layout->n_shards; s++)
+        c->inc[s] = dp_transport_peer_incarnation(t, layout->rank[s]);
     c->lr = local_optim->lr;
     *out = c;
     return 0;
@@ -721,6 +739,61 @@ static const char *client_name(const dp_ps_client *c)
     return dp_transport_peer_name(c->t, dp_transport_rank(c->t));
 }
 
+/* The shards task `rank` holds, as this client knows them: its
+ * incarnation, and a JOIN at the worker's step to a restarted one. */
+static int tell_restarted(dp_ps_client *c, int rank, dp_err *err)
+{
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        if (c->layout.rank[s] != rank)
+            continue;
+        c->inc[s] = dp_transport_peer_incarnation(c->t, rank);
+        if (c->step > 0 && dp_transport_send(c->t, rank, DP_WIRE_JOIN, (uint64_t)c->step,
+                                             c->layout.range[s].lo, NULL, 0, err) < 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* A ps task with no backup is lost: wait for it to be restarted (a new
+ * incarnation of it connected), have it restored (the chief's hook), tell
+ * it where this worker is, and go on with it (docs/faults.md, "A restarted
+ * ps").  The loss is taken from the transport here, which installs the new
+ * connection only after that. */
+static int await_restart(dp_ps_client *c, int rank, int shard, const char *reason, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(c->t, rank);
+    uint64_t old = c->inc[shard];
+    double deadline = dp_now() + c->cfg.ps_wait;
+    dp_warn("fault: %s lost %s (%s); waiting up to %.0f s for it to be restarted", client_name(c),
+            who, reason, c->cfg.ps_wait);
+    for (;;) {
+        if (dp_now() > deadline)
+            return dp_errf(err, "lost %s (%s), which held shard %d of the parameters, and it was "
+                                "not restarted within %.0f s (--resume continues from the newest "
+                                "checkpoint)", who, reason, shard, c->cfg.ps_wait);
+        dp_event ev;
+        if (dp_transport_poll(c->t, rank, 0.1, &ev, err) < 0)
+            return -1;
+        if (ev.kind == DP_EVENT_FRAME) {
+            dp_warn("ignoring frame type %u from %s while it restarts", ev.header.type, who);
+            if (dp_transport_skip_payload(c->t, rank, err) < 0)
+                continue;
+        }
+        uint64_t inc = dp_transport_peer_incarnation(c->t, rank);
+        dp_err e;
+        if (inc == 0 || inc == old || dp_transport_connect(c->t, rank, dp_now(), &e) < 0)
+            continue;
+        int rc = c->on_restart ? c->on_restart(c->restart_ctx, rank, err) : 0;
+        if (rc < 0)
+            return -1;
+        if (rc == 0 && (rc = tell_restarted(c, rank, &e)) == 0)
+            break;
+        old = inc; /* lost again on the way: wait for the next one */
+    }
+    dp_warn("fault: %s is back; %s goes on with it", who, client_name(c));
+    return 0;
+}
+
 int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err)
 {
     dp_ps_layout *l = &c->layout;
@@ -734,6 +807,8 @@ int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err
     for (int s = 0; s < l->n_shards; s++) {
         if (l->rank[s] != rank)
             continue;
+        if (l->backup[s] < 0 && c->cfg.ps_wait > 0)
+            return await_restart(c, rank, s, reason, err) < 0 ? -1 : 1;
         if (l->backup[s] < 0)
             return dp_errf(err, "lost %s (%s): it held shard %d of the parameters and no copy of "
                                 "it is left%s", who, reason, s,
@@ -756,6 +831,15 @@ void dp_ps_client_on_failover(dp_ps_client *c, void (*fn)(void *ctx, int rank, c
     c->on_failover = fn;
     c->failover_ctx = ctx;
 }
+
+void dp_ps_client_on_restart(dp_ps_client *c, int (*fn)(void *ctx, int rank, dp_err *err),
+                             void *ctx)
+{
+    c->on_restart = fn;
+    c->restart_ctx = ctx;
+}
+
+void dp_ps_client_at_step(dp_ps_client *c, long step) { c->step = step; }
 
 /* Sends shard s the client's newest request (c->last) once. */
 static int send_request(dp_ps_client *c, int s, dp_err *err)

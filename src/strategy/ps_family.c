@@ -63,6 +63,8 @@ struct dp_strategy {
     int ended;             /* next() said DONE: close ends the run */
 };
 
+static int restore_ps(void *ctx, int rank, dp_err *err);
+
 static int send_to(dp_strategy *s, int rank, unsigned type, uint64_t step, const void *p,
                    size_t len, dp_err *err)
 {
@@ -279,8 +281,6 @@ static int open_chief(dp_strategy *s, dp_err *err)
     if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
         !s->losses || !s->progress || !s->reported || !s->heard)
         return dp_errf(err, "out of memory");
-    const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
-    s->restarts = restarts ? atoi(restarts) : 0;
     s->last_ckpt = s->env->resume ? s->env->resume->step : 0;
     for (int r = 0; r < n; r++)
         s->progress[r] = s->last_ckpt;
@@ -297,6 +297,10 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->unheard = workers;
     s->go_pending = -1;
     s->next_eval = 0; /* the first next() sets it: steps per epoch are not known yet */
+    /* The servers first: each waits for its START (or RESTORE) before it serves. */
+    for (int p = 0; p < s->c->count[DP_ROLE_PS]; p++)
+        if (send_to(s, dp_cluster_rank(s->c, DP_ROLE_PS, p), DP_WIRE_START, 0, NULL, 0, err) < 0)
+            return -1;
     for (int w = 0; w < workers; w++) {
         int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
         s->live[rank] = 1;
@@ -341,6 +345,12 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->chief_optional = ops && (ops->survives & DP_ROLE_BIT(DP_ROLE_CHIEF));
     s->pc.survives_chief = s->chief_optional;
     s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
+    const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
+    s->restarts = restarts ? atoi(restarts) : 0;
+    /* A lost ps without a backup is waited for while the launcher (or a
+     * supervisor) may restart it: it reloads its shard (restore_ps). */
+    if (s->restarts > 0 && s->pc.replicas < 2)
+        s->pc.ps_wait = WAIT_TIMEOUT;
     dp_role role = env->node->self->role;
     s->part = role == DP_ROLE_PS      ? DP_PART_SERVER
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
@@ -362,6 +372,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
         goto fail;
     dp_ps_client_on_failover(s->client, failover_event, s);
     if (s->part == DP_PART_COORDINATOR) {
+        dp_ps_client_on_restart(s->client, restore_ps, s);
         snprintf(info->label, sizeof info->label, "Chief");
         if (open_chief(s, err) < 0)
             goto fail;
@@ -395,6 +406,120 @@ fail:
     return -1;
 }
 
+/* The RESTORE a restarted ps gets from the chief: [u64 base step][u64
+ * optimiser t][u32 flags][u32 workers], one byte per worker (it takes
+ * part), then with RESTORE_STATE the shard's parameters, each optimiser
+ * slot and the moving average (when kept), as the STATE answer has them;
+ * the frame's step is the checkpoint's (docs/faults.md, "A restarted ps"). */
+#define RESTORE_HEAD 24
+#define RESTORE_STATE 1u
+
+/* This task's shard (range lo, n floats; n = 0: it holds none). */
+static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
+{
+    *lo = *n = 0;
+    for (int i = 0; i < s->layout.n_shards; i++)
+        if (s->layout.rank[i] == rank) {
+            *lo = s->layout.range[i].lo;
+            *n = s->layout.range[i].hi - *lo;
+        }
+}
+
+/* A server's state as the chief restores it, in full-length buffers the
+ * way dp_ps_start takes them (only this shard's slice is filled). */
+typedef struct restored {
+    float *slots, *ema;
+    uint8_t *live;
+} restored;
+
+static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, restored *rs,
+                        dp_err *err)
+{
+    size_t lo, n, np = s->m->n_params;
+    own_shard(s, dp_transport_rank(s->t), &lo, &n);
+    int workers = s->c->count[DP_ROLE_WORKER];
+    int n_slots = dp_optim_slots(s->env->cfg->optim.kind), has_ema = s->pc.ema > 0;
+    uint64_t len = ev->header.length;
+    uint8_t head[RESTORE_HEAD];
+    if (len < RESTORE_HEAD + (uint64_t)workers || ev->header.offset != lo)
+        return dp_errf(err, "the chief sent a RESTORE of %llu bytes for offset %llu; this task's "
+                            "shard is at %zu", (unsigned long long)len,
+                       (unsigned long long)ev->header.offset, lo);
+    if (dp_transport_recv_payload(s->t, s->chief, head, sizeof head, err) < 0)
+        return -1;
+    uint32_t flags = dp_get_u32(head + 16), nw = dp_get_u32(head + 20);
+    uint64_t want = RESTORE_HEAD + (uint64_t)workers +
+                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) : 0);
+    if (nw != (uint32_t)workers || len != want)
+        return dp_errf(err, "the chief's RESTORE holds %llu bytes for %u worker(s); expected %llu "
+                            "for %d", (unsigned long long)len, nw, (unsigned long long)want,
+                       workers);
+    rs->live = malloc((size_t)workers);
+    if (!rs->live)
+        return dp_errf(err, "out of memory");
+    if (dp_transport_recv_payload(s->t, s->chief, rs->live, (size_t)workers, err) < 0)
+        return -1;
+    long base = (long)dp_get_u64(head), ckpt = (long)ev->header.step;
+    start->live = rs->live;
+    start->step = base;
+    start->clock = ckpt > base ? ckpt - base : 0;
+    if (!(flags & RESTORE_STATE)) {
+        dp_warn("fault: %s was restarted; no checkpoint was written yet: its shard starts again "
+                "from the run's initial parameters", dp_transport_peer_name(s->t, dp_transport_rank(s->t)));
+        return 0;
+    }
+    if ((n_slots && !(rs->slots = calloc((size_t)n_slots * np, sizeof(float)))) ||
+        (has_ema && !(rs->ema = calloc(np, sizeof(float)))))
+        return dp_errf(err, "out of memory for %zu parameters", np);
+    size_t bytes = n * sizeof(float);
+    if (dp_transport_recv_payload(s->t, s->chief, s->m->params + lo, bytes, err) < 0)
+        return -1;
+    for (int k = 0; k < n_slots; k++)
+        if (dp_transport_recv_payload(s->t, s->chief, rs->slots + (size_t)k * np + lo, bytes, err) < 0)
+            return -1;
+    if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + lo, bytes, err) < 0)
+        return -1;
+    start->params = s->m->params;
+    start->slots = rs->slots;
+    start->t = (long)dp_get_u64(head + 8);
+    start->ema = rs->ema;
+    dp_warn("fault: %s was restarted; its shard [%zu, %zu) goes on from the checkpoint at step "
+            "%ld", dp_transport_peer_name(s->t, dp_transport_rank(s->t)), lo, lo + n, ckpt);
+    return 0;
+}
+
+/* A server starts when the chief says: START as the run starts, or a
+ * RESTORE when this task was restarted into a running job.  Workers'
+ * frames wait meanwhile (only the chief is read). */
+static int await_chief(dp_strategy *s, dp_ps_start *start, restored *rs, dp_err *err)
+{
+    double deadline = dp_now() + WAIT_TIMEOUT;
+    for (;;) {
+        dp_event ev;
+        double left = deadline - dp_now();
+        if (left <= 0)
+            return dp_errf(err, "waited %.0f s for the start signal from the chief %s",
+                           WAIT_TIMEOUT, dp_transport_peer_name(s->t, s->chief));
+        if (dp_transport_poll(s->t, s->chief, left, &ev, err) < 0)
+            return -1;
+        if (ev.kind == DP_EVENT_PEER_LOST) {
+            if (!s->chief_optional)
+                return dp_errf(err, "lost the chief %s (%s) before the start", 
+                               dp_transport_peer_name(s->t, s->chief), ev.reason);
+            continue; /* its restarted self sends the START */
+        }
+        if (ev.kind != DP_EVENT_FRAME)
+            continue;
+        if (ev.header.type == DP_WIRE_RESTORE)
+            return take_restore(s, &ev, start, rs, err);
+        if (ev.header.type == DP_WIRE_START)
+            return dp_transport_skip_payload(s->t, s->chief, err);
+        dp_warn("ignoring frame type %u from the chief before the start", ev.header.type);
+        if (dp_transport_skip_payload(s->t, s->chief, err) < 0)
+            return -1;
+    }
+}
+
 int dp_ps_family_serve(dp_strategy *s, dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
@@ -405,8 +530,88 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
         start.ema = r->ema;
         start.step = r->step;
     }
-    return dp_ps_serve(s->t, s->c, &s->layout, &s->pc, &s->env->cfg->optim, &start,
-                       s->m->n_params, err);
+    restored rs = {0};
+    int rc = await_chief(s, &start, &rs, err);
+    if (rc == 0)
+        rc = dp_ps_serve(s->t, s->c, &s->layout, &s->pc, &s->env->cfg->optim, &start,
+                         s->m->n_params, err);
+    free(rs.slots);
+    free(rs.ema);
+    free(rs.live);
+    return rc;
+}
+
+/* ------------------------------------------------------------ the chief's restore */
+
+/* A ps task lost and restarted (ps.c await_restart): the chief sends it its
+ * shard from the newest checkpoint (or, before the first one, tells it to
+ * start from the initial parameters) and which workers take part, and
+ * reports the steps lost.  1: the ps was lost again on the way. */
+static int restore_ps(void *ctx, int rank, dp_err *err)
+{
+    dp_strategy *s = ctx;
+    const dp_train_config *cfg = s->env->cfg;
+    const char *who = dp_transport_peer_name(s->t, rank);
+    long base = s->env->resume ? s->env->resume->step : 0;
+    dp_train_state st;
+    memset(&st, 0, sizeof st);
+    char path[4096] = "";
+    int found = 0;
+    if (cfg->checkpoint_dir && s->env->id) {
+        found = dp_checkpoint_find_newest(cfg->checkpoint_dir, s->m, s->env->id, &st, path,
+                                          sizeof path, err);
+        if (found < 0)
+            return -1;
+        if (found && st.step < base) /* an older run's */
+            found = 0;
+    }
+    size_t lo, n;
+    own_shard(s, rank, &lo, &n);
+    int workers = s->c->count[DP_ROLE_WORKER];
+    int n_slots = dp_optim_slots(cfg->optim.kind);
+    uint8_t head[RESTORE_HEAD], *lv = malloc((size_t)workers);
+    if (!lv || (found && st.n_slots != n_slots)) {
+        free(lv);
+        dp_train_state_free(&st);
+        return dp_errf(err, lv ? "%s holds %d optimiser slot(s); this run's optimiser has %d"
+                               : "out of memory", path, st.n_slots, n_slots);
+    }
+    for (int w = 0; w < workers; w++)
+        lv[w] = (uint8_t)s->live[dp_cluster_rank(s->c, DP_ROLE_WORKER, w)];
+    dp_put_u64(head, (uint64_t)base);
+    dp_put_u64(head + 8, found ? (uint64_t)st.optim_t : 0);
+    dp_put_u32(head + 16, found ? RESTORE_STATE : 0);
+    dp_put_u32(head + 20, (uint32_t)workers);
+    struct iovec iov[6];
+    int k = 0;
+    size_t bytes = n * sizeof(float);
+    iov[k++] = (struct iovec){head, sizeof head};
+    iov[k++] = (struct iovec){lv, (size_t)workers};
+    if (found) {
+        iov[k++] = (struct iovec){st.params + lo, bytes};
+        for (int j = 0; j < n_slots; j++)
+            iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + lo, bytes};
+        if (s->pc.ema > 0)
+            iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + lo, bytes};
+    }
+    long from = found ? st.step : base, reached = from;
+    for (int r = 0; r < s->c->n_tasks; r++)
+        if (s->progress[r] > reached)
+            reached = s->progress[r];
+    dp_err why;
+    int rc = dp_transport_sendv(s->t, rank, DP_WIRE_RESTORE, (uint64_t)(found ? st.step : 0), lo,
+                                iov, k, &why);
+    dp_train_state_free(&st);
+    free(lv);
+    if (rc < 0)
+        return 1;
+    dp_warn("fault: %s was restarted; the Chief restores its shard [%zu, %zu) from %s: the "
+            "updates of about %ld step(s) to it are lost", who, lo, lo + n,
+            found ? path : "the initial parameters (no checkpoint yet)", reached - from);
+    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
+                     "restarted", DP_F_STR, "action", "restore", DP_F_INT, "from_step", from,
+                     DP_F_INT, "steps_lost", reached - from, DP_F_END);
+    return 0;
 }
 
 /* ------------------------------------------------------------ workers */
@@ -423,6 +628,7 @@ static const dp_grad_ops grad_ops = {.update = update};
 int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                       long step, dp_step_out *out, dp_err *err)
 {
+    dp_ps_client_at_step(s->client, step);
     int rc = dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
     out->clock_gap = dp_ps_client_max_gap(s->client);
     /* A few times an epoch the chief hears how far this worker got: a

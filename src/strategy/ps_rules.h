@@ -86,8 +86,14 @@ struct dp_ps_client {
     } last;
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
-    float *sent;         /* avg with replicas: the pushed parameters, kept for a re-send
-                            while the answer overwrites the caller's */
+    float *sent;         /* avg with replicas or restarts: the pushed parameters, kept
+                            for a re-send while the answer overwrites the caller's */
+    /* A ps restarted into the run (ps.c await_restart): each shard's task's
+     * incarnation as this client knows it, and what the client tells a new one. */
+    uint64_t inc[DP_PARTITION_MAX];
+    long step;           /* the worker's step (dp_ps_client_at_step); 0: not a worker */
+    int (*on_restart)(void *ctx, int rank, dp_err *err);
+    void *restart_ctx;
 };
 
 struct dp_ps_rules {

@@ -627,7 +627,7 @@ static int run_task(loop *L, dp_err *err)
         return -1;
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
-                          .resume = L->env.resume};
+                          .resume = L->env.resume, .id = &L->id};
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
