@@ -20,7 +20,10 @@
  *   with the survivors' mean (docs/faults.md);
  * - the chief's STATE_REQ returns params, optimiser slot, moving average and
  *   the update count; a worker that asks is dropped, answered nothing;
- *   PULL, PULL_AVERAGE, SHUTDOWN. */
+ *   PULL, PULL_AVERAGE, SHUTDOWN;
+ * - a server restarted into the run: workers the chief names as gone hold
+ *   nobody; a worker's JOIN at its step sets its clock and lets the others
+ *   go; a push re-sent with the same client clock is not applied twice. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,7 +52,9 @@ typedef struct rig {
     dp_ps_server *s;
 } rig;
 
-static void rig_open(rig *r, int workers, const dp_ps_config *cfg, const dp_optim_config *oc)
+/* live, clock: a server restarted into a running job (dp_ps_start); NULL, 0: a fresh one. */
+static void rig_open_at(rig *r, int workers, const dp_ps_config *cfg, const dp_optim_config *oc,
+                        const uint8_t *live, long clock)
 {
     int ports[MAX_WORKERS + 2];
     const char *names[MAX_WORKERS + 2];
@@ -65,11 +70,16 @@ static void rig_open(rig *r, int workers, const dp_ps_config *cfg, const dp_opti
     REQUIRE(dp_ps_layout_make(&layout, &r->c, NP, cfg, &err) == 0);
     REQUIRE(layout.n_shards == 1 && layout.rank[0] == r->ps && layout.range[0].lo == 0 &&
             layout.range[0].hi == NP);
-    dp_ps_start start = {.params = p_init};
+    dp_ps_start start = {.params = p_init, .live = live, .clock = clock};
     if (dp_ps_server_open(&r->s, r->ts[r->ps], &r->c, &layout, cfg, oc, &start, NP, &err) < 0) {
         fprintf(stderr, "dp_ps_server_open: %s\n", err.msg);
         exit(1);
     }
+}
+
+static void rig_open(rig *r, int workers, const dp_ps_config *cfg, const dp_optim_config *oc)
+{
+    rig_open_at(r, workers, cfg, oc, NULL, 0);
 }
 
 static void rig_close(rig *r)
@@ -538,6 +548,61 @@ static void test_state(void)
     rig_close(&r);
 }
 
+/* A server restarted into the run (docs/faults.md, "A restarted ps"): the
+ * chief said worker 2 takes no part and the checkpoint was at clock 10.
+ * Worker 0 says it is at step 15 (clock 14) and pushes: held in ps-ssp with
+ * staleness 1, since worker 1 still stands at 10; worker 1's JOIN at step
+ * 15 lets it go, and worker 2 never holds anyone.  The same push again
+ * (its client clock: a re-send) is answered, not applied twice. */
+static void test_restarted(void)
+{
+    dp_ps_config cfg;
+    dp_ps_config_init(&cfg);
+    cfg.mode = DP_PS_SSP;
+    cfg.staleness = 1;
+    dp_optim_config oc = sgd();
+    const uint8_t live[3] = {1, 1, 0};
+    rig r;
+    rig_open_at(&r, 3, &cfg, &oc, live, 10);
+    CHECK(dp_ps_server_clock(r.s, 0) == 10 && dp_ps_server_clock(r.s, 1) == 10 &&
+          dp_ps_server_clock(r.s, 2) == 0);
+    say(&r, wrank(0), DP_WIRE_JOIN, 15);
+    SERVE(&r);
+    CHECK(dp_ps_server_clock(r.s, 0) == 14);
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head h = {1, 1, 1.0f};
+    dp_push_head_put(raw, &h);
+    struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g0, NP * sizeof(float)}};
+    REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 7, 0, iov, 2, &err) == 0);
+    SERVE(&r);
+    CHECK(dp_ps_server_clock(r.s, 0) == 15 && dp_ps_server_pending(r.s, 0) && no_reply(&r, 0));
+    say(&r, wrank(1), DP_WIRE_JOIN, 15);
+    SERVE(&r);
+    float want[NP], got[NP];
+    memcpy(want, p_init, sizeof want);
+    sub_scaled(want, 1, g0);
+    uint64_t step = 0;
+    CHECK(dp_ps_server_clock(r.s, 1) == 14 && reply(&r, 0, got, &step) && step == 14);
+    CHECK_PARAMS(got, want);
+    /* The same push re-sent (client clock 7): answered, not applied again. */
+    REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 7, 0, iov, 2, &err) == 0);
+    SERVE(&r);
+    CHECK(reply(&r, 0, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    CHECK_PARAMS(got, want);
+    rig_close(&r);
+
+    /* ps-sync: a round closes with the workers the chief named. */
+    cfg.mode = DP_PS_SYNC;
+    rig_open_at(&r, 3, &cfg, &oc, live, 10);
+    grad(&r, 0, 1, 1, 1.0f, g0);
+    SERVE(&r);
+    CHECK(no_reply(&r, 0));
+    grad(&r, 1, 1, 1, 1.0f, g1);
+    SERVE(&r);
+    CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    rig_close(&r);
+}
+
 int main(void)
 {
     dp_log_set_level(DP_LOG_ERROR); /* losses are logged as warnings on purpose */
@@ -547,5 +612,6 @@ int main(void)
     test_avg();
     test_async();
     test_state();
+    test_restarted();
     return CHECK_DONE();
 }
