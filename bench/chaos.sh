@@ -32,6 +32,8 @@
 #   --train-size N        training records (default 6000); --epochs N (default 2)
 #   --ps N                ps tasks in the parameter-server runs (default 1)
 #   --train-args "ARGS"   more train options for every run (e.g. "--ps-replicas 2")
+#   --checkpoint-every N  steps between checkpoints, each run its own directory
+#                         (default 10; a restarted ps reloads its shard from one)
 #   --straggler-ms MS     worker 1's sleep per step (default 100)
 #   --heartbeat S         --heartbeat-timeout of every task (default 2)
 #   --tolerance X         accuracy difference allowed, absolute (default 0.005)
@@ -56,6 +58,7 @@ MAX_RESTARTS=
 TRAIN=6000
 EPOCHS=2
 NPS=1
+CKPT_EVERY=10
 EXTRA=
 STRAG_MS=100
 HB=2
@@ -79,6 +82,7 @@ while [ $# -gt 0 ]; do
     --train-size) TRAIN=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
     --ps) NPS=$2; shift 2 ;;
+    --checkpoint-every) CKPT_EVERY=$2; shift 2 ;;
     --train-args) EXTRA=$2; shift 2 ;;
     --straggler-ms) STRAG_MS=$2; shift 2 ;;
     --heartbeat) HB=$2; shift 2 ;;
@@ -94,8 +98,8 @@ done
 int_ok() { [[ "$1" =~ ^[0-9]+$ ]]; }
 num_ok() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
 int_ok "$TRIALS" && [ "$TRIALS" -ge 1 ] || die "--trials: a positive integer"
-int_ok "$TRAIN" && int_ok "$EPOCHS" && int_ok "$STRAG_MS" && int_ok "$NPS" ||
-    die "--train-size, --epochs, --straggler-ms, --ps: integers"
+int_ok "$TRAIN" && int_ok "$EPOCHS" && int_ok "$STRAG_MS" && int_ok "$NPS" && int_ok "$CKPT_EVERY" ||
+    die "--train-size, --epochs, --straggler-ms, --ps, --checkpoint-every: integers"
 num_ok "$HB" && num_ok "$TOL" && num_ok "$TIMEOUT" || die "--heartbeat, --tolerance, --timeout: numbers"
 [ -z "$MAX_RESTARTS" ] || int_ok "$MAX_RESTARTS" || die "--max-restarts: an integer"
 case "$FAULT_MOMENT" in early|mid|late) ;; *) die "--fault-moment: early, mid or late" ;; esac
@@ -196,10 +200,11 @@ target_name() {  # role -> task name
     esac
 }
 
-train_args() {  # strategy
+train_args() {  # strategy tag
     local a=(train --strategy "$1" --dataset mnist --train-size "$TRAIN" --val-size 1000
              --epochs "$EPOCHS" --batch 128 --seed 1 --log-every 8 --no-progress
              --heartbeat-timeout "$HB" --startup-timeout 30 --straggler "1:$STRAG_MS")
+    [ "$CKPT_EVERY" -gt 0 ] && a+=(--checkpoint-every "$CKPT_EVERY" --checkpoint-dir "$OUT/$2.ck")
     [ "$1" = allreduce ] && a+=(--collective-timeout 20)
     local extra=()
     [ -n "$EXTRA" ] && read -r -a extra <<<"$EXTRA"
@@ -256,7 +261,7 @@ run_launch() {  # strategy fault role at_seconds tag
     rm -f "$fifo"
     mkfifo "$fifo" || die "mkfifo $fifo"
     mapfile -t opts < <(launch_opts "$s")
-    mapfile -t args < <(train_args "$s")
+    mapfile -t args < <(train_args "$s" "$tag")
     stamp <"$fifo" >"$LOG" &
     local spid=$!
     PIDS+=("$spid")
@@ -345,7 +350,7 @@ run_cut() {  # strategy role at_seconds tag
     # What the launcher tells its tasks: a lost one may come back (the chief waits for it).
     if [ -n "$MAX_RESTARTS" ]; then export DOWNPOUR_RESTARTS=$MAX_RESTARTS; else unset DOWNPOUR_RESTARTS; fi
     local args
-    mapfile -t args < <(train_args "$s")
+    mapfile -t args < <(train_args "$s" "$tag")
     local tpid=() st=() tlog=()
     start_one() {  # index
         local k=$1 name=${names[$1]}

@@ -11,6 +11,8 @@
  *   run's (ps-sync's, run once; about 10 steps of one shard's updates are lost);
  * - before the first checkpoint, the restarted ps starts again from the
  *   initial parameters, and says so;
+ * - ps:0 frozen (SIGSTOP) past the heartbeat timeout, then woken: it leaves
+ *   (its clients wait for a restarted one) and comes back restored;
  * - without a restart left, the run stops at once, saying why. */
 #include <math.h>
 #include <string.h>
@@ -21,21 +23,35 @@
 #define SHORT "--dataset mnist --model 784-300-100-10 --train-size 8000 --val-size 1000 " \
               "--epochs 2 --batch 100 --threads 1 --no-progress --log-every 10"
 
-/* One run; at_step > 0: SIGKILL ps:0 once worker 1 logged that step. */
-static int run(const char *name, const char *strategy, int restarts, int at_step)
+/* One run; at_step > 0: SIGKILL ps:0 once worker 1 logged that step, or
+ * with `freeze` SIGSTOP it past the 1 s heartbeat timeout, then SIGCONT. */
+static int run_fault(const char *name, const char *strategy, int restarts, int at_step,
+                     int freeze)
 {
     char args[2048], line[64];
     snprintf(args, sizeof args, "--chief --workers 2 --ps 2 --max-restarts %d -- train "
              "--strategy %s " SHORT " --checkpoint-every 20 --checkpoint-dir %s/%s.ck "
-             "--metrics %s/%s.jsonl", restarts, strategy, tmp, name, tmp, name);
+             "--metrics %s/%s.jsonl%s", restarts, strategy, tmp, name, tmp, name,
+             freeze ? " --heartbeat-timeout 1" : "");
     pid_t l = start(name, args);
     if (at_step > 0) {
         snprintf(line, sizeof line, "Worker 1, At step %d,", at_step);
         pid_t ps = await_task(l, name, line, "ps:0");
-        if (ps > 0)
+        if (ps > 0 && !freeze) {
             kill(ps, SIGKILL);
+        } else if (ps > 0) {
+            kill(ps, SIGSTOP);
+            CHECKF(wait_log(name, "waiting up to", 60), "%s: nobody noticed ps:0 frozen", name);
+            sleep_s(1);
+            kill(ps, SIGCONT);
+        }
     }
     return finish(l, 300);
+}
+
+static int run(const char *name, const char *strategy, int restarts, int at_step)
+{
+    return run_fault(name, strategy, restarts, at_step, 0);
 }
 
 typedef struct restore_seen {
@@ -90,6 +106,17 @@ static void before_first_checkpoint(void)
            rc);
 }
 
+/* A ps frozen past the heartbeat timeout: its clients wait for a restarted
+ * one; woken, it sees it was stopped that long and leaves, and is restarted. */
+static void frozen(void)
+{
+    int rc = run_fault("ps-freeze", "ps-ssp", 1, 30, 1);
+    CHECKF(rc == 0 && log_has("ps-freeze", "was stopped near or past") &&
+               log_has("ps-freeze", "restores its shard"),
+           "ps-ssp, ps:0 frozen past the heartbeat timeout: exit %d, or it did not leave and "
+           "come back restored", rc);
+}
+
 static void no_restart_left(void)
 {
     int rc = run("ps-norestart", "ps-sync", 0, 30);
@@ -108,6 +135,7 @@ int main(void)
     for (size_t i = 0; i < N_PS_STRATEGIES; i++)
         survives(ps_strategies[i], clean);
     before_first_checkpoint();
+    frozen();
     no_restart_left();
     return check_failures ? 1 : 0;
 }

@@ -779,19 +779,28 @@ static int await_restart(dp_ps_client *c, int rank, int shard, const char *reaso
             if (dp_transport_skip_payload(c->t, rank, err) < 0)
                 continue;
         }
-        uint64_t inc = dp_transport_peer_incarnation(c->t, rank);
+        /* Connect (dialing it where this side dials: a loss taken as
+         * orderly, a BYE, is not redialed by the transport). */
         dp_err e;
-        if (inc == 0 || inc == old || dp_transport_connect(c->t, rank, dp_now(), &e) < 0)
+        if (dp_transport_connect(c->t, rank, dp_now() + 0.5, &e) < 0)
             continue;
-        int rc = c->on_restart ? c->on_restart(c->restart_ctx, rank, err) : 0;
+        uint64_t inc = dp_transport_peer_incarnation(c->t, rank);
+        if (inc == 0)
+            continue;
+        /* The same process again (its link was cut, or it was stopped and
+         * did not notice): its shard is intact, and it takes the worker back
+         * at the JOIN.  A new one is restored first. */
+        int same = inc == old;
+        int rc = !same && c->on_restart ? c->on_restart(c->restart_ctx, rank, err) : 0;
         if (rc < 0)
             return -1;
-        if (rc == 0 && (rc = tell_restarted(c, rank, &e)) == 0)
-            break;
+        if (rc == 0 && (rc = tell_restarted(c, rank, &e)) == 0) {
+            dp_warn("fault: %s is back%s; %s goes on with it", who,
+                    same ? " (the same process: its shard is intact)" : "", client_name(c));
+            return 0;
+        }
         old = inc; /* lost again on the way: wait for the next one */
     }
-    dp_warn("fault: %s is back; %s goes on with it", who, client_name(c));
-    return 0;
 }
 
 int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err)

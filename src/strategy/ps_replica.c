@@ -47,14 +47,17 @@ int dp_ps_replica_open(server *s, const dp_cluster *c, const dp_ps_layout *layou
                        const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
                        dp_err *err)
 {
+    /* A stopped server leaves when it wakes where its clients go elsewhere:
+     * to a backup, or to a restarted server (ps.c await_restart). */
+    if ((s->cfg.replicas >= 2 || s->cfg.ps_wait > 0) && s->cfg.heartbeat_timeout > 0 &&
+        start_ticker(s, err) < 0)
+        return -1;
     if (s->cfg.replicas < 2)
         return 0;
     int me = dp_transport_rank(s->t), backs = -1;
     for (int i = 0; i < layout->n_shards; i++)
         if (layout->backup[i] == me)
             backs = i;
-    if (s->cfg.heartbeat_timeout > 0 && start_ticker(s, err) < 0)
-        return -1;
     double deadline = dp_now() + CONNECT_WAIT;
     if (s->shard >= 0 && layout->backup[s->shard] >= 0) {
         s->backup_rank = layout->backup[s->shard];
