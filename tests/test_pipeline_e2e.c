@@ -4,6 +4,10 @@
  * - 2 replicas of 2 stages end where one process at the summed batch ends;
  * - the run reports the measured bubble beside the ideal (S-1)/(M+S-1), and
  *   the activations a stage held (gpipe: M);
+ * - neighbours that send each other more than the sockets hold (activations
+ *   one way, gradients the other: 24 MB a micro-batch) do not wait for each
+ *   other (before the send thread, this run stopped after the heartbeat
+ *   timeout with "peer stopped reading");
  * - killed at a step that is no checkpoint boundary and resumed, it ends
  *   with the uninterrupted run's weights, bitwise;
  * - bad pipeline flags are usage errors (exit 2) naming the flag; a cluster
@@ -87,8 +91,14 @@ int main(void)
     same_as_single("r2", "--chief --workers 3", "--stages 2 --batch 32 --optimizer sgd --lr 0.1",
                    "--batch 64 --optimizer sgd --lr 0.1");
     resume_is_exact();
+    int rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline "
+                     "--model 784-3000-10 --split 2 --batch 4096 --micro-batches 2 --train-size "
+                     "4096 --val-size 100 --epochs 1 --threads 1 --no-progress --log-every 0 "
+                     "--heartbeat-timeout 5",
+                     test_bin());
+    CHECKF(rc == 0, "stages sending each other 24 MB at once: exit %d: %s", rc, err);
 
-    int rc = run_cmd(err, sizeof err, "%s train --strategy pipeline --batch 8 --micro-batches 9",
+    rc = run_cmd(err, sizeof err, "%s train --strategy pipeline --batch 8 --micro-batches 9",
                      test_bin());
     CHECKF(rc == 2 && strstr(err, "--micro-batches 9"), "exit %d: %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s train --strategy pipeline --split 2,2", test_bin());

@@ -27,7 +27,9 @@
  *
  * Idle time (waiting for a neighbour) and the schedule's time are measured
  * per stage; position 0 reports the measured bubble beside the ideal
- * (S-1)/(M+S-1) each epoch.  A lost stage cannot be replaced mid-batch: the
+ * (S-1)/(M+S-1) each epoch.  Activations and their gradients go out from a
+ * send thread (sender.h), so two neighbours sending each other more than the
+ * sockets hold never wait for each other.  A lost stage cannot be replaced mid-batch: the
  * run stops with a message naming it (survives = 0). */
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +42,7 @@
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
+#include "strategy/sender.h"
 
 #define STATS_BYTES (5 * 8 + 2 * 4)
 #define LOSS_BYTES (8 + 4)
@@ -62,9 +65,11 @@ struct dp_strategy {
     dp_pipe_action *plan; /* room for 2M actions */
     int slots, micro_max;
     float *in;            /* stage > 0: received activations, one slot per micro-batch held */
-    float *din;           /* stage > 0: the gradient sent back */
+    float *din;           /* stage > 0: the gradients sent back, one slot per micro-batch */
     float *dout;          /* not the last: the gradient received */
     double timeout;
+    sender *tx;           /* activations and gradients out */
+    long *act_seq, *din_seq; /* per slot: the send of what it holds (sender_wait) */
     dp_ring ring;         /* R > 1: this stage's peers in the other replicas */
     int ring_open;
     dp_shard_policy policy;
@@ -91,6 +96,36 @@ static int stage_lost(dp_strategy *s, int p, dp_err *err)
     return dp_errf(err, "lost pipeline stage %d of replica %d, %s (%s): a pipeline cannot go on "
                         "without one of its stages, so the run stops",
                    p % s->S, p / s->S, name_of(s, p), why);
+}
+
+/* An activation or gradient that could not go out. */
+static int send_failed(dp_strategy *s, int rank, dp_err *err)
+{
+    for (int p = 0; p < s->n; p++)
+        if (s->ranks[p] == rank)
+            return stage_lost(s, p, err);
+    return -1;
+}
+
+/* Waits until the frame seq is out: the neighbour has not read it yet, so
+ * the wait is idle time. */
+static int wait_sent(dp_strategy *s, long seq, dp_err *err)
+{
+    double t0 = dp_now();
+    int rank;
+    if (sender_wait(s->tx, seq, &rank, err) < 0)
+        return send_failed(s, rank, err);
+    s->idle += dp_now() - t0;
+    return 0;
+}
+
+static int queue_send(dp_strategy *s, long *seq, int p, unsigned type, long step, int k,
+                      const float *buf, size_t len, dp_err *err)
+{
+    int rank;
+    *seq = sender_push(s->tx, s->ranks[p], type, (uint64_t)step, (uint64_t)k, buf, len, &rank,
+                       err);
+    return *seq < 0 ? send_failed(s, rank, err) : 0;
 }
 
 /* Waits for the frame `type` of this step (and micro-batch `micro`, in the
@@ -175,12 +210,15 @@ static int forward(dp_strategy *s, const float *x, const uint8_t *y, int k, int 
                                                  correct);
         *loss_sum += (double)loss * rows;
     } else {
+        /* the slot's output may still be on its way to the next stage */
+        if (wait_sent(s, s->act_seq[slot], err) < 0)
+            return -1;
         const float *out = dp_model_forward_range(&s->pm, slot, params, in, s->a, s->b, rows);
         if (!out)
             return dp_errf(err, "pipeline stage %d: forward of layers [%d, %d) failed", s->stage,
                            s->a, s->b);
-        if (send_to(s, s->position + 1, DP_WIRE_PIPE_ACT, step, (uint64_t)k, out,
-                    (size_t)rows * s->out_w * sizeof(float), err) < 0)
+        if (queue_send(s, &s->act_seq[slot], s->position + 1, DP_WIRE_PIPE_ACT, step, k, out,
+                       (size_t)rows * s->out_w * sizeof(float), err) < 0)
             return -1;
     }
     if (++s->held > s->peak)
@@ -198,7 +236,12 @@ static int backward(dp_strategy *s, const float *x, const uint8_t *y, int k, int
     const float *params = s->m->params;
     const float *in = s->stage > 0 ? s->in + (size_t)slot * s->micro_max * s->in_w
                                    : x + (size_t)off * s->in_w;
-    float *din = s->stage > 0 ? s->din : NULL;
+    float *din = NULL;
+    if (s->stage > 0) {
+        din = s->din + (size_t)slot * s->micro_max * s->in_w;
+        if (wait_sent(s, s->din_seq[slot], err) < 0)
+            return -1;
+    }
     int rc;
     if (s->stage == s->S - 1) {
         rc = dp_model_backward_range_loss(&s->pm, slot, din, s->pm.grads, params, in, y + off,
@@ -213,8 +256,8 @@ static int backward(dp_strategy *s, const float *x, const uint8_t *y, int k, int
     if (rc < 0)
         return dp_errf(err, "pipeline stage %d: backward of layers [%d, %d) failed", s->stage,
                        s->a, s->b);
-    if (din && send_to(s, s->position - 1, DP_WIRE_PIPE_GRAD, step, (uint64_t)k, din,
-                       (size_t)rows * s->in_w * sizeof(float), err) < 0)
+    if (din && queue_send(s, &s->din_seq[slot], s->position - 1, DP_WIRE_PIPE_GRAD, step, k, din,
+                          (size_t)rows * s->in_w * sizeof(float), err) < 0)
         return -1;
     accumulate(s, w, first);
     s->held--;
@@ -266,7 +309,9 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
             if (rc < 0)
                 return -1;
         }
-        if (share_loss(s, step, &loss_sum, &correct, err) < 0)
+        /* everything out before the frames sent inline (one order per peer) */
+        if (wait_sent(s, sender_last(s->tx), err) < 0 ||
+            share_loss(s, step, &loss_sum, &correct, err) < 0)
             return -1;
         s->busy += dp_now() - t0;
         out->loss = (float)(loss_sum / n);
@@ -460,6 +505,7 @@ static void pipe_close(dp_strategy *s)
 {
     if (!s)
         return;
+    sender_close(s->tx);
     if (s->ring_open)
         dp_ring_free(&s->ring);
     dp_optim_free(&s->opt);
@@ -469,6 +515,8 @@ static void pipe_close(dp_strategy *s)
     free(s->in);
     free(s->din);
     free(s->dout);
+    free(s->act_seq);
+    free(s->din_seq);
     free(s->sizes);
     free(s->stage_idle);
     free(s->stage_busy);
@@ -529,14 +577,19 @@ static int open_stage(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     size_t in_floats = (size_t)s->micro_max * s->in_w;
     if (s->stage > 0) {
         s->in = malloc((size_t)s->slots * in_floats * sizeof(float));
-        s->din = malloc(in_floats * sizeof(float));
+        s->din = malloc((size_t)s->slots * in_floats * sizeof(float));
         if (!s->in || !s->din)
             return dp_errf(err, "out of memory for %d micro-batches of activations", s->slots);
     }
     if (s->stage < s->S - 1 &&
         !(s->dout = malloc((size_t)s->micro_max * s->out_w * sizeof(float))))
         return dp_errf(err, "out of memory");
-    if (dp_optim_init(&s->opt, &cfg->optim, s->hi - s->lo, err) < 0)
+    s->act_seq = calloc((size_t)s->slots, sizeof *s->act_seq);
+    s->din_seq = calloc((size_t)s->slots, sizeof *s->din_seq);
+    if (!s->act_seq || !s->din_seq)
+        return dp_errf(err, "out of memory");
+    if (sender_open(&s->tx, s->t, 2 * s->M + 2, err) < 0 ||
+        dp_optim_init(&s->opt, &cfg->optim, s->hi - s->lo, err) < 0)
         return -1;
     const dp_train_state *r = s->env->resume;
     if (r) {
