@@ -4,7 +4,7 @@
  *   simulation of all stages runs every schedule to its end), 1f1b holds at
  *   most min(S-s, M) <= S micro-batches, gpipe M;
  * - the partition: balanced by cost, cut after a relu; --split checked;
- * - S = 2 and 3 stages (and 2 replicas of 2 stages) on the in-process
+ * - S = 2 and 3 stages (and 2 replicas of 2 stages, and of 1) on the in-process
  *   transport, one thread a stage, M = 1, 4 and 8, both schedules, sgd and
  *   adam, over steps with a short last batch: the parameters equal one
  *   process's at the same batch within float noise; the instrumented peak of
@@ -285,9 +285,9 @@ static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int r
 
 static void test_equal_to_one_process(void)
 {
-    static const int stage_counts[][2] = {{2, 1}, {3, 1}, {2, 2}}; /* S, R */
+    static const int stage_counts[][2] = {{2, 1}, {3, 1}, {2, 2}, {1, 2}}; /* S, R */
     static const int micro[] = {1, 4, 8};
-    for (int sc = 0; sc < 3; sc++)
+    for (int sc = 0; sc < 4; sc++)
         for (int o = 0; o < 2; o++) {
             dp_optim_kind ok = o ? DP_OPTIM_ADAM : DP_OPTIM_SGD;
             dp_optim_config oc = dp_optim_defaults(ok);

@@ -678,8 +678,11 @@ static int pipe_open(dp_strategy **out, const dp_run_env *env, dp_task_info *inf
     info->shard_index = s->replica;
     info->shard_count = s->R;
     info->replicas = s->R;
-    snprintf(info->label, sizeof info->label, "%s %d (stage %d)",
-             role == DP_ROLE_CHIEF ? "Chief" : "Worker", env->node->self->index, s->stage);
+    if (role == DP_ROLE_CHIEF)
+        snprintf(info->label, sizeof info->label, "Chief (stage %d)", s->stage);
+    else
+        snprintf(info->label, sizeof info->label, "Worker %d (stage %d)", env->node->self->index,
+                 s->stage);
     dp_info("%s: pipeline stage %d of %d (replica %d of %d): layers [%d, %d), parameters "
             "[%zu, %zu), %d activation slot(s)",
             env->node->self->name, s->stage, s->S, s->replica, s->R, s->a, s->b, s->lo, s->hi,
