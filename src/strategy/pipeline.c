@@ -74,11 +74,11 @@ struct dp_strategy {
     int ring_open;
     dp_shard_policy policy;
     uint32_t *sizes;      /* R > 1: each replica's shard, for the step's weights */
-    double idle, busy;    /* this epoch: s waiting for a neighbour, s in the schedule */
+    double idle, span;    /* this epoch: s waiting for a neighbour, s in the schedules */
     int held, peak;       /* micro-batches whose activations are held: now, at most */
     int peak_run;         /* at most, over the run */
     /* position 0, at an epoch's end: per stage, summed over the replicas */
-    double *stage_idle, *stage_busy;
+    double *stage_idle, *stage_span;
     int *stage_peak;
 };
 
@@ -313,7 +313,7 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
         if (wait_sent(s, sender_last(s->tx), err) < 0 ||
             share_loss(s, step, &loss_sum, &correct, err) < 0)
             return -1;
-        s->busy += dp_now() - t0;
+        s->span += dp_now() - t0;
         out->loss = (float)(loss_sum / n);
         out->correct = correct;
     } else if (s->hi > s->lo) {
@@ -331,7 +331,7 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
 
 /* ---------------------------------------------------------- the epoch's end */
 
-/* Epoch figures to position 0: loss sum, records, correct, idle s, busy s,
+/* Epoch figures to position 0: loss sum, records, correct, idle s, schedule s,
  * peak micro-batches held, stage. */
 static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_err *err)
 {
@@ -340,7 +340,7 @@ static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_er
     dp_put_f64(b + 8, st->records);
     dp_put_f64(b + 16, st->correct);
     dp_put_f64(b + 24, s->idle);
-    dp_put_f64(b + 32, s->busy);
+    dp_put_f64(b + 32, s->span);
     dp_put_u32(b + 40, (uint32_t)s->peak);
     dp_put_u32(b + 44, (uint32_t)s->stage);
     if (send_to(s, 0, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, err) < 0)
@@ -360,9 +360,9 @@ static void report_bubble(dp_strategy *s, int epoch)
     double idle = 0, all = 0;
     int peak = 0;
     for (int k = 0; k < s->S; k++) {
-        double f = s->stage_busy[k] > 0 ? s->stage_idle[k] / s->stage_busy[k] : 0;
+        double f = s->stage_span[k] > 0 ? s->stage_idle[k] / s->stage_span[k] : 0;
         idle += s->stage_idle[k];
-        all += s->stage_busy[k];
+        all += s->stage_span[k];
         peak = s->stage_peak[k] > peak ? s->stage_peak[k] : peak;
         if (len < sizeof per)
             len += (size_t)snprintf(per + len, sizeof per - len, "%s%.3f", k ? " " : "", f);
@@ -384,11 +384,11 @@ static void report_bubble(dp_strategy *s, int epoch)
 static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     for (int k = 0; k < s->S; k++) {
-        s->stage_idle[k] = s->stage_busy[k] = 0;
+        s->stage_idle[k] = s->stage_span[k] = 0;
         s->stage_peak[k] = 0;
     }
     s->stage_idle[0] = s->idle;
-    s->stage_busy[0] = s->busy;
+    s->stage_span[0] = s->span;
     s->stage_peak[0] = s->peak;
     for (int p = 1; p < s->n; p++) {
         uint8_t b[STATS_BYTES];
@@ -405,7 +405,7 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
             st->correct += dp_get_f64(b + 16);
         }
         s->stage_idle[stage] += dp_get_f64(b + 24);
-        s->stage_busy[stage] += dp_get_f64(b + 32);
+        s->stage_span[stage] += dp_get_f64(b + 32);
         int pk = (int)dp_get_u32(b + 40);
         s->stage_peak[stage] = pk > s->stage_peak[stage] ? pk : s->stage_peak[stage];
         if (p < s->S) {
@@ -423,7 +423,7 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
 static int pipe_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     int rc = s->position == 0 ? gather_epoch(s, epoch, st, err) : send_stats(s, epoch, st, err);
-    s->idle = s->busy = 0;
+    s->idle = s->span = 0;
     s->peak_run = s->peak > s->peak_run ? s->peak : s->peak_run;
     s->peak = 0;
     return rc;
@@ -519,7 +519,7 @@ static void pipe_close(dp_strategy *s)
     free(s->din_seq);
     free(s->sizes);
     free(s->stage_idle);
-    free(s->stage_busy);
+    free(s->stage_span);
     free(s->stage_peak);
     free(s);
 }
@@ -601,9 +601,9 @@ static int open_stage(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     }
     if (s->position == 0) {
         s->stage_idle = calloc((size_t)s->S, sizeof *s->stage_idle);
-        s->stage_busy = calloc((size_t)s->S, sizeof *s->stage_busy);
+        s->stage_span = calloc((size_t)s->S, sizeof *s->stage_span);
         s->stage_peak = calloc((size_t)s->S, sizeof *s->stage_peak);
-        if (!s->stage_idle || !s->stage_busy || !s->stage_peak)
+        if (!s->stage_idle || !s->stage_span || !s->stage_peak)
             return dp_errf(err, "out of memory");
     }
     return 0;
