@@ -12,6 +12,7 @@
 #include "downpour/dataset.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
+#include "downpour/pipeline.h"
 #include "downpour/ps.h"
 #include "downpour/status.h"
 
@@ -36,6 +37,10 @@ typedef struct dp_train_config {
     size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
     bool overlap;             /* allreduce: reduce buckets while backprop goes on */
     double collective_timeout; /* allreduce: s to wait for a neighbour (300) */
+    int stages;               /* pipeline: stages per replica (0: every task is a stage) */
+    int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */
+    dp_pipe_schedule schedule; /* pipeline: gpipe or 1f1b (the default) */
+    const char *split;        /* pipeline: "a,b,..." where stages 1.. start; NULL: balanced */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */

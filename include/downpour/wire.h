@@ -7,6 +7,7 @@
  *   APP(16..31)   run coordination          src/train/loop.c and the strategy
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
+ *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
  *   APP(100..101) ping                      src/cli/cmd_ping.c
  *
  * Payload fields are little-endian, written with dp_put_* / read with
@@ -57,6 +58,13 @@ enum dp_wire_type {
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
     DP_WIRE_REPLICATE_ACK = DP_FRAME_APP(33), /* backup -> primary: updates up to `step` are applied */
+    /* layer pipelining (src/strategy/pipeline.c); step = the training step */
+    DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
+    DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */
+    DP_WIRE_PIPE_LOSS = DP_FRAME_APP(42),   /* last stage -> its replica's others: f64 loss sum, u32 correct */
+    DP_WIRE_PIPE_STATS = DP_FRAME_APP(43),  /* stage -> position 0 at an epoch's end: 5 f64, 2 u32 (pipeline.c send_stats) */
+    DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
+    DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "downpour/file.h"
 #include "downpour/node.h"
+#include "downpour/pipeline.h"
 #include "downpour/strategy.h"
 #include "downpour/train.h"
 
@@ -42,6 +43,43 @@ static int parse_straggler(const char *s, long *k, double *ms, dp_err *err)
     if (dp_parse_long(buf, 0, 4095, k, "--straggler K", err) < 0)
         return -1;
     return dp_parse_double(colon + 1, 0, 60000, ms, "--straggler MS", err);
+}
+
+/* The pipeline's flags against each other, the batch and the model (the
+ * cluster's size is checked when the stages open): 0, or -1 with a message
+ * naming the flag. */
+static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
+{
+    if (strcmp(cfg->strategy, "pipeline") != 0) {
+        if (given)
+            return dp_errf(err, "--stages, --micro-batches, --schedule and --split are for "
+                                "--strategy pipeline");
+        return 0;
+    }
+    int stages = cfg->stages;
+    if (cfg->split) {
+        int n = dp_pipe_split_count(cfg->split, err);
+        if (n < 0)
+            return -1;
+        if (stages > 0 && stages != n)
+            return dp_errf(err, "--split '%s' makes %d stages, but --stages says %d", cfg->split,
+                           n, stages);
+        stages = n;
+    }
+    if (cfg->micro_batches > cfg->batch)
+        return dp_errf(err, "--micro-batches %d: a batch of %d records (--batch) cannot be cut "
+                            "into more micro-batches than records", cfg->micro_batches,
+                       cfg->batch);
+    if (stages == 0)
+        return 0;
+    dp_model m;
+    dp_err merr;
+    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
+        return 0; /* the run says what is wrong with --model */
+    int first[DP_PIPE_MAX_STAGES + 1];
+    int rc = dp_pipe_partition(first, &m, stages, cfg->split, err);
+    dp_model_free(&m);
+    return rc;
 }
 
 /* "learning rate (default: the optimizer's: sgd 0.01, ..., adam 0.001)" */
@@ -99,6 +137,8 @@ int cmd_train(int argc, char **argv)
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false;
+    long stages = 0, micro_batches = cfg.micro_batches;
+    const char *schedule = NULL, *split = NULL;
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
@@ -119,6 +159,10 @@ int cmd_train(int argc, char **argv)
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
         {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
+        {"stages", CLI_INT, &stages, "S", "pipeline: stages of each pipeline (0: every task is a stage)", 0, DP_PIPE_MAX_STAGES},
+        {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
+        {"schedule", CLI_STR, &schedule, "NAME", "pipeline: gpipe or 1f1b (default: 1f1b)", 0, 0},
+        {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
@@ -251,6 +295,19 @@ int cmd_train(int argc, char **argv)
     if (keep_best && n_val == 0) {
         fprintf(stderr, "downpour train: --keep-best picks the epoch with the best validation "
                         "accuracy, and --val-size 0 leaves no validation records\n");
+        return 2;
+    }
+    cfg.stages = (int)stages;
+    cfg.micro_batches = (int)micro_batches;
+    cfg.split = split;
+    if (schedule && dp_pipe_schedule_parse(schedule, &cfg.schedule, &err) < 0) {
+        fprintf(stderr, "downpour train: --schedule: %s\n", err.msg);
+        return 2;
+    }
+    if (check_pipeline(&cfg, stages != 0 || micro_batches != dp_train_defaults().micro_batches ||
+                                 schedule || split,
+                       &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
     cfg.checkpoint_dir = checkpoint_dir;

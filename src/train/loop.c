@@ -65,6 +65,8 @@ dp_train_config dp_train_defaults(void)
     c.bucket_bytes = 512u << 10;
     c.overlap = true;
     c.collective_timeout = 300;
+    c.micro_batches = 4;
+    c.schedule = DP_PIPE_1F1B;
     c.straggler = -1;
     c.batch = 128;
     c.epochs = 25;

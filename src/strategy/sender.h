@@ -1,0 +1,35 @@
+/* A send queue with a thread of its own (src/strategy/sender.c): frames go
+ * out in the order they were queued, from the caller's memory, while the
+ * caller goes on.  Layer pipelining needs it because two neighbouring stages
+ * send to each other at once (activations one way, their gradients the
+ * other): with blocking sends of more than the sockets buffer, both would
+ * wait for the other to read.  The caller keeps each buffer unchanged until
+ * sender_wait says its frame is out; the queue allocates nothing after
+ * sender_open. */
+#ifndef DOWNPOUR_STRATEGY_SENDER_H
+#define DOWNPOUR_STRATEGY_SENDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/status.h"
+#include "downpour/transport.h"
+
+typedef struct sender sender;
+
+/* Room for `cap` frames queued at once. */
+int sender_open(sender **out, dp_transport *t, int cap, dp_err *err);
+/* Stops the thread after the frames queued so far; NULL is a no-op. */
+void sender_close(sender *q);
+/* Queues a frame; returns its sequence number (1, 2, ...), or -1 when an
+ * earlier send failed (err says which peer and why; *peer its rank).  Waits
+ * while the queue is full. */
+long sender_push(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
+                 const void *buf, size_t len, int *peer, dp_err *err);
+/* Waits until every frame up to sequence number seq is out (0: returns at
+ * once); -1 as above. */
+int sender_wait(sender *q, long seq, int *peer, dp_err *err);
+/* The sequence number of the last frame queued. */
+long sender_last(const sender *q);
+
+#endif

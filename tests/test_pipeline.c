@@ -1,0 +1,373 @@
+/* Layer pipelining (src/strategy/pipeline.c, pipeline_plan.c):
+ * - the schedules: every micro-batch forwarded and backwarded once per
+ *   stage, in an order that respects the dependencies between stages (a
+ *   simulation of all stages runs every schedule to its end), 1f1b holds at
+ *   most min(S-s, M) <= S micro-batches, gpipe M;
+ * - the partition: balanced by cost, cut after a relu; --split checked;
+ * - S = 2 and 3 stages (and 2 replicas of 2 stages, and of 1) on the in-process
+ *   transport, one thread a stage, M = 1, 4 and 8, both schedules, sgd and
+ *   adam, over steps with a short last batch: the parameters equal one
+ *   process's at the same batch within float noise; the instrumented peak of
+ *   micro-batches held is what the schedule says;
+ * - a stage that dies ends its neighbours' steps with a message naming it. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "downpour/blas.h"
+#include "downpour/inproc.h"
+#include "downpour/pipeline.h"
+#include "downpour/rng.h"
+#include "downpour/strategy.h"
+
+/* ---------------------------------------------------------------- schedules */
+
+/* Runs every stage's schedule as far as the dependencies let it (a forward
+ * needs the previous stage's forward of that micro-batch, a backward the next
+ * stage's backward and its own forward); 1 when every stage finishes. */
+static int simulate(dp_pipe_schedule kind, int S, int M)
+{
+    dp_pipe_action a[8][64];
+    int pos[8] = {0}, n[8];
+    unsigned char fdone[8][32] = {{0}}, bdone[8][32] = {{0}};
+    for (int s = 0; s < S; s++)
+        n[s] = dp_pipe_schedule_make(a[s], kind, s, S, M);
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int s = 0; s < S; s++) {
+            if (pos[s] == n[s])
+                continue;
+            dp_pipe_action x = a[s][pos[s]];
+            int ok = x.op == DP_PIPE_FORWARD ? (s == 0 || fdone[s - 1][x.micro])
+                                             : (fdone[s][x.micro] &&
+                                                (s == S - 1 || bdone[s + 1][x.micro]));
+            if (!ok)
+                continue;
+            (x.op == DP_PIPE_FORWARD ? fdone : bdone)[s][x.micro] = 1;
+            pos[s]++;
+            progress = 1;
+        }
+    }
+    for (int s = 0; s < S; s++)
+        if (pos[s] != n[s])
+            return 0;
+    return 1;
+}
+
+static void test_schedules(void)
+{
+    for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++)
+        for (int S = 1; S <= 6; S++)
+            for (int M = 1; M <= 12; M++) {
+                for (int s = 0; s < S; s++) {
+                    dp_pipe_action a[64];
+                    int n = dp_pipe_schedule_make(a, (dp_pipe_schedule)kind, s, S, M);
+                    CHECKF(n == 2 * M, "%s S %d M %d stage %d: %d actions",
+                           dp_pipe_schedule_name(kind), S, M, s, n);
+                    int fwd[16] = {0}, bwd[16] = {0}, next_b = 0, ordered = 1, after = 1;
+                    for (int i = 0; i < n; i++) {
+                        if (a[i].op == DP_PIPE_FORWARD) {
+                            fwd[a[i].micro]++;
+                        } else {
+                            bwd[a[i].micro]++;
+                            after &= fwd[a[i].micro] == 1;
+                            ordered &= a[i].micro == next_b++;
+                        }
+                    }
+                    for (int m = 0; m < M; m++)
+                        CHECKF(fwd[m] == 1 && bwd[m] == 1, "%s S %d M %d stage %d micro %d: %d "
+                               "forwards, %d backwards", dp_pipe_schedule_name(kind), S, M, s,
+                               m, fwd[m], bwd[m]);
+                    CHECK(after && ordered);
+                    int peak = dp_pipe_schedule_peak(a, n);
+                    int want = kind == DP_PIPE_GPIPE ? M : (S - s < M ? S - s : M);
+                    CHECKF(peak == want, "%s S %d M %d stage %d: peak %d, want %d",
+                           dp_pipe_schedule_name(kind), S, M, s, peak, want);
+                    CHECK(kind == DP_PIPE_GPIPE || peak <= S);
+                }
+                CHECKF(simulate((dp_pipe_schedule)kind, S, M), "%s S %d M %d deadlocks",
+                       dp_pipe_schedule_name(kind), S, M);
+            }
+    dp_pipe_action a[4];
+    CHECK(dp_pipe_schedule_make(a, DP_PIPE_1F1B, 2, 2, 2) == -1);
+    CHECK(dp_pipe_schedule_make(a, DP_PIPE_1F1B, 0, 2, 0) == -1);
+    dp_pipe_schedule k;
+    dp_err err;
+    CHECK(dp_pipe_schedule_parse("gpipe", &k, &err) == 0 && k == DP_PIPE_GPIPE);
+    CHECK(dp_pipe_schedule_parse("1f1b", &k, &err) == 0 && k == DP_PIPE_1F1B);
+    CHECK(dp_pipe_schedule_parse("zb", &k, &err) < 0 && strstr(err.msg, "gpipe, 1f1b"));
+}
+
+/* --------------------------------------------------------------- partitions */
+
+static void test_partition(void)
+{
+    dp_model m;
+    dp_err err;
+    int first[DP_PIPE_MAX_STAGES + 1];
+    REQUIRE(dp_model_init(&m, "784-300-100-10", 1, 1, &err) == 0);
+    REQUIRE(m.n_layers == 6);
+    CHECK(dp_pipe_partition(first, &m, 1, NULL, &err) == 0 && first[0] == 0 && first[1] == 6);
+    CHECK(dp_pipe_partition(first, &m, 2, NULL, &err) == 0 && first[1] == 2 && first[2] == 6);
+    CHECK(dp_pipe_partition(first, &m, 3, NULL, &err) == 0 && first[1] == 2 && first[2] == 4);
+    /* more stages than places after a relu: every layer its own stage */
+    CHECK(dp_pipe_partition(first, &m, 6, NULL, &err) == 0);
+    for (int s = 0; s <= 6; s++)
+        CHECK(first[s] == s);
+    CHECK(dp_pipe_partition(first, &m, 7, NULL, &err) < 0 && strstr(err.msg, "--stages 7"));
+    CHECK(dp_pipe_partition(first, &m, 3, "1,5", &err) == 0 && first[1] == 1 && first[2] == 5 &&
+          first[3] == 6);
+    CHECK(dp_pipe_partition(first, &m, 3, "4,4", &err) < 0 && strstr(err.msg, "--split"));
+    CHECK(dp_pipe_partition(first, &m, 3, "2,6", &err) < 0 && strstr(err.msg, "--split"));
+    CHECK(dp_pipe_partition(first, &m, 2, "2,4", &err) < 0 && strstr(err.msg, "3 stages"));
+    CHECK(dp_pipe_split_count("2,4", &err) == 3);
+    CHECK(dp_pipe_split_count("2,,4", &err) < 0);
+    CHECK(dp_pipe_split_count("", &err) < 0);
+    size_t lo, hi;
+    dp_pipe_param_range(&m, 2, 6, &lo, &hi);
+    CHECK(lo == 784 * 300 + 300 && hi == m.n_params);
+    dp_pipe_param_range(&m, 1, 2, &lo, &hi);
+    CHECK(lo == hi);
+    dp_model_free(&m);
+    /* a deeper stack balances by cost */
+    REQUIRE(dp_model_init(&m, "100-100-100-100-100-10", 1, 1, &err) == 0);
+    CHECK(dp_pipe_partition(first, &m, 2, NULL, &err) == 0 && first[1] == 4);
+    dp_model_free(&m);
+    int total = 0, off, prev_end = 0;
+    for (int k = 0; k < 8; k++) {
+        int r = dp_pipe_micro_size(13, 8, k, &off);
+        CHECK(off == prev_end && (r == 1 || r == 2));
+        prev_end = off + r;
+        total += r;
+    }
+    CHECK(total == 13);
+}
+
+/* ------------------------------------------------- against one process */
+
+#define SPEC "20-16-12-8-5"
+#define BATCH 16
+#define STEPS 3
+#define PER_REPLICA 45 /* records per replica: 16 + 16 + 13 */
+#define MAX_TASKS 6
+
+static float data_x[MAX_TASKS / 2 * PER_REPLICA * 20];
+static uint8_t data_y[MAX_TASKS / 2 * PER_REPLICA];
+
+typedef struct job {
+    dp_train_config cfg;
+    int tasks, position, replicas;
+    dp_transport *t;
+    int die_at;         /* step before which this stage dies (0: never) */
+    int rc;
+    dp_err err;
+    int peak;
+    float params[4096];
+    size_t n_params;
+} job;
+
+/* Replica r's batch k: rows of the global batch k (one process's) that are
+ * its share. */
+static int replica_batch(int replicas, int r, int k, const float **x, const uint8_t **y)
+{
+    int n = k < STEPS - 1 ? BATCH : PER_REPLICA - BATCH * (STEPS - 1);
+    size_t row = (size_t)k * BATCH * replicas + (size_t)r * n;
+    *x = data_x + row * 20;
+    *y = data_y + row;
+    return n;
+}
+
+static void *run_stage(void *arg)
+{
+    job *j = arg;
+    int ports[MAX_TASKS];
+    for (int i = 0; i < j->tasks; i++)
+        ports[i] = 30000 + i; /* never listened on */
+    dp_node node;
+    memset(&node, 0, sizeof node);
+    dp_model m;
+    j->rc = -1;
+    REQUIRE(dp_cluster_local(&node.cluster, 0, j->tasks, 0, ports, &j->err) == 0);
+    node.cluster.self = j->position;
+    node.self = &node.cluster.tasks[j->position];
+    node.transport = j->t;
+    REQUIRE(dp_model_init(&m, SPEC, BATCH, 1, &j->err) == 0);
+    dp_model_init_params(&m, 7);
+    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m,
+                      .n_train = (uint32_t)(PER_REPLICA * j->replicas), .steps_per_epoch = STEPS};
+    dp_task_info info;
+    memset(&info, 0, sizeof info);
+    dp_strategy *s = NULL;
+    const dp_strategy_ops *ops = &dp_strategy_pipeline;
+    if (ops->open(&s, &env, &info, &j->err) < 0)
+        goto out;
+    int replica = info.shard_index;
+    CHECK(info.replicas == j->replicas && info.shard_count == j->replicas);
+    for (int k = 0; k < STEPS; k++) {
+        if (j->die_at == k + 1) {
+            dp_err e;
+            dp_inproc_kill(j->t, DP_INPROC_CRASH, &e);
+            j->rc = 0;
+            goto out;
+        }
+        const float *x;
+        const uint8_t *y;
+        int n = replica_batch(j->replicas, replica, k, &x, &y);
+        dp_step_out o;
+        if (ops->step(s, x, y, n, j->cfg.optim.lr, k + 1, &o, &j->err) < 0)
+            goto out;
+    }
+    dp_epoch_stats st = {.records = 1};
+    if (ops->epoch_end(s, 1, &st, &j->err) < 0)
+        goto out;
+    j->peak = dp_pipeline_peak(s);
+    if (info.evaluator) {
+        const float *p = ops->params(s, DP_WEIGHTS_LIVE, &j->err);
+        REQUIRE(p && m.n_params <= 4096);
+        memcpy(j->params, p, m.n_params * sizeof(float));
+        j->n_params = m.n_params;
+    }
+    j->rc = ops->finish(s, STEPS, &j->err);
+out:
+    ops->close(s);
+    dp_model_free(&m);
+    dp_cluster_free(&node.cluster);
+    return NULL;
+}
+
+/* One process at the global batch over the same records. */
+static void reference(float *out, const dp_optim_config *oc, int replicas)
+{
+    dp_model m;
+    dp_optim opt;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, SPEC, BATCH * replicas, 1, &err) == 0);
+    dp_model_init_params(&m, 7);
+    REQUIRE(dp_optim_init(&opt, oc, m.n_params, &err) == 0);
+    for (int k = 0; k < STEPS; k++) {
+        const float *x;
+        const uint8_t *y;
+        int n = replica_batch(replicas, 0, k, &x, &y) * replicas;
+        dp_model_forward_backward(&m, x, y, n, NULL);
+        dp_optim_apply(&opt, m.params, m.grads, oc->lr);
+    }
+    memcpy(out, m.params, m.n_params * sizeof(float));
+    dp_optim_free(&opt);
+    dp_model_free(&m);
+}
+
+/* Runs the stages in threads; returns the evaluator's job (position 0). */
+static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int replicas,
+                         int die_position)
+{
+    dp_transport *ts[MAX_TASKS];
+    dp_err err;
+    REQUIRE(dp_inproc_open(ts, tasks, &err) == 0);
+    pthread_t th[MAX_TASKS];
+    for (int p = 0; p < tasks; p++) {
+        memset(&jobs[p], 0, sizeof jobs[p]);
+        jobs[p].cfg = *cfg;
+        jobs[p].tasks = tasks;
+        jobs[p].position = p;
+        jobs[p].replicas = replicas;
+        jobs[p].t = ts[p];
+        jobs[p].die_at = p == die_position ? 2 : 0;
+        REQUIRE(pthread_create(&th[p], NULL, run_stage, &jobs[p]) == 0);
+    }
+    for (int p = 0; p < tasks; p++)
+        pthread_join(th[p], NULL);
+    for (int p = 0; p < tasks; p++)
+        dp_transport_close(ts[p]);
+}
+
+static void test_equal_to_one_process(void)
+{
+    static const int stage_counts[][2] = {{2, 1}, {3, 1}, {2, 2}, {1, 2}}; /* S, R */
+    static const int micro[] = {1, 4, 8};
+    for (int sc = 0; sc < 4; sc++)
+        for (int o = 0; o < 2; o++) {
+            dp_optim_kind ok = o ? DP_OPTIM_ADAM : DP_OPTIM_SGD;
+            dp_optim_config oc = dp_optim_defaults(ok);
+            oc.lr = o ? 0.01f : 0.2f;
+            int S = stage_counts[sc][0], R = stage_counts[sc][1];
+            float ref[4096];
+            reference(ref, &oc, R);
+            for (int mi = 0; mi < 3; mi++)
+                for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++) {
+                    dp_train_config cfg = dp_train_defaults();
+                    cfg.model = SPEC;
+                    cfg.batch = BATCH;
+                    cfg.stages = S;
+                    cfg.micro_batches = micro[mi];
+                    cfg.schedule = (dp_pipe_schedule)kind;
+                    cfg.optim = oc;
+                    cfg.collective_timeout = 30;
+                    job jobs[MAX_TASKS];
+                    run_pipeline(jobs, S * R, &cfg, R, -1);
+                    int ok_all = 1;
+                    for (int p = 0; p < S * R; p++) {
+                        CHECKF(jobs[p].rc == 0, "S %d R %d M %d %s: position %d: %s", S, R,
+                               micro[mi], dp_pipe_schedule_name(kind), p, jobs[p].err.msg);
+                        ok_all &= jobs[p].rc == 0;
+                        int s = p % S, M = micro[mi];
+                        int want = kind == DP_PIPE_GPIPE ? M : (S - s < M ? S - s : M);
+                        CHECKF(jobs[p].peak == want,
+                               "S %d M %d %s stage %d held %d micro-batches, want %d", S, M,
+                               dp_pipe_schedule_name(kind), s, jobs[p].peak, want);
+                        CHECK(kind == DP_PIPE_GPIPE || jobs[p].peak <= S);
+                    }
+                    if (!ok_all)
+                        continue;
+                    double worst = 0;
+                    for (size_t i = 0; i < jobs[0].n_params; i++) {
+                        double d = fabs((double)jobs[0].params[i] - ref[i]) /
+                                   (1.0 + fabs((double)ref[i]));
+                        worst = d > worst ? d : worst;
+                    }
+                    CHECK(jobs[0].n_params > 0);
+                    fprintf(stderr, "S %d R %d M %d %-5s %-4s: max relative diff %.3g\n", S, R,
+                            micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
+                            worst);
+                    CHECKF(worst < 1e-5, "S %d R %d M %d %s %s differs from one process by %g",
+                           S, R, micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
+                           worst);
+                }
+        }
+}
+
+/* Stage 1 of 3 dies before step 2: its neighbours stop with its name. */
+static void test_lost_stage(void)
+{
+    dp_train_config cfg = dp_train_defaults();
+    cfg.model = SPEC;
+    cfg.batch = BATCH;
+    cfg.stages = 3;
+    cfg.optim = dp_optim_defaults(DP_OPTIM_SGD);
+    cfg.collective_timeout = 30;
+    job jobs[3];
+    run_pipeline(jobs, 3, &cfg, 1, 1);
+    for (int p = 0; p < 3; p += 2) {
+        CHECKF(jobs[p].rc < 0 && strstr(jobs[p].err.msg, "lost pipeline stage 1"),
+               "position %d: rc %d, %s", p, jobs[p].rc, jobs[p].err.msg);
+        fprintf(stderr, "position %d: %s\n", p, jobs[p].err.msg);
+    }
+}
+
+int main(void)
+{
+    dp_blas_set_threads(1);
+    dp_rng r;
+    dp_rng_seed(&r, 3);
+    for (size_t i = 0; i < sizeof data_x / sizeof data_x[0]; i++)
+        data_x[i] = dp_rng_uniform(&r) * 2 - 1;
+    for (size_t i = 0; i < sizeof data_y; i++)
+        data_y[i] = (uint8_t)(dp_rng_uniform(&r) * 5) % 5;
+    test_schedules();
+    test_partition();
+    test_equal_to_one_process();
+    test_lost_stage();
+    return CHECK_DONE();
+}
