@@ -52,9 +52,9 @@ typedef struct rig {
     dp_ps_server *s;
 } rig;
 
-/* live, clock: a server restarted into a running job (dp_ps_start); NULL, 0: a fresh one. */
+/* clocks: a server restarted into a running job (dp_ps_start); NULL: a fresh one. */
 static void rig_open_at(rig *r, int workers, const dp_ps_config *cfg, const dp_optim_config *oc,
-                        const uint8_t *live, long clock)
+                        const long *clocks)
 {
     int ports[MAX_WORKERS + 2];
     const char *names[MAX_WORKERS + 2];
@@ -70,7 +70,7 @@ static void rig_open_at(rig *r, int workers, const dp_ps_config *cfg, const dp_o
     REQUIRE(dp_ps_layout_make(&layout, &r->c, NP, cfg, &err) == 0);
     REQUIRE(layout.n_shards == 1 && layout.rank[0] == r->ps && layout.range[0].lo == 0 &&
             layout.range[0].hi == NP);
-    dp_ps_start start = {.params = p_init, .live = live, .clock = clock};
+    dp_ps_start start = {.params = p_init, .clocks = clocks};
     if (dp_ps_server_open(&r->s, r->ts[r->ps], &r->c, &layout, cfg, oc, &start, NP, &err) < 0) {
         fprintf(stderr, "dp_ps_server_open: %s\n", err.msg);
         exit(1);
@@ -79,7 +79,7 @@ static void rig_open_at(rig *r, int workers, const dp_ps_config *cfg, const dp_o
 
 static void rig_open(rig *r, int workers, const dp_ps_config *cfg, const dp_optim_config *oc)
 {
-    rig_open_at(r, workers, cfg, oc, NULL, 0);
+    rig_open_at(r, workers, cfg, oc, NULL);
 }
 
 static void rig_close(rig *r)
@@ -549,10 +549,12 @@ static void test_state(void)
 }
 
 /* A server restarted into the run (docs/faults.md, "A restarted ps"): the
- * chief said worker 2 takes no part and the checkpoint was at clock 10.
- * Worker 0 says it is at step 15 (clock 14) and pushes: held in ps-ssp with
- * staleness 1, since worker 1 still stands at 10; worker 1's JOIN at step
- * 15 lets it go, and worker 2 never holds anyone.  The same push again
+ * chief said worker 2 takes no part and the others were at clock 10.
+ * Worker 0 says it is at step 15 (clock 14) and pushes: answered at once in
+ * ps-ssp with staleness 1, since worker 1, which has not said where it is
+ * (it may wait at a checkpoint barrier), holds nobody.  Worker 1 JOINs at
+ * step 15 (clock 14): worker 0's next push (clock 16) is held until worker
+ * 1's push lets it go; worker 2 never holds anyone.  The same push again
  * (its client clock: a re-send) is answered, not applied twice. */
 static void test_restarted(void)
 {
@@ -561,9 +563,9 @@ static void test_restarted(void)
     cfg.mode = DP_PS_SSP;
     cfg.staleness = 1;
     dp_optim_config oc = sgd();
-    const uint8_t live[3] = {1, 1, 0};
+    const long clocks[3] = {10, 10, -1};
     rig r;
-    rig_open_at(&r, 3, &cfg, &oc, live, 10);
+    rig_open_at(&r, 3, &cfg, &oc, clocks);
     CHECK(dp_ps_server_clock(r.s, 0) == 10 && dp_ps_server_clock(r.s, 1) == 10 &&
           dp_ps_server_clock(r.s, 2) == 0);
     say(&r, wrank(0), DP_WIRE_JOIN, 15);
@@ -575,25 +577,33 @@ static void test_restarted(void)
     struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g0, NP * sizeof(float)}};
     REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 7, 0, iov, 2, &err) == 0);
     SERVE(&r);
-    CHECK(dp_ps_server_clock(r.s, 0) == 15 && dp_ps_server_pending(r.s, 0) && no_reply(&r, 0));
-    say(&r, wrank(1), DP_WIRE_JOIN, 15);
-    SERVE(&r);
     float want[NP], got[NP];
     memcpy(want, p_init, sizeof want);
     sub_scaled(want, 1, g0);
     uint64_t step = 0;
-    CHECK(dp_ps_server_clock(r.s, 1) == 14 && reply(&r, 0, got, &step) && step == 14);
+    CHECK(dp_ps_server_clock(r.s, 0) == 15 && reply(&r, 0, got, &step) && step == 15);
     CHECK_PARAMS(got, want);
     /* The same push re-sent (client clock 7): answered, not applied again. */
     REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 7, 0, iov, 2, &err) == 0);
     SERVE(&r);
     CHECK(reply(&r, 0, got, NULL) && dp_ps_server_updates(r.s) == 1);
     CHECK_PARAMS(got, want);
+    /* Worker 1 says where it is: now it holds worker 0 back. */
+    say(&r, wrank(1), DP_WIRE_JOIN, 15);
+    SERVE(&r);
+    CHECK(dp_ps_server_clock(r.s, 1) == 14);
+    REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 8, 0, iov, 2, &err) == 0);
+    SERVE(&r);
+    CHECK(dp_ps_server_clock(r.s, 0) == 16 && dp_ps_server_pending(r.s, 0) && no_reply(&r, 0));
+    grad(&r, 1, 1, 1, 1.0f, g1);
+    SERVE(&r);
+    CHECK(dp_ps_server_clock(r.s, 1) == 15 && reply(&r, 1, got, NULL) &&
+          reply(&r, 0, got, &step) && step == 15);
     rig_close(&r);
 
     /* ps-sync: a round closes with the workers the chief named. */
     cfg.mode = DP_PS_SYNC;
-    rig_open_at(&r, 3, &cfg, &oc, live, 10);
+    rig_open_at(&r, 3, &cfg, &oc, clocks);
     grad(&r, 0, 1, 1, 1.0f, g0);
     SERVE(&r);
     CHECK(no_reply(&r, 0));

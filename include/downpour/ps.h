@@ -97,10 +97,9 @@ typedef struct dp_ps_start {
     const float *ema;     /* NULL: the average starts at params */
     long step;            /* the step the run starts at (0, or --resume's): a
                              worker's clock is its steps since then */
-    const uint8_t *live;  /* a restarted ps: which workers take part (one byte per
-                             worker); NULL: all */
-    long clock;           /* a restarted ps: every live worker's clock until its
-                             JOIN says where it is */
+    const long *clocks;   /* a restarted ps: each worker's clock as the chief knows
+                             it, until its JOIN says where it is; -1: it takes no
+                             part (lost, or done).  NULL: a fresh start */
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event

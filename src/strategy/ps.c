@@ -91,7 +91,7 @@ long dp_ps_min_clock(const server *s)
 {
     long m = -1;
     for (int i = 0; i < s->n_workers; i++)
-        if (s->w[i].live && (m < 0 || s->w[i].clock < m))
+        if (s->w[i].live && !s->w[i].unsynced && (m < 0 || s->w[i].clock < m))
             m = s->w[i].clock;
     return m;
 }
@@ -295,6 +295,7 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
         return 0;
     }
     w->step = step;
+    w->unsynced = 0; /* pushing without a JOIN: its clock as the chief knew it */
     double now = dp_ps_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
@@ -343,6 +344,7 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
          * it is (ps.c await_restart): whoever waited for it may go. */
         long c = (long)join_step - 1 - s->base_step;
         w->clock = c < 0 ? 0 : c;
+        w->unsynced = 0;
         s->dropped = 1;
         dp_debug("%s is at clock %ld", dp_transport_peer_name(s->t, w->rank), w->clock);
         return 0;
@@ -353,6 +355,7 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     if (join_step > 0)
         m = (long)join_step - 1 - s->base_step;
     w->live = 1;
+    w->unsynced = 0;
     w->pending = 0;
     w->owed = 0;
     w->applied = 0; /* a new incarnation counts its pushes from 1 again */
@@ -639,8 +642,9 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->worker_of[r] = -1;
     for (int i = 0; i < s->n_workers; i++) {
         s->w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
-        s->w[i].live = start->live ? start->live[i] != 0 : 1;
-        s->w[i].clock = s->w[i].live ? start->clock : 0;
+        s->w[i].live = start->clocks ? start->clocks[i] >= 0 : 1;
+        s->w[i].clock = start->clocks && start->clocks[i] > 0 ? start->clocks[i] : 0;
+        s->w[i].unsynced = start->clocks && start->clocks[i] >= 0;
         s->worker_of[s->w[i].rank] = i;
     }
     if (s->n && layout->rank[s->shard] == me)

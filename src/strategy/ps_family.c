@@ -407,10 +407,11 @@ fail:
 }
 
 /* The RESTORE a restarted ps gets from the chief: [u64 base step][u64
- * optimiser t][u32 flags][u32 workers], one byte per worker (it takes
- * part), then with RESTORE_STATE the shard's parameters, each optimiser
- * slot and the moving average (when kept), as the STATE answer has them;
- * the frame's step is the checkpoint's (docs/faults.md, "A restarted ps"). */
+ * optimiser t][u32 flags][u32 workers], per worker a u64: the step it
+ * reached as the chief knows it (NOT_DONE: it takes no part), then with
+ * RESTORE_STATE the shard's parameters, each optimiser slot and the moving
+ * average (when kept), as the STATE answer has them; the frame's step is the
+ * checkpoint's (docs/faults.md, "A restarted ps"). */
 #define RESTORE_HEAD 24
 #define RESTORE_STATE 1u
 
@@ -429,7 +430,7 @@ static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
  * way dp_ps_start takes them (only this shard's slice is filled). */
 typedef struct restored {
     float *slots, *ema;
-    uint8_t *live;
+    long *clocks;
 } restored;
 
 static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, restored *rs,
@@ -441,28 +442,38 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
     int n_slots = dp_optim_slots(s->env->cfg->optim.kind), has_ema = s->pc.ema > 0;
     uint64_t len = ev->header.length;
     uint8_t head[RESTORE_HEAD];
-    if (len < RESTORE_HEAD + (uint64_t)workers || ev->header.offset != lo)
+    uint64_t table = 8 * (uint64_t)workers;
+    if (len < RESTORE_HEAD + table || ev->header.offset != lo)
         return dp_errf(err, "the chief sent a RESTORE of %llu bytes for offset %llu; this task's "
                             "shard is at %zu", (unsigned long long)len,
                        (unsigned long long)ev->header.offset, lo);
     if (dp_transport_recv_payload(s->t, s->chief, head, sizeof head, err) < 0)
         return -1;
     uint32_t flags = dp_get_u32(head + 16), nw = dp_get_u32(head + 20);
-    uint64_t want = RESTORE_HEAD + (uint64_t)workers +
+    uint64_t want = RESTORE_HEAD + table +
                     (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) : 0);
     if (nw != (uint32_t)workers || len != want)
         return dp_errf(err, "the chief's RESTORE holds %llu bytes for %u worker(s); expected %llu "
                             "for %d", (unsigned long long)len, nw, (unsigned long long)want,
                        workers);
-    rs->live = malloc((size_t)workers);
-    if (!rs->live)
+    uint8_t *raw = malloc((size_t)table);
+    rs->clocks = malloc((size_t)workers * sizeof *rs->clocks);
+    if (!raw || !rs->clocks) {
+        free(raw);
         return dp_errf(err, "out of memory");
-    if (dp_transport_recv_payload(s->t, s->chief, rs->live, (size_t)workers, err) < 0)
+    }
+    if (dp_transport_recv_payload(s->t, s->chief, raw, (size_t)table, err) < 0) {
+        free(raw);
         return -1;
+    }
     long base = (long)dp_get_u64(head), ckpt = (long)ev->header.step;
-    start->live = rs->live;
+    for (int w = 0; w < workers; w++) {
+        uint64_t at = dp_get_u64(raw + 8 * w);
+        rs->clocks[w] = at == NOT_DONE ? -1 : at > (uint64_t)base ? (long)at - base : 0;
+    }
+    free(raw);
+    start->clocks = rs->clocks;
     start->step = base;
-    start->clock = ckpt > base ? ckpt - base : 0;
     if (!(flags & RESTORE_STATE)) {
         dp_warn("fault: %s was restarted; no checkpoint was written yet: its shard starts again "
                 "from the run's initial parameters", dp_transport_peer_name(s->t, dp_transport_rank(s->t)));
@@ -537,7 +548,7 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
                          s->m->n_params, err);
     free(rs.slots);
     free(rs.ema);
-    free(rs.live);
+    free(rs.clocks);
     return rc;
 }
 
@@ -569,15 +580,21 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     own_shard(s, rank, &lo, &n);
     int workers = s->c->count[DP_ROLE_WORKER];
     int n_slots = dp_optim_slots(cfg->optim.kind);
-    uint8_t head[RESTORE_HEAD], *lv = malloc((size_t)workers);
+    uint8_t head[RESTORE_HEAD], *lv = malloc(8 * (size_t)workers);
     if (!lv || (found && st.n_slots != n_slots)) {
         free(lv);
         dp_train_state_free(&st);
         return dp_errf(err, lv ? "%s holds %d optimiser slot(s); this run's optimiser has %d"
                                : "out of memory", path, st.n_slots, n_slots);
     }
-    for (int w = 0; w < workers; w++)
-        lv[w] = (uint8_t)s->live[dp_cluster_rank(s->c, DP_ROLE_WORKER, w)];
+    /* Where each worker is: the barrier's step for one waiting there (it
+     * will not JOIN before it is let go, and must hold nobody), else the
+     * newest step it reported (a few behind at most). */
+    for (int w = 0; w < workers; w++) {
+        int r = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
+        long at = s->ready[r] ? s->ckpt_step : s->progress[r];
+        dp_put_u64(lv + 8 * w, s->live[r] ? (uint64_t)(at > base ? at : base) : NOT_DONE);
+    }
     dp_put_u64(head, (uint64_t)base);
     dp_put_u64(head + 8, found ? (uint64_t)st.optim_t : 0);
     dp_put_u32(head + 16, found ? RESTORE_STATE : 0);
@@ -586,7 +603,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     int k = 0;
     size_t bytes = n * sizeof(float);
     iov[k++] = (struct iovec){head, sizeof head};
-    iov[k++] = (struct iovec){lv, (size_t)workers};
+    iov[k++] = (struct iovec){lv, 8 * (size_t)workers};
     if (found) {
         iov[k++] = (struct iovec){st.params + lo, bytes};
         for (int j = 0; j < n_slots; j++)

@@ -21,6 +21,8 @@ typedef struct dp_ps_worker {
     uint64_t step;     /* of its newest push */
     uint64_t applied;  /* of its newest push applied: the same step again is a re-send */
     uint64_t owed;     /* a reply held until the backup acknowledged update `owed` */
+    int unsynced;      /* a restarted server does not know its clock yet: until its
+                          JOIN (or push) it holds nobody back */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
