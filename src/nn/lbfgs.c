@@ -133,7 +133,9 @@ static int zoom(dp_lbfgs *lb, point lo, point hi, double f0, double dphi0, dp_lb
         point p = {t, 0, 0};
         if (trial(lb, t, &p.f, &p.d, &it->evals, err) < 0)
             return -1;
-        if (p.f > f0 + c->c1 * t * dphi0 || p.f >= lo.f) {
+        if (!isfinite(p.f) || p.f > f0 + c->c1 * t * dphi0 || p.f >= lo.f) {
+            if (!isfinite(p.f))
+                p.f = INFINITY, p.d = 0; /* too far: the loss overflowed */
             hi = p;
             continue;
         }
