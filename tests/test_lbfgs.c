@@ -168,10 +168,222 @@ static void test_logistic(void)
           strstr(err.msg, "--lbfgs-history"));
 }
 
+/* ------------------------------------------- Sandblaster against one process */
+
+#define SPEC "20-12-5" /* 317 parameters */
+#define DIM 20
+#define NREC 300
+#define CHIEF_WORKERS_PS 6 /* a chief, 3 workers, 2 ps */
+
+static uint8_t images[NREC * DIM], labels[NREC];
+static dp_split split = {images, labels, NREC, DIM};
+
+typedef struct task {
+    dp_train_config cfg;
+    int rank;
+    dp_transport *t;
+    int rc;
+    dp_err err;
+    float params[512];
+    size_t n_params;
+    long portions, backups, duplicates;
+} task;
+
+static void *run_task(void *arg)
+{
+    task *j = arg;
+    int ports[CHIEF_WORKERS_PS];
+    for (int i = 0; i < CHIEF_WORKERS_PS; i++)
+        ports[i] = 30000 + i; /* never listened on */
+    dp_node node;
+    memset(&node, 0, sizeof node);
+    dp_model m;
+    j->rc = -1;
+    REQUIRE(dp_cluster_local(&node.cluster, 1, 3, 2, ports, &j->err) == 0);
+    node.cluster.self = j->rank;
+    node.self = &node.cluster.tasks[j->rank];
+    node.transport = j->t;
+    const dp_strategy_ops *ops = &dp_strategy_lbfgs;
+    REQUIRE(dp_model_init(&m, SPEC, ops->model_rows(&j->cfg), 1, &j->err) == 0);
+    dp_model_init_params(&m, 7);
+    long spe = (NREC + j->cfg.batch - 1) / j->cfg.batch;
+    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m, .n_train = NREC,
+                      .steps_per_epoch = spe, .train = &split};
+    dp_task_info info;
+    memset(&info, 0, sizeof info);
+    dp_strategy *s = NULL;
+    if (ops->open(&s, &env, &info, &j->err) < 0)
+        goto out;
+    if (info.part == DP_PART_SERVER) {
+        j->rc = ops->serve(s, &j->err);
+    } else if (info.part == DP_PART_TRAINER) {
+        CHECK(info.no_batches && info.replicas == 1);
+        for (long k = 0; k < spe * j->cfg.epochs; k++) {
+            dp_step_out o;
+            if (ops->step(s, NULL, NULL, 0, 0, k + 1, &o, &j->err) < 0)
+                goto out;
+        }
+        j->rc = ops->finish(s, spe * j->cfg.epochs, &j->err);
+    } else {
+        dp_coord_event ev;
+        do {
+            if (ops->next(s, &ev, NULL, &j->err) < 0)
+                goto out;
+        } while (ev.kind != DP_COORD_DONE);
+        const float *p = ops->params(s, DP_WEIGHTS_LIVE, &j->err);
+        REQUIRE(p && m.n_params <= 512);
+        memcpy(j->params, p, m.n_params * sizeof(float));
+        j->n_params = m.n_params;
+        dp_lbfgs_counts(s, &j->portions, &j->backups, &j->duplicates);
+        j->rc = 0;
+    }
+out:
+    ops->close(s);
+    dp_model_free(&m);
+    dp_cluster_free(&node.cluster);
+    return NULL;
+}
+
+/* The single-process objective: the batch's mean loss, its gradient summed
+ * over the same portions with the same weights as the shards'. */
+typedef struct ref {
+    dp_model m;
+    uint32_t lo, n, portion;
+    float x[NREC * DIM];
+    uint8_t y[NREC];
+    uint32_t idx[NREC];
+} ref;
+
+static int ref_fn(void *ctx, const float *x, float *g, double *f, dp_err *err)
+{
+    (void)err;
+    ref *r = ctx;
+    memcpy(r->m.params, x, r->m.n_params * sizeof(float));
+    memset(g, 0, r->m.n_params * sizeof(float));
+    double sum = 0;
+    for (uint32_t first = 0; first < r->n; first += r->portion) {
+        uint32_t count = r->n - first < r->portion ? r->n - first : r->portion;
+        for (uint32_t i = 0; i < count; i++)
+            r->idx[i] = r->lo + first + i;
+        dp_split_gather(r->x, r->y, &split, r->idx, (int)count);
+        float loss = dp_model_forward_backward(&r->m, r->x, r->y, (int)count, NULL);
+        dp_axpy(g, (float)((double)count / r->n), r->m.grads, r->m.n_params);
+        sum += (double)loss * count;
+    }
+    *f = sum / r->n;
+    return 0;
+}
+
+static void reference(float *out, const dp_train_config *cfg)
+{
+    static ref r;
+    dp_err err;
+    REQUIRE(dp_model_init(&r.m, SPEC, cfg->portion, 1, &err) == 0);
+    dp_model_init_params(&r.m, 7);
+    r.portion = (uint32_t)cfg->portion;
+    dp_lbfgs_local l;
+    REQUIRE(dp_lbfgs_local_init(&l, r.m.n_params, cfg->lbfgs_history, r.m.params, ref_fn, &r,
+                                &err) == 0);
+    dp_lbfgs lb;
+    dp_lbfgs_config c = dp_lbfgs_defaults();
+    c.m = cfg->lbfgs_history;
+    REQUIRE(dp_lbfgs_init(&lb, &c, &dp_lbfgs_local_ops, &l, &err) == 0);
+    long spe = (NREC + cfg->batch - 1) / cfg->batch, batch = -1;
+    for (long k = 0; k < spe * cfg->epochs; k++) {
+        long j = k % spe;
+        r.lo = (uint32_t)(j * cfg->batch);
+        r.n = NREC - r.lo < (uint32_t)cfg->batch ? NREC - r.lo : (uint32_t)cfg->batch;
+        if (j != batch) {
+            REQUIRE(dp_lbfgs_start(&lb, &err) == 0);
+            batch = j;
+        }
+        dp_lbfgs_iter it;
+        REQUIRE(dp_lbfgs_iterate(&lb, &it, &err) == 0);
+        CHECKF(it.accepted, "reference iteration %ld took no step", k + 1);
+    }
+    memcpy(out, dp_lbfgs_local_vec(&l, DP_LBFGS_X), r.m.n_params * sizeof(float));
+    dp_lbfgs_local_free(&l);
+    dp_model_free(&r.m);
+}
+
+static void run_cluster(task *tasks, const dp_train_config *cfg)
+{
+    dp_transport *ts[CHIEF_WORKERS_PS];
+    dp_err err;
+    REQUIRE(dp_inproc_open(ts, CHIEF_WORKERS_PS, &err) == 0);
+    pthread_t th[CHIEF_WORKERS_PS];
+    for (int r = 0; r < CHIEF_WORKERS_PS; r++) {
+        memset(&tasks[r], 0, sizeof tasks[r]);
+        tasks[r].cfg = *cfg;
+        tasks[r].rank = r;
+        tasks[r].t = ts[r];
+        REQUIRE(pthread_create(&th[r], NULL, run_task, &tasks[r]) == 0);
+    }
+    for (int r = 0; r < CHIEF_WORKERS_PS; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < CHIEF_WORKERS_PS; r++)
+        dp_transport_close(ts[r]);
+}
+
+static void test_against_one_process(int batch, int epochs, int straggler)
+{
+    dp_train_config cfg = dp_train_defaults();
+    cfg.strategy = "lbfgs";
+    cfg.model = SPEC;
+    cfg.batch = batch;
+    cfg.epochs = epochs;
+    cfg.portion = 25;
+    cfg.lbfgs_history = 5;
+    cfg.ps.min_shard_bytes = 64; /* 2 shards of 317 floats */
+    cfg.collective_timeout = 60;
+    cfg.log_every = 0;
+    cfg.straggler = straggler;
+    cfg.straggler_ms = 30;
+    float want[512];
+    reference(want, &cfg);
+    task tasks[CHIEF_WORKERS_PS];
+    run_cluster(tasks, &cfg);
+    int ok = 1;
+    for (int r = 0; r < CHIEF_WORKERS_PS; r++) {
+        CHECKF(tasks[r].rc == 0, "batch %d: rank %d: %s", batch, r, tasks[r].err.msg);
+        ok &= tasks[r].rc == 0;
+    }
+    if (!ok)
+        return;
+    double worst = 0, moved = 0;
+    dp_model m0;
+    dp_err err;
+    REQUIRE(dp_model_init(&m0, SPEC, 1, 1, &err) == 0);
+    dp_model_init_params(&m0, 7);
+    for (size_t i = 0; i < tasks[0].n_params; i++) {
+        double d = fabs((double)tasks[0].params[i] - want[i]) / (1.0 + fabs((double)want[i]));
+        worst = d > worst ? d : worst;
+        moved += fabs((double)want[i] - m0.params[i]);
+    }
+    dp_model_free(&m0);
+    fprintf(stderr, "batch %d, %d epoch(s), straggler %d: max relative diff against one process "
+            "%.3g (the parameters moved %.3g in all); %ld portions, %ld backups, %ld duplicate "
+            "results\n", batch, epochs, straggler, worst, moved, tasks[0].portions,
+            tasks[0].backups, tasks[0].duplicates);
+    CHECK(tasks[0].n_params == 317 && moved > 1);
+    CHECKF(worst < 1e-4, "batch %d: Sandblaster differs from one process by %g", batch, worst);
+    if (straggler >= 0)
+        CHECKF(tasks[0].backups > 0, "a straggler, and no backup portion was handed out");
+}
+
 int main(void)
 {
     dp_blas_set_threads(1);
     test_quadratic();
     test_logistic();
+    dp_rng r;
+    dp_rng_seed(&r, 3);
+    for (size_t i = 0; i < sizeof images; i++)
+        images[i] = (uint8_t)(dp_rng_uniform(&r) * 256);
+    for (size_t i = 0; i < NREC; i++) /* a learnable rule: the class of the first pixels */
+        labels[i] = (uint8_t)((images[i * DIM] + images[i * DIM + 1]) / 103);
+    test_against_one_process(NREC, 12, -1);
+    test_against_one_process(100, 4, -1);
+    test_against_one_process(NREC, 6, 1);
     return CHECK_DONE();
 }
