@@ -465,7 +465,14 @@ static int lb_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_er
     memset(ev, 0, sizeof *ev);
     long spe = s->env->steps_per_epoch, total = spe * s->cfg->epochs;
     if (s->iter >= total) {
-        /* the final weights, then the shards may go */
+        /* backup copies still under way push to the shards before they
+         * report: once every worker has reported, the shards may go */
+        for (int w = 0; w < s->n_workers; w++)
+            while (s->busy[w] >= 0) {
+                dp_event any;
+                if (pump(s, DP_PEER_ANY, 0, "the last backup copies", &any, err) < 0)
+                    return -1;
+            }
         if (pull_x(s, err) < 0)
             return -1;
         for (int i = 0; i < s->layout.n_shards; i++)
