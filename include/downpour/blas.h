@@ -4,6 +4,7 @@
 #define DOWNPOUR_BLAS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* C is (m,n); op(A) is (m,k); op(B) is (k,n); lda/ldb/ldc are row strides. */
 void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -16,6 +17,13 @@ typedef void (*dp_gemm_epilogue)(void *ctx, float *c, int ldc, int r0, int r1, i
 void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                  int lda, const float *b, int ldb, float beta, float *c, int ldc,
                  dp_gemm_epilogue ep, void *ep_ctx);
+
+/* Level-1 vector operations over n floats (L-BFGS's vector ops, lbfgs.h):
+ * the dot product accumulated in double (cblas_dsdot), y += alpha x, x *= alpha.
+ * They run on the calling thread: a vector of 266k floats is a few tens of us. */
+double dp_dot(const float *x, const float *y, size_t n);
+void dp_axpy(float *y, float alpha, const float *x, size_t n);
+void dp_scal(float *x, float alpha, size_t n);
 
 /* Threads of the process's arithmetic pool (pool.h; docs/architecture.md, "Threads").  BLAS
  * itself always runs single-threaded: dp_sgemm splits each product over the

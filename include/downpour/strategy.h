@@ -81,6 +81,8 @@ typedef struct dp_run_env {
     long steps_per_epoch;         /* the same on every trainer */
     const dp_train_state *resume; /* NULL: a fresh run; else the checkpoint resumed from */
     const dp_run_identity *id;    /* the run's checkpoints are this run's */
+    const dp_split *train;        /* the training split (NULL on a ps task): for
+                                     trainers that read their own records (lbfgs) */
 } dp_run_env;
 
 /* What this task is, filled by open(). */
@@ -98,6 +100,8 @@ typedef struct dp_task_info {
                            job (the coordinator's answer); -1: the loop's own
                            start (0, or the --resume position) */
     char label[32];     /* in step lines: "Worker 2", "Chief" */
+    int no_batches;     /* TRAINER: reads its own records (lbfgs: the portions the
+                           coordinator hands out); the loop gives step() none (n 0) */
 } dp_task_info;
 
 /* One step's outcome, for step lines and metrics. */
@@ -154,6 +158,9 @@ typedef struct dp_strategy_ops {
                             node connects only these, so a restarted task never
                             waits for a peer it has no business with */
 
+    /* Rows the model must hold at once (NULL: the batch, twice it in a
+     * cluster); the loop makes it at least its evaluation chunk. */
+    int (*model_rows)(const dp_train_config *cfg);
     /* Sets up this task's part of the run (from env->resume when resuming). */
     int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
     /* SERVER: serves until the run is over. */
@@ -214,11 +221,15 @@ int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const
 /* The strategies (src/strategy/<name>.c). */
 extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,
     dp_strategy_ps_ssp, dp_strategy_ps_dssp, dp_strategy_model_avg, dp_strategy_allreduce,
-    dp_strategy_pipeline;
+    dp_strategy_pipeline, dp_strategy_lbfgs;
 
 /* pipeline (instrumentation for tests): the most micro-batches whose
  * activations this stage has held at once so far.  s must be a pipeline
  * stage. */
 int dp_pipeline_peak(const dp_strategy *s);
+
+/* lbfgs (instrumentation for tests): on the chief, the portions evaluated,
+ * the backup copies handed out and the duplicate results ignored so far. */
+void dp_lbfgs_counts(const dp_strategy *s, long *portions, long *backups, long *duplicates);
 
 #endif

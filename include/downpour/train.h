@@ -16,6 +16,8 @@
 #include "downpour/ps.h"
 #include "downpour/status.h"
 
+#define DP_LBFGS_DEFAULT_PORTION 1000
+
 /* Learning rate over the run: constant (Keras's default) or a cosine decay
  * from lr to 0 over every step of every epoch. */
 typedef enum dp_lr_schedule {
@@ -41,8 +43,10 @@ typedef struct dp_train_config {
     int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */
     dp_pipe_schedule schedule; /* pipeline: gpipe or 1f1b (the default) */
     const char *split;        /* pipeline: "a,b,..." where stages 1.. start; NULL: balanced */
+    int lbfgs_history;        /* lbfgs: (s, y) pairs kept (10) */
+    int portion;              /* lbfgs: records a worker computes at once (0: DP_LBFGS_DEFAULT_PORTION) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
-    double straggler_ms;      /* its extra milliseconds per step */
+    double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */
     int batch;                /* per-step batch */
     int epochs;

@@ -8,6 +8,7 @@
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
+ *   APP(56..63)   Sandblaster L-BFGS        src/strategy/lbfgs.c, lbfgs_shard.c
  *   APP(100..101) ping                      src/cli/cmd_ping.c
  *
  * Payload fields are little-endian, written with dp_put_* / read with
@@ -65,6 +66,15 @@ enum dp_wire_type {
     DP_WIRE_PIPE_STATS = DP_FRAME_APP(43),  /* stage -> position 0 at an epoch's end: 5 f64, 2 u32 (pipeline.c send_stats) */
     DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
     DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
+    /* Sandblaster L-BFGS (src/strategy/lbfgs.c, lbfgs_shard.c, lbfgs_impl.h) */
+    DP_WIRE_LB_OP = DP_FRAME_APP(56),       /* chief -> ps: vector op number `step`, LB_OP_BYTES (lbfgs_impl.h) */
+    DP_WIRE_LB_DOTS = DP_FRAME_APP(57),     /* ps -> chief: answer to op `step`: u32 n, n f64 (partial dots; an evaluation's portion count) */
+    DP_WIRE_LB_PORTION = DP_FRAME_APP(58),  /* chief -> worker: portion `offset` of evaluation `step`: u32 first record, u32 records */
+    DP_WIRE_LB_PULL = DP_FRAME_APP(59),     /* worker -> ps: the point of evaluation `step` */
+    DP_WIRE_LB_X = DP_FRAME_APP(60),        /* ps -> worker (step = evaluation; empty: it is over) or chief (step = op): a slice from element `offset` */
+    DP_WIRE_LB_GRAD = DP_FRAME_APP(61),     /* worker -> ps: u32 records + the slice of portion `offset`'s mean gradient, evaluation `step` */
+    DP_WIRE_LB_RESULT = DP_FRAME_APP(62),   /* worker -> chief: portion `offset` of evaluation `step`: f64 loss sum, u32 correct, u32 records (0: abandoned) */
+    DP_WIRE_LB_ITER_END = DP_FRAME_APP(63), /* chief -> workers: L-BFGS iteration `step` is over */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),

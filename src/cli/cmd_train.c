@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "downpour/file.h"
+#include "downpour/lbfgs.h"
 #include "downpour/node.h"
 #include "downpour/pipeline.h"
 #include "downpour/strategy.h"
@@ -139,6 +140,7 @@ int cmd_train(int argc, char **argv)
     bool no_progress = false, quiet = false, keep_best = false;
     long stages = 0, micro_batches = cfg.micro_batches;
     const char *schedule = NULL, *split = NULL;
+    long lbfgs_history = cfg.lbfgs_history, portion = 0;
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
         {"model", CLI_STR, &model, "SPEC", "mlp-300-100, mlp-128, or widths like 784-300-100-10", 0, 0},
@@ -163,6 +165,8 @@ int cmd_train(int argc, char **argv)
         {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
         {"schedule", CLI_STR, &schedule, "NAME", "pipeline: gpipe or 1f1b (default: 1f1b)", 0, 0},
         {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
+        {"lbfgs-history", CLI_INT, &lbfgs_history, "M", "lbfgs: (s, y) pairs the L-BFGS history keeps (10)", 1, DP_LBFGS_MAX_M},
+        {"portion", CLI_INT, &portion, "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
@@ -310,6 +314,23 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
+    if (strcmp(strategy, "lbfgs") != 0 && (lbfgs_history != cfg.lbfgs_history || portion != 0)) {
+        fprintf(stderr, "downpour train: --lbfgs-history and --portion are for --strategy lbfgs\n");
+        return 2;
+    }
+    if (strcmp(strategy, "lbfgs") == 0 && checkpoint_dir) {
+        fprintf(stderr, "downpour train: --checkpoint-dir: --strategy lbfgs writes no "
+                        "training-state checkpoints (its history lives on the ps shards); --save "
+                        "keeps the final weights\n");
+        return 2;
+    }
+    if (portion > batch) {
+        fprintf(stderr, "downpour train: --portion %ld: a portion cannot hold more records than "
+                        "the L-BFGS batch (--batch %ld)\n", portion, batch);
+        return 2;
+    }
+    cfg.lbfgs_history = (int)lbfgs_history;
+    cfg.portion = (int)portion;
     cfg.checkpoint_dir = checkpoint_dir;
     cfg.checkpoint_every = checkpoint_every;
     cfg.keep_checkpoints = (int)keep_checkpoints;

@@ -158,3 +158,32 @@ const char *dp_blas_info(void)
     pthread_once(&blas_info_once, blas_info_build);
     return blas_info;
 }
+
+/* BLAS takes an int length: longer vectors go in pieces. */
+#define DP_BLAS1_CHUNK ((size_t)1 << 30)
+
+double dp_dot(const float *x, const float *y, size_t n)
+{
+    double sum = 0;
+    for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
+        size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
+        sum += cblas_dsdot((int)len, x + lo, 1, y + lo, 1);
+    }
+    return sum;
+}
+
+void dp_axpy(float *y, float alpha, const float *x, size_t n)
+{
+    for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
+        size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
+        cblas_saxpy((int)len, alpha, x + lo, 1, y + lo, 1);
+    }
+}
+
+void dp_scal(float *x, float alpha, size_t n)
+{
+    for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
+        size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
+        cblas_sscal((int)len, alpha, x + lo, 1);
+    }
+}

@@ -67,6 +67,7 @@ dp_train_config dp_train_defaults(void)
     c.collective_timeout = 300;
     c.micro_batches = 4;
     c.schedule = DP_PIPE_1F1B;
+    c.lbfgs_history = 10;
     c.straggler = -1;
     c.batch = 128;
     c.epochs = 25;
@@ -417,7 +418,7 @@ static int train(loop *L, dp_err *err)
         dp_batcher_seek(&batcher, (uint32_t)(k * batch));
         for (; k < L->spe; k++) {
             double t0 = dp_now();
-            int n = dp_batcher_next(&batcher, L->x, L->y, batch);
+            int n = info->no_batches ? 0 : dp_batcher_next(&batcher, L->x, L->y, batch);
             float lr = cfg->optim.lr * dp_lr_scale(cfg->lr_schedule, step, L->total_steps);
             if (L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
@@ -593,7 +594,8 @@ static int run_task(loop *L, dp_err *err)
      * task has to ship them to another. */
     /* Room for twice the batch in a cluster: a trainer that takes over the
      * share of lost ones takes bigger bites (redeal). */
-    int max_batch = cfg->batch * (L->in_cluster ? 2 : 1);
+    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg)
+                                       : cfg->batch * (L->in_cluster ? 2 : 1);
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0)
@@ -629,7 +631,8 @@ static int run_task(loop *L, dp_err *err)
         return -1;
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
-                          .resume = L->env.resume, .id = &L->id};
+                          .resume = L->env.resume, .id = &L->id,
+                          .train = role_ps ? NULL : &L->train};
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
