@@ -795,6 +795,12 @@ static int await_restart(dp_ps_client *c, int rank, int shard, const char *reaso
          * did not notice): its shard is intact, and it takes the worker back
          * at the JOIN.  A new one is restored first. */
         int same = inc == old;
+        if (same && c->step > 0 && (c->cfg.mode == DP_PS_SYNC || c->cfg.mode == DP_PS_AVG))
+            /* It dropped this worker, maybe in the middle of a round it
+             * closed without it: a new incarnation rejoins cleanly. */
+            return dp_errf(err, "%s is back as the same process after dropping this worker "
+                                "(%s): in %s a worker takes part again only as a restarted one",
+                           who, reason, c->rules->name);
         int rc = !same && c->on_restart ? c->on_restart(c->restart_ctx, rank, err) : 0;
         if (rc < 0)
             return -1;
