@@ -183,12 +183,18 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     if (cfg->metrics && dp_node_sample(n, cfg->metrics, cfg->sample_interval, err) < 0)
         goto fail;
     /* Higher ranks first: those are the ones this rank dials, so no rank
-     * waits for an accept while its own dials are still pending. */
+     * waits for an accept while its own dials are still pending.  A ps does
+     * not wait for the workers: they dial it, and it serves only requests
+     * that come on their connections.  A ps restarted into a running job
+     * would otherwise wait on a worker that is not reading its old
+     * connection (one at a checkpoint barrier), and so has not noticed the
+     * loss that makes it dial again (docs/faults.md, "A restarted ps"). */
     double deadline = dp_now() + cfg->connect_timeout;
     for (int p = n->cluster.n_tasks - 1; p >= 0; p--) {
+        dp_role peer = n->cluster.tasks[p].role;
         if (p == n->cluster.self ||
-            (cfg->talks_to &&
-             !(cfg->talks_to[n->self->role] & DP_ROLE_BIT(n->cluster.tasks[p].role))))
+            (cfg->talks_to && !(cfg->talks_to[n->self->role] & DP_ROLE_BIT(peer))) ||
+            (n->self->role == DP_ROLE_PS && peer == DP_ROLE_WORKER && p < n->cluster.self))
             continue;
         if (dp_transport_connect(n->transport, p, deadline, err) < 0) {
             dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);
