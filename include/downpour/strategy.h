@@ -214,7 +214,7 @@ int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const
 /* The strategies (src/strategy/<name>.c). */
 extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,
     dp_strategy_ps_ssp, dp_strategy_ps_dssp, dp_strategy_model_avg, dp_strategy_allreduce,
-    dp_strategy_pipeline;
+    dp_strategy_pipeline, dp_strategy_model_parallel;
 
 /* pipeline (instrumentation for tests): the most micro-batches whose
  * activations this stage has held at once so far.  s must be a pipeline

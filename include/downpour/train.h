@@ -41,6 +41,7 @@ typedef struct dp_train_config {
     int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */
     dp_pipe_schedule schedule; /* pipeline: gpipe or 1f1b (the default) */
     const char *split;        /* pipeline: "a,b,..." where stages 1.. start; NULL: balanced */
+    int model_parallel;       /* model-parallel: tasks per replica, K (0: every task) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */

@@ -8,6 +8,7 @@
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
+ *   APP(48..55)   model parallelism         src/strategy/model_parallel.c
  *   APP(100..101) ping                      src/cli/cmd_ping.c
  *
  * Payload fields are little-endian, written with dp_put_* / read with
@@ -65,6 +66,11 @@ enum dp_wire_type {
     DP_WIRE_PIPE_STATS = DP_FRAME_APP(43),  /* stage -> position 0 at an epoch's end: 5 f64, 2 u32 (pipeline.c send_stats) */
     DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
     DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
+    /* model parallelism (src/strategy/model_parallel.c); step = the training step */
+    DP_WIRE_MP_ACT = DP_FRAME_APP(48),      /* task -> its replica's others: its columns of dense layer `offset`'s output, f32 (rows, units) */
+    DP_WIRE_MP_STATS = DP_FRAME_APP(49),    /* task -> position 0 at epoch `step`'s end: 3 f64, u32 task (model_parallel.c send_stats) */
+    DP_WIRE_MP_PARAMS = DP_FRAME_APP(50),   /* replica 0's task `offset` -> position 0: its slices, compact (mp_slice.h) */
+    DP_WIRE_MP_STATE = DP_FRAME_APP(51),    /* replica 0's task `offset` -> position 0 at checkpoint `step`: u64 optimiser t, slices, optimiser slots */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),
