@@ -483,7 +483,7 @@ static void report_memory(const dp_strategy *s)
     dp_info("model-parallel: task %d holds %zu parameters (%.2f MiB) of %zu (1/%d); with their "
             "gradients and %s state %.2f MiB",
             s->task, nf, mib, np, s->K, dp_optim_kind_name(s->opt.cfg.kind), state);
-    dp_metrics_event(s->env->metrics, "model_parallel", DP_F_INT, "task", (long)s->task,
+    dp_metrics_event(s->env->metrics, "model_parallel", DP_F_INT, "mp_task", (long)s->task,
                      DP_F_INT, "replica", (long)s->replica, DP_F_INT, "tasks", (long)s->K,
                      DP_F_INT, "replicas", (long)s->R, DP_F_INT, "params", (long)nf, DP_F_INT,
                      "total_params", (long)np, DP_F_NUM, "param_mib", mib, DP_F_NUM,
