@@ -204,7 +204,7 @@ static void reference(float *out, float *slots, float *grads, const dp_optim_con
         dp_optim_apply(&opt, m.params, m.grads, oc->lr);
     }
     memcpy(out, m.params, m.n_params * sizeof(float));
-    if (slots)
+    if (slots && opt.state)
         memcpy(slots, opt.state, (size_t)dp_optim_slots(oc->kind) * m.n_params * sizeof(float));
     if (grads)
         memcpy(grads, m.grads, m.n_params * sizeof(float));
