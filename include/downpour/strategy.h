@@ -38,9 +38,10 @@
  *                   computes the loss; each stage is a TRAINER.
  *   model-parallel  step() runs every layer on this task's slice of the
  *                   units, all-gathering activations forward and
- *                   reduce-scattering their gradients backward within the
+ *                   all-reducing the input gradients backward within the
  *                   replica; params() assembles the full weights for the
- *                   evaluator; save() contributes this task's slice.
+ *                   evaluator; save() contributes this task's slice
+ *                   (src/strategy/model_parallel.c).
  *   lbfgs           the chief is a COORDINATOR whose next() drives the
  *                   batch method (gradient requests over the whole data,
  *                   line search, two-loop recursion on ps shards);
