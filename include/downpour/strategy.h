@@ -95,6 +95,11 @@ typedef struct dp_task_info {
     int replicas;       /* data-parallel replicas (the global batch is batch * replicas) */
     int worker_optimizers; /* workers whose own optimiser is part of the state
                               (model-avg), so the writer's state has room for them */
+    int sliced;         /* TRAINER: holds only a slice of the model (model-parallel)
+                           and never evaluates nor writes unless it is the
+                           evaluator: the loop frees the full-size weights and
+                           gradients it built for open(), and keeps no
+                           full-size checkpoint state, on the others */
     long start_step;    /* TRAINER: where a restarted task rejoins the running
                            job (the coordinator's answer); -1: the loop's own
                            start (0, or the --resume position) */

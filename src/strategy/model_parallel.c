@@ -544,6 +544,7 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     info->part = DP_PART_TRAINER;
     info->evaluator = s->position == 0;
     info->live_params = 0; /* the full weights are assembled at each epoch's end */
+    info->sliced = 1;      /* only position 0 needs the loop's full-size buffers */
     info->shard_index = s->replica;
     info->shard_count = s->R;
     info->replicas = s->R;
