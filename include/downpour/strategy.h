@@ -38,8 +38,8 @@
  *                   computes the loss; each stage is a TRAINER.
  *   model-parallel  step() runs every layer on this task's slice of the
  *                   units, all-gathering activations forward and
- *                   all-reducing the input gradients backward within the
- *                   replica; params() assembles the full weights for the
+ *                   reduce-scattering the input gradients backward within
+ *                   the replica; params() assembles the full weights for the
  *                   evaluator; save() contributes this task's slice
  *                   (src/strategy/model_parallel.c).
  *   lbfgs           the chief is a COORDINATOR whose next() drives the

@@ -71,6 +71,7 @@ enum dp_wire_type {
     DP_WIRE_MP_STATS = DP_FRAME_APP(49),    /* task -> position 0 at epoch `step`'s end: 3 f64, u32 task (model_parallel.c send_stats) */
     DP_WIRE_MP_PARAMS = DP_FRAME_APP(50),   /* replica 0's task `offset` -> position 0: its slices, compact (mp_slice.h) */
     DP_WIRE_MP_STATE = DP_FRAME_APP(51),    /* replica 0's task `offset` -> position 0 at checkpoint `step`: u64 optimiser t, slices, optimiser slots */
+    DP_WIRE_MP_GRAD = DP_FRAME_APP(52),     /* task -> a replica peer: its part of dense layer `offset`'s input gradient, the peer's columns, f32 (rows, units) */
     /* downpour ping (src/cli/cmd_ping.c) */
     DP_WIRE_PING = DP_FRAME_APP(100),
     DP_WIRE_PONG = DP_FRAME_APP(101),

@@ -13,8 +13,10 @@
  * its gradient.  Backward, each task's weight and bias gradients are local
  * (its columns of the output gradient against the full input); the gradient
  * at a layer's input is the sum over the tasks of (their columns of dz) x
- * (their rows of W), summed by a ring all-reduce within the replica
- * (ring.h), which leaves every task the same bits.  Each gradient is
+ * (their rows of W), which the replica reduce-scatters: each task gets the
+ * sum in the columns it owns of the layer below, the only ones its backward
+ * there reads (each column summed by its owner, in task order).  Each
+ * gradient is
  * weighted by the replica's share of the step's records and, when R > 1,
  * summed with task j of every other replica around a second ring; then each
  * task applies the configured optimiser to its slice.  So K tasks (and R
@@ -24,8 +26,9 @@
  *
  * What crosses the wire per step and dense layer, per task: its columns of
  * the output to the K-1 others (rows x units/K floats each: DP_WIRE_MP_ACT),
- * and, for every layer but the first, an all-reduce of the input gradient
- * (rows x in floats, 2(K-1)/K of it sent).  Position 0 (task 0 of replica
+ * and, for every layer but the first, each other task's columns of its
+ * part of the input gradient (DP_WIRE_MP_GRAD; (K-1)/K of rows x in floats
+ * in all).  Position 0 (task 0 of replica
  * 0) evaluates: at each epoch's end replica 0's tasks send it their slices
  * (DP_WIRE_MP_PARAMS) and every task its figures (DP_WIRE_MP_STATS); at a
  * checkpoint their optimiser state too (DP_WIRE_MP_STATE).  A lost task
@@ -61,11 +64,11 @@ struct dp_strategy {
     float *act[DP_MAX_DENSE]; /* each dense layer's full output (rows, out) */
     float *dbuf[2];       /* input gradients, ping-pong (rows, max_width) */
     float *pack, *unpack; /* one task's columns (rows, max_units) */
+    float *blocks;        /* a partial input gradient, peer by peer (rows, max_width) */
     float *scratch;       /* position 0: another task's compact slices */
     sender *tx;           /* the all-gather's sends */
-    dp_ring group;        /* the replica's K tasks */
     dp_ring across;       /* task j of each replica */
-    int group_open, across_open;
+    int across_open;
     uint32_t *sizes;      /* R > 1: each replica's shard, for the step's weights */
     double timeout;
 };
@@ -184,6 +187,47 @@ static int all_gather(dp_strategy *s, int d, int rows, long step, dp_err *err)
     return wait_sent(s, err);
 }
 
+/* The replica sums its tasks' parts of the gradient at dense layer d's
+ * input, din (rows, in): each task ends with the sum in the columns it owns
+ * of layer d-1 (the only ones its backward reads); the other columns of din
+ * are left as they were.  Each part of a column is added by its owner in
+ * task order, so the sum is the same whoever computes it. */
+static int reduce_scatter(dp_strategy *s, int d, float *din, int rows, long step, dp_err *err)
+{
+    int base = s->replica * s->K, width = s->plan->layer[d].in, rank;
+    const mp_layer *mine = &s->plan->layer[d - 1];
+    for (int q = 0; q < s->K; q++) {
+        if (q == s->task)
+            continue;
+        const mp_layer *lq = &s->plans[q].layer[d - 1];
+        float *block = s->blocks + (size_t)rows * lq->lo;
+        mp_pack(block, din, rows, width, lq->lo, lq->hi);
+        if (sender_push(s->tx, s->ranks[base + q], DP_WIRE_MP_GRAD, (uint64_t)step, (uint64_t)d,
+                        block, (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float), &rank,
+                        err) < 0)
+            return lost_rank(s, rank, err);
+    }
+    int u = mine->hi - mine->lo;
+    /* the sum starts from this task's own part, in the packed layout */
+    float *sum = s->blocks + (size_t)rows * mine->lo;
+    mp_pack(sum, din, rows, width, mine->lo, mine->hi);
+    for (int q = 0; q < s->K; q++) {
+        if (q == s->task)
+            continue;
+        if (recv_exact(s, base + q, DP_WIRE_MP_GRAD, step, (uint64_t)d, s->unpack,
+                       (size_t)rows * u * sizeof(float), "its part of an input gradient",
+                       err) < 0)
+            return -1;
+        float *restrict a = sum;
+        const float *restrict b = s->unpack;
+        for (size_t i = 0; i < (size_t)rows * u; i++)
+            a[i] += b[i];
+    }
+    mp_unpack(din, sum, rows, width, mine->lo, mine->hi);
+    /* the packed blocks stay in use until they are out */
+    return wait_sent(s, err);
+}
+
 /* Forward and backward of n records: the loss and this task's gradients,
  * weighted by w (its replica's share of the step's records). */
 static int forward_backward(dp_strategy *s, const float *x, const uint8_t *y, int n, float w,
@@ -215,11 +259,15 @@ static int forward_backward(dp_strategy *s, const float *x, const uint8_t *y, in
         mp_backward(din, s->grads, dz, d ? s->act[d - 1] : x, s->params, l, n);
         if (!din)
             break;
-        size_t len = (size_t)n * l->in;
-        if (s->K > 1 && ring_sum(s, &s->group, din, len, step, d, err) < 0)
+        if (s->K > 1 && reduce_scatter(s, d, din, n, step, err) < 0)
             return -1;
-        /* through the relu before layer d: its output is act[d-1] */
-        dp_relu_backward(din, din, s->act[d - 1], (int)len);
+        /* through the relu before layer d (its output is act[d-1]), on the
+         * columns this task owns (K = 1: all of them) */
+        const mp_layer *prev = &p->layer[d - 1];
+        for (int r = 0; r < n; r++)
+            dp_relu_backward(din + (size_t)r * l->in + prev->lo,
+                             din + (size_t)r * l->in + prev->lo,
+                             s->act[d - 1] + (size_t)r * l->in + prev->lo, prev->hi - prev->lo);
         dz = din;
         cur ^= 1;
     }
@@ -378,8 +426,6 @@ static void mp_close(dp_strategy *s)
     if (!s)
         return;
     sender_close(s->tx);
-    if (s->group_open)
-        dp_ring_free(&s->group);
     if (s->across_open)
         dp_ring_free(&s->across);
     dp_optim_free(&s->opt);
@@ -389,6 +435,7 @@ static void mp_close(dp_strategy *s)
     free(s->dbuf[1]);
     free(s->pack);
     free(s->unpack);
+    free(s->blocks);
     free(s->scratch);
     free(s->params);
     free(s->grads);
@@ -420,14 +467,16 @@ static int open_slices(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     s->dbuf[1] = malloc(rows * p->max_width * sizeof(float));
     s->pack = malloc(rows * p->max_units * sizeof(float));
     s->unpack = malloc(rows * p->max_units * sizeof(float));
-    if (!s->params || !s->grads || !s->dbuf[0] || !s->dbuf[1] || !s->pack || !s->unpack)
+    s->blocks = malloc(rows * p->max_width * sizeof(float));
+    if (!s->params || !s->grads || !s->dbuf[0] || !s->dbuf[1] || !s->pack || !s->unpack ||
+        !s->blocks)
         return dp_errf(err, "out of memory for this task's slices");
     for (int d = 0; d < p->n; d++)
         if (!(s->act[d] = malloc(rows * p->layer[d].out * sizeof(float))))
             return dp_errf(err, "out of memory for a batch of %d records", s->rows);
     if (s->position == 0 && !(s->scratch = malloc(most * sizeof(float))))
         return dp_errf(err, "out of memory");
-    if (sender_open(&s->tx, s->t, s->K + 1, err) < 0 ||
+    if (sender_open(&s->tx, s->t, 2 * s->K, err) < 0 ||
         dp_optim_init(&s->opt, &cfg->optim, nf, err) < 0)
         return -1;
     /* the loop's params hold the initial (or resumed) full model */
@@ -441,28 +490,21 @@ static int open_slices(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     return 0;
 }
 
-/* The replica's ring, and (R > 1) task j's ring across the replicas. */
+/* R > 1: task j's ring across the replicas, and the replicas' shards. */
 static int open_rings(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
 {
-    int *ranks = malloc((size_t)(s->K > s->R ? s->K : s->R) * sizeof *ranks);
+    if (s->R == 1)
+        return 0;
+    int *ranks = malloc((size_t)s->R * sizeof *ranks);
     if (!ranks)
         return dp_errf(err, "out of memory");
-    int rc = 0;
-    if (s->K > 1) {
-        for (int q = 0; q < s->K; q++)
-            ranks[q] = s->ranks[s->replica * s->K + q];
-        rc = dp_ring_init(&s->group, s->t, ranks, s->K, s->timeout, 0, err);
-        s->group_open = rc == 0;
-    }
-    if (rc == 0 && s->R > 1) {
-        for (int r = 0; r < s->R; r++)
-            ranks[r] = s->ranks[r * s->K + s->task];
-        rc = dp_ring_init(&s->across, s->t, ranks, s->R, s->timeout, 0, err);
-        s->across_open = rc == 0;
-    }
+    for (int r = 0; r < s->R; r++)
+        ranks[r] = s->ranks[r * s->K + s->task];
+    int rc = dp_ring_init(&s->across, s->t, ranks, s->R, s->timeout, 0, err);
+    s->across_open = rc == 0;
     free(ranks);
-    if (rc < 0 || s->R == 1)
-        return rc;
+    if (rc < 0)
+        return -1;
     s->sizes = malloc((size_t)s->R * sizeof *s->sizes);
     if (!s->sizes)
         return dp_errf(err, "out of memory");
