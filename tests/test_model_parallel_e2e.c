@@ -120,5 +120,11 @@ int main(void)
     rc = run_cmd(err, sizeof err, "%s launch --workers 2 --ps 1 -- train --strategy "
                  "model-parallel " COMMON, test_bin());
     CHECKF(rc != 0 && strstr(err, "needs no ps task"), "exit %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy model-parallel "
+                 "--ema 0.9 " COMMON, test_bin());
+    CHECKF(rc != 0 && strstr(err, "--ema 0.9"), "exit %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --help >&2", test_bin());
+    CHECKF(rc == 0 && strstr(err, "--model-parallel") && strstr(err, "model-parallel"),
+           "--help does not list --model-parallel: %s", err);
     return CHECK_DONE();
 }
