@@ -5,7 +5,8 @@
  * mp_slice.h): those rows of W and entries of b, their gradients and their
  * optimiser state, about 1/K of the model, in one compact buffer.
  *
- * A step: every task of a replica walks the same batch.  Forward, each task
+ * A step (mp_replica.c): every task of a replica walks the same batch.
+ * Forward, each task
  * computes its columns of a layer's output from the full input (one GEMM on
  * its rows of W, then bias and relu) and the replica all-gathers the columns,
  * so every task holds the layer's full output for the next layer; after the
@@ -39,13 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
-#include "strategy/mp_slice.h"
-#include "strategy/sender.h"
+#include "strategy/mp_replica.h"
 
 #define STATS_BYTES (3 * 8 + 4)
 
@@ -56,17 +55,11 @@ struct dp_strategy {
     int n, K, R;          /* tasks, tasks per replica, replicas */
     int position, task, replica;
     int *ranks;           /* transport rank of each position */
-    mp_plan *plans;       /* every task j's plan (position 0 assembles from them) */
-    const mp_plan *plan;  /* this task's */
+    mp_replica *rep;      /* the step's forward and backward within the replica */
+    const mp_plan *plan;  /* this task's slices */
     float *params, *grads; /* this task's slices, compact (plan->floats each) */
     dp_optim opt;         /* over the compact slices */
-    int rows;             /* the largest batch a step takes */
-    float *act[DP_MAX_DENSE]; /* each dense layer's full output (rows, out) */
-    float *dbuf[2];       /* input gradients, ping-pong (rows, max_width) */
-    float *pack, *unpack; /* one task's columns (rows, max_units) */
-    float *blocks;        /* a partial input gradient, peer by peer (rows, max_width) */
     float *scratch;       /* position 0: another task's compact slices */
-    sender *tx;           /* the all-gather's sends */
     dp_ring across;       /* task j of each replica */
     int across_open;
     uint32_t *sizes;      /* R > 1: each replica's shard, for the step's weights */
@@ -95,14 +88,6 @@ static int lost_rank(dp_strategy *s, int rank, dp_err *err)
         if (s->ranks[p] == rank)
             return task_lost(s, p, err);
     return -1;
-}
-
-static int wait_sent(dp_strategy *s, dp_err *err)
-{
-    int rank;
-    if (sender_wait(s->tx, sender_last(s->tx), &rank, err) < 0)
-        return lost_rank(s, rank, err);
-    return 0;
 }
 
 /* Waits for frame `type` of `step` (offset `offset`, len bytes) from
@@ -160,130 +145,15 @@ static double step_records(const dp_strategy *s, long step, int n)
     return total;
 }
 
-/* The replica's tasks swap their columns of dense layer d's output: after
- * it every task holds the full (rows, out) output. */
-static int all_gather(dp_strategy *s, int d, int rows, long step, dp_err *err)
-{
-    const mp_layer *l = &s->plan->layer[d];
-    int base = s->replica * s->K, rank;
-    mp_pack(s->pack, s->act[d], rows, l->out, l->lo, l->hi);
-    size_t len = (size_t)rows * (size_t)(l->hi - l->lo) * sizeof(float);
-    for (int q = 0; q < s->K; q++)
-        if (q != s->task && sender_push(s->tx, s->ranks[base + q], DP_WIRE_MP_ACT,
-                                        (uint64_t)step, (uint64_t)d, s->pack, len, &rank,
-                                        err) < 0)
-            return lost_rank(s, rank, err);
-    for (int q = 0; q < s->K; q++) {
-        if (q == s->task)
-            continue;
-        const mp_layer *lq = &s->plans[q].layer[d];
-        if (recv_exact(s, base + q, DP_WIRE_MP_ACT, step, (uint64_t)d, s->unpack,
-                       (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float),
-                       "its columns of a layer's output", err) < 0)
-            return -1;
-        mp_unpack(s->act[d], s->unpack, rows, l->out, lq->lo, lq->hi);
-    }
-    /* everything out before the ring's inline sends (one order per peer) */
-    return wait_sent(s, err);
-}
-
-/* The replica sums its tasks' parts of the gradient at dense layer d's
- * input, din (rows, in): each task ends with the sum in the columns it owns
- * of layer d-1 (the only ones its backward reads); the other columns of din
- * are left as they were.  Each part of a column is added by its owner in
- * task order, so the sum is the same whoever computes it. */
-static int reduce_scatter(dp_strategy *s, int d, float *din, int rows, long step, dp_err *err)
-{
-    int base = s->replica * s->K, width = s->plan->layer[d].in, rank;
-    const mp_layer *mine = &s->plan->layer[d - 1];
-    for (int q = 0; q < s->K; q++) {
-        if (q == s->task)
-            continue;
-        const mp_layer *lq = &s->plans[q].layer[d - 1];
-        float *block = s->blocks + (size_t)rows * lq->lo;
-        mp_pack(block, din, rows, width, lq->lo, lq->hi);
-        if (sender_push(s->tx, s->ranks[base + q], DP_WIRE_MP_GRAD, (uint64_t)step, (uint64_t)d,
-                        block, (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float), &rank,
-                        err) < 0)
-            return lost_rank(s, rank, err);
-    }
-    int u = mine->hi - mine->lo;
-    /* the sum starts from this task's own part, in the packed layout */
-    float *sum = s->blocks + (size_t)rows * mine->lo;
-    mp_pack(sum, din, rows, width, mine->lo, mine->hi);
-    for (int q = 0; q < s->K; q++) {
-        if (q == s->task)
-            continue;
-        if (recv_exact(s, base + q, DP_WIRE_MP_GRAD, step, (uint64_t)d, s->unpack,
-                       (size_t)rows * u * sizeof(float), "its part of an input gradient",
-                       err) < 0)
-            return -1;
-        float *restrict a = sum;
-        const float *restrict b = s->unpack;
-        for (size_t i = 0; i < (size_t)rows * u; i++)
-            a[i] += b[i];
-    }
-    mp_unpack(din, sum, rows, width, mine->lo, mine->hi);
-    /* the packed blocks stay in use until they are out */
-    return wait_sent(s, err);
-}
-
-/* Forward and backward of n records: the loss and this task's gradients,
- * weighted by w (its replica's share of the step's records). */
-static int forward_backward(dp_strategy *s, const float *x, const uint8_t *y, int n, float w,
-                            long step, dp_step_out *out, dp_err *err)
-{
-    const mp_plan *p = s->plan;
-    int last = p->n - 1;
-    for (int d = 0; d <= last; d++) {
-        mp_forward(s->act[d], d ? s->act[d - 1] : x, s->params, &p->layer[d], n, d < last);
-        if (s->K > 1 && all_gather(s, d, n, step, err) < 0)
-            return -1;
-    }
-    /* every task: the same logits, the same loss and gradient */
-    float *logits = s->act[last];
-    int classes = p->layer[last].out;
-    out->loss = dp_softmax_xent_forward(logits, logits, y, n, classes, &out->correct);
-    if (!isfinite(out->loss))
-        return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
-                       (double)out->loss, step);
-    dp_softmax_xent_backward(logits, logits, y, n, classes);
-    if (w != 1.0f)
-        for (size_t i = 0; i < (size_t)n * classes; i++)
-            logits[i] *= w;
-    const float *dz = logits;
-    int cur = 0;
-    for (int d = last; d >= 0; d--) {
-        const mp_layer *l = &p->layer[d];
-        float *din = d ? s->dbuf[cur] : NULL; /* never the input's gradient */
-        mp_backward(din, s->grads, dz, d ? s->act[d - 1] : x, s->params, l, n);
-        if (!din)
-            break;
-        if (s->K > 1 && reduce_scatter(s, d, din, n, step, err) < 0)
-            return -1;
-        /* through the relu before layer d (its output is act[d-1]), on the
-         * columns this task owns (K = 1: all of them) */
-        const mp_layer *prev = &p->layer[d - 1];
-        for (int r = 0; r < n; r++)
-            dp_relu_backward(din + (size_t)r * l->in + prev->lo,
-                             din + (size_t)r * l->in + prev->lo,
-                             s->act[d - 1] + (size_t)r * l->in + prev->lo, prev->hi - prev->lo);
-        dz = din;
-        cur ^= 1;
-    }
-    return 0;
-}
-
 static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
                    dp_step_out *out, dp_err *err)
 {
     out->loss = 0;
     out->correct = 0;
-    if (n > s->rows)
-        return dp_errf(err, "model-parallel: a step of %d records, but room for %d", n, s->rows);
     double total = step_records(s, step, n);
     if (n > 0) {
-        if (forward_backward(s, x, y, n, (float)(n / total), step, out, err) < 0)
+        if (mp_replica_step(s->rep, s->params, s->grads, x, y, n, (float)(n / total), step, out,
+                            err) < 0)
             return -1;
     } else {
         /* a shard that ran out still takes part in the replicas' sum */
@@ -334,10 +204,10 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
         }
         if (p < s->K) {
             if (recv_exact(s, p, DP_WIRE_MP_PARAMS, epoch, (uint64_t)p, s->scratch,
-                           s->plans[p].floats * sizeof(float), "its slices of the model",
+                           mp_replica_plan(s->rep, p)->floats * sizeof(float), "its slices of the model",
                            err) < 0)
                 return -1;
-            mp_scatter(s->m->params, s->scratch, &s->plans[p]);
+            mp_scatter(s->m->params, s->scratch, mp_replica_plan(s->rep, p));
         }
     }
     return 0;
@@ -385,7 +255,7 @@ static int mp_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
         mp_scatter(st->slots + k * np, s->opt.state + k * nf, s->plan);
     st->optim_t = s->opt.t;
     for (int p = 1; p < s->K; p++) {
-        const mp_plan *pp = &s->plans[p];
+        const mp_plan *pp = mp_replica_plan(s->rep, p);
         size_t pn = pp->floats, len = 8 + pn * (1 + (size_t)slots) * sizeof(float);
         dp_event ev;
         if (dp_transport_recv(s->t, s->ranks[p], "its checkpoint state", s->timeout, &ev, err) < 0)
@@ -425,66 +295,41 @@ static void mp_close(dp_strategy *s)
 {
     if (!s)
         return;
-    sender_close(s->tx);
+    mp_replica_close(s->rep);
     if (s->across_open)
         dp_ring_free(&s->across);
     dp_optim_free(&s->opt);
-    for (int d = 0; d < DP_MAX_DENSE; d++)
-        free(s->act[d]);
-    free(s->dbuf[0]);
-    free(s->dbuf[1]);
-    free(s->pack);
-    free(s->unpack);
-    free(s->blocks);
     free(s->scratch);
     free(s->params);
     free(s->grads);
-    free(s->plans);
     free(s->ranks);
     free(s->sizes);
     free(s);
 }
 
-/* Every task's slices, and this task's buffers and optimiser. */
+/* The replica, this task's slices and their optimiser. */
 static int open_slices(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
 {
-    s->plans = calloc((size_t)s->K, sizeof *s->plans);
-    if (!s->plans)
-        return dp_errf(err, "out of memory");
-    size_t most = 0;
-    for (int j = 0; j < s->K; j++) {
-        if (mp_plan_make(&s->plans[j], s->m, s->K, j, err) < 0)
-            return -1;
-        most = s->plans[j].floats > most ? s->plans[j].floats : most;
-    }
-    s->plan = &s->plans[s->task];
-    const mp_plan *p = s->plan;
-    s->rows = cfg->batch;
-    size_t nf = p->floats, rows = (size_t)s->rows;
+    if (mp_replica_open(&s->rep, s->t, s->m, s->ranks + s->replica * s->K, s->K, s->task,
+                        s->replica, cfg->batch, s->timeout, err) < 0)
+        return -1;
+    s->plan = mp_replica_plan(s->rep, s->task);
+    size_t most = 0, nf = s->plan->floats;
+    for (int j = 0; j < s->K; j++)
+        most = mp_replica_plan(s->rep, j)->floats > most ? mp_replica_plan(s->rep, j)->floats
+                                                          : most;
     s->params = malloc(nf * sizeof(float));
     s->grads = malloc(nf * sizeof(float));
-    s->dbuf[0] = malloc(rows * p->max_width * sizeof(float));
-    s->dbuf[1] = malloc(rows * p->max_width * sizeof(float));
-    s->pack = malloc(rows * p->max_units * sizeof(float));
-    s->unpack = malloc(rows * p->max_units * sizeof(float));
-    s->blocks = malloc(rows * p->max_width * sizeof(float));
-    if (!s->params || !s->grads || !s->dbuf[0] || !s->dbuf[1] || !s->pack || !s->unpack ||
-        !s->blocks)
+    if (!s->params || !s->grads || (s->position == 0 && !(s->scratch = malloc(most * sizeof(float)))))
         return dp_errf(err, "out of memory for this task's slices");
-    for (int d = 0; d < p->n; d++)
-        if (!(s->act[d] = malloc(rows * p->layer[d].out * sizeof(float))))
-            return dp_errf(err, "out of memory for a batch of %d records", s->rows);
-    if (s->position == 0 && !(s->scratch = malloc(most * sizeof(float))))
-        return dp_errf(err, "out of memory");
-    if (sender_open(&s->tx, s->t, 2 * s->K, err) < 0 ||
-        dp_optim_init(&s->opt, &cfg->optim, nf, err) < 0)
+    if (dp_optim_init(&s->opt, &cfg->optim, nf, err) < 0)
         return -1;
     /* the loop's params hold the initial (or resumed) full model */
-    mp_gather(s->params, s->m->params, p);
+    mp_gather(s->params, s->m->params, s->plan);
     const dp_train_state *r = s->env->resume;
     if (r) {
         for (int k = 0; k < dp_optim_slots(s->opt.cfg.kind); k++)
-            mp_gather(s->opt.state + k * nf, r->slots + k * s->m->n_params, p);
+            mp_gather(s->opt.state + k * nf, r->slots + k * s->m->n_params, s->plan);
         s->opt.t = r->optim_t;
     }
     return 0;
