@@ -83,13 +83,14 @@ static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
 }
 
 /* --model-parallel against the strategy and the model (the cluster's size
- * is checked when the tasks open): 0, or -1 with a message naming the flag. */
+ * is checked when the tasks open): 0, or -1 with a message naming the flag.
+ * It splits the replicas of model-parallel and of ps-async. */
 static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *err)
 {
-    if (strcmp(cfg->strategy, "model-parallel") != 0) {
+    if (strcmp(cfg->strategy, "model-parallel") != 0 && strcmp(cfg->strategy, "ps-async") != 0) {
         if (given)
-            return dp_errf(err, "--model-parallel is for --strategy model-parallel (model-"
-                                "parallel replicas under ps-async are not built yet)");
+            return dp_errf(err, "--model-parallel is for --strategy model-parallel, or ps-async "
+                                "(model-parallel replicas training against ps shards)");
         return 0;
     }
     if (!given)

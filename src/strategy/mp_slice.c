@@ -75,6 +75,28 @@ void mp_scatter(float *full, const float *compact, const mp_plan *p)
     }
 }
 
+size_t mp_order_offset(const mp_plan *plans, int j)
+{
+    size_t off = 0;
+    for (int q = 0; q < j; q++)
+        off += plans[q].floats;
+    return off;
+}
+
+void mp_order_gather(float *v, const float *full, const mp_plan *plans, int K)
+{
+    size_t off = 0;
+    for (int j = 0; j < K; off += plans[j].floats, j++)
+        mp_gather(v + off, full, &plans[j]);
+}
+
+void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K)
+{
+    size_t off = 0;
+    for (int j = 0; j < K; off += plans[j].floats, j++)
+        mp_scatter(full, v + off, &plans[j]);
+}
+
 void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
                 int relu)
 {

@@ -42,6 +42,15 @@ void mp_gather(float *compact, const float *full, const mp_plan *p);
 /* full <- the task's slices from compact; the rest of full is left alone. */
 void mp_scatter(float *full, const float *compact, const mp_plan *p);
 
+/* Slice order, for parameter servers (ps_family.c): the K tasks' compact
+ * buffers one after the other (task 0's, then task 1's, ...), so that each
+ * task's slices are one contiguous range of a vector of n_params floats.
+ * mp_order_offset is where task j's range starts; v <- full (the model's
+ * layout) in slice order, and back. */
+size_t mp_order_offset(const mp_plan *plans, int j);
+void mp_order_gather(float *v, const float *full, const mp_plan *plans, int K);
+void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K);
+
 /* Forward of layer l's slice: out[:, lo:hi) = in W_slice^T + b_slice, then
  * max(., 0) when relu.  in (rows, in); out (rows, out), written only in the
  * task's columns. */
