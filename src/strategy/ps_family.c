@@ -426,10 +426,10 @@ static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info
     info->shard_index = replica;
     s->deal_index = replica;
     s->deal_count = s->R;
-    dp_info("model-parallel: worker:%d is task %d of replica %d; it holds %zu parameters "
-            "(%.2f MiB) of %zu (1/%d) on %d shard(s)",
-            w, s->mp_task, replica, s->mp_n, (double)s->mp_n * sizeof(float) / (1 << 20),
-            s->m->n_params, s->K, mine->n_shards);
+    dp_info("model-parallel: task %d holds %zu parameters (%.2f MiB) of %zu (1/%d); replica "
+            "%d, a ps client of %d shard(s)",
+            s->mp_task, s->mp_n, (double)s->mp_n * sizeof(float) / (1 << 20), s->m->n_params,
+            s->K, replica, mine->n_shards);
     dp_metrics_event(s->env->metrics, "model_parallel", DP_F_INT, "mp_task", (long)s->mp_task,
                      DP_F_INT, "replica", (long)replica, DP_F_INT, "tasks", (long)s->K,
                      DP_F_INT, "replicas", (long)s->R, DP_F_INT, "params", (long)s->mp_n,
