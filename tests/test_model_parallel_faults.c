@@ -3,16 +3,18 @@
  * - worker:1 (task 1 of 3) SIGKILLed once worker:2 logged step 20: the
  *   launcher stops the run, exit non-zero, naming worker:1;
  * - worker:1 frozen (SIGSTOP): its replica notices within the heartbeat
- *   timeout and stops with "lost model-parallel task 1 of replica 0, worker:1". */
+ *   timeout and stops with "lost model-parallel task 1 of replica 0, worker:1";
+ * - under ps-async (which goes on without a lost worker of its own), worker:1
+ *   of a model-parallel replica SIGKILLed: the run stops, the chief naming it. */
 #include "launch.h"
 
-static int run(const char *name, const char *fault)
+static int run(const char *name, const char *launch, const char *line, const char *fault)
 {
     char args[2048];
-    snprintf(args, sizeof args, "--workers 3 -- train --strategy model-parallel " RUN
-             " --heartbeat-timeout 1 --metrics %s/%s.jsonl", tmp, name);
+    snprintf(args, sizeof args, "%s " RUN " --heartbeat-timeout 1 --metrics %s/%s.jsonl", launch,
+             tmp, name);
     pid_t l = start(name, args);
-    pid_t w = await_task(l, name, "Worker 2 (mp task 2), At step 20,", "worker:1");
+    pid_t w = await_task(l, name, line, "worker:1");
     double t0 = now_s();
     if (w > 0)
         kill(w, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
@@ -32,13 +34,20 @@ static int run(const char *name, const char *fault)
 int main(void)
 {
     launch_test_init();
-    int rc = run("kill", "kill");
+    const char *mp = "--workers 3 -- train --strategy model-parallel";
+    const char *at20 = "Worker 2 (mp task 2), At step 20,";
+    int rc = run("kill", mp, at20, "kill");
     CHECKF(rc != 0 && rc != -1, "kill: exit %d", rc);
     CHECKF(log_has("kill", "worker:1") && log_has("kill", "cannot survive"),
            "kill: the stop does not name worker:1");
-    rc = run("stop", "stop");
+    rc = run("stop", mp, at20, "stop");
     CHECKF(rc != 0 && rc != -1, "stop: exit %d", rc);
     CHECKF(log_has("stop", "lost model-parallel task 1 of replica 0, worker:1"),
            "stop: no task noticed the frozen worker:1");
+    rc = run("ps", "--chief --workers 2 --ps 2 -- train --strategy ps-async --model-parallel 2",
+             "Worker 0 (mp task 0), At step 20,", "kill");
+    CHECKF(rc != 0 && rc != -1, "ps: exit %d", rc);
+    CHECKF(log_has("ps", "lost worker:1") && log_has("ps", "slices of a model-parallel replica"),
+           "ps: the chief does not name the lost worker:1");
     return CHECK_DONE();
 }
