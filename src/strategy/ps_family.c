@@ -671,26 +671,28 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
     }
     /* --model-parallel: the shards hold slice order */
     size_t np = s->m->n_params;
-    int n_slots = r ? r->n_slots : 0;
+    int n_slots = r && r->slots ? r->n_slots : 0, has_ema = r && r->ema;
     float *v = NULL;
     if (s->K) {
-        if (!(v = malloc(np * (size_t)(2 + n_slots + 1) * sizeof(float))))
+        size_t nv = 1 + (size_t)n_slots + (size_t)has_ema;
+        float *scratch = malloc(np * sizeof(float));
+        if (!scratch || !(v = malloc(np * nv * sizeof(float)))) {
+            free(scratch);
             return dp_errf(err, "out of memory for %zu parameters", np);
-        float *scratch = v + np * (size_t)(1 + n_slots + 1);
-        memcpy(v, s->m->params, np * sizeof(float));
-        to_slice_order(s, v, scratch);
+        }
+        for (size_t k = 0; k < nv; k++) {
+            const float *from = k == 0 ? s->m->params
+                                : k <= (size_t)n_slots ? r->slots + np * (k - 1)
+                                                       : r->ema;
+            memcpy(v + np * k, from, np * sizeof(float));
+            to_slice_order(s, v + np * k, scratch);
+        }
+        free(scratch);
         start.params = v;
-        for (int k = 0; r && r->slots && k < n_slots; k++) {
-            memcpy(v + np * (size_t)(1 + k), r->slots + np * (size_t)k, np * sizeof(float));
-            to_slice_order(s, v + np * (size_t)(1 + k), scratch);
-        }
-        if (r && r->slots)
+        if (n_slots)
             start.slots = v + np;
-        if (r && r->ema) {
-            memcpy(v + np * (size_t)(1 + n_slots), r->ema, np * sizeof(float));
-            to_slice_order(s, v + np * (size_t)(1 + n_slots), scratch);
-            start.ema = v + np * (size_t)(1 + n_slots);
-        }
+        if (has_ema)
+            start.ema = v + np * (1 + (size_t)n_slots);
     }
     restored rs = {0};
     int rc = await_chief(s, &start, &rs, err);
