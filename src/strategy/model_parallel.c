@@ -6,35 +6,33 @@
  * optimiser state, about 1/K of the model, in one compact buffer.
  *
  * A step (mp_replica.c): every task of a replica walks the same batch.
- * Forward, each task
- * computes its columns of a layer's output from the full input (one GEMM on
- * its rows of W, then bias and relu) and the replica all-gathers the columns,
- * so every task holds the layer's full output for the next layer; after the
- * last layer every task holds the full logits and computes the same loss and
- * its gradient.  Backward, each task's weight and bias gradients are local
- * (its columns of the output gradient against the full input); the gradient
- * at a layer's input is the sum over the tasks of (their columns of dz) x
- * (their rows of W), which the replica reduce-scatters: each task gets the
- * sum in the columns it owns of the layer below, the only ones its backward
- * there reads (each column summed by its owner, in task order).  Each
- * gradient is
- * weighted by the replica's share of the step's records and, when R > 1,
- * summed with task j of every other replica around a second ring; then each
- * task applies the configured optimiser to its slice.  So K tasks (and R
- * replicas of K) equal one process at the same (global) batch within float
- * noise: the same initial weights (every task builds the full model from
- * the seed and keeps its slices), the same records, the same sums.
+ * Forward, each task computes its columns of a layer's output from the full
+ * input (one GEMM on its rows of W, then bias and relu) and the replica
+ * all-gathers the columns, so every task holds the layer's full output for
+ * the next layer; after the last layer every task holds the full logits and
+ * computes the same loss and its gradient.  Backward, each task's weight and
+ * bias gradients are local (its columns of the output gradient against the
+ * full input); the gradient at a layer's input is the sum over the tasks of
+ * (their columns of dz) x (their rows of W), which the replica
+ * reduce-scatters: each task gets the sum in the columns it owns of the
+ * layer below, the only ones its backward there reads (each column summed by
+ * its owner, in task order).  Each gradient is weighted by the replica's
+ * share of the step's records and, when R > 1, summed with task j of every
+ * other replica around a ring; then each task applies the configured
+ * optimiser to its slice.  So K tasks (and R replicas of K) equal one
+ * process at the same (global) batch within float noise: the same initial
+ * weights (every task builds the full model from the seed and keeps its
+ * slices), the same records, the same sums.
  *
  * What crosses the wire per step and dense layer, per task: its columns of
- * the output to the K-1 others (rows x units/K floats each: DP_WIRE_MP_ACT),
- * and, for every layer but the first, each other task's columns of its
- * part of the input gradient (DP_WIRE_MP_GRAD; (K-1)/K of rows x in floats
- * in all).  Position 0 (task 0 of replica
- * 0) evaluates: at each epoch's end replica 0's tasks send it their slices
- * (DP_WIRE_MP_PARAMS) and every task its figures (DP_WIRE_MP_STATS); at a
- * checkpoint their optimiser state too (DP_WIRE_MP_STATE).  A lost task
- * takes its slices with it: the run stops with a message naming it
- * (survives = 0). */
+ * the output to the K-1 others (rows x units/K floats each: DP_WIRE_MP_ACT)
+ * and, for every layer but the first, each other task's columns of its part
+ * of the input gradient (DP_WIRE_MP_GRAD; (K-1)/K of rows x in floats in
+ * all).  Position 0 (task 0 of replica 0) evaluates: at each epoch's end
+ * replica 0's tasks send it their slices (DP_WIRE_MP_PARAMS) and every task
+ * its figures (DP_WIRE_MP_STATS); at a checkpoint their optimiser state too
+ * (DP_WIRE_MP_STATE).  A lost task takes its slices with it: the run stops
+ * with a message naming it (survives = 0). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
