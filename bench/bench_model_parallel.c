@@ -1,10 +1,12 @@
 /* Model parallelism against one process and all-reduce at the same global
  * batch (docs/benchmarks.md, "Model parallelism"): samples/s of `single`,
  * of `allreduce` with K replicas of batch/K, and of `model-parallel` with K
- * = 2 and 3 tasks splitting every dense layer, each process one BLAS thread
- * (so K tasks use K cores); beside each model-parallel run, the parameters
- * one task holds (from its model_parallel event) against the model's.  Runs
- * the downpour program through `launch` on MNIST.
+ * = 2 and 3 tasks splitting every dense layer, and of one such replica
+ * under ps-async against K ps shards, each process one BLAS thread (so K
+ * tasks use K cores, plus the chief and the servers under ps-async); beside
+ * each model-parallel run, the parameters one task holds (from its
+ * model_parallel event) against the model's.  Runs the downpour program
+ * through `launch` on MNIST.
  *
  *   bench_model_parallel [--bin PATH] [--model SPEC] [--batch N] [--train-size N]
  *                        [--epochs N] [--repeats N]
@@ -138,6 +140,14 @@ int main(int argc, char **argv)
         if (measure(cmd, repeats, &sps, &params, &total) < 0)
             return 1;
         snprintf(name, sizeof name, "model-parallel K %d", K);
+        printf("%-24s %12.0f %9.2f %16.0f %8.3f\n", name, sps, sps / single, params,
+               total > 0 ? params / total : 0);
+        /* one replica against K ps shards: each task pushes its slices */
+        snprintf(cmd, sizeof cmd, "%s launch --chief --workers %d --ps %d -- train --strategy "
+                 "ps-async --model-parallel %d %s --batch %ld", bin, K, K, K, common, batch);
+        if (measure(cmd, repeats, &sps, &params, &total) < 0)
+            return 1;
+        snprintf(name, sizeof name, "ps-async mp K %d, %d ps", K, K);
         printf("%-24s %12.0f %9.2f %16.0f %8.3f\n", name, sps, sps / single, params,
                total > 0 ? params / total : 0);
         fflush(stdout);
