@@ -1,6 +1,7 @@
 /* Model parallelism (src/strategy/model_parallel.c, mp_slice.c):
  * - the slices: balanced, covering every unit once, about 1/K of the
- *   parameters; gathered and scattered back they are the model; a model
+ *   parameters; gathered and scattered back (per task, and in the slice
+ *   order ps shards hold) they are the model; a model
  *   with a layer narrower than K is refused naming --model-parallel;
  * - K = 2 and 3 tasks (and 2 replicas of 2, and of 1) on the in-process
  *   transport, one thread a task, over steps with a short last batch, sgd
@@ -60,6 +61,20 @@ static void test_slices(void)
         }
         CHECKF(total == m.n_params, "K %d: the slices hold %zu of %zu parameters", K, total,
                m.n_params);
+        CHECK(memcmp(back, m.params, m.n_params * sizeof(float)) == 0);
+        /* slice order (ps shards): task j's slices at mp_order_offset, and back */
+        mp_plan plans[5];
+        for (int j = 0; j < K; j++)
+            REQUIRE(mp_plan_make(&plans[j], &m, K, j, &err) == 0);
+        static float order[MAX_PARAMS];
+        mp_order_gather(order, m.params, plans, K);
+        for (int j = 0; j < K; j++) {
+            mp_gather(compact, m.params, &plans[j]);
+            CHECK(memcmp(order + mp_order_offset(plans, j), compact,
+                         plans[j].floats * sizeof(float)) == 0);
+        }
+        memset(back, 0, sizeof back);
+        mp_order_scatter(back, order, plans, K);
         CHECK(memcmp(back, m.params, m.n_params * sizeof(float)) == 0);
     }
     mp_plan p;

@@ -192,7 +192,7 @@ int cmd_train(int argc, char **argv)
         {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
         {"schedule", CLI_STR, &schedule, "NAME", "pipeline: gpipe or 1f1b (default: 1f1b)", 0, 0},
         {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
-        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel: tasks each replica's dense layers are split over (default: every task)", 1, 4096},
+        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's dense layers are split over (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
