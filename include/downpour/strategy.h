@@ -38,9 +38,10 @@
  *                   computes the loss; each stage is a TRAINER.
  *   model-parallel  step() runs every layer on this task's slice of the
  *                   units, all-gathering activations forward and
- *                   reduce-scattering their gradients backward within the
- *                   replica; params() assembles the full weights for the
- *                   evaluator; save() contributes this task's slice.
+ *                   reduce-scattering the input gradients backward within
+ *                   the replica; params() assembles the full weights for the
+ *                   evaluator; save() contributes this task's slice
+ *                   (src/strategy/model_parallel.c).
  *   lbfgs           the chief is a COORDINATOR whose next() drives the
  *                   batch method (gradient requests over the whole data,
  *                   line search, two-loop recursion on ps shards);
@@ -96,6 +97,11 @@ typedef struct dp_task_info {
     int replicas;       /* data-parallel replicas (the global batch is batch * replicas) */
     int worker_optimizers; /* workers whose own optimiser is part of the state
                               (model-avg), so the writer's state has room for them */
+    int sliced;         /* TRAINER: holds only a slice of the model (model-parallel)
+                           and never evaluates nor writes unless it is the
+                           evaluator: the loop frees the full-size weights and
+                           gradients it built for open(), and keeps no
+                           full-size checkpoint state, on the others */
     long start_step;    /* TRAINER: where a restarted task rejoins the running
                            job (the coordinator's answer); -1: the loop's own
                            start (0, or the --resume position) */
@@ -221,7 +227,7 @@ int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const
 /* The strategies (src/strategy/<name>.c). */
 extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,
     dp_strategy_ps_ssp, dp_strategy_ps_dssp, dp_strategy_model_avg, dp_strategy_allreduce,
-    dp_strategy_pipeline, dp_strategy_lbfgs;
+    dp_strategy_pipeline, dp_strategy_model_parallel, dp_strategy_lbfgs;
 
 /* pipeline (instrumentation for tests): the most micro-batches whose
  * activations this stage has held at once so far.  s must be a pipeline

@@ -45,6 +45,7 @@ typedef struct dp_train_config {
     const char *split;        /* pipeline: "a,b,..." where stages 1.. start; NULL: balanced */
     int lbfgs_history;        /* lbfgs: (s, y) pairs kept (10) */
     int portion;              /* lbfgs: records a worker computes at once (0: DP_LBFGS_DEFAULT_PORTION) */
+    int model_parallel;       /* model-parallel: tasks per replica, K (0: every task) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */

@@ -8,6 +8,7 @@
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
+ *   APP(48..55)   model parallelism         src/strategy/model_parallel.c
  *   APP(56..63)   Sandblaster L-BFGS        src/strategy/lbfgs.c, lbfgs_shard.c
  *   APP(100..101) ping                      src/cli/cmd_ping.c
  *
@@ -66,6 +67,12 @@ enum dp_wire_type {
     DP_WIRE_PIPE_STATS = DP_FRAME_APP(43),  /* stage -> position 0 at an epoch's end: 5 f64, 2 u32 (pipeline.c send_stats) */
     DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
     DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
+    /* model parallelism (src/strategy/model_parallel.c); step = the training step */
+    DP_WIRE_MP_ACT = DP_FRAME_APP(48),      /* task -> its replica's others: its columns of dense layer `offset`'s output, f32 (rows, units) */
+    DP_WIRE_MP_STATS = DP_FRAME_APP(49),    /* task -> position 0 at epoch `step`'s end: 3 f64, u32 task (model_parallel.c send_stats) */
+    DP_WIRE_MP_PARAMS = DP_FRAME_APP(50),   /* replica 0's task `offset` -> position 0: its slices, compact (mp_slice.h) */
+    DP_WIRE_MP_STATE = DP_FRAME_APP(51),    /* replica 0's task `offset` -> position 0 at checkpoint `step`: u64 optimiser t, slices, optimiser slots */
+    DP_WIRE_MP_GRAD = DP_FRAME_APP(52),     /* task -> a replica peer: its part of dense layer `offset`'s input gradient, the peer's columns, f32 (rows, units) */
     /* Sandblaster L-BFGS (src/strategy/lbfgs.c, lbfgs_shard.c, lbfgs_impl.h) */
     DP_WIRE_LB_OP = DP_FRAME_APP(56),       /* chief -> ps: vector op number `step`, LB_OP_BYTES (lbfgs_impl.h) */
     DP_WIRE_LB_DOTS = DP_FRAME_APP(57),     /* ps -> chief: answer to op `step`: u32 n, n f64 (partial dots; an evaluation's portion count) */

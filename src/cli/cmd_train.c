@@ -83,6 +83,35 @@ static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
     return rc;
 }
 
+/* --model-parallel against the strategy and the model (the cluster's size
+ * is checked when the tasks open): 0, or -1 with a message naming the flag.
+ * It splits the replicas of model-parallel and of ps-async. */
+static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *err)
+{
+    if (strcmp(cfg->strategy, "model-parallel") != 0 && strcmp(cfg->strategy, "ps-async") != 0) {
+        if (given)
+            return dp_errf(err, "--model-parallel is for --strategy model-parallel, or ps-async "
+                                "(model-parallel replicas training against ps shards)");
+        return 0;
+    }
+    if (!given)
+        return 0;
+    dp_model m;
+    dp_err merr;
+    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
+        return 0; /* the run says what is wrong with --model */
+    int rc = 0;
+    for (int i = 0; i < m.n_layers && rc == 0; i++)
+        if (m.layers[i].kind == DP_LAYER_DENSE && m.layers[i].out < cfg->model_parallel)
+            rc = dp_errf(err, "--model-parallel %d: layer %d of %s has only %d output units, "
+                              "fewer than the %d tasks that would split them. Hint: "
+                              "--model-parallel %d or less",
+                         cfg->model_parallel, i, m.name, m.layers[i].out, cfg->model_parallel,
+                         m.layers[i].out);
+    dp_model_free(&m);
+    return rc;
+}
+
 /* "learning rate (default: the optimizer's: sgd 0.01, ..., adam 0.001)" */
 static void lr_help(char *buf, size_t cap)
 {
@@ -138,7 +167,7 @@ int cmd_train(int argc, char **argv)
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false;
-    long stages = 0, micro_batches = cfg.micro_batches;
+    long stages = 0, micro_batches = cfg.micro_batches, model_parallel = 0;
     const char *schedule = NULL, *split = NULL;
     long lbfgs_history = cfg.lbfgs_history, portion = 0;
     const cli_opt opts[] = {
@@ -167,6 +196,7 @@ int cmd_train(int argc, char **argv)
         {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
         {"lbfgs-history", CLI_INT, &lbfgs_history, "M", "lbfgs: (s, y) pairs the L-BFGS history keeps (10)", 1, DP_LBFGS_MAX_M},
         {"portion", CLI_INT, &portion, "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536},
+        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's dense layers are split over (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
@@ -331,6 +361,11 @@ int cmd_train(int argc, char **argv)
     }
     cfg.lbfgs_history = (int)lbfgs_history;
     cfg.portion = (int)portion;
+    cfg.model_parallel = (int)model_parallel;
+    if (check_model_parallel(&cfg, model_parallel != 0, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
     cfg.checkpoint_dir = checkpoint_dir;
     cfg.checkpoint_every = checkpoint_every;
     cfg.keep_checkpoints = (int)keep_checkpoints;

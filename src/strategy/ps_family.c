@@ -9,6 +9,7 @@
 #include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/wire.h"
+#include "strategy/mp_replica.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
@@ -61,6 +62,19 @@ struct dp_strategy {
     int attached;          /* workers that said they were already running: a restarted chief */
     int attach_state;      /* 0; 1 ATTACH handed to the loop; 2 its checkpoint taken */
     int ended;             /* next() said DONE: close ends the run */
+    /* Model-parallel replicas (--model-parallel K, ps-async only): the
+     * workers are R replicas of K tasks; task j of a replica holds its
+     * slices (mp_slice.h) and is a ps client of the shards that hold them.
+     * The ps shards lie over the parameters in slice order (task 0's
+     * slices, then task 1's, ...), cut so no shard straddles two tasks. */
+    int K, R, mp_task;     /* K = 0: off */
+    mp_plan *plans;        /* every task's slices */
+    mp_replica *rep;       /* a worker: its replica's forward and backward */
+    size_t mp_lo, mp_n;    /* a worker: its slices' range in slice order */
+    float *vec, *vgrads;   /* slice-order vectors: a worker's (its range used), the
+                              chief's pulls, a server's start */
+    float *wparams;        /* the vector a worker's client reads and writes:
+                              m->params, or vec */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
@@ -86,6 +100,10 @@ void dp_ps_family_close(dp_strategy *s)
                 send_to(s, r, DP_WIRE_SHUTDOWN, 0, NULL, 0, &ignore);
         }
     dp_ps_client_free(s->client);
+    mp_replica_close(s->rep);
+    free(s->plans);
+    free(s->vec);
+    free(s->vgrads);
     free(s->tally);
     free(s->live);
     free(s->ready);
@@ -258,7 +276,7 @@ static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
     /* The servers take it back at the clock of the step it starts at. */
     if (dp_ps_client_say(s->client, DP_WIRE_JOIN, (uint64_t)info->start_step + 1, err) < 0)
         return -1;
-    if (dp_ps_client_pull(s->client, s->m->params, 0, err) < 0)
+    if (dp_ps_client_pull(s->client, s->wparams, 0, err) < 0)
         return -1;
     dp_info("Worker %d: rejoined the run at step %ld", s->worker, info->start_step);
     return 0;
@@ -320,6 +338,106 @@ static void failover_event(void *ctx, int rank, const char *reason)
                      "action", "failover", DP_F_END);
 }
 
+/* --model-parallel K: the checks, every task's slices, and the shards laid
+ * over them in slice order: task j's range cut into P/K (or one more) shards,
+ * shard i on ps task i. */
+static int mp_layout(dp_strategy *s, dp_ps_mode mode, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    int K = cfg->model_parallel, W = s->c->count[DP_ROLE_WORKER], P = s->c->count[DP_ROLE_PS];
+    if (mode != DP_PS_ASYNC)
+        return dp_errf(err, "--model-parallel %d under --strategy %s: of the parameter-server "
+                            "strategies only ps-async takes model-parallel replicas (the servers "
+                            "of the others count every worker's pushes, and a model-parallel "
+                            "task pushes to the shards of its own slices only)",
+                       K, cfg->strategy);
+    if (s->pc.replicas > 1)
+        return dp_errf(err, "--ps-replicas %d with --model-parallel: shard backups are not built "
+                            "for model-parallel replicas; leave --ps-replicas out",
+                       s->pc.replicas);
+    if (W % K != 0)
+        return dp_errf(err, "--model-parallel %d: the %d worker(s) are not a whole number of "
+                            "replicas of %d tasks. Hint: launch --workers %d (or a multiple)",
+                       K, W, K, K);
+    if (P < K || P > DP_PARTITION_MAX)
+        return dp_errf(err, "--model-parallel %d under ps-async needs %d to %d ps tasks, each "
+                            "shard holding one task's slices (the spec has %d). Hint: launch "
+                            "--ps %d",
+                       K, K, DP_PARTITION_MAX, P, K);
+    s->K = K;
+    s->R = W / K;
+    if (!(s->plans = calloc((size_t)K, sizeof *s->plans)))
+        return dp_errf(err, "out of memory");
+    for (int j = 0; j < K; j++)
+        if (mp_plan_make(&s->plans[j], s->m, K, j, err) < 0)
+            return -1;
+    memset(&s->layout, 0, sizeof s->layout);
+    for (int j = 0, i = 0; j < K; j++) {
+        size_t lo = mp_order_offset(s->plans, j), n = s->plans[j].floats;
+        int m = P / K + (j < P % K);
+        for (int k = 0; k < m; k++, i++) {
+            s->layout.range[i].lo = lo + n * (size_t)k / (size_t)m;
+            s->layout.range[i].hi = lo + n * (size_t)(k + 1) / (size_t)m;
+            s->layout.rank[i] = dp_cluster_rank(s->c, DP_ROLE_PS, i);
+            s->layout.backup[i] = -1;
+        }
+    }
+    s->layout.n_shards = P;
+    return 0;
+}
+
+/* A model-parallel worker: its replica, its slices in slice order, and the
+ * shards that hold them (the only ones its client talks to). */
+static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    int w = s->env->node->self->index, replica = w / s->K;
+    s->mp_task = w % s->K;
+    s->mp_lo = mp_order_offset(s->plans, s->mp_task);
+    s->mp_n = s->plans[s->mp_task].floats;
+    memset(mine, 0, sizeof *mine);
+    for (int i = 0; i < s->layout.n_shards; i++)
+        if (s->layout.range[i].lo >= s->mp_lo && s->layout.range[i].hi <= s->mp_lo + s->mp_n) {
+            int k = mine->n_shards++;
+            mine->range[k] = s->layout.range[i];
+            mine->rank[k] = s->layout.rank[i];
+            mine->backup[k] = -1;
+        }
+    int ranks[DP_CLUSTER_MAX_TASKS];
+    double deadline = dp_now() + WAIT_TIMEOUT;
+    for (int q = 0; q < s->K; q++) {
+        ranks[q] = dp_cluster_rank(s->c, DP_ROLE_WORKER, replica * s->K + q);
+        /* ps-async workers connect to the chief and the servers only */
+        if (q != s->mp_task && dp_transport_connect(s->t, ranks[q], deadline, err) < 0)
+            return -1;
+    }
+    double timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
+    if (mp_replica_open(&s->rep, s->t, s->m, ranks, s->K, s->mp_task, replica, cfg->batch,
+                        timeout, err) < 0)
+        return -1;
+    /* calloc: the pages outside this task's range are never touched */
+    s->vec = calloc(s->m->n_params, sizeof(float));
+    s->vgrads = calloc(s->m->n_params, sizeof(float));
+    if (!s->vec || !s->vgrads)
+        return dp_errf(err, "out of memory");
+    mp_gather(s->vec + s->mp_lo, s->m->params, &s->plans[s->mp_task]);
+    s->wparams = s->vec;
+    info->sliced = 1;
+    info->shard_index = replica;
+    s->deal_index = replica;
+    s->deal_count = s->R;
+    dp_info("model-parallel: task %d holds %zu parameters (%.2f MiB) of %zu (1/%d); replica "
+            "%d, a ps client of %d shard(s)",
+            s->mp_task, s->mp_n, (double)s->mp_n * sizeof(float) / (1 << 20), s->m->n_params,
+            s->K, replica, mine->n_shards);
+    dp_metrics_event(s->env->metrics, "model_parallel", DP_F_INT, "mp_task", (long)s->mp_task,
+                     DP_F_INT, "replica", (long)replica, DP_F_INT, "tasks", (long)s->K,
+                     DP_F_INT, "replicas", (long)s->R, DP_F_INT, "params", (long)s->mp_n,
+                     DP_F_INT, "total_params", (long)s->m->n_params, DP_F_NUM, "param_mib",
+                     (double)s->mp_n * sizeof(float) / (1 << 20), DP_F_END);
+    return 0;
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -348,27 +466,36 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
     s->restarts = restarts ? atoi(restarts) : 0;
     /* A lost ps without a backup is waited for while the launcher (or a
-     * supervisor) may restart it: it reloads its shard (restore_ps). */
-    if (s->restarts > 0 && s->pc.replicas < 2)
+     * supervisor) may restart it: it reloads its shard (restore_ps).  Not
+     * with --model-parallel, whose shards hold slice order (not built). */
+    if (s->restarts > 0 && s->pc.replicas < 2 && cfg->model_parallel == 0)
         s->pc.ps_wait = WAIT_TIMEOUT;
     dp_role role = env->node->self->role;
     s->part = role == DP_ROLE_PS      ? DP_PART_SERVER
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
                                       : DP_PART_TRAINER;
-    if (dp_ps_layout_make(&s->layout, c, s->m->n_params, &s->pc, err) < 0)
+    s->wparams = s->m->params;
+    if (cfg->model_parallel > 0 ? mp_layout(s, mode, err) < 0
+                                : dp_ps_layout_make(&s->layout, c, s->m->n_params, &s->pc, err) < 0)
         goto fail;
     info->part = s->part;
     info->evaluator = role == DP_ROLE_CHIEF;
     info->live_params = 0;
-    info->replicas = c->count[DP_ROLE_WORKER];
-    info->shard_count = c->count[DP_ROLE_WORKER];
+    info->replicas = s->K ? s->R : c->count[DP_ROLE_WORKER];
+    info->shard_count = info->replicas;
     info->worker_optimizers = mode == DP_PS_AVG ? c->count[DP_ROLE_WORKER] : 0;
     if (s->part == DP_PART_SERVER) {
         *out = s;
         return 0;
     }
-    if (dp_ps_client_open(&s->client, s->t, &s->layout, &s->pc, &cfg->optim, s->m->n_params,
-                          err) < 0)
+    dp_ps_layout mine = s->layout;
+    if (s->K && s->part == DP_PART_TRAINER && mp_open_worker(s, &mine, info, err) < 0)
+        goto fail;
+    if (s->K && s->part == DP_PART_COORDINATOR && !(s->vec = malloc(s->m->n_params * sizeof(float)))) {
+        dp_errf(err, "out of memory");
+        goto fail;
+    }
+    if (dp_ps_client_open(&s->client, s->t, &mine, &s->pc, &cfg->optim, s->m->n_params, err) < 0)
         goto fail;
     dp_ps_client_on_failover(s->client, failover_event, s);
     if (s->part == DP_PART_COORDINATOR) {
@@ -378,10 +505,15 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             goto fail;
     } else {
         s->worker = env->node->self->index;
-        info->shard_index = s->worker;
-        s->deal_index = s->worker;
-        s->deal_count = c->count[DP_ROLE_WORKER];
-        snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
+        if (!s->K) {
+            info->shard_index = s->worker;
+            s->deal_index = s->worker;
+            s->deal_count = c->count[DP_ROLE_WORKER];
+            snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
+        } else {
+            snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
+                     s->mp_task);
+        }
         s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
         if (!s->reports) {
             dp_errf(err, "out of memory");
@@ -531,6 +663,14 @@ static int await_chief(dp_strategy *s, dp_ps_start *start, restored *rs, dp_err 
     }
 }
 
+/* In place: v (n_params floats) from the model's layout to slice order
+ * (--model-parallel), through scratch. */
+static void to_slice_order(const dp_strategy *s, float *v, float *scratch)
+{
+    memcpy(scratch, v, s->m->n_params * sizeof(float));
+    mp_order_gather(v, scratch, s->plans, s->K);
+}
+
 int dp_ps_family_serve(dp_strategy *s, dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
@@ -541,6 +681,31 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
         start.ema = r->ema;
         start.step = r->step;
     }
+    /* --model-parallel: the shards hold slice order */
+    size_t np = s->m->n_params;
+    int n_slots = r && r->slots ? r->n_slots : 0, has_ema = r && r->ema;
+    float *v = NULL;
+    if (s->K) {
+        size_t nv = 1 + (size_t)n_slots + (size_t)has_ema;
+        float *scratch = malloc(np * sizeof(float));
+        if (!scratch || !(v = malloc(np * nv * sizeof(float)))) {
+            free(scratch);
+            return dp_errf(err, "out of memory for %zu parameters", np);
+        }
+        for (size_t k = 0; k < nv; k++) {
+            const float *from = k == 0 ? s->m->params
+                                : k <= (size_t)n_slots ? r->slots + np * (k - 1)
+                                                       : r->ema;
+            memcpy(v + np * k, from, np * sizeof(float));
+            to_slice_order(s, v + np * k, scratch);
+        }
+        free(scratch);
+        start.params = v;
+        if (n_slots)
+            start.slots = v + np;
+        if (has_ema)
+            start.ema = v + np * (1 + (size_t)n_slots);
+    }
     restored rs = {0};
     int rc = await_chief(s, &start, &rs, err);
     if (rc == 0)
@@ -549,6 +714,7 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
     free(rs.slots);
     free(rs.ema);
     free(rs.clocks);
+    free(v);
     return rc;
 }
 
@@ -575,6 +741,19 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
             return -1;
         if (found && st.step < base) /* an older run's */
             found = 0;
+    }
+    if (found && s->K) { /* the shards hold slice order */
+        float *scratch = malloc(st.n_params * sizeof(float));
+        if (!scratch) {
+            dp_train_state_free(&st);
+            return dp_errf(err, "out of memory");
+        }
+        to_slice_order(s, st.params, scratch);
+        for (int k = 0; k < st.n_slots; k++)
+            to_slice_order(s, st.slots + (size_t)k * st.n_params, scratch);
+        if (st.ema)
+            to_slice_order(s, st.ema, scratch);
+        free(scratch);
     }
     size_t lo, n;
     own_shard(s, rank, &lo, &n);
@@ -642,11 +821,29 @@ static int update(void *self, float *params, const float *grads, int records, fl
 
 static const dp_grad_ops grad_ops = {.update = update};
 
+/* A model-parallel worker's step: its replica's forward and backward give
+ * the gradient of its slices, which its client pushes to their shards. */
+static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
+                   dp_step_out *out, dp_err *err)
+{
+    out->loss = 0;
+    out->correct = 0;
+    float *g = s->vgrads + s->mp_lo;
+    if (n > 0) {
+        if (mp_replica_step(s->rep, s->vec + s->mp_lo, g, x, y, n, 1.0f, step, out, err) < 0)
+            return -1;
+    } else {
+        memset(g, 0, s->mp_n * sizeof *g);
+    }
+    return dp_ps_client_step(s->client, s->vec, s->vgrads, n, lr, err);
+}
+
 int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                       long step, dp_step_out *out, dp_err *err)
 {
     dp_ps_client_at_step(s->client, step);
-    int rc = dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
+                  : dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
     out->clock_gap = dp_ps_client_max_gap(s->client);
     /* A few times an epoch the chief hears how far this worker got: a
      * restarted worker goes on from there, not from its epoch's start. */
@@ -676,11 +873,14 @@ int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err 
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     uint8_t p[EPOCH_REPORT_SIZE];
-    dp_put_f64(p, st->loss_sum);
-    dp_put_f64(p + 8, st->records);
-    dp_put_f64(p + 16, st->correct);
+    /* the tasks of a model-parallel replica train the same records: its
+     * task 0 counts them */
+    int counts = !s->K || s->mp_task == 0;
+    dp_put_f64(p, counts ? st->loss_sum : 0);
+    dp_put_f64(p + 8, counts ? st->records : 0);
+    dp_put_f64(p + 16, counts ? st->correct : 0);
     dp_put_f64(p + 24, st->seconds);
-    dp_put_u64(p + 32, (uint64_t)st->steps);
+    dp_put_u64(p + 32, counts ? (uint64_t)st->steps : 0);
     if (epoch >= 1 && epoch <= s->env->cfg->epochs) {
         memcpy(s->reports + (size_t)(epoch - 1) * EPOCH_REPORT_SIZE, p, sizeof p);
         s->n_reports = epoch;
@@ -694,7 +894,7 @@ int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err
 int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
     (void)st;
-    if (dp_ps_client_sync(s->client, s->m->params, err) < 0)
+    if (dp_ps_client_sync(s->client, s->wparams, err) < 0)
         return -1;
     dp_optim *local = dp_ps_client_local_optim(s->client);
     uint8_t head[8];
@@ -736,7 +936,7 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
 
 int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err)
 {
-    if (dp_ps_client_flush(s->client, s->m->params, err) < 0)
+    if (dp_ps_client_flush(s->client, s->wparams, err) < 0)
         return -1;
     dp_info("Worker %d: done after %ld steps; largest clock gap allowed: %ld", s->worker, steps,
             dp_ps_client_max_gap(s->client));
@@ -848,6 +1048,9 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
          * which logs it; failover_event records it). */
         return dp_ps_client_lost(s->client, ev->peer, ev->reason, err) < 0 ? -1 : 0;
     }
+    if (s->K)
+        return dp_errf(err, "lost %s (%s): it held slices of a model-parallel replica, which "
+                            "cannot go on without them, so the run stops", who, ev->reason);
     s->live_workers--;
     s->live[ev->peer] = 0;
     s->lost[ev->peer] = 1;
@@ -1116,6 +1319,16 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             if (dp_ps_client_pull_state(s->client, (uint64_t)s->ckpt_step, &cfg->optim, st->params,
                                         st->slots, st->ema, &st->optim_t, err) < 0)
                 return -1;
+            if (s->K) /* slice order to the model's layout */
+                for (int k = -1; k <= st->n_slots; k++) {
+                    float *v = k < 0 ? st->params
+                                     : k < st->n_slots ? st->slots + (size_t)k * st->n_params
+                                                       : st->ema;
+                    if (v) {
+                        memcpy(s->vec, v, st->n_params * sizeof(float));
+                        mp_order_scatter(v, s->vec, s->plans, s->K);
+                    }
+                }
             st->step = s->ckpt_step;
             ev->kind = DP_COORD_CHECKPOINT;
             ev->step = s->ckpt_step;
@@ -1196,7 +1409,10 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
 
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
-    if (dp_ps_client_pull(s->client, s->m->params, which == DP_WEIGHTS_AVERAGE, err) < 0)
+    if (dp_ps_client_pull(s->client, s->K ? s->vec : s->m->params, which == DP_WEIGHTS_AVERAGE,
+                          err) < 0)
         return NULL;
+    if (s->K) /* the shards hold slice order */
+        mp_order_scatter(s->m->params, s->vec, s->plans, s->K);
     return s->m->params;
 }

@@ -9,7 +9,7 @@
 const dp_strategy_ops *const dp_strategies[] = {
     &dp_strategy_single,  &dp_strategy_ps_async,  &dp_strategy_ps_sync, &dp_strategy_ps_ssp,
     &dp_strategy_ps_dssp, &dp_strategy_model_avg, &dp_strategy_allreduce, &dp_strategy_pipeline,
-    &dp_strategy_lbfgs,
+    &dp_strategy_model_parallel, &dp_strategy_lbfgs,
 };
 const int dp_strategy_count = (int)(sizeof dp_strategies / sizeof dp_strategies[0]);
 

@@ -647,6 +647,14 @@ static int run_task(loop *L, dp_err *err)
     if (L->resume.step > L->total_steps)
         return dp_errf(err, "the checkpoint is at step %ld, past this run's %ld steps",
                        L->resume.step, L->total_steps);
+    if (L->info.sliced && L->info.part == DP_PART_TRAINER && !L->info.evaluator) {
+        /* the strategy took its slices at open: the full model's weights and
+         * gradients would only be memory this task was meant to save */
+        free(L->m.params);
+        free(L->m.grads);
+        L->m.params = L->m.grads = NULL;
+        return train(L, err);
+    }
     switch (L->info.part) {
     case DP_PART_SERVER:
         return L->ops->serve(L->s, err);

@@ -1,0 +1,156 @@
+/* The slice math of model parallelism: see mp_slice.h. */
+#include "strategy/mp_slice.h"
+
+#include <string.h>
+
+#include "downpour/blas.h"
+
+void mp_units(int out, int K, int j, int *lo, int *hi)
+{
+    *lo = (int)((long long)out * j / K);
+    *hi = (int)((long long)out * (j + 1) / K);
+}
+
+int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
+{
+    memset(p, 0, sizeof *p);
+    size_t off = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const dp_layer *L = &m->layers[i];
+        if (L->kind != DP_LAYER_DENSE)
+            continue;
+        /* every dense layer is followed by a relu, the last by the loss */
+        dp_layer_kind next = i + 1 < m->n_layers ? m->layers[i + 1].kind : DP_LAYER_KIND_COUNT;
+        int last = i + 2 == m->n_layers;
+        if (!(last ? next == DP_LAYER_SOFTMAX_XENT : next == DP_LAYER_RELU) ||
+            (i > 0 && m->layers[i - 1].kind != DP_LAYER_RELU))
+            return dp_errf(err, "--model-parallel splits stacks of dense layers (dense, relu, "
+                                "..., dense, softmax_xent); layer %d of %s is %s after %s",
+                           i, m->name, dp_layer_kind_name(L->kind),
+                           i > 0 ? dp_layer_kind_name(m->layers[i - 1].kind) : "the input");
+        if (L->out < K)
+            return dp_errf(err, "--model-parallel %d: layer %d of %s has only %d output units, "
+                                "fewer than the %d tasks that would split them. Hint: "
+                                "--model-parallel %d or less",
+                           K, i, m->name, L->out, K, L->out);
+        mp_layer *l = &p->layer[p->n++];
+        l->in = L->in;
+        l->out = L->out;
+        mp_units(L->out, K, j, &l->lo, &l->hi);
+        l->w_full = L->w_off + (size_t)l->lo * L->in;
+        l->b_full = L->b_off + (size_t)l->lo;
+        int u = l->hi - l->lo;
+        l->w_off = off;
+        off += (size_t)u * L->in;
+        l->b_off = off;
+        off += (size_t)u;
+        int umax = (L->out + K - 1) / K;
+        p->max_units = umax > p->max_units ? umax : p->max_units;
+        p->max_width = L->in > p->max_width ? L->in : p->max_width;
+        p->max_width = L->out > p->max_width ? L->out : p->max_width;
+    }
+    if (p->n == 0)
+        return dp_errf(err, "--model-parallel: model %s has no dense layer", m->name);
+    p->floats = off;
+    return 0;
+}
+
+void mp_gather(float *compact, const float *full, const mp_plan *p)
+{
+    for (int k = 0; k < p->n; k++) {
+        const mp_layer *l = &p->layer[k];
+        size_t u = (size_t)(l->hi - l->lo);
+        memcpy(compact + l->w_off, full + l->w_full, u * l->in * sizeof(float));
+        memcpy(compact + l->b_off, full + l->b_full, u * sizeof(float));
+    }
+}
+
+void mp_scatter(float *full, const float *compact, const mp_plan *p)
+{
+    for (int k = 0; k < p->n; k++) {
+        const mp_layer *l = &p->layer[k];
+        size_t u = (size_t)(l->hi - l->lo);
+        memcpy(full + l->w_full, compact + l->w_off, u * l->in * sizeof(float));
+        memcpy(full + l->b_full, compact + l->b_off, u * sizeof(float));
+    }
+}
+
+size_t mp_order_offset(const mp_plan *plans, int j)
+{
+    size_t off = 0;
+    for (int q = 0; q < j; q++)
+        off += plans[q].floats;
+    return off;
+}
+
+void mp_order_gather(float *v, const float *full, const mp_plan *plans, int K)
+{
+    size_t off = 0;
+    for (int j = 0; j < K; off += plans[j].floats, j++)
+        mp_gather(v + off, full, &plans[j]);
+}
+
+void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K)
+{
+    size_t off = 0;
+    for (int j = 0; j < K; off += plans[j].floats, j++)
+        mp_scatter(full, v + off, &plans[j]);
+}
+
+void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
+                int relu)
+{
+    int u = l->hi - l->lo;
+    /* the slice's columns of the full output, in place: ldc is the full width */
+    dp_sgemm(false, true, rows, u, l->in, 1.0f, in, l->in, params + l->w_off, l->in, 0.0f,
+             out + l->lo, l->out);
+    const float *restrict b = params + l->b_off;
+    for (int r = 0; r < rows; r++) {
+        float *restrict o = out + (size_t)r * l->out + l->lo;
+        if (relu) {
+            for (int c = 0; c < u; c++) {
+                float v = o[c] + b[c];
+                o[c] = v < 0.0f ? 0.0f : v;
+            }
+        } else {
+            for (int c = 0; c < u; c++)
+                o[c] += b[c];
+        }
+    }
+}
+
+void mp_backward(float *din, float *grads, const float *dz, const float *in, const float *params,
+                 const mp_layer *l, int rows)
+{
+    int u = l->hi - l->lo;
+    const float *dzs = dz + l->lo; /* the slice's columns, row stride l->out */
+    /* dW (u, in) = dz_slice^T (u, rows) . in (rows, in) */
+    dp_sgemm(true, false, u, l->in, rows, 1.0f, dzs, l->out, in, l->in, 0.0f,
+             grads + l->w_off, l->in);
+    /* db = column sums, row by row in order (as the whole model sums them) */
+    float *restrict db = grads + l->b_off;
+    memset(db, 0, (size_t)u * sizeof *db);
+    for (int r = 0; r < rows; r++) {
+        const float *restrict d = dzs + (size_t)r * l->out;
+        for (int c = 0; c < u; c++)
+            db[c] += d[c];
+    }
+    /* din (rows, in) = dz_slice (rows, u) . W_slice (u, in) */
+    if (din)
+        dp_sgemm(false, false, rows, l->in, u, 1.0f, dzs, l->out, params + l->w_off, l->in,
+                 0.0f, din, l->in);
+}
+
+void mp_pack(float *dst, const float *src, int rows, int width, int lo, int hi)
+{
+    size_t u = (size_t)(hi - lo);
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * u, src + (size_t)r * width + lo, u * sizeof(float));
+}
+
+void mp_unpack(float *dst, const float *src, int rows, int width, int lo, int hi)
+{
+    size_t u = (size_t)(hi - lo);
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * width + lo, src + (size_t)r * u, u * sizeof(float));
+}

@@ -1,0 +1,72 @@
+/* The slice math of model parallelism (src/strategy/model_parallel.c): which
+ * output units of each dense layer task j of K holds, where they sit in the
+ * task's compact buffer and in the model's flat one, and the products on a
+ * slice.  A dense layer (out, in) gives task j the units [lo, hi) with
+ * lo = out*j/K (balanced): the rows [lo, hi) of W, contiguous in the flat
+ * buffer at w_off + lo*in, and the entries [lo, hi) of b.  The compact buffer
+ * holds, layer after layer, those rows then those biases: about 1/K of the
+ * parameters, and the optimiser runs over it as over any range. */
+#ifndef DOWNPOUR_STRATEGY_MP_SLICE_H
+#define DOWNPOUR_STRATEGY_MP_SLICE_H
+
+#include <stddef.h>
+
+#include "downpour/model.h"
+#include "downpour/status.h"
+
+typedef struct mp_layer {
+    int in, out;     /* the dense layer's widths */
+    int lo, hi;      /* this task's output units */
+    size_t w_full, b_full; /* its rows and biases in the model's flat buffer */
+    size_t w_off, b_off;   /* and in the compact buffer */
+} mp_layer;
+
+typedef struct mp_plan {
+    int n;                        /* dense layers */
+    mp_layer layer[DP_MAX_DENSE];
+    size_t floats;                /* the compact buffer's size */
+    int max_width;                /* the widest layer input or output */
+    int max_units;                /* the most units any task holds in a layer */
+} mp_plan;
+
+/* Task j of K's units of a layer of `out` units. */
+void mp_units(int out, int K, int j, int *lo, int *hi);
+
+/* The plan of task j of K for model m: -1 with a message naming
+ * --model-parallel when m is not a stack of dense layers each followed by
+ * a relu (the last by the loss), or a layer has fewer than K units. */
+int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err);
+
+/* compact <- the task's slices of full (n_params floats, the model's layout). */
+void mp_gather(float *compact, const float *full, const mp_plan *p);
+/* full <- the task's slices from compact; the rest of full is left alone. */
+void mp_scatter(float *full, const float *compact, const mp_plan *p);
+
+/* Slice order, for parameter servers (ps_family.c): the K tasks' compact
+ * buffers one after the other (task 0's, then task 1's, ...), so that each
+ * task's slices are one contiguous range of a vector of n_params floats.
+ * mp_order_offset is where task j's range starts; v <- full (the model's
+ * layout) in slice order, and back. */
+size_t mp_order_offset(const mp_plan *plans, int j);
+void mp_order_gather(float *v, const float *full, const mp_plan *plans, int K);
+void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K);
+
+/* Forward of layer l's slice: out[:, lo:hi) = in W_slice^T + b_slice, then
+ * max(., 0) when relu.  in (rows, in); out (rows, out), written only in the
+ * task's columns. */
+void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
+                int relu);
+
+/* Backward of layer l's slice, given the full gradient dz (rows, out) at its
+ * output: the slice's weight and bias gradients OVERWRITE grads (compact);
+ * when din is non-NULL, din (rows, in) = dz[:, lo:hi) W_slice, this task's
+ * part of the input gradient (the replica sums the parts). */
+void mp_backward(float *din, float *grads, const float *dz, const float *in, const float *params,
+                 const mp_layer *l, int rows);
+
+/* Copies the block [:, lo:hi) of a (rows, width) matrix into dst (rows, hi-lo),
+ * and back. */
+void mp_pack(float *dst, const float *src, int rows, int width, int lo, int hi);
+void mp_unpack(float *dst, const float *src, int rows, int width, int lo, int hi);
+
+#endif

@@ -1,0 +1,53 @@
+/* A lost task in --strategy model-parallel under `downpour launch`
+ * (survives = 0): the run stops with a message naming it, never hangs.
+ * - worker:1 (task 1 of 3) SIGKILLed once worker:2 logged step 20: the
+ *   launcher stops the run, exit non-zero, naming worker:1;
+ * - worker:1 frozen (SIGSTOP): its replica notices within the heartbeat
+ *   timeout and stops with "lost model-parallel task 1 of replica 0, worker:1";
+ * - under ps-async (which goes on without a lost worker of its own), worker:1
+ *   of a model-parallel replica SIGKILLed: the run stops, the chief naming it. */
+#include "launch.h"
+
+static int run(const char *name, const char *launch, const char *line, const char *fault)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s " RUN " --heartbeat-timeout 1 --metrics %s/%s.jsonl", launch,
+             tmp, name);
+    pid_t l = start(name, args);
+    pid_t w = await_task(l, name, line, "worker:1");
+    double t0 = now_s();
+    if (w > 0)
+        kill(w, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+    int rc = finish(l, 60);
+    double took = now_s() - t0;
+    fprintf(stderr, "%s: the launcher exited %d %.2f s after the fault\n", name, rc, took);
+    if (w > 0 && strcmp(fault, "stop") == 0)
+        kill(w, SIGKILL); /* the launcher may have left a stopped task behind */
+    CHECKF(w > 0, "%s: worker:1 never reached step 20", name);
+    CHECKF(took < 30, "%s: the run took %.1f s to stop", name, took);
+    /* stopped, not finished: no test accuracy */
+    CHECKF(test_accuracy(name) < 0 && count_events(name, "done") == 0,
+           "%s: the run finished as if no task was lost", name);
+    return rc;
+}
+
+int main(void)
+{
+    launch_test_init();
+    const char *mp = "--workers 3 -- train --strategy model-parallel";
+    const char *at20 = "Worker 2 (mp task 2), At step 20,";
+    int rc = run("kill", mp, at20, "kill");
+    CHECKF(rc != 0 && rc != -1, "kill: exit %d", rc);
+    CHECKF(log_has("kill", "worker:1") && log_has("kill", "cannot survive"),
+           "kill: the stop does not name worker:1");
+    rc = run("stop", mp, at20, "stop");
+    CHECKF(rc != 0 && rc != -1, "stop: exit %d", rc);
+    CHECKF(log_has("stop", "lost model-parallel task 1 of replica 0, worker:1"),
+           "stop: no task noticed the frozen worker:1");
+    rc = run("ps", "--chief --workers 2 --ps 2 -- train --strategy ps-async --model-parallel 2",
+             "Worker 0 (mp task 0), At step 20,", "kill");
+    CHECKF(rc != 0 && rc != -1, "ps: exit %d", rc);
+    CHECKF(log_has("ps", "lost worker:1") && log_has("ps", "slices of a model-parallel replica"),
+           "ps: the chief does not name the lost worker:1");
+    return CHECK_DONE();
+}
