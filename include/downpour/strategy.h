@@ -218,6 +218,15 @@ typedef struct dp_grad_ops {
                   dp_err *err);
 } dp_grad_ops;
 
+/* The tasks of a strategy that splits the model (pipeline, model-parallel):
+ * the chief, if any, then the workers, in rank order, are its positions.
+ * Refuses ps tasks, other roles and --ema (no task holds every live weight),
+ * naming the strategy `what`.  *ranks (malloc'd, the caller frees) gets each
+ * position's transport rank, *position this task's; returns their number,
+ * or -1 with err. */
+int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int *position,
+                       dp_err *err);
+
 /* The data-parallel step: begin, forward and backward (gradients zeroed when
  * n is 0), update.  Gives out->loss and out->correct. */
 int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,

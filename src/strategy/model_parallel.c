@@ -377,19 +377,7 @@ static void report_memory(const dp_strategy *s)
 
 static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {
-    const dp_cluster *c = &env->node->cluster;
     const dp_train_config *cfg = env->cfg;
-    if (c->count[DP_ROLE_PS] > 0)
-        return dp_errf(err, "model-parallel runs its replicas on chief and worker tasks and "
-                            "needs no ps task (the spec has %d). Hint: launch without --ps",
-                       c->count[DP_ROLE_PS]);
-    dp_role role = env->node->self->role;
-    if (role != DP_ROLE_CHIEF && role != DP_ROLE_WORKER)
-        return dp_errf(err, "model-parallel runs on chief and worker tasks only");
-    if (cfg->ema > 0)
-        return dp_errf(err, "--ema %g: model-parallel tasks hold slices of the weights, so no "
-                            "task can average them every step; leave --ema out",
-                       (double)cfg->ema);
     dp_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -397,20 +385,10 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     s->m = env->model;
     s->t = env->node->transport;
     s->timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
-    s->n = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
-    s->ranks = malloc((size_t)s->n * sizeof *s->ranks);
-    if (!s->ranks) {
+    if ((s->n = dp_split_positions(env, "model-parallel", &s->ranks, &s->position, err)) < 0) {
         mp_close(s);
-        return dp_errf(err, "out of memory");
+        return -1;
     }
-    /* The positions are the chief (if any) and the workers, in rank order. */
-    int k = 0;
-    for (int i = 0; i < c->n_tasks; i++)
-        if (c->tasks[i].role == DP_ROLE_CHIEF || c->tasks[i].role == DP_ROLE_WORKER) {
-            if (i == c->self)
-                s->position = k;
-            s->ranks[k++] = i;
-        }
     s->K = cfg->model_parallel > 0 ? cfg->model_parallel : s->n;
     if (s->n % s->K != 0) {
         dp_errf(err, "--model-parallel %d: the %d task(s) (chief and workers) are not a whole "
@@ -433,7 +411,7 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     info->shard_index = s->replica;
     info->shard_count = s->R;
     info->replicas = s->R;
-    if (role == DP_ROLE_CHIEF)
+    if (env->node->self->role == DP_ROLE_CHIEF)
         snprintf(info->label, sizeof info->label, "Chief (mp task %d)", s->task);
     else
         snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)",

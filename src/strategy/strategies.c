@@ -2,6 +2,7 @@
  * dp_strategy_ops; this list only orders them. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "downpour/strategy.h"
@@ -32,6 +33,33 @@ const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err)
             return dp_strategies[i];
     dp_errf(err, "unknown strategy '%s' (valid: %s)", name, dp_strategy_names());
     return NULL;
+}
+
+int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int *position,
+                       dp_err *err)
+{
+    const dp_cluster *c = &env->node->cluster;
+    if (c->count[DP_ROLE_PS] > 0)
+        return dp_errf(err, "%s runs on chief and worker tasks and needs no ps task (the spec "
+                            "has %d). Hint: launch without --ps",
+                       what, c->count[DP_ROLE_PS]);
+    dp_role role = env->node->self->role;
+    if (role != DP_ROLE_CHIEF && role != DP_ROLE_WORKER)
+        return dp_errf(err, "%s runs on chief and worker tasks only", what);
+    if (env->cfg->ema > 0)
+        return dp_errf(err, "--ema %g: %s tasks hold slices of the weights, so no task can "
+                            "average them every step; leave --ema out",
+                       (double)env->cfg->ema, what);
+    int n = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
+    if (!(*ranks = malloc((size_t)n * sizeof **ranks)))
+        return dp_errf(err, "out of memory");
+    for (int i = 0, k = 0; i < c->n_tasks; i++)
+        if (c->tasks[i].role == DP_ROLE_CHIEF || c->tasks[i].role == DP_ROLE_WORKER) {
+            if (i == c->self)
+                *position = k;
+            (*ranks)[k++] = i;
+        }
+    return n;
 }
 
 int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,
