@@ -90,6 +90,16 @@ int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err);
 int dp_transport_recv(dp_transport *t, int peer, const char *what, double timeout_s,
                       dp_event *ev, dp_err *err);
 
+/* Waits for the one frame a protocol step expects from peer: `type` with
+ * this step and offset and exactly len bytes, read into dst.  Returns 0;
+ * DP_RECV_LOST when the peer is lost (err says how: the caller names what
+ * the loss costs); -1 when something else came (err names it and what was
+ * due). */
+#define DP_RECV_LOST (-2)
+int dp_transport_recv_exact(dp_transport *t, int peer, unsigned type, uint64_t step,
+                            uint64_t offset, void *dst, size_t len, const char *what,
+                            double timeout_s, dp_err *err);
+
 /* The transport's own all-reduce (MPI_Allreduce), when it has one: sums
  * buf[0..len) in place over the given ranks (this one among them).
  * dp_transport_allreduce fails when dp_transport_has_allreduce says 0. */

@@ -185,6 +185,26 @@ void dp_transport_close_failed(dp_transport *t)
     }
 }
 
+int dp_transport_recv_exact(dp_transport *t, int peer, unsigned type, uint64_t step,
+                            uint64_t offset, void *dst, size_t len, const char *what,
+                            double timeout_s, dp_err *err)
+{
+    dp_event ev;
+    if (dp_transport_recv(t, peer, what, timeout_s, &ev, err) < 0)
+        return DP_RECV_LOST;
+    if (ev.header.type != type || ev.header.step != step || ev.header.offset != offset ||
+        ev.header.length != len)
+        return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu, %llu bytes) where "
+                            "%s (type %u, step %llu, offset %llu, %zu bytes) was due",
+                       dp_transport_peer_name(t, peer), ev.header.type,
+                       (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
+                       (unsigned long long)ev.header.length, what, type,
+                       (unsigned long long)step, (unsigned long long)offset, len);
+    if (len && dp_transport_recv_payload(t, peer, dst, len, err) < 0)
+        return DP_RECV_LOST;
+    return 0;
+}
+
 const char *dp_event_kind_name(dp_event_kind k)
 {
     static const char *const names[DP_EVENT_KIND_COUNT] = {"timeout", "frame", "peer lost"};

@@ -93,20 +93,9 @@ static int lost_rank(dp_strategy *s, int rank, dp_err *err)
 static int recv_exact(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,
                       void *dst, size_t len, const char *what, dp_err *err)
 {
-    dp_event ev;
-    if (dp_transport_recv(s->t, s->ranks[p], what, s->timeout, &ev, err) < 0)
-        return task_lost(s, p, err);
-    if (ev.header.type != type || ev.header.step != (uint64_t)step ||
-        ev.header.offset != offset || ev.header.length != len)
-        return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu, %llu bytes) where "
-                            "%s (type %u, step %ld, offset %llu, %zu bytes) was due",
-                       name_of(s, p), ev.header.type, (unsigned long long)ev.header.step,
-                       (unsigned long long)ev.header.offset,
-                       (unsigned long long)ev.header.length, what, type, step,
-                       (unsigned long long)offset, len);
-    if (len && dp_transport_recv_payload(s->t, s->ranks[p], dst, len, err) < 0)
-        return task_lost(s, p, err);
-    return 0;
+    int rc = dp_transport_recv_exact(s->t, s->ranks[p], type, (uint64_t)step, offset, dst, len,
+                                     what, s->timeout, err);
+    return rc == DP_RECV_LOST ? task_lost(s, p, err) : rc;
 }
 
 static int send_to(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,

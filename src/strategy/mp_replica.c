@@ -57,20 +57,9 @@ static int wait_sent(mp_replica *s, dp_err *err)
 static int recv_exact(mp_replica *s, int q, unsigned type, long step, uint64_t d, void *dst,
                       size_t len, const char *what, dp_err *err)
 {
-    dp_event ev;
-    if (dp_transport_recv(s->t, s->ranks[q], what, s->timeout, &ev, err) < 0)
-        return task_lost(s, q, err);
-    if (ev.header.type != type || ev.header.step != (uint64_t)step || ev.header.offset != d ||
-        ev.header.length != len)
-        return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu, %llu bytes) where "
-                            "%s (type %u, step %ld, layer %llu, %zu bytes) was due",
-                       dp_transport_peer_name(s->t, s->ranks[q]), ev.header.type,
-                       (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
-                       (unsigned long long)ev.header.length, what, type, step,
-                       (unsigned long long)d, len);
-    if (len && dp_transport_recv_payload(s->t, s->ranks[q], dst, len, err) < 0)
-        return task_lost(s, q, err);
-    return 0;
+    int rc = dp_transport_recv_exact(s->t, s->ranks[q], type, (uint64_t)step, d, dst, len, what,
+                                     s->timeout, err);
+    return rc == DP_RECV_LOST ? task_lost(s, q, err) : rc;
 }
 
 /* The replica's tasks swap their columns of dense layer d's output: after

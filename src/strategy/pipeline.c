@@ -135,21 +135,12 @@ static int recv_exact(dp_strategy *s, int p, unsigned type, long step, uint64_t 
                       size_t len, const char *what, dp_err *err)
 {
     double t0 = dp_now();
-    dp_event ev;
-    if (dp_transport_recv(s->t, s->ranks[p], what, s->timeout, &ev, err) < 0)
-        return stage_lost(s, p, err);
-    if (ev.header.type != type || ev.header.step != (uint64_t)step ||
-        ev.header.offset != micro || ev.header.length != len)
-        return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu, %llu bytes) where "
-                            "%s (type %u, step %ld, offset %llu, %zu bytes) was due",
-                       name_of(s, p), ev.header.type, (unsigned long long)ev.header.step,
-                       (unsigned long long)ev.header.offset,
-                       (unsigned long long)ev.header.length, what, type, step,
-                       (unsigned long long)micro, len);
-    if (len && dp_transport_recv_payload(s->t, s->ranks[p], dst, len, err) < 0)
+    int rc = dp_transport_recv_exact(s->t, s->ranks[p], type, (uint64_t)step, micro, dst, len,
+                                     what, s->timeout, err);
+    if (rc == DP_RECV_LOST)
         return stage_lost(s, p, err);
     s->idle += dp_now() - t0;
-    return 0;
+    return rc;
 }
 
 static int send_to(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,
