@@ -2,14 +2,15 @@
  * parameter-server strategy, a worker SIGKILLed in the middle of the run
  * costs the run nothing but that worker's share of the data: the launcher
  * exits 0 and the test accuracy is no more than 1 % below the fault-free
- * run's.  (It may come out higher: while a worker is down the others train
+ * run's (in the asynchronous modes, the lower of two fault-free runs').  (It may come out higher: while a worker is down the others train
  * without waiting for it, so the same records make more updates, and this
  * short run is far from converged; 2 % above is the sanity bound.)
  * With --max-restarts 1 the killed worker is restarted and rejoins.  A
  * worker frozen (SIGSTOP) past the heartbeat timeout is dropped; when it
  * wakes, its old incarnation finds itself refused and exits, and the run
- * still completes.  A lost parameter server still stops the run, with the
- * launcher's exit status saying so.
+ * still completes.  A lost parameter server with no restart left stops the
+ * run, with the launcher's exit status saying so (tests/test_ps_restart.c
+ * restarts one).
  *
  * The test strikes when worker 1 has logged step 20 of its 180, and finds
  * its pid among the launcher's children by the DOWNPOUR_TASK each child
@@ -42,22 +43,36 @@ static int run(const char *name, const char *strategy, const char *extra, const 
     return finish(l, 300);
 }
 
+/* The asynchronous modes' fault-free accuracy itself moves by about 1 %
+ * from run to run (how the workers' pushes interleave): their bound is 1 %
+ * below the lower of two fault-free runs (2 % above the higher). */
+static int asynchronous(const char *strategy)
+{
+    return strcmp(strategy, "ps-async") == 0 || strcmp(strategy, "ps-ssp") == 0 ||
+           strcmp(strategy, "ps-dssp") == 0;
+}
+
 static void strategy_survives(const char *strategy, const char *extra)
 {
     char name[128];
-    snprintf(name, sizeof name, "%s-clean", strategy);
-    int rc = run(name, strategy, "", NULL);
-    double clean = test_accuracy(name);
-    CHECKF(rc == 0 && clean > 0.8, "%s: the fault-free run exited %d, accuracy %.4f", strategy,
-           rc, clean);
+    double lo = 1, hi = 0;
+    for (int k = 0; k < (asynchronous(strategy) ? 2 : 1); k++) {
+        snprintf(name, sizeof name, "%s-clean%d", strategy, k);
+        int rc = run(name, strategy, "", NULL);
+        double a = test_accuracy(name);
+        CHECKF(rc == 0 && a > 0.8, "%s: the fault-free run exited %d, accuracy %.4f", strategy,
+               rc, a);
+        lo = a < lo ? a : lo;
+        hi = a > hi ? a : hi;
+    }
 
     snprintf(name, sizeof name, "%s-kill", strategy);
-    rc = run(name, strategy, extra, "kill");
+    int rc = run(name, strategy, extra, "kill");
     double acc = test_accuracy(name);
     CHECKF(rc == 0, "%s: a killed worker ended the run (exit %d)", strategy, rc);
-    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
-           "%s: accuracy %.4f with a worker lost, %.4f without",
-           strategy, acc, clean);
+    CHECKF(acc >= lo - 0.01 && acc <= hi + 0.02,
+           "%s: accuracy %.4f with a worker lost, %.4f to %.4f without",
+           strategy, acc, lo, hi);
     CHECKF(log_has(name, "fault: lost worker:1"), "%s: no fault line from the chief", strategy);
     CHECKF(count_events(name, "fault") >= 2, "%s: expected fault events from the launcher and "
            "the chief in the metrics", strategy);
@@ -70,9 +85,9 @@ static void strategy_survives(const char *strategy, const char *extra)
     CHECKF(rc == 0, "%s: the run with a restarted worker exited %d", strategy, rc);
     CHECKF(log_has(name, "restarted as pid") && log_has(name, "fault: worker:1 rejoined"),
            "%s: the killed worker was not restarted and rejoined", strategy);
-    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
-           "%s: accuracy %.4f with a restarted worker, %.4f without",
-           strategy, acc, clean);
+    CHECKF(acc >= lo - 0.01 && acc <= hi + 0.02,
+           "%s: accuracy %.4f with a restarted worker, %.4f to %.4f without",
+           strategy, acc, lo, hi);
 }
 
 int main(void)
