@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_run.h"
 
 static char tmpdir[256];
 
@@ -79,11 +80,9 @@ int main(int argc, char **argv)
     }
     if (!bin)
         bin = "../downpour";
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/bench_lbfgs.%d", (int)getpid());
-    char cmd[512], launch[128], args[1024], path[512];
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", tmpdir);
-    if (system(cmd) != 0)
+    if (bench_scratch("bench_lbfgs", tmpdir, sizeof tmpdir) < 0)
         return 1;
+    char launch[128], args[1024], path[512];
     snprintf(launch, sizeof launch, "launch --chief --workers %d --ps 2", workers);
     const char *common = "--model mlp-300-100 --threads 1 --no-progress --log-every 0";
 

@@ -12,58 +12,43 @@
  *                        [--epochs N] [--repeats N]
  *   PATH defaults to $DOWNPOUR_BIN, else ../downpour beside this program's
  *   build directory; DOWNPOUR_DATA must name the data directory. */
-#include <cjson/cJSON.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_run.h"
 
 #define MAX_REPEATS 9
 
 static char tmpdir[256];
 
-/* The last "done" event's samples/s, and task 0's parameters from its
- * "model_parallel" event (0 when there is none). */
-static int read_metrics(const char *path, double *sps, double *params, double *total)
+typedef struct figures {
+    double sps;           /* the last "done" event's samples/s */
+    double params, total; /* task 0's parameters, from its "model_parallel" event (0: none) */
+} figures;
+
+static void take(const cJSON *j, const char *event, void *ctx)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[8192];
-    *sps = *params = *total = 0;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *ev = j ? cJSON_GetObjectItem(j, "event") : NULL;
-        if (ev && cJSON_IsString(ev)) {
-            if (strcmp(ev->valuestring, "done") == 0)
-                *sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_second"));
-            else if (strcmp(ev->valuestring, "model_parallel") == 0 &&
-                     cJSON_GetNumberValue(cJSON_GetObjectItem(j, "mp_task")) == 0) {
-                *params = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "params"));
-                *total = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "total_params"));
-            }
-        }
-        cJSON_Delete(j);
+    figures *f = ctx;
+    if (strcmp(event, "done") == 0) {
+        f->sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_second"));
+    } else if (strcmp(event, "model_parallel") == 0 &&
+               cJSON_GetNumberValue(cJSON_GetObjectItem(j, "mp_task")) == 0) {
+        f->params = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "params"));
+        f->total = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "total_params"));
     }
-    fclose(f);
-    return *sps > 0 ? 0 : -1;
 }
 
 static int run(const char *cmd, double *sps, double *params, double *total)
 {
-    char full[4096], path[512];
-    snprintf(path, sizeof path, "%s/run.jsonl", tmpdir);
-    snprintf(full, sizeof full, "rm -f %s; %s --metrics %s >/dev/null 2>%s/stderr.txt", path, cmd,
-             path, tmpdir);
-    int st = system(full);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "failed: %s (see %s/stderr.txt)\n", cmd, tmpdir);
+    figures f = {0, 0, 0};
+    if (bench_run_metrics(tmpdir, cmd, take, &f) < 0 || f.sps <= 0)
         return -1;
-    }
-    return read_metrics(path, sps, params, total);
+    *sps = f.sps;
+    *params = f.params;
+    *total = f.total;
+    return 0;
 }
 
 /* The median samples/s of `repeats` runs of cmd, and the last run's
@@ -80,25 +65,12 @@ static int measure(const char *cmd, int repeats, double *sps, double *params, do
 
 int main(int argc, char **argv)
 {
-    const char *bin = getenv("DOWNPOUR_BIN"), *model = "mlp-300-100";
-    long batch = 128, train = 12800, epochs = 1;
-    int repeats = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--bin") == 0)
-            bin = argv[i + 1];
-        else if (strcmp(argv[i], "--model") == 0)
-            model = argv[i + 1];
-        else if (strcmp(argv[i], "--batch") == 0)
-            batch = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--train-size") == 0)
-            train = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--epochs") == 0)
-            epochs = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--repeats") == 0)
-            repeats = atoi(argv[i + 1]);
-    }
-    if (!bin)
-        bin = "../downpour";
+    bench_run_opts o = {.model = "mlp-300-100", .batch = 128, .train = 12800, .epochs = 1,
+                        .repeats = 3};
+    bench_run_args(argc, argv, &o);
+    const char *bin = o.bin, *model = o.model;
+    long batch = o.batch, train = o.train, epochs = o.epochs;
+    int repeats = o.repeats;
     if (batch < 6 || batch % 6 != 0 || train < batch || epochs < 1 || repeats < 1 ||
         repeats > MAX_REPEATS || access(bin, X_OK) != 0) {
         fprintf(stderr, "usage: bench_model_parallel [--bin PATH] [--model SPEC] [--batch N, a "
@@ -107,11 +79,8 @@ int main(int argc, char **argv)
                 MAX_REPEATS, bin);
         return 2;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/bench_model_parallel.XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (bench_scratch("bench_model_parallel", tmpdir, sizeof tmpdir) < 0)
         return 1;
-    }
     char common[1024];
     snprintf(common, sizeof common,
              "--model %s --train-size %ld --val-size 500 --epochs %ld --threads 1 --no-progress "

@@ -10,79 +10,49 @@
  *                  [--epochs N] [--repeats N]
  *   PATH defaults to $DOWNPOUR_BIN, else ../downpour beside this program's
  *   build directory; DOWNPOUR_DATA must name the data directory. */
-#include <cjson/cJSON.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_run.h"
 
 #define MAX_REPEATS 9
 
 static char tmpdir[256];
 
-/* The figures of the last "done" and "pipeline" events in a metrics file. */
-static int read_metrics(const char *path, double *sps, double *bubble)
+typedef struct figures {
+    double sps, bubble; /* of the last "done" and "pipeline" events (bubble -1: none) */
+} figures;
+
+static void take(const cJSON *j, const char *event, void *ctx)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[8192];
-    *sps = 0;
-    *bubble = -1;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *ev = j ? cJSON_GetObjectItem(j, "event") : NULL;
-        if (ev && cJSON_IsString(ev)) {
-            if (strcmp(ev->valuestring, "done") == 0)
-                *sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_second"));
-            else if (strcmp(ev->valuestring, "pipeline") == 0)
-                *bubble = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bubble"));
-        }
-        cJSON_Delete(j);
-    }
-    fclose(f);
-    return *sps > 0 ? 0 : -1;
+    figures *f = ctx;
+    if (strcmp(event, "done") == 0)
+        f->sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_second"));
+    else if (strcmp(event, "pipeline") == 0)
+        f->bubble = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bubble"));
 }
 
 /* One run; its samples/s and bubble (-1: none). */
 static int run(const char *cmd, double *sps, double *bubble)
 {
-    char full[4096], path[512];
-    snprintf(path, sizeof path, "%s/run.jsonl", tmpdir);
-    snprintf(full, sizeof full, "rm -f %s; %s --metrics %s >/dev/null 2>%s/stderr.txt", path, cmd,
-             path, tmpdir);
-    int st = system(full);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "failed: %s (see %s/stderr.txt)\n", cmd, tmpdir);
+    figures f = {0, -1};
+    if (bench_run_metrics(tmpdir, cmd, take, &f) < 0 || f.sps <= 0)
         return -1;
-    }
-    return read_metrics(path, sps, bubble);
+    *sps = f.sps;
+    *bubble = f.bubble;
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    const char *bin = getenv("DOWNPOUR_BIN"), *model = "mlp-300-100";
-    long batch = 128, train = 12800, epochs = 1;
-    int repeats = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--bin") == 0)
-            bin = argv[i + 1];
-        else if (strcmp(argv[i], "--model") == 0)
-            model = argv[i + 1];
-        else if (strcmp(argv[i], "--batch") == 0)
-            batch = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--train-size") == 0)
-            train = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--epochs") == 0)
-            epochs = atol(argv[i + 1]);
-        else if (strcmp(argv[i], "--repeats") == 0)
-            repeats = atoi(argv[i + 1]);
-    }
-    if (!bin)
-        bin = "../downpour";
+    bench_run_opts o = {.model = "mlp-300-100", .batch = 128, .train = 12800, .epochs = 1,
+                        .repeats = 3};
+    bench_run_args(argc, argv, &o);
+    const char *bin = o.bin, *model = o.model;
+    long batch = o.batch, train = o.train, epochs = o.epochs;
+    int repeats = o.repeats;
     if (batch < 8 || train < batch || epochs < 1 || repeats < 1 || repeats > MAX_REPEATS ||
         access(bin, X_OK) != 0) {
         fprintf(stderr, "usage: bench_pipeline [--bin PATH] [--model SPEC] [--batch N>=8] "
@@ -90,11 +60,8 @@ int main(int argc, char **argv)
                 MAX_REPEATS, bin);
         return 2;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/bench_pipeline.XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (bench_scratch("bench_pipeline", tmpdir, sizeof tmpdir) < 0)
         return 1;
-    }
     char common[1024];
     snprintf(common, sizeof common,
              "train --model %s --batch %ld --train-size %ld --val-size 500 --epochs %ld "
