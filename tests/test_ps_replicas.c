@@ -89,7 +89,7 @@ static void rig_close(rig *r)
 static void push(rig *r, int to, uint64_t step, const float *g)
 {
     uint8_t raw[DP_PUSH_HEAD_SIZE];
-    dp_push_head h = {10, 1, 0.1f};
+    dp_push_head h = {10, 1, 0.1f, 0};
     dp_push_head_put(raw, &h);
     struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g, NP * sizeof(float)}};
     REQUIRE(dp_transport_sendv(r->ts[WORKER], to, DP_WIRE_PUSH_GRAD, step, 0, iov, 2, &err) == 0);

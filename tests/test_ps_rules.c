@@ -23,7 +23,10 @@
  *   PULL, PULL_AVERAGE, SHUTDOWN;
  * - a server restarted into the run: workers the chief names as gone hold
  *   nobody; a worker's JOIN at its step sets its clock and lets the others
- *   go; a push re-sent with the same client clock is not applied twice. */
+ *   go; a push re-sent with the same client clock is not applied twice;
+ *   ps-sync rounds go by the pushes' training steps, so workers a round
+ *   apart (the old server died answering a round) never wait for each other
+ *   forever. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -99,10 +102,21 @@ static void push(rig *r, int w, unsigned type, uint32_t records, uint32_t want, 
                  const float *v)
 {
     uint8_t raw[DP_PUSH_HEAD_SIZE];
-    dp_push_head h = {records, want, lr};
+    dp_push_head h = {records, want, lr, 0};
     dp_push_head_put(raw, &h);
     struct iovec iov[2] = {{raw, sizeof raw}, {(void *)v, NP * sizeof(float)}};
     REQUIRE(dp_transport_sendv(r->ts[wrank(w)], r->ps, type, 0, 0, iov, 2, &err) == 0);
+}
+
+/* A push of one record at rate 1 that says the worker's training step. */
+static void step_grad(rig *r, int w, uint32_t step, const float *g)
+{
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head h = {1, 1, 1.0f, step};
+    dp_push_head_put(raw, &h);
+    struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g, NP * sizeof(float)}};
+    REQUIRE(dp_transport_sendv(r->ts[wrank(w)], r->ps, DP_WIRE_PUSH_GRAD, step, 0, iov, 2, &err) ==
+            0);
 }
 
 static void grad(rig *r, int w, uint32_t records, uint32_t want, float lr, const float *g)
@@ -572,7 +586,7 @@ static void test_restarted(void)
     SERVE(&r);
     CHECK(dp_ps_server_clock(r.s, 0) == 14);
     uint8_t raw[DP_PUSH_HEAD_SIZE];
-    dp_push_head h = {1, 1, 1.0f};
+    dp_push_head h = {1, 1, 1.0f, 0};
     dp_push_head_put(raw, &h);
     struct iovec iov[2] = {{raw, sizeof raw}, {(void *)g0, NP * sizeof(float)}};
     REQUIRE(dp_transport_sendv(r.ts[wrank(0)], r.ps, DP_WIRE_PUSH_GRAD, 7, 0, iov, 2, &err) == 0);
@@ -601,15 +615,80 @@ static void test_restarted(void)
           reply(&r, 0, got, &step) && step == 15);
     rig_close(&r);
 
-    /* ps-sync: a round closes with the workers the chief named. */
+    /* ps-sync: a round closes with the workers the chief named, once each
+     * has said where it is. */
     cfg.mode = DP_PS_SYNC;
     rig_open_at(&r, 3, &cfg, &oc, clocks);
-    grad(&r, 0, 1, 1, 1.0f, g0);
+    say(&r, wrank(0), DP_WIRE_JOIN, 40);
+    say(&r, wrank(1), DP_WIRE_JOIN, 40);
+    SERVE(&r);
+    SERVE(&r);
+    step_grad(&r, 0, 40, g0);
     SERVE(&r);
     CHECK(no_reply(&r, 0));
-    grad(&r, 1, 1, 1, 1.0f, g1);
+    step_grad(&r, 1, 40, g1);
     SERVE(&r);
     CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    rig_close(&r);
+
+    /* The old server died answering round 40: worker 0 got the answer and
+     * waits at a checkpoint barrier (it never says where it is), worker 1
+     * did not and pushes step 40 again: the round closes without worker 0. */
+    rig_open_at(&r, 3, &cfg, &oc, clocks);
+    say(&r, wrank(1), DP_WIRE_JOIN, 40);
+    SERVE(&r);
+    step_grad(&r, 1, 40, g1);
+    SERVE(&r);
+    CHECK(reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    rig_close(&r);
+
+    /* Both say where they are: worker 1's push of step 40 is a round of
+     * its own (worker 0 is past it); their pushes of step 41 make one. */
+    rig_open_at(&r, 3, &cfg, &oc, clocks);
+    say(&r, wrank(0), DP_WIRE_JOIN, 41);
+    say(&r, wrank(1), DP_WIRE_JOIN, 40);
+    SERVE(&r);
+    SERVE(&r);
+    step_grad(&r, 1, 40, g1);
+    SERVE(&r);
+    memcpy(want, p_init, sizeof want);
+    sub_scaled(want, 1, g1);
+    CHECK(reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    CHECK_PARAMS(got, want);
+    step_grad(&r, 0, 41, g0);
+    SERVE(&r);
+    CHECK(no_reply(&r, 0));
+    step_grad(&r, 1, 41, g0);
+    SERVE(&r);
+    sub_scaled(want, 1, g0); /* the mean of two pushes of g0 */
+    CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 2);
+    CHECK_PARAMS(got, want);
+    rig_close(&r);
+
+    /* Worker 0 pushes step 41 before worker 1 says anything: a round of its
+     * own.  Once worker 1 said it is at step 40, worker 0's step 42 waits
+     * for it; worker 1's step 40 is taken alone, 41 too (the open round is
+     * 42's), and its 42 closes the round. */
+    rig_open_at(&r, 3, &cfg, &oc, clocks);
+    say(&r, wrank(0), DP_WIRE_JOIN, 41);
+    SERVE(&r);
+    step_grad(&r, 0, 41, g0);
+    SERVE(&r);
+    CHECK(reply(&r, 0, got, NULL) && dp_ps_server_updates(r.s) == 1);
+    say(&r, wrank(1), DP_WIRE_JOIN, 40);
+    SERVE(&r);
+    step_grad(&r, 0, 42, g0);
+    SERVE(&r);
+    CHECK(no_reply(&r, 0));
+    step_grad(&r, 1, 40, g1);
+    SERVE(&r);
+    CHECK(no_reply(&r, 0) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 2);
+    step_grad(&r, 1, 41, g1);
+    SERVE(&r);
+    CHECK(no_reply(&r, 0) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 3);
+    step_grad(&r, 1, 42, g1);
+    SERVE(&r);
+    CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL) && dp_ps_server_updates(r.s) == 4);
     rig_close(&r);
 }
 

@@ -75,13 +75,15 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err);
 
 /* Head of a push payload, before the floats: DP_PUSH_HEAD_SIZE bytes,
- * [u32 records][u32 want][f32 lr][u32 reserved = 0]. */
+ * [u32 records][u32 want][f32 lr][u32 step]. */
 #define DP_PUSH_HEAD_SIZE 16
 typedef struct dp_push_head {
     uint32_t records;   /* records behind this gradient or these parameters (the weight) */
     uint32_t want;      /* 1: answer with the shard's parameters */
     float lr;           /* the worker's learning rate at this step (the schedule travels
                            with the gradient, so servers need no clock of their own) */
+    uint32_t step;      /* the worker's training step (0: not said): a restarted server
+                           tells the rounds of ps-sync and model-avg apart by it */
 } dp_push_head;
 void dp_push_head_put(uint8_t *p, const dp_push_head *h);
 void dp_push_head_get(dp_push_head *h, const uint8_t *p);

@@ -26,7 +26,7 @@ void dp_push_head_put(uint8_t *p, const dp_push_head *h)
     dp_put_u32(p, h->records);
     dp_put_u32(p + 4, h->want);
     dp_put_f32(p + 8, h->lr);
-    dp_put_u32(p + 12, 0); /* reserved */
+    dp_put_u32(p + 12, h->step);
 }
 
 void dp_push_head_get(dp_push_head *h, const uint8_t *p)
@@ -34,6 +34,7 @@ void dp_push_head_get(dp_push_head *h, const uint8_t *p)
     h->records = dp_get_u32(p);
     h->want = dp_get_u32(p + 4);
     h->lr = dp_get_f32(p + 8);
+    h->step = dp_get_u32(p + 12);
 }
 
 void dp_ps_config_init(dp_ps_config *cfg)
@@ -205,10 +206,58 @@ int dp_ps_apply_then_wait(server *s, dp_ps_worker *w, const dp_push_head *h, dp_
     return s->rules->release(s, err);
 }
 
+/* The open round's records-weighted mean becomes the shard's (applied as a
+ * gradient, or set as parameters in model-avg), and its workers are
+ * answered: a restarted server's round that cannot wait any longer.  The
+ * mean is taken in s->sum, since s->scratch holds the push being handled. */
+static void close_round_now(server *s)
+{
+    float scale = s->round_records > 0 ? (float)(1.0 / s->round_records) : 0;
+    for (size_t i = 0; i < s->n; i++)
+        s->sum[i] *= scale;
+    if (s->round_records > 0 && s->rules->pushes_params) {
+        memcpy(s->params, s->sum, s->n * sizeof(float));
+        dp_ps_changed(s);
+    } else if (s->round_records > 0) {
+        dp_ps_apply(s, s->sum, s->round_lr);
+    }
+    dp_ps_round_close(s, NULL);
+}
+
+/* On a server restarted into the run, the workers can be a round apart (the
+ * old server died answering a round: some got the answer, some did not), so
+ * its rounds go by the pushes' training steps: a round waits only for the
+ * workers that have not pushed its step yet (dp_ps_round_complete).  A push
+ * of an older step than the open round's is taken alone and answered; one of
+ * a newer step closes the open round first.  1: taken alone. */
+static int align_round(server *s, dp_ps_worker *w, const dp_push_head *h)
+{
+    if (!s->restored || h->step == 0)
+        return 0;
+    w->last_step = h->step;
+    if (s->round_pushes > 0 && h->step < s->round_key) {
+        if (s->rules->pushes_params) {
+            memcpy(s->params, s->scratch, s->n * sizeof(float));
+            dp_ps_changed(s);
+        } else {
+            dp_ps_apply(s, s->scratch, h->lr);
+        }
+        dp_ps_reply(s, w);
+        return 1;
+    }
+    if (s->round_pushes > 0 && h->step > s->round_key)
+        close_round_now(s);
+    if (s->round_pushes == 0)
+        s->round_key = h->step;
+    return 0;
+}
+
 int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err)
 {
     if (w->pending)
         return dp_errf(err, "%s pushed twice in one round", dp_transport_peer_name(s->t, w->rank));
+    if (align_round(s, w, h))
+        return 0;
     float r = (float)h->records;
     if (s->round_pushes == 0)
         for (size_t i = 0; i < s->n; i++)
@@ -225,14 +274,20 @@ int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *e
 
 /* Complete when every live worker has pushed into it: counted by worker, not
  * by push, so a worker that pushed and then left does not stand in for one
- * that has not pushed yet. */
+ * that has not pushed yet.  On a restarted server only the workers that have
+ * not pushed the round's step count: not one past it (it may wait at a
+ * checkpoint barrier), nor one that has not said where it is. */
 int dp_ps_round_complete(const server *s)
 {
     if (s->round_pushes == 0)
         return 0;
-    for (int i = 0; i < s->n_workers; i++)
-        if (s->w[i].live && !s->w[i].pending)
-            return 0;
+    for (int i = 0; i < s->n_workers; i++) {
+        const dp_ps_worker *w = &s->w[i];
+        if (!w->live || w->pending ||
+            (s->restored && (w->unsynced || w->last_step >= s->round_key)))
+            continue;
+        return 0;
+    }
     return 1;
 }
 
@@ -345,6 +400,7 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
         long c = (long)join_step - 1 - s->base_step;
         w->clock = c < 0 ? 0 : c;
         w->unsynced = 0;
+        w->last_step = (uint32_t)join_step - 1;
         s->dropped = 1;
         dp_debug("%s is at clock %ld", dp_transport_peer_name(s->t, w->rank), w->clock);
         return 0;
@@ -645,6 +701,7 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->w[i].live = start->clocks ? start->clocks[i] >= 0 : 1;
         s->w[i].clock = start->clocks && start->clocks[i] > 0 ? start->clocks[i] : 0;
         s->w[i].unsynced = start->clocks && start->clocks[i] >= 0;
+        s->restored |= s->w[i].unsynced;
         s->worker_of[s->w[i].rank] = i;
     }
     if (s->n && layout->rank[s->shard] == me)
@@ -866,7 +923,7 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
     const dp_range *r = &c->layout.range[s];
     int rank = c->layout.rank[s];
     if (c->last.type == DP_WIRE_PUSH_GRAD || c->last.type == DP_WIRE_PUSH_PARAMS) {
-        dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr};
+        dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
         uint8_t raw[DP_PUSH_HEAD_SIZE];
         dp_push_head_put(raw, &head);
         struct iovec iov[2] = {{raw, sizeof raw},

@@ -23,6 +23,8 @@ typedef struct dp_ps_worker {
     uint64_t owed;     /* a reply held until the backup acknowledged update `owed` */
     int unsynced;      /* a restarted server does not know its clock yet: until its
                           JOIN (or push) it holds nobody back */
+    uint32_t last_step; /* restarted server: the training step it last pushed (or, from
+                          its JOIN, the one before the step it is taking) */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
@@ -39,6 +41,8 @@ struct dp_ps_server {
     double round_records;
     int round_pushes;
     float round_lr;  /* the learning rate of the round's pushes */
+    int restored;    /* restarted into the run (dp_ps_start.clocks): rounds go by step */
+    uint32_t round_key; /* restored: the training step of the open round's pushes */
     dp_optim opt;
     dp_ps_worker *w;
     int n_workers;
