@@ -512,9 +512,15 @@ static int admit(void *ctx, int peer, uint64_t incarnation, char *why, size_t ca
     return rc;
 }
 
-/* A handshake or redial thread ends: one fewer running (close waits for 0). */
+/* A handshake or redial thread ends: one fewer running (close waits for 0).
+ * Such a thread is detached: the state OpenSSL keeps for it (its error
+ * queue, made when it set up a connection's AEAD contexts) is freed here,
+ * before close can return, not by a destructor after the thread function
+ * returned, which a process exiting right after close may never see run
+ * (LeakSanitizer reported it now and then under load). */
 static void thread_done(tcp *t, int *active)
 {
+    OPENSSL_thread_stop();
     pthread_mutex_lock(&t->mu);
     (*active)--;
     pthread_cond_broadcast(&t->cond);
