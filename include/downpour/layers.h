@@ -90,11 +90,12 @@ void dp_row2im(float *din, const float *drows, const dp_window *g, int batch);
 void dp_local_forward(float *out, const float *rows, const float *w, const float *b,
                       int batch, int positions, int k, int oc, int relu);
 /* drows (batch*positions, k) = dout . W per position (skipped when drows is
- * NULL); dw (positions, oc, k) and db (positions, oc) are OVERWRITTEN with
- * the gradient summed over the batch. */
+ * NULL); dw (positions, oc, k) and db (positions, oc) are OVERWRITTEN
+ * (accumulate 0) or added to (accumulate 1) with the gradient summed over the
+ * batch, so a batch lowered in chunks adds chunk after chunk. */
 void dp_local_backward(float *drows, float *dw, float *db, const float *dout,
                        const float *rows, const float *w, int batch, int positions, int k,
-                       int oc);
+                       int oc, int accumulate);
 
 /* Pooling over g's windows, channel by channel: out (batch, oh, ow, c).
  * Max: padding never wins (it is -inf).  Average: the sum over the window

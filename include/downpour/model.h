@@ -1,37 +1,44 @@
-/* A model is a sequence of typed layers (docs/architecture.md, "The model"): dense, relu and
- * a softmax/cross-entropy loss layer, run forward or backward over any range
- * of layers [a, b).  One process runs the whole range; a pipeline stage or a
- * model-parallel task runs its part with the same calls.
+/* A model is a sequence of typed layers (docs/architecture.md, "The model";
+ * the --model grammar is docs/models.md), run forward or backward over any
+ * range of layers [a, b).  One process runs the whole range; a pipeline stage
+ * or a model-parallel task runs its part with the same calls.
  *
- * Layers.  Layer l maps (batch, layers[l].in) to (batch, layers[l].out); the
- * spec "784-300-100-10" becomes
+ * Layers.  Layer l maps (batch, layers[l].in) to (batch, layers[l].out)
+ * features; an image layer's features are an (h, w, c) image stored NHWC
+ * (layers.h, "spatial layers").  The spec "784-300-100-10" becomes
  *     0 dense 784->300, 1 relu 300, 2 dense 300->100, 3 relu 100,
  *     4 dense 100->10,  5 softmax_xent 10 (the loss; its output is the probabilities)
- * Only dense layers have parameters.  All parameters live in ONE flat float
- * buffer and all gradients in a twin buffer of the same layout
- * (docs/architecture.md, "The flat parameter buffer"): dense after dense,
- * weights (out,in) at w_off then bias (out) at b_off,
- * PyTorch Linear's layout; a layer only knows its offsets.  Parameters and
- * gradients are arguments of the range calls, so evaluation runs any weights
- * (an EMA, the best epoch's) without touching m->params.
+ * and "cnn-mnist" (1x28x28-conv5x5x32-relu-maxpool2-conv5x5x64-relu-maxpool2-128-10)
+ *     conv, relu, maxpool, conv, relu, maxpool, flatten, dense, relu, dense,
+ *     softmax_xent.
+ * Dense, conv and local layers have parameters.  All parameters live in ONE
+ * flat float buffer and all gradients in a twin buffer of the same layout
+ * (docs/architecture.md, "The flat parameter buffer"), layer after layer,
+ * weights at w_off then bias at b_off; a layer only knows its offsets.
+ * Dense weights are (out, in), PyTorch Linear's layout; conv weights are
+ * (oc, kh, kw, c), which the checkpoint turns into Conv2d's (oc, c, kh, kw).
+ * Parameters and gradients are arguments of the range calls, so evaluation
+ * runs any weights (an EMA, the best epoch's) without touching m->params.
  *
  * Activations.  dp_model_init sizes activation scratch for `slots`
  * micro-batches in flight, each with room for max_batch rows of every layer's
  * output: a pipeline stage runs the forwards of slots 0, 1, 2 and later their
  * backwards, each from its own slot.  A range's input is the caller's memory,
  * never copied: it must stay unchanged until that slot's backward.  Inside a
- * range a dense layer followed by a relu runs as one fused kernel (the relu in
- * the product's epilogue, its mask in the input-gradient product's), so a
- * range costs the same as the old dense stack; a range boundary between a
- * dense and its relu runs them apart and gives the same numbers.  Nothing
- * allocates after dp_model_init.  Calls on one model run one at a time (each
- * product is split over the arithmetic pool inside the call).
+ * range a dense, conv or local layer followed by a relu runs as one fused
+ * kernel (the relu in the product's epilogue; for dense, its mask also in the
+ * next dense's input-gradient product), so a range costs the same as the old
+ * dense stack; a range boundary between a layer and its relu runs them apart
+ * and gives the same numbers.  Conv and local layers lower their input
+ * (im2row) a chunk of samples at a time into scratch shared by the slots, and
+ * lower it again in the backward, so the scratch stays a few MiB whatever the
+ * batch.  Nothing allocates after dp_model_init.  Calls on one model run one
+ * at a time (each product is split over the arithmetic pool inside the call).
  *
- * Spec strings: a preset name, or widths joined by '-', input first:
- *   "mlp-300-100"  = "784-300-100-10"   (reference Model 1)
- *   "mlp-128"      = "784-128-10"       (reference Models 2 and 3)
- *   "784-512-256-10" or any other stack: every hidden layer is dense + relu,
- *   the last is dense + softmax_xent.  2 to DP_MAX_DENSE+1 widths, each 1..65536. */
+ * Dropout is on in the training calls (the range calls and
+ * dp_model_forward_backward) and off in dp_model_forward (evaluation).  Its
+ * masks come from dp_model_seed_dropout's seed and a count of forwards, and
+ * the backward of a slot draws the same mask its forward did. */
 #ifndef DOWNPOUR_MODEL_H
 #define DOWNPOUR_MODEL_H
 
@@ -40,24 +47,42 @@
 
 #include "downpour/status.h"
 
-#define DP_MAX_DENSE 16                   /* dense layers: at most DP_MAX_DENSE+1 widths */
-#define DP_MAX_LAYERS (2 * DP_MAX_DENSE)  /* dense, relu, ..., dense, softmax_xent */
+#include "downpour/layers.h"
+
+#define DP_MAX_DENSE 16      /* layers with parameters (dense, conv, local) */
+#define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included */
+#define DP_MAX_SPEC 256      /* a canonical spec's characters, with the NUL */
 
 typedef enum dp_layer_kind {
     DP_LAYER_DENSE,        /* out = in W^T + b */
     DP_LAYER_RELU,         /* out = max(in, 0) */
     DP_LAYER_SOFTMAX_XENT, /* out = softmax(in); with labels, the mean cross-entropy loss */
+    DP_LAYER_CONV,         /* 2-D convolution: im2row, then one product for the batch */
+    DP_LAYER_LOCAL,        /* locally connected: a convolution with untied weights */
+    DP_LAYER_MAXPOOL,      /* max over each window, per channel */
+    DP_LAYER_AVGPOOL,      /* mean over each window, per channel */
+    DP_LAYER_LCN,          /* local contrast normalisation (layers.h) */
+    DP_LAYER_DROPOUT,      /* inverted dropout while training, the identity in evaluation */
+    DP_LAYER_FLATTEN,      /* an NHWC image to PyTorch's CHW feature order */
+    DP_LAYER_HWC,          /* a CHW input image to NHWC (inputs of more than one channel) */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
-/* "dense", "relu", "softmax_xent"; "?" outside the enum. */
+/* "dense", "relu", "softmax_xent", "conv", "local", "maxpool", "avgpool",
+ * "lcn", "dropout", "flatten", "hwc"; "?" outside the enum. */
 const char *dp_layer_kind_name(dp_layer_kind kind);
 
 typedef struct dp_layer {
     dp_layer_kind kind;
-    int in, out;  /* features in and out (equal for relu and softmax_xent) */
-    size_t w_off; /* dense: (out,in) weights at params + w_off */
-    size_t b_off; /* dense: (out) bias at params + b_off */
+    int in, out;      /* features per sample in and out: c*h*w and oc*oh*ow */
+    int c, h, w;      /* input shape; a flat vector is (in, 1, 1) */
+    int oc, oh, ow;   /* output shape */
+    dp_window win;    /* conv, local, maxpool, avgpool, lcn: the window over the input */
+    float rate;       /* dropout: the fraction of features dropped */
+    size_t w_off, w_len; /* weights at params + w_off, w_len floats (0: no parameters) */
+    size_t b_off, b_len; /* bias at params + b_off, b_len floats */
+    size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
+    int chunk;        /* conv, local: samples lowered at a time */
 } dp_layer;
 
 /* Told during dp_model_forward_backward each time the gradients [lo,
@@ -67,11 +92,11 @@ typedef struct dp_layer {
 typedef void (*dp_grad_ready_fn)(void *ctx, size_t lo);
 
 typedef struct dp_model {
-    char spec[128];     /* canonical widths, "784-300-100-10" */
-    char name[128];     /* preset name if any, else the spec */
+    char spec[DP_MAX_SPEC]; /* canonical spelling, "784-300-100-10" */
+    char name[DP_MAX_SPEC]; /* preset name if any, else the spec */
     int n_layers;
     dp_layer layers[DP_MAX_LAYERS]; /* the truth: the sequence the range calls run */
-    int n_dense;        /* how many of them are dense */
+    int n_dense;        /* how many of them have parameters (dense, conv, local) */
     size_t n_params;
     float *params;      /* n_params floats */
     float *grads;       /* n_params floats, same layout */
@@ -82,21 +107,40 @@ typedef struct dp_model {
     size_t act_off[DP_MAX_LAYERS + 1]; /* [l], l >= 1: output of layer l-1 in a slot */
     float *dacts;       /* two ping-pong gradient buffers, shared by the slots */
     size_t dact_floats; /* floats in each */
+    float *rows, *drows; /* conv and local: a chunk's lowered input and its gradient */
+    size_t rows_floats; /* floats in each */
+    uint64_t *drop_seeds; /* (slots, n_layers): the seed of each dropout's last forward */
+    uint64_t drop_base, drop_count; /* dp_model_seed_dropout, forwards drawn so far */
     dp_grad_ready_fn grad_ready; /* NULL: nobody listens */
     void *grad_ready_ctx;
 } dp_model;
 
-/* Parses spec, allocates params, grads and activation scratch for `slots`
+/* Parses spec (docs/models.md), allocates params, grads and activation scratch for `slots`
  * (>= 1) micro-batches of up to max_batch rows; params are zero until
  * dp_model_init_params. */
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err);
 void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
 
+/* The preset names, for messages and --help: "mlp-300-100, mlp-128, ...". */
+const char *dp_model_presets(void);
+
 int dp_model_inputs(const dp_model *m);
 int dp_model_classes(const dp_model *m);
+/* Whether the model takes a dataset's images of rows x cols pixels (one
+ * channel, as IDX stores them): a flat input needs rows*cols features, an
+ * image input 1 x rows x cols.  Fails naming the model and the dataset. */
+int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, const char *dataset,
+                         dp_err *err);
+/* True when the model's input is an image (c x h x w with h*w > 1). */
+int dp_model_is_image(const dp_model *m);
 
-/* Glorot-uniform weights, limit sqrt(6/(in+out)), zero biases (Keras defaults). */
+/* Glorot-uniform weights, limit sqrt(6/(fan_in+fan_out)), zero biases (Keras
+ * defaults; a conv or local filter's fans are kh*kw*c and kh*kw*oc).  Also
+ * seeds dropout with the same seed. */
 void dp_model_init_params(dp_model *m, uint64_t seed);
+/* Dropout's masks from now on come from this seed (a replica of a cluster
+ * seeds with its rank mixed in, so replicas drop different features). */
+void dp_model_seed_dropout(dp_model *m, uint64_t seed);
 
 /* ---- ranges of layers [a, b), 0 <= a < b <= n_layers ----
  * Common arguments: slot in [0, slots); batch in [1, max_batch]; params is a
@@ -124,12 +168,12 @@ float dp_model_forward_range_loss(dp_model *m, int slot, const float *params, co
  *   din (batch, layers[a].in) = the gradient at the range's input (for
  *       a = 0, with respect to x); NULL: not wanted, and layer a's
  *       input-gradient product is skipped (training never needs layer 0's).
- *   grads (n_params): each dense layer's weight and bias gradients in [a, b)
+ *   grads (n_params): each parameter layer's weight and bias gradients in [a, b)
  *       are OVERWRITTEN (no zeroing pass; the products run with beta 0);
  *       every other float of grads is left alone.
  *   dout (batch, layers[b-1].out): the gradient at the range's output.
- *   in: the input the forward got (read when layer a is dense; may be NULL
- *       otherwise).
+ *   in: the input the forward got (read when layer a is dense, conv, local
+ *       or maxpool; may be NULL otherwise).
  * din may not alias dout, in, or the model's scratch.  Returns 0, or -1 for
  * arguments out of range. */
 int dp_model_backward_range(dp_model *m, int slot, float *din, float *grads,
@@ -146,14 +190,14 @@ int dp_model_backward_range_loss(dp_model *m, int slot, float *din, float *grads
 
 /* The input of layer l in a slot, 1 <= l <= n_layers: (max_batch,
  * layers[l-1].out), the output of layer l-1 as the slot's last forward over it
- * left it; l = n_layers is the probabilities.  Inside a range a fused dense +
- * relu writes only the relu's output, so the dense's own output is stale
- * there.  NULL for l or slot out of range. */
+ * left it; l = n_layers is the probabilities.  Inside a range a fused dense
+ * (conv, local) + relu writes only the relu's output, so the first layer's
+ * own output is stale there.  NULL for l or slot out of range. */
 float *dp_model_act(const dp_model *m, int slot, int l);
 
 /* ---- the whole model, slot 0 ---- */
 
-/* Forward only (evaluation) with any weights params (n_params floats).  x
+/* Forward only (evaluation: dropout off) with any weights params (n_params floats).  x
  * (batch, inputs); returns mean loss; adds the count of correct predictions to
  * *correct when non-NULL.  Every label must be < classes.  A batch outside
  * [1, max_batch] does nothing and returns NAN. */

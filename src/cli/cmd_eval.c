@@ -47,11 +47,8 @@ int cmd_eval(int argc, char **argv)
     if (dp_checkpoint_load_weights(checkpoint, &m, EVAL_BATCH, &info, &err) < 0 ||
         dp_dataset_open(&ds, dataset, &err) < 0 || dp_metrics_open(&metrics, metrics_path, &err) < 0)
         goto out;
-    if ((uint32_t)dp_model_inputs(&m) != ds.test.dim) {
-        snprintf(err.msg, sizeof err.msg, "%s takes %d inputs but %s has %u pixels per image",
-                 checkpoint, dp_model_inputs(&m), dataset, ds.test.dim);
+    if (dp_model_check_input(&m, ds.rows, ds.cols, dataset, &err) < 0)
         goto out;
-    }
     if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
         dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
                 dataset);

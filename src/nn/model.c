@@ -1,5 +1,7 @@
 /* The model as a sequence of typed layers over one flat parameter buffer
- * (docs/architecture.md, "The model"): forward and backward over any range of layers. */
+ * (docs/architecture.md, "The model"): its memory, its initial weights, and
+ * forward and backward over any range of layers.  The grammar that makes the
+ * layers is model_spec.c. */
 #include "downpour/model.h"
 
 #include <limits.h>
@@ -11,69 +13,14 @@
 
 #include "downpour/layers.h"
 #include "downpour/rng.h"
+#include "nn/model_spec.h"
 
-#define MAX_WIDTH 65536
-#define MAX_CLASSES 256 /* labels are uint8 */
-
-static const struct {
-    const char *name, *widths;
-} presets[] = {
-    {"mlp-300-100", "784-300-100-10"},
-    {"mlp-128", "784-128-10"},
-};
-
-/* Parses "784-300-100-10" into widths[]; returns the count or -1. */
-static int parse_widths(const char *spec, const char *shown, int *widths, dp_err *err)
-{
-    int n = 0;
-    const char *s = spec;
-    for (;;) {
-        if (*s < '0' || *s > '9') {
-            if (*s == '\0')
-                return dp_errf(err, "model spec '%s': %s", shown,
-                               n ? "ends with '-' (a width is missing)"
-                                 : "is empty (expected a preset mlp-300-100 or mlp-128, "
-                                   "or widths like 784-300-100-10)");
-            if (*s == '-')
-                return dp_errf(err, "model spec '%s': empty width at position %d", shown,
-                               (int)(s - spec) + 1);
-            if (s == spec)
-                return dp_errf(err,
-                               "model spec '%s': not a preset (mlp-300-100, mlp-128) nor "
-                               "widths joined by '-' like 784-300-100-10",
-                               shown);
-            return dp_errf(err, "model spec '%s': unexpected '%c' at position %d", shown, *s,
-                           (int)(s - spec) + 1);
-        }
-        long v = 0;
-        const char *start = s;
-        while (*s >= '0' && *s <= '9') {
-            if (v <= MAX_WIDTH)
-                v = v * 10 + (*s - '0');
-            s++;
-        }
-        if (v < 1 || v > MAX_WIDTH)
-            return dp_errf(err, "model spec '%s': width %.*s is out of range [1, %d]", shown,
-                           (int)(s - start), start, MAX_WIDTH);
-        if (n == DP_MAX_DENSE + 1)
-            return dp_errf(err, "model spec '%s': more than %d layers (at most %d widths)",
-                           shown, DP_MAX_DENSE, DP_MAX_DENSE + 1);
-        widths[n++] = (int)v;
-        if (*s == '\0')
-            break;
-        if (*s != '-')
-            return dp_errf(err, "model spec '%s': unexpected '%c' at position %d", shown, *s,
-                           (int)(s - spec) + 1);
-        s++;
-    }
-    if (n < 2)
-        return dp_errf(err, "model spec '%s': needs at least two widths (inputs-classes)",
-                       shown);
-    if (widths[n - 1] > MAX_CLASSES)
-        return dp_errf(err, "model spec '%s': %d classes, at most %d (labels are 8-bit)", shown,
-                       widths[n - 1], MAX_CLASSES);
-    return n;
-}
+/* Conv and local layers lower this many floats of input at a time (4 MiB:
+ * the lowered chunk and its product stay in the last-level cache).  A local
+ * layer multiplies each position's rows alone, so it takes at least
+ * LOCAL_MIN_CHUNK samples at a time to keep those products efficient. */
+#define ROWS_BUDGET (1u << 20)
+#define LOCAL_MIN_CHUNK 128
 
 static float *alloc_floats(size_t n)
 {
@@ -89,11 +36,42 @@ static size_t line_floats(size_t n) { return (n + 15) & ~(size_t)15; }
 const char *dp_layer_kind_name(dp_layer_kind kind)
 {
     static const char *const names[DP_LAYER_KIND_COUNT] = {
-        [DP_LAYER_DENSE] = "dense",
-        [DP_LAYER_RELU] = "relu",
-        [DP_LAYER_SOFTMAX_XENT] = "softmax_xent",
+        [DP_LAYER_DENSE] = "dense",     [DP_LAYER_RELU] = "relu",
+        [DP_LAYER_SOFTMAX_XENT] = "softmax_xent", [DP_LAYER_CONV] = "conv",
+        [DP_LAYER_LOCAL] = "local",     [DP_LAYER_MAXPOOL] = "maxpool",
+        [DP_LAYER_AVGPOOL] = "avgpool", [DP_LAYER_LCN] = "lcn",
+        [DP_LAYER_DROPOUT] = "dropout", [DP_LAYER_FLATTEN] = "flatten",
+        [DP_LAYER_HWC] = "hwc",
     };
     return (unsigned)kind < DP_LAYER_KIND_COUNT ? names[kind] : "?";
+}
+
+static bool lowered(const dp_layer *d)
+{
+    return d->kind == DP_LAYER_CONV || d->kind == DP_LAYER_LOCAL;
+}
+
+/* Samples a conv or local layer lowers at a time, and the rows scratch that
+ * takes: see ROWS_BUDGET. */
+static void size_chunks(dp_model *m)
+{
+    m->rows_floats = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        dp_layer *d = &m->layers[l];
+        if (!lowered(d))
+            continue;
+        size_t per = (size_t)d->oh * d->ow * d->win.kh * d->win.kw * d->c;
+        size_t chunk = ROWS_BUDGET / per;
+        if (d->kind == DP_LAYER_LOCAL && chunk < LOCAL_MIN_CHUNK)
+            chunk = LOCAL_MIN_CHUNK;
+        if (chunk < 1)
+            chunk = 1;
+        if (chunk > (size_t)m->max_batch)
+            chunk = (size_t)m->max_batch;
+        d->chunk = (int)chunk;
+        if (chunk * per > m->rows_floats)
+            m->rows_floats = line_floats(chunk * per);
+    }
 }
 
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err)
@@ -101,53 +79,38 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     memset(m, 0, sizeof *m);
     if (!spec)
         return dp_errf(err, "model spec: missing");
-    const char *widths_str = spec;
-    const char *preset = NULL;
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        if (strcmp(spec, presets[i].name) == 0) {
-            preset = presets[i].name;
-            widths_str = presets[i].widths;
-        }
-    }
-    int widths[DP_MAX_DENSE + 1];
-    int nw = parse_widths(widths_str, spec, widths, err);
-    if (nw < 0)
+    if (model_spec_parse(m, spec, err) < 0) {
+        memset(m, 0, sizeof *m);
         return -1;
-    int max_width = 0; /* over widths[1..]: every activation and gradient buffer */
-    for (int i = 1; i < nw; i++)
-        if (widths[i] > max_width)
-            max_width = widths[i];
-    if (max_batch < 1 || max_batch > INT_MAX / max_width || max_batch > INT_MAX / widths[0])
-        return dp_errf(err, "model %s: max batch %d out of range [1, %d]", spec, max_batch,
-                       INT_MAX / (max_width > widths[0] ? max_width : widths[0]));
-
-    /* dense, relu, dense, relu, ..., dense, softmax_xent */
-    int n = 0;
-    size_t off = 0, len = 0;
-    for (int i = 0; i + 1 < nw; i++) {
-        dp_layer *d = &m->layers[n++];
-        *d = (dp_layer){DP_LAYER_DENSE, widths[i], widths[i + 1], off, 0};
-        off += (size_t)d->in * d->out;
-        d->b_off = off;
-        off += (size_t)d->out;
-        m->layers[n++] = (dp_layer){i + 2 < nw ? DP_LAYER_RELU : DP_LAYER_SOFTMAX_XENT,
-                                    d->out, d->out, 0, 0};
-        len += (size_t)snprintf(m->spec + len, sizeof m->spec - len, "%s%d", i ? "-" : "",
-                                d->in);
     }
-    snprintf(m->spec + len, sizeof m->spec - len, "-%d", widths[nw - 1]);
-    snprintf(m->name, sizeof m->name, "%s", preset ? preset : m->spec);
-    m->n_layers = n;
-    m->n_dense = nw - 1;
-    m->n_params = off;
+    int n = m->n_layers;
+    int max_width = 0; /* every activation and gradient buffer */
+    for (int l = 0; l < n; l++) {
+        if (m->layers[l].out > max_width)
+            max_width = m->layers[l].out;
+        if (m->layers[l].in > max_width)
+            max_width = m->layers[l].in;
+    }
+    if (max_batch < 1 || max_batch > INT_MAX / max_width)
+        return dp_errf(err, "model %s: max batch %d out of range [1, %d]", spec, max_batch,
+                       INT_MAX / max_width);
     m->max_batch = max_batch;
+    size_chunks(m);
 
-    /* One slot: every layer's output for max_batch rows, each on a cache line.
-     * act_off[0] stays 0, unused: a range reads its input where the caller has it. */
+    /* One slot: every layer's output for max_batch rows, each on a cache line,
+     * then what each lcn keeps for its backward.  act_off[0] stays 0, unused:
+     * a range reads its input where the caller has it. */
     size_t per_slot = 0;
     for (int l = 0; l < n; l++) {
         m->act_off[l + 1] = per_slot;
         per_slot += line_floats((size_t)max_batch * m->layers[l].out);
+    }
+    for (int l = 0; l < n; l++) {
+        dp_layer *d = &m->layers[l];
+        if (d->kind != DP_LAYER_LCN)
+            continue;
+        d->keep_off = per_slot;
+        per_slot += line_floats((size_t)max_batch * dp_lcn_keep_floats(&d->win));
     }
     m->slot_floats = per_slot;
     m->dact_floats = line_floats((size_t)max_batch * max_width);
@@ -161,10 +124,14 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     m->grads = alloc_floats(m->n_params);
     m->acts = alloc_floats((size_t)slots * per_slot);
     m->dacts = alloc_floats(2 * m->dact_floats);
-    if (!m->params || !m->grads || !m->acts || !m->dacts) {
+    m->rows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
+    m->drows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
+    m->drop_seeds = calloc((size_t)slots * (size_t)n, sizeof *m->drop_seeds);
+    if (!m->params || !m->grads || !m->acts || !m->dacts || !m->drop_seeds ||
+        (m->rows_floats && (!m->rows || !m->drows))) {
         dp_model_free(m);
         return dp_errf(err, "model %s: out of memory for %zu parameters, batch %d and %d slots",
-                       spec, off, max_batch, slots);
+                       spec, m->n_params, max_batch, slots);
     }
     memset(m->params, 0, m->n_params * sizeof(float));
     memset(m->grads, 0, m->n_params * sizeof(float));
@@ -179,7 +146,11 @@ void dp_model_free(dp_model *m)
     free(m->grads);
     free(m->acts);
     free(m->dacts);
-    m->params = m->grads = m->acts = m->dacts = NULL;
+    free(m->rows);
+    free(m->drows);
+    free(m->drop_seeds);
+    m->params = m->grads = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->drop_seeds = NULL;
     m->n_params = 0;
     m->max_batch = 0;
     m->slots = 0;
@@ -189,21 +160,61 @@ int dp_model_inputs(const dp_model *m) { return m->layers[0].in; }
 
 int dp_model_classes(const dp_model *m) { return m->layers[m->n_layers - 1].out; }
 
+int dp_model_is_image(const dp_model *m) { return m->layers[0].h * m->layers[0].w > 1; }
+
+int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, const char *dataset,
+                         dp_err *err)
+{
+    const dp_layer *d = &m->layers[0];
+    uint64_t pixels = (uint64_t)rows * cols;
+    if (!dp_model_is_image(m)) {
+        if ((uint64_t)d->in != pixels)
+            return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%u = %llu pixels",
+                           m->name, d->in, dataset, rows, cols, (unsigned long long)pixels);
+        return 0;
+    }
+    if (d->c != 1 || (uint32_t)d->h != rows || (uint32_t)d->w != cols)
+        return dp_errf(err, "model %s takes %dx%dx%d images but dataset %s has 1x%ux%u (one "
+                            "channel of %ux%u pixels)",
+                       m->name, d->c, d->h, d->w, dataset, rows, cols, rows, cols);
+    return 0;
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit value from any input. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void dp_model_seed_dropout(dp_model *m, uint64_t seed)
+{
+    m->drop_base = mix64(seed ^ 0x6a09e667f3bcc908ULL);
+    m->drop_count = 0;
+}
+
 void dp_model_init_params(dp_model *m, uint64_t seed)
 {
     dp_rng rng;
     dp_rng_seed(&rng, seed);
     for (int l = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
+        if (!d->w_len)
             continue;
-        float limit = sqrtf(6.0f / (float)(d->in + d->out));
+        /* fans: a dense layer's in and out; a filter's window times channels */
+        double fan_in = d->in, fan_out = d->out;
+        if (lowered(d)) {
+            fan_in = (double)d->win.kh * d->win.kw * d->c;
+            fan_out = (double)d->win.kh * d->win.kw * d->oc;
+        }
+        float limit = (float)sqrt(6.0 / (fan_in + fan_out));
         float *w = m->params + d->w_off;
-        size_t nw = (size_t)d->in * d->out;
-        for (size_t k = 0; k < nw; k++)
+        for (size_t k = 0; k < d->w_len; k++)
             w[k] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
-        memset(m->params + d->b_off, 0, (size_t)d->out * sizeof(float));
+        memset(m->params + d->b_off, 0, d->b_len * sizeof(float));
     }
+    dp_model_seed_dropout(m, seed);
 }
 
 /* The input of layer l (1 <= l <= n_layers) in a slot; arguments unchecked. */
@@ -225,30 +236,119 @@ static bool range_ok(const dp_model *m, int slot, int a, int b, int batch)
            batch >= 1 && batch <= m->max_batch;
 }
 
-/* Layers [a, b) of a slot from `in`.  A dense layer followed by a relu in the
- * range runs as one kernel and writes only the relu's output.  Returns the mean
- * loss when the range holds the loss layer and y is given, else 0. */
+/* A layer that a relu follows inside [.., b) runs with the relu fused. */
+static bool fuses_relu(const dp_model *m, int l, int b)
+{
+    dp_layer_kind k = m->layers[l].kind;
+    return (k == DP_LAYER_DENSE || lowered(&m->layers[l])) && l + 1 < b &&
+           m->layers[l + 1].kind == DP_LAYER_RELU;
+}
+
+/* A conv or local layer forward, a chunk of samples at a time. */
+static void lowered_forward(dp_model *m, const dp_layer *d, float *out, const float *inp,
+                            const float *params, int batch, int relu)
+{
+    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
+    const float *w = params + d->w_off, *bias = params + d->b_off;
+    for (int r0 = 0; r0 < batch; r0 += d->chunk) {
+        int cb = batch - r0 < d->chunk ? batch - r0 : d->chunk;
+        float *o = out + (size_t)r0 * d->out;
+        dp_im2row(m->rows, inp + (size_t)r0 * d->in, &d->win, cb);
+        if (d->kind == DP_LAYER_LOCAL)
+            dp_local_forward(o, m->rows, w, bias, cb, positions, k, d->oc, relu);
+        else if (relu)
+            dp_dense_relu_forward(o, m->rows, w, bias, cb * positions, k, d->oc);
+        else
+            dp_dense_forward(o, m->rows, w, bias, cb * positions, k, d->oc);
+    }
+}
+
+/* Its backward: the input is lowered again, chunk by chunk, and the weight
+ * and bias gradients add up over the chunks (the first overwrites). */
+static void lowered_backward(dp_model *m, const dp_layer *d, float *din, float *grads,
+                             const float *params, const float *g, const float *inp, int batch)
+{
+    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
+    const float *w = params + d->w_off;
+    float *gw = grads + d->w_off, *gb = grads + d->b_off;
+    float *drows = din ? m->drows : NULL;
+    for (int r0 = 0; r0 < batch; r0 += d->chunk) {
+        int cb = batch - r0 < d->chunk ? batch - r0 : d->chunk;
+        const float *go = g + (size_t)r0 * d->out;
+        dp_im2row(m->rows, inp + (size_t)r0 * d->in, &d->win, cb);
+        if (d->kind == DP_LAYER_LOCAL)
+            dp_local_backward(drows, gw, gb, go, m->rows, w, cb, positions, k, d->oc, r0 > 0);
+        else if (r0 == 0)
+            dp_dense_backward_overwrite(drows, gw, gb, go, m->rows, w, cb * positions, k, d->oc);
+        else
+            dp_dense_backward(drows, gw, gb, go, m->rows, w, cb * positions, k, d->oc);
+        if (din)
+            dp_row2im(din + (size_t)r0 * d->in, drows, &d->win, cb);
+    }
+}
+
+/* Layers [a, b) of a slot from `in`.  A dense, conv or local layer followed
+ * by a relu in the range runs as one kernel and writes only the relu's
+ * output.  train: dropout draws a mask (else it is the identity).  Returns
+ * the mean loss when the range holds the loss layer and y is given, else 0. */
 static float forward(dp_model *m, int slot, const float *params, const float *in,
-                     const uint8_t *y, int a, int b, int batch, int *correct)
+                     const uint8_t *y, int a, int b, int batch, int *correct, bool train)
 {
     float loss = 0.0f;
     const float *inp = in;
     for (int l = a; l < b;) {
         const dp_layer *d = &m->layers[l];
-        int last = l; /* the last layer this step covers */
-        if (d->kind == DP_LAYER_DENSE && l + 1 < b && m->layers[l + 1].kind == DP_LAYER_RELU)
-            last = l + 1;
+        int last = fuses_relu(m, l, b) ? l + 1 : l; /* the last layer this step covers */
         float *out = act(m, slot, last + 1);
-        if (d->kind == DP_LAYER_DENSE) {
+        size_t n = (size_t)batch * d->in;
+        switch (d->kind) {
+        case DP_LAYER_DENSE: {
             const float *w = params + d->w_off, *bias = params + d->b_off;
             if (last > l) /* the relu in the product's epilogue */
                 dp_dense_relu_forward(out, inp, w, bias, batch, d->in, d->out);
             else
                 dp_dense_forward(out, inp, w, bias, batch, d->in, d->out);
-        } else if (d->kind == DP_LAYER_RELU) {
-            dp_relu_forward(out, inp, batch * d->out);
-        } else { /* DP_LAYER_SOFTMAX_XENT */
+            break;
+        }
+        case DP_LAYER_CONV:
+        case DP_LAYER_LOCAL:
+            lowered_forward(m, d, out, inp, params, batch, last > l);
+            break;
+        case DP_LAYER_RELU:
+            dp_relu_forward(out, inp, (int)n);
+            break;
+        case DP_LAYER_SOFTMAX_XENT:
             loss = dp_softmax_xent_forward(out, inp, y, batch, d->out, correct);
+            break;
+        case DP_LAYER_MAXPOOL:
+            dp_maxpool_forward(out, inp, &d->win, batch);
+            break;
+        case DP_LAYER_AVGPOOL:
+            dp_avgpool_forward(out, inp, &d->win, batch);
+            break;
+        case DP_LAYER_LCN:
+            dp_lcn_forward(out, m->acts + (size_t)slot * m->slot_floats + d->keep_off, inp,
+                           &d->win, batch);
+            break;
+        case DP_LAYER_DROPOUT: {
+            if (!train) { /* the identity: the next layer reads this one's input */
+                l++;
+                continue;
+            }
+            uint64_t seed = mix64(m->drop_base + ++m->drop_count * 0x9e3779b97f4a7c15ULL +
+                                  (uint64_t)l);
+            m->drop_seeds[(size_t)slot * m->n_layers + l] = seed;
+            dp_dropout_forward(out, inp, n, d->rate, seed);
+            break;
+        }
+        case DP_LAYER_FLATTEN:
+            dp_hwc_to_chw(out, inp, batch, d->c, d->h * d->w);
+            break;
+        case DP_LAYER_HWC:
+            dp_chw_to_hwc(out, inp, batch, d->c, d->h * d->w);
+            break;
+        case DP_LAYER_KIND_COUNT:
+            break;
         }
         inp = out;
         l = last + 1;
@@ -260,8 +360,8 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
  * loss layer, from the labels y) to din.  A dense layer whose input is a relu
  * in the range produces the gradient at the relu's input in one kernel (the
  * mask in the product's epilogue).  Intermediate gradients ping-pong between
- * the two halves of m->dacts.  notify: call m->grad_ready after each dense
- * layer. */
+ * the two halves of m->dacts.  notify: call m->grad_ready after each layer
+ * with parameters. */
 static void backward(dp_model *m, int slot, float *din, float *grads, const float *params,
                      const float *dout, const float *in, const uint8_t *y, int a, int b,
                      int batch, bool notify)
@@ -275,23 +375,61 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         if (d->kind == DP_LAYER_DENSE && l - 1 >= a && m->layers[l - 1].kind == DP_LAYER_RELU)
             first = l - 1;
         float *dst = first == a ? din : buf[next]; /* gradient at layer first's input */
-        if (d->kind == DP_LAYER_DENSE) {
-            const float *inp = l == a ? in : act(m, slot, l);
+        const float *inp = l == a ? in : act(m, slot, l); /* layer l's input */
+        int n = batch * d->in;
+        switch (d->kind) {
+        case DP_LAYER_DENSE: {
             float *gw = grads + d->w_off, *gb = grads + d->b_off;
             const float *w = params + d->w_off;
             if (first < l && dst) /* inp is the relu's output: the mask fuses in */
                 dp_dense_backward_relu_overwrite(dst, gw, gb, g, inp, w, batch, d->in, d->out);
             else
                 dp_dense_backward_overwrite(dst, gw, gb, g, inp, w, batch, d->in, d->out);
-            if (notify && m->grad_ready) /* this layer's weights and bias: [w_off, b_off + out) */
-                m->grad_ready(m->grad_ready_ctx, d->w_off);
-        } else if (d->kind == DP_LAYER_RELU) {
+            break;
+        }
+        case DP_LAYER_CONV:
+        case DP_LAYER_LOCAL:
+            lowered_backward(m, d, dst, grads, params, g, inp, batch);
+            break;
+        case DP_LAYER_RELU:
             if (dst)
-                dp_relu_backward(dst, g, act(m, slot, l + 1), batch * d->out);
-        } else { /* DP_LAYER_SOFTMAX_XENT: the gradient of the mean loss */
+                dp_relu_backward(dst, g, act(m, slot, l + 1), n);
+            break;
+        case DP_LAYER_SOFTMAX_XENT: /* the gradient of the mean loss */
             if (dst)
                 dp_softmax_xent_backward(dst, act(m, slot, l + 1), y, batch, d->out);
+            break;
+        case DP_LAYER_MAXPOOL:
+            if (dst)
+                dp_maxpool_backward(dst, g, inp, act(m, slot, l + 1), &d->win, batch);
+            break;
+        case DP_LAYER_AVGPOOL:
+            if (dst)
+                dp_avgpool_backward(dst, g, &d->win, batch);
+            break;
+        case DP_LAYER_LCN:
+            if (dst)
+                dp_lcn_backward(dst, g, m->acts + (size_t)slot * m->slot_floats + d->keep_off,
+                                &d->win, batch);
+            break;
+        case DP_LAYER_DROPOUT:
+            if (dst)
+                dp_dropout_backward(dst, g, (size_t)n, d->rate,
+                                    m->drop_seeds[(size_t)slot * m->n_layers + l]);
+            break;
+        case DP_LAYER_FLATTEN:
+            if (dst)
+                dp_chw_to_hwc(dst, g, batch, d->c, d->h * d->w);
+            break;
+        case DP_LAYER_HWC:
+            if (dst)
+                dp_hwc_to_chw(dst, g, batch, d->c, d->h * d->w);
+            break;
+        case DP_LAYER_KIND_COUNT:
+            break;
         }
+        if (notify && m->grad_ready && d->w_len) /* this layer's [w_off, b_off + b_len) */
+            m->grad_ready(m->grad_ready_ctx, d->w_off);
         if (first > a) {
             g = dst;
             next ^= 1;
@@ -305,7 +443,7 @@ const float *dp_model_forward_range(dp_model *m, int slot, const float *params,
 {
     if (!range_ok(m, slot, a, b, batch))
         return NULL;
-    forward(m, slot, params, in, NULL, a, b, batch, NULL);
+    forward(m, slot, params, in, NULL, a, b, batch, NULL, true);
     return act(m, slot, b);
 }
 
@@ -314,7 +452,7 @@ float dp_model_forward_range_loss(dp_model *m, int slot, const float *params, co
 {
     if (!y || !range_ok(m, slot, a, m->n_layers, batch))
         return NAN;
-    return forward(m, slot, params, in, y, a, m->n_layers, batch, correct);
+    return forward(m, slot, params, in, y, a, m->n_layers, batch, correct, true);
 }
 
 int dp_model_backward_range(dp_model *m, int slot, float *din, float *grads,
@@ -340,7 +478,9 @@ int dp_model_backward_range_loss(dp_model *m, int slot, float *din, float *grads
 float dp_model_forward(dp_model *m, const float *params, const float *x, const uint8_t *y,
                        int batch, int *correct)
 {
-    return dp_model_forward_range_loss(m, 0, params, x, y, 0, batch, correct);
+    if (!y || !range_ok(m, 0, 0, m->n_layers, batch))
+        return NAN;
+    return forward(m, 0, params, x, y, 0, m->n_layers, batch, correct, false);
 }
 
 float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, int batch,
@@ -348,7 +488,7 @@ float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, i
 {
     if (!y || !range_ok(m, 0, 0, m->n_layers, batch))
         return NAN;
-    float loss = forward(m, 0, m->params, x, y, 0, m->n_layers, batch, correct);
+    float loss = forward(m, 0, m->params, x, y, 0, m->n_layers, batch, correct, true);
     backward(m, 0, NULL, m->grads, m->params, NULL, x, y, 0, m->n_layers, batch, true);
     return loss;
 }

@@ -69,18 +69,28 @@ void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi
     int any = 0;
     for (int l = a; l < b && l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
+        if (!d->w_len)
             continue;
         if (!any)
             *lo = d->w_off;
-        *hi = d->b_off + (size_t)d->out;
+        *hi = d->b_off + d->b_len;
         any = 1;
     }
 }
 
+/* Multiply-adds per sample: a conv layer uses each weight at every output
+ * position, a dense or local layer once; the rest touch each input once. */
+/* A cut before layer j would part a layer from the relu fused into it. */
+static int fused_at(const dp_model *m, int j)
+{
+    return m->layers[j - 1].w_len && m->layers[j].kind == DP_LAYER_RELU;
+}
+
 static double layer_cost(const dp_layer *d)
 {
-    return d->kind == DP_LAYER_DENSE ? (double)d->in * d->out : (double)d->in;
+    if (d->kind == DP_LAYER_CONV)
+        return (double)d->w_len * d->oh * d->ow;
+    return d->w_len ? (double)d->w_len : (double)d->in;
 }
 
 double dp_pipe_cost(const dp_model *m, int a, int b)
@@ -167,14 +177,14 @@ int dp_pipe_partition(int *first, const dp_model *m, int stages, const char *spl
         first[stages] = L;
         return 0;
     }
-    /* Cut after a relu where there are enough such places: a dense and its
-     * relu then stay one fused kernel. */
+    /* Cut elsewhere than between a layer and the relu fused into it, where
+     * there are enough such places: the two then stay one kernel. */
     unsigned char cut[DP_MAX_LAYERS + 1] = {0};
-    int after_relu = 0;
+    int places = 0;
     for (int j = 1; j < L; j++)
-        after_relu += m->layers[j - 1].kind != DP_LAYER_DENSE;
+        places += !fused_at(m, j);
     for (int j = 1; j < L; j++)
-        cut[j] = after_relu < stages - 1 || m->layers[j - 1].kind != DP_LAYER_DENSE;
+        cut[j] = places < stages - 1 || !fused_at(m, j);
     balance(first, m, stages, cut);
     return 0;
 }

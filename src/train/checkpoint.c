@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "downpour/crc32c.h"
+#include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
 
@@ -69,6 +70,8 @@ void dp_train_state_free(dp_train_state *st)
 
 typedef struct writer {
     dp_st_tensor t[MAX_TENSORS];
+    float *owned[DP_MAX_DENSE]; /* filters turned into PyTorch's order for the file */
+    int n_owned;
     char names[MAX_TENSORS][NAME_LEN];
     int nt;
     dp_st_meta meta[64 + MAX_WORKERS];
@@ -98,6 +101,57 @@ static void add_tensor(writer *w, const float *data, int ndim, int64_t d0, int64
     snprintf(w->names[w->nt], NAME_LEN, fmt, i, k);
     w->t[w->nt] = (dp_st_tensor){w->names[w->nt], data, ndim, {d0, d1}};
     w->nt++;
+}
+
+/* The file's shape of a layer's weights and bias (docs/models.md,
+ * "Checkpoints and PyTorch"): Linear (out, in); Conv2d (oc, c, kh, kw);
+ * local (oh, ow, oc, c, kh, kw) with bias (oh, ow, oc). */
+static int weight_shape(const dp_layer *d, int64_t *w, int64_t *b, int *bdim)
+{
+    *bdim = 1;
+    b[0] = (int64_t)d->b_len;
+    if (d->kind == DP_LAYER_DENSE) {
+        w[0] = d->out, w[1] = d->in;
+        return 2;
+    }
+    int64_t f[4] = {d->oc, d->c, d->win.kh, d->win.kw};
+    if (d->kind == DP_LAYER_CONV) {
+        memcpy(w, f, sizeof f);
+        return 4;
+    }
+    w[0] = d->oh, w[1] = d->ow;
+    memcpy(w + 2, f, sizeof f);
+    b[0] = d->oh, b[1] = d->ow, b[2] = d->oc;
+    *bdim = 3;
+    return 6;
+}
+
+/* A filter layer's weights are (.., kh, kw, c) in the model (the lowering's
+ * order) and (.., c, kh, kw) in the file: one transpose per filter. */
+static int filters(const dp_layer *d) { return (int)(d->w_len / ((size_t)d->win.kh * d->win.kw * d->c)); }
+
+static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, int idx)
+{
+    int64_t ws[6], bs[3];
+    int bdim, wdim = weight_shape(d, ws, bs, &bdim);
+    const float *data = params + d->w_off;
+    if (d->kind != DP_LAYER_DENSE) {
+        float *t = malloc(d->w_len * sizeof *t);
+        if (!t)
+            return -1;
+        dp_hwc_to_chw(t, data, filters(d), d->c, d->win.kh * d->win.kw);
+        w->owned[w->n_owned++] = t;
+        data = t;
+    }
+    snprintf(w->names[w->nt], NAME_LEN, "layers.%d.weight", idx);
+    w->t[w->nt] = (dp_st_tensor){w->names[w->nt], data, wdim, {0}};
+    memcpy(w->t[w->nt].shape, ws, (size_t)wdim * sizeof *ws);
+    w->nt++;
+    snprintf(w->names[w->nt], NAME_LEN, "layers.%d.bias", idx);
+    w->t[w->nt] = (dp_st_tensor){w->names[w->nt], params + d->b_off, bdim, {0}};
+    memcpy(w->t[w->nt].shape, bs, (size_t)bdim * sizeof *bs);
+    w->nt++;
+    return 0;
 }
 
 static void add_meta(writer *w, const char *key, const char *fmt, ...)
@@ -131,14 +185,14 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
-    int dense = 0;
-    for (int l = 0; l < m->n_layers; l++) {
+    for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
-            continue;
-        add_tensor(w, st->params + d->w_off, 2, d->out, d->in, "layers.%d.weight", dense, 0);
-        add_tensor(w, st->params + d->b_off, 1, d->out, 0, "layers.%d.bias", dense, 0);
-        dense++;
+        if (d->w_len && add_layer_tensors(w, d, st->params, idx++) < 0) {
+            for (int i = 0; i < w->n_owned; i++)
+                free(w->owned[i]);
+            free(w);
+            return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
+        }
     }
     size_t n = st->n_params;
     for (int k = 0; k < st->n_slots && st->slots; k++)
@@ -192,48 +246,78 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         crc = crc_tensor(crc, &w->t[i]);
     add_meta(w, "crc32c", "%08x", crc);
     int rc = dp_safetensors_save(path, w->t, w->nt, w->meta, w->nm, err);
+    for (int i = 0; i < w->n_owned; i++)
+        free(w->owned[i]);
     free(w);
     return rc;
 }
 
 /* ------------------------------------------------------------ reading */
 
+static void shape_text(char *buf, size_t len, const int64_t *shape, int ndim)
+{
+    size_t n = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < len)
+        snprintf(buf + n, len - n, ")");
+}
+
 static int copy_tensor(float *dst, const dp_safetensors *f, const char *name, int ndim,
-                       int64_t d0, int64_t d1, const char *path, dp_err *err)
+                       const int64_t *shape, const char *path, dp_err *err)
 {
     const dp_st_tensor *t = dp_safetensors_find(f, name);
     if (!t)
         return dp_errf(err, "%s: tensor '%s' is missing", path, name);
-    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
-        char want[64], got[64];
-        snprintf(want, sizeof want, ndim == 2 ? "(%lld, %lld)" : "(%lld)", (long long)d0,
-                 (long long)d1);
-        snprintf(got, sizeof got, t->ndim == 2 ? "(%lld, %lld)" : t->ndim == 1 ? "(%lld)" : "rank %lld",
-                 t->ndim == 1 || t->ndim == 2 ? (long long)t->shape[0] : (long long)t->ndim,
-                 t->ndim == 2 ? (long long)t->shape[1] : 0LL);
+    size_t n = 1;
+    int same = t->ndim == ndim;
+    for (int d = 0; d < ndim; d++) {
+        same = same && t->shape[d] == shape[d];
+        n *= (size_t)shape[d];
+    }
+    if (!same) {
+        char want[96], got[96];
+        shape_text(want, sizeof want, shape, ndim);
+        shape_text(got, sizeof got, t->shape, t->ndim);
         return dp_errf(err, "%s: tensor '%s' has shape %s, the model needs %s", path, name, got,
                        want);
     }
-    memcpy(dst, t->data, (size_t)(d0 * (ndim == 2 ? d1 : 1)) * sizeof *dst);
+    memcpy(dst, t->data, n * sizeof *dst);
     return 0;
 }
 
-/* Every dense layer's layers.{i}.weight and .bias into params (the model's layout). */
+/* A tensor of rank 1 (d0) or 2 (d0, d1). */
+static int copy_2d(float *dst, const dp_safetensors *f, const char *name, int ndim, int64_t d0,
+                   int64_t d1, const char *path, dp_err *err)
+{
+    int64_t shape[2] = {d0, d1};
+    return copy_tensor(dst, f, name, ndim, shape, path, err);
+}
+
+/* Every parameter layer's layers.{i}.weight and .bias into params (the
+ * model's layout; filters back from PyTorch's order). */
 static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
                         const char *path, dp_err *err)
 {
     char name[NAME_LEN];
-    for (int l = 0, dense = 0; l < m->n_layers; l++) {
+    for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_DENSE)
+        if (!d->w_len)
             continue;
-        snprintf(name, sizeof name, "layers.%d.weight", dense);
-        if (copy_tensor(params + d->w_off, f, name, 2, d->out, d->in, path, err) < 0)
+        int64_t ws[6], bs[3];
+        int bdim, wdim = weight_shape(d, ws, bs, &bdim);
+        float *dst = params + d->w_off, *tmp = NULL;
+        if (d->kind != DP_LAYER_DENSE && !(dst = tmp = malloc(d->w_len * sizeof *tmp)))
+            return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
+        snprintf(name, sizeof name, "layers.%d.weight", idx);
+        int rc = copy_tensor(dst, f, name, wdim, ws, path, err);
+        if (tmp && rc == 0)
+            dp_chw_to_hwc(params + d->w_off, tmp, filters(d), d->c, d->win.kh * d->win.kw);
+        free(tmp);
+        snprintf(name, sizeof name, "layers.%d.bias", idx);
+        if (rc < 0 || copy_tensor(params + d->b_off, f, name, bdim, bs, path, err) < 0)
             return -1;
-        snprintf(name, sizeof name, "layers.%d.bias", dense);
-        if (copy_tensor(params + d->b_off, f, name, 1, d->out, 0, path, err) < 0)
-            return -1;
-        dense++;
+        idx++;
     }
     return 0;
 }
@@ -430,13 +514,13 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     size_t n = m->n_params;
     for (int k = 0; k < n_slots; k++) {
         snprintf(name, sizeof name, "optimizer.slot%d", k);
-        if (copy_tensor(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
+        if (copy_2d(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
             return -1;
     }
     for (int i = 0; i < n_workers; i++) {
         for (int k = 0; k < n_slots; k++) {
             snprintf(name, sizeof name, "worker.%d.optimizer.slot%d", i, k);
-            if (copy_tensor(st->worker_slots + ((size_t)i * n_slots + k) * n, f, name, 1,
+            if (copy_2d(st->worker_slots + ((size_t)i * n_slots + k) * n, f, name, 1,
                             (int64_t)n, 0, path, err) < 0)
                 return -1;
         }
@@ -444,13 +528,13 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         if (meta_long(f, name, 0, LONG_MAX, &st->worker_t[i], path, err) < 0)
             return -1;
     }
-    if (st->ema && copy_tensor(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)
+    if (st->ema && copy_2d(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
-    if (st->best && copy_tensor(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
+    if (st->best && copy_2d(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
     if (!st->best && best_epoch > 0)
         return dp_errf(err, "%s: best_epoch is %ld but tensor 'best' is missing", path, best_epoch);
-    if (n_hist > 0 && copy_tensor(st->history, f, "loop.history", 2, n_hist, 3, path, err) < 0)
+    if (n_hist > 0 && copy_2d(st->history, f, "loop.history", 2, n_hist, 3, path, err) < 0)
         return -1;
     return 0;
 }

@@ -131,10 +131,8 @@ static int open_data(loop *L, dp_err *err)
     if (dp_dataset_open(&L->ds, cfg->dataset, err) < 0 ||
         dp_dataset_split(&L->ds, cfg->n_train, cfg->n_val, &L->train, &L->val, err) < 0)
         return -1;
-    if ((uint32_t)dp_model_inputs(&L->m) != L->train.dim)
-        return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%u = %u pixels",
-                       L->m.name, dp_model_inputs(&L->m), cfg->dataset, L->ds.rows, L->ds.cols,
-                       L->train.dim);
+    if (dp_model_check_input(&L->m, L->ds.rows, L->ds.cols, cfg->dataset, err) < 0)
+        return -1;
     if ((uint32_t)dp_model_classes(&L->m) < L->ds.classes)
         return dp_errf(err, "model %s has %d outputs but dataset %s has %u classes", L->m.name,
                        dp_model_classes(&L->m), cfg->dataset, L->ds.classes);
@@ -601,6 +599,8 @@ static int run_task(loop *L, dp_err *err)
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
+    if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
+        dp_model_seed_dropout(&L->m, cfg->seed + 0x9e3779b97f4a7c15ULL * (uint64_t)L->node.self->rank);
     dp_info("%s%s%s: %s (%zu parameters) on %s, batch %d, %d epoch(s), %s lr %g, %d thread(s) (%s)",
             L->in_cluster ? L->node.self->name : "Training", L->in_cluster ? " " : "",
             L->in_cluster ? cfg->strategy : "", L->m.name, L->m.n_params, cfg->dataset,
