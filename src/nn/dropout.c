@@ -7,6 +7,8 @@
  * applied to dout. */
 #include "downpour/layers.h"
 
+#include <string.h>
+
 #include "downpour/pool.h"
 
 /* Elements below this many stay on the calling thread. */
@@ -19,6 +21,18 @@ static uint64_t mix64(uint64_t z)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+/* x * scale when the draw u passes, else +0.  Branch-free (a bit mask, not
+ * a select on x): the mask is random, so a branch would mispredict half the
+ * time at rate 0.5, and a dropped inf or NaN still gives 0. */
+static inline float keep_or_zero(float x, uint32_t u, uint64_t thr, float scale)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= (uint32_t)0 - (uint32_t)(u >= thr);
+    memcpy(&x, &bits, sizeof x);
+    return x * scale;
 }
 
 typedef struct drop_job {
@@ -39,17 +53,17 @@ static void drop_range(const drop_job *j, size_t lo, size_t hi)
     size_t i = lo;
     if (i < hi && (i & 1)) { /* an odd start: the high half of its pair */
         uint64_t hsh = mix64(key ^ (i >> 1) * GOLDEN);
-        out[i] = (hsh >> 32) >= thr ? in[i] * scale : 0.0f;
+        out[i] = keep_or_zero(in[i], (uint32_t)(hsh >> 32), thr, scale);
         i++;
     }
     for (; i + 1 < hi; i += 2) {
         uint64_t hsh = mix64(key ^ (i >> 1) * GOLDEN);
-        out[i] = (hsh & 0xffffffffu) >= thr ? in[i] * scale : 0.0f;
-        out[i + 1] = (hsh >> 32) >= thr ? in[i + 1] * scale : 0.0f;
+        out[i] = keep_or_zero(in[i], (uint32_t)hsh, thr, scale);
+        out[i + 1] = keep_or_zero(in[i + 1], (uint32_t)(hsh >> 32), thr, scale);
     }
     if (i < hi) { /* an even end: the low half */
         uint64_t hsh = mix64(key ^ (i >> 1) * GOLDEN);
-        out[i] = (hsh & 0xffffffffu) >= thr ? in[i] * scale : 0.0f;
+        out[i] = keep_or_zero(in[i], (uint32_t)hsh, thr, scale);
     }
 }
 

@@ -56,34 +56,64 @@ typedef struct lower_job {
     int batch;
 } lower_job;
 
-/* Rows [lo, hi) of the lowering: one row per output position (r, oy, ox). */
+/* A short run is copied with fixed-size moves (each an inlined vector load
+ * and store): most window rows are a few pixels of a few channels, where a
+ * call to memcpy costs more than the copy, and gcc turns a plain element
+ * loop back into that call. */
+static inline void copy_run(float *restrict dst, const float *restrict src, size_t n)
+{
+    if (n > 64) {
+        memcpy(dst, src, n * sizeof *dst);
+        return;
+    }
+    size_t e = 0;
+    for (; e + 4 <= n; e += 4)
+        memcpy(dst + e, src + e, 4 * sizeof *dst);
+    switch (n - e) {
+    case 3: memcpy(dst + e, src + e, 3 * sizeof *dst); break;
+    case 2: memcpy(dst + e, src + e, 2 * sizeof *dst); break;
+    case 1: dst[e] = src[e]; break;
+    default: break;
+    }
+}
+
+/* Rows [lo, hi) of the lowering: one row per output position (r, oy, ox),
+ * walked in order without dividing per row. */
 static void im2row_rows(const lower_job *j, size_t lo, size_t hi)
 {
     const dp_window *g = j->g;
     const int c = g->c, h = g->h, w = g->w, kh = g->kh, kw = g->kw;
     const size_t run = (size_t)kw * c, k = (size_t)kh * run;
     const size_t per_sample = (size_t)g->oh * g->ow;
+    if (lo >= hi)
+        return;
+    size_t r = lo / per_sample;
+    int oy = (int)(lo % per_sample / (size_t)g->ow), ox = (int)(lo % (size_t)g->ow);
+    const float *img = j->in + r * (size_t)h * w * c;
     for (size_t row = lo; row < hi; row++) {
-        size_t r = row / per_sample, pos = row % per_sample;
-        int oy = (int)(pos / (size_t)g->ow), ox = (int)(pos % (size_t)g->ow);
         int iy0 = oy * g->stride - g->pad, ix0 = ox * g->stride - g->pad;
         int kx_lo, kx_hi;
         valid_span(ix0, kw, w, &kx_lo, &kx_hi);
+        size_t head = (size_t)kx_lo * c, body = (size_t)(kx_hi - kx_lo) * c;
         float *restrict dst = j->rows + row * k;
-        const float *img = j->in + r * (size_t)h * w * c;
         for (int ky = 0; ky < kh; ky++, dst += run) {
             int iy = iy0 + ky;
-            if (iy < 0 || iy >= h || kx_hi <= kx_lo) {
+            if (iy < 0 || iy >= h) {
                 memset(dst, 0, run * sizeof *dst);
                 continue;
             }
-            size_t head = (size_t)kx_lo * c, body = (size_t)(kx_hi - kx_lo) * c;
             if (head)
                 memset(dst, 0, head * sizeof *dst);
-            memcpy(dst + head, img + ((size_t)iy * w + (size_t)(ix0 + kx_lo)) * c,
-                   body * sizeof *dst);
+            copy_run(dst + head, img + ((size_t)iy * w + (size_t)(ix0 + kx_lo)) * c, body);
             if (head + body < run)
                 memset(dst + head + body, 0, (run - head - body) * sizeof *dst);
+        }
+        if (++ox == g->ow) {
+            ox = 0;
+            if (++oy == g->oh) {
+                oy = 0;
+                img += (size_t)h * w * c;
+            }
         }
     }
 }
