@@ -119,12 +119,14 @@ void dp_avgpool_backward(float *din, const float *dout, const dp_window *g, int 
  * sum times c so that it sums to 1 over the channels and the window.  The
  * mean is per sample.  g: dp_window_init(g, c, h, w, n, n, 1, n/2).
  * keep (batch * dp_lcn_keep_floats(g)) holds what the backward needs: the
- * forward writes it, the backward reads it. */
+ * forward writes it, the backward reads it and uses part of it as scratch
+ * (the backward needs two maps of workspace and allocates nothing; what the
+ * forward kept stays intact, so the backward may run again). */
 #define DP_LCN_EPS 1e-4f
 size_t dp_lcn_keep_floats(const dp_window *g);
 void dp_lcn_forward(float *out, float *keep, const float *in, const dp_window *g, int batch);
 /* din (batch, h, w, c) OVERWRITTEN with the gradient of sum(dout * out). */
-void dp_lcn_backward(float *din, const float *dout, const float *keep, const dp_window *g,
+void dp_lcn_backward(float *din, const float *dout, float *keep, const dp_window *g,
                      int batch);
 
 /* Inverted dropout: each of n elements is kept with probability 1 - rate and

@@ -1,0 +1,231 @@
+/* Max and average pooling over NHWC images, channel by channel.
+ *
+ * Forwards are split over the pool by output position: each writes its own c
+ * outputs, scanning the window in (ky, kx) order with the channels as the
+ * vectorised inner loop.  The average's backward is a gather over input rows
+ * (sample, iy), like dp_row2im, so threads never share a pixel.  The max's
+ * backward scatters each output's gradient to the first maximum of its
+ * window, so it is split by (sample, block of channels): the windows of one
+ * such unit only ever touch its own pixels' channels. */
+#include "downpour/layers.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "downpour/pool.h"
+
+/* Work below this many floats stays on the calling thread. */
+#define POOL2D_MIN_SPLIT 16384
+/* Channels per unit of the max's backward: one 64-byte line of floats. */
+#define MAX_CBLOCK 16
+
+typedef struct pool_job {
+    float *out;       /* forward: out;  backward: din */
+    const float *in;  /* forward and max backward: the input */
+    const float *dout, *fout;
+    const dp_window *g;
+    int batch;
+} pool_job;
+
+/* [*lo, *hi): the k whose pixel x0 + k lies inside [0, n). */
+static void valid_span(int x0, int k, int n, int *lo, int *hi)
+{
+    *lo = x0 < 0 ? -x0 : 0;
+    *hi = n - x0 < k ? n - x0 : k;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+static size_t positions(const pool_job *j)
+{
+    return (size_t)(j->batch > 0 ? j->batch : 0) * j->g->oh * j->g->ow;
+}
+
+/* Outputs [lo, hi) (each one (r, oy, ox) with its c channels); avg selects
+ * the average, else the max. */
+static void forward_range(const pool_job *j, size_t lo, size_t hi, int avg)
+{
+    const dp_window *g = j->g;
+    const int c = g->c, h = g->h, w = g->w;
+    const size_t per_sample = (size_t)g->oh * g->ow;
+    const float inv = 1.0f / (float)(g->kh * g->kw);
+    for (size_t pos = lo; pos < hi; pos++) {
+        size_t r = pos / per_sample, q = pos % per_sample;
+        int iy0 = (int)(q / (size_t)g->ow) * g->stride - g->pad;
+        int ix0 = (int)(q % (size_t)g->ow) * g->stride - g->pad;
+        int ky_lo, ky_hi, kx_lo, kx_hi;
+        valid_span(iy0, g->kh, h, &ky_lo, &ky_hi);
+        valid_span(ix0, g->kw, w, &kx_lo, &kx_hi);
+        float *restrict o = j->out + pos * c;
+        const float *img = j->in + r * (size_t)h * w * c;
+        for (int ch = 0; ch < c; ch++)
+            o[ch] = avg ? 0.0f : -INFINITY;
+        for (int ky = ky_lo; ky < ky_hi; ky++)
+            for (int kx = kx_lo; kx < kx_hi; kx++) {
+                const float *restrict px =
+                    img + ((size_t)(iy0 + ky) * w + (size_t)(ix0 + kx)) * c;
+                if (avg) {
+                    for (int ch = 0; ch < c; ch++)
+                        o[ch] += px[ch];
+                } else {
+                    for (int ch = 0; ch < c; ch++)
+                        o[ch] = px[ch] > o[ch] ? px[ch] : o[ch];
+                }
+            }
+        if (avg)
+            for (int ch = 0; ch < c; ch++)
+                o[ch] *= inv;
+    }
+}
+
+static void max_forward_task(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
+    forward_range(j, lo, hi, 0);
+}
+
+static void avg_forward_task(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
+    forward_range(j, lo, hi, 1);
+}
+
+static void run_forward(pool_job *j, int avg)
+{
+    size_t work = positions(j) * j->g->kh * j->g->kw * j->g->c;
+    if (work < POOL2D_MIN_SPLIT)
+        forward_range(j, 0, positions(j), avg);
+    else
+        dp_pool_run(avg ? avg_forward_task : max_forward_task, j);
+}
+
+void dp_maxpool_forward(float *out, const float *in, const dp_window *g, int batch)
+{
+    pool_job j = {.out = out, .in = in, .g = g, .batch = batch};
+    run_forward(&j, 0);
+}
+
+void dp_avgpool_forward(float *out, const float *in, const dp_window *g, int batch)
+{
+    pool_job j = {.out = out, .in = in, .g = g, .batch = batch};
+    run_forward(&j, 1);
+}
+
+/* Units [lo, hi) of the max's backward, unit u = (sample u / blocks, channel
+ * block u % blocks).  Outputs in order, each window in scan order: the first
+ * pixel equal to the output takes the gradient. */
+static void max_backward_range(const pool_job *j, size_t lo, size_t hi)
+{
+    const dp_window *g = j->g;
+    const int c = g->c, h = g->h, w = g->w;
+    const size_t blocks = ((size_t)c + MAX_CBLOCK - 1) / MAX_CBLOCK;
+    const size_t hw = (size_t)h * w, per_sample = (size_t)g->oh * g->ow;
+    for (size_t u = lo; u < hi; u++) {
+        size_t r = u / blocks;
+        int c0 = (int)(u % blocks) * MAX_CBLOCK;
+        int nc = c - c0 < MAX_CBLOCK ? c - c0 : MAX_CBLOCK;
+        float *din = j->out + r * hw * c + c0;
+        const float *img = j->in + r * hw * c + c0;
+        for (size_t p = 0; p < hw; p++)
+            memset(din + p * c, 0, (size_t)nc * sizeof *din);
+        for (size_t q = 0; q < per_sample; q++) {
+            const float *o = j->fout + (r * per_sample + q) * c + c0;
+            const float *d = j->dout + (r * per_sample + q) * c + c0;
+            int iy0 = (int)(q / (size_t)g->ow) * g->stride - g->pad;
+            int ix0 = (int)(q % (size_t)g->ow) * g->stride - g->pad;
+            int ky_lo, ky_hi, kx_lo, kx_hi;
+            valid_span(iy0, g->kh, h, &ky_lo, &ky_hi);
+            valid_span(ix0, g->kw, w, &kx_lo, &kx_hi);
+            unsigned char done[MAX_CBLOCK] = {0};
+            int left = nc;
+            for (int ky = ky_lo; ky < ky_hi && left; ky++)
+                for (int kx = kx_lo; kx < kx_hi && left; kx++) {
+                    size_t at = ((size_t)(iy0 + ky) * w + (size_t)(ix0 + kx)) * c;
+                    for (int ch = 0; ch < nc; ch++)
+                        if (!done[ch] && img[at + ch] == o[ch]) {
+                            din[at + ch] += d[ch];
+                            done[ch] = 1;
+                            left--;
+                        }
+                }
+        }
+    }
+}
+
+static void max_backward_task(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
+    dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
+    max_backward_range(j, lo, hi);
+}
+
+void dp_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
+                         const dp_window *g, int batch)
+{
+    pool_job j = {.out = din, .in = in, .dout = dout, .fout = out, .g = g, .batch = batch};
+    size_t blocks = ((size_t)g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
+    if (batch <= 0)
+        return;
+    if (positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT)
+        max_backward_range(&j, 0, (size_t)batch * blocks);
+    else
+        dp_pool_run(max_backward_task, &j);
+}
+
+/* Input rows [lo, hi) of din, each (r, iy): the sum of the gradients of every
+ * window covering each pixel, windows in (ky, ox) order, then / (kh kw). */
+static void avg_backward_rows(const pool_job *j, size_t lo, size_t hi)
+{
+    const dp_window *g = j->g;
+    const int c = g->c, h = g->h, w = g->w, s = g->stride;
+    const size_t wc = (size_t)w * c;
+    const float inv = 1.0f / (float)(g->kh * g->kw);
+    for (size_t row = lo; row < hi; row++) {
+        size_t r = row / (size_t)h;
+        int iy = (int)(row % (size_t)h);
+        float *restrict dst = j->out + row * wc;
+        memset(dst, 0, wc * sizeof *dst);
+        for (int ky = 0; ky < g->kh; ky++) {
+            int t = iy + g->pad - ky; /* oy * stride */
+            if (t < 0 || t % s || t / s >= g->oh)
+                continue;
+            const float *drow = j->dout + (r * g->oh + (size_t)(t / s)) * g->ow * c;
+            for (int ox = 0; ox < g->ow; ox++) {
+                int ix0 = ox * s - g->pad, kx_lo, kx_hi;
+                valid_span(ix0, g->kw, w, &kx_lo, &kx_hi);
+                const float *restrict d = drow + (size_t)ox * c;
+                for (int kx = kx_lo; kx < kx_hi; kx++) {
+                    float *restrict px = dst + (size_t)(ix0 + kx) * c;
+                    for (int ch = 0; ch < c; ch++)
+                        px[ch] += d[ch];
+                }
+            }
+        }
+        for (size_t e = 0; e < wc; e++)
+            dst[e] *= inv;
+    }
+}
+
+static void avg_backward_task(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->batch * j->g->h, 1, i, n, &lo, &hi);
+    avg_backward_rows(j, lo, hi);
+}
+
+void dp_avgpool_backward(float *din, const float *dout, const dp_window *g, int batch)
+{
+    pool_job j = {.out = din, .dout = dout, .g = g, .batch = batch};
+    if (batch <= 0)
+        return;
+    if (positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT)
+        avg_backward_rows(&j, 0, (size_t)batch * g->h);
+    else
+        dp_pool_run(avg_backward_task, &j);
+}
