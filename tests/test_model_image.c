@@ -3,6 +3,7 @@
  * differences, ranges and chunked lowering against the whole batch, dropout's
  * masks, and checkpoints in PyTorch's layouts. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -170,6 +171,18 @@ static double loss_at(dp_model *m, const float *params, const float *x, const ui
     return dp_model_forward_range_loss(m, 0, params, x, y, 0, batch, NULL);
 }
 
+static double central_difference(dp_model *m, size_t k, double h, const float *x,
+                                 const uint8_t *y, int batch)
+{
+    float save = m->params[k];
+    m->params[k] = save + (float)h;
+    double lp = loss_at(m, m->params, x, y, batch);
+    m->params[k] = save - (float)h;
+    double lm = loss_at(m, m->params, x, y, batch);
+    m->params[k] = save;
+    return (lp - lm) / (2 * h);
+}
+
 /* Every parameter layer's gradient against central differences of the
  * float loss at a sample of its parameters (the kernels themselves are
  * checked in double precision by test_spatial_grad). */
@@ -196,16 +209,16 @@ static void check_model_gradient(const char *spec, int batch, uint64_t seed)
         size_t n = d->w_len + d->b_len;
         for (int t = 0; t < 12 && n; t++) {
             size_t k = d->w_off + dp_rng_below(&r, (uint32_t)n);
-            float save = m.params[k];
-            double h = 1e-2;
-            m.params[k] = save + (float)h;
-            double lp = loss_at(&m, m.params, x, y, batch);
-            m.params[k] = save - (float)h;
-            double lm = loss_at(&m, m.params, x, y, batch);
-            m.params[k] = save;
-            double num = (lp - lm) / (2 * h), ana = m.grads[k];
+            double ana = m.grads[k], num = 0;
+            bool ok = false;
+            /* a relu, a max or lcn's max(mean, s) may switch within a step:
+             * a smaller step then agrees */
+            for (double h = 1e-2; h >= 1e-3 && !ok; h /= 3.3) {
+                num = central_difference(&m, k, h, x, y, batch);
+                ok = fabs(num - ana) <= 2e-3 + 5e-2 * fabs(num);
+            }
             checked++;
-            if (fabs(num - ana) > 2e-3 + 5e-2 * fabs(num)) {
+            if (!ok) {
                 bad++;
                 fprintf(stderr, "%s: layer %d (%s) param %zu: analytic %.6g, numeric %.6g\n",
                         spec, l, dp_layer_kind_name(d->kind), k - d->w_off, ana, num);
@@ -282,13 +295,23 @@ static void check_chunks(void)
     }
     CHECKF(worst < 1e-3, "chunked gradient vs halves: worst relative error %.3g", worst);
 
-    /* the pool's threads do not change a bit */
-    dp_blas_set_threads(1);
-    dp_model_forward_backward(&m, x, y, B, NULL);
-    memcpy(half, m.grads, m.n_params * sizeof(float));
+    /* a thread count gives the same bits every time; another count the same
+     * numbers but for the products' rounding (each block of a product is
+     * summed in OpenBLAS's order for that block's shape) */
     dp_blas_set_threads(2);
     dp_model_forward_backward(&m, x, y, B, NULL);
+    memcpy(half, m.grads, m.n_params * sizeof(float));
+    dp_model_forward_backward(&m, x, y, B, NULL);
     CHECK(same(half, m.grads, m.n_params));
+    dp_blas_set_threads(1);
+    dp_model_forward_backward(&m, x, y, B, NULL);
+    worst = 0;
+    for (size_t i = 0; i < m.n_params; i++) {
+        double e = fabs(half[i] - m.grads[i]) / (1e-4 + fabs(half[i]));
+        worst = e > worst ? e : worst;
+    }
+    CHECKF(worst < 1e-3, "1 vs 2 threads: worst relative difference %.3g", worst);
+    dp_blas_set_threads(2);
     dp_model_free(&m);
 }
 
@@ -403,7 +426,8 @@ int main(void)
     check_chunks();
     check_dropout();
     check_checkpoint();
-    if (CHECK_DONE() == 0)
+    int rc = CHECK_DONE();
+    if (rc == 0)
         scratch_remove(scratch);
-    return CHECK_DONE();
+    return rc;
 }

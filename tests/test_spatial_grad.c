@@ -404,7 +404,7 @@ static void test_conv_local(uint64_t seed, int untied)
     for (size_t i = 0; i < m * k; i++)
         drows[i] = NAN;
     if (untied)
-        dp_local_backward(drows, dw, db, dy, rows, w, batch, P, (int)k, oc);
+        dp_local_backward(drows, dw, db, dy, rows, w, batch, P, (int)k, oc, 0);
     else
         dp_dense_backward_overwrite(drows, dw, db, dy, rows, w, (int)m, (int)k, oc);
     dp_row2im(dx, drows, &g, batch);
@@ -420,10 +420,16 @@ static void test_conv_local(uint64_t seed, int untied)
 
     if (untied) { /* drows NULL: the same dw and db, and a second call overwrites again */
         float *dw2 = falloc(nw), *db2 = falloc(nb);
-        dp_local_backward(NULL, dw2, db2, dy, rows, w, batch, P, (int)k, oc);
-        dp_local_backward(NULL, dw2, db2, dy, rows, w, batch, P, (int)k, oc);
+        dp_local_backward(NULL, dw2, db2, dy, rows, w, batch, P, (int)k, oc, 0);
+        dp_local_backward(NULL, dw2, db2, dy, rows, w, batch, P, (int)k, oc, 0);
         CHECK(memcmp(dw2, dw, nw * sizeof *dw) == 0);
         CHECK(memcmp(db2, db, nb * sizeof *db) == 0);
+        /* accumulate: a second call adds the same gradient again */
+        dp_local_backward(NULL, dw2, db2, dy, rows, w, batch, P, (int)k, oc, 1);
+        for (size_t i = 0; i < nw; i++)
+            CHECKF(fabsf(dw2[i] - 2 * dw[i]) <= 1e-6f * (1 + fabsf(dw[i])), "local dw accumulated[%zu]", i);
+        for (size_t i = 0; i < nb; i++)
+            CHECKF(fabsf(db2[i] - 2 * db[i]) <= 1e-6f * (1 + fabsf(db[i])), "local db accumulated[%zu]", i);
         free(dw2);
         free(db2);
     }
@@ -902,7 +908,7 @@ static void run_all(float **o, const float *x, const float *w, const float *b, c
     dp_im2row(o[T_ROWS], x, g, batch);
     dp_row2im(o[T_DIMG], o[T_ROWS], g, batch);
     dp_local_forward(o[T_LOCAL], o[T_ROWS], w, b, batch, P, k, oc, 1);
-    dp_local_backward(o[T_LDROWS], o[T_LDW], o[T_LDB], dy, o[T_ROWS], w, batch, P, k, oc);
+    dp_local_backward(o[T_LDROWS], o[T_LDW], o[T_LDB], dy, o[T_ROWS], w, batch, P, k, oc, 0);
     dp_maxpool_forward(o[T_MAXO], x, g, batch);
     dp_maxpool_backward(o[T_MAXD], dy, x, o[T_MAXO], g, batch);
     dp_avgpool_forward(o[T_AVGO], x, g, batch);

@@ -114,7 +114,7 @@ class LocalNet(nn.Module):
 
 def check(d, spec, module, test_img, test_lbl):
     path = os.path.join(d, "model.safetensors")
-    subprocess.run([BIN, "train", "--dataset", d, "--model", spec, "--epochs", "2",
+    subprocess.run([BIN, "train", "--dataset", d, "--model", spec, "--epochs", "1", "--lr", "0.0002",
                     "--train-size", "400", "--val-size", "100", "--batch", "50", "--save", path,
                     "--quiet", "--no-progress", "--threads", "1"], check=True)
     ev = subprocess.run([BIN, "eval", "--checkpoint", path, "--dataset", d],

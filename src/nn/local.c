@@ -20,7 +20,7 @@
 typedef struct local_job {
     float *out, *drows, *dw, *db;
     const float *rows, *w, *b, *dout;
-    int batch, positions, k, oc, relu;
+    int batch, positions, k, oc, relu, accumulate;
 } local_job;
 
 static void forward_task(void *ctx, int i, int n)
@@ -78,11 +78,15 @@ static void backward_task(void *ctx, int i, int n)
         const float *dout = j->dout + p * oc;
         /* dw_p (oc, k) = dout_p^T (oc, batch) . rows_p (batch, k) */
         dp_sgemm(true, false, oc, k, j->batch, 1.0f, dout, (int)ldo, j->rows + p * k, P * k,
-                 0.0f, j->dw + p * oc * k, k);
-        /* db_p = column sums of dout_p, rows in order */
+                 j->accumulate ? 1.0f : 0.0f, j->dw + p * oc * k, k);
+        /* db_p = (db_p or 0) + column sums of dout_p, rows in order */
         float *restrict db = j->db + p * oc;
-        memcpy(db, dout, (size_t)oc * sizeof *db);
-        for (int r = 1; r < j->batch; r++) {
+        int r = 0;
+        if (!j->accumulate) {
+            memcpy(db, dout, (size_t)oc * sizeof *db);
+            r = 1;
+        }
+        for (; r < j->batch; r++) {
             const float *restrict d = dout + (size_t)r * ldo;
             for (int q = 0; q < oc; q++)
                 db[q] += d[q];
@@ -95,9 +99,9 @@ static void backward_task(void *ctx, int i, int n)
 }
 
 void dp_local_backward(float *drows, float *dw, float *db, const float *dout, const float *rows,
-                       const float *w, int batch, int positions, int k, int oc)
+                       const float *w, int batch, int positions, int k, int oc, int accumulate)
 {
-    if (positions <= 0 || oc <= 0)
+    if (positions <= 0 || oc <= 0 || (batch <= 0 && accumulate))
         return;
     if (batch <= 0) { /* an empty batch: the gradient is zero */
         memset(dw, 0, (size_t)positions * oc * k * sizeof *dw);
@@ -105,7 +109,8 @@ void dp_local_backward(float *drows, float *dw, float *db, const float *dout, co
         return;
     }
     local_job j = {.drows = drows, .dw = dw, .db = db, .dout = dout, .rows = rows, .w = w,
-                   .batch = batch, .positions = positions, .k = k, .oc = oc};
+                   .batch = batch, .positions = positions, .k = k, .oc = oc,
+                   .accumulate = accumulate};
     (void)dp_blas_threads();
     dp_pool_run(backward_task, &j);
 }
