@@ -562,7 +562,7 @@ static void test_by_hand(void)
         {"layers.0.weight", 1, {160}, "has shape (160), the model needs (8, 20)"},
         {"layers.1.bias", 1, {4}, "has shape (4), the model needs (3)"},
         {"layers.1.bias", 2, {1, 3}, "has shape (1, 3), the model needs (3)"},
-        {"layers.1.bias", 3, {1, 1, 3}, "has shape rank 3, the model needs (3)"},
+        {"layers.1.bias", 3, {1, 1, 3}, "has shape (1, 1, 3), the model needs (3)"},
         {"optimizer.slot1", 1, {194}, "needs (195)"},
         {"worker.1.optimizer.slot0", 1, {196}, "needs (195)"},
         {"ema", 1, {100}, "needs (195)"},
