@@ -107,6 +107,11 @@ void dp_maxpool_forward(float *out, const float *in, const dp_window *g, int bat
  * and out; windows that overlap add up. */
 void dp_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
                          const dp_window *g, int batch);
+/* The same when in is the output of a relu: din is then the gradient at the
+ * relu's INPUT (a window whose maximum is not positive passes nothing), so
+ * the relu's own backward pass is not needed. */
+void dp_maxpool_relu_backward(float *din, const float *dout, const float *in, const float *out,
+                              const dp_window *g, int batch);
 void dp_avgpool_forward(float *out, const float *in, const dp_window *g, int batch);
 void dp_avgpool_backward(float *din, const float *dout, const dp_window *g, int batch);
 

@@ -357,7 +357,7 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
 }
 
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
- * loss layer, from the labels y) to din.  A dense layer whose input is a relu
+ * loss layer, from the labels y) to din.  A dense or maxpool layer whose input is a relu
  * in the range produces the gradient at the relu's input in one kernel (the
  * mask in the product's epilogue).  Intermediate gradients ping-pong between
  * the two halves of m->dacts.  notify: call m->grad_ready after each layer
@@ -372,8 +372,9 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
     for (int l = b - 1; l >= a;) {
         const dp_layer *d = &m->layers[l];
         int first = l; /* the first layer this step covers */
-        if (d->kind == DP_LAYER_DENSE && l - 1 >= a && m->layers[l - 1].kind == DP_LAYER_RELU)
-            first = l - 1;
+        if ((d->kind == DP_LAYER_DENSE || d->kind == DP_LAYER_MAXPOOL) && l - 1 >= a &&
+            m->layers[l - 1].kind == DP_LAYER_RELU)
+            first = l - 1; /* the relu's mask fuses into this layer's input gradient */
         float *dst = first == a ? din : buf[next]; /* gradient at layer first's input */
         const float *inp = l == a ? in : act(m, slot, l); /* layer l's input */
         int n = batch * d->in;
@@ -400,7 +401,9 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
                 dp_softmax_xent_backward(dst, act(m, slot, l + 1), y, batch, d->out);
             break;
         case DP_LAYER_MAXPOOL:
-            if (dst)
+            if (dst && first < l) /* inp is the relu's output */
+                dp_maxpool_relu_backward(dst, g, inp, act(m, slot, l + 1), &d->win, batch);
+            else if (dst)
                 dp_maxpool_backward(dst, g, inp, act(m, slot, l + 1), &d->win, batch);
             break;
         case DP_LAYER_AVGPOOL:

@@ -117,8 +117,12 @@ void dp_avgpool_forward(float *out, const float *in, const dp_window *g, int bat
 
 /* Units [lo, hi) of the max's backward, unit u = (sample u / blocks, channel
  * block u % blocks).  Outputs in order, each window in scan order: the first
- * pixel equal to the output takes the gradient. */
-static void max_backward_range(const pool_job *j, size_t lo, size_t hi)
+ * pixel equal to the output takes the gradient.  Branch-free so the channel
+ * loop vectorises: `left` holds each channel's gradient until a pixel equal
+ * to the maximum takes it, and 0 after.  relu: the input is a relu's output
+ * and din the gradient at the relu's input, so a maximum that is not positive
+ * passes nothing (the relu's mask, fused). */
+static void max_backward_range(const pool_job *j, size_t lo, size_t hi, int relu)
 {
     const dp_window *g = j->g;
     const int c = g->c, h = g->h, w = g->w;
@@ -133,24 +137,26 @@ static void max_backward_range(const pool_job *j, size_t lo, size_t hi)
         for (size_t p = 0; p < hw; p++)
             memset(din + p * c, 0, (size_t)nc * sizeof *din);
         for (size_t q = 0; q < per_sample; q++) {
-            const float *o = j->fout + (r * per_sample + q) * c + c0;
-            const float *d = j->dout + (r * per_sample + q) * c + c0;
+            const float *restrict o = j->fout + (r * per_sample + q) * c + c0;
+            const float *restrict d = j->dout + (r * per_sample + q) * c + c0;
             int iy0 = (int)(q / (size_t)g->ow) * g->stride - g->pad;
             int ix0 = (int)(q % (size_t)g->ow) * g->stride - g->pad;
             int ky_lo, ky_hi, kx_lo, kx_hi;
             valid_span(iy0, g->kh, h, &ky_lo, &ky_hi);
             valid_span(ix0, g->kw, w, &kx_lo, &kx_hi);
-            unsigned char done[MAX_CBLOCK] = {0};
-            int left = nc;
-            for (int ky = ky_lo; ky < ky_hi && left; ky++)
-                for (int kx = kx_lo; kx < kx_hi && left; kx++) {
+            float left[MAX_CBLOCK];
+            for (int ch = 0; ch < nc; ch++)
+                left[ch] = relu ? (float)(o[ch] > 0.0f) * d[ch] : d[ch];
+            for (int ky = ky_lo; ky < ky_hi; ky++)
+                for (int kx = kx_lo; kx < kx_hi; kx++) {
                     size_t at = ((size_t)(iy0 + ky) * w + (size_t)(ix0 + kx)) * c;
-                    for (int ch = 0; ch < nc; ch++)
-                        if (!done[ch] && img[at + ch] == o[ch]) {
-                            din[at + ch] += d[ch];
-                            done[ch] = 1;
-                            left--;
-                        }
+                    float *restrict px = din + at;
+                    const float *restrict ip = img + at;
+                    for (int ch = 0; ch < nc; ch++) { /* hit: 1.0f or 0.0f */
+                        float t = (float)(ip[ch] == o[ch]) * left[ch];
+                        px[ch] += t;
+                        left[ch] -= t;
+                    }
                 }
         }
     }
@@ -161,20 +167,40 @@ static void max_backward_task(void *ctx, int i, int n)
     const pool_job *j = ctx;
     size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
     dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
-    max_backward_range(j, lo, hi);
+    max_backward_range(j, lo, hi, 0);
 }
 
-void dp_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
-                         const dp_window *g, int batch)
+static void max_relu_backward_task(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
+    dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
+    max_backward_range(j, lo, hi, 1);
+}
+
+static void max_backward(float *din, const float *dout, const float *in, const float *out,
+                         const dp_window *g, int batch, int relu)
 {
     pool_job j = {.out = din, .in = in, .dout = dout, .fout = out, .g = g, .batch = batch};
     size_t blocks = ((size_t)g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
     if (batch <= 0)
         return;
     if (positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT)
-        max_backward_range(&j, 0, (size_t)batch * blocks);
+        max_backward_range(&j, 0, (size_t)batch * blocks, relu);
     else
-        dp_pool_run(max_backward_task, &j);
+        dp_pool_run(relu ? max_relu_backward_task : max_backward_task, &j);
+}
+
+void dp_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
+                         const dp_window *g, int batch)
+{
+    max_backward(din, dout, in, out, g, batch, 0);
+}
+
+void dp_maxpool_relu_backward(float *din, const float *dout, const float *in, const float *out,
+                              const dp_window *g, int batch)
+{
+    max_backward(din, dout, in, out, g, batch, 1);
 }
 
 /* Input rows [lo, hi) of din, each (r, iy): the sum of the gradients of every
