@@ -369,7 +369,7 @@ static int token(parser *p, const char *s, const char *end, bool last)
     if (last)
         return fail(p, "the last layer must be dense (its width is the number of classes), "
                        "like ...-10");
-    int rc;
+    int rc, before = p->m->n_layers;
     size_t mark = p->spec_len;
     emit(p, "-%.*s", (int)(end - s), s);
     if (starts(s, end, "conv"))
@@ -391,7 +391,7 @@ static int token(parser *p, const char *s, const char *end, bool last)
     else
         return fail(p, "unknown layer (known: a width like 128, dense, conv, local, maxpool, "
                        "avgpool, lcn, dropout, relu, flatten)");
-    if (rc == 0 && p->m->n_layers > 0) {
+    if (rc == 0 && p->m->n_layers > before) { /* the layer this token added */
         /* The canonical spelling of a windowed layer, defaults left out. */
         const dp_layer *d = &p->m->layers[p->m->n_layers - 1];
         const dp_window *g = &d->win;

@@ -1,0 +1,61 @@
+/* libFuzzer target for the --model grammar (src/nn/model_spec.c): any bytes
+ * give either a consistent model (every layer's input is the previous one's
+ * output, the parameter ranges tile [0, n_params), the last layer is the loss,
+ * and the canonical spelling parses again to the same model) or a message
+ * naming the spec, never a crash, a leak or a hang.  Only the parser runs:
+ * nothing is allocated, so a valid spec of a huge model costs nothing. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "downpour/model.h"
+#include "nn/model_spec.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check(const dp_model *m)
+{
+    size_t next = 0;
+    if (m->n_layers < 2 || m->n_layers > DP_MAX_LAYERS ||
+        m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX_XENT)
+        abort();
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->in < 1 || d->out < 1 || d->in != d->c * d->h * d->w ||
+            d->out != d->oc * d->oh * d->ow || (l > 0 && d->in != m->layers[l - 1].out))
+            abort();
+        if (d->w_len) {
+            if (d->w_off != next || d->b_off != d->w_off + d->w_len || !d->b_len)
+                abort();
+            next = d->b_off + d->b_len;
+        }
+    }
+    if (next != m->n_params)
+        abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size > 4096)
+        return 0;
+    char s[4097];
+    memcpy(s, data, size);
+    s[size] = '\0';
+    static dp_model a, b;
+    dp_err err;
+    memset(&a, 0, sizeof a);
+    if (model_spec_parse(&a, s, &err) < 0) {
+        if (!strstr(err.msg, "model spec"))
+            abort();
+        return 0;
+    }
+    check(&a);
+    memset(&b, 0, sizeof b);
+    if (model_spec_parse(&b, a.spec, &err) < 0 || strcmp(a.spec, b.spec) != 0 ||
+        a.n_layers != b.n_layers || a.n_params != b.n_params)
+        abort();
+    for (int l = 0; l < a.n_layers; l++)
+        if (a.layers[l].kind != b.layers[l].kind || a.layers[l].out != b.layers[l].out)
+            abort();
+    return 0;
+}
