@@ -12,6 +12,7 @@
 #include "downpour/pipeline.h"
 #include "downpour/strategy.h"
 #include "downpour/train.h"
+#include "strategy/mp_slice.h"
 
 /* --model's grammar, in full in docs/models.md. */
 #define MODEL_HELP                                                                              \
@@ -113,14 +114,11 @@ static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *
     dp_err merr;
     if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
         return 0; /* the run says what is wrong with --model */
-    int rc = 0;
-    for (int i = 0; i < m.n_layers && rc == 0; i++)
-        if (m.layers[i].kind == DP_LAYER_DENSE && m.layers[i].out < cfg->model_parallel)
-            rc = dp_errf(err, "--model-parallel %d: layer %d of %s has only %d output units, "
-                              "fewer than the %d tasks that would split them. Hint: "
-                              "--model-parallel %d or less",
-                         cfg->model_parallel, i, m.name, m.layers[i].out, cfg->model_parallel,
-                         m.layers[i].out);
+    /* the split itself says what cannot split: a dense layer narrower than
+     * K, an image layer with fewer output rows than K, a layer it does not
+     * split (docs/strategies.md, "model-parallel") */
+    static mp_plan plan;
+    int rc = mp_plan_make(&plan, &m, cfg->model_parallel, 0, err);
     dp_model_free(&m);
     return rc;
 }
