@@ -207,7 +207,7 @@ int cmd_train(int argc, char **argv)
         {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
         {"lbfgs-history", CLI_INT, &lbfgs_history, "M", "lbfgs: (s, y) pairs the L-BFGS history keeps (10)", 1, DP_LBFGS_MAX_M},
         {"portion", CLI_INT, &portion, "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536},
-        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's dense layers are split over (model-parallel's default: every task)", 1, 4096},
+        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
