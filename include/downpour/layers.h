@@ -115,6 +115,32 @@ void dp_maxpool_relu_backward(float *din, const float *dout, const float *in, co
 void dp_avgpool_forward(float *out, const float *in, const dp_window *g, int batch);
 void dp_avgpool_backward(float *din, const float *dout, const dp_window *g, int batch);
 
+/* Bands of output rows (spatial model parallelism, docs/architecture.md,
+ * "Model parallelism"; src/nn/band.c): the kernels above over output rows
+ * [oy0, oy1) of every sample.  Images keep their full (batch, h, w, c) and
+ * (batch, oh, ow, c) layouts; a band reads and writes only the input rows
+ * its windows cover, dp_window_band_rows: [oy0*stride - pad, (oy1-1)*stride
+ * - pad + kh) clipped to [0, h) (empty when oy1 <= oy0), vertical padding
+ * applying only where the band touches the image's border. */
+void dp_window_band_rows(const dp_window *g, int oy0, int oy1, int *iy0, int *iy1);
+/* rows (batch*(oy1-oy0)*ow, kh*kw*c): dp_im2row's rows of the band, packed. */
+void dp_im2row_band(float *rows, const float *in, const dp_window *g, int batch, int oy0,
+                    int oy1);
+/* The adjoint: din's band input rows OVERWRITTEN with the sum of what the
+ * band's lowering copied from each pixel; din's other rows are left alone. */
+void dp_row2im_band(float *din, const float *drows, const dp_window *g, int batch, int oy0,
+                    int oy1);
+/* out's rows [oy0, oy1) (full layout); backward: din's band input rows
+ * OVERWRITTEN from dout's (and, max, out's) rows [oy0, oy1). */
+void dp_maxpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
+                             int oy0, int oy1);
+void dp_maxpool_backward_band(float *din, const float *dout, const float *in, const float *out,
+                              const dp_window *g, int batch, int oy0, int oy1);
+void dp_avgpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
+                             int oy0, int oy1);
+void dp_avgpool_backward_band(float *din, const float *dout, const dp_window *g, int batch,
+                              int oy0, int oy1);
+
 /* Local contrast normalisation (Jarrett et al. 2009, as DistBelief used it)
  * over an n x n neighbourhood (n odd), same-size output, zero padding:
  *   v = x - sum_{c', dy, dx} k(dy, dx) x[c', y+dy, x+dx]     (subtractive)

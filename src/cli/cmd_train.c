@@ -12,6 +12,7 @@
 #include "downpour/pipeline.h"
 #include "downpour/strategy.h"
 #include "downpour/train.h"
+#include "strategy/mp_slice.h"
 
 /* --model's grammar, in full in docs/models.md. */
 #define MODEL_HELP                                                                              \
@@ -113,14 +114,11 @@ static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *
     dp_err merr;
     if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
         return 0; /* the run says what is wrong with --model */
-    int rc = 0;
-    for (int i = 0; i < m.n_layers && rc == 0; i++)
-        if (m.layers[i].kind == DP_LAYER_DENSE && m.layers[i].out < cfg->model_parallel)
-            rc = dp_errf(err, "--model-parallel %d: layer %d of %s has only %d output units, "
-                              "fewer than the %d tasks that would split them. Hint: "
-                              "--model-parallel %d or less",
-                         cfg->model_parallel, i, m.name, m.layers[i].out, cfg->model_parallel,
-                         m.layers[i].out);
+    /* the split itself says what cannot split: a dense layer narrower than
+     * K, an image layer with fewer output rows than K, a layer it does not
+     * split (docs/strategies.md, "model-parallel") */
+    static mp_plan plan;
+    int rc = mp_plan_make(&plan, &m, cfg->model_parallel, 0, err);
     dp_model_free(&m);
     return rc;
 }
@@ -209,7 +207,7 @@ int cmd_train(int argc, char **argv)
         {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
         {"lbfgs-history", CLI_INT, &lbfgs_history, "M", "lbfgs: (s, y) pairs the L-BFGS history keeps (10)", 1, DP_LBFGS_MAX_M},
         {"portion", CLI_INT, &portion, "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536},
-        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's dense layers are split over (model-parallel's default: every task)", 1, 4096},
+        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},

@@ -5,6 +5,11 @@
  * mp_slice.h): those rows of W and entries of b, their gradients and their
  * optimiser state, about 1/K of the model, in one compact buffer.
  *
+ * Image layers before the first dense one are split by bands of output
+ * rows instead (docs/architecture.md, "Model parallelism"): a task holds
+ * its band's positions of a local layer and its output channels' filters of
+ * a conv layer, in the same compact buffer.
+ *
  * A step (mp_replica.c): every task of a replica walks the same batch.
  * Forward, each task computes its columns of a layer's output from the full
  * input (one GEMM on its rows of W, then bias and relu) and the replica
@@ -415,7 +420,7 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
 
 const dp_strategy_ops dp_strategy_model_parallel = {
     .name = "model-parallel",
-    .summary = "model parallelism: every dense layer's units split over K tasks a replica",
+    .summary = "model parallelism: dense layers' units, image layers' rows split over K tasks a replica",
     .cluster = 1,
     .survives = 0,
     .open = mp_open,

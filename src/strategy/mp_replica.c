@@ -23,7 +23,25 @@ struct mp_replica {
     float *blocks;        /* a partial input gradient, peer by peer (rows, max_width) */
     sender *tx;           /* the exchanges' sends */
     double timeout;
+    /* image layers (docs/architecture.md, "Model parallelism"): every buffer in
+     * the full layout, of which a ROWS layer holds its band (and halo rows) */
+    int n_img;
+    dp_layer L[DP_MAX_LAYERS];   /* the model's image layers */
+    float *iact[DP_MAX_LAYERS];  /* image layer i's output (rows, out) */
+    float *igrad[DP_MAX_LAYERS]; /* the gradient there (rows, out) */
+    float *keep[DP_MAX_LAYERS];  /* lcn: what its backward needs */
+    float *filt[DP_MAX_LAYERS];  /* conv: the full filters, weights then biases */
+    int chunk[DP_MAX_LAYERS];    /* conv, local: records lowered at a time */
+    float *fgrad;                /* conv: this task's part of a full filter gradient */
+    float *low, *dlow, *band;    /* a chunk's lowered band, its gradient, its product */
+    float *ipack, *iunpack;      /* K blocks of iblock floats to send; one received */
+    size_t iblock;
 };
+
+/* Conv and local layers lower this many floats of a band at a time; a local
+ * layer at least LOCAL_MIN_CHUNK records (as src/nn/model.c does). */
+#define BAND_BUDGET (1u << 20)
+#define LOCAL_MIN_CHUNK 128
 
 /* A task that is gone, silent or off the protocol ends the step: its slices
  * of the model are lost with it. */
@@ -130,6 +148,430 @@ static int reduce_scatter(mp_replica *s, int d, float *din, int rows, long step,
     return wait_sent(s, err);
 }
 
+/* ------------------------------------------------------- image layers */
+
+/* Rows [a, b) of each of n records of a (n, per) image whose rows hold `row`
+ * floats, packed into dst; back (add: added to dst). */
+static void pack_rows(float *dst, const float *src, int n, size_t per, size_t row, int a, int b)
+{
+    size_t len = (size_t)(b - a) * row;
+    for (int r = 0; r < n; r++)
+        memcpy(dst + (size_t)r * len, src + (size_t)r * per + (size_t)a * row,
+               len * sizeof(float));
+}
+
+static void unpack_rows(float *dst, const float *src, int n, size_t per, size_t row, int a,
+                        int b, int add)
+{
+    size_t len = (size_t)(b - a) * row;
+    for (int r = 0; r < n; r++) {
+        float *restrict d = dst + (size_t)r * per + (size_t)a * row;
+        const float *restrict x = src + (size_t)r * len;
+        if (add)
+            for (size_t e = 0; e < len; e++)
+                d[e] += x[e];
+        else
+            memcpy(d, x, len * sizeof(float));
+    }
+}
+
+/* The output rows of image layer i that task q computes (a FULL layer: all). */
+static void band_of(const mp_replica *s, int q, int i, int *a, int *b)
+{
+    const mp_img *g = &s->plans[q].img[i];
+    *a = g->rows ? g->y0 : 0;
+    *b = g->rows ? g->y1 : s->L[i].oh;
+}
+
+/* The rows of layer i-1's output that task q's layer i reads (i = n_img, the
+ * first dense layer: all). */
+static void need_of(const mp_replica *s, int q, int i, int *a, int *b)
+{
+    if (i < s->n_img && s->plans[q].img[i].rows) {
+        *a = s->plans[q].img[i].iy0;
+        *b = s->plans[q].img[i].iy1;
+    } else {
+        *a = 0;
+        *b = s->L[i - 1].oh;
+    }
+}
+
+static int max_i(int a, int b) { return a > b ? a : b; }
+static int min_i(int a, int b) { return a < b ? a : b; }
+
+/* Before layer i (1 <= i <= n_img) reads the output of ROWS layer i-1: each
+ * task sends each other the rows of its band the other reads (the halo, or
+ * the whole band for a FULL layer or the first dense one) and puts the rows
+ * it gets in place.  Only rows some window reads cross the wire. */
+static int rows_exchange(mp_replica *s, int i, int n, long step, dp_err *err)
+{
+    int pl = i - 1, rank, a, b, my0, my1;
+    const dp_layer *P = &s->L[pl];
+    size_t per = (size_t)P->out, row = (size_t)P->ow * P->oc;
+    float *act = s->iact[pl];
+    band_of(s, s->task, pl, &my0, &my1);
+    for (int q = 0; q < s->K; q++) {
+        if (q == s->task)
+            continue;
+        need_of(s, q, i, &a, &b);
+        int lo = max_i(a, my0), hi = min_i(b, my1);
+        if (hi <= lo)
+            continue;
+        float *blk = s->ipack + (size_t)q * s->iblock;
+        pack_rows(blk, act, n, per, row, lo, hi);
+        if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS, (uint64_t)step, (uint64_t)pl, blk,
+                        (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank, err) < 0)
+            return lost_rank(s, rank, err);
+    }
+    need_of(s, s->task, i, &a, &b);
+    for (int q = 0; q < s->K; q++) {
+        int qa, qb;
+        if (q == s->task)
+            continue;
+        band_of(s, q, pl, &qa, &qb);
+        int lo = max_i(a, qa), hi = min_i(b, qb);
+        if (hi <= lo)
+            continue;
+        if (recv_exact(s, q, DP_WIRE_MP_ROWS, step, (uint64_t)pl, s->iunpack,
+                       (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
+                       "rows of an image layer's output", err) < 0)
+            return -1;
+        unpack_rows(act, s->iunpack, n, per, row, lo, hi, 0);
+    }
+    return wait_sent(s, err);
+}
+
+/* The gradient at the output of layer pl = i-1, after layer i's backward
+ * wrote this task's part of it:
+ * - ROWS below ROWS: the part holds the rows layer i's windows read; the
+ *   halo rows go back to the tasks that own them, which add them in;
+ * - ROWS above FULL (or the dense layers above anything): every task needs
+ *   the whole sum; each sends its part to every other and all add the parts
+ *   in task order, so every task holds the same sum;
+ * - FULL above anything: every task computed the whole gradient already.
+ * part: this task's part in the layout of dst (rows [a, b) of each record),
+ * dst the sum; they are one buffer except at the dense layers. */
+static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, int n, long step,
+                         dp_err *err)
+{
+    int pl = i - 1, rank, a, b;
+    const dp_layer *P = &s->L[pl];
+    size_t per = (size_t)P->out, row = (size_t)P->ow * P->oc;
+    int above_rows = i < s->n_img && s->plans[s->task].img[i].rows;
+    int below_rows = s->plans[s->task].img[pl].rows;
+    if (i < s->n_img && !above_rows)
+        return 0;
+    need_of(s, s->task, i, &a, &b);
+    if (above_rows && below_rows) {
+        int my0, my1;
+        band_of(s, s->task, pl, &my0, &my1);
+        for (int q = 0; q < s->K; q++) {
+            int qa, qb;
+            if (q == s->task)
+                continue;
+            band_of(s, q, pl, &qa, &qb);
+            int lo = max_i(a, qa), hi = min_i(b, qb);
+            if (hi <= lo)
+                continue;
+            float *blk = s->ipack + (size_t)q * s->iblock;
+            pack_rows(blk, dst, n, per, row, lo, hi);
+            if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step,
+                            (uint64_t)pl, blk,
+                            (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank,
+                            err) < 0)
+                return lost_rank(s, rank, err);
+        }
+        for (int q = 0; q < s->K; q++) {
+            int qa, qb;
+            if (q == s->task)
+                continue;
+            need_of(s, q, i, &qa, &qb);
+            int lo = max_i(my0, qa), hi = min_i(my1, qb);
+            if (hi <= lo)
+                continue;
+            if (recv_exact(s, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
+                           (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
+                           "halo rows of an input gradient", err) < 0)
+                return -1;
+            unpack_rows(dst, s->iunpack, n, per, row, lo, hi, 1);
+        }
+        return wait_sent(s, err);
+    }
+    /* the whole sum everywhere, in task order */
+    const float *mine = part;
+    if (part == dst) { /* keep this task's part while the sum builds in dst */
+        float *blk = s->ipack + (size_t)s->task * s->iblock;
+        pack_rows(blk, dst, n, per, row, a, b);
+        mine = blk;
+    } else {
+        a = 0, b = P->oh; /* the dense layers' part: the whole input */
+    }
+    size_t len = (size_t)n * (size_t)(b - a) * row;
+    for (int q = 0; q < s->K; q++)
+        if (q != s->task && len &&
+            sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step, (uint64_t)pl,
+                        mine, len * sizeof(float), &rank, err) < 0)
+            return lost_rank(s, rank, err);
+    memset(dst, 0, (size_t)n * per * sizeof(float));
+    for (int q = 0; q < s->K; q++) {
+        int qa = a, qb = b;
+        if (part == dst)
+            need_of(s, q, i, &qa, &qb);
+        if (qb <= qa)
+            continue;
+        const float *src = mine;
+        if (q != s->task) {
+            if (recv_exact(s, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
+                           (size_t)n * (size_t)(qb - qa) * row * sizeof(float),
+                           "its part of an input gradient", err) < 0)
+                return -1;
+            src = s->iunpack;
+        }
+        unpack_rows(dst, src, n, per, row, qa, qb, 1);
+    }
+    return wait_sent(s, err);
+}
+
+/* Conv layer i's full filters from the tasks' output channels. */
+static int filters_gather(mp_replica *s, int i, const float *params, long step, dp_err *err)
+{
+    const dp_layer *L = &s->L[i];
+    size_t per = L->w_len / (size_t)L->oc;
+    int rank;
+    for (int q = 0; q < s->K; q++) {
+        const mp_img *g = &s->plans[q].img[i];
+        size_t len = g->w_len + g->b_len;
+        if (!len)
+            continue;
+        const float *src = params + s->plan->img[i].w_off; /* weights, then biases */
+        if (q == s->task) {
+            for (int p = 0; p < s->K; p++)
+                if (p != s->task && sender_push(s->tx, s->ranks[p], DP_WIRE_MP_FILTERS,
+                                                (uint64_t)step, (uint64_t)i, src,
+                                                len * sizeof(float), &rank, err) < 0)
+                    return lost_rank(s, rank, err);
+        } else {
+            if (recv_exact(s, q, DP_WIRE_MP_FILTERS, step, (uint64_t)i, s->iunpack,
+                           len * sizeof(float), "its filters of a conv layer", err) < 0)
+                return -1;
+            src = s->iunpack;
+        }
+        memcpy(s->filt[i] + (size_t)g->lo * per, src, g->w_len * sizeof(float));
+        memcpy(s->filt[i] + L->w_len + g->lo, src + g->w_len, g->b_len * sizeof(float));
+    }
+    return wait_sent(s, err);
+}
+
+/* Conv layer i: each task's part of the full filter gradient (fgrad) summed,
+ * in task order, into the output channels each holds (grads, compact). */
+static int filters_reduce(mp_replica *s, int i, float *grads, long step, dp_err *err)
+{
+    const dp_layer *L = &s->L[i];
+    size_t per = L->w_len / (size_t)L->oc;
+    int rank;
+    for (int q = 0; q < s->K; q++) {
+        const mp_img *g = &s->plans[q].img[i];
+        if (q == s->task || !(g->w_len + g->b_len))
+            continue;
+        float *blk = s->ipack + (size_t)q * s->iblock;
+        memcpy(blk, s->fgrad + (size_t)g->lo * per, g->w_len * sizeof(float));
+        memcpy(blk + g->w_len, s->fgrad + L->w_len + g->lo, g->b_len * sizeof(float));
+        if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_FILTERS, (uint64_t)step,
+                        (uint64_t)(i + DP_MAX_LAYERS), blk,
+                        (g->w_len + g->b_len) * sizeof(float), &rank, err) < 0)
+            return lost_rank(s, rank, err);
+    }
+    const mp_img *g = &s->plan->img[i];
+    size_t len = g->w_len + g->b_len;
+    float *dst = grads + g->w_off; /* weights, then biases */
+    memset(dst, 0, len * sizeof(float));
+    for (int q = 0; q < s->K && len; q++) {
+        const float *w, *b;
+        if (q == s->task) {
+            w = s->fgrad + (size_t)g->lo * per;
+            b = s->fgrad + L->w_len + g->lo;
+        } else {
+            if (recv_exact(s, q, DP_WIRE_MP_FILTERS, step, (uint64_t)(i + DP_MAX_LAYERS),
+                           s->iunpack, len * sizeof(float),
+                           "its part of a conv layer's filter gradient", err) < 0)
+                return -1;
+            w = s->iunpack;
+            b = s->iunpack + g->w_len;
+        }
+        for (size_t e = 0; e < g->w_len; e++)
+            dst[e] += w[e];
+        for (size_t e = 0; e < g->b_len; e++)
+            dst[g->w_len + e] += b[e];
+    }
+    return wait_sent(s, err);
+}
+
+/* A conv or local layer's band, forward (din NULL, grads NULL) or backward. */
+static void lowered_band(mp_replica *s, int i, const float *params, const float *in, int n,
+                         float *din, float *grads, int backward)
+{
+    const dp_layer *L = &s->L[i];
+    const mp_img *g = &s->plan->img[i];
+    int P = (g->y1 - g->y0) * L->ow, k = L->win.kh * L->win.kw * L->c, oc = L->oc;
+    size_t band_off = (size_t)g->y0 * L->ow * oc, blen = (size_t)P * oc;
+    int local = L->kind == DP_LAYER_LOCAL;
+    const float *w = local ? params + g->w_off : s->filt[i];
+    const float *b = local ? params + g->b_off : s->filt[i] + L->w_len;
+    float *gw = local ? grads + g->w_off : s->fgrad;
+    float *gb = local ? grads + g->b_off : s->fgrad + L->w_len;
+    for (int r0 = 0; r0 < n; r0 += s->chunk[i]) {
+        int cb = n - r0 < s->chunk[i] ? n - r0 : s->chunk[i];
+        dp_im2row_band(s->low, in + (size_t)r0 * L->in, &L->win, cb, g->y0, g->y1);
+        if (!backward) {
+            if (local)
+                dp_local_forward(s->band, s->low, w, b, cb, P, k, oc, 0);
+            else
+                dp_dense_forward(s->band, s->low, w, b, cb * P, k, oc);
+            for (int r = 0; r < cb; r++)
+                memcpy(s->iact[i] + (size_t)(r0 + r) * L->out + band_off, s->band + r * blen,
+                       blen * sizeof(float));
+            continue;
+        }
+        for (int r = 0; r < cb; r++)
+            memcpy(s->band + r * blen, s->igrad[i] + (size_t)(r0 + r) * L->out + band_off,
+                   blen * sizeof(float));
+        float *dlow = din ? s->dlow : NULL;
+        if (local)
+            dp_local_backward(dlow, gw, gb, s->band, s->low, w, cb, P, k, oc, r0 > 0);
+        else if (r0 == 0)
+            dp_dense_backward_overwrite(dlow, gw, gb, s->band, s->low, w, cb * P, k, oc);
+        else
+            dp_dense_backward(dlow, gw, gb, s->band, s->low, w, cb * P, k, oc);
+        if (din)
+            dp_row2im_band(din + (size_t)r0 * L->in, s->dlow, &L->win, cb, g->y0, g->y1);
+    }
+}
+
+static void image_layer_forward(mp_replica *s, int i, const float *params, const float *in,
+                                int n)
+{
+    const dp_layer *L = &s->L[i];
+    const mp_img *g = &s->plan->img[i];
+    float *out = s->iact[i];
+    size_t row = (size_t)L->ow * L->oc;
+    switch (L->kind) {
+    case DP_LAYER_CONV:
+    case DP_LAYER_LOCAL:
+        lowered_band(s, i, params, in, n, NULL, NULL, 0);
+        break;
+    case DP_LAYER_RELU:
+        for (int r = 0; r < n; r++) {
+            size_t at = (size_t)r * L->out + (size_t)g->y0 * row;
+            dp_relu_forward(out + at, in + at, (int)((size_t)(g->y1 - g->y0) * row));
+        }
+        break;
+    case DP_LAYER_MAXPOOL:
+        dp_maxpool_forward_band(out, in, &L->win, n, g->y0, g->y1);
+        break;
+    case DP_LAYER_AVGPOOL:
+        dp_avgpool_forward_band(out, in, &L->win, n, g->y0, g->y1);
+        break;
+    case DP_LAYER_LCN:
+        dp_lcn_forward(out, s->keep[i], in, &L->win, n);
+        break;
+    case DP_LAYER_FLATTEN:
+        dp_hwc_to_chw(out, in, n, L->c, L->h * L->w);
+        break;
+    case DP_LAYER_HWC:
+        dp_chw_to_hwc(out, in, n, L->c, L->h * L->w);
+        break;
+    default:
+        break;
+    }
+}
+
+/* din: the gradient at the layer's input (NULL for layer 0: never needed);
+ * a ROWS layer writes its input rows' part, the rest of din zero. */
+static int image_layer_backward(mp_replica *s, int i, const float *params, float *grads,
+                                const float *in, float *din, int n, long step, dp_err *err)
+{
+    const dp_layer *L = &s->L[i];
+    const mp_img *g = &s->plan->img[i];
+    const float *dout = s->igrad[i];
+    size_t row = (size_t)L->ow * L->oc;
+    if (din && g->rows)
+        memset(din, 0, (size_t)n * L->in * sizeof(float));
+    switch (L->kind) {
+    case DP_LAYER_CONV:
+    case DP_LAYER_LOCAL:
+        lowered_band(s, i, params, in, n, din, grads, 1);
+        if (L->kind == DP_LAYER_CONV)
+            return filters_reduce(s, i, grads, step, err);
+        break;
+    case DP_LAYER_RELU:
+        if (din)
+            for (int r = 0; r < n; r++) {
+                size_t at = (size_t)r * L->out + (size_t)g->y0 * row;
+                dp_relu_backward(din + at, dout + at, s->iact[i] + at,
+                                 (int)((size_t)(g->y1 - g->y0) * row));
+            }
+        break;
+    case DP_LAYER_MAXPOOL:
+        if (din)
+            dp_maxpool_backward_band(din, dout, in, s->iact[i], &L->win, n, g->y0, g->y1);
+        break;
+    case DP_LAYER_AVGPOOL:
+        if (din)
+            dp_avgpool_backward_band(din, dout, &L->win, n, g->y0, g->y1);
+        break;
+    case DP_LAYER_LCN:
+        if (din)
+            dp_lcn_backward(din, dout, s->keep[i], &L->win, n);
+        break;
+    case DP_LAYER_FLATTEN:
+        if (din)
+            dp_chw_to_hwc(din, dout, n, L->c, L->h * L->w);
+        break;
+    case DP_LAYER_HWC:
+        if (din)
+            dp_hwc_to_chw(din, dout, n, L->c, L->h * L->w);
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+/* The image layers forward: conv filters gathered, then layer by layer with
+ * the rows exchanges between them; the last one's output whole on every
+ * task (the dense layers' input). */
+static int image_forward(mp_replica *s, const float *params, const float *x, int n, long step,
+                         dp_err *err)
+{
+    for (int i = 0; i < s->n_img; i++)
+        if (s->L[i].kind == DP_LAYER_CONV && filters_gather(s, i, params, step, err) < 0)
+            return -1;
+    for (int i = 0; i <= s->n_img; i++) {
+        if (i > 0 && s->plan->img[i - 1].rows && s->K > 1 &&
+            rows_exchange(s, i, n, step, err) < 0)
+            return -1;
+        if (i < s->n_img)
+            image_layer_forward(s, i, params, i ? s->iact[i - 1] : x, n);
+    }
+    return 0;
+}
+
+/* The image layers backward from the gradient at the last one's output. */
+static int image_backward(mp_replica *s, const float *params, float *grads, const float *x,
+                          int n, long step, dp_err *err)
+{
+    for (int i = s->n_img - 1; i >= 0; i--) {
+        float *din = i ? s->igrad[i - 1] : NULL;
+        if (image_layer_backward(s, i, params, grads, i ? s->iact[i - 1] : x, din, n, step,
+                                 err) < 0)
+            return -1;
+        if (din && s->K > 1 && grad_exchange(s, i, din, din, n, step, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+
 /* Forward and backward of n records: the loss and this task's gradients,
  * weighted by w (its replica's share of the step's records). */
 int mp_replica_step(mp_replica *s, const float *params, float *grads, const float *x,
@@ -141,8 +583,14 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
     out->correct = 0;
     if (n < 1 || n > s->rows)
         return dp_errf(err, "model-parallel: a step of %d records, but room for %d", n, s->rows);
+    const float *xin = x; /* the first dense layer's input */
+    if (s->n_img) {
+        if (image_forward(s, params, x, n, step, err) < 0)
+            return -1;
+        xin = s->iact[s->n_img - 1];
+    }
     for (int d = 0; d <= last; d++) {
-        mp_forward(s->act[d], d ? s->act[d - 1] : x, params, &p->layer[d], n, d < last);
+        mp_forward(s->act[d], d ? s->act[d - 1] : xin, params, &p->layer[d], n, d < last);
         if (s->K > 1 && all_gather(s, d, n, step, err) < 0)
             return -1;
     }
@@ -161,10 +609,21 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
     int cur = 0;
     for (int d = last; d >= 0; d--) {
         const mp_layer *l = &p->layer[d];
-        float *din = d ? s->dbuf[cur] : NULL; /* never the input's gradient */
-        mp_backward(din, grads, dz, d ? s->act[d - 1] : x, params, l, n);
-        if (!din)
-            break;
+        /* never the input's gradient; the image layers' only then */
+        float *din = d || s->n_img ? s->dbuf[cur] : NULL;
+        mp_backward(din, grads, dz, d ? s->act[d - 1] : xin, params, l, n);
+        if (!d) {
+            if (!s->n_img)
+                break;
+            float *top = s->igrad[s->n_img - 1];
+            if (s->K > 1) {
+                if (grad_exchange(s, s->n_img, top, din, n, step, err) < 0)
+                    return -1;
+            } else {
+                memcpy(top, din, (size_t)n * l->in * sizeof(float));
+            }
+            return image_backward(s, params, grads, x, n, step, err);
+        }
         if (s->K > 1 && reduce_scatter(s, d, din, n, step, err) < 0)
             return -1;
         /* through the relu before layer d (its output is act[d-1]), on the
@@ -198,10 +657,72 @@ void mp_replica_close(mp_replica *s)
     free(s->pack);
     free(s->unpack);
     free(s->blocks);
+    for (int i = 0; i < DP_MAX_LAYERS; i++) {
+        free(s->iact[i]);
+        free(s->igrad[i]);
+        free(s->keep[i]);
+        free(s->filt[i]);
+    }
+    free(s->fgrad);
+    free(s->low);
+    free(s->dlow);
+    free(s->band);
+    free(s->ipack);
+    free(s->iunpack);
     free(s->plans);
     free(s->ranks);
     free(s);
 }
+
+/* The image layers' buffers: each layer's output and gradient in the full
+ * layout, lcn's keep, conv's filters, the lowering scratch of a chunk. */
+static int open_image(mp_replica *s, const dp_model *m, int rows)
+{
+    const mp_plan *p = s->plan;
+    size_t r = (size_t)rows, low = 0, band = 0, fg = 0, blk = 0;
+    s->n_img = p->n_img;
+    for (int i = 0; i < s->n_img; i++) {
+        const dp_layer *L = &m->layers[i];
+        s->L[i] = *L;
+        if (!(s->iact[i] = malloc(r * L->out * sizeof(float))) ||
+            !(s->igrad[i] = malloc(r * L->out * sizeof(float))))
+            return -1;
+        blk = r * L->out > blk ? r * L->out : blk;
+        if (L->kind == DP_LAYER_LCN &&
+            !(s->keep[i] = malloc(r * dp_lcn_keep_floats(&L->win) * sizeof(float))))
+            return -1;
+        if (L->kind != DP_LAYER_CONV && L->kind != DP_LAYER_LOCAL)
+            continue;
+        size_t P = (size_t)((L->oh + s->K - 1) / s->K) * L->ow;
+        size_t k = (size_t)L->win.kh * L->win.kw * L->c;
+        size_t chunk = BAND_BUDGET / (P * k);
+        if (L->kind == DP_LAYER_LOCAL && chunk < LOCAL_MIN_CHUNK)
+            chunk = LOCAL_MIN_CHUNK;
+        chunk = chunk < 1 ? 1 : chunk > r ? r : chunk;
+        s->chunk[i] = (int)chunk;
+        low = chunk * P * k > low ? chunk * P * k : low;
+        band = chunk * P * L->oc > band ? chunk * P * L->oc : band;
+        if (L->kind == DP_LAYER_CONV) {
+            size_t all = L->w_len + L->b_len;
+            fg = all > fg ? all : fg;
+            blk = all > blk ? all : blk;
+            if (!(s->filt[i] = malloc(all * sizeof(float))))
+                return -1;
+        }
+    }
+    s->iblock = blk;
+    s->ipack = malloc((size_t)s->K * blk * sizeof(float));
+    s->iunpack = malloc(blk * sizeof(float));
+    s->fgrad = fg ? malloc(fg * sizeof(float)) : NULL;
+    s->low = low ? malloc(low * sizeof(float)) : NULL;
+    s->dlow = low ? malloc(low * sizeof(float)) : NULL;
+    s->band = band ? malloc(band * sizeof(float)) : NULL;
+    if (!s->ipack || !s->iunpack || (fg && !s->fgrad) || (low && (!s->low || !s->dlow)) ||
+        (band && !s->band))
+        return -1;
+    return 0;
+}
+
 
 int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const int *ranks,
                     int K, int task, int replica, int rows, double timeout, dp_err *err)
@@ -238,6 +759,8 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
     int ok = s->dbuf[0] && s->dbuf[1] && s->pack && s->unpack && s->blocks;
     for (int d = 0; d < p->n && ok; d++)
         ok = (s->act[d] = malloc(r * p->layer[d].out * sizeof(float))) != NULL;
+    if (ok && p->n_img)
+        ok = open_image(s, m, rows) == 0;
     if (!ok) {
         mp_replica_close(s);
         return dp_errf(err, "out of memory for a batch of %d records", rows);

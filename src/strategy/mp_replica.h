@@ -7,7 +7,11 @@
  * same logits, loss and loss gradient; backward, each task's weight and bias
  * gradients are local and the replica reduce-scatters the input gradient
  * (DP_WIRE_MP_GRAD), each task getting the columns it owns of the layer
- * below.  Sends go out from a send thread (sender.h), so two tasks sending
+ * below.  An image model's layers before the first dense one are split
+ * by bands of output rows, with halo rows exchanged between neighbours
+ * (DP_WIRE_MP_ROWS, _ROWS_GRAD) and conv filters shared within the replica
+ * (DP_WIRE_MP_FILTERS): docs/architecture.md, "Model parallelism".  Sends
+ * go out from a send thread (sender.h), so two tasks sending
  * each other more than the sockets hold never wait on each other.  Nothing
  * allocates after open. */
 #ifndef DOWNPOUR_STRATEGY_MP_REPLICA_H

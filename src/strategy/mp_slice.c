@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "downpour/blas.h"
+#include "downpour/layers.h"
 
 void mp_units(int out, int K, int j, int *lo, int *hi)
 {
@@ -11,11 +12,83 @@ void mp_units(int out, int K, int j, int *lo, int *hi)
     *hi = (int)((long long)out * (j + 1) / K);
 }
 
+/* Model layer i, an image layer: its mode, its band, its parameters' slices
+ * at compact offset *off. */
+static int plan_image(mp_plan *p, const dp_model *m, int K, int j, int i, size_t *off,
+                      dp_err *err)
+{
+    const dp_layer *L = &m->layers[i];
+    mp_img *g = &p->img[i];
+    switch (L->kind) {
+    case DP_LAYER_CONV:
+    case DP_LAYER_LOCAL:
+    case DP_LAYER_RELU:
+    case DP_LAYER_MAXPOOL:
+    case DP_LAYER_AVGPOOL:
+        g->rows = 1;
+        break;
+    case DP_LAYER_LCN:
+    case DP_LAYER_FLATTEN:
+    case DP_LAYER_HWC:
+        g->rows = 0;
+        break;
+    default:
+        return dp_errf(err, "--model-parallel %d: layer %d of %s is %s, which model "
+                            "parallelism does not split (image layers: conv, local, relu, "
+                            "maxpool, avgpool, lcn, flatten)",
+                       K, i, m->name, dp_layer_kind_name(L->kind));
+    }
+    if (g->rows) {
+        if (L->oh < K)
+            return dp_errf(err, "--model-parallel %d: layer %d of %s (%s) has only %d output "
+                                "rows, fewer than the %d tasks that would split them by rows. "
+                                "Hint: --model-parallel %d or less",
+                           K, i, m->name, dp_layer_kind_name(L->kind), L->oh, K, L->oh);
+        mp_units(L->oh, K, j, &g->y0, &g->y1);
+        if (L->kind == DP_LAYER_RELU) {
+            g->iy0 = g->y0;
+            g->iy1 = g->y1;
+        } else {
+            dp_window_band_rows(&L->win, g->y0, g->y1, &g->iy0, &g->iy1);
+        }
+    }
+    if (L->kind == DP_LAYER_LOCAL) {
+        /* the band's positions: rows y0*ow .. y1*ow of (positions, oc, k) and (positions, oc) */
+        size_t per = L->w_len / ((size_t)L->oh * L->ow), bper = (size_t)L->oc;
+        size_t p0 = (size_t)g->y0 * L->ow, p1 = (size_t)g->y1 * L->ow;
+        g->w_full = L->w_off + p0 * per;
+        g->w_len = (p1 - p0) * per;
+        g->b_full = L->b_off + p0 * bper;
+        g->b_len = (p1 - p0) * bper;
+    } else if (L->kind == DP_LAYER_CONV) {
+        size_t per = L->w_len / (size_t)L->oc;
+        mp_units(L->oc, K, j, &g->lo, &g->hi);
+        g->w_full = L->w_off + (size_t)g->lo * per;
+        g->w_len = (size_t)(g->hi - g->lo) * per;
+        g->b_full = L->b_off + (size_t)g->lo;
+        g->b_len = (size_t)(g->hi - g->lo);
+    }
+    g->w_off = *off;
+    *off += g->w_len;
+    g->b_off = *off;
+    *off += g->b_len;
+    return 0;
+}
+
 int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
 {
     memset(p, 0, sizeof *p);
     size_t off = 0;
-    for (int i = 0; i < m->n_layers; i++) {
+    int first = 0; /* the first dense layer */
+    while (first < m->n_layers && m->layers[first].kind != DP_LAYER_DENSE)
+        first++;
+    if (first == m->n_layers)
+        return dp_errf(err, "--model-parallel: model %s has no dense layer", m->name);
+    for (int i = 0; i < first; i++)
+        if (plan_image(p, m, K, j, i, &off, err) < 0)
+            return -1;
+    p->n_img = first;
+    for (int i = first; i < m->n_layers; i++) {
         const dp_layer *L = &m->layers[i];
         if (L->kind != DP_LAYER_DENSE)
             continue;
@@ -23,9 +96,10 @@ int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
         dp_layer_kind next = i + 1 < m->n_layers ? m->layers[i + 1].kind : DP_LAYER_KIND_COUNT;
         int last = i + 2 == m->n_layers;
         if (!(last ? next == DP_LAYER_SOFTMAX_XENT : next == DP_LAYER_RELU) ||
-            (i > 0 && m->layers[i - 1].kind != DP_LAYER_RELU))
+            (i > first && m->layers[i - 1].kind != DP_LAYER_RELU))
             return dp_errf(err, "--model-parallel splits stacks of dense layers (dense, relu, "
-                                "..., dense, softmax_xent); layer %d of %s is %s after %s",
+                                "..., dense, softmax_xent), after image layers if any; layer "
+                                "%d of %s is %s after %s",
                            i, m->name, dp_layer_kind_name(L->kind),
                            i > 0 ? dp_layer_kind_name(m->layers[i - 1].kind) : "the input");
         if (L->out < K)
@@ -49,14 +123,17 @@ int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
         p->max_width = L->in > p->max_width ? L->in : p->max_width;
         p->max_width = L->out > p->max_width ? L->out : p->max_width;
     }
-    if (p->n == 0)
-        return dp_errf(err, "--model-parallel: model %s has no dense layer", m->name);
     p->floats = off;
     return 0;
 }
 
 void mp_gather(float *compact, const float *full, const mp_plan *p)
 {
+    for (int i = 0; i < p->n_img; i++) {
+        const mp_img *g = &p->img[i];
+        memcpy(compact + g->w_off, full + g->w_full, g->w_len * sizeof(float));
+        memcpy(compact + g->b_off, full + g->b_full, g->b_len * sizeof(float));
+    }
     for (int k = 0; k < p->n; k++) {
         const mp_layer *l = &p->layer[k];
         size_t u = (size_t)(l->hi - l->lo);
@@ -67,6 +144,11 @@ void mp_gather(float *compact, const float *full, const mp_plan *p)
 
 void mp_scatter(float *full, const float *compact, const mp_plan *p)
 {
+    for (int i = 0; i < p->n_img; i++) {
+        const mp_img *g = &p->img[i];
+        memcpy(full + g->w_full, compact + g->w_off, g->w_len * sizeof(float));
+        memcpy(full + g->b_full, compact + g->b_off, g->b_len * sizeof(float));
+    }
     for (int k = 0; k < p->n; k++) {
         const mp_layer *l = &p->layer[k];
         size_t u = (size_t)(l->hi - l->lo);

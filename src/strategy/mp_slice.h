@@ -5,7 +5,22 @@
  * lo = out*j/K (balanced): the rows [lo, hi) of W, contiguous in the flat
  * buffer at w_off + lo*in, and the entries [lo, hi) of b.  The compact buffer
  * holds, layer after layer, those rows then those biases: about 1/K of the
- * parameters, and the optimiser runs over it as over any range. */
+ * parameters, and the optimiser runs over it as over any range.
+ *
+ * Image models (docs/architecture.md, "Model parallelism") split their image
+ * layers, those before the first dense layer, spatially.  Each runs in one
+ * of two modes: ROWS (conv, local, relu, maxpool, avgpool), where task j
+ * computes the output rows [y0, y1) = mp_units(oh, K, j) of every sample
+ * from the input rows [iy0, iy1) its windows cover, its own band of the
+ * layer below and halo rows of its neighbours'; or FULL (lcn, whose divisor
+ * is a mean over the whole map, flatten, hwc), where every task computes the
+ * whole layer.  A local layer's weights and biases of the band's positions
+ * are one contiguous range each of the flat buffer: task j holds those.  A
+ * conv layer's weights are shared by every position: task j holds the
+ * output channels [lo, hi) = mp_units(oc, K, j) of them (rows of the (oc,
+ * kh, kw, c) weights and entries of the bias), and the replica all-gathers
+ * the full filters each step and reduce-scatters their gradients.  So the
+ * compact buffers hold every parameter exactly once, image layers first. */
 #ifndef DOWNPOUR_STRATEGY_MP_SLICE_H
 #define DOWNPOUR_STRATEGY_MP_SLICE_H
 
@@ -21,7 +36,20 @@ typedef struct mp_layer {
     size_t w_off, b_off;   /* and in the compact buffer */
 } mp_layer;
 
+/* Image layer i (the model's layer i, before the first dense). */
+typedef struct mp_img {
+    int rows;              /* 1: ROWS (split by output rows), 0: FULL (every task, whole) */
+    int y0, y1;            /* ROWS: this task's output rows */
+    int iy0, iy1;          /* ROWS: the input rows its windows read */
+    int lo, hi;            /* conv: the output channels whose filters this task holds */
+    size_t w_full, b_full; /* conv, local: its parameters in the model's flat buffer */
+    size_t w_len, b_len;   /* floats of each it holds */
+    size_t w_off, b_off;   /* and where they are in the compact buffer */
+} mp_img;
+
 typedef struct mp_plan {
+    int n_img;                    /* image layers: the model's layers before the first dense */
+    mp_img img[DP_MAX_LAYERS];
     int n;                        /* dense layers */
     mp_layer layer[DP_MAX_DENSE];
     size_t floats;                /* the compact buffer's size */
@@ -33,8 +61,10 @@ typedef struct mp_plan {
 void mp_units(int out, int K, int j, int *lo, int *hi);
 
 /* The plan of task j of K for model m: -1 with a message naming
- * --model-parallel when m is not a stack of dense layers each followed by
- * a relu (the last by the loss), or a layer has fewer than K units. */
+ * --model-parallel and the layer when m is not (image layers, then) a stack
+ * of dense layers each followed by a relu (the last by the loss), a dense
+ * layer has fewer than K units, a ROWS layer fewer than K output rows, or
+ * an image layer cannot be split (dropout). */
 int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err);
 
 /* compact <- the task's slices of full (n_params floats, the model's layout). */
