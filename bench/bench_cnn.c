@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "bench_train.h"
 #include "downpour/blas.h"
 #include "downpour/clock.h"
 #include "downpour/dataset.h"
@@ -80,22 +81,6 @@ static double gemm_step_seconds(dp_model *m, const float *x, int batch, int step
                 }
             }
         }
-    }
-    return (dp_now() - t0) / steps;
-}
-
-static double train_step_seconds(dp_model *m, dp_optim *o, dp_batcher *bt, float *x, uint8_t *y,
-                                 int batch, int steps)
-{
-    double t0 = dp_now();
-    for (int s = 0; s < steps; s++) {
-        int n = dp_batcher_next(bt, x, y, batch);
-        if (n < batch) {
-            dp_batcher_start_epoch(bt, bt->epoch);
-            n = dp_batcher_next(bt, x, y, batch);
-        }
-        dp_model_forward_backward(m, x, y, n, NULL);
-        dp_optim_apply(o, m->params, m->grads, o->cfg.lr);
     }
     return (dp_now() - t0) / steps;
 }
@@ -187,10 +172,10 @@ int main(int argc, char **argv)
             dp_batcher_start_epoch(&bt, 0);
             dp_blas_set_threads(threads);
             bool bound = mi == 0; /* the bound is for cnn-mnist's conv and dense products */
-            train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
+            bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
             double tr[MAX_REPEATS], gm[MAX_REPEATS];
             for (int r = 0; r < repeats; r++) {
-                tr[r] = train_step_seconds(&m, &o, &bt, x, y, batch, steps);
+                tr[r] = bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps);
                 gm[r] = bound ? gemm_step_seconds(&m, x, batch, steps, dout, dinp) : 1;
             }
             double sps = batch / bench_median(tr, repeats);

@@ -92,54 +92,6 @@ void dp_row2im_band(float *din, const float *drows, const dp_window *g, int batc
         }
 }
 
-static void pool_forward_band(float *out, const float *in, const dp_window *g, int batch,
-                              int oy0, int oy1, int avg)
-{
-    const int c = g->c, h = g->h, w = g->w;
-    const float inv = 1.0f / (float)(g->kh * g->kw);
-    for (int r = 0; r < batch; r++) {
-        const float *img = in + (size_t)r * h * w * c;
-        for (int oy = oy0; oy < oy1; oy++)
-            for (int ox = 0; ox < g->ow; ox++) {
-                int iy0 = oy * g->stride - g->pad, ix0 = ox * g->stride - g->pad;
-                int ky_lo, ky_hi, kx_lo, kx_hi;
-                valid_span(iy0, g->kh, h, &ky_lo, &ky_hi);
-                valid_span(ix0, g->kw, w, &kx_lo, &kx_hi);
-                float *restrict o =
-                    out + (((size_t)r * g->oh + (size_t)oy) * g->ow + (size_t)ox) * c;
-                for (int ch = 0; ch < c; ch++)
-                    o[ch] = avg ? 0.0f : -INFINITY;
-                for (int ky = ky_lo; ky < ky_hi; ky++)
-                    for (int kx = kx_lo; kx < kx_hi; kx++) {
-                        const float *restrict px =
-                            img + ((size_t)(iy0 + ky) * w + (size_t)(ix0 + kx)) * c;
-                        if (avg) {
-                            for (int ch = 0; ch < c; ch++)
-                                o[ch] += px[ch];
-                        } else {
-                            for (int ch = 0; ch < c; ch++)
-                                o[ch] = px[ch] > o[ch] ? px[ch] : o[ch];
-                        }
-                    }
-                if (avg)
-                    for (int ch = 0; ch < c; ch++)
-                        o[ch] *= inv;
-            }
-    }
-}
-
-void dp_maxpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
-                             int oy0, int oy1)
-{
-    pool_forward_band(out, in, g, batch, oy0, oy1, 0);
-}
-
-void dp_avgpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
-                             int oy0, int oy1)
-{
-    pool_forward_band(out, in, g, batch, oy0, oy1, 1);
-}
-
 /* Zeroes the band's input rows of din. */
 static void zero_band_rows(float *din, const dp_window *g, int batch, int oy0, int oy1)
 {

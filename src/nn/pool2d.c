@@ -115,6 +115,30 @@ void dp_avgpool_forward(float *out, const float *in, const dp_window *g, int bat
     run_forward(&j, 1);
 }
 
+/* A band of output rows [oy0, oy1) of every sample (src/nn/band.c has the
+ * other band kernels): the same outputs as the whole image's, on the
+ * calling thread. */
+static void forward_band(float *out, const float *in, const dp_window *g, int batch, int oy0,
+                         int oy1, int avg)
+{
+    pool_job j = {.out = out, .in = in, .g = g, .batch = batch};
+    size_t per = (size_t)g->oh * g->ow;
+    for (int r = 0; r < batch && oy1 > oy0; r++)
+        forward_range(&j, r * per + (size_t)oy0 * g->ow, r * per + (size_t)oy1 * g->ow, avg);
+}
+
+void dp_maxpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
+                             int oy0, int oy1)
+{
+    forward_band(out, in, g, batch, oy0, oy1, 0);
+}
+
+void dp_avgpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
+                             int oy0, int oy1)
+{
+    forward_band(out, in, g, batch, oy0, oy1, 1);
+}
+
 /* Units [lo, hi) of the max's backward, unit u = (sample u / blocks, channel
  * block u % blocks).  Outputs in order, each window in scan order: the first
  * pixel equal to the output takes the gradient.  Branch-free so the channel
