@@ -67,6 +67,7 @@ test: build asan fuzz-build data
 
 bench: build data
 	$(BUILD)/bench/bench_engine
+	$(BUILD)/bench/bench_cnn --torch
 	$(BUILD)/bench/bench_transport
 	$(BUILD)/bench/bench_ps
 	$(BUILD)/bench/bench_ps_replicas
