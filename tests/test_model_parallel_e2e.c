@@ -12,31 +12,17 @@
  *   and resumes bitwise; 2 replicas of 2 train MNIST to >= 0.95;
  * - bad --model-parallel values are usage errors (exit 2) naming the flag; a
  *   cluster that is not a whole number of replicas is refused with a hint. */
-#include "proc.h"
+#include "mp_e2e.h"
 
 #define COMMON "--train-size 1600 --val-size 500 --epochs 1 --threads 1 --no-progress " \
                "--log-every 0"
 
 static char err[65536];
 
-/* `strategy` under `launch`, against one process. */
 static void strategy_as_single(const char *name, const char *launch, const char *strategy,
                                const char *mp_args, const char *single_args)
 {
-    int rc = run_cmd(err, sizeof err, "%s train %s " COMMON " --save %s/%s-single.st", test_bin(),
-                     single_args, test_tmp(), name);
-    CHECKF(rc == 0, "%s: single exited %d: %s", name, rc, err);
-    rc = run_cmd(err, sizeof err,
-                 "%s launch %s -- train --strategy %s %s " COMMON
-                 " --metrics %s/%s.jsonl --save %s/%s.st",
-                 test_bin(), launch, strategy, mp_args, test_tmp(), name, test_tmp(), name);
-    CHECKF(rc == 0, "%s: model-parallel exited %d: %s", name, rc, err);
-    char single[256], mp[256];
-    snprintf(single, sizeof single, "%s-single.st", name);
-    snprintf(mp, sizeof mp, "%s.st", name);
-    double d = checkpoint_max_diff(single, mp);
-    fprintf(stderr, "%s: max |diff| against one process %.3g\n", name, d);
-    CHECKF(d < 1e-5, "%s differs from one process at the same batch by %g", name, d);
+    mp_as_single(err, sizeof err, name, launch, strategy, mp_args, single_args, COMMON);
 }
 
 static void same_as_single(const char *name, const char *launch, const char *mp_args,
@@ -48,18 +34,7 @@ static void same_as_single(const char *name, const char *launch, const char *mp_
 /* Task `task` says it holds its share of mlp-300-100's 266,610 parameters. */
 static void check_memory(const char *name, const char *who, int task, int K)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s.jsonl", test_tmp(), name);
-    cJSON *ev = last_event(path, "model_parallel", who);
-    CHECKF(ev != NULL, "%s: no model_parallel event from %s", name, who);
-    if (!ev)
-        return;
-    double params = json_num(ev, "params"), total = json_num(ev, "total_params");
-    fprintf(stderr, "%s: %s (task %d of %d) holds %.0f of %.0f parameters\n", name, who, task, K,
-            params, total);
-    CHECK(total == 266610 && json_num(ev, "mp_task") == task && json_num(ev, "tasks") == K);
-    CHECK(params < total / K + 1000 && params > total / K - 1000);
-    cJSON_Delete(ev);
+    double params = mp_check_share(name, who, task, K, 266610, 1000);
     char line[128];
     snprintf(line, sizeof line, "model-parallel: task %d holds %.0f parameters", task, params);
     CHECKF(strstr(err, line) != NULL, "%s: no line '%s'", name, line);
