@@ -2,7 +2,8 @@
  * accuracy in a single process, under ps-async (chief, 2 workers, 1 ps) and
  * under allreduce (2 workers), and the image model's checkpoint evaluates to
  * the accuracy train reported.  Under AddressSanitizer the same runs are cut
- * to 1,000 records and one epoch: there they check memory, not accuracy. */
+ * to 1,000 records and one epoch, without the evaluations: there they check
+ * memory, not accuracy. */
 #include "proc.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -46,13 +47,17 @@ static void check_run(const char *name, const char *launch, const char *strategy
     CHECKF(rc == 0, "%s exited %d: %s", name, rc, err);
     double acc = test_accuracy(name);
     if (SANITIZED)
-        CHECKF(acc > 0.5, "%s: test accuracy %.4f after 1,000 records", name, acc);
+        CHECKF(acc > 0.2, "%s: test accuracy %.4f after 1,000 records (8 asynchronous steps "
+                          "under ps-async; chance is 0.1)", name, acc);
     else
         CHECKF(acc >= TARGET, "%s: test accuracy %.4f after 2 epochs, expected >= %.2f", name,
                acc, TARGET);
     fprintf(stderr, "%s: test accuracy %.4f\n", name, acc);
 
-    /* the saved image model evaluates to the same accuracy */
+    /* the saved image model evaluates to the same accuracy (not under ASan,
+     * where the suite's time goes to the runs themselves) */
+    if (SANITIZED)
+        return;
     rc = run_cmd(err, sizeof err,
                  "%s eval --checkpoint %s/%s.safetensors --dataset mnist --metrics %s/%s-eval.jsonl",
                  bin, tmp, name, tmp, name);
