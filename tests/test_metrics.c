@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -75,18 +76,22 @@ static void test_write_and_read(void)
         CHECK(cJSON_IsString(ev));
         CHECK(cJSON_IsNumber(t));
         CHECK(o->child && o->child->next == t); /* "t" second */
+        cJSON *wall = t ? t->next : NULL; /* "wall" third: this machine's Unix time */
+        CHECKF(wall && strcmp(wall->string, "wall") == 0 && cJSON_IsNumber(wall) &&
+                   fabs(wall->valuedouble - (double)time(NULL)) < 600,
+               "line %d: no plausible wall time: %s", n, line);
         if (cJSON_IsNumber(t)) {
             CHECK(t->valuedouble >= 0 && t->valuedouble >= last_t);
             last_t = t->valuedouble;
         }
         if (n == 0) {
             CHECK(strcmp(ev->valuestring, "start") == 0);
-            CHECK(cJSON_GetArraySize(o) == 2);
+            CHECK(cJSON_GetArraySize(o) == 3);
         } else if (n == 1) {
             CHECK(strcmp(ev->valuestring, "epoch") == 0);
             cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "epoch");
             CHECK(cJSON_IsNumber(e) && e->valuedouble == 1);
-            CHECK(t->next == e); /* fields in the given order */
+            CHECK(wall && wall->next == e); /* fields in the given order */
             CHECK(cJSON_GetObjectItemCaseSensitive(o, "val_accuracy")->valuedouble == 0.9731);
             CHECK(cJSON_GetObjectItemCaseSensitive(o, "train_loss")->valuedouble ==
                   0.1234567890123);
@@ -114,6 +119,43 @@ static void test_write_and_read(void)
     }
     fclose(f);
     CHECKF(n == 3 + 50, "%d lines", n);
+    unlink(path);
+}
+
+/* A cluster task's writer names it on every event that has no task of its own. */
+static void test_task(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/task.jsonl", tmpdir);
+    dp_metrics *m = NULL;
+    dp_err err = {{0}};
+    REQUIRE(dp_metrics_open(&m, path, &err) == 0);
+    CHECK(dp_metrics_event(m, "a", DP_F_END) == 0);
+    dp_metrics_set_task(m, "worker:3");
+    CHECK(dp_metrics_event(m, "b", DP_F_END) == 0);
+    CHECK(dp_metrics_event(m, "c", DP_F_STR, "task", "ps:1", DP_F_END) == 0);
+    dp_metrics_set_task(m, NULL);
+    CHECK(dp_metrics_event(m, "d", DP_F_END) == 0);
+    dp_metrics_close(m);
+    FILE *f = fopen(path, "r");
+    REQUIRE(f != NULL);
+    char line[512];
+    const char *want[] = {NULL, "worker:3", "ps:1", NULL};
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < 4) {
+        cJSON *o = cJSON_Parse(line);
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "task");
+        if (want[n])
+            CHECKF(cJSON_IsString(t) && strcmp(t->valuestring, want[n]) == 0, "line %d: %s", n,
+                   line);
+        else
+            CHECKF(t == NULL, "line %d has a task: %s", n, line);
+        CHECK(cJSON_GetArraySize(o) == 3 + (want[n] != NULL)); /* one task, never two */
+        cJSON_Delete(o);
+        n++;
+    }
+    fclose(f);
+    CHECK(n == 4);
     unlink(path);
 }
 
@@ -231,6 +273,13 @@ static void test_merge(void)
         "{\"event\":\"resource_total\",\"t\":12.500,\"tasks\":2,\"samples\":3,"
         "\"cpu_percent_mean\":75.000,\"cpu_percent_sum\":150.000,\"rss_peak_bytes\":3500,"
         "\"net_tx_bytes\":7,\"net_rx_bytes\":8}\n";
+    /* the summary's wall time is the merge's: checked, then cut for the comparison */
+    char *w = strstr(text, ",\"wall\":");
+    REQUIRE(w != NULL);
+    CHECK(fabs(strtod(w + 8, NULL) - (double)time(NULL)) < 600);
+    char *comma = strchr(w + 1, ',');
+    REQUIRE(comma != NULL);
+    memmove(w, comma, strlen(comma) + 1);
     CHECKF(strcmp(text, want) == 0, "merged:\n%s", text);
     CHECK(access(a, F_OK) == 0 && access(b, F_OK) == 0); /* task files are kept */
 
@@ -263,6 +312,7 @@ int main(void)
     make_tmpdir();
     test_write_and_read();
     test_null_writer();
+    test_task();
     test_open_failure();
     test_write_failure();
     test_merge();

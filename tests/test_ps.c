@@ -45,6 +45,18 @@ static void check_mode(const char *strategy, const char *extra)
     /* Every task sampled its resources, and the launcher summed them. */
     CHECK(for_each_event(path, "resource", "worker:1", NULL, NULL) >= 1);
     CHECK(for_each_event(path, "resource_total", NULL, NULL, NULL) == 1);
+    /* Each worker's traffic per epoch: ps-async and ps-sync push a whole
+     * gradient and pull the parameters (266,610 floats) every step. */
+    cJSON *steps = last_event(path, "steps", "worker:1");
+    CHECKF(steps != NULL, "%s: no steps event from worker:1", strategy);
+    if (steps && (!strcmp(strategy, "ps-async") || !strcmp(strategy, "ps-sync"))) {
+        double floor = json_num(steps, "steps") * 266610.0 * 4;
+        CHECKF(json_num(steps, "comm_tx_bytes") >= floor &&
+                   json_num(steps, "comm_rx_bytes") >= floor,
+               "%s: %g steps moved %g / %g bytes", strategy, json_num(steps, "steps"),
+               json_num(steps, "comm_tx_bytes"), json_num(steps, "comm_rx_bytes"));
+    }
+    cJSON_Delete(steps);
 }
 
 static void check_sync_is_exact(void)

@@ -2,6 +2,8 @@
  * reaches 0.95 validation accuracy; the same seed on one thread gives
  * bitwise identical weights twice; eval agrees with train; bad command lines
  * are refused with messages naming the culprit. */
+#include <math.h>
+
 #include "proc.h"
 
 int main(void)
@@ -35,6 +37,22 @@ int main(void)
     CHECK(json_num(done, "batch") == 128 && json_num(done, "epochs") == 1);
     CHECK(strcmp(json_str(done, "strategy"), "single") == 0);
     CHECK(strcmp(json_str(done, "model"), "mlp-300-100") == 0);
+    /* the epoch's step times and traffic: 422 steps over 54,000 records, alone */
+    cJSON *steps = last_event(path, "steps", NULL);
+    REQUIRE(steps);
+    CHECK(json_num(steps, "epoch") == 1 && json_num(steps, "steps") == 422 &&
+          json_num(steps, "step") == 422 && json_num(steps, "records") == 54000);
+    double med = json_num(steps, "step_ms_median"), p90 = json_num(steps, "step_ms_p90"),
+           max = json_num(steps, "step_ms_max"), mean = json_num(steps, "step_ms_mean");
+    CHECKF(med > 0 && med <= p90 && p90 <= max && mean <= max, "step ms %g %g %g %g", med, p90,
+           max, mean);
+    double secs = json_num(steps, "train_seconds");
+    CHECK(secs > 0 && fabs(json_num(steps, "samples_per_second") * secs - 54000) < 1);
+    /* the steps are most of the epoch: their times add up to no more than it */
+    CHECKF(mean * 422 <= secs * 1e3 * 1.001, "422 x %g ms in %g s", mean, secs);
+    CHECK(json_num(steps, "comm_tx_bytes") == 0 && json_num(steps, "comm_rx_bytes") == 0);
+    CHECK(json_num(epoch, "lr") > 0.00099 && json_num(epoch, "lr") < 0.00101);
+    cJSON_Delete(steps);
 
     size_t la, lb;
     char pa[1200], pb[1200];

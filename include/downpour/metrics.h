@@ -1,5 +1,6 @@
 /* Metrics: one JSON object a line (JSON Lines) for programs to read.  Every
- * object has "event" and "t" (seconds since the writer opened).  The contract:
+ * object has "event", "t" (seconds since the writer opened) and "wall" (Unix
+ * seconds, to align processes).  The contract (docs/metrics.md):
  *   {"event":"epoch","epoch":1,"val_accuracy":..,"train_loss":..,"seconds":..}
  *   {"event":"done","test_accuracy":..,"train_seconds":..,"samples_per_second":..,
  *    "strategy":"single","model":"mlp-300-100","batch":128,"epochs":25}
@@ -23,6 +24,11 @@ int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err);
  * (for paths that fail anyway).  Both free m; NULL is a no-op. */
 int dp_metrics_close_check(dp_metrics *m, dp_err *err);
 void dp_metrics_close(dp_metrics *m);
+
+/* Names the task writing (a cluster task: "worker:3"): every later event
+ * that has no "task" of its own gets it, so a task's file reads the same
+ * alone as merged.  NULL or "" clears it. */
+void dp_metrics_set_task(dp_metrics *m, const char *task);
 
 /* Field kinds for dp_metrics_event's variadic list. */
 typedef enum dp_field_kind {

@@ -29,6 +29,7 @@ struct dp_metrics {
     double t0; /* dp_now() at open */
     atomic_int failed; /* errno of the first failed write, 0: none */
     char *path;
+    char task[64]; /* "worker:3": added to events lacking "task"; "" none */
 };
 
 /* Records the first failure (the one that warns); later ones are dropped. */
@@ -52,6 +53,7 @@ int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err)
     m->t0 = dp_now();
     atomic_init(&m->failed, 0);
     m->path = NULL;
+    m->task[0] = '\0';
     if (path) {
         m->path = strdup(path);
         m->fd = m->path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
@@ -95,6 +97,12 @@ void dp_metrics_close(dp_metrics *m)
     dp_metrics_close_check(m, NULL);
 }
 
+void dp_metrics_set_task(dp_metrics *m, const char *task)
+{
+    if (m)
+        snprintf(m->task, sizeof m->task, "%s", task ? task : "");
+}
+
 /* A JSON integer printed exactly (cJSON would go through double). */
 static cJSON *json_long(long v)
 {
@@ -123,8 +131,12 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     int rc = -1;
     char *line = NULL;
     cJSON *obj = cJSON_CreateObject();
+    /* Milliseconds are enough to align tasks, and keep lines short. */
+    char wall[32];
+    snprintf(wall, sizeof wall, "%.3f", dp_wall_now());
     if (!obj || !cJSON_AddStringToObject(obj, "event", event) ||
-        !cJSON_AddItemToObject(obj, "t", json_num(t)))
+        !cJSON_AddItemToObject(obj, "t", json_num(t)) ||
+        !cJSON_AddItemToObject(obj, "wall", cJSON_CreateRaw(wall)))
         goto out;
 
     va_list ap;
@@ -156,6 +168,9 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     }
     va_end(ap);
     if (bad)
+        goto out;
+    if (m && m->task[0] && !cJSON_GetObjectItemCaseSensitive(obj, "task") &&
+        !cJSON_AddStringToObject(obj, "task", m->task))
         goto out;
     if (!m || m->fd < 0) {
         rc = 0;
@@ -295,10 +310,10 @@ int dp_metrics_merge(const char *path, const dp_metrics_source *src, int n, doub
     if (tasks_with > 0) {
         char total[512];
         int len = snprintf(total, sizeof total,
-                           "{\"event\":\"resource_total\",\"t\":%.3f,\"tasks\":%d,\"samples\":%ld,"
+                           "{\"event\":\"resource_total\",\"t\":%.3f,\"wall\":%.3f,\"tasks\":%d,\"samples\":%ld,"
                            "\"cpu_percent_mean\":%.3f,\"cpu_percent_sum\":%.3f,"
                            "\"rss_peak_bytes\":%.0f,\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
-                           seconds, tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum,
+                           seconds, dp_wall_now(), tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum,
                            rss, tx, rx);
         if (len < 0 || (size_t)len >= sizeof total ||
             dp_write_all(af.fd, total, (size_t)len, NULL) < 0) {

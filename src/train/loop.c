@@ -192,9 +192,13 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         if (epoch > L->ck.n_history)
             L->ck.n_history = epoch;
     }
+    /* the rate of the epoch's last step */
+    double lr = L->cfg->optim.lr * dp_lr_scale(L->cfg->lr_schedule, step > 0 ? step - 1 : 0,
+                                               L->total_steps);
     dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
                      val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
-                     DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_END);
+                     DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
+                     DP_F_END);
     L->res->val_accuracy = val_acc;
     L->res->train_loss = train_loss;
     return 0;
@@ -377,6 +381,45 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Bytes this task's transport has moved, 0 alone. */
+static void comm_bytes(const loop *L, uint64_t *tx, uint64_t *rx)
+{
+    dp_transport_stats st = {0};
+    if (L->in_cluster && L->node.transport)
+        dp_transport_stats_get(L->node.transport, DP_PEER_ANY, &st);
+    *tx = st.bytes_sent;
+    *rx = st.bytes_recv;
+}
+
+/* The "steps" event after a trainer's epoch: its step-time distribution
+ * and traffic, so a report can show stragglers and communication cost
+ * (docs/metrics.md).  ms holds the epoch's n step times; sorted here. */
+static void steps_event(loop *L, int epoch, long step, double *ms, long n, long records,
+                        double seconds, uint64_t tx, uint64_t rx)
+{
+    if (n == 0)
+        return;
+    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+    double sum = 0;
+    for (long i = 0; i < n; i++)
+        sum += ms[i];
+    double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+    long p90 = (long)ceil(0.9 * (double)n) - 1;
+    dp_metrics_event(L->metrics, "steps", DP_F_INT, "epoch", (long)epoch, DP_F_INT, "step", step,
+                     DP_F_INT, "steps", n, DP_F_INT, "records", records, DP_F_NUM,
+                     "step_ms_median", median, DP_F_NUM, "step_ms_p90", ms[p90 < 0 ? 0 : p90],
+                     DP_F_NUM, "step_ms_max", ms[n - 1], DP_F_NUM, "step_ms_mean", sum / (double)n,
+                     DP_F_NUM, "samples_per_second", seconds > 0 ? (double)records / seconds : 0,
+                     DP_F_NUM, "train_seconds", seconds, DP_F_INT, "comm_tx_bytes", (long)tx,
+                     DP_F_INT, "comm_rx_bytes", (long)rx, DP_F_END);
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -405,9 +448,18 @@ static int train(loop *L, dp_err *err)
     long window_correct = 0, window_samples = 0, window_steps = 0;
     dp_step_out out = {0};
     int batch = cfg->batch;
+    /* the epoch's step times, for the "steps" event */
+    double *step_ms = malloc((size_t)L->spe * sizeof *step_ms);
+    if (!step_ms) {
+        dp_errf(err, "out of memory (step times of %ld steps)", L->spe);
+        goto out;
+    }
     for (int epoch = first_epoch; epoch < cfg->epochs; epoch++) {
         double t_epoch = dp_now();
         dp_epoch_stats st = {0};
+        long timed = 0;
+        uint64_t tx0, rx0;
+        comm_bytes(L, &tx0, &rx0);
         if (L->ops->deal && policy != DP_SHARD_OFF &&
             redeal(L, &batcher, epoch, &index, &count, &batch, err) < 0)
             goto out;
@@ -441,6 +493,7 @@ static int train(loop *L, dp_err *err)
             if (n == 0)
                 continue;
             double dt = dp_now() - t0;
+            step_ms[timed++] = dt * 1e3;
             st.loss_sum += (double)out.loss * n;
             st.records += n;
             st.correct += out.correct;
@@ -466,6 +519,10 @@ static int train(loop *L, dp_err *err)
             fputc('\n', stderr);
         st.seconds = dp_now() - t_epoch;
         st.steps = step;
+        uint64_t tx1, rx1;
+        comm_bytes(L, &tx1, &rx1);
+        steps_event(L, epoch + 1, step, step_ms, timed, (long)st.records, st.seconds, tx1 - tx0,
+                    rx1 - rx0);
         if (L->ops->epoch_end(L->s, epoch + 1, &st, err) < 0)
             goto out;
         L->res->train_loss = st.records > 0 ? st.loss_sum / st.records : 0;
@@ -483,6 +540,7 @@ static int train(loop *L, dp_err *err)
         goto out;
     rc = 0;
 out:
+    free(step_ms);
     dp_batcher_free(&batcher);
     return rc;
 }
@@ -558,6 +616,8 @@ static int open_node(loop *L, dp_err *err)
         if (rc < 0 || dp_metrics_open(&L->metrics, mpath, err) < 0 ||
             (mpath && dp_node_sample(&L->node, L->metrics, 1.0, err) < 0))
             return -1;
+        if (rc == 0)
+            dp_metrics_set_task(L->metrics, L->node.self->name);
         return rc;
     }
     if (dp_metrics_open(&L->metrics, cfg->metrics_path, err) < 0)
@@ -567,7 +627,10 @@ static int open_node(loop *L, dp_err *err)
     for (int r = 0; r < DP_ROLE_COUNT; r++)
         all &= L->ops->talks_to[r] == 0;
     nc.talks_to = all ? NULL : L->ops->talks_to;
-    return dp_node_open(&L->node, &nc, err);
+    rc = dp_node_open(&L->node, &nc, err);
+    if (rc == 0)
+        dp_metrics_set_task(L->metrics, L->node.self->name);
+    return rc;
 }
 
 /* Refuses a run whose outputs cannot be written, before it trains. */
