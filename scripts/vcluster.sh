@@ -17,7 +17,7 @@
 #   --grace S          seconds between SIGTERM and SIGKILL when stopping (default 5)
 #   --bin PATH         the downpour program (default $DOWNPOUR_BIN, build/downpour, PATH)
 #   --dir DIR          spec, secret and task logs (default: a fresh mktemp -d, removed
-#                      at the end unless --keep)
+#                      at the end unless --keep or a task failed)
 #   --keep             keep --dir's default directory (its path is printed)
 #
 # Placement: ps tasks first, one per host from host 1 on; when there are more
@@ -31,7 +31,8 @@
 # `downpour launch`.  Output lines are prefixed with the task ([worker 1] ...).
 # When a task fails, the others get SIGTERM (SIGKILL after --grace) and the
 # script exits with that task's status, printing the end of its log; else with
-# 0.  SIGINT/SIGTERM stop every task; the namespaces are removed on every way
+# 0.  SIGINT/SIGTERM stop every task (metrics still merged; exit 128 + the
+# signal, a second signal SIGKILLs); the namespaces are removed on every way
 # out.  Needs root and iproute2 (ip, tc).  Exit status: 0 done, 1 a task or
 # the setup failed (or the task's own status), 2 usage, 124 timed out.
 # docs/cluster.md, "A virtual cluster on one machine".
@@ -40,7 +41,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 NETNS="$here/netns.sh"
 
-usage() { sed -n '8,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '8,38p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 bad() { echo "vcluster.sh: $*" >&2; exit 2; }
 die() { echo "vcluster.sh: $*" >&2; exit 1; }
 say() { echo "vcluster: $*" >&2; }
@@ -134,7 +135,18 @@ cleanup() {
     [ "$UP" = 0 ] || "$NETNS" down "$PREFIX" || echo "vcluster.sh: netns.sh down $PREFIX failed" >&2
     if [ "$MADE_DIR" = 1 ] && [ "$KEEP" = 0 ]; then rm -rf "$DIR"; fi
 }
-on_signal() { say "stopping on SIG$1"; stop_tasks TERM; sleep 0.5; cleanup; exit $((128 + $2)); }
+# Before the tasks run, a signal ends the script at once; while they run,
+# they get SIGTERM and the wait loop below collects them within --grace,
+# merges their metrics and exits with 128 + the signal.
+RUNNING=0 SIGNALLED=0
+on_signal() {
+    say "stopping on SIG$1"
+    if [ "$RUNNING" = 0 ]; then cleanup; exit $((128 + $2)); fi
+    [ "$SIGNALLED" = 0 ] || { stop_tasks KILL; return; } # a second signal
+    SIGNALLED=$2
+    stop_tasks TERM
+    deadline=$(( $(date +%s) + GRACE ))
+}
 trap cleanup EXIT
 trap 'on_signal INT 2' INT
 trap 'on_signal TERM 15' TERM
@@ -192,6 +204,7 @@ fi
 # ---- tasks ----
 LOGS=()
 T0=$(date +%s.%N)
+deadline=$(( $(date +%s) + TIMEOUT ))
 for ((r = 0; r < NTASKS; r++)); do
     name=${NAMES[r]} file=${NAMES[r]/:/-}
     [ "$name" != chief ] || file=chief-0
@@ -210,21 +223,21 @@ for ((r = 0; r < NTASKS; r++)); do
         --secret-file "$SECRET" -- "${args[@]}" </dev/null \
         > >(tee "${LOGS[r]}" | sed -u "s/^/$label /") 2>&1 &
     PIDS[r]=$!
+    RUNNING=1
 done
 
 # ---- wait: every task, or the first failure, or the deadline ----
 # A task that ended is gone from /proc or a zombie (kill -0 succeeds on one).
 alive() { [ -e "/proc/$1" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 STATUS=() left=$NTASKS failed=-1 rc=0
-deadline=$(( $(date +%s) + TIMEOUT ))
 while [ "$left" -gt 0 ]; do
     for ((r = 0; r < NTASKS; r++)); do
         p=${PIDS[r]}
         [ "$p" != 0 ] && ! alive "$p" || continue
         st=0; wait "$p" || st=$?
         STATUS[r]=$st PIDS[r]=0 left=$((left - 1))
-        if [ "$st" != 0 ] && [ "$failed" -lt 0 ]; then
-            failed=$r rc=$st
+        if [ "$st" != 0 ] && [ "$failed" -lt 0 ] && [ "$SIGNALLED" = 0 ]; then
+            failed=$r rc=$st KEEP=1 # the logs tell why
             say "task ${NAMES[r]} exited with status $st; stopping the other $left task(s)"
             stop_tasks TERM
             deadline=$(( $(date +%s) + GRACE ))
@@ -232,7 +245,7 @@ while [ "$left" -gt 0 ]; do
     done
     [ "$left" -gt 0 ] || break
     if [ "$(date +%s)" -ge "$deadline" ]; then
-        if [ "$failed" -lt 0 ]; then say "timed out after $TIMEOUT s; stopping $left task(s)"; rc=124; fi
+        if [ "$failed" -lt 0 ] && [ "$SIGNALLED" = 0 ]; then say "timed out after $TIMEOUT s; stopping $left task(s)"; rc=124; fi
         stop_tasks KILL
         for ((r = 0; r < NTASKS; r++)); do
             [ "${PIDS[r]}" = 0 ] || { wait "${PIDS[r]}" || true; STATUS[r]=killed; PIDS[r]=0; }
@@ -247,6 +260,7 @@ wait || true # the output filters
 if [ "$failed" -ge 0 ]; then
     echo "---- end of ${NAMES[failed]}'s log (${LOGS[failed]}) ----" >&2
     tail -n 20 "${LOGS[failed]}" >&2 || true
+    say "logs, spec and secret kept in $DIR"
 fi
 
 # ---- merged metrics, in rank order ----
@@ -260,6 +274,7 @@ if [ -n "$METRICS" ]; then
     "$BIN" metrics merge --out "$METRICS" --seconds "$WALL" "${src[@]}" ||
         { echo "vcluster.sh: merging the metrics into $METRICS failed" >&2; [ "$rc" != 0 ] || rc=1; }
 fi
+[ "$SIGNALLED" = 0 ] || rc=$((128 + SIGNALLED))
 summary=
 for ((r = 0; r < NTASKS; r++)); do summary+=" ${NAMES[r]}=${STATUS[r]:-?}"; done
 say "ended after $WALL s:$summary"
