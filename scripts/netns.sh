@@ -9,7 +9,9 @@
 #   netns.sh exec PREFIX I CMD..  runs CMD inside host I (exec: CMD keeps the pid)
 #   netns.sh cut PREFIX I         host I's link down: its packets go nowhere
 #   netns.sh restore PREFIX I     link up again, rate limit removed
-#   netns.sh slow PREFIX I RATE   rate-limit host I both ways (RATE as tc: 1mbit)
+#   netns.sh slow PREFIX I RATE [BURST]
+#                                 rate-limit host I both ways (RATE as tc: 1mbit;
+#                                 BURST the bucket, as tc: 16kb, the default)
 #   netns.sh down PREFIX          kill what runs inside, remove namespaces,
 #                                 bridge and links; idempotent
 #   netns.sh gc                   down every prefix whose owner process is gone
@@ -28,7 +30,7 @@ STATE=${NETNS_STATE:-/run/downpour-netns}
 LOCK=$STATE/.lock
 
 die() { echo "netns.sh: $*" >&2; exit 1; }
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 need_root() {
     [ "$(id -u)" = 0 ] || die "must run as root (network namespaces need CAP_NET_ADMIN)"
@@ -143,13 +145,15 @@ do_addr() {
 
 # Rate limit with tbf on both ends of host I's veth: the host side's egress is
 # what host I receives, eth0's egress inside the namespace what it sends.
+# A fast link needs a bigger bucket than 16kb (about 2 ms of its rate), or
+# tbf cannot refill it often enough to reach the rate.
 do_slow() {
-    local p=$1 i=$2 rate=$3
+    local p=$1 i=$2 rate=$3 burst=${4:-16kb}
     command -v tc >/dev/null 2>&1 || die "'tc' not found (install iproute2)"
     need_ns "$p" "$i"
-    tc qdisc replace dev "$(hostif "$p" "$i")" root tbf rate "$rate" burst 16kb latency 400ms ||
+    tc qdisc replace dev "$(hostif "$p" "$i")" root tbf rate "$rate" burst "$burst" latency 400ms ||
         die "tc tbf on $(hostif "$p" "$i") failed"
-    ip netns exec "$(ns "$p" "$i")" tc qdisc replace dev eth0 root tbf rate "$rate" burst 16kb \
+    ip netns exec "$(ns "$p" "$i")" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" \
         latency 400ms || die "tc tbf in $(ns "$p" "$i") failed"
 }
 
@@ -201,9 +205,9 @@ restore)
     do_restore "$1" "$2"
     ;;
 slow)
-    [ $# -eq 3 ] || usage
+    [ $# -eq 3 ] || [ $# -eq 4 ] || usage
     check_prefix "$1"; check_index "$2"; need_root
-    do_slow "$1" "$2" "$3"
+    do_slow "$@"
     ;;
 down)
     [ $# -eq 1 ] || usage

@@ -18,6 +18,7 @@ typedef struct dp_node_config {
     const char *secret_file;   /* NULL: DOWNPOUR_SECRET */
     int insecure;              /* allow no secret (trusted networks only) */
     int encrypt;               /* tcp: encrypt payloads too (every task must agree) */
+    double link_delay_ms;      /* tcp: latency added to every frame sent (dp_tcp_config) */
     double connect_timeout;    /* s to reach every peer (600) */
     double heartbeat_timeout;  /* s of silence before a peer is lost (10); the
                                   heartbeat interval is at most a quarter of it */

@@ -28,7 +28,13 @@ typedef struct dp_tcp_config {
     uint64_t max_frame_bytes;  /* largest payload accepted (DP_FRAME_MAX_DEFAULT, 1 GiB) */
     int sock_buf_bytes;        /* SO_SNDBUF/SO_RCVBUF (4 MiB); 0 leaves the kernel's autotuning */
     int encrypt;               /* 1: encrypt payloads (needs a secret; every task must agree) */
+    double link_delay_ms;      /* every application frame waits this long before it is
+                                  written: a one-way latency per message, for experiments
+                                  (0..DP_TCP_MAX_LINK_DELAY_MS; 0 off; docs/cluster.md,
+                                  "A virtual cluster on one machine") */
 } dp_tcp_config;
+
+#define DP_TCP_MAX_LINK_DELAY_MS 10000
 
 /* Defaults as above; listen_fd -1.  Always start from this. */
 void dp_tcp_config_init(dp_tcp_config *cfg);

@@ -11,6 +11,7 @@
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "downpour/node.h"
+#include "downpour/tcp.h"
 #include "downpour/wire.h"
 
 #define USAGE "downpour ping [--count N] [--bytes N] (as a task of launch or run)"
@@ -75,7 +76,7 @@ static int ping_pair(dp_transport *t, int peer, long count, size_t bytes, double
 int cmd_ping(int argc, char **argv)
 {
     long count = 100, bytes = 64;
-    double timeout = 30, connect_timeout = 60;
+    double timeout = 30, connect_timeout = 60, link_delay_ms = 0;
     const char *secret_file = NULL, *metrics_path = NULL;
     bool insecure = false;
     const cli_opt opts[] = {
@@ -84,6 +85,7 @@ int cmd_ping(int argc, char **argv)
         {"timeout", CLI_NUM, &timeout, "S", "seconds to wait for one reply", 0.01, 86400},
         {"connect-timeout", CLI_NUM, &connect_timeout, "S", "seconds to reach every task", 1, 86400},
         {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
+        {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "every frame this task sends waits MS ms first (as train's)", 0, DP_TCP_MAX_LINK_DELAY_MS},
         {"insecure", CLI_FLAG, &insecure, NULL, "allow running without a secret", 0, 0},
         {"metrics", CLI_STR, &metrics_path, "FILE", "write ping and resource events to FILE", 0, 0},
     };
@@ -115,6 +117,7 @@ int cmd_ping(int argc, char **argv)
     nc.secret_file = secret_file;
     nc.insecure = insecure;
     nc.connect_timeout = connect_timeout;
+    nc.link_delay_ms = link_delay_ms;
     nc.metrics = metrics_path ? metrics : NULL;
     double t0 = dp_now();
     r = dp_node_open(&node, &nc, &err);

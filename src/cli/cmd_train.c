@@ -11,6 +11,7 @@
 #include "downpour/node.h"
 #include "downpour/pipeline.h"
 #include "downpour/strategy.h"
+#include "downpour/tcp.h"
 #include "downpour/train.h"
 #include "strategy/mp_slice.h"
 
@@ -170,6 +171,7 @@ int cmd_train(int argc, char **argv)
     dp_node_config_init(&node_defaults);
     double startup_timeout = node_defaults.connect_timeout;
     double heartbeat_timeout = node_defaults.heartbeat_timeout;
+    double link_delay_ms = 0;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
@@ -233,6 +235,7 @@ int cmd_train(int argc, char **argv)
         {"encrypt", CLI_FLAG, &cfg.encrypt, NULL, "cluster: encrypt payloads between tasks (every task must agree)", 0, 0},
         {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
         {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
+        {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "cluster, tcp: every frame this task sends waits MS ms first (a one-way latency per message, for experiments; docs/cluster.md)", 0, DP_TCP_MAX_LINK_DELAY_MS},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
         {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
     };
@@ -385,6 +388,12 @@ int cmd_train(int argc, char **argv)
     cfg.startup_timeout = startup_timeout;
     cfg.heartbeat_timeout = heartbeat_timeout;
     cfg.ps.heartbeat_timeout = heartbeat_timeout;
+    if (link_delay_ms > 0 && strcmp(transport, "tcp") != 0) {
+        fprintf(stderr, "downpour train: --link-delay-ms is for --transport tcp (MPI has its own "
+                        "network)\n");
+        return 2;
+    }
+    cfg.link_delay_ms = link_delay_ms;
     if (check_outputs(save, metrics, checkpoint_dir) < 0)
         return 2;
 

@@ -165,6 +165,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.secret_len = secret.len;
     tc.insecure = cfg->insecure;
     tc.encrypt = cfg->encrypt;
+    tc.link_delay_ms = cfg->link_delay_ms;
     if (cfg->heartbeat_timeout > 0) {
         tc.heartbeat_timeout = cfg->heartbeat_timeout;
         /* The interval must stay below the timeout: at most a quarter of it,

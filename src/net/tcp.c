@@ -143,6 +143,7 @@ typedef struct tcp {
     uint64_t max_frame;
     int sock_buf;
     int keyed, encrypt; /* frames carry tags (a secret); payloads encrypted */
+    long delay_ns;      /* link delay of every application frame; 0: none */
     /* Test hook (docs/faults.md, "Testing"): pause the nth frame larger than
      * pause_bytes once that many payload bytes are written; 0: off. */
     uint64_t pause_bytes;
@@ -1237,10 +1238,25 @@ static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct
     return 0;
 }
 
+/* The link delay (dp_tcp_config.link_delay_ms): the kernel here has no
+ * netem, so latency is added where a frame leaves.  The sending thread
+ * sleeps before it takes the connection, so frames from different threads
+ * overlap their delays while frames one thread sends back to back pay one
+ * each.  Heartbeats and the handshake are not delayed. */
+static void link_delay(const tcp *t)
+{
+    if (!t->delay_ns)
+        return;
+    struct timespec ts = {.tv_sec = t->delay_ns / 1000000000L, .tv_nsec = t->delay_ns % 1000000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
 static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struct iovec *iov,
                      int iovcnt, dp_err *err)
 {
     tcp *t = (tcp *)bt;
+    link_delay(t);
     conn *c = &t->conns[peer];
     struct iovec src[DP_TRANSPORT_MAX_IOV], v[DP_TRANSPORT_MAX_IOV + 1];
     uint8_t hb[DP_FRAME_HEADER_SIZE], crcb[4];
@@ -1984,6 +2000,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         return dp_errf(err, "heartbeat interval %g s and timeout %g s: need 0 < interval < "
                             "timeout",
                        cfg->heartbeat_interval, cfg->heartbeat_timeout);
+    if (!(cfg->link_delay_ms >= 0 && cfg->link_delay_ms <= DP_TCP_MAX_LINK_DELAY_MS))
+        return dp_errf(err, "link delay %g ms: must be in 0..%d ms", cfg->link_delay_ms,
+                       DP_TCP_MAX_LINK_DELAY_MS);
     if (sodium_init() < 0)
         return dp_errf(err, "libsodium failed to initialise");
     if (cfg->secret_len == 0)
@@ -2013,6 +2032,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->secret_len = cfg->secret_len;
     t->keyed = cfg->secret_len > 0;
     t->encrypt = cfg->encrypt != 0;
+    t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
     pause_hook_init(t);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);

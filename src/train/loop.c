@@ -597,6 +597,7 @@ static int open_node(loop *L, dp_err *err)
     nc.mpi_ps = cfg->mpi_ps;
     nc.secret_file = cfg->secret_file;
     nc.encrypt = cfg->encrypt;
+    nc.link_delay_ms = cfg->link_delay_ms;
     if (cfg->startup_timeout > 0)
         nc.connect_timeout = cfg->startup_timeout;
     if (cfg->heartbeat_timeout > 0)

@@ -1,0 +1,187 @@
+/* A three-host virtual cluster (scripts/vcluster.sh): a chief, two workers
+ * and one ps, ps-async on mlp-300-100 (1 MiB of parameters, so every push
+ * and every pull is 1 MiB), each task in its namespace host at its own
+ * address, every host's link capped at 100 Mbit/s (12.5 MB/s) each way.
+ *
+ * The ps is alone on host 1 (the script's placement), so all its traffic
+ * crosses its capped link; the workers, each pushing and pulling, fill it.
+ *   1. capped: the run ends 0 with a sane accuracy; the merged metrics hold
+ *      every task and a resource_total; the ps's receive rate over its
+ *      resource samples is within 0.5x..1.1x of the cap (tbf counts the
+ *      TCP/IP headers too, so the transport's bytes stay under it), its send
+ *      rate at most 1.1x, and its bytes over the training time at most 1.1x;
+ *   2. uncapped, the same run: the ps's bytes over the training time come
+ *      out well above the capped run's, so it was the cap that bound.
+ * Skipped (77) when not root, without ip or tc, without MNIST, or when
+ * namespaces cannot be made here.  The script removes its namespaces on
+ * every way out. */
+#include <unistd.h>
+
+#include "proc.h"
+
+#define CAP_MBIT 100
+#define CAP_BYTES_S (CAP_MBIT * 1e6 / 8)
+#define MIN_ACCURACY 0.70
+
+static char g_script[1024];
+
+/* The script beside this source file, unless DOWNPOUR_VCLUSTER_SH names one. */
+static void find_script(void)
+{
+    const char *env = getenv("DOWNPOUR_VCLUSTER_SH");
+    if (env && *env) {
+        snprintf(g_script, sizeof g_script, "%s", env);
+        return;
+    }
+    snprintf(g_script, sizeof g_script, "%s", __FILE__);
+    char *slash = strrchr(g_script, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(g_script, sizeof g_script, ".");
+    size_t n = strlen(g_script);
+    snprintf(g_script + n, sizeof g_script - n, "/../scripts/vcluster.sh");
+}
+
+static void skip(const char *why)
+{
+    fprintf(stderr, "skipping: %s\n", why);
+    exit(77);
+}
+
+/* The ps's resource samples: the first one past 1 MB received (training
+ * has begun) and the last one. */
+typedef struct window {
+    int n;
+    double t0, rx0, tx0, t1, rx1, tx1;
+} window;
+
+static void take_sample(const cJSON *j, void *ctx)
+{
+    window *w = ctx;
+    double t = json_num(j, "t"), rx = json_num(j, "net_rx_bytes"), tx = json_num(j, "net_tx_bytes");
+    if (rx < 1e6)
+        return;
+    if (w->n++ == 0) {
+        w->t0 = t;
+        w->rx0 = rx;
+        w->tx0 = tx;
+    }
+    w->t1 = t;
+    w->rx1 = rx;
+    w->tx1 = tx;
+}
+
+typedef struct run_result {
+    double accuracy, train_seconds, ps_rx_total;
+    window w;
+} run_result;
+
+/* Runs the cluster with links capped at mbit (0: uncapped) and reads its
+ * merged metrics. */
+static int run_cluster(int mbit, run_result *res)
+{
+    char metrics[1200], dir[1200], err[8192];
+    snprintf(metrics, sizeof metrics, "%s/run%d.jsonl", test_tmp(), mbit);
+    snprintf(dir, sizeof dir, "%s/files%d", test_tmp(), mbit);
+    int rc = run_cmd(err, sizeof err,
+                     "'%s' --bin '%s' --dir '%s' --hosts 3 --link-mbit %d --chief --workers 2 "
+                     "--ps 1 --timeout 120 -- train --strategy ps-async --model mlp-300-100 "
+                     "--train-size 6000 --val-size 1000 --epochs 1 --batch 128 --seed 1 "
+                     "--log-every 0 --no-progress --startup-timeout 30 --metrics '%s'",
+                     g_script, test_bin(), dir, mbit, metrics);
+    CHECKF(rc == 0, "vcluster.sh --link-mbit %d exited %d:\n%s", mbit, rc, err);
+    if (rc != 0)
+        return -1;
+    /* Real addresses: the spec names the namespace hosts, and the ps is
+     * alone on host 1. */
+    char spec_path[1300];
+    snprintf(spec_path, sizeof spec_path, "%s/cluster.json", dir);
+    size_t len;
+    char *spec = slurp(spec_path, &len);
+    CHECKF(spec && strstr(spec, "\"10.77.") && !strstr(spec, "127.0.0.1"),
+           "the spec does not name the hosts' addresses: %s", spec ? spec : "(none)");
+    free(spec);
+    CHECKF(strstr(err, "ps:0 on host 1 (10.77.") != NULL, "ps:0 is not on host 1:\n%s", err);
+    const char *on_1 = strstr(err, "on host 1 ");
+    CHECKF(on_1 && !strstr(on_1 + 1, "on host 1 "), "ps:0 shares host 1:\n%s", err);
+
+    for (int i = 0; i < 4; i++) {
+        static const char *tasks[] = {"chief:0", "worker:0", "worker:1", "ps:0"};
+        CHECKF(for_each_event(metrics, "resource", tasks[i], NULL, NULL) > 0,
+               "no resource events of %s in the merged metrics", tasks[i]);
+    }
+    cJSON *total = last_event(metrics, "resource_total", NULL);
+    CHECKF(total && json_num(total, "tasks") == 4, "no resource_total over 4 tasks");
+    cJSON_Delete(total);
+    cJSON *done = last_event(metrics, "done", NULL);
+    CHECKF(done != NULL, "no done event");
+    res->accuracy = done ? json_num(done, "test_accuracy") : -1;
+    res->train_seconds = done ? json_num(done, "train_seconds") : -1;
+    cJSON_Delete(done);
+    cJSON *last = last_event(metrics, "resource", "ps:0");
+    res->ps_rx_total = last ? json_num(last, "net_rx_bytes") : -1;
+    cJSON_Delete(last);
+    memset(&res->w, 0, sizeof res->w);
+    for_each_event(metrics, "resource", "ps:0", take_sample, &res->w);
+    return 0;
+}
+
+int main(void)
+{
+    if (geteuid() != 0)
+        skip("network namespaces need root");
+    REQUIRE(test_bin() && test_tmp());
+    if (system("command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1") != 0)
+        skip("'ip' or 'tc' (iproute2) is not installed");
+    require_mnist();
+    find_script();
+    if (access(g_script, X_OK) != 0)
+        skip("scripts/vcluster.sh not found (set DOWNPOUR_VCLUSTER_SH)");
+    char probe[256];
+    snprintf(probe, sizeof probe, "ip netns add vp%ld >/dev/null 2>&1 && ip netns del vp%ld",
+             (long)getpid(), (long)getpid());
+    if (system(probe) != 0)
+        skip("cannot create a network namespace here");
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+
+    /* 1. Capped at 100 Mbit/s. */
+    run_result cap;
+    if (run_cluster(CAP_MBIT, &cap) < 0)
+        return CHECK_DONE();
+    CHECKF(cap.accuracy >= MIN_ACCURACY, "capped: test accuracy %.4f < %.2f", cap.accuracy,
+           MIN_ACCURACY);
+    double span = cap.w.t1 - cap.w.t0;
+    double rx_rate = span > 0 ? (cap.w.rx1 - cap.w.rx0) / span : 0;
+    double tx_rate = span > 0 ? (cap.w.tx1 - cap.w.tx0) / span : 0;
+    double mean_rate = cap.train_seconds > 0 ? cap.ps_rx_total / cap.train_seconds : 0;
+    fprintf(stderr,
+            "capped at %d Mbit/s (%.2f MB/s): ps:0 received %.2f MB/s and sent %.2f MB/s over "
+            "%.1f s of samples; %.1f MB over %.2f s of training (%.2f MB/s); accuracy %.4f\n",
+            CAP_MBIT, CAP_BYTES_S / 1e6, rx_rate / 1e6, tx_rate / 1e6, span,
+            cap.ps_rx_total / 1e6, cap.train_seconds, mean_rate / 1e6, cap.accuracy);
+    CHECKF(cap.w.n >= 3 && span >= 1.5, "too few resource samples of ps:0 while training "
+           "(%d over %.1f s)", cap.w.n, span);
+    CHECKF(rx_rate >= 0.5 * CAP_BYTES_S && rx_rate <= 1.1 * CAP_BYTES_S,
+           "ps:0 received %.2f MB/s, expected 0.5..1.1 x %.2f MB/s", rx_rate / 1e6,
+           CAP_BYTES_S / 1e6);
+    CHECKF(tx_rate <= 1.1 * CAP_BYTES_S, "ps:0 sent %.2f MB/s, above the cap %.2f MB/s",
+           tx_rate / 1e6, CAP_BYTES_S / 1e6);
+    CHECKF(mean_rate <= 1.1 * CAP_BYTES_S, "ps:0 received %.2f MB/s over the training, above "
+           "the cap %.2f MB/s", mean_rate / 1e6, CAP_BYTES_S / 1e6);
+
+    /* 2. Uncapped: the same bytes go much faster. */
+    run_result free_run;
+    if (run_cluster(0, &free_run) < 0)
+        return CHECK_DONE();
+    double free_rate =
+        free_run.train_seconds > 0 ? free_run.ps_rx_total / free_run.train_seconds : 0;
+    fprintf(stderr, "uncapped: ps:0 received %.1f MB over %.2f s of training (%.1f MB/s); "
+                    "accuracy %.4f\n",
+            free_run.ps_rx_total / 1e6, free_run.train_seconds, free_rate / 1e6,
+            free_run.accuracy);
+    CHECKF(free_run.accuracy >= MIN_ACCURACY, "uncapped: test accuracy %.4f", free_run.accuracy);
+    CHECKF(free_rate >= 1.5 * mean_rate, "uncapped %.2f MB/s is not well above the capped "
+           "%.2f MB/s: the cap did not bind", free_rate / 1e6, mean_rate / 1e6);
+    return CHECK_DONE();
+}
