@@ -5,8 +5,10 @@
  * tags; `downpour train --tensorboard DIR` writes val/accuracy equal to the
  * metrics file's, and a launched cluster gives each task its directory. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "downpour/crc32c.h"
@@ -364,6 +366,37 @@ static void check_writer(const char *dir)
     CHECK(dp_tensorboard_open(&tb, dir, "../up", &err) < 0 && tb == NULL);
 }
 
+/* A write that fails (here: past RLIMIT_FSIZE, as on a full disk) is
+ * reported once, later scalars are dropped, and close names the file. */
+static void check_write_error(const char *dir)
+{
+    dp_err err;
+    dp_tensorboard *tb = NULL;
+    REQUIRE(dp_tensorboard_open(&tb, dir, "full", &err) == 0);
+    struct rlimit old, lim;
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = 300; /* the version record and a few scalars */
+    signal(SIGXFSZ, SIG_IGN);
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    int ok = 0, failed = 0;
+    for (int i = 0; i < 20; i++) {
+        if (dp_tensorboard_scalar(tb, "train/loss", i, 1700000000.0, 1.0f) == 0)
+            ok += !failed;
+        else
+            failed++;
+    }
+    char path[1400];
+    snprintf(path, sizeof path, "%s", dp_tensorboard_path(tb));
+    int rc = dp_tensorboard_close_check(tb, &err);
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    signal(SIGXFSZ, SIG_DFL);
+    CHECKF(ok >= 1 && failed == 20 - ok, "%d scalars written, %d failed", ok, failed);
+    CHECKF(rc < 0 && strstr(err.msg, "tensorboard file") && strstr(err.msg, path) &&
+               strstr(err.msg, "incomplete"),
+           "close after a failed write: %d %s", rc, rc < 0 ? err.msg : "");
+}
+
 /* ---- through the program ---- */
 
 static void val_tally(const cJSON *j, void *ctx)
@@ -454,6 +487,7 @@ int main(void)
     char dir[1200];
     scratch_make(dir, sizeof dir, "test_tensorboard");
     check_writer(dir);
+    check_write_error(dir);
     if (!check_failures)
         scratch_remove(dir);
 
