@@ -20,10 +20,10 @@
 #include "downpour/file.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
-#include "downpour/tensorboard.h"
 #include "downpour/node.h"
 #include "downpour/resource.h"
 #include "downpour/strategy.h"
+#include "downpour/tensorboard.h"
 #include "train/progress.h"
 
 /* Evaluation runs in chunks this large even when the training batch is
