@@ -43,6 +43,13 @@ typedef enum dp_field_kind {
  *                  DP_F_END);  one line, flushed. */
 int dp_metrics_event(dp_metrics *m, const char *event, ...);
 
+/* From now on every event is also written to tb as TensorBoard scalars
+ * (tensorboard.h), whether or not the writer has a file; NULL detaches.  Safe
+ * while other threads write events; detach before closing tb, and keep tb
+ * open while events may still come. */
+typedef struct dp_tensorboard dp_tensorboard;
+void dp_metrics_attach_tensorboard(dp_metrics *m, dp_tensorboard *tb);
+
 /* One task's metrics file for dp_metrics_merge. */
 typedef struct dp_metrics_source {
     const char *path; /* the task's JSON Lines file */

@@ -23,6 +23,7 @@
 #include "downpour/clock.h"
 #include "downpour/file.h"
 #include "downpour/log.h"
+#include "downpour/tensorboard.h"
 
 struct dp_metrics {
     int fd;    /* -1: drop everything */
@@ -30,6 +31,7 @@ struct dp_metrics {
     atomic_int failed; /* errno of the first failed write, 0: none */
     char *path;
     char task[64]; /* "worker:3": added to events lacking "task"; "" none */
+    _Atomic(dp_tensorboard *) tb; /* mirrors events as scalars, or NULL */
 };
 
 /* Records the first failure (the one that warns); later ones are dropped. */
@@ -54,6 +56,7 @@ int dp_metrics_open(dp_metrics **out, const char *path, dp_err *err)
     atomic_init(&m->failed, 0);
     m->path = NULL;
     m->task[0] = '\0';
+    atomic_init(&m->tb, NULL);
     if (path) {
         m->path = strdup(path);
         m->fd = m->path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
@@ -172,6 +175,10 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     if (m && m->task[0] && !cJSON_GetObjectItemCaseSensitive(obj, "task") &&
         !cJSON_AddStringToObject(obj, "task", m->task))
         goto out;
+    /* The mirror fires for a writer with no file too: --tensorboard alone. */
+    dp_tensorboard *tb = m ? atomic_load(&m->tb) : NULL;
+    if (tb && (line = cJSON_PrintUnformatted(obj)))
+        dp_tensorboard_metrics_event(tb, line, strlen(line));
     if (!m || m->fd < 0) {
         rc = 0;
         goto out;
@@ -179,8 +186,7 @@ int dp_metrics_event(dp_metrics *m, const char *event, ...)
     if (atomic_load_explicit(&m->failed, memory_order_relaxed))
         goto out; /* already reported: one warning, not one per event */
 
-    line = cJSON_PrintUnformatted(obj);
-    if (!line)
+    if (!line && !(line = cJSON_PrintUnformatted(obj)))
         goto out;
     size_t n = strlen(line);
     /* cJSON's buffer has room for the terminator, which becomes the newline. */
@@ -192,6 +198,12 @@ out:
     cJSON_free(line);
     cJSON_Delete(obj);
     return rc;
+}
+
+void dp_metrics_attach_tensorboard(dp_metrics *m, dp_tensorboard *tb)
+{
+    if (m)
+        atomic_store(&m->tb, tb);
 }
 
 /* ---- merging the files of a cluster's tasks ---- */

@@ -23,6 +23,7 @@
 #include "downpour/node.h"
 #include "downpour/resource.h"
 #include "downpour/strategy.h"
+#include "downpour/tensorboard.h"
 #include "train/progress.h"
 
 /* Evaluation runs in chunks this large even when the training batch is
@@ -110,6 +111,7 @@ typedef struct loop {
     dp_task_info info;
     dp_run_env env;
     dp_metrics *metrics;
+    dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
     dp_dataset ds;
@@ -615,7 +617,7 @@ static int open_node(loop *L, dp_err *err)
             mpath = path;
         }
         if (rc < 0 || dp_metrics_open(&L->metrics, mpath, err) < 0 ||
-            (mpath && dp_node_sample(&L->node, L->metrics, 1.0, err) < 0))
+            ((mpath || cfg->tensorboard_dir) && dp_node_sample(&L->node, L->metrics, 1.0, err) < 0))
             return -1;
         if (rc == 0)
             dp_metrics_set_task(L->metrics, L->node.self->name);
@@ -623,7 +625,7 @@ static int open_node(loop *L, dp_err *err)
     }
     if (dp_metrics_open(&L->metrics, cfg->metrics_path, err) < 0)
         return -1;
-    nc.metrics = cfg->metrics_path ? L->metrics : NULL;
+    nc.metrics = cfg->metrics_path || cfg->tensorboard_dir ? L->metrics : NULL;
     int all = 1;
     for (int r = 0; r < DP_ROLE_COUNT; r++)
         all &= L->ops->talks_to[r] == 0;
@@ -641,10 +643,26 @@ static int check_outputs(const dp_train_config *cfg, dp_err *err)
         return -1;
     if (cfg->checkpoint_dir && dp_dir_prepare(cfg->checkpoint_dir, "--checkpoint-dir", err) < 0)
         return -1;
+    if (cfg->tensorboard_dir && dp_dir_prepare(cfg->tensorboard_dir, "--tensorboard", err) < 0)
+        return -1;
     if (cfg->resume && !cfg->checkpoint_dir)
         return dp_errf(err, "--resume needs --checkpoint-dir (where the checkpoints are)");
     if (cfg->keep_checkpoints < 1)
         return dp_errf(err, "--keep-checkpoints %d: keep at least 1", cfg->keep_checkpoints);
+    return 0;
+}
+
+/* --tensorboard: a cluster task writes in DIR/<type>-<index>, the name its
+ * metrics file gets under launch, so TensorBoard shows one run per task
+ * (docs/tensorboard.md); a single process writes in DIR. */
+static int open_tensorboard(loop *L, dp_err *err)
+{
+    char run[48];
+    if (L->in_cluster)
+        snprintf(run, sizeof run, "%s-%d", dp_role_name(L->node.self->role), L->node.self->index);
+    if (dp_tensorboard_open(&L->tb, L->cfg->tensorboard_dir, L->in_cluster ? run : NULL, err) < 0)
+        return -1;
+    dp_metrics_attach_tensorboard(L->metrics, L->tb);
     return 0;
 }
 
@@ -762,7 +780,9 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
                     cfg->strategy, cfg->strategy);
         goto out;
     }
-    if (!L.in_cluster && cfg->metrics_path &&
+    if (cfg->tensorboard_dir && open_tensorboard(&L, err) < 0)
+        goto out;
+    if (!L.in_cluster && (cfg->metrics_path || cfg->tensorboard_dir) &&
         dp_resource_sampler_start(&sampler, L.metrics, "worker:0", 1.0, NULL, NULL, err) < 0)
         goto out;
     rc = run_task(&L, err);
@@ -782,6 +802,11 @@ out:
     dp_node_close(&L.node);
     dp_err merr; /* a failed metrics write fails the run at its end (metrics.h) */
     if (dp_metrics_close_check(L.metrics, &merr) < 0 && rc == 0) {
+        *err = merr;
+        rc = -1;
+    }
+    /* after the metrics writer, the last that could mirror an event into it */
+    if (dp_tensorboard_close_check(L.tb, &merr) < 0 && rc == 0) {
         *err = merr;
         rc = -1;
     }
