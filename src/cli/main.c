@@ -25,6 +25,7 @@ static const command commands[] = {
     {"launch", cmd_launch, "run a local cluster of tasks as processes on this machine"},
     {"run", cmd_run, "run one task of a multi-host cluster"},
     {"ping", cmd_ping, "check a cluster: every task reaches every other, with latencies"},
+    {"report", cmd_report, "an HTML report (charts, tables) of one or more runs' metrics files"},
     {"version", cmd_version, "print the version"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
