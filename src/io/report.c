@@ -752,7 +752,7 @@ static const char CSS[] =
     "h1{font-size:26px;margin-bottom:4px}h2{font-size:21px;margin-top:32px;border-bottom:1px "
     "solid #ccc;padding-bottom:4px}h3{font-size:17px;margin-top:24px}"
     ".gen{color:#666;font-size:13px}p.note{color:#555;font-size:14px}"
-    "table{border-collapse:collapse;margin:12px 0;font-size:14px}"
+    "table{border-collapse:collapse;margin:12px 0;font-size:14px}table.final{font-size:13px}"
     "caption{text-align:left;font-weight:bold;padding:4px 0}"
     "th,td{border:1px solid #ccc;padding:4px 8px}th{background:#f2f2f2;text-align:left}"
     "td.n{text-align:right;font-variant-numeric:tabular-nums}"
@@ -922,7 +922,7 @@ static int overlay_throughput(sbuf *b, const dp_report *rep)
     }
     if (rc == 0 && any) {
         svg_chart c = {"Training throughput per epoch (all tasks together)", "epoch",
-                       "samples/s", true, true, "throughput"};
+                       "samples/s", true, true, "throughput", false, 0, 0};
         svg_line_chart(b, &c, s, n, NULL, 0);
     }
     for (int i = 0; s && bufs && i < n; i++) {
@@ -998,8 +998,8 @@ static void final_table(sbuf *b, const dp_report *rep)
                "<code>done</code> and <code>resource_total</code> events)</caption><tr><th>run</th>"
                "<th>strategy</th><th>model</th><th>dataset</th><th>batch</th><th>workers</th>"
                "<th>ps</th><th>epochs</th><th>test accuracy</th><th>train time (s)</th>"
-               "<th>throughput (samples/s)</th><th>mean CPU (% of a core, per task)</th>"
-               "<th>peak RSS (MiB, all tasks)</th><th>network sent (MB, all tasks)</th></tr>\n");
+               "<th>throughput (samples/s)</th><th>CPU (% of a core, task mean)</th>"
+               "<th>peak RSS (MiB, sum of tasks)</th><th>network sent (MB, all tasks)</th></tr>\n");
     for (int i = 0; i < rep->n_runs; i++) {
         const run *r = &rep->runs[i];
         const cJSON *d = r->done;
@@ -1106,9 +1106,9 @@ static int steps_charts(sbuf *b, const run *r)
         n++;
     }
     svg_chart cb = {"Step time per task and epoch", "epoch", "step time (ms)", true, true,
-                    "step_ms"};
+                    "step_ms", false, 0, 0};
     svg_box_chart(b, &cb, ep, m, bx, n);
-    svg_chart cl = {"Throughput per task", "epoch", "samples/s", true, true, "task_throughput"};
+    svg_chart cl = {"Throughput per task", "epoch", "samples/s", true, true, "task_throughput", false, 0, 0};
     svg_line_chart(b, &cl, ls, n, NULL, 0);
 out:
     free(ep);
@@ -1152,19 +1152,39 @@ static int run_section(sbuf *b, const run *r, int index)
                  r->tasks[s->task].name, s->epoch, s->ms, s->median);
         m->text = txt[r->n_faults + k];
     }
-    svg_chart cc = {"CPU per task", "time (s)", "CPU (% of one core)", true, false, "cpu"};
-    svg_chart cm = {"Memory per task (resident set)", "time (s)", "RSS (MiB)", true, false, "rss"};
+    /* The three time charts share one x range: samples and markers. */
+    double lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < r->n_tasks; i++)
+        for (int k = 0; k < r->tasks[i].n; k++) {
+            double x = run_x(r, &r->tasks[i], r->tasks[i].s[k].t, r->tasks[i].s[k].wall);
+            if (isfinite(x)) {
+                lo = fmin(lo, x);
+                hi = fmax(hi, x);
+            }
+        }
+    for (int k = 0; k < n_mk; k++)
+        if (isfinite(mk[k].x)) {
+            lo = fmin(lo, mk[k].x);
+            hi = fmax(hi, mk[k].x);
+        }
+    bool fixed = isfinite(lo) && hi > lo;
+    svg_chart cc = {"CPU per task", "time (s)", "CPU (% of one core)", true, false, "cpu", fixed,
+                    lo, hi};
+    svg_chart cm = {"Memory per task (resident set)", "time (s)", "RSS (MiB)", true, false, "rss",
+                    fixed, lo, hi};
     svg_chart cn = {"Network per task (sent + received)", "time (s)", "network (MB/s)", true,
-                    false, "net"};
+                    false, "net", fixed, lo, hi};
     if (resource_chart(b, r, RES_CPU, mk, n_mk, &cc) < 0 ||
         resource_chart(b, r, RES_RSS, mk, n_mk, &cm) < 0 ||
         resource_chart(b, r, RES_NET, mk, n_mk, &cn) < 0 || steps_charts(b, r) < 0) {
         rc = -1;
         goto out;
     }
-    bool any_res = false;
-    for (int i = 0; i < r->n_tasks; i++)
+    bool any_res = false, any_steps = false;
+    for (int i = 0; i < r->n_tasks; i++) {
         any_res |= r->tasks[i].n > 0;
+        any_steps |= r->tasks[i].n_steps > 0;
+    }
     if (!any_res)
         sb_puts(b, "<p class=\"note\">No resource samples: the run was not launched as a "
                    "cluster (docs/metrics.md).</p>\n");
@@ -1173,7 +1193,7 @@ static int run_section(sbuf *b, const run *r, int index)
     if (r->n_strag == 0) {
         sb_printf(b, "<p class=\"note\">None: no task's median step time in an epoch exceeded "
                      "%.1f times the median over the tasks%s.</p>\n",
-                  STRAGGLER_FACTOR, r->n_tasks ? "" : " (no steps events)");
+                  STRAGGLER_FACTOR, any_steps ? "" : " (the file has no steps events)");
     } else {
         sb_puts(b, "<table class=\"stragglers\"><tr><th>task</th><th>epoch</th><th>time (s)</th>"
                    "<th>its median step (ms)</th><th>median over tasks (ms)</th></tr>\n");
@@ -1215,11 +1235,11 @@ static int runs_section(sbuf *b, const dp_report *rep)
 {
     sb_puts(b, "<h2>Runs</h2>\n");
     svg_chart acc = {"Validation accuracy per epoch", "epoch", "validation accuracy (fraction)",
-                     false, true, "val_accuracy"};
+                     false, true, "val_accuracy", false, 0, 0};
     svg_chart loss = {"Validation loss per epoch", "epoch", "validation loss (cross-entropy)",
-                      false, true, "val_loss"};
+                      false, true, "val_loss", false, 0, 0};
     svg_chart lr = {"Learning rate at the end of each epoch", "epoch", "learning rate", true, true,
-                    "lr"};
+                    "lr", false, 0, 0};
     if (overlay_epochs(b, rep, EP_VAL_ACC, &acc) < 0 || overlay_epochs(b, rep, EP_VAL_LOSS, &loss) < 0 ||
         overlay_throughput(b, rep) < 0 || overlay_epochs(b, rep, EP_LR, &lr) < 0)
         return -1;
@@ -1254,7 +1274,7 @@ int dp_report_write(dp_report *rep, const char *path, dp_err *err)
         } else if (it->kind == ITEM_TABLE) {
             caller_table(&b, it);
         } else {
-            svg_chart c = {it->text, it->x_label, it->y_label, it->y_from_zero, false, NULL};
+            svg_chart c = {it->text, it->x_label, it->y_label, it->y_from_zero, false, NULL, false, 0, 0};
             svg_line_chart(&b, &c, it->series, it->n_series, NULL, 0);
         }
     }

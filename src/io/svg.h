@@ -37,6 +37,8 @@ typedef struct svg_chart {
     bool y_from_zero;
     bool x_integer;      /* ticks at whole numbers only (epochs) */
     const char *id;      /* data-chart attribute for programs, may be NULL */
+    bool x_fixed;        /* the x axis spans [x_lo, x_hi] (charts of one run share it) */
+    double x_lo, x_hi;
 } svg_chart;
 
 typedef struct svg_series {
@@ -62,8 +64,8 @@ void svg_line_chart(sbuf *b, const svg_chart *c, const svg_series *s, int n, con
                     int n_markers);
 
 /* One box per category and series: a bar from median to p90, a whisker
- * to max, a tick at the median.  v[i * n_cats + k] for series i, category k;
- * NaN where a series has no box in a category. */
+ * to max, a tick at the median.  Each array has n_cats values, NaN where a
+ * series has no box in that category. */
 typedef struct svg_box_series {
     const char *name;
     const double *median, *p90, *max; /* n_cats each */
