@@ -2,12 +2,12 @@
  * self-contained HTML page of inline SVG charts and tables written from
  * them and from the caller's items.
  *
- * Memory is bounded whatever the file holds: lines over 1 MiB, more than
- * MAX_TASKS tasks in a run or MAX_RUNS runs are errors; a task's resource
- * samples are thinned (every other one dropped, then every fourth, ...) to
- * stay under MAX_SAMPLES, while its means, peaks and last counters are
- * taken over every sample; epochs, steps rows and faults beyond their caps
- * are counted and left out with a warning.
+ * Memory is bounded whatever the file holds: a line over 1 MiB and more
+ * than MAX_RUNS runs are errors; a task's resource samples are thinned
+ * (every other one dropped, then every fourth, ...) to stay under
+ * MAX_SAMPLES, while its means, peaks and last counters are taken over every
+ * sample; tasks, epochs, steps rows and faults beyond their caps are counted
+ * and left out with one warning.
  *
  * Time: a line's x on the per-task charts is its "wall" minus the run's
  * earliest wall, so tasks of one cluster share an axis; a line without

@@ -151,6 +151,11 @@ static axis nice_axis(double lo, double hi, int target, bool integer)
         hi += pad;
     }
     double raw = (hi - lo) / target;
+    if (!isfinite(raw) || raw <= 0) { /* values near DBL_MAX: no sensible ticks */
+        lo = 0;
+        hi = 1;
+        raw = 1.0 / target;
+    }
     double mag = pow(10, floor(log10(raw)));
     double f = raw / mag;
     a.step = (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
@@ -340,7 +345,9 @@ void svg_line_chart(sbuf *b, const svg_chart *c, const svg_series *s, int n, con
         sb_esc(b, s[i].name);
         sb_printf(b, "\"><path fill=\"none\" stroke=\"%s\" stroke-width=\"2\" d=\"", col);
         bool pen = false;
-        for (int k = 0; k < s[i].n; k++) {
+        /* Long series are drawn through every step-th point (a page stays small). */
+        int step = s[i].n > SVG_MAX_LINE_POINTS ? (s[i].n + SVG_MAX_LINE_POINTS - 1) / SVG_MAX_LINE_POINTS : 1;
+        for (int k = 0; k < s[i].n; k += step) {
             if (!isfinite(s[i].x[k]) || !isfinite(s[i].y[k])) {
                 pen = false;
                 continue;
@@ -398,6 +405,13 @@ void svg_box_chart(sbuf *b, const svg_chart *c, const double *cat_x, int n_cats,
     y_axis(b, &ya);
     if (!any)
         no_data(b);
+    /* At most SVG_MAX_BOX_CATS categories: every every-th one beyond. */
+    int every_cat = n_cats > SVG_MAX_BOX_CATS ? (n_cats + SVG_MAX_BOX_CATS - 1) / SVG_MAX_BOX_CATS : 1;
+    if (every_cat > 1) {
+        sb_printf(b, "<text x=\"%.0f\" y=\"%.0f\" class=\"lg\">(every %d%s epoch shown)</text>",
+                  PR - 150, PT - 8, every_cat, every_cat == 2 ? "nd" : every_cat == 3 ? "rd" : "th");
+        n_cats = (n_cats + every_cat - 1) / every_cat;
+    }
     /* Categories are bands of equal width; the series sit side by side. */
     double band = (PR - PL) / (n_cats > 0 ? n_cats : 1);
     double slot = band * 0.8 / (n > 0 ? n : 1);
@@ -406,12 +420,13 @@ void svg_box_chart(sbuf *b, const svg_chart *c, const double *cat_x, int n_cats,
     int every = n_cats > 12 ? (n_cats + 11) / 12 : 1;
     for (int k = 0; any && k < n_cats; k++) {
         double cx = PL + band * (k + 0.5);
+        int kk = k * every_cat;
         if (k % every == 0)
             sb_printf(b, "<text x=\"%.1f\" y=\"%.0f\" class=\"tick\" text-anchor=\"middle\">%.6g"
                          "</text>",
-                      cx, PT + PH + 19, cat_x[k]);
+                      cx, PT + PH + 19, cat_x[kk]);
         for (int i = 0; i < n; i++) {
-            double md = s[i].median[k], p9 = s[i].p90[k], mx = s[i].max[k];
+            double md = s[i].median[kk], p9 = s[i].p90[kk], mx = s[i].max[kk];
             if (!isfinite(md))
                 continue;
             double x = PL + band * k + band * 0.1 + slot * (i + 0.5);
@@ -420,7 +435,7 @@ void svg_box_chart(sbuf *b, const svg_chart *c, const double *cat_x, int n_cats,
             sb_puts(b, "<g class=\"boxg\" data-series=\"");
             sb_esc(b, s[i].name);
             sb_puts(b, "\" data-x=\"");
-            sb_num(b, cat_x[k]);
+            sb_num(b, cat_x[kk]);
             sb_puts(b, "\" data-median=\"");
             sb_num(b, md);
             sb_puts(b, "\" data-p90=\"");
@@ -430,7 +445,7 @@ void svg_box_chart(sbuf *b, const svg_chart *c, const double *cat_x, int n_cats,
             sb_puts(b, "\"><title>");
             sb_esc(b, s[i].name);
             sb_printf(b, ", %s %.6g: median %.4g, p90 %.4g, max %.4g</title>",
-                      c->x_label ? c->x_label : "x", cat_x[k], md, p9, mx);
+                      c->x_label ? c->x_label : "x", cat_x[kk], md, p9, mx);
             if (isfinite(mx))
                 sb_printf(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                              "stroke-width=\"1.5\"/><line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "

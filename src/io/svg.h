@@ -57,6 +57,10 @@ typedef struct svg_marker {
 
 /* Series longer than this are drawn as a line without point markers. */
 #define SVG_MAX_MARKED_POINTS 120
+/* Longer series are drawn through every k-th point, at most this many. */
+#define SVG_MAX_LINE_POINTS 2000
+/* A box chart shows at most this many categories (every k-th beyond). */
+#define SVG_MAX_BOX_CATS 100
 
 /* A line chart of n series with vertical markers (may be NULL, 0).  Draws
  * "no data" in place of the plot when no series has a finite point. */
