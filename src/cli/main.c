@@ -26,6 +26,7 @@ static const command commands[] = {
     {"run", cmd_run, "run one task of a multi-host cluster"},
     {"ping", cmd_ping, "check a cluster: every task reaches every other, with latencies"},
     {"metrics", cmd_metrics, "merge the metrics files of a cluster's tasks into one"},
+    {"report", cmd_report, "an HTML report (charts, tables) of one or more runs' metrics files"},
     {"version", cmd_version, "print the version"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
