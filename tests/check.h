@@ -9,6 +9,19 @@
 
 static int check_failures;
 
+/* SANITIZED: 1 in the ASan+UBSan build, where end-to-end tests shrink their
+ * runs (there they check memory, not accuracy, and run several times slower). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 #define CHECK(cond)                                                                   \
     do {                                                                              \
         if (!(cond)) {                                                                \

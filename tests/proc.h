@@ -73,7 +73,8 @@ static inline char *slurp(const char *path, size_t *len)
     fclose(f);
     if (buf) {
         buf[n] = '\0';
-        *len = (size_t)n;
+        if (len)
+            *len = (size_t)n;
     }
     return buf;
 }

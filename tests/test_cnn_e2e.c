@@ -6,17 +6,6 @@
  * memory, not accuracy. */
 #include "proc.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 #define TARGET 0.98
 
 static const char *bin, *tmp;

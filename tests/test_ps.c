@@ -22,10 +22,16 @@ static int launch(const char *strategy, int workers, int ps, const char *metrics
                    test_bin(), workers, ps, strategy, test_tmp(), metrics, extra);
 }
 
-static void check_mode(const char *strategy, const char *extra)
+/* Under ASan the modes train on 12,000 records (they check memory there),
+ * and so the accuracy bound is lower. */
+#define MODE_RECORDS (SANITIZED ? " --train-size 12000 --test-size 2000" : "")
+#define MODE_ACCURACY (SANITIZED ? 0.9 : 0.95)
+
+static void check_mode(const char *strategy, const char *extra_options)
 {
-    char metrics[64], path[1200];
+    char metrics[64], path[1200], extra[512];
     snprintf(metrics, sizeof metrics, "%s.jsonl", strategy);
+    snprintf(extra, sizeof extra, "%s%s", extra_options, MODE_RECORDS);
     int rc = launch(strategy, 2, 1, metrics, extra);
     CHECKF(rc == 0, "%s exited %d: %s", strategy, rc, err);
     snprintf(path, sizeof path, "%s/%s", test_tmp(), metrics);
@@ -33,7 +39,8 @@ static void check_mode(const char *strategy, const char *extra)
     CHECKF(epoch && done, "%s: no epoch or done event from the chief", strategy);
     if (epoch && done) {
         double acc = json_num(epoch, "val_accuracy");
-        CHECKF(acc >= 0.95, "%s: validation accuracy %.4f < 0.95", strategy, acc);
+        CHECKF(acc >= MODE_ACCURACY, "%s: validation accuracy %.4f < %.2f", strategy, acc,
+               MODE_ACCURACY);
         CHECK(strcmp(json_str(done, "strategy"), strategy) == 0);
         CHECK(json_num(done, "workers") == 2 && json_num(done, "ps") == 1);
         CHECK(json_num(done, "global_batch") == 256);

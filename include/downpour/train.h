@@ -59,6 +59,7 @@ typedef struct dp_train_config {
                                  accuracy, not the last (Keras restore_best_weights) */
     uint64_t seed;
     uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
+    uint32_t n_test;          /* test records evaluated at the end (the first N); 0: all */
     int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */
     int threads;              /* BLAS threads; 0 = leave as configured */
     bool progress;            /* draw a progress bar (stderr is a terminal) */

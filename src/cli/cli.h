@@ -41,6 +41,7 @@ int cmd_run(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
 int cmd_metrics(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_experiment(int argc, char **argv);
 
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);

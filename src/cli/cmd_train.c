@@ -175,7 +175,7 @@ int cmd_train(int argc, char **argv)
     double heartbeat_timeout = node_defaults.heartbeat_timeout;
     double link_delay_ms = 0;
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
-    long n_train = cfg.n_train, n_val = cfg.n_val;
+    long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
@@ -225,6 +225,7 @@ int cmd_train(int argc, char **argv)
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
         {"val-size", CLI_INT, &n_val, "N", "validation records (the next N)", 0, 100000000},
+        {"test-size", CLI_INT, &n_test, "N", "test records evaluated at the end (the first N; 0: all)", 0, 100000000},
         {"threads", CLI_INT, &threads, "N", "BLAS threads (0: OPENBLAS_NUM_THREADS or all cores)", 0, 1024},
         {"log-every", CLI_INT, &log_every, "N", "steps between step lines (0: none)", 0, 100000000},
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
@@ -327,6 +328,7 @@ int cmd_train(int argc, char **argv)
     cfg.seed = (uint64_t)seed;
     cfg.n_train = (uint32_t)n_train;
     cfg.n_val = (uint32_t)n_val;
+    cfg.n_test = (uint32_t)n_test;
     cfg.threads = (int)threads;
     cfg.log_every = quiet ? 0 : (int)log_every;
     cfg.progress = !no_progress && isatty(STDERR_FILENO);

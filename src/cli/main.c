@@ -27,6 +27,7 @@ static const command commands[] = {
     {"ping", cmd_ping, "check a cluster: every task reaches every other, with latencies"},
     {"metrics", cmd_metrics, "merge the metrics files of a cluster's tasks into one"},
     {"report", cmd_report, "an HTML report (charts, tables) of one or more runs' metrics files"},
+    {"experiment", cmd_experiment, "run a study of many runs (thesis, scaling) with its report"},
     {"version", cmd_version, "print the version"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
@@ -35,7 +36,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: downpour COMMAND [OPTIONS]\n       downpour --version\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'downpour COMMAND --help' lists a command's options and their defaults.\n");
 }
 

@@ -261,7 +261,10 @@ static int report_and_save(loop *L, dp_err *err)
             ? (double)L->train.n * cfg->epochs * ((double)trained / (double)L->total_steps) /
                   res->train_seconds
             : 0;
-    res->test_accuracy = dp_evaluate(&L->m, params, &L->ds.test, L->x, L->y, NULL);
+    dp_split test = L->ds.test;
+    if (cfg->n_test > 0 && cfg->n_test < test.n)
+        test.n = cfg->n_test; /* --test-size: the first N */
+    res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL);
     print_table(L);
     dp_info("Test accuracy: %.4f, training time: %.2f s (%.0f samples/s)", res->test_accuracy,
             res->train_seconds, res->samples_per_second);
@@ -273,7 +276,8 @@ static int report_and_save(loop *L, dp_err *err)
                      (long)cfg->batch * L->info.replicas, DP_F_INT, "epochs", (long)cfg->epochs,
                      DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_INT,
                      "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
-                     DP_F_INT, "resumed_from", L->resume.step, DP_F_END);
+                     DP_F_INT, "resumed_from", L->resume.step, DP_F_INT, "test_records",
+                     (long)test.n, DP_F_END);
     if (!cfg->save_path)
         return 0;
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,

@@ -1,0 +1,120 @@
+/* What `downpour experiment` subcommands share (docs/experiments.md): running
+ * one training command as a child process with its output in a log file,
+ * the summary of a run's metrics file, medians and spreads, and option lists
+ * such as "128,256". */
+#ifndef DOWNPOUR_EXPERIMENT_STUDY_H
+#define DOWNPOUR_EXPERIMENT_STUDY_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "downpour/status.h"
+
+#define STUDY_MAX_ARGS 96
+#define STUDY_MAX_EPOCHS 1000
+#define STUDY_MAX_LIST 16
+
+/* A command line under construction: argv[0] is this program, or another
+ * program found on PATH (a script). */
+typedef struct study_argv {
+    char *argv[STUDY_MAX_ARGS + 1];
+    char store[8192];
+    size_t used;
+    int argc;
+} study_argv;
+
+void study_argv_init(study_argv *a);  /* empty: the first argument is the program */
+/* Appends one argument (copied); returns -1 when the command is too long. */
+int study_argv_add(study_argv *a, const char *arg);
+/* Appends the whitespace-separated words of s. */
+int study_argv_add_words(study_argv *a, const char *s);
+/* The command as one line for logs ("downpour launch ..."). */
+void study_argv_format(const study_argv *a, char *out, size_t cap);
+
+/* Runs the command with stdout and stderr to log_path; waits at most
+ * timeout seconds (then SIGTERM, SIGKILL).  *wall gets its seconds.
+ * Returns its exit status (0-255), 124 after a timeout, -1 when it could
+ * not be started (err says why). */
+int study_spawn(const study_argv *a, const char *log_path, double timeout, double *wall,
+                dp_err *err);
+/* Copies the last n lines of a log to f, indented (for a failed run). */
+void study_log_tail(FILE *f, const char *log_path, int n);
+
+/* The figures of one run, read from its (merged) metrics file. */
+typedef struct study_run {
+    bool done;                 /* a "done" event was read */
+    double test_accuracy, train_seconds, samples_per_second;
+    double wall_seconds;       /* the whole command, set by the caller */
+    int epochs;                /* epoch events read */
+    double val_accuracy[STUDY_MAX_EPOCHS], val_loss[STUDY_MAX_EPOCHS];
+    int tasks;                 /* tasks that sampled their resources */
+    double cpu_percent_mean;   /* mean over tasks of each task's mean CPU % */
+    double cpu_percent_sum;    /* their sum: cores kept busy x 100 */
+    double rss_bytes;          /* sum over tasks of each task's peak */
+    double net_bytes;          /* sum over tasks of the bytes each received */
+} study_run;
+
+/* Reads path into r.  Returns 0, or -1 naming the file when it cannot be
+ * read or holds no "done" event of the evaluator. */
+int study_read_run(const char *path, study_run *r, dp_err *err);
+
+/* Median, min and max of n values (n >= 1); v is reordered. */
+typedef struct study_stat {
+    double median, min, max;
+    int n;
+} study_stat;
+study_stat study_stats(double *v, int n);
+
+/* Splits a comma list ("128,256", "mnist,fashion-mnist") into at most
+ * STUDY_MAX_LIST items, each checked by ok (NULL: any).  Names the option
+ * and the bad item on error.  The strings point into a copy kept in buf. */
+int study_split_list(const char *opt, const char *s, char *buf, size_t cap,
+                     const char **items, int *n, int (*ok)(const char *), dp_err *err);
+
+/* Makes dir and dir/runs, refusing a path that is not a writable directory. */
+int study_prepare_out(const char *dir, dp_err *err);
+
+/* Where a study's runs go: `downpour launch` on this machine, or a virtual
+ * cluster of network-namespace hosts with capped links (scripts/vcluster.sh,
+ * docs/cluster.md). */
+typedef struct study_cluster_opts {
+    long hosts;     /* 0: this machine, every task a local process */
+    long link_mbit; /* hosts: each host's link capped (0: not capped) */
+    long delay_ms;  /* hosts: one-way delay per message, in the transport */
+} study_cluster_opts;
+
+void study_cluster_opts_init(study_cluster_opts *o);
+
+/* The options' entries for a cli_opt table (cli.h). */
+#define STUDY_CLUSTER_CLI_OPTS(o)                                                                \
+    {"hosts", CLI_INT, &(o).hosts, "N",                                                          \
+     "run each task in one of N virtual hosts (network namespaces on a bridge, "                 \
+     "scripts/vcluster.sh; needs root); 0: local processes", 0, 250},                            \
+    {"link-mbit", CLI_INT, &(o).link_mbit, "B",                                                  \
+     "with --hosts: each host's link capped at B Mbit/s (0: uncapped)", 0, 100000},              \
+    {"delay-ms", CLI_INT, &(o).delay_ms, "D",                                                    \
+     "with --hosts: every message waits D ms in the transport (latency)", 0, 10000}
+
+typedef struct study_cluster {
+    long hosts, link_mbit, delay_ms;
+    char script[4096];       /* hosts: the virtual cluster's script */
+    char description[256];   /* "this machine (2 cores)", for reports */
+} study_cluster;
+
+/* Checks the options (a virtual cluster needs its script and root). */
+int study_cluster_setup(study_cluster *c, const study_cluster_opts *o, dp_err *err);
+/* Starts a's command: the program and arguments that run a cluster of a
+ * chief (when chief), `workers` workers and `ps` ps tasks, up to and
+ * including the "--" before the task command ("train ..."). */
+int study_cluster_command(const study_cluster *c, study_argv *a, bool chief, int workers, int ps,
+                          dp_err *err);
+
+/* The virtual cluster's half of the two above (vcluster.c). */
+int study_vcluster_setup(study_cluster *c, dp_err *err);
+int study_vcluster_command(const study_cluster *c, study_argv *a, bool chief, int workers,
+                           int ps, dp_err *err);
+
+/* This machine's cores (for the report). */
+int study_cores(void);
+
+#endif
