@@ -39,6 +39,8 @@ int cmd_eval(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
+/* downpour experiment cost (docs/cost_model.md). */
+int dp_cmd_experiment_cost(int argc, char **argv);
 
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);

@@ -90,6 +90,9 @@ int main(int argc, char **argv)
         char *sub[] = {argv[2], "--help", NULL};
         return c->run(2, sub);
     }
+    /* Until `downpour experiment` dispatches its subcommands: the cost model. */
+    if (strcmp(a, "experiment") == 0 && argc > 2 && strcmp(argv[2], "cost") == 0)
+        return dp_cmd_experiment_cost(argc - 2, argv + 2);
     const command *c = find_command(a);
     if (c)
         return c->run(argc - 1, argv + 1);
