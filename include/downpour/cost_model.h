@@ -1,0 +1,146 @@
+/* A cost model: from a short calibration run (compute per record, the model's
+ * size, a link's speed) it predicts how long each data-parallel strategy
+ * takes on a cluster the user describes, names what bounds it, and ranks the
+ * strategies.  The equations and their limits are in docs/cost_model.md;
+ * every term is plain arithmetic on the structs below, so a test can check
+ * one by hand. */
+#ifndef DOWNPOUR_COST_MODEL_H
+#define DOWNPOUR_COST_MODEL_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "downpour/status.h"
+
+typedef enum dp_cost_strategy {
+    DP_COST_SINGLE,
+    DP_COST_PS_ASYNC,
+    DP_COST_PS_SYNC,
+    DP_COST_ALLREDUCE,
+    DP_COST_STRATEGY_COUNT
+} dp_cost_strategy;
+
+/* What bounds a step (or, for ps-async, the rate of all workers' steps). */
+typedef enum dp_cost_bottleneck {
+    DP_COST_BOUND_COMPUTE,  /* the workers' forward, backward and framework time */
+    DP_COST_BOUND_PS_LINK,  /* a parameter server host's link */
+    DP_COST_BOUND_PS_CPU,   /* a parameter server applying every push */
+    DP_COST_BOUND_RING,     /* the all-reduce's bytes and latency hops */
+    DP_COST_BOUND_COUNT
+} dp_cost_bottleneck;
+
+/* Measured once, on one core.  Frameworks slower than ours (TensorFlow) are
+ * described by the two overhead terms; downpour's own are 0. */
+typedef struct dp_cost_calibration {
+    double sample_s;         /* forward + backward per training record, one core */
+    double apply_s_per_param; /* one optimiser update per parameter (memory-bound) */
+    double step_overhead_s;  /* framework seconds per step, not parallelised */
+    double record_overhead_s; /* framework seconds per record (input pipeline) */
+    double thread_gain;      /* each core beyond the first adds this much of one core */
+    size_t n_params;         /* floats in the model */
+} dp_cost_calibration;
+
+/* The cluster: identical hosts, each with one link of `bandwidth` bytes/s in
+ * each direction, `latency` seconds one way per message.  Tasks are placed
+ * as `downpour launch`/TensorFlow runs place them: ps tasks first, then the
+ * chief, then the workers, round-robin over the hosts. */
+typedef struct dp_cost_cluster {
+    int hosts;
+    int cores;        /* per host */
+    double bandwidth; /* bytes/s, each way, per host */
+    double latency;   /* seconds, one way */
+    int workers;
+    int ps;
+    int chief;        /* 0 or 1; with allreduce the chief is replica 0 */
+} dp_cost_cluster;
+
+typedef struct dp_cost_job {
+    dp_cost_strategy strategy;
+    int batch;           /* per worker (per replica for allreduce) */
+    int epochs;
+    long train_records;
+    long val_records;    /* validated each epoch by the chief (or replica 0) */
+    size_t bucket_bytes; /* allreduce: gradient bytes per ring all-reduce (512 KiB) */
+} dp_cost_job;
+
+typedef struct dp_cost_prediction {
+    long steps_per_epoch;   /* per worker */
+    int replicas;           /* tasks that train */
+    double compute_s;       /* one step's compute on the slowest worker */
+    double comm_s;          /* one step's communication (ring, or push and pull) */
+    double apply_s;         /* one step's optimiser update on its critical path */
+    double step_s;          /* one worker's step, everything included */
+    double epoch_s;
+    double total_s;         /* epochs x epoch_s, plus the last validation */
+    double bytes_per_step;  /* one worker's bytes sent per step (frame headers included) */
+    double busiest_link_bytes; /* bytes per step through the busiest host link, one direction */
+    dp_cost_bottleneck bottleneck;
+    char why[320];          /* one sentence: what bounds it, with its figure */
+} dp_cost_prediction;
+
+const char *dp_cost_strategy_name(dp_cost_strategy s); /* the --strategy value */
+/* -1 for a name the model does not cover. */
+int dp_cost_strategy_parse(const char *name);
+const char *dp_cost_bottleneck_name(dp_cost_bottleneck b);
+
+void dp_cost_job_init(dp_cost_job *job); /* batch 128, 25 epochs, 54,000 + 6,000, 512 KiB */
+/* Thread gain 0.6 (docs/benchmarks.md: two threads are 1.6x one), Adam's
+ * update at 0.45 ns a parameter (120 us for 266,610). */
+void dp_cost_calibration_init(dp_cost_calibration *cal);
+
+/* Refuses what no cluster has (0 hosts, no bandwidth, a strategy without
+ * the tasks it needs), naming the field. */
+int dp_cost_predict(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                    const dp_cost_job *job, dp_cost_prediction *out, dp_err *err);
+
+/* Bytes one ps-async/ps-sync worker sends per step (push frames to every
+ * shard) and receives (parameter frames), with frame headers, for the shard
+ * layout of `ps` tasks (docs/strategies.md, "Roles": the min-size partitioner). */
+int dp_cost_ps_bytes(size_t n_params, int ps, double *push_bytes, double *pull_bytes, dp_err *err);
+/* Bytes one of n ring replicas sends per step: 2(n-1)/n of the gradient plus
+ * a frame header per segment. */
+double dp_cost_ring_bytes(size_t n_params, int n, size_t bucket_bytes);
+
+/* The covered strategies that fit the cluster, fastest first, with one line
+ * each; text holds the ranking and the reasons.  Returns how many. */
+int dp_cost_recommend(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                      const dp_cost_job *job, dp_cost_prediction out[DP_COST_STRATEGY_COUNT],
+                      dp_cost_strategy order[DP_COST_STRATEGY_COUNT], char *text, size_t text_cap,
+                      dp_err *err);
+
+/* Calibration from a short single-process run's metrics (--threads 1): the
+ * median step of its `steps` events when there are some, else the `done`
+ * event's samples_per_second.  Fills sample_s and n_params (from the done
+ * event's model); *batch receives the run's batch (may be NULL). */
+int dp_cost_calibrate_from_metrics(const char *path, dp_cost_calibration *cal, int *batch,
+                                   dp_err *err);
+
+/* Parameters of a model spec ("mlp-300-100"), without allocating its buffers
+ * for long. */
+int dp_cost_model_params(const char *model, size_t *n_params, dp_err *err);
+
+/* One measured run, for validation: what its `done` event says. */
+typedef struct dp_cost_run {
+    char strategy[32];
+    char model[64];
+    int batch, epochs, workers, ps;
+    double train_seconds;
+    double samples_per_second;
+} dp_cost_run;
+int dp_cost_read_done(const char *path, dp_cost_run *run, dp_err *err);
+
+/* A loopback TCP link between two threads of this process: bytes/s of a
+ * 64 MiB stream in 1 MiB writes and the one-way latency (half a 64-byte
+ * round trip).  What two tasks on this host get, before framing. */
+int dp_cost_measure_loopback(double *bytes_per_s, double *latency_s, dp_err *err);
+
+/* The source experiment's 12 TensorFlow times (9 hosts of 4 cores) beside
+ * the model's predictions, as a Markdown table on out: cal's sample_s is for
+ * a model of cal_params parameters (scaled to each cell's model); fit A
+ * fits one per-step overhead on MNIST PS batch 128, fit B a per-step and a
+ * per-record overhead on MNIST PS batches 128 and 256; the errors of the
+ * cells not fitted are summed up at the end. */
+int dp_cost_validate_source(const dp_cost_calibration *cal, size_t cal_params, double bandwidth,
+                            double latency, FILE *out, dp_err *err);
+
+#endif

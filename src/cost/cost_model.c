@@ -1,0 +1,473 @@
+/* The cost model's equations (docs/cost_model.md): each strategy modelled
+ * from what it puts on the wire (docs/strategies.md) and what its tasks
+ * compute, on hosts whose cores and link the tasks share. */
+#include "downpour/cost_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "downpour/frame.h"
+#include "downpour/partition.h"
+#include "downpour/ps.h"
+
+#define RING_SEGMENT_BYTES (256u << 10) /* src/strategy/ring.c: frames of at most this */
+#define MAX_TASKS 4096
+
+static const char *const strategy_names[DP_COST_STRATEGY_COUNT] = {"single", "ps-async", "ps-sync",
+                                                                   "allreduce"};
+
+const char *dp_cost_strategy_name(dp_cost_strategy s)
+{
+    return (unsigned)s < DP_COST_STRATEGY_COUNT ? strategy_names[s] : "invalid";
+}
+
+int dp_cost_strategy_parse(const char *name)
+{
+    for (int i = 0; i < DP_COST_STRATEGY_COUNT; i++)
+        if (name && strcmp(name, strategy_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *dp_cost_bottleneck_name(dp_cost_bottleneck b)
+{
+    static const char *const names[DP_COST_BOUND_COUNT] = {"compute", "ps link", "ps cpu", "ring"};
+    return (unsigned)b < DP_COST_BOUND_COUNT ? names[b] : "invalid";
+}
+
+void dp_cost_job_init(dp_cost_job *job)
+{
+    memset(job, 0, sizeof *job);
+    job->strategy = DP_COST_PS_ASYNC;
+    job->batch = 128;
+    job->epochs = 25;
+    job->train_records = 54000;
+    job->val_records = 6000;
+    job->bucket_bytes = 512u << 10;
+}
+
+void dp_cost_calibration_init(dp_cost_calibration *cal)
+{
+    memset(cal, 0, sizeof *cal);
+    cal->apply_s_per_param = 120e-6 / 266610.0; /* docs/benchmarks.md, "The engine" */
+    cal->thread_gain = 0.6;
+}
+
+/* Which host each task lands on: ps tasks, the chief, then the workers,
+ * round-robin, so a cluster of as many hosts as tasks has one task a host. */
+typedef struct layout {
+    int n_tasks, n_train;
+    int host[MAX_TASKS];
+    int trains[MAX_TASKS];
+} layout;
+
+static void place(layout *L, const dp_cost_cluster *cl, int ps, int chief_trains)
+{
+    int k = 0;
+    for (int i = 0; i < ps; i++, k++) {
+        L->host[k] = k % cl->hosts;
+        L->trains[k] = 0;
+    }
+    if (cl->chief) {
+        L->host[k] = k % cl->hosts;
+        L->trains[k] = chief_trains;
+        k++;
+    }
+    for (int i = 0; i < cl->workers; i++, k++) {
+        L->host[k] = k % cl->hosts;
+        L->trains[k] = 1;
+    }
+    L->n_tasks = k;
+    L->n_train = 0;
+    for (int i = 0; i < k; i++)
+        L->n_train += L->trains[i];
+}
+
+/* One training task's speed in cores: launch gives each task
+ * max(1, cores / tasks on its host) BLAS threads (src/cluster/launcher.c),
+ * and the training tasks of a host share its cores.  Beyond one core a
+ * core adds thread_gain of one (small GEMMs scale poorly). */
+static double task_speed(const layout *L, int task, const dp_cost_cluster *cl, double gain)
+{
+    int h = L->host[task], all = 0, train = 0;
+    for (int i = 0; i < L->n_tasks; i++)
+        if (L->host[i] == h) {
+            all++;
+            train += L->trains[i];
+        }
+    double threads = cl->cores / all >= 1 ? (double)(cl->cores / all) : 1.0;
+    double share = (double)cl->cores / (train > 0 ? train : 1);
+    double got = threads < share ? threads : share;
+    return got <= 1.0 ? got : 1.0 + (got - 1.0) * gain;
+}
+
+static double step_compute(const dp_cost_calibration *cal, int batch, double speed)
+{
+    return batch * cal->sample_s / speed + cal->step_overhead_s + batch * cal->record_overhead_s;
+}
+
+int dp_cost_ps_bytes(size_t n_params, int ps, double *push_bytes, double *pull_bytes, dp_err *err)
+{
+    dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);
+    if (!r)
+        return dp_errf(err, "out of memory");
+    int k = dp_partition_min_size(n_params, DP_PARTITION_MIN_SHARD_BYTES, ps, r, err);
+    if (k < 0) {
+        free(r);
+        return -1;
+    }
+    double up = 0, down = 0;
+    for (int s = 0; s < k; s++) {
+        uint64_t n = r[s].hi - r[s].lo;
+        up += (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
+        down += (double)dp_frame_wire_size(4 * n);
+    }
+    free(r);
+    *push_bytes = up;
+    *pull_bytes = down;
+    return 0;
+}
+
+static size_t n_buckets(size_t n_params, size_t bucket_bytes)
+{
+    size_t bytes = n_params * sizeof(float);
+    return bytes == 0 ? 0 : (bytes + bucket_bytes - 1) / bucket_bytes;
+}
+
+double dp_cost_ring_bytes(size_t n_params, int n, size_t bucket_bytes)
+{
+    if (n < 2 || n_params == 0)
+        return 0;
+    size_t nb = n_buckets(n_params, bucket_bytes);
+    double bytes = (double)n_params * sizeof(float);
+    /* Every bucket: n-1 reduce-scatter and n-1 all-gather hops, each sending
+     * a 1/n chunk of the bucket in segment frames. */
+    double chunk = bytes / (double)nb / n;
+    double frames = ceil(chunk / RING_SEGMENT_BYTES);
+    return (double)nb * 2.0 * (n - 1) * (chunk + frames * DP_FRAME_HEADER_SIZE);
+}
+
+static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                        const dp_cost_job *job, dp_err *err)
+{
+    if (!(cal->sample_s > 0) || !isfinite(cal->sample_s))
+        return dp_errf(err, "calibration: sample_s must be positive (seconds per record)");
+    if (cal->n_params == 0)
+        return dp_errf(err, "calibration: n_params must be positive");
+    if (cal->apply_s_per_param < 0 || cal->step_overhead_s < 0 || cal->record_overhead_s < 0)
+        return dp_errf(err, "calibration: apply and overhead seconds must not be negative");
+    if (cl->hosts < 1 || cl->hosts > MAX_TASKS)
+        return dp_errf(err, "cluster: hosts %d is out of range [1, %d]", cl->hosts, MAX_TASKS);
+    if (cl->cores < 1)
+        return dp_errf(err, "cluster: cores %d must be at least 1", cl->cores);
+    if (!(cl->bandwidth > 0) || !isfinite(cl->bandwidth))
+        return dp_errf(err, "cluster: bandwidth must be positive (bytes/s)");
+    if (!(cl->latency >= 0) || !isfinite(cl->latency))
+        return dp_errf(err, "cluster: latency must not be negative");
+    if (cl->workers < 0 || cl->ps < 0 || cl->chief < 0 || cl->chief > 1 ||
+        cl->workers + cl->ps + cl->chief > MAX_TASKS)
+        return dp_errf(err, "cluster: workers %d, ps %d, chief %d: counts out of range", cl->workers,
+                       cl->ps, cl->chief);
+    if (job->batch < 1 || job->epochs < 1 || job->train_records < 1 || job->val_records < 0)
+        return dp_errf(err, "job: batch, epochs and train records must be positive");
+    if ((unsigned)job->strategy >= DP_COST_STRATEGY_COUNT)
+        return dp_errf(err, "job: unknown strategy %d", (int)job->strategy);
+    if (job->strategy == DP_COST_ALLREDUCE && job->bucket_bytes == 0)
+        return dp_errf(err, "job: bucket_bytes must be positive for allreduce");
+    return 0;
+}
+
+/* Host link loads of one round, every byte counted where it leaves and where
+ * it arrives (traffic between two tasks of one host counts twice there). */
+typedef struct loads {
+    double out[MAX_TASKS], in[MAX_TASKS];
+} loads;
+
+static double busiest(const loads *ld, int hosts)
+{
+    double m = 0;
+    for (int h = 0; h < hosts; h++) {
+        if (ld->out[h] > m)
+            m = ld->out[h];
+        if (ld->in[h] > m)
+            m = ld->in[h];
+    }
+    return m;
+}
+
+static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                      const dp_cost_job *job, dp_cost_prediction *p, loads *up, loads *down,
+                      layout *L, dp_err *err)
+{
+    if (cl->ps < 1)
+        return dp_errf(err, "cluster: %s needs at least one ps task", dp_cost_strategy_name(job->strategy));
+    if (cl->workers < 1)
+        return dp_errf(err, "cluster: %s needs at least one worker", dp_cost_strategy_name(job->strategy));
+    dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);
+    if (!r)
+        return dp_errf(err, "out of memory");
+    int k = dp_partition_min_size(cal->n_params, DP_PARTITION_MIN_SHARD_BYTES, cl->ps, r, err);
+    if (k < 0) {
+        free(r);
+        return -1;
+    }
+    place(L, cl, cl->ps, 0);
+    int W = cl->workers;
+    double push = 0, pull = 0, shard_apply = 0, ps_cpu[MAX_TASKS] = {0};
+    memset(up, 0, sizeof *up);
+    memset(down, 0, sizeof *down);
+    double compute = 0;
+    for (int t = 0; t < L->n_tasks; t++) {
+        if (!L->trains[t])
+            continue;
+        double c = step_compute(cal, job->batch, task_speed(L, t, cl, cal->thread_gain));
+        if (c > compute)
+            compute = c;
+        for (int s = 0; s < k; s++) {
+            uint64_t n = r[s].hi - r[s].lo;
+            double u = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
+            double d = (double)dp_frame_wire_size(4 * n);
+            int hw = L->host[t], hs = L->host[s]; /* shard s lives on ps task s */
+            up->out[hw] += u;
+            up->in[hs] += u;
+            down->out[hs] += d;
+            down->in[hw] += d;
+        }
+    }
+    for (int s = 0; s < k; s++) {
+        uint64_t n = r[s].hi - r[s].lo;
+        push += (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
+        pull += (double)dp_frame_wire_size(4 * n);
+        double a = (double)n * cal->apply_s_per_param;
+        if (a > shard_apply)
+            shard_apply = a;
+        ps_cpu[L->host[s]] += a;
+    }
+    free(r);
+    double busiest_ps_cpu = 0;
+    for (int h = 0; h < cl->hosts; h++)
+        if (ps_cpu[h] > busiest_ps_cpu)
+            busiest_ps_cpu = ps_cpu[h];
+    p->replicas = W;
+    p->compute_s = compute;
+    p->bytes_per_step = push;
+    double bw = cl->bandwidth, lat = cl->latency;
+    if (job->strategy == DP_COST_PS_ASYNC) {
+        /* A worker's round trip alone; the workers' steps interleave, so a
+         * round of W steps (one each) takes at least what the busiest link
+         * and the busiest ps core need for all of them. */
+        double own = (push + pull) / bw + 2 * lat;
+        double worker = compute + own + shard_apply;
+        double link = fmax(busiest(up, cl->hosts), busiest(down, cl->hosts)) / bw;
+        double cpu = W * busiest_ps_cpu;
+        p->comm_s = own;
+        p->apply_s = shard_apply;
+        p->busiest_link_bytes = fmax(busiest(up, cl->hosts), busiest(down, cl->hosts));
+        p->step_s = fmax(worker, fmax(link, cpu));
+        if (p->step_s == worker)
+            p->bottleneck = compute >= own ? DP_COST_BOUND_COMPUTE : DP_COST_BOUND_PS_LINK;
+        else
+            p->bottleneck = link >= cpu ? DP_COST_BOUND_PS_LINK : DP_COST_BOUND_PS_CPU;
+    } else {
+        /* In lockstep: every worker pushes at once, the servers sum the pushes
+         * (a pass over the shard each, about a quarter of an Adam update's
+         * memory traffic) and apply once, then answer every worker at once. */
+        double up_t = busiest(up, cl->hosts) / bw, down_t = busiest(down, cl->hosts) / bw;
+        double apply = busiest_ps_cpu * (1.0 + W / 4.0);
+        p->comm_s = up_t + down_t + 2 * lat;
+        p->apply_s = apply;
+        p->busiest_link_bytes = fmax(busiest(up, cl->hosts), busiest(down, cl->hosts));
+        p->step_s = compute + p->comm_s + apply;
+        p->bottleneck = compute >= p->comm_s && compute >= apply ? DP_COST_BOUND_COMPUTE
+                        : p->comm_s >= apply                     ? DP_COST_BOUND_PS_LINK
+                                                                 : DP_COST_BOUND_PS_CPU;
+    }
+    return 0;
+}
+
+int dp_cost_predict(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                    const dp_cost_job *job, dp_cost_prediction *out, dp_err *err)
+{
+    if (check_inputs(cal, cl, job, err) < 0)
+        return -1;
+    dp_cost_prediction p;
+    memset(&p, 0, sizeof p);
+    layout *L = malloc(sizeof *L);
+    loads *up = malloc(sizeof *up), *down = malloc(sizeof *down);
+    int rc = 0;
+    if (!L || !up || !down) {
+        rc = dp_errf(err, "out of memory");
+        goto done;
+    }
+    double eval_speed = 1.0; /* of the task that validates */
+    double P = (double)cal->n_params;
+    switch (job->strategy) {
+    case DP_COST_SINGLE: {
+        dp_cost_cluster one = *cl;
+        one.workers = 1;
+        one.ps = 0;
+        one.chief = 0;
+        place(L, &one, 0, 0);
+        eval_speed = task_speed(L, 0, &one, cal->thread_gain);
+        p.replicas = 1;
+        p.compute_s = step_compute(cal, job->batch, eval_speed);
+        p.apply_s = P * cal->apply_s_per_param;
+        p.step_s = p.compute_s + p.apply_s;
+        p.bottleneck = DP_COST_BOUND_COMPUTE;
+        break;
+    }
+    case DP_COST_PS_ASYNC:
+    case DP_COST_PS_SYNC:
+        if (predict_ps(cal, cl, job, &p, up, down, L, err) < 0) {
+            rc = -1;
+            goto done;
+        }
+        /* The chief validates alone on its host's share of cores. */
+        eval_speed = cl->chief ? task_speed(L, cl->ps, cl, cal->thread_gain) : 1.0;
+        if (eval_speed <= 0)
+            eval_speed = 1.0;
+        break;
+    case DP_COST_ALLREDUCE: {
+        if (cl->ps > 0) {
+            rc = dp_errf(err, "cluster: allreduce takes no ps task (the cluster has %d)", cl->ps);
+            goto done;
+        }
+        place(L, cl, 0, 1);
+        int n = L->n_train;
+        if (n < 1) {
+            rc = dp_errf(err, "cluster: allreduce needs at least one worker or a chief");
+            goto done;
+        }
+        double compute = 0;
+        for (int t = 0; t < L->n_tasks; t++) {
+            double c = step_compute(cal, job->batch, task_speed(L, t, cl, cal->thread_gain));
+            if (c > compute)
+                compute = c;
+        }
+        eval_speed = task_speed(L, 0, cl, cal->thread_gain);
+        double rb = dp_cost_ring_bytes(cal->n_params, n, job->bucket_bytes);
+        memset(up, 0, sizeof *up);
+        for (int t = 0; t < L->n_tasks; t++) {
+            up->out[L->host[t]] += rb;
+            up->in[L->host[t]] += rb;
+        }
+        size_t nb = n_buckets(cal->n_params, job->bucket_bytes);
+        double hops = n > 1 ? (double)nb * 2.0 * (n - 1) : 0;
+        p.replicas = n;
+        p.compute_s = compute;
+        p.bytes_per_step = rb;
+        p.busiest_link_bytes = busiest(up, cl->hosts);
+        p.comm_s = p.busiest_link_bytes / cl->bandwidth + hops * cl->latency;
+        p.apply_s = P * cal->apply_s_per_param;
+        p.step_s = compute + p.comm_s + p.apply_s;
+        p.bottleneck = compute >= p.comm_s ? DP_COST_BOUND_COMPUTE : DP_COST_BOUND_RING;
+        break;
+    }
+    default:
+        rc = dp_errf(err, "job: unknown strategy %d", (int)job->strategy);
+        goto done;
+    }
+    /* Every replica takes ceil(ceil(N / w) / b) steps an epoch
+     * (docs/strategies.md, "Data: what a worker trains on"). */
+    long per = (job->train_records + p.replicas - 1) / p.replicas;
+    p.steps_per_epoch = (per + job->batch - 1) / job->batch;
+    /* Validation is a forward pass, about a third of forward + backward. */
+    double eval = job->val_records * cal->sample_s / 3.0 / eval_speed;
+    p.epoch_s = p.steps_per_epoch * p.step_s;
+    if (job->strategy == DP_COST_SINGLE || job->strategy == DP_COST_ALLREDUCE) {
+        p.epoch_s += eval; /* the others wait at the next step for the evaluator */
+        p.total_s = job->epochs * p.epoch_s;
+    } else {
+        /* ps workers go on while the chief validates; only the last one counts. */
+        p.total_s = job->epochs * p.epoch_s + eval;
+    }
+    switch (p.bottleneck) {
+    case DP_COST_BOUND_COMPUTE:
+        snprintf(p.why, sizeof p.why,
+                 "compute: %.2f ms a step of %.2f ms (communication %.2f ms, %.2f MB sent a step)",
+                 p.compute_s * 1e3, p.step_s * 1e3, p.comm_s * 1e3, p.bytes_per_step / 1e6);
+        break;
+    case DP_COST_BOUND_PS_LINK:
+        snprintf(p.why, sizeof p.why,
+                 "ps link: the busiest host moves %.2f MB a round (%.2f ms at %.0f MB/s); compute "
+                 "%.2f ms a step",
+                 p.busiest_link_bytes / 1e6, p.busiest_link_bytes / cl->bandwidth * 1e3,
+                 cl->bandwidth / 1e6, p.compute_s * 1e3);
+        break;
+    case DP_COST_BOUND_PS_CPU:
+        snprintf(p.why, sizeof p.why,
+                 "ps cpu: the busiest server applies %d pushes a round, %.2f ms; compute %.2f ms a "
+                 "step",
+                 p.replicas, p.step_s * 1e3, p.compute_s * 1e3);
+        break;
+    case DP_COST_BOUND_RING:
+        snprintf(p.why, sizeof p.why,
+                 "ring: %.2f MB sent a step by each of %d replicas, %.2f ms with its latency "
+                 "hops; compute %.2f ms",
+                 p.bytes_per_step / 1e6, p.replicas, p.comm_s * 1e3, p.compute_s * 1e3);
+        break;
+    default:
+        break;
+    }
+    *out = p;
+done:
+    free(L);
+    free(up);
+    free(down);
+    return rc;
+}
+
+int dp_cost_recommend(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                      const dp_cost_job *job, dp_cost_prediction out[DP_COST_STRATEGY_COUNT],
+                      dp_cost_strategy order[DP_COST_STRATEGY_COUNT], char *text, size_t text_cap,
+                      dp_err *err)
+{
+    int n = 0;
+    size_t used = 0;
+    if (text_cap)
+        text[0] = '\0';
+    for (int s = 0; s < DP_COST_STRATEGY_COUNT; s++) {
+        dp_cost_job j = *job;
+        j.strategy = (dp_cost_strategy)s;
+        dp_cost_cluster c = *cl;
+        if (s == DP_COST_ALLREDUCE) {
+            /* The same machines: every task, ps included, becomes a replica
+             * (the source experiment's 1 + 6 + 2 against 9 workers). */
+            c.workers += c.ps;
+            c.ps = 0;
+        }
+        if (s != DP_COST_SINGLE && (s == DP_COST_ALLREDUCE ? c.workers + c.chief < 2 : c.ps < 1 || c.workers < 1))
+            continue;
+        if (dp_cost_predict(cal, &c, &j, &out[s], err) < 0)
+            return -1;
+        order[n++] = (dp_cost_strategy)s;
+    }
+    for (int i = 1; i < n; i++) /* insertion sort, fastest first */
+        for (int k = i; k > 0 && out[order[k]].total_s < out[order[k - 1]].total_s; k--) {
+            dp_cost_strategy t = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = t;
+        }
+    for (int i = 0; i < n && used < text_cap; i++) {
+        const dp_cost_prediction *p = &out[order[i]];
+        int w = snprintf(text + used, text_cap - used, "%d. %-9s %8.1f s (%d replicas, %.2f ms a step) %s\n",
+                         i + 1, dp_cost_strategy_name(order[i]), p->total_s, p->replicas,
+                         p->step_s * 1e3, p->why);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    if (n > 0 && used < text_cap) {
+        const dp_cost_prediction *b = &out[order[0]];
+        snprintf(text + used, text_cap - used,
+                 "Suits this cluster: %s, bound by %s.%s\n", dp_cost_strategy_name(order[0]),
+                 dp_cost_bottleneck_name(b->bottleneck),
+                 order[0] == DP_COST_PS_ASYNC
+                     ? " Its gradients are stale by up to the number of workers' steps, so it may "
+                       "need a smaller learning rate to reach the accuracy of the synchronous modes."
+                     : "");
+    }
+    return n;
+}
