@@ -1,5 +1,5 @@
 /* downpour experiment (docs/experiments.md):
- * - `thesis --epochs 1 --datasets mnist` runs its 4 cells (ps-async and
+ * - `thesis --epochs 1 --datasets mnist` runs its 4 cells (ps-sync and
  *   allreduce x batch 128 and 256) and writes results.json, with every cell
  *   filled: the source's figures, our test accuracy equal to the run's own
  *   metrics file, per-epoch validation accuracy, resources, and a
@@ -54,7 +54,7 @@ static void check_thesis(void)
         const char *strategy;
         int batch;
         double source;
-    } want[4] = {{"ps-async", 128, 0.9804}, {"ps-async", 256, 0.9838},
+    } want[4] = {{"ps-sync", 128, 0.9804}, {"ps-sync", 256, 0.9838},
                  {"allreduce", 128, 0.9804}, {"allreduce", 256, 0.9780}};
     int i = 0;
     const cJSON *c;
@@ -102,7 +102,7 @@ static void check_thesis(void)
     }
     const cJSON *rec = cJSON_GetObjectItemCaseSensitive(root, "recommendation");
     const char *best = obj_str(rec, "strategy");
-    CHECKF(!strcmp(best, "ps-async") || !strcmp(best, "allreduce"), "recommended '%s'", best);
+    CHECKF(!strcmp(best, "ps-sync") || !strcmp(best, "allreduce"), "recommended '%s'", best);
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rec, "reasons")) >= 3);
     cJSON_Delete(root);
 
@@ -111,7 +111,7 @@ static void check_thesis(void)
     CHECKF(html != NULL, "no report.html");
     if (html) {
         CHECK(strstr(html, "The source experiment on downpour") != NULL);
-        CHECK(strstr(html, "mnist ps-async b128") && strstr(html, "mnist allreduce b256"));
+        CHECK(strstr(html, "mnist ps-sync b128") && strstr(html, "mnist allreduce b256"));
         CHECK(strstr(html, "0.9838") != NULL); /* the source's figure beside ours */
     }
     free(html);
