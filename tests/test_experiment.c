@@ -75,6 +75,11 @@ static void check_thesis(void)
         CHECKF(acc >= (SANITIZED ? 0.5 : 0.8) && acc <= 1, "cell %d: accuracy %g", i, acc);
         CHECK(obj_num(c, "train_seconds", "median") > 0 &&
               obj_num(c, "wall_seconds", "median") >= obj_num(c, "train_seconds", "median"));
+        /* the cost model's prediction of this cell, beside the measurement */
+        CHECK(obj_num(c, "predicted_train_seconds", NULL) > 0 &&
+              fabs(obj_num(c, "prediction_error", NULL) -
+                   (obj_num(c, "predicted_train_seconds", NULL) /
+                        obj_num(c, "train_seconds", "median") - 1)) < 1e-9);
         CHECK(obj_num(c, "cpu_percent_mean", NULL) > 0 &&
               obj_num(c, "memory_mib_total", NULL) > 0 &&
               obj_num(c, "network_mb_total", NULL) > 0);
@@ -100,6 +105,7 @@ static void check_thesis(void)
         cJSON_Delete(epoch);
         i++;
     }
+    CHECK(obj_num(root, "cost_model", "mean_absolute_error") >= 0);
     const cJSON *rec = cJSON_GetObjectItemCaseSensitive(root, "recommendation");
     const char *best = obj_str(rec, "strategy");
     CHECKF(!strcmp(best, "ps-sync") || !strcmp(best, "allreduce"), "recommended '%s'", best);

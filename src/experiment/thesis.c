@@ -16,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "downpour/clock.h"
+#include "downpour/cost_model.h"
 #include "downpour/dataset.h"
 #include "downpour/file.h"
 #include "downpour/report.h"
@@ -136,12 +137,15 @@ typedef struct cell {
     double val_median[STUDY_MAX_EPOCHS]; /* per epoch, over repeats */
     int epochs;
     double cpu, rss_mib, net_mb;         /* medians over repeats */
+    double predicted_s;                  /* the cost model's training time; NAN: none */
 } cell;
 
 typedef struct thesis {
     const char *out;
     long epochs, repeats, train_size, val_size;
     study_cluster cluster;
+    char prediction_note[512]; /* how the cost model was calibrated, or why not */
+    double prediction_mae;     /* mean absolute relative error over the cells */
     int n_cells;
     cell cells[3 * 3 * 2];
     double wall;
@@ -254,6 +258,89 @@ static void summarise(cell *c)
             v[i] = c->run[i].val_accuracy[e];
         c->val_median[e] = study_stats(v, n).median;
     }
+}
+
+/* ------------------------------------------------- the cost model's error */
+
+/* Predicts each finished cell's training time with the cost model
+ * (docs/cost_model.md) from a one-thread calibration run of Model 1 and the
+ * measured loopback link, and sets each cell's predicted_s and T's mean
+ * absolute error, so the report shows how far the model is from this
+ * cluster's own measurements.  Local runs only: on a virtual cluster the
+ * hosts share this machine's cores, which the model does not describe. */
+static void predict_cells(thesis *T)
+{
+    T->prediction_mae = NAN;
+    for (int i = 0; i < T->n_cells; i++)
+        T->cells[i].predicted_s = NAN;
+    if (T->cluster.hosts > 0) {
+        snprintf(T->prediction_note, sizeof T->prediction_note,
+                 "No cost-model predictions: on a virtual cluster every host shares this "
+                 "machine's %d cores, which the model does not describe.", study_cores());
+        return;
+    }
+    char metrics[4400], log[4400];
+    snprintf(metrics, sizeof metrics, "%s/runs/calibration.jsonl", T->out);
+    snprintf(log, sizeof log, "%s/runs/calibration.log", T->out);
+    study_argv a;
+    study_argv_init(&a);
+    dp_err err;
+    double wall;
+    dp_cost_calibration cal;
+    dp_cost_calibration_init(&cal);
+    double bw, lat;
+    int cb;
+    if (study_argv_add(&a, "/proc/self/exe") ||
+        study_argv_add_words(&a, "train --dataset mnist --model mlp-300-100 --batch 128 --epochs 1 "
+                                 "--train-size 12800 --val-size 0 --test-size 1000 --threads 1 "
+                                 "--quiet --no-progress --metrics") ||
+        study_argv_add(&a, metrics) || study_spawn(&a, log, 600, &wall, &err) != 0 ||
+        dp_cost_calibrate_from_metrics(metrics, &cal, &cb, &err) < 0 ||
+        dp_cost_measure_loopback(&bw, &lat, &err) < 0) {
+        snprintf(T->prediction_note, sizeof T->prediction_note,
+                 "No cost-model predictions: the calibration failed (%.300s; log: %.100s).",
+                 err.msg, log);
+        return;
+    }
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < T->n_cells; i++) {
+        cell *c = &T->cells[i];
+        if (c->status != CELL_DONE)
+            continue;
+        dp_cost_calibration k = cal;
+        size_t np;
+        if (dp_cost_model_params(model_of(c->dataset), &np, &err) < 0)
+            continue;
+        k.sample_s = cal.sample_s * (double)np / (double)cal.n_params; /* ~ multiply-adds */
+        k.n_params = np;
+        int ps_layout = !strcmp(layout_of(c->strategy), "ps");
+        dp_cost_cluster cl = {.hosts = 1, .cores = study_cores(), .bandwidth = bw, .latency = lat,
+                              .workers = ps_layout ? 6 : 8, .ps = ps_layout ? 2 : 0, .chief = 1};
+        dp_cost_job job;
+        dp_cost_job_init(&job);
+        job.strategy = !strcmp(c->strategy, "ps-async") ? DP_COST_PS_ASYNC
+                       : !strcmp(c->strategy, "ps-sync") ? DP_COST_PS_SYNC
+                                                         : DP_COST_ALLREDUCE;
+        job.batch = c->batch;
+        job.epochs = (int)T->epochs;
+        job.train_records = T->train_size;
+        job.val_records = T->val_size;
+        dp_cost_prediction p;
+        if (dp_cost_predict(&k, &cl, &job, &p, &err) < 0)
+            continue;
+        c->predicted_s = p.total_s;
+        sum += fabs(p.total_s - c->train_s.median) / c->train_s.median;
+        n++;
+    }
+    if (n)
+        T->prediction_mae = sum / n;
+    snprintf(T->prediction_note, sizeof T->prediction_note,
+             "Predicted: the cost model (docs/cost_model.md) for this machine (%d cores, "
+             "loopback %.0f MB/s, %.0f us one way), calibrated by one epoch of 12,800 records "
+             "on one thread (%.2f us a record for mlp-300-100). Its mean absolute error over "
+             "the %d cells: %.0f %%.",
+             study_cores(), bw / 1e6, lat * 1e6, cal.sample_s * 1e6, n, 100 * T->prediction_mae);
 }
 
 /* ------------------------------------------------------ the recommendation */
@@ -411,6 +498,10 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
             cJSON_AddItemToObject(o, "cpu_percent_mean", num_or_null(c->cpu));
             cJSON_AddItemToObject(o, "memory_mib_total", num_or_null(c->rss_mib));
             cJSON_AddItemToObject(o, "network_mb_total", num_or_null(c->net_mb));
+            cJSON_AddItemToObject(o, "predicted_train_seconds", num_or_null(c->predicted_s));
+            cJSON_AddItemToObject(o, "prediction_error",
+                                  num_or_null((c->predicted_s - c->train_s.median) /
+                                              c->train_s.median));
             cJSON *runs = cJSON_AddArrayToObject(o, "runs");
             for (int r = 0; r < c->runs; r++) {
                 cJSON *run = cJSON_CreateObject();
@@ -424,6 +515,9 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
         }
         cJSON_AddItemToArray(cells, o);
     }
+    cJSON *cm = cJSON_AddObjectToObject(root, "cost_model");
+    cJSON_AddStringToObject(cm, "note", T->prediction_note);
+    cJSON_AddItemToObject(cm, "mean_absolute_error", num_or_null(T->prediction_mae));
     cJSON *rec = cJSON_AddObjectToObject(root, "recommendation");
     if (v->strategy)
         cJSON_AddStringToObject(rec, "strategy", v->strategy);
@@ -473,10 +567,10 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
         bad |= dp_report_add_paragraph(r, v->reasons[i]);
 
     /* the final figures beside the source's */
-    enum { COLS = 12 };
+    enum { COLS = 13 };
     const char *head[COLS] = {"dataset", "strategy", "batch", "test accuracy", "source",
                               "difference", "train s", "source s", "wall s", "CPU % (mean/task)",
-                              "memory MiB (sum)", "network MB (sum)"};
+                              "memory MiB (sum)", "network MB (sum)", "predicted train s"};
     const char **cells = calloc((size_t)T->n_cells * COLS, sizeof *cells);
     char (*store)[96] = calloc((size_t)T->n_cells * COLS, sizeof *store);
     if (!cells || !store) {
@@ -509,6 +603,11 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
             fmt(s[9], 96, "%.1f", c->cpu);
             fmt(s[10], 96, "%.0f", c->rss_mib);
             fmt(s[11], 96, "%.1f", c->net_mb);
+            if (isfinite(c->predicted_s))
+                snprintf(s[12], 96, "%.1f (%+.0f %%)", c->predicted_s,
+                         100 * (c->predicted_s - c->train_s.median) / c->train_s.median);
+            else
+                snprintf(s[12], 96, "-");
         }
         for (int k = 0; k < COLS; k++)
             row[k] = s[k];
@@ -517,8 +616,10 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
     bad |= dp_report_add_table(r,
                                "Test accuracy after the last epoch (10,000 test records), "
                                "training time of the epoch loop, the whole command's wall time, "
-                               "and resource use summed or averaged over the run's tasks",
+                               "resource use summed or averaged over the run's tasks, and the "
+                               "cost model's predicted training time with its error",
                                COLS, head, T->n_cells, cells);
+    bad |= dp_report_add_paragraph(r, T->prediction_note);
     /* the cells that did not run, and why: an absent dataset once */
     for (int i = 0; i < T->n_cells; i++) {
         const cell *c = &T->cells[i];
@@ -627,6 +728,7 @@ static void print_summary(const thesis *T, const verdict *v)
                c->status == CELL_DONE && c->acc.median < c->src->test_accuracy ? "  below source"
                                                                                  : "");
     }
+    printf("\n%s\n", T->prediction_note);
     printf("\nRecommendation: %s\n", v->strategy ? v->strategy : "none");
     for (int i = 0; i < v->n_reasons; i++)
         printf("  - %s\n", v->reasons[i]);
@@ -749,6 +851,7 @@ int dp_experiment_thesis(int argc, char **argv)
             failed++;
     }
     T.wall = dp_now() - t0;
+    predict_cells(&T);
     verdict v;
     recommend(&T, &v);
     char path[4200];
