@@ -296,19 +296,10 @@ int dp_experiment_scaling(int argc, char **argv)
         {"train-size", CLI_INT, &train_size, "N", "training records", 1, 1L << 31},
         STUDY_CLUSTER_CLI_OPTS(copts),
     };
-    int rest;
-    int pr = cli_parse(USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
-    if (pr != 0)
-        return pr > 0 ? 0 : 2;
-    if (rest < argc) {
-        fprintf(stderr, "downpour experiment scaling: unexpected argument '%s' (see --help)\n",
-                argv[rest]);
-        return 2;
-    }
-    if (!out) {
-        fprintf(stderr, "downpour experiment scaling: --out DIR is required\n");
-        return 2;
-    }
+    int pr = study_parse("scaling", USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                         &out);
+    if (pr >= 0)
+        return pr;
     dp_err err;
     char sbuf[256], wbuf[128];
     const char *st[STUDY_MAX_LIST], *ws[STUDY_MAX_LIST];

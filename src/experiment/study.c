@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "downpour/clock.h"
 #include "downpour/file.h"
 
@@ -256,6 +257,25 @@ int study_split_list(const char *opt, const char *s, char *buf, size_t cap,
     if (*n == 0)
         return dp_errf(err, "--%s: empty list", opt);
     return 0;
+}
+
+int study_parse(const char *study, const char *usage, const struct cli_opt *opts, int n_opts,
+                int argc, char **argv, const char *const *out)
+{
+    int rest;
+    int pr = cli_parse(usage, opts, n_opts, argc, argv, &rest);
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (rest < argc) {
+        fprintf(stderr, "downpour experiment %s: unexpected argument '%s' (see --help)\n", study,
+                argv[rest]);
+        return 2;
+    }
+    if (!*out) {
+        fprintf(stderr, "downpour experiment %s: --out DIR is required\n", study);
+        return 2;
+    }
+    return -1;
 }
 
 int study_prepare_out(const char *dir, dp_err *err)

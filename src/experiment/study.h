@@ -71,6 +71,13 @@ study_stat study_stats(double *v, int n);
 int study_split_list(const char *opt, const char *s, char *buf, size_t cap,
                      const char **items, int *n, int (*ok)(const char *), dp_err *err);
 
+/* A study's option parsing (cli.h) with the checks every study makes: no
+ * stray argument, and --out given (*out).  Returns -1 to go on, else the
+ * exit status (0 after --help, 2 on a usage error, said on stderr). */
+struct cli_opt;
+int study_parse(const char *study, const char *usage, const struct cli_opt *opts, int n_opts,
+                int argc, char **argv, const char *const *out);
+
 /* Makes dir and dir/runs, refusing a path that is not a writable directory. */
 int study_prepare_out(const char *dir, dp_err *err);
 

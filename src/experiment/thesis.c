@@ -755,19 +755,10 @@ int dp_experiment_thesis(int argc, char **argv)
         {"val-size", CLI_INT, &val_size, "N", "validation records (the source: 6000)", 1, 59999},
         STUDY_CLUSTER_CLI_OPTS(copts),
     };
-    int rest;
-    int pr = cli_parse(USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
-    if (pr != 0)
-        return pr > 0 ? 0 : 2;
-    if (rest < argc) {
-        fprintf(stderr, "downpour experiment thesis: unexpected argument '%s' (see --help)\n",
-                argv[rest]);
-        return 2;
-    }
-    if (!out) {
-        fprintf(stderr, "downpour experiment thesis: --out DIR is required\n");
-        return 2;
-    }
+    int pr = study_parse("thesis", USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                         &out);
+    if (pr >= 0)
+        return pr;
     if (train_size + val_size > 60000) {
         fprintf(stderr, "downpour experiment thesis: --train-size %ld + --val-size %ld is more "
                         "than the 60000 training records\n", train_size, val_size);
