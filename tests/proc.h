@@ -57,6 +57,25 @@ static inline int run_cmd(char *out, size_t out_len, const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A script of scripts/ (name: "netns.sh") beside this source tree, unless
+ * the environment variable env names one. */
+static inline void test_script(char *out, size_t cap, const char *env, const char *name)
+{
+    const char *e = getenv(env);
+    if (e && *e) {
+        snprintf(out, cap, "%s", e);
+        return;
+    }
+    snprintf(out, cap, "%s", __FILE__); /* tests/proc.h */
+    char *slash = strrchr(out, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(out, cap, ".");
+    size_t n = strlen(out);
+    snprintf(out + n, cap - n, "/../scripts/%s", name);
+}
+
 static inline char *slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

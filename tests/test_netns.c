@@ -70,24 +70,6 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-/* The script beside this source file, unless DOWNPOUR_NETNS_SH names one. */
-static void find_script(void)
-{
-    const char *env = getenv("DOWNPOUR_NETNS_SH");
-    if (env && *env) {
-        snprintf(g_script, sizeof g_script, "%s", env);
-        return;
-    }
-    snprintf(g_script, sizeof g_script, "%s", __FILE__);
-    char *slash = strrchr(g_script, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        snprintf(g_script, sizeof g_script, ".");
-    size_t n = strlen(g_script);
-    snprintf(g_script + n, sizeof g_script - n, "/../scripts/netns.sh");
-}
-
 static void skip(const char *why)
 {
     fprintf(stderr, "skipping: %s\n", why);
@@ -285,7 +267,7 @@ int main(void)
     if (system("command -v ip >/dev/null 2>&1") != 0)
         skip("'ip' (iproute2) is not installed");
     require_mnist();
-    find_script();
+    test_script(g_script, sizeof g_script, "DOWNPOUR_NETNS_SH", "netns.sh");
     if (access(g_script, X_OK) != 0)
         skip("scripts/netns.sh not found (set DOWNPOUR_NETNS_SH)");
     snprintf(g_prefix, sizeof g_prefix, "dt%ld", (long)(getpid() % 10000000));

@@ -25,24 +25,6 @@
 
 static char g_script[1024];
 
-/* The script beside this source file, unless DOWNPOUR_VCLUSTER_SH names one. */
-static void find_script(void)
-{
-    const char *env = getenv("DOWNPOUR_VCLUSTER_SH");
-    if (env && *env) {
-        snprintf(g_script, sizeof g_script, "%s", env);
-        return;
-    }
-    snprintf(g_script, sizeof g_script, "%s", __FILE__);
-    char *slash = strrchr(g_script, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        snprintf(g_script, sizeof g_script, ".");
-    size_t n = strlen(g_script);
-    snprintf(g_script + n, sizeof g_script - n, "/../scripts/vcluster.sh");
-}
-
 static void skip(const char *why)
 {
     fprintf(stderr, "skipping: %s\n", why);
@@ -135,7 +117,7 @@ int main(void)
     if (system("command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1") != 0)
         skip("'ip' or 'tc' (iproute2) is not installed");
     require_mnist();
-    find_script();
+    test_script(g_script, sizeof g_script, "DOWNPOUR_VCLUSTER_SH", "vcluster.sh");
     if (access(g_script, X_OK) != 0)
         skip("scripts/vcluster.sh not found (set DOWNPOUR_VCLUSTER_SH)");
     char probe[256];

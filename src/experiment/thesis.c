@@ -397,10 +397,7 @@ static void recommend(const thesis *T, verdict *v)
                       "and all-reduce, so there is nothing to compare.");
         return;
     }
-    double d[18], r[18];
-    memcpy(d, dacc, sizeof d);
-    memcpy(r, ratio, sizeof r);
-    study_stat sd = study_stats(d, n), sr = study_stats(r, n);
+    study_stat sd = study_stats(dacc, n), sr = study_stats(ratio, n);
     const char *faster = sr.median < 1 ? "allreduce" : ps;
     const char *more_acc = sd.median > 0 ? "allreduce" : ps;
     if (fabs(sd.median) > 0.002) {
@@ -693,8 +690,8 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
     for (int i = 0; i < T->n_cells; i++)
         for (int k = 0; k < T->cells[i].runs; k++) {
             char label[128];
-            snprintf(label, sizeof label, "%s %s b%d%s", T->cells[i].dataset,
-                     T->cells[i].strategy, T->cells[i].batch, T->repeats > 1 ? "" : "");
+            snprintf(label, sizeof label, "%s %s b%d", T->cells[i].dataset,
+                     T->cells[i].strategy, T->cells[i].batch);
             if (T->repeats > 1)
                 snprintf(label + strlen(label), sizeof label - strlen(label), " #%d", k + 1);
             if (dp_report_add_run(r, T->cells[i].metrics[k], label, err) < 0) {
