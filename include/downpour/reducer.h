@@ -1,10 +1,20 @@
-/* Bucketed gradient reduction, overlapped with backprop (as Horovod's tensor
- * fusion and PyTorch DDP's reducer do).  The flat gradient is cut into
- * buckets of bucket_bytes from its end, since backprop finishes the last
- * layer first; as soon as backprop has finished every gradient of a bucket,
- * a communication thread weights it and all-reduces it over the ring while
- * the earlier layers are still being differentiated.  Unthreaded, every
- * bucket is reduced in dp_reducer_finish: the same sums, no overlap. */
+/* Bucketed gradient reduction, optionally overlapped with backprop (as
+ * Horovod's tensor fusion and PyTorch DDP's reducer do).  The flat gradient
+ * is cut into buckets of bucket_bytes from its end, since backprop finishes
+ * the last layer first.  Overlapped, a communication thread weights and
+ * all-reduces each bucket over the ring as soon as backprop has finished
+ * every gradient in it, while the earlier layers are still being
+ * differentiated.  Inline, every bucket is reduced in dp_reducer_finish.
+ * Both give the same sums, bit for bit: the ring sees the same buckets in
+ * the same order either way.
+ *
+ * Whether to overlap depends on the machine (docs/architecture.md,
+ * "Threads"): the thread only pays when a core is free for it and backprop
+ * leaves it something to hide behind.  DP_OVERLAP_AUTO decides by
+ * measurement: with no spare core it stays inline without measuring;
+ * otherwise the first steps alternate between the two ways, and then every
+ * replica all-reduces its timings in one tiny extra bucket, so all reach the
+ * same choice from the same sums. */
 #ifndef DOWNPOUR_REDUCER_H
 #define DOWNPOUR_REDUCER_H
 
@@ -13,11 +23,23 @@
 
 #include "downpour/ring.h"
 #include "downpour/status.h"
+#include "downpour/train.h"
+
+/* AUTO's calibration: DP_REDUCER_WARMUP steps inline, then
+ * 2 x DP_REDUCER_SAMPLES steps alternating overlapped and inline; the step
+ * after them carries the timings and the choice holds from the next one.
+ * Overlap is chosen only when its median step is DP_REDUCER_MARGIN faster. */
+#define DP_REDUCER_WARMUP 3
+#define DP_REDUCER_SAMPLES 8
+#define DP_REDUCER_MARGIN 0.05
 
 typedef struct dp_reducer dp_reducer;
 
+/* mode: DP_OVERLAP_ON / OFF force the way; AUTO measures (above).
+ * spare_cores: cores this process may count on beyond its arithmetic
+ * threads (AUTO with none never overlaps). */
 int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, size_t bucket_bytes,
-                    int overlap, dp_err *err);
+                    dp_overlap mode, int spare_cores, dp_err *err);
 void dp_reducer_close(dp_reducer *r); /* NULL is a no-op */
 
 /* A new step: each gradient is multiplied by weight before the sum. */
@@ -29,9 +51,30 @@ void dp_reducer_ready(dp_reducer *r, size_t lo);
  * DP_RING_BROKEN (a lost one, or one re-forming the ring; the gradients are
  * then partly summed, and the next dp_reducer_begin starts afresh). */
 int dp_reducer_finish(dp_reducer *r, dp_err *err);
+/* The ring was re-formed (other members, or a member restarted): AUTO
+ * measures again from the next step, which every member of the new ring
+ * does at the same step, so the timings bucket lines up. */
+void dp_reducer_restart(dp_reducer *r);
 int dp_reducer_buckets(const dp_reducer *r);
 /* Buckets whose reduction started while backprop was still running, and
  * all buckets reduced so far: how much of the communication overlapped. */
 void dp_reducer_counts(dp_reducer *r, long *overlapped, long *total);
+
+/* What the reducer does and why.  decided: 0 while AUTO still measures
+ * (steps then alternate); set once, by the step that carried the timings
+ * (dp_reducer_choice_new says so once per decision, for the log line). */
+typedef struct dp_overlap_choice {
+    int decided;
+    int overlap;          /* reduce while backprop runs */
+    const char *reason;   /* "forced", "one replica", "no spare core" (this replica's),
+                             "no spare core on another replica", "measured", "measuring" */
+    double overlap_ms;    /* measured median step, mean over replicas; 0 if not measured */
+    double inline_ms;
+    int spare_cores;      /* this replica's */
+} dp_overlap_choice;
+
+void dp_reducer_choice(const dp_reducer *r, dp_overlap_choice *out);
+/* 1 once after each decision AUTO takes, else 0. */
+int dp_reducer_choice_new(dp_reducer *r);
 
 #endif

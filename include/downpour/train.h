@@ -30,6 +30,14 @@ int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err);
 /* The factor on lr after `done` of `total` steps. */
 float dp_lr_scale(dp_lr_schedule s, long done, long total);
 
+/* allreduce: whether gradient buckets are reduced while backprop goes on
+ * (reducer.h).  AUTO, the default, measures and picks the faster. */
+typedef enum dp_overlap {
+    DP_OVERLAP_AUTO,
+    DP_OVERLAP_ON,
+    DP_OVERLAP_OFF
+} dp_overlap;
+
 typedef struct dp_train_config {
     const char *dataset;      /* name or directory (see dataset.h) */
     const char *model;        /* preset or spec (see model.h) */
@@ -37,7 +45,7 @@ typedef struct dp_train_config {
     dp_ps_config ps;          /* parameter-server strategies: mode and layout */
     dp_shard_policy shard;    /* how workers split the training records (data) */
     size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
-    bool overlap;             /* allreduce: reduce buckets while backprop goes on */
+    dp_overlap overlap;       /* allreduce: reduce buckets while backprop goes on */
     double collective_timeout; /* allreduce: s to wait for a neighbour (300) */
     int stages;               /* pipeline: stages per replica (0: every task is a stage) */
     int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */

@@ -163,7 +163,7 @@ int cmd_train(int argc, char **argv)
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
     bool trace_clocks = false, no_overlap = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
-    const char *transport = "tcp";
+    const char *transport = "tcp", *overlap = NULL;
     double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
     const char *checkpoint_dir = NULL, *secret_file = NULL, *tensorboard = NULL;
@@ -203,7 +203,8 @@ int cmd_train(int argc, char **argv)
         {"transport", CLI_STR, &transport, "NAME", "tcp (launch, run) or mpi (mpirun, srun)", 0, 0},
         {"ps", CLI_INT, &mpi_ps, "P", "mpi: ranks 1..P are ps tasks (rank 0 is the chief)", 0, 4096},
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
-        {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop", 0, 0},
+        {"overlap", CLI_STR, &overlap, "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0},
+        {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
         {"stages", CLI_INT, &stages, "S", "pipeline: stages of each pipeline (0: every task is a stage)", 0, DP_PIPE_MAX_STAGES},
         {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
@@ -295,7 +296,18 @@ int cmd_train(int argc, char **argv)
     }
     cfg.transport = transport;
     cfg.mpi_ps = (int)mpi_ps;
-    cfg.overlap = !no_overlap;
+    if (overlap && strcmp(overlap, "auto") != 0 && strcmp(overlap, "on") != 0 &&
+        strcmp(overlap, "off") != 0) {
+        fprintf(stderr, "downpour train: --overlap: '%s' is not auto, on or off\n", overlap);
+        return 2;
+    }
+    if (overlap && no_overlap && strcmp(overlap, "off") != 0) {
+        fprintf(stderr, "downpour train: --no-overlap contradicts --overlap %s\n", overlap);
+        return 2;
+    }
+    cfg.overlap = no_overlap || (overlap && strcmp(overlap, "off") == 0) ? DP_OVERLAP_OFF
+                  : overlap && strcmp(overlap, "on") == 0              ? DP_OVERLAP_ON
+                                                                       : DP_OVERLAP_AUTO;
     cfg.collective_timeout = collective_timeout;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(optimizer, &kind, &err) < 0) {

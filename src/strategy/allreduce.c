@@ -1,7 +1,8 @@
 /* allreduce: mirrored replicas (TensorFlow's MultiWorkerMirroredStrategy,
  * Horovod).  Every replica holds every parameter and the optimiser state;
  * after each backprop the gradients are summed around a ring (in buckets,
- * overlapped with backprop: reducer.h), so every replica applies the same
+ * overlapped with backprop where that measures faster: reducer.h), so every
+ * replica applies the same
  * update and the replicas stay bitwise identical.  The first replica (the
  * chief when there is one) evaluates, reports and checkpoints; nobody else
  * needs to, since it holds the whole state.
@@ -14,10 +15,13 @@
  * ring says HELLO, and replica 0 takes it back at the next epoch's start
  * with the newest state.  The fault-free path pays nothing for this but one
  * handshake at open and one per epoch. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "downpour/blas.h"
 #include "downpour/crc32c.h"
 #include "downpour/log.h"
 #include "downpour/reducer.h"
@@ -236,6 +240,10 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
     dp_ring_free(&s->ring);
     int rc = dp_ring_init(&s->ring, s->t, r, k, timeout, 0, err);
     s->ring_open = rc == 0;
+    /* Every member of the new ring rebuilds it before the same step: the
+     * overlap is measured afresh, in step (reducer.h). */
+    if (rc == 0 && s->reducer)
+        dp_reducer_restart(s->reducer);
     if (r != ranks)
         free(r);
     return rc;
@@ -458,6 +466,41 @@ static int welcome(dp_strategy *s, dp_err *err)
     return 0;
 }
 
+/* What the reducer chose, once it has: one line from replica 0. */
+static void say_choice(const dp_strategy *s)
+{
+    dp_overlap_choice c;
+    dp_reducer_choice(s->reducer, &c);
+    if (c.overlap_ms > 0)
+        dp_info("allreduce: overlap %s (measured %.2f ms/step overlapped vs %.2f ms inline, "
+                "mean over %d replicas; overlap needs %.0f %% less)",
+                c.overlap ? "on" : "off", c.overlap_ms, c.inline_ms, s->ring.n,
+                100 * DP_REDUCER_MARGIN);
+    else
+        dp_info("allreduce: overlap %s (%s)", c.overlap ? "on" : "off", c.reason);
+}
+
+/* Cores this process may count on beyond its arithmetic threads: the cores
+ * it may run on, less those its own threads and the other tasks on this
+ * host take (each assumed to run as many as this one: the launcher gives
+ * every local task cores / tasks). */
+static int spare_cores(const dp_strategy *s)
+{
+    const dp_cluster *c = &s->env->node->cluster;
+    const char *host = c->tasks[c->self].host;
+    int local = 0;
+    for (int i = 0; i < c->n_tasks; i++)
+        local += strcmp(c->tasks[i].host, host) == 0;
+    int cores = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        cores = CPU_COUNT(&set);
+    if (cores < 1)
+        cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int spare = cores - local * dp_blas_threads();
+    return spare > 0 ? spare : 0;
+}
+
 /* Each replica's mean gradient weighs its share of the step's records, so
  * the sum is the mean over the summed batch. */
 static void begin(void *self, long step, int records)
@@ -483,6 +526,8 @@ static int update(void *self, float *params, const float *grads, int records, fl
     }
     dp_optim_apply(&s->opt, params, grads, lr);
     s->applied = s->cur;
+    if (dp_reducer_choice_new(s->reducer) && s->position == 0)
+        say_choice(s);
     return 0;
 }
 
@@ -614,7 +659,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
-                        cfg->overlap, err) < 0) {
+                        cfg->overlap, spare_cores(s), err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -641,10 +686,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         snprintf(info->label, sizeof info->label, "Worker %d", env->node->self->index);
     if (s->position == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
-                "buckets of %zu KiB%s", env->node->self->name, n,
+                "buckets of %zu KiB, overlap %s", env->node->self->name, n,
                 s->ring.use_fast_path ? "the transport's collective" : "ring over the transport",
                 cfg->batch, cfg->batch * n, cfg->bucket_bytes >> 10,
-                cfg->overlap ? ", overlapped with backprop" : "");
+                cfg->overlap == DP_OVERLAP_ON    ? "on (forced)"
+                : cfg->overlap == DP_OVERLAP_OFF ? "off (forced)"
+                                                 : "auto (measured over the first steps)");
+    if (s->position == 0 && cfg->overlap != DP_OVERLAP_AUTO)
+        say_choice(s);
     *out = s;
     return 0;
 }
@@ -802,9 +851,15 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
     uint32_t crc = dp_crc32c(0, s->m->params, s->m->n_params * sizeof *s->m->params);
     long early, total;
     dp_reducer_counts(s->reducer, &early, &total);
+    dp_overlap_choice c;
+    dp_reducer_choice(s->reducer, &c);
     dp_metrics_event(s->env->metrics, "replica", DP_F_INT, "params_crc32c", (long)crc, DP_F_INT,
                      "steps", steps, DP_F_INT, "buckets", total, DP_F_INT, "buckets_overlapped",
-                     early, DP_F_END);
+                     early, DP_F_STR, "overlap",
+                     !c.decided ? "measuring" : c.overlap ? "on" : "off", DP_F_STR,
+                     "overlap_reason", c.reason, DP_F_NUM, "overlap_step_ms", c.overlap_ms,
+                     DP_F_NUM, "inline_step_ms", c.inline_ms, DP_F_INT, "spare_cores",
+                     (long)c.spare_cores, DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);

@@ -1,16 +1,32 @@
-/* Bucketed, overlapped gradient reduction: see include/downpour/reducer.h. */
+/* Bucketed gradient reduction, overlapped or inline: see
+ * include/downpour/reducer.h. */
 #include "downpour/reducer.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "downpour/clock.h"
+
+/* The timings bucket.  Each replica adds its veto and its two median steps
+ * in whole microseconds, cut into base-2048 digits: every partial sum is an
+ * integer below 2^24, exact in a float in any order, so the ring (or MPI,
+ * whatever its order) hands every replica the same sums. */
+enum { V_VETO, V_ON_HI, V_ON_LO, V_OFF_HI, V_OFF_LO, V_COUNT };
+#define US_DIGIT 2048.0
+#define US_MAX 8388607.0 /* 2^23 - 1: 8.4 s a step; below 2^24 summed over 2^11 replicas */
+#define CALIB_END (DP_REDUCER_WARMUP + 2 * DP_REDUCER_SAMPLES)
 
 struct dp_reducer {
     dp_ring *ring;
     float *grads;
     size_t n, bucket;   /* floats; bucket b is [lo(b), hi(b)) counted from the end */
     int n_buckets;
-    int overlap;
+    dp_overlap mode;
+    int spare;          /* spare cores, as given */
+    int threaded;       /* the communication thread runs */
+    int overlap;        /* this step: buckets go to the thread as they become final */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -22,6 +38,16 @@ struct dp_reducer {
     int finishing;      /* dp_reducer_finish has been called this step */
     long early, total;  /* buckets reduced that started before finish, and all */
     dp_err err;
+    /* AUTO's calibration; the main thread's alone. */
+    long calib;         /* steps begun since it (re)started; CALIB_END + 1: over */
+    int exchange;       /* this step carries the timings bucket */
+    double last_begin;  /* when the previous step began */
+    int last_overlap;   /* how the previous step ran */
+    double samples[2][DP_REDUCER_SAMPLES]; /* [overlapped] seconds from begin to begin */
+    int n_samples[2];
+    float votes[V_COUNT];
+    int decided, chosen, fresh, vetoed;
+    double on_ms, off_ms;
 };
 
 static size_t bucket_hi(const dp_reducer *r, int b) { return r->n - (size_t)b * r->bucket; }
@@ -71,8 +97,22 @@ static void *comm_main(void *arg)
     return NULL;
 }
 
+void dp_reducer_restart(dp_reducer *r)
+{
+    if (r->mode != DP_OVERLAP_AUTO)
+        return;
+    r->calib = 0;
+    r->exchange = 0;
+    r->n_samples[0] = r->n_samples[1] = 0;
+    /* Without the thread this replica already knows the answer; it still
+     * sends its veto with the others' timings. */
+    r->decided = r->vetoed;
+    r->chosen = 0;
+    r->on_ms = r->off_ms = 0;
+}
+
 int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, size_t bucket_bytes,
-                    int overlap, dp_err *err)
+                    dp_overlap mode, int spare_cores, dp_err *err)
 {
     dp_reducer *r = calloc(1, sizeof *r);
     if (!r)
@@ -84,10 +124,18 @@ int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, siz
     if (r->bucket < 1)
         r->bucket = 1;
     r->n_buckets = (int)((n + r->bucket - 1) / r->bucket);
-    r->overlap = overlap && ring->n > 1;
+    r->mode = mode;
+    r->spare = spare_cores;
+    /* A thread with no core of its own only takes turns with backprop. */
+    r->threaded = ring->n > 1 && (mode == DP_OVERLAP_ON || (mode == DP_OVERLAP_AUTO && spare_cores > 0));
+    r->vetoed = mode == DP_OVERLAP_AUTO && !r->threaded;
+    r->overlap = mode == DP_OVERLAP_ON && r->threaded;
+    r->decided = mode != DP_OVERLAP_AUTO;
+    r->chosen = r->overlap;
+    dp_reducer_restart(r);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    if (r->overlap) {
+    if (r->threaded) {
         int e = pthread_create(&r->thread, NULL, comm_main, r);
         if (e != 0) {
             pthread_mutex_destroy(&r->mu);
@@ -104,7 +152,7 @@ void dp_reducer_close(dp_reducer *r)
 {
     if (!r)
         return;
-    if (r->overlap) {
+    if (r->threaded) {
         pthread_mutex_lock(&r->mu);
         r->stop = 1;
         pthread_cond_broadcast(&r->cv);
@@ -126,8 +174,78 @@ void dp_reducer_counts(dp_reducer *r, long *overlapped, long *total)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* AUTO, at each step's start until the timings went out: times the step
+ * before (begin to begin, so all a step costs counts, the optimiser and the
+ * next batch included), and says how this one runs.  Warm-up steps run
+ * inline; the samples alternate, overlapped first, so drift on a busy
+ * machine falls on both ways alike. */
+static void calibrate(dp_reducer *r)
+{
+    double now = dp_now();
+    long c = r->calib++;
+    if (c > DP_REDUCER_WARMUP && c <= CALIB_END) {
+        int k = r->last_overlap;
+        if (r->n_samples[k] < DP_REDUCER_SAMPLES)
+            r->samples[k][r->n_samples[k]++] = now - r->last_begin;
+    }
+    r->last_begin = now;
+    r->overlap = r->threaded && c >= DP_REDUCER_WARMUP && c < CALIB_END &&
+                 (c - DP_REDUCER_WARMUP) % 2 == 0;
+    r->last_overlap = r->overlap;
+    r->exchange = c == CALIB_END;
+}
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
+}
+
+static void put_us(float *hi_lo, double seconds)
+{
+    double us = floor(seconds * 1e6 + 0.5);
+    us = us < 0 ? 0 : us > US_MAX ? US_MAX : us;
+    hi_lo[0] = (float)floor(us / US_DIGIT);
+    hi_lo[1] = (float)(us - floor(us / US_DIGIT) * US_DIGIT);
+}
+
+static double get_ms(const float *hi_lo) { return ((double)hi_lo[0] * US_DIGIT + hi_lo[1]) / 1e3; }
+
+/* The timings bucket, after the step's gradient buckets on the same ring:
+ * every replica gets the same sums, so every replica chooses alike. */
+static int exchange(dp_reducer *r, dp_err *err)
+{
+    memset(r->votes, 0, sizeof r->votes);
+    r->votes[V_VETO] = (float)r->vetoed;
+    put_us(r->votes + V_ON_HI, median(r->samples[1], r->n_samples[1]));
+    put_us(r->votes + V_OFF_HI, median(r->samples[0], r->n_samples[0]));
+    int rc = dp_ring_allreduce(r->ring, r->votes, V_COUNT, r->step, r->n_buckets, err);
+    if (rc < 0)
+        return rc;
+    r->exchange = 0;
+    int n = r->ring->n;
+    r->on_ms = get_ms(r->votes + V_ON_HI) / n;
+    r->off_ms = get_ms(r->votes + V_OFF_HI) / n;
+    r->chosen = r->votes[V_VETO] == 0 && r->on_ms > 0 &&
+                r->on_ms < (1 - DP_REDUCER_MARGIN) * r->off_ms;
+    r->fresh = !r->decided || r->votes[V_VETO] != 0;
+    r->decided = 1;
+    if (r->votes[V_VETO] != 0)
+        r->on_ms = r->off_ms = 0; /* not a measurement of both ways */
+    return 0;
+}
+
 void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight)
 {
+    if (r->calib <= CALIB_END && r->mode == DP_OVERLAP_AUTO)
+        calibrate(r);
+    else if (r->mode == DP_OVERLAP_AUTO)
+        r->overlap = r->chosen && r->threaded;
     pthread_mutex_lock(&r->mu);
     r->step = step;
     r->weight = weight;
@@ -161,7 +279,7 @@ int dp_reducer_finish(dp_reducer *r, dp_err *err)
             if (rc < 0)
                 return rc;
         }
-        return 0;
+        return r->exchange ? exchange(r, err) : 0;
     }
     pthread_mutex_lock(&r->mu);
     r->ready = r->n_buckets;
@@ -173,5 +291,34 @@ int dp_reducer_finish(dp_reducer *r, dp_err *err)
     if (failed && err)
         *err = r->err;
     pthread_mutex_unlock(&r->mu);
+    if (!failed && r->exchange)
+        return exchange(r, err);
     return failed;
+}
+
+void dp_reducer_choice(const dp_reducer *r, dp_overlap_choice *out)
+{
+    memset(out, 0, sizeof *out);
+    out->decided = r->decided;
+    out->overlap = r->chosen;
+    out->spare_cores = r->spare;
+    out->overlap_ms = r->on_ms;
+    out->inline_ms = r->off_ms;
+    if (r->mode != DP_OVERLAP_AUTO)
+        out->reason = "forced";
+    else if (r->ring->n < 2 && !r->threaded)
+        out->reason = "one replica";
+    else if (r->vetoed)
+        out->reason = "no spare core";
+    else if (r->decided && r->votes[V_VETO] != 0)
+        out->reason = "no spare core on another replica";
+    else
+        out->reason = r->decided ? "measured" : "measuring";
+}
+
+int dp_reducer_choice_new(dp_reducer *r)
+{
+    int fresh = r->fresh;
+    r->fresh = 0;
+    return fresh;
 }

@@ -64,7 +64,7 @@ dp_train_config dp_train_defaults(void)
     dp_ps_config_init(&c.ps);
     c.shard = DP_SHARD_DATA;
     c.bucket_bytes = 512u << 10;
-    c.overlap = true;
+    c.overlap = DP_OVERLAP_AUTO;
     c.collective_timeout = 300;
     c.micro_batches = 4;
     c.schedule = DP_PIPE_1F1B;
