@@ -1,7 +1,9 @@
 /* All-reduce training through `downpour launch`, on MNIST:
  * - three replicas at batch b end where one process at batch 3b ends over
  *   the same data order (a short last step included), within float noise;
- * - the replicas are bitwise identical at the end, overlapped or not;
+ * - the replicas are bitwise identical at the end, and the same bits
+ *   whether overlapped, inline or chosen by --overlap auto (the default),
+ *   which every replica reports alike;
  * - a rank that stops answering (alive, but stuck) is dropped after the
  *   collective timeout with a message naming it, and the others finish
  *   without it (docs/faults.md, "All-reduce");
@@ -13,7 +15,8 @@
 
 static char err[65536];
 
-static void check_replicas(const char *metrics, int replicas)
+/* Returns the replicas' common checksum. */
+static long check_replicas(const char *metrics, int replicas)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", test_tmp(), metrics);
@@ -21,6 +24,17 @@ static void check_replicas(const char *metrics, int replicas)
     for_each_event(path, "replica", NULL, tally_replica, v);
     CHECKF(v[0] == replicas && v[2] == 0, "%s: %ld replica checksums, %s", metrics, v[0],
            v[2] ? "not all equal" : "all equal");
+    return v[1];
+}
+
+/* for_each_event callback: every replica reports the overlap of ctx[0]. */
+static void same_overlap(const cJSON *j, void *ctx)
+{
+    char *first = ctx;
+    const char *o = json_str(j, "overlap");
+    if (!*first)
+        snprintf(first, 16, "%s", o);
+    CHECKF(strcmp(o, first) == 0, "one replica's overlap is %s, another's %s", o, first);
 }
 
 int main(void)
@@ -32,18 +46,24 @@ int main(void)
     int rc = run_cmd(err, sizeof err, "%s train --batch 192 %s --save %s/single.st", test_bin(),
                      common, test_tmp());
     CHECKF(rc == 0, "single exited %d: %s", rc, err);
-    const char *modes[2] = {"", "--no-overlap"};
-    for (int m = 0; m < 2; m++) {
+    const char *modes[3] = {"", "--no-overlap", "--overlap on"};
+    long crc[3];
+    for (int m = 0; m < 3; m++) {
         rc = run_cmd(err, sizeof err,
                      "%s launch --chief --workers 2 -- train --strategy allreduce --batch 64 "
                      "--bucket-bytes 100000 %s %s --metrics %s/ar%d.jsonl --save %s/ar%d.st",
                      test_bin(), modes[m], common, test_tmp(), m, test_tmp(), m);
         CHECKF(rc == 0, "allreduce %s exited %d: %s", modes[m], rc, err);
-        double d = checkpoint_max_diff("single.st", m ? "ar1.st" : "ar0.st");
+        char st[16];
+        snprintf(st, sizeof st, "ar%d.st", m);
+        double d = checkpoint_max_diff("single.st", st);
         fprintf(stderr, "allreduce %s vs one process at the summed batch: max |diff| %.3g\n",
                 modes[m], d);
         CHECKF(d < 1e-5, "allreduce differs from one process at the summed batch by %g", d);
-        check_replicas(m ? "ar1.jsonl" : "ar0.jsonl", 3);
+        char jl[16];
+        snprintf(jl, sizeof jl, "ar%d.jsonl", m);
+        crc[m] = check_replicas(jl, 3);
+        CHECKF(crc[m] == crc[0], "allreduce %s ends with other bits than the default", modes[m]);
         /* --no-overlap really waits: no bucket starts before backprop ends.
          * With overlap, how many start early is up to the scheduler (none, on
          * a loaded machine, once in make test), so it is only reported. */
@@ -54,8 +74,13 @@ int main(void)
         double early = json_num(rep, "buckets_overlapped"), total = json_num(rep, "buckets");
         fprintf(stderr, "allreduce %s: %.0f of %.0f buckets overlapped\n", modes[m], early, total);
         CHECK(total > 0);
-        CHECK(!m || early == 0);
+        CHECK(m != 1 || early == 0);
+        const char *want[3] = {NULL, "off", "on"};
+        CHECK(!want[m] || (strcmp(json_str(rep, "overlap"), want[m]) == 0 &&
+                           strcmp(json_str(rep, "overlap_reason"), "forced") == 0));
         cJSON_Delete(rep);
+        char first[16] = "";
+        for_each_event(path, "replica", NULL, same_overlap, first);
     }
 
     /* Accuracy, five replicas, default buckets. */

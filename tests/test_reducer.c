@@ -123,7 +123,7 @@ static void run(job *jobs, const dp_overlap *mode, const int *spare)
 static int same_choice(const dp_overlap_choice *a, const dp_overlap_choice *b)
 {
     return a->decided == b->decided && a->overlap == b->overlap &&
-           a->overlap_ms == b->overlap_ms && a->inline_ms == b->inline_ms;
+           a->overlap_ms == b->overlap_ms && a->inline_ms == b->inline_ms && a->ratio == b->ratio;
 }
 
 int main(void)
@@ -186,7 +186,8 @@ int main(void)
                 CHECK(strstr(c->reason, "no spare core") != NULL);
             } else {
                 CHECK(strcmp(c->reason, "measured") == 0 && c->overlap_ms > 0 &&
-                      c->inline_ms > 0);
+                      c->inline_ms > 0 && c->ratio > 0);
+                CHECK(c->overlap == (c->ratio < 1 - DP_REDUCER_MARGIN));
             }
         }
     }

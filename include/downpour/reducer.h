@@ -28,9 +28,11 @@
 /* AUTO's calibration: DP_REDUCER_WARMUP steps inline, then
  * 2 x DP_REDUCER_SAMPLES steps alternating overlapped and inline; the step
  * after them carries the timings and the choice holds from the next one.
- * Overlap is chosen only when its median step is DP_REDUCER_MARGIN faster. */
+ * Overlap is chosen only when an overlapped step takes DP_REDUCER_MARGIN
+ * less than the inline step after it: the median ratio, averaged over the
+ * replicas. */
 #define DP_REDUCER_WARMUP 3
-#define DP_REDUCER_SAMPLES 8
+#define DP_REDUCER_SAMPLES 10
 #define DP_REDUCER_MARGIN 0.05
 
 typedef struct dp_reducer dp_reducer;
@@ -70,6 +72,7 @@ typedef struct dp_overlap_choice {
                              "no spare core on another replica", "measured", "measuring" */
     double overlap_ms;    /* measured median step, mean over replicas; 0 if not measured */
     double inline_ms;
+    double ratio;         /* median overlapped / next inline step, mean over replicas */
     int spare_cores;      /* this replica's */
 } dp_overlap_choice;
 

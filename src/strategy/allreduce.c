@@ -473,9 +473,9 @@ static void say_choice(const dp_strategy *s)
     dp_reducer_choice(s->reducer, &c);
     if (c.overlap_ms > 0)
         dp_info("allreduce: overlap %s (measured %.2f ms/step overlapped vs %.2f ms inline, "
-                "mean over %d replicas; overlap needs %.0f %% less)",
-                c.overlap ? "on" : "off", c.overlap_ms, c.inline_ms, s->ring.n,
-                100 * DP_REDUCER_MARGIN);
+                "ratio %.3f, mean over %d replicas; overlap needs below %.2f)",
+                c.overlap ? "on" : "off", c.overlap_ms, c.inline_ms, c.ratio, s->ring.n,
+                1 - DP_REDUCER_MARGIN);
     else
         dp_info("allreduce: overlap %s (%s)", c.overlap ? "on" : "off", c.reason);
 }
@@ -858,7 +858,8 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      early, DP_F_STR, "overlap",
                      !c.decided ? "measuring" : c.overlap ? "on" : "off", DP_F_STR,
                      "overlap_reason", c.reason, DP_F_NUM, "overlap_step_ms", c.overlap_ms,
-                     DP_F_NUM, "inline_step_ms", c.inline_ms, DP_F_INT, "spare_cores",
+                     DP_F_NUM, "inline_step_ms", c.inline_ms, DP_F_NUM, "overlap_ratio", c.ratio,
+                     DP_F_INT, "spare_cores",
                      (long)c.spare_cores, DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",

@@ -9,13 +9,15 @@
 
 #include "downpour/clock.h"
 
-/* The timings bucket.  Each replica adds its veto and its two median steps
- * in whole microseconds, cut into base-2048 digits: every partial sum is an
- * integer below 2^24, exact in a float in any order, so the ring (or MPI,
- * whatever its order) hands every replica the same sums. */
-enum { V_VETO, V_ON_HI, V_ON_LO, V_OFF_HI, V_OFF_LO, V_COUNT };
-#define US_DIGIT 2048.0
-#define US_MAX 8388607.0 /* 2^23 - 1: 8.4 s a step; below 2^24 summed over 2^11 replicas */
+/* The timings bucket.  Each replica adds its veto, its median ratio of an
+ * overlapped step to the inline step after it (in 1/10000), and its two
+ * median steps (in microseconds), each whole number cut into base-2048
+ * digits: every partial sum is an integer below 2^24, exact in a float in
+ * any order, so the ring (or MPI, whatever its order) hands every replica
+ * the same sums. */
+enum { V_VETO, V_RATIO_HI, V_RATIO_LO, V_ON_HI, V_ON_LO, V_OFF_HI, V_OFF_LO, V_COUNT };
+#define DIGIT 2048.0
+#define WHOLE_MAX 8388607.0 /* 2^23 - 1 (8.4 s a step); below 2^24 summed over 2^11 replicas */
 #define CALIB_END (DP_REDUCER_WARMUP + 2 * DP_REDUCER_SAMPLES)
 
 struct dp_reducer {
@@ -47,7 +49,7 @@ struct dp_reducer {
     int n_samples[2];
     float votes[V_COUNT];
     int decided, chosen, fresh, vetoed;
-    double on_ms, off_ms;
+    double on_ms, off_ms, ratio;
 };
 
 static size_t bucket_hi(const dp_reducer *r, int b) { return r->n - (size_t)b * r->bucket; }
@@ -108,7 +110,7 @@ void dp_reducer_restart(dp_reducer *r)
      * sends its veto with the others' timings. */
     r->decided = r->vetoed;
     r->chosen = 0;
-    r->on_ms = r->off_ms = 0;
+    r->on_ms = r->off_ms = r->ratio = 0;
 }
 
 int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, size_t bucket_bytes,
@@ -206,37 +208,44 @@ static double median(double *v, int n)
     return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
 }
 
-static void put_us(float *hi_lo, double seconds)
+static void put_whole(float *hi_lo, double x)
 {
-    double us = floor(seconds * 1e6 + 0.5);
-    us = us < 0 ? 0 : us > US_MAX ? US_MAX : us;
-    hi_lo[0] = (float)floor(us / US_DIGIT);
-    hi_lo[1] = (float)(us - floor(us / US_DIGIT) * US_DIGIT);
+    double w = floor(x + 0.5);
+    w = w < 0 ? 0 : w > WHOLE_MAX ? WHOLE_MAX : w;
+    hi_lo[0] = (float)floor(w / DIGIT);
+    hi_lo[1] = (float)(w - floor(w / DIGIT) * DIGIT);
 }
 
-static double get_ms(const float *hi_lo) { return ((double)hi_lo[0] * US_DIGIT + hi_lo[1]) / 1e3; }
+static double get_whole(const float *hi_lo) { return (double)hi_lo[0] * DIGIT + hi_lo[1]; }
 
 /* The timings bucket, after the step's gradient buckets on the same ring:
- * every replica gets the same sums, so every replica chooses alike. */
+ * every replica gets the same sums, so every replica chooses alike.  The
+ * choice rests on the ratios of neighbouring steps, so a load that comes
+ * and goes over the measuring falls on both ways alike. */
 static int exchange(dp_reducer *r, dp_err *err)
 {
+    double ratio[DP_REDUCER_SAMPLES];
+    int pairs = r->n_samples[0] < r->n_samples[1] ? r->n_samples[0] : r->n_samples[1];
+    for (int k = 0; k < pairs; k++)
+        ratio[k] = r->samples[0][k] > 0 ? r->samples[1][k] / r->samples[0][k] : 1;
     memset(r->votes, 0, sizeof r->votes);
     r->votes[V_VETO] = (float)r->vetoed;
-    put_us(r->votes + V_ON_HI, median(r->samples[1], r->n_samples[1]));
-    put_us(r->votes + V_OFF_HI, median(r->samples[0], r->n_samples[0]));
+    put_whole(r->votes + V_RATIO_HI, 1e4 * (pairs ? median(ratio, pairs) : 1));
+    put_whole(r->votes + V_ON_HI, 1e6 * median(r->samples[1], r->n_samples[1]));
+    put_whole(r->votes + V_OFF_HI, 1e6 * median(r->samples[0], r->n_samples[0]));
     int rc = dp_ring_allreduce(r->ring, r->votes, V_COUNT, r->step, r->n_buckets, err);
     if (rc < 0)
         return rc;
     r->exchange = 0;
     int n = r->ring->n;
-    r->on_ms = get_ms(r->votes + V_ON_HI) / n;
-    r->off_ms = get_ms(r->votes + V_OFF_HI) / n;
-    r->chosen = r->votes[V_VETO] == 0 && r->on_ms > 0 &&
-                r->on_ms < (1 - DP_REDUCER_MARGIN) * r->off_ms;
+    r->ratio = get_whole(r->votes + V_RATIO_HI) / 1e4 / n;
+    r->on_ms = get_whole(r->votes + V_ON_HI) / 1e3 / n;
+    r->off_ms = get_whole(r->votes + V_OFF_HI) / 1e3 / n;
+    r->chosen = r->votes[V_VETO] == 0 && r->on_ms > 0 && r->ratio < 1 - DP_REDUCER_MARGIN;
     r->fresh = !r->decided || r->votes[V_VETO] != 0;
     r->decided = 1;
     if (r->votes[V_VETO] != 0)
-        r->on_ms = r->off_ms = 0; /* not a measurement of both ways */
+        r->on_ms = r->off_ms = r->ratio = 0; /* not a measurement of both ways */
     return 0;
 }
 
@@ -304,6 +313,7 @@ void dp_reducer_choice(const dp_reducer *r, dp_overlap_choice *out)
     out->spare_cores = r->spare;
     out->overlap_ms = r->on_ms;
     out->inline_ms = r->off_ms;
+    out->ratio = r->ratio;
     if (r->mode != DP_OVERLAP_AUTO)
         out->reason = "forced";
     else if (r->ring->n < 2 && !r->threaded)
