@@ -2,10 +2,9 @@
  * Horovod).  Every replica holds every parameter and the optimiser state;
  * after each backprop the gradients are summed around a ring (in buckets,
  * overlapped with backprop where that measures faster: reducer.h), so every
- * replica applies the same
- * update and the replicas stay bitwise identical.  The first replica (the
- * chief when there is one) evaluates, reports and checkpoints; nobody else
- * needs to, since it holds the whole state.
+ * replica applies the same update and the replicas stay bitwise identical.
+ * The first replica (the chief when there is one) evaluates, reports and
+ * checkpoints; nobody else needs to, since it holds the whole state.
  *
  * A lost replica other than the first never ends the run (docs/faults.md,
  * "All-reduce"): whoever sees the loss says RESET to the others, replica 0
@@ -692,8 +691,6 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
                 cfg->overlap == DP_OVERLAP_ON    ? "on (forced)"
                 : cfg->overlap == DP_OVERLAP_OFF ? "off (forced)"
                                                  : "auto (measured over the first steps)");
-    if (s->position == 0 && cfg->overlap != DP_OVERLAP_AUTO)
-        say_choice(s);
     *out = s;
     return 0;
 }
@@ -859,8 +856,7 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      !c.decided ? "measuring" : c.overlap ? "on" : "off", DP_F_STR,
                      "overlap_reason", c.reason, DP_F_NUM, "overlap_step_ms", c.overlap_ms,
                      DP_F_NUM, "inline_step_ms", c.inline_ms, DP_F_NUM, "overlap_ratio", c.ratio,
-                     DP_F_INT, "spare_cores",
-                     (long)c.spare_cores, DP_F_END);
+                     DP_F_INT, "spare_cores", (long)c.spare_cores, DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);
