@@ -7,6 +7,8 @@
  *   and again after a restart (a re-formed ring);
  * - a rank with no spare core vetoes the overlap for all, and never starts
  *   its thread;
+ * - a backprop that finishes no bucket before its end (one layer) leaves
+ *   nothing to overlap: off, without an overlapped step;
  * - forced ways say "forced" and never measure. */
 #include <pthread.h>
 #include <stdio.h>
@@ -30,9 +32,11 @@ typedef struct job {
     int rank;
     dp_overlap mode;
     int spare;
+    int one_layer;      /* backprop reports once, at its end */
     float params[N];
     dp_overlap_choice first, second; /* after step FIRST_CHOICE and after the last */
     int undecided_after_restart;
+    long early;         /* buckets that started before dp_reducer_finish */
     int failed;
 } job;
 
@@ -72,7 +76,7 @@ static void *run_rank(void *arg)
         dp_reducer_begin(red, (uint64_t)s, 1.0f / 3);
         for (size_t i = 0; i < N; i++)
             g[i] = grad(j->rank, s, i);
-        for (int l = 0; l < 4; l++) {
+        for (int l = j->one_layer ? 3 : 0; l < 4; l++) {
             pause_us(100); /* backprop's time for the layer */
             dp_reducer_ready(red, layers[l]);
         }
@@ -93,6 +97,8 @@ static void *run_rank(void *arg)
         }
     }
     dp_reducer_choice(red, &j->second);
+    long total;
+    dp_reducer_counts(red, &j->early, &total);
     dp_reducer_close(red);
     dp_ring_free(&ring);
     free(g);
@@ -100,7 +106,7 @@ static void *run_rank(void *arg)
 }
 
 /* One run of the three ranks with these ways and spare cores. */
-static void run(job *jobs, const dp_overlap *mode, const int *spare)
+static void run(job *jobs, const dp_overlap *mode, const int *spare, int one_layer)
 {
     dp_transport *ts[RANKS];
     dp_err err;
@@ -111,6 +117,7 @@ static void run(job *jobs, const dp_overlap *mode, const int *spare)
         jobs[r].rank = r;
         jobs[r].mode = mode[r];
         jobs[r].spare = spare[r];
+        jobs[r].one_layer = one_layer;
         jobs[r].failed = 0;
         REQUIRE(pthread_create(&th[r], NULL, run_rank, &jobs[r]) == 0);
     }
@@ -131,7 +138,7 @@ int main(void)
     static job ref[RANKS], got[RANKS];
     const dp_overlap off[RANKS] = {DP_OVERLAP_OFF, DP_OVERLAP_OFF, DP_OVERLAP_OFF};
     const int spare1[RANKS] = {1, 1, 1};
-    run(ref, off, spare1);
+    run(ref, off, spare1, 0);
     for (int r = 0; r < RANKS; r++) {
         REQUIRE(!ref[r].failed);
         CHECK(memcmp(ref[r].params, ref[0].params, sizeof ref[0].params) == 0);
@@ -143,17 +150,20 @@ int main(void)
         const char *name;
         dp_overlap mode[RANKS];
         int spare[RANKS];
+        int one_layer;
     } cases[] = {
-        {"on", {DP_OVERLAP_ON, DP_OVERLAP_ON, DP_OVERLAP_ON}, {0, 0, 0}},
-        {"auto", {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO}, {1, 1, 1}},
+        {"on", {DP_OVERLAP_ON, DP_OVERLAP_ON, DP_OVERLAP_ON}, {0, 0, 0}, 0},
+        {"auto", {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO}, {1, 1, 1}, 0},
         {"auto, rank 1 without a spare core",
          {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO},
-         {1, 0, 1}},
-        {"auto, no spare core", {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO}, {0, 0, 0}},
-        {"on, off, on", {DP_OVERLAP_ON, DP_OVERLAP_OFF, DP_OVERLAP_ON}, {1, 1, 1}},
+         {1, 0, 1},
+         0},
+        {"auto, no spare core", {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO}, {0, 0, 0}, 0},
+        {"on, off, on", {DP_OVERLAP_ON, DP_OVERLAP_OFF, DP_OVERLAP_ON}, {1, 1, 1}, 0},
+        {"auto, one layer", {DP_OVERLAP_AUTO, DP_OVERLAP_AUTO, DP_OVERLAP_AUTO}, {1, 1, 1}, 1},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        run(got, cases[k].mode, cases[k].spare);
+        run(got, cases[k].mode, cases[k].spare, cases[k].one_layer);
         int autom = cases[k].mode[0] == DP_OVERLAP_AUTO;
         for (int r = 0; r < RANKS; r++) {
             REQUIRE(!got[r].failed);
@@ -184,6 +194,11 @@ int main(void)
             if (veto) {
                 CHECK(!c->overlap && c->overlap_ms == 0);
                 CHECK(strstr(c->reason, "no spare core") != NULL);
+            } else if (cases[k].one_layer) {
+                CHECK(!c->overlap && c->overlap_ms == 0);
+                CHECK(strcmp(c->reason, "no bucket is final before backprop ends") == 0);
+                for (int r = 0; r < RANKS; r++)
+                    CHECKF(got[r].early == 0, "rank %d overlapped %ld buckets", r, got[r].early);
             } else {
                 CHECK(strcmp(c->reason, "measured") == 0 && c->overlap_ms > 0 &&
                       c->inline_ms > 0 && c->ratio > 0);

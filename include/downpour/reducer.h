@@ -11,10 +11,11 @@
  * Whether to overlap depends on the machine (docs/architecture.md,
  * "Threads"): the thread only pays when a core is free for it and backprop
  * leaves it something to hide behind.  DP_OVERLAP_AUTO decides by
- * measurement: with no spare core it stays inline without measuring;
- * otherwise the first steps alternate between the two ways, and then every
- * replica all-reduces its timings in one tiny extra bucket, so all reach the
- * same choice from the same sums. */
+ * measurement: with no spare core, or when backprop makes no bucket final
+ * before its end, it stays inline without measuring; otherwise the first
+ * steps alternate between the two ways.  Then every replica all-reduces its
+ * timings in one tiny extra bucket, so all reach the same choice from the
+ * same sums. */
 #ifndef DOWNPOUR_REDUCER_H
 #define DOWNPOUR_REDUCER_H
 
@@ -69,7 +70,8 @@ typedef struct dp_overlap_choice {
     int decided;
     int overlap;          /* reduce while backprop runs */
     const char *reason;   /* "forced", "one replica", "no spare core" (this replica's),
-                             "no spare core on another replica", "measured", "measuring" */
+                             "no spare core on another replica", "no bucket is final
+                             before backprop ends", "measured", "measuring" */
     double overlap_ms;    /* measured median step, mean over replicas; 0 if not measured */
     double inline_ms;
     double ratio;         /* median overlapped / next inline step, mean over replicas */

@@ -9,13 +9,14 @@
 
 #include "downpour/clock.h"
 
-/* The timings bucket.  Each replica adds its veto, its median ratio of an
+/* The timings bucket.  Each replica adds its veto, whether backprop left it
+ * nothing to overlap, its median ratio of an
  * overlapped step to the inline step after it (in 1/10000), and its two
  * median steps (in microseconds), each whole number cut into base-2048
  * digits: every partial sum is an integer below 2^24, exact in a float in
  * any order, so the ring (or MPI, whatever its order) hands every replica
  * the same sums. */
-enum { V_VETO, V_RATIO_HI, V_RATIO_LO, V_ON_HI, V_ON_LO, V_OFF_HI, V_OFF_LO, V_COUNT };
+enum { V_VETO, V_NOTHING, V_RATIO_HI, V_RATIO_LO, V_ON_HI, V_ON_LO, V_OFF_HI, V_OFF_LO, V_COUNT };
 #define DIGIT 2048.0
 #define WHOLE_MAX 8388607.0 /* 2^23 - 1 (8.4 s a step); below 2^24 summed over 2^11 replicas */
 #define CALIB_END (DP_REDUCER_WARMUP + 2 * DP_REDUCER_SAMPLES)
@@ -49,6 +50,9 @@ struct dp_reducer {
     int n_samples[2];
     float votes[V_COUNT];
     int decided, chosen, fresh, vetoed;
+    int seen, seen_before;  /* buckets final after backprop's latest report, and before it */
+    int hideable;       /* the most buckets final before backprop's last report (warm-up) */
+    int nothing;        /* none: the thread could only start when backprop is over */
     double on_ms, off_ms, ratio;
 };
 
@@ -105,6 +109,8 @@ void dp_reducer_restart(dp_reducer *r)
         return;
     r->calib = 0;
     r->exchange = 0;
+    r->hideable = 0;
+    r->nothing = 0;
     r->n_samples[0] = r->n_samples[1] = 0;
     /* Without the thread this replica already knows the answer; it still
      * sends its veto with the others' timings. */
@@ -191,7 +197,12 @@ static void calibrate(dp_reducer *r)
             r->samples[k][r->n_samples[k]++] = now - r->last_begin;
     }
     r->last_begin = now;
-    r->overlap = r->threaded && c >= DP_REDUCER_WARMUP && c < CALIB_END &&
+    /* A model whose backprop finishes no bucket before its very end (one
+     * big first layer: mlp-300-100 in 512 KiB buckets) has nothing to hide
+     * the communication behind: no overlapped step is run. */
+    if (c == DP_REDUCER_WARMUP)
+        r->nothing = r->hideable == 0;
+    r->overlap = r->threaded && !r->nothing && c >= DP_REDUCER_WARMUP && c < CALIB_END &&
                  (c - DP_REDUCER_WARMUP) % 2 == 0;
     r->last_overlap = r->overlap;
     r->exchange = c == CALIB_END;
@@ -230,6 +241,7 @@ static int exchange(dp_reducer *r, dp_err *err)
         ratio[k] = r->samples[0][k] > 0 ? r->samples[1][k] / r->samples[0][k] : 1;
     memset(r->votes, 0, sizeof r->votes);
     r->votes[V_VETO] = (float)r->vetoed;
+    r->votes[V_NOTHING] = (float)(r->nothing && !r->vetoed);
     put_whole(r->votes + V_RATIO_HI, 1e4 * (pairs ? median(ratio, pairs) : 1));
     put_whole(r->votes + V_ON_HI, 1e6 * median(r->samples[1], r->n_samples[1]));
     put_whole(r->votes + V_OFF_HI, 1e6 * median(r->samples[0], r->n_samples[0]));
@@ -241,10 +253,11 @@ static int exchange(dp_reducer *r, dp_err *err)
     r->ratio = get_whole(r->votes + V_RATIO_HI) / 1e4 / n;
     r->on_ms = get_whole(r->votes + V_ON_HI) / 1e3 / n;
     r->off_ms = get_whole(r->votes + V_OFF_HI) / 1e3 / n;
-    r->chosen = r->votes[V_VETO] == 0 && r->on_ms > 0 && r->ratio < 1 - DP_REDUCER_MARGIN;
-    r->fresh = !r->decided || r->votes[V_VETO] != 0;
+    int measured = r->votes[V_VETO] == 0 && r->votes[V_NOTHING] == 0;
+    r->chosen = measured && r->on_ms > 0 && r->ratio < 1 - DP_REDUCER_MARGIN;
+    r->fresh = 1;
     r->decided = 1;
-    if (r->votes[V_VETO] != 0)
+    if (!measured)
         r->on_ms = r->off_ms = r->ratio = 0; /* not a measurement of both ways */
     return 0;
 }
@@ -255,6 +268,7 @@ void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight)
         calibrate(r);
     else if (r->mode == DP_OVERLAP_AUTO)
         r->overlap = r->chosen && r->threaded;
+    r->seen = r->seen_before = 0;
     pthread_mutex_lock(&r->mu);
     r->step = step;
     r->weight = weight;
@@ -267,11 +281,15 @@ void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight)
 
 void dp_reducer_ready(dp_reducer *r, size_t lo)
 {
-    if (!r->overlap)
-        return;
     int ready = 0;
     while (ready < r->n_buckets && bucket_lo(r, ready) >= lo)
         ready++;
+    if (ready > r->seen) {
+        r->seen_before = r->seen;
+        r->seen = ready;
+    }
+    if (!r->overlap)
+        return;
     pthread_mutex_lock(&r->mu);
     if (ready > r->ready) {
         r->ready = ready;
@@ -282,6 +300,8 @@ void dp_reducer_ready(dp_reducer *r, size_t lo)
 
 int dp_reducer_finish(dp_reducer *r, dp_err *err)
 {
+    if (r->calib <= DP_REDUCER_WARMUP && r->seen_before > r->hideable)
+        r->hideable = r->seen_before;
     if (!r->overlap) {
         for (int b = 0; b < r->n_buckets; b++) {
             int rc = reduce_bucket(r, b, r->step, r->weight, err);
@@ -322,6 +342,8 @@ void dp_reducer_choice(const dp_reducer *r, dp_overlap_choice *out)
         out->reason = "no spare core";
     else if (r->decided && r->votes[V_VETO] != 0)
         out->reason = "no spare core on another replica";
+    else if (r->nothing || (r->decided && r->votes[V_NOTHING] != 0))
+        out->reason = r->decided ? "no bucket is final before backprop ends" : "measuring";
     else
         out->reason = r->decided ? "measured" : "measuring";
 }
