@@ -51,7 +51,8 @@ static void take(const cJSON *j, const char *event, void *ctx)
     if (strcmp(event, "steps") == 0 && f->n < 4) {
         f->step_ms[f->n++] = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "step_ms_median"));
     } else if (strcmp(event, "replica") == 0) {
-        const cJSON *o = cJSON_GetObjectItem(j, "overlap"), *r = cJSON_GetObjectItem(j, "overlap_reason");
+        const cJSON *o = cJSON_GetObjectItem(j, "overlap");
+        const cJSON *r = cJSON_GetObjectItem(j, "overlap_reason");
         if (cJSON_IsString(o))
             snprintf(f->overlap, sizeof f->overlap, "%s", o->valuestring);
         if (cJSON_IsString(r))

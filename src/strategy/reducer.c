@@ -112,6 +112,7 @@ void dp_reducer_restart(dp_reducer *r)
     r->hideable = 0;
     r->nothing = 0;
     r->n_samples[0] = r->n_samples[1] = 0;
+    memset(r->votes, 0, sizeof r->votes);
     /* Without the thread this replica already knows the answer; it still
      * sends its veto with the others' timings. */
     r->decided = r->vetoed;
@@ -134,8 +135,9 @@ int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, siz
     r->n_buckets = (int)((n + r->bucket - 1) / r->bucket);
     r->mode = mode;
     r->spare = spare_cores;
-    /* A thread with no core of its own only takes turns with backprop. */
-    r->threaded = ring->n > 1 && (mode == DP_OVERLAP_ON || (mode == DP_OVERLAP_AUTO && spare_cores > 0));
+    /* A thread with no core of its own only takes turns with backprop.  AUTO
+     * starts it even for a ring of one, which a replica may rejoin. */
+    r->threaded = mode == DP_OVERLAP_ON ? ring->n > 1 : mode == DP_OVERLAP_AUTO && spare_cores > 0;
     r->vetoed = mode == DP_OVERLAP_AUTO && !r->threaded;
     r->overlap = mode == DP_OVERLAP_ON && r->threaded;
     r->decided = mode != DP_OVERLAP_AUTO;
@@ -254,7 +256,7 @@ static int exchange(dp_reducer *r, dp_err *err)
     r->on_ms = get_whole(r->votes + V_ON_HI) / 1e3 / n;
     r->off_ms = get_whole(r->votes + V_OFF_HI) / 1e3 / n;
     int measured = r->votes[V_VETO] == 0 && r->votes[V_NOTHING] == 0;
-    r->chosen = measured && r->on_ms > 0 && r->ratio < 1 - DP_REDUCER_MARGIN;
+    r->chosen = measured && n > 1 && r->on_ms > 0 && r->ratio < 1 - DP_REDUCER_MARGIN;
     r->fresh = 1;
     r->decided = 1;
     if (!measured)
@@ -336,10 +338,10 @@ void dp_reducer_choice(const dp_reducer *r, dp_overlap_choice *out)
     out->ratio = r->ratio;
     if (r->mode != DP_OVERLAP_AUTO)
         out->reason = "forced";
-    else if (r->ring->n < 2 && !r->threaded)
-        out->reason = "one replica";
     else if (r->vetoed)
         out->reason = "no spare core";
+    else if (r->ring->n < 2)
+        out->reason = "one replica";
     else if (r->decided && r->votes[V_VETO] != 0)
         out->reason = "no spare core on another replica";
     else if (r->nothing || (r->decided && r->votes[V_NOTHING] != 0))
