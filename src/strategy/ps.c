@@ -14,6 +14,10 @@
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 #define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */
+/* Push-behind leaves answers unread while the worker computes: they must fit
+ * the sockets' buffers (TCP's 4 MiB each way, src/net/tcp.c), or the server
+ * would block answering one worker and stall the others. */
+#define BEHIND_BYTES (4u << 20)
 
 static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
     [DP_PS_ASYNC] = &dp_ps_rules_async, [DP_PS_SYNC] = &dp_ps_rules_sync,
@@ -43,6 +47,7 @@ void dp_ps_config_init(dp_ps_config *cfg)
     cfg->mode = DP_PS_ASYNC;
     cfg->fetch_every = 1;
     cfg->push_every = 1;
+    cfg->push_behind = 1;
     cfg->staleness = 3;
     cfg->staleness_lo = 1;
     cfg->staleness_hi = 6;
@@ -747,6 +752,38 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
 
 /* ---------------------------------------------------------------- client */
 
+/* The pushes a client may leave unanswered (cfg.push_behind), as far as it
+ * can keep them: only ps-async's answers can wait; a shard that may fail
+ * over is re-asked only the newest request (c->last), so one at most; MPI
+ * may hold a large send until its receiver posts (docs/mpi.md), which would
+ * stall the server; and the answers left unread must fit BEHIND_BYTES. */
+static int push_behind(const dp_transport *t, const dp_ps_layout *layout, const dp_ps_config *cfg)
+{
+    int n = cfg->mode == DP_PS_ASYNC && cfg->push_behind > 0 ? cfg->push_behind : 0;
+    if (n == 0)
+        return 0;
+    const char *why = NULL;
+    int keep = n;
+    size_t most = 0;
+    for (int s = 0; s < layout->n_shards; s++)
+        if ((layout->range[s].hi - layout->range[s].lo) * sizeof(float) > most)
+            most = (layout->range[s].hi - layout->range[s].lo) * sizeof(float);
+    if (strcmp(dp_transport_name(t), "mpi") == 0) {
+        keep = 0;
+        why = "MPI may hold a large answer until it is received";
+    } else if (most > 0 && (size_t)n * most > BEHIND_BYTES) {
+        keep = (int)(BEHIND_BYTES / most);
+        why = "the answers left unread must fit the sockets' buffers";
+    }
+    if (keep > 1 && (cfg->replicas > 1 || cfg->ps_wait > 0)) {
+        keep = 1;
+        why = "a shard that fails over is asked again only the newest push";
+    }
+    if (keep < n)
+        dp_info("--push-behind %d: %d kept (%s)", n, keep, why);
+    return keep;
+}
+
 int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
                       const dp_ps_config *cfg, const dp_optim_config *local_optim,
                       size_t n_params, dp_err *err)
@@ -764,9 +801,12 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
         if (!c->acc)
             goto oom;
     }
+    c->behind = push_behind(t, layout, cfg);
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
-    if (c->rules->pushes_params && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
+    /* A push re-sent on failover must be the one made: a caller pushing
+     * behind has changed its gradient by then. */
+    if ((c->rules->pushes_params || c->behind > 0) && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
         !(c->sent = malloc(n_params * sizeof(float))))
         goto oom;
     for (int s = 0; s < layout->n_shards; s++)
@@ -792,6 +832,10 @@ void dp_ps_client_free(dp_ps_client *c)
 }
 
 long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
+
+int dp_ps_client_push_behind(const dp_ps_client *c) { return c->behind; }
+
+int dp_ps_client_in_flight(const dp_ps_client *c) { return c->in_flight; }
 
 /* ---- the client's requests, and failover to a shard's backup ---- */
 
@@ -959,7 +1003,7 @@ static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *er
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err)
 {
-    if (c->sent && type == DP_WIRE_PUSH_PARAMS) {
+    if (c->sent && (type == DP_WIRE_PUSH_PARAMS || c->behind > 0)) {
         memcpy(c->sent, v, c->n * sizeof(float));
         v = c->sent;
     }
@@ -1084,8 +1128,21 @@ int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err)
     return collect(c, DP_WIRE_PARAMS, "parameters", take_params, params, err);
 }
 
+/* Every shard answers a client's requests in order on its connection, so
+ * the next PARAMS from each is the oldest push's answer. */
+int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err)
+{
+    for (; c->in_flight > left; c->in_flight--)
+        if (dp_ps_receive(c, params, err) < 0)
+            return -1;
+    return 0;
+}
+
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
+    /* The pushes' answers come first on each connection. */
+    if (dp_ps_settle(c, params, 0, err) < 0)
+        return -1;
     if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0)
         return -1;
     return dp_ps_receive(c, params, err);
@@ -1107,9 +1164,12 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
     return c->rules->step(c, params, grads, records, err);
 }
 
+/* Finishing waits for every push in flight: none is lost. */
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
 {
-    return c->rules->flush ? c->rules->flush(c, params, err) : 0;
+    if (c->rules->flush && c->rules->flush(c, params, err) < 0)
+        return -1;
+    return dp_ps_settle(c, params, 0, err);
 }
 
 typedef struct state_into {
@@ -1162,8 +1222,15 @@ int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_confi
     return collect(c, DP_WIRE_STATE, "its training state", take_state, &o, err);
 }
 
+int dp_ps_client_drain(dp_ps_client *c, float *params, dp_err *err)
+{
+    return dp_ps_settle(c, params, 0, err);
+}
+
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
 {
+    if (dp_ps_settle(c, params, 0, err) < 0)
+        return -1;
     return c->rules->sync ? c->rules->sync(c, params, err) : 0;
 }
 

@@ -514,6 +514,10 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
                      s->mp_task);
         }
+        if (mode == DP_PS_ASYNC)
+            dp_info("%s: push-behind %d: it computes on while %d push(es) are unanswered, "
+                    "taking their answers between steps, inline (no thread)", info->label,
+                    dp_ps_client_push_behind(s->client), dp_ps_client_push_behind(s->client));
         s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
         if (!s->reports) {
             dp_errf(err, "out of memory");
@@ -873,6 +877,9 @@ int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err 
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     uint8_t p[EPOCH_REPORT_SIZE];
+    /* The chief evaluates once every report is in: the epoch's pushes first. */
+    if (dp_ps_client_drain(s->client, s->wparams, err) < 0)
+        return -1;
     /* the tasks of a model-parallel replica train the same records: its
      * task 0 counts them */
     int counts = !s->K || s->mp_task == 0;
