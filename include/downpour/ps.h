@@ -39,7 +39,7 @@ typedef struct dp_ps_config {
     int fetch_every;        /* async: pull parameters every n steps (1) */
     int push_every;         /* async: push accumulated gradients every n steps (1) */
     int push_behind;        /* async: pushes a worker leaves unanswered while it computes
-                               the next step (1); 0: it waits for each answer.
+                               the next step; 0 (the default): it waits for each answer.
                                A gradient is computed on parameters at most this many of
                                the worker's own pushes old (docs/strategies.md, ps-async) */
     int staleness;          /* ssp: s (3) */

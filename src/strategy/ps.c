@@ -47,7 +47,7 @@ void dp_ps_config_init(dp_ps_config *cfg)
     cfg->mode = DP_PS_ASYNC;
     cfg->fetch_every = 1;
     cfg->push_every = 1;
-    cfg->push_behind = 1;
+    cfg->push_behind = 0;
     cfg->staleness = 3;
     cfg->staleness_lo = 1;
     cfg->staleness_hi = 6;

@@ -514,10 +514,13 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
                      s->mp_task);
         }
-        if (mode == DP_PS_ASYNC)
-            dp_info("%s: push-behind %d: it computes on while %d push(es) are unanswered, "
-                    "taking their answers between steps, inline (no thread)", info->label,
-                    dp_ps_client_push_behind(s->client), dp_ps_client_push_behind(s->client));
+        /* Inline: the answers are taken between steps, and no thread sends
+         * (docs/strategies.md, "ps-async": a send thread measured slower). */
+        if (s->pc.push_behind > 0 && dp_ps_client_push_behind(s->client) > 0)
+            dp_info("%s: push-behind %d: it computes the next step while up to %d push(es) "
+                    "are unanswered, taking the answers between steps (inline, no send thread)",
+                    info->label, dp_ps_client_push_behind(s->client),
+                    dp_ps_client_push_behind(s->client));
         s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
         if (!s->reports) {
             dp_errf(err, "out of memory");
@@ -848,6 +851,10 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     dp_ps_client_at_step(s->client, step);
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
                   : dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    /* The chief evaluates once every epoch report is in: the epoch's pushes
+     * are answered within it (push-behind), so it evaluates them all. */
+    if (rc == 0 && s->env->steps_per_epoch > 0 && step % s->env->steps_per_epoch == 0)
+        rc = dp_ps_client_drain(s->client, s->wparams, err);
     out->clock_gap = dp_ps_client_max_gap(s->client);
     /* A few times an epoch the chief hears how far this worker got: a
      * restarted worker goes on from there, not from its epoch's start. */
@@ -877,9 +884,6 @@ int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err 
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
 {
     uint8_t p[EPOCH_REPORT_SIZE];
-    /* The chief evaluates once every report is in: the epoch's pushes first. */
-    if (dp_ps_client_drain(s->client, s->wparams, err) < 0)
-        return -1;
     /* the tasks of a model-parallel replica train the same records: its
      * task 0 counts them */
     int counts = !s->K || s->mp_task == 0;
