@@ -12,7 +12,9 @@
  *   of the replay, which applies each gradient once, in order;
  * - N = 0 is the synchronous client as it was: each gradient on the
  *   parameters of every push before it, the run one process would make;
- *   and N = 1 is not (the check can fail). */
+ *   and N = 1 is not (the check can fail).
+ * Each N >= 1 runs twice: the pushes sent by the client's send thread (the
+ * default), and by the worker itself (--push-inline). */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -109,8 +111,9 @@ static void replay_run(replay *r, const float *p0, int behind, const dp_optim_co
     }
 }
 
-/* A run with push-behind `behind`: the worker's final parameters in out. */
-static void run(int behind, float *out)
+/* A run with push-behind `behind`, sent inline or by the send thread: the
+ * worker's final parameters in out. */
+static void run(int behind, int push_inline, float *out)
 {
     enum { CHIEF = 0, WORKER = 1, N_RANKS = 4 };
     dp_cluster c;
@@ -127,6 +130,7 @@ static void run(int behind, float *out)
     dp_ps_config_init(&pc);
     pc.mode = DP_PS_ASYNC;
     pc.push_behind = behind;
+    pc.push_inline = push_inline;
     pc.min_shard_bytes = NP * sizeof(float) / 2;
     static replay r;
     REQUIRE(dp_ps_layout_make(&r.layout, &c, NP, &pc, &err) == 0);
@@ -147,6 +151,7 @@ static void run(int behind, float *out)
     dp_ps_client *cl;
     REQUIRE(dp_ps_client_open(&cl, ts[WORKER], &r.layout, &pc, &oc, NP, &err) == 0);
     CHECK(dp_ps_client_push_behind(cl) == behind);
+    CHECK(dp_ps_client_send_thread(cl) == (behind > 0 && !push_inline));
     replay_run(&r, p0, behind, &oc);
 
     float params[NP], g[NP];
@@ -202,9 +207,14 @@ int main(void)
 {
     dp_log_set_level(DP_LOG_WARN);
     alarm(120); /* a worker that waits where it must not hangs: fail, do not hang */
-    float p[4][NP];
-    for (int n = 0; n <= 3; n++)
-        run(n, p[n]);
+    float p[4][NP], q[NP];
+    for (int n = 0; n <= 3; n++) {
+        run(n, 0, p[n]);
+        if (n > 0) {
+            run(n, 1, q);
+            CHECK(memcmp(p[n], q, sizeof q) == 0);
+        }
+    }
     /* The replay is a real check: computing on older parameters ends elsewhere. */
     CHECK(memcmp(p[0], p[1], sizeof p[0]) != 0);
     return check_failures ? 1 : 0;

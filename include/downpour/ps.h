@@ -42,6 +42,9 @@ typedef struct dp_ps_config {
                                the next step; 0 (the default): it waits for each answer.
                                A gradient is computed on parameters at most this many of
                                the worker's own pushes old (docs/strategies.md, ps-async) */
+    int push_inline;        /* async pushing behind: the worker sends each push itself
+                               before it computes on (1), not a send thread of its
+                               client that sends while it computes (0) */
     int staleness;          /* ssp: s (3) */
     int staleness_lo, staleness_hi; /* dssp: range (1:6) */
     int period;             /* avg: local steps between averages (8) */
@@ -201,5 +204,8 @@ long dp_ps_client_max_gap(const dp_ps_client *c);
  * how many are unanswered now. */
 int dp_ps_client_push_behind(const dp_ps_client *c);
 int dp_ps_client_in_flight(const dp_ps_client *c);
+/* Whether a thread of the client sends its pushes (cfg.push_inline 0, where
+ * no shard fails over), so the worker computes while they go out. */
+int dp_ps_client_send_thread(const dp_ps_client *c);
 
 #endif

@@ -11,6 +11,7 @@
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "strategy/ps_rules.h"
+#include "strategy/sender.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 #define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */
@@ -802,6 +803,14 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
             goto oom;
     }
     c->behind = push_behind(t, layout, cfg);
+    /* A send thread only where no shard fails over: a failover re-sends
+     * from the caller's thread, in order with what it sent itself. */
+    if (c->behind > 0 && !cfg->push_inline && cfg->replicas < 2 && cfg->ps_wait <= 0) {
+        if (sender_open(&c->q, t, layout->n_shards, err) < 0)
+            goto fail;
+        if (!(c->out = malloc(n_params * sizeof(float))))
+            goto oom;
+    }
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
     /* A push re-sent on failover must be the one made: a caller pushing
@@ -825,6 +834,8 @@ void dp_ps_client_free(dp_ps_client *c)
 {
     if (!c)
         return;
+    sender_close(c->q);
+    free(c->out);
     free(c->acc);
     free(c->sent);
     dp_optim_free(&c->local);
@@ -836,6 +847,8 @@ long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
 int dp_ps_client_push_behind(const dp_ps_client *c) { return c->behind; }
 
 int dp_ps_client_in_flight(const dp_ps_client *c) { return c->in_flight; }
+
+int dp_ps_client_send_thread(const dp_ps_client *c) { return c->q != NULL; }
 
 /* ---- the client's requests, and failover to a shard's backup ---- */
 
@@ -990,8 +1003,47 @@ static int request(dp_ps_client *c, int s, dp_err *err)
     }
 }
 
+/* The send thread's frames go out before any the caller sends itself, so
+ * each shard sees a client's requests in order.  A peer the thread could
+ * not send to is lost (no shard fails over where a thread sends). */
+static int sends_done(dp_ps_client *c, dp_err *err)
+{
+    int peer;
+    dp_err why;
+    if (!c->q || sender_wait(c->q, c->q_last, &peer, &why) == 0)
+        return 0;
+    return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1 : dp_errf(err, "%s", why.msg);
+}
+
+/* The push in c->last, through the send thread: copied, so the caller may
+ * change v while it goes out. */
+static int queue_push(dp_ps_client *c, dp_err *err)
+{
+    if (sends_done(c, err) < 0)
+        return -1;
+    memcpy(c->out, c->last.v, c->n * sizeof(float));
+    c->last.v = c->out;
+    dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head_put(raw, &head);
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        const dp_range *r = &c->layout.range[s];
+        int peer;
+        dp_err why;
+        c->q_last = sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
+                                     raw, sizeof raw, c->out + r->lo,
+                                     (r->hi - r->lo) * sizeof(float), &peer, &why);
+        if (c->q_last < 0)
+            return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1
+                                                                 : dp_errf(err, "%s", why.msg);
+    }
+    return 0;
+}
+
 static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
 {
+    if (sends_done(c, err) < 0)
+        return -1;
     c->last.type = type;
     c->last.step = step;
     for (int s = 0; s < c->layout.n_shards; s++)
@@ -1010,12 +1062,19 @@ int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
     c->last.v = v;
     c->last.records = records;
     c->last.want = want;
+    if (c->q && type == DP_WIRE_PUSH_GRAD) {
+        c->last.type = type;
+        c->last.step = (uint64_t)c->clock;
+        return queue_push(c, err);
+    }
     return request_all(c, type, (uint64_t)c->clock, err);
 }
 
 int dp_ps_client_say(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
 {
     dp_ps_layout *l = &c->layout;
+    if (sends_done(c, err) < 0)
+        return -1;
     for (int s = 0; s < l->n_shards; s++) {
         for (int copy = 0; copy < 2; copy++) {
             int rank = copy ? l->backup[s] : l->rank[s];

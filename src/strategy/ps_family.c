@@ -514,13 +514,16 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
                      s->mp_task);
         }
-        /* Inline: the answers are taken between steps, and no thread sends
-         * (docs/strategies.md, "ps-async": a send thread measured slower). */
+        /* Which way the pushes go out is measured (docs/strategies.md,
+         * "ps-async"): said, so a run's log shows what it chose. */
         if (s->pc.push_behind > 0 && dp_ps_client_push_behind(s->client) > 0)
             dp_info("%s: push-behind %d: it computes the next step while up to %d push(es) "
-                    "are unanswered, taking the answers between steps (inline, no send thread)",
+                    "are unanswered, taking the answers between steps; %s",
                     info->label, dp_ps_client_push_behind(s->client),
-                    dp_ps_client_push_behind(s->client));
+                    dp_ps_client_push_behind(s->client),
+                    dp_ps_client_send_thread(s->client)
+                        ? "a send thread sends each push while it computes"
+                        : "it sends each push itself (--push-inline, or a shard may fail over)");
         s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
         if (!s->reports) {
             dp_errf(err, "out of memory");
