@@ -193,7 +193,7 @@ int cmd_train(int argc, char **argv)
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
         {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
         {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
-        {"push-behind", CLI_INT, &push_behind, "N", "ps-async: pushes left unanswered while a worker computes on (0: wait for each)", 0, 64},
+        {"push-behind", CLI_INT, &push_behind, "N", "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0: wait for each)", 0, 64},
         {"push-inline", CLI_FLAG, &push_inline, NULL, "ps-async --push-behind: the worker sends each push itself, not a send thread", 0, 0},
         {"staleness", CLI_INT, &staleness, "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000},
         {"staleness-range", CLI_STR, &staleness_range, "LO:HI", "ps-dssp: range of the adapted bound", 0, 0},

@@ -495,7 +495,10 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
         dp_errf(err, "out of memory");
         goto fail;
     }
-    if (dp_ps_client_open(&s->client, s->t, &mine, &s->pc, &cfg->optim, s->m->n_params, err) < 0)
+    dp_ps_config pc = s->pc;
+    if (s->part == DP_PART_COORDINATOR)
+        pc.push_behind = 0; /* the chief pushes nothing: no send thread, no log line */
+    if (dp_ps_client_open(&s->client, s->t, &mine, &pc, &cfg->optim, s->m->n_params, err) < 0)
         goto fail;
     dp_ps_client_on_failover(s->client, failover_event, s);
     if (s->part == DP_PART_COORDINATOR) {
