@@ -172,10 +172,10 @@ int main(int argc, char **argv)
             dp_batcher_start_epoch(&bt, 0);
             dp_blas_set_threads(threads);
             bool bound = mi == 0; /* the bound is for cnn-mnist's conv and dense products */
-            bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
+            bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1, 0); /* warm up */
             double tr[MAX_REPEATS], gm[MAX_REPEATS];
             for (int r = 0; r < repeats; r++) {
-                tr[r] = bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps);
+                tr[r] = bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps, 0);
                 gm[r] = bound ? gemm_step_seconds(&m, x, batch, steps, dout, dinp) : 1;
             }
             double sps = batch / bench_median(tr, repeats);

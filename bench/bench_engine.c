@@ -1,18 +1,25 @@
 /* Training throughput of one process against the machine's own GEMM bound.
  *
  * For each model, batch size and thread count it times whole training steps
- * (batch gather + forward + backward + Adam update) and, in the same run, the
- * step's matrix products alone through the same sgemm: three forward products,
- * one weight-gradient product per layer, one input-gradient product per layer
+ * as the single strategy runs them (batch gather + forward + backward with
+ * the Adam update fused in) and, in the same run, the step's matrix products
+ * alone through the same sgemm: one forward product per dense layer, one
+ * weight-gradient product per layer, one input-gradient product per layer
  * but the first.  bound = batch / (GEMM seconds per step); the fraction is
- * the step's throughput over that bound.  Figures are medians of REPEATS.
- * For reference the last column is the same products with our pool off and
- * OpenBLAS's own threads (as many) inside each product: which of the two
- * ways of using the cores multiplies faster (docs/architecture.md, "Threads").
+ * the step's throughput over that bound.  Figures are medians of REPEATS,
+ * the two timings alternating.  For reference the last column is the same
+ * products with our pool off and OpenBLAS's own threads (as many) inside each
+ * product: which of the two ways of using the cores multiplies faster
+ * (docs/architecture.md, "Threads").
  *
- *   bench_engine [--steps N] [--repeats N]
- * Target (issue 2): mlp-300-100, batch 128 reaches >= 85% of the bound, and
- * two threads are faster than one. */
+ *   bench_engine [--steps N] [--repeats N] [--model NAME] [--batch N]
+ *                [--threads N] [--unfused]
+ * --model, --batch and --threads keep only the rows that match; --unfused
+ * times the step with the optimiser after backprop instead (the twin of the
+ * fused update, docs/architecture.md, "Fast paths").
+ * Target (issue 13): every row (mlp-300-100 and mlp-128, batch 128 and 256,
+ * 1 and 2 threads) reaches >= 95% of the bound; and (issue 2) two threads
+ * are faster than one for mlp-300-100 at batch 128. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +36,7 @@
 
 #define MAX_REPEATS 15
 #define N_RECORDS 8192
+#define TARGET 0.95 /* of the GEMM bound, every row (issue 13) */
 
 /* Seconds per step of the model's matrix products alone, on the step's own
  * buffers: the batch x, the weights and gradients in the flat buffers, the
@@ -68,15 +76,31 @@ static double gemm_step_seconds(dp_model *m, const float *x, int batch, int step
 
 int main(int argc, char **argv)
 {
-    int steps = 200, repeats = 7;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--steps") == 0)
-            steps = atoi(argv[i + 1]);
+    int steps = 200, repeats = 7, only_batch = 0, only_threads = 0, unfused = 0;
+    const char *only_model = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--unfused") == 0)
+            unfused = 1;
+        else if (i + 1 >= argc)
+            steps = 0; /* an option without its value */
+        else if (strcmp(argv[i], "--steps") == 0)
+            steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--repeats") == 0)
-            repeats = atoi(argv[i + 1]);
+            repeats = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--model") == 0)
+            only_model = argv[++i];
+        else if (strcmp(argv[i], "--batch") == 0)
+            only_batch = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--threads") == 0)
+            only_threads = atoi(argv[++i]);
+        else
+            steps = 0;
     }
-    if (steps < 1 || repeats < 1 || repeats > MAX_REPEATS) {
-        fprintf(stderr, "usage: bench_engine [--steps N>=1] [--repeats 1..%d]\n", MAX_REPEATS);
+    if (steps < 1 || repeats < 1 || repeats > MAX_REPEATS || only_batch < 0 || only_batch > 256 ||
+        only_threads < 0) {
+        fprintf(stderr, "usage: bench_engine [--steps N>=1] [--repeats 1..%d] [--model NAME] "
+                        "[--batch 1..256] [--threads N] [--unfused]\n",
+                MAX_REPEATS);
         return 2;
     }
 
@@ -99,17 +123,21 @@ int main(int argc, char **argv)
         scratch[i] = dp_rng_uniform(&rng) - 0.5f;
     dp_split split = {images, labels, N_RECORDS, 784};
 
-    printf("BLAS: %s; %d steps per timing, median of %d\n", dp_blas_info(), steps, repeats);
-    printf("%-12s %6s %8s %14s %14s %9s %16s\n", "model", "batch", "threads", "samples/s",
-           "gemm bound/s", "fraction", "openblas-mt/s");
+    printf("BLAS: %s; %d steps per timing, median of %d; update %s\n", dp_blas_info(), steps,
+           repeats, unfused ? "after backprop (--unfused)" : "fused into backprop");
+    printf("%-12s %6s %8s %14s %14s %9s %8s %16s\n", "model", "batch", "threads", "samples/s",
+           "gemm bound/s", "fraction", "target", "openblas-mt/s");
     const char *models[] = {"mlp-300-100", "mlp-128"};
     const int batches[] = {128, 256};
-    int status = 0;
-    double sps_target[3] = {0};
+    int rows = 0, missed = 0;
+    double sps_2_vs_1[3] = {0};
     for (int mi = 0; mi < 2; mi++)
         for (int bi = 0; bi < 2; bi++)
             for (int threads = 1; threads <= 2; threads++) {
                 int batch = batches[bi];
+                if ((only_model && strcmp(only_model, models[mi]) != 0) ||
+                    (only_batch && only_batch != batch) || (only_threads && only_threads != threads))
+                    continue;
                 dp_err err;
                 dp_model m;
                 dp_optim o;
@@ -124,11 +152,11 @@ int main(int argc, char **argv)
                 dp_model_init_params(&m, 1);
                 dp_batcher_start_epoch(&bt, 0);
                 dp_blas_set_threads(threads);
-                bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1); /* warm up */
-                gemm_step_seconds(&m, x, batch, steps / 4 + 1, scratch);
+                bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps / 4 + 1, unfused);
+                gemm_step_seconds(&m, x, batch, steps / 4 + 1, scratch); /* warm up */
                 double tr[MAX_REPEATS], gm[MAX_REPEATS], nat[MAX_REPEATS];
                 for (int r = 0; r < repeats; r++) {
-                    tr[r] = bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps);
+                    tr[r] = bench_train_step_seconds(&m, &o, &bt, x, y, batch, steps, unfused);
                     gm[r] = gemm_step_seconds(&m, x, batch, steps, scratch);
                 }
                 dp_blas_set_native_threads(threads);
@@ -140,23 +168,25 @@ int main(int argc, char **argv)
                  * let them, or they would share the cores with the next row. */
                 nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
                 double sps = batch / bench_median(tr, repeats), bound = batch / bench_median(gm, repeats);
-                printf("%-12s %6d %8d %14.0f %14.0f %8.1f%% %16.0f\n", models[mi], batch, threads,
-                       sps, bound, 100 * sps / bound, batch / bench_median(nat, repeats));
+                int met = sps >= TARGET * bound;
+                printf("%-12s %6d %8d %14.0f %14.0f %8.1f%% %3.0f%% %-4s %16.0f\n", models[mi], batch,
+                       threads, sps, bound, 100 * sps / bound, 100 * TARGET, met ? "met" : "NOT",
+                       batch / bench_median(nat, repeats));
                 fflush(stdout);
-                if (mi == 0 && bi == 0) {
-                    sps_target[threads] = sps;
-                    if (threads == 1 && sps < 0.85 * bound)
-                        status = 1;
-                    if (threads == 2 && sps < 0.85 * bound)
-                        status = 1;
-                }
+                rows++;
+                missed += !met;
+                if (mi == 0 && bi == 0)
+                    sps_2_vs_1[threads] = sps;
                 dp_batcher_free(&bt);
                 dp_optim_free(&o);
                 dp_model_free(&m);
             }
-    printf("target: mlp-300-100 batch 128 >= 85%% of the GEMM bound on 1 and 2 threads, "
-           "2 threads faster than 1 (%.0f vs %.0f samples/s): %s\n",
-           sps_target[2], sps_target[1], status == 0 && sps_target[2] > sps_target[1] ? "met" : "NOT met");
+    printf("target: every row >= %.0f%% of the GEMM bound: %d of %d rows met\n", 100 * TARGET,
+           rows - missed, rows);
+    if (sps_2_vs_1[1] > 0 && sps_2_vs_1[2] > 0)
+        printf("target: mlp-300-100 batch 128, 2 threads faster than 1 (%.0f vs %.0f samples/s): "
+               "%s\n",
+               sps_2_vs_1[2], sps_2_vs_1[1], sps_2_vs_1[2] > sps_2_vs_1[1] ? "met" : "NOT met");
     free(images);
     free(labels);
     free(scratch);

@@ -21,6 +21,7 @@
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/dataset.h"
+#include "downpour/pool.h"
 
 static char scratch[1024];
 
@@ -760,6 +761,32 @@ static void test_batcher(const dp_split *s)
     dp_batcher_free(&b);
 }
 
+/* Every byte value converts to exactly (float)v / 255 (the gather's
+ * conversion avoids the divider: src/data/batch.c), in the vector body and in
+ * the tail of a record, over the pool too. */
+static void test_gather_exact(void)
+{
+    enum { DIM = 256 + 7, N = 160 }; /* N * DIM is above the pool's split size */
+    static uint8_t imgs[N * DIM];
+    static float gx[N * DIM];
+    uint8_t labs[N] = {0};
+    uint32_t idx[N];
+    for (int i = 0; i < N; i++) {
+        idx[i] = (uint32_t)(N - 1 - i);
+        for (int j = 0; j < DIM; j++)
+            imgs[i * DIM + j] = (uint8_t)(j + i);
+    }
+    dp_split sp1 = {imgs, labs, N, DIM};
+    dp_pool_set_threads(2, NULL);
+    dp_split_gather(gx, NULL, &sp1, idx, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < DIM; j++)
+            bad += gx[i * DIM + j] != (float)imgs[idx[i] * DIM + j] / 255.0f;
+    CHECKF(bad == 0, "%d values differ from the division", bad);
+    dp_pool_set_threads(1, NULL);
+}
+
 /* ---- the real MNIST, when present ---- */
 
 static void test_real(const char *root)
@@ -833,6 +860,7 @@ int main(void)
         test_batcher(&ds.train_all);
         dp_dataset_close(&ds);
     }
+    test_gather_exact();
 
     if (real_root[0])
         test_real(real_root);

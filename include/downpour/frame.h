@@ -60,6 +60,9 @@ typedef enum dp_frame_type {
     /* Liveness and orderly shutdown, consumed by the transport. */
     DP_FRAME_HEARTBEAT = 5,
     DP_FRAME_BYE = 6,
+    /* Shared-memory setup right after WELCOME (docs/transport.md, "Shared
+     * memory"): the dialer's offer, the acceptor's answer. */
+    DP_FRAME_SHM = 7,
     /* Types from here on are delivered to the application (the strategies). */
     DP_FRAME_APP_FIRST = 16,
     DP_FRAME_COUNT = 256

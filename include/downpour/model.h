@@ -48,6 +48,7 @@
 #include "downpour/status.h"
 
 #include "downpour/layers.h"
+#include "downpour/optim.h"
 
 #define DP_MAX_DENSE 16      /* layers with parameters (dense, conv, local) */
 #define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included */
@@ -212,5 +213,16 @@ float dp_model_forward(dp_model *m, const float *params, const float *x, const u
  * nothing. */
 float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, int batch,
                                 int *correct);
+
+/* dp_model_forward_backward with o's update of m->params fused into backprop
+ * (docs/architecture.md, "Fast paths"), for a process whose update is local:
+ * each layer's parameters are updated with rate lr as soon as its input
+ * gradient has read the old weights, while its gradients are in cache.  The
+ * same bits as dp_model_forward_backward then dp_optim_apply(o, m->params,
+ * m->grads, lr), and m->grads holds the same gradients afterwards.  A loss
+ * that is not finite is returned before backprop, with nothing updated (o->t
+ * unchanged).  o must hold n_params parameters; NAN for a bad batch. */
+float dp_model_train_step(dp_model *m, dp_optim *o, const float *x, const uint8_t *y,
+                          int batch, float lr, int *correct);
 
 #endif

@@ -62,4 +62,21 @@ void dp_optim_free(dp_optim *o); /* safe on a zeroed or freed optimiser */
  * would otherwise crawl through denormals at ~7x the cost. */
 void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr);
 
+/* The same update in pieces, for an update fused into backprop
+ * (docs/architecture.md, "Fast paths"): dp_optim_begin counts the update
+ * (t++) and fixes its rates; then each piece [lo, hi) of [0, n) is updated
+ * once, by dp_optim_apply_range on the calling thread or dp_optim_apply_split
+ * over the pool.  Every element gets the same arithmetic wherever the pieces
+ * fall, so pieces that tile [0, n) give the bits of dp_optim_apply.
+ * params and grads are the bases of the whole range, as for dp_optim_apply. */
+typedef struct dp_optim_step {
+    float lr;   /* this update's learning rate */
+    float lr_t; /* adam's bias-corrected rate */
+} dp_optim_step;
+dp_optim_step dp_optim_begin(dp_optim *o, float lr);
+void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *params,
+                          const float *grads, size_t lo, size_t hi);
+void dp_optim_apply_split(const dp_optim *o, const dp_optim_step *st, float *params,
+                          const float *grads, size_t lo, size_t hi);
+
 #endif

@@ -5,7 +5,8 @@
  * parameters) and pull parameters.  The consistency mode says when a worker
  * gets its parameters back:
  *   async  at once (Downpour SGD), every fetch_every steps; gradients are
- *          accumulated over push_every steps before a push
+ *          accumulated over push_every steps before a push; a worker
+ *          computes on while up to push_behind pushes are unanswered
  *   sync   when every live worker has pushed for this step; the server
  *          applies the records-weighted mean gradient once
  *   ssp    when the slowest live worker's clock is at least clock - staleness
@@ -37,6 +38,13 @@ typedef struct dp_ps_config {
     dp_ps_mode mode;
     int fetch_every;        /* async: pull parameters every n steps (1) */
     int push_every;         /* async: push accumulated gradients every n steps (1) */
+    int push_behind;        /* async: pushes a worker leaves unanswered while it computes
+                               the next step; 0 (the default): it waits for each answer.
+                               A gradient is computed on parameters at most this many of
+                               the worker's own pushes old (docs/strategies.md, ps-async) */
+    int push_inline;        /* async pushing behind: the worker sends each push itself
+                               before it computes on (1), not a send thread of its
+                               client that sends while it computes (0) */
     int staleness;          /* ssp: s (3) */
     int staleness_lo, staleness_hi; /* dssp: range (1:6) */
     int period;             /* avg: local steps between averages (8) */
@@ -176,6 +184,10 @@ void dp_ps_client_on_restart(dp_ps_client *c, int (*fn)(void *ctx, int rank, dp_
 /* The step this client's worker is taking (1-based, as the loop counts): a
  * restarted ps learns from it where the worker is (JOIN). */
 void dp_ps_client_at_step(dp_ps_client *c, long step);
+/* Takes the answers of every push still in flight (push-behind) into
+ * params, so every push this worker made has been applied: before its epoch
+ * report, so the chief evaluates what the worker trained. */
+int dp_ps_client_drain(dp_ps_client *c, float *params, dp_err *err);
 /* A round trip to every shard after pushing whatever is accumulated, so every
  * push this worker made has been applied (a checkpoint's consistent point). */
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);
@@ -186,5 +198,14 @@ dp_optim *dp_ps_client_local_optim(dp_ps_client *c);
 /* The largest gap (own clock minus the slowest clock the servers reported)
  * this client has been allowed to run with. */
 long dp_ps_client_max_gap(const dp_ps_client *c);
+/* The pushes this client leaves unanswered while its worker computes on
+ * (cfg.push_behind as it could be kept: 0 outside ps-async, at most 1 where
+ * a shard may fail over, and no more than the sockets can hold; ps.c), and
+ * how many are unanswered now. */
+int dp_ps_client_push_behind(const dp_ps_client *c);
+int dp_ps_client_in_flight(const dp_ps_client *c);
+/* Whether a thread of the client sends its pushes (cfg.push_inline 0, where
+ * no shard fails over), so the worker computes while they go out. */
+int dp_ps_client_send_thread(const dp_ps_client *c);
 
 #endif

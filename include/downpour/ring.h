@@ -3,8 +3,10 @@
  * rank sending 2(n-1)/n of the buffer, chunked and pipelined in segments so
  * sends never wait on a full socket.  Every element's sum is computed once,
  * by the chunk's owner, and copied to the others: the replicas stay bitwise
- * identical.  A transport with a collective fast path (MPI_Allreduce) is
- * used instead when it has one. */
+ * identical.  Reduce-scatter adds what arrives straight from the transport
+ * (dp_transport_recv_payload_add: over shared memory, from the ring).  A
+ * transport with a collective fast path (MPI_Allreduce) is used instead when
+ * it has one. */
 #ifndef DOWNPOUR_RING_H
 #define DOWNPOUR_RING_H
 
@@ -22,7 +24,6 @@ typedef struct dp_ring {
     int n, pos;          /* size, and this rank's position */
     double timeout;      /* s to wait for a neighbour before giving up */
     size_t seg;          /* floats per segment */
-    float *scratch;      /* one segment, for reduce-scatter receives */
     int use_fast_path;   /* the transport's own all-reduce */
     uint64_t bytes_sent; /* payload bytes this rank sent */
     /* Why the last call returned DP_RING_BROKEN: the neighbour's rank, and

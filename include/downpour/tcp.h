@@ -32,6 +32,12 @@ typedef struct dp_tcp_config {
                                   written: a one-way latency per message, for experiments
                                   (0..DP_TCP_MAX_LINK_DELAY_MS; 0 off; docs/cluster.md,
                                   "A virtual cluster on one machine") */
+    int shm;                   /* 1 (default): frames to tasks on this host (same boot, network
+                                  namespace and uid) go through shared memory; 0: TCP only.
+                                  DOWNPOUR_SHM=0 in the environment turns it off too
+                                  (docs/transport.md, "Shared memory") */
+    size_t shm_ring_bytes;     /* bytes per direction of a link's rings, a power of two
+                                  (0: 4 MiB) */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000

@@ -80,6 +80,12 @@ int dp_transport_poll(dp_transport *t, int peer, double timeout_s, dp_event *ev,
  * returns -1, closes that connection and is reported as a PEER_LOST event by
  * the next poll; the bytes already in dst must then be treated as garbage. */
 int dp_transport_recv_payload(dp_transport *t, int peer, void *dst, size_t len, dp_err *err);
+/* The same for a payload of floats that the caller sums: dst[i] += payload
+ * float i for i < count (the next count * 4 payload bytes, little-endian
+ * floats as the sender's memory held them).  Shared memory reads them
+ * straight from the ring; other paths go through a small buffer. */
+int dp_transport_recv_payload_add(dp_transport *t, int peer, float *dst, size_t count,
+                                  dp_err *err);
 /* Discards what is left of that payload. */
 int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err);
 

@@ -159,9 +159,10 @@ int cmd_train(int argc, char **argv)
     const char *lr_schedule = "constant";
     const char *shard = "data", *staleness_range = "1:6", *straggler = NULL;
     long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
+    long push_behind = cfg.ps.push_behind;
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
-    bool trace_clocks = false, no_overlap = false;
+    bool trace_clocks = false, no_overlap = false, push_inline = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
     const char *transport = "tcp", *overlap = NULL;
     double collective_timeout = cfg.collective_timeout;
@@ -192,6 +193,8 @@ int cmd_train(int argc, char **argv)
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
         {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
         {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
+        {"push-behind", CLI_INT, &push_behind, "N", "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0: wait for each)", 0, 64},
+        {"push-inline", CLI_FLAG, &push_inline, NULL, "ps-async --push-behind: the worker sends each push itself, not a send thread", 0, 0},
         {"staleness", CLI_INT, &staleness, "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000},
         {"staleness-range", CLI_STR, &staleness_range, "LO:HI", "ps-dssp: range of the adapted bound", 0, 0},
         {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
@@ -278,6 +281,8 @@ int cmd_train(int argc, char **argv)
     cfg.straggler_ms = ms;
     cfg.ps.fetch_every = (int)fetch_every;
     cfg.ps.push_every = (int)push_every;
+    cfg.ps.push_behind = (int)push_behind;
+    cfg.ps.push_inline = push_inline;
     cfg.ps.staleness = (int)staleness;
     cfg.ps.staleness_lo = (int)lo;
     cfg.ps.staleness_hi = (int)hi;

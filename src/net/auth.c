@@ -62,6 +62,7 @@ static void derive(dp_auth_session *s, const dp_auth_params *p, const uint8_t *t
     s->keyed = p->secret_len > 0;
     s->encrypt = (opt_a & DP_AUTH_OPT_ENCRYPT) != 0;
     s->suite = (opt_a & DP_AUTH_OPT_AES) ? DP_FMAC_AESGCM : DP_FMAC_CHACHA;
+    s->shm = (opt_a & DP_AUTH_OPT_SHM) != 0; /* the acceptor sets it only when offered */
     hmac(master, p, session_label, tr, 0);
     crypto_kdf_derive_from_key(dialer_side ? s->key_tx : s->key_rx, 32, 1, "dpframes", master);
     crypto_kdf_derive_from_key(dialer_side ? s->key_rx : s->key_tx, 32, 2, "dpframes", master);
@@ -138,11 +139,18 @@ void dp_auth_send_reject(int fd, int self_rank, const char *reason)
 int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_auth_session *s,
                  dp_err *err)
 {
+    return dp_auth_dial_shm(fd, p, 0, peer, io, s, err);
+}
+
+int dp_auth_dial_shm(int fd, const dp_auth_params *p, int shm, int peer, dp_auth_io *io,
+                     dp_auth_session *s, dp_err *err)
+{
     uint8_t hello[HELLO_LEN], chal[CHAL_LEN], mac[DP_AUTH_MAC], tr[TRANSCRIPT_LEN];
     dp_frame_header h;
     const uint8_t *nonce_d = hello + 8;
     uint32_t opt_d = (p->encrypt ? DP_AUTH_OPT_ENCRYPT : 0) |
-                     (dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0);
+                     (dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0) |
+                     (shm ? DP_AUTH_OPT_SHM : 0);
     memset(s, 0, sizeof *s);
     dp_put_u32(hello, (uint32_t)p->n_ranks);
     dp_put_u32(hello + 4, (uint32_t)peer);
@@ -172,7 +180,8 @@ int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_a
         return -2;
     }
     if ((opt_a & DP_AUTH_OPT_ENCRYPT) != (opt_d & DP_AUTH_OPT_ENCRYPT) ||
-        ((opt_a & DP_AUTH_OPT_AES) && !(opt_d & DP_AUTH_OPT_AES))) {
+        ((opt_a & DP_AUTH_OPT_AES) && !(opt_d & DP_AUTH_OPT_AES)) ||
+        ((opt_a & DP_AUTH_OPT_SHM) && !(opt_d & DP_AUTH_OPT_SHM))) {
         dp_auth_send_reject(fd, p->self_rank, "the peer chose options this task did not offer");
         dp_errf(err, "the peer chose options this task did not offer (0x%x for 0x%x)", opt_a,
                 opt_d);
@@ -192,6 +201,12 @@ int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_a
 
 int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io,
                    dp_auth_session *s, dp_err *err)
+{
+    return dp_auth_accept_shm(fd, p, 0, peer_out, io, s, err);
+}
+
+int dp_auth_accept_shm(int fd, const dp_auth_params *p, int shm, int *peer_out, dp_auth_io *io,
+                       dp_auth_session *s, dp_err *err)
 {
     uint8_t hello[HELLO_LEN], chal[CHAL_LEN], mac[DP_AUTH_MAC], tr[TRANSCRIPT_LEN];
     char why[256];
@@ -228,7 +243,8 @@ int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *i
     }
     /* AES-256-GCM when both CPUs have AES-NI, else ChaCha20-Poly1305. */
     uint32_t opt_a = (p->encrypt ? DP_AUTH_OPT_ENCRYPT : 0) |
-                     ((opt_d & DP_AUTH_OPT_AES) && dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0);
+                     ((opt_d & DP_AUTH_OPT_AES) && dp_fmac_aes_available() ? DP_AUTH_OPT_AES : 0) |
+                     ((opt_d & DP_AUTH_OPT_SHM) && shm ? DP_AUTH_OPT_SHM : 0);
     randombytes_buf(chal, DP_AUTH_NONCE);
     transcript(tr, p, hello + 8, chal, peer, p->self_rank, inc_d, p->incarnation, opt_d, opt_a);
     hmac(chal + DP_AUTH_NONCE, p, auth_label, tr, 'A');

@@ -11,7 +11,9 @@
  *   crypto_kdf subkeys 1 (dialer -> acceptor) and 2 (acceptor -> dialer)
  *
  * inc: the process's incarnation (random per dp_tcp_open); opt bit 0: payload
- * encryption, bit 1: AES-256-GCM (dialer: available; acceptor: chosen).
+ * encryption, bit 1: AES-256-GCM (dialer: available; acceptor: chosen), bit 2:
+ * shared memory (dialer: offered; acceptor: taken, so the setup of shm.h
+ * follows WELCOME).
  *
  * Either side may send REJECT {reason text} instead and close.  Both sides
  * prove they hold the secret; the direction byte stops a reflected answer and
@@ -29,6 +31,7 @@
 #define DP_AUTH_MAC 32
 #define DP_AUTH_OPT_ENCRYPT 1u
 #define DP_AUTH_OPT_AES 2u
+#define DP_AUTH_OPT_SHM 4u /* shared-memory setup follows WELCOME (shm.h) */
 
 typedef struct dp_auth_params {
     int self_rank, n_ranks;
@@ -48,6 +51,7 @@ typedef struct dp_auth_params {
  * (insecure): then frames carry CRCs only. */
 typedef struct dp_auth_session {
     int keyed, encrypt, suite; /* suite: DP_FMAC_AESGCM or DP_FMAC_CHACHA (fmac.h) */
+    int shm; /* both offered shared memory: its setup frames follow WELCOME (shm.h) */
     uint64_t peer_incarnation;
     unsigned char key_tx[32], key_rx[32]; /* this side's sending and receiving keys */
 } dp_auth_session;
@@ -64,6 +68,13 @@ int dp_auth_dial(int fd, const dp_auth_params *p, int peer, dp_auth_io *io, dp_a
                  dp_err *err);
 int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io,
                    dp_auth_session *s, dp_err *err);
+
+/* The same with shared memory (shm.h) offered (dialer) or taken (acceptor)
+ * when shm is 1: s->shm then says both did, and the setup frames follow. */
+int dp_auth_dial_shm(int fd, const dp_auth_params *p, int shm, int peer, dp_auth_io *io,
+                     dp_auth_session *s, dp_err *err);
+int dp_auth_accept_shm(int fd, const dp_auth_params *p, int shm, int *peer_out, dp_auth_io *io,
+                       dp_auth_session *s, dp_err *err);
 
 /* Sends a REJECT frame with a reason, best effort, waiting at most 0.2 s. */
 void dp_auth_send_reject(int fd, int self_rank, const char *reason);

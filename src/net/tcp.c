@@ -14,13 +14,19 @@
  * nothing arrived for heartbeat_timeout and nothing is waiting unread: a full
  * receive buffer means the peer is alive and we are the slow one.
  *
+ * Shared memory (shm.h, docs/transport.md "Shared memory"): a connection to
+ * a task on this host may carry a dp_shm link, set up before it is
+ * installed; its application frames then go through the link's rings and
+ * the socket carries heartbeats and BYE only, and still tells of the loss.
+ *
  * Lock order: tcp.mu -> conn.send_mu -> conn.mu.  A lost connection is shut
- * down at once but its fd stays open until it is replaced or the transport
- * closes, so no thread ever uses a recycled descriptor. */
+ * down at once but its fd (and shm link) stays open until it is replaced or
+ * the transport closes, so no thread ever uses a recycled descriptor. */
 #include "downpour/tcp.h"
 
 #include "auth.h"
 #include "fmac.h"
+#include "shm.h"
 #include "sock.h"
 #include "transport_impl.h"
 
@@ -32,6 +38,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -104,12 +111,20 @@ typedef struct conn {
     uint8_t *cbuf;     /* one verified chunk not yet handed out */
     size_t cb_pos, cb_len;
     _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
+    /* Shared memory, fixed while UP (NULL: TCP only).  The receiving thread
+     * keeps a BYE or EOF read from the socket in shm_end until the ring has
+     * handed out every frame sent before it. */
+    dp_shm *shm;
+    int shm_end, shm_end_orderly;
+    char shm_end_reason[200];
+    uint64_t seq0; /* sequence numbers the shared-memory setup spent */
     /* A reconnection of the peer that waits until the loss of the current
      * connection has been reported (then the receiving thread installs it). */
     int next_fd;
     char next_addr[64];
     dp_auth_io next_io;
     dp_auth_session next_sess;
+    dp_shm *next_shm;
     /* Its sending side (send_mu): the waiting connection gets heartbeats,
      * so the peer does not take us for dead while our loss report waits. */
     dp_fmac next_tx;
@@ -143,6 +158,8 @@ typedef struct tcp {
     uint64_t max_frame;
     int sock_buf;
     int keyed, encrypt; /* frames carry tags (a secret); payloads encrypted */
+    int shm;            /* offer and take shared memory with tasks on this host */
+    size_t shm_ring;    /* bytes per direction */
     long delay_ns;      /* link delay of every application frame; 0: none */
     /* Test hook (docs/faults.md, "Testing"): pause the nth frame larger than
      * pause_bytes once that many payload bytes are written; 0: off. */
@@ -161,7 +178,7 @@ typedef struct tcp {
     int threads;
     int rr; /* poll's round-robin start */
     uint8_t *scratch; /* skip_payload's sink */
-    struct pollfd *pf; /* poll's arrays, n_ranks each */
+    struct pollfd *pf; /* poll's arrays, 2 x n_ranks each (socket and doorbell) */
     int *who;
     conn *conns;
 } tcp;
@@ -348,11 +365,14 @@ static int make_blocking(tcp *t, int fd, dp_err *err)
 /* Makes fd the connection of c (c->send_mu and c->mu held; c is not UP and
  * its loss, if any, has been reported, so no thread reads its old state). */
 static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
-                       const dp_auth_session *s)
+                       const dp_auth_session *s, dp_shm *shm)
 {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = fd;
+    dp_shm_close(c->shm);
+    c->shm = shm;
+    c->shm_end = 0;
     c->reported = 0;
     c->orderly = 0;
     c->hb_unread = 0;
@@ -368,7 +388,8 @@ static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
         (void)dp_fmac_init(&c->tx, s->suite, s->key_tx, 0);
         (void)dp_fmac_init(&c->rx, s->suite, s->key_rx, 1);
     }
-    c->tx_seq = c->rx_seq = 0;
+    c->seq0 = s->shm ? DP_SHM_SETUP_FRAMES : 0;
+    c->tx_seq = c->rx_seq = c->seq0;
     atomic_store(&c->incarnation, s->peer_incarnation);
     c->state = CONN_UP; /* last: the receiving thread reads the rest once it sees UP */
 }
@@ -400,7 +421,7 @@ static void wake_waiters(tcp *t)
  * been reported, so the receiving thread sees PEER_LOST before the new
  * peer's frames. */
 static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io *io,
-                    const dp_auth_session *s)
+                    const dp_auth_session *s, dp_shm *shm)
 {
     conn *c = &t->conns[peer];
     int pend = 0, dup = 0;
@@ -431,12 +452,14 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
         snprintf(c->next_addr, sizeof c->next_addr, "%s", addr);
         c->next_io = *io;
         c->next_sess = *s;
+        dp_shm_close(c->next_shm);
+        c->next_shm = shm;
         if (s->keyed)
             (void)dp_fmac_init(&c->next_tx, s->suite, s->key_tx, 0);
-        c->next_tx_seq = 0;
+        c->next_tx_seq = s->shm ? DP_SHM_SETUP_FRAMES : 0;
         c->next_last_tx_us = now_us();
     } else if (!dup) {
-        conn_setup(c, fd, addr, io, s);
+        conn_setup(c, fd, addr, io, s, shm);
     }
     if (!dup)
         c->redial = 0;
@@ -445,10 +468,16 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
     if (dup) {
         refused(t, addr, "already connected (same incarnation)");
         close(fd);
+        dp_shm_close(shm);
         return;
     }
     wake_waiters(t);
-    dp_debug("connected to %s (%s)%s", pname(t, peer), addr, pend ? ", after its old connection" : "");
+    if (shm)
+        dp_info("connected to %s (%s) through shared memory (%zu KiB rings)%s", pname(t, peer),
+                addr, t->shm_ring >> 10, pend ? ", after its old connection" : "");
+    else
+        dp_debug("connected to %s (%s)%s", pname(t, peer), addr,
+                 pend ? ", after its old connection" : "");
 }
 
 /* Receiving thread, once the loss of peer's connection has been reported:
@@ -460,7 +489,8 @@ static void promote(tcp *t, int peer)
     pthread_mutex_lock(&c->send_mu);
     pthread_mutex_lock(&c->mu);
     if (c->next_fd >= 0 && c->state == CONN_LOST && c->reported) {
-        conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess);
+        conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess, c->next_shm);
+        c->next_shm = NULL;
         /* The heartbeats it got while waiting took sequence numbers (send_mu
          * is held: no sender sees the tx state in between). */
         dp_fmac_move(&c->tx, &c->next_tx);
@@ -528,6 +558,29 @@ static void thread_done(tcp *t, int *active)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* The shared-memory setup that follows a handshake which negotiated it
+ * (shm.h), before the connection is installed.  Returns 0 with *shm the link
+ * or NULL (TCP, with the reason logged), or -1 when the connection failed. */
+static int shm_setup(tcp *t, int fd, int dialer, int peer, const dp_auth_session *s,
+                     dp_auth_io *io, double deadline, dp_shm **shm, dp_err *err)
+{
+    char why[200];
+    *shm = NULL;
+    if (!s->shm)
+        return 0;
+    int rc = dialer ? dp_shm_dial(fd, t->base.rank, peer, t->shm_ring, s, deadline, shm, why,
+                                  sizeof why, io, err)
+                    : dp_shm_accept(fd, t->base.rank, peer, t->shm, s, deadline, shm, why,
+                                    sizeof why, io, err);
+    if (rc == 0 && !*shm) {
+        if (strstr(why, "another host"))
+            dp_debug("%s: TCP, not shared memory: %s", pname(t, peer), why);
+        else
+            dp_info("%s: TCP, not shared memory: %s", pname(t, peer), why);
+    }
+    return rc;
+}
+
 typedef struct handshake {
     tcp *t;
     int fd, slot;
@@ -542,13 +595,16 @@ static void *handshake_main(void *arg)
     dp_err err;
     dp_auth_io io = {0};
     dp_auth_session sess;
+    dp_shm *shm = NULL;
     int peer = -1;
-    dp_auth_params ap = {t->base.rank,        t->base.n_ranks, t->secret, t->secret_len,
+    dp_auth_params ap = {t->base.rank,  t->base.n_ranks, t->secret, t->secret_len,
                          dp_now() + t->hs_timeout, admit, t, t->incarnation, t->encrypt};
     memset(&sess, 0, sizeof sess);
     int rc = dp_sock_tune(h->fd, t->sock_buf, h->addr, &err);
     if (rc == 0)
-        rc = dp_auth_accept(h->fd, &ap, &peer, &io, &sess, &err);
+        rc = dp_auth_accept_shm(h->fd, &ap, t->shm, &peer, &io, &sess, &err);
+    if (rc == 0)
+        rc = shm_setup(t, h->fd, 0, peer, &sess, &io, ap.deadline, &shm, &err);
     if (rc == 0)
         rc = make_blocking(t, h->fd, &err);
     pthread_mutex_lock(&t->mu);
@@ -559,8 +615,9 @@ static void *handshake_main(void *arg)
         if (rc != 0 && !stopping)
             refused(t, h->addr, err.msg);
         close(h->fd);
+        dp_shm_close(shm);
     } else {
-        install(t, peer, h->fd, h->addr, &io, &sess);
+        install(t, peer, h->fd, h->addr, &io, &sess, shm);
     }
     sodium_memzero(&sess, sizeof sess);
     thread_done(t, &t->hs_active);
@@ -726,6 +783,8 @@ static void pending_tick(tcp *t, int peer, conn *c)
     }
     close(c->next_fd);
     c->next_fd = -1;
+    dp_shm_close(c->next_shm);
+    c->next_shm = NULL;
     dp_fmac_wipe(&c->next_tx);
     sodium_memzero(&c->next_sess, sizeof c->next_sess);
     if (c->state == CONN_LOST && !c->orderly)
@@ -754,6 +813,10 @@ static void *heartbeat_main(void *arg)
             pthread_mutex_lock(&c->mu);
             up = c->state == CONN_UP;
             if (up && ioctl(c->fd, FIONREAD, &unread) == 0) {
+                if (c->shm) { /* frames waiting in the ring: the peer is alive too */
+                    uint64_t r = dp_shm_rx_ready(c->shm);
+                    unread += r > INT_MAX / 2 ? INT_MAX / 2 : (int)r;
+                }
                 if (unread > c->hb_unread)
                     atomic_store(&c->last_rx_us, now_us());
                 c->hb_unread = unread;
@@ -838,11 +901,14 @@ static int dial_once(tcp *t, int peer, double deadline, int bg, int *eno, dp_err
     }
     dp_auth_io io = {0};
     dp_auth_session sess;
+    dp_shm *shm = NULL;
     double hs = dp_now() + t->hs_timeout;
     dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret,     t->secret_len,
                          hs < deadline ? hs : deadline,  NULL, NULL, t->incarnation,
                          t->encrypt};
-    int rc = dp_auth_dial(fd, &ap, peer, &io, &sess, last);
+    int rc = dp_auth_dial_shm(fd, &ap, t->shm, peer, &io, &sess, last);
+    if (rc == 0 && shm_setup(t, fd, 1, peer, &sess, &io, ap.deadline, &shm, last))
+        rc = -1;
     if (rc == 0 && make_blocking(t, fd, last))
         rc = -2;
     if (bg) {
@@ -854,10 +920,12 @@ static int dial_once(tcp *t, int peer, double deadline, int bg, int *eno, dp_err
         }
         pthread_mutex_unlock(&t->mu);
     }
-    if (rc == 0)
-        install(t, peer, fd, addr, &io, &sess);
-    else
+    if (rc == 0) {
+        install(t, peer, fd, addr, &io, &sess, shm);
+    } else {
         close(fd);
+        dp_shm_close(shm);
+    }
     sodium_memzero(&sess, sizeof sess);
     if (rc == -1)
         dp_err_prefix(last, "handshake");
@@ -1238,6 +1306,84 @@ static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct
     return 0;
 }
 
+/* ---- shared memory ---- */
+
+#define SHM_NAP 0.05 /* s a sender waits for room before it checks on the peer */
+
+typedef struct shm_ctx {
+    tcp *t;
+    int peer, fd, counted;
+} shm_ctx;
+
+/* dp_shm_waiter.wait: one nap on the ring, then the liveness checks a
+ * socket read or write would make. */
+static int shm_wait(void *ctx, int sending, dp_err *err)
+{
+    shm_ctx *w = ctx;
+    tcp *t = w->t;
+    conn *c = &t->conns[w->peer];
+    double silent;
+    if (atomic_load(&c->state) != CONN_UP) {
+        pthread_mutex_lock(&c->mu);
+        dp_errf(err, "%s", c->reason);
+        pthread_mutex_unlock(&c->mu);
+        return -1;
+    }
+    if (sending) {
+        dp_shm_tx_wait(c->shm, SHM_NAP);
+        if (hung_up(w->fd))
+            return dp_errf(err, "the peer closed the connection");
+        if (silent_for(t, c, &silent))
+            return dp_errf(err, "peer stopped reading and has been silent for %.1f s", silent);
+        return 0;
+    }
+    int hup = dp_shm_rx_wait(c->shm, w->fd, t->slice);
+    if (dp_shm_rx_ready(c->shm)) {
+        atomic_store(&c->last_rx_us, now_us());
+        return 0;
+    }
+    if (hup) /* what it wrote before closing is in the ring already */
+        return dp_errf(err, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
+                            " payload bytes missing",
+                       dp_shm_pending(c->shm), c->pay_h.length);
+    if (silent_for(t, c, &silent))
+        return dp_errf(err, "silent for %.1f s in the middle of %s frame (%" PRIu64
+                            " bytes missing)",
+                       silent, dp_frame_type_name(c->pay_h.type), dp_shm_pending(c->shm));
+    return 0;
+}
+
+static void shm_progress(void *ctx, uint64_t done, uint64_t len)
+{
+    shm_ctx *w = ctx;
+    pause_hook(w->t, w->peer, done, len, &w->counted);
+}
+
+/* A frame through the shared-memory ring, with c->send_mu held: header and
+ * payload, no CRCs or tags (docs/transport.md, "Shared memory").  Counted as
+ * the bytes it would take on the socket, so the counters do not depend on
+ * where the tasks run. */
+static int send_shm(tcp *t, int peer, conn *c, int fd, dp_frame_header *h,
+                    const struct iovec *src, int ns, uint64_t len, dp_err *err)
+{
+    uint8_t hb[DP_FRAME_HEADER_SIZE];
+    h->payload_crc = 0;
+    dp_frame_encode(hb, h);
+    shm_ctx w = {t, peer, fd, 0};
+    dp_shm_waiter wt = {shm_wait, shm_progress, &w};
+    dp_err werr;
+    if (dp_shm_send(c->shm, hb, src, ns, len, &wt, &werr) == 0) {
+        atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->bytes_sent,
+                                  t->keyed ? dp_frame_wire_size_mac(len) : dp_frame_wire_size(len),
+                                  memory_order_relaxed);
+        atomic_store(&c->last_tx_us, now_us());
+        return 0;
+    }
+    conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
+    return dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
+}
+
 /* The link delay (dp_tcp_config.link_delay_ms): the kernel here has no
  * netem, so latency is added where a frame leaves.  The sending thread
  * sleeps before it takes the connection, so frames from different threads
@@ -1279,7 +1425,9 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     if (t->keyed) { /* the sequence number and the tags are taken under send_mu */
         pthread_mutex_lock(&c->send_mu);
         int fd = conn_fd(t, peer, err), rc = -1;
-        if (fd >= 0) {
+        if (fd >= 0 && c->shm) {
+            rc = send_shm(t, peer, c, fd, h, src, ns, len, err);
+        } else if (fd >= 0) {
             dp_err werr;
             rc = send_tagged(t, c, fd, h, src, ns, len, &werr);
             if (rc == 0) {
@@ -1325,7 +1473,9 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     pthread_mutex_lock(&c->send_mu);
     int fd = conn_fd(t, peer, err);
     int rc = -1;
-    if (fd >= 0) {
+    if (fd >= 0 && c->shm) {
+        rc = send_shm(t, peer, c, fd, h, src, ns, len, err);
+    } else if (fd >= 0) {
         dp_err werr;
         rc = write_iov(t, c, fd, v, n, &werr);
         int counted = 0;
@@ -1358,6 +1508,25 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
 
 enum { RX_NOTHING, RX_FRAME, RX_LOST, RX_MORE /* a header's tag is still on its way */ };
 
+/* The end of a connection read from its socket (BYE, EOF, reset).  On a
+ * shared-memory connection it is held (RX_NOTHING) until the ring has
+ * handed out every frame sent before it (next_frame_shm); else the
+ * connection is lost now. */
+static int rx_end(tcp *t, int peer, int orderly, const char *reason)
+{
+    conn *c = &t->conns[peer];
+    if (!c->shm) {
+        conn_fail(t, peer, orderly, "%s", reason);
+        return RX_LOST;
+    }
+    if (!c->shm_end) {
+        c->shm_end = 1;
+        c->shm_end_orderly = orderly;
+        snprintf(c->shm_end_reason, sizeof c->shm_end_reason, "%s", reason);
+    }
+    return RX_NOTHING;
+}
+
 /* Reads what the socket has into c's buffer.  wait: block up to the socket's
  * receive timeout (t->slice).  Returns 1 (got bytes), 0 (nothing yet) or -1
  * (connection lost). */
@@ -1376,21 +1545,20 @@ static int rx_fill(tcp *t, int peer, int fd, int wait)
             atomic_store(&c->last_rx_us, now_us());
             return 1;
         }
-        if (n == 0) {
-            if (c->rlen)
-                conn_fail(t, peer, 0, "connection closed mid-frame (%zu of %d header%s bytes)",
-                          c->rlen, c->rlen < DP_FRAME_HEADER_SIZE ? DP_FRAME_HEADER_SIZE : HDR_MAC,
-                          c->rlen < DP_FRAME_HEADER_SIZE ? "" : " and tag");
-            else
-                conn_fail(t, peer, 0, "connection closed (EOF) without BYE");
-            return -1;
-        }
-        if (errno == EINTR)
+        char why[200];
+        if (n == 0 && c->rlen)
+            snprintf(why, sizeof why, "connection closed mid-frame (%zu of %d header%s bytes)",
+                     c->rlen, c->rlen < DP_FRAME_HEADER_SIZE ? DP_FRAME_HEADER_SIZE : HDR_MAC,
+                     c->rlen < DP_FRAME_HEADER_SIZE ? "" : " and tag");
+        else if (n == 0)
+            snprintf(why, sizeof why, "connection closed (EOF) without BYE");
+        else if (errno == EINTR)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
+        else if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
-        conn_fail(t, peer, 0, "%s", strerror(errno));
-        return -1;
+        else
+            snprintf(why, sizeof why, "%s", strerror(errno));
+        return rx_end(t, peer, 0, why) == RX_LOST ? -1 : 0;
     }
 }
 
@@ -1434,10 +1602,8 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
         atomic_fetch_add_explicit(&c->hb_recv, 1, memory_order_relaxed);
         return RX_NOTHING;
     }
-    if (h.type == DP_FRAME_BYE && h.length == 0) {
-        conn_fail(t, peer, 1, "said goodbye (BYE)");
-        return RX_LOST;
-    }
+    if (h.type == DP_FRAME_BYE && h.length == 0)
+        return rx_end(t, peer, 1, "said goodbye (BYE)");
     if (h.type < DP_FRAME_APP_FIRST) {
         conn_fail(t, peer, 0, "unexpected %s frame (%" PRIu64 " payload bytes) after the handshake",
                   dp_frame_type_name(h.type), h.length);
@@ -1487,6 +1653,61 @@ static int next_frame(tcp *t, int peer, int fd, int wait, dp_event *ev)
         if (r <= 0)
             return r < 0 ? RX_LOST : RX_NOTHING;
         wait = 0;
+    }
+}
+
+/* next_frame on a shared-memory connection, without waiting: frames come
+ * from the ring; the socket gives heartbeats and the end, which is reported
+ * only once the ring is empty. */
+static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
+{
+    conn *c = &t->conns[peer];
+    for (int pass = 0;; pass++) {
+        dp_frame_header h;
+        char why[200];
+        int r = dp_shm_next(c->shm, t->max_frame, &h, why, sizeof why);
+        if (r < 0) {
+            conn_fail(t, peer, 0, "%s", why);
+            return RX_LOST;
+        }
+        if (r > 0) {
+            if (h.source != (uint32_t)peer || h.type < DP_FRAME_APP_FIRST) {
+                if (h.source != (uint32_t)peer)
+                    conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
+                else
+                    conn_fail(t, peer, 0, "unexpected %s frame in shared memory",
+                              dp_frame_type_name(h.type));
+                return RX_LOST;
+            }
+            atomic_fetch_add_explicit(&c->frames_recv, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->bytes_recv,
+                                      t->keyed ? dp_frame_wire_size_mac(h.length)
+                                               : dp_frame_wire_size(h.length),
+                                      memory_order_relaxed);
+            atomic_store(&c->last_rx_us, now_us());
+            c->pay_pending = h.length > 0;
+            c->pay_left = h.length;
+            c->pay_h = h;
+            memset(ev, 0, sizeof *ev);
+            ev->kind = DP_EVENT_FRAME;
+            ev->peer = peer;
+            ev->header = h;
+            return RX_FRAME;
+        }
+        if (c->shm_end) {
+            conn_fail(t, peer, c->shm_end_orderly, "%s", c->shm_end_reason);
+            return RX_LOST;
+        }
+        if (pass)
+            return RX_NOTHING;
+        r = next_frame(t, peer, fd, 0, ev);
+        if (r == RX_FRAME) {
+            conn_fail(t, peer, 0, "%s frame on the socket of a shared-memory connection",
+                      dp_frame_type_name(ev->header.type));
+            return RX_LOST;
+        }
+        if (r == RX_LOST)
+            return RX_LOST;
     }
 }
 
@@ -1696,15 +1917,38 @@ fail:
     return payload_failed(t, peer, err);
 }
 
-/* The next len bytes of the pending payload into dst (NULL: discard), on
- * whichever read path the connection takes. */
-static int read_pending(tcp *t, int peer, uint8_t *dst, size_t len, dp_err *err)
+/* The pending payload from the ring: copied into dst, added to the floats
+ * at dst (add), or dropped (dst NULL). */
+static int read_payload_shm(tcp *t, int peer, int fd, uint8_t *dst, size_t len, int add,
+                            dp_err *err)
+{
+    conn *c = &t->conns[peer];
+    shm_ctx w = {t, peer, fd, 0};
+    dp_shm_waiter wt = {shm_wait, NULL, &w};
+    dp_err werr;
+    if (dp_shm_recv(c->shm, dst, len, add, &wt, &werr)) {
+        conn_fail(t, peer, 0, "%s", werr.msg);
+        return payload_failed(t, peer, err);
+    }
+    atomic_store(&c->last_rx_us, now_us());
+    c->pay_left -= len;
+    if (c->pay_left == 0)
+        c->pay_pending = 0;
+    return 0;
+}
+
+/* The next len bytes of the pending payload into dst (NULL: discard; add:
+ * added to the floats there, shared memory only), on whichever read path
+ * the connection takes. */
+static int read_pending(tcp *t, int peer, uint8_t *dst, size_t len, int add, dp_err *err)
 {
     int fd = -1;
     if (len == 0)
         return 0;
     if (payload_fd(t, peer, len, &fd, err) < 0)
         return -1;
+    if (t->conns[peer].shm)
+        return read_payload_shm(t, peer, fd, dst, len, add, err);
     return t->keyed ? read_payload_tagged(t, peer, fd, dst, len, err)
                     : read_payload(t, peer, fd, dst, len, err);
 }
@@ -1714,7 +1958,18 @@ static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, d
     tcp *t = (tcp *)bt;
     if (!dst && len)
         return dp_errf(err, "recv_payload: NULL destination");
-    return read_pending(t, peer, dst, len, err);
+    return read_pending(t, peer, dst, len, 0, err);
+}
+
+/* Shared memory: the floats are added straight from the ring (no copy
+ * besides the sender's); else through a buffer on the stack. */
+static int tcp_recv_payload_add(dp_transport *bt, int peer, float *dst, size_t count,
+                                dp_err *err)
+{
+    tcp *t = (tcp *)bt;
+    if (atomic_load(&t->conns[peer].state) == CONN_UP && t->conns[peer].shm)
+        return read_pending(t, peer, (uint8_t *)dst, count * sizeof(float), 1, err);
+    return dp_transport_base_recv_add(bt, peer, dst, count, err);
 }
 
 static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
@@ -1723,7 +1978,7 @@ static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
     conn *c = &t->conns[peer];
     while (c->pay_pending) {
         size_t n = c->pay_left < RECV_CHUNK ? (size_t)c->pay_left : RECV_CHUNK;
-        if (read_pending(t, peer, NULL, n, err))
+        if (read_pending(t, peer, NULL, n, 0, err))
             return -1;
     }
     return 0;
@@ -1764,6 +2019,30 @@ static void check_silence(tcp *t, int peer)
                   silent, t->hb_timeout);
 }
 
+#define SHM_SPIN 20e-6 /* s poll looks at the rings before it sleeps (a wake-up costs more) */
+
+/* Before poll() sleeps on the doorbells of pf[0..np) (who < 0): a short
+ * spin, then each ring is told that its reader sleeps.  Returns 1 (and
+ * sleeps on none) when a ring has something meanwhile. */
+static int shm_sleep(tcp *t, int np)
+{
+    double until = dp_now() + SHM_SPIN;
+    do {
+        for (int k = 0; k < np; k++)
+            if (t->who[k] < 0 && dp_shm_rx_ready(t->conns[-1 - t->who[k]].shm))
+                return 1;
+    } while (dp_now() < until);
+    for (int k = 0; k < np; k++) {
+        if (t->who[k] < 0 && dp_shm_rx_sleep(t->conns[-1 - t->who[k]].shm)) {
+            for (int j = 0; j < k; j++)
+                if (t->who[j] < 0)
+                    dp_shm_rx_awake(t->conns[-1 - t->who[j]].shm);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, dp_err *err)
 {
     tcp *t = (tcp *)bt;
@@ -1773,8 +2052,9 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
     for (;;) {
         if (report_lost(t, want, ev))
             return 0;
-        /* Collect the live connections; frames already buffered go first. */
-        int np = 0, lost = 0;
+        /* Collect the live connections; frames already buffered (or in a
+         * ring) go first. */
+        int np = 0, lost = 0, nshm = 0;
         for (int k = 0; k < n; k++) {
             int i = (t->rr + k) % n;
             if (!dp_transport_base_wants(&t->base, want, i))
@@ -1783,8 +2063,8 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
             int fd = atomic_load(&c->state) == CONN_UP ? c->fd : -1;
             if (fd < 0)
                 continue;
-            if (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
-                int r = next_frame(t, i, fd, 0, ev);
+            if (c->shm || c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
+                int r = c->shm ? next_frame_shm(t, i, fd, ev) : next_frame(t, i, fd, 0, ev);
                 if (r == RX_FRAME) {
                     t->rr = (i + 1) % n;
                     return 0;
@@ -1798,6 +2078,13 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
             t->pf[np].events = POLLIN;
             t->pf[np].revents = 0;
             t->who[np++] = i;
+            if (c->shm) { /* its doorbell; who < 0 marks it */
+                t->pf[np].fd = dp_shm_bell_fd(c->shm);
+                t->pf[np].events = POLLIN;
+                t->pf[np].revents = 0;
+                t->who[np++] = -1 - i;
+                nshm++;
+            }
         }
         if (lost)
             continue;
@@ -1810,15 +2097,24 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
                 return 0;
             if (r == RX_NOTHING)
                 check_silence(t, want);
+        } else if (nshm && left > 0 && shm_sleep(t, np)) {
+            /* a ring has something: no sleep, look again */
         } else {
             double slice = left < t->slice ? left : t->slice;
             int rc = poll(t->pf, (nfds_t)np, slice <= 0 ? 0 : (int)(slice * 1000.0 + 0.999));
             if (rc < 0 && errno != EINTR)
                 dp_warn("poll: %s", strerror(errno));
+            for (int k = 0; nshm && k < np; k++)
+                if (t->who[k] < 0)
+                    dp_shm_rx_awake(t->conns[-1 - t->who[k]].shm);
             for (int k = 0; k < np; k++) {
                 int i = t->who[k];
-                if (rc > 0 && t->pf[k].revents) {
-                    int r = next_frame(t, i, t->pf[k].fd, 0, ev);
+                if (i < 0)
+                    continue;
+                int shm = t->conns[i].shm != NULL;
+                if (rc > 0 && (t->pf[k].revents || (shm && t->pf[k + 1].revents))) {
+                    int r = shm ? next_frame_shm(t, i, t->pf[k].fd, ev)
+                                : next_frame(t, i, t->pf[k].fd, 0, ev);
                     if (r == RX_FRAME) {
                         t->rr = (i + 1) % n;
                         return 0;
@@ -1920,6 +2216,8 @@ static void tcp_close(dp_transport *bt)
             }
             close(c->next_fd);
         }
+        dp_shm_close(c->shm);
+        dp_shm_close(c->next_shm);
         free(c->rbuf);
         free(c->sbuf);
         free(c->cbuf);
@@ -1961,6 +2259,7 @@ void dp_tcp_config_init(dp_tcp_config *cfg)
     cfg->late_log = 5.0;
     cfg->max_frame_bytes = DP_FRAME_MAX_DEFAULT;
     cfg->sock_buf_bytes = 4 << 20;
+    cfg->shm = 1;
 }
 
 int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_out, dp_err *err)
@@ -2003,6 +2302,11 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     if (!(cfg->link_delay_ms >= 0 && cfg->link_delay_ms <= DP_TCP_MAX_LINK_DELAY_MS))
         return dp_errf(err, "link delay %g ms: must be in 0..%d ms", cfg->link_delay_ms,
                        DP_TCP_MAX_LINK_DELAY_MS);
+    if (cfg->shm_ring_bytes && (cfg->shm_ring_bytes < DP_SHM_RING_MIN ||
+                                cfg->shm_ring_bytes > DP_SHM_RING_MAX ||
+                                (cfg->shm_ring_bytes & (cfg->shm_ring_bytes - 1))))
+        return dp_errf(err, "shared-memory ring of %zu bytes: must be a power of two in %zu..%zu",
+                       cfg->shm_ring_bytes, DP_SHM_RING_MIN, DP_SHM_RING_MAX);
     if (sodium_init() < 0)
         return dp_errf(err, "libsodium failed to initialise");
     if (cfg->secret_len == 0)
@@ -2033,6 +2337,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->keyed = cfg->secret_len > 0;
     t->encrypt = cfg->encrypt != 0;
     t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
+    const char *env_shm = getenv("DOWNPOUR_SHM");
+    t->shm = cfg->shm && !(env_shm && strcmp(env_shm, "0") == 0);
+    t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
     pause_hook_init(t);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);
@@ -2045,8 +2352,8 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->conns = calloc((size_t)cfg->n_ranks, sizeof *t->conns);
     t->addrs = calloc((size_t)cfg->n_ranks, sizeof *t->addrs);
     t->scratch = malloc(RECV_CHUNK);
-    t->pf = calloc((size_t)cfg->n_ranks, sizeof *t->pf);
-    t->who = calloc((size_t)cfg->n_ranks, sizeof *t->who);
+    t->pf = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->pf);
+    t->who = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->who);
     if (!t->conns || !t->addrs || !t->scratch || !t->pf || !t->who) {
         free(t->conns);
         t->conns = NULL;
@@ -2126,6 +2433,7 @@ static const dp_transport_ops tcp_ops = {
     .poll = tcp_poll,
     .recv_payload = tcp_recv_payload,
     .skip_payload = tcp_skip_payload,
+    .recv_payload_add = tcp_recv_payload_add,
     .stats = tcp_stats,
     .close = tcp_close,
     .incarnation = tcp_incarnation,

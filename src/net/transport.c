@@ -125,6 +125,33 @@ int dp_transport_recv_payload(dp_transport *t, int peer, void *dst, size_t len, 
     return t->ops->recv_payload(t, peer, dst, len, err);
 }
 
+int dp_transport_base_recv_add(dp_transport *t, int peer, float *dst, size_t count, dp_err *err)
+{
+    float buf[2048]; /* 8 KiB: the piece stays in L1 between the read and the add */
+    while (count) {
+        size_t k = count < sizeof buf / sizeof buf[0] ? count : sizeof buf / sizeof buf[0];
+        if (t->ops->recv_payload(t, peer, buf, k * sizeof(float), err) < 0)
+            return -1;
+        for (size_t j = 0; j < k; j++)
+            dst[j] += buf[j];
+        dst += k;
+        count -= k;
+    }
+    return 0;
+}
+
+int dp_transport_recv_payload_add(dp_transport *t, int peer, float *dst, size_t count,
+                                  dp_err *err)
+{
+    if (check_peer(t, peer, 0, err))
+        return -1;
+    if (!dst && count)
+        return dp_errf(err, "recv_payload_add: NULL destination");
+    if (t->ops->recv_payload_add)
+        return t->ops->recv_payload_add(t, peer, dst, count, err);
+    return dp_transport_base_recv_add(t, peer, dst, count, err);
+}
+
 int dp_transport_skip_payload(dp_transport *t, int peer, dp_err *err)
 {
     if (check_peer(t, peer, 0, err))

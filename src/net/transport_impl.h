@@ -16,6 +16,9 @@ typedef struct dp_transport_ops {
     int (*poll)(dp_transport *t, int peer, double timeout_s, dp_event *ev, dp_err *err);
     int (*recv_payload)(dp_transport *t, int peer, void *dst, size_t len, dp_err *err);
     int (*skip_payload)(dp_transport *t, int peer, dp_err *err);
+    /* Optional: adds count payload floats to dst (shared memory: straight
+     * from the ring).  NULL: dp_transport_base_recv_add. */
+    int (*recv_payload_add)(dp_transport *t, int peer, float *dst, size_t count, dp_err *err);
     void (*stats)(const dp_transport *t, int peer, dp_transport_stats *out);
     void (*close)(dp_transport *t);
     /* Optional collective fast path (MPI_Allreduce): sums buf over ranks[]
@@ -47,6 +50,8 @@ int dp_transport_base_wants(const dp_transport *t, int want, int i);
 /* A payload the caller left unread before polling its peer again: warned
  * about and skipped through the implementation's skip_payload. */
 void dp_transport_base_discard(dp_transport *t, int peer, uint64_t left, unsigned type);
+/* recv_payload_add through recv_payload and a buffer on the stack. */
+int dp_transport_base_recv_add(dp_transport *t, int peer, float *dst, size_t count, dp_err *err);
 /* Fills ev as the PEER_LOST event of peer. */
 void dp_transport_base_lost(dp_event *ev, int peer, int orderly, const char *reason);
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "downpour/layers.h"
+#include "downpour/optim.h"
 #include "downpour/rng.h"
 #include "nn/model_spec.h"
 
@@ -356,15 +357,25 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
     return loss;
 }
 
+/* An optimiser update fused into backprop: o updates params from grads
+ * layer by layer (dp_model_train_step). */
+typedef struct fused_update {
+    const dp_optim *o;
+    const dp_optim_step *st;
+    float *params;
+} fused_update;
+
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
  * loss layer, from the labels y) to din.  A dense or maxpool layer whose input is a relu
  * in the range produces the gradient at the relu's input in one kernel (the
  * mask in the product's epilogue).  Intermediate gradients ping-pong between
  * the two halves of m->dacts.  notify: call m->grad_ready after each layer
- * with parameters. */
+ * with parameters.  u: update each layer's parameters once both its products
+ * are done (its input gradient has read the old weights), while its
+ * gradients are still in cache. */
 static void backward(dp_model *m, int slot, float *din, float *grads, const float *params,
                      const float *dout, const float *in, const uint8_t *y, int a, int b,
-                     int batch, bool notify)
+                     int batch, bool notify, const fused_update *u)
 {
     float *buf[2] = {m->dacts, m->dacts + m->dact_floats};
     int next = 0;        /* the buffer the next intermediate gradient goes to */
@@ -431,6 +442,10 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         case DP_LAYER_KIND_COUNT:
             break;
         }
+        if (u && d->w_len) {
+            dp_optim_apply_split(u->o, u->st, u->params, grads, d->w_off, d->w_off + d->w_len);
+            dp_optim_apply_split(u->o, u->st, u->params, grads, d->b_off, d->b_off + d->b_len);
+        }
         if (notify && m->grad_ready && d->w_len) /* this layer's [w_off, b_off + b_len) */
             m->grad_ready(m->grad_ready_ctx, d->w_off);
         if (first > a) {
@@ -464,7 +479,7 @@ int dp_model_backward_range(dp_model *m, int slot, float *din, float *grads,
 {
     if (!range_ok(m, slot, a, b, batch) || b == m->n_layers)
         return -1;
-    backward(m, slot, din, grads, params, dout, in, NULL, a, b, batch, false);
+    backward(m, slot, din, grads, params, dout, in, NULL, a, b, batch, false, NULL);
     return 0;
 }
 
@@ -474,7 +489,7 @@ int dp_model_backward_range_loss(dp_model *m, int slot, float *din, float *grads
 {
     if (!y || !range_ok(m, slot, a, m->n_layers, batch))
         return -1;
-    backward(m, slot, din, grads, params, NULL, in, y, a, m->n_layers, batch, false);
+    backward(m, slot, din, grads, params, NULL, in, y, a, m->n_layers, batch, false, NULL);
     return 0;
 }
 
@@ -492,6 +507,20 @@ float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, i
     if (!y || !range_ok(m, 0, 0, m->n_layers, batch))
         return NAN;
     float loss = forward(m, 0, m->params, x, y, 0, m->n_layers, batch, correct, true);
-    backward(m, 0, NULL, m->grads, m->params, NULL, x, y, 0, m->n_layers, batch, true);
+    backward(m, 0, NULL, m->grads, m->params, NULL, x, y, 0, m->n_layers, batch, true, NULL);
+    return loss;
+}
+
+float dp_model_train_step(dp_model *m, dp_optim *o, const float *x, const uint8_t *y,
+                          int batch, float lr, int *correct)
+{
+    if (!y || !range_ok(m, 0, 0, m->n_layers, batch) || o->n != m->n_params)
+        return NAN;
+    float loss = forward(m, 0, m->params, x, y, 0, m->n_layers, batch, correct, true);
+    if (!isfinite(loss)) /* as the unfused step: no update from a diverged loss */
+        return loss;
+    dp_optim_step st = dp_optim_begin(o, lr);
+    fused_update u = {o, &st, m->params};
+    backward(m, 0, NULL, m->grads, m->params, NULL, x, y, 0, m->n_layers, batch, true, &u);
     return loss;
 }

@@ -213,7 +213,10 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
  * estimates with one Newton-Raphson step each, on the FMA units: the update
  * differs from the IEEE one by a few ulp (tests/test_optim.c bounds it) and is
  * the same bits on every run.  DOWNPOUR_EXACT_ADAM=1 keeps IEEE sqrt and
- * division.  sqrt(v) = v * rsqrt(max(v, FLT_MIN)), so v = 0 gives 0. */
+ * division.  sqrt(v) = v * rsqrt(max(v, FLT_MIN)), so v = 0 gives 0.  A
+ * range's tail runs as one masked vector, so every element gets the same
+ * arithmetic wherever a range starts or ends: pieces of an update give the
+ * bits of the whole (dp_optim_apply_range). */
 __attribute__((target("avx512f"))) static void
 adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m,
                    float *restrict v, size_t n, float lr_t, float b1, float b2, float eps)
@@ -238,7 +241,21 @@ adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m
         r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
         _mm512_storeu_ps(p + i, _mm512_fnmadd_ps(_mm512_mul_ps(vlr, mi), r, _mm512_loadu_ps(p + i)));
     }
-    adam_update(p + i, g + i, m + i, v + i, n - i, lr_t, b1, b2, eps);
+    if (i < n) { /* the tail in one masked vector: the same arithmetic as the rest */
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
+        __m512 mi = _mm512_fmadd_ps(vb1, _mm512_maskz_loadu_ps(k, m + i), _mm512_mul_ps(vc1, gi));
+        __m512 vi = _mm512_fmadd_ps(vb2, _mm512_maskz_loadu_ps(k, v + i), _mm512_mul_ps(_mm512_mul_ps(vc2, gi), gi));
+        _mm512_mask_storeu_ps(m + i, k, mi);
+        _mm512_mask_storeu_ps(v + i, k, vi);
+        __m512 x = _mm512_max_ps(vi, tiny);
+        __m512 y = _mm512_rsqrt14_ps(x);
+        y = _mm512_mul_ps(y, _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), y), y, three_halves));
+        __m512 d = _mm512_add_ps(_mm512_mul_ps(vi, y), veps);
+        __m512 r = _mm512_rcp14_ps(d);
+        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
+        _mm512_mask_storeu_ps(p + i, k, _mm512_fnmadd_ps(_mm512_mul_ps(vlr, mi), r, _mm512_maskz_loadu_ps(k, p + i)));
+    }
 }
 
 /* The same with AVX2 and FMA: 12-bit estimates, one Newton step each. */
@@ -266,7 +283,22 @@ adam_update_avx2(float *restrict p, const float *restrict g, float *restrict m, 
         r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
         _mm256_storeu_ps(p + i, _mm256_fnmadd_ps(_mm256_mul_ps(vlr, mi), r, _mm256_loadu_ps(p + i)));
     }
-    adam_update(p + i, g + i, m + i, v + i, n - i, lr_t, b1, b2, eps);
+    if (i < n) { /* the tail in one masked vector: the same arithmetic as the rest */
+        __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 gi = _mm256_maskload_ps(g + i, k);
+        __m256 mi = _mm256_fmadd_ps(vb1, _mm256_maskload_ps(m + i, k), _mm256_mul_ps(vc1, gi));
+        __m256 vi = _mm256_fmadd_ps(vb2, _mm256_maskload_ps(v + i, k), _mm256_mul_ps(_mm256_mul_ps(vc2, gi), gi));
+        _mm256_maskstore_ps(m + i, k, mi);
+        _mm256_maskstore_ps(v + i, k, vi);
+        __m256 x = _mm256_max_ps(vi, tiny);
+        __m256 y = _mm256_rsqrt_ps(x);
+        y = _mm256_mul_ps(y, _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), y), y, three_halves));
+        __m256 d = _mm256_add_ps(_mm256_mul_ps(vi, y), veps);
+        __m256 r = _mm256_rcp_ps(d);
+        r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
+        _mm256_maskstore_ps(p + i, k, _mm256_fnmadd_ps(_mm256_mul_ps(vlr, mi), r, _mm256_maskload_ps(p + i, k)));
+    }
 }
 
 typedef void (*adam_fn)(float *restrict, const float *restrict, float *restrict, float *restrict,
@@ -291,61 +323,83 @@ static adam_fn pick_adam(int exact) { (void)exact; return adam_update; }
 static void init_fast_adam(void) {}
 #endif
 
-typedef struct apply_job {
-    const dp_optim *o;
-    float *params;
-    const float *grads;
-    float lr;   /* this update's learning rate */
-    float lr_t; /* adam's bias-corrected rate */
-} apply_job;
-
-/* Thread i's share of the range: 64-byte aligned pieces, each thread with its
- * own MXCSR flush (the register is per thread). */
-static void apply_task(void *ctx, int i, int n_threads)
+dp_optim_step dp_optim_begin(dp_optim *o, float lr)
 {
-    const apply_job *j = ctx;
-    const dp_optim *o = j->o;
     const dp_optim_config *c = &o->cfg;
-    size_t n = o->n, lo, hi;
-    dp_pool_range(n, 16, i, n_threads, &lo, &hi);
+    dp_optim_step st = {lr, 0.0f};
+    o->t++;
+    if (c->kind == DP_OPTIM_ADAM) {
+        /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
+        double t = (double)o->t;
+        st.lr_t = (float)(lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
+    }
+    return st;
+}
+
+/* Elementwise, each element with the same arithmetic wherever [lo, hi)
+ * falls; each call sets its own MXCSR flush (the register is per thread). */
+void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *params,
+                          const float *grads, size_t lo, size_t hi)
+{
+    const dp_optim_config *c = &o->cfg;
+    size_t n = o->n;
+    if (hi > n)
+        hi = n;
     if (hi <= lo)
         return;
-    float *p = j->params + lo;
-    const float *g = j->grads + lo;
+    float *p = params + lo;
+    const float *g = grads + lo;
     float *s0 = o->state ? o->state + lo : NULL;
     size_t len = hi - lo;
     unsigned csr = flush_denormals_begin();
     switch (c->kind) {
-    case DP_OPTIM_SGD: sgd_update(p, g, len, j->lr); break;
-    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, j->lr, c->momentum); break;
-    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, j->lr, c->momentum); break;
-    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, j->lr, c->eps); break;
+    case DP_OPTIM_SGD: sgd_update(p, g, len, st->lr); break;
+    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, st->lr, c->momentum); break;
+    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, st->lr, c->momentum); break;
+    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, st->lr, c->eps); break;
     case DP_OPTIM_ADAM:
-        pick_adam(o->exact)(p, g, s0, s0 + n, len, j->lr_t, c->beta1, c->beta2, c->eps);
+        pick_adam(o->exact)(p, g, s0, s0 + n, len, st->lr_t, c->beta1, c->beta2, c->eps);
         break;
     default: break;
     }
     flush_denormals_end(csr);
 }
 
+typedef struct apply_job {
+    const dp_optim *o;
+    const dp_optim_step *st;
+    float *params;
+    const float *grads;
+    size_t lo, hi;
+} apply_job;
+
+/* Thread i's share of the range, in 64-byte aligned pieces. */
+static void apply_task(void *ctx, int i, int n_threads)
+{
+    const apply_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(j->hi - j->lo, 16, i, n_threads, &lo, &hi);
+    dp_optim_apply_range(j->o, j->st, j->params, j->grads, j->lo + lo, j->lo + hi);
+}
+
 /* Ranges below this many parameters update on the calling thread. */
 #define APPLY_MIN_SPLIT 16384
 
-void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr)
+void dp_optim_apply_split(const dp_optim *o, const dp_optim_step *st, float *params,
+                          const float *grads, size_t lo, size_t hi)
 {
-    const dp_optim_config *c = &o->cfg;
-    o->t++;
-    if (o->n == 0)
+    apply_job j = {o, st, params, grads, lo, hi < o->n ? hi : o->n};
+    if (j.hi <= j.lo)
         return;
-    apply_job j = {o, params, grads, lr, 0.0f};
-    if (c->kind == DP_OPTIM_ADAM) {
-        /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
-        double t = (double)o->t;
-        j.lr_t = (float)(lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
-    }
     /* Elementwise: the result does not depend on the split. */
-    if (o->n < APPLY_MIN_SPLIT)
+    if (j.hi - j.lo < APPLY_MIN_SPLIT)
         apply_task(&j, 0, 1);
     else
         dp_pool_run(apply_task, &j);
+}
+
+void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr)
+{
+    dp_optim_step st = dp_optim_begin(o, lr);
+    dp_optim_apply_split(o, &st, params, grads, 0, o->n);
 }

@@ -11,9 +11,14 @@
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "strategy/ps_rules.h"
+#include "strategy/sender.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 #define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */
+/* Push-behind leaves answers unread while the worker computes: they must fit
+ * the sockets' buffers (TCP's 4 MiB each way, src/net/tcp.c), or the server
+ * would block answering one worker and stall the others. */
+#define BEHIND_BYTES (4u << 20)
 
 static const dp_ps_rules *const rules_of[DP_PS_MODE_COUNT] = {
     [DP_PS_ASYNC] = &dp_ps_rules_async, [DP_PS_SYNC] = &dp_ps_rules_sync,
@@ -43,6 +48,7 @@ void dp_ps_config_init(dp_ps_config *cfg)
     cfg->mode = DP_PS_ASYNC;
     cfg->fetch_every = 1;
     cfg->push_every = 1;
+    cfg->push_behind = 0;
     cfg->staleness = 3;
     cfg->staleness_lo = 1;
     cfg->staleness_hi = 6;
@@ -747,6 +753,38 @@ int dp_ps_serve(dp_transport *t, const dp_cluster *c, const dp_ps_layout *layout
 
 /* ---------------------------------------------------------------- client */
 
+/* The pushes a client may leave unanswered (cfg.push_behind), as far as it
+ * can keep them: only ps-async's answers can wait; a shard that may fail
+ * over is re-asked only the newest request (c->last), so one at most; MPI
+ * may hold a large send until its receiver posts (docs/mpi.md), which would
+ * stall the server; and the answers left unread must fit BEHIND_BYTES. */
+static int push_behind(const dp_transport *t, const dp_ps_layout *layout, const dp_ps_config *cfg)
+{
+    int n = cfg->mode == DP_PS_ASYNC && cfg->push_behind > 0 ? cfg->push_behind : 0;
+    if (n == 0)
+        return 0;
+    const char *why = NULL;
+    int keep = n;
+    size_t most = 0;
+    for (int s = 0; s < layout->n_shards; s++)
+        if ((layout->range[s].hi - layout->range[s].lo) * sizeof(float) > most)
+            most = (layout->range[s].hi - layout->range[s].lo) * sizeof(float);
+    if (strcmp(dp_transport_name(t), "mpi") == 0) {
+        keep = 0;
+        why = "MPI may hold a large answer until it is received";
+    } else if (most > 0 && (size_t)n * most > BEHIND_BYTES) {
+        keep = (int)(BEHIND_BYTES / most);
+        why = "the answers left unread must fit the sockets' buffers";
+    }
+    if (keep > 1 && (cfg->replicas > 1 || cfg->ps_wait > 0)) {
+        keep = 1;
+        why = "a shard that fails over is asked again only the newest push";
+    }
+    if (keep < n)
+        dp_info("--push-behind %d: %d kept (%s)", n, keep, why);
+    return keep;
+}
+
 int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
                       const dp_ps_config *cfg, const dp_optim_config *local_optim,
                       size_t n_params, dp_err *err)
@@ -764,9 +802,20 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
         if (!c->acc)
             goto oom;
     }
+    c->behind = push_behind(t, layout, cfg);
+    /* A send thread only where no shard fails over: a failover re-sends
+     * from the caller's thread, in order with what it sent itself. */
+    if (c->behind > 0 && !cfg->push_inline && cfg->replicas < 2 && cfg->ps_wait <= 0) {
+        if (sender_open(&c->q, t, layout->n_shards, err) < 0)
+            goto fail;
+        if (!(c->out = malloc(n_params * sizeof(float))))
+            goto oom;
+    }
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
-    if (c->rules->pushes_params && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
+    /* A push re-sent on failover must be the one made: a caller pushing
+     * behind has changed its gradient by then. */
+    if ((c->rules->pushes_params || c->behind > 0) && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
         !(c->sent = malloc(n_params * sizeof(float))))
         goto oom;
     for (int s = 0; s < layout->n_shards; s++)
@@ -785,6 +834,8 @@ void dp_ps_client_free(dp_ps_client *c)
 {
     if (!c)
         return;
+    sender_close(c->q);
+    free(c->out);
     free(c->acc);
     free(c->sent);
     dp_optim_free(&c->local);
@@ -792,6 +843,12 @@ void dp_ps_client_free(dp_ps_client *c)
 }
 
 long dp_ps_client_max_gap(const dp_ps_client *c) { return c->max_gap; }
+
+int dp_ps_client_push_behind(const dp_ps_client *c) { return c->behind; }
+
+int dp_ps_client_in_flight(const dp_ps_client *c) { return c->in_flight; }
+
+int dp_ps_client_send_thread(const dp_ps_client *c) { return c->q != NULL; }
 
 /* ---- the client's requests, and failover to a shard's backup ---- */
 
@@ -946,8 +1003,47 @@ static int request(dp_ps_client *c, int s, dp_err *err)
     }
 }
 
+/* The send thread's frames go out before any the caller sends itself, so
+ * each shard sees a client's requests in order.  A peer the thread could
+ * not send to is lost (no shard fails over where a thread sends). */
+static int sends_done(dp_ps_client *c, dp_err *err)
+{
+    int peer;
+    dp_err why;
+    if (!c->q || sender_wait(c->q, c->q_last, &peer, &why) == 0)
+        return 0;
+    return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1 : dp_errf(err, "%s", why.msg);
+}
+
+/* The push in c->last, through the send thread: copied, so the caller may
+ * change v while it goes out. */
+static int queue_push(dp_ps_client *c, dp_err *err)
+{
+    if (sends_done(c, err) < 0)
+        return -1;
+    memcpy(c->out, c->last.v, c->n * sizeof(float));
+    c->last.v = c->out;
+    dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head_put(raw, &head);
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        const dp_range *r = &c->layout.range[s];
+        int peer;
+        dp_err why;
+        c->q_last = sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
+                                     raw, sizeof raw, c->out + r->lo,
+                                     (r->hi - r->lo) * sizeof(float), &peer, &why);
+        if (c->q_last < 0)
+            return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1
+                                                                 : dp_errf(err, "%s", why.msg);
+    }
+    return 0;
+}
+
 static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
 {
+    if (sends_done(c, err) < 0)
+        return -1;
     c->last.type = type;
     c->last.step = step;
     for (int s = 0; s < c->layout.n_shards; s++)
@@ -959,19 +1055,26 @@ static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *er
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err)
 {
-    if (c->sent && type == DP_WIRE_PUSH_PARAMS) {
+    if (c->sent && (type == DP_WIRE_PUSH_PARAMS || c->behind > 0)) {
         memcpy(c->sent, v, c->n * sizeof(float));
         v = c->sent;
     }
     c->last.v = v;
     c->last.records = records;
     c->last.want = want;
+    if (c->q && type == DP_WIRE_PUSH_GRAD) {
+        c->last.type = type;
+        c->last.step = (uint64_t)c->clock;
+        return queue_push(c, err);
+    }
     return request_all(c, type, (uint64_t)c->clock, err);
 }
 
 int dp_ps_client_say(dp_ps_client *c, unsigned type, uint64_t step, dp_err *err)
 {
     dp_ps_layout *l = &c->layout;
+    if (sends_done(c, err) < 0)
+        return -1;
     for (int s = 0; s < l->n_shards; s++) {
         for (int copy = 0; copy < 2; copy++) {
             int rank = copy ? l->backup[s] : l->rank[s];
@@ -1084,8 +1187,21 @@ int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err)
     return collect(c, DP_WIRE_PARAMS, "parameters", take_params, params, err);
 }
 
+/* Every shard answers a client's requests in order on its connection, so
+ * the next PARAMS from each is the oldest push's answer. */
+int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err)
+{
+    for (; c->in_flight > left; c->in_flight--)
+        if (dp_ps_receive(c, params, err) < 0)
+            return -1;
+    return 0;
+}
+
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
+    /* The pushes' answers come first on each connection. */
+    if (dp_ps_settle(c, params, 0, err) < 0)
+        return -1;
     if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0)
         return -1;
     return dp_ps_receive(c, params, err);
@@ -1107,9 +1223,12 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
     return c->rules->step(c, params, grads, records, err);
 }
 
+/* Finishing waits for every push in flight: none is lost. */
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
 {
-    return c->rules->flush ? c->rules->flush(c, params, err) : 0;
+    if (c->rules->flush && c->rules->flush(c, params, err) < 0)
+        return -1;
+    return dp_ps_settle(c, params, 0, err);
 }
 
 typedef struct state_into {
@@ -1162,8 +1281,15 @@ int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_confi
     return collect(c, DP_WIRE_STATE, "its training state", take_state, &o, err);
 }
 
+int dp_ps_client_drain(dp_ps_client *c, float *params, dp_err *err)
+{
+    return dp_ps_settle(c, params, 0, err);
+}
+
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
 {
+    if (dp_ps_settle(c, params, 0, err) < 0)
+        return -1;
     return c->rules->sync ? c->rules->sync(c, params, err) : 0;
 }
 

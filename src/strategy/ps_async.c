@@ -3,8 +3,12 @@
  * the worker's learning rate and answers with its current parameters; no
  * worker waits for another.  --push-every N accumulates N steps' gradients
  * (records-weighted) before a push, --fetch-every N pulls every N steps:
- * DistBelief's n_push and n_fetch.  A lost worker costs its share of the data,
- * not the run.
+ * DistBelief's n_push and n_fetch.  --push-behind N lets the worker compute
+ * on while N pushes are unanswered (DistBelief's workers push and fetch in
+ * the background): their answers are taken between steps, so a gradient is
+ * computed on parameters at most N of its own pushes old, and a step's
+ * parameters never change under it.  A lost worker costs its share of the
+ * data, not the run.
  * Its rule, for the servers and the workers, is the dp_ps_rules below; the
  * machinery it runs on is ps.c, its tasks' parts ps_family.c. */
 #include <string.h>
@@ -24,6 +28,20 @@ static int on_push(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_e
     return 0;
 }
 
+/* Pushes v; with push-behind the answer is taken later.  Every answer owed
+ * is taken before the push but the newest push_behind - 1, so the answers a
+ * worker leaves unread stay within what the sockets hold while it sends
+ * (ps.c BEHIND_BYTES); push_behind 0 waits for this one's answer at once. */
+static int push(dp_ps_client *c, float *params, const float *v, uint32_t records, int want,
+                dp_err *err)
+{
+    if (dp_ps_settle(c, params, c->behind > 0 ? c->behind - 1 : 0, err) < 0 ||
+        dp_ps_push(c, DP_WIRE_PUSH_GRAD, v, records, want, err) < 0)
+        return -1;
+    c->in_flight += want;
+    return dp_ps_settle(c, params, c->behind, err);
+}
+
 /* Pushes the accumulated gradient (push_every > 1), records-weighted. */
 static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *err)
 {
@@ -33,10 +51,9 @@ static int push_accumulated(dp_ps_client *c, float *params, int want, dp_err *er
             c->acc[i] *= scale;
     }
     c->clock++;
-    /* The sum is kept until answered: a failover re-sends it (ps.c). */
-    int rc = dp_ps_push(c, DP_WIRE_PUSH_GRAD, c->acc, c->acc_records, want, err);
-    if (rc == 0 && want)
-        rc = dp_ps_receive(c, params, err);
+    /* A failover re-sends the sum: it is kept until answered, or copied
+     * when the answer comes behind (ps.c). */
+    int rc = push(c, params, c->acc, c->acc_records, want, err);
     memset(c->acc, 0, c->n * sizeof *c->acc);
     c->acc_records = 0;
     c->acc_steps = 0;
@@ -51,9 +68,7 @@ static int step(dp_ps_client *c, float *params, const float *grads, int records,
         c->since_fetch = 0;
     if (c->cfg.push_every <= 1) {
         c->clock++;
-        if (dp_ps_push(c, DP_WIRE_PUSH_GRAD, grads, (uint32_t)records, fetch, err) < 0)
-            return -1;
-        return fetch ? dp_ps_receive(c, params, err) : 0;
+        return push(c, params, grads, (uint32_t)records, fetch, err);
     }
     float r = (float)records;
     for (size_t i = 0; i < c->n; i++)

@@ -495,7 +495,10 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
         dp_errf(err, "out of memory");
         goto fail;
     }
-    if (dp_ps_client_open(&s->client, s->t, &mine, &s->pc, &cfg->optim, s->m->n_params, err) < 0)
+    dp_ps_config pc = s->pc;
+    if (s->part == DP_PART_COORDINATOR)
+        pc.push_behind = 0; /* the chief pushes nothing: no send thread, no log line */
+    if (dp_ps_client_open(&s->client, s->t, &mine, &pc, &cfg->optim, s->m->n_params, err) < 0)
         goto fail;
     dp_ps_client_on_failover(s->client, failover_event, s);
     if (s->part == DP_PART_COORDINATOR) {
@@ -514,6 +517,16 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
                      s->mp_task);
         }
+        /* Which way the pushes go out is measured (docs/strategies.md,
+         * "ps-async"): said, so a run's log shows what it chose. */
+        if (s->pc.push_behind > 0 && dp_ps_client_push_behind(s->client) > 0)
+            dp_info("%s: push-behind %d: it computes the next step while up to %d push(es) "
+                    "are unanswered, taking the answers between steps; %s",
+                    info->label, dp_ps_client_push_behind(s->client),
+                    dp_ps_client_push_behind(s->client),
+                    dp_ps_client_send_thread(s->client)
+                        ? "a send thread sends each push while it computes"
+                        : "it sends each push itself (--push-inline, or a shard may fail over)");
         s->reports = calloc((size_t)cfg->epochs, EPOCH_REPORT_SIZE);
         if (!s->reports) {
             dp_errf(err, "out of memory");
@@ -844,6 +857,10 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     dp_ps_client_at_step(s->client, step);
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
                   : dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    /* The chief evaluates once every epoch report is in: the epoch's pushes
+     * are answered within it (push-behind), so it evaluates them all. */
+    if (rc == 0 && s->env->steps_per_epoch > 0 && step % s->env->steps_per_epoch == 0)
+        rc = dp_ps_client_drain(s->client, s->wparams, err);
     out->clock_gap = dp_ps_client_max_gap(s->client);
     /* A few times an epoch the chief hears how far this worker got: a
      * restarted worker goes on from there, not from its epoch's start. */

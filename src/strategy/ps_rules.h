@@ -81,6 +81,13 @@ struct dp_ps_client {
     float lr;            /* of the latest step, sent with every push */
     long clock;
     long max_gap;
+    /* Push-behind (async): pushes whose answers have not been taken yet; each
+     * shard answers them in order on its connection (ps.c dp_ps_settle). */
+    int behind;          /* the most left unanswered while the worker computes */
+    int in_flight;
+    struct sender *q;    /* the thread that sends the pushes (NULL: the caller does) */
+    float *out;          /* with q: the push it sends, copied (the caller's changes) */
+    long q_last;         /* with q: the sequence number of the push's last frame */
     /* The request each shard has not answered yet, re-sent to the backup
      * when its primary is lost (ps.c failover). */
     struct {
@@ -92,8 +99,8 @@ struct dp_ps_client {
     } last;
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
-    float *sent;         /* avg with replicas or restarts: the pushed parameters, kept
-                            for a re-send while the answer overwrites the caller's */
+    float *sent;         /* with replicas or restarts, avg (or async pushing behind): the
+                            pushed vector, kept for a re-send while the caller's changes */
     /* A ps restarted into the run (ps.c await_restart): each shard's task's
      * incarnation as this client knows it, and what the client tells a new one. */
     uint64_t inc[DP_PARTITION_MAX];
@@ -157,6 +164,9 @@ int dp_ps_round_close(dp_ps_server *s, dp_err *err);
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err);
 int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err);
+/* Push-behind: takes the oldest answers into params (between steps, never
+ * during one) until at most `left` pushes are unanswered. */
+int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err);
 /* The step of the modes whose every push is answered (sync, ssp, dssp): push
  * the gradient, wait for the parameters. */
 /* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */

@@ -25,8 +25,7 @@ int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double ti
     if (r->seg < 1)
         r->seg = 1;
     r->ranks = malloc((size_t)n * sizeof *r->ranks);
-    r->scratch = malloc(r->seg * sizeof *r->scratch);
-    if (!r->ranks || !r->scratch) {
+    if (!r->ranks) {
         dp_ring_free(r);
         return dp_errf(err, "ring: out of memory");
     }
@@ -38,9 +37,7 @@ int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double ti
 void dp_ring_free(dp_ring *r)
 {
     free(r->ranks);
-    free(r->scratch);
     r->ranks = NULL;
-    r->scratch = NULL;
 }
 
 /* Chunk c of n over len elements: [c*len/n, (c+1)*len/n). */
@@ -54,9 +51,13 @@ static int broken(dp_ring *r, int peer, int lost, uint64_t gen)
     return DP_RING_BROKEN;
 }
 
+/* Receives segment [off, off + count) from `from` into dst, or (add) adds it
+ * to dst straight from the transport (shared memory: from the ring, with no
+ * copy besides the sender's). */
 static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t count, uint64_t step,
-                        int bucket, const char *phase, dp_err *err)
+                        int bucket, int add, dp_err *err)
 {
+    const char *phase = add ? "reduce-scatter" : "all-gather";
     char what[96];
     snprintf(what, sizeof what, "all-reduce step %llu bucket %d (%s)", (unsigned long long)step,
              bucket, phase);
@@ -75,7 +76,8 @@ static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t cou
                        (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
                        (unsigned long long)ev.header.length, what, (unsigned long long)step, off,
                        count * sizeof(float));
-    if (dp_transport_recv_payload(r->t, from, dst, count * sizeof(float), err) < 0)
+    if ((add ? dp_transport_recv_payload_add(r->t, from, dst, count, err)
+             : dp_transport_recv_payload(r->t, from, dst, count * sizeof(float), err)) < 0)
         return broken(r, from, 1, 0);
     return 0;
 }
@@ -101,19 +103,9 @@ static int ring_step(dp_ring *r, float *buf, size_t len, int out, int in, int ad
         }
         if (i < ihi) {
             size_t k = ihi - i < r->seg ? ihi - i : r->seg;
-            if (add) {
-                int rc = recv_segment(r, prev, r->scratch, i, k, step, bucket, "reduce-scatter", err);
-                if (rc < 0)
-                    return rc;
-                float *restrict dst = buf + i;
-                const float *restrict src = r->scratch;
-                for (size_t j = 0; j < k; j++)
-                    dst[j] += src[j];
-            } else {
-                int rc = recv_segment(r, prev, buf + i, i, k, step, bucket, "all-gather", err);
-                if (rc < 0)
-                    return rc;
-            }
+            int rc = recv_segment(r, prev, buf + i, i, k, step, bucket, add, err);
+            if (rc < 0)
+                return rc;
             i += k;
         }
     }

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct job {
     int to;
@@ -10,6 +11,8 @@ typedef struct job {
     uint64_t step, offset;
     const void *buf;
     size_t len;
+    uint8_t head[SENDER_HEAD]; /* head_len bytes before buf */
+    size_t head_len;
 } job;
 
 struct sender {
@@ -37,7 +40,9 @@ static void *send_main(void *arg)
         job j = q->q[q->sent % q->cap];
         pthread_mutex_unlock(&q->mu);
         dp_err e;
-        int rc = dp_transport_send(q->t, j.to, j.type, j.step, j.offset, j.buf, j.len, &e);
+        struct iovec iov[2] = {{j.head, j.head_len}, {(void *)j.buf, j.len}};
+        int rc = j.head_len ? dp_transport_sendv(q->t, j.to, j.type, j.step, j.offset, iov, 2, &e)
+                            : dp_transport_send(q->t, j.to, j.type, j.step, j.offset, j.buf, j.len, &e);
         pthread_mutex_lock(&q->mu);
         if (rc < 0) {
             q->failed = 1;
@@ -98,19 +103,7 @@ static int failed(sender *q, int *peer, dp_err *err)
 long sender_push(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
                  const void *buf, size_t len, int *peer, dp_err *err)
 {
-    pthread_mutex_lock(&q->mu);
-    while (!q->failed && q->queued - q->sent == q->cap)
-        pthread_cond_wait(&q->cv, &q->mu);
-    long seq = -1;
-    if (q->failed) {
-        failed(q, peer, err);
-    } else {
-        q->q[q->queued % q->cap] = (job){to, type, step, offset, buf, len};
-        seq = ++q->queued;
-        pthread_cond_broadcast(&q->cv);
-    }
-    pthread_mutex_unlock(&q->mu);
-    return seq;
+    return sender_push_head(q, to, type, step, offset, NULL, 0, buf, len, peer, err);
 }
 
 int sender_wait(sender *q, long seq, int *peer, dp_err *err)
@@ -126,4 +119,29 @@ int sender_wait(sender *q, long seq, int *peer, dp_err *err)
 long sender_last(const sender *q)
 {
     return q->queued; /* only the queueing thread changes it */
+}
+
+long sender_push_head(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
+                      const uint8_t *head, size_t head_len, const void *buf, size_t len, int *peer,
+                      dp_err *err)
+{
+    if (head_len > SENDER_HEAD)
+        return dp_errf(err, "a %zu-byte head does not fit the send queue's %d", head_len,
+                       SENDER_HEAD);
+    pthread_mutex_lock(&q->mu);
+    while (!q->failed && q->queued - q->sent == q->cap)
+        pthread_cond_wait(&q->cv, &q->mu);
+    long seq = -1;
+    if (q->failed) {
+        failed(q, peer, err);
+    } else {
+        job *j = &q->q[q->queued % q->cap];
+        *j = (job){to, type, step, offset, buf, len, {0}, head_len};
+        if (head_len)
+            memcpy(j->head, head, head_len);
+        seq = ++q->queued;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return seq;
 }

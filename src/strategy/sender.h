@@ -26,6 +26,12 @@ void sender_close(sender *q);
  * while the queue is full. */
 long sender_push(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
                  const void *buf, size_t len, int *peer, dp_err *err);
+/* The same with head_len (at most SENDER_HEAD) bytes copied into the queue
+ * to go out before buf: a ps push's head, which the caller need not keep. */
+#define SENDER_HEAD 16
+long sender_push_head(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
+                      const uint8_t *head, size_t head_len, const void *buf, size_t len, int *peer,
+                      dp_err *err);
 /* Waits until every frame up to sequence number seq is out (0: returns at
  * once); -1 as above. */
 int sender_wait(sender *q, long seq, int *peer, dp_err *err);

@@ -1,5 +1,6 @@
 /* single: one process trains alone with a local optimiser.  The reference
  * every distributed strategy is checked against. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 struct dp_strategy {
     dp_model *m;
     dp_optim opt;
+    int unfused; /* DOWNPOUR_UNFUSED_UPDATE=1: the optimiser after backprop */
 };
 
 static int update(void *self, float *params, const float *grads, int records, float lr,
@@ -47,6 +49,8 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
             memcpy(s->opt.state, env->resume->slots, n * sizeof(float));
         s->opt.t = env->resume->optim_t;
     }
+    const char *unfused = getenv("DOWNPOUR_UNFUSED_UPDATE");
+    s->unfused = unfused && strcmp(unfused, "1") == 0;
     info->part = DP_PART_TRAINER;
     info->evaluator = 1;
     info->live_params = 1;
@@ -58,10 +62,20 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
     return 0;
 }
 
+/* The update is local, so it runs fused into backprop (docs/architecture.md,
+ * "Fast paths"): the same bits as the data-parallel step, which
+ * DOWNPOUR_UNFUSED_UPDATE=1 selects. */
 static int single_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                        long step, dp_step_out *out, dp_err *err)
 {
-    return dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    if (n <= 0 || s->unfused)
+        return dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+    out->correct = 0;
+    out->loss = dp_model_train_step(s->m, &s->opt, x, y, n, lr, &out->correct);
+    if (!isfinite(out->loss))
+        return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
+                       (double)out->loss, step);
+    return 0;
 }
 
 static int single_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
