@@ -3,12 +3,16 @@
  * --no-overlap and with --overlap on, beside
  *   compute: two `single` processes at once, each the per-replica batch and
  *            threads a replica has (so each core carries what it carries
- *            in the allreduce run), their step time;
+ *            in the allreduce run), their step time; single fuses the
+ *            optimiser into backprop, which allreduce cannot (the update
+ *            waits for the sums), so the same with DOWNPOUR_UNFUSED_UPDATE=1
+ *            is shown beside it;
  *   ring:    the isolated ring all-reduce of the model's gradient between
- *            two processes over TCP with a frame MAC, as a launched run's
- *            transport has: the whole gradient in one call, and in the
- *            default 512 KiB buckets as the reducer sends it.
- * The five take turns in every round, and each step time is the median over
+ *            two processes through the TCP transport with frame MACs, as a
+ *            launched run's (shared memory where it takes it): the whole
+ *            gradient in one call, and in the default 512 KiB buckets as
+ *            the reducer sends it.
+ * The six take turns in every round, and each step time is the median over
  * the rounds of the runs' median steps (the `steps` event, docs/metrics.md;
  * for a run, its slowest task's).  The two ratios are each the median over
  * the rounds of that round's ratio, so a busy moment falls on both sides of
@@ -28,6 +32,7 @@
 #include "bench.h"
 #include "bench_run.h"
 #include "downpour/clock.h"
+#include "downpour/log.h"
 #include "downpour/model.h"
 #include "downpour/ring.h"
 #include "downpour/tcp.h"
@@ -90,15 +95,15 @@ static void read_events(const char *path, figures *f)
 }
 
 /* Compute alone: two single processes at once; the mean of their medians. */
-static double compute(const char *bin, const char *single)
+static double compute(const char *env, const char *bin, const char *single)
 {
     char path[2][512], cmd[8192];
     for (int i = 0; i < 2; i++)
         snprintf(path[i], sizeof path[i], "%s/single%d.jsonl", tmpdir, i);
     snprintf(cmd, sizeof cmd,
-             "rm -f %s %s; %s %s --metrics %s >/dev/null 2>&1 & %s %s --metrics %s >/dev/null "
-             "2>&1; wait",
-             path[0], path[1], bin, single, path[0], bin, single, path[1]);
+             "rm -f %s %s; %s %s %s --metrics %s >/dev/null 2>&1 & %s %s %s --metrics %s "
+             ">/dev/null 2>&1; wait",
+             path[0], path[1], env, bin, single, path[0], env, bin, single, path[1]);
     int st = system(cmd);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         return -1;
@@ -132,6 +137,7 @@ static int ring_rank(int me, const int *fds, char addrs[][32], size_t n, int out
     dp_err err;
     dp_transport *t;
     dp_ring ring;
+    dp_log_set_level(DP_LOG_WARN);
     float *buf = calloc(n, sizeof *buf);
     if (!buf || dp_tcp_open(&cfg, &t, &err) < 0 ||
         dp_transport_connect_all(t, dp_now() + 30, &err) < 0 ||
@@ -245,7 +251,7 @@ int main(int argc, char **argv)
     printf("model %s (%zu parameters, %.2f MiB of gradient), 2 replicas x batch %ld, one BLAS "
            "thread each, %ld records a run; median of %d interleaved rounds\n",
            o.model, n, n * 4.0 / (1 << 20), o.batch, o.train, o.repeats);
-    double v[4][MAX_REPEATS], whole[MAX_REPEATS], bucketed[MAX_REPEATS];
+    double v[5][MAX_REPEATS], whole[MAX_REPEATS], bucketed[MAX_REPEATS];
     double r1[MAX_REPEATS], r2[MAX_REPEATS];
     figures f;
     char chosen[96] = "";
@@ -256,23 +262,28 @@ int main(int argc, char **argv)
             if (w == 0)
                 snprintf(chosen, sizeof chosen, "%s (%s)", f.overlap, f.reason);
         }
-        if ((v[3][r] = compute(o.bin, single_cmd)) < 0 || ring_ms(n, &whole[r], &bucketed[r]) < 0)
+        if ((v[3][r] = compute("", o.bin, single_cmd)) < 0 ||
+            (v[4][r] = compute("DOWNPOUR_UNFUSED_UPDATE=1", o.bin, single_cmd)) < 0 ||
+            ring_ms(n, &whole[r], &bucketed[r]) < 0)
             return 1;
         r1[r] = v[1][r] / v[0][r];
         r2[r] = (v[3][r] + whole[r]) / v[0][r];
         fprintf(stderr, "round %d: default %.3f ms, no-overlap %.3f, overlap on %.3f, compute "
-                        "%.3f, ring %.3f (bucketed %.3f)\n", r + 1, v[0][r], v[1][r], v[2][r],
-                v[3][r], whole[r], bucketed[r]);
+                        "%.3f (unfused %.3f), ring %.3f (bucketed %.3f)\n", r + 1, v[0][r],
+                v[1][r], v[2][r], v[3][r], v[4][r], whole[r], bucketed[r]);
     }
     double def = bench_median(v[0], o.repeats), off = bench_median(v[1], o.repeats);
     double on = bench_median(v[2], o.repeats), comp = bench_median(v[3], o.repeats);
+    double unf = bench_median(v[4], o.repeats);
     double ring = bench_median(whole, o.repeats), ringb = bench_median(bucketed, o.repeats);
     printf("%-34s %9s %12s\n", "", "step ms", "samples/s");
     printf("%-34s %9.3f %12.0f   overlap %s\n", "allreduce, default", def, 2e3 * o.batch / def,
            chosen);
     printf("%-34s %9.3f %12.0f\n", "allreduce --no-overlap", off, 2e3 * o.batch / off);
     printf("%-34s %9.3f %12.0f\n", "allreduce --overlap on", on, 2e3 * o.batch / on);
-    printf("%-34s %9.3f %12.0f\n", "compute alone (single, 2 at once)", comp, 2e3 * o.batch / comp);
+    printf("%-34s %9.3f %12.0f\n", "compute alone (single, 2 at once)", comp,
+           2e3 * o.batch / comp);
+    printf("%-34s %9.3f %12.0f\n", "  the same, optimiser after backprop", unf, 2e3 * o.batch / unf);
     printf("%-34s %9.3f\n", "ring alone, whole gradient", ring);
     printf("%-34s %9.3f\n", "ring alone, 512 KiB buckets", ringb);
     double q1 = bench_median(r1, o.repeats), q2 = bench_median(r2, o.repeats);
