@@ -151,7 +151,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     err.msg[0] = '\0';
     if (use_reducer) {
         dp_reducer *red;
-        if (dp_reducer_open(&red, &ring, buf, len, bucket * sizeof(float), overlap, &err) != 0)
+        dp_overlap mode = overlap ? DP_OVERLAP_ON : DP_OVERLAP_OFF;
+        if (dp_reducer_open(&red, &ring, buf, len, bucket * sizeof(float), mode, 1, &err) != 0)
             abort();
         dp_reducer_begin(red, STEP, 0.5f);
         dp_reducer_ready(red, len / 2);
