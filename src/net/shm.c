@@ -75,6 +75,7 @@ typedef struct ring {
 struct dp_shm {
     uint8_t *base;
     size_t map_len, cap;
+    int heap; /* dp_shm_test_open's: base is malloc'd, not mapped */
     ring tx, rx;
     int bell_rx, bell_tx; /* our doorbell's read end; the peer's write end */
     char path[64];
@@ -248,7 +249,9 @@ void dp_shm_close(dp_shm *s)
 {
     if (!s)
         return;
-    if (s->base)
+    if (s->base && s->heap)
+        free(s->base);
+    else if (s->base)
         munmap(s->base, s->map_len);
     if (s->bell_rx >= 0)
         close(s->bell_rx);
@@ -258,6 +261,28 @@ void dp_shm_close(dp_shm *s)
 }
 
 const char *dp_shm_path(const dp_shm *s) { return s->path; }
+
+dp_shm *dp_shm_test_open(size_t ring_bytes, dp_shm_peer *peer)
+{
+    if (ring_bytes < 64 || (ring_bytes & (ring_bytes - 1)))
+        return NULL;
+    dp_shm *s = shm_new();
+    if (!s)
+        return NULL;
+    s->heap = 1;
+    s->cap = ring_bytes;
+    s->map_len = SEG_DATA + 2 * ring_bytes;
+    s->base = calloc(1, s->map_len);
+    if (!s->base) {
+        free(s);
+        return NULL;
+    }
+    ring_at(&s->rx, s->base, CTL0, s->base + SEG_DATA);
+    ring_at(&s->tx, s->base, CTL1, s->base + SEG_DATA + ring_bytes);
+    *peer = (dp_shm_peer){(uint8_t *)s->rx.tail, (uint8_t *)s->rx.head, (uint8_t *)s->tx.head,
+                          (uint8_t *)s->tx.tail, s->rx.data, s->tx.data, s->base, SEG_DATA};
+    return s;
+}
 
 static void unlink_all(const char *token)
 {
@@ -698,9 +723,12 @@ static void add_floats(float *restrict dst, const uint8_t *restrict p, size_t nf
 
 int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *w, dp_err *err)
 {
-    uint8_t *d = dst;
+    uint8_t *d = dst, part[4];
+    size_t carry = 0; /* add: bytes of a float split by the wrap or a publish, in part */
     double until = 0;
     int k = 0;
+    if (add && len % 4)
+        return dp_errf(err, "shared memory: adding %zu bytes, not a whole number of floats", len);
     while (len) {
         uint64_t a = rx_avail(s);
         if (a == UINT64_MAX)
@@ -724,27 +752,28 @@ int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *
             n = s->cap - at;
         if (n > PUBLISH) /* hand room back to the sender as we go */
             n = PUBLISH;
-        if (add) {
-            size_t nf = n / 4;
-            if (nf == 0) { /* a float split by the wrap or an odd earlier read */
-                if (a < 4)
-                    continue;
-                float v;
-                ring_get(&s->rx, s->cap, s->rx_head, &v, 4);
-                float o;
-                memcpy(&o, d, 4);
-                o += v;
-                memcpy(d, &o, 4);
-                n = 4;
-            } else {
-                n = nf * 4;
-                add_floats((float *)(void *)d, s->rx.data + at, nf);
+        if (add && (carry || n < 4)) {
+            /* A float split by the wrap, by where the sender published, or
+             * by an odd earlier read: its bytes are taken as they come, so
+             * the ring drains and a sender that dies here is seen as gone
+             * (waiting on 1-3 bytes would spin without ever sleeping). */
+            if (n > 4 - carry)
+                n = 4 - carry;
+            memcpy(part + carry, s->rx.data + at, n);
+            carry += n;
+            if (carry == 4) {
+                add_floats((float *)(void *)d, part, 1);
+                d += 4;
+                carry = 0;
             }
+        } else if (add) {
+            n -= n % 4;
+            add_floats((float *)(void *)d, s->rx.data + at, n / 4);
+            d += n;
         } else if (d) {
             memcpy(d, s->rx.data + at, n);
-        }
-        if (d)
             d += n;
+        }
         len -= n;
         s->rx_left -= n;
         rx_consume(s, n);

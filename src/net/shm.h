@@ -85,4 +85,20 @@ int dp_shm_rx_wait(dp_shm *s, int tcp_fd, double timeout_s);
 /* For the tests: the segment's and doorbells' paths (unlinked once set up). */
 const char *dp_shm_path(const dp_shm *s);
 
+/* For fuzz/fuzz_shm.c, which plays the peer: a link over a zeroed heap
+ * segment (so a sanitizer sees its bounds) with rings of ring_bytes (a power
+ * of two, 64 and up; NULL otherwise or without memory), in the acceptor's
+ * place, without doorbells.  peer gets where the peer writes: its write
+ * position in our receive ring (rx_tail, a native u64) and its read position
+ * in our send ring (tx_head); our positions (rx_head, tx_tail: to read);
+ * both rings' bytes; and the whole control area, which it could scribble
+ * on.  Close with dp_shm_close. */
+typedef struct dp_shm_peer {
+    uint8_t *rx_tail, *rx_head, *tx_head, *tx_tail;
+    uint8_t *rx_data, *tx_data;
+    uint8_t *ctl;
+    size_t ctl_len;
+} dp_shm_peer;
+dp_shm *dp_shm_test_open(size_t ring_bytes, dp_shm_peer *peer);
+
 #endif
