@@ -5,7 +5,9 @@
  * ring, and any word of the control area.  The link is dp_shm_test_open's, on
  * a heap segment, so a read or write outside a ring is a sanitizer finding.
  * The receiver takes headers (dp_shm_next), payloads in pieces (copied,
- * added as floats, dropped) and sends frames of its own; a refusal must come
+ * added as floats, dropped), sends frames of its own, and moves what the
+ * peer published into its overflow as a sender waiting for room does
+ * (dp_shm_drain), so reads come from both; a refusal must come
  * with its reason, and while the peer has only published well-formed frames
  * the receiver must see exactly those frames and bytes.  The waiter says the
  * peer is gone, so a read or a send that would wait ends the run: never a
@@ -299,9 +301,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             put64(pr.p.tx_head, head);
             break;
         }
-        default: { /* what the heartbeat thread asks */
-            uint64_t r = dp_shm_rx_ready(s);
-            if (r > cap)
+        default: { /* what the heartbeat thread asks, or a waiting sender's drain */
+            if (op & 0x80)
+                dp_shm_drain(s);
+            else if (dp_shm_rx_ready(s) > cap + DP_SHM_OVERFLOW_MAX)
                 abort();
             break;
         }

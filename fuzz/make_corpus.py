@@ -357,6 +357,22 @@ def shm_corpus():
     s.pump(128)
     s.b += bytes([8 + 12 * 0, 5, 0, 6, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 7])
     put("fuzz_shm", "scribble_mid_frame", bytes(s.b))
+    # a waiting sender takes the peer's frames off the ring (dp_shm_drain,
+    # op 11 | 0x80 = 143), so reads come from its overflow, then the ring
+    s = ShmSeq(4)  # 1 KiB ring
+    s.frame(3000, 5)
+    s.frame(16, 6)
+    for _ in range(4):
+        s.pump(s.cap)
+        s.b.append(143)
+        s.head = s.tail  # the overflow holds it; the ring is free
+    s.head = 0  # reads below: the stream from its start
+    s.tail = s.queued
+    s.next()
+    s.recv(1, 3000)
+    s.next()
+    s.recv(0, 16)
+    put("fuzz_shm", "drained_overflow", bytes(s.b))
     # a float cut by the write position, then nothing more: the receiver
     # takes the two bytes and waits (it used to spin on them, never waiting)
     put("fuzz_shm", "add_partial_float", bytes([0, 0, 0, 8, 0, 1, 3, 49, 7, 20, 7, 0]))
