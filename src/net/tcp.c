@@ -1327,7 +1327,7 @@ static void shm_relieve(tcp *t)
 {
     for (int i = 0; i < t->base.n_ranks; i++) {
         conn *c = &t->conns[i];
-        if (!c->shm || pthread_mutex_trylock(&c->mu) != 0)
+        if (pthread_mutex_trylock(&c->mu) != 0)
             continue;
         if (c->shm && c->state == CONN_UP && dp_shm_peer_waits(c->shm))
             dp_shm_drain(c->shm);
