@@ -252,6 +252,132 @@ def frame_corpus():
     put("fuzz_frame", "too_long", struct.pack("<Q", 100) + frame_header(16, 0, 0, 0, 0, 101, 0))
 
 
+# ---- shared-memory rings: byte 0 the ring (64 << b), byte 1 the largest
+# frame (0: 1 MiB), then operations (fuzz_shm.c's switch on op % 12).  A
+# small model of the ring places the publishes and reads so that every frame
+# streams through whole, wraps included.
+class ShmSeq:
+    def __init__(self, ring_code, max_code=0):
+        self.cap = 64 << ring_code
+        self.b = bytearray([ring_code, max_code])
+        self.queued = self.tail = self.head = self.pend = 0
+        self.pad = 0
+        self.lens = []  # frames queued, not yet taken
+
+    def frame(self, length, seed, ty=None):
+        if ty is not None:
+            self.b += bytes([24, ty]) + struct.pack("<H", length & 0xFFFF)
+        elif length > 0xFFFF:
+            self.b += bytes([[36, 108, 168, 228][length & 3]]) + struct.pack("<H", length >> 4)
+            length = (length >> 4) << 4 | (length & 3)
+        else:
+            self.b += b"\x00" + struct.pack("<H", length)
+        self.b.append(seed)
+        self.queued += (48 + length + 7) & ~7
+        self.lens.append(length)
+
+    def pump(self, n):
+        n = min(n, self.cap - (self.tail - self.head), self.queued - self.tail)
+        while n > 0:
+            k = min(n, 256) if n < 16 or n <= 256 else n - n % 16
+            if k <= 256:
+                self.b += bytes([3, k - 1])
+            else:
+                self.b += bytes([0x87]) + struct.pack("<H", k >> 4)
+            self.tail += k
+            n -= k
+
+    def avail(self):
+        return self.tail - self.head
+
+    def next(self):
+        self.head += self.pad
+        length = self.lens.pop(0)
+        self.b.append(7)
+        self.head += 48
+        self.pend = length
+        self.pad = -(48 + length) & 7
+
+    def recv(self, mode, n):  # mode 0 copy, 1 add, 2 drop
+        op = [104, 68, 80][mode] if n > 4096 else [8, 20, 32][mode]
+        self.b += bytes([op]) + struct.pack("<H", n - 1)
+        self.head += n
+        self.pend -= n
+
+    def stream(self, mode, piece):
+        """Takes the next frame whole: header, then its payload as it is published."""
+        self.pump(self.cap)
+        self.next()
+        while self.pend:
+            if self.avail() == 0:
+                self.pump(self.cap)
+            n = min(self.pend, self.avail(), piece)
+            if mode == 1:
+                n -= n % 4
+                if n == 0:
+                    self.pump(self.cap)
+                    continue
+            self.recv(mode, n)
+        if self.pad and self.avail() < self.pad:
+            self.pump(self.cap)
+
+
+def shm_corpus():
+    s = ShmSeq(0)  # 64-byte ring: every header wraps
+    for i, n in enumerate([0, 1, 7, 100, 8]):
+        s.frame(n, i)
+        s.stream(i % 3 if n % 4 == 0 else i % 2 * 2, 13)
+    put("fuzz_shm", "ring64_small_frames", bytes(s.b))
+    s = ShmSeq(6)  # 4 KiB ring, a frame of 10 000 bytes streams through it
+    s.frame(10000, 3)
+    s.frame(64, 4)
+    s.stream(1, 4096)
+    s.stream(0, 30)
+    put("fuzz_shm", "ring4k_stream_add", bytes(s.b))
+    s = ShmSeq(10, 0)  # 64 KiB ring, a frame of 200 000 bytes, copied out in odd pieces
+    s.frame(200000, 9)
+    s.stream(0, 4093)
+    put("fuzz_shm", "ring64k_big_copy", bytes(s.b))
+    s = ShmSeq(2, 1)  # largest frame 97 bytes: a frame of 200 is refused
+    s.frame(40, 1)
+    s.stream(2, 64)
+    s.frame(200, 2)
+    s.pump(256)
+    s.b.append(7)
+    put("fuzz_shm", "too_long", bytes(s.b))
+    # our side sends frames while the peer reads them
+    put("fuzz_shm", "send_and_read", bytes([1, 0]) + bytes([9, 100, 0, 10, 30]) +
+        bytes([10]) + struct.pack("<H", 200) + bytes([9, 0x90, 1, 50, 200]) +
+        bytes([10]) + struct.pack("<H", 2000) + bytes([9, 3, 0, 1, 1, 11]))
+    # garbage where a header should be, an impossible write position
+    put("fuzz_shm", "raw_header", bytes([0, 0, 2, 63]) + bytes(range(64)) + bytes([3, 63, 7]))
+    put("fuzz_shm", "bad_tail", bytes([0, 0, 5, 3, 7, 11]))
+    s = ShmSeq(1)
+    s.frame(50, 1, ty=17)
+    s.pump(128)
+    s.b += bytes([8 + 12 * 0, 5, 0, 6, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 7])
+    put("fuzz_shm", "scribble_mid_frame", bytes(s.b))
+    # a waiting sender takes the peer's frames off the ring (dp_shm_drain,
+    # op 11 | 0x80 = 143), so reads come from its overflow, then the ring
+    s = ShmSeq(4)  # 1 KiB ring
+    s.frame(3000, 5)
+    s.frame(16, 6)
+    for _ in range(4):
+        s.pump(s.cap)
+        s.b.append(143)
+        s.head = s.tail  # the overflow holds it; the ring is free
+    s.head = 0  # reads below: the stream from its start
+    s.tail = s.queued
+    s.next()
+    s.recv(1, 3000)
+    s.next()
+    s.recv(0, 16)
+    put("fuzz_shm", "drained_overflow", bytes(s.b))
+    # a float cut by the write position, then nothing more: the receiver
+    # takes the two bytes and waits (it used to spin on them, never waiting)
+    put("fuzz_shm", "add_partial_float", bytes([0, 0, 0, 8, 0, 1, 3, 49, 7, 20, 7, 0]))
+
+
 if __name__ == "__main__":
     frame_corpus()
     tcp_corpus()
@@ -260,3 +386,4 @@ if __name__ == "__main__":
     dataset_cache()
     ps_corpus()
     ring_corpus()
+    shm_corpus()

@@ -236,6 +236,41 @@ static void test_train_write_errors(void)
 #undef SMALL_RUN
 }
 
+/* --no-shm: accepted by train, passed on by launch to every task, which
+ * then talks to its peers over TCP (docs/transport.md, "Shared memory");
+ * without it the same run connects through shared memory. */
+static void test_train_no_shm(void)
+{
+    const char *data = getenv("DOWNPOUR_DATA");
+    char mnist[1100];
+    snprintf(mnist, sizeof mnist, "%s/mnist", data ? data : "");
+    struct stat st;
+    if (!data || stat(mnist, &st) != 0) {
+        fprintf(stderr, "no MNIST under DOWNPOUR_DATA: skipping the --no-shm runs\n");
+        return;
+    }
+    unsetenv("DOWNPOUR_SHM");
+    for (int off = 1; off >= 0; off--) {
+        const char *args[] = {"launch", "--workers", "2", "--", "train", "--dataset", mnist,
+                              "--strategy", "allreduce", "--train-size", "400", "--val-size",
+                              "100", "--epochs", "1", "--batch", "100", "--quiet",
+                              "--no-progress", off ? "--no-shm" : NULL, NULL};
+        int rc = run(args);
+        CHECKF(rc == 0, "launch (shm %s): exit %d: %s", off ? "off" : "on", rc, g_err);
+        /* the tasks' lines go through the launcher, on stdout or stderr */
+#define LOGGED(str) (strstr(g_out, (str)) || strstr(g_err, (str)))
+        if (off)
+            CHECKF(!LOGGED("through shared memory") &&
+                       LOGGED("worker:0: shared memory off (--no-shm): tasks on this host talk "
+                              "over TCP"),
+                   "--no-shm: %s%s", g_out, g_err);
+        else
+            CHECKF(LOGGED("connected to worker:1") && LOGGED("through shared memory (4096 KiB"),
+                   "shared memory on: %s%s", g_out, g_err);
+#undef LOGGED
+    }
+}
+
 /* run --secret-file: read before the task starts. */
 static void test_run_secret_file(void)
 {
@@ -415,6 +450,7 @@ int main(void)
     test_run_secret_file();
     test_train_timeouts();
     test_train_write_errors();
+    test_train_no_shm();
     test_flag_ranges();
     return CHECK_DONE();
 }

@@ -3,7 +3,9 @@
  * ring) arrive byte-identical with shared memory on and off; the segment is
  * unlinked once set up and was 0600; a stranger with the wrong secret gets
  * no segment; a garbage or oversized header in a ring is refused with its
- * reason; a sender killed mid-stream is lost after the frames it sent; the
+ * reason; a sender killed mid-stream is lost after the frames it sent; ranks
+ * that each send more than a ring before reading, a pair or a cycle of 3,
+ * all go on; the
  * ring all-reduce gives the same bits over shared memory as over TCP. */
 #include "net/auth.h"
 #include "net/shm.h"
@@ -390,6 +392,93 @@ static void ring_sum(int shm, float *out[2], size_t len)
     dp_transport_close(t[1]);
 }
 
+/* n transports, each connected to every other. */
+static void open_n(dp_transport **t, int n)
+{
+    int lfd[3], port[3];
+    char addr[3][32];
+    const char *ap[3] = {addr[0], addr[1], addr[2]};
+    dp_err err;
+    for (int i = 0; i < n; i++) {
+        REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &lfd[i], &port[i], &err) == 0);
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        dp_tcp_config cfg;
+        dp_tcp_config_init(&cfg);
+        cfg.rank = i;
+        cfg.n_ranks = n;
+        cfg.addrs = ap;
+        cfg.secret = secret;
+        cfg.secret_len = sizeof secret - 1;
+        cfg.listen_fd = lfd[i];
+        cfg.shm_ring_bytes = RING;
+        cfg.heartbeat_timeout = 3;
+        REQUIRE(dp_tcp_open(&cfg, &t[i], &err) == 0);
+    }
+    for (int i = 0; i < n; i++) /* higher ranks dial lower ones' accepts */
+        for (int j = n - 1; j >= 0; j--)
+            if (j != i)
+                REQUIRE(dp_transport_connect(t[i], j, dp_now() + 5, &err) == 0);
+}
+
+/* Each rank sends the next a frame of 16 rings before it reads the one from
+ * the previous: in a pair (each sends the other) and around a cycle of 3.
+ * Waiting for room, a task takes the bytes of peers that wait on it off
+ * their rings (shm_relieve, dp_shm_drain), as TCP's socket buffers would
+ * hold them; without that every rank waits for ever. */
+#define CROSSED (16 * RING)
+typedef struct crossed_arg {
+    dp_transport *t;
+    int me, n, rc;
+} crossed_arg;
+
+static void *crossed_rank(void *p)
+{
+    crossed_arg *a = p;
+    int next = (a->me + 1) % a->n, prev = (a->me + a->n - 1) % a->n;
+    unsigned char *out = malloc(CROSSED), *in = malloc(CROSSED), *want = malloc(CROSSED);
+    dp_err err;
+    dp_event ev;
+    a->rc = -1;
+    if (out && in && want) {
+        fill(out, CROSSED, 40 + a->me);
+        fill(want, CROSSED, 40 + prev);
+        if (dp_transport_send(a->t, next, T_DATA, 7, 0, out, CROSSED, &err) == 0 &&
+            dp_transport_recv(a->t, prev, "crossed frame", 10, &ev, &err) == 0 &&
+            ev.header.length == CROSSED &&
+            dp_transport_recv_payload(a->t, prev, in, CROSSED, &err) == 0)
+            a->rc = memcmp(in, want, CROSSED) == 0 ? 0 : 1;
+        else
+            fprintf(stderr, "rank %d of %d: %s\n", a->me, a->n, err.msg);
+    }
+    free(out);
+    free(in);
+    free(want);
+    return NULL;
+}
+
+static void crossed_sends(int n)
+{
+    dp_transport *t[3];
+    open_n(t, n);
+    alarm(60); /* a cycle that waits for ever fails the test, not the suite's clock */
+    crossed_arg a[3];
+    pthread_t thr[3];
+    for (int i = 0; i < n; i++) {
+        a[i] = (crossed_arg){t[i], i, n, -1};
+        REQUIRE(pthread_create(&thr[i], NULL, crossed_rank, &a[i]) == 0);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(thr[i], NULL);
+        CHECKF(a[i].rc == 0, "rank %d of %d: crossed frame %s", i, n,
+               a[i].rc > 0 ? "differs" : "failed");
+    }
+    alarm(0);
+    for (int i = 0; i < n; i++)
+        dp_transport_close(t[i]);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -413,6 +502,8 @@ int main(void)
 
     garbage_headers();
     killed_midstream();
+    crossed_sends(2);
+    crossed_sends(3);
 
     size_t len = SANITIZED ? 100003 : 1000003;
     float *a[2], *b[2];
@@ -425,5 +516,5 @@ int main(void)
         free(b[i]);
     }
     CHECK(shm_files() == files0);
-    CHECK_DONE();
+    return CHECK_DONE();
 }

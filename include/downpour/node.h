@@ -19,6 +19,7 @@ typedef struct dp_node_config {
     int insecure;              /* allow no secret (trusted networks only) */
     int encrypt;               /* tcp: encrypt payloads too (every task must agree) */
     double link_delay_ms;      /* tcp: latency added to every frame sent (dp_tcp_config) */
+    int no_shm;                /* tcp: no shared memory with tasks on this host (dp_tcp_config.shm) */
     double connect_timeout;    /* s to reach every peer (600) */
     double heartbeat_timeout;  /* s of silence before a peer is lost (10); the
                                   heartbeat interval is at most a quarter of it */

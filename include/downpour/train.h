@@ -85,6 +85,7 @@ typedef struct dp_train_config {
     double startup_timeout;   /* s a task waits for every peer (0: the node's, 600) */
     double heartbeat_timeout; /* s of silence before a peer is lost (0: the node's, 10) */
     double link_delay_ms;     /* tcp: latency added to every frame this task sends (0: none) */
+    bool no_shm;              /* tcp: peers on this host over TCP, not shared memory */
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

@@ -244,6 +244,7 @@ int cmd_train(int argc, char **argv)
         {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
         {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
         {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "cluster, tcp: every frame this task sends waits MS ms first (a one-way latency per message, for experiments; docs/cluster.md)", 0, DP_TCP_MAX_LINK_DELAY_MS},
+        {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
         {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
     };

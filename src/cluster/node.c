@@ -166,6 +166,11 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.insecure = cfg->insecure;
     tc.encrypt = cfg->encrypt;
     tc.link_delay_ms = cfg->link_delay_ms;
+    if (cfg->no_shm) {
+        tc.shm = 0;
+        dp_info("%s: shared memory off (--no-shm): tasks on this host talk over TCP",
+                n->self->name);
+    }
     if (cfg->heartbeat_timeout > 0) {
         tc.heartbeat_timeout = cfg->heartbeat_timeout;
         /* The interval must stay below the timeout: at most a quarter of it,

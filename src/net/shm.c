@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -75,13 +76,20 @@ typedef struct ring {
 struct dp_shm {
     uint8_t *base;
     size_t map_len, cap;
+    int heap; /* dp_shm_test_open's: base is malloc'd, not mapped */
     ring tx, rx;
     int bell_rx, bell_tx; /* our doorbell's read end; the peer's write end */
     char path[64];
     /* Sender (under the caller's send lock). */
     uint64_t tx_tail;
-    /* Receiver (one thread). */
+    /* Receiver (one thread), and a sender waiting for room (dp_shm_drain):
+     * rx_mu.  The stream the receiver reads is ovf[ovf_pos, ovf_len), then
+     * the ring from rx_head. */
+    pthread_mutex_t rx_mu;
     uint64_t rx_head, rx_left, rx_pad;
+    uint8_t *ovf;
+    size_t ovf_pos, ovf_len, ovf_cap;
+    _Atomic uint64_t ovf_bytes; /* ovf_len - ovf_pos, for dp_shm_rx_ready */
 };
 
 static size_t round8(uint64_t n) { return (size_t)((n + 7) & ~(uint64_t)7); }
@@ -239,6 +247,10 @@ static int recv_setup(int fd, int peer, const dp_auth_session *s, uint8_t *pl, s
 static dp_shm *shm_new(void)
 {
     dp_shm *s = calloc(1, sizeof *s);
+    if (s && pthread_mutex_init(&s->rx_mu, NULL) != 0) {
+        free(s);
+        return NULL;
+    }
     if (s)
         s->bell_rx = s->bell_tx = -1;
     return s;
@@ -248,16 +260,42 @@ void dp_shm_close(dp_shm *s)
 {
     if (!s)
         return;
-    if (s->base)
+    if (s->base && s->heap)
+        free(s->base);
+    else if (s->base)
         munmap(s->base, s->map_len);
     if (s->bell_rx >= 0)
         close(s->bell_rx);
     if (s->bell_tx >= 0)
         close(s->bell_tx);
+    pthread_mutex_destroy(&s->rx_mu);
+    free(s->ovf);
     free(s);
 }
 
 const char *dp_shm_path(const dp_shm *s) { return s->path; }
+
+dp_shm *dp_shm_test_open(size_t ring_bytes, dp_shm_peer *peer)
+{
+    if (ring_bytes < 64 || (ring_bytes & (ring_bytes - 1)))
+        return NULL;
+    dp_shm *s = shm_new();
+    if (!s)
+        return NULL;
+    s->heap = 1;
+    s->cap = ring_bytes;
+    s->map_len = SEG_DATA + 2 * ring_bytes;
+    s->base = calloc(1, s->map_len);
+    if (!s->base) {
+        free(s);
+        return NULL;
+    }
+    ring_at(&s->rx, s->base, CTL0, s->base + SEG_DATA);
+    ring_at(&s->tx, s->base, CTL1, s->base + SEG_DATA + ring_bytes);
+    *peer = (dp_shm_peer){(uint8_t *)s->rx.tail, (uint8_t *)s->rx.head, (uint8_t *)s->tx.head,
+                          (uint8_t *)s->tx.tail, s->rx.data, s->tx.data, s->base, SEG_DATA};
+    return s;
+}
 
 static void unlink_all(const char *token)
 {
@@ -550,6 +588,8 @@ static int tx_wait_room(dp_shm *s, const dp_shm_waiter *w, dp_err *err)
             cpu_relax();
             continue;
         }
+        if (dp_shm_peer_waits(s)) /* each waits on the other: take its bytes */
+            dp_shm_drain(s);
         if (w->wait(w->ctx, 1, err))
             return -1;
     }
@@ -564,6 +604,7 @@ void dp_shm_tx_wait(dp_shm *s, double timeout_s)
         atomic_store(s->tx.waiting, 0);
         return;
     }
+    wake_consumer(s); /* a receiver asleep in poll() wakes and drains us if it reads no more */
     struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (time_t)timeout_s) * 1e9)};
     futex(s->tx.waiting, FUTEX_WAIT, 1, &ts);
 }
@@ -613,26 +654,119 @@ int dp_shm_send(dp_shm *s, const uint8_t hdr[DP_FRAME_HEADER_SIZE], const struct
     return 0;
 }
 
-/* Bytes the peer has published and we have not consumed; UINT64_MAX when
- * its tail is impossible. */
-static uint64_t rx_avail(const dp_shm *s)
+/* Bytes the peer has published in the ring and we have not consumed;
+ * UINT64_MAX when its tail is impossible. */
+static uint64_t ring_avail(const dp_shm *s)
 {
     uint64_t a = atomic_load_explicit(s->rx.tail, memory_order_acquire) - s->rx_head;
     return a > s->cap ? UINT64_MAX : a;
 }
 
-static void rx_consume(dp_shm *s, uint64_t n)
+static void ring_consume(dp_shm *s, uint64_t n)
 {
     s->rx_head += n;
     atomic_store_explicit(s->rx.head, s->rx_head, memory_order_release);
     wake_producer(s);
 }
 
+/* The stream: what a waiting sender moved to ovf, then the ring (rx_mu). */
+static uint64_t rx_avail(const dp_shm *s)
+{
+    uint64_t a = ring_avail(s);
+    return a == UINT64_MAX ? a : a + (s->ovf_len - s->ovf_pos);
+}
+
+static void rx_consume(dp_shm *s, uint64_t n)
+{
+    size_t k = s->ovf_len - s->ovf_pos < n ? s->ovf_len - s->ovf_pos : (size_t)n;
+    if (k) {
+        s->ovf_pos += k;
+        if (s->ovf_pos == s->ovf_len)
+            s->ovf_pos = s->ovf_len = 0;
+        atomic_store_explicit(&s->ovf_bytes, s->ovf_len - s->ovf_pos, memory_order_relaxed);
+    }
+    if (n > k)
+        ring_consume(s, n - k);
+}
+
+/* The next n (<= rx_avail) bytes of the stream into dst, not consumed. */
+static void rx_peek(const dp_shm *s, void *dst, size_t n)
+{
+    size_t k = s->ovf_len - s->ovf_pos < n ? s->ovf_len - s->ovf_pos : n;
+    if (k) /* ovf may be NULL */
+        memcpy(dst, s->ovf + s->ovf_pos, k);
+    if (n > k)
+        ring_get(&s->rx, s->cap, s->rx_head, (uint8_t *)dst + k, n - k);
+}
+
+/* Where the stream's next bytes lie contiguously, and how many (> 0 when
+ * rx_avail is). */
+static const uint8_t *rx_span(const dp_shm *s, uint64_t avail, size_t *n)
+{
+    if (s->ovf_len > s->ovf_pos) {
+        *n = s->ovf_len - s->ovf_pos;
+        return s->ovf + s->ovf_pos;
+    }
+    size_t at = (size_t)(s->rx_head & (s->cap - 1));
+    *n = avail < s->cap - at ? (size_t)avail : s->cap - at;
+    return s->rx.data + at;
+}
+
+/* Two peers that each send the other more than a ring holds before reading
+ * would wait on each other for ever (TCP's socket buffers, 8 MiB each way
+ * with sock_buf_bytes 4 MiB, hid this): a sender waiting for room moves
+ * what its peer has sent into ovf, up to DP_SHM_OVERFLOW_MAX, freeing the
+ * peer's ring.  Only when the receiver is not reading (trylock): a busy
+ * receiver drains the ring itself.  docs/transport.md, "Shared memory". */
+int dp_shm_drain(dp_shm *s)
+{
+    if (pthread_mutex_trylock(&s->rx_mu) != 0)
+        return 0;
+    uint64_t a = ring_avail(s);
+    size_t have = s->ovf_len - s->ovf_pos, n = 0;
+    if (a != UINT64_MAX && a > 0 && have < DP_SHM_OVERFLOW_MAX) {
+        n = a < DP_SHM_OVERFLOW_MAX - have ? (size_t)a : DP_SHM_OVERFLOW_MAX - have;
+        if (s->ovf_pos) { /* what was read goes; the rest moves to the front */
+            memmove(s->ovf, s->ovf + s->ovf_pos, have);
+            s->ovf_pos = 0;
+            s->ovf_len = have;
+        }
+        if (have + n > s->ovf_cap) {
+            size_t cap = s->ovf_cap ? 2 * s->ovf_cap : s->cap;
+            if (cap < have + n)
+                cap = have + n;
+            if (cap > DP_SHM_OVERFLOW_MAX)
+                cap = DP_SHM_OVERFLOW_MAX;
+            uint8_t *p = realloc(s->ovf, cap);
+            if (p) {
+                s->ovf = p;
+                s->ovf_cap = cap;
+            }
+            if (n > s->ovf_cap - have) /* out of memory: as far as it goes */
+                n = s->ovf_cap - have;
+        }
+        if (n) {
+            ring_get(&s->rx, s->cap, s->rx_head, s->ovf + s->ovf_len, n);
+            s->ovf_len += n;
+            atomic_store_explicit(&s->ovf_bytes, s->ovf_len - s->ovf_pos,
+                                  memory_order_relaxed);
+            ring_consume(s, n);
+        }
+    }
+    pthread_mutex_unlock(&s->rx_mu);
+    return n > 0;
+}
+
+int dp_shm_peer_waits(const dp_shm *s)
+{
+    return atomic_load_explicit(s->rx.waiting, memory_order_relaxed) != 0;
+}
+
 uint64_t dp_shm_rx_ready(const dp_shm *s)
 {
     uint64_t head = atomic_load_explicit(s->rx.head, memory_order_relaxed);
     uint64_t a = atomic_load_explicit(s->rx.tail, memory_order_acquire) - head;
-    return a > s->cap ? 1 : a;
+    return (a > s->cap ? 1 : a) + atomic_load_explicit(&s->ovf_bytes, memory_order_relaxed);
 }
 
 uint64_t dp_shm_pending(const dp_shm *s) { return s->rx_left; }
@@ -648,7 +782,8 @@ static void skip_pad(dp_shm *s)
     }
 }
 
-int dp_shm_next(dp_shm *s, uint64_t max_len, dp_frame_header *h, char *why, size_t why_cap)
+static int next_locked(dp_shm *s, uint64_t max_len, dp_frame_header *h, char *why,
+                       size_t why_cap)
 {
     uint64_t a = rx_avail(s);
     if (a == UINT64_MAX) {
@@ -667,7 +802,7 @@ int dp_shm_next(dp_shm *s, uint64_t max_len, dp_frame_header *h, char *why, size
         return 0;
     uint8_t hb[DP_FRAME_HEADER_SIZE];
     char w[200];
-    ring_get(&s->rx, s->cap, s->rx_head, hb, sizeof hb);
+    rx_peek(s, hb, sizeof hb);
     rx_consume(s, sizeof hb);
     if (dp_frame_decode(h, hb, max_len, w, sizeof w) != DP_FRAME_OK) {
         snprintf(why, why_cap, "bad frame header in shared memory: %s", w);
@@ -686,6 +821,14 @@ int dp_shm_next(dp_shm *s, uint64_t max_len, dp_frame_header *h, char *why, size
     return 1;
 }
 
+int dp_shm_next(dp_shm *s, uint64_t max_len, dp_frame_header *h, char *why, size_t why_cap)
+{
+    pthread_mutex_lock(&s->rx_mu);
+    int r = next_locked(s, max_len, h, why, why_cap);
+    pthread_mutex_unlock(&s->rx_mu);
+    return r;
+}
+
 /* Adds n bytes (a whole number of floats) at p to dst, unaligned loads. */
 static void add_floats(float *restrict dst, const uint8_t *restrict p, size_t nf)
 {
@@ -696,11 +839,15 @@ static void add_floats(float *restrict dst, const uint8_t *restrict p, size_t nf
     }
 }
 
-int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *w, dp_err *err)
+static int recv_locked(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *w,
+                       dp_err *err)
 {
-    uint8_t *d = dst;
+    uint8_t *d = dst, part[4];
+    size_t carry = 0; /* add: bytes of a float split by the wrap or a publish, in part */
     double until = 0;
     int k = 0;
+    if (add && len % 4)
+        return dp_errf(err, "shared memory: adding %zu bytes, not a whole number of floats", len);
     while (len) {
         uint64_t a = rx_avail(s);
         if (a == UINT64_MAX)
@@ -718,33 +865,34 @@ int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *
             continue;
         }
         k = 0;
-        size_t at = (size_t)(s->rx_head & (s->cap - 1));
-        size_t n = a < len ? (size_t)a : len;
-        if (n > s->cap - at)
-            n = s->cap - at;
+        size_t n;
+        const uint8_t *src = rx_span(s, a, &n);
+        if (n > len)
+            n = len;
         if (n > PUBLISH) /* hand room back to the sender as we go */
             n = PUBLISH;
-        if (add) {
-            size_t nf = n / 4;
-            if (nf == 0) { /* a float split by the wrap or an odd earlier read */
-                if (a < 4)
-                    continue;
-                float v;
-                ring_get(&s->rx, s->cap, s->rx_head, &v, 4);
-                float o;
-                memcpy(&o, d, 4);
-                o += v;
-                memcpy(d, &o, 4);
-                n = 4;
-            } else {
-                n = nf * 4;
-                add_floats((float *)(void *)d, s->rx.data + at, nf);
+        if (add && (carry || n < 4)) {
+            /* A float split by the wrap, by where the sender published, or
+             * by an odd earlier read: its bytes are taken as they come, so
+             * the ring drains and a sender that dies here is seen as gone
+             * (waiting on 1-3 bytes would spin without ever sleeping). */
+            if (n > 4 - carry)
+                n = 4 - carry;
+            memcpy(part + carry, src, n);
+            carry += n;
+            if (carry == 4) {
+                add_floats((float *)(void *)d, part, 1);
+                d += 4;
+                carry = 0;
             }
-        } else if (d) {
-            memcpy(d, s->rx.data + at, n);
-        }
-        if (d)
+        } else if (add) {
+            n -= n % 4;
+            add_floats((float *)(void *)d, src, n / 4);
             d += n;
+        } else if (d) {
+            memcpy(d, src, n);
+            d += n;
+        }
         len -= n;
         s->rx_left -= n;
         rx_consume(s, n);
@@ -754,9 +902,18 @@ int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *
     return 0;
 }
 
+int dp_shm_recv(dp_shm *s, void *dst, size_t len, int add, const dp_shm_waiter *w, dp_err *err)
+{
+    pthread_mutex_lock(&s->rx_mu);
+    int rc = recv_locked(s, dst, len, add, w, err);
+    pthread_mutex_unlock(&s->rx_mu);
+    return rc;
+}
+
 int dp_shm_bell_fd(const dp_shm *s) { return s->bell_rx; }
 
-int dp_shm_rx_sleep(dp_shm *s)
+/* Store (sleeping) - fence - load (tail): see wake_consumer. */
+static int rx_sleep_locked(dp_shm *s)
 {
     atomic_store(s->rx.sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
@@ -764,6 +921,14 @@ int dp_shm_rx_sleep(dp_shm *s)
         return 0;
     atomic_store(s->rx.sleeping, 0);
     return 1;
+}
+
+int dp_shm_rx_sleep(dp_shm *s)
+{
+    pthread_mutex_lock(&s->rx_mu);
+    int r = rx_sleep_locked(s);
+    pthread_mutex_unlock(&s->rx_mu);
+    return r;
 }
 
 void dp_shm_rx_awake(dp_shm *s)
@@ -776,7 +941,7 @@ void dp_shm_rx_awake(dp_shm *s)
 
 int dp_shm_rx_wait(dp_shm *s, int tcp_fd, double timeout_s)
 {
-    if (dp_shm_rx_sleep(s))
+    if (rx_sleep_locked(s)) /* under dp_shm_recv's rx_mu */
         return 0;
     struct pollfd p[2] = {{s->bell_rx, POLLIN, 0}, {tcp_fd, POLLRDHUP, 0}};
     int rc = poll(p, 2, timeout_s <= 0 ? 0 : (int)(timeout_s * 1000 + 0.999));

@@ -22,6 +22,9 @@ typedef struct dp_shm dp_shm;
 #define DP_SHM_RING_DEFAULT ((size_t)4 << 20) /* bytes per direction */
 #define DP_SHM_RING_MIN ((size_t)64 << 10)
 #define DP_SHM_RING_MAX ((size_t)1 << 30)
+/* What a sender waiting for room may take off its peer's ring (dp_shm_drain):
+ * about what TCP's socket buffers hold between two peers. */
+#define DP_SHM_OVERFLOW_MAX ((size_t)16 << 20)
 
 /* How the sending and receiving sides wait: wait() blocks a short while for
  * the ring to change (dp_shm_tx_wait / dp_shm_rx_wait) and checks that the
@@ -57,8 +60,18 @@ int dp_shm_send(dp_shm *s, const uint8_t hdr[DP_FRAME_HEADER_SIZE], const struct
                 int iovcnt, uint64_t len, const dp_shm_waiter *w, dp_err *err);
 /* Waits up to timeout_s for the receiver to free room (futex). */
 void dp_shm_tx_wait(dp_shm *s, double timeout_s);
+/* What dp_shm_send does before each wait for room: unless another thread is
+ * receiving, moves what the peer has sent off the receive ring into a
+ * buffer the receive side reads first, up to DP_SHM_OVERFLOW_MAX, so two
+ * peers sending each other more than a ring before reading both go on.
+ * Returns 1 when it moved something. */
+int dp_shm_drain(dp_shm *s);
+/* 1 when the peer sleeps waiting for room in our receive ring: whenever
+ * this task waits, such a link is drained (tcp.c), as the kernel's socket
+ * buffers would take the bytes whatever the task is doing. */
+int dp_shm_peer_waits(const dp_shm *s);
 
-/* Receiving (one thread).  A whole header is taken from the ring and
+/* Receiving (one thread at a time; a sender's dp_shm_drain excluded).  A whole header is taken from the ring and
  * decoded with max_len: 1 (h filled), 0 (none yet), -1 (bad header or a
  * corrupted ring: why says what).  The payload then follows through
  * dp_shm_recv; dp_shm_pending says how many of its bytes are left. */
@@ -79,10 +92,27 @@ int dp_shm_bell_fd(const dp_shm *s);
 int dp_shm_rx_sleep(dp_shm *s);
 void dp_shm_rx_awake(dp_shm *s);
 /* Waits up to timeout_s for bytes in the receive ring (the doorbell, and
- * tcp_fd hanging up); returns 1 when tcp_fd hung up. */
+ * tcp_fd hanging up); returns 1 when tcp_fd hung up.  Only from within
+ * dp_shm_recv's waiter (it holds the receive side). */
 int dp_shm_rx_wait(dp_shm *s, int tcp_fd, double timeout_s);
 
 /* For the tests: the segment's and doorbells' paths (unlinked once set up). */
 const char *dp_shm_path(const dp_shm *s);
+
+/* For fuzz/fuzz_shm.c, which plays the peer: a link over a zeroed heap
+ * segment (so a sanitizer sees its bounds) with rings of ring_bytes (a power
+ * of two, 64 and up; NULL otherwise or without memory), in the acceptor's
+ * place, without doorbells.  peer gets where the peer writes: its write
+ * position in our receive ring (rx_tail, a native u64) and its read position
+ * in our send ring (tx_head); our positions (rx_head, tx_tail: to read);
+ * both rings' bytes; and the whole control area, which it could scribble
+ * on.  Close with dp_shm_close. */
+typedef struct dp_shm_peer {
+    uint8_t *rx_tail, *rx_head, *tx_head, *tx_tail;
+    uint8_t *rx_data, *tx_data;
+    uint8_t *ctl;
+    size_t ctl_len;
+} dp_shm_peer;
+dp_shm *dp_shm_test_open(size_t ring_bytes, dp_shm_peer *peer);
 
 #endif

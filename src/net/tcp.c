@@ -1315,6 +1315,26 @@ typedef struct shm_ctx {
     int peer, fd, counted;
 } shm_ctx;
 
+/* Before this task waits (for room, a payload, a frame): a ring holds
+ * less than TCP's socket buffers, which take a peer's bytes whatever the
+ * task is doing, so every link whose peer sleeps waiting for room is drained
+ * into its overflow (dp_shm_drain).  Otherwise tasks that send each other
+ * more than a ring before reading, in a pair or around a cycle (a ps
+ * forwarding to its backup while that one answers a worker that pushes to
+ * the first), wait on each other for ever.  Links being replaced are
+ * skipped (trylock: c->mu guards c->shm). */
+static void shm_relieve(tcp *t)
+{
+    for (int i = 0; i < t->base.n_ranks; i++) {
+        conn *c = &t->conns[i];
+        if (pthread_mutex_trylock(&c->mu) != 0)
+            continue;
+        if (c->shm && c->state == CONN_UP && dp_shm_peer_waits(c->shm))
+            dp_shm_drain(c->shm);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
 /* dp_shm_waiter.wait: one nap on the ring, then the liveness checks a
  * socket read or write would make. */
 static int shm_wait(void *ctx, int sending, dp_err *err)
@@ -1323,6 +1343,7 @@ static int shm_wait(void *ctx, int sending, dp_err *err)
     tcp *t = w->t;
     conn *c = &t->conns[w->peer];
     double silent;
+    shm_relieve(t);
     if (atomic_load(&c->state) != CONN_UP) {
         pthread_mutex_lock(&c->mu);
         dp_errf(err, "%s", c->reason);
@@ -2088,6 +2109,7 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
         }
         if (lost)
             continue;
+        shm_relieve(t); /* about to wait */
         double left = deadline - dp_now();
         if (np == 1 && want != DP_PEER_ANY && left >= t->slice) {
             /* One peer and time to spare: a blocking read, one system call

@@ -604,6 +604,7 @@ static int open_node(loop *L, dp_err *err)
     nc.secret_file = cfg->secret_file;
     nc.encrypt = cfg->encrypt;
     nc.link_delay_ms = cfg->link_delay_ms;
+    nc.no_shm = cfg->no_shm;
     if (cfg->startup_timeout > 0)
         nc.connect_timeout = cfg->startup_timeout;
     if (cfg->heartbeat_timeout > 0)
