@@ -78,7 +78,10 @@ struct dp_shm {
     size_t map_len, cap;
     int heap; /* dp_shm_test_open's: base is malloc'd, not mapped */
     ring tx, rx;
-    int bell_rx, bell_tx; /* our doorbell's read end; the peer's write end */
+    /* Our doorbell's read end; the peer's doorbell, opened read-write so it
+     * always has a reader: a write after the peer died is then EAGAIN at
+     * worst, never SIGPIPE (docs/transport.md, "Shared memory"). */
+    int bell_rx, bell_tx;
     char path[64];
     /* Sender (under the caller's send lock). */
     uint64_t tx_tail;
@@ -407,7 +410,7 @@ static dp_shm *attach(const char *token, uint64_t ring_bytes, char *why, size_t 
     ring_at(&s->rx, s->base, CTL0, s->base + SEG_DATA);
     ring_at(&s->tx, s->base, CTL1, s->base + SEG_DATA + ring_bytes);
     if ((s->bell_rx = open_checked(ba, O_RDONLY | O_NONBLOCK, 1, 0, why, cap)) < 0 ||
-        (s->bell_tx = open_checked(bd, O_WRONLY | O_NONBLOCK, 1, 0, why, cap)) < 0)
+        (s->bell_tx = open_checked(bd, O_RDWR | O_NONBLOCK, 1, 0, why, cap)) < 0)
         goto fail;
     return s;
 fail:
@@ -447,7 +450,7 @@ int dp_shm_dial(int fd, int self_rank, int peer, size_t ring_bytes, const dp_aut
     if (rc == 0 && link && alen >= 4 && dp_get_u32(ans) == 1) {
         char seg[64], bd[64], ba[64];
         paths(token, seg, bd, ba);
-        link->bell_tx = open(ba, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+        link->bell_tx = open(ba, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
         if (link->bell_tx < 0) {
             rc = dp_errf(err, "shared-memory setup: cannot open the peer's doorbell %s: %s", ba,
                          strerror(errno));
