@@ -279,30 +279,54 @@ static void garbage_headers(void)
 }
 
 /* Rank 0 as a child: sends 3 frames, then dies mid-way through a big one. */
+/* Two listeners on 127.0.0.1 and their addresses, for a pair of ranks in
+ * two processes. */
+static void listen_pair(int lfd[2], char addr[2][32])
+{
+    dp_err err;
+    for (int i = 0; i < 2; i++) {
+        int port;
+        REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &lfd[i], &port, &err) == 0);
+        snprintf(addr[i], 32, "127.0.0.1:%d", port);
+    }
+}
+
+/* Rank `rank` of two, with shared memory, connected to the other; NULL on
+ * failure. */
+static dp_transport *open_rank(int rank, int lfd, const char **ap)
+{
+    dp_tcp_config cfg;
+    dp_tcp_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.n_ranks = 2;
+    cfg.addrs = ap;
+    cfg.secret = secret;
+    cfg.secret_len = sizeof secret - 1;
+    cfg.listen_fd = lfd;
+    cfg.shm_ring_bytes = RING;
+    dp_transport *t;
+    dp_err err;
+    if (dp_tcp_open(&cfg, &t, &err))
+        return NULL;
+    if (dp_transport_connect(t, 1 - rank, dp_now() + 5, &err)) {
+        dp_transport_close(t);
+        return NULL;
+    }
+    return t;
+}
+
 static void killed_midstream(void)
 {
-    int lfd[2], port[2];
+    int lfd[2];
     char addr[2][32];
     const char *ap[2] = {addr[0], addr[1]};
     dp_err err;
-    for (int i = 0; i < 2; i++) {
-        REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &lfd[i], &port[i], &err) == 0);
-        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port[i]);
-    }
+    listen_pair(lfd, addr);
     pid_t pid = fork();
     if (pid == 0) {
         close(lfd[1]);
-        dp_tcp_config cfg;
-        dp_tcp_config_init(&cfg);
-        cfg.rank = 0;
-        cfg.n_ranks = 2;
-        cfg.addrs = ap;
-        cfg.secret = secret;
-        cfg.secret_len = sizeof secret - 1;
-        cfg.listen_fd = lfd[0];
-        cfg.shm_ring_bytes = RING;
-        dp_transport *t;
-        if (dp_tcp_open(&cfg, &t, &err) || dp_transport_connect(t, 1, dp_now() + 5, &err))
+        dp_transport *t = open_rank(0, lfd[0], ap);
+        if (!t)
             _exit(2);
         for (int i = 0; i < 3; i++)
             if (dp_transport_send(t, 1, T_DATA, (uint64_t)i, 0, "abcd", 4, &err))
@@ -315,18 +339,8 @@ static void killed_midstream(void)
         _exit(5);
     }
     close(lfd[0]);
-    dp_tcp_config cfg;
-    dp_tcp_config_init(&cfg);
-    cfg.rank = 1;
-    cfg.n_ranks = 2;
-    cfg.addrs = ap;
-    cfg.secret = secret;
-    cfg.secret_len = sizeof secret - 1;
-    cfg.listen_fd = lfd[1];
-    cfg.shm_ring_bytes = RING;
-    dp_transport *t;
-    REQUIRE(dp_tcp_open(&cfg, &t, &err) == 0);
-    REQUIRE(dp_transport_connect(t, 0, dp_now() + 5, &err) == 0);
+    dp_transport *t = open_rank(1, lfd[1], ap);
+    REQUIRE(t);
     int st;
     waitpid(pid, &st, 0); /* dead before we read anything */
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
@@ -345,6 +359,48 @@ static void killed_midstream(void)
     }
     CHECKF(frames == 4 && lost, "%d frames before the loss (4 sent), lost %d", frames, lost);
     dp_transport_close(t);
+}
+
+/* A receiver killed while it slept in poll: the sender's frames after its
+ * death ring its doorbell, whose reader is gone.  The transport must never
+ * get SIGPIPE (it would kill this process): the sends fail or land in the
+ * dead ring, and the loss is reported. */
+static void receiver_killed_asleep(void)
+{
+    int lfd[2];
+    char addr[2][32];
+    const char *ap[2] = {addr[0], addr[1]};
+    dp_err err;
+    listen_pair(lfd, addr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(lfd[1]);
+        dp_transport *t = open_rank(0, lfd[0], ap);
+        if (!t)
+            _exit(2);
+        dp_event ev;
+        for (;;) /* asleep on its doorbell until killed */
+            (void)dp_transport_poll(t, 1, 60, &ev, &err);
+    }
+    close(lfd[0]);
+    dp_transport *t = open_rank(1, lfd[1], ap);
+    REQUIRE(t);
+    struct timespec nap = {0, 200 * 1000 * 1000};
+    nanosleep(&nap, NULL); /* the receiver is past its spin, asleep */
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    signal(SIGPIPE, SIG_DFL); /* as in the program: main() here ignores it */
+    int lost = 0;
+    for (int k = 0; k < 50 && !lost; k++) {
+        (void)dp_transport_send(t, 0, T_DATA, (uint64_t)k, 0, "abcd", 4, &err);
+        dp_event ev;
+        REQUIRE(dp_transport_poll(t, 0, 0.05, &ev, &err) == 0);
+        lost = ev.kind == DP_EVENT_PEER_LOST;
+    }
+    CHECKF(lost, "the killed receiver was never reported lost");
+    dp_transport_close(t);
+    signal(SIGPIPE, SIG_IGN);
 }
 
 /* Rank 1 sums with rank 0 over the ring: its half of the work in a thread. */
@@ -502,6 +558,7 @@ int main(void)
 
     garbage_headers();
     killed_midstream();
+    receiver_killed_asleep();
     crossed_sends(2);
     crossed_sends(3);
 
