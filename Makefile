@@ -75,6 +75,8 @@ bench: build data
 	$(BUILD)/bench/bench_ps
 	$(BUILD)/bench/bench_ps_replicas
 	$(BUILD)/bench/bench_allreduce
+	cd $(BUILD)/bench && ./bench_allreduce_train
+	cd $(BUILD)/bench && ./bench_ps_async
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
