@@ -1583,6 +1583,16 @@ static int rx_fill(tcp *t, int peer, int fd, int wait)
     }
 }
 
+/* Fills ev as the FRAME event of h from peer: its payload is still unread. */
+static int frame_event(dp_event *ev, int peer, const dp_frame_header *h)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DP_EVENT_FRAME;
+    ev->peer = peer;
+    ev->header = *h;
+    return RX_FRAME;
+}
+
 /* Parses the buffered header at rpos.  Heartbeats are consumed (RX_NOTHING). */
 static int parse_header(tcp *t, int peer, dp_event *ev)
 {
@@ -1650,11 +1660,7 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
     c->chunk_crc = h.payload_crc;
     c->chunk_no = 0;
     c->pay_h = h;
-    memset(ev, 0, sizeof *ev);
-    ev->kind = DP_EVENT_FRAME;
-    ev->peer = peer;
-    ev->header = h;
-    return RX_FRAME;
+    return frame_event(ev, peer, &h);
 }
 
 /* The next application frame from peer, if one is (or, with wait, becomes)
@@ -1709,11 +1715,7 @@ static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
             c->pay_pending = h.length > 0;
             c->pay_left = h.length;
             c->pay_h = h;
-            memset(ev, 0, sizeof *ev);
-            ev->kind = DP_EVENT_FRAME;
-            ev->peer = peer;
-            ev->header = h;
-            return RX_FRAME;
+            return frame_event(ev, peer, &h);
         }
         if (c->shm_end) {
             conn_fail(t, peer, c->shm_end_orderly, "%s", c->shm_end_reason);
