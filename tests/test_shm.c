@@ -315,32 +315,49 @@ static dp_transport *open_rank(int rank, int lfd, const char **ap)
     return t;
 }
 
-static void killed_midstream(void)
+/* Forks a pair of ranks with shared memory: rank 0 in the child runs
+ * child(t) (and exits), rank 1 is returned in *parent. */
+static pid_t fork_pair(void (*child)(dp_transport *), dp_transport **parent)
 {
+    static char addr[2][32]; /* the transports keep the addresses */
+    static const char *ap[2] = {addr[0], addr[1]};
     int lfd[2];
-    char addr[2][32];
-    const char *ap[2] = {addr[0], addr[1]};
-    dp_err err;
     listen_pair(lfd, addr);
     pid_t pid = fork();
+    REQUIRE(pid >= 0);
     if (pid == 0) {
         close(lfd[1]);
         dp_transport *t = open_rank(0, lfd[0], ap);
         if (!t)
             _exit(2);
-        for (int i = 0; i < 3; i++)
-            if (dp_transport_send(t, 1, T_DATA, (uint64_t)i, 0, "abcd", 4, &err))
-                _exit(3);
-        /* a larger one, then death: the ring holds all four */
-        static unsigned char big[RING / 2];
-        if (dp_transport_send(t, 1, T_DATA, 3, 0, big, sizeof big, &err))
-            _exit(4);
-        raise(SIGKILL);
+        child(t);
         _exit(5);
     }
     close(lfd[0]);
-    dp_transport *t = open_rank(1, lfd[1], ap);
-    REQUIRE(t);
+    *parent = open_rank(1, lfd[1], ap);
+    REQUIRE(*parent);
+    return pid;
+}
+
+/* Rank 0 of killed_midstream: four frames, then death. */
+static void send_then_die(dp_transport *t)
+{
+    dp_err err;
+    for (int i = 0; i < 3; i++)
+        if (dp_transport_send(t, 1, T_DATA, (uint64_t)i, 0, "abcd", 4, &err))
+            _exit(3);
+    /* a larger one, then death: the ring holds all four */
+    static unsigned char big[RING / 2];
+    if (dp_transport_send(t, 1, T_DATA, 3, 0, big, sizeof big, &err))
+        _exit(4);
+    raise(SIGKILL);
+}
+
+static void killed_midstream(void)
+{
+    dp_err err;
+    dp_transport *t;
+    pid_t pid = fork_pair(send_then_die, &t);
     int st;
     waitpid(pid, &st, 0); /* dead before we read anything */
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
@@ -365,26 +382,19 @@ static void killed_midstream(void)
  * death ring its doorbell, whose reader is gone.  The transport must never
  * get SIGPIPE (it would kill this process): the sends fail or land in the
  * dead ring, and the loss is reported. */
+static void sleep_until_killed(dp_transport *t)
+{
+    dp_err err;
+    dp_event ev;
+    for (;;) /* asleep on its doorbell */
+        (void)dp_transport_poll(t, 1, 60, &ev, &err);
+}
+
 static void receiver_killed_asleep(void)
 {
-    int lfd[2];
-    char addr[2][32];
-    const char *ap[2] = {addr[0], addr[1]};
     dp_err err;
-    listen_pair(lfd, addr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(lfd[1]);
-        dp_transport *t = open_rank(0, lfd[0], ap);
-        if (!t)
-            _exit(2);
-        dp_event ev;
-        for (;;) /* asleep on its doorbell until killed */
-            (void)dp_transport_poll(t, 1, 60, &ev, &err);
-    }
-    close(lfd[0]);
-    dp_transport *t = open_rank(1, lfd[1], ap);
-    REQUIRE(t);
+    dp_transport *t;
+    pid_t pid = fork_pair(sleep_until_killed, &t);
     struct timespec nap = {0, 200 * 1000 * 1000};
     nanosleep(&nap, NULL); /* the receiver is past its spin, asleep */
     kill(pid, SIGKILL);
