@@ -1,0 +1,109 @@
+/* The backend table under the device executor (docs/gpu.md, "Backends").
+ *
+ * A backend is memory, copies, column-major products, element-wise kernels,
+ * and optionally graphs and collectives, all queued in order on ONE stream.
+ * The executor (dmodel.c) is written against this table only; "sim" (sim.c)
+ * implements it on the host and "cuda" (src/cuda/backend_cuda.cu) in the
+ * plugin libdownpour_cuda.so, whose one exported symbol is
+ * DP_BACKEND_CUDA_SYMBOL.  The header is C and C++ alike, since nvcc
+ * compiles the plugin as C++.
+ *
+ * Every queued call (copy, gemm, launch, graph_launch, comm_allreduce)
+ * returns at once; a failure inside one is kept by the backend and reported
+ * by the next sync().  Calls are never made from two threads at once. */
+#ifndef DP_DEVICE_BACKEND_H
+#define DP_DEVICE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever the table or dp_kernel changes: a plugin built from other
+ * sources is refused with both numbers. */
+#define DP_BACKEND_ABI 1
+#define DP_BACKEND_CUDA_SYMBOL "dp_backend_cuda_v1"
+
+typedef enum dp_copy_dir { DP_COPY_H2D, DP_COPY_D2H, DP_COPY_D2D } dp_copy_dir;
+
+/* C = alpha op(A) op(B) + beta C in COLUMN-major order, exactly cuBLAS's
+ * cublasSgemm: op(A) is m x k, op(B) k x n, C m x n; ta/tb 1 means the
+ * stored matrix is transposed.  A row-major (r, c) matrix is a column-major
+ * (c, r) one with leading dimension c: the executor's products are written
+ * that way (dmodel.c, "Products"). */
+typedef struct dp_gemm {
+    int ta, tb;
+    int m, n, k;
+    float alpha, beta;
+    const float *a;
+    int lda;
+    const float *b;
+    int ldb;
+    float *c;
+    int ldc;
+} dp_gemm;
+
+typedef struct dp_backend {
+    int abi;          /* DP_BACKEND_ABI */
+    const char *name; /* "cuda", "sim" */
+
+    /* Opens device `index`.  On failure msg says what is missing (no
+     * driver, no GPU, the index past the count) and nothing is held. */
+    int (*open)(void **ctx, int index, char *msg, size_t len);
+    void (*close)(void *ctx);
+    /* "NVIDIA H100 80GB HBM3 (cuda:0, 79.1 GiB)" */
+    void (*describe)(void *ctx, char *buf, size_t len);
+
+    /* Device memory, zero-filled; NULL when it does not fit. */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    /* Page-locked host memory (copies from it are asynchronous); NULL when
+     * it does not fit. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    /* Queued in stream order.  An H2D copy from host_alloc memory reads the
+     * source when the stream reaches it, so that memory must stay unchanged
+     * until a sync; from other memory the source is read before the call
+     * returns.  A D2H copy's data is in place after the next sync. */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir);
+    /* Waits until everything queued is done.  0, or -1 with the first
+     * failure of queued work in msg (which stays failed). */
+    int (*sync)(void *ctx, char *msg, size_t len);
+
+    void (*gemm)(void *ctx, const dp_gemm *g);
+    void (*launch)(void *ctx, const dp_kernel *k);
+
+    /* Graphs (all NULL when the backend has none).  Between capture_begin
+     * and capture_end, gemm, launch and H2D/D2D copies are recorded, not
+     * run; graph_launch queues the recording.  Arguments are captured by
+     * value, so anything that changes from one launch to the next must be
+     * read from device memory (kernels.h, dp_step_block). */
+    int (*capture_begin)(void *ctx, char *msg, size_t len);
+    int (*capture_end)(void *ctx, void **graph, char *msg, size_t len);
+    int (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+
+    /* Collectives (all NULL when the backend has none): NCCL's unique id,
+     * joining a communicator of `ranks`, and a queued in-place sum. */
+    int (*comm_id)(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len);
+    int (*comm_join)(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank,
+                     void **comm, char *msg, size_t len);
+    int (*comm_allreduce)(void *ctx, void *comm, float *buf, size_t n);
+    void (*comm_free)(void *ctx, void *comm);
+} dp_backend;
+
+/* The host backend (sim.c). */
+extern const dp_backend dp_backend_sim;
+
+/* The plugin's entry point has this type. */
+typedef const dp_backend *(*dp_backend_entry)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
