@@ -100,6 +100,9 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch);
 /* Fills x (batch, dim) with pixels / 255 and y (batch) with labels; returns
  * the number of records written (< batch at the end of the epoch, 0 when done). */
 int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
+/* The same walk, giving the records' indices into the split instead of their
+ * data (a device gathers them itself: device.h). */
+int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch);
 /* Skips to position pos of the epoch's order (a resumed run's place in
  * its epoch); past the end means the epoch is over. */
 void dp_batcher_seek(dp_batcher *b, uint32_t pos);

@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "downpour/checkpoint.h"
+#include "downpour/device.h"
 #include "downpour/metrics.h"
 #include "downpour/model.h"
 #include "downpour/node.h"
@@ -108,6 +109,9 @@ typedef struct dp_task_info {
     char label[32];     /* in step lines: "Worker 2", "Chief" */
     int no_batches;     /* TRAINER: reads its own records (lbfgs: the portions the
                            coordinator hands out); the loop gives step() none (n 0) */
+    dp_dmodel *device;  /* TRAINER on a device (--device): the loop stages each
+                           batch's record indices there (dp_dmodel_stage) and
+                           gives step() no x and y; NULL on the CPU */
 } dp_task_info;
 
 /* One step's outcome, for step lines and metrics. */
@@ -115,6 +119,8 @@ typedef struct dp_step_out {
     float loss;         /* mean over the records (0 when there were none) */
     int correct;
     long clock_gap;     /* ps-*: the largest staleness this worker has been allowed */
+    int deferred;       /* loss and correct are tallied on info->device, not here:
+                           the loop reads them with dp_dmodel_collect */
 } dp_step_out;
 
 /* An epoch's training figures: one trainer's in, the run's out. */
@@ -156,6 +162,8 @@ typedef struct dp_strategy_ops {
     const char *name;    /* the --strategy value: written here and nowhere else */
     const char *summary; /* one line for --help and the docs */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
+    int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
+                            "Strategies"); 0: the CPU only */
     unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
                             run goes on without, and which rejoins when restarted
                             (docs/faults.md); the launcher asks it */
@@ -228,10 +236,23 @@ int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int
                        dp_err *err);
 
 /* The data-parallel step: begin, forward and backward (gradients zeroed when
- * n is 0), update.  Gives out->loss and out->correct. */
-int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,
-                          const uint8_t *y, int n, float lr, long step, dp_step_out *out,
-                          dp_err *err);
+ * n is 0), update.  Gives out->loss and out->correct.  With a device model
+ * dev, the forward and backward run there on the staged batch and the
+ * gradients come to m->grads (m->grad_ready is told once, for all of them),
+ * after m->params went there; the update runs on the host as on the CPU
+ * (host staging: docs/gpu.md, "Strategies"). */
+int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, void *self,
+                          const float *x, const uint8_t *y, int n, float lr, long step,
+                          dp_step_out *out, dp_err *err);
+
+/* A trainer on env->cfg->device: opens the device and the model there (with
+ * the run's optimiser when with_optim, for an update on the device), loads
+ * the training split, and logs "<label> trains on <device>".  *out is NULL,
+ * and nothing is opened, when the device is the CPU. */
+int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_optim,
+                            dp_dmodel **out, dp_err *err);
+/* Closes the model and its device; NULL: no-op. */
+void dp_strategy_device_close(dp_dmodel *dm);
 
 /* The strategies (src/strategy/<name>.c). */
 extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "downpour/dataset.h"
+#include "downpour/device.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/pipeline.h"
@@ -86,6 +87,7 @@ typedef struct dp_train_config {
     double heartbeat_timeout; /* s of silence before a peer is lost (0: the node's, 10) */
     double link_delay_ms;     /* tcp: latency added to every frame this task sends (0: none) */
     bool no_shm;              /* tcp: peers on this host over TCP, not shared memory */
+    dp_device_spec device;    /* where trainers compute: cpu (the default), cuda:N, sim */
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

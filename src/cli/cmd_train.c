@@ -164,7 +164,7 @@ int cmd_train(int argc, char **argv)
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
     bool trace_clocks = false, no_overlap = false, push_inline = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
-    const char *transport = "tcp", *overlap = NULL;
+    const char *transport = "tcp", *overlap = NULL, *device = "cpu";
     double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL;
     const char *checkpoint_dir = NULL, *secret_file = NULL, *tensorboard = NULL;
@@ -244,6 +244,7 @@ int cmd_train(int argc, char **argv)
         {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
         {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
         {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "cluster, tcp: every frame this task sends waits MS ms first (a one-way latency per message, for experiments; docs/cluster.md)", 0, DP_TCP_MAX_LINK_DELAY_MS},
+        {"device", CLI_STR, &device, "DEV", "where trainers compute: cpu (the default), cuda, cuda:N (a GPU), or sim (the GPU code path run on the host, for tests); docs/gpu.md", 0, 0},
         {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
         {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
@@ -262,6 +263,7 @@ int cmd_train(int argc, char **argv)
     const char *bad = !dp_strategy_find(strategy, &err)                             ? "--strategy"
                       : dp_lr_schedule_parse(lr_schedule, &cfg.lr_schedule, &err) < 0 ? "--lr-schedule"
                       : dp_shard_parse(shard, &cfg.shard, &err) < 0                 ? "--shard"
+                      : dp_device_parse(device, &cfg.device, &err) < 0              ? "--device"
                                                                                     : NULL;
     if (bad) {
         fprintf(stderr, "downpour train: %s: %s\n", bad, err.msg);

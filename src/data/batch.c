@@ -131,6 +131,17 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
     return k;
 }
 
+int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch)
+{
+    if (!b->order || batch <= 0 || b->pos >= b->n)
+        return 0;
+    uint32_t left = b->n - b->pos;
+    int k = left < (uint32_t)batch ? (int)left : batch;
+    memcpy(idx, b->order + b->pos, (size_t)k * sizeof *idx);
+    b->pos += (uint32_t)k;
+    return k;
+}
+
 void dp_batcher_seek(dp_batcher *b, uint32_t pos) { b->pos = pos < b->n ? pos : b->n; }
 
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch)

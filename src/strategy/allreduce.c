@@ -52,6 +52,8 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    dp_dmodel *dev;        /* on a device: forward and backward there; the
+                              reduction and the update stay on the host */
 };
 
 static int pos_of(const dp_strategy *s, int rank)
@@ -536,6 +538,7 @@ static void allreduce_close(dp_strategy *s)
 {
     if (!s)
         return;
+    dp_strategy_device_close(s->dev);
     dp_reducer_close(s->reducer);
     if (s->ring_open)
         dp_ring_free(&s->ring);
@@ -683,6 +686,13 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         snprintf(info->label, sizeof info->label, "Chief");
     else
         snprintf(info->label, sizeof info->label, "Worker %d", env->node->self->index);
+    /* Host staging: the parameters stay on the host, where the reducer,
+     * the update and a rejoining replica's state transfer find them. */
+    if (dp_strategy_device_open(env, info->label, 0, &s->dev, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
+    info->device = s->dev;
     if (s->position == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
                 "buckets of %zu KiB, overlap %s", env->node->self->name, n,
@@ -702,7 +712,7 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
         watch_lost(s);
     for (;;) {
         s->broken = 0;
-        if (dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
+        if (dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
             return 0;
         if (!s->broken)
             return -1;
@@ -873,6 +883,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .name = "allreduce",
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
+    .devices = 1,
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,

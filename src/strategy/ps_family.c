@@ -75,6 +75,8 @@ struct dp_strategy {
                               chief's pulls, a server's start */
     float *wparams;        /* the vector a worker's client reads and writes:
                               m->params, or vec */
+    dp_dmodel *dev;        /* a worker on a device: forward and backward there, pushes
+                              and pulls through m->grads and m->params (host staging) */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
@@ -100,6 +102,7 @@ void dp_ps_family_close(dp_strategy *s)
                 send_to(s, r, DP_WIRE_SHUTDOWN, 0, NULL, 0, &ignore);
         }
     dp_ps_client_free(s->client);
+    dp_strategy_device_close(s->dev);
     mp_replica_close(s->rep);
     free(s->plans);
     free(s->vec);
@@ -540,6 +543,14 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                        n * sizeof(float));
             local->t = env->resume->worker_t[s->worker];
         }
+        if (s->K && cfg->device.kind != DP_DEVICE_CPU) {
+            dp_errf(err, "--device with --model-parallel: a model-parallel replica trains on "
+                         "the CPU only (docs/gpu.md). Hint: drop one of them");
+            goto fail;
+        }
+        if (dp_strategy_device_open(env, info->label, 0, &s->dev, err) < 0)
+            goto fail;
+        info->device = s->dev;
         if (await_start(s, info, err) < 0)
             goto fail;
     }
@@ -856,7 +867,7 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
 {
     dp_ps_client_at_step(s->client, step);
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
-                  : dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+                  : dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes
      * are answered within it (push-behind), so it evaluates them all. */
     if (rc == 0 && s->env->steps_per_epoch > 0 && step % s->env->steps_per_epoch == 0)

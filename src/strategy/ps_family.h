@@ -32,7 +32,8 @@ void dp_ps_family_close(dp_strategy *s);
 /* A mode's table entry, every operation the family's; `survives`: the
  * roles besides a worker whose loss the mode goes on without. */
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
-    .cluster = 1, .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                   \
+    .cluster = 1, .devices = 1,                                                                \
+    .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \
                  [DP_ROLE_WORKER] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),    \
                  [DP_ROLE_PS] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER)},   \

@@ -1,5 +1,8 @@
 /* single: one process trains alone with a local optimiser.  The reference
- * every distributed strategy is checked against. */
+ * every distributed strategy is checked against.  On a device (--device)
+ * the whole step, the update included, runs there, and the weights and the
+ * optimiser state come back to the host only to be evaluated or saved
+ * (docs/gpu.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +14,7 @@ struct dp_strategy {
     dp_model *m;
     dp_optim opt;
     int unfused; /* DOWNPOUR_UNFUSED_UPDATE=1: the optimiser after backprop */
+    dp_dmodel *dev; /* on a device: the model and its optimiser there; NULL on the CPU */
 };
 
 static int update(void *self, float *params, const float *grads, int records, float lr,
@@ -29,12 +33,19 @@ static void single_close(dp_strategy *s)
 {
     if (!s)
         return;
+    dp_strategy_device_close(s->dev);
     dp_optim_free(&s->opt);
     free(s);
 }
 
 static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {
+    /* The loop keeps --ema from the host's weights after every step; on a
+     * device they are there only when evaluated. */
+    if (env->cfg->device.kind != DP_DEVICE_CPU && env->cfg->ema > 0)
+        return dp_errf(err, "--ema with --device: single keeps its weights on the device, and "
+                            "the moving average is kept on the host (not built for devices "
+                            "yet; docs/gpu.md). Hint: drop --ema, or use --device cpu");
     dp_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -49,6 +60,13 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
             memcpy(s->opt.state, env->resume->slots, n * sizeof(float));
         s->opt.t = env->resume->optim_t;
     }
+    if (dp_strategy_device_open(env, "Worker 0", 1, &s->dev, err) < 0 ||
+        (s->dev && env->resume &&
+         dp_dmodel_set_optim(s->dev, s->opt.state, s->opt.t, err) < 0)) {
+        single_close(s);
+        return -1;
+    }
+    info->device = s->dev;
     const char *unfused = getenv("DOWNPOUR_UNFUSED_UPDATE");
     s->unfused = unfused && strcmp(unfused, "1") == 0;
     info->part = DP_PART_TRAINER;
@@ -68,8 +86,12 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
 static int single_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                        long step, dp_step_out *out, dp_err *err)
 {
+    if (s->dev) {
+        out->deferred = 1;
+        return n > 0 ? dp_dmodel_step(s->dev, lr, err) : 0;
+    }
     if (n <= 0 || s->unfused)
-        return dp_data_parallel_step(s->m, &grad_ops, s, x, y, n, lr, step, out, err);
+        return dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out, err);
     out->correct = 0;
     out->loss = dp_model_train_step(s->m, &s->opt, x, y, n, lr, &out->correct);
     if (!isfinite(out->loss))
@@ -86,13 +108,20 @@ static int single_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_er
 
 static const float *single_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
-    (void)which, (void)err;
+    (void)which;
+    if (s->dev && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
+        return NULL;
     return s->m->params;
 }
 
 static int single_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    (void)step, (void)err;
+    (void)step;
+    if (s->dev)
+        return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
+                       dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0
+                   ? -1
+                   : 1;
     memcpy(st->params, s->m->params, s->m->n_params * sizeof(float));
     if (st->n_slots)
         memcpy(st->slots, s->opt.state, (size_t)st->n_slots * s->m->n_params * sizeof(float));
@@ -110,6 +139,7 @@ const dp_strategy_ops dp_strategy_single = {
     .name = "single",
     .summary = "one process, a local optimiser",
     .cluster = 0,
+    .devices = 1,
     .open = single_open,
     .step = single_step,
     .epoch_end = single_epoch_end,

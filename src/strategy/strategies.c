@@ -62,16 +62,37 @@ int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int
     return n;
 }
 
-int dp_data_parallel_step(dp_model *m, const dp_grad_ops *ops, void *self, const float *x,
-                          const uint8_t *y, int n, float lr, long step, dp_step_out *out,
-                          dp_err *err)
+/* On a device: the host's parameters there (a pull, a restore or the
+ * update may have changed them since the last step), forward and backward,
+ * and the gradients and the step's loss back (the update needs them now, so
+ * this waits). */
+static int device_grads(dp_model *m, dp_dmodel *dev, int n, dp_step_out *out, dp_err *err)
+{
+    double loss_sum = 0;
+    long correct = 0;
+    if (dp_dmodel_set_params(dev, m->params, err) < 0 || dp_dmodel_grads(dev, err) < 0 || dp_dmodel_collect(dev, &loss_sum, &correct, err) < 0 ||
+        dp_dmodel_get_grads(dev, m->grads, err) < 0)
+        return -1;
+    out->loss = (float)(loss_sum / n);
+    out->correct = (int)correct;
+    if (m->grad_ready)
+        m->grad_ready(m->grad_ready_ctx, 0);
+    return 0;
+}
+
+int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, void *self,
+                          const float *x, const uint8_t *y, int n, float lr, long step,
+                          dp_step_out *out, dp_err *err)
 {
     out->loss = 0;
     out->correct = 0;
     if (ops->begin)
         ops->begin(self, step, n);
     if (n > 0) {
-        out->loss = dp_model_forward_backward(m, x, y, n, &out->correct);
+        if (!dev)
+            out->loss = dp_model_forward_backward(m, x, y, n, &out->correct);
+        else if (device_grads(m, dev, n, out, err) < 0)
+            return -1;
         if (!isfinite(out->loss))
             return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                            (double)out->loss, step);

@@ -119,6 +119,7 @@ typedef struct loop {
     dp_model m;
     float *x;
     uint8_t *y;
+    uint32_t *idx;         /* a trainer on a device: the batch's record indices */
     dp_run_identity id;
     dp_train_state ck;     /* the evaluator's state: what a checkpoint holds,
                               with the live --ema, --keep-best and history */
@@ -140,7 +141,8 @@ static int open_data(loop *L, dp_err *err)
                        dp_model_classes(&L->m), cfg->dataset, L->ds.classes);
     L->x = malloc((size_t)L->m.max_batch * L->train.dim * sizeof *L->x);
     L->y = malloc((size_t)L->m.max_batch);
-    if (!L->x || !L->y)
+    L->idx = malloc((size_t)L->m.max_batch * sizeof *L->idx);
+    if (!L->x || !L->y || !L->idx)
         return dp_errf(err, "out of memory for a batch of %d records", L->m.max_batch);
     return 0;
 }
@@ -426,6 +428,39 @@ static void steps_event(loop *L, int epoch, long step, double *ms, long n, long 
                      DP_F_INT, "comm_rx_bytes", (long)rx, DP_F_END);
 }
 
+/* The next batch: gathered into L->x and L->y, or, for a trainer on a
+ * device, its record indices staged there (the device gathers). */
+static int next_batch(loop *L, dp_batcher *b, int batch, dp_err *err)
+{
+    if (L->info.no_batches)
+        return 0;
+    if (!L->info.device)
+        return dp_batcher_next(b, L->x, L->y, batch);
+    int n = dp_batcher_next_indices(b, L->idx, batch);
+    return n > 0 && dp_dmodel_stage(L->info.device, L->idx, n, err) < 0 ? -1 : n;
+}
+
+/* Steps whose loss and correct count are tallied on the device (deferred):
+ * what was tallied since the last call joins the epoch's and the window's
+ * figures.  This waits for the device, so it runs only where the figures
+ * are read: a step line, the progress bar, the epoch's end. */
+static int collect(loop *L, long step, dp_epoch_stats *st, double *window_loss,
+                   long *window_correct, dp_err *err)
+{
+    double loss = 0;
+    long correct = 0;
+    if (dp_dmodel_collect(L->info.device, &loss, &correct, err) < 0)
+        return -1;
+    if (!isfinite(loss))
+        return dp_errf(err, "the loss became %g by step %ld: lower the learning rate (--lr)", loss,
+                       step);
+    st->loss_sum += loss;
+    st->correct += (double)correct;
+    *window_loss += loss;
+    *window_correct += correct;
+    return 0;
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -453,6 +488,7 @@ static int train(loop *L, dp_err *err)
     double t_start = dp_now(), window_loss = 0, window_time = 0;
     long window_correct = 0, window_samples = 0, window_steps = 0;
     dp_step_out out = {0};
+    int deferred = 0; /* a step's loss was tallied on the device (collect) */
     int batch = cfg->batch;
     /* the epoch's step times, for the "steps" event */
     double *step_ms = malloc((size_t)L->spe * sizeof *step_ms);
@@ -474,9 +510,11 @@ static int train(loop *L, dp_err *err)
         dp_batcher_seek(&batcher, (uint32_t)(k * batch));
         for (; k < L->spe; k++) {
             double t0 = dp_now();
-            int n = info->no_batches ? 0 : dp_batcher_next(&batcher, L->x, L->y, batch);
+            int n = next_batch(L, &batcher, batch, err);
             float lr = cfg->optim.lr * dp_lr_scale(cfg->lr_schedule, step, L->total_steps);
-            if (L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
+            out.deferred = 0;
+            if (n < 0 || L->ops->step(L->s, info->device ? NULL : L->x,
+                                      info->device ? NULL : L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
             step++;
             if (step == kill_at)
@@ -500,29 +538,39 @@ static int train(loop *L, dp_err *err)
                 continue;
             double dt = dp_now() - t0;
             step_ms[timed++] = dt * 1e3;
-            st.loss_sum += (double)out.loss * n;
+            deferred |= out.deferred;
+            if (!out.deferred) {
+                st.loss_sum += (double)out.loss * n;
+                st.correct += out.correct;
+                window_loss += (double)out.loss * n;
+                window_correct += out.correct;
+            }
             st.records += n;
-            st.correct += out.correct;
-            window_loss += out.loss;
-            window_correct += out.correct;
             window_samples += n;
             window_steps++;
             window_time += dt;
-            if (cfg->log_every > 0 && step % cfg->log_every == 0) {
+            int line = cfg->log_every > 0 && step % cfg->log_every == 0;
+            int bar = cfg->progress && (step % 10 == 0 || k == L->spe - 1);
+            if (deferred && (line || bar) &&
+                collect(L, step, &st, &window_loss, &window_correct, err) < 0)
+                goto out;
+            if (line) {
                 if (cfg->progress)
                     fputc('\n', stderr);
                 dp_info("%s, At step %ld, Cost: %.4f Accuracy: %.4f AvgTime: %.2fms", info->label,
-                        step, window_loss / window_steps, (double)window_correct / window_samples,
+                        step, window_loss / window_samples, (double)window_correct / window_samples,
                         window_time / window_steps * 1e3);
                 window_loss = window_time = 0;
                 window_correct = window_samples = window_steps = 0;
             }
-            if (cfg->progress && (step % 10 == 0 || k == L->spe - 1))
+            if (bar)
                 dp_progress_draw(stderr, epoch + 1, cfg->epochs, k + 1, L->spe,
                                  st.loss_sum / st.records, dp_now() - t_epoch);
         }
         if (cfg->progress)
             fputc('\n', stderr);
+        if (deferred && collect(L, step, &st, &window_loss, &window_correct, err) < 0)
+            goto out;
         st.seconds = dp_now() - t_epoch;
         st.steps = step;
         uint64_t tx1, rx1;
@@ -671,6 +719,23 @@ static int open_tensorboard(loop *L, dp_err *err)
     return 0;
 }
 
+/* --device: refused, before anything opens, for a strategy whose trainers
+ * run on the CPU only; the device itself is opened by the strategy's
+ * trainers (a ps task never opens one). */
+static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, dp_err *err)
+{
+    if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
+        return 0;
+    char name[32], on[256] = "";
+    dp_device_format(&cfg->device, name, sizeof name);
+    for (int i = 0; i < dp_strategy_count; i++)
+        if (dp_strategies[i]->devices)
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
+                     dp_strategies[i]->name);
+    return dp_errf(err, "--device %s: strategy %s trains on the CPU only; these train on a "
+                        "device: %s (docs/gpu.md)", name, cfg->strategy, on);
+}
+
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -766,7 +831,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0)
+        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);
@@ -800,6 +865,7 @@ out:
     dp_train_state_free(&L.resume);
     free(L.x);
     free(L.y);
+    free(L.idx);
     dp_model_free(&L.m);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);

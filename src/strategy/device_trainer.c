@@ -1,0 +1,42 @@
+/* A trainer on a device (docs/gpu.md, "Strategies"): the device and the
+ * model there, opened for a strategy's trainer part.  Servers and
+ * coordinators never open one: a ps task keeps its shard on the CPU. */
+#include <stdlib.h>
+
+#include "downpour/log.h"
+#include "downpour/strategy.h"
+
+int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_optim,
+                            dp_dmodel **out, dp_err *err)
+{
+    *out = NULL;
+    const dp_device_spec *spec = &env->cfg->device;
+    if (spec->kind == DP_DEVICE_CPU)
+        return 0;
+    char name[32];
+    dp_device_format(spec, name, sizeof name);
+    if (!env->train)
+        return dp_errf(err, "--device %s: %s has no training split to load", name, label);
+    dp_device *d = NULL;
+    dp_dmodel *dm = NULL;
+    if (dp_device_open(&d, spec, err) < 0)
+        return -1;
+    if (dp_dmodel_open(&dm, d, env->model, with_optim ? &env->cfg->optim : NULL, err) < 0 ||
+        dp_dmodel_load_split(dm, env->train, err) < 0) {
+        dp_dmodel_close(dm);
+        dp_device_close(d);
+        return -1;
+    }
+    dp_info("%s trains on %s", label, dp_device_describe(d));
+    *out = dm;
+    return 0;
+}
+
+void dp_strategy_device_close(dp_dmodel *dm)
+{
+    if (!dm)
+        return;
+    dp_device *d = dp_dmodel_device(dm);
+    dp_dmodel_close(dm);
+    dp_device_close(d);
+}
