@@ -1,0 +1,147 @@
+/* --device through the downpour program (docs/gpu.md).  The GPU code path
+ * runs on "sim", the device interface on the host, so every check here runs
+ * on any machine; where a usable GPU is present the same runs repeat on
+ * cuda, and where none is, the test says why they were skipped.
+ *   - single on the device reaches the accuracy bound, and its saved weights
+ *     evaluate on the CPU to the accuracy the run reported;
+ *   - a checkpoint written on the device resumes on the CPU and the reverse;
+ *   - allreduce of two replicas on the device (host staging) trains;
+ *   - ps-async: a worker on the device, its ps and chief on the CPU, trains;
+ *   - bad values and unsupported combinations are refused with the reason. */
+#include <math.h>
+
+#include "proc.h"
+
+#include "downpour/device.h"
+
+/* Trains, returns the run's test accuracy (done event) or -1. */
+static double train(const char *bin, const char *tmp, const char *dev, const char *name,
+                    const char *extra)
+{
+    char err[8192];
+    int rc = run_cmd(err, sizeof err,
+                     "%s train --device %s --model mlp-300-100 --epochs %d --threads 1 "
+                     "--log-every 200 --no-progress --metrics %s/%s.jsonl --save %s/%s.st %s",
+                     bin, dev, SANITIZED ? 1 : 2, tmp, name, tmp, name, extra);
+    CHECKF(rc == 0, "train --device %s (%s) exited %d: %s", dev, extra, rc, err);
+    if (rc != 0)
+        return -1;
+    CHECKF(strstr(err, "Worker 0 trains on ") != NULL, "no device line in: %s", err);
+    CHECKF(strstr(err, "Worker 0, At step 200, Cost: ") != NULL, "no step line in: %s", err);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    return done_accuracy(path);
+}
+
+/* eval on the CPU of weights saved by a run: its test accuracy. */
+static double eval_cpu(const char *bin, const char *tmp, const char *name)
+{
+    char err[8192], path[1200];
+    int rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s/%s.st --metrics %s/%s-eval.jsonl",
+                     bin, tmp, name, tmp, name);
+    CHECKF(rc == 0, "eval exited %d: %s", rc, err);
+    snprintf(path, sizeof path, "%s/%s-eval.jsonl", tmp, name);
+    return done_accuracy(path);
+}
+
+static void device_runs(const char *bin, const char *tmp, const char *dev)
+{
+    char err[8192], name[64];
+    double bound = SANITIZED ? 0.93 : 0.95;
+
+    /* single: the whole step on the device; the saved weights evaluate on
+     * the CPU to what the run reported */
+    snprintf(name, sizeof name, "single-%s", dev);
+    double acc = train(bin, tmp, dev, name, "");
+    CHECKF(acc >= bound, "--device %s: test accuracy %.4f, expected >= %.2f", dev, acc, bound);
+    CHECK_NEAR(eval_cpu(bin, tmp, name), acc, 1e-9);
+
+    /* a checkpoint from the device resumes on the CPU, and the reverse: the
+     * run goes on from the step it stopped at, to the same accuracy bound */
+    for (int way = 0; way < 2; way++) {
+        const char *first = way ? "cpu" : dev, *second = way ? dev : "cpu";
+        char ck[1200], extra[1400];
+        snprintf(ck, sizeof ck, "%s/ck-%s-%d", tmp, dev, way);
+        snprintf(extra, sizeof extra, "--checkpoint-dir %s --checkpoint-every 211", ck);
+        snprintf(name, sizeof name, "first-%s-%d", dev, way);
+        int rc = run_cmd(err, sizeof err,
+                         "DOWNPOUR_FAULT_KILL_AT_STEP=700 %s train --device %s --model mlp-300-100 "
+                         "--epochs 2 --threads 1 --quiet --no-progress %s",
+                         bin, first, extra);
+        CHECKF(rc != 0, "the run on %s was to be killed at step 700: %s", first, err);
+        snprintf(name, sizeof name, "resumed-%s-%d", dev, way);
+        rc = run_cmd(err, sizeof err,
+                     "%s train --device %s --model mlp-300-100 --epochs 2 --threads 1 --quiet "
+                     "--no-progress --resume %s --metrics %s/%s.jsonl",
+                     bin, second, extra, tmp, name);
+        CHECKF(rc == 0, "resume on %s of a checkpoint from %s exited %d: %s", second, first, rc,
+               err);
+        CHECKF(strstr(err, "(step 633)") != NULL, "resumed from the wrong step: %s", err);
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+        double r = done_accuracy(path);
+        CHECKF(r >= bound, "%s -> %s: test accuracy %.4f after resuming", first, second, r);
+    }
+
+    /* allreduce: two replicas on the device, reduced on the host */
+    snprintf(name, sizeof name, "ar-%s", dev);
+    int rc = run_cmd(err, sizeof err,
+                     "%s launch --workers 2 -- train --strategy allreduce --device %s "
+                     "--model mlp-300-100 --epochs %d --threads 1 --quiet --no-progress "
+                     "--metrics %s/%s.jsonl",
+                     bin, dev, SANITIZED ? 1 : 2, tmp, name);
+    CHECKF(rc == 0, "allreduce on %s exited %d: %s", dev, rc, err);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    acc = done_accuracy(path);
+    CHECKF(acc >= bound - 0.01, "allreduce on %s: test accuracy %.4f", dev, acc);
+
+    /* ps-async: the worker on the device pushes and pulls through the host;
+     * the ps and the chief never open one */
+    snprintf(name, sizeof name, "ps-%s", dev);
+    rc = run_cmd(err, sizeof err,
+                 "%s launch --chief --workers 1 --ps 1 -- train --strategy ps-async --device %s "
+                 "--model mlp-300-100 --epochs 1 --threads 1 --quiet --no-progress "
+                 "--metrics %s/%s.jsonl",
+                 bin, dev, tmp, name);
+    CHECKF(rc == 0, "ps-async on %s exited %d: %s", dev, rc, err);
+    CHECKF(strstr(err, "Worker 0 trains on") && !strstr(err, "Chief trains on"),
+           "only the worker opens the device: %s", err);
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    acc = done_accuracy(path);
+    CHECKF(acc >= 0.93, "ps-async on %s: test accuracy %.4f", dev, acc);
+}
+
+int main(void)
+{
+    const char *bin = test_bin(), *tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    char err[8192];
+
+    /* Bad values and combinations, refused before anything trains. */
+    CHECK(run_cmd(err, sizeof err, "%s train --device gpu", bin) == 2 &&
+          strstr(err, "--device") && strstr(err, "gpu"));
+    CHECK(run_cmd(err, sizeof err, "%s train --device cuda:x", bin) == 2 && strstr(err, "cuda:x"));
+    int rc = run_cmd(err, sizeof err, "%s train --device sim --strategy pipeline", bin);
+    CHECKF(rc != 0 && strstr(err, "pipeline") && strstr(err, "allreduce"),
+           "pipeline on a device: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --device sim --ema 0.99 --epochs 1", bin);
+    CHECKF(rc != 0 && strstr(err, "--ema"), "--ema on a device: %d %s", rc, err);
+
+    /* cuda without a usable GPU: a clear message naming what is missing */
+    char why[512];
+    const char *no_gpu = dp_device_cuda_unavailable(why, sizeof why);
+    if (no_gpu) {
+        rc = run_cmd(err, sizeof err, "%s train --device cuda --epochs 1 --quiet", bin);
+        CHECKF(rc == 1 && (strstr(err, "GPU") || strstr(err, "CUDA") || strstr(err, "driver")),
+               "--device cuda without a GPU: exit %d: %s", rc, err);
+    }
+
+    require_mnist();
+    device_runs(bin, tmp, "sim");
+    if (no_gpu)
+        printf("skipped the cuda runs: %s\n", no_gpu);
+    else
+        device_runs(bin, tmp, "cuda");
+    return CHECK_DONE();
+}
