@@ -307,8 +307,8 @@ DP_HD void dp_k_adam(const dp_kernel *k, long i)
 
 /* ---- image layers (2/2): bodies (the CPU kernels are in window.c, pool2d.c) ----
  * Only the sample index needs a long: a sample's features fit an int
- * (model_spec.c's MAX_FEATURES), and 32-bit division is several times
- * cheaper than 64-bit on a GPU. */
+ * (model_spec.c's MAX_FEATURES), as does a window's kh*kw*c (an int in
+ * model.c too), and 64-bit division is emulated on a GPU. */
 
 /* Item i of the lowering rows (n*oh*ow, kh*kw*c): row (r, oy, ox), element
  * (ky, kx, ch); zero where the window hangs over the padding.  Items n*oh*ow*kh*kw*c. */
