@@ -330,6 +330,7 @@ static int sim_graph_launch(void *ctx, void *graph)
         sim_fail(c, "device sim: a graph of %zu nodes launched during a capture", gr->n);
         return -1;
     }
+    c->counts.graph_launches++;
     for (size_t i = 0; i < gr->n; i++) {
         const sim_node *nd = &gr->nodes[i];
         switch (nd->op) {

@@ -10,6 +10,7 @@ typedef struct dp_sim_counts {
     long allocs;      /* alloc calls that succeeded */
     size_t bytes;     /* device bytes held now */
     long host_allocs; /* host_alloc calls that succeeded */
+    long graph_launches; /* graph_launch calls */
 } dp_sim_counts;
 
 /* ctx is the sim backend's context (dp_device_ctx of a sim device). */
