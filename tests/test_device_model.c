@@ -180,8 +180,10 @@ static void test_grads(const char *spec)
     free(x), free(gr);
 }
 
-/* The captured-and-replayed step gives the bits of the direct one, over 20
- * steps whose last is short; no step allocates device memory. */
+/* The captured-and-replayed step gives the bits of the direct one, over 70
+ * steps whose last is short (past the 64 host step blocks, so the ring wraps
+ * through a sync); no step allocates device memory. */
+#define GRAPH_STEPS 70
 static void test_graph(void)
 {
     int batch = 32;
@@ -195,8 +197,8 @@ static void test_graph(void)
     dp_sim_counts c0 = dp_sim_counts_of(dp_device_ctx(dev));
     dp_err err;
     uint32_t idx[32];
-    for (int step = 0; step < 20; step++) {
-        int n = step == 19 ? 13 : batch;
+    for (int step = 0; step < GRAPH_STEPS; step++) {
+        int n = step == GRAPH_STEPS - 1 ? 13 : batch;
         pick(idx, n);
         float lr = 0.001f * (1.0f + 0.05f * step);
         REQUIRE(dp_dmodel_stage(direct, idx, n, &err) == 0);
@@ -208,8 +210,9 @@ static void test_graph(void)
     CHECKF(c1.allocs == c0.allocs && c1.bytes == c0.bytes && c1.host_allocs == c0.host_allocs,
            "steps allocated: %ld -> %ld device blocks, %ld -> %ld host", c0.allocs, c1.allocs,
            c0.host_allocs, c1.host_allocs);
-    CHECKF(c1.graph_launches - c0.graph_launches == 19, "%ld graph launches, want 19 (the full "
-           "steps)", c1.graph_launches - c0.graph_launches);
+    CHECKF(c1.graph_launches - c0.graph_launches == GRAPH_STEPS - 1,
+           "%ld graph launches, want %d (the full steps)", c1.graph_launches - c0.graph_launches,
+           GRAPH_STEPS - 1);
     float *a = malloc(m.n_params * sizeof(float)), *b = malloc(m.n_params * sizeof(float));
     float *sa = malloc(2 * m.n_params * sizeof(float)), *sb = malloc(2 * m.n_params * sizeof(float));
     long ta, tb;
@@ -217,7 +220,7 @@ static void test_graph(void)
     REQUIRE(dp_dmodel_get_optim(direct, sa, &ta, &err) == 0 &&
             dp_dmodel_get_optim(graph, sb, &tb, &err) == 0);
     CHECKF(memcmp(a, b, m.n_params * sizeof(float)) == 0, "graph replay: parameters differ");
-    CHECKF(memcmp(sa, sb, 2 * m.n_params * sizeof(float)) == 0 && ta == tb && ta == 20,
+    CHECKF(memcmp(sa, sb, 2 * m.n_params * sizeof(float)) == 0 && ta == tb && ta == GRAPH_STEPS,
            "graph replay: optimiser state differs (t %ld, %ld)", ta, tb);
     CHECKF(memcmp(a, m.params, m.n_params * sizeof(float)) != 0, "the steps did nothing");
     double la = 0, lb = 0;
@@ -225,7 +228,8 @@ static void test_graph(void)
     REQUIRE(dp_dmodel_collect(direct, &la, &ca, &err) == 0);
     REQUIRE(dp_dmodel_collect(graph, &lb, &cb, &err) == 0);
     CHECK(la == lb && ca == cb && la > 0);
-    printf("  graph replay: 19 replays + 1 short direct step, the bits of DOWNPOUR_DEVICE_GRAPH=0\n");
+    printf("  graph replay: %d replays + 1 short direct step, the bits of "
+           "DOWNPOUR_DEVICE_GRAPH=0\n", GRAPH_STEPS - 1);
 
     /* a longer batch after a shorter first one recaptures */
     dp_dmodel_close(graph);

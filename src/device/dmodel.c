@@ -480,9 +480,12 @@ int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err)
 
 int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
 {
-    if (n < 1 || n > g->max_batch)
-        return dp_errf(err, "dp_dmodel_stage: batch of %d records is %s the model's %d rows", n,
-                       n < 1 ? "outside 1 to" : "more than", g->max_batch);
+    if (n < 1)
+        return dp_errf(err, "dp_dmodel_stage: batch of %d records (at least 1)", n);
+    if (n > g->max_batch)
+        return dp_errf(err, "dp_dmodel_stage: batch of %d records is more than the model's %d "
+                            "rows",
+                       n, g->max_batch);
     if (!g->images)
         return dp_errf(err, "dp_dmodel_stage: no split loaded (dp_dmodel_load_split first)");
     for (int i = 0; i < n; i++) /* here, so the device never reads out of bounds */
