@@ -187,13 +187,14 @@ DP_HD void dp_k_bias_act(const dp_kernel *k, long i)
 {
     const dp_ka_bias_act *a = &k->u.bias_act;
     float v = a->out[i] + a->b[i % a->cols];
-    a->out[i] = a->relu && !(v > 0.0f) ? 0.0f : v;
+    /* layers.c's test: a NaN passes on (a diverged step shows in the loss) */
+    a->out[i] = a->relu && v < 0.0f ? 0.0f : v;
 }
 
 DP_HD void dp_k_relu(const dp_kernel *k, long i)
 {
     float v = k->u.relu.in[i];
-    k->u.relu.out[i] = v > 0.0f ? v : 0.0f;
+    k->u.relu.out[i] = v < 0.0f ? 0.0f : v; /* as dp_relu_forward: NaN and -0 pass */
 }
 
 DP_HD void dp_k_relu_bwd(const dp_kernel *k, long i)
