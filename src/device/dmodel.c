@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "device/device_impl.h"
+#include "device/dexec.h"
 
 #define RING 64 /* host step blocks in flight before a sync */
 #define GOLDEN 0x9e3779b97f4a7c15ULL
@@ -63,6 +64,7 @@ struct dp_dmodel {
     float *dacts[2];
     float *ones, *x;
     uint8_t *y;
+    dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
     double *tally;
     dp_step_block *block; /* followed by max_batch indices */
     const uint8_t *images, *labels;
@@ -109,9 +111,8 @@ static int sync_err(dp_dmodel *g, const char *what, dp_err *err)
 
 /* ---- layers ---- */
 
-/* Whether the walk below runs layer kind k.  The image layers join here at
- * merge: conv, maxpool, avgpool, flatten and hwc through dp_dimage_* (and a
- * case each in forward() and backward()). */
+/* Whether the walk below runs layer kind k: dense, relu, the loss and
+ * dropout here, the image layers through dimage.c. */
 static int supported(dp_layer_kind k)
 {
     switch (k) {
@@ -121,16 +122,19 @@ static int supported(dp_layer_kind k)
     case DP_LAYER_DROPOUT:
         return 1;
     default:
-        return 0;
+        return dp_dimage_supported(k);
     }
 }
 
 static float *act(const dp_dmodel *g, int l) { return g->acts + g->act_off[l]; }
 
+/* A dense, conv or local layer a relu follows: the relu runs in its
+ * product's epilogue, and only the relu's output is written. */
 static int fuses_relu(const dp_dmodel *g, int l)
 {
-    return g->layers[l].kind == DP_LAYER_DENSE && l + 1 < g->n_layers &&
-           g->layers[l + 1].kind == DP_LAYER_RELU;
+    dp_layer_kind k = g->layers[l].kind;
+    return (k == DP_LAYER_DENSE || k == DP_LAYER_CONV || k == DP_LAYER_LOCAL) &&
+           l + 1 < g->n_layers && g->layers[l + 1].kind == DP_LAYER_RELU;
 }
 
 static void launch(dp_dmodel *g, const dp_kernel *k) { g->be->launch(g->ctx, k); }
@@ -192,7 +196,8 @@ static void forward(dp_dmodel *g, int batch)
             launch(g, &k);
             break;
         }
-        default: /* refused by dp_dmodel_open */
+        default: /* the image layers; the rest was refused by dp_dmodel_open */
+            dp_dimage_forward(&g->ex, d, g->params, inp, out, batch, last > l);
             break;
         }
         inp = out;
@@ -257,7 +262,9 @@ static void backward(dp_dmodel *g, int batch)
                                           1.0f / (1.0f - d->rate)};
             launch(g, &k);
             break;
-        default:
+        default: /* the image layers; dout is already masked by a fused relu's backward */
+            dp_dimage_backward(&g->ex, d, g->params, g->grads, inp, act(g, l + 1), dout, din,
+                               batch);
             break;
         }
         if (first > 0) {
@@ -377,18 +384,30 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
             width = (size_t)L->out;
     }
     size_t dact = line_floats(mb * width);
+    size_t scratch = 0, ones = mb;
+    for (int l = 0; l < g->n_layers; l++)
+        if (dp_dimage_supported(g->layers[l].kind)) {
+            size_t s = dp_dimage_scratch(&g->layers[l], g->max_batch);
+            long o = dp_dimage_ones(&g->layers[l], g->max_batch);
+            scratch = s > scratch ? s : scratch;
+            ones = o > 0 && (size_t)o > ones ? (size_t)o : ones;
+        }
     if (!(g->params = dalloc(g, pbytes, "parameters", err)) ||
         !(g->grads = dalloc(g, pbytes, "gradients", err)) ||
         (g->n_slots && !(g->state = dalloc(g, (size_t)g->n_slots * pbytes,
                                            "optimiser state", err))) ||
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
         !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
-        !(g->ones = dalloc(g, mb * sizeof(float), "ones vector", err)) ||
+        !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
+        (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
+                     !(g->ex.drows = dalloc(g, scratch * sizeof(float), "lowering scratch",
+                                            err)))) ||
         !(g->x = dalloc(g, mb * (size_t)g->inputs * sizeof(float), "batch", err)) ||
         !(g->y = dalloc(g, mb, "batch labels", err)) ||
         !(g->tally = dalloc(g, 2 * sizeof(double), "tally", err)))
         goto fail;
     g->dacts[1] = g->dacts[0] + dact;
+    g->ex = (dp_dexec){g->be, g->ctx, g->ones, (long)ones, g->ex.rows, g->ex.drows, scratch};
     g->slot_bytes = (sizeof(dp_step_block) + mb * sizeof(uint32_t) + 63) & ~(size_t)63;
     if (!(g->block = dalloc(g, g->slot_bytes, "step block", err)))
         goto fail;
@@ -400,7 +419,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     }
     memset(g->ring, 0, RING * g->slot_bytes);
 
-    dp_kernel k = {.id = DP_K_FILL, .items = (long)mb};
+    dp_kernel k = {.id = DP_K_FILL, .items = (long)ones};
     k.u.fill = (dp_ka_fill){g->ones, 1.0f};
     launch(g, &k);
     if (g->has_opt && oc->kind == DP_OPTIM_ADAGRAD) { /* as dp_optim_init leaves it */
@@ -429,7 +448,8 @@ void dp_dmodel_close(dp_dmodel *g)
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
     void *dev[] = {g->params, g->grads, g->state, g->acts, g->dacts[0], g->ones, g->x,
-                   g->y, g->tally, g->block, g->split_images, g->split_labels};
+                   g->y, g->tally, g->block, g->split_images, g->split_labels, g->ex.rows,
+                   g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             g->be->free(g->ctx, dev[i]);
