@@ -152,6 +152,9 @@ static void test_round_trip(void)
     }
     dp_tfrecord_options gzip = {DP_TFRECORD_GZIP, 0}, rawopt = {DP_TFRECORD_RAW, 0};
     CHECKF(read_all(gz2, &gzip, 1, &err) == NREC, "%s", err.msg);
+    /* A raw file read as gzip is refused, not passed through as zlib would. */
+    CHECK(read_all(raw, &gzip, 0, &err) == -1 && strstr(err.msg, raw) &&
+          strstr(err.msg, "not a gzip file"));
     /* gzip read as raw: the first "length" fails its CRC. */
     CHECK(read_all(gz, &rawopt, 0, &err) == -1 && strstr(err.msg, gz) &&
           strstr(err.msg, "record 0 (byte 0): length CRC mismatch"));

@@ -180,8 +180,8 @@ static int open_source(dp_tfrecord_reader *r, dp_tfrecord_compression c, dp_err 
             if (n < 0) {
                 if (errno == EINTR)
                     continue;
-                /* Not seekable (a pipe): decide by the magic alone is impossible
-                 * without consuming it, so read it as raw. */
+                /* Not seekable (a pipe): peeking would consume the bytes, so
+                 * AUTO reads it as raw; pass GZIP for a gzip pipe. */
                 if (errno == ESPIPE)
                     break;
                 return dp_errf(err, "%s: read error: %s", r->path, strerror(errno));
@@ -192,6 +192,15 @@ static int open_source(dp_tfrecord_reader *r, dp_tfrecord_compression c, dp_err 
         if (got >= 2 && h[0] == 0x1f && h[1] == 0x8b &&
             !(got == HEAD && (uint32_t)get_le(h + 8, 4) == dp_tfrecord_masked_crc(h, 8)))
             c = DP_TFRECORD_GZIP;
+    } else if (c == DP_TFRECORD_GZIP) {
+        /* zlib would pass a file without the magic through as it is. */
+        uint8_t m[2];
+        ssize_t n;
+        while ((n = pread(r->fd, m, 2, 0)) < 0 && errno == EINTR)
+            ;
+        if (n == 2 && (m[0] != 0x1f || m[1] != 0x8b))
+            return dp_errf(err, "%s: not a gzip file (starts %02x %02x, gzip starts 1f 8b)",
+                           r->path, m[0], m[1]);
     }
     if (c == DP_TFRECORD_GZIP) {
         r->gz = gzdopen(r->fd, "rb");
