@@ -11,7 +11,7 @@ export DOWNPOUR_DATA ?= $(CURDIR)/data
 
 # Debian packages the build, the tests and the data need.
 DEB_PACKAGES = build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcjson-dev \
-               libsodium-dev libssl-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev \
+               libsodium-dev libssl-dev libpng-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev \
                protobuf-compiler
 # test_report opens a report in headless Chromium (skipped without it).
 DEB_PACKAGES += chromium fonts-dejavu-core

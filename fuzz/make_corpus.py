@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import struct
+import zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -378,6 +379,101 @@ def shm_corpus():
     put("fuzz_shm", "add_partial_float", bytes([0, 0, 0, 8, 0, 1, 3, 49, 7, 20, 7, 0]))
 
 
+# ---- TFRecord files (fuzz_tfrecord: byte 0 the flags, docs/fuzzing.md) and
+# tf.train.Example records with PNG images (fuzz_example: byte 0 bit 0 a PNG).
+def masked_crc(data):
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(records):
+    out = b""
+    for r in records:
+        head = struct.pack("<Q", len(r))
+        out += head + struct.pack("<I", masked_crc(head)) + r + struct.pack("<I", masked_crc(r))
+    return out
+
+
+def varint(v):
+    v &= (1 << 64) - 1
+    out = b""
+    while v >= 0x80:
+        out += bytes([v & 0x7F | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def ld(field, body):  # a length-delimited field
+    return varint(field << 3 | 2) + varint(len(body)) + body
+
+
+def example(features):  # [(name, kind, values)], kind "bytes", "float" or "int64", packed
+    entries = b""
+    for name, kind, values in features:
+        if kind == "bytes":
+            lst = ld(1, b"".join(ld(1, v) for v in values))
+        elif kind == "float":
+            lst = ld(2, ld(1, b"".join(struct.pack("<f", v) for v in values)))
+        else:
+            lst = ld(3, ld(1, b"".join(varint(v) for v in values)))
+        entries += ld(1, ld(1, name.encode()) + ld(2, lst))
+    return ld(1, entries)
+
+
+def png(width, height, color, depth, pixels, palette=None):
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color]
+    stride = (width * channels * depth + 7) // 8
+    rows = b"".join(b"\0" + bytes(pixels[y * stride:(y + 1) * stride]) for y in range(height))
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0))
+    if palette:
+        out += chunk(b"PLTE", palette)
+    return out + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
+
+
+def tfrecord_corpus():
+    digit = png(28, 28, 0, 8, [(i * 37 + (i // 28) * 11) & 0xFF for i in range(784)])
+    mnist = example([("image", "bytes", [digit]), ("label", "int64", [3])])
+    recs = [mnist, b"", b"downpour", bytes(range(200))]
+    raw = tfrecord(recs)
+    gz = gzip.compress(raw, mtime=0)
+    put("fuzz_tfrecord", "raw_auto", b"\x00" + raw)
+    put("fuzz_tfrecord", "gzip_auto", b"\x00" + gz)
+    put("fuzz_tfrecord", "raw_option", b"\x01" + raw)
+    put("fuzz_tfrecord", "gzip_option", b"\x02" + gz)
+    put("fuzz_tfrecord", "limit_100", b"\x04" + raw)
+    put("fuzz_tfrecord", "two_members.gz", b"\x00" + gzip.compress(raw[:30], mtime=0) + gzip.compress(raw[30:], mtime=0))
+    put("fuzz_tfrecord", "cut", b"\x00" + raw[:-3])
+    small = b"".join(bytes([len(r)]) + r for r in [b"abc", b"", b"x" * 40, b"downpour"])
+    put("fuzz_tfrecord", "framed_raw", b"\x08" + b"\x00\x00\x01" + small)
+    put("fuzz_tfrecord", "framed_gzip", b"\x18" + b"\x00\x00\x01" + small)
+    put("fuzz_tfrecord", "framed_xor", b"\x28" + b"\x14\x00\x40" + small)
+    put("fuzz_tfrecord", "framed_cut", b"\x48" + b"\x1e\x00\x01" + small)
+    put("fuzz_tfrecord", "framed_gzip_xor", b"\x38" + b"\x1e\x00\x02" + small)
+    put("fuzz_tfrecord", "framed_gzip_cut", b"\x58" + b"\x1e\x00\x01" + small)
+
+
+def example_corpus():
+    digit = png(28, 28, 0, 8, [(i * 37 + (i // 28) * 11) & 0xFF for i in range(784)])
+    rgb = png(4, 3, 2, 8, list(range(36)))
+    put("fuzz_example", "mnist", b"\x00" + example([("image", "bytes", [digit]), ("label", "int64", [3])]))
+    put("fuzz_example", "kinds", b"\x00" + example([("f", "float", [1.0, -2.5, 0.0]), ("i", "int64", [-1, 300, 0]),
+                                                      ("b", "bytes", [b"hi", b"", rgb])]))
+    # unpacked repeats, as test_example.c builds them by hand
+    unpacked_i = ld(3, b"".join(varint(1 << 3) + varint(v) for v in [1, -1, 300]))
+    unpacked_f = ld(2, b"".join(bytes([0x0D]) + struct.pack("<f", v) for v in [1.0, -2.5]))
+    put("fuzz_example", "unpacked", b"\x00" + ld(1, ld(1, ld(1, b"a") + ld(2, unpacked_i)) +
+                                                  ld(1, ld(1, b"b") + ld(2, unpacked_f))))
+    put("fuzz_example", "png_gray", b"\x01" + digit)
+    put("fuzz_example", "png_rgb", b"\x01" + rgb)
+    put("fuzz_example", "png_gray_alpha", b"\x01" + png(3, 2, 4, 8, list(range(12))))
+    put("fuzz_example", "png_rgba", b"\x01" + png(2, 2, 6, 8, list(range(16))))
+    put("fuzz_example", "png_16bit", b"\x01" + png(2, 2, 0, 16, list(range(8))))
+    put("fuzz_example", "png_1bit", b"\x01" + png(8, 2, 0, 1, [0xA5, 0x5A]))
+    put("fuzz_example", "png_palette", b"\x01" + png(2, 2, 3, 8, [0, 1, 1, 0], palette=bytes(range(6))))
+
+
 if __name__ == "__main__":
     frame_corpus()
     tcp_corpus()
@@ -387,3 +483,5 @@ if __name__ == "__main__":
     ps_corpus()
     ring_corpus()
     shm_corpus()
+    tfrecord_corpus()
+    example_corpus()

@@ -29,8 +29,41 @@
 #define DP_ATOMIC_ADD(p, v) (*(p) += (v))
 #endif
 
+/* ---- image layers (1/2): kernel list and arguments (dimage.c) ----
+ * Images are NHWC as layers.h stores them; g is the layer's dp_window.  Each
+ * body mirrors its CPU kernel's float operations in the same order, so the
+ * two agree bit for bit (the lowering, pools and layout changes) or, where a
+ * product comes between, to the product's rounding. */
+#define DP_KERNELS_IMAGE(X)                                                                      \
+    X(IM2ROW, im2row)                                                                            \
+    X(ROW2IM, row2im)                                                                            \
+    X(MAXPOOL_FWD, maxpool_fwd)                                                                  \
+    X(MAXPOOL_BWD, maxpool_bwd)                                                                  \
+    X(AVGPOOL_FWD, avgpool_fwd)                                                                  \
+    X(AVGPOOL_BWD, avgpool_bwd)                                                                  \
+    X(LAYOUT, layout)
+
+typedef struct dp_kwin { /* dp_window's fields */
+    int c, h, w, kh, kw, stride, pad, oh, ow;
+} dp_kwin;
+typedef struct dp_ka_window { /* every windowed kernel; items as each body says */
+    float *dst;        /* im2row: rows; pool forward: out; row2im, pool backward: din */
+    const float *src;  /* im2row, pool forward, maxpool backward: the input image */
+    const float *grad; /* row2im: drows; pool backward: the output's gradient */
+    const float *fout; /* maxpool backward: the forward's output */
+    dp_kwin g;
+} dp_ka_window;
+typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw) */
+    float *out;               /* may not alias in */
+    const float *in;
+    int c, hw;
+    int to_chw; /* 1: HWC -> CHW (flatten forward, hwc backward); 0: the reverse */
+} dp_ka_layout;
+/* ---- end of image layers (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
+    DP_KERNELS_IMAGE(X)                                                                          \
     X(GATHER, gather)                                                                            \
     X(FILL, fill)                                                                                \
     X(SCALE, scale)                                                                              \
@@ -128,6 +161,8 @@ typedef struct dp_kernel {
         dp_ka_xent_bwd xent_bwd;
         dp_ka_dropout dropout;
         dp_ka_optim optim;
+        dp_ka_window window; /* image layers */
+        dp_ka_layout layout;
     } u;
 } dp_kernel;
 
@@ -152,13 +187,14 @@ DP_HD void dp_k_bias_act(const dp_kernel *k, long i)
 {
     const dp_ka_bias_act *a = &k->u.bias_act;
     float v = a->out[i] + a->b[i % a->cols];
-    a->out[i] = a->relu && !(v > 0.0f) ? 0.0f : v;
+    /* layers.c's test: a NaN passes on (a diverged step shows in the loss) */
+    a->out[i] = a->relu && v < 0.0f ? 0.0f : v;
 }
 
 DP_HD void dp_k_relu(const dp_kernel *k, long i)
 {
     float v = k->u.relu.in[i];
-    k->u.relu.out[i] = v > 0.0f ? v : 0.0f;
+    k->u.relu.out[i] = v < 0.0f ? 0.0f : v; /* as dp_relu_forward: NaN and -0 pass */
 }
 
 DP_HD void dp_k_relu_bwd(const dp_kernel *k, long i)
@@ -269,5 +305,191 @@ DP_HD void dp_k_adam(const dp_kernel *k, long i)
     a->s1[i] = v;
     a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
 }
+
+/* ---- image layers (2/2): bodies (the CPU kernels are in window.c, pool2d.c) ----
+ * Only the sample index needs a long: a sample's features fit an int
+ * (model_spec.c's MAX_FEATURES), as does a window's kh*kw*c (an int in
+ * model.c too), and 64-bit division is emulated on a GPU. */
+
+/* Item i of the lowering rows (n*oh*ow, kh*kw*c): row (r, oy, ox), element
+ * (ky, kx, ch); zero where the window hangs over the padding.  Items n*oh*ow*kh*kw*c. */
+DP_HD void dp_k_im2row(const dp_kernel *k, long i)
+{
+    const dp_ka_window *a = &k->u.window;
+    const dp_kwin *g = &a->g;
+    int run = g->kw * g->c, kk = g->kh * run, pos = g->oh * g->ow;
+    long row = i / kk, r = row / pos;
+    int e = (int)(i - row * kk), q = (int)(row - r * pos);
+    int ky = e / run, kx = e % run / g->c, ch = e % g->c;
+    int iy = q / g->ow * g->stride - g->pad + ky, ix = q % g->ow * g->stride - g->pad + kx;
+    float v = 0.0f;
+    if (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
+        v = a->src[((r * g->h + iy) * g->w + ix) * g->c + ch];
+    a->dst[i] = v;
+}
+
+/* Item i = input float (r, iy, ix, ch) of an (n, h, w, c) image: r, and the
+ * rest through *iy, *ix, *ch. */
+DP_HD long dp_k_pixel(const dp_kwin *g, long i, int *iy, int *ix, int *ch)
+{
+    int per = g->h * g->w * g->c;
+    long r = i / per;
+    int e = (int)(i - r * per), pix = e / g->c;
+    *ch = e % g->c;
+    *ix = pix % g->w;
+    *iy = pix / g->w;
+    return r;
+}
+
+/* The adjoint as a gather, item i = input float (r, iy, ix, ch): the sum of
+ * every lowered element copied from it, in dp_row2im's order (ky ascending,
+ * then ox ascending, i.e. kx descending), so no atomics and the CPU's bits.
+ * Items n*h*w*c. */
+DP_HD void dp_k_row2im(const dp_kernel *k, long i)
+{
+    const dp_ka_window *a = &k->u.window;
+    const dp_kwin *g = &a->g;
+    int iy, ix, ch, run = g->kw * g->c, kk = g->kh * run;
+    long r = dp_k_pixel(g, i, &iy, &ix, &ch);
+    float s = 0.0f;
+    for (int ky = 0; ky < g->kh; ky++) {
+        int ty = iy + g->pad - ky; /* oy * stride */
+        if (ty < 0 || ty % g->stride || ty / g->stride >= g->oh)
+            continue;
+        const float *drow =
+            a->grad + ((r * g->oh + ty / g->stride) * g->ow * kk + ky * run + ch);
+        for (int kx = g->kw - 1; kx >= 0; kx--) {
+            int tx = ix + g->pad - kx; /* ox * stride */
+            if (tx < 0 || tx % g->stride || tx / g->stride >= g->ow)
+                continue;
+            s += drow[(long)(tx / g->stride) * kk + kx * g->c];
+        }
+    }
+    a->dst[i] = s;
+}
+
+/* The window of output (oy, ox) clipped to the image: ky in [*ky0, *ky1),
+ * kx in [*kx0, *kx1), at input (*iy0 + ky, *ix0 + kx). */
+DP_HD void dp_k_window_span(const dp_kwin *g, int oy, int ox, int *iy0, int *ix0, int *ky0,
+                            int *ky1, int *kx0, int *kx1)
+{
+    *iy0 = oy * g->stride - g->pad;
+    *ix0 = ox * g->stride - g->pad;
+    *ky0 = *iy0 < 0 ? -*iy0 : 0;
+    *ky1 = g->h - *iy0 < g->kh ? g->h - *iy0 : g->kh;
+    *kx0 = *ix0 < 0 ? -*ix0 : 0;
+    *kx1 = g->w - *ix0 < g->kw ? g->w - *ix0 : g->kw;
+}
+
+/* Item i = output (r, oy, ox, ch), items n*oh*ow*c.  Max: scan order (ky, kx),
+ * padding never wins; avg: the window's sum / (kh kw), padding as zeros. */
+DP_HD void dp_k_pool_fwd(const dp_kernel *k, long i, int avg)
+{
+    const dp_ka_window *a = &k->u.window;
+    const dp_kwin *g = &a->g;
+    int per = g->oh * g->ow * g->c, iy0, ix0, ky0, ky1, kx0, kx1;
+    long r = i / per;
+    int e = (int)(i - r * per), q = e / g->c, ch = e % g->c;
+    dp_k_window_span(g, q / g->ow, q % g->ow, &iy0, &ix0, &ky0, &ky1, &kx0, &kx1);
+    const float *img = a->src + (r * g->h * g->w * g->c + ch);
+    float m = avg ? 0.0f : -INFINITY;
+    for (int ky = ky0; ky < ky1; ky++)
+        for (int kx = kx0; kx < kx1; kx++) {
+            float v = img[((iy0 + ky) * g->w + ix0 + kx) * g->c];
+            if (avg)
+                m += v;
+            else
+                m = v > m ? v : m;
+        }
+    a->dst[i] = avg ? m * (1.0f / (float)(g->kh * g->kw)) : m;
+}
+
+DP_HD void dp_k_maxpool_fwd(const dp_kernel *k, long i) { dp_k_pool_fwd(k, i, 0); }
+DP_HD void dp_k_avgpool_fwd(const dp_kernel *k, long i) { dp_k_pool_fwd(k, i, 1); }
+
+/* What dp_maxpool_backward's scan of output (oy, ox)'s window gives the
+ * pixel at = iy*w + ix: the gradient `left` goes to the first pixel equal to
+ * the maximum o, as (float)hit * left, then left -= that; so ties, and even
+ * an infinite gradient, give the CPU's bits.  img is the sample's channel. */
+DP_HD float dp_k_max_share(const dp_kwin *g, const float *img, int oy, int ox, float o,
+                           float left, int at)
+{
+    int iy0, ix0, ky0, ky1, kx0, kx1;
+    dp_k_window_span(g, oy, ox, &iy0, &ix0, &ky0, &ky1, &kx0, &kx1);
+    for (int ky = ky0; ky < ky1; ky++)
+        for (int kx = kx0; kx < kx1; kx++) {
+            int p = (iy0 + ky) * g->w + ix0 + kx;
+            float t = (float)(img[p * g->c] == o) * left;
+            if (p == at)
+                return t;
+            left -= t;
+        }
+    return 0.0f; /* not reached: the window covers the pixel */
+}
+
+/* Item i = input float (r, iy, ix, ch), items n*h*w*c: the sum of its shares
+ * in dp_maxpool_backward's order (outputs ascending: oy, then ox). */
+DP_HD void dp_k_maxpool_bwd(const dp_kernel *k, long i)
+{
+    const dp_ka_window *a = &k->u.window;
+    const dp_kwin *g = &a->g;
+    int iy, ix, ch;
+    long r = dp_k_pixel(g, i, &iy, &ix, &ch);
+    const float *img = a->src + (r * g->h * g->w * g->c + ch);
+    float s = 0.0f;
+    for (int ky = g->kh - 1; ky >= 0; ky--) { /* oy ascending */
+        int ty = iy + g->pad - ky;
+        if (ty < 0 || ty % g->stride || ty / g->stride >= g->oh)
+            continue;
+        for (int kx = g->kw - 1; kx >= 0; kx--) { /* ox ascending */
+            int tx = ix + g->pad - kx;
+            if (tx < 0 || tx % g->stride || tx / g->stride >= g->ow)
+                continue;
+            int oy = ty / g->stride, ox = tx / g->stride;
+            long o_at = ((r * g->oh + oy) * g->ow + ox) * g->c + ch;
+            s += dp_k_max_share(g, img, oy, ox, a->fout[o_at], a->grad[o_at], iy * g->w + ix);
+        }
+    }
+    a->dst[i] = s;
+}
+
+/* Item i = input float (r, iy, ix, ch), items n*h*w*c: the gradients of the
+ * windows covering it in dp_avgpool_backward's order (ky, then ox
+ * ascending), then / (kh kw). */
+DP_HD void dp_k_avgpool_bwd(const dp_kernel *k, long i)
+{
+    const dp_ka_window *a = &k->u.window;
+    const dp_kwin *g = &a->g;
+    int iy, ix, ch;
+    long r = dp_k_pixel(g, i, &iy, &ix, &ch);
+    float s = 0.0f;
+    for (int ky = 0; ky < g->kh; ky++) {
+        int ty = iy + g->pad - ky;
+        if (ty < 0 || ty % g->stride || ty / g->stride >= g->oh)
+            continue;
+        const float *drow = a->grad + ((r * g->oh + ty / g->stride) * g->ow * g->c + ch);
+        for (int kx = g->kw - 1; kx >= 0; kx--) {
+            int tx = ix + g->pad - kx;
+            if (tx < 0 || tx % g->stride || tx / g->stride >= g->ow)
+                continue;
+            s += drow[tx / g->stride * g->c];
+        }
+    }
+    a->dst[i] = s * (1.0f / (float)(g->kh * g->kw));
+}
+
+/* Item i = output float; per sample (hw, c) -> (c, hw) or back (window.c). */
+DP_HD void dp_k_layout(const dp_kernel *k, long i)
+{
+    const dp_ka_layout *a = &k->u.layout;
+    int c = a->c, hw = a->hw, per = c * hw;
+    long r = i / per, base = r * per;
+    int e = (int)(i - base);
+    if (a->to_chw)
+        a->out[i] = a->in[base + e % hw * c + e / hw];
+    else
+        a->out[i] = a->in[base + e % c * hw + e / c];
+}
+/* ---- end of image layers (2/2) ---- */
 
 #endif

@@ -1,0 +1,736 @@
+/* The device executor: a model's training step as products and kernels
+ * queued on one backend's stream (device.h; docs/gpu.md, "The executor").
+ *
+ * Memory.  Everything is allocated in dp_dmodel_open: parameters, gradients
+ * and optimiser slots in the model's flat layout; every layer's output for
+ * max_batch rows (act_off, as the CPU model lays out one slot); two
+ * ping-pong gradient buffers; a ones vector (bias gradients as products);
+ * the gathered batch x and y; the tally (loss sum, correct); and the device
+ * step block.  Nothing allocates in a step.
+ *
+ * The step block.  Whatever changes from one step to the next (the record
+ * indices, lr, adam's lr_t, the gradient scale) reaches the device in ONE
+ * H2D copy of a host step block, dp_step_block then max_batch indices, into
+ * the device's twin before the step's kernels, which read it there.  So a
+ * captured graph replays fresh values.  The host blocks are a ring of RING
+ * page-locked slots: an H2D copy reads its slot when the stream reaches it,
+ * so a slot is reused only after a sync, once every RING steps.
+ *
+ * Products.  The model's matrices are row-major; the backend's products are
+ * column-major (cuBLAS's).  A row-major (r, c) matrix is the column-major
+ * (c, r) matrix with leading dimension c, its transpose for free.  So with
+ * in (batch, I), out (batch, O) and W (O, I) row-major:
+ *   out^T (O, batch) = W (col-major (I, O), op T) . in^T (col-major (I, batch))
+ *   dW^T (I, O)      = in^T (I, batch) . dout (col-major (O, batch), op T)
+ *   dX^T (I, batch)  = W (col-major (I, O)) . dout^T (col-major (O, batch))
+ *   db (O)           = dout^T (col-major (O, batch)) . ones (batch)
+ * tests/test_device_kernels.c checks each against layers.h through sim.
+ *
+ * Graphs.  A step for a full batch is captured once and replayed (the
+ * launch cost of ~20 kernels goes); a shorter batch runs directly, since a
+ * kernel's item count is captured by value.  A longer batch than the one
+ * captured recaptures.  Models with dropout run directly: a dropout kernel's
+ * key changes every step and dp_ka_dropout takes it by value. */
+#include "downpour/device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device_impl.h"
+#include "device/dexec.h"
+
+#define RING 64 /* host step blocks in flight before a sync */
+#define GOLDEN 0x9e3779b97f4a7c15ULL
+
+struct dp_dmodel {
+    dp_device *dev;
+    const dp_backend *be;
+    void *ctx;
+    char name[16]; /* the backend's, for messages */
+
+    int n_layers;
+    dp_layer layers[DP_MAX_LAYERS];
+    size_t n_params;
+    int max_batch, inputs;
+
+    dp_optim opt; /* host: the config and the update count t; no state (n = 0) */
+    int has_opt, n_slots;
+
+    /* device memory */
+    float *params, *grads, *state; /* state: n_slots * n_params */
+    float *acts;                   /* act_off[l]: the output of layer l-1 */
+    size_t act_off[DP_MAX_LAYERS + 1];
+    float *dacts[2];
+    float *ones, *x;
+    uint8_t *y;
+    dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
+    double *tally;
+    dp_step_block *block; /* followed by max_batch indices */
+    const uint8_t *images, *labels;
+    uint8_t *split_images, *split_labels;
+    uint32_t split_n;
+
+    /* host step blocks */
+    unsigned char *ring;
+    size_t slot_bytes;
+    int cur, used; /* the slot the next stage or step writes; slots used since a sync */
+    int staged;    /* records staged in the current slot; 0: none */
+
+    uint64_t drop_base, drop_count; /* a copy of the model's, drawn in the same order */
+    uint64_t drop_keys[DP_MAX_LAYERS]; /* each dropout's key in the last forward */
+    int has_dropout;
+
+    int graphs;  /* the backend has them and DOWNPOUR_DEVICE_GRAPH is not 0 */
+    void *graph; /* the captured step for graph_n records */
+    int graph_n;
+
+    void *comm;
+};
+
+/* splitmix64's finaliser, as model.c and dropout.c draw their seeds */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static size_t line_floats(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* A failure of queued work, as the backend kept it. */
+static int sync_err(dp_dmodel *g, const char *what, dp_err *err)
+{
+    char msg[256] = "";
+    if (g->be->sync(g->ctx, msg, sizeof msg) == 0)
+        return 0;
+    return dp_errf(err, "%s: device %s: %s", what, g->name, msg);
+}
+
+/* ---- layers ---- */
+
+/* Whether the walk below runs layer kind k: dense, relu, the loss and
+ * dropout here, the image layers through dimage.c. */
+static int supported(dp_layer_kind k)
+{
+    switch (k) {
+    case DP_LAYER_DENSE:
+    case DP_LAYER_RELU:
+    case DP_LAYER_SOFTMAX_XENT:
+    case DP_LAYER_DROPOUT:
+        return 1;
+    default:
+        return dp_dimage_supported(k);
+    }
+}
+
+static float *act(const dp_dmodel *g, int l) { return g->acts + g->act_off[l]; }
+
+/* A dense, conv or local layer a relu follows: the relu runs in its
+ * product's epilogue, and only the relu's output is written. */
+static int fuses_relu(const dp_dmodel *g, int l)
+{
+    dp_layer_kind k = g->layers[l].kind;
+    return (k == DP_LAYER_DENSE || k == DP_LAYER_CONV || k == DP_LAYER_LOCAL) &&
+           l + 1 < g->n_layers && g->layers[l + 1].kind == DP_LAYER_RELU;
+}
+
+static void launch(dp_dmodel *g, const dp_kernel *k) { g->be->launch(g->ctx, k); }
+
+static void gemm(dp_dmodel *g, int ta, int tb, int m, int n, int k, const float *a, int lda,
+                 const float *b, int ldb, float *c, int ldc)
+{
+    dp_gemm p = {ta, tb, m, n, k, 1.0f, 0.0f, a, lda, b, ldb, c, ldc};
+    g->be->gemm(g->ctx, &p);
+}
+
+static void gather(dp_dmodel *g, int batch)
+{
+    dp_kernel k = {.id = DP_K_GATHER, .items = (long)batch * g->inputs};
+    k.u.gather = (dp_ka_gather){g->x, g->y, g->images, g->labels,
+                                (const uint32_t *)(g->block + 1), g->inputs};
+    launch(g, &k);
+}
+
+/* Layers 0..n-1 from x; a dense layer a relu follows writes the relu's
+ * output only (bias and relu in one kernel after the product). */
+static void forward(dp_dmodel *g, int batch)
+{
+    const float *inp = g->x;
+    for (int l = 0; l < g->n_layers;) {
+        const dp_layer *d = &g->layers[l];
+        int last = fuses_relu(g, l) ? l + 1 : l;
+        float *out = act(g, last + 1);
+        long n = (long)batch * d->in;
+        dp_kernel k = {.items = n};
+        switch (d->kind) {
+        case DP_LAYER_DENSE:
+            gemm(g, 1, 0, d->out, batch, d->in, g->params + d->w_off, d->in, inp, d->in, out,
+                 d->out);
+            k.id = DP_K_BIAS_ACT;
+            k.items = (long)batch * d->out;
+            k.u.bias_act = (dp_ka_bias_act){out, g->params + d->b_off, d->out, last > l};
+            launch(g, &k);
+            break;
+        case DP_LAYER_RELU:
+            k.id = DP_K_RELU;
+            k.u.relu = (dp_ka_relu){out, inp};
+            launch(g, &k);
+            break;
+        case DP_LAYER_SOFTMAX_XENT:
+            k.id = DP_K_XENT_FWD;
+            k.items = batch;
+            k.u.xent_fwd = (dp_ka_xent_fwd){out, inp, g->y, g->tally, d->out};
+            launch(g, &k);
+            break;
+        case DP_LAYER_DROPOUT: {
+            /* model.c's seed for this forward, then dropout.c's key and threshold */
+            uint64_t seed = mix64(g->drop_base + ++g->drop_count * GOLDEN + (uint64_t)l);
+            g->drop_keys[l] = mix64(seed);
+            k.id = DP_K_DROPOUT;
+            k.u.dropout = (dp_ka_dropout){out, inp, g->drop_keys[l],
+                                          (uint64_t)((double)d->rate * 4294967296.0),
+                                          1.0f / (1.0f - d->rate)};
+            launch(g, &k);
+            break;
+        }
+        default: /* the image layers; the rest was refused by dp_dmodel_open */
+            dp_dimage_forward(&g->ex, d, g->params, inp, out, batch, last > l);
+            break;
+        }
+        inp = out;
+        l = last + 1;
+    }
+}
+
+/* Layers n-1..0 from the labels: every parameter gradient OVERWRITTEN, no
+ * gradient at the input.  A dense layer fed by a relu masks its input
+ * gradient with the relu's output (kept by the forward), so the relu costs
+ * no pass of its own; gradients ping-pong between the two dacts. */
+static void backward(dp_dmodel *g, int batch)
+{
+    int next = 0;
+    const float *dout = NULL; /* the gradient at layer l's output */
+    for (int l = g->n_layers - 1; l >= 0;) {
+        const dp_layer *d = &g->layers[l];
+        int first = l;
+        if (d->kind == DP_LAYER_DENSE && l >= 1 && g->layers[l - 1].kind == DP_LAYER_RELU)
+            first = l - 1;
+        float *din = first == 0 ? NULL : g->dacts[next]; /* at layer first's input */
+        const float *inp = l == 0 ? g->x : act(g, l);
+        long n = (long)batch * d->in;
+        dp_kernel k = {.items = n};
+        switch (d->kind) {
+        case DP_LAYER_SOFTMAX_XENT:
+            if (!din)
+                break;
+            k.id = DP_K_XENT_BWD;
+            k.u.xent_bwd = (dp_ka_xent_bwd){din, act(g, l + 1), g->y, d->out,
+                                            1.0f / (float)batch};
+            launch(g, &k);
+            break;
+        case DP_LAYER_DENSE:
+            gemm(g, 0, 1, d->in, d->out, batch, inp, d->in, dout, d->out, g->grads + d->w_off,
+                 d->in);
+            gemm(g, 0, 0, d->out, 1, batch, dout, d->out, g->ones, batch, g->grads + d->b_off,
+                 d->out);
+            if (!din)
+                break;
+            gemm(g, 0, 0, d->in, batch, d->out, g->params + d->w_off, d->in, dout, d->out, din,
+                 d->in);
+            if (first < l) { /* inp is the relu's output: its mask */
+                k.id = DP_K_RELU_BWD;
+                k.u.relu_bwd = (dp_ka_relu_bwd){din, din, inp};
+                launch(g, &k);
+            }
+            break;
+        case DP_LAYER_RELU:
+            if (!din)
+                break;
+            k.id = DP_K_RELU_BWD;
+            k.u.relu_bwd = (dp_ka_relu_bwd){din, dout, act(g, l + 1)};
+            launch(g, &k);
+            break;
+        case DP_LAYER_DROPOUT: /* the forward's mask, applied to dout */
+            if (!din)
+                break;
+            k.id = DP_K_DROPOUT;
+            k.u.dropout = (dp_ka_dropout){din, dout, g->drop_keys[l],
+                                          (uint64_t)((double)d->rate * 4294967296.0),
+                                          1.0f / (1.0f - d->rate)};
+            launch(g, &k);
+            break;
+        default: /* the image layers; dout is already masked by a fused relu's backward */
+            dp_dimage_backward(&g->ex, d, g->params, g->grads, inp, act(g, l + 1), dout, din,
+                               batch);
+            break;
+        }
+        if (first > 0) {
+            dout = din;
+            next ^= 1;
+        }
+        l = first - 1;
+    }
+}
+
+static void update(dp_dmodel *g)
+{
+    const dp_optim_config *c = &g->opt.cfg;
+    static const dp_kernel_id ids[DP_OPTIM_COUNT] = {
+        [DP_OPTIM_SGD] = DP_K_SGD,         [DP_OPTIM_MOMENTUM] = DP_K_MOMENTUM,
+        [DP_OPTIM_NESTEROV] = DP_K_NESTEROV, [DP_OPTIM_ADAGRAD] = DP_K_ADAGRAD,
+        [DP_OPTIM_ADAM] = DP_K_ADAM,
+    };
+    dp_kernel k = {.id = ids[c->kind], .items = (long)g->n_params};
+    float *s1 = g->n_slots == 2 ? g->state + g->n_params : NULL;
+    k.u.optim = (dp_ka_optim){g->params, g->grads, g->state, s1, g->block,
+                              c->momentum, c->beta1, c->beta2, c->eps};
+    launch(g, &k);
+}
+
+/* ---- the host step blocks ---- */
+
+static dp_step_block *slot(const dp_dmodel *g)
+{
+    return (dp_step_block *)(g->ring + (size_t)g->cur * g->slot_bytes);
+}
+
+/* Makes the current slot writable: after RING slots, waits until the
+ * stream has read them all. */
+static int slot_acquire(dp_dmodel *g, const char *what, dp_err *err)
+{
+    if (g->used < RING)
+        return 0;
+    if (sync_err(g, what, err) < 0)
+        return -1;
+    g->used = 0;
+    return 0;
+}
+
+/* Queues the current slot's copy (with its staged indices when `indices`)
+ * and moves to the next slot. */
+static void slot_send(dp_dmodel *g, int indices)
+{
+    size_t bytes = sizeof(dp_step_block) + (indices ? (size_t)g->staged * sizeof(uint32_t) : 0);
+    g->be->copy(g->ctx, g->block, slot(g), bytes, DP_COPY_H2D);
+    g->cur = (g->cur + 1) % RING;
+    g->used++;
+}
+
+/* lr and lr_t for the next update, t counted as dp_optim_begin does. */
+static void slot_rates(dp_dmodel *g, float lr, float scale)
+{
+    dp_optim_step st = dp_optim_begin(&g->opt, lr);
+    dp_step_block *b = slot(g);
+    b->lr = st.lr;
+    b->lr_t = st.lr_t;
+    b->scale = scale;
+}
+
+/* ---- open and close ---- */
+
+static void *dalloc(dp_dmodel *g, size_t bytes, const char *what, dp_err *err)
+{
+    void *p = g->be->alloc(g->ctx, bytes ? bytes : 1);
+    if (!p)
+        dp_errf(err, "device %s: out of memory for the %s (%.1f MiB)", g->name, what, mib(bytes));
+    return p;
+}
+
+int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_optim_config *oc,
+                   dp_err *err)
+{
+    *out = NULL;
+    for (int l = 0; l < m->n_layers; l++)
+        if (!supported(m->layers[l].kind))
+            return dp_errf(err, "model %s: layer %d (%s) has no device kernel yet", m->name, l,
+                           dp_layer_kind_name(m->layers[l].kind));
+    dp_dmodel *g = calloc(1, sizeof *g);
+    if (!g)
+        return dp_errf(err, "dp_dmodel_open: out of memory");
+    g->dev = d;
+    g->be = dp_device_backend(d);
+    g->ctx = dp_device_ctx(d);
+    snprintf(g->name, sizeof g->name, "%s", g->be->name);
+    g->n_layers = m->n_layers;
+    memcpy(g->layers, m->layers, sizeof g->layers);
+    g->n_params = m->n_params;
+    g->max_batch = m->max_batch;
+    g->inputs = dp_model_inputs(m);
+    g->drop_base = m->drop_base;
+    g->drop_count = m->drop_count;
+    for (int l = 0; l < m->n_layers; l++)
+        g->has_dropout |= m->layers[l].kind == DP_LAYER_DROPOUT;
+    if (oc) {
+        if (dp_optim_init(&g->opt, oc, 0, err) < 0) /* checks oc; n = 0 holds no state */
+            goto fail;
+        g->has_opt = 1;
+        g->n_slots = dp_optim_slots(oc->kind);
+    }
+    const char *env = getenv("DOWNPOUR_DEVICE_GRAPH");
+    g->graphs = g->be->capture_begin && !(env && strcmp(env, "0") == 0) && !g->has_dropout;
+
+    size_t mb = (size_t)g->max_batch, pbytes = g->n_params * sizeof(float);
+    size_t acts = 0, width = 0;
+    for (int l = 0; l < g->n_layers; l++) {
+        const dp_layer *L = &g->layers[l];
+        g->act_off[l + 1] = acts;
+        acts += line_floats(mb * (size_t)L->out);
+        if ((size_t)L->in > width)
+            width = (size_t)L->in;
+        if ((size_t)L->out > width)
+            width = (size_t)L->out;
+    }
+    size_t dact = line_floats(mb * width);
+    size_t scratch = 0, ones = mb;
+    for (int l = 0; l < g->n_layers; l++)
+        if (dp_dimage_supported(g->layers[l].kind)) {
+            size_t s = dp_dimage_scratch(&g->layers[l], g->max_batch);
+            long o = dp_dimage_ones(&g->layers[l], g->max_batch);
+            scratch = s > scratch ? s : scratch;
+            ones = o > 0 && (size_t)o > ones ? (size_t)o : ones;
+        }
+    if (!(g->params = dalloc(g, pbytes, "parameters", err)) ||
+        !(g->grads = dalloc(g, pbytes, "gradients", err)) ||
+        (g->n_slots && !(g->state = dalloc(g, (size_t)g->n_slots * pbytes,
+                                           "optimiser state", err))) ||
+        !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
+        !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
+        !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
+        (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
+                     !(g->ex.drows = dalloc(g, scratch * sizeof(float), "lowering scratch",
+                                            err)))) ||
+        !(g->x = dalloc(g, mb * (size_t)g->inputs * sizeof(float), "batch", err)) ||
+        !(g->y = dalloc(g, mb, "batch labels", err)) ||
+        !(g->tally = dalloc(g, 2 * sizeof(double), "tally", err)))
+        goto fail;
+    g->dacts[1] = g->dacts[0] + dact;
+    g->ex = (dp_dexec){g->be, g->ctx, g->ones, (long)ones, g->ex.rows, g->ex.drows, scratch};
+    g->slot_bytes = (sizeof(dp_step_block) + mb * sizeof(uint32_t) + 63) & ~(size_t)63;
+    if (!(g->block = dalloc(g, g->slot_bytes, "step block", err)))
+        goto fail;
+    g->ring = g->be->host_alloc(g->ctx, RING * g->slot_bytes);
+    if (!g->ring) {
+        dp_errf(err, "device %s: out of page-locked host memory for %d step blocks (%.1f MiB)",
+                g->name, RING, mib(RING * g->slot_bytes));
+        goto fail;
+    }
+    memset(g->ring, 0, RING * g->slot_bytes);
+
+    dp_kernel k = {.id = DP_K_FILL, .items = (long)ones};
+    k.u.fill = (dp_ka_fill){g->ones, 1.0f};
+    launch(g, &k);
+    if (g->has_opt && oc->kind == DP_OPTIM_ADAGRAD) { /* as dp_optim_init leaves it */
+        k.items = (long)g->n_params;
+        k.u.fill = (dp_ka_fill){g->state, oc->initial_accumulator};
+        launch(g, &k);
+    }
+    g->be->copy(g->ctx, g->params, m->params, pbytes, DP_COPY_H2D);
+    if (sync_err(g, "dp_dmodel_open", err) < 0)
+        goto fail;
+    *out = g;
+    return 0;
+fail:
+    dp_dmodel_close(g);
+    return -1;
+}
+
+void dp_dmodel_close(dp_dmodel *g)
+{
+    if (!g)
+        return;
+    char msg[256];
+    g->be->sync(g->ctx, msg, sizeof msg); /* nothing may still read what is freed */
+    if (g->comm)
+        g->be->comm_free(g->ctx, g->comm);
+    if (g->graph)
+        g->be->graph_free(g->ctx, g->graph);
+    void *dev[] = {g->params, g->grads, g->state, g->acts, g->dacts[0], g->ones, g->x,
+                   g->y, g->tally, g->block, g->split_images, g->split_labels, g->ex.rows,
+                   g->ex.drows};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            g->be->free(g->ctx, dev[i]);
+    if (g->ring)
+        g->be->host_free(g->ctx, g->ring);
+    dp_optim_free(&g->opt);
+    free(g);
+}
+
+dp_device *dp_dmodel_device(const dp_dmodel *g) { return g->dev; }
+
+/* ---- data ---- */
+
+int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err)
+{
+    if (s->dim != (uint32_t)g->inputs)
+        return dp_errf(err, "dp_dmodel_load_split: records of %u values, the model takes %d",
+                       s->dim, g->inputs);
+    if (sync_err(g, "dp_dmodel_load_split", err) < 0) /* nothing queued reads the old one */
+        return -1;
+    if (g->graph) { /* its gather reads the old split's addresses */
+        g->be->graph_free(g->ctx, g->graph);
+        g->graph = NULL;
+        g->graph_n = 0;
+    }
+    if (g->split_images)
+        g->be->free(g->ctx, g->split_images);
+    if (g->split_labels)
+        g->be->free(g->ctx, g->split_labels);
+    g->split_images = g->split_labels = NULL;
+    g->images = g->labels = NULL;
+    g->split_n = 0;
+    size_t bytes = (size_t)s->n * s->dim;
+    if (!(g->split_images = dalloc(g, bytes, "split's images", err)) ||
+        !(g->split_labels = dalloc(g, s->n, "split's labels", err))) {
+        if (g->split_images)
+            g->be->free(g->ctx, g->split_images);
+        g->split_images = NULL;
+        return -1;
+    }
+    g->be->copy(g->ctx, g->split_images, s->images, bytes, DP_COPY_H2D);
+    g->be->copy(g->ctx, g->split_labels, s->labels, s->n, DP_COPY_H2D);
+    g->images = g->split_images;
+    g->labels = g->split_labels;
+    g->split_n = s->n;
+    return 0;
+}
+
+int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
+{
+    if (n < 1)
+        return dp_errf(err, "dp_dmodel_stage: batch of %d records (at least 1)", n);
+    if (n > g->max_batch)
+        return dp_errf(err, "dp_dmodel_stage: batch of %d records is more than the model's %d "
+                            "rows",
+                       n, g->max_batch);
+    if (!g->images)
+        return dp_errf(err, "dp_dmodel_stage: no split loaded (dp_dmodel_load_split first)");
+    for (int i = 0; i < n; i++) /* here, so the device never reads out of bounds */
+        if (idx[i] >= g->split_n)
+            return dp_errf(err, "dp_dmodel_stage: record %u (batch position %d) is past the "
+                                "loaded split's %u",
+                           idx[i], i, g->split_n);
+    if (slot_acquire(g, "dp_dmodel_stage", err) < 0)
+        return -1;
+    dp_step_block *b = slot(g);
+    memcpy(b + 1, idx, (size_t)n * sizeof *idx);
+    b->n = (uint32_t)n;
+    g->staged = n;
+    return 0;
+}
+
+/* ---- steps ---- */
+
+static void run_step(dp_dmodel *g, int batch, int with_update)
+{
+    gather(g, batch);
+    forward(g, batch);
+    backward(g, batch);
+    if (with_update)
+        update(g);
+}
+
+/* Captures the step for `batch` records (recorded, not run). */
+static int capture(dp_dmodel *g, int batch, dp_err *err)
+{
+    char msg[256] = "";
+    if (g->graph) {
+        g->be->graph_free(g->ctx, g->graph);
+        g->graph = NULL;
+        g->graph_n = 0;
+    }
+    if (g->be->capture_begin(g->ctx, msg, sizeof msg) < 0)
+        return dp_errf(err, "dp_dmodel_step: device %s: %s", g->name, msg);
+    run_step(g, batch, 1);
+    if (g->be->capture_end(g->ctx, &g->graph, msg, sizeof msg) < 0) {
+        g->graph = NULL;
+        return dp_errf(err, "dp_dmodel_step: device %s: %s", g->name, msg);
+    }
+    g->graph_n = batch;
+    return 0;
+}
+
+int dp_dmodel_step(dp_dmodel *g, float lr, dp_err *err)
+{
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_step: the model was opened without an optimiser");
+    int n = g->staged;
+    if (!n)
+        return dp_errf(err, "dp_dmodel_step: no batch staged (dp_dmodel_stage first)");
+    int replay = g->graphs && n >= g->graph_n;
+    if (replay && n > g->graph_n && capture(g, n, err) < 0)
+        return -1;
+    slot_rates(g, lr, 1.0f);
+    slot_send(g, 1);
+    g->staged = 0;
+    if (replay) {
+        if (g->be->graph_launch(g->ctx, g->graph) < 0)
+            return dp_errf(err, "dp_dmodel_step: device %s: the graph did not launch", g->name);
+    } else {
+        run_step(g, n, 1);
+    }
+    return 0;
+}
+
+int dp_dmodel_grads(dp_dmodel *g, dp_err *err)
+{
+    int n = g->staged;
+    if (!n)
+        return dp_errf(err, "dp_dmodel_grads: no batch staged (dp_dmodel_stage first)");
+    slot_send(g, 1);
+    g->staged = 0;
+    run_step(g, n, 0);
+    return 0;
+}
+
+int dp_dmodel_update(dp_dmodel *g, float lr, float scale, dp_err *err)
+{
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_update: the model was opened without an optimiser");
+    if (slot_acquire(g, "dp_dmodel_update", err) < 0)
+        return -1;
+    int staged = g->staged;
+    const dp_step_block *sent = slot(g);
+    slot_rates(g, lr, scale);
+    slot_send(g, 0); /* the rates only: the device's indices stay */
+    update(g);
+    if (staged) { /* a batch staged before this update moves to the next slot */
+        g->staged = 0;
+        if (slot_acquire(g, "dp_dmodel_update", err) < 0)
+            return -1;
+        memcpy(slot(g), sent, sizeof *sent + (size_t)staged * sizeof(uint32_t));
+        g->staged = staged;
+    }
+    return 0;
+}
+
+int dp_dmodel_collect(dp_dmodel *g, double *loss_sum, long *correct, dp_err *err)
+{
+    static const double zero[2] = {0.0, 0.0};
+    double t[2] = {0.0, 0.0};
+    g->be->copy(g->ctx, t, g->tally, sizeof t, DP_COPY_D2H);
+    if (sync_err(g, "dp_dmodel_collect", err) < 0)
+        return -1;
+    g->be->copy(g->ctx, g->tally, zero, sizeof zero, DP_COPY_H2D);
+    *loss_sum += t[0];
+    *correct += (long)t[1];
+    return 0;
+}
+
+/* ---- host <-> device ---- */
+
+static int to_host(dp_dmodel *g, void *dst, const void *src, size_t bytes, const char *what,
+                   dp_err *err)
+{
+    g->be->copy(g->ctx, dst, src, bytes, DP_COPY_D2H);
+    return sync_err(g, what, err);
+}
+
+static int to_device(dp_dmodel *g, void *dst, const void *src, size_t bytes, const char *what,
+                     dp_err *err)
+{
+    g->be->copy(g->ctx, dst, src, bytes, DP_COPY_H2D); /* pageable: read before it returns */
+    return sync_err(g, what, err);
+}
+
+int dp_dmodel_get_params(dp_dmodel *g, float *params, dp_err *err)
+{
+    return to_host(g, params, g->params, g->n_params * sizeof(float), "dp_dmodel_get_params",
+                   err);
+}
+
+int dp_dmodel_set_params(dp_dmodel *g, const float *params, dp_err *err)
+{
+    return to_device(g, g->params, params, g->n_params * sizeof(float), "dp_dmodel_set_params",
+                     err);
+}
+
+int dp_dmodel_get_grads(dp_dmodel *g, float *grads, dp_err *err)
+{
+    return to_host(g, grads, g->grads, g->n_params * sizeof(float), "dp_dmodel_get_grads", err);
+}
+
+int dp_dmodel_set_grads(dp_dmodel *g, const float *grads, dp_err *err)
+{
+    return to_device(g, g->grads, grads, g->n_params * sizeof(float), "dp_dmodel_set_grads",
+                     err);
+}
+
+int dp_dmodel_get_optim(dp_dmodel *g, float *slots, long *t, dp_err *err)
+{
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_get_optim: the model was opened without an optimiser");
+    size_t bytes = (size_t)g->n_slots * g->n_params * sizeof(float);
+    if (bytes && to_host(g, slots, g->state, bytes, "dp_dmodel_get_optim", err) < 0)
+        return -1;
+    *t = g->opt.t;
+    return 0;
+}
+
+int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err)
+{
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_set_optim: the model was opened without an optimiser");
+    if (t < 0)
+        return dp_errf(err, "dp_dmodel_set_optim: update count %ld is negative", t);
+    size_t bytes = (size_t)g->n_slots * g->n_params * sizeof(float);
+    if (bytes && to_device(g, g->state, slots, bytes, "dp_dmodel_set_optim", err) < 0)
+        return -1;
+    g->opt.t = t;
+    return 0;
+}
+
+/* ---- collectives ---- */
+
+static int no_comm(const dp_dmodel *g, const char *what, dp_err *err)
+{
+    return dp_errf(err, "%s: the %s device has no collectives (NCCL)", what, g->name);
+}
+
+int dp_dmodel_comm_id(dp_dmodel *g, uint8_t id[DP_COMM_ID_BYTES], dp_err *err)
+{
+    char msg[256] = "";
+    if (!g->be->comm_id)
+        return no_comm(g, "dp_dmodel_comm_id", err);
+    if (g->be->comm_id(g->ctx, id, DP_COMM_ID_BYTES, msg, sizeof msg) < 0)
+        return dp_errf(err, "dp_dmodel_comm_id: device %s: %s", g->name, msg);
+    return 0;
+}
+
+int dp_dmodel_comm_join(dp_dmodel *g, const uint8_t id[DP_COMM_ID_BYTES], int ranks, int rank,
+                        dp_err *err)
+{
+    char msg[256] = "";
+    if (!g->be->comm_join)
+        return no_comm(g, "dp_dmodel_comm_join", err);
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        return dp_errf(err, "dp_dmodel_comm_join: rank %d of %d is out of range", rank, ranks);
+    if (g->comm) {
+        g->be->comm_free(g->ctx, g->comm);
+        g->comm = NULL;
+    }
+    if (g->be->comm_join(g->ctx, id, DP_COMM_ID_BYTES, ranks, rank, &g->comm, msg, sizeof msg) <
+        0) {
+        g->comm = NULL;
+        return dp_errf(err, "dp_dmodel_comm_join: device %s, rank %d of %d: %s", g->name, rank,
+                       ranks, msg);
+    }
+    return 0;
+}
+
+int dp_dmodel_allreduce_grads(dp_dmodel *g, dp_err *err)
+{
+    if (!g->be->comm_allreduce)
+        return no_comm(g, "dp_dmodel_allreduce_grads", err);
+    if (!g->comm)
+        return dp_errf(err, "dp_dmodel_allreduce_grads: no communicator (dp_dmodel_comm_join "
+                            "first)");
+    if (g->be->comm_allreduce(g->ctx, g->comm, g->grads, g->n_params) < 0)
+        return dp_errf(err, "dp_dmodel_allreduce_grads: device %s: the all-reduce of %zu "
+                            "gradients did not start",
+                       g->name, g->n_params);
+    return 0;
+}

@@ -1,0 +1,373 @@
+/* "sim": the backend table run on the host (backend.h), so every path of the
+ * executor and every kernel body is tested on machines without a GPU.
+ *
+ * Memory is host memory (calloc, counted); copies are memcpy; products are
+ * CBLAS in column-major order with cuBLAS's argument conventions, checked
+ * first so an executor bug reads as a message at the next sync rather than
+ * as BLAS's own complaint; a kernel is its body in a loop over the items.
+ * Everything runs at once on the calling thread, so "queued" work is done
+ * when the call returns and sync only reports the kept failure.
+ *
+ * Graphs as CUDA captures them: between capture_begin and capture_end, gemm,
+ * launch and H2D/D2D copies are RECORDED, not run, with their arguments by
+ * value; graph_launch replays the record.  So a step that reads a value
+ * passed by value instead of from device memory replays stale on sim too.
+ *
+ * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
+ * out-of-memory paths. */
+#include "device/sim.h"
+
+#include <cblas.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+/* Each device block starts with its size, so free can count it back. */
+#define SIM_HEADER 64
+
+typedef enum sim_op { SIM_GEMM, SIM_LAUNCH, SIM_COPY } sim_op;
+
+typedef struct sim_node {
+    sim_op op;
+    union {
+        dp_gemm gemm;
+        dp_kernel kernel;
+        struct {
+            void *dst;
+            const void *src;
+            size_t bytes;
+        } copy;
+    } u;
+} sim_node;
+
+typedef struct sim_graph {
+    sim_node *nodes;
+    size_t n, cap;
+} sim_graph;
+
+typedef struct sim_ctx {
+    dp_sim_counts counts;
+    size_t limit;      /* device bytes allowed; SIZE_MAX: no cap */
+    int capturing;
+    sim_graph *rec;    /* the recording while capturing */
+    int failed;
+    char msg[256];     /* the first failure of queued work */
+} sim_ctx;
+
+/* Keeps the first failure; later ones would only be its consequences. */
+static void sim_fail(sim_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sim_fail(sim_ctx *c, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+    va_end(ap);
+}
+
+static int sim_open(void **ctx, int index, char *msg, size_t len)
+{
+    if (index != 0) {
+        snprintf(msg, len, "device sim: there is one sim device (index 0), not %d", index);
+        return -1;
+    }
+    sim_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(msg, len, "device sim: out of memory for its context");
+        return -1;
+    }
+    c->limit = SIZE_MAX;
+    const char *cap = getenv("DOWNPOUR_SIM_MEMORY");
+    if (cap && *cap) {
+        char *end;
+        unsigned long long v = strtoull(cap, &end, 10);
+        if (*end) {
+            snprintf(msg, len, "device sim: DOWNPOUR_SIM_MEMORY '%s' is not a count of bytes",
+                     cap);
+            free(c);
+            return -1;
+        }
+        c->limit = (size_t)v;
+    }
+    *ctx = c;
+    return 0;
+}
+
+static void sim_graph_free(void *ctx, void *graph)
+{
+    (void)ctx;
+    sim_graph *gr = graph;
+    if (!gr)
+        return;
+    free(gr->nodes);
+    free(gr);
+}
+
+static void sim_close(void *ctx)
+{
+    sim_ctx *c = ctx;
+    if (!c)
+        return;
+    sim_graph_free(c, c->rec);
+    free(c);
+}
+
+static void sim_describe(void *ctx, char *buf, size_t len)
+{
+    (void)ctx;
+    snprintf(buf, len, "sim (host)");
+}
+
+static void *sim_alloc(void *ctx, size_t bytes)
+{
+    sim_ctx *c = ctx;
+    if (bytes > c->limit - c->counts.bytes || bytes > SIZE_MAX - SIM_HEADER)
+        return NULL;
+    unsigned char *p = calloc(1, bytes + SIM_HEADER);
+    if (!p)
+        return NULL;
+    memcpy(p, &bytes, sizeof bytes);
+    c->counts.allocs++;
+    c->counts.bytes += bytes;
+    return p + SIM_HEADER;
+}
+
+static void sim_free(void *ctx, void *p)
+{
+    sim_ctx *c = ctx;
+    if (!p)
+        return;
+    unsigned char *base = (unsigned char *)p - SIM_HEADER;
+    size_t bytes;
+    memcpy(&bytes, base, sizeof bytes);
+    c->counts.bytes -= bytes;
+    free(base);
+}
+
+static void *sim_host_alloc(void *ctx, size_t bytes)
+{
+    sim_ctx *c = ctx;
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        c->counts.host_allocs++;
+    return p;
+}
+
+static void sim_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+/* Appends a node to the recording; a failed append fails the capture. */
+static void record(sim_ctx *c, const sim_node *nd)
+{
+    sim_graph *gr = c->rec;
+    if (gr->n == gr->cap) {
+        size_t cap = gr->cap ? 2 * gr->cap : 64;
+        sim_node *nodes = realloc(gr->nodes, cap * sizeof *nodes);
+        if (!nodes) {
+            sim_fail(c, "device sim: out of memory recording a graph of %zu nodes", gr->n);
+            return;
+        }
+        gr->nodes = nodes;
+        gr->cap = cap;
+    }
+    gr->nodes[gr->n++] = *nd;
+}
+
+static int sim_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir)
+{
+    sim_ctx *c = ctx;
+    if (c->capturing) {
+        if (dir == DP_COPY_D2H) { /* as CUDA: a capture cannot hand data to the host */
+            sim_fail(c, "device sim: a D2H copy of %zu bytes during graph capture", bytes);
+            return -1;
+        }
+        sim_node nd = {.op = SIM_COPY};
+        nd.u.copy.dst = dst;
+        nd.u.copy.src = src;
+        nd.u.copy.bytes = bytes;
+        record(c, &nd);
+        return 0;
+    }
+    if (bytes)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+static int sim_sync(void *ctx, char *msg, size_t len)
+{
+    sim_ctx *c = ctx;
+    if (!c->failed)
+        return 0;
+    snprintf(msg, len, "%s", c->msg);
+    return -1;
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* cublasSgemm's argument checks (its CUBLAS_STATUS_INVALID_VALUE cases). */
+static int gemm_ok(sim_ctx *c, const dp_gemm *g)
+{
+    int rows_a = g->ta ? g->k : g->m, rows_b = g->tb ? g->n : g->k;
+    if (g->m < 0 || g->n < 0 || g->k < 0) {
+        sim_fail(c, "device sim: gemm with a negative size (m %d, n %d, k %d)", g->m, g->n, g->k);
+        return 0;
+    }
+    if (g->lda < imax(1, rows_a)) {
+        sim_fail(c, "device sim: gemm lda %d < the %d rows of the stored A", g->lda, rows_a);
+        return 0;
+    }
+    if (g->ldb < imax(1, rows_b)) {
+        sim_fail(c, "device sim: gemm ldb %d < the %d rows of the stored B", g->ldb, rows_b);
+        return 0;
+    }
+    if (g->ldc < imax(1, g->m)) {
+        sim_fail(c, "device sim: gemm ldc %d < m %d", g->ldc, g->m);
+        return 0;
+    }
+    return 1;
+}
+
+static void run_gemm(sim_ctx *c, const dp_gemm *g)
+{
+    if (!gemm_ok(c, g))
+        return;
+    if (g->m == 0 || g->n == 0)
+        return;
+    cblas_sgemm(CblasColMajor, g->ta ? CblasTrans : CblasNoTrans,
+                g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, g->alpha, g->a, g->lda,
+                g->b, g->ldb, g->beta, g->c, g->ldc);
+}
+
+static void sim_gemm(void *ctx, const dp_gemm *g)
+{
+    sim_ctx *c = ctx;
+    if (c->capturing) {
+        sim_node nd = {.op = SIM_GEMM};
+        nd.u.gemm = *g;
+        record(c, &nd);
+        return;
+    }
+    run_gemm(c, g);
+}
+
+/* One kernel: its body for every item, the body chosen from DP_KERNELS. */
+static void run_kernel(sim_ctx *c, const dp_kernel *k)
+{
+    switch (k->id) {
+#define SIM_CASE(ID, name)                                                                       \
+    case DP_K_##ID:                                                                              \
+        for (long i = 0; i < k->items; i++)                                                      \
+            dp_k_##name(k, i);                                                                   \
+        break;
+        DP_KERNELS(SIM_CASE)
+#undef SIM_CASE
+    default:
+        sim_fail(c, "device sim: no kernel has id %d (there are %d)", (int)k->id, (int)DP_K_COUNT);
+        break;
+    }
+}
+
+static void sim_launch(void *ctx, const dp_kernel *k)
+{
+    sim_ctx *c = ctx;
+    if (c->capturing) {
+        sim_node nd = {.op = SIM_LAUNCH};
+        nd.u.kernel = *k;
+        record(c, &nd);
+        return;
+    }
+    run_kernel(c, k);
+}
+
+static int sim_capture_begin(void *ctx, char *msg, size_t len)
+{
+    sim_ctx *c = ctx;
+    if (c->capturing) {
+        snprintf(msg, len, "device sim: a graph capture is already under way");
+        return -1;
+    }
+    c->rec = calloc(1, sizeof *c->rec);
+    if (!c->rec) {
+        snprintf(msg, len, "device sim: out of memory for a graph");
+        return -1;
+    }
+    c->capturing = 1;
+    return 0;
+}
+
+static int sim_capture_end(void *ctx, void **graph, char *msg, size_t len)
+{
+    sim_ctx *c = ctx;
+    if (!c->capturing) {
+        snprintf(msg, len, "device sim: capture_end without capture_begin");
+        return -1;
+    }
+    c->capturing = 0;
+    *graph = c->rec;
+    c->rec = NULL;
+    if (c->failed) { /* a node that could not be recorded: the graph is not whole */
+        sim_graph_free(c, *graph);
+        *graph = NULL;
+        snprintf(msg, len, "%s", c->msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int sim_graph_launch(void *ctx, void *graph)
+{
+    sim_ctx *c = ctx;
+    const sim_graph *gr = graph;
+    if (c->capturing) {
+        sim_fail(c, "device sim: a graph of %zu nodes launched during a capture", gr->n);
+        return -1;
+    }
+    c->counts.graph_launches++;
+    for (size_t i = 0; i < gr->n; i++) {
+        const sim_node *nd = &gr->nodes[i];
+        switch (nd->op) {
+        case SIM_GEMM: run_gemm(c, &nd->u.gemm); break;
+        case SIM_LAUNCH: run_kernel(c, &nd->u.kernel); break;
+        case SIM_COPY:
+            if (nd->u.copy.bytes)
+                memmove(nd->u.copy.dst, nd->u.copy.src, nd->u.copy.bytes);
+            break;
+        }
+    }
+    return 0;
+}
+
+dp_sim_counts dp_sim_counts_of(const void *ctx)
+{
+    const sim_ctx *c = ctx;
+    return c->counts;
+}
+
+const dp_backend dp_backend_sim = {
+    .abi = DP_BACKEND_ABI,
+    .name = "sim",
+    .open = sim_open,
+    .close = sim_close,
+    .describe = sim_describe,
+    .alloc = sim_alloc,
+    .free = sim_free,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
+    .copy = sim_copy,
+    .sync = sim_sync,
+    .gemm = sim_gemm,
+    .launch = sim_launch,
+    .capture_begin = sim_capture_begin,
+    .capture_end = sim_capture_end,
+    .graph_launch = sim_graph_launch,
+    .graph_free = sim_graph_free,
+    /* no collectives: comm_* stay NULL */
+};
