@@ -64,3 +64,15 @@ const dp_device_spec *dp_device_spec_of(const dp_device *d) { return &d->spec; }
 int dp_device_has_comm(const dp_device *d) { return d->be->comm_allreduce != NULL; }
 const dp_backend *dp_device_backend(const dp_device *d) { return d->be; }
 void *dp_device_ctx(const dp_device *d) { return d->ctx; }
+
+const char *dp_device_format(const dp_device_spec *spec, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", spec->kind == DP_DEVICE_SIM ? "sim" : spec->kind == DP_DEVICE_CUDA ? "cuda:0" : "cpu");
+    return buf;
+}
+
+const char *dp_device_cuda_unavailable(char *buf, size_t len)
+{
+    snprintf(buf, len, "no CUDA backend in this build");
+    return buf;
+}
