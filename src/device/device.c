@@ -111,6 +111,9 @@ static int plugin_load_failed(const char *path, dp_err *err)
 
 static int plugin_try(const char *path, const dp_backend **out, dp_err *err)
 {
+    if (strchr(path, '/') && access(path, F_OK) != 0)
+        return dp_errf(err, "--device cuda: the CUDA backend %s does not exist (DOWNPOUR_CUDA_BACKEND "
+                       "names the plugin file, libdownpour_cuda.so)", path);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return plugin_load_failed(path, err);
@@ -180,6 +183,9 @@ static int plugin_get(const dp_backend **out, dp_err *err)
         else
 #ifdef DOWNPOUR_HAVE_CUDA
             rc = plugin_search(&plugin_backend, err);
+#elif defined(DP_CUDA_OFF_SANITIZE)
+            rc = dp_errf(err, "--device cuda: this downpour was built without the CUDA backend: "
+                         "sanitizer and fuzz builds leave it out (use a Release build)");
 #else
             rc = dp_errf(err, "--device cuda: this downpour was built without the CUDA backend: CMake "
                          "found no CUDA toolkit (install it, e.g. under /usr/local/cuda, and rebuild)");
