@@ -2,7 +2,7 @@
 # Fetches, here (Debian with apt and the internet), the .deb files that
 # scripts/device-check.sh unpacks on a GPU machine that can install nothing:
 # exactly what CMakeLists.txt's pkg_check_modules and find_package(ZLIB) need
-# (OpenBLAS, cJSON, libsodium, libcrypto, zlib: headers, .pc files and their
+# (OpenBLAS, cJSON, libsodium, libcrypto, libpng, zlib: headers, .pc files and their
 # runtime libraries) and pkg-config itself.  Into .debs/, which git ignores.
 #   scripts/device-debs.sh
 set -euo pipefail
@@ -13,6 +13,7 @@ PKGS=(
   libsodium-dev libsodium23
   libssl-dev libssl3
   zlib1g-dev zlib1g
+  libpng-dev libpng16-16
   pkgconf pkgconf-bin libpkgconf3
 )
 exclude=$(git rev-parse --git-path info/exclude)
