@@ -20,9 +20,9 @@ exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.debs/' "$exclude" 2>/dev/null || echo '/.debs/' >>"$exclude"
 mkdir -p .debs
-rm -f .debs/*.deb
+rm -rf .debs/*.deb .debs/root # root/: a device-check.sh unpacking, not to be carried
 if ! (cd .debs && apt-get download "${PKGS[@]}"); then
   echo "device-debs: apt-get download failed; run apt-get update first (as root) and try again" >&2
   exit 1
 fi
-echo "device-debs: $(ls .debs/*.deb | wc -l) packages, $(du -sh .debs | cut -f1), in .debs/ (carry it: .debs)"
+echo "device-debs: $(ls .debs/*.deb | wc -l) packages, $(du -ch .debs/*.deb | tail -1 | cut -f1), in .debs/ (carry it: .debs)"
