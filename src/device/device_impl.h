@@ -1,5 +1,5 @@
-/* What the executor needs of an open device (private to src/device/): its
- * backend table and the backend's context.  device.c defines them. */
+/* Private to src/device/: the backend and context under an open device, for
+ * the executor (dmodel.c) and tests. */
 #ifndef DP_DEVICE_IMPL_H
 #define DP_DEVICE_IMPL_H
 

@@ -1,0 +1,98 @@
+/* Device and pinned host memory, and copies queued on the stream. */
+#include <stdio.h>
+
+#include "cuda/cuda_ctx.h"
+
+void *dp_cuda_alloc(void *ctx, size_t bytes)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    if (dp_cuda_enter(c) < 0)
+        return NULL;
+    if (c->capturing) { /* the memset would be recorded, and cudaMalloc may wait */
+        dp_cuda_fail(c, "alloc of %zu bytes during a graph capture", bytes);
+        return NULL;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        /* Not a failure of queued work: the caller names the memory that
+         * does not fit.  Clear it so the next launch check is not blamed. */
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    /* Zero-filled in stream order: every later use is on the same stream. */
+    if (bytes && dp_cuda_check(c, cudaMemsetAsync(p, 0, bytes, c->stream), "cudaMemsetAsync") < 0) {
+        (void)cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+void dp_cuda_free(void *ctx, void *p)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    if (!p)
+        return;
+    if (c->capturing) { /* cudaFree waits for the device, which ends a capture */
+        dp_cuda_fail(c, "free during a graph capture (the memory is kept)");
+        return;
+    }
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->device)
+        (void)cudaSetDevice(c->device);
+    if (cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError(); /* a failed device: sync reports the cause */
+}
+
+void *dp_cuda_host_alloc(void *ctx, size_t bytes)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    if (c->capturing) {
+        dp_cuda_fail(c, "host_alloc of %zu bytes during a graph capture", bytes);
+        return NULL;
+    }
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+void dp_cuda_host_free(void *ctx, void *p)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    if (!p)
+        return;
+    if (c->capturing) {
+        dp_cuda_fail(c, "host_free during a graph capture (the memory is kept)");
+        return;
+    }
+    if (cudaFreeHost(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    static const char *const names[] = {"copy H2D", "copy D2H", "copy D2D"};
+    cudaMemcpyKind kind;
+    switch (dir) {
+    case DP_COPY_H2D: kind = cudaMemcpyHostToDevice; break;
+    case DP_COPY_D2H: kind = cudaMemcpyDeviceToHost; break;
+    case DP_COPY_D2D: kind = cudaMemcpyDeviceToDevice; break;
+    default:
+        dp_cuda_fail(c, "copy: unknown direction %d", (int)dir);
+        return -1;
+    }
+    if (dp_cuda_enter(c) < 0)
+        return -1;
+    if (bytes == 0)
+        return 0;
+    char what[64];
+    snprintf(what, sizeof what, "%s of %zu bytes", names[dir], bytes);
+    if (dp_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what) < 0)
+        return -1;
+    dp_cuda_queued(c, what);
+    return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
+}

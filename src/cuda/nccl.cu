@@ -1,0 +1,138 @@
+/* Collectives through NCCL: a unique id made by rank 0, communicators
+ * joined with it, and in-place sums queued on the stream.  Built only when
+ * CMake found nccl.h and libnccl (DP_HAVE_NCCL); otherwise the table's four
+ * entries are NULL. */
+#ifdef DP_HAVE_NCCL
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_ctx.h"
+
+struct dp_cuda_comm {
+    ncclComm_t comm;
+    dp_cuda_comm *next;
+};
+
+static_assert(sizeof(ncclUniqueId) == 128, "NCCL's unique id is not DP_COMM_ID_BYTES (128)");
+
+int dp_cuda_comm_id(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len)
+{
+    (void)ctx;
+    if (id_len != sizeof(ncclUniqueId)) {
+        snprintf(msg, len, "comm_id: %zu id bytes given, NCCL's id has %zu", id_len,
+                 sizeof(ncclUniqueId));
+        return -1;
+    }
+    ncclUniqueId uid;
+    ncclResult_t r = ncclGetUniqueId(&uid);
+    if (r != ncclSuccess) {
+        snprintf(msg, len, "ncclGetUniqueId: %s (%s)", ncclGetErrorString(r), ncclGetLastError(NULL));
+        return -1;
+    }
+    memcpy(id, &uid, sizeof uid);
+    return 0;
+}
+
+int dp_cuda_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank, void **comm,
+                      char *msg, size_t len)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    *comm = NULL;
+    if (id_len != sizeof(ncclUniqueId)) {
+        snprintf(msg, len, "comm_join: %zu id bytes given, NCCL's id has %zu", id_len,
+                 sizeof(ncclUniqueId));
+        return -1;
+    }
+    if (ranks < 1 || rank < 0 || rank >= ranks) {
+        snprintf(msg, len, "comm_join: rank %d of %d ranks", rank, ranks);
+        return -1;
+    }
+    if (dp_cuda_enter(c) < 0) { /* also makes this GPU current for NCCL */
+        snprintf(msg, len, "comm_join: the device failed earlier: %s", c->err);
+        return -1;
+    }
+    dp_cuda_comm *h = (dp_cuda_comm *)calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(msg, len, "comm_join: out of host memory");
+        return -1;
+    }
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    /* Blocks until all ranks have joined. */
+    ncclResult_t r = ncclCommInitRank(&h->comm, ranks, uid, rank);
+    if (r != ncclSuccess) {
+        snprintf(msg, len, "ncclCommInitRank (rank %d of %d): %s (%s)", rank, ranks,
+                 ncclGetErrorString(r), ncclGetLastError(NULL));
+        (void)cudaGetLastError();
+        free(h);
+        return -1;
+    }
+    h->next = c->comms;
+    c->comms = h;
+    *comm = h;
+    return 0;
+}
+
+int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    dp_cuda_comm *h = (dp_cuda_comm *)comm;
+    if (dp_cuda_enter(c) < 0)
+        return -1;
+    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, h->comm, c->stream);
+    if (r != ncclSuccess) {
+        (void)cudaGetLastError();
+        dp_cuda_fail(c, "ncclAllReduce of %zu floats: %s (%s)", n, ncclGetErrorString(r),
+                     ncclGetLastError(h->comm));
+        return -1;
+    }
+    dp_cuda_queued(c, "ncclAllReduce");
+    return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
+}
+
+static void destroy(dp_cuda_comm *h)
+{
+    if (ncclCommDestroy(h->comm) != ncclSuccess)
+        (void)cudaGetLastError();
+    free(h);
+}
+
+void dp_cuda_comm_free(void *ctx, void *comm)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    dp_cuda_comm *h = (dp_cuda_comm *)comm;
+    if (!h)
+        return;
+    for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            break;
+        }
+    destroy(h);
+}
+
+void dp_cuda_comm_poll(dp_cuda *c)
+{
+    for (dp_cuda_comm *h = c->comms; h; h = h->next) {
+        ncclResult_t async = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(h->comm, &async);
+        if (r != ncclSuccess)
+            async = r;
+        if (async != ncclSuccess && async != ncclInProgress) {
+            dp_cuda_fail(c, "NCCL: %s (%s)", ncclGetErrorString(async), ncclGetLastError(h->comm));
+            return;
+        }
+    }
+}
+
+void dp_cuda_comm_close_all(dp_cuda *c)
+{
+    while (c->comms) {
+        dp_cuda_comm *h = c->comms;
+        c->comms = h->next;
+        destroy(h);
+    }
+}
+#endif
