@@ -228,6 +228,8 @@ static void test_malformed(void)
     rows_fail("afterq.csv", &cfg, 0, "line 2, column 2: text after a closing quote");
     write_text("openq.csv", "label,a\n1,\"2\n3,4\n");
     rows_fail("openq.csv", &cfg, 0, "line 2: a quoted field is never closed");
+    write_bytes(path_of("nul.csv"), "label,a\n1,2\0x\n", 14);
+    rows_fail("nul.csv", &cfg, 0, "line 2: a NUL byte");
     cfg.max_record = 64;
     char longrow[200];
     memset(longrow, '1', sizeof longrow);

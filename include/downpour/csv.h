@@ -4,7 +4,8 @@
  * The format: RFC 4180 records (fields separated by the delimiter, a field
  * in double quotes may hold delimiters, newlines and "" for a quote), LF or
  * CRLF line ends, an optional UTF-8 byte-order mark, an optional header
- * record naming the columns.  Spaces and tabs around a field are dropped.
+ * record naming the columns.  Spaces and tabs around a field are dropped;
+ * a NUL byte (a UTF-16 file) is refused.
  * Blank lines (anywhere, the trailing one included) are skipped: a row has
  * at least two fields, so a blank line is never one.
  *

@@ -98,6 +98,10 @@ static int read_record(dp_csv *c, size_t *len_out, uint64_t *line_out, dp_err *e
         }
         char ch = (char)c->in[c->in_pos++];
         any = 1;
+        if (ch == '\0') /* a field would end there unseen: strtod stops at it */
+            return dp_errf(err, "%s: line %llu: a NUL byte; a CSV file is text (a file saved "
+                           "as UTF-16 holds one in every character: save it as UTF-8)",
+                           c->path, (unsigned long long)c->line);
         if (ch == '\n') {
             c->line++;
             if (st != QUOTED)
