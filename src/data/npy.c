@@ -449,7 +449,7 @@ int dp_npy_open(dp_npy **out, const char *path, const char *member, dp_err *err)
         goto fail;
     int zip = is_zip_magic(magic);
     if (!member) {
-        a->where = dup_printf("%s%s", path, "");
+        a->where = strdup(path);
         if (!a->where) {
             dp_errf(err, "%s: out of memory", path);
             goto fail;
