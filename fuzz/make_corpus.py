@@ -472,6 +472,63 @@ def example_corpus():
     put("fuzz_example", "png_16bit", b"\x01" + png(2, 2, 0, 16, list(range(8))))
     put("fuzz_example", "png_1bit", b"\x01" + png(8, 2, 0, 1, [0xA5, 0x5A]))
     put("fuzz_example", "png_palette", b"\x01" + png(2, 2, 3, 8, [0, 1, 1, 0], palette=bytes(range(6))))
+# ---- NumPy: byte 0 picks what the rest is (0 .npy, 1 .npz opened at member
+# "a", 2/3 a .npy the harness wraps stored/deflated), the read pattern (bits
+# 2-3) and labels (bit 4); byte 1 + 1 is the class count; the rest the file,
+# as numpy writes it.
+def npy(descr, shape, data, version=1, fortran=False):
+    sh = "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    d = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, sh)
+    pre = 10 if version == 1 else 12
+    total = (pre + len(d) + 1 + 63) // 64 * 64
+    hdr = (d + " " * (total - pre - len(d) - 1) + "\n").encode()
+    ln = struct.pack("<H", len(hdr)) if version == 1 else struct.pack("<I", len(hdr))
+    return b"\x93NUMPY" + bytes([version, 0]) + ln + hdr + data
+
+
+def npz(members, compress):
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buf, "w", compression=method) as zf:
+        for name, data in members:
+            zi = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible seeds
+            zi.compress_type = method
+            with zf.open(zi, "w", force_zip64=True) as f:  # as numpy.savez does
+                f.write(data)
+    return buf.getvalue()
+
+
+def npy_corpus():
+    img = npy("|u1", (3, 4, 4), bytes((i * 37) % 256 for i in range(48)))
+    lab = npy("<i8", (3,), struct.pack("<3q", 1, 0, 2))
+    put("fuzz_npy", "u1_images", b"\x00\x09" + img)
+    put("fuzz_npy", "i8_labels", b"\x10\x09" + lab)
+    put("fuzz_npy", "f4_v2_rows", b"\x04\x09" + npy("<f4", (4, 2), struct.pack("<8f", *range(8)), 2))
+    put("fuzz_npy", "f8_be_v3", b"\x08\x09" + npy(">f8", (2, 2), struct.pack(">4d", 1, -2, 3.5, 0), 3))
+    put("fuzz_npy", "i2_be", b"\x0c\x09" + npy(">i2", (5,), struct.pack(">5h", -1, 2, 3, 400, 5)))
+    put("fuzz_npy", "b1_fortran", b"\x10\x09" + npy("|b1", (4, 1), bytes([0, 1, 1, 0]), fortran=True))
+    put("fuzz_npy", "u8_empty", b"\x00\x09" + npy("<u8", (0, 3), b""))
+    put("fuzz_npy", "npz_stored", b"\x01\x09" + npz([("a.npy", img), ("b.npy", lab)], False))
+    put("fuzz_npy", "npz_deflated", b"\x05\x09" + npz([("b.npy", lab), ("a.npy", img)], True))
+    put("fuzz_npy", "npz_labels", b"\x11\x09" + npz([("a.npy", lab)], True))
+    put("fuzz_npy", "wrap_stored", b"\x02\x09" + img)
+    put("fuzz_npy", "wrap_deflated", b"\x0b\x09" + npy("<f4", (4, 2), struct.pack("<8f", *range(8))))
+    put("fuzz_npy", "wrap_labels", b"\x13\x09" + lab)
+
+
+# ---- CSV: byte 0 the configuration (bit 0 no header, bits 1-2 the label
+# column: default, "label", "b", index byte 1 % 4; bit 3 ';'; bit 4 a 64-byte
+# record limit), byte 2 % 16 + 1 the class count; the rest the file.
+def csv_corpus():
+    put("fuzz_csv", "label_first", b"\x00\x00\x09label,a,b\n1,2.5,3\n0,-1,1e3\n")
+    put("fuzz_csv", "crlf_quoted", b"\x02\x00\x09\xef\xbb\xbf\"x, 1\",label\r\n 4 ,\"2\"\r\n\r\n")
+    put("fuzz_csv", "by_name_b", b"\x04\x00\x09a,b,c\n1,2,3\n4,5,6\n")
+    put("fuzz_csv", "no_header", b"\x07\x02\x09" b"1,2,3\n\n4,5,6")
+    put("fuzz_csv", "semicolons", b"\x08\x00\x09label;\"a\"\"q\";b\n1;2;3\n")
+    put("fuzz_csv", "short_limit", b"\x10\x00\x09label,a\n1,2\n" + b"3," + b"9" * 70 + b"\n")
+    put("fuzz_csv", "multiline_name", b"\x00\x00\x09\"a\nb\",label\n1,2\n")
 
 
 if __name__ == "__main__":
@@ -485,3 +542,5 @@ if __name__ == "__main__":
     shm_corpus()
     tfrecord_corpus()
     example_corpus()
+    npy_corpus()
+    csv_corpus()
