@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/varint.h"
+
 /* Protobuf wire types. */
 enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_FIXED32 = 5 };
 
@@ -544,38 +546,17 @@ const dp_feature *dp_example_find(const dp_example *ex, const char *name)
 
 /* ---- encoder ---- */
 
-static size_t varint_size(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 /* A length-delimited field of n bytes: key, length, bytes. */
 static size_t field_size(size_t n)
 {
-    return 1 + varint_size(n) + n;
+    return 1 + dp_varint_size(n) + n;
 }
 
 static size_t packed_ints_size(const dp_feature *f)
 {
     size_t n = 0;
     for (size_t i = 0; i < f->count; i++)
-        n += varint_size((uint64_t)f->int64s[i]);
+        n += dp_varint_size((uint64_t)f->int64s[i]);
     return n;
 }
 
@@ -625,7 +606,7 @@ size_t dp_example_encoded_size(const dp_feature *features, size_t n)
 static size_t put_head(uint8_t *p, unsigned field, size_t len)
 {
     p[0] = (uint8_t)(field << 3 | WT_LEN);
-    return 1 + put_varint(p + 1, len);
+    return 1 + dp_put_varint(p + 1, len);
 }
 
 static size_t put_list(uint8_t *p, const dp_feature *f)
@@ -656,7 +637,7 @@ static size_t put_list(uint8_t *p, const dp_feature *f)
             break;
         n += put_head(p + n, 1, packed_ints_size(f));
         for (size_t i = 0; i < f->count; i++)
-            n += put_varint(p + n, (uint64_t)f->int64s[i]);
+            n += dp_put_varint(p + n, (uint64_t)f->int64s[i]);
         break;
     default:
         break;

@@ -19,6 +19,7 @@
 #include "downpour/crc32c.h"
 #include "downpour/file.h"
 #include "downpour/log.h"
+#include "downpour/varint.h"
 
 /* Protobuf wire types and the keys (field << 3 | type) of event.proto. */
 enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_FIXED32 = 5 };
@@ -67,17 +68,6 @@ static size_t put_u64le(uint8_t *p, uint64_t v)
     return 8;
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 static size_t put_double(uint8_t *p, double d)
 {
     uint64_t bits;
@@ -96,7 +86,7 @@ static size_t put_bytes(uint8_t *p, uint8_t key, const void *s, size_t len)
 {
     size_t n = 0;
     p[n++] = key;
-    n += put_varint(p + n, len);
+    n += dp_put_varint(p + n, len);
     memcpy(p + n, s, len);
     return n + len;
 }
@@ -241,11 +231,11 @@ static int scalar_locked(dp_tensorboard *tb, const char *tag, int64_t step, doub
     rec[n++] = EVENT_WALL_TIME;
     n += put_double(rec + n, wall);
     rec[n++] = EVENT_STEP;
-    n += put_varint(rec + n, (uint64_t)step); /* int64: two's complement, as protobuf does */
+    n += dp_put_varint(rec + n, (uint64_t)step); /* int64: two's complement, as protobuf does */
     rec[n++] = EVENT_SUMMARY;
-    n += put_varint(rec + n, summary_len);
+    n += dp_put_varint(rec + n, summary_len);
     rec[n++] = SUMMARY_VALUE;
-    n += put_varint(rec + n, value_len);
+    n += dp_put_varint(rec + n, value_len);
     n += put_bytes(rec + n, VALUE_TAG, tag, tag_len);
     rec[n++] = VALUE_SIMPLE;
     n += put_float(rec + n, value);
