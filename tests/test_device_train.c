@@ -16,18 +16,18 @@
 
 /* Trains, returns the run's test accuracy (done event) or -1. */
 static double train(const char *bin, const char *tmp, const char *dev, const char *name,
-                    const char *extra)
+                    int epochs, const char *extra)
 {
     char err[8192];
     int rc = run_cmd(err, sizeof err,
                      "%s train --device %s --model mlp-300-100 --epochs %d --threads 1 "
-                     "--log-every 200 --no-progress --metrics %s/%s.jsonl --save %s/%s.st %s",
-                     bin, dev, SANITIZED ? 1 : 2, tmp, name, tmp, name, extra);
+                     "--log-every 100 --no-progress --metrics %s/%s.jsonl --save %s/%s.st %s",
+                     bin, dev, epochs, tmp, name, tmp, name, extra);
     CHECKF(rc == 0, "train --device %s (%s) exited %d: %s", dev, extra, rc, err);
     if (rc != 0)
         return -1;
     CHECKF(strstr(err, "Worker 0 trains on ") != NULL, "no device line in: %s", err);
-    CHECKF(strstr(err, "Worker 0, At step 200, Cost: ") != NULL, "no step line in: %s", err);
+    CHECKF(strstr(err, "Worker 0, At step 100, Cost: ") != NULL, "no step line in: %s", err);
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
     return done_accuracy(path);
@@ -44,31 +44,39 @@ static double eval_cpu(const char *bin, const char *tmp, const char *name)
     return done_accuracy(path);
 }
 
+/* On cuda the issue's runs: 2 epochs of MNIST, single and an allreduce of
+ * two replicas, >= 0.95.  On sim (the host) one epoch each, which reaches
+ * ~0.96 too, and under ASan a fifth of the records, checking the path, not
+ * the accuracy.  The resume and ps runs use 12,800 records (100 steps an
+ * epoch) everywhere. */
 static void device_runs(const char *bin, const char *tmp, const char *dev)
 {
-    char err[8192], name[64];
-    double bound = SANITIZED ? 0.93 : 0.95;
+    char err[8192], name[64], path[1200];
+    int gpu = strcmp(dev, "cuda") == 0;
+    int epochs = gpu ? 2 : 1;
+    const char *size = SANITIZED && !gpu ? "--train-size 12800" : "";
+    double bound = SANITIZED && !gpu ? 0.85 : 0.95, small = 0.85;
 
     /* single: the whole step on the device; the saved weights evaluate on
      * the CPU to what the run reported */
     snprintf(name, sizeof name, "single-%s", dev);
-    double acc = train(bin, tmp, dev, name, "");
+    double acc = train(bin, tmp, dev, name, epochs, size);
     CHECKF(acc >= bound, "--device %s: test accuracy %.4f, expected >= %.2f", dev, acc, bound);
     CHECK_NEAR(eval_cpu(bin, tmp, name), acc, 1e-9);
 
     /* a checkpoint from the device resumes on the CPU, and the reverse: the
-     * run goes on from the step it stopped at, to the same accuracy bound */
+     * run goes on from the step it stopped at */
     for (int way = 0; way < 2; way++) {
         const char *first = way ? "cpu" : dev, *second = way ? dev : "cpu";
         char ck[1200], extra[1400];
         snprintf(ck, sizeof ck, "%s/ck-%s-%d", tmp, dev, way);
-        snprintf(extra, sizeof extra, "--checkpoint-dir %s --checkpoint-every 211", ck);
-        snprintf(name, sizeof name, "first-%s-%d", dev, way);
+        snprintf(extra, sizeof extra,
+                 "--train-size 12800 --checkpoint-dir %s --checkpoint-every 50", ck);
         int rc = run_cmd(err, sizeof err,
-                         "DOWNPOUR_FAULT_KILL_AT_STEP=700 %s train --device %s --model mlp-300-100 "
-                         "--epochs 2 --threads 1 --quiet --no-progress %s",
+                         "DOWNPOUR_FAULT_KILL_AT_STEP=130 %s train --device %s --model "
+                         "mlp-300-100 --epochs 2 --threads 1 --quiet --no-progress %s",
                          bin, first, extra);
-        CHECKF(rc != 0, "the run on %s was to be killed at step 700: %s", first, err);
+        CHECKF(rc != 0, "the run on %s was to be killed at step 130: %s", first, err);
         snprintf(name, sizeof name, "resumed-%s-%d", dev, way);
         rc = run_cmd(err, sizeof err,
                      "%s train --device %s --model mlp-300-100 --epochs 2 --threads 1 --quiet "
@@ -76,11 +84,10 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
                      bin, second, extra, tmp, name);
         CHECKF(rc == 0, "resume on %s of a checkpoint from %s exited %d: %s", second, first, rc,
                err);
-        CHECKF(strstr(err, "(step 633)") != NULL, "resumed from the wrong step: %s", err);
-        char path[1200];
+        CHECKF(strstr(err, "(step 100)") != NULL, "resumed from the wrong step: %s", err);
         snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
         double r = done_accuracy(path);
-        CHECKF(r >= bound, "%s -> %s: test accuracy %.4f after resuming", first, second, r);
+        CHECKF(r >= small, "%s -> %s: test accuracy %.4f after resuming", first, second, r);
     }
 
     /* allreduce: two replicas on the device, reduced on the host */
@@ -88,28 +95,30 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
     int rc = run_cmd(err, sizeof err,
                      "%s launch --workers 2 -- train --strategy allreduce --device %s "
                      "--model mlp-300-100 --epochs %d --threads 1 --quiet --no-progress "
-                     "--metrics %s/%s.jsonl",
-                     bin, dev, SANITIZED ? 1 : 2, tmp, name);
+                     "--metrics %s/%s.jsonl %s",
+                     bin, dev, epochs, tmp, name, size);
     CHECKF(rc == 0, "allreduce on %s exited %d: %s", dev, rc, err);
-    char path[1200];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
     acc = done_accuracy(path);
-    CHECKF(acc >= bound - 0.01, "allreduce on %s: test accuracy %.4f", dev, acc);
+    /* one epoch at a global batch of 256 is half the steps of single's */
+    double ar_bound = gpu ? 0.95 : bound - 0.02;
+    CHECKF(acc >= ar_bound, "allreduce on %s: test accuracy %.4f, expected >= %.2f", dev, acc,
+           ar_bound);
 
     /* ps-async: the worker on the device pushes and pulls through the host;
      * the ps and the chief never open one */
     snprintf(name, sizeof name, "ps-%s", dev);
     rc = run_cmd(err, sizeof err,
                  "%s launch --chief --workers 1 --ps 1 -- train --strategy ps-async --device %s "
-                 "--model mlp-300-100 --epochs 1 --threads 1 --quiet --no-progress "
-                 "--metrics %s/%s.jsonl",
+                 "--model mlp-300-100 --epochs 1 --train-size 12800 --threads 1 --quiet "
+                 "--no-progress --metrics %s/%s.jsonl",
                  bin, dev, tmp, name);
     CHECKF(rc == 0, "ps-async on %s exited %d: %s", dev, rc, err);
     CHECKF(strstr(err, "Worker 0 trains on") && !strstr(err, "Chief trains on"),
            "only the worker opens the device: %s", err);
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
     acc = done_accuracy(path);
-    CHECKF(acc >= 0.93, "ps-async on %s: test accuracy %.4f", dev, acc);
+    CHECKF(acc >= small, "ps-async on %s: test accuracy %.4f", dev, acc);
 }
 
 int main(void)
