@@ -120,25 +120,34 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch)
     b->epoch = epoch + 1;
 }
 
-int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
+/* The next batch's positions in the epoch's order, consumed: *idx and
+ * how many (< batch at the end of the epoch, 0 when done). */
+static int take(dp_batcher *b, int batch, const uint32_t **idx)
 {
     if (!b->order || batch <= 0 || b->pos >= b->n)
         return 0;
     uint32_t left = b->n - b->pos;
     int k = left < (uint32_t)batch ? (int)left : batch;
-    dp_split_gather(x, y, b->split, b->order + b->pos, k);
+    *idx = b->order + b->pos;
     b->pos += (uint32_t)k;
+    return k;
+}
+
+int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
+{
+    const uint32_t *idx = NULL;
+    int k = take(b, batch, &idx);
+    if (k > 0)
+        dp_split_gather(x, y, b->split, idx, k);
     return k;
 }
 
 int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch)
 {
-    if (!b->order || batch <= 0 || b->pos >= b->n)
-        return 0;
-    uint32_t left = b->n - b->pos;
-    int k = left < (uint32_t)batch ? (int)left : batch;
-    memcpy(idx, b->order + b->pos, (size_t)k * sizeof *idx);
-    b->pos += (uint32_t)k;
+    const uint32_t *from = NULL;
+    int k = take(b, batch, &from);
+    if (k > 0)
+        memcpy(idx, from, (size_t)k * sizeof *idx);
     return k;
 }
 
