@@ -16,12 +16,27 @@
 #include "downpour/rng.h"
 #include "downpour/status.h"
 
-/* A view of records: images (n, dim) bytes, labels (n). */
+struct dp_stream_source;
+
+/* A view of records: labels (n) and the features, one of
+ *   images  (n, dim) bytes, scaled by 1/255 when gathered (the IDX sets,
+ *           PNG or raw-byte TFRecord images, uint8 .npy arrays);
+ *   values  (n, dim) floats, used as they are (CSV, float .npy, float lists);
+ *   stream  neither in memory: the records are read from their files as the
+ *           batcher walks them (stream.h); labels is NULL too.
+ * file_end describes the files the records came from, for FILE sharding:
+ * file f holds records [file_end[f-1], file_end[f]) (clipped to n), f <
+ * n_files; n_files 0 means one undivided source (an IDX file), which FILE
+ * sharding cuts into contiguous blocks. */
 typedef struct dp_split {
     const uint8_t *images;
     const uint8_t *labels;
     uint32_t n;
     uint32_t dim;
+    const float *values;
+    const uint64_t *file_end;
+    uint32_t n_files;
+    const struct dp_stream_source *stream;
 } dp_split;
 
 typedef struct dp_dataset {

@@ -1,0 +1,82 @@
+/* Streaming a dataset's training records from their files, for a dataset
+ * larger than the memory it may take (docs/datasets.md, "Streaming").
+ *
+ * A stream walks the records one shard owns, reading its files in order
+ * (records.h) through a bounded buffer and a shuffle window, as tf.data's
+ * interleave-free `list_files(shuffle) -> TFRecordDataset -> shuffle(window)`
+ * does:
+ *   - each epoch the shard's files are taken in an order shuffled from
+ *     (seed, epoch) (with shuffle off: in name order);
+ *   - records enter a window of `window` records; each record given out is
+ *     drawn from the window at random and its slot refilled by the next one
+ *     read, and at the end the window drains in random order.  With a window
+ *     of at least the shard's records this is a full shuffle; with 1 it is
+ *     file order;
+ *   - the draws come from an RNG seeded by (seed, epoch) alone, so an epoch's
+ *     order is the same on every run whatever the reader's timing, and a
+ *     resumed run skips to its place by walking the same order.
+ *
+ * Shards (the split's file_end says where its files begin and end):
+ *   OFF   every record, in every worker;
+ *   DATA  worker k of w keeps records k, k+w, k+2w, ... of the split's file
+ *         order, reading every file and skipping the others' records without
+ *         decoding them (TensorFlow's DATA policy);
+ *   FILE  worker k of w reads files k, k+w, k+2w, ... only, whole: refused
+ *         when the split has fewer files than workers.
+ *
+ * Memory: a stream holds the window, a bounded queue of decoded records
+ * between its reader thread and the batches, and one file reader's buffers,
+ * all allocated when it opens; dp_stream_peak_bytes reports the most it held,
+ * which never exceeds the bound it was given. */
+#ifndef DOWNPOUR_STREAM_H
+#define DOWNPOUR_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/dataset.h"
+#include "downpour/records.h"
+#include "downpour/status.h"
+
+/* What a streamed split reads: the first n records (split->n) of the files,
+ * in order.  Owned by the dataset (dp_dataset_open), pointed to by
+ * dp_split.stream. */
+typedef struct dp_stream_source {
+    const dp_data_split_files *files; /* the split's files, counted */
+    dp_data_format format;
+    dp_record_shape shape;
+    dp_data_options opt;
+    size_t memory; /* the most bytes one stream may hold */
+    uint32_t window; /* shuffle window in records; 0: as many as the memory bound allows */
+} dp_stream_source;
+
+typedef struct dp_stream dp_stream;
+
+/* Opens a stream over shard k of w of split (split->stream set) under
+ * policy; reads nothing until dp_stream_start_epoch.  max_batch is the
+ * largest batch dp_stream_next will be asked for.  Refuses a bound too small
+ * for the reader's buffers plus a window of one batch, naming the sizes. */
+int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy policy, int k, int w,
+                   uint64_t seed, int shuffle, int max_batch, dp_err *err);
+
+/* Records this shard owns in one epoch (the batcher's n). */
+uint32_t dp_stream_records(const dp_stream *s);
+
+/* Starts epoch `epoch` (0-based), ending the last one's reading. */
+int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err);
+
+/* The next batch into x (batch, dim) (bytes scaled by 1/255, floats as they
+ * are) and y: the number of records (< batch at the epoch's end, 0 when it
+ * is over) or -1 on a refusal naming the file and record. */
+int dp_stream_next(dp_stream *s, float *x, uint8_t *y, int batch, dp_err *err);
+
+/* Skips to position pos of the epoch's order (a resumed run). */
+int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err);
+
+/* The window in records, and the most bytes the stream has held. */
+uint32_t dp_stream_window(const dp_stream *s);
+size_t dp_stream_peak_bytes(const dp_stream *s);
+
+void dp_stream_close(dp_stream *s); /* NULL is a no-op */
+
+#endif
