@@ -17,6 +17,7 @@
 #include "downpour/status.h"
 
 struct dp_stream_source;
+struct dp_stream;
 
 /* A view of records: labels (n) and the features, one of
  *   images  (n, dim) bytes, scaled by 1/255 when gathered (the IDX sets,
@@ -103,6 +104,12 @@ typedef struct dp_batcher {
     uint64_t seed;
     long epoch;          /* epochs started */
     int shuffle;
+    /* a streamed split (split->stream): the stream, opened at the first
+     * dp_batcher_next with its batch size, and what went wrong */
+    struct dp_stream *stream;
+    dp_shard_policy stream_policy;
+    int stream_index, stream_count, stream_failed;
+    dp_err err;          /* why dp_batcher_next returned -1 */
 } dp_batcher;
 
 /* Owns the records of shard `shard_index` of `shard_count` under `policy`. */
@@ -110,13 +117,17 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
                     dp_shard_policy policy, int shard_index, int shard_count, dp_err *err);
 void dp_batcher_free(dp_batcher *b);
 /* Starts epoch `epoch` (0-based): order is a permutation seeded by (seed, epoch),
- * so any process can reproduce any epoch's order. */
+ * so any process can reproduce any epoch's order.  (A streamed split's
+ * failure here, or in dp_batcher_seek, is returned by the next
+ * dp_batcher_next.) */
 void dp_batcher_start_epoch(dp_batcher *b, long epoch);
 /* Fills x (batch, dim) with pixels / 255 and y (batch) with labels; returns
- * the number of records written (< batch at the end of the epoch, 0 when done). */
+ * the number of records written (< batch at the end of the epoch, 0 when done),
+ * or -1 with b->err set (a streamed split's record refused: stream.h). */
 int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
 /* The same walk, giving the records' indices into the split instead of their
- * data (a device gathers them itself: device.h). */
+ * data (a device gathers them itself: device.h); -1 with b->err for a
+ * streamed split, whose records are not in memory. */
 int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch);
 /* Skips to position pos of the epoch's order (a resumed run's place in
  * its epoch); past the end means the epoch is over. */

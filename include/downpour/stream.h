@@ -62,6 +62,12 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
 /* Records this shard owns in one epoch (the batcher's n). */
 uint32_t dp_stream_records(const dp_stream *s);
 
+/* The same count without opening a stream (the batcher's init), with
+ * dp_stream_open's refusals of the shard (FILE with fewer files than
+ * workers, a shard with no records). */
+int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k, int w,
+                            uint32_t *n, dp_err *err);
+
 /* Starts epoch `epoch` (0-based), ending the last one's reading. */
 int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err);
 
@@ -76,6 +82,12 @@ int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err);
 /* The window in records, and the most bytes the stream has held. */
 uint32_t dp_stream_window(const dp_stream *s);
 size_t dp_stream_peak_bytes(const dp_stream *s);
+
+/* Whether records are read by a reader thread (1) or inline by
+ * dp_stream_next (0): a thread where the machine has a core to spare,
+ * unless $DOWNPOUR_STREAM_READER says "thread" or "inline"
+ * (docs/datasets.md, "Streaming"). */
+int dp_stream_threaded(const dp_stream *s);
 
 void dp_stream_close(dp_stream *s); /* NULL is a no-op */
 

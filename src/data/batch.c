@@ -6,6 +6,8 @@
 
 #include "downpour/dataset.h"
 #include "downpour/pool.h"
+#include "convert.h"
+#include "stream_batcher.h"
 
 /* splitmix64's finaliser: a bijection that spreads every input bit. */
 static uint64_t mix64(uint64_t z)
@@ -52,6 +54,9 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
                     dp_shard_policy policy, int shard_index, int shard_count, dp_err *err)
 {
     memset(b, 0, sizeof *b);
+    if (split && split->stream)
+        return dp_batcher_stream_init(b, split, seed, shuffle, policy, shard_index, shard_count,
+                                      err);
     if (!split || !split->images || split->n == 0)
         return dp_errf(err, "batcher: the split is empty");
     if ((unsigned)policy >= DP_SHARD_COUNT)
@@ -90,6 +95,7 @@ void dp_batcher_free(dp_batcher *b)
 {
     if (!b)
         return;
+    dp_stream_close(b->stream);
     free(b->order);
     free(b->perm);
     memset(b, 0, sizeof *b);
@@ -97,6 +103,10 @@ void dp_batcher_free(dp_batcher *b)
 
 void dp_batcher_start_epoch(dp_batcher *b, long epoch)
 {
+    if (b->split && b->split->stream) {
+        dp_batcher_stream_start(b, epoch);
+        return;
+    }
     if (!b->order)
         return;
     dp_rng r;
@@ -135,6 +145,8 @@ static int take(dp_batcher *b, int batch, const uint32_t **idx)
 
 int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
 {
+    if (b->split && b->split->stream)
+        return dp_batcher_stream_next(b, x, y, batch);
     const uint32_t *idx = NULL;
     int k = take(b, batch, &idx);
     if (k > 0)
@@ -144,6 +156,9 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
 
 int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch)
 {
+    if (b->split && b->split->stream)
+        return dp_errf(&b->err, "a device trainer needs the records in memory; this dataset is "
+                       "streamed (docs/datasets.md)");
     const uint32_t *from = NULL;
     int k = take(b, batch, &from);
     if (k > 0)
@@ -151,7 +166,13 @@ int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch)
     return k;
 }
 
-void dp_batcher_seek(dp_batcher *b, uint32_t pos) { b->pos = pos < b->n ? pos : b->n; }
+void dp_batcher_seek(dp_batcher *b, uint32_t pos)
+{
+    if (b->split && b->split->stream)
+        dp_batcher_stream_seek(b, pos);
+    else
+        b->pos = pos < b->n ? pos : b->n;
+}
 
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch)
 {
@@ -212,6 +233,17 @@ static void init_convert(void) { pthread_once(&convert_once, choose_convert); }
 #define bytes_to_unit bytes_to_unit_div
 static void init_convert(void) {}
 #endif
+
+void dp_bytes_to_unit(float *restrict dst, const uint8_t *restrict src, uint32_t n)
+{
+    init_convert();
+    bytes_to_unit(dst, src, n);
+}
+
+uint64_t dp_data_epoch_seed(uint64_t seed, long epoch)
+{
+    return mix64(seed ^ mix64((uint64_t)epoch + 0x9e3779b97f4a7c15ULL));
+}
 
 typedef struct gather_job {
     float *x;

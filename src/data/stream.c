@@ -1,0 +1,616 @@
+/* Streaming a shard's training records from their files (stream.h,
+ * docs/datasets.md "Streaming").
+ *
+ * Threads: one reader thread per epoch (or none: the consumer reads inline)
+ * fills record slots; the consumer (dp_stream_next) owns the window.  The
+ * slots form one pool of window + queue records allocated at open: a slot is
+ * free (the reader may decode into it), full (decoded, waiting in the
+ * queue) or in the window.  Two rings of slot ids under one mutex pass them
+ * between the threads, so a record is decoded once and never copied before
+ * its batch.  The order depends only on the sequence of records read (fixed
+ * by the epoch's file order) and the window's generator, never on timing. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "convert.h"
+#include "downpour/stream.h"
+
+enum { ST_READING, ST_END, ST_ERROR };
+
+struct dp_stream {
+    const dp_split *split;
+    const dp_stream_source *src;
+    dp_shard_policy policy;
+    uint32_t k, w;
+    uint64_t seed;
+    int shuffle, threaded;
+    uint32_t records; /* this shard's, one epoch */
+    uint32_t dim;
+    size_t vsize, stride; /* bytes of a record's features; a slot's, aligned */
+
+    /* the memory: slots, rings, window, file lists, the reserve for a reader */
+    uint8_t *feat;    /* (slots, stride) */
+    uint8_t *label;   /* (slots) */
+    uint32_t slots;   /* window + queue */
+    uint32_t window, queue;
+    size_t alloc_bytes, reserve, bound;
+
+    /* the shard's files, in name order, and this epoch's order of them */
+    uint32_t *files, *order, nf;
+
+    /* reader side: touched by the reader thread only while it runs */
+    uint32_t fi;           /* next position in order */
+    dp_record_reader *rd;  /* the open file, or NULL */
+    uint64_t left, gap;    /* records of the file's split part still ahead; to skip first */
+    dp_err rerr;           /* the reader's refusal */
+
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t can_read, can_take;
+    uint32_t *free_ring, free_head, free_n;
+    uint32_t *full_ring, full_head, full_n;
+    int state, stop;
+    size_t reader_peak; /* most bytes a reader has held */
+    pthread_t th;
+    int running;
+
+    /* consumer side */
+    uint32_t *win, count; /* slot ids in the window */
+    int filled, input_done, started, failed;
+    uint32_t pos;
+    long epoch;
+    dp_rng rng;
+    dp_err ferr; /* a failed epoch's message, returned again until the next start */
+};
+
+/* ---- the shard: which files and records ---- */
+
+/* Records of file f that belong to the split (it may end inside a file). */
+static uint64_t split_part(const dp_data_file *f, uint32_t n)
+{
+    if (f->first >= n)
+        return 0;
+    uint64_t left = n - f->first;
+    return f->records < left ? f->records : left;
+}
+
+/* The shard's files, in name order, into list (may be NULL) and *nf, or -1. */
+static int shard_files(const dp_split *split, dp_shard_policy p, uint32_t k, uint32_t w,
+                       uint32_t *list, uint32_t *nf, dp_err *err)
+{
+    const dp_data_split_files *fs = split->stream->files;
+    uint32_t held = 0, mine = 0;
+    for (size_t f = 0; f < fs->n; f++) {
+        if (split_part(&fs->files[f], split->n) == 0)
+            continue;
+        if (p != DP_SHARD_FILE || held % w == k) {
+            if (list)
+                list[mine] = (uint32_t)f;
+            mine++;
+        }
+        held++;
+    }
+    if (p == DP_SHARD_FILE && held < w)
+        return dp_errf(err, "FILE sharding gives each worker whole files, but the training split "
+                       "has %u files for %u workers: use --shard data, or more files (downpour "
+                       "data convert --shards %u or more)", held, w, w);
+    *nf = mine;
+    return 0;
+}
+
+int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k, int w,
+                            uint32_t *n, dp_err *err)
+{
+    if (!split || !split->stream || !split->stream->files)
+        return dp_errf(err, "stream: the split has no record files");
+    if ((unsigned)policy >= DP_SHARD_COUNT)
+        return dp_errf(err, "stream: unknown shard policy %d", (int)policy);
+    if (w < 1 || k < 0 || k >= w)
+        return dp_errf(err, "stream: shard %d of %d is out of range", k, w);
+    const dp_data_split_files *fs = split->stream->files;
+    if (split->n > fs->records)
+        return dp_errf(err, "stream: the split's %u records are more than its files' %" PRIu64,
+                       split->n, fs->records);
+    uint32_t nf;
+    if (shard_files(split, policy, (uint32_t)k, (uint32_t)w, NULL, &nf, err) < 0)
+        return -1;
+    uint64_t total = 0;
+    if (policy == DP_SHARD_FILE) {
+        uint32_t held = 0;
+        for (size_t f = 0; f < fs->n; f++) {
+            uint64_t part = split_part(&fs->files[f], split->n);
+            if (part && held++ % (uint32_t)w == (uint32_t)k)
+                total += part;
+        }
+    } else if (policy == DP_SHARD_DATA) {
+        total = (uint32_t)k < split->n ? ((uint64_t)split->n - (uint32_t)k + (uint32_t)w - 1) /
+                                             (uint32_t)w
+                                       : 0;
+    } else {
+        total = split->n;
+    }
+    if (total == 0)
+        return dp_errf(err, "stream: shard %d of %d (policy %s) of a %u-record split owns no "
+                       "records", k, w, dp_shard_name(policy), split->n);
+    *n = (uint32_t)total;
+    return 0;
+}
+
+/* ---- the reader: the next owned record of the epoch's files ---- */
+
+/* What a file reader may hold for one record of this shape: its read
+ * buffer and a record (records.h; docs/datasets.md gives the buffers), with
+ * room for a record twice the decoded size (an incompressible PNG, an
+ * Example's framing).  Measured readers that hold more are checked against
+ * the bound as they read. */
+static size_t reader_reserve(dp_data_format f, size_t record_bytes, uint32_t dim)
+{
+    switch (f) {
+    case DP_DATA_NPY:
+        return ((size_t)1 << 20) + 3 * ((size_t)64 << 10); /* staging + inflate's buffers */
+    case DP_DATA_CSV:
+        return ((size_t)64 << 10) + 32 * (size_t)dim + 1024; /* read buffer + one line */
+    default:
+        return ((size_t)64 << 10) + 2 * (record_bytes + 1024); /* read buffer + record + decode */
+    }
+}
+
+static int reader_open_next(dp_stream *s, dp_err *err)
+{
+    const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
+    if (dp_record_open(&s->rd, f, s->src->format, &s->src->shape, &s->src->opt, err) < 0)
+        return -1;
+    s->left = split_part(f, s->split->n);
+    /* DATA: the first record of this file whose split index is k mod w */
+    s->gap = s->policy == DP_SHARD_DATA ? (s->k + s->w - (uint32_t)(f->first % s->w)) % s->w : 0;
+    return 0;
+}
+
+static int short_file(const dp_stream *s, dp_err *err)
+{
+    const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
+    return dp_errf(err, "%s: ends after record %" PRIu64 "; it held %" PRIu64 " records when the "
+                   "dataset was counted (was it changed?)", f->path, dp_record_index(s->rd),
+                   f->records);
+}
+
+/* Decodes the next record this shard owns into slot id: 1, 0 at the
+ * epoch's end, -1 with err naming the file and record. */
+static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
+{
+    for (;;) {
+        if (!s->rd) {
+            if (s->fi >= s->nf)
+                return 0;
+            if (reader_open_next(s, err) < 0)
+                return -1;
+        }
+        if (s->gap >= s->left) { /* nothing more of this file is ours */
+            dp_record_close(s->rd);
+            s->rd = NULL;
+            s->fi++;
+            continue;
+        }
+        if (s->gap) {
+            int64_t got = dp_record_skip(s->rd, s->gap, err);
+            if (got < 0)
+                return -1;
+            if ((uint64_t)got < s->gap)
+                return short_file(s, err);
+            s->left -= s->gap;
+        }
+        int rc = dp_record_next(s->rd, s->feat + (size_t)id * s->stride, &s->label[id], err);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            return short_file(s, err);
+        s->left--;
+        s->gap = s->policy == DP_SHARD_DATA ? s->w - 1 : 0;
+        *reader_bytes = dp_record_reader_bytes(s->rd);
+        if (*reader_bytes > s->reserve && s->alloc_bytes + *reader_bytes > s->bound) {
+            const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
+            return dp_errf(err, "%s: record %" PRIu64 ": the file's reader holds %zu bytes, "
+                           "more than the %zu the memory bound of %zu bytes leaves it beside "
+                           "the window and queue (%zu bytes): raise the bound",
+                           f->path, dp_record_index(s->rd) - 1, *reader_bytes,
+                           s->bound - s->alloc_bytes, s->bound, s->alloc_bytes);
+        }
+        return 1;
+    }
+}
+
+static void ring_push(uint32_t *ring, uint32_t cap, uint32_t head, uint32_t *n, uint32_t id)
+{
+    ring[(head + *n) % cap] = id;
+    (*n)++;
+}
+
+static uint32_t ring_pop(const uint32_t *ring, uint32_t cap, uint32_t *head, uint32_t *n)
+{
+    uint32_t id = ring[*head];
+    *head = (*head + 1) % cap;
+    (*n)--;
+    return id;
+}
+
+static void *reader_main(void *arg)
+{
+    dp_stream *s = arg;
+    dp_err e;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (s->free_n == 0 && !s->stop)
+            pthread_cond_wait(&s->can_read, &s->mu);
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        uint32_t id = ring_pop(s->free_ring, s->slots, &s->free_head, &s->free_n);
+        pthread_mutex_unlock(&s->mu);
+
+        size_t rb = 0;
+        e.msg[0] = 0;
+        int rc = produce(s, id, &rb, &e);
+
+        pthread_mutex_lock(&s->mu);
+        if (rb > s->reader_peak)
+            s->reader_peak = rb;
+        if (rc == 1) {
+            ring_push(s->full_ring, s->slots, s->full_head, &s->full_n, id);
+        } else {
+            ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
+            s->state = rc == 0 ? ST_END : ST_ERROR;
+            if (rc < 0)
+                s->rerr = e;
+        }
+        pthread_cond_signal(&s->can_take);
+        pthread_mutex_unlock(&s->mu);
+        if (rc != 1)
+            return NULL;
+    }
+}
+
+/* The next record read, as a slot id: 1, 0 at the end, -1 with err. */
+static int take(dp_stream *s, uint32_t *id, dp_err *err)
+{
+    if (!s->threaded) {
+        if (s->state == ST_END)
+            return 0;
+        *id = ring_pop(s->free_ring, s->slots, &s->free_head, &s->free_n);
+        size_t rb = 0;
+        int rc = produce(s, *id, &rb, err);
+        if (rb > s->reader_peak)
+            s->reader_peak = rb;
+        if (rc != 1) {
+            ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, *id);
+            s->state = rc == 0 ? ST_END : ST_ERROR;
+        }
+        return rc;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (s->full_n == 0 && s->state == ST_READING)
+        pthread_cond_wait(&s->can_take, &s->mu);
+    int rc = 1;
+    if (s->full_n)
+        *id = ring_pop(s->full_ring, s->slots, &s->full_head, &s->full_n);
+    else if (s->state == ST_END)
+        rc = 0;
+    else {
+        rc = -1;
+        if (err)
+            *err = s->rerr;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static void release(dp_stream *s, uint32_t id)
+{
+    if (!s->threaded) {
+        ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
+    pthread_cond_signal(&s->can_read);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Ends the epoch's reading: the thread joined, the file closed, every slot
+ * free again. */
+static void stop_reading(dp_stream *s)
+{
+    if (s->running) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->can_read);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+        s->running = 0;
+    }
+    dp_record_close(s->rd);
+    s->rd = NULL;
+    for (uint32_t i = 0; i < s->slots; i++)
+        s->free_ring[i] = i;
+    s->free_head = s->full_head = s->full_n = 0;
+    s->free_n = s->slots;
+    s->state = ST_READING;
+    s->stop = 0;
+    s->count = 0;
+    s->filled = s->input_done = 0;
+}
+
+/* ---- the consumer: the window ---- */
+
+static int fail(dp_stream *s, const dp_err *e, dp_err *err)
+{
+    s->failed = 1;
+    s->ferr = *e;
+    if (err)
+        *err = *e;
+    return -1;
+}
+
+/* The next record of the epoch's order into x (dim floats) and *y (either
+ * may be NULL: a seek): 1, 0 when the epoch is over, -1. */
+static int next_record(dp_stream *s, float *x, uint8_t *y, dp_err *err)
+{
+    dp_err e;
+    uint32_t id;
+    int rc;
+    if (!s->filled) {
+        while (s->count < s->window) {
+            if ((rc = take(s, &id, &e)) < 0)
+                return fail(s, &e, err);
+            if (rc == 0) {
+                s->input_done = 1;
+                break;
+            }
+            s->win[s->count++] = id;
+        }
+        s->filled = 1;
+    }
+    if (s->count == 0)
+        return 0;
+    uint32_t j = s->shuffle && s->count > 1 ? dp_rng_below(&s->rng, s->count) : 0;
+    id = s->win[j];
+    const uint8_t *f = s->feat + (size_t)id * s->stride;
+    if (x) {
+        if (s->src->shape.kind == DP_VALUES_U8)
+            dp_bytes_to_unit(x, f, s->dim);
+        else
+            memcpy(x, f, (size_t)s->dim * sizeof *x);
+    }
+    if (y)
+        *y = s->label[id];
+    release(s, id);
+    rc = 0;
+    if (!s->input_done && (rc = take(s, &id, &e)) < 0)
+        return fail(s, &e, err);
+    if (rc == 1) {
+        s->win[j] = id;
+    } else {
+        s->input_done = 1;
+        s->win[j] = s->win[--s->count];
+    }
+    s->pos++;
+    return 1;
+}
+
+int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err)
+{
+    stop_reading(s);
+    s->failed = 0;
+    s->pos = 0;
+    s->epoch = epoch;
+    s->fi = 0;
+    dp_rng_seed(&s->rng, dp_data_epoch_seed(s->seed, epoch));
+    memcpy(s->order, s->files, (size_t)s->nf * sizeof *s->order);
+    if (s->shuffle)
+        dp_rng_shuffle(&s->rng, s->order, s->nf);
+    s->started = 1;
+    if (s->threaded) {
+        int e = pthread_create(&s->th, NULL, reader_main, s);
+        if (e) {
+            dp_err m;
+            dp_errf(&m, "stream: cannot start the reader thread: %s", strerror(e));
+            return fail(s, &m, err);
+        }
+        s->running = 1;
+    }
+    return 0;
+}
+
+int dp_stream_next(dp_stream *s, float *x, uint8_t *y, int batch, dp_err *err)
+{
+    if (!s->started)
+        return dp_errf(err, "stream: dp_stream_next before dp_stream_start_epoch");
+    if (s->failed) {
+        if (err)
+            *err = s->ferr;
+        return -1;
+    }
+    int n = 0;
+    for (; n < batch; n++) {
+        int rc = next_record(s, x + (size_t)n * s->dim, y ? y + n : NULL, err);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            break;
+    }
+    return n;
+}
+
+int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err)
+{
+    if (!s->started)
+        return dp_errf(err, "stream: dp_stream_seek before dp_stream_start_epoch");
+    if (pos < s->pos || s->failed) /* behind us: the epoch again from its start */
+        if (dp_stream_start_epoch(s, s->epoch, err) < 0)
+            return -1;
+    /* The window's contents at pos depend on every draw before it, so the
+     * records before pos are read again and dropped. */
+    while (s->pos < pos) {
+        int rc = next_record(s, NULL, NULL, err);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            break;
+    }
+    return 0;
+}
+
+/* ---- open and close ---- */
+
+/* A thread where a second core can read while the step computes;
+ * $DOWNPOUR_STREAM_READER overrides (docs/datasets.md, "Streaming"). */
+static int choose_threaded(int *threaded, dp_err *err)
+{
+    const char *v = getenv("DOWNPOUR_STREAM_READER");
+    if (v && *v) {
+        if (strcmp(v, "thread") == 0)
+            *threaded = 1;
+        else if (strcmp(v, "inline") == 0)
+            *threaded = 0;
+        else
+            return dp_errf(err, "DOWNPOUR_STREAM_READER is '%s': use thread or inline", v);
+        return 0;
+    }
+    *threaded = sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+    return 0;
+}
+
+int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy policy, int k, int w,
+                   uint64_t seed, int shuffle, int max_batch, dp_err *err)
+{
+    *out = NULL;
+    uint32_t records, nf = 0;
+    if (dp_stream_shard_records(split, policy, k, w, &records, err) < 0)
+        return -1;
+    if (max_batch < 1)
+        return dp_errf(err, "stream: the largest batch %d must be at least 1", max_batch);
+    const dp_stream_source *src = split->stream;
+    if ((unsigned)src->shape.kind >= DP_VALUES_KIND_COUNT || src->shape.dim == 0 ||
+        src->shape.dim != split->dim)
+        return dp_errf(err, "stream: records of %u values (%s) do not match the split's %u",
+                       src->shape.dim, dp_value_kind_name(src->shape.kind), split->dim);
+    int threaded = 0;
+    if (choose_threaded(&threaded, err) < 0)
+        return -1;
+    if (shard_files(split, policy, (uint32_t)k, (uint32_t)w, NULL, &nf, err) < 0)
+        return -1;
+
+    /* Sizes, all counted: a slot is its features (aligned), its label and
+     * its places in the two rings; a window place is one id more. */
+    size_t rec = (size_t)src->shape.dim * dp_value_size(src->shape.kind);
+    size_t stride = (rec + 15) & ~(size_t)15;
+    size_t per_slot = stride + 1 + 2 * sizeof(uint32_t), per_win = per_slot + sizeof(uint32_t);
+    size_t reserve = reader_reserve(src->format, rec, src->shape.dim);
+    uint32_t queue = (uint32_t)max_batch * 2 < records ? (uint32_t)max_batch * 2 : records;
+    size_t base = sizeof(dp_stream) + 2 * (size_t)nf * sizeof(uint32_t) + reserve +
+                  (size_t)queue * per_slot;
+    uint32_t least = (uint32_t)max_batch < records ? (uint32_t)max_batch : records;
+    size_t need = base + (size_t)least * per_win;
+    if (src->memory < need)
+        return dp_errf(err, "stream: a memory bound of %zu bytes is too small: the reader's "
+                       "buffers (%zu bytes), a queue of %u and a window of %u records of %zu "
+                       "bytes need %zu; raise it to at least that", src->memory, reserve, queue,
+                       least, rec, need);
+    uint64_t window = src->window;
+    if (window == 0) {
+        window = (src->memory - base) / per_win;
+    } else if (base + (size_t)window * per_win > src->memory) {
+        return dp_errf(err, "stream: a window of %u records of %zu bytes, with the reader's "
+                       "buffers (%zu bytes) and a queue of %u records, needs %zu bytes, above "
+                       "the memory bound of %zu", src->window, rec, reserve, queue,
+                       base + (size_t)window * per_win, src->memory);
+    }
+    if (window > records)
+        window = records;
+    if (!shuffle)
+        window = 1; /* file order: a window of one gives it */
+
+    dp_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return dp_errf(err, "stream: out of memory");
+    s->split = split;
+    s->src = src;
+    s->policy = policy;
+    s->k = (uint32_t)k;
+    s->w = (uint32_t)w;
+    s->seed = seed;
+    s->shuffle = shuffle != 0;
+    s->threaded = threaded;
+    s->records = records;
+    s->dim = src->shape.dim;
+    s->vsize = dp_value_size(src->shape.kind);
+    s->stride = stride;
+    s->window = (uint32_t)window;
+    s->queue = queue;
+    s->slots = s->window + queue;
+    s->reserve = reserve;
+    s->bound = src->memory;
+    s->nf = nf;
+    s->feat = malloc((size_t)s->slots * stride);
+    s->label = malloc(s->slots);
+    s->free_ring = malloc((size_t)s->slots * sizeof(uint32_t));
+    s->full_ring = malloc((size_t)s->slots * sizeof(uint32_t));
+    s->win = malloc((size_t)s->window * sizeof(uint32_t));
+    s->files = malloc((size_t)(nf ? nf : 1) * sizeof(uint32_t));
+    s->order = malloc((size_t)(nf ? nf : 1) * sizeof(uint32_t));
+    int mu = pthread_mutex_init(&s->mu, NULL) == 0;
+    int c1 = mu && pthread_cond_init(&s->can_read, NULL) == 0;
+    int c2 = c1 && pthread_cond_init(&s->can_take, NULL) == 0;
+    if (!s->feat || !s->label || !s->free_ring || !s->full_ring || !s->win || !s->files ||
+        !s->order || !c2) {
+        if (c1)
+            pthread_cond_destroy(&s->can_read);
+        if (mu)
+            pthread_mutex_destroy(&s->mu);
+        free(s->feat), free(s->label), free(s->free_ring), free(s->full_ring), free(s->win);
+        free(s->files), free(s->order), free(s);
+        return dp_errf(err, "stream: out of memory for %u records of %zu bytes",
+                       (uint32_t)window + queue, rec);
+    }
+    shard_files(split, policy, (uint32_t)k, (uint32_t)w, s->files, &nf, NULL);
+    s->alloc_bytes = sizeof *s + (size_t)s->slots * per_slot + (size_t)s->window * sizeof(uint32_t) +
+                     2 * (size_t)nf * sizeof(uint32_t);
+    stop_reading(s); /* every slot free */
+    *out = s;
+    return 0;
+}
+
+uint32_t dp_stream_records(const dp_stream *s) { return s ? s->records : 0; }
+uint32_t dp_stream_window(const dp_stream *s) { return s ? s->window : 0; }
+int dp_stream_threaded(const dp_stream *s) { return s ? s->threaded : 0; }
+
+size_t dp_stream_peak_bytes(const dp_stream *s)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&s->mu);
+    size_t rb = s->reader_peak;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
+    return s->alloc_bytes + rb;
+}
+
+void dp_stream_close(dp_stream *s)
+{
+    if (!s)
+        return;
+    stop_reading(s);
+    pthread_cond_destroy(&s->can_read);
+    pthread_cond_destroy(&s->can_take);
+    pthread_mutex_destroy(&s->mu);
+    free(s->feat);
+    free(s->label);
+    free(s->free_ring);
+    free(s->full_ring);
+    free(s->win);
+    free(s->files);
+    free(s->order);
+    free(s);
+}
