@@ -1,0 +1,433 @@
+/* Reading one file of a dataset of record files, record after record, over
+ * the format readers: tfrecord.c + example.c + png.c, npy.c, csv.c (the
+ * contract is include/downpour/records.h; docs/datasets.md, "Datasets of
+ * files").  Every refusal is "FILE: record N: why", N counted from 0 in the
+ * file, whichever reader found the fault. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "downpour/csv.h"
+#include "downpour/example.h"
+#include "downpour/npy.h"
+#include "downpour/png.h"
+#include "downpour/tfrecord.h"
+#include "records_impl.h"
+
+/* Rows of an .npy pair read at once: a few hundred MNIST images per pread,
+ * and a bounded buffer whatever the array's size. */
+#define NPY_BUF_BYTES ((size_t)256 << 10)
+
+struct dp_record_reader {
+    dp_data_format format;
+    dp_record_shape shape;
+    char *where;        /* the features' file, for messages ("x.npz (member x_train)") */
+    char *labels_where; /* npy: the labels' file */
+    char *image, *label; /* feature names (copied: the caller's options may go) */
+    uint32_t classes;
+    uint64_t index;     /* of the next record */
+    /* tfrecord */
+    dp_tfrecord_reader *tf;
+    dp_example *ex;
+    /* npy */
+    dp_npy *x, *y;
+    uint64_t rows;
+    uint8_t *buf;       /* chunk_rows records' features, NULL when reading straight */
+    uint32_t *lbuf;     /* their labels */
+    uint64_t chunk_rows, buf_lo, buf_hi;
+    /* csv */
+    dp_csv *csv;
+    float *scratch;     /* a row skipped */
+};
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (p)
+        memcpy(p, s, n);
+    return p;
+}
+
+/* "where: record N: why". */
+static int rec_errf(dp_err *err, const char *where, uint64_t index, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int rec_errf(dp_err *err, const char *where, uint64_t index, const char *fmt, ...)
+{
+    if (!err)
+        return -1;
+    char why[DP_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(err->msg, sizeof err->msg, "%s: record %llu: %.400s", where,
+             (unsigned long long)index, why);
+    return -1;
+}
+
+/* Rewrites a reader's message as "where: record N: why", dropping the
+ * reader's own "path...: " head when it names the same file. */
+static int rec_wrap(dp_err *err, const char *path, const char *where, uint64_t index)
+{
+    if (!err)
+        return -1;
+    char why[DP_ERR_MAX];
+    const char *m = err->msg;
+    size_t pl = strlen(path);
+    if (pl > 0 && strncmp(m, path, pl) == 0) {
+        const char *colon = strstr(m + pl, ": ");
+        if (colon)
+            m = colon + 2;
+    }
+    snprintf(why, sizeof why, "%s", m);
+    return rec_errf(err, where, index, "%s", why);
+}
+
+/* ---- TFRecord of tf.train.Example ---- */
+
+static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+
+static int is_png(const dp_bytes *b)
+{
+    return b->len >= sizeof png_sig && memcmp(b->data, png_sig, sizeof png_sig) == 0;
+}
+
+/* The one value of an int64 feature, if ex has it so. */
+static int int64_one(const dp_example *ex, const char *name, int64_t *v)
+{
+    const dp_feature *f = dp_example_find(ex, name);
+    if (!f || f->kind != DP_FEATURE_INT64 || f->count != 1)
+        return 0;
+    *v = f->int64s[0];
+    return 1;
+}
+
+static const dp_feature *find_image(dp_record_reader *r, dp_err *err)
+{
+    const dp_feature *f = dp_example_find(r->ex, r->image);
+    if (!f) {
+        char names[200] = "";
+        size_t at = 0, n = dp_example_count(r->ex);
+        for (size_t i = 0; i < n && at < sizeof names - 1; i++) {
+            int w = snprintf(names + at, sizeof names - at, "%s\"%s\"", i ? ", " : "",
+                             dp_example_feature(r->ex, i)->name);
+            at += w > 0 ? (size_t)w : 0;
+        }
+        rec_errf(err, r->where, r->index, "no feature \"%s\" (the Example has %s)", r->image,
+                 n ? names : "no features");
+        return NULL;
+    }
+    if (f->kind == DP_FEATURE_NONE || (f->kind == DP_FEATURE_BYTES && f->count != 1) ||
+        f->count == 0) {
+        rec_errf(err, r->where, r->index, "feature \"%s\" is a %s of %zu values; expected one "
+                 "image (bytes) or a list of numbers", r->image, dp_feature_kind_name(f->kind),
+                 f->count);
+        return NULL;
+    }
+    return f;
+}
+
+/* The shape the image feature of the decoded record gives. */
+static int tf_shape(dp_record_reader *r, dp_record_shape *s, dp_err *err)
+{
+    const dp_feature *f = find_image(r, err);
+    if (!f)
+        return -1;
+    memset(s, 0, sizeof *s);
+    s->channels = 1;
+    s->rows = 1;
+    if (f->kind == DP_FEATURE_BYTES) {
+        const dp_bytes *b = &f->bytes[0];
+        s->kind = DP_VALUES_U8;
+        if (is_png(b)) {
+            dp_png_info info;
+            if (dp_png_info_read(&info, b->data, b->len, err) != 0)
+                return rec_wrap(err, "", r->where, r->index);
+            s->rows = info.height;
+            s->cols = info.width;
+            s->channels = (uint32_t)info.channels;
+        } else {
+            int64_t h, w;
+            if (b->len == 0 || b->len > UINT32_MAX)
+                return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu bytes",
+                                r->image, b->len);
+            if (int64_one(r->ex, "height", &h) && int64_one(r->ex, "width", &w)) {
+                if (h <= 0 || w <= 0 || (uint64_t)b->len % ((uint64_t)h * (uint64_t)w) != 0)
+                    return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu bytes, "
+                                    "not a whole number of height x width = %lld x %lld "
+                                    "pixels", r->image, b->len, (long long)h, (long long)w);
+                s->rows = (uint32_t)h;
+                s->cols = (uint32_t)w;
+                s->channels = (uint32_t)(b->len / ((size_t)h * (size_t)w));
+            } else {
+                uint32_t q = (uint32_t)sqrt((double)b->len);
+                while ((uint64_t)q * q > b->len)
+                    q--;
+                while ((uint64_t)(q + 1) * (q + 1) <= b->len)
+                    q++;
+                if ((uint64_t)q * q == b->len)
+                    s->rows = s->cols = q;
+                else
+                    s->cols = (uint32_t)b->len;
+            }
+        }
+    } else {
+        if (f->count > UINT32_MAX)
+            return rec_errf(err, r->where, r->index, "feature \"%s\" has %zu values", r->image,
+                            f->count);
+        s->kind = DP_VALUES_F32;
+        s->cols = (uint32_t)f->count;
+    }
+    uint64_t dim = (uint64_t)s->rows * s->cols * s->channels;
+    if (dim == 0 || dim > UINT32_MAX)
+        return rec_errf(err, r->where, r->index, "feature \"%s\": %u x %u x %u values", r->image,
+                        s->rows, s->cols, s->channels);
+    s->dim = (uint32_t)dim;
+    return 0;
+}
+
+static int tf_label(dp_record_reader *r, uint8_t *label, dp_err *err)
+{
+    const dp_feature *f = dp_example_find(r->ex, r->label);
+    if (!f)
+        return rec_errf(err, r->where, r->index, "no feature \"%s\" (the label)", r->label);
+    double v;
+    if (f->kind == DP_FEATURE_INT64 && f->count == 1) {
+        if (f->int64s[0] < 0 || f->int64s[0] >= (int64_t)r->classes)
+            return rec_errf(err, r->where, r->index, "feature \"%s\": label %lld is not in "
+                            "[0, %u)", r->label, (long long)f->int64s[0], r->classes);
+        *label = (uint8_t)f->int64s[0];
+        return 0;
+    }
+    if (f->kind != DP_FEATURE_FLOAT || f->count != 1)
+        return rec_errf(err, r->where, r->index, "feature \"%s\" is a %s of %zu values; the "
+                        "label is one int64 (or an integral float)", r->label,
+                        dp_feature_kind_name(f->kind), f->count);
+    v = f->floats[0];
+    if (!(v >= 0 && v < r->classes) || v != floor(v))
+        return rec_errf(err, r->where, r->index, "feature \"%s\": label %g is not an integer in "
+                        "[0, %u)", r->label, v, r->classes);
+    *label = (uint8_t)v;
+    return 0;
+}
+
+static const char *kind_str(const dp_feature *f)
+{
+    return f->kind == DP_FEATURE_BYTES ? "bytes (uint8)" : "a number list (float32)";
+}
+
+static int tf_features(dp_record_reader *r, void *out, dp_err *err)
+{
+    const dp_feature *f = find_image(r, err);
+    if (!f)
+        return -1;
+    const dp_record_shape *s = &r->shape;
+    dp_value_kind k = f->kind == DP_FEATURE_BYTES ? DP_VALUES_U8 : DP_VALUES_F32;
+    if (k != s->kind)
+        return rec_errf(err, r->where, r->index, "feature \"%s\" is %s, the dataset's first "
+                        "record has %s values", r->image, kind_str(f), dp_value_kind_name(s->kind));
+    if (f->kind == DP_FEATURE_BYTES) {
+        const dp_bytes *b = &f->bytes[0];
+        if (!is_png(b)) {
+            if (b->len != s->dim)
+                return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu bytes, the "
+                                "dataset's first record has %u", r->image, b->len, s->dim);
+            memcpy(out, b->data, b->len);
+            return 0;
+        }
+        dp_png_info info;
+        if (dp_png_info_read(&info, b->data, b->len, err) != 0)
+            return rec_wrap(err, "", r->where, r->index);
+        if (info.width != s->cols || info.height != s->rows)
+            return rec_errf(err, r->where, r->index, "feature \"%s\": PNG of %ux%u pixels, the "
+                            "dataset's first record has %ux%u", r->image, info.width,
+                            info.height, s->cols, s->rows);
+        if ((uint32_t)info.channels != s->channels)
+            return rec_errf(err, r->where, r->index, "feature \"%s\": PNG of %d channels, the "
+                            "dataset's first record has %u", r->image, info.channels,
+                            s->channels);
+        if (dp_png_decode(out, b->data, b->len, s->rows, s->cols, (int)s->channels, err) != 0) {
+            char why[DP_ERR_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return rec_errf(err, r->where, r->index, "feature \"%s\": %.400s", r->image, why);
+        }
+        return 0;
+    }
+    if (f->count != s->dim)
+        return rec_errf(err, r->where, r->index, "feature \"%s\" has %zu values, the dataset's "
+                        "first record has %u", r->image, f->count, s->dim);
+    float *o = out;
+    if (f->kind == DP_FEATURE_FLOAT) {
+        memcpy(o, f->floats, f->count * sizeof *o);
+    } else {
+        for (size_t i = 0; i < f->count; i++)
+            o[i] = (float)f->int64s[i];
+    }
+    return 0;
+}
+
+/* Reads and decodes the next Example: 1, 0 at the end, -1. */
+static int tf_read(dp_record_reader *r, dp_err *err)
+{
+    const uint8_t *data;
+    size_t len;
+    int rc = dp_tfrecord_next(r->tf, &data, &len, err);
+    if (rc <= 0)
+        return rc; /* tfrecord.c's messages name the file and the record */
+    if (dp_example_decode(r->ex, data, len, err) != 0)
+        return rec_wrap(err, "", r->where, r->index);
+    return 1;
+}
+
+static int tf_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *err)
+{
+    int rc = tf_read(r, err);
+    if (rc <= 0)
+        return rc;
+    if (tf_features(r, features, err) != 0 || tf_label(r, label, err) != 0)
+        return -1;
+    r->index++;
+    return 1;
+}
+
+static int tf_open(dp_record_reader *r, const dp_data_file *f, dp_err *err)
+{
+    if (dp_tfrecord_open(&r->tf, f->path, NULL, err) != 0)
+        return -1;
+    r->ex = dp_example_new();
+    if (!r->ex)
+        return dp_errf(err, "%s: out of memory", f->path);
+    return 0;
+}
+
+/* ---- the reader ---- */
+
+static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_format format,
+                       const dp_data_options *opt, dp_err *err)
+{
+    *out = NULL;
+    dp_data_options o;
+    dp_data_options_resolve(&o, opt);
+    uint32_t classes = dp_data_classes(&o);
+    if (classes < 2 || classes > 256)
+        return dp_errf(err, "%s: the class count %u is not in 2..256", f->path, classes);
+    dp_record_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return dp_errf(err, "%s: out of memory", f->path);
+    r->format = format;
+    r->classes = classes;
+    r->image = dup_str(o.image);
+    r->label = dup_str(o.label ? o.label : "label");
+    r->where = dup_str(f->path);
+    if (!r->image || !r->label || !r->where) {
+        dp_record_close(r);
+        return dp_errf(err, "%s: out of memory", f->path);
+    }
+    int rc;
+    switch (format) {
+    case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
+    default: rc = dp_errf(err, "%s: the %s format is not read yet", f->path,
+                          dp_data_format_name(format));
+    }
+    if (rc != 0) {
+        dp_record_close(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}
+
+int dp_record_probe(const dp_data_file *f, dp_data_format format, const dp_data_options *opt,
+                    dp_record_shape *shape, dp_err *err)
+{
+    dp_record_reader *r;
+    if (open_reader(&r, f, format, opt, err) != 0)
+        return -1;
+    int rc = -1;
+    switch (format) {
+    case DP_DATA_TFRECORD:
+        rc = tf_read(r, err);
+        if (rc == 1 && tf_shape(r, shape, err) != 0)
+            rc = -1;
+        break;
+    default: break;
+    }
+    dp_record_close(r);
+    return rc;
+}
+
+int dp_record_open(dp_record_reader **out, const dp_data_file *f, dp_data_format format,
+                   const dp_record_shape *shape, const dp_data_options *opt, dp_err *err)
+{
+    if (!shape || shape->dim == 0 || shape->kind >= DP_VALUES_KIND_COUNT ||
+        (uint64_t)shape->rows * shape->cols * shape->channels != shape->dim) {
+        *out = NULL;
+        return dp_errf(err, "%s: no record shape (count the dataset's files first)", f->path);
+    }
+    if (open_reader(out, f, format, opt, err) != 0)
+        return -1;
+    (*out)->shape = *shape;
+    return 0;
+}
+
+int dp_record_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *err)
+{
+    switch (r->format) {
+    case DP_DATA_TFRECORD: return tf_next(r, features, label, err);
+    default: return dp_errf(err, "%s: unknown format", r->where);
+    }
+}
+
+int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        int rc;
+        if (r->format == DP_DATA_TFRECORD) {
+            const uint8_t *data; /* framing and CRCs checked, the Example left alone */
+            size_t len;
+            rc = dp_tfrecord_next(r->tf, &data, &len, err);
+        } else {
+            return dp_errf(err, "%s: unknown format", r->where);
+        }
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            break;
+        r->index++;
+        done++;
+    }
+    return (int64_t)done;
+}
+
+uint64_t dp_record_index(const dp_record_reader *r) { return r->index; }
+
+size_t dp_record_reader_bytes(const dp_record_reader *r)
+{
+    size_t n = sizeof *r;
+    if (r->tf) /* tfrecord.c's read buffer and the largest record so far */
+        n += (size_t)64 << 10;
+    return n;
+}
+
+void dp_record_close(dp_record_reader *r)
+{
+    if (!r)
+        return;
+    dp_tfrecord_close(r->tf);
+    dp_example_free(r->ex);
+    dp_npy_close(r->x);
+    dp_npy_close(r->y);
+    dp_csv_close(r->csv);
+    free(r->buf);
+    free(r->lbuf);
+    free(r->scratch);
+    free(r->where);
+    free(r->labels_where);
+    free(r->image);
+    free(r->label);
+    free(r);
+}
