@@ -1,0 +1,592 @@
+/* Streaming (stream.h): TFRecord files of Examples holding more decoded
+ * bytes than the stream's memory bound are walked, with the reader thread
+ * and inline, and every epoch gives every record of the split exactly once
+ * (the split ends inside the last file), in an order fixed by (seed, epoch)
+ * alone; DATA and FILE shards together give it exactly once too, and FILE
+ * with fewer files than workers is refused; a window of 1 is file order;
+ * a seek continues as the uninterrupted epoch; the stream's peak bytes stay
+ * under the bound, which stays under the dataset's bytes; a record damaged
+ * after counting fails the batch naming the file and the record; closing
+ * mid-epoch joins the reader.  Float features come through exact.  Through
+ * the batcher, a small MLP trained on streamed batches ends with the same
+ * bits as one trained on the same records gathered from memory. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "downpour/dataset.h"
+#include "downpour/example.h"
+#include "downpour/model.h"
+#include "downpour/optim.h"
+#include "downpour/records.h"
+#include "downpour/stream.h"
+#include "downpour/tfrecord.h"
+#include "scratch.h"
+
+#define DIM 784
+#define NFILES 5
+#define MAXN 2000
+static const uint32_t per_file[NFILES] = {300, 250, 310, 280, 260}; /* 1,400 records */
+
+static char scratch[1024];
+
+static const char *path_of(const char *dir, const char *name)
+{
+    static char buf[4][1200];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s/%s", scratch, dir, name);
+    return buf[k];
+}
+
+/* Record id's pixels: its id in the first two bytes, then a pattern. */
+static void pixels_of(uint8_t *px, uint32_t id)
+{
+    uint32_t x = 2463534242u ^ (id * 2654435761u);
+    px[0] = (uint8_t)(id & 0xff);
+    px[1] = (uint8_t)(id >> 8);
+    for (size_t i = 2; i < DIM; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        px[i] = (uint8_t)x;
+    }
+}
+
+static void write_example(dp_tfrecord_writer *w, const dp_feature *fs, size_t n)
+{
+    size_t len = dp_example_encoded_size(fs, n);
+    uint8_t *enc = malloc(len + 1);
+    REQUIRE(enc);
+    dp_example_encode(enc, fs, n);
+    dp_err err;
+    REQUIRE(dp_tfrecord_write(w, enc, len, &err) == 0);
+    free(enc);
+}
+
+/* A file of n raw-byte Examples, records first .. first+n-1. */
+static void write_bytes_file(const char *path, uint32_t first, uint32_t n)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
+    uint8_t px[DIM];
+    for (uint32_t i = 0; i < n; i++) {
+        pixels_of(px, first + i);
+        dp_bytes b = {px, DIM};
+        int64_t label = (first + i) % 10;
+        const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
+        write_example(w, fs, 2);
+    }
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
+/* A file of n float-list Examples of 7 values: record id's are id + j/8. */
+static void write_float_file(const char *path, uint32_t first, uint32_t n)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
+    for (uint32_t i = 0; i < n; i++) {
+        float v[7];
+        for (int j = 0; j < 7; j++)
+            v[j] = (float)(first + i) + (float)j / 8.0f;
+        int64_t label = (first + i) % 3;
+        const dp_feature fs[2] = {{"image", DP_FEATURE_FLOAT, 7, NULL, v, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
+        write_example(w, fs, 2);
+    }
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
+/* A dataset found and counted, and a streamed split of its first n
+ * training records. */
+typedef struct ds {
+    dp_data_files files;
+    dp_stream_source src;
+    dp_split split;
+} ds;
+
+static void ds_open(ds *d, const char *dir, uint32_t n, size_t memory, uint32_t window)
+{
+    dp_err err;
+    dp_data_options opt;
+    dp_data_options_default(&opt);
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s/%s", scratch, dir);
+    memset(d, 0, sizeof *d);
+    REQUIRE(dp_data_files_find(&d->files, spec, &opt, &err) == 0);
+    if (dp_data_files_count(&d->files, &opt, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        REQUIRE(0);
+    }
+    REQUIRE(n <= d->files.train.records);
+    d->src = (dp_stream_source){.files = &d->files.train, .format = d->files.format,
+                                .shape = d->files.shape, .opt = opt, .memory = memory,
+                                .window = window};
+    d->split = (dp_split){.n = n, .dim = d->files.shape.dim, .stream = &d->src};
+}
+
+static dp_stream *open_ok(const ds *d, dp_shard_policy p, int k, int w, uint64_t seed,
+                          int shuffle, int max_batch)
+{
+    dp_stream *s = NULL;
+    dp_err err;
+    if (dp_stream_open(&s, &d->split, p, k, w, seed, shuffle, max_batch, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        REQUIRE(0);
+    }
+    return s;
+}
+
+static float xb[64 * DIM];
+static uint8_t yb[64];
+
+/* The record id of row i of xb, checking its pixels and label. */
+static uint32_t id_of(int i)
+{
+    const float *x = xb + (size_t)i * DIM;
+    uint32_t id = (uint32_t)(x[0] * 255.0f + 0.5f) | (uint32_t)(x[1] * 255.0f + 0.5f) << 8;
+    uint8_t px[DIM];
+    pixels_of(px, id);
+    int same = yb[i] == id % 10;
+    for (int j = 0; j < DIM && same; j++)
+        same = x[j] == (float)px[j] / 255.0f;
+    CHECKF(same, "record %u's values or label came out changed", id);
+    return id;
+}
+
+/* One epoch's record ids in order; returns how many. */
+static uint32_t epoch_ids(dp_stream *s, long epoch, uint32_t *ids, int batch)
+{
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, epoch, &err) == 0);
+    uint32_t n = 0;
+    int got;
+    while ((got = dp_stream_next(s, xb, yb, batch, &err)) > 0) {
+        for (int i = 0; i < got; i++) {
+            REQUIRE(n < MAXN);
+            ids[n++] = id_of(i);
+        }
+    }
+    CHECKF(got == 0, "%s", err.msg);
+    return n;
+}
+
+/* ids[0..n) holds each of want[0..m) exactly once (counts in seen[]). */
+static int exactly_once(const uint32_t *ids, uint32_t n, uint32_t total)
+{
+    static uint32_t seen[MAXN];
+    memset(seen, 0, sizeof seen);
+    for (uint32_t i = 0; i < n; i++) {
+        if (ids[i] >= total)
+            return 0;
+        seen[ids[i]]++;
+    }
+    for (uint32_t i = 0; i < total; i++)
+        if (seen[i] != 1)
+            return 0;
+    return n == total;
+}
+
+static uint32_t file_of(uint32_t id)
+{
+    uint32_t f = 0, end = per_file[0];
+    while (id >= end)
+        end += per_file[++f];
+    return f;
+}
+
+#define N 1340 /* the split: ends 200 records into the last file */
+
+static uint32_t a[MAXN], b2[MAXN], c[MAXN];
+
+static void test_epochs(const ds *d, const char *mode)
+{
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    dp_stream *s = open_ok(d, DP_SHARD_OFF, 0, 1, 42, 1, 32);
+    CHECK(dp_stream_threaded(s) == (strcmp(mode, "thread") == 0));
+    CHECK(dp_stream_records(s) == N);
+    uint32_t w = dp_stream_window(s);
+    CHECKF(w >= 32 && w < N, "window %u", w);
+    uint32_t n0 = epoch_ids(s, 0, a, 32);
+    CHECKF(exactly_once(a, n0, N), "%s: epoch 0 gives each of the %u records once", mode, N);
+    uint32_t n1 = epoch_ids(s, 1, b2, 32);
+    CHECK(exactly_once(b2, n1, N));
+    CHECK(memcmp(a, b2, sizeof(uint32_t) * N) != 0);
+    size_t peak = dp_stream_peak_bytes(s);
+    CHECKF(peak <= d->src.memory && d->src.memory < (size_t)N * DIM,
+           "peak %zu, bound %zu, dataset %zu bytes", peak, d->src.memory, (size_t)N * DIM);
+    CHECK(peak >= (size_t)w * DIM);
+    dp_stream_close(s);
+
+    /* the same seed again, another batch size: the same order */
+    s = open_ok(d, DP_SHARD_OFF, 0, 1, 42, 1, 32);
+    CHECK(epoch_ids(s, 1, c, 7) == N && memcmp(c, b2, sizeof(uint32_t) * N) == 0);
+    CHECK(epoch_ids(s, 0, c, 32) == N && memcmp(c, a, sizeof(uint32_t) * N) == 0);
+
+    /* seek: forward, backward, to the end, continuing as the whole epoch */
+    const uint32_t pos[] = {37, 500, 3, N - 3, N, 0};
+    for (size_t t = 0; t < sizeof pos / sizeof *pos; t++) {
+        dp_err err;
+        REQUIRE(dp_stream_start_epoch(s, 1, &err) == 0);
+        if (t % 2) { /* mid-epoch first: a seek behind where it is */
+            REQUIRE(dp_stream_next(s, xb, yb, 32, &err) == 32);
+            REQUIRE(dp_stream_next(s, xb, yb, 32, &err) == 32);
+        }
+        CHECKF(dp_stream_seek(s, pos[t], &err) == 0, "%s", err.msg);
+        uint32_t n = 0;
+        int got;
+        while ((got = dp_stream_next(s, xb, yb, 32, &err)) > 0)
+            for (int i = 0; i < got; i++)
+                c[n++] = id_of(i);
+        CHECKF(n == N - pos[t] && memcmp(c, b2 + pos[t], sizeof(uint32_t) * n) == 0,
+               "%s: seek to %u continues the epoch", mode, pos[t]);
+    }
+    dp_stream_close(s);
+
+    /* another seed: another order */
+    s = open_ok(d, DP_SHARD_OFF, 0, 1, 43, 1, 32);
+    CHECK(epoch_ids(s, 0, c, 32) == N && memcmp(c, a, sizeof(uint32_t) * N) != 0);
+    dp_stream_close(s);
+}
+
+/* The same orders with the reader thread and inline. */
+static void test_modes_agree(const ds *d)
+{
+    setenv("DOWNPOUR_STREAM_READER", "thread", 1);
+    dp_stream *s = open_ok(d, DP_SHARD_DATA, 1, 3, 9, 1, 16);
+    uint32_t n = epoch_ids(s, 2, a, 16);
+    dp_stream_close(s);
+    setenv("DOWNPOUR_STREAM_READER", "inline", 1);
+    s = open_ok(d, DP_SHARD_DATA, 1, 3, 9, 1, 16);
+    CHECK(epoch_ids(s, 2, c, 16) == n && memcmp(a, c, sizeof(uint32_t) * n) == 0);
+    dp_stream_close(s);
+    setenv("DOWNPOUR_STREAM_READER", "sideways", 1);
+    dp_err err;
+    CHECK(dp_stream_open(&s, &d->split, DP_SHARD_OFF, 0, 1, 1, 1, 8, &err) == -1 && !s);
+    CHECK(strstr(err.msg, "DOWNPOUR_STREAM_READER") != NULL);
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
+static void test_shards(const ds *d)
+{
+    static uint32_t all[MAXN];
+    /* DATA: worker k keeps the split indices k mod w */
+    for (int w = 2; w <= 3; w++) {
+        uint32_t total = 0;
+        for (int k = 0; k < w; k++) {
+            dp_stream *s = open_ok(d, DP_SHARD_DATA, k, w, 5, 1, 16);
+            uint32_t n = epoch_ids(s, 0, all + total, 16);
+            CHECK(n == dp_stream_records(s) && n == dp_shard_size(DP_SHARD_DATA, N, k, w));
+            for (uint32_t i = 0; i < n; i++)
+                CHECKF(all[total + i] % (uint32_t)w == (uint32_t)k, "DATA %d/%d got record %u",
+                       k, w, all[total + i]);
+            total += n;
+            dp_stream_close(s);
+        }
+        CHECKF(exactly_once(all, total, N), "DATA over %d workers: each record once", w);
+    }
+    /* FILE: worker k reads files k, k+w, ... whole (the last one up to N) */
+    for (int w = 2; w <= 5; w += 3) {
+        uint32_t total = 0;
+        for (int k = 0; k < w; k++) {
+            dp_stream *s = open_ok(d, DP_SHARD_FILE, k, w, 5, 1, 16);
+            uint32_t n = epoch_ids(s, 1, all + total, 16);
+            uint32_t want = 0;
+            for (uint32_t f = (uint32_t)k; f < NFILES; f += (uint32_t)w)
+                want += f == NFILES - 1 ? per_file[f] - (1400 - N) : per_file[f];
+            CHECKF(n == want && n == dp_stream_records(s), "FILE %d/%d: %u records, want %u", k,
+                   w, n, want);
+            for (uint32_t i = 0; i < n; i++)
+                CHECK(file_of(all[total + i]) % (uint32_t)w == (uint32_t)k);
+            total += n;
+            dp_stream_close(s);
+        }
+        CHECKF(exactly_once(all, total, N), "FILE over %d workers: each record once", w);
+    }
+    dp_err err;
+    dp_stream *s = NULL;
+    CHECK(dp_stream_open(&s, &d->split, DP_SHARD_FILE, 0, 6, 5, 1, 16, &err) == -1 && !s);
+    CHECKF(strcmp(err.msg, "FILE sharding gives each worker whole files, but the training split "
+                           "has 5 files for 6 workers: use --shard data, or more files (downpour "
+                           "data convert --shards 6 or more)") == 0, "%s", err.msg);
+    uint32_t n;
+    CHECK(dp_stream_shard_records(&d->split, DP_SHARD_FILE, 5, 6, &n, &err) == -1);
+    CHECK(dp_stream_shard_records(&d->split, DP_SHARD_DATA, 3, 4, &n, &err) == 0 &&
+          n == (N - 3 + 3) / 4);
+}
+
+static void test_file_order(const ds *d)
+{
+    /* shuffle off: name order, the records as written */
+    dp_stream *s = open_ok(d, DP_SHARD_OFF, 0, 1, 1, 0, 32);
+    CHECK(dp_stream_window(s) == 1);
+    uint32_t n = epoch_ids(s, 3, a, 32);
+    int ok = n == N;
+    for (uint32_t i = 0; i < n && ok; i++)
+        ok = a[i] == i;
+    CHECK(ok);
+    dp_stream_close(s);
+
+    /* window 1, shuffle on: the files in a shuffled order, each file whole
+     * and in its own order */
+    ds one = *d;
+    one.src.window = 1;
+    one.split.stream = &one.src;
+    s = open_ok(&one, DP_SHARD_OFF, 0, 1, 1, 1, 32);
+    CHECK(dp_stream_window(s) == 1);
+    n = epoch_ids(s, 0, a, 32);
+    CHECK(exactly_once(a, n, N));
+    int runs = 1, in_order = 1;
+    for (uint32_t i = 1; i < n; i++) {
+        if (file_of(a[i]) != file_of(a[i - 1]))
+            runs++;
+        else
+            in_order &= a[i] == a[i - 1] + 1;
+    }
+    CHECKF(runs == NFILES && in_order, "window 1: %d runs of files", runs);
+    int sorted = 1;
+    for (uint32_t i = 1; i < n; i++)
+        sorted &= a[i] > a[i - 1];
+    CHECK(!sorted); /* (seed 1 shuffles these five files) */
+    dp_stream_close(s);
+}
+
+static void test_bounds(const ds *d)
+{
+    ds small = *d;
+    small.split.stream = &small.src;
+    small.src.memory = 60000;
+    dp_stream *s = NULL;
+    dp_err err;
+    CHECK(dp_stream_open(&s, &small.split, DP_SHARD_OFF, 0, 1, 1, 1, 32, &err) == -1 && !s);
+    CHECKF(strstr(err.msg, "memory bound of 60000 bytes is too small") != NULL, "%s", err.msg);
+    small.src.memory = d->src.memory;
+    small.src.window = 5000;
+    CHECK(dp_stream_open(&s, &small.split, DP_SHARD_OFF, 0, 1, 1, 1, 32, &err) == -1 && !s);
+    CHECKF(strstr(err.msg, "a window of 5000 records") != NULL, "%s", err.msg);
+    /* a bound that holds all: the window is the split, a full shuffle */
+    small.src.window = 0;
+    small.src.memory = (size_t)8 << 20;
+    s = open_ok(&small, DP_SHARD_OFF, 0, 1, 1, 1, 32);
+    CHECK(dp_stream_window(s) == N);
+    dp_stream_close(s);
+}
+
+/* Closing mid-epoch, and starting over mid-epoch, with the reader blocked
+ * on a full queue: nothing leaks or hangs. */
+static void test_close_mid_epoch(const ds *d)
+{
+    setenv("DOWNPOUR_STREAM_READER", "thread", 1);
+    dp_err err;
+    for (int t = 0; t < 20; t++) {
+        dp_stream *s = open_ok(d, DP_SHARD_OFF, 0, 1, (uint64_t)t, 1, 32);
+        REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+        if (t % 2)
+            CHECK(dp_stream_next(s, xb, yb, 32, &err) == 32);
+        if (t % 3 == 0) {
+            CHECK(dp_stream_start_epoch(s, 1, &err) == 0);
+            CHECK(dp_stream_next(s, xb, yb, 5, &err) == 5);
+        }
+        dp_stream_close(s);
+    }
+    dp_stream_close(NULL);
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
+/* A record damaged after the files were counted. */
+static void test_corrupt(const char *mode)
+{
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    char dir[64], p[1200];
+    snprintf(dir, sizeof dir, "bad-%s", mode);
+    snprintf(p, sizeof p, "%s/%s", scratch, dir);
+    REQUIRE(mkdir(p, 0755) == 0);
+    write_bytes_file(path_of(dir, "d-train-0.tfrecord"), 0, 300);
+    write_bytes_file(path_of(dir, "d-train-1.tfrecord"), 300, 250);
+    write_bytes_file(path_of(dir, "d-test.tfrecord"), 5000, 20);
+    ds d;
+    ds_open(&d, dir, 500, 256 << 10, 0);
+    /* record 17 of the second file: its data starts at 17 * (record size) + 12 */
+    const char *victim = d.files.train.files[1].path;
+    size_t len;
+    unsigned char *bytes = read_bytes(victim, &len);
+    size_t rec = len / 250;
+    REQUIRE(rec * 250 == len);
+    bytes[17 * rec + 12 + 40] ^= 0x20;
+    write_bytes(victim, bytes, len);
+    free(bytes);
+    dp_stream *s = open_ok(&d, DP_SHARD_OFF, 0, 1, 3, 0, 32);
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    int got, batches = 0;
+    while ((got = dp_stream_next(s, xb, yb, 32, &err)) > 0)
+        batches++;
+    CHECK(got == -1);
+    CHECKF(strstr(err.msg, victim) && strstr(err.msg, "record 17"), "%s", err.msg);
+    CHECK(batches == (300 + 17) / 32); /* the records before it came out */
+    dp_err again;
+    CHECK(dp_stream_next(s, xb, yb, 32, &again) == -1 && strcmp(again.msg, err.msg) == 0);
+    /* a new epoch reads again and meets it again */
+    REQUIRE(dp_stream_start_epoch(s, 1, &err) == 0);
+    CHECK(dp_stream_seek(s, 400, &err) == -1 && strstr(err.msg, "record 17"));
+    dp_stream_close(s);
+    dp_data_files_free(&d.files);
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
+static void test_floats(void)
+{
+    ds d;
+    ds_open(&d, "floats", 130, 256 << 10, 0);
+    CHECK(d.files.shape.kind == DP_VALUES_F32 && d.files.shape.dim == 7);
+    dp_stream *s = open_ok(&d, DP_SHARD_DATA, 1, 2, 8, 1, 10);
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    static uint32_t seen[200];
+    int got, bad = 0;
+    uint32_t n = 0;
+    float x[10 * 7];
+    uint8_t y[10];
+    while ((got = dp_stream_next(s, x, y, 10, &err)) > 0) {
+        for (int i = 0; i < got; i++) {
+            uint32_t id = (uint32_t)x[i * 7];
+            for (int j = 0; j < 7; j++)
+                bad += x[i * 7 + j] != (float)id + (float)j / 8.0f;
+            bad += y[i] != id % 3 || id % 2 != 1 || id >= 130;
+            if (id < 200)
+                seen[id]++;
+            n++;
+        }
+    }
+    CHECK(got == 0 && bad == 0 && n == 65);
+    for (uint32_t i = 1; i < 130; i += 2)
+        CHECK(seen[i] == 1);
+    dp_stream_close(s);
+    dp_data_files_free(&d.files);
+}
+
+/* Through the batcher: a streamed split's batches, its refusal of device
+ * indices, and training on it equal to training from memory. */
+static void test_batcher_training(const ds *d)
+{
+    dp_err err;
+    dp_batcher bs;
+    REQUIRE(dp_batcher_init(&bs, &d->split, 7, 0, DP_SHARD_OFF, 0, 1, &err) == 0);
+    CHECK(bs.n == N && dp_batcher_batches(&bs, 32) == (N + 31) / 32);
+    uint32_t idx[4];
+    CHECK(dp_batcher_next_indices(&bs, idx, 4) == -1 &&
+          strstr(bs.err.msg, "this dataset is streamed") != NULL);
+
+    /* the same records in memory, in file order */
+    uint8_t *images = malloc((size_t)N * DIM), *labels = malloc(N);
+    REQUIRE(images && labels);
+    for (uint32_t i = 0; i < N; i++) {
+        pixels_of(images + (size_t)i * DIM, i);
+        labels[i] = (uint8_t)(i % 10);
+    }
+    dp_split mem = {.images = images, .labels = labels, .n = N, .dim = DIM};
+    dp_batcher bm;
+    REQUIRE(dp_batcher_init(&bm, &mem, 7, 0, DP_SHARD_OFF, 0, 1, &err) == 0);
+
+    dp_model ms, mm;
+    dp_optim os, om;
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    REQUIRE(dp_model_init(&ms, "784-32-10", 32, 1, &err) == 0);
+    REQUIRE(dp_model_init(&mm, "784-32-10", 32, 1, &err) == 0);
+    dp_model_init_params(&ms, 11);
+    dp_model_init_params(&mm, 11);
+    REQUIRE(dp_optim_init(&os, &oc, ms.n_params, &err) == 0);
+    REQUIRE(dp_optim_init(&om, &oc, mm.n_params, &err) == 0);
+    static float xm[32 * DIM];
+    static uint8_t ym[32];
+    int steps = 0, same_batches = 1;
+    for (long epoch = 0; epoch < 2; epoch++) {
+        dp_batcher_start_epoch(&bs, epoch);
+        dp_batcher_start_epoch(&bm, epoch);
+        uint32_t from = epoch ? 20 * 32 : 0; /* the second epoch resumes at step 20 */
+        dp_batcher_seek(&bs, from);
+        dp_batcher_seek(&bm, from);
+        for (int k = 0; k < 12; k++) {
+            int n = dp_batcher_next(&bs, xb, yb, 32);
+            int n2 = dp_batcher_next(&bm, xm, ym, 32);
+            CHECKF(n == 32 && n2 == 32, "%d %d: %s", n, n2, bs.err.msg);
+            if (n != 32 || n2 != 32)
+                break;
+            same_batches &= memcmp(xb, xm, sizeof xm) == 0 && memcmp(yb, ym, 32) == 0;
+            dp_model_train_step(&ms, &os, xb, yb, 32, 0.05f, NULL);
+            dp_model_train_step(&mm, &om, xm, ym, 32, 0.05f, NULL);
+            steps++;
+        }
+    }
+    CHECK(same_batches && steps == 24);
+    CHECK(memcmp(ms.params, mm.params, ms.n_params * sizeof(float)) == 0);
+    float first = mm.params[0];
+    CHECK(first != 0); /* (the weights trained: compared below against the start) */
+    dp_model check;
+    REQUIRE(dp_model_init(&check, "784-32-10", 32, 1, &err) == 0);
+    dp_model_init_params(&check, 11);
+    CHECK(memcmp(check.params, mm.params, mm.n_params * sizeof(float)) != 0);
+    dp_model_free(&check);
+    dp_model_free(&ms);
+    dp_model_free(&mm);
+    dp_optim_free(&os);
+    dp_optim_free(&om);
+    dp_batcher_free(&bm);
+    dp_batcher_free(&bs);
+    free(images);
+    free(labels);
+
+    /* a stream the bound cannot hold fails the first batch, with the sizes */
+    ds small = *d;
+    small.split.stream = &small.src;
+    small.src.memory = 1000;
+    REQUIRE(dp_batcher_init(&bs, &small.split, 7, 1, DP_SHARD_OFF, 0, 1, &err) == 0);
+    dp_batcher_start_epoch(&bs, 0);
+    CHECK(dp_batcher_next(&bs, xb, yb, 32) == -1 && strstr(bs.err.msg, "too small"));
+    dp_batcher_free(&bs);
+}
+
+int main(void)
+{
+    scratch_make(scratch, sizeof scratch, "test_stream");
+    const char *dirs[] = {"ds", "floats"};
+    for (int i = 0; i < 2; i++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", scratch, dirs[i]);
+        REQUIRE(mkdir(p, 0755) == 0);
+    }
+    uint32_t first = 0;
+    for (int f = 0; f < NFILES; f++) {
+        char name[64];
+        snprintf(name, sizeof name, "d-train.tfrecord-%05d-of-%05d", f, NFILES);
+        write_bytes_file(path_of("ds", name), first, per_file[f]);
+        first += per_file[f];
+    }
+    write_bytes_file(path_of("ds", "d-test.tfrecord"), 5000, 20);
+    write_float_file(path_of("floats", "f-train-0.tfrecord"), 0, 70);
+    write_float_file(path_of("floats", "f-train-1.tfrecord"), 70, 70);
+    write_float_file(path_of("floats", "f-test.tfrecord"), 0, 5);
+
+    /* 256 KiB: a window of about 150 of the 1,340 records (1.05 MB) */
+    ds d;
+    ds_open(&d, "ds", N, 256 << 10, 0);
+    test_epochs(&d, "thread");
+    test_epochs(&d, "inline");
+    test_modes_agree(&d);
+    test_shards(&d);
+    test_file_order(&d);
+    test_bounds(&d);
+    test_close_mid_epoch(&d);
+    test_corrupt("thread");
+    test_corrupt("inline");
+    test_floats();
+    test_batcher_training(&d);
+    dp_data_files_free(&d.files);
+
+    if (!check_failures)
+        scratch_remove(scratch);
+    return CHECK_DONE();
+}
