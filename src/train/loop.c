@@ -434,10 +434,14 @@ static int next_batch(loop *L, dp_batcher *b, int batch, dp_err *err)
 {
     if (L->info.no_batches)
         return 0;
-    if (!L->info.device)
-        return dp_batcher_next(b, L->x, L->y, batch);
-    int n = dp_batcher_next_indices(b, L->idx, batch);
-    return n > 0 && dp_dmodel_stage(L->info.device, L->idx, n, err) < 0 ? -1 : n;
+    int n = L->info.device ? dp_batcher_next_indices(b, L->idx, batch)
+                           : dp_batcher_next(b, L->x, L->y, batch);
+    if (n < 0) { /* a streamed split's refusal (stream.h) */
+        if (err)
+            *err = b->err;
+        return -1;
+    }
+    return n > 0 && L->info.device && dp_dmodel_stage(L->info.device, L->idx, n, err) < 0 ? -1 : n;
 }
 
 /* Steps whose loss and correct count are tallied on the device (deferred):

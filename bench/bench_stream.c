@@ -1,0 +1,147 @@
+/* Streaming's reader thread against reading inline (docs/datasets.md,
+ * "Streaming"; docs/benchmarks.md): one epoch of a streamed split of
+ * TFRecord files (raw 28x28 bytes in Examples, written to a temporary
+ * directory) under a memory bound a sixteenth of its size, with a consumer
+ * that does nothing, or an SGD step of mlp-128 or mlp-300-100 per batch.
+ * The rule the default follows: no thread where it makes a run slower than
+ * the same work inline.  Prints the median epoch time of each.
+ *
+ *   bench_stream [--records N] [--repeats R] [--batch B] */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bench.h"
+#include "downpour/clock.h"
+#include "downpour/example.h"
+#include "downpour/model.h"
+#include "downpour/optim.h"
+#include "downpour/records.h"
+#include "downpour/stream.h"
+#include "downpour/tfrecord.h"
+
+#define DIM 784
+#define FILES 8
+
+static int write_files(const char *dir, uint32_t records, dp_err *err)
+{
+    char path[512];
+    uint8_t px[DIM], enc[DIM + 64];
+    uint32_t x = 2463534242u;
+    for (int f = 0; f <= FILES; f++) {
+        snprintf(path, sizeof path, "%s/b-%s.tfrecord-%05d", dir, f < FILES ? "train" : "test", f);
+        dp_tfrecord_writer *w;
+        if (dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, err) < 0)
+            return -1;
+        uint32_t n = f < FILES ? records / FILES : 100;
+        for (uint32_t i = 0; i < n; i++) {
+            for (int j = 0; j < DIM; j++) {
+                x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+                px[j] = (uint8_t)x;
+            }
+            dp_bytes b = {px, DIM};
+            int64_t label = x % 10;
+            const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                      {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
+            size_t len = dp_example_encode(enc, fs, 2);
+            if (dp_tfrecord_write(w, enc, len, err) < 0) {
+                dp_tfrecord_writer_abort(w);
+                return -1;
+            }
+        }
+        if (dp_tfrecord_writer_close(w, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* One epoch: seconds, or -1. */
+static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_optim *o, int batch,
+                    float *x, uint8_t *y, dp_err *err)
+{
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    dp_stream *s;
+    if (dp_stream_open(&s, split, DP_SHARD_OFF, 0, 1, 1, 1, batch, err) < 0)
+        return -1;
+    double t0 = dp_now();
+    int n;
+    if (dp_stream_start_epoch(s, 0, err) < 0)
+        n = -1;
+    else
+        while ((n = dp_stream_next(s, x, y, batch, err)) > 0)
+            if (m)
+                dp_model_train_step(m, o, x, y, n, 0.01f, NULL);
+    double t = dp_now() - t0;
+    dp_stream_close(s);
+    return n < 0 ? -1 : t;
+}
+
+int main(int argc, char **argv)
+{
+    long records = 60000, repeats = 5, batch = 128;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        long *v = strcmp(argv[i], "--records") == 0   ? &records
+                  : strcmp(argv[i], "--repeats") == 0 ? &repeats
+                  : strcmp(argv[i], "--batch") == 0   ? &batch
+                                                      : NULL;
+        if (!v || (*v = atol(argv[i + 1])) < 1) {
+            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (repeats > 15 || records < FILES)
+        return fprintf(stderr, "repeats at most 15, records at least %d\n", FILES), 2;
+    dp_err err;
+    char dir[] = "/tmp/bench_stream.XXXXXX";
+    if (!mkdtemp(dir) || write_files(dir, (uint32_t)records, &err) < 0)
+        return fprintf(stderr, "writing the files: %s\n", err.msg), 1;
+    dp_data_files files;
+    dp_data_options opt;
+    dp_data_options_default(&opt);
+    if (dp_data_files_find(&files, dir, &opt, &err) < 0 ||
+        dp_data_files_count(&files, &opt, &err) < 0)
+        return fprintf(stderr, "%s\n", err.msg), 1;
+    uint32_t n = (uint32_t)(records / FILES * FILES);
+    dp_stream_source src = {.files = &files.train, .format = files.format, .shape = files.shape,
+                            .opt = opt, .memory = (size_t)n * DIM / 16};
+    dp_split split = {.n = n, .dim = DIM, .stream = &src};
+    float *x = malloc((size_t)batch * DIM * sizeof *x);
+    uint8_t *y = malloc((size_t)batch);
+    printf("%u records of %d bytes in %d TFRecord files, bound %zu bytes, batch %ld, median of "
+           "%ld epochs\n", n, DIM, FILES, src.memory, batch, repeats);
+    printf("%-12s %10s %10s %8s\n", "consumer", "thread s", "inline s", "ratio");
+    const char *specs[] = {NULL, "784-128-10", "784-300-100-10"};
+    for (int k = 0; k < 3; k++) {
+        dp_model m;
+        dp_optim o;
+        dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
+        if (specs[k] && (dp_model_init(&m, specs[k], (int)batch, 1, &err) < 0 ||
+                         dp_optim_init(&o, &oc, m.n_params, &err) < 0))
+            return fprintf(stderr, "%s\n", err.msg), 1;
+        if (specs[k])
+            dp_model_init_params(&m, 1);
+        double t[2][15];
+        for (long r = 0; r < repeats; r++)
+            for (int mode = 0; mode < 2; mode++) /* interleaved: drift hits both alike */
+                if ((t[mode][r] = epoch(&split, mode ? "inline" : "thread", specs[k] ? &m : NULL,
+                                        &o, (int)batch, x, y, &err)) < 0)
+                    return fprintf(stderr, "%s\n", err.msg), 1;
+        double th = bench_median(t[0], (int)repeats), in = bench_median(t[1], (int)repeats);
+        printf("%-12s %10.3f %10.3f %8.2f\n", specs[k] ? specs[k] : "none", th, in, in / th);
+        if (specs[k]) {
+            dp_model_free(&m);
+            dp_optim_free(&o);
+        }
+    }
+    for (size_t i = 0; i < files.train.n; i++)
+        remove(files.train.files[i].path);
+    for (size_t i = 0; i < files.test.n; i++)
+        remove(files.test.files[i].path);
+    remove(dir);
+    dp_data_files_free(&files);
+    free(x);
+    free(y);
+    return 0;
+}
