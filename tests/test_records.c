@@ -661,6 +661,87 @@ static void test_npz(void)
         free(m[i].p);
 }
 
+/* ---- CSV ---- */
+
+static void test_csv(void)
+{
+    make_dir("csv");
+    enum { NTR = 6, NTE = 4, DIM = 3 };
+    float want[(NTR + NTE) * DIM];
+    uint8_t labels[NTR + NTE];
+    for (int i = 0; i < NTR + NTE; i++) {
+        labels[i] = (uint8_t)((i * 5 + 1) % 10);
+        for (int k = 0; k < DIM; k++)
+            want[i * DIM + k] = (float)((i - 3) * 0.1 + k * 1e-7 + (k == 1 ? 1e20 : 0));
+    }
+    /* Training: a header (quoted names), the label column in the middle, a
+     * byte-order mark, CRLF and a blank line. */
+    char text[4096];
+    size_t at = (size_t)snprintf(text, sizeof text, "\xef\xbb\xbf\"pixel, 0\",label,p1,p2\r\n");
+    for (int i = 0; i < NTR; i++) {
+        const float *v = want + i * DIM;
+        at += (size_t)snprintf(text + at, sizeof text - at, "%.9g, %u ,%.9g,%.9g\r\n%s", v[0],
+                               labels[i], v[1], v[2], i == 2 ? "\r\n" : "");
+    }
+    write_bytes(path_of("csv/mnist_train.csv"), text, at);
+    /* Test: no header, the label first (3.0 is an integer label). */
+    at = 0;
+    for (int i = NTR; i < NTR + NTE; i++) {
+        const float *v = want + i * DIM;
+        at += (size_t)snprintf(text + at, sizeof text - at, "%u%s,%.9g,%.9g,%.9g\n", labels[i],
+                               i == NTR ? ".0" : "", v[0], v[1], v[2]);
+    }
+    write_bytes(path_of("csv/mnist_test.csv"), text, at);
+    dp_data_options opt;
+    dp_data_options_default(&opt);
+    opt.classes = 10;
+    dp_data_files f = find_ok(path_of("csv"), &opt);
+    CHECK(f.format == DP_DATA_CSV && f.train.n == 1 && f.test.n == 1);
+    count_ok(&f, &opt);
+    CHECK(f.shape.kind == DP_VALUES_F32 && f.shape.rows == 1 && f.shape.cols == DIM &&
+          f.shape.channels == 1 && f.shape.dim == DIM);
+    CHECK(f.train.records == NTR && f.test.records == NTE);
+    CHECK(read_all(&f, &f.train.files[0], &opt, want, labels) == NTR);
+    CHECK(read_all(&f, &f.test.files[0], &opt, want + NTR * DIM, labels + NTR) == NTE);
+    skip_then_read(&f, &f.train.files[0], &opt, 4, want, labels);
+    dp_data_files_free(&f);
+
+    /* A label column by name ("p2" here) needs the header. */
+    opt.label = "p2";
+    f = find_ok(path_of("csv"), &opt);
+    dp_err err;
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "mnist_train.csv: record 0: line 2, column 4 (p2)"), "%s", err.msg);
+    dp_data_files_free(&f);
+    opt.label = NULL;
+
+    /* A label not below the class count in record 4 (line 6 with the header). */
+    make_dir("csvbad");
+    at = (size_t)snprintf(text, sizeof text, "label,a,b\n");
+    for (int i = 0; i < 6; i++)
+        at += (size_t)snprintf(text + at, sizeof text - at, "%d,1,2\n", i == 4 ? 10 : i);
+    write_bytes(path_of("csvbad/train.csv"), text, at);
+    write_bytes(path_of("csvbad/test.csv"), "label,a,b\n1,2,3\n", 16);
+    f = find_ok(path_of("csvbad"), &opt);
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "csvbad/train.csv: record 4: line 6") && strstr(err.msg, "label 10"),
+           "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    f.shape = (dp_record_shape){DP_VALUES_F32, 1, 2, 1, 2};
+    read_fails_at(&f, &f.train.files[0], &opt, 4, "line 6");
+    dp_data_files_free(&f);
+
+    /* A test file of other columns is refused at its record 0. */
+    write_bytes(path_of("csvbad/train.csv"), "label,a,b\n1,2,3\n", 16);
+    write_bytes(path_of("csvbad/test.csv"), "label,a,b,c\n1,2,3,4\n", 20);
+    f = find_ok(path_of("csvbad"), &opt);
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "csvbad/test.csv: record 0: 3 feature columns, the dataset's first "
+                  "record has 2"), "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    dp_data_files_free(&f);
+}
+
 /* ---- refusals ---- */
 
 static void test_refusals(void)
@@ -782,6 +863,7 @@ int main(void)
     test_tfrecord_lists();
     test_npy_pairs();
     test_npz();
+    test_csv();
     test_refusals();
     test_match();
     int rc = CHECK_DONE();

@@ -3,6 +3,7 @@
  * contract is include/downpour/records.h; docs/datasets.md, "Datasets of
  * files").  Every refusal is "FILE: record N: why", N counted from 0 in the
  * file, whichever reader found the fault. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -446,6 +447,159 @@ static int npy_next(dp_record_reader *r, void *features, uint8_t *label, dp_err 
     return 1;
 }
 
+/* ---- CSV ---- */
+
+/* The bytes looked at to tell a header: csv.c's default longest record. */
+#define CSV_PEEK_MAX ((size_t)1 << 20)
+
+static int csv_field_is_number(const char *f, size_t n, int overflow)
+{
+    while (n > 0 && (f[n - 1] == ' ' || f[n - 1] == '\t'))
+        n--;
+    if (n == 0 || overflow)
+        return 0;
+    char tmp[64];
+    memcpy(tmp, f, n);
+    tmp[n] = '\0';
+    char *end;
+    double v = strtod(tmp, &end);
+    return *end == '\0' && isfinite(v);
+}
+
+/* Whether path's first record is a header: any field of it not a number
+ * (records.h).  Reads at most CSV_PEEK_MAX bytes, past a byte-order mark and
+ * blank lines, quoting as RFC 4180 says; csv.c checks the rest. */
+static int csv_has_header(const char *path, int *has, dp_err *err)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return dp_errf(err, "cannot open %s: %s", path, strerror(errno));
+    char field[64];
+    size_t fl = 0, seen = 0;
+    int quoted = 0, overflow = 0, nonblank = 0, header = 0, ch;
+    *has = 0;
+    unsigned char bom[3];
+    if (fread(bom, 1, 3, fp) != 3 || memcmp(bom, "\xef\xbb\xbf", 3) != 0)
+        rewind(fp); /* no byte-order mark */
+    while (seen++ < CSV_PEEK_MAX) {
+        ch = getc(fp);
+        if (quoted) {
+            if (ch == EOF)
+                break;
+            if (ch == '"') {
+                int next = getc(fp);
+                if (next != '"') {
+                    quoted = 0;
+                    if (next != EOF)
+                        ungetc(next, fp);
+                    continue;
+                }
+            }
+            if (fl < sizeof field - 1)
+                field[fl++] = (char)ch;
+            else
+                overflow = 1;
+            continue;
+        }
+        if (ch == ',' || ch == '\n' || ch == EOF) {
+            if (ch != ',' && !nonblank) { /* a blank line */
+                if (ch == EOF)
+                    break;
+                fl = 0;
+                continue;
+            }
+            if (!csv_field_is_number(field, fl, overflow))
+                header = 1;
+            fl = 0;
+            overflow = 0;
+            nonblank = 1;
+            if (ch != ',')
+                break;
+            continue;
+        }
+        if (ch == '\0')
+            break; /* csv.c refuses it */
+        if (ch == '\r' || ((ch == ' ' || ch == '\t') && fl == 0))
+            continue;
+        nonblank = 1;
+        if (ch == '"' && fl == 0) {
+            quoted = 1;
+            continue;
+        }
+        if (fl < sizeof field - 1)
+            field[fl++] = (char)ch;
+        else
+            overflow = 1;
+    }
+    fclose(fp);
+    *has = header;
+    return 0;
+}
+
+static int csv_open(dp_record_reader *r, const dp_data_file *f, const dp_data_options *o,
+                    dp_err *err)
+{
+    dp_csv_config cfg;
+    dp_csv_config_default(&cfg);
+    if (csv_has_header(f->path, &cfg.header, err) != 0)
+        return -1;
+    cfg.label = o->label; /* NULL: "label" if the header has it, else the first column */
+    cfg.classes = r->classes;
+    if (dp_csv_open(&r->csv, f->path, &cfg, err) != 0)
+        return -1;
+    r->path = dup_str(f->path);
+    if (!r->path)
+        return dp_errf(err, "%s: out of memory", f->path);
+    return 0;
+}
+
+/* Checks the columns against the shape and sizes the skipping row. */
+static int csv_buffers(dp_record_reader *r, dp_err *err)
+{
+    size_t nf = dp_csv_features(r->csv);
+    const dp_record_shape *s = &r->shape;
+    if (s->kind != DP_VALUES_F32 || s->dim != nf)
+        return rec_errf(err, r->where, 0, "%zu feature columns, the dataset's first record has "
+                        "%u %s values", nf, s->dim, dp_value_kind_name(s->kind));
+    r->scratch = malloc(nf * sizeof *r->scratch);
+    if (!r->scratch)
+        return dp_errf(err, "%s: out of memory", r->where);
+    return 0;
+}
+
+static int csv_next(dp_record_reader *r, float *features, uint8_t *label, dp_err *err)
+{
+    uint32_t l;
+    int rc = dp_csv_next(r->csv, features, &l, err);
+    if (rc < 0)
+        return rec_wrap(err, r->path, r->where, r->index); /* csv.c names line and column */
+    if (rc == 0)
+        return 0;
+    *label = (uint8_t)l; /* csv.c checked it against the class count */
+    r->index++;
+    return 1;
+}
+
+static int csv_probe(dp_record_reader *r, dp_record_shape *s, dp_err *err)
+{
+    size_t nf = dp_csv_features(r->csv);
+    if (nf == 0 || nf > UINT32_MAX)
+        return dp_errf(err, "%s: %zu feature columns", r->where, nf);
+    float *row = malloc(nf * sizeof *row);
+    if (!row)
+        return dp_errf(err, "%s: out of memory", r->where);
+    uint8_t label;
+    int rc = csv_next(r, row, &label, err);
+    free(row);
+    if (rc == 1) {
+        memset(s, 0, sizeof *s);
+        s->kind = DP_VALUES_F32;
+        s->rows = s->channels = 1;
+        s->cols = s->dim = (uint32_t)nf;
+    }
+    return rc;
+}
+
 /* ---- the reader ---- */
 
 static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_format format,
@@ -473,6 +627,7 @@ static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_fo
     switch (format) {
     case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
     case DP_DATA_NPY: rc = npy_open_pair(r, f, err); break;
+    case DP_DATA_CSV: rc = csv_open(r, f, &o, err); break;
     default: rc = dp_errf(err, "%s: the %s format is not read yet", f->path,
                           dp_data_format_name(format));
     }
@@ -500,6 +655,7 @@ int dp_record_probe(const dp_data_file *f, dp_data_format format, const dp_data_
     case DP_DATA_NPY:
         rc = r->rows == 0 ? 0 : npy_shape(dp_npy_get_info(r->x), r->where, shape, err) == 0 ? 1 : -1;
         break;
+    case DP_DATA_CSV: rc = csv_probe(r, shape, err); break;
     default: break;
     }
     dp_record_close(r);
@@ -517,7 +673,8 @@ int dp_record_open(dp_record_reader **out, const dp_data_file *f, dp_data_format
     if (open_reader(out, f, format, opt, err) != 0)
         return -1;
     (*out)->shape = *shape;
-    if (format == DP_DATA_NPY && npy_buffers(*out, err) != 0) {
+    if ((format == DP_DATA_NPY && npy_buffers(*out, err) != 0) ||
+        (format == DP_DATA_CSV && csv_buffers(*out, err) != 0)) {
         dp_record_close(*out);
         *out = NULL;
         return -1;
@@ -530,6 +687,7 @@ int dp_record_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *
     switch (r->format) {
     case DP_DATA_TFRECORD: return tf_next(r, features, label, err);
     case DP_DATA_NPY: return npy_next(r, features, label, err);
+    case DP_DATA_CSV: return csv_next(r, features, label, err);
     default: return dp_errf(err, "%s: unknown format", r->where);
     }
 }
@@ -548,6 +706,11 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
             const uint8_t *data; /* framing and CRCs checked, the Example left alone */
             size_t len;
             rc = dp_tfrecord_next(r->tf, &data, &len, err);
+            if (rc == 1)
+                r->index++;
+        } else if (r->format == DP_DATA_CSV) {
+            uint8_t label; /* every field still checked: csv.c has no cheaper way past a row */
+            rc = csv_next(r, r->scratch, &label, err);
         } else {
             return dp_errf(err, "%s: unknown format", r->where);
         }
@@ -555,7 +718,6 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
             return -1;
         if (rc == 0)
             break;
-        r->index++;
         done++;
     }
     return (int64_t)done;
@@ -568,6 +730,8 @@ size_t dp_record_reader_bytes(const dp_record_reader *r)
     size_t n = sizeof *r;
     if (r->tf) /* tfrecord.c's read buffer and the largest record so far */
         n += (size_t)64 << 10;
+    if (r->csv) /* csv.c's read buffer, its longest record and the skipping row */
+        n += ((size_t)64 << 10) + ((size_t)1 << 20) + (size_t)r->shape.dim * sizeof(float);
     if (r->x) { /* npy.c's staging buffers (1 MiB a handle) and the chunk */
         n += ((size_t)2 << 20) + (size_t)r->chunk_rows * sizeof *r->lbuf;
         if (r->buf)
