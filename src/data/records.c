@@ -628,8 +628,7 @@ static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_fo
     case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
     case DP_DATA_NPY: rc = npy_open_pair(r, f, err); break;
     case DP_DATA_CSV: rc = csv_open(r, f, &o, err); break;
-    default: rc = dp_errf(err, "%s: the %s format is not read yet", f->path,
-                          dp_data_format_name(format));
+    default: rc = dp_errf(err, "%s: unknown dataset format %d", f->path, (int)format);
     }
     if (rc != 0) {
         dp_record_close(r);
