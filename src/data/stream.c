@@ -141,20 +141,23 @@ int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k
 
 /* ---- the reader: the next owned record of the epoch's files ---- */
 
-/* What a file reader may hold for one record of this shape: its read
- * buffer and a record (records.h; docs/datasets.md gives the buffers), with
- * room for a record twice the decoded size (an incompressible PNG, an
- * Example's framing).  Measured readers that hold more are checked against
- * the bound as they read. */
-static size_t reader_reserve(dp_data_format f, size_t record_bytes, uint32_t dim)
+/* What a file reader may hold for records of `rec` bytes, as
+ * dp_record_reader_bytes counts it (records.h, docs/datasets.md "Datasets
+ * of files"): TFRecord's 64 KiB read buffer and room for a record twice the
+ * decoded size (an incompressible PNG, the Example's framing, its decoded
+ * arrays); npy's two 1 MiB staging buffers and a chunk of 256 KiB of rows
+ * with their labels; CSV's read buffer, its longest record and a row.  A
+ * reader that holds more is checked against the bound as it reads. */
+static size_t reader_reserve(dp_data_format f, size_t rec, uint32_t dim)
 {
+    const size_t kib = 1024;
     switch (f) {
     case DP_DATA_NPY:
-        return ((size_t)1 << 20) + 3 * ((size_t)64 << 10); /* staging + inflate's buffers */
+        return 2048 * kib + 256 * kib + 4 * (256 * kib / rec + 1) + kib;
     case DP_DATA_CSV:
-        return ((size_t)64 << 10) + 32 * (size_t)dim + 1024; /* read buffer + one line */
+        return 64 * kib + 1024 * kib + 4 * (size_t)dim + kib;
     default:
-        return ((size_t)64 << 10) + 2 * (record_bytes + 1024); /* read buffer + record + decode */
+        return 64 * kib + 2 * (rec + kib);
     }
 }
 
