@@ -468,6 +468,106 @@ static void test_floats(void)
     dp_data_files_free(&d.files);
 }
 
+/* A .npy file of a uint8 array of the given shape (numpy's format 1.0). */
+static void write_npy_u8(const char *path, const uint8_t *data, uint32_t rows, uint32_t cols)
+{
+    char head[128];
+    int n = cols ? snprintf(head, sizeof head, "{'descr': '|u1', 'fortran_order': False, "
+                            "'shape': (%u, %u), }", rows, cols)
+                 : snprintf(head, sizeof head, "{'descr': '|u1', 'fortran_order': False, "
+                            "'shape': (%u,), }", rows);
+    size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
+    size_t hl = (size_t)n + pad + 1, len = 10 + hl + (size_t)rows * (cols ? cols : 1);
+    uint8_t *buf = malloc(len);
+    REQUIRE(buf);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (uint8_t)(hl & 0xff);
+    buf[9] = (uint8_t)(hl >> 8);
+    memcpy(buf + 10, head, (size_t)n);
+    memset(buf + 10 + n, ' ', pad);
+    buf[10 + hl - 1] = '\n';
+    memcpy(buf + 10 + hl, data, (size_t)rows * (cols ? cols : 1));
+    write_bytes(path, buf, len);
+    free(buf);
+}
+
+/* CSV and .npy datasets stream as TFRecord ones do. */
+static void test_csv_npy(void)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/csv", scratch);
+    REQUIRE(mkdir(p, 0755) == 0);
+    for (int f = 0; f < 3; f++) {
+        FILE *out = fopen(path_of("csv", f == 2 ? "c-test.csv" : f ? "c-train-1.csv"
+                                                                   : "c-train-0.csv"), "w");
+        REQUIRE(out);
+        fprintf(out, "label,a,b,c\n");
+        for (int i = 0; i < 60; i++) {
+            int id = f * 60 + i;
+            fprintf(out, "%d,%d,%d.5,%d\n", id % 4, id, id, -id);
+        }
+        REQUIRE(fclose(out) == 0);
+    }
+    ds d;
+    ds_open(&d, "csv", 100, 2 << 20, 8);
+    dp_stream *s = open_ok(&d, DP_SHARD_FILE, 1, 2, 4, 1, 8);
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    float x[8 * 3];
+    uint8_t y[8];
+    int got, bad = 0, n = 0;
+    static int seen[120];
+    while ((got = dp_stream_next(s, x, y, 8, &err)) > 0)
+        for (int i = 0; i < got; i++, n++) {
+            int id = (int)x[i * 3];
+            bad += id < 60 || id >= 100 || x[i * 3 + 1] != (float)id + 0.5f ||
+                   x[i * 3 + 2] != (float)-id || y[i] != id % 4;
+            if (id >= 0 && id < 120)
+                seen[id]++;
+        }
+    CHECKF(got == 0 && bad == 0 && n == 40, "%s", err.msg);
+    for (int i = 60; i < 100; i++)
+        CHECK(seen[i] == 1);
+    CHECK(dp_stream_peak_bytes(s) <= d.src.memory);
+    dp_stream_close(s);
+    dp_data_files_free(&d.files);
+
+    snprintf(p, sizeof p, "%s/npy", scratch);
+    REQUIRE(mkdir(p, 0755) == 0);
+    static uint8_t xs[300 * 6], ys[300];
+    for (int i = 0; i < 300; i++) {
+        for (int j = 0; j < 6; j++)
+            xs[i * 6 + j] = (uint8_t)(j == 0 ? i & 0xff : j == 1 ? i >> 8 : i * 7 + j);
+        ys[i] = (uint8_t)(i % 10);
+    }
+    write_npy_u8(path_of("npy", "x_train.npy"), xs, 300, 6);
+    write_npy_u8(path_of("npy", "y_train.npy"), ys, 300, 0);
+    write_npy_u8(path_of("npy", "x_test.npy"), xs, 10, 6);
+    write_npy_u8(path_of("npy", "y_test.npy"), ys, 10, 0);
+    ds_open(&d, "npy", 250, 3 << 20, 16);
+    CHECK(d.files.shape.kind == DP_VALUES_U8 && d.files.shape.dim == 6);
+    s = open_ok(&d, DP_SHARD_DATA, 0, 2, 4, 1, 8);
+    CHECK(dp_stream_window(s) == 16);
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    float xf[8 * 6];
+    static int seen2[300];
+    n = bad = 0;
+    while ((got = dp_stream_next(s, xf, y, 8, &err)) > 0)
+        for (int i = 0; i < got; i++, n++) {
+            int id = (int)(xf[i * 6] * 255.0f + 0.5f) | (int)(xf[i * 6 + 1] * 255.0f + 0.5f) << 8;
+            bad += id >= 250 || id % 2 || y[i] != id % 10 ||
+                   xf[i * 6 + 3] != (float)(uint8_t)(id * 7 + 3) / 255.0f;
+            if (id < 300)
+                seen2[id]++;
+        }
+    CHECKF(got == 0 && bad == 0 && n == 125, "%s (%d records)", err.msg, n);
+    for (int i = 0; i < 250; i += 2)
+        CHECK(seen2[i] == 1);
+    CHECK(dp_stream_peak_bytes(s) <= d.src.memory);
+    dp_stream_close(s);
+    dp_data_files_free(&d.files);
+}
+
 /* Through the batcher: a streamed split's batches, its refusal of device
  * indices, and training on it equal to training from memory. */
 static void test_batcher_training(const ds *d)
@@ -583,6 +683,7 @@ int main(void)
     test_corrupt("thread");
     test_corrupt("inline");
     test_floats();
+    test_csv_npy();
     test_batcher_training(&d);
     dp_data_files_free(&d.files);
 
