@@ -1,12 +1,14 @@
 /* Streaming's reader thread against reading inline (docs/datasets.md,
  * "Streaming"; docs/benchmarks.md): one epoch of a streamed split of
- * TFRecord files (raw 28x28 bytes in Examples, written to a temporary
- * directory) under a memory bound a sixteenth of its size, with a consumer
+ * TFRecord files (28x28 images in Examples, raw bytes or, with --png, PNG as
+ * TensorFlow Datasets stores MNIST, written to a temporary directory) under a memory bound a sixteenth of its size, with a consumer
  * that does nothing, or an SGD step of mlp-128 or mlp-300-100 per batch.
  * The rule the default follows: no thread where it makes a run slower than
  * the same work inline.  Prints the median epoch time of each.
  *
- *   bench_stream [--records N] [--repeats R] [--batch B] */
+ *   bench_stream [--records N] [--repeats R] [--batch B] [--png 1] [--threads T]
+ *   (T: the arithmetic pool's threads, blas.h; default OpenBLAS's count) */
+#include <png.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "bench.h"
+#include "downpour/blas.h"
 #include "downpour/clock.h"
 #include "downpour/example.h"
 #include "downpour/model.h"
@@ -25,10 +28,22 @@
 #define DIM 784
 #define FILES 8
 
-static int write_files(const char *dir, uint32_t records, dp_err *err)
+/* The image as a gray PNG (libpng's simplified writer) into out (cap bytes). */
+static size_t png_of(uint8_t *out, size_t cap, const uint8_t *px)
+{
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    img.width = img.height = 28;
+    img.format = PNG_FORMAT_GRAY;
+    png_alloc_size_t n = cap;
+    return png_image_write_to_memory(&img, out, &n, 0, px, 0, NULL) ? (size_t)n : 0;
+}
+
+static int write_files(const char *dir, uint32_t records, int png, dp_err *err)
 {
     char path[512];
-    uint8_t px[DIM], enc[DIM + 64];
+    uint8_t px[DIM], enc[4 * DIM], pngbuf[2 * DIM];
     uint32_t x = 2463534242u;
     for (int f = 0; f <= FILES; f++) {
         snprintf(path, sizeof path, "%s/b-%s.tfrecord-%05d", dir, f < FILES ? "train" : "test", f);
@@ -37,11 +52,15 @@ static int write_files(const char *dir, uint32_t records, dp_err *err)
             return -1;
         uint32_t n = f < FILES ? records / FILES : 100;
         for (uint32_t i = 0; i < n; i++) {
-            for (int j = 0; j < DIM; j++) {
+            for (int j = 0; j < DIM; j++) { /* an MNIST-like mix: dark, with strokes */
                 x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-                px[j] = (uint8_t)x;
+                px[j] = (x & 3) ? 0 : (uint8_t)x;
             }
             dp_bytes b = {px, DIM};
+            if (png && (b.len = png_of(pngbuf, sizeof pngbuf, px)) > 0)
+                b.data = pngbuf;
+            if (b.len == 0)
+                return dp_errf(err, "PNG encoding failed");
             int64_t label = x % 10;
             const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
                                       {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
@@ -59,9 +78,12 @@ static int write_files(const char *dir, uint32_t records, dp_err *err)
 
 /* One epoch: seconds, or -1. */
 static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_optim *o, int batch,
-                    float *x, uint8_t *y, dp_err *err)
+                    float *x, uint8_t *y, int *threaded, dp_err *err)
 {
-    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    if (mode)
+        setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    else
+        unsetenv("DOWNPOUR_STREAM_READER");
     dp_stream *s;
     if (dp_stream_open(&s, split, DP_SHARD_OFF, 0, 1, 1, 1, batch, err) < 0)
         return -1;
@@ -74,28 +96,34 @@ static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_opt
             if (m)
                 dp_model_train_step(m, o, x, y, n, 0.01f, NULL);
     double t = dp_now() - t0;
+    *threaded = dp_stream_threaded(s);
     dp_stream_close(s);
     return n < 0 ? -1 : t;
 }
 
 int main(int argc, char **argv)
 {
-    long records = 60000, repeats = 5, batch = 128;
+    long records = 60000, repeats = 5, batch = 128, png = 0, threads = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         long *v = strcmp(argv[i], "--records") == 0   ? &records
                   : strcmp(argv[i], "--repeats") == 0 ? &repeats
                   : strcmp(argv[i], "--batch") == 0   ? &batch
+                  : strcmp(argv[i], "--png") == 0     ? &png
+                  : strcmp(argv[i], "--threads") == 0 ? &threads
                                                       : NULL;
-        if (!v || (*v = atol(argv[i + 1])) < 1) {
-            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B]\n", argv[0]);
+        if (!v || (*v = atol(argv[i + 1])) < 0) {
+            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B] [--png 1] [--threads T]\n",
+                    argv[0]);
             return 2;
         }
     }
-    if (repeats > 15 || records < FILES)
+    if (threads > 0)
+        dp_blas_set_threads((int)threads);
+    if (repeats < 1 || repeats > 15 || records < FILES || batch < 1)
         return fprintf(stderr, "repeats at most 15, records at least %d\n", FILES), 2;
     dp_err err;
     char dir[] = "/tmp/bench_stream.XXXXXX";
-    if (!mkdtemp(dir) || write_files(dir, (uint32_t)records, &err) < 0)
+    if (!mkdtemp(dir) || write_files(dir, (uint32_t)records, png != 0, &err) < 0)
         return fprintf(stderr, "writing the files: %s\n", err.msg), 1;
     dp_data_files files;
     dp_data_options opt;
@@ -109,9 +137,11 @@ int main(int argc, char **argv)
     dp_split split = {.n = n, .dim = DIM, .stream = &src};
     float *x = malloc((size_t)batch * DIM * sizeof *x);
     uint8_t *y = malloc((size_t)batch);
-    printf("%u records of %d bytes in %d TFRecord files, bound %zu bytes, batch %ld, median of "
-           "%ld epochs\n", n, DIM, FILES, src.memory, batch, repeats);
-    printf("%-12s %10s %10s %8s\n", "consumer", "thread s", "inline s", "ratio");
+    printf("%u records of %d bytes (%s) in %d TFRecord files, bound %zu bytes, batch %ld, %d "
+           "pool threads, median of %ld epochs\n", n, DIM, png ? "PNG" : "raw", FILES, src.memory,
+           batch, dp_blas_threads(), repeats);
+    printf("%-16s %10s %10s %8s %10s %s\n", "consumer", "thread s", "inline s", "ratio",
+           "default s", "(its choice)");
     const char *specs[] = {NULL, "784-128-10", "784-300-100-10"};
     for (int k = 0; k < 3; k++) {
         dp_model m;
@@ -122,14 +152,18 @@ int main(int argc, char **argv)
             return fprintf(stderr, "%s\n", err.msg), 1;
         if (specs[k])
             dp_model_init_params(&m, 1);
-        double t[2][15];
+        static const char *modes[3] = {"thread", "inline", NULL};
+        double t[3][15];
+        int threaded = 0;
         for (long r = 0; r < repeats; r++)
-            for (int mode = 0; mode < 2; mode++) /* interleaved: drift hits both alike */
-                if ((t[mode][r] = epoch(&split, mode ? "inline" : "thread", specs[k] ? &m : NULL,
-                                        &o, (int)batch, x, y, &err)) < 0)
+            for (int mode = 0; mode < 3; mode++) /* interleaved: drift hits all alike */
+                if ((t[mode][r] = epoch(&split, modes[mode], specs[k] ? &m : NULL, &o, (int)batch,
+                                        x, y, &threaded, &err)) < 0)
                     return fprintf(stderr, "%s\n", err.msg), 1;
         double th = bench_median(t[0], (int)repeats), in = bench_median(t[1], (int)repeats);
-        printf("%-12s %10.3f %10.3f %8.2f\n", specs[k] ? specs[k] : "none", th, in, in / th);
+        double au = bench_median(t[2], (int)repeats);
+        printf("%-16s %10.3f %10.3f %8.2f %10.3f %s\n", specs[k] ? specs[k] : "none", th, in,
+               in / th, au, threaded ? "thread" : "inline");
         if (specs[k]) {
             dp_model_free(&m);
             dp_optim_free(&o);

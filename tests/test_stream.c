@@ -263,6 +263,13 @@ static void test_modes_agree(const ds *d)
     s = open_ok(d, DP_SHARD_DATA, 1, 3, 9, 1, 16);
     CHECK(epoch_ids(s, 2, c, 16) == n && memcmp(a, c, sizeof(uint32_t) * n) == 0);
     dp_stream_close(s);
+    /* the default: timed inline first, then a thread or not; the same order */
+    unsetenv("DOWNPOUR_STREAM_READER");
+    s = open_ok(d, DP_SHARD_DATA, 1, 3, 9, 1, 16);
+    CHECK(dp_stream_threaded(s) == 0);
+    CHECK(epoch_ids(s, 2, c, 16) == n && memcmp(a, c, sizeof(uint32_t) * n) == 0);
+    fprintf(stderr, "the default reader chose %s\n", dp_stream_threaded(s) ? "a thread" : "inline");
+    dp_stream_close(s);
     setenv("DOWNPOUR_STREAM_READER", "sideways", 1);
     dp_err err;
     CHECK(dp_stream_open(&s, &d->split, DP_SHARD_OFF, 0, 1, 1, 1, 8, &err) == -1 && !s);

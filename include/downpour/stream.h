@@ -84,9 +84,11 @@ uint32_t dp_stream_window(const dp_stream *s);
 size_t dp_stream_peak_bytes(const dp_stream *s);
 
 /* Whether records are read by a reader thread (1) or inline by
- * dp_stream_next (0): a thread where the machine has a core to spare,
- * unless $DOWNPOUR_STREAM_READER says "thread" or "inline"
- * (docs/datasets.md, "Streaming"). */
+ * dp_stream_next (0).  $DOWNPOUR_STREAM_READER "thread" or "inline" fixes
+ * it; otherwise the first records are read inline and timed, and the rest
+ * go to a thread where reading is slow enough for one to pay and the
+ * machine has two cores (docs/datasets.md, "Streaming").  The order of the
+ * records is the same either way. */
 int dp_stream_threaded(const dp_stream *s);
 
 void dp_stream_close(dp_stream *s); /* NULL is a no-op */

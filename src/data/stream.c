@@ -16,7 +16,19 @@
 #include <unistd.h>
 
 #include "convert.h"
+#include "downpour/clock.h"
 #include "downpour/stream.h"
+
+/* The reader's place when $DOWNPOUR_STREAM_READER does not say: the first
+ * DECIDE_RECORDS records of a stream are read inline and timed; the rest go
+ * to a thread if a record took at least THREAD_MIN_S to read and the
+ * machine has two cores.  bench/bench_stream measured (docs/benchmarks.md,
+ * "Streaming"): raw 28x28 records read in about 1 us, and a thread changed
+ * a training epoch by -6..+3 % (noise, and a core shared with the step's
+ * pool); PNG ones in about 15 us, and a thread made the epoch 1.05-1.6x
+ * faster.  So no thread where it would not pay. */
+#define DECIDE_RECORDS 256
+#define THREAD_MIN_S 4e-6
 
 enum { ST_READING, ST_END, ST_ERROR };
 
@@ -27,6 +39,9 @@ struct dp_stream {
     uint32_t k, w;
     uint64_t seed;
     int shuffle, threaded;
+    int deciding;         /* the reader's place not chosen yet: timing inline reads */
+    double read_s;        /* their seconds */
+    uint32_t read_n;      /* and count */
     uint32_t records; /* this shard's, one epoch */
     uint32_t dim;
     size_t vsize, stride; /* bytes of a record's features; a slot's, aligned */
@@ -50,6 +65,10 @@ struct dp_stream {
     /* shared, under mu */
     pthread_mutex_t mu;
     pthread_cond_t can_read, can_take;
+    /* a sleeping side's wake-up mark (0: awake): it is woken when half a
+     * queue of slots is ready, not at every record, so the two threads
+     * trade a futex call per half queue, not per record */
+    uint32_t read_want, take_want;
     uint32_t *free_ring, free_head, free_n;
     uint32_t *full_ring, full_head, full_n;
     int state, stop;
@@ -245,8 +264,12 @@ static void *reader_main(void *arg)
     dp_err e;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (s->free_n == 0 && !s->stop)
-            pthread_cond_wait(&s->can_read, &s->mu);
+        if (s->free_n == 0 && !s->stop) {
+            s->read_want = s->queue / 2 ? s->queue / 2 : 1;
+            while (s->free_n < s->read_want && !s->stop)
+                pthread_cond_wait(&s->can_read, &s->mu);
+            s->read_want = 0;
+        }
         if (s->stop) {
             pthread_mutex_unlock(&s->mu);
             return NULL;
@@ -269,11 +292,22 @@ static void *reader_main(void *arg)
             if (rc < 0)
                 s->rerr = e;
         }
-        pthread_cond_signal(&s->can_take);
+        if (s->take_want && (s->full_n >= s->take_want || rc != 1))
+            pthread_cond_signal(&s->can_take);
         pthread_mutex_unlock(&s->mu);
         if (rc != 1)
             return NULL;
     }
+}
+
+/* The reader thread, from the walk's current place. */
+static int start_reader(dp_stream *s, dp_err *err)
+{
+    int e = pthread_create(&s->th, NULL, reader_main, s);
+    if (e)
+        return dp_errf(err, "stream: cannot start the reader thread: %s", strerror(e));
+    s->running = 1;
+    return 0;
 }
 
 /* The next record read, as a slot id: 1, 0 at the end, -1 with err. */
@@ -284,18 +318,32 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
             return 0;
         *id = ring_pop(s->free_ring, s->slots, &s->free_head, &s->free_n);
         size_t rb = 0;
+        double t0 = s->deciding ? dp_now() : 0;
         int rc = produce(s, *id, &rb, err);
         if (rb > s->reader_peak)
             s->reader_peak = rb;
         if (rc != 1) {
             ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, *id);
             s->state = rc == 0 ? ST_END : ST_ERROR;
+        } else if (s->deciding) {
+            s->read_s += dp_now() - t0;
+            if (++s->read_n == DECIDE_RECORDS) {
+                s->deciding = 0;
+                /* a thread that fails to start leaves the reading inline */
+                if (s->read_s >= THREAD_MIN_S * DECIDE_RECORDS &&
+                    sysconf(_SC_NPROCESSORS_ONLN) >= 2 && start_reader(s, NULL) == 0)
+                    s->threaded = 1;
+            }
         }
         return rc;
     }
     pthread_mutex_lock(&s->mu);
-    while (s->full_n == 0 && s->state == ST_READING)
-        pthread_cond_wait(&s->can_take, &s->mu);
+    if (s->full_n == 0 && s->state == ST_READING) {
+        s->take_want = s->queue / 2 ? s->queue / 2 : 1;
+        while (s->full_n < s->take_want && s->state == ST_READING)
+            pthread_cond_wait(&s->can_take, &s->mu);
+        s->take_want = 0;
+    }
     int rc = 1;
     if (s->full_n)
         *id = ring_pop(s->full_ring, s->slots, &s->full_head, &s->full_n);
@@ -318,7 +366,8 @@ static void release(dp_stream *s, uint32_t id)
     }
     pthread_mutex_lock(&s->mu);
     ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
-    pthread_cond_signal(&s->can_read);
+    if (s->read_want && s->free_n >= s->read_want)
+        pthread_cond_signal(&s->can_read);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -415,15 +464,9 @@ int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err)
     if (s->shuffle)
         dp_rng_shuffle(&s->rng, s->order, s->nf);
     s->started = 1;
-    if (s->threaded) {
-        int e = pthread_create(&s->th, NULL, reader_main, s);
-        if (e) {
-            dp_err m;
-            dp_errf(&m, "stream: cannot start the reader thread: %s", strerror(e));
-            return fail(s, &m, err);
-        }
-        s->running = 1;
-    }
+    dp_err m;
+    if (s->threaded && start_reader(s, &m) < 0)
+        return fail(s, &m, err);
     return 0;
 }
 
@@ -468,9 +511,9 @@ int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err)
 
 /* ---- open and close ---- */
 
-/* A thread where a second core can read while the step computes;
- * $DOWNPOUR_STREAM_READER overrides (docs/datasets.md, "Streaming"). */
-static int choose_threaded(int *threaded, dp_err *err)
+/* $DOWNPOUR_STREAM_READER's choice; *deciding when it makes none (see
+ * DECIDE_RECORDS). */
+static int choose_threaded(int *threaded, int *deciding, dp_err *err)
 {
     const char *v = getenv("DOWNPOUR_STREAM_READER");
     if (v && *v) {
@@ -482,7 +525,8 @@ static int choose_threaded(int *threaded, dp_err *err)
             return dp_errf(err, "DOWNPOUR_STREAM_READER is '%s': use thread or inline", v);
         return 0;
     }
-    *threaded = sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+    *threaded = 0;
+    *deciding = 1;
     return 0;
 }
 
@@ -500,8 +544,8 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
         src->shape.dim != split->dim)
         return dp_errf(err, "stream: records of %u values (%s) do not match the split's %u",
                        src->shape.dim, dp_value_kind_name(src->shape.kind), split->dim);
-    int threaded = 0;
-    if (choose_threaded(&threaded, err) < 0)
+    int threaded = 0, deciding = 0;
+    if (choose_threaded(&threaded, &deciding, err) < 0)
         return -1;
     if (shard_files(split, policy, (uint32_t)k, (uint32_t)w, NULL, &nf, err) < 0)
         return -1;
@@ -547,6 +591,7 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     s->seed = seed;
     s->shuffle = shuffle != 0;
     s->threaded = threaded;
+    s->deciding = deciding;
     s->records = records;
     s->dim = src->shape.dim;
     s->vsize = dp_value_size(src->shape.kind);
