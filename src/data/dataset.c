@@ -749,8 +749,9 @@ int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_
                        "not fit in its %u training records. Hint: --train-size + --val-size "
                        "must be at most %u", ds->dir, n_train, n_val, all->n, all->n);
     size_t dim = all->dim;
-    *train = (dp_split){all->images, all->labels, n_train, all->dim};
-    *val = (dp_split){all->images + (size_t)n_train * dim, all->labels + n_train, n_val, all->dim};
+    *train = (dp_split){.images = all->images, .labels = all->labels, .n = n_train, .dim = all->dim};
+    *val = (dp_split){.images = all->images + (size_t)n_train * dim, .labels = all->labels + n_train,
+                       .n = n_val, .dim = all->dim};
     return 0;
 }
 
