@@ -284,8 +284,8 @@ static int check_existing(const convert_job *c, int force, dp_err *err)
     char first[512] = "";
     long count = 0;
     while ((e = readdir(d)) != NULL)
-        if (name_is_ours(e->d_name, c->name) && count++ == 0)
-            snprintf(first, sizeof first, "%s", e->d_name);
+        if (name_is_ours(e->d_name, c->name) && (count++ == 0 || strcmp(e->d_name, first) < 0))
+            snprintf(first, sizeof first, "%s", e->d_name); /* the first by name, not by disk order */
     closedir(d);
     if (count == 1)
         return dp_errf(err, "%s/%s exists: pass --force to replace it, or choose another --to "
