@@ -426,6 +426,31 @@ static void test_numpy(void)
     CHECKF(rc == 1 && strstr(err_text, "x_train.npy has 10 rows but y_train has 3"),
            "unpaired: %d %s", rc, err_text);
 
+    /* five channels do not fit a PNG: refused before writing, raw takes them */
+    uint8_t x5[NTR * 2 * 2 * 5];
+    for (size_t i = 0; i < sizeof x5; i++)
+        x5[i] = (uint8_t)(i ^ 0x5a);
+    char csrc[1200];
+    snprintf(csrc, sizeof csrc, "%s/chan5", test_tmp());
+    REQUIRE(mkdir(csrc, 0755) == 0);
+    write_file(csrc, "x_train.npy", buf, npy_bytes(buf, "|u1", "(10, 2, 2, 5)", x5, sizeof x5));
+    write_file(csrc, "x_test.npy", buf, npy_bytes(buf, "|u1", "(3, 2, 2, 5)", x5, 3 * 20));
+    write_file(csrc, "y_train.npy", files[1], lens[1]);
+    write_file(csrc, "y_test.npy", files[3], lens[3]);
+    rc = data_cmd("data convert --from '%s' --to '%s'", csrc, dir);
+    CHECKF(rc == 1 && strstr(err_text, "2x2 with 5 channels do not fit a PNG") &&
+           strstr(err_text, "--encoding raw"), "5 channels: %d %s", rc, err_text);
+    rc = data_cmd("data convert --from '%s' --to '%s' --encoding raw", csrc, dir);
+    CHECKF(rc == 0, "5 channels raw: %d %s", rc, err_text);
+    expect x5r = {x5, NULL, ytr, NULL, NTR, 2, 2, 5, 20, 1};
+    check_shards(dir, "chan5-train.tfrecord", 1, "", &x5r);
+    rc = data_cmd("data inspect '%s/chan5-train.tfrecord-00000-of-00001' --records 1", dir);
+    CHECKF(rc == 0 && strstr(out_text, "channels     int64_list 1 value: 5") &&
+           strstr(out_text, "every record has: channels int64_list[1]; height int64_list[1]; "
+                            "image bytes_list[1] of 20 bytes; label int64_list[1]; width "
+                            "int64_list[1]"), "inspect raw: %d %s %s", rc, out_text, err_text);
+    fprintf(stderr, "%s", out_text);
+
     /* inspect: .npy, .npz, CSV */
     rc = data_cmd("data inspect '%s/x_train.npy'", src);
     CHECKF(rc == 0 && strstr(out_text, "dtype uint8 ('|u1'), shape (10, 4, 5), fortran_order False"),

@@ -543,6 +543,13 @@ static int convert(int argc, char **argv)
                     "least one", flag[k], c.shards[k], (unsigned long long)sp->n, sp->name, from);
             goto out;
         }
+        if (sp->is_bytes && c.enc == ENC_PNG &&
+            (sp->channels > 4 || sp->height > DP_PNG_MAX_SIDE || sp->width > DP_PNG_MAX_SIDE)) {
+            dp_errf(&err, "%s: %s images of %ux%u with %u channels do not fit a PNG (sides up to "
+                    "%d, 1 to 4 channels): use --encoding raw", from, sp->name, sp->height,
+                    sp->width, sp->channels, DP_PNG_MAX_SIDE);
+            goto out;
+        }
     }
     for (int k = 0; k < 2; k++)
         if (write_split(&c, &s.split[k], k, &err) < 0) {
