@@ -104,7 +104,8 @@ typedef struct dp_batcher {
     const dp_split *split;
     uint32_t *order;     /* indices of the records this batcher owns */
     uint32_t n;          /* how many it owns */
-    uint32_t first;      /* its natural order is first + i*stride, i < n */
+    uint32_t first;      /* its natural order is first + i*stride, i < n
+                            (by_files: of file ranks, below) */
     uint32_t *perm;      /* DATA: the epoch's order of every record of the split */
     uint32_t stride;
     int by_files;        /* FILE over files: it owns the records of the files of
