@@ -73,15 +73,23 @@ typedef enum dp_shard_policy {
                       of w keeps positions k, k+w, k+2w, ... of that order, as
                       TensorFlow's DATA auto-shard does: so the w workers' j-th
                       batches of b together are the j-th batch of w*b of one process */
-    DP_SHARD_FILE, /* worker k of w keeps the k-th contiguous block */
+    DP_SHARD_FILE, /* whole files: worker k of w keeps files k, k+w, k+2w, ... of
+                      those holding records of the split (n_files > 0), as
+                      TensorFlow's FILE auto-shard does, and fewer such files than
+                      workers is refused; one undivided source (n_files 0) is cut
+                      into w contiguous blocks, the k-th kept */
     DP_SHARD_COUNT
 } dp_shard_policy;
 
 int dp_shard_parse(const char *name, dp_shard_policy *out, dp_err *err);
 
-/* How many of `total` records shard k of w owns under a policy (OFF: all),
- * so every worker knows every other's batch sizes without asking. */
-uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w);
+/* How many of the split's records shard k of w owns under a policy (OFF:
+ * all), so every worker knows every other's batch sizes without asking.
+ * Needs only n and the file bounds, not the records. */
+uint32_t dp_shard_size(dp_shard_policy p, const dp_split *s, int k, int w);
+/* The largest of the w shards (FILE's whole files may differ by more than
+ * one record), so steps per epoch cover every worker's shard. */
+uint32_t dp_shard_max(dp_shard_policy p, const dp_split *s, int w);
 /* The batch a worker takes when the split is re-dealt among `live` of the
  * `all` workers a run started with (docs/faults.md): enough that an epoch
  * keeps its steps_per_epoch steps, at most max_batch; with all of them
@@ -96,24 +104,30 @@ typedef struct dp_batcher {
     const dp_split *split;
     uint32_t *order;     /* indices of the records this batcher owns */
     uint32_t n;          /* how many it owns */
-    uint32_t first;      /* its natural order is first + i*stride, i < n */
+    uint32_t first;      /* its natural order is first + i*stride, i < n
+                            (by_files: of file ranks, below) */
     uint32_t *perm;      /* DATA: the epoch's order of every record of the split */
     uint32_t stride;
+    int by_files;        /* FILE over files: it owns the records of the files of
+                            ranks first + i*stride among those holding records */
     uint32_t pos;        /* next position in order */
     uint64_t seed;
     long epoch;          /* epochs started */
     int shuffle;
 } dp_batcher;
 
-/* Owns the records of shard `shard_index` of `shard_count` under `policy`. */
+/* Owns the records of shard `shard_index` of `shard_count` under `policy`.
+ * The split's records must be in memory (dp_split_in_memory): a streamed
+ * split is refused. */
 int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shuffle,
                     dp_shard_policy policy, int shard_index, int shard_count, dp_err *err);
 void dp_batcher_free(dp_batcher *b);
 /* Starts epoch `epoch` (0-based): order is a permutation seeded by (seed, epoch),
  * so any process can reproduce any epoch's order. */
 void dp_batcher_start_epoch(dp_batcher *b, long epoch);
-/* Fills x (batch, dim) with pixels / 255 and y (batch) with labels; returns
- * the number of records written (< batch at the end of the epoch, 0 when done). */
+/* Fills x (batch, dim) with pixels / 255 (or the float values) and y (batch)
+ * with labels; returns the number of records written (< batch at the end of
+ * the epoch, 0 when done). */
 int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
 /* The same walk, giving the records' indices into the split instead of their
  * data (a device gathers them itself: device.h). */
@@ -124,7 +138,12 @@ void dp_batcher_seek(dp_batcher *b, uint32_t pos);
 /* Number of batches in one epoch of this batcher (the last may be short). */
 uint32_t dp_batcher_batches(const dp_batcher *b, int batch);
 
-/* Copies records idx[0..n) of split into x (pixels / 255) and y (y may be NULL). */
+/* Whether the split's records and labels are in memory (images or values),
+ * as gathering needs; a streamed split's are not. */
+int dp_split_in_memory(const dp_split *s);
+/* Copies records idx[0..n) of split into x (pixels / 255, or the float
+ * values as they are) and y (y may be NULL).  A split not in memory gives
+ * zeros: callers refuse one first (dp_split_in_memory). */
 void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n);
 
 #endif

@@ -49,6 +49,11 @@ int cmd_eval(int argc, char **argv)
         goto out;
     if (dp_model_check_input(&m, ds.rows, ds.cols, dataset, &err) < 0)
         goto out;
+    if (!dp_split_in_memory(&ds.test)) { /* dp_evaluate gathers by record index */
+        dp_errf(&err, "dataset %s: its test records are %s, and eval reads them in memory",
+                dataset, ds.test.stream ? "streamed from their files" : "not loaded");
+        goto out;
+    }
     if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
         dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
                 dataset);

@@ -748,10 +748,19 @@ int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_
         return dp_errf(err, "dataset %s: a split of %u training + %u validation records does "
                        "not fit in its %u training records. Hint: --train-size + --val-size "
                        "must be at most %u", ds->dir, n_train, n_val, all->n, all->n);
-    size_t dim = all->dim;
-    *train = (dp_split){.images = all->images, .labels = all->labels, .n = n_train, .dim = all->dim};
-    *val = (dp_split){.images = all->images + (size_t)n_train * dim, .labels = all->labels + n_train,
-                       .n = n_val, .dim = all->dim};
+    size_t skip = (size_t)n_train * all->dim;
+    /* The training records are the first n_train: the files' bounds hold as
+     * they are (clipped to n).  The validation records start mid-file and are
+     * evaluated whole, never sharded, so they carry no file bounds. */
+    *train = *all;
+    train->n = n_train;
+    *val = (dp_split){.n = n_val, .dim = all->dim, .stream = all->stream};
+    if (all->images)
+        val->images = all->images + skip;
+    if (all->values)
+        val->values = all->values + skip;
+    if (all->labels)
+        val->labels = all->labels + n_train;
     return 0;
 }
 
