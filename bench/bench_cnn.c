@@ -138,7 +138,7 @@ int main(int argc, char **argv)
         images[i] = (uint8_t)dp_rng_below(&rng, 256);
     for (int i = 0; i < N_RECORDS; i++)
         labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-    dp_split split = {images, labels, N_RECORDS, 784};
+    dp_split split = {.images = images, .labels = labels, .n = N_RECORDS, .dim = 784};
 
     printf("BLAS: %s; %d steps per timing, median of %d, batch %d\n", dp_blas_info(), steps,
            repeats, batch);

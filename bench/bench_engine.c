@@ -121,7 +121,7 @@ int main(int argc, char **argv)
         labels[i] = (uint8_t)dp_rng_below(&rng, 10);
     for (size_t i = 0; i < GEMM_SCRATCH; i++)
         scratch[i] = dp_rng_uniform(&rng) - 0.5f;
-    dp_split split = {images, labels, N_RECORDS, 784};
+    dp_split split = {.images = images, .labels = labels, .n = N_RECORDS, .dim = 784};
 
     printf("BLAS: %s; %d steps per timing, median of %d; update %s\n", dp_blas_info(), steps,
            repeats, unfused ? "after backprop (--unfused)" : "fused into backprop");

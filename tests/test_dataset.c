@@ -753,7 +753,7 @@ static void test_batcher(const dp_split *s)
     uint8_t imgs[2 * DIM], labs[2] = {1, 2};
     for (int j = 0; j < 2 * DIM; j++)
         imgs[j] = (uint8_t)(j % 2 ? 255 : 0);
-    dp_split two = {imgs, labs, 2, DIM};
+    dp_split two = {.images = imgs, .labels = labs, .n = 2, .dim = DIM};
     uint32_t idx[2] = {1, 0};
     dp_split_gather(gx, NULL, &two, idx, 2);
     CHECK(gx[0] == 0.0f && gx[1] == 1.0f && gx[DIM + 1] == 1.0f);
@@ -776,7 +776,7 @@ static void test_gather_exact(void)
         for (int j = 0; j < DIM; j++)
             imgs[i * DIM + j] = (uint8_t)(j + i);
     }
-    dp_split sp1 = {imgs, labs, N, DIM};
+    dp_split sp1 = {.images = imgs, .labels = labs, .n = N, .dim = DIM};
     dp_pool_set_threads(2, NULL);
     dp_split_gather(gx, NULL, &sp1, idx, N);
     int bad = 0;

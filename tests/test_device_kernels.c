@@ -187,7 +187,7 @@ static void test_gather(void)
         images[1 % ((size_t)n * dim)] = 0;
         for (uint32_t i = 0; i < n; i++)
             labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-        dp_split s = {images, labels, n, dim};
+        dp_split s = {.images = images, .labels = labels, .n = n, .dim = dim};
         int r = rows[t];
         uint32_t idx[128];
         for (int i = 0; i < r; i++)

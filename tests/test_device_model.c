@@ -35,7 +35,7 @@ static void make_split(void)
         images[i] = (uint8_t)dp_rng_below(&rng, 256);
     for (int i = 0; i < RECORDS; i++)
         labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-    split = (dp_split){images, labels, RECORDS, DIM};
+    split = (dp_split){.images = images, .labels = labels, .n = RECORDS, .dim = DIM};
 }
 
 static void pick(uint32_t *idx, int n)
@@ -364,7 +364,7 @@ static void test_errors(void)
     CHECKF(strstr(err.msg, "the sim device has no collectives (NCCL)"), "%s", err.msg);
     CHECK(dp_dmodel_comm_join(g, id, 2, 0, &err) == -1 && strstr(err.msg, "no collectives"));
     CHECK(dp_dmodel_allreduce_grads(g, &err) == -1 && strstr(err.msg, "no collectives"));
-    dp_split narrow = {split.images, split.labels, RECORDS / 2, DIM / 2};
+    dp_split narrow = {.images = split.images, .labels = split.labels, .n = RECORDS / 2, .dim = DIM / 2};
     CHECK(dp_dmodel_load_split(g, &narrow, &err) == -1 && strstr(err.msg, "392 values"));
     dp_dmodel_close(g);
     dp_dmodel_close(NULL);

@@ -176,7 +176,7 @@ static void test_logistic(void)
 #define CHIEF_WORKERS_PS 6 /* a chief, 3 workers, 2 ps */
 
 static uint8_t images[NREC * DIM], labels[NREC];
-static dp_split split = {images, labels, NREC, DIM};
+static dp_split split = {.images = images, .labels = labels, .n = NREC, .dim = DIM};
 
 typedef struct task {
     dp_train_config cfg;
