@@ -6,12 +6,14 @@
  * a split with no file, a file matching both patterns, a PNG of another size,
  * a label not below the class count and a flipped byte are refused naming
  * the file and the record. */
+#include <math.h>
 #include <png.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include "check.h"
 #include "downpour/example.h"
@@ -219,7 +221,9 @@ static void read_fails_at(const dp_data_files *fs, const dp_data_file *f,
     char rec[64];
     snprintf(rec, sizeof rec, "record %llu", (unsigned long long)at);
     CHECKF(rc == -1 && n == at, "%s: rc %d after %llu records", f->path, rc, (unsigned long long)n);
-    CHECKF(rc == -1 && strstr(err.msg, f->path) && strstr(err.msg, rec) && strstr(err.msg, needle),
+    /* The file at fault: the features' or (npy) the labels'. */
+    int names_file = strstr(err.msg, f->path) || (f->labels_path && strstr(err.msg, f->labels_path));
+    CHECKF(rc == -1 && names_file && strstr(err.msg, rec) && strstr(err.msg, needle),
            "\"%s\" lacks the file, \"%s\" or \"%s\"", err.msg, rec, needle);
     fprintf(stderr, "refused as it should be: %s\n", err.msg);
     free(got);
@@ -409,6 +413,335 @@ static void test_tfrecord_lists(void)
     dp_data_files_free(&f);
 }
 
+/* ---- NumPy ---- */
+
+typedef struct bytes {
+    uint8_t *p;
+    size_t n, cap;
+} bytes;
+
+static void put(bytes *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        REQUIRE(b->p != NULL);
+    }
+    if (n)
+        memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+static void put16(bytes *b, uint32_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; put(b, x, 2); }
+static void put32(bytes *b, uint32_t v) { put16(b, v & 0xFFFF); put16(b, v >> 16); }
+
+/* A version 1.0 .npy image: preamble, the dict padded with spaces to a
+ * multiple of 64 and ended by '\n' (as numpy writes it), then the data. */
+static bytes npy_make(const char *descr, const char *shape, const void *data, size_t n)
+{
+    char dict[200];
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
+             shape);
+    bytes b = {0};
+    size_t hl = strlen(dict) + 1, total = (10 + hl + 63) / 64 * 64;
+    put(&b, "\x93NUMPY\x01\x00", 8);
+    put16(&b, (uint32_t)(total - 10));
+    put(&b, dict, strlen(dict));
+    for (size_t i = 10 + hl; i < total; i++)
+        put(&b, " ", 1);
+    put(&b, "\n", 1);
+    put(&b, data, n);
+    return b;
+}
+
+static void write_npy(const char *name, const char *descr, const char *shape, const void *data,
+                      size_t n)
+{
+    bytes b = npy_make(descr, shape, data, n);
+    write_bytes(path_of(name), b.p, b.n);
+    free(b.p);
+}
+
+/* A ZIP of stored members (numpy.savez without ZIP64). */
+static void write_zip(const char *name, const char **names, const bytes *m, int nm)
+{
+    bytes b = {0}, cd = {0};
+    for (int i = 0; i < nm; i++) {
+        uint32_t crc = (uint32_t)crc32(0, m[i].p, (uInt)m[i].n), off = (uint32_t)b.n;
+        uint32_t nl = (uint32_t)strlen(names[i]);
+        put32(&b, 0x04034b50);
+        put16(&b, 20), put16(&b, 0), put16(&b, 0), put16(&b, 0), put16(&b, 0x21);
+        put32(&b, crc), put32(&b, (uint32_t)m[i].n), put32(&b, (uint32_t)m[i].n);
+        put16(&b, nl), put16(&b, 0);
+        put(&b, names[i], nl);
+        put(&b, m[i].p, m[i].n);
+        put32(&cd, 0x02014b50);
+        put16(&cd, 20), put16(&cd, 20), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0);
+        put16(&cd, 0x21);
+        put32(&cd, crc), put32(&cd, (uint32_t)m[i].n), put32(&cd, (uint32_t)m[i].n);
+        put16(&cd, nl), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0);
+        put32(&cd, 0), put32(&cd, off);
+        put(&cd, names[i], nl);
+    }
+    uint32_t cd_off = (uint32_t)b.n;
+    put(&b, cd.p, cd.n);
+    put32(&b, 0x06054b50);
+    put16(&b, 0), put16(&b, 0), put16(&b, (uint32_t)nm), put16(&b, (uint32_t)nm);
+    put32(&b, (uint32_t)cd.n), put32(&b, cd_off), put16(&b, 0);
+    write_bytes(path_of(name), b.p, b.n);
+    free(b.p);
+    free(cd.p);
+}
+
+static void test_npy_pairs(void)
+{
+    /* uint8 images (n, 4, 5) and labels of two dtypes and shapes. */
+    make_dir("npy");
+    enum { NTR = 7, NTE = 3, D = 20 };
+    uint8_t x[(NTR + NTE) * D], y[NTR + NTE];
+    pixels_of(x, sizeof x, 1);
+    for (int i = 0; i < NTR + NTE; i++)
+        y[i] = (uint8_t)(i * 3 % 10);
+    int64_t yte[NTE];
+    for (int i = 0; i < NTE; i++)
+        yte[i] = y[NTR + i];
+    write_npy("npy/x_train.npy", "|u1", "(7, 4, 5)", x, NTR * D);
+    write_npy("npy/y_train.npy", "|u1", "(7,)", y, NTR);
+    write_npy("npy/x_test.npy", "|u1", "(3, 4, 5)", x + NTR * D, NTE * D);
+    write_npy("npy/y_test.npy", "<i8", "(3, 1)", yte, sizeof yte);
+    dp_data_files f = find_ok(path_of("npy"), NULL);
+    CHECK(f.format == DP_DATA_NPY);
+    REQUIRE(f.train.n == 1 && f.test.n == 1);
+    CHECK(strstr(f.train.files[0].path, "x_train.npy") &&
+          strstr(f.train.files[0].labels_path, "y_train.npy") && !f.train.files[0].member);
+    CHECK(strstr(f.test.files[0].path, "x_test.npy") &&
+          strstr(f.test.files[0].labels_path, "y_test.npy"));
+    count_ok(&f, NULL);
+    CHECK(f.shape.kind == DP_VALUES_U8 && f.shape.rows == 4 && f.shape.cols == 5 &&
+          f.shape.channels == 1 && f.shape.dim == D);
+    CHECK(f.train.records == NTR && f.test.records == NTE);
+    CHECK(read_all(&f, &f.train.files[0], NULL, x, y) == NTR);
+    CHECK(read_all(&f, &f.test.files[0], NULL, x + NTR * D, y + NTR) == NTE);
+    skip_then_read(&f, &f.train.files[0], NULL, 4, x, y);
+    dp_data_files_free(&f);
+
+    /* float32 rows (n, 30) over more than one 256 KiB chunk, labels int32;
+     * a label of 10 at record 2500 (in the second chunk) and one at record
+     * 5 (in the first) are refused naming their own record. */
+    make_dir("npyf");
+    enum { NF = 3000, DF = 30 };
+    float *xf = malloc(sizeof(float) * NF * DF);
+    int32_t *yf = malloc(sizeof(int32_t) * NF);
+    uint8_t *yl = malloc(NF);
+    REQUIRE(xf && yf && yl);
+    for (int i = 0; i < NF * DF; i++)
+        xf[i] = (float)(i % 977) * 0.125f - 17.0f;
+    for (int i = 0; i < NF; i++)
+        yl[i] = (uint8_t)(yf[i] = i % 10);
+    write_npy("npyf/features_train.npy", "<f4", "(3000, 30)", xf, sizeof(float) * NF * DF);
+    write_npy("npyf/labels_train.npy", "<i4", "(3000,)", yf, sizeof(int32_t) * NF);
+    write_npy("npyf/features_test.npy", "<f4", "(2, 30)", xf, sizeof(float) * 2 * DF);
+    write_npy("npyf/labels_test.npy", "<i4", "(2,)", yf, sizeof(int32_t) * 2);
+    dp_data_options o10;
+    dp_data_options_default(&o10);
+    o10.classes = 10;
+    f = find_ok(path_of("npyf"), &o10);
+    count_ok(&f, &o10);
+    CHECK(f.shape.kind == DP_VALUES_F32 && f.shape.rows == 1 && f.shape.cols == DF &&
+          f.shape.dim == DF && f.train.records == NF && f.test.records == 2);
+    CHECK(read_all(&f, &f.train.files[0], &o10, xf, yl) == NF);
+    skip_then_read(&f, &f.train.files[0], &o10, 2700, xf, yl);
+    yf[2500] = 10;
+    write_npy("npyf/labels_train.npy", "<i4", "(3000,)", yf, sizeof(int32_t) * NF);
+    read_fails_at(&f, &f.train.files[0], &o10, 2500, "label 10 at row 2500");
+    yf[5] = 10;
+    write_npy("npyf/labels_train.npy", "<i4", "(3000,)", yf, sizeof(int32_t) * NF);
+    read_fails_at(&f, &f.train.files[0], &o10, 5, "labels_train.npy");
+    /* A NaN feature at record 2600 names the features' file. */
+    yf[5] = 5, yf[2500] = 0;
+    write_npy("npyf/labels_train.npy", "<i4", "(3000,)", yf, sizeof(int32_t) * NF);
+    xf[2600 * DF + 3] = NAN;
+    write_npy("npyf/features_train.npy", "<f4", "(3000, 30)", xf, sizeof(float) * NF * DF);
+    read_fails_at(&f, &f.train.files[0], &o10, 2600, "features_train.npy: record 2600");
+    dp_data_files_free(&f);
+    free(xf);
+    free(yf);
+    free(yl);
+
+    /* Rows wider than the chunk buffer are read straight into the caller's. */
+    make_dir("npyw");
+    enum { DW = 70000 };
+    float *xw = malloc(sizeof(float) * 3 * DW);
+    REQUIRE(xw);
+    for (int i = 0; i < 3 * DW; i++)
+        xw[i] = (float)i;
+    uint8_t yw[3] = {1, 0, 1};
+    write_npy("npyw/x_train.npy", "<f4", "(2, 70000)", xw, sizeof(float) * 2 * DW);
+    write_npy("npyw/y_train.npy", "|u1", "(2,)", yw, 2);
+    write_npy("npyw/x_test.npy", "<f4", "(1, 70000)", xw + 2 * DW, sizeof(float) * DW);
+    write_npy("npyw/y_test.npy", "|u1", "(1,)", yw + 2, 1);
+    f = find_ok(path_of("npyw"), NULL);
+    count_ok(&f, NULL);
+    CHECK(f.shape.dim == DW && f.train.records == 2 && f.test.records == 1);
+    CHECK(read_all(&f, &f.train.files[0], NULL, xw, yw) == 2);
+    CHECK(read_all(&f, &f.test.files[0], NULL, xw + 2 * DW, yw + 2) == 1);
+    dp_data_files_free(&f);
+    free(xw);
+
+    /* A pair of unequal rows is refused naming both files; so is a split of
+     * three files and a pair with no labels' name. */
+    make_dir("npyodd");
+    write_npy("npyodd/x_train.npy", "|u1", "(7, 4, 5)", x, NTR * D);
+    write_npy("npyodd/y_train.npy", "|u1", "(6,)", y, 6);
+    write_npy("npyodd/x_test.npy", "|u1", "(3, 4, 5)", x, NTE * D);
+    write_npy("npyodd/y_test.npy", "|u1", "(3,)", y, NTE);
+    f = find_ok(path_of("npyodd"), NULL);
+    dp_err err;
+    CHECK(dp_data_files_count(&f, NULL, &err) == -1);
+    CHECKF(strstr(err.msg, "x_train.npy has 7 rows") && strstr(err.msg, "y_train.npy has 6"),
+           "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    dp_data_files_free(&f);
+    write_npy("npyodd/z_test.npy", "|u1", "(3,)", y, NTE);
+    find_fails(path_of("npyodd"), NULL, "3 .npy files", "test");
+    make_dir("npynolabel");
+    write_npy("npynolabel/a_train.npy", "|u1", "(3,)", y, 3);
+    write_npy("npynolabel/b_train.npy", "|u1", "(3,)", y, 3);
+    write_npy("npynolabel/x_test.npy", "|u1", "(3,)", y, 3);
+    write_npy("npynolabel/y_test.npy", "|u1", "(3,)", y, 3);
+    find_fails(path_of("npynolabel"), NULL, "b_train.npy", "cannot tell which holds the labels");
+}
+
+static void test_npz(void)
+{
+    /* keras's mnist.npz layout, images with 2 channels: (n, 3, 2, 2). */
+    make_dir("npz");
+    enum { NTR = 5, NTE = 2, D = 12 };
+    uint8_t x[(NTR + NTE) * D], y[NTR + NTE];
+    pixels_of(x, sizeof x, 9);
+    for (int i = 0; i < NTR + NTE; i++)
+        y[i] = (uint8_t)(9 - i);
+    bytes m[4] = {npy_make("|u1", "(5, 3, 2, 2)", x, NTR * D), npy_make("|u1", "(5,)", y, NTR),
+                  npy_make("|u1", "(2, 3, 2, 2)", x + NTR * D, NTE * D),
+                  npy_make("|u1", "(2,)", y + NTR, NTE)};
+    const char *names[4] = {"x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy"};
+    write_zip("npz/mnist.npz", names, m, 4);
+    CHECK(dp_data_files_match(path_of("npz/mnist.npz")));
+    dp_data_files f = find_ok(path_of("npz/mnist.npz"), NULL);
+    REQUIRE(f.format == DP_DATA_NPY && f.train.n == 1 && f.test.n == 1);
+    CHECK(strcmp(f.train.files[0].member, "x_train") == 0 &&
+          strcmp(f.train.files[0].labels_member, "y_train") == 0 &&
+          strcmp(f.test.files[0].member, "x_test") == 0 && !f.test.files[0].labels_path);
+    count_ok(&f, NULL);
+    CHECK(f.shape.kind == DP_VALUES_U8 && f.shape.rows == 3 && f.shape.cols == 2 &&
+          f.shape.channels == 2 && f.shape.dim == D && f.train.records == NTR &&
+          f.test.records == NTE);
+    CHECK(read_all(&f, &f.train.files[0], NULL, x, y) == NTR);
+    CHECK(read_all(&f, &f.test.files[0], NULL, x + NTR * D, y + NTR) == NTE);
+    skip_then_read(&f, &f.train.files[0], NULL, 2, x, y);
+    dp_data_files_free(&f);
+    /* The directory holding it works too. */
+    f = find_ok(path_of("npz"), NULL);
+    CHECK(f.train.n == 1 && f.test.n == 1);
+    dp_data_files_free(&f);
+    /* An .npz without the test arrays is refused naming what it has. */
+    write_zip("npz/half.npz", names, m, 2);
+    find_fails(path_of("npz/half.npz"), NULL, "half.npz", "this one holds x_train, y_train");
+    /* A label above the class count in an .npz member names the member. */
+    dp_data_options o;
+    dp_data_options_default(&o);
+    o.classes = 6;
+    f = find_ok(path_of("npz/mnist.npz"), &o);
+    dp_err err;
+    CHECK(dp_data_files_count(&f, &o, &err) == -1);
+    CHECKF(strstr(err.msg, "mnist.npz (member y_train): record 0") && strstr(err.msg, "label 9"),
+           "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    dp_data_files_free(&f);
+    for (int i = 0; i < 4; i++)
+        free(m[i].p);
+}
+
+/* ---- CSV ---- */
+
+static void test_csv(void)
+{
+    make_dir("csv");
+    enum { NTR = 6, NTE = 4, DIM = 3 };
+    float want[(NTR + NTE) * DIM];
+    uint8_t labels[NTR + NTE];
+    for (int i = 0; i < NTR + NTE; i++) {
+        labels[i] = (uint8_t)((i * 5 + 1) % 10);
+        for (int k = 0; k < DIM; k++)
+            want[i * DIM + k] = (float)((i - 3) * 0.1 + k * 1e-7 + (k == 1 ? 1e20 : 0));
+    }
+    /* Training: a header (quoted names), the label column in the middle, a
+     * byte-order mark, CRLF and a blank line. */
+    char text[4096];
+    size_t at = (size_t)snprintf(text, sizeof text, "\xef\xbb\xbf\"pixel, 0\",label,p1,p2\r\n");
+    for (int i = 0; i < NTR; i++) {
+        const float *v = want + i * DIM;
+        at += (size_t)snprintf(text + at, sizeof text - at, "%.9g, %u ,%.9g,%.9g\r\n%s", v[0],
+                               labels[i], v[1], v[2], i == 2 ? "\r\n" : "");
+    }
+    write_bytes(path_of("csv/mnist_train.csv"), text, at);
+    /* Test: no header, the label first (3.0 is an integer label). */
+    at = 0;
+    for (int i = NTR; i < NTR + NTE; i++) {
+        const float *v = want + i * DIM;
+        at += (size_t)snprintf(text + at, sizeof text - at, "%u%s,%.9g,%.9g,%.9g\n", labels[i],
+                               i == NTR ? ".0" : "", v[0], v[1], v[2]);
+    }
+    write_bytes(path_of("csv/mnist_test.csv"), text, at);
+    dp_data_options opt;
+    dp_data_options_default(&opt);
+    opt.classes = 10;
+    dp_data_files f = find_ok(path_of("csv"), &opt);
+    CHECK(f.format == DP_DATA_CSV && f.train.n == 1 && f.test.n == 1);
+    count_ok(&f, &opt);
+    CHECK(f.shape.kind == DP_VALUES_F32 && f.shape.rows == 1 && f.shape.cols == DIM &&
+          f.shape.channels == 1 && f.shape.dim == DIM);
+    CHECK(f.train.records == NTR && f.test.records == NTE);
+    CHECK(read_all(&f, &f.train.files[0], &opt, want, labels) == NTR);
+    CHECK(read_all(&f, &f.test.files[0], &opt, want + NTR * DIM, labels + NTR) == NTE);
+    skip_then_read(&f, &f.train.files[0], &opt, 4, want, labels);
+    dp_data_files_free(&f);
+
+    /* A label column by name ("p2" here) needs the header. */
+    opt.label = "p2";
+    f = find_ok(path_of("csv"), &opt);
+    dp_err err;
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "mnist_train.csv: record 0: line 2, column 4 (p2)"), "%s", err.msg);
+    dp_data_files_free(&f);
+    opt.label = NULL;
+
+    /* A label not below the class count in record 4 (line 6 with the header). */
+    make_dir("csvbad");
+    at = (size_t)snprintf(text, sizeof text, "label,a,b\n");
+    for (int i = 0; i < 6; i++)
+        at += (size_t)snprintf(text + at, sizeof text - at, "%d,1,2\n", i == 4 ? 10 : i);
+    write_bytes(path_of("csvbad/train.csv"), text, at);
+    write_bytes(path_of("csvbad/test.csv"), "label,a,b\n1,2,3\n", 16);
+    f = find_ok(path_of("csvbad"), &opt);
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "csvbad/train.csv: record 4: line 6") && strstr(err.msg, "label 10"),
+           "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    f.shape = (dp_record_shape){DP_VALUES_F32, 1, 2, 1, 2};
+    read_fails_at(&f, &f.train.files[0], &opt, 4, "line 6");
+    dp_data_files_free(&f);
+
+    /* A test file of other columns is refused at its record 0. */
+    write_bytes(path_of("csvbad/train.csv"), "label,a,b\n1,2,3\n", 16);
+    write_bytes(path_of("csvbad/test.csv"), "label,a,b,c\n1,2,3,4\n", 20);
+    f = find_ok(path_of("csvbad"), &opt);
+    CHECK(dp_data_files_count(&f, &opt, &err) == -1);
+    CHECKF(strstr(err.msg, "csvbad/test.csv: record 0: 3 feature columns, the dataset's first "
+                  "record has 2"), "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    dp_data_files_free(&f);
+}
+
 /* ---- refusals ---- */
 
 static void test_refusals(void)
@@ -528,6 +861,9 @@ int main(void)
     scratch_make(scratch, sizeof scratch, "test_records");
     test_tfrecord_png();
     test_tfrecord_lists();
+    test_npy_pairs();
+    test_npz();
+    test_csv();
     test_refusals();
     test_match();
     int rc = CHECK_DONE();

@@ -3,6 +3,7 @@
  * contract is include/downpour/records.h; docs/datasets.md, "Datasets of
  * files").  Every refusal is "FILE: record N: why", N counted from 0 in the
  * file, whichever reader found the fault. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@ struct dp_record_reader {
     dp_record_shape shape;
     char *where;        /* the features' file, for messages ("x.npz (member x_train)") */
     char *labels_where; /* npy: the labels' file */
+    char *path, *labels_path; /* the files alone: the head of npy.c's messages */
     char *image, *label; /* feature names (copied: the caller's options may go) */
     uint32_t classes;
     uint64_t index;     /* of the next record */
@@ -37,6 +39,7 @@ struct dp_record_reader {
     uint8_t *buf;       /* chunk_rows records' features, NULL when reading straight */
     uint32_t *lbuf;     /* their labels */
     uint64_t chunk_rows, buf_lo, buf_hi;
+    uint64_t single_until; /* rows before it are read one at a time (see npy_next) */
     /* csv */
     dp_csv *csv;
     float *scratch;     /* a row skipped */
@@ -303,6 +306,300 @@ static int tf_open(dp_record_reader *r, const dp_data_file *f, dp_err *err)
     return 0;
 }
 
+/* ---- NumPy: an .npy pair or an .npz's two members ---- */
+
+/* The record shape of an array (rows, ...): (n, d) is 1 x d, (n, h, w) an
+ * image h x w, (n, h, w, c) one of c channels; more axes are flattened. */
+static int npy_shape(const dp_npy_info *in, const char *where, dp_record_shape *s, dp_err *err)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = in->dtype == DP_NPY_U8 ? DP_VALUES_U8 : DP_VALUES_F32;
+    s->rows = s->cols = s->channels = 1;
+    uint64_t r = 1, c = in->row_elems, ch = 1;
+    if (in->ndim == 3 || in->ndim == 4) {
+        r = in->shape[1];
+        c = in->shape[2];
+        ch = in->ndim == 4 ? in->shape[3] : 1;
+    }
+    if (in->row_elems == 0 || in->row_elems > UINT32_MAX)
+        return dp_errf(err, "%s: rows of %llu values; a record holds 1 to %u", where,
+                       (unsigned long long)in->row_elems, UINT32_MAX);
+    s->rows = (uint32_t)r;
+    s->cols = (uint32_t)c;
+    s->channels = (uint32_t)ch;
+    s->dim = (uint32_t)in->row_elems;
+    return 0;
+}
+
+static char *member_where(const char *path, const char *member)
+{
+    if (!member)
+        return dup_str(path);
+    size_t n = strlen(path) + strlen(member) + 12;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s (member %s)", path, member);
+    return p;
+}
+
+static int same_shape(const dp_record_shape *a, const dp_record_shape *b)
+{
+    return a->kind == b->kind && a->rows == b->rows && a->cols == b->cols &&
+           a->channels == b->channels && a->dim == b->dim;
+}
+
+static int npy_open_pair(dp_record_reader *r, const dp_data_file *f, dp_err *err)
+{
+    const char *lpath = f->labels_path ? f->labels_path : f->path;
+    free(r->where);
+    r->where = member_where(f->path, f->member);
+    r->labels_where = member_where(lpath, f->labels_member);
+    r->path = dup_str(f->path);
+    r->labels_path = dup_str(lpath);
+    if (!r->where || !r->labels_where || !r->path || !r->labels_path)
+        return dp_errf(err, "%s: out of memory", f->path);
+    if (dp_npy_open(&r->x, f->path, f->member, err) != 0 ||
+        dp_npy_open(&r->y, lpath, f->labels_member, err) != 0)
+        return -1;
+    const dp_npy_info *xi = dp_npy_get_info(r->x), *yi = dp_npy_get_info(r->y);
+    if (xi->rows != yi->rows)
+        return dp_errf(err, "%s has %llu rows of features but %s has %llu labels; the two "
+                       "arrays must have as many rows", r->where, (unsigned long long)xi->rows,
+                       r->labels_where, (unsigned long long)yi->rows);
+    if (yi->row_elems != 1 || yi->ndim > 2)
+        return dp_errf(err, "%s: labels must have shape (n,) or (n, 1); this array has %d axes "
+                       "and %llu values a row", r->labels_where, yi->ndim,
+                       (unsigned long long)yi->row_elems);
+    r->rows = xi->rows;
+    return 0;
+}
+
+/* Sizes the chunk buffers once the shape is known. */
+static int npy_buffers(dp_record_reader *r, dp_err *err)
+{
+    dp_record_shape s;
+    if (npy_shape(dp_npy_get_info(r->x), r->where, &s, err) != 0)
+        return -1;
+    if (!same_shape(&s, &r->shape))
+        return rec_errf(err, r->where, 0, "%u x %u x %u %s values, the dataset's first record "
+                        "has %u x %u x %u %s values", s.rows, s.cols, s.channels,
+                        dp_value_kind_name(s.kind), r->shape.rows, r->shape.cols,
+                        r->shape.channels, dp_value_kind_name(r->shape.kind));
+    size_t rb = (size_t)s.dim * dp_value_size(s.kind);
+    uint64_t chunk = NPY_BUF_BYTES / rb;
+    if (chunk > r->rows)
+        chunk = r->rows;
+    r->chunk_rows = chunk > 1 ? chunk : 1;
+    if (r->chunk_rows > 1) { /* else rows are read straight into the caller's buffer */
+        r->buf = malloc((size_t)r->chunk_rows * rb);
+        if (!r->buf)
+            return dp_errf(err, "%s: out of memory", r->where);
+    }
+    r->lbuf = malloc((size_t)r->chunk_rows * sizeof *r->lbuf);
+    if (!r->lbuf)
+        return dp_errf(err, "%s: out of memory", r->where);
+    return 0;
+}
+
+/* Rows [lo, hi) into out and r->lbuf; a refusal names record lo. */
+static int npy_load(dp_record_reader *r, uint64_t lo, uint64_t hi, void *out, dp_err *err)
+{
+    int rc = r->shape.kind == DP_VALUES_U8 ? dp_npy_read_u8(r->x, lo, hi, out, err)
+                                           : dp_npy_read_f32(r->x, lo, hi, out, err);
+    if (rc != 0)
+        return rec_wrap(err, r->path, r->where, lo);
+    if (dp_npy_read_labels(r->y, lo, hi, r->classes, r->lbuf, err) != 0)
+        return rec_wrap(err, r->labels_path, r->labels_where, lo);
+    return 0;
+}
+
+static int npy_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *err)
+{
+    uint64_t i = r->index;
+    if (i >= r->rows)
+        return 0;
+    size_t rb = (size_t)r->shape.dim * dp_value_size(r->shape.kind);
+    if (!r->buf) {
+        if (npy_load(r, i, i + 1, features, err) != 0)
+            return -1;
+        *label = (uint8_t)r->lbuf[0];
+        r->index++;
+        return 1;
+    }
+    if (i < r->buf_lo || i >= r->buf_hi) {
+        uint64_t hi = i + r->chunk_rows < r->rows ? i + r->chunk_rows : r->rows;
+        /* A refusal inside a chunk is found again row by row, so that it
+         * names its own record and the rows before it are still served. */
+        if (i < r->single_until || npy_load(r, i, hi, r->buf, err) != 0) {
+            if (i >= r->single_until)
+                r->single_until = hi;
+            hi = i + 1;
+            r->buf_lo = r->buf_hi = 0;
+            if (npy_load(r, i, hi, r->buf, err) != 0)
+                return -1;
+        }
+        r->buf_lo = i;
+        r->buf_hi = hi;
+    }
+    memcpy(features, r->buf + (size_t)(i - r->buf_lo) * rb, rb);
+    *label = (uint8_t)r->lbuf[i - r->buf_lo];
+    r->index++;
+    return 1;
+}
+
+/* ---- CSV ---- */
+
+/* The bytes looked at to tell a header: csv.c's default longest record. */
+#define CSV_PEEK_MAX ((size_t)1 << 20)
+
+static int csv_field_is_number(const char *f, size_t n, int overflow)
+{
+    while (n > 0 && (f[n - 1] == ' ' || f[n - 1] == '\t'))
+        n--;
+    if (n == 0 || overflow)
+        return 0;
+    char tmp[64];
+    memcpy(tmp, f, n);
+    tmp[n] = '\0';
+    char *end;
+    double v = strtod(tmp, &end);
+    return *end == '\0' && isfinite(v);
+}
+
+/* Whether path's first record is a header: any field of it not a number
+ * (records.h).  Reads at most CSV_PEEK_MAX bytes, past a byte-order mark and
+ * blank lines, quoting as RFC 4180 says; csv.c checks the rest. */
+static int csv_has_header(const char *path, int *has, dp_err *err)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return dp_errf(err, "cannot open %s: %s", path, strerror(errno));
+    char field[64];
+    size_t fl = 0, seen = 0;
+    int quoted = 0, overflow = 0, nonblank = 0, header = 0, ch;
+    *has = 0;
+    unsigned char bom[3];
+    if (fread(bom, 1, 3, fp) != 3 || memcmp(bom, "\xef\xbb\xbf", 3) != 0)
+        rewind(fp); /* no byte-order mark */
+    while (seen++ < CSV_PEEK_MAX) {
+        ch = getc(fp);
+        if (quoted) {
+            if (ch == EOF)
+                break;
+            if (ch == '"') {
+                int next = getc(fp);
+                if (next != '"') {
+                    quoted = 0;
+                    if (next != EOF)
+                        ungetc(next, fp);
+                    continue;
+                }
+            }
+            if (fl < sizeof field - 1)
+                field[fl++] = (char)ch;
+            else
+                overflow = 1;
+            continue;
+        }
+        if (ch == ',' || ch == '\n' || ch == EOF) {
+            if (ch != ',' && !nonblank) { /* a blank line */
+                if (ch == EOF)
+                    break;
+                fl = 0;
+                continue;
+            }
+            if (!csv_field_is_number(field, fl, overflow))
+                header = 1;
+            fl = 0;
+            overflow = 0;
+            nonblank = 1;
+            if (ch != ',')
+                break;
+            continue;
+        }
+        if (ch == '\0')
+            break; /* csv.c refuses it */
+        if (ch == '\r' || ((ch == ' ' || ch == '\t') && fl == 0))
+            continue;
+        nonblank = 1;
+        if (ch == '"' && fl == 0) {
+            quoted = 1;
+            continue;
+        }
+        if (fl < sizeof field - 1)
+            field[fl++] = (char)ch;
+        else
+            overflow = 1;
+    }
+    fclose(fp);
+    *has = header;
+    return 0;
+}
+
+static int csv_open(dp_record_reader *r, const dp_data_file *f, const dp_data_options *o,
+                    dp_err *err)
+{
+    dp_csv_config cfg;
+    dp_csv_config_default(&cfg);
+    if (csv_has_header(f->path, &cfg.header, err) != 0)
+        return -1;
+    cfg.label = o->label; /* NULL: "label" if the header has it, else the first column */
+    cfg.classes = r->classes;
+    if (dp_csv_open(&r->csv, f->path, &cfg, err) != 0)
+        return -1;
+    r->path = dup_str(f->path);
+    if (!r->path)
+        return dp_errf(err, "%s: out of memory", f->path);
+    return 0;
+}
+
+/* Checks the columns against the shape and sizes the skipping row. */
+static int csv_buffers(dp_record_reader *r, dp_err *err)
+{
+    size_t nf = dp_csv_features(r->csv);
+    const dp_record_shape *s = &r->shape;
+    if (s->kind != DP_VALUES_F32 || s->dim != nf)
+        return rec_errf(err, r->where, 0, "%zu feature columns, the dataset's first record has "
+                        "%u %s values", nf, s->dim, dp_value_kind_name(s->kind));
+    r->scratch = malloc(nf * sizeof *r->scratch);
+    if (!r->scratch)
+        return dp_errf(err, "%s: out of memory", r->where);
+    return 0;
+}
+
+static int csv_next(dp_record_reader *r, float *features, uint8_t *label, dp_err *err)
+{
+    uint32_t l;
+    int rc = dp_csv_next(r->csv, features, &l, err);
+    if (rc < 0)
+        return rec_wrap(err, r->path, r->where, r->index); /* csv.c names line and column */
+    if (rc == 0)
+        return 0;
+    *label = (uint8_t)l; /* csv.c checked it against the class count */
+    r->index++;
+    return 1;
+}
+
+static int csv_probe(dp_record_reader *r, dp_record_shape *s, dp_err *err)
+{
+    size_t nf = dp_csv_features(r->csv);
+    if (nf == 0 || nf > UINT32_MAX)
+        return dp_errf(err, "%s: %zu feature columns", r->where, nf);
+    float *row = malloc(nf * sizeof *row);
+    if (!row)
+        return dp_errf(err, "%s: out of memory", r->where);
+    uint8_t label;
+    int rc = csv_next(r, row, &label, err);
+    free(row);
+    if (rc == 1) {
+        memset(s, 0, sizeof *s);
+        s->kind = DP_VALUES_F32;
+        s->rows = s->channels = 1;
+        s->cols = s->dim = (uint32_t)nf;
+    }
+    return rc;
+}
+
 /* ---- the reader ---- */
 
 static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_format format,
@@ -329,8 +626,9 @@ static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_fo
     int rc;
     switch (format) {
     case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
-    default: rc = dp_errf(err, "%s: the %s format is not read yet", f->path,
-                          dp_data_format_name(format));
+    case DP_DATA_NPY: rc = npy_open_pair(r, f, err); break;
+    case DP_DATA_CSV: rc = csv_open(r, f, &o, err); break;
+    default: rc = dp_errf(err, "%s: unknown dataset format %d", f->path, (int)format);
     }
     if (rc != 0) {
         dp_record_close(r);
@@ -353,6 +651,10 @@ int dp_record_probe(const dp_data_file *f, dp_data_format format, const dp_data_
         if (rc == 1 && tf_shape(r, shape, err) != 0)
             rc = -1;
         break;
+    case DP_DATA_NPY:
+        rc = r->rows == 0 ? 0 : npy_shape(dp_npy_get_info(r->x), r->where, shape, err) == 0 ? 1 : -1;
+        break;
+    case DP_DATA_CSV: rc = csv_probe(r, shape, err); break;
     default: break;
     }
     dp_record_close(r);
@@ -370,6 +672,12 @@ int dp_record_open(dp_record_reader **out, const dp_data_file *f, dp_data_format
     if (open_reader(out, f, format, opt, err) != 0)
         return -1;
     (*out)->shape = *shape;
+    if ((format == DP_DATA_NPY && npy_buffers(*out, err) != 0) ||
+        (format == DP_DATA_CSV && csv_buffers(*out, err) != 0)) {
+        dp_record_close(*out);
+        *out = NULL;
+        return -1;
+    }
     return 0;
 }
 
@@ -377,6 +685,8 @@ int dp_record_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *
 {
     switch (r->format) {
     case DP_DATA_TFRECORD: return tf_next(r, features, label, err);
+    case DP_DATA_NPY: return npy_next(r, features, label, err);
+    case DP_DATA_CSV: return csv_next(r, features, label, err);
     default: return dp_errf(err, "%s: unknown format", r->where);
     }
 }
@@ -384,12 +694,22 @@ int dp_record_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *
 int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
 {
     uint64_t done = 0;
+    if (r->format == DP_DATA_NPY) { /* the header gave the rows: move the cursor */
+        done = r->rows - r->index < n ? r->rows - r->index : n;
+        r->index += done;
+        return (int64_t)done;
+    }
     while (done < n) {
         int rc;
         if (r->format == DP_DATA_TFRECORD) {
             const uint8_t *data; /* framing and CRCs checked, the Example left alone */
             size_t len;
             rc = dp_tfrecord_next(r->tf, &data, &len, err);
+            if (rc == 1)
+                r->index++;
+        } else if (r->format == DP_DATA_CSV) {
+            uint8_t label; /* every field still checked: csv.c has no cheaper way past a row */
+            rc = csv_next(r, r->scratch, &label, err);
         } else {
             return dp_errf(err, "%s: unknown format", r->where);
         }
@@ -397,7 +717,6 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
             return -1;
         if (rc == 0)
             break;
-        r->index++;
         done++;
     }
     return (int64_t)done;
@@ -410,6 +729,13 @@ size_t dp_record_reader_bytes(const dp_record_reader *r)
     size_t n = sizeof *r;
     if (r->tf) /* tfrecord.c's read buffer and the largest record so far */
         n += (size_t)64 << 10;
+    if (r->csv) /* csv.c's read buffer, its longest record and the skipping row */
+        n += ((size_t)64 << 10) + ((size_t)1 << 20) + (size_t)r->shape.dim * sizeof(float);
+    if (r->x) { /* npy.c's staging buffers (1 MiB a handle) and the chunk */
+        n += ((size_t)2 << 20) + (size_t)r->chunk_rows * sizeof *r->lbuf;
+        if (r->buf)
+            n += (size_t)r->chunk_rows * r->shape.dim * dp_value_size(r->shape.kind);
+    }
     return n;
 }
 
@@ -427,6 +753,8 @@ void dp_record_close(dp_record_reader *r)
     free(r->scratch);
     free(r->where);
     free(r->labels_where);
+    free(r->path);
+    free(r->labels_path);
     free(r->image);
     free(r->label);
     free(r);
