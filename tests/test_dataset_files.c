@@ -375,6 +375,33 @@ static void test_auto(void)
     dp_dataset_close(&ds);
 }
 
+/* A CSV dataset (records.c's reader) goes the same way: floats, cached and streamed. */
+static void test_csv(void)
+{
+    REQUIRE(mkdir(path_of("csv"), 0755) == 0);
+    const char tr[] = "a,label,b\n0.5,1,-2\n1.25,0,3e3\n-7,2,0\n";
+    const char te[] = "a,label,b\n9,1,8\n";
+    write_bytes(path_of("csv/train.csv"), tr, strlen(tr));
+    write_bytes(path_of("csv/test.csv"), te, strlen(te));
+    for (int stream = 0; stream < 2; stream++) {
+        dp_dataset ds;
+        dp_err err;
+        dp_dataset_options o = opts(stream, 0);
+        REQUIRE(open_logged(&ds, path_of("csv"), &o, &err) == 0);
+        CHECK(ds.format == DP_DATA_CSV && ds.kind == DP_VALUES_F32 && ds.streamed == stream);
+        CHECK(ds.train_all.n == 3 && ds.train_all.dim == 2 && ds.test.n == 1);
+        CHECK(ds.test.values && ds.test.values[0] == 9 && ds.test.values[1] == 8 &&
+              ds.test.labels[0] == 1);
+        dp_split t, v;
+        REQUIRE(dp_dataset_split(&ds, 1, 2, &t, &v, &err) == 0);
+        CHECK(v.n == 2 && v.values[0] == 1.25f && v.values[1] == 3e3f && v.values[3] == 0 &&
+              v.labels[0] == 0 && v.labels[1] == 2);
+        if (!stream)
+            CHECK(ds.classes == 3 && ds.train_all.values[1] == -2);
+        dp_dataset_close(&ds);
+    }
+}
+
 static void test_memory_parse(void)
 {
     dp_err err;
@@ -402,6 +429,7 @@ int main(void)
     test_cache();
     test_stream();
     test_auto();
+    test_csv();
     if (check_failures == 0)
         scratch_remove(scratch);
     return check_failures ? 1 : 0;
