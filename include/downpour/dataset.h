@@ -1,11 +1,18 @@
-/* Datasets of 8-bit images with class labels (MNIST, Fashion-MNIST, KMNIST,
- * or any directory of the four IDX files), decoded once into a cache file and
- * mapped read-only, so every local process shares one copy (docs/architecture.md, "Data").
+/* Datasets of records with class labels, opened by one call whatever they
+ * are stored as (docs/architecture.md, "Data"; docs/datasets.md):
+ *   - 8-bit images in IDX files (MNIST, Fashion-MNIST, KMNIST, or any
+ *     directory of the four IDX files), decoded once into a cache file and
+ *     mapped read-only, so every local process shares one copy;
+ *   - record files (TFRecord, .npy/.npz, CSV: records.h), either decoded into
+ *     a cache file the same way or, when the decoded records exceed the
+ *     memory budget, streamed from their files (stream.h): chosen
+ *     automatically and reported in one log line.
  *
  * Name resolution for --dataset:
  *   "mnist", "fashion-mnist", "kmnist"  -> $DOWNPOUR_DATA/<name>, default ./data/<name>
- *   anything else                       -> a directory path
- * The directory holds train-images-idx3-ubyte, train-labels-idx1-ubyte,
+ *   a spec dp_data_files_match accepts  -> record files (a directory, glob or file)
+ *   anything else                       -> a directory of IDX files
+ * The IDX directory holds train-images-idx3-ubyte, train-labels-idx1-ubyte,
  * t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw or with ".gz". */
 #ifndef DOWNPOUR_DATASET_H
 #define DOWNPOUR_DATASET_H
@@ -13,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "downpour/records.h"
 #include "downpour/rng.h"
 #include "downpour/status.h"
 
@@ -40,29 +48,79 @@ typedef struct dp_split {
 } dp_split;
 
 typedef struct dp_dataset {
-    char dir[1024];       /* where the IDX files were found */
-    char cache_path[1024]; /* "" when the decoded data is held in memory only */
-    uint32_t rows, cols;  /* image shape; dim = rows*cols */
-    uint32_t classes;     /* 10 for the named datasets, else 1 + the largest label */
-    dp_split train_all;   /* the 60,000 training records */
-    dp_split test;        /* the 10,000 test records */
+    char dir[1024];       /* where the IDX files were found; a record files' spec */
+    char cache_path[1024]; /* "" when the decoded data is held in memory only, or streamed */
+    uint32_t rows, cols;  /* image shape; dim = rows*cols*channels */
+    /* Labels are below it.  IDX: 10 for the named datasets, else 1 + the
+     * largest label.  Record files: decoded (a cache), 1 + the largest label
+     * of either split (>= 2); streamed, the options' classes (the model's
+     * outputs), or 1 + the largest test label when that is 0. */
+    uint32_t classes;
+    dp_split train_all;   /* every training record */
+    dp_split test;        /* the test records */
     void *map;            /* read-only mapping of the cache file */
     size_t map_len;
+
+    /* Record files only (is_files 1); the fields below are zero otherwise. */
+    int is_files;
+    int streamed;            /* 1: train_all.stream reads the training files */
+    dp_data_format format;
+    dp_value_kind kind;
+    uint32_t channels;
+    uint64_t decoded_bytes;  /* every record decoded: records * (dim * value size + 1) */
+    size_t memory;           /* the budget the choice was made against */
+    dp_data_files files;
+    struct dp_stream_source *stream_source; /* streamed: what train_all.stream points to */
+    uint64_t *file_end;      /* the training files' ends, then the test files' */
+    void *test_mem;          /* streamed: the test records, decoded */
+    struct dp_val_buffer *val_buf; /* streamed: the validation records dp_dataset_split decoded */
+    char *opt_text;          /* the data options' strings, owned */
 } dp_dataset;
 
-/* Resolves name_or_dir, reads or builds the cache, maps it.  The cache lives
- * in $DOWNPOUR_CACHE, else <dir> if writable, else $XDG_CACHE_HOME/downpour or
+/* How to open a dataset of record files (IDX datasets ignore it). */
+typedef struct dp_dataset_options {
+    dp_data_options data;
+    int stream;      /* -1 auto (stream when the decoded records exceed memory), 0 never
+                        (the decoded cache), 1 always */
+    size_t memory;   /* budget in bytes for decoded data; 0: $DOWNPOUR_DATA_MEMORY, else
+                        half the machine's physical memory */
+    uint32_t window; /* streaming's shuffle window in records, 0: as the budget allows */
+} dp_dataset_options;
+
+void dp_dataset_options_default(dp_dataset_options *o);
+
+/* A byte count as people write it: "1500000", "800M", "12G", "1.5T" (decimal
+ * k/K, M, G, T), "512Mi", "8Gi" (binary), each with an optional trailing "B".
+ * what names the setting in the message ("--data-memory"). */
+int dp_data_memory_parse(const char *s, size_t *out, const char *what, dp_err *err);
+
+/* Resolves spec, reads or builds the cache, maps it.  The cache lives
+ * in $DOWNPOUR_CACHE, else beside the data if writable, else $XDG_CACHE_HOME/downpour or
  * ~/.cache/downpour; it is rebuilt when the source files change (size, mtime,
  * inode) and, with a warning naming the file and the check, when its header
  * or a payload section's checksum is wrong (checked on every open).  The named datasets
  * refuse labels >= 10; a directory has 1 + its largest label classes (>= 2).
- * A missing KMNIST says where to download it and where to put it. */
+ * A missing KMNIST says where to download it and where to put it.
+ *
+ * Record files: decoded into such a cache when o->stream is 0, or -1 and
+ * the decoded records fit o->memory; otherwise the training records are
+ * streamed (train_all.stream set, no record in memory) and the test records
+ * decoded into memory, refused when they alone exceed the budget.  One info
+ * line reports the files, the counts and the choice. */
+int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_options *o,
+                         dp_err *err);
+/* dp_dataset_open_with with dp_dataset_options_default. */
 int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
 void dp_dataset_close(dp_dataset *ds);
 
 /* The source experiment's split: of the training records the first n_train
  * train and the next n_val validate (54,000 and 6,000 by default).  Returns -1
- * if they do not fit. */
+ * if they do not fit.  train keeps the files' bounds (file_end, n_files)
+ * of the records it holds.  A streamed dataset's train is streamed too, and
+ * its validation records are decoded into memory the dataset owns, read from
+ * the training files once per call: val stays valid until the next call or
+ * dp_dataset_close, and the call is refused when val and the test records
+ * together exceed the memory budget. */
 int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_split *train,
                      dp_split *val, dp_err *err);
 

@@ -85,6 +85,10 @@ const char *dp_npy_dtype_name(dp_npy_dtype t); /* "uint8", "float32", ... */
  * float64 beyond float's range, is refused naming the row. */
 int dp_npy_read_f32(dp_npy *a, uint64_t lo, uint64_t hi, float *out, dp_err *err);
 
+/* Rows [lo, hi) of a uint8 array as its bytes, unconverted: out holds
+ * (hi - lo) * row_elems bytes.  Any other dtype is refused. */
+int dp_npy_read_u8(dp_npy *a, uint64_t lo, uint64_t hi, uint8_t *out, dp_err *err);
+
 /* Rows [lo, hi) of a label array (shape (n,) or (n, 1)) as class indices in
  * [0, classes): a negative, non-integral (a float such as 2.5) or too large
  * value is refused naming the row.  Any integer, bool or float dtype. */

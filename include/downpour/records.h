@@ -70,10 +70,11 @@ const char *dp_value_kind_name(dp_value_kind k); /* "uint8", "float32" */
 size_t dp_value_size(dp_value_kind k);           /* 1 or 4 */
 
 /* How to read a dataset's files.  dp_data_options_default fills TFDS's names
- * and the split patterns; NULL fields take those defaults. */
+ * and the split patterns, leaving label NULL (an Example's "label"; a CSV's
+ * column picked as above); NULL fields take those defaults. */
 typedef struct dp_data_options {
     const char *image; /* Example feature of the inputs: "image" */
-    const char *label; /* Example feature or CSV column of the label: "label" (CSV: NULL picks) */
+    const char *label; /* Example feature or CSV column of the label: NULL: "label" (CSV: picks) */
     const char *train; /* fnmatch pattern of the training files' base names: "*train*" */
     const char *test;  /* of the test files: "*test*" */
     uint32_t classes;  /* labels must be below it: 2..256; 0: 256 */

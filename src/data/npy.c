@@ -591,7 +591,7 @@ static size_t to_f32(float *o, const uint8_t *p, size_t n, dp_npy_dtype t, int b
     return n;
 }
 
-typedef enum read_kind { READ_F32, READ_LABELS } read_kind;
+typedef enum read_kind { READ_F32, READ_U8, READ_LABELS } read_kind;
 
 static int check_range(dp_npy *a, uint64_t lo, uint64_t hi, dp_err *err)
 {
@@ -616,7 +616,9 @@ static int read_rows(dp_npy *a, uint64_t lo, uint64_t hi, read_kind kind, uint32
         uint64_t at = first + done;
         if (src_pread(a, a->buf, n * isz, a->data_off + at * isz, err) != 0)
             return -1;
-        if (kind == READ_F32) {
+        if (kind == READ_U8) {
+            memcpy((uint8_t *)out + done, a->buf, n);
+        } else if (kind == READ_F32) {
             float *o = (float *)out + done;
             size_t bad = to_f32(o, a->buf, n, in->dtype, in->big_endian, isz);
             if (bad < n) {
@@ -667,6 +669,16 @@ int dp_npy_read_f32(dp_npy *a, uint64_t lo, uint64_t hi, float *out, dp_err *err
     if (check_range(a, lo, hi, err) != 0)
         return -1;
     return read_rows(a, lo, hi, READ_F32, 0, out, err);
+}
+
+int dp_npy_read_u8(dp_npy *a, uint64_t lo, uint64_t hi, uint8_t *out, dp_err *err)
+{
+    if (a->info.dtype != DP_NPY_U8)
+        return dp_errf(err, "%s: dtype %s is not uint8; read it as floats", a->where,
+                       a->info.descr);
+    if (check_range(a, lo, hi, err) != 0)
+        return -1;
+    return read_rows(a, lo, hi, READ_U8, 0, out, err);
 }
 
 int dp_npy_read_labels(dp_npy *a, uint64_t lo, uint64_t hi, uint32_t classes, uint32_t *out,
