@@ -148,6 +148,10 @@ uint32_t dp_shard_size(dp_shard_policy p, const dp_split *s, int k, int w);
 /* The largest of the w shards (FILE's whole files may differ by more than
  * one record), so steps per epoch cover every worker's shard. */
 uint32_t dp_shard_max(dp_shard_policy p, const dp_split *s, int w);
+/* Whether w workers can shard split under policy: FILE over files needs at
+ * least as many files as workers (the trap TensorFlow's FILE policy sets);
+ * -1 with the reason and the fixes otherwise. */
+int dp_shard_check(dp_shard_policy policy, const dp_split *split, int workers, dp_err *err);
 /* The batch a worker takes when the split is re-dealt among `live` of the
  * `all` workers a run started with (docs/faults.md): enough that an epoch
  * keeps its steps_per_epoch steps, at most max_batch; with all of them

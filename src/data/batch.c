@@ -158,16 +158,21 @@ static int check_init(const dp_split *split, dp_shard_policy policy, int shard_i
     if (shard_index < 0 || shard_index >= shard_count)
         return dp_errf(err, "batcher: shard index %d is out of range [0, %d)", shard_index,
                        shard_count);
-    if (by_files(policy, split)) {
-        if (check_files(split, err) < 0)
-            return -1;
-        uint32_t files = count_files(split);
-        if (files < (uint32_t)shard_count)
-            return dp_errf(err, "FILE sharding gives each worker whole files, but the training "
-                           "split has %u file%s for %d workers: use --shard data, or more files "
-                           "(downpour data convert --shards %d or more)", files,
-                           files == 1 ? "" : "s", shard_count, shard_count);
-    }
+    return dp_shard_check(policy, split, shard_count, err);
+}
+
+int dp_shard_check(dp_shard_policy policy, const dp_split *split, int workers, dp_err *err)
+{
+    if (!by_files(policy, split))
+        return 0;
+    if (check_files(split, err) < 0)
+        return -1;
+    uint32_t files = count_files(split);
+    if (files < (uint32_t)workers)
+        return dp_errf(err, "FILE sharding gives each worker whole files, but the training "
+                       "split has %u file%s for %d workers: use --shard data, or more files "
+                       "(downpour data convert --shards %d or more)", files,
+                       files == 1 ? "" : "s", workers, workers);
     return 0;
 }
 
