@@ -190,10 +190,10 @@ int cmd_train(int argc, char **argv)
     long shuffle_window = 0;
     const cli_opt opts[] = {
         {"dataset", CLI_STR, &dataset, "NAME|PATH", "mnist, fashion-mnist, kmnist, a directory of IDX files, or TFRecord, NumPy or CSV files: a directory, a glob or a file (docs/datasets.md)", 0, 0},
-        {"image-feature", CLI_STR, &cfg.data.data.image, "NAME", "TFRecord: the Example feature holding the inputs (image)", 0, 0},
-        {"label-feature", CLI_STR, &cfg.data.data.label, "NAME", "TFRecord: the Example feature holding the label (label); CSV: the label column (label, else the first)", 0, 0},
-        {"train-files", CLI_STR, &cfg.data.data.train, "PATTERN", "record files: base names of the training files (*train*)", 0, 0},
-        {"test-files", CLI_STR, &cfg.data.data.test, "PATTERN", "record files: base names of the test files (*test*)", 0, 0},
+        {"image-feature", CLI_STR, &cfg.data.data.image, "NAME", "TFRecord: the Example feature holding the inputs", 0, 0},
+        {"label-feature", CLI_STR, &cfg.data.data.label, "NAME", "TFRecord: the Example feature holding the label (label); CSV: the label column (label when the header has it, else the first)", 0, 0},
+        {"train-files", CLI_STR, &cfg.data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
+        {"test-files", CLI_STR, &cfg.data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
         {"stream", CLI_STR, &stream, "MODE", "record files: auto (stream when the decoded records exceed --data-memory), on, off (always the decoded cache)", 0, 0},
         {"data-memory", CLI_STR, &data_memory, "SIZE", "record files: memory the decoded records may take, e.g. 800M, 12G (default: $DOWNPOUR_DATA_MEMORY, else half the machine's memory)", 0, 0},
         {"shuffle-window", CLI_INT, &shuffle_window, "N", "streaming: records the shuffle window holds (0: as many as --data-memory allows)", 0, 1L << 31},
