@@ -197,15 +197,42 @@ static void test_gather(void)
         uint8_t y_cpu[128], y_dev[128];
         dp_split_gather(x_cpu, y_cpu, &s, idx, r);
         dp_kernel k = {.id = DP_K_GATHER, .items = (long)r * dim};
-        k.u.gather = (dp_ka_gather){x_dev, y_dev, images, labels, idx, dim};
+        k.u.gather = (dp_ka_gather){.x = x_dev, .y = y_dev, .images = images, .labels = labels,
+                                    .idx = idx, .dim = dim};
         run(&k);
         sync_ok();
         CHECKF(memcmp(x_cpu, x_dev, (size_t)r * dim * sizeof(float)) == 0,
                "gather (%d rows of %u): pixels differ", r, dim);
         CHECKF(memcmp(y_cpu, y_dev, (size_t)r) == 0, "gather: labels differ");
+
+        /* The same records as floats: GATHER_F32 copies them as they are,
+         * as dp_split_gather does (bits, -0 and a NaN included). */
+        float *values = rnd((size_t)n * dim, -3, 3);
+        values[0] = -0.0f;
+        values[(size_t)n * dim - 1] = NAN;
+        dp_split f = {.values = values, .labels = labels, .n = n, .dim = dim};
+        idx[r - 1] = n - 1;
+        memset(x_dev, 0, (size_t)r * dim * sizeof(float));
+        memset(y_dev, 0xff, sizeof y_dev);
+        dp_split_gather(x_cpu, y_cpu, &f, idx, r);
+        k = (dp_kernel){.id = DP_K_GATHER_F32, .items = (long)r * dim};
+        k.u.gather = (dp_ka_gather){.x = x_dev, .y = y_dev, .values = values, .labels = labels,
+                                    .idx = idx, .dim = dim};
+        run(&k);
+        sync_ok();
+        int rows_same = 1;
+        for (int i = 0; i < r; i++)
+            rows_same &= memcmp(x_cpu + (size_t)i * dim, values + (size_t)idx[i] * dim,
+                                dim * sizeof(float)) == 0 && y_cpu[i] == labels[idx[i]];
+        CHECKF(rows_same, "dp_split_gather of floats (%d rows of %u): not the records' bits", r,
+               dim);
+        CHECKF(memcmp(x_cpu, x_dev, (size_t)r * dim * sizeof(float)) == 0,
+               "gather_f32 (%d rows of %u): values differ", r, dim);
+        CHECKF(memcmp(y_cpu, y_dev, (size_t)r) == 0, "gather_f32: labels differ");
+        free(values);
         free(images), free(labels), free(x_cpu), free(x_dev);
     }
-    report("GATHER vs dp_split_gather (bits)", 0.0, 0.0);
+    report("GATHER, GATHER_F32 vs dp_split_gather (bits)", 0.0, 0.0);
 }
 
 static void test_fill_scale(void)

@@ -13,7 +13,10 @@
  * rules, malformed messages refused naming the field, and a 28x28 grayscale
  * PNG (encoded with libpng here) inside an Example in a TFRecord file, as
  * TensorFlow Datasets stores MNIST, decoded back to the same pixels; PNGs of
- * the wrong size, channels or depth, cut or damaged, refused. */
+ * the wrong size, channels or depth, cut or damaged, refused.  PNGs written
+ * by dp_png_encode (every channel count, odd sizes, one buffer reused) read
+ * back to the same pixels through dp_png_decode and through libpng's own
+ * simplified reader, a second decoder that shares none of our code. */
 #include <png.h>
 #include <stdint.h>
 #include <string.h>
@@ -451,6 +454,89 @@ static void test_png(dp_example *ex)
     free(png);
 }
 
+/* Pixels of libpng's simplified reader (not dp_png_decode): 1 when they equal want. */
+static int libpng_reads_back(const dp_png_buf *b, const uint8_t *want, uint32_t h, uint32_t w,
+                             int channels)
+{
+    static const png_uint_32 formats[5] = {0, PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB,
+                                           PNG_FORMAT_RGBA};
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_memory(&img, b->data, b->len))
+        return 0;
+    if (img.width != w || img.height != h) {
+        png_image_free(&img);
+        return 0;
+    }
+    img.format = formats[channels];
+    size_t n = (size_t)h * w * (size_t)channels;
+    uint8_t *px = malloc(n);
+    REQUIRE(px);
+    int ok = png_image_finish_read(&img, NULL, px, 0, NULL) && memcmp(px, want, n) == 0;
+    free(px);
+    return ok;
+}
+
+static void test_png_encode(void)
+{
+    static const uint32_t sizes[][2] = {{1, 1}, {28, 28}, {5, 3}, {17, 300}, {300, 2}};
+    dp_png_buf b = {0};
+    dp_err err;
+    uint32_t seed = 12345;
+    for (int c = 1; c <= 4; c++)
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            uint32_t h = sizes[k][0], w = sizes[k][1];
+            size_t n = (size_t)h * w * (size_t)c;
+            uint8_t *px = malloc(n), *out = malloc(n);
+            REQUIRE(px && out);
+            for (size_t i = 0; i < n; i++) { /* noise with runs, so filters and deflate both work */
+                seed = seed * 1103515245u + 12345u;
+                px[i] = (i % 7 < 3) ? (uint8_t)(seed >> 24) : (uint8_t)(i / 7);
+            }
+            CHECKF(dp_png_encode(&b, px, h, w, c, &err) == 0, "%ux%u c%d: %s", h, w, c, err.msg);
+            dp_png_info info;
+            CHECKF(dp_png_info_read(&info, b.data, b.len, &err) == 0 && info.height == h &&
+                   info.width == w && info.channels == c && info.bit_depth == 8 && !info.palette,
+                   "%ux%u c%d: header %ux%u c%d depth %d", h, w, c, info.height, info.width,
+                   info.channels, info.bit_depth);
+            memset(out, 0, n);
+            CHECKF(dp_png_decode(out, b.data, b.len, h, w, c, &err) == 0 && memcmp(out, px, n) == 0,
+                   "%ux%u c%d: %s", h, w, c, err.msg);
+            CHECKF(libpng_reads_back(&b, px, h, w, c), "%ux%u c%d: libpng's reader disagrees", h,
+                   w, c);
+            free(px);
+            free(out);
+        }
+
+    /* The buffer is reused: a second image of one size takes no new memory,
+     * and the encoding is deterministic. */
+    uint8_t digit[28 * 28];
+    for (int i = 0; i < 28 * 28; i++)
+        digit[i] = (uint8_t)((i % 28 > 8 && i % 28 < 20 && i / 28 > 4 && i / 28 < 24) ? 255 : 0);
+    REQUIRE(dp_png_encode(&b, digit, 28, 28, 1, &err) == 0);
+    uint8_t first[4096];
+    size_t first_len = b.len, cap = b.cap;
+    REQUIRE(first_len <= sizeof first);
+    memcpy(first, b.data, first_len);
+    const uint8_t *data = b.data;
+    REQUIRE(dp_png_encode(&b, digit, 28, 28, 1, &err) == 0);
+    CHECK(b.data == data && b.cap == cap);
+    CHECK(b.len == first_len && memcmp(b.data, first, first_len) == 0);
+    /* deflate is on: a block digit is far smaller than its 784 pixels */
+    CHECKF(b.len < 200, "a 28x28 block digit took %zu bytes", b.len);
+
+    /* Sizes and channel counts outside the format's range are refused. */
+    CHECK(dp_png_encode(&b, digit, 0, 28, 1, &err) == -1 && b.len == 0 &&
+          strstr(err.msg, "cannot encode 0x28 with 1 channels"));
+    CHECK(dp_png_encode(&b, digit, 28, DP_PNG_MAX_SIDE + 1, 1, &err) == -1);
+    CHECK(dp_png_encode(&b, digit, 28, 28, 0, &err) == -1);
+    CHECK(dp_png_encode(&b, digit, 28, 28, 5, &err) == -1 && strstr(err.msg, "channels 1..4"));
+    dp_png_buf_free(&b);
+    CHECK(b.data == NULL && b.cap == 0 && b.len == 0);
+    dp_png_buf_free(NULL);
+}
+
 int main(void)
 {
     scratch_make(dir, sizeof dir, "test_example");
@@ -461,6 +547,7 @@ int main(void)
     test_merge_rules(ex);
     test_malformed(ex);
     test_png(ex);
+    test_png_encode();
     dp_example_free(ex);
     dp_example_free(NULL);
     if (!check_failures)

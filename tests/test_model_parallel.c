@@ -137,8 +137,9 @@ static void *run_task(void *arg)
     node.transport = j->t;
     REQUIRE(dp_model_init(&m, SPEC, BATCH, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
-    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m,
-                      .n_train = (uint32_t)(PER_REPLICA * j->replicas), .steps_per_epoch = STEPS};
+    dp_split counted = {.n = (uint32_t)(PER_REPLICA * j->replicas)}; /* sizes the shards */
+    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m, .train = &counted,
+                      .n_train = counted.n, .steps_per_epoch = STEPS};
     dp_task_info info;
     memset(&info, 0, sizeof info);
     dp_strategy *s = NULL;

@@ -411,8 +411,9 @@ static void *strat_main(void *arg)
     node.transport = j->t;
     REQUIRE(dp_model_init(&m, j->spec, j->batch, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
-    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m,
-                      .n_train = (uint32_t)(j->batch * j->steps), .steps_per_epoch = j->steps};
+    dp_split counted = {.n = (uint32_t)(j->batch * j->steps)}; /* sizes the shards */
+    dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m, .train = &counted,
+                      .n_train = counted.n, .steps_per_epoch = j->steps};
     dp_task_info info;
     memset(&info, 0, sizeof info);
     dp_strategy *s = NULL;

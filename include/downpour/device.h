@@ -85,9 +85,11 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
 void dp_dmodel_close(dp_dmodel *g); /* NULL: no-op */
 dp_device *dp_dmodel_device(const dp_dmodel *g);
 
-/* Copies a split's images and labels to the device once (replacing any
- * loaded before); batches are then gathered there (pixels / 255, as
- * dp_split_gather does).  Fails naming the bytes that do not fit. */
+/* Copies a split's records (images, or float values) and labels to the
+ * device once (replacing any loaded before); batches are then gathered there
+ * (pixels / 255, or the values as they are, as dp_split_gather does).  Fails
+ * naming the bytes that do not fit; refuses a split not in memory (a
+ * streamed one). */
 int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err);
 
 /* The next batch: records idx[0..n) of the loaded split, 1 <= n <=

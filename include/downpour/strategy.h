@@ -84,7 +84,8 @@ typedef struct dp_run_env {
     const dp_train_state *resume; /* NULL: a fresh run; else the checkpoint resumed from */
     const dp_run_identity *id;    /* the run's checkpoints are this run's */
     const dp_split *train;        /* the training split (NULL on a ps task): for
-                                     trainers that read their own records (lbfgs) */
+                                     trainers that read their own records (lbfgs)
+                                     and the replicas' shard sizes (dp_shard_size) */
 } dp_run_env;
 
 /* What this task is, filled by open(). */

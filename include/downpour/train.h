@@ -40,7 +40,8 @@ typedef enum dp_overlap {
 } dp_overlap;
 
 typedef struct dp_train_config {
-    const char *dataset;      /* name or directory (see dataset.h) */
+    const char *dataset;      /* name, directory, glob or file (see dataset.h, records.h) */
+    dp_dataset_options data;  /* record files: feature names, split patterns, cache or stream */
     const char *model;        /* preset or spec (see model.h) */
     const char *strategy;     /* a name from the strategy table (strategy.h): "single", ... */
     dp_ps_config ps;          /* parameter-server strategies: mode and layout */

@@ -42,6 +42,8 @@ int cmd_ping(int argc, char **argv);
 int cmd_metrics(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_experiment(int argc, char **argv);
+int cmd_data(int argc, char **argv);
+int cmd_data_inspect(int argc, char **argv); /* downpour data inspect */
 
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);

@@ -10,15 +10,21 @@
 #include "downpour/metrics.h"
 #include "downpour/train.h"
 
-#define USAGE "downpour eval --checkpoint FILE [--dataset NAME|DIR] [--metrics FILE]"
+#define USAGE "downpour eval --checkpoint FILE [--dataset NAME|PATH] [--metrics FILE]"
 #define EVAL_BATCH 500
 
 int cmd_eval(int argc, char **argv)
 {
     const char *checkpoint = NULL, *dataset = "mnist", *metrics_path = NULL;
+    dp_dataset_options data;
+    dp_dataset_options_default(&data);
     const cli_opt opts[] = {
         {"checkpoint", CLI_STR, &checkpoint, "FILE", "a safetensors file written by train --save", 0, 0},
-        {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory", 0, 0},
+        {"dataset", CLI_STR, &dataset, "NAME|PATH", "mnist, fashion-mnist, kmnist, a directory of IDX files, or TFRecord, NumPy or CSV files (docs/datasets.md)", 0, 0},
+        {"image-feature", CLI_STR, &data.data.image, "NAME", "TFRecord: the Example feature holding the inputs", 0, 0},
+        {"label-feature", CLI_STR, &data.data.label, "NAME", "TFRecord: the Example feature holding the label; CSV: the label column", 0, 0},
+        {"train-files", CLI_STR, &data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
+        {"test-files", CLI_STR, &data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
         {"metrics", CLI_STR, &metrics_path, "FILE", "write a done-style JSON line to FILE", 0, 0},
     };
     int rest;
@@ -45,10 +51,16 @@ int cmd_eval(int argc, char **argv)
     memset(&m, 0, sizeof m);
     memset(&ds, 0, sizeof ds);
     if (dp_checkpoint_load_weights(checkpoint, &m, EVAL_BATCH, &info, &err) < 0 ||
-        dp_dataset_open(&ds, dataset, &err) < 0 || dp_metrics_open(&metrics, metrics_path, &err) < 0)
+        dp_dataset_open_with(&ds, dataset, &data, &err) < 0 ||
+        dp_metrics_open(&metrics, metrics_path, &err) < 0)
         goto out;
     if (dp_model_check_input(&m, ds.rows, ds.cols, dataset, &err) < 0)
         goto out;
+    if (!dp_split_in_memory(&ds.test)) { /* dp_evaluate gathers by record index */
+        dp_errf(&err, "dataset %s: its test records are %s, and eval reads them in memory",
+                dataset, ds.test.stream ? "streamed from their files" : "not loaded");
+        goto out;
+    }
     if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
         dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
                 dataset);

@@ -186,8 +186,17 @@ int cmd_train(int argc, char **argv)
     long stages = 0, micro_batches = cfg.micro_batches, model_parallel = 0;
     const char *schedule = NULL, *split = NULL;
     long lbfgs_history = cfg.lbfgs_history, portion = 0;
+    const char *stream = "auto", *data_memory = NULL;
+    long shuffle_window = 0;
     const cli_opt opts[] = {
-        {"dataset", CLI_STR, &dataset, "NAME|DIR", "mnist, fashion-mnist, kmnist, or a directory of IDX files", 0, 0},
+        {"dataset", CLI_STR, &dataset, "NAME|PATH", "mnist, fashion-mnist, kmnist, a directory of IDX files, or TFRecord, NumPy or CSV files: a directory, a glob or a file (docs/datasets.md)", 0, 0},
+        {"image-feature", CLI_STR, &cfg.data.data.image, "NAME", "TFRecord: the Example feature holding the inputs", 0, 0},
+        {"label-feature", CLI_STR, &cfg.data.data.label, "NAME", "TFRecord: the Example feature holding the label (label); CSV: the label column (label when the header has it, else the first)", 0, 0},
+        {"train-files", CLI_STR, &cfg.data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
+        {"test-files", CLI_STR, &cfg.data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
+        {"stream", CLI_STR, &stream, "MODE", "record files: auto (stream when the decoded records exceed --data-memory), on, off (always the decoded cache)", 0, 0},
+        {"data-memory", CLI_STR, &data_memory, "SIZE", "record files: memory the decoded records may take, e.g. 800M, 12G (default: $DOWNPOUR_DATA_MEMORY, else half the machine's memory)", 0, 0},
+        {"shuffle-window", CLI_INT, &shuffle_window, "N", "streaming: records the shuffle window holds (0: as many as --data-memory allows)", 0, 1L << 31},
         {"model", CLI_STR, &model, "SPEC", MODEL_HELP, 0, 0},
         {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
@@ -342,6 +351,17 @@ int cmd_train(int argc, char **argv)
         cfg.optim.momentum = (float)momentum;
     }
     cfg.dataset = dataset;
+    if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {
+        cfg.data.stream = stream[1] == 'u' ? -1 : stream[1] == 'n';
+    } else {
+        fprintf(stderr, "downpour train: --stream %s: expected auto, on or off\n", stream);
+        return 2;
+    }
+    if (data_memory && dp_data_memory_parse(data_memory, &cfg.data.memory, "--data-memory", &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    cfg.data.window = (uint32_t)shuffle_window;
     cfg.model = model;
     cfg.batch = (int)batch;
     cfg.epochs = (int)epochs;

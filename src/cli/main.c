@@ -28,6 +28,7 @@ static const command commands[] = {
     {"metrics", cmd_metrics, "merge the metrics files of a cluster's tasks into one"},
     {"report", cmd_report, "an HTML report (charts, tables) of one or more runs' metrics files"},
     {"experiment", cmd_experiment, "run a study of many runs (thesis, scaling) with its report"},
+    {"data", cmd_data, "convert IDX or NumPy datasets to TFRecord shards; inspect data files"},
     {"version", cmd_version, "print the version"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -17,24 +17,93 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* The records shard k of w owns under policy p, as first + i*stride, i < *n. */
-static void shard_range(dp_shard_policy p, uint32_t total, uint32_t k, uint32_t w,
+int dp_split_in_memory(const dp_split *s)
+{
+    return s && (s->images || s->values) && s->labels;
+}
+
+/* ---- the split's files (FILE sharding, docs/datasets.md "Sharding") ---- */
+
+/* A walk over the files that hold records of the split, in file order.
+ * Each file's records start where the last one's ended, so the files never
+ * overlap even under a file_end the batcher would refuse (check_files). */
+typedef struct file_walk {
+    const dp_split *s;
+    uint32_t f;  /* next index into file_end */
+    uint32_t at; /* first record not yet in a file */
+} file_walk;
+
+/* The next file with at least one of the split's records: [*lo, *hi),
+ * clipped to n; 0 when there is none (files wholly past n do not count). */
+static int next_file(file_walk *w, uint32_t *lo, uint32_t *hi)
+{
+    const dp_split *s = w->s;
+    while (s->file_end && w->f < s->n_files && w->at < s->n) {
+        uint64_t end = s->file_end[w->f++];
+        uint32_t e = end < s->n ? (uint32_t)end : s->n;
+        if (e > w->at) {
+            *lo = w->at;
+            *hi = e;
+            w->at = e;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static uint32_t count_files(const dp_split *s)
+{
+    file_walk w = {s, 0, 0};
+    uint32_t lo, hi, f = 0;
+    while (next_file(&w, &lo, &hi))
+        f++;
+    return f;
+}
+
+/* Records of the files worker k of w owns: files k, k+w, k+2w, ... of those
+ * holding records, round-robin as TensorFlow's FILE auto-shard deals them. */
+static uint32_t file_shard_records(const dp_split *s, uint32_t k, uint32_t w)
+{
+    file_walk fw = {s, 0, 0};
+    uint32_t lo, hi, rank = 0, n = 0;
+    while (next_file(&fw, &lo, &hi))
+        if (rank++ % w == k)
+            n += hi - lo;
+    return n;
+}
+
+/* FILE shards by whole files when the split says where its files end;
+ * one undivided source is cut into contiguous blocks. */
+static int by_files(dp_shard_policy p, const dp_split *s)
+{
+    return p == DP_SHARD_FILE && s->n_files > 0;
+}
+
+/* The records shard k of w owns under policy p: first + i*stride, i < *n,
+ * or (by files) the records of the files of ranks first + i*stride. */
+static void shard_range(dp_shard_policy p, const dp_split *s, uint32_t k, uint32_t w,
                         uint32_t *first, uint32_t *stride, uint32_t *n)
 {
+    uint32_t total = s->n;
     switch (p) {
     case DP_SHARD_DATA:
         *first = k;
         *stride = w;
         *n = k < total ? (uint32_t)(((uint64_t)total - k + w - 1) / w) : 0;
         break;
-    case DP_SHARD_FILE: {
-        /* Block k is [k*N/w, (k+1)*N/w): sizes differ by at most one. */
-        uint64_t lo = (uint64_t)k * total / w, hi = ((uint64_t)k + 1) * total / w;
-        *first = (uint32_t)lo;
-        *stride = 1;
-        *n = (uint32_t)(hi - lo);
+    case DP_SHARD_FILE:
+        if (by_files(p, s)) {
+            *first = k;
+            *stride = w;
+            *n = file_shard_records(s, k, w);
+        } else {
+            /* Block k is [k*N/w, (k+1)*N/w): sizes differ by at most one. */
+            uint64_t lo = (uint64_t)k * total / w, hi = ((uint64_t)k + 1) * total / w;
+            *first = (uint32_t)lo;
+            *stride = 1;
+            *n = (uint32_t)(hi - lo);
+        }
         break;
-    }
     default:
         *first = 0;
         *stride = 1;
@@ -46,18 +115,43 @@ static void shard_range(dp_shard_policy p, uint32_t total, uint32_t k, uint32_t 
 static void natural_order(dp_batcher *b)
 {
     uint32_t *o = b->order, v = b->first, s = b->stride;
+    if (b->by_files) {
+        file_walk fw = {b->split, 0, 0};
+        uint32_t lo, hi, rank = 0, i = 0;
+        while (next_file(&fw, &lo, &hi))
+            if (rank++ % s == v)
+                for (uint32_t r = lo; r < hi && i < b->n; r++)
+                    o[i++] = r;
+        return;
+    }
     for (uint32_t i = 0; i < b->n; i++, v += s)
         o[i] = v;
 }
 
-int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shuffle,
-                    dp_shard_policy policy, int shard_index, int shard_count, dp_err *err)
+/* The split's file bounds, when FILE sharding deals its files: rising, and
+ * covering every record (else records would belong to no worker). */
+static int check_files(const dp_split *s, dp_err *err)
 {
-    memset(b, 0, sizeof *b);
-    if (split && split->stream)
-        return dp_batcher_stream_init(b, split, seed, shuffle, policy, shard_index, shard_count,
-                                      err);
-    if (!split || !split->images || split->n == 0)
+    if (!s->file_end)
+        return dp_errf(err, "batcher: the split names %u files but not where they end "
+                       "(file_end is NULL)", s->n_files);
+    for (uint32_t f = 1; f < s->n_files; f++)
+        if (s->file_end[f] < s->file_end[f - 1])
+            return dp_errf(err, "batcher: file %u of the split ends at record %llu, before "
+                           "file %u does (%llu)", f, (unsigned long long)s->file_end[f], f - 1,
+                           (unsigned long long)s->file_end[f - 1]);
+    if (s->file_end[s->n_files - 1] < s->n)
+        return dp_errf(err, "batcher: the split's %u files end at record %llu, but it has %u "
+                       "records", s->n_files, (unsigned long long)s->file_end[s->n_files - 1],
+                       s->n);
+    return 0;
+}
+
+/* Every check of dp_batcher_init's arguments, in one place. */
+static int check_init(const dp_split *split, dp_shard_policy policy, int shard_index,
+                      int shard_count, dp_err *err)
+{
+    if (!split || split->n == 0)
         return dp_errf(err, "batcher: the split is empty");
     if ((unsigned)policy >= DP_SHARD_COUNT)
         return dp_errf(err, "batcher: unknown shard policy %d", (int)policy);
@@ -66,8 +160,40 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
     if (shard_index < 0 || shard_index >= shard_count)
         return dp_errf(err, "batcher: shard index %d is out of range [0, %d)", shard_index,
                        shard_count);
+    return dp_shard_check(policy, split, shard_count, err);
+}
+
+int dp_shard_check(dp_shard_policy policy, const dp_split *split, int workers, dp_err *err)
+{
+    if (!by_files(policy, split))
+        return 0;
+    if (check_files(split, err) < 0)
+        return -1;
+    uint32_t files = count_files(split);
+    if (files < (uint32_t)workers)
+        return dp_errf(err, "FILE sharding gives each worker whole files, but the training "
+                       "split has %u file%s for %d workers: use --shard data, or more files "
+                       "(downpour data convert --shards %d or more)", files,
+                       files == 1 ? "" : "s", workers, workers);
+    return 0;
+}
+
+int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shuffle,
+                    dp_shard_policy policy, int shard_index, int shard_count, dp_err *err)
+{
+    memset(b, 0, sizeof *b);
+    if (check_init(split, policy, shard_index, shard_count, err) < 0)
+        return -1;
+    /* A streamed split (stream.h) has no records in memory: the walk over
+     * its files goes here, in place of the in-memory order below. */
+    if (split->stream)
+        return dp_batcher_stream_init(b, split, seed, shuffle, policy, shard_index, shard_count,
+                                      err);
+    if (!dp_split_in_memory(split))
+        return dp_errf(err, "batcher: the split has no records in memory (images or values, "
+                       "and labels)");
     uint32_t first, stride, n;
-    shard_range(policy, split->n, (uint32_t)shard_index, (uint32_t)shard_count, &first, &stride,
+    shard_range(policy, split, (uint32_t)shard_index, (uint32_t)shard_count, &first, &stride,
                 &n);
     if (n == 0)
         return dp_errf(err, "batcher: shard %d of %d (policy %s) of a %u-record split owns no "
@@ -85,6 +211,7 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
     b->n = n;
     b->first = first;
     b->stride = stride;
+    b->by_files = by_files(policy, split);
     b->seed = seed;
     b->shuffle = shuffle != 0;
     natural_order(b);
@@ -257,14 +384,20 @@ static void gather_rows(const gather_job *j, int lo, int hi)
 {
     const dp_split *s = j->s;
     size_t dim = s->dim;
+    /* Byte records become pixels / 255; float records are copied as they are. */
+    const unsigned char *base = s->values ? (const unsigned char *)s->values : s->images;
+    size_t row_bytes = s->values ? dim * sizeof(float) : dim;
     for (int i = lo; i < hi; i++) {
         size_t r = j->idx[i];
         if (i + 1 < hi) { /* rows are random: start fetching the next one now */
-            const uint8_t *next = s->images + (size_t)j->idx[i + 1] * dim;
-            for (size_t o = 0; o < dim; o += 64)
+            const unsigned char *next = base + (size_t)j->idx[i + 1] * row_bytes;
+            for (size_t o = 0; o < row_bytes; o += 64)
                 __builtin_prefetch(next + o);
         }
-        bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
+        if (s->values)
+            memcpy(j->x + (size_t)i * dim, s->values + r * dim, row_bytes);
+        else
+            bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
         if (j->y)
             j->y[i] = s->labels[r];
     }
@@ -286,6 +419,12 @@ void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *id
     gather_job j = {x, y, s, idx, n};
     if (n <= 0)
         return;
+    if (!dp_split_in_memory(s)) { /* callers refuse such a split first: zeros, never a crash */
+        memset(x, 0, (size_t)n * s->dim * sizeof *x);
+        if (y)
+            memset(y, 0, (size_t)n);
+        return;
+    }
     init_convert();
     if ((size_t)n * s->dim < GATHER_MIN_SPLIT)
         gather_rows(&j, 0, n);
@@ -303,11 +442,21 @@ int dp_redeal_batch(int batch, int all, int live, uint32_t total, long steps_per
     return want > max_batch ? max_batch : (int)want;
 }
 
-uint32_t dp_shard_size(dp_shard_policy p, uint32_t total, int k, int w)
+uint32_t dp_shard_size(dp_shard_policy p, const dp_split *s, int k, int w)
 {
     uint32_t first, stride, n;
-    if (w < 1 || k < 0 || k >= w)
+    if (!s || w < 1 || k < 0 || k >= w)
         return 0;
-    shard_range(p, total, (uint32_t)k, (uint32_t)w, &first, &stride, &n);
+    shard_range(p, s, (uint32_t)k, (uint32_t)w, &first, &stride, &n);
     return n;
+}
+
+uint32_t dp_shard_max(dp_shard_policy p, const dp_split *s, int w)
+{
+    uint32_t most = 0;
+    for (int k = 0; k < w; k++) {
+        uint32_t n = dp_shard_size(p, s, k, w);
+        most = n > most ? n : most;
+    }
+    return most;
 }

@@ -1,7 +1,8 @@
-/* Datasets: name resolution, the four IDX sources, the decoded cache file,
- * the train/validation split and the shard policy names.
+/* Datasets: name resolution (IDX or record files, dataset_files.c), the
+ * four IDX sources and their decoded cache file, the train/validation split
+ * and the shard policy names.
  *
- * Cache file (all integers little-endian; docs/architecture.md, "Data"):
+ * IDX cache file (all integers little-endian; docs/architecture.md, "Data"):
  *   0   magic "DPCACHE\x1a"        8   u32 version       12  u32 payload offset (4096)
  *   16  u32 n_train                20  u32 n_test         24  u32 rows
  *   28  u32 cols                   32  u32 classes        36  u32 CRC32C of the payload
@@ -27,11 +28,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,13 +41,16 @@
 #include "downpour/idx.h"
 #include "downpour/log.h"
 
+#include "cache.h"
+#include "dataset_files.h"
+
 enum { SRC_TRAIN_IMAGES, SRC_TRAIN_LABELS, SRC_TEST_IMAGES, SRC_TEST_LABELS, SRC_COUNT };
 
 static const char *const src_names[SRC_COUNT] = {
     "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
     "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
 
-#define CACHE_MAGIC "DPCACHE\x1a"
+#define CACHE_MAGIC DP_CACHE_MAGIC
 #define CACHE_VERSION 2u /* 1: zlib CRC-32, payload checked only on request */
 #define CACHE_PAYLOAD_OFF 4096u
 #define CACHE_SECTION_CRC_AT 152u
@@ -77,81 +79,9 @@ typedef enum cache_state { CACHE_OK, CACHE_ABSENT, CACHE_STALE, CACHE_CORRUPT } 
 
 /* ---- little helpers ---- */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-/* snprintf through a va_list (so short diagnostics may truncate quietly);
- * returns 0, or -1 when the text did not fit. */
-static int fmt(char *buf, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static int fmt(char *buf, size_t cap, const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    int n = vsnprintf(buf, cap, f, ap);
-    va_end(ap);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
-
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (; *s; s++) {
-        h ^= (uint8_t)*s;
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 static uint32_t crc_of(const uint8_t *p, size_t n)
 {
     return dp_crc32c(0, p, n);
-}
-
-/* mkdir -p; returns 0 when path is a directory afterwards. */
-static int mkdir_p(const char *path)
-{
-    char buf[1100];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return -1;
-    struct stat st;
-    if (stat(buf, &st) != 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
 }
 
 static const known_ds *find_known(const char *name)
@@ -288,18 +218,18 @@ static int check_payload(const uint8_t *base, const uint8_t *h, uint32_t n_train
     section_lens(n_train, n_test, dim, lens);
     uint32_t all = 0;
     for (int i = 0; i < SEC_COUNT; i++) {
-        uint32_t c = crc_of(base + off, lens[i]), want = get32(h + CACHE_SECTION_CRC_AT + 4 * i);
+        uint32_t c = crc_of(base + off, lens[i]), want = dp_get32(h + CACHE_SECTION_CRC_AT + 4 * i);
         if (c != want) {
-            fmt(why, whylen, "payload checksum mismatch in the %s (bytes %zu..%zu): CRC32C "
+            dp_cache_fmt(why, whylen, "payload checksum mismatch in the %s (bytes %zu..%zu): CRC32C "
                 "0x%08x, the header says 0x%08x", section_names[i], off, off + lens[i] - 1, c, want);
             return -1;
         }
         all = dp_crc32c_combine(all, c, lens[i]);
         off += lens[i];
     }
-    if (all != get32(h + 36)) {
-        fmt(why, whylen, "payload checksum mismatch: the sections' CRC32C 0x%08x, the header "
-            "says 0x%08x", all, get32(h + 36));
+    if (all != dp_get32(h + 36)) {
+        dp_cache_fmt(why, whylen, "payload checksum mismatch: the sections' CRC32C 0x%08x, the header "
+            "says 0x%08x", all, dp_get32(h + 36));
         return -1;
     }
     return 0;
@@ -313,62 +243,62 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
     if (fd < 0) {
         if (errno == ENOENT)
             return CACHE_ABSENT;
-        fmt(why, whylen, "cannot open it: %s", strerror(errno));
+        dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
         return CACHE_CORRUPT;
     }
     cache_state st = CACHE_CORRUPT;
     struct stat fs;
     uint8_t h[CACHE_HDR_USED];
     if (fstat(fd, &fs) != 0) {
-        fmt(why, whylen, "cannot stat it: %s", strerror(errno));
+        dp_cache_fmt(why, whylen, "cannot stat it: %s", strerror(errno));
         goto done;
     }
     ssize_t r = pread(fd, h, sizeof h, 0);
     if (r != (ssize_t)sizeof h) {
-        fmt(why, whylen, "header is truncated (the file is %lld bytes)", (long long)fs.st_size);
+        dp_cache_fmt(why, whylen, "header is truncated (the file is %lld bytes)", (long long)fs.st_size);
         goto done;
     }
     if (memcmp(h, CACHE_MAGIC, 8) != 0) {
-        fmt(why, whylen, "bad magic");
+        dp_cache_fmt(why, whylen, "bad magic");
         goto done;
     }
-    if (get32(h + 8) != CACHE_VERSION) {
-        fmt(why, whylen, "format version %u, expected %u", get32(h + 8), CACHE_VERSION);
+    if (dp_get32(h + 8) != CACHE_VERSION) {
+        dp_cache_fmt(why, whylen, "format version %u, expected %u", dp_get32(h + 8), CACHE_VERSION);
         st = CACHE_STALE;
         goto done;
     }
-    if (get32(h + CACHE_HDR_CRC_AT) != crc_of(h, CACHE_HDR_CRC_AT)) {
-        fmt(why, whylen, "header checksum mismatch");
+    if (dp_get32(h + CACHE_HDR_CRC_AT) != crc_of(h, CACHE_HDR_CRC_AT)) {
+        dp_cache_fmt(why, whylen, "header checksum mismatch");
         goto done;
     }
-    uint32_t n_train = get32(h + 16), n_test = get32(h + 20);
-    uint32_t rows = get32(h + 24), cols = get32(h + 28), classes = get32(h + 32);
+    uint32_t n_train = dp_get32(h + 16), n_test = dp_get32(h + 20);
+    uint32_t rows = dp_get32(h + 24), cols = dp_get32(h + 28), classes = dp_get32(h + 32);
     uint64_t len = payload_len(n_train, n_test, rows, cols);
-    if (get32(h + 12) != CACHE_PAYLOAD_OFF || len == 0 || len != get64(h + 40) ||
+    if (dp_get32(h + 12) != CACHE_PAYLOAD_OFF || len == 0 || len != dp_get64(h + 40) ||
         n_train == 0 || n_test == 0 || classes < 2 || classes > 256) {
-        fmt(why, whylen, "header fields are inconsistent");
+        dp_cache_fmt(why, whylen, "header fields are inconsistent");
         goto done;
     }
     if ((uint64_t)fs.st_size != CACHE_PAYLOAD_OFF + len) {
-        fmt(why, whylen, "file is %lld bytes, its header describes %llu",
+        dp_cache_fmt(why, whylen, "file is %lld bytes, its header describes %llu",
                  (long long)fs.st_size, (unsigned long long)(CACHE_PAYLOAD_OFF + len));
         goto done;
     }
     st = CACHE_STALE;
-    if (get64(h + 48) != dir_hash) {
-        fmt(why, whylen, "it was built from another directory");
+    if (dp_get64(h + 48) != dir_hash) {
+        dp_cache_fmt(why, whylen, "it was built from another directory");
         goto done;
     }
     for (int i = 0; i < SRC_COUNT; i++) {
         const uint8_t *s = h + 56 + 24 * i;
-        if (get64(s) != src[i].size || get64(s + 8) != src[i].mtime_ns ||
-            get64(s + 16) != src[i].ino) {
-            fmt(why, whylen, "%s changed since it was built", src[i].path);
+        if (dp_get64(s) != src[i].size || dp_get64(s + 8) != src[i].mtime_ns ||
+            dp_get64(s + 16) != src[i].ino) {
+            dp_cache_fmt(why, whylen, "%s changed since it was built", src[i].path);
             goto done;
         }
     }
     if (want_classes && classes != want_classes) {
-        fmt(why, whylen, "it has %u classes, expected %u", classes, want_classes);
+        dp_cache_fmt(why, whylen, "it has %u classes, expected %u", classes, want_classes);
         goto done;
     }
     st = CACHE_CORRUPT;
@@ -377,7 +307,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
      * costs less than a fault per page. */
     void *map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (map == MAP_FAILED) {
-        fmt(why, whylen, "cannot map it: %s", strerror(errno));
+        dp_cache_fmt(why, whylen, "cannot map it: %s", strerror(errno));
         goto done;
     }
     if (check_payload(map, h, n_train, n_test, rows * cols, why, whylen) < 0) {
@@ -390,7 +320,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
     fill_views(ds, map, n_train, n_test);
     if (!labels_below(ds->train_all.labels, n_train, classes) ||
         !labels_below(ds->test.labels, n_test, classes)) {
-        fmt(why, whylen, "a label is >= its %u classes", classes);
+        dp_cache_fmt(why, whylen, "a label is >= its %u classes", classes);
         munmap(map, map_len);
         memset(&ds->train_all, 0, sizeof ds->train_all);
         memset(&ds->test, 0, sizeof ds->test);
@@ -412,46 +342,27 @@ static void *publish_cache(const char *path, const uint8_t *image, size_t len, c
     dp_atomic_file af;
     dp_err err;
     if (dp_atomic_open(&af, path, &err) < 0) {
-        fmt(why, whylen, "%s", err.msg);
+        dp_cache_fmt(why, whylen, "%s", err.msg);
         return NULL;
     }
     if (dp_write_all(af.fd, image, len, NULL) < 0) {
-        fmt(why, whylen, "cannot write %s: %s", af.tmp, strerror(errno));
+        dp_cache_fmt(why, whylen, "cannot write %s: %s", af.tmp, strerror(errno));
         dp_atomic_abort(&af);
         return NULL;
     }
     /* Mapped before the rename: the mapping outlives the descriptor. */
     void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, af.fd, 0);
     if (map == MAP_FAILED) {
-        fmt(why, whylen, "cannot map %s: %s", af.tmp, strerror(errno));
+        dp_cache_fmt(why, whylen, "cannot map %s: %s", af.tmp, strerror(errno));
         dp_atomic_abort(&af);
         return NULL;
     }
     if (dp_atomic_commit(&af, &err) < 0) {
-        fmt(why, whylen, "%s", err.msg);
+        dp_cache_fmt(why, whylen, "%s", err.msg);
         munmap(map, len);
         return NULL;
     }
     return map;
-}
-
-/* Takes an exclusive lock on "<cache>.lock"; returns its fd (closing it
- * unlocks), or -1 when no lock can be had. */
-static int lock_cache(const char *cache)
-{
-    char path[1200];
-    if (fmt(path, sizeof path, "%s.lock", cache) != 0)
-        return -1;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -1;
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            close(fd);
-            return -1;
-        }
-    }
-    return fd;
 }
 
 /* ---- building from the sources ---- */
@@ -541,32 +452,32 @@ static int build_image(dp_dataset *ds, const known_ds *k, const src_file src[SRC
         p += idx[i].len;
     }
     memcpy(img, CACHE_MAGIC, 8);
-    put32(img + 8, CACHE_VERSION);
-    put32(img + 12, CACHE_PAYLOAD_OFF);
-    put32(img + 16, n_train);
-    put32(img + 20, n_test);
-    put32(img + 24, rows);
-    put32(img + 28, cols);
-    put32(img + 32, classes);
+    dp_put32(img + 8, CACHE_VERSION);
+    dp_put32(img + 12, CACHE_PAYLOAD_OFF);
+    dp_put32(img + 16, n_train);
+    dp_put32(img + 20, n_test);
+    dp_put32(img + 24, rows);
+    dp_put32(img + 28, cols);
+    dp_put32(img + 32, classes);
     size_t lens[SEC_COUNT], off = CACHE_PAYLOAD_OFF;
     section_lens(n_train, n_test, rows * cols, lens);
     uint32_t all = 0;
     for (int i = 0; i < SEC_COUNT; i++) {
         uint32_t c = crc_of(img + off, lens[i]);
-        put32(img + CACHE_SECTION_CRC_AT + 4 * i, c);
+        dp_put32(img + CACHE_SECTION_CRC_AT + 4 * i, c);
         all = dp_crc32c_combine(all, c, lens[i]);
         off += lens[i];
     }
-    put32(img + 36, all);
-    put64(img + 40, plen);
-    put64(img + 48, dir_hash);
+    dp_put32(img + 36, all);
+    dp_put64(img + 40, plen);
+    dp_put64(img + 48, dir_hash);
     for (int i = 0; i < SRC_COUNT; i++) {
         uint8_t *s = img + 56 + 24 * i;
-        put64(s, src[i].size);
-        put64(s + 8, src[i].mtime_ns);
-        put64(s + 16, src[i].ino);
+        dp_put64(s, src[i].size);
+        dp_put64(s + 8, src[i].mtime_ns);
+        dp_put64(s + 16, src[i].ino);
     }
-    put32(img + CACHE_HDR_CRC_AT, crc_of(img, CACHE_HDR_CRC_AT));
+    dp_put32(img + CACHE_HDR_CRC_AT, crc_of(img, CACHE_HDR_CRC_AT));
     ds->rows = rows;
     ds->cols = cols;
     ds->classes = classes;
@@ -586,49 +497,22 @@ done:
 static void cache_paths(const dp_dataset *ds, const char *abs_dir, uint64_t dir_hash,
                         char *primary, char *fallback, size_t cap)
 {
-    primary[0] = fallback[0] = '\0';
     const char *base = strrchr(abs_dir, '/');
     base = base && base[1] ? base + 1 : "dataset";
-    char in_dir[1200];
-    int n = snprintf(in_dir, sizeof in_dir, "%s/%s.dpcache", ds->dir, base);
-    int in_dir_ok = n > 0 && (size_t)n < cap;
-
-    char shared[1100] = "";
-    int shared_ok = 1;
-    const char *env = getenv("DOWNPOUR_CACHE");
-    if (env && *env) {
-        shared_ok = fmt(shared, sizeof shared, "%s", env) == 0;
-    } else if (in_dir_ok && access(ds->dir, W_OK) == 0) {
-        fmt(primary, cap, "%s", in_dir);
-        return;
-    } else {
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        if (xdg && *xdg)
-            shared_ok = fmt(shared, sizeof shared, "%s/downpour", xdg) == 0;
-        else if (home && *home)
-            shared_ok = fmt(shared, sizeof shared, "%s/.cache/downpour", home) == 0;
-        if (in_dir_ok)
-            fmt(fallback, cap, "%s", in_dir);
-    }
-    if (!shared_ok)
-        shared[0] = '\0';
-    if (!shared[0])
-        return;
-    if (mkdir_p(shared) != 0) {
-        dp_warn("cannot create cache directory %s: %s", shared, strerror(errno));
+    char in_dir[300], shared[300];
+    if (dp_cache_fmt(in_dir, sizeof in_dir, "%s.dpcache", base) != 0 ||
+        dp_cache_fmt(shared, sizeof shared, "%s-%016llx.dpcache", base,
+                     (unsigned long long)dir_hash) != 0) {
+        primary[0] = fallback[0] = '\0';
         return;
     }
-    n = snprintf(primary, cap, "%s/%s-%016llx.dpcache", shared, base,
-                 (unsigned long long)dir_hash);
-    if (n < 0 || (size_t)n >= cap)
-        primary[0] = '\0';
+    dp_cache_paths(ds->dir, in_dir, shared, primary, fallback, cap);
 }
 
 /* ---- public ---- */
 
-int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
+static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
 {
-    memset(ds, 0, sizeof *ds);
     if (!name_or_dir || !*name_or_dir)
         return dp_errf(err, "dataset: empty name (use mnist, fashion-mnist, kmnist or a "
                        "directory)");
@@ -652,7 +536,7 @@ int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
     if (!abs)
         return dp_errf(err, "dataset %s: cannot resolve the directory: %s", ds->dir,
                        strerror(errno));
-    uint64_t dir_hash = fnv1a(abs);
+    uint64_t dir_hash = dp_cache_hash(DP_CACHE_HASH_SEED, abs, strlen(abs));
     char primary[sizeof ds->cache_path], fallback[sizeof ds->cache_path];
     cache_paths(ds, abs, dir_hash, primary, fallback, sizeof primary);
     free(abs);
@@ -677,7 +561,7 @@ int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
             /* Builders queue on a lock so a local cluster decodes once; the
              * ones that waited find the new cache.  Without a lock (e.g. a
              * filesystem that refuses flock) racing builders are still safe. */
-            lock = lock_cache(primary);
+            lock = dp_cache_lock(primary);
             if (lock >= 0)
                 st = try_cache(ds, primary, src, dir_hash, want_classes, why, sizeof why);
         }
@@ -701,7 +585,7 @@ int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
             close(lock);
         return -1;
     }
-    uint32_t n_train = get32(img + 16), n_test = get32(img + 20);
+    uint32_t n_train = dp_get32(img + 16), n_test = dp_get32(img + 20);
     if (primary[0]) {
         void *map = publish_cache(primary, img, len, why, sizeof why);
         if (map) {
@@ -729,13 +613,54 @@ int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
     return 0;
 }
 
+void dp_dataset_options_default(dp_dataset_options *o)
+{
+    memset(o, 0, sizeof *o);
+    dp_data_options_default(&o->data);
+    o->stream = -1;
+}
+
+int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_options *o,
+                         dp_err *err)
+{
+    memset(ds, 0, sizeof *ds);
+    if (spec && *spec && !find_known(spec) && dp_data_files_match(spec)) {
+        dp_dataset_options def;
+        if (!o) {
+            dp_dataset_options_default(&def);
+            o = &def;
+        }
+        if (dp_dataset_files_open(ds, spec, o, err) == 0)
+            return 0;
+        dp_dataset_close(ds);
+        return -1;
+    }
+    return open_idx(ds, spec, err);
+}
+
+int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err)
+{
+    return dp_dataset_open_with(ds, name_or_dir, NULL, err);
+}
+
 void dp_dataset_close(dp_dataset *ds)
 {
     if (!ds)
         return;
+    if (ds->is_files)
+        dp_dataset_files_close(ds);
     if (ds->map)
         munmap(ds->map, ds->map_len);
     memset(ds, 0, sizeof *ds);
+}
+
+/* How many of a split's files hold its first n records. */
+static uint32_t files_holding(const dp_split *s, uint32_t n)
+{
+    uint32_t f = 0;
+    while (f < s->n_files && (f == 0 || s->file_end[f - 1] < n))
+        f++;
+    return n == 0 ? 0 : f;
 }
 
 int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_split *train,
@@ -749,9 +674,16 @@ int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_
                        "not fit in its %u training records. Hint: --train-size + --val-size "
                        "must be at most %u", ds->dir, n_train, n_val, all->n, all->n);
     size_t dim = all->dim;
-    *train = (dp_split){.images = all->images, .labels = all->labels, .n = n_train, .dim = all->dim};
-    *val = (dp_split){.images = all->images + (size_t)n_train * dim, .labels = all->labels + n_train,
-                       .n = n_val, .dim = all->dim};
+    *train = *all;
+    train->n = n_train;
+    train->n_files = files_holding(all, n_train);
+    if (all->stream)
+        return dp_dataset_files_val(ds, n_train, n_val, val, err);
+    *val = (dp_split){.labels = all->labels + n_train, .n = n_val, .dim = all->dim};
+    if (all->values)
+        val->values = all->values + (size_t)n_train * dim;
+    else
+        val->images = all->images + (size_t)n_train * dim;
     return 0;
 }
 

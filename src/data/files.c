@@ -484,7 +484,8 @@ int dp_data_files_count(dp_data_files *f, const dp_data_options *opt, dp_err *er
         }
         splits[s]->records = at;
         if (rc == 0 && at == 0)
-            rc = dp_errf(err, "%s: the %s files hold no record", splits[s]->files[0].path,
+            rc = dp_errf(err, "%s: the %s files hold no record",
+                         splits[s]->n ? splits[s]->files[0].path : "(no file)",
                          s ? "test" : "training");
     }
     free(features);

@@ -1,10 +1,11 @@
-/* PNG decoding with libpng (png.h).
+/* PNG decoding and encoding with libpng (png.h).
  *
  * libpng reports errors by longjmp.  The rule that makes that safe: the
- * function that calls setjmp (run) changes no local variable after it; all
- * state it and the callbacks touch lives in a png_job in the caller's frame,
- * so after a longjmp every value is well defined, and the caller frees
- * whatever the job holds (row pointers, libpng's structs) on every path. */
+ * functions that call setjmp (run, run_write) change no local variable after
+ * it; all state they and the callbacks touch lives in a png_job (png_wjob)
+ * in the caller's frame, so after a longjmp every value is well defined, and
+ * the caller frees whatever the job holds (row pointers, libpng's structs) on
+ * every path.  The error callback's pointer is the job's message buffer. */
 #include "downpour/png.h"
 
 #include <png.h>
@@ -16,6 +17,7 @@
 /* Ancillary chunks (text, ICC profiles) a PNG may make libpng hold. */
 #define CHUNK_MALLOC_MAX ((png_alloc_size_t)1 << 20)
 #define CHUNK_CACHE_MAX 64
+#define PNG_MSG_MAX (DP_ERR_MAX - 64)
 
 typedef struct png_job {
     const uint8_t *src;
@@ -28,13 +30,13 @@ typedef struct png_job {
     uint32_t height, width;
     int channels;
     dp_png_info got;
-    char msg[DP_ERR_MAX - 64];
+    char msg[PNG_MSG_MAX];
 } png_job;
 
 static void on_error(png_structp png, png_const_charp msg)
 {
-    png_job *j = png_get_error_ptr(png);
-    snprintf(j->msg, sizeof j->msg, "%s", msg);
+    char *out = png_get_error_ptr(png);
+    snprintf(out, PNG_MSG_MAX, "%s", msg);
     png_longjmp(png, 1);
 }
 
@@ -120,7 +122,7 @@ static int job(png_job *j, dp_err *err)
 {
     if (j->len < 8 || png_sig_cmp(j->src, 0, 8) != 0)
         return dp_errf(err, "not a PNG (no PNG signature in the first 8 of %zu bytes)", j->len);
-    j->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, j, on_error, on_warning);
+    j->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, j->msg, on_error, on_warning);
     if (!j->png)
         return dp_errf(err, "PNG: out of memory");
     j->info = png_create_info_struct(j->png);
@@ -166,4 +168,103 @@ int dp_png_decode(uint8_t *pixels, const uint8_t *png, size_t len, uint32_t heig
     j.width = width;
     j.channels = channels;
     return job(&j, err);
+}
+
+/* Encoding: the job holds the caller's buffer and the row being written. */
+typedef struct png_wjob {
+    dp_png_buf *out;
+    size_t max;        /* the most bytes this image's PNG may take (see dp_png_encode) */
+    const uint8_t *pixels;
+    uint32_t height, width, y;
+    int channels;
+    png_structp png;
+    png_infop info;
+    char msg[PNG_MSG_MAX];
+} png_wjob;
+
+static void on_write(png_structp png, png_bytep data, size_t n)
+{
+    png_wjob *j = png_get_io_ptr(png);
+    dp_png_buf *b = j->out;
+    if (n > j->max - b->len)
+        png_error(png, "encoded PNG grew past its bound");
+    if (n > b->cap - b->len) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap - b->len < n)
+            cap = cap > j->max / 2 ? j->max : cap * 2;
+        uint8_t *p = realloc(b->data, cap);
+        if (!p)
+            png_error(png, "out of memory");
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+}
+
+static void on_flush(png_structp png)
+{
+    (void)png; /* memory: nothing to flush */
+}
+
+/* The libpng calls for encoding; as run, no local variable changes after setjmp. */
+static int run_write(png_wjob *j)
+{
+    static const int color[5] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA,
+                                 PNG_COLOR_TYPE_RGB, PNG_COLOR_TYPE_RGB_ALPHA};
+    if (setjmp(png_jmpbuf(j->png)))
+        return -1;
+    png_set_write_fn(j->png, j, on_write, on_flush);
+    png_set_IHDR(j->png, j->info, j->width, j->height, 8, color[j->channels],
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(j->png, j->info);
+    for (j->y = 0; j->y < j->height; j->y++)
+        png_write_row(j->png, j->pixels + (size_t)j->y * j->width * (size_t)j->channels);
+    png_write_end(j->png, NULL);
+    return 0;
+}
+
+int dp_png_encode(dp_png_buf *out, const uint8_t *pixels, uint32_t height, uint32_t width,
+                  int channels, dp_err *err)
+{
+    out->len = 0;
+    if (height == 0 || width == 0 || height > DP_PNG_MAX_SIDE || width > DP_PNG_MAX_SIDE ||
+        channels < 1 || channels > 4)
+        return dp_errf(err, "PNG: cannot encode %ux%u with %d channels (sides 1..%d, "
+                       "channels 1..4)", height, width, channels, DP_PNG_MAX_SIDE);
+    png_wjob j;
+    memset(&j, 0, sizeof j);
+    j.out = out;
+    j.pixels = pixels;
+    j.height = height;
+    j.width = width;
+    j.channels = channels;
+    /* Deflate never grows data by more than 5 bytes per 16 KiB block; each
+     * row adds a filter byte, and the chunks' framing is well below 64 KiB. */
+    size_t raw = (size_t)height * (1 + (size_t)width * (size_t)channels);
+    j.max = raw + raw / 1024 + 65536;
+    j.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, j.msg, on_error, on_warning);
+    if (!j.png)
+        return dp_errf(err, "PNG: out of memory");
+    j.info = png_create_info_struct(j.png);
+    int rc = -1;
+    if (!j.info)
+        snprintf(j.msg, sizeof j.msg, "out of memory");
+    else
+        rc = run_write(&j);
+    png_destroy_write_struct(&j.png, j.info ? &j.info : NULL);
+    if (rc < 0) {
+        out->len = 0;
+        return dp_errf(err, "PNG: encoding %ux%u with %d channel(s): %s", height, width,
+                       channels, j.msg);
+    }
+    return 0;
+}
+
+void dp_png_buf_free(dp_png_buf *b)
+{
+    if (!b)
+        return;
+    free(b->data);
+    memset(b, 0, sizeof *b);
 }

@@ -6,7 +6,9 @@
  * max_batch rows (act_off, as the CPU model lays out one slot); two
  * ping-pong gradient buffers; a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
- * step block.  Nothing allocates in a step.
+ * step block.  Nothing allocates in a step.  The split's records (bytes, or
+ * floats for a split of values) and labels are copied once by
+ * dp_dmodel_load_split.
  *
  * The step block.  Whatever changes from one step to the next (the record
  * indices, lr, adam's lr_t, the gradient scale) reaches the device in ONE
@@ -67,8 +69,10 @@ struct dp_dmodel {
     dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
     double *tally;
     dp_step_block *block; /* followed by max_batch indices */
-    const uint8_t *images, *labels;
-    uint8_t *split_images, *split_labels;
+    const uint8_t *images, *labels; /* the loaded split: images or values */
+    const float *values;
+    void *split_records; /* device memory behind images or values */
+    uint8_t *split_labels;
     uint32_t split_n;
 
     /* host step blocks */
@@ -148,8 +152,9 @@ static void gemm(dp_dmodel *g, int ta, int tb, int m, int n, int k, const float 
 
 static void gather(dp_dmodel *g, int batch)
 {
-    dp_kernel k = {.id = DP_K_GATHER, .items = (long)batch * g->inputs};
-    k.u.gather = (dp_ka_gather){g->x, g->y, g->images, g->labels,
+    dp_kernel k = {.id = g->values ? DP_K_GATHER_F32 : DP_K_GATHER,
+                   .items = (long)batch * g->inputs};
+    k.u.gather = (dp_ka_gather){g->x, g->y, g->images, g->values, g->labels,
                                 (const uint32_t *)(g->block + 1), g->inputs};
     launch(g, &k);
 }
@@ -448,7 +453,7 @@ void dp_dmodel_close(dp_dmodel *g)
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
     void *dev[] = {g->params, g->grads, g->state, g->acts, g->dacts[0], g->ones, g->x,
-                   g->y, g->tally, g->block, g->split_images, g->split_labels, g->ex.rows,
+                   g->y, g->tally, g->block, g->split_records, g->split_labels, g->ex.rows,
                    g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
@@ -465,6 +470,10 @@ dp_device *dp_dmodel_device(const dp_dmodel *g) { return g->dev; }
 
 int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err)
 {
+    if (!dp_split_in_memory(s)) /* the device gathers from a copy of every record */
+        return dp_errf(err, "dp_dmodel_load_split: the split's records are %s; a device needs "
+                            "them in memory",
+                       s->stream ? "streamed from their files" : "not loaded");
     if (s->dim != (uint32_t)g->inputs)
         return dp_errf(err, "dp_dmodel_load_split: records of %u values, the model takes %d",
                        s->dim, g->inputs);
@@ -475,24 +484,33 @@ int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err)
         g->graph = NULL;
         g->graph_n = 0;
     }
-    if (g->split_images)
-        g->be->free(g->ctx, g->split_images);
+    if (g->split_records)
+        g->be->free(g->ctx, g->split_records);
     if (g->split_labels)
         g->be->free(g->ctx, g->split_labels);
-    g->split_images = g->split_labels = NULL;
+    g->split_records = NULL;
+    g->split_labels = NULL;
     g->images = g->labels = NULL;
+    g->values = NULL;
     g->split_n = 0;
-    size_t bytes = (size_t)s->n * s->dim;
-    if (!(g->split_images = dalloc(g, bytes, "split's images", err)) ||
+    /* Float records take four times the bytes: the same split of values
+     * gathers as it is, with no scaling (kernels.h, GATHER_F32). */
+    size_t bytes = (size_t)s->n * s->dim * (s->values ? sizeof(float) : 1);
+    const void *src = s->values ? (const void *)s->values : (const void *)s->images;
+    if (!(g->split_records = dalloc(g, bytes, s->values ? "split's values" : "split's images",
+                                    err)) ||
         !(g->split_labels = dalloc(g, s->n, "split's labels", err))) {
-        if (g->split_images)
-            g->be->free(g->ctx, g->split_images);
-        g->split_images = NULL;
+        if (g->split_records)
+            g->be->free(g->ctx, g->split_records);
+        g->split_records = NULL;
         return -1;
     }
-    g->be->copy(g->ctx, g->split_images, s->images, bytes, DP_COPY_H2D);
+    g->be->copy(g->ctx, g->split_records, src, bytes, DP_COPY_H2D);
     g->be->copy(g->ctx, g->split_labels, s->labels, s->n, DP_COPY_H2D);
-    g->images = g->split_images;
+    if (s->values)
+        g->values = g->split_records;
+    else
+        g->images = g->split_records;
     g->labels = g->split_labels;
     g->split_n = s->n;
     return 0;
@@ -506,7 +524,7 @@ int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
         return dp_errf(err, "dp_dmodel_stage: batch of %d records is more than the model's %d "
                             "rows",
                        n, g->max_batch);
-    if (!g->images)
+    if (!g->labels)
         return dp_errf(err, "dp_dmodel_stage: no split loaded (dp_dmodel_load_split first)");
     for (int i = 0; i < n; i++) /* here, so the device never reads out of bounds */
         if (idx[i] >= g->split_n)

@@ -65,6 +65,7 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
     X(GATHER, gather)                                                                            \
+    X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
     X(SCALE, scale)                                                                              \
     X(BIAS_ACT, bias_act)                                                                        \
@@ -97,10 +98,11 @@ typedef struct dp_step_block {
 } dp_step_block;
 
 /* ---- arguments, one struct per kernel ---- */
-typedef struct dp_ka_gather {  /* items rows*dim */
-    float *x;                  /* (rows, dim) pixels / 255 */
+typedef struct dp_ka_gather {  /* items rows*dim; GATHER and GATHER_F32 */
+    float *x;                  /* (rows, dim) pixels / 255, or the values as they are */
     uint8_t *y;                /* (rows) labels */
-    const uint8_t *images;     /* the split's (n, dim) bytes */
+    const uint8_t *images;     /* GATHER: the split's (n, dim) bytes */
+    const float *values;       /* GATHER_F32: the split's (n, dim) floats */
     const uint8_t *labels;
     const uint32_t *idx;       /* (rows) record indices, in the step block */
     long dim;
@@ -175,6 +177,17 @@ DP_HD void dp_k_gather(const dp_kernel *k, long i)
     long rec = (long)a->idx[r];
     /* the correctly rounded x / 255, as dp_split_gather gives */
     a->x[i] = (float)a->images[rec * a->dim + j] / 255.0f;
+    if (j == 0)
+        a->y[r] = a->labels[rec];
+}
+
+/* A split of float records (dp_split.values): copied as they are. */
+DP_HD void dp_k_gather_f32(const dp_kernel *k, long i)
+{
+    const dp_ka_gather *a = &k->u.gather;
+    long r = i / a->dim, j = i - r * a->dim;
+    long rec = (long)a->idx[r];
+    a->x[i] = a->values[rec * a->dim + j];
     if (j == 0)
         a->y[r] = a->labels[rec];
 }

@@ -617,6 +617,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     dp_role role = env->node->self->role;
     if (role != DP_ROLE_CHIEF && role != DP_ROLE_WORKER)
         return dp_errf(err, "allreduce runs on chief and worker tasks only");
+    if (!env->train) /* the replicas' shard sizes come from it */
+        return dp_errf(err, "allreduce: a replica needs the training split");
     dp_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -671,7 +673,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->batch = cfg->batch;
     s->dealt = n;
     for (int w = 0; w < n; w++)
-        s->sizes[w] = dp_shard_size(s->policy, env->n_train, s->policy == DP_SHARD_OFF ? 0 : w,
+        s->sizes[w] = dp_shard_size(s->policy, env->train, s->policy == DP_SHARD_OFF ? 0 : w,
                                     s->policy == DP_SHARD_OFF ? 1 : n);
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
@@ -743,7 +745,7 @@ static int allreduce_deal(dp_strategy *s, int epoch, int *index, int *count, dp_
                                s->env->steps_per_epoch, s->m->max_batch);
     s->dealt = s->n_live;
     for (int p = 0, j = 0; p < s->n; p++)
-        s->sizes[p] = s->live[p] ? dp_shard_size(s->policy, s->env->n_train, j++, s->n_live) : 0;
+        s->sizes[p] = s->live[p] ? dp_shard_size(s->policy, s->env->train, j++, s->n_live) : 0;
     return 0;
 }
 

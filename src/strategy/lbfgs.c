@@ -721,6 +721,10 @@ static int open_part(dp_strategy *s, const dp_run_env *env, dp_task_info *info, 
     if (role == DP_ROLE_WORKER) {
         if (!env->train)
             return dp_errf(err, "lbfgs: a worker needs the training split");
+        if (!dp_split_in_memory(env->train)) /* portions are gathered by record index */
+            return dp_errf(err, "lbfgs: a worker reads its portions from records in memory, "
+                                "and the training split is %s",
+                           env->train->stream ? "streamed from its files" : "not loaded");
         info->part = DP_PART_TRAINER;
         info->no_batches = 1;
         info->shard_index = s->index = env->node->self->index;

@@ -332,6 +332,8 @@ static int open_rings(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
 {
     if (s->R == 1)
         return 0;
+    if (!s->env->train) /* the replicas' shard sizes come from it */
+        return dp_errf(err, "model-parallel: %d replicas need the training split", s->R);
     int *ranks = malloc((size_t)s->R * sizeof *ranks);
     if (!ranks)
         return dp_errf(err, "out of memory");
@@ -346,7 +348,7 @@ static int open_rings(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     if (!s->sizes)
         return dp_errf(err, "out of memory");
     for (int r = 0; r < s->R; r++)
-        s->sizes[r] = dp_shard_size(cfg->shard, s->env->n_train, cfg->shard == DP_SHARD_OFF ? 0 : r,
+        s->sizes[r] = dp_shard_size(cfg->shard, s->env->train, cfg->shard == DP_SHARD_OFF ? 0 : r,
                                     cfg->shard == DP_SHARD_OFF ? 1 : s->R);
     return 0;
 }

@@ -605,6 +605,8 @@ static int open_replicas(dp_strategy *s, const dp_train_config *cfg, dp_err *err
 {
     if (s->R == 1)
         return 0;
+    if (!s->env->train) /* the replicas' shard sizes come from it */
+        return dp_errf(err, "pipeline: %d replicas need the training split", s->R);
     int ranks[DP_CLUSTER_MAX_TASKS];
     for (int r = 0; r < s->R; r++)
         ranks[r] = s->ranks[r * s->S + s->stage];
@@ -616,7 +618,7 @@ static int open_replicas(dp_strategy *s, const dp_train_config *cfg, dp_err *err
     if (!s->sizes)
         return dp_errf(err, "out of memory");
     for (int r = 0; r < s->R; r++)
-        s->sizes[r] = dp_shard_size(s->policy, s->env->n_train,
+        s->sizes[r] = dp_shard_size(s->policy, s->env->train,
                                     s->policy == DP_SHARD_OFF ? 0 : r,
                                     s->policy == DP_SHARD_OFF ? 1 : s->R);
     return 0;

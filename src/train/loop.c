@@ -59,6 +59,7 @@ dp_train_config dp_train_defaults(void)
     dp_train_config c;
     memset(&c, 0, sizeof c);
     c.dataset = "mnist";
+    dp_dataset_options_default(&c.data);
     c.model = "mlp-300-100";
     c.strategy = "single";
     dp_ps_config_init(&c.ps);
@@ -131,8 +132,19 @@ typedef struct loop {
 static int open_data(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
-    if (dp_dataset_open(&L->ds, cfg->dataset, err) < 0 ||
-        dp_dataset_split(&L->ds, cfg->n_train, cfg->n_val, &L->train, &L->val, err) < 0)
+    /* A streamed dataset's labels are checked as they are read: against the
+     * model's outputs, the most classes it can learn. */
+    dp_dataset_options o = cfg->data;
+    int outputs = dp_model_classes(&L->m);
+    if (o.data.classes == 0 && outputs >= 2 && outputs <= 256)
+        o.data.classes = (uint32_t)outputs;
+    if (dp_dataset_open_with(&L->ds, cfg->dataset, &o, err) < 0)
+        return -1;
+    if (!L->ds.is_files && cfg->data.stream == 1)
+        return dp_errf(err, "--stream on: dataset %s is IDX files, always read through the "
+                            "decoded cache; streaming is for TFRecord, NumPy and CSV files "
+                            "(docs/datasets.md)", cfg->dataset);
+    if (dp_dataset_split(&L->ds, cfg->n_train, cfg->n_val, &L->train, &L->val, err) < 0)
         return -1;
     if (dp_model_check_input(&L->m, L->ds.rows, L->ds.cols, cfg->dataset, err) < 0)
         return -1;
@@ -793,9 +805,17 @@ static int run_task(loop *L, dp_err *err)
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
     /* Steps per epoch: the same for every trainer, so synchronous
-     * strategies line up; together the trainers cover the split once. */
+     * strategies line up; together the trainers cover the split once.  Whole
+     * files (--shard file over record files) need not split evenly: the
+     * largest shard sets the steps, and the others' last steps are short or
+     * empty.  A ps task holds no data, and needs no step count. */
     long replicas = L->info.replicas > 0 ? L->info.replicas : 1;
     long share = ((long)cfg->n_train + replicas - 1) / replicas;
+    if (!role_ps && replicas > 1 && cfg->shard == DP_SHARD_FILE && L->train.n_files > 0) {
+        if (dp_shard_check(cfg->shard, &L->train, (int)replicas, err) < 0)
+            return -1;
+        share = dp_shard_max(cfg->shard, &L->train, (int)replicas);
+    }
     L->spe = (share + cfg->batch - 1) / cfg->batch;
     L->total_steps = L->spe * cfg->epochs;
     L->env.steps_per_epoch = L->spe;

@@ -1,0 +1,116 @@
+/* The decoded caches' shared mechanics: the hash, the locations, the lock
+ * (cache.h). */
+#include "cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "downpour/log.h"
+
+uint64_t dp_cache_hash(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+int dp_cache_fmt(char *buf, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(buf, cap, f, ap);
+    va_end(ap);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* mkdir -p; returns 0 when path is a directory afterwards. */
+static int mkdir_p(const char *path)
+{
+    char buf[1100];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (stat(buf, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+void dp_cache_paths(const char *data_dir, const char *in_dir_name, const char *shared_name,
+                    char *primary, char *fallback, size_t cap)
+{
+    primary[0] = fallback[0] = '\0';
+    char in_dir[1200];
+    int in_dir_ok = dp_cache_fmt(in_dir, sizeof in_dir, "%s/%s", data_dir, in_dir_name) == 0 &&
+                    strlen(in_dir) < cap;
+
+    char shared[1100] = "";
+    int shared_ok = 1;
+    const char *env = getenv("DOWNPOUR_CACHE");
+    if (env && *env) {
+        shared_ok = dp_cache_fmt(shared, sizeof shared, "%s", env) == 0;
+    } else if (in_dir_ok && access(data_dir, W_OK) == 0) {
+        dp_cache_fmt(primary, cap, "%s", in_dir);
+        return;
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg)
+            shared_ok = dp_cache_fmt(shared, sizeof shared, "%s/downpour", xdg) == 0;
+        else if (home && *home)
+            shared_ok = dp_cache_fmt(shared, sizeof shared, "%s/.cache/downpour", home) == 0;
+        if (in_dir_ok)
+            dp_cache_fmt(fallback, cap, "%s", in_dir);
+    }
+    if (!shared_ok)
+        shared[0] = '\0';
+    if (!shared[0])
+        return;
+    if (mkdir_p(shared) != 0) {
+        dp_warn("cannot create cache directory %s: %s", shared, strerror(errno));
+        return;
+    }
+    if (dp_cache_fmt(primary, cap, "%s/%s", shared, shared_name) != 0)
+        primary[0] = '\0';
+}
+
+int dp_cache_lock(const char *cache)
+{
+    char path[1200];
+    if (dp_cache_fmt(path, sizeof path, "%s.lock", cache) != 0)
+        return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    while (flock(fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}

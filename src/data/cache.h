@@ -1,0 +1,58 @@
+/* What the two decoded cache formats share (docs/datasets.md, "The cache"):
+ * little-endian fields, the dataset hash, where a cache lives and the lock
+ * its builders queue on.  The IDX datasets' format is in dataset.c, the
+ * record files' in dataset_files.c.  Private to src/data. */
+#ifndef DOWNPOUR_DATA_CACHE_H
+#define DOWNPOUR_DATA_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DP_CACHE_MAGIC "DPCACHE\x1a"
+#define DP_CACHE_HASH_SEED 0xcbf29ce484222325ULL /* FNV-1a's offset basis */
+
+static inline void dp_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void dp_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint32_t dp_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t dp_get64(const uint8_t *p)
+{
+    return (uint64_t)dp_get32(p) | (uint64_t)dp_get32(p + 4) << 32;
+}
+
+/* FNV-1a of n bytes chained onto h (start from DP_CACHE_HASH_SEED).  To
+ * hash several strings, include each one's NUL, so ("ab", "c") and ("a",
+ * "bc") differ. */
+uint64_t dp_cache_hash(uint64_t h, const void *p, size_t n);
+
+/* snprintf for diagnostics; 0, or -1 when the text did not fit (it is cut). */
+int dp_cache_fmt(char *buf, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
+
+/* Where a cache is read and written.  primary: $DOWNPOUR_CACHE/<shared_name>
+ * if the variable is set; else <data_dir>/<in_dir_name> if data_dir is
+ * writable; else $XDG_CACHE_HOME/downpour/<shared_name> or
+ * ~/.cache/downpour/<shared_name> ("" if none can be made).  fallback: in
+ * that last case, <data_dir>/<in_dir_name>, a cache that may be read but not
+ * replaced ("" otherwise). */
+void dp_cache_paths(const char *data_dir, const char *in_dir_name, const char *shared_name,
+                    char *primary, char *fallback, size_t cap);
+
+/* Takes an exclusive flock on "<cache>.lock"; returns its fd (closing it
+ * unlocks), or -1 when no lock can be had (builders racing without it are
+ * still safe: each publishes a whole file atomically). */
+int dp_cache_lock(const char *cache);
+
+#endif
