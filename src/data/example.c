@@ -458,9 +458,11 @@ static int publish(dp_example *ex, dp_err *err)
         d->name = ex->pub[i].name;
         d->kind = f->kind;
         d->count = f->count;
-        d->bytes = f->kind == DP_FEATURE_BYTES ? ex->bytes + f->start : NULL;
-        d->floats = f->kind == DP_FEATURE_FLOAT ? ex->floats + f->start : NULL;
-        d->int64s = f->kind == DP_FEATURE_INT64 ? ex->ints + f->start : NULL;
+        /* an empty list may come before any array was allocated: no offset
+         * from NULL (undefined even when it is 0) */
+        d->bytes = f->kind == DP_FEATURE_BYTES && ex->bytes ? ex->bytes + f->start : NULL;
+        d->floats = f->kind == DP_FEATURE_FLOAT && ex->floats ? ex->floats + f->start : NULL;
+        d->int64s = f->kind == DP_FEATURE_INT64 && ex->ints ? ex->ints + f->start : NULL;
     }
     ex->npub = n;
     return 0;
