@@ -2,7 +2,8 @@
  * bytes than the stream's memory bound are walked, with the reader thread
  * and inline, and every epoch gives every record of the split exactly once
  * (the split ends inside the last file), in an order fixed by (seed, epoch)
- * alone; DATA and FILE shards together give it exactly once too, and FILE
+ * alone, whether the epoch follows one the reader read on from or starts
+ * afresh; DATA and FILE shards together give it exactly once too, and FILE
  * with fewer files than workers is refused; a window of 1 is file order;
  * a seek continues as the uninterrupted epoch; the stream's peak bytes stay
  * under the bound, which stays under the dataset's bytes; a record damaged

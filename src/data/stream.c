@@ -1,8 +1,9 @@
 /* Streaming a shard's training records from their files (stream.h,
  * docs/datasets.md "Streaming").
  *
- * Threads: one reader thread per epoch (or none: the consumer reads inline)
- * fills record slots; the consumer (dp_stream_next) owns the window.  The
+ * Threads: one reader thread (or none: the consumer reads inline) fills
+ * record slots, going on from one epoch into the next; the consumer
+ * (dp_stream_next) owns the window.  The
  * slots form one pool of window + queue records allocated at open: a slot is
  * free (the reader may decode into it), full (decoded, waiting in the
  * queue) or in the window.  Two rings of slot ids under one mutex pass them
@@ -24,9 +25,9 @@
  * to a thread if a record took at least THREAD_MIN_S to read and the
  * machine has two cores.  bench/bench_stream measured (docs/benchmarks.md,
  * "Streaming"): raw 28x28 records read in about 1 us, and a thread changed
- * a training epoch by -6..+3 % (noise, and a core shared with the step's
- * pool); PNG ones in about 15 us, and a thread made the epoch 1.05-1.6x
- * faster.  So no thread where it would not pay. */
+ * a training epoch by -5..+5 % (the hand-over, and a core taken from the
+ * step's pool); PNG ones in about 13 us, and a thread made the epoch
+ * 1.09-2.05x faster.  So no thread where it would not pay. */
 #define DECIDE_RECORDS 256
 #define THREAD_MIN_S 4e-6
 
@@ -44,7 +45,7 @@ struct dp_stream {
     uint32_t read_n;      /* and count */
     uint32_t records; /* this shard's, one epoch */
     uint32_t dim;
-    size_t vsize, stride; /* bytes of a record's features; a slot's, aligned */
+    size_t stride;        /* bytes of a slot's features, aligned */
 
     /* the memory: slots, rings, window, file lists, the reserve for a reader */
     uint8_t *feat;    /* (slots, stride) */
@@ -53,7 +54,7 @@ struct dp_stream {
     uint32_t window, queue;
     size_t alloc_bytes, reserve, bound;
 
-    /* the shard's files, in name order, and this epoch's order of them */
+    /* the shard's files, in name order, and the reader's epoch's order */
     uint32_t *files, *order, nf;
 
     /* reader side: touched by the reader thread only while it runs */
@@ -644,7 +645,6 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     s->deciding = deciding;
     s->records = records;
     s->dim = src->shape.dim;
-    s->vsize = dp_value_size(src->shape.kind);
     s->stride = stride;
     s->window = (uint32_t)window;
     s->queue = queue;
