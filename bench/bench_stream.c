@@ -4,7 +4,9 @@
  * TensorFlow Datasets stores MNIST, written to a temporary directory) under a memory bound a sixteenth of its size, with a consumer
  * that does nothing, or an SGD step of mlp-128 or mlp-300-100 per batch.
  * The rule the default follows: no thread where it makes a run slower than
- * the same work inline.  Prints the median epoch time of each.
+ * the same work inline.  Prints the median time of a second epoch (whose
+ * reading the thread began during the first) and how long the second
+ * epoch's first batch waited.
  *
  *   bench_stream [--records N] [--repeats R] [--batch B] [--png 1] [--threads T]
  *   (T: the arithmetic pool's threads, blas.h; default OpenBLAS's count) */
@@ -76,9 +78,11 @@ static int write_files(const char *dir, uint32_t records, int png, dp_err *err)
     return 0;
 }
 
-/* One epoch: seconds, or -1. */
+/* Two epochs of one stream: the second's seconds (the steady state: its
+ * reading began during the first), or -1; *first_wait the seconds its first
+ * batch took, from the epoch's start (the window's fill). */
 static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_optim *o, int batch,
-                    float *x, uint8_t *y, int *threaded, dp_err *err)
+                    float *x, uint8_t *y, int *threaded, double *first_wait, dp_err *err)
 {
     if (mode)
         setenv("DOWNPOUR_STREAM_READER", mode, 1);
@@ -87,15 +91,21 @@ static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_opt
     dp_stream *s;
     if (dp_stream_open(&s, split, DP_SHARD_OFF, 0, 1, 1, 1, batch, err) < 0)
         return -1;
-    double t0 = dp_now();
-    int n;
-    if (dp_stream_start_epoch(s, 0, err) < 0)
-        n = -1;
-    else
-        while ((n = dp_stream_next(s, x, y, batch, err)) > 0)
-            if (m)
-                dp_model_train_step(m, o, x, y, n, 0.01f, NULL);
-    double t = dp_now() - t0;
+    double t = 0, t0;
+    int n = 0;
+    for (long e = 0; e < 2 && n >= 0; e++) {
+        t0 = dp_now();
+        if (dp_stream_start_epoch(s, e, err) < 0)
+            n = -1;
+        else
+            for (long k = 0; (n = dp_stream_next(s, x, y, batch, err)) > 0; k++) {
+                if (k == 0)
+                    *first_wait = dp_now() - t0;
+                if (m)
+                    dp_model_train_step(m, o, x, y, n, 0.01f, NULL);
+            }
+        t = dp_now() - t0;
+    }
     *threaded = dp_stream_threaded(s);
     dp_stream_close(s);
     return n < 0 ? -1 : t;
@@ -140,8 +150,8 @@ int main(int argc, char **argv)
     printf("%u records of %d bytes (%s) in %d TFRecord files, bound %zu bytes, batch %ld, %d "
            "pool threads, median of %ld epochs\n", n, DIM, png ? "PNG" : "raw", FILES, src.memory,
            batch, dp_blas_threads(), repeats);
-    printf("%-16s %10s %10s %8s %10s %s\n", "consumer", "thread s", "inline s", "ratio",
-           "default s", "(its choice)");
+    printf("%-16s %10s %10s %8s %10s %-12s %s\n", "consumer", "thread s", "inline s", "ratio",
+           "default s", "(its choice)", "first batch ms: thread, inline");
     const char *specs[] = {NULL, "784-128-10", "784-300-100-10"};
     for (int k = 0; k < 3; k++) {
         dp_model m;
@@ -153,17 +163,18 @@ int main(int argc, char **argv)
         if (specs[k])
             dp_model_init_params(&m, 1);
         static const char *modes[3] = {"thread", "inline", NULL};
-        double t[3][15];
+        double t[3][15], w[3][15];
         int threaded = 0;
         for (long r = 0; r < repeats; r++)
             for (int mode = 0; mode < 3; mode++) /* interleaved: drift hits all alike */
                 if ((t[mode][r] = epoch(&split, modes[mode], specs[k] ? &m : NULL, &o, (int)batch,
-                                        x, y, &threaded, &err)) < 0)
+                                        x, y, &threaded, &w[mode][r], &err)) < 0)
                     return fprintf(stderr, "%s\n", err.msg), 1;
         double th = bench_median(t[0], (int)repeats), in = bench_median(t[1], (int)repeats);
         double au = bench_median(t[2], (int)repeats);
-        printf("%-16s %10.3f %10.3f %8.2f %10.3f %s\n", specs[k] ? specs[k] : "none", th, in,
-               in / th, au, threaded ? "thread" : "inline");
+        printf("%-16s %10.3f %10.3f %8.2f %10.3f %-12s %.1f, %.1f\n",
+               specs[k] ? specs[k] : "none", th, in, in / th, au, threaded ? "thread" : "inline",
+               1e3 * bench_median(w[0], (int)repeats), 1e3 * bench_median(w[1], (int)repeats));
         if (specs[k]) {
             dp_model_free(&m);
             dp_optim_free(&o);

@@ -2,7 +2,8 @@
  * bytes than the stream's memory bound are walked, with the reader thread
  * and inline, and every epoch gives every record of the split exactly once
  * (the split ends inside the last file), in an order fixed by (seed, epoch)
- * alone; DATA and FILE shards together give it exactly once too, and FILE
+ * alone, whether the epoch follows one the reader read on from or starts
+ * afresh; DATA and FILE shards together give it exactly once too, and FILE
  * with fewer files than workers is refused; a window of 1 is file order;
  * a seek continues as the uninterrupted epoch; the stream's peak bytes stay
  * under the bound, which stays under the dataset's bytes; a record damaged
@@ -244,6 +245,15 @@ static void test_epochs(const ds *d, const char *mode)
         CHECKF(n == N - pos[t] && memcmp(c, b2 + pos[t], sizeof(uint32_t) * n) == 0,
                "%s: seek to %u continues the epoch", mode, pos[t]);
     }
+    /* epoch 0 read through but its window not drained: epoch 1 (which the
+     * reader has gone on into) is still the whole epoch, in its order */
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    for (int k = 0; k < (N - 5) / 5; k++)
+        REQUIRE(dp_stream_next(s, xb, yb, 5, &err) == 5);
+    CHECK(epoch_ids(s, 1, c, 32) == N && memcmp(c, b2, sizeof(uint32_t) * N) == 0);
+    CHECK(epoch_ids(s, 2, c, 32) == N && exactly_once(c, N, N));
+    CHECK(epoch_ids(s, 1, c, 32) == N && memcmp(c, b2, sizeof(uint32_t) * N) == 0);
     dp_stream_close(s);
 
     /* another seed: another order */

@@ -68,7 +68,10 @@ uint32_t dp_stream_records(const dp_stream *s);
 int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k, int w,
                             uint32_t *n, dp_err *err);
 
-/* Starts epoch `epoch` (0-based), ending the last one's reading. */
+/* Starts epoch `epoch` (0-based).  When it follows an epoch read through,
+ * the reader thread has already gone on into it (docs/datasets.md,
+ * "Streaming"); otherwise the last one's reading ends and this one's
+ * starts. */
 int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err);
 
 /* The next batch into x (batch, dim) (bytes scaled by 1/255, floats as they

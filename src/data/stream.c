@@ -1,8 +1,9 @@
 /* Streaming a shard's training records from their files (stream.h,
  * docs/datasets.md "Streaming").
  *
- * Threads: one reader thread per epoch (or none: the consumer reads inline)
- * fills record slots; the consumer (dp_stream_next) owns the window.  The
+ * Threads: one reader thread (or none: the consumer reads inline) fills
+ * record slots, going on from one epoch into the next; the consumer
+ * (dp_stream_next) owns the window.  The
  * slots form one pool of window + queue records allocated at open: a slot is
  * free (the reader may decode into it), full (decoded, waiting in the
  * queue) or in the window.  Two rings of slot ids under one mutex pass them
@@ -24,9 +25,9 @@
  * to a thread if a record took at least THREAD_MIN_S to read and the
  * machine has two cores.  bench/bench_stream measured (docs/benchmarks.md,
  * "Streaming"): raw 28x28 records read in about 1 us, and a thread changed
- * a training epoch by -6..+3 % (noise, and a core shared with the step's
- * pool); PNG ones in about 15 us, and a thread made the epoch 1.05-1.6x
- * faster.  So no thread where it would not pay. */
+ * a training epoch by -5..+5 % (the hand-over, and a core taken from the
+ * step's pool); PNG ones in about 13 us, and a thread made the epoch
+ * 1.09-2.05x faster.  So no thread where it would not pay. */
 #define DECIDE_RECORDS 256
 #define THREAD_MIN_S 4e-6
 
@@ -44,7 +45,7 @@ struct dp_stream {
     uint32_t read_n;      /* and count */
     uint32_t records; /* this shard's, one epoch */
     uint32_t dim;
-    size_t vsize, stride; /* bytes of a record's features; a slot's, aligned */
+    size_t stride;        /* bytes of a slot's features, aligned */
 
     /* the memory: slots, rings, window, file lists, the reserve for a reader */
     uint8_t *feat;    /* (slots, stride) */
@@ -53,10 +54,11 @@ struct dp_stream {
     uint32_t window, queue;
     size_t alloc_bytes, reserve, bound;
 
-    /* the shard's files, in name order, and this epoch's order of them */
+    /* the shard's files, in name order, and the reader's epoch's order */
     uint32_t *files, *order, nf;
 
     /* reader side: touched by the reader thread only while it runs */
+    long rd_epoch;         /* the epoch the reader walks (one ahead at most) */
     uint32_t fi;           /* next position in order */
     dp_record_reader *rd;  /* the open file, or NULL */
     uint64_t left, gap;    /* records of the file's split part still ahead; to skip first */
@@ -78,9 +80,10 @@ struct dp_stream {
 
     /* consumer side */
     uint32_t *win, count; /* slot ids in the window */
+    uint32_t taken;       /* records this epoch took from the reader */
     int filled, input_done, started, failed;
     uint32_t pos;
-    long epoch;
+    long epoch;           /* the consumer's; the reader reads it under mu */
     dp_rng rng;
     dp_err ferr; /* a failed epoch's message, returned again until the next start */
 };
@@ -180,6 +183,21 @@ static size_t reader_reserve(dp_data_format f, size_t rec, uint32_t dim)
     }
 }
 
+/* The reader's walk set to the start of epoch e: its files' order, from
+ * (seed, e) alone (a generator apart from the window's draws, so the reader
+ * can set it up while the consumer still draws from the last epoch). */
+static void walk_epoch(dp_stream *s, long e)
+{
+    s->rd_epoch = e;
+    s->fi = 0;
+    memcpy(s->order, s->files, (size_t)s->nf * sizeof *s->order);
+    if (s->shuffle) {
+        dp_rng r;
+        dp_rng_seed(&r, dp_data_epoch_seed(~s->seed, e));
+        dp_rng_shuffle(&r, s->order, s->nf);
+    }
+}
+
 static int reader_open_next(dp_stream *s, dp_err *err)
 {
     const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
@@ -258,6 +276,10 @@ static uint32_t ring_pop(const uint32_t *ring, uint32_t cap, uint32_t *head, uin
     return id;
 }
 
+/* The reader thread.  At the end of an epoch's files it goes straight on to
+ * the next epoch's (the usual next call is its start), filling the slots the
+ * draining window frees, so the next window is full before it is asked for;
+ * but it never gets more than one epoch ahead of the consumer. */
 static void *reader_main(void *arg)
 {
     dp_stream *s = arg;
@@ -286,17 +308,28 @@ static void *reader_main(void *arg)
             s->reader_peak = rb;
         if (rc == 1) {
             ring_push(s->full_ring, s->slots, s->full_head, &s->full_n, id);
-        } else {
-            ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
-            s->state = rc == 0 ? ST_END : ST_ERROR;
-            if (rc < 0)
-                s->rerr = e;
+            if (s->take_want && s->full_n >= s->take_want)
+                pthread_cond_signal(&s->can_take);
+            pthread_mutex_unlock(&s->mu);
+            continue;
         }
-        if (s->take_want && (s->full_n >= s->take_want || rc != 1))
-            pthread_cond_signal(&s->can_take);
-        pthread_mutex_unlock(&s->mu);
-        if (rc != 1)
+        ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, id);
+        pthread_cond_signal(&s->can_take);
+        if (rc < 0) {
+            s->state = ST_ERROR;
+            s->rerr = e;
+            pthread_mutex_unlock(&s->mu);
             return NULL;
+        }
+        while (s->rd_epoch > s->epoch && !s->stop) /* one epoch ahead already */
+            pthread_cond_wait(&s->can_read, &s->mu);
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        long next = s->rd_epoch + 1;
+        pthread_mutex_unlock(&s->mu);
+        walk_epoch(s, next);
     }
 }
 
@@ -313,6 +346,8 @@ static int start_reader(dp_stream *s, dp_err *err)
 /* The next record read, as a slot id: 1, 0 at the end, -1 with err. */
 static int take(dp_stream *s, uint32_t *id, dp_err *err)
 {
+    if (s->taken == s->records) /* the epoch's records all read (files checked as counted) */
+        return 0;
     if (!s->threaded) {
         if (s->state == ST_END)
             return 0;
@@ -325,7 +360,10 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
         if (rc != 1) {
             ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, *id);
             s->state = rc == 0 ? ST_END : ST_ERROR;
-        } else if (s->deciding) {
+            return rc;
+        }
+        s->taken++;
+        if (s->deciding) {
             s->read_s += dp_now() - t0;
             if (++s->read_n == DECIDE_RECORDS) {
                 s->deciding = 0;
@@ -335,19 +373,21 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
                     s->threaded = 1;
             }
         }
-        return rc;
+        return 1;
     }
     pthread_mutex_lock(&s->mu);
     if (s->full_n == 0 && s->state == ST_READING) {
-        s->take_want = s->queue / 2 ? s->queue / 2 : 1;
+        uint32_t half = s->queue / 2 ? s->queue / 2 : 1, left = s->records - s->taken;
+        s->take_want = half < left ? half : left; /* never more than the epoch has left */
         while (s->full_n < s->take_want && s->state == ST_READING)
             pthread_cond_wait(&s->can_take, &s->mu);
         s->take_want = 0;
     }
     int rc = 1;
-    if (s->full_n)
+    if (s->full_n) {
         *id = ring_pop(s->full_ring, s->slots, &s->full_head, &s->full_n);
-    else if (s->state == ST_END)
+        s->taken++;
+    } else if (s->state == ST_END)
         rc = 0;
     else {
         rc = -1;
@@ -454,15 +494,26 @@ static int next_record(dp_stream *s, float *x, uint8_t *y, dp_err *err)
 
 int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err)
 {
+    dp_rng_seed(&s->rng, dp_data_epoch_seed(s->seed, epoch));
+    if (s->running && !s->failed && epoch == s->epoch + 1 && s->taken == s->records) {
+        /* The usual case: the last epoch was read through, and the reader
+         * went on into this one.  Its records wait in the queue in order;
+         * what the window still held of the last epoch is dropped. */
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 0; i < s->count; i++)
+            ring_push(s->free_ring, s->slots, s->free_head, &s->free_n, s->win[i]);
+        s->epoch = epoch;
+        pthread_cond_broadcast(&s->can_read);
+        pthread_mutex_unlock(&s->mu);
+        s->count = s->taken = s->pos = 0;
+        s->filled = s->input_done = 0;
+        return 0;
+    }
     stop_reading(s);
     s->failed = 0;
-    s->pos = 0;
+    s->pos = s->taken = 0;
     s->epoch = epoch;
-    s->fi = 0;
-    dp_rng_seed(&s->rng, dp_data_epoch_seed(s->seed, epoch));
-    memcpy(s->order, s->files, (size_t)s->nf * sizeof *s->order);
-    if (s->shuffle)
-        dp_rng_shuffle(&s->rng, s->order, s->nf);
+    walk_epoch(s, epoch);
     s->started = 1;
     dp_err m;
     if (s->threaded && start_reader(s, &m) < 0)
@@ -594,7 +645,6 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     s->deciding = deciding;
     s->records = records;
     s->dim = src->shape.dim;
-    s->vsize = dp_value_size(src->shape.kind);
     s->stride = stride;
     s->window = (uint32_t)window;
     s->queue = queue;
