@@ -114,3 +114,43 @@ int dp_cache_lock(const char *cache)
     }
     return fd;
 }
+
+int dp_cache_find(const char *primary, const char *fallback, dp_cache_try_fn try_cache, void *ctx,
+                  char *found, size_t cap, int *lock)
+{
+    char why[600];
+    *lock = -1;
+    if (fallback[0]) {
+        dp_cache_state st = try_cache(ctx, fallback, why, sizeof why);
+        if (st == DP_CACHE_OK) {
+            dp_cache_fmt(found, cap, "%s", fallback);
+            return 1;
+        }
+        /* Read-only here: it cannot be replaced, so the primary one is used. */
+        if (st == DP_CACHE_CORRUPT)
+            dp_warn("dataset cache %s is unusable (%s); using %s instead", fallback, why,
+                    primary[0] ? primary : "the decoded sources");
+    }
+    if (!primary[0])
+        return 0;
+    dp_cache_state st = try_cache(ctx, primary, why, sizeof why);
+    if (st != DP_CACHE_OK) {
+        /* Without a lock (a filesystem that refuses flock) racing builders
+         * are still safe: each publishes a whole file atomically. */
+        *lock = dp_cache_lock(primary);
+        if (*lock >= 0)
+            st = try_cache(ctx, primary, why, sizeof why);
+    }
+    if (st == DP_CACHE_OK) {
+        if (*lock >= 0)
+            close(*lock);
+        *lock = -1;
+        dp_cache_fmt(found, cap, "%s", primary);
+        return 1;
+    }
+    if (st == DP_CACHE_STALE)
+        dp_info("dataset cache %s is out of date (%s); rebuilding", primary, why);
+    else if (st == DP_CACHE_CORRUPT)
+        dp_warn("dataset cache %s is unusable (%s); rebuilding", primary, why);
+    return 0;
+}

@@ -55,4 +55,25 @@ void dp_cache_paths(const char *data_dir, const char *in_dir_name, const char *s
  * still safe: each publishes a whole file atomically). */
 int dp_cache_lock(const char *cache);
 
+/* What a check of a cache file found. */
+typedef enum dp_cache_state {
+    DP_CACHE_OK,
+    DP_CACHE_ABSENT,
+    DP_CACHE_STALE,  /* its sources changed: rebuilt quietly */
+    DP_CACHE_CORRUPT /* a check failed: rebuilt with a warning */
+} dp_cache_state;
+
+/* Checks the cache at path; on DP_CACHE_OK the caller's ctx holds it open,
+ * otherwise why says what is wrong. */
+typedef dp_cache_state (*dp_cache_try_fn)(void *ctx, const char *path, char *why, size_t whylen);
+
+/* Finds a valid cache, both formats alike: the read-only fallback first,
+ * then the primary, queuing on the primary's lock before a second look when
+ * it is not valid, so processes started together decode once (the ones that
+ * waited find the new cache).  1: found, its path in found; 0: the caller
+ * builds and publishes at primary (if any), then closes *lock (-1 when no
+ * lock was had).  A cache passed over is named with the reason. */
+int dp_cache_find(const char *primary, const char *fallback, dp_cache_try_fn try_cache, void *ctx,
+                  char *found, size_t cap, int *lock);
+
 #endif

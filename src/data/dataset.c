@@ -75,7 +75,6 @@ typedef struct src_file {
     uint64_t size, mtime_ns, ino;
 } src_file;
 
-typedef enum cache_state { CACHE_OK, CACHE_ABSENT, CACHE_STALE, CACHE_CORRUPT } cache_state;
 
 /* ---- little helpers ---- */
 
@@ -235,18 +234,18 @@ static int check_payload(const uint8_t *base, const uint8_t *h, uint32_t n_train
     return 0;
 }
 
-/* Opens and checks the cache at path; on CACHE_OK, ds holds the mapping. */
-static cache_state try_cache(dp_dataset *ds, const char *path, const src_file src[SRC_COUNT],
+/* Opens and checks the cache at path; on DP_CACHE_OK, ds holds the mapping. */
+static dp_cache_state try_cache(dp_dataset *ds, const char *path, const src_file src[SRC_COUNT],
                              uint64_t dir_hash, uint32_t want_classes, char *why, size_t whylen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
-            return CACHE_ABSENT;
+            return DP_CACHE_ABSENT;
         dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
-        return CACHE_CORRUPT;
+        return DP_CACHE_CORRUPT;
     }
-    cache_state st = CACHE_CORRUPT;
+    dp_cache_state st = DP_CACHE_CORRUPT;
     struct stat fs;
     uint8_t h[CACHE_HDR_USED];
     if (fstat(fd, &fs) != 0) {
@@ -264,7 +263,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
     }
     if (dp_get32(h + 8) != CACHE_VERSION) {
         dp_cache_fmt(why, whylen, "format version %u, expected %u", dp_get32(h + 8), CACHE_VERSION);
-        st = CACHE_STALE;
+        st = DP_CACHE_STALE;
         goto done;
     }
     if (dp_get32(h + CACHE_HDR_CRC_AT) != crc_of(h, CACHE_HDR_CRC_AT)) {
@@ -284,7 +283,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
                  (long long)fs.st_size, (unsigned long long)(CACHE_PAYLOAD_OFF + len));
         goto done;
     }
-    st = CACHE_STALE;
+    st = DP_CACHE_STALE;
     if (dp_get64(h + 48) != dir_hash) {
         dp_cache_fmt(why, whylen, "it was built from another directory");
         goto done;
@@ -301,7 +300,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
         dp_cache_fmt(why, whylen, "it has %u classes, expected %u", classes, want_classes);
         goto done;
     }
-    st = CACHE_CORRUPT;
+    st = DP_CACHE_CORRUPT;
     size_t map_len = (size_t)fs.st_size;
     /* Populated at once: the checksum reads every page anyway, and one call
      * costs less than a fault per page. */
@@ -328,7 +327,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_file sr
     }
     ds->map = map;
     ds->map_len = map_len;
-    st = CACHE_OK;
+    st = DP_CACHE_OK;
 done:
     close(fd);
     return st;
@@ -509,6 +508,21 @@ static void cache_paths(const dp_dataset *ds, const char *abs_dir, uint64_t dir_
     dp_cache_paths(ds->dir, in_dir, shared, primary, fallback, cap);
 }
 
+
+/* try_cache as dp_cache_find calls it. */
+typedef struct idx_try {
+    dp_dataset *ds;
+    const src_file *src;
+    uint64_t dir_hash;
+    uint32_t want_classes;
+} idx_try;
+
+static dp_cache_state idx_try_cache(void *ctx, const char *path, char *why, size_t whylen)
+{
+    idx_try *t = ctx;
+    return try_cache(t->ds, path, t->src, t->dir_hash, t->want_classes, why, whylen);
+}
+
 /* ---- public ---- */
 
 static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
@@ -541,42 +555,12 @@ static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
     cache_paths(ds, abs, dir_hash, primary, fallback, sizeof primary);
     free(abs);
 
-    uint32_t want_classes = k ? KNOWN_CLASSES : 0;
+    idx_try ctx = {ds, src, dir_hash, k ? KNOWN_CLASSES : 0};
+    int lock;
+    if (dp_cache_find(primary, fallback, idx_try_cache, &ctx, ds->cache_path,
+                      sizeof ds->cache_path, &lock))
+        return 0;
     char why[600];
-    if (fallback[0]) {
-        cache_state st = try_cache(ds, fallback, src, dir_hash, want_classes, why, sizeof why);
-        if (st == CACHE_OK) {
-            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", fallback);
-            return 0;
-        }
-        /* Read-only here: it cannot be replaced, so the primary one is used. */
-        if (st == CACHE_CORRUPT)
-            dp_warn("dataset cache %s is unusable (%s); using %s instead", fallback, why,
-                    primary[0] ? primary : "the decoded sources");
-    }
-    int lock = -1;
-    if (primary[0]) {
-        cache_state st = try_cache(ds, primary, src, dir_hash, want_classes, why, sizeof why);
-        if (st != CACHE_OK) {
-            /* Builders queue on a lock so a local cluster decodes once; the
-             * ones that waited find the new cache.  Without a lock (e.g. a
-             * filesystem that refuses flock) racing builders are still safe. */
-            lock = dp_cache_lock(primary);
-            if (lock >= 0)
-                st = try_cache(ds, primary, src, dir_hash, want_classes, why, sizeof why);
-        }
-        if (st == CACHE_OK) {
-            if (lock >= 0)
-                close(lock);
-            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", primary);
-            return 0;
-        }
-        if (st == CACHE_STALE)
-            dp_info("dataset cache %s is out of date (%s); rebuilding", primary, why);
-        else if (st == CACHE_CORRUPT)
-            dp_warn("dataset cache %s is unusable (%s); rebuilding", primary, why);
-    }
-
     double t0 = dp_now();
     uint8_t *img;
     size_t len;

@@ -63,7 +63,6 @@ enum { SEC_TRAIN_VALUES, SEC_TEST_VALUES, SEC_TRAIN_LABELS, SEC_TEST_LABELS, SEC
 static const char *const section_names[SEC_COUNT] = {"train values", "test values",
                                                        "train labels", "test labels"};
 
-typedef enum cache_state { CACHE_OK, CACHE_ABSENT, CACHE_STALE, CACHE_CORRUPT } cache_state;
 
 struct dp_val_buffer {
     void *mem;
@@ -305,18 +304,18 @@ static void fill_views(dp_dataset *ds, const uint8_t *base, const layout *L)
 /* Checks the cache at path against the sources (and, with map, maps it and
  * checks its payload and labels, filling ds's views).  records gets each
  * file's count. */
-static cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *src,
+static dp_cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *src,
                              uint64_t key, uint32_t max_classes, int map, layout *L,
                              uint64_t *records, char *why, size_t whylen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
-            return CACHE_ABSENT;
+            return DP_CACHE_ABSENT;
         dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
-        return CACHE_CORRUPT;
+        return DP_CACHE_CORRUPT;
     }
-    cache_state st = CACHE_CORRUPT;
+    dp_cache_state st = DP_CACHE_CORRUPT;
     uint8_t *h = NULL;
     struct stat fs;
     uint8_t fixed[HDR_FIXED];
@@ -336,7 +335,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *
     if (dp_get32(fixed + 8) != CACHE_VERSION) {
         dp_cache_fmt(why, whylen, "format version %u, expected %u", dp_get32(fixed + 8),
                      CACHE_VERSION);
-        st = CACHE_STALE;
+        st = DP_CACHE_STALE;
         goto done;
     }
     memset(L, 0, sizeof *L);
@@ -388,7 +387,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *
         dp_cache_fmt(why, whylen, "its files' record counts do not add up to its splits'");
         goto done;
     }
-    st = CACHE_STALE;
+    st = DP_CACHE_STALE;
     if (dp_get64(h + 80) != key) {
         dp_cache_fmt(why, whylen, "it was built from another spec or other options");
         goto done;
@@ -416,9 +415,9 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *
                      max_classes);
         goto done;
     }
-    st = CACHE_CORRUPT;
+    st = DP_CACHE_CORRUPT;
     if (!map) {
-        st = CACHE_OK;
+        st = DP_CACHE_OK;
         goto done;
     }
     size_t map_len = (size_t)fs.st_size;
@@ -460,7 +459,7 @@ static cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *
     ds->map_len = map_len;
     ds->classes = L->classes;
     fill_views(ds, m, L);
-    st = CACHE_OK;
+    st = DP_CACHE_OK;
 done:
     free(h);
     close(fd);
@@ -764,48 +763,35 @@ static void report(const dp_dataset *ds, const dp_dataset_options *o, int reused
             shape_text(c, sizeof c, &ds->files.shape), how);
 }
 
+
+/* try_cache as dp_cache_find calls it: mapped, counts kept. */
+typedef struct files_try {
+    dp_dataset *ds;
+    const src_entry *src;
+    uint64_t key;
+    uint32_t max_classes;
+    uint64_t *records;
+} files_try;
+
+static dp_cache_state files_try_cache(void *ctx, const char *path, char *why, size_t whylen)
+{
+    files_try *t = ctx;
+    layout L;
+    return try_cache(t->ds, path, t->src, t->key, t->max_classes, 1, &L, t->records, why, whylen);
+}
+
 /* ---- the two ways to hold a dataset ---- */
 
 static int open_cached(dp_dataset *ds, const char *primary, const char *fallback, uint64_t key,
                        const src_entry *src, uint64_t *records, int *reused, dp_err *err)
 {
     uint32_t max_classes = ds->stream_source->opt.classes ? ds->stream_source->opt.classes : 256;
-    char why[600];
-    layout L;
+    files_try ctx = {ds, src, key, max_classes, records};
+    int lock;
     *reused = 1;
-    if (fallback[0]) {
-        cache_state st = try_cache(ds, fallback, src, key, max_classes, 1, &L, records, why,
-                                   sizeof why);
-        if (st == CACHE_OK) {
-            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", fallback);
-            return 0;
-        }
-        if (st == CACHE_CORRUPT)
-            dp_warn("dataset cache %s is unusable (%s); using %s instead", fallback, why,
-                    primary[0] ? primary : "the decoded sources");
-    }
-    int lock = -1;
-    if (primary[0]) {
-        cache_state st = try_cache(ds, primary, src, key, max_classes, 1, &L, records, why,
-                                   sizeof why);
-        if (st != CACHE_OK) {
-            /* Builders queue so a local cluster decodes once (dataset.c). */
-            lock = dp_cache_lock(primary);
-            if (lock >= 0)
-                st = try_cache(ds, primary, src, key, max_classes, 1, &L, records, why,
-                               sizeof why);
-        }
-        if (st == CACHE_OK) {
-            if (lock >= 0)
-                close(lock);
-            snprintf(ds->cache_path, sizeof ds->cache_path, "%s", primary);
-            return 0;
-        }
-        if (st == CACHE_STALE)
-            dp_info("dataset cache %s is out of date (%s); rebuilding", primary, why);
-        else if (st == CACHE_CORRUPT)
-            dp_warn("dataset cache %s is unusable (%s); rebuilding", primary, why);
-    }
+    if (dp_cache_find(primary, fallback, files_try_cache, &ctx, ds->cache_path,
+                      sizeof ds->cache_path, &lock))
+        return 0;
     *reused = 0;
     int rc = build_cache(ds, primary, key, src, err);
     if (lock >= 0)
@@ -904,7 +890,7 @@ int dp_dataset_files_open(dp_dataset *ds, const char *spec, const dp_dataset_opt
     for (int i = 0; i < 2 && !ds->files.counted; i++)
         if (at[i][0] && n <= MAX_FILES &&
             try_cache(ds, at[i], src, key, max_classes, 0, &L, records, why, sizeof why) ==
-                CACHE_OK)
+                DP_CACHE_OK)
             counts_from(ds, &L, records);
     if (!ds->files.counted && dp_data_files_count(&ds->files, &ds->stream_source->opt, err) < 0)
         goto done;
