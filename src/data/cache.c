@@ -154,3 +154,21 @@ int dp_cache_find(const char *primary, const char *fallback, dp_cache_try_fn try
         dp_warn("dataset cache %s is unusable (%s); rebuilding", primary, why);
     return 0;
 }
+
+dp_cache_state dp_cache_open(const char *path, int *fd, struct stat *st, char *why, size_t whylen)
+{
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        if (errno == ENOENT)
+            return DP_CACHE_ABSENT;
+        dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
+        return DP_CACHE_CORRUPT;
+    }
+    if (fstat(*fd, st) != 0) {
+        dp_cache_fmt(why, whylen, "cannot stat it: %s", strerror(errno));
+        close(*fd);
+        *fd = -1;
+        return DP_CACHE_CORRUPT;
+    }
+    return DP_CACHE_OK;
+}

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #define DP_CACHE_MAGIC "DPCACHE\x1a"
 #define DP_CACHE_HASH_SEED 0xcbf29ce484222325ULL /* FNV-1a's offset basis */
@@ -62,6 +63,10 @@ typedef enum dp_cache_state {
     DP_CACHE_STALE,  /* its sources changed: rebuilt quietly */
     DP_CACHE_CORRUPT /* a check failed: rebuilt with a warning */
 } dp_cache_state;
+
+/* Opens the cache file at path read-only and stats it: DP_CACHE_OK with *fd
+ * open, DP_CACHE_ABSENT when there is none, DP_CACHE_CORRUPT with why. */
+dp_cache_state dp_cache_open(const char *path, int *fd, struct stat *st, char *why, size_t whylen);
 
 /* Checks the cache at path; on DP_CACHE_OK the caller's ctx holds it open,
  * otherwise why says what is wrong. */

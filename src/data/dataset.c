@@ -236,22 +236,15 @@ static int check_payload(const uint8_t *base, const uint8_t *h, uint32_t n_train
 
 /* Opens and checks the cache at path; on DP_CACHE_OK, ds holds the mapping. */
 static dp_cache_state try_cache(dp_dataset *ds, const char *path, const src_file src[SRC_COUNT],
-                             uint64_t dir_hash, uint32_t want_classes, char *why, size_t whylen)
+                                uint64_t dir_hash, uint32_t want_classes, char *why, size_t whylen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return DP_CACHE_ABSENT;
-        dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
-        return DP_CACHE_CORRUPT;
-    }
-    dp_cache_state st = DP_CACHE_CORRUPT;
+    int fd;
     struct stat fs;
+    dp_cache_state st = dp_cache_open(path, &fd, &fs, why, whylen);
+    if (st != DP_CACHE_OK)
+        return st;
+    st = DP_CACHE_CORRUPT;
     uint8_t h[CACHE_HDR_USED];
-    if (fstat(fd, &fs) != 0) {
-        dp_cache_fmt(why, whylen, "cannot stat it: %s", strerror(errno));
-        goto done;
-    }
     ssize_t r = pread(fd, h, sizeof h, 0);
     if (r != (ssize_t)sizeof h) {
         dp_cache_fmt(why, whylen, "header is truncated (the file is %lld bytes)", (long long)fs.st_size);

@@ -305,24 +305,17 @@ static void fill_views(dp_dataset *ds, const uint8_t *base, const layout *L)
  * checks its payload and labels, filling ds's views).  records gets each
  * file's count. */
 static dp_cache_state try_cache(dp_dataset *ds, const char *path, const src_entry *src,
-                             uint64_t key, uint32_t max_classes, int map, layout *L,
-                             uint64_t *records, char *why, size_t whylen)
+                                uint64_t key, uint32_t max_classes, int map, layout *L,
+                                uint64_t *records, char *why, size_t whylen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return DP_CACHE_ABSENT;
-        dp_cache_fmt(why, whylen, "cannot open it: %s", strerror(errno));
-        return DP_CACHE_CORRUPT;
-    }
-    dp_cache_state st = DP_CACHE_CORRUPT;
-    uint8_t *h = NULL;
+    int fd;
     struct stat fs;
+    dp_cache_state st = dp_cache_open(path, &fd, &fs, why, whylen);
+    if (st != DP_CACHE_OK)
+        return st;
+    st = DP_CACHE_CORRUPT;
+    uint8_t *h = NULL;
     uint8_t fixed[HDR_FIXED];
-    if (fstat(fd, &fs) != 0) {
-        dp_cache_fmt(why, whylen, "cannot stat it: %s", strerror(errno));
-        goto done;
-    }
     if (pread(fd, fixed, sizeof fixed, 0) != (ssize_t)sizeof fixed) {
         dp_cache_fmt(why, whylen, "header is truncated (the file is %lld bytes)",
                      (long long)fs.st_size);
