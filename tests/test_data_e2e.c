@@ -10,6 +10,7 @@
 #include <math.h>
 #include <sys/stat.h>
 
+#include "bytes.h"
 #include "downpour/dataset.h"
 #include "proc.h"
 
@@ -42,26 +43,14 @@ static void same_figures(const char *what, figures a, figures b)
            a.test, b.test, a.train_loss, b.train_loss);
 }
 
-/* A .npy file of n rows of `row` bytes (dims after the first in shape). */
+/* A .npy file of a C-order array (tests/bytes.h). */
 static void write_npy(const char *path, const char *descr, const char *shape, const void *data,
-                      size_t bytes)
+                      size_t n)
 {
-    char dict[256];
-    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
-                       descr, shape);
-    int total = 10 + len + 1, pad = (64 - total % 64) % 64;
+    bytes b = npy_array(descr, shape, data, n);
     FILE *f = fopen(path, "wb");
-    REQUIRE(f);
-    uint16_t hl = (uint16_t)(len + pad + 1);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    fputc(hl & 0xff, f);
-    fputc(hl >> 8, f);
-    fwrite(dict, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(data, 1, bytes, f);
-    REQUIRE(fclose(f) == 0);
+    REQUIRE(f && fwrite(b.p, 1, b.n, f) == b.n && fclose(f) == 0);
+    free(b.p);
 }
 
 /* Records [lo, lo+n) of a split as CSV: "label,p0,...", each pixel the

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include "bytes.h"
 #include "check.h"
 #include "downpour/example.h"
 #include "downpour/records.h"
@@ -415,48 +416,10 @@ static void test_tfrecord_lists(void)
 
 /* ---- NumPy ---- */
 
-typedef struct bytes {
-    uint8_t *p;
-    size_t n, cap;
-} bytes;
-
-static void put(bytes *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        REQUIRE(b->p != NULL);
-    }
-    if (n)
-        memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-static void put16(bytes *b, uint32_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; put(b, x, 2); }
-static void put32(bytes *b, uint32_t v) { put16(b, v & 0xFFFF); put16(b, v >> 16); }
-
-/* A version 1.0 .npy image: preamble, the dict padded with spaces to a
- * multiple of 64 and ended by '\n' (as numpy writes it), then the data. */
-static bytes npy_make(const char *descr, const char *shape, const void *data, size_t n)
-{
-    char dict[200];
-    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
-             shape);
-    bytes b = {0};
-    size_t hl = strlen(dict) + 1, total = (10 + hl + 63) / 64 * 64;
-    put(&b, "\x93NUMPY\x01\x00", 8);
-    put16(&b, (uint32_t)(total - 10));
-    put(&b, dict, strlen(dict));
-    for (size_t i = 10 + hl; i < total; i++)
-        put(&b, " ", 1);
-    put(&b, "\n", 1);
-    put(&b, data, n);
-    return b;
-}
-
 static void write_npy(const char *name, const char *descr, const char *shape, const void *data,
                       size_t n)
 {
-    bytes b = npy_make(descr, shape, data, n);
+    bytes b = npy_array(descr, shape, data, n);
     write_bytes(path_of(name), b.p, b.n);
     free(b.p);
 }
@@ -620,9 +583,9 @@ static void test_npz(void)
     pixels_of(x, sizeof x, 9);
     for (int i = 0; i < NTR + NTE; i++)
         y[i] = (uint8_t)(9 - i);
-    bytes m[4] = {npy_make("|u1", "(5, 3, 2, 2)", x, NTR * D), npy_make("|u1", "(5,)", y, NTR),
-                  npy_make("|u1", "(2, 3, 2, 2)", x + NTR * D, NTE * D),
-                  npy_make("|u1", "(2,)", y + NTR, NTE)};
+    bytes m[4] = {npy_array("|u1", "(5, 3, 2, 2)", x, NTR * D), npy_array("|u1", "(5,)", y, NTR),
+                  npy_array("|u1", "(2, 3, 2, 2)", x + NTR * D, NTE * D),
+                  npy_array("|u1", "(2,)", y + NTR, NTE)};
     const char *names[4] = {"x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy"};
     write_zip("npz/mnist.npz", names, m, 4);
     CHECK(dp_data_files_match(path_of("npz/mnist.npz")));
