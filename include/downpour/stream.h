@@ -86,6 +86,11 @@ int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err);
 uint32_t dp_stream_window(const dp_stream *s);
 size_t dp_stream_peak_bytes(const dp_stream *s);
 
+/* Records the stream has decoded since it opened (by its reader thread or
+ * inline), counting none it only skipped: what a seek or an epoch cost in
+ * decoding. */
+uint64_t dp_stream_decoded(const dp_stream *s);
+
 /* Whether records are read by a reader thread (1) or inline by
  * dp_stream_next (0).  $DOWNPOUR_STREAM_READER "thread" or "inline" fixes
  * it; otherwise the first records are read inline and timed, and the rest

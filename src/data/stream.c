@@ -75,6 +75,7 @@ struct dp_stream {
     uint32_t *full_ring, full_head, full_n;
     int state, stop;
     size_t reader_peak; /* most bytes a reader has held */
+    uint64_t decoded;   /* records decoded since the open (dp_stream_decoded) */
     pthread_t th;
     int running;
 
@@ -307,6 +308,7 @@ static void *reader_main(void *arg)
         if (rb > s->reader_peak)
             s->reader_peak = rb;
         if (rc == 1) {
+            s->decoded++;
             ring_push(s->full_ring, s->slots, s->full_head, &s->full_n, id);
             if (s->take_want && s->full_n >= s->take_want)
                 pthread_cond_signal(&s->can_take);
@@ -363,6 +365,7 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
             return rc;
         }
         s->taken++;
+        s->decoded++;
         if (s->deciding) {
             s->read_s += dp_now() - t0;
             if (++s->read_n == DECIDE_RECORDS) {
@@ -693,6 +696,16 @@ size_t dp_stream_peak_bytes(const dp_stream *s)
     size_t rb = s->reader_peak;
     pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
     return s->alloc_bytes + rb;
+}
+
+uint64_t dp_stream_decoded(const dp_stream *s)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&s->mu);
+    uint64_t n = s->decoded;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
+    return n;
 }
 
 void dp_stream_close(dp_stream *s)
