@@ -167,8 +167,8 @@ int main(int argc, char **argv)
                   : strcmp(argv[i], "--seek") == 0    ? &seek
                                                       : NULL;
         if (!v || (*v = atol(argv[i + 1])) < 0) {
-            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B] [--png 1] [--threads T] [--seek 1]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B] [--png 1] "
+                    "[--threads T] [--seek 1]\n", argv[0]);
             return 2;
         }
     }
