@@ -5,7 +5,9 @@
  * alone, whether the epoch follows one the reader read on from or starts
  * afresh; DATA and FILE shards together give it exactly once too, and FILE
  * with fewer files than workers is refused; a window of 1 is file order;
- * a seek continues as the uninterrupted epoch; the stream's peak bytes stay
+ * a seek continues as the uninterrupted epoch, decoding at most the window
+ * and queue whatever its place (TFRecord raw and PNG, .npy, CSV, every
+ * policy, thread and inline); the stream's peak bytes stay
  * under the bound, which stays under the dataset's bytes; a record damaged
  * after counting fails the batch naming the file and the record; closing
  * mid-epoch joins the reader.  Float features come through exact.  Through
