@@ -6,10 +6,14 @@
  * The rule the default follows: no thread where it makes a run slower than
  * the same work inline.  Prints the median time of a second epoch (whose
  * reading the thread began during the first) and how long the second
- * epoch's first batch waited.
+ * epoch's first batch waited.  With --seek 1 it times instead what a resumed
+ * run pays before its first step: dp_stream_seek to the middle of an epoch
+ * just started, and the first batch after it, and counts the records
+ * decoded.
  *
- *   bench_stream [--records N] [--repeats R] [--batch B] [--png 1] [--threads T]
+ *   bench_stream [--records N] [--repeats R] [--batch B] [--png 1] [--threads T] [--seek 1]
  *   (T: the arithmetic pool's threads, blas.h; default OpenBLAS's count) */
+#include <inttypes.h>
 #include <png.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -111,19 +115,60 @@ static double epoch(const dp_split *split, const char *mode, dp_model *m, dp_opt
     return n < 0 ? -1 : t;
 }
 
+/* A fresh stream's epoch 1 started and sought to its middle: the seek's
+ * seconds, or -1; *first the first batch's after it, *decoded the records
+ * decoded by both. */
+static double seek_middle(const dp_split *split, const char *mode, int batch, float *x,
+                          uint8_t *y, double *first, uint64_t *decoded, dp_err *err)
+{
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    dp_stream *s;
+    if (dp_stream_open(&s, split, DP_SHARD_OFF, 0, 1, 1, 1, batch, err) < 0)
+        return -1;
+    double t = -1, t0 = dp_now();
+    if (dp_stream_start_epoch(s, 1, err) == 0 && dp_stream_seek(s, split->n / 2, err) == 0) {
+        t = dp_now() - t0;
+        t0 = dp_now();
+        if (dp_stream_next(s, x, y, batch, err) != batch)
+            t = -1;
+        *first = dp_now() - t0;
+    }
+    *decoded = dp_stream_decoded(s);
+    dp_stream_close(s);
+    return t;
+}
+
+static int bench_seek(const dp_split *split, long repeats, int batch, float *x, uint8_t *y,
+                      dp_err *err)
+{
+    printf("%-8s %10s %16s %18s\n", "reader", "seek s", "first batch ms", "records decoded");
+    static const char *modes[2] = {"thread", "inline"};
+    double t[2][15], f[2][15];
+    uint64_t dec[2] = {0, 0};
+    for (long r = 0; r < repeats; r++)
+        for (int m = 0; m < 2; m++)
+            if ((t[m][r] = seek_middle(split, modes[m], batch, x, y, &f[m][r], &dec[m], err)) < 0)
+                return -1;
+    for (int m = 0; m < 2; m++)
+        printf("%-8s %10.4f %16.2f %18" PRIu64 "\n", modes[m], bench_median(t[m], (int)repeats),
+               1e3 * bench_median(f[m], (int)repeats), dec[m]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    long records = 60000, repeats = 5, batch = 128, png = 0, threads = 0;
+    long records = 60000, repeats = 5, batch = 128, png = 0, threads = 0, seek = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         long *v = strcmp(argv[i], "--records") == 0   ? &records
                   : strcmp(argv[i], "--repeats") == 0 ? &repeats
                   : strcmp(argv[i], "--batch") == 0   ? &batch
                   : strcmp(argv[i], "--png") == 0     ? &png
                   : strcmp(argv[i], "--threads") == 0 ? &threads
+                  : strcmp(argv[i], "--seek") == 0    ? &seek
                                                       : NULL;
         if (!v || (*v = atol(argv[i + 1])) < 0) {
-            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B] [--png 1] [--threads T]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--records N] [--repeats R<=15] [--batch B] [--png 1] "
+                    "[--threads T] [--seek 1]\n", argv[0]);
             return 2;
         }
     }
@@ -150,6 +195,12 @@ int main(int argc, char **argv)
     printf("%u records of %d bytes (%s) in %d TFRecord files, bound %zu bytes, batch %ld, %d "
            "pool threads, median of %ld epochs\n", n, DIM, png ? "PNG" : "raw", FILES, src.memory,
            batch, dp_blas_threads(), repeats);
+    int rc = 0;
+    if (seek) {
+        if ((rc = bench_seek(&split, repeats, (int)batch, x, y, &err)) < 0)
+            fprintf(stderr, "%s\n", err.msg);
+        goto done;
+    }
     printf("%-16s %10s %10s %8s %10s %-12s %s\n", "consumer", "thread s", "inline s", "ratio",
            "default s", "(its choice)", "first batch ms: thread, inline");
     const char *specs[] = {NULL, "784-128-10", "784-300-100-10"};
@@ -180,6 +231,7 @@ int main(int argc, char **argv)
             dp_optim_free(&o);
         }
     }
+done:
     for (size_t i = 0; i < files.train.n; i++)
         remove(files.train.files[i].path);
     for (size_t i = 0; i < files.test.n; i++)
@@ -188,5 +240,5 @@ int main(int argc, char **argv)
     dp_data_files_free(&files);
     free(x);
     free(y);
-    return 0;
+    return rc < 0;
 }

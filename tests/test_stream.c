@@ -5,12 +5,15 @@
  * alone, whether the epoch follows one the reader read on from or starts
  * afresh; DATA and FILE shards together give it exactly once too, and FILE
  * with fewer files than workers is refused; a window of 1 is file order;
- * a seek continues as the uninterrupted epoch; the stream's peak bytes stay
+ * a seek continues as the uninterrupted epoch, decoding at most the window
+ * and queue whatever its place (TFRecord raw and PNG, .npy, CSV, every
+ * policy, thread and inline); the stream's peak bytes stay
  * under the bound, which stays under the dataset's bytes; a record damaged
  * after counting fails the batch naming the file and the record; closing
  * mid-epoch joins the reader.  Float features come through exact.  Through
  * the batcher, a small MLP trained on streamed batches ends with the same
  * bits as one trained on the same records gathered from memory. */
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,7 @@
 #include "downpour/example.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
+#include "downpour/png.h"
 #include "downpour/records.h"
 #include "downpour/stream.h"
 #include "downpour/tfrecord.h"
@@ -585,6 +589,184 @@ static void test_csv_npy(void)
     dp_data_files_free(&d.files);
 }
 
+/* ---- seeks decode only the window's records ---- */
+
+/* Two epochs' values and labels in order (the uninterrupted run), and a
+ * seek's rest: sized for the raw dataset's N records of DIM values. */
+static float seek_ref[2][(size_t)N * DIM];
+static uint8_t seek_lab[2][N];
+
+/* The epoch's records, from where the stream is, to its end in batches of
+ * `batch`: whether they are rx/ry's from `from` on, value for value. */
+static int rest_matches(dp_stream *s, const float *rx, const uint8_t *ry, uint32_t from,
+                        uint32_t n, uint32_t dim, int batch)
+{
+    dp_err err;
+    uint32_t at = from;
+    int got, same = 1;
+    while ((got = dp_stream_next(s, xb, yb, batch, &err)) > 0) {
+        if (at + (uint32_t)got > n)
+            return 0;
+        same &= memcmp(xb, rx + (size_t)at * dim, (size_t)got * dim * sizeof(float)) == 0 &&
+                memcmp(yb, ry + at, (size_t)got) == 0;
+        at += (uint32_t)got;
+    }
+    CHECKF(got == 0, "%s", err.msg);
+    return same && got == 0 && at == n;
+}
+
+/* Seeks of streams over d (shard k of w under p, window from d, batches of
+ * `batch`), with the reader thread and inline: a fresh stream started and
+ * sought (a resumed run) to 0, 1, window-1, window, the middle, n-1, n and
+ * past n gives exactly the uninterrupted epoch's rest and then its next
+ * epoch, having decoded no more than the window and queue hold (the old
+ * walk decoded every record before pos: the middle is past that); a stream
+ * already reading seeks back, a little ahead and far ahead exactly too. */
+static void test_seek_exact(const ds *d, dp_shard_policy p, int k, int w, int batch,
+                            const char *what)
+{
+    const char *modes[2] = {"thread", "inline"};
+    const long e = 3;
+    for (int m = 0; m < 2; m++) {
+        setenv("DOWNPOUR_STREAM_READER", modes[m], 1);
+        dp_stream *s = open_ok(d, p, k, w, 77, 1, batch);
+        uint32_t n = dp_stream_records(s), win = dp_stream_window(s), dim = d->split.dim;
+        uint32_t queue = 2 * (uint32_t)batch < n ? 2 * (uint32_t)batch : n;
+        REQUIRE((size_t)n * dim <= (size_t)N * DIM && batch <= 64);
+        CHECKF(n / 2 > win + queue && win > 1, "%s: the middle %u must lie past the window %u "
+               "and queue %u for the decode count to tell", what, n / 2, win, queue);
+        dp_err err;
+        for (int r = 0; r < 2; r++) { /* epochs e and e + 1, the second read ahead */
+            REQUIRE(dp_stream_start_epoch(s, e + r, &err) == 0);
+            uint32_t at = 0;
+            int got;
+            while ((got = dp_stream_next(s, xb, yb, batch, &err)) > 0) {
+                REQUIRE(at + (uint32_t)got <= n);
+                memcpy(seek_ref[r] + (size_t)at * dim, xb, (size_t)got * dim * sizeof(float));
+                memcpy(seek_lab[r] + at, yb, (size_t)got);
+                at += (uint32_t)got;
+            }
+            REQUIRE(got == 0 && at == n);
+        }
+        dp_stream_close(s);
+
+        const uint32_t pos[] = {0, 1, win - 1, win, n / 2, n - 1, n, n + 7};
+        for (size_t t = 0; t < sizeof pos / sizeof *pos; t++) {
+            s = open_ok(d, p, k, w, 77, 1, batch);
+            REQUIRE(dp_stream_start_epoch(s, e, &err) == 0);
+            CHECKF(dp_stream_seek(s, pos[t], &err) == 0, "%s", err.msg);
+            uint64_t decoded = dp_stream_decoded(s);
+            CHECKF(decoded <= win + queue, "%s, %s: a seek to %u decoded %" PRIu64 " records, "
+                   "more than the window %u and queue %u", what, modes[m], pos[t], decoded, win,
+                   queue);
+            uint32_t from = pos[t] < n ? pos[t] : n;
+            CHECKF(rest_matches(s, seek_ref[0], seek_lab[0], from, n, dim, batch),
+                   "%s, %s: a seek to %u continues the epoch", what, modes[m], pos[t]);
+            CHECK(dp_stream_threaded(s) == (m == 0));
+            if (t == 4) { /* the next epoch, which the reader goes on into, as well */
+                REQUIRE(dp_stream_start_epoch(s, e + 1, &err) == 0);
+                CHECKF(rest_matches(s, seek_ref[1], seek_lab[1], 0, n, dim, batch),
+                       "%s, %s: the epoch after a seek", what, modes[m]);
+            }
+            dp_stream_close(s);
+        }
+
+        /* a stream mid-epoch: back, a little ahead (drawn on), far ahead */
+        s = open_ok(d, p, k, w, 77, 1, batch);
+        const uint32_t to[] = {1, (uint32_t)batch + win / 2, n - 2, n / 2};
+        for (size_t t = 0; t < sizeof to / sizeof *to; t++) {
+            REQUIRE(dp_stream_start_epoch(s, e, &err) == 0);
+            REQUIRE(dp_stream_next(s, xb, yb, batch, &err) == batch);
+            if (t == 0)
+                REQUIRE(dp_stream_next(s, xb, yb, batch, &err) == batch);
+            CHECKF(dp_stream_seek(s, to[t], &err) == 0, "%s", err.msg);
+            CHECKF(rest_matches(s, seek_ref[0], seek_lab[0], to[t], n, dim, batch),
+                   "%s, %s: from mid-epoch, a seek to %u", what, modes[m], to[t]);
+        }
+        dp_stream_close(s);
+    }
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
+/* A file of n PNG Examples (28x28 gray, as TFDS stores MNIST), records
+ * first .. first+n-1 with pixels_of's values. */
+static void write_png_file(const char *path, uint32_t first, uint32_t n)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
+    uint8_t px[DIM];
+    dp_png_buf png = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        pixels_of(px, first + i);
+        REQUIRE(dp_png_encode(&png, px, 28, 28, 1, &err) == 0);
+        dp_bytes b = {png.data, png.len};
+        int64_t label = (first + i) % 10;
+        const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
+        write_example(w, fs, 2);
+    }
+    dp_png_buf_free(&png);
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
+/* The seeks over TFRecord raw and PNG, .npy and CSV datasets, under the
+ * three shard policies. */
+static void test_seeks(const ds *raw)
+{
+    test_seek_exact(raw, DP_SHARD_OFF, 0, 1, 32, "raw TFRecord");
+    ds w40 = *raw;
+    w40.split.stream = &w40.src;
+    w40.src.window = 40;
+    test_seek_exact(&w40, DP_SHARD_DATA, 1, 3, 16, "raw TFRecord, DATA 1 of 3");
+
+    char p[1200];
+    const char *dirs[] = {"seek-png", "seek-npy", "seek-csv"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", scratch, dirs[i]);
+        REQUIRE(mkdir(p, 0755) == 0);
+    }
+    write_png_file(path_of("seek-png", "p-train.tfrecord-00000-of-00003"), 0, 110);
+    write_png_file(path_of("seek-png", "p-train.tfrecord-00001-of-00003"), 110, 100);
+    write_png_file(path_of("seek-png", "p-train.tfrecord-00002-of-00003"), 210, 95);
+    write_png_file(path_of("seek-png", "p-test.tfrecord"), 900, 5);
+    ds d;
+    ds_open(&d, "seek-png", 290, 1 << 20, 40); /* the split ends inside the last file */
+    test_seek_exact(&d, DP_SHARD_OFF, 0, 1, 8, "PNG TFRecord");
+    test_seek_exact(&d, DP_SHARD_DATA, 0, 2, 8, "PNG TFRecord, DATA 0 of 2");
+    dp_data_files_free(&d.files);
+
+    static uint8_t xs[300 * 6], ys[300];
+    for (int i = 0; i < 300; i++) {
+        for (int j = 0; j < 6; j++)
+            xs[i * 6 + j] = (uint8_t)(j == 0 ? i & 0xff : j == 1 ? i >> 8 : i * 7 + j);
+        ys[i] = (uint8_t)(i % 10);
+    }
+    write_npy_u8(path_of("seek-npy", "x_train.npy"), xs, 300, 6);
+    write_npy_u8(path_of("seek-npy", "y_train.npy"), ys, 300, 0);
+    write_npy_u8(path_of("seek-npy", "x_test.npy"), xs, 10, 6);
+    write_npy_u8(path_of("seek-npy", "y_test.npy"), ys, 10, 0);
+    ds_open(&d, "seek-npy", 250, 3 << 20, 24);
+    test_seek_exact(&d, DP_SHARD_OFF, 0, 1, 8, "npy");
+    dp_data_files_free(&d.files);
+
+    for (int f = 0; f < 4; f++) {
+        const char *name[] = {"c-train-0.csv", "c-train-1.csv", "c-train-2.csv", "c-test.csv"};
+        FILE *out = fopen(path_of("seek-csv", name[f]), "w");
+        REQUIRE(out);
+        fprintf(out, "label,a,b,c\n");
+        for (int i = 0; i < 150; i++) {
+            int id = f * 150 + i;
+            fprintf(out, "%d,%d,%d.5,%d\n", id % 4, id, id, -id);
+        }
+        REQUIRE(fclose(out) == 0);
+    }
+    ds_open(&d, "seek-csv", 420, 3 << 20, 20);
+    test_seek_exact(&d, DP_SHARD_OFF, 0, 1, 8, "CSV");
+    test_seek_exact(&d, DP_SHARD_FILE, 1, 2, 8, "CSV, FILE 1 of 2");
+    dp_data_files_free(&d.files);
+}
+
 /* Through the batcher: a streamed split's batches, its refusal of device
  * indices, and training on it equal to training from memory. */
 static void test_batcher_training(const ds *d)
@@ -702,6 +884,7 @@ int main(void)
     test_floats();
     test_csv_npy();
     test_batcher_training(&d);
+    test_seeks(&d);
     dp_data_files_free(&d.files);
 
     if (!check_failures)

@@ -14,7 +14,10 @@
  *     file order;
  *   - the draws come from an RNG seeded by (seed, epoch) alone, so an epoch's
  *     order is the same on every run whatever the reader's timing, and a
- *     resumed run skips to its place by walking the same order.
+ *     resumed run skips to its place by walking the same order: the walk's
+ *     draws depend only on how many records have entered the window, so it
+ *     is run on record indices, and only the records the window holds there
+ *     are decoded (dp_stream_seek).
  *
  * Shards (the split's file_end says where its files begin and end):
  *   OFF   every record, in every worker;
@@ -71,7 +74,7 @@ int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k
 /* Starts epoch `epoch` (0-based).  When it follows an epoch read through,
  * the reader thread has already gone on into it (docs/datasets.md,
  * "Streaming"); otherwise the last one's reading ends and this one's
- * starts. */
+ * starts at its first record asked for (a seek first costs no reading). */
 int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err);
 
 /* The next batch into x (batch, dim) (bytes scaled by 1/255, floats as they
@@ -79,12 +82,22 @@ int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err);
  * is over) or -1 on a refusal naming the file and record. */
 int dp_stream_next(dp_stream *s, float *x, uint8_t *y, int batch, dp_err *err);
 
-/* Skips to position pos of the epoch's order (a resumed run). */
+/* Skips to position pos of the epoch's order (a resumed run; past the
+ * epoch's records: its end), then gives out what the uninterrupted epoch
+ * would.  It decodes at most window records, whatever pos: a few steps
+ * ahead it draws on; otherwise it reads the files from the epoch's start,
+ * skipping (dp_record_skip) every record but those the window holds at
+ * pos.  -1 on a refusal naming the file and record. */
 int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err);
 
 /* The window in records, and the most bytes the stream has held. */
 uint32_t dp_stream_window(const dp_stream *s);
 size_t dp_stream_peak_bytes(const dp_stream *s);
+
+/* Records the stream has decoded since it opened (by its reader thread or
+ * inline), counting none it only skipped: what a seek or an epoch cost in
+ * decoding. */
+uint64_t dp_stream_decoded(const dp_stream *s);
 
 /* Whether records are read by a reader thread (1) or inline by
  * dp_stream_next (0).  $DOWNPOUR_STREAM_READER "thread" or "inline" fixes

@@ -75,6 +75,7 @@ struct dp_stream {
     uint32_t *full_ring, full_head, full_n;
     int state, stop;
     size_t reader_peak; /* most bytes a reader has held */
+    uint64_t decoded;   /* records decoded since the open (dp_stream_decoded) */
     pthread_t th;
     int running;
 
@@ -307,6 +308,7 @@ static void *reader_main(void *arg)
         if (rb > s->reader_peak)
             s->reader_peak = rb;
         if (rc == 1) {
+            s->decoded++;
             ring_push(s->full_ring, s->slots, s->full_head, &s->full_n, id);
             if (s->take_want && s->full_n >= s->take_want)
                 pthread_cond_signal(&s->can_take);
@@ -363,6 +365,7 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
             return rc;
         }
         s->taken++;
+        s->decoded++;
         if (s->deciding) {
             s->read_s += dp_now() - t0;
             if (++s->read_n == DECIDE_RECORDS) {
@@ -375,6 +378,11 @@ static int take(dp_stream *s, uint32_t *id, dp_err *err)
         }
         return 1;
     }
+    /* The epoch's reading starts at its first record asked for, not at its
+     * start, so a seek right after a start (a resumed run) finds nothing
+     * decoded to drop. */
+    if (!s->running && start_reader(s, err) < 0)
+        return -1;
     pthread_mutex_lock(&s->mu);
     if (s->full_n == 0 && s->state == ST_READING) {
         uint32_t half = s->queue / 2 ? s->queue / 2 : 1, left = s->records - s->taken;
@@ -515,9 +523,7 @@ int dp_stream_start_epoch(dp_stream *s, long epoch, dp_err *err)
     s->epoch = epoch;
     walk_epoch(s, epoch);
     s->started = 1;
-    dp_err m;
-    if (s->threaded && start_reader(s, &m) < 0)
-        return fail(s, &m, err);
+    (void)err; /* the reader thread starts at the first take */
     return 0;
 }
 
@@ -541,23 +547,164 @@ int dp_stream_next(dp_stream *s, float *x, uint8_t *y, int batch, dp_err *err)
     return n;
 }
 
+/* ---- the seek: the window at a position, simulated by record index ---- */
+
+static int files_short(const dp_stream *s, dp_err *err)
+{
+    return dp_errf(err, "stream: the shard's files hold fewer than the %u records counted in "
+                   "them (were they changed?)", s->records);
+}
+
+/* Moves the walk past the next n records this shard owns without decoding
+ * them: dp_record_skip reads through them (TFRecord CRCs still checked),
+ * and under DATA through the other workers' records between.  0, or -1
+ * with err naming the file and record. */
+static int skip_owned(dp_stream *s, uint64_t n, dp_err *err)
+{
+    uint64_t stride = s->policy == DP_SHARD_DATA ? s->w : 1;
+    while (n > 0) {
+        if (!s->rd) {
+            if (s->fi >= s->nf)
+                return files_short(s, err);
+            if (reader_open_next(s, err) < 0)
+                return -1;
+        }
+        if (s->gap >= s->left) { /* nothing more of this file is ours */
+            dp_record_close(s->rd);
+            s->rd = NULL;
+            s->fi++;
+            continue;
+        }
+        uint64_t here = 1 + (s->left - s->gap - 1) / stride; /* ours left in the file */
+        uint64_t k = n < here ? n : here, raw = s->gap + 1 + (k - 1) * stride;
+        int64_t got = dp_record_skip(s->rd, raw, err);
+        if (got < 0)
+            return -1;
+        if ((uint64_t)got < raw)
+            return short_file(s, err);
+        s->left -= raw;
+        s->gap = stride - 1; /* as produce leaves it after a record */
+        n -= k;
+        size_t rb = dp_record_reader_bytes(s->rd); /* (checked against the bound by produce) */
+        if (rb > s->reader_peak)
+            s->reader_peak = rb;
+    }
+    return 0;
+}
+
+/* Sorts ids[0..n) by key[id] (distinct keys): a heap sort, in place, so
+ * the seek allocates nothing. */
+static void sift(uint32_t *ids, size_t i, size_t n, const uint32_t *key)
+{
+    for (size_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && key[ids[c + 1]] > key[ids[c]])
+            c++;
+        if (key[ids[i]] > key[ids[c]])
+            return;
+        uint32_t t = ids[i];
+        ids[i] = ids[c];
+        ids[c] = t;
+    }
+}
+
+static void sort_by_key(uint32_t *ids, size_t n, const uint32_t *key)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift(ids, i, n, key);
+    for (size_t end = n; end-- > 1;) {
+        uint32_t t = ids[0];
+        ids[0] = ids[end];
+        ids[end] = t;
+        sift(ids, 0, end, key);
+    }
+}
+
+/* From the epoch's start (nothing read, the reader stopped, the generator
+ * fresh) to position pos (1..records) without decoding the records given
+ * out before it.  The draws depend only on the generator and on how many
+ * records have entered the window, never on their values, so next_record's
+ * walk is run first on record indices (their place in the shard's epoch
+ * order), in s->win; then the files are read from the start, the records
+ * the window holds at pos decoded into slots and every other one skipped.
+ * The full ring, empty while the reader is stopped, holds the window's
+ * places sorted by index: nothing is allocated. */
+static int seek_fresh(dp_stream *s, uint32_t pos, dp_err *err)
+{
+    uint32_t *win = s->win, count = 0, in = 0; /* in: records entered so far */
+    int input_done = 0;
+    while (count < s->window) { /* the fill */
+        if (in == s->records) {
+            input_done = 1;
+            break;
+        }
+        win[count++] = in++;
+    }
+    for (uint32_t p = 0; p < pos && count > 0; p++) { /* the draws, as next_record's */
+        uint32_t j = s->shuffle && count > 1 ? dp_rng_below(&s->rng, count) : 0;
+        if (!input_done && in < s->records) {
+            win[j] = in++;
+        } else {
+            input_done = 1;
+            win[j] = win[--count];
+        }
+    }
+    uint32_t *place = s->full_ring;
+    for (uint32_t i = 0; i < count; i++)
+        place[i] = i;
+    sort_by_key(place, count, win);
+
+    dp_err e;
+    uint32_t next = 0; /* the walk's next record index */
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t j = place[i], t = win[j];
+        if (skip_owned(s, t - next, &e) < 0)
+            return fail(s, &e, err);
+        uint32_t id = ring_pop(s->free_ring, s->slots, &s->free_head, &s->free_n);
+        size_t rb = 0;
+        int rc = produce(s, id, &rb, &e);
+        if (rb > s->reader_peak)
+            s->reader_peak = rb;
+        if (rc <= 0) {
+            if (rc == 0)
+                files_short(s, &e);
+            return fail(s, &e, err);
+        }
+        s->decoded++;
+        win[j] = id;
+        next = t + 1;
+    }
+    if (skip_owned(s, in - next, &e) < 0) /* the records given out after the last kept */
+        return fail(s, &e, err);
+    s->count = count;
+    s->taken = in;
+    s->filled = 1;
+    s->input_done = input_done;
+    s->pos = pos; /* (at most records: every draw before it was made) */
+    return 0;
+}
+
 int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err)
 {
     if (!s->started)
         return dp_errf(err, "stream: dp_stream_seek before dp_stream_start_epoch");
-    if (pos < s->pos || s->failed) /* behind us: the epoch again from its start */
-        if (dp_stream_start_epoch(s, s->epoch, err) < 0)
-            return -1;
-    /* The window's contents at pos depend on every draw before it, so the
-     * records before pos are read again and dropped. */
-    while (s->pos < pos) {
-        int rc = next_record(s, NULL, NULL, err);
-        if (rc < 0)
-            return -1;
-        if (rc == 0)
-            break;
+    if (pos > s->records)
+        pos = s->records;
+    int near = pos == s->pos || (s->filled && pos > s->pos && pos - s->pos <= s->window);
+    if (!s->failed && near) {
+        /* a step or so ahead: drawing on decodes no more than a restart would */
+        while (s->pos < pos) {
+            int rc = next_record(s, NULL, NULL, err);
+            if (rc < 0)
+                return -1;
+            if (rc == 0)
+                break;
+        }
+        return 0;
     }
-    return 0;
+    /* behind, far ahead, or failed: the epoch from its start, simulated */
+    if (dp_stream_start_epoch(s, s->epoch, err) < 0)
+        return -1;
+    return pos ? seek_fresh(s, pos, err) : 0;
 }
 
 /* ---- open and close ---- */
@@ -693,6 +840,16 @@ size_t dp_stream_peak_bytes(const dp_stream *s)
     size_t rb = s->reader_peak;
     pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
     return s->alloc_bytes + rb;
+}
+
+uint64_t dp_stream_decoded(const dp_stream *s)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&s->mu);
+    uint64_t n = s->decoded;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
+    return n;
 }
 
 void dp_stream_close(dp_stream *s)
