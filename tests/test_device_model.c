@@ -5,7 +5,8 @@
  * including a short batch; dp_dmodel_grads equals the CPU gradients; a
  * replayed graph gives the bits of DOWNPOUR_DEVICE_GRAPH=0; nothing
  * allocates device memory in a step; the host copies round-trip; collect's
- * tallies equal the CPU's; a split of float records gathers as it is; and
+ * tallies equal the CPU's; a split of float records gathers as it is; --ema's
+ * average kept on the device follows the host's formula; and
  * the errors name what failed.  Each parity
  * check prints its measured maximum error beside its bound. */
 #include <math.h>
@@ -324,6 +325,79 @@ static void test_graph(void)
     free(a), free(b), free(sa), free(sb);
 }
 
+/* --ema on the device: the average after full (replayed) steps, a short
+ * direct step and an update equals the loop's host formula over the CPU's
+ * weights; a start value is taken as given; the errors name the call. */
+static void test_ema(void)
+{
+    enum { BATCH = 32, EMA_STEPS = 12 };
+    const float decay = 0.9f, rest = 1.0f - decay; /* as loop.c rounds it */
+    dp_model m;
+    model_init(&m, "784-128-10", BATCH);
+    dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &cfg, m.n_params, &err) == 0);
+    dp_dmodel *g = dopen(&m, &cfg);
+    float *x = malloc((size_t)BATCH * DIM * sizeof *x), *a = malloc(m.n_params * sizeof *a);
+    float *da = malloc(m.n_params * sizeof *da);
+    uint8_t y[BATCH];
+    uint32_t idx[BATCH];
+    REQUIRE(x && a && da);
+    CHECK(dp_dmodel_get_ema(g, da, &err) == -1 && strstr(err.msg, "dp_dmodel_ema_start first"));
+    CHECK(dp_dmodel_ema_start(g, 1.0f, NULL, &err) == -1 && strstr(err.msg, "decay 1 "));
+    CHECK(dp_dmodel_ema_start(g, 0.0f, NULL, &err) == -1);
+    /* one step before the start: the average starts at the weights it left */
+    pick(idx, BATCH);
+    REQUIRE(dp_dmodel_stage(g, idx, BATCH, &err) == 0 && dp_dmodel_step(g, cfg.lr, &err) == 0);
+    dp_split_gather(x, y, &split, idx, BATCH);
+    dp_model_forward_backward(&m, x, y, BATCH, NULL);
+    dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+    REQUIRE(dp_dmodel_ema_start(g, decay, NULL, &err) == 0);
+    memcpy(a, m.params, m.n_params * sizeof *a);
+    REQUIRE(dp_dmodel_get_ema(g, da, &err) == 0);
+    report("ema: started at the device's weights", max_rel(da, a, m.n_params, 1e-2), 1e-6);
+    dp_sim_counts c0 = dp_sim_counts_of(dp_device_ctx(dev));
+    for (int step = 0; step < EMA_STEPS; step++) {
+        int n = step == EMA_STEPS - 2 ? BATCH - 7 : BATCH; /* one short, direct step */
+        pick(idx, n);
+        REQUIRE(dp_dmodel_stage(g, idx, n, &err) == 0);
+        dp_split_gather(x, y, &split, idx, n);
+        dp_model_forward_backward(&m, x, y, n, NULL);
+        if (step == EMA_STEPS - 1) { /* grads + update: the average follows an update too */
+            REQUIRE(dp_dmodel_grads(g, &err) == 0 &&
+                    dp_dmodel_update(g, cfg.lr, 1.0f, &err) == 0);
+        } else {
+            REQUIRE(dp_dmodel_step(g, cfg.lr, &err) == 0);
+        }
+        dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+        for (size_t i = 0; i < m.n_params; i++)
+            a[i] = decay * a[i] + rest * m.params[i];
+    }
+    dp_sim_counts c1 = dp_sim_counts_of(dp_device_ctx(dev));
+    CHECKF(c1.graph_launches - c0.graph_launches == EMA_STEPS - 2, "%ld graph launches, want %d",
+           c1.graph_launches - c0.graph_launches, EMA_STEPS - 2);
+    CHECK(c1.allocs == c0.allocs);
+    REQUIRE(dp_dmodel_get_ema(g, da, &err) == 0);
+    report("ema: average after 12 steps vs the host's formula", max_rel(da, a, m.n_params, 1e-2),
+           1e-5);
+    /* it lags the weights: not a copy of them */
+    REQUIRE(dp_dmodel_get_params(g, a, &err) == 0);
+    CHECK(max_rel(da, a, m.n_params, 1e-2) > 1e-3);
+    /* a given start (a resumed average) is taken as it is */
+    for (size_t i = 0; i < m.n_params; i++)
+        a[i] = (float)i * 1e-6f;
+    REQUIRE(dp_dmodel_ema_start(g, 0.5f, a, &err) == 0 && dp_dmodel_get_ema(g, da, &err) == 0);
+    CHECK(memcmp(a, da, m.n_params * sizeof *a) == 0);
+    dp_dmodel_close(g);
+    g = dopen(&m, NULL);
+    CHECK(dp_dmodel_ema_start(g, 0.5f, NULL, &err) == -1 && strstr(err.msg, "without an optimiser"));
+    dp_dmodel_close(g);
+    dp_optim_free(&o);
+    dp_model_free(&m);
+    free(x), free(a), free(da);
+}
+
 /* grads then update equals step; a batch staged before an update survives
  * it; update's scale multiplies the gradients. */
 static void test_pieces(void)
@@ -508,6 +582,7 @@ int main(void)
     test_grads("784-dropout0.2-dense50-relu-10", 1e-5);
     test_float_split();
     test_graph();
+    test_ema();
     test_pieces();
     test_round_trip();
     test_errors();

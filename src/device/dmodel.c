@@ -8,7 +8,8 @@
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
- * dp_dmodel_load_split.
+ * dp_dmodel_load_split, and --ema's moving average is allocated once by
+ * dp_dmodel_ema_start, before the steps.
  *
  * The step block.  Whatever changes from one step to the next (the record
  * indices, lr, adam's lr_t, the gradient scale) reaches the device in ONE
@@ -61,6 +62,8 @@ struct dp_dmodel {
 
     /* device memory */
     float *params, *grads, *state; /* state: n_slots * n_params */
+    float *ema;                    /* --ema's average (dp_dmodel_ema_start), or NULL */
+    float ema_decay;
     float *acts;                   /* act_off[l]: the output of layer l-1 */
     size_t act_off[DP_MAX_LAYERS + 1];
     float *dacts[2];
@@ -293,6 +296,11 @@ static void update(dp_dmodel *g)
     k.u.optim = (dp_ka_optim){g->params, g->grads, g->state, s1, g->block,
                               c->momentum, c->beta1, c->beta2, c->eps};
     launch(g, &k);
+    if (g->ema) { /* the average follows every update, as the loop's on the host */
+        k.id = DP_K_EMA;
+        k.u.ema = (dp_ka_ema){g->ema, g->params, g->ema_decay, 1.0f - g->ema_decay};
+        launch(g, &k);
+    }
 }
 
 /* ---- the host step blocks ---- */
@@ -452,7 +460,7 @@ void dp_dmodel_close(dp_dmodel *g)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
-    void *dev[] = {g->params, g->grads, g->state, g->acts, g->dacts[0], g->ones, g->x,
+    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->ones, g->x,
                    g->y, g->tally, g->block, g->split_records, g->split_labels, g->ex.rows,
                    g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -699,6 +707,39 @@ int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err)
         return -1;
     g->opt.t = t;
     return 0;
+}
+
+/* ---- --ema ---- */
+
+int dp_dmodel_ema_start(dp_dmodel *g, float decay, const float *start, dp_err *err)
+{
+    if (!(decay > 0.0f && decay < 1.0f))
+        return dp_errf(err, "dp_dmodel_ema_start: decay %g is not in (0, 1)", (double)decay);
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_ema_start: the model was opened without an optimiser, "
+                            "so it has no updates to average");
+    if (sync_err(g, "dp_dmodel_ema_start", err) < 0)
+        return -1;
+    if (!g->ema && !(g->ema = dalloc(g, g->n_params * sizeof(float), "moving average", err)))
+        return -1;
+    if (g->graph) { /* captured without the average's kernel */
+        g->be->graph_free(g->ctx, g->graph);
+        g->graph = NULL;
+        g->graph_n = 0;
+    }
+    g->ema_decay = decay;
+    size_t bytes = g->n_params * sizeof(float);
+    if (start)
+        return to_device(g, g->ema, start, bytes, "dp_dmodel_ema_start", err);
+    g->be->copy(g->ctx, g->ema, g->params, bytes, DP_COPY_D2D);
+    return sync_err(g, "dp_dmodel_ema_start", err);
+}
+
+int dp_dmodel_get_ema(dp_dmodel *g, float *ema, dp_err *err)
+{
+    if (!g->ema)
+        return dp_errf(err, "dp_dmodel_get_ema: no moving average (dp_dmodel_ema_start first)");
+    return to_host(g, ema, g->ema, g->n_params * sizeof(float), "dp_dmodel_get_ema", err);
 }
 
 /* ---- collectives ---- */

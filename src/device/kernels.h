@@ -78,7 +78,8 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
     X(MOMENTUM, momentum)                                                                        \
     X(NESTEROV, nesterov)                                                                        \
     X(ADAGRAD, adagrad)                                                                          \
-    X(ADAM, adam)
+    X(ADAM, adam)                                                                                \
+    X(EMA, ema)
 
 typedef enum dp_kernel_id {
 #define DP_K_ENUM(ID, name) DP_K_##ID,
@@ -149,6 +150,12 @@ typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's for
     float mu, b1, b2, eps;
 } dp_ka_optim;
 
+typedef struct dp_ka_ema { /* items n: --ema's average, a = decay a + rest p (loop.c's) */
+    float *a;
+    const float *p;
+    float decay, rest; /* rest = 1 - decay, rounded once as the loop rounds it */
+} dp_ka_ema;
+
 typedef struct dp_kernel {
     dp_kernel_id id;
     long items;
@@ -163,6 +170,7 @@ typedef struct dp_kernel {
         dp_ka_xent_bwd xent_bwd;
         dp_ka_dropout dropout;
         dp_ka_optim optim;
+        dp_ka_ema ema;
         dp_ka_window window; /* image layers */
         dp_ka_layout layout;
     } u;
@@ -317,6 +325,12 @@ DP_HD void dp_k_adam(const dp_kernel *k, long i)
     a->s0[i] = m;
     a->s1[i] = v;
     a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
+}
+
+DP_HD void dp_k_ema(const dp_kernel *k, long i)
+{
+    const dp_ka_ema *a = &k->u.ema;
+    a->a[i] = a->decay * a->a[i] + a->rest * a->p[i];
 }
 
 /* ---- image layers (2/2): bodies (the CPU kernels are in window.c, pool2d.c) ----
