@@ -357,7 +357,7 @@ static void test_dropout(void)
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
             z ^= z >> 31;
             dp_kernel k = {.id = DP_K_DROPOUT, .items = (long)n};
-            k.u.dropout = (dp_ka_dropout){b, in, z, (uint64_t)((double)rates[r] * 4294967296.0),
+            k.u.dropout = (dp_ka_dropout){b, in, &z, (uint64_t)((double)rates[r] * 4294967296.0),
                                           1.0f / (1.0f - rates[r])};
             run(&k);
             sync_ok();

@@ -4,7 +4,8 @@
  * (DOWNPOUR_EXACT_ADAM=1, the device's IEEE arithmetic) over several steps
  * including a short batch; dp_dmodel_grads equals the CPU gradients; a
  * replayed graph gives the bits of DOWNPOUR_DEVICE_GRAPH=0; nothing
- * allocates device memory in a step; the host copies round-trip; collect's
+ * allocates device memory in a step; a replayed dropout model draws the
+ * CPU's masks; the host copies round-trip; collect's
  * tallies equal the CPU's; a split of float records gathers as it is; --ema's
  * average kept on the device follows the host's formula; and
  * the errors name what failed.  Each parity
@@ -398,6 +399,76 @@ static void test_ema(void)
     free(x), free(a), free(da);
 }
 
+/* Dropout under graph capture: the keys come from the step block, so every
+ * replay draws that step's masks.  With one record a step, a weight after a
+ * dropout is left unchanged exactly where its input was dropped (its
+ * gradient is 0), so which weights moved shows both masks: the device's,
+ * replayed, must move the CPU's weights bit for bit, every step.  The
+ * replayed run also gives the bits of DOWNPOUR_DEVICE_GRAPH=0. */
+static void test_dropout_graph(void)
+{
+    enum { DROP_STEPS = 8 };
+    dp_model m;
+    model_init(&m, "784-dropout0.5-32-relu-dropout0.3-10", 1);
+    dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_SGD);
+    cfg.lr = 0.05f;
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &cfg, m.n_params, &err) == 0);
+    setenv("DOWNPOUR_DEVICE_GRAPH", "0", 1);
+    dp_dmodel *direct = dopen(&m, &cfg);
+    unsetenv("DOWNPOUR_DEVICE_GRAPH");
+    dp_dmodel *g = dopen(&m, &cfg);
+    size_t n = m.n_params;
+    float *prev = malloc(n * sizeof(float)), *cpu_prev = malloc(n * sizeof(float));
+    float *p = malloc(n * sizeof(float)), *q = malloc(n * sizeof(float));
+    float x[DIM];
+    uint8_t y[1];
+    REQUIRE(prev && cpu_prev && p && q);
+    memcpy(prev, m.params, n * sizeof(float));
+    dp_sim_counts c0 = dp_sim_counts_of(dp_device_ctx(dev));
+    long differ = 0, moved = 0, kept = 0;
+    double e = 0;
+    for (int step = 0; step < DROP_STEPS; step++) {
+        uint32_t idx;
+        pick(&idx, 1);
+        REQUIRE(dp_dmodel_stage(g, &idx, 1, &err) == 0 && dp_dmodel_step(g, cfg.lr, &err) == 0);
+        REQUIRE(dp_dmodel_stage(direct, &idx, 1, &err) == 0 &&
+                dp_dmodel_step(direct, cfg.lr, &err) == 0);
+        memcpy(cpu_prev, m.params, n * sizeof(float));
+        dp_split_gather(x, y, &split, &idx, 1);
+        dp_model_forward_backward(&m, x, y, 1, NULL);
+        dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+        REQUIRE(dp_dmodel_get_params(g, p, &err) == 0);
+        for (size_t i = 0; i < n; i++) {
+            int dev_moved = p[i] != prev[i], cpu_moved = m.params[i] != cpu_prev[i];
+            differ += dev_moved != cpu_moved;
+            moved += cpu_moved;
+            kept += !cpu_moved;
+        }
+        double d = max_rel(p, m.params, n, 1e-2);
+        e = d > e ? d : e;
+        memcpy(prev, p, n * sizeof(float));
+    }
+    dp_sim_counts c1 = dp_sim_counts_of(dp_device_ctx(dev));
+    CHECKF(c1.graph_launches - c0.graph_launches == DROP_STEPS,
+           "%ld graph launches for %d steps: the dropout model was not replayed",
+           c1.graph_launches - c0.graph_launches, DROP_STEPS);
+    CHECKF(differ == 0, "replayed dropout: %ld weights moved on one side only (masks differ)",
+           differ);
+    CHECKF(moved > 0 && kept > 0, "the masks showed nothing: %ld moved, %ld kept", moved, kept);
+    printf("  replayed dropout, %d steps: the CPU's masks (%ld weight moves, %ld kept)\n",
+           DROP_STEPS, moved, kept);
+    report("replayed dropout: parameters vs the CPU's", e, 1e-5);
+    REQUIRE(dp_dmodel_get_params(direct, q, &err) == 0);
+    CHECKF(memcmp(p, q, n * sizeof(float)) == 0, "replayed dropout: not the bits of the direct run");
+    dp_dmodel_close(direct);
+    dp_dmodel_close(g);
+    dp_optim_free(&o);
+    dp_model_free(&m);
+    free(prev), free(cpu_prev), free(p), free(q);
+}
+
 /* grads then update equals step; a batch staged before an update survives
  * it; update's scale multiplies the gradients. */
 static void test_pieces(void)
@@ -583,6 +654,7 @@ int main(void)
     test_float_split();
     test_graph();
     test_ema();
+    test_dropout_graph();
     test_pieces();
     test_round_trip();
     test_errors();

@@ -8,9 +8,9 @@
  * only its item's outputs, except through DP_ATOMIC_ADD (tallies); floats
  * with the same formula as the CPU kernel it mirrors (layers.h, optim.h),
  * so the two agree to rounding.  Values that change from one step to the
- * next (the learning rate, the batch's record indices) are read from the
- * device's step block, never passed by value, so a captured graph replays
- * them fresh (backend.h, "Graphs").
+ * next (the learning rate, the batch's record indices, dropout's keys) are
+ * read from the device's step block, never passed by value, so a captured
+ * graph replays them fresh (backend.h, "Graphs").
  *
  * Adding a kernel: its argument struct, a member in dp_kernel's union, a
  * body dp_k_<name>(const dp_kernel *, long), and a line in DP_KERNELS. */
@@ -89,8 +89,9 @@ typedef enum dp_kernel_id {
 } dp_kernel_id;
 
 /* The step block: one per step in device memory, written by one H2D copy
- * before the step's kernels (dmodel.c, "The step block").  The batch's
- * record indices follow it. */
+ * before the step's kernels (dmodel.c, "The step block").  The step's
+ * dropout keys (one uint64_t per dropout layer) follow it, then the batch's
+ * record indices. */
 typedef struct dp_step_block {
     float lr;    /* this update's learning rate */
     float lr_t;  /* adam: lr sqrt(1 - b2^t) / (1 - b1^t) */
@@ -139,7 +140,8 @@ typedef struct dp_ka_xent_bwd { /* items rows*classes: (probs - onehot) / rows *
 typedef struct dp_ka_dropout { /* items n: layers.h's dropout, bit for bit */
     float *out;                /* may alias in */
     const float *in;
-    uint64_t key, threshold;
+    const uint64_t *key;       /* dropout.c's key: the step's, in the step block */
+    uint64_t threshold;
     float scale;
 } dp_ka_dropout;
 typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's formulas */
@@ -273,7 +275,7 @@ DP_HD uint64_t dp_k_mix64(uint64_t z)
 DP_HD void dp_k_dropout(const dp_kernel *k, long i)
 {
     const dp_ka_dropout *a = &k->u.dropout;
-    uint64_t h = dp_k_mix64(a->key ^ (uint64_t)(i >> 1) * 0x9e3779b97f4a7c15ULL);
+    uint64_t h = dp_k_mix64(*a->key ^ (uint64_t)(i >> 1) * 0x9e3779b97f4a7c15ULL);
     uint32_t u = (i & 1) ? (uint32_t)(h >> 32) : (uint32_t)h;
     float x = a->in[i];
     uint32_t bits;
