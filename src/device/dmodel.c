@@ -3,8 +3,8 @@
  *
  * Memory.  Everything is allocated in dp_dmodel_open: parameters, gradients
  * and optimiser slots in the model's flat layout; every layer's output for
- * max_batch rows (act_off, as the CPU model lays out one slot); two
- * ping-pong gradient buffers; a ones vector (bias gradients as products);
+ * max_batch rows (act_off, as the CPU model lays out one slot); each lcn's
+ * keep (keep_off, dlcn.c); two ping-pong gradient buffers; a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
@@ -69,6 +69,8 @@ struct dp_dmodel {
     float *acts;                   /* act_off[l]: the output of layer l-1 */
     size_t act_off[DP_MAX_LAYERS + 1];
     float *dacts[2];
+    float *keeps;                      /* every lcn's keep (dlcn.c), or NULL */
+    size_t keep_off[DP_MAX_LAYERS];    /* layer l's (an lcn) in keeps */
     float *ones, *x;
     uint8_t *y;
     dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
@@ -121,7 +123,8 @@ static int sync_err(dp_dmodel *g, const char *what, dp_err *err)
 /* ---- layers ---- */
 
 /* Whether the walk below runs layer kind k: dense, relu, the loss and
- * dropout here, the image layers through dimage.c. */
+ * dropout here, lcn through dlcn.c, the other image layers through
+ * dimage.c. */
 static int supported(dp_layer_kind k)
 {
     switch (k) {
@@ -129,6 +132,7 @@ static int supported(dp_layer_kind k)
     case DP_LAYER_RELU:
     case DP_LAYER_SOFTMAX_XENT:
     case DP_LAYER_DROPOUT:
+    case DP_LAYER_LCN: /* through dlcn.c */
         return 1;
     default:
         return dp_dimage_supported(k);
@@ -212,6 +216,9 @@ static void forward(dp_dmodel *g, int batch)
                                           1.0f / (1.0f - d->rate)};
             launch(g, &k);
             break;
+        case DP_LAYER_LCN:
+            dp_dlcn_forward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, inp, out, batch);
+            break;
         default: /* the image layers; the rest was refused by dp_dmodel_open */
             dp_dimage_forward(&g->ex, d, g->params, inp, out, batch, last > l);
             break;
@@ -277,6 +284,11 @@ static void backward(dp_dmodel *g, int batch)
                                           (uint64_t)((double)d->rate * 4294967296.0),
                                           1.0f / (1.0f - d->rate)};
             launch(g, &k);
+            break;
+        case DP_LAYER_LCN:
+            if (din)
+                dp_dlcn_backward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, dout, din,
+                                 batch);
             break;
         default: /* the image layers; dout is already masked by a fused relu's backward */
             dp_dimage_backward(&g->ex, d, g->params, g->grads, inp, act(g, l + 1), dout, din,
@@ -425,6 +437,12 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
             width = (size_t)L->out;
     }
     size_t dact = line_floats(mb * width);
+    size_t keeps = 0;
+    for (int l = 0; l < g->n_layers; l++)
+        if (g->layers[l].kind == DP_LAYER_LCN) {
+            g->keep_off[l] = keeps;
+            keeps += dp_dlcn_keep_floats(&g->layers[l], g->max_batch);
+        }
     size_t scratch = 0, ones = mb;
     for (int l = 0; l < g->n_layers; l++)
         if (dp_dimage_supported(g->layers[l].kind)) {
@@ -440,6 +458,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
         !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
         !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
+        (keeps && !(g->keeps = dalloc(g, keeps * sizeof(float), "lcn state", err))) ||
         (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
                      !(g->ex.drows = dalloc(g, scratch * sizeof(float), "lowering scratch",
                                             err)))) ||
@@ -468,6 +487,12 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         k.u.fill = (dp_ka_fill){g->state, oc->initial_accumulator};
         launch(g, &k);
     }
+    for (int l = 0; l < g->n_layers; l++)
+        if (g->layers[l].kind == DP_LAYER_LCN &&
+            dp_dlcn_init(&g->ex, &g->layers[l], g->keeps + g->keep_off[l], g->max_batch) < 0) {
+            dp_errf(err, "dp_dmodel_open: out of memory for layer %d's (lcn) taps", l);
+            goto fail;
+        }
     g->be->copy(g->ctx, g->params, m->params, pbytes, DP_COPY_H2D);
     if (sync_err(g, "dp_dmodel_open", err) < 0)
         goto fail;
@@ -488,9 +513,9 @@ void dp_dmodel_close(dp_dmodel *g)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
-    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->ones, g->x,
-                   g->y, g->tally, g->block, g->split_records, g->split_labels, g->ex.rows,
-                   g->ex.drows};
+    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
+                   g->ones, g->x, g->y, g->tally, g->block, g->split_records,
+                   g->split_labels, g->ex.rows, g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             g->be->free(g->ctx, dev[i]);
