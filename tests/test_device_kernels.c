@@ -357,7 +357,7 @@ static void test_dropout(void)
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
             z ^= z >> 31;
             dp_kernel k = {.id = DP_K_DROPOUT, .items = (long)n};
-            k.u.dropout = (dp_ka_dropout){b, in, z, (uint64_t)((double)rates[r] * 4294967296.0),
+            k.u.dropout = (dp_ka_dropout){b, in, &z, (uint64_t)((double)rates[r] * 4294967296.0),
                                           1.0f / (1.0f - rates[r])};
             run(&k);
             sync_ok();
@@ -420,6 +420,29 @@ static void test_optim(void)
 }
 
 /* ---- graphs and errors ---- */
+
+/* EMA: the loop's --ema formula (loop.c), bit for bit over a few updates */
+static void test_ema(void)
+{
+    size_t n = 1001;
+    const float d = 0.999f, e = 1.0f - d;
+    float *a_cpu = rnd(n, -1, 1), *a_dev = malloc(n * sizeof(float));
+    REQUIRE(a_dev);
+    memcpy(a_dev, a_cpu, n * sizeof(float));
+    for (int step = 0; step < 3; step++) {
+        float *p = rnd(n, -1, 1);
+        for (size_t i = 0; i < n; i++)
+            a_cpu[i] = d * a_cpu[i] + e * p[i];
+        dp_kernel k = {.id = DP_K_EMA, .items = (long)n};
+        k.u.ema = (dp_ka_ema){a_dev, p, d, e};
+        run(&k);
+        sync_ok();
+        free(p);
+    }
+    CHECKF(memcmp(a_cpu, a_dev, n * sizeof(float)) == 0, "EMA: differs from the loop's formula");
+    report("EMA vs the loop's --ema formula (bits)", 0.0, 0.0);
+    free(a_cpu), free(a_dev);
+}
 
 static void test_graph(void)
 {
@@ -513,6 +536,7 @@ int main(void)
     test_xent();
     test_dropout();
     test_optim();
+    test_ema();
     test_graph();
     test_errors();
     dp_backend_sim.close(ctx);

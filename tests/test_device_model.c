@@ -4,8 +4,11 @@
  * (DOWNPOUR_EXACT_ADAM=1, the device's IEEE arithmetic) over several steps
  * including a short batch; dp_dmodel_grads equals the CPU gradients; a
  * replayed graph gives the bits of DOWNPOUR_DEVICE_GRAPH=0; nothing
- * allocates device memory in a step; the host copies round-trip; collect's
- * tallies equal the CPU's; a split of float records gathers as it is; and
+ * allocates device memory in a step; a replayed dropout model draws the
+ * CPU's masks; the host copies round-trip; collect's
+ * tallies equal the CPU's; models with lcn train as on the CPU; a split of
+ * float records gathers as it is; --ema's
+ * average kept on the device follows the host's formula; and
  * the errors name what failed.  Each parity
  * check prints its measured maximum error beside its bound. */
 #include <math.h>
@@ -324,6 +327,149 @@ static void test_graph(void)
     free(a), free(b), free(sa), free(sb);
 }
 
+/* --ema on the device: the average after full (replayed) steps, a short
+ * direct step and an update equals the loop's host formula over the CPU's
+ * weights; a start value is taken as given; the errors name the call. */
+static void test_ema(void)
+{
+    enum { BATCH = 32, EMA_STEPS = 12 };
+    const float decay = 0.9f, rest = 1.0f - decay; /* as loop.c rounds it */
+    dp_model m;
+    model_init(&m, "784-128-10", BATCH);
+    dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &cfg, m.n_params, &err) == 0);
+    dp_dmodel *g = dopen(&m, &cfg);
+    float *x = malloc((size_t)BATCH * DIM * sizeof *x), *a = malloc(m.n_params * sizeof *a);
+    float *da = malloc(m.n_params * sizeof *da);
+    uint8_t y[BATCH];
+    uint32_t idx[BATCH];
+    REQUIRE(x && a && da);
+    CHECK(dp_dmodel_get_ema(g, da, &err) == -1 && strstr(err.msg, "dp_dmodel_ema_start first"));
+    CHECK(dp_dmodel_ema_start(g, 1.0f, NULL, &err) == -1 && strstr(err.msg, "decay 1 "));
+    CHECK(dp_dmodel_ema_start(g, 0.0f, NULL, &err) == -1);
+    /* one step before the start: the average starts at the weights it left */
+    pick(idx, BATCH);
+    REQUIRE(dp_dmodel_stage(g, idx, BATCH, &err) == 0 && dp_dmodel_step(g, cfg.lr, &err) == 0);
+    dp_split_gather(x, y, &split, idx, BATCH);
+    dp_model_forward_backward(&m, x, y, BATCH, NULL);
+    dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+    REQUIRE(dp_dmodel_ema_start(g, decay, NULL, &err) == 0);
+    memcpy(a, m.params, m.n_params * sizeof *a);
+    REQUIRE(dp_dmodel_get_ema(g, da, &err) == 0);
+    report("ema: started at the device's weights", max_rel(da, a, m.n_params, 1e-2), 1e-6);
+    dp_sim_counts c0 = dp_sim_counts_of(dp_device_ctx(dev));
+    for (int step = 0; step < EMA_STEPS; step++) {
+        int n = step == EMA_STEPS - 2 ? BATCH - 7 : BATCH; /* one short, direct step */
+        pick(idx, n);
+        REQUIRE(dp_dmodel_stage(g, idx, n, &err) == 0);
+        dp_split_gather(x, y, &split, idx, n);
+        dp_model_forward_backward(&m, x, y, n, NULL);
+        if (step == EMA_STEPS - 1) { /* grads + update: the average follows an update too */
+            REQUIRE(dp_dmodel_grads(g, &err) == 0 &&
+                    dp_dmodel_update(g, cfg.lr, 1.0f, &err) == 0);
+        } else {
+            REQUIRE(dp_dmodel_step(g, cfg.lr, &err) == 0);
+        }
+        dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+        for (size_t i = 0; i < m.n_params; i++)
+            a[i] = decay * a[i] + rest * m.params[i];
+    }
+    dp_sim_counts c1 = dp_sim_counts_of(dp_device_ctx(dev));
+    CHECKF(c1.graph_launches - c0.graph_launches == EMA_STEPS - 2, "%ld graph launches, want %d",
+           c1.graph_launches - c0.graph_launches, EMA_STEPS - 2);
+    CHECK(c1.allocs == c0.allocs);
+    REQUIRE(dp_dmodel_get_ema(g, da, &err) == 0);
+    report("ema: average after 12 steps vs the host's formula", max_rel(da, a, m.n_params, 1e-2),
+           1e-5);
+    /* it lags the weights: not a copy of them */
+    REQUIRE(dp_dmodel_get_params(g, a, &err) == 0);
+    CHECK(max_rel(da, a, m.n_params, 1e-2) > 1e-3);
+    /* a given start (a resumed average) is taken as it is */
+    for (size_t i = 0; i < m.n_params; i++)
+        a[i] = (float)i * 1e-6f;
+    REQUIRE(dp_dmodel_ema_start(g, 0.5f, a, &err) == 0 && dp_dmodel_get_ema(g, da, &err) == 0);
+    CHECK(memcmp(a, da, m.n_params * sizeof *a) == 0);
+    dp_dmodel_close(g);
+    g = dopen(&m, NULL);
+    CHECK(dp_dmodel_ema_start(g, 0.5f, NULL, &err) == -1 && strstr(err.msg, "without an optimiser"));
+    dp_dmodel_close(g);
+    dp_optim_free(&o);
+    dp_model_free(&m);
+    free(x), free(a), free(da);
+}
+
+/* Dropout under graph capture: the keys come from the step block, so every
+ * replay draws that step's masks.  With one record a step, a weight after a
+ * dropout is left unchanged exactly where its input was dropped (its
+ * gradient is 0), so which weights moved shows both masks: the device's,
+ * replayed, must move the CPU's weights bit for bit, every step.  The
+ * replayed run also gives the bits of DOWNPOUR_DEVICE_GRAPH=0. */
+static void test_dropout_graph(void)
+{
+    enum { DROP_STEPS = 8 };
+    dp_model m;
+    model_init(&m, "784-dropout0.5-32-relu-dropout0.3-10", 1);
+    dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_SGD);
+    cfg.lr = 0.05f;
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &cfg, m.n_params, &err) == 0);
+    setenv("DOWNPOUR_DEVICE_GRAPH", "0", 1);
+    dp_dmodel *direct = dopen(&m, &cfg);
+    unsetenv("DOWNPOUR_DEVICE_GRAPH");
+    dp_dmodel *g = dopen(&m, &cfg);
+    size_t n = m.n_params;
+    float *prev = malloc(n * sizeof(float)), *cpu_prev = malloc(n * sizeof(float));
+    float *p = malloc(n * sizeof(float)), *q = malloc(n * sizeof(float));
+    float x[DIM];
+    uint8_t y[1];
+    REQUIRE(prev && cpu_prev && p && q);
+    memcpy(prev, m.params, n * sizeof(float));
+    dp_sim_counts c0 = dp_sim_counts_of(dp_device_ctx(dev));
+    long differ = 0, moved = 0, kept = 0;
+    double e = 0;
+    for (int step = 0; step < DROP_STEPS; step++) {
+        uint32_t idx;
+        pick(&idx, 1);
+        REQUIRE(dp_dmodel_stage(g, &idx, 1, &err) == 0 && dp_dmodel_step(g, cfg.lr, &err) == 0);
+        REQUIRE(dp_dmodel_stage(direct, &idx, 1, &err) == 0 &&
+                dp_dmodel_step(direct, cfg.lr, &err) == 0);
+        memcpy(cpu_prev, m.params, n * sizeof(float));
+        dp_split_gather(x, y, &split, &idx, 1);
+        dp_model_forward_backward(&m, x, y, 1, NULL);
+        dp_optim_apply(&o, m.params, m.grads, cfg.lr);
+        REQUIRE(dp_dmodel_get_params(g, p, &err) == 0);
+        for (size_t i = 0; i < n; i++) {
+            int dev_moved = p[i] != prev[i], cpu_moved = m.params[i] != cpu_prev[i];
+            differ += dev_moved != cpu_moved;
+            moved += cpu_moved;
+            kept += !cpu_moved;
+        }
+        double d = max_rel(p, m.params, n, 1e-2);
+        e = d > e ? d : e;
+        memcpy(prev, p, n * sizeof(float));
+    }
+    dp_sim_counts c1 = dp_sim_counts_of(dp_device_ctx(dev));
+    CHECKF(c1.graph_launches - c0.graph_launches == DROP_STEPS,
+           "%ld graph launches for %d steps: the dropout model was not replayed",
+           c1.graph_launches - c0.graph_launches, DROP_STEPS);
+    CHECKF(differ == 0, "replayed dropout: %ld weights moved on one side only (masks differ)",
+           differ);
+    CHECKF(moved > 0 && kept > 0, "the masks showed nothing: %ld moved, %ld kept", moved, kept);
+    printf("  replayed dropout, %d steps: the CPU's masks (%ld weight moves, %ld kept)\n",
+           DROP_STEPS, moved, kept);
+    report("replayed dropout: parameters vs the CPU's", e, 1e-5);
+    REQUIRE(dp_dmodel_get_params(direct, q, &err) == 0);
+    CHECKF(memcmp(p, q, n * sizeof(float)) == 0, "replayed dropout: not the bits of the direct run");
+    dp_dmodel_close(direct);
+    dp_dmodel_close(g);
+    dp_optim_free(&o);
+    dp_model_free(&m);
+    free(prev), free(cpu_prev), free(p), free(q);
+}
+
 /* grads then update equals step; a batch staged before an update survives
  * it; update's scale multiplies the gradients. */
 static void test_pieces(void)
@@ -447,11 +593,6 @@ static void test_errors(void)
     dp_dmodel_close(NULL);
     dp_model_free(&m);
 
-    model_init(&m, "1x28x28-conv5x5x4-relu-lcn5-10", 8);
-    CHECK(dp_dmodel_open(&g, dev, &m, &cfg, &err) == -1);
-    CHECKF(strstr(err.msg, "layer 2 (lcn) has no device kernel yet"), "%s", err.msg);
-    dp_model_free(&m);
-
     /* out of device memory: the first buffer that does not fit, named */
     model_init(&m, "mlp-300-100", 128);
     setenv("DOWNPOUR_SIM_MEMORY", "4300000", 1); /* params, grads, adam's m and v: 4265760 */
@@ -500,14 +641,26 @@ int main(void)
         parity("cnn-mnist", DP_OPTIM_ADAM, 16, 1e-4);
     parity("1x28x28-conv3x3x4p1-relu-avgpool2-local3x3x4s2-relu-maxpool2-10", DP_OPTIM_MOMENTUM,
            9, 1e-4);
+    /* lcn (dlcn.c) after a relu and before a pool, and two of them in
+     * DistBelief's image model */
+    parity("1x28x28-conv5x5x4-relu-lcn5-maxpool2-lcn3-10", DP_OPTIM_MOMENTUM, 9, 1e-4);
+    if (!SANITIZED)
+        parity("distbelief-image", DP_OPTIM_ADAGRAD, 8, 1e-4);
     /* a conv filter's gradient sums 50 x 576 positions, in another order
      * than the CPU's chunked product */
     if (!SANITIZED)
         test_grads("cnn-mnist", 1e-4);
     test_grads("mlp-300-100", 1e-5);
+    /* lcn's layers alone give the CPU's bits (test_device_lcn), and each pair
+     * of this model's stages agrees to ~5e-6; the conv's product rounding,
+     * through lcn's 1/d^2 and a max pool between two lcn layers, reaches
+     * ~2e-4 on the smallest gradients */
+    test_grads("1x28x28-conv5x5x4-relu-lcn5-maxpool2-lcn3-10", 1e-3);
     test_grads("784-dropout0.2-dense50-relu-10", 1e-5);
     test_float_split();
     test_graph();
+    test_ema();
+    test_dropout_graph();
     test_pieces();
     test_round_trip();
     test_errors();

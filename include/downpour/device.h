@@ -133,6 +133,18 @@ int dp_dmodel_set_grads(dp_dmodel *g, const float *grads, dp_err *err);
 int dp_dmodel_get_optim(dp_dmodel *g, float *slots, long *t, dp_err *err);
 int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err);
 
+/* ---- --ema on the device ----
+ * A moving average of the parameters kept beside them, for a trainer whose
+ * weights stay on the device (single; docs/gpu.md, "Checkpoints and
+ * metrics"): after every update (dp_dmodel_step, dp_dmodel_update) it
+ * becomes decay * average + (1 - decay) * params, the formula the loop uses
+ * on the host.  dp_dmodel_ema_start allocates it (once; call it before the
+ * steps) and sets it to start (n_params; NULL: the current parameters);
+ * decay in (0, 1).  Fails on a model opened without an optimiser.
+ * dp_dmodel_get_ema copies it back (waits); fails before a start. */
+int dp_dmodel_ema_start(dp_dmodel *g, float decay, const float *start, dp_err *err);
+int dp_dmodel_get_ema(dp_dmodel *g, float *ema, dp_err *err);
+
 /* ---- collectives (NCCL), for all-reduce replicas that are all on GPUs ----
  * Rank 0 makes an id, every rank receives it (over the run's transport) and
  * joins; then dp_dmodel_allreduce_grads sums the device gradients of every

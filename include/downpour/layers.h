@@ -155,6 +155,9 @@ void dp_avgpool_backward_band(float *din, const float *dout, const dp_window *g,
  * forward kept stays intact, so the backward may run again). */
 #define DP_LCN_EPS 1e-4f
 size_t dp_lcn_keep_floats(const dp_window *g);
+/* u (n): the 1-D Gaussian taps of k, standard deviation n/4, summing to 1
+ * (k(dy, dx) = u(dy) u(dx) / c); the device's lcn uses the same ones. */
+void dp_lcn_taps(float *u, int n);
 void dp_lcn_forward(float *out, float *keep, const float *in, const dp_window *g, int batch);
 /* din (batch, h, w, c) OVERWRITTEN with the gradient of sum(dout * out). */
 void dp_lcn_backward(float *din, const float *dout, float *keep, const dp_window *g,

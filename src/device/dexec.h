@@ -1,9 +1,9 @@
 /* What a layer's device code needs to queue work (private to src/device/):
  * the backend and its context, and the scratch every layer shares.  The
  * model walk (dmodel.c) runs dense, relu, softmax_xent and dropout itself and
- * hands the image layers (conv, maxpool, avgpool, flatten, hwc) to
- * dimage.c, one layer's forward or backward per call (docs/gpu.md,
- * "The executor"). */
+ * hands the image layers (conv, local, maxpool, avgpool, flatten, hwc) to
+ * dimage.c and lcn to dlcn.c, one layer's forward or backward per call
+ * (docs/gpu.md, "Layers"). */
 #ifndef DP_DEVICE_DEXEC_H
 #define DP_DEVICE_DEXEC_H
 
@@ -39,5 +39,19 @@ void dp_dimage_forward(const dp_dexec *x, const dp_layer *L, const float *params
 void dp_dimage_backward(const dp_dexec *x, const dp_layer *L, const float *params, float *grads,
                         const float *in, const float *out, const float *dout, float *din,
                         int batch);
+
+/* lcn (dlcn.c): its passes as kernels over a keep of its own in device
+ * memory, dp_dlcn_keep_floats for batches of up to max_batch rows, holding
+ * what the backward needs and the Gaussian taps.  dp_dlcn_init queues the
+ * taps' copy into keep (once, at open; -1 when the host is out of memory).
+ * The forward writes out (batch, L->out) and keep; the backward, after the
+ * forward with the same keep and batch, OVERWRITES din (batch, L->in) with
+ * the gradient of sum(dout * out), as dp_lcn_backward. */
+size_t dp_dlcn_keep_floats(const dp_layer *L, int max_batch);
+int dp_dlcn_init(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch);
+void dp_dlcn_forward(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch,
+                     const float *in, float *out, int batch);
+void dp_dlcn_backward(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch,
+                      const float *dout, float *din, int batch);
 
 #endif

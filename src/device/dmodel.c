@@ -3,18 +3,20 @@
  *
  * Memory.  Everything is allocated in dp_dmodel_open: parameters, gradients
  * and optimiser slots in the model's flat layout; every layer's output for
- * max_batch rows (act_off, as the CPU model lays out one slot); two
- * ping-pong gradient buffers; a ones vector (bias gradients as products);
+ * max_batch rows (act_off, as the CPU model lays out one slot); each lcn's
+ * keep (keep_off, dlcn.c); two ping-pong gradient buffers; a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
- * dp_dmodel_load_split.
+ * dp_dmodel_load_split, and --ema's moving average is allocated once by
+ * dp_dmodel_ema_start, before the steps.
  *
  * The step block.  Whatever changes from one step to the next (the record
- * indices, lr, adam's lr_t, the gradient scale) reaches the device in ONE
- * H2D copy of a host step block, dp_step_block then max_batch indices, into
- * the device's twin before the step's kernels, which read it there.  So a
- * captured graph replays fresh values.  The host blocks are a ring of RING
+ * indices, lr, adam's lr_t, the gradient scale, each dropout layer's key)
+ * reaches the device in ONE H2D copy of a host step block, dp_step_block,
+ * then one 64-bit key per dropout layer (n_drop), then max_batch indices,
+ * into the device's twin before the step's kernels, which read it there.
+ * So a captured graph replays fresh values, dropout's masks included.  The host blocks are a ring of RING
  * page-locked slots: an H2D copy reads its slot when the stream reaches it,
  * so a slot is reused only after a sync, once every RING steps.
  *
@@ -31,8 +33,9 @@
  * Graphs.  A step for a full batch is captured once and replayed (the
  * launch cost of ~20 kernels goes); a shorter batch runs directly, since a
  * kernel's item count is captured by value.  A longer batch than the one
- * captured recaptures.  Models with dropout run directly: a dropout kernel's
- * key changes every step and dp_ka_dropout takes it by value. */
+ * captured recaptures.  Models with dropout are captured too: the keys are
+ * drawn on the host for each step, in the CPU model's order (slot_keys), and
+ * the dropout kernels read them from the step block. */
 #include "downpour/device.h"
 
 #include <stdio.h>
@@ -61,9 +64,13 @@ struct dp_dmodel {
 
     /* device memory */
     float *params, *grads, *state; /* state: n_slots * n_params */
+    float *ema;                    /* --ema's average (dp_dmodel_ema_start), or NULL */
+    float ema_decay;
     float *acts;                   /* act_off[l]: the output of layer l-1 */
     size_t act_off[DP_MAX_LAYERS + 1];
     float *dacts[2];
+    float *keeps;                      /* every lcn's keep (dlcn.c), or NULL */
+    size_t keep_off[DP_MAX_LAYERS];    /* layer l's (an lcn) in keeps */
     float *ones, *x;
     uint8_t *y;
     dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
@@ -82,8 +89,8 @@ struct dp_dmodel {
     int staged;    /* records staged in the current slot; 0: none */
 
     uint64_t drop_base, drop_count; /* a copy of the model's, drawn in the same order */
-    uint64_t drop_keys[DP_MAX_LAYERS]; /* each dropout's key in the last forward */
-    int has_dropout;
+    int n_drop;                      /* dropout layers: keys in each step block */
+    int drop_at[DP_MAX_LAYERS];      /* a dropout layer's key's place among them */
 
     int graphs;  /* the backend has them and DOWNPOUR_DEVICE_GRAPH is not 0 */
     void *graph; /* the captured step for graph_n records */
@@ -116,7 +123,8 @@ static int sync_err(dp_dmodel *g, const char *what, dp_err *err)
 /* ---- layers ---- */
 
 /* Whether the walk below runs layer kind k: dense, relu, the loss and
- * dropout here, the image layers through dimage.c. */
+ * dropout here, lcn through dlcn.c, the other image layers through
+ * dimage.c. */
 static int supported(dp_layer_kind k)
 {
     switch (k) {
@@ -124,6 +132,7 @@ static int supported(dp_layer_kind k)
     case DP_LAYER_RELU:
     case DP_LAYER_SOFTMAX_XENT:
     case DP_LAYER_DROPOUT:
+    case DP_LAYER_LCN: /* through dlcn.c */
         return 1;
     default:
         return dp_dimage_supported(k);
@@ -150,12 +159,22 @@ static void gemm(dp_dmodel *g, int ta, int tb, int m, int n, int k, const float 
     g->be->gemm(g->ctx, &p);
 }
 
+/* The dropout keys after a step block (host or device), and the indices
+ * after them. */
+_Static_assert(sizeof(dp_step_block) % sizeof(uint64_t) == 0, "the keys must be aligned");
+static uint64_t *block_keys(dp_step_block *b) { return (uint64_t *)(b + 1); }
+
+static uint32_t *block_idx(const dp_dmodel *g, dp_step_block *b)
+{
+    return (uint32_t *)(block_keys(b) + g->n_drop);
+}
+
 static void gather(dp_dmodel *g, int batch)
 {
     dp_kernel k = {.id = g->values ? DP_K_GATHER_F32 : DP_K_GATHER,
                    .items = (long)batch * g->inputs};
     k.u.gather = (dp_ka_gather){g->x, g->y, g->images, g->values, g->labels,
-                                (const uint32_t *)(g->block + 1), g->inputs};
+                                block_idx(g, g->block), g->inputs};
     launch(g, &k);
 }
 
@@ -190,17 +209,16 @@ static void forward(dp_dmodel *g, int batch)
             k.u.xent_fwd = (dp_ka_xent_fwd){out, inp, g->y, g->tally, d->out};
             launch(g, &k);
             break;
-        case DP_LAYER_DROPOUT: {
-            /* model.c's seed for this forward, then dropout.c's key and threshold */
-            uint64_t seed = mix64(g->drop_base + ++g->drop_count * GOLDEN + (uint64_t)l);
-            g->drop_keys[l] = mix64(seed);
+        case DP_LAYER_DROPOUT: /* the step's key, read from the step block */
             k.id = DP_K_DROPOUT;
-            k.u.dropout = (dp_ka_dropout){out, inp, g->drop_keys[l],
+            k.u.dropout = (dp_ka_dropout){out, inp, block_keys(g->block) + g->drop_at[l],
                                           (uint64_t)((double)d->rate * 4294967296.0),
                                           1.0f / (1.0f - d->rate)};
             launch(g, &k);
             break;
-        }
+        case DP_LAYER_LCN:
+            dp_dlcn_forward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, inp, out, batch);
+            break;
         default: /* the image layers; the rest was refused by dp_dmodel_open */
             dp_dimage_forward(&g->ex, d, g->params, inp, out, batch, last > l);
             break;
@@ -262,10 +280,15 @@ static void backward(dp_dmodel *g, int batch)
             if (!din)
                 break;
             k.id = DP_K_DROPOUT;
-            k.u.dropout = (dp_ka_dropout){din, dout, g->drop_keys[l],
+            k.u.dropout = (dp_ka_dropout){din, dout, block_keys(g->block) + g->drop_at[l],
                                           (uint64_t)((double)d->rate * 4294967296.0),
                                           1.0f / (1.0f - d->rate)};
             launch(g, &k);
+            break;
+        case DP_LAYER_LCN:
+            if (din)
+                dp_dlcn_backward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, dout, din,
+                                 batch);
             break;
         default: /* the image layers; dout is already masked by a fused relu's backward */
             dp_dimage_backward(&g->ex, d, g->params, g->grads, inp, act(g, l + 1), dout, din,
@@ -293,6 +316,11 @@ static void update(dp_dmodel *g)
     k.u.optim = (dp_ka_optim){g->params, g->grads, g->state, s1, g->block,
                               c->momentum, c->beta1, c->beta2, c->eps};
     launch(g, &k);
+    if (g->ema) { /* the average follows every update, as the loop's on the host */
+        k.id = DP_K_EMA;
+        k.u.ema = (dp_ka_ema){g->ema, g->params, g->ema_decay, 1.0f - g->ema_decay};
+        launch(g, &k);
+    }
 }
 
 /* ---- the host step blocks ---- */
@@ -314,14 +342,33 @@ static int slot_acquire(dp_dmodel *g, const char *what, dp_err *err)
     return 0;
 }
 
-/* Queues the current slot's copy (with its staged indices when `indices`)
- * and moves to the next slot. */
-static void slot_send(dp_dmodel *g, int indices)
+/* Bytes of a step block with its keys and `staged` indices. */
+static size_t block_bytes(const dp_dmodel *g, int staged)
 {
-    size_t bytes = sizeof(dp_step_block) + (indices ? (size_t)g->staged * sizeof(uint32_t) : 0);
+    return sizeof(dp_step_block) + (size_t)g->n_drop * sizeof(uint64_t) +
+           (size_t)staged * sizeof(uint32_t);
+}
+
+/* Queues the current slot's copy (with its keys and staged indices when
+ * `batch`) and moves to the next slot. */
+static void slot_send(dp_dmodel *g, int batch)
+{
+    size_t bytes = batch ? block_bytes(g, g->staged) : sizeof(dp_step_block);
     g->be->copy(g->ctx, g->block, slot(g), bytes, DP_COPY_H2D);
     g->cur = (g->cur + 1) % RING;
     g->used++;
+}
+
+/* The keys of the next forward's dropout layers: model.c's seed for each,
+ * drawn in layer order as the CPU's forward draws them, then dropout.c's
+ * key from it. */
+static void slot_keys(dp_dmodel *g)
+{
+    uint64_t *keys = block_keys(slot(g));
+    for (int l = 0; l < g->n_layers; l++)
+        if (g->layers[l].kind == DP_LAYER_DROPOUT)
+            keys[g->drop_at[l]] =
+                mix64(mix64(g->drop_base + ++g->drop_count * GOLDEN + (uint64_t)l));
 }
 
 /* lr and lr_t for the next update, t counted as dp_optim_begin does. */
@@ -367,7 +414,8 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     g->drop_base = m->drop_base;
     g->drop_count = m->drop_count;
     for (int l = 0; l < m->n_layers; l++)
-        g->has_dropout |= m->layers[l].kind == DP_LAYER_DROPOUT;
+        if (m->layers[l].kind == DP_LAYER_DROPOUT)
+            g->drop_at[l] = g->n_drop++;
     if (oc) {
         if (dp_optim_init(&g->opt, oc, 0, err) < 0) /* checks oc; n = 0 holds no state */
             goto fail;
@@ -375,7 +423,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         g->n_slots = dp_optim_slots(oc->kind);
     }
     const char *env = getenv("DOWNPOUR_DEVICE_GRAPH");
-    g->graphs = g->be->capture_begin && !(env && strcmp(env, "0") == 0) && !g->has_dropout;
+    g->graphs = g->be->capture_begin && !(env && strcmp(env, "0") == 0);
 
     size_t mb = (size_t)g->max_batch, pbytes = g->n_params * sizeof(float);
     size_t acts = 0, width = 0;
@@ -389,6 +437,12 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
             width = (size_t)L->out;
     }
     size_t dact = line_floats(mb * width);
+    size_t keeps = 0;
+    for (int l = 0; l < g->n_layers; l++)
+        if (g->layers[l].kind == DP_LAYER_LCN) {
+            g->keep_off[l] = keeps;
+            keeps += dp_dlcn_keep_floats(&g->layers[l], g->max_batch);
+        }
     size_t scratch = 0, ones = mb;
     for (int l = 0; l < g->n_layers; l++)
         if (dp_dimage_supported(g->layers[l].kind)) {
@@ -404,6 +458,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
         !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
         !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
+        (keeps && !(g->keeps = dalloc(g, keeps * sizeof(float), "lcn state", err))) ||
         (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
                      !(g->ex.drows = dalloc(g, scratch * sizeof(float), "lowering scratch",
                                             err)))) ||
@@ -413,7 +468,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         goto fail;
     g->dacts[1] = g->dacts[0] + dact;
     g->ex = (dp_dexec){g->be, g->ctx, g->ones, (long)ones, g->ex.rows, g->ex.drows, scratch};
-    g->slot_bytes = (sizeof(dp_step_block) + mb * sizeof(uint32_t) + 63) & ~(size_t)63;
+    g->slot_bytes = (block_bytes(g, g->max_batch) + 63) & ~(size_t)63;
     if (!(g->block = dalloc(g, g->slot_bytes, "step block", err)))
         goto fail;
     g->ring = g->be->host_alloc(g->ctx, RING * g->slot_bytes);
@@ -432,6 +487,12 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         k.u.fill = (dp_ka_fill){g->state, oc->initial_accumulator};
         launch(g, &k);
     }
+    for (int l = 0; l < g->n_layers; l++)
+        if (g->layers[l].kind == DP_LAYER_LCN &&
+            dp_dlcn_init(&g->ex, &g->layers[l], g->keeps + g->keep_off[l], g->max_batch) < 0) {
+            dp_errf(err, "dp_dmodel_open: out of memory for layer %d's (lcn) taps", l);
+            goto fail;
+        }
     g->be->copy(g->ctx, g->params, m->params, pbytes, DP_COPY_H2D);
     if (sync_err(g, "dp_dmodel_open", err) < 0)
         goto fail;
@@ -452,9 +513,9 @@ void dp_dmodel_close(dp_dmodel *g)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
-    void *dev[] = {g->params, g->grads, g->state, g->acts, g->dacts[0], g->ones, g->x,
-                   g->y, g->tally, g->block, g->split_records, g->split_labels, g->ex.rows,
-                   g->ex.drows};
+    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
+                   g->ones, g->x, g->y, g->tally, g->block, g->split_records,
+                   g->split_labels, g->ex.rows, g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             g->be->free(g->ctx, dev[i]);
@@ -534,7 +595,7 @@ int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
     if (slot_acquire(g, "dp_dmodel_stage", err) < 0)
         return -1;
     dp_step_block *b = slot(g);
-    memcpy(b + 1, idx, (size_t)n * sizeof *idx);
+    memcpy(block_idx(g, b), idx, (size_t)n * sizeof *idx);
     b->n = (uint32_t)n;
     g->staged = n;
     return 0;
@@ -582,6 +643,7 @@ int dp_dmodel_step(dp_dmodel *g, float lr, dp_err *err)
     if (replay && n > g->graph_n && capture(g, n, err) < 0)
         return -1;
     slot_rates(g, lr, 1.0f);
+    slot_keys(g);
     slot_send(g, 1);
     g->staged = 0;
     if (replay) {
@@ -598,6 +660,7 @@ int dp_dmodel_grads(dp_dmodel *g, dp_err *err)
     int n = g->staged;
     if (!n)
         return dp_errf(err, "dp_dmodel_grads: no batch staged (dp_dmodel_stage first)");
+    slot_keys(g);
     slot_send(g, 1);
     g->staged = 0;
     run_step(g, n, 0);
@@ -619,7 +682,7 @@ int dp_dmodel_update(dp_dmodel *g, float lr, float scale, dp_err *err)
         g->staged = 0;
         if (slot_acquire(g, "dp_dmodel_update", err) < 0)
             return -1;
-        memcpy(slot(g), sent, sizeof *sent + (size_t)staged * sizeof(uint32_t));
+        memcpy(slot(g), sent, block_bytes(g, staged));
         g->staged = staged;
     }
     return 0;
@@ -699,6 +762,39 @@ int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err)
         return -1;
     g->opt.t = t;
     return 0;
+}
+
+/* ---- --ema ---- */
+
+int dp_dmodel_ema_start(dp_dmodel *g, float decay, const float *start, dp_err *err)
+{
+    if (!(decay > 0.0f && decay < 1.0f))
+        return dp_errf(err, "dp_dmodel_ema_start: decay %g is not in (0, 1)", (double)decay);
+    if (!g->has_opt)
+        return dp_errf(err, "dp_dmodel_ema_start: the model was opened without an optimiser, "
+                            "so it has no updates to average");
+    if (sync_err(g, "dp_dmodel_ema_start", err) < 0)
+        return -1;
+    if (!g->ema && !(g->ema = dalloc(g, g->n_params * sizeof(float), "moving average", err)))
+        return -1;
+    if (g->graph) { /* captured without the average's kernel */
+        g->be->graph_free(g->ctx, g->graph);
+        g->graph = NULL;
+        g->graph_n = 0;
+    }
+    g->ema_decay = decay;
+    size_t bytes = g->n_params * sizeof(float);
+    if (start)
+        return to_device(g, g->ema, start, bytes, "dp_dmodel_ema_start", err);
+    g->be->copy(g->ctx, g->ema, g->params, bytes, DP_COPY_D2D);
+    return sync_err(g, "dp_dmodel_ema_start", err);
+}
+
+int dp_dmodel_get_ema(dp_dmodel *g, float *ema, dp_err *err)
+{
+    if (!g->ema)
+        return dp_errf(err, "dp_dmodel_get_ema: no moving average (dp_dmodel_ema_start first)");
+    return to_host(g, ema, g->ema, g->n_params * sizeof(float), "dp_dmodel_get_ema", err);
 }
 
 /* ---- collectives ---- */

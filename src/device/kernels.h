@@ -8,9 +8,9 @@
  * only its item's outputs, except through DP_ATOMIC_ADD (tallies); floats
  * with the same formula as the CPU kernel it mirrors (layers.h, optim.h),
  * so the two agree to rounding.  Values that change from one step to the
- * next (the learning rate, the batch's record indices) are read from the
- * device's step block, never passed by value, so a captured graph replays
- * them fresh (backend.h, "Graphs").
+ * next (the learning rate, the batch's record indices, dropout's keys) are
+ * read from the device's step block, never passed by value, so a captured
+ * graph replays them fresh (backend.h, "Graphs").
  *
  * Adding a kernel: its argument struct, a member in dp_kernel's union, a
  * body dp_k_<name>(const dp_kernel *, long), and a line in DP_KERNELS. */
@@ -61,9 +61,42 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
 } dp_ka_layout;
 /* ---- end of image layers (1/2) ---- */
 
+/* ---- lcn (1/2): kernel list and arguments (dlcn.c) ----
+ * Local contrast normalisation as lcn.c computes it, per sample of N = h*w
+ * pixels of c channels: one kernel per pass of lcn.c's forward_sample and
+ * backward_sample, each item repeating lcn.c's float operations for its
+ * pixel in lcn.c's order, so the two agree bit for bit.  The two sums over
+ * a whole map (the mean of s, and gM) are one item per sample, in double
+ * in pixel order as lcn.c sums them. */
+#define DP_KERNELS_LCN(X)                                                                        \
+    X(LCN_SUM, lcn_sum)                                                                          \
+    X(LCN_BLUR_H, lcn_blur_h)                                                                    \
+    X(LCN_BLUR_V, lcn_blur_v)                                                                    \
+    X(LCN_CENTER, lcn_center)                                                                    \
+    X(LCN_MEAN, lcn_mean)                                                                        \
+    X(LCN_DIV, lcn_div)                                                                          \
+    X(LCN_GD, lcn_gd)                                                                            \
+    X(LCN_GM, lcn_gm)                                                                            \
+    X(LCN_GS, lcn_gs)                                                                            \
+    X(LCN_GV, lcn_gv)                                                                            \
+    X(LCN_ADD, lcn_add)
+
+typedef struct dp_ka_lcn { /* every lcn kernel; items as each body says */
+    float *out;            /* forward: the layer's output; backward: din */
+    const float *in;       /* forward: its input x; backward: dout */
+    /* the layer's keep on the device, per sample r: v + r*N*c (x - m, (N, c)),
+     * s, a, b + r*N (maps), mean[r] and gm[r] (gM / N) */
+    float *v, *s, *a, *b, *mean, *gm;
+    const float *u; /* the n Gaussian taps (dp_lcn_taps) */
+    int c, h, w, n;
+    float eps; /* DP_LCN_EPS */
+} dp_ka_lcn;
+/* ---- end of lcn (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
+    DP_KERNELS_LCN(X)                                                                            \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -78,7 +111,8 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
     X(MOMENTUM, momentum)                                                                        \
     X(NESTEROV, nesterov)                                                                        \
     X(ADAGRAD, adagrad)                                                                          \
-    X(ADAM, adam)
+    X(ADAM, adam)                                                                                \
+    X(EMA, ema)
 
 typedef enum dp_kernel_id {
 #define DP_K_ENUM(ID, name) DP_K_##ID,
@@ -88,8 +122,9 @@ typedef enum dp_kernel_id {
 } dp_kernel_id;
 
 /* The step block: one per step in device memory, written by one H2D copy
- * before the step's kernels (dmodel.c, "The step block").  The batch's
- * record indices follow it. */
+ * before the step's kernels (dmodel.c, "The step block").  The step's
+ * dropout keys (one uint64_t per dropout layer) follow it, then the batch's
+ * record indices. */
 typedef struct dp_step_block {
     float lr;    /* this update's learning rate */
     float lr_t;  /* adam: lr sqrt(1 - b2^t) / (1 - b1^t) */
@@ -138,7 +173,8 @@ typedef struct dp_ka_xent_bwd { /* items rows*classes: (probs - onehot) / rows *
 typedef struct dp_ka_dropout { /* items n: layers.h's dropout, bit for bit */
     float *out;                /* may alias in */
     const float *in;
-    uint64_t key, threshold;
+    const uint64_t *key;       /* dropout.c's key: the step's, in the step block */
+    uint64_t threshold;
     float scale;
 } dp_ka_dropout;
 typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's formulas */
@@ -148,6 +184,12 @@ typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's for
     const dp_step_block *step; /* lr, lr_t, scale */
     float mu, b1, b2, eps;
 } dp_ka_optim;
+
+typedef struct dp_ka_ema { /* items n: --ema's average, a = decay a + rest p (loop.c's) */
+    float *a;
+    const float *p;
+    float decay, rest; /* rest = 1 - decay, rounded once as the loop rounds it */
+} dp_ka_ema;
 
 typedef struct dp_kernel {
     dp_kernel_id id;
@@ -163,8 +205,10 @@ typedef struct dp_kernel {
         dp_ka_xent_bwd xent_bwd;
         dp_ka_dropout dropout;
         dp_ka_optim optim;
+        dp_ka_ema ema;
         dp_ka_window window; /* image layers */
         dp_ka_layout layout;
+        dp_ka_lcn lcn;
     } u;
 } dp_kernel;
 
@@ -265,7 +309,7 @@ DP_HD uint64_t dp_k_mix64(uint64_t z)
 DP_HD void dp_k_dropout(const dp_kernel *k, long i)
 {
     const dp_ka_dropout *a = &k->u.dropout;
-    uint64_t h = dp_k_mix64(a->key ^ (uint64_t)(i >> 1) * 0x9e3779b97f4a7c15ULL);
+    uint64_t h = dp_k_mix64(*a->key ^ (uint64_t)(i >> 1) * 0x9e3779b97f4a7c15ULL);
     uint32_t u = (i & 1) ? (uint32_t)(h >> 32) : (uint32_t)h;
     float x = a->in[i];
     uint32_t bits;
@@ -317,6 +361,12 @@ DP_HD void dp_k_adam(const dp_kernel *k, long i)
     a->s0[i] = m;
     a->s1[i] = v;
     a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
+}
+
+DP_HD void dp_k_ema(const dp_kernel *k, long i)
+{
+    const dp_ka_ema *a = &k->u.ema;
+    a->a[i] = a->decay * a->a[i] + a->rest * a->p[i];
 }
 
 /* ---- image layers (2/2): bodies (the CPU kernels are in window.c, pool2d.c) ----
@@ -504,5 +554,169 @@ DP_HD void dp_k_layout(const dp_kernel *k, long i)
         a->out[i] = a->in[base + e % c * hw + e / c];
 }
 /* ---- end of image layers (2/2) ---- */
+
+/* ---- lcn (2/2): bodies (the CPU's are in lcn.c) ---- */
+
+/* lcn.c's divisor: max(mean, s, eps), ties to the mean, then to s; *who is
+ * 0 (mean), 1 (s) or 2 (eps). */
+DP_HD float dp_k_lcn_divisor(float mean, float s, float eps, int *who)
+{
+    float d = mean;
+    *who = 0;
+    if (s > d) {
+        d = s;
+        *who = 1;
+    }
+    if (eps > d) {
+        d = eps;
+        *who = 2;
+    }
+    return d;
+}
+
+/* Item i = pixel (r, p), items batch*N: a = sum over the channels of x. */
+DP_HD void dp_k_lcn_sum(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    float t = 0.0f;
+    for (int ch = 0; ch < a->c; ch++)
+        t += a->in[i * a->c + ch];
+    a->a[i] = t;
+}
+
+/* blur's horizontal pass, item i = pixel (r, y, x), items batch*N:
+ * b = sum_j u[j] a(y, x + j - n/2), taps off the map skipped, j ascending. */
+DP_HD void dp_k_lcn_blur_h(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    int x = (int)(i % a->w), rad = a->n / 2;
+    const float *row = a->a + (i - x);
+    float t = 0.0f;
+    for (int j = 0; j < a->n; j++) {
+        int xx = x + j - rad;
+        if (xx >= 0 && xx < a->w)
+            t += a->u[j] * row[xx];
+    }
+    a->b[i] = t;
+}
+
+/* blur's vertical pass with the factor 1/c, item i = pixel (r, y, x):
+ * a = sum_i (u[i] / c) b(y + i - n/2, x), as blur() with scale 1/c. */
+DP_HD void dp_k_lcn_blur_v(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    int np = a->h * a->w, rad = a->n / 2;
+    long r = i / np;
+    int p = (int)(i - r * np), y = p / a->w, x = p - y * a->w;
+    float inv_c = 1.0f / (float)a->c, t = 0.0f;
+    const float *map = a->b + r * np;
+    for (int j = 0; j < a->n; j++) {
+        int yy = y + j - rad;
+        if (yy >= 0 && yy < a->h)
+            t += a->u[j] * inv_c * map[yy * a->w + x];
+    }
+    a->a[i] = t;
+}
+
+/* Item i = pixel (r, p), items batch*N: v = x - m (m in a), then a = sum_c v^2. */
+DP_HD void dp_k_lcn_center(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    float m = a->a[i], t = 0.0f;
+    for (int ch = 0; ch < a->c; ch++) {
+        float e = a->in[i * a->c + ch] - m;
+        a->v[i * a->c + ch] = e;
+        t += e * e;
+    }
+    a->a[i] = t;
+}
+
+/* Item r = a sample, items batch: s = sqrt(S) per pixel (S in a), and the
+ * map's mean of s, summed in double in pixel order. */
+DP_HD void dp_k_lcn_mean(const dp_kernel *k, long r)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long np = (long)a->h * a->w;
+    double sum = 0.0;
+    for (long p = r * np; p < (r + 1) * np; p++) {
+        a->s[p] = sqrtf(a->a[p]);
+        sum += a->s[p];
+    }
+    a->mean[r] = (float)(sum / (double)np);
+}
+
+/* Item i = output float (r, p, ch), items batch*N*c: out = v / d. */
+DP_HD void dp_k_lcn_div(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long pix = i / a->c, np = (long)a->h * a->w;
+    int who;
+    float d = dp_k_lcn_divisor(a->mean[pix / np], a->s[pix], a->eps, &who);
+    a->out[i] = a->v[i] / d;
+}
+
+/* Item i = pixel (r, p), items batch*N: a = gd = -<dout, v> / d^2. */
+DP_HD void dp_k_lcn_gd(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long np = (long)a->h * a->w;
+    int who;
+    float d = dp_k_lcn_divisor(a->mean[i / np], a->s[i], a->eps, &who), e = 0.0f;
+    for (int ch = 0; ch < a->c; ch++)
+        e += a->in[i * a->c + ch] * a->v[i * a->c + ch];
+    a->a[i] = -e / (d * d);
+}
+
+/* Item r = a sample, items batch: gm = gM / N, gM the sum of gd where the
+ * mean won, in double in pixel order. */
+DP_HD void dp_k_lcn_gm(const dp_kernel *k, long r)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long np = (long)a->h * a->w;
+    double sum = 0.0;
+    for (long p = r * np; p < (r + 1) * np; p++) {
+        int who;
+        dp_k_lcn_divisor(a->mean[r], a->s[p], a->eps, &who);
+        if (who == 0)
+            sum += a->a[p];
+    }
+    a->gm[r] = (float)(sum / (double)np);
+}
+
+/* Item i = pixel (r, p), items batch*N: a = dL/dS = (gd where s won, + gm) / (2 s). */
+DP_HD void dp_k_lcn_gs(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long np = (long)a->h * a->w, r = i / np;
+    int who;
+    dp_k_lcn_divisor(a->mean[r], a->s[i], a->eps, &who);
+    float gs = (who == 1 ? a->a[i] : 0.0f) + a->gm[r];
+    a->a[i] = a->s[i] > 0.0f ? gs / (2.0f * a->s[i]) : 0.0f;
+}
+
+/* Item i = pixel (r, p), items batch*N: din = dL/dv = dout / d + 2 v dL/dQ
+ * (dL/dQ in a), then a = -sum_c dL/dv. */
+DP_HD void dp_k_lcn_gv(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    long np = (long)a->h * a->w;
+    int who;
+    float d = dp_k_lcn_divisor(a->mean[i / np], a->s[i], a->eps, &who);
+    float gq2 = 2.0f * a->a[i], t = 0.0f;
+    for (int ch = 0; ch < a->c; ch++) {
+        float gv = a->in[i * a->c + ch] / d + gq2 * a->v[i * a->c + ch];
+        a->out[i * a->c + ch] = gv;
+        t += gv;
+    }
+    a->a[i] = -t;
+}
+
+/* Item i = input float (r, p, ch), items batch*N*c: din += dL/dxs (in a). */
+DP_HD void dp_k_lcn_add(const dp_kernel *k, long i)
+{
+    const dp_ka_lcn *a = &k->u.lcn;
+    a->out[i] += a->a[i / a->c];
+}
+/* ---- end of lcn (2/2) ---- */
 
 #endif

@@ -42,8 +42,7 @@ static keep_map keep_layout(const dp_window *g)
 
 size_t dp_lcn_keep_floats(const dp_window *g) { return keep_layout(g).stride; }
 
-/* u: the n-tap Gaussian of standard deviation n/4, summing to 1. */
-static void gauss_taps(float *u, int n)
+void dp_lcn_taps(float *u, int n)
 {
     double sigma = n / 4.0, r = (n - 1) / 2.0, sum = 0.0;
     for (int j = 0; j < n; j++)
@@ -119,7 +118,7 @@ static void forward_sample(float *restrict out, float *keep, const float *restri
     const float inv_c = 1.0f / (float)c;
     float *restrict v = keep + km.v, *restrict s = keep + km.s;
     float *restrict a = keep + km.a, *restrict b = keep + km.b, *restrict u = keep + km.u;
-    gauss_taps(u, n);
+    dp_lcn_taps(u, n);
     for (size_t p = 0; p < np; p++) {
         float t = 0.0f;
         for (int ch = 0; ch < c; ch++)

@@ -1,8 +1,8 @@
 /* single: one process trains alone with a local optimiser.  The reference
  * every distributed strategy is checked against.  On a device (--device)
- * the whole step, the update included, runs there, and the weights and the
- * optimiser state come back to the host only to be evaluated or saved
- * (docs/gpu.md). */
+ * the whole step, the update included, runs there, and the weights, --ema's
+ * moving average (kept there too) and the optimiser state come back to the
+ * host only to be evaluated or saved (docs/gpu.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@ struct dp_strategy {
     dp_optim opt;
     int unfused; /* DOWNPOUR_UNFUSED_UPDATE=1: the optimiser after backprop */
     dp_dmodel *dev; /* on a device: the model and its optimiser there; NULL on the CPU */
+    float *ema;     /* on a device with --ema: the average brought back to evaluate */
 };
 
 static int update(void *self, float *params, const float *grads, int records, float lr,
@@ -34,18 +35,13 @@ static void single_close(dp_strategy *s)
     if (!s)
         return;
     dp_strategy_device_close(s->dev);
+    free(s->ema);
     dp_optim_free(&s->opt);
     free(s);
 }
 
 static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err)
 {
-    /* The loop keeps --ema from the host's weights after every step; on a
-     * device they are there only when evaluated. */
-    if (env->cfg->device.kind != DP_DEVICE_CPU && env->cfg->ema > 0)
-        return dp_errf(err, "--ema with --device: single keeps its weights on the device, and "
-                            "the moving average is kept on the host (not built for devices "
-                            "yet; docs/gpu.md). Hint: drop --ema, or use --device cpu");
     dp_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -66,12 +62,25 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
         single_close(s);
         return -1;
     }
+    /* On a device the host's weights are not live, so the loop cannot keep
+     * --ema from them: the device keeps it, starting where the loop would
+     * (the resumed average, else the weights). */
+    float ema = env->cfg->ema;
+    if (s->dev && ema > 0 &&
+        (!(s->ema = malloc(env->model->n_params * sizeof(float))) ||
+         dp_dmodel_ema_start(s->dev, ema, env->resume ? env->resume->ema : NULL, err) < 0)) {
+        if (!s->ema)
+            dp_errf(err, "out of memory for --ema's average (%zu parameters)",
+                    env->model->n_params);
+        single_close(s);
+        return -1;
+    }
     info->device = s->dev;
     const char *unfused = getenv("DOWNPOUR_UNFUSED_UPDATE");
     s->unfused = unfused && strcmp(unfused, "1") == 0;
     info->part = DP_PART_TRAINER;
     info->evaluator = 1;
-    info->live_params = 1;
+    info->live_params = !s->dev;
     info->shard_index = 0;
     info->shard_count = 1;
     info->replicas = 1;
@@ -108,7 +117,8 @@ static int single_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_er
 
 static const float *single_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
-    (void)which;
+    if (which == DP_WEIGHTS_AVERAGE && s->ema)
+        return dp_dmodel_get_ema(s->dev, s->ema, err) < 0 ? NULL : s->ema;
     if (s->dev && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
         return NULL;
     return s->m->params;
@@ -117,9 +127,10 @@ static const float *single_params(dp_strategy *s, dp_weights which, dp_err *err)
 static int single_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
     (void)step;
-    if (s->dev)
+    if (s->dev) /* the loop's st->ema is the device's on a device (live_params 0) */
         return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
-                       dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0
+                       dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0 ||
+                       (s->ema && st->ema && dp_dmodel_get_ema(s->dev, st->ema, err) < 0)
                    ? -1
                    : 1;
     memcpy(st->params, s->m->params, s->m->n_params * sizeof(float));
