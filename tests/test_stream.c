@@ -93,6 +93,28 @@ static void write_bytes_file(const char *path, uint32_t first, uint32_t n)
     REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
 }
 
+/* A file of n raw-byte Examples whose record `big` carries a feature "pad"
+ * of pad bytes beside its image. */
+static void write_padded_file(const char *path, uint32_t n, uint32_t big, size_t pad)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
+    uint8_t px[DIM], *zeros = calloc(pad, 1);
+    REQUIRE(zeros);
+    for (uint32_t i = 0; i < n; i++) {
+        pixels_of(px, i);
+        dp_bytes b = {px, DIM}, z = {zeros, pad};
+        int64_t label = i % 10;
+        const dp_feature fs[3] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label},
+                                  {"pad", DP_FEATURE_BYTES, 1, &z, NULL, NULL}};
+        write_example(w, fs, i == big ? 3 : 2);
+    }
+    free(zeros);
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
 /* A gzip file of n PNG Examples, records first .. first+n-1. */
 static void write_png_file(const char *path, uint32_t first, uint32_t n)
 {
@@ -766,6 +788,47 @@ static void test_heap_stream(const ds *d, const char *mode, size_t decoded)
     unsetenv("DOWNPOUR_STREAM_READER");
 }
 
+/* A record much larger than the first, for which the reserve was
+ * measured: refused, naming it, before it is read when the bound has no
+ * room for it; read when it has, the stream still within its bound. */
+static void test_later_record_larger(void)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/grow", scratch);
+    REQUIRE(mkdir(p, 0755) == 0);
+    write_padded_file(path_of("grow", "g-train.tfrecord"), 200, 150, 300000);
+    write_bytes_file(path_of("grow", "g-test.tfrecord"), 5000, 5);
+    ds g;
+    ds_open(&g, "grow", 200, 256 << 10, 0);
+    dp_stream *s = open_ok(&g, DP_SHARD_OFF, 0, 1, 1, 0, 16);
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    int got, n = 0;
+    while ((got = dp_stream_next(s, xb, yb, 16, &err)) > 0)
+        n += got;
+    CHECK(got == -1 && n == 144); /* the batches before record 150's */
+    CHECKF(strstr(err.msg, "g-train.tfrecord: record 150") && strstr(err.msg, "above the limit"),
+           "%s", err.msg);
+    CHECK(dp_stream_peak_bytes(s) <= g.src.memory);
+    dp_stream_close(s);
+    /* a bound with room for it beside a window of 16: read through */
+    g.src.memory = 1 << 20;
+    g.src.window = 16;
+    size_t base = heap_in_use();
+    s = open_ok(&g, DP_SHARD_OFF, 0, 1, 1, 1, 16);
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    n = 0;
+    while ((got = dp_stream_next(s, xb, yb, 16, &err)) > 0)
+        n += got;
+    CHECKF(got == 0 && n == 200, "%s", err.msg);
+    size_t peak = dp_stream_peak_bytes(s);
+    CHECKF(peak > 300000 && peak <= g.src.memory, "peak %zu", peak);
+    if (base)
+        CHECK(heap_in_use() - base <= g.src.memory + HEAP_SLACK);
+    dp_stream_close(s);
+    dp_data_files_free(&g.files);
+}
+
 /* A streamed dataset holds test records, validation records and a stream:
  * together within its budget (docs/datasets.md, "The decoded cache or
  * streaming"). */
@@ -859,6 +922,7 @@ int main(void)
     test_heap_stream(&p, "thread", (size_t)2100 * DIM);
     dp_data_files_free(&p.files);
     test_heap_dataset();
+    test_later_record_larger();
 
     if (!check_failures)
         scratch_remove(scratch);
