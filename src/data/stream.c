@@ -711,10 +711,12 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     if (window == 0) {
         window = (src->memory - base) / per_win;
     } else if (base + (size_t)window * per_win > src->memory) {
+        size_t want = base + (size_t)window * per_win;
         return dp_errf(err, "stream: a window of %u records of %zu bytes, with the reader's "
                        "buffers (%zu bytes) and a queue of %u records, needs %zu bytes, above "
-                       "the memory bound of %zu%s", src->window, rec, reserve, queue,
-                       base + (size_t)window * per_win, src->memory, note);
+                       "the memory bound of %zu%s: a smaller window, or %s of at least %zu",
+                       src->window, rec, reserve, queue, want, src->memory, note,
+                       src->held ? "a budget (--data-memory)" : "a bound", want + src->held);
     }
     if (window > records)
         window = records;
