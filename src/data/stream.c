@@ -168,11 +168,11 @@ int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k
  * record of `file`, with room for later records twice its size
  * (dp_record_reader_reserve counts it: records.h).  Measured, not guessed,
  * so a gzip file's zlib state, the Example's arrays and a PNG's decoding
- * are in it.  `room` is what the bound leaves the reader: when the open
- * reader alone passes it, *reserve is what it holds and no record is read
- * (the caller refuses the bound); else the record is read under that cap.
- * The probe reader and its record are freed before the stream allocates
- * anything. */
+ * are in it.  `room` is what the bound leaves the reader: the record is
+ * read under that cap, unless the open reader alone passes it, when the
+ * caller refuses the bound and the record is read only to tell it the
+ * whole reserve.  The probe reader and its record are freed before the
+ * stream allocates anything. */
 static int probe_reserve(const dp_stream_source *src, size_t file, size_t room,
                          size_t *reserve, dp_err *err)
 {
@@ -180,17 +180,13 @@ static int probe_reserve(const dp_stream_source *src, size_t file, size_t room,
     dp_record_reader *rd;
     if (dp_record_open(&rd, f, src->format, &src->shape, &src->opt, err) < 0)
         return -1;
-    int rc = 0;
-    void *rec = NULL;
-    *reserve = dp_record_reader_bytes(rd);
-    if (*reserve <= room) {
+    if (dp_record_reader_bytes(rd) <= room)
         dp_record_limit(rd, room);
-        rec = malloc((size_t)src->shape.dim * dp_value_size(src->shape.kind));
-        uint8_t label;
-        rc = rec ? dp_record_next(rd, rec, &label, err)
+    void *rec = malloc((size_t)src->shape.dim * dp_value_size(src->shape.kind));
+    uint8_t label;
+    int rc = rec ? dp_record_next(rd, rec, &label, err)
                  : dp_errf(err, "stream: out of memory for a record of %s", f->path);
-        *reserve = dp_record_reader_reserve(rd);
-    }
+    *reserve = dp_record_reader_reserve(rd);
     free(rec);
     dp_record_close(rd);
     return rc < 0 ? -1 : 0;
