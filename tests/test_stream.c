@@ -741,7 +741,7 @@ static size_t heap_in_use(void)
 /* What the heap may grow by beyond what the stream counts: malloc's chunk
  * headers and alignment (up to 16 bytes on each of some 30 blocks), the
  * reader thread's arena header and its thread-local vectors (a few KiB):
- * 16 KiB, small beside the bounds checked (a quarter of the smallest). */
+ * 16 KiB, small beside the bounds checked (a sixteenth of the smallest). */
 #define HEAP_SLACK ((size_t)16 << 10)
 
 /* Epochs of batches of `batch` through s, the heap sampled after every
