@@ -284,12 +284,13 @@ static void test_stream(void)
     CHECK(all->stream->files->n == 3 && all->stream->files->records == 16);
     CHECK(all->stream->format == DP_DATA_TFRECORD && all->stream->window == 9);
     CHECK(all->stream->shape.dim == DIM && all->stream->shape.kind == DP_VALUES_U8);
-    CHECK(all->stream->memory == ds.memory && ds.memory > 0);
+    /* the budget is whole: the stream gets what the 6 test records (78 B) leave */
+    CHECK(all->stream->memory == ds.memory - 78 && all->stream->held == 78 && ds.memory > 78);
     CHECK(all->n_files == 3 && all->file_end[0] == 5 && all->file_end[2] == 16);
     CHECK(view_is(&ds.test, 6, 1000, 0) && ds.test.n_files == 1);
     CHECK(ds.classes == 10); /* the options' classes */
-    CHECKF(strstr(g_log, "streaming (as asked") && strstr(g_log, "window 9 records"),
-           "report: %s", g_log);
+    CHECKF(strstr(g_log, "streaming (as asked") && strstr(g_log, "window 9 records") &&
+           strstr(g_log, " budget = 78 B test + "), "report: %s", g_log);
 
     /* The split: train streams the first records, val (across a file
      * boundary) is decoded into memory, and again for another split. */
@@ -297,10 +298,14 @@ static void test_stream(void)
     REQUIRE(dp_dataset_split(&ds, 10, 5, &tr, &va, &err) == 0);
     CHECK(tr.n == 10 && tr.stream == all->stream && tr.n_files == 2 && !tr.images);
     CHECK(view_is(&va, 5, 10, 0));
+    /* the validation records (5 x 13 B) come out of the stream's bound too */
+    CHECK(all->stream->memory == ds.memory - 78 - 65 && all->stream->held == 78 + 65);
     REQUIRE(dp_dataset_split(&ds, 3, 13, &tr, &va, &err) == 0);
     CHECK(tr.n == 3 && tr.n_files == 1 && view_is(&va, 13, 3, 0));
     REQUIRE(dp_dataset_split(&ds, 16, 0, &tr, &va, &err) == 0);
     CHECK(tr.n_files == 3 && va.n == 0);
+    /* the buffer keeps the largest split's 13 records, so they still count */
+    CHECK(all->stream->memory == ds.memory - 78 - 169 && all->stream->held == 78 + 169);
     dp_dataset_close(&ds);
 
     /* Floats: the same, values exact. */
@@ -336,36 +341,63 @@ static void test_auto(void)
     CHECKF(strstr(g_log, "(fits the 260 B budget)"), "report: %s", g_log);
     dp_dataset_close(&ds);
 
+    /* The budget is whole: streaming needs a stream beside the test
+     * records, and 259 B cannot hold one: refused, naming the parts. */
     o.memory = decoded - 1;
-    REQUIRE(open_logged(&ds, spec, &o, &err) == 0);
-    CHECK(ds.streamed && ds.train_all.stream && ds.train_all.n == 16);
-    CHECK(view_is(&ds.test, 4, 1000, 0));
-    CHECK(ds.classes == 6u); /* no classes given: 1 + the test labels' largest (5) */
-    CHECKF(strstr(g_log, "streaming (decoded 260 B exceeds the 259 B budget"), "report: %s",
-           g_log);
-    dp_dataset_close(&ds);
-
-    /* The budget from the environment. */
-    setenv("DOWNPOUR_DATA_MEMORY", "200", 1);
-    o.memory = 0;
-    REQUIRE(open_logged(&ds, spec, &o, &err) == 0);
-    CHECK(ds.streamed && ds.memory == 200);
-    /* Val and test together past the budget: refused, naming both. */
-    dp_split tr, va;
-    CHECK(dp_dataset_split(&ds, 1, 15, &tr, &va, &err) == -1);
-    CHECKF(strstr(err.msg, "validation records") && strstr(err.msg, "budget"), "%s", err.msg);
-    CHECK(dp_dataset_split(&ds, 8, 8, &tr, &va, &err) == 0 && view_is(&va, 8, 8, 0));
+    CHECK(open_logged(&ds, spec, &o, &err) == -1);
+    CHECKF(strstr(err.msg, "its 4 test records, decoded to 52 B, leave 207 B of the 259 B "
+                  "memory budget, and a stream needs at least ") &&
+               strstr(err.msg, "--data-memory"), "%s", err.msg);
     dp_dataset_close(&ds);
     /* The test records alone past the budget: refused. */
     setenv("DOWNPOUR_DATA_MEMORY", "50", 1);
+    o.memory = 0;
     CHECK(test > 50 && open_logged(&ds, spec, &o, &err) == -1);
-    CHECKF(strstr(err.msg, "test records") && strstr(err.msg, "DOWNPOUR_DATA_MEMORY"), "%s",
-           err.msg);
+    CHECKF(strstr(err.msg, "test records") && strstr(err.msg, "exceed the 50 B memory budget") &&
+               strstr(err.msg, "DOWNPOUR_DATA_MEMORY"), "%s", err.msg);
     dp_dataset_close(&ds);
     setenv("DOWNPOUR_DATA_MEMORY", "lots", 1);
     CHECK(open_logged(&ds, spec, &o, &err) == -1 && strstr(err.msg, "DOWNPOUR_DATA_MEMORY"));
     dp_dataset_close(&ds);
     unsetenv("DOWNPOUR_DATA_MEMORY");
+
+    /* A dataset larger than a stream (8,000 training records, 104 kB
+     * decoded) under a budget of the test records, the least stream and
+     * 20,000 bytes: streamed. */
+    const uint32_t big[2] = {4000, 4000};
+    write_dataset("big", big, 2, 4, 0);
+    o = opts(1, 0);
+    REQUIRE(open_logged(&ds, path_of("big"), &o, &err) == 0);
+    size_t least;
+    REQUIRE(dp_stream_least_bytes(ds.train_all.stream, 1, &least, &err) == 0);
+    dp_dataset_close(&ds);
+    const size_t budget = test + least + 20000;
+    CHECK(budget < 8004u * (DIM + 1));
+    char env[32];
+    snprintf(env, sizeof env, "%zu", budget);
+    setenv("DOWNPOUR_DATA_MEMORY", env, 1);
+    o = opts(-1, 0);
+    REQUIRE(open_logged(&ds, path_of("big"), &o, &err) == 0);
+    unsetenv("DOWNPOUR_DATA_MEMORY");
+    CHECK(ds.streamed && ds.memory == budget && ds.train_all.n == 8000);
+    CHECK(ds.train_all.stream->memory == budget - test && ds.train_all.stream->held == test);
+    CHECKF(strstr(g_log, "streaming (decoded 104.1 kB exceeds the ") &&
+               strstr(g_log, " budget = 52 B test + "), "report: %s", g_log);
+    /* Val and test together leaving less than a stream: refused, naming both. */
+    dp_split tr, va;
+    CHECK(dp_dataset_split(&ds, 6000, 2000, &tr, &va, &err) == -1);
+    CHECKF(strstr(err.msg, "a validation buffer of 26.0 kB (2,000 records") &&
+               strstr(err.msg, "the test records' 52 B") && strstr(err.msg, "a stream needs"),
+           "%s", err.msg);
+    CHECK(dp_dataset_split(&ds, 7000, 1000, &tr, &va, &err) == 0 && view_is(&va, 1000, 7000, 0));
+    CHECK(ds.train_all.stream->memory == budget - test - 13000 &&
+          ds.train_all.stream->held == test + 13000);
+    /* and a stream opens within what is left, and holds no more */
+    dp_stream *st = NULL;
+    CHECKF(dp_stream_open(&st, &tr, DP_SHARD_OFF, 0, 1, 1, 1, 1, &err) == 0, "%s", err.msg);
+    CHECK(st && dp_stream_peak_bytes(st) <= ds.train_all.stream->memory);
+    dp_stream_close(st);
+    dp_dataset_close(&ds);
 
     /* Never streamed when the cache is asked for, whatever the budget. */
     o = opts(0, 1);

@@ -12,12 +12,21 @@
  * after counting fails the batch naming the file and the record; closing
  * mid-epoch joins the reader.  Float features come through exact.  Through
  * the batcher, a small MLP trained on streamed batches ends with the same
- * bits as one trained on the same records gathered from memory. */
+ * bits as one trained on the same records gathered from memory.
+ *
+ * The bound is checked by the test's own accounting too, not only by the
+ * stream's report of itself: the heap's growth (glibc's mallinfo2) from
+ * before a stream opens to its peak over epochs stays within the stream's
+ * bound, for raw, PNG and gzip records, and from before a dataset opens
+ * (test, validation and stream together) within the dataset's budget. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__) /* (stdio.h brings glibc's features.h) */
+#include <malloc.h>
+#endif
 
 #include "check.h"
 #include "downpour/dataset.h"
@@ -84,6 +93,50 @@ static void write_bytes_file(const char *path, uint32_t first, uint32_t n)
                                   {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
         write_example(w, fs, 2);
     }
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
+/* A file of n raw-byte Examples whose record `big` carries a feature "pad"
+ * of pad bytes beside its image. */
+static void write_padded_file(const char *path, uint32_t n, uint32_t big, size_t pad)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
+    uint8_t px[DIM], *zeros = calloc(pad, 1);
+    REQUIRE(zeros);
+    for (uint32_t i = 0; i < n; i++) {
+        pixels_of(px, i);
+        dp_bytes b = {px, DIM}, z = {zeros, pad};
+        int64_t label = i % 10;
+        const dp_feature fs[3] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label},
+                                  {"pad", DP_FEATURE_BYTES, 1, &z, NULL, NULL}};
+        write_example(w, fs, i == big ? 3 : 2);
+    }
+    free(zeros);
+    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
+}
+
+/* A file of n PNG Examples (28x28 gray, as TFDS stores MNIST), records
+ * first .. first+n-1 with pixels_of's values; gzip for a ".gz" name. */
+static void write_png_file(const char *path, uint32_t first, uint32_t n)
+{
+    dp_tfrecord_writer *w;
+    dp_err err;
+    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_AUTO, &err) == 0);
+    uint8_t px[DIM];
+    dp_png_buf png = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        pixels_of(px, first + i);
+        REQUIRE(dp_png_encode(&png, px, 28, 28, 1, &err) == 0);
+        dp_bytes b = {png.data, png.len};
+        int64_t label = (first + i) % 10;
+        const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
+        write_example(w, fs, 2);
+    }
+    dp_png_buf_free(&png);
     REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
 }
 
@@ -688,28 +741,6 @@ static void test_seek_exact(const ds *d, dp_shard_policy p, int k, int w, int ba
     unsetenv("DOWNPOUR_STREAM_READER");
 }
 
-/* A file of n PNG Examples (28x28 gray, as TFDS stores MNIST), records
- * first .. first+n-1 with pixels_of's values. */
-static void write_png_file(const char *path, uint32_t first, uint32_t n)
-{
-    dp_tfrecord_writer *w;
-    dp_err err;
-    REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
-    uint8_t px[DIM];
-    dp_png_buf png = {0};
-    for (uint32_t i = 0; i < n; i++) {
-        pixels_of(px, first + i);
-        REQUIRE(dp_png_encode(&png, px, 28, 28, 1, &err) == 0);
-        dp_bytes b = {png.data, png.len};
-        int64_t label = (first + i) % 10;
-        const dp_feature fs[2] = {{"image", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
-                                  {"label", DP_FEATURE_INT64, 1, NULL, NULL, &label}};
-        write_example(w, fs, 2);
-    }
-    dp_png_buf_free(&png);
-    REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
-}
-
 /* The seeks over TFRecord raw and PNG, .npy and CSV datasets, under the
  * three shard policies. */
 static void test_seeks(const ds *raw)
@@ -848,11 +879,163 @@ static void test_batcher_training(const ds *d)
     dp_batcher_free(&bs);
 }
 
+/* ---- the test's own accounting of the heap ---- */
+
+/* What the heap holds now, by glibc's count over every arena: bytes in use
+ * in the arenas (uordblks, chunk headers included) and in mmapped chunks
+ * (hblkhd).  Not counted, as they are not the heap: thread stacks (pthread
+ * maps them), the binary and its libraries.  Under ASan (which replaces
+ * malloc) and without glibc there is no such count: 0, and the checks are
+ * skipped. */
+static size_t heap_in_use(void)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33)) && \
+    !SANITIZED
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+#else
+    return 0;
+#endif
+}
+
+/* What the heap may grow by beyond what the stream counts: malloc's chunk
+ * headers and alignment (up to 16 bytes on each of some 30 blocks), the
+ * reader thread's arena header and its thread-local vectors (a few KiB):
+ * 16 KiB, small beside the bounds checked (a sixteenth of the smallest). */
+#define HEAP_SLACK ((size_t)16 << 10)
+
+/* Epochs of batches of `batch` through s, the heap sampled after every
+ * batch: the most it grew above `base`. */
+static size_t heap_peak_epochs(dp_stream *s, long epochs, int batch, size_t base)
+{
+    dp_err err;
+    size_t peak = 0;
+    for (long e = 0; e < epochs; e++) {
+        REQUIRE(dp_stream_start_epoch(s, e, &err) == 0);
+        int got;
+        while ((got = dp_stream_next(s, xb, yb, batch, &err)) > 0) {
+            size_t now = heap_in_use();
+            if (now > base && now - base > peak)
+                peak = now - base;
+        }
+        CHECKF(got == 0, "%s", err.msg);
+    }
+    return peak;
+}
+
+/* A stream's heap growth stays within its bound, with the bound several
+ * times smaller than the split's decoded records. */
+static void test_heap_stream(const ds *d, const char *mode, size_t decoded)
+{
+    if (heap_in_use() == 0) {
+        fprintf(stderr, "heap accounting skipped: no mallinfo2 (ASan or not glibc)\n");
+        return;
+    }
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    CHECKF(decoded >= 3 * d->src.memory, "decoded %zu, bound %zu", decoded, d->src.memory);
+    size_t base = heap_in_use();
+    dp_stream *s = open_ok(d, DP_SHARD_OFF, 0, 1, 21, 1, 32);
+    size_t peak = heap_peak_epochs(s, 2, 32, base);
+    size_t self = dp_stream_peak_bytes(s);
+    dp_stream_close(s);
+    fprintf(stderr, "heap (%s): grew %zu bytes at most; the stream counted %zu; bound %zu\n",
+            mode, peak, self, d->src.memory);
+    CHECKF(peak <= d->src.memory + HEAP_SLACK, "%s: the heap grew %zu bytes, bound %zu + %zu",
+           mode, peak, d->src.memory, HEAP_SLACK);
+    /* the bound was used, so the check means something */
+    CHECKF(peak >= d->src.memory / 2, "%s: the heap grew only %zu of %zu", mode, peak,
+           d->src.memory);
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
+/* A record much larger than the first, for which the reserve was
+ * measured: refused, naming it, before it is read when the bound has no
+ * room for it; read when it has, the stream still within its bound. */
+static void test_later_record_larger(void)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/grow", scratch);
+    REQUIRE(mkdir(p, 0755) == 0);
+    write_padded_file(path_of("grow", "g-train.tfrecord"), 200, 150, 300000);
+    write_bytes_file(path_of("grow", "g-test.tfrecord"), 5000, 5);
+    ds g;
+    ds_open(&g, "grow", 200, 256 << 10, 0);
+    dp_stream *s = open_ok(&g, DP_SHARD_OFF, 0, 1, 1, 0, 16);
+    dp_err err;
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    int got, n = 0;
+    while ((got = dp_stream_next(s, xb, yb, 16, &err)) > 0)
+        n += got;
+    CHECK(got == -1 && n == 144); /* the batches before record 150's */
+    CHECKF(strstr(err.msg, "g-train.tfrecord: record 150") && strstr(err.msg, "above the limit"),
+           "%s", err.msg);
+    CHECK(dp_stream_peak_bytes(s) <= g.src.memory);
+    dp_stream_close(s);
+    /* a bound with room for it beside a window of 16: read through */
+    g.src.memory = 1 << 20;
+    g.src.window = 16;
+    size_t base = heap_in_use();
+    s = open_ok(&g, DP_SHARD_OFF, 0, 1, 1, 1, 16);
+    REQUIRE(dp_stream_start_epoch(s, 0, &err) == 0);
+    n = 0;
+    while ((got = dp_stream_next(s, xb, yb, 16, &err)) > 0)
+        n += got;
+    CHECKF(got == 0 && n == 200, "%s", err.msg);
+    size_t peak = dp_stream_peak_bytes(s);
+    CHECKF(peak > 300000 && peak <= g.src.memory, "peak %zu", peak);
+    if (base)
+        CHECK(heap_in_use() - base <= g.src.memory + HEAP_SLACK);
+    dp_stream_close(s);
+    dp_data_files_free(&g.files);
+}
+
+/* A streamed dataset holds test records, validation records and a stream:
+ * together within its budget (docs/datasets.md, "The decoded cache or
+ * streaming"). */
+static void test_heap_dataset(void)
+{
+    if (heap_in_use() == 0)
+        return;
+    const size_t budget = 400000;
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s/ds", scratch);
+    dp_dataset_options o;
+    dp_dataset_options_default(&o);
+    o.stream = 1;
+    o.memory = budget;
+    dp_dataset dset;
+    dp_err err;
+    setenv("DOWNPOUR_STREAM_READER", "thread", 1);
+    size_t base = heap_in_use();
+    if (dp_dataset_open_with(&dset, spec, &o, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        REQUIRE(0);
+    }
+    dp_split tr, va;
+    REQUIRE(dp_dataset_split(&dset, 1200, 140, &tr, &va, &err) == 0);
+    CHECK(dset.train_all.stream->held == (20 + 140) * (DIM + 1));
+    CHECKF((size_t)1200 * DIM >= 3 * dset.train_all.stream->memory, "stream bound %zu",
+           dset.train_all.stream->memory);
+    dp_stream *s = NULL;
+    CHECKF(dp_stream_open(&s, &tr, DP_SHARD_OFF, 0, 1, 5, 1, 32, &err) == 0, "%s", err.msg);
+    REQUIRE(s);
+    size_t peak = heap_peak_epochs(s, 2, 32, base);
+    dp_stream_close(s);
+    /* Beside the budget the dataset keeps its files' list and names (some
+     * 2 KiB for these 6 files): within the slack. */
+    fprintf(stderr, "heap (dataset): grew %zu bytes at most; budget %zu\n", peak, budget);
+    CHECKF(peak <= budget + HEAP_SLACK, "the heap grew %zu bytes, budget %zu + %zu", peak,
+           budget, HEAP_SLACK);
+    CHECKF(peak >= budget / 2, "the heap grew only %zu of %zu", peak, budget);
+    dp_dataset_close(&dset);
+    unsetenv("DOWNPOUR_STREAM_READER");
+}
+
 int main(void)
 {
     scratch_make(scratch, sizeof scratch, "test_stream");
-    const char *dirs[] = {"ds", "floats"};
-    for (int i = 0; i < 2; i++) {
+    const char *dirs[] = {"ds", "floats", "png"};
+    for (int i = 0; i < 3; i++) {
         char p[1200];
         snprintf(p, sizeof p, "%s/%s", scratch, dirs[i]);
         REQUIRE(mkdir(p, 0755) == 0);
@@ -868,6 +1051,12 @@ int main(void)
     write_float_file(path_of("floats", "f-train-0.tfrecord"), 0, 70);
     write_float_file(path_of("floats", "f-train-1.tfrecord"), 70, 70);
     write_float_file(path_of("floats", "f-test.tfrecord"), 0, 5);
+    for (int f = 0; f < 3; f++) {
+        char name[64];
+        snprintf(name, sizeof name, "p-train-%d.tfrecord.gz", f);
+        write_png_file(path_of("png", name), (uint32_t)f * 700, 700);
+    }
+    write_png_file(path_of("png", "p-test.tfrecord.gz"), 5000, 10);
 
     /* 256 KiB: a window of about 150 of the 1,340 records (1.05 MB) */
     ds d;
@@ -885,7 +1074,16 @@ int main(void)
     test_csv_npy();
     test_batcher_training(&d);
     test_seeks(&d);
+    test_heap_stream(&d, "thread", (size_t)N * DIM);
+    test_heap_stream(&d, "inline", (size_t)N * DIM);
     dp_data_files_free(&d.files);
+    /* PNG records in gzip files: zlib's and libpng's shares counted too */
+    ds p;
+    ds_open(&p, "png", 2100, 512 << 10, 0);
+    test_heap_stream(&p, "thread", (size_t)2100 * DIM);
+    dp_data_files_free(&p.files);
+    test_heap_dataset();
+    test_later_record_larger();
 
     if (!check_failures)
         scratch_remove(scratch);

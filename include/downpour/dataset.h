@@ -83,8 +83,9 @@ typedef struct dp_dataset_options {
     dp_data_options data;
     int stream;      /* -1 auto (stream when the decoded records exceed memory), 0 never
                         (the decoded cache), 1 always */
-    size_t memory;   /* budget in bytes for decoded data; 0: $DOWNPOUR_DATA_MEMORY, else
-                        half the machine's physical memory */
+    size_t memory;   /* budget in bytes for decoded data, streamed or not (a stream's
+                        buffers, the test and validation records together); 0:
+                        $DOWNPOUR_DATA_MEMORY, else half the machine's physical memory */
     uint32_t window; /* streaming's shuffle window in records, 0: as the budget allows */
 } dp_dataset_options;
 
@@ -106,8 +107,11 @@ int dp_data_memory_parse(const char *s, size_t *out, const char *what, dp_err *e
  * Record files: decoded into such a cache when o->stream is 0, or -1 and
  * the decoded records fit o->memory; otherwise the training records are
  * streamed (train_all.stream set, no record in memory) and the test records
- * decoded into memory, refused when they alone exceed the budget.  One info
- * line reports the files, the counts and the choice. */
+ * decoded into memory.  The budget is whole: the stream's bound
+ * (train_all.stream->memory) is what the test records leave of it, and the
+ * open is refused, naming the sizes, when that cannot hold the least stream
+ * (dp_stream_least_bytes for a batch of 1).  One info line reports the
+ * files, the counts, the choice and, streamed, the budget's parts. */
 int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_options *o,
                          dp_err *err);
 /* dp_dataset_open_with with dp_dataset_options_default. */
@@ -120,8 +124,12 @@ void dp_dataset_close(dp_dataset *ds);
  * of the records it holds.  A streamed dataset's train is streamed too, and
  * its validation records are decoded into memory the dataset owns, read from
  * the training files once per call: val stays valid until the next call or
- * dp_dataset_close, and the call is refused when val and the test records
- * together exceed the memory budget. */
+ * dp_dataset_close.  The stream's bound becomes the budget less the test
+ * records and the validation buffer (the largest asked for so far), read
+ * by a stream opened after the call; the call is refused, naming the sizes,
+ * when that cannot hold the least stream, and otherwise logs one line:
+ * "streaming: 16.0 MB budget = 7.8 MB test + 4.7 MB validation + 3.5 MB
+ * stream". */
 int dp_dataset_split(const dp_dataset *ds, uint32_t n_train, uint32_t n_val, dp_split *train,
                      dp_split *val, dp_err *err);
 

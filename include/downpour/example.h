@@ -79,6 +79,9 @@ const dp_feature *dp_example_feature(const dp_example *ex, size_t i);
 /* The feature called name, or NULL. */
 const dp_feature *dp_example_find(const dp_example *ex, const char *name);
 
+/* Bytes ex holds: its struct and its arrays as large as they have grown. */
+size_t dp_example_bytes(const dp_example *ex);
+
 /* The kind's name in the proto ("bytes_list", ...; "none"). */
 const char *dp_feature_kind_name(dp_feature_kind kind);
 

@@ -153,8 +153,28 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err);
 /* Index of the next record in the file. */
 uint64_t dp_record_index(const dp_record_reader *r);
 
-/* Bytes the reader holds (its buffers), for the streaming memory bound. */
+/* Bytes the reader holds, for the streaming memory bound: its struct and
+ * names and the format's buffers.  TFRecord: tfrecord.c's read buffer, its
+ * record buffer (as large as the largest record so far) and, for a gzip
+ * file, zlib's state (DP_TFRECORD_GZIP_BYTES); the Example's decoded arrays;
+ * and once a record was a PNG, what libpng takes while it decodes one
+ * (about 50 KiB for 28x28; its ancillary chunks are not counted).  npy: the
+ * two 1 MiB staging buffers and the chunk of rows; CSV: the read buffer,
+ * the longest record (1 MiB) and a row. */
 size_t dp_record_reader_bytes(const dp_record_reader *r);
+
+/* What the reader may come to hold for records of up to twice the size of
+ * the largest it has read: dp_record_reader_bytes with TFRecord's record
+ * buffer and the Example's arrays grown once more (npy's and CSV's buffers
+ * do not grow).  A stream reserves it from its first record. */
+size_t dp_record_reader_reserve(const dp_record_reader *r);
+
+/* Caps the bytes the reader holds (0: no cap): a TFRecord record whose data
+ * would take the record buffer past what the cap leaves is refused, naming
+ * the file and the record, before it is read ("length 90000 is above the
+ * limit of 70312 bytes per record").  What decoding it adds (the Example's
+ * arrays, a PNG's) is counted after; the caller checks that. */
+void dp_record_limit(dp_record_reader *r, size_t bytes);
 
 void dp_record_close(dp_record_reader *r); /* NULL is a no-op */
 

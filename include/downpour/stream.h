@@ -28,9 +28,11 @@
  *         when the split has fewer files than workers.
  *
  * Memory: a stream holds the window, a bounded queue of decoded records
- * between its reader thread and the batches, and one file reader's buffers,
- * all allocated when it opens; dp_stream_peak_bytes reports the most it held,
- * which never exceeds the bound it was given. */
+ * between its reader thread and the batches, and one file reader's buffers
+ * (reserved as dp_record_reader_reserve measures them on the shard's first
+ * record), all allocated when it opens; dp_stream_peak_bytes reports the
+ * most it held, which never exceeds the bound it was given: a record that
+ * would take the reader past it is refused, naming the file and record. */
 #ifndef DOWNPOUR_STREAM_H
 #define DOWNPOUR_STREAM_H
 
@@ -49,18 +51,32 @@ typedef struct dp_stream_source {
     dp_data_format format;
     dp_record_shape shape;
     dp_data_options opt;
-    size_t memory; /* the most bytes one stream may hold */
+    /* The most bytes one stream may hold, read by dp_stream_open.  A
+     * dataset's is its budget less `held`, the bytes of its test and
+     * validation records (docs/datasets.md, "The decoded cache or
+     * streaming"); held is 0 for a source made by hand, and only names the
+     * parts in messages. */
+    size_t memory;
+    size_t held;
     uint32_t window; /* shuffle window in records; 0: as many as the memory bound allows */
 } dp_stream_source;
 
 typedef struct dp_stream dp_stream;
 
 /* Opens a stream over shard k of w of split (split->stream set) under
- * policy; reads nothing until dp_stream_start_epoch.  max_batch is the
- * largest batch dp_stream_next will be asked for.  Refuses a bound too small
- * for the reader's buffers plus a window of one batch, naming the sizes. */
+ * policy, with split->stream->memory as its bound.  It reads the first
+ * record of the shard's first file to measure the reader's reserve, then
+ * nothing until dp_stream_start_epoch.  max_batch is the largest batch
+ * dp_stream_next will be asked for.  Refuses a bound too small for the
+ * reader's reserve, a queue of two batches and a window of one, naming the
+ * sizes. */
 int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy policy, int k, int w,
                    uint64_t seed, int shuffle, int max_batch, dp_err *err);
+
+/* The least bound a stream over src's files with batches of max_batch
+ * opens with, whatever its shard: dp_stream_open's need with every file
+ * listed, the reader's reserve measured on the first file with records. */
+int dp_stream_least_bytes(const dp_stream_source *src, int max_batch, size_t *out, dp_err *err);
 
 /* Records this shard owns in one epoch (the batcher's n). */
 uint32_t dp_stream_records(const dp_stream *s);

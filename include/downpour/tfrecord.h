@@ -67,6 +67,24 @@ uint64_t dp_tfrecord_count(const dp_tfrecord_reader *r);
 /* Whether the file is read as gzip (after AUTO's decision). */
 int dp_tfrecord_is_gzip(const dp_tfrecord_reader *r);
 
+/* What zlib holds for a gzip reader, counted rather than asked (zlib has no
+ * call that says): gzread's input buffer and its output buffer of twice
+ * that (64 + 128 KiB, the 64 KiB gzbuffer the reader sets), the inflate
+ * window (32 KiB for gzip's 15 window bits) and the inflate and gz states
+ * (about 7 KiB and 0.3 KiB; 8 KiB counted). */
+#define DP_TFRECORD_GZIP_BYTES ((size_t)232 << 10)
+
+/* Bytes the reader holds: its struct and path, the 64 KiB read buffer, the
+ * record buffer (as large as the largest record so far:
+ * dp_tfrecord_record_capacity) and, reading gzip, DP_TFRECORD_GZIP_BYTES. */
+size_t dp_tfrecord_reader_bytes(const dp_tfrecord_reader *r);
+size_t dp_tfrecord_record_capacity(const dp_tfrecord_reader *r);
+
+/* Changes the limit on one record's data (0: DP_TFRECORD_MAX_RECORD) for the
+ * records still to be read: a longer one is refused, naming it, before any
+ * byte of it is held. */
+void dp_tfrecord_set_max_record(dp_tfrecord_reader *r, size_t max_record);
+
 /* Closes the file and frees the reader; NULL is a no-op. */
 void dp_tfrecord_close(dp_tfrecord_reader *r);
 

@@ -732,12 +732,16 @@ static void report(const dp_dataset *ds, const dp_dataset_options *o, int reused
             snprintf(win, sizeof win, "window %s records", count_text(f, sizeof f, o->window));
         else
             snprintf(win, sizeof win, "window as the budget allows");
+        char parts[128], t[32], m[32];
+        snprintf(parts, sizeof parts, "%s budget = %s test + %s stream", e,
+                 bytes_text(t, sizeof t, ds->stream_source->held),
+                 bytes_text(m, sizeof m, ds->stream_source->memory));
         if (ds->decoded_bytes > ds->memory)
             snprintf(how, sizeof how, "streaming (decoded %s exceeds the %s budget; "
-                     "--data-memory), %s", d, e, win);
+                     "--data-memory), %s; %s", d, e, win, parts);
         else
-            snprintf(how, sizeof how, "streaming (as asked; decoded %s, budget %s), %s", d, e,
-                     win);
+            snprintf(how, sizeof how, "streaming (as asked; decoded %s, budget %s), %s; %s", d,
+                     e, win, parts);
     } else {
         char where[1200];
         if (ds->cache_path[0])
@@ -792,18 +796,48 @@ static int open_cached(dp_dataset *ds, const char *primary, const char *fallback
     return rc;
 }
 
+/* The budget is whole (docs/datasets.md, "The decoded cache or streaming"):
+ * the stream's bound is what the test records and the validation buffer
+ * (held) leave of it.  -1, naming the parts, when that is less than the
+ * least stream (`least`, dp_stream_least_bytes for a batch of 1). */
+static int set_stream_bound(const dp_dataset *ds, uint64_t held, size_t least, const char *what,
+                            dp_err *err)
+{
+    char a[64], b[32], c[32], d[32];
+    if (held <= ds->memory && ds->memory - held >= least) {
+        ds->stream_source->memory = ds->memory - (size_t)held;
+        ds->stream_source->held = (size_t)held;
+        return 0;
+    }
+    if (held > ds->memory)
+        snprintf(a, sizeof a, "exceed the");
+    else
+        snprintf(a, sizeof a, "leave %s of the", bytes_text(d, sizeof d, ds->memory - held));
+    return dp_errf(err, "dataset %s: %s %s %s memory budget, and a stream needs at least %s "
+                   "beside them (streaming holds the test and validation records in memory). "
+                   "Hint: raise --data-memory or DOWNPOUR_DATA_MEMORY to at least %s bytes",
+                   ds->dir, what, a, bytes_text(b, sizeof b, ds->memory),
+                   bytes_text(c, sizeof c, least), count_text(d, sizeof d, held + least));
+}
+
 static int open_streamed(dp_dataset *ds, const dp_dataset_options *o, dp_err *err)
 {
     const dp_record_shape *shape = &ds->files.shape;
     uint64_t n_test = ds->files.test.records;
     uint64_t bytes = n_test * (record_bytes(shape) + 1);
-    char a[32], b[32], c[32];
-    if (bytes > ds->memory)
-        return dp_errf(err, "dataset %s: its %s test records decode to %s, more than the %s "
-                       "memory budget (streaming holds the test records in memory). Hint: "
-                       "raise --data-memory or DOWNPOUR_DATA_MEMORY",
-                       ds->dir, count_text(a, sizeof a, n_test), bytes_text(b, sizeof b, bytes),
-                       bytes_text(c, sizeof c, ds->memory));
+    char a[32], b[32], what[200];
+    dp_stream_source *ss = ds->stream_source;
+    ss->files = &ds->files.train;
+    ss->format = ds->files.format;
+    ss->shape = *shape;
+    ss->window = o->window;
+    size_t least;
+    if (dp_stream_least_bytes(ss, 1, &least, err) < 0)
+        return -1;
+    snprintf(what, sizeof what, "its %s test records, decoded to %s,",
+             count_text(a, sizeof a, n_test), bytes_text(b, sizeof b, bytes));
+    if (set_stream_bound(ds, bytes, least, what, err) < 0)
+        return -1;
     ds->test_mem = malloc(bytes ? (size_t)bytes : 1);
     ds->val_buf = calloc(1, sizeof *ds->val_buf);
     if (!ds->test_mem || !ds->val_buf)
@@ -816,12 +850,6 @@ static int open_streamed(dp_dataset *ds, const dp_dataset_options *o, dp_err *er
     uint32_t classes = ds->stream_source->opt.classes;
     ds->classes = classes ? classes : (uint32_t)max + 1 < 2 ? 2 : (uint32_t)max + 1;
 
-    dp_stream_source *ss = ds->stream_source;
-    ss->files = &ds->files.train;
-    ss->format = ds->files.format;
-    ss->shape = *shape;
-    ss->memory = ds->memory;
-    ss->window = o->window;
     ds->train_all = (dp_split){.n = (uint32_t)ds->files.train.records, .dim = shape->dim,
                                .stream = ss};
     ds->streamed = 1;
@@ -928,14 +956,21 @@ int dp_dataset_files_val(const dp_dataset *ds, uint32_t first, uint32_t n, dp_sp
     size_t rec = record_bytes(shape);
     uint64_t bytes = (uint64_t)n * (rec + 1);
     uint64_t test = (uint64_t)ds->test.n * (rec + 1);
-    char a[32], b[32], c[32], d[32];
-    if (bytes + test > ds->memory)
-        return dp_errf(err, "dataset %s: %s validation records decode to %s, which with the "
-                       "test records' %s exceeds the %s memory budget. Hint: a smaller "
-                       "--val-size, or raise --data-memory", ds->dir,
-                       count_text(a, sizeof a, n), bytes_text(b, sizeof b, bytes),
-                       bytes_text(c, sizeof c, test), bytes_text(d, sizeof d, ds->memory));
     struct dp_val_buffer *vb = ds->val_buf;
+    /* the buffer keeps the largest validation split asked for */
+    uint64_t held_val = vb->cap > bytes ? vb->cap : bytes;
+    char a[32], b[32], c[32], d[32], what[300];
+    size_t least;
+    if (dp_stream_least_bytes(ds->stream_source, 1, &least, err) < 0)
+        return -1;
+    snprintf(what, sizeof what, "a validation buffer of %s (%s records; a smaller --val-size "
+             "takes less) and the test records' %s", bytes_text(b, sizeof b, held_val),
+             count_text(a, sizeof a, n), bytes_text(c, sizeof c, test));
+    if (set_stream_bound(ds, test + held_val, least, what, err) < 0)
+        return -1;
+    dp_info("dataset %s: streaming: %s budget = %s test + %s validation + %s stream", ds->dir,
+            bytes_text(a, sizeof a, ds->memory), bytes_text(b, sizeof b, test),
+            bytes_text(c, sizeof c, held_val), bytes_text(d, sizeof d, ds->stream_source->memory));
     if (vb->cap < bytes) {
         void *m = realloc(vb->mem, (size_t)bytes);
         if (!m)

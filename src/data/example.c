@@ -507,6 +507,13 @@ dp_example *dp_example_new(void)
     return calloc(1, sizeof(dp_example));
 }
 
+size_t dp_example_bytes(const dp_example *ex)
+{
+    return sizeof *ex + ex->feat_cap * sizeof *ex->feats + ex->names_cap +
+           ex->bytes_cap * sizeof *ex->bytes + ex->floats_cap * sizeof *ex->floats +
+           ex->ints_cap * sizeof *ex->ints + ex->pub_cap * sizeof *ex->pub;
+}
+
 void dp_example_free(dp_example *ex)
 {
     if (!ex)

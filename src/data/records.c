@@ -21,6 +21,14 @@
  * and a bounded buffer whatever the array's size. */
 #define NPY_BUF_BYTES ((size_t)256 << 10)
 
+/* What libpng takes while it decodes one image (png.c), counted rather than
+ * asked: its read and info structs (about 2 KiB), zlib's inflate state
+ * (about 7 KiB) and window (up to 32 KiB) and libpng's 8 KiB IDAT buffer,
+ * rounded up to 48 KiB; beside them two rows and the row pointers
+ * (png_decode_bytes).  A PNG's ancillary chunks (text, profiles: up to
+ * 1 MiB each, png.c's CHUNK_MALLOC_MAX) are not counted. */
+#define PNG_DECODE_FIXED ((size_t)48 << 10)
+
 struct dp_record_reader {
     dp_data_format format;
     dp_record_shape shape;
@@ -33,6 +41,8 @@ struct dp_record_reader {
     /* tfrecord */
     dp_tfrecord_reader *tf;
     dp_example *ex;
+    int png;            /* a record was a PNG: its decoding is counted */
+    size_t limit;       /* dp_record_limit's cap on the bytes held; 0: none */
     /* npy */
     dp_npy *x, *y;
     uint64_t rows;
@@ -244,6 +254,7 @@ static int tf_features(dp_record_reader *r, void *out, dp_err *err)
         dp_png_info info;
         if (dp_png_info_read(&info, b->data, b->len, err) != 0)
             return rec_wrap(err, "", r->where, r->index);
+        r->png = 1;
         if (info.width != s->cols || info.height != s->rows)
             return rec_errf(err, r->where, r->index, "feature \"%s\": PNG of %ux%u pixels, the "
                             "dataset's first record has %ux%u", r->image, info.width,
@@ -273,10 +284,23 @@ static int tf_features(dp_record_reader *r, void *out, dp_err *err)
 }
 
 /* Reads and decodes the next Example: 1, 0 at the end, -1. */
+/* The next record's data may take the record buffer up to what
+ * dp_record_limit's cap leaves beside the rest the reader holds; a longer
+ * record is refused by tfrecord.c, naming it, before it is read. */
+static void tf_limit(dp_record_reader *r)
+{
+    if (!r->limit)
+        return;
+    size_t rest = dp_record_reader_bytes(r) - dp_tfrecord_record_capacity(r->tf);
+    size_t room = r->limit > rest ? r->limit - rest : 1;
+    dp_tfrecord_set_max_record(r->tf, room < DP_TFRECORD_MAX_RECORD ? room : DP_TFRECORD_MAX_RECORD);
+}
+
 static int tf_read(dp_record_reader *r, dp_err *err)
 {
     const uint8_t *data;
     size_t len;
+    tf_limit(r);
     int rc = dp_tfrecord_next(r->tf, &data, &len, err);
     if (rc <= 0)
         return rc; /* tfrecord.c's messages name the file and the record */
@@ -704,6 +728,7 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
         if (r->format == DP_DATA_TFRECORD) {
             const uint8_t *data; /* framing and CRCs checked, the Example left alone */
             size_t len;
+            tf_limit(r);
             rc = dp_tfrecord_next(r->tf, &data, &len, err);
             if (rc == 1)
                 r->index++;
@@ -724,11 +749,29 @@ int64_t dp_record_skip(dp_record_reader *r, uint64_t n, dp_err *err)
 
 uint64_t dp_record_index(const dp_record_reader *r) { return r->index; }
 
+static size_t str_bytes(const char *s)
+{
+    return s ? strlen(s) + 1 : 0;
+}
+
+/* libpng's share while it decodes an image of the dataset's shape. */
+static size_t png_decode_bytes(const dp_record_shape *s)
+{
+    size_t row = (size_t)s->cols * s->channels;
+    return PNG_DECODE_FIXED + 2 * (row + 64) + (size_t)s->rows * sizeof(void *);
+}
+
 size_t dp_record_reader_bytes(const dp_record_reader *r)
 {
-    size_t n = sizeof *r;
-    if (r->tf) /* tfrecord.c's read buffer and the largest record so far */
-        n += (size_t)64 << 10;
+    size_t n = sizeof *r + str_bytes(r->where) + str_bytes(r->labels_where) +
+               str_bytes(r->path) + str_bytes(r->labels_path) + str_bytes(r->image) +
+               str_bytes(r->label);
+    if (r->tf) /* tfrecord.c's buffers (the largest record so far) and zlib's state */
+        n += dp_tfrecord_reader_bytes(r->tf);
+    if (r->ex) /* the Example's decoded arrays */
+        n += dp_example_bytes(r->ex);
+    if (r->png)
+        n += png_decode_bytes(&r->shape);
     if (r->csv) /* csv.c's read buffer, its longest record and the skipping row */
         n += ((size_t)64 << 10) + ((size_t)1 << 20) + (size_t)r->shape.dim * sizeof(float);
     if (r->x) { /* npy.c's staging buffers (1 MiB a handle) and the chunk */
@@ -737,6 +780,21 @@ size_t dp_record_reader_bytes(const dp_record_reader *r)
             n += (size_t)r->chunk_rows * r->shape.dim * dp_value_size(r->shape.kind);
     }
     return n;
+}
+
+size_t dp_record_reader_reserve(const dp_record_reader *r)
+{
+    size_t n = dp_record_reader_bytes(r);
+    if (r->tf) /* the record buffer and the Example's arrays grown once more */
+        n += dp_tfrecord_record_capacity(r->tf) + dp_example_bytes(r->ex);
+    return n;
+}
+
+void dp_record_limit(dp_record_reader *r, size_t bytes)
+{
+    r->limit = bytes;
+    if (r->tf && !bytes)
+        dp_tfrecord_set_max_record(r->tf, 0); /* the default limit again */
 }
 
 void dp_record_close(dp_record_reader *r)

@@ -12,6 +12,7 @@
  * by the epoch's file order) and the window's generator, never on timing. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -164,24 +165,47 @@ int dp_stream_shard_records(const dp_split *split, dp_shard_policy policy, int k
 
 /* ---- the reader: the next owned record of the epoch's files ---- */
 
-/* What a file reader may hold for records of `rec` bytes, as
- * dp_record_reader_bytes counts it (records.h, docs/datasets.md "Datasets
- * of files"): TFRecord's 64 KiB read buffer and room for a record twice the
- * decoded size (an incompressible PNG, the Example's framing, its decoded
- * arrays); npy's two 1 MiB staging buffers and a chunk of 256 KiB of rows
- * with their labels; CSV's read buffer, its longest record and a row.  A
- * reader that holds more is checked against the bound as it reads. */
-static size_t reader_reserve(dp_data_format f, size_t rec, uint32_t dim)
+/* The reserve for a file reader: what one holds after reading the first
+ * record of `file`, with room for later records twice its size
+ * (dp_record_reader_reserve counts it: records.h).  Measured, not guessed,
+ * so a gzip file's zlib state, the Example's arrays and a PNG's decoding
+ * are in it.  `room` is what the bound leaves the reader: the record is
+ * read under that cap, unless the open reader alone passes it, when the
+ * caller refuses the bound and the record is read only to tell it the
+ * whole reserve.  The probe reader and its record are freed before the
+ * stream allocates anything. */
+static int probe_reserve(const dp_stream_source *src, size_t file, size_t room,
+                         size_t *reserve, dp_err *err)
 {
-    const size_t kib = 1024;
-    switch (f) {
-    case DP_DATA_NPY:
-        return 2048 * kib + 256 * kib + 4 * (256 * kib / rec + 1) + kib;
-    case DP_DATA_CSV:
-        return 64 * kib + 1024 * kib + 4 * (size_t)dim + kib;
-    default:
-        return 64 * kib + 2 * (rec + kib);
+    const dp_data_file *f = &src->files->files[file];
+    dp_record_reader *rd;
+    if (dp_record_open(&rd, f, src->format, &src->shape, &src->opt, err) < 0)
+        return -1;
+    if (dp_record_reader_bytes(rd) <= room)
+        dp_record_limit(rd, room);
+    void *rec = malloc((size_t)src->shape.dim * dp_value_size(src->shape.kind));
+    uint8_t label;
+    int rc = rec ? dp_record_next(rd, rec, &label, err)
+                 : dp_errf(err, "stream: out of memory for a record of %s", f->path);
+    *reserve = dp_record_reader_reserve(rd);
+    free(rec);
+    dp_record_close(rd);
+    return rc < 0 ? -1 : 0;
+}
+
+/* The first file of the shard (its files are taken in name order), or -1. */
+static long first_shard_file(const dp_split *split, dp_shard_policy p, uint32_t k, uint32_t w)
+{
+    const dp_data_split_files *fs = split->stream->files;
+    uint32_t held = 0;
+    for (size_t f = 0; f < fs->n; f++) {
+        if (split_part(&fs->files[f], split->n) == 0)
+            continue;
+        if (p != DP_SHARD_FILE || held % w == k)
+            return (long)f;
+        held++;
     }
+    return -1;
 }
 
 /* The reader's walk set to the start of epoch e: its files' order, from
@@ -204,6 +228,9 @@ static int reader_open_next(dp_stream *s, dp_err *err)
     const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
     if (dp_record_open(&s->rd, f, s->src->format, &s->src->shape, &s->src->opt, err) < 0)
         return -1;
+    /* A record too large for what the bound leaves is refused before it is
+     * read (TFRecord); produce checks the rest after each record. */
+    dp_record_limit(s->rd, s->bound - s->alloc_bytes);
     s->left = split_part(f, s->split->n);
     /* DATA: the first record of this file whose split index is k mod w */
     s->gap = s->policy == DP_SHARD_DATA ? (s->k + s->w - (uint32_t)(f->first % s->w)) % s->w : 0;
@@ -251,7 +278,7 @@ static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
         s->left--;
         s->gap = s->policy == DP_SHARD_DATA ? s->w - 1 : 0;
         *reader_bytes = dp_record_reader_bytes(s->rd);
-        if (*reader_bytes > s->reserve && s->alloc_bytes + *reader_bytes > s->bound) {
+        if (s->alloc_bytes + *reader_bytes > s->bound) { /* past the reserve, and past the rest */
             const dp_data_file *f = &s->src->files->files[s->order[s->fi]];
             return dp_errf(err, "%s: record %" PRIu64 ": the file's reader holds %zu bytes, "
                            "more than the %zu the memory bound of %zu bytes leaves it beside "
@@ -709,6 +736,56 @@ int dp_stream_seek(dp_stream *s, uint32_t pos, dp_err *err)
 
 /* ---- open and close ---- */
 
+/* Bytes a stream over src holds beside its reader's reserve: the struct,
+ * the two file lists of nf, and queue + window slots (a slot is its
+ * features, aligned, its label and its places in the two rings; a window
+ * place is one id more); with the reserve added.  *rec and *per_win: a
+ * record's bytes and a window place's. */
+static size_t stream_bytes(const dp_stream_source *src, size_t reserve, uint32_t nf,
+                           uint32_t queue, uint32_t window, size_t *rec, size_t *per_win)
+{
+    *rec = (size_t)src->shape.dim * dp_value_size(src->shape.kind);
+    size_t stride = (*rec + 15) & ~(size_t)15;
+    size_t per_slot = stride + 1 + 2 * sizeof(uint32_t);
+    *per_win = per_slot + sizeof(uint32_t);
+    return sizeof(dp_stream) + 2 * (size_t)nf * sizeof(uint32_t) + reserve +
+           (size_t)queue * per_slot + (size_t)window * *per_win;
+}
+
+/* " (the dataset's budget of B bytes less the H its test and validation
+ * records hold)" when the source says so, else "". */
+static void held_note(char *buf, size_t cap, const dp_stream_source *src)
+{
+    buf[0] = '\0';
+    if (src->held)
+        snprintf(buf, cap, " (the dataset's memory budget of %zu bytes less the %zu its test "
+                 "and validation records hold)", src->memory + src->held, src->held);
+}
+
+int dp_stream_least_bytes(const dp_stream_source *src, int max_batch, size_t *out, dp_err *err)
+{
+    const dp_data_split_files *fs = src ? src->files : NULL;
+    if (!fs || max_batch < 1 || src->shape.dim == 0 ||
+        (unsigned)src->shape.kind >= DP_VALUES_KIND_COUNT)
+        return dp_errf(err, "stream: no record files, or a batch of %d", max_batch);
+    size_t first = 0;
+    while (first < fs->n && fs->files[first].records == 0)
+        first++;
+    if (first == fs->n)
+        return dp_errf(err, "stream: the training files hold no records");
+    size_t reserve, rec, per_win;
+    if (probe_reserve(src, first, (size_t)-1, &reserve, err) < 0)
+        return -1;
+    uint64_t q = 2 * (uint64_t)max_batch, win = (uint64_t)max_batch;
+    if (q > fs->records)
+        q = fs->records;
+    if (win > fs->records)
+        win = fs->records;
+    *out = stream_bytes(src, reserve, fs->n > UINT32_MAX ? UINT32_MAX : (uint32_t)fs->n,
+                        (uint32_t)q, (uint32_t)win, &rec, &per_win);
+    return 0;
+}
+
 /* $DOWNPOUR_STREAM_READER's choice; *deciding when it makes none (see
  * DECIDE_RECORDS). */
 static int choose_threaded(int *threaded, int *deciding, dp_err *err)
@@ -748,35 +825,47 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     if (shard_files(split, policy, (uint32_t)k, (uint32_t)w, NULL, &nf, err) < 0)
         return -1;
 
-    /* Sizes, all counted: a slot is its features (aligned), its label and
-     * its places in the two rings; a window place is one id more. */
-    size_t rec = (size_t)src->shape.dim * dp_value_size(src->shape.kind);
-    size_t stride = (rec + 15) & ~(size_t)15;
-    size_t per_slot = stride + 1 + 2 * sizeof(uint32_t), per_win = per_slot + sizeof(uint32_t);
-    size_t reserve = reader_reserve(src->format, rec, src->shape.dim);
+    /* The stream's own bytes for the least window, then the reader's
+     * reserve measured within what they leave. */
+    size_t rec, per_win, reserve;
     uint32_t queue = (uint32_t)max_batch * 2 < records ? (uint32_t)max_batch * 2 : records;
-    size_t base = sizeof(dp_stream) + 2 * (size_t)nf * sizeof(uint32_t) + reserve +
-                  (size_t)queue * per_slot;
     uint32_t least = (uint32_t)max_batch < records ? (uint32_t)max_batch : records;
-    size_t need = base + (size_t)least * per_win;
+    size_t own = stream_bytes(src, 0, nf, queue, least, &rec, &per_win);
+    long first = first_shard_file(split, policy, (uint32_t)k, (uint32_t)w);
+    if (first < 0) /* (shard_records refused a shard without records) */
+        return dp_errf(err, "stream: shard %d of %d has no file", k, w);
+    if (probe_reserve(src, (size_t)first, src->memory > own ? src->memory - own : 0, &reserve,
+                      err) < 0)
+        return -1;
+    size_t base = own - (size_t)least * per_win + reserve, need = own + reserve;
+    char note[200], hint[100];
+    held_note(note, sizeof note, src);
+    if (src->held)
+        snprintf(hint, sizeof hint, "raise the budget (--data-memory) to at least %zu",
+                 need + src->held);
+    else
+        snprintf(hint, sizeof hint, "raise it to at least that");
     if (src->memory < need)
-        return dp_errf(err, "stream: a memory bound of %zu bytes is too small: the reader's "
+        return dp_errf(err, "stream: a memory bound of %zu bytes%s is too small: the reader's "
                        "buffers (%zu bytes), a queue of %u and a window of %u records of %zu "
-                       "bytes need %zu; raise it to at least that", src->memory, reserve, queue,
-                       least, rec, need);
+                       "bytes need %zu; %s", src->memory, note, reserve, queue, least, rec, need,
+                       hint);
     uint64_t window = src->window;
     if (window == 0) {
         window = (src->memory - base) / per_win;
     } else if (base + (size_t)window * per_win > src->memory) {
+        size_t want = base + (size_t)window * per_win;
         return dp_errf(err, "stream: a window of %u records of %zu bytes, with the reader's "
                        "buffers (%zu bytes) and a queue of %u records, needs %zu bytes, above "
-                       "the memory bound of %zu", src->window, rec, reserve, queue,
-                       base + (size_t)window * per_win, src->memory);
+                       "the memory bound of %zu%s: a smaller window, or %s of at least %zu",
+                       src->window, rec, reserve, queue, want, src->memory, note,
+                       src->held ? "a budget (--data-memory)" : "a bound", want + src->held);
     }
     if (window > records)
         window = records;
     if (!shuffle)
         window = 1; /* file order: a window of one gives it */
+    size_t stride = (rec + 15) & ~(size_t)15;
 
     dp_stream *s = calloc(1, sizeof *s);
     if (!s)
@@ -821,8 +910,7 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
                        (uint32_t)window + queue, rec);
     }
     shard_files(split, policy, (uint32_t)k, (uint32_t)w, s->files, &nf, NULL);
-    s->alloc_bytes = sizeof *s + (size_t)s->slots * per_slot + (size_t)s->window * sizeof(uint32_t) +
-                     2 * (size_t)nf * sizeof(uint32_t);
+    s->alloc_bytes = stream_bytes(src, 0, nf, queue, s->window, &rec, &per_win);
     stop_reading(s); /* every slot free */
     *out = s;
     return 0;

@@ -333,6 +333,22 @@ int dp_tfrecord_is_gzip(const dp_tfrecord_reader *r)
     return r->gz != NULL;
 }
 
+size_t dp_tfrecord_reader_bytes(const dp_tfrecord_reader *r)
+{
+    size_t n = sizeof *r + strlen(r->path) + 1 + IO_BUF + r->rec_cap;
+    return r->gz ? n + DP_TFRECORD_GZIP_BYTES : n;
+}
+
+size_t dp_tfrecord_record_capacity(const dp_tfrecord_reader *r)
+{
+    return r->rec_cap;
+}
+
+void dp_tfrecord_set_max_record(dp_tfrecord_reader *r, size_t max_record)
+{
+    r->max_record = max_record ? max_record : DP_TFRECORD_MAX_RECORD;
+}
+
 void dp_tfrecord_close(dp_tfrecord_reader *r)
 {
     if (!r)
