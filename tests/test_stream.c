@@ -29,6 +29,7 @@
 #endif
 
 #include "check.h"
+#include "example_file.h"
 #include "downpour/dataset.h"
 #include "downpour/example.h"
 #include "downpour/model.h"
@@ -65,17 +66,6 @@ static void pixels_of(uint8_t *px, uint32_t id)
         x ^= x << 13, x ^= x >> 17, x ^= x << 5;
         px[i] = (uint8_t)x;
     }
-}
-
-static void write_example(dp_tfrecord_writer *w, const dp_feature *fs, size_t n)
-{
-    size_t len = dp_example_encoded_size(fs, n);
-    uint8_t *enc = malloc(len + 1);
-    REQUIRE(enc);
-    dp_example_encode(enc, fs, n);
-    dp_err err;
-    REQUIRE(dp_tfrecord_write(w, enc, len, &err) == 0);
-    free(enc);
 }
 
 /* A file of n raw-byte Examples, records first .. first+n-1. */

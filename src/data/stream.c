@@ -245,9 +245,11 @@ static int short_file(const dp_stream *s, dp_err *err)
                    f->records);
 }
 
-/* Decodes the next record this shard owns into slot id: 1, 0 at the
- * epoch's end, -1 with err naming the file and record. */
-static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
+
+/* Makes s->rd a reader of a file still holding records this shard owns,
+ * closing the ones used up and opening the next: 1 ready, 0 when the
+ * shard's files are done, -1 with err. */
+static int reader_with_ours(dp_stream *s, dp_err *err)
 {
     for (;;) {
         if (!s->rd) {
@@ -256,12 +258,22 @@ static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
             if (reader_open_next(s, err) < 0)
                 return -1;
         }
-        if (s->gap >= s->left) { /* nothing more of this file is ours */
-            dp_record_close(s->rd);
-            s->rd = NULL;
-            s->fi++;
-            continue;
-        }
+        if (s->gap < s->left)
+            return 1;
+        dp_record_close(s->rd); /* nothing more of this file is ours */
+        s->rd = NULL;
+        s->fi++;
+    }
+}
+
+/* Decodes the next record this shard owns into slot id: 1, 0 at the
+ * epoch's end, -1 with err naming the file and record. */
+static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
+{
+    for (;;) {
+        int more = reader_with_ours(s, err);
+        if (more <= 0)
+            return more;
         if (s->gap) {
             int64_t got = dp_record_skip(s->rd, s->gap, err);
             if (got < 0)
@@ -590,18 +602,9 @@ static int skip_owned(dp_stream *s, uint64_t n, dp_err *err)
 {
     uint64_t stride = s->policy == DP_SHARD_DATA ? s->w : 1;
     while (n > 0) {
-        if (!s->rd) {
-            if (s->fi >= s->nf)
-                return files_short(s, err);
-            if (reader_open_next(s, err) < 0)
-                return -1;
-        }
-        if (s->gap >= s->left) { /* nothing more of this file is ours */
-            dp_record_close(s->rd);
-            s->rd = NULL;
-            s->fi++;
-            continue;
-        }
+        int more = reader_with_ours(s, err);
+        if (more <= 0)
+            return more < 0 ? -1 : files_short(s, err);
         uint64_t here = 1 + (s->left - s->gap - 1) / stride; /* ours left in the file */
         uint64_t k = n < here ? n : here, raw = s->gap + 1 + (k - 1) * stride;
         int64_t got = dp_record_skip(s->rd, raw, err);
