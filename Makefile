@@ -77,6 +77,8 @@ bench: build data
 	$(BUILD)/bench/bench_allreduce
 	cd $(BUILD)/bench && ./bench_allreduce_train
 	cd $(BUILD)/bench && ./bench_ps_async
+	$(BUILD)/bench/bench_data
+	$(BUILD)/bench/bench_stream --png 1
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
