@@ -22,7 +22,10 @@
  *   bit 2     the test split is a copy of the training files, else a fixed
  *             valid file of the format (one record of 4 values)
  *   bit 3     the class count is 10 (else 0: 256)
- *   bits 4-7  k: the second reading skips k records (0: 1) before each
+ *   bit 4     TFRecord: the rest is records, each a u16 little-endian length
+ *             and its bytes, that the harness frames with their CRCs (which
+ *             a fuzzer cannot guess), so the Examples are what is fuzzed
+ *   bits 5-7  k: the second reading skips k records (0: 1) before each
  *             record it reads */
 #include <stdint.h>
 #include <stdio.h>
@@ -110,6 +113,32 @@ static void make_tf_fixed(void)
     le32(tf_fixed + 8, dp_tfrecord_masked_crc(tf_fixed, 8));
     dp_example_encode(tf_fixed + 12, fs, 2);
     le32(tf_fixed + 12 + len, dp_tfrecord_masked_crc(tf_fixed + 12, len));
+}
+
+/* The records [u16 length, bytes]... of in framed as a TFRecord file: each
+ * record takes 2 input bytes more than its own (1 for a last one cut short)
+ * and 16 output bytes more, so the file is under 8 times the input + 16. */
+static uint8_t *frame_records(const uint8_t *in, size_t n, size_t *len)
+{
+    uint8_t *out = malloc(n * 8 + 16), *o = out;
+    if (!out)
+        return NULL;
+    size_t at = 0;
+    while (at < n) {
+        size_t l = at + 2 <= n ? (size_t)in[at] | (size_t)in[at + 1] << 8 : 0;
+        at = at + 2 <= n ? at + 2 : n;
+        if (l > n - at)
+            l = n - at;
+        for (int i = 0; i < 8; i++)
+            o[i] = (uint8_t)((uint64_t)l >> (8 * i));
+        le32(o + 8, dp_tfrecord_masked_crc(o, 8));
+        memcpy(o + 12, in + at, l);
+        le32(o + 12 + l, dp_tfrecord_masked_crc(in + at, l));
+        o += 16 + l;
+        at += l;
+    }
+    *len = (size_t)(o - out);
+    return out;
 }
 
 static void cleanup(void)
@@ -259,7 +288,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     uint8_t flags = data[0];
     int format = flags & 3, copy = (flags >> 2) & 1;
-    uint64_t k = flags >> 4 ? flags >> 4 : 1;
+    uint64_t k = flags >> 5 ? flags >> 5 : 1;
     data++;
     size--;
     char path[400];
@@ -268,13 +297,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         unlink(path);
     }
     switch (format) {
-    case 0:
-        put_file("train.tfrecord", data, size);
+    case 0: {
+        const uint8_t *file = data;
+        size_t len = size;
+        uint8_t *framed = NULL;
+        if (flags & 16) {
+            framed = frame_records(data, size, &len);
+            if (!framed)
+                return 0;
+            file = framed;
+        }
+        put_file("train.tfrecord", file, len);
         if (copy)
-            put_file("test.tfrecord", data, size);
+            put_file("test.tfrecord", file, len);
         else
             put_file("test.tfrecord", tf_fixed, tf_fixed_len);
+        free(framed);
         break;
+    }
     case 1: {
         size_t l = size >= 2 ? (size_t)data[0] | (size_t)data[1] << 8 : 0;
         const uint8_t *p = data + (size >= 2 ? 2 : size);

@@ -577,41 +577,50 @@ def dataset_files_cache():
 # ---- datasets of record files: byte 0 bits 0-1 the format (0 TFRecord,
 # 1 an .npy pair: u16 length of x_train.npy, it, then y_train.npy; 2 CSV;
 # 3 one .npz), bit 2 the test split a copy (else a fixed file of 2x2 bytes,
-# or of 4 CSV features), bit 3 10 classes, bits 4-7 the skip of the second
-# reading.
+# or of 4 CSV features), bit 3 10 classes, bit 4 TFRecord records the
+# harness frames (each a u16 length and its bytes), bits 5-7 the skip of the
+# second reading.
+def framed(records):
+    return b"".join(struct.pack("<H", len(r)) + r for r in records)
+
+
 def records_corpus():
     t = "fuzz_records"
     raw = lambda i: example([("height", "int64", [2]), ("image", "bytes", [bytes([i, i + 1, i + 2, i + 3])]),
                              ("label", "int64", [i % 10]), ("width", "int64", [2])])
     put(t, "tfrecord_raw", b"\x00" + tfrecord([raw(i) for i in range(6)]))
-    put(t, "tfrecord_raw_copy_skip2", b"\x24" + tfrecord([raw(i) for i in range(6)]))
+    put(t, "tfrecord_raw_copy_skip2", b"\x44" + tfrecord([raw(i) for i in range(6)]))
     square = example([("image", "bytes", [bytes([7, 7, 7, 7])]), ("label", "float", [3.0])])
     put(t, "tfrecord_square_float_label", b"\x08" + tfrecord([square, square]))
     digit = png(2, 2, 0, 8, [10, 20, 30, 40])
     pngs = [example([("image", "bytes", [digit]), ("label", "int64", [i])]) for i in range(3)]
-    put(t, "tfrecord_png", b"\x10" + tfrecord(pngs))
+    put(t, "tfrecord_png", b"\x20" + tfrecord(pngs))
     floats = [example([("image", "float", [0.5, -1, 2, i]), ("label", "int64", [1])]) for i in range(4)]
-    put(t, "tfrecord_floats_copy", b"\x34" + tfrecord(floats))
+    put(t, "tfrecord_floats_copy_skip3", b"\x64" + tfrecord(floats))
     ints = [example([("image", "int64", [1, 2, 3, 4]), ("label", "int64", [0])])]
     put(t, "tfrecord_int64_copy", b"\x04" + tfrecord(ints))
-    put(t, "tfrecord_bad_second", b"\x10" + tfrecord([raw(1), b"junk", raw(2)]))
+    put(t, "tfrecord_bad_second", b"\x20" + tfrecord([raw(1), b"junk", raw(2)]))
+    put(t, "framed_raw", b"\x10" + framed([raw(i) for i in range(5)]))
+    put(t, "framed_png_copy_skip2", b"\x54" + framed(pngs))
+    put(t, "framed_floats", b"\x18" + framed(floats + ints))
+    put(t, "framed_mixed_png_raw", b"\x10" + framed([pngs[0], raw(3), pngs[1]]))
     x = npy("|u1", (5, 2, 2), bytes(range(20)))
     y = npy("<i8", (5,), struct.pack("<5q", 1, 0, 2, 9, 4))
     put(t, "npy_pair", b"\x01" + struct.pack("<H", len(x)) + x + y)
-    put(t, "npy_pair_copy_skip3", b"\x3d" + struct.pack("<H", len(x)) + x + y)
+    put(t, "npy_pair_copy_skip3", b"\x65" + struct.pack("<H", len(x)) + x + y)
     xf = npy("<f4", (3, 4), struct.pack("<12f", *range(12)))
     yb = npy("|u1", (3, 1), bytes([1, 2, 3]))
     put(t, "npy_floats_copy", b"\x05" + struct.pack("<H", len(xf)) + xf + yb)
     big = npy("|u1", (70000, 1), bytes(70000))[:600]  # the harness cuts it: a truncated array
     put(t, "npy_truncated", b"\x01" + struct.pack("<H", len(big)) + big + y)
     put(t, "csv", b"\x02label,a,b,c,d\n0,1,2,3,4\n1,5,6,7,8\n2,9,10,11,12\n")
-    put(t, "csv_copy_skip2_crlf", b"\x2e\xef\xbb\xbfa,label,c\r\n1,2,3\r\n\r\n4,5,6\r\n7,\"8\",9\r\n")
+    put(t, "csv_copy_skip2_crlf", b"\x46\xef\xbb\xbfa,label,c\r\n1,2,3\r\n\r\n4,5,6\r\n7,\"8\",9\r\n")
     put(t, "csv_no_header_copy", b"\x06" b"1,2,3\n\n4,5,6\n7,8,9")
-    put(t, "csv_bad_row", b"\x12label,a,b,c,d\n0,1,2,3,4\n1,x,6,7,8\n2,9,10,11,12\n")
+    put(t, "csv_bad_row", b"\x22label,a,b,c,d\n0,1,2,3,4\n1,x,6,7,8\n2,9,10,11,12\n")
     members = [("x_train.npy", x), ("y_train.npy", y), ("x_test.npy", npy("|u1", (1, 2, 2), bytes(4))),
                ("y_test.npy", npy("<i8", (1,), struct.pack("<q", 1)))]
     put(t, "npz_stored", b"\x03" + npz(members, False))
-    put(t, "npz_deflated_skip2", b"\x23" + npz(members, True))
+    put(t, "npz_deflated_skip2", b"\x43" + npz(members, True))
 
 
 if __name__ == "__main__":
