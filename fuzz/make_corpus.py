@@ -604,6 +604,9 @@ def records_corpus():
     put(t, "framed_png_copy_skip2", b"\x54" + framed(pngs))
     put(t, "framed_floats", b"\x18" + framed(floats + ints))
     put(t, "framed_mixed_png_raw", b"\x10" + framed([pngs[0], raw(3), pngs[1]]))
+    wrap = example([("height", "int64", [1 << 32]), ("image", "bytes", [b"\x01\x02\x03\x04"]),
+                    ("label", "int64", [1]), ("width", "int64", [1 << 32])])
+    put(t, "framed_sides_wrap", b"\x10" + framed([wrap]))  # divided by 0 before the fix
     x = npy("|u1", (5, 2, 2), bytes(range(20)))
     y = npy("<i8", (5,), struct.pack("<5q", 1, 0, 2, 9, 4))
     put(t, "npy_pair", b"\x01" + struct.pack("<H", len(x)) + x + y)
