@@ -531,6 +531,101 @@ def csv_corpus():
     put("fuzz_csv", "multiline_name", b"\x00\x00\x09\"a\nb\",label\n1,2\n")
 
 
+# ---- the record files' cache (version 3): byte 0 flags (bit 0 XOR onto the
+# real cache the target builds, bit 1 re-sign the header, bit 2 re-sign the
+# payload's CRCs, bit 3 cut, bit 4 the float dataset, bit 5 a window: u16
+# offset then the bytes XORed there).  The header is 104 bytes and 64 a file
+# (3 files), its CRC at 296, the payload at 4096: train values, test values,
+# train labels (5), test labels (2); a record is 12 bytes, or 5 floats.
+def files_window(flags, off, xor):
+    return bytes([flags | 0x21]) + struct.pack("<H", off) + bytes(xor)
+
+
+def dataset_files_cache():
+    t = "fuzz_dataset_files_cache"
+    put(t, "valid", b"\x01")
+    put(t, "valid_f32", b"\x11")
+    put(t, "valid_resigned", b"\x07")
+    put(t, "version", files_window(0x02, 8, [0x01]))
+    put(t, "header_len", files_window(0x02, 16, [0x40]))
+    put(t, "kind", files_window(0x02, 24, [0x01]))
+    put(t, "rows_cols_same_dim", files_window(0x02, 28, [3 ^ 2, 0, 0, 0, 4 ^ 6]))
+    put(t, "classes_up", files_window(0x02, 40, [0x02]))
+    put(t, "classes_down", files_window(0x02, 40, [0x04]))
+    put(t, "n_train", files_window(0x02, 56, [0x01]))
+    put(t, "dataset_key", files_window(0x02, 80, [0x01]))
+    put(t, "section_crc", files_window(0x00, 88, [0x01]))
+    put(t, "file_records_moved", files_window(0x02, 104, [3 ^ 2] + [0] * 63 + [2 ^ 3]))
+    put(t, "file_records_moved_damaged", files_window(0x02, 104, [3 ^ 2] + [0] * 63 + [2 ^ 3]) +
+        bytes(4096 - 104 - 65) + b"\x01")
+    put(t, "file_mtime", files_window(0x02, 104 + 16, [0x01]))
+    put(t, "labels_file", files_window(0x02, 104 + 32, [0x01]))
+    put(t, "names_hash", files_window(0x02, 104 + 56, [0x01]))
+    put(t, "header_crc", files_window(0x00, 296, [0x01]))
+    put(t, "padding", files_window(0x00, 1000, [0xff]))
+    put(t, "value_byte", files_window(0x00, 4096, [0x01]))
+    put(t, "value_float", files_window(0x10, 4096 + 3, [0x80]))
+    put(t, "label_byte", files_window(0x00, 4096 + 84, [0x02]))
+    put(t, "label_resigned", files_window(0x06, 4096 + 84, [0x02]))
+    put(t, "label_over_classes", files_window(0x06, 4096 + 84, [0x40]))
+    put(t, "truncated", b"\x09" + bytes(200))
+    put(t, "cut_payload", files_window(0x08, 4100, []))
+    put(t, "trailing", files_window(0x00, 4096 + 91, [0x01]))
+    put(t, "raw_magic", b"\x00DPCACHE\x1a" + struct.pack("<I", 3) + bytes(200))
+
+
+# ---- datasets of record files: byte 0 bits 0-1 the format (0 TFRecord,
+# 1 an .npy pair: u16 length of x_train.npy, it, then y_train.npy; 2 CSV;
+# 3 one .npz), bit 2 the test split a copy (else a fixed file of 2x2 bytes,
+# or of 4 CSV features), bit 3 10 classes, bit 4 TFRecord records the
+# harness frames (each a u16 length and its bytes), bits 5-7 the skip of the
+# second reading.
+def framed(records):
+    return b"".join(struct.pack("<H", len(r)) + r for r in records)
+
+
+def records_corpus():
+    t = "fuzz_records"
+    raw = lambda i: example([("height", "int64", [2]), ("image", "bytes", [bytes([i, i + 1, i + 2, i + 3])]),
+                             ("label", "int64", [i % 10]), ("width", "int64", [2])])
+    put(t, "tfrecord_raw", b"\x00" + tfrecord([raw(i) for i in range(6)]))
+    put(t, "tfrecord_raw_copy_skip2", b"\x44" + tfrecord([raw(i) for i in range(6)]))
+    square = example([("image", "bytes", [bytes([7, 7, 7, 7])]), ("label", "float", [3.0])])
+    put(t, "tfrecord_square_float_label", b"\x08" + tfrecord([square, square]))
+    digit = png(2, 2, 0, 8, [10, 20, 30, 40])
+    pngs = [example([("image", "bytes", [digit]), ("label", "int64", [i])]) for i in range(3)]
+    put(t, "tfrecord_png", b"\x20" + tfrecord(pngs))
+    floats = [example([("image", "float", [0.5, -1, 2, i]), ("label", "int64", [1])]) for i in range(4)]
+    put(t, "tfrecord_floats_copy_skip3", b"\x64" + tfrecord(floats))
+    ints = [example([("image", "int64", [1, 2, 3, 4]), ("label", "int64", [0])])]
+    put(t, "tfrecord_int64_copy", b"\x04" + tfrecord(ints))
+    put(t, "tfrecord_bad_second", b"\x20" + tfrecord([raw(1), b"junk", raw(2)]))
+    put(t, "framed_raw", b"\x10" + framed([raw(i) for i in range(5)]))
+    put(t, "framed_png_copy_skip2", b"\x54" + framed(pngs))
+    put(t, "framed_floats", b"\x18" + framed(floats + ints))
+    put(t, "framed_mixed_png_raw", b"\x10" + framed([pngs[0], raw(3), pngs[1]]))
+    wrap = example([("height", "int64", [1 << 32]), ("image", "bytes", [b"\x01\x02\x03\x04"]),
+                    ("label", "int64", [1]), ("width", "int64", [1 << 32])])
+    put(t, "framed_sides_wrap", b"\x10" + framed([wrap]))  # divided by 0 before the fix
+    x = npy("|u1", (5, 2, 2), bytes(range(20)))
+    y = npy("<i8", (5,), struct.pack("<5q", 1, 0, 2, 9, 4))
+    put(t, "npy_pair", b"\x01" + struct.pack("<H", len(x)) + x + y)
+    put(t, "npy_pair_copy_skip3", b"\x65" + struct.pack("<H", len(x)) + x + y)
+    xf = npy("<f4", (3, 4), struct.pack("<12f", *range(12)))
+    yb = npy("|u1", (3, 1), bytes([1, 2, 3]))
+    put(t, "npy_floats_copy", b"\x05" + struct.pack("<H", len(xf)) + xf + yb)
+    big = npy("|u1", (70000, 1), bytes(70000))[:600]  # the harness cuts it: a truncated array
+    put(t, "npy_truncated", b"\x01" + struct.pack("<H", len(big)) + big + y)
+    put(t, "csv", b"\x02label,a,b,c,d\n0,1,2,3,4\n1,5,6,7,8\n2,9,10,11,12\n")
+    put(t, "csv_copy_skip2_crlf", b"\x46\xef\xbb\xbfa,label,c\r\n1,2,3\r\n\r\n4,5,6\r\n7,\"8\",9\r\n")
+    put(t, "csv_no_header_copy", b"\x06" b"1,2,3\n\n4,5,6\n7,8,9")
+    put(t, "csv_bad_row", b"\x22label,a,b,c,d\n0,1,2,3,4\n1,x,6,7,8\n2,9,10,11,12\n")
+    members = [("x_train.npy", x), ("y_train.npy", y), ("x_test.npy", npy("|u1", (1, 2, 2), bytes(4))),
+               ("y_test.npy", npy("<i8", (1,), struct.pack("<q", 1)))]
+    put(t, "npz_stored", b"\x03" + npz(members, False))
+    put(t, "npz_deflated_skip2", b"\x43" + npz(members, True))
+
+
 if __name__ == "__main__":
     frame_corpus()
     tcp_corpus()
@@ -544,3 +639,5 @@ if __name__ == "__main__":
     example_corpus()
     npy_corpus()
     csv_corpus()
+    dataset_files_cache()
+    records_corpus()

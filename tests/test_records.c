@@ -402,6 +402,30 @@ static void test_tfrecord_lists(void)
     count_ok(&f, &ro);
     CHECK(f.shape.rows == 1 && f.shape.cols == 24 && f.shape.channels == 1);
     dp_data_files_free(&f);
+
+    /* Sides whose product wraps 64 bits (2^32 x 2^32 is 0 modulo 2^64) are
+     * refused, not divided by (found by fuzz_records). */
+    make_dir("wrap");
+    for (int k = 0; k < 2; k++) {
+        w = tf_create(path_of(k ? "wrap/eval.tfrec" : "wrap/fit.tfrec"));
+        int64_t l = 1, side = (int64_t)1 << 32;
+        dp_bytes b = {px, 24};
+        const dp_feature fs[4] = {{"pix", DP_FEATURE_BYTES, 1, &b, NULL, NULL},
+                                  {"y", DP_FEATURE_INT64, 1, NULL, NULL, &l},
+                                  {"height", DP_FEATURE_INT64, 1, NULL, NULL, &side},
+                                  {"width", DP_FEATURE_INT64, 1, NULL, NULL, &side}};
+        write_example(w, fs, 4);
+        tf_finish(w);
+    }
+    ro.train = "fit*";
+    ro.test = "eval*";
+    f = find_ok(path_of("wrap"), &ro);
+    dp_err err;
+    CHECK(dp_data_files_count(&f, &ro, &err) == -1);
+    CHECKF(strstr(err.msg, "wrap/fit.tfrec") && strstr(err.msg, "record 0") &&
+           strstr(err.msg, "4294967296 x 4294967296"), "%s", err.msg);
+    fprintf(stderr, "refused as it should be: %s\n", err.msg);
+    dp_data_files_free(&f);
 }
 
 /* ---- NumPy ---- */

@@ -168,7 +168,11 @@ static int tf_shape(dp_record_reader *r, dp_record_shape *s, dp_err *err)
                 return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu bytes",
                                 r->image, b->len);
             if (int64_one(r->ex, "height", &h) && int64_one(r->ex, "width", &w)) {
-                if (h <= 0 || w <= 0 || (uint64_t)b->len % ((uint64_t)h * (uint64_t)w) != 0)
+                /* Each side bounded by the bytes first: 2^32 x 2^32 would
+                 * wrap the product to 0 (a division by zero). */
+                if (h <= 0 || w <= 0 || (uint64_t)h > b->len ||
+                    (uint64_t)w > b->len / (uint64_t)h ||
+                    (uint64_t)b->len % ((uint64_t)h * (uint64_t)w) != 0)
                     return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu bytes, "
                                     "not a whole number of height x width = %lld x %lld "
                                     "pixels", r->image, b->len, (long long)h, (long long)w);

@@ -460,10 +460,14 @@ static int inflate_next(dp_zip_member *m, uint8_t *dst, size_t n, dp_err *err)
         zs->avail_out = (uInt)chunk;
         int r = inflate(zs, Z_NO_FLUSH);
         size_t got = chunk - zs->avail_out;
-        if (crc_feed(m, dst + done, got, m->out_pos, err) != 0)
+        uint64_t at = m->out_pos;
+        /* Counted before the CRC is checked: the stream has moved past
+         * them, and a later read must know it (or it would be served the
+         * bytes after them as its own). */
+        m->out_pos += got;
+        if (crc_feed(m, dst + done, got, at, err) != 0)
             return -1;
         done += got;
-        m->out_pos += got;
         if (r == Z_STREAM_END && done < n)
             return dp_errf(err, "%s: the deflate stream ends after %llu bytes; the archive says "
                            "%llu", m->where, (unsigned long long)m->out_pos,
