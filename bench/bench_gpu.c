@@ -104,7 +104,7 @@ int main(int argc, char **argv)
     dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_ADAM);
     if (dp_dataset_split(&ds, N_TRAIN, 60000 - N_TRAIN, &train, &val, &err) < 0 ||
         dp_model_init(&m, model, BATCH, 1, &err) < 0 ||
-        dp_model_check_input(&m, ds.rows, ds.cols, "mnist", &err) < 0) {
+        dp_model_check_input(&m, ds.rows, ds.cols, ds.channels, "mnist", &err) < 0) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }

@@ -65,9 +65,11 @@ static void test_cnn_mnist(void)
     CHECK(m.n_params == 832 + 51264 + 131200 + 1290);
     CHECK(m.n_dense == 4);
     CHECK(dp_model_inputs(&m) == 784 && dp_model_classes(&m) == 10 && dp_model_is_image(&m));
-    CHECK(dp_model_check_input(&m, 28, 28, "mnist", &err) == 0);
-    CHECK(dp_model_check_input(&m, 32, 32, "other", &err) == -1);
+    CHECK(dp_model_check_input(&m, 28, 28, 1, "mnist", &err) == 0);
+    CHECK(dp_model_check_input(&m, 32, 32, 1, "other", &err) == -1);
     CHECK(strstr(err.msg, "1x28x28") && strstr(err.msg, "1x32x32"));
+    /* several channels stored HWC: refused for an image model, saying why */
+    CHECK(dp_model_check_input(&m, 28, 28, 3, "rgb", &err) == -1 && strstr(err.msg, "HWC"));
     dp_model_free(&m);
 
     REQUIRE(dp_model_init(&m, "distbelief-image", 4, 1, &err) == 0);
@@ -83,7 +85,10 @@ static void test_cnn_mnist(void)
     /* the legacy grammar is unchanged */
     REQUIRE(dp_model_init(&m, "784-300-100-10", 4, 1, &err) == 0);
     CHECK(!dp_model_is_image(&m) && m.n_layers == 6);
-    CHECK(dp_model_check_input(&m, 28, 28, "mnist", &err) == 0);
+    CHECK(dp_model_check_input(&m, 28, 28, 1, "mnist", &err) == 0);
+    /* a flat model takes every value of a record: 14x14 pixels of 4 channels */
+    CHECK(dp_model_check_input(&m, 14, 14, 4, "rgba", &err) == 0);
+    CHECK(dp_model_check_input(&m, 28, 28, 3, "rgb", &err) == -1 && strstr(err.msg, "28x28x3"));
     dp_model_free(&m);
 }
 

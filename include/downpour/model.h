@@ -127,11 +127,14 @@ const char *dp_model_presets(void);
 
 int dp_model_inputs(const dp_model *m);
 int dp_model_classes(const dp_model *m);
-/* Whether the model takes a dataset's images of rows x cols pixels (one
- * channel, as IDX stores them): a flat input needs rows*cols features, an
- * image input 1 x rows x cols.  Fails naming the model and the dataset. */
-int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, const char *dataset,
-                         dp_err *err);
+/* Whether the model takes a dataset's records of rows x cols x channels
+ * values, stored pixel by pixel (HWC, as PNG and NumPy images are; IDX has
+ * one channel): a flat input needs them all as features, an image input is
+ * 1 x rows x cols (an image model takes channels apart, CxHxW: records of
+ * several channels are refused for it, saying so).  Fails naming the model
+ * and the dataset. */
+int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, uint32_t channels,
+                         const char *dataset, dp_err *err);
 /* True when the model's input is an image (c x h x w with h*w > 1). */
 int dp_model_is_image(const dp_model *m);
 

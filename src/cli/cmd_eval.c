@@ -54,7 +54,7 @@ int cmd_eval(int argc, char **argv)
         dp_dataset_open_with(&ds, dataset, &data, &err) < 0 ||
         dp_metrics_open(&metrics, metrics_path, &err) < 0)
         goto out;
-    if (dp_model_check_input(&m, ds.rows, ds.cols, dataset, &err) < 0)
+    if (dp_model_check_input(&m, ds.rows, ds.cols, ds.channels, dataset, &err) < 0)
         goto out;
     if (!dp_split_in_memory(&ds.test)) { /* dp_evaluate gathers by record index */
         dp_errf(&err, "dataset %s: its test records are %s, and eval reads them in memory",

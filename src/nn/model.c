@@ -163,17 +163,30 @@ int dp_model_classes(const dp_model *m) { return m->layers[m->n_layers - 1].out;
 
 int dp_model_is_image(const dp_model *m) { return m->layers[0].h * m->layers[0].w > 1; }
 
-int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, const char *dataset,
-                         dp_err *err)
+int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, uint32_t channels,
+                         const char *dataset, dp_err *err)
 {
     const dp_layer *d = &m->layers[0];
-    uint64_t pixels = (uint64_t)rows * cols;
+    if (channels == 0)
+        channels = 1;
+    uint64_t values = (uint64_t)rows * cols * channels;
     if (!dp_model_is_image(m)) {
-        if ((uint64_t)d->in != pixels)
-            return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%u = %llu pixels",
-                           m->name, d->in, dataset, rows, cols, (unsigned long long)pixels);
-        return 0;
+        if ((uint64_t)d->in == values)
+            return 0;
+        if (channels > 1)
+            return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%ux%u = %llu "
+                                "values a record", m->name, d->in, dataset, rows, cols, channels,
+                           (unsigned long long)values);
+        return dp_errf(err, "model %s takes %d inputs but dataset %s has %ux%u = %llu pixels",
+                       m->name, d->in, dataset, rows, cols, (unsigned long long)values);
     }
+    if (channels > 1)
+        return dp_errf(err, "model %s takes %dx%dx%d images (channel by channel, CxHxW) but "
+                            "dataset %s stores its %ux%u images of %u channels pixel by pixel "
+                            "(HWC): image models train on one-channel images; a flat model "
+                            "(dense layers) takes these records as %llu features",
+                       m->name, d->c, d->h, d->w, dataset, rows, cols, channels,
+                       (unsigned long long)values);
     if (d->c != 1 || (uint32_t)d->h != rows || (uint32_t)d->w != cols)
         return dp_errf(err, "model %s takes %dx%dx%d images but dataset %s has 1x%ux%u (one "
                             "channel of %ux%u pixels)",

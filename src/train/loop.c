@@ -146,7 +146,7 @@ static int open_data(loop *L, dp_err *err)
                             "(docs/datasets.md)", cfg->dataset);
     if (dp_dataset_split(&L->ds, cfg->n_train, cfg->n_val, &L->train, &L->val, err) < 0)
         return -1;
-    if (dp_model_check_input(&L->m, L->ds.rows, L->ds.cols, cfg->dataset, err) < 0)
+    if (dp_model_check_input(&L->m, L->ds.rows, L->ds.cols, L->ds.channels, cfg->dataset, err) < 0)
         return -1;
     if ((uint32_t)dp_model_classes(&L->m) < L->ds.classes)
         return dp_errf(err, "model %s has %d outputs but dataset %s has %u classes", L->m.name,
