@@ -53,6 +53,8 @@ void *dp_cuda_alloc(void *ctx, size_t bytes);
 void dp_cuda_free(void *ctx, void *p);
 void *dp_cuda_host_alloc(void *ctx, size_t bytes);
 void dp_cuda_host_free(void *ctx, void *p);
+int dp_cuda_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t len);
+void dp_cuda_host_unregister(void *ctx, void *p);
 int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir);
 int dp_cuda_sync(void *ctx, char *msg, size_t len);
 void dp_cuda_gemm(void *ctx, const dp_gemm *g);
@@ -69,6 +71,8 @@ int dp_cuda_comm_id(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len
 int dp_cuda_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank, void **comm,
                       char *msg, size_t len);
 int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n);
+int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t len);
+void dp_cuda_comm_abort(void *ctx, void *comm);
 void dp_cuda_comm_free(void *ctx, void *comm);
 /* Async NCCL errors of the joined communicators, recorded at sync. */
 void dp_cuda_comm_poll(dp_cuda *c);

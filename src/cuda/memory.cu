@@ -72,6 +72,32 @@ void dp_cuda_host_free(void *ctx, void *p)
         (void)cudaGetLastError();
 }
 
+/* Memory the caller owns, page-locked in place (a model's host arrays): a
+ * failure is no fault of the device, so the reason goes back, not into
+ * the context's kept failure. */
+int dp_cuda_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t len)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    if (c->capturing) {
+        snprintf(msg, len, "host_register during a graph capture");
+        return -1;
+    }
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(msg, len, "cudaHostRegister of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+void dp_cuda_host_unregister(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p && cudaHostUnregister(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir)
 {
     dp_cuda *c = (dp_cuda *)ctx;

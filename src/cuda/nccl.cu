@@ -1,12 +1,13 @@
 /* Collectives through NCCL: a unique id made by rank 0, communicators
  * joined with it, and in-place sums queued on the stream.  Built only when
- * CMake found nccl.h and libnccl (DP_HAVE_NCCL); otherwise the table's four
+ * CMake found nccl.h and libnccl (DP_HAVE_NCCL); otherwise the table's six
  * entries are NULL. */
 #ifdef DP_HAVE_NCCL
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/cuda_ctx.h"
 
@@ -90,6 +91,71 @@ int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
     }
     dp_cuda_queued(c, "ncclAllReduce");
     return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
+}
+
+/* The stream polled, and the communicator's asynchronous error with it: a
+ * sum whose peer died never completes, and NCCL may say so here first. */
+int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t len)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    dp_cuda_comm *h = (dp_cuda_comm *)comm;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        /* A communicator's error is not the device's: the caller aborts it
+         * and goes on with a new one, so it is not kept as a failure. */
+        ncclResult_t async = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(h->comm, &async);
+        if (r != ncclSuccess)
+            async = r;
+        if (async != ncclSuccess && async != ncclInProgress) {
+            if (msg && len)
+                snprintf(msg, len, "NCCL: %s (%s)", ncclGetErrorString(async),
+                         ncclGetLastError(h->comm));
+            return -1;
+        }
+        if (!c->failed && dp_cuda_enter(c) == 0) {
+            cudaError_t e = cudaStreamQuery(c->stream);
+            if (e == cudaSuccess)
+                return 1;
+            if (e != cudaErrorNotReady) {
+                (void)cudaGetLastError();
+                dp_cuda_fail(c, "%s (%s), in work queued up to %s", cudaGetErrorString(e),
+                             cudaGetErrorName(e), c->last[0] ? c->last : "the first call");
+            }
+        }
+        if (c->failed) {
+            if (msg && len)
+                snprintf(msg, len, "%s", c->err);
+            return -1;
+        }
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double spent = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+        if (spent >= timeout_s)
+            return 0;
+        /* a sum of a few MB takes tens of microseconds: poll, don't sleep long */
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* ncclCommAbort returns without waiting for the peers and makes the
+ * communicator's pending kernels exit; the stream runs on. */
+void dp_cuda_comm_abort(void *ctx, void *comm)
+{
+    dp_cuda *c = (dp_cuda *)ctx;
+    dp_cuda_comm *h = (dp_cuda_comm *)comm;
+    if (!h)
+        return;
+    for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            break;
+        }
+    if (ncclCommAbort(h->comm) != ncclSuccess)
+        (void)cudaGetLastError();
+    free(h);
 }
 
 static void destroy(dp_cuda_comm *h)

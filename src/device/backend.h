@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever the table or dp_kernel changes: a plugin built from other
  * sources is refused with both numbers. */
-#define DP_BACKEND_ABI 5
+#define DP_BACKEND_ABI 6
 #define DP_BACKEND_CUDA_SYMBOL "dp_backend_cuda_v1"
 
 typedef enum dp_copy_dir { DP_COPY_H2D, DP_COPY_D2H, DP_COPY_D2D } dp_copy_dir;
@@ -65,6 +65,13 @@ typedef struct dp_backend {
      * it does not fit. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+    /* Page-locks memory the caller allocated (cudaHostRegister), so copies
+     * to and from it run at the bus's speed without a staging copy; the
+     * rules above for host_alloc memory then hold for it.  0, or -1 with the
+     * reason in msg (the memory stays usable, unlocked).  host_unregister
+     * takes exactly a pointer registered before, before it is freed. */
+    int (*host_register)(void *ctx, void *p, size_t bytes, char *msg, size_t len);
+    void (*host_unregister)(void *ctx, void *p);
     /* Queued in stream order.  An H2D copy from host_alloc memory reads the
      * source when the stream reaches it, so that memory must stay unchanged
      * until a sync; from other memory the source is read before the call
@@ -88,11 +95,27 @@ typedef struct dp_backend {
     void (*graph_free)(void *ctx, void *graph);
 
     /* Collectives (all NULL when the backend has none): NCCL's unique id,
-     * joining a communicator of `ranks`, and a queued in-place sum. */
+     * joining a communicator of `ranks` (every rank must join, each with
+     * its own id bytes received from rank 0; the call returns once all
+     * have), and a queued in-place sum over every rank of the communicator,
+     * the same bits on every rank.
+     *
+     * A peer that dies leaves the others' sum waiting for ever, so a caller
+     * never syncs on a collective blindly: comm_wait waits up to timeout_s
+     * for everything queued (the sum included) and returns 1 when it is
+     * done, 0 while it is not, -1 when it failed (a CUDA error, or the
+     * communicator's own asynchronous error: NCCL's ncclCommGetAsyncError),
+     * the reason in msg.  Between waits the caller looks for lost peers on
+     * its own links.  comm_abort ends a communicator whose peers may be gone
+     * without waiting for them (ncclCommAbort): the pending sum is abandoned
+     * (its buffer holds no defined value) and later work on the stream runs;
+     * comm_free ends a healthy one (waits for its work). */
     int (*comm_id)(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len);
     int (*comm_join)(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank,
                      void **comm, char *msg, size_t len);
     int (*comm_allreduce)(void *ctx, void *comm, float *buf, size_t n);
+    int (*comm_wait)(void *ctx, void *comm, double timeout_s, char *msg, size_t len);
+    void (*comm_abort)(void *ctx, void *comm);
     void (*comm_free)(void *ctx, void *comm);
 } dp_backend;
 
