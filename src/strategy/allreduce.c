@@ -65,12 +65,15 @@ struct dp_strategy {
                               state live there (else host staging: the sum and
                               the update on the host) */
     int comm_ok;           /* nccl: the communicator over the members is joined */
+    int join_failures;     /* joins failed in a row, and the last one's reason */
+    dp_err join_error;
     float *ema;            /* nccl with --ema: the device's average, brought back */
 };
 
 /* A rejoining replica's welcome carries the ring's generation, and in its
  * top bit whether the ring sums on the devices. */
 #define GEN_NCCL (1ULL << 63)
+#define KEY_MAX 256 /* a device key (device_key) with its NUL */
 
 static int pos_of(const dp_strategy *s, int rank)
 {
@@ -269,6 +272,21 @@ static int can_comm(const dp_strategy *s)
     return s->dev && dp_device_has_comm(dp_dmodel_device(s->dev)) && !(v && strcmp(v, "0") == 0);
 }
 
+/* Which GPU this replica sums on, for replica 0 to find two replicas on one
+ * (NCCL takes one GPU per rank): host and device, e.g. "node3/NVIDIA H100
+ * 80GB HBM3 (cuda:0, 79.1 GiB)".  sim's collectives take any number of
+ * ranks on a host, so its key is the process's own. */
+static size_t device_key(const dp_strategy *s, char *key, size_t len)
+{
+    char host[128] = "?";
+    gethostname(host, sizeof host - 1);
+    if (s->env->cfg->device.kind == DP_DEVICE_SIM)
+        snprintf(key, len, "%s/sim/%ld", host, (long)getpid());
+    else
+        snprintf(key, len, "%s/%s", host, dp_device_describe(dp_dmodel_device(s->dev)));
+    return strlen(key);
+}
+
 /* The state between device and host: the host's arrays are what
  * re-forming, a rejoining replica and checkpoints read and write. */
 static int host_from_device(dp_strategy *s, dp_err *err)
@@ -306,8 +324,11 @@ static int comm_setup(dp_strategy *s, dp_err *err)
     int mode;
     dp_err e;
     if (s->position != 0) {
-        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_COMM, s->gen, (uint64_t)can_comm(s),
-                              NULL, 0, &e) < 0)
+        char key[KEY_MAX];
+        int can = can_comm(s);
+        size_t klen = can ? device_key(s, key, sizeof key) : 0;
+        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_COMM, s->gen, (uint64_t)can, key,
+                              klen, &e) < 0)
             return lose(s, 0, e.msg, err);
         dp_event ev;
         int rc;
@@ -331,26 +352,52 @@ static int comm_setup(dp_strategy *s, dp_err *err)
                            name_of(s, 0));
     } else {
         mode = s->decided ? s->nccl : can_comm(s);
+        char(*keys)[KEY_MAX] = mode ? calloc((size_t)s->n, KEY_MAX) : NULL;
+        if (mode && !keys)
+            return dp_errf(err, "out of memory");
+        if (mode)
+            device_key(s, keys[0], KEY_MAX);
         for (int p = 1; p < s->n; p++)
             while (s->live[p]) {
                 dp_event ev;
                 int rc = recv_from(s, p, "whether its device has collectives", &ev, err);
-                if (rc < 0)
+                if (rc < 0) {
+                    free(keys);
                     return -1;
+                }
                 if (rc > 0)
                     break;
-                if (ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen) {
-                    if (s->decided && s->nccl && ev.header.offset != 1 &&
+                if (ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen &&
+                    ev.header.length < KEY_MAX) {
+                    int can = ev.header.offset == 1;
+                    if (keys && dp_transport_recv_payload(s->t, s->ranks[p], keys[p],
+                                                          ev.header.length, &e) < 0)
+                        can = 0, lose(s, p, e.msg, err);
+                    else if (!keys)
+                        dp_transport_skip_payload(s->t, s->ranks[p], &e);
+                    if (s->decided && s->nccl && !can && s->live[p])
                         lose(s, p, "its device has no collectives, and the ring sums on the "
-                                   "devices", err) < 0)
-                        return -1;
-                    mode = mode && ev.header.offset == 1;
+                                   "devices", err);
+                    mode = mode && (can || !s->live[p]);
                     break;
                 }
                 if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
-                    lose(s, p, e.msg, err) < 0)
+                    lose(s, p, e.msg, err) < 0) {
+                    free(keys);
                     return -1;
+                }
             }
+        /* NCCL takes one GPU per rank: two replicas on one keep host staging. */
+        for (int p = 0; mode && !s->decided && p < s->n; p++)
+            for (int q = p + 1; mode && q < s->n; q++)
+                if (s->live[p] && s->live[q] && strcmp(keys[p], keys[q]) == 0) {
+                    dp_warn("allreduce: %s and %s share one GPU (%s), and NCCL takes one a "
+                            "rank: the gradients are summed on the host (give each replica its "
+                            "own --device cuda:N)",
+                            name_of(s, p), name_of(s, q), keys[p]);
+                    mode = 0;
+                }
+        free(keys);
         if (mode && dp_dmodel_comm_id(s->dev, buf, &e) < 0) {
             dp_warn("allreduce: %s: the gradients are summed on the host", e.msg);
             mode = 0;
@@ -373,8 +420,11 @@ static int comm_setup(dp_strategy *s, dp_err *err)
     for (int p = 0; p < s->position; p++)
         rank += s->live[p];
     s->comm_ok = dp_dmodel_comm_join(s->dev, buf, s->n_live, rank, &e) == 0;
-    if (!s->comm_ok)
+    s->join_failures = s->comm_ok ? 0 : s->join_failures + 1;
+    if (!s->comm_ok) {
+        s->join_error = e;
         dp_warn("%s: %s; the ring re-forms at the next step", name_of(s, s->position), e.msg);
+    }
     else if (s->position == 0)
         dp_info("allreduce: the gradients are summed on the devices (NCCL) over %d replica(s)%s",
                 s->n_live, first ? "" : ", a new communicator");
@@ -631,6 +681,7 @@ static int watch_members(dp_strategy *s, dp_err *err)
  * update.  The loss stays tallied on the device (deferred).  A sum that
  * cannot complete sets broken. */
 #define WAIT_SLICE_S 0.002
+#define MAX_JOIN_FAILURES 3 /* in a row: members dying, or NCCL refusing */
 static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *out,
                        dp_err *err)
 {
@@ -639,6 +690,10 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
     out->deferred = 1;
     s->cur = step;
     if (!s->comm_ok) {
+        if (s->join_failures >= MAX_JOIN_FAILURES)
+            return dp_errf(err, "no communicator over the devices after %d tries (%s); "
+                                "DOWNPOUR_NCCL=0 sums the gradients on the host",
+                           s->join_failures, s->join_error.msg);
         s->broken = 1;
         return dp_errf(err, "no communicator over the devices");
     }
