@@ -300,7 +300,27 @@ static void test_comm(dp_device *d, const dp_backend *be, void *ctx)
     CHECK(be->copy(ctx, back, buf, sizeof host, DP_COPY_D2H) == 0);
     CHECK(sync_ok(be, ctx));
     CHECK(memcmp(back, host, sizeof host) == 0);
+    /* waited on with a bound, as allreduce waits (docs/gpu.md, "Sums on the
+     * devices"): done, and again done with nothing queued */
+    CHECK(be->comm_allreduce(ctx, comm, buf, 1000) == 0);
+    int rc = 0;
+    for (int i = 0; i < 5000 && rc == 0; i++)
+        rc = be->comm_wait(ctx, comm, 0.002, msg, sizeof msg);
+    CHECKF(rc == 1, "comm_wait: %d (%s)", rc, msg);
+    CHECKF(be->comm_wait(ctx, comm, 0, msg, sizeof msg) == 1, "comm_wait, nothing queued: %s", msg);
     be->comm_free(ctx, comm);
+    /* an aborted communicator leaves the device working, and a new one joins */
+    comm = NULL;
+    CHECKF(be->comm_id(ctx, id, sizeof id, msg, sizeof msg) == 0, "%s", msg);
+    CHECKF(be->comm_join(ctx, id, sizeof id, 1, 0, &comm, msg, sizeof msg) == 0, "%s", msg);
+    if (comm) {
+        CHECK(be->comm_allreduce(ctx, comm, buf, 1000) == 0);
+        be->comm_abort(ctx, comm);
+        CHECK(be->copy(ctx, buf, host, sizeof host, DP_COPY_H2D) == 0);
+        CHECK(be->copy(ctx, back, buf, sizeof host, DP_COPY_D2H) == 0);
+        CHECKF(sync_ok(be, ctx), "the device failed after comm_abort");
+        CHECK(memcmp(back, host, sizeof host) == 0);
+    }
     be->free(ctx, buf);
 }
 
