@@ -54,13 +54,13 @@ int main(void)
                      "--bucket-bytes 100000 %s %s --metrics %s/ar%d.jsonl --save %s/ar%d.st",
                      test_bin(), modes[m], common, test_tmp(), m, test_tmp(), m);
         CHECKF(rc == 0, "allreduce %s exited %d: %s", modes[m], rc, err);
-        char st[16];
+        char st[32];
         snprintf(st, sizeof st, "ar%d.st", m);
         double d = checkpoint_max_diff("single.st", st);
         fprintf(stderr, "allreduce %s vs one process at the summed batch: max |diff| %.3g\n",
                 modes[m], d);
         CHECKF(d < 1e-5, "allreduce differs from one process at the summed batch by %g", d);
-        char jl[16];
+        char jl[32];
         snprintf(jl, sizeof jl, "ar%d.jsonl", m);
         crc[m] = check_replicas(jl, 3);
         CHECKF(crc[m] == crc[0], "allreduce %s ends with other bits than the default", modes[m]);

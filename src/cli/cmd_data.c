@@ -451,7 +451,9 @@ static void default_name(char *out, size_t cap, const char *src)
         tmp[--n] = '\0';
     const char *base = strrchr(tmp, '/');
     base = base && base[1] ? base + 1 : tmp;
-    snprintf(out, cap, "%s", base);
+    size_t bl = strlen(base) < cap ? strlen(base) : cap - 1;
+    memcpy(out, base, bl);
+    out[bl] = '\0';
     char *dot = strrchr(out, '.');
     if (dot && dot != out && (strcmp(dot, ".npz") == 0 || strcmp(dot, ".npy") == 0))
         *dot = '\0';

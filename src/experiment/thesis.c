@@ -588,7 +588,8 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
         if (c->status != CELL_DONE) {
             snprintf(s[3], 96, "%s", c->status == CELL_ABSENT ? "absent" : "failed");
             for (int k = 5; k < COLS; k++)
-                snprintf(s[k], 96, "%s", k == 7 ? s[7] : "-");
+                if (k != 7) /* the training time stays */
+                    snprintf(s[k], 96, "-");
         } else {
             if (c->acc.n > 1)
                 snprintf(s[3], 96, "%.4f (%.4f-%.4f)", c->acc.median, c->acc.min, c->acc.max);
