@@ -9,7 +9,9 @@
  *   - host-staging steps through pinned arrays give the bits of a backend
  *     table without host_register, which pins nothing and still trains;
  *   - through the program, allreduce and ps-async workers on sim log the
- *     pinned bytes (and no fallback warning), and the ps chief pins nothing. */
+ *     pinned bytes (and no fallback warning), and the ps chief pins nothing;
+ *     with room for one array only (DOWNPOUR_SIM_PINNED), each worker warns
+ *     once with the reason and trains on. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,22 @@ static void sim_table(void)
     be->host_unregister(ctx, buf + 1500);
     c = counts(d);
     CHECK(c.pinned == 0 && c.pinned_bytes == 0);
+    /* DOWNPOUR_SIM_PINNED caps the bytes registered at once */
+    setenv("DOWNPOUR_SIM_PINNED", "1500", 1);
+    CHECK(be->host_register(ctx, buf, 1000, msg, sizeof msg) == 0);
+    msg[0] = '\0';
+    CHECKF(be->host_register(ctx, buf + 1000, 501, msg, sizeof msg) < 0 &&
+               strstr(msg, "DOWNPOUR_SIM_PINNED allows 1500 bytes and 1000 are registered"),
+           "past the cap: '%s'", msg);
+    CHECK(be->host_register(ctx, buf + 1000, 500, msg, sizeof msg) == 0);
+    setenv("DOWNPOUR_SIM_PINNED", "12k", 1);
+    msg[0] = '\0';
+    CHECK(be->host_register(ctx, buf + 2000, 8, msg, sizeof msg) < 0 &&
+          strstr(msg, "'12k' is not a count of bytes"));
+    unsetenv("DOWNPOUR_SIM_PINNED");
+    be->host_unregister(ctx, buf);
+    be->host_unregister(ctx, buf + 1000);
+    CHECK(counts(d).pinned == 0);
     /* a capture refuses it, as CUDA's does */
     CHECK(be->capture_begin(ctx, msg, sizeof msg) == 0);
     msg[0] = '\0';
@@ -259,6 +277,28 @@ static void program_runs(void)
     snprintf(path, sizeof path, "%s/ar.jsonl", tmp);
     double acc = done_accuracy(path);
     CHECKF(acc >= 0.6, "allreduce on sim: test accuracy %.4f after 20 steps", acc);
+
+    /* room for the parameters only: the gradients' range is refused, each
+     * worker warns once with the reason and trains on */
+    rc = run_cmd(err, sizeof err,
+                 "DOWNPOUR_SIM_PINNED=1100000 %s launch --workers 2 -- train --strategy "
+                 "allreduce --device sim %s --metrics %s/ar-pageable.jsonl",
+                 bin, args, tmp);
+    CHECKF(rc == 0, "allreduce on sim, pinning refused, exited %d: %s", rc, err);
+    int warned = 0;
+    for (const char *p = err; (p = strstr(p, "copies go through pageable memory: ")); p++)
+        warned++;
+    CHECKF(warned == 2 &&
+               strstr(err, "Worker 0: copies go through pageable memory: dp_dmodel_pin_host: "
+                           "device sim: host_register of 1066440 bytes: DOWNPOUR_SIM_PINNED") &&
+               strstr(err, "Worker 1: copies go through pageable memory: ") &&
+               !strstr(err, PINNED_LINE),
+           "%d warnings (want one a worker): %s", warned, err);
+    snprintf(path, sizeof path, "%s/ar-pageable.jsonl", tmp);
+    double acc2 = done_accuracy(path);
+    printf("  allreduce on sim, 20 steps: test accuracy %.4f pinned, %.4f pageable\n", acc,
+           acc2);
+    CHECKF(acc2 >= 0.6, "allreduce on sim, pageable: test accuracy %.4f", acc2);
 
     rc = run_cmd(err, sizeof err,
                  "%s launch --chief --workers 1 --ps 1 -- train --strategy ps-async --device sim "

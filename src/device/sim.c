@@ -17,6 +17,8 @@
  * overlaps a registered range is refused (cudaErrorHostMemoryAlreadyRegistered),
  * and unregistering a pointer not registered is ignored.  Nothing is locked:
  * the ranges are only counted (sim.h), so tests see what is pinned.
+ * DOWNPOUR_SIM_PINNED=<bytes> caps the bytes registered at once, so tests
+ * reach a trainer's fallback to pageable memory.
  *
  * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
  * out-of-memory paths. */
@@ -180,26 +182,42 @@ static void sim_host_free(void *ctx, void *p)
 }
 
 /* As cudaHostRegister: refused for no bytes, during a capture (as the CUDA
- * plugin refuses it), and for a range that overlaps one registered. */
+ * plugin refuses it), and for a range that overlaps one registered.  The
+ * messages name no device, as the plugin's: the caller does (dmodel.c). */
 static int sim_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t len)
 {
     sim_ctx *c = ctx;
     uintptr_t lo = (uintptr_t)p;
     if (!p || bytes == 0 || bytes > UINTPTR_MAX - lo) {
-        snprintf(msg, len, "device sim: host_register of %zu bytes at %p: invalid argument",
-                 bytes, p);
+        snprintf(msg, len, "host_register of %zu bytes at %p: invalid argument", bytes, p);
         return -1;
     }
     if (c->capturing) {
-        snprintf(msg, len, "device sim: host_register during a graph capture");
+        snprintf(msg, len, "host_register during a graph capture");
         return -1;
+    }
+    const char *limit = getenv("DOWNPOUR_SIM_PINNED"); /* read here: registering is rare */
+    if (limit && *limit) {
+        char *end;
+        unsigned long long v = strtoull(limit, &end, 10);
+        if (*end) {
+            snprintf(msg, len, "DOWNPOUR_SIM_PINNED '%s' is not a count of bytes", limit);
+            return -1;
+        }
+        if (bytes > v || c->counts.pinned_bytes > v - bytes) {
+            snprintf(msg, len,
+                     "host_register of %zu bytes: DOWNPOUR_SIM_PINNED allows %llu bytes and "
+                     "%zu are registered (cudaErrorMemoryAllocation)",
+                     bytes, v, c->counts.pinned_bytes);
+            return -1;
+        }
     }
     for (long i = 0; i < c->counts.pinned; i++) {
         const sim_pin *r = &c->pins[i];
         if (lo < r->lo + r->bytes && r->lo < lo + bytes) {
             snprintf(msg, len,
-                     "device sim: host_register of %zu bytes at %p: part or all of it is "
-                     "already registered (%zu bytes at %p; cudaErrorHostMemoryAlreadyRegistered)",
+                     "host_register of %zu bytes at %p: part or all of it is already "
+                     "registered (%zu bytes at %p; cudaErrorHostMemoryAlreadyRegistered)",
                      bytes, p, r->bytes, (void *)r->lo);
             return -1;
         }
@@ -208,7 +226,7 @@ static int sim_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t
         size_t cap = c->cap_pins ? 2 * c->cap_pins : 8;
         sim_pin *pins = realloc(c->pins, cap * sizeof *pins);
         if (!pins) {
-            snprintf(msg, len, "device sim: out of memory registering %zu bytes", bytes);
+            snprintf(msg, len, "out of memory registering %zu bytes", bytes);
             return -1;
         }
         c->pins = pins;
