@@ -96,6 +96,9 @@ int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err);
  * max_batch.  Copied at once (the caller may reuse idx); the next step,
  * grads or forward call gathers them on the device. */
 int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err);
+/* The last batch staged, staged again (a step retried after the ring
+ * re-formed: the loop staged it once); no-op while it is still staged. */
+int dp_dmodel_restage(dp_dmodel *g, dp_err *err);
 
 /* One whole training step on the staged batch: forward, backward, and the
  * optimiser's update with rate lr, all on the device (a captured graph for
@@ -171,5 +174,16 @@ int dp_dmodel_comm_id(dp_dmodel *g, uint8_t id[DP_COMM_ID_BYTES], dp_err *err);
 int dp_dmodel_comm_join(dp_dmodel *g, const uint8_t id[DP_COMM_ID_BYTES], int ranks, int rank,
                         dp_err *err);
 int dp_dmodel_allreduce_grads(dp_dmodel *g, dp_err *err);
+/* The device gradients times w (0: set to zero), before a sum that weighs
+ * each rank by its share of the records.  Queues and returns. */
+int dp_dmodel_scale_grads(dp_dmodel *g, float w, dp_err *err);
+/* Waits up to timeout_s for the queued work, the sum included: 1 done, 0
+ * not yet, -1 failed (err says why: a peer gone, NCCL's error).  A caller
+ * waits in slices and looks for lost peers between them (docs/gpu.md,
+ * "Strategies"); a failed or stalled communicator is ended with
+ * dp_dmodel_comm_abort, which never waits for the peers, and a new one
+ * joined. */
+int dp_dmodel_comm_wait(dp_dmodel *g, double timeout_s, dp_err *err);
+void dp_dmodel_comm_abort(dp_dmodel *g);
 
 #endif

@@ -36,6 +36,28 @@ int dp_cuda_comm_id(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len
     return 0;
 }
 
+#define JOIN_TIMEOUT_S 300
+
+/* A non-blocking communicator's pending call, polled until it is no longer
+ * in progress or timeout_s passed (then ncclInProgress). */
+static ncclResult_t settle(ncclComm_t comm, int timeout_s)
+{
+    struct timespec t0, now, nap = {0, 100000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+        if (r != ncclSuccess)
+            return r;
+        if (st != ncclInProgress)
+            return st;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (timeout_s >= 0 && now.tv_sec - t0.tv_sec >= timeout_s)
+            return ncclInProgress;
+        nanosleep(&nap, NULL);
+    }
+}
+
 int dp_cuda_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank, void **comm,
                       char *msg, size_t len)
 {
@@ -61,12 +83,24 @@ int dp_cuda_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, in
     }
     ncclUniqueId uid;
     memcpy(&uid, id, sizeof uid);
-    /* Blocks until all ranks have joined. */
-    ncclResult_t r = ncclCommInitRank(&h->comm, ranks, uid, rank);
+    /* Non-blocking, so that a rank that died before joining cannot stall the
+     * others for ever: the init is polled, and given up after
+     * JOIN_TIMEOUT_S with the communicator aborted. */
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&h->comm, ranks, uid, rank, &config);
+    if (r == ncclInProgress)
+        r = settle(h->comm, JOIN_TIMEOUT_S);
     if (r != ncclSuccess) {
-        snprintf(msg, len, "ncclCommInitRank (rank %d of %d): %s (%s)", rank, ranks,
-                 ncclGetErrorString(r), ncclGetLastError(NULL));
+        if (r == ncclInProgress)
+            snprintf(msg, len, "ncclCommInitRankConfig (rank %d of %d): the other ranks did "
+                               "not join within %d s", rank, ranks, JOIN_TIMEOUT_S);
+        else
+            snprintf(msg, len, "ncclCommInitRankConfig (rank %d of %d): %s (%s)", rank, ranks,
+                     ncclGetErrorString(r), ncclGetLastError(NULL));
         (void)cudaGetLastError();
+        if (h->comm)
+            (void)ncclCommAbort(h->comm);
         free(h);
         return -1;
     }
@@ -83,6 +117,8 @@ int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
     if (dp_cuda_enter(c) < 0)
         return -1;
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, h->comm, c->stream);
+    if (r == ncclInProgress) /* non-blocking: the enqueue finishes on the host, soon */
+        r = settle(h->comm, -1);
     if (r != ncclSuccess) {
         (void)cudaGetLastError();
         dp_cuda_fail(c, "ncclAllReduce of %zu floats: %s (%s)", n, ncclGetErrorString(r),
@@ -158,9 +194,15 @@ void dp_cuda_comm_abort(void *ctx, void *comm)
     free(h);
 }
 
+/* A healthy communicator: its work finished (finalize, polled: the
+ * communicator is non-blocking), then freed; one that does not finish
+ * within a minute is aborted instead. */
 static void destroy(dp_cuda_comm *h)
 {
-    if (ncclCommDestroy(h->comm) != ncclSuccess)
+    ncclResult_t r = ncclCommFinalize(h->comm);
+    if (r == ncclInProgress)
+        r = settle(h->comm, 60);
+    if ((r == ncclSuccess ? ncclCommDestroy(h->comm) : ncclCommAbort(h->comm)) != ncclSuccess)
         (void)cudaGetLastError();
     free(h);
 }

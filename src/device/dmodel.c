@@ -88,6 +88,8 @@ struct dp_dmodel {
     size_t slot_bytes;
     int cur, used; /* the slot the next stage or step writes; slots used since a sync */
     int staged;    /* records staged in the current slot; 0: none */
+    uint32_t *last_idx; /* the last batch staged (max_batch), for dp_dmodel_restage */
+    int last_n;
 
     uint64_t drop_base, drop_count; /* a copy of the model's, drawn in the same order */
     int n_drop;                      /* dropout layers: keys in each step block */
@@ -484,6 +486,10 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         goto fail;
     }
     memset(g->ring, 0, RING * g->slot_bytes);
+    if (!(g->last_idx = malloc((size_t)g->max_batch * sizeof *g->last_idx))) {
+        dp_errf(err, "out of memory");
+        goto fail;
+    }
 
     dp_kernel k = {.id = DP_K_FILL, .items = (long)ones};
     k.u.fill = (dp_ka_fill){g->ones, 1.0f};
@@ -530,6 +536,7 @@ void dp_dmodel_close(dp_dmodel *g)
     if (g->ring)
         g->be->host_free(g->ctx, g->ring);
     dp_optim_free(&g->opt);
+    free(g->last_idx);
     free(g);
 }
 
@@ -606,7 +613,17 @@ int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
     memcpy(block_idx(g, b), idx, (size_t)n * sizeof *idx);
     b->n = (uint32_t)n;
     g->staged = n;
+    if (idx != g->last_idx)
+        memcpy(g->last_idx, idx, (size_t)n * sizeof *idx);
+    g->last_n = n;
     return 0;
+}
+
+int dp_dmodel_restage(dp_dmodel *g, dp_err *err)
+{
+    if (!g->last_n)
+        return dp_errf(err, "dp_dmodel_restage: no batch was staged");
+    return g->staged ? 0 : dp_dmodel_stage(g, g->last_idx, g->last_n, err);
 }
 
 /* ---- steps ---- */
@@ -865,6 +882,40 @@ int dp_dmodel_comm_join(dp_dmodel *g, const uint8_t id[DP_COMM_ID_BYTES], int ra
                        ranks, msg);
     }
     return 0;
+}
+
+int dp_dmodel_scale_grads(dp_dmodel *g, float w, dp_err *err)
+{
+    (void)err;
+    dp_kernel k = {.id = w == 0.0f ? DP_K_FILL : DP_K_SCALE, .items = (long)g->n_params};
+    if (w == 0.0f) /* grads of no batch may be anything: zero, not times zero */
+        k.u.fill = (dp_ka_fill){g->grads, 0.0f};
+    else
+        k.u.scale = (dp_ka_scale){g->grads, w};
+    launch(g, &k);
+    return 0;
+}
+
+int dp_dmodel_comm_wait(dp_dmodel *g, double timeout_s, dp_err *err)
+{
+    char msg[512] = "";
+    if (!g->be->comm_wait)
+        return no_comm(g, "dp_dmodel_comm_wait", err);
+    if (!g->comm)
+        return dp_errf(err, "dp_dmodel_comm_wait: no communicator (dp_dmodel_comm_join first)");
+    int rc = g->be->comm_wait(g->ctx, g->comm, timeout_s, msg, sizeof msg);
+    if (rc < 0)
+        return dp_errf(err, "device %s: the all-reduce of %zu gradients failed: %s", g->name,
+                       g->n_params, msg);
+    return rc;
+}
+
+void dp_dmodel_comm_abort(dp_dmodel *g)
+{
+    if (g && g->comm) {
+        g->be->comm_abort(g->ctx, g->comm);
+        g->comm = NULL;
+    }
 }
 
 int dp_dmodel_allreduce_grads(dp_dmodel *g, dp_err *err)

@@ -13,7 +13,13 @@
  * a step nobody applied is retried.  A replica restarted into the running
  * ring says HELLO, and replica 0 takes it back at the next epoch's start
  * with the newest state.  The fault-free path pays nothing for this but one
- * handshake at open and one per epoch. */
+ * handshake at open and one per epoch.
+ *
+ * When every replica is on a device with collectives (NCCL), the gradients
+ * are summed there and the parameters and optimiser state never leave the
+ * devices inside a step (docs/gpu.md, "Strategies"); the ring over the
+ * transport still carries the control frames, and a communicator is made
+ * anew whenever the ring re-forms, since NCCL's cannot lose a rank. */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +27,7 @@
 #include <unistd.h>
 
 #include "downpour/blas.h"
+#include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/log.h"
 #include "downpour/reducer.h"
@@ -52,9 +59,21 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
-    dp_dmodel *dev;        /* on a device: forward and backward there; the
-                              reduction and the update stay on the host */
+    dp_dmodel *dev;        /* on a device: forward and backward there */
+    int decided;           /* comm_setup has run: nccl says how sums are made */
+    int nccl;              /* sums on the devices: the parameters and optimiser
+                              state live there (else host staging: the sum and
+                              the update on the host) */
+    int comm_ok;           /* nccl: the communicator over the members is joined */
+    int join_failures;     /* joins failed in a row, and the last one's reason */
+    dp_err join_error;
+    float *ema;            /* nccl with --ema: the device's average, brought back */
 };
+
+/* A rejoining replica's welcome carries the ring's generation, and in its
+ * top bit whether the ring sums on the devices. */
+#define GEN_NCCL (1ULL << 63)
+#define KEY_MAX 256 /* a device key (device_key) with its NUL */
 
 static int pos_of(const dp_strategy *s, int rank)
 {
@@ -164,11 +183,10 @@ static int take_stats(dp_strategy *s, int p, dp_err *err)
 }
 
 /* The members in position order, with who is behind: u32 count, then per
- * member u32 position and u32 behind. */
-static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const long *applied,
-                     uint64_t offset, dp_err *err)
+ * member u32 position and u32 behind.  PLAN_MAX bytes at most. */
+#define PLAN_MAX (4 + 8 * 256)
+static size_t plan_bytes(const dp_strategy *s, uint8_t *buf, long newest, const long *applied)
 {
-    uint8_t buf[4 + 8 * 256];
     size_t len = 4;
     int k = 0;
     for (int p = 0; p < s->n && k < 256; p++)
@@ -179,21 +197,25 @@ static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const l
             k++;
         }
     dp_put_u32(buf, (uint32_t)k);
+    return len;
+}
+
+static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const long *applied,
+                     uint64_t offset, dp_err *err)
+{
+    uint8_t buf[PLAN_MAX];
+    size_t len = plan_bytes(s, buf, newest, applied);
     return dp_transport_send(s->t, s->ranks[to], type, (uint64_t)newest, offset, buf, len, err);
 }
 
-/* The payload of a plan frame just polled from position `from`: the ring's
- * members become exactly the plan's (a member this replica had given up on
- * but replica 0 heard from is back in), behind[] says who takes the state. */
-static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char *behind,
-                     dp_err *err)
+/* A plan's bytes from position `from`: the ring's members become exactly
+ * the plan's (a member this replica had given up on but replica 0 heard
+ * from is back in), behind[] says who takes the state. */
+static int apply_plan(dp_strategy *s, int from, const uint8_t *buf, size_t got,
+                      unsigned char *behind, dp_err *err)
 {
-    uint8_t buf[4 + 8 * 256];
-    size_t got = ev->header.length;
-    if (got < 4 || got > sizeof buf || (got - 4) % 8 != 0)
+    if (got < 4 || got > PLAN_MAX || (got - 4) % 8 != 0)
         return dp_errf(err, "%s sent a malformed ring plan (%zu bytes)", name_of(s, from), got);
-    if (dp_transport_recv_payload(s->t, s->ranks[from], buf, got, err) < 0)
-        return -1;
     uint32_t k = dp_get_u32(buf);
     if (k != (got - 4) / 8)
         return dp_errf(err, "%s sent a malformed ring plan", name_of(s, from));
@@ -227,6 +249,188 @@ static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char
     return 0;
 }
 
+/* The payload of a plan frame just polled from position `from`. */
+static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char *behind,
+                     dp_err *err)
+{
+    uint8_t buf[PLAN_MAX];
+    size_t got = ev->header.length;
+    if (got < 4 || got > sizeof buf)
+        return dp_errf(err, "%s sent a malformed ring plan (%zu bytes)", name_of(s, from), got);
+    if (dp_transport_recv_payload(s->t, s->ranks[from], buf, got, err) < 0)
+        return -1;
+    return apply_plan(s, from, buf, got, behind, err);
+}
+
+/* ---- sums on the devices (docs/gpu.md, "Strategies") ---- */
+
+/* Whether this replica can sum on its device: one with collectives, unless
+ * DOWNPOUR_NCCL=0 asks for host staging. */
+static int can_comm(const dp_strategy *s)
+{
+    const char *v = getenv("DOWNPOUR_NCCL");
+    return s->dev && dp_device_has_comm(dp_dmodel_device(s->dev)) && !(v && strcmp(v, "0") == 0);
+}
+
+/* Which GPU this replica sums on, for replica 0 to find two replicas on one
+ * (NCCL takes one GPU per rank): host and device, e.g. "node3/NVIDIA H100
+ * 80GB HBM3 (cuda:0, 79.1 GiB)".  sim's collectives take any number of
+ * ranks on a host, so its key is the process's own. */
+static size_t device_key(const dp_strategy *s, char *key, size_t len)
+{
+    char host[128] = "?";
+    gethostname(host, sizeof host - 1);
+    if (s->env->cfg->device.kind == DP_DEVICE_SIM)
+        snprintf(key, len, "%s/sim/%ld", host, (long)getpid());
+    else
+        snprintf(key, len, "%s/%s", host, dp_device_describe(dp_dmodel_device(s->dev)));
+    return strlen(key);
+}
+
+/* The state between device and host: the host's arrays are what
+ * re-forming, a rejoining replica and checkpoints read and write. */
+static int host_from_device(dp_strategy *s, dp_err *err)
+{
+    if (!s->nccl)
+        return 0;
+    return dp_dmodel_get_params(s->dev, s->m->params, err) < 0 ||
+                   dp_dmodel_get_optim(s->dev, s->opt.state, &s->opt.t, err) < 0
+               ? -1
+               : 0;
+}
+
+static int device_from_host(dp_strategy *s, dp_err *err)
+{
+    if (!s->nccl)
+        return 0;
+    return dp_dmodel_set_params(s->dev, s->m->params, err) < 0 ||
+                   dp_dmodel_set_optim(s->dev, s->opt.state, s->opt.t, err) < 0
+               ? -1
+               : 0;
+}
+
+/* At the end of every (re)building of the ring: each member tells replica 0
+ * whether its device has collectives; at open replica 0 decides (sums on
+ * the devices if every member can) and the choice holds for the run (a
+ * restarted replica learns it in its welcome, and refuses to rejoin a ring
+ * it cannot sum in).  Replica 0 makes an id and sends it with the members,
+ * and each member joins as its place among them.  A join that fails (a
+ * member died in it) leaves comm_ok 0, and the next step re-forms the ring. */
+static int comm_setup(dp_strategy *s, dp_err *err)
+{
+    if (s->n == 1 || (s->decided && !s->nccl))
+        return 0;
+    uint8_t buf[DP_COMM_ID_BYTES + PLAN_MAX];
+    int mode;
+    dp_err e;
+    if (s->position != 0) {
+        char key[KEY_MAX];
+        int can = can_comm(s);
+        size_t klen = can ? device_key(s, key, sizeof key) : 0;
+        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_COMM, s->gen, (uint64_t)can, key,
+                              klen, &e) < 0)
+            return lose(s, 0, e.msg, err);
+        dp_event ev;
+        int rc;
+        while ((rc = recv_from(s, 0, "the devices' communicator", &ev, err)) == 0 &&
+               !(ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen))
+            if (dp_transport_skip_payload(s->t, s->ranks[0], err) < 0)
+                return -1;
+        if (rc != 0)
+            return -1;
+        mode = ev.header.offset == 1;
+        size_t len = ev.header.length, idb = mode ? DP_COMM_ID_BYTES : 0;
+        if (ev.header.offset > 1 || len < idb + 4 || len > idb + PLAN_MAX)
+            return dp_errf(err, "%s sent a malformed communicator frame (offset %llu, %zu bytes)",
+                           name_of(s, 0), (unsigned long long)ev.header.offset, len);
+        if (dp_transport_recv_payload(s->t, s->ranks[0], buf, len, err) < 0 ||
+            apply_plan(s, 0, buf + idb, len - idb, NULL, err) < 0)
+            return -1;
+        if (mode && !can_comm(s))
+            return dp_errf(err, "%s sums the gradients on the devices (NCCL), and this "
+                                "replica's device has no collectives",
+                           name_of(s, 0));
+    } else {
+        mode = s->decided ? s->nccl : can_comm(s);
+        char(*keys)[KEY_MAX] = mode ? calloc((size_t)s->n, KEY_MAX) : NULL;
+        if (mode && !keys)
+            return dp_errf(err, "out of memory");
+        if (mode)
+            device_key(s, keys[0], KEY_MAX);
+        for (int p = 1; p < s->n; p++)
+            while (s->live[p]) {
+                dp_event ev;
+                int rc = recv_from(s, p, "whether its device has collectives", &ev, err);
+                if (rc < 0) {
+                    free(keys);
+                    return -1;
+                }
+                if (rc > 0)
+                    break;
+                if (ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen &&
+                    ev.header.length < KEY_MAX) {
+                    int can = ev.header.offset == 1;
+                    if (keys && dp_transport_recv_payload(s->t, s->ranks[p], keys[p],
+                                                          ev.header.length, &e) < 0)
+                        can = 0, lose(s, p, e.msg, err);
+                    else if (!keys)
+                        dp_transport_skip_payload(s->t, s->ranks[p], &e);
+                    if (s->decided && s->nccl && !can && s->live[p])
+                        lose(s, p, "its device has no collectives, and the ring sums on the "
+                                   "devices", err);
+                    mode = mode && (can || !s->live[p]);
+                    break;
+                }
+                if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
+                    lose(s, p, e.msg, err) < 0) {
+                    free(keys);
+                    return -1;
+                }
+            }
+        /* NCCL takes one GPU per rank: two replicas on one keep host staging. */
+        for (int p = 0; mode && !s->decided && p < s->n; p++)
+            for (int q = p + 1; mode && q < s->n; q++)
+                if (s->live[p] && s->live[q] && strcmp(keys[p], keys[q]) == 0) {
+                    dp_warn("allreduce: %s and %s share one GPU (%s), and NCCL takes one a "
+                            "rank: the gradients are summed on the host (give each replica its "
+                            "own --device cuda:N)",
+                            name_of(s, p), name_of(s, q), keys[p]);
+                    mode = 0;
+                }
+        free(keys);
+        if (mode && dp_dmodel_comm_id(s->dev, buf, &e) < 0) {
+            dp_warn("allreduce: %s: the gradients are summed on the host", e.msg);
+            mode = 0;
+        }
+        size_t idb = mode ? DP_COMM_ID_BYTES : 0;
+        size_t len = idb + plan_bytes(s, buf + idb, 0, NULL);
+        for (int p = 1; p < s->n; p++)
+            if (s->live[p] &&
+                dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_COMM, s->gen, (uint64_t)mode, buf,
+                                  len, &e) < 0 &&
+                lose(s, p, e.msg, err) < 0)
+                return -1;
+    }
+    int first = !s->decided;
+    s->decided = 1;
+    s->nccl = mode;
+    if (!mode)
+        return 0;
+    int rank = 0;
+    for (int p = 0; p < s->position; p++)
+        rank += s->live[p];
+    s->comm_ok = dp_dmodel_comm_join(s->dev, buf, s->n_live, rank, &e) == 0;
+    s->join_failures = s->comm_ok ? 0 : s->join_failures + 1;
+    if (!s->comm_ok) {
+        s->join_error = e;
+        dp_warn("%s: %s; the ring re-forms at the next step", name_of(s, s->position), e.msg);
+    }
+    else if (s->position == 0)
+        dp_info("allreduce: the gradients are summed on the devices (NCCL) over %d replica(s)%s",
+                s->n_live, first ? "" : ", a new communicator");
+    return 0;
+}
+
 /* The ring over the live replicas, in position order. */
 static int rebuild_ring(dp_strategy *s, dp_err *err)
 {
@@ -247,7 +451,7 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
         dp_reducer_restart(s->reducer);
     if (r != ranks)
         free(r);
-    return rc;
+    return rc < 0 ? rc : comm_setup(s, err);
 }
 
 /* The parameters and optimiser state, straight from and into their buffers. */
@@ -422,6 +626,109 @@ static int ring_broke(dp_strategy *s, const dp_err *why, dp_err *err)
     return reform(s, err);
 }
 
+/* Re-forming with sums on the devices: the communicator ends first (its
+ * members change), and the state is on the host while the ring re-forms
+ * (reform reads and writes the host's arrays). */
+static int reform_all(dp_strategy *s, dp_err *err)
+{
+    if (!s->nccl)
+        return reform(s, err);
+    dp_dmodel_comm_abort(s->dev);
+    s->comm_ok = 0;
+    return host_from_device(s, err) < 0 || reform(s, err) < 0 || device_from_host(s, err) < 0
+               ? -1
+               : 0;
+}
+
+/* Between waits on the devices' sum, every other member looked at: one
+ * lost, or one re-forming the ring, means the sum will never complete.
+ * Returns 1 then, 0 when all is well, -1 when the run cannot go on. */
+static int watch_members(dp_strategy *s, dp_err *err)
+{
+    int broken = 0;
+    for (int p = 0; p < s->n; p++) {
+        if (p == s->position || !s->live[p])
+            continue;
+        dp_event ev;
+        dp_err e;
+        if (dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 || ev.kind == DP_EVENT_TIMEOUT)
+            continue;
+        if (ev.kind == DP_EVENT_PEER_LOST) {
+            if (lose(s, p, ev.reason, err) < 0)
+                return -1;
+            broken = 1;
+            continue;
+        }
+        unsigned type = ev.header.type;
+        if (type == DP_WIRE_RING_STATS && s->position == 0 && ev.header.length == 24) {
+            if (take_stats(s, p, err) < 0) /* a member done with the epoch's last sum */
+                return -1;
+            continue;
+        }
+        if (type == DP_WIRE_RING_RESET && ev.header.step == s->gen + 1) {
+            s->reset[p] = 1;
+            broken = 1;
+        }
+        if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 && lose(s, p, e.msg, err) < 0)
+            return -1;
+    }
+    return broken;
+}
+
+/* One step summed on the devices: forward and backward, the gradients
+ * weighed by this replica's share of the step's records, the sum queued,
+ * waited on in slices with the members watched between them, then the
+ * update.  The loss stays tallied on the device (deferred).  A sum that
+ * cannot complete sets broken. */
+#define WAIT_SLICE_S 0.002
+#define MAX_JOIN_FAILURES 3 /* in a row: members dying, or NCCL refusing */
+static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *out,
+                       dp_err *err)
+{
+    double all = records_in_step(s, (step - 1) % s->env->steps_per_epoch);
+    float w = all > 0 && n > 0 ? (float)(n / all) : 0.0f;
+    out->deferred = 1;
+    s->cur = step;
+    if (!s->comm_ok) {
+        if (s->join_failures >= MAX_JOIN_FAILURES)
+            return dp_errf(err, "no communicator over the devices after %d tries (%s); "
+                                "DOWNPOUR_NCCL=0 sums the gradients on the host",
+                           s->join_failures, s->join_error.msg);
+        s->broken = 1;
+        return dp_errf(err, "no communicator over the devices");
+    }
+    if ((n > 0 && dp_dmodel_grads(s->dev, err) < 0) || dp_dmodel_scale_grads(s->dev, w, err) < 0)
+        return -1;
+    if (dp_dmodel_allreduce_grads(s->dev, err) < 0) {
+        s->broken = 1;
+        return -1;
+    }
+    double t0 = dp_now();
+    for (;;) {
+        int rc = dp_dmodel_comm_wait(s->dev, WAIT_SLICE_S, err);
+        if (rc == 1)
+            break;
+        if (rc < 0) {
+            s->broken = 1;
+            return -1;
+        }
+        rc = watch_members(s, err);
+        if (rc < 0)
+            return -1;
+        if (rc > 0 || dp_now() - t0 > s->ring.timeout) {
+            s->broken = 1;
+            return rc > 0 ? dp_errf(err, "a member left during the sum of step %ld", step)
+                          : dp_errf(err, "the sum of step %ld on the devices did not finish "
+                                         "within %g s (--collective-timeout)",
+                                    step, s->ring.timeout);
+        }
+    }
+    if (dp_dmodel_update(s->dev, lr, 1.0f, err) < 0)
+        return -1;
+    s->applied = step;
+    return 0;
+}
+
 /* After a loss: the replicas out of the ring are looked at (forget). */
 static void watch_lost(dp_strategy *s)
 {
@@ -450,9 +757,12 @@ static int welcome(dp_strategy *s, dp_err *err)
     for (int p = 1; p < s->n; p++) {
         if (!s->back[p])
             continue;
+        if (host_from_device(s, err) < 0)
+            return -1;
         s->back[p] = 0;
         dp_err e;
-        if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL, s->gen, &e) < 0 ||
+        if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL,
+                      s->gen | (s->nccl ? GEN_NCCL : 0), &e) < 0 ||
             send_state(s, p, &e) < 0) {
             if (lose(s, p, e.msg, err) < 0)
                 return -1;
@@ -539,6 +849,7 @@ static void allreduce_close(dp_strategy *s)
     if (!s)
         return;
     dp_strategy_device_close(s->dev);
+    free(s->ema);
     dp_reducer_close(s->reducer);
     if (s->ring_open)
         dp_ring_free(&s->ring);
@@ -578,9 +889,16 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
             return -1;
         if (ev.header.step == 0)
             return 0;
-        /* Restarted into the running ring: its state, then on from there. */
-        s->gen = ev.header.offset;
-        if (recv_state(s, 0, err) < 0)
+        /* Restarted into the running ring: how it sums, its state, then on
+         * from there. */
+        s->gen = ev.header.offset & ~GEN_NCCL;
+        s->decided = 1;
+        if ((ev.header.offset & GEN_NCCL) && !can_comm(s))
+            return dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
+                                "and this replica's %s: restart it where its GPU is",
+                           s->dev ? "device has no collectives" : "has no device (--device)");
+        s->nccl = (ev.header.offset & GEN_NCCL) != 0;
+        if (recv_state(s, 0, err) < 0 || device_from_host(s, err) < 0)
             return -1;
         info->start_step = s->applied;
         dp_info("%s: rejoined the all-reduce ring over %d replica(s) at step %ld",
@@ -660,6 +978,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         s->opt.t = env->resume->optim_t;
         s->applied = env->resume->step;
     }
+    if (role == DP_ROLE_CHIEF)
+        snprintf(info->label, sizeof info->label, "Chief");
+    else
+        snprintf(info->label, sizeof info->label, "Worker %d", env->node->self->index);
+    /* The device first: whether it has collectives decides, when the ring
+     * is built, where the gradients are summed (comm_setup). */
+    if (dp_strategy_device_open(env, info->label, 1, &s->dev, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
@@ -678,27 +1006,33 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
     s->m->grad_ready_ctx = s;
-    info->part = DP_PART_TRAINER;
-    info->evaluator = s->position == 0;
-    info->live_params = 1;
-    info->shard_index = s->position;
-    info->shard_count = n;
-    info->replicas = n;
-    if (role == DP_ROLE_CHIEF)
-        snprintf(info->label, sizeof info->label, "Chief");
-    else
-        snprintf(info->label, sizeof info->label, "Worker %d", env->node->self->index);
-    /* Host staging: the parameters stay on the host, where the reducer,
-     * the update and a rejoining replica's state transfer find them. */
-    if (dp_strategy_device_open(env, info->label, 0, &s->dev, err) < 0) {
+    /* Sums on the devices: the state (resumed, or a rejoining replica's)
+     * goes there, and --ema's average is kept there too (the loop cannot:
+     * the host's weights are not live). */
+    if (s->nccl &&
+        (device_from_host(s, err) < 0 ||
+         (cfg->ema > 0 &&
+          (!(s->ema = malloc(s->m->n_params * sizeof(float))) ||
+           dp_dmodel_ema_start(s->dev, cfg->ema, env->resume ? env->resume->ema : NULL, err) <
+               0)))) {
+        if (cfg->ema > 0 && !s->ema)
+            dp_errf(err, "out of memory for --ema's average");
         allreduce_close(s);
         return -1;
     }
+    info->part = DP_PART_TRAINER;
+    info->evaluator = s->position == 0;
+    info->live_params = !s->nccl;
+    info->shard_index = s->position;
+    info->shard_count = n;
+    info->replicas = n;
     info->device = s->dev;
     if (s->position == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
                 "buckets of %zu KiB, overlap %s", env->node->self->name, n,
-                s->ring.use_fast_path ? "the transport's collective" : "ring over the transport",
+                s->nccl                 ? "NCCL on the devices"
+                : s->ring.use_fast_path ? "the transport's collective"
+                                        : "ring over the transport",
                 cfg->batch, cfg->batch * n, cfg->bucket_bytes >> 10,
                 cfg->overlap == DP_OVERLAP_ON    ? "on (forced)"
                 : cfg->overlap == DP_OVERLAP_OFF ? "off (forced)"
@@ -714,17 +1048,24 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
         watch_lost(s);
     for (;;) {
         s->broken = 0;
-        if (dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out, err) == 0)
+        if ((s->nccl ? device_step(s, n, lr, step, out, err)
+                     : dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out,
+                                             err)) == 0)
             return 0;
         if (!s->broken)
             return -1;
         dp_err why = *err;
-        if (ring_broke(s, &why, err) < 0)
+        if (s->nccl)
+            dp_warn("%s; re-forming the all-reduce ring", why.msg);
+        if ((s->nccl ? reform_all(s, err) : ring_broke(s, &why, err)) < 0)
             return -1;
         /* Applied by some replica before the ring broke: now by all.  Else
-         * every survivor retries it over the new ring. */
+         * every survivor retries it over the new ring (on a device, the
+         * batch the loop staged, staged again). */
         if (s->applied >= step)
             return 0;
+        if (s->dev && n > 0 && dp_dmodel_restage(s->dev, err) < 0)
+            return -1;
     }
 }
 
@@ -777,7 +1118,7 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
             if (ev.header.type == DP_WIRE_RING_RESET) {
                 /* Replica 0 is re-forming the ring: take part, then wait on. */
                 s->reset[0] = 1;
-                if (reform(s, err) < 0)
+                if (reform_all(s, err) < 0)
                     return -1;
                 continue;
             }
@@ -804,7 +1145,7 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
             } else if (ev.header.type == DP_WIRE_RING_RESET) {
                 /* p lost another replica in the epoch's last step. */
                 s->reset[p] = 1;
-                if (reform(s, err) < 0)
+                if (reform_all(s, err) < 0)
                     return -1;
             } else {
                 return dp_errf(err, "%s sent frame type %u at the end of the epoch",
@@ -836,7 +1177,10 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
 
 static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
-    (void)which, (void)err;
+    if (which == DP_WEIGHTS_AVERAGE && s->ema)
+        return dp_dmodel_get_ema(s->dev, s->ema, err) < 0 ? NULL : s->ema;
+    if (s->nccl && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
+        return NULL;
     return s->m->params;
 }
 
@@ -844,9 +1188,15 @@ static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *e
  * same on every replica. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    (void)step, (void)err;
+    (void)step;
     if (s->position != 0)
         return 0;
+    if (s->nccl) /* the loop's st->ema is ours to fill (live_params 0) */
+        return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
+                       dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0 ||
+                       (s->ema && st->ema && dp_dmodel_get_ema(s->dev, st->ema, err) < 0)
+                   ? -1
+                   : 1;
     memcpy(st->params, s->m->params, s->m->n_params * sizeof(float));
     if (st->n_slots)
         memcpy(st->slots, s->opt.state, (size_t)st->n_slots * s->m->n_params * sizeof(float));
@@ -857,6 +1207,8 @@ static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err 
 /* Mirrored replicas must end identical: each says what it holds. */
 static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
 {
+    if (host_from_device(s, err) < 0)
+        return -1;
     uint32_t crc = dp_crc32c(0, s->m->params, s->m->n_params * sizeof *s->m->params);
     long early, total;
     dp_reducer_counts(s->reducer, &early, &total);

@@ -1,0 +1,134 @@
+/* allreduce with every replica on a device that has collectives (docs/gpu.md,
+ * "Strategies"): the gradients are summed there (NCCL on GPUs; here sim's
+ * collectives, the same table on the host), and the parameters and
+ * optimiser state stay on the devices.  Under `downpour launch`, 3 workers
+ * on --device sim:
+ * - the sums run on the devices (replica 0 says so), the replicas end
+ *   bitwise identical, and the saved weights are within 1e-4 of the same
+ *   run summed on the host (DOWNPOUR_NCCL=0: host staging, the ring over
+ *   the transport), which a wrong weighing of the replicas' shares would
+ *   move by far more;
+ * - worker:2 SIGKILLed once it logged step 20: the survivors' sum fails,
+ *   the ring re-forms over two with a new communicator, the run exits 0,
+ *   both survivors end identical, accuracy within 1 % of the fault-free run;
+ * - restarted (--max-restarts 1), it rejoins at the next epoch: a
+ *   communicator over three again, three identical replicas. */
+#include <math.h>
+
+#include "launch.h"
+
+#include "downpour/checkpoint.h"
+#include "downpour/model.h"
+
+static void tally(const cJSON *j, void *ctx)
+{
+    long *v = ctx;
+    long crc = (long)json_num(j, "params_crc32c");
+    if (v[0]++ == 0)
+        v[1] = crc;
+    v[2] |= crc != v[1];
+}
+
+/* Replica checksums in the run's metrics: how many, and whether all equal. */
+static int replicas_equal(const char *name, long *count)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    long v[3] = {0, 0, 0};
+    for_each_event(path, "replica", NULL, tally, v);
+    *count = v[0];
+    return v[2] == 0;
+}
+
+static int run(const char *name, const char *extra, const char *fault)
+{
+    char args[2048];
+    snprintf(args, sizeof args,
+             "--workers 3 %s -- train --strategy allreduce --device sim " RUN
+             " --heartbeat-timeout 1 --metrics %s/%s.jsonl --save %s/%s.safetensors",
+             extra, tmp, name, tmp, name);
+    pid_t l = start(name, args);
+    if (fault) {
+        pid_t w = await_task(l, name, "Worker 2, At step 20,", "worker:2");
+        if (w > 0)
+            kill(w, SIGKILL);
+        CHECKF(w > 0, "%s: worker:2 never logged step 20", name);
+    }
+    return finish(l, 300);
+}
+
+/* The largest difference between two runs' saved weights (-1: unreadable). */
+static double weights_apart(const char *a, const char *b)
+{
+    char pa[1200], pb[1200];
+    snprintf(pa, sizeof pa, "%s/%s.safetensors", tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s.safetensors", tmp, b);
+    dp_model x = {0}, y = {0};
+    dp_err e;
+    double most = -1;
+    int ra = dp_checkpoint_load_weights(pa, &x, 1, NULL, &e);
+    int rb = ra == 0 ? dp_checkpoint_load_weights(pb, &y, 1, NULL, &e) : -1;
+    if (ra == 0 && rb == 0 && x.n_params == y.n_params) {
+        most = 0;
+        for (size_t i = 0; i < x.n_params; i++)
+            most = fmax(most, fabs((double)x.params[i] - y.params[i]));
+    } else {
+        fprintf(stderr, "weights_apart(%s, %s): %s\n", a, b, ra || rb ? e.msg : "sizes differ");
+    }
+    if (ra == 0)
+        dp_model_free(&x);
+    if (rb == 0)
+        dp_model_free(&y);
+    return most;
+}
+
+static void identical(const char *name, long expect)
+{
+    long n;
+    int same = replicas_equal(name, &n);
+    CHECKF(n == expect && same, "%s: %ld replica checksums (expected %ld), %s", name, n, expect,
+           same ? "all equal" : "NOT all equal");
+}
+
+int main(void)
+{
+    launch_test_init();
+
+    int rc = run("devices", "", NULL);
+    double acc = test_accuracy("devices");
+    fprintf(stderr, "devices: exit %d, accuracy %.4f\n", rc, acc);
+    CHECKF(rc == 0 && acc > 0.8, "devices: exit %d, accuracy %.4f", rc, acc);
+    CHECKF(log_has("devices", "summed on the devices (NCCL) over 3 replica(s)"),
+           "devices: replica 0 did not say the sums run on the devices");
+    identical("devices", 3);
+
+    setenv("DOWNPOUR_NCCL", "0", 1); /* the launcher's tasks inherit it */
+    rc = run("host", "", NULL);
+    unsetenv("DOWNPOUR_NCCL");
+    CHECKF(rc == 0, "host: exit %d", rc);
+    CHECKF(!log_has("host", "summed on the devices"), "host: DOWNPOUR_NCCL=0 summed on devices");
+    double apart = weights_apart("devices", "host");
+    fprintf(stderr, "devices against host staging: weights at most %.3g apart\n", apart);
+    CHECKF(apart >= 0 && apart < 1e-4, "devices against host staging: weights %.3g apart", apart);
+
+    rc = run("kill", "", "kill");
+    double killed = test_accuracy("kill");
+    fprintf(stderr, "kill: exit %d, accuracy %.4f (fault-free %.4f)\n", rc, killed, acc);
+    CHECKF(rc == 0, "kill: a killed replica ended the run (exit %d)", rc);
+    CHECKF(fabs(killed - acc) <= 0.01, "kill: accuracy %.4f, fault-free %.4f", killed, acc);
+    CHECKF(log_has("kill", "fault: lost worker:2"), "kill: no fault line for worker:2");
+    CHECKF(count_events("kill", "fault") >= 2,
+           "kill: expected fault events from the launcher and the survivors");
+    CHECKF(log_has("kill", "over 2 replica(s), a new communicator"),
+           "kill: no new communicator over the survivors");
+    identical("kill", 2);
+
+    rc = run("restart", "--max-restarts 1", "kill");
+    CHECKF(rc == 0, "restart: exit %d", rc);
+    CHECKF(log_has("restart", "fault: worker:2 rejoined the all-reduce ring at step"),
+           "restart: the restarted replica did not rejoin");
+    CHECKF(log_has("restart", "over 3 replica(s), a new communicator"),
+           "restart: no communicator over the three again");
+    identical("restart", 3);
+    return check_failures ? 1 : 0;
+}
