@@ -8,8 +8,10 @@
  *     dp_dmodel_close lets every range go;
  *   - host-staging steps through pinned arrays give the bits of a backend
  *     table without host_register, which pins nothing and still trains;
- *   - through the program, allreduce and ps-async workers on sim log the
- *     pinned bytes (and no fallback warning), and the ps chief pins nothing;
+ *   - through the program, allreduce (summed on the host) and ps-async
+ *     workers on sim log the pinned bytes (and no fallback warning), the ps
+ *     chief pins nothing, and allreduce summed on the devices (when sim has
+ *     collectives) pins nothing;
  *     with room for one array only (DOWNPOUR_SIM_PINNED), each worker warns
  *     once with the reason and trains on. */
 #include <stdint.h>
@@ -265,9 +267,10 @@ static void program_runs(void)
     char err[16384];
     const char *args = "--model " SPEC " --epochs 1 --train-size 1280 --val-size 500 "
                        "--test-size 500 --threads 1 --no-progress --log-every 1000";
+    /* DOWNPOUR_NCCL=0: summed on the host whether or not sim has collectives */
     int rc = run_cmd(err, sizeof err,
-                     "%s launch --workers 2 -- train --strategy allreduce --device sim %s "
-                     "--metrics %s/ar.jsonl",
+                     "DOWNPOUR_NCCL=0 %s launch --workers 2 -- train --strategy allreduce "
+                     "--device sim %s --metrics %s/ar.jsonl",
                      bin, args, tmp);
     CHECKF(rc == 0, "allreduce on sim exited %d: %s", rc, err);
     CHECKF(strstr(err, "Worker 0" PINNED_LINE) && strstr(err, "Worker 1" PINNED_LINE),
@@ -281,8 +284,8 @@ static void program_runs(void)
     /* room for the parameters only: the gradients' range is refused, each
      * worker warns once with the reason and trains on */
     rc = run_cmd(err, sizeof err,
-                 "DOWNPOUR_SIM_PINNED=1100000 %s launch --workers 2 -- train --strategy "
-                 "allreduce --device sim %s --metrics %s/ar-pageable.jsonl",
+                 "DOWNPOUR_NCCL=0 DOWNPOUR_SIM_PINNED=1100000 %s launch --workers 2 -- train "
+                 "--strategy allreduce --device sim %s --metrics %s/ar-pageable.jsonl",
                  bin, args, tmp);
     CHECKF(rc == 0, "allreduce on sim, pinning refused, exited %d: %s", rc, err);
     int warned = 0;
@@ -299,6 +302,21 @@ static void program_runs(void)
     printf("  allreduce on sim, 20 steps: test accuracy %.4f pinned, %.4f pageable\n", acc,
            acc2);
     CHECKF(acc2 >= 0.6, "allreduce on sim, pageable: test accuracy %.4f", acc2);
+
+    /* as it comes: sums on the devices (a sim with collectives) copy no
+     * arrays each step and pin nothing; sums on the host pin */
+    rc = run_cmd(err, sizeof err,
+                 "%s launch --workers 2 -- train --strategy allreduce --device sim %s", bin,
+                 args);
+    CHECKF(rc == 0, "allreduce on sim exited %d: %s", rc, err);
+    int on_devices = strstr(err, "NCCL on the devices") != NULL;
+    printf("  allreduce on sim as it comes: summed on the %s\n", on_devices ? "devices" : "host");
+    if (on_devices)
+        CHECKF(!strstr(err, " pinned ") && !strstr(err, "pageable"),
+               "summed on the devices, yet pinned: %s", err);
+    else
+        CHECKF(strstr(err, "Worker 0" PINNED_LINE) && strstr(err, "Worker 1" PINNED_LINE),
+               "summed on the host, no pinned line for each worker: %s", err);
 
     rc = run_cmd(err, sizeof err,
                  "%s launch --chief --workers 1 --ps 1 -- train --strategy ps-async --device sim "

@@ -11,8 +11,10 @@
  * at the bus's speed with no bounce buffer (docs/gpu.md, "Strategies").  Not
  * being able to lock them costs speed only, so it is a warning.  The model's
  * arrays outlive the device model: the loop frees them after ops->close. */
-static void pin_staging(const dp_run_env *env, const char *label, dp_dmodel *dm)
+void dp_strategy_device_pin(const dp_run_env *env, const char *label, dp_dmodel *dm)
 {
+    if (!dm)
+        return;
     dp_model *m = env->model;
     size_t bytes = m->n_params * sizeof(float);
     dp_err err;
@@ -50,7 +52,7 @@ int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_o
     }
     dp_info("%s trains on %s", label, dp_device_describe(d));
     if (!with_optim)
-        pin_staging(env, label, dm);
+        dp_strategy_device_pin(env, label, dm);
     *out = dm;
     return 0;
 }
