@@ -136,6 +136,23 @@ int dp_dmodel_set_grads(dp_dmodel *g, const float *grads, dp_err *err);
 int dp_dmodel_get_optim(dp_dmodel *g, float *slots, long *t, dp_err *err);
 int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err);
 
+/* ---- page-locked host memory ----
+ * dp_dmodel_pin_host page-locks the caller's host array p (bytes) in place
+ * (cudaHostRegister) for the life of the device model, so the copies above
+ * to and from it run at the bus's speed, with no staging copy through the
+ * driver's own buffer (docs/gpu.md, "Strategies": host staging).  Those
+ * calls still wait, so the caller may change p whenever they have returned.
+ * dp_dmodel_close lets the ranges go, the last pinned first, before it frees
+ * anything: p must stay allocated, at the same address, until then.  A
+ * backend that cannot pin returns 0 and pins nothing (bytes 0 too); a range
+ * the backend refuses (one overlapping a pinned range, too much locked
+ * memory) returns -1 with the backend's reason and stays usable, unlocked:
+ * the caller decides.  At most DP_DMODEL_MAX_PINS ranges.
+ * dp_dmodel_pinned_bytes: the bytes pinned now. */
+#define DP_DMODEL_MAX_PINS 8
+int dp_dmodel_pin_host(dp_dmodel *g, void *p, size_t bytes, dp_err *err);
+size_t dp_dmodel_pinned_bytes(const dp_dmodel *g);
+
 /* ---- --ema on the device ----
  * A moving average of the parameters kept beside them, for a trainer whose
  * weights stay on the device (single; docs/gpu.md, "Checkpoints and

@@ -248,10 +248,20 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
 
 /* A trainer on env->cfg->device: opens the device and the model there (with
  * the run's optimiser when with_optim, for an update on the device), loads
- * the training split, and logs "<label> trains on <device>".  *out is NULL,
+ * the training split, and logs "<label> trains on <device>".  Without
+ * with_optim (host staging) it also page-locks env->model's params and grads
+ * for the device model's life (dp_dmodel_pin_host; a failure is a warning),
+ * so they must stay allocated until dp_strategy_device_close.  *out is NULL,
  * and nothing is opened, when the device is the CPU. */
 int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_optim,
                             dp_dmodel **out, dp_err *err);
+/* Page-locks env->model's params and grads for dm's life, as the open does
+ * without with_optim, and logs "<label> pinned N MiB of host staging
+ * buffers"; a failure is a warning "<label>: copies go through pageable
+ * memory: <reason>".  For a trainer opened with its optimiser that turns out
+ * to stage through the host (allreduce when not every replica's device has
+ * collectives).  Once per dm; NULL: no-op. */
+void dp_strategy_device_pin(const dp_run_env *env, const char *label, dp_dmodel *dm);
 /* Closes the model and its device; NULL: no-op. */
 void dp_strategy_device_close(dp_dmodel *dm);
 

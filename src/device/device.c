@@ -221,6 +221,15 @@ int dp_device_open(dp_device **out, const dp_device_spec *spec, dp_err *err)
     default:
         return dp_errf(err, "--device: unknown kind %d", (int)spec->kind);
     }
+    return dp_device_open_backend(out, be, spec, err);
+}
+
+int dp_device_open_backend(dp_device **out, const dp_backend *be, const dp_device_spec *spec,
+                           dp_err *err)
+{
+    *out = NULL;
+    char name[32];
+    dp_device_format(spec, name, sizeof name);
     dp_device *d = calloc(1, sizeof *d);
     if (!d)
         return dp_errf(err, "--device %s: out of memory", name);

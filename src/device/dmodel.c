@@ -9,7 +9,8 @@
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
  * dp_dmodel_load_split, and --ema's moving average is allocated once by
- * dp_dmodel_ema_start, before the steps.
+ * dp_dmodel_ema_start, before the steps.  Host arrays the caller pins
+ * (dp_dmodel_pin_host) are let go at close before anything is freed.
  *
  * The step block.  Whatever changes from one step to the next (the record
  * indices, lr, adam's lr_t, the gradient scale, each dropout layer's key)
@@ -99,6 +100,11 @@ struct dp_dmodel {
     int graph_n;
 
     void *comm;
+
+    /* host ranges page-locked for the model's life (dp_dmodel_pin_host) */
+    void *pins[DP_DMODEL_MAX_PINS];
+    int n_pins;
+    size_t pinned_bytes;
 };
 
 /* splitmix64's finaliser, as model.c and dropout.c draw their seeds */
@@ -515,6 +521,8 @@ void dp_dmodel_close(dp_dmodel *g)
         return;
     char msg[256];
     g->be->sync(g->ctx, msg, sizeof msg); /* nothing may still read what is freed */
+    while (g->n_pins > 0) /* the caller's arrays, before anything of ours goes */
+        g->be->host_unregister(g->ctx, g->pins[--g->n_pins]);
     if (g->comm)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
@@ -727,10 +735,12 @@ static int to_host(dp_dmodel *g, void *dst, const void *src, size_t bytes, const
     return sync_err(g, what, err);
 }
 
+/* Waits: from pinned memory (dp_dmodel_pin_host) the copy reads the source
+ * only when the stream reaches it, and the caller may change it on return. */
 static int to_device(dp_dmodel *g, void *dst, const void *src, size_t bytes, const char *what,
                      dp_err *err)
 {
-    g->be->copy(g->ctx, dst, src, bytes, DP_COPY_H2D); /* pageable: read before it returns */
+    g->be->copy(g->ctx, dst, src, bytes, DP_COPY_H2D);
     return sync_err(g, what, err);
 }
 
@@ -780,6 +790,28 @@ int dp_dmodel_set_optim(dp_dmodel *g, const float *slots, long t, dp_err *err)
     g->opt.t = t;
     return 0;
 }
+
+/* ---- page-locked host memory ---- */
+
+int dp_dmodel_pin_host(dp_dmodel *g, void *p, size_t bytes, dp_err *err)
+{
+    if (!g->be->host_register || bytes == 0) /* nothing to lock with, or nothing to lock */
+        return 0;
+    if (!p)
+        return dp_errf(err, "dp_dmodel_pin_host: no memory given for %zu bytes", bytes);
+    if (g->n_pins == DP_DMODEL_MAX_PINS)
+        return dp_errf(err, "dp_dmodel_pin_host: %d ranges are pinned already (at most %d)",
+                       g->n_pins, DP_DMODEL_MAX_PINS);
+    char msg[256] = "";
+    if (g->be->host_register(g->ctx, p, bytes, msg, sizeof msg) < 0)
+        return dp_errf(err, "dp_dmodel_pin_host: device %s: %s", g->name,
+                       msg[0] ? msg : "the backend refused to page-lock the memory");
+    g->pins[g->n_pins++] = p;
+    g->pinned_bytes += bytes;
+    return 0;
+}
+
+size_t dp_dmodel_pinned_bytes(const dp_dmodel *g) { return g->pinned_bytes; }
 
 /* ---- --ema ---- */
 

@@ -13,12 +13,20 @@
  * value; graph_launch replays the record.  So a step that reads a value
  * passed by value instead of from device memory replays stale on sim too.
  *
+ * host_register keeps the caller's ranges as cudaHostRegister does: one that
+ * overlaps a registered range is refused (cudaErrorHostMemoryAlreadyRegistered),
+ * and unregistering a pointer not registered is ignored.  Nothing is locked:
+ * the ranges are only counted (sim.h), so tests see what is pinned.
+ * DOWNPOUR_SIM_PINNED=<bytes> caps the bytes registered at once, so tests
+ * reach a trainer's fallback to pageable memory.
+ *
  * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
  * out-of-memory paths. */
 #include "device/sim.h"
 
 #include <cblas.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +56,16 @@ typedef struct sim_graph {
     size_t n, cap;
 } sim_graph;
 
+/* A host range registered with host_register. */
+typedef struct sim_pin {
+    uintptr_t lo;
+    size_t bytes;
+} sim_pin;
+
 typedef struct sim_ctx {
     dp_sim_counts counts;
+    sim_pin *pins; /* counts.pinned of them, room for cap_pins */
+    size_t cap_pins;
     size_t limit;      /* device bytes allowed; SIZE_MAX: no cap */
     int capturing;
     sim_graph *rec;    /* the recording while capturing */
@@ -114,6 +130,7 @@ static void sim_close(void *ctx)
     if (!c)
         return;
     sim_graph_free(c, c->rec);
+    free(c->pins);
     free(c);
 }
 
@@ -162,6 +179,75 @@ static void sim_host_free(void *ctx, void *p)
 {
     (void)ctx;
     free(p);
+}
+
+/* As cudaHostRegister: refused for no bytes, during a capture (as the CUDA
+ * plugin refuses it), and for a range that overlaps one registered.  The
+ * messages name no device, as the plugin's: the caller does (dmodel.c). */
+static int sim_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t len)
+{
+    sim_ctx *c = ctx;
+    uintptr_t lo = (uintptr_t)p;
+    if (!p || bytes == 0 || bytes > UINTPTR_MAX - lo) {
+        snprintf(msg, len, "host_register of %zu bytes at %p: invalid argument", bytes, p);
+        return -1;
+    }
+    if (c->capturing) {
+        snprintf(msg, len, "host_register during a graph capture");
+        return -1;
+    }
+    const char *limit = getenv("DOWNPOUR_SIM_PINNED"); /* read here: registering is rare */
+    if (limit && *limit) {
+        char *end;
+        unsigned long long v = strtoull(limit, &end, 10);
+        if (*end) {
+            snprintf(msg, len, "DOWNPOUR_SIM_PINNED '%s' is not a count of bytes", limit);
+            return -1;
+        }
+        if (bytes > v || c->counts.pinned_bytes > v - bytes) {
+            snprintf(msg, len,
+                     "host_register of %zu bytes: DOWNPOUR_SIM_PINNED allows %llu bytes and "
+                     "%zu are registered (cudaErrorMemoryAllocation)",
+                     bytes, v, c->counts.pinned_bytes);
+            return -1;
+        }
+    }
+    for (long i = 0; i < c->counts.pinned; i++) {
+        const sim_pin *r = &c->pins[i];
+        if (lo < r->lo + r->bytes && r->lo < lo + bytes) {
+            snprintf(msg, len,
+                     "host_register of %zu bytes at %p: part or all of it is already "
+                     "registered (%zu bytes at %p; cudaErrorHostMemoryAlreadyRegistered)",
+                     bytes, p, r->bytes, (void *)r->lo);
+            return -1;
+        }
+    }
+    if ((size_t)c->counts.pinned == c->cap_pins) {
+        size_t cap = c->cap_pins ? 2 * c->cap_pins : 8;
+        sim_pin *pins = realloc(c->pins, cap * sizeof *pins);
+        if (!pins) {
+            snprintf(msg, len, "out of memory registering %zu bytes", bytes);
+            return -1;
+        }
+        c->pins = pins;
+        c->cap_pins = cap;
+    }
+    c->pins[c->counts.pinned++] = (sim_pin){lo, bytes};
+    c->counts.pinned_bytes += bytes;
+    return 0;
+}
+
+/* Exactly a pointer registered before; any other is ignored, as the CUDA
+ * plugin ignores cudaHostUnregister's error for it. */
+static void sim_host_unregister(void *ctx, void *p)
+{
+    sim_ctx *c = ctx;
+    for (long i = 0; i < c->counts.pinned; i++)
+        if (c->pins[i].lo == (uintptr_t)p) {
+            c->counts.pinned_bytes -= c->pins[i].bytes;
+            c->pins[i] = c->pins[--c->counts.pinned];
+            return;
+        }
 }
 
 /* Appends a node to the recording; a failed append fails the capture. */
@@ -361,6 +447,8 @@ const dp_backend dp_backend_sim = {
     .free = sim_free,
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
+    .host_register = sim_host_register,
+    .host_unregister = sim_host_unregister,
     .copy = sim_copy,
     .sync = sim_sync,
     .gemm = sim_gemm,

@@ -995,6 +995,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
+    /* The ring has decided how it sums, for the whole run: summed on the
+     * host, each step's copies go through the model's arrays, pinned. */
+    if (!s->nccl)
+        dp_strategy_device_pin(env, info->label, s->dev);
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
     s->policy = n > 1 ? cfg->shard : DP_SHARD_OFF;

@@ -6,6 +6,29 @@
 #include "downpour/log.h"
 #include "downpour/strategy.h"
 
+/* Host staging copies the parameters to the device and the gradients back
+ * every step (device_grads in strategies.c): page-locked in place, they cross
+ * at the bus's speed with no bounce buffer (docs/gpu.md, "Strategies").  Not
+ * being able to lock them costs speed only, so it is a warning.  The model's
+ * arrays outlive the device model: the loop frees them after ops->close. */
+void dp_strategy_device_pin(const dp_run_env *env, const char *label, dp_dmodel *dm)
+{
+    if (!dm)
+        return;
+    dp_model *m = env->model;
+    size_t bytes = m->n_params * sizeof(float);
+    dp_err err;
+    if (dp_dmodel_pin_host(dm, m->params, bytes, &err) < 0 ||
+        dp_dmodel_pin_host(dm, m->grads, bytes, &err) < 0) {
+        dp_warn("%s: copies go through pageable memory: %s", label, err.msg);
+        return;
+    }
+    size_t pinned = dp_dmodel_pinned_bytes(dm);
+    if (pinned)
+        dp_info("%s pinned %.1f MiB of host staging buffers (parameters and gradients)", label,
+                (double)pinned / (1024.0 * 1024.0));
+}
+
 int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_optim,
                             dp_dmodel **out, dp_err *err)
 {
@@ -28,6 +51,8 @@ int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_o
         return -1;
     }
     dp_info("%s trains on %s", label, dp_device_describe(d));
+    if (!with_optim)
+        dp_strategy_device_pin(env, label, dm);
     *out = dm;
     return 0;
 }
