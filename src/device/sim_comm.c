@@ -179,6 +179,13 @@ static int pid_gone(int pid)
     return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
+/* What this rank was doing, for messages: "comm_join: " or "sim collective: "
+ * first, "(rank 0 was in a sum of N floats)" after. */
+static const char *prefix(wait_on w)
+{
+    return w == ON_JOINED ? "comm_join" : "sim collective";
+}
+
 static void doing(const dp_sim_comm *c, wait_on w, char *buf, size_t len)
 {
     if (w == ON_JOINED)
@@ -191,7 +198,7 @@ static int lost(dp_sim_comm *c, wait_on w, int r, const char *what)
 {
     char d[96];
     doing(c, w, d, sizeof d);
-    return comm_fail(c, "sim collective: rank %d of %d (pid %d) %s (%s)", r, c->ranks,
+    return comm_fail(c, "%s: rank %d of %d (pid %d) %s (%s)", prefix(w), r, c->ranks,
                      (int)atomic_load(&ctl(c, r)->pid), what, d);
 }
 
@@ -252,9 +259,9 @@ static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
             behind_list(c, w, seq, who, sizeof who);
             doing(c, w, d, sizeof d);
             if (w == ON_JOINED)
-                return comm_fail(c, "sim collective: rank(s) %s of %d did not join within %g s "
-                                    "(%s; " TIMEOUT_ENV ")",
-                                 who, c->ranks, c->timeout_s, d);
+                return comm_fail(c, "comm_join: rank(s) %s of %d did not join within %g s "
+                                    "(" TIMEOUT_ENV ")",
+                                 who, c->ranks, c->timeout_s);
             return comm_fail(c, "sim collective: no word from rank(s) %s of %d within %g s (%s; "
                                 TIMEOUT_ENV ")",
                              who, c->ranks, c->timeout_s, d);
