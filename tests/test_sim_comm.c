@@ -6,8 +6,9 @@
  * rebuild a 2-rank communicator that sums right; a rank that aborts fails
  * the others; a sum during a graph capture, ranks that sum different counts
  * and every bad join argument are refused with the value named; a join
- * nobody else comes to times out naming the missing ranks; and nothing this
- * test named is left in /dev/shm. */
+ * nobody else comes to times out naming the missing ranks, and a rank that
+ * came meanwhile fails with it; and nothing this test named is left in
+ * /dev/shm. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -440,6 +441,25 @@ static void test_refusals(void)
     join_refused(ctx, id, ID, 3, 0, "comm_join: rank(s) 1, 2 of 3 did not join within 1 s",
                  "DOWNPOUR_SIM_COMM_TIMEOUT");
     CHECK(!exists(id));
+
+    /* a rank that joins while rank 0 gives up (its 2 s) fails then, not
+     * after its own 30 s */
+    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "2", 1);
+    new_id(ctx, id);
+    joiner g = {.id = id, .ranks = 3, .rank = 0, .ctx = open_ctx()};
+    REQUIRE(pthread_create(&t, NULL, join_thread, &g) == 0);
+    for (int i = 0; i < 10000 && !exists(id); i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "30", 1); /* rank 0 read its 2 before the file was */
+    char want[64];
+    snprintf(want, sizeof want, "rank 0 of 3 (pid %d) gave up joining", (int)getpid());
+    join_refused(ctx, id, ID, 3, 1, want, NULL);
+    pthread_join(t, NULL);
+    CHECKF(g.rc == -1 && strstr(g.msg, "2 of 3 did not join within 2 s"), "rank 0: %s", g.msg);
+    CHECK(!exists(id));
+    be->close(g.ctx);
     unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
     be->close(ctx);
 }

@@ -224,6 +224,14 @@ static void behind_list(dp_sim_comm *c, wait_on w, uint64_t seq, char *buf, size
         snprintf(buf + at, len - at, " and %d more", more);
 }
 
+static int all_joined(dp_sim_comm *c)
+{
+    for (int r = 0; r < c->ranks; r++)
+        if (seen(ctl(c, r), ON_JOINED) < 1)
+            return 0;
+    return 1;
+}
+
 /* Waits until every rank's counter w reached seq, or fails the
  * communicator.  A peer's counter is read again after its flag or its death
  * is seen: a peer may finish this chunk and leave between two reads, and
@@ -244,6 +252,13 @@ static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
                 seen(k, w) < seq)
                 return lost(c, w, r, "left the communicator (comm_abort or comm_free)");
         }
+        /* While some rank has not joined, no join has returned: a rank that
+         * joined and left is one whose join failed, and nobody can sum. */
+        if (w == ON_JOINED)
+            for (int r = 0; r < from; r++)
+                if (atomic_load_explicit(&ctl(c, r)->aborted, memory_order_acquire) &&
+                    !all_joined(c))
+                    return lost(c, w, r, "gave up joining");
         double spent = now_s() - t0;
         if (spent < SPIN_NS * 1e-9)
             continue;
