@@ -19,6 +19,8 @@
  * the ranges are only counted (sim.h), so tests see what is pinned.
  * DOWNPOUR_SIM_PINNED=<bytes> caps the bytes registered at once, so tests
  * reach a trainer's fallback to pageable memory.
+ * Collectives are sim_comm.c's: shared memory between the ranks' processes
+ * or threads on this host.
  *
  * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
  * out-of-memory paths. */
@@ -71,6 +73,7 @@ typedef struct sim_ctx {
     sim_graph *rec;    /* the recording while capturing */
     int failed;
     char msg[256];     /* the first failure of queued work */
+    dp_sim_comm *comms; /* joined and not yet ended (sim_comm.c) */
 } sim_ctx;
 
 /* Keeps the first failure; later ones would only be its consequences. */
@@ -129,6 +132,7 @@ static void sim_close(void *ctx)
     sim_ctx *c = ctx;
     if (!c)
         return;
+    dp_sim_comm_close_all(c);
     sim_graph_free(c, c->rec);
     free(c->pins);
     free(c);
@@ -437,6 +441,10 @@ dp_sim_counts dp_sim_counts_of(const void *ctx)
     return c->counts;
 }
 
+dp_sim_comm **dp_sim_comm_list(void *ctx) { return &((sim_ctx *)ctx)->comms; }
+
+int dp_sim_capturing(const void *ctx) { return ((const sim_ctx *)ctx)->capturing; }
+
 const dp_backend dp_backend_sim = {
     .abi = DP_BACKEND_ABI,
     .name = "sim",
@@ -457,5 +465,10 @@ const dp_backend dp_backend_sim = {
     .capture_end = sim_capture_end,
     .graph_launch = sim_graph_launch,
     .graph_free = sim_graph_free,
-    /* no collectives: comm_* stay NULL */
+    .comm_id = dp_sim_comm_id,
+    .comm_join = dp_sim_comm_join,
+    .comm_allreduce = dp_sim_comm_allreduce,
+    .comm_wait = dp_sim_comm_wait,
+    .comm_abort = dp_sim_comm_abort,
+    .comm_free = dp_sim_comm_free,
 };
