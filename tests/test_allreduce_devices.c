@@ -11,6 +11,9 @@
  * - worker:2 SIGKILLed once it logged step 20: the survivors' sum fails,
  *   the ring re-forms over two with a new communicator, the run exits 0,
  *   both survivors end identical, accuracy within 1 % of the fault-free run;
+ * - frozen (SIGSTOP) instead: alive, so only the survivors' watch between
+ *   slices of their wait on the sum can drop it (sim's sums are queued, as
+ *   NCCL's are); the same outcome;
  * - restarted (--max-restarts 1), it rejoins at the next epoch: a
  *   communicator over three again, three identical replicas. */
 #include <math.h>
@@ -51,9 +54,17 @@ static int run(const char *name, const char *extra, const char *train_extra, con
     pid_t l = start(name, args);
     if (fault) {
         pid_t w = await_task(l, name, "Worker 2, At step 20,", "worker:2");
-        if (w > 0)
-            kill(w, SIGKILL);
         CHECKF(w > 0, "%s: worker:2 never logged step 20", name);
+        if (w > 0 && strcmp(fault, "kill") == 0) {
+            kill(w, SIGKILL);
+        } else if (w > 0) {
+            /* frozen: alive, so only the survivors' watch between slices
+             * of their wait on the sum can tell (heartbeat timeout 1 s) */
+            kill(w, SIGSTOP);
+            CHECKF(wait_log(name, "[worker 0] warning: fault: lost worker:2", 60),
+                   "%s: replica 0 never dropped the frozen worker:2", name);
+            kill(w, SIGCONT);
+        }
     }
     return finish(l, 300);
 }
@@ -133,6 +144,15 @@ int main(void)
     CHECKF(log_has("kill", "over 2 replica(s), a new communicator"),
            "kill: no new communicator over the survivors");
     identical("kill", 2);
+
+    rc = run("stop", "", "", "stop");
+    double stopped = test_accuracy("stop");
+    fprintf(stderr, "stop: exit %d, accuracy %.4f (fault-free %.4f)\n", rc, stopped, acc);
+    CHECKF(rc == 0, "stop: a frozen replica ended the run (exit %d)", rc);
+    CHECKF(fabs(stopped - acc) <= 0.01, "stop: accuracy %.4f, fault-free %.4f", stopped, acc);
+    CHECKF(log_has("stop", "over 2 replica(s), a new communicator"),
+           "stop: no new communicator over the survivors");
+    identical("stop", 2);
 
     rc = run("restart", "--max-restarts 1", "", "kill");
     CHECKF(rc == 0, "restart: exit %d", rc);

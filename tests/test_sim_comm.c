@@ -61,6 +61,18 @@ static int exists(const uint8_t *id)
     return stat(path, &st) == 0 && st.st_size > 0;
 }
 
+/* A sum queued and waited for, as a caller that has nothing else to watch
+ * does: 0 done, -1 failed (comm_wait's message then says why). */
+static int sum_done(void *ctx, void *comm, float *buf, size_t n)
+{
+    if (be->comm_allreduce(ctx, comm, buf, n) < 0)
+        return -1;
+    int rc;
+    while ((rc = be->comm_wait(ctx, comm, 1.0, NULL, 0)) == 0)
+        ;
+    return rc == 1 ? 0 : -1;
+}
+
 static void *open_ctx(void)
 {
     void *ctx = NULL;
@@ -130,7 +142,7 @@ static void *run_rank(void *arg)
     for (int k = 0; k < j->rounds; k++) {
         for (size_t i = 0; i < j->n; i++)
             buf[i] = value(j->rank, i, k);
-        if (be->comm_allreduce(ctx, comm, buf, j->n) < 0) {
+        if (sum_done(ctx, comm, buf, j->n) < 0) {
             be->comm_wait(ctx, comm, 1.0, j->msg, sizeof j->msg);
             j->failed = 1;
             break;
@@ -258,7 +270,7 @@ static void *survive(void *arg)
     float buf[1000];
     for (int i = 0; i < 1000; i++)
         buf[i] = (float)i;
-    if (be->comm_allreduce(ctx, comm, buf, 1000) != -1) {
+    if (sum_done(ctx, comm, buf, 1000) != -1) {
         snprintf(s->msg, sizeof s->msg, "the sum without rank 2 worked");
         s->ok = 0;
     }
@@ -475,7 +487,7 @@ typedef struct small_sum {
 static void *sum_small(void *arg)
 {
     small_sum *s = arg;
-    s->rc = be->comm_allreduce(s->j->ctx, s->j->comm, s->y, 100);
+    s->rc = sum_done(s->j->ctx, s->j->comm, s->y, 100);
     be->comm_wait(s->j->ctx, s->j->comm, 0.0, s->msg, sizeof s->msg);
     return NULL;
 }
@@ -497,7 +509,7 @@ static void test_count_mismatch(void)
     s.j = &a;
     REQUIRE(pthread_create(&t, NULL, sum_small, &s) == 0);
     static float x[200000];
-    CHECK(be->comm_allreduce(ctx, comm, x, 200000) == -1);
+    CHECK(sum_done(ctx, comm, x, 200000) == -1);
     pthread_join(t, NULL);
     CHECK(s.rc == -1);
     CHECK(be->comm_wait(ctx, comm, 0.0, msg, sizeof msg) == -1);
@@ -513,7 +525,7 @@ static void test_count_mismatch(void)
     REQUIRE(be->comm_join(ctx, id, ID, 1, 0, &comm, msg, sizeof msg) == 0);
     CHECK(!exists(id));
     float y[3] = {1, 2, 3};
-    CHECK(be->comm_allreduce(ctx, comm, y, 3) == 0 && y[0] == 1 && y[1] == 2 && y[2] == 3);
+    CHECK(sum_done(ctx, comm, y, 3) == 0 && y[0] == 1 && y[1] == 2 && y[2] == 3);
     REQUIRE(be->capture_begin(ctx, msg, sizeof msg) == 0);
     CHECK(be->comm_allreduce(ctx, comm, y, 3) == -1);
     void *graph = NULL;
@@ -526,6 +538,65 @@ static void test_count_mismatch(void)
     unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
 }
 
+typedef struct late_sum {
+    joiner *j;
+    float *y;
+    size_t n;
+    int rc;
+} late_sum;
+
+static void *sum_late(void *arg)
+{
+    late_sum *l = arg;
+    struct timespec nap = {0, 300 * 1000 * 1000};
+    nanosleep(&nap, NULL); /* the other rank's copy must wait for this */
+    l->rc = sum_done(l->j->ctx, l->j->comm, l->y, l->n);
+    return NULL;
+}
+
+/* A sum is queued, as NCCL's: comm_allreduce returns with the peer not
+ * there yet, comm_wait says "not yet" within its bound, and once the peer
+ * sums it says done; and what runs after a sum on the stream (a copy) runs
+ * after it, with the summed values. */
+static void test_queued(void)
+{
+    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "120", 1);
+    void *ctx = open_ctx(), *comm = NULL;
+    uint8_t id[ID];
+    char msg[512] = "";
+    new_id(ctx, id);
+    joiner a = {.id = id, .ranks = 2, .rank = 1, .ctx = open_ctx()};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, join_thread, &a) == 0);
+    REQUIRE(be->comm_join(ctx, id, ID, 2, 0, &comm, msg, sizeof msg) == 0);
+    pthread_join(t, NULL);
+    REQUIRE(a.rc == 0);
+    enum { Q = 150000 }; /* three chunks */
+    static float x[Q], y[Q], back[Q];
+    for (int i = 0; i < Q; i++) {
+        x[i] = (float)i;
+        y[i] = 0.5f * (float)i;
+    }
+    CHECK(be->comm_allreduce(ctx, comm, x, Q) == 0);
+    CHECKF(be->comm_wait(ctx, comm, 0.05, msg, sizeof msg) == 0,
+           "a sum whose peer has not summed is done: %s", msg);
+    late_sum l = {.j = &a, .y = y, .n = Q};
+    REQUIRE(pthread_create(&t, NULL, sum_late, &l) == 0);
+    CHECK(be->copy(ctx, back, x, sizeof back, DP_COPY_D2H) == 0); /* waits for the sum */
+    int wrong = 0;
+    for (int i = 0; i < Q; i++)
+        wrong += back[i] != (float)i + 0.5f * (float)i;
+    CHECKF(wrong == 0, "a copy after the sum read %d values before the sum", wrong);
+    CHECK(be->comm_wait(ctx, comm, 0.0, msg, sizeof msg) == 1);
+    pthread_join(t, NULL);
+    CHECK(l.rc == 0 && memcmp(y, back, sizeof back) == 0);
+    be->comm_free(ctx, comm);
+    be->comm_free(a.ctx, a.comm);
+    be->close(a.ctx);
+    be->close(ctx);
+    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+}
+
 int main(void)
 {
     test_order_matters();
@@ -535,6 +606,7 @@ int main(void)
     test_killed_rank();
     test_abort();
     test_count_mismatch();
+    test_queued();
     for (int i = 0; i < n_names; i++) {
         struct stat st;
         CHECKF(stat(names[i], &st) != 0, "%s was left behind", names[i]);

@@ -20,7 +20,9 @@
  * DOWNPOUR_SIM_PINNED=<bytes> caps the bytes registered at once, so tests
  * reach a trainer's fallback to pageable memory.
  * Collectives are sim_comm.c's: shared memory between the ranks' processes
- * or threads on this host.
+ * or threads on this host.  A sum is the one thing queued for real (as
+ * NCCL's is, so a caller's watch over its peers is tested here): what runs
+ * after it on the stream finishes it first (dp_sim_comm_settle).
  *
  * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
  * out-of-memory paths. */
@@ -273,6 +275,7 @@ static void record(sim_ctx *c, const sim_node *nd)
 
 static int sim_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_dir dir)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     if (c->capturing) {
         if (dir == DP_COPY_D2H) { /* as CUDA: a capture cannot hand data to the host */
@@ -293,6 +296,7 @@ static int sim_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy
 
 static int sim_sync(void *ctx, char *msg, size_t len)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     if (!c->failed)
         return 0;
@@ -338,6 +342,7 @@ static void run_gemm(sim_ctx *c, const dp_gemm *g)
 
 static void sim_gemm(void *ctx, const dp_gemm *g)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     if (c->capturing) {
         sim_node nd = {.op = SIM_GEMM};
@@ -367,6 +372,7 @@ static void run_kernel(sim_ctx *c, const dp_kernel *k)
 
 static void sim_launch(void *ctx, const dp_kernel *k)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     if (c->capturing) {
         sim_node nd = {.op = SIM_LAUNCH};
@@ -379,6 +385,7 @@ static void sim_launch(void *ctx, const dp_kernel *k)
 
 static int sim_capture_begin(void *ctx, char *msg, size_t len)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     if (c->capturing) {
         snprintf(msg, len, "device sim: a graph capture is already under way");
@@ -414,6 +421,7 @@ static int sim_capture_end(void *ctx, void **graph, char *msg, size_t len)
 
 static int sim_graph_launch(void *ctx, void *graph)
 {
+    dp_sim_comm_settle(ctx); /* stream order: a sum queued before runs first */
     sim_ctx *c = ctx;
     const sim_graph *gr = graph;
     if (c->capturing) {

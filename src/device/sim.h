@@ -34,6 +34,9 @@ int dp_sim_comm_id(void *ctx, uint8_t *id, size_t id_len, char *msg, size_t len)
 int dp_sim_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, int rank,
                      void **comm, char *msg, size_t len);
 int dp_sim_comm_allreduce(void *ctx, void *comm, float *buf, size_t n);
+/* Every sum in flight on ctx's communicators finished (or failed): what sim
+ * runs after one on the stream calls this first. */
+void dp_sim_comm_settle(void *ctx);
 int dp_sim_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t len);
 void dp_sim_comm_abort(void *ctx, void *comm);
 void dp_sim_comm_free(void *ctx, void *comm);

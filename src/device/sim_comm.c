@@ -14,13 +14,20 @@
  *   4096      per rank, CTL_BYTES each: its rank_ctl
  *   slots     per rank, SLOT_FLOATS floats: its chunk of the sum under way
  *
- * A rank writes only its own control block and slot.  A sum runs in the
- * call (sim is synchronous), chunk by chunk: copy my chunk to my slot,
- * publish arrived = seq (release), wait until every rank arrived, add the
- * slots in rank order 0..R-1 into the caller's buffer (so every rank gets
- * the same bits: those of a plain loop over the ranks' buffers in rank
- * order), publish done = seq, and wait until every rank is done before the
- * slots are reused.
+ * A rank writes only its own control block and slot.  A sum goes chunk by
+ * chunk: copy my chunk to my slot, publish arrived = seq (release), wait
+ * until every rank arrived, add the slots in rank order 0..R-1 into the
+ * caller's buffer (so every rank gets the same bits: those of a plain loop
+ * over the ranks' buffers in rank order), publish done = seq, and wait until
+ * every rank is done before the slots are reused.
+ *
+ * A sum is QUEUED, as NCCL's is: comm_allreduce publishes the first chunk
+ * and returns; comm_wait moves it on for at most its timeout and says
+ * whether it is done; anything sim runs later on the stream (a copy, a
+ * product, a kernel, a sync) first finishes every sum in flight
+ * (dp_sim_comm_settle), so stream order holds.  A caller that waits in
+ * slices and watches its peers between them (allreduce.c) sees a frozen
+ * peer as it would on a GPU.
  *
  * A wait spins SPIN_NS, then naps NAP_NS at a time.  A peer that is behind
  * and has left (its aborted flag, set by comm_abort and comm_free), whose
@@ -84,6 +91,8 @@ typedef struct rank_ctl {
 } rank_ctl;
 _Static_assert(sizeof(rank_ctl) <= CTL_BYTES, "rank_ctl outgrew its CTL_BYTES");
 
+typedef enum wait_on { ON_JOINED, ON_ARRIVED, ON_DONE } wait_on;
+
 struct dp_sim_comm {
     unsigned char *base; /* the mapped segment */
     size_t bytes;
@@ -94,10 +103,16 @@ struct dp_sim_comm {
     uint64_t pidns;   /* this process's pid namespace */
     int failed;
     char fail[256];   /* why, kept */
+    /* the sum in flight: buf[0..n) from float off, in phase (ON_ARRIVED:
+     * waiting for every rank's chunk seq; ON_DONE: for every rank to have
+     * read it), waiting since wait_t0 */
+    float *buf;
+    size_t off;
+    wait_on phase;
+    double wait_t0;
     dp_sim_comm *next; /* in its context's list */
 };
 
-typedef enum wait_on { ON_JOINED, ON_ARRIVED, ON_DONE } wait_on;
 
 static size_t slots_off(int ranks)
 {
@@ -232,13 +247,16 @@ static int all_joined(dp_sim_comm *c)
     return 1;
 }
 
-/* Waits until every rank's counter w reached seq, or fails the
- * communicator.  A peer's counter is read again after its flag or its death
- * is seen: a peer may finish this chunk and leave between two reads, and
- * then its last word stands. */
-static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
+/* Waits until every rank's counter w reached seq (0), or until `until`
+ * (a now_s() time; < 0: no bound) passes first (1), or fails the
+ * communicator (-1).  The communicator's own timeout runs from t0, which
+ * may be earlier than this call (a sum moved on over several comm_waits).
+ * A peer's counter is read again after its flag or its death is seen: a
+ * peer may finish this chunk and leave between two reads, and then its last
+ * word stands. */
+static int wait_until(dp_sim_comm *c, wait_on w, uint64_t seq, double t0, double until)
 {
-    double t0 = now_s();
+    double entered = now_s();
     long naps = 0;
     int from = 0; /* every rank below has reached seq */
     for (;;) {
@@ -259,8 +277,10 @@ static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
                 if (atomic_load_explicit(&ctl(c, r)->aborted, memory_order_acquire) &&
                     !all_joined(c))
                     return lost(c, w, r, "gave up joining");
-        double spent = now_s() - t0;
-        if (spent < SPIN_NS * 1e-9)
+        double now = now_s(), spent = now - t0;
+        if (until >= 0 && now >= until)
+            return 1;
+        if (now - entered < SPIN_NS * 1e-9)
             continue;
         if (++naps % LIVENESS_NAPS == 0)
             for (int r = from; r < c->ranks; r++) {
@@ -284,6 +304,11 @@ static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
         struct timespec nap = {0, NAP_NS};
         nanosleep(&nap, NULL);
     }
+}
+
+static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
+{
+    return wait_until(c, w, seq, now_s(), -1);
 }
 
 /* DOWNPOUR_SIM_COMM_TIMEOUT: seconds, a plain decimal above 0. */
@@ -496,6 +521,57 @@ int dp_sim_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, int
     return 0;
 }
 
+/* Publishes the chunk at c->off: copied to my slot, arrived = seq. */
+static void publish(dp_sim_comm *c)
+{
+    size_t k = c->n - c->off < SLOT_FLOATS ? c->n - c->off : SLOT_FLOATS;
+    rank_ctl *me = ctl(c, c->rank);
+    uint64_t seq = ++c->seq;
+    memcpy(slot(c, c->rank), c->buf + c->off, k * sizeof(float));
+    atomic_store_explicit(&me->n, (uint64_t)c->n, memory_order_relaxed);
+    atomic_store_explicit(&me->arrived, seq, memory_order_release);
+    c->phase = ON_ARRIVED;
+    c->wait_t0 = now_s();
+}
+
+/* Moves the sum in flight on until `until` (< 0: until it ends): 0 done
+ * (nothing in flight), 1 still in flight, -1 failed. */
+static int progress(dp_sim_comm *c, double until)
+{
+    while (c->buf && !c->failed) {
+        int rc = wait_until(c, c->phase, c->seq, c->wait_t0, until);
+        if (rc != 0)
+            return rc;
+        if (c->phase == ON_DONE) { /* every rank read chunk seq: on to the next */
+            c->off += SLOT_FLOATS;
+            if (c->off >= c->n)
+                c->buf = NULL;
+            else
+                publish(c);
+            continue;
+        }
+        for (int r = 0; r < c->ranks; r++) {
+            uint64_t theirs = atomic_load_explicit(&ctl(c, r)->n, memory_order_relaxed);
+            if (theirs != (uint64_t)c->n)
+                return comm_fail(c, "sim collective: rank %d of %d sums %llu floats, rank %d "
+                                    "%zu: every rank must sum the same count",
+                                 r, c->ranks, (unsigned long long)theirs, c->rank, c->n);
+        }
+        size_t k = c->n - c->off < SLOT_FLOATS ? c->n - c->off : SLOT_FLOATS;
+        float *restrict out = c->buf + c->off;
+        memcpy(out, slot(c, 0), k * sizeof(float));
+        for (int r = 1; r < c->ranks; r++) {
+            const float *restrict in = slot(c, r);
+            for (size_t i = 0; i < k; i++)
+                out[i] += in[i];
+        }
+        atomic_store_explicit(&ctl(c, c->rank)->done, c->seq, memory_order_release);
+        c->phase = ON_DONE;
+        c->wait_t0 = now_s();
+    }
+    return c->failed ? -1 : 0;
+}
+
 int dp_sim_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
 {
     dp_sim_comm *c = comm;
@@ -505,45 +581,32 @@ int dp_sim_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
         return comm_fail(c, "sim collective: a sum of %zu floats during a graph capture (sim "
                             "records no collectives)",
                          n);
+    dp_sim_comm_settle(ctx); /* stream order: the sums queued before this one */
+    if (c->failed)
+        return -1;
+    if (n == 0)
+        return 0;
+    c->buf = buf;
     c->n = n;
-    rank_ctl *me = ctl(c, c->rank);
-    for (size_t off = 0; off < n; off += SLOT_FLOATS) {
-        size_t k = n - off < SLOT_FLOATS ? n - off : SLOT_FLOATS;
-        uint64_t seq = ++c->seq;
-        memcpy(slot(c, c->rank), buf + off, k * sizeof(float));
-        atomic_store_explicit(&me->n, (uint64_t)n, memory_order_relaxed);
-        atomic_store_explicit(&me->arrived, seq, memory_order_release);
-        if (wait_all(c, ON_ARRIVED, seq) < 0)
-            return -1;
-        for (int r = 0; r < c->ranks; r++) {
-            uint64_t theirs = atomic_load_explicit(&ctl(c, r)->n, memory_order_relaxed);
-            if (theirs != (uint64_t)n)
-                return comm_fail(c, "sim collective: rank %d of %d sums %llu floats, rank %d "
-                                    "%zu: every rank must sum the same count",
-                                 r, c->ranks, (unsigned long long)theirs, c->rank, n);
-        }
-        float *restrict out = buf + off;
-        memcpy(out, slot(c, 0), k * sizeof(float));
-        for (int r = 1; r < c->ranks; r++) {
-            const float *restrict in = slot(c, r);
-            for (size_t i = 0; i < k; i++)
-                out[i] += in[i];
-        }
-        atomic_store_explicit(&me->done, seq, memory_order_release);
-        if (wait_all(c, ON_DONE, seq) < 0)
-            return -1;
-    }
+    c->off = 0;
+    publish(c);
     return 0;
 }
 
-/* Nothing is ever in flight on sim: the sum was done in its call. */
+void dp_sim_comm_settle(void *ctx)
+{
+    for (dp_sim_comm *c = *dp_sim_comm_list(ctx); c; c = c->next)
+        progress(c, -1);
+}
+
+/* The sum in flight moved on for at most timeout_s. */
 int dp_sim_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t len)
 {
     (void)ctx;
-    (void)timeout_s;
     dp_sim_comm *c = comm;
-    if (!c->failed)
-        return 1;
+    int rc = progress(c, now_s() + (timeout_s > 0 ? timeout_s : 0));
+    if (rc >= 0)
+        return rc == 0 ? 1 : 0;
     if (msg && len)
         snprintf(msg, len, "%s", c->fail);
     return -1;
