@@ -179,6 +179,18 @@ static double test_accuracy(const char *name)
     return done_accuracy(path);
 }
 
+/* The replicas' checksums in tmp/NAME.jsonl ("replica" events): whether
+ * all are equal, and how many (*count). */
+static inline int replicas_equal(const char *name, long *count)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    long v[3] = {0, 0, 0};
+    for_each_event(path, "replica", NULL, tally_replica, v);
+    *count = v[0];
+    return v[2] == 0;
+}
+
 /* How many "event" lines tmp/NAME.jsonl holds. */
 static void count_one(const cJSON *j, void *ctx)
 {

@@ -8,26 +8,6 @@
  * end bitwise identical.  Losing the chief (replica 0, the evaluator) stops the run. */
 #include "launch.h"
 
-static void tally(const cJSON *j, void *ctx)
-{
-    long *v = ctx;
-    long crc = (long)json_num(j, "params_crc32c");
-    if (v[0]++ == 0)
-        v[1] = crc;
-    v[2] |= crc != v[1];
-}
-
-/* Replica checksums in the run's metrics: how many, and whether all equal. */
-static int replicas_equal(const char *name, long *count)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
-    long v[3] = {0, 0, 0};
-    for_each_event(path, "replica", NULL, tally, v);
-    *count = v[0];
-    return v[2] == 0;
-}
-
 /* One run on 3 workers; fault: NULL, or "kill" / "stop" `task` once worker 2
  * logged step 20.  Returns the launcher's exit status. */
 static int run(const char *name, const char *extra, const char *fault, const char *task)

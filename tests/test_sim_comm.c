@@ -492,19 +492,29 @@ static void *sum_small(void *arg)
     return NULL;
 }
 
+/* Two ranks joined: rank 0 here on ctx (*comm), rank 1 by a thread on a
+ * context of its own (a->ctx, a->comm). */
+static void join_two(void *ctx, uint8_t *id, void **comm, joiner *a)
+{
+    char msg[512] = "";
+    new_id(ctx, id);
+    *a = (joiner){.id = id, .ranks = 2, .rank = 1, .ctx = open_ctx()};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, join_thread, a) == 0);
+    REQUIRE(be->comm_join(ctx, id, ID, 2, 0, comm, msg, sizeof msg) == 0);
+    pthread_join(t, NULL);
+    REQUIRE(a->rc == 0);
+}
+
 static void test_count_mismatch(void)
 {
     setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "120", 1); /* a timeout would say something else */
     void *ctx = open_ctx(), *comm = NULL;
     uint8_t id[ID];
     char msg[512] = "";
-    new_id(ctx, id);
-    joiner a = {.id = id, .ranks = 2, .rank = 1, .ctx = open_ctx()};
+    joiner a;
+    join_two(ctx, id, &comm, &a);
     pthread_t t;
-    REQUIRE(pthread_create(&t, NULL, join_thread, &a) == 0);
-    REQUIRE(be->comm_join(ctx, id, ID, 2, 0, &comm, msg, sizeof msg) == 0);
-    pthread_join(t, NULL);
-    REQUIRE(a.rc == 0);
     static small_sum s;
     s.j = &a;
     REQUIRE(pthread_create(&t, NULL, sum_small, &s) == 0);
@@ -564,13 +574,9 @@ static void test_queued(void)
     void *ctx = open_ctx(), *comm = NULL;
     uint8_t id[ID];
     char msg[512] = "";
-    new_id(ctx, id);
-    joiner a = {.id = id, .ranks = 2, .rank = 1, .ctx = open_ctx()};
+    joiner a;
+    join_two(ctx, id, &comm, &a);
     pthread_t t;
-    REQUIRE(pthread_create(&t, NULL, join_thread, &a) == 0);
-    REQUIRE(be->comm_join(ctx, id, ID, 2, 0, &comm, msg, sizeof msg) == 0);
-    pthread_join(t, NULL);
-    REQUIRE(a.rc == 0);
     enum { Q = 150000 }; /* three chunks */
     static float x[Q], y[Q], back[Q];
     for (int i = 0; i < Q; i++) {

@@ -176,6 +176,16 @@ int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t
     }
 }
 
+/* Out of the context's list (which dp_cuda_comm_poll and close walk). */
+static void unlist(dp_cuda *c, dp_cuda_comm *h)
+{
+    for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            return;
+        }
+}
+
 /* ncclCommAbort returns without waiting for the peers and makes the
  * communicator's pending kernels exit; the stream runs on. */
 void dp_cuda_comm_abort(void *ctx, void *comm)
@@ -184,11 +194,7 @@ void dp_cuda_comm_abort(void *ctx, void *comm)
     dp_cuda_comm *h = (dp_cuda_comm *)comm;
     if (!h)
         return;
-    for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
-        if (*p == h) {
-            *p = h->next;
-            break;
-        }
+    unlist(c, h);
     if (ncclCommAbort(h->comm) != ncclSuccess)
         (void)cudaGetLastError();
     free(h);
@@ -213,11 +219,7 @@ void dp_cuda_comm_free(void *ctx, void *comm)
     dp_cuda_comm *h = (dp_cuda_comm *)comm;
     if (!h)
         return;
-    for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
-        if (*p == h) {
-            *p = h->next;
-            break;
-        }
+    unlist(c, h);
     destroy(h);
 }
 
