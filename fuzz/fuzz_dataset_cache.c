@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "fuzz_scratch.h"
 #include "downpour/crc32c.h"
 #include "downpour/dataset.h"
 #include "downpour/log.h"
@@ -85,10 +86,7 @@ static void cleanup(void)
 
 static void setup(void)
 {
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/fuzz_dataset_cache.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir))
-        abort();
+    fz_scratch_dir(dir, sizeof dir, "fuzz_dataset_cache");
     atexit(cleanup);
     put_file(src_names[0], train_images, sizeof train_images);
     put_file(src_names[1], train_labels, sizeof train_labels);

@@ -46,6 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz_scratch.h"
 #include "downpour/crc32c.h"
 #include "downpour/dataset.h"
 #include "downpour/example.h"
@@ -244,11 +245,7 @@ static void setup_one(dataset_ref *d, int floats)
 
 static void setup(void)
 {
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    snprintf(root, sizeof root, "%s/fuzz_dataset_files_cache.XXXXXX",
-             base && *base ? base : "/tmp");
-    if (!mkdtemp(root))
-        abort();
+    fz_scratch_dir(root, sizeof root, "fuzz_dataset_files_cache");
     atexit(cleanup);
     unsetenv("DOWNPOUR_CACHE");
     unsetenv("DOWNPOUR_DATA_MEMORY");

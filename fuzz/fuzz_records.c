@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz_scratch.h"
 #include "downpour/example.h"
 #include "downpour/log.h"
 #include "downpour/records.h"
@@ -154,10 +155,7 @@ static void cleanup(void)
 
 static void setup(void)
 {
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/fuzz_records.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir))
-        abort();
+    fz_scratch_dir(dir, sizeof dir, "fuzz_records");
     atexit(cleanup);
     make_tf_fixed();
     dp_log_set_level(DP_LOG_ERROR);
