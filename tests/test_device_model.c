@@ -519,6 +519,54 @@ static void test_pieces(void)
     free(pa), free(pb), free(pc), free(gr);
 }
 
+/* A step retried after its sum broke (allreduce re-forms the ring and stages
+ * the batch again): its forward's loss is taken back, so the tallies and the
+ * parameters are those of the steps run once each. */
+static void test_retry(void)
+{
+    int batch = 16;
+    dp_model m;
+    model_init(&m, "784-128-10", batch);
+    dp_optim_config cfg = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    dp_dmodel *once = dopen(&m, &cfg), *retried = dopen(&m, &cfg);
+    dp_err err;
+    uint32_t idx[16];
+    for (int step = 0; step < 4; step++) {
+        pick(idx, batch);
+        REQUIRE(dp_dmodel_stage(once, idx, batch, &err) == 0 && dp_dmodel_grads(once, &err) == 0);
+        REQUIRE(dp_dmodel_update(once, 0.01f, 1.0f, &err) == 0);
+        REQUIRE(dp_dmodel_stage(retried, idx, batch, &err) == 0);
+        if (step == 1) /* failed before its forward: restaging is a no-op */
+            REQUIRE(dp_dmodel_restage(retried, &err) == 0);
+        REQUIRE(dp_dmodel_grads(retried, &err) == 0);
+        for (int tries = 0; step >= 2 && tries < step - 1; tries++) /* its sum broke */
+            REQUIRE(dp_dmodel_restage(retried, &err) == 0 && dp_dmodel_grads(retried, &err) == 0);
+        REQUIRE(dp_dmodel_update(retried, 0.01f, 1.0f, &err) == 0);
+    }
+    double lo = 0, lr = 0;
+    long co = 0, cr = 0;
+    REQUIRE(dp_dmodel_collect(once, &lo, &co, &err) == 0);
+    REQUIRE(dp_dmodel_collect(retried, &lr, &cr, &err) == 0);
+    CHECKF(lo == lr && co == cr && lo > 0, "retried steps: loss %.9g, correct %ld; run once: "
+           "loss %.9g, correct %ld", lr, cr, lo, co);
+    float *a = malloc(m.n_params * sizeof(float)), *b = malloc(m.n_params * sizeof(float));
+    REQUIRE(dp_dmodel_get_params(once, a, &err) == 0 && dp_dmodel_get_params(retried, b, &err) == 0);
+    CHECKF(memcmp(a, b, m.n_params * sizeof(float)) == 0, "retried steps: parameters differ");
+    /* collect zeroed every tally: the next step counts alone */
+    pick(idx, batch);
+    REQUIRE(dp_dmodel_stage(once, idx, batch, &err) == 0 && dp_dmodel_step(once, 0.01f, &err) == 0);
+    REQUIRE(dp_dmodel_stage(retried, idx, batch, &err) == 0 && dp_dmodel_grads(retried, &err) == 0);
+    REQUIRE(dp_dmodel_restage(retried, &err) == 0 && dp_dmodel_step(retried, 0.01f, &err) == 0);
+    lo = lr = 0, co = cr = 0;
+    REQUIRE(dp_dmodel_collect(once, &lo, &co, &err) == 0);
+    REQUIRE(dp_dmodel_collect(retried, &lr, &cr, &err) == 0);
+    CHECKF(lo == lr && co == cr && lo > 0, "after a collect: loss %.9g against %.9g", lr, lo);
+    printf("  retried steps: the tallies and parameters of the steps run once\n");
+    dp_dmodel_close(once), dp_dmodel_close(retried);
+    dp_model_free(&m);
+    free(a), free(b);
+}
+
 static void test_round_trip(void)
 {
     dp_model m;
@@ -665,6 +713,7 @@ int main(void)
     test_ema();
     test_dropout_graph();
     test_pieces();
+    test_retry();
     test_round_trip();
     test_errors();
     dp_device_close(dev);

@@ -97,7 +97,10 @@ int dp_dmodel_load_split(dp_dmodel *g, const dp_split *s, dp_err *err);
  * grads or forward call gathers them on the device. */
 int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err);
 /* The last batch staged, staged again (a step retried after the ring
- * re-formed: the loop staged it once); no-op while it is still staged. */
+ * re-formed: the loop staged it once), and the loss and correct count its
+ * forward tallied taken back, so the retry counts them once; no-op while
+ * it is still staged (its forward never ran).  Only for a step whose update
+ * did not run. */
 int dp_dmodel_restage(dp_dmodel *g, dp_err *err);
 
 /* One whole training step on the staged batch: forward, backward, and the

@@ -182,7 +182,7 @@ static void gather(dp_dmodel *g, int batch)
     dp_kernel k = {.id = g->values ? DP_K_GATHER_F32 : DP_K_GATHER,
                    .items = (long)batch * g->inputs};
     k.u.gather = (dp_ka_gather){g->x, g->y, g->images, g->values, g->labels,
-                                block_idx(g, g->block), g->inputs};
+                                block_idx(g, g->block), g->inputs, g->tally};
     launch(g, &k);
 }
 
@@ -472,7 +472,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
                                             err)))) ||
         !(g->x = dalloc(g, mb * (size_t)g->inputs * sizeof(float), "batch", err)) ||
         !(g->y = dalloc(g, mb, "batch labels", err)) ||
-        !(g->tally = dalloc(g, 2 * sizeof(double), "tally", err)))
+        !(g->tally = dalloc(g, DP_TALLY_DOUBLES * sizeof(double), "tally", err)))
         goto fail;
     g->dacts[1] = g->dacts[0] + dact;
     g->ex = (dp_dexec){g->be, g->ctx, g->ones, (long)ones, g->ex.rows, g->ex.drows, scratch};
@@ -619,11 +619,18 @@ int dp_dmodel_stage(dp_dmodel *g, const uint32_t *idx, int n, dp_err *err)
     return 0;
 }
 
+/* The last batch again, for a step that failed before its update: its
+ * loss, tallied by its forward, is taken back so the retry counts it once
+ * (kernels.h, dp_tally_open). */
 int dp_dmodel_restage(dp_dmodel *g, dp_err *err)
 {
+    static const double zero[2] = {0.0, 0.0};
     if (!g->last_n)
         return dp_errf(err, "dp_dmodel_restage: no batch was staged");
-    return g->staged ? 0 : dp_dmodel_stage(g, g->last_idx, g->last_n, err);
+    if (g->staged)
+        return 0; /* its forward never ran */
+    g->be->copy(g->ctx, g->tally + DP_TALLY_STEP, zero, sizeof zero, DP_COPY_H2D);
+    return dp_dmodel_stage(g, g->last_idx, g->last_n, err);
 }
 
 /* ---- steps ---- */
@@ -715,14 +722,14 @@ int dp_dmodel_update(dp_dmodel *g, float lr, float scale, dp_err *err)
 
 int dp_dmodel_collect(dp_dmodel *g, double *loss_sum, long *correct, dp_err *err)
 {
-    static const double zero[2] = {0.0, 0.0};
-    double t[2] = {0.0, 0.0};
+    static const double zero[DP_TALLY_DOUBLES] = {0.0};
+    double t[DP_TALLY_DOUBLES] = {0.0};
     g->be->copy(g->ctx, t, g->tally, sizeof t, DP_COPY_D2H);
     if (sync_err(g, "dp_dmodel_collect", err) < 0)
         return -1;
     g->be->copy(g->ctx, g->tally, zero, sizeof zero, DP_COPY_H2D);
-    *loss_sum += t[0];
-    *correct += (long)t[1];
+    *loss_sum += t[DP_TALLY_STEP] + t[DP_TALLY_BEFORE];
+    *correct += (long)(t[DP_TALLY_STEP + 1] + t[DP_TALLY_BEFORE + 1]);
     return 0;
 }
 

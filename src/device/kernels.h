@@ -141,6 +141,7 @@ typedef struct dp_ka_gather {  /* items rows*dim; GATHER and GATHER_F32 */
     const uint8_t *labels;
     const uint32_t *idx;       /* (rows) record indices, in the step block */
     long dim;
+    double *tally;             /* or NULL: item 0 opens the step's tally (dp_tally_open) */
 } dp_ka_gather;
 typedef struct dp_ka_fill { float *p; float value; } dp_ka_fill;     /* items n */
 typedef struct dp_ka_scale { float *p; float s; } dp_ka_scale;       /* items n: p *= s */
@@ -163,6 +164,20 @@ typedef struct dp_ka_xent_fwd { /* items rows */
     double *tally;              /* [0] += each row's loss, [1] += each correct row */
     long classes;
 } dp_ka_xent_fwd;
+
+/* The device's tally is four doubles: [0] and [1] the loss and correct rows
+ * of the step that ran last, [2] and [3] those of the steps before it.  The
+ * next step's gather adds the last step's into the rest before its forward
+ * tallies anew, so a step that failed before its update (a sum that broke)
+ * can be taken back by zeroing [0] and [1] alone (dp_dmodel_restage), and its
+ * retry is counted once. */
+enum { DP_TALLY_STEP = 0, DP_TALLY_BEFORE = 2, DP_TALLY_DOUBLES = 4 };
+DP_HD void dp_tally_open(double *t)
+{
+    t[DP_TALLY_BEFORE] += t[DP_TALLY_STEP];
+    t[DP_TALLY_BEFORE + 1] += t[DP_TALLY_STEP + 1];
+    t[DP_TALLY_STEP] = t[DP_TALLY_STEP + 1] = 0.0;
+}
 typedef struct dp_ka_xent_bwd { /* items rows*classes: (probs - onehot) / rows */
     float *dlogits;             /* may alias probs */
     const float *probs;
@@ -221,6 +236,8 @@ DP_HD void dp_k_gather(const dp_kernel *k, long i)
     long rec = (long)a->idx[r];
     /* the correctly rounded x / 255, as dp_split_gather gives */
     a->x[i] = (float)a->images[rec * a->dim + j] / 255.0f;
+    if (i == 0 && a->tally)
+        dp_tally_open(a->tally);
     if (j == 0)
         a->y[r] = a->labels[rec];
 }
@@ -232,6 +249,8 @@ DP_HD void dp_k_gather_f32(const dp_kernel *k, long i)
     long r = i / a->dim, j = i - r * a->dim;
     long rec = (long)a->idx[r];
     a->x[i] = a->values[rec * a->dim + j];
+    if (i == 0 && a->tally)
+        dp_tally_open(a->tally);
     if (j == 0)
         a->y[r] = a->labels[rec];
 }
