@@ -25,7 +25,18 @@
  * after it on the stream finishes it first (dp_sim_comm_settle).
  *
  * DOWNPOUR_SIM_MEMORY=<bytes> caps the device memory, for tests of the
- * out-of-memory paths. */
+ * out-of-memory paths.
+ *
+ * DOWNPOUR_SIM_ORDER=forward (default) | reverse | shuffle runs each kernel's
+ * items in that order.  A GPU runs them in parallel, in no order, so a body
+ * whose result depends on the order (an item reading another item's output
+ * of the same launch, two items writing one place) would pass every test
+ * on a forward loop and race on a GPU; tests/test_sim_order.c runs every
+ * kernel and whole steps under all three orders and wants the same bits
+ * (docs/gpu.md, "Kernels").  shuffle visits item t of n at (a t + b) mod n,
+ * with a coprime to n and a, b drawn anew for every launch (replays
+ * included) from DOWNPOUR_SIM_SEED (default 1), so a failure reproduces;
+ * nothing is allocated per launch. */
 #include "device/sim.h"
 
 #include <cblas.h>
@@ -36,6 +47,7 @@
 #include <string.h>
 
 #include "device/backend.h"
+#include "downpour/rng.h"
 
 /* Each device block starts with its size, so free can count it back. */
 #define SIM_HEADER 64
@@ -66,8 +78,12 @@ typedef struct sim_pin {
     size_t bytes;
 } sim_pin;
 
+typedef enum sim_order { SIM_FORWARD, SIM_REVERSE, SIM_SHUFFLE } sim_order;
+
 typedef struct sim_ctx {
     dp_sim_counts counts;
+    sim_order order;   /* DOWNPOUR_SIM_ORDER */
+    dp_rng rng;        /* shuffle's draws, from DOWNPOUR_SIM_SEED */
     sim_pin *pins; /* counts.pinned of them, room for cap_pins */
     size_t cap_pins;
     size_t limit;      /* device bytes allowed; SIZE_MAX: no cap */
@@ -89,6 +105,44 @@ static void sim_fail(sim_ctx *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->msg, sizeof c->msg, fmt, ap);
     va_end(ap);
+}
+
+/* DOWNPOUR_SIM_ORDER and DOWNPOUR_SIM_SEED into c; unset or empty: forward, seed 1. */
+static int read_order(sim_ctx *c, char *msg, size_t len)
+{
+    static const char *const names[] = {"forward", "reverse", "shuffle"};
+    const char *order = getenv("DOWNPOUR_SIM_ORDER");
+    c->order = SIM_FORWARD;
+    if (order && *order) {
+        int found = 0;
+        for (int o = 0; o < 3; o++)
+            if (strcmp(order, names[o]) == 0) {
+                c->order = (sim_order)o;
+                found = 1;
+            }
+        if (!found) {
+            snprintf(msg, len,
+                     "device sim: DOWNPOUR_SIM_ORDER '%s' is not an order of items; the "
+                     "accepted values are forward, reverse, shuffle",
+                     order);
+            return -1;
+        }
+    }
+    unsigned long long seed = 1;
+    const char *s = getenv("DOWNPOUR_SIM_SEED");
+    if (s && *s) {
+        char *end;
+        seed = strtoull(s, &end, 10);
+        if (*end || *s == '-') {
+            snprintf(msg, len,
+                     "device sim: DOWNPOUR_SIM_SEED '%s' is not a seed (an unsigned decimal "
+                     "integer)",
+                     s);
+            return -1;
+        }
+    }
+    dp_rng_seed(&c->rng, (uint64_t)seed);
+    return 0;
 }
 
 static int sim_open(void **ctx, int index, char *msg, size_t len)
@@ -114,6 +168,10 @@ static int sim_open(void **ctx, int index, char *msg, size_t len)
             return -1;
         }
         c->limit = (size_t)v;
+    }
+    if (read_order(c, msg, len) < 0) {
+        free(c);
+        return -1;
     }
     *ctx = c;
     return 0;
@@ -353,14 +411,52 @@ static void sim_gemm(void *ctx, const dp_gemm *g)
     run_gemm(c, g);
 }
 
-/* One kernel: its body for every item, the body chosen from DP_KERNELS. */
+static long gcd(long a, long b)
+{
+    while (b) {
+        long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The order of a launch of n > 1 items, as a first item and a stride: item t
+ * is (first + t stride) mod n, every item once since gcd(stride, n) = 1.
+ * reverse is first n-1, stride n-1 (that is, -1). */
+static void pick_order(sim_ctx *c, long n, long *first, long *stride)
+{
+    if (c->order == SIM_REVERSE) {
+        *first = *stride = n - 1;
+        return;
+    }
+    long a = 1 + (long)(dp_rng_u64(&c->rng) % (uint64_t)(n - 1));
+    while (gcd(a, n) != 1)
+        a = a == n - 1 ? 1 : a + 1;
+    *first = (long)(dp_rng_u64(&c->rng) % (uint64_t)n);
+    *stride = a;
+}
+
+/* One kernel: its body for every item, the body chosen from DP_KERNELS, the
+ * items in the context's order. */
 static void run_kernel(sim_ctx *c, const dp_kernel *k)
 {
+    long n = k->items, first = 0, stride = 1;
+    if (c->order != SIM_FORWARD && n > 1)
+        pick_order(c, n, &first, &stride);
     switch (k->id) {
 #define SIM_CASE(ID, name)                                                                       \
     case DP_K_##ID:                                                                              \
-        for (long i = 0; i < k->items; i++)                                                      \
-            dp_k_##name(k, i);                                                                   \
+        if (stride == 1 && first == 0) /* forward: the plain loop, as fast as before */          \
+            for (long i = 0; i < n; i++)                                                         \
+                dp_k_##name(k, i);                                                               \
+        else                                                                                     \
+            for (long t = 0, i = first; t < n; t++) {                                            \
+                dp_k_##name(k, i);                                                               \
+                i += stride;                                                                     \
+                if (i >= n)                                                                      \
+                    i -= n;                                                                      \
+            }                                                                                    \
         break;
         DP_KERNELS(SIM_CASE)
 #undef SIM_CASE
