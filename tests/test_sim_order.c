@@ -3,11 +3,12 @@
  * A GPU runs a launch's items in parallel, in no order, while sim runs them
  * in the order DOWNPOUR_SIM_ORDER says (sim.c).  So every kernel in
  * DP_KERNELS, and whole training steps of an MLP (dense, dropout, a relu of
- * its own, adam, --ema's average) and of a CNN (hwc, conv, avgpool, local,
- * lcn, maxpool, flatten, over a split of float records, momentum), run here
- * under forward, reverse and shuffle (two seeds), and every output, every
- * piece of device state a kernel writes, must be the same bits; only the
- * tallies, sums of doubles in launch order, may move, by at most TALLY_RTOL.
+ * its own, adam, --ema's average), of a CNN (hwc, conv, avgpool, local,
+ * lcn, maxpool, flatten, over a split of float records, momentum) and of
+ * the zoo's mlp-300-100, cnn-mnist and distbelief-image, run here under
+ * forward, reverse and shuffle (two seeds), and every output, every piece
+ * of device state a kernel writes, must be the same bits; only the tallies,
+ * sums of doubles in launch order, may move, by at most TALLY_RTOL.
  * Outputs start as random values, not zeros, and the kernels that may
  * (kernels.h) run in place as well, so an item that read another's output
  * would see a different value in another order.
@@ -526,12 +527,10 @@ static void run_all(rec *r, const char *order, const char *seed)
      * lcn, maxpool, flatten; float records (GATHER_F32) */
     train("2x12x12-conv3x3x4p1-relu-avgpool2-local3x3x4-relu-lcn3-maxpool2-16-10",
           DP_OPTIM_MOMENTUM, 16, 1, 0);
-    /* the model zoo's (docs/models.md); ASan: the two above cover the same code */
+    /* the model zoo's (docs/models.md) */
     train("mlp-300-100", DP_OPTIM_SGD, 64, 0, 0);
-    if (!SANITIZED) {
-        train("cnn-mnist", DP_OPTIM_NESTEROV, 8, 0, 0);
-        train("distbelief-image", DP_OPTIM_ADAGRAD, 4, 0, 0);
-    }
+    train("cnn-mnist", DP_OPTIM_NESTEROV, 8, 0, 0);
+    train("distbelief-image", DP_OPTIM_ADAGRAD, 4, 0, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies
@@ -723,7 +722,7 @@ int main(void)
     static const char *const orders[][2] = {
         {"forward", "1"}, {"reverse", "1"}, {"shuffle", "1"}, {"shuffle", "2"}};
     static rec runs[4];
-    printf("every kernel (%d) and training steps of an MLP and a CNN, each order against "
+    printf("every kernel (%d) and training steps of MLPs and CNNs, each order against "
            "forward:\n",
            (int)DP_K_COUNT);
     for (int o = 0; o < 4; o++) {
