@@ -1,11 +1,13 @@
 /* The device's element-wise kernels: one body each, shared by every backend
  * (docs/gpu.md, "Kernels").  A kernel is a count of work items and a body
  * that does item i; the CUDA plugin runs a body as a grid-stride loop of
- * threads, sim as a plain loop on the host.  So the arithmetic that tests
- * check through sim is the arithmetic the GPU runs.
+ * threads, sim as a loop on the host (in the order DOWNPOUR_SIM_ORDER says:
+ * docs/gpu.md, "Kernels").  So the arithmetic that tests check through sim
+ * is the arithmetic the GPU runs.
  *
  * Rules for a body: C and C++ alike (nvcc compiles it as C++); it touches
- * only its item's outputs, except through DP_ATOMIC_ADD (tallies); floats
+ * only its item's outputs, except through DP_ATOMIC_ADD (tallies), and reads
+ * no other item's output of the same launch (tests/test_sim_order.c); floats
  * with the same formula as the CPU kernel it mirrors (layers.h, optim.h),
  * so the two agree to rounding.  Values that change from one step to the
  * next (the learning rate, the batch's record indices, dropout's keys) are
