@@ -154,7 +154,11 @@ int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t
             cudaError_t e = cudaStreamQuery(c->stream);
             if (e == cudaSuccess)
                 return 1;
-            if (e != cudaErrorNotReady) {
+            /* Not an error, but the runtime keeps it as the thread's last
+             * error, where the next launch check would take it for its own. */
+            if (e == cudaErrorNotReady)
+                (void)cudaGetLastError();
+            else {
                 (void)cudaGetLastError();
                 dp_cuda_fail(c, "%s (%s), in work queued up to %s", cudaGetErrorString(e),
                              cudaGetErrorName(e), c->last[0] ? c->last : "the first call");
