@@ -130,6 +130,27 @@ int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_di
     snprintf(what, sizeof what, "%s of %zu bytes", names[dir], bytes);
     if (dp_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what) < 0)
         return -1;
+    /* backend.h: from memory that is not page-locked the source is read
+     * before the call returns (callers free it at once: dlcn.c's taps).
+     * CUDA promises that only when the driver stages the copy ("may"; "for
+     * all other transfers, the function should be fully asynchronous",
+     * "API synchronization behavior"), so wait for it here.  Never in a
+     * step: the step block's ring is page-locked. */
+    if (kind == cudaMemcpyHostToDevice && !c->capturing && !c->sync_each) {
+        cudaPointerAttributes at;
+        cudaError_t e = cudaPointerGetAttributes(&at, src);
+        if (e != cudaSuccess)
+            (void)cudaGetLastError();
+        if (e != cudaSuccess || at.type == cudaMemoryTypeUnregistered) {
+            e = cudaStreamSynchronize(c->stream);
+            if (e != cudaSuccess) { /* as dp_cuda_sync: the stream does not say which call */
+                (void)cudaGetLastError();
+                dp_cuda_fail(c, "%s (%s), in work queued up to %s", cudaGetErrorString(e),
+                             cudaGetErrorName(e), what);
+                return -1;
+            }
+        }
+    }
     dp_cuda_queued(c, what);
     return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
 }
