@@ -250,7 +250,7 @@ int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t
     }
 }
 
-/* Out of the context's list (which dp_cuda_comm_poll and close walk). */
+/* Out of the context's list (which dp_cuda_comm_settle and close walk). */
 static void unlist(dp_cuda *c, dp_cuda_comm *h)
 {
     for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
