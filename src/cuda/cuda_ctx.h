@@ -41,8 +41,12 @@ void dp_cuda_fail(dp_cuda *c, const char *fmt, ...) __attribute__((format(printf
  * check does not blame the wrong call), records "what: message (name)" and
  * returns -1. */
 int dp_cuda_check(dp_cuda *c, cudaError_t e, const char *what);
+/* Makes c's GPU the calling thread's current device (it is per thread, and
+ * the caller may have moved threads): cudaSuccess or cudaSetDevice's error. */
+cudaError_t dp_cuda_select(dp_cuda *c);
 /* Before queueing: -1 when the device (or the capture) already failed, or
- * the calling thread cannot select the device. */
+ * the calling thread cannot select the device.  A sum NCCL is still queueing
+ * is waited for first (dp_cuda_comm_settle), so later work follows it. */
 int dp_cuda_enter(dp_cuda *c);
 /* After queueing `what`: remembers it for messages, and with
  * DOWNPOUR_CUDA_SYNC=1 (outside captures) waits and names it on failure. */
@@ -74,8 +78,10 @@ int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n);
 int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t len);
 void dp_cuda_comm_abort(void *ctx, void *comm);
 void dp_cuda_comm_free(void *ctx, void *comm);
-/* Async NCCL errors of the joined communicators, recorded at sync. */
-void dp_cuda_comm_poll(dp_cuda *c);
+/* Waits, bounded, until NCCL has queued every sum it returned ncclInProgress
+ * for (a non-blocking communicator), so work queued after it on the stream
+ * runs after it; a failure or the bound fails that communicator alone. */
+void dp_cuda_comm_settle(dp_cuda *c);
 void dp_cuda_comm_close_all(dp_cuda *c);
 #endif
 

@@ -37,6 +37,10 @@ const char *const dp_kernel_names[] = {
 
 enum { DP_BLOCK = 256, DP_BLOCKS_PER_SM = 32 };
 
+/* A kernel's parameters are passed by value in at most 4 KB (32,764 bytes
+ * from CUDA 12.1 on Volta and newer): dp_kernel must stay far below. */
+static_assert(sizeof(dp_kernel) <= 4096, "dp_kernel is too large to be a kernel parameter");
+
 void dp_cuda_launch(void *ctx, const dp_kernel *k)
 {
     dp_cuda *c = (dp_cuda *)ctx;
@@ -54,6 +58,12 @@ void dp_cuda_launch(void *ctx, const dp_kernel *k)
     long blocks = (k->items + DP_BLOCK - 1) / DP_BLOCK;
     long cap = (long)(c->sm_count > 0 ? c->sm_count : 1) * DP_BLOCKS_PER_SM;
     unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
+    /* A launch's own error is read back through cudaGetLastError, which also
+     * holds whatever a call before it left there (cudaErrorNotReady from a
+     * cudaStreamQuery, a library's internal call); those were handled where
+     * they were returned, so they must not be blamed on this kernel.  A
+     * sticky error is not cleared by this and shows again below. */
+    (void)cudaGetLastError();
     switch (k->id) {
 #define DP_CASE(ID, name)                                                                        \
     case DP_K_##ID:                                                                              \

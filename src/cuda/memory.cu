@@ -37,9 +37,7 @@ void dp_cuda_free(void *ctx, void *p)
         dp_cuda_fail(c, "free during a graph capture (the memory is kept)");
         return;
     }
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->device)
-        (void)cudaSetDevice(c->device);
+    (void)dp_cuda_select(c);
     if (cudaFree(p) != cudaSuccess)
         (void)cudaGetLastError(); /* a failed device: sync reports the cause */
 }
@@ -51,6 +49,11 @@ void *dp_cuda_host_alloc(void *ctx, size_t bytes)
         dp_cuda_fail(c, "host_alloc of %zu bytes during a graph capture", bytes);
         return NULL;
     }
+    /* Pinned memory belongs to the current context: this GPU's, not that of
+     * whatever device the calling thread had current (a thread that never
+     * chose one would create GPU 0's context here). */
+    if (dp_cuda_select(c) != cudaSuccess)
+        return NULL;
     void *p = NULL;
     if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -68,6 +71,7 @@ void dp_cuda_host_free(void *ctx, void *p)
         dp_cuda_fail(c, "host_free during a graph capture (the memory is kept)");
         return;
     }
+    (void)dp_cuda_select(c);
     if (cudaFreeHost(p) != cudaSuccess)
         (void)cudaGetLastError();
 }
@@ -82,7 +86,12 @@ int dp_cuda_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t le
         snprintf(msg, len, "host_register during a graph capture");
         return -1;
     }
-    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    cudaError_t e = dp_cuda_select(c); /* registered in this GPU's context (host_alloc) */
+    if (e != cudaSuccess) {
+        snprintf(msg, len, "cudaSetDevice(%d): %s", c->device, cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(msg, len, "cudaHostRegister of %zu bytes: %s", bytes, cudaGetErrorString(e));
@@ -93,8 +102,10 @@ int dp_cuda_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t le
 
 void dp_cuda_host_unregister(void *ctx, void *p)
 {
-    (void)ctx;
-    if (p && cudaHostUnregister(p) != cudaSuccess)
+    if (!p)
+        return;
+    (void)dp_cuda_select((dp_cuda *)ctx); /* the context it was registered in */
+    if (cudaHostUnregister(p) != cudaSuccess)
         (void)cudaGetLastError();
 }
 
@@ -119,6 +130,27 @@ int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_di
     snprintf(what, sizeof what, "%s of %zu bytes", names[dir], bytes);
     if (dp_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what) < 0)
         return -1;
+    /* backend.h: from memory that is not page-locked the source is read
+     * before the call returns (callers free it at once: dlcn.c's taps).
+     * CUDA promises that only when the driver stages the copy ("may"; "for
+     * all other transfers, the function should be fully asynchronous",
+     * "API synchronization behavior"), so wait for it here.  Never in a
+     * step: the step block's ring is page-locked. */
+    if (kind == cudaMemcpyHostToDevice && !c->capturing && !c->sync_each) {
+        cudaPointerAttributes at;
+        cudaError_t e = cudaPointerGetAttributes(&at, src);
+        if (e != cudaSuccess)
+            (void)cudaGetLastError();
+        if (e != cudaSuccess || at.type == cudaMemoryTypeUnregistered) {
+            e = cudaStreamSynchronize(c->stream);
+            if (e != cudaSuccess) { /* as dp_cuda_sync: the stream does not say which call */
+                (void)cudaGetLastError();
+                dp_cuda_fail(c, "%s (%s), in work queued up to %s", cudaGetErrorString(e),
+                             cudaGetErrorName(e), what);
+                return -1;
+            }
+        }
+    }
     dp_cuda_queued(c, what);
     return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
 }

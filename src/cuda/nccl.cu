@@ -4,6 +4,7 @@
  * entries are NULL. */
 #ifdef DP_HAVE_NCCL
 #include <nccl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,28 @@
 struct dp_cuda_comm {
     ncclComm_t comm;
     dp_cuda_comm *next;
+    /* ncclAllReduce returned ncclInProgress: NCCL is still queueing the sum
+     * (a non-blocking communicator may, e.g. while it connects to its peers
+     * at the first sum), and until ncclCommGetAsyncError says ncclSuccess no
+     * other NCCL call and no work on the stream may follow it. */
+    int pending;
+    /* The communicator's own failure (a peer lost, a timeout): the device
+     * goes on; the caller aborts this communicator (backend.h, comm_wait). */
+    int failed;
+    char err[DP_CUDA_MSG];
 };
+
+static void comm_fail(dp_cuda_comm *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void comm_fail(dp_cuda_comm *h, const char *fmt, ...)
+{
+    if (h->failed)
+        return; /* the first failure is the cause */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->err, sizeof h->err, fmt, ap);
+    va_end(ap);
+    h->failed = 1;
+}
 
 static_assert(sizeof(ncclUniqueId) == 128, "NCCL's unique id is not DP_COMM_ID_BYTES (128)");
 
@@ -110,23 +132,62 @@ int dp_cuda_comm_join(void *ctx, const uint8_t *id, size_t id_len, int ranks, in
     return 0;
 }
 
+/* How long a sum may stay ncclInProgress before the host gives up on it
+ * where it must wait (dp_cuda_comm_settle): a peer frozen while NCCL
+ * connects to it would otherwise hold the host for ever. */
+#define QUEUE_TIMEOUT_S 300
+
+void dp_cuda_comm_settle(dp_cuda *c)
+{
+    for (dp_cuda_comm *h = c->comms; h; h = h->next) {
+        if (!h->pending || h->failed)
+            continue;
+        ncclResult_t r = settle(h->comm, QUEUE_TIMEOUT_S);
+        h->pending = 0;
+        if (r == ncclInProgress)
+            comm_fail(h, "ncclAllReduce: NCCL had not queued the sum after %d s (a peer that "
+                         "does not answer)", QUEUE_TIMEOUT_S);
+        else if (r != ncclSuccess)
+            comm_fail(h, "ncclAllReduce: %s (%s)", ncclGetErrorString(r),
+                      ncclGetLastError(h->comm));
+    }
+}
+
+/* Queued, not waited for: with ncclInProgress the sum is left pending, and
+ * comm_wait (bounded, in the caller's slices) or the next call that queues
+ * work (dp_cuda_enter, bounded) sees it queued.  A failure of the
+ * communicator (a peer lost) is the communicator's, as comm_wait's are, so
+ * the device stays usable for the state's way back to the host; only a CUDA
+ * error inside NCCL fails the device. */
 int dp_cuda_comm_allreduce(void *ctx, void *comm, float *buf, size_t n)
 {
     dp_cuda *c = (dp_cuda *)ctx;
     dp_cuda_comm *h = (dp_cuda_comm *)comm;
-    if (dp_cuda_enter(c) < 0)
-        return -1;
-    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, h->comm, c->stream);
-    if (r == ncclInProgress) /* non-blocking: the enqueue finishes on the host, soon */
-        r = settle(h->comm, -1);
-    if (r != ncclSuccess) {
-        (void)cudaGetLastError();
-        dp_cuda_fail(c, "ncclAllReduce of %zu floats: %s (%s)", n, ncclGetErrorString(r),
-                     ncclGetLastError(h->comm));
+    if (c->capturing) { /* as sim: a graph holds no sums, and comm_wait cannot poll one */
+        dp_cuda_fail(c, "ncclAllReduce of %zu floats during a graph capture", n);
         return -1;
     }
-    dp_cuda_queued(c, "ncclAllReduce");
-    return c->failed || (c->capturing && c->cap_failed) ? -1 : 0;
+    if (dp_cuda_enter(c) < 0 || h->failed) /* enter: an earlier sum of h queued first */
+        return -1;
+    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, h->comm, c->stream);
+    if (r == ncclInProgress) {
+        h->pending = 1;
+        r = ncclSuccess;
+    }
+    if (r != ncclSuccess) {
+        (void)cudaGetLastError();
+        if (r == ncclUnhandledCudaError)
+            dp_cuda_fail(c, "ncclAllReduce of %zu floats: %s (%s)", n, ncclGetErrorString(r),
+                         ncclGetLastError(h->comm));
+        else
+            comm_fail(h, "ncclAllReduce of %zu floats: %s (%s)", n, ncclGetErrorString(r),
+                      ncclGetLastError(h->comm));
+        return -1;
+    }
+    /* Named for messages, never waited for here (not even with
+     * DOWNPOUR_CUDA_SYNC=1): a sum whose peer died never ends. */
+    snprintf(c->last, sizeof c->last, "ncclAllReduce");
+    return c->failed ? -1 : 0;
 }
 
 /* The stream polled, and the communicator's asynchronous error with it: a
@@ -141,20 +202,33 @@ int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t
         /* A communicator's error is not the device's: the caller aborts it
          * and goes on with a new one, so it is not kept as a failure. */
         ncclResult_t async = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(h->comm, &async);
-        if (r != ncclSuccess)
-            async = r;
-        if (async != ncclSuccess && async != ncclInProgress) {
+        if (!h->failed) {
+            ncclResult_t r = ncclCommGetAsyncError(h->comm, &async);
+            if (r != ncclSuccess)
+                async = r;
+            if (async != ncclSuccess && async != ncclInProgress)
+                comm_fail(h, "NCCL: %s (%s)", ncclGetErrorString(async),
+                          ncclGetLastError(h->comm));
+        }
+        if (h->failed) {
+            h->pending = 0;
             if (msg && len)
-                snprintf(msg, len, "NCCL: %s (%s)", ncclGetErrorString(async),
-                         ncclGetLastError(h->comm));
+                snprintf(msg, len, "%s", h->err);
             return -1;
         }
-        if (!c->failed && dp_cuda_enter(c) == 0) {
+        if (h->pending && async == ncclSuccess)
+            h->pending = 0; /* NCCL has queued the sum: the stream now holds it */
+        /* While NCCL still queues the sum the stream does not hold it yet,
+         * and an idle stream would pass for a finished sum. */
+        if (!h->pending && !c->failed && dp_cuda_check(c, dp_cuda_select(c), "cudaSetDevice") == 0) {
             cudaError_t e = cudaStreamQuery(c->stream);
             if (e == cudaSuccess)
                 return 1;
-            if (e != cudaErrorNotReady) {
+            /* Not an error, but the runtime keeps it as the thread's last
+             * error, where the next launch check would take it for its own. */
+            if (e == cudaErrorNotReady)
+                (void)cudaGetLastError();
+            else {
                 (void)cudaGetLastError();
                 dp_cuda_fail(c, "%s (%s), in work queued up to %s", cudaGetErrorString(e),
                              cudaGetErrorName(e), c->last[0] ? c->last : "the first call");
@@ -176,7 +250,7 @@ int dp_cuda_comm_wait(void *ctx, void *comm, double timeout_s, char *msg, size_t
     }
 }
 
-/* Out of the context's list (which dp_cuda_comm_poll and close walk). */
+/* Out of the context's list (which dp_cuda_comm_settle and close walk). */
 static void unlist(dp_cuda *c, dp_cuda_comm *h)
 {
     for (dp_cuda_comm **p = &c->comms; *p; p = &(*p)->next)
@@ -201,13 +275,19 @@ void dp_cuda_comm_abort(void *ctx, void *comm)
 }
 
 /* A healthy communicator: its work finished (finalize, polled: the
- * communicator is non-blocking), then freed; one that does not finish
- * within a minute is aborted instead. */
+ * communicator is non-blocking), then freed; one that failed, or does not
+ * finish within a minute, is aborted instead.  A sum still being queued is
+ * settled first: NCCL takes no other call on the communicator before. */
 static void destroy(dp_cuda_comm *h)
 {
-    ncclResult_t r = ncclCommFinalize(h->comm);
-    if (r == ncclInProgress)
+    ncclResult_t r = h->failed ? ncclInternalError : ncclSuccess;
+    if (r == ncclSuccess && h->pending)
         r = settle(h->comm, 60);
+    if (r == ncclSuccess) {
+        r = ncclCommFinalize(h->comm);
+        if (r == ncclInProgress)
+            r = settle(h->comm, 60);
+    }
     if ((r == ncclSuccess ? ncclCommDestroy(h->comm) : ncclCommAbort(h->comm)) != ncclSuccess)
         (void)cudaGetLastError();
     free(h);
@@ -221,20 +301,6 @@ void dp_cuda_comm_free(void *ctx, void *comm)
         return;
     unlist(c, h);
     destroy(h);
-}
-
-void dp_cuda_comm_poll(dp_cuda *c)
-{
-    for (dp_cuda_comm *h = c->comms; h; h = h->next) {
-        ncclResult_t async = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(h->comm, &async);
-        if (r != ncclSuccess)
-            async = r;
-        if (async != ncclSuccess && async != ncclInProgress) {
-            dp_cuda_fail(c, "NCCL: %s (%s)", ncclGetErrorString(async), ncclGetLastError(h->comm));
-            return;
-        }
-    }
 }
 
 void dp_cuda_comm_close_all(dp_cuda *c)

@@ -28,16 +28,28 @@ int dp_cuda_check(dp_cuda *c, cudaError_t e, const char *what)
     return -1;
 }
 
+cudaError_t dp_cuda_select(dp_cuda *c)
+{
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur != c->device)
+        e = cudaSetDevice(c->device);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError();
+    return e;
+}
+
 int dp_cuda_enter(dp_cuda *c)
 {
     if (c->failed || (c->capturing && c->cap_failed))
         return -1;
     /* The current device is per thread; the caller may have moved threads. */
-    int cur = -1;
-    if (dp_cuda_check(c, cudaGetDevice(&cur), "cudaGetDevice") < 0)
+    if (dp_cuda_check(c, dp_cuda_select(c), "cudaSetDevice") < 0)
         return -1;
-    if (cur != c->device && dp_cuda_check(c, cudaSetDevice(c->device), "cudaSetDevice") < 0)
-        return -1;
+#ifdef DP_HAVE_NCCL
+    if (c->comms)
+        dp_cuda_comm_settle(c);
+#endif
     return 0;
 }
 
@@ -56,11 +68,12 @@ int dp_cuda_sync(void *ctx, char *msg, size_t len)
             snprintf(msg, len, "sync during a graph capture (end the capture first)");
         return -1;
     }
-    if (!c->failed) {
-        int cur = -1;
-        if (cudaGetDevice(&cur) == cudaSuccess && cur != c->device)
-            (void)dp_cuda_check(c, cudaSetDevice(c->device), "cudaSetDevice");
-    }
+    if (!c->failed)
+        (void)dp_cuda_check(c, dp_cuda_select(c), "cudaSetDevice");
+#ifdef DP_HAVE_NCCL
+    if (!c->failed && c->comms) /* a sum NCCL is still queueing is part of the wait */
+        dp_cuda_comm_settle(c);
+#endif
     if (!c->failed) {
         cudaError_t e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
@@ -73,10 +86,8 @@ int dp_cuda_sync(void *ctx, char *msg, size_t len)
                          c->last[0] ? c->last : "the first call");
         }
     }
-#ifdef DP_HAVE_NCCL
-    if (!c->failed)
-        dp_cuda_comm_poll(c);
-#endif
+    /* A communicator's own error is not the device's: comm_wait reports it,
+     * and the caller aborts that communicator and goes on (backend.h). */
     if (!c->failed)
         return 0;
     if (msg && len)
