@@ -656,6 +656,15 @@ static void test_errors(void)
            err.msg);
     CHECKF(dp_sim_counts_of(dp_device_ctx(small)).bytes == 0, "a failed open left memory held");
     dp_device_close(small);
+
+    /* a device whose queued work failed: the failure named, not memory */
+    REQUIRE(dp_device_open(&small, &spec, &err) == 0);
+    dp_kernel k = {.id = DP_K_COUNT, .items = 1};
+    dp_device_backend(small)->launch(dp_device_ctx(small), &k);
+    CHECK(dp_dmodel_open(&g, small, &m, &cfg, &err) == -1);
+    CHECKF(strstr(err.msg, "cannot allocate the parameters: device sim: no kernel has id") != NULL,
+           "%s", err.msg);
+    dp_device_close(small);
     dp_optim_config bad = cfg;
     bad.beta1 = 2.0f;
     CHECK(dp_dmodel_open(&g, dev, &m, &bad, &err) == -1 && strstr(err.msg, "beta1"));

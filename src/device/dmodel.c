@@ -394,9 +394,16 @@ static void slot_rates(dp_dmodel *g, float lr, float scale)
 static void *dalloc(dp_dmodel *g, size_t bytes, const char *what, dp_err *err)
 {
     void *p = g->be->alloc(g->ctx, bytes ? bytes : 1);
-    if (!p)
+    if (p)
+        return p;
+    /* A device that failed earlier refuses every allocation: say why, not
+     * "out of memory". */
+    char msg[256] = "";
+    if (g->be->sync(g->ctx, msg, sizeof msg) < 0)
+        dp_errf(err, "device %s: cannot allocate the %s: %s", g->name, what, msg);
+    else
         dp_errf(err, "device %s: out of memory for the %s (%.1f MiB)", g->name, what, mib(bytes));
-    return p;
+    return NULL;
 }
 
 int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_optim_config *oc,

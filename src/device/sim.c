@@ -207,6 +207,8 @@ static void sim_describe(void *ctx, char *buf, size_t len)
 static void *sim_alloc(void *ctx, size_t bytes)
 {
     sim_ctx *c = ctx;
+    if (c->failed) /* as the CUDA plugin: a failed device allocates nothing */
+        return NULL;
     if (bytes > c->limit - c->counts.bytes || bytes > SIZE_MAX - SIM_HEADER)
         return NULL;
     unsigned char *p = calloc(1, bytes + SIM_HEADER);
