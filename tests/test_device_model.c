@@ -637,6 +637,16 @@ static void test_errors(void)
     CHECK(dp_dmodel_comm_join(g, id, 2, 2, &err) == -1 && strstr(err.msg, "out of range"));
     CHECKF(dp_dmodel_comm_join(g, id, 1, 0, &err) == 0, "%s", err.msg);
     CHECKF(dp_dmodel_allreduce_grads(g, &err) == 0, "%s", err.msg);
+    /* a sum refused (here: during a capture) says the communicator's reason */
+    const dp_backend *be = dp_device_backend(dev);
+    char msg[256];
+    void *graph = NULL;
+    REQUIRE(be->capture_begin(dp_device_ctx(dev), msg, sizeof msg) == 0);
+    CHECK(dp_dmodel_allreduce_grads(g, &err) == -1);
+    CHECKF(strstr(err.msg, "did not start: sim collective: a sum of ") &&
+               strstr(err.msg, "during a graph capture"), "%s", err.msg);
+    if (be->capture_end(dp_device_ctx(dev), &graph, msg, sizeof msg) == 0)
+        be->graph_free(dp_device_ctx(dev), graph);
     dp_split narrow = {.images = split.images, .labels = split.labels, .n = RECORDS / 2,
                        .dim = DIM / 2};
     CHECK(dp_dmodel_load_split(g, &narrow, &err) == -1 && strstr(err.msg, "392 values"));

@@ -939,9 +939,14 @@ int dp_dmodel_allreduce_grads(dp_dmodel *g, dp_err *err)
     if (!g->comm)
         return dp_errf(err, "dp_dmodel_allreduce_grads: no communicator (dp_dmodel_comm_join "
                             "first)");
-    if (g->be->comm_allreduce(g->ctx, g->comm, g->grads, g->n_params) < 0)
+    if (g->be->comm_allreduce(g->ctx, g->comm, g->grads, g->n_params) < 0) {
+        /* comm_allreduce has no message of its own: the failed
+         * communicator's or device's reason comes from comm_wait */
+        char msg[256] = "";
+        g->be->comm_wait(g->ctx, g->comm, 0.0, msg, sizeof msg);
         return dp_errf(err, "dp_dmodel_allreduce_grads: device %s: the all-reduce of %zu "
-                            "gradients did not start",
-                       g->name, g->n_params);
+                            "gradients did not start%s%s",
+                       g->name, g->n_params, msg[0] ? ": " : "", msg);
+    }
     return 0;
 }
