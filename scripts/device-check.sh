@@ -113,6 +113,9 @@ fi
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
 step test_device bash -c "cd '$build' && ctest -R test_device --output-on-failure -V"
 grep -h -E "^[0-9]+: (device|skipped)" "$out/test_device.log" | sed 's/^[0-9]*: /test_device: /' >>"$summary"
+# Again with a wait after every call (DOWNPOUR_CUDA_SYNC=1), which puts
+# each error on the call that made it, and must leave the sums unwaited.
+step test_device_sync bash -c "cd '$build' && DOWNPOUR_CUDA_SYNC=1 ctest -R '^test_device\$' --output-on-failure"
 if [ "$have_bench" = 1 ]; then
   bench=$(find "$build" -name bench_gpu -type f -perm -u+x | head -1)
   step bench_gpu "$bench"

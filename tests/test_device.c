@@ -308,6 +308,33 @@ static void test_comm(dp_device *d, const dp_backend *be, void *ctx)
         rc = be->comm_wait(ctx, comm, 0.002, msg, sizeof msg);
     CHECKF(rc == 1, "comm_wait: %d (%s)", rc, msg);
     CHECKF(be->comm_wait(ctx, comm, 0, msg, sizeof msg) == 1, "comm_wait, nothing queued: %s", msg);
+    /* A wait that found the sum not done leaves nothing behind for the next
+     * launch's check (cudaStreamQuery's cudaErrorNotReady is the thread's
+     * last error until cleared).  Products queued first keep the GPU busy
+     * so that the waits see "not ready". */
+    enum { BIG = 2048 };
+    float *pa = be->alloc(ctx, (size_t)BIG * BIG * sizeof(float));
+    float *pc = be->alloc(ctx, (size_t)BIG * BIG * sizeof(float));
+    REQUIRE(pa && pc);
+    for (int i = 0; i < 20; i++) {
+        dp_gemm g = {.m = BIG, .n = BIG, .k = BIG, .alpha = 1.0f, .a = pa, .lda = BIG, .b = pa,
+                     .ldb = BIG, .beta = 0.0f, .c = pc, .ldc = BIG};
+        be->gemm(ctx, &g);
+    }
+    CHECK(be->comm_allreduce(ctx, comm, buf, 1000) == 0);
+    int not_ready = 0;
+    for (rc = 0; rc == 0 && not_ready < 1000000; not_ready += rc == 0)
+        rc = be->comm_wait(ctx, comm, 0.0, msg, sizeof msg);
+    CHECKF(rc == 1, "comm_wait behind products: %d (%s)", rc, msg);
+    dp_kernel k = {.id = DP_K_FILL, .items = 1000};
+    k.u.fill = (dp_ka_fill){buf, 3.0f};
+    be->launch(ctx, &k);
+    CHECKF(sync_ok(be, ctx), "a launch after %d waits that found the sum not done failed",
+           not_ready);
+    CHECK(be->copy(ctx, back, buf, sizeof host, DP_COPY_D2H) == 0 && sync_ok(be, ctx));
+    CHECK(back[0] == 3.0f && back[999] == 3.0f);
+    printf("  a launch after %d waits that found the sum not done: fine\n", not_ready);
+    be->free(ctx, pa), be->free(ctx, pc);
     be->comm_free(ctx, comm);
     /* an aborted communicator leaves the device working, and a new one joins */
     comm = NULL;
