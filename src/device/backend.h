@@ -88,7 +88,9 @@ typedef struct dp_backend {
      * and capture_end, gemm, launch and H2D/D2D copies are recorded, not
      * run; graph_launch queues the recording.  Arguments are captured by
      * value, so anything that changes from one launch to the next must be
-     * read from device memory (kernels.h, dp_step_block). */
+     * read from device memory (kernels.h, dp_step_block).  A recorded H2D
+     * copy reads its host source at every replay, so it must come from
+     * host_alloc or registered memory that outlives the graph. */
     int (*capture_begin)(void *ctx, char *msg, size_t len);
     int (*capture_end)(void *ctx, void **graph, char *msg, size_t len);
     int (*graph_launch)(void *ctx, void *graph);
