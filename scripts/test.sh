@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs every suite make test asks for and closes with one line counting them
 # all: the plain build, the ASan+UBSan build, and the fuzz targets.
-#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS
+# Ends with the wall time of each step of make test (the builds' from
+# PHASE_LOG, written by scripts/timed.sh; the suites' measured here).
+#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS [PHASE_LOG]
 set -uo pipefail
-build=$1 asan=$2 fuzz=$3 jobs=$4
+build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)}
 passed=0 failed=0 status=0
 
 suite() { # name dir [ctest args...]
@@ -55,9 +57,18 @@ install_check() { # build
   else echo "install and static link: FAILED"; failed=$((failed + 1)); status=1; fi
 }
 
-suite "tests" "$build"
-install_check "$build"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 suite "tests under ASan+UBSan" "$asan"
-[ -d "$fuzz" ] && suite "fuzz targets" "$fuzz" -L fuzz
+timed() { # name command...
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "$name $((SECONDS - start))" >>"$phases"
+}
+
+timed tests suite "tests" "$build"
+timed install-check install_check "$build"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan"
+[ -d "$fuzz" ] && timed fuzz-tests suite "fuzz targets" "$fuzz" -L fuzz
+echo "== time per step (s)"
+awk '{ printf "  %-14s %5d\n", $1, $2; t += $2 } END { printf "  %-14s %5d\n", "total", t }' "$phases"
 echo "test: $passed passed, $failed failed"
 exit $status

@@ -429,6 +429,13 @@ static void test_usage_errors(void)
     USAGE_ERROR("'launch'", "run", "--", "launch");
     USAGE_ERROR("no cluster spec", "run", "--", "train");
     USAGE_ERROR("not a cluster task", "ping");
+    /* an instruction-set cap that names no level (docs/architecture.md, "Instruction sets") */
+    setenv("DOWNPOUR_ISA", "avx9", 1);
+    USAGE_ERROR("DOWNPOUR_ISA: unknown instruction set 'avx9' (expected one of: scalar, sse4.2, "
+                "avx2, avx512)", "train", "--epochs", "1");
+    setenv("DOWNPOUR_ISA", "avx2", 1);
+    USAGE_ERROR("--batch", "train", "--batch", "0"); /* a valid cap: on to train's own checks */
+    unsetenv("DOWNPOUR_ISA");
 }
 
 int main(void)

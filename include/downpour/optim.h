@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 
+#include "downpour/isa.h"
 #include "downpour/status.h"
 
 typedef enum dp_optim_kind {
@@ -78,5 +79,11 @@ void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *par
                           const float *grads, size_t lo, size_t hi);
 void dp_optim_apply_split(const dp_optim *o, const dp_optim_step *st, float *params,
                           const float *grads, size_t lo, size_t hi);
+
+/* For tests and benchmarks: the fast Adam of the given instruction-set level
+ * (downpour/isa.h), or the widest below it that the CPU has; returns the
+ * level now used.  Every level gives the same bits.  Not thread-safe: call it
+ * while no update runs. */
+dp_isa dp_optim_force_isa(dp_isa level);
 
 #endif

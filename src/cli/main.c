@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "downpour/isa.h"
 
 #ifndef DOWNPOUR_VERSION
 #error "DOWNPOUR_VERSION comes from CMake's project version (CMakeLists.txt)"
@@ -95,6 +96,11 @@ int main(int argc, char **argv)
         return c->run(2, sub);
     }
     const command *c = find_command(a);
+    dp_err err;
+    if (c && dp_isa_check_env(&err) < 0) { /* a bad cap is a usage error, before any work */
+        fprintf(stderr, "downpour: %s\n", err.msg);
+        return 2;
+    }
     if (c)
         return c->run(argc - 1, argv + 1);
     if (a[0] == '-')

@@ -6,6 +6,7 @@
  * PCLMULQDQ it also folds a fourth block with carry-less multiplies at the same
  * time, on another execution port: about 45 GB/s in cache instead of 30. */
 #include "downpour/crc32c.h"
+#include "downpour/isa.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -140,6 +141,12 @@ static void init_tables(void)
                 g_cpu_level = 3;
         }
     }
+    /* within DOWNPOUR_ISA's cap (downpour/isa.h) */
+    dp_isa cap = dp_isa_cap();
+    if (cap < DP_ISA_AVX512 && g_cpu_level > 2)
+        g_cpu_level = 2;
+    if (cap < DP_ISA_SSE42)
+        g_cpu_level = 0;
 #endif
     g_have_sse42 = g_cpu_level >= 1;
     g_have_pclmul = g_cpu_level >= 2;

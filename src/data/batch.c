@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "downpour/dataset.h"
+#include "downpour/isa.h"
 #include "downpour/pool.h"
 #include "convert.h"
 #include "stream_batcher.h"
@@ -351,8 +352,7 @@ static convert_fn bytes_to_unit = bytes_to_unit_div;
 static pthread_once_t convert_once = PTHREAD_ONCE_INIT;
 static void choose_convert(void)
 {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (dp_isa_max() >= DP_ISA_AVX2) /* within DOWNPOUR_ISA's cap */
         bytes_to_unit = bytes_to_unit_fma;
 }
 static void init_convert(void) { pthread_once(&convert_once, choose_convert); }

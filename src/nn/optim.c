@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/isa.h"
 #include "downpour/pool.h"
 
 #if defined(__SSE__)
@@ -204,124 +205,177 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
     }
 }
 
+/* The fast Adam (docs/architecture.md, "Optimisers"): Adam's sqrt and
+ * division saturate the divider (0.59 ns a parameter on SkylakeX at any
+ * vector width), a tenth of a training step of mlp-300-100.  The fast path
+ * computes 1/sqrt(v) and 1/d with Newton-Raphson steps on the FMA units from
+ * integer-bit initial estimates; the update differs from the IEEE one by a
+ * few ulp (tests/test_optim.c bounds it).
+ *
+ * One arithmetic on every instruction set: the estimates are integer
+ * arithmetic and every float operation (mul, add, fma, max) is correctly
+ * rounded, so the scalar, AVX2 and AVX-512 bodies give the same bits for the
+ * same element (the hardware rsqrt/rcp estimates would not: their bits differ
+ * between instruction sets and vendors).  A range's tail runs as one masked
+ * vector (or the scalar body), so pieces of an update give the bits of the
+ * whole (dp_optim_apply_range).  sqrt(v) = v * rsqrt(max(v, FLT_MIN)), so
+ * v = 0 gives 0.  DOWNPOUR_EXACT_ADAM=1 keeps IEEE sqrt and division.
+ *
+ * Error: 3 Newton steps from the estimates leave 1/sqrt within 1.7e-7 and
+ * the reciprocal within 1.2e-7 (relative), for every float in range. */
+#define RSQRT_MAGIC 0x5f375a86u /* 1/sqrt(x) ~ bits(MAGIC - bits(x)/2), within 3.4 % */
+#define RCP_MAGIC 0x7ef311c3u   /* 1/x ~ bits(MAGIC - bits(x)), within 5 % */
+
+static float bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The portable body, and the arithmetic every vector body repeats. */
+static void adam_update_fast(float *restrict p, const float *restrict g, float *restrict m,
+                             float *restrict v, size_t n, float lr_t, float b1, float b2,
+                             float eps)
+{
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2, tiny = 1.17549435e-38f;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = fmaf(b1, m[i], c1 * gi);
+        float vi = fmaf(b2, v[i], (c2 * gi) * gi);
+        m[i] = mi;
+        v[i] = vi;
+        float x = vi > tiny ? vi : tiny; /* as maxps: a NaN v gives tiny */
+        float y = bits_float(RSQRT_MAGIC - (float_bits(x) >> 1));
+        for (int k = 0; k < 3; k++)
+            y = y * fmaf(-((0.5f * x) * y), y, 1.5f);
+        float d = vi * y + eps;
+        float r = bits_float(RCP_MAGIC - float_bits(d));
+        for (int k = 0; k < 3; k++)
+            r = r * fmaf(-d, r, 2.0f);
+        p[i] = fmaf(-(lr_t * mi), r, p[i]);
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define HAVE_FAST_ADAM 1
-/* Adam's sqrt and division saturate the divider (0.59 ns a parameter on
- * SkylakeX at any vector width), a tenth of a training step of mlp-300-100.
- * The fast path takes the hardware's reciprocal square-root and reciprocal
- * estimates with one Newton-Raphson step each, on the FMA units: the update
- * differs from the IEEE one by a few ulp (tests/test_optim.c bounds it) and is
- * the same bits on every run.  DOWNPOUR_EXACT_ADAM=1 keeps IEEE sqrt and
- * division.  sqrt(v) = v * rsqrt(max(v, FLT_MIN)), so v = 0 gives 0.  A
- * range's tail runs as one masked vector, so every element gets the same
- * arithmetic wherever a range starts or ends: pieces of an update give the
- * bits of the whole (dp_optim_apply_range). */
+
+/* One vector of adam_update_fast's arithmetic, operation for operation. */
+#define ADAM_FAST_BODY(W, CAST, ICAST)                                             \
+    do {                                                                                       \
+        mi = _mm##W##_fmadd_ps(vb1, mi, _mm##W##_mul_ps(vc1, gi));                             \
+        vi = _mm##W##_fmadd_ps(vb2, vi, _mm##W##_mul_ps(_mm##W##_mul_ps(vc2, gi), gi));        \
+        __m##W x = _mm##W##_max_ps(vi, tiny);                                                  \
+        __m##W y = CAST(_mm##W##_sub_epi32(rsqrt_magic, _mm##W##_srli_epi32(ICAST(x), 1)));   \
+        for (int it = 0; it < 3; it++)                                                         \
+            y = _mm##W##_mul_ps(                                                               \
+                y, _mm##W##_fnmadd_ps(_mm##W##_mul_ps(_mm##W##_mul_ps(half, x), y), y, th));  \
+        __m##W d = _mm##W##_add_ps(_mm##W##_mul_ps(vi, y), veps);                              \
+        __m##W r = CAST(_mm##W##_sub_epi32(rcp_magic, ICAST(d)));                              \
+        for (int it = 0; it < 3; it++)                                                         \
+            r = _mm##W##_mul_ps(r, _mm##W##_fnmadd_ps(d, r, two));                             \
+        pi = _mm##W##_fnmadd_ps(_mm##W##_mul_ps(vlr, mi), r, pi);                              \
+    } while (0)
+
+#define ADAM_FAST_CONSTANTS(W)                                                                 \
+    const __m##W vb1 = _mm##W##_set1_ps(b1), vc1 = _mm##W##_set1_ps(1.0f - b1);                \
+    const __m##W vb2 = _mm##W##_set1_ps(b2), vc2 = _mm##W##_set1_ps(1.0f - b2);                \
+    const __m##W veps = _mm##W##_set1_ps(eps), vlr = _mm##W##_set1_ps(lr_t);                   \
+    const __m##W tiny = _mm##W##_set1_ps(1.17549435e-38f), half = _mm##W##_set1_ps(0.5f);      \
+    const __m##W th = _mm##W##_set1_ps(1.5f), two = _mm##W##_set1_ps(2.0f);                    \
+    const __m##W##i rsqrt_magic = _mm##W##_set1_epi32((int)RSQRT_MAGIC);                       \
+    const __m##W##i rcp_magic = _mm##W##_set1_epi32((int)RCP_MAGIC)
+
 __attribute__((target("avx512f"))) static void
 adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m,
                    float *restrict v, size_t n, float lr_t, float b1, float b2, float eps)
 {
-    const __m512 vb1 = _mm512_set1_ps(b1), vc1 = _mm512_set1_ps(1.0f - b1);
-    const __m512 vb2 = _mm512_set1_ps(b2), vc2 = _mm512_set1_ps(1.0f - b2);
-    const __m512 veps = _mm512_set1_ps(eps), vlr = _mm512_set1_ps(lr_t);
-    const __m512 tiny = _mm512_set1_ps(1.17549435e-38f), half = _mm512_set1_ps(0.5f);
-    const __m512 three_halves = _mm512_set1_ps(1.5f), two = _mm512_set1_ps(2.0f);
+    ADAM_FAST_CONSTANTS(512);
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 gi = _mm512_loadu_ps(g + i);
-        __m512 mi = _mm512_fmadd_ps(vb1, _mm512_loadu_ps(m + i), _mm512_mul_ps(vc1, gi));
-        __m512 vi = _mm512_fmadd_ps(vb2, _mm512_loadu_ps(v + i), _mm512_mul_ps(_mm512_mul_ps(vc2, gi), gi));
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
-        __m512 x = _mm512_max_ps(vi, tiny);
-        __m512 y = _mm512_rsqrt14_ps(x);
-        y = _mm512_mul_ps(y, _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), y), y, three_halves));
-        __m512 d = _mm512_add_ps(_mm512_mul_ps(vi, y), veps);
-        __m512 r = _mm512_rcp14_ps(d);
-        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
-        _mm512_storeu_ps(p + i, _mm512_fnmadd_ps(_mm512_mul_ps(vlr, mi), r, _mm512_loadu_ps(p + i)));
-    }
-    if (i < n) { /* the tail in one masked vector: the same arithmetic as the rest */
-        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
-        __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
-        __m512 mi = _mm512_fmadd_ps(vb1, _mm512_maskz_loadu_ps(k, m + i), _mm512_mul_ps(vc1, gi));
-        __m512 vi = _mm512_fmadd_ps(vb2, _mm512_maskz_loadu_ps(k, v + i), _mm512_mul_ps(_mm512_mul_ps(vc2, gi), gi));
+    for (; i < n; i += 16) {
+        /* the tail in one masked vector: the same arithmetic as the rest */
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 gi = _mm512_maskz_loadu_ps(k, g + i), mi = _mm512_maskz_loadu_ps(k, m + i);
+        __m512 vi = _mm512_maskz_loadu_ps(k, v + i), pi = _mm512_maskz_loadu_ps(k, p + i);
+        ADAM_FAST_BODY(512, _mm512_castsi512_ps, _mm512_castps_si512);
         _mm512_mask_storeu_ps(m + i, k, mi);
         _mm512_mask_storeu_ps(v + i, k, vi);
-        __m512 x = _mm512_max_ps(vi, tiny);
-        __m512 y = _mm512_rsqrt14_ps(x);
-        y = _mm512_mul_ps(y, _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), y), y, three_halves));
-        __m512 d = _mm512_add_ps(_mm512_mul_ps(vi, y), veps);
-        __m512 r = _mm512_rcp14_ps(d);
-        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
-        _mm512_mask_storeu_ps(p + i, k, _mm512_fnmadd_ps(_mm512_mul_ps(vlr, mi), r, _mm512_maskz_loadu_ps(k, p + i)));
+        _mm512_mask_storeu_ps(p + i, k, pi);
     }
 }
 
-/* The same with AVX2 and FMA: 12-bit estimates, one Newton step each. */
 __attribute__((target("avx2,fma"))) static void
 adam_update_avx2(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                  size_t n, float lr_t, float b1, float b2, float eps)
 {
-    const __m256 vb1 = _mm256_set1_ps(b1), vc1 = _mm256_set1_ps(1.0f - b1);
-    const __m256 vb2 = _mm256_set1_ps(b2), vc2 = _mm256_set1_ps(1.0f - b2);
-    const __m256 veps = _mm256_set1_ps(eps), vlr = _mm256_set1_ps(lr_t);
-    const __m256 tiny = _mm256_set1_ps(1.17549435e-38f), half = _mm256_set1_ps(0.5f);
-    const __m256 three_halves = _mm256_set1_ps(1.5f), two = _mm256_set1_ps(2.0f);
+    ADAM_FAST_CONSTANTS(256);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 gi = _mm256_loadu_ps(g + i);
-        __m256 mi = _mm256_fmadd_ps(vb1, _mm256_loadu_ps(m + i), _mm256_mul_ps(vc1, gi));
-        __m256 vi = _mm256_fmadd_ps(vb2, _mm256_loadu_ps(v + i), _mm256_mul_ps(_mm256_mul_ps(vc2, gi), gi));
+        __m256 gi = _mm256_loadu_ps(g + i), mi = _mm256_loadu_ps(m + i);
+        __m256 vi = _mm256_loadu_ps(v + i), pi = _mm256_loadu_ps(p + i);
+        ADAM_FAST_BODY(256, _mm256_castsi256_ps, _mm256_castps_si256);
         _mm256_storeu_ps(m + i, mi);
         _mm256_storeu_ps(v + i, vi);
-        __m256 x = _mm256_max_ps(vi, tiny);
-        __m256 y = _mm256_rsqrt_ps(x);
-        y = _mm256_mul_ps(y, _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), y), y, three_halves));
-        __m256 d = _mm256_add_ps(_mm256_mul_ps(vi, y), veps);
-        __m256 r = _mm256_rcp_ps(d);
-        r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
-        _mm256_storeu_ps(p + i, _mm256_fnmadd_ps(_mm256_mul_ps(vlr, mi), r, _mm256_loadu_ps(p + i)));
+        _mm256_storeu_ps(p + i, pi);
     }
     if (i < n) { /* the tail in one masked vector: the same arithmetic as the rest */
         __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        __m256 gi = _mm256_maskload_ps(g + i, k);
-        __m256 mi = _mm256_fmadd_ps(vb1, _mm256_maskload_ps(m + i, k), _mm256_mul_ps(vc1, gi));
-        __m256 vi = _mm256_fmadd_ps(vb2, _mm256_maskload_ps(v + i, k), _mm256_mul_ps(_mm256_mul_ps(vc2, gi), gi));
+        __m256 gi = _mm256_maskload_ps(g + i, k), mi = _mm256_maskload_ps(m + i, k);
+        __m256 vi = _mm256_maskload_ps(v + i, k), pi = _mm256_maskload_ps(p + i, k);
+        ADAM_FAST_BODY(256, _mm256_castsi256_ps, _mm256_castps_si256);
         _mm256_maskstore_ps(m + i, k, mi);
         _mm256_maskstore_ps(v + i, k, vi);
-        __m256 x = _mm256_max_ps(vi, tiny);
-        __m256 y = _mm256_rsqrt_ps(x);
-        y = _mm256_mul_ps(y, _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), y), y, three_halves));
-        __m256 d = _mm256_add_ps(_mm256_mul_ps(vi, y), veps);
-        __m256 r = _mm256_rcp_ps(d);
-        r = _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, two));
-        _mm256_maskstore_ps(p + i, k, _mm256_fnmadd_ps(_mm256_mul_ps(vlr, mi), r, _mm256_maskload_ps(p + i, k)));
+        _mm256_maskstore_ps(p + i, k, pi);
     }
 }
+#endif
 
 typedef void (*adam_fn)(float *restrict, const float *restrict, float *restrict, float *restrict,
                         size_t, float, float, float, float);
 
-/* The widest fast path this CPU runs, chosen once. */
-static adam_fn fast_adam = adam_update;
+/* The widest fast path this CPU runs within DOWNPOUR_ISA's cap, chosen once. */
+static adam_fn fast_adam = adam_update_fast;
+static dp_isa fast_adam_level = DP_ISA_SCALAR;
 static pthread_once_t fast_adam_once = PTHREAD_ONCE_INIT;
-static void choose_fast_adam(void)
+
+static dp_isa use_fast_adam(dp_isa level)
 {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
+    fast_adam = adam_update_fast;
+    fast_adam_level = DP_ISA_SCALAR;
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* An x86 CPU without FMA would run fmaf in software, slower than the
+     * divider: it keeps the IEEE twin on every path (one arithmetic per
+     * machine still). */
+    if (dp_isa_cpu() < DP_ISA_AVX2)
+        fast_adam = adam_update;
+    else if (level >= DP_ISA_AVX512 && dp_isa_cpu() >= DP_ISA_AVX512) {
         fast_adam = adam_update_avx512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        fast_adam_level = DP_ISA_AVX512;
+    } else if (level >= DP_ISA_AVX2 && dp_isa_cpu() >= DP_ISA_AVX2) {
         fast_adam = adam_update_avx2;
+        fast_adam_level = DP_ISA_AVX2;
+    }
+#else
+    (void)level;
+#endif
+    return fast_adam_level;
 }
+static void choose_fast_adam(void) { use_fast_adam(dp_isa_max()); }
 static adam_fn pick_adam(int exact) { return exact ? adam_update : fast_adam; }
 static void init_fast_adam(void) { pthread_once(&fast_adam_once, choose_fast_adam); }
-#else
-typedef void (*adam_fn)(float *, const float *, float *, float *, size_t, float, float, float, float);
-static adam_fn pick_adam(int exact) { (void)exact; return adam_update; }
-static void init_fast_adam(void) {}
-#endif
+
+dp_isa dp_optim_force_isa(dp_isa level)
+{
+    init_fast_adam();
+    return use_fast_adam(level);
+}
 
 dp_optim_step dp_optim_begin(dp_optim *o, float lr)
 {
