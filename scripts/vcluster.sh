@@ -19,6 +19,10 @@
 #   --dir DIR          spec, secret and task logs (default: a fresh mktemp -d, removed
 #                      at the end unless --keep or a task failed)
 #   --keep             keep --dir's default directory (its path is printed)
+#   --tc-stats FILE    with --link-mbit: at the end, write each capped host's tc
+#                      counters to FILE, a line per direction:
+#                      "host I in|out sent BYTES overlimits N" (in: toward the
+#                      host); overlimits > 0 says the cap held packets back
 #
 # Placement: ps tasks first, one per host from host 1 on; when there are more
 # hosts than ps tasks, the chief and the workers then go round-robin over the
@@ -57,7 +61,7 @@ num_arg() { # flag value hi
         bad "$1 '$2': expected a number in 0..$3"
 }
 
-HOSTS= WORKERS=2 NPS=0 CHIEF=0 MBIT=0 DELAY= TIMEOUT=3600 GRACE=5 BIN=${DOWNPOUR_BIN:-} DIR= KEEP=0
+HOSTS= WORKERS=2 NPS=0 CHIEF=0 MBIT=0 TC_STATS= DELAY= TIMEOUT=3600 GRACE=5 BIN=${DOWNPOUR_BIN:-} DIR= KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --hosts) [ $# -ge 2 ] || bad "--hosts needs a value"; int_arg --hosts "$2" 1 250; HOSTS=$2; shift 2 ;;
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
     --ps) [ $# -ge 2 ] || bad "--ps needs a value"; int_arg --ps "$2" 0 256; NPS=$2; shift 2 ;;
     --chief) CHIEF=1; shift ;;
     --link-mbit) [ $# -ge 2 ] || bad "--link-mbit needs a value"; int_arg --link-mbit "$2" 0 100000; MBIT=$2; shift 2 ;;
+    --tc-stats) [ $# -ge 2 ] || bad "--tc-stats needs a value"; TC_STATS=$2; shift 2 ;;
     --link-delay-ms) [ $# -ge 2 ] || bad "--link-delay-ms needs a value"; num_arg --link-delay-ms "$2" 10000; DELAY=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || bad "--timeout needs a value"; int_arg --timeout "$2" 1 864000; TIMEOUT=$2; shift 2 ;;
     --grace) [ $# -ge 2 ] || bad "--grace needs a value"; int_arg --grace "$2" 1 3600; GRACE=$2; shift 2 ;;
@@ -129,9 +134,23 @@ stop_tasks() { # signal
     local p
     for p in "${PIDS[@]}"; do [ "$p" = 0 ] || kill -"$1" "$p" 2>/dev/null || true; done
 }
+# "host I in|out sent BYTES overlimits N" for each capped host (--tc-stats)
+tc_stats() {
+    local h line
+    : >"$TC_STATS"
+    for ((h = 1; h <= HOSTS; h++)); do
+        line=$(tc -s qdisc show dev "$PREFIX-h$h" root 2>/dev/null | tr '\n' ' ')
+        echo "host $h in $(sed -E 's/.*Sent ([0-9]+) bytes.*overlimits ([0-9]+).*/sent \1 overlimits \2/' <<<"$line")" >>"$TC_STATS"
+        line=$("$NETNS" exec "$PREFIX" "$h" tc -s qdisc show dev eth0 root 2>/dev/null | tr '\n' ' ')
+        echo "host $h out $(sed -E 's/.*Sent ([0-9]+) bytes.*overlimits ([0-9]+).*/sent \1 overlimits \2/' <<<"$line")" >>"$TC_STATS"
+    done
+}
 cleanup() {
     trap - EXIT INT TERM HUP
     stop_tasks KILL
+    if [ "$UP" != 0 ] && [ -n "$TC_STATS" ] && [ "$MBIT" != 0 ]; then
+        tc_stats || echo "vcluster.sh: cannot read the tc counters" >&2
+    fi
     [ "$UP" = 0 ] || "$NETNS" down "$PREFIX" || echo "vcluster.sh: netns.sh down $PREFIX failed" >&2
     if [ "$MADE_DIR" = 1 ] && [ "$KEEP" = 0 ]; then rm -rf "$DIR"; fi
 }

@@ -7,11 +7,12 @@
  * crosses its capped link; the workers, each pushing and pulling, fill it.
  *   1. capped: the run ends 0 with a sane accuracy; the merged metrics hold
  *      every task and a resource_total; the ps's receive rate over its
- *      resource samples is within 0.5x..1.1x of the cap (tbf counts the
+ *      resource samples is at most 1.1x the cap (tbf counts the
  *      TCP/IP headers too, so the transport's bytes stay under it), its send
  *      rate at most 1.1x, and its bytes over the training time at most 1.1x;
- *   2. uncapped, the same run: the ps's bytes over the training time come
- *      out well above the capped run's, so it was the cap that bound.
+ *   2. the cap bound: tbf on the ps's link counts packets it held back
+ *      (a rate comparison with an uncapped run, as before, depends on the
+ *      CPU the workers get, not on the cap).
  * Skipped (77) when not root, without ip or tc, without MNIST, or when
  * namespaces cannot be made here.  The script removes its namespaces on
  * every way out. */
@@ -67,11 +68,12 @@ static int run_cluster(int mbit, run_result *res)
     snprintf(metrics, sizeof metrics, "%s/run%d.jsonl", test_tmp(), mbit);
     snprintf(dir, sizeof dir, "%s/files%d", test_tmp(), mbit);
     int rc = run_cmd(err, sizeof err,
-                     "'%s' --bin '%s' --dir '%s' --hosts 3 --link-mbit %d --chief --workers 2 "
+                     "'%s' --bin '%s' --dir '%s' --hosts 3 --link-mbit %d --tc-stats '%s/tc%d' "
+                     "--chief --workers 2 "
                      "--ps 1 --timeout 120 -- train --strategy ps-async --model mlp-300-100 "
                      "--train-size 6000 --val-size 1000 --epochs 1 --batch 128 --seed 1 "
                      "--log-every 0 --no-progress --startup-timeout 30 --metrics '%s'",
-                     g_script, test_bin(), dir, mbit, metrics);
+                     g_script, test_bin(), dir, mbit, test_tmp(), mbit, metrics);
     CHECKF(rc == 0, "vcluster.sh --link-mbit %d exited %d:\n%s", mbit, rc, err);
     if (rc != 0)
         return -1;
@@ -144,26 +146,31 @@ int main(void)
             cap.ps_rx_total / 1e6, cap.train_seconds, mean_rate / 1e6, cap.accuracy);
     CHECKF(cap.w.n >= 3 && span >= 1.5, "too few resource samples of ps:0 while training "
            "(%d over %.1f s)", cap.w.n, span);
-    CHECKF(rx_rate >= 0.5 * CAP_BYTES_S && rx_rate <= 1.1 * CAP_BYTES_S,
-           "ps:0 received %.2f MB/s, expected 0.5..1.1 x %.2f MB/s", rx_rate / 1e6,
-           CAP_BYTES_S / 1e6);
+    /* How close to the cap the workers come depends on the CPU they get (a
+     * loaded machine: 4.8 MB/s); that the cap bound is tbf's own count of
+     * packets it held back on the ps's link, whatever the load. */
+    CHECKF(rx_rate <= 1.1 * CAP_BYTES_S, "ps:0 received %.2f MB/s, above the cap %.2f MB/s",
+           rx_rate / 1e6, CAP_BYTES_S / 1e6);
+    char tc_path[1200], tc[2048] = "";
+    snprintf(tc_path, sizeof tc_path, "%s/tc%d", test_tmp(), CAP_MBIT);
+    FILE *f = fopen(tc_path, "r");
+    size_t got = f ? fread(tc, 1, sizeof tc - 1, f) : 0;
+    tc[got] = '\0';
+    if (f)
+        fclose(f);
+    const char *in1 = strstr(tc, "host 1 in sent ");
+    long long sent = 0, over = 0;
+    CHECKF(in1 && sscanf(in1, "host 1 in sent %lld overlimits %lld", &sent, &over) == 2,
+           "no tc counters for the ps's link in %s: %s", tc_path, tc);
+    fprintf(stderr, "tc on the ps's link, toward it: %lld bytes sent, %lld overlimits\n", sent,
+            over);
+    CHECKF(sent >= cap.ps_rx_total && over > 0,
+           "the cap did not bind on the ps's link: %lld bytes, %lld overlimits (the ps received "
+           "%.0f bytes)", sent, over, cap.ps_rx_total);
     CHECKF(tx_rate <= 1.1 * CAP_BYTES_S, "ps:0 sent %.2f MB/s, above the cap %.2f MB/s",
            tx_rate / 1e6, CAP_BYTES_S / 1e6);
     CHECKF(mean_rate <= 1.1 * CAP_BYTES_S, "ps:0 received %.2f MB/s over the training, above "
            "the cap %.2f MB/s", mean_rate / 1e6, CAP_BYTES_S / 1e6);
 
-    /* 2. Uncapped: the same bytes go much faster. */
-    run_result free_run;
-    if (run_cluster(0, &free_run) < 0)
-        return CHECK_DONE();
-    double free_rate =
-        free_run.train_seconds > 0 ? free_run.ps_rx_total / free_run.train_seconds : 0;
-    fprintf(stderr, "uncapped: ps:0 received %.1f MB over %.2f s of training (%.1f MB/s); "
-                    "accuracy %.4f\n",
-            free_run.ps_rx_total / 1e6, free_run.train_seconds, free_rate / 1e6,
-            free_run.accuracy);
-    CHECKF(free_run.accuracy >= MIN_ACCURACY, "uncapped: test accuracy %.4f", free_run.accuracy);
-    CHECKF(free_rate >= 1.5 * mean_rate, "uncapped %.2f MB/s is not well above the capped "
-           "%.2f MB/s: the cap did not bind", free_rate / 1e6, mean_rate / 1e6);
     return CHECK_DONE();
 }
