@@ -12,7 +12,9 @@
  * frames.  (g) The streaming tags (OpenSSL, in pieces) equal the one-shot
  * ones (libsodium) for both suites, and streamed encryption round-trips.
  * (h) The sniffed wire shows version 3's layout: header | htag | chunk 0 |
- * tag 0 | chunk 1 ..., payload CRC 0 and no chunk CRCs. */
+ * tag 0 | chunk 1 ..., payload CRC 0 and no chunk CRCs.  A loss from a frame that
+ * failed authentication is reported as such (dp_transport_peer_tampered), a
+ * restart is not. */
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/frame.h"
@@ -350,6 +352,10 @@ static void tampered(int mode, const char *what, int want_good)
     CHECKF(strstr(reason, "failed authentication: altered or replayed") != NULL,
            "%s: reason '%s'", what, reason);
     CHECKF(strstr(reason, "from worker:0") != NULL, "%s: reason '%s'", what, reason);
+    /* The receiver dropped a live peer: its client must not say it died
+     * (issue 27: "lost ps:0" while the ps was alive). */
+    CHECKF(dp_transport_peer_tampered(p.t1, 0) == 1, "%s: the loss is not reported as tampering",
+           what);
     pair_close(&p);
 }
 
@@ -505,6 +511,7 @@ int main(void)
     CHECK(dp_transport_poll(p.t1, 0, 5, &ev, &err) == 0);
     CHECKF(ev.kind == DP_EVENT_PEER_LOST && strstr(ev.reason, "worker:0 restarted (new incarnation)"),
            "%s %s", dp_event_kind_name(ev.kind), ev.reason);
+    CHECK(dp_transport_peer_tampered(p.t1, 0) == 0); /* a restart is no tampering */
     CHECK(dp_transport_connect(p.t1, 0, dp_now() + 5, &err) == 0);
     CHECK(dp_transport_recv(p.t1, 0, "new", 5, &ev, &err) == 0 && ev.header.step == 7);
     uint8_t buf[300], want[300];

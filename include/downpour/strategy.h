@@ -168,6 +168,10 @@ typedef struct dp_strategy_ops {
     unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
                             run goes on without, and which rejoins when restarted
                             (docs/faults.md); the launcher asks it */
+    unsigned no_rejoin;  /* of survives, the roles whose restarted task cannot
+                            rejoin (lbfgs: its coordinator hands portions only
+                            to the workers it started with): the launcher
+                            leaves such a task out rather than restart it */
     unsigned talks_to[DP_ROLE_COUNT]; /* per role, the DP_ROLE_BITs of the roles its
                             tasks exchange frames with; all zero: every task.  The
                             node connects only these, so a restarted task never

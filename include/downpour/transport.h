@@ -120,6 +120,13 @@ int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *r
  * transport without incarnations: in-process, MPI); dp_transport_incarnation
  * gives this task's own. */
 uint64_t dp_transport_peer_incarnation(const dp_transport *t, int peer);
+
+/* 1 when the newest loss of peer was this side dropping its connection
+ * because a frame from it failed authentication (altered, forged or replayed
+ * on the way, docs/transport.md "Frame MAC"): the peer itself may be alive
+ * and well, so the caller says so rather than "lost".  0 otherwise, and on a
+ * transport without frame MACs. */
+int dp_transport_peer_tampered(const dp_transport *t, int peer);
 uint64_t dp_transport_incarnation(const dp_transport *t);
 
 /* Counters of one peer, or of all with DP_PEER_ANY.  Safe from any thread. */

@@ -141,3 +141,28 @@ bool cli_is_task_command(const char *name)
 {
     return strcmp(name, "train") == 0 || strcmp(name, "ping") == 0;
 }
+
+int cli_parse_straggler(const char *s, long *k, double *ms, dp_err *err)
+{
+    char buf[64];
+    const char *colon = strchr(s, ':');
+    if (!colon || strlen(s) >= sizeof buf)
+        return dp_errf(err, "--straggler '%s': expected K:MS", s);
+    memcpy(buf, s, (size_t)(colon - s));
+    buf[colon - s] = '\0';
+    if (dp_parse_long(buf, 0, 4095, k, "--straggler K", err) < 0)
+        return -1;
+    return dp_parse_double(colon + 1, 0, 60000, ms, "--straggler MS", err);
+}
+
+int cli_check_straggler(const char *s, long k, int chief, int workers, dp_err *err)
+{
+    /* K is a trainer's shard index (src/train/loop.c): a worker's index, or
+     * its replica position where the chief is position 0 (allreduce), so
+     * none reaches chief + workers. */
+    if (k < chief + workers)
+        return 0;
+    return dp_errf(err, "--straggler %s: there is no training task %ld: this cluster has %d "
+                        "worker(s) and %s chief, so K must be below %d",
+                   s, k, workers, chief ? "a" : "no", chief + workers);
+}

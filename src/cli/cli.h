@@ -5,6 +5,8 @@
 
 #include <stdbool.h>
 
+#include "downpour/status.h"
+
 typedef enum cli_kind {
     CLI_STR,   /* const char **dst */
     CLI_INT,   /* long *dst, range [lo, hi] */
@@ -47,5 +49,14 @@ int cmd_data_inspect(int argc, char **argv); /* downpour data inspect */
 
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);
+
+/* train --straggler "K:MS": training task K (a worker's index, or the
+ * replica position where the chief trains too) sleeps MS milliseconds a
+ * step.  Parses it into *k and *ms. */
+int cli_parse_straggler(const char *s, long *k, double *ms, dp_err *err);
+/* Whether task K can exist in a cluster of `chief` (0 or 1) chief and
+ * `workers` workers, the tasks that train; else err names the flag, the
+ * value and the cluster's size (a usage error: exit 2). */
+int cli_check_straggler(const char *s, long k, int chief, int workers, dp_err *err);
 
 #endif

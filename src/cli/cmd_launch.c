@@ -54,17 +54,24 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
                  "the newest checkpoint", ops->name);
         return DP_LAUNCH_IF_RESTARTED;
     }
+    if (ops->survives & ops->no_rejoin & DP_ROLE_BIT(task->role)) {
+        snprintf(why, cap, "%s survives a lost %s, and does not take a restarted one back",
+                 ops->name, dp_role_name(task->role));
+        return DP_LAUNCH_NO_RESTART;
+    }
     snprintf(why, cap, "%s %s a lost %s", ops->name,
              ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",
              dp_role_name(task->role));
     return (ops->survives & DP_ROLE_BIT(task->role)) != 0;
 }
 
-/* The strategy the tasks will run (the train command's --strategy), and
- * its --ps-replicas. */
-static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas, dp_err *err)
+/* The strategy the tasks will run (the train command's --strategy), its
+ * --ps-replicas, and its --straggler (NULL: none). */
+static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas,
+                                            const char **straggler, dp_err *err)
 {
     *ps_replicas = 1;
+    *straggler = NULL;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = "single";
@@ -79,6 +86,10 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_repl
             *ps_replicas = atol(argv[++i]);
         else if (strncmp(argv[i], "--ps-replicas=", 14) == 0)
             *ps_replicas = atol(argv[i] + 14);
+        else if (strcmp(argv[i], "--straggler") == 0 && i + 1 < argc)
+            *straggler = argv[++i];
+        else if (strncmp(argv[i], "--straggler=", 12) == 0)
+            *straggler = argv[i] + 12;
     }
     return dp_strategy_find(name, err);
 }
@@ -123,10 +134,20 @@ int cmd_launch(int argc, char **argv)
     int ports[LAUNCH_MAX_TASKS];
     dp_err err;
     task_run run = {0};
-    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &run.ps_replicas, &err);
+    const char *straggler;
+    const dp_strategy_ops *strategy =
+        task_strategy(argc - rest, argv + rest, &run.ps_replicas, &straggler, &err);
     run.ops = strategy;
     if (!strategy && strcmp(argv[rest], "train") == 0) {
         fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
+        return 2;
+    }
+    /* Known here before any task starts: the tasks would each refuse it. */
+    long k;
+    double ms;
+    if (straggler && (cli_parse_straggler(straggler, &k, &ms, &err) < 0 ||
+                      cli_check_straggler(straggler, k, chief, (int)workers, &err) < 0)) {
+        fprintf(stderr, "downpour launch: %s\n", err.msg);
         return 2;
     }
     dp_cluster c;

@@ -47,18 +47,18 @@ static int parse_pair(const char *s, const char *flag, const char *a_name, const
     return dp_parse_long(colon + 1, 0, max, b, what, err);
 }
 
-/* "K:MS": worker K sleeps MS milliseconds every step. */
-static int parse_straggler(const char *s, long *k, double *ms, dp_err *err)
+/* --straggler K against the cluster this task belongs to (its spec, as the
+ * loop will read it: DOWNPOUR_CONFIG, which launch and run set, or
+ * TF_CONFIG).  Alone, or with a spec the loop will refuse, nothing to say. */
+static int check_straggler_cluster(const char *value, long k, dp_err *err)
 {
-    char buf[64];
-    const char *colon = strchr(s, ':');
-    if (!colon || strlen(s) >= sizeof buf)
-        return dp_errf(err, "--straggler '%s': expected K:MS", s);
-    memcpy(buf, s, (size_t)(colon - s));
-    buf[colon - s] = '\0';
-    if (dp_parse_long(buf, 0, 4095, k, "--straggler K", err) < 0)
-        return -1;
-    return dp_parse_double(colon + 1, 0, 60000, ms, "--straggler MS", err);
+    dp_cluster c;
+    dp_err ignored;
+    if (dp_cluster_from_env(&c, NULL, &ignored) != 0)
+        return 0;
+    int rc = cli_check_straggler(value, k, c.count[DP_ROLE_CHIEF], c.count[DP_ROLE_WORKER], err);
+    dp_cluster_free(&c);
+    return rc;
 }
 
 /* The pipeline's flags against each other, the batch and the model (the
@@ -281,12 +281,16 @@ int cmd_train(int argc, char **argv)
     long lo, hi, k = -1;
     double ms = 0;
     if (parse_pair(staleness_range, "--staleness-range", "LO", "HI", &lo, &hi, 1000000, &err) < 0 ||
-        (straggler && parse_straggler(straggler, &k, &ms, &err) < 0)) {
+        (straggler && cli_parse_straggler(straggler, &k, &ms, &err) < 0)) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
     if (lo > hi) {
         fprintf(stderr, "downpour train: --staleness-range %ld:%ld: LO must not exceed HI\n", lo, hi);
+        return 2;
+    }
+    if (straggler && check_straggler_cluster(straggler, k, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
     cfg.straggler = (int)k;

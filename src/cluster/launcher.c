@@ -66,6 +66,7 @@ struct dp_launcher {
     void *survives_ctx;
     int max_restarts;
     int chief_done;        /* a chief exited 0: the run is over, no restarts */
+    double over_at;        /* when only restarted tasks were left after the run's end */
     pid_t self;            /* the launcher's pid, for the children's death signal */
     int signals_installed;
     struct sigaction old_int, old_term, old_chld, old_pipe;
@@ -533,6 +534,36 @@ static void reap(dp_launcher *l)
             reap_one(l, i, pass == 0);
 }
 
+/* The run is over (the chief exited 0) and only restarted tasks are left:
+ * one that had not rejoined before the end waits for peers that are gone
+ * (an allreduce replica dials until --startup-timeout, docs/faults.md
+ * "Who decides").  One that rejoined ends with the others, so after the
+ * grace period those left are stopped, and their ending is not a fault. */
+static void stop_latecomers(dp_launcher *l, double now)
+{
+    if (!l->chief_done || l->stopping || l->live == 0)
+        return;
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running && l->t[i].restarts == 0)
+            return;
+    if (l->over_at == 0) {
+        l->over_at = now;
+        return;
+    }
+    if (now - l->over_at < l->grace)
+        return;
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running) {
+            dp_warn("launcher: the run is over and %s (pid %d), restarted, is still running "
+                    "%.1f s after the others ended; stopping it",
+                    l->c->tasks[i].name, (int)l->t[i].pid, now - l->over_at);
+            dp_metrics_event(l->faults, "fault", DP_F_STR, "task", l->c->tasks[i].name,
+                             DP_F_STR, "what", "still running after the run ended", DP_F_STR,
+                             "action", "end", DP_F_END);
+        }
+    begin_stop(l, SIGTERM);
+}
+
 static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err)
 {
     ltask *t = &l->t[i];
@@ -824,6 +855,7 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
             seen_signals = count;
         }
         double now = dp_now();
+        stop_latecomers(l, now);
         if (l->stopping && !l->killed && l->live > 0 && now >= l->kill_at) {
             dp_warn("launcher: %d task%s still running after %.1f s, sending SIGKILL", l->live,
                     l->live == 1 ? "" : "s", l->grace);

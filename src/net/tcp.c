@@ -111,6 +111,7 @@ typedef struct conn {
     uint8_t *cbuf;     /* one verified chunk not yet handed out */
     size_t cb_pos, cb_len;
     _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
+    _Atomic int tampered; /* its newest loss was a frame that failed authentication */
     /* Shared memory, fixed while UP (NULL: TCP only).  The receiving thread
      * keeps a BYE or EOF read from the socket in shm_end until the ring has
      * handed out every frame sent before it. */
@@ -231,6 +232,7 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
         snprintf(c->reason, sizeof c->reason, "%s", reason);
         c->state = CONN_LOST;
         c->orderly = orderly;
+        atomic_store(&c->tampered, 0); /* conn_tampered sets it after */
         c->reported = 0;
         shutdown(c->fd, SHUT_RDWR);
         want_redial(t, peer, orderly);
@@ -239,6 +241,26 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
         else
             dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
     }
+}
+
+/* conn_fail for a frame that failed authentication: the loss is this side's
+ * doing, and the peer may be alive (dp_transport_peer_tampered). */
+static void conn_tampered(tcp *t, int peer, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void conn_tampered(tcp *t, int peer, const char *fmt, ...)
+{
+    conn *c = &t->conns[peer];
+    char reason[sizeof c->reason];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    int up = c->state == CONN_UP;
+    mark_lost(t, peer, 0, reason);
+    if (up)
+        atomic_store(&c->tampered, 1);
+    pthread_mutex_unlock(&c->mu);
 }
 
 static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
@@ -1619,7 +1641,7 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
                            hb + DP_FRAME_HEADER_SIZE) != 0) {
             c->rpos += hl;
             atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
-            conn_fail(t, peer, 0, "frame %" PRIu64 " from %s failed authentication: altered or "
+            conn_tampered(t, peer, "frame %" PRIu64 " from %s failed authentication: altered or "
                                   "replayed (its header)",
                       c->rx_seq, pname(t, peer));
             return RX_LOST;
@@ -1917,7 +1939,7 @@ static int read_payload_tagged(tcp *t, int peer, int fd, uint8_t *dst, size_t le
         int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
                           : dp_fmac_end_verify(&c->rx, tag);
         if (bad) {
-            conn_fail(t, peer, 0, "frame %" PRIu64 " from %s failed authentication: altered or "
+            conn_tampered(t, peer, "frame %" PRIu64 " from %s failed authentication: altered or "
                                   "replayed (%s frame, chunk %" PRIu32 ")",
                       c->pay_seq, pname(t, peer), dp_frame_type_name(c->pay_h.type), k);
             c->pay_pending = 0;
@@ -2293,6 +2315,12 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
 
 int dp_tcp_port(const dp_transport *t) { return t->ops == &tcp_ops ? ((const tcp *)t)->port : -1; }
 
+static int tcp_tampered(const dp_transport *bt, int peer)
+{
+    const tcp *t = (const tcp *)bt;
+    return peer != t->base.rank && atomic_load(&((tcp *)t)->conns[peer].tampered);
+}
+
 static uint64_t tcp_incarnation(const dp_transport *bt, int peer)
 {
     tcp *t = (tcp *)bt;
@@ -2461,4 +2489,5 @@ static const dp_transport_ops tcp_ops = {
     .stats = tcp_stats,
     .close = tcp_close,
     .incarnation = tcp_incarnation,
+    .tampered = tcp_tampered,
 };

@@ -28,6 +28,9 @@ typedef struct dp_transport_ops {
     /* Optional: the incarnation of peer's process (peer == own rank: this
      * one's), 0 when unknown.  NULL: always 0. */
     uint64_t (*incarnation)(const dp_transport *t, int peer);
+    /* Optional: whether peer's newest loss was a frame of it that failed
+     * authentication (dp_transport_peer_tampered).  NULL: never. */
+    int (*tampered)(const dp_transport *t, int peer);
 } dp_transport_ops;
 
 /* Every implementation's handle starts with this. */

@@ -149,9 +149,13 @@ static int worker_lost(dp_strategy *s, int rank, const char *why, dp_err *err)
         s->por[s->busy[w]].holders--;
     s->busy[w] = -2;
     s->live--;
-    if (s->iter < s->env->steps_per_epoch * s->cfg->epochs)
-        dp_warn("lbfgs: lost %s (%s); its portions go to the other workers", peer_name(s, rank),
-                why);
+    if (s->live > 0 && s->iter < s->env->steps_per_epoch * s->cfg->epochs) {
+        /* one fault line and event (docs/faults.md, "Who decides") */
+        dp_warn("fault: lost %s (%s); lbfgs hands its portions to the %d other worker(s)",
+                peer_name(s, rank), why, s->live);
+        dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", peer_name(s, rank),
+                         DP_F_STR, "what", why, DP_F_STR, "action", "continue", DP_F_END);
+    }
     if (s->live == 0 && s->iter < s->env->steps_per_epoch * s->cfg->epochs)
         return dp_errf(err, "every worker is lost (the last, %s: %s): nobody is left to "
                             "compute gradients", peer_name(s, rank), why);
@@ -800,7 +804,10 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "
                "tasks; workers compute portions of a large batch, with backup copies",
     .cluster = 1,
-    .survives = 0,
+    /* A lost worker's portions go to the others (worker_lost), and the
+     * run ends well without it; a restarted one is not taken back. */
+    .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
+    .no_rejoin = DP_ROLE_BIT(DP_ROLE_WORKER),
     .model_rows = lb_model_rows,
     .open = lb_open,
     .serve = lb_serve,

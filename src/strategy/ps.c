@@ -4,6 +4,7 @@
 #include "downpour/ps.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -872,6 +873,21 @@ static int tell_restarted(dp_ps_client *c, int rank, dp_err *err)
     return 0;
 }
 
+/* What happened to ps task `rank`, for the fault line: "lost ps:0", or,
+ * when this side dropped the connection because a frame from it failed
+ * authentication (transport.h), that: the ps may well be alive, and the
+ * frame was altered or replayed on the way (docs/faults.md, "Who decides"). */
+static const char *loss_of(const dp_ps_client *c, int rank, char *buf, size_t cap)
+{
+    const char *who = dp_transport_peer_name(c->t, rank);
+    if (dp_transport_peer_tampered(c->t, rank))
+        snprintf(buf, cap, "dropped its connection to %s: a frame from %s failed authentication "
+                 "(altered or replayed on the way; %s itself may be alive)", who, who, who);
+    else
+        snprintf(buf, cap, "lost %s", who);
+    return buf;
+}
+
 /* A ps task with no backup is lost: wait for it to be restarted (a new
  * incarnation of it connected), have it restored (the chief's hook), tell
  * it where this worker is, and go on with it (docs/faults.md, "A restarted
@@ -882,13 +898,15 @@ static int await_restart(dp_ps_client *c, int rank, int shard, const char *reaso
     const char *who = dp_transport_peer_name(c->t, rank);
     uint64_t old = c->inc[shard];
     double deadline = dp_now() + c->cfg.ps_wait;
-    dp_warn("fault: %s lost %s (%s); waiting up to %.0f s for it to be restarted", client_name(c),
-            who, reason, c->cfg.ps_wait);
+    char what[320];
+    loss_of(c, rank, what, sizeof what);
+    dp_warn("fault: %s %s (%s); waiting up to %.0f s for it to be restarted", client_name(c), what,
+            reason, c->cfg.ps_wait);
     for (;;) {
         if (dp_now() > deadline)
-            return dp_errf(err, "lost %s (%s), which held shard %d of the parameters, and it was "
+            return dp_errf(err, "%s (%s), which held shard %d of the parameters, and it was "
                                 "not restarted within %.0f s (--resume continues from the newest "
-                                "checkpoint)", who, reason, shard, c->cfg.ps_wait);
+                                "checkpoint)", what, reason, shard, c->cfg.ps_wait);
         dp_event ev;
         if (dp_transport_poll(c->t, rank, 0.1, &ev, err) < 0)
             return -1;
@@ -930,7 +948,8 @@ static int await_restart(dp_ps_client *c, int rank, int shard, const char *reaso
 int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err)
 {
     dp_ps_layout *l = &c->layout;
-    const char *who = dp_transport_peer_name(c->t, rank);
+    char what[320];
+    loss_of(c, rank, what, sizeof what);
     int moved = 0, news = 0;
     for (int s = 0; s < l->n_shards; s++) {
         news |= l->rank[s] == rank || l->backup[s] == rank;
@@ -943,11 +962,11 @@ int dp_ps_client_lost(dp_ps_client *c, int rank, const char *reason, dp_err *err
         if (l->backup[s] < 0 && c->cfg.ps_wait > 0)
             return await_restart(c, rank, s, reason, err) < 0 ? -1 : 1;
         if (l->backup[s] < 0)
-            return dp_errf(err, "lost %s (%s): it held shard %d of the parameters and no copy of "
-                                "it is left%s", who, reason, s,
+            return dp_errf(err, "%s (%s): it held shard %d of the parameters and no copy of "
+                                "it is left%s", what, reason, s,
                            c->cfg.replicas < 2 ? " (--ps-replicas 2 keeps a backup of each shard)"
                                                : "");
-        dp_warn("fault: %s lost %s (%s); shard %d goes on on its backup %s", client_name(c), who,
+        dp_warn("fault: %s %s (%s); shard %d goes on on its backup %s", client_name(c), what,
                 reason, s, dp_transport_peer_name(c->t, l->backup[s]));
         l->rank[s] = l->backup[s];
         l->backup[s] = -1;
