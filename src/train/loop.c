@@ -820,6 +820,12 @@ static int run_task(loop *L, dp_err *err)
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
+    /* The writer (only it, so no task removes a temporary being written)
+     * clears what a write killed mid-way left (docs/checkpoints.md). */
+    dp_err terr;
+    if (L->info.evaluator && cfg->checkpoint_dir &&
+        dp_checkpoint_remove_temps(cfg->checkpoint_dir, &terr) < 0)
+        dp_warn("%s", terr.msg);
     /* Steps per epoch: the same for every trainer, so synchronous
      * strategies line up; together the trainers cover the split once.  Whole
      * files (--shard file over record files) need not split evenly: the
