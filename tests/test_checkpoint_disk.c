@@ -275,14 +275,14 @@ int main(void)
     stale_temps();
     private_mounts();
     /* 100k holds no 205 KB checkpoint; 450k holds two and not a third */
-    if (mount_small("a-disk", "100k") < 0) {
+    if (mount_small("a-disk", "100k") < 0 || mount_small("b-disk", "450k") < 0 ||
+        mount_small("c-disk", "100k") < 0 || mount_small("r-disk", "100k") < 0) {
+        unmount_all();
         if (check_failures)
             return CHECK_DONE();
         fprintf(stderr, "skipping the full-disk cases: mounting a tmpfs needs root\n");
         return 77;
     }
-    REQUIRE(mount_small("b-disk", "450k") == 0 && mount_small("c-disk", "100k") == 0 &&
-            mount_small("r-disk", "100k") == 0);
     full_disk_single();
     two_fit();
     full_disk_cluster("c", "--chief --workers 2 --ps 1", "ps-async", "chief:0");
