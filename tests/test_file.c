@@ -170,6 +170,25 @@ static void test_atomic(void)
     CHECK(dp_atomic_commit(&af, &err) == -1); /* af is finished */
 }
 
+/* dp_atomic_temp_parse knows dp_atomic_open's names, and nothing else. */
+static void test_temp_parse(void)
+{
+    dp_err err = {{0}};
+    dp_atomic_file af;
+    REQUIRE(dp_atomic_open(&af, tp("named.bin"), &err) == 0);
+    const char *name = strrchr(af.tmp, '/') + 1;
+    size_t base = 0;
+    long pid = 0;
+    CHECKF(dp_atomic_temp_parse(name, &base, &pid) == 1 && base == strlen("named.bin") &&
+               pid == (long)getpid(), "%s: base %zu, pid %ld", name, base, pid);
+    dp_atomic_abort(&af);
+    CHECK(dp_atomic_temp_parse("a.tmp.1.2.tmp.33.4", &base, &pid) == 1 && base == 9 && pid == 33);
+    const char *not_temps[] = {"a.tmp.1.2.bak", "a.tmp.1.x", "a.tmp..2", "a.tmp.1.", "a.tmp.1",
+                               ".tmp.1.2", "a.tmp.-1.2", "a.tmp", "a"};
+    for (size_t i = 0; i < sizeof not_temps / sizeof not_temps[0]; i++)
+        CHECKF(dp_atomic_temp_parse(not_temps[i], &base, &pid) == 0, "%s", not_temps[i]);
+}
+
 static void test_path_check(void)
 {
     dp_err err = {{0}};
@@ -230,6 +249,7 @@ int main(void)
     scratch_make(tmpdir, sizeof tmpdir, "test_file");
     test_write_all();
     test_atomic();
+    test_temp_parse();
     test_path_check();
     test_dir_prepare();
     return CHECK_DONE();

@@ -239,7 +239,7 @@ static void test_one_fails(void)
     int out = open_out("launch_fail.txt", out_path, sizeof out_path);
     /* worker:1 fails once the others are up; they sleep with a helper each */
     char *argv[] = {"/bin/sh", "-c",
-                    "if [ \"$DOWNPOUR_TASK\" = worker:1 ]; then sleep 0.3; echo failing; exit 3; fi;"
+                    "if [ \"$DOWNPOUR_TASK\" = worker:1 ]; then sleep 0.3; echo failing; exit 4; fi;"
                     " sleep 60 & echo \"helper $!\"; wait",
                     NULL};
     dp_launch_opts o = {.cluster = &c, .argc = 3, .argv = argv, .out_fd = out, .grace_seconds = 5};
@@ -255,8 +255,8 @@ static void test_one_fails(void)
     dp_launcher_free(l);
     double dt = dp_now() - t0;
     close(out);
-    CHECKF(rc == 3, "rc %d", rc);
-    CHECKF(strstr(err.msg, "worker:1") && strstr(err.msg, "exited with status 3"), "%s", err.msg);
+    CHECKF(rc == 4, "rc %d", rc);
+    CHECKF(strstr(err.msg, "worker:1") && strstr(err.msg, "exited with status 4"), "%s", err.msg);
     CHECKF(dt < 10, "took %.1f s", dt);
     for (int r = 0; r < 4; r++)
         CHECKF(pid_gone(pids[r]), "task %d (pid %d) still there", r, (int)pids[r]);
@@ -271,6 +271,32 @@ static void test_one_fails(void)
         helpers++;
     }
     CHECK(helpers == 3);
+    free(s);
+    dp_cluster_free(&c);
+}
+
+/* Exit 3 (DP_EXIT_CHECKPOINTS_MISSED: done, but some checkpoint not
+ * written) is no fault: the others go on to their end, and it is the run's. */
+static void test_checkpoints_missed(void)
+{
+    dp_cluster c;
+    local_cluster(&c, 1, 2, 1);
+    char out_path[4200];
+    int out = open_out("launch_missed.txt", out_path, sizeof out_path);
+    char *argv[] = {"/bin/sh", "-c",
+                    "if [ \"$DOWNPOUR_TASK\" = chief:0 ]; then exit 3; fi;"
+                    " sleep 0.5; echo finished",
+                    NULL};
+    dp_launch_opts o = {.cluster = &c, .argc = 3, .argv = argv, .out_fd = out, .grace_seconds = 5};
+    dp_err err = {{0}};
+    int rc = dp_launch(&o, &err);
+    close(out);
+    CHECKF(rc == DP_EXIT_CHECKPOINTS_MISSED, "rc %d", rc);
+    CHECKF(strstr(err.msg, "chief:0") && strstr(err.msg, "checkpoint"), "%s", err.msg);
+    char *s = slurp(out_path);
+    REQUIRE(s);
+    CHECKF(strstr(s, "[worker 0] finished\n") && strstr(s, "[worker 1] finished\n") &&
+           strstr(s, "[ps 0] finished\n"), "the others were stopped: %s", s);
     free(s);
     dp_cluster_free(&c);
 }
@@ -441,6 +467,7 @@ int main(void)
     test_environment();
     test_long_lines();
     test_one_fails();
+    test_checkpoints_missed();
     test_grace_then_kill();
     test_exec_failure();
     test_sigterm_to_launcher();

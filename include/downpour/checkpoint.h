@@ -105,5 +105,13 @@ int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_i
                               dp_train_state *st, char *path, size_t path_len, dp_err *err);
 /* Deletes all but the newest `keep` checkpoints of dir. */
 void dp_checkpoint_prune(const char *dir, int keep);
+/* Removes the temporary files that checkpoint writes killed mid-way left
+ * in dir: only names of the exact form ckpt-<10 digits>.safetensors.tmp.<pid>.<n>
+ * (dp_atomic_temp_parse), and none whose pid is a live process other than
+ * this one (it may be writing; call this before this process writes a
+ * checkpoint, so one with its own pid is an earlier process's).  Each
+ * removal is logged.  Returns how many
+ * were removed, or -1 when dir cannot be read (err says why). */
+int dp_checkpoint_remove_temps(const char *dir, dp_err *err);
 
 #endif

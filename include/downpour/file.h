@@ -46,6 +46,12 @@ int dp_atomic_commit(dp_atomic_file *af, dp_err *err);
  * empty or already finished af. */
 void dp_atomic_abort(dp_atomic_file *af);
 
+/* Whether the file name `name` (no directory) is a temporary file of
+ * dp_atomic_open, "<base>.tmp.<pid>.<n>" in decimal: 1 with *base_len (the
+ * length of <base>) and *pid set, else 0.  A process killed while writing
+ * leaves one behind; whoever owns the directory's files may remove them. */
+int dp_atomic_temp_parse(const char *name, size_t *base_len, long *pid);
+
 /* Replaces path with buf (len bytes) atomically: open, write, commit. */
 int dp_file_replace(const char *path, const void *buf, size_t len, dp_err *err);
 

@@ -25,7 +25,10 @@
  * launcher logs which task and how, sends SIGTERM to the others, and SIGKILL
  * after the grace period.  The chief, or without one worker 0 (which plays
  * it), is asked about as the chief, and no task is restarted once it has
- * exited 0 (the run is over).  Each fault is one log line and, with --metrics, one
+ * exited 0 (the run is over).  A task that exits DP_EXIT_CHECKPOINTS_MISSED
+ * (status.h: it trained and wrote its results, but not every checkpoint) is
+ * no fault: it is not restarted, the others are not stopped, and it counts
+ * as a chief that exited 0.  Each fault is one log line and, with --metrics, one
  * "fault" event in FILE.launcher (merged into FILE).  Children get PR_SET_PDEATHSIG SIGKILL,
  * so they die with the launcher even if it is killed with SIGKILL.  When a
  * task's main process ends, the rest of its process group is killed.
@@ -87,7 +90,8 @@ pid_t dp_launcher_pid(const dp_launcher *l, int rank);
  * merges metrics.  Returns the exit status for the program: 0 when every task
  * exited 0; else the first failed task's exit code (128+signal if it was
  * killed), or 128+signal when the launcher itself was signalled, with err
- * saying which task failed and how.  Call once. */
+ * saying which task failed and how; DP_EXIT_CHECKPOINTS_MISSED when none
+ * failed but one or more exited with it.  Call once. */
 int dp_launcher_wait(dp_launcher *l, dp_err *err);
 
 /* Kills (SIGKILL) and reaps any task still running, closes everything and

@@ -8,6 +8,13 @@
 
 #define DP_ERR_MAX 512
 
+/* The program's exit statuses beyond 0 (done), 1 (failed) and 2 (usage):
+ * a run that trained, evaluated and wrote --save, but could not write every
+ * checkpoint it was asked for (each one a warning and a "fault" event).
+ * downpour launch passes it on (launcher.h); docs/checkpoints.md, "A
+ * checkpoint that cannot be written". */
+#define DP_EXIT_CHECKPOINTS_MISSED 3
+
 typedef struct dp_err {
     char msg[DP_ERR_MAX];
 } dp_err;

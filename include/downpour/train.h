@@ -102,6 +102,8 @@ typedef struct dp_train_result {
     double train_seconds;     /* the epoch loop, data loading excluded */
     double samples_per_second;
     long steps;
+    int checkpoints_missed;   /* checkpoints that could not be written: the run went
+                                 on without them (docs/checkpoints.md) */
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);

@@ -20,7 +20,9 @@
     "a task fails, the strategy decides: a task the run survives losing (a worker in\n"  \
     "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"     \
     "else the run goes on without it; otherwise the others get SIGTERM, then SIGKILL\n"   \
-    "after the grace period, and launch exits with the failed task's status. With\n"      \
+    "after the grace period, and launch exits with the failed task's status. A task\n"    \
+    "that exits 3 (trained and saved, but some checkpoint not written) is no failure:\n"  \
+    "nothing is restarted or stopped, and launch exits 3 when no task failed. With\n"     \
     "--metrics FILE in the train options, task T writes FILE.<type>-<index> and FILE\n"   \
     "gets all of them merged, with one \"fault\" event per fault."
 

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "downpour/file.h"
 #include "downpour/lbfgs.h"
+#include "downpour/log.h"
 #include "downpour/node.h"
 #include "downpour/pipeline.h"
 #include "downpour/strategy.h"
@@ -244,7 +245,7 @@ int cmd_train(int argc, char **argv)
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
         {"tensorboard", CLI_STR, &tensorboard, "DIR", "write TensorBoard scalars under DIR (a cluster task: DIR/<type>-<index>)", 0, 0},
         {"save", CLI_STR, &save, "FILE", "save the trained weights as safetensors", 0, 0},
-        {"checkpoint-dir", CLI_STR, &checkpoint_dir, "DIR", "write training-state checkpoints here (made if missing)", 0, 0},
+        {"checkpoint-dir", CLI_STR, &checkpoint_dir, "DIR", "write training-state checkpoints here (made if missing); one that cannot be written is a warning, and the run goes on and exits 3", 0, 0},
         {"checkpoint-every", CLI_INT, &checkpoint_every, "N", "steps between checkpoints (0: only at the end)", 0, 1000000000000L},
         {"keep-checkpoints", CLI_INT, &keep_checkpoints, "K", "keep the newest K checkpoints", 1, 1000},
         {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir", 0, 0},
@@ -451,6 +452,13 @@ int cmd_train(int argc, char **argv)
     if (dp_train_run(&cfg, &res, &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 1;
+    }
+    if (res.checkpoints_missed > 0) {
+        /* trained and saved, but not every checkpoint asked for is there */
+        dp_warn("%d checkpoint(s) in %s could not be written (see the warnings above); the "
+                "run trained and wrote its other outputs; exit status %d",
+                res.checkpoints_missed, checkpoint_dir, DP_EXIT_CHECKPOINTS_MISSED);
+        return DP_EXIT_CHECKPOINTS_MISSED;
     }
     return 0;
 }

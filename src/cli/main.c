@@ -1,7 +1,9 @@
 /* downpour: distributed deep-learning training.  Dispatches to one file per
  * subcommand.  Exit status: 0 done, 1 the work failed, 2 a usage error (an
  * unknown command or option, a missing or bad value, an unexpected
- * argument); help and the version go to stdout, errors to stderr. */
+ * argument), 3 (train and launch) trained and saved but some checkpoint not
+ * written (DP_EXIT_CHECKPOINTS_MISSED, docs/checkpoints.md); help and the
+ * version go to stdout, errors to stderr. */
 #include <stdio.h>
 #include <string.h>
 

@@ -65,8 +65,9 @@ struct dp_launcher {
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;
-    int chief_done;        /* a chief exited 0: the run is over, no restarts */
+    int chief_done;        /* a chief exited 0 (or 3): the run is over, no restarts */
     double over_at;        /* when only restarted tasks were left after the run's end */
+    char missed[DP_ERR_MAX]; /* a task that exited DP_EXIT_CHECKPOINTS_MISSED, or "" */
     pid_t self;            /* the launcher's pid, for the children's death signal */
     int signals_installed;
     struct sigaction old_int, old_term, old_chld, old_pipe;
@@ -503,11 +504,21 @@ static void reap_one(dp_launcher *l, int i, int killed_only)
     t->running = 0;
     l->live--;
     int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    /* A task that did its work but could not write some checkpoint(s): no
+     * fault to restart it for, but the run's status says so (status.h). */
+    int missed = WIFEXITED(st) && WEXITSTATUS(st) == DP_EXIT_CHECKPOINTS_MISSED;
     char how[96];
     describe_status(how, sizeof how, st);
     const char *name = l->c->tasks[i].name;
-    if (ok) {
-        dp_debug("launcher: %s (pid %d) exited with status 0", name, (int)t->pid);
+    if (missed && !l->stopping) {
+        dp_warn("launcher: %s (pid %d) finished, but some checkpoint(s) could not be written "
+                "(exit status %d)", name, (int)t->pid, DP_EXIT_CHECKPOINTS_MISSED);
+        if (!l->missed[0])
+            snprintf(l->missed, sizeof l->missed, "task %s (pid %d) finished, but some "
+                     "checkpoint(s) could not be written", name, (int)t->pid);
+    }
+    if (ok || (missed && !l->stopping)) {
+        dp_debug("launcher: %s (pid %d) %s", name, (int)t->pid, how);
         if (plays_chief(l->c, &l->c->tasks[i]))
             l->chief_done = 1;
     } else if (l->stopping) {
@@ -922,6 +933,10 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
                 snprintf(l->reason, sizeof l->reason, "%s", merr.msg);
             }
         }
+    }
+    if (l->status == 0 && l->missed[0]) {
+        l->status = DP_EXIT_CHECKPOINTS_MISSED;
+        snprintf(l->reason, sizeof l->reason, "%s", l->missed);
     }
     if (l->status != 0)
         dp_errf(err, "%s", l->reason[0] ? l->reason : "launcher failed");

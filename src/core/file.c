@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -105,7 +106,8 @@ int dp_atomic_open(dp_atomic_file *af, const char *path, dp_err *err)
         return dp_errf(err, "%s: out of memory", path);
     }
     /* O_EXCL with a fresh name, so a stale temporary of a crashed process
-     * with the same pid is stepped over, never written through. */
+     * with the same pid is stepped over, never written through; the name's
+     * form is what dp_atomic_temp_parse recognises. */
     for (int i = 0; i < TMP_TRIES; i++) {
         snprintf(af->tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(),
                  atomic_fetch_add(&counter, 1u));
@@ -131,6 +133,39 @@ void dp_atomic_abort(dp_atomic_file *af)
     if (af->tmp)
         unlink(af->tmp);
     atomic_clear(af);
+}
+
+/* The digits of a decimal number starting at s (at least one, no sign):
+ * the count, with the value in *v (saturating). */
+static size_t digits(const char *s, long *v)
+{
+    size_t n = 0;
+    long x = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++)
+        x = x > (LONG_MAX - 9) / 10 ? LONG_MAX : x * 10 + (s[n] - '0');
+    *v = x;
+    return n;
+}
+
+int dp_atomic_temp_parse(const char *name, size_t *base_len, long *pid)
+{
+    /* the last ".tmp." is the one dp_atomic_open appended */
+    const char *tag = NULL;
+    for (const char *p = strstr(name, ".tmp."); p; p = strstr(p + 1, ".tmp."))
+        tag = p;
+    if (!tag || tag == name)
+        return 0;
+    long p, n;
+    const char *s = tag + 5;
+    size_t np = digits(s, &p);
+    if (np == 0 || s[np] != '.')
+        return 0;
+    size_t nn = digits(s + np + 1, &n);
+    if (nn == 0 || s[np + 1 + nn] != '\0')
+        return 0;
+    *base_len = (size_t)(tag - name);
+    *pid = p;
+    return 1;
 }
 
 /* fsync of a directory, so a rename in it is durable.  Filesystems that

@@ -6,12 +6,14 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "downpour/crc32c.h"
+#include "downpour/file.h"
 #include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
@@ -709,4 +711,47 @@ void dp_checkpoint_prune(const char *dir, int keep)
             dp_warn("cannot delete old checkpoint %s: %s", path, strerror(errno));
     }
     free(steps);
+}
+
+/* A process with this pid lives on this host (EPERM: it does, but is not
+ * ours to signal). */
+static int pid_alive(long pid)
+{
+    if (pid <= 0 || pid > INT_MAX)
+        return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+int dp_checkpoint_remove_temps(const char *dir, dp_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return dp_errf(err, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t base_len;
+        long pid;
+        char base[NAME_LEN], path[4096];
+        if (!dp_atomic_temp_parse(e->d_name, &base_len, &pid) || base_len >= sizeof base)
+            continue;
+        memcpy(base, e->d_name, base_len);
+        base[base_len] = '\0';
+        if (step_of(base) < 0)
+            continue; /* another writer's temporary: not ours to judge */
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (pid != (long)getpid() && pid_alive(pid)) {
+            dp_info("%s: left in place: process %ld is alive and may be writing it", path, pid);
+            continue;
+        }
+        if (unlink(path) == 0) {
+            dp_info("Removed %s, the temporary file of a checkpoint write that was interrupted",
+                    path);
+            removed++;
+        } else if (errno != ENOENT) {
+            dp_warn("cannot remove the stale checkpoint temporary %s: %s", path, strerror(errno));
+        }
+    }
+    closedir(d);
+    return removed;
 }

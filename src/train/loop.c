@@ -220,18 +220,32 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     return 0;
 }
 
-static int write_checkpoint(loop *L, long step, dp_err *err)
+/* A checkpoint that cannot be written (a full disk) costs that checkpoint,
+ * not the run: the write left the older ones as they were and no temporary
+ * behind, so training goes on, the next one is tried at its step, and the
+ * run ends with DP_EXIT_CHECKPOINTS_MISSED (docs/checkpoints.md, "A
+ * checkpoint that cannot be written"). */
+static void write_checkpoint(loop *L, long step)
 {
     char path[4096];
+    dp_err why;
     L->ck.step = step;
     dp_checkpoint_path(path, sizeof path, L->cfg->checkpoint_dir, step);
-    if (dp_checkpoint_write(path, &L->m, &L->ck, &L->id, err) < 0)
-        return -1;
+    if (dp_checkpoint_write(path, &L->m, &L->ck, &L->id, &why) < 0) {
+        L->res->checkpoints_missed++;
+        dp_warn("fault: checkpoint of step %ld not written: %s; the run goes on, and the "
+                "older checkpoints are kept", step, why.msg);
+        dp_metrics_event(L->metrics, "fault", DP_F_STR, "task",
+                         L->in_cluster ? L->node.self->name : "worker:0", DP_F_STR, "what",
+                         "checkpoint not written", DP_F_STR, "action", "continue", DP_F_INT,
+                         "step", step, DP_F_STR, "path", path, DP_F_STR, "error", why.msg,
+                         DP_F_END);
+        return;
+    }
     dp_checkpoint_prune(L->cfg->checkpoint_dir, L->cfg->keep_checkpoints);
     dp_info("Checkpoint %s (step %ld, epoch %ld)", path, step, step / L->spe);
     dp_metrics_event(L->metrics, "checkpoint", DP_F_INT, "step", step, DP_F_STR, "path", path,
                      DP_F_END);
-    return 0;
 }
 
 /* A trainer at a checkpoint step: every holder of state hands it in; the
@@ -241,7 +255,8 @@ static int trainer_checkpoint(loop *L, long step, dp_err *err)
     int rc = L->ops->save(L->s, step, &L->ck, err);
     if (rc <= 0)
         return rc;
-    return write_checkpoint(L, step, err);
+    write_checkpoint(L, step);
+    return 0;
 }
 
 /* The per-epoch table people compare with the source experiment's. */
@@ -291,7 +306,8 @@ static int report_and_save(loop *L, dp_err *err)
                      DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_INT,
                      "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
                      DP_F_INT, "resumed_from", L->resume.step, DP_F_INT, "test_records",
-                     (long)test.n, DP_F_END);
+                     (long)test.n, DP_F_INT, "checkpoints_missed", (long)res->checkpoints_missed,
+                     DP_F_END);
     if (!cfg->save_path)
         return 0;
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
@@ -362,8 +378,8 @@ static int coordinate(loop *L, dp_err *err)
             if (evaluate_epoch(L, ev.epoch, &ev.stats, now - t_last, ev.step, err) < 0)
                 return -1;
             t_last = now;
-        } else if (write_checkpoint(L, ev.step, err) < 0) {
-            return -1;
+        } else {
+            write_checkpoint(L, ev.step);
         }
     }
     L->res->train_seconds = dp_now() - t_start;
@@ -804,6 +820,12 @@ static int run_task(loop *L, dp_err *err)
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
+    /* The writer (only it, so no task removes a temporary being written)
+     * clears what a write killed mid-way left (docs/checkpoints.md). */
+    dp_err terr;
+    if (L->info.evaluator && cfg->checkpoint_dir &&
+        dp_checkpoint_remove_temps(cfg->checkpoint_dir, &terr) < 0)
+        dp_warn("%s", terr.msg);
     /* Steps per epoch: the same for every trainer, so synchronous
      * strategies line up; together the trainers cover the split once.  Whole
      * files (--shard file over record files) need not split evenly: the
