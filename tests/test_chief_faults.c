@@ -23,6 +23,10 @@ static int run(const char *name, const char *strategy, const char *extra, int ki
              "--metrics %s/%s.jsonl", extra, strategy, tmp, name, tmp, name);
     pid_t l = start(name, args);
     if (kill_chief) {
+        /* the chief evaluates epoch 1 when it sees every worker past it, which
+         * on a loaded machine can be after worker 1's step 70: wait for both,
+         * or the kill takes epoch 1's evaluation with it (once seen under ASan) */
+        CHECKF(wait_log(name, "Epoch 1/3", 120), "%s: epoch 1 was never evaluated", name);
         pid_t c = await_task(l, name, "Worker 1, At step 70,", "chief:0");
         if (c > 0)
             kill(c, SIGKILL);

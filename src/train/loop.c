@@ -198,8 +198,6 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         L->ck.best_accuracy = val_acc;
         L->ck.best_epoch = epoch;
     }
-    dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
-            L->cfg->epochs, train_loss, val_loss, val_acc, secs);
     if (epoch >= 1 && epoch <= L->ck.max_history) {
         float *h = L->ck.history + (size_t)(epoch - 1) * 3;
         h[0] = (float)val_acc;
@@ -215,6 +213,10 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
                      val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
                      DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
                      DP_F_END);
+    /* after the event: whoever reads the line (a test, a user's script) can
+     * count on the event being in the file, even if the process dies next */
+    dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
+            L->cfg->epochs, train_loss, val_loss, val_acc, secs);
     L->res->val_accuracy = val_acc;
     L->res->train_loss = train_loss;
     return 0;
