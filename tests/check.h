@@ -22,6 +22,11 @@ static int check_failures;
 #define SANITIZED 0
 #endif
 
+/* LONG_CHECKS: 1 under `make test-long` (DOWNPOUR_TEST_LONG=1), where the
+ * end-to-end tests that make test runs on a slice of the data train on all
+ * of it to the accuracies their issues set (README, "Set up"). */
+#define LONG_CHECKS (getenv("DOWNPOUR_TEST_LONG") && getenv("DOWNPOUR_TEST_LONG")[0] == '1')
+
 #define CHECK(cond)                                                                   \
     do {                                                                              \
         if (!(cond)) {                                                                \

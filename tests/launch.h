@@ -102,6 +102,25 @@ static int wait_log(const char *name, const char *text, double timeout)
     return 0;
 }
 
+/* Waits until tmp/NAME.log holds `text` followed by a number, and returns
+ * the number (a pid the launcher logged), or -1 (a failed check).  Unlike
+ * task_pid it cannot race a child that has not exec'd yet, whose environment
+ * is still the launcher's. */
+static pid_t await_logged_pid(const char *name, const char *text)
+{
+    int seen = wait_log(name, text, 120);
+    CHECKF(seen, "%s: \"%s\" never came", name, text);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+    size_t len;
+    char *s = seen ? slurp(path, &len) : NULL;
+    const char *at = s ? strstr(s, text) : NULL;
+    long pid = at ? strtol(at + strlen(text), NULL, 10) : -1;
+    free(s);
+    CHECKF(!seen || pid > 0, "%s: no pid after \"%s\"", name, text);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
 /* The pid of the launcher's child whose environment says DOWNPOUR_TASK=task. */
 static pid_t task_pid(pid_t launcher, const char *task)
 {

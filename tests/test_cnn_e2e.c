@@ -1,16 +1,21 @@
-/* cnn-mnist end to end (issue 11): two epochs reach >= 0.98 MNIST test
- * accuracy in a single process; one epoch reaches >= 0.975 under ps-async
- * (chief, 2 workers, 1 ps) and under allreduce (2 workers) (measured: 0.9838
- * and 0.9807; two epochs of each cost the suite 45 s and add nothing the
- * single run and test_allreduce's equality with it do not show); and the
- * image model's checkpoint evaluates to the accuracy train reported.  Under
- * AddressSanitizer the same runs are cut to 1,000 records, one epoch and
- * 1,000 test records, without the evaluations: there they check memory, not
+/* cnn-mnist end to end (issue 11).  Under `make test-long` (LONG_CHECKS):
+ * two epochs reach >= 0.98 MNIST test accuracy in a single process; one
+ * epoch reaches >= 0.975 under ps-async (chief, 2 workers, 1 ps) and under
+ * allreduce (2 workers) (measured: 0.9838 and 0.9807).  Those runs take
+ * about 200 s of this 2-core machine, a third of make test's budget, so make
+ * test trains each on 6,000 records for one epoch (measured: 0.9214 single,
+ * 0.8624 ps-async, 0.8819 allreduce; chance is 0.1).  Always: the image
+ * model's checkpoint evaluates to the accuracy train reported.  Under
+ * AddressSanitizer the runs are cut to 1,000 records, one epoch and 1,000
+ * test records, without the evaluations: there they check memory, not
  * accuracy. */
 #include "proc.h"
 
 #define TARGET 0.98          /* two epochs, single */
 #define TARGET_ONE_EPOCH 0.975 /* one epoch, distributed */
+#define SHORT "--train-size 6000 --val-size 1000 --epochs 1" /* the whole test set: eval checks it */
+#define TARGET_SHORT 0.85          /* 6,000 records, single */
+#define TARGET_SHORT_DISTRIBUTED 0.8 /* 3,000 records a worker */
 
 static const char *bin, *tmp;
 static char err[16384];
@@ -32,10 +37,13 @@ static double test_accuracy(const char *name)
 static void check_run(const char *name, const char *launch, const char *strategy, int threads,
                       int epochs)
 {
-    const char *size = SANITIZED ? "--train-size 1000 --val-size 500 --test-size 1000 --epochs 1"
-                       : epochs == 2 ? "--epochs 2"
-                                     : "--epochs 1";
-    double target = epochs == 2 ? TARGET : TARGET_ONE_EPOCH;
+    const char *size = SANITIZED      ? "--train-size 1000 --val-size 500 --test-size 1000 --epochs 1"
+                       : !LONG_CHECKS ? SHORT
+                       : epochs == 2  ? "--epochs 2"
+                                      : "--epochs 1";
+    double target = !LONG_CHECKS ? (epochs == 2 ? TARGET_SHORT : TARGET_SHORT_DISTRIBUTED)
+                    : epochs == 2 ? TARGET
+                                  : TARGET_ONE_EPOCH;
     int rc = run_cmd(err, sizeof err,
                      "%s %s train --strategy %s --dataset mnist --model cnn-mnist --batch 128 %s "
                      "--threads %d --log-every 0 --no-progress --metrics %s/%s.jsonl "
@@ -47,8 +55,8 @@ static void check_run(const char *name, const char *launch, const char *strategy
         CHECKF(acc > 0.2, "%s: test accuracy %.4f after 1,000 records (8 asynchronous steps "
                           "under ps-async; chance is 0.1)", name, acc);
     else
-        CHECKF(acc >= target, "%s: test accuracy %.4f after %d epoch(s), expected >= %.3f",
-               name, acc, epochs, target);
+        CHECKF(acc >= target, "%s: test accuracy %.4f (%s), expected >= %.3f", name, acc,
+               size, target);
     fprintf(stderr, "%s: test accuracy %.4f\n", name, acc);
 
     /* the saved image model evaluates to the same accuracy (not under ASan,

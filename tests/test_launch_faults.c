@@ -31,7 +31,7 @@ static void allreduce_late_rejoin(void)
     pid_t w = await_task(l, "late", "Worker 1, At step 110,", "worker:1");
     if (w > 0)
         kill(w, SIGKILL);
-    pid_t again = await_task(l, "late", "launcher: worker:1 restarted as pid", "worker:1");
+    pid_t again = await_logged_pid("late", "launcher: worker:1 restarted as pid ");
     if (again > 0)
         kill(again, SIGSTOP);
     int over = wait_log("late", "[worker 0] Test accuracy:", 120);
