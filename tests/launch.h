@@ -106,7 +106,7 @@ static int wait_log(const char *name, const char *text, double timeout)
  * the number (a pid the launcher logged), or -1 (a failed check).  Unlike
  * task_pid it cannot race a child that has not exec'd yet, whose environment
  * is still the launcher's. */
-static pid_t await_logged_pid(const char *name, const char *text)
+static inline pid_t await_logged_pid(const char *name, const char *text)
 {
     int seen = wait_log(name, text, 120);
     CHECKF(seen, "%s: \"%s\" never came", name, text);

@@ -372,14 +372,16 @@ static void test_optim(void)
 {
     static const dp_kernel_id ids[DP_OPTIM_COUNT] = {DP_K_SGD, DP_K_MOMENTUM, DP_K_NESTEROV,
                                                      DP_K_ADAGRAD, DP_K_ADAM};
-    setenv("DOWNPOUR_EXACT_ADAM", "1", 1); /* IEEE sqrt and division, as the kernel */
-    for (int kind = 0; kind < DP_OPTIM_COUNT; kind++) {
+    /* every kind, and adam twice: its IEEE twin, then the fast arithmetic */
+    for (int round = 0; round <= DP_OPTIM_COUNT; round++) {
+        int kind = round < DP_OPTIM_COUNT ? round : DP_OPTIM_ADAM;
         size_t n = 1003;
         dp_optim_config cfg = dp_optim_defaults((dp_optim_kind)kind);
         dp_optim o, rates;
         dp_err err;
         REQUIRE(dp_optim_init(&o, &cfg, n, &err) == 0);
         REQUIRE(dp_optim_init(&rates, &cfg, 0, &err) == 0);
+        o.exact = round < DP_OPTIM_COUNT;
         int slots = dp_optim_slots(cfg.kind);
         float *p_cpu = rnd(n, -1, 1), *p_dev = malloc(n * sizeof(float));
         memcpy(p_dev, p_cpu, n * sizeof(float));
@@ -398,7 +400,8 @@ static void test_optim(void)
             dp_step_block blk = {st.lr, st.lr_t, scale, 0};
             dp_kernel k = {.id = ids[kind], .items = (long)n};
             k.u.optim = (dp_ka_optim){p_dev, g, s_dev, slots == 2 ? s_dev + n : NULL, &blk,
-                                      cfg.momentum, cfg.beta1, cfg.beta2, cfg.eps};
+                                      cfg.momentum, cfg.beta1, cfg.beta2, cfg.eps,
+                                      dp_optim_adam_exact(&o)};
             run(&k);
             sync_ok();
             double e = max_rel(p_dev, p_cpu, n, 1e-3);
@@ -410,8 +413,9 @@ static void test_optim(void)
             free(g), free(gs);
         }
         char what[64];
-        snprintf(what, sizeof what, "%s parameters and state, 5 updates",
-                 dp_optim_kind_name(cfg.kind));
+        snprintf(what, sizeof what, "%s%s parameters and state, 5 updates",
+                 dp_optim_kind_name(cfg.kind),
+                 kind != DP_OPTIM_ADAM ? "" : dp_optim_adam_exact(&o) ? " (IEEE)" : " (fast)");
         /* the same formula; only FTZ in dp_optim_apply could part them */
         report(what, ep > es ? ep : es, 1e-6);
         dp_optim_free(&o), dp_optim_free(&rates);

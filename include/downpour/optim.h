@@ -80,6 +80,11 @@ void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *par
 void dp_optim_apply_split(const dp_optim *o, const dp_optim_step *st, float *params,
                           const float *grads, size_t lo, size_t hi);
 
+/* 1 if Adam updates here run the IEEE twin (DOWNPOUR_EXACT_ADAM=1, or an x86
+ * CPU without FMA), 0 if the fast arithmetic: a device update follows the
+ * host's choice, so both give the same bits. */
+int dp_optim_adam_exact(const dp_optim *o);
+
 /* For tests and benchmarks: the fast Adam of the given instruction-set level
  * (downpour/isa.h), or the widest below it that the CPU has; returns the
  * level now used.  Every level gives the same bits.  Not thread-safe: call it

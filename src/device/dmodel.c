@@ -322,7 +322,8 @@ static void update(dp_dmodel *g)
     dp_kernel k = {.id = ids[c->kind], .items = (long)g->n_params};
     float *s1 = g->n_slots == 2 ? g->state + g->n_params : NULL;
     k.u.optim = (dp_ka_optim){g->params, g->grads, g->state, s1, g->block,
-                              c->momentum, c->beta1, c->beta2, c->eps};
+                              c->momentum, c->beta1, c->beta2, c->eps,
+                              dp_optim_adam_exact(&g->opt)};
     launch(g, &k);
     if (g->ema) { /* the average follows every update, as the loop's on the host */
         k.id = DP_K_EMA;

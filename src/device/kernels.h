@@ -200,6 +200,7 @@ typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's for
     float *s0, *s1;            /* state slots (velocity, accumulator, or m and v) */
     const dp_step_block *step; /* lr, lr_t, scale */
     float mu, b1, b2, eps;
+    int exact;                 /* adam: IEEE sqrt and division (dp_optim_adam_exact) */
 } dp_ka_optim;
 
 typedef struct dp_ka_ema { /* items n: --ema's average, a = decay a + rest p (loop.c's) */
@@ -373,15 +374,47 @@ DP_HD void dp_k_adagrad(const dp_kernel *k, long i)
     a->p[i] -= a->step->lr * g / (sqrtf(acc) + a->eps);
 }
 
+DP_HD uint32_t dp_k_float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+DP_HD float dp_k_bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Adam: the IEEE twin, or optim.c's fast arithmetic operation for operation
+ * (integer-bit estimates of 1/sqrt(v) and 1/d, three Newton steps each, all
+ * on fmaf), so a device update gives the host's bits either way. */
 DP_HD void dp_k_adam(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
     float g = a->g[i] * a->step->scale;
-    float m = a->b1 * a->s0[i] + (1.0f - a->b1) * g;
-    float v = a->b2 * a->s1[i] + (1.0f - a->b2) * g * g;
+    if (a->exact) {
+        float m = a->b1 * a->s0[i] + (1.0f - a->b1) * g;
+        float v = a->b2 * a->s1[i] + (1.0f - a->b2) * g * g;
+        a->s0[i] = m;
+        a->s1[i] = v;
+        a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
+        return;
+    }
+    float m = fmaf(a->b1, a->s0[i], (1.0f - a->b1) * g);
+    float v = fmaf(a->b2, a->s1[i], ((1.0f - a->b2) * g) * g);
     a->s0[i] = m;
     a->s1[i] = v;
-    a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
+    float x = v > 1.17549435e-38f ? v : 1.17549435e-38f;
+    float y = dp_k_bits_float(0x5f375a86u - (dp_k_float_bits(x) >> 1));
+    for (int it = 0; it < 3; it++)
+        y = y * fmaf(-((0.5f * x) * y), y, 1.5f);
+    float d = v * y + a->eps;
+    float r = dp_k_bits_float(0x7ef311c3u - dp_k_float_bits(d));
+    for (int it = 0; it < 3; it++)
+        r = r * fmaf(-d, r, 2.0f);
+    a->p[i] = fmaf(-(a->step->lr_t * m), r, a->p[i]);
 }
 
 DP_HD void dp_k_ema(const dp_kernel *k, long i)

@@ -371,6 +371,12 @@ static void choose_fast_adam(void) { use_fast_adam(dp_isa_max()); }
 static adam_fn pick_adam(int exact) { return exact ? adam_update : fast_adam; }
 static void init_fast_adam(void) { pthread_once(&fast_adam_once, choose_fast_adam); }
 
+int dp_optim_adam_exact(const dp_optim *o)
+{
+    init_fast_adam();
+    return o->exact || fast_adam == adam_update;
+}
+
 dp_isa dp_optim_force_isa(dp_isa level)
 {
     init_fast_adam();
