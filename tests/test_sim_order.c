@@ -303,7 +303,7 @@ static void optimisers(void)
             dp_step_block blk = {0.01f * (1 + step), 0.003f, step == 1 ? 0.5f : 1.0f, 0};
             dp_kernel k = {.id = ids[kind], .items = (long)n};
             k.u.optim = (dp_ka_optim){p, g, s, s + n, &blk, cfg.momentum, cfg.beta1, cfg.beta2,
-                                      cfg.eps};
+                                      cfg.eps, 0};
             go(&k);
             sync_ok();
             free(g);
