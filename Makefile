@@ -100,7 +100,8 @@ bench: build data
 # The end-to-end checks make test runs on a slice of the data, on all of it
 # to the accuracies their issues set (DOWNPOUR_TEST_LONG=1; several minutes).
 test-long: build data
-	cd $(BUILD) && DOWNPOUR_TEST_LONG=1 ctest --output-on-failure -R '^test_cnn_e2e$$'
+	cd $(BUILD) && DOWNPOUR_TEST_LONG=1 ctest --output-on-failure \
+	    -R '^(test_cnn_e2e|test_device_mnist|test_device_train)$$'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -282,6 +282,15 @@ static void test_adam_fast_matches_exact(void)
     dp_optim_free(&b);
 }
 
+/* Element i's gradient at step s: zero, denormal, tiny, ordinary and huge
+ * magnitudes of both signs. */
+static float spread_grad(int i, int s)
+{
+    static const float mag[12] = {0.0f, 1e-40f, 1e-30f, 1e-12f, 1e-7f, 1e-4f,
+                                  0.01f, 0.3f,   1.0f,   30.0f, 1e6f,  1e15f};
+    return mag[(i * 7 + s * 13) % 12] * (float)((i % 19) - 9);
+}
+
 /* Every instruction-set path of the fast Adam the CPU runs (scalar, AVX2,
  * AVX-512) gives the same bits for the same element, over lengths that
  * exercise every vector body and tail, with gradients spanning zero, denormal,
@@ -304,12 +313,8 @@ static void test_adam_paths_agree(void)
         for (int i = 0; i < LEN; i++)
             p[l][i] = (float)((i * 37) % 200 - 100) * 0.01f;
         for (int s = 0; s < STEPS; s++) {
-            for (int i = 0; i < LEN; i++) {
-                int k = (i * 7 + s * 13) % 12;
-                static const float mag[12] = {0.0f,  1e-40f, 1e-30f, 1e-12f, 1e-7f, 1e-4f,
-                                              0.01f, 0.3f,   1.0f,   30.0f,  1e6f,  1e15f};
-                g[i] = mag[k] * (float)((i % 19) - 9);
-            }
+            for (int i = 0; i < LEN; i++)
+                g[i] = spread_grad(i, s);
             /* in pieces of odd lengths, so bodies and tails fall everywhere */
             dp_optim_step step = dp_optim_begin(&o, o.cfg.lr);
             for (size_t lo = 0, w = 1; lo < LEN; lo += w, w = w * 3 % 41 + 1)
@@ -333,12 +338,8 @@ static void test_adam_paths_agree(void)
     for (int i = 0; i < LEN; i++)
         pe[i] = (float)((i * 37) % 200 - 100) * 0.01f;
     for (int s = 0; s < STEPS; s++) {
-        for (int i = 0; i < LEN; i++) {
-            int k = (i * 7 + s * 13) % 12;
-            static const float mag[12] = {0.0f,  1e-40f, 1e-30f, 1e-12f, 1e-7f, 1e-4f,
-                                          0.01f, 0.3f,   1.0f,   30.0f,  1e6f,  1e15f};
-            g[i] = mag[k] * (float)((i % 19) - 9);
-        }
+        for (int i = 0; i < LEN; i++)
+            g[i] = spread_grad(i, s);
         dp_optim_apply(&e, pe, g, e.cfg.lr);
     }
     double worst = 0;

@@ -31,6 +31,11 @@
 #define DP_ATOMIC_ADD(p, v) (*(p) += (v))
 #endif
 
+#ifdef __CUDACC__
+#define DP_ADAM_FN DP_HD
+#endif
+#include "nn/adam_fast.h"
+
 /* ---- image layers (1/2): kernel list and arguments (dimage.c) ----
  * Images are NHWC as layers.h stores them; g is the layer's dp_window.  Each
  * body mirrors its CPU kernel's float operations in the same order, so the
@@ -374,22 +379,8 @@ DP_HD void dp_k_adagrad(const dp_kernel *k, long i)
     a->p[i] -= a->step->lr * g / (sqrtf(acc) + a->eps);
 }
 
-DP_HD uint32_t dp_k_float_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-DP_HD float dp_k_bits_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Adam: the IEEE twin, or optim.c's fast arithmetic operation for operation
- * (integer-bit estimates of 1/sqrt(v) and 1/d, three Newton steps each, all
- * on fmaf), so a device update gives the host's bits either way. */
+/* Adam: the IEEE twin, or the host's fast arithmetic (nn/adam_fast.h), so a
+ * device update gives the host's bits either way. */
 DP_HD void dp_k_adam(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
@@ -402,19 +393,8 @@ DP_HD void dp_k_adam(const dp_kernel *k, long i)
         a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
         return;
     }
-    float m = fmaf(a->b1, a->s0[i], (1.0f - a->b1) * g);
-    float v = fmaf(a->b2, a->s1[i], ((1.0f - a->b2) * g) * g);
-    a->s0[i] = m;
-    a->s1[i] = v;
-    float x = v > 1.17549435e-38f ? v : 1.17549435e-38f;
-    float y = dp_k_bits_float(0x5f375a86u - (dp_k_float_bits(x) >> 1));
-    for (int it = 0; it < 3; it++)
-        y = y * fmaf(-((0.5f * x) * y), y, 1.5f);
-    float d = v * y + a->eps;
-    float r = dp_k_bits_float(0x7ef311c3u - dp_k_float_bits(d));
-    for (int it = 0; it < 3; it++)
-        r = r * fmaf(-d, r, 2.0f);
-    a->p[i] = fmaf(-(a->step->lr_t * m), r, a->p[i]);
+    dp_adam_fast_element(a->p + i, a->s0 + i, a->s1 + i, g, a->step->lr_t, a->b1, 1.0f - a->b1,
+                         a->b2, 1.0f - a->b2, a->eps);
 }
 
 DP_HD void dp_k_ema(const dp_kernel *k, long i)

@@ -199,10 +199,16 @@ static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
 
 /* ---- connection state ---- */
 
+/* How conn_fail's connection ended: abruptly, orderly (the peer said
+ * goodbye), or dropped here because a frame failed authentication, where the
+ * loss is this side's doing and the peer may be alive
+ * (dp_transport_peer_tampered). */
+enum { LOST_ABRUPT, LOST_ORDERLY, LOST_TAMPERED };
+
 /* Marks c lost with a reason (first reason wins), shuts the socket down so
  * any thread blocked on it wakes, and logs it once.  A peer this side dials
  * that left without BYE is redialed in the background. */
-static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
+static void conn_fail(tcp *t, int peer, int how, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 #define REDIAL_FIRST 0.2 /* s after the loss: a restarted task needs that long anyway */
@@ -243,11 +249,7 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
     }
 }
 
-/* conn_fail for a frame that failed authentication: the loss is this side's
- * doing, and the peer may be alive (dp_transport_peer_tampered). */
-static void conn_tampered(tcp *t, int peer, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void conn_tampered(tcp *t, int peer, const char *fmt, ...)
+static void conn_fail(tcp *t, int peer, int how, const char *fmt, ...)
 {
     conn *c = &t->conns[peer];
     char reason[sizeof c->reason];
@@ -257,22 +259,9 @@ static void conn_tampered(tcp *t, int peer, const char *fmt, ...)
     va_end(ap);
     pthread_mutex_lock(&c->mu);
     int up = c->state == CONN_UP;
-    mark_lost(t, peer, 0, reason);
-    if (up)
+    mark_lost(t, peer, how == LOST_ORDERLY, reason);
+    if (how == LOST_TAMPERED && up)
         atomic_store(&c->tampered, 1);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void conn_fail(tcp *t, int peer, int orderly, const char *fmt, ...)
-{
-    conn *c = &t->conns[peer];
-    char reason[sizeof c->reason];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    pthread_mutex_lock(&c->mu);
-    mark_lost(t, peer, orderly, reason);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -747,14 +736,14 @@ static void send_heartbeat(tcp *t, int peer, conn *c)
             ok = dp_sock_write_full(fd, h + n, hl - (size_t)n, dp_now() + t->hb_timeout,
                                     &err) == 0;
             if (!ok)
-                conn_fail(t, peer, 0, "sending a heartbeat: %s", err.msg);
+                conn_fail(t, peer, LOST_ABRUPT, "sending a heartbeat: %s", err.msg);
         } else if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
             /* The peer has closed: what it sent before closing is still to
              * be read, and the reader's account of it (a frame cut short,
              * a clean EOF) is the reason worth reporting.  Leave it to the
              * reader; the silence check still covers a reader that never comes. */
         } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            conn_fail(t, peer, 0, "sending a heartbeat: %s", strerror(errno));
+            conn_fail(t, peer, LOST_ABRUPT, "sending a heartbeat: %s", strerror(errno));
         }
         /* n < 0 with EAGAIN: the send buffer is full, data is in flight. */
         if (ok) {
@@ -872,7 +861,7 @@ static void *heartbeat_main(void *arg)
                 continue;
             double silent;
             if (unread == 0 && silent_for(t, c, &silent)) {
-                conn_fail(t, i, 0, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
+                conn_fail(t, i, LOST_ABRUPT, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
                           silent, t->hb_timeout);
                 continue;
             }
@@ -1423,7 +1412,7 @@ static int send_shm(tcp *t, int peer, conn *c, int fd, dp_frame_header *h,
         atomic_store(&c->last_tx_us, now_us());
         return 0;
     }
-    conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
+    conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
     return dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
 }
 
@@ -1479,7 +1468,7 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
                                           memory_order_relaxed);
                 atomic_store(&c->last_tx_us, now_us());
             } else {
-                conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type),
+                conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type),
                           werr.msg);
                 dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
             }
@@ -1539,7 +1528,7 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
                                       memory_order_relaxed);
             atomic_store(&c->last_tx_us, now_us());
         } else {
-            conn_fail(t, peer, 0, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
+            conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
             dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
         }
     }
@@ -1627,9 +1616,9 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
         c->rpos += DP_FRAME_HEADER_SIZE;
         atomic_fetch_add_explicit(&c->bytes_recv, DP_FRAME_HEADER_SIZE, memory_order_relaxed);
         if (st != DP_FRAME_OK)
-            conn_fail(t, peer, 0, "bad frame header: %s", why);
+            conn_fail(t, peer, LOST_ABRUPT, "bad frame header: %s", why);
         else
-            conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
+            conn_fail(t, peer, LOST_ABRUPT, "frame claims to come from rank %u", h.source);
         return RX_LOST;
     }
     size_t hl = DP_FRAME_HEADER_SIZE;
@@ -1641,7 +1630,7 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
                            hb + DP_FRAME_HEADER_SIZE) != 0) {
             c->rpos += hl;
             atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
-            conn_tampered(t, peer, "frame %" PRIu64 " from %s failed authentication: altered or "
+            conn_fail(t, peer, LOST_TAMPERED, "frame %" PRIu64 " from %s failed authentication: altered or "
                                   "replayed (its header)",
                       c->rx_seq, pname(t, peer));
             return RX_LOST;
@@ -1658,17 +1647,17 @@ static int parse_header(tcp *t, int peer, dp_event *ev)
     if (h.type == DP_FRAME_BYE && h.length == 0)
         return rx_end(t, peer, 1, "said goodbye (BYE)");
     if (h.type < DP_FRAME_APP_FIRST) {
-        conn_fail(t, peer, 0, "unexpected %s frame (%" PRIu64 " payload bytes) after the handshake",
+        conn_fail(t, peer, LOST_ABRUPT, "unexpected %s frame (%" PRIu64 " payload bytes) after the handshake",
                   dp_frame_type_name(h.type), h.length);
         return RX_LOST;
     }
     if (h.length == 0 && h.payload_crc != 0) {
-        conn_fail(t, peer, 0, "empty %s frame with payload CRC 0x%08" PRIx32,
+        conn_fail(t, peer, LOST_ABRUPT, "empty %s frame with payload CRC 0x%08" PRIx32,
                   dp_frame_type_name(h.type), h.payload_crc);
         return RX_LOST;
     }
     if (t->keyed && h.payload_crc != 0) { /* one encoding per frame: tags, no CRCs */
-        conn_fail(t, peer, 0, "%s frame with payload CRC 0x%08" PRIx32 " on an authenticated "
+        conn_fail(t, peer, LOST_ABRUPT, "%s frame with payload CRC 0x%08" PRIx32 " on an authenticated "
                               "connection (tags replace CRCs there)",
                   dp_frame_type_name(h.type), h.payload_crc);
         return RX_LOST;
@@ -1716,15 +1705,15 @@ static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
         char why[200];
         int r = dp_shm_next(c->shm, t->max_frame, &h, why, sizeof why);
         if (r < 0) {
-            conn_fail(t, peer, 0, "%s", why);
+            conn_fail(t, peer, LOST_ABRUPT, "%s", why);
             return RX_LOST;
         }
         if (r > 0) {
             if (h.source != (uint32_t)peer || h.type < DP_FRAME_APP_FIRST) {
                 if (h.source != (uint32_t)peer)
-                    conn_fail(t, peer, 0, "frame claims to come from rank %u", h.source);
+                    conn_fail(t, peer, LOST_ABRUPT, "frame claims to come from rank %u", h.source);
                 else
-                    conn_fail(t, peer, 0, "unexpected %s frame in shared memory",
+                    conn_fail(t, peer, LOST_ABRUPT, "unexpected %s frame in shared memory",
                               dp_frame_type_name(h.type));
                 return RX_LOST;
             }
@@ -1747,7 +1736,7 @@ static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
             return RX_NOTHING;
         r = next_frame(t, peer, fd, 0, ev);
         if (r == RX_FRAME) {
-            conn_fail(t, peer, 0, "%s frame on the socket of a shared-memory connection",
+            conn_fail(t, peer, LOST_ABRUPT, "%s frame on the socket of a shared-memory connection",
                       dp_frame_type_name(ev->header.type));
             return RX_LOST;
         }
@@ -1781,17 +1770,17 @@ static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
             double silent;
             if (!silent_for(t, c, &silent))
                 continue;
-            conn_fail(t, peer, 0, "silent for %.1f s in the middle of %s frame (%" PRIu64
+            conn_fail(t, peer, LOST_ABRUPT, "silent for %.1f s in the middle of %s frame (%" PRIu64
                                   " bytes missing)",
                       silent, dp_frame_type_name(c->pay_h.type), c->pay_left);
         } else if (n == 0) {
             /* Keyed, pay_left counts bytes not yet checked: the chunk under
              * way may have arrived in part. */
-            conn_fail(t, peer, 0, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
+            conn_fail(t, peer, LOST_ABRUPT, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
                                   " payload bytes missing%s",
                       c->pay_left, c->pay_h.length, t->keyed ? " or not yet authenticated" : "");
         } else {
-            conn_fail(t, peer, 0, "reading a payload: %s", strerror(errno));
+            conn_fail(t, peer, LOST_ABRUPT, "reading a payload: %s", strerror(errno));
         }
         return -1;
     }
@@ -1873,7 +1862,7 @@ static int read_payload(tcp *t, int peer, int fd, uint8_t *dst, size_t len, dp_e
             dst += n;
         atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
         if (c->chunk_left == 0 && c->pay_crc != c->chunk_crc) {
-            conn_fail(t, peer, 0, "payload CRC mismatch on %s frame (step %" PRIu64
+            conn_fail(t, peer, LOST_ABRUPT, "payload CRC mismatch on %s frame (step %" PRIu64
                                   ", offset %" PRIu64 ", %" PRIu64 " bytes, chunk %" PRIu64
                                   "): got 0x%08" PRIx32 ", expected 0x%08" PRIx32,
                       dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
@@ -1939,7 +1928,7 @@ static int read_payload_tagged(tcp *t, int peer, int fd, uint8_t *dst, size_t le
         int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
                           : dp_fmac_end_verify(&c->rx, tag);
         if (bad) {
-            conn_tampered(t, peer, "frame %" PRIu64 " from %s failed authentication: altered or "
+            conn_fail(t, peer, LOST_TAMPERED, "frame %" PRIu64 " from %s failed authentication: altered or "
                                   "replayed (%s frame, chunk %" PRIu32 ")",
                       c->pay_seq, pname(t, peer), dp_frame_type_name(c->pay_h.type), k);
             c->pay_pending = 0;
@@ -1972,7 +1961,7 @@ static int read_payload_shm(tcp *t, int peer, int fd, uint8_t *dst, size_t len, 
     dp_shm_waiter wt = {shm_wait, NULL, &w};
     dp_err werr;
     if (dp_shm_recv(c->shm, dst, len, add, &wt, &werr)) {
-        conn_fail(t, peer, 0, "%s", werr.msg);
+        conn_fail(t, peer, LOST_ABRUPT, "%s", werr.msg);
         return payload_failed(t, peer, err);
     }
     atomic_store(&c->last_rx_us, now_us());
@@ -2060,7 +2049,7 @@ static void check_silence(tcp *t, int peer)
 {
     double silent;
     if (silent_for(t, &t->conns[peer], &silent))
-        conn_fail(t, peer, 0, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
+        conn_fail(t, peer, LOST_ABRUPT, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
                   silent, t->hb_timeout);
 }
 

@@ -11,6 +11,7 @@
 
 #include "downpour/isa.h"
 #include "downpour/pool.h"
+#include "adam_fast.h"
 
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -223,44 +224,14 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
  *
  * Error: 3 Newton steps from the estimates leave 1/sqrt within 1.7e-7 and
  * the reciprocal within 1.2e-7 (relative), for every float in range. */
-#define RSQRT_MAGIC 0x5f375a86u /* 1/sqrt(x) ~ bits(MAGIC - bits(x)/2), within 3.4 % */
-#define RCP_MAGIC 0x7ef311c3u   /* 1/x ~ bits(MAGIC - bits(x)), within 5 % */
-
-static float bits_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static uint32_t float_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-/* The portable body, and the arithmetic every vector body repeats. */
+/* The portable body: adam_fast.h's element, which every vector body repeats. */
 static void adam_update_fast(float *restrict p, const float *restrict g, float *restrict m,
                              float *restrict v, size_t n, float lr_t, float b1, float b2,
                              float eps)
 {
-    const float c1 = 1.0f - b1, c2 = 1.0f - b2, tiny = 1.17549435e-38f;
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
-        float mi = fmaf(b1, m[i], c1 * gi);
-        float vi = fmaf(b2, v[i], (c2 * gi) * gi);
-        m[i] = mi;
-        v[i] = vi;
-        float x = vi > tiny ? vi : tiny; /* as maxps: a NaN v gives tiny */
-        float y = bits_float(RSQRT_MAGIC - (float_bits(x) >> 1));
-        for (int k = 0; k < 3; k++)
-            y = y * fmaf(-((0.5f * x) * y), y, 1.5f);
-        float d = vi * y + eps;
-        float r = bits_float(RCP_MAGIC - float_bits(d));
-        for (int k = 0; k < 3; k++)
-            r = r * fmaf(-d, r, 2.0f);
-        p[i] = fmaf(-(lr_t * mi), r, p[i]);
-    }
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    for (size_t i = 0; i < n; i++)
+        dp_adam_fast_element(p + i, m + i, v + i, g[i], lr_t, b1, c1, b2, c2, eps);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -287,10 +258,10 @@ static void adam_update_fast(float *restrict p, const float *restrict g, float *
     const __m##W vb1 = _mm##W##_set1_ps(b1), vc1 = _mm##W##_set1_ps(1.0f - b1);                \
     const __m##W vb2 = _mm##W##_set1_ps(b2), vc2 = _mm##W##_set1_ps(1.0f - b2);                \
     const __m##W veps = _mm##W##_set1_ps(eps), vlr = _mm##W##_set1_ps(lr_t);                   \
-    const __m##W tiny = _mm##W##_set1_ps(1.17549435e-38f), half = _mm##W##_set1_ps(0.5f);      \
+    const __m##W tiny = _mm##W##_set1_ps(DP_ADAM_TINY), half = _mm##W##_set1_ps(0.5f);      \
     const __m##W th = _mm##W##_set1_ps(1.5f), two = _mm##W##_set1_ps(2.0f);                    \
-    const __m##W##i rsqrt_magic = _mm##W##_set1_epi32((int)RSQRT_MAGIC);                       \
-    const __m##W##i rcp_magic = _mm##W##_set1_epi32((int)RCP_MAGIC)
+    const __m##W##i rsqrt_magic = _mm##W##_set1_epi32((int)DP_ADAM_RSQRT_MAGIC);                       \
+    const __m##W##i rcp_magic = _mm##W##_set1_epi32((int)DP_ADAM_RCP_MAGIC)
 
 __attribute__((target("avx512f"))) static void
 adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m,
