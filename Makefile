@@ -101,7 +101,7 @@ bench: build data
 # to the accuracies their issues set (DOWNPOUR_TEST_LONG=1; several minutes).
 test-long: build data
 	cd $(BUILD) && DOWNPOUR_TEST_LONG=1 ctest --output-on-failure \
-	    -R '^(test_cnn_e2e|test_device_mnist|test_device_train)$$'
+	    -R '^(test_cnn_e2e|test_device_mnist|test_device_train|test_ps)$$'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,5 +1,6 @@
 /* Parameter-server training through `downpour launch`, on MNIST:
- * - every consistency mode reaches 0.95 validation accuracy;
+ * - every consistency mode reaches 0.95 validation accuracy (make test-long;
+ *   make test: 0.85 on 12,000 records);
  * - ps-sync with W workers at batch b ends where one process at batch W*b
  *   ends over the same data order (exact aggregation), and two ps shards
  *   give what one gives;
@@ -22,10 +23,12 @@ static int launch(const char *strategy, int workers, int ps, const char *metrics
                    test_bin(), workers, ps, strategy, test_tmp(), metrics, extra);
 }
 
-/* Under ASan the modes train on 12,000 records (they check memory there),
- * and so the accuracy bound is lower. */
-#define MODE_RECORDS (SANITIZED ? " --train-size 12000 --test-size 2000" : "")
-#define MODE_ACCURACY (SANITIZED ? 0.85 : 0.95)
+/* The modes train on 12,000 records (measured: 0.900 to 0.921 validation
+ * accuracy after 2 epochs) and on all 54,000 to the 0.95 the issue set under
+ * make test-long; under ASan always on 12,000 (they check memory there). */
+#define MODE_LONG (LONG_CHECKS && !SANITIZED)
+#define MODE_RECORDS (MODE_LONG ? "" : " --train-size 12000 --test-size 2000")
+#define MODE_ACCURACY (MODE_LONG ? 0.95 : 0.85)
 
 static void check_mode(const char *strategy, const char *extra_options)
 {
