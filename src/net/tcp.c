@@ -951,9 +951,9 @@ static int dial(tcp *t, int peer, double deadline, dp_err *err)
     snprintf(last.msg, sizeof last.msg, "no attempt made");
     for (;;) {
         double now = dp_now();
-        if (now >= deadline)
+        if (now >= deadline) /* the limit, not the time it took a loaded machine to see it */
             return dp_errf(err, "cannot connect to %s at %s within %.1f s: %s", pname(t, peer),
-                           addr, now - start, last.msg);
+                           addr, deadline - start, last.msg);
         if (now >= next_log) {
             dp_info("waiting for %s at %s (connect) for %.0f s: %s", pname(t, peer), addr,
                     now - start, last.msg);
@@ -1090,13 +1090,13 @@ static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
             if (redial) {
                 pthread_mutex_lock(&c->mu);
                 dp_errf(err, "cannot reconnect to %s at %s within %.1f s: %s", pname(t, peer),
-                        t->addrs[peer], now - start,
+                        t->addrs[peer], deadline - start,
                         c->redial_err[0] ? c->redial_err : "no attempt finished");
                 pthread_mutex_unlock(&c->mu);
                 return -1;
             }
             return dp_errf(err, "%s did not connect to this task (rank %d, port %d) within %.1f s",
-                           pname(t, peer), t->base.rank, t->port, now - start);
+                           pname(t, peer), t->base.rank, t->port, deadline - start);
         }
         if (now >= next_log) {
             dp_info("waiting for %s (connect) for %.0f s", pname(t, peer), now - start);
