@@ -21,7 +21,7 @@
 #include "proc.h"
 
 /* A run long enough to strike in the middle of: 180 steps a worker. */
-#define RUN "--dataset mnist --model 784-300-100-10 --train-size 12000 --val-size 1000 " \
+#define RUN "--dataset mnist --model 784-128-10 --train-size 12000 --val-size 1000 " \
             "--epochs 3 --batch 100 --threads 1 --no-progress --log-every 10"
 
 /* The program under test and the scratch directory: launch_test_init sets them. */

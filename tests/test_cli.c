@@ -413,6 +413,7 @@ static void test_usage_errors(void)
     USAGE_ERROR("--workers", "launch", "--workers", "0", "--", "train");
     USAGE_ERROR("--grace", "launch", "--grace", "soon", "--", "train");
     USAGE_ERROR("--dataset: empty value", "eval", "--dataset=");
+    USAGE_ERROR("--test-size: -1 is out of range", "eval", "--checkpoint", "m.st", "--test-size", "-1");
     USAGE_ERROR("--count", "ping", "--count", "x");
     USAGE_ERROR("takes no value", "train", "--resume=yes");
     USAGE_ERROR("--strategy", "train", "--strategy", "gossip");

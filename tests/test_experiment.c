@@ -8,7 +8,9 @@
  *   is its samples/s over the one process's, and efficiency speedup / workers;
  * - nonsense options are refused naming the option (exit 2), an --out that is
  *   a file naming it (exit 1).
- * Under ASan the runs are cut to a few thousand records. */
+ * The runs are cut to 12,000 records (3,000 under ASan): the test checks
+ * the experiment's bookkeeping, not the source's accuracy (bench/ and
+ * docs/experiments.md measure that on all 54,000). */
 #include "proc.h"
 
 static char err[65536];
@@ -39,7 +41,7 @@ static const char *obj_str(const cJSON *o, const char *key)
 
 static void check_thesis(void)
 {
-    const char *size = SANITIZED ? " --train-size 3000 --val-size 500" : "";
+    const char *size = SANITIZED ? " --train-size 3000 --val-size 500" : " --train-size 12000 --val-size 1000";
     int rc = run_cmd(err, sizeof err, "%s experiment thesis --out %s/th --epochs 1 --datasets mnist%s",
                      test_bin(), test_tmp(), size);
     CHECKF(rc == 0, "thesis exited %d: %s", rc, err);
@@ -72,7 +74,8 @@ static void check_thesis(void)
                obj_str(c, "status"), obj_str(c, "reason"));
         CHECK(obj_num(c, "source", "test_accuracy") == want[i].source);
         double acc = obj_num(c, "test_accuracy", "median");
-        CHECKF(acc >= (SANITIZED ? 0.5 : 0.8) && acc <= 1, "cell %d: accuracy %g", i, acc);
+        fprintf(stderr, "cell %d: test accuracy %.4f\n", i, acc);
+        CHECKF(acc >= (SANITIZED ? 0.5 : 0.7) && acc <= 1, "cell %d: accuracy %g", i, acc);
         CHECK(obj_num(c, "train_seconds", "median") > 0 &&
               obj_num(c, "wall_seconds", "median") >= obj_num(c, "train_seconds", "median"));
         /* the cost model's prediction of this cell, beside the measurement */

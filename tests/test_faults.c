@@ -1,8 +1,11 @@
 /* Lost and restarted tasks under `downpour launch` (docs/faults.md): for each
  * parameter-server strategy, a worker SIGKILLed in the middle of the run
  * costs the run nothing but that worker's share of the data: the launcher
- * exits 0 and the test accuracy is no more than 1 % below the fault-free
- * run's (in the asynchronous modes, the lower of two fault-free runs').  (It may come out higher: while a worker is down the others train
+ * exits 0 and the test accuracy is no more than 2 % below the fault-free
+ * run's (in the asynchronous modes, the lower of two fault-free runs'):
+ * losing worker 1's last 160 of 180 steps costs about 1 % by itself on this
+ * short run (784-128-10, 3 epochs), and a run the fault broke ends near
+ * chance.  (It may come out higher: while a worker is down the others train
  * without waiting for it, so the same records make more updates, and this
  * short run is far from converged; 2 % above is the sanity bound.)
  * With --max-restarts 1 the killed worker is restarted and rejoins.  A
@@ -70,7 +73,9 @@ static void strategy_survives(const char *strategy, const char *extra)
     int rc = run(name, strategy, extra, "kill");
     double acc = test_accuracy(name);
     CHECKF(rc == 0, "%s: a killed worker ended the run (exit %d)", strategy, rc);
-    CHECKF(acc >= lo - 0.01 && acc <= hi + 0.02,
+    fprintf(stderr, "%s: accuracy %.4f with a worker lost, %.4f to %.4f without\n", strategy,
+            acc, lo, hi);
+    CHECKF(acc >= lo - 0.02 && acc <= hi + 0.02,
            "%s: accuracy %.4f with a worker lost, %.4f to %.4f without",
            strategy, acc, lo, hi);
     CHECKF(log_has(name, "fault: lost worker:1"), "%s: no fault line from the chief", strategy);
@@ -89,6 +94,8 @@ static void strategy_survives(const char *strategy, const char *extra)
      * order: under a loaded suite ps-ssp once ended 1.45 % below, so the
      * asynchronous modes get 2 % here. */
     double slack = asynchronous(strategy) ? 0.02 : 0.01;
+    fprintf(stderr, "%s: accuracy %.4f with a restarted worker, %.4f to %.4f without\n",
+            strategy, acc, lo, hi);
     CHECKF(acc >= lo - slack && acc <= hi + 0.02,
            "%s: accuracy %.4f with a restarted worker, %.4f to %.4f without",
            strategy, acc, lo, hi);

@@ -4,9 +4,9 @@
  * 20th push (1,066,440 bytes: two chunks), and the test SIGKILLs it there.
  * The ps, holding a frame cut short, drops worker 1 and goes on with the
  * others: the launcher exits 0, the ps logs the fault, and the test accuracy
- * is within 1 % below the fault-free run's (2 % above is the sanity bound,
- * as in test_faults: the survivor makes more updates while the other is
- * gone).  The hook is set for worker:1 only (DOWNPOUR_TEST_PAUSE_TASK):
+ * is within 2 % of the fault-free run's: the run loses worker 1's last 160
+ * of 180 steps, which on this short run (784-128-10, 3 epochs) costs about
+ * 1 % by itself; a run the loss broke ends near chance (0.10).  The hook is set for worker:1 only (DOWNPOUR_TEST_PAUSE_TASK):
  * every task gets the launcher's environment. */
 #include "launch.h"
 
@@ -62,7 +62,7 @@ int main(void)
     rc = run("midframe", 1);
     double acc = test_accuracy("midframe");
     CHECKF(rc == 0, "a worker killed mid-frame ended the run (exit %d)", rc);
-    CHECKF(acc >= clean - 0.01 && acc <= clean + 0.02,
+    CHECKF(acc >= clean - 0.02 && acc <= clean + 0.02,
            "accuracy %.4f with worker 1 killed mid-frame, %.4f without", acc, clean);
     /* The strategy words its line as it sees the loss (a poll event or a
      * failed payload read): any fault line of the ps's that names worker 1. */

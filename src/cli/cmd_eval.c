@@ -10,12 +10,13 @@
 #include "downpour/metrics.h"
 #include "downpour/train.h"
 
-#define USAGE "downpour eval --checkpoint FILE [--dataset NAME|PATH] [--metrics FILE]"
+#define USAGE "downpour eval --checkpoint FILE [--dataset NAME|PATH] [--test-size N] [--metrics FILE]"
 #define EVAL_BATCH 500
 
 int cmd_eval(int argc, char **argv)
 {
     const char *checkpoint = NULL, *dataset = "mnist", *metrics_path = NULL;
+    long n_test = 0;
     dp_dataset_options data;
     dp_dataset_options_default(&data);
     const cli_opt opts[] = {
@@ -25,6 +26,7 @@ int cmd_eval(int argc, char **argv)
         {"label-feature", CLI_STR, &data.data.label, "NAME", "TFRecord: the Example feature holding the label; CSV: the label column", 0, 0},
         {"train-files", CLI_STR, &data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
         {"test-files", CLI_STR, &data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
+        {"test-size", CLI_INT, &n_test, "N", "test records evaluated (the first N, as train's --test-size; 0: all)", 0, 100000000},
         {"metrics", CLI_STR, &metrics_path, "FILE", "write a done-style JSON line to FILE", 0, 0},
     };
     int rest;
@@ -61,6 +63,8 @@ int cmd_eval(int argc, char **argv)
                 dataset, ds.test.stream ? "streamed from their files" : "not loaded");
         goto out;
     }
+    if (n_test > 0 && (uint32_t)n_test < ds.test.n)
+        ds.test.n = (uint32_t)n_test; /* the first N, as train's --test-size (loop.c) */
     if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
         dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
                 dataset);
