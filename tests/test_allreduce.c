@@ -41,7 +41,7 @@ int main(void)
 {
     REQUIRE(test_bin() && test_tmp());
     require_mnist();
-    const char *common = "--train-size 3200 --val-size 1000 --epochs 1 --optimizer sgd --lr 0.1 "
+    const char *common = "--train-size 3200 --val-size 500 --test-size 1000 --epochs 1 --optimizer sgd --lr 0.1 "
                          "--threads 1 --no-progress --log-every 0";
     int rc = run_cmd(err, sizeof err, "%s train --batch 192 %s --save %s/single.st", test_bin(),
                      common, test_tmp());

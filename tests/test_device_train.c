@@ -37,11 +37,11 @@ static double train(const char *bin, const char *tmp, const char *dev, const cha
 }
 
 /* eval on the CPU of weights saved by a run: its test accuracy. */
-static double eval_cpu(const char *bin, const char *tmp, const char *name)
+static double eval_cpu(const char *bin, const char *tmp, const char *name, const char *test_size)
 {
     char err[8192], path[1200];
-    int rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s/%s.st --metrics %s/%s-eval.jsonl",
-                     bin, tmp, name, tmp, name);
+    int rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s/%s.st %s --metrics %s/%s-eval.jsonl",
+                     bin, tmp, name, test_size, tmp, name);
     CHECKF(rc == 0, "eval exited %d: %s", rc, err);
     snprintf(path, sizeof path, "%s/%s-eval.jsonl", tmp, name);
     return done_accuracy(path);
@@ -50,15 +50,18 @@ static double eval_cpu(const char *bin, const char *tmp, const char *name)
 /* On cuda the issue's runs: 2 epochs of MNIST, single and an allreduce of
  * two replicas, >= 0.95.  On sim (the host) one epoch each under make
  * test-long, which reaches ~0.96 too; under make test and ASan a fifth of
- * the records, checking the path, not the accuracy (>= 0.85).  The resume and ps runs use 12,800 records (100 steps an
- * epoch) everywhere. */
+ * the records, checking the path, not the accuracy (>= 0.85).  The resume and
+ * ps runs use 12,800 records (100 steps an epoch) everywhere.  The short runs
+ * validate on 1,000 records and test on the first 2,000 (eval --test-size
+ * takes the same). */
 static void device_runs(const char *bin, const char *tmp, const char *dev)
 {
     char err[8192], name[64], path[1200];
     int gpu = strcmp(dev, "cuda") == 0;
     int epochs = gpu ? 2 : 1;
     int short_run = (SANITIZED || !LONG_CHECKS) && !gpu;
-    const char *size = short_run ? "--train-size 12800" : "";
+#define SMALL_EVAL "--val-size 1000 --test-size 2000"
+    const char *size = short_run ? "--train-size 12800 " SMALL_EVAL : "";
     double bound = short_run ? 0.85 : 0.95, small = 0.85;
 
     /* single: the whole step on the device; the saved weights evaluate on
@@ -66,7 +69,7 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
     snprintf(name, sizeof name, "single-%s", dev);
     double acc = train(bin, tmp, dev, name, epochs, size);
     CHECKF(acc >= bound, "--device %s: test accuracy %.4f, expected >= %.2f", dev, acc, bound);
-    CHECK_NEAR(eval_cpu(bin, tmp, name), acc, 1e-9);
+    CHECK_NEAR(eval_cpu(bin, tmp, name, short_run ? "--test-size 2000" : ""), acc, 1e-9);
 
     /* a checkpoint from the device resumes on the CPU, and the reverse: the
      * run goes on from the step it stopped at */
@@ -75,7 +78,7 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
         char ck[1200], extra[1400];
         snprintf(ck, sizeof ck, "%s/ck-%s-%d", tmp, dev, way);
         snprintf(extra, sizeof extra,
-                 "--train-size 12800 --checkpoint-dir %s --checkpoint-every 50", ck);
+                 "--train-size 12800 " SMALL_EVAL " --checkpoint-dir %s --checkpoint-every 50", ck);
         int rc = run_cmd(err, sizeof err,
                          "DOWNPOUR_FAULT_KILL_AT_STEP=130 %s train --device %s --model "
                          "mlp-300-100 --epochs 2 --threads 1 --quiet --no-progress %s",
@@ -114,7 +117,7 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
     snprintf(name, sizeof name, "ps-%s", dev);
     rc = run_cmd(err, sizeof err,
                  "%s launch --chief --workers 1 --ps 1 -- train --strategy ps-async --device %s "
-                 "--model mlp-300-100 --epochs 1 --train-size 12800 --threads 1 --quiet "
+                 "--model mlp-300-100 --epochs 1 --train-size 12800 " SMALL_EVAL " --threads 1 --quiet "
                  "--no-progress --metrics %s/%s.jsonl",
                  bin, dev, tmp, name);
     CHECKF(rc == 0, "ps-async on %s exited %d: %s", dev, rc, err);

@@ -14,7 +14,7 @@
  *   cluster that is not a whole number of replicas is refused with a hint. */
 #include "mp_e2e.h"
 
-#define COMMON "--train-size 1600 --val-size 500 --epochs 1 --threads 1 --no-progress " \
+#define COMMON "--train-size 1600 --val-size 500 --test-size 1000 --epochs 1 --threads 1 --no-progress " \
                "--log-every 0"
 
 static char err[65536];
@@ -45,7 +45,7 @@ static void check_memory(const char *name, const char *who, int task, int K)
  * uninterrupted run's weights, bitwise. */
 static void resume_is_exact(const char *tag, const char *launch)
 {
-    const char *args = "--train-size 1600 --val-size 500 --epochs 2 --batch 50 --threads 1 "
+    const char *args = "--train-size 1600 --val-size 500 --test-size 1000 --epochs 2 --batch 50 --threads 1 "
                        "--no-progress --log-every 0 --optimizer adam --checkpoint-every 7";
     int rc = run_cmd(err, sizeof err, "%s launch %s %s --checkpoint-dir %s/%s-a --save "
                      "%s/%s-full.st", test_bin(), launch, args, test_tmp(), tag, test_tmp(), tag);

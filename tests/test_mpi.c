@@ -30,7 +30,7 @@ static char err[65536];
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader " \
                "--mca btl_vader_single_copy_mechanism none"
 
-static const char *common = "--dataset mnist --train-size 3200 --val-size 1000 --epochs 1 "
+static const char *common = "--dataset mnist --train-size 3200 --val-size 500 --test-size 2000 --epochs 1 "
                             "--threads 1 --no-progress --log-every 0 --optimizer sgd --lr 0.1 "
                             "--batch 64";
 

@@ -14,7 +14,7 @@
  *   that is not a whole number of pipelines is refused with a hint. */
 #include "proc.h"
 
-#define COMMON "--train-size 1600 --val-size 500 --epochs 1 --threads 1 --no-progress " \
+#define COMMON "--train-size 1600 --val-size 500 --test-size 1000 --epochs 1 --threads 1 --no-progress " \
                "--log-every 0"
 
 static char err[65536];
@@ -57,7 +57,7 @@ static void check_bubble(const char *name, double ideal, int peak)
 
 static void resume_is_exact(void)
 {
-    const char *args = "--train-size 1600 --val-size 500 --epochs 2 --batch 50 --threads 1 "
+    const char *args = "--train-size 1600 --val-size 500 --test-size 1000 --epochs 2 --batch 50 --threads 1 "
                        "--no-progress --log-every 0 --optimizer adam --checkpoint-every 7";
     int rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline %s "
                      "--checkpoint-dir %s/ck-a --save %s/full.st",
@@ -93,7 +93,7 @@ int main(void)
     resume_is_exact();
     int rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline "
                      "--model 784-3000-10 --split 2 --batch 4096 --micro-batches 2 --train-size "
-                     "4096 --val-size 100 --epochs 1 --threads 1 --no-progress --log-every 0 "
+                     "4096 --val-size 100 --test-size 1000 --epochs 1 --threads 1 --no-progress --log-every 0 "
                      "--heartbeat-timeout 5",
                      test_bin());
     CHECKF(rc == 0, "stages sending each other 24 MB at once: exit %d: %s", rc, err);

@@ -25,10 +25,13 @@ static int launch(const char *strategy, int workers, int ps, const char *metrics
 
 /* The modes train on 12,000 records (measured: 0.900 to 0.921 validation
  * accuracy after 2 epochs) and on all 54,000 to the 0.95 the issue set under
- * make test-long; under ASan always on 12,000 (they check memory there). */
+ * make test-long; under ASan on 4,000, with a bound that only says they
+ * learned (there they check memory). */
 #define MODE_LONG (LONG_CHECKS && !SANITIZED)
-#define MODE_RECORDS (MODE_LONG ? "" : " --train-size 12000 --test-size 2000")
-#define MODE_ACCURACY (MODE_LONG ? 0.95 : 0.85)
+#define MODE_RECORDS (MODE_LONG ? "" \
+                      : SANITIZED ? " --train-size 4000 --val-size 500 --test-size 1000" \
+                                  : " --train-size 12000 --val-size 1000 --test-size 2000")
+#define MODE_ACCURACY (MODE_LONG ? 0.95 : SANITIZED ? 0.6 : 0.85)
 
 static void check_mode(const char *strategy, const char *extra_options)
 {
@@ -71,7 +74,7 @@ static void check_mode(const char *strategy, const char *extra_options)
 
 static void check_sync_is_exact(void)
 {
-    const char *common = "--train-size 3200 --val-size 1000 --epochs 1 --optimizer sgd --lr 0.1";
+    const char *common = "--train-size 3200 --val-size 500 --test-size 1000 --epochs 1 --optimizer sgd --lr 0.1";
     int rc = run_cmd(err, sizeof err,
                      "%s train --batch 128 --threads 1 --no-progress --log-every 0 %s --save %s/single.st",
                      test_bin(), common, test_tmp());
@@ -164,7 +167,7 @@ static long traced_lead(const trace *tr, int workers, long *server_gap)
 static void check_ssp_bound(void)
 {
     enum { W = 3, S = 2 };
-    const char *common = "--train-size 6000 --val-size 1000 --epochs 2 --batch 64 --straggler 1:25 "
+    const char *common = "--train-size 6000 --val-size 500 --test-size 1000 --epochs 2 --batch 64 --straggler 1:25 "
                          "--trace-clocks";
     char extra[256];
     snprintf(extra, sizeof extra, "%s --staleness %d", common, S);
