@@ -167,7 +167,7 @@ static long traced_lead(const trace *tr, int workers, long *server_gap)
 static void check_ssp_bound(void)
 {
     enum { W = 3, S = 2 };
-    const char *common = "--train-size 6000 --val-size 500 --test-size 1000 --epochs 2 --batch 64 --straggler 1:25 "
+    const char *common = "--train-size 6000 --val-size 500 --test-size 1000 --epochs 2 --batch 64 --straggler 1:40 "
                          "--trace-clocks";
     char extra[256];
     snprintf(extra, sizeof extra, "%s --staleness %d", common, S);
@@ -198,7 +198,11 @@ static void check_ssp_bound(void)
     CHECKF(allowed <= HI && worst <= HI + 1, "ps-dssp let a worker lead by %ld (traced %ld), "
            "upper bound %d", allowed, worst, HI);
 
-    /* ps-async with the same straggler: the others do not wait for it. */
+    /* ps-async with the same straggler: the others do not wait for it.  The
+     * straggler sleeps 40 ms a step on top of the work every worker does, so
+     * the others end at least half those sleeps before it; a ratio of the
+     * times would not hold on a loaded machine, where the work grows and the
+     * sleeps do not (ASan under load once saw 4.0 and 3.8 s against 5.1). */
     rc = launch("ps-async", W, 1, "async.jsonl", common);
     CHECKF(rc == 0, "ps-async exited %d: %s", rc, err);
     read_traces("async.jsonl", tr, W);
@@ -207,9 +211,10 @@ static void check_ssp_bound(void)
         span[w] = tr[w].n > 1 ? tr[w].mono[tr[w].n - 1] - tr[w].mono[0] : 0;
     fprintf(stderr, "ps-async with a straggler: worker times %.3f %.3f %.3f s\n", span[0], span[1],
             span[2]);
-    CHECKF(span[0] < 0.7 * span[1] && span[2] < 0.7 * span[1],
-           "fast workers took %.3f and %.3f s beside the straggler's %.3f s", span[0], span[2],
-           span[1]);
+    double slept = tr[1].n > 1 ? (tr[1].n - 1) * 0.040 : 0;
+    CHECKF(span[0] < span[1] - slept / 2 && span[2] < span[1] - slept / 2,
+           "fast workers took %.3f and %.3f s beside the straggler's %.3f s, %.3f s of which it "
+           "slept", span[0], span[2], span[1], slept);
 }
 
 int main(void)

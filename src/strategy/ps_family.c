@@ -1298,6 +1298,19 @@ static int skip_barrier(dp_strategy *s, int passed, dp_err *err)
     return release_barrier(s, s->ckpt_step, err);
 }
 
+/* A barrier a restarted chief holds before every worker re-attached: its
+ * workers go on, writing nothing (docs/faults.md, "A lost chief"). */
+static int skip_unattached(dp_strategy *s, dp_err *err)
+{
+    int r = 0;
+    while (r < s->c->n_tasks && (s->c->tasks[r].role != DP_ROLE_WORKER || s->heard[r]))
+        r++;
+    dp_warn("fault: the checkpoint at step %ld is not written: %s has not re-attached to the "
+            "restarted chief yet", s->ckpt_step,
+            r < s->c->n_tasks ? dp_transport_peer_name(s->t, r) : "a worker");
+    return release_barrier(s, s->ckpt_step, err);
+}
+
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
@@ -1323,8 +1336,15 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
          * chief, the attach; epochs every live worker has finished, in
          * order; a checkpoint every live worker has reached; the end. */
         int active = s->live_workers - s->done;
-        if (s->unheard > 0)
+        if (s->unheard > 0) {
+            /* A restarted chief with a worker at the barrier and another
+             * not re-attached: that one may be past the barrier, and held
+             * by the servers' clock bound until the first goes on, so the
+             * barrier cannot wait for it. */
+            if (s->n_ready > 0 && skip_unattached(s, err) < 0)
+                return -1;
             goto wait;
+        }
         if (s->attached > 0 && s->attach_state == 0) {
             reattach(s, ev);
             return 0;
