@@ -20,7 +20,8 @@
 #include "check.h"
 #include "proc.h"
 
-/* A run long enough to strike in the middle of: 180 steps a worker. */
+/* A run long enough to strike in the middle of: 180 steps a worker, each
+ * paced to last at least 8 ms (launch_test_init), about 2 s in all. */
 #define RUN "--dataset mnist --model 784-128-10 --train-size 12000 --val-size 1000 " \
             "--epochs 3 --batch 100 --threads 1 --no-progress --log-every 10"
 
@@ -35,6 +36,10 @@ static void launch_test_init(void)
     tmp = test_tmp();
     REQUIRE(bin && tmp);
     require_mnist();
+    /* Every task sleeps 8 ms a step (docs/faults.md, "Testing: paced
+     * runs"): a killed task restarts and rejoins well before the end, and
+     * the sleeping tasks leave the CPU to the suite's other tests. */
+    setenv("DOWNPOUR_TEST_STEP_MS", "8", 1);
 }
 
 /* The parameter-server strategies, which the fault tests strike alike.

@@ -516,6 +516,14 @@ static int train(loop *L, dp_err *err)
      * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
     const char *kill_env = getenv("DOWNPOUR_FAULT_KILL_AT_STEP");
     long kill_at = kill_env ? strtol(kill_env, NULL, 10) : -1;
+    /* Pacing for the fault tests: every task of a cluster sleeps this long
+     * a step, so a run lasts long enough to strike in and to restart a task
+     * within, without taking CPU from the tests beside it (docs/faults.md,
+     * "Testing"). */
+    const char *pace_env = getenv("DOWNPOUR_TEST_STEP_MS");
+    double pace_ms = pace_env ? strtod(pace_env, NULL) : 0;
+    if (!(pace_ms > 0 && pace_ms <= 1000))
+        pace_ms = 0;
     long step = info->start_step >= 0 ? info->start_step : L->resume.step;
     int first_epoch = (int)(step / L->spe);
     long first_k = step % L->spe;
@@ -562,6 +570,8 @@ static int train(loop *L, dp_err *err)
             }
             if (L->in_cluster && info->shard_index == cfg->straggler)
                 sleep_ms(cfg->straggler_ms);
+            if (L->in_cluster && pace_ms > 0)
+                sleep_ms(pace_ms);
             if (cfg->trace_clocks)
                 dp_metrics_event(L->metrics, "clock", DP_F_INT, "worker", (long)info->shard_index,
                                  DP_F_INT, "clock", step, DP_F_NUM, "mono", dp_now(), DP_F_INT,
