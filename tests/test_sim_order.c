@@ -29,6 +29,7 @@
 #include "device/backend.h"
 #include "device/device_impl.h"
 #include "device/dexec.h"
+#include "downpour/layer_kind.h"
 #include "downpour/dataset.h"
 #include "downpour/device.h"
 #include "downpour/layers.h"
@@ -381,7 +382,7 @@ static void windows(void)
     }
 }
 
-/* lcn's eleven kernels through dlcn.c: the output, the input gradient and
+/* lcn's eleven kernels through its kind's device kernels (layer_lcn.c): the output, the input gradient and
  * the whole keep (v, s, the scratch maps, mean, gm), a batch below max_batch. */
 static void lcn(void)
 {
@@ -394,18 +395,21 @@ static void lcn(void)
                                geo[t][3] / 2) == 0);
         L.in = L.out = L.win.c * L.win.h * L.win.w;
         int batch = 3, max_batch = 4;
-        size_t len = (size_t)batch * L.in, kf = dp_dlcn_keep_floats(&L, max_batch);
+        const dp_layer_ops *o = dp_layer_table[DP_LAYER_LCN];
+        size_t len = (size_t)batch * L.in, kf = o->dev_keep(&L, max_batch);
         float *x = rnd(len, -2, 2), *dout = rnd(len, -1, 1), *out = rnd(len, -1, 1);
         float *din = rnd(len, -1, 1), *keepf = rnd(kf, -1, 1);
         dp_dexec ex = {.be = &be, .ctx = ctx};
-        REQUIRE(dp_dlcn_init(&ex, &L, keepf, max_batch) == 0);
-        dp_dlcn_forward(&ex, &L, keepf, max_batch, x, out, batch);
+        REQUIRE(o->dev_init(&ex, &L, keepf, max_batch) == 0);
+        dp_layer_call c = {.d = &L, .batch = batch, .in = x, .out = out, .keep = keepf,
+                           .max_batch = max_batch, .dout = dout, .din = din};
+        o->dev_forward(&ex, &c);
         sync_ok();
         char what[WHAT];
         snprintf(what, sizeof what, "lcn%d over %dx%dx%d forward", geo[t][3], geo[t][0],
                  geo[t][1], geo[t][2]);
         keep(what, out, len);
-        dp_dlcn_backward(&ex, &L, keepf, max_batch, dout, din, batch);
+        o->dev_backward(&ex, &c);
         sync_ok();
         snprintf(what, sizeof what, "lcn%d over %dx%dx%d backward", geo[t][3], geo[t][0],
                  geo[t][1], geo[t][2]);

@@ -54,6 +54,9 @@
 #define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included */
 #define DP_MAX_SPEC 256      /* a canonical spec's characters, with the NUL */
 
+/* The kinds of layers.  Each is one entry of the layer table (layer_kind.h):
+ * a new kind is its file src/nn/layer_<kind>.c, a name here and its line in
+ * src/nn/layer_table.c. */
 typedef enum dp_layer_kind {
     DP_LAYER_DENSE,        /* out = in W^T + b */
     DP_LAYER_RELU,         /* out = max(in, 0) */
@@ -69,8 +72,8 @@ typedef enum dp_layer_kind {
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
-/* "dense", "relu", "softmax_xent", "conv", "local", "maxpool", "avgpool",
- * "lcn", "dropout", "flatten", "hwc"; "?" outside the enum. */
+/* The kind's name in the layer table ("dense", "relu", "softmax_xent",
+ * "conv", ...); "?" outside the enum. */
 const char *dp_layer_kind_name(dp_layer_kind kind);
 
 typedef struct dp_layer {

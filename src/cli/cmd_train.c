@@ -14,7 +14,7 @@
 #include "downpour/strategy.h"
 #include "downpour/tcp.h"
 #include "downpour/train.h"
-#include "strategy/mp_slice.h"
+#include "exec/mp_slice.h"
 
 /* --model's grammar, in full in docs/models.md. */
 #define MODEL_HELP                                                                              \

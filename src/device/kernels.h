@@ -36,7 +36,7 @@
 #endif
 #include "nn/adam_fast.h"
 
-/* ---- image layers (1/2): kernel list and arguments (dimage.c) ----
+/* ---- image layers (1/2): kernel list and arguments (src/nn/layer_*.c) ----
  * Images are NHWC as layers.h stores them; g is the layer's dp_window.  Each
  * body mirrors its CPU kernel's float operations in the same order, so the
  * two agree bit for bit (the lowering, pools and layout changes) or, where a
@@ -68,7 +68,7 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
 } dp_ka_layout;
 /* ---- end of image layers (1/2) ---- */
 
-/* ---- lcn (1/2): kernel list and arguments (dlcn.c) ----
+/* ---- lcn (1/2): kernel list and arguments (src/nn/layer_lcn.c) ----
  * Local contrast normalisation as lcn.c computes it, per sample of N = h*w
  * pixels of c channels: one kernel per pass of lcn.c's forward_sample and
  * backward_sample, each item repeating lcn.c's float operations for its

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -14,6 +15,7 @@
 
 #include "downpour/crc32c.h"
 #include "downpour/file.h"
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
@@ -106,26 +108,16 @@ static void add_tensor(writer *w, const float *data, int ndim, int64_t d0, int64
 }
 
 /* The file's shape of a layer's weights and bias (docs/models.md,
- * "Checkpoints and PyTorch"): Linear (out, in); Conv2d (oc, c, kh, kw);
- * local (oh, ow, oc, c, kh, kw) with bias (oh, ow, oc). */
+ * "Checkpoints and PyTorch"): its kind's (layer_kind.h). */
 static int weight_shape(const dp_layer *d, int64_t *w, int64_t *b, int *bdim)
 {
-    *bdim = 1;
-    b[0] = (int64_t)d->b_len;
-    if (d->kind == DP_LAYER_DENSE) {
-        w[0] = d->out, w[1] = d->in;
-        return 2;
-    }
-    int64_t f[4] = {d->oc, d->c, d->win.kh, d->win.kw};
-    if (d->kind == DP_LAYER_CONV) {
-        memcpy(w, f, sizeof f);
-        return 4;
-    }
-    w[0] = d->oh, w[1] = d->ow;
-    memcpy(w + 2, f, sizeof f);
-    b[0] = d->oh, b[1] = d->ow, b[2] = d->oc;
-    *bdim = 3;
-    return 6;
+    return dp_layer_ops_of(d)->shapes(d, w, b, bdim);
+}
+
+/* Whether the kind's weights are stored in another order in files. */
+static bool filter_order(const dp_layer *d)
+{
+    return dp_layer_ops_of(d)->flags & DP_LK_FILTER_ORDER;
 }
 
 /* A filter layer's weights are (.., kh, kw, c) in the model (the lowering's
@@ -137,7 +129,7 @@ static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, 
     int64_t ws[6], bs[3];
     int bdim, wdim = weight_shape(d, ws, bs, &bdim);
     const float *data = params + d->w_off;
-    if (d->kind != DP_LAYER_DENSE) {
+    if (filter_order(d)) {
         float *t = malloc(d->w_len * sizeof *t);
         if (!t)
             return -1;
@@ -309,7 +301,7 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         int64_t ws[6], bs[3];
         int bdim, wdim = weight_shape(d, ws, bs, &bdim);
         float *dst = params + d->w_off, *tmp = NULL;
-        if (d->kind != DP_LAYER_DENSE && !(dst = tmp = malloc(d->w_len * sizeof *tmp)))
+        if (filter_order(d) && !(dst = tmp = malloc(d->w_len * sizeof *tmp)))
             return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
         snprintf(name, sizeof name, "layers.%d.weight", idx);
         int rc = copy_tensor(dst, f, name, wdim, ws, path, err);

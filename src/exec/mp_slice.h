@@ -1,5 +1,5 @@
-/* The slice math of model parallelism (src/strategy/model_parallel.c): which
- * output units of each dense layer task j of K holds, where they sit in the
+/* The slice math of model parallelism (src/exec/mp_slice.c; the strategy,
+ * src/strategy/model_parallel.c, drives the executor): which output units of each dense layer task j of K holds, where they sit in the
  * task's compact buffer and in the model's flat one, and the products on a
  * slice.  A dense layer (out, in) gives task j the units [lo, hi) with
  * lo = out*j/K (balanced): the rows [lo, hi) of W, contiguous in the flat
@@ -9,7 +9,8 @@
  *
  * Image models (docs/architecture.md, "Model parallelism") split their image
  * layers, those before the first dense layer, spatially.  Each runs in one
- * of two modes: ROWS (conv, local, relu, maxpool, avgpool), where task j
+ * of two modes, its kind's rule in the layer table (layer_kind.h): ROWS
+ * (conv, local, relu, maxpool, avgpool), where task j
  * computes the output rows [y0, y1) = mp_units(oh, K, j) of every sample
  * from the input rows [iy0, iy1) its windows cover, its own band of the
  * layer below and halo rows of its neighbours'; or FULL (lcn, whose divisor
@@ -21,8 +22,8 @@
  * kh, kw, c) weights and entries of the bias), and the replica all-gathers
  * the full filters each step and reduce-scatters their gradients.  So the
  * compact buffers hold every parameter exactly once, image layers first. */
-#ifndef DOWNPOUR_STRATEGY_MP_SLICE_H
-#define DOWNPOUR_STRATEGY_MP_SLICE_H
+#ifndef DOWNPOUR_EXEC_MP_SLICE_H
+#define DOWNPOUR_EXEC_MP_SLICE_H
 
 #include <stddef.h>
 
