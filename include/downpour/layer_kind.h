@@ -40,6 +40,8 @@ typedef struct dp_layer_call {
     float *rows, *drows; /* lowering scratch of a chunk (rows_floats), the chunk d->chunk */
     float *band;         /* model-parallel band scratch (a chunk's product) */
     int chunk;           /* lowered kinds: records lowered at a time */
+    float *state;        /* the layer's buffers (d->s_len floats at buffers + d->s_off) */
+    int train;           /* forward: a training forward (batch statistics), else evaluation */
     int y0, y1;          /* model-parallel ROWS: the output rows this task computes */
     uint64_t seed;       /* the draw of this forward (DP_LK_DRAWS) */
     const uint64_t *key; /* device: where the step block holds that draw */
@@ -74,6 +76,15 @@ enum {
     DP_LK_CLASSIFIER = 1 << 11,     /* may be the spec's last token (its width: the classes) */
 };
 
+/* One buffer of a kind, as files name it (PyTorch's): rank 1 of len floats,
+ * or rank 0 (a scalar, len 1). */
+#define DP_LK_MAX_BUFFERS 4
+typedef struct dp_lk_buffer {
+    const char *name;
+    size_t len;
+    int ndim;
+} dp_lk_buffer;
+
 typedef struct dp_layer_ops {
     dp_layer_kind kind;
     const char *name;  /* "conv": messages, and the spec token's prefix when token is set */
@@ -91,6 +102,12 @@ typedef struct dp_layer_ops {
     void (*fans)(const dp_layer *d, double *fan_in, double *fan_out);
     int (*shapes)(const dp_layer *d, int64_t w[6], int64_t b[3], int *bdim);
     double (*cost)(const dp_layer *d); /* multiply-adds per sample (pipeline cuts); NULL: in */
+    /* Initial weights and bias when not Glorot's and zero (NULL: those). */
+    void (*init_params)(const dp_layer *d, float *w, float *b);
+    /* Buffers: their names and sizes in order (returns how many; NULL: none),
+     * and their initial values. */
+    int (*buffers)(const dp_layer *d, dp_lk_buffer out[DP_LK_MAX_BUFFERS]);
+    void (*init_buffers)(const dp_layer *d, float *state);
 
     /* CPU memory: floats kept per slot for the backward (NULL: none); a
      * lowered kind's fewest records a chunk (its products' efficiency). */

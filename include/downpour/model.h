@@ -19,6 +19,10 @@
  * (oc, kh, kw, c), which the checkpoint turns into Conv2d's (oc, c, kh, kw).
  * Parameters and gradients are arguments of the range calls, so evaluation
  * runs any weights (an EMA, the best epoch's) without touching m->params.
+ * Buffers, state that is not trained (batch norm's running mean and
+ * variance and its count of batches), are a second flat array beside the
+ * parameters, m->buffers: the training calls update them, evaluation reads
+ * them (docs/architecture.md, "Buffers").
  *
  * Activations.  dp_model_init sizes activation scratch for `slots`
  * micro-batches in flight, each with room for max_batch rows of every layer's
@@ -69,6 +73,7 @@ typedef enum dp_layer_kind {
     DP_LAYER_DROPOUT,      /* inverted dropout while training, the identity in evaluation */
     DP_LAYER_FLATTEN,      /* an NHWC image to PyTorch's CHW feature order */
     DP_LAYER_HWC,          /* a CHW input image to NHWC (inputs of more than one channel) */
+    DP_LAYER_BATCHNORM,    /* batch normalisation over features or channels */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
@@ -85,6 +90,7 @@ typedef struct dp_layer {
     float rate;       /* dropout: the fraction of features dropped */
     size_t w_off, w_len; /* weights at params + w_off, w_len floats (0: no parameters) */
     size_t b_off, b_len; /* bias at params + b_off, b_len floats */
+    size_t s_off, s_len; /* buffers (state not trained) at buffers + s_off, s_len floats */
     size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
     int chunk;        /* conv, local: samples lowered at a time */
 } dp_layer;
@@ -104,6 +110,8 @@ typedef struct dp_model {
     size_t n_params;
     float *params;      /* n_params floats */
     float *grads;       /* n_params floats, same layout */
+    size_t n_buffers;   /* state that is not trained: batch norm's running statistics */
+    float *buffers;     /* n_buffers floats, layer after layer (s_off), or NULL when none */
     int max_batch;
     int slots;          /* micro-batches whose activations can be in flight */
     float *acts;        /* slots * slot_floats: every layer's output, per slot */

@@ -27,6 +27,7 @@
     "                               maxpool2    max pooling 2x2 (maxpool3x3s2p1), avgpool2 likewise\n"                     \
     "                               lcn5        local contrast normalisation over 5x5\n"                                   \
     "                               dropout0.5  drop that fraction while training\n"                                       \
+    "                               bn          batch norm (features after dense, channels after conv)\n"              \
     "                               relu, flatten\n"                                                                       \
     "                             e.g. 1x28x28-conv5x5x32-relu-maxpool2-conv5x5x64-relu-maxpool2-128-10"
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"

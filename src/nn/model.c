@@ -63,6 +63,16 @@ static void size_chunks(dp_model *m)
     }
 }
 
+/* Every layer's buffers at their initial values (running mean 0, variance 1). */
+static void init_buffers(dp_model *m)
+{
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->s_len && dp_layer_ops_of(d)->init_buffers)
+            dp_layer_ops_of(d)->init_buffers(d, m->buffers + d->s_off);
+    }
+}
+
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err)
 {
     memset(m, 0, sizeof *m);
@@ -111,12 +121,14 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
 
     m->params = alloc_floats(m->n_params);
     m->grads = alloc_floats(m->n_params);
+    m->buffers = m->n_buffers ? alloc_floats(m->n_buffers) : NULL;
     m->acts = alloc_floats((size_t)slots * per_slot);
     m->dacts = alloc_floats(2 * m->dact_floats);
     m->rows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drop_seeds = calloc((size_t)slots * (size_t)n, sizeof *m->drop_seeds);
     if (!m->params || !m->grads || !m->acts || !m->dacts || !m->drop_seeds ||
+        (m->n_buffers && !m->buffers) ||
         (m->rows_floats && (!m->rows || !m->drows))) {
         dp_model_free(m);
         return dp_errf(err, "model %s: out of memory for %zu parameters, batch %d and %d slots",
@@ -124,6 +136,7 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     }
     memset(m->params, 0, m->n_params * sizeof(float));
     memset(m->grads, 0, m->n_params * sizeof(float));
+    init_buffers(m);
     return 0;
 }
 
@@ -133,12 +146,14 @@ void dp_model_free(dp_model *m)
         return;
     free(m->params);
     free(m->grads);
+    free(m->buffers);
     free(m->acts);
     free(m->dacts);
     free(m->rows);
     free(m->drows);
     free(m->drop_seeds);
-    m->params = m->grads = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->params = m->grads = m->buffers = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->n_buffers = 0;
     m->drop_seeds = NULL;
     m->n_params = 0;
     m->max_batch = 0;
@@ -204,6 +219,10 @@ void dp_model_init_params(dp_model *m, uint64_t seed)
         const dp_layer *d = &m->layers[l];
         if (!d->w_len)
             continue;
+        if (dp_layer_ops_of(d)->init_params) { /* draws nothing: the others' draws stay */
+            dp_layer_ops_of(d)->init_params(d, m->params + d->w_off, m->params + d->b_off);
+            continue;
+        }
         /* fans: a dense layer's in and out; a filter's window times channels */
         double fan_in = d->in, fan_out = d->out;
         if (dp_layer_ops_of(d)->fans)
@@ -214,6 +233,7 @@ void dp_model_init_params(dp_model *m, uint64_t seed)
             w[k] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
         memset(m->params + d->b_off, 0, d->b_len * sizeof(float));
     }
+    init_buffers(m);
     dp_model_seed_dropout(m, seed);
 }
 
@@ -257,6 +277,8 @@ static dp_layer_call call_of(dp_model *m, int slot, const dp_layer *d, const flo
     }
     if (dp_layer_ops_of(d)->keep_floats)
         c.keep = m->acts + (size_t)slot * m->slot_floats + d->keep_off;
+    if (d->s_len)
+        c.state = m->buffers + d->s_off;
     return c;
 }
 
@@ -285,6 +307,7 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
         c.relu = last > l;
         c.y = y;
         c.correct = correct;
+        c.train = train;
         if (o->flags & DP_LK_DRAWS) {
             c.seed = mix64(m->drop_base + ++m->drop_count * 0x9e3779b97f4a7c15ULL + (uint64_t)l);
             m->drop_seeds[(size_t)slot * m->n_layers + l] = c.seed;

@@ -139,6 +139,13 @@ int dp_spec_params(dp_spec_parser *p, dp_layer *d, size_t w_len, size_t b_len)
     return 0;
 }
 
+void dp_spec_buffers(dp_spec_parser *p, dp_layer *d, size_t len)
+{
+    d->s_off = p->boff;
+    d->s_len = len;
+    p->boff += len;
+}
+
 int dp_spec_need_image(dp_spec_parser *p)
 {
     if (p->flat || p->h * p->w == 1)
@@ -365,6 +372,7 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     if (!loss)
         return -1;
     m->n_params = p.off;
+    m->n_buffers = p.boff;
     snprintf(m->name, sizeof m->name, "%s", preset ? preset : m->spec);
     return 0;
 }

@@ -25,6 +25,7 @@ typedef struct dp_spec_parser {
     bool hwc;           /* stored NHWC (an image layer's output) */
     bool flat;          /* after a dense or a flatten: no image layer may follow */
     size_t off;         /* parameters assigned so far */
+    size_t boff;        /* buffers assigned so far */
     size_t spec_len;
     dp_err *err;
 } dp_spec_parser;
@@ -49,6 +50,8 @@ dp_layer *dp_spec_add(dp_spec_parser *p, dp_layer_kind kind);
 int dp_spec_out(dp_spec_parser *p, dp_layer *d, int oc, int oh, int ow);
 /* The layer's weights and bias, next in the flat buffer. */
 int dp_spec_params(dp_spec_parser *p, dp_layer *d, size_t w_len, size_t b_len);
+/* The layer's buffers, next in the flat buffer array. */
+void dp_spec_buffers(dp_spec_parser *p, dp_layer *d, size_t len);
 /* Before a layer that works on images: the input must be one, stored NHWC
  * (an hwc layer is inserted for several channels). */
 int dp_spec_need_image(dp_spec_parser *p);

@@ -1242,6 +1242,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
     .devices = 1,
+    .buffers = 1,
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,

@@ -151,6 +151,7 @@ const dp_strategy_ops dp_strategy_single = {
     .summary = "one process, a local optimiser",
     .cluster = 0,
     .devices = 1,
+    .buffers = 1,
     .open = single_open,
     .step = single_step,
     .epoch_end = single_epoch_end,

@@ -21,7 +21,7 @@
 #include "downpour/safetensors.h"
 
 #define MAX_WORKERS 4096
-#define MAX_TENSORS (2 * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
+#define MAX_TENSORS ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
 #define NAME_LEN 48
 
 static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
@@ -67,6 +67,7 @@ void dp_train_state_free(dp_train_state *st)
     free(st->history);
     free(st->worker_slots);
     free(st->worker_t);
+    free(st->buffers);
     memset(st, 0, sizeof *st);
 }
 
@@ -124,6 +125,21 @@ static bool filter_order(const dp_layer *d)
  * order) and (.., c, kh, kw) in the file: one transpose per filter. */
 static int filters(const dp_layer *d) { return (int)(d->w_len / ((size_t)d->win.kh * d->win.kw * d->c)); }
 
+/* Layer d's buffers (layer_kind.h) as layers.{idx}.<name>, PyTorch's names:
+ * running_mean, running_var, num_batches_tracked. */
+static void add_layer_buffers(writer *w, const dp_layer *d, const float *buffers, int idx)
+{
+    dp_lk_buffer b[DP_LK_MAX_BUFFERS];
+    int n = d->s_len && dp_layer_ops_of(d)->buffers ? dp_layer_ops_of(d)->buffers(d, b) : 0;
+    size_t off = d->s_off;
+    for (int i = 0; i < n; off += b[i].len, i++) {
+        snprintf(w->names[w->nt], NAME_LEN, "layers.%d.%s", idx, b[i].name);
+        w->t[w->nt] = (dp_st_tensor){w->names[w->nt], buffers + off, b[i].ndim,
+                                     {(int64_t)b[i].len}};
+        w->nt++;
+    }
+}
+
 static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, int idx)
 {
     int64_t ws[6], bs[3];
@@ -179,14 +195,19 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
+    /* buffers: the state's when it holds them, else the writing task's model's
+     * (docs/strategies.md, "Buffers") */
+    const float *buffers = st->buffers ? st->buffers : m->buffers;
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->w_len && add_layer_tensors(w, d, st->params, idx++) < 0) {
+        if (d->w_len && add_layer_tensors(w, d, st->params, idx) < 0) {
             for (int i = 0; i < w->n_owned; i++)
                 free(w->owned[i]);
             free(w);
             return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
         }
+        if (d->w_len)
+            add_layer_buffers(w, d, buffers, idx++);
     }
     size_t n = st->n_params;
     for (int k = 0; k < st->n_slots && st->slots; k++)
@@ -288,10 +309,28 @@ static int copy_2d(float *dst, const dp_safetensors *f, const char *name, int nd
     return copy_tensor(dst, f, name, ndim, shape, path, err);
 }
 
-/* Every parameter layer's layers.{i}.weight and .bias into params (the
- * model's layout; filters back from PyTorch's order). */
-static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
+/* Layer d's buffers, layers.{idx}.<name>, into buffers (the model's layout). */
+static int read_buffers(const dp_safetensors *f, const dp_layer *d, float *buffers, int idx,
                         const char *path, dp_err *err)
+{
+    dp_lk_buffer b[DP_LK_MAX_BUFFERS];
+    int n = d->s_len && dp_layer_ops_of(d)->buffers ? dp_layer_ops_of(d)->buffers(d, b) : 0;
+    size_t off = d->s_off;
+    char name[NAME_LEN];
+    for (int i = 0; i < n; off += b[i].len, i++) {
+        int64_t shape[1] = {(int64_t)b[i].len};
+        snprintf(name, sizeof name, "layers.%d.%s", idx, b[i].name);
+        if (copy_tensor(buffers + off, f, name, b[i].ndim, shape, path, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Every parameter layer's layers.{i}.weight and .bias into params (the
+ * model's layout; filters back from PyTorch's order), and its buffers into
+ * buffers when non-NULL. */
+static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
+                        float *buffers, const char *path, dp_err *err)
 {
     char name[NAME_LEN];
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
@@ -310,6 +349,8 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         free(tmp);
         snprintf(name, sizeof name, "layers.%d.bias", idx);
         if (rc < 0 || copy_tensor(params + d->b_off, f, name, bdim, bs, path, err) < 0)
+            return -1;
+        if (buffers && read_buffers(f, d, buffers, idx, path, err) < 0)
             return -1;
         idx++;
     }
@@ -502,7 +543,12 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     st->best_epoch = (int)best_epoch;
     st->best_accuracy = best_acc;
     st->n_history = n_hist;
-    if (read_weights(f, m, st->params, path, err) < 0)
+    if (m->n_buffers) {
+        if (!(st->buffers = malloc(m->n_buffers * sizeof *st->buffers)))
+            return dp_errf(err, "%s: out of memory for %zu buffers", path, m->n_buffers);
+        st->n_buffers = m->n_buffers;
+    }
+    if (read_weights(f, m, st->params, st->buffers, path, err) < 0)
         return -1;
     char name[NAME_LEN];
     size_t n = m->n_params;
@@ -572,7 +618,7 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
     const char *preset = dp_safetensors_meta(f, "model_name");
     if (preset && strlen(preset) < sizeof m->name)
         snprintf(m->name, sizeof m->name, "%s", preset);
-    if (read_weights(f, m, m->params, path, err) < 0)
+    if (read_weights(f, m, m->params, m->buffers, path, err) < 0)
         goto fail;
     if (info) {
         const char *s = dp_safetensors_meta(f, "strategy"), *d = dp_safetensors_meta(f, "dataset");
