@@ -121,8 +121,10 @@ typedef struct dp_layer_ops {
 
     /* Model parallelism: the rule, the reason when refused, and for ROWS
      * the band's forward and backward (c->y0, c->y1; the backward writes
-     * its part of din on the input rows its windows read); for UNITS the
-     * slice's products (mp_slice.h). */
+     * its part of din on the input rows its windows read).  UNITS is the
+     * dense stack, each followed by a relu, whose slice products and
+     * exchanges are src/exec/mp_slice.c's; the LOSS runs its CPU forward
+     * and backward on every task. */
     dp_mp_rule mp;
     const char *mp_reason;
     void (*mp_forward)(const dp_layer_call *c);

@@ -28,6 +28,7 @@ struct mp_replica {
      * the full layout, of which a ROWS layer holds its band (and halo rows) */
     int n_img;
     dp_layer L[DP_MAX_LAYERS];   /* the model's image layers */
+    dp_layer loss;               /* the model's last layer, the loss */
     float *iact[DP_MAX_LAYERS];  /* image layer i's output (rows, out) */
     float *igrad[DP_MAX_LAYERS]; /* the gradient there (rows, out) */
     float *keep[DP_MAX_LAYERS];  /* lcn: what its backward needs */
@@ -524,11 +525,15 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
     /* every task: the same logits, the same loss and gradient */
     float *logits = s->act[last];
     int classes = p->layer[last].out;
-    out->loss = dp_softmax_xent_forward(logits, logits, y, n, classes, &out->correct);
+    const dp_layer_ops *lo = dp_layer_ops_of(&s->loss); /* in place, on every task */
+    dp_layer_call lc = {.d = &s->loss, .batch = n, .in = logits, .out = logits, .y = y,
+                        .correct = &out->correct, .train = 1};
+    out->loss = lo->forward(&lc);
     if (!isfinite(out->loss))
         return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                        (double)out->loss, step);
-    dp_softmax_xent_backward(logits, logits, y, n, classes);
+    lc.din = logits;
+    lo->backward(&lc);
     if (w != 1.0f)
         for (size_t i = 0; i < (size_t)n * classes; i++)
             logits[i] *= w;
@@ -676,6 +681,7 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
             return -1;
         }
     s->plan = &s->plans[task];
+    s->loss = m->layers[m->n_layers - 1];
     const mp_plan *p = s->plan;
     size_t r = (size_t)rows;
     s->dbuf[0] = malloc(r * p->max_width * sizeof(float));
