@@ -90,6 +90,7 @@ typedef struct dp_layer_ops {
     const char *name;  /* "conv": messages, and the spec token's prefix when token is set */
     int token;         /* 1: a --model token starts with name; 2: the token is exactly name */
     unsigned flags;    /* DP_LK_* */
+    const char *example, *help; /* --help's line for its token: "conv5x5x32", what it is */
 
     /* The spec: builds the layer from its token's text after the name
      * (parse), and the canonical spelling of the layer it built (emit, NULL:

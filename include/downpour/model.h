@@ -135,6 +135,9 @@ void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
 
 /* The preset names, for messages and --help: "mlp-300-100, mlp-128, ...". */
 const char *dp_model_presets(void);
+/* --model's help: the presets and a line for each kind's token, from the
+ * layer table (the grammar in full: docs/models.md). */
+const char *dp_model_spec_help(void);
 
 int dp_model_inputs(const dp_model *m);
 int dp_model_classes(const dp_model *m);

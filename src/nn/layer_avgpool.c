@@ -51,6 +51,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_avgpool = {
     .kind = DP_LAYER_AVGPOOL, .name = "avgpool", .token = 1,
+    .example = "avgpool2", .help = "average pooling, as maxpool",
     .parse = parse, .emit = emit,
     .forward = forward, .backward = backward,
     .mp = DP_MP_ROWS, .mp_forward = mp_forward, .mp_backward = mp_backward,

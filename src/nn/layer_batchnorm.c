@@ -193,6 +193,7 @@ static void backward(const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_batchnorm = {
     .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2,
+    .example = "bn", .help = "batch norm (features after dense, channels after conv)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .buffers = buffers, .init_buffers = init_buffers, .keep_floats = keep_floats,
     .forward = forward, .backward = backward,

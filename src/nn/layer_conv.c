@@ -56,6 +56,7 @@ static void dev_backward(const struct dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_conv = {
     .kind = DP_LAYER_CONV, .name = "conv", .token = 1,
+    .example = "conv5x5x32", .help = "convolution, 5x5 window, 32 channels; s2 stride, p2 padding",
     .flags = DP_LK_FUSES_RELU | DP_LK_LOWERED | DP_LK_FILTER_ORDER | DP_LK_MP_SHARED_FILTERS,
     .parse = parse, .emit = emit,
     .fans = dp_lk_lowered_fans, .shapes = shapes, .cost = cost, .min_chunk = 1,

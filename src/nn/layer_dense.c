@@ -82,6 +82,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_dense = {
     .kind = DP_LAYER_DENSE, .name = "dense", .token = 1,
+    .example = "dense128", .help = "dense alone",
     .flags = DP_LK_FUSES_RELU | DP_LK_TAKES_RELU_MASK | DP_LK_DEV_TAKES_RELU_MASK |
              DP_LK_CLASSIFIER,
     .parse = parse, .emit = emit, .shapes = shapes,

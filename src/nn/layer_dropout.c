@@ -71,6 +71,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_dropout = {
     .kind = DP_LAYER_DROPOUT, .name = "dropout", .token = 1,
+    .example = "dropout0.5", .help = "drop that fraction while training",
     .flags = DP_LK_EVAL_IDENTITY | DP_LK_DRAWS,
     .parse = parse, .emit = emit,
     .forward = forward, .backward = backward,

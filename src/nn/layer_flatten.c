@@ -41,6 +41,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_flatten = {
     .kind = DP_LAYER_FLATTEN, .name = "flatten", .token = 2,
+    .example = "flatten", .help = "an image to a vector (inserted before a dense layer)",
     .parse = parse, .forward = forward, .backward = backward,
     .mp = DP_MP_FULL,
     .dev_forward = dev_forward, .dev_backward = dev_backward,

@@ -148,6 +148,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_lcn = {
     .kind = DP_LAYER_LCN, .name = "lcn", .token = 1,
+    .example = "lcn5", .help = "local contrast normalisation over 5x5",
     .parse = parse, .emit = emit, .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .mp = DP_MP_FULL,

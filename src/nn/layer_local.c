@@ -55,6 +55,7 @@ static void dev_backward(const struct dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_local = {
     .kind = DP_LAYER_LOCAL, .name = "local", .token = 1,
+    .example = "local5x5x16", .help = "locally connected (untied weights); s, p as conv",
     .flags = DP_LK_FUSES_RELU | DP_LK_LOWERED | DP_LK_FILTER_ORDER,
     .parse = parse, .emit = emit,
     .fans = dp_lk_lowered_fans, .shapes = shapes, .min_chunk = LOCAL_MIN_CHUNK,

@@ -64,7 +64,8 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 }
 
 const dp_layer_ops dp_layer_relu = {
-    .kind = DP_LAYER_RELU, .name = "relu", .token = 2, .flags = DP_LK_RELU | DP_LK_MP_SAME_ROWS,
+    .kind = DP_LAYER_RELU, .name = "relu", .token = 2,
+    .example = "relu", .help = "max(x, 0)", .flags = DP_LK_RELU | DP_LK_MP_SAME_ROWS,
     .parse = parse,
     .forward = forward, .backward = backward,
     .mp = DP_MP_ROWS, .mp_forward = mp_forward, .mp_backward = mp_backward,

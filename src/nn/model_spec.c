@@ -273,6 +273,27 @@ static int input(dp_spec_parser *p, const char *s, const char *end)
     return 0;
 }
 
+const char *dp_model_spec_help(void)
+{
+    static char help[2048];
+    if (help[0])
+        return help;
+    const char *pad = "                               ";
+    size_t len = (size_t)snprintf(help, sizeof help,
+                                  "a preset: %s;\n%.29sor layers joined by '-', the input first "
+                                  "(784, or an image 1x28x28):\n%s128         dense + relu (the "
+                                  "last one: the classes, before the loss)\n",
+                                  dp_model_presets(), pad, pad);
+    for (int k = 0; k < DP_LAYER_KIND_COUNT && len < sizeof help; k++)
+        if (dp_layer_table[k]->example)
+            len += (size_t)snprintf(help + len, sizeof help - len, "%s%-11s %s\n", pad,
+                                    dp_layer_table[k]->example, dp_layer_table[k]->help);
+    if (len < sizeof help)
+        snprintf(help + len, sizeof help - len, "%.29se.g. %s", pad,
+                 "1x28x28-conv5x5x32-relu-maxpool2-conv5x5x64-relu-maxpool2-128-10");
+    return help;
+}
+
 /* The kind whose token this is (layer_kind.h: a prefix, or the whole token). */
 static const dp_layer_ops *kind_of_token(const char *s, const char *end)
 {
