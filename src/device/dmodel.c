@@ -4,7 +4,8 @@
  * Memory.  Everything is allocated in dp_dmodel_open: parameters, gradients
  * and optimiser slots in the model's flat layout; every layer's output for
  * max_batch rows (act_off, as the CPU model lays out one slot); each keep
- * a kind asks for (keep_off, dev_keep: lcn's); two ping-pong gradient buffers; a ones vector (bias gradients as products);
+ * a kind asks for (keep_off, dev_keep: lcn's); two ping-pong gradient
+ * buffers; a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by

@@ -1,5 +1,6 @@
 /* The slice math of model parallelism (src/exec/mp_slice.c; the strategy,
- * src/strategy/model_parallel.c, drives the executor): which output units of each dense layer task j of K holds, where they sit in the
+ * src/strategy/model_parallel.c, drives the executor): which output units
+ * of each dense layer task j of K holds, where they sit in the
  * task's compact buffer and in the model's flat one, and the products on a
  * slice.  A dense layer (out, in) gives task j the units [lo, hi) with
  * lo = out*j/K (balanced): the rows [lo, hi) of W, contiguous in the flat

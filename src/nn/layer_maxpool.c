@@ -54,7 +54,8 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_maxpool = {
     .kind = DP_LAYER_MAXPOOL, .name = "maxpool", .token = 1,
-    .example = "maxpool2", .help = "max pooling 2x2 (maxpool3x3s2p1)", .flags = DP_LK_TAKES_RELU_MASK,
+    .example = "maxpool2", .help = "max pooling 2x2 (maxpool3x3s2p1)",
+    .flags = DP_LK_TAKES_RELU_MASK,
     .parse = parse, .emit = emit,
     .forward = forward, .backward = backward,
     .mp = DP_MP_ROWS, .mp_forward = mp_forward, .mp_backward = mp_backward,

@@ -1,6 +1,6 @@
 /* What the windowed layer kinds share (layer_impl.h): their tokens, their
- * spelling, and the lowered kinds' (conv, local) products, moved here from
- * model.c, mp_slice.c and the device's dimage.c unchanged. */
+ * spelling, and the lowered kinds' (conv, local) products on the CPU, on a
+ * band of rows (model parallelism) and on a device. */
 #include "nn/layer_impl.h"
 
 #include <string.h>

@@ -118,8 +118,9 @@ int dp_spec_out(dp_spec_parser *p, dp_layer *d, int oc, int oh, int ow)
 {
     long feats = (long)oc * oh * ow;
     if (feats > MAX_FEATURES)
-        return dp_spec_fail(p, "%d x %d x %d = %ld features per sample, at most %ld", oc, oh, ow, feats,
-                    MAX_FEATURES);
+        return dp_spec_fail(p, "%d x %d x %d = %ld features per sample, at most %ld", oc, oh, ow,
+                                    feats,
+                            MAX_FEATURES);
     d->oc = oc, d->oh = oh, d->ow = ow;
     d->out = (int)feats;
     p->c = oc, p->h = oh, p->w = ow;
@@ -149,10 +150,10 @@ void dp_spec_buffers(dp_spec_parser *p, dp_layer *d, size_t len)
 int dp_spec_need_image(dp_spec_parser *p)
 {
     if (p->flat || p->h * p->w == 1)
-        return dp_spec_fail(p, "needs an image, but its input is a flat vector of %d features (give "
-                       "the input as CxHxW, e.g. 1x28x28; images end at the first dense or "
-                       "flatten)",
-                    p->c * p->h * p->w);
+        return dp_spec_fail(p, "needs an image, but its input is a flat vector of %d features "
+                               "(give the input as CxHxW, e.g. 1x28x28; images end at the first "
+                               "dense or flatten)",
+                            p->c * p->h * p->w);
     if (!p->hwc && p->c > 1 && !dp_spec_add(p, DP_LAYER_HWC))
         return -1;
     p->hwc = true;
@@ -187,7 +188,8 @@ int dp_spec_dense(dp_spec_parser *p, long n, bool relu)
     return relu && !dp_spec_add(p, DP_LAYER_RELU) ? -1 : 0;
 }
 
-int dp_spec_window_opts(dp_spec_parser *p, const char *s, const char *end, int *stride, int *pad)
+int dp_spec_window_opts(dp_spec_parser *p, const char *s, const char *end, int *stride,
+                        int *pad)
 {
     while (s < end) {
         const char *at = s;
@@ -195,11 +197,11 @@ int dp_spec_window_opts(dp_spec_parser *p, const char *s, const char *end, int *
         long v = o == 's' || o == 'p' ? dp_spec_num(&s, end, o == 'p' ? 0 : 1, MAX_DIM) : -1;
         if (v == -1)
             return dp_spec_fail(p, "unexpected '%.*s' (options are s<stride> and p<padding>, like "
-                           "conv3x3x64s2p1)",
-                        (int)(end - at), at);
+                                   "conv3x3x64s2p1)",
+                                (int)(end - at), at);
         if (v == -2)
             return dp_spec_fail(p, "%s out of range [%d, %d]", o == 's' ? "stride" : "padding",
-                        o == 's', MAX_DIM);
+                                o == 's', MAX_DIM);
         *(o == 's' ? stride : pad) = (int)v;
     }
     return 0;
@@ -215,7 +217,8 @@ static bool next_num(const char **s, const char *end, long *v)
     return *v > 0;
 }
 
-int dp_spec_window_size(dp_spec_parser *p, const char **s, const char *end, int *kh, int *kw, int *oc)
+int dp_spec_window_size(dp_spec_parser *p, const char **s, const char *end, int *kh, int *kw,
+                        int *oc)
 {
     long a = dp_spec_num(s, end, 1, MAX_DIM), b = a, c = 1;
     bool ok = a > 0;
@@ -224,10 +227,10 @@ int dp_spec_window_size(dp_spec_parser *p, const char **s, const char *end, int 
     if (ok && oc)
         ok = next_num(s, end, &c);
     if (!ok)
-        return dp_spec_fail(p, oc ? "expected KHxKWxC: window height, width and output channels, each "
-                            "in [1, %d], like conv5x5x32"
-                          : "expected a window K or KHxKW in [1, %d], like maxpool2",
-                    MAX_DIM);
+        return dp_spec_fail(p, oc ? "expected KHxKWxC: window height, width and output channels, "
+                                    "each in [1, %d], like conv5x5x32"
+                                  : "expected a window K or KHxKW in [1, %d], like maxpool2",
+                            MAX_DIM);
     *kh = (int)a;
     *kw = (int)b;
     if (oc)
@@ -240,8 +243,8 @@ int dp_spec_window(dp_spec_parser *p, dp_layer *d, int kh, int kw, int stride, i
     if (pad >= kh || pad >= kw)
         return dp_spec_fail(p, "padding %d must be smaller than the %dx%d window", pad, kh, kw);
     if (dp_window_init(&d->win, p->c, p->h, p->w, kh, kw, stride, pad) < 0)
-        return dp_spec_fail(p, "a %dx%d window is larger than its %dx%d input (with padding %d)", kh,
-                    kw, p->h, p->w, pad);
+        return dp_spec_fail(p, "a %dx%d window is larger than its %dx%d input (with padding %d)",
+                            kh, kw, p->h, p->w, pad);
     return 0;
 }
 
@@ -260,9 +263,9 @@ static int input(dp_spec_parser *p, const char *s, const char *end)
         }
     }
     if (a < 1 || h < 1 || w < 1 || s != end)
-        return dp_spec_fail(p, "expected the input as N features (like 784) or an image CxHxW (like "
-                       "1x28x28)%s",
-                    a == -1 ? ", or a preset" : "");
+        return dp_spec_fail(p, "expected the input as N features (like 784) or an image CxHxW "
+                               "(like 1x28x28)%s",
+                            a == -1 ? ", or a preset" : "");
     if (a * h * w > MAX_FEATURES)
         return dp_spec_fail(p, "%ld input features, at most %ld", a * h * w, MAX_FEATURES);
     p->c = (int)a, p->h = (int)h, p->w = (int)w;
@@ -332,7 +335,7 @@ static int token(dp_spec_parser *p, const char *s, const char *end, bool last)
     const dp_layer_ops *o = kind_of_token(s, end);
     if (last && !(o && (o->flags & DP_LK_CLASSIFIER)))
         return dp_spec_fail(p, "the last layer must be dense (its width is the number of "
-                               "classes), like ...-10");
+                                       "classes), like ...-10");
     if (!o)
         return unknown(p);
     int before = p->m->n_layers;
@@ -356,8 +359,8 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     dp_spec_parser p = {.m = m, .shown = spec, .err = err};
     if (!*text)
         return dp_spec_fail(&p, "is empty (expected a preset: %s; or layers like 784-300-100-10 or "
-                        "1x28x28-conv5x5x32-relu-maxpool2-128-10)",
-                    dp_model_presets());
+                                "1x28x28-conv5x5x32-relu-maxpool2-128-10)",
+                            dp_model_presets());
     if (strlen(text) >= DP_MAX_SPEC)
         return dp_spec_fail(&p, "longer than %d characters", DP_MAX_SPEC - 1);
     int ntok = 1;
@@ -371,12 +374,13 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
         p.tok = s, p.tok_len = (int)(end - s), p.tok_no = t + 1;
         if (end == s)
             return dp_spec_fail(&p, t == 0 ? "the spec starts with '-'"
-                            : t + 1 == ntok ? "the spec ends with '-' (a layer is missing)"
-                                            : "empty token between two '-'");
+                                    : t + 1 == ntok ? "the spec ends with '-' (a layer is missing)"
+                                                    : "empty token between two '-'");
         if (t == 0 && ntok == 1 && !(*s >= '0' && *s <= '9')) {
             p.tok = NULL;
-            return dp_spec_fail(&p, "not a preset (%s) nor layers joined by '-' like 784-300-100-10",
-                        dp_model_presets());
+            return dp_spec_fail(&p, "not a preset (%s) nor layers joined by '-' like "
+                                    "784-300-100-10",
+                                dp_model_presets());
         }
         if ((t == 0 ? input(&p, s, end) : token(&p, s, end, t + 1 == ntok)) < 0)
             return -1;
@@ -386,7 +390,8 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     if (ntok < 2)
         return dp_spec_fail(&p, "needs at least the input and the classes (like 784-10)");
     if (p.spec_len >= sizeof m->spec)
-        return dp_spec_fail(&p, "its canonical spelling is longer than %d characters", DP_MAX_SPEC - 1);
+        return dp_spec_fail(&p, "its canonical spelling is longer than %d characters",
+                                    DP_MAX_SPEC - 1);
     if (p.c > MAX_CLASSES)
         return dp_spec_fail(&p, "%d classes, at most %d (labels are 8-bit)", p.c, MAX_CLASSES);
     dp_layer *loss = dp_spec_add(&p, DP_LAYER_SOFTMAX_XENT);
