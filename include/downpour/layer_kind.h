@@ -43,6 +43,7 @@ typedef struct dp_layer_call {
     float *state;        /* the layer's buffers (d->s_len floats at buffers + d->s_off) */
     int train;           /* forward: a training forward (batch statistics), else evaluation */
     int y0, y1;          /* model-parallel ROWS: the output rows this task computes */
+    int lo, hi;          /* model-parallel UNITS: the output units this task computes */
     uint64_t seed;       /* the draw of this forward (DP_LK_DRAWS) */
     const uint64_t *key; /* device: where the step block holds that draw */
     const uint8_t *y;    /* the loss: labels; NULL in a range without them */
@@ -120,12 +121,13 @@ typedef struct dp_layer_ops {
     float (*forward)(const dp_layer_call *c);
     void (*backward)(const dp_layer_call *c);
 
-    /* Model parallelism: the rule, the reason when refused, and for ROWS
-     * the band's forward and backward (c->y0, c->y1; the backward writes
-     * its part of din on the input rows its windows read).  UNITS is the
-     * dense stack, each followed by a relu, whose slice products and
-     * exchanges are src/exec/mp_slice.c's; the LOSS runs its CPU forward
-     * and backward on every task. */
+    /* Model parallelism: the rule, the reason when refused, and the part's
+     * forward and backward: for ROWS the band of output rows [c->y0, c->y1)
+     * of every record (the backward writes its part of din on the input
+     * rows its windows read); for UNITS the output units [c->lo, c->hi),
+     * written in place in the full-width output, from the slice's weights
+     * (the backward's din is this task's part of the sum).  The LOSS runs
+     * its CPU forward and backward on every task. */
     dp_mp_rule mp;
     const char *mp_reason;
     void (*mp_forward)(const dp_layer_call *c);

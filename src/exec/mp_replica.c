@@ -29,6 +29,7 @@ struct mp_replica {
     int n_img;
     dp_layer L[DP_MAX_LAYERS];   /* the model's image layers */
     dp_layer loss;               /* the model's last layer, the loss */
+    dp_layer units[DP_MAX_DENSE]; /* the layers split by units (dense), in order */
     float *iact[DP_MAX_LAYERS];  /* image layer i's output (rows, out) */
     float *igrad[DP_MAX_LAYERS]; /* the gradient there (rows, out) */
     float *keep[DP_MAX_LAYERS];  /* lcn: what its backward needs */
@@ -500,6 +501,18 @@ static int image_backward(mp_replica *s, const float *params, float *grads, cons
 }
 
 
+/* Dense layer d's slice call: its units, its weights in the compact buffer. */
+static dp_layer_call unit_call(const mp_replica *s, int d, const float *params, float *grads,
+                               const float *in, int n)
+{
+    const mp_layer *l = &s->plan->layer[d];
+    dp_layer_call c = {.d = &s->units[d], .batch = n, .in = in, .lo = l->lo, .hi = l->hi,
+                       .w = params + l->w_off, .b = params + l->b_off};
+    if (grads)
+        c.gw = grads + l->w_off, c.gb = grads + l->b_off;
+    return c;
+}
+
 /* Forward and backward of n records: the loss and this task's gradients,
  * weighted by w (its replica's share of the step's records). */
 int mp_replica_step(mp_replica *s, const float *params, float *grads, const float *x,
@@ -518,7 +531,10 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
         xin = s->iact[s->n_img - 1];
     }
     for (int d = 0; d <= last; d++) {
-        mp_forward(s->act[d], d ? s->act[d - 1] : xin, params, &p->layer[d], n, d < last);
+        dp_layer_call c = unit_call(s, d, params, NULL, d ? s->act[d - 1] : xin, n);
+        c.out = s->act[d];
+        c.relu = d < last;
+        dp_layer_ops_of(&s->units[d])->mp_forward(&c);
         if (s->K > 1 && all_gather(s, d, n, step, err) < 0)
             return -1;
     }
@@ -543,7 +559,10 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
         const mp_layer *l = &p->layer[d];
         /* never the input's gradient; the image layers' only then */
         float *din = d || s->n_img ? s->dbuf[cur] : NULL;
-        mp_backward(din, grads, dz, d ? s->act[d - 1] : xin, params, l, n);
+        dp_layer_call c = unit_call(s, d, params, grads, d ? s->act[d - 1] : xin, n);
+        c.dout = dz;
+        c.din = din;
+        dp_layer_ops_of(&s->units[d])->mp_backward(&c);
         if (!d) {
             if (!s->n_img)
                 break;
@@ -682,6 +701,9 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
         }
     s->plan = &s->plans[task];
     s->loss = m->layers[m->n_layers - 1];
+    for (int l = 0, d = 0; l < m->n_layers; l++)
+        if (dp_layer_ops_of(&m->layers[l])->mp == DP_MP_UNITS)
+            s->units[d++] = m->layers[l];
     const mp_plan *p = s->plan;
     size_t r = (size_t)rows;
     s->dbuf[0] = malloc(r * p->max_width * sizeof(float));

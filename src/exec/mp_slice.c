@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "downpour/blas.h"
 #include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 
@@ -170,50 +169,6 @@ void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K)
     size_t off = 0;
     for (int j = 0; j < K; off += plans[j].floats, j++)
         mp_scatter(full, v + off, &plans[j]);
-}
-
-void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
-                int relu)
-{
-    int u = l->hi - l->lo;
-    /* the slice's columns of the full output, in place: ldc is the full width */
-    dp_sgemm(false, true, rows, u, l->in, 1.0f, in, l->in, params + l->w_off, l->in, 0.0f,
-             out + l->lo, l->out);
-    const float *restrict b = params + l->b_off;
-    for (int r = 0; r < rows; r++) {
-        float *restrict o = out + (size_t)r * l->out + l->lo;
-        if (relu) {
-            for (int c = 0; c < u; c++) {
-                float v = o[c] + b[c];
-                o[c] = v < 0.0f ? 0.0f : v;
-            }
-        } else {
-            for (int c = 0; c < u; c++)
-                o[c] += b[c];
-        }
-    }
-}
-
-void mp_backward(float *din, float *grads, const float *dz, const float *in, const float *params,
-                 const mp_layer *l, int rows)
-{
-    int u = l->hi - l->lo;
-    const float *dzs = dz + l->lo; /* the slice's columns, row stride l->out */
-    /* dW (u, in) = dz_slice^T (u, rows) . in (rows, in) */
-    dp_sgemm(true, false, u, l->in, rows, 1.0f, dzs, l->out, in, l->in, 0.0f,
-             grads + l->w_off, l->in);
-    /* db = column sums, row by row in order (as the whole model sums them) */
-    float *restrict db = grads + l->b_off;
-    memset(db, 0, (size_t)u * sizeof *db);
-    for (int r = 0; r < rows; r++) {
-        const float *restrict d = dzs + (size_t)r * l->out;
-        for (int c = 0; c < u; c++)
-            db[c] += d[c];
-    }
-    /* din (rows, in) = dz_slice (rows, u) . W_slice (u, in) */
-    if (din)
-        dp_sgemm(false, false, rows, l->in, u, 1.0f, dzs, l->out, params + l->w_off, l->in,
-                 0.0f, din, l->in);
 }
 
 void mp_pack(float *dst, const float *src, int rows, int width, int lo, int hi)

@@ -4,7 +4,11 @@
  * (mp_slice.h). */
 #include "nn/layer_impl.h"
 
+#include <stdbool.h>
+#include <string.h>
+
 #include "device/dexec.h"
+#include "downpour/blas.h"
 #include "downpour/layers.h"
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
@@ -50,6 +54,53 @@ static void backward(const dp_layer_call *c)
                                     d->out);
 }
 
+/* Model parallelism: output units [lo, hi), the slice's rows of W and
+ * entries of b (src/exec/mp_slice.h). */
+static void mp_forward(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    int u = c->hi - c->lo, rows = c->batch;
+    /* the slice's columns of the full output, in place: ldc is the full width */
+    dp_sgemm(false, true, rows, u, d->in, 1.0f, c->in, d->in, c->w, d->in, 0.0f, c->out + c->lo,
+             d->out);
+    const float *restrict b = c->b;
+    for (int r = 0; r < rows; r++) {
+        float *restrict o = c->out + (size_t)r * d->out + c->lo;
+        if (c->relu) {
+            for (int k = 0; k < u; k++) {
+                float v = o[k] + b[k];
+                o[k] = v < 0.0f ? 0.0f : v;
+            }
+        } else {
+            for (int k = 0; k < u; k++)
+                o[k] += b[k];
+        }
+    }
+}
+
+/* From the full gradient at the output: the slice's gradients, and this
+ * task's part of the input gradient (the replica sums the parts). */
+static void mp_backward(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    int u = c->hi - c->lo, rows = c->batch;
+    const float *dzs = c->dout + c->lo; /* the slice's columns, row stride d->out */
+    /* dW (u, in) = dz_slice^T (u, rows) . in (rows, in) */
+    dp_sgemm(true, false, u, d->in, rows, 1.0f, dzs, d->out, c->in, d->in, 0.0f, c->gw, d->in);
+    /* db = column sums, row by row in order (as the whole model sums them) */
+    float *restrict db = c->gb;
+    memset(db, 0, (size_t)u * sizeof *db);
+    for (int r = 0; r < rows; r++) {
+        const float *restrict g = dzs + (size_t)r * d->out;
+        for (int k = 0; k < u; k++)
+            db[k] += g[k];
+    }
+    /* din (rows, in) = dz_slice (rows, u) . W_slice (u, in) */
+    if (c->din)
+        dp_sgemm(false, false, rows, d->in, u, 1.0f, dzs, d->out, c->w, d->in, 0.0f, c->din,
+                 d->in);
+}
+
 /* Column-major products (src/device/dmodel.c, "Products"). */
 static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 {
@@ -87,6 +138,6 @@ const dp_layer_ops dp_layer_dense = {
              DP_LK_CLASSIFIER,
     .parse = parse, .emit = emit, .shapes = shapes,
     .forward = forward, .backward = backward,
-    .mp = DP_MP_UNITS,
+    .mp = DP_MP_UNITS, .mp_forward = mp_forward, .mp_backward = mp_backward,
     .dev_forward = dev_forward, .dev_backward = dev_backward,
 };
