@@ -11,8 +11,9 @@
  *   - the checkpoint writes weight, bias, running_mean, running_var and
  *     num_batches_tracked under PyTorch's names and shapes, and reads them
  *     back bit-exact (weights and training state);
- *   - the executors that cannot run it yet refuse it naming the layer:
- *     model parallelism (its rule) and the device (no kernels yet). */
+ *   - its device kernels (through the sim backend) give the CPU's bits:
+ *     output, statistics, running statistics, gradients;
+ *   - model parallelism refuses it, naming the layer and its rule. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,8 @@
 #include "downpour/pool.h"
 #include "downpour/rng.h"
 #include "downpour/safetensors.h"
+#include "device/dexec.h"
+#include "device/device_impl.h"
 #include "exec/mp_slice.h"
 #include "scratch.h"
 
@@ -286,17 +289,56 @@ static void test_refusals(void)
     CHECK(mp_plan_make(&p, &m, 2, 0, &err) < 0 && strstr(err.msg, "bn") &&
           strstr(err.msg, "not split yet"));
     printf("model parallelism: %s\n", err.msg);
-    dp_device *dev = NULL;
-    dp_device_spec sim = {.kind = DP_DEVICE_SIM};
-    if (dp_device_open(&dev, &sim, &err) == 0) {
-        dp_dmodel *g = NULL;
-        CHECK(dp_dmodel_open(&g, dev, &m, NULL, &err) < 0 && strstr(err.msg, "layer 1 (bn)"));
-        printf("device: %s\n", err.msg);
-        dp_dmodel_close(g);
-        dp_device_close(dev);
-    }
     dp_model_free(&m);
     CHECK(dp_model_init(&m, "784-bn2-10", 4, 1, &err) < 0);
+}
+
+/* The device kernels through sim against the CPU's: the same bits. */
+static void test_device(int C, int h, int w, int batch)
+{
+    dp_layer d = bn_layer(C, h, w);
+    const dp_layer_ops *o = dp_layer_ops_of(&d);
+    size_t n = (size_t)batch * d.in, kf = o->keep_floats(&d, batch);
+    float *x = malloc(n * sizeof *x), *dout = malloc(n * sizeof *x);
+    float *y[2], *din[2], keep[2][96], state[2][129], gwb[2][64], wb[64];
+    REQUIRE(x && dout && C <= 32);
+    fill(x, n, -2, 2);
+    fill(dout, n, -1, 1);
+    fill(wb, 2 * (size_t)C, 0.5f, 1.5f);
+    dp_device *dev = NULL;
+    dp_device_spec sim = {.kind = DP_DEVICE_SIM};
+    dp_err err;
+    REQUIRE(dp_device_open(&dev, &sim, &err) == 0);
+    dp_dexec ex = {.be = dp_device_backend(dev), .ctx = dp_device_ctx(dev)};
+    for (int k = 0; k < 2; k++) { /* k = 0: the CPU; 1: the device */
+        y[k] = malloc(n * sizeof *x), din[k] = malloc(n * sizeof *x);
+        REQUIRE(y[k] && din[k]);
+        o->init_buffers(&d, state[k]);
+        state[k][0] = 0.25f; /* a running mean that moves */
+        dp_layer_call c = {.d = &d, .batch = batch, .w = wb, .b = wb + C, .gw = gwb[k],
+                           .gb = gwb[k] + C, .in = x, .out = y[k], .dout = dout, .din = din[k],
+                           .keep = keep[k], .state = state[k], .train = 1};
+        if (k == 0) {
+            o->forward(&c);
+            o->backward(&c);
+        } else {
+            o->dev_forward(&ex, &c);
+            o->dev_backward(&ex, &c);
+            char msg[256];
+            REQUIRE(ex.be->sync(ex.ctx, msg, sizeof msg) == 0);
+        }
+    }
+    CHECKF(memcmp(y[0], y[1], n * sizeof *x) == 0 && memcmp(din[0], din[1], n * sizeof *x) == 0 &&
+           memcmp(keep[0], keep[1], kf * sizeof(float)) == 0 &&
+           memcmp(state[0], state[1], d.s_len * sizeof(float)) == 0 &&
+           memcmp(gwb[0], gwb[1], 2 * (size_t)C * sizeof(float)) == 0,
+           "bn %dx%dx%d batch %d: the device's bits differ from the CPU's", C, h, w, batch);
+    printf("bn over %d channel(s) of %dx%d, batch %d: the device (sim) gives the CPU's bits\n",
+           C, h, w, batch);
+    dp_device_close(dev);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(din[k]);
+    free(x), free(dout);
 }
 
 int main(void)
@@ -313,5 +355,8 @@ int main(void)
     test_model("2x5x5-conv3x3x3p1-bn-dense4-bn-3", 3);
     test_checkpoint();
     test_refusals();
+    REQUIRE(dp_pool_set_threads(1, NULL) == 0);
+    test_device(3, 1, 1, 6);
+    test_device(4, 3, 5, 2);
     return CHECK_DONE();
 }

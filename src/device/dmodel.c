@@ -67,6 +67,8 @@ struct dp_dmodel {
 
     /* device memory */
     float *params, *grads, *state; /* state: n_slots * n_params */
+    float *buffers;                /* n_buffers (batch norm's statistics), or NULL */
+    size_t n_buffers;
     float *ema;                    /* --ema's average (dp_dmodel_ema_start), or NULL */
     float ema_decay;
     float *acts;                   /* act_off[l]: the output of layer l-1 */
@@ -173,6 +175,8 @@ static dp_layer_call call_of(dp_dmodel *g, int l, int batch)
         c.w = g->params + d->w_off, c.b = g->params + d->b_off;
         c.gw = g->grads + d->w_off, c.gb = g->grads + d->b_off;
     }
+    if (d->s_len)
+        c.state = g->buffers + d->s_off;
     if (dp_layer_ops_of(d)->dev_keep)
         c.keep = g->keeps + g->keep_off[l];
     if (dp_layer_ops_of(d)->flags & DP_LK_DRAWS) /* the step's key, in the step block */
@@ -342,6 +346,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     g->n_layers = m->n_layers;
     memcpy(g->layers, m->layers, sizeof g->layers);
     g->n_params = m->n_params;
+    g->n_buffers = m->n_buffers;
     g->max_batch = m->max_batch;
     g->inputs = dp_model_inputs(m);
     g->drop_base = m->drop_base;
@@ -386,6 +391,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     }
     if (!(g->params = dalloc(g, pbytes, "parameters", err)) ||
         !(g->grads = dalloc(g, pbytes, "gradients", err)) ||
+        (g->n_buffers && !(g->buffers = dalloc(g, g->n_buffers * sizeof(float), "buffers", err))) ||
         (g->n_slots && !(g->state = dalloc(g, (size_t)g->n_slots * pbytes,
                                            "optimiser state", err))) ||
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
@@ -433,6 +439,8 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         }
     }
     g->be->copy(g->ctx, g->params, m->params, pbytes, DP_COPY_H2D);
+    if (g->n_buffers)
+        g->be->copy(g->ctx, g->buffers, m->buffers, g->n_buffers * sizeof(float), DP_COPY_H2D);
     if (sync_err(g, "dp_dmodel_open", err) < 0)
         goto fail;
     *out = g;
@@ -454,7 +462,7 @@ void dp_dmodel_close(dp_dmodel *g)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
-    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
+    void *dev[] = {g->params, g->grads, g->buffers, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
                    g->ones, g->x, g->y, g->tally, g->block, g->split_records,
                    g->split_labels, g->ex.rows, g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -688,6 +696,14 @@ int dp_dmodel_set_params(dp_dmodel *g, const float *params, dp_err *err)
 {
     return to_device(g, g->params, params, g->n_params * sizeof(float), "dp_dmodel_set_params",
                      err);
+}
+
+int dp_dmodel_get_buffers(dp_dmodel *g, float *buffers, dp_err *err)
+{
+    if (!g->n_buffers)
+        return 0;
+    return to_host(g, buffers, g->buffers, g->n_buffers * sizeof(float), "dp_dmodel_get_buffers",
+                   err);
 }
 
 int dp_dmodel_get_grads(dp_dmodel *g, float *grads, dp_err *err)

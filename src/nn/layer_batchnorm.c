@@ -10,13 +10,15 @@
  *
  * Per-channel sums run channel by channel, each over its rows in order in
  * double, split over the pool by channels; the element passes split by
- * rows: results never depend on the thread count.  Its forward keeps the
+ * rows: results never depend on the thread count.  On a device the same
+ * passes are kernels (kernels.h, "batch norm") that give the CPU's bits.  Its forward keeps the
  * batch's mean, 1/std and variance (3C floats) for its backward and the
  * running update; evaluation uses the keep's 1/std for the running one. */
 #include "nn/layer_impl.h"
 
 #include <math.h>
 
+#include "device/dexec.h"
 #include "downpour/pool.h"
 
 #define BN_EPS 1e-5
@@ -191,6 +193,44 @@ static void backward(const dp_layer_call *c)
         dp_pool_run(din_task, &j);
 }
 
+/* ---- device: training only (evaluation stays on the host) ---- */
+
+static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
+
+static dp_ka_bn dev_args(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    int C = d->c;
+    return (dp_ka_bn){.x = c->in, .dy = c->dout, .y = c->out, .dx = c->din, .w = c->w,
+                      .b = c->b, .gw = c->gw, .gb = c->gb, .mean = c->keep,
+                      .inv = c->keep + C, .var = c->keep + 2 * C, .rm = c->state,
+                      .rv = c->state + C, .nbt = c->state + 2 * C,
+                      .R = (long)c->batch * d->h * d->w, .C = C, .momentum = BN_MOMENTUM,
+                      .eps = BN_EPS};
+}
+
+static void dev_run(const dp_dexec *x, dp_kernel_id id, long items, const dp_ka_bn *a)
+{
+    dp_kernel k = {.id = id, .items = items};
+    k.u.bn = *a;
+    dp_dexec_launch(x, &k);
+}
+
+static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
+{
+    dp_ka_bn a = dev_args(c);
+    dev_run(x, DP_K_BN_STATS, a.C, &a);
+    dev_run(x, DP_K_BN_NORM, a.R * a.C, &a);
+}
+
+static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
+{
+    dp_ka_bn a = dev_args(c);
+    dev_run(x, DP_K_BN_GRAD, a.C, &a);
+    if (c->din)
+        dev_run(x, DP_K_BN_DIN, a.R * a.C, &a);
+}
+
 const dp_layer_ops dp_layer_batchnorm = {
     .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2,
     .example = "bn", .help = "batch norm (features after dense, channels after conv)",
@@ -199,4 +239,5 @@ const dp_layer_ops dp_layer_batchnorm = {
     .forward = forward, .backward = backward,
     .mp = DP_MP_REFUSE,
     .mp_reason = "its statistics span every row of the batch; not split yet",
+    .dev_forward = dev_forward, .dev_backward = dev_backward, .dev_keep = dev_keep,
 };
