@@ -1,11 +1,12 @@
-/* The image layers' device code (src/device/dimage.c and the kernel bodies in
+/* The image layers' device code (their kinds' files, src/nn/layer_*.c, through
+ * the layer table, and the kernel bodies in
  * kernels.h, "image layers") against the CPU engine, on a host backend:
  *   - the lowering, its adjoint and the pools over random geometries, against
  *     dp_im2row, dp_row2im and pool2d.c: the same bits (the bodies repeat the
  *     CPU's float operations in its order), ties included;
  *   - every image layer of cnn-mnist and of models with several channels,
  *     padding, strides, overlapping pools and local layers, forward and
- *     backward through dp_dimage_* against the same layer run by
+ *     backward through dimage_* against the same layer run by
  *     dp_model_forward_range/backward_range, in one chunk and in chunks of
  *     two samples.  Layers without a product must match bit for bit; conv
  *     and local within PRODUCT_RTOL of the largest value (cuBLAS and
@@ -24,6 +25,7 @@
 #include "check.h"
 #include "device/backend.h"
 #include "device/dexec.h"
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/model.h"
 #include "downpour/rng.h"
@@ -138,13 +140,63 @@ static double rel_err(const float *a, const float *b, size_t n)
     return big > 0 ? err / big : err;
 }
 
+/* The image kinds (conv, local, pools, layouts) that this test compares
+ * layer by layer, and their device calls through the layer table
+ * (layer_kind.h), as dmodel.c makes them. */
+static int dimage_supported(dp_layer_kind k)
+{
+    return k == DP_LAYER_CONV || k == DP_LAYER_LOCAL || k == DP_LAYER_MAXPOOL ||
+           k == DP_LAYER_AVGPOOL || k == DP_LAYER_FLATTEN || k == DP_LAYER_HWC;
+}
+
+static size_t dimage_scratch(const dp_layer *L, int max_batch)
+{
+    const dp_layer_ops *o = dp_layer_ops_of(L);
+    return o->dev_scratch ? o->dev_scratch(L, max_batch) : 0;
+}
+
+static long dimage_ones(const dp_layer *L, int max_batch)
+{
+    const dp_layer_ops *o = dp_layer_ops_of(L);
+    return o->dev_ones ? o->dev_ones(L, max_batch) : 0;
+}
+
+static dp_layer_call dimage_call(const dp_layer *L, const float *params, float *grads,
+                                 const float *in, float *out, int batch)
+{
+    dp_layer_call c = {.d = L, .batch = batch, .in = in, .out = out};
+    if (L->w_len && params)
+        c.w = params + L->w_off, c.b = params + L->b_off;
+    if (L->w_len && grads)
+        c.gw = grads + L->w_off, c.gb = grads + L->b_off;
+    return c;
+}
+
+static void dimage_forward(const dp_dexec *x, const dp_layer *L, const float *params,
+                           const float *in, float *out, int batch, int relu)
+{
+    dp_layer_call c = dimage_call(L, params, NULL, in, out, batch);
+    c.relu = relu;
+    dp_layer_ops_of(L)->dev_forward(x, &c);
+}
+
+static void dimage_backward(const dp_dexec *x, const dp_layer *L, const float *params,
+                            float *grads, const float *in, const float *out, const float *dout,
+                            float *din, int batch)
+{
+    dp_layer_call c = dimage_call(L, params, grads, in, (float *)out, batch);
+    c.dout = dout;
+    c.din = din;
+    dp_layer_ops_of(L)->dev_backward(x, &c);
+}
+
 static int same_bits(const float *a, const float *b, size_t n)
 {
     return memcmp(a, b, n * sizeof *a) == 0;
 }
 
 /* The executor's state for a model (or one layer): scratch and ones sized by
- * dp_dimage_scratch and dp_dimage_ones, as dmodel.c sizes them. */
+ * dimage_scratch and dimage_ones, as dmodel.c sizes them. */
 typedef struct test_exec {
     dp_dexec x;
     size_t full_rows; /* floats of rows/drows allocated */
@@ -155,8 +207,8 @@ static void exec_open(test_exec *t, const dp_layer *layers, int n, int max_batch
 {
     memset(t, 0, sizeof *t);
     for (int l = 0; l < n; l++) {
-        size_t s = dp_dimage_scratch(&layers[l], max_batch);
-        long o = dp_dimage_ones(&layers[l], max_batch);
+        size_t s = dimage_scratch(&layers[l], max_batch);
+        long o = dimage_ones(&layers[l], max_batch);
         t->full_rows = s > t->full_rows ? s : t->full_rows;
         t->full_ones = o > t->full_ones ? o : t->full_ones;
     }
@@ -251,24 +303,24 @@ static void test_window_kernels(void)
         L.kind = DP_LAYER_MAXPOOL;
         fill_nan(a, nout);
         dp_maxpool_forward(fout, in, &g, batch);
-        dp_dimage_forward(&x, &L, NULL, in, a, batch, 0);
+        dimage_forward(&x, &L, NULL, in, a, batch, 0);
         CHECKF(same_bits(a, fout, nout), "maxpool fwd c%d %dx%d k%dx%d s%d p%d", c, h, w, kh, kw,
                s, pad);
         fill_nan(a, nin);
         dp_maxpool_backward(b, dout, in, fout, &g, batch);
-        dp_dimage_backward(&x, &L, NULL, NULL, in, fout, dout, a, batch);
+        dimage_backward(&x, &L, NULL, NULL, in, fout, dout, a, batch);
         CHECKF(same_bits(a, b, nin), "maxpool bwd c%d %dx%d k%dx%d s%d p%d", c, h, w, kh, kw, s,
                pad);
 
         L.kind = DP_LAYER_AVGPOOL;
         fill_nan(a, nout);
         dp_avgpool_forward(out, in, &g, batch);
-        dp_dimage_forward(&x, &L, NULL, in, a, batch, 0);
+        dimage_forward(&x, &L, NULL, in, a, batch, 0);
         CHECKF(same_bits(a, out, nout), "avgpool fwd c%d %dx%d k%dx%d s%d p%d", c, h, w, kh, kw,
                s, pad);
         fill_nan(a, nin);
         dp_avgpool_backward(b, dout, &g, batch);
-        dp_dimage_backward(&x, &L, NULL, NULL, in, out, dout, a, batch);
+        dimage_backward(&x, &L, NULL, NULL, in, out, dout, a, batch);
         CHECKF(same_bits(a, b, nin), "avgpool bwd c%d %dx%d k%dx%d s%d p%d", c, h, w, kh, kw, s,
                pad);
         free(in), free(rows), free(drows), free(a), free(b), free(out), free(dout), free(fout);
@@ -292,7 +344,7 @@ static void test_maxpool_inf(void)
     dp_dexec x = {.be = &test_backend};
     dp_maxpool_forward(out, in, &g, 1);
     dp_maxpool_backward(b, dout, in, out, &g, 1);
-    dp_dimage_backward(&x, &L, NULL, NULL, in, out, dout, a, 1);
+    dimage_backward(&x, &L, NULL, NULL, in, out, dout, a, 1);
     int same = 1;
     for (int i = 0; i < 4; i++)
         same &= (isnan(a[i]) && isnan(b[i])) || a[i] == b[i];
@@ -336,9 +388,9 @@ static errs check_layer(dp_model *m, test_exec *t, int l, int relu, const float 
     fill_nan(dev_din, nin);
     fill_nan(dev_grads, m->n_params); /* the layer's must be overwritten, the rest kept */
     memset(launches, 0, sizeof launches);
-    dp_dimage_forward(&x, L, m->params, in, dev_out, batch, relu);
+    dimage_forward(&x, L, m->params, in, dev_out, batch, relu);
     *chunks = launches[DP_K_IM2ROW];
-    dp_dimage_backward(&x, L, m->params, dev_grads, in, dev_out, dmask, dev_din, batch);
+    dimage_backward(&x, L, m->params, dev_grads, in, dev_out, dmask, dev_din, batch);
     CHECK(sync_ok(&x));
 
     e.out = rel_err(dev_out, cpu_out, nout);
@@ -354,7 +406,7 @@ static errs check_layer(dp_model *m, test_exec *t, int l, int relu, const float 
         /* without din: the same parameter gradients, din left alone */
         float *g2 = falloc(m->n_params);
         fill_nan(dev_din, nin);
-        dp_dimage_backward(&x, L, m->params, g2, in, dev_out, dmask, NULL, batch);
+        dimage_backward(&x, L, m->params, g2, in, dev_out, dmask, NULL, batch);
         CHECK(same_bits(g2 + L->w_off, dev_grads + L->w_off, L->w_len + L->b_len));
         CHECK(isnan(dev_din[0]) && isnan(dev_din[nin - 1]));
         free(g2);
@@ -390,7 +442,7 @@ static void test_model(const char *spec, int batch, uint64_t seed)
     fill_uniform(x, nx, &rng, 0, 1);
     for (int l = 0; l < m.n_layers; l++) {
         const dp_layer *L = &m.layers[l];
-        if (!dp_dimage_supported(L->kind))
+        if (!dimage_supported(L->kind))
             continue;
         size_t nin = (size_t)batch * L->in;
         float *in = falloc(nin);
@@ -407,7 +459,7 @@ static void test_model(const char *spec, int batch, uint64_t seed)
         float *dout = falloc(nout);
         fill_uniform(dout, nout, &rng, -1, 1);
         int lowered = L->kind == DP_LAYER_CONV || L->kind == DP_LAYER_LOCAL;
-        size_t per = lowered ? dp_dimage_scratch(L, 1) : 0;
+        size_t per = lowered ? dimage_scratch(L, 1) : 0;
         for (int relu = 0; relu <= fuse; relu++)
             for (int tight = 0; tight <= lowered; tight++) {
                 /* tight: two samples a chunk, so the gradients add over chunks */
@@ -450,17 +502,17 @@ static void test_sizes(void)
     dp_err err;
     REQUIRE(dp_model_init(&m, "cnn-mnist", 128, 1, &err) == 0);
     const dp_layer *c1 = &m.layers[0], *c2 = &m.layers[3];
-    CHECK(dp_dimage_scratch(c1, 128) == (size_t)128 * 24 * 24 * 25);
-    CHECK(dp_dimage_ones(c1, 128) == 128L * 24 * 24);
-    CHECK(dp_dimage_scratch(c2, 128) == (size_t)128 * 8 * 8 * 800);
-    CHECK(dp_dimage_scratch(c2, 1) == (size_t)8 * 8 * 800);
-    CHECK(dp_dimage_scratch(&m.layers[2], 128) == 0 && dp_dimage_ones(&m.layers[2], 128) == 0);
-    CHECK(dp_dimage_supported(DP_LAYER_CONV) && dp_dimage_supported(DP_LAYER_HWC));
-    CHECK(!dp_dimage_supported(DP_LAYER_DENSE) && !dp_dimage_supported(DP_LAYER_LCN) &&
-          !dp_dimage_supported(DP_LAYER_DROPOUT));
+    CHECK(dimage_scratch(c1, 128) == (size_t)128 * 24 * 24 * 25);
+    CHECK(dimage_ones(c1, 128) == 128L * 24 * 24);
+    CHECK(dimage_scratch(c2, 128) == (size_t)128 * 8 * 8 * 800);
+    CHECK(dimage_scratch(c2, 1) == (size_t)8 * 8 * 800);
+    CHECK(dimage_scratch(&m.layers[2], 128) == 0 && dimage_ones(&m.layers[2], 128) == 0);
+    CHECK(dp_layer_table[DP_LAYER_CONV]->dev_forward && dp_layer_table[DP_LAYER_HWC]->dev_forward);
+    CHECK(!dp_layer_table[DP_LAYER_DENSE]->dev_scratch && !dp_layer_table[DP_LAYER_LCN]->dev_scratch &&
+          dp_layer_table[DP_LAYER_LCN]->dev_keep && !dp_layer_table[DP_LAYER_DROPOUT]->dev_scratch);
     dp_model_free(&m);
     REQUIRE(dp_model_init(&m, "1x8x8-local3x3x2-10", 7, 1, &err) == 0);
-    CHECK(dp_dimage_ones(&m.layers[0], 7) == 7);
+    CHECK(dimage_ones(&m.layers[0], 7) == 7);
     dp_model_free(&m);
 }
 

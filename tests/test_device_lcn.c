@@ -1,4 +1,5 @@
-/* lcn on a device (src/device/dlcn.c and the lcn bodies in kernels.h) through
+/* lcn on a device (its kind's device kernels, src/nn/layer_lcn.c, and the lcn
+ * bodies in kernels.h, called through the layer table) through
  * the sim backend against the CPU's dp_lcn_forward / dp_lcn_backward: the
  * forward's output and the backward's input gradient must be the same bits,
  * since each kernel repeats lcn.c's float operations in lcn.c's order.
@@ -14,6 +15,7 @@
 #include "check.h"
 #include "device/backend.h"
 #include "device/dexec.h"
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/model.h"
 #include "downpour/rng.h"
@@ -61,7 +63,8 @@ static void check_case(int c, int h, int w, int n, int batch, int max_batch, int
     float *x = falloc(len), *dout = falloc(len), *out_cpu = falloc(len), *out_dev = falloc(len);
     float *din_cpu = falloc(len), *din_dev = falloc(len), *din_again = falloc(len);
     float *keep_cpu = falloc((size_t)batch * dp_lcn_keep_floats(&L.win));
-    float *keep_dev = falloc(dp_dlcn_keep_floats(&L, max_batch));
+    const dp_layer_ops *o = dp_layer_table[DP_LAYER_LCN];
+    float *keep_dev = falloc(o->dev_keep(&L, max_batch));
     fill(x, len, input);
     fill(dout, len, INPUT_RANDOM);
     dp_lcn_forward(out_cpu, keep_cpu, x, &L.win, batch);
@@ -69,10 +72,13 @@ static void check_case(int c, int h, int w, int n, int batch, int max_batch, int
 
     dp_dexec ex = {.be = &dp_backend_sim, .ctx = ctx};
     char msg[256];
-    REQUIRE(dp_dlcn_init(&ex, &L, keep_dev, max_batch) == 0);
-    dp_dlcn_forward(&ex, &L, keep_dev, max_batch, x, out_dev, batch);
-    dp_dlcn_backward(&ex, &L, keep_dev, max_batch, dout, din_dev, batch);
-    dp_dlcn_backward(&ex, &L, keep_dev, max_batch, dout, din_again, batch);
+    REQUIRE(o->dev_init(&ex, &L, keep_dev, max_batch) == 0);
+    dp_layer_call call = {.d = &L, .batch = batch, .in = x, .out = out_dev, .keep = keep_dev,
+                          .max_batch = max_batch, .dout = dout, .din = din_dev};
+    o->dev_forward(&ex, &call);
+    o->dev_backward(&ex, &call);
+    call.din = din_again;
+    o->dev_backward(&ex, &call);
     REQUIRE(dp_backend_sim.sync(ctx, msg, sizeof msg) == 0);
 
     static const char *const names[INPUT_COUNT] = {"random", "constant", "half constant"};

@@ -22,7 +22,7 @@
 #include "downpour/inproc.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
-#include "strategy/mp_slice.h"
+#include "exec/mp_slice.h"
 
 #define SPEC "20-16-12-8-5"
 #define BATCH 16

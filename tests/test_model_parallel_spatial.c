@@ -25,8 +25,8 @@
 #include "downpour/layers.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
-#include "strategy/mp_replica.h"
-#include "strategy/mp_slice.h"
+#include "exec/mp_replica.h"
+#include "exec/mp_slice.h"
 
 #define MAX_K 3
 

@@ -29,6 +29,7 @@
 #include "device/backend.h"
 #include "device/device_impl.h"
 #include "device/dexec.h"
+#include "downpour/layer_kind.h"
 #include "downpour/dataset.h"
 #include "downpour/device.h"
 #include "downpour/layers.h"
@@ -381,7 +382,7 @@ static void windows(void)
     }
 }
 
-/* lcn's eleven kernels through dlcn.c: the output, the input gradient and
+/* lcn's eleven kernels through its kind's device kernels (layer_lcn.c): the output, the input gradient and
  * the whole keep (v, s, the scratch maps, mean, gm), a batch below max_batch. */
 static void lcn(void)
 {
@@ -394,18 +395,21 @@ static void lcn(void)
                                geo[t][3] / 2) == 0);
         L.in = L.out = L.win.c * L.win.h * L.win.w;
         int batch = 3, max_batch = 4;
-        size_t len = (size_t)batch * L.in, kf = dp_dlcn_keep_floats(&L, max_batch);
+        const dp_layer_ops *o = dp_layer_table[DP_LAYER_LCN];
+        size_t len = (size_t)batch * L.in, kf = o->dev_keep(&L, max_batch);
         float *x = rnd(len, -2, 2), *dout = rnd(len, -1, 1), *out = rnd(len, -1, 1);
         float *din = rnd(len, -1, 1), *keepf = rnd(kf, -1, 1);
         dp_dexec ex = {.be = &be, .ctx = ctx};
-        REQUIRE(dp_dlcn_init(&ex, &L, keepf, max_batch) == 0);
-        dp_dlcn_forward(&ex, &L, keepf, max_batch, x, out, batch);
+        REQUIRE(o->dev_init(&ex, &L, keepf, max_batch) == 0);
+        dp_layer_call c = {.d = &L, .batch = batch, .in = x, .out = out, .keep = keepf,
+                           .max_batch = max_batch, .dout = dout, .din = din};
+        o->dev_forward(&ex, &c);
         sync_ok();
         char what[WHAT];
         snprintf(what, sizeof what, "lcn%d over %dx%dx%d forward", geo[t][3], geo[t][0],
                  geo[t][1], geo[t][2]);
         keep(what, out, len);
-        dp_dlcn_backward(&ex, &L, keepf, max_batch, dout, din, batch);
+        o->dev_backward(&ex, &c);
         sync_ok();
         snprintf(what, sizeof what, "lcn%d over %dx%dx%d backward", geo[t][3], geo[t][0],
                  geo[t][1], geo[t][2]);
@@ -414,6 +418,48 @@ static void lcn(void)
                  geo[t][2]);
         keep(what, keepf, kf);
         free(x), free(dout), free(out), free(din), free(keepf);
+    }
+}
+
+/* batch norm's four kernels through its kind's device kernels
+ * (layer_batchnorm.c): output, statistics, running statistics, and the
+ * backward's gradients, over features and over channels of an image. */
+static void bn(void)
+{
+    static const int geo[][4] = {{5, 1, 1, 7}, {3, 4, 5, 2}}; /* C, h, w, batch */
+    for (size_t t = 0; t < sizeof geo / sizeof geo[0]; t++) {
+        int C = geo[t][0], batch = geo[t][3];
+        dp_layer L;
+        memset(&L, 0, sizeof L);
+        L.kind = DP_LAYER_BATCHNORM;
+        L.c = L.oc = C, L.h = L.oh = geo[t][1], L.w = L.ow = geo[t][2];
+        L.in = L.out = C * L.h * L.w;
+        L.w_len = L.b_len = (size_t)C;
+        L.s_len = 2 * (size_t)C + 1;
+        const dp_layer_ops *o = dp_layer_table[DP_LAYER_BATCHNORM];
+        size_t len = (size_t)batch * L.in, kf = o->dev_keep(&L, batch);
+        float *x = rnd(len, -2, 2), *dout = rnd(len, -1, 1), *out = rnd(len, -1, 1);
+        float *din = rnd(len, -1, 1), *keepf = rnd(kf, -1, 1), *wb = rnd(2 * (size_t)C, 0, 2);
+        float *gwb = rnd(2 * (size_t)C, -1, 1), *state = rnd(L.s_len, 0, 1);
+        dp_dexec ex = {.be = &be, .ctx = ctx};
+        dp_layer_call c = {.d = &L, .batch = batch, .in = x, .out = out, .keep = keepf,
+                           .state = state, .w = wb, .b = wb + C, .gw = gwb, .gb = gwb + C,
+                           .dout = dout, .din = din, .train = 1};
+        o->dev_forward(&ex, &c);
+        sync_ok();
+        char what[WHAT];
+        snprintf(what, sizeof what, "bn over %d channels of %dx%d forward", C, L.h, L.w);
+        keep(what, out, len);
+        snprintf(what, sizeof what, "bn over %d channels of %dx%d keep and buffers", C, L.h,
+                 L.w);
+        keep(what, keepf, kf);
+        keep(what, state, L.s_len);
+        o->dev_backward(&ex, &c);
+        sync_ok();
+        snprintf(what, sizeof what, "bn over %d channels of %dx%d backward", C, L.h, L.w);
+        keep(what, din, len);
+        keep(what, gwb, 2 * (size_t)C);
+        free(x), free(dout), free(out), free(din), free(keepf), free(wb), free(gwb), free(state);
     }
 }
 
@@ -516,6 +562,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     optimisers();
     windows();
     lcn();
+    bn();
     be.close(ctx);
     ctx = NULL;
     /* every kernel ran (a kernel added to DP_KERNELS needs a case here) */
@@ -531,6 +578,8 @@ static void run_all(rec *r, const char *order, const char *seed)
     train("mlp-300-100", DP_OPTIM_SGD, 64, 0, 0);
     train("cnn-mnist", DP_OPTIM_NESTEROV, 8, 0, 0);
     train("distbelief-image", DP_OPTIM_ADAGRAD, 4, 0, 0);
+    /* batch norm after a conv and after a dense layer */
+    train("2x8x8-conv3x3x4p1-bn-relu-maxpool2-dense16-bn-relu-10", DP_OPTIM_ADAM, 8, 1, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies

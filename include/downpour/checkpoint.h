@@ -49,6 +49,8 @@ typedef struct dp_train_state {
     int n_workers;        /* model-avg: workers with an optimiser of their own, else 0 */
     float *worker_slots;  /* n_workers * n_slots * n_params */
     long *worker_t;       /* n_workers */
+    size_t n_buffers;     /* the model's buffers (batch norm's statistics), read from a */
+    float *buffers;       /* checkpoint; NULL otherwise: the writer's model's are written */
 } dp_train_state;
 
 /* Which parts to allocate beside params (and slots when n_slots > 0). */

@@ -132,6 +132,11 @@ int dp_dmodel_collect(dp_dmodel *g, double *loss_sum, long *correct, dp_err *err
 /* ---- host <-> device, in the model's flat layout (each waits) ---- */
 int dp_dmodel_get_params(dp_dmodel *g, float *params, dp_err *err);       /* n_params */
 int dp_dmodel_set_params(dp_dmodel *g, const float *params, dp_err *err);
+/* The model's buffers (batch norm's statistics: n_buffers floats), which the
+ * device's training steps move, back to the host for evaluation and
+ * checkpoints (docs/strategies.md, "Buffers"); 0 with nothing done when the
+ * model has none. */
+int dp_dmodel_get_buffers(dp_dmodel *g, float *buffers, dp_err *err);
 int dp_dmodel_get_grads(dp_dmodel *g, float *grads, dp_err *err);         /* n_params */
 int dp_dmodel_set_grads(dp_dmodel *g, const float *grads, dp_err *err);
 /* Optimiser state: dp_optim_slots(kind) full-length slots, and the update

@@ -19,6 +19,10 @@
  * (oc, kh, kw, c), which the checkpoint turns into Conv2d's (oc, c, kh, kw).
  * Parameters and gradients are arguments of the range calls, so evaluation
  * runs any weights (an EMA, the best epoch's) without touching m->params.
+ * Buffers, state that is not trained (batch norm's running mean and
+ * variance and its count of batches), are a second flat array beside the
+ * parameters, m->buffers: the training calls update them, evaluation reads
+ * them (docs/architecture.md, "Buffers").
  *
  * Activations.  dp_model_init sizes activation scratch for `slots`
  * micro-batches in flight, each with room for max_batch rows of every layer's
@@ -54,6 +58,9 @@
 #define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included */
 #define DP_MAX_SPEC 256      /* a canonical spec's characters, with the NUL */
 
+/* The kinds of layers.  Each is one entry of the layer table (layer_kind.h):
+ * a new kind is its file src/nn/layer_<kind>.c, a name here and its line in
+ * src/nn/layer_table.c. */
 typedef enum dp_layer_kind {
     DP_LAYER_DENSE,        /* out = in W^T + b */
     DP_LAYER_RELU,         /* out = max(in, 0) */
@@ -66,11 +73,12 @@ typedef enum dp_layer_kind {
     DP_LAYER_DROPOUT,      /* inverted dropout while training, the identity in evaluation */
     DP_LAYER_FLATTEN,      /* an NHWC image to PyTorch's CHW feature order */
     DP_LAYER_HWC,          /* a CHW input image to NHWC (inputs of more than one channel) */
+    DP_LAYER_BATCHNORM,    /* batch normalisation over features or channels */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
-/* "dense", "relu", "softmax_xent", "conv", "local", "maxpool", "avgpool",
- * "lcn", "dropout", "flatten", "hwc"; "?" outside the enum. */
+/* The kind's name in the layer table ("dense", "relu", "softmax_xent",
+ * "conv", ...); "?" outside the enum. */
 const char *dp_layer_kind_name(dp_layer_kind kind);
 
 typedef struct dp_layer {
@@ -82,6 +90,7 @@ typedef struct dp_layer {
     float rate;       /* dropout: the fraction of features dropped */
     size_t w_off, w_len; /* weights at params + w_off, w_len floats (0: no parameters) */
     size_t b_off, b_len; /* bias at params + b_off, b_len floats */
+    size_t s_off, s_len; /* buffers (state not trained) at buffers + s_off, s_len floats */
     size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
     int chunk;        /* conv, local: samples lowered at a time */
 } dp_layer;
@@ -101,6 +110,8 @@ typedef struct dp_model {
     size_t n_params;
     float *params;      /* n_params floats */
     float *grads;       /* n_params floats, same layout */
+    size_t n_buffers;   /* state that is not trained: batch norm's running statistics */
+    float *buffers;     /* n_buffers floats, layer after layer (s_off), or NULL when none */
     int max_batch;
     int slots;          /* micro-batches whose activations can be in flight */
     float *acts;        /* slots * slot_floats: every layer's output, per slot */
@@ -124,6 +135,9 @@ void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
 
 /* The preset names, for messages and --help: "mlp-300-100, mlp-128, ...". */
 const char *dp_model_presets(void);
+/* --model's help: the presets and a line for each kind's token, from the
+ * layer table (the grammar in full: docs/models.md). */
+const char *dp_model_spec_help(void);
 
 int dp_model_inputs(const dp_model *m);
 int dp_model_classes(const dp_model *m);

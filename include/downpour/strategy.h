@@ -165,6 +165,8 @@ typedef struct dp_strategy_ops {
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
                             "Strategies"); 0: the CPU only */
+    int buffers;         /* 1: trains models with buffers (batch norm), by its rule in
+                            docs/strategies.md, "Buffers"; 0: refuses them */
     unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
                             run goes on without, and which rejoins when restarted
                             (docs/faults.md); the launcher asks it */

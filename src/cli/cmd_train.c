@@ -14,21 +14,8 @@
 #include "downpour/strategy.h"
 #include "downpour/tcp.h"
 #include "downpour/train.h"
-#include "strategy/mp_slice.h"
+#include "exec/mp_slice.h"
 
-/* --model's grammar, in full in docs/models.md. */
-#define MODEL_HELP                                                                              \
-    "a preset: mlp-300-100, mlp-128, cnn-mnist, distbelief-image;\n"                            \
-    "                             or layers joined by '-', the input first (784, or an image 1x28x28):\n"                  \
-    "                               128         dense + relu (the last one: the classes, before the loss)\n"               \
-    "                               dense128    dense alone\n"                                                              \
-    "                               conv5x5x32  convolution, 5x5 window, 32 channels; s2 stride, p2 padding\n"             \
-    "                               local5x5x16 locally connected (untied weights); s, p as conv\n"                        \
-    "                               maxpool2    max pooling 2x2 (maxpool3x3s2p1), avgpool2 likewise\n"                     \
-    "                               lcn5        local contrast normalisation over 5x5\n"                                   \
-    "                               dropout0.5  drop that fraction while training\n"                                       \
-    "                               relu, flatten\n"                                                                       \
-    "                             e.g. 1x28x28-conv5x5x32-relu-maxpool2-conv5x5x64-relu-maxpool2-128-10"
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"
 
 /* "A:B" into two integers in [0, max]. */
@@ -198,7 +185,7 @@ int cmd_train(int argc, char **argv)
         {"stream", CLI_STR, &stream, "MODE", "record files: auto (stream when the decoded records exceed --data-memory), on, off (always the decoded cache)", 0, 0},
         {"data-memory", CLI_STR, &data_memory, "SIZE", "record files: memory all decoded data may take: the cache, or streaming, the test and validation records and the stream together, e.g. 800M, 12G (default: $DOWNPOUR_DATA_MEMORY, else half the machine's memory)", 0, 0},
         {"shuffle-window", CLI_INT, &shuffle_window, "N", "streaming: records the shuffle window holds (0: as many as --data-memory leaves beside the test and validation records)", 0, 1L << 31},
-        {"model", CLI_STR, &model, "SPEC", MODEL_HELP, 0, 0},
+        {"model", CLI_STR, &model, "SPEC", dp_model_spec_help(), 0, 0},
         {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
         {"shard", CLI_STR, &shard, "POLICY", "how workers split the records: off, data, file", 0, 0},
         {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},

@@ -131,7 +131,7 @@ int dp_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes, dp_copy_di
     if (dp_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what) < 0)
         return -1;
     /* backend.h: from memory that is not page-locked the source is read
-     * before the call returns (callers free it at once: dlcn.c's taps).
+     * before the call returns (callers free it at once: layer_lcn.c's taps).
      * CUDA promises that only when the driver stages the copy ("may"; "for
      * all other transfers, the function should be fully asynchronous",
      * "API synchronization behavior"), so wait for it here.  Never in a

@@ -1,16 +1,18 @@
-/* What a layer's device code needs to queue work (private to src/device/):
- * the backend and its context, and the scratch every layer shares.  The
- * model walk (dmodel.c) runs dense, relu, softmax_xent and dropout itself and
- * hands the image layers (conv, local, maxpool, avgpool, flatten, hwc) to
- * dimage.c and lcn to dlcn.c, one layer's forward or backward per call
- * (docs/gpu.md, "Layers"). */
+/* What a layer kind's device kernels need to queue work: the backend and
+ * its context, and the scratch every layer shares.  The device executor
+ * (dmodel.c) walks a model through the layer table (layer_kind.h), and each
+ * kind's file (src/nn/layer_<kind>.c) queues its forward or backward with
+ * the helpers below (docs/gpu.md, "Layers").  Headers only: the kinds' files
+ * use the device's kernel vocabulary (backend.h, kernels.h), never its code
+ * (docs/architecture.md, "Module order"). */
 #ifndef DP_DEVICE_DEXEC_H
 #define DP_DEVICE_DEXEC_H
 
 #include <stddef.h>
+#include <string.h>
 
 #include "device/backend.h"
-#include "downpour/model.h"
+#include "downpour/layers.h"
 
 typedef struct dp_dexec {
     const dp_backend *be;
@@ -18,40 +20,50 @@ typedef struct dp_dexec {
     const float *ones;   /* device: ones_len ones, for bias gradients as products */
     long ones_len;
     float *rows, *drows; /* device scratch: a chunk's lowered input and its gradient */
-    size_t rows_floats;  /* floats in each (the largest dp_dimage_scratch of the model) */
+    size_t rows_floats;  /* floats in each (the largest dev_scratch of the model) */
 } dp_dexec;
 
-/* Whether dimage.c runs layer kind `kind`. */
-int dp_dimage_supported(dp_layer_kind kind);
-/* Floats of rows/drows scratch layer L needs for batches of max_batch rows,
- * and the ones it needs for its bias gradient (0 when none). */
-size_t dp_dimage_scratch(const dp_layer *L, int max_batch);
-long dp_dimage_ones(const dp_layer *L, int max_batch);
+static inline void dp_dexec_launch(const dp_dexec *x, const dp_kernel *k)
+{
+    x->be->launch(x->ctx, k);
+}
 
-/* out (batch, L->out) from in (batch, L->in), NHWC as on the CPU (layers.h);
- * relu: a relu follows and is fused into the epilogue (conv only). */
-void dp_dimage_forward(const dp_dexec *x, const dp_layer *L, const float *params,
-                       const float *in, float *out, int batch, int relu);
-/* The backward, after the forward with the same params, in and batch: out is
- * what the forward wrote; dout the gradient at the output (for a fused relu,
- * already masked); the layer's weight and bias gradients in grads are
- * OVERWRITTEN; din (batch, L->in) is overwritten, or skipped when NULL. */
-void dp_dimage_backward(const dp_dexec *x, const dp_layer *L, const float *params, float *grads,
-                        const float *in, const float *out, const float *dout, float *din,
-                        int batch);
+/* c (m, n) = a' b' (alpha 1) + beta c, column-major (backend.h). */
+static inline void dp_dexec_gemm(const dp_dexec *x, int ta, int tb, int m, int n, int k,
+                                 const float *a, int lda, const float *b, int ldb, float beta,
+                                 float *c, int ldc)
+{
+    dp_gemm g = {ta, tb, m, n, k, 1.0f, beta, a, lda, b, ldb, c, ldc};
+    x->be->gemm(x->ctx, &g);
+}
 
-/* lcn (dlcn.c): its passes as kernels over a keep of its own in device
- * memory, dp_dlcn_keep_floats for batches of up to max_batch rows, holding
- * what the backward needs and the Gaussian taps.  dp_dlcn_init queues the
- * taps' copy into keep (once, at open; -1 when the host is out of memory).
- * The forward writes out (batch, L->out) and keep; the backward, after the
- * forward with the same keep and batch, OVERWRITES din (batch, L->in) with
- * the gradient of sum(dout * out), as dp_lcn_backward. */
-size_t dp_dlcn_keep_floats(const dp_layer *L, int max_batch);
-int dp_dlcn_init(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch);
-void dp_dlcn_forward(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch,
-                     const float *in, float *out, int batch);
-void dp_dlcn_backward(const dp_dexec *x, const dp_layer *L, float *keep, int max_batch,
-                      const float *dout, float *din, int batch);
+/* A window kernel (kernels.h, "image layers") over window w. */
+static inline void dp_dexec_window(const dp_dexec *x, dp_kernel_id id, long items, float *dst,
+                                   const float *src, const float *grad, const float *fout,
+                                   const dp_window *w)
+{
+    dp_kernel k;
+    memset(&k, 0, sizeof k);
+    k.id = id;
+    k.items = items;
+    k.u.window.dst = dst;
+    k.u.window.src = src;
+    k.u.window.grad = grad;
+    k.u.window.fout = fout;
+    k.u.window.g = (dp_kwin){w->c, w->h, w->w, w->kh, w->kw, w->stride, w->pad, w->oh, w->ow};
+    x->be->launch(x->ctx, &k);
+}
+
+/* NHWC <-> CHW of batch images of c channels and hw pixels. */
+static inline void dp_dexec_layout(const dp_dexec *x, float *out, const float *in, int batch,
+                                   int c, int hw, int to_chw)
+{
+    dp_kernel k;
+    memset(&k, 0, sizeof k);
+    k.id = DP_K_LAYOUT;
+    k.items = (long)batch * c * hw;
+    k.u.layout = (dp_ka_layout){out, in, c, hw, to_chw};
+    x->be->launch(x->ctx, &k);
+}
 
 #endif

@@ -3,8 +3,9 @@
  *
  * Memory.  Everything is allocated in dp_dmodel_open: parameters, gradients
  * and optimiser slots in the model's flat layout; every layer's output for
- * max_batch rows (act_off, as the CPU model lays out one slot); each lcn's
- * keep (keep_off, dlcn.c); two ping-pong gradient buffers; a ones vector (bias gradients as products);
+ * max_batch rows (act_off, as the CPU model lays out one slot); each keep
+ * a kind asks for (keep_off, dev_keep: lcn's); two ping-pong gradient
+ * buffers; a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
@@ -45,6 +46,7 @@
 
 #include "device/device_impl.h"
 #include "device/dexec.h"
+#include "downpour/layer_kind.h"
 
 #define RING 64 /* host step blocks in flight before a sync */
 #define GOLDEN 0x9e3779b97f4a7c15ULL
@@ -65,16 +67,18 @@ struct dp_dmodel {
 
     /* device memory */
     float *params, *grads, *state; /* state: n_slots * n_params */
+    float *buffers;                /* n_buffers (batch norm's statistics), or NULL */
+    size_t n_buffers;
     float *ema;                    /* --ema's average (dp_dmodel_ema_start), or NULL */
     float ema_decay;
     float *acts;                   /* act_off[l]: the output of layer l-1 */
     size_t act_off[DP_MAX_LAYERS + 1];
     float *dacts[2];
-    float *keeps;                      /* every lcn's keep (dlcn.c), or NULL */
-    size_t keep_off[DP_MAX_LAYERS];    /* layer l's (an lcn) in keeps */
+    float *keeps;                      /* every layer's keep (dev_keep), or NULL */
+    size_t keep_off[DP_MAX_LAYERS];    /* layer l's in keeps */
     float *ones, *x;
     uint8_t *y;
-    dp_dexec ex;   /* for the image layers (dimage.c): ones and the lowering scratch */
+    dp_dexec ex;   /* what the kinds' kernels share: ones and the lowering scratch */
     double *tally;
     dp_step_block *block; /* followed by max_batch indices */
     const uint8_t *images, *labels; /* the loaded split: images or values */
@@ -92,8 +96,8 @@ struct dp_dmodel {
     int last_n;
 
     uint64_t drop_base, drop_count; /* a copy of the model's, drawn in the same order */
-    int n_drop;                      /* dropout layers: keys in each step block */
-    int drop_at[DP_MAX_LAYERS];      /* a dropout layer's key's place among them */
+    int n_drop;                      /* layers that draw (dropout): keys in each step block */
+    int drop_at[DP_MAX_LAYERS];      /* such a layer's key's place among them */
 
     int graphs;  /* the backend has them and DOWNPOUR_DEVICE_GRAPH is not 0 */
     void *graph; /* the captured step for graph_n records */
@@ -130,42 +134,17 @@ static int sync_err(dp_dmodel *g, const char *what, dp_err *err)
 
 /* ---- layers ---- */
 
-/* Whether the walk below runs layer kind k: dense, relu, the loss and
- * dropout here, lcn through dlcn.c, the other image layers through
- * dimage.c. */
-static int supported(dp_layer_kind k)
-{
-    switch (k) {
-    case DP_LAYER_DENSE:
-    case DP_LAYER_RELU:
-    case DP_LAYER_SOFTMAX_XENT:
-    case DP_LAYER_DROPOUT:
-    case DP_LAYER_LCN: /* through dlcn.c */
-        return 1;
-    default:
-        return dp_dimage_supported(k);
-    }
-}
-
 static float *act(const dp_dmodel *g, int l) { return g->acts + g->act_off[l]; }
 
-/* A dense, conv or local layer a relu follows: the relu runs in its
- * product's epilogue, and only the relu's output is written. */
+/* A layer a relu follows (DP_LK_FUSES_RELU: dense, conv, local): the relu
+ * runs in its product's epilogue, and only the relu's output is written. */
 static int fuses_relu(const dp_dmodel *g, int l)
 {
-    dp_layer_kind k = g->layers[l].kind;
-    return (k == DP_LAYER_DENSE || k == DP_LAYER_CONV || k == DP_LAYER_LOCAL) &&
-           l + 1 < g->n_layers && g->layers[l + 1].kind == DP_LAYER_RELU;
+    return (dp_layer_ops_of(&g->layers[l])->flags & DP_LK_FUSES_RELU) &&
+           l + 1 < g->n_layers && (dp_layer_ops_of(&g->layers[l + 1])->flags & DP_LK_RELU);
 }
 
 static void launch(dp_dmodel *g, const dp_kernel *k) { g->be->launch(g->ctx, k); }
-
-static void gemm(dp_dmodel *g, int ta, int tb, int m, int n, int k, const float *a, int lda,
-                 const float *b, int ldb, float *c, int ldc)
-{
-    dp_gemm p = {ta, tb, m, n, k, 1.0f, 0.0f, a, lda, b, ldb, c, ldc};
-    g->be->gemm(g->ctx, &p);
-}
 
 /* The dropout keys after a step block (host or device), and the indices
  * after them. */
@@ -186,125 +165,67 @@ static void gather(dp_dmodel *g, int batch)
     launch(g, &k);
 }
 
-/* Layers 0..n-1 from x; a dense layer a relu follows writes the relu's
- * output only (bias and relu in one kernel after the product). */
+/* A call of layer l (layer_kind.h) on the device's buffers. */
+static dp_layer_call call_of(dp_dmodel *g, int l, int batch)
+{
+    const dp_layer *d = &g->layers[l];
+    dp_layer_call c = {.d = d, .batch = batch, .y = g->y, .tally = g->tally,
+                       .max_batch = g->max_batch};
+    if (d->w_len) {
+        c.w = g->params + d->w_off, c.b = g->params + d->b_off;
+        c.gw = g->grads + d->w_off, c.gb = g->grads + d->b_off;
+    }
+    if (d->s_len)
+        c.state = g->buffers + d->s_off;
+    if (dp_layer_ops_of(d)->dev_keep)
+        c.keep = g->keeps + g->keep_off[l];
+    if (dp_layer_ops_of(d)->flags & DP_LK_DRAWS) /* the step's key, in the step block */
+        c.key = block_keys(g->block) + g->drop_at[l];
+    return c;
+}
+
+/* Layers 0..n-1 from x, each through the layer table's device kernels; a
+ * layer a relu follows writes the relu's output only (bias and relu in one
+ * kernel after the product). */
 static void forward(dp_dmodel *g, int batch)
 {
     const float *inp = g->x;
     for (int l = 0; l < g->n_layers;) {
-        const dp_layer *d = &g->layers[l];
         int last = fuses_relu(g, l) ? l + 1 : l;
-        float *out = act(g, last + 1);
-        long n = (long)batch * d->in;
-        dp_kernel k = {.items = n};
-        switch (d->kind) {
-        case DP_LAYER_DENSE:
-            gemm(g, 1, 0, d->out, batch, d->in, g->params + d->w_off, d->in, inp, d->in, out,
-                 d->out);
-            k.id = DP_K_BIAS_ACT;
-            k.items = (long)batch * d->out;
-            k.u.bias_act = (dp_ka_bias_act){out, g->params + d->b_off, d->out, last > l};
-            launch(g, &k);
-            break;
-        case DP_LAYER_RELU:
-            k.id = DP_K_RELU;
-            k.u.relu = (dp_ka_relu){out, inp};
-            launch(g, &k);
-            break;
-        case DP_LAYER_SOFTMAX_XENT:
-            k.id = DP_K_XENT_FWD;
-            k.items = batch;
-            k.u.xent_fwd = (dp_ka_xent_fwd){out, inp, g->y, g->tally, d->out};
-            launch(g, &k);
-            break;
-        case DP_LAYER_DROPOUT: /* the step's key, read from the step block */
-            k.id = DP_K_DROPOUT;
-            k.u.dropout = (dp_ka_dropout){out, inp, block_keys(g->block) + g->drop_at[l],
-                                          (uint64_t)((double)d->rate * 4294967296.0),
-                                          1.0f / (1.0f - d->rate)};
-            launch(g, &k);
-            break;
-        case DP_LAYER_LCN:
-            dp_dlcn_forward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, inp, out, batch);
-            break;
-        default: /* the image layers; the rest was refused by dp_dmodel_open */
-            dp_dimage_forward(&g->ex, d, g->params, inp, out, batch, last > l);
-            break;
-        }
-        inp = out;
+        dp_layer_call c = call_of(g, l, batch);
+        c.in = inp;
+        c.out = act(g, last + 1);
+        c.relu = last > l;
+        dp_layer_ops_of(c.d)->dev_forward(&g->ex, &c);
+        inp = c.out;
         l = last + 1;
     }
 }
 
 /* Layers n-1..0 from the labels: every parameter gradient OVERWRITTEN, no
- * gradient at the input.  A dense layer fed by a relu masks its input
- * gradient with the relu's output (kept by the forward), so the relu costs
- * no pass of its own; gradients ping-pong between the two dacts. */
+ * gradient at the input.  A layer fed by a relu that takes its mask on a
+ * device (DP_LK_DEV_TAKES_RELU_MASK: dense) masks its input gradient with
+ * the relu's output (kept by the forward), so the relu costs no pass of its
+ * own; gradients ping-pong between the two dacts. */
 static void backward(dp_dmodel *g, int batch)
 {
     int next = 0;
     const float *dout = NULL; /* the gradient at layer l's output */
     for (int l = g->n_layers - 1; l >= 0;) {
-        const dp_layer *d = &g->layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(&g->layers[l]);
         int first = l;
-        if (d->kind == DP_LAYER_DENSE && l >= 1 && g->layers[l - 1].kind == DP_LAYER_RELU)
+        if ((o->flags & DP_LK_DEV_TAKES_RELU_MASK) && l >= 1 &&
+            (dp_layer_ops_of(&g->layers[l - 1])->flags & DP_LK_RELU))
             first = l - 1;
-        float *din = first == 0 ? NULL : g->dacts[next]; /* at layer first's input */
-        const float *inp = l == 0 ? g->x : act(g, l);
-        long n = (long)batch * d->in;
-        dp_kernel k = {.items = n};
-        switch (d->kind) {
-        case DP_LAYER_SOFTMAX_XENT:
-            if (!din)
-                break;
-            k.id = DP_K_XENT_BWD;
-            k.u.xent_bwd = (dp_ka_xent_bwd){din, act(g, l + 1), g->y, d->out,
-                                            1.0f / (float)batch};
-            launch(g, &k);
-            break;
-        case DP_LAYER_DENSE:
-            gemm(g, 0, 1, d->in, d->out, batch, inp, d->in, dout, d->out, g->grads + d->w_off,
-                 d->in);
-            gemm(g, 0, 0, d->out, 1, batch, dout, d->out, g->ones, batch, g->grads + d->b_off,
-                 d->out);
-            if (!din)
-                break;
-            gemm(g, 0, 0, d->in, batch, d->out, g->params + d->w_off, d->in, dout, d->out, din,
-                 d->in);
-            if (first < l) { /* inp is the relu's output: its mask */
-                k.id = DP_K_RELU_BWD;
-                k.u.relu_bwd = (dp_ka_relu_bwd){din, din, inp};
-                launch(g, &k);
-            }
-            break;
-        case DP_LAYER_RELU:
-            if (!din)
-                break;
-            k.id = DP_K_RELU_BWD;
-            k.u.relu_bwd = (dp_ka_relu_bwd){din, dout, act(g, l + 1)};
-            launch(g, &k);
-            break;
-        case DP_LAYER_DROPOUT: /* the forward's mask, applied to dout */
-            if (!din)
-                break;
-            k.id = DP_K_DROPOUT;
-            k.u.dropout = (dp_ka_dropout){din, dout, block_keys(g->block) + g->drop_at[l],
-                                          (uint64_t)((double)d->rate * 4294967296.0),
-                                          1.0f / (1.0f - d->rate)};
-            launch(g, &k);
-            break;
-        case DP_LAYER_LCN:
-            if (din)
-                dp_dlcn_backward(&g->ex, d, g->keeps + g->keep_off[l], g->max_batch, dout, din,
-                                 batch);
-            break;
-        default: /* the image layers; dout is already masked by a fused relu's backward */
-            dp_dimage_backward(&g->ex, d, g->params, g->grads, inp, act(g, l + 1), dout, din,
-                               batch);
-            break;
-        }
+        dp_layer_call c = call_of(g, l, batch);
+        c.din = first == 0 ? NULL : g->dacts[next]; /* at layer first's input */
+        c.in = l == 0 ? g->x : act(g, l);
+        c.out = act(g, l + 1);
+        c.dout = dout; /* for a fused relu's layer, already masked by its backward */
+        c.relu = first < l;
+        o->dev_backward(&g->ex, &c);
         if (first > 0) {
-            dout = din;
+            dout = c.din;
             next ^= 1;
         }
         l = first - 1;
@@ -375,7 +296,7 @@ static void slot_keys(dp_dmodel *g)
 {
     uint64_t *keys = block_keys(slot(g));
     for (int l = 0; l < g->n_layers; l++)
-        if (g->layers[l].kind == DP_LAYER_DROPOUT)
+        if (dp_layer_ops_of(&g->layers[l])->flags & DP_LK_DRAWS)
             keys[g->drop_at[l]] =
                 mix64(mix64(g->drop_base + ++g->drop_count * GOLDEN + (uint64_t)l));
 }
@@ -412,7 +333,7 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
 {
     *out = NULL;
     for (int l = 0; l < m->n_layers; l++)
-        if (!supported(m->layers[l].kind))
+        if (!dp_layer_ops_of(&m->layers[l])->dev_forward)
             return dp_errf(err, "model %s: layer %d (%s) has no device kernel yet", m->name, l,
                            dp_layer_kind_name(m->layers[l].kind));
     dp_dmodel *g = calloc(1, sizeof *g);
@@ -425,12 +346,13 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     g->n_layers = m->n_layers;
     memcpy(g->layers, m->layers, sizeof g->layers);
     g->n_params = m->n_params;
+    g->n_buffers = m->n_buffers;
     g->max_batch = m->max_batch;
     g->inputs = dp_model_inputs(m);
     g->drop_base = m->drop_base;
     g->drop_count = m->drop_count;
     for (int l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind == DP_LAYER_DROPOUT)
+        if (dp_layer_ops_of(&m->layers[l])->flags & DP_LK_DRAWS)
             g->drop_at[l] = g->n_drop++;
     if (oc) {
         if (dp_optim_init(&g->opt, oc, 0, err) < 0) /* checks oc; n = 0 holds no state */
@@ -455,26 +377,27 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
     size_t dact = line_floats(mb * width);
     size_t keeps = 0;
     for (int l = 0; l < g->n_layers; l++)
-        if (g->layers[l].kind == DP_LAYER_LCN) {
+        if (dp_layer_ops_of(&g->layers[l])->dev_keep) {
             g->keep_off[l] = keeps;
-            keeps += dp_dlcn_keep_floats(&g->layers[l], g->max_batch);
+            keeps += dp_layer_ops_of(&g->layers[l])->dev_keep(&g->layers[l], g->max_batch);
         }
     size_t scratch = 0, ones = mb;
-    for (int l = 0; l < g->n_layers; l++)
-        if (dp_dimage_supported(g->layers[l].kind)) {
-            size_t s = dp_dimage_scratch(&g->layers[l], g->max_batch);
-            long o = dp_dimage_ones(&g->layers[l], g->max_batch);
-            scratch = s > scratch ? s : scratch;
-            ones = o > 0 && (size_t)o > ones ? (size_t)o : ones;
-        }
+    for (int l = 0; l < g->n_layers; l++) {
+        const dp_layer_ops *o = dp_layer_ops_of(&g->layers[l]);
+        size_t s = o->dev_scratch ? o->dev_scratch(&g->layers[l], g->max_batch) : 0;
+        long n1 = o->dev_ones ? o->dev_ones(&g->layers[l], g->max_batch) : 0;
+        scratch = s > scratch ? s : scratch;
+        ones = n1 > 0 && (size_t)n1 > ones ? (size_t)n1 : ones;
+    }
     if (!(g->params = dalloc(g, pbytes, "parameters", err)) ||
         !(g->grads = dalloc(g, pbytes, "gradients", err)) ||
+        (g->n_buffers && !(g->buffers = dalloc(g, g->n_buffers * sizeof(float), "buffers", err))) ||
         (g->n_slots && !(g->state = dalloc(g, (size_t)g->n_slots * pbytes,
                                            "optimiser state", err))) ||
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
         !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
         !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
-        (keeps && !(g->keeps = dalloc(g, keeps * sizeof(float), "lcn state", err))) ||
+        (keeps && !(g->keeps = dalloc(g, keeps * sizeof(float), "layer state", err))) ||
         (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
                      !(g->ex.drows = dalloc(g, scratch * sizeof(float), "lowering scratch",
                                             err)))) ||
@@ -507,13 +430,17 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         k.u.fill = (dp_ka_fill){g->state, oc->initial_accumulator};
         launch(g, &k);
     }
-    for (int l = 0; l < g->n_layers; l++)
-        if (g->layers[l].kind == DP_LAYER_LCN &&
-            dp_dlcn_init(&g->ex, &g->layers[l], g->keeps + g->keep_off[l], g->max_batch) < 0) {
-            dp_errf(err, "dp_dmodel_open: out of memory for layer %d's (lcn) taps", l);
+    for (int l = 0; l < g->n_layers; l++) {
+        const dp_layer_ops *o = dp_layer_ops_of(&g->layers[l]);
+        if (o->dev_init &&
+            o->dev_init(&g->ex, &g->layers[l], g->keeps + g->keep_off[l], g->max_batch) < 0) {
+            dp_errf(err, "dp_dmodel_open: out of memory for layer %d's (%s) state", l, o->name);
             goto fail;
         }
+    }
     g->be->copy(g->ctx, g->params, m->params, pbytes, DP_COPY_H2D);
+    if (g->n_buffers)
+        g->be->copy(g->ctx, g->buffers, m->buffers, g->n_buffers * sizeof(float), DP_COPY_H2D);
     if (sync_err(g, "dp_dmodel_open", err) < 0)
         goto fail;
     *out = g;
@@ -535,7 +462,7 @@ void dp_dmodel_close(dp_dmodel *g)
         g->be->comm_free(g->ctx, g->comm);
     if (g->graph)
         g->be->graph_free(g->ctx, g->graph);
-    void *dev[] = {g->params, g->grads, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
+    void *dev[] = {g->params, g->grads, g->buffers, g->state, g->ema, g->acts, g->dacts[0], g->keeps,
                    g->ones, g->x, g->y, g->tally, g->block, g->split_records,
                    g->split_labels, g->ex.rows, g->ex.drows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -769,6 +696,14 @@ int dp_dmodel_set_params(dp_dmodel *g, const float *params, dp_err *err)
 {
     return to_device(g, g->params, params, g->n_params * sizeof(float), "dp_dmodel_set_params",
                      err);
+}
+
+int dp_dmodel_get_buffers(dp_dmodel *g, float *buffers, dp_err *err)
+{
+    if (!g->n_buffers)
+        return 0;
+    return to_host(g, buffers, g->buffers, g->n_buffers * sizeof(float), "dp_dmodel_get_buffers",
+                   err);
 }
 
 int dp_dmodel_get_grads(dp_dmodel *g, float *grads, dp_err *err)

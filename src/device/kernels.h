@@ -36,7 +36,7 @@
 #endif
 #include "nn/adam_fast.h"
 
-/* ---- image layers (1/2): kernel list and arguments (dimage.c) ----
+/* ---- image layers (1/2): kernel list and arguments (src/nn/layer_*.c) ----
  * Images are NHWC as layers.h stores them; g is the layer's dp_window.  Each
  * body mirrors its CPU kernel's float operations in the same order, so the
  * two agree bit for bit (the lowering, pools and layout changes) or, where a
@@ -68,7 +68,7 @@ typedef struct dp_ka_layout { /* items batch*c*hw: per sample (hw, c) <-> (c, hw
 } dp_ka_layout;
 /* ---- end of image layers (1/2) ---- */
 
-/* ---- lcn (1/2): kernel list and arguments (dlcn.c) ----
+/* ---- lcn (1/2): kernel list and arguments (src/nn/layer_lcn.c) ----
  * Local contrast normalisation as lcn.c computes it, per sample of N = h*w
  * pixels of c channels: one kernel per pass of lcn.c's forward_sample and
  * backward_sample, each item repeating lcn.c's float operations for its
@@ -100,10 +100,36 @@ typedef struct dp_ka_lcn { /* every lcn kernel; items as each body says */
 } dp_ka_lcn;
 /* ---- end of lcn (1/2) ---- */
 
+/* ---- batch norm (1/2): kernel list and arguments (src/nn/layer_batchnorm.c) ----
+ * R rows of C channels (R = batch*h*w; channel ch of row r at r*C + ch).
+ * Each body repeats layer_batchnorm.c's operations in its order: the
+ * per-channel sums one item per channel, over the rows in order in double,
+ * so the device gives the CPU's bits. */
+#define DP_KERNELS_BN(X)                                                                         \
+    X(BN_STATS, bn_stats)                                                                        \
+    X(BN_NORM, bn_norm)                                                                          \
+    X(BN_GRAD, bn_grad)                                                                          \
+    X(BN_DIN, bn_din)
+
+typedef struct dp_ka_bn { /* every bn kernel; items as each body says */
+    const float *x, *dy;  /* the input; backward: the gradient at the output */
+    float *y, *dx;        /* the output; backward: the gradient at the input */
+    const float *w, *b;   /* gamma, beta */
+    float *gw, *gb;       /* their gradients */
+    float *mean, *inv, *var; /* the keep: the batch's mean, 1/std, biased variance */
+    float *rm, *rv, *nbt;    /* the buffers: running mean, variance, batch count */
+    long R;
+    int C;
+    float momentum;
+    double eps;
+} dp_ka_bn;
+/* ---- end of batch norm (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
     DP_KERNELS_LCN(X)                                                                            \
+    DP_KERNELS_BN(X)                                                                             \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -232,6 +258,7 @@ typedef struct dp_kernel {
         dp_ka_window window; /* image layers */
         dp_ka_layout layout;
         dp_ka_lcn lcn;
+        dp_ka_bn bn;
     } u;
 } dp_kernel;
 
@@ -667,6 +694,67 @@ DP_HD void dp_k_lcn_center(const dp_kernel *k, long i)
 
 /* Item r = a sample, items batch: s = sqrt(S) per pixel (S in a), and the
  * map's mean of s, summed in double in pixel order. */
+/* ---- batch norm (2/2): bodies ---- */
+
+/* Item ch, items C: the batch's statistics of channel ch, and the running
+ * ones moved (PyTorch's unbiased variance, momentum); item 0 counts the batch. */
+DP_HD void dp_k_bn_stats(const dp_kernel *k, long ch)
+{
+    const dp_ka_bn *a = &k->u.bn;
+    double s = 0.0, v = 0.0;
+    for (long r = 0; r < a->R; r++)
+        s += a->x[r * a->C + ch];
+    double mu = s / (double)a->R;
+    for (long r = 0; r < a->R; r++) {
+        double t = a->x[r * a->C + ch] - mu;
+        v += t * t;
+    }
+    a->mean[ch] = (float)mu;
+    a->var[ch] = (float)(v / (double)a->R);
+    a->inv[ch] = (float)(1.0 / sqrt(v / (double)a->R + a->eps));
+    double R = (double)a->R;
+    float unbiased = (float)(R > 1 ? (double)a->var[ch] * R / (R - 1) : (double)a->var[ch]);
+    a->rm[ch] = (1.0f - a->momentum) * a->rm[ch] + a->momentum * a->mean[ch];
+    a->rv[ch] = (1.0f - a->momentum) * a->rv[ch] + a->momentum * unbiased;
+    if (ch == 0)
+        a->nbt[0] += 1.0f;
+}
+
+/* Item i = element (r, ch), items R*C: y = (x - mean) * inv * gamma + beta. */
+DP_HD void dp_k_bn_norm(const dp_kernel *k, long i)
+{
+    const dp_ka_bn *a = &k->u.bn;
+    long ch = i % a->C;
+    a->y[i] = (a->x[i] - a->mean[ch]) * a->inv[ch] * a->w[ch] + a->b[ch];
+}
+
+/* Item ch, items C: dgamma = sum dy * xhat, dbeta = sum dy, in double. */
+DP_HD void dp_k_bn_grad(const dp_kernel *k, long ch)
+{
+    const dp_ka_bn *a = &k->u.bn;
+    double g = 0.0, b = 0.0;
+    for (long r = 0; r < a->R; r++) {
+        long at = r * a->C + ch;
+        double dy = a->dy[at];
+        g += dy * ((a->x[at] - a->mean[ch]) * a->inv[ch]);
+        b += dy;
+    }
+    a->gw[ch] = (float)g;
+    a->gb[ch] = (float)b;
+}
+
+/* Item i = element (r, ch), items R*C: dx = gamma inv / R (R dy - dbeta - xhat dgamma). */
+DP_HD void dp_k_bn_din(const dp_kernel *k, long i)
+{
+    const dp_ka_bn *a = &k->u.bn;
+    long ch = i % a->C;
+    float R = (float)a->R;
+    float xhat = (a->x[i] - a->mean[ch]) * a->inv[ch];
+    float kk = a->w[ch] * a->inv[ch] / R;
+    a->dx[i] = kk * (R * a->dy[i] - a->gb[ch] - xhat * a->gw[ch]);
+}
+/* ---- end of batch norm (2/2) ---- */
+
 DP_HD void dp_k_lcn_mean(const dp_kernel *k, long r)
 {
     const dp_ka_lcn *a = &k->u.lcn;

@@ -11,17 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
 #include "nn/model_spec.h"
 
-/* Conv and local layers lower this many floats of input at a time (4 MiB:
- * the lowered chunk and its product stay in the last-level cache).  A local
- * layer multiplies each position's rows alone, so it takes at least
- * LOCAL_MIN_CHUNK samples at a time to keep those products efficient. */
+/* Lowered layers (conv, local) lower this many floats of input at a time
+ * (4 MiB: the lowered chunk and its product stay in the last-level cache),
+ * or their kind's min_chunk records when more (layer_kind.h). */
 #define ROWS_BUDGET (1u << 20)
-#define LOCAL_MIN_CHUNK 128
 
 static float *alloc_floats(size_t n)
 {
@@ -36,23 +35,12 @@ static size_t line_floats(size_t n) { return (n + 15) & ~(size_t)15; }
 
 const char *dp_layer_kind_name(dp_layer_kind kind)
 {
-    static const char *const names[DP_LAYER_KIND_COUNT] = {
-        [DP_LAYER_DENSE] = "dense",     [DP_LAYER_RELU] = "relu",
-        [DP_LAYER_SOFTMAX_XENT] = "softmax_xent", [DP_LAYER_CONV] = "conv",
-        [DP_LAYER_LOCAL] = "local",     [DP_LAYER_MAXPOOL] = "maxpool",
-        [DP_LAYER_AVGPOOL] = "avgpool", [DP_LAYER_LCN] = "lcn",
-        [DP_LAYER_DROPOUT] = "dropout", [DP_LAYER_FLATTEN] = "flatten",
-        [DP_LAYER_HWC] = "hwc",
-    };
-    return (unsigned)kind < DP_LAYER_KIND_COUNT ? names[kind] : "?";
+    return (unsigned)kind < DP_LAYER_KIND_COUNT ? dp_layer_table[kind]->name : "?";
 }
 
-static bool lowered(const dp_layer *d)
-{
-    return d->kind == DP_LAYER_CONV || d->kind == DP_LAYER_LOCAL;
-}
+static bool lowered(const dp_layer *d) { return dp_layer_ops_of(d)->flags & DP_LK_LOWERED; }
 
-/* Samples a conv or local layer lowers at a time, and the rows scratch that
+/* Samples a lowered layer lowers at a time, and the rows scratch that
  * takes: see ROWS_BUDGET. */
 static void size_chunks(dp_model *m)
 {
@@ -63,8 +51,8 @@ static void size_chunks(dp_model *m)
             continue;
         size_t per = (size_t)d->oh * d->ow * d->win.kh * d->win.kw * d->c;
         size_t chunk = ROWS_BUDGET / per;
-        if (d->kind == DP_LAYER_LOCAL && chunk < LOCAL_MIN_CHUNK)
-            chunk = LOCAL_MIN_CHUNK;
+        if (chunk < (size_t)dp_layer_ops_of(d)->min_chunk)
+            chunk = (size_t)dp_layer_ops_of(d)->min_chunk;
         if (chunk < 1)
             chunk = 1;
         if (chunk > (size_t)m->max_batch)
@@ -72,6 +60,16 @@ static void size_chunks(dp_model *m)
         d->chunk = (int)chunk;
         if (chunk * per > m->rows_floats)
             m->rows_floats = line_floats(chunk * per);
+    }
+}
+
+/* Every layer's buffers at their initial values (running mean 0, variance 1). */
+static void init_buffers(dp_model *m)
+{
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->s_len && dp_layer_ops_of(d)->init_buffers)
+            dp_layer_ops_of(d)->init_buffers(d, m->buffers + d->s_off);
     }
 }
 
@@ -99,7 +97,7 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     size_chunks(m);
 
     /* One slot: every layer's output for max_batch rows, each on a cache line,
-     * then what each lcn keeps for its backward.  act_off[0] stays 0, unused:
+     * then what each layer keeps for its backward (lcn).  act_off[0] stays 0, unused:
      * a range reads its input where the caller has it. */
     size_t per_slot = 0;
     for (int l = 0; l < n; l++) {
@@ -108,10 +106,10 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     }
     for (int l = 0; l < n; l++) {
         dp_layer *d = &m->layers[l];
-        if (d->kind != DP_LAYER_LCN)
+        if (!dp_layer_ops_of(d)->keep_floats)
             continue;
         d->keep_off = per_slot;
-        per_slot += line_floats((size_t)max_batch * dp_lcn_keep_floats(&d->win));
+        per_slot += line_floats(dp_layer_ops_of(d)->keep_floats(d, max_batch));
     }
     m->slot_floats = per_slot;
     m->dact_floats = line_floats((size_t)max_batch * max_width);
@@ -123,12 +121,14 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
 
     m->params = alloc_floats(m->n_params);
     m->grads = alloc_floats(m->n_params);
+    m->buffers = m->n_buffers ? alloc_floats(m->n_buffers) : NULL;
     m->acts = alloc_floats((size_t)slots * per_slot);
     m->dacts = alloc_floats(2 * m->dact_floats);
     m->rows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drop_seeds = calloc((size_t)slots * (size_t)n, sizeof *m->drop_seeds);
     if (!m->params || !m->grads || !m->acts || !m->dacts || !m->drop_seeds ||
+        (m->n_buffers && !m->buffers) ||
         (m->rows_floats && (!m->rows || !m->drows))) {
         dp_model_free(m);
         return dp_errf(err, "model %s: out of memory for %zu parameters, batch %d and %d slots",
@@ -136,6 +136,7 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     }
     memset(m->params, 0, m->n_params * sizeof(float));
     memset(m->grads, 0, m->n_params * sizeof(float));
+    init_buffers(m);
     return 0;
 }
 
@@ -145,12 +146,14 @@ void dp_model_free(dp_model *m)
         return;
     free(m->params);
     free(m->grads);
+    free(m->buffers);
     free(m->acts);
     free(m->dacts);
     free(m->rows);
     free(m->drows);
     free(m->drop_seeds);
-    m->params = m->grads = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->params = m->grads = m->buffers = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->n_buffers = 0;
     m->drop_seeds = NULL;
     m->n_params = 0;
     m->max_batch = 0;
@@ -216,18 +219,21 @@ void dp_model_init_params(dp_model *m, uint64_t seed)
         const dp_layer *d = &m->layers[l];
         if (!d->w_len)
             continue;
+        if (dp_layer_ops_of(d)->init_params) { /* draws nothing: the others' draws stay */
+            dp_layer_ops_of(d)->init_params(d, m->params + d->w_off, m->params + d->b_off);
+            continue;
+        }
         /* fans: a dense layer's in and out; a filter's window times channels */
         double fan_in = d->in, fan_out = d->out;
-        if (lowered(d)) {
-            fan_in = (double)d->win.kh * d->win.kw * d->c;
-            fan_out = (double)d->win.kh * d->win.kw * d->oc;
-        }
+        if (dp_layer_ops_of(d)->fans)
+            dp_layer_ops_of(d)->fans(d, &fan_in, &fan_out);
         float limit = (float)sqrt(6.0 / (fan_in + fan_out));
         float *w = m->params + d->w_off;
         for (size_t k = 0; k < d->w_len; k++)
             w[k] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
         memset(m->params + d->b_off, 0, d->b_len * sizeof(float));
     }
+    init_buffers(m);
     dp_model_seed_dropout(m, seed);
 }
 
@@ -253,58 +259,35 @@ static bool range_ok(const dp_model *m, int slot, int a, int b, int batch)
 /* A layer that a relu follows inside [.., b) runs with the relu fused. */
 static bool fuses_relu(const dp_model *m, int l, int b)
 {
-    dp_layer_kind k = m->layers[l].kind;
-    return (k == DP_LAYER_DENSE || lowered(&m->layers[l])) && l + 1 < b &&
-           m->layers[l + 1].kind == DP_LAYER_RELU;
+    return (dp_layer_ops_of(&m->layers[l])->flags & DP_LK_FUSES_RELU) && l + 1 < b &&
+           (dp_layer_ops_of(&m->layers[l + 1])->flags & DP_LK_RELU);
 }
 
-/* A conv or local layer forward, a chunk of samples at a time. */
-static void lowered_forward(dp_model *m, const dp_layer *d, float *out, const float *inp,
-                            const float *params, int batch, int relu)
+/* A call of layer d of a slot with the weights params and the gradients
+ * grads (NULL in a forward): what every kind may read (layer_kind.h). */
+static dp_layer_call call_of(dp_model *m, int slot, const dp_layer *d, const float *params,
+                             float *grads, int batch)
 {
-    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
-    const float *w = params + d->w_off, *bias = params + d->b_off;
-    for (int r0 = 0; r0 < batch; r0 += d->chunk) {
-        int cb = batch - r0 < d->chunk ? batch - r0 : d->chunk;
-        float *o = out + (size_t)r0 * d->out;
-        dp_im2row(m->rows, inp + (size_t)r0 * d->in, &d->win, cb);
-        if (d->kind == DP_LAYER_LOCAL)
-            dp_local_forward(o, m->rows, w, bias, cb, positions, k, d->oc, relu);
-        else if (relu)
-            dp_dense_relu_forward(o, m->rows, w, bias, cb * positions, k, d->oc);
-        else
-            dp_dense_forward(o, m->rows, w, bias, cb * positions, k, d->oc);
+    dp_layer_call c = {.d = d, .batch = batch, .rows = m->rows, .drows = m->drows,
+                       .chunk = d->chunk};
+    if (d->w_len) {
+        c.w = params + d->w_off, c.b = params + d->b_off;
+        if (grads)
+            c.gw = grads + d->w_off, c.gb = grads + d->b_off;
     }
+    if (dp_layer_ops_of(d)->keep_floats)
+        c.keep = m->acts + (size_t)slot * m->slot_floats + d->keep_off;
+    if (d->s_len)
+        c.state = m->buffers + d->s_off;
+    return c;
 }
 
-/* Its backward: the input is lowered again, chunk by chunk, and the weight
- * and bias gradients add up over the chunks (the first overwrites). */
-static void lowered_backward(dp_model *m, const dp_layer *d, float *din, float *grads,
-                             const float *params, const float *g, const float *inp, int batch)
-{
-    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
-    const float *w = params + d->w_off;
-    float *gw = grads + d->w_off, *gb = grads + d->b_off;
-    float *drows = din ? m->drows : NULL;
-    for (int r0 = 0; r0 < batch; r0 += d->chunk) {
-        int cb = batch - r0 < d->chunk ? batch - r0 : d->chunk;
-        const float *go = g + (size_t)r0 * d->out;
-        dp_im2row(m->rows, inp + (size_t)r0 * d->in, &d->win, cb);
-        if (d->kind == DP_LAYER_LOCAL)
-            dp_local_backward(drows, gw, gb, go, m->rows, w, cb, positions, k, d->oc, r0 > 0);
-        else if (r0 == 0)
-            dp_dense_backward_overwrite(drows, gw, gb, go, m->rows, w, cb * positions, k, d->oc);
-        else
-            dp_dense_backward(drows, gw, gb, go, m->rows, w, cb * positions, k, d->oc);
-        if (din)
-            dp_row2im(din + (size_t)r0 * d->in, drows, &d->win, cb);
-    }
-}
-
-/* Layers [a, b) of a slot from `in`.  A dense, conv or local layer followed
- * by a relu in the range runs as one kernel and writes only the relu's
- * output.  train: dropout draws a mask (else it is the identity).  Returns
- * the mean loss when the range holds the loss layer and y is given, else 0. */
+/* Layers [a, b) of a slot from `in`, each through the layer table.  A
+ * layer a relu follows in the range (DP_LK_FUSES_RELU) runs with it as one
+ * kernel and writes only the relu's output.  train: a layer that draws
+ * (dropout) draws, and one that is the identity in evaluation runs (else the
+ * next layer reads its input).  Returns the mean loss when the range holds
+ * the loss layer and y is given, else 0. */
 static float forward(dp_model *m, int slot, const float *params, const float *in,
                      const uint8_t *y, int a, int b, int batch, int *correct, bool train)
 {
@@ -312,59 +295,27 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
     const float *inp = in;
     for (int l = a; l < b;) {
         const dp_layer *d = &m->layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(d);
+        if (!train && (o->flags & DP_LK_EVAL_IDENTITY)) {
+            l++;
+            continue;
+        }
         int last = fuses_relu(m, l, b) ? l + 1 : l; /* the last layer this step covers */
-        float *out = act(m, slot, last + 1);
-        size_t n = (size_t)batch * d->in;
-        switch (d->kind) {
-        case DP_LAYER_DENSE: {
-            const float *w = params + d->w_off, *bias = params + d->b_off;
-            if (last > l) /* the relu in the product's epilogue */
-                dp_dense_relu_forward(out, inp, w, bias, batch, d->in, d->out);
-            else
-                dp_dense_forward(out, inp, w, bias, batch, d->in, d->out);
-            break;
+        dp_layer_call c = call_of(m, slot, d, params, NULL, batch);
+        c.in = inp;
+        c.out = act(m, slot, last + 1);
+        c.relu = last > l;
+        c.y = y;
+        c.correct = correct;
+        c.train = train;
+        if (o->flags & DP_LK_DRAWS) {
+            c.seed = mix64(m->drop_base + ++m->drop_count * 0x9e3779b97f4a7c15ULL + (uint64_t)l);
+            m->drop_seeds[(size_t)slot * m->n_layers + l] = c.seed;
         }
-        case DP_LAYER_CONV:
-        case DP_LAYER_LOCAL:
-            lowered_forward(m, d, out, inp, params, batch, last > l);
-            break;
-        case DP_LAYER_RELU:
-            dp_relu_forward(out, inp, (int)n);
-            break;
-        case DP_LAYER_SOFTMAX_XENT:
-            loss = dp_softmax_xent_forward(out, inp, y, batch, d->out, correct);
-            break;
-        case DP_LAYER_MAXPOOL:
-            dp_maxpool_forward(out, inp, &d->win, batch);
-            break;
-        case DP_LAYER_AVGPOOL:
-            dp_avgpool_forward(out, inp, &d->win, batch);
-            break;
-        case DP_LAYER_LCN:
-            dp_lcn_forward(out, m->acts + (size_t)slot * m->slot_floats + d->keep_off, inp,
-                           &d->win, batch);
-            break;
-        case DP_LAYER_DROPOUT: {
-            if (!train) { /* the identity: the next layer reads this one's input */
-                l++;
-                continue;
-            }
-            uint64_t seed = mix64(m->drop_base + ++m->drop_count * 0x9e3779b97f4a7c15ULL +
-                                  (uint64_t)l);
-            m->drop_seeds[(size_t)slot * m->n_layers + l] = seed;
-            dp_dropout_forward(out, inp, n, d->rate, seed);
-            break;
-        }
-        case DP_LAYER_FLATTEN:
-            dp_hwc_to_chw(out, inp, batch, d->c, d->h * d->w);
-            break;
-        case DP_LAYER_HWC:
-            dp_chw_to_hwc(out, inp, batch, d->c, d->h * d->w);
-            break;
-        case DP_LAYER_KIND_COUNT:
-            break;
-        }
-        inp = out;
+        float r = o->forward(&c);
+        if (o->flags & DP_LK_LOSS)
+            loss = r;
+        inp = c.out;
         l = last + 1;
     }
     return loss;
@@ -379,13 +330,13 @@ typedef struct fused_update {
 } fused_update;
 
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
- * loss layer, from the labels y) to din.  A dense or maxpool layer whose input is a relu
- * in the range produces the gradient at the relu's input in one kernel (the
- * mask in the product's epilogue).  Intermediate gradients ping-pong between
- * the two halves of m->dacts.  notify: call m->grad_ready after each layer
- * with parameters.  u: update each layer's parameters once both its products
- * are done (its input gradient has read the old weights), while its
- * gradients are still in cache. */
+ * loss layer, from the labels y) to din.  A layer whose input is a relu in
+ * the range and that takes its mask (DP_LK_TAKES_RELU_MASK: dense, maxpool)
+ * produces the gradient at the relu's input in one kernel.  Intermediate
+ * gradients ping-pong between the two halves of m->dacts.  notify: call
+ * m->grad_ready after each layer with parameters.  u: update each layer's
+ * parameters once both its products are done (its input gradient has read
+ * the old weights), while its gradients are still in cache. */
 static void backward(dp_model *m, int slot, float *din, float *grads, const float *params,
                      const float *dout, const float *in, const uint8_t *y, int a, int b,
                      int batch, bool notify, const fused_update *u)
@@ -395,66 +346,21 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
     const float *g = dout; /* the gradient at the output of layer l */
     for (int l = b - 1; l >= a;) {
         const dp_layer *d = &m->layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(d);
         int first = l; /* the first layer this step covers */
-        if ((d->kind == DP_LAYER_DENSE || d->kind == DP_LAYER_MAXPOOL) && l - 1 >= a &&
-            m->layers[l - 1].kind == DP_LAYER_RELU)
+        if ((o->flags & DP_LK_TAKES_RELU_MASK) && l - 1 >= a &&
+            (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU))
             first = l - 1; /* the relu's mask fuses into this layer's input gradient */
-        float *dst = first == a ? din : buf[next]; /* gradient at layer first's input */
-        const float *inp = l == a ? in : act(m, slot, l); /* layer l's input */
-        int n = batch * d->in;
-        switch (d->kind) {
-        case DP_LAYER_DENSE: {
-            float *gw = grads + d->w_off, *gb = grads + d->b_off;
-            const float *w = params + d->w_off;
-            if (first < l && dst) /* inp is the relu's output: the mask fuses in */
-                dp_dense_backward_relu_overwrite(dst, gw, gb, g, inp, w, batch, d->in, d->out);
-            else
-                dp_dense_backward_overwrite(dst, gw, gb, g, inp, w, batch, d->in, d->out);
-            break;
-        }
-        case DP_LAYER_CONV:
-        case DP_LAYER_LOCAL:
-            lowered_backward(m, d, dst, grads, params, g, inp, batch);
-            break;
-        case DP_LAYER_RELU:
-            if (dst)
-                dp_relu_backward(dst, g, act(m, slot, l + 1), n);
-            break;
-        case DP_LAYER_SOFTMAX_XENT: /* the gradient of the mean loss */
-            if (dst)
-                dp_softmax_xent_backward(dst, act(m, slot, l + 1), y, batch, d->out);
-            break;
-        case DP_LAYER_MAXPOOL:
-            if (dst && first < l) /* inp is the relu's output */
-                dp_maxpool_relu_backward(dst, g, inp, act(m, slot, l + 1), &d->win, batch);
-            else if (dst)
-                dp_maxpool_backward(dst, g, inp, act(m, slot, l + 1), &d->win, batch);
-            break;
-        case DP_LAYER_AVGPOOL:
-            if (dst)
-                dp_avgpool_backward(dst, g, &d->win, batch);
-            break;
-        case DP_LAYER_LCN:
-            if (dst)
-                dp_lcn_backward(dst, g, m->acts + (size_t)slot * m->slot_floats + d->keep_off,
-                                &d->win, batch);
-            break;
-        case DP_LAYER_DROPOUT:
-            if (dst)
-                dp_dropout_backward(dst, g, (size_t)n, d->rate,
-                                    m->drop_seeds[(size_t)slot * m->n_layers + l]);
-            break;
-        case DP_LAYER_FLATTEN:
-            if (dst)
-                dp_chw_to_hwc(dst, g, batch, d->c, d->h * d->w);
-            break;
-        case DP_LAYER_HWC:
-            if (dst)
-                dp_hwc_to_chw(dst, g, batch, d->c, d->h * d->w);
-            break;
-        case DP_LAYER_KIND_COUNT:
-            break;
-        }
+        dp_layer_call c = call_of(m, slot, d, params, grads, batch);
+        c.din = first == a ? din : buf[next]; /* gradient at layer first's input */
+        c.in = l == a ? in : act(m, slot, l); /* layer l's input */
+        c.out = act(m, slot, l + 1);
+        c.dout = g;
+        c.relu = first < l;
+        c.y = y;
+        if (o->flags & DP_LK_DRAWS)
+            c.seed = m->drop_seeds[(size_t)slot * m->n_layers + l];
+        o->backward(&c);
         if (u && d->w_len) {
             dp_optim_apply_split(u->o, u->st, u->params, grads, d->w_off, d->w_off + d->w_len);
             dp_optim_apply_split(u->o, u->st, u->params, grads, d->b_off, d->b_off + d->b_len);
@@ -462,7 +368,7 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         if (notify && m->grad_ready && d->w_len) /* this layer's [w_off, b_off + b_len) */
             m->grad_ready(m->grad_ready_ctx, d->w_off);
         if (first > a) {
-            g = dst;
+            g = c.din;
             next ^= 1;
         }
         l = first - 1;

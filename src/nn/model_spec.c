@@ -15,7 +15,10 @@
  * The loss (softmax_xent) follows the last token, which must be dense.
  * Layouts are inserted where they are needed: an input image of several
  * channels becomes NHWC before the first image layer (hwc), and an image
- * becomes PyTorch's CHW feature order before a dense layer (flatten). */
+ * becomes PyTorch's CHW feature order before a dense layer (flatten).
+ * Each layer kind's token is parsed and spelled by its own file of the layer
+ * table (layer_kind.h); this file holds the grammar around them and the
+ * helpers they build with (model_spec.h). */
 #include "nn/model_spec.h"
 
 #include <limits.h>
@@ -25,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_WIDTH 65536
-#define MAX_DIM 16384           /* an image side or channel count */
+#define MAX_WIDTH DP_SPEC_MAX_WIDTH
+#define MAX_DIM DP_SPEC_MAX_DIM
 #define MAX_FEATURES (1L << 26) /* features of one sample at any layer */
 #define MAX_CLASSES 256         /* labels are uint8 */
 
@@ -48,22 +51,7 @@ const char *dp_model_presets(void)
     return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image";
 }
 
-/* The parser's state: where it is in the spec, and the shape so far. */
-typedef struct parser {
-    dp_model *m;
-    const char *shown;  /* the spec as the user gave it (a preset's name) */
-    const char *tok;    /* the current token */
-    int tok_len, tok_no;
-    int c, h, w;        /* the current activations' shape */
-    bool hwc;           /* stored NHWC (an image layer's output) */
-    bool flat;          /* after a dense or a flatten: no image layer may follow */
-    size_t off;         /* parameters assigned so far */
-    size_t spec_len;
-    dp_err *err;
-} parser;
-
-static int fail(parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(parser *p, const char *fmt, ...)
+int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
 {
     char what[256];
     va_list ap;
@@ -76,9 +64,7 @@ static int fail(parser *p, const char *fmt, ...)
     return dp_errf(p->err, "model spec '%s': %s", p->shown, what);
 }
 
-/* Appends to the canonical spelling. */
-static void emit(parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void emit(parser *p, const char *fmt, ...)
+void dp_spec_emit(dp_spec_parser *p, const char *fmt, ...)
 {
     dp_model *m = p->m;
     if (p->spec_len >= sizeof m->spec)
@@ -89,9 +75,7 @@ static void emit(parser *p, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Digits at *s as a value in [min, max]; advances *s.  -1: no digits; -2:
- * out of range. */
-static long read_num(const char **s, const char *end, long min, long max)
+long dp_spec_num(const char **s, const char *end, long min, long max)
 {
     const char *q = *s;
     long v = 0;
@@ -113,11 +97,11 @@ static bool starts(const char *s, const char *end, const char *word)
     return (size_t)(end - s) >= n && memcmp(s, word, n) == 0;
 }
 
-static dp_layer *add_layer(parser *p, dp_layer_kind kind)
+dp_layer *dp_spec_add(dp_spec_parser *p, dp_layer_kind kind)
 {
     dp_model *m = p->m;
     if (m->n_layers == DP_MAX_LAYERS) {
-        fail(p, "more than %d layers", DP_MAX_LAYERS);
+        dp_spec_fail(p, "more than %d layers", DP_MAX_LAYERS);
         return NULL;
     }
     dp_layer *d = &m->layers[m->n_layers++];
@@ -130,23 +114,23 @@ static dp_layer *add_layer(parser *p, dp_layer_kind kind)
     return d;
 }
 
-/* The layer's output shape becomes the current one. */
-static int set_out(parser *p, dp_layer *d, int oc, int oh, int ow)
+int dp_spec_out(dp_spec_parser *p, dp_layer *d, int oc, int oh, int ow)
 {
     long feats = (long)oc * oh * ow;
     if (feats > MAX_FEATURES)
-        return fail(p, "%d x %d x %d = %ld features per sample, at most %ld", oc, oh, ow, feats,
-                    MAX_FEATURES);
+        return dp_spec_fail(p, "%d x %d x %d = %ld features per sample, at most %ld", oc, oh, ow,
+                                    feats,
+                            MAX_FEATURES);
     d->oc = oc, d->oh = oh, d->ow = ow;
     d->out = (int)feats;
     p->c = oc, p->h = oh, p->w = ow;
     return 0;
 }
 
-static int params(parser *p, dp_layer *d, size_t w_len, size_t b_len)
+int dp_spec_params(dp_spec_parser *p, dp_layer *d, size_t w_len, size_t b_len)
 {
     if (p->m->n_dense == DP_MAX_DENSE)
-        return fail(p, "more than %d layers with parameters", DP_MAX_DENSE);
+        return dp_spec_fail(p, "more than %d layers with parameters", DP_MAX_DENSE);
     p->m->n_dense++;
     d->w_off = p->off;
     d->w_len = w_len;
@@ -156,26 +140,32 @@ static int params(parser *p, dp_layer *d, size_t w_len, size_t b_len)
     return 0;
 }
 
-/* Before a layer that works on images: the input must be one, stored NHWC. */
-static int need_image(parser *p)
+void dp_spec_buffers(dp_spec_parser *p, dp_layer *d, size_t len)
+{
+    d->s_off = p->boff;
+    d->s_len = len;
+    p->boff += len;
+}
+
+int dp_spec_need_image(dp_spec_parser *p)
 {
     if (p->flat || p->h * p->w == 1)
-        return fail(p, "needs an image, but its input is a flat vector of %d features (give "
-                       "the input as CxHxW, e.g. 1x28x28; images end at the first dense or "
-                       "flatten)",
-                    p->c * p->h * p->w);
-    if (!p->hwc && p->c > 1 && !add_layer(p, DP_LAYER_HWC))
+        return dp_spec_fail(p, "needs an image, but its input is a flat vector of %d features "
+                               "(give the input as CxHxW, e.g. 1x28x28; images end at the first "
+                               "dense or flatten)",
+                            p->c * p->h * p->w);
+    if (!p->hwc && p->c > 1 && !dp_spec_add(p, DP_LAYER_HWC))
         return -1;
     p->hwc = true;
     return 0;
 }
 
-/* Before a dense layer or at flatten: an image of several channels stored
- * NHWC goes to CHW order, then the activations are flat. */
-static int to_flat(parser *p)
+/* An image of several channels stored NHWC goes to CHW order, then the
+ * activations are flat. */
+int dp_spec_to_flat(dp_spec_parser *p)
 {
     if (p->hwc && p->c > 1 && p->h * p->w > 1) {
-        dp_layer *d = add_layer(p, DP_LAYER_FLATTEN);
+        dp_layer *d = dp_spec_add(p, DP_LAYER_FLATTEN);
         if (!d)
             return -1;
         d->oc = d->out, d->oh = d->ow = 1;
@@ -187,31 +177,31 @@ static int to_flat(parser *p)
     return 0;
 }
 
-static int dense(parser *p, long n, bool relu)
+int dp_spec_dense(dp_spec_parser *p, long n, bool relu)
 {
-    if (to_flat(p) < 0)
+    if (dp_spec_to_flat(p) < 0)
         return -1;
-    dp_layer *d = add_layer(p, DP_LAYER_DENSE);
-    if (!d || set_out(p, d, (int)n, 1, 1) < 0 ||
-        params(p, d, (size_t)d->in * (size_t)n, (size_t)n) < 0)
+    dp_layer *d = dp_spec_add(p, DP_LAYER_DENSE);
+    if (!d || dp_spec_out(p, d, (int)n, 1, 1) < 0 ||
+        dp_spec_params(p, d, (size_t)d->in * (size_t)n, (size_t)n) < 0)
         return -1;
-    return relu && !add_layer(p, DP_LAYER_RELU) ? -1 : 0;
+    return relu && !dp_spec_add(p, DP_LAYER_RELU) ? -1 : 0;
 }
 
-/* Options after a window: s<stride> and p<pad>, in any order. */
-static int window_opts(parser *p, const char *s, const char *end, int *stride, int *pad)
+int dp_spec_window_opts(dp_spec_parser *p, const char *s, const char *end, int *stride,
+                        int *pad)
 {
     while (s < end) {
         const char *at = s;
         char o = *s++;
-        long v = o == 's' || o == 'p' ? read_num(&s, end, o == 'p' ? 0 : 1, MAX_DIM) : -1;
+        long v = o == 's' || o == 'p' ? dp_spec_num(&s, end, o == 'p' ? 0 : 1, MAX_DIM) : -1;
         if (v == -1)
-            return fail(p, "unexpected '%.*s' (options are s<stride> and p<padding>, like "
-                           "conv3x3x64s2p1)",
-                        (int)(end - at), at);
+            return dp_spec_fail(p, "unexpected '%.*s' (options are s<stride> and p<padding>, like "
+                                   "conv3x3x64s2p1)",
+                                (int)(end - at), at);
         if (v == -2)
-            return fail(p, "%s out of range [%d, %d]", o == 's' ? "stride" : "padding",
-                        o == 's', MAX_DIM);
+            return dp_spec_fail(p, "%s out of range [%d, %d]", o == 's' ? "stride" : "padding",
+                                o == 's', MAX_DIM);
         *(o == 's' ? stride : pad) = (int)v;
     }
     return 0;
@@ -223,23 +213,24 @@ static bool next_num(const char **s, const char *end, long *v)
     if (*s >= end || **s != 'x')
         return false;
     (*s)++;
-    *v = read_num(s, end, 1, MAX_DIM);
+    *v = dp_spec_num(s, end, 1, MAX_DIM);
     return *v > 0;
 }
 
-static int window_size(parser *p, const char **s, const char *end, int *kh, int *kw, int *oc)
+int dp_spec_window_size(dp_spec_parser *p, const char **s, const char *end, int *kh, int *kw,
+                        int *oc)
 {
-    long a = read_num(s, end, 1, MAX_DIM), b = a, c = 1;
+    long a = dp_spec_num(s, end, 1, MAX_DIM), b = a, c = 1;
     bool ok = a > 0;
     if (ok && (oc || (*s < end && **s == 'x')))
         ok = next_num(s, end, &b);
     if (ok && oc)
         ok = next_num(s, end, &c);
     if (!ok)
-        return fail(p, oc ? "expected KHxKWxC: window height, width and output channels, each "
-                            "in [1, %d], like conv5x5x32"
-                          : "expected a window K or KHxKW in [1, %d], like maxpool2",
-                    MAX_DIM);
+        return dp_spec_fail(p, oc ? "expected KHxKWxC: window height, width and output channels, "
+                                    "each in [1, %d], like conv5x5x32"
+                                  : "expected a window K or KHxKW in [1, %d], like maxpool2",
+                            MAX_DIM);
     *kh = (int)a;
     *kw = (int)b;
     if (oc)
@@ -247,175 +238,114 @@ static int window_size(parser *p, const char **s, const char *end, int *kh, int 
     return 0;
 }
 
-static int window(parser *p, dp_layer *d, int kh, int kw, int stride, int pad)
+int dp_spec_window(dp_spec_parser *p, dp_layer *d, int kh, int kw, int stride, int pad)
 {
     if (pad >= kh || pad >= kw)
-        return fail(p, "padding %d must be smaller than the %dx%d window", pad, kh, kw);
+        return dp_spec_fail(p, "padding %d must be smaller than the %dx%d window", pad, kh, kw);
     if (dp_window_init(&d->win, p->c, p->h, p->w, kh, kw, stride, pad) < 0)
-        return fail(p, "a %dx%d window is larger than its %dx%d input (with padding %d)", kh,
-                    kw, p->h, p->w, pad);
-    return 0;
-}
-
-/* conv / local: KHxKWxOC[sS][pP] */
-static int filter(parser *p, dp_layer_kind kind, const char *s, const char *end)
-{
-    int kh = 0, kw = 0, oc = 0, stride = 1, pad = 0;
-    if (window_size(p, &s, end, &kh, &kw, &oc) < 0 || window_opts(p, s, end, &stride, &pad) < 0 ||
-        need_image(p) < 0)
-        return -1;
-    dp_layer *d = add_layer(p, kind);
-    if (!d || window(p, d, kh, kw, stride, pad) < 0 ||
-        set_out(p, d, oc, d->win.oh, d->win.ow) < 0)
-        return -1;
-    size_t k = (size_t)kh * kw * d->c, positions = (size_t)d->oh * d->ow;
-    if (kind == DP_LAYER_CONV)
-        return params(p, d, (size_t)oc * k, (size_t)oc);
-    return params(p, d, positions * oc * k, positions * oc);
-}
-
-static int pool(parser *p, dp_layer_kind kind, const char *s, const char *end)
-{
-    int kh = 0, kw = 0, stride = 0, pad = 0;
-    if (window_size(p, &s, end, &kh, &kw, NULL) < 0 || window_opts(p, s, end, &stride, &pad) < 0 ||
-        need_image(p) < 0)
-        return -1;
-    dp_layer *d = add_layer(p, kind);
-    return !d || window(p, d, kh, kw, stride ? stride : kh, pad) < 0 ||
-                   set_out(p, d, d->c, d->win.oh, d->win.ow) < 0
-               ? -1
-               : 0;
-}
-
-static int lcn(parser *p, const char *s, const char *end)
-{
-    long n = read_num(&s, end, 1, MAX_DIM);
-    if (n < 1 || s != end || n % 2 == 0)
-        return fail(p, "expected an odd neighbourhood size, like lcn5");
-    if (need_image(p) < 0)
-        return -1;
-    dp_layer *d = add_layer(p, DP_LAYER_LCN);
-    return !d || window(p, d, (int)n, (int)n, 1, (int)n / 2) < 0 ? -1 : 0;
-}
-
-static int dropout(parser *p, const char *s, const char *end)
-{
-    char buf[32];
-    int n = (int)(end - s);
-    double r = -1;
-    char *stop = NULL;
-    if (n > 0 && n < (int)sizeof buf && (*s == '0' || *s == '.')) {
-        memcpy(buf, s, (size_t)n);
-        buf[n] = '\0';
-        r = strtod(buf, &stop);
-    }
-    if (!stop || *stop || !(r >= 0.0 && r < 1.0))
-        return fail(p, "expected the fraction dropped in [0, 1), like dropout0.5");
-    dp_layer *d = add_layer(p, DP_LAYER_DROPOUT);
-    if (!d)
-        return -1;
-    d->rate = (float)r;
+        return dp_spec_fail(p, "a %dx%d window is larger than its %dx%d input (with padding %d)",
+                            kh, kw, p->h, p->w, pad);
     return 0;
 }
 
 /* The first token: N, or C x H x W. */
-static int input(parser *p, const char *s, const char *end)
+static int input(dp_spec_parser *p, const char *s, const char *end)
 {
-    long a = read_num(&s, end, 1, MAX_FEATURES), h = 1, w = 1;
+    long a = dp_spec_num(&s, end, 1, MAX_FEATURES), h = 1, w = 1;
     if (a > 0 && s < end && *s == 'x') {
         s++;
-        h = read_num(&s, end, 1, MAX_DIM);
+        h = dp_spec_num(&s, end, 1, MAX_DIM);
         if (h > 0 && s < end && *s == 'x') {
             s++;
-            w = read_num(&s, end, 1, MAX_DIM);
+            w = dp_spec_num(&s, end, 1, MAX_DIM);
         } else {
             h = -1;
         }
     }
     if (a < 1 || h < 1 || w < 1 || s != end)
-        return fail(p, "expected the input as N features (like 784) or an image CxHxW (like "
-                       "1x28x28)%s",
-                    a == -1 ? ", or a preset" : "");
+        return dp_spec_fail(p, "expected the input as N features (like 784) or an image CxHxW "
+                               "(like 1x28x28)%s",
+                            a == -1 ? ", or a preset" : "");
     if (a * h * w > MAX_FEATURES)
-        return fail(p, "%ld input features, at most %ld", a * h * w, MAX_FEATURES);
+        return dp_spec_fail(p, "%ld input features, at most %ld", a * h * w, MAX_FEATURES);
     p->c = (int)a, p->h = (int)h, p->w = (int)w;
     if (h * w > 1)
-        emit(p, "%ldx%ldx%ld", a, h, w);
+        dp_spec_emit(p, "%ldx%ldx%ld", a, h, w);
     else
-        emit(p, "%ld", a);
+        dp_spec_emit(p, "%ld", a);
     return 0;
 }
 
-static int token(parser *p, const char *s, const char *end, bool last)
+const char *dp_model_spec_help(void)
+{
+    static char help[2048];
+    if (help[0])
+        return help;
+    const char *pad = "                               ";
+    size_t len = (size_t)snprintf(help, sizeof help,
+                                  "a preset: %s;\n%.29sor layers joined by '-', the input first "
+                                  "(784, or an image 1x28x28):\n%s128         dense + relu (the "
+                                  "last one: the classes, before the loss)\n",
+                                  dp_model_presets(), pad, pad);
+    for (int k = 0; k < DP_LAYER_KIND_COUNT && len < sizeof help; k++)
+        if (dp_layer_table[k]->example)
+            len += (size_t)snprintf(help + len, sizeof help - len, "%s%-11s %s\n", pad,
+                                    dp_layer_table[k]->example, dp_layer_table[k]->help);
+    if (len < sizeof help)
+        snprintf(help + len, sizeof help - len, "%.29se.g. %s", pad,
+                 "1x28x28-conv5x5x32-relu-maxpool2-conv5x5x64-relu-maxpool2-128-10");
+    return help;
+}
+
+/* The kind whose token this is (layer_kind.h: a prefix, or the whole token). */
+static const dp_layer_ops *kind_of_token(const char *s, const char *end)
+{
+    for (int k = 0; k < DP_LAYER_KIND_COUNT; k++) {
+        const dp_layer_ops *o = dp_layer_table[k];
+        size_t n = strlen(o->name);
+        if (o->token && starts(s, end, o->name) && (o->token == 1 || (size_t)(end - s) == n))
+            return o;
+    }
+    return NULL;
+}
+
+static int unknown(dp_spec_parser *p)
+{
+    char known[256] = "";
+    size_t len = 0;
+    for (int k = 0; k < DP_LAYER_KIND_COUNT && len < sizeof known; k++)
+        if (dp_layer_table[k]->token)
+            len += (size_t)snprintf(known + len, sizeof known - len, ", %s",
+                                    dp_layer_table[k]->name);
+    return dp_spec_fail(p, "unknown layer (known: a width like 128%s)", known);
+}
+
+static int token(dp_spec_parser *p, const char *s, const char *end, bool last)
 {
     long n;
     const char *q = s;
-    if ((n = read_num(&q, end, 1, MAX_WIDTH)) != -1 && q == end) { /* a bare width */
+    if ((n = dp_spec_num(&q, end, 1, MAX_WIDTH)) != -1 && q == end) { /* a bare width */
         if (n < 1)
-            return fail(p, "width out of range [1, %d]", MAX_WIDTH);
-        emit(p, "-%ld", n);
-        return dense(p, n, !last);
+            return dp_spec_fail(p, "width out of range [1, %d]", MAX_WIDTH);
+        dp_spec_emit(p, "-%ld", n);
+        return dp_spec_dense(p, n, !last);
     }
     if (*s >= '0' && *s <= '9')
-        return fail(p, "not a number (a width) nor a layer");
-    if (starts(s, end, "dense")) {
-        q = s + 5;
-        n = read_num(&q, end, 1, MAX_WIDTH);
-        if (n < 1 || q != end)
-            return fail(p, "expected a width in [1, %d], like dense128", MAX_WIDTH);
-        emit(p, last ? "-%ld" : "-dense%ld", n);
-        return dense(p, n, false);
-    }
-    if (last)
-        return fail(p, "the last layer must be dense (its width is the number of classes), "
-                       "like ...-10");
-    int rc, before = p->m->n_layers;
+        return dp_spec_fail(p, "not a number (a width) nor a layer");
+    const dp_layer_ops *o = kind_of_token(s, end);
+    if (last && !(o && (o->flags & DP_LK_CLASSIFIER)))
+        return dp_spec_fail(p, "the last layer must be dense (its width is the number of "
+                                       "classes), like ...-10");
+    if (!o)
+        return unknown(p);
+    int before = p->m->n_layers;
     size_t mark = p->spec_len;
-    emit(p, "-%.*s", (int)(end - s), s);
-    if (starts(s, end, "conv"))
-        rc = filter(p, DP_LAYER_CONV, s + 4, end);
-    else if (starts(s, end, "local"))
-        rc = filter(p, DP_LAYER_LOCAL, s + 5, end);
-    else if (starts(s, end, "maxpool"))
-        rc = pool(p, DP_LAYER_MAXPOOL, s + 7, end);
-    else if (starts(s, end, "avgpool"))
-        rc = pool(p, DP_LAYER_AVGPOOL, s + 7, end);
-    else if (starts(s, end, "lcn"))
-        rc = lcn(p, s + 3, end);
-    else if (starts(s, end, "dropout"))
-        rc = dropout(p, s + 7, end);
-    else if (end - s == 4 && starts(s, end, "relu"))
-        rc = add_layer(p, DP_LAYER_RELU) ? 0 : -1;
-    else if (end - s == 7 && starts(s, end, "flatten"))
-        rc = to_flat(p);
-    else
-        return fail(p, "unknown layer (known: a width like 128, dense, conv, local, maxpool, "
-                       "avgpool, lcn, dropout, relu, flatten)");
-    if (rc == 0 && p->m->n_layers > before) { /* the layer this token added */
-        /* The canonical spelling of a windowed layer, defaults left out. */
-        const dp_layer *d = &p->m->layers[p->m->n_layers - 1];
-        const dp_window *g = &d->win;
-        bool pooled = d->kind == DP_LAYER_MAXPOOL || d->kind == DP_LAYER_AVGPOOL;
-        if (d->kind == DP_LAYER_CONV || d->kind == DP_LAYER_LOCAL || pooled) {
-            p->spec_len = mark;
-            emit(p, "-%s%d", d->kind == DP_LAYER_CONV ? "conv" : d->kind == DP_LAYER_LOCAL ? "local"
-                             : d->kind == DP_LAYER_MAXPOOL ? "maxpool" : "avgpool",
-                 g->kh);
-            if (!pooled || g->kw != g->kh)
-                emit(p, "x%d", g->kw);
-            if (!pooled)
-                emit(p, "x%d", d->oc);
-            if (g->stride != (pooled ? g->kh : 1))
-                emit(p, "s%d", g->stride);
-            if (g->pad)
-                emit(p, "p%d", g->pad);
-        } else if (d->kind == DP_LAYER_LCN) {
-            p->spec_len = mark;
-            emit(p, "-lcn%d", g->kh);
-        } else if (d->kind == DP_LAYER_DROPOUT) {
-            p->spec_len = mark;
-            emit(p, "-dropout%g", (double)d->rate);
-        }
+    p->last = last;
+    dp_spec_emit(p, "-%.*s", (int)(end - s), s);
+    int rc = o->parse(p, s + strlen(o->name), end);
+    if (rc == 0 && o->emit && p->m->n_layers > before) { /* its canonical spelling */
+        p->spec_len = mark;
+        o->emit(p, &p->m->layers[p->m->n_layers - 1]);
     }
     return rc;
 }
@@ -426,13 +356,13 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(spec, presets[i].name) == 0)
             preset = presets[i].name, text = presets[i].spec;
-    parser p = {.m = m, .shown = spec, .err = err};
+    dp_spec_parser p = {.m = m, .shown = spec, .err = err};
     if (!*text)
-        return fail(&p, "is empty (expected a preset: %s; or layers like 784-300-100-10 or "
-                        "1x28x28-conv5x5x32-relu-maxpool2-128-10)",
-                    dp_model_presets());
+        return dp_spec_fail(&p, "is empty (expected a preset: %s; or layers like 784-300-100-10 or "
+                                "1x28x28-conv5x5x32-relu-maxpool2-128-10)",
+                            dp_model_presets());
     if (strlen(text) >= DP_MAX_SPEC)
-        return fail(&p, "longer than %d characters", DP_MAX_SPEC - 1);
+        return dp_spec_fail(&p, "longer than %d characters", DP_MAX_SPEC - 1);
     int ntok = 1;
     for (const char *s = text; *s; s++)
         ntok += *s == '-';
@@ -443,13 +373,14 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
             end = s + strlen(s);
         p.tok = s, p.tok_len = (int)(end - s), p.tok_no = t + 1;
         if (end == s)
-            return fail(&p, t == 0 ? "the spec starts with '-'"
-                            : t + 1 == ntok ? "the spec ends with '-' (a layer is missing)"
-                                            : "empty token between two '-'");
+            return dp_spec_fail(&p, t == 0 ? "the spec starts with '-'"
+                                    : t + 1 == ntok ? "the spec ends with '-' (a layer is missing)"
+                                                    : "empty token between two '-'");
         if (t == 0 && ntok == 1 && !(*s >= '0' && *s <= '9')) {
             p.tok = NULL;
-            return fail(&p, "not a preset (%s) nor layers joined by '-' like 784-300-100-10",
-                        dp_model_presets());
+            return dp_spec_fail(&p, "not a preset (%s) nor layers joined by '-' like "
+                                    "784-300-100-10",
+                                dp_model_presets());
         }
         if ((t == 0 ? input(&p, s, end) : token(&p, s, end, t + 1 == ntok)) < 0)
             return -1;
@@ -457,15 +388,17 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     }
     p.tok = NULL;
     if (ntok < 2)
-        return fail(&p, "needs at least the input and the classes (like 784-10)");
+        return dp_spec_fail(&p, "needs at least the input and the classes (like 784-10)");
     if (p.spec_len >= sizeof m->spec)
-        return fail(&p, "its canonical spelling is longer than %d characters", DP_MAX_SPEC - 1);
+        return dp_spec_fail(&p, "its canonical spelling is longer than %d characters",
+                                    DP_MAX_SPEC - 1);
     if (p.c > MAX_CLASSES)
-        return fail(&p, "%d classes, at most %d (labels are 8-bit)", p.c, MAX_CLASSES);
-    dp_layer *loss = add_layer(&p, DP_LAYER_SOFTMAX_XENT);
+        return dp_spec_fail(&p, "%d classes, at most %d (labels are 8-bit)", p.c, MAX_CLASSES);
+    dp_layer *loss = dp_spec_add(&p, DP_LAYER_SOFTMAX_XENT);
     if (!loss)
         return -1;
     m->n_params = p.off;
+    m->n_buffers = p.boff;
     snprintf(m->name, sizeof m->name, "%s", preset ? preset : m->spec);
     return 0;
 }

@@ -1181,6 +1181,8 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
 
 static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
+    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
+        return NULL; /* each replica's own statistics, moved on its device */
     if (which == DP_WEIGHTS_AVERAGE && s->ema)
         return dp_dmodel_get_ema(s->dev, s->ema, err) < 0 ? NULL : s->ema;
     if (s->nccl && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
@@ -1195,6 +1197,8 @@ static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err 
     (void)step;
     if (s->position != 0)
         return 0;
+    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
+        return -1;
     if (s->nccl) /* the loop's st->ema is ours to fill (live_params 0) */
         return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
                        dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0 ||
@@ -1242,6 +1246,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
     .devices = 1,
+    .buffers = 1,
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,

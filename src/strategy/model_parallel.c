@@ -47,7 +47,7 @@
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
-#include "strategy/mp_replica.h"
+#include "exec/mp_replica.h"
 
 #define STATS_BYTES (3 * 8 + 4)
 

@@ -42,7 +42,7 @@
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
-#include "strategy/sender.h"
+#include "net/sender.h"
 
 #define STATS_BYTES (5 * 8 + 2 * 4)
 #define LOSS_BYTES (8 + 4)

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/layer_kind.h"
+
 static const char *const schedule_names[DP_PIPE_SCHEDULE_COUNT] = {"gpipe", "1f1b"};
 
 int dp_pipe_schedule_parse(const char *name, dp_pipe_schedule *out, dp_err *err)
@@ -83,13 +85,13 @@ void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi
 /* A cut before layer j would part a layer from the relu fused into it. */
 static int fused_at(const dp_model *m, int j)
 {
-    return m->layers[j - 1].w_len && m->layers[j].kind == DP_LAYER_RELU;
+    return m->layers[j - 1].w_len && (dp_layer_ops_of(&m->layers[j])->flags & DP_LK_RELU);
 }
 
 static double layer_cost(const dp_layer *d)
 {
-    if (d->kind == DP_LAYER_CONV)
-        return (double)d->w_len * d->oh * d->ow;
+    if (dp_layer_ops_of(d)->cost)
+        return dp_layer_ops_of(d)->cost(d);
     return d->w_len ? (double)d->w_len : (double)d->in;
 }
 

@@ -12,7 +12,7 @@
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "strategy/ps_rules.h"
-#include "strategy/sender.h"
+#include "net/sender.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 #define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */

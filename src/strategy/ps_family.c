@@ -9,7 +9,7 @@
 #include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/wire.h"
-#include "strategy/mp_replica.h"
+#include "exec/mp_replica.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */

@@ -117,6 +117,8 @@ static int single_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_er
 
 static const float *single_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
+    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
+        return NULL; /* the statistics the device's steps moved */
     if (which == DP_WEIGHTS_AVERAGE && s->ema)
         return dp_dmodel_get_ema(s->dev, s->ema, err) < 0 ? NULL : s->ema;
     if (s->dev && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
@@ -129,6 +131,7 @@ static int single_save(dp_strategy *s, long step, dp_train_state *st, dp_err *er
     (void)step;
     if (s->dev) /* the loop's st->ema is the device's on a device (live_params 0) */
         return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
+                       dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0 ||
                        dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0 ||
                        (s->ema && st->ema && dp_dmodel_get_ema(s->dev, st->ema, err) < 0)
                    ? -1
@@ -151,6 +154,7 @@ const dp_strategy_ops dp_strategy_single = {
     .summary = "one process, a local optimiser",
     .cluster = 0,
     .devices = 1,
+    .buffers = 1,
     .open = single_open,
     .step = single_step,
     .epoch_end = single_epoch_end,

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -14,12 +15,13 @@
 
 #include "downpour/crc32c.h"
 #include "downpour/file.h"
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
 
 #define MAX_WORKERS 4096
-#define MAX_TENSORS (2 * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
+#define MAX_TENSORS ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
 #define NAME_LEN 48
 
 static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
@@ -65,6 +67,7 @@ void dp_train_state_free(dp_train_state *st)
     free(st->history);
     free(st->worker_slots);
     free(st->worker_t);
+    free(st->buffers);
     memset(st, 0, sizeof *st);
 }
 
@@ -106,38 +109,43 @@ static void add_tensor(writer *w, const float *data, int ndim, int64_t d0, int64
 }
 
 /* The file's shape of a layer's weights and bias (docs/models.md,
- * "Checkpoints and PyTorch"): Linear (out, in); Conv2d (oc, c, kh, kw);
- * local (oh, ow, oc, c, kh, kw) with bias (oh, ow, oc). */
+ * "Checkpoints and PyTorch"): its kind's (layer_kind.h). */
 static int weight_shape(const dp_layer *d, int64_t *w, int64_t *b, int *bdim)
 {
-    *bdim = 1;
-    b[0] = (int64_t)d->b_len;
-    if (d->kind == DP_LAYER_DENSE) {
-        w[0] = d->out, w[1] = d->in;
-        return 2;
-    }
-    int64_t f[4] = {d->oc, d->c, d->win.kh, d->win.kw};
-    if (d->kind == DP_LAYER_CONV) {
-        memcpy(w, f, sizeof f);
-        return 4;
-    }
-    w[0] = d->oh, w[1] = d->ow;
-    memcpy(w + 2, f, sizeof f);
-    b[0] = d->oh, b[1] = d->ow, b[2] = d->oc;
-    *bdim = 3;
-    return 6;
+    return dp_layer_ops_of(d)->shapes(d, w, b, bdim);
+}
+
+/* Whether the kind's weights are stored in another order in files. */
+static bool filter_order(const dp_layer *d)
+{
+    return dp_layer_ops_of(d)->flags & DP_LK_FILTER_ORDER;
 }
 
 /* A filter layer's weights are (.., kh, kw, c) in the model (the lowering's
  * order) and (.., c, kh, kw) in the file: one transpose per filter. */
 static int filters(const dp_layer *d) { return (int)(d->w_len / ((size_t)d->win.kh * d->win.kw * d->c)); }
 
+/* Layer d's buffers (layer_kind.h) as layers.{idx}.<name>, PyTorch's names:
+ * running_mean, running_var, num_batches_tracked. */
+static void add_layer_buffers(writer *w, const dp_layer *d, const float *buffers, int idx)
+{
+    dp_lk_buffer b[DP_LK_MAX_BUFFERS];
+    int n = d->s_len && dp_layer_ops_of(d)->buffers ? dp_layer_ops_of(d)->buffers(d, b) : 0;
+    size_t off = d->s_off;
+    for (int i = 0; i < n; off += b[i].len, i++) {
+        snprintf(w->names[w->nt], NAME_LEN, "layers.%d.%s", idx, b[i].name);
+        w->t[w->nt] = (dp_st_tensor){w->names[w->nt], buffers + off, b[i].ndim,
+                                     {(int64_t)b[i].len}};
+        w->nt++;
+    }
+}
+
 static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, int idx)
 {
     int64_t ws[6], bs[3];
     int bdim, wdim = weight_shape(d, ws, bs, &bdim);
     const float *data = params + d->w_off;
-    if (d->kind != DP_LAYER_DENSE) {
+    if (filter_order(d)) {
         float *t = malloc(d->w_len * sizeof *t);
         if (!t)
             return -1;
@@ -187,14 +195,19 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
+    /* buffers: the state's when it holds them, else the writing task's model's
+     * (docs/strategies.md, "Buffers") */
+    const float *buffers = st->buffers ? st->buffers : m->buffers;
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->w_len && add_layer_tensors(w, d, st->params, idx++) < 0) {
+        if (d->w_len && add_layer_tensors(w, d, st->params, idx) < 0) {
             for (int i = 0; i < w->n_owned; i++)
                 free(w->owned[i]);
             free(w);
             return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
         }
+        if (d->w_len)
+            add_layer_buffers(w, d, buffers, idx++);
     }
     size_t n = st->n_params;
     for (int k = 0; k < st->n_slots && st->slots; k++)
@@ -296,10 +309,28 @@ static int copy_2d(float *dst, const dp_safetensors *f, const char *name, int nd
     return copy_tensor(dst, f, name, ndim, shape, path, err);
 }
 
-/* Every parameter layer's layers.{i}.weight and .bias into params (the
- * model's layout; filters back from PyTorch's order). */
-static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
+/* Layer d's buffers, layers.{idx}.<name>, into buffers (the model's layout). */
+static int read_buffers(const dp_safetensors *f, const dp_layer *d, float *buffers, int idx,
                         const char *path, dp_err *err)
+{
+    dp_lk_buffer b[DP_LK_MAX_BUFFERS];
+    int n = d->s_len && dp_layer_ops_of(d)->buffers ? dp_layer_ops_of(d)->buffers(d, b) : 0;
+    size_t off = d->s_off;
+    char name[NAME_LEN];
+    for (int i = 0; i < n; off += b[i].len, i++) {
+        int64_t shape[1] = {(int64_t)b[i].len};
+        snprintf(name, sizeof name, "layers.%d.%s", idx, b[i].name);
+        if (copy_tensor(buffers + off, f, name, b[i].ndim, shape, path, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Every parameter layer's layers.{i}.weight and .bias into params (the
+ * model's layout; filters back from PyTorch's order), and its buffers into
+ * buffers when non-NULL. */
+static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
+                        float *buffers, const char *path, dp_err *err)
 {
     char name[NAME_LEN];
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
@@ -309,7 +340,7 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         int64_t ws[6], bs[3];
         int bdim, wdim = weight_shape(d, ws, bs, &bdim);
         float *dst = params + d->w_off, *tmp = NULL;
-        if (d->kind != DP_LAYER_DENSE && !(dst = tmp = malloc(d->w_len * sizeof *tmp)))
+        if (filter_order(d) && !(dst = tmp = malloc(d->w_len * sizeof *tmp)))
             return dp_errf(err, "%s: out of memory for layer %d's weights", path, l);
         snprintf(name, sizeof name, "layers.%d.weight", idx);
         int rc = copy_tensor(dst, f, name, wdim, ws, path, err);
@@ -318,6 +349,8 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         free(tmp);
         snprintf(name, sizeof name, "layers.%d.bias", idx);
         if (rc < 0 || copy_tensor(params + d->b_off, f, name, bdim, bs, path, err) < 0)
+            return -1;
+        if (buffers && read_buffers(f, d, buffers, idx, path, err) < 0)
             return -1;
         idx++;
     }
@@ -510,7 +543,12 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     st->best_epoch = (int)best_epoch;
     st->best_accuracy = best_acc;
     st->n_history = n_hist;
-    if (read_weights(f, m, st->params, path, err) < 0)
+    if (m->n_buffers) {
+        if (!(st->buffers = malloc(m->n_buffers * sizeof *st->buffers)))
+            return dp_errf(err, "%s: out of memory for %zu buffers", path, m->n_buffers);
+        st->n_buffers = m->n_buffers;
+    }
+    if (read_weights(f, m, st->params, st->buffers, path, err) < 0)
         return -1;
     char name[NAME_LEN];
     size_t n = m->n_params;
@@ -580,7 +618,7 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
     const char *preset = dp_safetensors_meta(f, "model_name");
     if (preset && strlen(preset) < sizeof m->name)
         snprintf(m->name, sizeof m->name, "%s", preset);
-    if (read_weights(f, m, m->params, path, err) < 0)
+    if (read_weights(f, m, m->params, m->buffers, path, err) < 0)
         goto fail;
     if (info) {
         const char *s = dp_safetensors_meta(f, "strategy"), *d = dp_safetensors_meta(f, "dataset");

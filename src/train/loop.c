@@ -663,6 +663,8 @@ static int load_resume(loop *L, dp_err *err)
     if (r->step > (long)L->cfg->epochs * 1000000000L)
         return dp_errf(err, "%s: step %ld is past the end of the run", path, r->step);
     memcpy(L->m.params, r->params, L->m.n_params * sizeof(float));
+    if (r->buffers) /* the writer's buffers, every task (docs/strategies.md, "Buffers") */
+        memcpy(L->m.buffers, r->buffers, L->m.n_buffers * sizeof(float));
     dp_info("Resuming from %s (step %ld)", path, r->step);
     L->env.resume = r;
     return 0;
@@ -780,6 +782,23 @@ static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, 
                         "device: %s (docs/gpu.md)", name, cfg->strategy, on);
 }
 
+/* A model with buffers (batch norm's running statistics) only under a
+ * strategy with a rule for them (docs/strategies.md, "Buffers"). */
+static int check_buffers(const dp_model *m, const dp_train_config *cfg,
+                         const dp_strategy_ops *ops, dp_err *err)
+{
+    if (!m->n_buffers || ops->buffers)
+        return 0;
+    char on[256] = "";
+    for (int i = 0; i < dp_strategy_count; i++)
+        if (dp_strategies[i]->buffers)
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
+                     dp_strategies[i]->name);
+    return dp_errf(err, "model %s has buffers (batch norm's running statistics), which strategy "
+                        "%s does not handle yet; these do: %s (docs/strategies.md, \"Buffers\")",
+                   m->name, cfg->strategy, on);
+}
+
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -792,7 +811,8 @@ static int run_task(loop *L, dp_err *err)
                                        : cfg->batch * (L->in_cluster ? 2 : 1);
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
-    if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0)
+    if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0 ||
+        check_buffers(&L->m, cfg, L->ops, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
     if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */

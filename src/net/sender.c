@@ -1,5 +1,5 @@
 /* A send queue with a thread of its own: see sender.h. */
-#include "strategy/sender.h"
+#include "net/sender.h"
 
 #include <pthread.h>
 #include <stdlib.h>

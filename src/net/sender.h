@@ -1,4 +1,4 @@
-/* A send queue with a thread of its own (src/strategy/sender.c): frames go
+/* A send queue with a thread of its own (src/net/sender.c): frames go
  * out in the order they were queued, from the caller's memory, while the
  * caller goes on.  Layer pipelining needs it because two neighbouring stages
  * send to each other at once (activations one way, their gradients the
@@ -6,8 +6,8 @@
  * wait for the other to read.  The caller keeps each buffer unchanged until
  * sender_wait says its frame is out; the queue allocates nothing after
  * sender_open. */
-#ifndef DOWNPOUR_STRATEGY_SENDER_H
-#define DOWNPOUR_STRATEGY_SENDER_H
+#ifndef DOWNPOUR_NET_SENDER_H
+#define DOWNPOUR_NET_SENDER_H
 
 #include <stddef.h>
 #include <stdint.h>

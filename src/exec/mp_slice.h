@@ -1,15 +1,18 @@
-/* The slice math of model parallelism (src/strategy/model_parallel.c): which
- * output units of each dense layer task j of K holds, where they sit in the
+/* The slice math of model parallelism (src/exec/mp_slice.c; the strategy,
+ * src/strategy/model_parallel.c, drives the executor): which output units
+ * of each dense layer task j of K holds, where they sit in the
  * task's compact buffer and in the model's flat one, and the products on a
  * slice.  A dense layer (out, in) gives task j the units [lo, hi) with
  * lo = out*j/K (balanced): the rows [lo, hi) of W, contiguous in the flat
  * buffer at w_off + lo*in, and the entries [lo, hi) of b.  The compact buffer
  * holds, layer after layer, those rows then those biases: about 1/K of the
- * parameters, and the optimiser runs over it as over any range.
+ * parameters, and the optimiser runs over it as over any range.  The
+ * products on a slice are the dense kind's (layer_kind.h, UNITS).
  *
  * Image models (docs/architecture.md, "Model parallelism") split their image
  * layers, those before the first dense layer, spatially.  Each runs in one
- * of two modes: ROWS (conv, local, relu, maxpool, avgpool), where task j
+ * of two modes, its kind's rule in the layer table (layer_kind.h): ROWS
+ * (conv, local, relu, maxpool, avgpool), where task j
  * computes the output rows [y0, y1) = mp_units(oh, K, j) of every sample
  * from the input rows [iy0, iy1) its windows cover, its own band of the
  * layer below and halo rows of its neighbours'; or FULL (lcn, whose divisor
@@ -21,8 +24,8 @@
  * kh, kw, c) weights and entries of the bias), and the replica all-gathers
  * the full filters each step and reduce-scatters their gradients.  So the
  * compact buffers hold every parameter exactly once, image layers first. */
-#ifndef DOWNPOUR_STRATEGY_MP_SLICE_H
-#define DOWNPOUR_STRATEGY_MP_SLICE_H
+#ifndef DOWNPOUR_EXEC_MP_SLICE_H
+#define DOWNPOUR_EXEC_MP_SLICE_H
 
 #include <stddef.h>
 
@@ -80,19 +83,6 @@ void mp_scatter(float *full, const float *compact, const mp_plan *p);
 size_t mp_order_offset(const mp_plan *plans, int j);
 void mp_order_gather(float *v, const float *full, const mp_plan *plans, int K);
 void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K);
-
-/* Forward of layer l's slice: out[:, lo:hi) = in W_slice^T + b_slice, then
- * max(., 0) when relu.  in (rows, in); out (rows, out), written only in the
- * task's columns. */
-void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
-                int relu);
-
-/* Backward of layer l's slice, given the full gradient dz (rows, out) at its
- * output: the slice's weight and bias gradients OVERWRITE grads (compact);
- * when din is non-NULL, din (rows, in) = dz[:, lo:hi) W_slice, this task's
- * part of the input gradient (the replica sums the parts). */
-void mp_backward(float *din, float *grads, const float *dz, const float *in, const float *params,
-                 const mp_layer *l, int rows);
 
 /* Copies the block [:, lo:hi) of a (rows, width) matrix into dst (rows, hi-lo),
  * and back. */

@@ -1,14 +1,15 @@
 /* One model replica split over K tasks: see mp_replica.h. */
-#include "strategy/mp_replica.h"
+#include "exec/mp_replica.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/wire.h"
-#include "strategy/sender.h"
+#include "net/sender.h"
 
 struct mp_replica {
     dp_transport *t;
@@ -27,21 +28,22 @@ struct mp_replica {
      * the full layout, of which a ROWS layer holds its band (and halo rows) */
     int n_img;
     dp_layer L[DP_MAX_LAYERS];   /* the model's image layers */
+    dp_layer loss;               /* the model's last layer, the loss */
+    dp_layer units[DP_MAX_DENSE]; /* the layers split by units (dense), in order */
     float *iact[DP_MAX_LAYERS];  /* image layer i's output (rows, out) */
     float *igrad[DP_MAX_LAYERS]; /* the gradient there (rows, out) */
     float *keep[DP_MAX_LAYERS];  /* lcn: what its backward needs */
     float *filt[DP_MAX_LAYERS];  /* conv: the full filters, weights then biases */
-    int chunk[DP_MAX_LAYERS];    /* conv, local: records lowered at a time */
+    int chunk[DP_MAX_LAYERS];    /* lowered layers: records lowered at a time */
     float *fgrad;                /* conv: this task's part of a full filter gradient */
     float *low, *dlow, *band;    /* a chunk's lowered band, its gradient, its product */
     float *ipack, *iunpack;      /* K blocks of iblock floats to send; one received */
     size_t iblock;
 };
 
-/* Conv and local layers lower this many floats of a band at a time; a local
- * layer at least LOCAL_MIN_CHUNK records (as src/nn/model.c does). */
+/* Lowered layers (conv, local) lower this many floats of a band at a time,
+ * at least their kind's min_chunk records (as src/nn/model.c does). */
 #define BAND_BUDGET (1u << 20)
-#define LOCAL_MIN_CHUNK 128
 
 /* A task that is gone, silent or off the protocol ends the step: its slices
  * of the model are lost with it. */
@@ -406,83 +408,39 @@ static int filters_reduce(mp_replica *s, int i, float *grads, long step, dp_err 
     return wait_sent(s, err);
 }
 
-/* A conv or local layer's band, forward (din NULL, grads NULL) or backward. */
-static void lowered_band(mp_replica *s, int i, const float *params, const float *in, int n,
-                         float *din, float *grads, int backward)
+/* Image layer i's call (layer_kind.h): its weights are this task's (a
+ * band's, in the compact buffer) or, for shared filters, the whole filters
+ * gathered (filt) with their gradient in fgrad; its output and the gradient
+ * there in the full layout. */
+static dp_layer_call image_call(mp_replica *s, int i, const float *params, float *grads,
+                                const float *in, int n)
 {
     const dp_layer *L = &s->L[i];
     const mp_img *g = &s->plan->img[i];
-    int P = (g->y1 - g->y0) * L->ow, k = L->win.kh * L->win.kw * L->c, oc = L->oc;
-    size_t band_off = (size_t)g->y0 * L->ow * oc, blen = (size_t)P * oc;
-    int local = L->kind == DP_LAYER_LOCAL;
-    const float *w = local ? params + g->w_off : s->filt[i];
-    const float *b = local ? params + g->b_off : s->filt[i] + L->w_len;
-    float *gw = local ? grads + g->w_off : s->fgrad;
-    float *gb = local ? grads + g->b_off : s->fgrad + L->w_len;
-    for (int r0 = 0; r0 < n; r0 += s->chunk[i]) {
-        int cb = n - r0 < s->chunk[i] ? n - r0 : s->chunk[i];
-        dp_im2row_band(s->low, in + (size_t)r0 * L->in, &L->win, cb, g->y0, g->y1);
-        if (!backward) {
-            if (local)
-                dp_local_forward(s->band, s->low, w, b, cb, P, k, oc, 0);
-            else
-                dp_dense_forward(s->band, s->low, w, b, cb * P, k, oc);
-            for (int r = 0; r < cb; r++)
-                memcpy(s->iact[i] + (size_t)(r0 + r) * L->out + band_off, s->band + r * blen,
-                       blen * sizeof(float));
-            continue;
-        }
-        for (int r = 0; r < cb; r++)
-            memcpy(s->band + r * blen, s->igrad[i] + (size_t)(r0 + r) * L->out + band_off,
-                   blen * sizeof(float));
-        float *dlow = din ? s->dlow : NULL;
-        if (local)
-            dp_local_backward(dlow, gw, gb, s->band, s->low, w, cb, P, k, oc, r0 > 0);
-        else if (r0 == 0)
-            dp_dense_backward_overwrite(dlow, gw, gb, s->band, s->low, w, cb * P, k, oc);
-        else
-            dp_dense_backward(dlow, gw, gb, s->band, s->low, w, cb * P, k, oc);
-        if (din)
-            dp_row2im_band(din + (size_t)r0 * L->in, s->dlow, &L->win, cb, g->y0, g->y1);
+    dp_layer_call c = {.d = L, .batch = n, .in = in, .out = s->iact[i], .dout = s->igrad[i],
+                       .keep = s->keep[i], .rows = s->low, .drows = s->dlow, .band = s->band,
+                       .chunk = s->chunk[i], .y0 = g->y0, .y1 = g->y1};
+    if (s->filt[i]) {
+        c.w = s->filt[i], c.b = s->filt[i] + L->w_len;
+        c.gw = s->fgrad, c.gb = s->fgrad + L->w_len;
+    } else if (L->w_len) {
+        c.w = params + g->w_off, c.b = params + g->b_off;
+        if (grads)
+            c.gw = grads + g->w_off, c.gb = grads + g->b_off;
     }
+    return c;
 }
 
+/* A ROWS layer computes its band, a FULL one the whole layer. */
 static void image_layer_forward(mp_replica *s, int i, const float *params, const float *in,
                                 int n)
 {
-    const dp_layer *L = &s->L[i];
-    const mp_img *g = &s->plan->img[i];
-    float *out = s->iact[i];
-    size_t row = (size_t)L->ow * L->oc;
-    switch (L->kind) {
-    case DP_LAYER_CONV:
-    case DP_LAYER_LOCAL:
-        lowered_band(s, i, params, in, n, NULL, NULL, 0);
-        break;
-    case DP_LAYER_RELU:
-        for (int r = 0; r < n; r++) {
-            size_t at = (size_t)r * L->out + (size_t)g->y0 * row;
-            dp_relu_forward(out + at, in + at, (int)((size_t)(g->y1 - g->y0) * row));
-        }
-        break;
-    case DP_LAYER_MAXPOOL:
-        dp_maxpool_forward_band(out, in, &L->win, n, g->y0, g->y1);
-        break;
-    case DP_LAYER_AVGPOOL:
-        dp_avgpool_forward_band(out, in, &L->win, n, g->y0, g->y1);
-        break;
-    case DP_LAYER_LCN:
-        dp_lcn_forward(out, s->keep[i], in, &L->win, n);
-        break;
-    case DP_LAYER_FLATTEN:
-        dp_hwc_to_chw(out, in, n, L->c, L->h * L->w);
-        break;
-    case DP_LAYER_HWC:
-        dp_chw_to_hwc(out, in, n, L->c, L->h * L->w);
-        break;
-    default:
-        break;
-    }
+    const dp_layer_ops *o = dp_layer_ops_of(&s->L[i]);
+    dp_layer_call c = image_call(s, i, params, NULL, in, n);
+    if (s->plan->img[i].rows)
+        o->mp_forward(&c);
+    else
+        o->forward(&c);
 }
 
 /* din: the gradient at the layer's input (NULL for layer 0: never needed);
@@ -491,49 +449,19 @@ static int image_layer_backward(mp_replica *s, int i, const float *params, float
                                 const float *in, float *din, int n, long step, dp_err *err)
 {
     const dp_layer *L = &s->L[i];
+    const dp_layer_ops *o = dp_layer_ops_of(L);
     const mp_img *g = &s->plan->img[i];
-    const float *dout = s->igrad[i];
-    size_t row = (size_t)L->ow * L->oc;
     if (din && g->rows)
         memset(din, 0, (size_t)n * L->in * sizeof(float));
-    switch (L->kind) {
-    case DP_LAYER_CONV:
-    case DP_LAYER_LOCAL:
-        lowered_band(s, i, params, in, n, din, grads, 1);
-        if (L->kind == DP_LAYER_CONV)
-            return filters_reduce(s, i, grads, step, err);
-        break;
-    case DP_LAYER_RELU:
-        if (din)
-            for (int r = 0; r < n; r++) {
-                size_t at = (size_t)r * L->out + (size_t)g->y0 * row;
-                dp_relu_backward(din + at, dout + at, s->iact[i] + at,
-                                 (int)((size_t)(g->y1 - g->y0) * row));
-            }
-        break;
-    case DP_LAYER_MAXPOOL:
-        if (din)
-            dp_maxpool_backward_band(din, dout, in, s->iact[i], &L->win, n, g->y0, g->y1);
-        break;
-    case DP_LAYER_AVGPOOL:
-        if (din)
-            dp_avgpool_backward_band(din, dout, &L->win, n, g->y0, g->y1);
-        break;
-    case DP_LAYER_LCN:
-        if (din)
-            dp_lcn_backward(din, dout, s->keep[i], &L->win, n);
-        break;
-    case DP_LAYER_FLATTEN:
-        if (din)
-            dp_chw_to_hwc(din, dout, n, L->c, L->h * L->w);
-        break;
-    case DP_LAYER_HWC:
-        if (din)
-            dp_hwc_to_chw(din, dout, n, L->c, L->h * L->w);
-        break;
-    default:
-        break;
+    dp_layer_call c = image_call(s, i, params, grads, in, n);
+    c.din = din;
+    if (!g->rows) {
+        o->backward(&c);
+        return 0;
     }
+    o->mp_backward(&c);
+    if (o->flags & DP_LK_MP_SHARED_FILTERS)
+        return filters_reduce(s, i, grads, step, err);
     return 0;
 }
 
@@ -544,7 +472,8 @@ static int image_forward(mp_replica *s, const float *params, const float *x, int
                          dp_err *err)
 {
     for (int i = 0; i < s->n_img; i++)
-        if (s->L[i].kind == DP_LAYER_CONV && filters_gather(s, i, params, step, err) < 0)
+        if ((dp_layer_ops_of(&s->L[i])->flags & DP_LK_MP_SHARED_FILTERS) &&
+            filters_gather(s, i, params, step, err) < 0)
             return -1;
     for (int i = 0; i <= s->n_img; i++) {
         if (i > 0 && s->plan->img[i - 1].rows && s->K > 1 &&
@@ -572,6 +501,18 @@ static int image_backward(mp_replica *s, const float *params, float *grads, cons
 }
 
 
+/* Dense layer d's slice call: its units, its weights in the compact buffer. */
+static dp_layer_call unit_call(const mp_replica *s, int d, const float *params, float *grads,
+                               const float *in, int n)
+{
+    const mp_layer *l = &s->plan->layer[d];
+    dp_layer_call c = {.d = &s->units[d], .batch = n, .in = in, .lo = l->lo, .hi = l->hi,
+                       .w = params + l->w_off, .b = params + l->b_off};
+    if (grads)
+        c.gw = grads + l->w_off, c.gb = grads + l->b_off;
+    return c;
+}
+
 /* Forward and backward of n records: the loss and this task's gradients,
  * weighted by w (its replica's share of the step's records). */
 int mp_replica_step(mp_replica *s, const float *params, float *grads, const float *x,
@@ -590,18 +531,25 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
         xin = s->iact[s->n_img - 1];
     }
     for (int d = 0; d <= last; d++) {
-        mp_forward(s->act[d], d ? s->act[d - 1] : xin, params, &p->layer[d], n, d < last);
+        dp_layer_call c = unit_call(s, d, params, NULL, d ? s->act[d - 1] : xin, n);
+        c.out = s->act[d];
+        c.relu = d < last;
+        dp_layer_ops_of(&s->units[d])->mp_forward(&c);
         if (s->K > 1 && all_gather(s, d, n, step, err) < 0)
             return -1;
     }
     /* every task: the same logits, the same loss and gradient */
     float *logits = s->act[last];
     int classes = p->layer[last].out;
-    out->loss = dp_softmax_xent_forward(logits, logits, y, n, classes, &out->correct);
+    const dp_layer_ops *lo = dp_layer_ops_of(&s->loss); /* in place, on every task */
+    dp_layer_call lc = {.d = &s->loss, .batch = n, .in = logits, .out = logits, .y = y,
+                        .correct = &out->correct, .train = 1};
+    out->loss = lo->forward(&lc);
     if (!isfinite(out->loss))
         return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                        (double)out->loss, step);
-    dp_softmax_xent_backward(logits, logits, y, n, classes);
+    lc.din = logits;
+    lo->backward(&lc);
     if (w != 1.0f)
         for (size_t i = 0; i < (size_t)n * classes; i++)
             logits[i] *= w;
@@ -611,7 +559,10 @@ int mp_replica_step(mp_replica *s, const float *params, float *grads, const floa
         const mp_layer *l = &p->layer[d];
         /* never the input's gradient; the image layers' only then */
         float *din = d || s->n_img ? s->dbuf[cur] : NULL;
-        mp_backward(din, grads, dz, d ? s->act[d - 1] : xin, params, l, n);
+        dp_layer_call c = unit_call(s, d, params, grads, d ? s->act[d - 1] : xin, n);
+        c.dout = dz;
+        c.din = din;
+        dp_layer_ops_of(&s->units[d])->mp_backward(&c);
         if (!d) {
             if (!s->n_img)
                 break;
@@ -688,21 +639,21 @@ static int open_image(mp_replica *s, const dp_model *m, int rows)
             !(s->igrad[i] = malloc(r * L->out * sizeof(float))))
             return -1;
         blk = r * L->out > blk ? r * L->out : blk;
-        if (L->kind == DP_LAYER_LCN &&
-            !(s->keep[i] = malloc(r * dp_lcn_keep_floats(&L->win) * sizeof(float))))
+        const dp_layer_ops *o = dp_layer_ops_of(L);
+        if (o->keep_floats && !(s->keep[i] = malloc(o->keep_floats(L, rows) * sizeof(float))))
             return -1;
-        if (L->kind != DP_LAYER_CONV && L->kind != DP_LAYER_LOCAL)
+        if (!(o->flags & DP_LK_LOWERED))
             continue;
         size_t P = (size_t)((L->oh + s->K - 1) / s->K) * L->ow;
         size_t k = (size_t)L->win.kh * L->win.kw * L->c;
         size_t chunk = BAND_BUDGET / (P * k);
-        if (L->kind == DP_LAYER_LOCAL && chunk < LOCAL_MIN_CHUNK)
-            chunk = LOCAL_MIN_CHUNK;
+        if (chunk < (size_t)o->min_chunk)
+            chunk = (size_t)o->min_chunk;
         chunk = chunk < 1 ? 1 : chunk > r ? r : chunk;
         s->chunk[i] = (int)chunk;
         low = chunk * P * k > low ? chunk * P * k : low;
         band = chunk * P * L->oc > band ? chunk * P * L->oc : band;
-        if (L->kind == DP_LAYER_CONV) {
+        if (o->flags & DP_LK_MP_SHARED_FILTERS) {
             size_t all = L->w_len + L->b_len;
             fg = all > fg ? all : fg;
             blk = all > blk ? all : blk;
@@ -749,6 +700,10 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
             return -1;
         }
     s->plan = &s->plans[task];
+    s->loss = m->layers[m->n_layers - 1];
+    for (int l = 0, d = 0; l < m->n_layers; l++)
+        if (dp_layer_ops_of(&m->layers[l])->mp == DP_MP_UNITS)
+            s->units[d++] = m->layers[l];
     const mp_plan *p = s->plan;
     size_t r = (size_t)rows;
     s->dbuf[0] = malloc(r * p->max_width * sizeof(float));

@@ -1,9 +1,10 @@
 /* The slice math of model parallelism: see mp_slice.h. */
-#include "strategy/mp_slice.h"
+#include "exec/mp_slice.h"
 
+#include <stdio.h>
 #include <string.h>
 
-#include "downpour/blas.h"
+#include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 
 void mp_units(int out, int K, int j, int *lo, int *hi)
@@ -12,61 +13,51 @@ void mp_units(int out, int K, int j, int *lo, int *hi)
     *hi = (int)((long long)out * (j + 1) / K);
 }
 
-/* Model layer i, an image layer: its mode, its band, its parameters' slices
- * at compact offset *off. */
+/* The image kinds model parallelism runs (ROWS or FULL), for messages. */
+static void image_kinds(char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < DP_LAYER_KIND_COUNT && len < n; k++) {
+        const dp_layer_ops *o = dp_layer_table[k];
+        if (o->token && (o->mp == DP_MP_ROWS || o->mp == DP_MP_FULL))
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", o->name);
+    }
+}
+
+/* Model layer i, an image layer: its mode and band by its kind's rule
+ * (layer_kind.h), its parameters' slices at compact offset *off. */
 static int plan_image(mp_plan *p, const dp_model *m, int K, int j, int i, size_t *off,
                       dp_err *err)
 {
     const dp_layer *L = &m->layers[i];
+    const dp_layer_ops *o = dp_layer_ops_of(L);
     mp_img *g = &p->img[i];
-    switch (L->kind) {
-    case DP_LAYER_CONV:
-    case DP_LAYER_LOCAL:
-    case DP_LAYER_RELU:
-    case DP_LAYER_MAXPOOL:
-    case DP_LAYER_AVGPOOL:
-        g->rows = 1;
-        break;
-    case DP_LAYER_LCN:
-    case DP_LAYER_FLATTEN:
-    case DP_LAYER_HWC:
-        g->rows = 0;
-        break;
-    default:
+    if (o->mp != DP_MP_ROWS && o->mp != DP_MP_FULL) {
+        char kinds[256];
+        image_kinds(kinds, sizeof kinds);
         return dp_errf(err, "--model-parallel %d: layer %d of %s is %s, which model "
-                            "parallelism does not split (image layers: conv, local, relu, "
-                            "maxpool, avgpool, lcn, flatten)",
-                       K, i, m->name, dp_layer_kind_name(L->kind));
+                            "parallelism does not split%s%s (image layers: %s)",
+                       K, i, m->name, o->name, o->mp_reason ? ": " : "",
+                       o->mp_reason ? o->mp_reason : "", kinds);
     }
+    g->rows = o->mp == DP_MP_ROWS;
     if (g->rows) {
         if (L->oh < K)
             return dp_errf(err, "--model-parallel %d: layer %d of %s (%s) has only %d output "
                                 "rows, fewer than the %d tasks that would split them by rows. "
                                 "Hint: --model-parallel %d or less",
-                           K, i, m->name, dp_layer_kind_name(L->kind), L->oh, K, L->oh);
+                           K, i, m->name, o->name, L->oh, K, L->oh);
         mp_units(L->oh, K, j, &g->y0, &g->y1);
-        if (L->kind == DP_LAYER_RELU) {
+        if (o->flags & DP_LK_MP_SAME_ROWS) {
             g->iy0 = g->y0;
             g->iy1 = g->y1;
         } else {
             dp_window_band_rows(&L->win, g->y0, g->y1, &g->iy0, &g->iy1);
         }
-    }
-    if (L->kind == DP_LAYER_LOCAL) {
-        /* the band's positions: rows y0*ow .. y1*ow of (positions, oc, k) and (positions, oc) */
-        size_t per = L->w_len / ((size_t)L->oh * L->ow), bper = (size_t)L->oc;
-        size_t p0 = (size_t)g->y0 * L->ow, p1 = (size_t)g->y1 * L->ow;
-        g->w_full = L->w_off + p0 * per;
-        g->w_len = (p1 - p0) * per;
-        g->b_full = L->b_off + p0 * bper;
-        g->b_len = (p1 - p0) * bper;
-    } else if (L->kind == DP_LAYER_CONV) {
-        size_t per = L->w_len / (size_t)L->oc;
-        mp_units(L->oc, K, j, &g->lo, &g->hi);
-        g->w_full = L->w_off + (size_t)g->lo * per;
-        g->w_len = (size_t)(g->hi - g->lo) * per;
-        g->b_full = L->b_off + (size_t)g->lo;
-        g->b_len = (size_t)(g->hi - g->lo);
+        if (o->mp_params)
+            o->mp_params(L, K, j, g->y0, g->y1, &g->w_full, &g->w_len, &g->b_full, &g->b_len,
+                         &g->lo, &g->hi);
     }
     g->w_off = *off;
     *off += g->w_len;
@@ -79,8 +70,8 @@ int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
 {
     memset(p, 0, sizeof *p);
     size_t off = 0;
-    int first = 0; /* the first dense layer */
-    while (first < m->n_layers && m->layers[first].kind != DP_LAYER_DENSE)
+    int first = 0; /* the first layer split by units (dense) */
+    while (first < m->n_layers && dp_layer_ops_of(&m->layers[first])->mp != DP_MP_UNITS)
         first++;
     if (first == m->n_layers)
         return dp_errf(err, "--model-parallel: model %s has no dense layer", m->name);
@@ -90,13 +81,14 @@ int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
     p->n_img = first;
     for (int i = first; i < m->n_layers; i++) {
         const dp_layer *L = &m->layers[i];
-        if (L->kind != DP_LAYER_DENSE)
+        if (dp_layer_ops_of(L)->mp != DP_MP_UNITS)
             continue;
         /* every dense layer is followed by a relu, the last by the loss */
-        dp_layer_kind next = i + 1 < m->n_layers ? m->layers[i + 1].kind : DP_LAYER_KIND_COUNT;
+        unsigned next = i + 1 < m->n_layers ? dp_layer_ops_of(&m->layers[i + 1])->flags : 0;
         int last = i + 2 == m->n_layers;
-        if (!(last ? next == DP_LAYER_SOFTMAX_XENT : next == DP_LAYER_RELU) ||
-            (i > first && m->layers[i - 1].kind != DP_LAYER_RELU))
+        if (!(last ? dp_layer_ops_of(&m->layers[i + 1])->mp == DP_MP_LOSS
+                   : (next & DP_LK_RELU) != 0) ||
+            (i > first && !(dp_layer_ops_of(&m->layers[i - 1])->flags & DP_LK_RELU)))
             return dp_errf(err, "--model-parallel splits stacks of dense layers (dense, relu, "
                                 "..., dense, softmax_xent), after image layers if any; layer "
                                 "%d of %s is %s after %s",
@@ -177,50 +169,6 @@ void mp_order_scatter(float *full, const float *v, const mp_plan *plans, int K)
     size_t off = 0;
     for (int j = 0; j < K; off += plans[j].floats, j++)
         mp_scatter(full, v + off, &plans[j]);
-}
-
-void mp_forward(float *out, const float *in, const float *params, const mp_layer *l, int rows,
-                int relu)
-{
-    int u = l->hi - l->lo;
-    /* the slice's columns of the full output, in place: ldc is the full width */
-    dp_sgemm(false, true, rows, u, l->in, 1.0f, in, l->in, params + l->w_off, l->in, 0.0f,
-             out + l->lo, l->out);
-    const float *restrict b = params + l->b_off;
-    for (int r = 0; r < rows; r++) {
-        float *restrict o = out + (size_t)r * l->out + l->lo;
-        if (relu) {
-            for (int c = 0; c < u; c++) {
-                float v = o[c] + b[c];
-                o[c] = v < 0.0f ? 0.0f : v;
-            }
-        } else {
-            for (int c = 0; c < u; c++)
-                o[c] += b[c];
-        }
-    }
-}
-
-void mp_backward(float *din, float *grads, const float *dz, const float *in, const float *params,
-                 const mp_layer *l, int rows)
-{
-    int u = l->hi - l->lo;
-    const float *dzs = dz + l->lo; /* the slice's columns, row stride l->out */
-    /* dW (u, in) = dz_slice^T (u, rows) . in (rows, in) */
-    dp_sgemm(true, false, u, l->in, rows, 1.0f, dzs, l->out, in, l->in, 0.0f,
-             grads + l->w_off, l->in);
-    /* db = column sums, row by row in order (as the whole model sums them) */
-    float *restrict db = grads + l->b_off;
-    memset(db, 0, (size_t)u * sizeof *db);
-    for (int r = 0; r < rows; r++) {
-        const float *restrict d = dzs + (size_t)r * l->out;
-        for (int c = 0; c < u; c++)
-            db[c] += d[c];
-    }
-    /* din (rows, in) = dz_slice (rows, u) . W_slice (u, in) */
-    if (din)
-        dp_sgemm(false, false, rows, l->in, u, 1.0f, dzs, l->out, params + l->w_off, l->in,
-                 0.0f, din, l->in);
 }
 
 void mp_pack(float *dst, const float *src, int rows, int width, int lo, int hi)

@@ -1,4 +1,4 @@
-/* One model replica split over K tasks (src/strategy/mp_replica.c): the
+/* One model replica split over K tasks (src/exec/mp_replica.c): the
  * step's forward and backward of model parallelism, shared by
  * --strategy model-parallel (model_parallel.c) and model-parallel replicas
  * under ps-async (ps_family.c).  Task j holds its slices (mp_slice.h);
@@ -14,8 +14,8 @@
  * go out from a send thread (sender.h), so two tasks sending
  * each other more than the sockets hold never wait on each other.  Nothing
  * allocates after open. */
-#ifndef DOWNPOUR_STRATEGY_MP_REPLICA_H
-#define DOWNPOUR_STRATEGY_MP_REPLICA_H
+#ifndef DOWNPOUR_EXEC_MP_REPLICA_H
+#define DOWNPOUR_EXEC_MP_REPLICA_H
 
 #include <stdint.h>
 
@@ -23,7 +23,7 @@
 #include "downpour/status.h"
 #include "downpour/strategy.h"
 #include "downpour/transport.h"
-#include "strategy/mp_slice.h"
+#include "exec/mp_slice.h"
 
 typedef struct mp_replica mp_replica;
 

@@ -1,0 +1,36 @@
+/* What several layer kinds' files share (private to src/nn; layer_kind.h):
+ * the windowed tokens' grammar and spelling, and the lowered layers' (conv,
+ * local) chunked products on the CPU, on a band of rows, and on a device
+ * (layer_window.c). */
+#ifndef DOWNPOUR_NN_LAYER_IMPL_H
+#define DOWNPOUR_NN_LAYER_IMPL_H
+
+#include <stdbool.h>
+
+#include "downpour/layer_kind.h"
+#include "nn/model_spec.h"
+
+/* conv / local: KHxKWxOC[sS][pP]; a pool: K[xK][sS][pP] (stride defaults to
+ * the window). */
+int dp_lk_parse_filter(dp_spec_parser *p, dp_layer_kind kind, const char *s, const char *end);
+int dp_lk_parse_pool(dp_spec_parser *p, dp_layer_kind kind, const char *s, const char *end);
+/* The canonical spelling of a windowed layer, defaults left out. */
+void dp_lk_emit_window(dp_spec_parser *p, const char *name, const dp_layer *d, bool pooled);
+
+/* A lowered layer's fans (window times channels) and file shapes. */
+void dp_lk_lowered_fans(const dp_layer *d, double *fan_in, double *fan_out);
+
+/* conv and local, a chunk of c->chunk records at a time through c->rows
+ * (and c->drows); local: one product per position. */
+float dp_lk_lowered_forward(const dp_layer_call *c, bool local);
+void dp_lk_lowered_backward(const dp_layer_call *c, bool local);
+/* The same on the band [c->y0, c->y1) of output rows (model parallelism):
+ * the product through c->band into c->out's band. */
+void dp_lk_lowered_band(const dp_layer_call *c, bool local, bool backward);
+/* On a device. */
+size_t dp_lk_lowered_dev_scratch(const dp_layer *d, int max_batch);
+long dp_lk_lowered_dev_ones(const dp_layer *d, int max_batch, bool local);
+void dp_lk_lowered_dev_forward(const struct dp_dexec *x, const dp_layer_call *c, bool local);
+void dp_lk_lowered_dev_backward(const struct dp_dexec *x, const dp_layer_call *c, bool local);
+
+#endif

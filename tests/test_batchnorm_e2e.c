@@ -1,0 +1,87 @@
+/* Batch norm's buffers through the program (docs/strategies.md, "Buffers"):
+ * a run whose every process is killed at step 33 (checkpoints every 7
+ * steps) and resumed ends with weights AND running statistics bitwise equal
+ * to the uninterrupted run's, for single (on the CPU and on the sim device)
+ * and allreduce (2 replicas), with bn after a dense layer and after a conv; the --save file holds the buffers
+ * under PyTorch's names; a strategy without a rule for buffers refuses the
+ * model before training, naming the ones that take it. */
+#include "proc.h"
+
+#define SMALL "--dataset mnist --train-size 3000 --val-size 500 --epochs 3 --batch 100 " \
+              "--log-every 0 --no-progress --threads 1"
+
+static const char *bin, *tmp;
+static char err[16384];
+
+static int same_file(const char *a, const char *b)
+{
+    char pa[1200], pb[1200];
+    size_t la = 0, lb = 0;
+    snprintf(pa, sizeof pa, "%s/%s", tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s", tmp, b);
+    char *x = slurp(pa, &la), *y = slurp(pb, &lb);
+    int same = x && y && la == lb && memcmp(x, y, la) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void resume_is_exact(const char *name, const char *launch, const char *strategy,
+                            const char *model)
+{
+    char full[256], part[256];
+    snprintf(full, sizeof full, "%s-full.safetensors", name);
+    snprintf(part, sizeof part, "%s-part.safetensors", name);
+    int rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model %s " SMALL
+                     " --checkpoint-every 7 --checkpoint-dir %s/%s-a --save %s/%s",
+                     bin, launch, strategy, model, tmp, name, tmp, full);
+    CHECKF(rc == 0, "%s: the uninterrupted run exited %d: %s", name, rc, err);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s %s train --strategy %s "
+                 "--model %s " SMALL " --checkpoint-every 7 --checkpoint-dir %s/%s-b --save %s/%s",
+                 bin, launch, strategy, model, tmp, name, tmp, part);
+    CHECKF(rc != 0, "%s: the run meant to be killed at step 33 exited 0", name);
+    rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model %s " SMALL
+                 " --checkpoint-every 7 --checkpoint-dir %s/%s-b --save %s/%s --resume",
+                 bin, launch, strategy, model, tmp, name, tmp, part);
+    CHECKF(rc == 0, "%s: the resumed run exited %d: %s", name, rc, err);
+    CHECKF(strstr(err, "ckpt-0000000028.safetensors (step 28)") != NULL,
+           "%s: the resumed run does not say it resumed from step 28: %s", name, err);
+    CHECKF(same_file(full, part), "%s: the resumed run's weights or buffers differ from the "
+           "uninterrupted run's", name);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", tmp, full);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    if (dp_safetensors_load(path, &f, &e) == 0) {
+        const dp_st_tensor *t = dp_safetensors_find(f, "layers.1.num_batches_tracked");
+        /* 3 epochs of 30 steps; an allreduce replica takes half the records */
+        float steps = strstr(strategy, "allreduce") ? 45.0f : 90.0f;
+        CHECKF(t && t->ndim == 0 && t->data[0] == steps, "%s: num_batches_tracked %g, not %g",
+               name, t ? (double)t->data[0] : -1.0, (double)steps);
+        CHECKF(dp_safetensors_find(f, "layers.1.running_var") != NULL, "%s: no running_var",
+               name);
+        dp_safetensors_free(f);
+    } else {
+        CHECKF(0, "%s", e.msg);
+    }
+    printf("%s: resumed at step 28, weights and bn buffers bit-exact\n", name);
+}
+
+int main(void)
+{
+    require_mnist();
+    bin = test_bin();
+    tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    resume_is_exact("single-dense", "", "single", "784-dense64-bn-relu-10");
+    resume_is_exact("single-conv", "", "single",
+                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10");
+    resume_is_exact("sim", "", "single --device sim",
+                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10");
+    resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", "784-dense64-bn-relu-10");
+    int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 1 -- train --strategy "
+                     "ps-async --model 784-dense8-bn-10 " SMALL, bin);
+    CHECKF(rc != 0 && strstr(err, "has buffers") && strstr(err, "single, allreduce"),
+           "ps-async with bn: exit %d: %s", rc, err);
+    return CHECK_DONE();
+}
