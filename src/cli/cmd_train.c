@@ -179,6 +179,7 @@ int cmd_train(int argc, char **argv)
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
+    double weight_decay = NAN;
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
@@ -230,12 +231,13 @@ int cmd_train(int argc, char **argv)
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
-        {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad or adam", 0, 0},
+        {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
         {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
         {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", momentum_text, -INFINITY, INFINITY},
+        {"weight-decay", CLI_NUM, &weight_decay, "W", "adamw: p -= lr*W*p each step (default 0.01); the others: L2, the gradient += W*p, as torch.optim's weight_decay (default 0)", -INFINITY, INFINITY},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
         {"val-size", CLI_INT, &n_val, "N", "validation records (the next N)", 0, 100000000},
@@ -354,6 +356,22 @@ int cmd_train(int argc, char **argv)
             return 2;
         }
         cfg.optim.momentum = (float)momentum;
+    }
+    if (!isnan(weight_decay)) {
+        if (!(weight_decay >= 0 && weight_decay <= 1e6)) {
+            fprintf(stderr, "downpour train: --weight-decay %g: the weight decay must be a finite "
+                            "number >= 0 (typical: 5e-4 with sgd, 0.01 to 0.1 with adamw)\n",
+                    weight_decay);
+            return 2;
+        }
+        cfg.optim.weight_decay = (float)weight_decay;
+    }
+    if (kind == DP_OPTIM_ADAMW && (double)cfg.optim.lr * cfg.optim.weight_decay >= 1.0) {
+        fprintf(stderr, "downpour train: --weight-decay %g: adamw multiplies every weight by "
+                        "1 - lr*W each step, so lr*W (%g * %g) must be below 1\n",
+                (double)cfg.optim.weight_decay, (double)cfg.optim.lr,
+                (double)cfg.optim.weight_decay);
+        return 2;
     }
     cfg.dataset = dataset;
     if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {

@@ -812,6 +812,12 @@ static int run_task(loop *L, dp_err *err)
              (double)cfg->optim.eps, dp_shard_name(cfg->shard), (double)cfg->ema,
              cfg->ps.fetch_every, cfg->ps.push_every, cfg->ps.staleness, cfg->ps.staleness_lo,
              cfg->ps.staleness_hi, cfg->ps.period, cfg->ps.min_shard_bytes, cfg->ps.max_shards);
+    /* settings added since: written only when not the default, so a
+     * checkpoint of a run without them still resumes */
+    size_t used = strlen(settings);
+    if (cfg->optim.weight_decay != 0)
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " weight_decay=%.9g",
+                                 (double)cfg->optim.weight_decay);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
