@@ -165,6 +165,9 @@ typedef struct dp_strategy_ops {
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
                             "Strategies"); 0: the CPU only */
+    const char *no_clip; /* NULL: it clips the whole gradient by --clip-norm
+                            (docs/training.md, "Gradient clipping"); else why it
+                            cannot, which the loop's refusal quotes */
     unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
                             run goes on without, and which rejoins when restarted
                             (docs/faults.md); the launcher asks it */

@@ -63,6 +63,8 @@ typedef struct dp_train_config {
     int epochs;
     dp_optim_config optim;
     dp_lr_schedule lr_schedule;
+    float clip_norm;          /* clip the whole gradient to this global norm before each
+                                 update, as torch's clip_grad_norm_ (0: off) */
     float ema;                /* evaluate and save an exponential moving average of
                                  the parameters with this decay (0: the parameters) */
     bool keep_best;           /* report and save the epoch with the best validation
@@ -107,6 +109,9 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+/* --clip-norm against the strategy and the device (dp_train_run checks it
+ * too, before anything opens): 0, or -1 with a message naming the flag. */
+int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x

@@ -112,6 +112,10 @@ static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *
     }
     if (!given)
         return 0;
+    if (cfg->clip_norm > 0)
+        return dp_errf(err, "--clip-norm with --model-parallel: each task holds only its slice "
+                            "of the gradient, and the slices do not yet sum their parts of the "
+                            "norm (docs/training.md)");
     dp_model m;
     dp_err merr;
     if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
@@ -179,7 +183,7 @@ int cmd_train(int argc, char **argv)
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
-    double weight_decay = NAN;
+    double weight_decay = NAN, clip_norm = 0;
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
@@ -237,6 +241,7 @@ int cmd_train(int argc, char **argv)
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
         {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", momentum_text, -INFINITY, INFINITY},
+        {"clip-norm", CLI_NUM, &clip_norm, "C", "clip the whole gradient to global norm C before each update, as torch.nn.utils.clip_grad_norm_ (0: off)", -INFINITY, INFINITY},
         {"weight-decay", CLI_NUM, &weight_decay, "W", "adamw: p -= lr*W*p each step (default 0.01); the others: L2, the gradient += W*p, as torch.optim's weight_decay (default 0)", -INFINITY, INFINITY},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
@@ -371,6 +376,16 @@ int cmd_train(int argc, char **argv)
                         "1 - lr*W each step, so lr*W (%g * %g) must be below 1\n",
                 (double)cfg.optim.weight_decay, (double)cfg.optim.lr,
                 (double)cfg.optim.weight_decay);
+        return 2;
+    }
+    if (!(clip_norm >= 0 && clip_norm <= 1e30)) {
+        fprintf(stderr, "downpour train: --clip-norm %g: the largest gradient norm must be a "
+                        "finite number > 0 (0: no clipping)\n", clip_norm);
+        return 2;
+    }
+    cfg.clip_norm = (float)clip_norm;
+    if (dp_train_check_clip(&cfg, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
     cfg.dataset = dataset;

@@ -424,6 +424,8 @@ const dp_strategy_ops dp_strategy_model_parallel = {
     .name = "model-parallel",
     .summary = "model parallelism: dense layers' units, image layers' rows split over K tasks a replica",
     .cluster = 1,
+    .no_clip = "each task holds only its slice of the gradient, and the slices do not yet sum "
+               "their parts of the norm",
     .survives = 0,
     .open = mp_open,
     .step = mp_step,

@@ -671,6 +671,8 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .name = "pipeline",
     .summary = "layer pipelining: stages of layers, micro-batches, gpipe or 1f1b, one flush a step",
     .cluster = 1,
+    .no_clip = "each stage holds only its layers' gradient, and the stages do not yet sum "
+               "their parts of the norm",
     .survives = 0,
     .open = pipe_open,
     .step = pipe_step,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/launcher.h"
 #include "downpour/log.h"
@@ -367,6 +368,10 @@ static int mp_layout(dp_strategy *s, dp_ps_mode mode, dp_err *err)
                             "shard holding one task's slices (the spec has %d). Hint: launch "
                             "--ps %d",
                        K, K, DP_PARTITION_MAX, P, K);
+    if (s->env->cfg->clip_norm > 0)
+        return dp_errf(err, "--clip-norm with --model-parallel %d: each task of a replica "
+                            "pushes only its slices' gradient, and the slices do not yet sum "
+                            "their parts of the norm (docs/training.md)", K);
     s->K = K;
     s->R = W / K;
     if (!(s->plans = calloc((size_t)K, sizeof *s->plans)))
@@ -840,6 +845,10 @@ static int update(void *self, float *params, const float *grads, int records, fl
                   dp_err *err)
 {
     dp_strategy *s = self;
+    /* the worker holds its whole gradient: clipped before it is pushed (or,
+     * model-avg, applied locally) */
+    if (records > 0 && s->env->cfg->clip_norm > 0)
+        dp_grad_clip(s->m->grads, s->m->n_params, s->env->cfg->clip_norm);
     return dp_ps_client_step(s->client, params, grads, records, lr, err);
 }
 

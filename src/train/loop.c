@@ -770,6 +770,25 @@ static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, 
                         "device: %s (docs/gpu.md)", name, cfg->strategy, on);
 }
 
+/* --clip-norm: refused, before anything opens, where the strategy cannot
+ * clip the whole gradient (it says why) or on a device (the norm is summed
+ * on the host). */
+int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
+{
+    if (!(cfg->clip_norm > 0))
+        return 0;
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (ops->no_clip)
+        return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip);
+    if (cfg->device.kind != DP_DEVICE_CPU)
+        return dp_errf(err, "--clip-norm: not on --device yet: the gradient's norm is summed on "
+                            "the host (docs/training.md)");
+    return 0;
+}
+
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -818,6 +837,9 @@ static int run_task(loop *L, dp_err *err)
     if (cfg->optim.weight_decay != 0)
         used += (size_t)snprintf(settings + used, sizeof settings - used, " weight_decay=%.9g",
                                  (double)cfg->optim.weight_decay);
+    if (cfg->clip_norm > 0)
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " clip_norm=%.9g",
+                                 (double)cfg->clip_norm);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
@@ -885,7 +907,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0)
+        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0 ||
+        dp_train_check_clip(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);
