@@ -183,7 +183,8 @@ int cmd_train(int argc, char **argv)
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
-    double weight_decay = NAN, clip_norm = 0;
+    double weight_decay = NAN, clip_norm = 0, lr_gamma = NAN;
+    long warmup_steps = 0, warmup_epochs = 0, lr_step_every = 0;
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
@@ -237,7 +238,11 @@ int cmd_train(int argc, char **argv)
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
-        {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
+        {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant; cosine: decay to 0 over the run after the warm-up; step: times --lr-gamma every --lr-step-every epochs (torch's StepLR)", 0, 0},
+        {"lr-step-every", CLI_INT, &lr_step_every, "E", "--lr-schedule step: epochs between decays", 1, 100000},
+        {"lr-gamma", CLI_NUM, &lr_gamma, "G", "--lr-schedule step: the factor at each decay, in (0, 1] (default: 0.1)", -INFINITY, INFINITY},
+        {"warmup-steps", CLI_INT, &warmup_steps, "N", "raise the rate linearly over the first N steps (step k at lr*(k+1)/N), then the schedule (0: none)", 0, 1000000000000L},
+        {"warmup-epochs", CLI_INT, &warmup_epochs, "E", "the same warm-up over the first E epochs", 0, 100000},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
         {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", momentum_text, -INFINITY, INFINITY},
@@ -384,6 +389,37 @@ int cmd_train(int argc, char **argv)
         return 2;
     }
     cfg.clip_norm = (float)clip_norm;
+    if (warmup_steps > 0 && warmup_epochs > 0) {
+        fprintf(stderr, "downpour train: --warmup-steps and --warmup-epochs say the same thing "
+                        "twice: give one\n");
+        return 2;
+    }
+    if (warmup_epochs > epochs) {
+        fprintf(stderr, "downpour train: --warmup-epochs %ld: the warm-up is longer than the "
+                        "run (--epochs %ld)\n", warmup_epochs, epochs);
+        return 2;
+    }
+    cfg.warmup_steps = warmup_steps;
+    cfg.warmup_epochs = (int)warmup_epochs;
+    if (cfg.lr_schedule != DP_LR_STEP && (lr_step_every > 0 || !isnan(lr_gamma))) {
+        fprintf(stderr, "downpour train: --lr-step-every and --lr-gamma are for --lr-schedule "
+                        "step\n");
+        return 2;
+    }
+    if (cfg.lr_schedule == DP_LR_STEP && lr_step_every == 0) {
+        fprintf(stderr, "downpour train: --lr-schedule step needs --lr-step-every E, the epochs "
+                        "between decays (e.g. --lr-step-every 10 --lr-gamma 0.1)\n");
+        return 2;
+    }
+    if (!isnan(lr_gamma)) {
+        if (!(lr_gamma > 0 && lr_gamma <= 1)) {
+            fprintf(stderr, "downpour train: --lr-gamma %g: the factor at each decay must be in "
+                            "(0, 1]\n", lr_gamma);
+            return 2;
+        }
+        cfg.lr_gamma = (float)lr_gamma;
+    }
+    cfg.lr_step_every = (int)lr_step_every;
     if (dp_train_check_clip(&cfg, &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
