@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "downpour/augment.h"
 #include "downpour/dataset.h"
 #include "downpour/device.h"
 #include "downpour/model.h"
@@ -81,6 +82,7 @@ typedef struct dp_train_config {
     int warmup_epochs;        /* or over this many epochs (0: none; not with warmup_steps) */
     int lr_step_every;        /* step schedule: epochs between decays */
     float lr_gamma;           /* step schedule: the factor at each decay (0.1) */
+    dp_augment augment;       /* training batches' crop and flip (pad and flip set; none: 0) */
     float clip_norm;          /* clip the whole gradient to this global norm before each
                                  update, as torch's clip_grad_norm_ (0: off) */
     float ema;                /* evaluate and save an exponential moving average of

@@ -185,6 +185,7 @@ int cmd_train(int argc, char **argv)
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
     double weight_decay = NAN, clip_norm = 0, lr_gamma = NAN;
     long warmup_steps = 0, warmup_epochs = 0, lr_step_every = 0;
+    const char *augment = NULL;
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
@@ -241,6 +242,7 @@ int cmd_train(int argc, char **argv)
         {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant; cosine: decay to 0 over the run after the warm-up; step: times --lr-gamma every --lr-step-every epochs (torch's StepLR)", 0, 0},
         {"lr-step-every", CLI_INT, &lr_step_every, "E", "--lr-schedule step: epochs between decays", 1, 100000},
         {"lr-gamma", CLI_NUM, &lr_gamma, "G", "--lr-schedule step: the factor at each decay, in (0, 1] (default: 0.1)", -INFINITY, INFINITY},
+        {"augment", CLI_STR, &augment, "SPEC", "training images: crop:P (shift up to P pixels each way, zeros in: a random crop with padding P), flip (left-right, half the time), or crop:P,flip; drawn per record and epoch from --seed (default: none)", 0, 0},
         {"warmup-steps", CLI_INT, &warmup_steps, "N", "raise the rate linearly over the first N steps (step k at lr*(k+1)/N), then the schedule (0: none)", 0, 1000000000000L},
         {"warmup-epochs", CLI_INT, &warmup_epochs, "E", "the same warm-up over the first E epochs", 0, 100000},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
@@ -420,6 +422,15 @@ int cmd_train(int argc, char **argv)
         cfg.lr_gamma = (float)lr_gamma;
     }
     cfg.lr_step_every = (int)lr_step_every;
+    if (dp_augment_parse(augment, &cfg.augment, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    if (dp_augment_on(&cfg.augment) && cfg.device.kind != DP_DEVICE_CPU) {
+        fprintf(stderr, "downpour train: --augment: not with --device yet: the device gathers "
+                        "the records itself (docs/training.md)\n");
+        return 2;
+    }
     if (dp_train_check_clip(&cfg, &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;

@@ -521,6 +521,27 @@ static int train(loop *L, dp_err *err)
     int count = policy == DP_SHARD_OFF ? 1 : info->shard_count;
     if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
+    /* --augment: keyed on the run's seed, so every trainer gives a record the
+     * same draw whatever its shard (docs/training.md, "Augmentation") */
+    dp_augment aug = cfg->augment;
+    aug.seed = cfg->seed;
+    if (dp_augment_on(&aug)) {
+        const char *why = info->device      ? "the device gathers the records itself"
+                          : info->no_batches ? "this strategy's trainers read their own records"
+                                             : NULL;
+        if (why) {
+            dp_errf(err, "--augment: not with strategy %s%s: %s (docs/training.md)",
+                    cfg->strategy, info->device ? " on a device" : "", why);
+            dp_batcher_free(&batcher);
+            return -1;
+        }
+        if (dp_augment_check(&aug, L->ds.rows, L->ds.cols, L->ds.channels, L->train.dim, err) <
+                0 ||
+            dp_batcher_augment(&batcher, &aug, err) < 0) {
+            dp_batcher_free(&batcher);
+            return -1;
+        }
+    }
 
     /* Fault injection for the resume tests: SIGKILL this task right after
      * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
@@ -855,6 +876,11 @@ static int run_task(loop *L, dp_err *err)
                                  cfg->warmup_steps > 0 ? cfg->warmup_steps
                                                        : (long)cfg->warmup_epochs,
                                  cfg->warmup_steps > 0 ? "steps" : "epochs");
+    if (dp_augment_on(&cfg->augment)) {
+        char spec[32];
+        dp_augment_format(&cfg->augment, spec, sizeof spec);
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " augment=%s", spec);
+    }
     if (cfg->lr_schedule == DP_LR_STEP)
         used += (size_t)snprintf(settings + used, sizeof settings - used,
                                  " lr_step_every=%d lr_gamma=%.9g", cfg->lr_step_every,
