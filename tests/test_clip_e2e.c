@@ -5,6 +5,9 @@
  * - ps-sync with one worker and the gradient over two ps shards clips the
  *   whole gradient (the worker clips it before it is split): it equals one
  *   process;
+ * - pipeline stages and model-parallel slices sum their parts of the norm:
+ *   2 stages, 2 replicas of 2 stages, 2 slices and 2 replicas of 2 slices
+ *   equal one process (at the summed batch) within float noise;
  * - a strategy that cannot clip the whole gradient is refused, naming it. */
 #include "proc.h"
 
@@ -48,6 +51,26 @@ int main(void)
     fprintf(stderr, "ps-sync (1 worker, 2 shards) vs one process, clipped: max |diff| %.3g\n", d);
     CHECKF(d < 1e-5, "clipped ps-sync over two shards differs from one process by %g", d);
 
+    /* the split gradients: (name, launch, strategy and its flags, batch) */
+    const char *split[][4] = {
+        {"pipeline 2 stages", "--workers 2", "pipeline", "128"},
+        {"pipeline 2 x 2 stages", "--workers 4", "pipeline --stages 2", "64"},
+        {"model-parallel 2 slices", "--workers 2", "model-parallel", "128"},
+        {"model-parallel 2 x 2 slices", "--workers 4", "model-parallel --model-parallel 2", "64"},
+    };
+    for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+        rc = run_cmd(err, sizeof err,
+                     "%s launch %s -- train --strategy %s --batch %s " COMMON " " CLIP
+                     " --save %s/split%zu.st",
+                     test_bin(), split[i][1], split[i][2], split[i][3], test_tmp(), i);
+        CHECKF(rc == 0, "%s --clip-norm exited %d: %s", split[i][0], rc, err);
+        char name[32];
+        snprintf(name, sizeof name, "split%zu.st", i);
+        d = checkpoint_max_diff("clip.st", name);
+        fprintf(stderr, "%s vs one process (128), clipped: max |diff| %.3g\n", split[i][0], d);
+        CHECKF(d < 1e-5, "clipped %s differs from one process by %g", split[i][0], d);
+    }
+
     rc = run_cmd(err, sizeof err, "%s train --strategy lbfgs " CLIP, test_bin());
     CHECKF(rc == 2 && strstr(err, "--clip-norm: strategy lbfgs cannot clip"),
            "lbfgs --clip-norm: exit %d: %s", rc, err);
@@ -56,5 +79,9 @@ int main(void)
     rc = run_cmd(err, sizeof err, "%s train --device sim " CLIP, test_bin());
     CHECKF(rc == 2 && strstr(err, "--clip-norm: not on --device"), "--device sim: exit %d: %s",
            rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --strategy ps-async --model-parallel 2 " CLIP,
+                 test_bin());
+    CHECKF(rc == 2 && strstr(err, "--clip-norm with ps-async --model-parallel"),
+           "ps-async --model-parallel --clip-norm: exit %d: %s", rc, err);
     return CHECK_DONE();
 }
