@@ -79,7 +79,7 @@ enum dp_wire_type {
     DP_WIRE_MP_ROWS = DP_FRAME_APP(53),     /* task -> a replica peer: rows [a, b) of image layer `offset`'s output that the peer's next layer reads (a halo, or its band for a whole-map layer), f32 (records, b-a, ow, oc) */
     DP_WIRE_MP_ROWS_GRAD = DP_FRAME_APP(54), /* task -> a replica peer: its part of the gradient at image layer `offset`'s output, rows [a, b), f32 (records, b-a, ow, oc); `offset` = the layer count: the part at the first dense layer's input, f32 (records, in) */
     DP_WIRE_MP_FILTERS = DP_FRAME_APP(55),  /* task -> a replica peer: conv layer `offset`'s filters it holds (weights then biases of its output channels), f32; `offset` + 64: its part of the peer's filters' gradient */
-    DP_WIRE_MP_NORM = DP_FRAME_APP(64),     /* task `offset` -> its replica's others: f64, the sum of squares of its slices' gradient (--clip-norm) */
+    DP_WIRE_MP_NORM = DP_FRAME_APP(64),     /* task `offset` -> its replica's others: f64, the sum of squares of its slices' gradient (--clip-norm; also ps_family.c's replicas) */
     /* Sandblaster L-BFGS (src/strategy/lbfgs.c, lbfgs_shard.c, lbfgs_impl.h) */
     DP_WIRE_LB_OP = DP_FRAME_APP(56),       /* chief -> ps: vector op number `step`, LB_OP_BYTES (lbfgs_impl.h) */
     DP_WIRE_LB_DOTS = DP_FRAME_APP(57),     /* ps -> chief: answer to op `step`: u32 n, n f64 (partial dots; an evaluation's portion count) */

@@ -112,10 +112,6 @@ static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *
     }
     if (!given)
         return 0;
-    if (cfg->clip_norm > 0 && strcmp(cfg->strategy, "ps-async") == 0)
-        return dp_errf(err, "--clip-norm with ps-async --model-parallel: each task of a replica "
-                            "pushes only its slices' gradient, and the slices do not yet sum "
-                            "their parts of the norm (docs/training.md)");
     dp_model m;
     dp_err merr;
     if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
