@@ -236,7 +236,7 @@ int cmd_train(int argc, char **argv)
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
         {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant; cosine: decay to 0 over the run after the warm-up; step: times --lr-gamma every --lr-step-every epochs (torch's StepLR)", 0, 0},
-        {"lr-step-every", CLI_INT, &lr_step_every, "E", "--lr-schedule step: epochs between decays", 1, 100000},
+        {"lr-step-every", CLI_INT, &lr_step_every, "E", "--lr-schedule step: epochs between decays (required there)", 1, 100000},
         {"lr-gamma", CLI_NUM, &lr_gamma, "G", "--lr-schedule step: the factor at each decay, in (0, 1] (default: 0.1)", -INFINITY, INFINITY},
         {"augment", CLI_STR, &augment, "SPEC", "training images: crop:P (shift up to P pixels each way, zeros in: a random crop with padding P), flip (left-right, half the time), or crop:P,flip; drawn per record and epoch from --seed (default: none)", 0, 0},
         {"warmup-steps", CLI_INT, &warmup_steps, "N", "raise the rate linearly over the first N steps (step k at lr*(k+1)/N), then the schedule (0: none)", 0, 1000000000000L},
