@@ -37,7 +37,7 @@ int dp_augment_parse(const char *spec, dp_augment *out, dp_err *err)
         } else if (strncmp(t, "crop:", 5) == 0 && !out->pad) {
             long p;
             char what[64];
-            snprintf(what, sizeof what, "--augment %s: the padding", t);
+            snprintf(what, sizeof what, "--augment %.40s: the padding", t);
             if (dp_parse_long(t + 5, 1, DP_AUGMENT_MAX_PAD, &p, what, err) < 0)
                 return -1;
             out->pad = (int)p;
