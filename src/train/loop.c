@@ -413,8 +413,10 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
         return 0;
     if (c < 1 || i < 0 || i >= c)
         return dp_errf(err, "the strategy dealt shard %d of %d", i, c);
+    const dp_augment *aug = b->augment; /* the draws stay the record's */
     dp_batcher_free(b);
-    if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0)
+    if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0 ||
+        dp_batcher_augment(b, aug, err) < 0)
         return -1;
     *batch = dp_redeal_batch(L->cfg->batch, L->info.shard_count, c, L->cfg->n_train, L->spe,
                              L->m.max_batch);
@@ -505,6 +507,28 @@ static int collect(loop *L, long step, dp_epoch_stats *st, double *window_loss,
     return 0;
 }
 
+/* --augment on the trainer's batcher, with the dataset's image shape;
+ * keyed on the run's seed, so every trainer gives a record the same draw
+ * whatever its shard (docs/training.md, "Augmentation").  *aug must live
+ * as long as the batcher. */
+static int setup_augment(loop *L, dp_batcher *b, dp_augment *aug, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    *aug = cfg->augment;
+    aug->seed = cfg->seed;
+    if (!dp_augment_on(aug))
+        return 0;
+    const char *why = L->info.device      ? "the device gathers the records itself"
+                      : L->info.no_batches ? "this strategy's trainers read their own records"
+                                           : NULL;
+    if (why)
+        return dp_errf(err, "--augment: not with strategy %s%s: %s (docs/training.md)",
+                       cfg->strategy, L->info.device ? " on a device" : "", why);
+    if (dp_augment_check(aug, L->ds.rows, L->ds.cols, L->ds.channels, L->train.dim, err) < 0)
+        return -1;
+    return dp_batcher_augment(b, aug, err);
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -521,26 +545,10 @@ static int train(loop *L, dp_err *err)
     int count = policy == DP_SHARD_OFF ? 1 : info->shard_count;
     if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
-    /* --augment: keyed on the run's seed, so every trainer gives a record the
-     * same draw whatever its shard (docs/training.md, "Augmentation") */
-    dp_augment aug = cfg->augment;
-    aug.seed = cfg->seed;
-    if (dp_augment_on(&aug)) {
-        const char *why = info->device      ? "the device gathers the records itself"
-                          : info->no_batches ? "this strategy's trainers read their own records"
-                                             : NULL;
-        if (why) {
-            dp_errf(err, "--augment: not with strategy %s%s: %s (docs/training.md)",
-                    cfg->strategy, info->device ? " on a device" : "", why);
-            dp_batcher_free(&batcher);
-            return -1;
-        }
-        if (dp_augment_check(&aug, L->ds.rows, L->ds.cols, L->ds.channels, L->train.dim, err) <
-                0 ||
-            dp_batcher_augment(&batcher, &aug, err) < 0) {
-            dp_batcher_free(&batcher);
-            return -1;
-        }
+    dp_augment aug;
+    if (setup_augment(L, &batcher, &aug, err) < 0) {
+        dp_batcher_free(&batcher);
+        return -1;
     }
 
     /* Fault injection for the resume tests: SIGKILL this task right after
