@@ -80,7 +80,20 @@ int main(void)
     rc = run_cmd(err, sizeof err, "%s train --clip-norm -1", test_bin());
     CHECKF(rc == 2 && strstr(err, "--clip-norm -1"), "--clip-norm -1: exit %d: %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s train --device sim " CLIP, test_bin());
-    CHECKF(rc == 2 && strstr(err, "--clip-norm: not on --device"), "--device sim: exit %d: %s",
-           rc, err);
+    CHECKF(rc == 2 && strstr(err, "--clip-norm: not with --device for strategy single"),
+           "single --device sim: exit %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --strategy allreduce --device sim " CLIP, test_bin());
+    CHECKF(rc == 2 && strstr(err, "--clip-norm: not with --device for strategy allreduce"),
+           "allreduce --device sim: exit %d: %s", rc, err);
+    /* ps-sync stages through the host: the gradient comes back, and is clipped there */
+    rc = run_cmd(err, sizeof err,
+                 "%s launch --chief --workers 1 --ps 2 -- train --strategy ps-sync --batch 128 "
+                 "--ps-min-shard-bytes 4096 --device sim " COMMON " " CLIP " --save %s/simsync.st",
+                 test_bin(), test_tmp());
+    CHECKF(rc == 0, "ps-sync --device sim --clip-norm exited %d: %s", rc, err);
+    d = checkpoint_max_diff("clip.st", "simsync.st");
+    fprintf(stderr, "ps-sync on --device sim vs one process on the CPU, clipped: max |diff| %.3g\n",
+            d);
+    CHECKF(d < 1e-5, "clipped ps-sync on --device sim differs from one process by %g", d);
     return CHECK_DONE();
 }

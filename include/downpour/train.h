@@ -130,7 +130,8 @@ typedef struct dp_train_result {
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
 /* --clip-norm against the strategy and the device (dp_train_run checks it
- * too, before anything opens): 0, or -1 with a message naming the flag. */
+ * too, before anything opens): 0, or -1 with a message naming the flag and
+ * the strategy's reason. */
 int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params

@@ -1246,6 +1246,8 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
     .devices = 1,
+    .no_clip_device = "with collectives the sum and the update run on the devices, and the "
+                      "norm is summed on the host",
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,

@@ -157,6 +157,8 @@ const dp_strategy_ops dp_strategy_single = {
     .summary = "one process, a local optimiser",
     .cluster = 0,
     .devices = 1,
+    .no_clip_device = "its whole step, the update included, runs on the device, and the norm "
+                      "is summed on the host",
     .open = single_open,
     .step = single_step,
     .epoch_end = single_epoch_end,

@@ -810,8 +810,7 @@ static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, 
 }
 
 /* --clip-norm: refused, before anything opens, where the strategy cannot
- * clip the whole gradient (it says why) or on a device (the norm is summed
- * on the host). */
+ * clip the whole gradient, or cannot on a device (it says why). */
 int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
 {
     if (!(cfg->clip_norm > 0))
@@ -822,9 +821,9 @@ int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
     if (ops->no_clip)
         return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
                             "(docs/training.md)", cfg->strategy, ops->no_clip);
-    if (cfg->device.kind != DP_DEVICE_CPU)
-        return dp_errf(err, "--clip-norm: not on --device yet: the gradient's norm is summed on "
-                            "the host (docs/training.md)");
+    if (cfg->device.kind != DP_DEVICE_CPU && ops->no_clip_device)
+        return dp_errf(err, "--clip-norm: not with --device for strategy %s yet: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip_device);
     return 0;
 }
 
