@@ -36,6 +36,11 @@ int dp_augment_check(dp_augment *a, uint32_t rows, uint32_t cols, uint32_t chann
 /* Record r's draw in epoch `epoch` (0-based): the crop's shift (the output
  * pixel (y, x) is the input's (y + dy, x + dx), zero outside) and the flip. */
 void dp_augment_draw(const dp_augment *a, long epoch, uint32_t r, int *dy, int *dx, int *flip);
+/* One record r whose values are at bytes (pixels, scaled by 1/255) or, when
+ * bytes is NULL, at values, into dst augmented as drawn for `epoch` (a
+ * streamed record: stream.h). */
+void dp_augment_record(float *dst, const uint8_t *bytes, const float *values, uint32_t r,
+                       const dp_augment *a, long epoch);
 /* dp_split_gather with record idx[i] augmented as drawn for `epoch`;
  * allocates nothing, and gives the same bits on any thread split. */
 void dp_split_gather_augment(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n,

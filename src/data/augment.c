@@ -94,8 +94,8 @@ void dp_augment_draw(const dp_augment *a, long epoch, uint32_t r, int *dy, int *
 
 /* One record: output row y is input row y + dy shifted by dx, zeros outside,
  * then reversed pixel by pixel when flipped (crop, then flip). */
-static void augment_record(float *dst, const dp_split *s, uint32_t r, const dp_augment *a,
-                           long epoch)
+void dp_augment_record(float *dst, const uint8_t *bytes, const float *values, uint32_t r,
+                       const dp_augment *a, long epoch)
 {
     int dy, dx, flip;
     dp_augment_draw(a, epoch, r, &dy, &dx, &flip);
@@ -109,13 +109,13 @@ static void augment_record(float *dst, const dp_split *s, uint32_t r, const dp_a
             memset(out, 0, row * sizeof *out);
             continue;
         }
-        size_t from = ((size_t)r * h + sy) * row + (size_t)(x0 + dx) * c;
+        size_t from = (size_t)sy * row + (size_t)(x0 + dx) * c;
         size_t len = (size_t)(x1 - x0) * c;
         memset(out, 0, (size_t)x0 * c * sizeof *out);
-        if (s->values)
-            memcpy(out + (size_t)x0 * c, s->values + from, len * sizeof *out);
+        if (bytes)
+            dp_bytes_to_unit(out + (size_t)x0 * c, bytes + from, (uint32_t)len);
         else
-            dp_bytes_to_unit(out + (size_t)x0 * c, s->images + from, (uint32_t)len);
+            memcpy(out + (size_t)x0 * c, values + from, len * sizeof *out);
         memset(out + (size_t)x1 * c, 0, (size_t)(w - x1) * c * sizeof *out);
         if (flip)
             for (int i = 0, j = w - 1; i < j; i++, j--)
@@ -139,8 +139,11 @@ typedef struct aug_job {
 
 static void aug_rows(const aug_job *j, int lo, int hi)
 {
+    const dp_split *s = j->s;
     for (int i = lo; i < hi; i++) {
-        augment_record(j->x + (size_t)i * j->s->dim, j->s, j->idx[i], j->a, j->epoch);
+        size_t r = j->idx[i];
+        dp_augment_record(j->x + (size_t)i * s->dim, s->values ? NULL : s->images + r * s->dim,
+                          s->values ? s->values + r * s->dim : NULL, (uint32_t)r, j->a, j->epoch);
         if (j->y)
             j->y[i] = j->s->labels[j->idx[i]];
     }

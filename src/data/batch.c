@@ -288,11 +288,10 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
 
 int dp_batcher_augment(dp_batcher *b, const dp_augment *a, dp_err *err)
 {
-    if (b->split && b->split->stream && dp_augment_on(a))
-        return dp_errf(err, "--augment: not with a streamed dataset yet (its records arrive "
-                            "without the index the draw is keyed on); --stream off decodes it "
-                            "into the cache (docs/training.md)");
+    (void)err;
     b->augment = dp_augment_on(a) ? a : NULL;
+    if (b->stream) /* a streamed split: its stream keys each record's draw */
+        dp_stream_augment(b->stream, b->augment);
     return 0;
 }
 
