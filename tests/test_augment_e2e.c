@@ -2,7 +2,8 @@
  * draws are the record's, not the worker's, so under --shard data two
  * allreduce replicas and two ps-sync workers at batch b still equal one
  * process at batch 2b, within float noise; augmenting changes the run (the
- * check can fail); the refusals name the flag. */
+ * check can fail), streamed from record files too; the refusals name the
+ * flag. */
 #include "proc.h"
 
 static char err[65536];
@@ -48,6 +49,23 @@ int main(void)
     d = checkpoint_max_diff("aug.st", "sync.st");
     fprintf(stderr, "ps-sync (2 x 64) vs one process (128), augmented: max |diff| %.3g\n", d);
     CHECKF(d < 1e-5, "augmented ps-sync differs from one process at the summed batch by %g", d);
+
+    /* streamed from record files: the stream augments what it hands out */
+    rc = run_cmd(err, sizeof err, "%s data convert --from mnist --to %s/rec --limit 4000 "
+                 "--encoding raw --shards 2", test_bin(), test_tmp());
+    CHECKF(rc == 0, "data convert exited %d: %s", rc, err);
+    const char *streamed = "--train-size 3000 --val-size 500 --test-size 500 --epochs 2 "
+                           "--batch 100 --optimizer sgd --lr 0.02 --threads 1 --no-progress "
+                           "--log-every 0 --stream on --data-memory 4M";
+    rc = run_cmd(err, sizeof err, "%s train --dataset %s/rec %s " AUG " --save %s/stream-aug.st",
+                 test_bin(), test_tmp(), streamed, test_tmp());
+    CHECKF(rc == 0 && strstr(err, "streaming"), "streamed --augment exited %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --dataset %s/rec %s --save %s/stream.st", test_bin(),
+                 test_tmp(), streamed, test_tmp());
+    CHECKF(rc == 0, "streamed exited %d: %s", rc, err);
+    d = checkpoint_max_diff("stream-aug.st", "stream.st");
+    fprintf(stderr, "streamed, augmented vs not: max |diff| %.3g\n", d);
+    CHECKF(d > 1e-3, "--augment did not change the streamed run (%g)", d);
 
     rc = run_cmd(err, sizeof err, "%s train --augment crop:4,rotate", test_bin());
     CHECKF(rc == 2 && strstr(err, "--augment 'crop:4,rotate': 'rotate' is unknown"),
