@@ -485,6 +485,14 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }
+    if (strcmp(strategy, "lbfgs") == 0 &&
+        (!isnan(weight_decay) || warmup_steps > 0 || warmup_epochs > 0 ||
+         cfg.lr_schedule == DP_LR_STEP)) {
+        fprintf(stderr, "downpour train: --weight-decay, --warmup-steps, --warmup-epochs and "
+                        "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
+                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n");
+        return 2;
+    }
     if (strcmp(strategy, "lbfgs") != 0 && (lbfgs_history != cfg.lbfgs_history || portion != 0)) {
         fprintf(stderr, "downpour train: --lbfgs-history and --portion are for --strategy lbfgs\n");
         return 2;
