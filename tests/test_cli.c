@@ -99,6 +99,15 @@ static void test_train_checks(void)
     USAGE_ERROR("--momentum -0.5: the momentum must be in [0, 1]", "train", "--momentum", "-0.5");
     USAGE_ERROR("--momentum", "train", "--momentum", "1.5");
     USAGE_ERROR("--lr", "train", "--lr", "fast");
+    USAGE_ERROR("--weight-decay -0.1: the weight decay must be a finite number >= 0", "train",
+                "--weight-decay", "-0.1");
+    USAGE_ERROR("--weight-decay", "train", "--weight-decay", "nan");
+    USAGE_ERROR("--weight-decay 2: adamw multiplies every weight by 1 - lr*W", "train",
+                "--optimizer", "adamw", "--lr", "0.5", "--weight-decay", "2");
+    USAGE_ERROR("--strategy lbfgs takes L-BFGS steps", "train", "--strategy", "lbfgs",
+                "--weight-decay", "0.01");
+    USAGE_ERROR("--strategy lbfgs takes L-BFGS steps", "train", "--strategy", "lbfgs",
+                "--warmup-steps", "10");
     USAGE_ERROR("--resume needs --checkpoint-dir", "train", "--resume");
     USAGE_ERROR("need --checkpoint-dir", "train", "--checkpoint-every", "100");
     USAGE_ERROR("--keep-checkpoints", "train", "--checkpoint-dir", tmp_path("ck"),

@@ -370,13 +370,18 @@ static void test_dropout(void)
 
 static void test_optim(void)
 {
-    static const dp_kernel_id ids[DP_OPTIM_COUNT] = {DP_K_SGD, DP_K_MOMENTUM, DP_K_NESTEROV,
-                                                     DP_K_ADAGRAD, DP_K_ADAM};
-    /* every kind, and adam twice: its IEEE twin, then the fast arithmetic */
-    for (int round = 0; round <= DP_OPTIM_COUNT; round++) {
-        int kind = round < DP_OPTIM_COUNT ? round : DP_OPTIM_ADAM;
+    static const dp_kernel_id ids[DP_OPTIM_COUNT] = {DP_K_SGD,     DP_K_MOMENTUM, DP_K_NESTEROV,
+                                                     DP_K_ADAGRAD, DP_K_ADAM,     DP_K_ADAM};
+    /* every kind with its IEEE twin, then adam and adamw with the fast
+     * arithmetic; the second pass of each with an L2 (or adamw's) weight
+     * decay */
+    for (int pass = 0; pass < 2 * (DP_OPTIM_COUNT + 2); pass++) {
+        int round = pass % (DP_OPTIM_COUNT + 2);
+        int kind = round < DP_OPTIM_COUNT ? round : round == DP_OPTIM_COUNT ? DP_OPTIM_ADAM
+                                                                           : DP_OPTIM_ADAMW;
         size_t n = 1003;
         dp_optim_config cfg = dp_optim_defaults((dp_optim_kind)kind);
+        cfg.weight_decay = pass < DP_OPTIM_COUNT + 2 ? 0.0f : 0.05f;
         dp_optim o, rates;
         dp_err err;
         REQUIRE(dp_optim_init(&o, &cfg, n, &err) == 0);
@@ -401,7 +406,8 @@ static void test_optim(void)
             dp_kernel k = {.id = ids[kind], .items = (long)n};
             k.u.optim = (dp_ka_optim){p_dev, g, s_dev, slots == 2 ? s_dev + n : NULL, &blk,
                                       cfg.momentum, cfg.beta1, cfg.beta2, cfg.eps,
-                                      dp_optim_adam_exact(&o)};
+                                      dp_optim_adam_exact(&o), cfg.weight_decay,
+                                      kind == DP_OPTIM_ADAMW};
             run(&k);
             sync_ok();
             double e = max_rel(p_dev, p_cpu, n, 1e-3);
@@ -413,9 +419,10 @@ static void test_optim(void)
             free(g), free(gs);
         }
         char what[64];
-        snprintf(what, sizeof what, "%s%s parameters and state, 5 updates",
+        snprintf(what, sizeof what, "%s%s wd %g parameters and state, 5 updates",
                  dp_optim_kind_name(cfg.kind),
-                 kind != DP_OPTIM_ADAM ? "" : dp_optim_adam_exact(&o) ? " (IEEE)" : " (fast)");
+                 kind < DP_OPTIM_ADAM ? "" : dp_optim_adam_exact(&o) ? " (IEEE)" : " (fast)",
+                 (double)cfg.weight_decay);
         /* the same operations, so the same bits (inputs far from the
          * denormals that dp_optim_apply's FTZ would flush) */
         report(what, ep > es ? ep : es, 0.0);
@@ -465,7 +472,7 @@ static void test_graph(void)
     dp_backend_sim.gemm(ctx, &gm);
     dp_backend_sim.copy(ctx, dst, src, sizeof src, DP_COPY_H2D);
     dp_kernel s = {.id = DP_K_SGD, .items = 4};
-    s.u.optim = (dp_ka_optim){p, g, NULL, NULL, &blk, 0, 0, 0, 0, 0};
+    s.u.optim = (dp_ka_optim){p, g, NULL, NULL, &blk, 0, 0, 0, 0, 0, 0, 0};
     run(&s);
     REQUIRE(dp_backend_sim.capture_end(ctx, &graph, msg, sizeof msg) == 0);
     sync_ok();

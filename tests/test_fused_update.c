@@ -16,14 +16,16 @@
 #include "downpour/optim.h"
 #include "downpour/rng.h"
 
-static const dp_optim_kind kinds[] = {DP_OPTIM_SGD, DP_OPTIM_MOMENTUM, DP_OPTIM_NESTEROV,
-                                      DP_OPTIM_ADAGRAD, DP_OPTIM_ADAM};
+static const dp_optim_kind kinds[] = {DP_OPTIM_SGD,     DP_OPTIM_MOMENTUM, DP_OPTIM_NESTEROV,
+                                      DP_OPTIM_ADAGRAD, DP_OPTIM_ADAM,     DP_OPTIM_ADAMW};
 #define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
 static dp_optim_config config(dp_optim_kind kind)
 {
     dp_optim_config c = dp_optim_defaults(kind);
     c.lr *= 3.0f; /* big enough that the parameters move every step */
+    if (kind == DP_OPTIM_MOMENTUM || kind == DP_OPTIM_ADAGRAD)
+        c.weight_decay = 0.01f; /* L2 (adamw decays by its default) */
     return c;
 }
 

@@ -171,8 +171,13 @@ static void test_defaults_and_parse(void)
     CHECK(dp_optim_slots(DP_OPTIM_NESTEROV) == 1);
     CHECK(dp_optim_slots(DP_OPTIM_ADAGRAD) == 1);
     CHECK(dp_optim_slots(DP_OPTIM_ADAM) == 2);
+    CHECK(dp_optim_slots(DP_OPTIM_ADAMW) == 2);
+    c = dp_optim_defaults(DP_OPTIM_ADAMW); /* PyTorch's AdamW default decay */
+    CHECK(c.lr == 0.001f && c.weight_decay == 0.01f && c.beta1 == 0.9f);
+    for (int k = 0; k < DP_OPTIM_ADAMW; k++)
+        CHECK(dp_optim_defaults((dp_optim_kind)k).weight_decay == 0.0f);
 
-    const char *names[] = {"sgd", "momentum", "nesterov", "adagrad", "adam"};
+    const char *names[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", "adamw"};
     for (int k = 0; k < DP_OPTIM_COUNT; k++) {
         dp_optim_kind kind = DP_OPTIM_COUNT;
         dp_err err;
@@ -182,8 +187,8 @@ static void test_defaults_and_parse(void)
     }
     dp_err err = {{0}};
     dp_optim_kind kind = DP_OPTIM_SGD;
-    CHECK(dp_optim_parse_kind("adamw", &kind, &err) == -1);
-    CHECK(strstr(err.msg, "adamw") != NULL);
+    CHECK(dp_optim_parse_kind("rmsprop", &kind, &err) == -1);
+    CHECK(strstr(err.msg, "rmsprop") != NULL && strstr(err.msg, "adamw") != NULL);
     CHECK(strstr(err.msg, "sgd") && strstr(err.msg, "nesterov") && strstr(err.msg, "adam"));
     CHECK(kind == DP_OPTIM_SGD);
     CHECK(dp_optim_parse_kind("", &kind, &err) == -1);
@@ -202,6 +207,16 @@ static void test_init_errors(void)
     c.lr = NAN;
     CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
     CHECK(strstr(err.msg, "learning rate") != NULL);
+    c = dp_optim_defaults(DP_OPTIM_MOMENTUM);
+    c.weight_decay = -0.1f;
+    CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
+    CHECK(strstr(err.msg, "weight decay") != NULL);
+    c.weight_decay = INFINITY;
+    CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
+    c = dp_optim_defaults(DP_OPTIM_ADAMW);
+    c.lr = 0.5f, c.weight_decay = 2.0f; /* p *= 1 - 1 each step */
+    CHECK(dp_optim_init(&o, &c, 10, &err) == -1);
+    CHECK(strstr(err.msg, "adamw") != NULL && strstr(err.msg, "below 1") != NULL);
 
     /* adagrad state starts at the initial accumulator; sgd keeps no state */
     c = dp_optim_defaults(DP_OPTIM_ADAGRAD);
@@ -296,11 +311,11 @@ static float spread_grad(int i, int s)
  * exercise every vector body and tail, with gradients spanning zero, denormal,
  * tiny, ordinary and huge magnitudes; and each is within the fast/exact
  * tolerance of the IEEE twin. */
-static void test_adam_paths_agree(void)
+static void test_adam_paths_agree(const dp_optim_config *cfg)
 {
     enum { LEN = 1031, STEPS = 5 };
     static float p[DP_ISA_COUNT][LEN], st[DP_ISA_COUNT][2 * LEN], g[LEN], pe[LEN];
-    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    dp_optim_config c = *cfg;
     int ran[DP_ISA_COUNT] = {0}, paths = 0;
     dp_isa top = dp_isa_max();
     for (int l = 0; l <= (int)top; l++) {
@@ -327,7 +342,8 @@ static void test_adam_paths_agree(void)
         for (int q = 0; q < l; q++)
             CHECKF(!ran[q] || (memcmp(p[q], p[l], sizeof p[l]) == 0 &&
                                memcmp(st[q], st[l], sizeof st[l]) == 0),
-                   "fast Adam: the %s path differs from the %s path", dp_isa_name((dp_isa)l),
+                   "fast %s (wd %g): the %s path differs from the %s path",
+                   dp_optim_kind_name(c.kind), (double)c.weight_decay, dp_isa_name((dp_isa)l),
                    dp_isa_name((dp_isa)q));
     }
     /* the exact twin on the same gradients */
@@ -348,12 +364,99 @@ static void test_adam_paths_agree(void)
         worst = d / tol > worst ? d / tol : worst;
     }
     CHECKF(worst <= 1.0, "fast Adam is %.2f tolerances from the IEEE one", worst);
-    fprintf(stderr, "fast Adam: %d instruction-set path(s) up to %s agree bit for bit; %.3f of "
-                    "the tolerance from the exact twin\n",
-            paths, dp_isa_name(top), worst);
+    fprintf(stderr, "fast %s (wd %g): %d instruction-set path(s) up to %s agree bit for bit; "
+                    "%.3f of the tolerance from the exact twin\n",
+            dp_optim_kind_name(c.kind), (double)c.weight_decay, paths, dp_isa_name(top), worst);
     CHECK(paths >= 1 && ran[0]);
     dp_optim_force_isa(top);
     dp_optim_free(&e);
+}
+
+/* Weight decay against a naive double-precision reference of PyTorch's
+ * definitions over several steps with a changing learning rate: L2 (g += wd
+ * p, torch.optim.SGD/Adagrad/Adam's weight_decay) on the Keras update of
+ * every kind, and adamw's decoupled p *= 1 - lr wd before adam's update
+ * (torch.optim.AdamW).  Both the IEEE twin and the fast Adam. */
+static void test_weight_decay_reference(void)
+{
+    enum { STEPS = 7 };
+    for (int pass = 0; pass < DP_OPTIM_COUNT + 2; pass++) {
+        dp_optim_kind kind = pass < DP_OPTIM_COUNT ? (dp_optim_kind)pass
+                             : pass == DP_OPTIM_COUNT ? DP_OPTIM_ADAM : DP_OPTIM_ADAMW;
+        int fast = pass >= DP_OPTIM_COUNT;
+        dp_optim_config c = dp_optim_defaults(kind);
+        c.weight_decay = kind == DP_OPTIM_ADAMW ? 0.1f : 0.05f;
+        c.lr = 0.05f;
+        dp_optim o;
+        dp_err err;
+        REQUIRE(dp_optim_init(&o, &c, N, &err) == 0);
+        o.exact = !fast;
+        float p[N];
+        double q[N], s0[N] = {0}, s1[N] = {0};
+        for (int i = 0; i < N; i++) {
+            p[i] = p0[i], q[i] = p0[i];
+            s0[i] = kind == DP_OPTIM_ADAGRAD ? c.initial_accumulator : 0;
+        }
+        double worst = 0;
+        for (int t = 1; t <= STEPS; t++) {
+            float lr = c.lr * (1.0f - 0.1f * (float)t); /* a schedule's rate */
+            float g[N];
+            for (int i = 0; i < N; i++)
+                g[i] = g0[i] * (float)(t % 3 - 1) + 0.01f * (float)i;
+            dp_optim_apply(&o, p, g, lr);
+            double wd = c.weight_decay, mu = c.momentum, b1 = c.beta1, b2 = c.beta2;
+            for (int i = 0; i < N; i++) {
+                double gi = g[i] + (kind == DP_OPTIM_ADAMW ? 0 : wd * q[i]);
+                switch (kind) {
+                case DP_OPTIM_SGD: q[i] -= lr * gi; break;
+                case DP_OPTIM_MOMENTUM:
+                    s0[i] = mu * s0[i] - lr * gi;
+                    q[i] += s0[i];
+                    break;
+                case DP_OPTIM_NESTEROV:
+                    s0[i] = mu * s0[i] - lr * gi;
+                    q[i] += mu * s0[i] - lr * gi;
+                    break;
+                case DP_OPTIM_ADAGRAD:
+                    s0[i] += gi * gi;
+                    q[i] -= lr * gi / (sqrt(s0[i]) + c.eps);
+                    break;
+                default: { /* adam, adamw */
+                    if (kind == DP_OPTIM_ADAMW)
+                        q[i] *= 1.0 - lr * wd;
+                    s0[i] = b1 * s0[i] + (1 - b1) * gi;
+                    s1[i] = b2 * s1[i] + (1 - b2) * gi * gi;
+                    double lr_t = lr * sqrt(1 - pow(b2, t)) / (1 - pow(b1, t));
+                    q[i] -= lr_t * s0[i] / (sqrt(s1[i]) + c.eps);
+                    break;
+                }
+                }
+                double d = fabs(p[i] - q[i]);
+                worst = d > worst ? d : worst;
+            }
+        }
+        CHECKF(worst <= 2e-6, "%s%s with weight decay %g: %g from the reference after %d steps",
+               dp_optim_kind_name(kind), fast ? " (fast)" : "", (double)c.weight_decay, worst,
+               STEPS);
+        dp_optim_free(&o);
+    }
+    /* the decay itself: a zero gradient leaves only it */
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAMW);
+    c.weight_decay = 0.5f, c.lr = 0.1f;
+    dp_optim o;
+    dp_err err;
+    REQUIRE(dp_optim_init(&o, &c, 1, &err) == 0);
+    float p = 2.0f, zero = 0.0f;
+    dp_optim_apply(&o, &p, &zero, c.lr);
+    CHECK(p == 2.0f * (1.0f - 0.1f * 0.5f));
+    dp_optim_free(&o);
+    c = dp_optim_defaults(DP_OPTIM_SGD);
+    c.weight_decay = 0.5f, c.lr = 0.1f;
+    REQUIRE(dp_optim_init(&o, &c, 1, &err) == 0);
+    p = 2.0f;
+    dp_optim_apply(&o, &p, &zero, c.lr);
+    CHECK(p == 2.0f - 0.1f * (0.5f * 2.0f));
+    dp_optim_free(&o);
 }
 
 int main(void)
@@ -368,6 +471,13 @@ int main(void)
     test_init_errors();
     test_denormals_flushed();
     test_adam_fast_matches_exact();
-    test_adam_paths_agree();
+    dp_optim_config c = dp_optim_defaults(DP_OPTIM_ADAM);
+    test_adam_paths_agree(&c);
+    c.weight_decay = 0.03f; /* L2 */
+    test_adam_paths_agree(&c);
+    c = dp_optim_defaults(DP_OPTIM_ADAMW);
+    c.weight_decay = 0.2f;
+    test_adam_paths_agree(&c);
+    test_weight_decay_reference();
     return CHECK_DONE();
 }

@@ -3,9 +3,10 @@
  * --resume ends with weights bitwise equal to the uninterrupted run's, for
  * single, ps-sync (chief, 2 workers, 1 ps), model-avg and allreduce (2
  * replicas), with sgd and adam; ps-async resumes and reaches the fault-free
- * accuracy.  And exact equalities between strategies: ps-async with one
- * worker is single, bitwise (sgd); model-avg with --period 1 is ps-sync
- * within float noise (sgd). */
+ * accuracy; the training options (weight decay, clipping, warm-up,
+ * augmentation) resume bit for bit too.  And exact equalities between
+ * strategies: ps-async with one worker is single, bitwise (sgd); model-avg
+ * with --period 1 is ps-sync within float noise (sgd). */
 #include "proc.h"
 
 #define SMALL "--dataset mnist --model 784-64-10 --train-size 3000 --val-size 500 --epochs 3 " \
@@ -27,15 +28,22 @@ static int same_file(const char *a, const char *b)
     return same;
 }
 
+/* The training options of docs/training.md, all at once: weight decay,
+ * clipping that binds, a warm-up, and augmentation drawn per record and
+ * epoch. */
+#define OPTIONS "--weight-decay 0.05 --clip-norm 0.5 --warmup-steps 20 --augment crop:2,flip"
+
 /* Trains uninterrupted, then kills every process after step 33 (the
- * checkpoints fall every 7 steps, last at 28), resumes, and compares. */
-static void resume_is_exact(const char *name, const char *launch, const char *strategy,
-                            const char *optimizer)
+ * checkpoints fall every 7 steps, last at 28), resumes, and compares;
+ * with_options adds OPTIONS. */
+static void resume_is_exact_with(const char *name, const char *launch, const char *strategy,
+                                 const char *optimizer, int with_options)
 {
     char full[256], part[256];
     snprintf(full, sizeof full, "%s-%s-full.safetensors", name, optimizer);
     snprintf(part, sizeof part, "%s-%s-part.safetensors", name, optimizer);
-    const char *args = "--checkpoint-every 7 --lr-schedule cosine";
+    const char *args = with_options ? "--checkpoint-every 7 --lr-schedule cosine " OPTIONS
+                                    : "--checkpoint-every 7 --lr-schedule cosine";
     int rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --optimizer %s " SMALL
                      " %s --checkpoint-dir %s/%s-%s-a --save %s/%s",
                      bin, launch, strategy, optimizer, args, tmp, name, optimizer, tmp, full);
@@ -61,6 +69,12 @@ static void resume_is_exact(const char *name, const char *launch, const char *st
            checkpoint_max_diff(full, part));
 }
 
+static void resume_is_exact(const char *name, const char *launch, const char *strategy,
+                            const char *optimizer)
+{
+    resume_is_exact_with(name, launch, strategy, optimizer, 0);
+}
+
 static double test_accuracy(const char *metrics)
 {
     char path[1200];
@@ -82,6 +96,18 @@ int main(void)
         resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", optimizers[i]);
     }
     resume_is_exact("model-avg", ps, "model-avg --period 4", "adam");
+    /* the training options: adamw's decay, clipping, the warm-up and the
+     * augmentation's draws resume bit for bit */
+    resume_is_exact_with("single-options", "", "single", "adamw", 1);
+    resume_is_exact_with("ps-sync-options", ps, "ps-sync", "adamw", 1);
+    resume_is_exact_with("allreduce-options", "launch --workers 2 --", "allreduce", "momentum", 1);
+    /* and a checkpoint of a run with other options is refused, naming them */
+    int rc0 = run_cmd(err, sizeof err, "%s train --optimizer adamw " SMALL " --checkpoint-every 7 "
+                      "--lr-schedule cosine --weight-decay 0.05 --clip-norm 0.5 --warmup-steps 20 "
+                      "--augment crop:3,flip --checkpoint-dir %s/single-options-adamw-b --resume",
+                      bin, tmp);
+    CHECKF(rc0 != 0 && strstr(err, "its augment=crop:2,flip, this run's augment=crop:3,flip"),
+           "resuming with another --augment: %d %s", rc0, err);
 
     /* --resume with nothing to resume from starts fresh, and says so. */
     int rc = run_cmd(err, sizeof err, "%s train " SMALL " --epochs 1 --checkpoint-dir %s/empty "

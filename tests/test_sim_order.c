@@ -293,8 +293,8 @@ static void xent(void)
 /* Each optimiser's kernel over three updates: parameters and state. */
 static void optimisers(void)
 {
-    static const dp_kernel_id ids[DP_OPTIM_COUNT] = {DP_K_SGD, DP_K_MOMENTUM, DP_K_NESTEROV,
-                                                     DP_K_ADAGRAD, DP_K_ADAM};
+    static const dp_kernel_id ids[DP_OPTIM_COUNT] = {DP_K_SGD,     DP_K_MOMENTUM, DP_K_NESTEROV,
+                                                     DP_K_ADAGRAD, DP_K_ADAM,     DP_K_ADAM};
     size_t n = 1003;
     for (int kind = 0; kind < DP_OPTIM_COUNT; kind++) {
         dp_optim_config cfg = dp_optim_defaults((dp_optim_kind)kind);
@@ -304,7 +304,7 @@ static void optimisers(void)
             dp_step_block blk = {0.01f * (1 + step), 0.003f, step == 1 ? 0.5f : 1.0f, 0};
             dp_kernel k = {.id = ids[kind], .items = (long)n};
             k.u.optim = (dp_ka_optim){p, g, s, s + n, &blk, cfg.momentum, cfg.beta1, cfg.beta2,
-                                      cfg.eps, 0};
+                                      cfg.eps, 0, cfg.weight_decay, kind == DP_OPTIM_ADAMW};
             go(&k);
             sync_ok();
             free(g);

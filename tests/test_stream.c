@@ -10,7 +10,9 @@
  * policy, thread and inline); the stream's peak bytes stay
  * under the bound, which stays under the dataset's bytes; a record damaged
  * after counting fails the batch naming the file and the record; closing
- * mid-epoch joins the reader.  Float features come through exact.  Through
+ * mid-epoch joins the reader.  Float features come through exact.  With
+ * --augment each record gets the values a gather from memory gives it, in
+ * either reader mode and after a seek.  Through
  * the batcher, a small MLP trained on streamed batches ends with the same
  * bits as one trained on the same records gathered from memory.
  *
@@ -30,6 +32,7 @@
 
 #include "check.h"
 #include "example_file.h"
+#include "downpour/augment.h"
 #include "downpour/dataset.h"
 #include "downpour/example.h"
 #include "downpour/model.h"
@@ -306,6 +309,61 @@ static void test_epochs(const ds *d, const char *mode)
     /* another seed: another order */
     s = open_ok(d, DP_SHARD_OFF, 0, 1, 43, 1, 32);
     CHECK(epoch_ids(s, 0, c, 32) == N && memcmp(c, a, sizeof(uint32_t) * N) != 0);
+    dp_stream_close(s);
+}
+
+/* --augment on a stream: each record gets the values a gather from memory
+ * gives it (the draw keyed on its index in the split, not on its place in
+ * the window), so an epoch's rows are, as a set, the in-memory split's
+ * augmented rows; a seek continues the augmented epoch. */
+static float aug_rows[2][(size_t)N * DIM], aug_ref[(size_t)N * DIM];
+static uint8_t aug_images[(size_t)N * DIM], aug_labels[N];
+
+static int cmp_row(const void *x, const void *y) { return memcmp(x, y, DIM * sizeof(float)); }
+
+static void test_augment(const ds *d, const char *mode)
+{
+    setenv("DOWNPOUR_STREAM_READER", mode, 1);
+    dp_err err;
+    dp_augment au;
+    REQUIRE(dp_augment_parse("crop:3,flip", &au, &err) == 0);
+    au.seed = 7;
+    const dp_record_shape *sh = &d->files.shape;
+    REQUIRE(dp_augment_check(&au, sh->rows, sh->cols, sh->channels, sh->dim, &err) == 0);
+    for (uint32_t id = 0; id < N; id++) {
+        pixels_of(aug_images + (size_t)id * DIM, id);
+        aug_labels[id] = (uint8_t)(id % 10);
+    }
+    dp_split mem = {.images = aug_images, .labels = aug_labels, .n = N, .dim = DIM};
+    dp_stream *s = open_ok(d, DP_SHARD_OFF, 0, 1, 42, 1, 32);
+    dp_stream_augment(s, &au);
+    for (long e = 0; e < 2; e++) {
+        REQUIRE(dp_stream_start_epoch(s, e, &err) == 0);
+        uint32_t n = 0;
+        int got;
+        while ((got = dp_stream_next(s, aug_rows[e] + (size_t)n * DIM, yb, 32, &err)) > 0)
+            n += (uint32_t)got;
+        REQUIRE(n == N);
+        for (uint32_t id = 0; id < N; id++)
+            dp_split_gather_augment(aug_ref + (size_t)id * DIM, NULL, &mem, &id, 1, &au, e);
+        static float sorted[(size_t)N * DIM];
+        memcpy(sorted, aug_rows[e], sizeof sorted);
+        qsort(sorted, N, DIM * sizeof(float), cmp_row);
+        qsort(aug_ref, N, DIM * sizeof(float), cmp_row);
+        CHECKF(memcmp(sorted, aug_ref, sizeof sorted) == 0,
+               "%s: epoch %ld's streamed rows are not the split's augmented rows", mode, e);
+    }
+    CHECK(memcmp(aug_rows[0], aug_rows[1], sizeof aug_rows[0]) != 0);
+    /* a seek into epoch 1 continues it, augmented alike */
+    REQUIRE(dp_stream_start_epoch(s, 1, &err) == 0);
+    REQUIRE(dp_stream_seek(s, 500, &err) == 0);
+    static float rest[(size_t)N * DIM];
+    uint32_t n = 0;
+    int got;
+    while ((got = dp_stream_next(s, rest + (size_t)n * DIM, yb, 32, &err)) > 0)
+        n += (uint32_t)got;
+    CHECK(n == N - 500 &&
+          memcmp(rest, aug_rows[1] + (size_t)500 * DIM, (size_t)n * DIM * sizeof(float)) == 0);
     dp_stream_close(s);
 }
 
@@ -1054,6 +1112,8 @@ int main(void)
     test_epochs(&d, "thread");
     test_epochs(&d, "inline");
     test_modes_agree(&d);
+    test_augment(&d, "thread");
+    test_augment(&d, "inline");
     test_shards(&d);
     test_file_order(&d);
     test_bounds(&d);

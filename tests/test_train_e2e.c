@@ -80,7 +80,7 @@ int main(void)
     CHECK(run_cmd(err, sizeof err, "%s train --bogus 3", bin) == 2 && strstr(err, "--bogus"));
     CHECK(run_cmd(err, sizeof err, "%s train --batch 12x", bin) == 2 && strstr(err, "--batch"));
     CHECK(run_cmd(err, sizeof err, "%s train --batch 0", bin) == 2 && strstr(err, "--batch"));
-    CHECK(run_cmd(err, sizeof err, "%s train --optimizer adamw", bin) == 2 && strstr(err, "adamw"));
+    CHECK(run_cmd(err, sizeof err, "%s train --optimizer rmsprop", bin) == 2 && strstr(err, "rmsprop"));
     CHECK(run_cmd(err, sizeof err, "%s train --model 784-0-10 --epochs 1", bin) == 1 && strstr(err, "784-0-10"));
     CHECK(run_cmd(err, sizeof err, "%s train --dataset %s/nowhere --epochs 1", bin, tmp) == 1 &&
           strstr(err, "nowhere"));

@@ -191,6 +191,7 @@ typedef struct dp_batcher {
     dp_shard_policy stream_policy;
     int stream_index, stream_count, stream_failed;
     dp_err err;          /* why dp_batcher_next returned -1 */
+    const struct dp_augment *augment; /* training batches' augmentation (augment.h), or NULL */
 } dp_batcher;
 
 /* Owns the records of shard `shard_index` of `shard_count` under `policy`.
@@ -213,6 +214,10 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch);
  * data (a device gathers them itself: device.h); -1 with b->err for a
  * streamed split, whose records are not in memory. */
 int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch);
+/* From now on dp_batcher_next augments each record as a (augment.h) draws
+ * it for (the epoch, its index in the split); a must outlive the batcher.
+ * A streamed split is refused (its records come without their index). */
+int dp_batcher_augment(dp_batcher *b, const struct dp_augment *a, dp_err *err);
 /* Skips to position pos of the epoch's order (a resumed run's place in
  * its epoch); past the end means the epoch is over. */
 void dp_batcher_seek(dp_batcher *b, uint32_t pos);

@@ -5,7 +5,12 @@
  *   momentum:  v = mu v - lr g;  p += v            (nesterov: p += mu v - lr g)
  *   adagrad:   a += g^2;  p -= lr g / (sqrt(a) + eps)      a starts at 0.1
  *   adam:      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
- *              p -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)   */
+ *              p -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)
+ *   adamw:     p *= 1 - lr wd, then adam's update (decoupled weight decay, as
+ *              torch.optim.AdamW; default wd 0.01)
+ * With a weight decay wd, every other kind first takes g += wd p (L2, as the
+ * weight_decay of torch.optim.SGD, Adagrad and Adam).  wd = 0 (the default)
+ * leaves the arithmetic, and so the bits, as without it. */
 #ifndef DOWNPOUR_OPTIM_H
 #define DOWNPOUR_OPTIM_H
 
@@ -20,6 +25,7 @@ typedef enum dp_optim_kind {
     DP_OPTIM_NESTEROV,
     DP_OPTIM_ADAGRAD,
     DP_OPTIM_ADAM,
+    DP_OPTIM_ADAMW,
     DP_OPTIM_COUNT
 } dp_optim_kind;
 
@@ -30,6 +36,7 @@ typedef struct dp_optim_config {
     float beta1, beta2;  /* adam */
     float eps;           /* adagrad, adam */
     float initial_accumulator; /* adagrad */
+    float weight_decay;  /* adamw: decoupled; the others: L2 on the gradient (0: none) */
 } dp_optim_config;
 
 typedef struct dp_optim {
@@ -42,16 +49,18 @@ typedef struct dp_optim {
 } dp_optim;
 
 /* Keras defaults for a kind: sgd lr 0.01; momentum/nesterov lr 0.01 mu 0.9;
- * adagrad lr 0.001 acc 0.1 eps 1e-7; adam lr 0.001 b 0.9/0.999 eps 1e-7. */
+ * adagrad lr 0.001 acc 0.1 eps 1e-7; adam lr 0.001 b 0.9/0.999 eps 1e-7;
+ * adamw as adam with PyTorch's weight decay 0.01.  The others: no decay. */
 dp_optim_config dp_optim_defaults(dp_optim_kind kind);
-/* "sgd", "momentum", "nesterov", "adagrad", "adam"; -1 with a message if unknown. */
+/* "sgd", "momentum", "nesterov", "adagrad", "adam", "adamw"; -1 with a message if unknown. */
 int dp_optim_parse_kind(const char *name, dp_optim_kind *out, dp_err *err);
 const char *dp_optim_kind_name(dp_optim_kind kind);
 /* Number of state slots (0, 1 or 2) a kind keeps per parameter. */
 int dp_optim_slots(dp_optim_kind kind);
 
 /* Checks cfg (finite lr >= 0, momentum in [0,1], betas in [0,1), eps and the
- * initial accumulator >= 0) and allocates the zeroed state (adagrad's at the
+ * initial accumulator >= 0, weight decay finite and >= 0, and for adamw
+ * lr * wd < 1) and allocates the zeroed state (adagrad's at the
  * initial accumulator); slot k is at state + k*n. */
 int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err);
 void dp_optim_free(dp_optim *o); /* safe on a zeroed or freed optimiser */
@@ -71,8 +80,10 @@ void dp_optim_apply(dp_optim *o, float *params, const float *grads, float lr);
  * fall, so pieces that tile [0, n) give the bits of dp_optim_apply.
  * params and grads are the bases of the whole range, as for dp_optim_apply. */
 typedef struct dp_optim_step {
-    float lr;   /* this update's learning rate */
-    float lr_t; /* adam's bias-corrected rate */
+    float lr;    /* this update's learning rate */
+    float lr_t;  /* adam's bias-corrected rate */
+    float l2;    /* g += l2 p first (0: none; adamw: 0) */
+    float decay; /* adamw: p *= decay first, 1 - lr wd rounded as written (1: none) */
 } dp_optim_step;
 dp_optim_step dp_optim_begin(dp_optim *o, float lr);
 void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *params,

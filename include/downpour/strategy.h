@@ -167,6 +167,11 @@ typedef struct dp_strategy_ops {
                             "Strategies"); 0: the CPU only */
     int buffers;         /* 1: trains models with buffers (batch norm), by its rule in
                             docs/strategies.md, "Buffers"; 0: refuses them */
+    const char *no_clip; /* NULL: it clips the whole gradient by --clip-norm
+                            (docs/training.md, "Gradient clipping"); else why it
+                            cannot, which the loop's refusal quotes */
+    const char *no_clip_device; /* NULL: it clips on --device too (the gradient
+                            comes to the host: host staging); else why not */
     unsigned survives;   /* DP_ROLE_BIT(role) for each role whose failed task the
                             run goes on without, and which rejoins when restarted
                             (docs/faults.md); the launcher asks it */

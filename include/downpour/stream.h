@@ -123,6 +123,12 @@ uint64_t dp_stream_decoded(const dp_stream *s);
  * records is the same either way. */
 int dp_stream_threaded(const dp_stream *s);
 
+/* From now on dp_stream_next augments each record as a (augment.h) draws
+ * it for (the epoch, its index in the split): the same values a gather from
+ * memory gives it.  a must outlive the stream; NULL: none. */
+struct dp_augment;
+void dp_stream_augment(dp_stream *s, const struct dp_augment *a);
+
 void dp_stream_close(dp_stream *s); /* NULL is a no-op */
 
 #endif

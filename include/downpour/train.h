@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "downpour/augment.h"
 #include "downpour/dataset.h"
 #include "downpour/device.h"
 #include "downpour/model.h"
@@ -19,17 +20,31 @@
 
 #define DP_LBFGS_DEFAULT_PORTION 1000
 
-/* Learning rate over the run: constant (Keras's default) or a cosine decay
- * from lr to 0 over every step of every epoch. */
+/* Learning rate over the run (docs/training.md, "Learning-rate schedule"):
+ * constant (Keras's default), a cosine decay from lr to 0 over the steps
+ * after the warm-up, or a step decay by gamma every step_every steps of the
+ * run (torch's StepLR); all after an optional linear warm-up. */
 typedef enum dp_lr_schedule {
     DP_LR_CONSTANT,
     DP_LR_COSINE,
+    DP_LR_STEP,
     DP_LR_COUNT
 } dp_lr_schedule;
 
+typedef struct dp_lr_plan {
+    dp_lr_schedule schedule;
+    long warmup;     /* steps of linear warm-up: step k < warmup runs at (k+1)/warmup (0: none) */
+    long step_every; /* step: steps between decays (> 0) */
+    float gamma;     /* step: the factor at each decay */
+} dp_lr_plan;
+
 int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err);
-/* The factor on lr after `done` of `total` steps. */
-float dp_lr_scale(dp_lr_schedule s, long done, long total);
+const char *dp_lr_schedule_name(dp_lr_schedule s);
+/* The factor on lr of the step after `done` of `total` steps: the warm-up's
+ * (done+1)/warmup while done < warmup, times cosine's
+ * 0.5 (1 + cos(pi (done - warmup) / (total - warmup))) (1 in the warm-up),
+ * or step's gamma^floor(done / step_every). */
+float dp_lr_scale(const dp_lr_plan *p, long done, long total);
 
 /* allreduce: whether gradient buckets are reduced while backprop goes on
  * (reducer.h).  AUTO, the default, measures and picks the faster. */
@@ -63,6 +78,13 @@ typedef struct dp_train_config {
     int epochs;
     dp_optim_config optim;
     dp_lr_schedule lr_schedule;
+    long warmup_steps;        /* linear warm-up over this many steps (0: none) */
+    int warmup_epochs;        /* or over this many epochs (0: none; not with warmup_steps) */
+    int lr_step_every;        /* step schedule: epochs between decays */
+    float lr_gamma;           /* step schedule: the factor at each decay (0.1) */
+    dp_augment augment;       /* training batches' crop and flip (pad and flip set; none: 0) */
+    float clip_norm;          /* clip the whole gradient to this global norm before each
+                                 update, as torch's clip_grad_norm_ (0: off) */
     float ema;                /* evaluate and save an exponential moving average of
                                  the parameters with this decay (0: the parameters) */
     bool keep_best;           /* report and save the epoch with the best validation
@@ -107,6 +129,10 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+/* --clip-norm against the strategy and the device (dp_train_run checks it
+ * too, before anything opens): 0, or -1 with a message naming the flag and
+ * the strategy's reason. */
+int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x

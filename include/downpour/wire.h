@@ -68,6 +68,7 @@ enum dp_wire_type {
     DP_WIRE_PIPE_STATS = DP_FRAME_APP(43),  /* stage -> position 0 at an epoch's end: 5 f64, 2 u32 (pipeline.c send_stats) */
     DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
     DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
+    DP_WIRE_PIPE_NORM = DP_FRAME_APP(46),   /* stage `offset` -> its replica's others: f64, the sum of squares of its part of the step's gradient (--clip-norm) */
     /* model parallelism (src/strategy/model_parallel.c); step = the training step */
     DP_WIRE_MP_ACT = DP_FRAME_APP(48),      /* task -> its replica's others: its columns of dense layer `offset`'s output, f32 (rows, units) */
     DP_WIRE_MP_STATS = DP_FRAME_APP(49),    /* task -> position 0 at epoch `step`'s end: 3 f64, u32 task (model_parallel.c send_stats) */
@@ -78,6 +79,7 @@ enum dp_wire_type {
     DP_WIRE_MP_ROWS = DP_FRAME_APP(53),     /* task -> a replica peer: rows [a, b) of image layer `offset`'s output that the peer's next layer reads (a halo, or its band for a whole-map layer), f32 (records, b-a, ow, oc) */
     DP_WIRE_MP_ROWS_GRAD = DP_FRAME_APP(54), /* task -> a replica peer: its part of the gradient at image layer `offset`'s output, rows [a, b), f32 (records, b-a, ow, oc); `offset` = the layer count: the part at the first dense layer's input, f32 (records, in) */
     DP_WIRE_MP_FILTERS = DP_FRAME_APP(55),  /* task -> a replica peer: conv layer `offset`'s filters it holds (weights then biases of its output channels), f32; `offset` + 64: its part of the peer's filters' gradient */
+    DP_WIRE_MP_NORM = DP_FRAME_APP(64),     /* task `offset` -> its replica's others: f64, the sum of squares of its slices' gradient (--clip-norm; also ps_family.c's replicas) */
     /* Sandblaster L-BFGS (src/strategy/lbfgs.c, lbfgs_shard.c, lbfgs_impl.h) */
     DP_WIRE_LB_OP = DP_FRAME_APP(56),       /* chief -> ps: vector op number `step`, LB_OP_BYTES (lbfgs_impl.h) */
     DP_WIRE_LB_DOTS = DP_FRAME_APP(57),     /* ps -> chief: answer to op `step`: u32 n, n f64 (partial dots; an evaluation's portion count) */

@@ -166,6 +166,9 @@ int cmd_train(int argc, char **argv)
     long batch = cfg.batch, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
+    double weight_decay = NAN, clip_norm = 0, lr_gamma = NAN;
+    long warmup_steps = 0, warmup_epochs = 0, lr_step_every = 0;
+    const char *augment = NULL;
     char lr_text[200], momentum_text[80];
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
@@ -217,12 +220,19 @@ int cmd_train(int argc, char **argv)
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"batch", CLI_INT, &batch, "N", "records per step", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
-        {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad or adam", 0, 0},
+        {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
-        {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant, or cosine decay to 0 over the run", 0, 0},
+        {"lr-schedule", CLI_STR, &lr_schedule, "NAME", "constant; cosine: decay to 0 over the run after the warm-up; step: times --lr-gamma every --lr-step-every epochs (torch's StepLR)", 0, 0},
+        {"lr-step-every", CLI_INT, &lr_step_every, "E", "--lr-schedule step: epochs between decays (required there)", 1, 100000},
+        {"lr-gamma", CLI_NUM, &lr_gamma, "G", "--lr-schedule step: the factor at each decay, in (0, 1] (default: 0.1)", -INFINITY, INFINITY},
+        {"augment", CLI_STR, &augment, "SPEC", "training images: crop:P (shift up to P pixels each way, zeros in: a random crop with padding P), flip (left-right, half the time), or crop:P,flip; drawn per record and epoch from --seed (default: none)", 0, 0},
+        {"warmup-steps", CLI_INT, &warmup_steps, "N", "raise the rate linearly over the first N steps (step k at lr*(k+1)/N), then the schedule (0: none)", 0, 1000000000000L},
+        {"warmup-epochs", CLI_INT, &warmup_epochs, "E", "the same warm-up over the first E epochs", 0, 100000},
         {"ema", CLI_NUM, &ema, "DECAY", "evaluate and save a moving average of the weights (0: off)", 0, 0.999999},
         {"keep-best", CLI_FLAG, &keep_best, NULL, "test and save the epoch with the best validation accuracy", 0, 0},
         {"momentum", CLI_NUM, &momentum, "X", momentum_text, -INFINITY, INFINITY},
+        {"clip-norm", CLI_NUM, &clip_norm, "C", "clip the whole gradient to global norm C before each update, as torch.nn.utils.clip_grad_norm_ (0: off)", -INFINITY, INFINITY},
+        {"weight-decay", CLI_NUM, &weight_decay, "W", "adamw: p -= lr*W*p each step (default 0.01); the others: L2, the gradient += W*p, as torch.optim's weight_decay (default 0)", -INFINITY, INFINITY},
         {"seed", CLI_INT, &seed, "N", "seed of the weights and of the data order", 0, 0x7fffffffL},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
         {"val-size", CLI_INT, &n_val, "N", "validation records (the next N)", 0, 100000000},
@@ -342,6 +352,72 @@ int cmd_train(int argc, char **argv)
         }
         cfg.optim.momentum = (float)momentum;
     }
+    if (!isnan(weight_decay)) {
+        if (!(weight_decay >= 0 && weight_decay <= 1e6)) {
+            fprintf(stderr, "downpour train: --weight-decay %g: the weight decay must be a finite "
+                            "number >= 0 (typical: 5e-4 with sgd, 0.01 to 0.1 with adamw)\n",
+                    weight_decay);
+            return 2;
+        }
+        cfg.optim.weight_decay = (float)weight_decay;
+    }
+    if (kind == DP_OPTIM_ADAMW && (double)cfg.optim.lr * cfg.optim.weight_decay >= 1.0) {
+        fprintf(stderr, "downpour train: --weight-decay %g: adamw multiplies every weight by "
+                        "1 - lr*W each step, so lr*W (%g * %g) must be below 1\n",
+                (double)cfg.optim.weight_decay, (double)cfg.optim.lr,
+                (double)cfg.optim.weight_decay);
+        return 2;
+    }
+    if (!(clip_norm >= 0 && clip_norm <= 1e30)) {
+        fprintf(stderr, "downpour train: --clip-norm %g: the largest gradient norm must be a "
+                        "finite number > 0 (0: no clipping)\n", clip_norm);
+        return 2;
+    }
+    cfg.clip_norm = (float)clip_norm;
+    if (warmup_steps > 0 && warmup_epochs > 0) {
+        fprintf(stderr, "downpour train: --warmup-steps and --warmup-epochs say the same thing "
+                        "twice: give one\n");
+        return 2;
+    }
+    if (warmup_epochs > epochs) {
+        fprintf(stderr, "downpour train: --warmup-epochs %ld: the warm-up is longer than the "
+                        "run (--epochs %ld)\n", warmup_epochs, epochs);
+        return 2;
+    }
+    cfg.warmup_steps = warmup_steps;
+    cfg.warmup_epochs = (int)warmup_epochs;
+    if (cfg.lr_schedule != DP_LR_STEP && (lr_step_every > 0 || !isnan(lr_gamma))) {
+        fprintf(stderr, "downpour train: --lr-step-every and --lr-gamma are for --lr-schedule "
+                        "step\n");
+        return 2;
+    }
+    if (cfg.lr_schedule == DP_LR_STEP && lr_step_every == 0) {
+        fprintf(stderr, "downpour train: --lr-schedule step needs --lr-step-every E, the epochs "
+                        "between decays (e.g. --lr-step-every 10 --lr-gamma 0.1)\n");
+        return 2;
+    }
+    if (!isnan(lr_gamma)) {
+        if (!(lr_gamma > 0 && lr_gamma <= 1)) {
+            fprintf(stderr, "downpour train: --lr-gamma %g: the factor at each decay must be in "
+                            "(0, 1]\n", lr_gamma);
+            return 2;
+        }
+        cfg.lr_gamma = (float)lr_gamma;
+    }
+    cfg.lr_step_every = (int)lr_step_every;
+    if (dp_augment_parse(augment, &cfg.augment, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    if (dp_augment_on(&cfg.augment) && cfg.device.kind != DP_DEVICE_CPU) {
+        fprintf(stderr, "downpour train: --augment: not with --device yet: the device gathers "
+                        "the records itself (docs/training.md)\n");
+        return 2;
+    }
+    if (dp_train_check_clip(&cfg, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
     cfg.dataset = dataset;
     if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {
         cfg.data.stream = stream[1] == 'u' ? -1 : stream[1] == 'n';
@@ -394,6 +470,14 @@ int cmd_train(int argc, char **argv)
                                  schedule || split,
                        &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
+    if (strcmp(strategy, "lbfgs") == 0 &&
+        (!isnan(weight_decay) || warmup_steps > 0 || warmup_epochs > 0 ||
+         cfg.lr_schedule == DP_LR_STEP)) {
+        fprintf(stderr, "downpour train: --weight-decay, --warmup-steps, --warmup-epochs and "
+                        "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
+                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n");
         return 2;
     }
     if (strcmp(strategy, "lbfgs") != 0 && (lbfgs_history != cfg.lbfgs_history || portion != 0)) {

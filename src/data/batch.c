@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/augment.h"
 #include "downpour/dataset.h"
 #include "downpour/isa.h"
 #include "downpour/pool.h"
@@ -277,9 +278,21 @@ int dp_batcher_next(dp_batcher *b, float *x, uint8_t *y, int batch)
         return dp_batcher_stream_next(b, x, y, batch);
     const uint32_t *idx = NULL;
     int k = take(b, batch, &idx);
-    if (k > 0)
+    long epoch = b->epoch > 0 ? b->epoch - 1 : 0; /* epochs started, so this one */
+    if (k > 0 && b->augment)
+        dp_split_gather_augment(x, y, b->split, idx, k, b->augment, epoch);
+    else if (k > 0)
         dp_split_gather(x, y, b->split, idx, k);
     return k;
+}
+
+int dp_batcher_augment(dp_batcher *b, const dp_augment *a, dp_err *err)
+{
+    (void)err;
+    b->augment = dp_augment_on(a) ? a : NULL;
+    if (b->stream) /* a streamed split: its stream keys each record's draw */
+        dp_stream_augment(b->stream, b->augment);
+    return 0;
 }
 
 int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch)

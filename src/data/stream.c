@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "convert.h"
+#include "downpour/augment.h"
 #include "downpour/clock.h"
 #include "downpour/stream.h"
 
@@ -51,6 +52,9 @@ struct dp_stream {
     /* the memory: slots, rings, window, file lists, the reserve for a reader */
     uint8_t *feat;    /* (slots, stride) */
     uint8_t *label;   /* (slots) */
+    uint32_t *rec;    /* (slots): each record's index in the split, which --augment's
+                         draw is keyed on */
+    const dp_augment *augment; /* the consumer's, or NULL (dp_stream_augment) */
     uint32_t slots;   /* window + queue */
     uint32_t window, queue;
     size_t alloc_bytes, reserve, bound;
@@ -287,6 +291,8 @@ static int produce(dp_stream *s, uint32_t id, size_t *reader_bytes, dp_err *err)
             return -1;
         if (rc == 0)
             return short_file(s, err);
+        s->rec[id] = (uint32_t)(s->src->files->files[s->order[s->fi]].first +
+                                dp_record_index(s->rd) - 1);
         s->left--;
         s->gap = s->policy == DP_SHARD_DATA ? s->w - 1 : 0;
         *reader_bytes = dp_record_reader_bytes(s->rd);
@@ -517,8 +523,12 @@ static int next_record(dp_stream *s, float *x, uint8_t *y, dp_err *err)
     uint32_t j = s->shuffle && s->count > 1 ? dp_rng_below(&s->rng, s->count) : 0;
     id = s->win[j];
     const uint8_t *f = s->feat + (size_t)id * s->stride;
-    if (x) {
-        if (s->src->shape.kind == DP_VALUES_U8)
+    int u8 = s->src->shape.kind == DP_VALUES_U8;
+    if (x && s->augment) /* the record's draw, as a gather from memory would make it */
+        dp_augment_record(x, u8 ? f : NULL, u8 ? NULL : (const float *)(const void *)f,
+                          s->rec[id], s->augment, s->epoch);
+    else if (x) {
+        if (u8)
             dp_bytes_to_unit(x, f, s->dim);
         else
             memcpy(x, f, (size_t)s->dim * sizeof *x);
@@ -749,7 +759,7 @@ static size_t stream_bytes(const dp_stream_source *src, size_t reserve, uint32_t
 {
     *rec = (size_t)src->shape.dim * dp_value_size(src->shape.kind);
     size_t stride = (*rec + 15) & ~(size_t)15;
-    size_t per_slot = stride + 1 + 2 * sizeof(uint32_t);
+    size_t per_slot = stride + 1 + 3 * sizeof(uint32_t); /* label, rec, two ring places */
     *per_win = per_slot + sizeof(uint32_t);
     return sizeof(dp_stream) + 2 * (size_t)nf * sizeof(uint32_t) + reserve +
            (size_t)queue * per_slot + (size_t)window * *per_win;
@@ -893,6 +903,7 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     s->nf = nf;
     s->feat = malloc((size_t)s->slots * stride);
     s->label = malloc(s->slots);
+    s->rec = malloc((size_t)s->slots * sizeof(uint32_t));
     s->free_ring = malloc((size_t)s->slots * sizeof(uint32_t));
     s->full_ring = malloc((size_t)s->slots * sizeof(uint32_t));
     s->win = malloc((size_t)s->window * sizeof(uint32_t));
@@ -901,13 +912,13 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
     int mu = pthread_mutex_init(&s->mu, NULL) == 0;
     int c1 = mu && pthread_cond_init(&s->can_read, NULL) == 0;
     int c2 = c1 && pthread_cond_init(&s->can_take, NULL) == 0;
-    if (!s->feat || !s->label || !s->free_ring || !s->full_ring || !s->win || !s->files ||
+    if (!s->feat || !s->label || !s->rec || !s->free_ring || !s->full_ring || !s->win || !s->files ||
         !s->order || !c2) {
         if (c1)
             pthread_cond_destroy(&s->can_read);
         if (mu)
             pthread_mutex_destroy(&s->mu);
-        free(s->feat), free(s->label), free(s->free_ring), free(s->full_ring), free(s->win);
+        free(s->feat), free(s->label), free(s->rec), free(s->free_ring), free(s->full_ring), free(s->win);
         free(s->files), free(s->order), free(s);
         return dp_errf(err, "stream: out of memory for %u records of %zu bytes",
                        (uint32_t)window + queue, rec);
@@ -922,6 +933,11 @@ int dp_stream_open(dp_stream **out, const dp_split *split, dp_shard_policy polic
 uint32_t dp_stream_records(const dp_stream *s) { return s ? s->records : 0; }
 uint32_t dp_stream_window(const dp_stream *s) { return s ? s->window : 0; }
 int dp_stream_threaded(const dp_stream *s) { return s ? s->threaded : 0; }
+
+void dp_stream_augment(dp_stream *s, const dp_augment *a)
+{
+    s->augment = dp_augment_on(a) ? a : NULL;
+}
 
 size_t dp_stream_peak_bytes(const dp_stream *s)
 {
@@ -953,6 +969,7 @@ void dp_stream_close(dp_stream *s)
     pthread_mutex_destroy(&s->mu);
     free(s->feat);
     free(s->label);
+    free(s->rec);
     free(s->free_ring);
     free(s->full_ring);
     free(s->win);

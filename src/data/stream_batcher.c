@@ -54,6 +54,7 @@ int dp_batcher_stream_next(dp_batcher *b, float *x, uint8_t *y, int batch)
             b->stream_failed = 1;
             return -1;
         }
+        dp_stream_augment(b->stream, b->augment);
     }
     int n = dp_stream_next(b->stream, x, y, batch, &b->err);
     if (n < 0)

@@ -238,13 +238,14 @@ static void update(dp_dmodel *g)
     static const dp_kernel_id ids[DP_OPTIM_COUNT] = {
         [DP_OPTIM_SGD] = DP_K_SGD,         [DP_OPTIM_MOMENTUM] = DP_K_MOMENTUM,
         [DP_OPTIM_NESTEROV] = DP_K_NESTEROV, [DP_OPTIM_ADAGRAD] = DP_K_ADAGRAD,
-        [DP_OPTIM_ADAM] = DP_K_ADAM,
+        [DP_OPTIM_ADAM] = DP_K_ADAM,       [DP_OPTIM_ADAMW] = DP_K_ADAM,
     };
     dp_kernel k = {.id = ids[c->kind], .items = (long)g->n_params};
     float *s1 = g->n_slots == 2 ? g->state + g->n_params : NULL;
     k.u.optim = (dp_ka_optim){g->params, g->grads, g->state, s1, g->block,
                               c->momentum, c->beta1, c->beta2, c->eps,
-                              dp_optim_adam_exact(&g->opt)};
+                              dp_optim_adam_exact(&g->opt), c->weight_decay,
+                              c->kind == DP_OPTIM_ADAMW};
     launch(g, &k);
     if (g->ema) { /* the average follows every update, as the loop's on the host */
         k.id = DP_K_EMA;

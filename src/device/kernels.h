@@ -232,7 +232,20 @@ typedef struct dp_ka_optim {   /* items n: one optimiser's update, optim.h's for
     const dp_step_block *step; /* lr, lr_t, scale */
     float mu, b1, b2, eps;
     int exact;                 /* adam: IEEE sqrt and division (dp_optim_adam_exact) */
+    float wd;                  /* weight decay: L2 on g, or adamw's when decoupled (0: none) */
+    int decoupled;             /* adamw: p *= 1 - lr wd before the update */
 } dp_ka_optim;
+
+/* optim.h's weight decay, as dp_optim_begin fixes it: g + wd p for every
+ * kind but adamw, whose decay 1 - lr wd is rounded here as there. */
+DP_HD float dp_k_l2(const dp_ka_optim *a, float g, long i)
+{
+    return a->wd != 0.0f && !a->decoupled ? g + a->wd * a->p[i] : g;
+}
+DP_HD float dp_k_decay(const dp_ka_optim *a)
+{
+    return a->decoupled ? 1.0f - a->step->lr * a->wd : 1.0f;
+}
 
 typedef struct dp_ka_ema { /* items n: --ema's average, a = decay a + rest p (loop.c's) */
     float *a;
@@ -376,13 +389,13 @@ DP_HD void dp_k_dropout(const dp_kernel *k, long i)
 DP_HD void dp_k_sgd(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
-    a->p[i] -= a->step->lr * (a->g[i] * a->step->scale);
+    a->p[i] -= a->step->lr * dp_k_l2(a, a->g[i] * a->step->scale, i);
 }
 
 DP_HD void dp_k_momentum(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
-    float g = a->g[i] * a->step->scale;
+    float g = dp_k_l2(a, a->g[i] * a->step->scale, i);
     float v = a->mu * a->s0[i] - a->step->lr * g;
     a->s0[i] = v;
     a->p[i] += v;
@@ -391,7 +404,7 @@ DP_HD void dp_k_momentum(const dp_kernel *k, long i)
 DP_HD void dp_k_nesterov(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
-    float g = a->g[i] * a->step->scale;
+    float g = dp_k_l2(a, a->g[i] * a->step->scale, i);
     float v = a->mu * a->s0[i] - a->step->lr * g;
     a->s0[i] = v;
     a->p[i] += a->mu * v - a->step->lr * g;
@@ -400,7 +413,7 @@ DP_HD void dp_k_nesterov(const dp_kernel *k, long i)
 DP_HD void dp_k_adagrad(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
-    float g = a->g[i] * a->step->scale;
+    float g = dp_k_l2(a, a->g[i] * a->step->scale, i);
     float acc = a->s0[i] + g * g;
     a->s0[i] = acc;
     a->p[i] -= a->step->lr * g / (sqrtf(acc) + a->eps);
@@ -411,17 +424,18 @@ DP_HD void dp_k_adagrad(const dp_kernel *k, long i)
 DP_HD void dp_k_adam(const dp_kernel *k, long i)
 {
     const dp_ka_optim *a = &k->u.optim;
-    float g = a->g[i] * a->step->scale;
+    float g = dp_k_l2(a, a->g[i] * a->step->scale, i), decay = dp_k_decay(a);
     if (a->exact) {
         float m = a->b1 * a->s0[i] + (1.0f - a->b1) * g;
         float v = a->b2 * a->s1[i] + (1.0f - a->b2) * g * g;
         a->s0[i] = m;
         a->s1[i] = v;
-        a->p[i] -= a->step->lr_t * m / (sqrtf(v) + a->eps);
+        float p = decay != 1.0f ? a->p[i] * decay : a->p[i];
+        a->p[i] = p - a->step->lr_t * m / (sqrtf(v) + a->eps);
         return;
     }
     dp_adam_fast_element(a->p + i, a->s0 + i, a->s1 + i, g, a->step->lr_t, a->b1, 1.0f - a->b1,
-                         a->b2, 1.0f - a->b2, a->eps);
+                         a->b2, 1.0f - a->b2, a->eps, 0.0f, decay);
 }
 
 DP_HD void dp_k_ema(const dp_kernel *k, long i)

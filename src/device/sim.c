@@ -448,9 +448,11 @@ static void pick_order(sim_ctx *c, long n, long *first, long *stride)
 __attribute__((target("avx2,fma"))) static void adam_forward_fma(const dp_kernel *k, long n)
 {
     const dp_ka_optim *a = &k->u.optim; /* dp_k_adam's fast half */
+    float decay = dp_k_decay(a);
     for (long i = 0; i < n; i++)
-        dp_adam_fast_element(a->p + i, a->s0 + i, a->s1 + i, a->g[i] * a->step->scale,
-                             a->step->lr_t, a->b1, 1.0f - a->b1, a->b2, 1.0f - a->b2, a->eps);
+        dp_adam_fast_element(a->p + i, a->s0 + i, a->s1 + i,
+                             dp_k_l2(a, a->g[i] * a->step->scale, i), a->step->lr_t, a->b1,
+                             1.0f - a->b1, a->b2, 1.0f - a->b2, a->eps, 0.0f, decay);
 }
 #endif
 

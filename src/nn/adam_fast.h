@@ -41,11 +41,17 @@ DP_ADAM_FN float dp_adam_bits_float(uint32_t u)
     return w.f;
 }
 
-/* One element: m and v move toward g (c1 = 1 - b1, c2 = 1 - b2, rounded
- * once by the caller), then p -= lr_t m / (sqrt(v) + eps). */
+/* One element: g += l2 p (an L2 weight decay; skipped when 0), m and v
+ * move toward g (c1 = 1 - b1, c2 = 1 - b2, rounded once by the caller),
+ * p *= decay (adamw's decoupled decay; skipped when 1), then
+ * p -= lr_t m / (sqrt(v) + eps).  The two skips depend on the scalars only,
+ * so every path takes them alike, and wd = 0 keeps the bits of Adam. */
 DP_ADAM_FN void dp_adam_fast_element(float *p, float *m, float *v, float g, float lr_t, float b1,
-                                     float c1, float b2, float c2, float eps)
+                                     float c1, float b2, float c2, float eps, float l2,
+                                     float decay)
 {
+    if (l2 != 0.0f)
+        g = g + l2 * *p;
     float mi = fmaf(b1, *m, c1 * g);
     float vi = fmaf(b2, *v, (c2 * g) * g);
     *m = mi;
@@ -58,7 +64,8 @@ DP_ADAM_FN void dp_adam_fast_element(float *p, float *m, float *v, float g, floa
     float r = dp_adam_bits_float(DP_ADAM_RCP_MAGIC - dp_adam_float_bits(d));
     for (int k = 0; k < 3; k++)
         r = r * fmaf(-d, r, 2.0f);
-    *p = fmaf(-(lr_t * mi), r, *p);
+    float p0 = decay != 1.0f ? *p * decay : *p;
+    *p = fmaf(-(lr_t * mi), r, p0);
 }
 
 #endif

@@ -40,6 +40,7 @@ static const char *const kind_names[DP_OPTIM_COUNT] = {
     [DP_OPTIM_NESTEROV] = "nesterov",
     [DP_OPTIM_ADAGRAD] = "adagrad",
     [DP_OPTIM_ADAM] = "adam",
+    [DP_OPTIM_ADAMW] = "adamw",
 };
 
 dp_optim_config dp_optim_defaults(dp_optim_kind kind)
@@ -51,6 +52,7 @@ dp_optim_config dp_optim_defaults(dp_optim_kind kind)
     case DP_OPTIM_NESTEROV: c.momentum = 0.9f; break;
     case DP_OPTIM_ADAGRAD:
     case DP_OPTIM_ADAM: c.lr = 0.001f; break;
+    case DP_OPTIM_ADAMW: c.lr = 0.001f, c.weight_decay = 0.01f; break; /* PyTorch's */
     default: break;
     }
     return c;
@@ -65,7 +67,7 @@ int dp_optim_parse_kind(const char *name, dp_optim_kind *out, dp_err *err)
         }
     }
     return dp_errf(err, "unknown optimizer '%s' (expected one of: sgd, momentum, nesterov, "
-                        "adagrad, adam)",
+                        "adagrad, adam, adamw)",
                    name ? name : "");
 }
 
@@ -80,10 +82,13 @@ int dp_optim_slots(dp_optim_kind kind)
     case DP_OPTIM_MOMENTUM:
     case DP_OPTIM_NESTEROV:
     case DP_OPTIM_ADAGRAD: return 1;
-    case DP_OPTIM_ADAM: return 2;
+    case DP_OPTIM_ADAM:
+    case DP_OPTIM_ADAMW: return 2;
     default: return 0;
     }
 }
+
+static int is_adam(dp_optim_kind k) { return k == DP_OPTIM_ADAM || k == DP_OPTIM_ADAMW; }
 
 static int check_config(const dp_optim_config *c, dp_err *err)
 {
@@ -97,11 +102,11 @@ static int check_config(const dp_optim_config *c, dp_err *err)
         !(c->momentum >= 0.0f && c->momentum <= 1.0f))
         return dp_errf(err, "optimizer %s: momentum %g must be in [0, 1]", name,
                        (double)c->momentum);
-    if (c->kind == DP_OPTIM_ADAM && !(c->beta1 >= 0.0f && c->beta1 < 1.0f))
-        return dp_errf(err, "optimizer adam: beta1 %g must be in [0, 1)", (double)c->beta1);
-    if (c->kind == DP_OPTIM_ADAM && !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
-        return dp_errf(err, "optimizer adam: beta2 %g must be in [0, 1)", (double)c->beta2);
-    if ((c->kind == DP_OPTIM_ADAM || c->kind == DP_OPTIM_ADAGRAD) &&
+    if (is_adam(c->kind) && !(c->beta1 >= 0.0f && c->beta1 < 1.0f))
+        return dp_errf(err, "optimizer %s: beta1 %g must be in [0, 1)", name, (double)c->beta1);
+    if (is_adam(c->kind) && !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+        return dp_errf(err, "optimizer %s: beta2 %g must be in [0, 1)", name, (double)c->beta2);
+    if ((is_adam(c->kind) || c->kind == DP_OPTIM_ADAGRAD) &&
         (!(c->eps >= 0.0f) || isinf(c->eps)))
         return dp_errf(err, "optimizer %s: epsilon %g must be finite and >= 0", name,
                        (double)c->eps);
@@ -109,6 +114,14 @@ static int check_config(const dp_optim_config *c, dp_err *err)
         (!(c->initial_accumulator >= 0.0f) || isinf(c->initial_accumulator)))
         return dp_errf(err, "optimizer adagrad: initial accumulator %g must be finite and >= 0",
                        (double)c->initial_accumulator);
+    if (!(c->weight_decay >= 0.0f) || isinf(c->weight_decay))
+        return dp_errf(err, "optimizer %s: weight decay %g must be finite and >= 0", name,
+                       (double)c->weight_decay);
+    /* adamw scales p by 1 - lr wd each step: at lr wd >= 1 that zeroes or
+     * flips every weight (a schedule only lowers lr) */
+    if (c->kind == DP_OPTIM_ADAMW && (double)c->lr * c->weight_decay >= 1.0)
+        return dp_errf(err, "optimizer adamw: learning rate %g times weight decay %g must be "
+                            "below 1", (double)c->lr, (double)c->weight_decay);
     return 0;
 }
 
@@ -156,53 +169,61 @@ void dp_optim_free(dp_optim *o)
     o->t = 0;
 }
 
-static void sgd_update(float *restrict p, const float *restrict g, size_t n, float lr)
+/* The gradient with an L2 weight decay, g + l2 p; l2 = 0 leaves g as it is
+ * (the branch is loop-invariant: gcc unswitches it). */
+#define GRAD(i) (l2 != 0.0f ? g[i] + l2 * p[i] : g[i])
+
+static void sgd_update(float *restrict p, const float *restrict g, size_t n, float lr, float l2)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] -= lr * g[i];
+        p[i] -= lr * GRAD(i);
 }
 
 static void momentum_update(float *restrict p, const float *restrict g, float *restrict v,
-                            size_t n, float lr, float mu)
+                            size_t n, float lr, float mu, float l2)
 {
     for (size_t i = 0; i < n; i++) {
-        float vi = mu * v[i] - lr * g[i];
+        float vi = mu * v[i] - lr * GRAD(i);
         v[i] = vi;
         p[i] += vi;
     }
 }
 
 static void nesterov_update(float *restrict p, const float *restrict g, float *restrict v,
-                            size_t n, float lr, float mu)
+                            size_t n, float lr, float mu, float l2)
 {
     for (size_t i = 0; i < n; i++) {
-        float vi = mu * v[i] - lr * g[i];
+        float gi = GRAD(i);
+        float vi = mu * v[i] - lr * gi;
         v[i] = vi;
-        p[i] += mu * vi - lr * g[i];
+        p[i] += mu * vi - lr * gi;
     }
 }
 
 static void adagrad_update(float *restrict p, const float *restrict g, float *restrict a,
-                           size_t n, float lr, float eps)
+                           size_t n, float lr, float eps, float l2)
 {
     for (size_t i = 0; i < n; i++) {
-        float ai = a[i] + g[i] * g[i];
+        float gi = GRAD(i);
+        float ai = a[i] + gi * gi;
         a[i] = ai;
-        p[i] -= lr * g[i] / (sqrtf(ai) + eps);
+        p[i] -= lr * gi / (sqrtf(ai) + eps);
     }
 }
 
 static void adam_update(float *restrict p, const float *restrict g, float *restrict m,
-                        float *restrict v, size_t n, float lr_t, float b1, float b2, float eps)
+                        float *restrict v, size_t n, float lr_t, float b1, float b2, float eps,
+                        float l2, float decay)
 {
     float c1 = 1.0f - b1, c2 = 1.0f - b2;
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
+        float gi = GRAD(i);
         float mi = b1 * m[i] + c1 * gi;
         float vi = b2 * v[i] + c2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= lr_t * mi / (sqrtf(vi) + eps);
+        float pi = decay != 1.0f ? p[i] * decay : p[i];
+        p[i] = pi - lr_t * mi / (sqrtf(vi) + eps);
     }
 }
 
@@ -227,11 +248,11 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
 /* The portable body: adam_fast.h's element, which every vector body repeats. */
 static void adam_update_fast(float *restrict p, const float *restrict g, float *restrict m,
                              float *restrict v, size_t n, float lr_t, float b1, float b2,
-                             float eps)
+                             float eps, float l2, float decay)
 {
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
     for (size_t i = 0; i < n; i++)
-        dp_adam_fast_element(p + i, m + i, v + i, g[i], lr_t, b1, c1, b2, c2, eps);
+        dp_adam_fast_element(p + i, m + i, v + i, g[i], lr_t, b1, c1, b2, c2, eps, l2, decay);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -240,6 +261,8 @@ static void adam_update_fast(float *restrict p, const float *restrict g, float *
 /* One vector of adam_update_fast's arithmetic, operation for operation. */
 #define ADAM_FAST_BODY(W, CAST, ICAST)                                             \
     do {                                                                                       \
+        if (l2 != 0.0f)                                                                        \
+            gi = _mm##W##_add_ps(gi, _mm##W##_mul_ps(vl2, pi));                                \
         mi = _mm##W##_fmadd_ps(vb1, mi, _mm##W##_mul_ps(vc1, gi));                             \
         vi = _mm##W##_fmadd_ps(vb2, vi, _mm##W##_mul_ps(_mm##W##_mul_ps(vc2, gi), gi));        \
         __m##W x = _mm##W##_max_ps(vi, tiny);                                                  \
@@ -251,6 +274,8 @@ static void adam_update_fast(float *restrict p, const float *restrict g, float *
         __m##W r = CAST(_mm##W##_sub_epi32(rcp_magic, ICAST(d)));                              \
         for (int it = 0; it < 3; it++)                                                         \
             r = _mm##W##_mul_ps(r, _mm##W##_fnmadd_ps(d, r, two));                             \
+        if (decay != 1.0f)                                                                     \
+            pi = _mm##W##_mul_ps(pi, vdecay);                                                  \
         pi = _mm##W##_fnmadd_ps(_mm##W##_mul_ps(vlr, mi), r, pi);                              \
     } while (0)
 
@@ -260,12 +285,14 @@ static void adam_update_fast(float *restrict p, const float *restrict g, float *
     const __m##W veps = _mm##W##_set1_ps(eps), vlr = _mm##W##_set1_ps(lr_t);                   \
     const __m##W tiny = _mm##W##_set1_ps(DP_ADAM_TINY), half = _mm##W##_set1_ps(0.5f);      \
     const __m##W th = _mm##W##_set1_ps(1.5f), two = _mm##W##_set1_ps(2.0f);                    \
+    const __m##W vl2 = _mm##W##_set1_ps(l2), vdecay = _mm##W##_set1_ps(decay);                 \
     const __m##W##i rsqrt_magic = _mm##W##_set1_epi32((int)DP_ADAM_RSQRT_MAGIC);                       \
     const __m##W##i rcp_magic = _mm##W##_set1_epi32((int)DP_ADAM_RCP_MAGIC)
 
 __attribute__((target("avx512f"))) static void
 adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m,
-                   float *restrict v, size_t n, float lr_t, float b1, float b2, float eps)
+                   float *restrict v, size_t n, float lr_t, float b1, float b2, float eps,
+                   float l2, float decay)
 {
     ADAM_FAST_CONSTANTS(512);
     size_t i = 0;
@@ -283,7 +310,7 @@ adam_update_avx512(float *restrict p, const float *restrict g, float *restrict m
 
 __attribute__((target("avx2,fma"))) static void
 adam_update_avx2(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-                 size_t n, float lr_t, float b1, float b2, float eps)
+                 size_t n, float lr_t, float b1, float b2, float eps, float l2, float decay)
 {
     ADAM_FAST_CONSTANTS(256);
     size_t i = 0;
@@ -309,7 +336,7 @@ adam_update_avx2(float *restrict p, const float *restrict g, float *restrict m, 
 #endif
 
 typedef void (*adam_fn)(float *restrict, const float *restrict, float *restrict, float *restrict,
-                        size_t, float, float, float, float);
+                        size_t, float, float, float, float, float, float);
 
 /* The widest fast path this CPU runs within DOWNPOUR_ISA's cap, chosen once. */
 static adam_fn fast_adam = adam_update_fast;
@@ -357,9 +384,13 @@ dp_isa dp_optim_force_isa(dp_isa level)
 dp_optim_step dp_optim_begin(dp_optim *o, float lr)
 {
     const dp_optim_config *c = &o->cfg;
-    dp_optim_step st = {lr, 0.0f};
+    dp_optim_step st = {lr, 0.0f, 0.0f, 1.0f};
     o->t++;
-    if (c->kind == DP_OPTIM_ADAM) {
+    if (c->kind == DP_OPTIM_ADAMW)
+        st.decay = 1.0f - lr * c->weight_decay; /* float, as a device kernel would round it */
+    else
+        st.l2 = c->weight_decay;
+    if (is_adam(c->kind)) {
         /* Keras 2: lr_t = lr sqrt(1 - b2^t) / (1 - b1^t), epsilon added to sqrt(v). */
         double t = (double)o->t;
         st.lr_t = (float)(lr * sqrt(1.0 - pow(c->beta2, t)) / (1.0 - pow(c->beta1, t)));
@@ -384,12 +415,14 @@ void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *par
     size_t len = hi - lo;
     unsigned csr = flush_denormals_begin();
     switch (c->kind) {
-    case DP_OPTIM_SGD: sgd_update(p, g, len, st->lr); break;
-    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, st->lr, c->momentum); break;
-    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, st->lr, c->momentum); break;
-    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, st->lr, c->eps); break;
+    case DP_OPTIM_SGD: sgd_update(p, g, len, st->lr, st->l2); break;
+    case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, st->lr, c->momentum, st->l2); break;
+    case DP_OPTIM_NESTEROV: nesterov_update(p, g, s0, len, st->lr, c->momentum, st->l2); break;
+    case DP_OPTIM_ADAGRAD: adagrad_update(p, g, s0, len, st->lr, c->eps, st->l2); break;
     case DP_OPTIM_ADAM:
-        pick_adam(o->exact)(p, g, s0, s0 + n, len, st->lr_t, c->beta1, c->beta2, c->eps);
+    case DP_OPTIM_ADAMW:
+        pick_adam(o->exact)(p, g, s0, s0 + n, len, st->lr_t, c->beta1, c->beta2, c->eps, st->l2,
+                            st->decay);
         break;
     default: break;
     }

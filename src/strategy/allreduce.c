@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "downpour/blas.h"
+#include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/log.h"
@@ -835,6 +836,9 @@ static int update(void *self, float *params, const float *grads, int records, fl
         s->broken = rc == DP_RING_BROKEN;
         return -1;
     }
+    /* the reduced gradient, the same bits on every replica: the same norm */
+    if (s->env->cfg->clip_norm > 0)
+        dp_grad_clip(s->m->grads, s->m->n_params, s->env->cfg->clip_norm);
     dp_optim_apply(&s->opt, params, grads, lr);
     s->applied = s->cur;
     if (dp_reducer_choice_new(s->reducer) && s->position == 0)
@@ -1247,6 +1251,8 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .cluster = 1,
     .devices = 1,
     .buffers = 1,
+    .no_clip_device = "with collectives the sum and the update run on the devices, and the "
+                      "norm is summed on the host",
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = allreduce_open,
     .step = allreduce_step,

@@ -801,6 +801,8 @@ static int lb_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
 
 const dp_strategy_ops dp_strategy_lbfgs = {
     .name = "lbfgs",
+    .no_clip = "L-BFGS steps along a search direction chosen by a line search over the whole "
+               "batch, not along the gradient",
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "
                "tasks; workers compute portions of a large batch, with backup copies",
     .cluster = 1,

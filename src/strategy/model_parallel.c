@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clip.h"
 #include "downpour/log.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -121,6 +122,37 @@ static int ring_sum(dp_strategy *s, dp_ring *r, float *buf, size_t len, long ste
     return rc < 0 ? -1 : 0;
 }
 
+/* --clip-norm (docs/training.md, "Gradient clipping"): the compact slices
+ * of the K tasks hold every parameter once, so the whole gradient's norm is
+ * their parts summed: each task sends its sum of squares to its replica's
+ * others and adds all K in task order (the same bits everywhere, as every
+ * replica's slices hold the ring's same sums).  mp_replica_step waited for
+ * its frames, so these follow them in order. */
+static int clip_slices(dp_strategy *s, long step, dp_err *err)
+{
+    size_t len = s->plan->floats;
+    double part = dp_grad_sumsq(s->grads, len), sum = 0;
+    int first = s->replica * s->K;
+    uint8_t b[8];
+    dp_put_f64(b, part);
+    for (int q = 0; q < s->K; q++)
+        if (q != s->task &&
+            send_to(s, first + q, DP_WIRE_MP_NORM, step, (uint64_t)s->task, b, 8, err) < 0)
+            return -1;
+    for (int q = 0; q < s->K; q++) {
+        double v = part;
+        if (q != s->task) {
+            if (recv_exact(s, first + q, DP_WIRE_MP_NORM, step, (uint64_t)q, b, 8,
+                           "a task's part of the gradient norm", err) < 0)
+                return -1;
+            v = dp_get_f64(b);
+        }
+        sum += v;
+    }
+    dp_grad_scale(s->grads, len, dp_clip_coef(sum, s->env->cfg->clip_norm));
+    return 0;
+}
+
 /* Records every replica contributes to step `step` (the shards' sizes are
  * known to all, so nobody sends them). */
 static double step_records(const dp_strategy *s, long step, int n)
@@ -152,6 +184,8 @@ static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, floa
         memset(s->grads, 0, s->plan->floats * sizeof(float));
     }
     if (s->R > 1 && ring_sum(s, &s->across, s->grads, s->plan->floats, step, 0, err) < 0)
+        return -1;
+    if (s->env->cfg->clip_norm > 0 && clip_slices(s, step, err) < 0)
         return -1;
     if (total > 0)
         dp_optim_apply(&s->opt, s->params, s->grads, lr);

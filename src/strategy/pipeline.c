@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "downpour/pipeline.h"
@@ -280,6 +281,37 @@ static int share_loss(dp_strategy *s, long step, double *loss_sum, int *correct,
     return 0;
 }
 
+/* --clip-norm (docs/training.md, "Gradient clipping"): the whole
+ * gradient's norm is the stages' parts summed.  Each stage sends its sum of
+ * squares to the replica's other stages and adds all S in stage order, so
+ * every stage, and every replica (the ring gave each the same sums), scales
+ * by the same coefficient.  Everything queued is out already (share_loss
+ * came after wait_sent), so these frames follow the step's in order. */
+static int clip_stages(dp_strategy *s, long step, dp_err *err)
+{
+    size_t len = s->hi > s->lo ? s->hi - s->lo : 0;
+    double part = dp_grad_sumsq(s->m->grads + s->lo, len), sum = 0;
+    int first = s->position - s->stage;
+    uint8_t b[8];
+    dp_put_f64(b, part);
+    for (int q = 0; q < s->S; q++)
+        if (q != s->stage &&
+            send_to(s, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)s->stage, b, 8, err) < 0)
+            return -1;
+    for (int q = 0; q < s->S; q++) {
+        double v = part;
+        if (q != s->stage) {
+            if (recv_exact(s, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)q, b, 8,
+                           "a stage's part of the gradient norm", err) < 0)
+                return -1;
+            v = dp_get_f64(b);
+        }
+        sum += v;
+    }
+    dp_grad_scale(s->m->grads + s->lo, len, dp_clip_coef(sum, s->env->cfg->clip_norm));
+    return 0;
+}
+
 static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                      long step, dp_step_out *out, dp_err *err)
 {
@@ -314,6 +346,8 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
     if (s->R > 1 && s->hi > s->lo &&
         dp_ring_allreduce(&s->ring, s->m->grads + s->lo, s->hi - s->lo, (uint64_t)step, 0, err) <
             0)
+        return -1;
+    if (s->env->cfg->clip_norm > 0 && clip_stages(s, step, err) < 0)
         return -1;
     if (total > 0)
         dp_optim_apply(&s->opt, s->m->params + s->lo, s->m->grads + s->lo, lr);

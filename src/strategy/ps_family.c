@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/launcher.h"
 #include "downpour/log.h"
@@ -70,6 +71,8 @@ struct dp_strategy {
     int K, R, mp_task;     /* K = 0: off */
     mp_plan *plans;        /* every task's slices */
     mp_replica *rep;       /* a worker: its replica's forward and backward */
+    int *mp_ranks;         /* a worker: the transport rank of each task of its replica */
+    double mp_timeout;     /* a worker: s to wait for a replica peer */
     size_t mp_lo, mp_n;    /* a worker: its slices' range in slice order */
     float *vec, *vgrads;   /* slice-order vectors: a worker's (its range used), the
                               chief's pulls, a server's start */
@@ -104,6 +107,7 @@ void dp_ps_family_close(dp_strategy *s)
     dp_ps_client_free(s->client);
     dp_strategy_device_close(s->dev);
     mp_replica_close(s->rep);
+    free(s->mp_ranks);
     free(s->plans);
     free(s->vec);
     free(s->vgrads);
@@ -406,7 +410,9 @@ static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info
             mine->rank[k] = s->layout.rank[i];
             mine->backup[k] = -1;
         }
-    int ranks[DP_CLUSTER_MAX_TASKS];
+    int *ranks = s->mp_ranks = malloc((size_t)s->K * sizeof *ranks);
+    if (!ranks)
+        return dp_errf(err, "out of memory");
     double deadline = dp_now() + WAIT_TIMEOUT;
     for (int q = 0; q < s->K; q++) {
         ranks[q] = dp_cluster_rank(s->c, DP_ROLE_WORKER, replica * s->K + q);
@@ -414,7 +420,7 @@ static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info
         if (q != s->mp_task && dp_transport_connect(s->t, ranks[q], deadline, err) < 0)
             return -1;
     }
-    double timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
+    double timeout = s->mp_timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     if (mp_replica_open(&s->rep, s->t, s->m, ranks, s->K, s->mp_task, replica, cfg->batch,
                         timeout, err) < 0)
         return -1;
@@ -840,10 +846,45 @@ static int update(void *self, float *params, const float *grads, int records, fl
                   dp_err *err)
 {
     dp_strategy *s = self;
+    /* the worker holds its whole gradient: clipped before it is pushed (or,
+     * model-avg, applied locally) */
+    if (records > 0 && s->env->cfg->clip_norm > 0)
+        dp_grad_clip(s->m->grads, s->m->n_params, s->env->cfg->clip_norm);
     return dp_ps_client_step(s->client, params, grads, records, lr, err);
 }
 
 static const dp_grad_ops grad_ops = {.update = update};
+
+/* --clip-norm on a model-parallel worker (docs/training.md, "Gradient
+ * clipping"): its slices are a part of the replica's gradient, so the
+ * replica's tasks exchange their sums of squares (MP_NORM, as
+ * model_parallel.c's tasks do) and each scales its part by the whole
+ * gradient's coefficient before it pushes.  mp_replica_step waited for its
+ * frames, so these follow them in order. */
+static int clip_replica(dp_strategy *s, long step, float *g, dp_err *err)
+{
+    double part = dp_grad_sumsq(g, s->mp_n), sum = 0;
+    uint8_t b[8];
+    dp_put_f64(b, part);
+    for (int q = 0; q < s->K; q++)
+        if (q != s->mp_task && dp_transport_send(s->t, s->mp_ranks[q], DP_WIRE_MP_NORM,
+                                                 (uint64_t)step, (uint64_t)s->mp_task, b, 8,
+                                                 err) < 0)
+            return -1;
+    for (int q = 0; q < s->K; q++) {
+        double v = part;
+        if (q != s->mp_task) {
+            if (dp_transport_recv_exact(s->t, s->mp_ranks[q], DP_WIRE_MP_NORM, (uint64_t)step,
+                                        (uint64_t)q, b, 8, "a replica task's part of the "
+                                        "gradient norm", s->mp_timeout, err) != 0)
+                return -1;
+            v = dp_get_f64(b);
+        }
+        sum += v;
+    }
+    dp_grad_scale(g, s->mp_n, dp_clip_coef(sum, s->env->cfg->clip_norm));
+    return 0;
+}
 
 /* A model-parallel worker's step: its replica's forward and backward give
  * the gradient of its slices, which its client pushes to their shards. */
@@ -859,6 +900,8 @@ static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, floa
     } else {
         memset(g, 0, s->mp_n * sizeof *g);
     }
+    if (s->env->cfg->clip_norm > 0 && clip_replica(s, step, g, err) < 0)
+        return -1;
     return dp_ps_client_step(s->client, s->vec, s->vgrads, n, lr, err);
 }
 

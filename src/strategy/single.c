@@ -8,12 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clip.h"
 #include "downpour/strategy.h"
 
 struct dp_strategy {
     dp_model *m;
     dp_optim opt;
-    int unfused; /* DOWNPOUR_UNFUSED_UPDATE=1: the optimiser after backprop */
+    int unfused; /* DOWNPOUR_UNFUSED_UPDATE=1, or --clip-norm (the norm needs every
+                    gradient first): the optimiser after backprop */
+    float clip;  /* --clip-norm (0: off) */
     dp_dmodel *dev; /* on a device: the model and its optimiser there; NULL on the CPU */
     float *ema;     /* on a device with --ema: the average brought back to evaluate */
 };
@@ -23,6 +26,8 @@ static int update(void *self, float *params, const float *grads, int records, fl
 {
     (void)err;
     struct dp_strategy *s = self;
+    if (records > 0 && s->clip > 0)
+        dp_grad_clip(s->m->grads, s->m->n_params, s->clip); /* grads is m->grads */
     if (records > 0)
         dp_optim_apply(&s->opt, params, grads, lr);
     return 0;
@@ -77,7 +82,8 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
     }
     info->device = s->dev;
     const char *unfused = getenv("DOWNPOUR_UNFUSED_UPDATE");
-    s->unfused = unfused && strcmp(unfused, "1") == 0;
+    s->clip = env->cfg->clip_norm;
+    s->unfused = (unfused && strcmp(unfused, "1") == 0) || s->clip > 0;
     info->part = DP_PART_TRAINER;
     info->evaluator = 1;
     info->live_params = !s->dev;
@@ -155,6 +161,8 @@ const dp_strategy_ops dp_strategy_single = {
     .cluster = 0,
     .devices = 1,
     .buffers = 1,
+    .no_clip_device = "its whole step, the update included, runs on the device, and the norm "
+                      "is summed on the host",
     .open = single_open,
     .step = single_step,
     .epoch_end = single_epoch_end,

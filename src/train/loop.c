@@ -30,28 +30,37 @@
  * small: fewer, larger GEMMs. */
 #define EVAL_CHUNK 500
 
+static const char *const lr_schedule_names[DP_LR_COUNT] = {
+    [DP_LR_CONSTANT] = "constant", [DP_LR_COSINE] = "cosine", [DP_LR_STEP] = "step"};
+
 int dp_lr_schedule_parse(const char *name, dp_lr_schedule *out, dp_err *err)
 {
-    if (strcmp(name, "constant") == 0)
-        *out = DP_LR_CONSTANT;
-    else if (strcmp(name, "cosine") == 0)
-        *out = DP_LR_COSINE;
-    else
-        return dp_errf(err, "unknown learning-rate schedule '%s' (valid: constant, cosine)", name);
-    return 0;
+    for (int s = 0; s < DP_LR_COUNT; s++)
+        if (strcmp(name, lr_schedule_names[s]) == 0) {
+            *out = (dp_lr_schedule)s;
+            return 0;
+        }
+    return dp_errf(err, "unknown learning-rate schedule '%s' (valid: constant, cosine, step)",
+                   name);
 }
 
-static const char *lr_schedule_name(dp_lr_schedule s)
+const char *dp_lr_schedule_name(dp_lr_schedule s)
 {
-    return s == DP_LR_COSINE ? "cosine" : "constant";
+    return (unsigned)s < DP_LR_COUNT ? lr_schedule_names[s] : "unknown";
 }
 
-float dp_lr_scale(dp_lr_schedule s, long done, long total)
+float dp_lr_scale(const dp_lr_plan *p, long done, long total)
 {
-    if (s != DP_LR_COSINE || total <= 0)
-        return 1.0f;
-    double p = (double)done / (double)total;
-    return (float)(0.5 * (1.0 + cos(M_PI * (p > 1 ? 1 : p))));
+    double f = 1.0;
+    if (done < p->warmup) /* the first step already moves: (0+1)/warmup, not 0 */
+        f = (double)(done + 1) / (double)p->warmup;
+    if (p->schedule == DP_LR_COSINE && total > p->warmup && done >= p->warmup) {
+        double x = (double)(done - p->warmup) / (double)(total - p->warmup);
+        f *= 0.5 * (1.0 + cos(M_PI * (x > 1 ? 1 : x)));
+    } else if (p->schedule == DP_LR_STEP && p->step_every > 0) {
+        f *= pow((double)p->gamma, (double)(done / p->step_every));
+    }
+    return (float)f;
 }
 
 dp_train_config dp_train_defaults(void)
@@ -79,6 +88,7 @@ dp_train_config dp_train_defaults(void)
     c.n_val = 6000;
     c.log_every = 100;
     c.keep_checkpoints = 3;
+    c.lr_gamma = 0.1f; /* torch's StepLR */
     return c;
 }
 
@@ -126,6 +136,7 @@ typedef struct loop {
                               with the live --ema, --keep-best and history */
     dp_train_state resume; /* the checkpoint this run goes on from */
     long spe, total_steps;
+    dp_lr_plan lr; /* the schedule in steps, once spe is known */
     dp_train_result *res;
 } loop;
 
@@ -207,8 +218,7 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
             L->ck.n_history = epoch;
     }
     /* the rate of the epoch's last step */
-    double lr = L->cfg->optim.lr * dp_lr_scale(L->cfg->lr_schedule, step > 0 ? step - 1 : 0,
-                                               L->total_steps);
+    double lr = L->cfg->optim.lr * dp_lr_scale(&L->lr, step > 0 ? step - 1 : 0, L->total_steps);
     dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
                      val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
                      DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
@@ -403,8 +413,10 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
         return 0;
     if (c < 1 || i < 0 || i >= c)
         return dp_errf(err, "the strategy dealt shard %d of %d", i, c);
+    const dp_augment *aug = b->augment; /* the draws stay the record's */
     dp_batcher_free(b);
-    if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0)
+    if (dp_batcher_init(b, &L->train, L->cfg->seed, 1, L->cfg->shard, i, c, err) < 0 ||
+        dp_batcher_augment(b, aug, err) < 0)
         return -1;
     *batch = dp_redeal_batch(L->cfg->batch, L->info.shard_count, c, L->cfg->n_train, L->spe,
                              L->m.max_batch);
@@ -495,6 +507,28 @@ static int collect(loop *L, long step, dp_epoch_stats *st, double *window_loss,
     return 0;
 }
 
+/* --augment on the trainer's batcher, with the dataset's image shape;
+ * keyed on the run's seed, so every trainer gives a record the same draw
+ * whatever its shard (docs/training.md, "Augmentation").  *aug must live
+ * as long as the batcher. */
+static int setup_augment(loop *L, dp_batcher *b, dp_augment *aug, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    *aug = cfg->augment;
+    aug->seed = cfg->seed;
+    if (!dp_augment_on(aug))
+        return 0;
+    const char *why = L->info.device      ? "the device gathers the records itself"
+                      : L->info.no_batches ? "this strategy's trainers read their own records"
+                                           : NULL;
+    if (why)
+        return dp_errf(err, "--augment: not with strategy %s%s: %s (docs/training.md)",
+                       cfg->strategy, L->info.device ? " on a device" : "", why);
+    if (dp_augment_check(aug, L->ds.rows, L->ds.cols, L->ds.channels, L->train.dim, err) < 0)
+        return -1;
+    return dp_batcher_augment(b, aug, err);
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -511,6 +545,11 @@ static int train(loop *L, dp_err *err)
     int count = policy == DP_SHARD_OFF ? 1 : info->shard_count;
     if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
+    dp_augment aug;
+    if (setup_augment(L, &batcher, &aug, err) < 0) {
+        dp_batcher_free(&batcher);
+        return -1;
+    }
 
     /* Fault injection for the resume tests: SIGKILL this task right after
      * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
@@ -553,7 +592,7 @@ static int train(loop *L, dp_err *err)
         for (; k < L->spe; k++) {
             double t0 = dp_now();
             int n = next_batch(L, &batcher, batch, err);
-            float lr = cfg->optim.lr * dp_lr_scale(cfg->lr_schedule, step, L->total_steps);
+            float lr = cfg->optim.lr * dp_lr_scale(&L->lr, step, L->total_steps);
             out.deferred = 0;
             if (n < 0 || L->ops->step(L->s, info->device ? NULL : L->x,
                                       info->device ? NULL : L->y, n, lr, step + 1, &out, err) < 0)
@@ -799,6 +838,24 @@ static int check_buffers(const dp_model *m, const dp_train_config *cfg,
                    m->name, cfg->strategy, on);
 }
 
+/* --clip-norm: refused, before anything opens, where the strategy cannot
+ * clip the whole gradient, or cannot on a device (it says why). */
+int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
+{
+    if (!(cfg->clip_norm > 0))
+        return 0;
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (ops->no_clip)
+        return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip);
+    if (cfg->device.kind != DP_DEVICE_CPU && ops->no_clip_device)
+        return dp_errf(err, "--clip-norm: not with --device for strategy %s yet: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip_device);
+    return 0;
+}
+
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -828,7 +885,7 @@ static int run_task(loop *L, dp_err *err)
     L->id = (dp_run_identity){
         .strategy = cfg->strategy, .dataset = cfg->dataset,
         .optimizer = dp_optim_kind_name(cfg->optim.kind),
-        .lr_schedule = lr_schedule_name(cfg->lr_schedule), .lr = cfg->optim.lr,
+        .lr_schedule = dp_lr_schedule_name(cfg->lr_schedule), .lr = cfg->optim.lr,
         .workers = L->in_cluster ? L->node.cluster.count[DP_ROLE_WORKER] : 0,
         .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
         .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
@@ -842,6 +899,29 @@ static int run_task(loop *L, dp_err *err)
              (double)cfg->optim.eps, dp_shard_name(cfg->shard), (double)cfg->ema,
              cfg->ps.fetch_every, cfg->ps.push_every, cfg->ps.staleness, cfg->ps.staleness_lo,
              cfg->ps.staleness_hi, cfg->ps.period, cfg->ps.min_shard_bytes, cfg->ps.max_shards);
+    /* settings added since: written only when not the default, so a
+     * checkpoint of a run without them still resumes */
+    size_t used = strlen(settings);
+    if (cfg->optim.weight_decay != 0)
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " weight_decay=%.9g",
+                                 (double)cfg->optim.weight_decay);
+    if (cfg->clip_norm > 0)
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " clip_norm=%.9g",
+                                 (double)cfg->clip_norm);
+    if (cfg->warmup_steps > 0 || cfg->warmup_epochs > 0)
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " warmup=%ld%s",
+                                 cfg->warmup_steps > 0 ? cfg->warmup_steps
+                                                       : (long)cfg->warmup_epochs,
+                                 cfg->warmup_steps > 0 ? "steps" : "epochs");
+    if (dp_augment_on(&cfg->augment)) {
+        char spec[32];
+        dp_augment_format(&cfg->augment, spec, sizeof spec);
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " augment=%s", spec);
+    }
+    if (cfg->lr_schedule == DP_LR_STEP)
+        used += (size_t)snprintf(settings + used, sizeof settings - used,
+                                 " lr_step_every=%d lr_gamma=%.9g", cfg->lr_step_every,
+                                 (double)cfg->lr_gamma);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
@@ -872,6 +952,14 @@ static int run_task(loop *L, dp_err *err)
     }
     L->spe = (share + cfg->batch - 1) / cfg->batch;
     L->total_steps = L->spe * cfg->epochs;
+    L->lr = (dp_lr_plan){.schedule = cfg->lr_schedule,
+                         .warmup = cfg->warmup_steps > 0 ? cfg->warmup_steps
+                                                         : (long)cfg->warmup_epochs * L->spe,
+                         .step_every = (long)cfg->lr_step_every * L->spe,
+                         .gamma = cfg->lr_gamma};
+    if (!role_ps && L->lr.warmup > L->total_steps)
+        return dp_errf(err, "--warmup-steps %ld: the warm-up is longer than the run's %ld steps "
+                            "(%ld per epoch)", L->lr.warmup, L->total_steps, L->spe);
     L->env.steps_per_epoch = L->spe;
     L->id.steps_per_epoch = L->spe;
     if (L->resume.step > L->total_steps)
@@ -909,7 +997,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0)
+        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0 ||
+        dp_train_check_clip(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);
