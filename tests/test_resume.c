@@ -9,7 +9,7 @@
  * with --period 1 is ps-sync within float noise (sgd). */
 #include "proc.h"
 
-#define SMALL "--dataset mnist --model 784-64-10 --train-size 3000 --val-size 500 --epochs 3 " \
+#define SMALL "--dataset mnist --model 784-64-10 --train-size 3000 --val-size 500 --test-size 1000 --epochs 3 " \
               "--batch 100 --log-every 0 --no-progress --threads 1"
 
 static const char *bin, *tmp;
