@@ -218,6 +218,20 @@ static inline double checkpoint_max_diff(const char *a_name, const char *b_name)
     return worst;
 }
 
+/* Whether two files of the scratch directory hold the same bytes. */
+static inline int same_file(const char *a_name, const char *b_name)
+{
+    char pa[1200], pb[1200];
+    size_t la = 0, lb = 0;
+    snprintf(pa, sizeof pa, "%s/%s", test_tmp(), a_name);
+    snprintf(pb, sizeof pb, "%s/%s", test_tmp(), b_name);
+    char *x = slurp(pa, &la), *y = slurp(pb, &lb);
+    int same = x && y && la == lb && memcmp(x, y, la) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 /* Skips the test (CTest's code 77) when MNIST is not there. */
 static inline void require_mnist(void)
 {

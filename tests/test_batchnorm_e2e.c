@@ -7,24 +7,11 @@
  * model before training, naming the ones that take it. */
 #include "proc.h"
 
-#define SMALL "--dataset mnist --train-size 3000 --val-size 500 --epochs 3 --batch 100 " \
+#define SMALL "--dataset mnist --train-size 3000 --val-size 500 --test-size 1000 --epochs 3 --batch 100 " \
               "--log-every 0 --no-progress --threads 1"
 
 static const char *bin, *tmp;
 static char err[16384];
-
-static int same_file(const char *a, const char *b)
-{
-    char pa[1200], pb[1200];
-    size_t la = 0, lb = 0;
-    snprintf(pa, sizeof pa, "%s/%s", tmp, a);
-    snprintf(pb, sizeof pb, "%s/%s", tmp, b);
-    char *x = slurp(pa, &la), *y = slurp(pb, &lb);
-    int same = x && y && la == lb && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
 
 static void resume_is_exact(const char *name, const char *launch, const char *strategy,
                             const char *model)

@@ -15,19 +15,6 @@
 static const char *bin, *tmp;
 static char err[16384];
 
-static int same_file(const char *a, const char *b)
-{
-    char pa[1200], pb[1200];
-    size_t la = 0, lb = 0;
-    snprintf(pa, sizeof pa, "%s/%s", tmp, a);
-    snprintf(pb, sizeof pb, "%s/%s", tmp, b);
-    char *x = slurp(pa, &la), *y = slurp(pb, &lb);
-    int same = x && y && la == lb && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 /* The training options of docs/training.md, all at once: weight decay,
  * clipping that binds, a warm-up, and augmentation drawn per record and
  * epoch. */
