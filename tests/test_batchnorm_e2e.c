@@ -68,7 +68,9 @@ int main(void)
     resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", "784-dense64-bn-relu-10");
     int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 1 -- train --strategy "
                      "ps-async --model 784-dense8-bn-10 " SMALL, bin);
-    CHECKF(rc != 0 && strstr(err, "has buffers") && strstr(err, "single, allreduce"),
+    /* refused by the launcher, before any task starts (exit 2, no task line) */
+    CHECKF(rc == 2 && strstr(err, "downpour launch: model 784-dense8-bn-10 has buffers") &&
+               strstr(err, "single, allreduce") && !strstr(err, "[worker 0]"),
            "ps-async with bn: exit %d: %s", rc, err);
     return CHECK_DONE();
 }

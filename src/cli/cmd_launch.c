@@ -7,8 +7,10 @@
 #include "cli/cli.h"
 #include "downpour/cluster.h"
 #include "downpour/launcher.h"
+#include "downpour/model.h"
 #include "downpour/status.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 
 #define LAUNCH_USAGE                                                                      \
     "downpour launch --workers N [--ps P] [--chief] [--grace S] [--] train|ping [OPTIONS]\n" \
@@ -70,10 +72,12 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
 /* The strategy the tasks will run (the train command's --strategy), its
  * --ps-replicas, and its --straggler (NULL: none). */
 static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas,
-                                            const char **straggler, dp_err *err)
+                                            const char **straggler, const char **model,
+                                            dp_err *err)
 {
     *ps_replicas = 1;
     *straggler = NULL;
+    *model = NULL;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = "single";
@@ -92,6 +96,10 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_repl
             *straggler = argv[++i];
         else if (strncmp(argv[i], "--straggler=", 12) == 0)
             *straggler = argv[i] + 12;
+        else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+            *model = argv[++i];
+        else if (strncmp(argv[i], "--model=", 8) == 0)
+            *model = argv[i] + 8;
     }
     return dp_strategy_find(name, err);
 }
@@ -136,9 +144,9 @@ int cmd_launch(int argc, char **argv)
     int ports[LAUNCH_MAX_TASKS];
     dp_err err;
     task_run run = {0};
-    const char *straggler;
+    const char *straggler, *model;
     const dp_strategy_ops *strategy =
-        task_strategy(argc - rest, argv + rest, &run.ps_replicas, &straggler, &err);
+        task_strategy(argc - rest, argv + rest, &run.ps_replicas, &straggler, &model, &err);
     run.ops = strategy;
     if (!strategy && strcmp(argv[rest], "train") == 0) {
         fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
@@ -151,6 +159,19 @@ int cmd_launch(int argc, char **argv)
                       cli_check_straggler(straggler, k, chief, (int)workers, &err) < 0)) {
         fprintf(stderr, "downpour launch: %s\n", err.msg);
         return 2;
+    }
+    /* A model with buffers under a strategy without a rule for them (a
+     * spec the tasks cannot parse is theirs to refuse, with its usage). */
+    if (strategy && model && !strategy->buffers) {
+        dp_model m;
+        memset(&m, 0, sizeof m);
+        int bad = dp_model_init(&m, model, 1, 1, &err) == 0 &&
+                  dp_train_check_buffers(&m, strategy->name, &err) < 0;
+        dp_model_free(&m);
+        if (bad) {
+            fprintf(stderr, "downpour launch: %s\n", err.msg);
+            return 2;
+        }
     }
     dp_cluster c;
     if (dp_launch_free_ports(ports, n, &err) < 0 ||

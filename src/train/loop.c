@@ -823,9 +823,11 @@ static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, 
 
 /* A model with buffers (batch norm's running statistics) only under a
  * strategy with a rule for them (docs/strategies.md, "Buffers"). */
-static int check_buffers(const dp_model *m, const dp_train_config *cfg,
-                         const dp_strategy_ops *ops, dp_err *err)
+int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err)
 {
+    const dp_strategy_ops *ops = dp_strategy_find(strategy ? strategy : "", err);
+    if (!ops)
+        return -1;
     if (!m->n_buffers || ops->buffers)
         return 0;
     char on[256] = "";
@@ -835,7 +837,7 @@ static int check_buffers(const dp_model *m, const dp_train_config *cfg,
                      dp_strategies[i]->name);
     return dp_errf(err, "model %s has buffers (batch norm's running statistics), which strategy "
                         "%s does not handle yet; these do: %s (docs/strategies.md, \"Buffers\")",
-                   m->name, cfg->strategy, on);
+                   m->name, strategy, on);
 }
 
 /* --clip-norm: refused, before anything opens, where the strategy cannot
@@ -869,7 +871,7 @@ static int run_task(loop *L, dp_err *err)
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0 ||
-        check_buffers(&L->m, cfg, L->ops, err) < 0)
+        dp_train_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
     if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
