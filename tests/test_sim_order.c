@@ -5,7 +5,8 @@
  * DP_KERNELS, and whole training steps of an MLP (dense, dropout, a relu of
  * its own, adam, --ema's average), of a CNN (hwc, conv, avgpool, local,
  * lcn, maxpool, flatten, over a split of float records, momentum) and of
- * the zoo's mlp-300-100, cnn-mnist and distbelief-image, run here under
+ * the zoo's mlp-300-100, cnn-mnist and distbelief-image, and of models with
+ * batch norm and the element-wise activations, run here under
  * forward, reverse and shuffle (two seeds), and every output, every piece
  * of device state a kernel writes, must be the same bits; only the tallies,
  * sums of doubles in launch order, may move, by at most TALLY_RTOL.
@@ -463,6 +464,35 @@ static void bn(void)
     }
 }
 
+/* The element-wise activations' kernels (layer_tanh.c, layer_sigmoid.c,
+ * layer_gelu.c), forward and backward, through their kinds. */
+static void acts(void)
+{
+    static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
+    for (size_t t = 0; t < sizeof kinds / sizeof kinds[0]; t++) {
+        dp_layer L;
+        memset(&L, 0, sizeof L);
+        L.kind = kinds[t];
+        L.c = L.oc = 3, L.h = L.oh = 5, L.w = L.ow = 7;
+        L.in = L.out = 105;
+        const dp_layer_ops *o = dp_layer_table[kinds[t]];
+        size_t len = 3 * (size_t)L.in;
+        float *x = rnd(len, -3, 3), *dout = rnd(len, -1, 1), *out = rnd(len, -1, 1);
+        float *din = rnd(len, -1, 1);
+        dp_dexec ex = {.be = &be, .ctx = ctx};
+        dp_layer_call c = {.d = &L, .batch = 3, .in = x, .out = out, .dout = dout, .din = din};
+        o->dev_forward(&ex, &c);
+        o->dev_backward(&ex, &c);
+        sync_ok();
+        char what[WHAT];
+        snprintf(what, sizeof what, "%s forward", o->name);
+        keep(what, out, len);
+        snprintf(what, sizeof what, "%s backward", o->name);
+        keep(what, din, len);
+        free(x), free(dout), free(out), free(din);
+    }
+}
+
 /* ---- whole training steps through the executor (dmodel.c) ---- */
 
 #define STEPS 5
@@ -563,6 +593,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     windows();
     lcn();
     bn();
+    acts();
     be.close(ctx);
     ctx = NULL;
     /* every kernel ran (a kernel added to DP_KERNELS needs a case here) */
@@ -580,6 +611,9 @@ static void run_all(rec *r, const char *order, const char *seed)
     train("distbelief-image", DP_OPTIM_ADAGRAD, 4, 0, 0);
     /* batch norm after a conv and after a dense layer */
     train("2x8x8-conv3x3x4p1-bn-relu-maxpool2-dense16-bn-relu-10", DP_OPTIM_ADAM, 8, 1, 0);
+    /* the element-wise activations after a conv and after dense layers */
+    train("1x8x8-conv3x3x4-gelu-maxpool2-dense16-tanh-dense8-sigmoid-10", DP_OPTIM_ADAM, 8, 0,
+          0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies

@@ -125,11 +125,48 @@ typedef struct dp_ka_bn { /* every bn kernel; items as each body says */
 } dp_ka_bn;
 /* ---- end of batch norm (1/2) ---- */
 
+/* ---- element-wise activations (1/2): formulas, kernel list and arguments
+ * (src/nn/layer_tanh.c, layer_sigmoid.c, layer_gelu.c) ----
+ * One formula per activation and direction, called by the CPU's loop and by
+ * the kernel body alike, so the device gives the CPU's bits.  The backward
+ * formulas take the gradient at the output, the input and the output. */
+DP_HD float dp_k_tanh_f(float x) { return tanhf(x); }
+DP_HD float dp_k_tanh_g(float dy, float x, float y) { (void)x; return dy * (1.0f - y * y); }
+DP_HD float dp_k_sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+DP_HD float dp_k_sigmoid_g(float dy, float x, float y) { (void)x; return dy * (y * (1.0f - y)); }
+/* gelu: torch.nn.GELU()'s exact form, x Phi(x) = x/2 (1 + erf(x / sqrt 2)). */
+#define DP_K_RSQRT2 0.70710678118654752f
+#define DP_K_RSQRT2PI 0.39894228040143268f
+DP_HD float dp_k_gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * DP_K_RSQRT2)); }
+DP_HD float dp_k_gelu_g(float dy, float x, float y)
+{
+    (void)y; /* Phi(x) + x phi(x) */
+    float cdf = 0.5f * (1.0f + erff(x * DP_K_RSQRT2));
+    return dy * (cdf + x * (DP_K_RSQRT2PI * expf(-0.5f * x * x)));
+}
+
+#define DP_KERNELS_ACT(X)                                                                        \
+    X(TANH_FWD, tanh_fwd)                                                                        \
+    X(TANH_BWD, tanh_bwd)                                                                        \
+    X(SIGMOID_FWD, sigmoid_fwd)                                                                  \
+    X(SIGMOID_BWD, sigmoid_bwd)                                                                  \
+    X(GELU_FWD, gelu_fwd)                                                                        \
+    X(GELU_BWD, gelu_bwd)
+
+typedef struct dp_ka_act { /* items n: forward out = f(in); backward out = g(dout, in, y) */
+    float *out;            /* forward: the output; backward: din (neither aliases another) */
+    const float *in;       /* the layer's input */
+    const float *dout;     /* backward: the gradient at the output */
+    const float *y;        /* backward: the forward's output */
+} dp_ka_act;
+/* ---- end of element-wise activations (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
     DP_KERNELS_LCN(X)                                                                            \
     DP_KERNELS_BN(X)                                                                             \
+    DP_KERNELS_ACT(X)                                                                            \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -272,6 +309,7 @@ typedef struct dp_kernel {
         dp_ka_layout layout;
         dp_ka_lcn lcn;
         dp_ka_bn bn;
+        dp_ka_act act; /* element-wise activations */
     } u;
 } dp_kernel;
 
@@ -708,6 +746,23 @@ DP_HD void dp_k_lcn_center(const dp_kernel *k, long i)
 
 /* Item r = a sample, items batch: s = sqrt(S) per pixel (S in a), and the
  * map's mean of s, summed in double in pixel order. */
+/* ---- element-wise activations (2/2): bodies ---- */
+#define DP_K_ACT_BODIES(name)                                                                    \
+    DP_HD void dp_k_##name##_fwd(const dp_kernel *k, long i)                                     \
+    {                                                                                            \
+        k->u.act.out[i] = dp_k_##name##_f(k->u.act.in[i]);                                       \
+    }                                                                                            \
+    DP_HD void dp_k_##name##_bwd(const dp_kernel *k, long i)                                     \
+    {                                                                                            \
+        const dp_ka_act *a = &k->u.act;                                                          \
+        a->out[i] = dp_k_##name##_g(a->dout[i], a->in[i], a->y[i]);                              \
+    }
+DP_K_ACT_BODIES(tanh)
+DP_K_ACT_BODIES(sigmoid)
+DP_K_ACT_BODIES(gelu)
+#undef DP_K_ACT_BODIES
+/* ---- end of element-wise activations (2/2) ---- */
+
 /* ---- batch norm (2/2): bodies ---- */
 
 /* Item ch, items C: the batch's statistics of channel ch, and the running
