@@ -8,6 +8,7 @@
  *   - 1 and 2 threads give the same bits, forward and backward, and so do
  *     model parallelism's bands of rows where the kind splits by rows;
  *   - the device kernels (through the sim backend) give the CPU's bits;
+ *   - model parallelism's plan runs gap whole on every task;
  *   - whole models with them against finite differences of the loss, their
  *     canonical spelling, and specs that cannot work refused naming the
  *     token. */
@@ -24,6 +25,7 @@
 #include "downpour/model.h"
 #include "downpour/pool.h"
 #include "downpour/rng.h"
+#include "exec/mp_slice.h"
 
 static dp_rng rng;
 
@@ -41,6 +43,8 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
     d.kind = k;
     d.c = d.oc = C, d.h = d.oh = h, d.w = d.ow = w;
     d.in = d.out = C * h * w;
+    if (k == DP_LAYER_GAP)
+        d.oh = d.ow = 1, d.out = C;
     return d;
 }
 
@@ -50,6 +54,14 @@ static void naive(const dp_layer *d, double *y, const double *x, const double *w
                   const double *b)
 {
     (void)w, (void)b;
+    if (d->kind == DP_LAYER_GAP) {
+        for (int ch = 0; ch < d->c; ch++) {
+            y[ch] = 0;
+            for (int p = 0; p < d->h * d->w; p++)
+                y[ch] += x[p * d->c + ch] / (d->h * d->w);
+        }
+        return;
+    }
     for (int i = 0; i < d->in; i++) {
         double v = x[i];
         switch (d->kind) {
@@ -278,6 +290,19 @@ static void test_model(const char *spec, const char *canonical, int batch)
     dp_model_free(&m);
 }
 
+/* Model parallelism's plan: gap runs whole on every task (after the rows
+ * of a conv); what cannot be split is refused with the reason. */
+static void test_mp(void)
+{
+    dp_model m;
+    dp_err err;
+    mp_plan p;
+    REQUIRE(dp_model_init(&m, "1x8x8-conv3x3x4-gelu-gap-16-10", 4, 1, &err) == 0);
+    CHECKF(mp_plan_make(&p, &m, 2, 1, &err) == 0, "gap: %s", err.msg);
+    dp_model_free(&m);
+    printf("model parallelism: 1x8x8-conv3x3x4-gelu-gap-16-10 splits over 2 tasks\n");
+}
+
 /* A spec that cannot work: refused, naming the token and saying why. */
 static void refused(const char *spec, const char *token, const char *why)
 {
@@ -300,7 +325,15 @@ int main(void)
                "8-dense7-tanh-dense5-sigmoid-dense6-gelu-3", 5);
     test_model("1x6x6-conv3x3x3-gelu-conv3x3x2-tanh-dense5-sigmoid-3",
                "1x6x6-conv3x3x3-gelu-conv3x3x2-tanh-dense5-sigmoid-3", 4);
+    test_kind(make(DP_LAYER_GAP, 5, 3, 7), 3);
+    test_kind(make(DP_LAYER_GAP, 1, 9, 1), 2);
+    test_model("1x6x6-conv3x3x5-tanh-gap-dense4-gelu-3", "1x6x6-conv3x3x5-tanh-gap-dense4-gelu-3",
+               4);
+    test_model("2x5x5-gap-3", "2x5x5-gap-3", 3); /* an hwc first: 2 channels */
+    test_mp();
     refused("784-300-tanh", "token 3 'tanh'", "the last layer must be dense");
+    refused("784-gap-10", "token 2 'gap'", "needs an image");
+    refused("1x8x8-gap-conv3x3x2-10", "token 3 'conv3x3x2'", "needs an image");
     refused("784-gelu2-10", "token 2 'gelu2'", "unknown layer");
     return CHECK_DONE();
 }

@@ -465,7 +465,7 @@ static void bn(void)
 }
 
 /* The element-wise activations' kernels (layer_tanh.c, layer_sigmoid.c,
- * layer_gelu.c), forward and backward, through their kinds. */
+ * layer_gelu.c) and gap's, forward and backward, through their kinds. */
 static void acts(void)
 {
     static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
@@ -491,6 +491,23 @@ static void acts(void)
         keep(what, din, len);
         free(x), free(dout), free(out), free(din);
     }
+    /* gap over 5 channels of 3x7 (layer_gap.c) */
+    dp_layer L;
+    memset(&L, 0, sizeof L);
+    L.kind = DP_LAYER_GAP;
+    L.c = L.oc = 5, L.h = 3, L.w = 7, L.oh = L.ow = 1;
+    L.in = 105, L.out = 5;
+    const dp_layer_ops *o = dp_layer_table[DP_LAYER_GAP];
+    float *x = rnd(3 * 105, -3, 3), *dout = rnd(3 * 5, -1, 1), *out = rnd(3 * 5, -1, 1);
+    float *din = rnd(3 * 105, -1, 1);
+    dp_dexec ex = {.be = &be, .ctx = ctx};
+    dp_layer_call c = {.d = &L, .batch = 3, .in = x, .out = out, .dout = dout, .din = din};
+    o->dev_forward(&ex, &c);
+    o->dev_backward(&ex, &c);
+    sync_ok();
+    keep("gap forward", out, 3 * 5);
+    keep("gap backward", din, 3 * 105);
+    free(x), free(dout), free(out), free(din);
 }
 
 /* ---- whole training steps through the executor (dmodel.c) ---- */
@@ -614,6 +631,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     /* the element-wise activations after a conv and after dense layers */
     train("1x8x8-conv3x3x4-gelu-maxpool2-dense16-tanh-dense8-sigmoid-10", DP_OPTIM_ADAM, 8, 0,
           0);
+    train("2x8x8-conv3x3x4p1-relu-gap-10", DP_OPTIM_MOMENTUM, 8, 0, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies

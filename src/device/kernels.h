@@ -161,12 +161,26 @@ typedef struct dp_ka_act { /* items n: forward out = f(in); backward out = g(dou
 } dp_ka_act;
 /* ---- end of element-wise activations (1/2) ---- */
 
+/* ---- gap (1/2): kernel list and arguments (src/nn/layer_gap.c) ----
+ * The CPU's loop calls these bodies itself, so the two give the same bits. */
+#define DP_KERNELS_GAP(X)                                                                        \
+    X(GAP_FWD, gap_fwd)                                                                          \
+    X(GAP_BWD, gap_bwd)
+
+typedef struct dp_ka_gap { /* NHWC images of hw pixels of c channels; out (batch, c) */
+    float *dst;            /* forward: the means; backward: din */
+    const float *src;      /* forward: the image; backward: the means' gradient */
+    long c, hw;
+} dp_ka_gap;
+/* ---- end of gap (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
     DP_KERNELS_LCN(X)                                                                            \
     DP_KERNELS_BN(X)                                                                             \
     DP_KERNELS_ACT(X)                                                                            \
+    DP_KERNELS_GAP(X)                                                                            \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -310,6 +324,7 @@ typedef struct dp_kernel {
         dp_ka_lcn lcn;
         dp_ka_bn bn;
         dp_ka_act act; /* element-wise activations */
+        dp_ka_gap gap;
     } u;
 } dp_kernel;
 
@@ -762,6 +777,29 @@ DP_K_ACT_BODIES(sigmoid)
 DP_K_ACT_BODIES(gelu)
 #undef DP_K_ACT_BODIES
 /* ---- end of element-wise activations (2/2) ---- */
+
+/* ---- gap (2/2): bodies ---- */
+/* Item i = (record r, channel ch), items batch*c: the mean over the pixels,
+ * summed in double in pixel order. */
+DP_HD void dp_k_gap_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_gap *a = &k->u.gap;
+    long r = i / a->c, ch = i - r * a->c;
+    const float *x = a->src + r * a->hw * a->c + ch;
+    double s = 0.0;
+    for (long p = 0; p < a->hw; p++)
+        s += x[p * a->c];
+    a->dst[i] = (float)(s / (double)a->hw);
+}
+
+/* Item i = input float (r, p, ch), items batch*hw*c: din = dout / hw. */
+DP_HD void dp_k_gap_bwd(const dp_kernel *k, long i)
+{
+    const dp_ka_gap *a = &k->u.gap;
+    long r = i / (a->hw * a->c), ch = i % a->c;
+    a->dst[i] = a->src[r * a->c + ch] / (float)a->hw;
+}
+/* ---- end of gap (2/2) ---- */
 
 /* ---- batch norm (2/2): bodies ---- */
 

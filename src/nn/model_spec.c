@@ -152,7 +152,7 @@ int dp_spec_need_image(dp_spec_parser *p)
     if (p->flat || p->h * p->w == 1)
         return dp_spec_fail(p, "needs an image, but its input is a flat vector of %d features "
                                "(give the input as CxHxW, e.g. 1x28x28; images end at the first "
-                               "dense or flatten)",
+                               "dense, flatten or gap)",
                             p->c * p->h * p->w);
     if (!p->hwc && p->c > 1 && !dp_spec_add(p, DP_LAYER_HWC))
         return -1;
