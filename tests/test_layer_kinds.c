@@ -8,7 +8,9 @@
  *   - 1 and 2 threads give the same bits, forward and backward, and so do
  *     model parallelism's bands of rows where the kind splits by rows;
  *   - the device kernels (through the sim backend) give the CPU's bits;
- *   - model parallelism's plan runs gap whole on every task;
+ *   - ln's weight and bias in checkpoints under nn.LayerNorm's names;
+ *   - model parallelism's plan runs gap whole on every task and refuses
+ *     ln with its reason;
  *   - whole models with them against finite differences of the loss, their
  *     canonical spelling, and specs that cannot work refused naming the
  *     token. */
@@ -20,12 +22,15 @@
 #include "check.h"
 #include "device/dexec.h"
 #include "device/device_impl.h"
+#include "downpour/checkpoint.h"
 #include "downpour/device.h"
 #include "downpour/layer_kind.h"
 #include "downpour/model.h"
 #include "downpour/pool.h"
 #include "downpour/rng.h"
+#include "downpour/safetensors.h"
 #include "exec/mp_slice.h"
+#include "scratch.h"
 
 static dp_rng rng;
 
@@ -45,6 +50,8 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
     d.in = d.out = C * h * w;
     if (k == DP_LAYER_GAP)
         d.oh = d.ow = 1, d.out = C;
+    if (k == DP_LAYER_LAYERNORM)
+        d.w_len = d.b_len = (size_t)d.in;
     return d;
 }
 
@@ -53,7 +60,16 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
 static void naive(const dp_layer *d, double *y, const double *x, const double *w,
                   const double *b)
 {
-    (void)w, (void)b;
+    if (d->kind == DP_LAYER_LAYERNORM) { /* nn.LayerNorm(F), eps 1e-5 */
+        double mu = 0, var = 0;
+        for (int f = 0; f < d->in; f++)
+            mu += x[f] / d->in;
+        for (int f = 0; f < d->in; f++)
+            var += (x[f] - mu) * (x[f] - mu) / d->in;
+        for (int f = 0; f < d->in; f++)
+            y[f] = (x[f] - mu) / sqrt(var + 1e-5) * w[f] + b[f];
+        return;
+    }
     if (d->kind == DP_LAYER_GAP) {
         for (int ch = 0; ch < d->c; ch++) {
             y[ch] = 0;
@@ -290,6 +306,40 @@ static void test_model(const char *spec, const char *canonical, int batch)
     dp_model_free(&m);
 }
 
+/* ln's weight and bias under PyTorch's names and shapes, read back. */
+static void test_checkpoint(void)
+{
+    char dir[4096], path[4200];
+    scratch_make(dir, sizeof dir, "test_layer_kinds");
+    snprintf(path, sizeof path, "%s/ln.safetensors", dir);
+    dp_model m, back;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, "1x5x5-conv3x3x2-gelu-gap-ln-dense6-ln-3", 4, 1, &err) == 0);
+    dp_model_init_params(&m, 3);
+    const dp_layer *ln = NULL;
+    for (int l = 0; l < m.n_layers && !ln; l++)
+        if (m.layers[l].kind == DP_LAYER_LAYERNORM)
+            ln = &m.layers[l];
+    REQUIRE(ln && ln->w_len == 2);
+    CHECK(m.params[ln->w_off] == 1.0f && m.params[ln->b_off] == 0.0f); /* nn.LayerNorm's */
+    fill(m.params, m.n_params, -1, 1);
+    dp_train_state st = {.n_params = m.n_params, .params = m.params, .step = 1,
+                         .best_accuracy = -1};
+    REQUIRE(dp_checkpoint_write(path, &m, &st, NULL, &err) == 0);
+    dp_safetensors *f = NULL;
+    REQUIRE(dp_safetensors_load(path, &f, &err) == 0);
+    const dp_st_tensor *w = dp_safetensors_find(f, "layers.1.weight");
+    const dp_st_tensor *b = dp_safetensors_find(f, "layers.3.bias");
+    CHECK(w && w->ndim == 1 && w->shape[0] == 2 && b && b->ndim == 1 && b->shape[0] == 6);
+    dp_safetensors_free(f);
+    REQUIRE(dp_checkpoint_load_weights(path, &back, 4, NULL, &err) == 0);
+    CHECK(memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0);
+    dp_model_free(&back);
+    dp_model_free(&m);
+    scratch_remove(dir);
+    printf("checkpoint: ln's weight and bias as nn.LayerNorm names them, read back bit-exact\n");
+}
+
 /* Model parallelism's plan: gap runs whole on every task (after the rows
  * of a conv); what cannot be split is refused with the reason. */
 static void test_mp(void)
@@ -301,6 +351,11 @@ static void test_mp(void)
     CHECKF(mp_plan_make(&p, &m, 2, 1, &err) == 0, "gap: %s", err.msg);
     dp_model_free(&m);
     printf("model parallelism: 1x8x8-conv3x3x4-gelu-gap-16-10 splits over 2 tasks\n");
+    REQUIRE(dp_model_init(&m, "1x8x8-conv3x3x4-relu-flatten-ln-16-10", 4, 1, &err) == 0);
+    CHECKF(mp_plan_make(&p, &m, 2, 0, &err) < 0 && strstr(err.msg, "is ln") &&
+           strstr(err.msg, "not split yet"), "ln: %s", err.msg);
+    printf("model parallelism: %s\n", err.msg);
+    dp_model_free(&m);
 }
 
 /* A spec that cannot work: refused, naming the token and saying why. */
@@ -330,10 +385,19 @@ int main(void)
     test_model("1x6x6-conv3x3x5-tanh-gap-dense4-gelu-3", "1x6x6-conv3x3x5-tanh-gap-dense4-gelu-3",
                4);
     test_model("2x5x5-gap-3", "2x5x5-gap-3", 3); /* an hwc first: 2 channels */
+    test_kind(make(DP_LAYER_LAYERNORM, 13, 1, 1), 5);
+    test_kind(make(DP_LAYER_LAYERNORM, 1, 1, 1), 3); /* one feature: y = bias */
+    test_kind(make(DP_LAYER_LAYERNORM, 37, 1, 1), 1);
+    test_model("8-dense7-ln-gelu-dense5-ln-3", "8-dense7-ln-gelu-dense5-ln-3", 5);
+    test_model("2x4x4-conv3x3x3-flatten-ln-tanh-3", "2x4x4-conv3x3x3-flatten-ln-tanh-3", 3);
+    test_model("3x4x4-gap-ln-2", "3x4x4-gap-ln-2", 4);
+    test_checkpoint();
     test_mp();
     refused("784-300-tanh", "token 3 'tanh'", "the last layer must be dense");
     refused("784-gap-10", "token 2 'gap'", "needs an image");
     refused("1x8x8-gap-conv3x3x2-10", "token 3 'conv3x3x2'", "needs an image");
+    refused("1x8x8-conv3x3x2-ln-10", "token 3 'ln'", "flatten-ln");
+    refused("784-ln1-10", "token 2 'ln1'", "unknown layer");
     refused("784-gelu2-10", "token 2 'gelu2'", "unknown layer");
     return CHECK_DONE();
 }

@@ -54,7 +54,7 @@ typedef struct segment {
 typedef struct rec {
     float *f;
     size_t n, cap;
-    segment seg[128];
+    segment seg[192];
     int nseg;
     double tally[32];
     char tally_what[32][WHAT];
@@ -70,7 +70,7 @@ static void keep(const char *what, const float *p, size_t n)
         REQUIRE((cur->f = realloc(cur->f, cap * sizeof *cur->f)) != NULL);
         cur->cap = cap;
     }
-    REQUIRE(cur->nseg < 128);
+    REQUIRE(cur->nseg < 192);
     segment *s = &cur->seg[cur->nseg++];
     snprintf(s->what, sizeof s->what, "%s", what);
     s->at = cur->n;
@@ -465,7 +465,7 @@ static void bn(void)
 }
 
 /* The element-wise activations' kernels (layer_tanh.c, layer_sigmoid.c,
- * layer_gelu.c) and gap's, forward and backward, through their kinds. */
+ * layer_gelu.c), gap's and ln's, forward and backward, through their kinds. */
 static void acts(void)
 {
     static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
@@ -508,6 +508,26 @@ static void acts(void)
     keep("gap forward", out, 3 * 5);
     keep("gap backward", din, 3 * 105);
     free(x), free(dout), free(out), free(din);
+    /* ln over 11 features (layer_ln.c): output, keep, gradients */
+    memset(&L, 0, sizeof L);
+    L.kind = DP_LAYER_LAYERNORM;
+    L.c = L.oc = 11, L.h = L.w = L.oh = L.ow = 1;
+    L.in = L.out = 11;
+    L.w_len = L.b_len = 11;
+    o = dp_layer_table[DP_LAYER_LAYERNORM];
+    x = rnd(4 * 11, -3, 3), dout = rnd(4 * 11, -1, 1), out = rnd(4 * 11, -1, 1);
+    din = rnd(4 * 11, -1, 1);
+    float *wb = rnd(22, 0, 2), *gwb = rnd(22, -1, 1), *kp = rnd(o->dev_keep(&L, 4), -1, 1);
+    c = (dp_layer_call){.d = &L, .batch = 4, .in = x, .out = out, .dout = dout, .din = din,
+                        .w = wb, .b = wb + 11, .gw = gwb, .gb = gwb + 11, .keep = kp};
+    o->dev_forward(&ex, &c);
+    o->dev_backward(&ex, &c);
+    sync_ok();
+    keep("ln forward", out, 4 * 11);
+    keep("ln keep", kp, 8);
+    keep("ln backward", din, 4 * 11);
+    keep("ln gradients", gwb, 22);
+    free(x), free(dout), free(out), free(din), free(wb), free(gwb), free(kp);
 }
 
 /* ---- whole training steps through the executor (dmodel.c) ---- */
@@ -632,6 +652,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     train("1x8x8-conv3x3x4-gelu-maxpool2-dense16-tanh-dense8-sigmoid-10", DP_OPTIM_ADAM, 8, 0,
           0);
     train("2x8x8-conv3x3x4p1-relu-gap-10", DP_OPTIM_MOMENTUM, 8, 0, 0);
+    train("784-dense32-ln-gelu-dense16-ln-10", DP_OPTIM_ADAM, 16, 0, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies

@@ -174,6 +174,28 @@ typedef struct dp_ka_gap { /* NHWC images of hw pixels of c channels; out (batch
 } dp_ka_gap;
 /* ---- end of gap (1/2) ---- */
 
+/* ---- layer norm (1/2): kernel list and arguments (src/nn/layer_ln.c) ----
+ * R records of F features.  The CPU's loop calls these bodies itself, so
+ * the two give the same bits; every sum is in double in feature order (a
+ * record's) or record order (a feature's). */
+#define DP_KERNELS_LN(X)                                                                         \
+    X(LN_STATS, ln_stats)                                                                        \
+    X(LN_NORM, ln_norm)                                                                          \
+    X(LN_GRAD, ln_grad)                                                                          \
+    X(LN_DIN, ln_din)
+
+typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
+    const float *x, *dy;  /* the input; backward: the gradient at the output */
+    float *y, *dx;        /* the output; backward: the gradient at the input */
+    const float *w, *b;   /* weight, bias (F each) */
+    float *gw, *gb;       /* their gradients */
+    float *mean, *inv;    /* the keep: each record's mean and 1/std (R each) */
+    long R;
+    int F;
+    double eps;
+} dp_ka_ln;
+/* ---- end of layer norm (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
@@ -181,6 +203,7 @@ typedef struct dp_ka_gap { /* NHWC images of hw pixels of c channels; out (batch
     DP_KERNELS_BN(X)                                                                             \
     DP_KERNELS_ACT(X)                                                                            \
     DP_KERNELS_GAP(X)                                                                            \
+    DP_KERNELS_LN(X)                                                                             \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -325,6 +348,7 @@ typedef struct dp_kernel {
         dp_ka_bn bn;
         dp_ka_act act; /* element-wise activations */
         dp_ka_gap gap;
+        dp_ka_ln ln;
     } u;
 } dp_kernel;
 
@@ -800,6 +824,68 @@ DP_HD void dp_k_gap_bwd(const dp_kernel *k, long i)
     a->dst[i] = a->src[r * a->c + ch] / (float)a->hw;
 }
 /* ---- end of gap (2/2) ---- */
+
+/* ---- layer norm (2/2): bodies ---- */
+/* Item r, items R: record r's mean and 1/std (biased variance, eps). */
+DP_HD void dp_k_ln_stats(const dp_kernel *k, long r)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    const float *x = a->x + r * a->F;
+    double s = 0.0, v = 0.0;
+    for (int f = 0; f < a->F; f++)
+        s += x[f];
+    double mu = s / a->F;
+    for (int f = 0; f < a->F; f++) {
+        double t = x[f] - mu;
+        v += t * t;
+    }
+    a->mean[r] = (float)mu;
+    a->inv[r] = (float)(1.0 / sqrt(v / a->F + a->eps));
+}
+
+/* Item i = (r, f), items R*F: y = (x - mean) * inv * w + b. */
+DP_HD void dp_k_ln_norm(const dp_kernel *k, long i)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    long r = i / a->F, f = i - r * a->F;
+    a->y[i] = (a->x[i] - a->mean[r]) * a->inv[r] * a->w[f] + a->b[f];
+}
+
+/* Item f, items F: dw = sum dy * xhat, db = sum dy over the records, in double. */
+DP_HD void dp_k_ln_grad(const dp_kernel *k, long f)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    double g = 0.0, b = 0.0;
+    for (long r = 0; r < a->R; r++) {
+        long at = r * a->F + f;
+        double dy = a->dy[at];
+        g += dy * ((a->x[at] - a->mean[r]) * a->inv[r]);
+        b += dy;
+    }
+    a->gw[f] = (float)g;
+    a->gb[f] = (float)b;
+}
+
+/* Item r, items R: record r's dx = inv (g - mean(g) - xhat mean(g xhat)),
+ * g = dy * w, the two means in double. */
+DP_HD void dp_k_ln_din(const dp_kernel *k, long r)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    long at = r * a->F;
+    float mu = a->mean[r], inv = a->inv[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int f = 0; f < a->F; f++) {
+        float g = a->dy[at + f] * a->w[f];
+        sg += g;
+        sgx += (double)g * ((a->x[at + f] - mu) * inv);
+    }
+    float mg = (float)(sg / a->F), mgx = (float)(sgx / a->F);
+    for (int f = 0; f < a->F; f++) {
+        float g = a->dy[at + f] * a->w[f], xhat = (a->x[at + f] - mu) * inv;
+        a->dx[at + f] = inv * (g - mg - xhat * mgx);
+    }
+}
+/* ---- end of layer norm (2/2) ---- */
 
 /* ---- batch norm (2/2): bodies ---- */
 
