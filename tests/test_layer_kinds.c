@@ -11,6 +11,7 @@
  *   - ln's weight and bias in checkpoints under nn.LayerNorm's names;
  *   - model parallelism's plan runs gap whole on every task and refuses
  *     ln with its reason;
+ *   - the preset mlp-bn's spec and parameter count;
  *   - whole models with them against finite differences of the loss, their
  *     canonical spelling, and specs that cannot work refused naming the
  *     token. */
@@ -340,6 +341,20 @@ static void test_checkpoint(void)
     printf("checkpoint: ln's weight and bias as nn.LayerNorm names them, read back bit-exact\n");
 }
 
+/* The preset mlp-bn: its spec and docs/models.md's parameter count. */
+static void test_preset(void)
+{
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, "mlp-bn", 8, 1, &err) == 0);
+    CHECK(strcmp(m.name, "mlp-bn") == 0 &&
+          strcmp(m.spec, "784-dense300-bn-relu-dense100-bn-relu-10") == 0);
+    CHECKF(m.n_params == 267410 && m.n_buffers == (2 * 300 + 1) + (2 * 100 + 1),
+           "mlp-bn: %zu parameters, %zu buffers", m.n_params, m.n_buffers);
+    printf("mlp-bn: %s, %zu parameters\n", m.spec, m.n_params);
+    dp_model_free(&m);
+}
+
 /* Model parallelism's plan: gap runs whole on every task (after the rows
  * of a conv); what cannot be split is refused with the reason. */
 static void test_mp(void)
@@ -392,6 +407,7 @@ int main(void)
     test_model("2x4x4-conv3x3x3-flatten-ln-tanh-3", "2x4x4-conv3x3x3-flatten-ln-tanh-3", 3);
     test_model("3x4x4-gap-ln-2", "3x4x4-gap-ln-2", 4);
     test_checkpoint();
+    test_preset();
     test_mp();
     refused("784-300-tanh", "token 3 'tanh'", "the last layer must be dense");
     refused("784-gap-10", "token 2 'gap'", "needs an image");

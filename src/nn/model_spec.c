@@ -44,11 +44,13 @@ static const struct {
      * pooling and local contrast normalisation stages */
     {"distbelief-image",
      "1x28x28-local5x5x16-relu-maxpool2-lcn5-local5x5x32-relu-maxpool2-lcn3-128-10"},
+    /* mlp-300-100 with batch norm after each hidden dense layer, before its relu */
+    {"mlp-bn", "784-dense300-bn-relu-dense100-bn-relu-10"},
 };
 
 const char *dp_model_presets(void)
 {
-    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image";
+    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
