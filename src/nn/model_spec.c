@@ -280,7 +280,7 @@ static int input(dp_spec_parser *p, const char *s, const char *end)
 
 const char *dp_model_spec_help(void)
 {
-    static char help[2048];
+    static char help[4096]; /* grows with the table of kinds */
     if (help[0])
         return help;
     const char *pad = "                               ";
