@@ -5,7 +5,8 @@
  * DP_KERNELS, and whole training steps of an MLP (dense, dropout, a relu of
  * its own, adam, --ema's average), of a CNN (hwc, conv, avgpool, local,
  * lcn, maxpool, flatten, over a split of float records, momentum) and of
- * the zoo's mlp-300-100, cnn-mnist and distbelief-image, run here under
+ * the zoo's mlp-300-100, cnn-mnist and distbelief-image, and of models with
+ * batch norm and the element-wise activations, run here under
  * forward, reverse and shuffle (two seeds), and every output, every piece
  * of device state a kernel writes, must be the same bits; only the tallies,
  * sums of doubles in launch order, may move, by at most TALLY_RTOL.
@@ -53,7 +54,7 @@ typedef struct segment {
 typedef struct rec {
     float *f;
     size_t n, cap;
-    segment seg[128];
+    segment seg[192];
     int nseg;
     double tally[32];
     char tally_what[32][WHAT];
@@ -69,7 +70,7 @@ static void keep(const char *what, const float *p, size_t n)
         REQUIRE((cur->f = realloc(cur->f, cap * sizeof *cur->f)) != NULL);
         cur->cap = cap;
     }
-    REQUIRE(cur->nseg < 128);
+    REQUIRE(cur->nseg < 192);
     segment *s = &cur->seg[cur->nseg++];
     snprintf(s->what, sizeof s->what, "%s", what);
     s->at = cur->n;
@@ -463,6 +464,72 @@ static void bn(void)
     }
 }
 
+/* The element-wise activations' kernels (layer_tanh.c, layer_sigmoid.c,
+ * layer_gelu.c), gap's and ln's, forward and backward, through their kinds. */
+static void acts(void)
+{
+    static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
+    for (size_t t = 0; t < sizeof kinds / sizeof kinds[0]; t++) {
+        dp_layer L;
+        memset(&L, 0, sizeof L);
+        L.kind = kinds[t];
+        L.c = L.oc = 3, L.h = L.oh = 5, L.w = L.ow = 7;
+        L.in = L.out = 105;
+        const dp_layer_ops *o = dp_layer_table[kinds[t]];
+        size_t len = 3 * (size_t)L.in;
+        float *x = rnd(len, -3, 3), *dout = rnd(len, -1, 1), *out = rnd(len, -1, 1);
+        float *din = rnd(len, -1, 1);
+        dp_dexec ex = {.be = &be, .ctx = ctx};
+        dp_layer_call c = {.d = &L, .batch = 3, .in = x, .out = out, .dout = dout, .din = din};
+        o->dev_forward(&ex, &c);
+        o->dev_backward(&ex, &c);
+        sync_ok();
+        char what[WHAT];
+        snprintf(what, sizeof what, "%s forward", o->name);
+        keep(what, out, len);
+        snprintf(what, sizeof what, "%s backward", o->name);
+        keep(what, din, len);
+        free(x), free(dout), free(out), free(din);
+    }
+    /* gap over 5 channels of 3x7 (layer_gap.c) */
+    dp_layer L;
+    memset(&L, 0, sizeof L);
+    L.kind = DP_LAYER_GAP;
+    L.c = L.oc = 5, L.h = 3, L.w = 7, L.oh = L.ow = 1;
+    L.in = 105, L.out = 5;
+    const dp_layer_ops *o = dp_layer_table[DP_LAYER_GAP];
+    float *x = rnd(3 * 105, -3, 3), *dout = rnd(3 * 5, -1, 1), *out = rnd(3 * 5, -1, 1);
+    float *din = rnd(3 * 105, -1, 1);
+    dp_dexec ex = {.be = &be, .ctx = ctx};
+    dp_layer_call c = {.d = &L, .batch = 3, .in = x, .out = out, .dout = dout, .din = din};
+    o->dev_forward(&ex, &c);
+    o->dev_backward(&ex, &c);
+    sync_ok();
+    keep("gap forward", out, 3 * 5);
+    keep("gap backward", din, 3 * 105);
+    free(x), free(dout), free(out), free(din);
+    /* ln over 11 features (layer_ln.c): output, keep, gradients */
+    memset(&L, 0, sizeof L);
+    L.kind = DP_LAYER_LAYERNORM;
+    L.c = L.oc = 11, L.h = L.w = L.oh = L.ow = 1;
+    L.in = L.out = 11;
+    L.w_len = L.b_len = 11;
+    o = dp_layer_table[DP_LAYER_LAYERNORM];
+    x = rnd(4 * 11, -3, 3), dout = rnd(4 * 11, -1, 1), out = rnd(4 * 11, -1, 1);
+    din = rnd(4 * 11, -1, 1);
+    float *wb = rnd(22, 0, 2), *gwb = rnd(22, -1, 1), *kp = rnd(o->dev_keep(&L, 4), -1, 1);
+    c = (dp_layer_call){.d = &L, .batch = 4, .in = x, .out = out, .dout = dout, .din = din,
+                        .w = wb, .b = wb + 11, .gw = gwb, .gb = gwb + 11, .keep = kp};
+    o->dev_forward(&ex, &c);
+    o->dev_backward(&ex, &c);
+    sync_ok();
+    keep("ln forward", out, 4 * 11);
+    keep("ln keep", kp, 8);
+    keep("ln backward", din, 4 * 11);
+    keep("ln gradients", gwb, 22);
+    free(x), free(dout), free(out), free(din), free(wb), free(gwb), free(kp);
+}
+
 /* ---- whole training steps through the executor (dmodel.c) ---- */
 
 #define STEPS 5
@@ -563,6 +630,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     windows();
     lcn();
     bn();
+    acts();
     be.close(ctx);
     ctx = NULL;
     /* every kernel ran (a kernel added to DP_KERNELS needs a case here) */
@@ -580,6 +648,11 @@ static void run_all(rec *r, const char *order, const char *seed)
     train("distbelief-image", DP_OPTIM_ADAGRAD, 4, 0, 0);
     /* batch norm after a conv and after a dense layer */
     train("2x8x8-conv3x3x4p1-bn-relu-maxpool2-dense16-bn-relu-10", DP_OPTIM_ADAM, 8, 1, 0);
+    /* the element-wise activations after a conv and after dense layers */
+    train("1x8x8-conv3x3x4-gelu-maxpool2-dense16-tanh-dense8-sigmoid-10", DP_OPTIM_ADAM, 8, 0,
+          0);
+    train("2x8x8-conv3x3x4p1-relu-gap-10", DP_OPTIM_MOMENTUM, 8, 0, 0);
+    train("784-dense32-ln-gelu-dense16-ln-10", DP_OPTIM_ADAM, 16, 0, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies

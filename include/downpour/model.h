@@ -74,6 +74,11 @@ typedef enum dp_layer_kind {
     DP_LAYER_FLATTEN,      /* an NHWC image to PyTorch's CHW feature order */
     DP_LAYER_HWC,          /* a CHW input image to NHWC (inputs of more than one channel) */
     DP_LAYER_BATCHNORM,    /* batch normalisation over features or channels */
+    DP_LAYER_TANH,         /* out = tanh(in) */
+    DP_LAYER_SIGMOID,      /* out = 1 / (1 + exp(-in)) */
+    DP_LAYER_GELU,         /* out = in Phi(in), the exact erf form */
+    DP_LAYER_GAP,          /* global average pooling: C x H x W to C features */
+    DP_LAYER_LAYERNORM,    /* layer normalisation over each record's features */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 

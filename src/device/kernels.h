@@ -125,11 +125,85 @@ typedef struct dp_ka_bn { /* every bn kernel; items as each body says */
 } dp_ka_bn;
 /* ---- end of batch norm (1/2) ---- */
 
+/* ---- element-wise activations (1/2): formulas, kernel list and arguments
+ * (src/nn/layer_tanh.c, layer_sigmoid.c, layer_gelu.c) ----
+ * One formula per activation and direction, called by the CPU's loop and by
+ * the kernel body alike, so the device gives the CPU's bits.  The backward
+ * formulas take the gradient at the output, the input and the output. */
+DP_HD float dp_k_tanh_f(float x) { return tanhf(x); }
+DP_HD float dp_k_tanh_g(float dy, float x, float y) { (void)x; return dy * (1.0f - y * y); }
+DP_HD float dp_k_sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+DP_HD float dp_k_sigmoid_g(float dy, float x, float y) { (void)x; return dy * (y * (1.0f - y)); }
+/* gelu: torch.nn.GELU()'s exact form, x Phi(x) = x/2 (1 + erf(x / sqrt 2)). */
+#define DP_K_RSQRT2 0.70710678118654752f
+#define DP_K_RSQRT2PI 0.39894228040143268f
+DP_HD float dp_k_gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * DP_K_RSQRT2)); }
+DP_HD float dp_k_gelu_g(float dy, float x, float y)
+{
+    (void)y; /* Phi(x) + x phi(x) */
+    float cdf = 0.5f * (1.0f + erff(x * DP_K_RSQRT2));
+    return dy * (cdf + x * (DP_K_RSQRT2PI * expf(-0.5f * x * x)));
+}
+
+#define DP_KERNELS_ACT(X)                                                                        \
+    X(TANH_FWD, tanh_fwd)                                                                        \
+    X(TANH_BWD, tanh_bwd)                                                                        \
+    X(SIGMOID_FWD, sigmoid_fwd)                                                                  \
+    X(SIGMOID_BWD, sigmoid_bwd)                                                                  \
+    X(GELU_FWD, gelu_fwd)                                                                        \
+    X(GELU_BWD, gelu_bwd)
+
+typedef struct dp_ka_act { /* items n: forward out = f(in); backward out = g(dout, in, y) */
+    float *out;            /* forward: the output; backward: din (neither aliases another) */
+    const float *in;       /* the layer's input */
+    const float *dout;     /* backward: the gradient at the output */
+    const float *y;        /* backward: the forward's output */
+} dp_ka_act;
+/* ---- end of element-wise activations (1/2) ---- */
+
+/* ---- gap (1/2): kernel list and arguments (src/nn/layer_gap.c) ----
+ * The CPU's loop calls these bodies itself, so the two give the same bits. */
+#define DP_KERNELS_GAP(X)                                                                        \
+    X(GAP_FWD, gap_fwd)                                                                          \
+    X(GAP_BWD, gap_bwd)
+
+typedef struct dp_ka_gap { /* NHWC images of hw pixels of c channels; out (batch, c) */
+    float *dst;            /* forward: the means; backward: din */
+    const float *src;      /* forward: the image; backward: the means' gradient */
+    long c, hw;
+} dp_ka_gap;
+/* ---- end of gap (1/2) ---- */
+
+/* ---- layer norm (1/2): kernel list and arguments (src/nn/layer_ln.c) ----
+ * R records of F features.  The CPU's loop calls these bodies itself, so
+ * the two give the same bits; every sum is in double in feature order (a
+ * record's) or record order (a feature's). */
+#define DP_KERNELS_LN(X)                                                                         \
+    X(LN_STATS, ln_stats)                                                                        \
+    X(LN_NORM, ln_norm)                                                                          \
+    X(LN_GRAD, ln_grad)                                                                          \
+    X(LN_DIN, ln_din)
+
+typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
+    const float *x, *dy;  /* the input; backward: the gradient at the output */
+    float *y, *dx;        /* the output; backward: the gradient at the input */
+    const float *w, *b;   /* weight, bias (F each) */
+    float *gw, *gb;       /* their gradients */
+    float *mean, *inv;    /* the keep: each record's mean and 1/std (R each) */
+    long R;
+    int F;
+    double eps;
+} dp_ka_ln;
+/* ---- end of layer norm (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
     DP_KERNELS_LCN(X)                                                                            \
     DP_KERNELS_BN(X)                                                                             \
+    DP_KERNELS_ACT(X)                                                                            \
+    DP_KERNELS_GAP(X)                                                                            \
+    DP_KERNELS_LN(X)                                                                             \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -272,6 +346,9 @@ typedef struct dp_kernel {
         dp_ka_layout layout;
         dp_ka_lcn lcn;
         dp_ka_bn bn;
+        dp_ka_act act; /* element-wise activations */
+        dp_ka_gap gap;
+        dp_ka_ln ln;
     } u;
 } dp_kernel;
 
@@ -708,6 +785,108 @@ DP_HD void dp_k_lcn_center(const dp_kernel *k, long i)
 
 /* Item r = a sample, items batch: s = sqrt(S) per pixel (S in a), and the
  * map's mean of s, summed in double in pixel order. */
+/* ---- element-wise activations (2/2): bodies ---- */
+#define DP_K_ACT_BODIES(name)                                                                    \
+    DP_HD void dp_k_##name##_fwd(const dp_kernel *k, long i)                                     \
+    {                                                                                            \
+        k->u.act.out[i] = dp_k_##name##_f(k->u.act.in[i]);                                       \
+    }                                                                                            \
+    DP_HD void dp_k_##name##_bwd(const dp_kernel *k, long i)                                     \
+    {                                                                                            \
+        const dp_ka_act *a = &k->u.act;                                                          \
+        a->out[i] = dp_k_##name##_g(a->dout[i], a->in[i], a->y[i]);                              \
+    }
+DP_K_ACT_BODIES(tanh)
+DP_K_ACT_BODIES(sigmoid)
+DP_K_ACT_BODIES(gelu)
+#undef DP_K_ACT_BODIES
+/* ---- end of element-wise activations (2/2) ---- */
+
+/* ---- gap (2/2): bodies ---- */
+/* Item i = (record r, channel ch), items batch*c: the mean over the pixels,
+ * summed in double in pixel order. */
+DP_HD void dp_k_gap_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_gap *a = &k->u.gap;
+    long r = i / a->c, ch = i - r * a->c;
+    const float *x = a->src + r * a->hw * a->c + ch;
+    double s = 0.0;
+    for (long p = 0; p < a->hw; p++)
+        s += x[p * a->c];
+    a->dst[i] = (float)(s / (double)a->hw);
+}
+
+/* Item i = input float (r, p, ch), items batch*hw*c: din = dout / hw. */
+DP_HD void dp_k_gap_bwd(const dp_kernel *k, long i)
+{
+    const dp_ka_gap *a = &k->u.gap;
+    long r = i / (a->hw * a->c), ch = i % a->c;
+    a->dst[i] = a->src[r * a->c + ch] / (float)a->hw;
+}
+/* ---- end of gap (2/2) ---- */
+
+/* ---- layer norm (2/2): bodies ---- */
+/* Item r, items R: record r's mean and 1/std (biased variance, eps). */
+DP_HD void dp_k_ln_stats(const dp_kernel *k, long r)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    const float *x = a->x + r * a->F;
+    double s = 0.0, v = 0.0;
+    for (int f = 0; f < a->F; f++)
+        s += x[f];
+    double mu = s / a->F;
+    for (int f = 0; f < a->F; f++) {
+        double t = x[f] - mu;
+        v += t * t;
+    }
+    a->mean[r] = (float)mu;
+    a->inv[r] = (float)(1.0 / sqrt(v / a->F + a->eps));
+}
+
+/* Item i = (r, f), items R*F: y = (x - mean) * inv * w + b. */
+DP_HD void dp_k_ln_norm(const dp_kernel *k, long i)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    long r = i / a->F, f = i - r * a->F;
+    a->y[i] = (a->x[i] - a->mean[r]) * a->inv[r] * a->w[f] + a->b[f];
+}
+
+/* Item f, items F: dw = sum dy * xhat, db = sum dy over the records, in double. */
+DP_HD void dp_k_ln_grad(const dp_kernel *k, long f)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    double g = 0.0, b = 0.0;
+    for (long r = 0; r < a->R; r++) {
+        long at = r * a->F + f;
+        double dy = a->dy[at];
+        g += dy * ((a->x[at] - a->mean[r]) * a->inv[r]);
+        b += dy;
+    }
+    a->gw[f] = (float)g;
+    a->gb[f] = (float)b;
+}
+
+/* Item r, items R: record r's dx = inv (g - mean(g) - xhat mean(g xhat)),
+ * g = dy * w, the two means in double. */
+DP_HD void dp_k_ln_din(const dp_kernel *k, long r)
+{
+    const dp_ka_ln *a = &k->u.ln;
+    long at = r * a->F;
+    float mu = a->mean[r], inv = a->inv[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int f = 0; f < a->F; f++) {
+        float g = a->dy[at + f] * a->w[f];
+        sg += g;
+        sgx += (double)g * ((a->x[at + f] - mu) * inv);
+    }
+    float mg = (float)(sg / a->F), mgx = (float)(sgx / a->F);
+    for (int f = 0; f < a->F; f++) {
+        float g = a->dy[at + f] * a->w[f], xhat = (a->x[at + f] - mu) * inv;
+        a->dx[at + f] = inv * (g - mg - xhat * mgx);
+    }
+}
+/* ---- end of layer norm (2/2) ---- */
+
 /* ---- batch norm (2/2): bodies ---- */
 
 /* Item ch, items C: the batch's statistics of channel ch, and the running

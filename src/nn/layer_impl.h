@@ -33,4 +33,17 @@ long dp_lk_lowered_dev_ones(const dp_layer *d, int max_batch, bool local);
 void dp_lk_lowered_dev_forward(const struct dp_dexec *x, const dp_layer_call *c, bool local);
 void dp_lk_lowered_dev_backward(const struct dp_dexec *x, const dp_layer_call *c, bool local);
 
+/* The element-wise kinds (tanh, sigmoid, gelu; layer_pointwise.c): fn on
+ * the elements [lo, hi) of the call's arrays (the forward: out from in; the
+ * backward: din from dout, in, out), over every element (band false) or
+ * the band [c->y0, c->y1) of output rows of every record (model
+ * parallelism), split over the pool by fixed ranges, so the bits do not
+ * depend on the thread count. */
+typedef void (*dp_lk_span_fn)(const dp_layer_call *c, size_t lo, size_t hi);
+void dp_lk_pointwise(const dp_layer_call *c, bool band, dp_lk_span_fn fn);
+/* Its device kernel (kernels.h, "element-wise activations"): forward
+ * out = f(in), backward din = g(dout, in, out), over every element. */
+void dp_lk_pointwise_dev(const struct dp_dexec *x, const dp_layer_call *c, int kernel_id,
+                         bool backward);
+
 #endif

@@ -44,11 +44,13 @@ static const struct {
      * pooling and local contrast normalisation stages */
     {"distbelief-image",
      "1x28x28-local5x5x16-relu-maxpool2-lcn5-local5x5x32-relu-maxpool2-lcn3-128-10"},
+    /* mlp-300-100 with batch norm after each hidden dense layer, before its relu */
+    {"mlp-bn", "784-dense300-bn-relu-dense100-bn-relu-10"},
 };
 
 const char *dp_model_presets(void)
 {
-    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image";
+    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
@@ -152,7 +154,7 @@ int dp_spec_need_image(dp_spec_parser *p)
     if (p->flat || p->h * p->w == 1)
         return dp_spec_fail(p, "needs an image, but its input is a flat vector of %d features "
                                "(give the input as CxHxW, e.g. 1x28x28; images end at the first "
-                               "dense or flatten)",
+                               "dense, flatten or gap)",
                             p->c * p->h * p->w);
     if (!p->hwc && p->c > 1 && !dp_spec_add(p, DP_LAYER_HWC))
         return -1;
@@ -278,7 +280,7 @@ static int input(dp_spec_parser *p, const char *s, const char *end)
 
 const char *dp_model_spec_help(void)
 {
-    static char help[2048];
+    static char help[4096]; /* grows with the table of kinds */
     if (help[0])
         return help;
     const char *pad = "                               ";
