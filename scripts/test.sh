@@ -3,9 +3,11 @@
 # all: the plain build, the ASan+UBSan build, and the fuzz targets.
 # Ends with the wall time of each step of make test (the builds' from
 # PHASE_LOG, written by scripts/timed.sh; the suites' measured here).
-#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS [PHASE_LOG]
+# BESIDE, when given, is a command (make's fuzz-build) run at the lowest
+# priority beside the plain and ASan suites: the fuzz suite waits for it.
+#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS [PHASE_LOG [BESIDE]]
 set -uo pipefail
-build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)}
+build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)} beside=${6:-}
 passed=0 failed=0 status=0
 
 suite() { # name dir [ctest args...]
@@ -66,11 +68,28 @@ timed() { # name command...
   echo "$name $((SECONDS - start))" >>"$phases"
 }
 
+beside_pid='' beside_log=$(mktemp)
+if [ -n "$beside" ]; then
+  nice -n 19 bash -c "$beside" >"$beside_log" 2>&1 &
+  beside_pid=$!
+fi
 timed tests suite "tests" "$build"
 timed install-check install_check "$build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan"
+if [ -n "$beside_pid" ]; then
+  start=$SECONDS
+  if wait "$beside_pid"; then
+    echo "== built beside the suites: $beside"
+  else
+    echo "== FAILED beside the suites: $beside"; cat "$beside_log"
+    failed=$((failed + 1)); status=1
+  fi
+  echo "fuzz-build-wait $((SECONDS - start))" >>"$phases"
+fi
+rm -f "$beside_log"
 [ -d "$fuzz" ] && timed fuzz-tests suite "fuzz targets" "$fuzz" -L fuzz
 echo "== time per step (s)"
-awk '{ printf "  %-14s %5d\n", $1, $2; t += $2 } END { printf "  %-14s %5d\n", "total", t }' "$phases"
+awk '{ printf "  %-16s %5d\n", $1, $2; t += $2 } END { printf "  %-16s %5d\n", "total", t }' "$phases"
+[ -f "$phases.beside" ] && awk '{ printf "  (%s %d s, beside the suites)\n", $1, $2 }' "$phases.beside"
 echo "test: $passed passed, $failed failed"
 exit $status

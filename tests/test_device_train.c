@@ -50,7 +50,8 @@ static double eval_cpu(const char *bin, const char *tmp, const char *name, const
 /* On cuda the issue's runs: 2 epochs of MNIST, single and an allreduce of
  * two replicas, >= 0.95.  On sim (the host) one epoch each under make
  * test-long, which reaches ~0.96 too; under make test and ASan a fifth of
- * the records, checking the path, not the accuracy (>= 0.85).  The resume and
+ * the records, checking the path, not the accuracy (>= 0.85; under ASan
+ * half that at batch 64, the same 100 steps, >= 0.75).  The resume and
  * ps runs use 12,800 records (100 steps an epoch) everywhere.  The short runs
  * validate on 1,000 records and test on the first 2,000 (eval --test-size
  * takes the same). */
@@ -61,8 +62,10 @@ static void device_runs(const char *bin, const char *tmp, const char *dev)
     int epochs = gpu ? 2 : 1;
     int short_run = (SANITIZED || !LONG_CHECKS) && !gpu;
 #define SMALL_EVAL "--val-size 1000 --test-size 2000"
-    const char *size = short_run ? "--train-size 12800 " SMALL_EVAL : "";
-    double bound = short_run ? 0.85 : 0.95, small = 0.85;
+    const char *size = SANITIZED ? "--train-size 6400 --batch 64 " SMALL_EVAL
+                       : short_run ? "--train-size 12800 " SMALL_EVAL
+                                   : "";
+    double bound = SANITIZED ? 0.75 : short_run ? 0.85 : 0.95, small = 0.85;
 
     /* single: the whole step on the device; the saved weights evaluate on
      * the CPU to what the run reported */
