@@ -69,9 +69,13 @@ static void resume_is_exact(const char *tag, const char *launch)
            tag, d);
 }
 
-/* 2 replicas of 2 tasks under `launch LAUNCH`, one epoch of MNIST. */
+/* 2 replicas of 2 tasks under `launch LAUNCH`, one epoch of MNIST (the
+ * plain build: an accuracy on all 54,000 records, where ASan would check
+ * the memory the runs above already check). */
 static void trains_mnist(const char *launch)
 {
+    if (SANITIZED)
+        return;
     int rc = run_cmd(err, sizeof err, "%s launch %s --model-parallel 2 --epochs 1 --batch 64 "
                      "--val-size 1000 --threads 1 --no-progress --log-every 0",
                      test_bin(), launch);
