@@ -464,8 +464,8 @@ static void bn(void)
     }
 }
 
-/* The element-wise activations' kernels (layer_tanh.c, layer_sigmoid.c,
- * layer_gelu.c), gap's and ln's, forward and backward, through their kinds. */
+/* The element-wise activations' kernels (layer_activations.c), gap's and
+ * ln's, forward and backward, through their kinds. */
 static void acts(void)
 {
     static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};

@@ -126,7 +126,7 @@ typedef struct dp_ka_bn { /* every bn kernel; items as each body says */
 /* ---- end of batch norm (1/2) ---- */
 
 /* ---- element-wise activations (1/2): formulas, kernel list and arguments
- * (src/nn/layer_tanh.c, layer_sigmoid.c, layer_gelu.c) ----
+ * (src/nn/layer_activations.c) ----
  * One formula per activation and direction, called by the CPU's loop and by
  * the kernel body alike, so the device gives the CPU's bits.  The backward
  * formulas take the gradient at the output, the input and the output. */

@@ -1,0 +1,72 @@
+/* The element-wise activations, one kind each, their bodies written once
+ * (ACTIVATION below):
+ * - tanh: out = tanh(x), as torch.nn.Tanh; its backward reads the output
+ *   (1 - y^2);
+ * - sigmoid: out = 1 / (1 + exp(-x)), as torch.nn.Sigmoid; its backward
+ *   reads the output (y (1 - y));
+ * - gelu: out = x Phi(x), the exact erf form (torch.nn.GELU()'s default,
+ *   not the tanh approximation); its backward reads the input
+ *   (Phi(x) + x phi(x)).
+ * Element-wise on any shape, flat or an image: each formula is kernels.h's,
+ * shared by the CPU loop and the device kernel, so the two give the same
+ * bits.  Model parallelism splits them with their rows as relu does (a band
+ * of output rows is the same band of input rows). */
+#include "nn/layer_impl.h"
+
+#include "device/dexec.h"
+
+#define ACTIVATION(lower, UPPER, help_text)                                                     \
+    static int lower##_parse(dp_spec_parser *p, const char *s, const char *end)                 \
+    {                                                                                           \
+        (void)s, (void)end;                                                                     \
+        return dp_spec_add(p, DP_LAYER_##UPPER) ? 0 : -1;                                       \
+    }                                                                                           \
+    static void lower##_fwd_span(const dp_layer_call *c, size_t lo, size_t hi)                  \
+    {                                                                                           \
+        for (size_t i = lo; i < hi; i++)                                                        \
+            c->out[i] = dp_k_##lower##_f(c->in[i]);                                             \
+    }                                                                                           \
+    static void lower##_bwd_span(const dp_layer_call *c, size_t lo, size_t hi)                  \
+    {                                                                                           \
+        for (size_t i = lo; i < hi; i++)                                                        \
+            c->din[i] = dp_k_##lower##_g(c->dout[i], c->in[i], c->out[i]);                      \
+    }                                                                                           \
+    static float lower##_forward(const dp_layer_call *c)                                        \
+    {                                                                                           \
+        dp_lk_pointwise(c, false, lower##_fwd_span);                                            \
+        return 0.0f;                                                                            \
+    }                                                                                           \
+    static void lower##_backward(const dp_layer_call *c)                                        \
+    {                                                                                           \
+        if (c->din)                                                                             \
+            dp_lk_pointwise(c, false, lower##_bwd_span);                                        \
+    }                                                                                           \
+    static void lower##_mp_forward(const dp_layer_call *c)                                      \
+    {                                                                                           \
+        dp_lk_pointwise(c, true, lower##_fwd_span);                                             \
+    }                                                                                           \
+    static void lower##_mp_backward(const dp_layer_call *c)                                     \
+    {                                                                                           \
+        if (c->din)                                                                             \
+            dp_lk_pointwise(c, true, lower##_bwd_span);                                         \
+    }                                                                                           \
+    static void lower##_dev_forward(const dp_dexec *x, const dp_layer_call *c)                  \
+    {                                                                                           \
+        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_FWD, false);                                   \
+    }                                                                                           \
+    static void lower##_dev_backward(const dp_dexec *x, const dp_layer_call *c)                 \
+    {                                                                                           \
+        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_BWD, true);                                    \
+    }                                                                                           \
+    const dp_layer_ops dp_layer_##lower = {                                                     \
+        .kind = DP_LAYER_##UPPER, .name = #lower, .token = 2,                                   \
+        .example = #lower, .help = help_text, .flags = DP_LK_MP_SAME_ROWS,                      \
+        .parse = lower##_parse,                                                                 \
+        .forward = lower##_forward, .backward = lower##_backward,                               \
+        .mp = DP_MP_ROWS, .mp_forward = lower##_mp_forward, .mp_backward = lower##_mp_backward, \
+        .dev_forward = lower##_dev_forward, .dev_backward = lower##_dev_backward,               \
+    };
+
+ACTIVATION(tanh, TANH, "tanh(x)")
+ACTIVATION(sigmoid, SIGMOID, "1 / (1 + exp(-x))")
+ACTIVATION(gelu, GELU, "x Phi(x), the exact erf form (nn.GELU())")
