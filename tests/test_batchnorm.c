@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "model_fd.h"
 #include "downpour/checkpoint.h"
 #include "downpour/device.h"
 #include "downpour/layer_kind.h"
@@ -213,24 +214,10 @@ static void test_model(const char *spec, int batch)
     fill(x, nx, 0, 1);
     for (int i = 0; i < batch; i++)
         y[i] = (uint8_t)(i % dp_model_classes(&m));
-    dp_model_forward_backward(&m, x, y, batch, NULL);
-    float *g = malloc(m.n_params * sizeof *g);
-    memcpy(g, m.grads, m.n_params * sizeof *g);
-    const float hstep = 1e-2f;
-    double worst = 0;
-    for (size_t k = 0; k < m.n_params; k += 1 + m.n_params / 60) {
-        float v = m.params[k];
-        m.params[k] = v + hstep;
-        double up = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
-        m.params[k] = v - hstep;
-        double dn = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
-        m.params[k] = v;
-        double fd = (up - dn) / (2.0 * hstep);
-        worst = fmax(worst, fabs(fd - g[k]) / fmax(0.05, fabs(fd)));
-    }
+    double worst = model_fd_worst(&m, x, y, batch);
     CHECKF(worst < 1e-2, "%s: gradient error %.2e", spec, worst);
     printf("%s: whole-model gradient within %.1e of finite differences\n", spec, worst);
-    free(x), free(g);
+    free(x);
     dp_model_free(&m);
 }
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "model_fd.h"
 #include "device/dexec.h"
 #include "device/device_impl.h"
 #include "downpour/checkpoint.h"
@@ -281,29 +282,16 @@ static void test_model(const char *spec, const char *canonical, int batch)
     dp_model_init_params(&m, 11);
     fill(m.params, m.n_params, -0.8f, 0.8f);
     size_t nx = (size_t)batch * dp_model_inputs(&m);
-    float *x = malloc(nx * sizeof *x), *g = malloc(m.n_params * sizeof *g);
+    float *x = malloc(nx * sizeof *x);
     uint8_t y[16];
-    REQUIRE(x && g && batch <= 16);
+    REQUIRE(x && batch <= 16);
     fill(x, nx, 0, 1);
     for (int i = 0; i < batch; i++)
         y[i] = (uint8_t)(i % dp_model_classes(&m));
-    dp_model_forward_backward(&m, x, y, batch, NULL);
-    memcpy(g, m.grads, m.n_params * sizeof *g);
-    const float hstep = 1e-2f;
-    double worst = 0;
-    for (size_t k = 0; k < m.n_params; k += 1 + m.n_params / 60) {
-        float v = m.params[k];
-        m.params[k] = v + hstep;
-        double up = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
-        m.params[k] = v - hstep;
-        double dn = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
-        m.params[k] = v;
-        double fd = (up - dn) / (2.0 * hstep);
-        worst = fmax(worst, fabs(fd - g[k]) / fmax(0.05, fabs(fd)));
-    }
+    double worst = model_fd_worst(&m, x, y, batch);
     CHECKF(worst < 1e-2, "%s: gradient error %.2e", spec, worst);
     printf("%s: whole-model gradient within %.1e of finite differences\n", spec, worst);
-    free(x), free(g);
+    free(x);
     dp_model_free(&m);
 }
 
