@@ -241,7 +241,13 @@ static void test_bad_specs(void)
         "784-65537-10",     /* too wide */
         "784-99999999999999999999-10", /* overflow */
         "784-300",          /* 300 classes > 256 */
-        "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2", /* 17 layers */
+        /* 33 dense layers and their relus: 65 layers with the loss */
+        "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2",
+        /* 49 layers with parameters (48 at most) */
+        "2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-"
+        "dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-"
+        "dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-"
+        "dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-dense2-2",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dp_model m;
@@ -259,8 +265,9 @@ static void test_bad_specs(void)
     CHECK(strstr(err.msg, "slots") != NULL);
     CHECK(m.params == NULL);
     /* the limits themselves are fine */
-    REQUIRE(dp_model_init(&m, "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2", 1, 1, &err) == 0);
-    CHECK(m.n_dense == 16 && m.n_layers == 32 && m.n_layers <= DP_MAX_LAYERS);
+    REQUIRE(dp_model_init(&m, "2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2-2",
+                          1, 1, &err) == 0);
+    CHECK(m.n_dense == 32 && m.n_layers == 64 && m.n_layers <= DP_MAX_LAYERS);
     dp_model_free(&m);
     REQUIRE(dp_model_init(&m, "3-256", 1, 1, &err) == 0);
     CHECK(dp_model_classes(&m) == 256);

@@ -31,6 +31,8 @@ typedef struct dp_layer_call {
     const float *w, *b;  /* the layer's weights and bias (NULL: none) */
     float *gw, *gb;      /* their gradients, OVERWRITTEN by the backward */
     const float *in;     /* the layer's input (batch, d->in) */
+    const float *skip;   /* res: the other addend (batch, d->out): the block's input
+                          * or its main branch's output */
     float *out;          /* its output (batch, d->out); the backward reads what the forward wrote */
     const float *dout;   /* backward: the gradient at the output */
     float *din;          /* backward: the gradient at the input, OVERWRITTEN; NULL: not wanted */

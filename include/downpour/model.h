@@ -54,9 +54,12 @@
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 
-#define DP_MAX_DENSE 16      /* layers with parameters (dense, conv, local) */
-#define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included */
-#define DP_MAX_SPEC 256      /* a canonical spec's characters, with the NUL */
+#define DP_MAX_DENSE 48      /* layers with parameters (dense, conv, local, bn, ln):
+                              * resnet-fashion has 31 */
+#define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included
+                              * (resnet-fashion: 52) */
+#define DP_MAX_SPEC 1024     /* a canonical spec's characters, with the NUL
+                              * (resnet-fashion's: about 330) */
 
 /* The kinds of layers.  Each is one entry of the layer table (layer_kind.h):
  * a new kind is its file src/nn/layer_<kind>.c, a name here and its line in
@@ -79,6 +82,7 @@ typedef enum dp_layer_kind {
     DP_LAYER_GELU,         /* out = in Phi(in), the exact erf form */
     DP_LAYER_GAP,          /* global average pooling: C x H x W to C features */
     DP_LAYER_LAYERNORM,    /* layer normalisation over each record's features */
+    DP_LAYER_RES,          /* a residual block's sum: main(x) + shortcut(x) */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
@@ -98,7 +102,23 @@ typedef struct dp_layer {
     size_t s_off, s_len; /* buffers (state not trained) at buffers + s_off, s_len floats */
     size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
     int chunk;        /* conv, local: samples lowered at a time */
+    /* Residual blocks (docs/architecture.md, "Residual blocks"): the
+     * block's layers in the sequence are its main branch, then its
+     * shortcut's layers (none for an identity shortcut), then the res
+     * layer that sums the two.  res: DP_RES_* roles; res_from: the block's
+     * first layer (shortcut and res layers); res_sc: the res layer's first
+     * shortcut layer, 0 for an identity shortcut. */
+    unsigned res;
+    int res_from, res_sc;
 } dp_layer;
+
+enum {
+    DP_RES_IN = 1 << 0,       /* inside a block: no range, stage or cut starts here... */
+    DP_RES_BEGIN = 1 << 1,    /* ...except at its first layer, which reads the block's input */
+    DP_RES_SHORTCUT = 1 << 2, /* the shortcut's first layer: reads the block's input too */
+    DP_RES_ADD = 1 << 3,      /* the block's sum, its last layer */
+};
+
 
 /* Told during dp_model_forward_backward each time the gradients [lo,
  * n_params) are final, last layer first, so a gradient all-reduce can start
@@ -122,8 +142,13 @@ typedef struct dp_model {
     float *acts;        /* slots * slot_floats: every layer's output, per slot */
     size_t slot_floats;
     size_t act_off[DP_MAX_LAYERS + 1]; /* [l], l >= 1: output of layer l-1 in a slot */
-    float *dacts;       /* two ping-pong gradient buffers, shared by the slots */
+    float *dacts;       /* the gradient buffers, shared by the slots: two that
+                         * ping-pong, three with residual blocks (one keeps the
+                         * block output's gradient), then dskip */
     size_t dact_floats; /* floats in each */
+    int n_dacts;        /* 2, or 3 with residual blocks */
+    float *dskip;       /* residual blocks with a projection: the shortcut's
+                         * gradient at the block's input (in dacts; NULL: none) */
     float *rows, *drows; /* conv and local: a chunk's lowered input and its gradient */
     size_t rows_floats; /* floats in each */
     uint64_t *drop_seeds; /* (slots, n_layers): the seed of each dropout's last forward */
@@ -157,6 +182,10 @@ int dp_model_check_input(const dp_model *m, uint32_t rows, uint32_t cols, uint32
 /* True when the model's input is an image (c x h x w with h*w > 1). */
 int dp_model_is_image(const dp_model *m);
 
+/* Whether a range, a pipeline stage or a model-parallel part may start at
+ * layer j (0 <= j <= n_layers): anywhere but inside a residual block. */
+int dp_model_cut_ok(const dp_model *m, int j);
+
 /* Glorot-uniform weights, limit sqrt(6/(fan_in+fan_out)), zero biases (Keras
  * defaults; a conv or local filter's fans are kh*kw*c and kh*kw*oc).  Also
  * seeds dropout with the same seed. */
@@ -166,6 +195,7 @@ void dp_model_init_params(dp_model *m, uint64_t seed);
 void dp_model_seed_dropout(dp_model *m, uint64_t seed);
 
 /* ---- ranges of layers [a, b), 0 <= a < b <= n_layers ----
+ * Neither a nor b may lie inside a residual block (dp_model_cut_ok).
  * Common arguments: slot in [0, slots); batch in [1, max_batch]; params is a
  * buffer of n_params floats in the model's layout (m->params or any other
  * weights).  A call with an argument out of range does nothing and returns

@@ -71,6 +71,13 @@ int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
     memset(p, 0, sizeof *p);
     size_t off = 0;
     int first = 0; /* the first layer split by units (dense) */
+    for (int i = 0; i < m->n_layers; i++) { /* a refusal with its reason, wherever it is */
+        const dp_layer_ops *o = dp_layer_ops_of(&m->layers[i]);
+        if (o->mp == DP_MP_REFUSE)
+            return dp_errf(err, "--model-parallel %d: layer %d of %s is %s, which model "
+                                "parallelism does not split: %s",
+                           K, i, m->name, o->name, o->mp_reason ? o->mp_reason : "not yet");
+    }
     while (first < m->n_layers && dp_layer_ops_of(&m->layers[first])->mp != DP_MP_UNITS)
         first++;
     if (first == m->n_layers)

@@ -46,4 +46,9 @@ void dp_lk_pointwise(const dp_layer_call *c, bool band, dp_lk_span_fn fn);
 void dp_lk_pointwise_dev(const struct dp_dexec *x, const dp_layer_call *c, int kernel_id,
                          bool backward);
 
+/* out = a + b over n floats, split over the pool (layer_res.c): a residual
+ * block's sum, and in the backward the shortcut's gradient added to the
+ * main branch's at the block's input. */
+void dp_lk_res_add(float *out, const float *a, const float *b, size_t n);
+
 #endif

@@ -15,6 +15,7 @@
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
+#include "nn/layer_impl.h"
 #include "nn/model_spec.h"
 
 /* Lowered layers (conv, local) lower this many floats of input at a time
@@ -113,6 +114,15 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     }
     m->slot_floats = per_slot;
     m->dact_floats = line_floats((size_t)max_batch * max_width);
+    /* residual blocks: a third gradient buffer keeps the block output's
+     * gradient for both branches, a fourth the shortcut's at the block's
+     * input (docs/architecture.md, "Residual blocks") */
+    bool blocks = false, projections = false;
+    for (int l = 0; l < n; l++) {
+        blocks |= (m->layers[l].res & DP_RES_ADD) != 0;
+        projections |= (m->layers[l].res & DP_RES_SHORTCUT) != 0;
+    }
+    m->n_dacts = blocks ? 3 : 2;
     size_t max_slots = SIZE_MAX / sizeof(float) / per_slot;
     if (slots < 1 || (size_t)slots > max_slots)
         return dp_errf(err, "model %s: %d activation slots out of range [1, %zu]", spec, slots,
@@ -123,7 +133,9 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     m->grads = alloc_floats(m->n_params);
     m->buffers = m->n_buffers ? alloc_floats(m->n_buffers) : NULL;
     m->acts = alloc_floats((size_t)slots * per_slot);
-    m->dacts = alloc_floats(2 * m->dact_floats);
+    m->dacts = alloc_floats((size_t)(m->n_dacts + projections) * m->dact_floats);
+    if (m->dacts && projections)
+        m->dskip = m->dacts + (size_t)m->n_dacts * m->dact_floats;
     m->rows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drows = m->rows_floats ? alloc_floats(m->rows_floats) : NULL;
     m->drop_seeds = calloc((size_t)slots * (size_t)n, sizeof *m->drop_seeds);
@@ -153,6 +165,7 @@ void dp_model_free(dp_model *m)
     free(m->drows);
     free(m->drop_seeds);
     m->params = m->grads = m->buffers = m->acts = m->dacts = m->rows = m->drows = NULL;
+    m->dskip = NULL;
     m->n_buffers = 0;
     m->drop_seeds = NULL;
     m->n_params = 0;
@@ -250,17 +263,32 @@ float *dp_model_act(const dp_model *m, int slot, int l)
     return act(m, slot, l);
 }
 
+int dp_model_cut_ok(const dp_model *m, int j)
+{
+    if (j < 0 || j > m->n_layers)
+        return 0;
+    if (j == m->n_layers)
+        return 1;
+    unsigned r = m->layers[j].res;
+    return !(r & DP_RES_IN) || (r & DP_RES_BEGIN);
+}
+
 static bool range_ok(const dp_model *m, int slot, int a, int b, int batch)
 {
     return m->acts && slot >= 0 && slot < m->slots && a >= 0 && a < b && b <= m->n_layers &&
-           batch >= 1 && batch <= m->max_batch;
+           batch >= 1 && batch <= m->max_batch && dp_model_cut_ok(m, a) && dp_model_cut_ok(m, b);
 }
+
+/* Where a branch of a residual block starts, the layer reads the block's
+ * input: no relu fuses across that edge, forward or backward. */
+static bool branch_start(const dp_layer *d) { return d->res & (DP_RES_BEGIN | DP_RES_SHORTCUT); }
 
 /* A layer that a relu follows inside [.., b) runs with the relu fused. */
 static bool fuses_relu(const dp_model *m, int l, int b)
 {
     return (dp_layer_ops_of(&m->layers[l])->flags & DP_LK_FUSES_RELU) && l + 1 < b &&
-           (dp_layer_ops_of(&m->layers[l + 1])->flags & DP_LK_RELU);
+           (dp_layer_ops_of(&m->layers[l + 1])->flags & DP_LK_RELU) &&
+           !branch_start(&m->layers[l + 1]);
 }
 
 /* A call of layer d of a slot with the weights params and the gradients
@@ -293,9 +321,14 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
 {
     float loss = 0.0f;
     const float *inp = in;
+    const float *block_in = NULL, *main_out = NULL; /* residual blocks: what res adds */
     for (int l = a; l < b;) {
         const dp_layer *d = &m->layers[l];
         const dp_layer_ops *o = dp_layer_ops_of(d);
+        if (d->res & DP_RES_BEGIN)
+            block_in = inp;
+        if (d->res & DP_RES_SHORTCUT) /* the shortcut reads the block's input */
+            main_out = inp, inp = block_in;
         if (!train && (o->flags & DP_LK_EVAL_IDENTITY)) {
             l++;
             continue;
@@ -303,6 +336,8 @@ static float forward(dp_model *m, int slot, const float *params, const float *in
         int last = fuses_relu(m, l, b) ? l + 1 : l; /* the last layer this step covers */
         dp_layer_call c = call_of(m, slot, d, params, NULL, batch);
         c.in = inp;
+        if (d->res & DP_RES_ADD) /* identity: the block's input; else the main branch's output */
+            c.skip = d->res_sc ? main_out : block_in;
         c.out = act(m, slot, last + 1);
         c.relu = last > l;
         c.y = y;
@@ -329,11 +364,27 @@ typedef struct fused_update {
     float *params;
 } fused_update;
 
+/* A gradient buffer that is neither g (the gradient a layer reads) nor keep
+ * (a block output's gradient, kept for both branches). */
+static float *free_dact(const dp_model *m, const float *g, const float *keep)
+{
+    for (int i = 0;; i++) {
+        float *x = m->dacts + (size_t)i * m->dact_floats;
+        if (x != g && x != keep)
+            return x;
+    }
+}
+
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
  * loss layer, from the labels y) to din.  A layer whose input is a relu in
  * the range and that takes its mask (DP_LK_TAKES_RELU_MASK: dense, maxpool)
  * produces the gradient at the relu's input in one kernel.  Intermediate
- * gradients ping-pong between the two halves of m->dacts.  notify: call
+ * gradients ping-pong between m->dacts' buffers.  A residual block
+ * (docs/architecture.md, "Residual blocks") runs backwards from its res
+ * layer: the gradient at its output, kept, goes to the shortcut's layers
+ * (their gradient at the block's input lands in m->dskip), then to the main
+ * branch's, and the block's first layer adds the shortcut's gradient (or,
+ * for an identity, the kept one) to its own at the block's input.  notify: call
  * m->grad_ready after each layer with parameters.  u: update each layer's
  * parameters once both its products are done (its input gradient has read
  * the old weights), while its gradients are still in cache. */
@@ -341,19 +392,34 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
                      const float *dout, const float *in, const uint8_t *y, int a, int b,
                      int batch, bool notify, const fused_update *u)
 {
-    float *buf[2] = {m->dacts, m->dacts + m->dact_floats};
-    int next = 0;        /* the buffer the next intermediate gradient goes to */
     const float *g = dout; /* the gradient at the output of layer l */
+    const float *keep = NULL, *skip = NULL; /* in a block: its output's gradient, and
+                                             * the shortcut's at its input */
     for (int l = b - 1; l >= a;) {
         const dp_layer *d = &m->layers[l];
         const dp_layer_ops *o = dp_layer_ops_of(d);
+        if (d->res & DP_RES_ADD) { /* both branches get g as it is */
+            keep = g;
+            skip = d->res_sc ? m->dskip : g;
+            l--;
+            continue;
+        }
         int first = l; /* the first layer this step covers */
-        if ((o->flags & DP_LK_TAKES_RELU_MASK) && l - 1 >= a &&
+        if ((o->flags & DP_LK_TAKES_RELU_MASK) && l - 1 >= a && !branch_start(d) &&
             (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU))
             first = l - 1; /* the relu's mask fuses into this layer's input gradient */
+        const dp_layer *f = &m->layers[first];
+        /* the block's input: the range's, or the output of the layer before */
+        const float *block_in = f->res & DP_RES_SHORTCUT
+                                    ? (f->res_from == a ? in : act(m, slot, f->res_from))
+                                    : NULL;
         dp_layer_call c = call_of(m, slot, d, params, grads, batch);
-        c.din = first == a ? din : buf[next]; /* gradient at layer first's input */
+        c.din = first == a ? din : free_dact(m, g, keep); /* gradient at layer first's input */
+        if (f->res & DP_RES_SHORTCUT) /* not wanted when the block starts the range and din is NULL */
+            c.din = f->res_from == a && !din ? NULL : m->dskip;
         c.in = l == a ? in : act(m, slot, l); /* layer l's input */
+        if (d->res & DP_RES_SHORTCUT)
+            c.in = block_in;
         c.out = act(m, slot, l + 1);
         c.dout = g;
         c.relu = first < l;
@@ -367,10 +433,17 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         }
         if (notify && m->grad_ready && d->w_len) /* this layer's [w_off, b_off + b_len) */
             m->grad_ready(m->grad_ready_ctx, d->w_off);
-        if (first > a) {
-            g = c.din;
-            next ^= 1;
+        if (f->res & DP_RES_SHORTCUT) { /* the main branch starts from the block's output */
+            g = keep;
+            l = first - 1;
+            continue;
         }
+        if ((f->res & DP_RES_BEGIN) && c.din) /* the block's input gets both branches' */
+            dp_lk_res_add(c.din, c.din, skip, (size_t)batch * f->in);
+        if (f->res & DP_RES_BEGIN)
+            keep = skip = NULL;
+        if (first > a)
+            g = c.din;
         l = first - 1;
     }
 }

@@ -11,6 +11,8 @@
  *   lcn5                   local contrast normalisation over 5x5 (odd)
  *   dropout0.5             inverted dropout of that fraction
  *   relu, flatten
+ *   res(A) | res(A|B)      a residual block: A(x) + x, or A(x) + B(x) (B a
+ *                          projection shortcut); A and B are tokens joined by '-'
  *
  * The loss (softmax_xent) follows the last token, which must be dense.
  * Layouts are inserted where they are needed: an input image of several
@@ -46,11 +48,23 @@ static const struct {
      "1x28x28-local5x5x16-relu-maxpool2-lcn5-local5x5x32-relu-maxpool2-lcn3-128-10"},
     /* mlp-300-100 with batch norm after each hidden dense layer, before its relu */
     {"mlp-bn", "784-dense300-bn-relu-dense100-bn-relu-10"},
+    /* a ResNet for 28x28 images (docs/models.md): a 16-channel stem, three
+     * stages of two basic blocks at 16, 32 and 64 channels, the first block
+     * of the last two halving the image with a 1x1 projection shortcut */
+    {"resnet-fashion",
+     "1x28x28-conv3x3x16p1-bn-relu"
+     "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+     "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+     "-res(conv3x3x32s2p1-bn-relu-conv3x3x32p1-bn|conv1x1x32s2-bn)-relu"
+     "-res(conv3x3x32p1-bn-relu-conv3x3x32p1-bn)-relu"
+     "-res(conv3x3x64s2p1-bn-relu-conv3x3x64p1-bn|conv1x1x64s2-bn)-relu"
+     "-res(conv3x3x64p1-bn-relu-conv3x3x64p1-bn)-relu"
+     "-gap-10"},
 };
 
 const char *dp_model_presets(void)
 {
-    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn";
+    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
@@ -352,6 +366,122 @@ static int token(dp_spec_parser *p, const char *s, const char *end, bool last)
     return rc;
 }
 
+/* The shape of the activations at a point of the spec. */
+typedef struct shape {
+    int c, h, w;
+    bool hwc, flat;
+} shape;
+
+static shape shape_of(const dp_spec_parser *p) { return (shape){p->c, p->h, p->w, p->hwc, p->flat}; }
+
+static void shape_set(dp_spec_parser *p, shape s)
+{
+    p->c = s.c, p->h = s.h, p->w = s.w, p->hwc = s.hwc, p->flat = s.flat;
+}
+
+static bool shape_image(shape s) { return !s.flat && s.h * s.w > 1; }
+
+static bool shape_same(shape a, shape b)
+{
+    return shape_image(a) == shape_image(b) && a.c * a.h * a.w == b.c * b.h * b.w &&
+           (!shape_image(a) || (a.c == b.c && a.h == b.h && a.w == b.w));
+}
+
+static void shape_text(char *buf, size_t n, shape s)
+{
+    if (!shape_image(s))
+        snprintf(buf, n, "%d features", s.c * s.h * s.w);
+    else
+        snprintf(buf, n, "%dx%dx%d", s.c, s.h, s.w);
+}
+
+/* A residual block being parsed: res(main) or res(main|shortcut)
+ * (docs/models.md, "Residual blocks"). */
+typedef struct block {
+    bool open, in_sc;
+    const char *at; /* its text, from "res(" */
+    int tok_no;
+    int first, sc;  /* its first layer, its shortcut's first (0: identity) */
+    shape in, main; /* the shapes at its input and at its main branch's output */
+} block;
+
+static int block_open(dp_spec_parser *p, block *b, const char *at)
+{
+    if (b->open)
+        return dp_spec_fail(p, "a res( block inside another: nested blocks are not supported");
+    /* an image of several channels goes NHWC before the block, so both
+     * branches add in one layout */
+    if (!p->flat && p->h * p->w > 1 && p->c > 1 && !p->hwc && dp_spec_need_image(p) < 0)
+        return -1;
+    *b = (block){.open = true, .at = at, .tok_no = p->tok_no, .first = p->m->n_layers,
+                 .in = shape_of(p)};
+    dp_spec_emit(p, "-res(");
+    return 0;
+}
+
+static int block_bar(dp_spec_parser *p, block *b)
+{
+    if (!b->open || b->in_sc)
+        return dp_spec_fail(p, b->open ? "a second '|' in a res( block (one shortcut)"
+                                       : "'|' outside a res( block");
+    b->in_sc = true;
+    b->main = shape_of(p);
+    b->sc = p->m->n_layers;
+    shape_set(p, b->in);
+    dp_spec_emit(p, "|");
+    return 0;
+}
+
+/* At its ')': the branches must agree; the res layer sums them. */
+static int block_close(dp_spec_parser *p, block *b, const char *close)
+{
+    dp_model *m = p->m;
+    if (!b->open)
+        return dp_spec_fail(p, "')' without its res(");
+    if (!b->in_sc)
+        b->main = shape_of(p);
+    shape other = b->in_sc ? shape_of(p) : b->in; /* the shortcut's output, or the block's input */
+    p->tok = b->at, p->tok_len = (int)(close + 1 - b->at), p->tok_no = b->tok_no;
+    if (!shape_same(b->main, other)) {
+        char a[64], o[64];
+        shape_text(a, sizeof a, b->main);
+        shape_text(o, sizeof o, other);
+        return dp_spec_fail(p, "the main branch gives %s but the %s shortcut gives %s: they "
+                               "must match to be added%s",
+                            a, b->in_sc ? "projection" : "identity", o,
+                            b->in_sc ? "" : " (give a projection after '|', like "
+                                            "res(conv3x3x32s2p1-bn-relu-conv3x3x32p1-bn|"
+                                            "conv1x1x32s2-bn))");
+    }
+    shape_set(p, b->main);
+    dp_layer *d = dp_spec_add(p, DP_LAYER_RES);
+    if (!d)
+        return -1;
+    for (int l = b->first; l < m->n_layers; l++)
+        m->layers[l].res |= DP_RES_IN;
+    m->layers[b->first].res |= DP_RES_BEGIN;
+    if (b->sc) {
+        m->layers[b->sc].res |= DP_RES_SHORTCUT;
+        m->layers[b->sc].res_from = b->first;
+    }
+    d->res |= DP_RES_ADD;
+    d->res_from = b->first;
+    d->res_sc = b->sc;
+    dp_spec_emit(p, ")");
+    b->open = b->in_sc = false;
+    return 0;
+}
+
+static int empty_token(dp_spec_parser *p, int t, char at_end, const block *b)
+{
+    if (b->open)
+        return dp_spec_fail(p, "an empty branch or token in a res( block (a branch holds "
+                               "layers, like res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn))");
+    return dp_spec_fail(p, t == 1 ? "the spec starts with '-'"
+                           : !at_end ? "empty token between two '-'"
+                                     : "the spec ends with '-' (a layer is missing)");
+}
+
 int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
 {
     const char *text = spec, *preset = NULL;
@@ -365,31 +495,75 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
                             dp_model_presets());
     if (strlen(text) >= DP_MAX_SPEC)
         return dp_spec_fail(&p, "longer than %d characters", DP_MAX_SPEC - 1);
-    int ntok = 1;
-    for (const char *s = text; *s; s++)
-        ntok += *s == '-';
-    const char *s = text;
-    for (int t = 0; t < ntok; t++) {
-        const char *end = strchr(s, '-');
-        if (!end)
-            end = s + strlen(s);
-        p.tok = s, p.tok_len = (int)(end - s), p.tok_no = t + 1;
+    const char *s = text, *text_end = text + strlen(text);
+    block b = {0};
+    bool closed_last = false; /* the last thing parsed was a block's ')' */
+    int t = 0;
+    for (;;) {
+        t++;
+        p.tok = s, p.tok_len = (int)strcspn(s, "-|()"), p.tok_no = t;
+        if (t > 1 && starts(s, text_end, "res(")) {
+            if (block_open(&p, &b, s) < 0)
+                return -1;
+            s += 4;
+            p.tok = s, p.tok_len = (int)strcspn(s, "-|()");
+        }
+        const char *end = s + p.tok_len;
         if (end == s)
-            return dp_spec_fail(&p, t == 0 ? "the spec starts with '-'"
-                                    : t + 1 == ntok ? "the spec ends with '-' (a layer is missing)"
-                                                    : "empty token between two '-'");
-        if (t == 0 && ntok == 1 && !(*s >= '0' && *s <= '9')) {
+            return empty_token(&p, t, !*end, &b);
+        if (*end == '(')
+            return dp_spec_fail(&p, "unexpected '(' (a residual block is res(...))");
+        if (t == 1 && !*end && !(*s >= '0' && *s <= '9')) {
             p.tok = NULL;
             return dp_spec_fail(&p, "not a preset (%s) nor layers joined by '-' like "
                                     "784-300-100-10",
                                 dp_model_presets());
         }
-        if ((t == 0 ? input(&p, s, end) : token(&p, s, end, t + 1 == ntok)) < 0)
+        /* a branch's first token is spelled without its '-' */
+        bool branch_start = b.open && (s[-1] == '(' || s[-1] == '|');
+        size_t mark = p.spec_len;
+        int before = m->n_layers;
+        if ((t == 1 ? input(&p, s, end) : token(&p, s, end, !*end && !b.open)) < 0)
             return -1;
-        s = end + 1;
+        if (b.open && m->n_layers == before)
+            return dp_spec_fail(&p, "makes no layer, which a res( block cannot hold");
+        if (branch_start && mark < sizeof m->spec && m->spec[mark] == '-') {
+            memmove(m->spec + mark, m->spec + mark + 1, p.spec_len - mark);
+            p.spec_len--;
+        }
+        s = end;
+        closed_last = false;
+        if (*s == '|') {
+            if (block_bar(&p, &b) < 0)
+                return -1;
+            s++;
+            continue;
+        }
+        while (*s == ')') {
+            if (block_close(&p, &b, s) < 0)
+                return -1;
+            s++;
+            closed_last = true;
+        }
+        if (!*s)
+            break;
+        if (*s != '-')
+            return dp_spec_fail(&p, "expected '-' after ')', found '%c'", *s);
+        s++;
+        if (!*s) {
+            p.tok = s, p.tok_len = 0, p.tok_no = t + 1;
+            return empty_token(&p, t + 1, true, &b);
+        }
     }
+    if (b.open) {
+        p.tok = b.at, p.tok_len = (int)(text_end - b.at), p.tok_no = b.tok_no;
+        return dp_spec_fail(&p, "res( without its ')'");
+    }
+    if (closed_last)
+        return dp_spec_fail(&p, "the last layer must be dense (its width is the number of "
+                                "classes), like ...-10, not a block");
     p.tok = NULL;
-    if (ntok < 2)
+    if (t < 2)
         return dp_spec_fail(&p, "needs at least the input and the classes (like 784-10)");
     if (p.spec_len >= sizeof m->spec)
         return dp_spec_fail(&p, "its canonical spelling is longer than %d characters",

@@ -175,6 +175,10 @@ int dp_pipe_partition(int *first, const dp_model *m, int stages, const char *spl
                 return dp_errf(err, "--split '%s': stage starts must increase strictly within "
                                     "1..%d (model %s has %d layers: %s)", split, L - 1, m->name,
                                L, m->spec);
+            if (!dp_model_cut_ok(m, first[k]))
+                return dp_errf(err, "--split '%s': layer %d is inside a residual block of model "
+                                    "%s; a stage starts only between blocks",
+                               split, first[k], m->name);
         }
         first[stages] = L;
         return 0;
@@ -182,11 +186,17 @@ int dp_pipe_partition(int *first, const dp_model *m, int stages, const char *spl
     /* Cut elsewhere than between a layer and the relu fused into it, where
      * there are enough such places: the two then stay one kernel. */
     unsigned char cut[DP_MAX_LAYERS + 1] = {0};
-    int places = 0;
+    int places = 0, any = 0; /* any: the places outside residual blocks */
+    for (int j = 1; j < L; j++) {
+        any += dp_model_cut_ok(m, j);
+        places += dp_model_cut_ok(m, j) && !fused_at(m, j);
+    }
+    if (any < stages - 1)
+        return dp_errf(err, "--stages %d: model %s can be cut in %d places only (a stage "
+                            "starts between residual blocks, never inside one), so at most %d "
+                            "stages", stages, m->name, any, any + 1);
     for (int j = 1; j < L; j++)
-        places += !fused_at(m, j);
-    for (int j = 1; j < L; j++)
-        cut[j] = places < stages - 1 || !fused_at(m, j);
+        cut[j] = dp_model_cut_ok(m, j) && (places < stages - 1 || !fused_at(m, j));
     balance(first, m, stages, cut);
     return 0;
 }
