@@ -8,7 +8,9 @@
  *   transport, one thread a stage, M = 1, 4 and 8, both schedules, sgd and
  *   adam, over steps with a short last batch: the parameters equal one
  *   process's at the same batch within float noise; the instrumented peak of
- *   micro-batches held is what the schedule says;
+ *   micro-batches held is what the schedule says; the same for a model of
+ *   residual blocks (identity and projection), whose stages start only
+ *   between blocks (resnet-fashion's too, at 2 to 8 stages);
  * - a stage that dies ends its neighbours' steps with a message naming it. */
 #include <math.h>
 #include <pthread.h>
@@ -148,7 +150,10 @@ static void test_partition(void)
 
 /* ------------------------------------------------- against one process */
 
-#define SPEC "20-16-12-8-5"
+/* the model: a dense stack, then one of residual blocks (identity and
+ * projection shortcuts), whose stages start only between blocks */
+static const char *spec = "20-16-12-8-5";
+#define RES_SPEC "20-res(16-dense20)-relu-res(12-dense8|dense8)-relu-5"
 #define BATCH 16
 #define STEPS 3
 #define PER_REPLICA 45 /* records per replica: 16 + 16 + 13 */
@@ -194,7 +199,7 @@ static void *run_stage(void *arg)
     node.cluster.self = j->position;
     node.self = &node.cluster.tasks[j->position];
     node.transport = j->t;
-    REQUIRE(dp_model_init(&m, SPEC, BATCH, 1, &j->err) == 0);
+    REQUIRE(dp_model_init(&m, spec, BATCH, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
     dp_split counted = {.n = (uint32_t)(PER_REPLICA * j->replicas)}; /* sizes the shards */
     dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m, .train = &counted,
@@ -245,7 +250,7 @@ static void reference(float *out, const dp_optim_config *oc, int replicas)
     dp_model m;
     dp_optim opt;
     dp_err err;
-    REQUIRE(dp_model_init(&m, SPEC, BATCH * replicas, 1, &err) == 0);
+    REQUIRE(dp_model_init(&m, spec, BATCH * replicas, 1, &err) == 0);
     dp_model_init_params(&m, 7);
     REQUIRE(dp_optim_init(&opt, oc, m.n_params, &err) == 0);
     for (int k = 0; k < STEPS; k++) {
@@ -299,7 +304,7 @@ static void test_equal_to_one_process(void)
             for (int mi = 0; mi < 3; mi++)
                 for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++) {
                     dp_train_config cfg = dp_train_defaults();
-                    cfg.model = SPEC;
+                    cfg.model = spec;
                     cfg.batch = BATCH;
                     cfg.stages = S;
                     cfg.micro_batches = micro[mi];
@@ -329,8 +334,8 @@ static void test_equal_to_one_process(void)
                         worst = d > worst ? d : worst;
                     }
                     CHECK(jobs[0].n_params > 0);
-                    fprintf(stderr, "S %d R %d M %d %-5s %-4s: max relative diff %.3g\n", S, R,
-                            micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
+                    fprintf(stderr, "%s S %d R %d M %d %-5s %-4s: max relative diff %.3g\n",
+                            spec, S, R, micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
                             worst);
                     CHECKF(worst < 1e-5, "S %d R %d M %d %s %s differs from one process by %g",
                            S, R, micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
@@ -339,11 +344,35 @@ static void test_equal_to_one_process(void)
         }
 }
 
+/* A residual model's stages start only between its blocks, cut by the cost
+ * or by --split. */
+static void test_residual_partition(void)
+{
+    dp_model m;
+    dp_err err;
+    int first[DP_PIPE_MAX_STAGES + 1];
+    REQUIRE(dp_model_init(&m, "resnet-fashion", 1, 1, &err) == 0);
+    for (int S = 2; S <= 8; S++) {
+        REQUIRE(dp_pipe_partition(first, &m, S, NULL, &err) == 0);
+        for (int k = 1; k < S; k++)
+            CHECKF(dp_model_cut_ok(&m, first[k]), "%d stages: stage %d starts at layer %d, "
+                   "inside a block", S, k, first[k]);
+    }
+    dp_model_free(&m);
+    REQUIRE(dp_model_init(&m, RES_SPEC, 1, 1, &err) == 0);
+    CHECK(dp_pipe_partition(first, &m, 2, "2", &err) < 0 && strstr(err.msg, "residual block"));
+    CHECK(dp_pipe_partition(first, &m, 2, "5", &err) == 0 && first[1] == 5);
+    /* 13 layers, but 5 places to cut between blocks */
+    CHECK(dp_pipe_partition(first, &m, 6, NULL, &err) == 0);
+    CHECK(dp_pipe_partition(first, &m, 7, NULL, &err) < 0 && strstr(err.msg, "5 places"));
+    dp_model_free(&m);
+}
+
 /* Stage 1 of 3 dies before step 2: its neighbours stop with its name. */
 static void test_lost_stage(void)
 {
     dp_train_config cfg = dp_train_defaults();
-    cfg.model = SPEC;
+    cfg.model = spec;
     cfg.batch = BATCH;
     cfg.stages = 3;
     cfg.optim = dp_optim_defaults(DP_OPTIM_SGD);
@@ -370,5 +399,8 @@ int main(void)
     test_partition();
     test_equal_to_one_process();
     test_lost_stage();
+    spec = RES_SPEC;
+    test_residual_partition();
+    test_equal_to_one_process();
     return CHECK_DONE();
 }
