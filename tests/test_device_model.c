@@ -6,7 +6,8 @@
  * replayed graph gives the bits of DOWNPOUR_DEVICE_GRAPH=0; nothing
  * allocates device memory in a step; a replayed dropout model draws the
  * CPU's masks; the host copies round-trip; collect's
- * tallies equal the CPU's; models with lcn train as on the CPU; a split of
+ * tallies equal the CPU's; models with lcn and with residual blocks train
+ * as on the CPU; a split of
  * float records gathers as it is; --ema's
  * average kept on the device follows the host's formula; and
  * the errors name what failed.  Each parity
@@ -716,6 +717,13 @@ int main(void)
     parity("1x28x28-conv5x5x4-relu-lcn5-maxpool2-lcn3-10", DP_OPTIM_MOMENTUM, 9, 1e-4);
     if (!SANITIZED)
         parity("distbelief-image", DP_OPTIM_ADAGRAD, 8, 1e-4);
+    /* residual blocks (identity and projection shortcuts, bn inside, a
+     * stride): the block's sum and its input's gradient on the device */
+    parity("1x28x28-conv3x3x4p1-bn-relu-res(conv3x3x4p1-bn-relu-conv3x3x4p1-bn)-relu"
+           "-res(conv3x3x6s2p1-bn-relu-conv3x3x6p1|conv1x1x6s2-bn)-relu-gap-10",
+           DP_OPTIM_MOMENTUM, 9, 1e-4);
+    parity("784-res(64-dense784)-res(dense32-relu-dense16|dense16)-relu-10", DP_OPTIM_SGD, 9,
+           1e-5);
     /* a conv filter's gradient sums 50 x 576 positions, in another order
      * than the CPU's chunked product */
     if (!SANITIZED)

@@ -5,7 +5,8 @@
  * and optimiser slots in the model's flat layout; every layer's output for
  * max_batch rows (act_off, as the CPU model lays out one slot); each keep
  * a kind asks for (keep_off, dev_keep: lcn's); two ping-pong gradient
- * buffers; a ones vector (bias gradients as products);
+ * buffers (three and a fourth for the shortcut's with residual blocks, as
+ * model.c's: docs/architecture.md, "Residual blocks"); a ones vector (bias gradients as products);
  * the gathered batch x and y; the tally (loss sum, correct); and the device
  * step block.  Nothing allocates in a step.  The split's records (bytes, or
  * floats for a split of values) and labels are copied once by
@@ -40,6 +41,7 @@
  * the dropout kernels read them from the step block. */
 #include "downpour/device.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +75,9 @@ struct dp_dmodel {
     float ema_decay;
     float *acts;                   /* act_off[l]: the output of layer l-1 */
     size_t act_off[DP_MAX_LAYERS + 1];
-    float *dacts[2];
+    float *dacts[3];   /* ping-pong gradients; the third only with residual blocks */
+    float *dskip;      /* residual blocks with a projection: the shortcut's gradient at the
+                        * block's input (NULL: none) */
     float *keeps;                      /* every layer's keep (dev_keep), or NULL */
     size_t keep_off[DP_MAX_LAYERS];    /* layer l's in keeps */
     float *ones, *x;
@@ -138,10 +142,15 @@ static float *act(const dp_dmodel *g, int l) { return g->acts + g->act_off[l]; }
 
 /* A layer a relu follows (DP_LK_FUSES_RELU: dense, conv, local): the relu
  * runs in its product's epilogue, and only the relu's output is written. */
+/* Where a branch of a residual block starts, the layer reads the block's
+ * input: no relu fuses across that edge. */
+static bool branch_start(const dp_layer *d) { return d->res & (DP_RES_BEGIN | DP_RES_SHORTCUT); }
+
 static int fuses_relu(const dp_dmodel *g, int l)
 {
     return (dp_layer_ops_of(&g->layers[l])->flags & DP_LK_FUSES_RELU) &&
-           l + 1 < g->n_layers && (dp_layer_ops_of(&g->layers[l + 1])->flags & DP_LK_RELU);
+           l + 1 < g->n_layers && (dp_layer_ops_of(&g->layers[l + 1])->flags & DP_LK_RELU) &&
+           !branch_start(&g->layers[l + 1]);
 }
 
 static void launch(dp_dmodel *g, const dp_kernel *k) { g->be->launch(g->ctx, k); }
@@ -190,10 +199,18 @@ static dp_layer_call call_of(dp_dmodel *g, int l, int batch)
 static void forward(dp_dmodel *g, int batch)
 {
     const float *inp = g->x;
+    const float *block_in = NULL, *main_out = NULL; /* residual blocks, as model.c */
     for (int l = 0; l < g->n_layers;) {
+        const dp_layer *d = &g->layers[l];
+        if (d->res & DP_RES_BEGIN)
+            block_in = inp;
+        if (d->res & DP_RES_SHORTCUT)
+            main_out = inp, inp = block_in;
         int last = fuses_relu(g, l) ? l + 1 : l;
         dp_layer_call c = call_of(g, l, batch);
         c.in = inp;
+        if (d->res & DP_RES_ADD)
+            c.skip = d->res_sc ? main_out : block_in;
         c.out = act(g, last + 1);
         c.relu = last > l;
         dp_layer_ops_of(c.d)->dev_forward(&g->ex, &c);
@@ -206,28 +223,57 @@ static void forward(dp_dmodel *g, int batch)
  * gradient at the input.  A layer fed by a relu that takes its mask on a
  * device (DP_LK_DEV_TAKES_RELU_MASK: dense) masks its input gradient with
  * the relu's output (kept by the forward), so the relu costs no pass of its
- * own; gradients ping-pong between the two dacts. */
+ * own; gradients ping-pong between the dacts.  A residual block runs as in
+ * model.c (docs/architecture.md, "Residual blocks"): its output's gradient
+ * is kept for both branches, the shortcut's first layer writes into dskip,
+ * and one RES_ADD kernel adds it (or the kept gradient) at the block's
+ * input. */
 static void backward(dp_dmodel *g, int batch)
 {
-    int next = 0;
     const float *dout = NULL; /* the gradient at layer l's output */
+    const float *keep = NULL, *skip = NULL;
     for (int l = g->n_layers - 1; l >= 0;) {
-        const dp_layer_ops *o = dp_layer_ops_of(&g->layers[l]);
+        const dp_layer *d = &g->layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(d);
+        if (d->res & DP_RES_ADD) {
+            keep = dout;
+            skip = d->res_sc ? g->dskip : dout;
+            l--;
+            continue;
+        }
         int first = l;
-        if ((o->flags & DP_LK_DEV_TAKES_RELU_MASK) && l >= 1 &&
+        if ((o->flags & DP_LK_DEV_TAKES_RELU_MASK) && l >= 1 && !branch_start(d) &&
             (dp_layer_ops_of(&g->layers[l - 1])->flags & DP_LK_RELU))
             first = l - 1;
+        const dp_layer *f = &g->layers[first];
+        float *free_buf = g->dacts[0] != dout && g->dacts[0] != keep ? g->dacts[0]
+                          : g->dacts[1] != dout && g->dacts[1] != keep ? g->dacts[1]
+                                                                       : g->dacts[2];
         dp_layer_call c = call_of(g, l, batch);
-        c.din = first == 0 ? NULL : g->dacts[next]; /* at layer first's input */
+        c.din = first == 0 ? NULL : free_buf; /* at layer first's input */
         c.in = l == 0 ? g->x : act(g, l);
+        if (f->res & DP_RES_SHORTCUT)
+            c.din = f->res_from == 0 ? NULL : g->dskip;
+        if (d->res & DP_RES_SHORTCUT)
+            c.in = d->res_from == 0 ? g->x : act(g, d->res_from);
         c.out = act(g, l + 1);
         c.dout = dout; /* for a fused relu's layer, already masked by its backward */
         c.relu = first < l;
         o->dev_backward(&g->ex, &c);
-        if (first > 0) {
-            dout = c.din;
-            next ^= 1;
+        if (f->res & DP_RES_SHORTCUT) { /* the main branch starts from the block's output */
+            dout = keep;
+            l = first - 1;
+            continue;
         }
+        if ((f->res & DP_RES_BEGIN) && c.din) {
+            dp_kernel k = {.id = DP_K_RES_ADD, .items = (long)batch * f->in};
+            k.u.res = (dp_ka_res){c.din, c.din, skip};
+            launch(g, &k);
+        }
+        if (f->res & DP_RES_BEGIN)
+            keep = skip = NULL;
+        if (first > 0)
+            dout = c.din;
         l = first - 1;
     }
 }
@@ -376,6 +422,13 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
             width = (size_t)L->out;
     }
     size_t dact = line_floats(mb * width);
+    int n_dacts = 2; /* 3 with residual blocks, 4 with a projection (model.c's) */
+    for (int l = 0; l < g->n_layers; l++) {
+        if ((g->layers[l].res & DP_RES_ADD) && n_dacts < 3)
+            n_dacts = 3;
+        if (g->layers[l].res & DP_RES_SHORTCUT)
+            n_dacts = 4;
+    }
     size_t keeps = 0;
     for (int l = 0; l < g->n_layers; l++)
         if (dp_layer_ops_of(&g->layers[l])->dev_keep) {
@@ -396,7 +449,8 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         (g->n_slots && !(g->state = dalloc(g, (size_t)g->n_slots * pbytes,
                                            "optimiser state", err))) ||
         !(g->acts = dalloc(g, acts * sizeof(float), "activations", err)) ||
-        !(g->dacts[0] = dalloc(g, 2 * dact * sizeof(float), "activation gradients", err)) ||
+        !(g->dacts[0] = dalloc(g, (size_t)n_dacts * dact * sizeof(float),
+                               "activation gradients", err)) ||
         !(g->ones = dalloc(g, ones * sizeof(float), "ones vector", err)) ||
         (keeps && !(g->keeps = dalloc(g, keeps * sizeof(float), "layer state", err))) ||
         (scratch && (!(g->ex.rows = dalloc(g, scratch * sizeof(float), "lowering scratch", err)) ||
@@ -407,6 +461,10 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         !(g->tally = dalloc(g, DP_TALLY_DOUBLES * sizeof(double), "tally", err)))
         goto fail;
     g->dacts[1] = g->dacts[0] + dact;
+    if (n_dacts > 2) /* residual blocks: a kept gradient, then the shortcut's */
+        g->dacts[2] = g->dacts[1] + dact;
+    if (n_dacts > 3)
+        g->dskip = g->dacts[2] + dact;
     g->ex = (dp_dexec){g->be, g->ctx, g->ones, (long)ones, g->ex.rows, g->ex.drows, scratch};
     g->slot_bytes = (block_bytes(g, g->max_batch) + 63) & ~(size_t)63;
     if (!(g->block = dalloc(g, g->slot_bytes, "step block", err)))

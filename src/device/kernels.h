@@ -196,6 +196,17 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
 } dp_ka_ln;
 /* ---- end of layer norm (1/2) ---- */
 
+/* ---- residual blocks (1/2): kernel list and arguments (src/nn/layer_res.c) ----
+ * The block's sum, and in the backward the shortcut's gradient added to the
+ * main branch's at the block's input; the CPU adds the same floats. */
+#define DP_KERNELS_RES(X) X(RES_ADD, res_add)
+
+typedef struct dp_ka_res { /* items n: out = a + b (out may be a) */
+    float *out;
+    const float *a, *b;
+} dp_ka_res;
+/* ---- end of residual blocks (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
@@ -204,6 +215,7 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
     DP_KERNELS_ACT(X)                                                                            \
     DP_KERNELS_GAP(X)                                                                            \
     DP_KERNELS_LN(X)                                                                             \
+    DP_KERNELS_RES(X)                                                                            \
     X(GATHER, gather)                                                                            \
     X(GATHER_F32, gather_f32)                                                                    \
     X(FILL, fill)                                                                                \
@@ -349,6 +361,7 @@ typedef struct dp_kernel {
         dp_ka_act act; /* element-wise activations */
         dp_ka_gap gap;
         dp_ka_ln ln;
+        dp_ka_res res;
     } u;
 } dp_kernel;
 
@@ -824,6 +837,14 @@ DP_HD void dp_k_gap_bwd(const dp_kernel *k, long i)
     a->dst[i] = a->src[r * a->c + ch] / (float)a->hw;
 }
 /* ---- end of gap (2/2) ---- */
+
+/* ---- residual blocks (2/2): bodies ---- */
+DP_HD void dp_k_res_add(const dp_kernel *k, long i)
+{
+    const dp_ka_res *a = &k->u.res;
+    a->out[i] = a->a[i] + a->b[i];
+}
+/* ---- end of residual blocks (2/2) ---- */
 
 /* ---- layer norm (2/2): bodies ---- */
 /* Item r, items R: record r's mean and 1/std (biased variance, eps). */

@@ -5,10 +5,13 @@
  * else the main branch's output) and, in the backward, passes the gradient
  * at its output on to both branches without a copy, so its own backward
  * does nothing.  The grammar of blocks, res(main) and res(main|shortcut),
- * is model_spec.c's.  No parameters.  Model parallelism and devices refuse
- * it (no executor of theirs follows a branch yet). */
+ * is model_spec.c's.  No parameters.  On a device the sum is one kernel
+ * (kernels.h, "residual blocks"), which the device executor (dmodel.c) also
+ * launches at the block's input in the backward.  Model parallelism
+ * refuses it (its slices do not keep the block's input). */
 #include "nn/layer_impl.h"
 
+#include "device/dexec.h"
 #include "downpour/pool.h"
 
 typedef struct add_job {
@@ -40,11 +43,23 @@ static float forward(const dp_layer_call *c)
 
 static void backward(const dp_layer_call *c) { (void)c; }
 
+static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
+{
+    if (c->batch < 1)
+        return;
+    dp_kernel k = {.id = DP_K_RES_ADD, .items = (long)c->batch * c->d->out};
+    k.u.res = (dp_ka_res){c->out, c->in, c->skip};
+    dp_dexec_launch(x, &k);
+}
+
+static void dev_backward(const dp_dexec *x, const dp_layer_call *c) { (void)x, (void)c; }
+
 const dp_layer_ops dp_layer_res = {
     .kind = DP_LAYER_RES, .name = "res", .token = 0,
     .example = "res(A|B)",
     .help = "residual block: A(x) + x, or A(x) + B(x) (B: a projection)",
     .forward = forward, .backward = backward,
+    .dev_forward = dev_forward, .dev_backward = dev_backward,
     .mp = DP_MP_REFUSE,
     .mp_reason = "a residual block's shortcut reads the block's input, which model "
                  "parallelism does not keep",
