@@ -2,7 +2,8 @@
  * a run whose every process is killed at step 33 (checkpoints every 7
  * steps) and resumed ends with weights AND running statistics bitwise equal
  * to the uninterrupted run's, for single (on the CPU and on the sim device)
- * and allreduce (2 replicas), with bn after a dense layer and after a conv; the --save file holds the buffers
+ * and allreduce (2 replicas), with bn after a dense layer, after a conv and
+ * inside residual blocks; the --save file holds the buffers
  * under PyTorch's names; a strategy without a rule for buffers refuses the
  * model before training, naming the ones that take it. */
 #include "proc.h"
@@ -19,15 +20,16 @@ static void resume_is_exact(const char *name, const char *launch, const char *st
     char full[256], part[256];
     snprintf(full, sizeof full, "%s-full.safetensors", name);
     snprintf(part, sizeof part, "%s-part.safetensors", name);
-    int rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model %s " SMALL
+    int rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model '%s' " SMALL
                      " --checkpoint-every 7 --checkpoint-dir %s/%s-a --save %s/%s",
                      bin, launch, strategy, model, tmp, name, tmp, full);
     CHECKF(rc == 0, "%s: the uninterrupted run exited %d: %s", name, rc, err);
     rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s %s train --strategy %s "
-                 "--model %s " SMALL " --checkpoint-every 7 --checkpoint-dir %s/%s-b --save %s/%s",
+                 "--model '%s' " SMALL
+                 " --checkpoint-every 7 --checkpoint-dir %s/%s-b --save %s/%s",
                  bin, launch, strategy, model, tmp, name, tmp, part);
     CHECKF(rc != 0, "%s: the run meant to be killed at step 33 exited 0", name);
-    rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model %s " SMALL
+    rc = run_cmd(err, sizeof err, "%s %s train --strategy %s --model '%s' " SMALL
                  " --checkpoint-every 7 --checkpoint-dir %s/%s-b --save %s/%s --resume",
                  bin, launch, strategy, model, tmp, name, tmp, part);
     CHECKF(rc == 0, "%s: the resumed run exited %d: %s", name, rc, err);
@@ -66,6 +68,11 @@ int main(void)
     resume_is_exact("sim", "", "single --device sim",
                     "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10");
     resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", "784-dense64-bn-relu-10");
+    if (!SANITIZED) /* residual blocks with bn inside, identity and projection */
+        resume_is_exact("residual", "", "single",
+                        "1x28x28-conv5x5x8s2-bn-relu-maxpool2"
+                        "-res(conv3x3x8p1-bn-relu-conv3x3x8p1-bn)-relu"
+                        "-res(conv3x3x16s2p1-bn|conv1x1x16s2-bn)-relu-gap-10");
     int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 1 -- train --strategy "
                      "ps-async --model 784-dense8-bn-10 " SMALL, bin);
     /* refused by the launcher, before any task starts (exit 2, no task line) */

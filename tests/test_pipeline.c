@@ -335,7 +335,8 @@ static void test_equal_to_one_process(void)
                     }
                     CHECK(jobs[0].n_params > 0);
                     fprintf(stderr, "%s S %d R %d M %d %-5s %-4s: max relative diff %.3g\n",
-                            spec, S, R, micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),
+                            spec, S, R, micro[mi], dp_pipe_schedule_name(kind),
+                            dp_optim_kind_name(ok),
                             worst);
                     CHECKF(worst < 1e-5, "S %d R %d M %d %s %s differs from one process by %g",
                            S, R, micro[mi], dp_pipe_schedule_name(kind), dp_optim_kind_name(ok),

@@ -415,7 +415,9 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
                                     : NULL;
         dp_layer_call c = call_of(m, slot, d, params, grads, batch);
         c.din = first == a ? din : free_dact(m, g, keep); /* gradient at layer first's input */
-        if (f->res & DP_RES_SHORTCUT) /* not wanted when the block starts the range and din is NULL */
+        /* the shortcut's gradient at the block's input: not wanted when the
+         * block starts the range and din is NULL */
+        if (f->res & DP_RES_SHORTCUT)
             c.din = f->res_from == a && !din ? NULL : m->dskip;
         c.in = l == a ? in : act(m, slot, l); /* layer l's input */
         if (d->res & DP_RES_SHORTCUT)

@@ -372,7 +372,10 @@ typedef struct shape {
     bool hwc, flat;
 } shape;
 
-static shape shape_of(const dp_spec_parser *p) { return (shape){p->c, p->h, p->w, p->hwc, p->flat}; }
+static shape shape_of(const dp_spec_parser *p)
+{
+    return (shape){p->c, p->h, p->w, p->hwc, p->flat};
+}
 
 static void shape_set(dp_spec_parser *p, shape s)
 {
