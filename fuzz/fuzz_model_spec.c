@@ -1,7 +1,9 @@
 /* libFuzzer target for the --model grammar (src/nn/model_spec.c): any bytes
  * give either a consistent model (every layer's input is the previous one's
- * output, the parameter ranges tile [0, n_params), the last layer is the loss,
- * and the canonical spelling parses again to the same model) or a message
+ * output, or for a residual block's shortcut the block's input, and a
+ * block's sum adds two addends of its shape; the parameter ranges tile
+ * [0, n_params), the last layer is the loss, and the canonical spelling
+ * parses again to the same model) or a message
  * naming the spec, never a crash, a leak or a hang.  Only the parser runs:
  * nothing is allocated, so a valid spec of a huge model costs nothing. */
 #include <stdint.h>
@@ -21,9 +23,20 @@ static void check(const dp_model *m)
         abort();
     for (int l = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (d->in < 1 || d->out < 1 || d->in != d->c * d->h * d->w ||
-            d->out != d->oc * d->oh * d->ow || (l > 0 && d->in != m->layers[l - 1].out))
+        /* a residual block's shortcut reads the block's input, and its sum
+         * adds two addends of its own shape */
+        int from = d->res & DP_RES_SHORTCUT ? d->res_from : l - 1;
+        if (from < -1 || from >= l || (d->res & DP_RES_SHORTCUT && from < 0))
             abort();
+        int prev = d->res & DP_RES_SHORTCUT ? m->layers[from].in : l > 0 ? m->layers[l - 1].out : 0;
+        if (d->in < 1 || d->out < 1 || d->in != d->c * d->h * d->w ||
+            d->out != d->oc * d->oh * d->ow || (l > 0 && d->in != prev))
+            abort();
+        if (d->res & DP_RES_ADD) {
+            if (d->res_from < 0 || d->res_from >= l || d->res_sc < 0 || d->res_sc >= l ||
+                d->out != (d->res_sc ? m->layers[d->res_sc - 1].out : m->layers[d->res_from].in))
+                abort();
+        }
         if (d->w_len) {
             if (d->w_off != next || d->b_off != d->w_off + d->w_len || !d->b_len)
                 abort();

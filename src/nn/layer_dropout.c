@@ -5,6 +5,7 @@
  * layers").  Model parallelism does not split it yet. */
 #include "nn/layer_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +14,7 @@
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
-    char buf[32];
+    char buf[80]; /* emit's longest spelling: a float's fixed digits */
     int n = (int)(end - s);
     double r = -1;
     char *stop = NULL;
@@ -31,9 +32,21 @@ static int parse(dp_spec_parser *p, const char *s, const char *end)
     return 0;
 }
 
+/* %g, as checkpoints have it, except for a tiny rate, which %g writes as
+ * 6e-13, whose '-' the grammar reads as the next token (found by
+ * fuzz_model_spec): then the shortest fixed-point spelling that parses
+ * back to the same float. */
 static void emit(dp_spec_parser *p, const dp_layer *d)
 {
-    dp_spec_emit(p, "-dropout%g", (double)d->rate);
+    char buf[80];
+    snprintf(buf, sizeof buf, "%g", (double)d->rate);
+    if (strchr(buf, 'e'))
+        for (int digits = 1; digits <= 60; digits++) {
+            snprintf(buf, sizeof buf, "%.*f", digits, (double)d->rate);
+            if ((float)strtod(buf, NULL) == d->rate)
+                break;
+        }
+    dp_spec_emit(p, "-dropout%s", buf);
 }
 
 static float forward(const dp_layer_call *c)

@@ -333,7 +333,7 @@ static int unknown(dp_spec_parser *p)
         if (dp_layer_table[k]->token)
             len += (size_t)snprintf(known + len, sizeof known - len, ", %s",
                                     dp_layer_table[k]->name);
-    return dp_spec_fail(p, "unknown layer (known: a width like 128%s)", known);
+    return dp_spec_fail(p, "unknown layer (known: a width like 128%s, and blocks res(...))", known);
 }
 
 static int token(dp_spec_parser *p, const char *s, const char *end, bool last)
