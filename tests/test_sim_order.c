@@ -6,7 +6,7 @@
  * its own, adam, --ema's average), of a CNN (hwc, conv, avgpool, local,
  * lcn, maxpool, flatten, over a split of float records, momentum) and of
  * the zoo's mlp-300-100, cnn-mnist and distbelief-image, and of models with
- * batch norm and the element-wise activations, run here under
+ * batch norm, the element-wise activations and residual blocks, run here under
  * forward, reverse and shuffle (two seeds), and every output, every piece
  * of device state a kernel writes, must be the same bits; only the tallies,
  * sums of doubles in launch order, may move, by at most TALLY_RTOL.
@@ -464,8 +464,8 @@ static void bn(void)
     }
 }
 
-/* The element-wise activations' kernels (layer_activations.c), gap's and
- * ln's, forward and backward, through their kinds. */
+/* The element-wise activations' kernels (layer_activations.c), gap's,
+ * ln's and res's, forward and backward, through their kinds. */
 static void acts(void)
 {
     static const dp_layer_kind kinds[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
@@ -528,6 +528,18 @@ static void acts(void)
     keep("ln backward", din, 4 * 11);
     keep("ln gradients", gwb, 22);
     free(x), free(dout), free(out), free(din), free(wb), free(gwb), free(kp);
+    /* a residual block's sum over 3 records of 35 (layer_res.c) */
+    memset(&L, 0, sizeof L);
+    L.kind = DP_LAYER_RES;
+    L.c = L.oc = 35, L.h = L.w = L.oh = L.ow = 1;
+    L.in = L.out = 35;
+    o = dp_layer_table[DP_LAYER_RES];
+    x = rnd(3 * 35, -3, 3), out = rnd(3 * 35, -1, 1), din = rnd(3 * 35, -1, 1);
+    c = (dp_layer_call){.d = &L, .batch = 3, .in = x, .skip = din, .out = out};
+    o->dev_forward(&ex, &c);
+    sync_ok();
+    keep("res forward", out, 3 * 35);
+    free(x), free(out), free(din);
 }
 
 /* ---- whole training steps through the executor (dmodel.c) ---- */
@@ -653,6 +665,10 @@ static void run_all(rec *r, const char *order, const char *seed)
           0);
     train("2x8x8-conv3x3x4p1-relu-gap-10", DP_OPTIM_MOMENTUM, 8, 0, 0);
     train("784-dense32-ln-gelu-dense16-ln-10", DP_OPTIM_ADAM, 16, 0, 0);
+    /* residual blocks: identity and projection shortcuts, bn inside */
+    train("1x8x8-conv3x3x4p1-bn-relu-res(conv3x3x4p1-bn-relu-conv3x3x4p1-bn)-relu"
+          "-res(conv3x3x6s2p1-bn|conv1x1x6s2-bn)-relu-gap-10",
+          DP_OPTIM_MOMENTUM, 8, 0, 0);
 }
 
 /* run b against forward's run a: every float the same bits, the tallies
