@@ -59,7 +59,7 @@
 #define DP_MAX_LAYERS 64     /* layers of every kind, the inserted ones included
                               * (resnet-fashion: 52) */
 #define DP_MAX_SPEC 1024     /* a canonical spec's characters, with the NUL
-                              * (resnet-fashion's: about 330) */
+                              * (resnet-fashion's: 353) */
 
 /* The kinds of layers.  Each is one entry of the layer table (layer_kind.h):
  * a new kind is its file src/nn/layer_<kind>.c, a name here and its line in
@@ -118,7 +118,6 @@ enum {
     DP_RES_SHORTCUT = 1 << 2, /* the shortcut's first layer: reads the block's input too */
     DP_RES_ADD = 1 << 3,      /* the block's sum, its last layer */
 };
-
 
 /* Told during dp_model_forward_backward each time the gradients [lo,
  * n_params) are final, last layer first, so a gradient all-reduce can start
