@@ -90,6 +90,14 @@ static void test_grammar(void)
         {"10-dense10|dense10-4", {"outside a res(", "", ""}},
         {"10-relu(dense10)-4", {"unexpected '('", "", ""}},
         {"10-res(dense10)relu-4", {"expected '-' after ')'", "", ""}},
+        /* a long spec is quoted in part: the block and both shapes still fit */
+        {"1x28x28-conv3x3x16p1-bn-relu-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+         "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+         "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+         "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+         "-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn-relu-conv3x3x16p1-bn-relu-conv3x3x16p1-bn"
+         "|conv1x1x16s2-bn)-relu-gap-10",
+         {"...': token 29 'res(conv3x3x16p1", "16x28x28", "16x14x14"}},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err.msg[0] = 0;

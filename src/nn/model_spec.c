@@ -34,6 +34,7 @@
 #define MAX_DIM DP_SPEC_MAX_DIM
 #define MAX_FEATURES (1L << 26) /* features of one sample at any layer */
 #define MAX_CLASSES 256         /* labels are uint8 */
+#define SHOWN_MAX 120           /* a message quotes this much of a spec or a token */
 
 static const struct {
     const char *name, *spec;
@@ -74,10 +75,16 @@ int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
+    /* a long spec (up to DP_MAX_SPEC) and a long block are cut short, so the
+     * token and the reason always fit in the message */
+    int shown = (int)strlen(p->shown), tok = p->tok_len;
+    const char *more = shown > SHOWN_MAX ? "..." : "", *tmore = tok > SHOWN_MAX ? "..." : "";
+    shown = shown > SHOWN_MAX ? SHOWN_MAX : shown;
+    tok = tok > SHOWN_MAX ? SHOWN_MAX : tok;
     if (p->tok)
-        return dp_errf(p->err, "model spec '%s': token %d '%.*s': %s", p->shown, p->tok_no,
-                       p->tok_len, p->tok, what);
-    return dp_errf(p->err, "model spec '%s': %s", p->shown, what);
+        return dp_errf(p->err, "model spec '%.*s%s': token %d '%.*s%s': %s", shown, p->shown,
+                       more, p->tok_no, tok, p->tok, tmore, what);
+    return dp_errf(p->err, "model spec '%.*s%s': %s", shown, p->shown, more, what);
 }
 
 void dp_spec_emit(dp_spec_parser *p, const char *fmt, ...)
