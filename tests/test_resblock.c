@@ -10,6 +10,8 @@
  *     and a range that starts or ends inside a block is refused;
  *   the fused update equals backprop then the optimiser, bit for bit, and
  *     grad_ready tells each parameter layer once, last first;
+ *   evaluation (running statistics) through blocks gives the training
+ *     forward's loss once the statistics have settled on the batch;
  *   model parallelism refuses a residual model naming the layer and the
  *     reason (the device trains it: tests/test_device_model.c);
  *   resnet-fashion after a step round-trips a checkpoint bit for bit, its
@@ -281,6 +283,30 @@ static void test_fused_update(void)
     dp_model_free(&a), dp_model_free(&b);
 }
 
+/* Evaluation through blocks: once the running statistics have settled on
+ * one batch (200 training forwards of it), evaluating that batch gives the
+ * training forward's loss but for the unbiased variance's R/(R-1). */
+static void test_eval(void)
+{
+    const int batch = 16;
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, small[0], batch, 1, &err) == 0);
+    dp_model_init_params(&m, 5);
+    float x[16 * 49];
+    uint8_t y[16];
+    fill(x, sizeof x / sizeof *x, -1, 1);
+    for (int k = 0; k < batch; k++)
+        y[k] = (uint8_t)(k % 3);
+    float train = 0;
+    for (int k = 0; k < 200; k++)
+        train = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
+    float eval = dp_model_forward(&m, m.params, x, y, batch, NULL);
+    CHECKF(fabsf(eval - train) < 0.02f * train, "evaluation loss %g, training %g", eval, train);
+    printf("evaluation through blocks: loss %.5f, training forward %.5f\n", eval, train);
+    dp_model_free(&m);
+}
+
 static void test_refusals(void)
 {
     dp_model m;
@@ -351,6 +377,7 @@ int main(void)
     test_gradients();
     test_ranges();
     test_fused_update();
+    test_eval();
     test_refusals();
     test_checkpoint();
     return CHECK_DONE();
