@@ -42,6 +42,8 @@ typedef struct dp_layer_call {
     int chunk;           /* lowered kinds: records lowered at a time */
     float *state;        /* the layer's buffers (d->s_len floats at buffers + d->s_off) */
     int train;           /* forward: a training forward (batch statistics), else evaluation */
+    dp_batch_sum_fn sum; /* training, DP_LK_BATCH_SUM: sums over the replicas (NULL: none) */
+    void *sum_ctx;
     int y0, y1;          /* model-parallel ROWS: the output rows this task computes */
     int lo, hi;          /* model-parallel UNITS: the output units this task computes */
     uint64_t seed;       /* the draw of this forward (DP_LK_DRAWS) */
@@ -75,6 +77,7 @@ enum {
     DP_LK_MP_SAME_ROWS = 1 << 9,    /* ROWS: reads the same rows it writes (no window) */
     DP_LK_MP_SHARED_FILTERS = 1 << 10, /* ROWS: every task needs the whole weights */
     DP_LK_CLASSIFIER = 1 << 11,     /* may be the spec's last token (its width: the classes) */
+    DP_LK_BATCH_SUM = 1 << 12,      /* training sums over the batch through c->sum (--sync-bn) */
 };
 
 /* One buffer of a kind, as files name it (PyTorch's): rank 1 of len floats,
