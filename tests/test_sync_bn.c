@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "inproc_node.h"
 #include "downpour/inproc.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
@@ -64,17 +65,10 @@ static void *run_replica(void *arg)
 {
     job *j = arg;
     const run_spec *rs = j->rs;
-    int ports[MAX_REPLICAS];
-    for (int i = 0; i < rs->replicas; i++)
-        ports[i] = 30000 + i; /* never listened on */
     dp_node node;
-    memset(&node, 0, sizeof node);
     dp_model m;
     j->rc = -1;
-    REQUIRE(dp_cluster_local(&node.cluster, 0, rs->replicas, 0, ports, &j->err) == 0);
-    node.cluster.self = j->position;
-    node.self = &node.cluster.tasks[j->position];
-    node.transport = j->t;
+    inproc_node(&node, j->t, rs->replicas, j->position);
     REQUIRE(dp_model_init(&m, rs->model, 2 * rs->batch, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
     dp_split counted = {.n = rs->n_train}; /* sizes the shards */
