@@ -1,5 +1,5 @@
-/* The layer kinds tanh, sigmoid and gelu (element-wise), ln (layer norm)
- * and gap (global average pooling), each through its table entry
+/* The layer kinds tanh, sigmoid and gelu (element-wise), ln (layer norm,
+ * over features or each position's channels) and gap (global average pooling), each through its table entry
  * (layer_kind.h):
  *   - the forward against a naive double-precision implementation;
  *   - the backward (input gradient and, for ln, weight and bias gradients)
@@ -53,7 +53,7 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
     if (k == DP_LAYER_GAP)
         d.oh = d.ow = 1, d.out = C;
     if (k == DP_LAYER_LAYERNORM)
-        d.w_len = d.b_len = (size_t)d.in;
+        d.w_len = d.b_len = (size_t)C; /* a flat vector is C x 1 x 1 */
     return d;
 }
 
@@ -62,14 +62,17 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
 static void naive(const dp_layer *d, double *y, const double *x, const double *w,
                   const double *b)
 {
-    if (d->kind == DP_LAYER_LAYERNORM) { /* nn.LayerNorm(F), eps 1e-5 */
-        double mu = 0, var = 0;
-        for (int f = 0; f < d->in; f++)
-            mu += x[f] / d->in;
-        for (int f = 0; f < d->in; f++)
-            var += (x[f] - mu) * (x[f] - mu) / d->in;
-        for (int f = 0; f < d->in; f++)
-            y[f] = (x[f] - mu) / sqrt(var + 1e-5) * w[f] + b[f];
+    if (d->kind == DP_LAYER_LAYERNORM) { /* nn.LayerNorm(C) at each position, eps 1e-5 */
+        int C = d->c;
+        for (int p = 0; p < d->h * d->w; p++, x += C, y += C) {
+            double mu = 0, var = 0;
+            for (int f = 0; f < C; f++)
+                mu += x[f] / C;
+            for (int f = 0; f < C; f++)
+                var += (x[f] - mu) * (x[f] - mu) / C;
+            for (int f = 0; f < C; f++)
+                y[f] = (x[f] - mu) / sqrt(var + 1e-5) * w[f] + b[f];
+        }
         return;
     }
     if (d->kind == DP_LAYER_GAP) {
@@ -394,13 +397,14 @@ int main(void)
     test_model("8-dense7-ln-gelu-dense5-ln-3", "8-dense7-ln-gelu-dense5-ln-3", 5);
     test_model("2x4x4-conv3x3x3-flatten-ln-tanh-3", "2x4x4-conv3x3x3-flatten-ln-tanh-3", 3);
     test_model("3x4x4-gap-ln-2", "3x4x4-gap-ln-2", 4);
+    test_kind(make(DP_LAYER_LAYERNORM, 5, 3, 3), 2); /* tokens: each position's channels */
+    test_model("1x5x5-conv3x3x3-ln-gelu-3", "1x5x5-conv3x3x3-ln-gelu-3", 3);
     test_checkpoint();
     test_preset();
     test_mp();
     refused("784-300-tanh", "token 3 'tanh'", "the last layer must be dense");
     refused("784-gap-10", "token 2 'gap'", "needs an image");
     refused("1x8x8-gap-conv3x3x2-10", "token 3 'conv3x3x2'", "needs an image");
-    refused("1x8x8-conv3x3x2-ln-10", "token 3 'ln'", "flatten-ln");
     refused("784-ln1-10", "token 2 'ln1'", "unknown layer");
     refused("784-gelu2-10", "token 2 'gelu2'", "unknown layer");
     return CHECK_DONE();
