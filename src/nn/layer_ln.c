@@ -140,8 +140,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 
 const dp_layer_ops dp_layer_ln = {
     .kind = DP_LAYER_LAYERNORM, .name = "ln", .token = 2,
-    .example = "ln", .help = "layer norm over a record's features, or each position's channels "
-                               "(a token's, nn.LayerNorm(D))",
+    .example = "ln", .help = "layer norm over features, or each token's channels (nn.LayerNorm)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
