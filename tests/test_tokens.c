@@ -1,6 +1,6 @@
-/* The transformer's layer kinds over tokens (docs/models.md, "Tokens"):
- * mha (multi-head self-attention), pos (a learned position embedding) and
- * emb (an embedding of integer ids), each through its table entry
+/* The transformer's layer kinds over tokens (docs/models.md, "Images as
+ * tokens"): mha (multi-head self-attention), pos (a learned position
+ * embedding) and emb (an embedding of integer ids), each through its table entry
  * (layer_kind.h):
  *   - the forward against a naive double-precision implementation, and the
  *     backward (input and parameter gradients) against double-precision

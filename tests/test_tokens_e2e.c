@@ -1,7 +1,7 @@
-/* A transformer's layers trained by the program (docs/models.md, "Tokens"):
- * 7x7 patches of MNIST (a stride-7 conv: 16 tokens of width 64), a learned
- * position embedding, pre-norm 4-head self-attention, a per-token MLP
- * (1x1 convs with GELU), layer norm and the mean over tokens, without
+/* A transformer's layers trained by the program (docs/models.md, "Images
+ * as tokens"): 7x7 patches of MNIST (a stride-7 conv: 16 tokens of width
+ * 64), a learned position embedding, pre-norm 4-head self-attention, a
+ * per-token MLP (1x1 convs with GELU), layer norm and the mean over tokens, without
  * residuals.  Three epochs of 512 records at batch 32 (48 steps, about a
  * second on 2 cores): the training loss falls by a quarter or more from
  * the first epoch to the last (measured: 2.14 to 1.15) and the test

@@ -1,8 +1,8 @@
 /* emb<N>x<D>: an embedding from integer ids, as nn.Embedding(N, D).  The
  * model's input is T ids (a flat input of T features, each an id in
  * [0, N) stored as a float); the output is T tokens of width D, an NHWC
- * image of h = T, w = 1, c = D (docs/models.md, "Tokens"), which ln, mha,
- * pos, conv1x1 and gap take.  Its one parameter is weight (N, D) in files,
+ * image of h = T, w = 1, c = D (docs/models.md, "Images as tokens"), which
+ * ln, mha, pos, conv1x1 and gap take.  Its one parameter is weight (N, D) in files,
  * as nn.Embedding's; its initial values are uniform with standard
  * deviation 1 (nn.Embedding draws normal(0, 1)): the Glorot draw with fans
  * 1 and 1.

@@ -7,8 +7,8 @@
  * A row is a record's features on flat activations (after a dense layer,
  * flatten or gap, or a flat input), and a position's C channels on an
  * image: an NHWC image of h x w positions is h*w tokens of width C, token
- * after token (docs/models.md, "Tokens"), so ln there is a transformer's
- * nn.LayerNorm(D) over each token.  PyTorch's LayerNorm([C, H, W]) over a
+ * after token (docs/models.md, "Images as tokens"), so ln there is a
+ * transformer's nn.LayerNorm(D) over each token.  PyTorch's LayerNorm([C, H, W]) over a
  * whole image is flatten-ln.
  *
  * The passes are kernels.h's bodies ("layer norm"), called by the CPU's

@@ -1,7 +1,8 @@
 /* mha<H>: multi-head self-attention over a record's T tokens of width D (an
  * NHWC image of T = h*w positions of D = c channels: docs/models.md,
- * "Tokens"), as PyTorch's nn.MultiheadAttention(D, H, batch_first=True)
- * called as attn(x, x, x): no mask, no dropout, output (T, D).
+ * "Images as tokens"), as PyTorch's
+ * nn.MultiheadAttention(D, H, batch_first=True) called as attn(x, x, x):
+ * no mask, no dropout, output (T, D).
  *
  *   [Q K V] = x Win^T + bin            one product over every token of the batch
  *   O_h = softmax(Q_h K_h^T / sqrt(D/H)) V_h   per record and head h (D/H columns)
@@ -19,7 +20,7 @@
  * too, one (record, head) per call, the pairs split over the pool (inside a
  * pool task the wrapper runs on its thread): so no result depends on the
  * thread count.  The keep holds what the backward needs and its scratch,
- * per slot (docs/architecture.md, "Attention"): QKV (B T 3D), the
+ * per slot (docs/architecture.md, "Tokens and attention"): QKV (B T 3D), the
  * probabilities P (B H T T), the heads' outputs O (B T D), and for the
  * backward dO (B T D), dQKV (B T 3D) and dS (B H T T); nothing is allocated
  * in a step.  Model parallelism refuses it; no device kernels yet (the

@@ -1,7 +1,8 @@
 /* pos: a learned position embedding, out = in + P, P (T, D) added to every
  * record's T tokens of width D (an NHWC image of T = h*w positions of D = c
- * channels: docs/models.md, "Tokens").  In files P is pos_embedding of shape
- * (1, T, D), as a ViT's parameter (x + self.pos_embedding); no bias.  Its
+ * channels: docs/models.md, "Images as tokens").  In files P is
+ * pos_embedding of shape (1, T, D), as a ViT's parameter
+ * (x + self.pos_embedding); no bias.  Its
  * initial values are uniform with standard deviation 0.02 (torchvision's
  * ViT draws normal(std=0.02)): the Glorot draw with fans 2500 and 2500.
  *
