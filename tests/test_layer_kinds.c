@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "layer_fd.h"
 #include "model_fd.h"
 #include "device/dexec.h"
 #include "device/device_impl.h"
@@ -154,24 +155,6 @@ static void cpu_run(const fixture *f, run *r)
     f->o->backward(&c);
 }
 
-/* The objective sum(dout * y) over the batch in double, from the naive
- * forward at x, w, b (double copies). */
-static double objective(const fixture *f, const double *x, const double *wb)
-{
-    const dp_layer *d = &f->d;
-    double *y = malloc((size_t)d->out * sizeof *y), s = 0;
-    REQUIRE(y);
-    for (int r = 0; r < f->batch; r++) {
-        naive(d, y, x + (size_t)r * d->in, wb, wb + d->w_len);
-        for (int i = 0; i < d->out; i++)
-            s += (double)f->dout[(size_t)r * d->out + i] * y[i];
-    }
-    free(y);
-    return s;
-}
-
-static double rel(double a, double b) { return fabs(a - b) / fmax(1.0, fabs(b)); }
-
 static void test_kind(dp_layer d, int batch)
 {
     fixture f;
@@ -192,44 +175,16 @@ static void test_kind(dp_layer d, int batch)
            memcmp(r1.gwb, r2.gwb, f.np * sizeof(float)) == 0,
            "%s: 1 and 2 threads differ", what);
 
-    /* the forward against the naive one */
-    double *xd = malloc(f.nin * sizeof *xd), *wbd = malloc((f.np + 1) * sizeof *wbd);
-    double *yd = malloc((size_t)d.out * sizeof *yd);
-    REQUIRE(xd && wbd && yd);
-    for (size_t i = 0; i < f.nin; i++)
-        xd[i] = f.x[i];
-    for (size_t i = 0; i < f.np; i++)
-        wbd[i] = f.wb[i];
-    double ey = 0;
-    for (int r = 0; r < batch; r++) {
-        naive(&f.d, yd, xd + (size_t)r * d.in, wbd, wbd + d.w_len);
-        for (int i = 0; i < d.out; i++)
-            ey = fmax(ey, rel(r1.y[(size_t)r * d.out + i], yd[i]));
-    }
+    /* the forward against the naive one, the backward against central
+     * differences of it */
+    layer_fd fd = {.d = &f.d, .naive = naive, .batch = batch, .x = f.x, .dout = f.dout,
+                   .wb = f.wb};
+    layer_fd_open(&fd);
+    double ey = layer_fd_forward_worst(&fd, r1.y);
     CHECKF(ey < 1e-5, "%s: forward %.2e from the double-precision one", what, ey);
-
-    /* the backward against central differences of the naive forward */
-    const double h = 1e-5;
-    double eg = 0;
-    for (size_t i = 0; i < f.nin; i += 1 + f.nin / 97) {
-        double v = xd[i];
-        xd[i] = v + h;
-        double up = objective(&f, xd, wbd);
-        xd[i] = v - h;
-        double dn = objective(&f, xd, wbd);
-        xd[i] = v;
-        eg = fmax(eg, rel(r1.din[i], (up - dn) / (2 * h)));
-    }
-    for (size_t k = 0; k < f.np; k++) {
-        double v = wbd[k];
-        wbd[k] = v + h;
-        double up = objective(&f, xd, wbd);
-        wbd[k] = v - h;
-        double dn = objective(&f, xd, wbd);
-        wbd[k] = v;
-        eg = fmax(eg, rel(r1.gwb[k], (up - dn) / (2 * h)));
-    }
+    double eg = layer_fd_grad_worst(&fd, r1.din, r1.gwb, 1 + f.nin / 97, 1);
     CHECKF(eg < 1e-4, "%s: gradient %.2e from the finite differences", what, eg);
+    layer_fd_close(&fd);
 
     /* model parallelism's bands of rows: together, the whole layer's bits */
     if (f.o->mp == DP_MP_ROWS && d.oh >= 2) {
@@ -272,7 +227,7 @@ static void test_kind(dp_layer d, int batch)
            "differences, 1 and 2 threads and the device (sim) the same bits\n",
            what, ey, eg);
     run_free(&r1), run_free(&r2), run_free(&rd);
-    free(xd), free(wbd), free(yd), free(f.x), free(f.dout), free(f.wb);
+    free(f.x), free(f.dout), free(f.wb);
 }
 
 /* A whole model: the gradient of the mean loss against finite differences. */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "layer_fd.h"
 #include "model_fd.h"
 #include "downpour/checkpoint.h"
 #include "downpour/device.h"
@@ -142,23 +143,6 @@ static void run_cpu(const fixture *f, run *r, int threads)
 
 static void run_free(run *r) { free(r->y), free(r->din), free(r->gwb), free(r->keep); }
 
-/* sum(dout * y) over the batch, from the naive forward. */
-static double objective(const fixture *f, const double *x, const double *wb)
-{
-    const dp_layer *d = &f->d;
-    double *y = malloc((size_t)d->out * sizeof *y), s = 0;
-    REQUIRE(y);
-    for (int r = 0; r < f->batch; r++) {
-        naive(d, y, x + (size_t)r * d->in, wb, wb + d->w_len);
-        for (int i = 0; i < d->out; i++)
-            s += (double)f->dout[(size_t)r * d->out + i] * y[i];
-    }
-    free(y);
-    return s;
-}
-
-static double rel(double a, double b) { return fabs(a - b) / fmax(1.0, fabs(b)); }
-
 /* Layer l of spec: forward and backward against double precision and
  * central differences; 1 and 2 threads the same bits.  ids: the input is
  * integer ids in [0, ids) (emb), else uniform in [-2, 2]. */
@@ -188,46 +172,18 @@ static void test_kind(const char *spec, int l, int batch, int ids)
            memcmp(r1.gwb, r2.gwb, f.np * sizeof(float)) == 0,
            "%s: 1 and 2 threads differ", what);
 
-    double *xd = malloc(f.nin * sizeof *xd), *wbd = malloc(f.np * sizeof *wbd);
-    double *yd = malloc((size_t)d->out * sizeof *yd);
-    REQUIRE(xd && wbd && yd);
-    for (size_t i = 0; i < f.nin; i++)
-        xd[i] = f.x[i];
-    for (size_t i = 0; i < f.np; i++)
-        wbd[i] = f.wb[i];
-    double ey = 0;
-    for (int r = 0; r < batch; r++) {
-        naive(d, yd, xd + (size_t)r * d->in, wbd, wbd + d->w_len);
-        for (int i = 0; i < d->out; i++)
-            ey = fmax(ey, rel(r1.y[(size_t)r * d->out + i], yd[i]));
-    }
+    layer_fd fd = {.d = d, .naive = naive, .batch = batch, .x = f.x, .dout = f.dout,
+                   .wb = f.wb};
+    layer_fd_open(&fd);
+    double ey = layer_fd_forward_worst(&fd, r1.y);
     CHECKF(ey < 1e-5, "%s: forward %.2e from the double-precision one", what, ey);
-
-    const double h = 1e-5;
-    double eg = 0;
-    for (size_t i = 0; i < f.nin; i += 1 + f.nin / 61) {
-        double v = xd[i];
-        xd[i] = v + h;
-        double up = objective(&f, xd, wbd);
-        xd[i] = v - h;
-        double dn = objective(&f, xd, wbd);
-        xd[i] = v;
-        eg = fmax(eg, rel(r1.din[i], (up - dn) / (2 * h)));
-    }
-    for (size_t k = 0; k < f.np; k += 1 + f.np / 97) {
-        double v = wbd[k];
-        wbd[k] = v + h;
-        double up = objective(&f, xd, wbd);
-        wbd[k] = v - h;
-        double dn = objective(&f, xd, wbd);
-        wbd[k] = v;
-        eg = fmax(eg, rel(r1.gwb[k], (up - dn) / (2 * h)));
-    }
+    double eg = layer_fd_grad_worst(&fd, r1.din, r1.gwb, 1 + f.nin / 61, 1 + f.np / 97);
     CHECKF(eg < 1e-4, "%s: gradient %.2e from the finite differences", what, eg);
     printf("%s: forward within %.1e of double precision, gradients within %.1e of finite "
            "differences, 1 and 2 threads the same bits\n", what, ey, eg);
+    layer_fd_close(&fd);
     run_free(&r1), run_free(&r2);
-    free(xd), free(wbd), free(yd), free(f.x), free(f.dout), free(f.wb);
+    free(f.x), free(f.dout), free(f.wb);
 }
 
 /* emb: an id that is not an integer or out of [0, N) is rounded and
