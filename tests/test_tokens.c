@@ -16,11 +16,14 @@
  *     anywhere but on the model's input), model parallelism's reason, and
  *     the device's refusal naming the layer. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "device/dexec.h"
+#include "device/device_impl.h"
 #include "layer_fd.h"
 #include "model_fd.h"
 #include "downpour/checkpoint.h"
@@ -124,7 +127,9 @@ typedef struct run {
     float *y, *din, *gwb, *keep;
 } run;
 
-static void run_cpu(const fixture *f, run *r, int threads)
+/* The layer's forward and backward on the CPU over `threads` threads, or
+ * (threads 0) on the sim device. */
+static void run_layer(const fixture *f, run *r, int threads)
 {
     size_t kf = f->o->keep_floats ? f->o->keep_floats(&f->d, f->batch) : 0;
     r->y = malloc(f->nout * sizeof(float));
@@ -136,16 +141,39 @@ static void run_cpu(const fixture *f, run *r, int threads)
     dp_layer_call c = {.d = &f->d, .batch = f->batch, .in = f->x, .out = r->y, .dout = f->dout,
                        .din = r->din, .keep = r->keep, .train = 1, .w = f->wb,
                        .b = f->wb + f->d.w_len, .gw = r->gwb, .gb = r->gwb + f->d.w_len};
-    REQUIRE(dp_pool_set_threads(threads, NULL) == 0);
-    f->o->forward(&c);
-    f->o->backward(&c);
+    if (threads) {
+        REQUIRE(dp_pool_set_threads(threads, NULL) == 0);
+        f->o->forward(&c);
+        f->o->backward(&c);
+        return;
+    }
+    dp_device *dev = NULL;
+    dp_device_spec sim = {.kind = DP_DEVICE_SIM};
+    dp_err err;
+    REQUIRE(dp_device_open(&dev, &sim, &err) == 0);
+    dp_dexec ex = {.be = dp_device_backend(dev), .ctx = dp_device_ctx(dev)};
+    c.max_batch = f->batch;
+    f->o->dev_forward(&ex, &c);
+    f->o->dev_backward(&ex, &c);
+    char msg[256];
+    REQUIRE(ex.be->sync(ex.ctx, msg, sizeof msg) == 0);
+    dp_device_close(dev);
+}
+
+static bool same_run(const fixture *f, const run *a, const run *b)
+{
+    return memcmp(a->y, b->y, f->nout * sizeof(float)) == 0 &&
+           memcmp(a->din, b->din, f->nin * sizeof(float)) == 0 &&
+           memcmp(a->gwb, b->gwb, f->np * sizeof(float)) == 0;
 }
 
 static void run_free(run *r) { free(r->y), free(r->din), free(r->gwb), free(r->keep); }
 
 /* Layer l of spec: forward and backward against double precision and
- * central differences; 1 and 2 threads the same bits.  ids: the input is
- * integer ids in [0, ids) (emb), else uniform in [-2, 2]. */
+ * central differences; 1 and 2 threads the same bits, and the device's
+ * kernels (sim) where the kind has them.  ids: the input is
+ * integer ids in [0, ids) (emb), or (ids < 0) any values in [-2, 2 - ids],
+ * else uniform in [-2, 2]. */
 static void test_kind(const char *spec, int l, int batch, int ids)
 {
     fixture f = {.d = layer_of(spec, l), .batch = batch};
@@ -157,20 +185,28 @@ static void test_kind(const char *spec, int l, int batch, int ids)
     f.wb = malloc(f.np * sizeof(float));
     REQUIRE(f.x && f.dout && f.wb);
     fill(f.x, f.nin, -2, 2);
-    for (size_t i = 0; ids && i < f.nin; i++)
+    for (size_t i = 0; ids > 0 && i < f.nin; i++)
         f.x[i] = (float)(dp_rng_u64(&rng) % (uint64_t)ids);
+    if (ids < 0) /* bad ids too: fractions, and out of [0, -ids) */
+        fill(f.x, f.nin, -2, 2 - ids);
     fill(f.dout, f.nout, -1, 1);
     fill(f.wb, f.np, -0.7f, 0.7f);
     char what[160];
     snprintf(what, sizeof what, "%s (layer %d of %s), batch %d", f.o->name, l, spec, batch);
 
     run r1, r2;
-    run_cpu(&f, &r1, 1);
-    run_cpu(&f, &r2, 2);
-    CHECKF(memcmp(r1.y, r2.y, f.nout * sizeof(float)) == 0 &&
-           memcmp(r1.din, r2.din, f.nin * sizeof(float)) == 0 &&
-           memcmp(r1.gwb, r2.gwb, f.np * sizeof(float)) == 0,
-           "%s: 1 and 2 threads differ", what);
+    run_layer(&f, &r1, 1);
+    run_layer(&f, &r2, 2);
+    CHECKF(same_run(&f, &r1, &r2), "%s: 1 and 2 threads differ", what);
+    if (f.o->dev_forward) {
+        run rd;
+        run_layer(&f, &rd, 0);
+        CHECKF(same_run(&f, &r1, &rd) &&
+                   (!ids || rd.keep[f.nin] == r1.keep[f.nin]) && /* emb's count */
+                   (ids >= 0 || r1.keep[f.nin] > 0),
+               "%s: the device's bits differ from the CPU's", what);
+        run_free(&rd);
+    }
 
     layer_fd fd = {.d = d, .naive = naive, .batch = batch, .x = f.x, .dout = f.dout,
                    .wb = f.wb};
@@ -180,7 +216,8 @@ static void test_kind(const char *spec, int l, int batch, int ids)
     double eg = layer_fd_grad_worst(&fd, r1.din, r1.gwb, 1 + f.nin / 61, 1 + f.np / 97);
     CHECKF(eg < 1e-4, "%s: gradient %.2e from the finite differences", what, eg);
     printf("%s: forward within %.1e of double precision, gradients within %.1e of finite "
-           "differences, 1 and 2 threads the same bits\n", what, ey, eg);
+           "differences, 1 and 2 threads%s the same bits\n", what, ey, eg,
+           f.o->dev_forward ? " and the device (sim)" : "");
     layer_fd_close(&fd);
     run_free(&r1), run_free(&r2);
     free(f.x), free(f.dout), free(f.wb);
@@ -358,6 +395,7 @@ int main(void)
     test_kind("1x1x1-dense5-mha1-3", 1, 2, 0);      /* one token */
     test_kind("1x3x3-conv1x1x5-pos-3", 1, 3, 0);    /* 9 tokens of 5 */
     test_kind("7-emb11x5-3", 0, 3, 11);             /* 7 ids of 11 to 7 tokens of 5 */
+    test_kind("7-emb11x5-3", 0, 3, -11);            /* bad ids: rounded, clamped, counted */
     test_bad_ids();
     test_model("1x9x9-conv3x3x9s3-pos-ln-mha3-ln-conv1x1x8-gelu-conv1x1x9-ln-gap-3", 3);
     test_model("5-emb7x6-pos-ln-mha2-gap-3", 4);

@@ -196,6 +196,26 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
 } dp_ka_ln;
 /* ---- end of layer norm (1/2) ---- */
 
+/* ---- tokens (1/2): kernel list and arguments (src/nn/layer_pos.c,
+ * layer_emb.c) ----
+ * The CPU's loops call these bodies themselves, so the two give the same
+ * bits; each sum is in double in record (or id) order. */
+#define DP_KERNELS_TOK(X)                                                                        \
+    X(POS_FWD, pos_fwd)                                                                          \
+    X(POS_GRAD, pos_grad)                                                                        \
+    X(EMB_IDS, emb_ids)                                                                          \
+    X(EMB_FWD, emb_fwd)                                                                          \
+    X(EMB_GRAD, emb_grad)
+
+typedef struct dp_ka_tok { /* items as each body says */
+    float *dst;       /* pos: out, or P's gradient; emb: out, or the table's gradient */
+    const float *src; /* in (emb: the ids), or the gradient at the output */
+    const float *p;   /* pos: P (F); emb: the table (N, F) */
+    float *ids;       /* emb: the ids used (R), then the count of changed ones */
+    long R, F, N;     /* pos: records, T*D; emb: ids, width, table rows */
+} dp_ka_tok;
+/* ---- end of tokens (1/2) ---- */
+
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
 #define DP_KERNELS(X)                                                                            \
     DP_KERNELS_IMAGE(X)                                                                          \
@@ -219,7 +239,8 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
     X(NESTEROV, nesterov)                                                                        \
     X(ADAGRAD, adagrad)                                                                          \
     X(ADAM, adam)                                                                                \
-    X(EMA, ema)
+    X(EMA, ema)                                                                                  \
+    DP_KERNELS_TOK(X)
 
 typedef enum dp_kernel_id {
 #define DP_K_ENUM(ID, name) DP_K_##ID,
@@ -349,6 +370,7 @@ typedef struct dp_kernel {
         dp_ka_act act; /* element-wise activations */
         dp_ka_gap gap;
         dp_ka_ln ln;
+        dp_ka_tok tok;
     } u;
 } dp_kernel;
 
@@ -886,6 +908,56 @@ DP_HD void dp_k_ln_din(const dp_kernel *k, long r)
     }
 }
 /* ---- end of layer norm (2/2) ---- */
+
+/* ---- tokens (2/2): bodies ---- */
+/* Item i, items R*F: out = in + P. */
+DP_HD void dp_k_pos_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    a->dst[i] = a->src[i] + a->p[i % a->F];
+}
+
+/* Item f, items F: P's gradient, the output gradient summed over the records. */
+DP_HD void dp_k_pos_grad(const dp_kernel *k, long f)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    double g = 0.0;
+    for (long r = 0; r < a->R; r++)
+        g += a->src[r * a->F + f];
+    a->dst[f] = (float)g;
+}
+
+/* Item t, items R: id t rounded to the nearest integer and clamped to
+ * [0, N) (NaN to 0); a changed one counted at ids[R], zeroed before. */
+DP_HD void dp_k_emb_ids(const dp_kernel *k, long t)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    float v = a->src[t], id = nearbyintf(v), top = (float)(a->N - 1);
+    id = !(id >= 0.0f) ? 0.0f : id > top ? top : id;
+    a->ids[t] = id;
+    if (id != v)
+        DP_ATOMIC_ADD(&a->ids[a->R], 1.0f);
+}
+
+/* Item i = (t, e), items R*F: the table's row of id t. */
+DP_HD void dp_k_emb_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    long t = i / a->F, e = i - t * a->F;
+    a->dst[i] = a->p[(long)a->ids[t] * a->F + e];
+}
+
+/* Item e, items F: column e of the table's gradient: zero, then each id's
+ * output gradient added in id order. */
+DP_HD void dp_k_emb_grad(const dp_kernel *k, long e)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    for (long n = 0; n < a->N; n++)
+        a->dst[n * a->F + e] = 0.0f;
+    for (long t = 0; t < a->R; t++)
+        a->dst[(long)a->ids[t] * a->F + e] += a->src[t * a->F + e];
+}
+/* ---- end of tokens (2/2) ---- */
 
 /* ---- batch norm (2/2): bodies ---- */
 

@@ -10,20 +10,21 @@
  * An id is rounded to the nearest integer and clamped to [0, N): a bad id
  * never reads outside the table.  The forward counts the ids it had to
  * change (not an integer, or out of range) in the keep's last float, for
- * tests and a caller that wants to check its data.  The forward's pass over
+ * tests and a caller that wants to check its data.  The passes are
+ * kernels.h's bodies ("tokens"), called by the CPU's loops and launched on
+ * a device alike, so the two give the same bits.  The forward's pass over
  * the ids runs on the calling thread (T ids a record: a few thousand per
  * batch) and keeps the ids it used; the row copies split over the pool.
  * The backward's weight gradient is dense: zero, then each token's output
  * gradient added into its id's row, records and tokens in order, split over
  * the pool by columns of the table, so no result depends on the thread
  * count.  The gradient at the input is zero (ids are not differentiable).
- * It must be the model's first layer.  Model parallelism refuses it; no
- * device kernels yet. */
+ * It must be the model's first layer.  Model parallelism refuses it. */
 #include "nn/layer_impl.h"
 
-#include <math.h>
 #include <string.h>
 
+#include "device/dexec.h"
 #include "downpour/pool.h"
 
 #define MAX_ROWS (1L << 24) /* ids a float holds exactly */
@@ -79,42 +80,43 @@ static size_t keep_floats(const dp_layer *d, int max_batch)
     return (size_t)max_batch * d->in + 1;
 }
 
+static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
+{
+    dp_kernel k = {.id = id, .items = items};
+    long R = (long)c->batch * c->d->in;
+    k.u.tok = (dp_ka_tok){.dst = id == DP_K_EMB_GRAD ? c->gw : c->out,
+                          .src = id == DP_K_EMB_GRAD ? c->dout : c->in, .p = c->w,
+                          .ids = c->keep, .R = R, .F = c->d->oc, .N = rows_of(c->d)};
+    return k;
+}
+
 static void fwd_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
-    size_t D = (size_t)c->d->oc, lo, hi;
-    dp_pool_range((size_t)c->batch * c->d->in, 8, i, n, &lo, &hi);
-    for (size_t t = lo; t < hi; t++)
-        memcpy(c->out + t * D, c->w + (size_t)c->keep[t] * D, D * sizeof(float));
+    size_t lo, hi;
+    dp_pool_range((size_t)c->batch * c->d->out, 64, i, n, &lo, &hi);
+    dp_kernel k = kernel(c, DP_K_EMB_FWD, 0);
+    for (size_t e = lo; e < hi; e++)
+        dp_k_emb_fwd(&k, (long)e);
 }
 
-/* Columns [lo, hi) of the table's gradient: zero, then every token's row. */
+/* Columns [lo, hi) of the table's gradient. */
 static void grad_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
-    size_t D = (size_t)c->d->oc, lo, hi, ids = (size_t)c->batch * c->d->in;
-    dp_pool_range(D, 16, i, n, &lo, &hi);
-    for (long r = 0; r < rows_of(c->d); r++)
-        memset(c->gw + (size_t)r * D + lo, 0, (hi - lo) * sizeof(float));
-    for (size_t t = 0; t < ids; t++) {
-        float *g = c->gw + (size_t)c->keep[t] * D;
-        const float *dy = c->dout + t * D;
-        for (size_t e = lo; e < hi; e++)
-            g[e] += dy[e];
-    }
+    size_t lo, hi;
+    dp_pool_range((size_t)c->d->oc, 1, i, n, &lo, &hi);
+    dp_kernel k = kernel(c, DP_K_EMB_GRAD, 0);
+    for (size_t e = lo; e < hi; e++)
+        dp_k_emb_grad(&k, (long)e);
 }
 
 static float forward(const dp_layer_call *c)
 {
-    size_t ids = (size_t)c->batch * c->d->in;
-    float top = (float)(rows_of(c->d) - 1), changed = 0.0f;
-    for (size_t t = 0; t < ids; t++) {
-        float v = c->in[t], id = nearbyintf(v);
-        id = !(id >= 0.0f) ? 0.0f : id > top ? top : id; /* NaN goes to 0 */
-        changed += id != v;
-        c->keep[t] = id;
-    }
-    c->keep[keep_floats(c->d, c->batch) - 1] = changed;
+    dp_kernel k = kernel(c, DP_K_EMB_IDS, 0);
+    c->keep[k.u.tok.R] = 0.0f;
+    for (long t = 0; t < k.u.tok.R; t++)
+        dp_k_emb_ids(&k, t);
     dp_pool_run(fwd_task, (void *)c);
     return 0.0f;
 }
@@ -124,6 +126,32 @@ static void backward(const dp_layer_call *c)
     dp_pool_run(grad_task, (void *)c);
     if (c->din)
         memset(c->din, 0, (size_t)c->batch * c->d->in * sizeof(float));
+}
+
+static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
+
+static void fill(const dp_dexec *x, float *p, long n)
+{
+    dp_kernel k = {.id = DP_K_FILL, .items = n};
+    k.u.fill = (dp_ka_fill){p, 0.0f};
+    dp_dexec_launch(x, &k);
+}
+
+static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
+{
+    dp_kernel k = kernel(c, DP_K_EMB_IDS, (long)c->batch * c->d->in);
+    fill(x, c->keep + k.u.tok.R, 1);
+    dp_dexec_launch(x, &k);
+    k = kernel(c, DP_K_EMB_FWD, (long)c->batch * c->d->out);
+    dp_dexec_launch(x, &k);
+}
+
+static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
+{
+    dp_kernel k = kernel(c, DP_K_EMB_GRAD, c->d->oc);
+    dp_dexec_launch(x, &k);
+    if (c->din)
+        fill(x, c->din, (long)c->batch * c->d->in);
 }
 
 const dp_layer_ops dp_layer_emb = {
@@ -136,4 +164,5 @@ const dp_layer_ops dp_layer_emb = {
     .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
                  "servers are the next step), and a layer run whole on every task (FULL) holds "
                  "no parameters",
+    .dev_forward = dev_forward, .dev_backward = dev_backward, .dev_keep = dev_keep,
 };
