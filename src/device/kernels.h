@@ -197,7 +197,7 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
 /* ---- end of layer norm (1/2) ---- */
 
 /* ---- tokens (1/2): kernel list and arguments (src/nn/layer_pos.c,
- * layer_emb.c) ----
+ * layer_emb.c, layer_mha.c) ----
  * The CPU's loops call these bodies themselves, so the two give the same
  * bits; each sum is in double in record (or id) order. */
 #define DP_KERNELS_TOK(X)                                                                        \
@@ -205,7 +205,9 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
     X(POS_GRAD, pos_grad)                                                                        \
     X(EMB_IDS, emb_ids)                                                                          \
     X(EMB_FWD, emb_fwd)                                                                          \
-    X(EMB_GRAD, emb_grad)
+    X(EMB_GRAD, emb_grad)                                                                        \
+    X(MHA_SOFTMAX, mha_softmax)                                                                  \
+    X(MHA_SOFTMAX_BWD, mha_softmax_bwd)
 
 typedef struct dp_ka_tok { /* items as each body says */
     float *dst;       /* pos: out, or P's gradient; emb: out, or the table's gradient */
@@ -214,6 +216,12 @@ typedef struct dp_ka_tok { /* items as each body says */
     float *ids;       /* emb: the ids used (R), then the count of changed ones */
     long R, F, N;     /* pos: records, T*D; emb: ids, width, table rows */
 } dp_ka_tok;
+typedef struct dp_ka_attn { /* items: rows of T attention scores */
+    float *s;               /* forward: the scores, then P; backward: dP, then dS */
+    const float *p;         /* backward: P */
+    long T;
+    float scale;            /* 1/sqrt(the head's width) */
+} dp_ka_attn;
 /* ---- end of tokens (1/2) ---- */
 
 /* Every kernel: X(ID, name).  The ids are DP_K_<ID>; the bodies dp_k_<name>. */
@@ -371,6 +379,7 @@ typedef struct dp_kernel {
         dp_ka_gap gap;
         dp_ka_ln ln;
         dp_ka_tok tok;
+        dp_ka_attn attn;
     } u;
 } dp_kernel;
 
@@ -956,6 +965,35 @@ DP_HD void dp_k_emb_grad(const dp_kernel *k, long e)
         a->dst[n * a->F + e] = 0.0f;
     for (long t = 0; t < a->R; t++)
         a->dst[(long)a->ids[t] * a->F + e] += a->src[t * a->F + e];
+}
+/* Item r: row r of scores, scaled, to its softmax (the max taken out,
+ * summed in double), in place. */
+DP_HD void dp_k_mha_softmax(const dp_kernel *k, long r)
+{
+    const dp_ka_attn *a = &k->u.attn;
+    float *s = a->s + r * a->T, mx = s[0] * a->scale;
+    for (long j = 1; j < a->T; j++)
+        mx = s[j] * a->scale > mx ? s[j] * a->scale : mx;
+    double sum = 0.0;
+    for (long j = 0; j < a->T; j++)
+        sum += (s[j] = expf(s[j] * a->scale - mx));
+    float inv = (float)(1.0 / sum);
+    for (long j = 0; j < a->T; j++)
+        s[j] *= inv;
+}
+
+/* Item r: row r of dP to dS = scale P (dP - rowsum(dP P)), in place. */
+DP_HD void dp_k_mha_softmax_bwd(const dp_kernel *k, long r)
+{
+    const dp_ka_attn *a = &k->u.attn;
+    float *g = a->s + r * a->T;
+    const float *p = a->p + r * a->T;
+    double dot = 0.0;
+    for (long j = 0; j < a->T; j++)
+        dot += (double)g[j] * p[j];
+    float d = (float)dot;
+    for (long j = 0; j < a->T; j++)
+        g[j] = a->scale * (p[j] * (g[j] - d));
 }
 /* ---- end of tokens (2/2) ---- */
 

@@ -25,12 +25,16 @@
  * per slot (docs/architecture.md, "Tokens and attention"): QKV (B T 3D), the
  * probabilities P (B H T T), the heads' outputs O (B T D), and for the
  * backward dO (B T D), dQKV (B T 3D) and dS (B H T T); nothing is allocated
- * in a step.  Model parallelism refuses it; no device kernels yet (the
- * device refuses the model naming the layer). */
+ * in a step.  Model parallelism refuses it.  On a device the same
+ * products run one (record, head) at a time through the device's GEMM, the
+ * softmax and its backward as kernels.h's bodies, which the CPU calls too
+ * (batched products there are still to come: a step queues 7 B H small
+ * ones). */
 #include "nn/layer_impl.h"
 
 #include <math.h>
 
+#include "device/dexec.h"
 #include "downpour/blas.h"
 #include "downpour/layers.h"
 #include "downpour/pool.h"
@@ -107,20 +111,20 @@ static size_t keep_floats(const dp_layer *d, int max_batch)
     return tok * 8 * D + 2 * att;
 }
 
-/* Rows of T floats at s, in place: softmax, the max taken out, summed in double. */
-static void softmax_rows(float *s, long T)
+/* The rows [r0, r1) of scores (forward) or of dP (backward, from P):
+ * kernels.h's bodies, as the device runs them. */
+static dp_kernel softmax_kernel(const dp_layer *d, float *s, const float *p, long items)
 {
-    for (long i = 0; i < T; i++) {
-        float *r = s + i * T, mx = r[0];
-        for (long j = 1; j < T; j++)
-            mx = r[j] > mx ? r[j] : mx;
-        double sum = 0.0;
-        for (long j = 0; j < T; j++)
-            sum += (r[j] = expf(r[j] - mx));
-        float inv = (float)(1.0 / sum);
-        for (long j = 0; j < T; j++)
-            r[j] *= inv;
-    }
+    dp_kernel k = {.id = p ? DP_K_MHA_SOFTMAX_BWD : DP_K_MHA_SOFTMAX, .items = items};
+    k.u.attn = (dp_ka_attn){s, p, tokens_of(d), 1.0f / sqrtf((float)(d->c / heads_of(d)))};
+    return k;
+}
+
+static void softmax_rows(const dp_layer *d, float *s, const float *p, long r0, long r1)
+{
+    dp_kernel k = softmax_kernel(d, s, p, 0);
+    for (long r = r0; r < r1; r++)
+        (p ? dp_k_mha_softmax_bwd : dp_k_mha_softmax)(&k, r);
 }
 
 /* One (record, head) pair's pointers. */
@@ -160,20 +164,19 @@ static void attend_task(void *ctx, int i, int n)
     dp_pool_range((size_t)c->batch * heads_of(d), 1, i, n, &lo, &hi);
     for (size_t bh = lo; bh < hi; bh++) {
         pair q = pair_of(c, &k, (long)bh);
-        dp_sgemm(false, true, T, T, dh, 1.0f / sqrtf((float)dh), q.q, 3 * D, q.k, 3 * D, 0.0f,
-                 q.p, T);
-        softmax_rows(q.p, T);
+        dp_sgemm(false, true, T, T, dh, 1.0f, q.q, 3 * D, q.k, 3 * D, 0.0f, q.p, T);
+        softmax_rows(d, k.p, NULL, (long)bh * T, (long)(bh + 1) * T);
         dp_sgemm(false, false, T, dh, T, 1.0f, q.p, T, q.v, 3 * D, 0.0f, q.o, D);
     }
 }
 
-/* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dP P)); dQ = dS K s; dK = dS^T Q s. */
+/* dV = P^T dO; dP = dO V^T; dS = s P (dP - rowsum(dP P)); dQ = dS K; dK = dS^T Q
+ * (s = 1/sqrt(dh)). */
 static void attend_back_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
     const dp_layer *d = c->d;
     int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
-    float scale = 1.0f / sqrtf((float)dh);
     parts k = parts_of(d, c->keep, c->batch);
     size_t lo, hi;
     dp_pool_range((size_t)c->batch * heads_of(d), 1, i, n, &lo, &hi);
@@ -181,17 +184,9 @@ static void attend_back_task(void *ctx, int i, int n)
         pair q = pair_of(c, &k, (long)bh);
         dp_sgemm(true, false, T, dh, T, 1.0f, q.p, T, q.dout_o, D, 0.0f, q.dv, 3 * D);
         dp_sgemm(false, true, T, T, dh, 1.0f, q.dout_o, D, q.v, 3 * D, 0.0f, q.ds, T);
-        for (int r = 0; r < T; r++) {
-            float *g = q.ds + (size_t)r * T;
-            const float *pr = q.p + (size_t)r * T;
-            double dot = 0.0;
-            for (int j = 0; j < T; j++)
-                dot += (double)g[j] * pr[j];
-            for (int j = 0; j < T; j++)
-                g[j] = pr[j] * (g[j] - (float)dot);
-        }
-        dp_sgemm(false, false, T, dh, T, scale, q.ds, T, q.k, 3 * D, 0.0f, q.dq, 3 * D);
-        dp_sgemm(true, false, T, dh, T, scale, q.ds, T, q.q, 3 * D, 0.0f, q.dk, 3 * D);
+        softmax_rows(d, k.ds, k.p, (long)bh * T, (long)(bh + 1) * T);
+        dp_sgemm(false, false, T, dh, T, 1.0f, q.ds, T, q.k, 3 * D, 0.0f, q.dq, 3 * D);
+        dp_sgemm(true, false, T, dh, T, 1.0f, q.ds, T, q.q, 3 * D, 0.0f, q.dk, 3 * D);
     }
 }
 
@@ -217,6 +212,84 @@ static void backward(const dp_layer_call *c)
     dp_dense_backward_overwrite(c->din, c->gw, c->gb, k.dqkv, c->in, c->w, rows, D, 3 * D);
 }
 
+/* ---- on a device: the same products, one (record, head) at a time ---- */
+
+/* Row-major C (m, n) = op(A) op(B): the device's column-major product of
+ * the transposes. */
+static void dev_gemm(const dp_dexec *x, bool ta, bool tb, int m, int n, int k, const float *a,
+                     int lda, const float *b, int ldb, float *c, int ldc)
+{
+    dp_dexec_gemm(x, tb, ta, n, m, k, b, ldb, a, lda, 0.0f, c, ldc);
+}
+
+/* A projection (the input's, or the output's when out) as a dense layer's
+ * call on every token of the batch, through dense's device kernels. */
+static void dev_proj(const dp_dexec *x, const dp_layer_call *c, bool out, bool backward,
+                     const float *in, float *y, const float *dy, float *din)
+{
+    int D = c->d->c;
+    size_t wo = out ? (size_t)3 * D * D : 0, bo = out ? (size_t)3 * D : 0;
+    dp_layer p = {.kind = DP_LAYER_DENSE, .in = D, .out = out ? D : 3 * D};
+    dp_layer_call pc = {.d = &p, .batch = c->batch * (int)tokens_of(c->d), .w = c->w + wo,
+                        .b = c->b + bo, .in = in, .out = y, .dout = dy, .din = din};
+    if (backward)
+        pc.gw = c->gw + wo, pc.gb = c->gb + bo;
+    const dp_layer_ops *o = dp_layer_table[DP_LAYER_DENSE];
+    (backward ? o->dev_backward : o->dev_forward)(x, &pc);
+}
+
+static void dev_softmax(const dp_dexec *x, const dp_layer_call *c, float *s, const float *p)
+{
+    const dp_layer *d = c->d;
+    dp_kernel k = softmax_kernel(d, s, p, (long)c->batch * heads_of(d) * tokens_of(d));
+    dp_dexec_launch(x, &k);
+}
+
+static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
+    long pairs = (long)c->batch * heads_of(d);
+    parts k = parts_of(d, c->keep, c->batch);
+    dev_proj(x, c, false, false, c->in, k.qkv, NULL, NULL);
+    for (long bh = 0; bh < pairs; bh++) {
+        pair q = pair_of(c, &k, bh);
+        dev_gemm(x, false, true, T, T, dh, q.q, 3 * D, q.k, 3 * D, q.p, T);
+    }
+    dev_softmax(x, c, k.p, NULL);
+    for (long bh = 0; bh < pairs; bh++) {
+        pair q = pair_of(c, &k, bh);
+        dev_gemm(x, false, false, T, dh, T, q.p, T, q.v, 3 * D, q.o, D);
+    }
+    dev_proj(x, c, true, false, k.o, c->out, NULL, NULL);
+}
+
+static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
+    long pairs = (long)c->batch * heads_of(d);
+    parts k = parts_of(d, c->keep, c->batch);
+    dev_proj(x, c, true, true, k.o, NULL, c->dout, k.dout_o);
+    for (long bh = 0; bh < pairs; bh++) {
+        pair q = pair_of(c, &k, bh);
+        dev_gemm(x, true, false, T, dh, T, q.p, T, q.dout_o, D, q.dv, 3 * D);
+        dev_gemm(x, false, true, T, T, dh, q.dout_o, D, q.v, 3 * D, q.ds, T);
+    }
+    dev_softmax(x, c, k.ds, k.p);
+    for (long bh = 0; bh < pairs; bh++) {
+        pair q = pair_of(c, &k, bh);
+        dev_gemm(x, false, false, T, dh, T, q.ds, T, q.k, 3 * D, q.dq, 3 * D);
+        dev_gemm(x, true, false, T, dh, T, q.ds, T, q.q, 3 * D, q.dk, 3 * D);
+    }
+    dev_proj(x, c, false, true, c->in, NULL, k.dqkv, c->din);
+}
+
+static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
+
+/* The projections' bias gradients sum every token of the batch. */
+static long dev_ones(const dp_layer *d, int max_batch) { return (long)max_batch * tokens_of(d); }
+
 const dp_layer_ops dp_layer_mha = {
     .kind = DP_LAYER_MHA, .name = "mha", .token = 1,
     .example = "mha4", .help = "self-attention over the tokens, 4 heads (nn.MultiheadAttention)",
@@ -227,4 +300,6 @@ const dp_layer_ops dp_layer_mha = {
     .mp_reason = "every token attends to every other, so a task's rows need the whole input, "
                  "and its projections would be needed whole on every task, while a layer run "
                  "whole on every task (FULL) holds no parameters; not split yet",
+    .dev_forward = dev_forward, .dev_backward = dev_backward, .dev_keep = dev_keep,
+    .dev_ones = dev_ones,
 };
