@@ -111,8 +111,8 @@ static size_t keep_floats(const dp_layer *d, int max_batch)
     return tok * 8 * D + 2 * att;
 }
 
-/* The rows [r0, r1) of scores (forward) or of dP (backward, from P):
- * kernels.h's bodies, as the device runs them. */
+/* The softmax (forward) or its backward (p: P) over rows of T scores at s:
+ * kernels.h's bodies, which the CPU calls and a device launches. */
 static dp_kernel softmax_kernel(const dp_layer *d, float *s, const float *p, long items)
 {
     dp_kernel k = {.id = p ? DP_K_MHA_SOFTMAX_BWD : DP_K_MHA_SOFTMAX, .items = items};
@@ -120,6 +120,7 @@ static dp_kernel softmax_kernel(const dp_layer *d, float *s, const float *p, lon
     return k;
 }
 
+/* On the CPU: the rows [r0, r1). */
 static void softmax_rows(const dp_layer *d, float *s, const float *p, long r0, long r1)
 {
     dp_kernel k = softmax_kernel(d, s, p, 0);
