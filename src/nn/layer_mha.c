@@ -155,9 +155,19 @@ static pair pair_of(const dp_layer_call *c, const parts *k, long bh)
     return q;
 }
 
+/* The per-head part of a forward or a backward, split over the pool by
+ * (record, head) pairs.  Forward: S = Q K^T, P = softmax(s S), O = P V.
+ * Backward: dV = P^T dO; dP = dO V^T; dS = s P (dP - rowsum(dP P));
+ * dQ = dS K; dK = dS^T Q (s = 1/sqrt(dh)). */
+typedef struct attend_job {
+    const dp_layer_call *c;
+    bool backward;
+} attend_job;
+
 static void attend_task(void *ctx, int i, int n)
 {
-    const dp_layer_call *c = ctx;
+    const attend_job *j = ctx;
+    const dp_layer_call *c = j->c;
     const dp_layer *d = c->d;
     int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
     parts k = parts_of(d, c->keep, c->batch);
@@ -165,27 +175,16 @@ static void attend_task(void *ctx, int i, int n)
     dp_pool_range((size_t)c->batch * heads_of(d), 1, i, n, &lo, &hi);
     for (size_t bh = lo; bh < hi; bh++) {
         pair q = pair_of(c, &k, (long)bh);
-        dp_sgemm(false, true, T, T, dh, 1.0f, q.q, 3 * D, q.k, 3 * D, 0.0f, q.p, T);
-        softmax_rows(d, k.p, NULL, (long)bh * T, (long)(bh + 1) * T);
-        dp_sgemm(false, false, T, dh, T, 1.0f, q.p, T, q.v, 3 * D, 0.0f, q.o, D);
-    }
-}
-
-/* dV = P^T dO; dP = dO V^T; dS = s P (dP - rowsum(dP P)); dQ = dS K; dK = dS^T Q
- * (s = 1/sqrt(dh)). */
-static void attend_back_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    const dp_layer *d = c->d;
-    int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
-    parts k = parts_of(d, c->keep, c->batch);
-    size_t lo, hi;
-    dp_pool_range((size_t)c->batch * heads_of(d), 1, i, n, &lo, &hi);
-    for (size_t bh = lo; bh < hi; bh++) {
-        pair q = pair_of(c, &k, (long)bh);
+        long r0 = (long)bh * T, r1 = r0 + T;
+        if (!j->backward) {
+            dp_sgemm(false, true, T, T, dh, 1.0f, q.q, 3 * D, q.k, 3 * D, 0.0f, q.p, T);
+            softmax_rows(d, k.p, NULL, r0, r1);
+            dp_sgemm(false, false, T, dh, T, 1.0f, q.p, T, q.v, 3 * D, 0.0f, q.o, D);
+            continue;
+        }
         dp_sgemm(true, false, T, dh, T, 1.0f, q.p, T, q.dout_o, D, 0.0f, q.dv, 3 * D);
         dp_sgemm(false, true, T, T, dh, 1.0f, q.dout_o, D, q.v, 3 * D, 0.0f, q.ds, T);
-        softmax_rows(d, k.ds, k.p, (long)bh * T, (long)(bh + 1) * T);
+        softmax_rows(d, k.ds, k.p, r0, r1);
         dp_sgemm(false, false, T, dh, T, 1.0f, q.ds, T, q.k, 3 * D, 0.0f, q.dq, 3 * D);
         dp_sgemm(true, false, T, dh, T, 1.0f, q.ds, T, q.q, 3 * D, 0.0f, q.dk, 3 * D);
     }
@@ -197,7 +196,8 @@ static float forward(const dp_layer_call *c)
     int D = d->c, rows = c->batch * (int)tokens_of(d);
     parts k = parts_of(d, c->keep, c->batch);
     dp_dense_forward(k.qkv, c->in, c->w, c->b, rows, D, 3 * D);
-    dp_pool_run(attend_task, (void *)c);
+    attend_job j = {c, false};
+    dp_pool_run(attend_task, &j);
     dp_dense_forward(c->out, k.o, c->w + (size_t)3 * D * D, c->b + 3 * D, rows, D, D);
     return 0.0f;
 }
@@ -209,7 +209,8 @@ static void backward(const dp_layer_call *c)
     parts k = parts_of(d, c->keep, c->batch);
     dp_dense_backward_overwrite(k.dout_o, c->gw + (size_t)3 * D * D, c->gb + 3 * D, c->dout, k.o,
                                 c->w + (size_t)3 * D * D, rows, D, D);
-    dp_pool_run(attend_back_task, (void *)c);
+    attend_job j = {c, true};
+    dp_pool_run(attend_task, &j);
     dp_dense_backward_overwrite(c->din, c->gw, c->gb, k.dqkv, c->in, c->w, rows, D, 3 * D);
 }
 
