@@ -89,6 +89,18 @@ typedef struct dp_lk_buffer {
     int ndim;
 } dp_lk_buffer;
 
+/* One parameter tensor of a kind whose parameters are not one weight and one
+ * bias (mha's four, pos's and emb's one): its name after layers.{i}. as
+ * PyTorch's state_dict has it, where it starts from the layer's w_off, and
+ * its file shape (docs/models.md, "Checkpoints and PyTorch"). */
+#define DP_LK_MAX_TENSORS 4
+typedef struct dp_lk_tensor {
+    const char *name;
+    size_t off;
+    int ndim;
+    int64_t shape[3];
+} dp_lk_tensor;
+
 typedef struct dp_layer_ops {
     dp_layer_kind kind;
     const char *name;  /* "conv": messages, and the spec token's prefix when token is set */
@@ -107,6 +119,9 @@ typedef struct dp_layer_ops {
     void (*fans)(const dp_layer *d, double *fan_in, double *fan_out);
     int (*shapes)(const dp_layer *d, int64_t w[6], int64_t b[3], int *bdim);
     double (*cost)(const dp_layer *d); /* multiply-adds per sample (pipeline cuts); NULL: in */
+    /* Files' tensors when not weight and bias (NULL: shapes' two); returns
+     * how many.  Their lengths cover [w_off, b_off + b_len). */
+    int (*tensors)(const dp_layer *d, dp_lk_tensor out[DP_LK_MAX_TENSORS]);
     /* Initial weights and bias when not Glorot's and zero (NULL: those). */
     void (*init_params)(const dp_layer *d, float *w, float *b);
     /* Buffers: their names and sizes in order (returns how many; NULL: none),

@@ -78,7 +78,10 @@ typedef enum dp_layer_kind {
     DP_LAYER_SIGMOID,      /* out = 1 / (1 + exp(-in)) */
     DP_LAYER_GELU,         /* out = in Phi(in), the exact erf form */
     DP_LAYER_GAP,          /* global average pooling: C x H x W to C features */
-    DP_LAYER_LAYERNORM,    /* layer normalisation over each record's features */
+    DP_LAYER_LAYERNORM,    /* layer normalisation over a record's features or a token's */
+    DP_LAYER_MHA,          /* multi-head self-attention over the tokens (positions) */
+    DP_LAYER_POS,          /* a learned position embedding added to the tokens */
+    DP_LAYER_EMB,          /* an embedding of integer ids into tokens */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
@@ -98,6 +101,7 @@ typedef struct dp_layer {
     size_t s_off, s_len; /* buffers (state not trained) at buffers + s_off, s_len floats */
     size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
     int chunk;        /* conv, local: samples lowered at a time */
+    int heads;        /* mha: attention heads */
 } dp_layer;
 
 /* Told during dp_model_forward_backward each time the gradients [lo,
