@@ -97,7 +97,7 @@ static void test_forward(int C, int h, int w, int batch)
     dp_layer d = bn_layer(C, h, w);
     size_t R = (size_t)batch * h * w, n = R * C;
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *y2 = malloc(n * sizeof *y);
-    float wb[64], state[129], state2[129], keep[96];
+    float wb[64], state[129], state2[129], keep[5 * 32 + 2];
     double *ny = malloc(n * sizeof *ny), rm[32], rv[32];
     REQUIRE(x && y && y2 && ny && C <= 32);
     fill(x, n, -2, 3);
@@ -143,7 +143,7 @@ static double objective(const dp_layer *d, const float *x, const float *wb, cons
                         int batch)
 {
     size_t n = (size_t)batch * d->in;
-    float *y = malloc(n * sizeof *y), state[129], keep[96];
+    float *y = malloc(n * sizeof *y), state[129], keep[5 * 32 + 2];
     dp_layer_ops_of(d)->init_buffers(d, state);
     run_forward(d, y, x, wb, state, keep, batch, 1);
     double s = 0;
@@ -158,7 +158,7 @@ static void test_backward(int C, int h, int w, int batch)
     dp_layer d = bn_layer(C, h, w);
     size_t n = (size_t)batch * d.in;
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *dout = malloc(n * sizeof *y);
-    float *din = malloc(n * sizeof *din), wb[64], gwb[64], state[129], keep[96];
+    float *din = malloc(n * sizeof *din), wb[64], gwb[64], state[129], keep[5 * 32 + 2];
     REQUIRE(x && y && dout && din);
     fill(x, n, -2, 2);
     fill(dout, n, -1, 1);
@@ -285,9 +285,9 @@ static void test_device(int C, int h, int w, int batch)
 {
     dp_layer d = bn_layer(C, h, w);
     const dp_layer_ops *o = dp_layer_ops_of(&d);
-    size_t n = (size_t)batch * d.in, kf = o->keep_floats(&d, batch);
+    size_t n = (size_t)batch * d.in, kf = o->dev_keep(&d, batch); /* the device's part */
     float *x = malloc(n * sizeof *x), *dout = malloc(n * sizeof *x);
-    float *y[2], *din[2], keep[2][96], state[2][129], gwb[2][64], wb[64];
+    float *y[2], *din[2], keep[2][5 * 32 + 2], state[2][129], gwb[2][64], wb[64];
     REQUIRE(x && dout && C <= 32);
     fill(x, n, -2, 2);
     fill(dout, n, -1, 1);

@@ -5,7 +5,9 @@
  * and allreduce (2 replicas), with bn after a dense layer, after a conv and
  * inside residual blocks; the --save file holds the buffers
  * under PyTorch's names; a strategy without a rule for buffers refuses the
- * model before training, naming the ones that take it. */
+ * model before training, naming the ones that take it; allreduce --sync-bn
+ * over TCP (2 replicas at batch b) ends where one process at batch 2b ends,
+ * weights and buffers, within float noise, and without the flag it does not. */
 #include "proc.h"
 
 #define SMALL "--dataset mnist --train-size 3000 --val-size 500 --test-size 1000 --epochs 3 --batch 100 " \
@@ -56,6 +58,33 @@ static void resume_is_exact(const char *name, const char *launch, const char *st
     printf("%s: resumed at step 28, weights and bn buffers bit-exact\n", name);
 }
 
+/* allreduce through downpour launch (TCP) with and without --sync-bn against
+ * one process at the summed batch. */
+static void sync_bn_over_tcp(void)
+{
+#define TINY "--dataset mnist --model 784-dense32-bn-relu-10 --train-size 1000 --val-size 0 " \
+             "--test-size 100 --epochs 1 --optimizer sgd --lr 0.1 --log-every 0 --no-progress " \
+             "--threads 1"
+    int rc = run_cmd(err, sizeof err, "%s train --batch 100 " TINY " --save %s/sb1.st", bin, tmp);
+    CHECKF(rc == 0, "one process exited %d: %s", rc, err);
+    const char *flag[2] = {"", "--sync-bn"};
+    double d[2];
+    for (int k = 0; k < 2; k++) {
+        rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy allreduce "
+                     "--batch 50 %s " TINY " --save %s/sb2-%d.st", bin, flag[k], tmp, k);
+        CHECKF(rc == 0, "allreduce %s exited %d: %s", flag[k], rc, err);
+        char name[32];
+        snprintf(name, sizeof name, "sb2-%d.st", k);
+        d[k] = checkpoint_max_diff("sb1.st", name);
+        fprintf(stderr, "allreduce 2 x 50 %s vs one process at 100: max |diff| %.3g\n", flag[k],
+                d[k]);
+    }
+    CHECKF(d[1] < 1e-5, "allreduce --sync-bn differs from one process by %g", d[1]);
+    CHECKF(d[0] > 1e-3, "allreduce without --sync-bn is as close (%g): the check cannot fail",
+           d[0]);
+#undef TINY
+}
+
 int main(void)
 {
     require_mnist();
@@ -73,6 +102,7 @@ int main(void)
                         "1x28x28-conv5x5x8s2-bn-relu-maxpool2"
                         "-res(conv3x3x8p1-bn-relu-conv3x3x8p1-bn)-relu"
                         "-res(conv3x3x16s2p1-bn|conv1x1x16s2-bn)-relu-gap-10");
+    sync_bn_over_tcp();
     int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 1 -- train --strategy "
                      "ps-async --model 784-dense8-bn-10 " SMALL, bin);
     /* refused by the launcher, before any task starts (exit 2, no task line) */

@@ -108,6 +108,20 @@ static void test_train_checks(void)
                 "--weight-decay", "0.01");
     USAGE_ERROR("--strategy lbfgs takes L-BFGS steps", "train", "--strategy", "lbfgs",
                 "--warmup-steps", "10");
+    /* --sync-bn: allreduce only, on the CPU, on a model with bn; by launch too */
+    USAGE_ERROR("--sync-bn: strategy single does not sum batch statistics", "train",
+                "--model", "mlp-bn", "--sync-bn");
+    USAGE_ERROR("--sync-bn: not with --device", "train", "--strategy", "allreduce", "--model",
+                "mlp-bn", "--device", "sim", "--sync-bn");
+    USAGE_ERROR("--sync-bn: model mlp-300-100 has no batch norm layer", "train", "--strategy",
+                "allreduce", "--sync-bn");
+    USAGE_ERROR("leave out --overlap on", "train", "--strategy", "allreduce", "--model",
+                "mlp-bn", "--sync-bn", "--overlap", "on");
+    USAGE_ERROR("downpour launch: --sync-bn: model mlp-128 has no batch norm layer", "launch",
+                "--workers", "2", "--", "train", "--strategy", "allreduce", "--model",
+                "mlp-128", "--sync-bn");
+    USAGE_ERROR("downpour launch: --sync-bn: strategy model-avg does not sum", "launch",
+                "--workers", "2", "--", "train", "--strategy", "model-avg", "--sync-bn");
     USAGE_ERROR("--resume needs --checkpoint-dir", "train", "--resume");
     USAGE_ERROR("need --checkpoint-dir", "train", "--checkpoint-every", "100");
     USAGE_ERROR("--keep-checkpoints", "train", "--checkpoint-dir", tmp_path("ck"),

@@ -1,5 +1,5 @@
-/* The layer kinds tanh, sigmoid and gelu (element-wise), ln (layer norm)
- * and gap (global average pooling), each through its table entry
+/* The layer kinds tanh, sigmoid and gelu (element-wise), ln (layer norm,
+ * over features or each position's channels) and gap (global average pooling), each through its table entry
  * (layer_kind.h):
  *   - the forward against a naive double-precision implementation;
  *   - the backward (input gradient and, for ln, weight and bias gradients)
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "layer_fd.h"
 #include "model_fd.h"
 #include "device/dexec.h"
 #include "device/device_impl.h"
@@ -53,7 +54,7 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
     if (k == DP_LAYER_GAP)
         d.oh = d.ow = 1, d.out = C;
     if (k == DP_LAYER_LAYERNORM)
-        d.w_len = d.b_len = (size_t)d.in;
+        d.w_len = d.b_len = (size_t)C; /* a flat vector is C x 1 x 1 */
     return d;
 }
 
@@ -62,14 +63,17 @@ static dp_layer make(dp_layer_kind k, int C, int h, int w)
 static void naive(const dp_layer *d, double *y, const double *x, const double *w,
                   const double *b)
 {
-    if (d->kind == DP_LAYER_LAYERNORM) { /* nn.LayerNorm(F), eps 1e-5 */
-        double mu = 0, var = 0;
-        for (int f = 0; f < d->in; f++)
-            mu += x[f] / d->in;
-        for (int f = 0; f < d->in; f++)
-            var += (x[f] - mu) * (x[f] - mu) / d->in;
-        for (int f = 0; f < d->in; f++)
-            y[f] = (x[f] - mu) / sqrt(var + 1e-5) * w[f] + b[f];
+    if (d->kind == DP_LAYER_LAYERNORM) { /* nn.LayerNorm(C) at each position, eps 1e-5 */
+        int C = d->c;
+        for (int p = 0; p < d->h * d->w; p++, x += C, y += C) {
+            double mu = 0, var = 0;
+            for (int f = 0; f < C; f++)
+                mu += x[f] / C;
+            for (int f = 0; f < C; f++)
+                var += (x[f] - mu) * (x[f] - mu) / C;
+            for (int f = 0; f < C; f++)
+                y[f] = (x[f] - mu) / sqrt(var + 1e-5) * w[f] + b[f];
+        }
         return;
     }
     if (d->kind == DP_LAYER_GAP) {
@@ -151,24 +155,6 @@ static void cpu_run(const fixture *f, run *r)
     f->o->backward(&c);
 }
 
-/* The objective sum(dout * y) over the batch in double, from the naive
- * forward at x, w, b (double copies). */
-static double objective(const fixture *f, const double *x, const double *wb)
-{
-    const dp_layer *d = &f->d;
-    double *y = malloc((size_t)d->out * sizeof *y), s = 0;
-    REQUIRE(y);
-    for (int r = 0; r < f->batch; r++) {
-        naive(d, y, x + (size_t)r * d->in, wb, wb + d->w_len);
-        for (int i = 0; i < d->out; i++)
-            s += (double)f->dout[(size_t)r * d->out + i] * y[i];
-    }
-    free(y);
-    return s;
-}
-
-static double rel(double a, double b) { return fabs(a - b) / fmax(1.0, fabs(b)); }
-
 static void test_kind(dp_layer d, int batch)
 {
     fixture f;
@@ -189,44 +175,16 @@ static void test_kind(dp_layer d, int batch)
            memcmp(r1.gwb, r2.gwb, f.np * sizeof(float)) == 0,
            "%s: 1 and 2 threads differ", what);
 
-    /* the forward against the naive one */
-    double *xd = malloc(f.nin * sizeof *xd), *wbd = malloc((f.np + 1) * sizeof *wbd);
-    double *yd = malloc((size_t)d.out * sizeof *yd);
-    REQUIRE(xd && wbd && yd);
-    for (size_t i = 0; i < f.nin; i++)
-        xd[i] = f.x[i];
-    for (size_t i = 0; i < f.np; i++)
-        wbd[i] = f.wb[i];
-    double ey = 0;
-    for (int r = 0; r < batch; r++) {
-        naive(&f.d, yd, xd + (size_t)r * d.in, wbd, wbd + d.w_len);
-        for (int i = 0; i < d.out; i++)
-            ey = fmax(ey, rel(r1.y[(size_t)r * d.out + i], yd[i]));
-    }
+    /* the forward against the naive one, the backward against central
+     * differences of it */
+    layer_fd fd = {.d = &f.d, .naive = naive, .batch = batch, .x = f.x, .dout = f.dout,
+                   .wb = f.wb};
+    layer_fd_open(&fd);
+    double ey = layer_fd_forward_worst(&fd, r1.y);
     CHECKF(ey < 1e-5, "%s: forward %.2e from the double-precision one", what, ey);
-
-    /* the backward against central differences of the naive forward */
-    const double h = 1e-5;
-    double eg = 0;
-    for (size_t i = 0; i < f.nin; i += 1 + f.nin / 97) {
-        double v = xd[i];
-        xd[i] = v + h;
-        double up = objective(&f, xd, wbd);
-        xd[i] = v - h;
-        double dn = objective(&f, xd, wbd);
-        xd[i] = v;
-        eg = fmax(eg, rel(r1.din[i], (up - dn) / (2 * h)));
-    }
-    for (size_t k = 0; k < f.np; k++) {
-        double v = wbd[k];
-        wbd[k] = v + h;
-        double up = objective(&f, xd, wbd);
-        wbd[k] = v - h;
-        double dn = objective(&f, xd, wbd);
-        wbd[k] = v;
-        eg = fmax(eg, rel(r1.gwb[k], (up - dn) / (2 * h)));
-    }
+    double eg = layer_fd_grad_worst(&fd, r1.din, r1.gwb, 1 + f.nin / 97, 1);
     CHECKF(eg < 1e-4, "%s: gradient %.2e from the finite differences", what, eg);
+    layer_fd_close(&fd);
 
     /* model parallelism's bands of rows: together, the whole layer's bits */
     if (f.o->mp == DP_MP_ROWS && d.oh >= 2) {
@@ -269,7 +227,7 @@ static void test_kind(dp_layer d, int batch)
            "differences, 1 and 2 threads and the device (sim) the same bits\n",
            what, ey, eg);
     run_free(&r1), run_free(&r2), run_free(&rd);
-    free(xd), free(wbd), free(yd), free(f.x), free(f.dout), free(f.wb);
+    free(f.x), free(f.dout), free(f.wb);
 }
 
 /* A whole model: the gradient of the mean loss against finite differences. */
@@ -394,13 +352,14 @@ int main(void)
     test_model("8-dense7-ln-gelu-dense5-ln-3", "8-dense7-ln-gelu-dense5-ln-3", 5);
     test_model("2x4x4-conv3x3x3-flatten-ln-tanh-3", "2x4x4-conv3x3x3-flatten-ln-tanh-3", 3);
     test_model("3x4x4-gap-ln-2", "3x4x4-gap-ln-2", 4);
+    test_kind(make(DP_LAYER_LAYERNORM, 5, 3, 3), 2); /* tokens: each position's channels */
+    test_model("1x5x5-conv3x3x3-ln-gelu-3", "1x5x5-conv3x3x3-ln-gelu-3", 3);
     test_checkpoint();
     test_preset();
     test_mp();
     refused("784-300-tanh", "token 3 'tanh'", "the last layer must be dense");
     refused("784-gap-10", "token 2 'gap'", "needs an image");
     refused("1x8x8-gap-conv3x3x2-10", "token 3 'conv3x3x2'", "needs an image");
-    refused("1x8x8-conv3x3x2-ln-10", "token 3 'ln'", "flatten-ln");
     refused("784-ln1-10", "token 2 'ln1'", "unknown layer");
     refused("784-gelu2-10", "token 2 'gelu2'", "unknown layer");
     return CHECK_DONE();

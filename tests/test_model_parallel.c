@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "inproc_node.h"
 #include "downpour/blas.h"
 #include "downpour/checkpoint.h"
 #include "downpour/inproc.h"
@@ -122,19 +123,12 @@ static int replica_batch(int replicas, int r, int k, int steps, const float **x,
 static void *run_task(void *arg)
 {
     job *j = arg;
-    int ports[MAX_TASKS];
-    for (int i = 0; i < j->tasks; i++)
-        ports[i] = 30000 + i; /* never listened on */
     dp_node node;
-    memset(&node, 0, sizeof node);
     dp_model m;
     dp_train_state st;
     memset(&st, 0, sizeof st);
     j->rc = -1;
-    REQUIRE(dp_cluster_local(&node.cluster, 0, j->tasks, 0, ports, &j->err) == 0);
-    node.cluster.self = j->position;
-    node.self = &node.cluster.tasks[j->position];
-    node.transport = j->t;
+    inproc_node(&node, j->t, j->tasks, j->position);
     REQUIRE(dp_model_init(&m, SPEC, BATCH, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
     dp_split counted = {.n = (uint32_t)(PER_REPLICA * j->replicas)}; /* sizes the shards */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "inproc_node.h"
 #include "downpour/blas.h"
 #include "downpour/frame.h"
 #include "downpour/inproc.h"
@@ -398,17 +399,10 @@ typedef struct strat_job {
 static void *strat_main(void *arg)
 {
     strat_job *j = arg;
-    int ports[MAX_K];
-    for (int i = 0; i < j->K; i++)
-        ports[i] = 30000 + i;
     dp_node node;
-    memset(&node, 0, sizeof node);
     dp_model m;
     j->rc = -1;
-    REQUIRE(dp_cluster_local(&node.cluster, 0, j->K, 0, ports, &j->err) == 0);
-    node.cluster.self = j->position;
-    node.self = &node.cluster.tasks[j->position];
-    node.transport = j->t;
+    inproc_node(&node, j->t, j->K, j->position);
     REQUIRE(dp_model_init(&m, j->spec, j->batch, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
     dp_split counted = {.n = (uint32_t)(j->batch * j->steps)}; /* sizes the shards */

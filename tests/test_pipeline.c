@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "inproc_node.h"
 #include "downpour/blas.h"
 #include "downpour/inproc.h"
 #include "downpour/pipeline.h"
@@ -188,17 +189,10 @@ static int replica_batch(int replicas, int r, int k, const float **x, const uint
 static void *run_stage(void *arg)
 {
     job *j = arg;
-    int ports[MAX_TASKS];
-    for (int i = 0; i < j->tasks; i++)
-        ports[i] = 30000 + i; /* never listened on */
     dp_node node;
-    memset(&node, 0, sizeof node);
     dp_model m;
     j->rc = -1;
-    REQUIRE(dp_cluster_local(&node.cluster, 0, j->tasks, 0, ports, &j->err) == 0);
-    node.cluster.self = j->position;
-    node.self = &node.cluster.tasks[j->position];
-    node.transport = j->t;
+    inproc_node(&node, j->t, j->tasks, j->position);
     REQUIRE(dp_model_init(&m, spec, BATCH, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
     dp_split counted = {.n = (uint32_t)(PER_REPLICA * j->replicas)}; /* sizes the shards */

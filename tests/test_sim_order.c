@@ -6,7 +6,8 @@
  * its own, adam, --ema's average), of a CNN (hwc, conv, avgpool, local,
  * lcn, maxpool, flatten, over a split of float records, momentum) and of
  * the zoo's mlp-300-100, cnn-mnist and distbelief-image, and of models with
- * batch norm, the element-wise activations and residual blocks, run here under
+ * batch norm, the element-wise activations, the token layers (pos,
+ * emb, mha, ln over tokens) and residual blocks, run here under
  * forward, reverse and shuffle (two seeds), and every output, every piece
  * of device state a kernel writes, must be the same bits; only the tallies,
  * sums of doubles in launch order, may move, by at most TALLY_RTOL.
@@ -542,6 +543,45 @@ static void acts(void)
     free(x), free(out), free(din);
 }
 
+/* pos's, emb's and mha's kernels (layer_pos.c, layer_emb.c, layer_mha.c),
+ * forward and backward, through their kinds; emb's ids include bad ones
+ * (counted). */
+static void tokens(void)
+{
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, "6-emb9x4-pos-mha2-3", 4, 1, &err) == 0);
+    float ones[24]; /* mha's bias gradients: every token of the batch */
+    for (int i = 0; i < 24; i++)
+        ones[i] = 1.0f;
+    dp_dexec ex = {.be = &be, .ctx = ctx, .ones = ones, .ones_len = 24};
+    for (int l = 0; l < 3; l++) {
+        const dp_layer *L = &m.layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(L);
+        size_t nin = 4 * (size_t)L->in, nout = 4 * (size_t)L->out, np = L->w_len + L->b_len;
+        float *x = rnd(nin, -2, 11), *dout = rnd(nout, -1, 1), *out = rnd(nout, -1, 1);
+        float *din = rnd(nin, -1, 1), *w = rnd(np, -1, 1), *gw = rnd(np, -1, 1);
+        size_t kf = o->dev_keep ? o->dev_keep(L, 4) : 1;
+        float *kp = rnd(kf, -1, 1);
+        dp_layer_call c = {.d = L, .batch = 4, .in = x, .out = out, .dout = dout, .din = din,
+                           .w = w, .b = w + L->w_len, .gw = gw, .gb = gw + L->w_len,
+                           .keep = kp, .max_batch = 4};
+        o->dev_forward(&ex, &c);
+        o->dev_backward(&ex, &c);
+        sync_ok();
+        char what[WHAT];
+        snprintf(what, sizeof what, "%s forward", o->name);
+        keep(what, out, nout);
+        snprintf(what, sizeof what, "%s backward", o->name);
+        keep(what, din, nin);
+        keep(what, gw, np);
+        if (o->dev_keep)
+            keep(what, kp, kf);
+        free(x), free(dout), free(out), free(din), free(w), free(gw), free(kp);
+    }
+    dp_model_free(&m);
+}
+
 /* ---- whole training steps through the executor (dmodel.c) ---- */
 
 #define STEPS 5
@@ -643,6 +683,7 @@ static void run_all(rec *r, const char *order, const char *seed)
     lcn();
     bn();
     acts();
+    tokens();
     be.close(ctx);
     ctx = NULL;
     /* every kernel ran (a kernel added to DP_KERNELS needs a case here) */
@@ -665,6 +706,10 @@ static void run_all(rec *r, const char *order, const char *seed)
           0);
     train("2x8x8-conv3x3x4p1-relu-gap-10", DP_OPTIM_MOMENTUM, 8, 0, 0);
     train("784-dense32-ln-gelu-dense16-ln-10", DP_OPTIM_ADAM, 16, 0, 0);
+    /* tokens: patches, positions, ln over each token; ids (bytes: some clamped) */
+    train("1x8x8-conv2x2x6s2-pos-ln-gelu-gap-10", DP_OPTIM_ADAM, 8, 0, 0);
+    train("12-emb200x6-pos-ln-gap-10", DP_OPTIM_ADAM, 8, 0, 0);
+    train("1x4x4-conv1x1x6-pos-ln-mha3-ln-gap-10", DP_OPTIM_ADAM, 4, 0, 0);
     /* residual blocks: identity and projection shortcuts, bn inside */
     train("1x8x8-conv3x3x4p1-bn-relu-res(conv3x3x4p1-bn-relu-conv3x3x4p1-bn)-relu"
           "-res(conv3x3x6s2p1-bn|conv1x1x6s2-bn)-relu-gap-10",

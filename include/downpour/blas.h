@@ -34,6 +34,24 @@ void dp_blas_set_threads(int n);
 int dp_blas_threads(void);
 /* For benchmarks only: our pool off, OpenBLAS's own n threads inside each product. */
 void dp_blas_set_native_threads(int n);
+/* For benchmarks: the shapes of the products some code runs, so that they
+ * can be timed alone (bench/bench_cnn.c's GEMM bound, docs/benchmarks.md).
+ * While a log is set, every dp_sgemm and dp_sgemm_ep appends its shape (the
+ * first cap of them; n counts them all).  in_task: the call ran inside a pool
+ * task (one of many small products the pool's threads ran side by side, as
+ * mha's per-head ones).  Set and clear it while no product runs. */
+typedef struct dp_gemm_shape {
+    bool ta, tb, in_task;
+    int m, n, k, lda, ldb, ldc;
+    float beta;
+} dp_gemm_shape;
+typedef struct dp_gemm_log {
+    dp_gemm_shape *shapes;
+    size_t cap;
+    _Atomic size_t n;
+} dp_gemm_log;
+void dp_blas_log(dp_gemm_log *log); /* NULL: stop logging */
+
 /* Name of the BLAS library and its kernel ("OpenBLAS 0.3.21 Haswell"). */
 const char *dp_blas_info(void);
 

@@ -44,6 +44,8 @@ typedef struct dp_layer_call {
     int chunk;           /* lowered kinds: records lowered at a time */
     float *state;        /* the layer's buffers (d->s_len floats at buffers + d->s_off) */
     int train;           /* forward: a training forward (batch statistics), else evaluation */
+    dp_batch_sum_fn sum; /* training, DP_LK_BATCH_SUM: sums over the replicas (NULL: none) */
+    void *sum_ctx;
     int y0, y1;          /* model-parallel ROWS: the output rows this task computes */
     int lo, hi;          /* model-parallel UNITS: the output units this task computes */
     uint64_t seed;       /* the draw of this forward (DP_LK_DRAWS) */
@@ -77,6 +79,7 @@ enum {
     DP_LK_MP_SAME_ROWS = 1 << 9,    /* ROWS: reads the same rows it writes (no window) */
     DP_LK_MP_SHARED_FILTERS = 1 << 10, /* ROWS: every task needs the whole weights */
     DP_LK_CLASSIFIER = 1 << 11,     /* may be the spec's last token (its width: the classes) */
+    DP_LK_BATCH_SUM = 1 << 12,      /* training sums over the batch through c->sum (--sync-bn) */
 };
 
 /* One buffer of a kind, as files name it (PyTorch's): rank 1 of len floats,
@@ -87,6 +90,18 @@ typedef struct dp_lk_buffer {
     size_t len;
     int ndim;
 } dp_lk_buffer;
+
+/* One parameter tensor of a kind whose parameters are not one weight and one
+ * bias (mha's four, pos's and emb's one): its name after layers.{i}. as
+ * PyTorch's state_dict has it, where it starts from the layer's w_off, and
+ * its file shape (docs/models.md, "Checkpoints and PyTorch"). */
+#define DP_LK_MAX_TENSORS 4
+typedef struct dp_lk_tensor {
+    const char *name;
+    size_t off;
+    int ndim;
+    int64_t shape[3];
+} dp_lk_tensor;
 
 typedef struct dp_layer_ops {
     dp_layer_kind kind;
@@ -106,6 +121,9 @@ typedef struct dp_layer_ops {
     void (*fans)(const dp_layer *d, double *fan_in, double *fan_out);
     int (*shapes)(const dp_layer *d, int64_t w[6], int64_t b[3], int *bdim);
     double (*cost)(const dp_layer *d); /* multiply-adds per sample (pipeline cuts); NULL: in */
+    /* Files' tensors when not weight and bias (NULL: shapes' two); returns
+     * how many.  Their lengths cover [w_off, b_off + b_len). */
+    int (*tensors)(const dp_layer *d, dp_lk_tensor out[DP_LK_MAX_TENSORS]);
     /* Initial weights and bias when not Glorot's and zero (NULL: those). */
     void (*init_params)(const dp_layer *d, float *w, float *b);
     /* Buffers: their names and sizes in order (returns how many; NULL: none),

@@ -81,7 +81,10 @@ typedef enum dp_layer_kind {
     DP_LAYER_SIGMOID,      /* out = 1 / (1 + exp(-in)) */
     DP_LAYER_GELU,         /* out = in Phi(in), the exact erf form */
     DP_LAYER_GAP,          /* global average pooling: C x H x W to C features */
-    DP_LAYER_LAYERNORM,    /* layer normalisation over each record's features */
+    DP_LAYER_LAYERNORM,    /* layer normalisation over a record's features or a token's */
+    DP_LAYER_MHA,          /* multi-head self-attention over the tokens (positions) */
+    DP_LAYER_POS,          /* a learned position embedding added to the tokens */
+    DP_LAYER_EMB,          /* an embedding of integer ids into tokens */
     DP_LAYER_RES,          /* a residual block's sum: main(x) + shortcut(x) */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
@@ -102,6 +105,7 @@ typedef struct dp_layer {
     size_t s_off, s_len; /* buffers (state not trained) at buffers + s_off, s_len floats */
     size_t keep_off;  /* lcn: what its backward needs, at this offset in each slot */
     int chunk;        /* conv, local: samples lowered at a time */
+    int heads;        /* mha: attention heads */
     /* Residual blocks (docs/architecture.md, "Residual blocks"): the
      * block's layers in the sequence are its main branch, then its
      * shortcut's layers (none for an identity shortcut), then the res
@@ -124,6 +128,14 @@ enum {
  * on them while backprop goes on (see reducer.h).  The range calls never call
  * it. */
 typedef void (*dp_grad_ready_fn)(void *ctx, size_t lo);
+
+/* Sums buf[0..n) in place over the replicas that train one batch together
+ * (allreduce --sync-bn, docs/strategies.md "Buffers"), so a layer whose
+ * training forward takes statistics over the batch (bn) gets the whole
+ * batch's.  Every replica calls it in the same order with the same n.
+ * Returns 0, or -1 when the sum failed: the layer then goes on with its own
+ * rows, and the strategy fails the step (it remembers why). */
+typedef int (*dp_batch_sum_fn)(void *ctx, float *buf, size_t n);
 
 typedef struct dp_model {
     char spec[DP_MAX_SPEC]; /* canonical spelling, "784-300-100-10" */
@@ -154,6 +166,8 @@ typedef struct dp_model {
     uint64_t drop_base, drop_count; /* dp_model_seed_dropout, forwards drawn so far */
     dp_grad_ready_fn grad_ready; /* NULL: nobody listens */
     void *grad_ready_ctx;
+    dp_batch_sum_fn batch_sum; /* NULL: each replica's batch statistics are its own */
+    void *batch_sum_ctx;
 } dp_model;
 
 /* Parses spec (docs/models.md), allocates params, grads and activation scratch for `slots`
@@ -264,6 +278,13 @@ float dp_model_forward(dp_model *m, const float *params, const float *x, const u
  * nothing. */
 float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, int batch,
                                 int *correct);
+
+/* A replica with no records this step (its shard ran out) while
+ * m->batch_sum is set: the layers that sum over the batch (DP_LK_BATCH_SUM)
+ * run their training forward and backward on no rows, so the replicas' sums
+ * still meet, and the running statistics move as the others' do.  Nothing
+ * else runs; m->grads is left alone. */
+void dp_model_batch_sum_idle(dp_model *m);
 
 /* dp_model_forward_backward with o's update of m->params fused into backprop
  * (docs/architecture.md, "Fast paths"), for a process whose update is local:

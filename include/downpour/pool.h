@@ -36,6 +36,8 @@ void dp_pool_exec(dp_pool *p, dp_pool_fn fn, void *ctx);
 int dp_pool_set_threads(int n, dp_err *err);
 int dp_pool_threads(void);
 void dp_pool_run(dp_pool_fn fn, void *ctx);
+/* True on a thread while it runs a task of some pool. */
+int dp_pool_in_task(void);
 
 /* Thread i's share [*lo, *hi) of [0, total) split n ways: inner boundaries are
  * multiples of align where that still gives every thread work (align >= 1). */

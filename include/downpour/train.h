@@ -64,6 +64,8 @@ typedef struct dp_train_config {
     size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
     dp_overlap overlap;       /* allreduce: reduce buckets while backprop goes on */
     double collective_timeout; /* allreduce: s to wait for a neighbour (300) */
+    bool sync_bn;             /* allreduce: batch norm's batch statistics over every
+                                 replica's rows, as PyTorch's SyncBatchNorm */
     int stages;               /* pipeline: stages per replica (0: every task is a stage) */
     int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */
     dp_pipe_schedule schedule; /* pipeline: gpipe or 1f1b (the default) */
@@ -138,6 +140,12 @@ int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
  * (docs/strategies.md, "Buffers").  downpour launch asks it before any
  * task starts. */
 int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err);
+/* --sync-bn against the strategy, the device and the model (one without
+ * batch norm is refused: the flag would do nothing): 0, or -1 with a
+ * message naming the flag and the reason (docs/strategies.md, "Buffers").
+ * dp_train_run checks it before anything opens; downpour train and launch
+ * before any task starts. */
+int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x

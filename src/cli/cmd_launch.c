@@ -70,14 +70,16 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
 }
 
 /* The strategy the tasks will run (the train command's --strategy), its
- * --ps-replicas, and its --straggler (NULL: none). */
+ * --ps-replicas, its --straggler (NULL: none), --model (NULL: the default)
+ * and whether it asks --sync-bn. */
 static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas,
                                             const char **straggler, const char **model,
-                                            dp_err *err)
+                                            bool *sync_bn, dp_err *err)
 {
     *ps_replicas = 1;
     *straggler = NULL;
     *model = NULL;
+    *sync_bn = false;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = "single";
@@ -100,6 +102,8 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_repl
             *model = argv[++i];
         else if (strncmp(argv[i], "--model=", 8) == 0)
             *model = argv[i] + 8;
+        else if (strcmp(argv[i], "--sync-bn") == 0)
+            *sync_bn = true;
     }
     return dp_strategy_find(name, err);
 }
@@ -145,8 +149,9 @@ int cmd_launch(int argc, char **argv)
     dp_err err;
     task_run run = {0};
     const char *straggler, *model;
-    const dp_strategy_ops *strategy =
-        task_strategy(argc - rest, argv + rest, &run.ps_replicas, &straggler, &model, &err);
+    bool sync_bn;
+    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &run.ps_replicas,
+                                                    &straggler, &model, &sync_bn, &err);
     run.ops = strategy;
     if (!strategy && strcmp(argv[rest], "train") == 0) {
         fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
@@ -172,6 +177,16 @@ int cmd_launch(int argc, char **argv)
             fprintf(stderr, "downpour launch: %s\n", err.msg);
             return 2;
         }
+    }
+    /* --sync-bn against the strategy and the model, as each task would
+     * refuse it (--device is the tasks' to check) */
+    dp_train_config sb = dp_train_defaults();
+    sb.strategy = strategy ? strategy->name : sb.strategy;
+    sb.model = model ? model : sb.model;
+    sb.sync_bn = sync_bn;
+    if (strategy && dp_train_check_sync_bn(&sb, &err) < 0) {
+        fprintf(stderr, "downpour launch: %s\n", err.msg);
+        return 2;
     }
     dp_cluster c;
     if (dp_launch_free_ports(ports, n, &err) < 0 ||

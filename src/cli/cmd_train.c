@@ -150,7 +150,7 @@ int cmd_train(int argc, char **argv)
     long push_behind = cfg.ps.push_behind;
     long staleness = cfg.ps.staleness, period = cfg.ps.period;
     long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
-    bool trace_clocks = false, no_overlap = false, push_inline = false;
+    bool trace_clocks = false, no_overlap = false, push_inline = false, sync_bn = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
     const char *transport = "tcp", *overlap = NULL, *device = "cpu";
     double collective_timeout = cfg.collective_timeout;
@@ -208,6 +208,7 @@ int cmd_train(int argc, char **argv)
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
         {"overlap", CLI_STR, &overlap, "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0},
         {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0},
+        {"sync-bn", CLI_FLAG, &sync_bn, NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
         {"stages", CLI_INT, &stages, "S", "pipeline: stages of each pipeline (0: every task is a stage)", 0, DP_PIPE_MAX_STAGES},
         {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
@@ -320,6 +321,13 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "downpour train: --overlap: '%s' is not auto, on or off\n", overlap);
         return 2;
     }
+    if (sync_bn && overlap && strcmp(overlap, "on") == 0) {
+        fprintf(stderr, "downpour train: --sync-bn sums batch norm's statistics on the training "
+                        "thread between the gradient buckets, so the buckets cannot be reduced "
+                        "beside backprop: leave out --overlap on\n");
+        return 2;
+    }
+    cfg.sync_bn = sync_bn;
     if (overlap && no_overlap && strcmp(overlap, "off") != 0) {
         fprintf(stderr, "downpour train: --no-overlap contradicts --overlap %s\n", overlap);
         return 2;
@@ -431,6 +439,10 @@ int cmd_train(int argc, char **argv)
     }
     cfg.data.window = (uint32_t)shuffle_window;
     cfg.model = model;
+    if (dp_train_check_sync_bn(&cfg, &err) < 0) {
+        fprintf(stderr, "downpour train: %s\n", err.msg);
+        return 2;
+    }
     cfg.batch = (int)batch;
     cfg.epochs = (int)epochs;
     cfg.seed = (uint64_t)seed;

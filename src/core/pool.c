@@ -228,6 +228,8 @@ int dp_pool_threads(void) { return dp_pool_size(global_pool); }
 
 void dp_pool_run(dp_pool_fn fn, void *ctx) { dp_pool_exec(global_pool, fn, ctx); }
 
+int dp_pool_in_task(void) { return in_task; }
+
 void dp_pool_range(size_t total, size_t align, int i, int n, size_t *lo, size_t *hi)
 {
     if (n <= 1) {

@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever the table or dp_kernel changes: a plugin built from other
  * sources is refused with both numbers. */
-#define DP_BACKEND_ABI 6
+#define DP_BACKEND_ABI 7
 #define DP_BACKEND_CUDA_SYMBOL "dp_backend_cuda_v1"
 
 typedef enum dp_copy_dir { DP_COPY_H2D, DP_COPY_D2H, DP_COPY_D2D } dp_copy_dir;

@@ -196,6 +196,34 @@ typedef struct dp_ka_ln { /* every ln kernel; items as each body says */
 } dp_ka_ln;
 /* ---- end of layer norm (1/2) ---- */
 
+/* ---- tokens (1/2): kernel list and arguments (src/nn/layer_pos.c,
+ * layer_emb.c, layer_mha.c) ----
+ * The CPU's loops call these bodies themselves, so the two give the same
+ * bits; each sum is in double in record (or id) order. */
+#define DP_KERNELS_TOK(X)                                                                        \
+    X(POS_FWD, pos_fwd)                                                                          \
+    X(POS_GRAD, pos_grad)                                                                        \
+    X(EMB_IDS, emb_ids)                                                                          \
+    X(EMB_FWD, emb_fwd)                                                                          \
+    X(EMB_GRAD, emb_grad)                                                                        \
+    X(MHA_SOFTMAX, mha_softmax)                                                                  \
+    X(MHA_SOFTMAX_BWD, mha_softmax_bwd)
+
+typedef struct dp_ka_tok { /* items as each body says */
+    float *dst;       /* pos: out, or P's gradient; emb: out, or the table's gradient */
+    const float *src; /* in (emb: the ids), or the gradient at the output */
+    const float *p;   /* pos: P (F); emb: the table (N, F) */
+    float *ids;       /* emb: the ids used (R), then the count of changed ones */
+    long R, F, N;     /* pos: records, T*D; emb: ids, width, table rows */
+} dp_ka_tok;
+typedef struct dp_ka_attn { /* items: rows of T attention scores */
+    float *s;               /* forward: the scores, then P; backward: dP, then dS */
+    const float *p;         /* backward: P */
+    long T;
+    float scale;            /* 1/sqrt(the head's width) */
+} dp_ka_attn;
+/* ---- end of tokens (1/2) ---- */
+
 /* ---- residual blocks (1/2): kernel list and arguments (src/nn/layer_res.c) ----
  * The block's sum, and in the backward the shortcut's gradient added to the
  * main branch's at the block's input; the CPU adds the same floats. */
@@ -231,7 +259,8 @@ typedef struct dp_ka_res { /* items n: out = a + b (out may be a) */
     X(NESTEROV, nesterov)                                                                        \
     X(ADAGRAD, adagrad)                                                                          \
     X(ADAM, adam)                                                                                \
-    X(EMA, ema)
+    X(EMA, ema)                                                                                  \
+    DP_KERNELS_TOK(X)
 
 typedef enum dp_kernel_id {
 #define DP_K_ENUM(ID, name) DP_K_##ID,
@@ -361,6 +390,8 @@ typedef struct dp_kernel {
         dp_ka_act act; /* element-wise activations */
         dp_ka_gap gap;
         dp_ka_ln ln;
+        dp_ka_tok tok;
+        dp_ka_attn attn;
         dp_ka_res res;
     } u;
 } dp_kernel;
@@ -907,6 +938,85 @@ DP_HD void dp_k_ln_din(const dp_kernel *k, long r)
     }
 }
 /* ---- end of layer norm (2/2) ---- */
+
+/* ---- tokens (2/2): bodies ---- */
+/* Item i, items R*F: out = in + P. */
+DP_HD void dp_k_pos_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    a->dst[i] = a->src[i] + a->p[i % a->F];
+}
+
+/* Item f, items F: P's gradient, the output gradient summed over the records. */
+DP_HD void dp_k_pos_grad(const dp_kernel *k, long f)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    double g = 0.0;
+    for (long r = 0; r < a->R; r++)
+        g += a->src[r * a->F + f];
+    a->dst[f] = (float)g;
+}
+
+/* Item t, items R: id t rounded to the nearest integer and clamped to
+ * [0, N) (NaN to 0); a changed one counted at ids[R], zeroed before. */
+DP_HD void dp_k_emb_ids(const dp_kernel *k, long t)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    float v = a->src[t], id = nearbyintf(v), top = (float)(a->N - 1);
+    id = !(id >= 0.0f) ? 0.0f : id > top ? top : id;
+    a->ids[t] = id;
+    if (id != v)
+        DP_ATOMIC_ADD(&a->ids[a->R], 1.0f);
+}
+
+/* Item i = (t, e), items R*F: the table's row of id t. */
+DP_HD void dp_k_emb_fwd(const dp_kernel *k, long i)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    long t = i / a->F, e = i - t * a->F;
+    a->dst[i] = a->p[(long)a->ids[t] * a->F + e];
+}
+
+/* Item e, items F: column e of the table's gradient: zero, then each id's
+ * output gradient added in id order. */
+DP_HD void dp_k_emb_grad(const dp_kernel *k, long e)
+{
+    const dp_ka_tok *a = &k->u.tok;
+    for (long n = 0; n < a->N; n++)
+        a->dst[n * a->F + e] = 0.0f;
+    for (long t = 0; t < a->R; t++)
+        a->dst[(long)a->ids[t] * a->F + e] += a->src[t * a->F + e];
+}
+/* Item r: row r of scores, scaled, to its softmax (the max taken out,
+ * summed in double), in place. */
+DP_HD void dp_k_mha_softmax(const dp_kernel *k, long r)
+{
+    const dp_ka_attn *a = &k->u.attn;
+    float *s = a->s + r * a->T, mx = s[0] * a->scale;
+    for (long j = 1; j < a->T; j++)
+        mx = s[j] * a->scale > mx ? s[j] * a->scale : mx;
+    double sum = 0.0;
+    for (long j = 0; j < a->T; j++)
+        sum += (s[j] = expf(s[j] * a->scale - mx));
+    float inv = (float)(1.0 / sum);
+    for (long j = 0; j < a->T; j++)
+        s[j] *= inv;
+}
+
+/* Item r: row r of dP to dS = scale P (dP - rowsum(dP P)), in place. */
+DP_HD void dp_k_mha_softmax_bwd(const dp_kernel *k, long r)
+{
+    const dp_ka_attn *a = &k->u.attn;
+    float *g = a->s + r * a->T;
+    const float *p = a->p + r * a->T;
+    double dot = 0.0;
+    for (long j = 0; j < a->T; j++)
+        dot += (double)g[j] * p[j];
+    float d = (float)dot;
+    for (long j = 0; j < a->T; j++)
+        g[j] = a->scale * (p[j] * (g[j] - d));
+}
+/* ---- end of tokens (2/2) ---- */
 
 /* ---- batch norm (2/2): bodies ---- */
 

@@ -4,7 +4,9 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "downpour/pool.h"
@@ -24,13 +26,55 @@
 #define DP_GEMM_ALIGN 16
 #define DP_GEMM_ROW_ALIGN 4
 
+static dp_gemm_log *_Atomic gemm_log; /* dp_blas_log: benchmarks only */
 static int native_mode; /* dp_blas_set_native_threads: OpenBLAS threads, pool off */
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+/* OpenBLAS built for every x86 core (DYNAMIC_ARCH, as Debian's) picks its
+ * kernels from the CPU's family and model, and a model newer than the
+ * library (0.3.21 does not know Emerald Rapids, model 207) falls back to
+ * Prescott's SSE3 kernels: 20 GFLOPS where the CPU's AVX-512 kernels give
+ * 70-100 on one core (a 1024^3 product; docs/architecture.md, "BLAS").  So
+ * when OpenBLAS fell back and OPENBLAS_CORETYPE does not say otherwise, its
+ * kernels are chosen again from the instruction sets the CPU has, through
+ * OpenBLAS's own re-initialisation (weak: absent in another BLAS, nothing is
+ * done).  Runs once, before the first product. */
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+static const char *kernels_for_cpu(void)
+{
+#if !defined(__x86_64__)
+    return NULL;
+#else
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL;
+#endif
+}
+
+static void fix_kernels(void)
+{
+    const char *core = openblas_get_corename();
+    const char *want = kernels_for_cpu();
+    if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit || getenv("OPENBLAS_CORETYPE") ||
+        !core || strcmp(core, "Prescott") != 0 || !want)
+        return;
+    setenv("OPENBLAS_CORETYPE", want, 0);
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+}
 
 /* Until dp_blas_set_threads: the pool takes OpenBLAS's default thread count
  * and OpenBLAS itself goes single-threaded. */
 static void default_threads(void)
 {
+    fix_kernels();
     int n = openblas_get_num_threads();
     openblas_set_num_threads(1);
     dp_pool_set_threads(n, NULL);
@@ -98,6 +142,13 @@ void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 {
     if (m <= 0 || n <= 0)
         return;
+    dp_gemm_log *log = atomic_load_explicit(&gemm_log, memory_order_relaxed);
+    if (log) {
+        size_t i = atomic_fetch_add(&log->n, 1);
+        if (i < log->cap)
+            log->shapes[i] = (dp_gemm_shape){trans_a, trans_b, dp_pool_in_task(), m, n, k,
+                                             lda, ldb, ldc, beta};
+    }
     pthread_once(&default_once, default_threads);
     gemm_job j = {trans_a, trans_b, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc,
                   m >= n || (trans_a && m >= 2 * DP_GEMM_ALIGN), ep,
@@ -114,6 +165,8 @@ void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 {
     dp_sgemm_ep(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, NULL);
 }
+
+void dp_blas_log(dp_gemm_log *log) { atomic_store(&gemm_log, log); }
 
 void dp_blas_set_threads(int n)
 {
@@ -170,6 +223,7 @@ static void blas_info_build(void)
 
 const char *dp_blas_info(void)
 {
+    pthread_once(&default_once, default_threads); /* the kernels it names are final */
     pthread_once(&blas_info_once, blas_info_build);
     return blas_info;
 }

@@ -13,7 +13,21 @@
  * rows: results never depend on the thread count.  On a device the same
  * passes are kernels (kernels.h, "batch norm") that give the CPU's bits.  Its forward keeps the
  * batch's mean, 1/std and variance (3C floats) for its backward and the
- * running update; evaluation uses the keep's 1/std for the running one. */
+ * running update; evaluation uses the keep's 1/std for the running one.
+ *
+ * With a sum hook (c->sum: allreduce --sync-bn, docs/strategies.md
+ * "Buffers") the batch is every replica's rows, as PyTorch's SyncBatchNorm:
+ * the forward sums each channel's values and the count, then the squares
+ * about the whole batch's mean (the one-process two passes, so no
+ * cancellation), and moves the running statistics by the whole batch (the
+ * unbiased variance with the total count); the backward sums dbeta and
+ * dgamma for the input gradient.  Each replica's dy is the gradient of its
+ * own mean loss, which the strategy weights by its records' share: the
+ * backward's sums are weighted the same way, so the input gradient is the
+ * one of the whole batch's mean loss, as one process at the summed batch
+ * gives.  dgamma and dbeta stay the replica's own; the strategy sums them
+ * with the other gradients.  The keep also holds the total count and the
+ * sums' 2C + 1 floats: nothing allocates in a step. */
 #include "nn/layer_impl.h"
 
 #include <math.h>
@@ -65,10 +79,12 @@ static void init_buffers(const dp_layer *d, float *s)
     s[2 * d->c] = 0.0f;
 }
 
+/* The keep: mean, 1/std and variance (C each; the device's whole keep),
+ * then the rows of the whole batch and the sums of --sync-bn. */
 static size_t keep_floats(const dp_layer *d, int max_batch)
 {
     (void)max_batch;
-    return 3 * (size_t)d->c;
+    return 5 * (size_t)d->c + 2;
 }
 
 /* One pass over a call, split over the pool. */
@@ -77,6 +93,9 @@ typedef struct job {
     int C;
     size_t R;
     const float *mean, *scale; /* the normalisation: (x - mean) * scale */
+    float *red;                /* sync_task: each channel's sum goes here */
+    float rows;                /* din_task: rows of the whole batch */
+    const float *db, *dg;      /* din_task: the whole batch's dbeta and dgamma */
 } job;
 
 /* Channels [lo, hi): the batch's mean, 1/std and variance into the keep. */
@@ -102,6 +121,50 @@ static void stats_task(void *ctx, int i, int n)
     }
 }
 
+/* Channels [lo, hi), --sync-bn: sum x (mean NULL), else sum (x - mean)^2. */
+static void sync_task(void *ctx, int i, int n)
+{
+    const job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->C, 1, i, n, &lo, &hi);
+    const float *x = j->c->in;
+    for (size_t ch = lo; ch < hi; ch++) {
+        double s = 0.0, mu = j->mean ? j->mean[ch] : 0.0;
+        for (size_t r = 0; r < j->R; r++) {
+            double t = x[r * j->C + ch] - mu;
+            s += j->mean ? t * t : t;
+        }
+        j->red[ch] = (float)s;
+    }
+}
+
+/* --sync-bn: the whole batch's mean, 1/std, variance and rows into the
+ * keep.  -1 when a sum failed (the caller then takes its own rows'). */
+static int sync_stats(const dp_layer_call *c, job *j)
+{
+    int C = j->C;
+    float *mean = c->keep, *inv = mean + C, *var = mean + 2 * C, *red = mean + 3 * C + 1;
+    j->red = red, j->mean = NULL;
+    dp_pool_run(sync_task, j);
+    red[C] = (float)j->R;
+    if (c->sum(c->sum_ctx, red, (size_t)C + 1) < 0)
+        return -1;
+    double R = red[C];
+    for (int ch = 0; ch < C; ch++)
+        mean[ch] = R > 0 ? (float)(red[ch] / R) : 0.0f;
+    j->mean = mean;
+    dp_pool_run(sync_task, j);
+    if (c->sum(c->sum_ctx, red, (size_t)C) < 0)
+        return -1;
+    for (int ch = 0; ch < C; ch++) {
+        double v = R > 0 ? red[ch] / R : 0.0;
+        var[ch] = (float)v;
+        inv[ch] = (float)(1.0 / sqrt(v + BN_EPS));
+    }
+    mean[3 * C] = (float)R;
+    return 0;
+}
+
 /* Rows [lo, hi): out = (x - mean) * scale * gamma + beta. */
 static void norm_task(void *ctx, int i, int n)
 {
@@ -121,7 +184,7 @@ static float forward(const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
     int C = d->c;
-    job j = {c, C, (size_t)c->batch * d->h * d->w, NULL, NULL};
+    job j = {.c = c, .C = C, .R = (size_t)c->batch * d->h * d->w};
     float *rm = c->state, *rv = c->state + C;
     if (!c->train) { /* the running statistics: their 1/std into the keep's second half */
         float *inv = c->keep + C;
@@ -131,9 +194,16 @@ static float forward(const dp_layer_call *c)
         dp_pool_run(norm_task, &j);
         return 0.0f;
     }
-    dp_pool_run(stats_task, &j);
-    const float *mean = c->keep, *inv = c->keep + C, *var = c->keep + 2 * C;
     double R = (double)j.R;
+    if (c->sum && sync_stats(c, &j) == 0) {
+        R = c->keep[3 * C];
+    } else {
+        dp_pool_run(stats_task, &j);
+        c->keep[3 * C] = (float)R;
+    }
+    const float *mean = c->keep, *inv = c->keep + C, *var = c->keep + 2 * C;
+    if (R < 1) /* no rows anywhere: nothing to move the statistics by */
+        return 0.0f;
     for (int ch = 0; ch < C; ch++) { /* PyTorch's: the unbiased variance */
         float unbiased = (float)(R > 1 ? (double)var[ch] * R / (R - 1) : (double)var[ch]);
         rm[ch] = (1.0f - BN_MOMENTUM) * rm[ch] + BN_MOMENTUM * mean[ch];
@@ -172,30 +242,57 @@ static void din_task(void *ctx, int i, int n)
     const dp_layer_call *c = j->c;
     size_t lo, hi;
     dp_pool_range(j->R, 1, i, n, &lo, &hi);
-    float R = (float)j->R;
+    float R = j->rows;
     for (size_t r = lo; r < hi; r++) {
         size_t at = r * j->C;
         for (int ch = 0; ch < j->C; ch++) {
             float xhat = (c->in[at + ch] - j->mean[ch]) * j->scale[ch];
             float k = c->w[ch] * j->scale[ch] / R;
-            c->din[at + ch] = k * (R * c->dout[at + ch] - c->gb[ch] - xhat * c->gw[ch]);
+            c->din[at + ch] = k * (R * c->dout[at + ch] - j->db[ch] - xhat * j->dg[ch]);
         }
     }
+}
+
+/* --sync-bn: the whole batch's dbeta and dgamma, in this replica's scale
+ * (the sums weighted by each replica's share of the rows, then taken back
+ * to this one's), into the keep for din_task.  -1 when the sum failed. */
+static int sync_grads(const dp_layer_call *c, job *j)
+{
+    int C = j->C;
+    float total = c->keep[3 * C], *red = c->keep + 3 * C + 1;
+    float share = total > 0 ? (float)j->R / total : 0.0f;
+    for (int ch = 0; ch < C; ch++)
+        red[ch] = c->gb[ch] * share, red[C + ch] = c->gw[ch] * share;
+    if (c->sum(c->sum_ctx, red, 2 * (size_t)C) < 0)
+        return -1;
+    if (j->R > 0) /* no rows here: no input gradient to scale */
+        for (int ch = 0; ch < 2 * C; ch++)
+            red[ch] /= share;
+    j->rows = total, j->db = red, j->dg = red + C;
+    return 0;
 }
 
 /* The backward of a training forward (batch statistics, in the keep). */
 static void backward(const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
-    job j = {c, d->c, (size_t)c->batch * d->h * d->w, c->keep, c->keep + d->c};
+    job j = {.c = c, .C = d->c, .R = (size_t)c->batch * d->h * d->w, .mean = c->keep,
+             .scale = c->keep + d->c};
     dp_pool_run(grad_task, &j);
-    if (c->din)
-        dp_pool_run(din_task, &j);
+    if (!c->din)
+        return;
+    if (!c->sum || sync_grads(c, &j) < 0)
+        j.rows = (float)j.R, j.db = c->gb, j.dg = c->gw;
+    dp_pool_run(din_task, &j);
 }
 
 /* ---- device: training only (evaluation stays on the host) ---- */
 
-static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
+static size_t dev_keep(const dp_layer *d, int max_batch)
+{
+    (void)max_batch;
+    return 3 * (size_t)d->c; /* mean, 1/std, variance: --sync-bn is the CPU's */
+}
 
 static dp_ka_bn dev_args(const dp_layer_call *c)
 {
@@ -232,7 +329,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 }
 
 const dp_layer_ops dp_layer_batchnorm = {
-    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2,
+    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2, .flags = DP_LK_BATCH_SUM,
     .example = "bn", .help = "batch norm (features after dense, channels after conv)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .buffers = buffers, .init_buffers = init_buffers, .keep_floats = keep_floats,

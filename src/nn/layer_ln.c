@@ -1,20 +1,21 @@
-/* ln: layer normalisation over the F features of each record, as PyTorch's
+/* ln: layer normalisation over the F features of each row, as PyTorch's
  * nn.LayerNorm(F): y = (x - mean) / sqrt(var + eps) * weight + bias, the
- * record's mean and biased variance, eps 1e-5, the same in training and
+ * row's mean and biased variance, eps 1e-5, the same in training and
  * evaluation (no running statistics).  Weight 1 and bias 0 at the start,
  * named weight and bias (F each) in files.
  *
- * Flat activations only (after a dense layer, flatten or gap, or a flat
- * input).  On an image the grammar refuses it: PyTorch's
- * LayerNorm([C, H, W]) over an NCHW image is ln after flatten here, whose
- * features are in C, H, W order (its weight is the (C, H, W) one
- * flattened).
+ * A row is a record's features on flat activations (after a dense layer,
+ * flatten or gap, or a flat input), and a position's C channels on an
+ * image: an NHWC image of h x w positions is h*w tokens of width C, token
+ * after token (docs/models.md, "Images as tokens"), so ln there is a
+ * transformer's nn.LayerNorm(D) over each token.  PyTorch's LayerNorm([C, H, W]) over a
+ * whole image is flatten-ln.
  *
  * The passes are kernels.h's bodies ("layer norm"), called by the CPU's
  * loop and launched on a device alike, so the two give the same bits; the
- * CPU splits them over the pool by records (statistics, normalisation,
- * input gradient) and by features (weight gradients).  The forward keeps
- * each record's mean and 1/std (2 x batch floats) for the backward. */
+ * CPU splits them over the pool by rows (statistics, normalisation, input
+ * gradient) and by features (weight gradients).  The forward keeps each
+ * row's mean and 1/std (2 x batch x h x w floats) for the backward. */
 #include "nn/layer_impl.h"
 
 #include "device/dexec.h"
@@ -25,33 +26,32 @@
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
     (void)s, (void)end;
-    if (!p->flat && p->h * p->w > 1)
-        return dp_spec_fail(p, "layer norm works on a vector of features, not a %dx%dx%d image "
-                               "(for nn.LayerNorm([C, H, W]) write flatten-ln: the features in "
-                               "C, H, W order)",
-                            p->c, p->h, p->w);
+    if (!p->flat && p->h * p->w > 1 && dp_spec_need_image(p) < 0) /* tokens: NHWC */
+        return -1;
     dp_layer *d = dp_spec_add(p, DP_LAYER_LAYERNORM);
-    return d && dp_spec_params(p, d, (size_t)d->in, (size_t)d->in) == 0 ? 0 : -1;
+    return d && dp_spec_params(p, d, (size_t)d->c, (size_t)d->c) == 0 ? 0 : -1;
 }
 
 static int shapes(const dp_layer *d, int64_t w[6], int64_t b[3], int *bdim)
 {
-    w[0] = d->in;
-    b[0] = d->in;
+    w[0] = d->c;
+    b[0] = d->c;
     *bdim = 1;
     return 1;
 }
 
 static void init_params(const dp_layer *d, float *w, float *b)
 {
-    for (int f = 0; f < d->in; f++)
+    for (int f = 0; f < d->c; f++)
         w[f] = 1.0f, b[f] = 0.0f;
 }
 
+/* The rows of a batch: records, or their positions on an image. */
+static long rows(const dp_layer *d, int batch) { return (long)batch * d->h * d->w; }
+
 static size_t keep_floats(const dp_layer *d, int max_batch)
 {
-    (void)d;
-    return 2 * (size_t)max_batch;
+    return 2 * (size_t)rows(d, max_batch);
 }
 
 static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
@@ -59,17 +59,18 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
     dp_kernel k = {.id = id, .items = items};
     k.u.ln = (dp_ka_ln){.x = c->in, .dy = c->dout, .y = c->out, .dx = c->din, .w = c->w,
                         .b = c->b, .gw = c->gw, .gb = c->gb, .mean = c->keep,
-                        .inv = c->keep + c->batch, .R = c->batch, .F = c->d->in,
+                        .inv = c->keep + rows(c->d, c->batch), .R = rows(c->d, c->batch),
+                        .F = c->d->c,
                         .eps = LN_EPS};
     return k;
 }
 
-/* Records [lo, hi): statistics, then the normalised output. */
+/* Rows [lo, hi): statistics, then the normalised output. */
 static void fwd_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
-    size_t lo, hi, F = (size_t)c->d->in;
-    dp_pool_range((size_t)c->batch, 1, i, n, &lo, &hi);
+    size_t lo, hi, F = (size_t)c->d->c;
+    dp_pool_range((size_t)rows(c->d, c->batch), 1, i, n, &lo, &hi);
     dp_kernel st = kernel(c, DP_K_LN_STATS, 0), nm = kernel(c, DP_K_LN_NORM, 0);
     for (size_t r = lo; r < hi; r++) {
         dp_k_ln_stats(&st, (long)r);
@@ -83,18 +84,18 @@ static void grad_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
     size_t lo, hi;
-    dp_pool_range((size_t)c->d->in, 16, i, n, &lo, &hi);
+    dp_pool_range((size_t)c->d->c, 16, i, n, &lo, &hi);
     dp_kernel k = kernel(c, DP_K_LN_GRAD, 0);
     for (size_t f = lo; f < hi; f++)
         dp_k_ln_grad(&k, (long)f);
 }
 
-/* Records [lo, hi): the input gradient. */
+/* Rows [lo, hi): the input gradient. */
 static void din_task(void *ctx, int i, int n)
 {
     const dp_layer_call *c = ctx;
     size_t lo, hi;
-    dp_pool_range((size_t)c->batch, 1, i, n, &lo, &hi);
+    dp_pool_range((size_t)rows(c->d, c->batch), 1, i, n, &lo, &hi);
     dp_kernel k = kernel(c, DP_K_LN_DIN, 0);
     for (size_t r = lo; r < hi; r++)
         dp_k_ln_din(&k, (long)r);
@@ -119,7 +120,7 @@ static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 {
     if (c->batch < 1)
         return;
-    dp_kernel k = kernel(c, DP_K_LN_STATS, c->batch);
+    dp_kernel k = kernel(c, DP_K_LN_STATS, rows(c->d, c->batch));
     dp_dexec_launch(x, &k);
     k = kernel(c, DP_K_LN_NORM, (long)c->batch * c->d->in);
     dp_dexec_launch(x, &k);
@@ -129,22 +130,23 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 {
     if (c->batch < 1)
         return;
-    dp_kernel k = kernel(c, DP_K_LN_GRAD, c->d->in);
+    dp_kernel k = kernel(c, DP_K_LN_GRAD, c->d->c);
     dp_dexec_launch(x, &k);
     if (c->din) {
-        k = kernel(c, DP_K_LN_DIN, c->batch);
+        k = kernel(c, DP_K_LN_DIN, rows(c->d, c->batch));
         dp_dexec_launch(x, &k);
     }
 }
 
 const dp_layer_ops dp_layer_ln = {
     .kind = DP_LAYER_LAYERNORM, .name = "ln", .token = 2,
-    .example = "ln", .help = "layer norm over each record's features (nn.LayerNorm)",
+    .example = "ln", .help = "layer norm over features, or each token's channels (nn.LayerNorm)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .mp = DP_MP_REFUSE,
-    .mp_reason = "its mean and variance span every feature of a record, which a split "
-                 "divides among the tasks; not split yet",
+    .mp_reason = "its mean and variance span every feature of a row, which a split "
+                 "divides among the tasks, and its weights would be needed whole on every task; "
+                 "not split yet",
     .dev_forward = dev_forward, .dev_backward = dev_backward, .dev_keep = dev_keep,
 };

@@ -5,7 +5,7 @@
 extern const dp_layer_ops dp_layer_dense, dp_layer_relu, dp_layer_softmax_xent, dp_layer_conv,
     dp_layer_local, dp_layer_maxpool, dp_layer_avgpool, dp_layer_lcn, dp_layer_dropout,
     dp_layer_flatten, dp_layer_hwc, dp_layer_batchnorm, dp_layer_tanh, dp_layer_sigmoid, dp_layer_gelu,
-    dp_layer_gap, dp_layer_ln, dp_layer_res;
+    dp_layer_gap, dp_layer_ln, dp_layer_mha, dp_layer_pos, dp_layer_emb, dp_layer_res;
 
 const dp_layer_ops *const dp_layer_table[DP_LAYER_KIND_COUNT] = {
     [DP_LAYER_DENSE] = &dp_layer_dense,
@@ -25,5 +25,8 @@ const dp_layer_ops *const dp_layer_table[DP_LAYER_KIND_COUNT] = {
     [DP_LAYER_GELU] = &dp_layer_gelu,
     [DP_LAYER_GAP] = &dp_layer_gap,
     [DP_LAYER_LAYERNORM] = &dp_layer_ln,
+    [DP_LAYER_MHA] = &dp_layer_mha,
+    [DP_LAYER_POS] = &dp_layer_pos,
+    [DP_LAYER_EMB] = &dp_layer_emb,
     [DP_LAYER_RES] = &dp_layer_res,
 };

@@ -307,6 +307,7 @@ static dp_layer_call call_of(dp_model *m, int slot, const dp_layer *d, const flo
         c.keep = m->acts + (size_t)slot * m->slot_floats + d->keep_off;
     if (d->s_len)
         c.state = m->buffers + d->s_off;
+    c.sum = m->batch_sum, c.sum_ctx = m->batch_sum_ctx;
     return c;
 }
 
@@ -503,6 +504,33 @@ float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, i
     float loss = forward(m, 0, m->params, x, y, 0, m->n_layers, batch, correct, true);
     backward(m, 0, NULL, m->grads, m->params, NULL, x, y, 0, m->n_layers, batch, true, NULL);
     return loss;
+}
+
+void dp_model_batch_sum_idle(dp_model *m)
+{
+    if (!m->batch_sum || !m->acts)
+        return;
+    /* the order of the real step: forwards first to last, backwards back;
+     * layer 0's backward wants no input gradient there either */
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (!(dp_layer_ops_of(d)->flags & DP_LK_BATCH_SUM))
+            continue;
+        dp_layer_call c = call_of(m, 0, d, m->params, NULL, 0);
+        c.in = c.out = act(m, 0, l + 1);
+        c.train = 1;
+        dp_layer_ops_of(d)->forward(&c);
+    }
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        const dp_layer *d = &m->layers[l];
+        if (!(dp_layer_ops_of(d)->flags & DP_LK_BATCH_SUM))
+            continue;
+        dp_layer_call c = call_of(m, 0, d, m->params, m->grads, 0);
+        c.in = c.out = act(m, 0, l + 1);
+        c.dout = m->dacts;
+        c.din = l > 0 ? m->dacts + m->dact_floats : NULL;
+        dp_layer_ops_of(d)->backward(&c);
+    }
 }
 
 float dp_model_train_step(dp_model *m, dp_optim *o, const float *x, const uint8_t *y,

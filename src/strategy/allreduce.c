@@ -69,6 +69,8 @@ struct dp_strategy {
     int join_failures;     /* joins failed in a row, and the last one's reason */
     dp_err join_error;
     float *ema;            /* nccl with --ema: the device's average, brought back */
+    int sum_failed;        /* --sync-bn: a bn sum of this step failed (its code) */
+    dp_err sum_err;        /* and why */
 };
 
 /* A rejoining replica's welcome carries the ring's generation, and in its
@@ -821,17 +823,35 @@ static void begin(void *self, long step, int records)
     long k = (step - 1) % s->env->steps_per_epoch;
     double all = records_in_step(s, k);
     s->cur = step;
+    s->sum_failed = 0;
     dp_reducer_begin(s->reducer, (uint64_t)step, all > 0 ? (float)(records / all) : 0.0f);
 }
 
 static void ready(void *self, size_t lo) { dp_reducer_ready(((dp_strategy *)self)->reducer, lo); }
+
+/* --sync-bn: a bn layer's sums over the ring, on the training thread
+ * between the step's gradient buckets (so the reducer stays inline; bucket
+ * -1 in messages).  After a failure the step's other sums are skipped: the
+ * layers go on with their own rows and update() fails the step. */
+static int batch_sum(void *self, float *buf, size_t n)
+{
+    dp_strategy *s = self;
+    if (s->sum_failed)
+        return -1;
+    int rc = dp_ring_allreduce(&s->ring, buf, n, (uint64_t)s->cur, -1, &s->sum_err);
+    if (rc < 0)
+        s->sum_failed = rc;
+    return rc < 0 ? -1 : 0;
+}
 
 static int update(void *self, float *params, const float *grads, int records, float lr,
                   dp_err *err)
 {
     (void)records;
     dp_strategy *s = self;
-    int rc = dp_reducer_finish(s->reducer, err);
+    int rc = s->sum_failed ? s->sum_failed : dp_reducer_finish(s->reducer, err);
+    if (s->sum_failed)
+        *err = s->sum_err;
     if (rc < 0) {
         s->broken = rc == DP_RING_BROKEN;
         return -1;
@@ -866,7 +886,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->stats);
     free(s->have);
     if (s->m)
-        s->m->grad_ready = NULL;
+        s->m->grad_ready = NULL, s->m->batch_sum = NULL;
     free(s);
 }
 
@@ -995,7 +1015,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
-                        cfg->overlap, spare_cores(s), err) < 0) {
+                        cfg->sync_bn ? DP_OVERLAP_OFF : cfg->overlap, spare_cores(s), err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -1014,6 +1034,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
     s->m->grad_ready_ctx = s;
+    if (cfg->sync_bn) {
+        s->m->batch_sum = batch_sum;
+        s->m->batch_sum_ctx = s;
+    }
     /* Sums on the devices: the state (resumed, or a rejoining replica's)
      * goes there, and --ema's average is kept there too (the loop cannot:
      * the host's weights are not live). */
@@ -1042,7 +1066,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
                 : s->ring.use_fast_path ? "the transport's collective"
                                         : "ring over the transport",
                 cfg->batch, cfg->batch * n, cfg->bucket_bytes >> 10,
-                cfg->overlap == DP_OVERLAP_ON    ? "on (forced)"
+                cfg->sync_bn                     ? "off (--sync-bn sums on the training thread)"
+                : cfg->overlap == DP_OVERLAP_ON  ? "on (forced)"
                 : cfg->overlap == DP_OVERLAP_OFF ? "off (forced)"
                                                  : "auto (measured over the first steps)");
     *out = s;
@@ -1251,6 +1276,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .cluster = 1,
     .devices = 1,
     .buffers = 1,
+    .sync_bn = 1,
     .no_clip_device = "with collectives the sum and the update run on the devices, and the "
                       "norm is summed on the host",
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),

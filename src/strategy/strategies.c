@@ -97,7 +97,9 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
             return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                            (double)out->loss, step);
     } else {
-        /* a shard that ran out still takes part in a synchronous step */
+        /* a shard that ran out still takes part in a synchronous step,
+         * and in its batch sums (--sync-bn) */
+        dp_model_batch_sum_idle(m);
         memset(m->grads, 0, m->n_params * sizeof *m->grads);
     }
     return ops->update(self, m->params, m->grads, n, lr, err);

@@ -140,8 +140,27 @@ static void add_layer_buffers(writer *w, const dp_layer *d, const float *buffers
     }
 }
 
+/* A kind's own tensors (layer_kind.h: mha's four, pos's and emb's one)
+ * as layers.{idx}.<name>. */
+static void add_kind_tensors(writer *w, const dp_layer *d, const float *params, int idx)
+{
+    dp_lk_tensor t[DP_LK_MAX_TENSORS];
+    int n = dp_layer_ops_of(d)->tensors(d, t);
+    for (int i = 0; i < n; i++) {
+        snprintf(w->names[w->nt], NAME_LEN, "layers.%d.%s", idx, t[i].name);
+        w->t[w->nt] = (dp_st_tensor){w->names[w->nt], params + d->w_off + t[i].off, t[i].ndim,
+                                     {0}};
+        memcpy(w->t[w->nt].shape, t[i].shape, (size_t)t[i].ndim * sizeof *t[i].shape);
+        w->nt++;
+    }
+}
+
 static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, int idx)
 {
+    if (dp_layer_ops_of(d)->tensors) {
+        add_kind_tensors(w, d, params, idx);
+        return 0;
+    }
     int64_t ws[6], bs[3];
     int bdim, wdim = weight_shape(d, ws, bs, &bdim);
     const float *data = params + d->w_off;
@@ -326,6 +345,22 @@ static int read_buffers(const dp_safetensors *f, const dp_layer *d, float *buffe
     return 0;
 }
 
+/* A kind's own tensors (layer_kind.h), layers.{idx}.<name>, into params. */
+static int read_kind_tensors(const dp_safetensors *f, const dp_layer *d, float *params, int idx,
+                             const char *path, dp_err *err)
+{
+    dp_lk_tensor t[DP_LK_MAX_TENSORS];
+    int n = dp_layer_ops_of(d)->tensors(d, t);
+    char name[NAME_LEN];
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "layers.%d.%s", idx, t[i].name);
+        if (copy_tensor(params + d->w_off + t[i].off, f, name, t[i].ndim, t[i].shape, path,
+                        err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Every parameter layer's layers.{i}.weight and .bias into params (the
  * model's layout; filters back from PyTorch's order), and its buffers into
  * buffers when non-NULL. */
@@ -337,6 +372,11 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         const dp_layer *d = &m->layers[l];
         if (!d->w_len)
             continue;
+        if (dp_layer_ops_of(d)->tensors) {
+            if (read_kind_tensors(f, d, params, idx++, path, err) < 0)
+                return -1;
+            continue;
+        }
         int64_t ws[6], bs[3];
         int bdim, wdim = weight_shape(d, ws, bs, &bdim);
         float *dst = params + d->w_off, *tmp = NULL;
