@@ -61,11 +61,20 @@ static const struct {
      "-res(conv3x3x64s2p1-bn-relu-conv3x3x64p1-bn|conv1x1x64s2-bn)-relu"
      "-res(conv3x3x64p1-bn-relu-conv3x3x64p1-bn)-relu"
      "-gap-10"},
+    /* a small vision transformer (docs/models.md): 7x7 patches embedded in 64
+     * channels (16 tokens) plus learned positions, two pre-norm blocks of
+     * 4-head attention and a GELU MLP of 128 (1x1 convs act on each token),
+     * a final layer norm and the mean over the tokens */
+    {"vit-mnist",
+     "1x28x28-conv7x7x64s7-pos"
+     "-res(ln-mha4)-res(ln-conv1x1x128-gelu-conv1x1x64)"
+     "-res(ln-mha4)-res(ln-conv1x1x128-gelu-conv1x1x64)"
+     "-ln-gap-10"},
 };
 
 const char *dp_model_presets(void)
 {
-    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion";
+    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion, vit-mnist";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
