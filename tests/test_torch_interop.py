@@ -14,9 +14,10 @@ statistics):
 Presets: mlp-bn on MNIST (batch norm over features), a conv + bn model
 (BatchNorm2d after a conv), cnn-mnist's layers and a locally connected model
 (applied with unfold and the documented (oh, ow, oc, c, kh, kw) layout), the
-last three on a small synthetic 4-class set.  A new preset is one function
-decorated with @preset that returns a Case (see resnet_fashion and vit_mnist,
-which wait for their layers).  Exits 77 (skipped) when PyTorch is not
+others on a small synthetic 4-class set.  A new preset is one function
+decorated with @preset that returns a Case.  resnet-fashion (residual blocks,
+BatchNorm2d, projection shortcuts) and vit-mnist (patches, positions, layer
+norm over tokens, nn.MultiheadAttention, GELU) train on the same set.  Exits 77 (skipped) when PyTorch is not
 installed; a preset on a dataset that is not there is skipped alone."""
 import gzip
 import json
@@ -194,6 +195,74 @@ class LocalNet(nn.Module):
         return d3(x.flatten(1))
 
 
+def conv_then_bn(c_in, c_out, k, stride):
+    """A conv then a bn, as the spec's conv...-bn (padding k // 2)."""
+    return [nn.Conv2d(c_in, c_out, k, stride, padding=k // 2), nn.BatchNorm2d(c_out)]
+
+
+class ResnetFashion(nn.Module):
+    """resnet-fashion (docs/models.md): parameter layers layers.{i} in spec
+    order, a block's main branch (conv, bn, conv, bn) then its projection
+    shortcut's (conv, bn)."""
+
+    def __init__(self):
+        super().__init__()
+        layers, self.blocks = conv_then_bn(1, 16, 3, 1), []
+        c_in = 16
+        for c, stride in [(16, 1), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1)]:
+            first = len(layers)
+            layers += conv_then_bn(c_in, c, 3, stride) + conv_then_bn(c, c, 3, 1)
+            if stride != 1:
+                layers += conv_then_bn(c_in, c, 1, stride)
+            self.blocks.append((first, stride != 1))
+            c_in = c
+        self.layers = nn.ModuleList(layers + [nn.Linear(64, 10)])
+
+    def forward(self, x):
+        L = self.layers
+        x = F.relu(L[1](L[0](x)))
+        for i, proj in self.blocks:
+            y = L[i + 3](L[i + 2](F.relu(L[i + 1](L[i](x)))))
+            x = F.relu(y + (L[i + 5](L[i + 4](x)) if proj else x))
+        return L[-1](x.mean((2, 3)))
+
+
+class PosEmbedding(nn.Module):
+    """pos: a learned (1, T, D) added to the tokens."""
+
+    def __init__(self, T, D):
+        super().__init__()
+        self.pos_embedding = nn.Parameter(torch.zeros(1, T, D))
+
+    def forward(self, t):
+        return t + self.pos_embedding
+
+
+class VitMnist(nn.Module):
+    """vit-mnist (docs/models.md): patches by a strided conv, positions, two
+    pre-norm blocks (ln, mha4, residual; ln, 1x1 conv 128, gelu, 1x1 conv 64,
+    residual), ln, the mean over tokens, dense 10; tokens in NHWC order."""
+
+    def __init__(self):
+        super().__init__()
+        layers = [nn.Conv2d(1, 64, 7, stride=7), PosEmbedding(16, 64)]
+        for _ in range(2):
+            layers += [nn.LayerNorm(64), nn.MultiheadAttention(64, 4, batch_first=True),
+                       nn.LayerNorm(64), nn.Conv2d(64, 128, 1), nn.Conv2d(128, 64, 1)]
+        self.layers = nn.ModuleList(layers + [nn.LayerNorm(64), nn.Linear(64, 10)])
+
+    def forward(self, x):
+        L = self.layers
+        t = L[1](L[0](x).flatten(2).transpose(1, 2))       # (batch, 16, 64)
+        for i in (2, 7):
+            h = L[i](t)
+            t = t + L[i + 1](h, h, h, need_weights=False)[0]
+            h = L[i + 2](t).transpose(1, 2).reshape(-1, 64, 4, 4)
+            h = L[i + 4](F.gelu(L[i + 3](h)))
+            t = t + h.flatten(2).transpose(1, 2)
+        return L[13](L[12](t).mean(1))
+
+
 # --------------------------------------------------------------- presets
 
 @dataclass
@@ -257,19 +326,14 @@ def local_net(tmp):
 
 @preset
 def resnet_fashion(tmp):
-    # Lands with the residual blocks (issue 28): a ResNetFashion(nn.Module)
-    # whose parameter layers are layers.{i} in downpour's order, and
-    # return Case("resnet-fashion", "resnet-fashion", <fashion-mnist dir>,
-    #             ResNetFashion(), 10, [<a short run's flags>]).
-    print("resnet-fashion: skipped, its torch module comes with its layers")
-    return None
+    return Case("resnet-fashion", "resnet-fashion", quadrant_dir(tmp), ResnetFashion(), 10,
+                QUADRANT_TRAIN[:-2] + ["--lr", "0.002"])
 
 
 @preset
 def vit_mnist(tmp):
-    # Lands with attention and the token layers (issue 28), as resnet_fashion.
-    print("vit-mnist: skipped, its torch module comes with its layers")
-    return None
+    return Case("vit-mnist", "vit-mnist", quadrant_dir(tmp), VitMnist(), 10,
+                QUADRANT_TRAIN[:-2] + ["--lr", "0.002"])
 
 
 # ----------------------------------------------------------------- check
