@@ -12,39 +12,39 @@ static int parse(dp_spec_parser *p, const char *s, const char *end)
     return dp_spec_add(p, DP_LAYER_RELU) ? 0 : -1;
 }
 
+/* Spans of the call's elements, split over the pool (layer_pointwise.c): a
+ * relu on its own (after a batch norm, a residual sum) streams three
+ * arrays of the batch's size, a tenth of a resnet-fashion step on one
+ * thread. */
+static void forward_span(const dp_layer_call *c, size_t lo, size_t hi)
+{
+    dp_relu_forward(c->out + lo, c->in + lo, (int)(hi - lo));
+}
+
+static void backward_span(const dp_layer_call *c, size_t lo, size_t hi)
+{
+    dp_relu_backward(c->din + lo, c->dout + lo, c->out + lo, (int)(hi - lo));
+}
+
 static float forward(const dp_layer_call *c)
 {
-    dp_relu_forward(c->out, c->in, c->batch * c->d->in);
+    dp_lk_pointwise(c, false, forward_span);
     return 0.0f;
 }
 
 static void backward(const dp_layer_call *c)
 {
     if (c->din)
-        dp_relu_backward(c->din, c->dout, c->out, c->batch * c->d->in);
+        dp_lk_pointwise(c, false, backward_span);
 }
 
 /* A band of output rows is the same band of input rows. */
-static void mp_forward(const dp_layer_call *c)
-{
-    const dp_layer *L = c->d;
-    size_t row = (size_t)L->ow * L->oc;
-    for (int r = 0; r < c->batch; r++) {
-        size_t at = (size_t)r * L->out + (size_t)c->y0 * row;
-        dp_relu_forward(c->out + at, c->in + at, (int)((size_t)(c->y1 - c->y0) * row));
-    }
-}
+static void mp_forward(const dp_layer_call *c) { dp_lk_pointwise(c, true, forward_span); }
 
 static void mp_backward(const dp_layer_call *c)
 {
-    const dp_layer *L = c->d;
-    size_t row = (size_t)L->ow * L->oc;
     if (c->din)
-        for (int r = 0; r < c->batch; r++) {
-            size_t at = (size_t)r * L->out + (size_t)c->y0 * row;
-            dp_relu_backward(c->din + at, c->dout + at, c->out + at,
-                             (int)((size_t)(c->y1 - c->y0) * row));
-        }
+        dp_lk_pointwise(c, true, backward_span);
 }
 
 static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
