@@ -66,7 +66,9 @@ static const rule RULES[] = {
     {"ps-async", 128, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best"},
     {"ps-async", 256, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best"},
     {"ps-sync", 128, "--optimizer adam --lr 0.005 --lr-schedule cosine --keep-best"},
-    {"ps-sync", 256, "--optimizer adam --lr 0.008 --lr-schedule cosine --keep-best"},
+    {"ps-sync", 256,
+     "--optimizer adamw --lr 0.016 --weight-decay 0.2 --warmup-epochs 1 --clip-norm 1 "
+     "--lr-schedule cosine --keep-best"},
     {"allreduce", 128, "--optimizer adam --lr 0.003 --lr-schedule cosine --keep-best"},
     {"allreduce", 256, "--optimizer adam --lr 0.006 --lr-schedule cosine --keep-best"},
 };
