@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """PyTorch's training throughput for downpour's image presets (bench_cnn --torch).
 
+cnn-mnist, resnet-fashion and vit-mnist, each the network docs/models.md
+describes for the preset.
+
 The same network, batch, optimiser (Adam, lr 0.001) and thread count, data
 already in memory as float tensors: prints the median samples/s of --repeats
 timings of --steps steps each.  Run with Debian's /usr/bin/python3 (python3-torch)."""
@@ -27,6 +30,75 @@ class CnnMnist(nn.Module):
         return d2(F.relu(d1(x.flatten(1))))
 
 
+class BasicBlock(nn.Module):
+    """conv3x3 p1, bn, relu, conv3x3 p1, bn, plus the shortcut, then relu."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + self.shortcut(x))
+
+
+class ResnetFashion(nn.Module):
+    """downpour's resnet-fashion: stem conv3x3x16 + bn + relu, three stages of two
+    basic blocks (16, 32, 64 channels; stride 2 and a projection entering stages 2
+    and 3), global average pooling, dense 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1), nn.BatchNorm2d(16), nn.ReLU())
+        blocks, cin = [], 16
+        for cout, stride in ((16, 1), (32, 2), (64, 2)):
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+class VitMnist(nn.Module):
+    """downpour's vit-mnist: 7x7 patches (16 tokens) embedded in 64 plus learned
+    positions, two pre-norm transformer blocks (4 heads, MLP 128 with GELU), a
+    final layer norm, the mean over tokens, dense 10."""
+
+    def __init__(self, width=64, heads=4, mlp=128, depth=2):
+        super().__init__()
+        self.patch = nn.Conv2d(1, width, 7, 7)
+        self.pos = nn.Parameter(torch.zeros(1, 16, width))
+        self.blocks = nn.ModuleList()
+        for _ in range(depth):
+            self.blocks.append(nn.ModuleDict({
+                "ln1": nn.LayerNorm(width),
+                "attn": nn.MultiheadAttention(width, heads, batch_first=True),
+                "ln2": nn.LayerNorm(width),
+                "mlp": nn.Sequential(nn.Linear(width, mlp), nn.GELU(), nn.Linear(mlp, width)),
+            }))
+        self.ln = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        for b in self.blocks:
+            h = b["ln1"](t)
+            t = t + b["attn"](h, h, h, need_weights=False)[0]
+            t = t + b["mlp"](b["ln2"](t))
+        return self.fc(self.ln(t).mean(1))
+
+
+MODELS = {"cnn-mnist": CnnMnist, "resnet-fashion": ResnetFashion, "vit-mnist": VitMnist}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="cnn-mnist")
@@ -35,11 +107,11 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    if a.model != "cnn-mnist":
+    if a.model not in MODELS:
         raise SystemExit(f"torch_cnn.py: no PyTorch version of {a.model}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    model = CnnMnist()
+    model = MODELS[a.model]()
     opt = torch.optim.Adam(model.parameters(), lr=0.001)
     n = 4096
     xs = torch.rand(n, 1, 28, 28)
