@@ -4,8 +4,12 @@
  * to the uninterrupted run's, for single (on the CPU and on the sim device)
  * and allreduce (2 replicas), with bn after a dense layer, after a conv and
  * inside residual blocks; the --save file holds the buffers
- * under PyTorch's names; a strategy without a rule for buffers refuses the
- * model before training, naming the ones that take it; allreduce --sync-bn
+ * under PyTorch's names; the same for ps-sync with 2 workers (its file
+ * holds worker 0's statistics, sent to the chief at each checkpoint); the
+ * other parameter-server strategies and model-avg train a bn model and
+ * save worker 0's statistics (its count of batches); lbfgs, without a rule
+ * for buffers, refuses the model before training, naming the strategies
+ * that take it; allreduce --sync-bn
  * over TCP (2 replicas at batch b) ends where one process at batch 2b ends,
  * weights and buffers, within float noise, and without the flag it does not. */
 #include "proc.h"
@@ -17,7 +21,7 @@ static const char *bin, *tmp;
 static char err[16384];
 
 static void resume_is_exact(const char *name, const char *launch, const char *strategy,
-                            const char *model)
+                            const char *model, float steps)
 {
     char full[256], part[256];
     snprintf(full, sizeof full, "%s-full.safetensors", name);
@@ -45,8 +49,8 @@ static void resume_is_exact(const char *name, const char *launch, const char *st
     dp_err e;
     if (dp_safetensors_load(path, &f, &e) == 0) {
         const dp_st_tensor *t = dp_safetensors_find(f, "layers.1.num_batches_tracked");
-        /* 3 epochs of 30 steps; an allreduce replica takes half the records */
-        float steps = strstr(strategy, "allreduce") ? 45.0f : 90.0f;
+        /* 3 epochs of 30 steps; with 2 replicas (workers) each takes half the
+         * records: the writer's own count */
         CHECKF(t && t->ndim == 0 && t->data[0] == steps, "%s: num_batches_tracked %g, not %g",
                name, t ? (double)t->data[0] : -1.0, (double)steps);
         CHECKF(dp_safetensors_find(f, "layers.1.running_var") != NULL, "%s: no running_var",
@@ -85,29 +89,68 @@ static void sync_bn_over_tcp(void)
 #undef TINY
 }
 
+/* The other parameter-server strategies and model-avg with 2 workers: the
+ * run trains and its --save file holds worker 0's statistics (2 epochs of
+ * 64 records at 2 x 8: 8 batches), not the chief's initial ones. */
+static void ps_family_saves_worker0(void)
+{
+    static const char *const strategies[] = {"ps-async", "ps-ssp", "ps-dssp", "model-avg"};
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++) {
+        int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 1 -- train "
+                         "--strategy %s --model 784-dense8-bn-10 --dataset mnist --train-size 64 "
+                         "--val-size 16 --test-size 16 --epochs 2 --batch 8 --period 2 "
+                         "--log-every 0 --no-progress --threads 1 --save %s/fam-%zu.st",
+                         bin, strategies[i], tmp, i);
+        CHECKF(rc == 0, "%s with bn exited %d: %s", strategies[i], rc, err);
+        char path[1200];
+        snprintf(path, sizeof path, "%s/fam-%zu.st", tmp, i);
+        dp_safetensors *f = NULL;
+        dp_err e;
+        if (dp_safetensors_load(path, &f, &e) < 0) {
+            CHECKF(0, "%s: %s", strategies[i], e.msg);
+            continue;
+        }
+        const dp_st_tensor *t = dp_safetensors_find(f, "layers.1.num_batches_tracked");
+        const dp_st_tensor *mean = dp_safetensors_find(f, "layers.1.running_mean");
+        CHECKF(t && t->ndim == 0 && t->data[0] == 8.0f,
+               "%s: num_batches_tracked %g, not worker 0's 8", strategies[i],
+               t ? (double)t->data[0] : -1.0);
+        CHECKF(mean && mean->data[0] != 0.0f, "%s: running_mean is the initial 0",
+               strategies[i]);
+        dp_safetensors_free(f);
+    }
+    printf("ps-async, ps-ssp, ps-dssp, model-avg: the --save file holds worker 0's bn "
+           "statistics\n");
+}
+
 int main(void)
 {
     require_mnist();
     bin = test_bin();
     tmp = test_tmp();
     REQUIRE(bin && tmp);
-    resume_is_exact("single-dense", "", "single", "784-dense64-bn-relu-10");
+    resume_is_exact("single-dense", "", "single", "784-dense64-bn-relu-10", 90);
     resume_is_exact("single-conv", "", "single",
-                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10");
+                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10", 90);
     resume_is_exact("sim", "", "single --device sim",
-                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10");
-    resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", "784-dense64-bn-relu-10");
+                    "1x28x28-conv5x5x8s2-bn-relu-maxpool2-dense32-bn-relu-10", 90);
+    resume_is_exact("allreduce", "launch --workers 2 --", "allreduce", "784-dense64-bn-relu-10",
+                    45);
+    resume_is_exact("ps-sync", "launch --chief --workers 2 --ps 1 --", "ps-sync",
+                    "784-dense64-bn-relu-10", 45);
     if (!SANITIZED) /* residual blocks with bn inside, identity and projection */
         resume_is_exact("residual", "", "single",
                         "1x28x28-conv5x5x8s2-bn-relu-maxpool2"
                         "-res(conv3x3x8p1-bn-relu-conv3x3x8p1-bn)-relu"
-                        "-res(conv3x3x16s2p1-bn|conv1x1x16s2-bn)-relu-gap-10");
+                        "-res(conv3x3x16s2p1-bn|conv1x1x16s2-bn)-relu-gap-10", 90);
     sync_bn_over_tcp();
+    ps_family_saves_worker0();
     int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 1 -- train --strategy "
-                     "ps-async --model 784-dense8-bn-10 " SMALL, bin);
+                     "lbfgs --model 784-dense8-bn-10 " SMALL, bin);
     /* refused by the launcher, before any task starts (exit 2, no task line) */
     CHECKF(rc == 2 && strstr(err, "downpour launch: model 784-dense8-bn-10 has buffers") &&
-               strstr(err, "single, allreduce") && !strstr(err, "[worker 0]"),
-           "ps-async with bn: exit %d: %s", rc, err);
+               strstr(err, "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, allreduce") &&
+               !strstr(err, "[worker 0]"),
+           "lbfgs with bn: exit %d: %s", rc, err);
     return CHECK_DONE();
 }

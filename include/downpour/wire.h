@@ -58,6 +58,7 @@ enum dp_wire_type {
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
     DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c) */
+    DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
     DP_WIRE_REPLICATE_ACK = DP_FRAME_APP(33), /* backup -> primary: updates up to `step` are applied */

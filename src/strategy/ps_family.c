@@ -17,6 +17,7 @@
 #define EPOCH_REPORT_SIZE 40  /* f64 loss_sum, f64 records, f64 correct, f64 seconds, u64 steps */
 #define ATTACH_HEAD 20        /* u64 step reached, u64 steps when done (else ~0), u32 reports */
 #define NOT_DONE UINT64_MAX
+#define BUFFERS_HEAD 4        /* u32 count, then that many f32 (send_buffers) */
 
 typedef struct epoch_tally {
     int reports;
@@ -185,6 +186,27 @@ static int tell_chief(dp_strategy *s, unsigned type, uint64_t step, const void *
     return chief_gone(s, why.msg, err);
 }
 
+/* Worker 0's buffers (batch norm's running statistics) to the chief, which
+ * evaluates, checkpoints and saves with them (docs/strategies.md,
+ * "Buffers"): [u32 count][count f32], `step` the epoch or the checkpoint
+ * step.  Nothing from another worker, for a model without buffers, or
+ * while the chief is lost (the attach sends them again). */
+static int send_buffers(dp_strategy *s, uint64_t step, dp_err *err)
+{
+    if (s->part != DP_PART_TRAINER || s->worker != 0 || s->K || !s->m->n_buffers ||
+        s->chief_lost)
+        return 0;
+    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
+        return -1;
+    uint8_t head[BUFFERS_HEAD];
+    dp_put_u32(head, (uint32_t)s->m->n_buffers);
+    struct iovec iov[2] = {{head, sizeof head}, {s->m->buffers, s->m->n_buffers * sizeof(float)}};
+    dp_err why;
+    if (dp_transport_sendv(s->t, s->chief, DP_WIRE_BUFFERS, step, 0, iov, 2, &why) < 0)
+        return chief_gone(s, why.msg, err);
+    return 0;
+}
+
 /* A restarted chief asked where this worker is: the step it reached, its
  * steps if it is done, and every epoch report, for the chief to count
  * those it missed.  The worker then talks to it as before. */
@@ -201,6 +223,10 @@ static int attach(dp_strategy *s, dp_err *err)
     dp_warn("fault: the chief %s is back; Worker %d re-attaches at step %ld%s",
             dp_transport_peer_name(s->t, s->chief), s->worker, s->at_step,
             s->finished ? " (done)" : "");
+    if (send_buffers(s, (uint64_t)s->at_step, err) < 0)
+        return -1;
+    if (s->chief_lost) /* lost again while sending them */
+        return 0;
     dp_err why;
     if (dp_transport_sendv(s->t, s->chief, DP_WIRE_JOIN, 0, 1, iov, 2, &why) < 0)
         return chief_gone(s, why.msg, err);
@@ -956,6 +982,8 @@ int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err
         memcpy(s->reports + (size_t)(epoch - 1) * EPOCH_REPORT_SIZE, p, sizeof p);
         s->n_reports = epoch;
     }
+    if (send_buffers(s, (uint64_t)epoch, err) < 0)
+        return -1;
     return tell_chief(s, DP_WIRE_EPOCH, (uint64_t)epoch, p, sizeof p, err);
 }
 
@@ -984,6 +1012,8 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
     dp_err why;
     int rc = 0;
     if (s->chief_lost && from_chief(s, ONLY_DEALS, "nothing but deals", 0, &ev, err) < 0)
+        return -1;
+    if (send_buffers(s, (uint64_t)step, err) < 0)
         return -1;
     if (!s->chief_lost &&
         dp_transport_sendv(s->t, s->chief, DP_WIRE_CKPT_READY, (uint64_t)step, 0, iov, iovcnt,
@@ -1058,6 +1088,29 @@ static int on_epoch_report(dp_strategy *s, const dp_event *ev, dp_err *err)
         return -1;
     count_report(s, ev->peer, (int)e, p);
     return 0;
+}
+
+/* Worker 0's buffers (send_buffers): the chief's model takes them, so its
+ * evaluation, checkpoints and --save hold worker 0's statistics.  The count
+ * must be the model's, and the length its. */
+static int on_buffers(dp_strategy *s, const dp_event *ev, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, ev->peer);
+    const dp_task *task = &s->c->tasks[ev->peer];
+    if (task->role != DP_ROLE_WORKER || task->index != 0)
+        return dp_errf(err, "%s sent its buffers; only worker 0 sends them", who);
+    uint8_t head[BUFFERS_HEAD];
+    if (ev->header.length < BUFFERS_HEAD)
+        return dp_errf(err, "%s sent %llu bytes of buffers; expected at least %d", who,
+                       (unsigned long long)ev->header.length, BUFFERS_HEAD);
+    if (dp_transport_recv_payload(s->t, ev->peer, head, sizeof head, err) < 0)
+        return -1;
+    uint32_t n = dp_get_u32(head);
+    if (n != s->m->n_buffers ||
+        ev->header.length != BUFFERS_HEAD + (uint64_t)n * sizeof(float))
+        return dp_errf(err, "%s sent %u buffer floats in %llu bytes; model %s has %zu", who, n,
+                       (unsigned long long)ev->header.length, s->m->name, s->m->n_buffers);
+    return dp_transport_recv_payload(s->t, ev->peer, s->m->buffers, n * sizeof(float), err);
 }
 
 static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_err *err)
@@ -1469,6 +1522,9 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             break;
         case DP_WIRE_CKPT_READY:
             rc = on_ready(s, &e, st, err);
+            break;
+        case DP_WIRE_BUFFERS:
+            rc = on_buffers(s, &e, err);
             break;
         case DP_WIRE_JOIN:
             rc = on_join(s, &e, err);

@@ -8,6 +8,11 @@
  *              figures, pulls the parameters to evaluate, and holds the
  *              checkpoint barrier (every worker pauses at the checkpoint
  *              step, the servers hand in their shards, the chief writes).
+ * Buffers (batch norm's running statistics): every worker moves its own;
+ * worker 0 sends its to the chief (DP_WIRE_BUFFERS) before each epoch
+ * report, at each checkpoint barrier and when it re-attaches, so the
+ * chief evaluates, checkpoints and saves with worker 0's statistics
+ * (docs/strategies.md, "Buffers").
  * Each strategy's file is its mode's table entry and the statement of its
  * rule; this file is the machinery. */
 #ifndef DOWNPOUR_STRATEGY_PS_FAMILY_H
@@ -32,7 +37,7 @@ void dp_ps_family_close(dp_strategy *s);
 /* A mode's table entry, every operation the family's; `survives`: the
  * roles besides a worker whose loss the mode goes on without. */
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
-    .cluster = 1, .devices = 1,                                                                \
+    .cluster = 1, .devices = 1, .buffers = 1,                                                  \
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \
                  [DP_ROLE_WORKER] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),    \
