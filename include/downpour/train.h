@@ -131,6 +131,11 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+/* --device against the strategy (one whose trainers run on the CPU only is
+ * refused, naming those that train on a device): 0, or -1 with the
+ * message.  dp_train_run checks it before anything opens; downpour launch
+ * before any task starts. */
+int dp_train_check_device(const dp_train_config *cfg, dp_err *err);
 /* --clip-norm against the strategy and the device (dp_train_run checks it
  * too, before anything opens): 0, or -1 with a message naming the flag and
  * the strategy's reason. */

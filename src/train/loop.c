@@ -807,8 +807,11 @@ static int open_tensorboard(loop *L, dp_err *err)
 /* --device: refused, before anything opens, for a strategy whose trainers
  * run on the CPU only; the device itself is opened by the strategy's
  * trainers (a ps task never opens one). */
-static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, dp_err *err)
+int dp_train_check_device(const dp_train_config *cfg, dp_err *err)
 {
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
     if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
         return 0;
     char name[32], on[256] = "";
@@ -1029,7 +1032,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0 ||
+        check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
         dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
