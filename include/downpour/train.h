@@ -154,8 +154,14 @@ int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x
- * (max_batch * dim floats) and y as scratch. */
+ * (max_batch * dim floats) and y as scratch.  *bad_inputs (when non-NULL):
+ * the inputs the model's layers had to change over the split
+ * (dp_model_bad_inputs: emb's ids out of range). */
 double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
-                   double *mean_loss);
+                   double *mean_loss, long *bad_inputs);
+/* The warning for `count` (> 0) inputs changed over `what` ("the
+ * validation set"): names the first layer that counts them, its kind and
+ * what they are, on stderr (docs/models.md, "emb"). */
+void dp_warn_bad_inputs(const dp_model *m, long count, const char *what);
 
 #endif
