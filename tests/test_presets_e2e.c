@@ -10,7 +10,13 @@
  *   and `downpour eval` of it gives the chief's test accuracy;
  * - lbfgs, which has no rule for buffers yet, refuses it before any task
  *   starts (exit 2), naming the reason and the strategies that take it;
- * - allreduce --sync-bn on vit-mnist, which has no bn, is refused likewise.
+ * - allreduce --sync-bn on vit-mnist, which has no bn, is refused likewise,
+ *   and --sync-bn with --device, and pipeline on a device;
+ * - model parallelism (the model-parallel strategy, or ps-async
+ *   --model-parallel K) on vit-mnist (pos, mha, ln) and resnet-fashion (bn,
+ *   res) is refused likewise, naming the layer and its kind's reason; so is
+ *   --model-parallel under a strategy that does not take it; and `train`
+ *   alone refuses it too (exit 2), before it looks for its cluster.
  * (allreduce --sync-bn on the presets against one process: test_sync_bn;
  * vit-mnist on 2 pipeline stages: test_pipeline.) */
 #include "proc.h"
@@ -128,5 +134,28 @@ int main(void)
                       "allreduce") != NULL);
     refused("--workers 2", "--strategy allreduce --sync-bn --model vit-mnist --batch 4",
             "--sync-bn: model vit-mnist has no batch norm layer");
+    refused("--workers 2", "--strategy allreduce --sync-bn --device sim --model resnet-fashion "
+            "--batch 4", "--sync-bn: not with --device yet");
+    refused("--workers 2", "--strategy pipeline --device sim --model vit-mnist --batch 4",
+            "--device sim: strategy pipeline trains on the CPU only");
+    refused("--workers 2", "--strategy model-parallel --model vit-mnist --batch 4",
+            "--model-parallel 2: layer 1 of vit-mnist is pos, which model parallelism does not "
+            "split: its (T, D) parameter would be needed whole on every task");
+    refused("--chief --workers 1", "--strategy model-parallel --model=resnet-fashion --batch 4",
+            "--model-parallel 2: layer 1 of resnet-fashion is bn, which model parallelism does "
+            "not split: its statistics span every row of the batch");
+    refused("--workers 2 --ps 2",
+            "--strategy ps-async --model-parallel 2 --model resnet-fashion --batch 4",
+            "layer 1 of resnet-fashion is bn, which model parallelism does not split");
+    refused("--workers 2 --ps 2", "--strategy ps-async --model-parallel=2 --model vit-mnist "
+            "--batch 4", "layer 1 of vit-mnist is pos, which model parallelism does not split");
+    refused("--workers 2", "--strategy allreduce --model-parallel 2 --model vit-mnist --batch 4",
+            "--model-parallel is for --strategy model-parallel, or ps-async");
+    /* train alone: K is not known yet, the layer's rule is */
+    int rc = run_cmd(err, sizeof err, "%s train --strategy model-parallel --model vit-mnist "
+                     "--batch 4 " TINY, bin);
+    CHECKF(rc == 2 && strstr(err, "--strategy model-parallel: layer 1 of vit-mnist is pos, "
+                                  "which model parallelism does not split"),
+           "train --strategy model-parallel --model vit-mnist: exit %d: %s", rc, err);
     return CHECK_DONE();
 }

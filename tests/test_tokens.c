@@ -263,6 +263,23 @@ static void test_bad_ids(void)
     CHECKF(keep[4] == 3.0f, "emb: %g ids counted as changed, not 3", (double)keep[4]);
     CHECK(y[0] == 2 && y[2] == 4 && y[4] == 8 && y[6] == 0); /* rows 1, 2, 4 (clamped), 0 */
     printf("emb: ids 1, 2.4, 7 and -3 of 5 read rows 1, 2, 4 and 0, 3 of them counted\n");
+
+    /* the model sums the count after a forward (what evaluation reports) */
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, "4-emb5x2-3", 2, 1, &err) == 0);
+    float xs[8] = {1.0f, 2.4f, 7.0f, -3.0f, 0.0f, 1.0f, 2.0f, 4.0f};
+    uint8_t ys[2] = {0, 1};
+    dp_model_forward(&m, m.params, xs, ys, 2, NULL);
+    CHECKF(dp_model_bad_inputs(&m, 2) == 3, "the model counts %ld bad ids in 2 records, not 3",
+           dp_model_bad_inputs(&m, 2));
+    dp_model_forward(&m, m.params, xs + 4, ys, 1, NULL);
+    CHECKF(dp_model_bad_inputs(&m, 1) == 0, "good ids: %ld counted", dp_model_bad_inputs(&m, 1));
+    dp_model_free(&m);
+    REQUIRE(dp_model_init(&m, "4-dense3-3", 1, 1, &err) == 0);
+    dp_model_forward(&m, m.params, xs, ys, 1, NULL);
+    CHECK(dp_model_bad_inputs(&m, 1) == 0); /* no layer counts any */
+    dp_model_free(&m);
 }
 
 static void fill_input(const dp_model *m, float *x, size_t n)

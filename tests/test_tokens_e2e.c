@@ -30,12 +30,45 @@ static void take_loss(const cJSON *j, void *ctx)
     l->last = v;
 }
 
+/* Occurrences of key in text. */
+static int count(const char *text, const char *key)
+{
+    int n = 0;
+    for (const char *p = strstr(text, key); p; p = strstr(p + 1, key))
+        n++;
+    return n;
+}
+
+/* emb's bad ids are reported (docs/models.md, the emb row): MNIST's pixels
+ * as ids (most not integers) warn once a run, naming the layer and the
+ * count over the validation set, and `downpour eval` over its test set. */
+static void bad_ids_warned(void)
+{
+    int rc = run_cmd(err, sizeof err, "%s train --dataset mnist --model 784-emb4x2-gap-10 "
+                     "--train-size 32 --val-size 8 --test-size 8 --epochs 2 --threads 1 "
+                     "--log-every 0 --no-progress --save %s/emb.safetensors", bin, tmp);
+    CHECKF(rc == 0, "train exited %d: %s", rc, err);
+    CHECKF(count(err, "warning: layer 0 of 784-emb4x2-gap-10 (emb) had to change ") == 1 &&
+               count(err, "had to change") == 1 && strstr(err, "over the validation set: ids"),
+           "train: not one warning of bad ids: %s", err);
+    rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s/emb.safetensors --dataset mnist "
+                 "--test-size 8", bin, tmp);
+    CHECKF(rc == 0 && count(err, "had to change") == 1 && strstr(err, "over the test set"),
+           "eval exited %d, not one warning of bad ids: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s train --dataset mnist --model mlp-300-100 --train-size 32 "
+                 "--val-size 8 --test-size 8 --epochs 1 --threads 1 --log-every 0 --no-progress",
+                 bin);
+    CHECKF(rc == 0 && !strstr(err, "had to change"), "a model without emb warns: %s", err);
+    printf("emb's bad ids: one warning from train, one from eval, none without emb\n");
+}
+
 int main(void)
 {
     require_mnist();
     bin = test_bin();
     tmp = test_tmp();
     REQUIRE(bin && tmp);
+    bad_ids_warned();
     const char *size = SANITIZED ? "--train-size 256 --val-size 128 --test-size 256 --epochs 2"
                                  : "--train-size 512 --val-size 256 --test-size 500 --epochs 3";
     int rc = run_cmd(err, sizeof err,

@@ -140,6 +140,11 @@ typedef struct dp_layer_ops {
      * else 0; the backward writes din (when non-NULL) and the gradients. */
     float (*forward)(const dp_layer_call *c);
     void (*backward)(const dp_layer_call *c);
+    /* Inputs the last forward of `batch` records had to change, read from
+     * its keep (NULL: the kind changes none), and what they are, for the
+     * warning (dp_model_bad_inputs). */
+    long (*bad_inputs)(const dp_layer *d, const float *keep, int batch);
+    const char *bad_inputs_what;
 
     /* Model parallelism: the rule, the reason when refused, and the part's
      * forward and backward: for ROWS the band of output rows [c->y0, c->y1)

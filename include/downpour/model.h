@@ -270,6 +270,12 @@ float *dp_model_act(const dp_model *m, int slot, int l);
 float dp_model_forward(dp_model *m, const float *params, const float *x, const uint8_t *y,
                        int batch, int *correct);
 
+/* After dp_model_forward of `batch` records: how many inputs its layers had
+ * to change (emb: ids that are not integers in [0, N), rounded and
+ * clamped), by each kind's bad_inputs (layer_kind.h); 0 for a model
+ * without such a layer. */
+long dp_model_bad_inputs(const dp_model *m, int batch);
+
 /* Forward and backward with m->params: OVERWRITES m->grads with the gradient
  * of the mean loss over the batch (each layer's weight GEMM runs with beta 0
  * and the bias sums overwrite, so there is no zeroing pass); returns the mean

@@ -131,6 +131,11 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+/* --device against the strategy (one whose trainers run on the CPU only is
+ * refused, naming those that train on a device): 0, or -1 with the
+ * message.  dp_train_run checks it before anything opens; downpour launch
+ * before any task starts. */
+int dp_train_check_device(const dp_train_config *cfg, dp_err *err);
 /* --clip-norm against the strategy and the device (dp_train_run checks it
  * too, before anything opens): 0, or -1 with a message naming the flag and
  * the strategy's reason. */
@@ -149,8 +154,14 @@ int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err);
 
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x
- * (max_batch * dim floats) and y as scratch. */
+ * (max_batch * dim floats) and y as scratch.  *bad_inputs (when non-NULL):
+ * the inputs the model's layers had to change over the split
+ * (dp_model_bad_inputs: emb's ids out of range). */
 double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
-                   double *mean_loss);
+                   double *mean_loss, long *bad_inputs);
+/* The warning for `count` (> 0) inputs changed over `what` ("the
+ * validation set"): names the first layer that counts them, its kind and
+ * what they are, on stderr (docs/models.md, "emb"). */
+void dp_warn_bad_inputs(const dp_model *m, long count, const char *what);
 
 #endif

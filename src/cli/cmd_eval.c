@@ -75,7 +75,10 @@ int cmd_eval(int argc, char **argv)
         goto out;
     }
     double t0 = dp_now(), loss;
-    double acc = dp_evaluate(&m, m.params, &ds.test, x, y, &loss);
+    long bad;
+    double acc = dp_evaluate(&m, m.params, &ds.test, x, y, &loss, &bad);
+    if (bad > 0)
+        dp_warn_bad_inputs(&m, bad, "the test set");
     double secs = dp_now() - t0;
     dp_info("%s (%s, step %ld): test accuracy %.4f, test loss %.4f on %u records", checkpoint,
             m.name, info.step, acc, loss, ds.test.n);

@@ -69,43 +69,98 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
     return (ops->survives & DP_ROLE_BIT(task->role)) != 0;
 }
 
-/* The strategy the tasks will run (the train command's --strategy), its
- * --ps-replicas, its --straggler (NULL: none), --model (NULL: the default)
- * and whether it asks --sync-bn. */
-static const dp_strategy_ops *task_strategy(int argc, char **argv, long *ps_replicas,
-                                            const char **straggler, const char **model,
-                                            bool *sync_bn, dp_err *err)
+/* The train flags the launcher checks before any task starts. */
+typedef struct task_flags {
+    long ps_replicas;           /* --ps-replicas (1) */
+    const char *straggler;      /* --straggler (NULL: none) */
+    const char *model;          /* --model (NULL: the default) */
+    const char *device;         /* --device (NULL: the default, the CPU) */
+    const char *model_parallel; /* --model-parallel (NULL: not given) */
+    bool sync_bn;               /* --sync-bn */
+} task_flags;
+
+/* The value of train flag `name` at argv[*i] ("--name V" or "--name=V"),
+ * moving *i past it; NULL when argv[*i] is another flag. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name)
 {
-    *ps_replicas = 1;
-    *straggler = NULL;
-    *model = NULL;
-    *sync_bn = false;
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] == '\0' && *i + 1 < argc)
+        return argv[++*i];
+    return NULL;
+}
+
+/* The strategy the tasks will run (the train command's --strategy) and the
+ * flags in *f. */
+static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f, dp_err *err)
+{
+    memset(f, 0, sizeof *f);
+    f->ps_replicas = 1;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
-    const char *name = "single";
+    const char *name = "single", *v;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0)
             break;
-        if (strcmp(argv[i], "--strategy") == 0 && i + 1 < argc)
-            name = argv[++i];
-        else if (strncmp(argv[i], "--strategy=", 11) == 0)
-            name = argv[i] + 11;
-        else if (strcmp(argv[i], "--ps-replicas") == 0 && i + 1 < argc)
-            *ps_replicas = atol(argv[++i]);
-        else if (strncmp(argv[i], "--ps-replicas=", 14) == 0)
-            *ps_replicas = atol(argv[i] + 14);
-        else if (strcmp(argv[i], "--straggler") == 0 && i + 1 < argc)
-            *straggler = argv[++i];
-        else if (strncmp(argv[i], "--straggler=", 12) == 0)
-            *straggler = argv[i] + 12;
-        else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
-            *model = argv[++i];
-        else if (strncmp(argv[i], "--model=", 8) == 0)
-            *model = argv[i] + 8;
+        if ((v = flag_value(argc, argv, &i, "--strategy")))
+            name = v;
+        else if ((v = flag_value(argc, argv, &i, "--ps-replicas")))
+            f->ps_replicas = atol(v);
+        else if ((v = flag_value(argc, argv, &i, "--straggler")))
+            f->straggler = v;
+        else if ((v = flag_value(argc, argv, &i, "--model-parallel")))
+            f->model_parallel = v;
+        else if ((v = flag_value(argc, argv, &i, "--model")))
+            f->model = v;
+        else if ((v = flag_value(argc, argv, &i, "--device")))
+            f->device = v;
         else if (strcmp(argv[i], "--sync-bn") == 0)
-            *sync_bn = true;
+            f->sync_bn = true;
     }
     return dp_strategy_find(name, err);
+}
+
+/* What each task would refuse before training, refused here before any
+ * task starts (flags the tasks cannot parse are theirs to refuse, with
+ * their usage): 0, or -1 with the message. */
+static int check_task_flags(const dp_strategy_ops *strategy, const task_flags *f, bool chief,
+                            int workers, dp_err *err)
+{
+    long k;
+    double ms;
+    if (f->straggler && (cli_parse_straggler(f->straggler, &k, &ms, err) < 0 ||
+                         cli_check_straggler(f->straggler, k, chief, workers, err) < 0))
+        return -1;
+    dp_train_config cfg = dp_train_defaults();
+    cfg.strategy = strategy->name;
+    cfg.model = f->model ? f->model : cfg.model;
+    cfg.sync_bn = f->sync_bn;
+    dp_err ignored; /* a device the tasks cannot parse: the CPU here, theirs to refuse */
+    if (f->device)
+        dp_device_parse(f->device, &cfg.device, &ignored);
+    /* --model-parallel (or the model-parallel strategy over the chief and
+     * the workers): a layer it does not split, too few units or rows */
+    long mp = 0;
+    if ((!f->model_parallel || dp_parse_long(f->model_parallel, 1, 4096, &mp, "--model-parallel",
+                                             &ignored) == 0) &&
+        cli_check_model_parallel(cfg.strategy, cfg.model, (int)mp, (chief ? 1 : 0) + workers,
+                                 err) < 0)
+        return -1;
+    /* a model with buffers under a strategy without a rule for them */
+    if (f->model && !strategy->buffers) {
+        dp_model m;
+        memset(&m, 0, sizeof m);
+        int bad = dp_model_init(&m, f->model, 1, 1, &ignored) == 0 &&
+                  dp_train_check_buffers(&m, strategy->name, err) < 0;
+        dp_model_free(&m);
+        if (bad)
+            return -1;
+    }
+    /* --device and --sync-bn against the strategy (and the model) */
+    return dp_train_check_device(&cfg, err) < 0 ? -1 : dp_train_check_sync_bn(&cfg, err);
 }
 
 int cmd_launch(int argc, char **argv)
@@ -148,43 +203,16 @@ int cmd_launch(int argc, char **argv)
     int ports[LAUNCH_MAX_TASKS];
     dp_err err;
     task_run run = {0};
-    const char *straggler, *model;
-    bool sync_bn;
-    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &run.ps_replicas,
-                                                    &straggler, &model, &sync_bn, &err);
+    task_flags flags;
+    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &flags, &err);
     run.ops = strategy;
+    run.ps_replicas = flags.ps_replicas;
     if (!strategy && strcmp(argv[rest], "train") == 0) {
         fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
         return 2;
     }
     /* Known here before any task starts: the tasks would each refuse it. */
-    long k;
-    double ms;
-    if (straggler && (cli_parse_straggler(straggler, &k, &ms, &err) < 0 ||
-                      cli_check_straggler(straggler, k, chief, (int)workers, &err) < 0)) {
-        fprintf(stderr, "downpour launch: %s\n", err.msg);
-        return 2;
-    }
-    /* A model with buffers under a strategy without a rule for them (a
-     * spec the tasks cannot parse is theirs to refuse, with its usage). */
-    if (strategy && model && !strategy->buffers) {
-        dp_model m;
-        memset(&m, 0, sizeof m);
-        int bad = dp_model_init(&m, model, 1, 1, &err) == 0 &&
-                  dp_train_check_buffers(&m, strategy->name, &err) < 0;
-        dp_model_free(&m);
-        if (bad) {
-            fprintf(stderr, "downpour launch: %s\n", err.msg);
-            return 2;
-        }
-    }
-    /* --sync-bn against the strategy and the model, as each task would
-     * refuse it (--device is the tasks' to check) */
-    dp_train_config sb = dp_train_defaults();
-    sb.strategy = strategy ? strategy->name : sb.strategy;
-    sb.model = model ? model : sb.model;
-    sb.sync_bn = sync_bn;
-    if (strategy && dp_train_check_sync_bn(&sb, &err) < 0) {
+    if (strategy && check_task_flags(strategy, &flags, chief, (int)workers, &err) < 0) {
         fprintf(stderr, "downpour launch: %s\n", err.msg);
         return 2;
     }

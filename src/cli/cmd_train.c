@@ -14,7 +14,6 @@
 #include "downpour/strategy.h"
 #include "downpour/tcp.h"
 #include "downpour/train.h"
-#include "exec/mp_slice.h"
 
 #define USAGE "downpour train [--dataset NAME|DIR] [--model SPEC] [--batch N] [--epochs N] [...]"
 
@@ -82,32 +81,6 @@ static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
         return 0; /* the run says what is wrong with --model */
     int first[DP_PIPE_MAX_STAGES + 1];
     int rc = dp_pipe_partition(first, &m, stages, cfg->split, err);
-    dp_model_free(&m);
-    return rc;
-}
-
-/* --model-parallel against the strategy and the model (the cluster's size
- * is checked when the tasks open): 0, or -1 with a message naming the flag.
- * It splits the replicas of model-parallel and of ps-async. */
-static int check_model_parallel(const dp_train_config *cfg, bool given, dp_err *err)
-{
-    if (strcmp(cfg->strategy, "model-parallel") != 0 && strcmp(cfg->strategy, "ps-async") != 0) {
-        if (given)
-            return dp_errf(err, "--model-parallel is for --strategy model-parallel, or ps-async "
-                                "(model-parallel replicas training against ps shards)");
-        return 0;
-    }
-    if (!given)
-        return 0;
-    dp_model m;
-    dp_err merr;
-    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
-        return 0; /* the run says what is wrong with --model */
-    /* the split itself says what cannot split: a dense layer narrower than
-     * K, an image layer with fewer output rows than K, a layer it does not
-     * split (docs/strategies.md, "model-parallel") */
-    static mp_plan plan;
-    int rc = mp_plan_make(&plan, &m, cfg->model_parallel, 0, err);
     dp_model_free(&m);
     return rc;
 }
@@ -510,7 +483,7 @@ int cmd_train(int argc, char **argv)
     cfg.lbfgs_history = (int)lbfgs_history;
     cfg.portion = (int)portion;
     cfg.model_parallel = (int)model_parallel;
-    if (check_model_parallel(&cfg, model_parallel != 0, &err) < 0) {
+    if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel, 0, &err) < 0) {
         fprintf(stderr, "downpour train: %s\n", err.msg);
         return 2;
     }

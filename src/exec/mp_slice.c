@@ -66,18 +66,30 @@ static int plan_image(mp_plan *p, const dp_model *m, int K, int j, int i, size_t
     return 0;
 }
 
+int mp_check_layers(const dp_model *m, int K, dp_err *err)
+{
+    for (int i = 0; i < m->n_layers; i++) { /* a refusal with its reason, wherever it is */
+        const dp_layer_ops *o = dp_layer_ops_of(&m->layers[i]);
+        if (o->mp != DP_MP_REFUSE)
+            continue;
+        char flag[64];
+        if (K > 0)
+            snprintf(flag, sizeof flag, "--model-parallel %d", K);
+        else
+            snprintf(flag, sizeof flag, "--strategy model-parallel");
+        return dp_errf(err, "%s: layer %d of %s is %s, which model parallelism does not split: %s",
+                       flag, i, m->name, o->name, o->mp_reason ? o->mp_reason : "not yet");
+    }
+    return 0;
+}
+
 int mp_plan_make(mp_plan *p, const dp_model *m, int K, int j, dp_err *err)
 {
     memset(p, 0, sizeof *p);
     size_t off = 0;
     int first = 0; /* the first layer split by units (dense) */
-    for (int i = 0; i < m->n_layers; i++) { /* a refusal with its reason, wherever it is */
-        const dp_layer_ops *o = dp_layer_ops_of(&m->layers[i]);
-        if (o->mp == DP_MP_REFUSE)
-            return dp_errf(err, "--model-parallel %d: layer %d of %s is %s, which model "
-                                "parallelism does not split: %s",
-                           K, i, m->name, o->name, o->mp_reason ? o->mp_reason : "not yet");
-    }
+    if (mp_check_layers(m, K, err) < 0)
+        return -1;
     while (first < m->n_layers && dp_layer_ops_of(&m->layers[first])->mp != DP_MP_UNITS)
         first++;
     if (first == m->n_layers)

@@ -63,6 +63,13 @@ typedef struct mp_plan {
 /* Task j of K's units of a layer of `out` units. */
 void mp_units(int out, int K, int j, int *lo, int *hi);
 
+/* Whether every layer of m has a model-parallel rule (layer_kind.h): -1
+ * with a message naming the first layer whose rule is DP_MP_REFUSE and its
+ * mp_reason, flagged "--model-parallel K" (K <= 0: the number of tasks is
+ * not known yet, "--strategy model-parallel").  K plays no part in the
+ * answer; mp_plan_make checks this first. */
+int mp_check_layers(const dp_model *m, int K, dp_err *err);
+
 /* The plan of task j of K for model m: -1 with a message naming
  * --model-parallel and the layer when m is not (image layers, then) a stack
  * of dense layers each followed by a relu (the last by the loss), a dense

@@ -9,8 +9,9 @@
  *
  * An id is rounded to the nearest integer and clamped to [0, N): a bad id
  * never reads outside the table.  The forward counts the ids it had to
- * change (not an integer, or out of range) in the keep's last float, for
- * tests and a caller that wants to check its data.  The passes are
+ * change (not an integer, or out of range) in the keep's last float
+ * (bad_inputs): evaluation sums it, and the run warns once when it is not
+ * zero (dp_model_bad_inputs, dp_evaluate).  The passes are
  * kernels.h's bodies ("tokens"), called by the CPU's loops and launched on
  * a device alike, so the two give the same bits.  The forward's pass over
  * the ids runs on the calling thread (T ids a record: a few thousand per
@@ -121,6 +122,12 @@ static float forward(const dp_layer_call *c)
     return 0.0f;
 }
 
+/* The count the forward left after the ids. */
+static long bad_inputs(const dp_layer *d, const float *keep, int batch)
+{
+    return (long)keep[(size_t)batch * d->in];
+}
+
 static void backward(const dp_layer_call *c)
 {
     dp_pool_run(grad_task, (void *)c);
@@ -160,6 +167,9 @@ const dp_layer_ops dp_layer_emb = {
     .parse = parse, .emit = emit, .fans = fans, .tensors = tensors, .cost = cost,
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
+    .bad_inputs = bad_inputs,
+    .bad_inputs_what = "ids that are not integers or lie outside its table's rows (emb<N>x<D>: "
+                       "[0, N)), each rounded and clamped into the table",
     .mp = DP_MP_REFUSE,
     .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
                  "servers are the next step), and a layer run whole on every task (FULL) holds "

@@ -496,6 +496,18 @@ float dp_model_forward(dp_model *m, const float *params, const float *x, const u
     return forward(m, 0, params, x, y, 0, m->n_layers, batch, correct, false);
 }
 
+long dp_model_bad_inputs(const dp_model *m, int batch)
+{
+    long n = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        const dp_layer_ops *o = dp_layer_ops_of(d);
+        if (o->bad_inputs && o->keep_floats)
+            n += o->bad_inputs(d, m->acts + d->keep_off, batch); /* slot 0 */
+    }
+    return n;
+}
+
 float dp_model_forward_backward(dp_model *m, const float *x, const uint8_t *y, int batch,
                                 int *correct)
 {

@@ -18,6 +18,7 @@
 #include "downpour/checkpoint.h"
 #include "downpour/clock.h"
 #include "downpour/file.h"
+#include "downpour/layer_kind.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
 #include "downpour/node.h"
@@ -93,9 +94,9 @@ dp_train_config dp_train_defaults(void)
 }
 
 double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
-                   double *mean_loss)
+                   double *mean_loss, long *bad_inputs)
 {
-    long correct = 0;
+    long correct = 0, bad = 0;
     double loss_sum = 0;
     uint32_t idx[EVAL_CHUNK];
     int chunk = m->max_batch < EVAL_CHUNK ? m->max_batch : EVAL_CHUNK;
@@ -107,10 +108,26 @@ double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x
         int c = 0;
         loss_sum += (double)dp_model_forward(m, params, x, y, n, &c) * n;
         correct += c;
+        bad += dp_model_bad_inputs(m, n);
     }
     if (mean_loss)
         *mean_loss = s->n ? loss_sum / s->n : 0;
+    if (bad_inputs)
+        *bad_inputs = bad;
     return s->n ? (double)correct / s->n : 0;
+}
+
+void dp_warn_bad_inputs(const dp_model *m, long count, const char *what)
+{
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer_ops *o = dp_layer_ops_of(&m->layers[l]);
+        if (o->bad_inputs) {
+            dp_warn("layer %d of %s (%s) had to change %ld of its inputs over %s: %s "
+                    "(docs/models.md, \"emb\"); check the data's ids against the model",
+                    l, m->name, o->name, count, what, o->bad_inputs_what);
+            return;
+        }
+    }
 }
 
 /* ------------------------------------------------------------ one task's run */
@@ -125,6 +142,7 @@ typedef struct loop {
     dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
+    int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
@@ -202,7 +220,12 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     const float *params = eval_params(L, err);
     if (!params)
         return -1;
-    double val_loss, val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss);
+    long bad;
+    double val_loss, val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad);
+    if (bad > 0 && !L->warned_bad_inputs) { /* once a run: the same data every epoch */
+        dp_warn_bad_inputs(&L->m, bad, "the validation set");
+        L->warned_bad_inputs = 1;
+    }
     double train_loss = st->records > 0 ? st->loss_sum / st->records : 0;
     if (L->ck.best && val_acc > L->ck.best_accuracy) {
         memcpy(L->ck.best, params, L->m.n_params * sizeof(float));
@@ -305,7 +328,10 @@ static int report_and_save(loop *L, dp_err *err)
     dp_split test = L->ds.test;
     if (cfg->n_test > 0 && cfg->n_test < test.n)
         test.n = cfg->n_test; /* --test-size: the first N */
-    res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL);
+    long bad;
+    res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL, &bad);
+    if (bad > 0 && !L->warned_bad_inputs)
+        dp_warn_bad_inputs(&L->m, bad, "the test set");
     print_table(L);
     dp_info("Test accuracy: %.4f, training time: %.2f s (%.0f samples/s)", res->test_accuracy,
             res->train_seconds, res->samples_per_second);
@@ -807,8 +833,11 @@ static int open_tensorboard(loop *L, dp_err *err)
 /* --device: refused, before anything opens, for a strategy whose trainers
  * run on the CPU only; the device itself is opened by the strategy's
  * trainers (a ps task never opens one). */
-static int check_device(const dp_train_config *cfg, const dp_strategy_ops *ops, dp_err *err)
+int dp_train_check_device(const dp_train_config *cfg, dp_err *err)
 {
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
     if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
         return 0;
     char name[32], on[256] = "";
@@ -1029,7 +1058,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || check_device(cfg, L.ops, err) < 0 ||
+        check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
         dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
