@@ -13,6 +13,12 @@
  *   between blocks (resnet-fashion's too, at 2 to 8 stages); and for
  *   vit-mnist on 2 stages (cut between its transformer blocks), both
  *   schedules, sgd;
+ * - batch norm (a conv+bn model with a residual block of bn): with 1
+ *   micro-batch a step, 2 and 3 stages equal one process bit for bit,
+ *   parameters and buffers (running statistics and counts); with 4 each
+ *   stage's buffers move once per micro-batch and position 0 holds every
+ *   stage's (replica 0's under 2 replicas); a checkpoint at step 2 resumed
+ *   to step 3 equals the uninterrupted run bit for bit;
  * - a stage that dies ends its neighbours' steps with a message naming it. */
 #include <math.h>
 #include <pthread.h>
@@ -163,6 +169,9 @@ static const char *spec = "20-16-12-8-5";
 #define MAX_TASKS 6
 #define MAX_INPUTS 784
 #define MAX_PARAMS 80000 /* vit-mnist: 71,946 */
+#define MAX_BUFFERS 64
+#define BN_SPEC                                                                           \
+    "1x4x5-conv3x3x4p1-bn-relu-res(conv3x3x4p1-bn-relu-conv3x3x4p1-bn)-relu-dense8-bn-relu-5"
 
 static int n_inputs = 20; /* the model's */
 static float data_x[MAX_TASKS / 2 * PER_REPLICA * MAX_INPUTS];
@@ -178,6 +187,12 @@ typedef struct job {
     int peak;
     float *params; /* the evaluator's: stage_params[position] */
     size_t n_params;
+    float buffers[MAX_BUFFERS]; /* this position's model's after the epoch */
+    size_t n_buffers;
+    int first_step;              /* steps [first_step, STEPS) (0: all) */
+    int save_at;                 /* a checkpoint after this step (0: none) */
+    dp_train_state *state;       /* position 0's, written at save_at */
+    const dp_train_state *resume; /* every position starts from it */
 } job;
 
 /* Replica r's batch k: rows of the global batch k (one process's) that are
@@ -200,9 +215,15 @@ static void *run_stage(void *arg)
     inproc_node(&node, j->t, j->tasks, j->position);
     REQUIRE(dp_model_init(&m, spec, BATCH, 1, &j->err) == 0);
     dp_model_init_params(&m, 7);
+    REQUIRE(m.n_buffers <= MAX_BUFFERS);
+    if (j->resume) { /* as the loop does: every task takes the file's */
+        memcpy(m.params, j->resume->params, m.n_params * sizeof(float));
+        if (m.n_buffers)
+            memcpy(m.buffers, j->resume->buffers, m.n_buffers * sizeof(float));
+    }
     dp_split counted = {.n = (uint32_t)(PER_REPLICA * j->replicas)}; /* sizes the shards */
     dp_run_env env = {.cfg = &j->cfg, .node = &node, .model = &m, .train = &counted,
-                      .n_train = counted.n, .steps_per_epoch = STEPS};
+                      .n_train = counted.n, .steps_per_epoch = STEPS, .resume = j->resume};
     dp_task_info info;
     memset(&info, 0, sizeof info);
     dp_strategy *s = NULL;
@@ -211,7 +232,7 @@ static void *run_stage(void *arg)
         goto out;
     int replica = info.shard_index;
     CHECK(info.replicas == j->replicas && info.shard_count == j->replicas);
-    for (int k = 0; k < STEPS; k++) {
+    for (int k = j->first_step; k < STEPS; k++) {
         if (j->die_at == k + 1) {
             dp_err e;
             dp_inproc_kill(j->t, DP_INPROC_CRASH, &e);
@@ -224,6 +245,17 @@ static void *run_stage(void *arg)
         dp_step_out o;
         if (ops->step(s, x, y, n, j->cfg.optim.lr, k + 1, &o, &j->err) < 0)
             goto out;
+        if (j->save_at == k + 1) {
+            int rc = ops->save(s, k + 1, j->state, &j->err);
+            if (rc < 0)
+                goto out;
+            CHECK(rc == (info.evaluator ? 1 : 0));
+            if (info.evaluator) { /* what the loop's writer takes: the model's buffers */
+                j->state->step = k + 1;
+                if (m.n_buffers)
+                    memcpy(j->state->buffers, m.buffers, m.n_buffers * sizeof(float));
+            }
+        }
     }
     dp_epoch_stats st = {.records = 1};
     if (ops->epoch_end(s, 1, &st, &j->err) < 0)
@@ -235,6 +267,9 @@ static void *run_stage(void *arg)
         memcpy(j->params, p, m.n_params * sizeof(float));
         j->n_params = m.n_params;
     }
+    if (m.n_buffers)
+        memcpy(j->buffers, m.buffers, m.n_buffers * sizeof(float));
+    j->n_buffers = m.n_buffers;
     j->rc = ops->finish(s, STEPS, &j->err);
 out:
     ops->close(s);
@@ -243,7 +278,9 @@ out:
     return NULL;
 }
 
-/* One process at the global batch over the same records. */
+/* One process at the global batch over the same records; its buffers. */
+static float ref_buffers[MAX_BUFFERS];
+
 static void reference(float *out, const dp_optim_config *oc, int replicas)
 {
     dp_model m;
@@ -260,13 +297,17 @@ static void reference(float *out, const dp_optim_config *oc, int replicas)
         dp_optim_apply(&opt, m.params, m.grads, oc->lr);
     }
     memcpy(out, m.params, m.n_params * sizeof(float));
+    REQUIRE(m.n_buffers <= MAX_BUFFERS);
+    if (m.n_buffers)
+        memcpy(ref_buffers, m.buffers, m.n_buffers * sizeof(float));
     dp_optim_free(&opt);
     dp_model_free(&m);
 }
 
 /* Runs the stages in threads; returns the evaluator's job (position 0). */
-static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int replicas,
-                         int die_position)
+static void run_pipeline_from(job *jobs, int tasks, const dp_train_config *cfg, int replicas,
+                              int die_position, int first_step, int save_at,
+                              dp_train_state *state, const dp_train_state *resume)
 {
     static float stage_params[MAX_TASKS][MAX_PARAMS];
     dp_transport *ts[MAX_TASKS];
@@ -282,12 +323,22 @@ static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int r
         jobs[p].replicas = replicas;
         jobs[p].t = ts[p];
         jobs[p].die_at = p == die_position ? 2 : 0;
+        jobs[p].first_step = first_step;
+        jobs[p].save_at = save_at;
+        jobs[p].state = state;
+        jobs[p].resume = resume;
         REQUIRE(pthread_create(&th[p], NULL, run_stage, &jobs[p]) == 0);
     }
     for (int p = 0; p < tasks; p++)
         pthread_join(th[p], NULL);
     for (int p = 0; p < tasks; p++)
         dp_transport_close(ts[p]);
+}
+
+static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int replicas,
+                         int die_position)
+{
+    run_pipeline_from(jobs, tasks, cfg, replicas, die_position, 0, 0, NULL, NULL);
 }
 
 /* S stages of R replicas, M micro-batches, against ref (one process's
@@ -400,6 +451,146 @@ static void test_residual_partition(void)
     dp_model_free(&m);
 }
 
+/* ------------------------------------------------------------ batch norm */
+
+static dp_train_config bn_config(int S, int M, dp_pipe_schedule kind, int adam)
+{
+    dp_train_config cfg = dp_train_defaults();
+    cfg.model = spec;
+    cfg.batch = BATCH;
+    cfg.stages = S;
+    cfg.micro_batches = M;
+    cfg.schedule = kind;
+    cfg.optim = optim_config(adam);
+    cfg.collective_timeout = 30;
+    return cfg;
+}
+
+/* Every position's buffers [lo, hi) (its stage's) equal position 0's copy
+ * of them: what it gathered is the stage's own. */
+static void check_gathered(const job *jobs, int S, const char *what)
+{
+    dp_model m;
+    dp_err err;
+    int first[DP_PIPE_MAX_STAGES + 1];
+    REQUIRE(dp_model_init(&m, spec, 1, 1, &err) == 0);
+    REQUIRE(dp_pipe_partition(first, &m, S, NULL, &err) == 0);
+    for (int p = 1; p < S; p++) {
+        size_t lo, hi;
+        dp_pipe_buffer_range(&m, first[p], first[p + 1], &lo, &hi);
+        CHECKF(hi > lo, "%s: stage %d holds no bn layer", what, p);
+        CHECKF(memcmp(jobs[0].buffers + lo, jobs[p].buffers + lo, (hi - lo) * sizeof(float)) == 0,
+               "%s: position 0's buffers [%zu, %zu) are not stage %d's", what, lo, hi, p);
+    }
+    dp_model_free(&m);
+}
+
+/* The largest |a - b| over n floats. */
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+static void test_batch_norm(void)
+{
+    static float ref[MAX_PARAMS];
+    const char *saved_spec = spec;
+    spec = BN_SPEC;
+    n_inputs = 20;
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_init(&m, spec, 1, 1, &err) == 0);
+    size_t nb = m.n_buffers, np = m.n_params;
+    /* the buffers of the last bn layer: its count of batches at 2C */
+    const dp_layer *last_bn = NULL;
+    for (int l = 0; l < m.n_layers; l++)
+        if (m.layers[l].s_len)
+            last_bn = &m.layers[l];
+    REQUIRE(last_bn && nb > 0);
+    size_t count_at = last_bn->s_off + last_bn->s_len - 1;
+    dp_model_free(&m);
+    /* 1 micro-batch: one process, bit for bit, parameters and buffers */
+    for (int adam = 0; adam < 2; adam++) {
+        dp_optim_config oc = optim_config(adam);
+        reference(ref, &oc, 1);
+        for (int S = 2; S <= 3; S++)
+            for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++) {
+                dp_train_config cfg = bn_config(S, 1, (dp_pipe_schedule)kind, adam);
+                job jobs[MAX_TASKS];
+                run_pipeline(jobs, S, &cfg, 1, -1);
+                int ok = 1;
+                for (int p = 0; p < S; p++) {
+                    CHECKF(jobs[p].rc == 0, "bn S %d M 1: position %d: %s", S, p, jobs[p].err.msg);
+                    ok &= jobs[p].rc == 0;
+                }
+                if (!ok)
+                    continue;
+                double dp = max_diff(jobs[0].params, ref, np);
+                double db = max_diff(jobs[0].buffers, ref_buffers, nb);
+                fprintf(stderr, "bn S %d M 1 %-5s %-4s: parameters %.3g, buffers %.3g from one "
+                        "process\n", S, dp_pipe_schedule_name(kind),
+                        dp_optim_kind_name(oc.kind), dp, db);
+                CHECKF(dp == 0 && db == 0, "bn S %d M 1 %s: parameters differ by %g, buffers by "
+                       "%g from one process", S, dp_pipe_schedule_name(kind), dp, db);
+                CHECK(jobs[0].buffers[count_at] == (float)STEPS);
+                check_gathered(jobs, S, "bn M 1");
+            }
+    }
+    /* 4 micro-batches: the statistics move once a micro-batch (3 steps of
+     * 4); position 0 holds each stage's own; 2 replicas: replica 0's */
+    for (int R = 1; R <= 2; R++) {
+        dp_train_config cfg = bn_config(2, 4, DP_PIPE_1F1B, 0);
+        job jobs[MAX_TASKS];
+        run_pipeline(jobs, 2 * R, &cfg, R, -1);
+        int ok = 1;
+        for (int p = 0; p < 2 * R; p++) {
+            CHECKF(jobs[p].rc == 0, "bn S 2 R %d M 4: position %d: %s", R, p, jobs[p].err.msg);
+            ok &= jobs[p].rc == 0;
+        }
+        if (!ok)
+            continue;
+        CHECKF(jobs[0].buffers[count_at] == (float)(STEPS * 4), "bn M 4: %g batches counted",
+               (double)jobs[0].buffers[count_at]);
+        check_gathered(jobs, 2, R == 1 ? "bn M 4" : "bn M 4, 2 replicas");
+        if (R == 2) /* replica 1's own statistics, from its own records */
+            CHECK(memcmp(jobs[1].buffers, jobs[3].buffers, nb * sizeof(float)) != 0);
+    }
+    /* a checkpoint at step 2, resumed to step 3: bit for bit (adam: its
+     * slots and t come back too) */
+    {
+        dp_train_config cfg = bn_config(2, 4, DP_PIPE_GPIPE, 1);
+        dp_train_state st;
+        memset(&st, 0, sizeof st);
+        REQUIRE(dp_train_state_alloc(&st, np, 2, 0, 1, 0, &err) == 0);
+        REQUIRE((st.buffers = calloc(nb, sizeof(float))) != NULL);
+        st.n_buffers = nb;
+        job whole[2], resumed[2];
+        run_pipeline_from(whole, 2, &cfg, 1, -1, 0, 2, &st, NULL);
+        CHECKF(whole[0].rc == 0 && whole[1].rc == 0, "bn checkpoint run: %s / %s",
+               whole[0].err.msg, whole[1].err.msg);
+        CHECK(st.step == 2 && st.optim_t == 2 && st.buffers[count_at] == 8);
+        static float whole_params[MAX_PARAMS];
+        float whole_buffers[MAX_BUFFERS];
+        memcpy(whole_params, whole[0].params, np * sizeof(float));
+        memcpy(whole_buffers, whole[0].buffers, nb * sizeof(float));
+        run_pipeline_from(resumed, 2, &cfg, 1, -1, 2, 0, NULL, &st);
+        CHECKF(resumed[0].rc == 0 && resumed[1].rc == 0, "bn resumed run: %s / %s",
+               resumed[0].err.msg, resumed[1].err.msg);
+        CHECKF(memcmp(resumed[0].params, whole_params, np * sizeof(float)) == 0 &&
+               memcmp(resumed[0].buffers, whole_buffers, nb * sizeof(float)) == 0,
+               "bn: the run resumed at step 2 differs from the whole run: parameters by %g, "
+               "buffers by %g", max_diff(resumed[0].params, whole_params, np),
+               max_diff(resumed[0].buffers, whole_buffers, nb));
+        dp_train_state_free(&st);
+    }
+    spec = saved_spec;
+}
+
 /* Stage 1 of 3 dies before step 2: its neighbours stop with its name. */
 static void test_lost_stage(void)
 {
@@ -431,6 +622,7 @@ int main(void)
     test_partition();
     test_equal_to_one_process();
     test_lost_stage();
+    test_batch_norm();
     spec = RES_SPEC;
     test_residual_partition();
     test_equal_to_one_process();

@@ -80,6 +80,21 @@ void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi
     }
 }
 
+void dp_pipe_buffer_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi)
+{
+    *lo = *hi = 0;
+    int any = 0;
+    for (int l = a; l < b && l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (!d->s_len)
+            continue;
+        if (!any)
+            *lo = d->s_off;
+        *hi = d->s_off + d->s_len;
+        any = 1;
+    }
+}
+
 /* Multiply-adds per sample: a conv layer uses each weight at every output
  * position, a dense or local layer once; the rest touch each input once. */
 /* A cut before layer j would part a layer from the relu fused into it. */
