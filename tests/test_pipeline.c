@@ -341,10 +341,8 @@ static void run_pipeline(job *jobs, int tasks, const dp_train_config *cfg, int r
     run_pipeline_from(jobs, tasks, cfg, replicas, die_position, 0, 0, NULL, NULL);
 }
 
-/* S stages of R replicas, M micro-batches, against ref (one process's
- * parameters at the global batch). */
-static void check_config(int S, int R, int M, dp_pipe_schedule kind, const dp_optim_config *oc,
-                         const float *ref)
+/* The run's configuration: S stages of the model spec, M micro-batches. */
+static dp_train_config pipe_config(int S, int M, dp_pipe_schedule kind, const dp_optim_config *oc)
 {
     dp_train_config cfg = dp_train_defaults();
     cfg.model = spec;
@@ -354,6 +352,15 @@ static void check_config(int S, int R, int M, dp_pipe_schedule kind, const dp_op
     cfg.schedule = kind;
     cfg.optim = *oc;
     cfg.collective_timeout = 30;
+    return cfg;
+}
+
+/* S stages of R replicas, M micro-batches, against ref (one process's
+ * parameters at the global batch). */
+static void check_config(int S, int R, int M, dp_pipe_schedule kind, const dp_optim_config *oc,
+                         const float *ref)
+{
+    dp_train_config cfg = pipe_config(S, M, kind, oc);
     job jobs[MAX_TASKS];
     run_pipeline(jobs, S * R, &cfg, R, -1);
     int ok_all = 1;
@@ -453,19 +460,6 @@ static void test_residual_partition(void)
 
 /* ------------------------------------------------------------ batch norm */
 
-static dp_train_config bn_config(int S, int M, dp_pipe_schedule kind, int adam)
-{
-    dp_train_config cfg = dp_train_defaults();
-    cfg.model = spec;
-    cfg.batch = BATCH;
-    cfg.stages = S;
-    cfg.micro_batches = M;
-    cfg.schedule = kind;
-    cfg.optim = optim_config(adam);
-    cfg.collective_timeout = 30;
-    return cfg;
-}
-
 /* Every position's buffers [lo, hi) (its stage's) equal position 0's copy
  * of them: what it gathered is the stage's own. */
 static void check_gathered(const job *jobs, int S, const char *what)
@@ -520,7 +514,7 @@ static void test_batch_norm(void)
         reference(ref, &oc, 1);
         for (int S = 2; S <= 3; S++)
             for (int kind = 0; kind < DP_PIPE_SCHEDULE_COUNT; kind++) {
-                dp_train_config cfg = bn_config(S, 1, (dp_pipe_schedule)kind, adam);
+                dp_train_config cfg = pipe_config(S, 1, (dp_pipe_schedule)kind, &oc);
                 job jobs[MAX_TASKS];
                 run_pipeline(jobs, S, &cfg, 1, -1);
                 int ok = 1;
@@ -544,7 +538,8 @@ static void test_batch_norm(void)
     /* 4 micro-batches: the statistics move once a micro-batch (3 steps of
      * 4); position 0 holds each stage's own; 2 replicas: replica 0's */
     for (int R = 1; R <= 2; R++) {
-        dp_train_config cfg = bn_config(2, 4, DP_PIPE_1F1B, 0);
+        dp_optim_config oc = optim_config(0);
+        dp_train_config cfg = pipe_config(2, 4, DP_PIPE_1F1B, &oc);
         job jobs[MAX_TASKS];
         run_pipeline(jobs, 2 * R, &cfg, R, -1);
         int ok = 1;
@@ -563,7 +558,8 @@ static void test_batch_norm(void)
     /* a checkpoint at step 2, resumed to step 3: bit for bit (adam: its
      * slots and t come back too) */
     {
-        dp_train_config cfg = bn_config(2, 4, DP_PIPE_GPIPE, 1);
+        dp_optim_config oc = optim_config(1);
+        dp_train_config cfg = pipe_config(2, 4, DP_PIPE_GPIPE, &oc);
         dp_train_state st;
         memset(&st, 0, sizeof st);
         REQUIRE(dp_train_state_alloc(&st, np, 2, 0, 1, 0, &err) == 0);
