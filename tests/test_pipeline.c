@@ -18,7 +18,9 @@
  *   parameters and buffers (running statistics and counts); with 4 each
  *   stage's buffers move once per micro-batch and position 0 holds every
  *   stage's (replica 0's under 2 replicas); a checkpoint at step 2 resumed
- *   to step 3 equals the uninterrupted run bit for bit;
+ *   to step 3 equals the uninterrupted run bit for bit; a stage's buffers
+ *   frame with a count other than its layers' in the model, or longer than
+ *   the model's buffers, is refused by position 0 naming the stage;
  * - a stage that dies ends its neighbours' steps with a message naming it. */
 #include <math.h>
 #include <pthread.h>
@@ -33,6 +35,7 @@
 #include "downpour/pipeline.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/wire.h"
 
 /* ---------------------------------------------------------------- schedules */
 
@@ -587,6 +590,86 @@ static void test_batch_norm(void)
     spec = saved_spec;
 }
 
+/* Position 0 at an epoch's end, from a fake stage 1 that sends its figures,
+ * its parameters and a buffers frame of `count` floats in `len` bytes:
+ * position 0's error in err (rc < 0), or rc 0. */
+static int gather_from_fake(uint32_t count, uint64_t len, dp_err *err)
+{
+    dp_transport *ts[2];
+    REQUIRE(dp_inproc_open(ts, 2, err) == 0);
+    dp_node node;
+    dp_model m;
+    inproc_node(&node, ts[0], 2, 0);
+    REQUIRE(dp_model_init(&m, spec, BATCH, 1, err) == 0);
+    int first[DP_PIPE_MAX_STAGES + 1];
+    REQUIRE(dp_pipe_partition(first, &m, 2, NULL, err) == 0);
+    size_t lo, hi, blo, bhi;
+    dp_pipe_param_range(&m, first[1], first[2], &lo, &hi);
+    dp_pipe_buffer_range(&m, first[1], first[2], &blo, &bhi);
+    REQUIRE(bhi > blo);
+    static uint8_t frame[4 + 4 * (MAX_PARAMS + MAX_BUFFERS)];
+    memset(frame, 0, sizeof frame);
+    dp_put_u32(frame + 44, 1); /* the stats: stage 1 */
+    REQUIRE(dp_transport_send(ts[1], 0, DP_WIRE_PIPE_STATS, 1, 0, frame, 48, err) == 0);
+    REQUIRE(dp_transport_send(ts[1], 0, DP_WIRE_PIPE_PARAMS, 1, lo, frame,
+                              (hi - lo) * sizeof(float), err) == 0);
+    dp_put_u32(frame, count);
+    REQUIRE(len <= sizeof frame);
+    REQUIRE(dp_transport_send(ts[1], 0, DP_WIRE_PIPE_BUFFERS, 1, blo, frame, len, err) == 0);
+    dp_train_config cfg = dp_train_defaults();
+    cfg.model = spec;
+    cfg.batch = BATCH;
+    cfg.stages = 2;
+    cfg.collective_timeout = 5;
+    dp_split counted = {.n = PER_REPLICA};
+    dp_run_env env = {.cfg = &cfg, .node = &node, .model = &m, .train = &counted,
+                      .n_train = counted.n, .steps_per_epoch = STEPS};
+    dp_task_info info;
+    memset(&info, 0, sizeof info);
+    dp_strategy *s = NULL;
+    const dp_strategy_ops *ops = &dp_strategy_pipeline;
+    REQUIRE(ops->open(&s, &env, &info, err) == 0);
+    dp_epoch_stats st = {.records = 1};
+    int rc = ops->epoch_end(s, 1, &st, err);
+    ops->close(s);
+    dp_model_free(&m);
+    dp_cluster_free(&node.cluster);
+    dp_transport_close(ts[0]);
+    dp_transport_close(ts[1]);
+    if (rc == 0) { /* what came was stage 1's buffers */
+        CHECK(count == bhi - blo);
+    }
+    return rc;
+}
+
+static void test_buffers_refused(void)
+{
+    const char *saved_spec = spec;
+    spec = BN_SPEC;
+    dp_model m;
+    dp_err err;
+    int first[DP_PIPE_MAX_STAGES + 1];
+    REQUIRE(dp_model_init(&m, spec, 1, 1, &err) == 0);
+    REQUIRE(dp_pipe_partition(first, &m, 2, NULL, &err) == 0);
+    size_t blo, bhi;
+    dp_pipe_buffer_range(&m, first[1], first[2], &blo, &bhi);
+    uint32_t n = (uint32_t)(bhi - blo);
+    size_t nb = m.n_buffers;
+    dp_model_free(&m);
+    CHECKF(gather_from_fake(n, 4 + 4 * (uint64_t)n, &err) == 0, "the right count: %s", err.msg);
+    int rc = gather_from_fake(n + 1, 4 + 4 * (uint64_t)(n + 1), &err);
+    CHECKF(rc < 0 && strstr(err.msg, "sent") && strstr(err.msg, "buffer floats") &&
+               strstr(err.msg, "stage 1") && strstr(err.msg, "rank 1"), /* the peer */
+           "one float too many: rc %d, %s", rc, err.msg);
+    fprintf(stderr, "one float too many: %s\n", err.msg);
+    rc = gather_from_fake(n, 4 + 4 * (uint64_t)(nb + 1), &err);
+    CHECKF(rc < 0 && strstr(err.msg, "bytes of buffers") && strstr(err.msg, "stage 1") &&
+               strstr(err.msg, "rank 1"),
+           "longer than the model's buffers: rc %d, %s", rc, err.msg);
+    fprintf(stderr, "longer than the model's buffers: %s\n", err.msg);
+    spec = saved_spec;
+}
+
 /* Stage 1 of 3 dies before step 2: its neighbours stop with its name. */
 static void test_lost_stage(void)
 {
@@ -619,6 +702,7 @@ int main(void)
     test_equal_to_one_process();
     test_lost_stage();
     test_batch_norm();
+    test_buffers_refused();
     spec = RES_SPEC;
     test_residual_partition();
     test_equal_to_one_process();
