@@ -149,7 +149,8 @@ int main(void)
                      "lbfgs --model 784-dense8-bn-10 " SMALL, bin);
     /* refused by the launcher, before any task starts (exit 2, no task line) */
     CHECKF(rc == 2 && strstr(err, "downpour launch: model 784-dense8-bn-10 has buffers") &&
-               strstr(err, "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, allreduce") &&
+               strstr(err, "single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, allreduce, "
+                           "pipeline") &&
                !strstr(err, "[worker 0]"),
            "lbfgs with bn: exit %d: %s", rc, err);
     return CHECK_DONE();

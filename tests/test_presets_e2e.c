@@ -8,6 +8,13 @@
  *   statistics, within float noise; with 2 workers the --save file holds
  *   worker 0's statistics (its count of batches: half the run's steps),
  *   and `downpour eval` of it gives the chief's test accuracy;
+ * - batch norm under pipeline (each stage holds its bn layers' statistics;
+ *   position 0 gathers them): resnet-fashion on 2 stages (cut between
+ *   blocks) and mlp-bn cut by --split 3 (a bn layer on each stage) at 1
+ *   micro-batch end where one process ends, parameters and running
+ *   statistics, bit for bit; mlp-bn at 2 micro-batches saves both
+ *   stages' statistics (each bn layer counted 2 batches a step) and
+ *   `downpour eval` of the file gives worker 0's test accuracy;
  * - lbfgs, which has no rule for buffers yet, refuses it before any task
  *   starts (exit 2), naming the reason and the strategies that take it;
  * - allreduce --sync-bn on vit-mnist, which has no bn, is refused likewise,
@@ -63,6 +70,53 @@ static void line_after(const char *text, const char *key, char *out, size_t len)
     out[n] = '\0';
 }
 
+/* The files tmp/a and tmp/b hold the same tensors, parameters and buffers,
+ * within `tol` (0: bit for bit). */
+static void same_within(const char *a, const char *b, double tol, const char *what)
+{
+    double d = checkpoint_max_diff(a, b);
+    fprintf(stderr, "%s: max |diff| %.3g (parameters and buffers)\n", what, d);
+    CHECKF(d <= tol, "%s: %s and %s differ by %g", what, a, b, d);
+}
+
+/* num_batches_tracked of bn layer `layer` in tmp/name (-1: none). */
+static double batches_tracked(const char *name, int layer)
+{
+    char path[1200], tensor[64];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    snprintf(tensor, sizeof tensor, "layers.%d.num_batches_tracked", layer);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    if (dp_safetensors_load(path, &f, &e) < 0) {
+        CHECKF(0, "%s", e.msg);
+        return -1;
+    }
+    const dp_st_tensor *t = dp_safetensors_find(f, tensor);
+    double v = t && t->ndim == 0 ? t->data[0] : -1;
+    dp_safetensors_free(f);
+    return v;
+}
+
+/* The accuracy the run whose output is in err reported after `key`
+ * equals what `downpour eval` of its file tmp/name gives on the same test
+ * records (--test-size 100). */
+static void eval_gives_reported(const char *key, const char *name, const char *what)
+{
+    char reported[64], eval[64], path[1200];
+    line_after(err, key, reported, sizeof reported);
+    reported[strcspn(reported, ",")] = '\0';
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    int rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s --test-size 100", bin, path);
+    CHECKF(rc == 0, "%s: eval of %s exited %d: %s", what, name, rc, err);
+    line_after(err, "test accuracy ", eval, sizeof eval);
+    eval[strcspn(eval, ",")] = '\0';
+    fprintf(stderr, "%s: reported test accuracy %s, eval of its --save %s\n", what, reported,
+            eval);
+    CHECKF(reported[0] && strcmp(reported, eval) == 0,
+           "%s: eval of %s gives test accuracy '%s', the run reported '%s'", what, name, eval,
+           reported);
+}
+
 /* resnet-fashion under ps-sync (docs/strategies.md, "Buffers"). */
 static void ps_sync_trains_bn(void)
 {
@@ -73,41 +127,51 @@ static void ps_sync_trains_bn(void)
                  "ps-sync --model resnet-fashion --batch 4 " TINY " --save %s/rf-sync1.st",
                  bin, tmp);
     CHECKF(rc == 0, "resnet-fashion, ps-sync with 1 worker exited %d: %s", rc, err);
-    double d = checkpoint_max_diff("rf-single.st", "rf-sync1.st");
-    fprintf(stderr, "resnet-fashion: ps-sync 1 x 4 vs one process at 4: max |diff| %.3g "
-            "(parameters and buffers)\n", d);
-    CHECKF(d < 1e-6, "resnet-fashion: ps-sync with 1 worker differs from one process by %g", d);
+    same_within("rf-single.st", "rf-sync1.st", 1e-6,
+                "resnet-fashion: ps-sync 1 x 4 vs one process at 4");
 
     rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 1 -- train --strategy "
                  "ps-sync --model resnet-fashion --batch 4 " TINY " --test-size 100 "
                  "--save %s/rf-sync2.st", bin, tmp);
     CHECKF(rc == 0, "resnet-fashion, ps-sync with 2 workers exited %d: %s", rc, err);
-    char chief[64], eval[64];
-    line_after(err, "[chief] Test accuracy: ", chief, sizeof chief);
-    chief[strcspn(chief, ",")] = '\0';
-    char path[1200];
-    snprintf(path, sizeof path, "%s/rf-sync2.st", tmp);
-    dp_safetensors *f = NULL;
-    dp_err e;
-    if (dp_safetensors_load(path, &f, &e) == 0) {
-        /* 32 records at 2 x 4: worker 0 took 4 steps (one process: 8) */
-        const dp_st_tensor *t = dp_safetensors_find(f, "layers.1.num_batches_tracked");
-        CHECKF(t && t->ndim == 0 && t->data[0] == 4.0f,
-               "ps-sync 2 x 4: num_batches_tracked %g, not worker 0's 4",
-               t ? (double)t->data[0] : -1.0);
-        dp_safetensors_free(f);
-    } else {
-        CHECKF(0, "%s", e.msg);
-    }
-    rc = run_cmd(err, sizeof err, "%s eval --checkpoint %s --test-size 100", bin, path);
-    CHECKF(rc == 0, "eval of the ps-sync file exited %d: %s", rc, err);
-    line_after(err, "test accuracy ", eval, sizeof eval);
-    eval[strcspn(eval, ",")] = '\0';
-    fprintf(stderr, "resnet-fashion: ps-sync 2 x 4: the chief's test accuracy %s, eval of its "
-            "--save %s\n", chief, eval);
-    CHECKF(chief[0] && strcmp(chief, eval) == 0,
-           "eval of the ps-sync file gives test accuracy '%s', the chief reported '%s'", eval,
-           chief);
+    eval_gives_reported("[chief] Test accuracy: ", "rf-sync2.st",
+                        "resnet-fashion: ps-sync 2 x 4");
+    /* 32 records at 2 x 4: worker 0 took 4 steps (one process: 8) */
+    double b = batches_tracked("rf-sync2.st", 1);
+    CHECKF(b == 4, "ps-sync 2 x 4: num_batches_tracked %g, not worker 0's 4", b);
+}
+
+/* Batch norm under pipeline (docs/strategies.md, "Buffers"); after
+ * ps_sync_trains_bn, whose rf-single.st is one process at batch 4. */
+static void pipeline_trains_bn(void)
+{
+    int rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline "
+                     "--micro-batches 1 --model resnet-fashion --batch 4 " TINY
+                     " --save %s/rf-pipe.st", bin, tmp);
+    CHECKF(rc == 0, "resnet-fashion, pipeline of 2 exited %d: %s", rc, err);
+    same_within("rf-single.st", "rf-pipe.st", 0,
+                "resnet-fashion: 2 pipeline stages at 1 micro-batch vs one process");
+
+    rc = run_cmd(err, sizeof err, "%s train --model mlp-bn --batch 8 " TINY
+                 " --save %s/mb-single.st", bin, tmp);
+    CHECKF(rc == 0, "mlp-bn, one process exited %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline --split 3 "
+                 "--micro-batches 1 --model mlp-bn --batch 8 " TINY " --save %s/mb-pipe1.st",
+                 bin, tmp);
+    CHECKF(rc == 0, "mlp-bn, pipeline at 1 micro-batch exited %d: %s", rc, err);
+    same_within("mb-single.st", "mb-pipe1.st", 0,
+                "mlp-bn: 2 pipeline stages at 1 micro-batch vs one process");
+
+    rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy pipeline --split 3 "
+                 "--micro-batches 2 --model mlp-bn --batch 8 " TINY " --test-size 100 "
+                 "--save %s/mb-pipe2.st", bin, tmp);
+    CHECKF(rc == 0, "mlp-bn, pipeline at 2 micro-batches exited %d: %s", rc, err);
+    eval_gives_reported("[worker 0] Test accuracy: ", "mb-pipe2.st",
+                        "mlp-bn: pipeline 2 stages x 2 micro-batches");
+    /* 32 records, 4 steps of 2 micro-batches: 8 batches on either stage */
+    double b0 = batches_tracked("mb-pipe2.st", 1), b1 = batches_tracked("mb-pipe2.st", 3);
+    CHECKF(b0 == 8 && b1 == 8, "pipeline M 2: num_batches_tracked %g (stage 0), %g (stage 1), "
+           "not 8", b0, b1);
 }
 
 /* `downpour launch ARGS -- train OPTIONS` is refused by the launcher before
@@ -128,10 +192,11 @@ int main(void)
     REQUIRE(bin && tmp);
     ps_sync_is_one_process();
     ps_sync_trains_bn();
+    pipeline_trains_bn();
     refused("--chief --workers 2 --ps 1", "--strategy lbfgs --model resnet-fashion --batch 4",
             "model resnet-fashion has buffers (batch norm's running statistics)");
     CHECK(strstr(err, "these do: single, ps-async, ps-sync, ps-ssp, ps-dssp, model-avg, "
-                      "allreduce") != NULL);
+                      "allreduce, pipeline") != NULL);
     refused("--workers 2", "--strategy allreduce --sync-bn --model vit-mnist --batch 4",
             "--sync-bn: model vit-mnist has no batch norm layer");
     refused("--workers 2", "--strategy allreduce --sync-bn --device sim --model resnet-fashion "

@@ -79,6 +79,11 @@ int dp_pipe_split_count(const char *split, dp_err *err);
  * when the range has no dense layer). */
 void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi);
 
+/* [lo, hi): the buffers (batch norm's running statistics) of layers [a, b)
+ * in the flat buffer array, each layer's [s_off, s_off + s_len) (lo == hi
+ * when the range holds none). */
+void dp_pipe_buffer_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi);
+
 /* A stage's multiply-adds per record of layers [a, b), the partition's cost. */
 double dp_pipe_cost(const dp_model *m, int a, int b);
 

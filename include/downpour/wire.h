@@ -70,6 +70,7 @@ enum dp_wire_type {
     DP_WIRE_PIPE_PARAMS = DP_FRAME_APP(44), /* stage -> position 0: its parameters, from element `offset` */
     DP_WIRE_PIPE_STATE = DP_FRAME_APP(45),  /* stage -> position 0 at checkpoint `step`: u64 optimiser t, parameters, optimiser slots */
     DP_WIRE_PIPE_NORM = DP_FRAME_APP(46),   /* stage `offset` -> its replica's others: f64, the sum of squares of its part of the step's gradient (--clip-norm) */
+    DP_WIRE_PIPE_BUFFERS = DP_FRAME_APP(47), /* stage -> position 0 after its PARAMS or STATE (step = the epoch or checkpoint step, offset = its first buffer): u32 count (its layers' buffers, checked against the model), then f32 (pipeline.c send_buffers) */
     /* model parallelism (src/strategy/model_parallel.c); step = the training step */
     DP_WIRE_MP_ACT = DP_FRAME_APP(48),      /* task -> its replica's others: its columns of dense layer `offset`'s output, f32 (rows, units) */
     DP_WIRE_MP_STATS = DP_FRAME_APP(49),    /* task -> position 0 at epoch `step`'s end: 3 f64, u32 task (model_parallel.c send_stats) */

@@ -25,6 +25,16 @@
  * the stages of replica 0 send it their parameters, and at a checkpoint their
  * optimiser state too.
  *
+ * Buffers (batch norm's running statistics): the stage that holds a bn layer
+ * holds its buffers, [blo, bhi) of the flat buffer array.  Each micro-batch
+ * normalises with its own statistics and moves the running ones in
+ * micro-batch order (GPipe's rule, PyTorch's Pipe without SyncBatchNorm);
+ * the scratch model pm moves them and each step ends with them copied into
+ * the loop's model.  Replicas keep their own.  Replica 0's stages send theirs
+ * to position 0 (DP_WIRE_PIPE_BUFFERS) after their parameters at each
+ * epoch's end and after their state at each checkpoint, so position 0
+ * evaluates, checkpoints and saves with them (docs/strategies.md, "Buffers").
+ *
  * Idle time (waiting for a neighbour) and the schedule's time are measured
  * per stage; position 0 reports the measured bubble beside the ideal
  * (S-1)/(M+S-1) each epoch.  Activations and their gradients go out from a
@@ -47,6 +57,7 @@
 
 #define STATS_BYTES (5 * 8 + 2 * 4)
 #define LOSS_BYTES (8 + 4)
+#define BUFFERS_HEAD 4 /* u32 count, then that many f32 (send_buffers) */
 
 struct dp_strategy {
     const dp_run_env *env;
@@ -61,6 +72,7 @@ struct dp_strategy {
     int first[DP_PIPE_MAX_STAGES + 1];
     int a, b;             /* this stage's layers [a, b) */
     size_t lo, hi;        /* and their parameters */
+    size_t blo, bhi;      /* and their buffers (batch norm's statistics), which pm moves */
     int in_w, out_w;      /* widths at the stage's input and output */
     dp_pipe_schedule kind;
     dp_pipe_action *plan; /* room for 2M actions */
@@ -180,6 +192,14 @@ static void accumulate(dp_strategy *s, float w, int first)
     else
         for (size_t i = 0; i < n; i++)
             acc[i] += w * g[i];
+}
+
+/* This stage's buffers, as pm moved them, into the loop's model. */
+static void keep_buffers(dp_strategy *s)
+{
+    if (s->bhi > s->blo)
+        memcpy(s->m->buffers + s->blo, s->pm.buffers + s->blo,
+               (s->bhi - s->blo) * sizeof(float));
 }
 
 /* One micro-batch forward: in from stage s-1 (or the batch), out to stage
@@ -337,6 +357,7 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
             share_loss(s, step, &loss_sum, &correct, err) < 0)
             return -1;
         s->span += dp_now() - t0;
+        keep_buffers(s);
         out->loss = (float)(loss_sum / n);
         out->correct = correct;
     } else if (s->hi > s->lo) {
@@ -356,6 +377,64 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
 
 /* ---------------------------------------------------------- the epoch's end */
 
+/* Replica 0's stage -> position 0: [u32 count][count f32], its buffers
+ * [blo, bhi), offset blo, step the epoch or the checkpoint step.  A stage
+ * without buffers sends nothing (position 0 knows the ranges). */
+static int send_buffers(dp_strategy *s, long step, dp_err *err)
+{
+    size_t n = s->bhi - s->blo;
+    if (!n)
+        return 0;
+    uint8_t head[BUFFERS_HEAD];
+    dp_put_u32(head, (uint32_t)n);
+    struct iovec iov[2] = {{head, sizeof head}, {s->m->buffers + s->blo, n * sizeof(float)}};
+    if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_PIPE_BUFFERS, (uint64_t)step, s->blo, iov,
+                           2, err) < 0)
+        return stage_lost(s, 0, err);
+    return 0;
+}
+
+/* Position 0: position p's buffers (send_buffers) into buffers + lo, where
+ * [lo, hi) is what its layers hold in the model; a frame of another step,
+ * offset, length or count is refused naming the stage. */
+static int recv_buffers(dp_strategy *s, int p, long step, float *buffers, dp_err *err)
+{
+    int stage = p % s->S;
+    size_t lo, hi;
+    dp_pipe_buffer_range(s->m, s->first[stage], s->first[stage + 1], &lo, &hi);
+    size_t n = hi - lo;
+    if (!n)
+        return 0;
+    double t0 = dp_now();
+    dp_event ev;
+    if (dp_transport_recv(s->t, s->ranks[p], "its buffers", s->timeout, &ev, err) < 0)
+        return stage_lost(s, p, err);
+    s->idle += dp_now() - t0;
+    const char *who = name_of(s, p);
+    if (ev.header.type != DP_WIRE_PIPE_BUFFERS || ev.header.step != (uint64_t)step ||
+        ev.header.offset != lo)
+        return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu) instead of its "
+                            "buffers for step %ld from buffer %zu", who, ev.header.type,
+                       (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
+                       step, lo);
+    uint64_t len = ev.header.length;
+    if (len < BUFFERS_HEAD || len > BUFFERS_HEAD + (uint64_t)s->m->n_buffers * sizeof(float))
+        return dp_errf(err, "%s sent %llu bytes of buffers; stage %d of model %s holds %zu "
+                            "floats (%zu bytes with the count)", who, (unsigned long long)len,
+                       stage, s->m->name, n, BUFFERS_HEAD + n * sizeof(float));
+    uint8_t head[BUFFERS_HEAD];
+    if (dp_transport_recv_payload(s->t, s->ranks[p], head, sizeof head, err) < 0)
+        return stage_lost(s, p, err);
+    uint32_t count = dp_get_u32(head);
+    if (count != n || len != BUFFERS_HEAD + (uint64_t)count * sizeof(float))
+        return dp_errf(err, "%s sent %u buffer floats in %llu bytes; stage %d of model %s holds "
+                            "%zu (buffers [%zu, %zu))", who, count, (unsigned long long)len,
+                       stage, s->m->name, n, lo, hi);
+    if (dp_transport_recv_payload(s->t, s->ranks[p], buffers + lo, n * sizeof(float), err) < 0)
+        return stage_lost(s, p, err);
+    return 0;
+}
+
 /* Epoch figures to position 0: loss sum, records, correct, idle s, schedule s,
  * peak micro-batches held, stage. */
 static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_err *err)
@@ -371,9 +450,11 @@ static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_er
     if (send_to(s, 0, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, err) < 0)
         return -1;
     /* replica 0's stages: their parameters for the evaluation */
-    if (s->replica == 0)
-        return send_to(s, 0, DP_WIRE_PIPE_PARAMS, epoch, s->lo, s->m->params + s->lo,
-                       (s->hi - s->lo) * sizeof(float), err);
+    if (s->replica == 0 &&
+        (send_to(s, 0, DP_WIRE_PIPE_PARAMS, epoch, s->lo, s->m->params + s->lo,
+                 (s->hi - s->lo) * sizeof(float), err) < 0 ||
+         send_buffers(s, epoch, err) < 0))
+        return -1;
     return 0;
 }
 
@@ -437,7 +518,8 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
             size_t lo, hi;
             dp_pipe_param_range(s->m, s->first[p], s->first[p + 1], &lo, &hi);
             if (recv_exact(s, p, DP_WIRE_PIPE_PARAMS, epoch, lo, s->m->params + lo,
-                           (hi - lo) * sizeof(float), "its parameters", err) < 0)
+                           (hi - lo) * sizeof(float), "its parameters", err) < 0 ||
+                recv_buffers(s, p, epoch, s->m->buffers, err) < 0)
                 return -1;
         }
     }
@@ -479,7 +561,7 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
         if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_PIPE_STATE, (uint64_t)step, s->lo, iov,
                                slots && n ? 3 : 2, err) < 0)
             return stage_lost(s, 0, err);
-        return 0;
+        return send_buffers(s, step, err);
     }
     memcpy(st->params + s->lo, s->m->params + s->lo, n * sizeof(float));
     for (int k = 0; k < slots && k < st->n_slots; k++)
@@ -509,7 +591,12 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
         if ((long)dp_get_u64(head) != s->opt.t)
             return dp_errf(err, "%s has applied %ld updates but stage 0 %ld at checkpoint %ld",
                            name_of(s, p), (long)dp_get_u64(head), s->opt.t, step);
+        /* the checkpoint writes the model's buffers (st's when it holds them) */
+        if (recv_buffers(s, p, step, s->m->buffers, err) < 0)
+            return -1;
     }
+    if (st->buffers && st->n_buffers == s->m->n_buffers && s->m->n_buffers)
+        memcpy(st->buffers, s->m->buffers, s->m->n_buffers * sizeof(float));
     return 1;
 }
 
@@ -589,6 +676,7 @@ static int open_stage(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     s->a = s->first[s->stage];
     s->b = s->first[s->stage + 1];
     dp_pipe_param_range(s->m, s->a, s->b, &s->lo, &s->hi);
+    dp_pipe_buffer_range(s->m, s->a, s->b, &s->blo, &s->bhi);
     s->in_w = s->m->layers[s->a].in;
     s->out_w = s->m->layers[s->b - 1].out;
     s->micro_max = (cfg->batch + s->M - 1) / s->M;
@@ -599,6 +687,12 @@ static int open_stage(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     s->slots = dp_pipe_schedule_peak(s->plan, na);
     if (dp_model_init(&s->pm, cfg->model, s->micro_max, s->slots, err) < 0)
         return -1;
+    if (s->pm.n_buffers != s->m->n_buffers)
+        return dp_errf(err, "pipeline: model %s has %zu buffers, the stage's copy %zu",
+                       s->m->name, s->m->n_buffers, s->pm.n_buffers);
+    /* the buffers as the loop's model has them: initial, or the resumed file's */
+    if (s->m->n_buffers)
+        memcpy(s->pm.buffers, s->m->buffers, s->m->n_buffers * sizeof(float));
     size_t in_floats = (size_t)s->micro_max * s->in_w;
     if (s->stage > 0) {
         s->in = malloc((size_t)s->slots * in_floats * sizeof(float));
@@ -705,6 +799,7 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .name = "pipeline",
     .summary = "layer pipelining: stages of layers, micro-batches, gpipe or 1f1b, one flush a step",
     .cluster = 1,
+    .buffers = 1,
     .survives = 0,
     .open = pipe_open,
     .step = pipe_step,

@@ -65,19 +65,31 @@ int dp_pipe_schedule_peak(const dp_pipe_action *a, int n)
     return peak;
 }
 
-void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi)
+/* [lo, hi) over layers [a, b) of their parameters (weights, then bias) or
+ * of their buffers. */
+static void span_of(const dp_model *m, int a, int b, int buffers, size_t *lo, size_t *hi)
 {
     *lo = *hi = 0;
     int any = 0;
     for (int l = a; l < b && l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
-        if (!d->w_len)
+        if (!(buffers ? d->s_len : d->w_len))
             continue;
         if (!any)
-            *lo = d->w_off;
-        *hi = d->b_off + d->b_len;
+            *lo = buffers ? d->s_off : d->w_off;
+        *hi = buffers ? d->s_off + d->s_len : d->b_off + d->b_len;
         any = 1;
     }
+}
+
+void dp_pipe_param_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi)
+{
+    span_of(m, a, b, 0, lo, hi);
+}
+
+void dp_pipe_buffer_range(const dp_model *m, int a, int b, size_t *lo, size_t *hi)
+{
+    span_of(m, a, b, 1, lo, hi);
 }
 
 /* Multiply-adds per sample: a conv layer uses each weight at every output
