@@ -41,7 +41,7 @@ static const char *obj_str(const cJSON *o, const char *key)
 
 static void check_thesis(void)
 {
-    const char *size = SANITIZED ? " --train-size 3000 --val-size 500" : " --train-size 12000 --val-size 1000";
+    const char *size = SANITIZED ? " --train-size 4500 --val-size 500" : " --train-size 12000 --val-size 1000";
     int rc = run_cmd(err, sizeof err, "%s experiment thesis --out %s/th --epochs 1 --datasets mnist%s",
                      test_bin(), test_tmp(), size);
     CHECKF(rc == 0, "thesis exited %d: %s", rc, err);

@@ -55,22 +55,27 @@ static const source_cell SOURCE[] = {
 };
 
 /* One hyperparameter rule per strategy and batch size, the same for every
- * dataset (docs/experiments.md says how they were chosen). */
+ * dataset (docs/experiments.md says how they were chosen).  warmup: the
+ * rule's warm-up epochs, given only to runs of at least 10 times as many
+ * epochs (a study shortened by --epochs runs without it: a one-epoch run
+ * would otherwise be all warm-up). */
 typedef struct rule {
     const char *strategy;
     int batch;
     const char *options;
+    int warmup;
 } rule;
 
 static const rule RULES[] = {
-    {"ps-async", 128, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best"},
-    {"ps-async", 256, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best"},
-    {"ps-sync", 128, "--optimizer adam --lr 0.005 --lr-schedule cosine --keep-best"},
+    {"ps-async", 128, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best", 0},
+    {"ps-async", 256, "--optimizer adam --lr 0.001 --lr-schedule cosine --keep-best", 0},
+    {"ps-sync", 128, "--optimizer adam --lr 0.005 --lr-schedule cosine --keep-best", 0},
     {"ps-sync", 256,
-     "--optimizer adamw --lr 0.016 --weight-decay 0.2 --warmup-epochs 1 --clip-norm 1 "
-     "--lr-schedule cosine --keep-best"},
-    {"allreduce", 128, "--optimizer adam --lr 0.003 --lr-schedule cosine --keep-best"},
-    {"allreduce", 256, "--optimizer adam --lr 0.006 --lr-schedule cosine --keep-best"},
+     "--optimizer adamw --lr 0.016 --weight-decay 0.2 --clip-norm 1 --lr-schedule cosine "
+     "--keep-best",
+     1},
+    {"allreduce", 128, "--optimizer adam --lr 0.003 --lr-schedule cosine --keep-best", 0},
+    {"allreduce", 256, "--optimizer adam --lr 0.006 --lr-schedule cosine --keep-best", 0},
 };
 
 static const char *const DATASETS[] = {"mnist", "fashion-mnist", "kmnist"};
@@ -174,8 +179,12 @@ static int build_command(const thesis *T, const cell *c, int seed, const char *m
     snprintf(buf, sizeof buf, "%ld", T->train_size);
     bad |= study_argv_add(a, buf) | study_argv_add(a, "--val-size");
     snprintf(buf, sizeof buf, "%ld", T->val_size);
-    bad |= study_argv_add(a, buf) | study_argv_add_words(a, c->rule->options) |
-           study_argv_add_words(a, "--log-every 0 --no-progress --metrics") |
+    bad |= study_argv_add(a, buf) | study_argv_add_words(a, c->rule->options);
+    if (c->rule->warmup && T->epochs >= 10L * c->rule->warmup) {
+        snprintf(buf, sizeof buf, "%d", c->rule->warmup);
+        bad |= study_argv_add(a, "--warmup-epochs") | study_argv_add(a, buf);
+    }
+    bad |= study_argv_add_words(a, "--log-every 0 --no-progress --metrics") |
            study_argv_add(a, metrics);
     if (bad)
         return dp_errf(err, "command line too long");
@@ -465,6 +474,7 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
         cJSON_AddStringToObject(r, "strategy", RULES[i].strategy);
         cJSON_AddNumberToObject(r, "batch", RULES[i].batch);
         cJSON_AddStringToObject(r, "train_options", RULES[i].options);
+        cJSON_AddNumberToObject(r, "warmup_epochs", RULES[i].warmup);
         cJSON_AddItemToArray(rules, r);
     }
     cJSON *cells = cJSON_AddArrayToObject(root, "cells");
