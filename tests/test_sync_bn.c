@@ -100,7 +100,8 @@ static void *run_replica(void *arg)
     const float *p = ops->params(s, DP_WEIGHTS_LIVE, &j->err);
     REQUIRE(p && m.n_params <= MAX_FLOATS && m.n_buffers <= MAX_BUFFERS);
     memcpy(j->params, p, m.n_params * sizeof(float));
-    memcpy(j->buffers, m.buffers, m.n_buffers * sizeof(float));
+    if (m.n_buffers)
+        memcpy(j->buffers, m.buffers, m.n_buffers * sizeof(float));
     j->rc = ops->finish(s, rs->steps, &j->err);
 out:
     ops->close(s);
@@ -139,7 +140,8 @@ static void reference(const run_spec *rs, const dp_optim_config *oc, float *para
         dp_optim_apply(&opt, m.params, m.grads, oc->lr);
     }
     memcpy(params, m.params, m.n_params * sizeof(float));
-    memcpy(buffers, m.buffers, m.n_buffers * sizeof(float));
+    if (m.n_buffers) /* vit-mnist has none: m.buffers is NULL */
+        memcpy(buffers, m.buffers, m.n_buffers * sizeof(float));
     *n_params = m.n_params;
     *n_buffers = m.n_buffers;
     free(x);
