@@ -105,10 +105,18 @@ static double torch_samples_per_s(const char *model, int threads, int batch, int
                                   int repeats)
 {
     char cmd[1024];
+    /* PyTorch's products go through the same OpenBLAS (Debian's torch:
+     * BLAS_INFO=generic), so it gets the kernels downpour runs on (blas.c
+     * re-picks them where OpenBLAS fell back to Prescott): "OpenBLAS 0.3.21
+     * (Cooperlake, pthread)" gives OPENBLAS_CORETYPE=Cooperlake. */
+    char core[32] = "";
+    const char *open = strchr(dp_blas_info(), '(');
+    if (open && sscanf(open + 1, "%31[A-Za-z0-9]", core) != 1)
+        core[0] = '\0';
     snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/bench/torch_cnn.py --model %s --threads %d --batch %d "
-             "--steps %d --repeats %d 2>/dev/null",
-             DP_SOURCE_DIR, model, threads, batch, steps, repeats);
+             "OPENBLAS_CORETYPE=%s /usr/bin/python3 %s/bench/torch_cnn.py --model %s --threads %d "
+             "--batch %d --steps %d --repeats %d 2>/dev/null",
+             core, DP_SOURCE_DIR, model, threads, batch, steps, repeats);
     FILE *p = popen(cmd, "r");
     if (!p)
         return 0;
