@@ -31,6 +31,7 @@
 #include "device/dexec.h"
 #include "device/device_impl.h"
 #include "exec/mp_slice.h"
+#include "checkpoint_trip.h"
 #include "scratch.h"
 
 static dp_rng rng;
@@ -224,9 +225,6 @@ static void test_model(const char *spec, int batch)
 /* Weights and buffers under PyTorch's names, back bit-exact. */
 static void test_checkpoint(void)
 {
-    char dir[4096], path[4200];
-    scratch_make(dir, sizeof dir, "test_batchnorm");
-    snprintf(path, sizeof path, "%s/bn.safetensors", dir);
     const char *spec = "1x6x6-conv3x3x4-bn-relu-dense8-bn-relu-3";
     dp_model m, back;
     dp_err err;
@@ -238,23 +236,16 @@ static void test_checkpoint(void)
     fill(x, sizeof x / sizeof x[0], 0, 1);
     for (int s = 0; s < 3; s++)
         dp_model_forward_backward(&m, x, y, 8, NULL);
-    dp_train_state st = {.n_params = m.n_params, .params = m.params, .step = 3,
-                         .best_accuracy = -1};
-    REQUIRE(dp_checkpoint_write(path, &m, &st, NULL, &err) == 0);
-    dp_safetensors *f = NULL;
-    REQUIRE(dp_safetensors_load(path, &f, &err) == 0);
-    const dp_st_tensor *t = dp_safetensors_find(f, "layers.1.running_var");
-    CHECK(t && t->ndim == 1 && t->shape[0] == 4);
-    t = dp_safetensors_find(f, "layers.1.weight");
-    CHECK(t && t->ndim == 1 && t->shape[0] == 4);
-    t = dp_safetensors_find(f, "layers.3.num_batches_tracked");
-    CHECK(t && t->ndim == 0 && t->data[0] == 3.0f);
-    CHECK(dp_safetensors_find(f, "layers.3.running_mean") != NULL);
-    dp_safetensors_free(f);
-    REQUIRE(dp_checkpoint_load_weights(path, &back, 8, NULL, &err) == 0);
-    CHECK(back.n_buffers == m.n_buffers &&
-          memcmp(back.buffers, m.buffers, m.n_buffers * sizeof(float)) == 0);
-    CHECK(memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0);
+    checkpoint_trip t;
+    dp_safetensors *f = checkpoint_trip_write(&t, "test_batchnorm", &m, 3);
+    static const checkpoint_want want[] = {{"layers.1.running_var", 1, {4}},
+                                           {"layers.1.weight", 1, {4}},
+                                           {"layers.3.num_batches_tracked", 0, {0}},
+                                           {"layers.3.running_mean", 1, {8}}};
+    checkpoint_trip_shapes(&t, want, sizeof want / sizeof want[0]);
+    const dp_st_tensor *n = dp_safetensors_find(f, "layers.3.num_batches_tracked");
+    CHECK(n && n->data[0] == 3.0f);
+    checkpoint_trip_back(&t, &m, 8, &back);
     /* evaluation gives the same loss from the file's weights and statistics */
     int c1 = 0, c2 = 0;
     float l1 = dp_model_forward(&m, m.params, x, y, 8, &c1);
@@ -262,7 +253,6 @@ static void test_checkpoint(void)
     CHECK(l1 == l2 && c1 == c2);
     dp_model_free(&back);
     dp_model_free(&m);
-    scratch_remove(dir);
     printf("checkpoint: bn weights and buffers under PyTorch's names, read back bit-exact\n");
 }
 

@@ -23,6 +23,7 @@
 #include "check.h"
 #include "layer_fd.h"
 #include "model_fd.h"
+#include "checkpoint_trip.h"
 #include "device/dexec.h"
 #include "device/device_impl.h"
 #include "downpour/checkpoint.h"
@@ -256,10 +257,7 @@ static void test_model(const char *spec, const char *canonical, int batch)
 /* ln's weight and bias under PyTorch's names and shapes, read back. */
 static void test_checkpoint(void)
 {
-    char dir[4096], path[4200];
-    scratch_make(dir, sizeof dir, "test_layer_kinds");
-    snprintf(path, sizeof path, "%s/ln.safetensors", dir);
-    dp_model m, back;
+    dp_model m;
     dp_err err;
     REQUIRE(dp_model_init(&m, "1x5x5-conv3x3x2-gelu-gap-ln-dense6-ln-3", 4, 1, &err) == 0);
     dp_model_init_params(&m, 3);
@@ -270,20 +268,12 @@ static void test_checkpoint(void)
     REQUIRE(ln && ln->w_len == 2);
     CHECK(m.params[ln->w_off] == 1.0f && m.params[ln->b_off] == 0.0f); /* nn.LayerNorm's */
     fill(m.params, m.n_params, -1, 1);
-    dp_train_state st = {.n_params = m.n_params, .params = m.params, .step = 1,
-                         .best_accuracy = -1};
-    REQUIRE(dp_checkpoint_write(path, &m, &st, NULL, &err) == 0);
-    dp_safetensors *f = NULL;
-    REQUIRE(dp_safetensors_load(path, &f, &err) == 0);
-    const dp_st_tensor *w = dp_safetensors_find(f, "layers.1.weight");
-    const dp_st_tensor *b = dp_safetensors_find(f, "layers.3.bias");
-    CHECK(w && w->ndim == 1 && w->shape[0] == 2 && b && b->ndim == 1 && b->shape[0] == 6);
-    dp_safetensors_free(f);
-    REQUIRE(dp_checkpoint_load_weights(path, &back, 4, NULL, &err) == 0);
-    CHECK(memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0);
-    dp_model_free(&back);
+    checkpoint_trip t;
+    checkpoint_trip_write(&t, "test_layer_kinds", &m, 1);
+    static const checkpoint_want want[] = {{"layers.1.weight", 1, {2}}, {"layers.3.bias", 1, {6}}};
+    checkpoint_trip_shapes(&t, want, sizeof want / sizeof want[0]);
+    checkpoint_trip_back(&t, &m, 4, NULL);
     dp_model_free(&m);
-    scratch_remove(dir);
     printf("checkpoint: ln's weight and bias as nn.LayerNorm names them, read back bit-exact\n");
 }
 

@@ -29,6 +29,7 @@
 #include "downpour/safetensors.h"
 #include "exec/mp_slice.h"
 #include "model_fd.h"
+#include "checkpoint_trip.h"
 #include "scratch.h"
 
 static dp_rng rng;
@@ -331,43 +332,21 @@ static void test_checkpoint(void)
     uint8_t y[2] = {3, 7};
     fill(x, 2 * 784, 0, 1);
     dp_model_forward_backward(&m, x, y, 2, NULL); /* moves the running statistics */
-    dp_train_state st;
-    REQUIRE(dp_train_state_alloc(&st, m.n_params, 0, 0, 0, 0, &err) == 0);
-    memcpy(st.params, m.params, m.n_params * sizeof(float));
-    char dir[512], path[600];
-    scratch_make(dir, sizeof dir, "resblock");
-    snprintf(path, sizeof path, "%s/resnet.safetensors", dir);
-    CHECKF(dp_checkpoint_write(path, &m, &st, NULL, &err) == 0, "%s", err.msg);
-    REQUIRE(dp_checkpoint_load_weights(path, &back, 2, NULL, &err) == 0);
-    CHECK(strcmp(back.name, "resnet-fashion") == 0 && strcmp(back.spec, m.spec) == 0);
-    CHECK(memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0);
-    CHECK(memcmp(back.buffers, m.buffers, m.n_buffers * sizeof(float)) == 0);
-    dp_safetensors *f = NULL;
-    REQUIRE(dp_safetensors_load(path, &f, &err) == 0);
+    checkpoint_trip t;
+    dp_safetensors *f = checkpoint_trip_write(&t, "resblock", &m, 1);
     CHECK(dp_safetensors_count(f) == 31 * 2 + 15 * 3); /* 15 conv, 15 bn, 1 dense */
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t shape[4];
-    } want[] = {
+    static const checkpoint_want want[] = {
         {"layers.0.weight", 4, {16, 1, 3, 3}},  {"layers.1.running_var", 1, {16}},
         {"layers.10.weight", 4, {32, 16, 3, 3}}, {"layers.14.weight", 4, {32, 16, 1, 1}},
         {"layers.15.running_mean", 1, {32}},    {"layers.24.weight", 4, {64, 32, 1, 1}},
         {"layers.29.num_batches_tracked", 0, {0}}, {"layers.30.weight", 2, {10, 64}},
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        const dp_st_tensor *t = dp_safetensors_find(f, want[i].name);
-        CHECKF(t && t->ndim == want[i].ndim &&
-                   memcmp(t->shape, want[i].shape, (size_t)t->ndim * sizeof(int64_t)) == 0,
-               "%s: missing or of another shape", want[i].name);
-    }
+    checkpoint_trip_shapes(&t, want, sizeof want / sizeof want[0]);
     CHECK(dp_safetensors_find(f, "layers.31.weight") == NULL);
-    dp_safetensors_free(f);
-    dp_train_state_free(&st);
+    checkpoint_trip_back(&t, &m, 2, &back);
+    CHECK(strcmp(back.name, "resnet-fashion") == 0 && strcmp(back.spec, m.spec) == 0);
     dp_model_free(&back);
     dp_model_free(&m);
-    if (!check_failures)
-        scratch_remove(dir);
 }
 
 int main(void)

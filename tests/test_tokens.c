@@ -34,7 +34,7 @@
 #include "downpour/rng.h"
 #include "downpour/safetensors.h"
 #include "exec/mp_slice.h"
-#include "scratch.h"
+#include "checkpoint_trip.h"
 
 static dp_rng rng;
 
@@ -348,10 +348,7 @@ static double spread(const float *p, size_t n)
  * initial spreads as documented. */
 static void test_checkpoint(void)
 {
-    char dir[4096], path[4200];
-    scratch_make(dir, sizeof dir, "test_tokens");
-    snprintf(path, sizeof path, "%s/tokens.safetensors", dir);
-    dp_model m, back;
+    dp_model m;
     dp_err err;
     /* layers with parameters: 0 emb, 1 pos, 2 ln, 3 mha, 4 dense */
     REQUIRE(dp_model_init(&m, "40-emb300x64-pos-ln-mha4-gap-3", 4, 1, &err) == 0);
@@ -364,35 +361,20 @@ static void test_checkpoint(void)
     CHECKF(fabs(se - 1) < 0.05 && fabs(sp - 0.02) < 0.002 && sb == 0,
            "initial spreads: emb %.3f (1), pos %.4f (0.02), mha's biases %.3f (0)", se, sp, sb);
     fill(m.params, m.n_params, -1, 1);
-    dp_train_state st = {.n_params = m.n_params, .params = m.params, .step = 1,
-                         .best_accuracy = -1};
-    REQUIRE(dp_checkpoint_write(path, &m, &st, NULL, &err) == 0);
-    dp_safetensors *f = NULL;
-    REQUIRE(dp_safetensors_load(path, &f, &err) == 0);
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t shape[3];
-    } want[] = {{"layers.0.weight", 2, {300, 64}},       {"layers.1.pos_embedding", 3, {1, 40, 64}},
-                {"layers.2.weight", 1, {64}},            {"layers.3.in_proj_weight", 2, {192, 64}},
-                {"layers.3.in_proj_bias", 1, {192}},     {"layers.3.out_proj.weight", 2, {64, 64}},
-                {"layers.3.out_proj.bias", 1, {64}},     {"layers.4.weight", 2, {3, 64}}};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        const dp_st_tensor *t = dp_safetensors_find(f, want[i].name);
-        CHECKF(t && t->ndim == want[i].ndim &&
-                   memcmp(t->shape, want[i].shape, (size_t)t->ndim * sizeof *t->shape) == 0,
-               "checkpoint: %s missing or of another shape", want[i].name);
-    }
+    checkpoint_trip t;
+    dp_safetensors *f = checkpoint_trip_write(&t, "test_tokens", &m, 1);
+    static const checkpoint_want want[] = {
+        {"layers.0.weight", 2, {300, 64}},   {"layers.1.pos_embedding", 3, {1, 40, 64}},
+        {"layers.2.weight", 1, {64}},        {"layers.3.in_proj_weight", 2, {192, 64}},
+        {"layers.3.in_proj_bias", 1, {192}}, {"layers.3.out_proj.weight", 2, {64, 64}},
+        {"layers.3.out_proj.bias", 1, {64}}, {"layers.4.weight", 2, {3, 64}}};
+    checkpoint_trip_shapes(&t, want, sizeof want / sizeof want[0]);
     CHECK(!dp_safetensors_find(f, "layers.0.bias") && !dp_safetensors_find(f, "layers.1.bias") &&
           !dp_safetensors_find(f, "layers.3.weight"));
-    const dp_st_tensor *t = dp_safetensors_find(f, "layers.3.out_proj.bias");
-    CHECK(t && t->data[5] == m.params[mha->b_off + 3 * 64 + 5]);
-    dp_safetensors_free(f);
-    REQUIRE(dp_checkpoint_load_weights(path, &back, 4, NULL, &err) == 0);
-    CHECK(memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0);
-    dp_model_free(&back);
+    const dp_st_tensor *x = dp_safetensors_find(f, "layers.3.out_proj.bias");
+    CHECK(x && x->data[5] == m.params[mha->b_off + 3 * 64 + 5]);
+    checkpoint_trip_back(&t, &m, 4, NULL);
     dp_model_free(&m);
-    scratch_remove(dir);
     printf("checkpoint: emb, pos and mha under nn.Embedding's, a ViT's and "
            "nn.MultiheadAttention's names, read back bit-exact; initial spreads emb %.3f, pos "
            "%.4f\n", se, sp);
