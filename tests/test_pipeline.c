@@ -658,10 +658,15 @@ static void test_buffers_refused(void)
     dp_model_free(&m);
     CHECKF(gather_from_fake(n, 4 + 4 * (uint64_t)n, &err) == 0, "the right count: %s", err.msg);
     int rc = gather_from_fake(n + 1, 4 + 4 * (uint64_t)(n + 1), &err);
-    CHECKF(rc < 0 && strstr(err.msg, "sent") && strstr(err.msg, "buffer floats") &&
+    CHECKF(rc < 0 && strstr(err.msg, "sent") && strstr(err.msg, "bytes of buffers") &&
                strstr(err.msg, "stage 1") && strstr(err.msg, "rank 1"), /* the peer */
            "one float too many: rc %d, %s", rc, err.msg);
     fprintf(stderr, "one float too many: %s\n", err.msg);
+    rc = gather_from_fake(n + 1, 4 + 4 * (uint64_t)n, &err); /* the count lies */
+    CHECKF(rc < 0 && strstr(err.msg, "buffer floats in") && strstr(err.msg, "stage 1") &&
+               strstr(err.msg, "rank 1"),
+           "a count that is not the length's: rc %d, %s", rc, err.msg);
+    fprintf(stderr, "a count that is not the length's: %s\n", err.msg);
     rc = gather_from_fake(n, 4 + 4 * (uint64_t)(nb + 1), &err);
     CHECKF(rc < 0 && strstr(err.msg, "bytes of buffers") && strstr(err.msg, "stage 1") &&
                strstr(err.msg, "rank 1"),

@@ -54,10 +54,10 @@
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
 #include "net/sender.h"
+#include "strategy/buffers_wire.h"
 
 #define STATS_BYTES (5 * 8 + 2 * 4)
 #define LOSS_BYTES (8 + 4)
-#define BUFFERS_HEAD 4 /* u32 count, then that many f32 (send_buffers) */
 
 struct dp_strategy {
     const dp_run_env *env;
@@ -385,11 +385,8 @@ static int send_buffers(dp_strategy *s, long step, dp_err *err)
     size_t n = s->bhi - s->blo;
     if (!n)
         return 0;
-    uint8_t head[BUFFERS_HEAD];
-    dp_put_u32(head, (uint32_t)n);
-    struct iovec iov[2] = {{head, sizeof head}, {s->m->buffers + s->blo, n * sizeof(float)}};
-    if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_PIPE_BUFFERS, (uint64_t)step, s->blo, iov,
-                           2, err) < 0)
+    if (dp_buffers_send(s->t, s->ranks[0], DP_WIRE_PIPE_BUFFERS, (uint64_t)step, s->blo,
+                        s->m->buffers + s->blo, n, err) < 0)
         return stage_lost(s, 0, err);
     return 0;
 }
@@ -417,22 +414,10 @@ static int recv_buffers(dp_strategy *s, int p, long step, float *buffers, dp_err
                             "buffers for step %ld from buffer %zu", who, ev.header.type,
                        (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
                        step, lo);
-    uint64_t len = ev.header.length;
-    if (len < BUFFERS_HEAD || len > BUFFERS_HEAD + (uint64_t)s->m->n_buffers * sizeof(float))
-        return dp_errf(err, "%s sent %llu bytes of buffers; stage %d of model %s holds %zu "
-                            "floats (%zu bytes with the count)", who, (unsigned long long)len,
-                       stage, s->m->name, n, BUFFERS_HEAD + n * sizeof(float));
-    uint8_t head[BUFFERS_HEAD];
-    if (dp_transport_recv_payload(s->t, s->ranks[p], head, sizeof head, err) < 0)
-        return stage_lost(s, p, err);
-    uint32_t count = dp_get_u32(head);
-    if (count != n || len != BUFFERS_HEAD + (uint64_t)count * sizeof(float))
-        return dp_errf(err, "%s sent %u buffer floats in %llu bytes; stage %d of model %s holds "
-                            "%zu (buffers [%zu, %zu))", who, count, (unsigned long long)len,
-                       stage, s->m->name, n, lo, hi);
-    if (dp_transport_recv_payload(s->t, s->ranks[p], buffers + lo, n * sizeof(float), err) < 0)
-        return stage_lost(s, p, err);
-    return 0;
+    char holder[DP_MAX_SPEC + 32];
+    snprintf(holder, sizeof holder, "stage %d of model %s", stage, s->m->name);
+    int rc = dp_buffers_recv(s->t, &ev, who, holder, buffers + lo, n, err);
+    return rc == -2 ? stage_lost(s, p, err) : rc;
 }
 
 /* Epoch figures to position 0: loss sum, records, correct, idle s, schedule s,

@@ -11,13 +11,13 @@
 #include "downpour/log.h"
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
+#include "strategy/buffers_wire.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
 #define EPOCH_REPORT_SIZE 40  /* f64 loss_sum, f64 records, f64 correct, f64 seconds, u64 steps */
 #define ATTACH_HEAD 20        /* u64 step reached, u64 steps when done (else ~0), u32 reports */
 #define NOT_DONE UINT64_MAX
-#define BUFFERS_HEAD 4        /* u32 count, then that many f32 (send_buffers) */
 
 typedef struct epoch_tally {
     int reports;
@@ -198,11 +198,9 @@ static int send_buffers(dp_strategy *s, uint64_t step, dp_err *err)
         return 0;
     if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
         return -1;
-    uint8_t head[BUFFERS_HEAD];
-    dp_put_u32(head, (uint32_t)s->m->n_buffers);
-    struct iovec iov[2] = {{head, sizeof head}, {s->m->buffers, s->m->n_buffers * sizeof(float)}};
     dp_err why;
-    if (dp_transport_sendv(s->t, s->chief, DP_WIRE_BUFFERS, step, 0, iov, 2, &why) < 0)
+    if (dp_buffers_send(s->t, s->chief, DP_WIRE_BUFFERS, step, 0, s->m->buffers,
+                        s->m->n_buffers, &why) < 0)
         return chief_gone(s, why.msg, err);
     return 0;
 }
@@ -1099,18 +1097,10 @@ static int on_buffers(dp_strategy *s, const dp_event *ev, dp_err *err)
     const dp_task *task = &s->c->tasks[ev->peer];
     if (task->role != DP_ROLE_WORKER || task->index != 0)
         return dp_errf(err, "%s sent its buffers; only worker 0 sends them", who);
-    uint8_t head[BUFFERS_HEAD];
-    if (ev->header.length < BUFFERS_HEAD)
-        return dp_errf(err, "%s sent %llu bytes of buffers; expected at least %d", who,
-                       (unsigned long long)ev->header.length, BUFFERS_HEAD);
-    if (dp_transport_recv_payload(s->t, ev->peer, head, sizeof head, err) < 0)
-        return -1;
-    uint32_t n = dp_get_u32(head);
-    if (n != s->m->n_buffers ||
-        ev->header.length != BUFFERS_HEAD + (uint64_t)n * sizeof(float))
-        return dp_errf(err, "%s sent %u buffer floats in %llu bytes; model %s has %zu", who, n,
-                       (unsigned long long)ev->header.length, s->m->name, s->m->n_buffers);
-    return dp_transport_recv_payload(s->t, ev->peer, s->m->buffers, n * sizeof(float), err);
+    char holder[DP_MAX_SPEC + 8];
+    snprintf(holder, sizeof holder, "model %s", s->m->name);
+    return dp_buffers_recv(s->t, ev, who, holder, s->m->buffers, s->m->n_buffers, err) < 0 ? -1
+                                                                                          : 0;
 }
 
 static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_err *err)
