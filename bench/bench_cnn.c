@@ -110,8 +110,8 @@ static double torch_samples_per_s(const char *model, int threads, int batch, int
      * re-picks them where OpenBLAS fell back to Prescott): "OpenBLAS 0.3.21
      * (Cooperlake, pthread)" gives OPENBLAS_CORETYPE=Cooperlake. */
     char core[32] = "";
-    const char *open = strchr(dp_blas_info(), '(');
-    if (open && sscanf(open + 1, "%31[A-Za-z0-9]", core) != 1)
+    const char *paren = strchr(dp_blas_info(), '(');
+    if (paren && sscanf(paren + 1, "%31[A-Za-z0-9]", core) != 1)
         core[0] = '\0';
     snprintf(cmd, sizeof cmd,
              "OPENBLAS_CORETYPE=%s /usr/bin/python3 %s/bench/torch_cnn.py --model %s --threads %d "

@@ -3,6 +3,8 @@
  * nested and concurrent calls run inline; dp_sgemm split over the pool equals
  * the single-threaded product, including while several threads call it. */
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -204,6 +206,53 @@ static void test_concurrent_gemm(void)
     dp_blas_set_threads(1);
 }
 
+/* dp_blas_log: the shape of every product, and whether it ran inside a
+ * pool task (bench_cnn replays them as a step's GEMM bound). */
+static void in_task_gemm(void *ctx, int i, int n)
+{
+    (void)n;
+    float *c = ctx;
+    static const float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1};
+    if (i == 0)
+        dp_sgemm(false, false, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2);
+}
+
+static void test_gemm_log(void)
+{
+    dp_blas_set_threads(2);
+    dp_gemm_shape shapes[4];
+    dp_gemm_log log = {.shapes = shapes, .cap = 4};
+    static float a[64 * 48], b[48 * 40], c[64 * 40];
+    dp_blas_log(&log);
+    dp_sgemm(true, false, 64, 40, 48, 1.0f, a, 64, b, 40, 0.5f, c, 40);
+    float small[4];
+    dp_pool_run(in_task_gemm, small);
+    dp_blas_log(NULL);
+    dp_sgemm(false, false, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2); /* not logged */
+    CHECKF(atomic_load(&log.n) == 2, "%zu products logged, 2 ran", atomic_load(&log.n));
+    const dp_gemm_shape *g = &shapes[0];
+    CHECK(g->ta && !g->tb && g->m == 64 && g->n == 40 && g->k == 48 && g->lda == 64 &&
+          g->ldb == 40 && g->ldc == 40 && g->beta == 0.5f && !g->in_task);
+    CHECK(shapes[1].m == 2 && shapes[1].k == 3 && shapes[1].in_task);
+    CHECK(small[0] == 4 && small[3] == 11); /* [1 2 3; 4 5 6] [1 0; 0 1; 1 1] */
+    dp_blas_set_threads(1);
+}
+
+/* A CPU with AVX2 (or AVX-512) gets its own kernels, never OpenBLAS's SSE3
+ * fallback for a model it does not know (docs/architecture.md, "BLAS
+ * kernels"), unless OPENBLAS_CORETYPE says otherwise. */
+static void test_blas_kernels(void)
+{
+    const char *info = dp_blas_info();
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma") && strstr(info, "OpenBLAS"))
+        CHECKF(!strstr(info, "Prescott"), "BLAS kernels: %s on a CPU with AVX2", info);
+#endif
+    printf("BLAS: %s\n", info);
+}
+
 int main(void)
 {
     test_ranges();
@@ -212,5 +261,7 @@ int main(void)
     test_global_and_nested();
     test_gemm_split();
     test_concurrent_gemm();
+    test_gemm_log();
+    test_blas_kernels();
     return CHECK_DONE();
 }
