@@ -26,7 +26,6 @@
 #include <string.h>
 
 #include "device/dexec.h"
-#include "downpour/pool.h"
 
 #define MAX_ROWS (1L << 24) /* ids a float holds exactly */
 
@@ -91,34 +90,14 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
     return k;
 }
 
-static void fwd_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)c->batch * c->d->out, 64, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_EMB_FWD, 0);
-    for (size_t e = lo; e < hi; e++)
-        dp_k_emb_fwd(&k, (long)e);
-}
-
-/* Columns [lo, hi) of the table's gradient. */
-static void grad_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)c->d->oc, 1, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_EMB_GRAD, 0);
-    for (size_t e = lo; e < hi; e++)
-        dp_k_emb_grad(&k, (long)e);
-}
-
 static float forward(const dp_layer_call *c)
 {
     dp_kernel k = kernel(c, DP_K_EMB_IDS, 0);
     c->keep[k.u.tok.R] = 0.0f;
     for (long t = 0; t < k.u.tok.R; t++)
         dp_k_emb_ids(&k, t);
-    dp_pool_run(fwd_task, (void *)c);
+    k = kernel(c, DP_K_EMB_FWD, (long)c->batch * c->d->out);
+    dp_lk_pool_kernel(&k, 64);
     return 0.0f;
 }
 
@@ -128,9 +107,11 @@ static long bad_inputs(const dp_layer *d, const float *keep, int batch)
     return (long)keep[(size_t)batch * d->in];
 }
 
+/* the table's gradient a column at a time (dp_lk_pool_kernel) */
 static void backward(const dp_layer_call *c)
 {
-    dp_pool_run(grad_task, (void *)c);
+    dp_kernel k = kernel(c, DP_K_EMB_GRAD, c->d->oc);
+    dp_lk_pool_kernel(&k, 1);
     if (c->din)
         memset(c->din, 0, (size_t)c->batch * c->d->in * sizeof(float));
 }

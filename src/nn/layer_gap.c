@@ -9,7 +9,6 @@
 #include "nn/layer_impl.h"
 
 #include "device/dexec.h"
-#include "downpour/pool.h"
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
@@ -30,46 +29,36 @@ static dp_ka_gap args(const dp_layer_call *c, float *dst, const float *src)
     return (dp_ka_gap){dst, src, d->c, (long)d->h * d->w};
 }
 
-static void fwd_task(void *ctx, int i, int n)
+/* The pooling (fwd) or its gradient, items records x channels or records
+ * x features: the device's kernels, on the CPU over the pool. */
+static dp_kernel gap_kernel(const dp_layer_call *c, bool fwd)
 {
-    const dp_layer_call *c = ctx;
-    dp_kernel k = {.id = DP_K_GAP_FWD};
-    k.u.gap = args(c, c->out, c->in);
-    size_t lo, hi;
-    dp_pool_range((size_t)c->batch * c->d->c, 16, i, n, &lo, &hi);
-    for (size_t j = lo; j < hi; j++)
-        dp_k_gap_fwd(&k, (long)j);
-}
-
-static void bwd_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    dp_kernel k = {.id = DP_K_GAP_BWD};
-    k.u.gap = args(c, c->din, c->dout);
-    size_t lo, hi;
-    dp_pool_range((size_t)c->batch * c->d->in, 64, i, n, &lo, &hi);
-    for (size_t j = lo; j < hi; j++)
-        dp_k_gap_bwd(&k, (long)j);
+    dp_kernel k = {.id = fwd ? DP_K_GAP_FWD : DP_K_GAP_BWD,
+                   .items = (long)c->batch * (fwd ? c->d->c : c->d->in)};
+    k.u.gap = fwd ? args(c, c->out, c->in) : args(c, c->din, c->dout);
+    return k;
 }
 
 static float forward(const dp_layer_call *c)
 {
-    dp_pool_run(fwd_task, (void *)c);
+    dp_kernel k = gap_kernel(c, true);
+    dp_lk_pool_kernel(&k, 16);
     return 0.0f;
 }
 
 static void backward(const dp_layer_call *c)
 {
-    if (c->din)
-        dp_pool_run(bwd_task, (void *)c);
+    if (!c->din)
+        return;
+    dp_kernel k = gap_kernel(c, false);
+    dp_lk_pool_kernel(&k, 64);
 }
 
 static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 {
     if (c->batch < 1)
         return;
-    dp_kernel k = {.id = DP_K_GAP_FWD, .items = (long)c->batch * c->d->c};
-    k.u.gap = args(c, c->out, c->in);
+    dp_kernel k = gap_kernel(c, true);
     dp_dexec_launch(x, &k);
 }
 
@@ -77,8 +66,7 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 {
     if (c->batch < 1 || !c->din)
         return;
-    dp_kernel k = {.id = DP_K_GAP_BWD, .items = (long)c->batch * c->d->in};
-    k.u.gap = args(c, c->din, c->dout);
+    dp_kernel k = gap_kernel(c, false);
     dp_dexec_launch(x, &k);
 }
 

@@ -41,6 +41,13 @@ void dp_lk_lowered_dev_backward(const struct dp_dexec *x, const dp_layer_call *c
  * depend on the thread count. */
 typedef void (*dp_lk_span_fn)(const dp_layer_call *c, size_t lo, size_t hi);
 void dp_lk_pointwise(const dp_layer_call *c, bool band, dp_lk_span_fn fn);
+/* A kernels.h kernel on the CPU: its body for items [0, k->items), split
+ * over the pool in ranges whose inner bounds are multiples of align (the
+ * items are independent, so the bits do not depend on the thread count).
+ * The kinds whose CPU path is their device bodies (ln, pos, emb, gap) run
+ * through it. */
+struct dp_kernel;
+void dp_lk_pool_kernel(const struct dp_kernel *k, size_t align);
 /* Its device kernel (kernels.h, "element-wise activations"): forward
  * out = f(in), backward din = g(dout, in, out), over every element. */
 void dp_lk_pointwise_dev(const struct dp_dexec *x, const dp_layer_call *c, int kernel_id,

@@ -19,7 +19,6 @@
 #include "nn/layer_impl.h"
 
 #include "device/dexec.h"
-#include "downpour/pool.h"
 
 #define LN_EPS 1e-5
 
@@ -65,53 +64,26 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
     return k;
 }
 
-/* Rows [lo, hi): statistics, then the normalised output. */
-static void fwd_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi, F = (size_t)c->d->c;
-    dp_pool_range((size_t)rows(c->d, c->batch), 1, i, n, &lo, &hi);
-    dp_kernel st = kernel(c, DP_K_LN_STATS, 0), nm = kernel(c, DP_K_LN_NORM, 0);
-    for (size_t r = lo; r < hi; r++) {
-        dp_k_ln_stats(&st, (long)r);
-        for (size_t e = r * F; e < (r + 1) * F; e++)
-            dp_k_ln_norm(&nm, (long)e);
-    }
-}
-
-/* Features [lo, hi): the weight and bias gradients. */
-static void grad_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)c->d->c, 16, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_LN_GRAD, 0);
-    for (size_t f = lo; f < hi; f++)
-        dp_k_ln_grad(&k, (long)f);
-}
-
-/* Rows [lo, hi): the input gradient. */
-static void din_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)rows(c->d, c->batch), 1, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_LN_DIN, 0);
-    for (size_t r = lo; r < hi; r++)
-        dp_k_ln_din(&k, (long)r);
-}
-
+/* The CPU runs the device bodies over the pool (dp_lk_pool_kernel): each
+ * row's statistics, then the elements; the features' gradients, then each
+ * row's input gradient. */
 static float forward(const dp_layer_call *c)
 {
-    dp_pool_run(fwd_task, (void *)c);
+    dp_kernel k = kernel(c, DP_K_LN_STATS, rows(c->d, c->batch));
+    dp_lk_pool_kernel(&k, 1);
+    k = kernel(c, DP_K_LN_NORM, (long)c->batch * c->d->in);
+    dp_lk_pool_kernel(&k, 64);
     return 0.0f;
 }
 
 static void backward(const dp_layer_call *c)
 {
-    dp_pool_run(grad_task, (void *)c);
-    if (c->din)
-        dp_pool_run(din_task, (void *)c);
+    dp_kernel k = kernel(c, DP_K_LN_GRAD, c->d->c);
+    dp_lk_pool_kernel(&k, 16);
+    if (c->din) {
+        k = kernel(c, DP_K_LN_DIN, rows(c->d, c->batch));
+        dp_lk_pool_kernel(&k, 1);
+    }
 }
 
 static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }

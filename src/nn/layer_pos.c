@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "device/dexec.h"
-#include "downpour/pool.h"
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
@@ -49,35 +48,17 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
     return k;
 }
 
-static void fwd_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)c->batch * c->d->in, 64, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_POS_FWD, 0);
-    for (size_t e = lo; e < hi; e++)
-        dp_k_pos_fwd(&k, (long)e);
-}
-
-static void grad_task(void *ctx, int i, int n)
-{
-    const dp_layer_call *c = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)c->d->in, 16, i, n, &lo, &hi);
-    dp_kernel k = kernel(c, DP_K_POS_GRAD, 0);
-    for (size_t f = lo; f < hi; f++)
-        dp_k_pos_grad(&k, (long)f);
-}
-
 static float forward(const dp_layer_call *c)
 {
-    dp_pool_run(fwd_task, (void *)c);
+    dp_kernel k = kernel(c, DP_K_POS_FWD, (long)c->batch * c->d->in);
+    dp_lk_pool_kernel(&k, 64);
     return 0.0f;
 }
 
 static void backward(const dp_layer_call *c)
 {
-    dp_pool_run(grad_task, (void *)c);
+    dp_kernel k = kernel(c, DP_K_POS_GRAD, c->d->in);
+    dp_lk_pool_kernel(&k, 16);
     if (c->din)
         memcpy(c->din, c->dout, (size_t)c->batch * c->d->in * sizeof(float));
 }
