@@ -150,7 +150,9 @@ int main(int argc, char **argv)
     }
     double secs = dp_now() - t0;
     double sps = (double)epochs * train.n / secs;
-    if (dp_dmodel_get_params(g, m.params, &err) < 0) {
+    /* batch norm's running statistics too: the host evaluates with them */
+    if (dp_dmodel_get_params(g, m.params, &err) < 0 ||
+        (m.n_buffers && dp_dmodel_get_buffers(g, m.buffers, &err) < 0)) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }

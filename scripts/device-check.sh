@@ -104,9 +104,14 @@ export DOWNPOUR_DATA=${DOWNPOUR_DATA:-$top/data}
 jobs=$(nproc 2>/dev/null || echo 4)
 step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDOWNPOUR_CUDA=ON -DDOWNPOUR_MPI=OFF "${cmake_args[@]}" || exit 1
 grep -h "downpour:" "$out/configure.log" >>"$summary"
-targets=(downpour downpour_cuda test_device)
+# Every test ctest -R test_device runs (test_device_train repeats its runs
+# on cuda; the others check the device code on sim, the host's copy of it).
+targets=(downpour downpour_cuda)
+for t in tests/test_device*.c; do targets+=("$(basename "$t" .c)"); done
 have_bench=0
-if cmake --build "$build" --target help 2>/dev/null | grep -qw bench_gpu; then
+# (grep -q would stop reading early, and under pipefail cmake's SIGPIPE
+# would read as "no bench_gpu")
+if grep -qw bench_gpu <<<"$(cmake --build "$build" --target help 2>/dev/null)"; then
   targets+=(bench_gpu)
   have_bench=1
 fi
@@ -123,6 +128,31 @@ else
   note "bench_gpu: not built (no bench/bench_gpu.c in this tree)"
 fi
 
+# ---- the layer kinds of docs/models.md on the GPU ----
+# Each preset trained a few epochs on the GPU (bench_gpu: test accuracy
+# evaluated on the host, so a fast run that learns nothing shows), and
+# PyTorch's twin (bench/torch_cnn.py) timed on the same GPU.  Bounded by
+# timeout: a slow kind shows as a timeout here, not a lost check.
+if [ "$have_bench" = 1 ]; then
+  for spec in mlp-bn:3 cnn-mnist:3 resnet-fashion:1 vit-mnist:3; do
+    model=${spec%%:*}
+    step "gpu_$model" timeout 90 "$bench" --model "$model" --epochs "${spec##*:}" &&
+      grep -h "^train:" "$out/gpu_$model.log" | sed "s/^/bench_gpu $model: /" >>"$summary"
+  done
+fi
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  for model in cnn-mnist resnet-fashion vit-mnist; do
+    step "torch_cnn_$model" timeout 90 python3 bench/torch_cnn.py --device cuda --model "$model" --steps 200 &&
+      echo "torch $model on cuda: $(tail -1 "$out/torch_cnn_$model.log") samples/s" >>"$summary"
+  done
+fi
+# compute-sanitizer's memcheck over the GPU unit checks, where it runs
+if command -v compute-sanitizer >/dev/null; then
+  # (--report-api-errors no: NCCL probes its kernels with calls that fail by
+  # design on a GPU it has no image for; memory errors are still reported)
+  step sanitizer timeout 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$build/tests/test_device"
+fi
+
 # ---- PyTorch on the same GPU ----
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   for model in mlp cnn-mnist; do
@@ -134,4 +164,5 @@ else
 fi
 
 note "done: $([ $status = 0 ] && echo passed || echo FAILED)"
+echo "==== summary"; cat "$summary"
 exit $status
