@@ -8,8 +8,8 @@
  * buffers running_mean (C), running_var (C) and num_batches_tracked (a
  * scalar, as a float: exact to 2^24 batches), PyTorch's names in files.
  *
- * Per-channel sums run channel by channel, each over its rows in order in
- * double, split over the pool by channels; the element passes split by
+ * Per-channel sums run in double over blocks of rows and then over the
+ * blocks, split over the pool by channels; the element passes split by
  * rows: results never depend on the thread count.  On a device the same
  * passes are kernels (kernels.h, "batch norm") that give the CPU's bits.  Its forward keeps the
  * batch's mean, 1/std and variance (3C floats) for its backward and the
@@ -31,6 +31,7 @@
 #include "nn/layer_impl.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "device/dexec.h"
 #include "downpour/pool.h"
@@ -99,11 +100,13 @@ typedef struct job {
 } job;
 
 /* The per-channel sums run row by row over a block of channels, each
- * channel's sum in its own double: the same additions in the same order as
- * a loop over one channel's rows, so the same bits, but one pass over the
- * rows per block instead of one strided pass per channel (NHWC keeps a
- * position's channels side by side: resnet-fashion's 16-channel bn layers
- * spent 29 % of a step in channel-by-channel passes). */
+ * channel's sum in its own double: one pass over the rows per block instead
+ * of one strided pass per channel (NHWC keeps a position's channels side
+ * by side: resnet-fashion's 16-channel bn layers spent 29 % of a step in
+ * channel-by-channel passes).  The rows are summed in blocks of DP_BN_ROWS,
+ * then the blocks in order: the additions a GPU makes with one thread per
+ * (block, channel) (kernels.h, "batch norm"), so the device gives these
+ * bits. */
 #define BLOCK 256
 
 /* Channels [c0, c0 + n), n <= BLOCK: out[k] = sum over rows of x (mu
@@ -111,18 +114,26 @@ typedef struct job {
 static void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n, const double *mu,
                          double *out)
 {
+    double part[BLOCK];
     for (size_t k = 0; k < n; k++)
         out[k] = 0.0;
-    for (size_t r = 0; r < R; r++) {
-        const float *row = x + r * (size_t)C + c0;
-        if (mu)
-            for (size_t k = 0; k < n; k++) {
-                double t = row[k] - mu[k];
-                out[k] += t * t;
-            }
-        else
-            for (size_t k = 0; k < n; k++)
-                out[k] += row[k];
+    for (size_t r0 = 0; r0 < R; r0 += DP_BN_ROWS) {
+        size_t r1 = R - r0 < DP_BN_ROWS ? R : r0 + DP_BN_ROWS;
+        for (size_t k = 0; k < n; k++)
+            part[k] = 0.0;
+        for (size_t r = r0; r < r1; r++) {
+            const float *row = x + r * (size_t)C + c0;
+            if (mu)
+                for (size_t k = 0; k < n; k++) {
+                    double t = row[k] - mu[k];
+                    part[k] += t * t;
+                }
+            else
+                for (size_t k = 0; k < n; k++)
+                    part[k] += row[k];
+        }
+        for (size_t k = 0; k < n; k++)
+            out[k] += part[k];
     }
 }
 
@@ -244,7 +255,7 @@ static float forward(const dp_layer_call *c)
 }
 
 /* Channels [lo, hi): dgamma = sum dy * xhat and dbeta = sum dy, row by row
- * over a block of channels (see channel_sums). */
+ * over a block of channels, in blocks of rows (see channel_sums). */
 static void grad_task(void *ctx, int i, int n)
 {
     const job *j = ctx;
@@ -253,15 +264,23 @@ static void grad_task(void *ctx, int i, int n)
     dp_pool_range((size_t)j->C, 1, i, n, &lo, &hi);
     for (size_t c0 = lo; c0 < hi; c0 += BLOCK) {
         size_t m = hi - c0 < BLOCK ? hi - c0 : BLOCK;
-        double g[BLOCK] = {0}, b[BLOCK] = {0};
+        double g[BLOCK] = {0}, b[BLOCK] = {0}, pg[BLOCK], pb[BLOCK];
         const float *mean = j->mean + c0, *scale = j->scale + c0;
-        for (size_t r = 0; r < j->R; r++) {
-            const float *dy = c->dout + r * (size_t)j->C + c0, *x = c->in + r * (size_t)j->C + c0;
-            for (size_t k = 0; k < m; k++) {
-                double d = dy[k];
-                g[k] += d * ((x[k] - mean[k]) * scale[k]);
-                b[k] += d;
+        for (size_t r0 = 0; r0 < j->R; r0 += DP_BN_ROWS) {
+            size_t r1 = j->R - r0 < DP_BN_ROWS ? j->R : r0 + DP_BN_ROWS;
+            for (size_t k = 0; k < m; k++)
+                pg[k] = 0.0, pb[k] = 0.0;
+            for (size_t r = r0; r < r1; r++) {
+                const float *dy = c->dout + r * (size_t)j->C + c0;
+                const float *x = c->in + r * (size_t)j->C + c0;
+                for (size_t k = 0; k < m; k++) {
+                    double d = dy[k];
+                    pg[k] += d * ((x[k] - mean[k]) * scale[k]);
+                    pb[k] += d;
+                }
             }
+            for (size_t k = 0; k < m; k++)
+                g[k] += pg[k], b[k] += pb[k];
         }
         for (size_t k = 0; k < m; k++) {
             c->gw[c0 + k] = (float)g[k];
@@ -323,44 +342,62 @@ static void backward(const dp_layer_call *c)
 
 /* ---- device: training only (evaluation stays on the host) ---- */
 
+/* Rows of a batch of n records. */
+static long rows_of(const dp_layer *d, int n) { return (long)n * d->h * d->w; }
+
+/* mean, 1/std and variance (3C floats: --sync-bn is the CPU's), then the
+ * partial sums and the double mean (kernels.h, "batch norm"), one float
+ * spare to align them to 8 bytes. */
 static size_t dev_keep(const dp_layer *d, int max_batch)
 {
-    (void)max_batch;
-    return 3 * (size_t)d->c; /* mean, 1/std, variance: --sync-bn is the CPU's */
+    size_t doubles = (2 * (size_t)dp_bn_blocks(rows_of(d, max_batch)) + 1) * (size_t)d->c;
+    return 3 * (size_t)d->c + 1 + 2 * doubles;
 }
 
 static dp_ka_bn dev_args(const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
     int C = d->c;
+    /* device addresses, aligned here as numbers: the keep's floats need not
+     * start on 8 bytes */
+    uintptr_t part = (uintptr_t)(c->keep + 3 * C);
+    part = (part + 7) & ~(uintptr_t)7;
     return (dp_ka_bn){.x = c->in, .dy = c->dout, .y = c->out, .dx = c->din, .w = c->w,
                       .b = c->b, .gw = c->gw, .gb = c->gb, .mean = c->keep,
                       .inv = c->keep + C, .var = c->keep + 2 * C, .rm = c->state,
-                      .rv = c->state + C, .nbt = c->state + 2 * C,
-                      .R = (long)c->batch * d->h * d->w, .C = C, .momentum = BN_MOMENTUM,
+                      .rv = c->state + C, .nbt = c->state + 2 * C, .part = (double *)part,
+                      .R = rows_of(d, c->batch), .C = C, .momentum = BN_MOMENTUM,
                       .eps = BN_EPS};
 }
 
-static void dev_run(const dp_dexec *x, dp_kernel_id id, long items, const dp_ka_bn *a)
+static void dev_run(const dp_dexec *x, dp_kernel_id id, long items, dp_ka_bn *a, int pass)
 {
     dp_kernel k = {.id = id, .items = items};
+    a->pass = pass;
     k.u.bn = *a;
     dp_dexec_launch(x, &k);
 }
 
+/* The statistics in four launches: block sums, the mean, block sums of
+ * the squares about it, then the variance and the running statistics. */
 static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 {
     dp_ka_bn a = dev_args(c);
-    dev_run(x, DP_K_BN_STATS, a.C, &a);
-    dev_run(x, DP_K_BN_NORM, a.R * a.C, &a);
+    long parts = dp_bn_blocks(a.R) * a.C;
+    dev_run(x, DP_K_BN_PART, parts, &a, DP_BN_SUM);
+    dev_run(x, DP_K_BN_MEAN, a.C, &a, 0);
+    dev_run(x, DP_K_BN_PART, parts, &a, DP_BN_SQUARES);
+    dev_run(x, DP_K_BN_STATS, a.C, &a, 0);
+    dev_run(x, DP_K_BN_NORM, a.R * a.C, &a, 0);
 }
 
 static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 {
     dp_ka_bn a = dev_args(c);
-    dev_run(x, DP_K_BN_GRAD, a.C, &a);
+    dev_run(x, DP_K_BN_PART, dp_bn_blocks(a.R) * a.C, &a, DP_BN_GRADS);
+    dev_run(x, DP_K_BN_GRAD, a.C, &a, 0);
     if (c->din)
-        dev_run(x, DP_K_BN_DIN, a.R * a.C, &a);
+        dev_run(x, DP_K_BN_DIN, a.R * a.C, &a, 0);
 }
 
 const dp_layer_ops dp_layer_batchnorm = {
