@@ -309,6 +309,36 @@ static void test_mp(void)
     dp_model_free(&m);
 }
 
+/* gelu's own Phi and phi (kernels.h) over a fine sweep against double
+ * precision: the bounds its comment states, and NaN stays NaN. */
+static void test_gelu_accuracy(void)
+{
+    double worst[3] = {0, 0, 0}, gworst = 0;
+    for (int i = -9 * 4096; i <= 9 * 4096; i++) {
+        float x = (float)i / 4096.0f + (float)dp_rng_uniform(&rng) / 4096.0f;
+        double phi2 = erfc(-(double)x / sqrt(2.0)); /* 2 Phi(x), no cancellation */
+        double y = 0.5 * x * phi2, g = 0.5 * phi2 + x * exp(-0.5 * (double)x * x) / sqrt(2 * M_PI);
+        int band = fabsf(x) < 1 ? 0 : fabsf(x) < 3 ? 1 : 2;
+        if (y != 0) {
+            double e = fabs(dp_k_gelu_f(x) - y) / fabs(y);
+            worst[band] = e > worst[band] ? e : worst[band];
+        }
+        /* absolute: Phi + x phi cancels for negative x (to 6e-4 near -0.75),
+         * in any float arithmetic; the terms are at most about 1 */
+        double eg = fabs(dp_k_gelu_g(1.0f, x, 0.0f) - g);
+        gworst = eg > gworst ? eg : gworst;
+    }
+    CHECKF(worst[0] < 5e-7 && worst[1] < 2e-6 && worst[2] < 1e-5,
+           "gelu: relative error %.2e (|x| < 1), %.2e (< 3), %.2e (< 9)", worst[0], worst[1],
+           worst[2]);
+    CHECKF(gworst < 5e-7, "gelu's gradient: error %.2e", gworst);
+    CHECK(isnan(dp_k_gelu_f(NAN)) && isnan(dp_k_gelu_g(1.0f, NAN, 0.0f)));
+    CHECK(dp_k_gelu_f(100.0f) == 100.0f && fabsf(dp_k_gelu_f(-100.0f)) < 1e-30f);
+    printf("gelu: within %.1e, %.1e and %.1e of double precision for |x| < 1, 3 and 9; "
+           "its gradient within %.1e (absolute)\n",
+           worst[0], worst[1], worst[2], gworst);
+}
+
 /* A spec that cannot work: refused, naming the token and saying why. */
 static void refused(const char *spec, const char *token, const char *why)
 {
@@ -322,6 +352,7 @@ static void refused(const char *spec, const char *token, const char *why)
 int main(void)
 {
     dp_rng_seed(&rng, 2028);
+    test_gelu_accuracy();
     static const dp_layer_kind acts[] = {DP_LAYER_TANH, DP_LAYER_SIGMOID, DP_LAYER_GELU};
     for (size_t k = 0; k < sizeof acts / sizeof acts[0]; k++) {
         test_kind(make(acts[k], 13, 1, 1), 7);  /* features after a dense layer */
