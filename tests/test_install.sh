@@ -10,8 +10,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/dp-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
-libdir=$(cd "$prefix" && ls -d lib*/pkgconfig | head -n 1)
-libdir=$prefix/${libdir%/pkgconfig}
+# lib, lib64 or lib/x86_64-linux-gnu: whatever GNUInstallDirs chose
+pc=$(find "$prefix" -path '*/pkgconfig/downpour.pc' | head -n 1)
+libdir=$(dirname "$(dirname "$pc")")
 unset LD_LIBRARY_PATH
 
 # The installed program runs from the prefix, and its data hint names no
