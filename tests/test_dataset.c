@@ -165,6 +165,17 @@ static void expect_refused(const char *name, const char *n1, const char *n2, con
     dp_dataset_close(&ds);
 }
 
+/* Opening must fail with a message containing neither needle. */
+static void expect_refused_without(const char *name, const char *n1, const char *n2)
+{
+    dp_dataset ds;
+    dp_err err = {{0}};
+    CHECKF(dp_dataset_open(&ds, name, &err) == -1, "%s was accepted", name);
+    CHECKF(!strstr(err.msg, n1) && !strstr(err.msg, n2), "message names '%s' or '%s': %s", n1,
+           n2, err.msg);
+    dp_dataset_close(&ds);
+}
+
 static int stat_ok(const char *path, struct stat *st)
 {
     int rc = stat(path, st);
@@ -497,9 +508,11 @@ static void test_refusals(void)
         check_contents(&ds, &f);
         dp_dataset_close(&ds);
     }
-    /* Named datasets missing: the hint to fetch them; KMNIST: where to get it. */
-    expect_refused("fashion-mnist", sp("named", "fashion-mnist"), "make run",
-                   "scripts/fetch-data.sh");
+    /* Named datasets missing: where to get the files and where to put them,
+     * naming nothing an installed program lacks (make run, scripts/). */
+    expect_refused("fashion-mnist", sp("named", "fashion-mnist"), "dataset-fashion-mnist",
+                   "4 IDX files");
+    expect_refused_without("fashion-mnist", "make run", "scripts/");
     REQUIRE(mkdir(sp("empty", NULL), 0755) == 0);
     setenv("DOWNPOUR_DATA", sp("empty", NULL), 1);
     expect_refused("kmnist", sp("empty", "kmnist"), "codh.rois.ac.jp/kmnist",

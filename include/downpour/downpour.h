@@ -1,0 +1,63 @@
+/* The umbrella header: every public header of libdownpour, and its
+ * version (DOWNPOUR_VERSION, DOWNPOUR_VERSION_MAJOR/MINOR/PATCH).  A
+ * program may include just this; examples/ shows two.  Link with
+ * `pkg-config --libs downpour` or CMake's downpour::downpour (README.md,
+ * "Using the library"). */
+#ifndef DOWNPOUR_DOWNPOUR_H
+#define DOWNPOUR_DOWNPOUR_H
+
+#include "downpour/version.h"
+
+#include "downpour/augment.h"
+#include "downpour/blas.h"
+#include "downpour/checkpoint.h"
+#include "downpour/clip.h"
+#include "downpour/clock.h"
+#include "downpour/cluster.h"
+#include "downpour/cost_model.h"
+#include "downpour/crc32c.h"
+#include "downpour/csv.h"
+#include "downpour/dataset.h"
+#include "downpour/device.h"
+#include "downpour/example.h"
+#include "downpour/file.h"
+#include "downpour/frame.h"
+#include "downpour/idx.h"
+#include "downpour/inproc.h"
+#include "downpour/isa.h"
+#include "downpour/launcher.h"
+#include "downpour/layer_kind.h"
+#include "downpour/layers.h"
+#include "downpour/lbfgs.h"
+#include "downpour/log.h"
+#include "downpour/metrics.h"
+#include "downpour/model.h"
+#include "downpour/mpi.h"
+#include "downpour/node.h"
+#include "downpour/npy.h"
+#include "downpour/optim.h"
+#include "downpour/partition.h"
+#include "downpour/pipeline.h"
+#include "downpour/png.h"
+#include "downpour/pool.h"
+#include "downpour/ps.h"
+#include "downpour/records.h"
+#include "downpour/reducer.h"
+#include "downpour/report.h"
+#include "downpour/resource.h"
+#include "downpour/ring.h"
+#include "downpour/rng.h"
+#include "downpour/safetensors.h"
+#include "downpour/secret.h"
+#include "downpour/status.h"
+#include "downpour/strategy.h"
+#include "downpour/stream.h"
+#include "downpour/tcp.h"
+#include "downpour/tensorboard.h"
+#include "downpour/tfrecord.h"
+#include "downpour/train.h"
+#include "downpour/transport.h"
+#include "downpour/varint.h"
+#include "downpour/wire.h"
+
+#endif
