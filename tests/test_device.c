@@ -154,7 +154,8 @@ static void test_gemm_one(const dp_backend *be, void *ctx, int ta, int tb, int m
     CHECK(be->copy(ctx, da, a, na * sizeof(float), DP_COPY_H2D) == 0);
     CHECK(be->copy(ctx, db, b, nb * sizeof(float), DP_COPY_H2D) == 0);
     CHECK(be->copy(ctx, dc, c, nc * sizeof(float), DP_COPY_H2D) == 0);
-    dp_gemm g = {ta, tb, m, n, k, alpha, beta, da, lda, db, ldb, dc, ldc};
+    dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta, .a = da,
+                 .lda = lda, .b = db, .ldb = ldb, .c = dc, .ldc = ldc};
     be->gemm(ctx, &g);
     CHECK(be->copy(ctx, got, dc, nc * sizeof(float), DP_COPY_D2H) == 0);
     CHECK(sync_ok(be, ctx));
@@ -178,6 +179,78 @@ static void test_gemm_one(const dp_backend *be, void *ctx, int ta, int tb, int m
     free(a), free(b), free(c), free(want), free(got);
 }
 
+/* A strided batch (cublasSgemmStridedBatched) against the same products
+ * issued one by one (cublasSgemm), within 1e-5 of sum |alpha a b| + |beta c|
+ * (the two may sum in different orders), with strides past each matrix; the
+ * floats between C's matrices stay untouched. */
+static void test_gemm_batched_one(const dp_backend *be, void *ctx, int ta, int tb, int m, int n,
+                                  int k, int batch)
+{
+    int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int lda = ar + 2, ldb = br + 1, ldc = m + 3;
+    long long sa = (long long)lda * ac + 7, sb = (long long)ldb * bc + 3,
+              sc = (long long)ldc * n + 5;
+    size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch), nc = (size_t)(sc * batch);
+    float *a = malloc(na * sizeof(float)), *b = malloc(nb * sizeof(float));
+    float *c = malloc(nc * sizeof(float)), *got = malloc(nc * sizeof(float));
+    float *want = malloc(nc * sizeof(float));
+    REQUIRE(a && b && c && got && want);
+    unsigned st = 777u + (unsigned)(m * 7 + n * 3 + k + ta * 100 + tb * 1000);
+    for (size_t i = 0; i < na; i++)
+        a[i] = frand(&st);
+    for (size_t i = 0; i < nb; i++)
+        b[i] = frand(&st);
+    for (size_t i = 0; i < nc; i++)
+        c[i] = frand(&st);
+    float *da = be->alloc(ctx, na * sizeof(float)), *db = be->alloc(ctx, nb * sizeof(float));
+    float *dc = be->alloc(ctx, nc * sizeof(float)), *d1 = be->alloc(ctx, nc * sizeof(float));
+    REQUIRE(da && db && dc && d1);
+    CHECK(be->copy(ctx, da, a, na * sizeof(float), DP_COPY_H2D) == 0);
+    CHECK(be->copy(ctx, db, b, nb * sizeof(float), DP_COPY_H2D) == 0);
+    CHECK(be->copy(ctx, dc, c, nc * sizeof(float), DP_COPY_H2D) == 0);
+    CHECK(be->copy(ctx, d1, c, nc * sizeof(float), DP_COPY_H2D) == 0);
+    const float alpha = 1.5f, beta = 0.5f;
+    dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta,
+                 .a = da, .lda = lda, .b = db, .ldb = ldb, .c = dc, .ldc = ldc, .batch = batch,
+                 .stride_a = sa, .stride_b = sb, .stride_c = sc};
+    be->gemm(ctx, &g);
+    for (int i = 0; i < batch; i++) {
+        dp_gemm gi = g;
+        gi.batch = 1;
+        gi.a = da + i * sa, gi.b = db + i * sb, gi.c = d1 + i * sc;
+        be->gemm(ctx, &gi);
+    }
+    CHECK(be->copy(ctx, got, dc, nc * sizeof(float), DP_COPY_D2H) == 0);
+    CHECK(be->copy(ctx, want, d1, nc * sizeof(float), DP_COPY_D2H) == 0);
+    CHECK(sync_ok(be, ctx));
+    double worst = 0;
+    for (size_t at = 0; at < nc; at++) {
+        long long bi = (long long)at / sc, off = (long long)at % sc;
+        int j = (int)(off / ldc), i = (int)(off % ldc);
+        if (j >= n || i >= m) { /* a gap or padding: untouched */
+            CHECKF(got[at] == c[at], "batched gemm wrote at %zu, outside its matrices", at);
+            continue;
+        }
+        double mag = fabs(beta * (double)c[at]);
+        const float *ai = a + bi * sa, *bj = b + bi * sb;
+        for (int q = 0; q < k; q++) {
+            double x = ta ? ai[(size_t)i * lda + q] : ai[(size_t)q * lda + i];
+            double y = tb ? bj[(size_t)q * ldb + j] : bj[(size_t)j * ldb + q];
+            mag += fabs(alpha * x * y);
+        }
+        double e = fabs((double)got[at] - want[at]) / (mag + 1e-30);
+        if (e > worst)
+            worst = e;
+    }
+    CHECKF(worst <= 1e-5, "batched gemm ta %d tb %d %dx%dx%d batch %d: relative error %g", ta, tb,
+           m, n, k, batch, worst);
+    be->free(ctx, da);
+    be->free(ctx, db);
+    be->free(ctx, dc);
+    be->free(ctx, d1);
+    free(a), free(b), free(c), free(got), free(want);
+}
+
 static void test_gemm(const dp_backend *be, void *ctx)
 {
     for (int ta = 0; ta < 2; ta++)
@@ -186,6 +259,11 @@ static void test_gemm(const dp_backend *be, void *ctx)
     test_gemm_one(be, ctx, 0, 1, 128, 300, 784, 0.5f, 1.0f);
     test_gemm_one(be, ctx, 1, 0, 10, 128, 100, 1.0f, 1.0f);
     test_gemm_one(be, ctx, 0, 0, 5, 7, 0, 1.0f, 0.5f); /* k = 0: C = beta C */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            test_gemm_batched_one(be, ctx, ta, tb, 17, 16, 17, 9); /* mha's shapes, odd */
+            test_gemm_batched_one(be, ctx, ta, tb, 33, 5, 129, 3);
+        }
 }
 
 static void test_kernels_and_graph(const dp_backend *be, void *ctx)
@@ -251,7 +329,8 @@ static void test_kernels_and_graph(const dp_backend *be, void *ctx)
     REQUIRE(da && db && dc);
     CHECK(be->copy(ctx, da, a, sizeof(float) * m * kk, DP_COPY_H2D) == 0);
     CHECK(be->copy(ctx, db, b, sizeof(float) * kk * nn, DP_COPY_H2D) == 0);
-    dp_gemm g = {0, 0, m, nn, kk, 1.0f, 1.0f, da, m, db, kk, dc, m};
+    dp_gemm g = {.ta = 0, .tb = 0, .m = m, .n = nn, .k = kk, .alpha = 1.0f, .beta = 1.0f, .a = da,
+                 .lda = m, .b = db, .ldb = kk, .c = dc, .ldc = m};
     CHECKF(be->capture_begin(ctx, msg, sizeof msg) == 0, "%s", msg);
     be->gemm(ctx, &g);
     CHECKF(be->capture_end(ctx, &graph, msg, sizeof msg) == 0, "%s", msg);
@@ -363,12 +442,27 @@ static void test_failure(void)
     void *ctx = dp_device_ctx(d);
     float *x = be->alloc(ctx, 64 * sizeof(float));
     REQUIRE(x);
-    dp_gemm g = {0, 0, 4, 4, 4, 1.0f, 0.0f, x, 3, x, 4, x + 32, 4};
+    dp_gemm g = {.ta = 0, .tb = 0, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .beta = 0.0f, .a = x,
+                 .lda = 3, .b = x, .ldb = 4, .c = x + 32, .ldc = 4};
     be->gemm(ctx, &g);
     char msg[512];
     CHECK(be->sync(ctx, msg, sizeof msg) < 0);
     CHECKF(strstr(msg, "gemm 4x4x4") && strstr(msg, "lda 3"), "%s", msg);
     CHECK(be->sync(ctx, msg, sizeof msg) < 0);
+    be->free(ctx, x);
+    dp_device_close(d);
+
+    /* a negative stride is refused before cuBLAS sees it, named */
+    REQUIRE(dp_device_open(&d, &spec, &err) == 0);
+    be = dp_device_backend(d);
+    ctx = dp_device_ctx(d);
+    x = be->alloc(ctx, 64 * sizeof(float));
+    REQUIRE(x);
+    g.a = x, g.b = x, g.c = x + 32, g.lda = 4;
+    g.batch = 2, g.stride_a = 16, g.stride_b = -16, g.stride_c = 16;
+    be->gemm(ctx, &g);
+    CHECK(be->sync(ctx, msg, sizeof msg) < 0);
+    CHECKF(strstr(msg, "batch 2") && strstr(msg, "-16") && strstr(msg, "negative"), "%s", msg);
     be->free(ctx, x);
     dp_device_close(d);
 }

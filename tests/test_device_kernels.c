@@ -1,7 +1,8 @@
 /* Every device kernel body, run through the sim backend's launch, against its
  * CPU counterpart (layers.h, optim.h, dropout, dp_split_gather) on the same
  * random inputs, at several shapes with odd sizes; sim's column-major gemm in
- * all four transpose cases against a plain triple loop, and the executor's
+ * all four transpose cases against a plain triple loop, its strided batches
+ * against the same products one by one (the same bits), and the executor's
  * dense products (dmodel.c, "Products") against layers.h; and sim's graphs:
  * a capture records without running, a replay runs, and values read from
  * device memory come fresh at each replay.
@@ -76,7 +77,9 @@ static void test_gemm(void)
                 float *c = rnd((size_t)ldc * n, -1, 1);
                 float *c0 = malloc((size_t)ldc * n * sizeof *c0);
                 memcpy(c0, c, (size_t)ldc * n * sizeof *c0);
-                dp_gemm g = {ta, tb, m, n, k, 1.5f, 0.5f, a, lda, b, ldb, c, ldc};
+                dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = 1.5f,
+                             .beta = 0.5f, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c,
+                             .ldc = ldc};
                 dp_backend_sim.gemm(ctx, &g);
                 sync_ok();
                 for (int i = 0; i < m; i++)
@@ -104,6 +107,48 @@ static void test_gemm(void)
     report("gemm, 4 transpose cases x 5 shapes", worst, 1e-6);
 }
 
+/* A strided batch (backend.h) against its products issued one by one: the
+ * same bits, and the floats between C's matrices untouched. */
+static void test_gemm_batched(void)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {17, 9, 13}, {3, 31, 2}};
+    enum { BATCH = 5 };
+    int cases = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                int ra = ta ? k : m, ca = ta ? m : k, rb = tb ? n : k, cb = tb ? k : n;
+                int lda = ra + 2, ldb = rb + 1, ldc = m + 3;
+                /* strides past each matrix, odd, so the gaps must be skipped */
+                long long sa = (long long)lda * ca + 7, sb = (long long)ldb * cb + 3;
+                long long sc = (long long)ldc * n + 5;
+                float *a = rnd((size_t)(sa * BATCH), -1, 1), *b = rnd((size_t)(sb * BATCH), -1, 1);
+                float *c = rnd((size_t)(sc * BATCH), -1, 1);
+                float *one = malloc((size_t)(sc * BATCH) * sizeof *one);
+                REQUIRE(one);
+                memcpy(one, c, (size_t)(sc * BATCH) * sizeof *one);
+                dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = 1.5f,
+                             .beta = 0.5f, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c,
+                             .ldc = ldc, .batch = BATCH, .stride_a = sa, .stride_b = sb,
+                             .stride_c = sc};
+                dp_backend_sim.gemm(ctx, &g);
+                for (int i = 0; i < BATCH; i++) {
+                    dp_gemm gi = g;
+                    gi.batch = 0;
+                    gi.a = a + i * sa, gi.b = b + i * sb, gi.c = one + i * sc;
+                    dp_backend_sim.gemm(ctx, &gi);
+                }
+                sync_ok();
+                CHECKF(memcmp(c, one, (size_t)(sc * BATCH) * sizeof *c) == 0,
+                       "batched gemm ta %d tb %d %dx%dx%d differs from one by one", ta, tb, m, n,
+                       k);
+                cases++;
+                free(a), free(b), free(c), free(one);
+            }
+    printf("  %-44s %d cases, the same bits\n", "gemm batch 5 vs one by one", cases);
+}
+
 /* ---- the executor's dense products (dmodel.c, "Products") ---- */
 
 static void test_dense(void)
@@ -128,7 +173,9 @@ static void test_dense(void)
                 dp_dense_relu_forward(y_cpu, x, w, b, batch, in, out);
             else
                 dp_dense_forward(y_cpu, x, w, b, batch, in, out);
-            dp_gemm g = {1, 0, out, batch, in, 1.0f, 0.0f, w, in, x, in, y_dev, out};
+            dp_gemm g = {.ta = 1, .tb = 0, .m = out, .n = batch, .k = in, .alpha = 1.0f,
+                         .beta = 0.0f, .a = w, .lda = in, .b = x, .ldb = in, .c = y_dev,
+                         .ldc = out};
             dp_backend_sim.gemm(ctx, &g);
             dp_kernel k = {.id = DP_K_BIAS_ACT, .items = (long)batch * out};
             k.u.bias_act = (dp_ka_bias_act){y_dev, b, out, relu};
@@ -143,9 +190,15 @@ static void test_dense(void)
                 dp_dense_backward_relu_overwrite(dx_cpu, gw_cpu, gb_cpu, dout, x, w, batch, in, out);
             else
                 dp_dense_backward_overwrite(dx_cpu, gw_cpu, gb_cpu, dout, x, w, batch, in, out);
-            dp_gemm gw = {0, 1, in, out, batch, 1.0f, 0.0f, x, in, dout, out, gw_dev, in};
-            dp_gemm gb = {0, 0, out, 1, batch, 1.0f, 0.0f, dout, out, ones, batch, gb_dev, out};
-            dp_gemm gx = {0, 0, in, batch, out, 1.0f, 0.0f, w, in, dout, out, dx_dev, in};
+            dp_gemm gw = {.ta = 0, .tb = 1, .m = in, .n = out, .k = batch, .alpha = 1.0f,
+                          .beta = 0.0f, .a = x, .lda = in, .b = dout, .ldb = out, .c = gw_dev,
+                          .ldc = in};
+            dp_gemm gb = {.ta = 0, .tb = 0, .m = out, .n = 1, .k = batch, .alpha = 1.0f,
+                          .beta = 0.0f, .a = dout, .lda = out, .b = ones, .ldb = batch, .c = gb_dev,
+                          .ldc = out};
+            dp_gemm gx = {.ta = 0, .tb = 0, .m = in, .n = batch, .k = out, .alpha = 1.0f,
+                          .beta = 0.0f, .a = w, .lda = in, .b = dout, .ldb = out, .c = dx_dev,
+                          .ldc = in};
             dp_backend_sim.gemm(ctx, &gw);
             dp_backend_sim.gemm(ctx, &gb);
             dp_backend_sim.gemm(ctx, &gx);
@@ -468,7 +521,8 @@ static void test_graph(void)
     dp_kernel k = {.id = DP_K_FILL, .items = 8};
     k.u.fill = (dp_ka_fill){buf, 3.0f};
     run(&k);
-    dp_gemm gm = {0, 0, 2, 2, 2, 1.0f, 0.0f, a, 2, b, 2, c, 2};
+    dp_gemm gm = {.ta = 0, .tb = 0, .m = 2, .n = 2, .k = 2, .alpha = 1.0f, .beta = 0.0f, .a = a,
+                  .lda = 2, .b = b, .ldb = 2, .c = c, .ldc = 2};
     dp_backend_sim.gemm(ctx, &gm);
     dp_backend_sim.copy(ctx, dst, src, sizeof src, DP_COPY_H2D);
     dp_kernel s = {.id = DP_K_SGD, .items = 4};
@@ -499,11 +553,28 @@ static void test_errors(void)
     char msg[256];
     REQUIRE(dp_backend_sim.open(&c2, 0, msg, sizeof msg) == 0);
     float a[4] = {0};
-    dp_gemm g = {0, 0, 2, 2, 2, 1.0f, 0.0f, a, 1, a, 2, a, 2};
+    dp_gemm g = {.ta = 0, .tb = 0, .m = 2, .n = 2, .k = 2, .alpha = 1.0f, .beta = 0.0f, .a = a,
+                 .lda = 1, .b = a, .ldb = 2, .c = a, .ldc = 2};
     dp_backend_sim.gemm(c2, &g);
     CHECK(dp_backend_sim.sync(c2, msg, sizeof msg) == -1);
     CHECKF(strstr(msg, "lda 1") != NULL, "message: %s", msg);
     CHECK(dp_backend_sim.sync(c2, msg, sizeof msg) == -1); /* it stays failed */
+    dp_backend_sim.close(c2);
+
+    /* negative batches and strides are refused, named */
+    g.lda = 2;
+    g.batch = -1;
+    REQUIRE(dp_backend_sim.open(&c2, 0, msg, sizeof msg) == 0);
+    dp_backend_sim.gemm(c2, &g);
+    CHECK(dp_backend_sim.sync(c2, msg, sizeof msg) == -1);
+    CHECKF(strstr(msg, "batch -1") != NULL, "message: %s", msg);
+    dp_backend_sim.close(c2);
+    g.batch = 2;
+    g.stride_b = -4;
+    REQUIRE(dp_backend_sim.open(&c2, 0, msg, sizeof msg) == 0);
+    dp_backend_sim.gemm(c2, &g);
+    CHECK(dp_backend_sim.sync(c2, msg, sizeof msg) == -1);
+    CHECKF(strstr(msg, "-4") != NULL && strstr(msg, "negative") != NULL, "message: %s", msg);
     dp_backend_sim.close(c2);
 
     REQUIRE(dp_backend_sim.open(&c2, 0, msg, sizeof msg) == 0);
@@ -541,6 +612,7 @@ int main(void)
     dp_rng_seed(&rng, 14);
     REQUIRE(dp_backend_sim.open(&ctx, 0, msg, sizeof msg) == 0);
     test_gemm();
+    test_gemm_batched();
     test_dense();
     test_gather();
     test_fill_scale();

@@ -1,4 +1,5 @@
-/* Column-major products: cublasSgemm with exactly the dp_gemm fields. */
+/* Column-major products: cublasSgemm (cublasSgemmStridedBatched when
+ * batch > 1) with exactly the dp_gemm fields. */
 #include <stdio.h>
 
 #include "cuda/cuda_ctx.h"
@@ -10,10 +11,19 @@ void dp_cuda_gemm(void *ctx, const dp_gemm *g)
     dp_cuda *c = (dp_cuda *)ctx;
     if (dp_cuda_enter(c) < 0)
         return;
-    char what[64];
-    snprintf(what, sizeof what, "gemm %dx%dx%d", g->m, g->n, g->k);
+    char what[96];
+    if (g->batch > 1)
+        snprintf(what, sizeof what, "gemm %dx%dx%d batch %d", g->m, g->n, g->k, g->batch);
+    else
+        snprintf(what, sizeof what, "gemm %dx%dx%d", g->m, g->n, g->k);
     if (g->m < 0 || g->n < 0 || g->k < 0) {
         dp_cuda_fail(c, "%s: negative size", what);
+        return;
+    }
+    /* cuBLAS would answer these with a bare CUBLAS_STATUS_INVALID_VALUE. */
+    if (g->batch < 0 || (g->batch > 1 && (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0))) {
+        dp_cuda_fail(c, "gemm %dx%dx%d: batch %d, strides %lld, %lld, %lld: none may be negative",
+                     g->m, g->n, g->k, g->batch, g->stride_a, g->stride_b, g->stride_c);
         return;
     }
     if (g->m == 0 || g->n == 0)
@@ -29,13 +39,24 @@ void dp_cuda_gemm(void *ctx, const dp_gemm *g)
                      b_rows > 1 ? b_rows : 1, g->m > 1 ? g->m : 1);
         return;
     }
+    cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* k == 0: cuBLAS scales C by beta and reads neither A nor B. */
-    cublasStatus_t s = cublasSgemm(c->blas, g->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                   g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, g->m, g->n, g->k, &g->alpha,
-                                   g->a, g->lda, g->b, g->ldb, &g->beta, g->c, g->ldc);
+    cublasStatus_t s;
+    const char *fn;
+    if (g->batch > 1) {
+        fn = "cublasSgemmStridedBatched";
+        s = cublasSgemmStridedBatched(c->blas, ta, tb, g->m, g->n, g->k, &g->alpha, g->a, g->lda,
+                                      g->stride_a, g->b, g->ldb, g->stride_b, &g->beta, g->c,
+                                      g->ldc, g->stride_c, g->batch);
+    } else {
+        fn = "cublasSgemm";
+        s = cublasSgemm(c->blas, ta, tb, g->m, g->n, g->k, &g->alpha, g->a, g->lda, g->b, g->ldb,
+                        &g->beta, g->c, g->ldc);
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         (void)cudaGetLastError();
-        dp_cuda_fail(c, "%s: cublasSgemm: %s (%s)", what, cublasGetStatusString(s),
+        dp_cuda_fail(c, "%s: %s: %s (%s)", what, fn, cublasGetStatusString(s),
                      cublasGetStatusName(s));
         return;
     }

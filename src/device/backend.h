@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever the table or dp_kernel changes: a plugin built from other
  * sources is refused with both numbers. */
-#define DP_BACKEND_ABI 7
+#define DP_BACKEND_ABI 8
 #define DP_BACKEND_CUDA_SYMBOL "dp_backend_cuda_v1"
 
 typedef enum dp_copy_dir { DP_COPY_H2D, DP_COPY_D2H, DP_COPY_D2D } dp_copy_dir;
@@ -34,7 +34,14 @@ typedef enum dp_copy_dir { DP_COPY_H2D, DP_COPY_D2H, DP_COPY_D2D } dp_copy_dir;
  * cublasSgemm: op(A) is m x k, op(B) k x n, C m x n; ta/tb 1 means the
  * stored matrix is transposed.  A row-major (r, c) matrix is a column-major
  * (c, r) one with leading dimension c: the executor's products are written
- * that way (dmodel.c, "Products"). */
+ * that way (dmodel.c, "Products").
+ *
+ * batch > 1 runs that many products, exactly cublasSgemmStridedBatched:
+ * product i reads a + i stride_a, b + i stride_b and writes c + i stride_c
+ * (strides in floats).  mha's attention issues one product per head over
+ * the batch's records this way, not one launch per (record, head).  batch
+ * 0 or 1 is one product (strides unread), so initializers that stop at ldc
+ * keep their meaning. */
 typedef struct dp_gemm {
     int ta, tb;
     int m, n, k;
@@ -45,6 +52,8 @@ typedef struct dp_gemm {
     int ldb;
     float *c;
     int ldc;
+    int batch;
+    long long stride_a, stride_b, stride_c;
 } dp_gemm;
 
 typedef struct dp_backend {

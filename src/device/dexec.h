@@ -33,7 +33,24 @@ static inline void dp_dexec_gemm(const dp_dexec *x, int ta, int tb, int m, int n
                                  const float *a, int lda, const float *b, int ldb, float beta,
                                  float *c, int ldc)
 {
-    dp_gemm g = {ta, tb, m, n, k, 1.0f, beta, a, lda, b, ldb, c, ldc};
+    dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta, .a = a,
+                 .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc};
+    x->be->gemm(x->ctx, &g);
+}
+
+/* batch products c_i (m, n) = a_i' b_i' + beta c_i, x_i = x + i stride_x
+ * (floats): one strided-batched launch (backend.h) for many small products
+ * of one shape, such as mha's per-(record, head) ones. */
+static inline void dp_dexec_gemm_batched(const dp_dexec *x, int ta, int tb, int m, int n, int k,
+                                         const float *a, int lda, long long stride_a,
+                                         const float *b, int ldb, long long stride_b, float beta,
+                                         float *c, int ldc, long long stride_c, int batch)
+{
+    if (batch < 1)
+        return; /* no products (dp_gemm's batch 0 would be one) */
+    dp_gemm g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta, .a = a,
+                 .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc, .batch = batch,
+                 .stride_a = stride_a, .stride_b = stride_b, .stride_c = stride_c};
     x->be->gemm(x->ctx, &g);
 }
 

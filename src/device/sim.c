@@ -2,11 +2,12 @@
  * executor and every kernel body is tested on machines without a GPU.
  *
  * Memory is host memory (calloc, counted); copies are memcpy; products are
- * CBLAS in column-major order with cuBLAS's argument conventions, checked
- * first so an executor bug reads as a message at the next sync rather than
- * as BLAS's own complaint; a kernel is its body in a loop over the items.
- * Everything runs at once on the calling thread, so "queued" work is done
- * when the call returns and sync only reports the kept failure.
+ * CBLAS in column-major order with cuBLAS's argument conventions (a strided
+ * batch one product at a time), checked first so an executor bug reads as a
+ * message at the next sync rather than as BLAS's own complaint; a kernel is
+ * its body in a loop over the items.  Everything runs at once on the
+ * calling thread, so "queued" work is done when the call returns and sync
+ * only reports the kept failure.
  *
  * Graphs as CUDA captures them: between capture_begin and capture_end, gemm,
  * launch and H2D/D2D copies are RECORDED, not run, with their arguments by
@@ -387,6 +388,11 @@ static int gemm_ok(sim_ctx *c, const dp_gemm *g)
         sim_fail(c, "device sim: gemm ldc %d < m %d", g->ldc, g->m);
         return 0;
     }
+    if (g->batch < 0 || (g->batch > 1 && (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0))) {
+        sim_fail(c, "device sim: gemm batch %d, strides %lld, %lld, %lld: none may be negative",
+                 g->batch, g->stride_a, g->stride_b, g->stride_c);
+        return 0;
+    }
     return 1;
 }
 
@@ -396,9 +402,13 @@ static void run_gemm(sim_ctx *c, const dp_gemm *g)
         return;
     if (g->m == 0 || g->n == 0)
         return;
-    cblas_sgemm(CblasColMajor, g->ta ? CblasTrans : CblasNoTrans,
-                g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, g->alpha, g->a, g->lda,
-                g->b, g->ldb, g->beta, g->c, g->ldc);
+    /* A batch is its products one by one: the bits of single products. */
+    int batch = g->batch > 1 ? g->batch : 1;
+    for (int i = 0; i < batch; i++)
+        cblas_sgemm(CblasColMajor, g->ta ? CblasTrans : CblasNoTrans,
+                    g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, g->alpha,
+                    g->a + i * g->stride_a, g->lda, g->b + i * g->stride_b, g->ldb, g->beta,
+                    g->c + i * g->stride_c, g->ldc);
 }
 
 static void sim_gemm(void *ctx, const dp_gemm *g)

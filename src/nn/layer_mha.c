@@ -26,10 +26,10 @@
  * probabilities P (B H T T), the heads' outputs O (B T D), and for the
  * backward dO (B T D), dQKV (B T 3D) and dS (B H T T); nothing is allocated
  * in a step.  Model parallelism refuses it.  On a device the same
- * products run one (record, head) at a time through the device's GEMM, the
- * softmax and its backward as kernels.h's bodies, which the CPU calls too
- * (batched products there are still to come: a step queues 7 B H small
- * ones). */
+ * products run as one strided-batched GEMM per head over the batch's records
+ * (backend.h: H launches per product, not B H tiny ones, which left a GPU
+ * idle between launches), the softmax and its backward as kernels.h's
+ * bodies, which the CPU calls too. */
 #include "nn/layer_impl.h"
 
 #include <math.h>
@@ -214,14 +214,31 @@ static void backward(const dp_layer_call *c)
     dp_dense_backward_overwrite(c->din, c->gw, c->gb, k.dqkv, c->in, c->w, rows, D, 3 * D);
 }
 
-/* ---- on a device: the same products, one (record, head) at a time ---- */
+/* ---- on a device: the same products, one head at a time over the batch ---- */
 
-/* Row-major C (m, n) = op(A) op(B): the device's column-major product of
- * the transposes. */
-static void dev_gemm(const dp_dexec *x, bool ta, bool tb, int m, int n, int k, const float *a,
-                     int lda, const float *b, int ldb, float *c, int ldc)
+/* Row-major C_i (m, n) = op(A_i) op(B_i) for the batch's records i, X_i =
+ * X + i sX: one strided-batched product (the device's column-major product
+ * of the transposes), so a head costs one launch, not one per record. */
+static void dev_gemm(const dp_dexec *x, const dp_layer_call *c, bool ta, bool tb, int m, int n,
+                     int k, const float *a, int lda, long long sa, const float *b, int ldb,
+                     long long sb, float *y, int ldy, long long sy)
 {
-    dp_dexec_gemm(x, tb, ta, n, m, k, b, ldb, a, lda, 0.0f, c, ldc);
+    dp_dexec_gemm_batched(x, tb, ta, n, m, k, b, ldb, sb, a, lda, sa, 0.0f, y, ldy, sy, c->batch);
+}
+
+/* Floats from one record's matrices of a head to the next record's (pair_of's
+ * offsets for b + 1 less those for b): every operand has a single stride, so
+ * nothing is left to issue per record. */
+typedef struct strides {
+    long long qkv; /* q, k, v and dq, dk, dv: T rows of 3D */
+    long long att; /* p, ds: the H (T x T) matrices of a record */
+    long long od;  /* o, dout_o: T rows of D */
+} strides;
+
+static strides strides_of(const dp_layer *d)
+{
+    long long T = tokens_of(d), D = d->c;
+    return (strides){T * 3 * D, (long long)heads_of(d) * T * T, T * D};
 }
 
 /* A projection (the input's, or the output's when out) as a dense layer's
@@ -247,21 +264,23 @@ static void dev_softmax(const dp_dexec *x, const dp_layer_call *c, float *s, con
     dp_dexec_launch(x, &k);
 }
 
+/* pair_of(c, &k, h) is head h of record 0; the strides reach the others. */
 static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
-    int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
-    long pairs = (long)c->batch * heads_of(d);
+    int T = (int)tokens_of(d), D = d->c, H = heads_of(d), dh = D / H;
+    strides st = strides_of(d);
     parts k = parts_of(d, c->keep, c->batch);
     dev_proj(x, c, false, false, c->in, k.qkv, NULL, NULL);
-    for (long bh = 0; bh < pairs; bh++) {
-        pair q = pair_of(c, &k, bh);
-        dev_gemm(x, false, true, T, T, dh, q.q, 3 * D, q.k, 3 * D, q.p, T);
+    for (int h = 0; h < H; h++) {
+        pair q = pair_of(c, &k, h);
+        dev_gemm(x, c, false, true, T, T, dh, q.q, 3 * D, st.qkv, q.k, 3 * D, st.qkv, q.p, T,
+                 st.att);
     }
     dev_softmax(x, c, k.p, NULL);
-    for (long bh = 0; bh < pairs; bh++) {
-        pair q = pair_of(c, &k, bh);
-        dev_gemm(x, false, false, T, dh, T, q.p, T, q.v, 3 * D, q.o, D);
+    for (int h = 0; h < H; h++) {
+        pair q = pair_of(c, &k, h);
+        dev_gemm(x, c, false, false, T, dh, T, q.p, T, st.att, q.v, 3 * D, st.qkv, q.o, D, st.od);
     }
     dev_proj(x, c, true, false, k.o, c->out, NULL, NULL);
 }
@@ -269,20 +288,24 @@ static void dev_forward(const dp_dexec *x, const dp_layer_call *c)
 static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
-    int T = (int)tokens_of(d), D = d->c, dh = D / heads_of(d);
-    long pairs = (long)c->batch * heads_of(d);
+    int T = (int)tokens_of(d), D = d->c, H = heads_of(d), dh = D / H;
+    strides st = strides_of(d);
     parts k = parts_of(d, c->keep, c->batch);
     dev_proj(x, c, true, true, k.o, NULL, c->dout, k.dout_o);
-    for (long bh = 0; bh < pairs; bh++) {
-        pair q = pair_of(c, &k, bh);
-        dev_gemm(x, true, false, T, dh, T, q.p, T, q.dout_o, D, q.dv, 3 * D);
-        dev_gemm(x, false, true, T, T, dh, q.dout_o, D, q.v, 3 * D, q.ds, T);
+    for (int h = 0; h < H; h++) {
+        pair q = pair_of(c, &k, h);
+        dev_gemm(x, c, true, false, T, dh, T, q.p, T, st.att, q.dout_o, D, st.od, q.dv, 3 * D,
+                 st.qkv);
+        dev_gemm(x, c, false, true, T, T, dh, q.dout_o, D, st.od, q.v, 3 * D, st.qkv, q.ds, T,
+                 st.att);
     }
     dev_softmax(x, c, k.ds, k.p);
-    for (long bh = 0; bh < pairs; bh++) {
-        pair q = pair_of(c, &k, bh);
-        dev_gemm(x, false, false, T, dh, T, q.ds, T, q.k, 3 * D, q.dq, 3 * D);
-        dev_gemm(x, true, false, T, dh, T, q.ds, T, q.q, 3 * D, q.dk, 3 * D);
+    for (int h = 0; h < H; h++) {
+        pair q = pair_of(c, &k, h);
+        dev_gemm(x, c, false, false, T, dh, T, q.ds, T, st.att, q.k, 3 * D, st.qkv, q.dq, 3 * D,
+                 st.qkv);
+        dev_gemm(x, c, true, false, T, dh, T, q.ds, T, st.att, q.q, 3 * D, st.qkv, q.dk, 3 * D,
+                 st.qkv);
     }
     dev_proj(x, c, false, true, c->in, NULL, k.dqkv, c->din);
 }
