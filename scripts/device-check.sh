@@ -121,6 +121,10 @@ grep -h -E "^[0-9]+: (device|skipped)" "$out/test_device.log" | sed 's/^[0-9]*: 
 # Again with a wait after every call (DOWNPOUR_CUDA_SYNC=1), which puts
 # each error on the call that made it, and must leave the sums unwaited.
 step test_device_sync bash -c "cd '$build' && DOWNPOUR_CUDA_SYNC=1 ctest -R '^test_device\$' --output-on-failure"
+if [ -n "${DEVICE_CHECK_TESTS_ONLY:-}" ]; then # the tests alone, no figures
+  note "done (tests only): $([ $status = 0 ] && echo passed || echo FAILED)"
+  exit $status
+fi
 if [ "$have_bench" = 1 ]; then
   bench=$(find "$build" -name bench_gpu -type f -perm -u+x | head -1)
   step bench_gpu "$bench"
