@@ -50,8 +50,8 @@ typedef struct task_data {
     sample *s;
     int n;
     long seen, stride; /* resource lines read; one of every stride is kept */
-    double cpu_sum, rss_peak, tx_last, rx_last;
-    long cpu_n;
+    double cpu_sum, rss_peak, pss_peak, tx_last, rx_last;
+    long cpu_n, pss_n;
     step_row *steps;
     int n_steps;
     double offset; /* wall - t, from its first line with both */
@@ -189,7 +189,7 @@ static int find_task(run *r, const char *name, bool create)
     task_data *td = &r->tasks[r->n_tasks];
     memset(td, 0, sizeof *td);
     td->stride = 1;
-    td->rss_peak = NAN;
+    td->rss_peak = td->pss_peak = NAN;
     td->tx_last = td->rx_last = NAN;
     if (!(td->name = strdup(name)))
         return -3;
@@ -206,6 +206,12 @@ static add_result add_sample(task_data *td, const cJSON *o, double t, double wal
     }
     if (isfinite(rss) && !(rss <= td->rss_peak))
         td->rss_peak = rss;
+    double pss = num_of(o, "pss_bytes");
+    if (isfinite(pss)) {
+        td->pss_n++;
+        if (!(pss <= td->pss_peak))
+            td->pss_peak = pss;
+    }
     if (isfinite(tx))
         td->tx_last = tx;
     if (isfinite(rx))
@@ -884,6 +890,57 @@ oom:
     return -1;
 }
 
+/* Training against validation loss: two series a run, "LABEL train" and
+ * "LABEL validation", so over-fitting (the two drifting apart) shows. */
+static int overlay_losses(sbuf *b, const dp_report *rep)
+{
+    int n = rep->n_runs, total = 0;
+    for (int i = 0; i < n; i++)
+        total += rep->runs[i].n_ep;
+    svg_series *s = calloc((size_t)(2 * n + 1), sizeof *s);
+    double *xy = malloc((size_t)(3 * total + 1) * sizeof *xy);
+    char(*names)[300] = calloc((size_t)(2 * n + 1), sizeof *names);
+    epoch_row *e = NULL;
+    int rc = 0, used = 0;
+    bool any_train = false;
+    if (!s || !xy || !names) {
+        rc = -1;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        int m = sorted_epochs(&rep->runs[i], &e);
+        if (m < 0) {
+            rc = -1;
+            goto out;
+        }
+        double *x = xy + used, *tr = x + m, *va = tr + m;
+        used += 3 * m;
+        for (int k = 0; k < m; k++) {
+            x[k] = e[k].epoch;
+            tr[k] = e[k].train_loss;
+            va[k] = e[k].val_loss;
+            any_train |= isfinite(tr[k]);
+        }
+        snprintf(names[2 * i], sizeof names[0], "%s train", rep->runs[i].label);
+        snprintf(names[2 * i + 1], sizeof names[0], "%s validation", rep->runs[i].label);
+        s[2 * i] = (svg_series){names[2 * i], x, tr, m};
+        s[2 * i + 1] = (svg_series){names[2 * i + 1], x, va, m};
+        free(e);
+        e = NULL;
+    }
+    if (any_train) {
+        svg_chart c = {"Training against validation loss per epoch", "epoch",
+                       "loss (cross-entropy)", false, true, "loss", false, 0, 0};
+        svg_line_chart(b, &c, s, 2 * n, NULL, 0);
+    }
+out:
+    free(s);
+    free(xy);
+    free(names);
+    free(e);
+    return rc;
+}
+
 /* Cluster samples/s per epoch: the sum of its tasks' "steps" samples_per_second. */
 static int overlay_throughput(sbuf *b, const dp_report *rep)
 {
@@ -958,17 +1015,28 @@ static void str_cell(sbuf *b, const char *key, const char *s)
 
 /* Whole-run resource figures: the launcher's resource_total, else computed
  * over the tasks the same way (metrics.h). */
-static void run_resources(const run *r, double *cpu_mean, double *rss_peak, double *net_tx)
+/* *mem_key says which memory figure *mem_peak is: "pss_peak_bytes" (the
+ * sum of each task's peak proportional set size, which counts the dataset
+ * cache that tasks of a host share once) when every task's samples carry
+ * PSS, else "rss_peak_bytes" (which counts a shared mapping once per task). */
+static void run_resources(const run *r, double *cpu_mean, double *mem_peak, const char **mem_key,
+                          double *net_tx)
 {
-    *cpu_mean = *rss_peak = *net_tx = NAN;
+    *cpu_mean = *mem_peak = *net_tx = NAN;
+    *mem_key = "rss_peak_bytes";
     if (r->total) {
         *cpu_mean = num_of(r->total, "cpu_percent_mean");
-        *rss_peak = num_of(r->total, "rss_peak_bytes");
+        *mem_peak = num_of(r->total, "pss_peak_bytes");
+        if (isfinite(*mem_peak))
+            *mem_key = "pss_peak_bytes";
+        else
+            *mem_peak = num_of(r->total, "rss_peak_bytes");
         *net_tx = num_of(r->total, "net_tx_bytes");
         return;
     }
-    double cpu = 0, rss = 0, tx = 0;
+    double cpu = 0, rss = 0, pss = 0, tx = 0;
     int n_cpu = 0, n_rss = 0, n_tx = 0;
+    bool all_pss = true;
     for (int i = 0; i < r->n_tasks; i++) {
         const task_data *td = &r->tasks[i];
         if (td->cpu_n) {
@@ -978,6 +1046,8 @@ static void run_resources(const run *r, double *cpu_mean, double *rss_peak, doub
         if (isfinite(td->rss_peak)) {
             rss += td->rss_peak;
             n_rss++;
+            all_pss &= td->pss_n > 0;
+            pss += td->pss_n > 0 ? td->pss_peak : 0;
         }
         if (isfinite(td->tx_last)) {
             tx += td->tx_last;
@@ -986,8 +1056,10 @@ static void run_resources(const run *r, double *cpu_mean, double *rss_peak, doub
     }
     if (n_cpu)
         *cpu_mean = cpu / n_cpu;
-    if (n_rss)
-        *rss_peak = rss;
+    if (n_rss) {
+        *mem_peak = all_pss ? pss : rss;
+        *mem_key = all_pss ? "pss_peak_bytes" : "rss_peak_bytes";
+    }
     if (n_tx)
         *net_tx = tx;
 }
@@ -997,14 +1069,17 @@ static void final_table(sbuf *b, const dp_report *rep)
     sb_puts(b, "<table class=\"final\"><caption>Final figures of each run (from its "
                "<code>done</code> and <code>resource_total</code> events)</caption><tr><th>run</th>"
                "<th>strategy</th><th>model</th><th>dataset</th><th>batch</th><th>workers</th>"
-               "<th>ps</th><th>epochs</th><th>test accuracy</th><th>train time (s)</th>"
+               "<th>ps</th><th>epochs</th><th>optimiser</th><th>lr</th><th>schedule</th>"
+               "<th>seed</th><th>test accuracy</th><th>train time (s)</th>"
                "<th>throughput (samples/s)</th><th>CPU (% of a core, task mean)</th>"
-               "<th>peak RSS (MiB, sum of tasks)</th><th>network sent (MB, all tasks)</th></tr>\n");
+               "<th>peak memory (MiB, sum of tasks; PSS<sup>*</sup>)</th>"
+               "<th>network sent (MB, all tasks)</th></tr>\n");
     for (int i = 0; i < rep->n_runs; i++) {
         const run *r = &rep->runs[i];
         const cJSON *d = r->done;
         double cpu, rss, tx;
-        run_resources(r, &cpu, &rss, &tx);
+        const char *mem_key;
+        run_resources(r, &cpu, &rss, &mem_key, &tx);
         sb_puts(b, "<tr data-run=\"");
         sb_esc(b, r->label);
         sb_puts(b, "\">");
@@ -1016,15 +1091,24 @@ static void final_table(sbuf *b, const dp_report *rep)
         num_cell(b, "workers", d ? num_of(d, "workers") : NAN, "%.0f", 1);
         num_cell(b, "ps", d ? num_of(d, "ps") : NAN, "%.0f", 1);
         num_cell(b, "epochs", d ? num_of(d, "epochs") : NAN, "%.0f", 1);
+        str_cell(b, "optimizer", d ? str_of(d, "optimizer") : NULL);
+        num_cell(b, "lr", d ? num_of(d, "lr") : NAN, "%.3g", 1);
+        str_cell(b, "lr_schedule", d ? str_of(d, "lr_schedule") : NULL);
+        num_cell(b, "seed", d ? num_of(d, "seed") : NAN, "%.0f", 1);
         num_cell(b, "test_accuracy", d ? num_of(d, "test_accuracy") : NAN, "%.4f", 1);
         num_cell(b, "train_seconds", d ? num_of(d, "train_seconds") : NAN, "%.2f", 1);
         num_cell(b, "samples_per_second", d ? num_of(d, "samples_per_second") : NAN, "%.0f", 1);
         num_cell(b, "cpu_percent_mean", cpu, "%.1f", 1);
-        num_cell(b, "rss_peak_bytes", rss, "%.1f", 1.0 / (1024 * 1024));
+        num_cell(b, mem_key, rss, strcmp(mem_key, "pss_peak_bytes") ? "%.1f (RSS)" : "%.1f",
+                 1.0 / (1024 * 1024));
         num_cell(b, "net_tx_bytes", tx, "%.1f", 1e-6);
         sb_puts(b, "</tr>\n");
     }
-    sb_puts(b, "</table>\n");
+    sb_puts(b, "</table>\n<p class=\"note\"><sup>*</sup> Peak memory is the sum over tasks of "
+               "each task's peak proportional set size (PSS, /proc/PID/smaps_rollup), which "
+               "counts a mapping that tasks share (the dataset cache) once; a figure marked "
+               "(RSS) comes from a file without PSS and counts such a mapping once per "
+               "task.</p>\n");
 }
 
 typedef enum res_field { RES_CPU, RES_RSS, RES_NET, RES_FIELD_COUNT } res_field;
@@ -1241,6 +1325,7 @@ static int runs_section(sbuf *b, const dp_report *rep)
     svg_chart lr = {"Learning rate at the end of each epoch", "epoch", "learning rate", true, true,
                     "lr", false, 0, 0};
     if (overlay_epochs(b, rep, EP_VAL_ACC, &acc) < 0 || overlay_epochs(b, rep, EP_VAL_LOSS, &loss) < 0 ||
+        overlay_losses(b, rep) < 0 ||
         overlay_throughput(b, rep) < 0 || overlay_epochs(b, rep, EP_LR, &lr) < 0)
         return -1;
     final_table(b, rep);

@@ -341,8 +341,10 @@ static int report_and_save(loop *L, dp_err *err)
                      "model", L->m.name, DP_F_STR, "dataset", cfg->dataset, DP_F_INT, "batch",
                      (long)cfg->batch, DP_F_INT, "global_batch",
                      (long)cfg->batch * L->info.replicas, DP_F_INT, "epochs", (long)cfg->epochs,
-                     DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_INT,
-                     "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
+                     DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_NUM, "lr",
+                     (double)cfg->optim.lr, DP_F_STR, "lr_schedule",
+                     dp_lr_schedule_name(cfg->lr_schedule), DP_F_INT, "seed", (long)cfg->seed,
+                     DP_F_INT, "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
                      DP_F_INT, "resumed_from", L->resume.step, DP_F_INT, "test_records",
                      (long)test.n, DP_F_INT, "checkpoints_missed", (long)res->checkpoints_missed,
                      DP_F_END);
@@ -1084,6 +1086,10 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         dp_resource_sampler_start(&sampler, L.metrics, "worker:0", 1.0, NULL, NULL, err) < 0)
         goto out;
     rc = run_task(&L, err);
+    /* The last resource samples before the teardown below frees the model
+     * and closes the transport (docs/metrics.md, "resource"). */
+    dp_resource_sampler_finish(sampler);
+    dp_resource_sampler_finish(L.node.sampler);
     if (rc < 0 && L.in_cluster)
         dp_err_prefix(err, "%s", L.node.self->name);
 out:
