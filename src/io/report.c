@@ -43,6 +43,7 @@ typedef struct sample {
 
 typedef struct step_row {
     double epoch, t, wall, median, p90, max, sps;
+    double steps, compute; /* compute: median compute ms a step, NAN in older files */
 } step_row;
 
 typedef struct task_data {
@@ -70,6 +71,8 @@ typedef struct fault_row {
 typedef struct straggler {
     int task;
     double epoch, x, ms, median;
+    bool by_compute; /* ms and median are compute times, else step times */
+    double waited_s; /* how long the other tasks waited on it in the epoch, NAN unknown */
 } straggler;
 
 typedef struct run {
@@ -241,7 +244,8 @@ static add_result add_steps(task_data *td, const cJSON *o, double t, double wall
         return td->n_steps >= MAX_ROWS ? ADD_CAPPED : ADD_NOMEM;
     td->steps[td->n_steps++] =
         (step_row){num_of(o, "epoch"), t, wall, num_of(o, "step_ms_median"), num_of(o, "step_ms_p90"),
-                   num_of(o, "step_ms_max"), num_of(o, "samples_per_second")};
+                   num_of(o, "step_ms_max"), num_of(o, "samples_per_second"), num_of(o, "steps"),
+                   num_of(o, "compute_ms_median")};
     return ADD_OK;
 }
 
@@ -518,8 +522,11 @@ static int step_epochs(const run *r, double **out)
     return m;
 }
 
-/* A straggler: a task whose median step time in an epoch exceeds
- * STRAGGLER_FACTOR times the median over the run's tasks in that epoch. */
+/* A straggler: a task whose median compute time a step in an epoch exceeds
+ * STRAGGLER_FACTOR times the median over the run's tasks in that epoch.
+ * Compute, not step time: under ps-sync and all-reduce the others wait for
+ * the slow task, so every task's step time is the slowest one's.  A file
+ * without compute times (an older downpour) falls back to step times. */
 static int find_stragglers(run *r)
 {
     double *ep;
@@ -532,10 +539,17 @@ static int find_stragglers(run *r)
     }
     for (int e = 0; e < n_ep; e++) {
         int n = 0;
+        bool by_compute = true;
         for (int i = 0; i < r->n_tasks; i++) {
             const step_row *s = steps_at(&r->tasks[i], ep[e]);
             if (s && isfinite(s->median))
-                v[n++] = s->median;
+                by_compute &= isfinite(s->compute);
+        }
+        for (int i = 0; i < r->n_tasks; i++) {
+            const step_row *s = steps_at(&r->tasks[i], ep[e]);
+            double x = s ? (by_compute ? s->compute : s->median) : NAN;
+            if (isfinite(x))
+                v[n++] = x;
         }
         if (n < 2)
             continue;
@@ -543,12 +557,32 @@ static int find_stragglers(run *r)
         double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
         for (int i = 0; i < r->n_tasks; i++) {
             const step_row *s = steps_at(&r->tasks[i], ep[e]);
-            if (!s || !(s->median > STRAGGLER_FACTOR * med))
+            double x = s ? (by_compute ? s->compute : s->median) : NAN;
+            if (!(x > STRAGGLER_FACTOR * med))
                 continue;
+            /* The others' wait: a step of theirs less its compute, the
+             * median over them, times their steps in the epoch. */
+            double waited = NAN;
+            if (by_compute) {
+                int m = 0;
+                double w[MAX_TASKS], steps = 0;
+                for (int j = 0; j < r->n_tasks; j++) {
+                    const step_row *o = steps_at(&r->tasks[j], ep[e]);
+                    if (j == i || !o || !isfinite(o->median) || !isfinite(o->compute))
+                        continue;
+                    w[m++] = fmax(0, o->median - o->compute);
+                    if (isfinite(o->steps))
+                        steps = fmax(steps, o->steps);
+                }
+                if (m > 0 && steps > 0) {
+                    qsort(w, (size_t)m, sizeof *w, cmp_double);
+                    waited = (m % 2 ? w[m / 2] : (w[m / 2 - 1] + w[m / 2]) / 2) * steps / 1e3;
+                }
+            }
             if (!grow((void **)&r->strag, r->n_strag, sizeof *r->strag, MAX_STRAGGLERS))
                 break;
             r->strag[r->n_strag++] = (straggler){i, ep[e], run_x(r, &r->tasks[i], s->t, s->wall),
-                                                 s->median, med};
+                                                 x, med, by_compute, waited};
         }
     }
     free(ep);
@@ -1232,8 +1266,9 @@ static int run_section(sbuf *b, const run *r, int index)
         m->x = s->x;
         m->kind = SVG_MARK_STRAGGLER;
         snprintf(txt[r->n_faults + k], sizeof txt[0],
-                 "straggler: %s in epoch %.0f, median step %.3g ms against %.3g ms for the tasks",
-                 r->tasks[s->task].name, s->epoch, s->ms, s->median);
+                 "straggler: %s in epoch %.0f, median %s %.3g ms against %.3g ms for the tasks",
+                 r->tasks[s->task].name, s->epoch, s->by_compute ? "compute" : "step", s->ms,
+                 s->median);
         m->text = txt[r->n_faults + k];
     }
     /* The three time charts share one x range: samples and markers. */
@@ -1275,20 +1310,35 @@ static int run_section(sbuf *b, const run *r, int index)
 
     sb_printf(b, "<h3>Stragglers</h3>\n");
     if (r->n_strag == 0) {
-        sb_printf(b, "<p class=\"note\">None: no task's median step time in an epoch exceeded "
-                     "%.1f times the median over the tasks%s.</p>\n",
+        sb_printf(b, "<p class=\"note\">None: no task's median compute time a step in an epoch "
+                     "exceeded %.1f times the median over the tasks%s.</p>\n",
                   STRAGGLER_FACTOR, any_steps ? "" : " (the file has no steps events)");
     } else {
+        /* Name the task the others waited for, and for how long. */
+        for (int k = 0; k < r->n_strag; k++) {
+            const straggler *s = &r->strag[k];
+            if (!s->by_compute || !isfinite(s->waited_s))
+                continue;
+            sb_puts(b, "<p class=\"straggler\">");
+            sb_esc(b, r->tasks[s->task].name);
+            sb_printf(b, " was the task the others waited for in epoch %.0f: it computed %.3g ms "
+                         "a step against %.3g ms for the tasks (median), and the others waited "
+                         "about %.2f s for it.</p>\n",
+                      s->epoch, s->ms, s->median, s->waited_s);
+        }
         sb_puts(b, "<table class=\"stragglers\"><tr><th>task</th><th>epoch</th><th>time (s)</th>"
-                   "<th>its median step (ms)</th><th>median over tasks (ms)</th></tr>\n");
+                   "<th>its median (ms)</th><th>median over tasks (ms)</th><th>of</th>"
+                   "<th>others waited (s)</th></tr>\n");
         for (int k = 0; k < r->n_strag; k++) {
             const straggler *s = &r->strag[k];
             sb_puts(b, "<tr>");
             str_cell(b, "task", r->tasks[s->task].name);
             num_cell(b, "epoch", s->epoch, "%.0f", 1);
             num_cell(b, "time", s->x, "%.1f", 1);
-            num_cell(b, "step_ms_median", s->ms, "%.3f", 1);
+            num_cell(b, s->by_compute ? "compute_ms_median" : "step_ms_median", s->ms, "%.3f", 1);
             num_cell(b, "tasks_median", s->median, "%.3f", 1);
+            str_cell(b, "of", s->by_compute ? "compute a step" : "step time");
+            num_cell(b, "waited_seconds", s->waited_s, "%.2f", 1);
             sb_puts(b, "</tr>\n");
         }
         sb_puts(b, "</table>\n");
