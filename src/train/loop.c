@@ -1092,10 +1092,21 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (node_rc < 0)
         goto out;
     L.in_cluster = node_rc == 0;
-    if (cfg->trace_path &&
-        dp_trace_open(cfg->trace_path, L.in_cluster ? L.node.cluster.self : 0,
-                      L.in_cluster ? L.node.self->name : "process", err) < 0)
-        goto out;
+    if (cfg->trace_path) {
+        /* Under mpirun every rank has the same FILE: the chief keeps it and
+         * the others write beside it, as launch names them (docs/trace.md). */
+        char tpath[1100];
+        const char *tp = cfg->trace_path;
+        if (L.in_cluster && cfg->transport && strcmp(cfg->transport, "mpi") == 0 &&
+            L.node.self->role != DP_ROLE_CHIEF) {
+            snprintf(tpath, sizeof tpath, "%s.%s-%d", tp, dp_role_name(L.node.self->role),
+                     L.node.self->index);
+            tp = tpath;
+        }
+        if (dp_trace_open(tp, L.in_cluster ? L.node.cluster.self : 0,
+                          L.in_cluster ? L.node.self->name : "process", err) < 0)
+            goto out;
+    }
     traced = cfg->trace_path != NULL;
     if (L.in_cluster != L.ops->cluster) {
         if (L.in_cluster)
