@@ -152,7 +152,7 @@ typedef struct thesis {
     const char *out;
     long epochs, repeats, train_size, val_size;
     study_cluster cluster;
-    char prediction_note[512]; /* how the cost model was calibrated, or why not */
+    char prediction_note[1024]; /* how the cost model was calibrated, or why not */
     double prediction_mae;     /* mean absolute relative error over the cells */
     int n_cells;
     cell cells[3 * 3 * 2];
@@ -281,6 +281,11 @@ static void summarise(cell *c)
 /* A mean prediction error above this draws a caveat beside the figures. */
 #define PREDICTION_CAVEAT 0.25
 
+static bool comparable_to_source(const thesis *T)
+{
+    return T->epochs >= SOURCE_EPOCHS;
+}
+
 /* ------------------------------------------------- the cost model's error */
 
 /* Predicts each finished cell's training time with the cost model
@@ -362,11 +367,13 @@ static void predict_cells(thesis *T)
              "on one thread (%.2f us a record for mlp-300-100). Its mean absolute error over "
              "the %d cells: %.0f %%.%s",
              study_cores(), bw / 1e6, lat * 1e6, cal.sample_s * 1e6, n, 100 * T->prediction_mae,
-             T->prediction_mae > PREDICTION_CAVEAT
+             T->prediction_mae <= PREDICTION_CAVEAT ? ""
+             : comparable_to_source(T)
                  ? " That error is large: the model does not describe this machine's runs "
+                   "well, so read its times as rough guides, not predictions."
+                 : " That error is large: the model does not describe this machine's runs "
                    "well (a short run is dominated by start-up, which the model leaves "
-                   "out), so read its times as rough guides, not predictions."
-                 : "");
+                   "out), so read its times as rough guides, not predictions.");
 }
 
 /* ------------------------------------------------------ the recommendation */
@@ -386,11 +393,6 @@ static void add_reason(verdict *v, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(v->reasons[v->n_reasons++], sizeof v->reasons[0], fmt, ap);
     va_end(ap);
-}
-
-static bool comparable_to_source(const thesis *T)
-{
-    return T->epochs >= SOURCE_EPOCHS;
 }
 
 /* The spread between seeds, measured: the median over finished cells of
