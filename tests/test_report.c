@@ -46,13 +46,20 @@ static char *read_tmp(const char *name)
 
 /* ---- reading the page back ---- */
 
-/* The chart with data-chart="id": its text from the attribute to </svg>. */
+/* The first of a and b in the text, either may be NULL. */
+static const char *first_of(const char *a, const char *b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
+}
+
+/* The chart with data-chart="id": its text from the attribute to </svg>,
+ * or to </table> where a chart of one point a series is a table. */
 static const char *chart(const char *html, const char *id, const char **end)
 {
     char key[128];
     snprintf(key, sizeof key, "data-chart=\"%s\"", id);
     const char *s = html ? strstr(html, key) : NULL;
-    *end = s ? strstr(s, "</svg>") : NULL;
+    *end = s ? first_of(strstr(s, "</svg>"), strstr(s, "</table>")) : NULL;
     return *end ? s : NULL;
 }
 
@@ -67,7 +74,7 @@ static int series_values(const char *html, const char *id, const char *series, c
     const char *g = s ? strstr(s, key) : NULL;
     if (!g || g > end)
         return -1;
-    const char *gend = strstr(g, "</g>");
+    const char *gend = first_of(strstr(g, "</g>"), strstr(g, "</tr>"));
     int n = 0;
     for (const char *p = strstr(g, akey); p && p < gend && n < max; p = strstr(p + 1, akey))
         out[n++] = strtod(p + strlen(akey), NULL);
@@ -174,7 +181,7 @@ static const char FIXTURE_A[] =
     "{\"event\":\"epoch\",\"t\":1.0,\"wall\":1700000001.5,\"epoch\":1,\"val_accuracy\":0.9,\"val_loss\":0.3,\"train_loss\":0.4,\"seconds\":1.0,\"step\":30,\"lr\":0.001,\"task\":\"chief:0\"}\n"
     "{\"event\":\"fault\",\"t\":1.5,\"wall\":1700000002.0,\"task\":\"worker:1\",\"what\":\"lost\"}\n"
     "{\"event\":\"epoch\",\"t\":2.5,\"wall\":1700000003.0,\"epoch\":2,\"val_accuracy\":0.95,\"val_loss\":0.2,\"train_loss\":0.25,\"seconds\":1.5,\"step\":60,\"lr\":0.0005,\"task\":\"chief:0\"}\n"
-    "{\"event\":\"done\",\"t\":2.7,\"wall\":1700000003.2,\"test_accuracy\":0.9512,\"train_seconds\":2.5,\"samples_per_second\":1234.5,\"strategy\":\"ps-async\",\"model\":\"784-32-10\",\"dataset\":\"mnist\",\"batch\":64,\"epochs\":2,\"workers\":3,\"ps\":1,\"task\":\"chief:0\"}\n"
+    "{\"event\":\"done\",\"t\":2.7,\"wall\":1700000003.2,\"test_accuracy\":0.9512,\"train_seconds\":2.5,\"samples_per_second\":1234.5,\"strategy\":\"ps-async\",\"model\":\"784-32-10\",\"dataset\":\"mnist\",\"batch\":64,\"epochs\":2,\"optimizer\":\"adam\",\"lr\":0.001,\"lr_schedule\":\"step\",\"seed\":7,\"workers\":3,\"ps\":1,\"task\":\"chief:0\"}\n"
     "{\"event\":\"resource_total\",\"t\":3.0,\"tasks\":3,\"samples\":4,\"cpu_percent_mean\":61.5,\"cpu_percent_sum\":184.5,\"rss_peak_bytes\":41943040,\"net_tx_bytes\":3000000,\"net_rx_bytes\":2000000}\n"
     "{\"event\":\"resource\",\"t\":3";
 
@@ -241,9 +248,53 @@ static void test_fixture(void)
     CHECK(attr_after(box, "data-series=\"worker:2\" data-x=\"2\"", "data-max") == 60);
     CHECK(count(box, "class=\"boxg\"") == 6);
     CHECK(series_values(h, "task_throughput", "worker:2", "data-y", v, 16) == 2 && v[1] == 40);
+    /* One time axis for CPU, memory and network, although the network rate
+     * has no point at the first sample (its axis once began later). */
+    const char *cpu_c = chart(h, "cpu", &end), *rss_c = chart(h, "rss", &end),
+               *net_c = chart(h, "net", &end);
+    double lo = attr_after(cpu_c, "data-chart", "data-x-lo"), hi = attr_after(cpu_c, "data-chart", "data-x-hi");
+    CHECKF(isfinite(lo) && isfinite(hi) && lo <= 0 && hi >= 2.8, "cpu axis %g..%g", lo, hi);
+    CHECKF(attr_after(rss_c, "data-chart", "data-x-lo") == lo &&
+               attr_after(rss_c, "data-chart", "data-x-hi") == hi,
+           "rss axis %g..%g, cpu %g..%g", attr_after(rss_c, "data-chart", "data-x-lo"),
+           attr_after(rss_c, "data-chart", "data-x-hi"), lo, hi);
+    CHECKF(attr_after(net_c, "data-chart", "data-x-lo") == lo &&
+               attr_after(net_c, "data-chart", "data-x-hi") == hi,
+           "net axis %g..%g, cpu %g..%g", attr_after(net_c, "data-chart", "data-x-lo"),
+           attr_after(net_c, "data-chart", "data-x-hi"), lo, hi);
+    /* Training against validation loss, and the hyperparameter columns. */
+    CHECK(series_values(h, "loss", "Run &lt;A&gt; train", "data-y", v, 16) == 2 && v[0] == 0.4 &&
+          v[1] == 0.25);
+    CHECK(series_values(h, "loss", "Run &lt;A&gt; validation", "data-y", v, 16) == 2 &&
+          v[0] == 0.3 && v[1] == 0.2);
+    CHECK(final_value(h, "Run &lt;A&gt;", "lr") == 0.001 && final_value(h, "Run &lt;A&gt;", "seed") == 7);
+    CHECK(strstr(h, "<td data-k=\"optimizer\">adam</td>") && strstr(h, "<td data-k=\"lr_schedule\">step</td>"));
     /* The single process: no resource charts, a note instead. */
     CHECK(count(h, "data-chart=\"cpu\"") == 1);
     CHECK(strstr(h, "No resource samples") != NULL);
+    free(h);
+}
+
+/* One epoch, two tasks with PSS: one-point figures are a table, and peak
+ * memory is the sum of PSS peaks (a shared mapping counted once). */
+static const char FIXTURE_C[] =
+    "{\"event\":\"resource\",\"t\":0.5,\"wall\":1700000000.0,\"task\":\"worker:0\",\"cpu_percent\":90,\"rss_bytes\":300000000,\"pss_bytes\":200000000,\"net_tx_bytes\":0,\"net_rx_bytes\":0}\n"
+    "{\"event\":\"resource\",\"t\":1.5,\"wall\":1700000001.0,\"task\":\"worker:0\",\"cpu_percent\":90,\"rss_bytes\":310000000,\"pss_bytes\":210000000,\"net_tx_bytes\":5,\"net_rx_bytes\":5}\n"
+    "{\"event\":\"resource\",\"t\":0.5,\"wall\":1700000000.1,\"task\":\"worker:1\",\"cpu_percent\":90,\"rss_bytes\":300000000,\"pss_bytes\":100000000,\"net_tx_bytes\":0,\"net_rx_bytes\":0}\n"
+    "{\"event\":\"epoch\",\"t\":1.0,\"wall\":1700000001.0,\"epoch\":1,\"val_accuracy\":0.9,\"val_loss\":0.3,\"train_loss\":0.4,\"seconds\":1.0,\"step\":30,\"lr\":0.001,\"task\":\"worker:0\"}\n";
+
+static void test_one_point(void)
+{
+    write_file("c.jsonl", FIXTURE_C);
+    int rc = run_cmd(errbuf, sizeof errbuf, "%s report %s/c.jsonl -o %s/c.html --label C", bin, tmp, tmp);
+    CHECKF(rc == 0, "report of one epoch: rc %d, %s", rc, errbuf);
+    char *h = read_tmp("c.html");
+    REQUIRE(h);
+    CHECK(strstr(h, "<table class=\"onepoint\" data-chart=\"val_accuracy\">") != NULL);
+    CHECK(
+          !strstr(h, "data-chart=\"val_accuracy\" data-x-lo"));
+    CHECK(strstr(h, "data-series=\"C\"><td>C</td><td class=\"n\" data-x=\"1\">") != NULL);
+    CHECK(final_value(h, "C", "pss_peak_bytes") == 310000000);
     free(h);
 }
 
@@ -483,6 +534,7 @@ int main(void)
     REQUIRE(chdir(tmp) == 0);
     test_bad_input();
     test_fixture();
+    test_one_point();
     test_api();
     const char *data = getenv("DOWNPOUR_DATA");
     char probe[1200];

@@ -63,6 +63,9 @@ typedef struct dp_metrics_source {
  *    "cpu_percent_mean":..,   mean over tasks of each task's mean CPU %
  *    "cpu_percent_sum":..,    sum of those means (100 = one core busy)
  *    "rss_peak_bytes":..,     sum over tasks of each task's peak RSS
+ *    "pss_peak_bytes":..,     the same over PSS, which counts a mapping
+ *                             shared by tasks (the dataset cache) once;
+ *                             only when every task's samples carry PSS
  *    "net_tx_bytes":..,"net_rx_bytes":..}  sum of each task's last counters
  * when any task wrote "resource" events.  `seconds` is the "t" of that line.
  * A missing task file is skipped with a warning.  path is replaced

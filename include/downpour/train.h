@@ -100,6 +100,7 @@ typedef struct dp_train_config {
     const char *transport;    /* "tcp" (default) or "mpi" */
     int mpi_ps;               /* mpi: ps ranks after the chief (rank 0) */
     const char *metrics_path; /* JSON Lines, or NULL */
+    const char *trace_path;   /* a timeline in the Chrome trace format, or NULL (trace.h) */
     const char *tensorboard_dir; /* TensorBoard event files (docs/tensorboard.md), or NULL */
     const char *save_path;    /* safetensors weights at the end, or NULL */
     const char *checkpoint_dir; /* training-state checkpoints go here, or NULL */

@@ -26,7 +26,8 @@
     "that exits 3 (trained and saved, but some checkpoint not written) is no failure:\n"  \
     "nothing is restarted or stopped, and launch exits 3 when no task failed. With\n"     \
     "--metrics FILE in the train options, task T writes FILE.<type>-<index> and FILE\n"   \
-    "gets all of them merged, with one \"fault\" event per fault."
+    "gets all of them merged, with one \"fault\" event per fault. With --trace FILE,\n"   \
+    "the tasks' timelines are merged into FILE on one time axis (docs/trace.md)."
 
 #define LAUNCH_MAX_TASKS 256
 

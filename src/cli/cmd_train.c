@@ -100,10 +100,11 @@ static void lr_help(char *buf, size_t cap)
 /* Checks the output paths before any training, so a typo costs seconds, not
  * a run: exits 2 with the message. */
 static int check_outputs(const char *save, const char *metrics, const char *checkpoint_dir,
-                         const char *tensorboard)
+                         const char *tensorboard, const char *trace)
 {
     dp_err err;
     if ((save && dp_path_check_replaceable(save, "--save", &err) < 0) ||
+        (trace && dp_path_check_replaceable(trace, "--trace", &err) < 0) ||
         (tensorboard && dp_dir_prepare(tensorboard, "--tensorboard", &err) < 0) ||
         (metrics && dp_path_check_writable(metrics, "--metrics", &err) < 0) ||
         (checkpoint_dir && dp_dir_prepare(checkpoint_dir, "--checkpoint-dir", &err) < 0)) {
@@ -127,7 +128,7 @@ int cmd_train(int argc, char **argv)
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
     const char *transport = "tcp", *overlap = NULL, *device = "cpu";
     double collective_timeout = cfg.collective_timeout;
-    const char *optimizer = "adam", *metrics = NULL, *save = NULL;
+    const char *optimizer = "adam", *metrics = NULL, *save = NULL, *trace = NULL;
     const char *checkpoint_dir = NULL, *secret_file = NULL, *tensorboard = NULL;
     long checkpoint_every = cfg.checkpoint_every, keep_checkpoints = cfg.keep_checkpoints;
     bool resume = false;
@@ -214,6 +215,7 @@ int cmd_train(int argc, char **argv)
         {"threads", CLI_INT, &threads, "N", "BLAS threads (0: OPENBLAS_NUM_THREADS or all cores)", 0, 1024},
         {"log-every", CLI_INT, &log_every, "N", "steps between step lines (0: none)", 0, 100000000},
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
+        {"trace", CLI_STR, &trace, "FILE", "write a timeline of every span (Chrome trace format, docs/trace.md)", 0, 0},
         {"tensorboard", CLI_STR, &tensorboard, "DIR", "write TensorBoard scalars under DIR (a cluster task: DIR/<type>-<index>)", 0, 0},
         {"save", CLI_STR, &save, "FILE", "save the trained weights as safetensors", 0, 0},
         {"checkpoint-dir", CLI_STR, &checkpoint_dir, "DIR", "write training-state checkpoints here (made if missing); one that cannot be written is a warning, and the run goes on and exits 3", 0, 0},
@@ -426,6 +428,7 @@ int cmd_train(int argc, char **argv)
     cfg.log_every = quiet ? 0 : (int)log_every;
     cfg.progress = !no_progress && isatty(STDERR_FILENO);
     cfg.metrics_path = metrics;
+    cfg.trace_path = trace;
     cfg.tensorboard_dir = tensorboard;
     cfg.save_path = save;
     if (resume && !checkpoint_dir) {
@@ -501,7 +504,7 @@ int cmd_train(int argc, char **argv)
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
-    if (check_outputs(save, metrics, checkpoint_dir, tensorboard) < 0)
+    if (check_outputs(save, metrics, checkpoint_dir, tensorboard, trace) < 0)
         return 2;
 
     dp_train_result res;

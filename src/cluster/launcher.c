@@ -25,6 +25,7 @@
 #include "downpour/file.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
+#include "downpour/trace.h"
 #include "downpour/secret.h"
 
 extern char **environ;
@@ -61,6 +62,7 @@ struct dp_launcher {
     int status;            /* exit status for the program */
     char reason[DP_ERR_MAX];
     char *metrics_path;    /* FILE of "--metrics FILE", or NULL */
+    char *trace_path;      /* FILE of "--trace FILE", or NULL (docs/trace.md) */
     dp_metrics *faults;    /* FILE.launcher: one "fault" event per fault */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
@@ -258,21 +260,29 @@ static void free_strv(char **v)
     free(v);
 }
 
-static int find_metrics_arg(int argc, char *const *argv, int *at, const char **file)
+/* "--OPT FILE" or "--OPT=FILE" in argv: *at is the index of the word
+ * holding FILE.  opt is "--metrics" or "--trace". */
+static int find_file_arg(int argc, char *const *argv, const char *opt, int *at, const char **file)
 {
+    size_t n = strlen(opt);
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], opt) == 0 && i + 1 < argc) {
             *at = i + 1;
             *file = argv[i + 1];
             return 1;
         }
-        if (strncmp(argv[i], "--metrics=", 10) == 0 && argv[i][10]) {
+        if (strncmp(argv[i], opt, n) == 0 && argv[i][n] == '=' && argv[i][n + 1]) {
             *at = i;
-            *file = argv[i] + 10;
+            *file = argv[i] + n + 1;
             return 1;
         }
     }
     return 0;
+}
+
+static int find_metrics_arg(int argc, char *const *argv, int *at, const char **file)
+{
+    return find_file_arg(argc, argv, "--metrics", at, file);
 }
 
 static char **task_argv(const dp_launcher *l, const dp_launch_opts *o, const dp_task *task)
@@ -280,14 +290,19 @@ static char **task_argv(const dp_launcher *l, const dp_launch_opts *o, const dp_
     char **v = calloc((size_t)o->argc + 1, sizeof *v);
     if (!v)
         return NULL;
-    int at = -1;
+    int at = -1, tat = -1;
     const char *file = NULL;
     find_metrics_arg(o->argc, o->argv, &at, &file);
+    find_file_arg(o->argc, o->argv, "--trace", &tat, &file);
     for (int i = 0; i < o->argc; i++) {
         if (i == at && l->metrics_path)
             v[i] = xasprintf("%s%s.%s-%d", strncmp(o->argv[i], "--metrics=", 10) == 0
                                                ? "--metrics=" : "",
                              l->metrics_path, dp_role_name(task->role), task->index);
+        else if (i == tat && l->trace_path) /* FILE.<type>-<index>, merged at the end */
+            v[i] = xasprintf("%s%s.%s-%d", strncmp(o->argv[i], "--trace=", 8) == 0
+                                               ? "--trace=" : "",
+                             l->trace_path, dp_role_name(task->role), task->index);
         else
             v[i] = strdup(o->argv[i]);
         if (!v[i]) {
@@ -681,6 +696,7 @@ void dp_launcher_free(dp_launcher *l)
         close(l->devnull);
     restore_signals(l);
     free(l->metrics_path);
+    free(l->trace_path);
     dp_metrics_close(l->faults);
     free(l);
 }
@@ -725,6 +741,10 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     int at;
     const char *file;
     if (find_metrics_arg(o->argc, o->argv, &at, &file) && !(l->metrics_path = strdup(file))) {
+        dp_errf(err, "launcher: out of memory");
+        goto fail;
+    }
+    if (find_file_arg(o->argc, o->argv, "--trace", &at, &file) && !(l->trace_path = strdup(file))) {
         dp_errf(err, "launcher: out of memory");
         goto fail;
     }
@@ -823,6 +843,28 @@ static int merge_metrics(const dp_launcher *l, dp_err *err)
     for (int i = 0; i < k; i++)
         free((char *)src[i].path);
     free(src);
+    return rc;
+}
+
+/* FILE from the tasks' FILE.<type>-<index> (their last run each): one
+ * timeline, already on one wall-clock axis. */
+static int merge_traces(const dp_launcher *l, dp_err *err)
+{
+    int n = l->c->n_tasks, rc = 0;
+    char **in = calloc((size_t)(n ? n : 1), sizeof *in);
+    if (!in)
+        return dp_errf(err, "merging traces: out of memory");
+    for (int i = 0; i < n && rc == 0; i++)
+        if (!(in[i] = xasprintf("%s.%s-%d", l->trace_path, dp_role_name(l->c->tasks[i].role),
+                                l->c->tasks[i].index)))
+            rc = dp_errf(err, "merging traces: out of memory");
+    if (rc == 0)
+        rc = dp_trace_merge(l->trace_path, (const char *const *)in, n, err);
+    for (int i = 0; i < n && rc == 0; i++)
+        unlink(in[i]); /* merged: one file beside the metrics, not one a task */
+    for (int i = 0; i < n; i++)
+        free(in[i]);
+    free(in);
     return rc;
 }
 
@@ -931,6 +973,16 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
             if (l->status == 0) {
                 l->status = 1;
                 snprintf(l->reason, sizeof l->reason, "%s", merr.msg);
+            }
+        }
+    }
+    if (l->trace_path) {
+        dp_err terr;
+        if (merge_traces(l, &terr) < 0) {
+            dp_warn("launcher: %s", terr.msg);
+            if (l->status == 0) {
+                l->status = 1;
+                snprintf(l->reason, sizeof l->reason, "%s", terr.msg);
             }
         }
     }

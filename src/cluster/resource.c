@@ -76,6 +76,15 @@ int dp_resource_sample(dp_resource_usage *u, dp_err *err)
         return dp_errf(err, "/proc/self/statm: unexpected format");
     long page = sysconf(_SC_PAGESIZE);
     u->rss_bytes = (int64_t)resident * (page > 0 ? page : 4096);
+    u->pss_bytes = -1;
+    /* Optional: older kernels lack smaps_rollup, and then only RSS is known. */
+    char roll[4096];
+    if (read_small("/proc/self/smaps_rollup", roll, sizeof roll, NULL) == 0) {
+        const char *q = strstr(roll, "\nPss:");
+        unsigned long long kb;
+        if (q && sscanf(q + 5, "%llu", &kb) == 1)
+            u->pss_bytes = (int64_t)kb * 1024;
+    }
     return 0;
 }
 
@@ -98,6 +107,7 @@ struct dp_resource_sampler {
     pthread_mutex_t mu;   /* guards stop and serialises this sampler's writes */
     pthread_cond_t cv;
     int stop;
+    int finished; /* the last sample is written; the thread is joined */
     int warned;
     dp_resource_usage prev;
 };
@@ -117,9 +127,15 @@ static void write_sample(dp_resource_sampler *s)
         s->net(s->net_ctx, &tx, &rx);
     double cpu = dp_resource_cpu_percent(&s->prev, &now);
     s->prev = now;
-    dp_metrics_event(s->m, "resource", DP_F_STR, "task", s->task, DP_F_NUM, "cpu_percent", cpu,
-                     DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT, "net_tx_bytes",
-                     (long)tx, DP_F_INT, "net_rx_bytes", (long)rx, DP_F_END);
+    if (now.pss_bytes >= 0)
+        dp_metrics_event(s->m, "resource", DP_F_STR, "task", s->task, DP_F_NUM, "cpu_percent",
+                         cpu, DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT, "pss_bytes",
+                         (long)now.pss_bytes, DP_F_INT, "net_tx_bytes", (long)tx, DP_F_INT,
+                         "net_rx_bytes", (long)rx, DP_F_END);
+    else
+        dp_metrics_event(s->m, "resource", DP_F_STR, "task", s->task, DP_F_NUM, "cpu_percent",
+                         cpu, DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT,
+                         "net_tx_bytes", (long)tx, DP_F_INT, "net_rx_bytes", (long)rx, DP_F_END);
 }
 
 static void *sampler_main(void *arg)
@@ -187,9 +203,9 @@ int dp_resource_sampler_start(dp_resource_sampler **out, dp_metrics *m, const ch
     return 0;
 }
 
-void dp_resource_sampler_stop(dp_resource_sampler *s)
+void dp_resource_sampler_finish(dp_resource_sampler *s)
 {
-    if (!s)
+    if (!s || s->finished)
         return;
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
@@ -197,6 +213,14 @@ void dp_resource_sampler_stop(dp_resource_sampler *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     write_sample(s); /* the final sample, covering the time since the last one */
+    s->finished = 1;
+}
+
+void dp_resource_sampler_stop(dp_resource_sampler *s)
+{
+    if (!s)
+        return;
+    dp_resource_sampler_finish(s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,7 +152,7 @@ typedef struct thesis {
     const char *out;
     long epochs, repeats, train_size, val_size;
     study_cluster cluster;
-    char prediction_note[512]; /* how the cost model was calibrated, or why not */
+    char prediction_note[1024]; /* how the cost model was calibrated, or why not */
     double prediction_mae;     /* mean absolute relative error over the cells */
     int n_cells;
     cell cells[3 * 3 * 2];
@@ -271,6 +272,20 @@ static void summarise(cell *c)
     }
 }
 
+/* The source trained 25 epochs; a shorter study measures another thing
+ * (accuracy after fewer epochs), so it draws no verdict against it. */
+#define SOURCE_EPOCHS 25
+/* Training times within this fraction of each other are "about the same":
+ * a 1.00x ratio is no win, and run-to-run noise is a few per cent. */
+#define TIME_TOLERANCE 0.05
+/* A mean prediction error above this draws a caveat beside the figures. */
+#define PREDICTION_CAVEAT 0.25
+
+static bool comparable_to_source(const thesis *T)
+{
+    return T->epochs >= SOURCE_EPOCHS;
+}
+
 /* ------------------------------------------------- the cost model's error */
 
 /* Predicts each finished cell's training time with the cost model
@@ -350,8 +365,15 @@ static void predict_cells(thesis *T)
              "Predicted: the cost model (docs/cost_model.md) for this machine (%d cores, "
              "loopback %.0f MB/s, %.0f us one way), calibrated by one epoch of 12,800 records "
              "on one thread (%.2f us a record for mlp-300-100). Its mean absolute error over "
-             "the %d cells: %.0f %%.",
-             study_cores(), bw / 1e6, lat * 1e6, cal.sample_s * 1e6, n, 100 * T->prediction_mae);
+             "the %d cells: %.0f %%.%s",
+             study_cores(), bw / 1e6, lat * 1e6, cal.sample_s * 1e6, n, 100 * T->prediction_mae,
+             T->prediction_mae <= PREDICTION_CAVEAT ? ""
+             : comparable_to_source(T)
+                 ? " That error is large: the model does not describe this machine's runs "
+                   "well, so read its times as rough guides, not predictions."
+                 : " That error is large: the model does not describe this machine's runs "
+                   "well (a short run is dominated by start-up, which the model leaves "
+                   "out), so read its times as rough guides, not predictions.");
 }
 
 /* ------------------------------------------------------ the recommendation */
@@ -373,10 +395,24 @@ static void add_reason(verdict *v, const char *fmt, ...)
     va_end(ap);
 }
 
+/* The spread between seeds, measured: the median over finished cells of
+ * (max - min) test accuracy; NAN with one seed (nothing measured). */
+static double seed_spread(const thesis *T)
+{
+    double sp[64];
+    int n = 0;
+    for (int i = 0; i < T->n_cells && n < 64; i++)
+        if (T->cells[i].status == CELL_DONE && T->cells[i].acc.n > 1)
+            sp[n++] = T->cells[i].acc.max - T->cells[i].acc.min;
+    return n ? study_stats(sp, n).median : NAN;
+}
+
 /* Compares the parameter-server strategy with all-reduce over the cells
  * both finished (same dataset and batch): accuracy first, where one is
- * better by more than the spread between seeds can explain (0.2 points,
- * docs/experiments.md), then training time. */
+ * better by more than the spread between seeds measured in this study,
+ * then training time, where one is more than TIME_TOLERANCE faster.  A
+ * study shorter than the source's 25 epochs, or of one seed, draws no
+ * verdict from accuracy it cannot compare or noise it has not measured. */
 static void recommend(const thesis *T, verdict *v)
 {
     memset(v, 0, sizeof *v);
@@ -390,7 +426,7 @@ static void recommend(const thesis *T, verdict *v)
         const cell *a = &T->cells[i];
         if (!ps || strcmp(a->strategy, ps) || a->status != CELL_DONE)
             continue;
-        for (int j = 0; j < T->n_cells; j++) {
+        for (int j = 0; j < T->n_cells && n < 18; j++) {
             const cell *b = &T->cells[j];
             if (strcmp(b->strategy, "allreduce") || b->status != CELL_DONE ||
                 strcmp(a->dataset, b->dataset) || a->batch != b->batch)
@@ -408,28 +444,52 @@ static void recommend(const thesis *T, verdict *v)
                       "and all-reduce, so there is nothing to compare.");
         return;
     }
+    bool full = comparable_to_source(T);
+    double spread = seed_spread(T);
     study_stat sd = study_stats(dacc, n), sr = study_stats(ratio, n);
-    const char *faster = sr.median < 1 ? "allreduce" : ps;
+    bool time_tie = fabs(sr.median - 1) <= TIME_TOLERANCE;
+    const char *faster = time_tie ? NULL : sr.median < 1 ? "allreduce" : ps;
     const char *more_acc = sd.median > 0 ? "allreduce" : ps;
-    if (fabs(sd.median) > 0.002) {
-        v->strategy = more_acc;
+    if (!full)
+        add_reason(v, "A short run: %ld epoch(s) against the source's %d, so its accuracy "
+                      "cannot be compared with the source's figures and no strategy is "
+                      "recommended from it. Rerun with --epochs %d for a verdict.",
+                   T->epochs, SOURCE_EPOCHS, SOURCE_EPOCHS);
+    if (!isfinite(spread)) {
+        add_reason(v, "Test accuracy: all-reduce minus %s is %+.2f points in the median over %d "
+                      "cells (%+.2f to %+.2f). One seed ran, so the spread between seeds is "
+                      "not measured and this difference decides nothing (--repeats 3 "
+                      "measures it).",
+                   ps, 100 * sd.median, n, 100 * sd.min, 100 * sd.max);
+    } else if (fabs(sd.median) > spread) {
+        if (full)
+            v->strategy = more_acc;
         add_reason(v, "%s reached the higher test accuracy in %d of %d comparable cells, by %.2f "
                       "points in the median (%+.2f to %+.2f, all-reduce minus %s), more than "
-                      "the 0.2-point spread between seeds.",
+                      "the %.2f-point spread between seeds measured here.",
                    more_acc, sd.median > 0 ? ar_more_acc : n - ar_more_acc, n,
-                   100 * fabs(sd.median), 100 * sd.min, 100 * sd.max, ps);
+                   100 * fabs(sd.median), 100 * sd.min, 100 * sd.max, ps, 100 * spread);
     } else {
-        v->strategy = faster;
         add_reason(v, "Test accuracy is a tie: all-reduce minus %s is %+.2f points in the median "
-                      "over %d cells (%+.2f to %+.2f), within the spread between seeds.",
-                   ps, 100 * sd.median, n, 100 * sd.min, 100 * sd.max);
+                      "over %d cells (%+.2f to %+.2f), within the %.2f-point spread between "
+                      "seeds measured here.",
+                   ps, 100 * sd.median, n, 100 * sd.min, 100 * sd.max, 100 * spread);
     }
-    add_reason(v, "%s trained faster: all-reduce took %.2fx the time of %s in the median "
-                  "(%.2fx to %.2fx) on %s.",
-               faster, sr.median, ps, sr.min, sr.max, T->cluster.description);
-    add_reason(v, "Cells at or above the source's test accuracy: %s %d of %d, all-reduce %d of %d.",
-               ps, ps_met, n, ar_met, n);
-    if (strcmp(v->strategy, faster) != 0)
+    if (time_tie)
+        add_reason(v, "Training time is about the same: all-reduce took %.2fx the time of %s in "
+                      "the median (%.2fx to %.2fx), within %.0f %%, on %s.",
+                   sr.median, ps, sr.min, sr.max, 100 * TIME_TOLERANCE, T->cluster.description);
+    else
+        add_reason(v, "%s trained faster: all-reduce took %.2fx the time of %s in the median "
+                      "(%.2fx to %.2fx) on %s.",
+                   faster, sr.median, ps, sr.min, sr.max, T->cluster.description);
+    if (full && !v->strategy && isfinite(spread))
+        v->strategy = faster; /* accuracy tied within a measured spread: time decides */
+    if (full)
+        add_reason(v, "Cells at or above the source's test accuracy: %s %d of %d, all-reduce %d "
+                      "of %d.",
+                   ps, ps_met, n, ar_met, n);
+    if (v->strategy && faster && strcmp(v->strategy, faster) != 0)
         add_reason(v, "Accuracy comes first: the faster strategy's time gain (%.0f %%) does not "
                       "make up for lower accuracy in a study of accuracy.",
                    100 * fabs(1 - (sr.median < 1 ? sr.median : 1 / sr.median)));
@@ -464,6 +524,7 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
     cJSON_AddStringToObject(root, "cluster", T->cluster.description);
     cJSON_AddNumberToObject(root, "cores", study_cores());
     cJSON_AddNumberToObject(root, "epochs", (double)T->epochs);
+    cJSON_AddBoolToObject(root, "comparable_to_source", comparable_to_source(T));
     cJSON_AddNumberToObject(root, "repeats", (double)T->repeats);
     cJSON_AddNumberToObject(root, "train_size", (double)T->train_size);
     cJSON_AddNumberToObject(root, "val_size", (double)T->val_size);
@@ -500,7 +561,10 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
             cJSON_AddItemToObject(o, "test_accuracy", stat_json(c->acc));
             cJSON_AddItemToObject(o, "train_seconds", stat_json(c->train_s));
             cJSON_AddItemToObject(o, "wall_seconds", stat_json(c->wall_s));
-            cJSON_AddBoolToObject(o, "meets_source", c->acc.median >= c->src->test_accuracy);
+            if (comparable_to_source(T))
+                cJSON_AddBoolToObject(o, "meets_source", c->acc.median >= c->src->test_accuracy);
+            else /* a short run: no verdict against 25-epoch figures */
+                cJSON_AddNullToObject(o, "meets_source");
             cJSON *ve = cJSON_AddArrayToObject(o, "val_accuracy_per_epoch");
             for (int e = 0; e < c->epochs; e++)
                 cJSON_AddItemToArray(ve, num_or_null(c->val_median[e]));
@@ -567,10 +631,19 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
              T->epochs, T->train_size, T->val_size, T->repeats, T->repeats,
              T->cluster.description, T->wall);
     int bad = dp_report_add_paragraph(r, text);
+    if (!comparable_to_source(T)) {
+        snprintf(text, sizeof text,
+                 "A short run: %ld epoch(s) against the source's %d. Its figures are shown "
+                 "beside the source's, but accuracy after fewer epochs cannot be compared with "
+                 "them, so no cell is marked below or above the source and no strategy is "
+                 "recommended.",
+                 T->epochs, SOURCE_EPOCHS);
+        bad |= dp_report_add_paragraph(r, text);
+    }
 
     bad |= dp_report_add_heading(r, "Recommendation");
     snprintf(text, sizeof text, "On this cluster: %s.",
-             v->strategy ? v->strategy : "no recommendation (nothing to compare)");
+             v->strategy ? v->strategy : "no recommendation (see why below)");
     bad |= dp_report_add_paragraph(r, text);
     for (int i = 0; i < v->n_reasons; i++)
         bad |= dp_report_add_paragraph(r, v->reasons[i]);
@@ -607,7 +680,10 @@ static int write_report(const thesis *T, const verdict *v, const char *path, dp_
                 snprintf(s[3], 96, "%.4f (%.4f-%.4f)", c->acc.median, c->acc.min, c->acc.max);
             else
                 snprintf(s[3], 96, "%.4f", c->acc.median);
-            snprintf(s[5], 96, "%+.4f", c->acc.median - c->src->test_accuracy);
+            if (comparable_to_source(T))
+                snprintf(s[5], 96, "%+.4f", c->acc.median - c->src->test_accuracy);
+            else
+                snprintf(s[5], 96, "n/a (%ld vs %d epochs)", T->epochs, SOURCE_EPOCHS);
             fmt(s[6], 96, "%.1f", c->train_s.median);
             fmt(s[8], 96, "%.1f", c->wall_s.median);
             fmt(s[9], 96, "%.1f", c->cpu);
@@ -735,9 +811,15 @@ static void print_summary(const thesis *T, const verdict *v)
         fmt(wa, sizeof wa, "%.1f", c->status == CELL_DONE ? c->wall_s.median : NAN);
         printf("%-13s %-9s %5d  %-22s %7.4f %8s %8.1f %8s%s\n", c->dataset, c->strategy,
                c->batch, acc, c->src->test_accuracy, tr, c->src->train_seconds, wa,
-               c->status == CELL_DONE && c->acc.median < c->src->test_accuracy ? "  below source"
-                                                                                 : "");
+               comparable_to_source(T) && c->status == CELL_DONE &&
+                       c->acc.median < c->src->test_accuracy
+                   ? "  below source"
+                   : "");
     }
+    if (!comparable_to_source(T))
+        printf("\nA short run: %ld epoch(s) against the source's %d; its figures are shown "
+               "beside the source's but cannot be compared with them.\n",
+               T->epochs, SOURCE_EPOCHS);
     printf("\n%s\n", T->prediction_note);
     printf("\nRecommendation: %s\n", v->strategy ? v->strategy : "none");
     for (int i = 0; i < v->n_reasons; i++)

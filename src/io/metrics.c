@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,6 +213,8 @@ typedef struct task_res {
     double cpu_sum;
     long samples;
     double rss_peak;
+    double pss_peak;
+    long pss_samples;
     double tx, rx;
 } task_res;
 
@@ -237,6 +240,13 @@ static void add_resource(task_res *tr, const cJSON *o)
     double v = num_field(o, "rss_bytes", &f);
     if (v > tr->rss_peak)
         tr->rss_peak = v;
+    f = 0;
+    v = num_field(o, "pss_bytes", &f);
+    if (f) {
+        tr->pss_samples++;
+        if (v > tr->pss_peak)
+            tr->pss_peak = v;
+    }
     v = num_field(o, "net_tx_bytes", &f);
     if (v > tr->tx)
         tr->tx = v;
@@ -297,9 +307,10 @@ int dp_metrics_merge(const char *path, const dp_metrics_source *src, int n, doub
     dp_atomic_file af;
     if (dp_atomic_open(&af, path, err) < 0)
         return dp_err_prefix(err, "merging metrics");
-    double cpu_mean_sum = 0, rss = 0, tx = 0, rx = 0;
+    double cpu_mean_sum = 0, rss = 0, pss = 0, tx = 0, rx = 0;
     long samples = 0;
     int tasks_with = 0;
+    bool all_pss = true; /* a PSS sum means something only over every task */
     char *line = NULL;
     size_t cap = 0;
     for (int i = 0; i < n; i++) {
@@ -315,18 +326,23 @@ int dp_metrics_merge(const char *path, const dp_metrics_source *src, int n, doub
             cpu_mean_sum += tr.cpu_sum / (double)tr.samples;
         }
         rss += tr.rss_peak;
+        pss += tr.pss_peak;
+        if (tr.samples > 0 && tr.pss_samples == 0)
+            all_pss = false;
         tx += tr.tx;
         rx += tr.rx;
     }
     free(line);
     if (tasks_with > 0) {
-        char total[512];
+        char total[512], pss_field[64] = "";
+        if (all_pss)
+            snprintf(pss_field, sizeof pss_field, ",\"pss_peak_bytes\":%.0f", pss);
         int len = snprintf(total, sizeof total,
                            "{\"event\":\"resource_total\",\"t\":%.3f,\"wall\":%.3f,\"tasks\":%d,\"samples\":%ld,"
                            "\"cpu_percent_mean\":%.3f,\"cpu_percent_sum\":%.3f,"
-                           "\"rss_peak_bytes\":%.0f,\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
+                           "\"rss_peak_bytes\":%.0f%s,\"net_tx_bytes\":%.0f,\"net_rx_bytes\":%.0f}\n",
                            seconds, dp_wall_now(), tasks_with, samples, cpu_mean_sum / tasks_with, cpu_mean_sum,
-                           rss, tx, rx);
+                           rss, pss_field, tx, rx);
         if (len < 0 || (size_t)len >= sizeof total ||
             dp_write_all(af.fd, total, (size_t)len, NULL) < 0) {
             dp_errf(err, "merging metrics: writing %s: %s", path,

@@ -43,6 +43,7 @@ typedef struct sample {
 
 typedef struct step_row {
     double epoch, t, wall, median, p90, max, sps;
+    double steps, compute; /* compute: median compute ms a step, NAN in older files */
 } step_row;
 
 typedef struct task_data {
@@ -50,8 +51,8 @@ typedef struct task_data {
     sample *s;
     int n;
     long seen, stride; /* resource lines read; one of every stride is kept */
-    double cpu_sum, rss_peak, tx_last, rx_last;
-    long cpu_n;
+    double cpu_sum, rss_peak, pss_peak, tx_last, rx_last;
+    long cpu_n, pss_n;
     step_row *steps;
     int n_steps;
     double offset; /* wall - t, from its first line with both */
@@ -70,6 +71,8 @@ typedef struct fault_row {
 typedef struct straggler {
     int task;
     double epoch, x, ms, median;
+    bool by_compute; /* ms and median are compute times, else step times */
+    double waited_s; /* how long the other tasks waited on it in the epoch, NAN unknown */
 } straggler;
 
 typedef struct run {
@@ -189,7 +192,7 @@ static int find_task(run *r, const char *name, bool create)
     task_data *td = &r->tasks[r->n_tasks];
     memset(td, 0, sizeof *td);
     td->stride = 1;
-    td->rss_peak = NAN;
+    td->rss_peak = td->pss_peak = NAN;
     td->tx_last = td->rx_last = NAN;
     if (!(td->name = strdup(name)))
         return -3;
@@ -206,6 +209,12 @@ static add_result add_sample(task_data *td, const cJSON *o, double t, double wal
     }
     if (isfinite(rss) && !(rss <= td->rss_peak))
         td->rss_peak = rss;
+    double pss = num_of(o, "pss_bytes");
+    if (isfinite(pss)) {
+        td->pss_n++;
+        if (!(pss <= td->pss_peak))
+            td->pss_peak = pss;
+    }
     if (isfinite(tx))
         td->tx_last = tx;
     if (isfinite(rx))
@@ -235,7 +244,8 @@ static add_result add_steps(task_data *td, const cJSON *o, double t, double wall
         return td->n_steps >= MAX_ROWS ? ADD_CAPPED : ADD_NOMEM;
     td->steps[td->n_steps++] =
         (step_row){num_of(o, "epoch"), t, wall, num_of(o, "step_ms_median"), num_of(o, "step_ms_p90"),
-                   num_of(o, "step_ms_max"), num_of(o, "samples_per_second")};
+                   num_of(o, "step_ms_max"), num_of(o, "samples_per_second"), num_of(o, "steps"),
+                   num_of(o, "compute_ms_median")};
     return ADD_OK;
 }
 
@@ -512,8 +522,11 @@ static int step_epochs(const run *r, double **out)
     return m;
 }
 
-/* A straggler: a task whose median step time in an epoch exceeds
- * STRAGGLER_FACTOR times the median over the run's tasks in that epoch. */
+/* A straggler: a task whose median compute time a step in an epoch exceeds
+ * STRAGGLER_FACTOR times the median over the run's tasks in that epoch.
+ * Compute, not step time: under ps-sync and all-reduce the others wait for
+ * the slow task, so every task's step time is the slowest one's.  A file
+ * without compute times (an older downpour) falls back to step times. */
 static int find_stragglers(run *r)
 {
     double *ep;
@@ -526,10 +539,17 @@ static int find_stragglers(run *r)
     }
     for (int e = 0; e < n_ep; e++) {
         int n = 0;
+        bool by_compute = true;
         for (int i = 0; i < r->n_tasks; i++) {
             const step_row *s = steps_at(&r->tasks[i], ep[e]);
             if (s && isfinite(s->median))
-                v[n++] = s->median;
+                by_compute &= isfinite(s->compute);
+        }
+        for (int i = 0; i < r->n_tasks; i++) {
+            const step_row *s = steps_at(&r->tasks[i], ep[e]);
+            double x = s ? (by_compute ? s->compute : s->median) : NAN;
+            if (isfinite(x))
+                v[n++] = x;
         }
         if (n < 2)
             continue;
@@ -537,12 +557,32 @@ static int find_stragglers(run *r)
         double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
         for (int i = 0; i < r->n_tasks; i++) {
             const step_row *s = steps_at(&r->tasks[i], ep[e]);
-            if (!s || !(s->median > STRAGGLER_FACTOR * med))
+            double x = s ? (by_compute ? s->compute : s->median) : NAN;
+            if (!(x > STRAGGLER_FACTOR * med))
                 continue;
+            /* The others' wait: a step of theirs less its compute, the
+             * median over them, times their steps in the epoch. */
+            double waited = NAN;
+            if (by_compute) {
+                int m = 0;
+                double w[MAX_TASKS], steps = 0;
+                for (int j = 0; j < r->n_tasks; j++) {
+                    const step_row *o = steps_at(&r->tasks[j], ep[e]);
+                    if (j == i || !o || !isfinite(o->median) || !isfinite(o->compute))
+                        continue;
+                    w[m++] = fmax(0, o->median - o->compute);
+                    if (isfinite(o->steps))
+                        steps = fmax(steps, o->steps);
+                }
+                if (m > 0 && steps > 0) {
+                    qsort(w, (size_t)m, sizeof *w, cmp_double);
+                    waited = (m % 2 ? w[m / 2] : (w[m / 2 - 1] + w[m / 2]) / 2) * steps / 1e3;
+                }
+            }
             if (!grow((void **)&r->strag, r->n_strag, sizeof *r->strag, MAX_STRAGGLERS))
                 break;
             r->strag[r->n_strag++] = (straggler){i, ep[e], run_x(r, &r->tasks[i], s->t, s->wall),
-                                                 s->median, med};
+                                                 x, med, by_compute, waited};
         }
     }
     free(ep);
@@ -884,6 +924,57 @@ oom:
     return -1;
 }
 
+/* Training against validation loss: two series a run, "LABEL train" and
+ * "LABEL validation", so over-fitting (the two drifting apart) shows. */
+static int overlay_losses(sbuf *b, const dp_report *rep)
+{
+    int n = rep->n_runs, total = 0;
+    for (int i = 0; i < n; i++)
+        total += rep->runs[i].n_ep;
+    svg_series *s = calloc((size_t)(2 * n + 1), sizeof *s);
+    double *xy = malloc((size_t)(3 * total + 1) * sizeof *xy);
+    char(*names)[300] = calloc((size_t)(2 * n + 1), sizeof *names);
+    epoch_row *e = NULL;
+    int rc = 0, used = 0;
+    bool any_train = false;
+    if (!s || !xy || !names) {
+        rc = -1;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        int m = sorted_epochs(&rep->runs[i], &e);
+        if (m < 0) {
+            rc = -1;
+            goto out;
+        }
+        double *x = xy + used, *tr = x + m, *va = tr + m;
+        used += 3 * m;
+        for (int k = 0; k < m; k++) {
+            x[k] = e[k].epoch;
+            tr[k] = e[k].train_loss;
+            va[k] = e[k].val_loss;
+            any_train |= isfinite(tr[k]);
+        }
+        snprintf(names[2 * i], sizeof names[0], "%s train", rep->runs[i].label);
+        snprintf(names[2 * i + 1], sizeof names[0], "%s validation", rep->runs[i].label);
+        s[2 * i] = (svg_series){names[2 * i], x, tr, m};
+        s[2 * i + 1] = (svg_series){names[2 * i + 1], x, va, m};
+        free(e);
+        e = NULL;
+    }
+    if (any_train) {
+        svg_chart c = {"Training against validation loss per epoch", "epoch",
+                       "loss (cross-entropy)", false, true, "loss", false, 0, 0};
+        svg_line_chart(b, &c, s, 2 * n, NULL, 0);
+    }
+out:
+    free(s);
+    free(xy);
+    free(names);
+    free(e);
+    return rc;
+}
+
 /* Cluster samples/s per epoch: the sum of its tasks' "steps" samples_per_second. */
 static int overlay_throughput(sbuf *b, const dp_report *rep)
 {
@@ -958,17 +1049,28 @@ static void str_cell(sbuf *b, const char *key, const char *s)
 
 /* Whole-run resource figures: the launcher's resource_total, else computed
  * over the tasks the same way (metrics.h). */
-static void run_resources(const run *r, double *cpu_mean, double *rss_peak, double *net_tx)
+/* *mem_key says which memory figure *mem_peak is: "pss_peak_bytes" (the
+ * sum of each task's peak proportional set size, which counts the dataset
+ * cache that tasks of a host share once) when every task's samples carry
+ * PSS, else "rss_peak_bytes" (which counts a shared mapping once per task). */
+static void run_resources(const run *r, double *cpu_mean, double *mem_peak, const char **mem_key,
+                          double *net_tx)
 {
-    *cpu_mean = *rss_peak = *net_tx = NAN;
+    *cpu_mean = *mem_peak = *net_tx = NAN;
+    *mem_key = "rss_peak_bytes";
     if (r->total) {
         *cpu_mean = num_of(r->total, "cpu_percent_mean");
-        *rss_peak = num_of(r->total, "rss_peak_bytes");
+        *mem_peak = num_of(r->total, "pss_peak_bytes");
+        if (isfinite(*mem_peak))
+            *mem_key = "pss_peak_bytes";
+        else
+            *mem_peak = num_of(r->total, "rss_peak_bytes");
         *net_tx = num_of(r->total, "net_tx_bytes");
         return;
     }
-    double cpu = 0, rss = 0, tx = 0;
+    double cpu = 0, rss = 0, pss = 0, tx = 0;
     int n_cpu = 0, n_rss = 0, n_tx = 0;
+    bool all_pss = true;
     for (int i = 0; i < r->n_tasks; i++) {
         const task_data *td = &r->tasks[i];
         if (td->cpu_n) {
@@ -978,6 +1080,8 @@ static void run_resources(const run *r, double *cpu_mean, double *rss_peak, doub
         if (isfinite(td->rss_peak)) {
             rss += td->rss_peak;
             n_rss++;
+            all_pss &= td->pss_n > 0;
+            pss += td->pss_n > 0 ? td->pss_peak : 0;
         }
         if (isfinite(td->tx_last)) {
             tx += td->tx_last;
@@ -986,8 +1090,10 @@ static void run_resources(const run *r, double *cpu_mean, double *rss_peak, doub
     }
     if (n_cpu)
         *cpu_mean = cpu / n_cpu;
-    if (n_rss)
-        *rss_peak = rss;
+    if (n_rss) {
+        *mem_peak = all_pss ? pss : rss;
+        *mem_key = all_pss ? "pss_peak_bytes" : "rss_peak_bytes";
+    }
     if (n_tx)
         *net_tx = tx;
 }
@@ -997,14 +1103,17 @@ static void final_table(sbuf *b, const dp_report *rep)
     sb_puts(b, "<table class=\"final\"><caption>Final figures of each run (from its "
                "<code>done</code> and <code>resource_total</code> events)</caption><tr><th>run</th>"
                "<th>strategy</th><th>model</th><th>dataset</th><th>batch</th><th>workers</th>"
-               "<th>ps</th><th>epochs</th><th>test accuracy</th><th>train time (s)</th>"
+               "<th>ps</th><th>epochs</th><th>optimiser</th><th>lr</th><th>schedule</th>"
+               "<th>seed</th><th>test accuracy</th><th>train time (s)</th>"
                "<th>throughput (samples/s)</th><th>CPU (% of a core, task mean)</th>"
-               "<th>peak RSS (MiB, sum of tasks)</th><th>network sent (MB, all tasks)</th></tr>\n");
+               "<th>peak memory (MiB, sum of tasks; PSS<sup>*</sup>)</th>"
+               "<th>network sent (MB, all tasks)</th></tr>\n");
     for (int i = 0; i < rep->n_runs; i++) {
         const run *r = &rep->runs[i];
         const cJSON *d = r->done;
         double cpu, rss, tx;
-        run_resources(r, &cpu, &rss, &tx);
+        const char *mem_key;
+        run_resources(r, &cpu, &rss, &mem_key, &tx);
         sb_puts(b, "<tr data-run=\"");
         sb_esc(b, r->label);
         sb_puts(b, "\">");
@@ -1016,15 +1125,24 @@ static void final_table(sbuf *b, const dp_report *rep)
         num_cell(b, "workers", d ? num_of(d, "workers") : NAN, "%.0f", 1);
         num_cell(b, "ps", d ? num_of(d, "ps") : NAN, "%.0f", 1);
         num_cell(b, "epochs", d ? num_of(d, "epochs") : NAN, "%.0f", 1);
+        str_cell(b, "optimizer", d ? str_of(d, "optimizer") : NULL);
+        num_cell(b, "lr", d ? num_of(d, "lr") : NAN, "%.3g", 1);
+        str_cell(b, "lr_schedule", d ? str_of(d, "lr_schedule") : NULL);
+        num_cell(b, "seed", d ? num_of(d, "seed") : NAN, "%.0f", 1);
         num_cell(b, "test_accuracy", d ? num_of(d, "test_accuracy") : NAN, "%.4f", 1);
         num_cell(b, "train_seconds", d ? num_of(d, "train_seconds") : NAN, "%.2f", 1);
         num_cell(b, "samples_per_second", d ? num_of(d, "samples_per_second") : NAN, "%.0f", 1);
         num_cell(b, "cpu_percent_mean", cpu, "%.1f", 1);
-        num_cell(b, "rss_peak_bytes", rss, "%.1f", 1.0 / (1024 * 1024));
+        num_cell(b, mem_key, rss, strcmp(mem_key, "pss_peak_bytes") ? "%.1f (RSS)" : "%.1f",
+                 1.0 / (1024 * 1024));
         num_cell(b, "net_tx_bytes", tx, "%.1f", 1e-6);
         sb_puts(b, "</tr>\n");
     }
-    sb_puts(b, "</table>\n");
+    sb_puts(b, "</table>\n<p class=\"note\"><sup>*</sup> Peak memory is the sum over tasks of "
+               "each task's peak proportional set size (PSS, /proc/PID/smaps_rollup), which "
+               "counts a mapping that tasks share (the dataset cache) once; a figure marked "
+               "(RSS) comes from a file without PSS and counts such a mapping once per "
+               "task.</p>\n");
 }
 
 typedef enum res_field { RES_CPU, RES_RSS, RES_NET, RES_FIELD_COUNT } res_field;
@@ -1148,8 +1266,9 @@ static int run_section(sbuf *b, const run *r, int index)
         m->x = s->x;
         m->kind = SVG_MARK_STRAGGLER;
         snprintf(txt[r->n_faults + k], sizeof txt[0],
-                 "straggler: %s in epoch %.0f, median step %.3g ms against %.3g ms for the tasks",
-                 r->tasks[s->task].name, s->epoch, s->ms, s->median);
+                 "straggler: %s in epoch %.0f, median %s %.3g ms against %.3g ms for the tasks",
+                 r->tasks[s->task].name, s->epoch, s->by_compute ? "compute" : "step", s->ms,
+                 s->median);
         m->text = txt[r->n_faults + k];
     }
     /* The three time charts share one x range: samples and markers. */
@@ -1191,20 +1310,35 @@ static int run_section(sbuf *b, const run *r, int index)
 
     sb_printf(b, "<h3>Stragglers</h3>\n");
     if (r->n_strag == 0) {
-        sb_printf(b, "<p class=\"note\">None: no task's median step time in an epoch exceeded "
-                     "%.1f times the median over the tasks%s.</p>\n",
+        sb_printf(b, "<p class=\"note\">None: no task's median compute time a step in an epoch "
+                     "exceeded %.1f times the median over the tasks%s.</p>\n",
                   STRAGGLER_FACTOR, any_steps ? "" : " (the file has no steps events)");
     } else {
+        /* Name the task the others waited for, and for how long. */
+        for (int k = 0; k < r->n_strag; k++) {
+            const straggler *s = &r->strag[k];
+            if (!s->by_compute || !isfinite(s->waited_s))
+                continue;
+            sb_puts(b, "<p class=\"straggler\">");
+            sb_esc(b, r->tasks[s->task].name);
+            sb_printf(b, " was the task the others waited for in epoch %.0f: it computed %.3g ms "
+                         "a step against %.3g ms for the tasks (median), and the others waited "
+                         "about %.2f s for it.</p>\n",
+                      s->epoch, s->ms, s->median, s->waited_s);
+        }
         sb_puts(b, "<table class=\"stragglers\"><tr><th>task</th><th>epoch</th><th>time (s)</th>"
-                   "<th>its median step (ms)</th><th>median over tasks (ms)</th></tr>\n");
+                   "<th>its median (ms)</th><th>median over tasks (ms)</th><th>of</th>"
+                   "<th>others waited (s)</th></tr>\n");
         for (int k = 0; k < r->n_strag; k++) {
             const straggler *s = &r->strag[k];
             sb_puts(b, "<tr>");
             str_cell(b, "task", r->tasks[s->task].name);
             num_cell(b, "epoch", s->epoch, "%.0f", 1);
             num_cell(b, "time", s->x, "%.1f", 1);
-            num_cell(b, "step_ms_median", s->ms, "%.3f", 1);
+            num_cell(b, s->by_compute ? "compute_ms_median" : "step_ms_median", s->ms, "%.3f", 1);
             num_cell(b, "tasks_median", s->median, "%.3f", 1);
+            str_cell(b, "of", s->by_compute ? "compute a step" : "step time");
+            num_cell(b, "waited_seconds", s->waited_s, "%.2f", 1);
             sb_puts(b, "</tr>\n");
         }
         sb_puts(b, "</table>\n");
@@ -1241,6 +1375,7 @@ static int runs_section(sbuf *b, const dp_report *rep)
     svg_chart lr = {"Learning rate at the end of each epoch", "epoch", "learning rate", true, true,
                     "lr", false, 0, 0};
     if (overlay_epochs(b, rep, EP_VAL_ACC, &acc) < 0 || overlay_epochs(b, rep, EP_VAL_LOSS, &loss) < 0 ||
+        overlay_losses(b, rep) < 0 ||
         overlay_throughput(b, rep) < 0 || overlay_epochs(b, rep, EP_LR, &lr) < 0)
         return -1;
     final_table(b, rep);

@@ -202,7 +202,9 @@ static double chart_height(int n_legend)
     return need > h ? need : h;
 }
 
-static void open_svg(sbuf *b, const svg_chart *c, double h, const char *kind)
+/* xa: the x axis drawn, written as data-x-lo / data-x-hi so a program can
+ * check that charts share one (NULL for box charts). */
+static void open_svg(sbuf *b, const svg_chart *c, double h, const char *kind, const axis *xa)
 {
     sb_printf(b, "<figure class=\"chart\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
                  "height=\"%.0f\" viewBox=\"0 0 %d %.0f\" role=\"img\" class=\"%s\"",
@@ -210,6 +212,13 @@ static void open_svg(sbuf *b, const svg_chart *c, double h, const char *kind)
     if (c->id) {
         sb_puts(b, " data-chart=\"");
         sb_esc(b, c->id);
+        sb_puts(b, "\"");
+    }
+    if (xa) {
+        sb_puts(b, " data-x-lo=\"");
+        sb_num(b, xa->lo);
+        sb_puts(b, "\" data-x-hi=\"");
+        sb_num(b, xa->hi);
         sb_puts(b, "\"");
     }
     sb_puts(b, "><title>");
@@ -283,6 +292,54 @@ static void no_data(sbuf *b)
 
 /* ---- line charts ---- */
 
+/* Whether no series has more than one finite point: a line chart of such
+ * series is a lone dot per series, which a table shows better. */
+static bool one_point_series(const svg_series *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int pts = 0;
+        for (int k = 0; k < s[i].n; k++)
+            pts += isfinite(s[i].x[k]) && isfinite(s[i].y[k]);
+        if (pts > 1)
+            return false;
+    }
+    return true;
+}
+
+/* The table that stands in for a chart of one point per series; it keeps
+ * the chart's id and each value's exact data-x / data-y for programs. */
+static void one_point_table(sbuf *b, const svg_chart *c, const svg_series *s, int n)
+{
+    sb_puts(b, "<table class=\"onepoint\"");
+    if (c->id) {
+        sb_puts(b, " data-chart=\"");
+        sb_esc(b, c->id);
+        sb_puts(b, "\"");
+    }
+    sb_puts(b, "><caption>");
+    sb_esc(b, c->title ? c->title : "");
+    sb_puts(b, " (one point each: a table, not a chart)</caption><tr><th></th><th>");
+    sb_esc(b, c->x_label ? c->x_label : "x");
+    sb_puts(b, "</th><th>");
+    sb_esc(b, c->y_label ? c->y_label : "y");
+    sb_puts(b, "</th></tr>\n");
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < s[i].n; k++) {
+            if (!isfinite(s[i].x[k]) || !isfinite(s[i].y[k]))
+                continue;
+            sb_puts(b, "<tr class=\"series\" data-series=\"");
+            sb_esc(b, s[i].name);
+            sb_puts(b, "\"><td>");
+            sb_esc(b, s[i].name);
+            sb_puts(b, "</td><td class=\"n\" data-x=\"");
+            sb_num(b, s[i].x[k]);
+            sb_printf(b, "\">%.6g</td><td class=\"n\" data-y=\"", s[i].x[k]);
+            sb_num(b, s[i].y[k]);
+            sb_printf(b, "\">%.6g</td></tr>\n", s[i].y[k]);
+        }
+    sb_puts(b, "</table>\n");
+}
+
 void svg_line_chart(sbuf *b, const svg_chart *c, const svg_series *s, int n, const svg_marker *m,
                     int n_markers)
 {
@@ -303,11 +360,21 @@ void svg_line_chart(sbuf *b, const svg_chart *c, const svg_series *s, int n, con
         }
     if (any && c->y_from_zero)
         y0 = fmin(0, y0);
+    if (any && one_point_series(s, n)) {
+        one_point_table(b, c, s, n);
+        return;
+    }
+    /* Charts of one run's time share the caller's range, so a series that
+     * starts late (the network rate has no first point) is not stretched. */
+    if (any && c->x_fixed && isfinite(c->x_lo) && isfinite(c->x_hi) && c->x_hi > c->x_lo) {
+        x0 = fmin(x0, c->x_lo);
+        x1 = fmax(x1, c->x_hi);
+    }
     int n_legend = n + (n_markers > 0 ? 2 : 0);
     double h = chart_height(n_legend);
-    open_svg(b, c, h, "line");
-    axis_titles(b, c);
     axis xa = nice_axis(any ? x0 : 0, any ? x1 : 1, 8, c->x_integer);
+    open_svg(b, c, h, "line", &xa);
+    axis_titles(b, c);
     axis ya = nice_axis(any ? y0 : 0, any ? y1 : 1, 5, false);
     if (any && c->y_from_zero && y0 >= 0)
         ya.lo = 0;
@@ -398,7 +465,7 @@ void svg_box_chart(sbuf *b, const svg_chart *c, const double *cat_x, int n_cats,
         }
     bool any = isfinite(y1) && n_cats > 0;
     double h = chart_height(n + 1);
-    open_svg(b, c, h, "box");
+    open_svg(b, c, h, "box", NULL);
     axis_titles(b, c);
     axis ya = nice_axis(0, any ? y1 : 1, 5, false);
     ya.lo = 0;

@@ -11,6 +11,7 @@
 #include "downpour/wire.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
+#include "downpour/trace.h"
 #include "strategy/ps_rules.h"
 #include "net/sender.h"
 
@@ -463,7 +464,12 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
             dp_warn("ignoring a push from %s: it is not a worker", who);
             return dp_transport_skip_payload(s->t, ev->peer, err);
         }
-        return on_push(s, &s->w[wi], ev, err);
+    {
+        double t0 = dp_now();
+        int rc = on_push(s, &s->w[wi], ev, err);
+        dp_trace_span("apply push", "ps", t0, dp_now(), wi);
+        return rc;
+    }
     case DP_WIRE_PULL:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -1071,8 +1077,20 @@ static int request_all(dp_ps_client *c, unsigned type, uint64_t step, dp_err *er
     return 0;
 }
 
+static int push_untraced(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
+                         int want, dp_err *err);
+
 int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records, int want,
                dp_err *err)
+{
+    double t0 = dp_now();
+    int rc = push_untraced(c, type, v, records, want, err);
+    dp_trace_span("push", "push", t0, dp_now(), -1);
+    return rc;
+}
+
+static int push_untraced(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
+                         int want, dp_err *err)
 {
     if (c->sent && (type == DP_WIRE_PUSH_PARAMS || c->behind > 0)) {
         memcpy(c->sent, v, c->n * sizeof(float));
@@ -1203,7 +1221,11 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
 /* Receives every shard's PARAMS straight into params. */
 int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err)
 {
-    return collect(c, DP_WIRE_PARAMS, "parameters", take_params, params, err);
+    /* Under ps-sync this is where a worker waits for the slowest one. */
+    double t0 = dp_now();
+    int rc = collect(c, DP_WIRE_PARAMS, "parameters", take_params, params, err);
+    dp_trace_span("pull", "pull", t0, dp_now(), -1);
+    return rc;
 }
 
 /* Every shard answers a client's requests in order on its connection, so

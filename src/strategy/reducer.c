@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "downpour/clock.h"
+#include "downpour/trace.h"
 
 /* The timings bucket.  Each replica adds its veto, whether backprop left it
  * nothing to overlap, its median ratio of an
@@ -65,12 +66,15 @@ static size_t bucket_lo(const dp_reducer *r, int b)
 
 static int reduce_bucket(dp_reducer *r, int b, uint64_t step, float weight, dp_err *err)
 {
+    double t0 = dp_now();
     size_t lo = bucket_lo(r, b), hi = bucket_hi(r, b);
     float *restrict g = r->grads + lo;
     if (weight != 1.0f)
         for (size_t i = 0; i < hi - lo; i++)
             g[i] *= weight;
-    return dp_ring_allreduce(r->ring, g, hi - lo, step, b, err);
+    int rc = dp_ring_allreduce(r->ring, g, hi - lo, step, b, err);
+    dp_trace_span("all-reduce bucket", "allreduce", t0, dp_now(), b);
+    return rc;
 }
 
 /* The communication thread: reduces buckets in order as they become ready. */
@@ -316,8 +320,11 @@ int dp_reducer_finish(dp_reducer *r, dp_err *err)
     r->ready = r->n_buckets;
     r->finishing = 1;
     pthread_cond_broadcast(&r->cv);
+    /* backprop is over: what is left is waiting on the ring (the others) */
+    double t_wait = dp_now();
     while (r->done < r->n_buckets && !r->failed)
         pthread_cond_wait(&r->cv, &r->mu);
+    dp_trace_span("wait", "wait", t_wait, dp_now(), -1);
     int failed = r->failed;
     if (failed && err)
         *err = r->err;

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clock.h"
 #include "downpour/strategy.h"
+#include "downpour/trace.h"
 
 const dp_strategy_ops *const dp_strategies[] = {
     &dp_strategy_single,  &dp_strategy_ps_async,  &dp_strategy_ps_sync, &dp_strategy_ps_ssp,
@@ -89,10 +91,12 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
     if (ops->begin)
         ops->begin(self, step, n);
     if (n > 0) {
+        double t0 = dp_now();
         if (!dev)
             out->loss = dp_model_forward_backward(m, x, y, n, &out->correct);
         else if (device_grads(m, dev, n, out, err) < 0)
             return -1;
+        dp_trace_compute("compute", t0, dp_now());
         if (!isfinite(out->loss))
             return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                            (double)out->loss, step);
@@ -102,5 +106,9 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
         dp_model_batch_sum_idle(m);
         memset(m->grads, 0, m->n_params * sizeof *m->grads);
     }
-    return ops->update(self, m->params, m->grads, n, lr, err);
+    /* the exchange: push and pull, or the all-reduce, and the update */
+    double t1 = dp_now();
+    int rc = ops->update(self, m->params, m->grads, n, lr, err);
+    dp_trace_span("update", "comm", t1, dp_now(), -1);
+    return rc;
 }

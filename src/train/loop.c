@@ -25,6 +25,7 @@
 #include "downpour/resource.h"
 #include "downpour/strategy.h"
 #include "downpour/tensorboard.h"
+#include "downpour/trace.h"
 #include "train/progress.h"
 
 /* Evaluation runs in chunks this large even when the training batch is
@@ -217,11 +218,13 @@ static void sleep_ms(double ms)
 static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double secs, long step,
                           dp_err *err)
 {
+    double t_eval = dp_now();
     const float *params = eval_params(L, err);
     if (!params)
         return -1;
     long bad;
     double val_loss, val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad);
+    dp_trace_span("evaluation", "eval", t_eval, dp_now(), epoch);
     if (bad > 0 && !L->warned_bad_inputs) { /* once a run: the same data every epoch */
         dp_warn_bad_inputs(&L->m, bad, "the validation set");
         L->warned_bad_inputs = 1;
@@ -287,11 +290,12 @@ static void write_checkpoint(loop *L, long step)
  * one the strategy names writes. */
 static int trainer_checkpoint(loop *L, long step, dp_err *err)
 {
+    double t0 = dp_now();
     int rc = L->ops->save(L->s, step, &L->ck, err);
-    if (rc <= 0)
-        return rc;
-    write_checkpoint(L, step);
-    return 0;
+    if (rc > 0)
+        write_checkpoint(L, step);
+    dp_trace_span("checkpoint", "checkpoint", t0, dp_now(), -1);
+    return rc < 0 ? rc : 0;
 }
 
 /* The per-epoch table people compare with the source experiment's. */
@@ -329,7 +333,9 @@ static int report_and_save(loop *L, dp_err *err)
     if (cfg->n_test > 0 && cfg->n_test < test.n)
         test.n = cfg->n_test; /* --test-size: the first N */
     long bad;
+    double t_test = dp_now();
     res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL, &bad);
+    dp_trace_span("test evaluation", "eval", t_test, dp_now(), -1);
     if (bad > 0 && !L->warned_bad_inputs)
         dp_warn_bad_inputs(&L->m, bad, "the test set");
     print_table(L);
@@ -341,8 +347,10 @@ static int report_and_save(loop *L, dp_err *err)
                      "model", L->m.name, DP_F_STR, "dataset", cfg->dataset, DP_F_INT, "batch",
                      (long)cfg->batch, DP_F_INT, "global_batch",
                      (long)cfg->batch * L->info.replicas, DP_F_INT, "epochs", (long)cfg->epochs,
-                     DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_INT,
-                     "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
+                     DP_F_STR, "optimizer", dp_optim_kind_name(cfg->optim.kind), DP_F_NUM, "lr",
+                     (double)cfg->optim.lr, DP_F_STR, "lr_schedule",
+                     dp_lr_schedule_name(cfg->lr_schedule), DP_F_INT, "seed", (long)cfg->seed,
+                     DP_F_INT, "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
                      DP_F_INT, "resumed_from", L->resume.step, DP_F_INT, "test_records",
                      (long)test.n, DP_F_INT, "checkpoints_missed", (long)res->checkpoints_missed,
                      DP_F_END);
@@ -476,11 +484,18 @@ static void comm_bytes(const loop *L, uint64_t *tx, uint64_t *rx)
 /* The "steps" event after a trainer's epoch: its step-time distribution
  * and traffic, so a report can show stragglers and communication cost
  * (docs/metrics.md).  ms holds the epoch's n step times; sorted here. */
-static void steps_event(loop *L, int epoch, long step, double *ms, long n, long records,
-                        double seconds, uint64_t tx, uint64_t rx)
+static void steps_event(loop *L, int epoch, long step, double *ms, double *cms, long n,
+                        long records, double seconds, uint64_t tx, uint64_t rx)
 {
     if (n == 0)
         return;
+    /* Compute time per step (trace.h): under ps-sync and all-reduce every
+     * task's step time is the slowest one's, so a straggler shows only here. */
+    qsort(cms, (size_t)n, sizeof *cms, cmp_double);
+    double csum = 0;
+    for (long i = 0; i < n; i++)
+        csum += cms[i];
+    double cmedian = n % 2 ? cms[n / 2] : (cms[n / 2 - 1] + cms[n / 2]) / 2;
     qsort(ms, (size_t)n, sizeof *ms, cmp_double);
     double sum = 0;
     for (long i = 0; i < n; i++)
@@ -493,7 +508,8 @@ static void steps_event(loop *L, int epoch, long step, double *ms, long n, long 
                      DP_F_NUM, "step_ms_max", ms[n - 1], DP_F_NUM, "step_ms_mean", sum / (double)n,
                      DP_F_NUM, "samples_per_second", seconds > 0 ? (double)records / seconds : 0,
                      DP_F_NUM, "train_seconds", seconds, DP_F_INT, "comm_tx_bytes", (long)tx,
-                     DP_F_INT, "comm_rx_bytes", (long)rx, DP_F_END);
+                     DP_F_INT, "comm_rx_bytes", (long)rx, DP_F_NUM, "compute_ms_median",
+                     cmedian, DP_F_NUM, "compute_ms_mean", csum / (double)n, DP_F_END);
 }
 
 /* The next batch: gathered into L->x and L->y, or, for a trainer on a
@@ -598,7 +614,8 @@ static int train(loop *L, dp_err *err)
     int deferred = 0; /* a step's loss was tallied on the device (collect) */
     int batch = cfg->batch;
     /* the epoch's step times, for the "steps" event */
-    double *step_ms = malloc((size_t)L->spe * sizeof *step_ms);
+    double *step_ms = malloc((size_t)L->spe * 2 * sizeof *step_ms);
+    double *compute_ms = step_ms ? step_ms + L->spe : NULL;
     if (!step_ms) {
         dp_errf(err, "out of memory (step times of %ld steps)", L->spe);
         goto out;
@@ -616,13 +633,16 @@ static int train(loop *L, dp_err *err)
         long k = epoch == first_epoch ? first_k : 0;
         dp_batcher_seek(&batcher, (uint32_t)(k * batch));
         for (; k < L->spe; k++) {
-            double t0 = dp_now();
+            double t0 = dp_now(), c0 = dp_trace_thread_compute();
             int n = next_batch(L, &batcher, batch, err);
+            double t_batch = dp_now();
+            dp_trace_span("batch", "data", t0, t_batch, -1);
             float lr = cfg->optim.lr * dp_lr_scale(&L->lr, step, L->total_steps);
             out.deferred = 0;
             if (n < 0 || L->ops->step(L->s, info->device ? NULL : L->x,
                                       info->device ? NULL : L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
+            dp_trace_span("step", "step", t_batch, dp_now(), (int)(step + 1));
             step++;
             if (step == kill_at)
                 raise(SIGKILL);
@@ -633,8 +653,12 @@ static int train(loop *L, dp_err *err)
                 for (size_t i = 0; i < L->m.n_params; i++)
                     a[i] = d * a[i] + e * p[i];
             }
-            if (L->in_cluster && info->shard_index == cfg->straggler)
+            if (L->in_cluster && info->shard_index == cfg->straggler) {
+                /* --straggler stands for slow arithmetic: counted as compute */
+                double s0 = dp_now();
                 sleep_ms(cfg->straggler_ms);
+                dp_trace_compute("compute (--straggler)", s0, dp_now());
+            }
             if (L->in_cluster && pace_ms > 0)
                 sleep_ms(pace_ms);
             if (cfg->trace_clocks)
@@ -646,6 +670,7 @@ static int train(loop *L, dp_err *err)
             if (n == 0)
                 continue;
             double dt = dp_now() - t0;
+            compute_ms[timed] = (dp_trace_thread_compute() - c0) * 1e3;
             step_ms[timed++] = dt * 1e3;
             deferred |= out.deferred;
             if (!out.deferred) {
@@ -684,8 +709,8 @@ static int train(loop *L, dp_err *err)
         st.steps = step;
         uint64_t tx1, rx1;
         comm_bytes(L, &tx1, &rx1);
-        steps_event(L, epoch + 1, step, step_ms, timed, (long)st.records, st.seconds, tx1 - tx0,
-                    rx1 - rx0);
+        steps_event(L, epoch + 1, step, step_ms, compute_ms, timed, (long)st.records, st.seconds,
+                    tx1 - tx0, rx1 - rx0);
         if (L->ops->epoch_end(L->s, epoch + 1, &st, err) < 0)
             goto out;
         L->res->train_loss = st.records > 0 ? st.loss_sum / st.records : 0;
@@ -1050,7 +1075,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
 {
     loop L;
     dp_resource_sampler *sampler = NULL;
-    int rc = -1;
+    int rc = -1, traced = 0;
     memset(&L, 0, sizeof L);
     memset(res, 0, sizeof *res);
     L.cfg = cfg;
@@ -1067,6 +1092,22 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (node_rc < 0)
         goto out;
     L.in_cluster = node_rc == 0;
+    if (cfg->trace_path) {
+        /* Under mpirun every rank has the same FILE: the chief keeps it and
+         * the others write beside it, as launch names them (docs/trace.md). */
+        char tpath[1100];
+        const char *tp = cfg->trace_path;
+        if (L.in_cluster && cfg->transport && strcmp(cfg->transport, "mpi") == 0 &&
+            L.node.self->role != DP_ROLE_CHIEF) {
+            snprintf(tpath, sizeof tpath, "%s.%s-%d", tp, dp_role_name(L.node.self->role),
+                     L.node.self->index);
+            tp = tpath;
+        }
+        if (dp_trace_open(tp, L.in_cluster ? L.node.cluster.self : 0,
+                          L.in_cluster ? L.node.self->name : "process", err) < 0)
+            goto out;
+    }
+    traced = cfg->trace_path != NULL;
     if (L.in_cluster != L.ops->cluster) {
         if (L.in_cluster)
             dp_errf(err, "--strategy %s trains one process alone, but this is task %s of a "
@@ -1084,11 +1125,21 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         dp_resource_sampler_start(&sampler, L.metrics, "worker:0", 1.0, NULL, NULL, err) < 0)
         goto out;
     rc = run_task(&L, err);
+    /* The last resource samples before the teardown below frees the model
+     * and closes the transport (docs/metrics.md, "resource"). */
+    dp_resource_sampler_finish(sampler);
+    dp_resource_sampler_finish(L.node.sampler);
     if (rc < 0 && L.in_cluster)
         dp_err_prefix(err, "%s", L.node.self->name);
 out:
     if (L.ops && L.s)
         L.ops->close(L.s);
+    /* after close: the strategy's threads (the all-reduce's) have stopped */
+    dp_err terr;
+    if (traced && dp_trace_close(&terr) < 0 && rc == 0) {
+        *err = terr;
+        rc = -1;
+    }
     dp_train_state_free(&L.ck);
     dp_train_state_free(&L.resume);
     free(L.x);
