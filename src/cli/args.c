@@ -140,7 +140,10 @@ static void print_wrapped(FILE *f, const char *text, int col)
             col = HELP_INDENT;
             start = 0;
         }
-        fprintf(f, "%s%.*s", start ? " " : "", (int)w, p);
+        if (start)
+            fputc(' ', f);
+        for (size_t i = 0; i < w; i++) /* \x1f: a space that never breaks a line */
+            fputc(p[i] == '\x1f' ? ' ' : p[i], f);
         col += start + (int)w;
         p += w;
         /* keep runs of spaces inside a line (a table in the text) */

@@ -21,8 +21,9 @@ typedef struct cli_opt {
     cli_kind kind;
     void *dst;         /* holds the default on entry (a CLI_NUM's NAN: none shown) */
     const char *meta;  /* value placeholder in --help, "N" */
-    const char *help;  /* wrapped at 80 columns; "(default: ...)" is added unless it
-                          says "default" itself, so each option shows one default */
+    const char *help;  /* wrapped at 80 columns ('\x1f': a space never broken);
+                          "(default: ...)" is added unless it says "default"
+                          itself, so each option shows one default */
     double lo, hi;     /* range for CLI_INT / CLI_NUM */
 } cli_opt;
 

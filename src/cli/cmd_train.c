@@ -17,6 +17,9 @@
 #include "downpour/tcp.h"
 #include "downpour/train.h"
 
+/* Who speaks in train's messages: launch checks the options for its tasks. */
+static const char *g_who = "downpour train";
+
 #define USAGE "downpour train [--dataset NAME|PATH] [--model SPEC] [--strategy S] [...]"
 
 /* "A:B" into two integers in [0, max]. */
@@ -91,8 +94,8 @@ static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
 static void lr_help(char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "learning rate (default: the optimizer's:");
-    for (int k = 0; k < DP_OPTIM_COUNT && n < cap; k++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s %s %g", k ? "," : "",
+    for (int k = 0; k < DP_OPTIM_COUNT && n < cap; k++) /* \x1f: a space help never breaks */
+        n += (size_t)snprintf(buf + n, cap - n, "%s %s\x1f%g", k ? "," : "",
                               dp_optim_kind_name((dp_optim_kind)k),
                               (double)dp_optim_defaults((dp_optim_kind)k).lr);
     if (n < cap)
@@ -109,7 +112,7 @@ static int check_outputs(const char *save, const char *metrics, const char *chec
         (tensorboard && dp_dir_prepare(tensorboard, "--tensorboard", &err) < 0) ||
         (metrics && dp_path_check_writable(metrics, "--metrics", &err) < 0) ||
         (checkpoint_dir && dp_dir_prepare(checkpoint_dir, "--checkpoint-dir", &err) < 0)) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return -1;
     }
     return 0;
@@ -159,12 +162,12 @@ static int check_topology(const dp_strategy_ops *ops, const int *topo, const cha
     if (strcmp(transport, "mpi") == 0) {
         if (topo || under_mpi_launcher())
             return 0; /* the MPI job is the cluster: the tasks check it when they open */
-        fprintf(stderr, "downpour train: --transport mpi: this process was not started by "
+        fprintf(stderr, "%s: --transport mpi: this process was not started by "
                         "mpirun or srun (one process per task: rank 0 the chief, then --ps "
                         "ranks, the rest workers). Hint: mpirun -np 3 downpour train "
                         "--transport mpi --strategy allreduce, or without --transport mpi: "
                         "downpour launch --workers 2 -- train --strategy allreduce "
-                        "(docs/mpi.md)\n");
+                        "(docs/mpi.md)\n", g_who);
         return -1;
     }
     int rc;
@@ -188,15 +191,15 @@ static int check_topology(const dp_strategy_ops *ops, const int *topo, const cha
             snprintf(cmd, sizeof cmd, "downpour launch %s -- train", opts);
             for (int i = 1; i < argc; i++)
                 append_word(cmd, sizeof cmd, argv[i]);
-            fprintf(stderr, "downpour train: --strategy %s runs on a cluster of tasks, and this "
-                            "process is alone. Hint: %s\n", ops->name, cmd);
+            fprintf(stderr, "%s: --strategy %s runs on a cluster of tasks, and this "
+                            "process is alone. Hint: %s\n", g_who, ops->name, cmd);
             return -1;
         } else {
             rc = 0;
         }
     }
     if (rc < 0)
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
     return rc;
 }
 
@@ -213,9 +216,9 @@ static int check_model(const char *spec)
     }
     char near[64];
     if (cli_suggest_list(spec, dp_model_presets(), near, sizeof near))
-        fprintf(stderr, "downpour train: --model: %s; did you mean --model %s?\n", err.msg, near);
+        fprintf(stderr, "%s: --model: %s; did you mean --model %s?\n", g_who, err.msg, near);
     else
-        fprintf(stderr, "downpour train: --model: %s\n", err.msg);
+        fprintf(stderr, "%s: --model: %s\n", g_who, err.msg);
     return -1;
 }
 
@@ -231,8 +234,8 @@ static int check_dataset(const char *name)
     if (stat(name, &st) == 0 || strpbrk(name, "*?[") || dp_data_files_match(name))
         return 0;
     const char *near = cli_suggest(name, known, (int)(sizeof known / sizeof known[0]));
-    fprintf(stderr, "downpour train: --dataset '%s' is neither a dataset name (mnist, "
-                    "fashion-mnist, kmnist) nor a file or directory%s%s%s (docs/datasets.md)\n",
+    fprintf(stderr, "%s: --dataset '%s' is neither a dataset name (mnist, "
+                    "fashion-mnist, kmnist) nor a file or directory%s%s%s (docs/datasets.md)\n", g_who,
             name, near ? "; did you mean --dataset " : "", near ? near : "", near ? "?" : "");
     return -1;
 }
@@ -368,7 +371,7 @@ static int train_main(int argc, char **argv, const int *topo)
     if (r != 0)
         return r > 0 ? 0 : 2;
     if (rest < argc) {
-        fprintf(stderr, "downpour train: unexpected argument '%s' (see --help)\n", argv[rest]);
+        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", g_who, argv[rest]);
         return 2;
     }
 
@@ -382,27 +385,27 @@ static int train_main(int argc, char **argv, const int *topo)
     char near[64];
     if (bad && strcmp(bad, "--strategy") == 0 &&
         cli_suggest_list(strategy, dp_strategy_names(), near, sizeof near)) {
-        fprintf(stderr, "downpour train: --strategy: %s; did you mean --strategy %s?\n", err.msg,
+        fprintf(stderr, "%s: --strategy: %s; did you mean --strategy %s?\n", g_who, err.msg,
                 near);
         return 2;
     }
     if (bad) {
-        fprintf(stderr, "downpour train: %s: %s\n", bad, err.msg);
+        fprintf(stderr, "%s: %s: %s\n", g_who, bad, err.msg);
         return 2;
     }
     long lo, hi, k = -1;
     double ms = 0;
     if (parse_pair(staleness_range, "--staleness-range", "LO", "HI", &lo, &hi, 1000000, &err) < 0 ||
         (straggler && cli_parse_straggler(straggler, &k, &ms, &err) < 0)) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     if (lo > hi) {
-        fprintf(stderr, "downpour train: --staleness-range %ld:%ld: LO must not exceed HI\n", lo, hi);
+        fprintf(stderr, "%s: --staleness-range %ld:%ld: LO must not exceed HI\n", g_who, lo, hi);
         return 2;
     }
     if (straggler && check_straggler_cluster(straggler, k, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.straggler = (int)k;
@@ -423,26 +426,26 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.ema = (float)ema;
     cfg.keep_best = keep_best;
     if (mpi_ps > 0 && strcmp(transport, "mpi") != 0) {
-        fprintf(stderr, "downpour train: --ps %ld is for --transport mpi; a TCP cluster's ps tasks "
-                        "come from its spec (downpour launch --ps, or the \"ps\" list)\n", mpi_ps);
+        fprintf(stderr, "%s: --ps %ld is for --transport mpi; a TCP cluster's ps tasks "
+                        "come from its spec (downpour launch --ps, or the \"ps\" list)\n", g_who, mpi_ps);
         return 2;
     }
     cfg.transport = transport;
     cfg.mpi_ps = (int)mpi_ps;
     if (overlap && strcmp(overlap, "auto") != 0 && strcmp(overlap, "on") != 0 &&
         strcmp(overlap, "off") != 0) {
-        fprintf(stderr, "downpour train: --overlap: '%s' is not auto, on or off\n", overlap);
+        fprintf(stderr, "%s: --overlap: '%s' is not auto, on or off\n", g_who, overlap);
         return 2;
     }
     if (sync_bn && overlap && strcmp(overlap, "on") == 0) {
-        fprintf(stderr, "downpour train: --sync-bn sums batch norm's statistics on the training "
+        fprintf(stderr, "%s: --sync-bn sums batch norm's statistics on the training "
                         "thread between the gradient buckets, so the buckets cannot be reduced "
-                        "beside backprop: leave out --overlap on\n");
+                        "beside backprop: leave out --overlap on\n", g_who);
         return 2;
     }
     cfg.sync_bn = sync_bn;
     if (overlap && no_overlap && strcmp(overlap, "off") != 0) {
-        fprintf(stderr, "downpour train: --no-overlap contradicts --overlap %s\n", overlap);
+        fprintf(stderr, "%s: --no-overlap contradicts --overlap %s\n", g_who, overlap);
         return 2;
     }
     cfg.overlap = no_overlap || (overlap && strcmp(overlap, "off") == 0) ? DP_OVERLAP_OFF
@@ -451,14 +454,14 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.collective_timeout = collective_timeout;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(optimizer, &kind, &err) < 0) {
-        fprintf(stderr, "downpour train: --optimizer: %s\n", err.msg);
+        fprintf(stderr, "%s: --optimizer: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.optim = dp_optim_defaults(kind);
     if (!isnan(lr)) {
         if (!(lr > 0 && lr <= 100)) {
-            fprintf(stderr, "downpour train: --lr %g: the learning rate must be in (0, 100]. "
-                            "Hint: leave --lr out for %s's default, %g\n",
+            fprintf(stderr, "%s: --lr %g: the learning rate must be in (0, 100]. "
+                            "Hint: leave --lr out for %s's default, %g\n", g_who,
                     lr, optimizer, (double)cfg.optim.lr);
             return 2;
         }
@@ -466,8 +469,8 @@ static int train_main(int argc, char **argv, const int *topo)
     }
     if (!isnan(momentum)) {
         if (!(momentum >= 0 && momentum <= 1)) {
-            fprintf(stderr, "downpour train: --momentum %g: the momentum must be in [0, 1] "
-                            "(default %g)\n",
+            fprintf(stderr, "%s: --momentum %g: the momentum must be in [0, 1] "
+                            "(default %g)\n", g_who,
                     momentum, (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
             return 2;
         }
@@ -475,79 +478,79 @@ static int train_main(int argc, char **argv, const int *topo)
     }
     if (!isnan(weight_decay)) {
         if (!(weight_decay >= 0 && weight_decay <= 1e6)) {
-            fprintf(stderr, "downpour train: --weight-decay %g: the weight decay must be a finite "
-                            "number >= 0 (typical: 5e-4 with sgd, 0.01 to 0.1 with adamw)\n",
+            fprintf(stderr, "%s: --weight-decay %g: the weight decay must be a finite "
+                            "number >= 0 (typical: 5e-4 with sgd, 0.01 to 0.1 with adamw)\n", g_who,
                     weight_decay);
             return 2;
         }
         cfg.optim.weight_decay = (float)weight_decay;
     }
     if (kind == DP_OPTIM_ADAMW && (double)cfg.optim.lr * cfg.optim.weight_decay >= 1.0) {
-        fprintf(stderr, "downpour train: --weight-decay %g: adamw multiplies every weight by "
-                        "1 - lr*W each step, so lr*W (%g * %g) must be below 1\n",
+        fprintf(stderr, "%s: --weight-decay %g: adamw multiplies every weight by "
+                        "1 - lr*W each step, so lr*W (%g * %g) must be below 1\n", g_who,
                 (double)cfg.optim.weight_decay, (double)cfg.optim.lr,
                 (double)cfg.optim.weight_decay);
         return 2;
     }
     if (!(clip_norm >= 0 && clip_norm <= 1e30)) {
-        fprintf(stderr, "downpour train: --clip-norm %g: the largest gradient norm must be a "
-                        "finite number > 0 (0: no clipping)\n", clip_norm);
+        fprintf(stderr, "%s: --clip-norm %g: the largest gradient norm must be a "
+                        "finite number > 0 (0: no clipping)\n", g_who, clip_norm);
         return 2;
     }
     cfg.clip_norm = (float)clip_norm;
     if (warmup_steps > 0 && warmup_epochs > 0) {
-        fprintf(stderr, "downpour train: --warmup-steps and --warmup-epochs say the same thing "
-                        "twice: give one\n");
+        fprintf(stderr, "%s: --warmup-steps and --warmup-epochs say the same thing "
+                        "twice: give one\n", g_who);
         return 2;
     }
     if (warmup_epochs > epochs) {
-        fprintf(stderr, "downpour train: --warmup-epochs %ld: the warm-up is longer than the "
-                        "run (--epochs %ld)\n", warmup_epochs, epochs);
+        fprintf(stderr, "%s: --warmup-epochs %ld: the warm-up is longer than the "
+                        "run (--epochs %ld)\n", g_who, warmup_epochs, epochs);
         return 2;
     }
     cfg.warmup_steps = warmup_steps;
     cfg.warmup_epochs = (int)warmup_epochs;
     if (cfg.lr_schedule != DP_LR_STEP && (lr_step_every > 0 || !isnan(lr_gamma))) {
-        fprintf(stderr, "downpour train: --lr-step-every and --lr-gamma are for --lr-schedule "
-                        "step\n");
+        fprintf(stderr, "%s: --lr-step-every and --lr-gamma are for --lr-schedule "
+                        "step\n", g_who);
         return 2;
     }
     if (cfg.lr_schedule == DP_LR_STEP && lr_step_every == 0) {
-        fprintf(stderr, "downpour train: --lr-schedule step needs --lr-step-every E, the epochs "
-                        "between decays (e.g. --lr-step-every 10 --lr-gamma 0.1)\n");
+        fprintf(stderr, "%s: --lr-schedule step needs --lr-step-every E, the epochs "
+                        "between decays (e.g. --lr-step-every 10 --lr-gamma 0.1)\n", g_who);
         return 2;
     }
     if (!isnan(lr_gamma)) {
         if (!(lr_gamma > 0 && lr_gamma <= 1)) {
-            fprintf(stderr, "downpour train: --lr-gamma %g: the factor at each decay must be in "
-                            "(0, 1]\n", lr_gamma);
+            fprintf(stderr, "%s: --lr-gamma %g: the factor at each decay must be in "
+                            "(0, 1]\n", g_who, lr_gamma);
             return 2;
         }
         cfg.lr_gamma = (float)lr_gamma;
     }
     cfg.lr_step_every = (int)lr_step_every;
     if (dp_augment_parse(augment, &cfg.augment, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     if (dp_augment_on(&cfg.augment) && cfg.device.kind != DP_DEVICE_CPU) {
-        fprintf(stderr, "downpour train: --augment: not with --device yet: the device gathers "
-                        "the records itself (docs/training.md)\n");
+        fprintf(stderr, "%s: --augment: not with --device yet: the device gathers "
+                        "the records itself (docs/training.md)\n", g_who);
         return 2;
     }
     if (dp_train_check_clip(&cfg, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.dataset = dataset;
     if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {
         cfg.data.stream = stream[1] == 'u' ? -1 : stream[1] == 'n';
     } else {
-        fprintf(stderr, "downpour train: --stream %s: expected auto, on or off\n", stream);
+        fprintf(stderr, "%s: --stream %s: expected auto, on or off\n", g_who, stream);
         return 2;
     }
     if (data_memory && dp_data_memory_parse(data_memory, &cfg.data.memory, "--data-memory", &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.data.window = (uint32_t)shuffle_window;
@@ -560,13 +563,13 @@ static int train_main(int argc, char **argv, const int *topo)
     /* a --batch given above the records is a mistake; the default batch over
      * a few records (a quick test) takes them all in one step */
     if (batch_given && batch > n_train) {
-        fprintf(stderr, "downpour train: --batch %ld: a step cannot take more records than the "
-                        "training split holds (--train-size %ld). Hint: --batch %ld or less\n",
+        fprintf(stderr, "%s: --batch %ld: a step cannot take more records than the "
+                        "training split holds (--train-size %ld). Hint: --batch %ld or less\n", g_who,
                 batch, n_train, n_train);
         return 2;
     }
     if (dp_train_check_sync_bn(&cfg, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.batch = (int)batch;
@@ -582,62 +585,62 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.tensorboard_dir = tensorboard;
     cfg.save_path = save;
     if (resume && !checkpoint_dir) {
-        fprintf(stderr, "downpour train: --resume needs --checkpoint-dir DIR, the directory "
-                        "holding the checkpoints to continue from\n");
+        fprintf(stderr, "%s: --resume needs --checkpoint-dir DIR, the directory "
+                        "holding the checkpoints to continue from\n", g_who);
         return 2;
     }
     if (!checkpoint_dir && (checkpoint_every != cfg.checkpoint_every ||
                             keep_checkpoints != cfg.keep_checkpoints)) {
-        fprintf(stderr, "downpour train: --checkpoint-every and --keep-checkpoints need "
-                        "--checkpoint-dir DIR\n");
+        fprintf(stderr, "%s: --checkpoint-every and --keep-checkpoints need "
+                        "--checkpoint-dir DIR\n", g_who);
         return 2;
     }
     if (keep_best && n_val == 0) {
-        fprintf(stderr, "downpour train: --keep-best picks the epoch with the best validation "
-                        "accuracy, and --val-size 0 leaves no validation records\n");
+        fprintf(stderr, "%s: --keep-best picks the epoch with the best validation "
+                        "accuracy, and --val-size 0 leaves no validation records\n", g_who);
         return 2;
     }
     cfg.stages = (int)stages;
     cfg.micro_batches = (int)micro_batches;
     cfg.split = split;
     if (schedule && dp_pipe_schedule_parse(schedule, &cfg.schedule, &err) < 0) {
-        fprintf(stderr, "downpour train: --schedule: %s\n", err.msg);
+        fprintf(stderr, "%s: --schedule: %s\n", g_who, err.msg);
         return 2;
     }
     if (check_pipeline(&cfg, stages != 0 || micro_batches != dp_train_defaults().micro_batches ||
                                  schedule || split,
                        &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     if (strcmp(strategy, "lbfgs") == 0 &&
         (!isnan(weight_decay) || warmup_steps > 0 || warmup_epochs > 0 ||
          cfg.lr_schedule == DP_LR_STEP)) {
-        fprintf(stderr, "downpour train: --weight-decay, --warmup-steps, --warmup-epochs and "
+        fprintf(stderr, "%s: --weight-decay, --warmup-steps, --warmup-epochs and "
                         "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
-                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n");
+                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n", g_who);
         return 2;
     }
     if (strcmp(strategy, "lbfgs") != 0 && (lbfgs_history != cfg.lbfgs_history || portion != 0)) {
-        fprintf(stderr, "downpour train: --lbfgs-history and --portion are for --strategy lbfgs\n");
+        fprintf(stderr, "%s: --lbfgs-history and --portion are for --strategy lbfgs\n", g_who);
         return 2;
     }
     if (strcmp(strategy, "lbfgs") == 0 && checkpoint_dir) {
-        fprintf(stderr, "downpour train: --checkpoint-dir: --strategy lbfgs writes no "
+        fprintf(stderr, "%s: --checkpoint-dir: --strategy lbfgs writes no "
                         "training-state checkpoints (its history lives on the ps shards); --save "
-                        "keeps the final weights\n");
+                        "keeps the final weights\n", g_who);
         return 2;
     }
     if (portion > batch) {
-        fprintf(stderr, "downpour train: --portion %ld: a portion cannot hold more records than "
-                        "the L-BFGS batch (--batch %ld)\n", portion, batch);
+        fprintf(stderr, "%s: --portion %ld: a portion cannot hold more records than "
+                        "the L-BFGS batch (--batch %ld)\n", g_who, portion, batch);
         return 2;
     }
     cfg.lbfgs_history = (int)lbfgs_history;
     cfg.portion = (int)portion;
     cfg.model_parallel = (int)model_parallel;
     if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel, 0, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.checkpoint_dir = checkpoint_dir;
@@ -649,8 +652,8 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.heartbeat_timeout = heartbeat_timeout;
     cfg.ps.heartbeat_timeout = heartbeat_timeout;
     if (link_delay_ms > 0 && strcmp(transport, "tcp") != 0) {
-        fprintf(stderr, "downpour train: --link-delay-ms is for --transport tcp (MPI has its own "
-                        "network)\n");
+        fprintf(stderr, "%s: --link-delay-ms is for --transport tcp (MPI has its own "
+                        "network)\n", g_who);
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
@@ -662,7 +665,7 @@ static int train_main(int argc, char **argv, const int *topo)
 
     dp_train_result res;
     if (dp_train_run(&cfg, &res, &err) < 0) {
-        fprintf(stderr, "downpour train: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 1;
     }
     if (res.checkpoints_missed > 0) {
@@ -686,6 +689,8 @@ int cli_train_check(int argc, char **argv, int chief, int workers, int ps)
     bool help = false;
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    g_who = "downpour launch";
     int rc = train_main(argc, argv, topo);
+    g_who = "downpour train";
     return help && rc == 0 ? -1 : rc; /* -1: help printed, nothing to start */
 }
