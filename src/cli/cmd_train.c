@@ -639,7 +639,8 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.lbfgs_history = (int)lbfgs_history;
     cfg.portion = (int)portion;
     cfg.model_parallel = (int)model_parallel;
-    if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel, 0, &err) < 0) {
+    if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel,
+                                 topo ? topo[0] + topo[1] : 0, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
