@@ -143,7 +143,9 @@ static void test_train_checks(void)
     USAGE_ERROR("is not a directory", "train", "--metrics", tmp_path("plainfile/run.jsonl"));
 
     /* Good paths pass the checks (the checkpoint directory is made); the run
-     * then fails on the dataset, a runtime error: exit 1. */
+     * then fails on the dataset (a directory without IDX files), a runtime
+     * error: exit 1. */
+    mkdir(tmp_path("no-such-data"), 0755);
     const char *args[] = {"train", "--dataset", tmp_path("no-such-data"), "--checkpoint-dir",
                           tmp_path("made/by/train"), "--checkpoint-every", "50",
                           "--keep-checkpoints", "2", "--resume", "--save", tmp_path("m.st"),
@@ -444,7 +446,7 @@ static void test_usage_errors(void)
     USAGE_ERROR("--staleness-range", "train", "--staleness-range", "5:2");
     /* unexpected argument */
     USAGE_ERROR("unexpected argument 'extra'", "train", "extra");
-    USAGE_ERROR("unexpected argument '-x'", "train", "-x");
+    USAGE_ERROR("unknown option '-x'", "train", "-x"); /* one dash: an option misspelt */
     USAGE_ERROR("unexpected argument 'extra'", "eval", "--checkpoint", "m.st", "extra");
     USAGE_ERROR("unexpected argument 'extra'", "ping", "extra");
     /* missing or wrong parts */

@@ -81,9 +81,16 @@ int main(void)
     CHECKF(rc == 2 && strstr(err, "cluster.worker[1]"), "duplicate address: %d %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s run --cluster %s --task worker:5 -- ping", bin, spec);
     CHECKF(rc == 2 && strstr(err, "worker:5"), "index out of range: %d %s", rc, err);
+    /* launch adds the chief a ps strategy needs; a spec without one is refused */
     rc = run_cmd(err, sizeof err, "%s launch --workers 2 --ps 1 -- train --strategy ps-async "
-                 "--epochs 1", bin);
-    CHECKF(rc != 0 && strstr(err, "needs a chief"), "ps without a chief: %d %s", rc, err);
+                 "--epochs 1 --train-size 600 --val-size 100 --test-size 100 --quiet", bin);
+    CHECKF(rc == 0 && strstr(err, "needs a chief; added one"), "ps without --chief: %d %s", rc,
+           err);
+    write_file("nochief.json", "{\"cluster\": {\"worker\": [\"127.0.0.1:47315\"], "
+               "\"ps\": [\"127.0.0.1:47316\"]}}", bad, sizeof bad);
+    rc = run_cmd(err, sizeof err, "%s run --cluster %s --task worker:0 -- train --strategy "
+                 "ps-async --epochs 1", bin, bad);
+    CHECKF(rc == 2 && strstr(err, "needs a chief"), "ps without a chief: %d %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s launch --workers 2 --ps 1 -- train --strategy allreduce "
                  "--epochs 1", bin);
     CHECKF(rc != 0 && strstr(err, "no ps"), "allreduce with a ps: %d %s", rc, err);

@@ -84,8 +84,8 @@ static void lbfgs_frozen_worker(void)
 static void straggler_out_of_range(void)
 {
     static char err[16384];
-    int rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy ps-async "
-                     "--straggler 5:10", bin);
+    int rc = run_cmd(err, sizeof err, "%s launch --workers 2 --ps 1 -- train --strategy "
+                     "ps-async --straggler 5:10", bin);
     CHECKF(rc == 2 && strstr(err, "--straggler 5:10") && strstr(err, "2 worker(s)"),
            "launch --workers 2 --straggler 5:10: exit %d: %s", rc, err);
     rc = run_cmd(err, sizeof err, "DOWNPOUR_CONFIG='{\"cluster\":{\"worker\":[\"127.0.0.1:1\","

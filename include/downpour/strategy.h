@@ -181,6 +181,11 @@ typedef struct dp_strategy_ops {
                             rejoin (lbfgs: its coordinator hands portions only
                             to the workers it started with): the launcher
                             leaves such a task out rather than restart it */
+    unsigned needs;      /* DP_ROLE_BITs of the roles a cluster must have a task of
+                            (the ps strategies: a chief, workers and ps tasks) */
+    unsigned refuses;    /* DP_ROLE_BITs of the roles it has no use for (allreduce,
+                            pipeline, model-parallel: ps); both for
+                            dp_strategy_check_cluster, before any task waits */
     unsigned talks_to[DP_ROLE_COUNT]; /* per role, the DP_ROLE_BITs of the roles its
                             tasks exchange frames with; all zero: every task.  The
                             node connects only these, so a restarted task never
@@ -226,6 +231,16 @@ extern const int dp_strategy_count;
 const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err);
 /* "single, ps-async, ...": every name, for messages. */
 const char *dp_strategy_names(void);
+/* The strategy against a cluster of `chief` (0 or 1), `workers` and `ps`
+ * tasks (chief < 0: no cluster, one process alone), checked before any task
+ * connects: 0, or -1 with why and the launch options that fit (a usage
+ * error: the same answer on every task). */
+int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
+                              dp_err *err);
+/* The `downpour launch` options of a cluster this strategy runs on, with
+ * `workers` workers: "--workers 2", "--chief --workers 2 --ps 1".  For
+ * hints that are complete commands. */
+void dp_strategy_launch_options(const dp_strategy_ops *ops, int workers, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------
  * The data-parallel interface: every replica computes gradients of its own

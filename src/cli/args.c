@@ -11,49 +11,199 @@
 static const cli_opt *find_opt(const cli_opt *opts, int n, const char *name, size_t len)
 {
     for (int i = 0; i < n; i++)
-        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0)
+        if (opts[i].kind != CLI_SECTION && strlen(opts[i].name) == len &&
+            strncmp(opts[i].name, name, len) == 0)
             return &opts[i];
     return NULL;
 }
 
-static void print_default(FILE *f, const cli_opt *o)
+/* Edit distance with transpositions (optimal string alignment: "modle" is
+ * one edit from "model"), capped at 99 (words longer than 63 are never close). */
+static int edit_distance(const char *a, const char *b)
 {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return 99;
+    static int d[64][64]; /* the CLI is single-threaded */
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+const char *cli_suggest(const char *word, const char *const *cands, int n)
+{
+    const char *best = NULL;
+    int best_d = 99;
+    for (int i = 0; i < n; i++) {
+        int d = edit_distance(word, cands[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = cands[i];
+        }
+    }
+    /* a third of the word's letters, at least one: "mnsit" finds mnist,
+     * "foo" finds nothing */
+    int len = (int)strlen(word);
+    int limit = len / 3 > 1 ? len / 3 : 1;
+    return best && best_d > 0 && best_d <= limit ? best : NULL;
+}
+
+const char *cli_suggest_list(const char *word, const char *list, char *buf, size_t cap)
+{
+    char copy[1024];
+    const char *cands[64];
+    int n = 0;
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *save = NULL, *t = strtok_r(copy, ", ;", &save); t && n < 64;
+         t = strtok_r(NULL, ", ;", &save))
+        cands[n++] = t;
+    const char *s = cli_suggest(word, cands, n);
+    if (!s)
+        return NULL;
+    snprintf(buf, cap, "%s", s);
+    return buf;
+}
+
+static void print_default(char *buf, size_t cap, const cli_opt *o)
+{
+    buf[0] = '\0';
+    if (strstr(o->help, "default")) /* the text says it: one default each */
+        return;
     switch (o->kind) {
     case CLI_STR: {
         const char *v = *(const char **)o->dst;
         if (v)
-            fprintf(f, " (default: %s)", v);
+            snprintf(buf, cap, " (default: %s)", v);
         break;
     }
     case CLI_INT:
-        fprintf(f, " (default: %ld)", *(long *)o->dst);
+        snprintf(buf, cap, " (default: %ld)", *(long *)o->dst);
         break;
     case CLI_NUM:
         if (!isnan(*(double *)o->dst)) /* NAN: unset, the help text says what applies */
-            fprintf(f, " (default: %g)", *(double *)o->dst);
+            snprintf(buf, cap, " (default: %g)", *(double *)o->dst);
         break;
     case CLI_FLAG:
+    case CLI_SECTION:
     case CLI_KIND_COUNT:
         break;
     }
 }
 
+#define HELP_WIDTH 80
+#define HELP_INDENT 26
+
+/* Prints text from column `col` (the cursor is there) to HELP_WIDTH, the
+ * continuation lines at HELP_INDENT; a '\n' in the text starts a new line
+ * (its leading spaces dropped: the indent is ours). */
+static void print_wrapped(FILE *f, const char *text, int col)
+{
+    const char *p = text;
+    while (*p) {
+        if (*p == '\n') {
+            fprintf(f, "\n%*s", HELP_INDENT, "");
+            col = HELP_INDENT;
+            p++;
+            while (*p == ' ')
+                p++;
+            continue;
+        }
+        if (*p == ' ') {
+            p++;
+            continue;
+        }
+        size_t w = strcspn(p, " \n");
+        int start = col == HELP_INDENT ? 0 : 1; /* a space before all but a line's first word */
+        if (col + start + (int)w > HELP_WIDTH && HELP_INDENT + (int)w > HELP_WIDTH) {
+            /* a word wider than the column (a long example): its own line,
+             * indented less, so no line passes HELP_WIDTH */
+            int ind = HELP_WIDTH - (int)w > 2 ? HELP_WIDTH - (int)w : 2;
+            fprintf(f, "\n%*s", ind, "");
+            col = ind;
+            start = 0;
+        } else if (col + start + (int)w > HELP_WIDTH && col > HELP_INDENT) {
+            fprintf(f, "\n%*s", HELP_INDENT, "");
+            col = HELP_INDENT;
+            start = 0;
+        }
+        if (start)
+            fputc(' ', f);
+        for (size_t i = 0; i < w; i++) /* \x1f: a space that never breaks a line */
+            fputc(p[i] == '\x1f' ? ' ' : p[i], f);
+        col += start + (int)w;
+        p += w;
+        /* keep runs of spaces inside a line (a table in the text) */
+        size_t sp = strspn(p, " ");
+        if (sp > 1 && p[sp] && p[sp] != '\n' && col + (int)sp < HELP_WIDTH) {
+            fprintf(f, "%*s", (int)sp - 1, "");
+            col += (int)sp - 1;
+        }
+    }
+    fputc('\n', f);
+}
+
 void cli_print_help(const char *usage, const cli_opt *opts, int n_opts)
 {
     FILE *f = stdout; /* asked for: not an error */
-    fprintf(f, "usage: %s\n\noptions:\n", usage);
+    fprintf(f, "usage: %s\n", usage);
+    bool sections = n_opts > 0 && opts[0].kind == CLI_SECTION;
+    if (!sections)
+        fprintf(f, "\noptions:\n");
     for (int i = 0; i < n_opts; i++) {
         const cli_opt *o = &opts[i];
-        char left[64];
+        if (o->kind == CLI_SECTION) {
+            fprintf(f, "\n%s:\n", o->help);
+            continue;
+        }
+        char left[64], text[4600], def[128];
         if (o->kind == CLI_FLAG)
             snprintf(left, sizeof left, "--%s", o->name);
         else
             snprintf(left, sizeof left, "--%s %s", o->name, o->meta ? o->meta : "VALUE");
-        fprintf(f, "  %-26s %s", left, o->help);
-        print_default(f, o);
-        fputc('\n', f);
+        print_default(def, sizeof def, o);
+        snprintf(text, sizeof text, "%s%s", o->help, def);
+        int col = fprintf(f, "  %s", left);
+        if (col > HELP_INDENT - 1) { /* a long name: the text starts on the next line */
+            fprintf(f, "\n%*s", HELP_INDENT, "");
+        } else {
+            fprintf(f, "%*s", HELP_INDENT - col, "");
+        }
+        print_wrapped(f, text, HELP_INDENT);
     }
-    fprintf(f, "  %-26s %s\n", "--help", "show this help");
+    fprintf(f, "\n  %-*s%s\n", HELP_INDENT - 2, "--help", "show this help");
+}
+
+/* "unknown option '--x'", with the closest option's name when one is close. */
+static void unknown_option(const cli_opt *opts, int n_opts, const char *dashes,
+                           const char *name, size_t len)
+{
+    const char *cands[256];
+    int n = 0;
+    for (int i = 0; i < n_opts && n < 256; i++)
+        if (opts[i].kind != CLI_SECTION)
+            cands[n++] = opts[i].name;
+    char word[64];
+    snprintf(word, sizeof word, "%.*s", (int)(len < 63 ? len : 63), name);
+    const char *near = cli_suggest(word, cands, n);
+    if (near)
+        fprintf(stderr, "downpour: unknown option '%s%s'; did you mean --%s? (see --help)\n",
+                dashes, word, near);
+    else
+        fprintf(stderr, "downpour: unknown option '%s%s' (see --help)\n", dashes, word);
 }
 
 static int set_value(const cli_opt *o, const char *val)
@@ -84,6 +234,7 @@ static int set_value(const cli_opt *o, const char *val)
         return 0;
     }
     case CLI_FLAG:
+    case CLI_SECTION:
     case CLI_KIND_COUNT:
         return -1;
     }
@@ -105,6 +256,17 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
             cli_print_help(usage, opts, n_opts);
             return 1;
         }
+        if (a[0] == '-' && a[1] != '-' && a[1] && !(a[1] >= '0' && a[1] <= '9')) {
+            /* "-np 4", "-lr": one dash is no option of ours, and no argument either */
+            size_t l = strlen(a + 1);
+            const cli_opt *o = find_opt(opts, n_opts, a + 1, l);
+            if (o)
+                fprintf(stderr, "downpour: unknown option '%s'; did you mean --%s? (options "
+                                "take two dashes)\n", a, o->name);
+            else
+                unknown_option(opts, n_opts, "-", a + 1, l);
+            return -1;
+        }
         if (strncmp(a, "--", 2) != 0)
             break;
         const char *name = a + 2;
@@ -112,7 +274,7 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         const cli_opt *o = find_opt(opts, n_opts, name, len);
         if (!o) {
-            fprintf(stderr, "downpour: unknown option '--%.*s' (see --help)\n", (int)len, name);
+            unknown_option(opts, n_opts, "--", name, len);
             return -1;
         }
         if (o->kind == CLI_FLAG) {

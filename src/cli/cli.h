@@ -12,6 +12,7 @@ typedef enum cli_kind {
     CLI_INT,   /* long *dst, range [lo, hi] */
     CLI_NUM,   /* double *dst, range [lo, hi] */
     CLI_FLAG,  /* bool *dst, takes no value */
+    CLI_SECTION, /* no option: --help prints `help` as a heading above the next ones */
     CLI_KIND_COUNT
 } cli_kind;
 
@@ -20,7 +21,9 @@ typedef struct cli_opt {
     cli_kind kind;
     void *dst;         /* holds the default on entry (a CLI_NUM's NAN: none shown) */
     const char *meta;  /* value placeholder in --help, "N" */
-    const char *help;
+    const char *help;  /* wrapped at 80 columns ('\x1f': a space never broken);
+                          "(default: ...)" is added unless it says "default"
+                          itself, so each option shows one default */
     double lo, hi;     /* range for CLI_INT / CLI_NUM */
 } cli_opt;
 
@@ -34,6 +37,22 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
               int *rest);
 
 void cli_print_help(const char *usage, const cli_opt *opts, int n_opts); /* on stdout */
+
+/* The candidate closest to `word` by edit distance, when close enough to be
+ * a likely typo (about one edit in three letters); else NULL.  For "did you
+ * mean" in usage errors. */
+const char *cli_suggest(const char *word, const char *const *cands, int n);
+/* The same over a list in one string, "a, b, c" (as dp_strategy_names()):
+ * the suggestion is copied into buf; NULL when none is close. */
+const char *cli_suggest_list(const char *word, const char *list, char *buf, size_t cap);
+
+/* Checks `downpour train ARGS` (argv[0] "train") as each task of a cluster
+ * of `chief`, `workers` and `ps` tasks would, without training: every
+ * option, and the strategy against that cluster.  For launch, before it
+ * starts any task.  Returns 0 (start the tasks), -1 when --help was
+ * printed (exit 0, start nothing), or the exit status of a usage error
+ * (2, the message printed once). */
+int cli_train_check(int argc, char **argv, int chief, int workers, int ps);
 
 /* Subcommands. */
 int cmd_train(int argc, char **argv);

@@ -6,6 +6,7 @@
  * readers hold (one record, one CSV row), whatever the file's size. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,12 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include <zlib.h>
+
 #include "cli/cli.h"
 #include "downpour/csv.h"
 #include "downpour/example.h"
+#include "downpour/idx.h"
 #include "downpour/npy.h"
 #include "downpour/png.h"
 #include "downpour/status.h"
@@ -25,7 +29,8 @@
     "downpour data inspect FILE [--records N]\n"                                              \
     "\n"                                                                                      \
     "FILE is a TFRecord file (raw or gzip; read through, every CRC checked), a .npy, an\n"    \
-    "  .npz or a .csv file (told by content, CSV by its name).  TFRecord: the record count,\n" \
+    "  .npz, an IDX (raw or gzip: its shape) or a .csv file (told by content, CSV by its\n"   \
+    "  name).  TFRecord: the record count,\n" \
     "  the first N records' features (name, kind, count, values; PNG images' size), and\n"    \
     "  the features every record has with their shapes."
 
@@ -368,6 +373,52 @@ static int inspect_csv(const char *path, dp_err *err)
     return 0;
 }
 
+/* The first n bytes of a file, inflated when it is gzip: what an IDX
+ * header is told by.  Returns the bytes read. */
+static size_t peek_inflated(const char *path, unsigned char *buf, size_t n)
+{
+    gzFile g = gzopen(path, "rb"); /* reads a plain file as it is, too */
+    if (!g)
+        return 0;
+    int got = gzread(g, buf, (unsigned)n);
+    gzclose(g);
+    return got > 0 ? (size_t)got : 0;
+}
+
+/* An IDX header: 0 0, the type (0x08 unsigned bytes .. 0x0E doubles), 1..4 dims. */
+static bool is_idx(const unsigned char *m, size_t got)
+{
+    return got >= 4 && m[0] == 0 && m[1] == 0 && m[2] >= 0x08 && m[2] <= 0x0E && m[2] != 0x0A &&
+           m[3] >= 1 && m[3] <= 4;
+}
+
+static int inspect_idx(const char *path, bool gz, dp_err *err)
+{
+    dp_idx idx;
+    if (dp_idx_read(path, &idx, err) < 0)
+        return -1;
+    printf("%s: IDX file%s, unsigned bytes, shape ", path, gz ? " (gzip)" : "");
+    for (int d = 0; d < idx.ndim; d++)
+        printf("%s%u", d ? " x " : "", idx.dims[d]);
+    if (idx.ndim == 1 && idx.len > 0) { /* a labels file */
+        unsigned lo = 255, hi = 0;
+        for (size_t i = 0; i < idx.len; i++) {
+            lo = idx.data[i] < lo ? idx.data[i] : lo;
+            hi = idx.data[i] > hi ? idx.data[i] : hi;
+        }
+        printf(": %u labels, values %u..%u\n", idx.dims[0], lo, hi);
+    } else if (idx.ndim >= 2) {
+        printf(": %u records of ", idx.dims[0]);
+        for (int d = 1; d < idx.ndim; d++)
+            printf("%s%u", d > 1 ? "x" : "", idx.dims[d]);
+        printf("\n");
+    } else {
+        printf("\n");
+    }
+    dp_idx_free(&idx);
+    return 0;
+}
+
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -411,7 +462,11 @@ int cmd_data_inspect(int argc, char **argv)
     size_t got = fread(magic, 1, sizeof magic, f);
     fclose(f);
     int rc;
-    if (got >= 6 && memcmp(magic, "\x93NUMPY", 6) == 0)
+    unsigned char head[4];
+    bool gz = got >= 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    if (is_idx(magic, got) || (gz && is_idx(head, peek_inflated(path, head, sizeof head))))
+        rc = inspect_idx(path, gz, &err);
+    else if (got >= 6 && memcmp(magic, "\x93NUMPY", 6) == 0)
         rc = inspect_npy(path, &err);
     else if (got >= 4 && memcmp(magic, "PK", 2) == 0 &&
              ((magic[2] == 3 && magic[3] == 4) || (magic[2] == 5 && magic[3] == 6)))

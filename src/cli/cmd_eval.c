@@ -1,4 +1,6 @@
 /* downpour eval: test accuracy of a saved checkpoint. */
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,36 @@
 
 #define USAGE "downpour eval --checkpoint FILE [--dataset NAME|PATH] [--test-size N] [--metrics FILE]"
 #define EVAL_BATCH 500
+
+/* A --dataset value as the path it opens: a known name under
+ * $DOWNPOUR_DATA (./data), then the canonical path where there is one. */
+static void dataset_path(const char *name, char *out, size_t cap)
+{
+    static const char *const known[] = {"mnist", "fashion-mnist", "kmnist"};
+    char path[4096];
+    const char *root = getenv("DOWNPOUR_DATA");
+    snprintf(path, sizeof path, "%s", name);
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i]) == 0)
+            snprintf(path, sizeof path, "%s/%s", root && *root ? root : "./data", name);
+    char real[PATH_MAX];
+    if (realpath(path, real))
+        snprintf(out, cap, "%s", real);
+    else
+        snprintf(out, cap, "%s", path);
+}
+
+/* Whether the checkpoint's dataset and --dataset name the same data, however
+ * each was spelt (mnist, data/mnist, ./data/mnist/, a symlink). */
+static bool same_dataset(const char *trained, const char *given)
+{
+    if (strcmp(trained, given) == 0)
+        return true;
+    char a[4096], b[4096];
+    dataset_path(trained, a, sizeof a);
+    dataset_path(given, b, sizeof b);
+    return strcmp(a, b) == 0;
+}
 
 int cmd_eval(int argc, char **argv)
 {
@@ -65,7 +97,7 @@ int cmd_eval(int argc, char **argv)
     }
     if (n_test > 0 && (uint32_t)n_test < ds.test.n)
         ds.test.n = (uint32_t)n_test; /* the first N, as train's --test-size (loop.c) */
-    if (strcmp(info.dataset, "unknown") != 0 && strcmp(info.dataset, dataset) != 0)
+    if (strcmp(info.dataset, "unknown") != 0 && !same_dataset(info.dataset, dataset))
         dp_warn("%s was trained on %s, and is being tested on %s", checkpoint, info.dataset,
                 dataset);
     x = malloc((size_t)EVAL_BATCH * ds.test.dim * sizeof *x);

@@ -7,17 +7,18 @@
 #include "cli/cli.h"
 #include "downpour/cluster.h"
 #include "downpour/launcher.h"
+#include "downpour/log.h"
 #include "downpour/model.h"
 #include "downpour/status.h"
 #include "downpour/strategy.h"
 #include "downpour/train.h"
 
 #define LAUNCH_USAGE                                                                      \
-    "downpour launch --workers N [--ps P] [--chief] [--grace S] [--] train|ping [OPTIONS]\n" \
+    "downpour launch [--workers N] [--ps P] [--chief] -- train|ping [OPTIONS]\n"          \
     "\n"                                                                                  \
     "Starts the tasks of a cluster as local processes on free 127.0.0.1 ports, each\n"   \
-    "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh secret\n" \
-    "and OPENBLAS_NUM_THREADS = cores / tasks (unless set). Output lines are prefixed\n"  \
+    "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh\n"       \
+    "secret and OPENBLAS_NUM_THREADS = cores / tasks (unless set). Lines are prefixed\n"  \
     "with the task ([worker 2] ...). SIGINT/SIGTERM are forwarded to every task; when\n"  \
     "a task fails, the strategy decides: a task the run survives losing (a worker in\n"  \
     "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"     \
@@ -27,7 +28,13 @@
     "nothing is restarted or stopped, and launch exits 3 when no task failed. With\n"     \
     "--metrics FILE in the train options, task T writes FILE.<type>-<index> and FILE\n"   \
     "gets all of them merged, with one \"fault\" event per fault. With --trace FILE,\n"   \
-    "the tasks' timelines are merged into FILE on one time axis (docs/trace.md)."
+    "the tasks' timelines are merged into FILE on one time axis (docs/trace.md).\n"      \
+    "\n"                                                                                  \
+    "Without --strategy in the train options, the tasks train with allreduce, or with\n"  \
+    "ps-async when --ps is given; a strategy that needs a chief (the ps ones, lbfgs)\n"   \
+    "gets one without --chief. The train options and the strategy are checked against\n" \
+    "the cluster once, before any task starts: a usage error exits 2. mpirun's -np is\n" \
+    "refused: give --workers N (and --ps P, --chief)."
 
 #define LAUNCH_MAX_TASKS 256
 
@@ -78,6 +85,7 @@ typedef struct task_flags {
     const char *device;         /* --device (NULL: the default, the CPU) */
     const char *model_parallel; /* --model-parallel (NULL: not given) */
     bool sync_bn;               /* --sync-bn */
+    const char *strategy;       /* --strategy (NULL: not given, launch's default) */
 } task_flags;
 
 /* The value of train flag `name` at argv[*i] ("--name V" or "--name=V"),
@@ -102,7 +110,7 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f
     f->ps_replicas = 1;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
-    const char *name = "single", *v;
+    const char *name = NULL, *v;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0)
             break;
@@ -121,7 +129,8 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f
         else if (strcmp(argv[i], "--sync-bn") == 0)
             f->sync_bn = true;
     }
-    return dp_strategy_find(name, err);
+    f->strategy = name;
+    return name ? dp_strategy_find(name, err) : NULL;
 }
 
 /* What each task would refuse before training, refused here before any
@@ -164,6 +173,35 @@ static int check_task_flags(const dp_strategy_ops *strategy, const task_flags *f
     return dp_train_check_device(&cfg, err) < 0 ? -1 : dp_train_check_sync_bn(&cfg, err);
 }
 
+/* mpirun's "-np N" (or "-n N") among launch's options: refused, with the
+ * command that means it ("--workers N"), since launch counts tasks by role. */
+static int refuse_np(int argc, char **argv)
+{
+    int at = -1;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0 && !cli_is_task_command(argv[i]); i++)
+        if (strcmp(argv[i], "-np") == 0 || strcmp(argv[i], "-n") == 0 ||
+            strncmp(argv[i], "-np=", 4) == 0) {
+            at = i;
+            break;
+        }
+    if (at < 0)
+        return 0;
+    char hint[2048] = "downpour launch";
+    size_t n = strlen(hint);
+    for (int i = 1; i < argc && n < sizeof hint; i++) {
+        if (i == at) {
+            const char *v = strchr(argv[i], '=');
+            v = v ? v + 1 : i + 1 < argc ? argv[++i] : "2";
+            n += (size_t)snprintf(hint + n, sizeof hint - n, " --workers %s", v);
+        } else {
+            n += (size_t)snprintf(hint + n, sizeof hint - n, " %s", argv[i]);
+        }
+    }
+    fprintf(stderr, "downpour launch: %s is mpirun's flag; launch counts its tasks by role: "
+                    "--workers N (and --ps P, --chief). Hint: %s\n", argv[at], hint);
+    return 2;
+}
+
 int cmd_launch(int argc, char **argv)
 {
     long workers = 2, ps = 0;
@@ -180,12 +218,14 @@ int cmd_launch(int argc, char **argv)
          "restart a failed task up to N times when its strategy survives losing it", 0, 1000},
     };
     int rest = 0;
+    if (refuse_np(argc, argv))
+        return 2;
     int rc = cli_parse(LAUNCH_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
     if (rest >= argc) {
         fprintf(stderr, "downpour launch: no task command. Hint: downpour launch --workers 2 "
-                        "-- train --strategy ps-async ...\n");
+                        "-- train\n");
         return 2;
     }
     if (!cli_is_task_command(argv[rest])) {
@@ -194,46 +234,72 @@ int cmd_launch(int argc, char **argv)
                 argv[rest]);
         return 2;
     }
+    dp_err err;
+    task_run run = {0};
+    task_flags flags;
+    bool train = strcmp(argv[rest], "train") == 0;
+    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &flags, &err);
+    if (train && !flags.strategy) /* the default: docs/cluster.md, "A local cluster" */
+        strategy = dp_strategy_find(ps > 0 ? "ps-async" : "allreduce", &err);
+    run.ops = strategy;
+    run.ps_replicas = flags.ps_replicas;
+    if (train && !strategy) { /* train's own check says it, with a suggestion */
+        char *sub[] = {argv[rest], "--strategy", (char *)flags.strategy, NULL};
+        cli_train_check(3, sub, 0, 1, 0);
+        return 2;
+    }
+    bool add_chief = strategy && (strategy->needs & DP_ROLE_BIT(DP_ROLE_CHIEF)) && !chief;
+    if (add_chief)
+        chief = true; /* it starts, evaluates and ends the run: no run without one */
     int n = (chief ? 1 : 0) + (int)workers + (int)ps;
     if (n > LAUNCH_MAX_TASKS) {
         fprintf(stderr, "downpour launch: %d tasks, at most %d on one machine\n", n,
                 LAUNCH_MAX_TASKS);
         return 2;
     }
-
     int ports[LAUNCH_MAX_TASKS];
-    dp_err err;
-    task_run run = {0};
-    task_flags flags;
-    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &flags, &err);
-    run.ops = strategy;
-    run.ps_replicas = flags.ps_replicas;
-    if (!strategy && strcmp(argv[rest], "train") == 0) {
-        fprintf(stderr, "downpour launch: --strategy: %s\n", err.msg);
-        return 2;
-    }
-    /* Known here before any task starts: the tasks would each refuse it. */
-    if (strategy && check_task_flags(strategy, &flags, chief, (int)workers, &err) < 0) {
-        fprintf(stderr, "downpour launch: %s\n", err.msg);
-        return 2;
-    }
-    dp_cluster c;
-    if (dp_launch_free_ports(ports, n, &err) < 0 ||
-        dp_cluster_local(&c, chief ? 1 : 0, (int)workers, (int)ps, ports, &err) < 0) {
-        fprintf(stderr, "downpour launch: %s\n", err.msg);
-        return 1;
-    }
-    /* The tasks run this very program: /proc/self/exe, then the train arguments. */
-    int targc = argc - rest + 1;
+    /* The tasks run this very program: /proc/self/exe, then the train
+     * arguments, with the default strategy spelt out when none was given. */
+    bool add = train && !flags.strategy;
+    int targc = argc - rest + 1 + (add ? 2 : 0);
     char **cmd = calloc((size_t)targc + 1, sizeof *cmd);
     if (!cmd) {
-        dp_cluster_free(&c);
         fprintf(stderr, "downpour launch: out of memory\n");
         return 1;
     }
     cmd[0] = "/proc/self/exe";
-    for (int i = rest; i < argc; i++)
-        cmd[i - rest + 1] = argv[i];
+    int k = 1;
+    cmd[k++] = argv[rest];
+    if (add) {
+        cmd[k++] = "--strategy";
+        cmd[k++] = (char *)strategy->name;
+    }
+    for (int i = rest + 1; i < argc; i++)
+        cmd[k++] = argv[i];
+    /* Every option, and the strategy against this cluster, once here: not
+     * the same refusal from every task. */
+    if (train) {
+        int crc = cli_train_check(targc - 1, cmd + 1, chief ? 1 : 0, (int)workers, (int)ps);
+        if (crc != 0) {
+            free(cmd);
+            return crc < 0 ? 0 : crc;
+        }
+    }
+    /* Known here before any task starts: the tasks would each refuse it. */
+    if (strategy && check_task_flags(strategy, &flags, chief, (int)workers, &err) < 0) {
+        fprintf(stderr, "downpour launch: %s\n", err.msg);
+        free(cmd);
+        return 2;
+    }
+    if (add_chief)
+        dp_info("launch: %s needs a chief; added one (chief:0)", strategy->name);
+    dp_cluster c;
+    if (dp_launch_free_ports(ports, n, &err) < 0 ||
+        dp_cluster_local(&c, chief ? 1 : 0, (int)workers, (int)ps, ports, &err) < 0) {
+        fprintf(stderr, "downpour launch: %s\n", err.msg);
+        free(cmd);
+        return 1;
+    }
     dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
                          .survives = strategy ? strategy_survives : NULL,
                          .survives_ctx = &run, .max_restarts = (int)max_restarts};

@@ -1274,6 +1274,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .name = "allreduce",
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
+    .refuses = DP_ROLE_BIT(DP_ROLE_PS),
     .devices = 1,
     .buffers = 1,
     .sync_bn = 1,

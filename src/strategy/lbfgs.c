@@ -806,6 +806,7 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "
                "tasks; workers compute portions of a large batch, with backup copies",
     .cluster = 1,
+    .needs = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),
     /* A lost worker's portions go to the others (worker_lost), and the
      * run ends well without it; a restarted one is not taken back. */
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),

@@ -458,6 +458,7 @@ const dp_strategy_ops dp_strategy_model_parallel = {
     .name = "model-parallel",
     .summary = "model parallelism: dense layers' units, image layers' rows split over K tasks a replica",
     .cluster = 1,
+    .refuses = DP_ROLE_BIT(DP_ROLE_PS),
     .survives = 0,
     .open = mp_open,
     .step = mp_step,

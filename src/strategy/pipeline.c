@@ -784,6 +784,7 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .name = "pipeline",
     .summary = "layer pipelining: stages of layers, micro-batches, gpipe or 1f1b, one flush a step",
     .cluster = 1,
+    .refuses = DP_ROLE_BIT(DP_ROLE_PS),
     .buffers = 1,
     .survives = 0,
     .open = pipe_open,

@@ -39,6 +39,7 @@ void dp_ps_family_close(dp_strategy *s);
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
     .cluster = 1, .devices = 1, .buffers = 1,                                                  \
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
+    .needs = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS), \
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \
                  [DP_ROLE_WORKER] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),    \
                  [DP_ROLE_PS] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER)},   \

@@ -1,6 +1,7 @@
 /* The table of strategies: each name is written once, in its own file's
  * dp_strategy_ops; this list only orders them. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,56 @@ const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err)
             return dp_strategies[i];
     dp_errf(err, "unknown strategy '%s' (valid: %s)", name, dp_strategy_names());
     return NULL;
+}
+
+void dp_strategy_launch_options(const dp_strategy_ops *ops, int workers, char *buf, size_t cap)
+{
+    bool ps = ops->needs & DP_ROLE_BIT(DP_ROLE_PS);
+    snprintf(buf, cap, "%s--workers %d%s", ops->needs & DP_ROLE_BIT(DP_ROLE_CHIEF) ? "--chief " : "",
+             workers > 0 ? workers : 2, ps ? " --ps 1" : "");
+}
+
+int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
+                              dp_err *err)
+{
+    char opts[96];
+    dp_strategy_launch_options(ops, workers, opts, sizeof opts);
+    if (chief < 0) {
+        if (!ops->cluster)
+            return 0;
+        return dp_errf(err, "--strategy %s runs on a cluster of tasks, and this process is "
+                            "alone. Hint: downpour launch %s -- train --strategy %s",
+                       ops->name, opts, ops->name);
+    }
+    int n[DP_ROLE_COUNT] = {0};
+    n[DP_ROLE_CHIEF] = chief;
+    n[DP_ROLE_WORKER] = workers;
+    n[DP_ROLE_PS] = ps;
+    char have[96];
+    snprintf(have, sizeof have, "%d chief, %d worker(s) and %d ps task(s)", chief, workers, ps);
+    if (!ops->cluster)
+        return dp_errf(err, "--strategy %s trains one process alone, but this task is one of a "
+                            "cluster of %s. Hint: --strategy %s", ops->name, have,
+                       ps > 0 ? "ps-async" : "allreduce");
+    for (int r = 0; r < DP_ROLE_COUNT; r++) {
+        if ((ops->needs & DP_ROLE_BIT(r)) && n[r] == 0)
+            return dp_errf(err, "strategy %s needs %s, and the cluster has %s. Hint: downpour "
+                                "launch %s -- train --strategy %s",
+                           ops->name,
+                           r == DP_ROLE_CHIEF ? "a chief (it starts, evaluates and ends the run)"
+                           : r == DP_ROLE_PS  ? "at least one ps task (they hold the parameters)"
+                                              : "at least one worker",
+                           have, opts, ops->name);
+        if ((ops->refuses & DP_ROLE_BIT(r)) && n[r] > 0)
+            return dp_errf(err, "strategy %s runs on chief and worker tasks and needs no %s "
+                                "task; the cluster has %s. Hint: downpour launch %s -- train "
+                                "--strategy %s",
+                           ops->name, dp_role_name((dp_role)r), have, opts, ops->name);
+    }
+    if (chief + workers < 1)
+        return dp_errf(err, "strategy %s needs a chief or a worker to train, and the cluster "
+                            "has %s", ops->name, have);
+    return 0;
 }
 
 int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int *position,

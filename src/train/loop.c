@@ -251,8 +251,12 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
                      DP_F_END);
     /* after the event: whoever reads the line (a test, a user's script) can
      * count on the event being in the file, even if the process dies next */
-    dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
-            L->cfg->epochs, train_loss, val_loss, val_acc, secs);
+    if (L->val.n == 0) /* --val-size 0: no figure rather than a false 0 */
+        dp_info("Epoch %d/%d: train_loss %.4f, no validation (--val-size 0), %.2f s", epoch,
+                L->cfg->epochs, train_loss, secs);
+    else
+        dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
+                L->cfg->epochs, train_loss, val_loss, val_acc, secs);
     L->res->val_accuracy = val_acc;
     L->res->train_loss = train_loss;
     return 0;
@@ -306,7 +310,10 @@ static void print_table(const loop *L)
     dp_info("%6s %13s %11s %9s", "epoch", "val_accuracy", "train_loss", "seconds");
     for (int e = 0; e < L->ck.n_history; e++) {
         const float *h = L->ck.history + (size_t)e * 3;
-        dp_info("%6d %13.4f %11.4f %9.2f", e + 1, (double)h[0], (double)h[1], (double)h[2]);
+        if (L->val.n == 0)
+            dp_info("%6d %13s %11.4f %9.2f", e + 1, "-", (double)h[1], (double)h[2]);
+        else
+            dp_info("%6d %13.4f %11.4f %9.2f", e + 1, (double)h[0], (double)h[1], (double)h[2]);
     }
 }
 
@@ -958,14 +965,15 @@ static int run_task(loop *L, dp_err *err)
     dp_model_init_params(&L->m, cfg->seed);
     if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
         dp_model_seed_dropout(&L->m, cfg->seed + 0x9e3779b97f4a7c15ULL * (uint64_t)L->node.self->rank);
+    /* The servers need no data; everyone else checks it against the model,
+     * before the banner: a run that cannot start announces none. */
+    if (!role_ps && open_data(L, err) < 0)
+        return -1;
     dp_info("%s%s%s: %s (%zu parameters) on %s, batch %d, %d epoch(s), %s lr %g, %d thread(s) (%s)",
             L->in_cluster ? L->node.self->name : "Training", L->in_cluster ? " " : "",
             L->in_cluster ? cfg->strategy : "", L->m.name, L->m.n_params, cfg->dataset,
             cfg->batch, cfg->epochs, dp_optim_kind_name(cfg->optim.kind), (double)cfg->optim.lr,
             dp_blas_threads(), dp_blas_info());
-    /* The servers need no data; everyone else checks it against the model. */
-    if (!role_ps && open_data(L, err) < 0)
-        return -1;
     L->id = (dp_run_identity){
         .strategy = cfg->strategy, .dataset = cfg->dataset,
         .optimizer = dp_optim_kind_name(cfg->optim.kind),
@@ -1092,6 +1100,16 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (node_rc < 0)
         goto out;
     L.in_cluster = node_rc == 0;
+    {
+        const int *n = L.node.cluster.count;
+        if ((L.in_cluster ? dp_strategy_check_cluster(L.ops, n[DP_ROLE_CHIEF], n[DP_ROLE_WORKER],
+                                                      n[DP_ROLE_PS], err)
+                          : dp_strategy_check_cluster(L.ops, -1, 0, 0, err)) < 0) {
+            if (L.in_cluster)
+                dp_err_prefix(err, "%s", L.node.self->name);
+            goto out;
+        }
+    }
     if (cfg->trace_path) {
         /* Under mpirun every rank has the same FILE: the chief keeps it and
          * the others write beside it, as launch names them (docs/trace.md). */
@@ -1108,17 +1126,6 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
             goto out;
     }
     traced = cfg->trace_path != NULL;
-    if (L.in_cluster != L.ops->cluster) {
-        if (L.in_cluster)
-            dp_errf(err, "--strategy %s trains one process alone, but this is task %s of a "
-                         "cluster. Hint: --strategy ps-async (or another of %s)",
-                    cfg->strategy, L.node.self->name, dp_strategy_names());
-        else
-            dp_errf(err, "strategy %s runs on a cluster. Hint: downpour launch --chief "
-                         "--workers 2 --ps 1 -- train --strategy %s ...",
-                    cfg->strategy, cfg->strategy);
-        goto out;
-    }
     if (cfg->tensorboard_dir && open_tensorboard(&L, err) < 0)
         goto out;
     if (!L.in_cluster && (cfg->metrics_path || cfg->tensorboard_dir) &&
