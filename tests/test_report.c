@@ -536,10 +536,8 @@ int main(void)
     test_fixture();
     test_one_point();
     test_api();
-    const char *data = getenv("DOWNPOUR_DATA");
     char probe[1200];
-    snprintf(probe, sizeof probe, "%s/mnist/train-images-idx3-ubyte", data ? data : "data");
-    bool mnist = access(probe, R_OK) == 0;
+    bool mnist = have_mnist(probe, sizeof probe);
     if (mnist)
         test_cluster_in_chromium();
     if (check_failures)

@@ -520,11 +520,8 @@ int main(void)
     if (!check_failures)
         scratch_remove(dir);
 
-    const char *data = getenv("DOWNPOUR_DATA");
     char probe[1200];
-    snprintf(probe, sizeof probe, "%s/mnist/train-images-idx3-ubyte", data ? data : "data");
-    struct stat st;
-    if (!bin || !tmp || stat(probe, &st) != 0) {
+    if (!bin || !tmp || !have_mnist(probe, sizeof probe)) {
         fprintf(stderr, "skipping the runs of downpour: no DOWNPOUR_BIN, DOWNPOUR_TEST_TMP or "
                         "MNIST (%s)\n", probe);
         return CHECK_DONE();

@@ -661,6 +661,13 @@ static int train_main(int argc, char **argv, const int *topo)
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
+    /* what the options ask of the strategy first, then the cluster: a hint
+     * to launch must not lead to a refusal of the options themselves */
+    if (dp_train_check_device(&cfg, &err) < 0 || dp_train_check_clip(&cfg, &err) < 0 ||
+        dp_train_check_sync_bn(&cfg, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
+        return 2;
+    }
     if (check_outputs(save, metrics, checkpoint_dir, tensorboard, trace) < 0 ||
         check_topology(dp_strategy_find(strategy, &err), topo, transport, argc, argv) < 0)
         return 2;
