@@ -155,10 +155,14 @@ void dp_relu_forward(float *out, const float *inp, int n)
         out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
 }
 
+/* dout is read whether or not it is passed on: a select, which vectorises,
+ * not a branch around a load (resnet-fashion spent 7 % of a step here). */
 void dp_relu_backward(float *dinp, const float *dout, const float *restrict out, int n)
 {
-    for (int i = 0; i < n; i++)
-        dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+    for (int i = 0; i < n; i++) {
+        float g = dout[i];
+        dinp[i] = out[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 /* Rows are processed one at a time and each logit is read before its prob is
