@@ -146,7 +146,8 @@ int cmd_train(int argc, char **argv)
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
-    bool no_progress = false, quiet = false, keep_best = false;
+    bool no_progress = false, quiet = false, keep_best = false, verbose = false;
+    const char *log_level = NULL;
     long stages = 0, micro_batches = cfg.micro_batches, model_parallel = 0;
     const char *schedule = NULL, *split = NULL;
     long lbfgs_history = cfg.lbfgs_history, portion = 0;
@@ -228,7 +229,8 @@ int cmd_train(int argc, char **argv)
         {"device", CLI_STR, &device, "DEV", "where trainers compute: cpu (the default), cuda, cuda:N (a GPU), or sim (the GPU code path run on the host, for tests); docs/gpu.md", 0, 0},
         {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
-        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
+        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines on stderr", 0, 0},
+        CLI_LOG_OPTS(&log_level, &verbose),
     };
     int rest;
     int r = cli_parse(USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
@@ -238,6 +240,8 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "downpour train: unexpected argument '%s' (see --help)\n", argv[rest]);
         return 2;
     }
+    if (cli_apply_log_level("train", log_level, verbose) < 0)
+        return 2;
 
     dp_err err;
     cfg.strategy = strategy;

@@ -663,9 +663,7 @@ static int train(loop *L, dp_err *err)
             if (deferred && (line || bar) &&
                 collect(L, step, &st, &window_loss, &window_correct, err) < 0)
                 goto out;
-            if (line) {
-                if (cfg->progress)
-                    fputc('\n', stderr);
+            if (line) { /* dp_info erases the progress bar first */
                 dp_info("%s, At step %ld, Cost: %.4f Accuracy: %.4f AvgTime: %.2fms", info->label,
                         step, window_loss / window_samples, (double)window_correct / window_samples,
                         window_time / window_steps * 1e3);
@@ -676,8 +674,8 @@ static int train(loop *L, dp_err *err)
                 dp_progress_draw(stderr, epoch + 1, cfg->epochs, k + 1, L->spe,
                                  st.loss_sum / st.records, dp_now() - t_epoch);
         }
-        if (cfg->progress)
-            fputc('\n', stderr);
+        if (cfg->progress) /* erased, not left above the epoch's line */
+            dp_progress_clear(stderr);
         if (deferred && collect(L, step, &st, &window_loss, &window_correct, err) < 0)
             goto out;
         st.seconds = dp_now() - t_epoch;
