@@ -213,7 +213,7 @@ int cmd_train(int argc, char **argv)
         {"val-size", CLI_INT, &n_val, "N", "validation records (the next N)", 0, 100000000},
         {"test-size", CLI_INT, &n_test, "N", "test records evaluated at the end (the first N; 0: all)", 0, 100000000},
         {"threads", CLI_INT, &threads, "N", "BLAS threads (0: OPENBLAS_NUM_THREADS or all cores)", 0, 1024},
-        {"log-every", CLI_INT, &log_every, "N", "steps between step lines (0: none)", 0, 100000000},
+        {"log-every", CLI_INT, &log_every, "N", "steps between step lines and train_loss records in --metrics and --tensorboard (0: none)", 0, 100000000},
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
         {"tensorboard", CLI_STR, &tensorboard, "DIR", "write TensorBoard scalars under DIR (a cluster task: DIR/<type>-<index>)", 0, 0},
         {"save", CLI_STR, &save, "FILE", "save the trained weights as safetensors", 0, 0},
@@ -229,7 +229,7 @@ int cmd_train(int argc, char **argv)
         {"device", CLI_STR, &device, "DEV", "where trainers compute: cpu (the default), cuda, cuda:N (a GPU), or sim (the GPU code path run on the host, for tests); docs/gpu.md", 0, 0},
         {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
-        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines on stderr", 0, 0},
+        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines on stderr (the --log-every records stay)", 0, 0},
         CLI_LOG_OPTS(&log_level, &verbose),
     };
     int rest;
@@ -427,7 +427,8 @@ int cmd_train(int argc, char **argv)
     cfg.n_val = (uint32_t)n_val;
     cfg.n_test = (uint32_t)n_test;
     cfg.threads = (int)threads;
-    cfg.log_every = quiet ? 0 : (int)log_every;
+    cfg.log_every = (int)log_every;
+    cfg.quiet = quiet;
     cfg.progress = !no_progress && isatty(STDERR_FILENO);
     cfg.metrics_path = metrics;
     cfg.tensorboard_dir = tensorboard;
