@@ -242,8 +242,8 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
         c->reported = 0;
         shutdown(c->fd, SHUT_RDWR);
         want_redial(t, peer, orderly);
-        if (orderly)
-            dp_info("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
+        if (orderly) /* a normal end of a run: debug, not one line per peer */
+            dp_debug("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
         else
             dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
     }
