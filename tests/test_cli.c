@@ -277,24 +277,85 @@ static void test_train_no_shm(void)
         return;
     }
     unsetenv("DOWNPOUR_SHM");
-    for (int off = 1; off >= 0; off--) {
-        const char *args[] = {"launch", "--workers", "2", "--", "train", "--dataset", mnist,
-                              "--strategy", "allreduce", "--train-size", "400", "--val-size",
-                              "100", "--epochs", "1", "--batch", "100", "--quiet",
-                              "--no-progress", off ? "--no-shm" : NULL, NULL};
+    unsetenv("DOWNPOUR_LOG_LEVEL");
+    /* off 1: --no-shm; 0: shm, the launcher's --verbose (inherited by the
+     * tasks) shows each connection; -1: shm at the default level, where the
+     * connections are debug lines (issue 29: one start-up line per task) */
+    for (int off = 1; off >= -1; off--) {
+        const char *args[32] = {"launch", "--workers", "2"};
+        int n = 3;
+        if (off == 0)
+            args[n++] = "--verbose";
+        const char *train[] = {"--", "train", "--dataset", mnist, "--strategy", "allreduce",
+                               "--train-size", "400", "--val-size", "100", "--epochs", "1",
+                               "--batch", "100", "--quiet", "--no-progress"};
+        for (size_t i = 0; i < sizeof train / sizeof train[0]; i++)
+            args[n++] = train[i];
+        if (off > 0)
+            args[n++] = "--no-shm";
+        args[n] = NULL;
         int rc = run(args);
-        CHECKF(rc == 0, "launch (shm %s): exit %d: %s", off ? "off" : "on", rc, g_err);
+        CHECKF(rc == 0, "launch (shm %s): exit %d: %s", off > 0 ? "off" : "on", rc, g_err);
         /* the tasks' lines go through the launcher, on stdout or stderr */
 #define LOGGED(str) (strstr(g_out, (str)) || strstr(g_err, (str)))
-        if (off)
+        if (off > 0)
             CHECKF(!LOGGED("through shared memory") &&
                        LOGGED("worker:0: shared memory off (--no-shm): tasks on this host talk "
                               "over TCP"),
                    "--no-shm: %s%s", g_out, g_err);
-        else
+        else if (off == 0)
             CHECKF(LOGGED("connected to worker:1") && LOGGED("through shared memory (4096 KiB"),
-                   "shared memory on: %s%s", g_out, g_err);
+                   "shared memory on, --verbose: %s%s", g_out, g_err);
+        else
+            CHECKF(!LOGGED("through shared memory") && LOGGED("worker:1 allreduce: "),
+                   "shared memory on, default level: %s%s", g_out, g_err);
 #undef LOGGED
+    }
+}
+
+/* Issue 29's noise: a bad --log-level is a usage error; ps-async workers do
+ * not log the SSP bound (ps-ssp's do); a launched run leaves only the merged
+ * metrics file. */
+static void test_log_noise(void)
+{
+    const char *bad[] = {"train", "--log-level", "loud", NULL};
+    int rc = run(bad);
+    CHECKF(rc == 2 && strstr(g_err, "--log-level 'loud'"), "exit %d: %s", rc, g_err);
+    const char *bad_launch[] = {"launch", "--log-level", "x", "--", "train", NULL};
+    rc = run(bad_launch);
+    CHECKF(rc == 2 && strstr(g_err, "--log-level"), "launch: exit %d: %s", rc, g_err);
+    setenv("DOWNPOUR_LOG_LEVEL", "chatty", 1);
+    const char *env[] = {"train", "--help", NULL};
+    rc = run(env);
+    CHECKF(rc == 2 && strstr(g_err, "DOWNPOUR_LOG_LEVEL"), "env: exit %d: %s", rc, g_err);
+    unsetenv("DOWNPOUR_LOG_LEVEL");
+
+    const char *data = getenv("DOWNPOUR_DATA");
+    char mnist[1100], metrics[1200], part[1300];
+    snprintf(mnist, sizeof mnist, "%s/mnist", data ? data : "");
+    struct stat st;
+    if (!data || stat(mnist, &st) != 0) {
+        fprintf(stderr, "no MNIST under DOWNPOUR_DATA: skipping the ps runs\n");
+        return;
+    }
+    const char *strategies[] = {"ps-async", "ps-ssp"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(metrics, sizeof metrics, "%s/noise-%d.jsonl", g_dir, i);
+        const char *args[] = {"launch", "--chief", "--workers", "2", "--ps", "1", "--", "train",
+                              "--dataset", mnist, "--strategy", strategies[i], "--train-size",
+                              "400", "--val-size", "100", "--test-size", "100", "--epochs", "1",
+                              "--batch", "100", "--no-progress", "--metrics", metrics, NULL};
+        rc = run(args);
+        CHECKF(rc == 0, "%s: exit %d: %s", strategies[i], rc, g_err);
+        int gap = strstr(g_out, "largest clock gap") || strstr(g_err, "largest clock gap");
+        CHECKF(gap == (i == 1), "%s: the SSP bound %s: %s%s", strategies[i],
+               gap ? "logged" : "not logged", g_out, g_err);
+        CHECK(stat(metrics, &st) == 0);
+        const char *parts[] = {"launcher", "chief-0", "worker-0", "worker-1", "ps-0"};
+        for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+            snprintf(part, sizeof part, "%s.%s", metrics, parts[k]);
+            CHECKF(stat(part, &st) != 0, "%s left beside the merged file", part);
+        }
     }
 }
 
@@ -486,6 +547,7 @@ int main(void)
     test_train_timeouts();
     test_train_write_errors();
     test_train_no_shm();
+    test_log_noise();
     test_flag_ranges();
     return CHECK_DONE();
 }

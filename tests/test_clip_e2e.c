@@ -43,10 +43,11 @@ int main(void)
     CHECKF(d < 1e-5, "clipped allreduce differs from one process at the summed batch by %g", d);
 
     rc = run_cmd(err, sizeof err,
-                 "%s launch --chief --workers 1 --ps 2 -- train --strategy ps-sync --batch 128 "
+                 "%s launch --verbose --chief --workers 1 --ps 2 -- train --strategy ps-sync --batch 128 "
                  "--ps-min-shard-bytes 4096 " COMMON " " CLIP " --save %s/sync.st",
                  test_bin(), test_tmp());
     CHECKF(rc == 0, "ps-sync --clip-norm exited %d: %s", rc, err);
+    /* the shard layout is a --verbose line */
     CHECKF(strstr(err, "shard 1: parameters") != NULL, "the run did not use two shards: %s", err);
     d = checkpoint_max_diff("clip.st", "sync.st");
     fprintf(stderr, "ps-sync (1 worker, 2 shards) vs one process, clipped: max |diff| %.3g\n", d);
@@ -87,7 +88,7 @@ int main(void)
            "allreduce --device sim: exit %d: %s", rc, err);
     /* ps-sync stages through the host: the gradient comes back, and is clipped there */
     rc = run_cmd(err, sizeof err,
-                 "%s launch --chief --workers 1 --ps 2 -- train --strategy ps-sync --batch 128 "
+                 "%s launch --verbose --chief --workers 1 --ps 2 -- train --strategy ps-sync --batch 128 "
                  "--ps-min-shard-bytes 4096 --device sim " COMMON " " CLIP " --save %s/simsync.st",
                  test_bin(), test_tmp());
     CHECKF(rc == 0, "ps-sync --device sim --clip-norm exited %d: %s", rc, err);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -435,13 +436,41 @@ static void test_metrics_merge(void)
                            "\"cpu_percent_sum\":150.000,\"rss_peak_bytes\":3180,"
                            "\"net_tx_bytes\":181,\"net_rx_bytes\":180}\n"), "%s", tot);
     }
-    /* per-task files are kept */
-    char path[4300];
+    /* merged: the per-task files are gone (issue 29); FILE stays */
+    char path[4500];
+    snprintf(path, sizeof path, "%s.worker-1", metrics);
+    CHECKF(access(path, F_OK) != 0, "%s left behind", path);
+    snprintf(path, sizeof path, "%s.chief-0", metrics);
+    CHECKF(access(path, F_OK) != 0, "%s left behind", path);
+    CHECK(access(metrics, F_OK) == 0);
+    free(s);
+
+    /* DOWNPOUR_METRICS_KEEP_PARTS=1 keeps them */
+    setenv(DP_LAUNCH_KEEP_PARTS_ENV, "1", 1);
+    devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    o.err_fd = devnull;
+    CHECKF(dp_launch(&o, &err) == 0, "%s", err.msg);
+    close(devnull);
+    unsetenv(DP_LAUNCH_KEEP_PARTS_ENV);
     snprintf(path, sizeof path, "%s.worker-1", metrics);
     CHECK(access(path, F_OK) == 0);
-    snprintf(path, sizeof path, "%s.chief-0", metrics);
-    CHECK(access(path, F_OK) == 0);
-    free(s);
+
+    /* a merge that fails (FILE's folder is gone) keeps the parts and says so */
+    char sub[4300], sub_metrics[4400];
+    snprintf(sub, sizeof sub, "%s/launch_metrics_gone", g_dir);
+    REQUIRE(mkdir(sub, 0700) == 0 || errno == EEXIST);
+    snprintf(sub_metrics, sizeof sub_metrics, "%s/m.jsonl", sub);
+    char *argv2[] = {"/bin/sh", "-c", "echo '{\"event\":\"epoch\"}' > \"$2\"", "sh",
+                     "--metrics", sub_metrics, NULL};
+    /* FILE a directory: the merge's rename onto it fails */
+    REQUIRE(mkdir(sub_metrics, 0700) == 0 || errno == EEXIST);
+    devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    dp_launch_opts o2 = {.cluster = &c, .argc = 6, .argv = argv2, .err_fd = devnull};
+    int rc2 = dp_launch(&o2, &err);
+    close(devnull);
+    CHECKF(rc2 != 0 && strstr(err.msg, "are kept"), "exit %d: %s", rc2, err.msg);
+    snprintf(path, sizeof path, "%s.worker-1", sub_metrics);
+    CHECKF(access(path, F_OK) == 0, "%s removed although the merge failed", path);
     dp_cluster_free(&c);
 }
 

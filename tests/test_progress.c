@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "downpour/log.h"
 
 #include "check.h"
 
@@ -129,6 +132,36 @@ static void test_draw(void)
     CHECKF(n == strlen(want) && memcmp(got, want, n) == 0, "got '%s'", got);
 }
 
+/* A log line while the bar is drawn on stderr erases the bar first, so no
+ * stale bar is left above the line (issue 29); a line after the epoch's
+ * clear writes no erase of its own. */
+static void test_log_erases_bar(void)
+{
+    FILE *f = tmpfile();
+    REQUIRE(f != NULL);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    REQUIRE(saved >= 0 && dup2(fileno(f), STDERR_FILENO) >= 0);
+    dp_progress_draw(stderr, 3, 25, 100, 400, 0.25, 30.0);
+    dp_info("step line");
+    dp_progress_draw(stderr, 3, 25, 101, 400, 0.25, 30.0);
+    dp_progress_clear(stderr);
+    dp_info("epoch line");
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(f);
+    char got[1024] = {0};
+    CHECK(fread(got, 1, sizeof got - 1, f) > 0);
+    fclose(f);
+    char one[256], two[256], want[700];
+    dp_progress_format(one, sizeof one, DP_PROGRESS_WIDTH, 3, 25, 100, 400, 0.25, 30.0);
+    dp_progress_format(two, sizeof two, DP_PROGRESS_WIDTH, 3, 25, 101, 400, 0.25, 30.0);
+    snprintf(want, sizeof want, "\r%s\033[K\r\033[Kstep line\n\r%s\033[K\r\033[Kepoch line\n",
+             one, two);
+    CHECKF(strcmp(got, want) == 0, "got '%s'", got);
+}
+
 int main(void)
 {
     test_full_line();
@@ -136,5 +169,6 @@ int main(void)
     test_drop_order();
     test_bar_and_eta();
     test_draw();
+    test_log_erases_bar();
     return CHECK_DONE();
 }

@@ -250,6 +250,8 @@ static void check_writer(const char *dir)
     dp_metrics *m = NULL;
     REQUIRE(dp_metrics_open(&m, NULL, &err) == 0);
     dp_metrics_attach_tensorboard(m, tb);
+    dp_metrics_event(m, "train", DP_F_INT, "epoch", 1L, DP_F_INT, "step", 8L, DP_F_NUM,
+                     "train_loss", 0.75, DP_F_NUM, "train_accuracy", 0.5, DP_F_END);
     dp_metrics_event(m, "epoch", DP_F_INT, "epoch", 1L, DP_F_NUM, "val_accuracy", 0.625,
                      DP_F_NUM, "val_loss", 1.25, DP_F_NUM, "train_loss", 2.5, DP_F_NUM, "lr",
                      0.001, DP_F_INT, "step", 16L, DP_F_END);
@@ -272,7 +274,7 @@ static void check_writer(const char *dir)
     unsigned char *bytes;
     size_t n;
     int count = read_dir(sub, recs, MAX_RECS, &bytes, &n);
-    CHECKF(count == 1 + 3 + 4 + 3 + 4 + 1, "%d records", count);
+    CHECKF(count == 1 + 3 + 2 + 4 + 3 + 4 + 1, "%d records", count);
     if (count < 4) {
         free(bytes);
         return;
@@ -293,7 +295,8 @@ static void check_writer(const char *dir)
         {"perf/step_ms_median", 16, 2.0f}, {"perf/step_ms_p90", 16, 3.0f},
         {"resource/cpu_percent", 0, 50.0f}, {"resource/rss_mib", 0, 3.0f},
         {"resource/net_tx_mbytes", 0, 2.0f}, {"resource/net_rx_mbytes", 0, 0.5f},
-        {"test/accuracy", 32, 0.5f},
+        {"test/accuracy", 32, 0.5f}, {"train/step_loss", 8, 0.75f},
+        {"train/step_accuracy", 8, 0.5f},
     };
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
         int64_t step[4];
@@ -443,7 +446,8 @@ static void check_train(const char *bin, const char *tmp)
     snprintf(metrics, sizeof metrics, "%s/train.jsonl", tmp);
     int rc = run_cmd(err, sizeof err,
                      "%s train --epochs 2 --train-size 2000 --val-size 500 --model 784-32-10 "
-                     "--threads 1 --no-progress --quiet --metrics %s --tensorboard %s",
+                     "--threads 1 --no-progress --quiet --log-every 10 --metrics %s "
+                     "--tensorboard %s",
                      bin, metrics, dir);
     CHECKF(rc == 0, "train exited %d: %s", rc, err);
     if (rc != 0)
@@ -457,6 +461,9 @@ static void check_train(const char *bin, const char *tmp)
     compare_tag(recs, count, metrics, "epoch", "lr", "train/learning_rate", 2);
     compare_tag(recs, count, metrics, "steps", "samples_per_second", "perf/samples_per_second", 2);
     compare_tag(recs, count, metrics, "steps", "step_ms_p90", "perf/step_ms_p90", 2);
+    /* --log-every 10 over 30-odd steps: three windows, kept under --quiet */
+    compare_tag(recs, count, metrics, "train", "train_loss", "train/step_loss", 3);
+    compare_tag(recs, count, metrics, "train", "train_accuracy", "train/step_accuracy", 3);
     int64_t steps[4];
     float vals[4];
     cJSON *last = last_event(metrics, "epoch", NULL);

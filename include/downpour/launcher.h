@@ -37,7 +37,10 @@
  * task is given FILE.<type>-<index> instead (FILE.worker-0, ...), and at the
  * end the launcher writes FILE: every task's lines in rank order, each tagged
  * with "task", then one "resource_total" line (dp_metrics_merge, metrics.h).
- * The per-task files are kept.
+ * Once FILE is written the per-task files (and FILE.launcher) are removed;
+ * a merge that fails keeps them, and the warning says so.  With
+ * DOWNPOUR_METRICS_KEEP_PARTS=1 in the launcher's environment they are kept
+ * (to read one task's own events, as the fault tests do).
  *
  * Tasks inherit no descriptor but 0, 1 and 2.  PR_SET_PDEATHSIG fires when
  * the thread that forked exits, so start and wait from a thread that lives
@@ -58,6 +61,7 @@
 #define DP_LAUNCH_LINE_MAX 4096   /* bytes of a child's line before it is split */
 #define DP_LAUNCH_GRACE 5.0       /* default seconds between SIGTERM and SIGKILL */
 #define DP_LAUNCH_RESTARTS_ENV "DOWNPOUR_RESTARTS" /* see above */
+#define DP_LAUNCH_KEEP_PARTS_ENV "DOWNPOUR_METRICS_KEEP_PARTS" /* see above */
 #define DP_LAUNCH_NO_RESTART 2 /* survives' answer: goes on, the task not restarted */
 #define DP_LAUNCH_IF_RESTARTED 3 /* survives' answer: goes on only with the task restarted */
 

@@ -94,7 +94,9 @@ typedef struct dp_train_config {
     uint64_t seed;
     uint32_t n_train, n_val;  /* split of the training file: 54,000 / 6,000 */
     uint32_t n_test;          /* test records evaluated at the end (the first N); 0: all */
-    int log_every;            /* steps between "Worker 0, At step ..." lines; 0 = never */
+    int log_every;            /* steps between "Worker 0, At step ..." lines and "train"
+                                 metrics events (train_loss every N steps); 0 = never */
+    bool quiet;               /* no step lines on stderr (the "train" events stay) */
     int threads;              /* BLAS threads; 0 = leave as configured */
     bool progress;            /* draw a progress bar (stderr is a terminal) */
     const char *transport;    /* "tcp" (default) or "mpi" */

@@ -2,8 +2,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "downpour/log.h"
 #include "downpour/model.h"
 #include "downpour/status.h"
 #include "exec/mp_slice.h"
@@ -304,6 +306,23 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
 bool cli_is_task_command(const char *name)
 {
     return strcmp(name, "train") == 0 || strcmp(name, "ping") == 0;
+}
+
+int cli_apply_log_level(const char *cmd, const char *level, bool verbose)
+{
+    dp_log_level l = dp_log_get_level();
+    if (level && dp_log_level_parse(level, &l) < 0) {
+        fprintf(stderr, "downpour %s: --log-level '%s': expected error, warn, info or debug\n",
+                cmd, level);
+        return -1;
+    }
+    if (verbose)
+        l = DP_LOG_DEBUG;
+    if (!level && !verbose)
+        return 0;
+    dp_log_set_level(l);
+    setenv(DP_LOG_LEVEL_ENV, dp_log_level_name(l), 1);
+    return 0;
 }
 
 int cli_parse_straggler(const char *s, long *k, double *ms, dp_err *err)

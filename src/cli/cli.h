@@ -69,6 +69,17 @@ int cmd_data_inspect(int argc, char **argv); /* downpour data inspect */
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);
 
+/* --log-level LEVEL and --verbose, the same in train, launch and run. */
+#define CLI_LOG_HELP "error, warn, info or debug (default: $DOWNPOUR_LOG_LEVEL, else info)"
+#define CLI_LOG_OPTS(level, verbose)                                                      \
+    {"log-level", CLI_STR, (level), "LEVEL", CLI_LOG_HELP, 0, 0},                         \
+    {"verbose", CLI_FLAG, (verbose), NULL, "the same as --log-level debug", 0, 0}
+
+/* Sets this process's log level from --log-level / --verbose (neither: as it
+ * is) and exports it as DOWNPOUR_LOG_LEVEL, so that tasks started from here
+ * inherit it.  -1 after a message on stderr naming cmd: a usage error. */
+int cli_apply_log_level(const char *cmd, const char *level, bool verbose);
+
 /* train --straggler "K:MS": training task K (a worker's index, or the
  * replica position where the chief trains too) sleeps MS milliseconds a
  * step.  Parses it into *k and *ms. */

@@ -208,6 +208,8 @@ int cmd_launch(int argc, char **argv)
     bool chief = false;
     double grace = DP_LAUNCH_GRACE;
     long max_restarts = 0;
+    const char *log_level = NULL;
+    bool verbose = false;
     const cli_opt opts[] = {
         {"workers", CLI_INT, &workers, "N", "worker tasks", 1, LAUNCH_MAX_TASKS},
         {"ps", CLI_INT, &ps, "P", "parameter-server tasks", 0, LAUNCH_MAX_TASKS},
@@ -216,6 +218,7 @@ int cmd_launch(int argc, char **argv)
          0.1, 3600},
         {"max-restarts", CLI_INT, &max_restarts, "N",
          "restart a failed task up to N times when its strategy survives losing it", 0, 1000},
+        CLI_LOG_OPTS(&log_level, &verbose), /* the launcher's and, inherited, its tasks' */
     };
     int rest = 0;
     if (refuse_np(argc, argv))
@@ -223,6 +226,8 @@ int cmd_launch(int argc, char **argv)
     int rc = cli_parse(LAUNCH_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    if (cli_apply_log_level("launch", log_level, verbose) < 0)
+        return 2;
     if (rest >= argc) {
         fprintf(stderr, "downpour launch: no task command. Hint: downpour launch --workers 2 "
                         "-- train\n");

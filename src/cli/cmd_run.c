@@ -56,7 +56,8 @@ static int run_command(int argc, char **argv, const char *secret_file)
 
 int cmd_run(int argc, char **argv)
 {
-    const char *cluster = NULL, *task = NULL, *secret_file = NULL;
+    const char *cluster = NULL, *task = NULL, *secret_file = NULL, *log_level = NULL;
+    bool verbose = false;
     const cli_opt opts[] = {
         {"cluster", CLI_STR, &cluster, "FILE",
          "cluster spec JSON (default: $DOWNPOUR_CONFIG, else $TF_CONFIG)", 0, 0},
@@ -64,11 +65,14 @@ int cmd_run(int argc, char **argv)
          "this process's task, e.g. worker:0 (default: the spec's \"task\")", 0, 0},
         {"secret-file", CLI_STR, &secret_file, "FILE",
          "the cluster secret, same on every host (default: $DOWNPOUR_SECRET)", 0, 0},
+        CLI_LOG_OPTS(&log_level, &verbose), /* the task's own --log-level wins */
     };
     int rest = 0;
     int rc = cli_parse(RUN_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    if (cli_apply_log_level("run", log_level, verbose) < 0)
+        return 2;
     if (rest >= argc) {
         fprintf(stderr, "downpour run: no command. Hint: downpour run --cluster cluster.json "
                         "--task worker:0 -- train --strategy ps-async ...\n");

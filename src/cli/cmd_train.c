@@ -277,7 +277,8 @@ static int train_main(int argc, char **argv, const int *topo)
     lr_help(lr_text, sizeof lr_text);
     snprintf(momentum_text, sizeof momentum_text, "momentum for momentum/nesterov (default: %g)",
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
-    bool no_progress = false, quiet = false, keep_best = false;
+    bool no_progress = false, quiet = false, keep_best = false, verbose = false;
+    const char *log_level = NULL;
     long stages = 0, micro_batches = cfg.micro_batches, model_parallel = 0;
     const char *schedule = NULL, *split = NULL;
     long lbfgs_history = cfg.lbfgs_history, portion = 0;
@@ -356,9 +357,10 @@ static int train_main(int argc, char **argv, const int *topo)
         {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "cluster, tcp: every frame this task sends waits MS ms first (a one-way latency per message, for experiments; docs/cluster.md)", 0, DP_TCP_MAX_LINK_DELAY_MS},
         {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
         {"", CLI_SECTION, NULL, NULL, "output", 0, 0},
-        {"log-every", CLI_INT, &log_every, "N", "steps between step lines (0: none)", 0, 100000000},
-        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines (same as --log-every 0)", 0, 0},
+        {"log-every", CLI_INT, &log_every, "N", "steps between step lines and train_loss records in --metrics and --tensorboard (0: none)", 0, 100000000},
+        {"quiet", CLI_FLAG, &quiet, NULL, "no step lines on stderr (the --log-every records stay)", 0, 0},
         {"no-progress", CLI_FLAG, &no_progress, NULL, "no progress bar even on a terminal", 0, 0},
+        CLI_LOG_OPTS(&log_level, &verbose),
         {"metrics", CLI_STR, &metrics, "FILE", "write JSON Lines metrics to FILE", 0, 0},
         {"trace", CLI_STR, &trace, "FILE", "write a timeline of every span (Chrome trace format, docs/trace.md)", 0, 0},
         {"tensorboard", CLI_STR, &tensorboard, "DIR", "write TensorBoard scalars under DIR (a cluster task: DIR/<type>-<index>)", 0, 0},
@@ -376,6 +378,8 @@ static int train_main(int argc, char **argv, const int *topo)
         fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", g_who, argv[rest]);
         return 2;
     }
+    if (cli_apply_log_level("train", log_level, verbose) < 0)
+        return 2;
 
     dp_err err;
     cfg.strategy = strategy;
@@ -581,7 +585,8 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.n_val = (uint32_t)n_val;
     cfg.n_test = (uint32_t)n_test;
     cfg.threads = (int)threads;
-    cfg.log_every = quiet ? 0 : (int)log_every;
+    cfg.log_every = (int)log_every;
+    cfg.quiet = quiet;
     cfg.progress = !no_progress && isatty(STDERR_FILENO);
     cfg.metrics_path = metrics;
     cfg.trace_path = trace;

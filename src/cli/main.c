@@ -5,9 +5,11 @@
  * written (DP_EXIT_CHECKPOINTS_MISSED, docs/checkpoints.md); help and the
  * version go to stdout, errors to stderr. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "downpour/log.h"
 #include "downpour/isa.h"
 #include "downpour/version.h" /* DOWNPOUR_VERSION: CMake's project version */
 
@@ -95,6 +97,17 @@ int main(int argc, char **argv)
         return c->run(2, sub);
     }
     const command *c = find_command(a);
+    /* DOWNPOUR_LOG_LEVEL: a launcher's --log-level reaches its tasks this way */
+    const char *lv = getenv(DP_LOG_LEVEL_ENV);
+    dp_log_level level;
+    if (lv && *lv) {
+        if (dp_log_level_parse(lv, &level) < 0) {
+            fprintf(stderr, "downpour: %s='%s': expected error, warn, info or debug\n",
+                    DP_LOG_LEVEL_ENV, lv);
+            return 2;
+        }
+        dp_log_set_level(level);
+    }
     dp_err err;
     if (c && dp_isa_check_env(&err) < 0) { /* a bad cap is a usage error, before any work */
         fprintf(stderr, "downpour: %s\n", err.msg);

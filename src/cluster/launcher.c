@@ -840,8 +840,19 @@ static int merge_metrics(const dp_launcher *l, dp_err *err)
     }
     if (rc == 0)
         rc = dp_metrics_merge(l->metrics_path, src, k, dp_now() - l->t0, err);
-    for (int i = 0; i < k; i++)
+    if (rc < 0) { /* the parts hold what the merge could not: keep them */
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        dp_errf(err, "%s; the per-task files %s.<task> are kept", why, l->metrics_path);
+    }
+    /* Merged: the parts only clutter the folder beside FILE. */
+    const char *keep = getenv(DP_LAUNCH_KEEP_PARTS_ENV);
+    for (int i = 0; i < k; i++) {
+        if (rc == 0 && !(keep && strcmp(keep, "1") == 0) && unlink(src[i].path) != 0 &&
+            errno != ENOENT)
+            dp_warn("launcher: cannot remove %s: %s", src[i].path, strerror(errno));
         free((char *)src[i].path);
+    }
     free(src);
     return rc;
 }

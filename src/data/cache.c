@@ -103,16 +103,34 @@ int dp_cache_lock(const char *cache)
     char path[1200];
     if (dp_cache_fmt(path, sizeof path, "%s.lock", cache) != 0)
         return -1;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -1;
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            close(fd);
+    for (;;) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
             return -1;
+        while (flock(fd, LOCK_EX) != 0) {
+            if (errno != EINTR) {
+                close(fd);
+                return -1;
+            }
         }
+        /* The holder before us may have unlinked the file it held (and a
+         * third may have made a new one): only the inode at the path counts. */
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
+            held.st_ino == now.st_ino)
+            return fd;
+        close(fd);
     }
-    return fd;
+}
+
+void dp_cache_unlock(const char *cache, int fd)
+{
+    if (fd < 0)
+        return;
+    char path[1200];
+    if (dp_cache_fmt(path, sizeof path, "%s.lock", cache) == 0)
+        (void)unlink(path); /* a file we cannot remove only stays behind */
+    close(fd);
 }
 
 int dp_cache_find(const char *primary, const char *fallback, dp_cache_try_fn try_cache, void *ctx,
@@ -142,8 +160,7 @@ int dp_cache_find(const char *primary, const char *fallback, dp_cache_try_fn try
             st = try_cache(ctx, primary, why, sizeof why);
     }
     if (st == DP_CACHE_OK) {
-        if (*lock >= 0)
-            close(*lock);
+        dp_cache_unlock(primary, *lock);
         *lock = -1;
         dp_cache_fmt(found, cap, "%s", primary);
         return 1;

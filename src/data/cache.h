@@ -51,10 +51,16 @@ int dp_cache_fmt(char *buf, size_t cap, const char *f, ...) __attribute__((forma
 void dp_cache_paths(const char *data_dir, const char *in_dir_name, const char *shared_name,
                     char *primary, char *fallback, size_t cap);
 
-/* Takes an exclusive flock on "<cache>.lock"; returns its fd (closing it
- * unlocks), or -1 when no lock can be had (builders racing without it are
- * still safe: each publishes a whole file atomically). */
+/* Takes an exclusive flock on "<cache>.lock"; returns its fd, or -1 when no
+ * lock can be had (builders racing without it are still safe: each
+ * publishes a whole file atomically).  The lock is the inode at the path:
+ * one taken on a file since unlinked is dropped and taken again. */
 int dp_cache_lock(const char *cache);
+/* Unlinks "<cache>.lock" while still holding it, then closes fd, so no lock
+ * file stays beside the user's data; a waiter then holds an unlinked inode,
+ * which dp_cache_lock sees and takes the lock again on a new file.  fd < 0:
+ * nothing. */
+void dp_cache_unlock(const char *cache, int fd);
 
 /* What a check of a cache file found. */
 typedef enum dp_cache_state {

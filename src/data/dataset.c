@@ -564,8 +564,7 @@ static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
     uint8_t *img;
     size_t len;
     if (build_image(ds, k, src, dir_hash, &img, &len, err) != 0) {
-        if (lock >= 0)
-            close(lock);
+        dp_cache_unlock(primary, lock);
         return -1;
     }
     uint32_t n_train = dp_get32(img + 16), n_test = dp_get32(img + 20);
@@ -583,8 +582,7 @@ static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
         dp_warn("dataset %s: no writable cache location (set DOWNPOUR_CACHE); keeping the "
                 "decoded data in memory", ds->dir);
     }
-    if (lock >= 0)
-        close(lock);
+    dp_cache_unlock(primary, lock);
     if (!ds->cache_path[0])
         (void)mprotect(img, len, PROT_READ);
     ds->map = img;

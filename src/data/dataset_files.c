@@ -791,8 +791,7 @@ static int open_cached(dp_dataset *ds, const char *primary, const char *fallback
         return 0;
     *reused = 0;
     int rc = build_cache(ds, primary, key, src, err);
-    if (lock >= 0)
-        close(lock);
+    dp_cache_unlock(primary, lock);
     return rc;
 }
 

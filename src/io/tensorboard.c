@@ -267,6 +267,10 @@ static const field_tag EPOCH_TAGS[] = {
     {"train_loss", "train/loss", 1},
     {"lr", "train/learning_rate", 1},
 };
+static const field_tag TRAIN_TAGS[] = { /* every --log-every steps */
+    {"train_loss", "train/step_loss", 1},
+    {"train_accuracy", "train/step_accuracy", 1},
+};
 static const field_tag STEPS_TAGS[] = {
     {"samples_per_second", "perf/samples_per_second", 1},
     {"step_ms_median", "perf/step_ms_median", 1},
@@ -308,6 +312,8 @@ int dp_tensorboard_metrics_event(dp_tensorboard *tb, const char *json, size_t le
     int n_tags = 0, training_step = 0;
     if (strcmp(name, "epoch") == 0)
         tags = EPOCH_TAGS, n_tags = N_OF(EPOCH_TAGS), training_step = 1;
+    else if (strcmp(name, "train") == 0)
+        tags = TRAIN_TAGS, n_tags = N_OF(TRAIN_TAGS), training_step = 1;
     else if (strcmp(name, "steps") == 0)
         tags = STEPS_TAGS, n_tags = N_OF(STEPS_TAGS), training_step = 1;
     else if (strcmp(name, "resource") == 0)

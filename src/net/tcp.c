@@ -242,8 +242,8 @@ static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
         c->reported = 0;
         shutdown(c->fd, SHUT_RDWR);
         want_redial(t, peer, orderly);
-        if (orderly)
-            dp_info("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
+        if (orderly) /* a normal end of a run: debug, not one line per peer */
+            dp_debug("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
         else
             dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
     }
@@ -484,7 +484,8 @@ static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io
     }
     wake_waiters(t);
     if (shm)
-        dp_info("connected to %s (%s) through shared memory (%zu KiB rings)%s", pname(t, peer),
+        /* one line per connection: debug, so a launch prints a summary per task */
+        dp_debug("connected to %s (%s) through shared memory (%zu KiB rings)%s", pname(t, peer),
                 addr, t->shm_ring >> 10, pend ? ", after its old connection" : "");
     else
         dp_debug("connected to %s (%s)%s", pname(t, peer), addr,

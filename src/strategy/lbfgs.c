@@ -448,7 +448,7 @@ static int iterate(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
     st->loss_sum += s->lb.f * s->batch_n;
     st->records += s->batch_n;
     st->correct += s->correct; /* of the last evaluation: at x */
-    if (s->cfg->log_every > 0)
+    if (s->cfg->log_every > 0 && !s->cfg->quiet)
         dp_info("Chief, L-BFGS iteration %ld: f %.6f, |g| %.4g, step %.4g, %ld evaluation(s) of "
                 "%u records, %ld portion(s), %ld backup(s), %.2f s",
                 s->iter, s->lb.f, s->lb.gnorm, it.t, evals, s->batch_n,

@@ -717,8 +717,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->restored |= s->w[i].unsynced;
         s->worker_of[s->w[i].rank] = i;
     }
-    if (s->n && layout->rank[s->shard] == me)
-        dp_info("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode%s",
+    if (s->n && layout->rank[s->shard] == me) /* debug: the task's summary line said the rest */
+        dp_debug("%s serves parameters [%zu, %zu) (%zu floats, %.1f KiB) in %s mode%s",
                 dp_transport_peer_name(t, me), s->lo, s->lo + s->n, s->n, s->n * 4 / 1024.0,
                 s->rules->name, start->slots ? ", resumed" : "");
     *out = s;

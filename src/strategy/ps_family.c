@@ -335,10 +335,12 @@ static int open_chief(dp_strategy *s, dp_err *err)
         s->progress[r] = s->last_ckpt;
     int workers = s->c->count[DP_ROLE_WORKER];
     dp_info("Chief: %s on %d worker(s) and %d ps task(s), batch %d per worker (global %d); "
-            "%d shard(s):", s->env->cfg->strategy, workers, s->c->count[DP_ROLE_PS], cfg->batch,
-            cfg->batch * workers, s->layout.n_shards);
+            "%d shard(s)%s", s->env->cfg->strategy, workers, s->c->count[DP_ROLE_PS], cfg->batch,
+            cfg->batch * workers, s->layout.n_shards,
+            dp_log_get_level() <= DP_LOG_DEBUG ? ":" : " (--verbose lists them)");
+    /* one line a shard: debug, so the chief's start-up stays one line */
     for (int i = 0; i < s->layout.n_shards; i++)
-        dp_info("  shard %d: parameters [%zu, %zu) (%.1f KiB) on %s", i, s->layout.range[i].lo,
+        dp_debug("  shard %d: parameters [%zu, %zu) (%.1f KiB) on %s", i, s->layout.range[i].lo,
                 s->layout.range[i].hi,
                 (s->layout.range[i].hi - s->layout.range[i].lo) * 4 / 1024.0,
                 dp_transport_peer_name(s->t, s->layout.rank[i]));
@@ -1037,8 +1039,12 @@ int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err)
 {
     if (dp_ps_client_flush(s->client, s->wparams, err) < 0)
         return -1;
-    dp_info("Worker %d: done after %ld steps; largest clock gap allowed: %ld", s->worker, steps,
-            dp_ps_client_max_gap(s->client));
+    /* The clock gap is the bound only ps-ssp and ps-dssp keep. */
+    if (s->pc.mode == DP_PS_SSP || s->pc.mode == DP_PS_DSSP)
+        dp_info("Worker %d: done after %ld steps; largest clock gap allowed: %ld", s->worker,
+                steps, dp_ps_client_max_gap(s->client));
+    else
+        dp_info("Worker %d: done after %ld steps", s->worker, steps);
     if (dp_ps_client_say(s->client, DP_WIRE_DONE, (uint64_t)steps, err) < 0)
         return -1;
     s->finished = 1;

@@ -690,17 +690,26 @@ static int train(loop *L, dp_err *err)
             window_samples += n;
             window_steps++;
             window_time += dt;
-            int line = cfg->log_every > 0 && step % cfg->log_every == 0;
+            int due = cfg->log_every > 0 && step % cfg->log_every == 0;
+            int line = due && !cfg->quiet;
+            /* only every N steps: an event allocates, so never per step */
+            int record = due && (cfg->metrics_path || cfg->tensorboard_dir);
             int bar = cfg->progress && (step % 10 == 0 || k == L->spe - 1);
-            if (deferred && (line || bar) &&
+            if (deferred && (line || record || bar) &&
                 collect(L, step, &st, &window_loss, &window_correct, err) < 0)
                 goto out;
-            if (line) {
-                if (cfg->progress)
-                    fputc('\n', stderr);
-                dp_info("%s, At step %ld, Cost: %.4f Accuracy: %.4f AvgTime: %.2fms", info->label,
-                        step, window_loss / window_samples, (double)window_correct / window_samples,
-                        window_time / window_steps * 1e3);
+            if (due) {
+                double wl = window_loss / window_samples;
+                double wa = (double)window_correct / window_samples;
+                if (line) /* dp_info erases the progress bar first */
+                    dp_info("%s, At step %ld, Cost: %.4f Accuracy: %.4f AvgTime: %.2fms",
+                            info->label, step, wl, wa, window_time / window_steps * 1e3);
+                if (record)
+                    dp_metrics_event(L->metrics, "train", DP_F_INT, "epoch", (long)epoch + 1,
+                                     DP_F_INT, "step", step, DP_F_NUM, "train_loss", wl,
+                                     DP_F_NUM, "train_accuracy", wa, DP_F_INT, "steps",
+                                     window_steps, DP_F_INT, "records", window_samples,
+                                     DP_F_NUM, "lr", (double)lr, DP_F_END);
                 window_loss = window_time = 0;
                 window_correct = window_samples = window_steps = 0;
             }
@@ -708,8 +717,8 @@ static int train(loop *L, dp_err *err)
                 dp_progress_draw(stderr, epoch + 1, cfg->epochs, k + 1, L->spe,
                                  st.loss_sum / st.records, dp_now() - t_epoch);
         }
-        if (cfg->progress)
-            fputc('\n', stderr);
+        if (cfg->progress) /* erased, not left above the epoch's line */
+            dp_progress_clear(stderr);
         if (deferred && collect(L, step, &st, &window_loss, &window_correct, err) < 0)
             goto out;
         st.seconds = dp_now() - t_epoch;

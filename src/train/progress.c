@@ -2,6 +2,8 @@
  * first that fits the terminal is drawn. */
 #include "train/progress.h"
 
+#include "downpour/log.h"
+
 #include <math.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -142,4 +144,14 @@ void dp_progress_draw(FILE *f, int epoch, int epochs, long done, long total, dou
                        elapsed_s);
     fprintf(f, "\r%s\033[K", line);
     fflush(f);
+    if (f == stderr) /* the next log line erases it first */
+        dp_log_set_progress(1);
+}
+
+void dp_progress_clear(FILE *f)
+{
+    fputs("\r\033[K", f);
+    fflush(f);
+    if (f == stderr)
+        dp_log_set_progress(0);
 }

@@ -29,10 +29,12 @@ size_t dp_progress_format(char *buf, size_t n, int width, int epoch, int epochs,
 
 /* Draws the line on f, a terminal: '\r', the line for the width of f's
  * terminal (TIOCGWINSZ, else DP_PROGRESS_WIDTH), then an erase to the end
- * of the line so a longer earlier line leaves nothing behind; flushes.  The
- * caller ends the line with '\n' when the epoch is over. */
+ * of the line so a longer earlier line leaves nothing behind; flushes.  On
+ * stderr, the next log line (dp_log) erases the bar before it is written, so
+ * no stale bar stays above it; dp_progress_clear erases it at the epoch's end. */
 void dp_progress_draw(FILE *f, int epoch, int epochs, long done, long total, double loss,
                       double elapsed_s);
+void dp_progress_clear(FILE *f);
 
 /* Width of the terminal behind f, or DP_PROGRESS_WIDTH. */
 int dp_progress_width(FILE *f);
