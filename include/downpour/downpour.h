@@ -32,6 +32,7 @@
 #include "downpour/log.h"
 #include "downpour/metrics.h"
 #include "downpour/model.h"
+#include "downpour/model_parallel.h"
 #include "downpour/mpi.h"
 #include "downpour/node.h"
 #include "downpour/npy.h"

@@ -7,8 +7,8 @@
 
 #include "downpour/log.h"
 #include "downpour/model.h"
+#include "downpour/model_parallel.h"
 #include "downpour/status.h"
-#include "exec/mp_slice.h"
 
 static const cli_opt *find_opt(const cli_opt *opts, int n, const char *name, size_t len)
 {
@@ -370,8 +370,7 @@ int cli_check_model_parallel(const char *strategy, const char *model, int k, int
     /* the split itself says what cannot split: a layer it does not split
      * (by its kind's rule), a dense layer narrower than K, an image layer
      * with fewer output rows than K (docs/strategies.md, "model-parallel") */
-    static mp_plan plan;
-    int rc = K > 0 ? mp_plan_make(&plan, &m, K, 0, err) : mp_check_layers(&m, 0, err);
+    int rc = dp_mp_check(&m, K, err);
     dp_model_free(&m);
     return rc;
 }

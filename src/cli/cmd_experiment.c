@@ -1,10 +1,10 @@
 /* downpour experiment: studies made of many runs, each a subcommand in
- * src/experiment/ (docs/experiments.md). */
+ * src/cli/experiment/ (docs/experiments.md). */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "experiment/experiment.h"
+#include "cli/experiment/experiment.h"
 
 typedef struct study {
     const char *name;

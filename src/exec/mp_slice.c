@@ -2,10 +2,12 @@
 #include "exec/mp_slice.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "downpour/layer_kind.h"
 #include "downpour/layers.h"
+#include "downpour/model_parallel.h"
 
 void mp_units(int out, int K, int j, int *lo, int *hi)
 {
@@ -202,4 +204,16 @@ void mp_unpack(float *dst, const float *src, int rows, int width, int lo, int hi
     size_t u = (size_t)(hi - lo);
     for (int r = 0; r < rows; r++)
         memcpy(dst + (size_t)r * width + lo, src + (size_t)r * u, u * sizeof(float));
+}
+
+int dp_mp_check(const dp_model *m, int K, dp_err *err)
+{
+    if (K <= 0)
+        return mp_check_layers(m, 0, err);
+    mp_plan *p = malloc(sizeof *p); /* tens of kB: not on the stack */
+    if (!p)
+        return dp_errf(err, "out of memory");
+    int rc = mp_plan_make(p, m, K, 0, err);
+    free(p);
+    return rc;
 }

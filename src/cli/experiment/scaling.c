@@ -12,8 +12,8 @@
 #include "downpour/clock.h"
 #include "downpour/file.h"
 #include "downpour/report.h"
-#include "experiment/experiment.h"
-#include "experiment/study.h"
+#include "cli/experiment/experiment.h"
+#include "cli/experiment/study.h"
 
 #define USAGE                                                                                   \
     "downpour experiment scaling --out DIR [--strategies LIST] [--workers LIST] [--epochs N]\n" \

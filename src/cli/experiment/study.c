@@ -1,5 +1,5 @@
 /* Running a study's commands and reading back their metrics (study.h). */
-#include "experiment/study.h"
+#include "cli/experiment/study.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

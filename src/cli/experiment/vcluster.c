@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "experiment/study.h"
+#include "cli/experiment/study.h"
 
 /* The script: $DOWNPOUR_VCLUSTER, else scripts/vcluster.sh beside the
  * build or install tree this program is in. */

@@ -21,8 +21,8 @@
 #include "downpour/dataset.h"
 #include "downpour/file.h"
 #include "downpour/report.h"
-#include "experiment/experiment.h"
-#include "experiment/study.h"
+#include "cli/experiment/experiment.h"
+#include "cli/experiment/study.h"
 
 #define USAGE                                                                                  \
     "downpour experiment thesis --out DIR [--epochs N] [--datasets LIST] [--strategies LIST]\n" \

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "experiment/experiment.h"
+#include "cli/experiment/experiment.h"
 #include "downpour/cost_model.h"
 
 #define USAGE                                                                                   \
