@@ -77,6 +77,13 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     return dp_ps_settings_apply(own, &pc, err);
 }
 
+/* Under another strategy the family's options go unused, but a range that
+ * does not parse is still refused, as it always was. */
+static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    return check(own, cfg, err);
+}
+
 /* Every strategy's checkpoints have carried this fragment (the ps family
  * owned no settings then): those without ps settings write the defaults. */
 void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap)
@@ -126,5 +133,5 @@ static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, ch
 const dp_strategy_conf dp_ps_conf = {
     .opts = opts, .n_opts = (int)(sizeof opts / sizeof opts[0]),
     .size = sizeof(dp_ps_settings), .defaults = &defaults,
-    .check = check, .identity = identity, .restart = restart,
+    .foreign = foreign, .check = check, .identity = identity, .restart = restart,
 };
