@@ -8,6 +8,7 @@
  *   noise; with a straggler, backup portions are issued and no portion
  *   counts twice (the shards check it at every evaluation). */
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "downpour/lbfgs.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "strategy/ps_family.h"
 
 /* ---------------------------------------------------------------- the core */
 
@@ -274,19 +276,22 @@ static int ref_fn(void *ctx, const float *x, float *g, double *f, dp_err *err)
     return 0;
 }
 
+#define PORTION 25
+#define HISTORY 5
+
 static void reference(float *out, const dp_train_config *cfg)
 {
     static ref r;
     dp_err err;
-    REQUIRE(dp_model_init(&r.m, SPEC, cfg->portion, 1, &err) == 0);
+    REQUIRE(dp_model_init(&r.m, SPEC, PORTION, 1, &err) == 0);
     dp_model_init_params(&r.m, 7);
-    r.portion = (uint32_t)cfg->portion;
+    r.portion = PORTION;
     dp_lbfgs_local l;
-    REQUIRE(dp_lbfgs_local_init(&l, r.m.n_params, cfg->lbfgs_history, r.m.params, ref_fn, &r,
+    REQUIRE(dp_lbfgs_local_init(&l, r.m.n_params, HISTORY, r.m.params, ref_fn, &r,
                                 &err) == 0);
     dp_lbfgs lb;
     dp_lbfgs_config c = dp_lbfgs_defaults();
-    c.m = cfg->lbfgs_history;
+    c.m = HISTORY;
     REQUIRE(dp_lbfgs_init(&lb, &c, &dp_lbfgs_local_ops, &l, &err) == 0);
     long spe = (NREC + cfg->batch - 1) / cfg->batch, batch = -1;
     for (long k = 0; k < spe * cfg->epochs; k++) {
@@ -328,13 +333,16 @@ static void run_cluster(task *tasks, const dp_train_config *cfg)
 static void test_against_one_process(int batch, int epochs, int straggler)
 {
     dp_train_config cfg = dp_train_defaults();
-    cfg.strategy = "lbfgs";
+    dp_err e;
+    REQUIRE(dp_strategy_select(&cfg, "lbfgs", &e) == 0);
     cfg.model = SPEC;
     cfg.batch = batch;
     cfg.epochs = epochs;
-    cfg.portion = 25;
-    cfg.lbfgs_history = 5;
-    cfg.ps.min_shard_bytes = 64; /* 2 shards of 317 floats */
+    REQUIRE(dp_strategy_set(&cfg, "portion", "25", &e) == 0);
+    REQUIRE(dp_strategy_set(&cfg, "lbfgs-history", "5", &e) == 0);
+    /* 2 shards of 317 floats: below the option's bound, so by the field */
+    REQUIRE(dp_strategy_set(&cfg, "ps-min-shard-bytes", "4096", &e) == 0);
+    *(size_t *)(cfg.strategy_cfg + offsetof(dp_ps_settings, min_shard_bytes)) = 64;
     cfg.collective_timeout = 60;
     cfg.log_every = 0;
     cfg.straggler = straggler;

@@ -350,9 +350,14 @@ static dp_train_config pipe_config(int S, int M, dp_pipe_schedule kind, const dp
     dp_train_config cfg = dp_train_defaults();
     cfg.model = spec;
     cfg.batch = BATCH;
-    cfg.stages = S;
-    cfg.micro_batches = M;
-    cfg.schedule = kind;
+    dp_err err;
+    char v[16];
+    REQUIRE(dp_strategy_select(&cfg, "pipeline", &err) == 0);
+    snprintf(v, sizeof v, "%d", S);
+    REQUIRE(dp_strategy_set(&cfg, "stages", v, &err) == 0);
+    snprintf(v, sizeof v, "%d", M);
+    REQUIRE(dp_strategy_set(&cfg, "micro-batches", v, &err) == 0);
+    REQUIRE(dp_strategy_set(&cfg, "schedule", dp_pipe_schedule_name(kind), &err) == 0);
     cfg.optim = *oc;
     cfg.collective_timeout = 30;
     return cfg;
@@ -619,7 +624,8 @@ static int gather_from_fake(uint32_t count, uint64_t len, dp_err *err)
     dp_train_config cfg = dp_train_defaults();
     cfg.model = spec;
     cfg.batch = BATCH;
-    cfg.stages = 2;
+    REQUIRE(dp_strategy_select(&cfg, "pipeline", err) == 0 &&
+            dp_strategy_set(&cfg, "stages", "2", err) == 0);
     cfg.collective_timeout = 5;
     dp_split counted = {.n = PER_REPLICA};
     dp_run_env env = {.cfg = &cfg, .node = &node, .model = &m, .train = &counted,
@@ -681,7 +687,9 @@ static void test_lost_stage(void)
     dp_train_config cfg = dp_train_defaults();
     cfg.model = spec;
     cfg.batch = BATCH;
-    cfg.stages = 3;
+    dp_err err;
+    REQUIRE(dp_strategy_select(&cfg, "pipeline", &err) == 0 &&
+            dp_strategy_set(&cfg, "stages", "3", &err) == 0);
     cfg.optim = dp_optim_defaults(DP_OPTIM_SGD);
     cfg.collective_timeout = 30;
     job jobs[3];

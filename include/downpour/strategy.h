@@ -61,6 +61,7 @@
 #include "downpour/metrics.h"
 #include "downpour/model.h"
 #include "downpour/node.h"
+#include "downpour/options.h"
 #include "downpour/status.h"
 #include "downpour/train.h"
 
@@ -159,9 +160,42 @@ typedef enum dp_weights {
     DP_WEIGHTS_COUNT
 } dp_weights;
 
-typedef struct dp_strategy_ops {
+/* A strategy's own settings (docs/architecture.md, "A strategy's
+ * settings"): its options, the struct they fill (opaque to the loop: it
+ * travels in dp_train_config's strategy_cfg), its defaults and checks, its
+ * part of the run identity and its restart policy.  Strategies of a family
+ * share one (the ps strategies and model-avg). */
+typedef struct dp_strategy_ops dp_strategy_ops;
+typedef struct dp_strategy_conf {
+    const dp_opt *opts;   /* in --help order, under "strategy" */
+    int n_opts;
+    size_t size;          /* of the settings struct (<= DP_STRATEGY_CFG_MAX) */
+    const void *defaults; /* a settings struct holding every default */
+    /* Options of this conf given (differing from the defaults) under
+     * another strategy, cfg->strategy: -1 with the refusal, or 0 where they
+     * are quietly unused.  NULL: always 0. */
+    int (*foreign)(const void *own, const dp_train_config *cfg, dp_err *err);
+    /* Its settings against each other and the generic ones, before
+     * anything opens (train, launch, dp_train_run): 0, or -1 naming the
+     * flag.  NULL: none. */
+    int (*check)(const void *own, const dp_train_config *cfg, dp_err *err);
+    /* Its part of the run identity (checkpoint.h's settings) at `part`:
+     * 0 right after "ema=", 1 after "clip_norm=" (where those checkpoints
+     * have always carried it).  Appends to buf.  NULL: nothing. */
+    void (*identity)(const void *own, int part, char *buf, size_t cap);
+    /* The launcher's question for a failed task of `role` under ops: a
+     * dp_launch survives answer (launcher.h), with why.  NULL: ops's
+     * survives and no_rejoin decide. */
+    int (*restart)(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
+                   size_t cap);
+} dp_strategy_conf;
+
+struct dp_strategy_ops {
     const char *name;    /* the --strategy value: written here and nowhere else */
     const char *summary; /* one line for --help and the docs */
+    const dp_strategy_conf *conf; /* its settings; NULL: none of its own */
+    const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
+                            else why not, which --checkpoint-dir's refusal quotes */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
                             "Strategies"); 0: the CPU only */
@@ -223,12 +257,28 @@ typedef struct dp_strategy_ops {
     /* TRAINER after its last step: flush what is pending, say goodbye. */
     int (*finish)(dp_strategy *s, long steps, dp_err *err);
     void (*close)(dp_strategy *s); /* NULL is a no-op */
-} dp_strategy_ops;
+};
 
 /* Every strategy, in --help order, and lookup by name. */
 extern const dp_strategy_ops *const dp_strategies[];
 extern const int dp_strategy_count;
 const dp_strategy_ops *dp_strategy_find(const char *name, dp_err *err);
+/* The settings of cfg's strategy as `conf` reads them: cfg->strategy_cfg
+ * when cfg holds that conf's (dp_strategy_select), else its defaults. */
+const void *dp_strategy_settings(const dp_train_config *cfg, const dp_strategy_conf *conf);
+/* Makes `name` cfg's strategy, its settings the defaults: 0, or -1 with
+ * the unknown name and the valid ones. */
+int dp_strategy_select(dp_train_config *cfg, const char *name, dp_err *err);
+/* Sets the option --name of cfg's strategy from text, as train's command
+ * line would (for tests and bindings): 0, or -1 with the message. */
+int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, dp_err *err);
+/* cfg's strategy's check of its settings (conf->check): 0, or -1. */
+int dp_strategy_check(const dp_train_config *cfg, dp_err *err);
+/* cfg's run identity part `part` (conf->identity; see there). */
+void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap);
+/* The launcher's survives answer for a failed task of `role`, with why. */
+int dp_strategy_restart(const dp_strategy_ops *ops, const void *settings, dp_role role,
+                        char *why, size_t cap);
 /* "single, ps-async, ...": every name, for messages. */
 const char *dp_strategy_names(void);
 /* The strategy against a cluster of `chief` (0 or 1), `workers` and `ps`

@@ -7,6 +7,7 @@
 #define DOWNPOUR_TRAIN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "downpour/augment.h"
@@ -14,11 +15,7 @@
 #include "downpour/device.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
-#include "downpour/pipeline.h"
-#include "downpour/ps.h"
 #include "downpour/status.h"
-
-#define DP_LBFGS_DEFAULT_PORTION 1000
 
 /* Learning rate over the run (docs/training.md, "Learning-rate schedule"):
  * constant (Keras's default), a cosine decay from lr to 0 over the steps
@@ -54,24 +51,29 @@ typedef enum dp_overlap {
     DP_OVERLAP_OFF
 } dp_overlap;
 
+/* Room for a strategy's settings in dp_train_config: its struct is copied
+ * with the config, so no one frees it (each strategy checks its size). */
+#define DP_STRATEGY_CFG_MAX 256
+
+struct dp_strategy_conf;
+
 typedef struct dp_train_config {
     const char *dataset;      /* name, directory, glob or file (see dataset.h, records.h) */
     dp_dataset_options data;  /* record files: feature names, split patterns, cache or stream */
     const char *model;        /* preset or spec (see model.h) */
     const char *strategy;     /* a name from the strategy table (strategy.h): "single", ... */
-    dp_ps_config ps;          /* parameter-server strategies: mode and layout */
+    /* the strategy's own settings (strategy.h, dp_strategy_conf), opaque
+     * here: strategy_conf says whose they are (NULL: the strategy's
+     * defaults); set with dp_strategy_select and dp_strategy_set */
+    const struct dp_strategy_conf *strategy_conf;
+    _Alignas(max_align_t) unsigned char strategy_cfg[DP_STRATEGY_CFG_MAX];
     dp_shard_policy shard;    /* how workers split the training records (data) */
     size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
     dp_overlap overlap;       /* allreduce: reduce buckets while backprop goes on */
-    double collective_timeout; /* allreduce: s to wait for a neighbour (300) */
+    double collective_timeout; /* allreduce, pipeline, model-parallel, lbfgs: s to wait
+                                  for a neighbour (300) */
     bool sync_bn;             /* allreduce: batch norm's batch statistics over every
                                  replica's rows, as PyTorch's SyncBatchNorm */
-    int stages;               /* pipeline: stages per replica (0: every task is a stage) */
-    int micro_batches;        /* pipeline: micro-batches a batch is cut into (4) */
-    dp_pipe_schedule schedule; /* pipeline: gpipe or 1f1b (the default) */
-    const char *split;        /* pipeline: "a,b,..." where stages 1.. start; NULL: balanced */
-    int lbfgs_history;        /* lbfgs: (s, y) pairs kept (10) */
-    int portion;              /* lbfgs: records a worker computes at once (0: DP_LBFGS_DEFAULT_PORTION) */
     int model_parallel;       /* model-parallel: tasks per replica, K (0: every task) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */

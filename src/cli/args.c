@@ -95,6 +95,12 @@ static void print_default(char *buf, size_t cap, const cli_opt *o)
     case CLI_INT:
         snprintf(buf, cap, " (default: %ld)", *(long *)o->dst);
         break;
+    case CLI_I32:
+        snprintf(buf, cap, " (default: %d)", *(int *)o->dst);
+        break;
+    case CLI_SIZE:
+        snprintf(buf, cap, " (default: %zu)", *(size_t *)o->dst);
+        break;
     case CLI_NUM:
         if (!isnan(*(double *)o->dst)) /* NAN: unset, the help text says what applies */
             snprintf(buf, cap, " (default: %g)", *(double *)o->dst);
@@ -235,6 +241,17 @@ static int set_value(const cli_opt *o, const char *val)
         *(double *)o->dst = v;
         return 0;
     }
+    case CLI_I32:
+    case CLI_SIZE: {
+        long v;
+        if (dp_parse_long(val, (long)o->lo, (long)o->hi, &v, what, &err) < 0)
+            break;
+        if (o->kind == CLI_I32)
+            *(int *)o->dst = (int)v;
+        else
+            *(size_t *)o->dst = (size_t)v;
+        return 0;
+    }
     case CLI_FLAG:
     case CLI_SECTION:
     case CLI_KIND_COUNT:
@@ -301,6 +318,15 @@ int cli_parse(const char *usage, const cli_opt *opts, int n_opts, int argc, char
     }
     *rest = i;
     return 0;
+}
+
+cli_opt cli_opt_of(const dp_opt *o, void *settings)
+{
+    static const cli_kind kinds[DP_OPT_KIND_COUNT] = {
+        [DP_OPT_STR] = CLI_STR, [DP_OPT_INT] = CLI_I32, [DP_OPT_SIZE] = CLI_SIZE,
+        [DP_OPT_NUM] = CLI_NUM, [DP_OPT_FLAG] = CLI_FLAG};
+    return (cli_opt){o->name, kinds[o->kind], (char *)settings + o->offset, o->meta, o->help,
+                     o->lo, o->hi};
 }
 
 bool cli_is_task_command(const char *name)

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 
+#include "downpour/options.h"
 #include "downpour/status.h"
 
 typedef enum cli_kind {
@@ -13,6 +14,8 @@ typedef enum cli_kind {
     CLI_NUM,   /* double *dst, range [lo, hi] */
     CLI_FLAG,  /* bool *dst, takes no value */
     CLI_SECTION, /* no option: --help prints `help` as a heading above the next ones */
+    CLI_I32,   /* int *dst, range [lo, hi] (a strategy's settings: options.h) */
+    CLI_SIZE,  /* size_t *dst, range [lo, hi] */
     CLI_KIND_COUNT
 } cli_kind;
 
@@ -46,6 +49,9 @@ const char *cli_suggest(const char *word, const char *const *cands, int n);
  * the suggestion is copied into buf; NULL when none is close. */
 const char *cli_suggest_list(const char *word, const char *list, char *buf, size_t cap);
 
+/* The cli_opt of a strategy's option o, its field in `settings`. */
+cli_opt cli_opt_of(const dp_opt *o, void *settings);
+
 /* Checks `downpour train ARGS` (argv[0] "train") as each task of a cluster
  * of `chief`, `workers` and `ps` tasks would, without training: every
  * option, and the strategy against that cluster.  For launch, before it
@@ -53,6 +59,11 @@ const char *cli_suggest_list(const char *word, const char *list, char *buf, size
  * printed (exit 0, start nothing), or the exit status of a usage error
  * (2, the message printed once). */
 int cli_train_check(int argc, char **argv, int chief, int workers, int ps);
+/* The same, keeping the parsed configuration in *cfg (its strategy's
+ * settings included) for launch's questions to the strategy. */
+struct dp_train_config;
+int cli_train_parse(int argc, char **argv, int chief, int workers, int ps,
+                    struct dp_train_config *cfg);
 
 /* Subcommands. */
 int cmd_train(int argc, char **argv);

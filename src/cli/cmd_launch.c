@@ -38,48 +38,27 @@
 
 #define LAUNCH_MAX_TASKS 256
 
-/* What the launcher asks about the tasks' run: the train command's
- * --strategy and --ps-replicas. */
+/* What the launcher asks about the tasks' run: their strategy and its
+ * settings, as train's own parser read them (cli_train_parse). */
 typedef struct task_run {
     const dp_strategy_ops *ops;
-    long ps_replicas;
+    dp_train_config cfg;
+    bool parsed;
 } task_run;
 
-/* The strategy's answer to "does the run go on without this task".  A ps
- * task is survivable where the strategy has ps tasks: each shard has a
- * backup (--ps-replicas 2, docs/faults.md) and fails over, or the ps is
- * restarted and reloads its shard from the newest checkpoint. */
+/* The strategy's answer to "does the run go on without this task"
+ * (its restart policy: dp_strategy_restart). */
 static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t cap)
 {
     const task_run *run = ctx;
     const dp_strategy_ops *ops = run->ops;
-    if (task->role == DP_ROLE_PS && run->ps_replicas >= 2 && ops->talks_to[DP_ROLE_PS]) {
-        /* Not restarted: the clients stay with the backups, and a fresh ps
-         * would hold the initial parameters. */
-        snprintf(why, cap, "%s survives a lost ps with --ps-replicas %ld: its shards go on on "
-                 "their backups", ops->name, run->ps_replicas);
-        return DP_LAUNCH_NO_RESTART;
-    }
-    if (task->role == DP_ROLE_PS && ops->talks_to[DP_ROLE_PS]) {
-        /* Restarted, it reloads its shard from the newest checkpoint. */
-        snprintf(why, cap, "%s survives a lost ps that is restarted: it reloads its shard from "
-                 "the newest checkpoint", ops->name);
-        return DP_LAUNCH_IF_RESTARTED;
-    }
-    if (ops->survives & ops->no_rejoin & DP_ROLE_BIT(task->role)) {
-        snprintf(why, cap, "%s survives a lost %s, and does not take a restarted one back",
-                 ops->name, dp_role_name(task->role));
-        return DP_LAUNCH_NO_RESTART;
-    }
-    snprintf(why, cap, "%s %s a lost %s", ops->name,
-             ops->survives & DP_ROLE_BIT(task->role) ? "survives" : "cannot survive",
-             dp_role_name(task->role));
-    return (ops->survives & DP_ROLE_BIT(task->role)) != 0;
+    const void *settings = run->parsed && ops->conf ? dp_strategy_settings(&run->cfg, ops->conf)
+                                                    : NULL;
+    return dp_strategy_restart(ops, settings, task->role, why, cap);
 }
 
 /* The train flags the launcher checks before any task starts. */
 typedef struct task_flags {
-    long ps_replicas;           /* --ps-replicas (1) */
     const char *straggler;      /* --straggler (NULL: none) */
     const char *model;          /* --model (NULL: the default) */
     const char *device;         /* --device (NULL: the default, the CPU) */
@@ -107,7 +86,6 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name)
 static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f, dp_err *err)
 {
     memset(f, 0, sizeof *f);
-    f->ps_replicas = 1;
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = NULL, *v;
@@ -116,8 +94,6 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f
             break;
         if ((v = flag_value(argc, argv, &i, "--strategy")))
             name = v;
-        else if ((v = flag_value(argc, argv, &i, "--ps-replicas")))
-            f->ps_replicas = atol(v);
         else if ((v = flag_value(argc, argv, &i, "--straggler")))
             f->straggler = v;
         else if ((v = flag_value(argc, argv, &i, "--model-parallel")))
@@ -240,14 +216,13 @@ int cmd_launch(int argc, char **argv)
         return 2;
     }
     dp_err err;
-    task_run run = {0};
+    static task_run run; /* the launch's life: dp_launch asks it */
     task_flags flags;
     bool train = strcmp(argv[rest], "train") == 0;
     const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &flags, &err);
     if (train && !flags.strategy) /* the default: docs/cluster.md, "A local cluster" */
         strategy = dp_strategy_find(ps > 0 ? "ps-async" : "allreduce", &err);
     run.ops = strategy;
-    run.ps_replicas = flags.ps_replicas;
     if (train && !strategy) { /* train's own check says it, with a suggestion */
         char *sub[] = {argv[rest], "--strategy", (char *)flags.strategy, NULL};
         cli_train_check(3, sub, 0, 1, 0);
@@ -284,7 +259,9 @@ int cmd_launch(int argc, char **argv)
     /* Every option, and the strategy against this cluster, once here: not
      * the same refusal from every task. */
     if (train) {
-        int crc = cli_train_check(targc - 1, cmd + 1, chief ? 1 : 0, (int)workers, (int)ps);
+        int crc = cli_train_parse(targc - 1, cmd + 1, chief ? 1 : 0, (int)workers, (int)ps,
+                                  &run.cfg);
+        run.parsed = crc == 0;
         if (crc != 0) {
             free(cmd);
             return crc < 0 ? 0 : crc;

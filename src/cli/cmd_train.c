@@ -8,10 +8,8 @@
 
 #include "cli/cli.h"
 #include "downpour/file.h"
-#include "downpour/lbfgs.h"
 #include "downpour/log.h"
 #include "downpour/node.h"
-#include "downpour/pipeline.h"
 #include "downpour/records.h"
 #include "downpour/strategy.h"
 #include "downpour/tcp.h"
@@ -21,23 +19,6 @@
 static const char *g_who = "downpour train";
 
 #define USAGE "downpour train [--dataset NAME|PATH] [--model SPEC] [--strategy S] [...]"
-
-/* "A:B" into two integers in [0, max]. */
-static int parse_pair(const char *s, const char *flag, const char *a_name, const char *b_name,
-                      long *a, long *b, long max, dp_err *err)
-{
-    char buf[64], what[96];
-    const char *colon = strchr(s, ':');
-    if (!colon || strlen(s) >= sizeof buf)
-        return dp_errf(err, "%s '%s': expected %s:%s", flag, s, a_name, b_name);
-    memcpy(buf, s, (size_t)(colon - s));
-    buf[colon - s] = '\0';
-    snprintf(what, sizeof what, "%s %s", flag, a_name);
-    if (dp_parse_long(buf, 0, max, a, what, err) < 0)
-        return -1;
-    snprintf(what, sizeof what, "%s %s", flag, b_name);
-    return dp_parse_long(colon + 1, 0, max, b, what, err);
-}
 
 /* --straggler K against the cluster this task belongs to (its spec, as the
  * loop will read it: DOWNPOUR_CONFIG, which launch and run set, or
@@ -50,43 +31,6 @@ static int check_straggler_cluster(const char *value, long k, dp_err *err)
         return 0;
     int rc = cli_check_straggler(value, k, c.count[DP_ROLE_CHIEF], c.count[DP_ROLE_WORKER], err);
     dp_cluster_free(&c);
-    return rc;
-}
-
-/* The pipeline's flags against each other, the batch and the model (the
- * cluster's size is checked when the stages open): 0, or -1 with a message
- * naming the flag. */
-static int check_pipeline(const dp_train_config *cfg, bool given, dp_err *err)
-{
-    if (strcmp(cfg->strategy, "pipeline") != 0) {
-        if (given)
-            return dp_errf(err, "--stages, --micro-batches, --schedule and --split are for "
-                                "--strategy pipeline");
-        return 0;
-    }
-    int stages = cfg->stages;
-    if (cfg->split) {
-        int n = dp_pipe_split_count(cfg->split, err);
-        if (n < 0)
-            return -1;
-        if (stages > 0 && stages != n)
-            return dp_errf(err, "--split '%s' makes %d stages, but --stages says %d", cfg->split,
-                           n, stages);
-        stages = n;
-    }
-    if (cfg->micro_batches > cfg->batch)
-        return dp_errf(err, "--micro-batches %d: a batch of %d records (--batch) cannot be cut "
-                            "into more micro-batches than records", cfg->micro_batches,
-                       cfg->batch);
-    if (stages == 0)
-        return 0;
-    dp_model m;
-    dp_err merr;
-    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
-        return 0; /* the run says what is wrong with --model */
-    int first[DP_PIPE_MAX_STAGES + 1];
-    int rc = dp_pipe_partition(first, &m, stages, cfg->split, err);
-    dp_model_free(&m);
     return rc;
 }
 
@@ -243,17 +187,13 @@ static int check_dataset(const char *name)
 
 /* Parses and checks train's options; topo (chief, workers, ps): only check,
  * as each task of a launched cluster of that shape would, and train nothing. */
-static int train_main(int argc, char **argv, const int *topo)
+static int train_main(int argc, char **argv, const int *topo, dp_train_config *parsed)
 {
     dp_train_config cfg = dp_train_defaults();
     const char *dataset = cfg.dataset, *model = cfg.model, *strategy = "single";
     const char *lr_schedule = "constant";
-    const char *shard = "data", *staleness_range = "1:6", *straggler = NULL;
-    long fetch_every = cfg.ps.fetch_every, push_every = cfg.ps.push_every;
-    long push_behind = cfg.ps.push_behind;
-    long staleness = cfg.ps.staleness, period = cfg.ps.period;
-    long min_shard_bytes = (long)cfg.ps.min_shard_bytes, max_shards = 0, ps_replicas = 1;
-    bool trace_clocks = false, no_overlap = false, push_inline = false, sync_bn = false;
+    const char *shard = "data", *straggler = NULL;
+    bool trace_clocks = false, no_overlap = false, sync_bn = false;
     long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
     const char *transport = "tcp", *overlap = NULL, *device = "cpu";
     double collective_timeout = cfg.collective_timeout;
@@ -279,12 +219,10 @@ static int train_main(int argc, char **argv, const int *topo)
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false, verbose = false;
     const char *log_level = NULL;
-    long stages = 0, micro_batches = cfg.micro_batches, model_parallel = 0;
-    const char *schedule = NULL, *split = NULL;
-    long lbfgs_history = cfg.lbfgs_history, portion = 0;
+    long model_parallel = 0;
     const char *stream = "auto", *data_memory = NULL;
     long shuffle_window = 0;
-    const cli_opt opts[] = {
+    const cli_opt generic[] = {
         {"", CLI_SECTION, NULL, NULL, "data", 0, 0},
         {"dataset", CLI_STR, &dataset, "NAME|PATH", "mnist, fashion-mnist, kmnist, a directory of IDX files, or TFRecord, NumPy or CSV files: a directory, a glob or a file (docs/datasets.md)", 0, 0},
         {"train-size", CLI_INT, &n_train, "N", "training records (the first N of the training file)", 1, 100000000},
@@ -321,29 +259,11 @@ static int train_main(int argc, char **argv, const int *topo)
         {"threads", CLI_INT, &threads, "N", "BLAS threads (0: OPENBLAS_NUM_THREADS or all cores)", 0, 1024},
         {"", CLI_SECTION, NULL, NULL, "strategy (docs/strategies.md)", 0, 0},
         {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
-        {"fetch-every", CLI_INT, &fetch_every, "N", "ps-async: pull parameters every N steps", 1, 1000000},
-        {"push-every", CLI_INT, &push_every, "N", "ps-async: push gradients accumulated over N steps", 1, 1000000},
-        {"push-behind", CLI_INT, &push_behind, "N", "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0: wait for each)", 0, 64},
-        {"push-inline", CLI_FLAG, &push_inline, NULL, "ps-async --push-behind: the worker sends each push itself, not a send thread", 0, 0},
-        {"staleness", CLI_INT, &staleness, "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000},
-        {"staleness-range", CLI_STR, &staleness_range, "LO:HI", "ps-dssp: range of the adapted bound", 0, 0},
-        {"period", CLI_INT, &period, "K", "model-avg: local steps between averages", 1, 1000000},
-        {"ps-min-shard-bytes", CLI_INT, &min_shard_bytes, "N", "smallest parameter shard in bytes", 4096, 1L << 40},
-        {"ps-max-shards", CLI_INT, &max_shards, "N", "most shards (0: one per ps task)", 0, 4096},
-        {"ps-replicas", CLI_INT, &ps_replicas, "N",
-         "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
-         "the primary is lost", 1, 2},
         {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
         {"overlap", CLI_STR, &overlap, "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0},
         {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0},
         {"sync-bn", CLI_FLAG, &sync_bn, NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
-        {"stages", CLI_INT, &stages, "S", "pipeline: stages of each pipeline (0: every task is a stage)", 0, DP_PIPE_MAX_STAGES},
-        {"micro-batches", CLI_INT, &micro_batches, "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO},
-        {"schedule", CLI_STR, &schedule, "NAME", "pipeline: gpipe or 1f1b (default: 1f1b)", 0, 0},
-        {"split", CLI_STR, &split, "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0},
-        {"lbfgs-history", CLI_INT, &lbfgs_history, "M", "lbfgs: (s, y) pairs the L-BFGS history keeps", 1, DP_LBFGS_MAX_M},
-        {"portion", CLI_INT, &portion, "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536},
         {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
@@ -370,14 +290,60 @@ static int train_main(int argc, char **argv, const int *topo)
         {"keep-checkpoints", CLI_INT, &keep_checkpoints, "K", "keep the newest K checkpoints", 1, 1000},
         {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir", 0, 0},
     };
+    /* Each strategy's options (its dp_strategy_conf) follow --strategy,
+     * into that conf's own settings; the chosen strategy's are kept. */
+    enum { N_GENERIC = (int)(sizeof generic / sizeof generic[0]), MAX_CONFS = 16 };
+    static _Alignas(max_align_t) unsigned char settings[MAX_CONFS][DP_STRATEGY_CFG_MAX];
+    const dp_strategy_conf *confs[MAX_CONFS];
+    int n_confs = 0, n = 0, n_strategy_opts = 0;
+    for (int i = 0; i < dp_strategy_count; i++) {
+        const dp_strategy_conf *c = dp_strategies[i]->conf;
+        bool seen = !c;
+        for (int j = 0; j < n_confs && !seen; j++)
+            seen = confs[j] == c;
+        if (seen || n_confs == MAX_CONFS)
+            continue;
+        memcpy(settings[n_confs], c->defaults, c->size);
+        confs[n_confs++] = c;
+        n_strategy_opts += c->n_opts;
+    }
+    cli_opt *opts = malloc((size_t)(N_GENERIC + n_strategy_opts) * sizeof *opts);
+    if (!opts) {
+        fprintf(stderr, "%s: out of memory\n", g_who);
+        return 1;
+    }
+    for (int i = 0; i < N_GENERIC; i++) {
+        opts[n++] = generic[i];
+        if (generic[i].kind != CLI_SECTION && strcmp(generic[i].name, "strategy") == 0)
+            for (int j = 0; j < n_confs; j++)
+                for (int k = 0; k < confs[j]->n_opts; k++)
+                    if (!(confs[j]->opts[k].flags & DP_OPT_ALSO))
+                        opts[n++] = cli_opt_of(&confs[j]->opts[k], settings[j]);
+    }
     int rest;
-    int r = cli_parse(USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
+    int r = cli_parse(USAGE, opts, n, argc, argv, &rest);
+    /* an option two confs read (DP_OPT_ALSO) was parsed into the one
+     * --help lists it under: the others get its value too */
+    for (int j = 0; j < n_confs; j++) {
+        for (int k2 = 0; k2 < confs[j]->n_opts; k2++) {
+            const dp_opt *o = &confs[j]->opts[k2];
+            for (int i = 0; i < n && (o->flags & DP_OPT_ALSO); i++)
+                if (opts[i].kind != CLI_SECTION && strcmp(opts[i].name, o->name) == 0) {
+                    static const size_t size[DP_OPT_KIND_COUNT] = {
+                        [DP_OPT_STR] = sizeof(const char *), [DP_OPT_INT] = sizeof(int),
+                        [DP_OPT_SIZE] = sizeof(size_t), [DP_OPT_NUM] = sizeof(double),
+                        [DP_OPT_FLAG] = sizeof(bool)};
+                    memcpy(settings[j] + o->offset, opts[i].dst, size[o->kind]);
+                }
+        }
+    }
+    free(opts);
+    if (r == 0 && rest < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", g_who, argv[rest]);
+        r = -1;
+    }
     if (r != 0)
         return r > 0 ? 0 : 2;
-    if (rest < argc) {
-        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", g_who, argv[rest]);
-        return 2;
-    }
     if (cli_apply_log_level("train", log_level, verbose) < 0)
         return 2;
 
@@ -399,16 +365,26 @@ static int train_main(int argc, char **argv, const int *topo)
         fprintf(stderr, "%s: %s: %s\n", g_who, bad, err.msg);
         return 2;
     }
-    long lo, hi, k = -1;
+    long k = -1;
     double ms = 0;
-    if (parse_pair(staleness_range, "--staleness-range", "LO", "HI", &lo, &hi, 1000000, &err) < 0 ||
-        (straggler && cli_parse_straggler(straggler, &k, &ms, &err) < 0)) {
+    if (straggler && cli_parse_straggler(straggler, &k, &ms, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
-    if (lo > hi) {
-        fprintf(stderr, "%s: --staleness-range %ld:%ld: LO must not exceed HI\n", g_who, lo, hi);
-        return 2;
+    /* the chosen strategy's settings, with the options it shares with the
+     * strategy --help lists them under (DP_OPT_ALSO); the others' given
+     * options refused where their strategy says so */
+    const dp_strategy_ops *ops = dp_strategy_find(strategy, &err);
+    for (int j = 0; j < n_confs; j++) {
+        if (confs[j] != ops->conf) {
+            if (confs[j]->foreign && confs[j]->foreign(settings[j], &cfg, &err) < 0) {
+                fprintf(stderr, "%s: %s\n", g_who, err.msg);
+                return 2;
+            }
+            continue;
+        }
+        cfg.strategy_conf = ops->conf;
+        memcpy(cfg.strategy_cfg, settings[j], ops->conf->size);
     }
     if (straggler && check_straggler_cluster(straggler, k, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
@@ -416,17 +392,6 @@ static int train_main(int argc, char **argv, const int *topo)
     }
     cfg.straggler = (int)k;
     cfg.straggler_ms = ms;
-    cfg.ps.fetch_every = (int)fetch_every;
-    cfg.ps.push_every = (int)push_every;
-    cfg.ps.push_behind = (int)push_behind;
-    cfg.ps.push_inline = push_inline;
-    cfg.ps.staleness = (int)staleness;
-    cfg.ps.staleness_lo = (int)lo;
-    cfg.ps.staleness_hi = (int)hi;
-    cfg.ps.period = (int)period;
-    cfg.ps.min_shard_bytes = (size_t)min_shard_bytes;
-    cfg.ps.max_shards = (int)max_shards;
-    cfg.ps.replicas = (int)ps_replicas;
     cfg.trace_clocks = trace_clocks;
     cfg.bucket_bytes = (size_t)bucket_bytes;
     cfg.ema = (float)ema;
@@ -608,16 +573,7 @@ static int train_main(int argc, char **argv, const int *topo)
                         "accuracy, and --val-size 0 leaves no validation records\n", g_who);
         return 2;
     }
-    cfg.stages = (int)stages;
-    cfg.micro_batches = (int)micro_batches;
-    cfg.split = split;
-    if (schedule && dp_pipe_schedule_parse(schedule, &cfg.schedule, &err) < 0) {
-        fprintf(stderr, "%s: --schedule: %s\n", g_who, err.msg);
-        return 2;
-    }
-    if (check_pipeline(&cfg, stages != 0 || micro_batches != dp_train_defaults().micro_batches ||
-                                 schedule || split,
-                       &err) < 0) {
+    if (dp_strategy_check(&cfg, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
@@ -629,23 +585,12 @@ static int train_main(int argc, char **argv, const int *topo)
                         "L-BFGS steps with a line search, no learning rate (docs/training.md)\n", g_who);
         return 2;
     }
-    if (strcmp(strategy, "lbfgs") != 0 && (lbfgs_history != cfg.lbfgs_history || portion != 0)) {
-        fprintf(stderr, "%s: --lbfgs-history and --portion are for --strategy lbfgs\n", g_who);
+    if (ops->no_checkpoints && checkpoint_dir) {
+        fprintf(stderr, "%s: --checkpoint-dir: --strategy %s writes no training-state "
+                        "checkpoints (%s); --save keeps the final weights\n", g_who, ops->name,
+                ops->no_checkpoints);
         return 2;
     }
-    if (strcmp(strategy, "lbfgs") == 0 && checkpoint_dir) {
-        fprintf(stderr, "%s: --checkpoint-dir: --strategy lbfgs writes no "
-                        "training-state checkpoints (its history lives on the ps shards); --save "
-                        "keeps the final weights\n", g_who);
-        return 2;
-    }
-    if (portion > batch) {
-        fprintf(stderr, "%s: --portion %ld: a portion cannot hold more records than "
-                        "the L-BFGS batch (--batch %ld)\n", g_who, portion, batch);
-        return 2;
-    }
-    cfg.lbfgs_history = (int)lbfgs_history;
-    cfg.portion = (int)portion;
     cfg.model_parallel = (int)model_parallel;
     if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel,
                                  topo ? topo[0] + topo[1] : 0, &err) < 0) {
@@ -659,7 +604,6 @@ static int train_main(int argc, char **argv, const int *topo)
     cfg.secret_file = secret_file;
     cfg.startup_timeout = startup_timeout;
     cfg.heartbeat_timeout = heartbeat_timeout;
-    cfg.ps.heartbeat_timeout = heartbeat_timeout;
     if (link_delay_ms > 0 && strcmp(transport, "tcp") != 0) {
         fprintf(stderr, "%s: --link-delay-ms is for --transport tcp (MPI has its own "
                         "network)\n", g_who);
@@ -676,6 +620,8 @@ static int train_main(int argc, char **argv, const int *topo)
     if (check_outputs(save, metrics, checkpoint_dir, tensorboard, trace) < 0 ||
         check_topology(dp_strategy_find(strategy, &err), topo, transport, argc, argv) < 0)
         return 2;
+    if (parsed)
+        *parsed = cfg;
     if (topo)
         return 0; /* launch's check: each task trains */
 
@@ -696,17 +642,23 @@ static int train_main(int argc, char **argv, const int *topo)
 
 int cmd_train(int argc, char **argv)
 {
-    return train_main(argc, argv, NULL);
+    return train_main(argc, argv, NULL, NULL);
 }
 
 int cli_train_check(int argc, char **argv, int chief, int workers, int ps)
+{
+    dp_train_config cfg;
+    return cli_train_parse(argc, argv, chief, workers, ps, &cfg);
+}
+
+int cli_train_parse(int argc, char **argv, int chief, int workers, int ps, dp_train_config *cfg)
 {
     int topo[3] = {chief, workers, ps};
     bool help = false;
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
     g_who = "downpour launch";
-    int rc = train_main(argc, argv, topo);
+    int rc = train_main(argc, argv, topo, cfg);
     g_who = "downpour train";
     return help && rc == 0 ? -1 : rc; /* -1: help printed, nothing to start */
 }

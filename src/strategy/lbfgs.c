@@ -31,6 +31,7 @@
  * the iteration is over; they read records themselves, not the loop's
  * batches (info->no_batches). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +40,12 @@
 #include "downpour/clock.h"
 #include "downpour/lbfgs.h"
 #include "downpour/log.h"
+#include "downpour/partition.h"
 #include "downpour/ps.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
 #include "strategy/lbfgs_impl.h"
+#include "strategy/ps_family.h"
 
 #define BACKUP_COPIES 2 /* live copies of an outstanding portion at most */
 
@@ -674,9 +677,27 @@ static void lb_close(dp_strategy *s)
     free(s);
 }
 
+#define DP_LBFGS_DEFAULT_PORTION 1000
+
+/* lbfgs's settings: a new option is a field here and a line in lb_opts
+ * below.  The ps layout's options are the ps family's (ps_options.c). */
+typedef struct lb_settings {
+    dp_ps_settings ps; /* ps-min-shard-bytes, ps-max-shards, ps-replicas */
+    int history;       /* (s, y) pairs kept (10) */
+    int portion;       /* records a worker computes at once (0: DP_LBFGS_DEFAULT_PORTION) */
+} lb_settings;
+_Static_assert(sizeof(lb_settings) <= DP_STRATEGY_CFG_MAX, "lbfgs settings too big");
+static const dp_strategy_conf lb_conf;
+
+static const lb_settings *settings_of(const dp_train_config *cfg)
+{
+    return dp_strategy_settings(cfg, &lb_conf);
+}
+
 static int lb_model_rows(const dp_train_config *cfg)
 {
-    return cfg->portion > 0 ? cfg->portion : DP_LBFGS_DEFAULT_PORTION;
+    int n = settings_of(cfg)->portion;
+    return n > 0 ? n : DP_LBFGS_DEFAULT_PORTION;
 }
 
 static int check_run(const dp_run_env *env, dp_err *err)
@@ -694,11 +715,12 @@ static int check_run(const dp_run_env *env, dp_err *err)
     if (cfg->ema > 0)
         return dp_errf(err, "--ema %g: lbfgs takes few large steps, there is no average to keep; "
                             "leave --ema out", (double)cfg->ema);
-    if (cfg->ps.replicas > 1)
+    const lb_settings *ls = settings_of(cfg);
+    if (ls->ps.replicas > 1)
         return dp_errf(err, "--ps-replicas %d: lbfgs shards keep no backup copy",
-                       cfg->ps.replicas);
-    if (cfg->lbfgs_history < 1 || cfg->lbfgs_history > DP_LBFGS_MAX_M)
-        return dp_errf(err, "--lbfgs-history %d is out of range [1, %d]", cfg->lbfgs_history,
+                       ls->ps.replicas);
+    if (ls->history < 1 || ls->history > DP_LBFGS_MAX_M)
+        return dp_errf(err, "--lbfgs-history %d is out of range [1, %d]", ls->history,
                        DP_LBFGS_MAX_M);
     return 0;
 }
@@ -760,7 +782,7 @@ static int open_part(dp_strategy *s, const dp_run_env *env, dp_task_info *info, 
     s->live = s->n_workers;
     s->batch_index = -1;
     dp_lbfgs_config lc = dp_lbfgs_defaults();
-    lc.m = cfg->lbfgs_history;
+    lc.m = settings_of(cfg)->history;
     if (dp_lbfgs_init(&s->lb, &lc, &sharded_ops, s, err) < 0)
         return -1;
     dp_info("lbfgs: history %d, batch %u records in %u portion(s) of %u, %d worker(s), %d "
@@ -785,12 +807,14 @@ static int lb_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     s->c = &env->node->cluster;
     s->chief = dp_cluster_rank(s->c, DP_ROLE_CHIEF, 0);
     s->n_workers = s->c->count[DP_ROLE_WORKER];
-    s->vectors = DP_LBFGS_VECTORS(cfg->lbfgs_history);
+    s->vectors = DP_LBFGS_VECTORS(settings_of(cfg)->history);
     s->timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     s->portion = (uint32_t)lb_model_rows(cfg);
     if (s->portion > (uint32_t)cfg->batch)
         s->portion = (uint32_t)cfg->batch;
-    if (dp_ps_layout_make(&s->layout, s->c, s->m->n_params, &cfg->ps, err) < 0 ||
+    dp_ps_config pc;
+    if (dp_ps_settings_apply(&settings_of(cfg)->ps, &pc, err) < 0 ||
+        dp_ps_layout_make(&s->layout, s->c, s->m->n_params, &pc, err) < 0 ||
         open_part(s, env, info, err) < 0) {
         lb_close(s);
         return -1;
@@ -799,8 +823,57 @@ static int lb_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     return 0;
 }
 
+#define F(field) offsetof(lb_settings, field)
+static const dp_opt lb_opts[] = {
+    {"lbfgs-history", DP_OPT_INT, F(history), "M", "lbfgs: (s, y) pairs the L-BFGS history keeps", 1, DP_LBFGS_MAX_M, 0},
+    {"portion", DP_OPT_INT, F(portion), "N", "lbfgs: records a worker computes at once; --batch is the L-BFGS batch (default: 1000)", 1, 65536, 0},
+    /* its ps shards' layout: listed with the ps family's options */
+    {"ps-min-shard-bytes", DP_OPT_SIZE, F(ps.min_shard_bytes), "N", "smallest parameter shard in bytes", 4096, (double)(1L << 40), DP_OPT_ALSO},
+    {"ps-max-shards", DP_OPT_INT, F(ps.max_shards), "N", "most shards (0: one per ps task)", 0, 4096, DP_OPT_ALSO},
+    {"ps-replicas", DP_OPT_INT, F(ps.replicas), "N", "copies of each ps shard", 1, 2, DP_OPT_ALSO},
+};
+#undef F
+
+static int lb_foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    (void)cfg;
+    const lb_settings *ls = own;
+    if (ls->history != 10 || ls->portion != 0)
+        return dp_errf(err, "--lbfgs-history and --portion are for --strategy lbfgs");
+    return 0;
+}
+
+static int lb_check(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    const lb_settings *ls = own;
+    if (ls->portion > cfg->batch)
+        return dp_errf(err, "--portion %d: a portion cannot hold more records than the L-BFGS "
+                            "batch (--batch %d)", ls->portion, cfg->batch);
+    return 0;
+}
+
+static void lb_identity(const void *own, int part, char *buf, size_t cap)
+{
+    if (part == 0)
+        dp_ps_settings_identity(&((const lb_settings *)own)->ps, buf, cap);
+}
+
+static const lb_settings lb_defaults = {
+    .ps = {.fetch_every = 1, .push_every = 1, .staleness = 3, .staleness_range = "1:6",
+           .period = 8, .min_shard_bytes = DP_PARTITION_MIN_SHARD_BYTES, .replicas = 1},
+    .history = 10,
+};
+
+static const dp_strategy_conf lb_conf = {
+    .opts = lb_opts, .n_opts = (int)(sizeof lb_opts / sizeof lb_opts[0]),
+    .size = sizeof(lb_settings), .defaults = &lb_defaults,
+    .foreign = lb_foreign, .check = lb_check, .identity = lb_identity,
+};
+
 const dp_strategy_ops dp_strategy_lbfgs = {
     .name = "lbfgs",
+    .conf = &lb_conf,
+    .no_checkpoints = "its history lives on the ps shards",
     .no_clip = "L-BFGS steps along a search direction chosen by a line search over the whole "
                "batch, not along the gradient",
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "

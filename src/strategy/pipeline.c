@@ -42,6 +42,7 @@
  * sockets hold never wait for each other.  A lost stage cannot be replaced mid-batch: the
  * run stops with a message naming it (survives = 0). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -621,12 +622,25 @@ static void pipe_close(dp_strategy *s)
     free(s);
 }
 
+/* The pipeline's settings: a new option is a field here and a line in
+ * opts below. */
+typedef struct pipe_settings {
+    int stages;           /* stages per replica (0: every task is a stage) */
+    int micro_batches;    /* micro-batches a batch is cut into (4) */
+    const char *schedule; /* gpipe or 1f1b (NULL: 1f1b) */
+    const char *split;    /* "a,b,..." where stages 1.. start; NULL: balanced */
+} pipe_settings;
+_Static_assert(sizeof(pipe_settings) <= DP_STRATEGY_CFG_MAX, "pipeline settings too big");
+static const pipe_settings pipe_defaults = {.micro_batches = 4};
+static const dp_strategy_conf pipe_conf;
+
 /* Stages, replicas and micro-batches from the flags and the cluster. */
 static int plan_stages(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
 {
-    int S = cfg->stages;
-    if (S <= 0 && cfg->split) {
-        if ((S = dp_pipe_split_count(cfg->split, err)) < 0)
+    const pipe_settings *ps = dp_strategy_settings(cfg, &pipe_conf);
+    int S = ps->stages;
+    if (S <= 0 && ps->split) {
+        if ((S = dp_pipe_split_count(ps->split, err)) < 0)
             return -1;
     } else if (S <= 0) {
         S = s->n;
@@ -638,18 +652,20 @@ static int plan_stages(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
                        S, s->n, S, S, S);
     s->S = S;
     s->R = s->n / S;
-    if (dp_pipe_partition(s->first, s->m, S, cfg->split, err) < 0)
+    if (dp_pipe_partition(s->first, s->m, S, ps->split, err) < 0)
         return -1;
-    s->M = cfg->micro_batches > 0 ? cfg->micro_batches : 4;
+    s->M = ps->micro_batches > 0 ? ps->micro_batches : 4;
     if (s->M > cfg->batch) {
-        if (cfg->micro_batches > 0)
+        if (ps->micro_batches > 0)
             return dp_errf(err, "--micro-batches %d: a batch of %d records cannot be cut into "
                                 "more micro-batches than records", s->M, cfg->batch);
         s->M = cfg->batch;
     }
     if (s->M > DP_PIPE_MAX_MICRO)
         return dp_errf(err, "--micro-batches %d: at most %d", s->M, DP_PIPE_MAX_MICRO);
-    s->kind = cfg->schedule;
+    s->kind = DP_PIPE_1F1B;
+    if (ps->schedule && dp_pipe_schedule_parse(ps->schedule, &s->kind, err) < 0)
+        return -1;
     return 0;
 }
 
@@ -780,8 +796,71 @@ static int pipe_open(dp_strategy **out, const dp_run_env *env, dp_task_info *inf
     return 0;
 }
 
+#define F(field) offsetof(pipe_settings, field)
+static const dp_opt pipe_opts[] = {
+    {"stages", DP_OPT_INT, F(stages), "S", "pipeline: stages of each pipeline (0: every task is a stage)", 0, DP_PIPE_MAX_STAGES, 0},
+    {"micro-batches", DP_OPT_INT, F(micro_batches), "M", "pipeline: micro-batches each batch is cut into", 1, DP_PIPE_MAX_MICRO, 0},
+    {"schedule", DP_OPT_STR, F(schedule), "NAME", "pipeline: gpipe or 1f1b (default: 1f1b)", 0, 0, 0},
+    {"split", DP_OPT_STR, F(split), "A,B,..", "pipeline: layers where stages 1.. start (default: balanced by FLOPs)", 0, 0, 0},
+};
+#undef F
+
+static int pipe_foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    (void)cfg;
+    const pipe_settings *p = own;
+    if (p->stages != 0 || p->micro_batches != pipe_defaults.micro_batches || p->schedule ||
+        p->split)
+        return dp_errf(err, "--stages, --micro-batches, --schedule and --split are for "
+                            "--strategy pipeline");
+    return 0;
+}
+
+/* The flags against each other, the batch and the model (the cluster's
+ * size is checked when the stages open). */
+static int pipe_check(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    const pipe_settings *p = own;
+    dp_pipe_schedule kind;
+    if (p->schedule && dp_pipe_schedule_parse(p->schedule, &kind, err) < 0) {
+        dp_err_prefix(err, "--schedule");
+        return -1;
+    }
+    int stages = p->stages;
+    if (p->split) {
+        int n = dp_pipe_split_count(p->split, err);
+        if (n < 0)
+            return -1;
+        if (stages > 0 && stages != n)
+            return dp_errf(err, "--split '%s' makes %d stages, but --stages says %d", p->split,
+                           n, stages);
+        stages = n;
+    }
+    if (p->micro_batches > cfg->batch)
+        return dp_errf(err, "--micro-batches %d: a batch of %d records (--batch) cannot be cut "
+                            "into more micro-batches than records", p->micro_batches,
+                       cfg->batch);
+    if (stages == 0)
+        return 0;
+    dp_model m;
+    dp_err merr;
+    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
+        return 0; /* the run says what is wrong with --model */
+    int first[DP_PIPE_MAX_STAGES + 1];
+    int rc = dp_pipe_partition(first, &m, stages, p->split, err);
+    dp_model_free(&m);
+    return rc;
+}
+
+static const dp_strategy_conf pipe_conf = {
+    .opts = pipe_opts, .n_opts = (int)(sizeof pipe_opts / sizeof pipe_opts[0]),
+    .size = sizeof(pipe_settings), .defaults = &pipe_defaults,
+    .foreign = pipe_foreign, .check = pipe_check,
+};
+
 const dp_strategy_ops dp_strategy_pipeline = {
     .name = "pipeline",
+    .conf = &pipe_conf,
     .summary = "layer pipelining: stages of layers, micro-batches, gpipe or 1f1b, one flush a step",
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),

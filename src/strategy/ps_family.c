@@ -491,8 +491,12 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->m = env->model;
     s->t = env->node->transport;
     s->c = c;
-    s->pc = cfg->ps;
+    if (dp_ps_settings_apply(dp_strategy_settings(cfg, &dp_ps_conf), &s->pc, err) < 0) {
+        free(s);
+        return -1;
+    }
     s->pc.mode = mode;
+    s->pc.heartbeat_timeout = cfg->heartbeat_timeout;
     s->pc.ema = cfg->ema;
     const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy, NULL);
     s->chief_optional = ops && (ops->survives & DP_ROLE_BIT(DP_ROLE_CHIEF));

@@ -21,6 +21,27 @@
 #include "downpour/ps.h"
 #include "downpour/strategy.h"
 
+/* The family's settings (ps_options.c): dp_train_config's strategy_cfg
+ * under every ps strategy and model-avg. */
+typedef struct dp_ps_settings {
+    int fetch_every, push_every, push_behind;
+    bool push_inline;
+    int staleness;
+    const char *staleness_range; /* "LO:HI" */
+    int period;
+    size_t min_shard_bytes;
+    int max_shards, replicas;
+} dp_ps_settings;
+extern const dp_strategy_conf dp_ps_conf;
+/* The servers' and clients' configuration from the settings (the range
+ * parsed; the caller sets mode and what the run decides): 0, or -1. */
+int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *err);
+/* The family's part of the run identity (NULL: the defaults'), appended. */
+void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap);
+/* The restart policy of a strategy with ps tasks holding `replicas` copies
+ * of each shard (ps, lbfgs): a dp_launch survives answer, with why. */
+int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *why, size_t cap);
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err);
 int dp_ps_family_serve(dp_strategy *s, dp_err *err);
@@ -37,6 +58,7 @@ void dp_ps_family_close(dp_strategy *s);
 /* A mode's table entry, every operation the family's; `survives`: the
  * roles besides a worker whose loss the mode goes on without. */
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
+    .conf = &dp_ps_conf,                                                                       \
     .cluster = 1, .devices = 1, .buffers = 1,                                                  \
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
     .needs = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS), \

@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "downpour/clock.h"
+#include "downpour/launcher.h"
 #include "downpour/strategy.h"
 #include "downpour/trace.h"
+#include "strategy/ps_family.h"
 
 const dp_strategy_ops *const dp_strategies[] = {
     &dp_strategy_single,  &dp_strategy_ps_async,  &dp_strategy_ps_sync, &dp_strategy_ps_ssp,
@@ -162,4 +164,71 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
     int rc = ops->update(self, m->params, m->grads, n, lr, err);
     dp_trace_span("update", "comm", t1, dp_now(), -1);
     return rc;
+}
+
+const void *dp_strategy_settings(const dp_train_config *cfg, const dp_strategy_conf *conf)
+{
+    return cfg->strategy_conf == conf ? (const void *)cfg->strategy_cfg : conf->defaults;
+}
+
+int dp_strategy_select(dp_train_config *cfg, const char *name, dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(name, err);
+    if (!ops)
+        return -1;
+    cfg->strategy = ops->name;
+    cfg->strategy_conf = ops->conf;
+    memset(cfg->strategy_cfg, 0, sizeof cfg->strategy_cfg);
+    if (ops->conf)
+        memcpy(cfg->strategy_cfg, ops->conf->defaults, ops->conf->size);
+    return 0;
+}
+
+int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (cfg->strategy_conf != ops->conf && dp_strategy_select(cfg, ops->name, err) < 0)
+        return -1;
+    const dp_opt *o = ops->conf ? dp_opt_find(ops->conf->opts, ops->conf->n_opts, name) : NULL;
+    if (!o)
+        return dp_errf(err, "--%s is no option of strategy %s", name, ops->name);
+    return dp_opt_set(o, cfg->strategy_cfg, value, err);
+}
+
+int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (!ops->conf || !ops->conf->check)
+        return 0;
+    return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);
+}
+
+void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap)
+{
+    dp_err ignored;
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", &ignored);
+    if (ops && ops->conf && ops->conf->identity)
+        ops->conf->identity(dp_strategy_settings(cfg, ops->conf), part, buf, cap);
+    else if (part == 0) /* the fragment every checkpoint carries: see ps_options.c */
+        dp_ps_settings_identity(NULL, buf, cap);
+}
+
+int dp_strategy_restart(const dp_strategy_ops *ops, const void *settings, dp_role role,
+                        char *why, size_t cap)
+{
+    if (settings && ops->conf && ops->conf->restart)
+        return ops->conf->restart(settings, ops, role, why, cap);
+    if (ops->survives & ops->no_rejoin & DP_ROLE_BIT(role)) {
+        snprintf(why, cap, "%s survives a lost %s, and does not take a restarted one back",
+                 ops->name, dp_role_name(role));
+        return DP_LAUNCH_NO_RESTART;
+    }
+    snprintf(why, cap, "%s %s a lost %s", ops->name,
+             ops->survives & DP_ROLE_BIT(role) ? "survives" : "cannot survive",
+             dp_role_name(role));
+    return (ops->survives & DP_ROLE_BIT(role)) != 0;
 }

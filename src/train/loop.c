@@ -73,14 +73,10 @@ dp_train_config dp_train_defaults(void)
     dp_dataset_options_default(&c.data);
     c.model = "mlp-300-100";
     c.strategy = "single";
-    dp_ps_config_init(&c.ps);
     c.shard = DP_SHARD_DATA;
     c.bucket_bytes = 512u << 10;
     c.overlap = DP_OVERLAP_AUTO;
     c.collective_timeout = 300;
-    c.micro_batches = 4;
-    c.schedule = DP_PIPE_1F1B;
-    c.lbfgs_history = 10;
     c.straggler = -1;
     c.batch = 128;
     c.epochs = 25;
@@ -993,13 +989,10 @@ static int run_task(loop *L, dp_err *err)
         .epochs = cfg->epochs};
     char settings[512];
     snprintf(settings, sizeof settings,
-             "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g fetch_every=%d "
-             "push_every=%d staleness=%d staleness_range=%d:%d period=%d min_shard_bytes=%zu "
-             "max_shards=%d",
+             "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g",
              (double)cfg->optim.momentum, (double)cfg->optim.beta1, (double)cfg->optim.beta2,
-             (double)cfg->optim.eps, dp_shard_name(cfg->shard), (double)cfg->ema,
-             cfg->ps.fetch_every, cfg->ps.push_every, cfg->ps.staleness, cfg->ps.staleness_lo,
-             cfg->ps.staleness_hi, cfg->ps.period, cfg->ps.min_shard_bytes, cfg->ps.max_shards);
+             (double)cfg->optim.eps, dp_shard_name(cfg->shard), (double)cfg->ema);
+    dp_strategy_identity(cfg, 0, settings, sizeof settings); /* the strategy's own */
     /* settings added since: written only when not the default, so a
      * checkpoint of a run without them still resumes */
     size_t used = strlen(settings);
@@ -1101,7 +1094,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
         check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
-        dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0)
+        dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0 ||
+        dp_strategy_check(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);

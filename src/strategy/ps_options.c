@@ -1,0 +1,137 @@
+/* The parameter-server family's settings (ps-async, ps-sync, ps-ssp,
+ * ps-dssp, model-avg): the options, their defaults and checks, their part
+ * of the run identity and the launcher's restart policy for a lost ps task.
+ * A new option of the family is one line in `opts` and one field in
+ * dp_ps_settings (ps_family.h), read where it is used. */
+#include <stdio.h>
+#include <string.h>
+
+#include "downpour/launcher.h"
+#include "downpour/partition.h"
+#include "strategy/ps_family.h"
+
+_Static_assert(sizeof(dp_ps_settings) <= DP_STRATEGY_CFG_MAX, "ps settings too big");
+
+static const dp_ps_settings defaults = {
+    .fetch_every = 1, .push_every = 1, .push_behind = 0, .staleness = 3,
+    .staleness_range = "1:6", .period = 8, .min_shard_bytes = DP_PARTITION_MIN_SHARD_BYTES,
+    .max_shards = 0, .replicas = 1,
+};
+
+#define F(field) offsetof(dp_ps_settings, field)
+static const dp_opt opts[] = {
+    {"fetch-every", DP_OPT_INT, F(fetch_every), "N", "ps-async: pull parameters every N steps", 1, 1000000, 0},
+    {"push-every", DP_OPT_INT, F(push_every), "N", "ps-async: push gradients accumulated over N steps", 1, 1000000, 0},
+    {"push-behind", DP_OPT_INT, F(push_behind), "N", "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0: wait for each)", 0, 64, 0},
+    {"push-inline", DP_OPT_FLAG, F(push_inline), NULL, "ps-async --push-behind: the worker sends each push itself, not a send thread", 0, 0, 0},
+    {"staleness", DP_OPT_INT, F(staleness), "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000, 0},
+    {"staleness-range", DP_OPT_STR, F(staleness_range), "LO:HI", "ps-dssp: range of the adapted bound", 0, 0, 0},
+    {"period", DP_OPT_INT, F(period), "K", "model-avg: local steps between averages", 1, 1000000, 0},
+    {"ps-min-shard-bytes", DP_OPT_SIZE, F(min_shard_bytes), "N", "smallest parameter shard in bytes", 4096, (double)(1L << 40), 0},
+    {"ps-max-shards", DP_OPT_INT, F(max_shards), "N", "most shards (0: one per ps task)", 0, 4096, 0},
+    {"ps-replicas", DP_OPT_INT, F(replicas), "N",
+     "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
+     "the primary is lost", 1, 2, 0},
+};
+#undef F
+
+/* "LO:HI" of --staleness-range, each in [0, 1000000], LO <= HI. */
+static int parse_range(const char *s, int *lo, int *hi, dp_err *err)
+{
+    char buf[64];
+    long a, b;
+    const char *colon = strchr(s, ':');
+    if (!colon || strlen(s) >= sizeof buf)
+        return dp_errf(err, "--staleness-range '%s': expected LO:HI", s);
+    memcpy(buf, s, (size_t)(colon - s));
+    buf[colon - s] = '\0';
+    if (dp_parse_long(buf, 0, 1000000, &a, "--staleness-range LO", err) < 0 ||
+        dp_parse_long(colon + 1, 0, 1000000, &b, "--staleness-range HI", err) < 0)
+        return -1;
+    if (a > b)
+        return dp_errf(err, "--staleness-range %ld:%ld: LO must not exceed HI", a, b);
+    *lo = (int)a;
+    *hi = (int)b;
+    return 0;
+}
+
+int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *err)
+{
+    dp_ps_config_init(out);
+    out->fetch_every = ps->fetch_every;
+    out->push_every = ps->push_every;
+    out->push_behind = ps->push_behind;
+    out->push_inline = ps->push_inline;
+    out->staleness = ps->staleness;
+    out->period = ps->period;
+    out->min_shard_bytes = ps->min_shard_bytes;
+    out->max_shards = ps->max_shards;
+    out->replicas = ps->replicas;
+    return parse_range(ps->staleness_range, &out->staleness_lo, &out->staleness_hi, err);
+}
+
+static int check(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    (void)cfg;
+    dp_ps_config pc;
+    return dp_ps_settings_apply(own, &pc, err);
+}
+
+/* Under another strategy the family's options go unused, but a range that
+ * does not parse is still refused, as it always was. */
+static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    return check(own, cfg, err);
+}
+
+/* Every strategy's checkpoints have carried this fragment (the ps family
+ * owned no settings then): those without ps settings write the defaults. */
+void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap)
+{
+    dp_ps_config pc;
+    dp_err ignored;
+    if (dp_ps_settings_apply(ps ? ps : &defaults, &pc, &ignored) < 0)
+        dp_ps_config_init(&pc);
+    size_t n = strlen(buf);
+    snprintf(buf + n, n < cap ? cap - n : 0,
+             " fetch_every=%d push_every=%d staleness=%d staleness_range=%d:%d period=%d "
+             "min_shard_bytes=%zu max_shards=%d",
+             pc.fetch_every, pc.push_every, pc.staleness, pc.staleness_lo, pc.staleness_hi,
+             pc.period, pc.min_shard_bytes, pc.max_shards);
+}
+
+static void identity(const void *own, int part, char *buf, size_t cap)
+{
+    if (part == 0)
+        dp_ps_settings_identity(own, buf, cap);
+}
+
+int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *why, size_t cap)
+{
+    if (role == DP_ROLE_PS && replicas >= 2) {
+        /* Not restarted: the clients stay with the backups, and a fresh ps
+         * would hold the initial parameters. */
+        snprintf(why, cap, "%s survives a lost ps with --ps-replicas %d: its shards go on on "
+                 "their backups", ops->name, replicas);
+        return DP_LAUNCH_NO_RESTART;
+    }
+    if (role == DP_ROLE_PS) {
+        /* Restarted, it reloads its shard from the newest checkpoint. */
+        snprintf(why, cap, "%s survives a lost ps that is restarted: it reloads its shard from "
+                 "the newest checkpoint", ops->name);
+        return DP_LAUNCH_IF_RESTARTED;
+    }
+    return dp_strategy_restart(ops, NULL, role, why, cap);
+}
+
+static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
+                   size_t cap)
+{
+    return dp_ps_restart(((const dp_ps_settings *)own)->replicas, ops, role, why, cap);
+}
+
+const dp_strategy_conf dp_ps_conf = {
+    .opts = opts, .n_opts = (int)(sizeof opts / sizeof opts[0]),
+    .size = sizeof(dp_ps_settings), .defaults = &defaults,
+    .foreign = foreign, .check = check, .identity = identity, .restart = restart,
+};
