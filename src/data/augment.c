@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "downpour/pool.h"
 #include "convert.h"
 
 /* splitmix64's finaliser, as the batcher's */
@@ -127,51 +126,3 @@ void dp_augment_record(float *dst, const uint8_t *bytes, const float *values, ui
     }
 }
 
-typedef struct aug_job {
-    float *x;
-    uint8_t *y;
-    const dp_split *s;
-    const uint32_t *idx;
-    int n;
-    const dp_augment *a;
-    long epoch;
-} aug_job;
-
-static void aug_rows(const aug_job *j, int lo, int hi)
-{
-    const dp_split *s = j->s;
-    for (int i = lo; i < hi; i++) {
-        size_t r = j->idx[i];
-        dp_augment_record(j->x + (size_t)i * s->dim, s->values ? NULL : s->images + r * s->dim,
-                          s->values ? s->values + r * s->dim : NULL, (uint32_t)r, j->a, j->epoch);
-        if (j->y)
-            j->y[i] = j->s->labels[j->idx[i]];
-    }
-}
-
-static void aug_task(void *ctx, int i, int n_threads)
-{
-    const aug_job *j = ctx;
-    size_t lo, hi;
-    dp_pool_range((size_t)j->n, 1, i, n_threads, &lo, &hi);
-    aug_rows(j, (int)lo, (int)hi);
-}
-
-/* Batches below this many values run on the calling thread (as the gather). */
-#define AUG_MIN_SPLIT 32768
-
-void dp_split_gather_augment(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n,
-                             const dp_augment *a, long epoch)
-{
-    if (!dp_augment_on(a) || !dp_split_in_memory(s) || a->h == 0) {
-        dp_split_gather(x, y, s, idx, n);
-        return;
-    }
-    if (n <= 0)
-        return;
-    aug_job j = {x, y, s, idx, n, a, epoch};
-    if ((size_t)n * s->dim < AUG_MIN_SPLIT)
-        aug_rows(&j, 0, n);
-    else
-        dp_pool_run(aug_task, &j);
-}

@@ -1,23 +1,13 @@
 /* The batcher: the records one shard owns, reshuffled every epoch from
  * (seed, epoch) alone, gathered into float batches without allocating. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "downpour/augment.h"
 #include "downpour/dataset.h"
-#include "downpour/isa.h"
 #include "downpour/pool.h"
 #include "convert.h"
 #include "stream_batcher.h"
-
-/* splitmix64's finaliser: a bijection that spreads every input bit. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 int dp_split_in_memory(const dp_split *s)
 {
@@ -239,7 +229,7 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch)
     if (!b->order)
         return;
     dp_rng r;
-    dp_rng_seed(&r, mix64(b->seed ^ mix64((uint64_t)epoch + 0x9e3779b97f4a7c15ULL)));
+    dp_rng_seed(&r, dp_data_epoch_seed(b->seed, epoch));
     if (b->perm) {
         /* DATA: one shuffle of the whole split, the same in every worker;
          * this shard keeps every stride-th position of it. */
@@ -322,69 +312,6 @@ uint32_t dp_batcher_batches(const dp_batcher *b, int batch)
     return (uint32_t)(((uint64_t)b->n + (uint64_t)batch - 1) / (uint64_t)batch);
 }
 
-/* One record: dst[j] = src[j] / 255.  Blocks of 16 with an unrolled body
- * vectorise even at -O2; the tail is scalar. */
-static void bytes_to_unit_div(float *restrict dst, const uint8_t *restrict src, uint32_t n)
-{
-    uint32_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-#pragma GCC unroll 16
-        for (uint32_t t = 0; t < 16; t++)
-            dst[j + t] = (float)src[j + t] / 255.0f;
-    }
-    for (; j < n; j++)
-        dst[j] = (float)src[j] / 255.0f;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* The same bits without the divider, which bounded the gather (128 records
- * of 784 bytes: 27.6 us with divisions, 11.2 us without, one thread, AMD EPYC
- * Zen 3): q = x * (1/255) rounded, then one FMA correction
- * q + (x - 255 q) / 255 with the exact residual.  For each of the 256 byte
- * values that is the correctly rounded x / 255, the division's result
- * (tests/test_dataset.c checks all of them). */
-__attribute__((target("avx2,fma"))) static void
-bytes_to_unit_fma(float *restrict dst, const uint8_t *restrict src, uint32_t n)
-{
-    const __m256 k = _mm256_set1_ps(255.0f), r = _mm256_set1_ps(1.0f / 255.0f);
-    uint32_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m128i b = _mm_loadl_epi64((const __m128i *)(src + j));
-        __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-        __m256 q = _mm256_mul_ps(x, r);
-        __m256 e = _mm256_fnmadd_ps(q, k, x);
-        _mm256_storeu_ps(dst + j, _mm256_fmadd_ps(e, r, q));
-    }
-    for (; j < n; j++)
-        dst[j] = (float)src[j] / 255.0f;
-}
-
-typedef void (*convert_fn)(float *restrict, const uint8_t *restrict, uint32_t);
-static convert_fn bytes_to_unit = bytes_to_unit_div;
-static pthread_once_t convert_once = PTHREAD_ONCE_INIT;
-static void choose_convert(void)
-{
-    if (dp_isa_max() >= DP_ISA_AVX2) /* within DOWNPOUR_ISA's cap */
-        bytes_to_unit = bytes_to_unit_fma;
-}
-static void init_convert(void) { pthread_once(&convert_once, choose_convert); }
-#else
-#define bytes_to_unit bytes_to_unit_div
-static void init_convert(void) {}
-#endif
-
-void dp_bytes_to_unit(float *restrict dst, const uint8_t *restrict src, uint32_t n)
-{
-    init_convert();
-    bytes_to_unit(dst, src, n);
-}
-
-uint64_t dp_data_epoch_seed(uint64_t seed, long epoch)
-{
-    return mix64(seed ^ mix64((uint64_t)epoch + 0x9e3779b97f4a7c15ULL));
-}
-
 typedef struct gather_job {
     float *x;
     uint8_t *y;
@@ -410,7 +337,7 @@ static void gather_rows(const gather_job *j, int lo, int hi)
         if (s->values)
             memcpy(j->x + (size_t)i * dim, s->values + r * dim, row_bytes);
         else
-            bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
+            dp_bytes_to_unit(j->x + (size_t)i * dim, s->images + r * dim, s->dim);
         if (j->y)
             j->y[i] = s->labels[r];
     }
@@ -438,7 +365,6 @@ void dp_split_gather(float *x, uint8_t *y, const dp_split *s, const uint32_t *id
             memset(y, 0, (size_t)n);
         return;
     }
-    init_convert();
     if ((size_t)n * s->dim < GATHER_MIN_SPLIT)
         gather_rows(&j, 0, n);
     else
@@ -472,4 +398,55 @@ uint32_t dp_shard_max(dp_shard_policy p, const dp_split *s, int w)
         most = n > most ? n : most;
     }
     return most;
+}
+
+/* ---- gathering with augmentation (dp_augment_record per record) ---- */
+
+typedef struct aug_job {
+    float *x;
+    uint8_t *y;
+    const dp_split *s;
+    const uint32_t *idx;
+    int n;
+    const dp_augment *a;
+    long epoch;
+} aug_job;
+
+static void aug_rows(const aug_job *j, int lo, int hi)
+{
+    const dp_split *s = j->s;
+    for (int i = lo; i < hi; i++) {
+        size_t r = j->idx[i];
+        dp_augment_record(j->x + (size_t)i * s->dim, s->values ? NULL : s->images + r * s->dim,
+                          s->values ? s->values + r * s->dim : NULL, (uint32_t)r, j->a, j->epoch);
+        if (j->y)
+            j->y[i] = j->s->labels[j->idx[i]];
+    }
+}
+
+static void aug_task(void *ctx, int i, int n_threads)
+{
+    const aug_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->n, 1, i, n_threads, &lo, &hi);
+    aug_rows(j, (int)lo, (int)hi);
+}
+
+/* Batches below this many values run on the calling thread (as the gather). */
+#define AUG_MIN_SPLIT 32768
+
+void dp_split_gather_augment(float *x, uint8_t *y, const dp_split *s, const uint32_t *idx, int n,
+                             const dp_augment *a, long epoch)
+{
+    if (!dp_augment_on(a) || !dp_split_in_memory(s) || a->h == 0) {
+        dp_split_gather(x, y, s, idx, n);
+        return;
+    }
+    if (n <= 0)
+        return;
+    aug_job j = {x, y, s, idx, n, a, epoch};
+    if ((size_t)n * s->dim < AUG_MIN_SPLIT)
+        aug_rows(&j, 0, n);
+    else
+        dp_pool_run(aug_task, &j);
 }
