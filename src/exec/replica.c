@@ -272,33 +272,50 @@ const char *dp_replica_describe(const dp_replica *r)
     return r->dev ? dp_device_describe(dp_dmodel_device(r->dev)) : "cpu";
 }
 
+/* The sums need a device: a host replica's caller asked dp_replica_can_sum. */
+static int no_sum(const dp_replica *r, dp_err *err)
+{
+    return dp_errf(err, "%s has no device to sum on", r->label);
+}
+
 int dp_replica_sum_id(dp_replica *r, uint8_t id[DP_COMM_ID_BYTES], dp_err *err)
 {
+    if (!r->dev)
+        return no_sum(r, err);
     return dp_dmodel_comm_id(r->dev, id, err);
 }
 
 int dp_replica_sum_join(dp_replica *r, const uint8_t id[DP_COMM_ID_BYTES], int ranks, int rank,
                         dp_err *err)
 {
+    if (!r->dev)
+        return no_sum(r, err);
     return dp_dmodel_comm_join(r->dev, id, ranks, rank, err);
 }
 
 int dp_replica_scale_grads(dp_replica *r, float w, dp_err *err)
 {
+    if (!r->dev)
+        return no_sum(r, err);
     return dp_dmodel_scale_grads(r->dev, w, err);
 }
 
 int dp_replica_sum_grads(dp_replica *r, dp_err *err)
 {
+    if (!r->dev)
+        return no_sum(r, err);
     return dp_dmodel_allreduce_grads(r->dev, err);
 }
 
 int dp_replica_sum_wait(dp_replica *r, double timeout_s, dp_err *err)
 {
+    if (!r->dev)
+        return no_sum(r, err);
     return dp_dmodel_comm_wait(r->dev, timeout_s, err);
 }
 
 void dp_replica_sum_abort(dp_replica *r)
 {
-    dp_dmodel_comm_abort(r->dev);
+    if (r->dev)
+        dp_dmodel_comm_abort(r->dev);
 }
