@@ -44,6 +44,7 @@
 #include "downpour/ps.h"
 #include "downpour/records.h"
 #include "downpour/reducer.h"
+#include "downpour/replica.h"
 #include "downpour/report.h"
 #include "downpour/resource.h"
 #include "downpour/ring.h"

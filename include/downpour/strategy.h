@@ -58,6 +58,7 @@
 
 #include "downpour/checkpoint.h"
 #include "downpour/device.h"
+#include "downpour/replica.h"
 #include "downpour/metrics.h"
 #include "downpour/model.h"
 #include "downpour/node.h"
@@ -111,9 +112,9 @@ typedef struct dp_task_info {
     char label[32];     /* in step lines: "Worker 2", "Chief" */
     int no_batches;     /* TRAINER: reads its own records (lbfgs: the portions the
                            coordinator hands out); the loop gives step() none (n 0) */
-    dp_dmodel *device;  /* TRAINER on a device (--device): the loop stages each
-                           batch's record indices there (dp_dmodel_stage) and
-                           gives step() no x and y; NULL on the CPU */
+    dp_replica *replica; /* TRAINER with a replica (replica.h): the loop takes each
+                            batch through it (dp_replica_next_batch) and reads
+                            deferred figures from it; NULL: the host model */
 } dp_task_info;
 
 /* One step's outcome, for step lines and metrics. */
@@ -121,8 +122,8 @@ typedef struct dp_step_out {
     float loss;         /* mean over the records (0 when there were none) */
     int correct;
     long clock_gap;     /* ps-*: the largest staleness this worker has been allowed */
-    int deferred;       /* loss and correct are tallied on info->device, not here:
-                           the loop reads them with dp_dmodel_collect */
+    int deferred;       /* loss and correct are tallied in info->replica, not here:
+                           the loop reads them with dp_replica_collect */
 } dp_step_out;
 
 /* An epoch's training figures: one trainer's in, the run's out. */
@@ -315,33 +316,18 @@ int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int
                        dp_err *err);
 
 /* The data-parallel step: begin, forward and backward (gradients zeroed when
- * n is 0), update.  Gives out->loss and out->correct.  With a device model
- * dev, the forward and backward run there on the staged batch and the
- * gradients come to m->grads (m->grad_ready is told once, for all of them),
- * after m->params went there; the update runs on the host as on the CPU
- * (host staging: docs/gpu.md, "Strategies"). */
-int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, void *self,
+ * n is 0), update.  Gives out->loss and out->correct.  Forward and backward
+ * run through replica r (dp_replica_grads: on a device, host staging or the
+ * gradients kept there, deferred), or, r NULL, on the host model m. */
+int dp_data_parallel_step(dp_model *m, dp_replica *r, const dp_grad_ops *ops, void *self,
                           const float *x, const uint8_t *y, int n, float lr, long step,
                           dp_step_out *out, dp_err *err);
 
-/* A trainer on env->cfg->device: opens the device and the model there (with
- * the run's optimiser when with_optim, for an update on the device), loads
- * the training split, and logs "<label> trains on <device>".  Without
- * with_optim (host staging) it also page-locks env->model's params and grads
- * for the device model's life (dp_dmodel_pin_host; a failure is a warning),
- * so they must stay allocated until dp_strategy_device_close.  *out is NULL,
- * and nothing is opened, when the device is the CPU. */
-int dp_strategy_device_open(const dp_run_env *env, const char *label, int with_optim,
-                            dp_dmodel **out, dp_err *err);
-/* Page-locks env->model's params and grads for dm's life, as the open does
- * without with_optim, and logs "<label> pinned N MiB of host staging
- * buffers"; a failure is a warning "<label>: copies go through pageable
- * memory: <reason>".  For a trainer opened with its optimiser that turns out
- * to stage through the host (allreduce when not every replica's device has
- * collectives).  Once per dm; NULL: no-op. */
-void dp_strategy_device_pin(const dp_run_env *env, const char *label, dp_dmodel *dm);
-/* Closes the model and its device; NULL: no-op. */
-void dp_strategy_device_close(dp_dmodel *dm);
+/* A trainer's replica (replica.h) for env: env->model with the run's
+ * optimiser when with_optim, resumed from env->resume, on env->cfg->device,
+ * labelled `label`. */
+int dp_strategy_replica_open(const dp_run_env *env, const char *label, int with_optim,
+                             dp_replica **out, dp_err *err);
 
 /* The strategies (src/strategy/<name>.c). */
 extern const dp_strategy_ops dp_strategy_single, dp_strategy_ps_async, dp_strategy_ps_sync,

@@ -39,7 +39,8 @@
 struct dp_strategy {
     const dp_run_env *env;
     dp_model *m;
-    dp_optim opt;
+    dp_replica *r;         /* the model and optimiser, on the host or a device */
+    dp_optim *opt;         /* the replica's host optimiser: live with host state */
     dp_ring ring;
     int ring_open;
     dp_reducer *reducer;
@@ -60,7 +61,6 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
-    dp_dmodel *dev;        /* on a device: forward and backward there */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
                               state live there (else host staging: the sum and
@@ -68,7 +68,6 @@ struct dp_strategy {
     int comm_ok;           /* nccl: the communicator over the members is joined */
     int join_failures;     /* joins failed in a row, and the last one's reason */
     dp_err join_error;
-    float *ema;            /* nccl with --ema: the device's average, brought back */
     int sum_failed;        /* --sync-bn: a bn sum of this step failed (its code) */
     dp_err sum_err;        /* and why */
 };
@@ -272,7 +271,7 @@ static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char
 static int can_comm(const dp_strategy *s)
 {
     const char *v = getenv("DOWNPOUR_NCCL");
-    return s->dev && dp_device_has_comm(dp_dmodel_device(s->dev)) && !(v && strcmp(v, "0") == 0);
+    return dp_replica_can_sum(s->r) && !(v && strcmp(v, "0") == 0);
 }
 
 /* Which GPU this replica sums on, for replica 0 to find two replicas on one
@@ -286,30 +285,8 @@ static size_t device_key(const dp_strategy *s, char *key, size_t len)
     if (s->env->cfg->device.kind == DP_DEVICE_SIM)
         snprintf(key, len, "%s/sim/%ld", host, (long)getpid());
     else
-        snprintf(key, len, "%s/%s", host, dp_device_describe(dp_dmodel_device(s->dev)));
+        snprintf(key, len, "%s/%s", host, dp_replica_describe(s->r));
     return strlen(key);
-}
-
-/* The state between device and host: the host's arrays are what
- * re-forming, a rejoining replica and checkpoints read and write. */
-static int host_from_device(dp_strategy *s, dp_err *err)
-{
-    if (!s->nccl)
-        return 0;
-    return dp_dmodel_get_params(s->dev, s->m->params, err) < 0 ||
-                   dp_dmodel_get_optim(s->dev, s->opt.state, &s->opt.t, err) < 0
-               ? -1
-               : 0;
-}
-
-static int device_from_host(dp_strategy *s, dp_err *err)
-{
-    if (!s->nccl)
-        return 0;
-    return dp_dmodel_set_params(s->dev, s->m->params, err) < 0 ||
-                   dp_dmodel_set_optim(s->dev, s->opt.state, s->opt.t, err) < 0
-               ? -1
-               : 0;
 }
 
 /* At the end of every (re)building of the ring: each member tells replica 0
@@ -401,7 +378,7 @@ static int comm_setup(dp_strategy *s, dp_err *err)
                     mode = 0;
                 }
         free(keys);
-        if (mode && dp_dmodel_comm_id(s->dev, buf, &e) < 0) {
+        if (mode && dp_replica_sum_id(s->r, buf, &e) < 0) {
             dp_warn("allreduce: %s: the gradients are summed on the host", e.msg);
             mode = 0;
         }
@@ -422,7 +399,7 @@ static int comm_setup(dp_strategy *s, dp_err *err)
     int rank = 0;
     for (int p = 0; p < s->position; p++)
         rank += s->live[p];
-    s->comm_ok = dp_dmodel_comm_join(s->dev, buf, s->n_live, rank, &e) == 0;
+    s->comm_ok = dp_replica_sum_join(s->r, buf, s->n_live, rank, &e) == 0;
     s->join_failures = s->comm_ok ? 0 : s->join_failures + 1;
     if (!s->comm_ok) {
         s->join_error = e;
@@ -461,16 +438,16 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
 static int send_state(dp_strategy *s, int to, dp_err *err)
 {
     struct iovec iov[2] = {{s->m->params, s->m->n_params * sizeof(float)},
-                           {s->opt.state, s->m->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind) *
+                           {s->opt->state, s->m->n_params * (size_t)dp_optim_slots(s->opt->cfg.kind) *
                                               sizeof(float)}};
     return dp_transport_sendv(s->t, s->ranks[to], DP_WIRE_RING_STATE, (uint64_t)s->applied,
-                              (uint64_t)s->opt.t, iov, iov[1].iov_len ? 2 : 1, err);
+                              (uint64_t)s->opt->t, iov, iov[1].iov_len ? 2 : 1, err);
 }
 
 static int recv_state(dp_strategy *s, int from, dp_err *err)
 {
     size_t pb = s->m->n_params * sizeof(float);
-    size_t ob = s->m->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind) * sizeof(float);
+    size_t ob = s->m->n_params * (size_t)dp_optim_slots(s->opt->cfg.kind) * sizeof(float);
     dp_event ev;
     if (dp_transport_recv(s->t, s->ranks[from], "the newest replica's state", s->ring.timeout, &ev,
                           err) < 0)
@@ -479,9 +456,9 @@ static int recv_state(dp_strategy *s, int from, dp_err *err)
         return dp_errf(err, "%s sent frame type %u (%llu bytes) instead of its state",
                        name_of(s, from), ev.header.type, (unsigned long long)ev.header.length);
     if (dp_transport_recv_payload(s->t, s->ranks[from], s->m->params, pb, err) < 0 ||
-        (ob && dp_transport_recv_payload(s->t, s->ranks[from], s->opt.state, ob, err) < 0))
+        (ob && dp_transport_recv_payload(s->t, s->ranks[from], s->opt->state, ob, err) < 0))
         return -1;
-    s->opt.t = (long)ev.header.offset;
+    s->opt->t = (long)ev.header.offset;
     s->applied = (long)ev.header.step;
     return 0;
 }
@@ -636,9 +613,10 @@ static int reform_all(dp_strategy *s, dp_err *err)
 {
     if (!s->nccl)
         return reform(s, err);
-    dp_dmodel_comm_abort(s->dev);
+    dp_replica_sum_abort(s->r);
     s->comm_ok = 0;
-    return host_from_device(s, err) < 0 || reform(s, err) < 0 || device_from_host(s, err) < 0
+    return dp_replica_to_host(s->r, err) < 0 || reform(s, err) < 0 ||
+                   dp_replica_from_host(s->r, err) < 0
                ? -1
                : 0;
 }
@@ -700,15 +678,18 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
         s->broken = 1;
         return dp_errf(err, "no communicator over the devices");
     }
-    if ((n > 0 && dp_dmodel_grads(s->dev, err) < 0) || dp_dmodel_scale_grads(s->dev, w, err) < 0)
+    float loss; /* tallied on the device: the grads are deferred */
+    int correct;
+    if ((n > 0 && dp_replica_grads(s->r, NULL, NULL, n, &loss, &correct, err) < 0) ||
+        dp_replica_scale_grads(s->r, w, err) < 0)
         return -1;
-    if (dp_dmodel_allreduce_grads(s->dev, err) < 0) {
+    if (dp_replica_sum_grads(s->r, err) < 0) {
         s->broken = 1;
         return -1;
     }
     double t0 = dp_now();
     for (;;) {
-        int rc = dp_dmodel_comm_wait(s->dev, WAIT_SLICE_S, err);
+        int rc = dp_replica_sum_wait(s->r, WAIT_SLICE_S, err);
         if (rc == 1)
             break;
         if (rc < 0) {
@@ -726,7 +707,7 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
                                     step, s->ring.timeout);
         }
     }
-    if (dp_dmodel_update(s->dev, lr, 1.0f, err) < 0)
+    if (dp_replica_apply(s->r, lr, err) < 0)
         return -1;
     s->applied = step;
     return 0;
@@ -760,7 +741,7 @@ static int welcome(dp_strategy *s, dp_err *err)
     for (int p = 1; p < s->n; p++) {
         if (!s->back[p])
             continue;
-        if (host_from_device(s, err) < 0)
+        if (dp_replica_to_host(s->r, err) < 0)
             return -1;
         s->back[p] = 0;
         dp_err e;
@@ -859,7 +840,9 @@ static int update(void *self, float *params, const float *grads, int records, fl
     /* the reduced gradient, the same bits on every replica: the same norm */
     if (s->env->cfg->clip_norm > 0)
         dp_grad_clip(s->m->grads, s->m->n_params, s->env->cfg->clip_norm);
-    dp_optim_apply(&s->opt, params, grads, lr);
+    (void)params, (void)grads; /* m->params and m->grads: the replica's */
+    if (dp_replica_apply(s->r, lr, err) < 0)
+        return -1;
     s->applied = s->cur;
     if (dp_reducer_choice_new(s->reducer) && s->position == 0)
         say_choice(s);
@@ -872,12 +855,10 @@ static void allreduce_close(dp_strategy *s)
 {
     if (!s)
         return;
-    dp_strategy_device_close(s->dev);
-    free(s->ema);
+    dp_replica_close(s->r);
     dp_reducer_close(s->reducer);
     if (s->ring_open)
         dp_ring_free(&s->ring);
-    dp_optim_free(&s->opt);
     free(s->ranks);
     free(s->live);
     free(s->reset);
@@ -920,9 +901,11 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
         if ((ev.header.offset & GEN_NCCL) && !can_comm(s))
             return dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
                                 "and this replica's %s: restart it where its GPU is",
-                           s->dev ? "device has no collectives" : "has no device (--device)");
+                           s->env->cfg->device.kind != DP_DEVICE_CPU
+                               ? "device has no collectives"
+                               : "has no device (--device)");
         s->nccl = (ev.header.offset & GEN_NCCL) != 0;
-        if (recv_state(s, 0, err) < 0 || device_from_host(s, err) < 0)
+        if (recv_state(s, 0, err) < 0 || dp_replica_from_host(s->r, err) < 0)
             return -1;
         info->start_step = s->applied;
         dp_info("%s: rejoined the all-reduce ring over %d replica(s) at step %ld",
@@ -991,27 +974,19 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     memset(s->live, 1, (size_t)n);
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
-    if (dp_optim_init(&s->opt, &cfg->optim, s->m->n_params, err) < 0) {
-        allreduce_close(s);
-        return -1;
-    }
-    if (env->resume) {
-        size_t len = s->m->n_params * (size_t)dp_optim_slots(s->opt.cfg.kind);
-        if (len)
-            memcpy(s->opt.state, env->resume->slots, len * sizeof(float));
-        s->opt.t = env->resume->optim_t;
+    if (env->resume)
         s->applied = env->resume->step;
-    }
     if (role == DP_ROLE_CHIEF)
         snprintf(info->label, sizeof info->label, "Chief");
     else
         snprintf(info->label, sizeof info->label, "Worker %d", env->node->self->index);
     /* The device first: whether it has collectives decides, when the ring
      * is built, where the gradients are summed (comm_setup). */
-    if (dp_strategy_device_open(env, info->label, 1, &s->dev, err) < 0) {
+    if (dp_strategy_replica_open(env, info->label, 1, &s->r, err) < 0) {
         allreduce_close(s);
         return -1;
     }
+    s->opt = dp_replica_optim(s->r);
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
@@ -1019,10 +994,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
-    /* The ring has decided how it sums, for the whole run: summed on the
-     * host, each step's copies go through the model's arrays, pinned. */
-    if (!s->nccl)
-        dp_strategy_device_pin(env, info->label, s->dev);
+    /* The ring has decided how it sums, for the whole run.  Summed on the
+     * host, each step's copies go through the model's arrays, pinned.
+     * Summed on the devices, the state (resumed, or a rejoining replica's)
+     * goes there, and --ema's average is kept there too (the loop cannot:
+     * the host's weights are not live). */
+    if (dp_replica_settle(s->r, s->nccl ? DP_STATE_LOCAL : DP_STATE_HOST, cfg->ema,
+                          env->resume ? env->resume->ema : NULL, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
     s->policy = n > 1 ? cfg->shard : DP_SHARD_OFF;
@@ -1038,27 +1019,13 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         s->m->batch_sum = batch_sum;
         s->m->batch_sum_ctx = s;
     }
-    /* Sums on the devices: the state (resumed, or a rejoining replica's)
-     * goes there, and --ema's average is kept there too (the loop cannot:
-     * the host's weights are not live). */
-    if (s->nccl &&
-        (device_from_host(s, err) < 0 ||
-         (cfg->ema > 0 &&
-          (!(s->ema = malloc(s->m->n_params * sizeof(float))) ||
-           dp_dmodel_ema_start(s->dev, cfg->ema, env->resume ? env->resume->ema : NULL, err) <
-               0)))) {
-        if (cfg->ema > 0 && !s->ema)
-            dp_errf(err, "out of memory for --ema's average");
-        allreduce_close(s);
-        return -1;
-    }
     info->part = DP_PART_TRAINER;
     info->evaluator = s->position == 0;
-    info->live_params = !s->nccl;
+    info->live_params = dp_replica_host_live(s->r);
     info->shard_index = s->position;
     info->shard_count = n;
     info->replicas = n;
-    info->device = s->dev;
+    info->replica = s->r;
     if (s->position == 0)
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
                 "buckets of %zu KiB, overlap %s", env->node->self->name, n,
@@ -1082,7 +1049,7 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
     for (;;) {
         s->broken = 0;
         if ((s->nccl ? device_step(s, n, lr, step, out, err)
-                     : dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out,
+                     : dp_data_parallel_step(s->m, s->r, &grad_ops, s, x, y, n, lr, step, out,
                                              err)) == 0)
             return 0;
         if (!s->broken)
@@ -1097,7 +1064,7 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
          * batch the loop staged, staged again). */
         if (s->applied >= step)
             return 0;
-        if (s->dev && n > 0 && dp_dmodel_restage(s->dev, err) < 0)
+        if (n > 0 && dp_replica_restage(s->r, err) < 0)
             return -1;
     }
 }
@@ -1210,41 +1177,27 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
 
 static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
-    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
-        return NULL; /* each replica's own statistics, moved on its device */
-    if (which == DP_WEIGHTS_AVERAGE && s->ema)
-        return dp_dmodel_get_ema(s->dev, s->ema, err) < 0 ? NULL : s->ema;
-    if (s->nccl && dp_dmodel_get_params(s->dev, s->m->params, err) < 0)
-        return NULL;
-    return s->m->params;
+    return dp_replica_weights(s->r, which == DP_WEIGHTS_AVERAGE, err);
 }
 
 /* The first replica holds the whole state: params and optimiser are the
- * same on every replica. */
+ * same on every replica.  The loop's st->ema is ours to fill where the
+ * state lives on the devices (live_params 0). */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
     (void)step;
     if (s->position != 0)
         return 0;
-    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
-        return -1;
-    if (s->nccl) /* the loop's st->ema is ours to fill (live_params 0) */
-        return dp_dmodel_get_params(s->dev, st->params, err) < 0 ||
-                       dp_dmodel_get_optim(s->dev, st->slots, &st->optim_t, err) < 0 ||
-                       (s->ema && st->ema && dp_dmodel_get_ema(s->dev, st->ema, err) < 0)
-                   ? -1
-                   : 1;
-    memcpy(st->params, s->m->params, s->m->n_params * sizeof(float));
-    if (st->n_slots)
-        memcpy(st->slots, s->opt.state, (size_t)st->n_slots * s->m->n_params * sizeof(float));
-    st->optim_t = s->opt.t;
-    return 1;
+    return dp_replica_state(s->r, st->params, st->slots, st->n_slots, &st->optim_t, st->ema,
+                            err) < 0
+               ? -1
+               : 1;
 }
 
 /* Mirrored replicas must end identical: each says what it holds. */
 static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
 {
-    if (host_from_device(s, err) < 0)
+    if (dp_replica_to_host(s->r, err) < 0)
         return -1;
     uint32_t crc = dp_crc32c(0, s->m->params, s->m->n_params * sizeof *s->m->params);
     long early, total;

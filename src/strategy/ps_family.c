@@ -79,8 +79,9 @@ struct dp_strategy {
                               chief's pulls, a server's start */
     float *wparams;        /* the vector a worker's client reads and writes:
                               m->params, or vec */
-    dp_dmodel *dev;        /* a worker on a device: forward and backward there, pushes
-                              and pulls through m->grads and m->params (host staging) */
+    dp_replica *replica;   /* a data-parallel worker's model (replica.h): on a device
+                              forward and backward run there, pushes and pulls through
+                              m->grads and m->params (host staging) */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
@@ -106,7 +107,7 @@ void dp_ps_family_close(dp_strategy *s)
                 send_to(s, r, DP_WIRE_SHUTDOWN, 0, NULL, 0, &ignore);
         }
     dp_ps_client_free(s->client);
-    dp_strategy_device_close(s->dev);
+    dp_replica_close(s->replica);
     mp_replica_close(s->rep);
     free(s->mp_ranks);
     free(s->plans);
@@ -196,7 +197,7 @@ static int send_buffers(dp_strategy *s, uint64_t step, dp_err *err)
     if (s->part != DP_PART_TRAINER || s->worker != 0 || s->K || !s->m->n_buffers ||
         s->chief_lost)
         return 0;
-    if (s->dev && dp_dmodel_get_buffers(s->dev, s->m->buffers, err) < 0)
+    if (dp_replica_get_buffers(s->replica, err) < 0)
         return -1;
     dp_err why;
     if (dp_buffers_send(s->t, s->chief, DP_WIRE_BUFFERS, step, 0, s->m->buffers,
@@ -584,9 +585,10 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                          "the CPU only (docs/gpu.md). Hint: drop one of them");
             goto fail;
         }
-        if (dp_strategy_device_open(env, info->label, 0, &s->dev, err) < 0)
+        if (dp_strategy_replica_open(env, info->label, 0, &s->replica, err) < 0 ||
+            dp_replica_settle(s->replica, DP_STATE_HOST, 0, NULL, err) < 0)
             goto fail;
-        info->device = s->dev;
+        info->replica = s->replica;
         if (await_start(s, info, err) < 0)
             goto fail;
     }
@@ -940,7 +942,7 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
 {
     dp_ps_client_at_step(s->client, step);
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
-                  : dp_data_parallel_step(s->m, s->dev, &grad_ops, s, x, y, n, lr, step, out, err);
+                  : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr, step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes
      * are answered within it (push-behind), so it evaluates them all. */
     if (rc == 0 && s->env->steps_per_epoch > 0 && step % s->env->steps_per_epoch == 0)

@@ -117,25 +117,7 @@ int dp_split_positions(const dp_run_env *env, const char *what, int **ranks, int
     return n;
 }
 
-/* On a device: the host's parameters there (a pull, a restore or the
- * update may have changed them since the last step), forward and backward,
- * and the gradients and the step's loss back (the update needs them now, so
- * this waits). */
-static int device_grads(dp_model *m, dp_dmodel *dev, int n, dp_step_out *out, dp_err *err)
-{
-    double loss_sum = 0;
-    long correct = 0;
-    if (dp_dmodel_set_params(dev, m->params, err) < 0 || dp_dmodel_grads(dev, err) < 0 || dp_dmodel_collect(dev, &loss_sum, &correct, err) < 0 ||
-        dp_dmodel_get_grads(dev, m->grads, err) < 0)
-        return -1;
-    out->loss = (float)(loss_sum / n);
-    out->correct = (int)correct;
-    if (m->grad_ready)
-        m->grad_ready(m->grad_ready_ctx, 0);
-    return 0;
-}
-
-int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, void *self,
+int dp_data_parallel_step(dp_model *m, dp_replica *r, const dp_grad_ops *ops, void *self,
                           const float *x, const uint8_t *y, int n, float lr, long step,
                           dp_step_out *out, dp_err *err)
 {
@@ -145,12 +127,13 @@ int dp_data_parallel_step(dp_model *m, dp_dmodel *dev, const dp_grad_ops *ops, v
         ops->begin(self, step, n);
     if (n > 0) {
         double t0 = dp_now();
-        if (!dev)
-            out->loss = dp_model_forward_backward(m, x, y, n, &out->correct);
-        else if (device_grads(m, dev, n, out, err) < 0)
+        int rc = r ? dp_replica_grads(r, x, y, n, &out->loss, &out->correct, err)
+                   : (out->loss = dp_model_forward_backward(m, x, y, n, &out->correct), 0);
+        if (rc < 0)
             return -1;
+        out->deferred = rc > 0;
         dp_trace_compute("compute", t0, dp_now());
-        if (!isfinite(out->loss))
+        if (!out->deferred && !isfinite(out->loss))
             return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
                            (double)out->loss, step);
     } else {

@@ -145,7 +145,6 @@ typedef struct loop {
     dp_model m;
     float *x;
     uint8_t *y;
-    uint32_t *idx;         /* a trainer on a device: the batch's record indices */
     dp_run_identity id;
     dp_train_state ck;     /* the evaluator's state: what a checkpoint holds,
                               with the live --ema, --keep-best and history */
@@ -179,8 +178,7 @@ static int open_data(loop *L, dp_err *err)
                        dp_model_classes(&L->m), cfg->dataset, L->ds.classes);
     L->x = malloc((size_t)L->m.max_batch * L->train.dim * sizeof *L->x);
     L->y = malloc((size_t)L->m.max_batch);
-    L->idx = malloc((size_t)L->m.max_batch * sizeof *L->idx);
-    if (!L->x || !L->y || !L->idx)
+    if (!L->x || !L->y)
         return dp_errf(err, "out of memory for a batch of %d records", L->m.max_batch);
     return 0;
 }
@@ -515,23 +513,16 @@ static void steps_event(loop *L, int epoch, long step, double *ms, double *cms, 
                      cmedian, DP_F_NUM, "compute_ms_mean", csum / (double)n, DP_F_END);
 }
 
-/* The next batch: gathered into L->x and L->y, or, for a trainer on a
- * device, its record indices staged there (the device gathers). */
+/* The next batch, where the trainer's replica computes (into L->x and
+ * L->y without one). */
 static int next_batch(loop *L, dp_batcher *b, int batch, dp_err *err)
 {
     if (L->info.no_batches)
         return 0;
-    int n = L->info.device ? dp_batcher_next_indices(b, L->idx, batch)
-                           : dp_batcher_next(b, L->x, L->y, batch);
-    if (n < 0) { /* a streamed split's refusal (stream.h) */
-        if (err)
-            *err = b->err;
-        return -1;
-    }
-    return n > 0 && L->info.device && dp_dmodel_stage(L->info.device, L->idx, n, err) < 0 ? -1 : n;
+    return dp_replica_next_batch(L->info.replica, b, L->x, L->y, batch, err);
 }
 
-/* Steps whose loss and correct count are tallied on the device (deferred):
+/* Steps whose loss and correct count are tallied in the replica (deferred):
  * what was tallied since the last call joins the epoch's and the window's
  * figures.  This waits for the device, so it runs only where the figures
  * are read: a step line, the progress bar, the epoch's end. */
@@ -540,7 +531,7 @@ static int collect(loop *L, long step, dp_epoch_stats *st, double *window_loss,
 {
     double loss = 0;
     long correct = 0;
-    if (dp_dmodel_collect(L->info.device, &loss, &correct, err) < 0)
+    if (dp_replica_collect(L->info.replica, &loss, &correct, err) < 0)
         return -1;
     if (!isfinite(loss))
         return dp_errf(err, "the loss became %g by step %ld: lower the learning rate (--lr)", loss,
@@ -563,12 +554,13 @@ static int setup_augment(loop *L, dp_batcher *b, dp_augment *aug, dp_err *err)
     aug->seed = cfg->seed;
     if (!dp_augment_on(aug))
         return 0;
-    const char *why = L->info.device      ? "the device gathers the records itself"
+    const char *no = dp_replica_no_augment(L->info.replica);
+    const char *why = no                   ? no
                       : L->info.no_batches ? "this strategy's trainers read their own records"
                                            : NULL;
     if (why)
         return dp_errf(err, "--augment: not with strategy %s%s: %s (docs/training.md)",
-                       cfg->strategy, L->info.device ? " on a device" : "", why);
+                       cfg->strategy, no ? " on a device" : "", why);
     if (dp_augment_check(aug, L->ds.rows, L->ds.cols, L->ds.channels, L->train.dim, err) < 0)
         return -1;
     return dp_batcher_augment(b, aug, err);
@@ -614,7 +606,7 @@ static int train(loop *L, dp_err *err)
     double t_start = dp_now(), window_loss = 0, window_time = 0;
     long window_correct = 0, window_samples = 0, window_steps = 0;
     dp_step_out out = {0};
-    int deferred = 0; /* a step's loss was tallied on the device (collect) */
+    int deferred = 0; /* a step's loss was tallied in the replica (collect) */
     int batch = cfg->batch;
     /* the epoch's step times, for the "steps" event */
     double *step_ms = malloc((size_t)L->spe * 2 * sizeof *step_ms);
@@ -642,8 +634,7 @@ static int train(loop *L, dp_err *err)
             dp_trace_span("batch", "data", t0, t_batch, -1);
             float lr = cfg->optim.lr * dp_lr_scale(&L->lr, step, L->total_steps);
             out.deferred = 0;
-            if (n < 0 || L->ops->step(L->s, info->device ? NULL : L->x,
-                                      info->device ? NULL : L->y, n, lr, step + 1, &out, err) < 0)
+            if (n < 0 || L->ops->step(L->s, L->x, L->y, n, lr, step + 1, &out, err) < 0)
                 goto out;
             dp_trace_span("step", "step", t_batch, dp_now(), (int)(step + 1));
             step++;
@@ -1154,7 +1145,6 @@ out:
     dp_train_state_free(&L.resume);
     free(L.x);
     free(L.y);
-    free(L.idx);
     dp_model_free(&L.m);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
