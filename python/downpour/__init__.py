@@ -86,7 +86,11 @@ def _error_from(text, status, rename=None):
     """downpour's message (the lines of a refusal) as an Error naming the
     option it names first, as a keyword."""
     lines = [l for l in text.strip().splitlines() if l.strip()]
-    msgs = [l for l in lines if l.startswith("downpour") or "error" in l.lower()] or lines[-1:]
+    # a task's own refusal ([worker 0] downpour train: ...) says more than
+    # the launcher's account of its exit
+    msgs = ([l for l in lines if re.match(r"^(\[[a-z]+ \d+\] )?downpour train:", l)][:1] or
+            [l for l in lines if l.startswith("downpour") or "error" in l.lower()] or
+            lines[-1:])
     msg = "\n".join(msgs) if msgs else f"exit status {status}"
     arg = None
     m = re.search(r"--([a-z][a-z0-9-]*)", msg)
@@ -136,6 +140,24 @@ def _dataset_kwargs(data, kwargs):
     return data
 
 
+def _array_sizes(data, kw):
+    """Without train_size, the arrays' last tenth validates (val_size's
+    default): sets both in kw; returns where the test records start when
+    data has no test arrays (the records after the training ones)."""
+    from . import _data
+    x = _data.split_arrays(data)[0]
+    n = len(x)
+    if kw.get("train_size") is None:
+        val = kw.get("val_size")
+        val = n // 10 if val is None else val
+        kw["val_size"] = val
+        kw["train_size"] = max(n - int(val), 1)
+    try:
+        return int(kw["train_size"])
+    except (TypeError, ValueError):
+        return None
+
+
 def train(model=None, data=None, strategy=None, epochs=None, echo=True, **options_):
     """Trains in this process as `downpour train` would, and returns the
     history: per-epoch metrics (a pandas.DataFrame when pandas is importable,
@@ -161,15 +183,8 @@ def train(model=None, data=None, strategy=None, epochs=None, echo=True, **option
             kw[k] = v
     table = options("train")
     arrays = data is not None and _data.is_arrays(data)
-    mem = _data.MemoryDataset(data) if arrays else None
-    if mem is not None:
-        n = mem.n_train
-        if kw.get("train_size") is None:
-            val = kw.get("val_size")
-            val = n // 10 if val is None else val
-            kw["val_size"] = val
-            kw["train_size"] = max(n - int(val), 1)
-    elif data is not None:
+    mem = _data.MemoryDataset(data, _array_sizes(data, kw)) if arrays else None
+    if mem is None and data is not None:
         kw["dataset"] = os.fspath(data)
     user_metrics = kw.get("metrics")
     with tempfile.TemporaryDirectory(prefix="downpour-py") as tmp:
@@ -250,12 +265,8 @@ def launch(workers=2, ps=None, chief=None, strategy=None, model=None, data=None,
     with tempfile.TemporaryDirectory(prefix="downpour-py") as tmp:
         if data is not None and _data.is_arrays(data):
             path = os.path.join(tmp, "data.npz")
-            n = _data.save_npz(data, path)
+            _data.save_npz(data, path, _array_sizes(data, kw))
             kw["dataset"] = path
-            if kw.get("train_size") is None:
-                val = kw.get("val_size")
-                val = n // 10 if val is None else val
-                kw["val_size"], kw["train_size"] = val, max(n - int(val), 1)
         elif data is not None:
             kw["dataset"] = os.fspath(data)
         kw["metrics"] = kw.get("metrics") or os.path.join(tmp, "metrics.jsonl")

@@ -106,7 +106,7 @@ class MemoryDataset:
     --dataset value ("mem:NAME"), .n_train the training records, .copied
     whether any array had to be copied."""
 
-    def __init__(self, data):
+    def __init__(self, data, test_from=None):
         np = _np()
         x, y, xt, yt = split_arrays(data)
         x0 = np.asarray(x)
@@ -122,6 +122,11 @@ class MemoryDataset:
                             f"{self.xt.dtype}) differ from x's ({tuple(self.x.shape[1:])} "
                             f"{self.x.dtype})", "data")
             self.yt = _labels(np, yt, len(self.xt), "y_test")
+        elif test_from is not None:
+            # no test arrays: the records after the training ones test (the
+            # validation records), or all of them when none are left
+            k = test_from if test_from < len(self.x) else 0
+            self.xt, self.yt = self.x[k:], self.y[k:]
         else:
             self.xt = self.yt = None
         self.shape = shape
@@ -153,14 +158,15 @@ class MemoryDataset:
         return False
 
 
-def save_npz(data, path):
+def save_npz(data, path, test_from=None):
     """The arrays as an .npz of x_train, y_train[, x_test, y_test] (what
     --dataset reads in another process: downpour.launch)."""
     np = _np()
-    m = MemoryDataset(data)
+    m = MemoryDataset(data, test_from)
     arrays = {"x_train": m.x, "y_train": m.y}
     if m.xt is not None:
         arrays.update(x_test=m.xt, y_test=m.yt)
+
     rows, cols, ch = m.shape
     for k in ("x_train", "x_test"):
         if k in arrays:
