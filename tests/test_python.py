@@ -96,6 +96,13 @@ def main(tmp):
                           seed=7, train_size=3000, val_size=500, test_size=2000, threads=1,
                           lr=0.002, quiet=True, no_progress=True, save=b, echo=False)
     check(same_weights(a, b), "downpour.train from NumPy arrays == downpour train, bit for bit")
+    from downpour._data import MemoryDataset
+    m = MemoryDataset((xs, ys, xt, yt))
+    check(m.x.ctypes.data == xs.ctypes.data and m.y.ctypes.data == ys.ctypes.data and
+          m.xt.ctypes.data == xt.ctypes.data, "contiguous uint8 arrays are used in place")
+    f = np.zeros((10, 784), np.float32)
+    check(MemoryDataset((f, np.zeros(10, np.uint8))).x.ctypes.data == f.ctypes.data,
+          "float32 arrays are used in place")
     rows = hist.to_dict("records") if hasattr(hist, "to_dict") else list(hist)
     check(len(rows) == 1 and 0.5 < rows[0]["val_accuracy"] <= 1, f"history {rows}")
     # the same through (n, 1, 28, 28) arrays and a dataset path
