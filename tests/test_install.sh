@@ -45,6 +45,21 @@ cmake -S "$src/examples" -B "$tmp/cm" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" >/dev/null
 cmake --build "$tmp/cm" >/dev/null
 
+# The Python package (docs/python.md): installed under the prefix, it finds
+# the installed libraries and program, not this build's.
+if [ -x /usr/bin/python3 ]; then
+  PYTHONPATH=$prefix/lib/python3/dist-packages DOWNPOUR_LIB= DOWNPOUR_BIN= DOWNPOUR_BUILD= \
+    /usr/bin/python3 -c "
+import os, sys, downpour
+lib, exe = downpour.library_path(), downpour.program_path()
+ok = lib.startswith(sys.argv[1]) and exe.startswith(sys.argv[1]) and os.path.exists(
+    os.path.join(os.path.dirname(lib), 'libdownpour_cli.so'))
+print('python package:', downpour.__file__, lib, exe)
+assert ok, 'the installed package uses ' + lib + ' and ' + exe
+assert 'batch' in downpour.options()
+" "$prefix" || { echo "FAIL: the installed Python package" >&2; exit 1; }
+fi
+
 # Run them: the installed library, found without LD_LIBRARY_PATH; a short
 # run each (no data: 77, skipped).
 for exe in "$tmp/pc_own_loop" "$tmp/cm/example_own_loop"; do

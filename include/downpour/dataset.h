@@ -118,6 +118,37 @@ int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_opti
 int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
 void dp_dataset_close(dp_dataset *ds);
 
+/* In-memory datasets: caller-owned arrays registered under a name and
+ * opened as "mem:NAME" (dp_dataset_open_with, so train's --dataset and
+ * eval's in the same process), with nothing copied: the splits point at
+ * the caller's records, which must outlive every dataset opened on them
+ * (the Python package, docs/python.md).  Inputs are n records of
+ * rows*cols*channels values, bytes scaled by 1/255 when gathered (as IDX
+ * images) or floats used as they are; channels 0 or 1 is one channel, more
+ * are stored pixel by pixel (HWC), as record files' images. */
+#define DP_MEMORY_PREFIX "mem:"
+typedef struct dp_memory_data {
+    const void *train_x;      /* n_train records: uint8_t, or float when is_float */
+    const uint8_t *train_y;   /* n_train labels */
+    uint32_t n_train;         /* > 0 */
+    const void *test_x;       /* n_test records (NULL when n_test is 0) */
+    const uint8_t *test_y;
+    uint32_t n_test;
+    uint32_t rows, cols, channels;
+    int is_float;
+    uint32_t classes;         /* labels are below it; 0: 1 + the largest label (>= 2) */
+} dp_memory_data;
+/* Registers (or replaces) `name`, checking the labels against classes:
+ * 0, or -1 with the reason.  Thread-safe; at most 32 names at once. */
+int dp_dataset_register(const char *name, const dp_memory_data *d, dp_err *err);
+/* Forgets `name` (datasets already open keep their pointers): 0, or -1 when
+ * it is not registered. */
+int dp_dataset_unregister(const char *name);
+/* Whether spec is "mem:NAME" with NAME registered. */
+int dp_dataset_is_memory(const char *spec);
+/* Opens "mem:NAME" (dp_dataset_open_with does for such a spec). */
+int dp_dataset_memory_open(dp_dataset *ds, const char *spec, dp_err *err);
+
 /* The source experiment's split: of the training records the first n_train
  * train and the next n_val validate (54,000 and 6,000 by default).  Returns -1
  * if they do not fit.  train keeps the files' bounds (file_end, n_files)

@@ -176,7 +176,8 @@ static int check_dataset(const char *name)
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strcmp(name, known[i]) == 0)
             return 0;
-    if (stat(name, &st) == 0 || strpbrk(name, "*?[") || dp_data_files_match(name))
+    if (stat(name, &st) == 0 || strpbrk(name, "*?[") || dp_data_files_match(name) ||
+        dp_dataset_is_memory(name))
         return 0;
     const char *near = cli_suggest(name, known, (int)(sizeof known / sizeof known[0]));
     fprintf(stderr, "%s: --dataset '%s' is neither a dataset name (mnist, "

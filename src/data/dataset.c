@@ -605,6 +605,8 @@ int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_opti
                          dp_err *err)
 {
     memset(ds, 0, sizeof *ds);
+    if (spec && strncmp(spec, DP_MEMORY_PREFIX, strlen(DP_MEMORY_PREFIX)) == 0)
+        return dp_dataset_memory_open(ds, spec, err);
     if (spec && *spec && !find_known(spec) && dp_data_files_match(spec)) {
         dp_dataset_options def;
         if (!o) {
