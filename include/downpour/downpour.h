@@ -22,6 +22,7 @@
 #include "downpour/example.h"
 #include "downpour/file.h"
 #include "downpour/frame.h"
+#include "downpour/group.h"
 #include "downpour/idx.h"
 #include "downpour/inproc.h"
 #include "downpour/isa.h"
