@@ -58,6 +58,7 @@
 #include "downpour/tensorboard.h"
 #include "downpour/tfrecord.h"
 #include "downpour/train.h"
+#include "downpour/train_state.h"
 #include "downpour/transport.h"
 #include "downpour/varint.h"
 #include "downpour/wire.h"
