@@ -31,6 +31,7 @@
 #include "check.h"
 #include "inproc_node.h"
 #include "downpour/blas.h"
+#include "downpour/checkpoint.h"
 #include "downpour/inproc.h"
 #include "downpour/pipeline.h"
 #include "downpour/rng.h"

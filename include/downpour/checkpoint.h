@@ -27,54 +27,15 @@
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/status.h"
+#include "downpour/train_state.h"
 
 #define DP_CKPT_FORMAT "downpour-checkpoint-2"
-
-/* Everything a run needs to go on from `step`.  Buffers are owned by the
- * state (dp_train_state_alloc / _free). */
-typedef struct dp_train_state {
-    long step;            /* steps every trainer has taken */
-    size_t n_params;
-    int n_slots;          /* optimiser slots per parameter (0, 1 or 2) */
-    float *params;        /* n_params */
-    float *slots;         /* n_slots * n_params, slot k at k * n_params; NULL when none */
-    long optim_t;         /* updates the optimiser has applied */
-    float *ema;           /* n_params, or NULL */
-    float *best;          /* n_params, or NULL */
-    double best_accuracy; /* of best; -1 when none */
-    int best_epoch;       /* 0 when none */
-    int n_history;        /* epochs evaluated */
-    int max_history;
-    float *history;       /* max_history rows of val_accuracy, train_loss, seconds */
-    int n_workers;        /* model-avg: workers with an optimiser of their own, else 0 */
-    float *worker_slots;  /* n_workers * n_slots * n_params */
-    long *worker_t;       /* n_workers */
-    size_t n_buffers;     /* the model's buffers (batch norm's statistics), read from a */
-    float *buffers;       /* checkpoint; NULL otherwise: the writer's model's are written */
-} dp_train_state;
 
 /* Which parts to allocate beside params (and slots when n_slots > 0). */
 enum { DP_STATE_EMA = 1, DP_STATE_BEST = 2 };
 int dp_train_state_alloc(dp_train_state *st, size_t n_params, int n_slots, int parts,
                          int max_history, int n_workers, dp_err *err);
 void dp_train_state_free(dp_train_state *st); /* safe on a zeroed or freed state */
-
-/* The run a checkpoint belongs to. */
-typedef struct dp_run_identity {
-    const char *strategy;
-    const char *dataset;
-    const char *optimizer;   /* dp_optim_kind_name */
-    const char *lr_schedule;
-    float lr;
-    int workers, ps;
-    int batch;
-    uint64_t seed;
-    uint32_t train_size, val_size;
-    long steps_per_epoch;
-    int epochs;
-    const char *settings; /* every other setting the trajectory depends on, as
-                             "key=value ..." (momentum, shard, period, ...) */
-} dp_run_identity;
 
 /* Writes st (with the model's layout) atomically to path. */
 int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,

@@ -56,7 +56,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "downpour/checkpoint.h"
 #include "downpour/device.h"
 #include "downpour/replica.h"
 #include "downpour/metrics.h"
@@ -65,6 +64,7 @@
 #include "downpour/options.h"
 #include "downpour/status.h"
 #include "downpour/train.h"
+#include "downpour/train_state.h"
 
 typedef struct dp_strategy dp_strategy; /* one task's instance; the strategy's own struct */
 
@@ -74,6 +74,18 @@ typedef enum dp_part {
     DP_PART_COORDINATOR,
     DP_PART_COUNT
 } dp_part;
+
+/* The run's checkpoints as the loop reads them, for a strategy that reloads
+ * state mid-run (the ps family's chief restores a restarted ps task's
+ * shard): checkpoint files are the loop's (src/train), so a strategy reaches
+ * them only through this. */
+typedef struct dp_checkpoint_source {
+    /* The newest checkpoint of this run that reads back: 1 with *st filled
+     * and path set, 0 when there is none, -1 on an error (err says). */
+    int (*newest)(void *ctx, dp_train_state *st, char *path, size_t cap, dp_err *err);
+    void (*release)(void *ctx, dp_train_state *st); /* frees what newest filled */
+    void *ctx;
+} dp_checkpoint_source;
 
 /* What the loop hands a strategy when it opens. */
 typedef struct dp_run_env {
@@ -88,6 +100,7 @@ typedef struct dp_run_env {
     const dp_split *train;        /* the training split (NULL on a ps task): for
                                      trainers that read their own records (lbfgs)
                                      and the replicas' shard sizes (dp_shard_size) */
+    const dp_checkpoint_source *checkpoints; /* NULL: the run writes none */
 } dp_run_env;
 
 /* What this task is, filled by open(). */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/group.h"
 #include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/wire.h"
@@ -39,47 +40,19 @@ struct mp_replica {
     float *low, *dlow, *band;    /* a chunk's lowered band, its gradient, its product */
     float *ipack, *iunpack;      /* K blocks of iblock floats to send; one received */
     size_t iblock;
+    dp_group g;                  /* the replica's tasks, each loss named (group.h) */
 };
 
 /* Lowered layers (conv, local) lower this many floats of a band at a time,
  * at least their kind's min_chunk records (as src/nn/model.c does). */
 #define BAND_BUDGET (1u << 20)
 
-/* A task that is gone, silent or off the protocol ends the step: its slices
- * of the model are lost with it. */
-static int task_lost(mp_replica *s, int q, dp_err *err)
-{
-    char why[sizeof err->msg];
-    snprintf(why, sizeof why, "%s", err->msg);
-    return dp_errf(err, "lost model-parallel task %d of replica %d, %s (%s): a replica cannot "
-                        "go on without a slice of its model, so the run stops",
-                   q, s->replica, dp_transport_peer_name(s->t, s->ranks[q]), why);
-}
-
-static int lost_rank(mp_replica *s, int rank, dp_err *err)
-{
-    for (int q = 0; q < s->K; q++)
-        if (s->ranks[q] == rank)
-            return task_lost(s, q, err);
-    return -1;
-}
-
 static int wait_sent(mp_replica *s, dp_err *err)
 {
     int rank;
     if (sender_wait(s->tx, sender_last(s->tx), &rank, err) < 0)
-        return lost_rank(s, rank, err);
+        return dp_group_lost_rank(&s->g, rank, err);
     return 0;
-}
-
-/* Waits for frame `type` of `step` for layer d, len bytes, from task q and
- * reads it into dst. */
-static int recv_exact(mp_replica *s, int q, unsigned type, long step, uint64_t d, void *dst,
-                      size_t len, const char *what, dp_err *err)
-{
-    int rc = dp_transport_recv_exact(s->t, s->ranks[q], type, (uint64_t)step, d, dst, len, what,
-                                     s->timeout, err);
-    return rc == DP_RECV_LOST ? task_lost(s, q, err) : rc;
 }
 
 /* The replica's tasks swap their columns of dense layer d's output: after
@@ -94,14 +67,14 @@ static int all_gather(mp_replica *s, int d, int rows, long step, dp_err *err)
         if (q != s->task && sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ACT,
                                         (uint64_t)step, (uint64_t)d, s->pack, len, &rank,
                                         err) < 0)
-            return lost_rank(s, rank, err);
+            return dp_group_lost_rank(&s->g, rank, err);
     for (int q = 0; q < s->K; q++) {
         if (q == s->task)
             continue;
         const mp_layer *lq = &s->plans[q].layer[d];
-        if (recv_exact(s, q, DP_WIRE_MP_ACT, step, (uint64_t)d, s->unpack,
-                       (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float),
-                       "its columns of a layer's output", err) < 0)
+        if (dp_group_recv(&s->g, q, DP_WIRE_MP_ACT, step, (uint64_t)d, s->unpack,
+                          (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float),
+                          "its columns of a layer's output", err) < 0)
             return -1;
         mp_unpack(s->act[d], s->unpack, rows, l->out, lq->lo, lq->hi);
     }
@@ -127,7 +100,7 @@ static int reduce_scatter(mp_replica *s, int d, float *din, int rows, long step,
         if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_GRAD, (uint64_t)step, (uint64_t)d,
                         block, (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float), &rank,
                         err) < 0)
-            return lost_rank(s, rank, err);
+            return dp_group_lost_rank(&s->g, rank, err);
     }
     int u = mine->hi - mine->lo;
     /* the sum starts from this task's own part, in the packed layout */
@@ -136,9 +109,9 @@ static int reduce_scatter(mp_replica *s, int d, float *din, int rows, long step,
     for (int q = 0; q < s->K; q++) {
         if (q == s->task)
             continue;
-        if (recv_exact(s, q, DP_WIRE_MP_GRAD, step, (uint64_t)d, s->unpack,
-                       (size_t)rows * u * sizeof(float), "its part of an input gradient",
-                       err) < 0)
+        if (dp_group_recv(&s->g, q, DP_WIRE_MP_GRAD, step, (uint64_t)d, s->unpack,
+                          (size_t)rows * u * sizeof(float), "its part of an input gradient",
+                          err) < 0)
             return -1;
         float *restrict a = sum;
         const float *restrict b = s->unpack;
@@ -223,7 +196,7 @@ static int rows_exchange(mp_replica *s, int i, int n, long step, dp_err *err)
         pack_rows(blk, act, n, per, row, lo, hi);
         if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS, (uint64_t)step, (uint64_t)pl, blk,
                         (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank, err) < 0)
-            return lost_rank(s, rank, err);
+            return dp_group_lost_rank(&s->g, rank, err);
     }
     need_of(s, s->task, i, &a, &b);
     for (int q = 0; q < s->K; q++) {
@@ -234,9 +207,9 @@ static int rows_exchange(mp_replica *s, int i, int n, long step, dp_err *err)
         int lo = max_i(a, qa), hi = min_i(b, qb);
         if (hi <= lo)
             continue;
-        if (recv_exact(s, q, DP_WIRE_MP_ROWS, step, (uint64_t)pl, s->iunpack,
-                       (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
-                       "rows of an image layer's output", err) < 0)
+        if (dp_group_recv(&s->g, q, DP_WIRE_MP_ROWS, step, (uint64_t)pl, s->iunpack,
+                          (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
+                          "rows of an image layer's output", err) < 0)
             return -1;
         unpack_rows(act, s->iunpack, n, per, row, lo, hi, 0);
     }
@@ -281,7 +254,7 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
                             (uint64_t)pl, blk,
                             (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank,
                             err) < 0)
-                return lost_rank(s, rank, err);
+                return dp_group_lost_rank(&s->g, rank, err);
         }
         for (int q = 0; q < s->K; q++) {
             int qa, qb;
@@ -291,9 +264,9 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
             int lo = max_i(my0, qa), hi = min_i(my1, qb);
             if (hi <= lo)
                 continue;
-            if (recv_exact(s, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
-                           (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
-                           "halo rows of an input gradient", err) < 0)
+            if (dp_group_recv(&s->g, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
+                              (size_t)n * (size_t)(hi - lo) * row * sizeof(float),
+                              "halo rows of an input gradient", err) < 0)
                 return -1;
             unpack_rows(dst, s->iunpack, n, per, row, lo, hi, 1);
         }
@@ -313,7 +286,7 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
         if (q != s->task && len &&
             sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step, (uint64_t)pl,
                         mine, len * sizeof(float), &rank, err) < 0)
-            return lost_rank(s, rank, err);
+            return dp_group_lost_rank(&s->g, rank, err);
     memset(dst, 0, (size_t)n * per * sizeof(float));
     for (int q = 0; q < s->K; q++) {
         int qa = a, qb = b;
@@ -323,9 +296,9 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
             continue;
         const float *src = mine;
         if (q != s->task) {
-            if (recv_exact(s, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
-                           (size_t)n * (size_t)(qb - qa) * row * sizeof(float),
-                           "its part of an input gradient", err) < 0)
+            if (dp_group_recv(&s->g, q, DP_WIRE_MP_ROWS_GRAD, step, (uint64_t)pl, s->iunpack,
+                              (size_t)n * (size_t)(qb - qa) * row * sizeof(float),
+                              "its part of an input gradient", err) < 0)
                 return -1;
             src = s->iunpack;
         }
@@ -351,10 +324,10 @@ static int filters_gather(mp_replica *s, int i, const float *params, long step, 
                 if (p != s->task && sender_push(s->tx, s->ranks[p], DP_WIRE_MP_FILTERS,
                                                 (uint64_t)step, (uint64_t)i, src,
                                                 len * sizeof(float), &rank, err) < 0)
-                    return lost_rank(s, rank, err);
+                    return dp_group_lost_rank(&s->g, rank, err);
         } else {
-            if (recv_exact(s, q, DP_WIRE_MP_FILTERS, step, (uint64_t)i, s->iunpack,
-                           len * sizeof(float), "its filters of a conv layer", err) < 0)
+            if (dp_group_recv(&s->g, q, DP_WIRE_MP_FILTERS, step, (uint64_t)i, s->iunpack,
+                              len * sizeof(float), "its filters of a conv layer", err) < 0)
                 return -1;
             src = s->iunpack;
         }
@@ -381,7 +354,7 @@ static int filters_reduce(mp_replica *s, int i, float *grads, long step, dp_err 
         if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_FILTERS, (uint64_t)step,
                         (uint64_t)(i + DP_MAX_LAYERS), blk,
                         (g->w_len + g->b_len) * sizeof(float), &rank, err) < 0)
-            return lost_rank(s, rank, err);
+            return dp_group_lost_rank(&s->g, rank, err);
     }
     const mp_img *g = &s->plan->img[i];
     size_t len = g->w_len + g->b_len;
@@ -393,9 +366,9 @@ static int filters_reduce(mp_replica *s, int i, float *grads, long step, dp_err 
             w = s->fgrad + (size_t)g->lo * per;
             b = s->fgrad + L->w_len + g->lo;
         } else {
-            if (recv_exact(s, q, DP_WIRE_MP_FILTERS, step, (uint64_t)(i + DP_MAX_LAYERS),
-                           s->iunpack, len * sizeof(float),
-                           "its part of a conv layer's filter gradient", err) < 0)
+            if (dp_group_recv(&s->g, q, DP_WIRE_MP_FILTERS, step, (uint64_t)(i + DP_MAX_LAYERS),
+                              s->iunpack, len * sizeof(float),
+                              "its part of a conv layer's filter gradient", err) < 0)
                 return -1;
             w = s->iunpack;
             b = s->iunpack + g->w_len;
@@ -694,6 +667,10 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
         return dp_errf(err, "out of memory");
     }
     memcpy(s->ranks, ranks, (size_t)K * sizeof *ranks);
+    s->g = (dp_group){.t = t, .ranks = s->ranks, .n = K, .width = K, .replica0 = replica,
+                      .member = "model-parallel task",
+                      .cost = "a replica cannot go on without a slice of its model",
+                      .timeout = timeout};
     for (int j = 0; j < K; j++)
         if (mp_plan_make(&s->plans[j], m, K, j, err) < 0) {
             mp_replica_close(s);

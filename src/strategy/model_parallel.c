@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "downpour/clip.h"
+#include "downpour/group.h"
 #include "downpour/log.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -68,49 +69,8 @@ struct dp_strategy {
     int across_open;
     uint32_t *sizes;      /* R > 1: each replica's shard, for the step's weights */
     double timeout;
+    dp_group g;           /* the positions, each loss named (group.h) */
 };
-
-static const char *name_of(const dp_strategy *s, int p)
-{
-    return dp_transport_peer_name(s->t, s->ranks[p]);
-}
-
-/* A task that is gone, silent or off the protocol ends the run: its slices
- * of the model are lost with it. */
-static int task_lost(dp_strategy *s, int p, dp_err *err)
-{
-    char why[sizeof err->msg];
-    snprintf(why, sizeof why, "%s", err->msg);
-    return dp_errf(err, "lost model-parallel task %d of replica %d, %s (%s): a replica cannot "
-                        "go on without a slice of its model, so the run stops",
-                   p % s->K, p / s->K, name_of(s, p), why);
-}
-
-static int lost_rank(dp_strategy *s, int rank, dp_err *err)
-{
-    for (int p = 0; p < s->n; p++)
-        if (s->ranks[p] == rank)
-            return task_lost(s, p, err);
-    return -1;
-}
-
-/* Waits for frame `type` of `step` (offset `offset`, len bytes) from
- * position p and reads it into dst. */
-static int recv_exact(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,
-                      void *dst, size_t len, const char *what, dp_err *err)
-{
-    int rc = dp_transport_recv_exact(s->t, s->ranks[p], type, (uint64_t)step, offset, dst, len,
-                                     what, s->timeout, err);
-    return rc == DP_RECV_LOST ? task_lost(s, p, err) : rc;
-}
-
-static int send_to(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,
-                   const void *buf, size_t len, dp_err *err)
-{
-    if (dp_transport_send(s->t, s->ranks[p], type, (uint64_t)step, offset, buf, len, err) < 0)
-        return task_lost(s, p, err);
-    return 0;
-}
 
 /* A ring that broke names the task it lost. */
 static int ring_sum(dp_strategy *s, dp_ring *r, float *buf, size_t len, long step, int bucket,
@@ -118,7 +78,7 @@ static int ring_sum(dp_strategy *s, dp_ring *r, float *buf, size_t len, long ste
 {
     int rc = dp_ring_allreduce(r, buf, len, (uint64_t)step, bucket, err);
     if (rc == DP_RING_BROKEN)
-        return lost_rank(s, r->broken_peer, err);
+        return dp_group_lost_rank(&s->g, r->broken_peer, err);
     return rc < 0 ? -1 : 0;
 }
 
@@ -136,14 +96,14 @@ static int clip_slices(dp_strategy *s, long step, dp_err *err)
     uint8_t b[8];
     dp_put_f64(b, part);
     for (int q = 0; q < s->K; q++)
-        if (q != s->task &&
-            send_to(s, first + q, DP_WIRE_MP_NORM, step, (uint64_t)s->task, b, 8, err) < 0)
+        if (q != s->task && dp_group_send(&s->g, first + q, DP_WIRE_MP_NORM, step,
+                                          (uint64_t)s->task, b, 8, err) < 0)
             return -1;
     for (int q = 0; q < s->K; q++) {
         double v = part;
         if (q != s->task) {
-            if (recv_exact(s, first + q, DP_WIRE_MP_NORM, step, (uint64_t)q, b, 8,
-                           "a task's part of the gradient norm", err) < 0)
+            if (dp_group_recv(&s->g, first + q, DP_WIRE_MP_NORM, step, (uint64_t)q, b, 8,
+                              "a task's part of the gradient norm", err) < 0)
                 return -1;
             v = dp_get_f64(b);
         }
@@ -153,28 +113,13 @@ static int clip_slices(dp_strategy *s, long step, dp_err *err)
     return 0;
 }
 
-/* Records every replica contributes to step `step` (the shards' sizes are
- * known to all, so nobody sends them). */
-static double step_records(const dp_strategy *s, long step, int n)
-{
-    if (s->R == 1)
-        return n;
-    long k = (step - 1) % s->env->steps_per_epoch;
-    int batch = s->env->cfg->batch;
-    double total = 0;
-    for (int r = 0; r < s->R; r++) {
-        long left = (long)s->sizes[r] - k * batch;
-        total += left < 0 ? 0 : (left < batch ? left : batch);
-    }
-    return total;
-}
-
 static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
                    dp_step_out *out, dp_err *err)
 {
     out->loss = 0;
     out->correct = 0;
-    double total = step_records(s, step, n);
+    double total = dp_group_step_records(s->sizes, s->R, step, s->env->steps_per_epoch,
+                                         s->env->cfg->batch, n);
     if (n > 0) {
         if (mp_replica_step(s->rep, s->params, s->grads, x, y, n, (float)(n / total), step, out,
                             err) < 0)
@@ -201,12 +146,12 @@ static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_er
     dp_put_f64(b + 8, st->records);
     dp_put_f64(b + 16, st->correct);
     dp_put_u32(b + 24, (uint32_t)s->task);
-    if (send_to(s, 0, DP_WIRE_MP_STATS, epoch, 0, b, sizeof b, err) < 0)
+    if (dp_group_send(&s->g, 0, DP_WIRE_MP_STATS, epoch, 0, b, sizeof b, err) < 0)
         return -1;
     /* replica 0's tasks: their slices for the evaluation */
     if (s->replica == 0)
-        return send_to(s, 0, DP_WIRE_MP_PARAMS, epoch, (uint64_t)s->task, s->params,
-                       s->plan->floats * sizeof(float), err);
+        return dp_group_send(&s->g, 0, DP_WIRE_MP_PARAMS, epoch, (uint64_t)s->task, s->params,
+                             s->plan->floats * sizeof(float), err);
     return 0;
 }
 
@@ -217,21 +162,21 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
     mp_scatter(s->m->params, s->params, s->plan);
     for (int p = 1; p < s->n; p++) {
         uint8_t b[STATS_BYTES];
-        if (recv_exact(s, p, DP_WIRE_MP_STATS, epoch, 0, b, sizeof b, "its epoch figures",
-                       err) < 0)
+        if (dp_group_recv(&s->g, p, DP_WIRE_MP_STATS, epoch, 0, b, sizeof b, "its epoch figures",
+                          err) < 0)
             return -1;
         if (dp_get_u32(b + 24) != (uint32_t)(p % s->K))
             return dp_errf(err, "%s says it is task %u, but position %d is task %d",
-                           name_of(s, p), dp_get_u32(b + 24), p, p % s->K);
+                           dp_group_name(&s->g, p), dp_get_u32(b + 24), p, p % s->K);
         if (p % s->K == 0) {
             st->loss_sum += dp_get_f64(b);
             st->records += dp_get_f64(b + 8);
             st->correct += dp_get_f64(b + 16);
         }
         if (p < s->K) {
-            if (recv_exact(s, p, DP_WIRE_MP_PARAMS, epoch, (uint64_t)p, s->scratch,
-                           mp_replica_plan(s->rep, p)->floats * sizeof(float), "its slices of the model",
-                           err) < 0)
+            if (dp_group_recv(&s->g, p, DP_WIRE_MP_PARAMS, epoch, (uint64_t)p, s->scratch,
+                              mp_replica_plan(s->rep, p)->floats * sizeof(float),
+                              "its slices of the model", err) < 0)
                 return -1;
             mp_scatter(s->m->params, s->scratch, mp_replica_plan(s->rep, p));
         }
@@ -269,7 +214,7 @@ static int mp_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
                                {s->opt.state, nf * (size_t)slots * sizeof(float)}};
         if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_MP_STATE, (uint64_t)step,
                                (uint64_t)s->task, iov, slots ? 3 : 2, err) < 0)
-            return task_lost(s, 0, err);
+            return dp_group_lost(&s->g, 0, err);
         return 0;
     }
     if (slots > st->n_slots)
@@ -285,26 +230,27 @@ static int mp_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
         size_t pn = pp->floats, len = 8 + pn * (1 + (size_t)slots) * sizeof(float);
         dp_event ev;
         if (dp_transport_recv(s->t, s->ranks[p], "its checkpoint state", s->timeout, &ev, err) < 0)
-            return task_lost(s, p, err);
+            return dp_group_lost(&s->g, p, err);
         if (ev.header.type != DP_WIRE_MP_STATE || ev.header.step != (uint64_t)step ||
             ev.header.offset != (uint64_t)p || ev.header.length != len)
             return dp_errf(err, "%s sent frame type %u (%llu bytes) instead of its state for "
-                                "checkpoint %ld (%zu bytes)", name_of(s, p), ev.header.type,
+                                "checkpoint %ld (%zu bytes)",
+                           dp_group_name(&s->g, p), ev.header.type,
                            (unsigned long long)ev.header.length, step, len);
         uint8_t head[8];
         if (dp_transport_recv_payload(s->t, s->ranks[p], head, sizeof head, err) < 0 ||
             dp_transport_recv_payload(s->t, s->ranks[p], s->scratch, pn * sizeof(float), err) < 0)
-            return task_lost(s, p, err);
+            return dp_group_lost(&s->g, p, err);
         mp_scatter(st->params, s->scratch, pp);
         for (int k = 0; k < slots; k++) {
             if (dp_transport_recv_payload(s->t, s->ranks[p], s->scratch, pn * sizeof(float),
                                           err) < 0)
-                return task_lost(s, p, err);
+                return dp_group_lost(&s->g, p, err);
             mp_scatter(st->slots + k * np, s->scratch, pp);
         }
         if ((long)dp_get_u64(head) != s->opt.t)
             return dp_errf(err, "%s has applied %ld updates but task 0 %ld at checkpoint %ld",
-                           name_of(s, p), (long)dp_get_u64(head), s->opt.t, step);
+                           dp_group_name(&s->g, p), (long)dp_get_u64(head), s->opt.t, step);
     }
     return 1;
 }
@@ -430,6 +376,10 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
     s->R = s->n / s->K;
     s->task = s->position % s->K;
     s->replica = s->position / s->K;
+    s->g = (dp_group){.t = s->t, .ranks = s->ranks, .n = s->n, .width = s->K,
+                      .member = "model-parallel task",
+                      .cost = "a replica cannot go on without a slice of its model",
+                      .timeout = s->timeout};
     if (open_slices(s, cfg, err) < 0 || open_rings(s, cfg, err) < 0) {
         mp_close(s);
         return -1;

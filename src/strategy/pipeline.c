@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "downpour/clip.h"
+#include "downpour/group.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
 #include "downpour/pipeline.h"
@@ -94,32 +95,8 @@ struct dp_strategy {
     /* position 0, at an epoch's end: per stage, summed over the replicas */
     double *stage_idle, *stage_span;
     int *stage_peak;
+    dp_group g;           /* the positions, each loss named (group.h) */
 };
-
-static const char *name_of(const dp_strategy *s, int p)
-{
-    return dp_transport_peer_name(s->t, s->ranks[p]);
-}
-
-/* A neighbour that is gone, silent or off the protocol ends the run: the
- * micro-batches it held are lost with it. */
-static int stage_lost(dp_strategy *s, int p, dp_err *err)
-{
-    char why[sizeof err->msg];
-    snprintf(why, sizeof why, "%s", err->msg);
-    return dp_errf(err, "lost pipeline stage %d of replica %d, %s (%s): a pipeline cannot go on "
-                        "without one of its stages, so the run stops",
-                   p % s->S, p / s->S, name_of(s, p), why);
-}
-
-/* An activation or gradient that could not go out. */
-static int send_failed(dp_strategy *s, int rank, dp_err *err)
-{
-    for (int p = 0; p < s->n; p++)
-        if (s->ranks[p] == rank)
-            return stage_lost(s, p, err);
-    return -1;
-}
 
 /* Waits until the frame seq is out: the neighbour has not read it yet, so
  * the wait is idle time. */
@@ -128,7 +105,7 @@ static int wait_sent(dp_strategy *s, long seq, dp_err *err)
     double t0 = dp_now();
     int rank;
     if (sender_wait(s->tx, seq, &rank, err) < 0)
-        return send_failed(s, rank, err);
+        return dp_group_lost_rank(&s->g, rank, err);
     s->idle += dp_now() - t0;
     return 0;
 }
@@ -139,46 +116,18 @@ static int queue_send(dp_strategy *s, long *seq, int p, unsigned type, long step
     int rank;
     *seq = sender_push(s->tx, s->ranks[p], type, (uint64_t)step, (uint64_t)k, buf, len, &rank,
                        err);
-    return *seq < 0 ? send_failed(s, rank, err) : 0;
+    return *seq < 0 ? dp_group_lost_rank(&s->g, rank, err) : 0;
 }
 
-/* Waits for the frame `type` of this step (and micro-batch `micro`, in the
- * offset) from position p and reads its len bytes into dst; the wait is
- * idle time. */
-static int recv_exact(dp_strategy *s, int p, unsigned type, long step, uint64_t micro, void *dst,
+/* A group receive (group.h) whose wait is idle time: a neighbour's frame
+ * (of micro-batch `micro`, in the offset) not here yet. */
+static int recv_timed(dp_strategy *s, int p, unsigned type, long step, uint64_t micro, void *dst,
                       size_t len, const char *what, dp_err *err)
 {
     double t0 = dp_now();
-    int rc = dp_transport_recv_exact(s->t, s->ranks[p], type, (uint64_t)step, micro, dst, len,
-                                     what, s->timeout, err);
-    if (rc == DP_RECV_LOST)
-        return stage_lost(s, p, err);
+    int rc = dp_group_recv(&s->g, p, type, step, micro, dst, len, what, err);
     s->idle += dp_now() - t0;
     return rc;
-}
-
-static int send_to(dp_strategy *s, int p, unsigned type, long step, uint64_t offset,
-                   const void *buf, size_t len, dp_err *err)
-{
-    if (dp_transport_send(s->t, s->ranks[p], type, (uint64_t)step, offset, buf, len, err) < 0)
-        return stage_lost(s, p, err);
-    return 0;
-}
-
-/* Records every replica contributes to step `step` (the shards' sizes are
- * known to all, so nobody sends them). */
-static double step_records(const dp_strategy *s, long step, int n)
-{
-    if (s->R == 1)
-        return n;
-    long k = (step - 1) % s->env->steps_per_epoch;
-    int batch = s->env->cfg->batch;
-    double total = 0;
-    for (int r = 0; r < s->R; r++) {
-        long left = (long)s->sizes[r] - k * batch;
-        total += left < 0 ? 0 : (left < batch ? left : batch);
-    }
-    return total;
 }
 
 /* grads[lo, hi) = w g (the first micro-batch) or += w g. */
@@ -213,7 +162,7 @@ static int forward(dp_strategy *s, const float *x, const uint8_t *y, int k, int 
     const float *in = x + (size_t)off * s->in_w;
     if (s->stage > 0) {
         float *buf = s->in + (size_t)slot * s->micro_max * s->in_w;
-        if (recv_exact(s, s->position - 1, DP_WIRE_PIPE_ACT, step, (uint64_t)k, buf,
+        if (recv_timed(s, s->position - 1, DP_WIRE_PIPE_ACT, step, (uint64_t)k, buf,
                        (size_t)rows * s->in_w * sizeof(float), "activations", err) < 0)
             return -1;
         in = buf;
@@ -260,7 +209,7 @@ static int backward(dp_strategy *s, const float *x, const uint8_t *y, int k, int
         rc = dp_model_backward_range_loss(&s->pm, slot, din, s->pm.grads, params, in, y + off,
                                           s->a, rows);
     } else {
-        if (recv_exact(s, s->position + 1, DP_WIRE_PIPE_GRAD, step, (uint64_t)k, s->dout,
+        if (recv_timed(s, s->position + 1, DP_WIRE_PIPE_GRAD, step, (uint64_t)k, s->dout,
                        (size_t)rows * s->out_w * sizeof(float), "activation gradients", err) < 0)
             return -1;
         rc = dp_model_backward_range(&s->pm, slot, din, s->pm.grads, params, s->dout, in, s->a,
@@ -287,10 +236,10 @@ static int share_loss(dp_strategy *s, long step, double *loss_sum, int *correct,
         dp_put_f64(b, *loss_sum);
         dp_put_u32(b + 8, (uint32_t)*correct);
         for (int p = last - s->S + 1; p < last; p++)
-            if (send_to(s, p, DP_WIRE_PIPE_LOSS, step, 0, b, sizeof b, err) < 0)
+            if (dp_group_send(&s->g, p, DP_WIRE_PIPE_LOSS, step, 0, b, sizeof b, err) < 0)
                 return -1;
     } else {
-        if (recv_exact(s, last, DP_WIRE_PIPE_LOSS, step, 0, b, sizeof b, "the step's loss",
+        if (recv_timed(s, last, DP_WIRE_PIPE_LOSS, step, 0, b, sizeof b, "the step's loss",
                        err) < 0)
             return -1;
         *loss_sum = dp_get_f64(b);
@@ -317,12 +266,13 @@ static int clip_stages(dp_strategy *s, long step, dp_err *err)
     dp_put_f64(b, part);
     for (int q = 0; q < s->S; q++)
         if (q != s->stage &&
-            send_to(s, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)s->stage, b, 8, err) < 0)
+            dp_group_send(&s->g, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)s->stage, b, 8,
+                          err) < 0)
             return -1;
     for (int q = 0; q < s->S; q++) {
         double v = part;
         if (q != s->stage) {
-            if (recv_exact(s, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)q, b, 8,
+            if (recv_timed(s, first + q, DP_WIRE_PIPE_NORM, step, (uint64_t)q, b, 8,
                            "a stage's part of the gradient norm", err) < 0)
                 return -1;
             v = dp_get_f64(b);
@@ -338,7 +288,8 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
 {
     out->loss = 0;
     out->correct = 0;
-    double total = step_records(s, step, n);
+    double total = dp_group_step_records(s->sizes, s->R, step, s->env->steps_per_epoch,
+                                         s->env->cfg->batch, n);
     if (n > 0) {
         double t0 = dp_now(), loss_sum = 0;
         int correct = 0, M = n < s->M ? n : s->M;
@@ -388,7 +339,7 @@ static int send_buffers(dp_strategy *s, long step, dp_err *err)
         return 0;
     if (dp_buffers_send(s->t, s->ranks[0], DP_WIRE_PIPE_BUFFERS, (uint64_t)step, s->blo,
                         s->m->buffers + s->blo, n, err) < 0)
-        return stage_lost(s, 0, err);
+        return dp_group_lost(&s->g, 0, err);
     return 0;
 }
 
@@ -406,9 +357,9 @@ static int recv_buffers(dp_strategy *s, int p, long step, float *buffers, dp_err
     double t0 = dp_now();
     dp_event ev;
     if (dp_transport_recv(s->t, s->ranks[p], "its buffers", s->timeout, &ev, err) < 0)
-        return stage_lost(s, p, err);
+        return dp_group_lost(&s->g, p, err);
     s->idle += dp_now() - t0;
-    const char *who = name_of(s, p);
+    const char *who = dp_group_name(&s->g, p);
     if (ev.header.type != DP_WIRE_PIPE_BUFFERS || ev.header.step != (uint64_t)step ||
         ev.header.offset != lo)
         return dp_errf(err, "%s sent frame type %u (step %llu, offset %llu) instead of its "
@@ -418,7 +369,7 @@ static int recv_buffers(dp_strategy *s, int p, long step, float *buffers, dp_err
     char holder[DP_MAX_SPEC + 32];
     snprintf(holder, sizeof holder, "stage %d of model %s", stage, s->m->name);
     int rc = dp_buffers_recv(s->t, &ev, who, holder, buffers + lo, n, err);
-    return rc == -2 ? stage_lost(s, p, err) : rc;
+    return rc == -2 ? dp_group_lost(&s->g, p, err) : rc;
 }
 
 /* Epoch figures to position 0: loss sum, records, correct, idle s, schedule s,
@@ -433,12 +384,12 @@ static int send_stats(dp_strategy *s, int epoch, const dp_epoch_stats *st, dp_er
     dp_put_f64(b + 32, s->span);
     dp_put_u32(b + 40, (uint32_t)s->peak);
     dp_put_u32(b + 44, (uint32_t)s->stage);
-    if (send_to(s, 0, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, err) < 0)
+    if (dp_group_send(&s->g, 0, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, err) < 0)
         return -1;
     /* replica 0's stages: their parameters for the evaluation */
     if (s->replica == 0 &&
-        (send_to(s, 0, DP_WIRE_PIPE_PARAMS, epoch, s->lo, s->m->params + s->lo,
-                 (s->hi - s->lo) * sizeof(float), err) < 0 ||
+        (dp_group_send(&s->g, 0, DP_WIRE_PIPE_PARAMS, epoch, s->lo, s->m->params + s->lo,
+                       (s->hi - s->lo) * sizeof(float), err) < 0 ||
          send_buffers(s, epoch, err) < 0))
         return -1;
     return 0;
@@ -484,13 +435,13 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
     s->stage_peak[0] = s->peak;
     for (int p = 1; p < s->n; p++) {
         uint8_t b[STATS_BYTES];
-        if (recv_exact(s, p, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, "its epoch figures",
+        if (recv_timed(s, p, DP_WIRE_PIPE_STATS, epoch, 0, b, sizeof b, "its epoch figures",
                        err) < 0)
             return -1;
         uint32_t stage = dp_get_u32(b + 44);
         if (stage != (uint32_t)(p % s->S))
             return dp_errf(err, "%s says it is stage %u, but position %d is stage %d",
-                           name_of(s, p), stage, p, p % s->S);
+                           dp_group_name(&s->g, p), stage, p, p % s->S);
         if (stage == 0) {
             st->loss_sum += dp_get_f64(b);
             st->records += dp_get_f64(b + 8);
@@ -503,7 +454,7 @@ static int gather_epoch(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
         if (p < s->S) {
             size_t lo, hi;
             dp_pipe_param_range(s->m, s->first[p], s->first[p + 1], &lo, &hi);
-            if (recv_exact(s, p, DP_WIRE_PIPE_PARAMS, epoch, lo, s->m->params + lo,
+            if (recv_timed(s, p, DP_WIRE_PIPE_PARAMS, epoch, lo, s->m->params + lo,
                            (hi - lo) * sizeof(float), "its parameters", err) < 0 ||
                 recv_buffers(s, p, epoch, s->m->buffers, err) < 0)
                 return -1;
@@ -546,7 +497,7 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
                                {s->opt.state, n * (size_t)slots * sizeof(float)}};
         if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_PIPE_STATE, (uint64_t)step, s->lo, iov,
                                slots && n ? 3 : 2, err) < 0)
-            return stage_lost(s, 0, err);
+            return dp_group_lost(&s->g, 0, err);
         return send_buffers(s, step, err);
     }
     memcpy(st->params + s->lo, s->m->params + s->lo, n * sizeof(float));
@@ -559,24 +510,25 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
         size_t pn = hi - lo, len = 8 + pn * (1 + (size_t)slots) * sizeof(float);
         dp_event ev;
         if (dp_transport_recv(s->t, s->ranks[p], "its checkpoint state", s->timeout, &ev, err) < 0)
-            return stage_lost(s, p, err);
+            return dp_group_lost(&s->g, p, err);
         if (ev.header.type != DP_WIRE_PIPE_STATE || ev.header.step != (uint64_t)step ||
             ev.header.offset != lo || ev.header.length != len)
             return dp_errf(err, "%s sent frame type %u (%llu bytes) instead of its state for "
-                                "checkpoint %ld (%zu bytes)", name_of(s, p), ev.header.type,
+                                "checkpoint %ld (%zu bytes)",
+                           dp_group_name(&s->g, p), ev.header.type,
                            (unsigned long long)ev.header.length, step, len);
         uint8_t head[8];
         if (dp_transport_recv_payload(s->t, s->ranks[p], head, sizeof head, err) < 0 ||
             dp_transport_recv_payload(s->t, s->ranks[p], st->params + lo, pn * sizeof(float),
                                       err) < 0)
-            return stage_lost(s, p, err);
+            return dp_group_lost(&s->g, p, err);
         for (int k = 0; k < slots; k++)
             if (dp_transport_recv_payload(s->t, s->ranks[p], st->slots + k * np + lo,
                                           pn * sizeof(float), err) < 0)
-                return stage_lost(s, p, err);
+                return dp_group_lost(&s->g, p, err);
         if ((long)dp_get_u64(head) != s->opt.t)
             return dp_errf(err, "%s has applied %ld updates but stage 0 %ld at checkpoint %ld",
-                           name_of(s, p), (long)dp_get_u64(head), s->opt.t, step);
+                           dp_group_name(&s->g, p), (long)dp_get_u64(head), s->opt.t, step);
         /* the checkpoint writes the model's buffers (st's when it holds them) */
         if (recv_buffers(s, p, step, s->m->buffers, err) < 0)
             return -1;
@@ -652,6 +604,10 @@ static int plan_stages(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
                        S, s->n, S, S, S);
     s->S = S;
     s->R = s->n / S;
+    s->g = (dp_group){.t = s->t, .ranks = s->ranks, .n = s->n, .width = S,
+                      .member = "pipeline stage",
+                      .cost = "a pipeline cannot go on without one of its stages",
+                      .timeout = s->timeout};
     if (dp_pipe_partition(s->first, s->m, S, ps->split, err) < 0)
         return -1;
     s->M = ps->micro_batches > 0 ? ps->micro_batches : 4;

@@ -1,6 +1,8 @@
 /* The parameter-server strategies' machinery: see ps_family.h. */
 #include "strategy/ps_family.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -474,6 +476,26 @@ static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info
     return 0;
 }
 
+/* The launcher's DOWNPOUR_RESTARTS (launcher.h): how often a lost task may
+ * come back, so whether the chief waits for a lost ps.  Unset or empty is
+ * 0; anything but a count is refused rather than read as 0. */
+static int launch_restarts(int *out, dp_err *err)
+{
+    const char *v = getenv(DP_LAUNCH_RESTARTS_ENV);
+    *out = 0;
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < 0 || n > INT_MAX)
+        return dp_errf(err, "%s=\"%s\": expected the number of restarts a lost task has (0 or "
+                            "more), as downpour launch --max-restarts sets it",
+                       DP_LAUNCH_RESTARTS_ENV, v);
+    *out = (int)n;
+    return 0;
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -485,6 +507,9 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                        cfg->strategy);
     if (c->count[DP_ROLE_WORKER] < 1)
         return dp_errf(err, "the cluster has no worker");
+    int restarts;
+    if (launch_restarts(&restarts, err) < 0)
+        return -1;
     dp_strategy *s = calloc(1, sizeof *s);
     if (!s)
         return dp_errf(err, "out of memory");
@@ -503,8 +528,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->chief_optional = ops && (ops->survives & DP_ROLE_BIT(DP_ROLE_CHIEF));
     s->pc.survives_chief = s->chief_optional;
     s->chief = dp_cluster_rank(c, DP_ROLE_CHIEF, 0);
-    const char *restarts = getenv(DP_LAUNCH_RESTARTS_ENV);
-    s->restarts = restarts ? atoi(restarts) : 0;
+    s->restarts = restarts;
     /* A lost ps without a backup is waited for while the launcher (or a
      * supervisor) may restart it: it reloads its shard (restore_ps).  Not
      * with --model-parallel, whose shards hold slice order (not built). */
@@ -786,6 +810,12 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
  * shard from the newest checkpoint (or, before the first one, tells it to
  * start from the initial parameters) and which workers take part, and
  * reports the steps lost.  1: the ps was lost again on the way. */
+static void release_state(dp_strategy *s, dp_train_state *st)
+{
+    if (s->env->checkpoints)
+        s->env->checkpoints->release(s->env->checkpoints->ctx, st);
+}
+
 static int restore_ps(void *ctx, int rank, dp_err *err)
 {
     dp_strategy *s = ctx;
@@ -796,9 +826,9 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     memset(&st, 0, sizeof st);
     char path[4096] = "";
     int found = 0;
-    if (cfg->checkpoint_dir && s->env->id) {
-        found = dp_checkpoint_find_newest(cfg->checkpoint_dir, s->m, s->env->id, &st, path,
-                                          sizeof path, err);
+    const dp_checkpoint_source *ck = s->env->checkpoints;
+    if (ck) {
+        found = ck->newest(ck->ctx, &st, path, sizeof path, err);
         if (found < 0)
             return -1;
         if (found && st.step < base) /* an older run's */
@@ -807,7 +837,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     if (found && s->K) { /* the shards hold slice order */
         float *scratch = malloc(st.n_params * sizeof(float));
         if (!scratch) {
-            dp_train_state_free(&st);
+            release_state(s, &st);
             return dp_errf(err, "out of memory");
         }
         to_slice_order(s, st.params, scratch);
@@ -824,7 +854,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     uint8_t head[RESTORE_HEAD], *lv = malloc(8 * (size_t)workers);
     if (!lv || (found && st.n_slots != n_slots)) {
         free(lv);
-        dp_train_state_free(&st);
+        release_state(s, &st);
         return dp_errf(err, lv ? "%s holds %d optimiser slot(s); this run's optimiser has %d"
                                : "out of memory", path, st.n_slots, n_slots);
     }
@@ -859,7 +889,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     dp_err why;
     int rc = dp_transport_sendv(s->t, rank, DP_WIRE_RESTORE, (uint64_t)(found ? st.step : 0), lo,
                                 iov, k, &why);
-    dp_train_state_free(&st);
+    release_state(s, &st);
     free(lv);
     if (rc < 0)
         return 1;

@@ -71,7 +71,8 @@ int dp_ps_replica_open(server *s, const dp_cluster *c, const dp_ps_layout *layou
     dp_ps_config cfg = s->cfg;
     cfg.replicas = 1; /* the backup forwards nothing */
     server *b;
-    if (dp_ps_shard_open(&b, s->t, c, layout, &cfg, optim, start, n_params, backs, err) < 0)
+    if (dp_ps_shard_open(&b, s->t, c, layout, &cfg, s->rules, optim, start, n_params, backs,
+                         err) < 0)
         return -1;
     s->backup = b;
     b->primary_rank = layout->rank[backs];
@@ -183,12 +184,14 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
     dp_err ignore; /* a primary that cannot hear the ack is lost: that comes as an event */
     dp_transport_send(s->t, ev->peer, DP_WIRE_REPLICATE_ACK, ev->header.step, b->lo, NULL, 0,
                       &ignore);
-    if (op == DP_PS_OP_APPLY) {
-        dp_ps_apply(b, b->scratch, lr);
-    } else {
+    /* dp_ps_apply's and dp_ps_changed's steps, but for the forward: the
+     * backup forwards nothing */
+    dp_ps_note_applied(b);
+    if (op == DP_PS_OP_APPLY)
+        dp_optim_apply(&b->opt, b->params, b->scratch, lr);
+    else
         memcpy(b->params, b->scratch, b->n * sizeof(float));
-        dp_ps_changed(b);
-    }
+    dp_ps_shard_changed(b);
     for (int i = 0; i < b->n_workers; i++) {
         const uint8_t *q = b->table + REP_HEAD + (size_t)i * REP_WORKER;
         b->w[i].clock = (long)dp_get_u64(q);

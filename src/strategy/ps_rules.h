@@ -167,19 +167,27 @@ int dp_ps_receive(dp_ps_client *c, float *params, dp_err *err);
 /* Push-behind: takes the oldest answers into params (between steps, never
  * during one) until at most `left` pushes are unanswered. */
 int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err);
-/* The step of the modes whose every push is answered (sync, ssp, dssp): push
- * the gradient, wait for the parameters. */
-/* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */
-void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
-
-/* ---- replicas (ps_replica.c) ---- */
+/* ---- the shard (ps_shard.c), which ps.c and ps_replica.c both build on ---- */
 
 /* One shard's server (dp_ps_server_open picks this task's own shard; the
- * backup's is opened the same way, with its primary's shard index). */
+ * backup's is opened the same way, with its primary's shard index), under
+ * the mode's rules.  dp_ps_shard_free frees it (not what replicas opened). */
 int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
                      const dp_ps_layout *layout, const dp_ps_config *cfg,
-                     const dp_optim_config *optim, const dp_ps_start *start, size_t n_params,
-                     int shard, dp_err *err);
+                     const dp_ps_rules *rules, const dp_optim_config *optim,
+                     const dp_ps_start *start, size_t n_params, int shard, dp_err *err);
+void dp_ps_shard_free(dp_ps_server *s); /* NULL is a no-op */
+/* Sends rank the shard's parameters (stamped with the slowest clock). */
+int dp_ps_send_params(dp_ps_server *s, int rank, dp_err *err);
+/* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */
+void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
+/* An update's bookkeeping, in this order around it: the pushes it carries
+ * are applied (before a primary forwards its worker table), then the
+ * update counts and moves the moving average. */
+void dp_ps_note_applied(dp_ps_server *s);
+void dp_ps_shard_changed(dp_ps_server *s);
+
+/* ---- replicas (ps_replica.c) ---- */
 
 /* Server open: with cfg.replicas 2, connects to the ps tasks it forwards to
  * and from, and opens the shard it backs up (s->backup).  Close frees it. */
@@ -205,6 +213,8 @@ dp_ps_server *dp_ps_replica_route(dp_ps_server *s, const dp_event *ev);
 int dp_ps_replica_awake(dp_ps_server *s, dp_err *err);
 void dp_ps_replica_close(dp_ps_server *s);
 
+/* The step of the modes whose every push is answered (sync, ssp, dssp): push
+ * the gradient, wait for the parameters. */
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
                         dp_err *err);
 

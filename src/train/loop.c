@@ -149,10 +149,26 @@ typedef struct loop {
     dp_train_state ck;     /* the evaluator's state: what a checkpoint holds,
                               with the live --ema, --keep-best and history */
     dp_train_state resume; /* the checkpoint this run goes on from */
+    dp_checkpoint_source ckpts; /* env.checkpoints: how a strategy reads the run's newest */
     long spe, total_steps;
     dp_lr_plan lr; /* the schedule in steps, once spe is known */
     dp_train_result *res;
 } loop;
+
+/* env.checkpoints: the strategy's way to this run's newest checkpoint (the
+ * ps family restores a restarted ps task from it), read here, so no
+ * strategy calls into src/train. */
+static int newest_checkpoint(void *ctx, dp_train_state *st, char *path, size_t cap, dp_err *err)
+{
+    const loop *L = ctx;
+    return dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, st, path, cap, err);
+}
+
+static void release_checkpoint(void *ctx, dp_train_state *st)
+{
+    (void)ctx;
+    dp_train_state_free(st);
+}
 
 static int open_data(loop *L, dp_err *err)
 {
@@ -1012,10 +1028,12 @@ static int run_task(loop *L, dp_err *err)
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
+    L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint, L};
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
                           .resume = L->env.resume, .id = &L->id,
-                          .train = role_ps ? NULL : &L->train};
+                          .train = role_ps ? NULL : &L->train,
+                          .checkpoints = cfg->checkpoint_dir ? &L->ckpts : NULL};
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
