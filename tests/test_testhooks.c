@@ -77,6 +77,22 @@ static void hooks(void)
     CHECK(!dp_hook_on(DP_HOOK_UNFUSED_UPDATE));
     CHECK(dp_hook_set("DOWNPOUR_UNFUSED_UPDATE", NULL, &err) == 0);
 
+    /* the mid-frame pause: armed only in the task it names */
+    long nth = 0;
+    CHECK(dp_hook_pause_midframe("worker:1", &nth) == 0 && nth == 1);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_MIDFRAME", "300000", &err) == 0);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_FRAME", "20", &err) == 0);
+    CHECK(dp_hook_pause_midframe("worker:1", &nth) == 300000 && nth == 20);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_TASK", "worker:1", &err) == 0);
+    CHECK(dp_hook_pause_midframe("worker:1", &nth) == 300000);
+    CHECK(dp_hook_pause_midframe("worker:0", &nth) == 0 && dp_hook_pause_midframe(NULL, &nth) == 0);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_FRAME", "0", &err) < 0 &&
+          strstr(err.msg, "DOWNPOUR_TEST_PAUSE_FRAME is '0'"));
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_FRAME", NULL, &err) == 0);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_MIDFRAME", NULL, &err) == 0);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_PAUSE_TASK", NULL, &err) == 0);
+    CHECK(dp_hook_pause_midframe("worker:1", &nth) == 0);
+
     /* the sim's hooks are texts: sim checks them when it opens */
     CHECK(dp_hook_set("DOWNPOUR_SIM_ORDER", "reverse", &err) == 0 &&
           strcmp(dp_hook_text(DP_HOOK_SIM_ORDER), "reverse") == 0);

@@ -12,6 +12,8 @@
  *   DOWNPOUR_METRICS_KEEP_PARTS=1    the launcher keeps the per-task metrics files
  *   DOWNPOUR_SIM_ORDER, _SIM_SEED, _SIM_MEMORY, _SIM_PINNED, _SIM_COMM_TIMEOUT
  *                                    the sim device's item order, seed and limits (gpu.md)
+ *   DOWNPOUR_TEST_PAUSE_MIDFRAME=BYTES, _PAUSE_FRAME=N, _PAUSE_TASK=NAME
+ *                                    a TCP sender stops itself mid-frame (faults.md)
  *
  * The values are checked where they are read: dp_hooks_check refuses a
  * malformed one with a message naming it (the program checks before it
@@ -31,6 +33,9 @@ typedef enum dp_hook {
     DP_HOOK_SIM_MEMORY,
     DP_HOOK_SIM_PINNED,
     DP_HOOK_SIM_COMM_TIMEOUT,
+    DP_HOOK_PAUSE_MIDFRAME,
+    DP_HOOK_PAUSE_FRAME,
+    DP_HOOK_PAUSE_TASK,
     DP_HOOK_COUNT
 } dp_hook;
 
@@ -51,6 +56,11 @@ int dp_hooks_check(dp_err *err);
 long dp_hook_kill_at_step(void);
 /* Milliseconds a clustered task sleeps after each step; 0: none. */
 double dp_hook_step_ms(void);
+/* The mid-frame pause for the task named TASK (its DOWNPOUR_TASK; NULL for
+ * none): the payload bytes after which a sender stops itself in the *nth
+ * large frame, 0 when it is not armed in this task (unset, or
+ * DOWNPOUR_TEST_PAUSE_TASK names another). */
+unsigned long long dp_hook_pause_midframe(const char *task, long *nth);
 /* Whether a flag hook (UNFUSED_UPDATE, METRICS_KEEP_PARTS) is "1". */
 int dp_hook_on(dp_hook h);
 

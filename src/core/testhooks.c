@@ -19,6 +19,9 @@ static const char *const names[DP_HOOK_COUNT] = {
     [DP_HOOK_SIM_MEMORY] = "DOWNPOUR_SIM_MEMORY",
     [DP_HOOK_SIM_PINNED] = "DOWNPOUR_SIM_PINNED",
     [DP_HOOK_SIM_COMM_TIMEOUT] = "DOWNPOUR_SIM_COMM_TIMEOUT",
+    [DP_HOOK_PAUSE_MIDFRAME] = "DOWNPOUR_TEST_PAUSE_MIDFRAME",
+    [DP_HOOK_PAUSE_FRAME] = "DOWNPOUR_TEST_PAUSE_FRAME",
+    [DP_HOOK_PAUSE_TASK] = "DOWNPOUR_TEST_PAUSE_TASK",
 };
 
 /* The texts (owned copies) and the parsed values of the two hooks a
@@ -26,6 +29,7 @@ static const char *const names[DP_HOOK_COUNT] = {
 static char *text[DP_HOOK_COUNT];
 static long kill_at = -1;
 static double step_ms;
+static long pause_bytes, pause_nth = 1;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* TEXT as milliseconds in (0, 1000]. */
@@ -65,6 +69,16 @@ static int parse(dp_hook h, const char *t, dp_err *err)
         if (t && parse_ms(t, &v, err) < 0)
             return -1;
         step_ms = v;
+        return 0;
+    }
+    case DP_HOOK_PAUSE_MIDFRAME:
+    case DP_HOOK_PAUSE_FRAME: {
+        long *dst = h == DP_HOOK_PAUSE_MIDFRAME ? &pause_bytes : &pause_nth;
+        long v = h == DP_HOOK_PAUSE_MIDFRAME ? 0 : 1;
+        *dst = v;
+        if (t && dp_env_parse_long(names[h], t, 1, LONG_MAX, &v, err) < 0)
+            return -1;
+        *dst = v;
         return 0;
     }
     case DP_HOOK_UNFUSED_UPDATE:
@@ -138,6 +152,16 @@ double dp_hook_step_ms(void)
 {
     pthread_once(&once, load);
     return step_ms;
+}
+
+unsigned long long dp_hook_pause_midframe(const char *task, long *nth)
+{
+    pthread_once(&once, load);
+    const char *who = text[DP_HOOK_PAUSE_TASK];
+    *nth = pause_nth;
+    if (who && (!task || strcmp(who, task) != 0))
+        return 0;
+    return (unsigned long long)pause_bytes;
 }
 
 int dp_hook_on(dp_hook h)
