@@ -2,8 +2,6 @@
  * file of the library that reads them from the environment, once. */
 #include "downpour/testhooks.h"
 
-#include "downpour/env.h"
-
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,13 +30,14 @@ static double step_ms;
 static long pause_bytes, pause_nth = 1;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-/* TEXT as milliseconds in (0, 1000]. */
+/* T as milliseconds in (0, 1000]. */
 static int parse_ms(const char *t, double *out, dp_err *err)
 {
-    char *end = NULL;
-    double v = (t[0] >= '0' && t[0] <= '9') || t[0] == '.' ? strtod(t, &end) : 0;
-    if (!end || end == t || *end || !(v > 0 && v <= 1000))
-        return dp_errf(err, "%s is '%s': expected milliseconds above 0 and at most 1000",
+    double v = 0;
+    if (dp_parse_double(t, 0, 1000, &v, names[DP_HOOK_STEP_MS], err) < 0)
+        return -1;
+    if (!(v > 0))
+        return dp_errf(err, "%s: '%s' is not above 0 (milliseconds, at most 1000)",
                        names[DP_HOOK_STEP_MS], t);
     *out = v;
     return 0;
@@ -47,7 +46,7 @@ static int parse_ms(const char *t, double *out, dp_err *err)
 static int parse_flag(dp_hook h, const char *t, dp_err *err)
 {
     if (strcmp(t, "0") != 0 && strcmp(t, "1") != 0)
-        return dp_errf(err, "%s is '%s': expected 0 or 1", names[h], t);
+        return dp_errf(err, "%s: '%s' is not 0 or 1", names[h], t);
     return 0;
 }
 
@@ -58,7 +57,7 @@ static int parse(dp_hook h, const char *t, dp_err *err)
     case DP_HOOK_KILL_AT_STEP: {
         long v = -1;
         kill_at = -1;
-        if (t && dp_env_parse_long(names[h], t, 1, LONG_MAX, &v, err) < 0)
+        if (t && dp_parse_long(t, 1, LONG_MAX, &v, names[h], err) < 0)
             return -1;
         kill_at = v;
         return 0;
@@ -76,7 +75,7 @@ static int parse(dp_hook h, const char *t, dp_err *err)
         long *dst = h == DP_HOOK_PAUSE_MIDFRAME ? &pause_bytes : &pause_nth;
         long v = h == DP_HOOK_PAUSE_MIDFRAME ? 0 : 1;
         *dst = v;
-        if (t && dp_env_parse_long(names[h], t, 1, LONG_MAX, &v, err) < 0)
+        if (t && dp_parse_long(t, 1, LONG_MAX, &v, names[h], err) < 0)
             return -1;
         *dst = v;
         return 0;
