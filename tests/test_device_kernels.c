@@ -20,6 +20,7 @@
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
+#include "downpour/testhooks.h"
 
 static void *ctx;
 static dp_rng rng;
@@ -594,7 +595,7 @@ static void test_errors(void)
     dp_backend_sim.close(c2);
 
     CHECK(dp_backend_sim.open(&c2, 1, msg, sizeof msg) == -1);
-    setenv("DOWNPOUR_SIM_MEMORY", "1000", 1);
+    dp_hook_set("DOWNPOUR_SIM_MEMORY", "1000", NULL);
     REQUIRE(dp_backend_sim.open(&c2, 0, msg, sizeof msg) == 0);
     void *p = dp_backend_sim.alloc(c2, 600);
     CHECK(p != NULL && dp_backend_sim.alloc(c2, 600) == NULL);
@@ -603,7 +604,7 @@ static void test_errors(void)
     CHECK(p != NULL);
     dp_backend_sim.free(c2, p);
     dp_backend_sim.close(c2);
-    unsetenv("DOWNPOUR_SIM_MEMORY");
+    dp_hook_set("DOWNPOUR_SIM_MEMORY", NULL, NULL);
 }
 
 int main(void)

@@ -25,6 +25,7 @@
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
+#include "downpour/testhooks.h"
 #include "downpour/stream.h"
 
 #define RECORDS 600
@@ -657,11 +658,11 @@ static void test_errors(void)
 
     /* out of device memory: the first buffer that does not fit, named */
     model_init(&m, "mlp-300-100", 128);
-    setenv("DOWNPOUR_SIM_MEMORY", "4300000", 1); /* params, grads, adam's m and v: 4265760 */
+    dp_hook_set("DOWNPOUR_SIM_MEMORY", "4300000", NULL); /* params, grads, adam's m and v: 4265760 */
     dp_device *small;
     dp_device_spec spec = {DP_DEVICE_SIM, 0};
     REQUIRE(dp_device_open(&small, &spec, &err) == 0);
-    unsetenv("DOWNPOUR_SIM_MEMORY");
+    dp_hook_set("DOWNPOUR_SIM_MEMORY", NULL, NULL);
     CHECK(dp_dmodel_open(&g, small, &m, &cfg, &err) == -1);
     CHECKF(strstr(err.msg, "device sim: out of memory for the activations (") != NULL, "%s",
            err.msg);

@@ -27,6 +27,7 @@
 #include "downpour/device.h"
 #include "downpour/model.h"
 #include "downpour/rng.h"
+#include "downpour/testhooks.h"
 
 #define RECORDS 300
 #define DIM 784
@@ -105,18 +106,18 @@ static void sim_table(void)
     c = counts(d);
     CHECK(c.pinned == 0 && c.pinned_bytes == 0);
     /* DOWNPOUR_SIM_PINNED caps the bytes registered at once */
-    setenv("DOWNPOUR_SIM_PINNED", "1500", 1);
+    dp_hook_set("DOWNPOUR_SIM_PINNED", "1500", NULL);
     CHECK(be->host_register(ctx, buf, 1000, msg, sizeof msg) == 0);
     msg[0] = '\0';
     CHECKF(be->host_register(ctx, buf + 1000, 501, msg, sizeof msg) < 0 &&
                strstr(msg, "DOWNPOUR_SIM_PINNED allows 1500 bytes and 1000 are registered"),
            "past the cap: '%s'", msg);
     CHECK(be->host_register(ctx, buf + 1000, 500, msg, sizeof msg) == 0);
-    setenv("DOWNPOUR_SIM_PINNED", "12k", 1);
+    dp_hook_set("DOWNPOUR_SIM_PINNED", "12k", NULL);
     msg[0] = '\0';
     CHECK(be->host_register(ctx, buf + 2000, 8, msg, sizeof msg) < 0 &&
           strstr(msg, "'12k' is not a count of bytes"));
-    unsetenv("DOWNPOUR_SIM_PINNED");
+    dp_hook_set("DOWNPOUR_SIM_PINNED", NULL, NULL);
     be->host_unregister(ctx, buf);
     be->host_unregister(ctx, buf + 1000);
     CHECK(counts(d).pinned == 0);

@@ -15,6 +15,7 @@
 #include "downpour/clock.h"
 #include "downpour/cluster.h"
 #include "downpour/launcher.h"
+#include "downpour/testhooks.h"
 
 static char g_dir[4096];
 
@@ -446,12 +447,12 @@ static void test_metrics_merge(void)
     free(s);
 
     /* DOWNPOUR_METRICS_KEEP_PARTS=1 keeps them */
-    setenv(DP_LAUNCH_KEEP_PARTS_ENV, "1", 1);
+    dp_hook_set(DP_LAUNCH_KEEP_PARTS_ENV, "1", NULL);
     devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
     o.err_fd = devnull;
     CHECKF(dp_launch(&o, &err) == 0, "%s", err.msg);
     close(devnull);
-    unsetenv(DP_LAUNCH_KEEP_PARTS_ENV);
+    dp_hook_set(DP_LAUNCH_KEEP_PARTS_ENV, NULL, NULL);
     snprintf(path, sizeof path, "%s.worker-1", metrics);
     CHECK(access(path, F_OK) == 0);
 

@@ -23,6 +23,7 @@
 
 #include "check.h"
 #include "device/backend.h"
+#include "downpour/testhooks.h"
 
 #define ID 128
 #define N 1000003 /* 16 chunks of sim's 64 Ki-float slots, the last one short */
@@ -306,7 +307,7 @@ static void *survive(void *arg)
 
 static void test_killed_rank(void)
 {
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "60", 1); /* the killed rank shows long before */
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "60", NULL); /* the killed rank shows long before */
     void *ctx = open_ctx();
     uint8_t id[ID], id2[ID];
     new_id(ctx, id);
@@ -342,14 +343,14 @@ static void test_killed_rank(void)
     CHECK(!exists(id) && !exists(id2));
     pthread_barrier_destroy(&bar);
     be->close(ctx);
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
 }
 
 /* Rank 2 aborts right after joining: the others' sum fails on its flag
  * (the ranks are threads of one process, so its pid tells nothing). */
 static void test_abort(void)
 {
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "120", 1); /* a timeout would say something else */
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "120", NULL); /* a timeout would say something else */
     void *ctx = open_ctx();
     uint8_t id[ID];
     new_id(ctx, id);
@@ -367,7 +368,7 @@ static void test_abort(void)
         CHECKF(s[r].ok, "rank %d: %s", r, s[r].msg);
     CHECK(!exists(id));
     be->close(ctx);
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
 }
 
 /* ---- refusals ---- */
@@ -419,7 +420,7 @@ static void test_refusals(void)
     join_refused(ctx, other, ID, 2, 0, "not made by sim's comm_id", NULL);
     const char *bad[] = {"abc", "0", "-1", "5s", "inf", " 5", "1e3", "0x10"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        setenv("DOWNPOUR_SIM_COMM_TIMEOUT", bad[i], 1);
+        dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", bad[i], NULL);
         char quoted[32];
         snprintf(quoted, sizeof quoted, "'%s'", bad[i]);
         join_refused(ctx, id, ID, 2, 0, "DOWNPOUR_SIM_COMM_TIMEOUT", quoted);
@@ -427,7 +428,7 @@ static void test_refusals(void)
     CHECK(!exists(id)); /* no refusal above got as far as the segment */
 
     /* another `ranks`, and a rank twice, while rank 0 of 2 waits */
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
     joiner a = {.id = id, .ranks = 2, .rank = 0, .ctx = open_ctx()};
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, join_thread, &a) == 0);
@@ -448,7 +449,7 @@ static void test_refusals(void)
     be->close(a.ctx);
 
     /* a join nobody else comes to */
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "1", 1);
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "1", NULL);
     new_id(ctx, id);
     join_refused(ctx, id, ID, 3, 0, "comm_join: rank(s) 1, 2 of 3 did not join within 1 s",
                  "DOWNPOUR_SIM_COMM_TIMEOUT");
@@ -456,7 +457,7 @@ static void test_refusals(void)
 
     /* a rank that joins while rank 0 gives up (its 2 s) fails then, not
      * after its own 30 s */
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "2", 1);
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "2", NULL);
     new_id(ctx, id);
     joiner g = {.id = id, .ranks = 3, .rank = 0, .ctx = open_ctx()};
     REQUIRE(pthread_create(&t, NULL, join_thread, &g) == 0);
@@ -464,7 +465,7 @@ static void test_refusals(void)
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "30", 1); /* rank 0 read its 2 before the file was */
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "30", NULL); /* rank 0 read its 2 before the file was */
     char want[64];
     snprintf(want, sizeof want, "rank 0 of 3 (pid %d) gave up joining", (int)getpid());
     join_refused(ctx, id, ID, 3, 1, want, NULL);
@@ -472,7 +473,7 @@ static void test_refusals(void)
     CHECKF(g.rc == -1 && strstr(g.msg, "2 of 3 did not join within 2 s"), "rank 0: %s", g.msg);
     CHECK(!exists(id));
     be->close(g.ctx);
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
     be->close(ctx);
 }
 
@@ -508,7 +509,7 @@ static void join_two(void *ctx, uint8_t *id, void **comm, joiner *a)
 
 static void test_count_mismatch(void)
 {
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "120", 1); /* a timeout would say something else */
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "120", NULL); /* a timeout would say something else */
     void *ctx = open_ctx(), *comm = NULL;
     uint8_t id[ID];
     char msg[512] = "";
@@ -545,7 +546,7 @@ static void test_count_mismatch(void)
     CHECKF(strstr(msg, "a sum of 3 floats during a graph capture"), "%s", msg);
     CHECK(be->sync(ctx, msg, sizeof msg) == 0);
     be->close(ctx); /* with comm still joined: ASan names a leak if close forgets it */
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
 }
 
 typedef struct late_sum {
@@ -570,7 +571,7 @@ static void *sum_late(void *arg)
  * after it, with the summed values. */
 static void test_queued(void)
 {
-    setenv("DOWNPOUR_SIM_COMM_TIMEOUT", "120", 1);
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", "120", NULL);
     void *ctx = open_ctx(), *comm = NULL;
     uint8_t id[ID];
     char msg[512] = "";
@@ -600,7 +601,7 @@ static void test_queued(void)
     be->comm_free(a.ctx, a.comm);
     be->close(a.ctx);
     be->close(ctx);
-    unsetenv("DOWNPOUR_SIM_COMM_TIMEOUT");
+    dp_hook_set("DOWNPOUR_SIM_COMM_TIMEOUT", NULL, NULL);
 }
 
 int main(void)

@@ -38,6 +38,7 @@
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
+#include "downpour/testhooks.h"
 
 /* |tally - forward's| / |forward's|: a sum of ~100 doubles of a few units
  * each in another order moves by ~1e-15. */
@@ -103,8 +104,8 @@ static void count_launch(void *c, const dp_kernel *k)
 
 static void set_order(const char *order, const char *seed)
 {
-    setenv("DOWNPOUR_SIM_ORDER", order, 1);
-    setenv("DOWNPOUR_SIM_SEED", seed, 1);
+    dp_hook_set("DOWNPOUR_SIM_ORDER", order, NULL);
+    dp_hook_set("DOWNPOUR_SIM_SEED", seed, NULL);
 }
 
 static void *open_sim(void)
@@ -883,11 +884,11 @@ static void test_bad_values(void)
     CHECK(dp_device_open(&dev, &ds, &err) == -1);
     CHECKF(strstr(err.msg, "DOWNPOUR_SIM_ORDER") != NULL, "dp_device_open: %s", err.msg);
     /* unset and empty: forward */
-    unsetenv("DOWNPOUR_SIM_ORDER");
-    unsetenv("DOWNPOUR_SIM_SEED");
+    dp_hook_set("DOWNPOUR_SIM_ORDER", NULL, NULL);
+    dp_hook_set("DOWNPOUR_SIM_SEED", NULL, NULL);
     REQUIRE(dp_backend_sim.open(&c, 0, msg, sizeof msg) == 0);
     dp_backend_sim.close(c);
-    setenv("DOWNPOUR_SIM_ORDER", "", 1);
+    dp_hook_set("DOWNPOUR_SIM_ORDER", "", NULL);
     REQUIRE(dp_backend_sim.open(&c, 0, msg, sizeof msg) == 0);
     dp_backend_sim.close(c);
 }
@@ -919,8 +920,8 @@ int main(void)
     }
     for (int o = 0; o < 4; o++)
         free(runs[o].f);
-    unsetenv("DOWNPOUR_SIM_ORDER");
-    unsetenv("DOWNPOUR_SIM_SEED");
+    dp_hook_set("DOWNPOUR_SIM_ORDER", NULL, NULL);
+    dp_hook_set("DOWNPOUR_SIM_SEED", NULL, NULL);
     fflush(stdout);
     return CHECK_DONE();
 }

@@ -116,6 +116,9 @@ int dp_dataset_open_with(dp_dataset *ds, const char *spec, const dp_dataset_opti
                          dp_err *err);
 /* dp_dataset_open_with with dp_dataset_options_default. */
 int dp_dataset_open(dp_dataset *ds, const char *name_or_dir, dp_err *err);
+/* Where the known names live: $DOWNPOUR_DATA, "./data" when it is unset or
+ * empty.  The one reader of that variable, for the library and the program. */
+const char *dp_dataset_root(void);
 void dp_dataset_close(dp_dataset *ds);
 
 /* In-memory datasets: caller-owned arrays registered under a name and

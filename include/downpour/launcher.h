@@ -40,7 +40,8 @@
  * Once FILE is written the per-task files (and FILE.launcher) are removed;
  * a merge that fails keeps them, and the warning says so.  With
  * DOWNPOUR_METRICS_KEEP_PARTS=1 in the launcher's environment they are kept
- * (to read one task's own events, as the fault tests do).
+ * (to read one task's own events, as the fault tests do; a test hook,
+ * testhooks.h, which tests set with dp_hook_set).
  *
  * Tasks inherit no descriptor but 0, 1 and 2.  PR_SET_PDEATHSIG fires when
  * the thread that forked exits, so start and wait from a thread that lives

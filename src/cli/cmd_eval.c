@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "downpour/checkpoint.h"
 #include "downpour/clock.h"
+#include "downpour/dataset.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
 #include "downpour/train.h"
@@ -21,11 +22,10 @@ static void dataset_path(const char *name, char *out, size_t cap)
 {
     static const char *const known[] = {"mnist", "fashion-mnist", "kmnist"};
     char path[4096];
-    const char *root = getenv("DOWNPOUR_DATA");
     snprintf(path, sizeof path, "%s", name);
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strcmp(name, known[i]) == 0)
-            snprintf(path, sizeof path, "%s/%s", root && *root ? root : "./data", name);
+            snprintf(path, sizeof path, "%s/%s", dp_dataset_root(), name);
     char real[PATH_MAX];
     if (realpath(path, real))
         snprintf(out, cap, "%s", real);

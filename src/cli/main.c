@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "downpour/log.h"
 #include "downpour/isa.h"
+#include "downpour/testhooks.h"
 #include "downpour/version.h" /* DOWNPOUR_VERSION: CMake's project version */
 
 typedef struct command {
@@ -109,7 +110,8 @@ int main(int argc, char **argv)
         dp_log_set_level(level);
     }
     dp_err err;
-    if (c && dp_isa_check_env(&err) < 0) { /* a bad cap is a usage error, before any work */
+    /* a bad cap or test hook is a usage error, before any work */
+    if (c && (dp_isa_check_env(&err) < 0 || dp_hooks_check(&err) < 0)) {
         fprintf(stderr, "downpour: %s\n", err.msg);
         return 2;
     }

@@ -27,6 +27,7 @@
 #include "downpour/metrics.h"
 #include "downpour/trace.h"
 #include "downpour/secret.h"
+#include "downpour/testhooks.h"
 
 extern char **environ;
 
@@ -846,10 +847,9 @@ static int merge_metrics(const dp_launcher *l, dp_err *err)
         dp_errf(err, "%s; the per-task files %s.<task> are kept", why, l->metrics_path);
     }
     /* Merged: the parts only clutter the folder beside FILE. */
-    const char *keep = getenv(DP_LAUNCH_KEEP_PARTS_ENV);
+    int keep = dp_hook_on(DP_HOOK_METRICS_KEEP_PARTS);
     for (int i = 0; i < k; i++) {
-        if (rc == 0 && !(keep && strcmp(keep, "1") == 0) && unlink(src[i].path) != 0 &&
-            errno != ENOENT)
+        if (rc == 0 && !keep && unlink(src[i].path) != 0 && errno != ENOENT)
             dp_warn("launcher: cannot remove %s: %s", src[i].path, strerror(errno));
         free((char *)src[i].path);
     }

@@ -28,9 +28,12 @@ int dp_isa_parse(const char *name, dp_isa *out, dp_err *err)
                    name ? name : "");
 }
 
+/* The one read of DOWNPOUR_ISA: the check and the cap agree on it. */
+static const char *cap_env(void) { return getenv("DOWNPOUR_ISA"); }
+
 int dp_isa_check_env(dp_err *err)
 {
-    const char *cap = getenv("DOWNPOUR_ISA");
+    const char *cap = cap_env();
     dp_isa l = DP_ISA_SCALAR;
     if (!cap || !*cap || dp_isa_parse(cap, &l, err) == 0)
         return 0;
@@ -53,7 +56,7 @@ static void detect(void)
         }
     }
 #endif
-    const char *cap = getenv("DOWNPOUR_ISA");
+    const char *cap = cap_env();
     if (cap && *cap) {
         dp_isa l = cap_level;
         dp_err err;

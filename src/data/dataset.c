@@ -524,6 +524,12 @@ static dp_cache_state idx_try_cache(void *ctx, const char *path, char *why, size
 
 /* ---- public ---- */
 
+const char *dp_dataset_root(void)
+{
+    const char *root = getenv("DOWNPOUR_DATA");
+    return root && *root ? root : "./data";
+}
+
 static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
 {
     if (!name_or_dir || !*name_or_dir)
@@ -532,8 +538,7 @@ static int open_idx(dp_dataset *ds, const char *name_or_dir, dp_err *err)
     const known_ds *k = find_known(name_or_dir);
     int n;
     if (k) {
-        const char *root = getenv("DOWNPOUR_DATA");
-        n = snprintf(ds->dir, sizeof ds->dir, "%s/%s", root && *root ? root : "./data", k->name);
+        n = snprintf(ds->dir, sizeof ds->dir, "%s/%s", dp_dataset_root(), k->name);
     } else {
         n = snprintf(ds->dir, sizeof ds->dir, "%s", name_or_dir);
         while (n > 1 && ds->dir[n - 1] == '/')

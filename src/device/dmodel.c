@@ -40,6 +40,7 @@
  * drawn on the host for each step, in the CPU model's order (slot_keys), and
  * the dropout kernels read them from the step block. */
 #include "downpour/device.h"
+#include "downpour/env.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -407,8 +408,10 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
         g->has_opt = 1;
         g->n_slots = dp_optim_slots(oc->kind);
     }
-    const char *env = getenv("DOWNPOUR_DEVICE_GRAPH");
-    g->graphs = g->be->capture_begin && !(env && strcmp(env, "0") == 0);
+    int graphs;
+    if (dp_env_flag("DOWNPOUR_DEVICE_GRAPH", 1, &graphs, err) < 0)
+        goto fail;
+    g->graphs = g->be->capture_begin && graphs;
 
     size_t mb = (size_t)g->max_batch, pbytes = g->n_params * sizeof(float);
     size_t acts = 0, width = 0;

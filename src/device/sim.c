@@ -50,6 +50,7 @@
 #include "device/backend.h"
 #include "downpour/isa.h"
 #include "downpour/rng.h"
+#include "downpour/testhooks.h"
 
 /* Each device block starts with its size, so free can count it back. */
 #define SIM_HEADER 64
@@ -113,7 +114,7 @@ static void sim_fail(sim_ctx *c, const char *fmt, ...)
 static int read_order(sim_ctx *c, char *msg, size_t len)
 {
     static const char *const names[] = {"forward", "reverse", "shuffle"};
-    const char *order = getenv("DOWNPOUR_SIM_ORDER");
+    const char *order = dp_hook_text(DP_HOOK_SIM_ORDER);
     c->order = SIM_FORWARD;
     if (order && *order) {
         int found = 0;
@@ -131,7 +132,7 @@ static int read_order(sim_ctx *c, char *msg, size_t len)
         }
     }
     unsigned long long seed = 1;
-    const char *s = getenv("DOWNPOUR_SIM_SEED");
+    const char *s = dp_hook_text(DP_HOOK_SIM_SEED);
     if (s && *s) {
         char *end;
         seed = strtoull(s, &end, 10);
@@ -159,7 +160,7 @@ static int sim_open(void **ctx, int index, char *msg, size_t len)
         return -1;
     }
     c->limit = SIZE_MAX;
-    const char *cap = getenv("DOWNPOUR_SIM_MEMORY");
+    const char *cap = dp_hook_text(DP_HOOK_SIM_MEMORY);
     if (cap && *cap) {
         char *end;
         unsigned long long v = strtoull(cap, &end, 10);
@@ -264,7 +265,7 @@ static int sim_host_register(void *ctx, void *p, size_t bytes, char *msg, size_t
         snprintf(msg, len, "host_register during a graph capture");
         return -1;
     }
-    const char *limit = getenv("DOWNPOUR_SIM_PINNED"); /* read here: registering is rare */
+    const char *limit = dp_hook_text(DP_HOOK_SIM_PINNED);
     if (limit && *limit) {
         char *end;
         unsigned long long v = strtoull(limit, &end, 10);

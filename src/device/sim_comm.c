@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "device/backend.h"
+#include "downpour/testhooks.h"
 
 #define ID_BYTES 128 /* NCCL's unique id's size: one id travels for either backend */
 #define ID_RANDOM 16
@@ -314,7 +315,7 @@ static int wait_all(dp_sim_comm *c, wait_on w, uint64_t seq)
 /* DOWNPOUR_SIM_COMM_TIMEOUT: seconds, a plain decimal above 0. */
 static int read_timeout(double *out, char *msg, size_t len)
 {
-    const char *v = getenv(TIMEOUT_ENV);
+    const char *v = dp_hook_text(DP_HOOK_SIM_COMM_TIMEOUT);
     *out = DEFAULT_TIMEOUT_S;
     if (!v || !*v)
         return 0;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/env.h"
 #include "downpour/isa.h"
 #include "downpour/pool.h"
 #include "adam_fast.h"
@@ -130,7 +131,8 @@ static void init_fast_adam(void);
 int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err)
 {
     memset(o, 0, sizeof *o);
-    if (check_config(cfg, err) < 0)
+    int exact;
+    if (check_config(cfg, err) < 0 || dp_env_flag("DOWNPOUR_EXACT_ADAM", 0, &exact, err) < 0)
         return -1;
     size_t slots = (size_t)dp_optim_slots(cfg->kind);
     if (slots && n > SIZE_MAX / sizeof(float) / slots)
@@ -153,8 +155,7 @@ int dp_optim_init(dp_optim *o, const dp_optim_config *cfg, size_t n, dp_err *err
     o->cfg = *cfg;
     o->n = n;
     o->t = 0;
-    const char *exact = getenv("DOWNPOUR_EXACT_ADAM");
-    o->exact = exact && strcmp(exact, "1") == 0;
+    o->exact = exact;
     init_fast_adam();
     return 0;
 }

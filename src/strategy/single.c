@@ -11,6 +11,7 @@
 
 #include "downpour/clip.h"
 #include "downpour/strategy.h"
+#include "downpour/testhooks.h"
 
 struct dp_strategy {
     dp_model *m;
@@ -57,10 +58,9 @@ static int single_open(dp_strategy **out, const dp_run_env *env, dp_task_info *i
         return -1;
     }
     info->replica = s->r;
-    const char *unfused = getenv("DOWNPOUR_UNFUSED_UPDATE");
     s->clip = env->cfg->clip_norm;
     /* unfused works on the host's gradients: only where they are live */
-    s->unfused = ((unfused && strcmp(unfused, "1") == 0) || s->clip > 0) &&
+    s->unfused = (dp_hook_on(DP_HOOK_UNFUSED_UPDATE) || s->clip > 0) &&
                  dp_replica_host_live(s->r);
     info->part = DP_PART_TRAINER;
     info->evaluator = 1;

@@ -25,6 +25,7 @@
 #include "downpour/resource.h"
 #include "downpour/strategy.h"
 #include "downpour/tensorboard.h"
+#include "downpour/testhooks.h"
 #include "downpour/trace.h"
 #include "train/progress.h"
 
@@ -604,18 +605,13 @@ static int train(loop *L, dp_err *err)
         return -1;
     }
 
-    /* Fault injection for the resume tests: SIGKILL this task right after
-     * step N, as a crash or the OOM killer would (docs/checkpoints.md). */
-    const char *kill_env = getenv("DOWNPOUR_FAULT_KILL_AT_STEP");
-    long kill_at = kill_env ? strtol(kill_env, NULL, 10) : -1;
-    /* Pacing for the fault tests: every task of a cluster sleeps this long
-     * a step, so a run lasts long enough to strike in and to restart a task
-     * within, without taking CPU from the tests beside it (docs/faults.md,
-     * "Testing"). */
-    const char *pace_env = getenv("DOWNPOUR_TEST_STEP_MS");
-    double pace_ms = pace_env ? strtod(pace_env, NULL) : 0;
-    if (!(pace_ms > 0 && pace_ms <= 1000))
-        pace_ms = 0;
+    /* Test hooks, read once (testhooks.h; docs/faults.md, "Test hooks"):
+     * SIGKILL this task right after step N, as a crash or the OOM killer
+     * would (the resume tests), and pace a cluster's tasks with a sleep a
+     * step, so a run lasts long enough to strike in without taking CPU
+     * from the tests beside it. */
+    long kill_at = dp_hook_kill_at_step();
+    double pace_ms = dp_hook_step_ms();
     long step = info->start_step >= 0 ? info->start_step : L->resume.step;
     int first_epoch = (int)(step / L->spe);
     long first_k = step % L->spe;
