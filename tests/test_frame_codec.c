@@ -243,6 +243,31 @@ int main(void)
         close(sv[0]);
         close(sv[1]);
     }
+    /* as many pieces as a transport send may have (DP_TRANSPORT_MAX_IOV) */
+    {
+        int sv[2];
+        pair(sv);
+        end a, r;
+        end_open(&a, sv[0], MAC, 1, 1, DP_FRAME_MAX_DEFAULT);
+        end_open(&r, sv[1], MAC, 0, 0, DP_FRAME_MAX_DEFAULT);
+        static uint8_t p[64 * 100], q[64 * 100];
+        struct iovec v[64];
+        for (int i = 0; i < 64; i++) {
+            memset(p + 100 * i, i, 100);
+            v[i].iov_base = p + 100 * i;
+            v[i].iov_len = 100;
+        }
+        dp_frame_header h = {0};
+        h.type = DP_FRAME_APP(0);
+        CHECK(dp_codec_send(&a.cd, &a.s.base, 0, &h, v, 64, sizeof p, &why) == 0);
+        CHECK(dp_codec_next(&r.cd, &r.s.base, 1, &h, &why) == DP_CODEC_FRAME);
+        CHECK(dp_codec_read(&r.cd, &r.s.base, q, sizeof q, &why) == 0);
+        CHECK(memcmp(p, q, sizeof p) == 0);
+        dp_codec_free(&a.cd);
+        dp_codec_free(&r.cd);
+        close(sv[0]);
+        close(sv[1]);
+    }
     /* the sender refuses a payload over its bound too */
     {
         int sv[2];

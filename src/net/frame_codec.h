@@ -31,7 +31,7 @@
 #define DP_CODEC_SEND_PIECE (64 * 1024)
 #endif
 #define DP_CODEC_ONESHOT 4096
-#define DP_CODEC_MAX_IOV 16 /* source pieces of one frame (DP_TRANSPORT_MAX_IOV) */
+#define DP_CODEC_MAX_IOV 64 /* source pieces of one frame (at least DP_TRANSPORT_MAX_IOV) */
 
 /* Counters and liveness stamps of one connection; the codec adds what it
  * moves, the connection manager reads them (and adds its own frames). */

@@ -6,6 +6,8 @@
 
 static const dp_transport_ops tcp_ops;
 
+_Static_assert(DP_TRANSPORT_MAX_IOV <= DP_CODEC_MAX_IOV, "the codec takes every piece a send may have");
+
 /* ---- send ---- */
 
 /* ---- shared memory ---- */

@@ -1,5 +1,5 @@
 /* The TCP transport's private header, shared by its three layers above
- * the frame codec (docs/architecture.md, "The transport"):
+ * the frame codec (docs/architecture.md, "Transports"):
  *   tcp_conn.c  connection state: loss, install/replace, heartbeats sent,
  *               the refusal log (calls nothing above it)
  *   tcp_dial.c  the threads that make connections: accept and handshakes,
@@ -8,7 +8,6 @@
  *               shared-memory glue, open and close (calls both)
  * Frames go through frame_codec.h over a stream.h stream; the codec never
  * sees a connection.
- *
  *
  * Threads: the caller's threads send (one frame at a time per connection,
  * under conn.send_mu) and one caller thread receives (poll, recv_payload);
