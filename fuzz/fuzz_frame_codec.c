@@ -9,7 +9,6 @@
 
 #include <sodium.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,8 +99,6 @@ static int drain(int mode, uint64_t max, const uint8_t *in, size_t len, size_t p
         if (k != 0)
             break;
     }
-    if (getenv("FUZZ_DEBUG"))
-        fprintf(stderr, "mode %d kind %d: %s\n", mode, k, k == DP_CODEC_NONE ? "" : why.msg);
     if (k != DP_CODEC_NONE && k != DP_CODEC_BYE && (why.msg[0] == '\0'))
         abort(); /* every failure gives a reason */
     dp_codec_free(&c);
