@@ -1,1322 +1,14 @@
-/* The TCP transport.
- *
- * Threads: the caller's threads send (one frame at a time per connection,
- * under conn.send_mu) and one caller thread receives (poll, recv_payload);
- * an accept thread starts a thread for the handshake of each incoming
- * connection (so a silent stranger delays nobody); a heartbeat
- * thread sends HEARTBEAT frames on idle connections, notices silent peers and
- * starts a redial thread for a lost peer this side dials (one at a time per
- * peer, each bounded by the handshake timeout).
- *
- * Liveness: last_rx_us is refreshed whenever the receiving thread reads bytes
- * and, while nobody reads, whenever the heartbeat thread sees the socket's
- * unread byte count (FIONREAD) grow.  A peer is lost by silence only when
- * nothing arrived for heartbeat_timeout and nothing is waiting unread: a full
- * receive buffer means the peer is alive and we are the slow one.
- *
- * Shared memory (shm.h, docs/transport.md "Shared memory"): a connection to
- * a task on this host may carry a dp_shm link, set up before it is
- * installed; its application frames then go through the link's rings and
- * the socket carries heartbeats and BYE only, and still tells of the loss.
- *
- * Lock order: tcp.mu -> conn.send_mu -> conn.mu.  A lost connection is shut
- * down at once but its fd (and shm link) stays open until it is replaced or
- * the transport closes, so no thread ever uses a recycled descriptor. */
-#include "downpour/tcp.h"
-
-#include "auth.h"
-#include "fmac.h"
-#include "shm.h"
-#include "sock.h"
-#include "transport_impl.h"
-
-#include "downpour/clock.h"
-#include "downpour/crc32c.h"
-#include "downpour/log.h"
-#include "downpour/secret.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <sodium.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/ioctl.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-
-/* Handshakes run in threads of their own, so a stranger who connects and
- * says nothing delays nobody; past this many at once, new ones are refused. */
-#define MAX_HANDSHAKES 32
-#define RECV_CHUNK (8 * 1024) /* payload read size: 8 KiB reads keep the kernel's copy and the CRC in L1 (measured best of 8..1024 KiB) */
-#define RBUF (64 * 1024)        /* read-ahead buffer per connection */
-#define SMALL_FRAME 512         /* payloads up to this are copied next to the header */
-#define HDR_MAC (DP_FRAME_HEADER_SIZE + DP_FRAME_TAG_SIZE) /* header and its tag */
-/* A keyed sender tags (or encrypts) and writes a chunk in pieces of this
- * size, each while it is in cache; up to FMAC_ONESHOT bytes in one piece
- * take libsodium's one-shot tag, which starts faster than OpenSSL's (fmac.h).
- * A whole chunk per write costs less CPU on loopback but holds a frame's
- * first byte back on a network (docs/transport.md, "Piece size"). */
-#ifndef SEND_PIECE
-#define SEND_PIECE (64 * 1024)
-#endif
-#define FMAC_ONESHOT 4096
-/* "refused connection" lines: the first from an address and kind, then at
- * most one summary per window (an idle-connection flood wrote 11,720 lines
- * in 16 s). */
-#define REFUSE_SLOTS 32
-#define REFUSE_WINDOW 10.0
-
-enum conn_state { CONN_NONE, CONN_UP, CONN_LOST };
-
-typedef struct conn {
-    pthread_mutex_t mu;      /* state, fd, addr, reason, reported, hb_unread */
-    pthread_mutex_t send_mu; /* whole frames: app sends and heartbeats */
-    _Atomic int state; /* written under mu; read without it on the fast paths */
-    int fd;
-    int reported; /* LOST already returned by poll */
-    int orderly;
-    int hb_unread; /* FIONREAD at the heartbeat thread's last look */
-    char addr[64];
-    char reason[200];
-    _Atomic int64_t last_rx_us, last_tx_us;
-    _Atomic uint64_t bytes_sent, bytes_recv, frames_sent, frames_recv, hb_sent, hb_recv;
-    /* Receiving thread only: read-ahead buffer (headers and small payloads
-     * arrive with one read; large payloads bypass it). */
-    uint8_t *rbuf;
-    size_t rpos, rlen;
-    int pay_pending;
-    uint64_t pay_left;   /* payload bytes still to read */
-    uint64_t chunk_left; /* bytes left in the current chunk; 0 before a chunk CRC */
-    uint32_t pay_crc;    /* running CRC of the current chunk */
-    uint32_t chunk_crc;  /* what it must come to */
-    uint64_t chunk_no;
-    dp_frame_header pay_h;
-    /* Frame MAC (fmac.h; keyed transports only), fixed while UP. */
-    int enc;           /* payloads encrypted */
-    dp_fmac tx, rx;    /* tx under send_mu; rx by the receiving thread */
-    uint64_t tx_seq;   /* next frame's sequence number, under send_mu */
-    uint64_t rx_seq;   /* receiving thread: the next frame's */
-    uint64_t pay_seq;  /* the pending payload's frame */
-    uint64_t wire_left; /* payload bytes not yet read from the socket */
-    uint8_t *sbuf;     /* one SEND_PIECE encrypted (send_mu; encrypting transports only) */
-    uint8_t *cbuf;     /* one verified chunk not yet handed out */
-    size_t cb_pos, cb_len;
-    _Atomic uint64_t incarnation; /* the peer's; 0 before it first connected */
-    _Atomic int tampered; /* its newest loss was a frame that failed authentication */
-    /* Shared memory, fixed while UP (NULL: TCP only).  The receiving thread
-     * keeps a BYE or EOF read from the socket in shm_end until the ring has
-     * handed out every frame sent before it. */
-    dp_shm *shm;
-    int shm_end, shm_end_orderly;
-    char shm_end_reason[200];
-    uint64_t seq0; /* sequence numbers the shared-memory setup spent */
-    /* A reconnection of the peer that waits until the loss of the current
-     * connection has been reported (then the receiving thread installs it). */
-    int next_fd;
-    char next_addr[64];
-    dp_auth_io next_io;
-    dp_auth_session next_sess;
-    dp_shm *next_shm;
-    /* Its sending side (send_mu): the waiting connection gets heartbeats,
-     * so the peer does not take us for dead while our loss report waits. */
-    dp_fmac next_tx;
-    uint64_t next_tx_seq;
-    int64_t next_last_tx_us;
-    /* Redial of a peer this side dials (docs/transport.md, "Redial"), under
-     * mu: wanted after a loss without BYE or when the old connection hung up. */
-    int redial, dialing;
-    double redial_due, redial_backoff;
-    char redial_err[200];
-    int dial_fd; /* the running attempt's socket (tcp.mu), for close to cut short */
-} conn;
-
-typedef struct refusal {
-    char key[96]; /* host | start of the reason */
-    char host[64];
-    char reason[120];
-    double last_log;
-    uint64_t suppressed;
-} refusal;
-
-typedef struct tcp {
-    dp_transport base;
-    int listen_fd, port;
-    int wake[2]; /* written once at close: wakes the accept and heartbeat threads */
-    char **addrs;
-    unsigned char secret[DP_SECRET_MAX];
-    size_t secret_len;
-    double hb_interval, hb_timeout, hs_timeout;
-    double slice; /* longest single blocking wait: SO_RCVTIMEO and SO_SNDTIMEO */
-    uint64_t max_frame;
-    int sock_buf;
-    int keyed, encrypt; /* frames carry tags (a secret); payloads encrypted */
-    int shm;            /* offer and take shared memory with tasks on this host */
-    size_t shm_ring;    /* bytes per direction */
-    long delay_ns;      /* link delay of every application frame; 0: none */
-    /* Test hook (docs/faults.md, "Testing"): pause the nth frame larger than
-     * pause_bytes once that many payload bytes are written; 0: off. */
-    uint64_t pause_bytes;
-    _Atomic long pause_left; /* such frames still to pass before the pause */
-    uint64_t incarnation;
-    pthread_mutex_t rl_mu; /* refusal log */
-    refusal rl[REFUSE_SLOTS];
-    _Atomic int stopping;
-    pthread_mutex_t mu;  /* install/wait for a connection; the handshakes below */
-    pthread_cond_t cond; /* a connection was installed, or a handshake ended */
-    int hs_fd[MAX_HANDSHAKES]; /* fds of the handshakes in progress, or -1 */
-    int hs_active;       /* handshake threads running */
-    int rd_active;       /* redial threads running */
-    pthread_t accept_thr, hb_thr;
-    int threads;
-    int rr; /* poll's round-robin start */
-    uint8_t *scratch; /* skip_payload's sink */
-    struct pollfd *pf; /* poll's arrays, 2 x n_ranks each (socket and doorbell) */
-    int *who;
-    conn *conns;
-} tcp;
+/* The TCP transport's operations (tcp_impl.h has the layers and the
+ * threads): send, poll, payload reads, the shared-memory glue, open and
+ * close.  Frames go through the codec (frame_codec.h) on each connection's
+ * stream. */
+#include "tcp_impl.h"
 
 static const dp_transport_ops tcp_ops;
 
-/* Liveness timestamps need milliseconds, not nanoseconds: the coarse clock
- * costs a few ns where the precise one costs ~25 on every frame. */
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static const char *pname(const tcp *t, int peer) { return t->base.names[peer]; }
-
-/* ---- connection state ---- */
-
-/* How conn_fail's connection ended: abruptly, orderly (the peer said
- * goodbye), or dropped here because a frame failed authentication, where the
- * loss is this side's doing and the peer may be alive
- * (dp_transport_peer_tampered). */
-enum { LOST_ABRUPT, LOST_ORDERLY, LOST_TAMPERED };
-
-/* Marks c lost with a reason (first reason wins), shuts the socket down so
- * any thread blocked on it wakes, and logs it once.  A peer this side dials
- * that left without BYE is redialed in the background. */
-static void conn_fail(tcp *t, int peer, int how, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-#define REDIAL_FIRST 0.2 /* s after the loss: a restarted task needs that long anyway */
-#define REDIAL_MAX 2.0
-
-/* With c->mu held: after a loss (orderly: a BYE, which stops it) or a hang-up. */
-static void want_redial(tcp *t, int peer, int orderly)
-{
-    conn *c = &t->conns[peer];
-    if (orderly || peer < t->base.rank || atomic_load(&t->stopping)) {
-        c->redial = 0;
-        return;
-    }
-    if (!c->redial) {
-        c->redial = 1;
-        c->redial_backoff = REDIAL_FIRST;
-        c->redial_due = dp_now() + REDIAL_FIRST;
-        c->redial_err[0] = '\0';
-    }
-}
-
-/* The same with c->mu held. */
-static void mark_lost(tcp *t, int peer, int orderly, const char *reason)
-{
-    conn *c = &t->conns[peer];
-    if (c->state == CONN_UP) {
-        snprintf(c->reason, sizeof c->reason, "%s", reason);
-        c->state = CONN_LOST;
-        c->orderly = orderly;
-        atomic_store(&c->tampered, 0); /* conn_tampered sets it after */
-        c->reported = 0;
-        shutdown(c->fd, SHUT_RDWR);
-        want_redial(t, peer, orderly);
-        if (orderly) /* a normal end of a run: debug, not one line per peer */
-            dp_debug("%s (%s) disconnected: %s", pname(t, peer), c->addr, c->reason);
-        else
-            dp_warn("lost %s (%s): %s", pname(t, peer), c->addr, c->reason);
-    }
-}
-
-static void conn_fail(tcp *t, int peer, int how, const char *fmt, ...)
-{
-    conn *c = &t->conns[peer];
-    char reason[sizeof c->reason];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    pthread_mutex_lock(&c->mu);
-    int up = c->state == CONN_UP;
-    mark_lost(t, peer, how == LOST_ORDERLY, reason);
-    if (how == LOST_TAMPERED && up)
-        atomic_store(&c->tampered, 1);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* ---- refusal log ---- */
-
-/* Logs "refused connection from ADDR: reason", at most once per window for
- * one host and kind of reason; the rest are counted and summed up later. */
-static void refused(tcp *t, const char *addr, const char *reason)
-{
-    char host[64], key[96];
-    snprintf(host, sizeof host, "%s", addr);
-    char *colon = strrchr(host, ':'); /* the port changes with every connection */
-    if (colon && colon != host)
-        *colon = '\0';
-    snprintf(key, sizeof key, "%s|%.24s", host, reason);
-    double now = dp_now();
-    pthread_mutex_lock(&t->rl_mu);
-    refusal *r = NULL, *oldest = &t->rl[0];
-    for (int i = 0; i < REFUSE_SLOTS && !r; i++) {
-        if (t->rl[i].key[0] && strcmp(t->rl[i].key, key) == 0)
-            r = &t->rl[i];
-        else if (t->rl[i].last_log < oldest->last_log)
-            oldest = &t->rl[i];
-    }
-    if (r && now - r->last_log < REFUSE_WINDOW) {
-        r->suppressed++;
-        pthread_mutex_unlock(&t->rl_mu);
-        return;
-    }
-    if (!r) {
-        r = oldest;
-        if (r->key[0] && r->suppressed)
-            dp_warn("refused %" PRIu64 " more connection(s) from %s (%s)", r->suppressed,
-                    r->host, r->reason);
-        snprintf(r->key, sizeof r->key, "%s", key);
-        snprintf(r->host, sizeof r->host, "%s", host);
-        r->suppressed = 0;
-    }
-    snprintf(r->reason, sizeof r->reason, "%s", reason);
-    if (r->suppressed)
-        dp_warn("refused connection from %s: %s (and %" PRIu64 " more like it from %s in the "
-                "last %.0f s, not logged)",
-                addr, reason, r->suppressed, host, now - r->last_log);
-    else
-        dp_warn("refused connection from %s: %s", addr, reason);
-    r->suppressed = 0;
-    r->last_log = now;
-    pthread_mutex_unlock(&t->rl_mu);
-}
-
-/* Summary lines for refusals not logged, once their window has passed (all
- * of them when force). */
-static void refusals_flush(tcp *t, int force)
-{
-    double now = dp_now();
-    pthread_mutex_lock(&t->rl_mu);
-    for (int i = 0; i < REFUSE_SLOTS; i++) {
-        refusal *r = &t->rl[i];
-        if (r->suppressed && (force || now - r->last_log >= REFUSE_WINDOW)) {
-            dp_warn("refused %" PRIu64 " more connection(s) from %s in the last %.0f s (%s)",
-                    r->suppressed, r->host, now - r->last_log, r->reason);
-            r->suppressed = 0;
-            r->last_log = now;
-        }
-    }
-    pthread_mutex_unlock(&t->rl_mu);
-}
-
-/* Returns the fd of an UP connection, or -1 with err saying why not. */
-static int conn_fd(tcp *t, int peer, dp_err *err)
-{
-    conn *c = &t->conns[peer];
-    if (atomic_load(&c->state) == CONN_UP)
-        return c->fd; /* fd only changes while the state is not UP */
-    pthread_mutex_lock(&c->mu);
-    int fd = c->state == CONN_UP ? c->fd : -1;
-    if (fd < 0) {
-        if (c->state == CONN_NONE)
-            dp_errf(err, "not connected to %s", pname(t, peer));
-        else
-            dp_errf(err, "connection to %s (%s) is lost: %s", pname(t, peer), c->addr,
-                    c->reason);
-    }
-    pthread_mutex_unlock(&c->mu);
-    return fd;
-}
-
-static void add_io(conn *c, const dp_auth_io *io)
-{
-    atomic_fetch_add_explicit(&c->frames_sent, io->frames_sent, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->bytes_sent, io->bytes_sent, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->frames_recv, io->frames_recv, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->bytes_recv, io->bytes_recv, memory_order_relaxed);
-}
-
-/* After the handshake a connection's socket blocks, with SO_RCVTIMEO and
- * SO_SNDTIMEO of t->slice so no wait outlasts a liveness check: a frame then
- * costs one system call each way, as on a plain blocking socket. */
-static int make_blocking(tcp *t, int fd, dp_err *err)
-{
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-        return dp_errf(err, "fcntl: %s", strerror(errno));
-    struct timeval tv = {(time_t)t->slice, (long)((t->slice - (time_t)t->slice) * 1e6)};
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
-        return dp_errf(err, "setsockopt SO_RCVTIMEO: %s", strerror(errno));
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
-        return dp_errf(err, "setsockopt SO_SNDTIMEO: %s", strerror(errno));
-    return 0;
-}
-
-/* Makes fd the connection of c (c->send_mu and c->mu held; c is not UP and
- * its loss, if any, has been reported, so no thread reads its old state). */
-static void conn_setup(conn *c, int fd, const char *addr, const dp_auth_io *io,
-                       const dp_auth_session *s, dp_shm *shm)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    c->fd = fd;
-    dp_shm_close(c->shm);
-    c->shm = shm;
-    c->shm_end = 0;
-    c->reported = 0;
-    c->orderly = 0;
-    c->hb_unread = 0;
-    c->reason[0] = '\0';
-    snprintf(c->addr, sizeof c->addr, "%s", addr);
-    int64_t now = now_us();
-    atomic_store(&c->last_rx_us, now);
-    atomic_store(&c->last_tx_us, now);
-    add_io(c, io);
-    c->enc = s->encrypt;
-    if (s->keyed) {
-        /* The contexts were allocated at open: these cannot run out of memory. */
-        (void)dp_fmac_init(&c->tx, s->suite, s->key_tx, 0);
-        (void)dp_fmac_init(&c->rx, s->suite, s->key_rx, 1);
-    }
-    c->seq0 = s->shm ? DP_SHM_SETUP_FRAMES : 0;
-    c->tx_seq = c->rx_seq = c->seq0;
-    atomic_store(&c->incarnation, s->peer_incarnation);
-    c->state = CONN_UP; /* last: the receiving thread reads the rest once it sees UP */
-}
-
-/* A HEARTBEAT or BYE frame into h (tagged with m's next sequence number
- * when keyed); returns its size. */
-static size_t ctl_frame(tcp *t, unsigned type, dp_fmac *m, uint64_t *seq, uint8_t h[HDR_MAC])
-{
-    dp_frame_header fh = {0};
-    fh.type = type;
-    fh.source = (uint32_t)t->base.rank;
-    dp_frame_encode(h, &fh);
-    if (!t->keyed)
-        return DP_FRAME_HEADER_SIZE;
-    dp_fmac_tag(m, (*seq)++, DP_FMAC_HEADER, h, DP_FRAME_HEADER_SIZE, h + DP_FRAME_HEADER_SIZE);
-    return HDR_MAC;
-}
-
-static void wake_waiters(tcp *t)
-{
-    pthread_mutex_lock(&t->mu);
-    pthread_cond_broadcast(&t->cond);
-    pthread_mutex_unlock(&t->mu);
-}
-
-/* Installs a connection that finished its handshake.  A peer that is still
- * UP but comes back with another incarnation has restarted: the old
- * connection is lost, and the new one waits (next_fd) until that loss has
- * been reported, so the receiving thread sees PEER_LOST before the new
- * peer's frames. */
-static void install(tcp *t, int peer, int fd, const char *addr, const dp_auth_io *io,
-                    const dp_auth_session *s, dp_shm *shm)
-{
-    conn *c = &t->conns[peer];
-    int pend = 0, dup = 0;
-    pthread_mutex_lock(&c->send_mu);
-    pthread_mutex_lock(&c->mu);
-    if (c->state == CONN_UP && atomic_load(&c->incarnation) == s->peer_incarnation) {
-        dup = 1; /* two handshakes of one process raced past admit() */
-    } else if (c->state == CONN_UP) {
-        /* A BYE, best effort, so that the old process, should it still be
-         * alive, takes the loss as orderly and does not redial. */
-        uint8_t h[HDR_MAC];
-        size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->tx, &c->tx_seq, h);
-        if (send(c->fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
-            atomic_fetch_add(&c->frames_sent, 1);
-            atomic_fetch_add(&c->bytes_sent, hl);
-        }
-        char why[128];
-        snprintf(why, sizeof why, "%s restarted (new incarnation)", pname(t, peer));
-        mark_lost(t, peer, 0, why);
-        pend = 1;
-    } else if (c->state == CONN_LOST && !c->reported) {
-        pend = 1;
-    }
-    if (pend) {
-        if (c->next_fd >= 0)
-            close(c->next_fd); /* an older replacement is superseded */
-        c->next_fd = fd;
-        snprintf(c->next_addr, sizeof c->next_addr, "%s", addr);
-        c->next_io = *io;
-        c->next_sess = *s;
-        dp_shm_close(c->next_shm);
-        c->next_shm = shm;
-        if (s->keyed)
-            (void)dp_fmac_init(&c->next_tx, s->suite, s->key_tx, 0);
-        c->next_tx_seq = s->shm ? DP_SHM_SETUP_FRAMES : 0;
-        c->next_last_tx_us = now_us();
-    } else if (!dup) {
-        conn_setup(c, fd, addr, io, s, shm);
-    }
-    if (!dup)
-        c->redial = 0;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->send_mu);
-    if (dup) {
-        refused(t, addr, "already connected (same incarnation)");
-        close(fd);
-        dp_shm_close(shm);
-        return;
-    }
-    wake_waiters(t);
-    if (shm)
-        /* one line per connection: debug, so a launch prints a summary per task */
-        dp_debug("connected to %s (%s) through shared memory (%zu KiB rings)%s", pname(t, peer),
-                addr, t->shm_ring >> 10, pend ? ", after its old connection" : "");
-    else
-        dp_debug("connected to %s (%s)%s", pname(t, peer), addr,
-                 pend ? ", after its old connection" : "");
-}
-
-/* Receiving thread, once the loss of peer's connection has been reported:
- * installs the replacement that waited for it, if any. */
-static void promote(tcp *t, int peer)
-{
-    conn *c = &t->conns[peer];
-    int done = 0;
-    pthread_mutex_lock(&c->send_mu);
-    pthread_mutex_lock(&c->mu);
-    if (c->next_fd >= 0 && c->state == CONN_LOST && c->reported) {
-        conn_setup(c, c->next_fd, c->next_addr, &c->next_io, &c->next_sess, c->next_shm);
-        c->next_shm = NULL;
-        /* The heartbeats it got while waiting took sequence numbers (send_mu
-         * is held: no sender sees the tx state in between). */
-        dp_fmac_move(&c->tx, &c->next_tx);
-        c->tx_seq = c->next_tx_seq;
-        atomic_store(&c->last_tx_us, c->next_last_tx_us);
-        c->next_fd = -1;
-        sodium_memzero(&c->next_sess, sizeof c->next_sess);
-        done = 1;
-    }
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->send_mu);
-    if (done) {
-        wake_waiters(t);
-        dp_info("%s reconnected (%s)", pname(t, peer), c->addr);
-    }
-}
-
-/* Called by the receiving thread when it has reported a loss: the receive
- * state of the old connection is forgotten. */
-static void reset_rx(conn *c)
-{
-    c->rpos = c->rlen = 0;
-    c->pay_pending = 0;
-    c->pay_left = 0;
-    c->wire_left = 0;
-    c->cb_pos = c->cb_len = 0;
-}
-
-static int silent_for(tcp *t, conn *c, double *secs)
-{
-    *secs = (double)(now_us() - atomic_load(&c->last_rx_us)) * 1e-6;
-    return *secs > t->hb_timeout;
-}
-
-/* ---- accept thread ---- */
-
-/* Refuses a second connection from the same process (same incarnation)
- * while its first is UP; a new incarnation replaces it (install). */
-static int admit(void *ctx, int peer, uint64_t incarnation, char *why, size_t cap)
-{
-    tcp *t = ctx;
-    conn *c = &t->conns[peer];
-    int rc = 0;
-    pthread_mutex_lock(&c->mu);
-    if (c->state == CONN_UP && atomic_load(&c->incarnation) == incarnation) {
-        snprintf(why, cap, "rank %d is already connected from %s", peer, c->addr);
-        rc = -1;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-/* A handshake or redial thread ends: one fewer running (close waits for 0).
- * Such a thread is detached: the state OpenSSL keeps for it (its error
- * queue, made when it set up a connection's AEAD contexts) is freed here,
- * before close can return, not by a destructor after the thread function
- * returned, which a process exiting right after close may never see run
- * (LeakSanitizer reported it now and then under load). */
-static void thread_done(tcp *t, int *active)
-{
-    OPENSSL_thread_stop();
-    pthread_mutex_lock(&t->mu);
-    (*active)--;
-    pthread_cond_broadcast(&t->cond);
-    pthread_mutex_unlock(&t->mu);
-}
-
-/* The shared-memory setup that follows a handshake which negotiated it
- * (shm.h), before the connection is installed.  Returns 0 with *shm the link
- * or NULL (TCP, with the reason logged), or -1 when the connection failed. */
-static int shm_setup(tcp *t, int fd, int dialer, int peer, const dp_auth_session *s,
-                     dp_auth_io *io, double deadline, dp_shm **shm, dp_err *err)
-{
-    char why[200];
-    *shm = NULL;
-    if (!s->shm)
-        return 0;
-    int rc = dialer ? dp_shm_dial(fd, t->base.rank, peer, t->shm_ring, s, deadline, shm, why,
-                                  sizeof why, io, err)
-                    : dp_shm_accept(fd, t->base.rank, peer, t->shm, s, deadline, shm, why,
-                                    sizeof why, io, err);
-    if (rc == 0 && !*shm) {
-        if (strstr(why, "another host"))
-            dp_debug("%s: TCP, not shared memory: %s", pname(t, peer), why);
-        else
-            dp_info("%s: TCP, not shared memory: %s", pname(t, peer), why);
-    }
-    return rc;
-}
-
-typedef struct handshake {
-    tcp *t;
-    int fd, slot;
-    char addr[64];
-} handshake;
-
-/* One incoming connection: tune, authenticate, install (or refuse). */
-static void *handshake_main(void *arg)
-{
-    handshake *h = arg;
-    tcp *t = h->t;
-    dp_err err;
-    dp_auth_io io = {0};
-    dp_auth_session sess;
-    dp_shm *shm = NULL;
-    int peer = -1;
-    dp_auth_params ap = {t->base.rank,  t->base.n_ranks, t->secret, t->secret_len,
-                         dp_now() + t->hs_timeout, admit, t, t->incarnation, t->encrypt};
-    memset(&sess, 0, sizeof sess);
-    int rc = dp_sock_tune(h->fd, t->sock_buf, h->addr, &err);
-    if (rc == 0)
-        rc = dp_auth_accept_shm(h->fd, &ap, t->shm, &peer, &io, &sess, &err);
-    if (rc == 0)
-        rc = shm_setup(t, h->fd, 0, peer, &sess, &io, ap.deadline, &shm, &err);
-    if (rc == 0)
-        rc = make_blocking(t, h->fd, &err);
-    pthread_mutex_lock(&t->mu);
-    t->hs_fd[h->slot] = -1;
-    int stopping = atomic_load(&t->stopping);
-    pthread_mutex_unlock(&t->mu);
-    if (rc != 0 || stopping) {
-        if (rc != 0 && !stopping)
-            refused(t, h->addr, err.msg);
-        close(h->fd);
-        dp_shm_close(shm);
-    } else {
-        install(t, peer, h->fd, h->addr, &io, &sess, shm);
-    }
-    sodium_memzero(&sess, sizeof sess);
-    thread_done(t, &t->hs_active);
-    free(h);
-    return NULL;
-}
-
-/* Starts a handshake thread for fd; refuses it when too many are running. */
-static void start_handshake(tcp *t, int fd)
-{
-    handshake *h = calloc(1, sizeof *h);
-    char addr[64];
-    dp_sock_peer_str(fd, addr, sizeof addr);
-    int slot = -1;
-    pthread_mutex_lock(&t->mu);
-    for (int i = 0; h && i < MAX_HANDSHAKES && slot < 0; i++)
-        if (t->hs_fd[i] < 0)
-            slot = i;
-    if (slot >= 0) {
-        t->hs_fd[slot] = fd;
-        t->hs_active++;
-    }
-    pthread_mutex_unlock(&t->mu);
-    if (slot < 0) {
-        refused(t, addr, h ? "too many handshakes in progress" : "out of memory");
-        close(fd);
-        free(h);
-        return;
-    }
-    h->t = t;
-    h->fd = fd;
-    h->slot = slot;
-    snprintf(h->addr, sizeof h->addr, "%s", addr);
-    pthread_t thr;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int e = pthread_create(&thr, &attr, handshake_main, h);
-    pthread_attr_destroy(&attr);
-    if (e != 0) {
-        char why[128];
-        snprintf(why, sizeof why, "cannot start its handshake: %s", strerror(e));
-        refused(t, addr, why);
-        pthread_mutex_lock(&t->mu);
-        t->hs_fd[slot] = -1;
-        t->hs_active--;
-        pthread_mutex_unlock(&t->mu);
-        close(fd);
-        free(h);
-    }
-}
-
-static void *accept_main(void *arg)
-{
-    tcp *t = arg;
-    while (!atomic_load(&t->stopping)) {
-        struct pollfd p[2] = {{t->listen_fd, POLLIN, 0}, {t->wake[0], POLLIN, 0}};
-        if (poll(p, 2, -1) < 0) {
-            if (errno != EINTR)
-                dp_warn("accept thread: poll: %s", strerror(errno));
-            continue;
-        }
-        if (p[1].revents || atomic_load(&t->stopping))
-            break;
-        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK &&
-                errno != ECONNABORTED) {
-                dp_warn("accept on port %d: %s", t->port, strerror(errno));
-                usleep(100 * 1000); /* EMFILE and friends: do not spin */
-            }
-            continue;
-        }
-        start_handshake(t, fd);
-    }
-    return NULL;
-}
-
-/* ---- heartbeat thread ---- */
-
-static void send_heartbeat(tcp *t, int peer, conn *c)
-{
-    if (pthread_mutex_trylock(&c->send_mu) != 0)
-        return; /* a frame is being sent: the connection is not idle */
-    pthread_mutex_lock(&c->mu);
-    int fd = c->state == CONN_UP ? c->fd : -1;
-    pthread_mutex_unlock(&c->mu);
-    /* A tagged heartbeat takes a sequence number, which must then go out:
-     * only send one when the socket has room. */
-    struct pollfd wp = {fd, POLLOUT, 0};
-    if (fd >= 0 && t->keyed && (poll(&wp, 1, 0) != 1 || !(wp.revents & POLLOUT)))
-        fd = -1;
-    if (fd >= 0) {
-        uint8_t h[HDR_MAC];
-        size_t hl = ctl_frame(t, DP_FRAME_HEARTBEAT, &c->tx, &c->tx_seq, h);
-        ssize_t n;
-        do
-            n = send(fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT);
-        while (n < 0 && errno == EINTR);
-        int ok = n == (ssize_t)hl;
-        if (t->keyed && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            n = 0; /* its sequence number is spent: send it whole */
-        if (n >= 0 && !ok) { /* partial: finish it, or the stream is torn */
-            dp_err err;
-            ok = dp_sock_write_full(fd, h + n, hl - (size_t)n, dp_now() + t->hb_timeout,
-                                    &err) == 0;
-            if (!ok)
-                conn_fail(t, peer, LOST_ABRUPT, "sending a heartbeat: %s", err.msg);
-        } else if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-            /* The peer has closed: what it sent before closing is still to
-             * be read, and the reader's account of it (a frame cut short,
-             * a clean EOF) is the reason worth reporting.  Leave it to the
-             * reader; the silence check still covers a reader that never comes. */
-        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            conn_fail(t, peer, LOST_ABRUPT, "sending a heartbeat: %s", strerror(errno));
-        }
-        /* n < 0 with EAGAIN: the send buffer is full, data is in flight. */
-        if (ok) {
-            atomic_fetch_add_explicit(&c->hb_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_sent, hl, memory_order_relaxed);
-            atomic_store(&c->last_tx_us, now_us());
-        }
-    }
-    pthread_mutex_unlock(&c->send_mu);
-}
-
-/* Has the peer closed its end (FIN or reset)?  poll does not consume a
- * pending error, so the reader still gets its own account of the end. */
-static int hung_up(int fd)
-{
-    struct pollfd p = {fd, POLLRDHUP, 0};
-    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
-/* A heartbeat on a replacement that waits for its predecessor's loss to be
- * reported (c->next_fd), so the peer hears from us meanwhile.  One that
- * cannot be sent whole, or whose peer has hung up with nothing unread, is
- * dropped (and redialed when this side dials).  send_mu and mu held. */
-static void pending_tick(tcp *t, int peer, conn *c)
-{
-    int unread = 0;
-    if (ioctl(c->next_fd, FIONREAD, &unread) == 0 && unread == 0 && hung_up(c->next_fd)) {
-        dp_info("%s's new connection (%s) closed before it was installed", pname(t, peer),
-                c->next_addr);
-    } else if ((double)(now_us() - c->next_last_tx_us) * 1e-6 < t->hb_interval) {
-        return;
-    } else {
-        uint8_t h[HDR_MAC];
-        struct pollfd wp = {c->next_fd, POLLOUT, 0};
-        if (poll(&wp, 1, 0) != 1 || !(wp.revents & POLLOUT))
-            return; /* full: the peer is reading slowly, data is in flight */
-        size_t hl = ctl_frame(t, DP_FRAME_HEARTBEAT, &c->next_tx, &c->next_tx_seq, h);
-        if (send(c->next_fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
-            atomic_fetch_add_explicit(&c->hb_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_sent, hl, memory_order_relaxed);
-            c->next_last_tx_us = now_us();
-            return;
-        }
-        dp_info("%s's new connection (%s) failed before it was installed: %s", pname(t, peer),
-                c->next_addr, strerror(errno));
-    }
-    close(c->next_fd);
-    c->next_fd = -1;
-    dp_shm_close(c->next_shm);
-    c->next_shm = NULL;
-    dp_fmac_wipe(&c->next_tx);
-    sodium_memzero(&c->next_sess, sizeof c->next_sess);
-    if (c->state == CONN_LOST && !c->orderly)
-        want_redial(t, peer, 0);
-}
-
-static void start_redial(tcp *t, int peer);
-
-static void *heartbeat_main(void *arg)
-{
-    tcp *t = arg;
-    double tick = t->hb_interval / 2 < t->hb_timeout / 4 ? t->hb_interval / 2 : t->hb_timeout / 4;
-    if (tick < 0.005)
-        tick = 0.005;
-    double wait = tick;
-    while (!atomic_load(&t->stopping)) {
-        struct pollfd p = {t->wake[0], POLLIN, 0};
-        if (poll(&p, 1, (int)(wait * 1000)) > 0)
-            break;
-        refusals_flush(t, 0);
-        double now = dp_now();
-        wait = tick;
-        for (int i = 0; i < t->base.n_ranks; i++) {
-            conn *c = &t->conns[i];
-            int unread = 0, up, redial = 0;
-            pthread_mutex_lock(&c->mu);
-            up = c->state == CONN_UP;
-            if (up && ioctl(c->fd, FIONREAD, &unread) == 0) {
-                if (c->shm) { /* frames waiting in the ring: the peer is alive too */
-                    uint64_t r = dp_shm_rx_ready(c->shm);
-                    unread += r > INT_MAX / 2 ? INT_MAX / 2 : (int)r;
-                }
-                if (unread > c->hb_unread)
-                    atomic_store(&c->last_rx_us, now_us());
-                c->hb_unread = unread;
-            }
-            /* A peer we dial that hung up with nothing unread has exited or
-             * restarted: dial it now rather than after the heartbeat timeout
-             * (a new incarnation replaces the old connection; a BYE still in
-             * the read-ahead buffer stops the redial once it is read). */
-            if (up && unread == 0 && i > t->base.rank && !c->redial && hung_up(c->fd)) {
-                want_redial(t, i, 0);
-                c->redial_due = now;
-            }
-            if (c->redial && !c->dialing && c->next_fd < 0) {
-                if (now >= c->redial_due) {
-                    c->dialing = redial = 1;
-                } else if (c->redial_due - now < wait) {
-                    wait = c->redial_due - now;
-                }
-            }
-            pthread_mutex_unlock(&c->mu);
-            if (redial)
-                start_redial(t, i);
-            if (!pthread_mutex_trylock(&c->send_mu)) { /* busy: that connection is not idle */
-                pthread_mutex_lock(&c->mu);
-                if (c->next_fd >= 0)
-                    pending_tick(t, i, c);
-                pthread_mutex_unlock(&c->mu);
-                pthread_mutex_unlock(&c->send_mu);
-            }
-            if (!up)
-                continue;
-            double silent;
-            if (unread == 0 && silent_for(t, c, &silent)) {
-                conn_fail(t, i, LOST_ABRUPT, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
-                          silent, t->hb_timeout);
-                continue;
-            }
-            double idle = (double)(now_us() - atomic_load(&c->last_tx_us)) * 1e-6;
-            if (idle >= t->hb_interval)
-                send_heartbeat(t, i, c);
-        }
-        if (wait < 0.005)
-            wait = 0.005;
-    }
-    return NULL;
-}
-
-/* ---- connect ---- */
-
-static int is_retryable(int e)
-{
-    return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
-           e == ECONNRESET || e == EAGAIN || e == EINTR || e == ECONNABORTED || e == EADDRNOTAVAIL;
-}
-
-/* One attempt to dial peer and authenticate, by deadline.  Returns 0 (the
- * connection is installed), -1 with *eno set when it is worth retrying, or
- * -2 when it is not (rejected, wrong secret, wrong rank at that address).
- * bg: a redial thread, whose socket tcp_close may cut short. */
-static int dial_once(tcp *t, int peer, double deadline, int bg, int *eno, dp_err *last)
-{
-    const char *addr = t->addrs[peer];
-    dp_sockaddr sa;
-    int fd = -1;
-    *eno = 0;
-    if (dp_sock_resolve(addr, 0, &sa, last)) /* names may appear late too */
-        return -1;
-    double left = deadline - dp_now();
-    if (dp_sock_dial(&sa, t->sock_buf, left < 2 ? left : 2, &fd, eno, last))
-        return is_retryable(*eno) ? -1 : -2;
-    if (bg) {
-        pthread_mutex_lock(&t->mu);
-        int stop = atomic_load(&t->stopping);
-        if (!stop)
-            t->conns[peer].dial_fd = fd;
-        pthread_mutex_unlock(&t->mu);
-        if (stop) {
-            close(fd);
-            dp_errf(last, "transport closing");
-            return -2;
-        }
-    }
-    dp_auth_io io = {0};
-    dp_auth_session sess;
-    dp_shm *shm = NULL;
-    double hs = dp_now() + t->hs_timeout;
-    dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret,     t->secret_len,
-                         hs < deadline ? hs : deadline,  NULL, NULL, t->incarnation,
-                         t->encrypt};
-    int rc = dp_auth_dial_shm(fd, &ap, t->shm, peer, &io, &sess, last);
-    if (rc == 0 && shm_setup(t, fd, 1, peer, &sess, &io, ap.deadline, &shm, last))
-        rc = -1;
-    if (rc == 0 && make_blocking(t, fd, last))
-        rc = -2;
-    if (bg) {
-        pthread_mutex_lock(&t->mu);
-        t->conns[peer].dial_fd = -1;
-        if (atomic_load(&t->stopping) && rc == 0) {
-            dp_errf(last, "transport closing");
-            rc = -2;
-        }
-        pthread_mutex_unlock(&t->mu);
-    }
-    if (rc == 0) {
-        install(t, peer, fd, addr, &io, &sess, shm);
-    } else {
-        close(fd);
-        dp_shm_close(shm);
-    }
-    sodium_memzero(&sess, sizeof sess);
-    if (rc == -1)
-        dp_err_prefix(last, "handshake");
-    return rc;
-}
-
-static int dial(tcp *t, int peer, double deadline, dp_err *err)
-{
-    const char *addr = t->addrs[peer];
-    double backoff = 0.01, start = dp_now(), next_log = start + t->base.late_log;
-    dp_err last;
-    snprintf(last.msg, sizeof last.msg, "no attempt made");
-    for (;;) {
-        double now = dp_now();
-        if (now >= deadline) /* the limit, not the time it took a loaded machine to see it */
-            return dp_errf(err, "cannot connect to %s at %s within %.1f s: %s", pname(t, peer),
-                           addr, deadline - start, last.msg);
-        if (now >= next_log) {
-            dp_info("waiting for %s at %s (connect) for %.0f s: %s", pname(t, peer), addr,
-                    now - start, last.msg);
-            next_log = now + t->base.late_log;
-        }
-        int eno;
-        int rc = dial_once(t, peer, deadline, 0, &eno, &last);
-        if (rc == 0)
-            return 0;
-        if (rc == -2 && eno) /* a socket error no retry cures */
-            return dp_errf(err, "%s", last.msg);
-        if (rc == -2) {
-            dp_warn("handshake with %s at %s failed: %s", pname(t, peer), addr, last.msg);
-            return dp_errf(err, "handshake with %s at %s: %s", pname(t, peer), addr, last.msg);
-        }
-        double left = deadline - dp_now();
-        double nap = backoff < left ? backoff : left;
-        if (nap > 0)
-            nanosleep(&(struct timespec){(time_t)nap, (long)((nap - (time_t)nap) * 1e9)}, NULL);
-        backoff = backoff * 2 < 0.5 ? backoff * 2 : 0.5;
-    }
-}
-
-/* ---- redial ---- */
-
-typedef struct redial_job {
-    tcp *t;
-    int peer;
-} redial_job;
-
-/* One background attempt to reach a lost peer this side dials; on failure
- * the next is scheduled with a doubled backoff (REDIAL_FIRST..REDIAL_MAX).
- * Every failure is retried, a refusal too: the peer may not yet have noticed
- * that our old connection is gone ("already connected"). */
-static void *redial_main(void *arg)
-{
-    redial_job *j = arg;
-    tcp *t = j->t;
-    int peer = j->peer, eno;
-    conn *c = &t->conns[peer];
-    dp_err last;
-    snprintf(last.msg, sizeof last.msg, "no attempt made");
-    int rc = dial_once(t, peer, dp_now() + t->hs_timeout, 1, &eno, &last);
-    if (rc == 0)
-        dp_info("redialed %s at %s", pname(t, peer), t->addrs[peer]);
-    pthread_mutex_lock(&c->mu);
-    c->dialing = 0;
-    if (rc != 0) {
-        if (rc == -2 && strncmp(c->redial_err, last.msg, 190) != 0)
-            dp_warn("redialing %s at %s: %s", pname(t, peer), t->addrs[peer], last.msg);
-        else
-            dp_debug("redialing %s at %s: %s", pname(t, peer), t->addrs[peer], last.msg);
-        snprintf(c->redial_err, sizeof c->redial_err, "%.190s", last.msg);
-        c->redial_due = dp_now() + c->redial_backoff;
-        c->redial_backoff = c->redial_backoff * 2 < REDIAL_MAX ? c->redial_backoff * 2 : REDIAL_MAX;
-    }
-    pthread_mutex_unlock(&c->mu);
-    thread_done(t, &t->rd_active);
-    free(j);
-    return NULL;
-}
-
-/* Heartbeat thread: starts redial_main for peer (c->dialing already set). */
-static void start_redial(tcp *t, int peer)
-{
-    conn *c = &t->conns[peer];
-    redial_job *j = malloc(sizeof *j);
-    int e = ENOMEM;
-    pthread_mutex_lock(&t->mu);
-    int stop = atomic_load(&t->stopping);
-    if (!stop && j)
-        t->rd_active++;
-    pthread_mutex_unlock(&t->mu);
-    if (!stop && j) {
-        j->t = t;
-        j->peer = peer;
-        pthread_t thr;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        e = pthread_create(&thr, &attr, redial_main, j);
-        pthread_attr_destroy(&attr);
-        if (e == 0)
-            return;
-        pthread_mutex_lock(&t->mu);
-        t->rd_active--;
-        pthread_cond_broadcast(&t->cond);
-        pthread_mutex_unlock(&t->mu);
-    }
-    free(j);
-    pthread_mutex_lock(&c->mu);
-    c->dialing = 0;
-    c->redial_due = dp_now() + REDIAL_MAX;
-    if (!stop)
-        snprintf(c->redial_err, sizeof c->redial_err, "cannot start a redial thread: %s",
-                 strerror(e));
-    pthread_mutex_unlock(&c->mu);
-}
-
-static int tcp_connect(dp_transport *bt, int peer, double deadline, dp_err *err)
-{
-    tcp *t = (tcp *)bt;
-    conn *c = &t->conns[peer];
-    pthread_mutex_lock(&c->mu);
-    int state = c->state;
-    if (state == CONN_LOST && !c->reported) { /* the caller reconnects: the loss is known */
-        c->reported = 1;
-        reset_rx(c);
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (state == CONN_LOST) {
-        promote(t, peer); /* the peer may have dialed again already */
-        state = atomic_load(&c->state);
-    }
-    if (state == CONN_UP)
-        return 0;
-    pthread_mutex_lock(&c->mu);
-    int redial = c->redial; /* a second dialer would be refused as a duplicate */
-    pthread_mutex_unlock(&c->mu);
-    if (t->base.rank < peer && !redial)
-        return dial(t, peer, deadline, err);
-    /* The peer dials us: wait for the accept thread to install it. */
-    double start = dp_now(), next_log = start + t->base.late_log;
-    pthread_mutex_lock(&t->mu);
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        state = c->state;
-        pthread_mutex_unlock(&c->mu);
-        if (state == CONN_UP)
-            break;
-        double now = dp_now();
-        if (now >= deadline) {
-            pthread_mutex_unlock(&t->mu);
-            if (redial) {
-                pthread_mutex_lock(&c->mu);
-                dp_errf(err, "cannot reconnect to %s at %s within %.1f s: %s", pname(t, peer),
-                        t->addrs[peer], deadline - start,
-                        c->redial_err[0] ? c->redial_err : "no attempt finished");
-                pthread_mutex_unlock(&c->mu);
-                return -1;
-            }
-            return dp_errf(err, "%s did not connect to this task (rank %d, port %d) within %.1f s",
-                           pname(t, peer), t->base.rank, t->port, deadline - start);
-        }
-        if (now >= next_log) {
-            dp_info("waiting for %s (connect) for %.0f s", pname(t, peer), now - start);
-            next_log = now + t->base.late_log;
-        }
-        double until = deadline < next_log ? deadline : next_log;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double wait = until - now;
-        ts.tv_sec += (time_t)wait;
-        ts.tv_nsec += (long)((wait - (time_t)wait) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&t->cond, &t->mu, &ts);
-    }
-    pthread_mutex_unlock(&t->mu);
-    return 0;
-}
+_Static_assert(DP_TRANSPORT_MAX_IOV <= DP_CODEC_MAX_IOV, "the codec takes every piece a send may have");
 
 /* ---- send ---- */
-
-/* Writes the whole iovec array, waiting for buffer space while the peer is
- * alive.  Returns 0 or -1 with err. */
-static int write_iov(tcp *t, conn *c, int fd, struct iovec *v, int n, dp_err *err)
-{
-    while (n > 0) {
-        ssize_t w;
-        if (n == 1) {
-            w = send(fd, v->iov_base, v->iov_len, MSG_NOSIGNAL);
-        } else {
-            struct msghdr m = {0};
-            m.msg_iov = v;
-            m.msg_iovlen = (size_t)n;
-            w = sendmsg(fd, &m, MSG_NOSIGNAL);
-        }
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                return dp_errf(err, "%s", strerror(errno));
-            /* The send timeout (t->slice) expired: is the peer still there? */
-            double silent;
-            if (silent_for(t, c, &silent))
-                return dp_errf(err, "peer stopped reading and has been silent for %.1f s",
-                               silent);
-            continue;
-        }
-        size_t done = (size_t)w;
-        while (n > 0 && done >= v->iov_len) {
-            done -= v->iov_len;
-            v++;
-            n--;
-        }
-        if (n > 0) {
-            v->iov_base = (char *)v->iov_base + done;
-            v->iov_len -= done;
-        }
-    }
-    return 0;
-}
-
-/* Moves up to want bytes of the source iovecs, from cursor (*idx, *off), into
- * out[0..) as pieces; returns the number of pieces and (crc not NULL) the
- * chunk's CRC. */
-static int take_chunk(const struct iovec *src, int n, int *idx, size_t *off, size_t want,
-                      struct iovec *out, uint32_t *crc)
-{
-    int k = 0;
-    if (crc)
-        *crc = 0;
-    while (want && *idx < n) {
-        size_t avail = src[*idx].iov_len - *off;
-        size_t take = avail < want ? avail : want;
-        out[k].iov_base = (char *)src[*idx].iov_base + *off;
-        out[k].iov_len = take;
-        if (crc)
-            *crc = dp_crc32c(*crc, out[k].iov_base, take);
-        k++;
-        want -= take;
-        *off += take;
-        if (*off == src[*idx].iov_len) {
-            (*idx)++;
-            *off = 0;
-        }
-    }
-    return k;
-}
-
-/* The mid-frame test hook (docs/faults.md, "Testing"): reads its settings
- * at open.  Armed only in the task DOWNPOUR_TEST_PAUSE_TASK names (the
- * launcher hands every task the same environment), or in every task when
- * that is unset. */
-static void pause_hook_init(tcp *t)
-{
-    const char *b = getenv("DOWNPOUR_TEST_PAUSE_MIDFRAME");
-    const char *who = getenv("DOWNPOUR_TEST_PAUSE_TASK");
-    const char *me = getenv("DOWNPOUR_TASK");
-    const char *nth = getenv("DOWNPOUR_TEST_PAUSE_FRAME");
-    if (!b || !*b || (who && *who && (!me || strcmp(who, me) != 0)))
-        return;
-    t->pause_bytes = strtoull(b, NULL, 10);
-    atomic_store(&t->pause_left, nth && atol(nth) > 0 ? atol(nth) : 1);
-}
-
-/* Called after each write of a frame's payload (done bytes of len so far,
- * done < len): in the chosen frame, once past pause_bytes, the process
- * stops itself for the test to kill (the frame stays cut where it is). */
-static void pause_hook(tcp *t, int peer, uint64_t done, uint64_t len, int *counted)
-{
-    if (!t->pause_bytes || len <= t->pause_bytes)
-        return;
-    if (!*counted) {
-        *counted = 1;
-        if (atomic_fetch_sub(&t->pause_left, 1) != 1)
-            return;
-        *counted = 2; /* this frame is the one */
-    }
-    if (*counted != 2 || done < t->pause_bytes)
-        return;
-    fprintf(stderr, "test hook: paused mid-frame to %s (%" PRIu64 " of %" PRIu64 " payload bytes "
-                    "sent)\n", pname(t, peer), done, len);
-    fflush(stderr);
-    for (;;) /* until the test kills it; SIGCONT would only stop it again */
-        raise(SIGSTOP);
-}
-
-/* A tagged frame (docs/transport.md, "Frame MAC"), with c->send_mu held:
- *   header | htag | chunk 0 | tag 0 | chunk 1 | tag 1 ...
- * No payload CRCs: the tags cover the bytes.  A chunk is tagged and sent in
- * SEND_PIECE pieces, each hashed (or encrypted into c->sbuf) right before its
- * write, so the first bytes leave at once and the hashing overlaps the
- * receiver's; the tag rides with the chunk's last piece, the header with the
- * first.  A small chunk in one piece gets the one-shot tag. */
-static int send_tagged(tcp *t, conn *c, int fd, dp_frame_header *h, const struct iovec *src,
-                       int ns, uint64_t len, dp_err *werr)
-{
-    uint8_t pre[HDR_MAC + SMALL_FRAME + DP_FRAME_TAG_SIZE];
-    uint8_t tag[DP_FRAME_TAG_SIZE];
-    struct iovec v[DP_TRANSPORT_MAX_IOV + 2];
-    uint64_t seq = c->tx_seq++, left = len;
-    h->payload_crc = 0;
-    dp_frame_encode(pre, h);
-    dp_fmac_tag(&c->tx, seq, DP_FMAC_HEADER, pre, DP_FRAME_HEADER_SIZE, pre + DP_FRAME_HEADER_SIZE);
-    size_t plen = HDR_MAC;
-    if (len <= SMALL_FRAME) { /* one contiguous buffer: one plain send */
-        uint8_t *p = pre + plen;
-        for (int i = 0; i < ns; i++) {
-            memcpy(pre + plen, src[i].iov_base, src[i].iov_len);
-            plen += src[i].iov_len;
-        }
-        if (len && c->enc) {
-            dp_fmac_begin(&c->tx, seq, 0);
-            dp_fmac_crypt(&c->tx, p, p, (size_t)len);
-            dp_fmac_end_tag(&c->tx, pre + plen);
-            plen += DP_FRAME_TAG_SIZE;
-        } else if (len) {
-            dp_fmac_tag(&c->tx, seq, 0, p, (size_t)len, pre + plen);
-            plen += DP_FRAME_TAG_SIZE;
-        }
-        v[0].iov_base = pre;
-        v[0].iov_len = plen;
-        return write_iov(t, c, fd, v, 1, werr);
-    }
-    int idx = 0, head = 1; /* the header is still to go, with the first piece */
-    int counted = 0;
-    size_t off = 0;
-    for (uint32_t k = 0; left; k++) {
-        size_t cleft = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
-        left -= cleft;
-        int oneshot = !c->enc && cleft <= FMAC_ONESHOT;
-        if (!oneshot)
-            dp_fmac_begin(&c->tx, seq, k);
-        while (cleft) {
-            size_t want = cleft < SEND_PIECE ? cleft : SEND_PIECE;
-            int n0 = head, n = head;
-            if (head) {
-                v[0].iov_base = pre;
-                v[0].iov_len = plen;
-            }
-            n += take_chunk(src, ns, &idx, &off, want, v + n0, NULL);
-            cleft -= want;
-            if (oneshot && n - n0 == 1) {
-                dp_fmac_tag(&c->tx, seq, k, v[n0].iov_base, want, tag);
-            } else {
-                if (oneshot) /* gathered from several pieces: stream them */
-                    dp_fmac_begin(&c->tx, seq, k);
-                size_t at = 0;
-                for (int i = n0; i < n; i++) {
-                    if (c->enc) {
-                        dp_fmac_crypt(&c->tx, c->sbuf + at, v[i].iov_base, v[i].iov_len);
-                        at += v[i].iov_len;
-                    } else {
-                        dp_fmac_ad(&c->tx, v[i].iov_base, v[i].iov_len);
-                    }
-                }
-                if (c->enc) {
-                    v[n0].iov_base = c->sbuf;
-                    v[n0].iov_len = want;
-                    n = n0 + 1;
-                }
-                if (!cleft)
-                    dp_fmac_end_tag(&c->tx, tag);
-            }
-            if (!cleft) {
-                v[n].iov_base = tag;
-                v[n].iov_len = sizeof tag;
-                n++;
-            }
-            if (write_iov(t, c, fd, v, n, werr))
-                return -1;
-            head = 0;
-            if (left || cleft)
-                pause_hook(t, (int)(c - t->conns), len - left - cleft, len, &counted);
-        }
-    }
-    return 0;
-}
 
 /* ---- shared memory ---- */
 
@@ -1364,32 +56,32 @@ static int shm_wait(void *ctx, int sending, dp_err *err)
     }
     if (sending) {
         dp_shm_tx_wait(c->shm, SHM_NAP);
-        if (hung_up(w->fd))
+        if (dp_tcp_hung_up(w->fd))
             return dp_errf(err, "the peer closed the connection");
-        if (silent_for(t, c, &silent))
+        if (dp_tcp_silent_for(t, c, &silent))
             return dp_errf(err, "peer stopped reading and has been silent for %.1f s", silent);
         return 0;
     }
     int hup = dp_shm_rx_wait(c->shm, w->fd, t->slice);
     if (dp_shm_rx_ready(c->shm)) {
-        atomic_store(&c->last_rx_us, now_us());
+        atomic_store(&c->st.last_rx_us, now_us());
         return 0;
     }
     if (hup) /* what it wrote before closing is in the ring already */
         return dp_errf(err, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
                             " payload bytes missing",
-                       dp_shm_pending(c->shm), c->pay_h.length);
-    if (silent_for(t, c, &silent))
+                       dp_shm_pending(c->shm), c->cd.pay_h.length);
+    if (dp_tcp_silent_for(t, c, &silent))
         return dp_errf(err, "silent for %.1f s in the middle of %s frame (%" PRIu64
                             " bytes missing)",
-                       silent, dp_frame_type_name(c->pay_h.type), dp_shm_pending(c->shm));
+                       silent, dp_frame_type_name(c->cd.pay_h.type), dp_shm_pending(c->shm));
     return 0;
 }
 
 static void shm_progress(void *ctx, uint64_t done, uint64_t len)
 {
     shm_ctx *w = ctx;
-    pause_hook(w->t, w->peer, done, len, &w->counted);
+    dp_pause_hook_progress(&w->t->pause, pname(w->t, w->peer), done, len, &w->counted);
 }
 
 /* A frame through the shared-memory ring, with c->send_mu held: header and
@@ -1403,17 +95,17 @@ static int send_shm(tcp *t, int peer, conn *c, int fd, dp_frame_header *h,
     h->payload_crc = 0;
     dp_frame_encode(hb, h);
     shm_ctx w = {t, peer, fd, 0};
-    dp_shm_waiter wt = {shm_wait, shm_progress, &w};
+    dp_shm_waiter wt = {shm_wait, t->pause.bytes ? shm_progress : NULL, &w};
     dp_err werr;
     if (dp_shm_send(c->shm, hb, src, ns, len, &wt, &werr) == 0) {
-        atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&c->bytes_sent,
+        atomic_fetch_add_explicit(&c->st.frames_sent, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->st.bytes_sent,
                                   t->keyed ? dp_frame_wire_size_mac(len) : dp_frame_wire_size(len),
                                   memory_order_relaxed);
-        atomic_store(&c->last_tx_us, now_us());
+        atomic_store(&c->st.last_tx_us, now_us());
         return 0;
     }
-    conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
+    dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
     return dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
 }
 
@@ -1437,8 +129,7 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     tcp *t = (tcp *)bt;
     link_delay(t);
     conn *c = &t->conns[peer];
-    struct iovec src[DP_TRANSPORT_MAX_IOV], v[DP_TRANSPORT_MAX_IOV + 1];
-    uint8_t hb[DP_FRAME_HEADER_SIZE], crcb[4];
+    struct iovec src[DP_TRANSPORT_MAX_IOV];
     uint64_t len = 0;
     int ns = 0;
     for (int i = 0; i < iovcnt; i++) {
@@ -1455,81 +146,17 @@ static int tcp_sendv(dp_transport *bt, int peer, dp_frame_header *h, const struc
     h->length = len;
     if (len > DP_FRAME_CHUNK)
         h->flags |= DP_FRAME_F_CHUNKED;
-    if (t->keyed) { /* the sequence number and the tags are taken under send_mu */
-        pthread_mutex_lock(&c->send_mu);
-        int fd = conn_fd(t, peer, err), rc = -1;
-        if (fd >= 0 && c->shm) {
-            rc = send_shm(t, peer, c, fd, h, src, ns, len, err);
-        } else if (fd >= 0) {
-            dp_err werr;
-            rc = send_tagged(t, c, fd, h, src, ns, len, &werr);
-            if (rc == 0) {
-                atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-                atomic_fetch_add_explicit(&c->bytes_sent, dp_frame_wire_size_mac(len),
-                                          memory_order_relaxed);
-                atomic_store(&c->last_tx_us, now_us());
-            } else {
-                conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type),
-                          werr.msg);
-                dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
-            }
-        }
-        pthread_mutex_unlock(&c->send_mu);
-        return rc;
-    }
-
-    /* Chunk 0 goes with the header; each later chunk is preceded by its CRC
-     * and sent right after it was checksummed, while it is in cache. */
-    int idx = 0;
-    size_t off = 0;
-    uint64_t left = len;
-    size_t want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
-    int n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &h->payload_crc);
-    left -= want;
-    dp_frame_encode(hb, h);
-    v[0].iov_base = hb;
-    v[0].iov_len = sizeof hb;
-    /* A small frame goes out as one contiguous buffer: one plain send. */
-    uint8_t small[DP_FRAME_HEADER_SIZE + SMALL_FRAME];
-    if (len <= SMALL_FRAME && n > 1) {
-        memcpy(small, hb, sizeof hb);
-        size_t at = sizeof hb;
-        for (int i = 1; i < n; i++) {
-            memcpy(small + at, v[i].iov_base, v[i].iov_len);
-            at += v[i].iov_len;
-        }
-        v[0].iov_base = small;
-        v[0].iov_len = at;
-        n = 1;
-    }
-
+    /* Keyed, the sequence number and the tags are taken under send_mu. */
     pthread_mutex_lock(&c->send_mu);
-    int fd = conn_fd(t, peer, err);
-    int rc = -1;
+    int fd = dp_tcp_conn_fd(t, peer, err), rc = -1;
     if (fd >= 0 && c->shm) {
         rc = send_shm(t, peer, c, fd, h, src, ns, len, err);
     } else if (fd >= 0) {
         dp_err werr;
-        rc = write_iov(t, c, fd, v, n, &werr);
-        int counted = 0;
-        while (rc == 0 && left) {
-            uint32_t crc;
-            pause_hook(t, peer, len - left, len, &counted);
-            want = left < DP_FRAME_CHUNK ? (size_t)left : (size_t)DP_FRAME_CHUNK;
-            n = 1 + take_chunk(src, ns, &idx, &off, want, v + 1, &crc);
-            left -= want;
-            dp_put_u32(crcb, crc);
-            v[0].iov_base = crcb;
-            v[0].iov_len = sizeof crcb;
-            rc = write_iov(t, c, fd, v, n, &werr);
-        }
-        if (rc == 0) {
-            atomic_fetch_add_explicit(&c->frames_sent, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_sent, dp_frame_wire_size(len),
-                                      memory_order_relaxed);
-            atomic_store(&c->last_tx_us, now_us());
-        } else {
-            conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type), werr.msg);
+        rc = dp_codec_send(&c->cd, c->io, (uint32_t)t->base.rank, h, src, ns, len, &werr);
+        if (rc != 0) {
+            dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "sending %s frame: %s", dp_frame_type_name(h->type),
+                      werr.msg);
             dp_errf(err, "sending to %s (%s): %s", pname(t, peer), c->addr, werr.msg);
         }
     }
@@ -1549,50 +176,15 @@ static int rx_end(tcp *t, int peer, int orderly, const char *reason)
 {
     conn *c = &t->conns[peer];
     if (!c->shm) {
-        conn_fail(t, peer, orderly, "%s", reason);
+        dp_tcp_conn_fail(t, peer, orderly, "%s", reason);
         return RX_LOST;
     }
     if (!c->shm_end) {
         c->shm_end = 1;
         c->shm_end_orderly = orderly;
-        snprintf(c->shm_end_reason, sizeof c->shm_end_reason, "%s", reason);
+        snprintf(c->shm_end_reason, sizeof c->shm_end_reason, "%.*s", (int)sizeof c->shm_end_reason - 1, reason);
     }
     return RX_NOTHING;
-}
-
-/* Reads what the socket has into c's buffer.  wait: block up to the socket's
- * receive timeout (t->slice).  Returns 1 (got bytes), 0 (nothing yet) or -1
- * (connection lost). */
-static int rx_fill(tcp *t, int peer, int fd, int wait)
-{
-    conn *c = &t->conns[peer];
-    if (c->rpos > 0) {
-        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
-        c->rlen -= c->rpos;
-        c->rpos = 0;
-    }
-    for (;;) {
-        ssize_t n = recv(fd, c->rbuf + c->rlen, RBUF - c->rlen, wait ? 0 : MSG_DONTWAIT);
-        if (n > 0) {
-            c->rlen += (size_t)n;
-            atomic_store(&c->last_rx_us, now_us());
-            return 1;
-        }
-        char why[200];
-        if (n == 0 && c->rlen)
-            snprintf(why, sizeof why, "connection closed mid-frame (%zu of %d header%s bytes)",
-                     c->rlen, c->rlen < DP_FRAME_HEADER_SIZE ? DP_FRAME_HEADER_SIZE : HDR_MAC,
-                     c->rlen < DP_FRAME_HEADER_SIZE ? "" : " and tag");
-        else if (n == 0)
-            snprintf(why, sizeof why, "connection closed (EOF) without BYE");
-        else if (errno == EINTR)
-            continue;
-        else if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        else
-            snprintf(why, sizeof why, "%s", strerror(errno));
-        return rx_end(t, peer, 0, why) == RX_LOST ? -1 : 0;
-    }
 }
 
 /* Fills ev as the FRAME event of h from peer: its payload is still unread. */
@@ -1605,100 +197,40 @@ static int frame_event(dp_event *ev, int peer, const dp_frame_header *h)
     return RX_FRAME;
 }
 
-/* Parses the buffered header at rpos.  Heartbeats are consumed (RX_NOTHING). */
-static int parse_header(tcp *t, int peer, dp_event *ev)
-{
-    conn *c = &t->conns[peer];
-    dp_frame_header h;
-    char why[200];
-    const uint8_t *hb = c->rbuf + c->rpos;
-    dp_frame_status st = dp_frame_decode(&h, hb, t->max_frame, why, sizeof why);
-    if (st != DP_FRAME_OK || h.source != (uint32_t)peer) {
-        c->rpos += DP_FRAME_HEADER_SIZE;
-        atomic_fetch_add_explicit(&c->bytes_recv, DP_FRAME_HEADER_SIZE, memory_order_relaxed);
-        if (st != DP_FRAME_OK)
-            conn_fail(t, peer, LOST_ABRUPT, "bad frame header: %s", why);
-        else
-            conn_fail(t, peer, LOST_ABRUPT, "frame claims to come from rank %u", h.source);
-        return RX_LOST;
-    }
-    size_t hl = DP_FRAME_HEADER_SIZE;
-    if (t->keyed) { /* nothing of the header counts before its tag matches */
-        if (c->rlen - c->rpos < HDR_MAC)
-            return RX_MORE;
-        hl = HDR_MAC;
-        if (dp_fmac_verify(&c->rx, c->rx_seq, DP_FMAC_HEADER, hb, DP_FRAME_HEADER_SIZE,
-                           hb + DP_FRAME_HEADER_SIZE) != 0) {
-            c->rpos += hl;
-            atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
-            conn_fail(t, peer, LOST_TAMPERED, "frame %" PRIu64 " from %s failed authentication: altered or "
-                                  "replayed (its header)",
-                      c->rx_seq, pname(t, peer));
-            return RX_LOST;
-        }
-        c->pay_seq = c->rx_seq++;
-    }
-    c->rpos += hl;
-    atomic_fetch_add_explicit(&c->bytes_recv, hl, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->frames_recv, 1, memory_order_relaxed);
-    if (h.type == DP_FRAME_HEARTBEAT && h.length == 0) {
-        atomic_fetch_add_explicit(&c->hb_recv, 1, memory_order_relaxed);
-        return RX_NOTHING;
-    }
-    if (h.type == DP_FRAME_BYE && h.length == 0)
-        return rx_end(t, peer, 1, "said goodbye (BYE)");
-    if (h.type < DP_FRAME_APP_FIRST) {
-        conn_fail(t, peer, LOST_ABRUPT, "unexpected %s frame (%" PRIu64 " payload bytes) after the handshake",
-                  dp_frame_type_name(h.type), h.length);
-        return RX_LOST;
-    }
-    if (h.length == 0 && h.payload_crc != 0) {
-        conn_fail(t, peer, LOST_ABRUPT, "empty %s frame with payload CRC 0x%08" PRIx32,
-                  dp_frame_type_name(h.type), h.payload_crc);
-        return RX_LOST;
-    }
-    if (t->keyed && h.payload_crc != 0) { /* one encoding per frame: tags, no CRCs */
-        conn_fail(t, peer, LOST_ABRUPT, "%s frame with payload CRC 0x%08" PRIx32 " on an authenticated "
-                              "connection (tags replace CRCs there)",
-                  dp_frame_type_name(h.type), h.payload_crc);
-        return RX_LOST;
-    }
-    c->pay_pending = h.length > 0;
-    c->pay_left = h.length;
-    c->wire_left = h.length;
-    c->cb_pos = c->cb_len = 0;
-    c->chunk_left = h.length < DP_FRAME_CHUNK ? h.length : DP_FRAME_CHUNK;
-    c->pay_crc = 0;
-    c->chunk_crc = h.payload_crc;
-    c->chunk_no = 0;
-    c->pay_h = h;
-    return frame_event(ev, peer, &h);
-}
-
 /* The next application frame from peer, if one is (or, with wait, becomes)
  * available; heartbeats are consumed on the way.  At most one read waits. */
-static int next_frame(tcp *t, int peer, int fd, int wait, dp_event *ev)
+static int next_frame(tcp *t, int peer, int wait, dp_event *ev)
 {
     conn *c = &t->conns[peer];
     for (;;) {
-        while (c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
-            int r = parse_header(t, peer, ev);
-            if (r == RX_MORE)
-                break;
-            if (r != RX_NOTHING)
-                return r;
+        dp_frame_header h;
+        dp_err why;
+        switch (dp_codec_next(&c->cd, c->io, wait, &h, &why)) {
+        case DP_CODEC_FRAME:
+            return frame_event(ev, peer, &h);
+        case DP_CODEC_NONE:
+            return RX_NOTHING;
+        case DP_CODEC_BYE:
+            if (rx_end(t, peer, 1, "said goodbye (BYE)") == RX_LOST)
+                return RX_LOST;
+            wait = 0; /* held for the ring: read on behind it */
+            continue;
+        case DP_CODEC_END:
+            return rx_end(t, peer, 0, why.msg) == RX_LOST ? RX_LOST : RX_NOTHING;
+        case DP_CODEC_TAMPERED:
+            dp_tcp_conn_fail(t, peer, LOST_TAMPERED, "%s", why.msg);
+            return RX_LOST;
+        default:
+            dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "%s", why.msg);
+            return RX_LOST;
         }
-        int r = rx_fill(t, peer, fd, wait);
-        if (r <= 0)
-            return r < 0 ? RX_LOST : RX_NOTHING;
-        wait = 0;
     }
 }
 
 /* next_frame on a shared-memory connection, without waiting: frames come
  * from the ring; the socket gives heartbeats and the end, which is reported
  * only once the ring is empty. */
-static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
+static int next_frame_shm(tcp *t, int peer, dp_event *ev)
 {
     conn *c = &t->conns[peer];
     for (int pass = 0;; pass++) {
@@ -1706,38 +238,38 @@ static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
         char why[200];
         int r = dp_shm_next(c->shm, t->max_frame, &h, why, sizeof why);
         if (r < 0) {
-            conn_fail(t, peer, LOST_ABRUPT, "%s", why);
+            dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "%s", why);
             return RX_LOST;
         }
         if (r > 0) {
             if (h.source != (uint32_t)peer || h.type < DP_FRAME_APP_FIRST) {
                 if (h.source != (uint32_t)peer)
-                    conn_fail(t, peer, LOST_ABRUPT, "frame claims to come from rank %u", h.source);
+                    dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "frame claims to come from rank %u", h.source);
                 else
-                    conn_fail(t, peer, LOST_ABRUPT, "unexpected %s frame in shared memory",
+                    dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "unexpected %s frame in shared memory",
                               dp_frame_type_name(h.type));
                 return RX_LOST;
             }
-            atomic_fetch_add_explicit(&c->frames_recv, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&c->bytes_recv,
+            atomic_fetch_add_explicit(&c->st.frames_recv, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->st.bytes_recv,
                                       t->keyed ? dp_frame_wire_size_mac(h.length)
                                                : dp_frame_wire_size(h.length),
                                       memory_order_relaxed);
-            atomic_store(&c->last_rx_us, now_us());
-            c->pay_pending = h.length > 0;
-            c->pay_left = h.length;
-            c->pay_h = h;
+            atomic_store(&c->st.last_rx_us, now_us());
+            c->cd.pay_pending = h.length > 0;
+            c->cd.pay_left = h.length;
+            c->cd.pay_h = h;
             return frame_event(ev, peer, &h);
         }
         if (c->shm_end) {
-            conn_fail(t, peer, c->shm_end_orderly, "%s", c->shm_end_reason);
+            dp_tcp_conn_fail(t, peer, c->shm_end_orderly, "%s", c->shm_end_reason);
             return RX_LOST;
         }
         if (pass)
             return RX_NOTHING;
-        r = next_frame(t, peer, fd, 0, ev);
+        r = next_frame(t, peer, 0, ev);
         if (r == RX_FRAME) {
-            conn_fail(t, peer, LOST_ABRUPT, "%s frame on the socket of a shared-memory connection",
+            dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "%s frame on the socket of a shared-memory connection",
                       dp_frame_type_name(ev->header.type));
             return RX_LOST;
         }
@@ -1746,67 +278,12 @@ static int next_frame_shm(tcp *t, int peer, int fd, dp_event *ev)
     }
 }
 
-/* Reads up to want (> 0) bytes from the read-ahead buffer or, when it is
- * empty, with one recv.  Returns the count, or -1 after failing the
- * connection (reason in c->reason). */
-static ssize_t read_some(tcp *t, int peer, int fd, uint8_t *dst, size_t want)
-{
-    conn *c = &t->conns[peer];
-    size_t have = c->rlen - c->rpos;
-    if (have) {
-        size_t take = have < want ? have : want;
-        memcpy(dst, c->rbuf + c->rpos, take);
-        c->rpos += take;
-        return (ssize_t)take;
-    }
-    for (;;) {
-        ssize_t n = recv(fd, dst, want, 0); /* blocks up to t->slice */
-        if (n > 0) {
-            atomic_store(&c->last_rx_us, now_us());
-            return n;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            double silent;
-            if (!silent_for(t, c, &silent))
-                continue;
-            conn_fail(t, peer, LOST_ABRUPT, "silent for %.1f s in the middle of %s frame (%" PRIu64
-                                  " bytes missing)",
-                      silent, dp_frame_type_name(c->pay_h.type), c->pay_left);
-        } else if (n == 0) {
-            /* Keyed, pay_left counts bytes not yet checked: the chunk under
-             * way may have arrived in part. */
-            conn_fail(t, peer, LOST_ABRUPT, "connection closed mid-frame: %" PRIu64 " of %" PRIu64
-                                  " payload bytes missing%s",
-                      c->pay_left, c->pay_h.length, t->keyed ? " or not yet authenticated" : "");
-        } else {
-            conn_fail(t, peer, LOST_ABRUPT, "reading a payload: %s", strerror(errno));
-        }
-        return -1;
-    }
-}
-
-/* Exactly len bytes of a payload's framing (a chunk's CRC, a tag), counted
- * as received.  -1: the connection failed (read_some says why). */
-static int read_exact(tcp *t, int peer, int fd, uint8_t *dst, size_t len)
-{
-    for (size_t got = 0; got < len;) {
-        ssize_t n = read_some(t, peer, fd, dst + got, len - got);
-        if (n < 0)
-            return -1;
-        got += (size_t)n;
-    }
-    atomic_fetch_add_explicit(&t->conns[peer].bytes_recv, len, memory_order_relaxed);
-    return 0;
-}
-
 /* A payload read that lost the connection: the payload is forgotten and
  * err says why the connection went.  Returns -1. */
 static int payload_failed(tcp *t, int peer, dp_err *err)
 {
     conn *c = &t->conns[peer];
-    c->pay_pending = 0;
+    c->cd.pay_pending = 0;
     pthread_mutex_lock(&c->mu);
     dp_errf(err, "receiving from %s (%s): %s", pname(t, peer), c->addr, c->reason);
     pthread_mutex_unlock(&c->mu);
@@ -1819,137 +296,17 @@ static int payload_failed(tcp *t, int peer, dp_err *err)
 static int payload_fd(tcp *t, int peer, size_t len, int *fd, dp_err *err)
 {
     conn *c = &t->conns[peer];
-    if (!c->pay_pending)
+    if (!c->cd.pay_pending)
         return dp_errf(err, "no payload pending from %s: poll a frame first", pname(t, peer));
-    if (len > c->pay_left)
+    if (len > c->cd.pay_left)
         return dp_errf(err, "reading %zu payload bytes from %s but only %" PRIu64 " are left",
-                       len, pname(t, peer), c->pay_left);
-    *fd = conn_fd(t, peer, err);
+                       len, pname(t, peer), c->cd.pay_left);
+    *fd = dp_tcp_conn_fd(t, peer, err);
     if (*fd < 0) {
-        c->pay_pending = 0;
+        c->cd.pay_pending = 0;
         return -1;
     }
     return 0;
-}
-
-/* Reads len payload bytes of the pending frame into dst (NULL: discard),
- * checking each chunk's CRC as its last byte arrives.  Returns 0, or -1
- * (connection failed, err filled). */
-static int read_payload(tcp *t, int peer, int fd, uint8_t *dst, size_t len, dp_err *err)
-{
-    conn *c = &t->conns[peer];
-    while (len) {
-        if (c->chunk_left == 0) { /* the next chunk's CRC comes first */
-            uint8_t b[4];
-            if (read_exact(t, peer, fd, b, sizeof b) < 0)
-                goto fail;
-            c->chunk_crc = dp_get_u32(b);
-            c->chunk_left = c->pay_left < DP_FRAME_CHUNK ? c->pay_left : DP_FRAME_CHUNK;
-            c->pay_crc = 0;
-            c->chunk_no++;
-        }
-        size_t want = len < RECV_CHUNK ? len : RECV_CHUNK;
-        if (want > c->chunk_left)
-            want = (size_t)c->chunk_left;
-        uint8_t *p = dst ? dst : t->scratch;
-        ssize_t n = read_some(t, peer, fd, p, want);
-        if (n < 0)
-            goto fail;
-        c->pay_crc = dp_crc32c(c->pay_crc, p, (size_t)n);
-        c->pay_left -= (uint64_t)n;
-        c->chunk_left -= (uint64_t)n;
-        len -= (size_t)n;
-        if (dst)
-            dst += n;
-        atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
-        if (c->chunk_left == 0 && c->pay_crc != c->chunk_crc) {
-            conn_fail(t, peer, LOST_ABRUPT, "payload CRC mismatch on %s frame (step %" PRIu64
-                                  ", offset %" PRIu64 ", %" PRIu64 " bytes, chunk %" PRIu64
-                                  "): got 0x%08" PRIx32 ", expected 0x%08" PRIx32,
-                      dp_frame_type_name(c->pay_h.type), c->pay_h.step, c->pay_h.offset,
-                      c->pay_h.length, c->chunk_no, c->pay_crc, c->chunk_crc);
-            c->pay_pending = 0;
-            return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
-        }
-    }
-    if (c->pay_left == 0)
-        c->pay_pending = 0;
-    return 0;
-fail:
-    return payload_failed(t, peer, err);
-}
-
-/* read_payload on a tagged connection: chunk | tag, no CRCs.  A chunk is
- * handed out only after its tag (behind it) matched: read straight into dst
- * when this call takes the whole chunk (the call fails if the tag does not
- * match, so the caller never takes those bytes as valid), else into c->cbuf,
- * from which this and later calls copy. */
-static int read_payload_tagged(tcp *t, int peer, int fd, uint8_t *dst, size_t len,
-                               dp_err *err)
-{
-    conn *c = &t->conns[peer];
-    while (len) {
-        if (c->cb_pos < c->cb_len) {
-            size_t n = c->cb_len - c->cb_pos < len ? c->cb_len - c->cb_pos : len;
-            if (dst) {
-                memcpy(dst, c->cbuf + c->cb_pos, n);
-                dst += n;
-            }
-            c->cb_pos += n;
-            c->pay_left -= n;
-            len -= n;
-            continue;
-        }
-        uint32_t k = (uint32_t)c->chunk_no;
-        size_t csize = c->wire_left < DP_FRAME_CHUNK ? (size_t)c->wire_left : (size_t)DP_FRAME_CHUNK;
-        int direct = dst && len >= csize;
-        uint8_t *p = direct ? dst : c->cbuf;
-        /* Each piece is hashed (decrypted) right after the read that brought
-         * it in, while it is in L1. */
-        int oneshot = !c->enc && csize <= FMAC_ONESHOT;
-        if (!oneshot)
-            dp_fmac_begin(&c->rx, c->pay_seq, k);
-        for (size_t got = 0; got < csize;) {
-            size_t want = csize - got < RECV_CHUNK ? csize - got : RECV_CHUNK;
-            ssize_t n = read_some(t, peer, fd, p + got, want);
-            if (n < 0)
-                goto fail;
-            if (c->enc)
-                dp_fmac_crypt(&c->rx, p + got, p + got, (size_t)n);
-            else if (!oneshot)
-                dp_fmac_ad(&c->rx, p + got, (size_t)n);
-            got += (size_t)n;
-            atomic_fetch_add_explicit(&c->bytes_recv, (uint64_t)n, memory_order_relaxed);
-        }
-        uint8_t tag[DP_FRAME_TAG_SIZE];
-        if (read_exact(t, peer, fd, tag, sizeof tag) < 0)
-            goto fail;
-        c->wire_left -= csize;
-        c->chunk_no++;
-        int bad = oneshot ? dp_fmac_verify(&c->rx, c->pay_seq, k, p, csize, tag)
-                          : dp_fmac_end_verify(&c->rx, tag);
-        if (bad) {
-            conn_fail(t, peer, LOST_TAMPERED, "frame %" PRIu64 " from %s failed authentication: altered or "
-                                  "replayed (%s frame, chunk %" PRIu32 ")",
-                      c->pay_seq, pname(t, peer), dp_frame_type_name(c->pay_h.type), k);
-            c->pay_pending = 0;
-            return dp_errf(err, "receiving from %s: frame %" PRIu64 " failed authentication",
-                           pname(t, peer), c->pay_seq);
-        }
-        if (direct) {
-            dst += csize;
-            len -= csize;
-            c->pay_left -= csize;
-        } else {
-            c->cb_pos = 0;
-            c->cb_len = csize;
-        }
-    }
-    if (c->pay_left == 0)
-        c->pay_pending = 0;
-    return 0;
-fail:
-    return payload_failed(t, peer, err);
 }
 
 /* The pending payload from the ring: copied into dst, added to the floats
@@ -1962,13 +319,13 @@ static int read_payload_shm(tcp *t, int peer, int fd, uint8_t *dst, size_t len, 
     dp_shm_waiter wt = {shm_wait, NULL, &w};
     dp_err werr;
     if (dp_shm_recv(c->shm, dst, len, add, &wt, &werr)) {
-        conn_fail(t, peer, LOST_ABRUPT, "%s", werr.msg);
+        dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "%s", werr.msg);
         return payload_failed(t, peer, err);
     }
-    atomic_store(&c->last_rx_us, now_us());
-    c->pay_left -= len;
-    if (c->pay_left == 0)
-        c->pay_pending = 0;
+    atomic_store(&c->st.last_rx_us, now_us());
+    c->cd.pay_left -= len;
+    if (c->cd.pay_left == 0)
+        c->cd.pay_pending = 0;
     return 0;
 }
 
@@ -1982,10 +339,24 @@ static int read_pending(tcp *t, int peer, uint8_t *dst, size_t len, int add, dp_
         return 0;
     if (payload_fd(t, peer, len, &fd, err) < 0)
         return -1;
-    if (t->conns[peer].shm)
+    conn *c = &t->conns[peer];
+    if (c->shm)
         return read_payload_shm(t, peer, fd, dst, len, add, err);
-    return t->keyed ? read_payload_tagged(t, peer, fd, dst, len, err)
-                    : read_payload(t, peer, fd, dst, len, err);
+    dp_err why;
+    int r = dp_codec_read(&c->cd, c->io, dst, len, &why);
+    if (r == 0)
+        return 0;
+    dp_tcp_conn_fail(t, peer, r == DP_CODEC_TAMPERED ? LOST_TAMPERED : LOST_ABRUPT, "%s", why.msg);
+    if (r == DP_CODEC_BAD) {
+        c->cd.pay_pending = 0;
+        return dp_errf(err, "receiving from %s: payload CRC mismatch", pname(t, peer));
+    }
+    if (r == DP_CODEC_TAMPERED) {
+        c->cd.pay_pending = 0;
+        return dp_errf(err, "receiving from %s: frame %" PRIu64 " failed authentication",
+                       pname(t, peer), c->cd.pay_seq);
+    }
+    return payload_failed(t, peer, err);
 }
 
 static int tcp_recv_payload(dp_transport *bt, int peer, void *dst, size_t len, dp_err *err)
@@ -2011,8 +382,8 @@ static int tcp_skip_payload(dp_transport *bt, int peer, dp_err *err)
 {
     tcp *t = (tcp *)bt;
     conn *c = &t->conns[peer];
-    while (c->pay_pending) {
-        size_t n = c->pay_left < RECV_CHUNK ? (size_t)c->pay_left : RECV_CHUNK;
+    while (c->cd.pay_pending) {
+        size_t n = c->cd.pay_left < DP_CODEC_RECV_CHUNK ? (size_t)c->cd.pay_left : DP_CODEC_RECV_CHUNK;
         if (read_pending(t, peer, NULL, n, 0, err))
             return -1;
     }
@@ -2026,20 +397,20 @@ static int report_lost(tcp *t, int want, dp_event *ev)
         if (!dp_transport_base_wants(&t->base, want, i))
             continue;
         conn *c = &t->conns[i];
-        if (c->pay_pending)
-            dp_transport_base_discard(&t->base, i, c->pay_left, c->pay_h.type);
+        if (c->cd.pay_pending)
+            dp_transport_base_discard(&t->base, i, c->cd.pay_left, c->cd.pay_h.type);
         if (atomic_load(&c->state) != CONN_LOST)
             continue;
         pthread_mutex_lock(&c->mu);
         int lost = c->state == CONN_LOST && !c->reported;
         if (lost) {
             c->reported = 1;
-            reset_rx(c);
+            dp_codec_reset_rx(&c->cd);
             dp_transport_base_lost(ev, i, c->orderly, c->reason);
         }
         pthread_mutex_unlock(&c->mu);
         if (lost) {
-            promote(t, i); /* a restarted peer's new connection, if it is waiting */
+            dp_tcp_promote(t, i); /* a restarted peer's new connection, if it is waiting */
             return 1;
         }
     }
@@ -2049,8 +420,8 @@ static int report_lost(tcp *t, int want, dp_event *ev)
 static void check_silence(tcp *t, int peer)
 {
     double silent;
-    if (silent_for(t, &t->conns[peer], &silent))
-        conn_fail(t, peer, LOST_ABRUPT, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
+    if (dp_tcp_silent_for(t, &t->conns[peer], &silent))
+        dp_tcp_conn_fail(t, peer, LOST_ABRUPT, "no frame or heartbeat for %.1f s (heartbeat timeout %.1f s)",
                   silent, t->hb_timeout);
 }
 
@@ -2098,8 +469,8 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
             int fd = atomic_load(&c->state) == CONN_UP ? c->fd : -1;
             if (fd < 0)
                 continue;
-            if (c->shm || c->rlen - c->rpos >= DP_FRAME_HEADER_SIZE) {
-                int r = c->shm ? next_frame_shm(t, i, fd, ev) : next_frame(t, i, fd, 0, ev);
+            if (c->shm || dp_codec_buffered(&c->cd) >= DP_FRAME_HEADER_SIZE) {
+                int r = c->shm ? next_frame_shm(t, i, ev) : next_frame(t, i, 0, ev);
                 if (r == RX_FRAME) {
                     t->rr = (i + 1) % n;
                     return 0;
@@ -2128,7 +499,7 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
         if (np == 1 && want != DP_PEER_ANY && left >= t->slice) {
             /* One peer and time to spare: a blocking read, one system call
              * per frame as with a plain socket. */
-            int r = next_frame(t, want, t->pf[0].fd, 1, ev);
+            int r = next_frame(t, want, 1, ev);
             if (r == RX_FRAME)
                 return 0;
             if (r == RX_NOTHING)
@@ -2149,8 +520,7 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
                     continue;
                 int shm = t->conns[i].shm != NULL;
                 if (rc > 0 && (t->pf[k].revents || (shm && t->pf[k + 1].revents))) {
-                    int r = shm ? next_frame_shm(t, i, t->pf[k].fd, ev)
-                                : next_frame(t, i, t->pf[k].fd, 0, ev);
+                    int r = shm ? next_frame_shm(t, i, ev) : next_frame(t, i, 0, ev);
                     if (r == RX_FRAME) {
                         t->rr = (i + 1) % n;
                         return 0;
@@ -2175,12 +545,12 @@ static int tcp_poll(dp_transport *bt, int want, double timeout_s, dp_event *ev, 
 
 static void add_stats(dp_transport_stats *s, conn *c)
 {
-    s->bytes_sent += atomic_load_explicit(&c->bytes_sent, memory_order_relaxed);
-    s->bytes_recv += atomic_load_explicit(&c->bytes_recv, memory_order_relaxed);
-    s->frames_sent += atomic_load_explicit(&c->frames_sent, memory_order_relaxed);
-    s->frames_recv += atomic_load_explicit(&c->frames_recv, memory_order_relaxed);
-    s->heartbeats_sent += atomic_load_explicit(&c->hb_sent, memory_order_relaxed);
-    s->heartbeats_recv += atomic_load_explicit(&c->hb_recv, memory_order_relaxed);
+    s->bytes_sent += atomic_load_explicit(&c->st.bytes_sent, memory_order_relaxed);
+    s->bytes_recv += atomic_load_explicit(&c->st.bytes_recv, memory_order_relaxed);
+    s->frames_sent += atomic_load_explicit(&c->st.frames_sent, memory_order_relaxed);
+    s->frames_recv += atomic_load_explicit(&c->st.frames_recv, memory_order_relaxed);
+    s->heartbeats_sent += atomic_load_explicit(&c->st.hb_sent, memory_order_relaxed);
+    s->heartbeats_recv += atomic_load_explicit(&c->st.hb_recv, memory_order_relaxed);
 }
 
 static void tcp_stats(const dp_transport *bt, int peer, dp_transport_stats *out)
@@ -2218,7 +588,7 @@ static void tcp_close(dp_transport *bt)
         while (t->rd_active > 0)
             pthread_cond_wait(&t->cond, &t->mu);
         pthread_mutex_unlock(&t->mu);
-        refusals_flush(t, 1);
+        dp_tcp_refusals_flush(t, 1);
     }
     for (int i = 0; t->conns && i < t->base.n_ranks; i++) {
         conn *c = &t->conns[i];
@@ -2229,10 +599,10 @@ static void tcp_close(dp_transport *bt)
             uint8_t h[HDR_MAC];
             pthread_mutex_lock(&c->send_mu);
             /* a BYE is tagged too: nobody else can say it for us */
-            size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->tx, &c->tx_seq, h);
+            size_t hl = dp_tcp_ctl_frame(t, DP_FRAME_BYE, &c->cd.tx, &c->cd.tx_seq, h);
             if (!t->base.failed && dp_sock_write_full(c->fd, h, hl, dp_now() + 1.0, NULL) == 0) {
-                atomic_fetch_add(&c->frames_sent, 1);
-                atomic_fetch_add(&c->bytes_sent, hl);
+                atomic_fetch_add(&c->st.frames_sent, 1);
+                atomic_fetch_add(&c->st.bytes_sent, hl);
             }
             pthread_mutex_unlock(&c->send_mu);
             shutdown(c->fd, SHUT_WR);
@@ -2245,20 +615,16 @@ static void tcp_close(dp_transport *bt)
             close(c->fd);
         if (c->next_fd >= 0) { /* a waiting replacement is told too, or its peer redials */
             uint8_t h[HDR_MAC];
-            size_t hl = ctl_frame(t, DP_FRAME_BYE, &c->next_tx, &c->next_tx_seq, h);
+            size_t hl = dp_tcp_ctl_frame(t, DP_FRAME_BYE, &c->next_tx, &c->next_tx_seq, h);
             if (send(c->next_fd, h, hl, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)hl) {
-                atomic_fetch_add(&c->frames_sent, 1);
-                atomic_fetch_add(&c->bytes_sent, hl);
+                atomic_fetch_add(&c->st.frames_sent, 1);
+                atomic_fetch_add(&c->st.bytes_sent, hl);
             }
             close(c->next_fd);
         }
         dp_shm_close(c->shm);
         dp_shm_close(c->next_shm);
-        free(c->rbuf);
-        free(c->sbuf);
-        free(c->cbuf);
-        dp_fmac_free(&c->tx);
-        dp_fmac_free(&c->rx);
+        dp_codec_free(&c->cd);
         dp_fmac_free(&c->next_tx);
         sodium_memzero(&c->next_sess, sizeof c->next_sess);
         pthread_mutex_destroy(&c->mu);
@@ -2274,7 +640,6 @@ static void tcp_close(dp_transport *bt)
             free(t->addrs[i]);
     free(t->addrs);
     free(t->conns);
-    free(t->scratch);
     free(t->pf);
     free(t->who);
     pthread_mutex_destroy(&t->mu);
@@ -2382,7 +747,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     const char *env_shm = getenv("DOWNPOUR_SHM");
     t->shm = cfg->shm && !(env_shm && strcmp(env_shm, "0") == 0);
     t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
-    pause_hook_init(t);
+    dp_pause_hook_load(&t->pause);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);
     t->hb_interval = cfg->heartbeat_interval;
@@ -2393,10 +758,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->slice = t->hb_timeout / 4 < 0.5 ? t->hb_timeout / 4 : 0.5;
     t->conns = calloc((size_t)cfg->n_ranks, sizeof *t->conns);
     t->addrs = calloc((size_t)cfg->n_ranks, sizeof *t->addrs);
-    t->scratch = malloc(RECV_CHUNK);
     t->pf = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->pf);
     t->who = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->who);
-    if (!t->conns || !t->addrs || !t->scratch || !t->pf || !t->who) {
+    if (!t->conns || !t->addrs || !t->pf || !t->who) {
         free(t->conns);
         t->conns = NULL;
         dp_errf(err, "out of memory");
@@ -2412,13 +776,13 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     }
     for (int i = 0; i < cfg->n_ranks; i++) {
         conn *c = &t->conns[i];
-        /* Tagged connections hold one chunk for partial reads, one for
-         * encrypting, and their EVP contexts (fmac.h). */
-        if (!(c->rbuf = malloc(RBUF)) ||
-            (t->keyed && i != cfg->rank &&
-             ((t->encrypt && !(c->sbuf = malloc(SEND_PIECE))) ||
-              !(c->cbuf = malloc(DP_FRAME_CHUNK)) || dp_fmac_alloc(&c->tx) ||
-              dp_fmac_alloc(&c->rx) || dp_fmac_alloc(&c->next_tx)))) {
+        c->owner = t;
+        /* Tagged connections hold their codec's buffers and EVP contexts
+         * (frame_codec.h), and one for a waiting replacement's heartbeats. */
+        int keyed = t->keyed && i != cfg->rank;
+        if (dp_codec_init(&c->cd, keyed, t->encrypt, t->max_frame, (uint32_t)i, pname(t, i),
+                          &c->st, err) ||
+            (keyed && dp_fmac_alloc(&c->next_tx))) {
             dp_errf(err, "out of memory");
             goto fail;
         }
@@ -2448,11 +812,11 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
         dp_errf(err, "pipe: %s", strerror(errno));
         goto fail;
     }
-    if (pthread_create(&t->accept_thr, NULL, accept_main, t) != 0) {
+    if (pthread_create(&t->accept_thr, NULL, dp_tcp_accept_main, t) != 0) {
         dp_errf(err, "cannot start the accept thread");
         goto fail;
     }
-    if (pthread_create(&t->hb_thr, NULL, heartbeat_main, t) != 0) {
+    if (pthread_create(&t->hb_thr, NULL, dp_tcp_heartbeat_main, t) != 0) {
         atomic_store(&t->stopping, 1);
         ssize_t w = write(t->wake[1], "x", 1);
         (void)w;
@@ -2470,7 +834,7 @@ fail:
 
 static const dp_transport_ops tcp_ops = {
     .name = "tcp",
-    .connect = tcp_connect,
+    .connect = dp_tcp_connect_peer,
     .sendv = tcp_sendv,
     .poll = tcp_poll,
     .recv_payload = tcp_recv_payload,
