@@ -202,8 +202,6 @@ struct dp_strategy_ops {
                             "Strategies"); 0: the CPU only */
     int buffers;         /* 1: trains models with buffers (batch norm), by its rule in
                             docs/strategies.md, "Buffers"; 0: refuses them */
-    int sync_bn;         /* 1: --sync-bn sums batch norm's statistics over its
-                            replicas (docs/strategies.md, "Buffers"); 0: refuses it */
     const char *no_clip; /* NULL: it clips the whole gradient by --clip-norm
                             (docs/training.md, "Gradient clipping"); else why it
                             cannot, which the loop's refusal quotes */

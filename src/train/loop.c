@@ -74,8 +74,6 @@ dp_train_config dp_train_defaults(void)
     c.model = "mlp-300-100";
     c.strategy = "single";
     c.shard = DP_SHARD_DATA;
-    c.bucket_bytes = 512u << 10;
-    c.overlap = DP_OVERLAP_AUTO;
     c.collective_timeout = 300;
     c.straggler = -1;
     c.batch = 128;
@@ -897,34 +895,6 @@ int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err)
                    m->name, strategy, on);
 }
 
-int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err)
-{
-    if (!cfg->sync_bn)
-        return 0;
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (!ops->sync_bn)
-        return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
-                            "tasks; allreduce does, whose replicas step together over one ring "
-                            "(docs/strategies.md, \"Buffers\")", cfg->strategy);
-    if (cfg->device.kind != DP_DEVICE_CPU)
-        return dp_errf(err, "--sync-bn: not with --device yet: the bn sums run in the CPU "
-                            "layer (docs/strategies.md, \"Buffers\")");
-    /* a spec that does not parse is the loop's to refuse, with its message */
-    dp_model m;
-    dp_err e;
-    if (dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
-        return 0;
-    int rc = m.n_buffers ? 0
-                         : dp_errf(err, "--sync-bn: model %s has no batch norm layer (bn), so "
-                                        "there are no batch statistics to sum. Hint: leave "
-                                        "--sync-bn out, or add bn layers (docs/models.md)",
-                                   m.name);
-    dp_model_free(&m);
-    return rc;
-}
-
 /* --clip-norm: refused, before anything opens, where the strategy cannot
  * clip the whole gradient, or cannot on a device (it says why). */
 int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
@@ -993,8 +963,8 @@ static int run_task(loop *L, dp_err *err)
     if (cfg->clip_norm > 0)
         used += (size_t)snprintf(settings + used, sizeof settings - used, " clip_norm=%.9g",
                                  (double)cfg->clip_norm);
-    if (cfg->sync_bn)
-        used += (size_t)snprintf(settings + used, sizeof settings - used, " sync_bn=1");
+    dp_strategy_identity(cfg, 1, settings, sizeof settings); /* allreduce's sync_bn */
+    used = strlen(settings);
     if (cfg->warmup_steps > 0 || cfg->warmup_epochs > 0)
         used += (size_t)snprintf(settings + used, sizeof settings - used, " warmup=%ld%s",
                                  cfg->warmup_steps > 0 ? cfg->warmup_steps
@@ -1085,7 +1055,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
         check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
-        dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0 ||
+        dp_train_check_clip(cfg, err) < 0 ||
         dp_strategy_check(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
