@@ -180,6 +180,11 @@ typedef struct dp_strategy_conf {
      * anything opens (train, launch, dp_train_run): 0, or -1 naming the
      * flag.  NULL: none. */
     int (*check)(const void *own, const dp_train_config *cfg, dp_err *err);
+    /* Its settings against the cluster's `chief` (0 or 1), `workers` and
+     * `ps` tasks where they are known before any task starts (launch asks
+     * it first, then check): 0, or -1 naming the flag.  NULL: none. */
+    int (*check_tasks)(const void *own, const dp_train_config *cfg, int chief, int workers,
+                       int ps, dp_err *err);
     /* Its part of the run identity (checkpoint.h's settings) at `part`:
      * 0 right after "ema=", 1 after "clip_norm=" (where those checkpoints
      * have always carried it).  Appends to buf.  NULL: nothing. */
@@ -273,6 +278,10 @@ int dp_strategy_select(dp_train_config *cfg, const char *name, dp_err *err);
 int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, dp_err *err);
 /* cfg's strategy's check of its settings (conf->check): 0, or -1. */
 int dp_strategy_check(const dp_train_config *cfg, dp_err *err);
+/* cfg's strategy's check against a cluster known before it starts
+ * (conf->check_tasks): 0, or -1. */
+int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, int ps,
+                            dp_err *err);
 /* cfg's run identity part `part` (conf->identity; see there). */
 void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap);
 /* The launcher's survives answer for a failed task of `role`, with why. */

@@ -62,7 +62,6 @@ typedef struct dp_train_config {
     dp_shard_policy shard;    /* how workers split the training records (data) */
     double collective_timeout; /* allreduce, pipeline, model-parallel, lbfgs: s to wait
                                   for a neighbour (300) */
-    int model_parallel;       /* model-parallel: tasks per replica, K (0: every task) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */

@@ -222,7 +222,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false, verbose = false;
     const char *log_level = NULL;
-    long model_parallel = 0;
     const char *stream = "auto", *data_memory = NULL;
     long shuffle_window = 0;
     const cli_opt generic[] = {
@@ -263,7 +262,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"", CLI_SECTION, NULL, NULL, "strategy (docs/strategies.md)", 0, 0},
         {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
-        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"", CLI_SECTION, NULL, NULL, "cluster (docs/cluster.md)", 0, 0},
@@ -548,7 +546,10 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
                         "accuracy, and --val-size 0 leaves no validation records\n", g_who);
         return 2;
     }
-    if (dp_strategy_check(&cfg, &err) < 0) {
+    /* against launch's cluster first: without it the check knows less
+     * (model-parallel's split over every task) */
+    if ((topo && dp_strategy_check_tasks(&cfg, topo[0], topo[1], topo[2], &err) < 0) ||
+        dp_strategy_check(&cfg, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
@@ -564,12 +565,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         fprintf(stderr, "%s: --checkpoint-dir: --strategy %s writes no training-state "
                         "checkpoints (%s); --save keeps the final weights\n", g_who, ops->name,
                 ops->no_checkpoints);
-        return 2;
-    }
-    cfg.model_parallel = (int)model_parallel;
-    if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel,
-                                 topo ? topo[0] + topo[1] : 0, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.checkpoint_dir = checkpoint_dir;

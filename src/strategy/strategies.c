@@ -190,6 +190,18 @@ int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
     return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);
 }
 
+int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, int ps,
+                            dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (!ops->conf || !ops->conf->check_tasks)
+        return 0;
+    return ops->conf->check_tasks(dp_strategy_settings(cfg, ops->conf), cfg, chief, workers, ps,
+                                  err);
+}
+
 void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap)
 {
     dp_err ignored;
