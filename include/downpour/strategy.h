@@ -276,8 +276,17 @@ int dp_strategy_select(dp_train_config *cfg, const char *name, dp_err *err);
 /* Sets the option --name of cfg's strategy from text, as train's command
  * line would (for tests and bindings): 0, or -1 with the message. */
 int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, dp_err *err);
-/* cfg's strategy's check of its settings (conf->check): 0, or -1. */
+/* cfg against its strategy before anything opens (train, launch,
+ * dp_train_run): --device under one whose trainers run on the CPU only
+ * (naming those that train on a device), --clip-norm where it cannot clip
+ * (ops->no_clip, no_clip_device: the reason quoted), then its conf's check
+ * of its settings: 0, or -1 with the message naming the flag. */
 int dp_strategy_check(const dp_train_config *cfg, dp_err *err);
+/* A model with buffers (batch norm's running statistics) under a strategy
+ * without a rule for them: refused, naming the strategies that have one
+ * (docs/strategies.md, "Buffers").  downpour launch asks it before any
+ * task starts, the loop when the model is built. */
+int dp_strategy_check_buffers(const dp_model *m, const char *strategy, dp_err *err);
 /* cfg's strategy's check against a cluster known before it starts
  * (conf->check_tasks): 0, or -1. */
 int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, int ps,

@@ -123,21 +123,6 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
-/* --device against the strategy (one whose trainers run on the CPU only is
- * refused, naming those that train on a device): 0, or -1 with the
- * message.  dp_train_run checks it before anything opens; downpour launch
- * before any task starts. */
-int dp_train_check_device(const dp_train_config *cfg, dp_err *err);
-/* --clip-norm against the strategy and the device (dp_train_run checks it
- * too, before anything opens): 0, or -1 with a message naming the flag and
- * the strategy's reason. */
-int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
-/* A model with buffers (batch norm's running statistics) under a strategy
- * without a rule for them: refused, naming the strategies that have one
- * (docs/strategies.md, "Buffers").  downpour launch asks it before any
- * task starts. */
-int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err);
-
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x
  * (max_batch * dim floats) and y as scratch.  *bad_inputs (when non-NULL):

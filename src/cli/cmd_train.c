@@ -486,10 +486,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
                         "the records itself (docs/training.md)\n", g_who);
         return 2;
     }
-    if (dp_train_check_clip(&cfg, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
     cfg.dataset = dataset;
     if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {
         cfg.data.stream = stream[1] == 'u' ? -1 : stream[1] == 'n';
@@ -546,19 +542,12 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
                         "accuracy, and --val-size 0 leaves no validation records\n", g_who);
         return 2;
     }
-    /* against launch's cluster first: without it the check knows less
-     * (model-parallel's split over every task) */
+    /* the strategy: --device, --clip-norm and its own settings; against
+     * launch's cluster first, without which it knows less (model-parallel's
+     * split over every task) */
     if ((topo && dp_strategy_check_tasks(&cfg, topo[0], topo[1], topo[2], &err) < 0) ||
         dp_strategy_check(&cfg, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
-    if (strcmp(strategy, "lbfgs") == 0 &&
-        (!isnan(weight_decay) || warmup_steps > 0 || warmup_epochs > 0 ||
-         cfg.lr_schedule == DP_LR_STEP)) {
-        fprintf(stderr, "%s: --weight-decay, --warmup-steps, --warmup-epochs and "
-                        "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
-                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n", g_who);
         return 2;
     }
     if (ops->no_checkpoints && checkpoint_dir) {
@@ -580,12 +569,9 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
-    /* what the options ask of the strategy first, then the cluster: a hint
-     * to launch must not lead to a refusal of the options themselves */
-    if (dp_train_check_device(&cfg, &err) < 0 || dp_train_check_clip(&cfg, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
+    /* what the options ask of the strategy (dp_strategy_check, above)
+     * first, then the cluster: a hint to launch must not lead to a refusal
+     * of the options themselves */
     if (check_outputs(save, metrics, checkpoint_dir, tensorboard, trace) < 0 ||
         check_topology(dp_strategy_find(strategy, &err), topo, transport, argc, argv) < 0)
         return 2;

@@ -856,63 +856,6 @@ static int open_tensorboard(loop *L, dp_err *err)
     return 0;
 }
 
-/* --device: refused, before anything opens, for a strategy whose trainers
- * run on the CPU only; the device itself is opened by the strategy's
- * trainers (a ps task never opens one). */
-int dp_train_check_device(const dp_train_config *cfg, dp_err *err)
-{
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
-        return 0;
-    char name[32], on[256] = "";
-    dp_device_format(&cfg->device, name, sizeof name);
-    for (int i = 0; i < dp_strategy_count; i++)
-        if (dp_strategies[i]->devices)
-            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
-                     dp_strategies[i]->name);
-    return dp_errf(err, "--device %s: strategy %s trains on the CPU only; these train on a "
-                        "device: %s (docs/gpu.md)", name, cfg->strategy, on);
-}
-
-/* A model with buffers (batch norm's running statistics) only under a
- * strategy with a rule for them (docs/strategies.md, "Buffers"). */
-int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err)
-{
-    const dp_strategy_ops *ops = dp_strategy_find(strategy ? strategy : "", err);
-    if (!ops)
-        return -1;
-    if (!m->n_buffers || ops->buffers)
-        return 0;
-    char on[256] = "";
-    for (int i = 0; i < dp_strategy_count; i++)
-        if (dp_strategies[i]->buffers)
-            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
-                     dp_strategies[i]->name);
-    return dp_errf(err, "model %s has buffers (batch norm's running statistics), which strategy "
-                        "%s does not handle yet; these do: %s (docs/strategies.md, \"Buffers\")",
-                   m->name, strategy, on);
-}
-
-/* --clip-norm: refused, before anything opens, where the strategy cannot
- * clip the whole gradient, or cannot on a device (it says why). */
-int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
-{
-    if (!(cfg->clip_norm > 0))
-        return 0;
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (ops->no_clip)
-        return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
-                            "(docs/training.md)", cfg->strategy, ops->no_clip);
-    if (cfg->device.kind != DP_DEVICE_CPU && ops->no_clip_device)
-        return dp_errf(err, "--clip-norm: not with --device for strategy %s yet: %s "
-                            "(docs/training.md)", cfg->strategy, ops->no_clip_device);
-    return 0;
-}
-
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -926,7 +869,7 @@ static int run_task(loop *L, dp_err *err)
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0 ||
-        dp_train_check_buffers(&L->m, cfg->strategy, err) < 0)
+        dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
     if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
@@ -1054,9 +997,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
-        dp_train_check_clip(cfg, err) < 0 ||
-        dp_strategy_check(cfg, err) < 0)
+        check_outputs(cfg, err) < 0 || dp_strategy_check(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);
