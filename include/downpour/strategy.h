@@ -203,6 +203,9 @@ struct dp_strategy_ops {
     const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
                             else why not, which --checkpoint-dir's refusal quotes */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
+    int data_parallel;   /* 1: each trainer holds the whole model and steps on the
+                            gradients of its own batch (dp_grad_ops): what the
+                            scaling experiment compares (docs/experiments.md) */
     int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
                             "Strategies"); 0: the CPU only */
     int buffers;         /* 1: trains models with buffers (batch norm), by its rule in

@@ -1231,6 +1231,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),
+    .data_parallel = 1,
     .devices = 1,
     .buffers = 1,
     .no_clip_device = "with collectives the sum and the update run on the devices, and the "
