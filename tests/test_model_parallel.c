@@ -260,9 +260,13 @@ static double max_rel_diff(const float *a, const float *b, size_t n)
 static dp_train_config config(int K, const dp_optim_config *oc)
 {
     dp_train_config cfg = dp_train_defaults();
+    dp_err err;
+    char k[16];
+    snprintf(k, sizeof k, "%d", K);
+    REQUIRE(dp_strategy_select(&cfg, "model-parallel", &err) == 0 &&
+            (K == 0 || dp_strategy_set(&cfg, "model-parallel", k, &err) == 0));
     cfg.model = SPEC;
     cfg.batch = BATCH;
-    cfg.model_parallel = K;
     cfg.optim = *oc;
     cfg.collective_timeout = 30;
     return cfg;

@@ -478,7 +478,10 @@ static void test_strategy(const char *spec, int batch, int steps, dp_optim_kind 
                                   .params = got};
             jobs[q].cfg.model = spec;
             jobs[q].cfg.batch = batch;
-            jobs[q].cfg.model_parallel = K;
+            char k[16];
+            snprintf(k, sizeof k, "%d", K);
+            REQUIRE(dp_strategy_select(&jobs[q].cfg, "model-parallel", &err) == 0 &&
+                    dp_strategy_set(&jobs[q].cfg, "model-parallel", k, &err) == 0);
             jobs[q].cfg.optim = oc;
             jobs[q].cfg.collective_timeout = 30;
             REQUIRE(pthread_create(&th[q], NULL, strat_main, &jobs[q]) == 0);

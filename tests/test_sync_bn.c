@@ -182,10 +182,10 @@ static void check_model(const run_spec *rs)
     if (!has_bn) { /* nothing to sum: refused, saying so */
         dp_train_config c = dp_train_defaults();
         dp_err err;
-        c.strategy = "allreduce";
+        REQUIRE(dp_strategy_select(&c, "allreduce", &err) == 0 &&
+                dp_strategy_set(&c, "sync-bn", NULL, &err) == 0);
         c.model = rs->model;
-        c.sync_bn = 1;
-        CHECKF(dp_train_check_sync_bn(&c, &err) < 0 && strstr(err.msg, "no batch norm layer"),
+        CHECKF(dp_strategy_check(&c, &err) < 0 && strstr(err.msg, "no batch norm layer"),
                "%s: --sync-bn on a model without bn is not refused with the reason", rs->model);
     }
     for (int sync = has_bn; sync >= 0; sync--) {
@@ -198,12 +198,13 @@ static void check_model(const run_spec *rs)
             memset(&jobs[p], 0, sizeof jobs[p]);
             jobs[p].rs = rs;
             jobs[p].cfg = dp_train_defaults();
-            jobs[p].cfg.strategy = "allreduce";
+            REQUIRE(dp_strategy_select(&jobs[p].cfg, "allreduce", &err) == 0);
+            if (sync)
+                REQUIRE(dp_strategy_set(&jobs[p].cfg, "sync-bn", NULL, &err) == 0);
             jobs[p].cfg.model = rs->model;
             jobs[p].cfg.batch = rs->batch;
             jobs[p].cfg.optim = oc;
             jobs[p].cfg.collective_timeout = 30;
-            jobs[p].cfg.sync_bn = sync;
             jobs[p].position = p;
             jobs[p].t = ts[p];
             jobs[p].params = malloc(MAX_FLOATS * sizeof(float));

@@ -24,7 +24,6 @@
 
 #include "downpour/ring.h"
 #include "downpour/status.h"
-#include "downpour/train.h"
 
 /* AUTO's calibration: DP_REDUCER_WARMUP steps inline, then
  * 2 x DP_REDUCER_SAMPLES steps alternating overlapped and inline; the step
@@ -37,6 +36,14 @@
 #define DP_REDUCER_MARGIN 0.05
 
 typedef struct dp_reducer dp_reducer;
+
+/* Whether gradient buckets are reduced while backprop goes on.  AUTO, the
+ * default, measures and picks the faster (above). */
+typedef enum dp_overlap {
+    DP_OVERLAP_AUTO,
+    DP_OVERLAP_ON,
+    DP_OVERLAP_OFF
+} dp_overlap;
 
 /* mode: DP_OVERLAP_ON / OFF force the way; AUTO measures (above).
  * spare_cores: cores this process may count on beyond its arithmetic

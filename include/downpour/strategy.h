@@ -193,6 +193,11 @@ typedef struct dp_strategy_conf {
      * anything opens (train, launch, dp_train_run): 0, or -1 naming the
      * flag.  NULL: none. */
     int (*check)(const void *own, const dp_train_config *cfg, dp_err *err);
+    /* Its settings against the cluster's `chief` (0 or 1), `workers` and
+     * `ps` tasks where they are known before any task starts (launch asks
+     * it first, then check): 0, or -1 naming the flag.  NULL: none. */
+    int (*check_tasks)(const void *own, const dp_train_config *cfg, int chief, int workers,
+                       int ps, dp_err *err);
     /* Its part of the run identity (checkpoint.h's settings) at `part`:
      * 0 right after "ema=", 1 after "clip_norm=" (where those checkpoints
      * have always carried it).  Appends to buf.  NULL: nothing. */
@@ -211,12 +216,13 @@ struct dp_strategy_ops {
     const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
                             else why not, which --checkpoint-dir's refusal quotes */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
+    int data_parallel;   /* 1: each trainer holds the whole model and steps on the
+                            gradients of its own batch (dp_grad_ops): what the
+                            scaling experiment compares (docs/experiments.md) */
     int devices;         /* 1: its trainers run on --device cuda or sim (docs/gpu.md,
                             "Strategies"); 0: the CPU only */
     int buffers;         /* 1: trains models with buffers (batch norm), by its rule in
                             docs/strategies.md, "Buffers"; 0: refuses them */
-    int sync_bn;         /* 1: --sync-bn sums batch norm's statistics over its
-                            replicas (docs/strategies.md, "Buffers"); 0: refuses it */
     const char *no_clip; /* NULL: it clips the whole gradient by --clip-norm
                             (docs/training.md, "Gradient clipping"); else why it
                             cannot, which the loop's refusal quotes */
@@ -286,8 +292,21 @@ int dp_strategy_select(dp_train_config *cfg, const char *name, dp_err *err);
 /* Sets the option --name of cfg's strategy from text, as train's command
  * line would (for tests and bindings): 0, or -1 with the message. */
 int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, dp_err *err);
-/* cfg's strategy's check of its settings (conf->check): 0, or -1. */
+/* cfg against its strategy before anything opens (train, launch,
+ * dp_train_run): --device under one whose trainers run on the CPU only
+ * (naming those that train on a device), --clip-norm where it cannot clip
+ * (ops->no_clip, no_clip_device: the reason quoted), then its conf's check
+ * of its settings: 0, or -1 with the message naming the flag. */
 int dp_strategy_check(const dp_train_config *cfg, dp_err *err);
+/* A model with buffers (batch norm's running statistics) under a strategy
+ * without a rule for them: refused, naming the strategies that have one
+ * (docs/strategies.md, "Buffers").  downpour launch asks it before any
+ * task starts, the loop when the model is built. */
+int dp_strategy_check_buffers(const dp_model *m, const char *strategy, dp_err *err);
+/* cfg's strategy's check against a cluster known before it starts
+ * (conf->check_tasks): 0, or -1. */
+int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, int ps,
+                            dp_err *err);
 /* cfg's run identity part `part` (conf->identity; see there). */
 void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap);
 /* The launcher's survives answer for a failed task of `role`, with why. */

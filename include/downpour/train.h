@@ -43,14 +43,6 @@ const char *dp_lr_schedule_name(dp_lr_schedule s);
  * or step's gamma^floor(done / step_every). */
 float dp_lr_scale(const dp_lr_plan *p, long done, long total);
 
-/* allreduce: whether gradient buckets are reduced while backprop goes on
- * (reducer.h).  AUTO, the default, measures and picks the faster. */
-typedef enum dp_overlap {
-    DP_OVERLAP_AUTO,
-    DP_OVERLAP_ON,
-    DP_OVERLAP_OFF
-} dp_overlap;
-
 /* Room for a strategy's settings in dp_train_config: its struct is copied
  * with the config, so no one frees it (each strategy checks its size). */
 #define DP_STRATEGY_CFG_MAX 256
@@ -68,13 +60,8 @@ typedef struct dp_train_config {
     const struct dp_strategy_conf *strategy_conf;
     _Alignas(max_align_t) unsigned char strategy_cfg[DP_STRATEGY_CFG_MAX];
     dp_shard_policy shard;    /* how workers split the training records (data) */
-    size_t bucket_bytes;      /* allreduce: gradients reduced in buckets of this size */
-    dp_overlap overlap;       /* allreduce: reduce buckets while backprop goes on */
     double collective_timeout; /* allreduce, pipeline, model-parallel, lbfgs: s to wait
                                   for a neighbour (300) */
-    bool sync_bn;             /* allreduce: batch norm's batch statistics over every
-                                 replica's rows, as PyTorch's SyncBatchNorm */
-    int model_parallel;       /* model-parallel: tasks per replica, K (0: every task) */
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */
@@ -136,27 +123,6 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
-/* --device against the strategy (one whose trainers run on the CPU only is
- * refused, naming those that train on a device): 0, or -1 with the
- * message.  dp_train_run checks it before anything opens; downpour launch
- * before any task starts. */
-int dp_train_check_device(const dp_train_config *cfg, dp_err *err);
-/* --clip-norm against the strategy and the device (dp_train_run checks it
- * too, before anything opens): 0, or -1 with a message naming the flag and
- * the strategy's reason. */
-int dp_train_check_clip(const dp_train_config *cfg, dp_err *err);
-/* A model with buffers (batch norm's running statistics) under a strategy
- * without a rule for them: refused, naming the strategies that have one
- * (docs/strategies.md, "Buffers").  downpour launch asks it before any
- * task starts. */
-int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err);
-/* --sync-bn against the strategy, the device and the model (one without
- * batch norm is refused: the flag would do nothing): 0, or -1 with a
- * message naming the flag and the reason (docs/strategies.md, "Buffers").
- * dp_train_run checks it before anything opens; downpour train and launch
- * before any task starts. */
-int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err);
-
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x
  * (max_batch * dim floats) and y as scratch.  *bad_inputs (when non-NULL):

@@ -7,7 +7,6 @@
 
 #include "downpour/log.h"
 #include "downpour/model.h"
-#include "downpour/model_parallel.h"
 #include "downpour/status.h"
 
 static const cli_opt *find_opt(const cli_opt *opts, int n, const char *name, size_t len)
@@ -374,29 +373,4 @@ int cli_check_straggler(const char *s, long k, int chief, int workers, dp_err *e
     return dp_errf(err, "--straggler %s: there is no training task %ld: this cluster has %d "
                         "worker(s) and %s chief, so K must be below %d",
                    s, k, workers, chief ? "a" : "no", chief + workers);
-}
-
-int cli_check_model_parallel(const char *strategy, const char *model, int k, int tasks,
-                             dp_err *err)
-{
-    bool mp = strcmp(strategy, "model-parallel") == 0;
-    if (!mp && strcmp(strategy, "ps-async") != 0) {
-        if (k > 0)
-            return dp_errf(err, "--model-parallel is for --strategy model-parallel, or ps-async "
-                                "(model-parallel replicas training against ps shards)");
-        return 0;
-    }
-    if (!mp && k == 0)
-        return 0; /* plain ps-async */
-    int K = k > 0 ? k : tasks;
-    dp_model m;
-    dp_err merr;
-    if (dp_model_init(&m, model, 1, 1, &merr) < 0)
-        return 0; /* the run says what is wrong with --model */
-    /* the split itself says what cannot split: a layer it does not split
-     * (by its kind's rule), a dense layer narrower than K, an image layer
-     * with fewer output rows than K (docs/strategies.md, "model-parallel") */
-    int rc = dp_mp_check(&m, K, err);
-    dp_model_free(&m);
-    return rc;
 }

@@ -99,15 +99,5 @@ int cli_parse_straggler(const char *s, long *k, double *ms, dp_err *err);
  * `workers` workers, the tasks that train; else err names the flag, the
  * value and the cluster's size (a usage error: exit 2). */
 int cli_check_straggler(const char *s, long k, int chief, int workers, dp_err *err);
-/* --model-parallel K (0: not given) against the strategy and the model
- * spec, as train and launch check them before any training:
- * 0, or -1 with a message naming the flag (a usage error: exit 2).  It is
- * for model-parallel and ps-async only.  The model must split over K tasks
- * (mp_plan_make: every layer's model-parallel rule, the units and rows);
- * without K, model-parallel splits over every training task: `tasks` when
- * known (launch: chief and workers), else 0 and only the layers' rules are
- * checked (the tasks check the rest when they open). */
-int cli_check_model_parallel(const char *strategy, const char *model, int k, int tasks,
-                             dp_err *err);
 
 #endif

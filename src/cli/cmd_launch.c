@@ -57,16 +57,6 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
     return dp_strategy_restart(ops, settings, task->role, why, cap);
 }
 
-/* The train flags the launcher checks before any task starts. */
-typedef struct task_flags {
-    const char *straggler;      /* --straggler (NULL: none) */
-    const char *model;          /* --model (NULL: the default) */
-    const char *device;         /* --device (NULL: the default, the CPU) */
-    const char *model_parallel; /* --model-parallel (NULL: not given) */
-    bool sync_bn;               /* --sync-bn */
-    const char *strategy;       /* --strategy (NULL: not given, launch's default) */
-} task_flags;
-
 /* The value of train flag `name` at argv[*i] ("--name V" or "--name=V"),
  * moving *i past it; NULL when argv[*i] is another flag. */
 static const char *flag_value(int argc, char **argv, int *i, const char *name)
@@ -81,11 +71,11 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name)
     return NULL;
 }
 
-/* The strategy the tasks will run (the train command's --strategy) and the
- * flags in *f. */
-static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f, dp_err *err)
+/* The train command's --strategy (NULL: not given, launch's default): read
+ * before the parse, which needs the default spelt out and the chief added;
+ * the other flags come from the parse itself (cli_train_parse). */
+static const char *task_strategy_name(int argc, char **argv)
 {
-    memset(f, 0, sizeof *f);
     if (strcmp(argv[0], "train") != 0)
         return NULL;
     const char *name = NULL, *v;
@@ -94,59 +84,27 @@ static const dp_strategy_ops *task_strategy(int argc, char **argv, task_flags *f
             break;
         if ((v = flag_value(argc, argv, &i, "--strategy")))
             name = v;
-        else if ((v = flag_value(argc, argv, &i, "--straggler")))
-            f->straggler = v;
-        else if ((v = flag_value(argc, argv, &i, "--model-parallel")))
-            f->model_parallel = v;
-        else if ((v = flag_value(argc, argv, &i, "--model")))
-            f->model = v;
-        else if ((v = flag_value(argc, argv, &i, "--device")))
-            f->device = v;
-        else if (strcmp(argv[i], "--sync-bn") == 0)
-            f->sync_bn = true;
     }
-    f->strategy = name;
-    return name ? dp_strategy_find(name, err) : NULL;
+    return name;
 }
 
-/* What each task would refuse before training, refused here before any
- * task starts (flags the tasks cannot parse are theirs to refuse, with
- * their usage): 0, or -1 with the message. */
-static int check_task_flags(const dp_strategy_ops *strategy, const task_flags *f, bool chief,
-                            int workers, dp_err *err)
+/* What each task would refuse before training that train's parse, being
+ * one process, cannot see (a model with buffers under a strategy without a
+ * rule for them): 0, or -1 with the message.  The options themselves, the
+ * strategy's settings and --straggler against this cluster were checked by
+ * cli_train_parse. */
+static int check_task_flags(const dp_strategy_ops *strategy, const dp_train_config *cfg,
+                            dp_err *err)
 {
-    long k;
-    double ms;
-    if (f->straggler && (cli_parse_straggler(f->straggler, &k, &ms, err) < 0 ||
-                         cli_check_straggler(f->straggler, k, chief, workers, err) < 0))
-        return -1;
-    dp_train_config cfg = dp_train_defaults();
-    cfg.strategy = strategy->name;
-    cfg.model = f->model ? f->model : cfg.model;
-    cfg.sync_bn = f->sync_bn;
-    dp_err ignored; /* a device the tasks cannot parse: the CPU here, theirs to refuse */
-    if (f->device)
-        dp_device_parse(f->device, &cfg.device, &ignored);
-    /* --model-parallel (or the model-parallel strategy over the chief and
-     * the workers): a layer it does not split, too few units or rows */
-    long mp = 0;
-    if ((!f->model_parallel || dp_parse_long(f->model_parallel, 1, 4096, &mp, "--model-parallel",
-                                             &ignored) == 0) &&
-        cli_check_model_parallel(cfg.strategy, cfg.model, (int)mp, (chief ? 1 : 0) + workers,
-                                 err) < 0)
-        return -1;
-    /* a model with buffers under a strategy without a rule for them */
-    if (f->model && !strategy->buffers) {
-        dp_model m;
-        memset(&m, 0, sizeof m);
-        int bad = dp_model_init(&m, f->model, 1, 1, &ignored) == 0 &&
-                  dp_train_check_buffers(&m, strategy->name, err) < 0;
-        dp_model_free(&m);
-        if (bad)
-            return -1;
-    }
-    /* --device and --sync-bn against the strategy (and the model) */
-    return dp_train_check_device(&cfg, err) < 0 ? -1 : dp_train_check_sync_bn(&cfg, err);
+    if (strategy->buffers)
+        return 0;
+    dp_model m;
+    dp_err ignored;
+    memset(&m, 0, sizeof m);
+    int bad = dp_model_init(&m, cfg->model, 1, 1, &ignored) == 0 &&
+              dp_strategy_check_buffers(&m, strategy->name, err) < 0;
+    dp_model_free(&m);
+    return bad ? -1 : 0;
 }
 
 /* mpirun's "-np N" (or "-n N") among launch's options: refused, with the
@@ -217,14 +175,14 @@ int cmd_launch(int argc, char **argv)
     }
     dp_err err;
     static task_run run; /* the launch's life: dp_launch asks it */
-    task_flags flags;
     bool train = strcmp(argv[rest], "train") == 0;
-    const dp_strategy_ops *strategy = task_strategy(argc - rest, argv + rest, &flags, &err);
-    if (train && !flags.strategy) /* the default: docs/cluster.md, "A local cluster" */
+    const char *strategy_name = task_strategy_name(argc - rest, argv + rest);
+    const dp_strategy_ops *strategy = strategy_name ? dp_strategy_find(strategy_name, &err) : NULL;
+    if (train && !strategy_name) /* the default: docs/cluster.md, "A local cluster" */
         strategy = dp_strategy_find(ps > 0 ? "ps-async" : "allreduce", &err);
     run.ops = strategy;
     if (train && !strategy) { /* train's own check says it, with a suggestion */
-        char *sub[] = {argv[rest], "--strategy", (char *)flags.strategy, NULL};
+        char *sub[] = {argv[rest], "--strategy", (char *)strategy_name, NULL};
         cli_train_check(3, sub, 0, 1, 0);
         return 2;
     }
@@ -240,7 +198,7 @@ int cmd_launch(int argc, char **argv)
     int ports[LAUNCH_MAX_TASKS];
     /* The tasks run this very program: /proc/self/exe, then the train
      * arguments, with the default strategy spelt out when none was given. */
-    bool add = train && !flags.strategy;
+    bool add = train && !strategy_name;
     int targc = argc - rest + 1 + (add ? 2 : 0);
     char **cmd = calloc((size_t)targc + 1, sizeof *cmd);
     if (!cmd) {
@@ -268,7 +226,7 @@ int cmd_launch(int argc, char **argv)
         }
     }
     /* Known here before any task starts: the tasks would each refuse it. */
-    if (strategy && check_task_flags(strategy, &flags, chief, (int)workers, &err) < 0) {
+    if (train && check_task_flags(strategy, &run.cfg, &err) < 0) {
         fprintf(stderr, "downpour launch: %s\n", err.msg);
         free(cmd);
         return 2;

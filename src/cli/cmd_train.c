@@ -20,13 +20,16 @@ static const char *g_who = "downpour train";
 
 #define USAGE "downpour train [--dataset NAME|PATH] [--model SPEC] [--strategy S] [...]"
 
-/* --straggler K against the cluster this task belongs to (its spec, as the
- * loop will read it: DOWNPOUR_CONFIG, which launch and run set, or
- * TF_CONFIG).  Alone, or with a spec the loop will refuse, nothing to say. */
-static int check_straggler_cluster(const char *value, long k, dp_err *err)
+/* --straggler K against the cluster this task belongs to: topo (chief,
+ * workers, ps) when launch asks, else its spec, as the loop will read it
+ * (DOWNPOUR_CONFIG, which launch and run set, or TF_CONFIG).  Alone, or
+ * with a spec the loop will refuse, nothing to say. */
+static int check_straggler_cluster(const char *value, long k, const int *topo, dp_err *err)
 {
     dp_cluster c;
     dp_err ignored;
+    if (topo)
+        return cli_check_straggler(value, k, topo[0], topo[1], err);
     if (dp_cluster_from_env(&c, NULL, &ignored) != 0)
         return 0;
     int rc = cli_check_straggler(value, k, c.count[DP_ROLE_CHIEF], c.count[DP_ROLE_WORKER], err);
@@ -194,9 +197,9 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     const char *dataset = cfg.dataset, *model = cfg.model, *strategy = "single";
     const char *lr_schedule = "constant";
     const char *shard = "data", *straggler = NULL;
-    bool trace_clocks = false, no_overlap = false, sync_bn = false;
-    long bucket_bytes = (long)cfg.bucket_bytes, mpi_ps = 0;
-    const char *transport = "tcp", *overlap = NULL, *device = "cpu";
+    bool trace_clocks = false;
+    long mpi_ps = 0;
+    const char *transport = "tcp", *device = "cpu";
     double collective_timeout = cfg.collective_timeout;
     const char *optimizer = "adam", *metrics = NULL, *save = NULL, *trace = NULL;
     const char *checkpoint_dir = NULL, *secret_file = NULL, *tensorboard = NULL;
@@ -220,7 +223,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
              (double)dp_optim_defaults(DP_OPTIM_MOMENTUM).momentum);
     bool no_progress = false, quiet = false, keep_best = false, verbose = false;
     const char *log_level = NULL;
-    long model_parallel = 0;
     const char *stream = "auto", *data_memory = NULL;
     long shuffle_window = 0;
     const cli_opt generic[] = {
@@ -260,12 +262,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"threads", CLI_INT, &threads, "N", "BLAS threads (0: OPENBLAS_NUM_THREADS or all cores)", 0, 1024},
         {"", CLI_SECTION, NULL, NULL, "strategy (docs/strategies.md)", 0, 0},
         {"strategy", CLI_STR, &strategy, "NAME", dp_strategy_names(), 0, 0},
-        {"bucket-bytes", CLI_INT, &bucket_bytes, "N", "allreduce: gradient bytes fused per all-reduce", 16384, 1L << 32},
-        {"overlap", CLI_STR, &overlap, "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0},
-        {"no-overlap", CLI_FLAG, &no_overlap, NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0},
-        {"sync-bn", CLI_FLAG, &sync_bn, NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0},
         {"collective-timeout", CLI_NUM, &collective_timeout, "S", "allreduce: seconds to wait for a late rank", 1, 86400},
-        {"model-parallel", CLI_INT, &model_parallel, "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096},
         {"straggler", CLI_STR, &straggler, "K:MS", "slow worker K by MS milliseconds a step (experiments)", 0, 0},
         {"trace-clocks", CLI_FLAG, &trace_clocks, NULL, "a metrics line per step with the worker's clock", 0, 0},
         {"", CLI_SECTION, NULL, NULL, "cluster (docs/cluster.md)", 0, 0},
@@ -387,14 +384,13 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         cfg.strategy_conf = ops->conf;
         memcpy(cfg.strategy_cfg, settings[j], ops->conf->size);
     }
-    if (straggler && check_straggler_cluster(straggler, k, &err) < 0) {
+    if (straggler && check_straggler_cluster(straggler, k, topo, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.straggler = (int)k;
     cfg.straggler_ms = ms;
     cfg.trace_clocks = trace_clocks;
-    cfg.bucket_bytes = (size_t)bucket_bytes;
     cfg.ema = (float)ema;
     cfg.keep_best = keep_best;
     if (mpi_ps > 0 && strcmp(transport, "mpi") != 0) {
@@ -404,25 +400,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     }
     cfg.transport = transport;
     cfg.mpi_ps = (int)mpi_ps;
-    if (overlap && strcmp(overlap, "auto") != 0 && strcmp(overlap, "on") != 0 &&
-        strcmp(overlap, "off") != 0) {
-        fprintf(stderr, "%s: --overlap: '%s' is not auto, on or off\n", g_who, overlap);
-        return 2;
-    }
-    if (sync_bn && overlap && strcmp(overlap, "on") == 0) {
-        fprintf(stderr, "%s: --sync-bn sums batch norm's statistics on the training "
-                        "thread between the gradient buckets, so the buckets cannot be reduced "
-                        "beside backprop: leave out --overlap on\n", g_who);
-        return 2;
-    }
-    cfg.sync_bn = sync_bn;
-    if (overlap && no_overlap && strcmp(overlap, "off") != 0) {
-        fprintf(stderr, "%s: --no-overlap contradicts --overlap %s\n", g_who, overlap);
-        return 2;
-    }
-    cfg.overlap = no_overlap || (overlap && strcmp(overlap, "off") == 0) ? DP_OVERLAP_OFF
-                  : overlap && strcmp(overlap, "on") == 0              ? DP_OVERLAP_ON
-                                                                       : DP_OVERLAP_AUTO;
     cfg.collective_timeout = collective_timeout;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(optimizer, &kind, &err) < 0) {
@@ -510,10 +487,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
                         "the records itself (docs/training.md)\n", g_who);
         return 2;
     }
-    if (dp_train_check_clip(&cfg, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
     cfg.dataset = dataset;
     if (strcmp(stream, "auto") == 0 || strcmp(stream, "on") == 0 || strcmp(stream, "off") == 0) {
         cfg.data.stream = stream[1] == 'u' ? -1 : stream[1] == 'n';
@@ -538,10 +511,6 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         fprintf(stderr, "%s: --batch %ld: a step cannot take more records than the "
                         "training split holds (--train-size %ld). Hint: --batch %ld or less\n", g_who,
                 batch, n_train, n_train);
-        return 2;
-    }
-    if (dp_train_check_sync_bn(&cfg, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.batch = (int)batch;
@@ -574,28 +543,18 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
                         "accuracy, and --val-size 0 leaves no validation records\n", g_who);
         return 2;
     }
-    if (dp_strategy_check(&cfg, &err) < 0) {
+    /* the strategy: --device, --clip-norm and its own settings; against
+     * launch's cluster first, without which it knows less (model-parallel's
+     * split over every task) */
+    if ((topo && dp_strategy_check_tasks(&cfg, topo[0], topo[1], topo[2], &err) < 0) ||
+        dp_strategy_check(&cfg, &err) < 0) {
         fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
-    if (strcmp(strategy, "lbfgs") == 0 &&
-        (!isnan(weight_decay) || warmup_steps > 0 || warmup_epochs > 0 ||
-         cfg.lr_schedule == DP_LR_STEP)) {
-        fprintf(stderr, "%s: --weight-decay, --warmup-steps, --warmup-epochs and "
-                        "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
-                        "L-BFGS steps with a line search, no learning rate (docs/training.md)\n", g_who);
         return 2;
     }
     if (ops->no_checkpoints && checkpoint_dir) {
         fprintf(stderr, "%s: --checkpoint-dir: --strategy %s writes no training-state "
                         "checkpoints (%s); --save keeps the final weights\n", g_who, ops->name,
                 ops->no_checkpoints);
-        return 2;
-    }
-    cfg.model_parallel = (int)model_parallel;
-    if (cli_check_model_parallel(strategy, cfg.model, (int)model_parallel,
-                                 topo ? topo[0] + topo[1] : 0, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
         return 2;
     }
     cfg.checkpoint_dir = checkpoint_dir;
@@ -611,13 +570,9 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
-    /* what the options ask of the strategy first, then the cluster: a hint
-     * to launch must not lead to a refusal of the options themselves */
-    if (dp_train_check_device(&cfg, &err) < 0 || dp_train_check_clip(&cfg, &err) < 0 ||
-        dp_train_check_sync_bn(&cfg, &err) < 0) {
-        fprintf(stderr, "%s: %s\n", g_who, err.msg);
-        return 2;
-    }
+    /* what the options ask of the strategy (dp_strategy_check, above)
+     * first, then the cluster: a hint to launch must not lead to a refusal
+     * of the options themselves */
     if (check_outputs(save, metrics, checkpoint_dir, tensorboard, trace) < 0 ||
         check_topology(dp_strategy_find(strategy, &err), topo, transport, argc, argv) < 0)
         return 2;

@@ -137,7 +137,7 @@ int dp_cost_calibrate_from_metrics(const char *path, dp_cost_calibration *cal, i
     if (read_file(path, &run, &med, &n, err) < 0)
         return -1;
     int rc = 0;
-    if (strcmp(run.strategy, "single") != 0) {
+    if (strcmp(run.strategy, dp_cost_strategy_name(DP_COST_SINGLE)) != 0) {
         rc = dp_errf(err, "%s: calibration needs a single-process run (strategy single, "
                           "--threads 1); this one is %s",
                      path, run.strategy);

@@ -11,22 +11,24 @@
 #include "downpour/frame.h"
 #include "downpour/partition.h"
 #include "downpour/ps.h"
+#include "downpour/strategy.h"
 
 #define RING_SEGMENT_BYTES (256u << 10) /* src/strategy/ring.c: frames of at most this */
 #define MAX_TASKS 4096
 
-static const char *const strategy_names[DP_COST_STRATEGY_COUNT] = {"single", "ps-async", "ps-sync",
-                                                                   "allreduce"};
+/* The strategies modelled, whose names the strategy table holds. */
+static const dp_strategy_ops *const modelled[DP_COST_STRATEGY_COUNT] = {
+    &dp_strategy_single, &dp_strategy_ps_async, &dp_strategy_ps_sync, &dp_strategy_allreduce};
 
 const char *dp_cost_strategy_name(dp_cost_strategy s)
 {
-    return (unsigned)s < DP_COST_STRATEGY_COUNT ? strategy_names[s] : "invalid";
+    return (unsigned)s < DP_COST_STRATEGY_COUNT ? modelled[s]->name : "invalid";
 }
 
 int dp_cost_strategy_parse(const char *name)
 {
     for (int i = 0; i < DP_COST_STRATEGY_COUNT; i++)
-        if (name && strcmp(name, strategy_names[i]) == 0)
+        if (name && strcmp(name, modelled[i]->name) == 0)
             return i;
     return -1;
 }

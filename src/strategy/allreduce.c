@@ -35,6 +35,7 @@
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
+#include "strategy/allreduce_options.h"
 
 struct dp_strategy {
     const dp_run_env *env;
@@ -974,6 +975,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     memset(s->live, 1, (size_t)n);
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
+    const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -989,8 +991,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->opt = dp_replica_optim(s->r);
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
-        dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, cfg->bucket_bytes,
-                        cfg->sync_bn ? DP_OVERLAP_OFF : cfg->overlap, spare_cores(s), err) < 0) {
+        dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
+                        dp_allreduce_overlap(as), spare_cores(s), err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -1015,7 +1017,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
     s->m->grad_ready_ctx = s;
-    if (cfg->sync_bn) {
+    if (as->sync_bn) {
         s->m->batch_sum = batch_sum;
         s->m->batch_sum_ctx = s;
     }
@@ -1032,11 +1034,11 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
                 s->nccl                 ? "NCCL on the devices"
                 : s->ring.use_fast_path ? "the transport's collective"
                                         : "ring over the transport",
-                cfg->batch, cfg->batch * n, cfg->bucket_bytes >> 10,
-                cfg->sync_bn                     ? "off (--sync-bn sums on the training thread)"
-                : cfg->overlap == DP_OVERLAP_ON  ? "on (forced)"
-                : cfg->overlap == DP_OVERLAP_OFF ? "off (forced)"
-                                                 : "auto (measured over the first steps)");
+                cfg->batch, cfg->batch * n, as->bucket_bytes >> 10,
+                as->sync_bn                        ? "off (--sync-bn sums on the training thread)"
+                : dp_allreduce_overlap(as) == DP_OVERLAP_ON  ? "on (forced)"
+                : dp_allreduce_overlap(as) == DP_OVERLAP_OFF ? "off (forced)"
+                                                   : "auto (measured over the first steps)");
     *out = s;
     return 0;
 }
@@ -1225,12 +1227,13 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
 
 const dp_strategy_ops dp_strategy_allreduce = {
     .name = "allreduce",
+    .conf = &dp_allreduce_conf,
     .summary = "synchronous ring all-reduce of gradients, mirrored replicas",
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),
+    .data_parallel = 1,
     .devices = 1,
     .buffers = 1,
-    .sync_bn = 1,
     .no_clip_device = "with collectives the sum and the update run on the devices, and the "
                       "norm is summed on the host",
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),

@@ -849,6 +849,12 @@ static int lb_check(const void *own, const dp_train_config *cfg, dp_err *err)
     if (ls->portion > cfg->batch)
         return dp_errf(err, "--portion %d: a portion cannot hold more records than the L-BFGS "
                             "batch (--batch %d)", ls->portion, cfg->batch);
+    /* a weight decay other than the optimizer's default counts as given */
+    if (cfg->optim.weight_decay != dp_optim_defaults(cfg->optim.kind).weight_decay ||
+        cfg->warmup_steps > 0 || cfg->warmup_epochs > 0 || cfg->lr_schedule == DP_LR_STEP)
+        return dp_errf(err, "--weight-decay, --warmup-steps, --warmup-epochs and "
+                            "--lr-schedule step shape gradient steps; --strategy lbfgs takes "
+                            "L-BFGS steps with a line search, no learning rate (docs/training.md)");
     return 0;
 }
 

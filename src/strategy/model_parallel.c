@@ -43,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "strategy/model_parallel_options.h"
+
 #include "downpour/clip.h"
 #include "downpour/group.h"
 #include "downpour/log.h"
@@ -365,7 +367,8 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
         mp_close(s);
         return -1;
     }
-    s->K = cfg->model_parallel > 0 ? cfg->model_parallel : s->n;
+    int k = ((const dp_mp_settings *)dp_strategy_settings(cfg, &dp_mp_conf))->model_parallel;
+    s->K = k > 0 ? k : s->n;
     if (s->n % s->K != 0) {
         dp_errf(err, "--model-parallel %d: the %d task(s) (chief and workers) are not a whole "
                      "number of replicas of %d tasks. Hint: launch --workers %d (or a multiple)",
@@ -406,6 +409,7 @@ static int mp_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
 
 const dp_strategy_ops dp_strategy_model_parallel = {
     .name = "model-parallel",
+    .conf = &dp_mp_conf,
     .summary = "model parallelism: dense layers' units, image layers' rows split over K tasks a replica",
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),

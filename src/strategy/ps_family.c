@@ -76,6 +76,7 @@ struct dp_strategy {
     mp_replica *rep;       /* a worker: its replica's forward and backward */
     int *mp_ranks;         /* a worker: the transport rank of each task of its replica */
     double mp_timeout;     /* a worker: s to wait for a replica peer */
+    int mp_k;              /* --model-parallel K (0: plain replicas) */
     size_t mp_lo, mp_n;    /* a worker: its slices' range in slice order */
     float *vec, *vgrads;   /* slice-order vectors: a worker's (its range used), the
                               chief's pulls, a server's start */
@@ -380,7 +381,7 @@ static void failover_event(void *ctx, int rank, const char *reason)
 static int mp_layout(dp_strategy *s, dp_ps_mode mode, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
-    int K = cfg->model_parallel, W = s->c->count[DP_ROLE_WORKER], P = s->c->count[DP_ROLE_PS];
+    int K = s->mp_k, W = s->c->count[DP_ROLE_WORKER], P = s->c->count[DP_ROLE_PS];
     if (mode != DP_PS_ASYNC)
         return dp_errf(err, "--model-parallel %d under --strategy %s: of the parameter-server "
                             "strategies only ps-async takes model-parallel replicas (the servers "
@@ -517,6 +518,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->m = env->model;
     s->t = env->node->transport;
     s->c = c;
+    s->mp_k = ((const dp_ps_settings *)dp_strategy_settings(cfg, &dp_ps_conf))->model_parallel;
     if (dp_ps_settings_apply(dp_strategy_settings(cfg, &dp_ps_conf), &s->pc, err) < 0) {
         free(s);
         return -1;
@@ -532,14 +534,14 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     /* A lost ps without a backup is waited for while the launcher (or a
      * supervisor) may restart it: it reloads its shard (restore_ps).  Not
      * with --model-parallel, whose shards hold slice order (not built). */
-    if (s->restarts > 0 && s->pc.replicas < 2 && cfg->model_parallel == 0)
+    if (s->restarts > 0 && s->pc.replicas < 2 && s->mp_k == 0)
         s->pc.ps_wait = WAIT_TIMEOUT;
     dp_role role = env->node->self->role;
     s->part = role == DP_ROLE_PS      ? DP_PART_SERVER
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
                                       : DP_PART_TRAINER;
     s->wparams = s->m->params;
-    if (cfg->model_parallel > 0 ? mp_layout(s, mode, err) < 0
+    if (s->mp_k > 0 ? mp_layout(s, mode, err) < 0
                                 : dp_ps_layout_make(&s->layout, c, s->m->n_params, &s->pc, err) < 0)
         goto fail;
     info->part = s->part;

@@ -31,6 +31,7 @@ typedef struct dp_ps_settings {
     int period;
     size_t min_shard_bytes;
     int max_shards, replicas;
+    int model_parallel; /* ps-async: tasks per model-parallel replica (0: none) */
 } dp_ps_settings;
 extern const dp_strategy_conf dp_ps_conf;
 /* The servers' and clients' configuration from the settings (the range
@@ -59,7 +60,7 @@ void dp_ps_family_close(dp_strategy *s);
  * roles besides a worker whose loss the mode goes on without. */
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
     .conf = &dp_ps_conf,                                                                       \
-    .cluster = 1, .devices = 1, .buffers = 1,                                                  \
+    .cluster = 1, .devices = 1, .buffers = 1, .data_parallel = 1,                              \
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
     .needs = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS), \
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \

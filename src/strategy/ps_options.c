@@ -8,6 +8,7 @@
 
 #include "downpour/launcher.h"
 #include "downpour/partition.h"
+#include "strategy/model_parallel_options.h"
 #include "strategy/ps_family.h"
 
 _Static_assert(sizeof(dp_ps_settings) <= DP_STRATEGY_CFG_MAX, "ps settings too big");
@@ -32,6 +33,8 @@ static const dp_opt opts[] = {
     {"ps-replicas", DP_OPT_INT, F(replicas), "N",
      "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
      "the primary is lost", 1, 2, 0},
+    /* ps-async's model-parallel replicas: listed with model-parallel's options */
+    {"model-parallel", DP_OPT_INT, F(model_parallel), "K", "tasks per model-parallel replica", 1, 4096, DP_OPT_ALSO},
 };
 #undef F
 
@@ -70,18 +73,28 @@ int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *er
     return parse_range(ps->staleness_range, &out->staleness_lo, &out->staleness_hi, err);
 }
 
-static int check(const void *own, const dp_train_config *cfg, dp_err *err)
+/* Under another strategy the family's options go unused, but a range that
+ * does not parse is still refused, as it always was (--model-parallel is
+ * model-parallel's to refuse there). */
+static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     (void)cfg;
     dp_ps_config pc;
     return dp_ps_settings_apply(own, &pc, err);
 }
 
-/* Under another strategy the family's options go unused, but a range that
- * does not parse is still refused, as it always was. */
-static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
-    return check(own, cfg, err);
+    const dp_ps_settings *ps = own;
+    if (foreign(own, cfg, err) < 0)
+        return -1;
+    if (ps->model_parallel == 0)
+        return 0;
+    /* of the family only ps-async takes model-parallel replicas (ps_family.c, mp_layout) */
+    if (!cfg->strategy || strcmp(cfg->strategy, "ps-async") != 0)
+        return dp_errf(err, "--model-parallel is for --strategy model-parallel, or ps-async "
+                            "(model-parallel replicas training against ps shards)");
+    return dp_mp_settings_check_model(cfg->model, ps->model_parallel, err);
 }
 
 /* Every strategy's checkpoints have carried this fragment (the ps family

@@ -123,6 +123,7 @@ const dp_strategy_ops dp_strategy_single = {
     .name = "single",
     .summary = "one process, a local optimiser",
     .cluster = 0,
+    .data_parallel = 1,
     .devices = 1,
     .buffers = 1,
     .no_clip_device = "its whole step, the update included, runs on the device, and the norm "

@@ -180,14 +180,83 @@ int dp_strategy_set(dp_train_config *cfg, const char *name, const char *value, d
     return dp_opt_set(o, cfg->strategy_cfg, value, err);
 }
 
-int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
+/* --device: refused, before anything opens, for a strategy whose trainers
+ * run on the CPU only; the device itself is opened by the strategy's
+ * trainers (a ps task never opens one). */
+static int check_device(const dp_train_config *cfg, dp_err *err)
 {
     const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
     if (!ops)
         return -1;
+    if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
+        return 0;
+    char name[32], on[256] = "";
+    dp_device_format(&cfg->device, name, sizeof name);
+    for (int i = 0; i < dp_strategy_count; i++)
+        if (dp_strategies[i]->devices)
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
+                     dp_strategies[i]->name);
+    return dp_errf(err, "--device %s: strategy %s trains on the CPU only; these train on a "
+                        "device: %s (docs/gpu.md)", name, cfg->strategy, on);
+}
+
+/* A model with buffers (batch norm's running statistics) only under a
+ * strategy with a rule for them (docs/strategies.md, "Buffers"). */
+int dp_strategy_check_buffers(const dp_model *m, const char *strategy, dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(strategy ? strategy : "", err);
+    if (!ops)
+        return -1;
+    if (!m->n_buffers || ops->buffers)
+        return 0;
+    char on[256] = "";
+    for (int i = 0; i < dp_strategy_count; i++)
+        if (dp_strategies[i]->buffers)
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
+                     dp_strategies[i]->name);
+    return dp_errf(err, "model %s has buffers (batch norm's running statistics), which strategy "
+                        "%s does not handle yet; these do: %s (docs/strategies.md, \"Buffers\")",
+                   m->name, strategy, on);
+}
+
+/* --clip-norm: refused, before anything opens, where the strategy cannot
+ * clip the whole gradient, or cannot on a device (it says why). */
+static int check_clip(const dp_train_config *cfg, dp_err *err)
+{
+    if (!(cfg->clip_norm > 0))
+        return 0;
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (ops->no_clip)
+        return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip);
+    if (cfg->device.kind != DP_DEVICE_CPU && ops->no_clip_device)
+        return dp_errf(err, "--clip-norm: not with --device for strategy %s yet: %s "
+                            "(docs/training.md)", cfg->strategy, ops->no_clip_device);
+    return 0;
+}
+
+int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops || check_device(cfg, err) < 0 || check_clip(cfg, err) < 0)
+        return -1;
     if (!ops->conf || !ops->conf->check)
         return 0;
     return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);
+}
+
+int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, int ps,
+                            dp_err *err)
+{
+    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
+    if (!ops)
+        return -1;
+    if (!ops->conf || !ops->conf->check_tasks)
+        return 0;
+    return ops->conf->check_tasks(dp_strategy_settings(cfg, ops->conf), cfg, chief, workers, ps,
+                                  err);
 }
 
 void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap)

@@ -75,8 +75,6 @@ dp_train_config dp_train_defaults(void)
     c.model = "mlp-300-100";
     c.strategy = "single";
     c.shard = DP_SHARD_DATA;
-    c.bucket_bytes = 512u << 10;
-    c.overlap = DP_OVERLAP_AUTO;
     c.collective_timeout = 300;
     c.straggler = -1;
     c.batch = 128;
@@ -870,91 +868,6 @@ static int open_tensorboard(loop *L, dp_err *err)
     return 0;
 }
 
-/* --device: refused, before anything opens, for a strategy whose trainers
- * run on the CPU only; the device itself is opened by the strategy's
- * trainers (a ps task never opens one). */
-int dp_train_check_device(const dp_train_config *cfg, dp_err *err)
-{
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (cfg->device.kind == DP_DEVICE_CPU || ops->devices)
-        return 0;
-    char name[32], on[256] = "";
-    dp_device_format(&cfg->device, name, sizeof name);
-    for (int i = 0; i < dp_strategy_count; i++)
-        if (dp_strategies[i]->devices)
-            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
-                     dp_strategies[i]->name);
-    return dp_errf(err, "--device %s: strategy %s trains on the CPU only; these train on a "
-                        "device: %s (docs/gpu.md)", name, cfg->strategy, on);
-}
-
-/* A model with buffers (batch norm's running statistics) only under a
- * strategy with a rule for them (docs/strategies.md, "Buffers"). */
-int dp_train_check_buffers(const dp_model *m, const char *strategy, dp_err *err)
-{
-    const dp_strategy_ops *ops = dp_strategy_find(strategy ? strategy : "", err);
-    if (!ops)
-        return -1;
-    if (!m->n_buffers || ops->buffers)
-        return 0;
-    char on[256] = "";
-    for (int i = 0; i < dp_strategy_count; i++)
-        if (dp_strategies[i]->buffers)
-            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "",
-                     dp_strategies[i]->name);
-    return dp_errf(err, "model %s has buffers (batch norm's running statistics), which strategy "
-                        "%s does not handle yet; these do: %s (docs/strategies.md, \"Buffers\")",
-                   m->name, strategy, on);
-}
-
-int dp_train_check_sync_bn(const dp_train_config *cfg, dp_err *err)
-{
-    if (!cfg->sync_bn)
-        return 0;
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (!ops->sync_bn)
-        return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
-                            "tasks; allreduce does, whose replicas step together over one ring "
-                            "(docs/strategies.md, \"Buffers\")", cfg->strategy);
-    if (cfg->device.kind != DP_DEVICE_CPU)
-        return dp_errf(err, "--sync-bn: not with --device yet: the bn sums run in the CPU "
-                            "layer (docs/strategies.md, \"Buffers\")");
-    /* a spec that does not parse is the loop's to refuse, with its message */
-    dp_model m;
-    dp_err e;
-    if (dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
-        return 0;
-    int rc = m.n_buffers ? 0
-                         : dp_errf(err, "--sync-bn: model %s has no batch norm layer (bn), so "
-                                        "there are no batch statistics to sum. Hint: leave "
-                                        "--sync-bn out, or add bn layers (docs/models.md)",
-                                   m.name);
-    dp_model_free(&m);
-    return rc;
-}
-
-/* --clip-norm: refused, before anything opens, where the strategy cannot
- * clip the whole gradient, or cannot on a device (it says why). */
-int dp_train_check_clip(const dp_train_config *cfg, dp_err *err)
-{
-    if (!(cfg->clip_norm > 0))
-        return 0;
-    const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
-    if (!ops)
-        return -1;
-    if (ops->no_clip)
-        return dp_errf(err, "--clip-norm: strategy %s cannot clip by the global norm: %s "
-                            "(docs/training.md)", cfg->strategy, ops->no_clip);
-    if (cfg->device.kind != DP_DEVICE_CPU && ops->no_clip_device)
-        return dp_errf(err, "--clip-norm: not with --device for strategy %s yet: %s "
-                            "(docs/training.md)", cfg->strategy, ops->no_clip_device);
-    return 0;
-}
-
 static int run_task(loop *L, dp_err *err)
 {
     const dp_train_config *cfg = L->cfg;
@@ -968,7 +881,7 @@ static int run_task(loop *L, dp_err *err)
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0 ||
-        dp_train_check_buffers(&L->m, cfg->strategy, err) < 0)
+        dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     dp_model_init_params(&L->m, cfg->seed);
     if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
@@ -1005,8 +918,8 @@ static int run_task(loop *L, dp_err *err)
     if (cfg->clip_norm > 0)
         used += (size_t)snprintf(settings + used, sizeof settings - used, " clip_norm=%.9g",
                                  (double)cfg->clip_norm);
-    if (cfg->sync_bn)
-        used += (size_t)snprintf(settings + used, sizeof settings - used, " sync_bn=1");
+    dp_strategy_identity(cfg, 1, settings, sizeof settings); /* allreduce's sync_bn */
+    used = strlen(settings);
     if (cfg->warmup_steps > 0 || cfg->warmup_epochs > 0)
         used += (size_t)snprintf(settings + used, sizeof settings - used, " warmup=%ld%s",
                                  cfg->warmup_steps > 0 ? cfg->warmup_steps
@@ -1098,9 +1011,7 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->batch < 1 || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
-        check_outputs(cfg, err) < 0 || dp_train_check_device(cfg, err) < 0 ||
-        dp_train_check_clip(cfg, err) < 0 || dp_train_check_sync_bn(cfg, err) < 0 ||
-        dp_strategy_check(cfg, err) < 0)
+        check_outputs(cfg, err) < 0 || dp_strategy_check(cfg, err) < 0)
         return -1;
     if (cfg->threads > 0)
         dp_blas_set_threads(cfg->threads);

@@ -57,6 +57,20 @@ static int measure(const char *dataset, const char *model, long batch, long reco
     return 0;
 }
 
+/* "single, ps-async, ps-sync, allreduce": the modelled strategies, with
+ * `last` before the last ("or"), or a comma. */
+static const char *modelled_names(const char *last)
+{
+    static char buf[128];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < DP_COST_STRATEGY_COUNT && n < sizeof buf; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", !i ? ""
+                              : i + 1 == DP_COST_STRATEGY_COUNT ? last : ", ",
+                              dp_cost_strategy_name((dp_cost_strategy)i));
+    return buf;
+}
+
 static void print_prediction(dp_cost_strategy s, const dp_cost_prediction *p)
 {
     printf("  %-9s %9.1f s  %8.2f ms a step (compute %.2f, comm %.2f, apply %.2f), %ld steps an "
@@ -77,8 +91,8 @@ static int validate_run(const char *path, const dp_cost_calibration *cal, const 
     }
     int s = dp_cost_strategy_parse(run.strategy);
     if (s < 0) {
-        fprintf(stderr, "downpour experiment cost: %s: strategy %s is not in the model (single, "
-                        "ps-async, ps-sync, allreduce)\n", path, run.strategy);
+        fprintf(stderr, "downpour experiment cost: %s: strategy %s is not in the model (%s)\n",
+                path, run.strategy, modelled_names(", "));
         return -1;
     }
     dp_cost_calibration c = *cal;
@@ -160,8 +174,8 @@ int dp_experiment_cost(int argc, char **argv)
     }
     int only = -1;
     if (strcmp(strategy, "all") != 0 && (only = dp_cost_strategy_parse(strategy)) < 0) {
-        fprintf(stderr, "downpour experiment cost: --strategy: '%s' is not all, single, ps-async, "
-                        "ps-sync or allreduce\n", strategy);
+        fprintf(stderr, "downpour experiment cost: --strategy: '%s' is not all, %s\n", strategy,
+                modelled_names(" or "));
         return 2;
     }
     dp_err err;

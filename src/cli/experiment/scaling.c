@@ -12,6 +12,7 @@
 #include "downpour/clock.h"
 #include "downpour/file.h"
 #include "downpour/report.h"
+#include "downpour/strategy.h"
 #include "cli/experiment/experiment.h"
 #include "cli/experiment/study.h"
 
@@ -30,10 +31,13 @@
 
 #define MAX_REPEATS 9
 
+/* The strategy table's data-parallel ones on a cluster: against the one
+ * process, dp_strategy_single. */
 static int ok_strategy(const char *s)
 {
-    return !strcmp(s, "ps-async") || !strcmp(s, "ps-sync") || !strcmp(s, "ps-ssp") ||
-           !strcmp(s, "ps-dssp") || !strcmp(s, "model-avg") || !strcmp(s, "allreduce");
+    dp_err ignored;
+    const dp_strategy_ops *ops = dp_strategy_find(s, &ignored);
+    return ops && ops->cluster && ops->data_parallel;
 }
 
 static int ok_workers(const char *s)
@@ -44,7 +48,7 @@ static int ok_workers(const char *s)
 }
 
 typedef struct point {
-    const char *strategy; /* "single" for the baseline */
+    const char *strategy; /* dp_strategy_single's name for the baseline */
     int workers;
     int runs;
     study_stat sps, acc;
@@ -64,12 +68,14 @@ static int command(const scaling *S, const point *p, int seed, const char *metri
 {
     char buf[64];
     int bad = 0;
-    if (!strcmp(p->strategy, "single")) {
+    dp_err ignored;
+    const dp_strategy_ops *ops = dp_strategy_find(p->strategy, &ignored);
+    if (!ops || !ops->cluster) {
         study_argv_init(a);
         bad |= study_argv_add(a, "/proc/self/exe");
     } else {
         /* ps strategies: a chief, the workers, a ps; allreduce: the workers alone */
-        int ps = strcmp(p->strategy, "allreduce") != 0;
+        int ps = (ops->needs & DP_ROLE_BIT(DP_ROLE_PS)) != 0;
         if (study_cluster_command(&S->cluster, a, ps, p->workers, ps, err) < 0)
             return -1;
     }
@@ -329,7 +335,7 @@ int dp_experiment_scaling(int argc, char **argv)
         fprintf(stderr, "downpour experiment scaling: out of memory\n");
         return 1;
     }
-    pts[0] = (point){.strategy = "single", .workers = 1};
+    pts[0] = (point){.strategy = dp_strategy_single.name, .workers = 1};
     for (int s = 0; s < ns; s++)
         for (int w = 0; w < nw; w++)
             pts[1 + s * nw + w] = (point){.strategy = st[s], .workers = atoi(ws[w])};

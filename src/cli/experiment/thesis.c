@@ -21,6 +21,7 @@
 #include "downpour/dataset.h"
 #include "downpour/file.h"
 #include "downpour/report.h"
+#include "downpour/strategy.h"
 #include "cli/experiment/experiment.h"
 #include "cli/experiment/study.h"
 
@@ -87,9 +88,13 @@ static const char *model_of(const char *dataset)
     return strcmp(dataset, "mnist") == 0 ? "mlp-300-100" : "mlp-128";
 }
 
+/* The source's two layouts: one with ps tasks (the strategy table says
+ * whose), or the replicas alone. */
 static const char *layout_of(const char *strategy)
 {
-    return strncmp(strategy, "ps-", 3) == 0 ? "ps" : "allreduce";
+    dp_err ignored;
+    const dp_strategy_ops *ops = dp_strategy_find(strategy, &ignored);
+    return ops && (ops->needs & DP_ROLE_BIT(DP_ROLE_PS)) ? "ps" : "allreduce";
 }
 
 static const source_cell *source_of(const char *dataset, const char *strategy, int batch)
@@ -117,9 +122,13 @@ static int ok_dataset(const char *s)
     return 0;
 }
 
+/* Those the thesis has rules for (RULES). */
 static int ok_strategy(const char *s)
 {
-    return !strcmp(s, "ps-async") || !strcmp(s, "ps-sync") || !strcmp(s, "allreduce");
+    for (size_t i = 0; i < sizeof RULES / sizeof RULES[0]; i++)
+        if (!strcmp(RULES[i].strategy, s))
+            return 1;
+    return 0;
 }
 
 static int ok_batch(const char *s)
@@ -345,9 +354,8 @@ static void predict_cells(thesis *T)
                               .workers = ps_layout ? 6 : 8, .ps = ps_layout ? 2 : 0, .chief = 1};
         dp_cost_job job;
         dp_cost_job_init(&job);
-        job.strategy = !strcmp(c->strategy, "ps-async") ? DP_COST_PS_ASYNC
-                       : !strcmp(c->strategy, "ps-sync") ? DP_COST_PS_SYNC
-                                                         : DP_COST_ALLREDUCE;
+        int modelled = dp_cost_strategy_parse(c->strategy);
+        job.strategy = modelled >= 0 ? (dp_cost_strategy)modelled : DP_COST_ALLREDUCE;
         job.batch = c->batch;
         job.epochs = (int)T->epochs;
         job.train_records = T->train_size;
@@ -870,7 +878,7 @@ int dp_experiment_thesis(int argc, char **argv)
     }
     int ps_layouts = 0;
     for (int i = 0; i < ns; i++)
-        ps_layouts += strncmp(st[i], "ps-", 3) == 0;
+        ps_layouts += strcmp(layout_of(st[i]), "ps") == 0;
     if (ps_layouts > 1) {
         fprintf(stderr, "downpour experiment thesis: --strategies: ps-async and ps-sync are both "
                         "the source's parameter-server runs; give one of them\n");

@@ -1,0 +1,105 @@
+/* allreduce's settings: its options, their defaults and checks and its part
+ * of the run identity (docs/architecture.md, "A strategy's settings"). */
+#include "strategy/allreduce_options.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "downpour/model.h"
+#include "downpour/train.h"
+#include "strategy/ps_family.h"
+
+_Static_assert(sizeof(dp_allreduce_settings) <= DP_STRATEGY_CFG_MAX, "allreduce settings too big");
+
+static const dp_allreduce_settings defaults = {.bucket_bytes = 512u << 10};
+
+#define F(field) offsetof(dp_allreduce_settings, field)
+static const dp_opt opts[] = {
+    {"bucket-bytes", DP_OPT_SIZE, F(bucket_bytes), "N", "allreduce: gradient bytes fused per all-reduce", 16384, (double)(1L << 32), 0},
+    {"overlap", DP_OPT_STR, F(overlap), "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0, 0},
+    {"no-overlap", DP_OPT_FLAG, F(no_overlap), NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0, 0},
+    {"sync-bn", DP_OPT_FLAG, F(sync_bn), NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0, 0},
+};
+#undef F
+
+dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a)
+{
+    if (a->sync_bn || a->no_overlap || (a->overlap && strcmp(a->overlap, "off") == 0))
+        return DP_OVERLAP_OFF;
+    return a->overlap && strcmp(a->overlap, "on") == 0 ? DP_OVERLAP_ON : DP_OVERLAP_AUTO;
+}
+
+/* --overlap's value and the flags against each other: refused under any
+ * strategy, as train always did. */
+static int check_overlap(const dp_allreduce_settings *a, dp_err *err)
+{
+    const char *o = a->overlap;
+    if (o && strcmp(o, "auto") != 0 && strcmp(o, "on") != 0 && strcmp(o, "off") != 0)
+        return dp_errf(err, "--overlap: '%s' is not auto, on or off", o);
+    if (a->sync_bn && o && strcmp(o, "on") == 0)
+        return dp_errf(err, "--sync-bn sums batch norm's statistics on the training thread "
+                            "between the gradient buckets, so the buckets cannot be reduced "
+                            "beside backprop: leave out --overlap on");
+    if (o && a->no_overlap && strcmp(o, "off") != 0)
+        return dp_errf(err, "--no-overlap contradicts --overlap %s", o);
+    return 0;
+}
+
+/* --sync-bn against the device and the model: one without batch norm is
+ * refused, the flag would do nothing (docs/strategies.md, "Buffers"). */
+static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
+{
+    if (cfg->device.kind != DP_DEVICE_CPU)
+        return dp_errf(err, "--sync-bn: not with --device yet: the bn sums run in the CPU "
+                            "layer (docs/strategies.md, \"Buffers\")");
+    /* a spec that does not parse is the loop's to refuse, with its message */
+    dp_model m;
+    dp_err e;
+    if (dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
+        return 0;
+    int rc = m.n_buffers ? 0
+                         : dp_errf(err, "--sync-bn: model %s has no batch norm layer (bn), so "
+                                        "there are no batch statistics to sum. Hint: leave "
+                                        "--sync-bn out, or add bn layers (docs/models.md)",
+                                   m.name);
+    dp_model_free(&m);
+    return rc;
+}
+
+static int check(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    const dp_allreduce_settings *a = own;
+    if (check_overlap(a, err) < 0)
+        return -1;
+    return a->sync_bn ? check_sync_bn(cfg, err) : 0;
+}
+
+static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    const dp_allreduce_settings *a = own;
+    if (check_overlap(a, err) < 0)
+        return -1;
+    if (a->sync_bn)
+        return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
+                            "tasks; allreduce does, whose replicas step together over one ring "
+                            "(docs/strategies.md, \"Buffers\")", cfg->strategy);
+    return 0;
+}
+
+/* Part 0: the ps fragment every checkpoint carries (ps_options.c); part 1:
+ * " sync_bn=1", written only when on so older checkpoints still resume. */
+static void identity(const void *own, int part, char *buf, size_t cap)
+{
+    if (part == 0) {
+        dp_ps_settings_identity(NULL, buf, cap);
+    } else if (((const dp_allreduce_settings *)own)->sync_bn) {
+        size_t n = strlen(buf);
+        snprintf(buf + n, n < cap ? cap - n : 0, " sync_bn=1");
+    }
+}
+
+const dp_strategy_conf dp_allreduce_conf = {
+    .opts = opts, .n_opts = (int)(sizeof opts / sizeof opts[0]),
+    .size = sizeof(dp_allreduce_settings), .defaults = &defaults,
+    .foreign = foreign, .check = check, .identity = identity,
+};
