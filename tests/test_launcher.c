@@ -88,6 +88,31 @@ static int open_out(const char *name, char *path, size_t size)
     return fd;
 }
 
+/* Free ports differ and, where the kernel's ephemeral range leaves room,
+ * lie below it: a port bind(0) chose could go to another process's
+ * outgoing connection before the task binds it. */
+static void test_free_ports(void)
+{
+    int ports[40];
+    dp_err err;
+    REQUIRE(dp_launch_free_ports(ports, 40, &err) == 0);
+    int lo = 0, hi = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 0;
+        fclose(f);
+    }
+    for (int i = 0; i < 40; i++) {
+        for (int j = 0; j < i; j++)
+            CHECKF(ports[i] != ports[j], "port %d twice", ports[i]);
+        if (lo - 10000 >= 1024)
+            CHECKF(ports[i] >= lo - 10000 && ports[i] < lo, "port %d outside [%d, %d)", ports[i],
+                   lo - 10000, lo);
+    }
+    printf("40 free ports, distinct%s\n", lo - 10000 >= 1024 ? ", below the ephemeral range" : "");
+}
+
 static void test_all_succeed(void)
 {
     dp_cluster c;
@@ -493,6 +518,7 @@ int main(void)
         fprintf(stderr, "no /bin/sh: skipped\n");
         return 77;
     }
+    test_free_ports();
     test_all_succeed();
     test_environment();
     test_long_lines();

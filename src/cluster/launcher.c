@@ -1016,32 +1016,72 @@ int dp_launch(const dp_launch_opts *opts, dp_err *err)
     return st;
 }
 
+/* The lowest port the kernel hands out on its own (outgoing connections'
+ * source ports, bind to port 0), or 0 when it cannot be read. */
+static int ephemeral_low(void)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    int lo = 0, hi = 0;
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 0;
+        fclose(f);
+    }
+    return lo > 0 && lo <= 65535 ? lo : 0;
+}
+
+/* Binds fd to 127.0.0.1:port (0: the kernel's choice); the port bound, or
+ * -1 with errno set. */
+static int bind_loopback(int fd, int port)
+{
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+        return -1;
+    return ntohs(a.sin_port);
+}
+
+/* Ports are drawn below the kernel's ephemeral range where it leaves room:
+ * a port from bind(0) is one the kernel may give the next outgoing
+ * connection of any process between this check and the task's own bind,
+ * and on a busy host (tests side by side) such a task failed to start.
+ * Each candidate is held bound until every port is chosen, so they differ;
+ * the kernel's choice remains the fallback. */
+#define FREE_PORT_SPAN 10000
+#define FREE_PORT_TRIES 64
+
 int dp_launch_free_ports(int *ports, int n, dp_err *err)
 {
     int *fds = malloc((size_t)(n > 0 ? n : 1) * sizeof *fds);
     if (!fds)
         return dp_errf(err, "free ports: out of memory");
+    int eph = ephemeral_low(), lo = eph - FREE_PORT_SPAN;
+    uint64_t draw = ((uint64_t)getpid() << 32) ^ (uint64_t)(dp_now() * 1e6);
     int rc = 0, k = 0;
-    /* All sockets stay open until every port is chosen, so the ports differ. */
     for (; k < n; k++) {
         fds[k] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fds[k] < 0) {
             rc = dp_errf(err, "free ports: socket: %s", strerror(errno));
             break;
         }
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = 0;
-        socklen_t len = sizeof a;
-        if (bind(fds[k], (struct sockaddr *)&a, sizeof a) < 0 ||
-            getsockname(fds[k], (struct sockaddr *)&a, &len) < 0) {
+        int port = -1;
+        for (int t = 0; lo >= 1024 && port < 0 && t < FREE_PORT_TRIES; t++) {
+            draw = draw * 6364136223846793005ULL + 1442695040888963407ULL;
+            port = bind_loopback(fds[k], lo + (int)((draw >> 33) % FREE_PORT_SPAN));
+        }
+        if (port < 0)
+            port = bind_loopback(fds[k], 0);
+        if (port < 0) {
             rc = dp_errf(err, "free ports: bind 127.0.0.1:0: %s", strerror(errno));
             k++;
             break;
         }
-        ports[k] = ntohs(a.sin_port);
+        ports[k] = port;
     }
     for (int i = 0; i < k; i++)
         close(fds[i]);
