@@ -20,6 +20,7 @@
 #include "downpour/dataset.h"
 #include "downpour/device.h"
 #include "downpour/example.h"
+#include "downpour/external.h"
 #include "downpour/file.h"
 #include "downpour/frame.h"
 #include "downpour/idx.h"
