@@ -8,6 +8,8 @@ seconds, on a small torch MLP and synthetic records (tests/torch_bridge_task.py)
 - ps-async on 1 worker equals one process;
 - a killed worker under ps-async (--max-restarts 0) is survived: the run
   ends and the chief reports;
+- a run killed mid-epoch and resumed from its checkpoint ends with the
+  weights of the uninterrupted run;
 - errors: a strategy that cannot train it, --save, an exception in the
   loss function (raised again as it was).
 
@@ -108,6 +110,20 @@ def main():
                       "--kill-worker", "1", "--kill-at", "5"], "ps-async, a worker killed")
     check("Test accuracy" in p.stderr, "ps-async with a killed worker: the chief reports")
     check(os.path.exists(out), "ps-async with a killed worker: final weights written")
+
+    # resume: killed after step 14 (3 epochs of 8 steps, a checkpoint
+    # every 4), then resumed from step 12, mid-epoch: the loader is walked
+    # to its place, and the weights end as the uninterrupted run's
+    ck = os.path.join(tmp, "ck")
+    out = os.path.join(tmp, "resumed.bin")
+    args = [py, TASK, "--batch", "64", "--out", out, "--extra", f"checkpoint_dir={ck}",
+            "checkpoint_every=4"]
+    p = subprocess.run(args + ["--kill-worker", "0", "--kill-at", "14"], capture_output=True,
+                       text=True, timeout=240)
+    check(p.returncode == -9 and not os.path.exists(out), f"killed at step 14: {p.returncode}")
+    p = run(args + ["resume=True"], "resumed")
+    check("Resuming from" in p.stderr and "step 12" in p.stderr, "resumed from step 12")
+    close(weights(out), ref, 0, "resumed run equals the uninterrupted one")
 
     # errors
     model = task.net()

@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--kill-at", type=int, default=0)
     a = ap.parse_args()
     kind, index, workers = dt.task()
-    if kind == "worker" and index == a.kill_worker:  # the loop's fault hook, this task only
+    if kind in ("worker", "single") and index == a.kill_worker:  # the loop's fault hook, here only
         os.environ["DOWNPOUR_FAULT_KILL_AT_STEP"] = str(a.kill_at)
     x, y = data()
     w = index if kind == "worker" else 0
@@ -65,7 +65,7 @@ def main():
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=False)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
     model = net()
-    extra = dict(e.split("=", 1) for e in a.extra)
+    extra = {k: True if v == "True" else v for k, v in (e.split("=", 1) for e in a.extra)}
     dt.train(model, torch.nn.functional.cross_entropy, loader, strategy=a.strategy,
              epochs=a.epochs, lr=a.lr, val_loader=val, quiet=True, **extra)
     writer = ("worker", 0) if a.out_worker0 else None

@@ -222,9 +222,6 @@ def _correct(out, y):
     return 0
 
 
-_serial = itertools.count()
-
-
 def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", lr=None,
           val_loader=None, test_loader=None, echo=True, **options):
     """Trains `model` (a torch.nn.Module, float32 on the CPU) on `loader`'s
@@ -240,8 +237,9 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
     one process) after each epoch and at the end; without them the run
     reports no accuracy.  Every other option of `downpour train` is a
     keyword (quiet=True, log_every=10, push_behind=0, metrics="m.jsonl",
-    ema=0.99, keep_best=True); not --save nor --checkpoint-dir (save the
-    module's state_dict yourself).  In a cluster (under downpour launch)
+    ema=0.99, keep_best=True, checkpoint_dir="ck", resume=True: the
+    checkpoints hold the flat buffer, and a resumed run walks the loader to
+    its position); not save (save the module's state_dict yourself).  In a cluster (under downpour launch)
     every task calls train with the same arguments; a ps task needs no
     loader batches and the chief only the evaluation loaders.  Errors:
     downpour.Error; an exception raised in the model or the loader is
@@ -279,7 +277,9 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
             os.environ.get("OPENBLAS_NUM_THREADS", "").isdigit():
         _torch.set_num_threads(max(1, int(os.environ["OPENBLAS_NUM_THREADS"])))
     core, _ = libs()
-    name = f"torch{os.getpid()}-{next(_serial)}"
+    # the spec a checkpoint records, the same in every run of the script
+    # (one run at a time in a process: run_command's lock)
+    name = f"torch-{bridge.flat.numel()}"
     err = ctypes.create_string_buffer(8192)  # a dp_err (DP_ERR_MAX)
     core.dp_external_register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]
     if core.dp_external_register(name.encode(), ctypes.byref(ext), err) != 0:
@@ -289,7 +289,7 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
               batch=batch)
     if lr is not None:
         kw["lr"] = lr
-    for k in ("save", "checkpoint_dir", "resume", "dataset"):
+    for k in ("save", "dataset"):
         if kw.get(k):
             raise Error(f"{k}: not for a torch module (docs/python.md, \"PyTorch\")", k, 2)
     try:

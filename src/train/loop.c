@@ -619,15 +619,16 @@ static int check_external(loop *L, int role_ps, dp_err *err)
     int known = 0;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         known |= strcmp(cfg->strategy, ok[i]) == 0;
-    const char *save = "save the module's state_dict from the script";
+    const char *save = "save the module's state_dict from the script (checkpoints, "
+                       "--checkpoint-dir, do work: they hold the flat buffer)";
     const char *no = NULL, *why = NULL;
     if (!known) {
         no = "--strategy";
         why = "it trains under single, allreduce, ps-async, ps-sync, ps-ssp, ps-dssp and "
               "model-avg";
-    } else if (cfg->save_path || cfg->checkpoint_dir) {
-        no = cfg->save_path ? "--save" : "--checkpoint-dir";
-        why = save; /* checkpoints name downpour's own layers */
+    } else if (cfg->save_path) {
+        no = "--save";
+        why = save; /* a weights file names downpour's own layers */
     } else if (cfg->model_parallel || cfg->sync_bn || dp_augment_on(&cfg->augment)) {
         no = cfg->model_parallel ? "--model-parallel" : cfg->sync_bn ? "--sync-bn" : "--augment";
         why = "its layers and its data are its caller's";
@@ -708,6 +709,11 @@ static int train(loop *L, dp_err *err)
             dp_batcher_start_epoch(&batcher, epoch);
             dp_batcher_seek(&batcher, (uint32_t)(k * batch));
         }
+        /* an external model's loader is walked to the resume position: its
+         * batches of the steps already taken, fetched and left */
+        for (long skip = 0; external && skip < k; skip++)
+            if (next_batch(L, &batcher, batch, err) < 0)
+                goto out;
         for (; k < L->spe; k++) {
             double t0 = dp_now(), c0 = dp_trace_thread_compute();
             int n = next_batch(L, &batcher, batch, err);
