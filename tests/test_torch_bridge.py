@@ -8,6 +8,7 @@ seconds, on a small torch MLP and synthetic records (tests/torch_bridge_task.py)
 - ps-async on 1 worker equals one process;
 - a killed worker under ps-async (--max-restarts 0) is survived: the run
   ends and the chief reports;
+- a killed worker restarted by launch (downpour.torch.launch) rejoins;
 - a run killed mid-epoch and resumed from its checkpoint ends with the
   weights of the uninterrupted run;
 - errors: a strategy that cannot train it, --save, an exception in the
@@ -86,8 +87,12 @@ def main():
 
     launch = [BIN, "launch"]
     out = os.path.join(tmp, "ps-sync.bin")
-    run(launch + ["--workers", "2", "--ps", "1", "--chief", "--", py, TASK, "--strategy",
-                  "ps-sync", "--batch", "32", "--out", out], "ps-sync, 2 workers")
+    try:  # downpour.launch(script=...): the task script as every task
+        downpour.launch(workers=2, ps=1, chief=True, strategy="ps-sync", script=TASK,
+                        args=["--batch", "32", "--out", out], echo=False)
+        check(True, "ps-sync, 2 workers (downpour.launch(script=...))")
+    except downpour.Error as e:
+        check(False, f"ps-sync, 2 workers: {e}")
     close(weights(out), ref, 1e-5, "ps-sync on 2 workers at batch 32 equals single at 64")
 
     out = os.path.join(tmp, "allreduce.bin")
@@ -110,6 +115,20 @@ def main():
                       "--kill-worker", "1", "--kill-at", "5"], "ps-async, a worker killed")
     check("Test accuracy" in p.stderr, "ps-async with a killed worker: the chief reports")
     check(os.path.exists(out), "ps-async with a killed worker: final weights written")
+
+    # the same, restarted by launch (downpour.torch.launch, --max-restarts 1):
+    # the new process rejoins at its step, its loader walked there
+    os.environ["DOWNPOUR_TEST_STEP_MS"] = "20"  # paced: the run outlasts the restart
+    try:
+        text = dt.launch(TASK, workers=2, ps=1, chief=True, max_restarts=1, echo=False,
+                         args=["--strategy", "ps-async", "--batch", "32", "--epochs", "5",
+                               "--kill-worker", "1", "--kill-at", "5"])
+        check("Worker 1: rejoined the run" in text and "Test accuracy" in text,
+              "ps-async: a killed worker restarted by launch rejoins")
+    except downpour.Error as e:
+        check(False, f"ps-async with a restarted worker: {e}")
+    finally:
+        del os.environ["DOWNPOUR_TEST_STEP_MS"]
 
     # resume: killed after step 14 (3 epochs of 8 steps, a checkpoint
     # every 4), then resumed from step 12, mid-epoch: the loader is walked

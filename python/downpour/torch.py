@@ -20,12 +20,11 @@ import ctypes
 import itertools
 import json
 import os
-import subprocess
 import sys
 
 import torch as _torch
 
-from ._lib import Error, libs, program_path, run_command
+from ._lib import Error, libs, run_command
 
 __all__ = ["train", "task", "launch", "flatten", "shard", "STRATEGIES"]
 
@@ -315,20 +314,9 @@ def launch(script, workers=2, ps=None, chief=None, args=(), echo=True, **launch_
     `downpour launch --workers N [--ps P] [--chief] -- python3 SCRIPT ARGS`,
     with this interpreter.  args: the script's own arguments (give
     "--strategy", S among them so launch knows the strategy); launch's
-    options (max_restarts, grace, log_level) as keywords.  Returns the
-    exit status; raises downpour.Error when it is not 0."""
-    cmd = [program_path(), "launch", "--workers", str(workers)]
-    if ps:
-        cmd += ["--ps", str(ps)]
-    if chief:
-        cmd.append("--chief")
-    for k, v in launch_options.items():
-        cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
-    cmd += ["--", sys.executable, os.fspath(script)] + [str(a) for a in args]
-    p = subprocess.run(cmd, stdout=None if echo else subprocess.PIPE,
-                       stderr=None if echo else subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        raise Error(f"downpour launch exited {p.returncode}" +
-                    (f": {p.stderr.strip().splitlines()[-1]}" if p.stderr else ""),
-                    None, p.returncode)
-    return 0
+    options (max_restarts, grace, log_level) as keywords.  With echo the
+    tasks' lines go to this process's stdout and stderr and it returns
+    None; without, it returns what they wrote on stderr (downpour's lines,
+    prefixed with the task).  Raises downpour.Error when launch fails."""
+    from . import _launch_script
+    return _launch_script(script, workers, ps, chief, args, echo, launch_options)
