@@ -21,6 +21,7 @@
 #include "downpour/device.h"
 #include "downpour/env.h"
 #include "downpour/example.h"
+#include "downpour/external.h"
 #include "downpour/file.h"
 #include "downpour/frame.h"
 #include "downpour/group.h"

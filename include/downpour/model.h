@@ -51,6 +51,7 @@
 
 #include "downpour/status.h"
 
+#include "downpour/external.h"
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 
@@ -168,6 +169,9 @@ typedef struct dp_model {
     void *grad_ready_ctx;
     dp_batch_sum_fn batch_sum; /* NULL: each replica's batch statistics are its own */
     void *batch_sum_ctx;
+    /* an external model (external.h): no layers; params and grads are its
+     * caller's buffers, which dp_model_free leaves alone.  NULL: our own */
+    const dp_external_model *external;
 } dp_model;
 
 /* Parses spec (docs/models.md), allocates params, grads and activation scratch for `slots`
@@ -175,6 +179,12 @@ typedef struct dp_model {
  * dp_model_init_params. */
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err);
 void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
+/* An external model's dp_model (external.h): its n_params, its caller's
+ * buffers as params and grads, no layers; spec and name "external:NAME"
+ * (name NULL: "external").  dp_model_init does it for the spec
+ * "external:NAME" of a registered model. */
+int dp_model_init_external(dp_model *m, const dp_external_model *e, const char *name,
+                           int max_batch, dp_err *err);
 
 /* The preset names, for messages and --help: "mlp-300-100, mlp-128, ...". */
 const char *dp_model_presets(void);

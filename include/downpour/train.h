@@ -105,6 +105,10 @@ typedef struct dp_train_config {
     double link_delay_ms;     /* tcp: latency added to every frame this task sends (0: none) */
     bool no_shm;              /* tcp: peers on this host over TCP, not shared memory */
     dp_device_spec device;    /* where trainers compute: cpu (the default), cuda:N, sim */
+    /* an external model (external.h: a torch module's flat parameters and
+     * its step) trained in place of `model`; NULL: `model` (which may name
+     * a registered one, "external:NAME") */
+    const dp_external_model *external;
 } dp_train_config;
 
 /* Defaults of the source experiment: mnist, mlp-300-100, batch 128, 25 epochs,

@@ -240,14 +240,46 @@ def _forward(stream, sink, keep):
             sink.flush()
 
 
+def _launch_script(script, workers, ps, chief, args, echo, launch_options):
+    """`downpour launch ... -- python3 SCRIPT ARGS` with this interpreter
+    (downpour.torch's scripts: docs/python.md, "PyTorch")."""
+    cmd = [program_path(), "launch", "--workers", str(workers)]
+    if ps:
+        cmd += ["--ps", str(ps)]
+    if chief:
+        cmd.append("--chief")
+    cmd += _argv(launch_options, options("launch"), "launch")
+    cmd += ["--", sys.executable, os.fspath(script)] + [str(a) for a in args]
+    p = subprocess.run(cmd, stdout=None if echo else subprocess.PIPE,
+                       stderr=None if echo else subprocess.PIPE, text=True)
+    if p.returncode not in (0, 3):
+        raise Error(f"downpour launch exited {p.returncode}" +
+                    (f": {p.stderr.strip().splitlines()[-1]}" if p.stderr else ""),
+                    None, p.returncode)
+    return None if echo else p.stderr
+
+
 def launch(workers=2, ps=None, chief=None, strategy=None, model=None, data=None, epochs=None,
-           echo=True, **options_):
+           echo=True, script=None, args=(), **options_):
     """Runs a local cluster as `downpour launch --workers N [--ps P] [--chief]
     -- train ...` does (the program, as a subprocess: the same ports, secret,
     restarts and fault handling), and returns the history of the merged
     metrics, as train's.  Launch's own options (max_restarts, grace,
     log_level, verbose) and every train option are keywords; NumPy arrays
-    are written to an .npz the tasks read."""
+    are written to an .npz the tasks read.
+
+    script: a Python file to run as every task instead of train (one that
+    trains through downpour.torch), with args its arguments (strategy, when
+    given, is passed as --strategy S among them, so launch knows it); only
+    launch's options are keywords then.  Returns None with echo, else the
+    tasks' stderr."""
+    if script is not None:
+        args = list(args) + (["--strategy", strategy] if strategy else [])
+        given = {"model": model, "data": data, "epochs": epochs}
+        bad = [k for k, v in given.items() if v is not None]
+        if bad:
+            raise Error(f"{bad[0]}: with script=, give it among the script's args", bad[0], 2)
+        return _launch_script(script, workers, ps, chief, args, echo, options_)
     from . import _data
     data = _dataset_kwargs(data, options_)
     ltable = options("launch")

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "downpour/cluster.h"
@@ -15,6 +16,7 @@
 
 #define LAUNCH_USAGE                                                                      \
     "downpour launch [--workers N] [--ps P] [--chief] -- train|ping [OPTIONS]\n"          \
+    "downpour launch [--workers N] [--ps P] [--chief] -- PROGRAM [ARGS]\n"                \
     "\n"                                                                                  \
     "Starts the tasks of a cluster as local processes on free 127.0.0.1 ports, each\n"   \
     "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh\n"       \
@@ -34,7 +36,13 @@
     "ps-async when --ps is given; a strategy that needs a chief (the ps ones, lbfgs)\n"   \
     "gets one without --chief. The train options and the strategy are checked against\n" \
     "the cluster once, before any task starts: a usage error exits 2. mpirun's -np is\n" \
-    "refused: give --workers N (and --ps P, --chief)."
+    "refused: give --workers N (and --ps P, --chief).\n"                                 \
+    "\n"                                                                                  \
+    "Any other PROGRAM (a path, or a name found on PATH) runs as every task, with the\n"   \
+    "same environment, restarts and merged metrics: a Python script that trains\n"        \
+    "through downpour.torch (docs/python.md, \"PyTorch\"). Give it --strategy S among\n"  \
+    "its ARGS so launch knows the strategy (its chief and restart policy); launch\n"     \
+    "does not check ARGS otherwise."
 
 #define LAUNCH_MAX_TASKS 256
 
@@ -107,6 +115,35 @@ static int check_task_flags(const dp_strategy_ops *strategy, const dp_train_conf
     return bad ? -1 : 0;
 }
 
+/* A program's path: as given when it has a slash, else the first
+ * executable of that name on PATH (execve does not search it).  Writes
+ * into buf; NULL when there is none. */
+static const char *find_program(const char *name, char *buf, size_t cap)
+{
+    if (strchr(name, '/'))
+        return access(name, X_OK) == 0 ? name : NULL;
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && (size_t)snprintf(buf, cap, "%.*s/%s", (int)n, p, name) < cap &&
+            access(buf, X_OK) == 0)
+            return buf;
+        p += n + (p[n] == ':');
+    }
+    return NULL;
+}
+
+/* --strategy S among a program's arguments (the script's own flag, read
+ * only to know the run's strategy), or NULL. */
+static const char *program_strategy(int argc, char **argv)
+{
+    const char *name = NULL, *v;
+    for (int i = 1; i < argc; i++)
+        if ((v = flag_value(argc, argv, &i, "--strategy")))
+            name = v;
+    return name;
+}
+
 /* mpirun's "-np N" (or "-n N") among launch's options: refused, with the
  * command that means it ("--workers N"), since launch counts tasks by role. */
 static int refuse_np(int argc, char **argv)
@@ -167,17 +204,31 @@ int cmd_launch(int argc, char **argv)
                         "-- train\n");
         return 2;
     }
-    if (!cli_is_task_command(argv[rest])) {
-        fprintf(stderr, "downpour launch: '%s': the tasks run `downpour train` or `downpour ping`, "
-                        "so the command after the launch options must start with one of them\n",
-                argv[rest]);
-        return 2;
-    }
     dp_err err;
     static task_run run; /* the launch's life: dp_launch asks it */
     bool train = strcmp(argv[rest], "train") == 0;
-    const char *strategy_name = task_strategy_name(argc - rest, argv + rest);
+    bool program = !cli_is_task_command(argv[rest]);
+    static char program_path[4096];
+    const char *prog = program ? find_program(argv[rest], program_path, sizeof program_path)
+                               : NULL;
+    if (program && !prog) {
+        fprintf(stderr, "downpour launch: '%s': neither train nor ping, nor a program found%s "
+                        "(docs/python.md, \"PyTorch\")\n",
+                argv[rest], strchr(argv[rest], '/') ? "" : " on PATH");
+        return 2;
+    }
+    const char *strategy_name = program ? program_strategy(argc - rest, argv + rest)
+                                        : task_strategy_name(argc - rest, argv + rest);
     const dp_strategy_ops *strategy = strategy_name ? dp_strategy_find(strategy_name, &err) : NULL;
+    if (program && !strategy) { /* the script's own --strategy, else launch's default */
+        if (!(strategy = dp_strategy_find(strategy_name ? strategy_name
+                                          : ps > 0        ? "ps-async"
+                                                          : "allreduce",
+                                          &err))) {
+            fprintf(stderr, "downpour launch: %s: --strategy: %s\n", argv[rest], err.msg);
+            return 2;
+        }
+    }
     if (train && !strategy_name) /* the default: docs/cluster.md, "A local cluster" */
         strategy = dp_strategy_find(ps > 0 ? "ps-async" : "allreduce", &err);
     run.ops = strategy;
@@ -205,9 +256,12 @@ int cmd_launch(int argc, char **argv)
         fprintf(stderr, "downpour launch: out of memory\n");
         return 1;
     }
-    cmd[0] = "/proc/self/exe";
+    cmd[0] = program ? (char *)prog : "/proc/self/exe";
     int k = 1;
-    cmd[k++] = argv[rest];
+    if (!program)
+        cmd[k++] = argv[rest];
+    else
+        targc--; /* the program is cmd[0] itself */
     if (add) {
         cmd[k++] = "--strategy";
         cmd[k++] = (char *)strategy->name;

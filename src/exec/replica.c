@@ -75,6 +75,12 @@ int dp_replica_open(dp_replica **out, const dp_replica_config *c, dp_err *err)
         if (c->resumed)
             r->opt.t = c->optim_t;
     }
+    if (r->m->external && c->device && c->device->kind != DP_DEVICE_CPU) {
+        dp_errf(err, "--device: %s is an external model, which computes where its caller "
+                     "puts it (external.h); leave --device out", r->m->name);
+        dp_replica_close(r);
+        return -1;
+    }
     if (c->device && c->device->kind != DP_DEVICE_CPU && open_device(r, c, err) < 0) {
         dp_replica_close(r);
         return -1;
@@ -131,9 +137,36 @@ dp_optim *dp_replica_optim(dp_replica *r)
     return &r->opt;
 }
 
+/* An external model's caller fetches its own batch (external.h). */
+static int external_next(const dp_model *m, dp_err *err)
+{
+    const dp_external_model *e = m->external;
+    int n = e->next ? e->next(e->ctx) : -1;
+    if (n < 0 && err)
+        dp_errf(err, "%s: %s", m->name,
+                e->next ? "its next batch failed" : "this task has no batches to train on");
+    return n;
+}
+
+/* Forward and backward by the caller (external.h) into m->grads. */
+static int external_grads(dp_model *m, float *loss, int *correct, dp_err *err)
+{
+    const dp_external_model *e = m->external;
+    *loss = 0;
+    *correct = 0;
+    if (!e->compute || e->compute(e->ctx, loss, correct) < 0)
+        return dp_errf(err, "%s: %s", m->name,
+                       e->compute ? "its step failed" : "this task has no step to compute");
+    if (m->grad_ready) /* the whole gradient at once, as a device's */
+        m->grad_ready(m->grad_ready_ctx, 0);
+    return 0;
+}
+
 int dp_replica_next_batch(dp_replica *r, dp_batcher *b, float *x, uint8_t *y, int batch,
                           dp_err *err)
 {
+    if (r && r->m->external)
+        return external_next(r->m, err);
     int n = r && r->dev ? dp_batcher_next_indices(b, r->idx, batch)
                         : dp_batcher_next(b, x, y, batch);
     if (n < 0) { /* a streamed split's refusal (stream.h) */
@@ -146,6 +179,8 @@ int dp_replica_next_batch(dp_replica *r, dp_batcher *b, float *x, uint8_t *y, in
 
 const char *dp_replica_no_augment(const dp_replica *r)
 {
+    if (r && r->m->external)
+        return "an external model's own data loader gives the batches";
     return r && r->dev ? "the device gathers the records itself" : NULL;
 }
 
@@ -166,6 +201,12 @@ int dp_replica_step(dp_replica *r, const float *x, const uint8_t *y, int n, floa
         return dp_dmodel_step(r->dev, lr, err) < 0 ? -1 : 1;
     if (r->dev)
         return dp_errf(err, "%s: a whole step on the device needs the state there", r->label);
+    if (r->m->external) {
+        if (external_grads(r->m, loss, correct, err) < 0)
+            return -1;
+        dp_optim_apply(&r->opt, r->m->params, r->m->grads, lr);
+        return 0;
+    }
     *correct = 0;
     *loss = dp_model_train_step(r->m, &r->opt, x, y, n, lr, correct);
     return 0;
@@ -180,6 +221,8 @@ int dp_replica_grads(dp_replica *r, const float *x, const uint8_t *y, int n, flo
     dp_model *m = r->m;
     if (r->local)
         return dp_dmodel_grads(r->dev, err) < 0 ? -1 : 1;
+    if (m->external)
+        return external_grads(m, loss, correct, err);
     if (!r->dev) {
         *correct = 0;
         *loss = dp_model_forward_backward(m, x, y, n, correct);

@@ -79,6 +79,14 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     memset(m, 0, sizeof *m);
     if (!spec)
         return dp_errf(err, "model spec: missing");
+    if (strncmp(spec, "external:", 9) == 0) { /* external.h: a model this process registered */
+        const dp_external_model *e = dp_external_find(spec + 9);
+        if (!e)
+            return dp_errf(err, "model %s: no external model is registered under '%s' in this "
+                                "process (external.h; downpour.torch registers them)",
+                           spec, spec + 9);
+        return dp_model_init_external(m, e, spec + 9, max_batch, err);
+    }
     if (model_spec_parse(m, spec, err) < 0) {
         memset(m, 0, sizeof *m);
         return -1;
@@ -156,6 +164,8 @@ void dp_model_free(dp_model *m)
 {
     if (!m)
         return;
+    if (m->external) /* the caller's buffers */
+        m->params = m->grads = NULL;
     free(m->params);
     free(m->grads);
     free(m->buffers);

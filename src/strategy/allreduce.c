@@ -91,6 +91,16 @@ static const char *name_of(const dp_strategy *s, int p)
     return dp_transport_peer_name(s->t, s->ranks[p]);
 }
 
+/* The records of shard i of n this epoch.  An external model's caller
+ * deals its own (external.h): each replica's loader, taken as full batches. */
+static uint32_t shard_records(const dp_strategy *s, int i, int n)
+{
+    const dp_external_model *e = s->m->external;
+    if (e)
+        return (uint32_t)(e->steps_per_epoch * (long)s->env->cfg->batch);
+    return dp_shard_size(s->policy, s->env->train, i, n);
+}
+
 /* Records every live replica contributes to step k of an epoch (the shards'
  * sizes are known to all, so nobody has to send them). */
 static double records_in_step(const dp_strategy *s, long k)
@@ -1012,7 +1022,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->batch = cfg->batch;
     s->dealt = n;
     for (int w = 0; w < n; w++)
-        s->sizes[w] = dp_shard_size(s->policy, env->train, s->policy == DP_SHARD_OFF ? 0 : w,
+        s->sizes[w] = shard_records(s, s->policy == DP_SHARD_OFF ? 0 : w,
                                     s->policy == DP_SHARD_OFF ? 1 : n);
     /* Backprop tells the reducer as each layer's gradients are final. */
     s->m->grad_ready = ready;
@@ -1088,7 +1098,7 @@ static int allreduce_deal(dp_strategy *s, int epoch, int *index, int *count, dp_
                                s->env->steps_per_epoch, s->m->max_batch);
     s->dealt = s->n_live;
     for (int p = 0, j = 0; p < s->n; p++)
-        s->sizes[p] = s->live[p] ? dp_shard_size(s->policy, s->env->train, j++, s->n_live) : 0;
+        s->sizes[p] = s->live[p] ? shard_records(s, j++, s->n_live) : 0;
     return 0;
 }
 

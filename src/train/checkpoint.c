@@ -229,6 +229,8 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
             add_layer_buffers(w, d, buffers, idx++);
     }
     size_t n = st->n_params;
+    if (m->external) /* no layers to name (external.h): the flat buffer as it is */
+        add_tensor(w, st->params, 1, (int64_t)n, 0, "params", 0, 0);
     for (int k = 0; k < st->n_slots && st->slots; k++)
         add_tensor(w, st->slots + (size_t)k * n, 1, (int64_t)n, 0, "optimizer.slot%d", k, 0);
     for (int i = 0; i < st->n_workers; i++)
@@ -368,6 +370,8 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
                         float *buffers, const char *path, dp_err *err)
 {
     char name[NAME_LEN];
+    if (m->external)
+        return copy_2d(params, f, "params", 1, (int64_t)m->n_params, 0, path, err);
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
         if (!d->w_len)

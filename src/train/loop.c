@@ -139,6 +139,8 @@ typedef struct loop {
     dp_node node;
     int in_cluster;
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
+    int no_val;            /* no validation figures (--val-size 0, an external model
+                              without evaluate): "-" in the table */
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
@@ -222,6 +224,26 @@ static void sleep_ms(double ms)
         ;
 }
 
+/* An external model's figures come from its caller's evaluate (external.h),
+ * on its own records; without one there are none (val_size 0's line). */
+static int external_eval(loop *L, const float *params, int test, double *acc, double *loss,
+                         dp_err *err)
+{
+    const dp_external_model *e = L->m.external;
+    *acc = 0;
+    if (loss)
+        *loss = 0;
+    if (!e->evaluate)
+        return 0;
+    double l = 0;
+    *acc = e->evaluate(e->ctx, params, test, &l);
+    if (!(*acc >= 0))
+        return dp_errf(err, "%s: its evaluation failed", L->m.name);
+    if (loss)
+        *loss = l;
+    return 1;
+}
+
 /* The evaluator after epoch `epoch`: validation, the epoch line and event,
  * --keep-best, the history table. */
 static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double secs, long step,
@@ -231,8 +253,17 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     const float *params = eval_params(L, err);
     if (!params)
         return -1;
-    long bad;
-    double val_loss, val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad);
+    long bad = 0;
+    double val_loss, val_acc;
+    int validated = 1;
+    if (L->m.external) {
+        if ((validated = external_eval(L, params, 0, &val_acc, &val_loss, err)) < 0)
+            return -1;
+    } else {
+        val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad);
+        validated = L->val.n > 0;
+    }
+    L->no_val = !validated;
     dp_trace_span("evaluation", "eval", t_eval, dp_now(), epoch);
     if (bad > 0 && !L->warned_bad_inputs) { /* once a run: the same data every epoch */
         dp_warn_bad_inputs(&L->m, bad, "the validation set");
@@ -260,9 +291,10 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
                      DP_F_END);
     /* after the event: whoever reads the line (a test, a user's script) can
      * count on the event being in the file, even if the process dies next */
-    if (L->val.n == 0) /* --val-size 0: no figure rather than a false 0 */
-        dp_info("Epoch %d/%d: train_loss %.4f, no validation (--val-size 0), %.2f s", epoch,
-                L->cfg->epochs, train_loss, secs);
+    if (!validated) /* --val-size 0: no figure rather than a false 0 */
+        dp_info("Epoch %d/%d: train_loss %.4f, no validation (%s), %.2f s", epoch,
+                L->cfg->epochs, train_loss,
+                L->m.external ? "the external model has no evaluate" : "--val-size 0", secs);
     else
         dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
                 L->cfg->epochs, train_loss, val_loss, val_acc, secs);
@@ -319,7 +351,7 @@ static void print_table(const loop *L)
     dp_info("%6s %13s %11s %9s", "epoch", "val_accuracy", "train_loss", "seconds");
     for (int e = 0; e < L->ck.n_history; e++) {
         const float *h = L->ck.history + (size_t)e * 3;
-        if (L->val.n == 0)
+        if (L->no_val)
             dp_info("%6d %13s %11.4f %9.2f", e + 1, "-", (double)h[1], (double)h[2]);
         else
             dp_info("%6d %13.4f %11.4f %9.2f", e + 1, (double)h[0], (double)h[1], (double)h[2]);
@@ -340,17 +372,25 @@ static int report_and_save(loop *L, dp_err *err)
                 L->ck.best_epoch, L->ck.best_accuracy, cfg->epochs);
     }
     long trained = L->total_steps - L->resume.step;
+    /* an external model's records are its caller's: the nominal batches */
+    double records = L->m.external ? (double)cfg->batch * L->spe * L->info.replicas
+                                   : (double)L->train.n;
     res->samples_per_second =
         res->train_seconds > 0
-            ? (double)L->train.n * cfg->epochs * ((double)trained / (double)L->total_steps) /
+            ? records * cfg->epochs * ((double)trained / (double)L->total_steps) /
                   res->train_seconds
             : 0;
     dp_split test = L->ds.test;
     if (cfg->n_test > 0 && cfg->n_test < test.n)
         test.n = cfg->n_test; /* --test-size: the first N */
-    long bad;
+    long bad = 0;
     double t_test = dp_now();
-    res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL, &bad);
+    if (L->m.external) {
+        if (external_eval(L, params, 1, &res->test_accuracy, NULL, err) < 0)
+            return -1;
+    } else {
+        res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL, &bad);
+    }
     dp_trace_span("test evaluation", "eval", t_test, dp_now(), -1);
     if (bad > 0 && !L->warned_bad_inputs)
         dp_warn_bad_inputs(&L->m, bad, "the test set");
@@ -534,6 +574,8 @@ static int next_batch(loop *L, dp_batcher *b, int batch, dp_err *err)
 {
     if (L->info.no_batches)
         return 0;
+    if (L->m.external && !L->info.replica)
+        return dp_errf(err, "strategy %s has no replica for an external model", L->cfg->strategy);
     return dp_replica_next_batch(L->info.replica, b, L->x, L->y, batch, err);
 }
 
@@ -581,6 +623,43 @@ static int setup_augment(loop *L, dp_batcher *b, dp_augment *aug, dp_err *err)
     return dp_batcher_augment(b, aug, err);
 }
 
+/* An external model (external.h) under what can train it: a data-parallel
+ * strategy whose trainers hold a replica, on the CPU, without what needs
+ * downpour's own layers or data. */
+static int check_external(loop *L, int role_ps, dp_err *err)
+{
+    const dp_train_config *cfg = L->cfg;
+    static const char *const ok[] = {"single", "allreduce", "ps-async", "ps-sync",
+                                     "ps-ssp", "ps-dssp", "model-avg"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        known |= strcmp(cfg->strategy, ok[i]) == 0;
+    const char *save = "save the module's state_dict from the script (checkpoints, "
+                       "--checkpoint-dir, do work: they hold the flat buffer)";
+    const char *no = NULL, *why = NULL;
+    if (!known) {
+        no = "--strategy";
+        why = "it trains under single, allreduce, ps-async, ps-sync, ps-ssp, ps-dssp and "
+              "model-avg";
+    } else if (cfg->save_path) {
+        no = "--save";
+        why = save; /* a weights file names downpour's own layers */
+    } else if (dp_augment_on(&cfg->augment)) {
+        /* --model-parallel and --sync-bn: the strategies' own checks refuse
+         * a model without layers to split or batch norm to share */
+        no = "--augment";
+        why = "its layers and its data are its caller's";
+    }
+    if (no)
+        return dp_errf(err, "%s%s%s: not for an external model (%s): %s (docs/python.md, "
+                            "\"PyTorch\")",
+                       no, known ? "" : " ", known ? "" : cfg->strategy, L->m.name, why);
+    if (!role_ps && L->m.external->steps_per_epoch < 1)
+        return dp_errf(err, "%s: steps_per_epoch %ld: a trainer needs at least 1 (the "
+                            "DataLoader's len)", L->m.name, L->m.external->steps_per_epoch);
+    return 0;
+}
+
 /* A TRAINER: walks its shard's batches from the resume position on. */
 static int train(loop *L, dp_err *err)
 {
@@ -588,14 +667,17 @@ static int train(loop *L, dp_err *err)
     const dp_task_info *info = &L->info;
     dp_batcher batcher;
     int rc = -1;
-    dp_shard_policy policy = info->shard_count > 1 ? cfg->shard : DP_SHARD_OFF;
+    /* an external model's caller deals its own records (its DataLoader) */
+    int external = L->m.external != NULL;
+    dp_shard_policy policy = info->shard_count > 1 && !external ? cfg->shard : DP_SHARD_OFF;
     /* Shard "off": every worker walks all records in its own order. */
     uint64_t seed = policy == DP_SHARD_OFF && info->shard_count > 1
                         ? cfg->seed + 1000003ULL * (uint64_t)info->shard_index
                         : cfg->seed;
     int index = policy == DP_SHARD_OFF ? 0 : info->shard_index;
     int count = policy == DP_SHARD_OFF ? 1 : info->shard_count;
-    if (dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
+    memset(&batcher, 0, sizeof batcher);
+    if (!external && dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
     dp_augment aug;
     if (setup_augment(L, &batcher, &aug, err) < 0) {
@@ -634,9 +716,16 @@ static int train(loop *L, dp_err *err)
         if (L->ops->deal && policy != DP_SHARD_OFF &&
             redeal(L, &batcher, epoch, &index, &count, &batch, err) < 0)
             goto out;
-        dp_batcher_start_epoch(&batcher, epoch);
         long k = epoch == first_epoch ? first_k : 0;
-        dp_batcher_seek(&batcher, (uint32_t)(k * batch));
+        if (!external) {
+            dp_batcher_start_epoch(&batcher, epoch);
+            dp_batcher_seek(&batcher, (uint32_t)(k * batch));
+        }
+        /* an external model's loader is walked to the resume position: its
+         * batches of the steps already taken, fetched and left */
+        for (long skip = 0; external && skip < k; skip++)
+            if (next_batch(L, &batcher, batch, err) < 0)
+                goto out;
         for (; k < L->spe; k++) {
             double t0 = dp_now(), c0 = dp_trace_thread_compute();
             int n = next_batch(L, &batcher, batch, err);
@@ -880,19 +969,29 @@ static int run_task(loop *L, dp_err *err)
                                        : cfg->batch * (L->in_cluster ? 2 : 1);
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
-    if (dp_model_init(&L->m, cfg->model, max_batch, 1, err) < 0 ||
+    if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
+                       : dp_model_init(&L->m, cfg->model, max_batch, 1, err)) < 0 ||
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
-    dp_model_init_params(&L->m, cfg->seed);
-    if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
-        dp_model_seed_dropout(&L->m, cfg->seed + 0x9e3779b97f4a7c15ULL * (uint64_t)L->node.self->rank);
+    if (L->m.external) {
+        /* its weights are its caller's: the same on every task when each
+         * builds the module from the same seed (docs/python.md) */
+        if (check_external(L, role_ps, err) < 0)
+            return -1;
+    } else {
+        dp_model_init_params(&L->m, cfg->seed);
+        if (L->in_cluster) /* the same weights everywhere, but each task its own dropout masks */
+            dp_model_seed_dropout(&L->m, cfg->seed + 0x9e3779b97f4a7c15ULL * (uint64_t)L->node.self->rank);
+    }
     /* The servers need no data; everyone else checks it against the model,
-     * before the banner: a run that cannot start announces none. */
-    if (!role_ps && open_data(L, err) < 0)
+     * before the banner: a run that cannot start announces none.  An
+     * external model's caller reads its own. */
+    if (!role_ps && !L->m.external && open_data(L, err) < 0)
         return -1;
     dp_info("%s%s%s: %s (%zu parameters) on %s, batch %d, %d epoch(s), %s lr %g, %d thread(s) (%s)",
             L->in_cluster ? L->node.self->name : "Training", L->in_cluster ? " " : "",
-            L->in_cluster ? cfg->strategy : "", L->m.name, L->m.n_params, cfg->dataset,
+            L->in_cluster ? cfg->strategy : "", L->m.name, L->m.n_params,
+            L->m.external ? "its caller's data" : cfg->dataset,
             cfg->batch, cfg->epochs, dp_optim_kind_name(cfg->optim.kind), (double)cfg->optim.lr,
             dp_blas_threads(), dp_blas_info());
     L->id = (dp_run_identity){
@@ -964,7 +1063,9 @@ static int run_task(loop *L, dp_err *err)
             return -1;
         share = dp_shard_max(cfg->shard, &L->train, (int)replicas);
     }
-    L->spe = (share + cfg->batch - 1) / cfg->batch;
+    L->spe = L->m.external ? L->m.external->steps_per_epoch : (share + cfg->batch - 1) / cfg->batch;
+    if (role_ps && L->spe < 1)
+        L->spe = 1; /* a server counts no steps */
     L->total_steps = L->spe * cfg->epochs;
     L->lr = (dp_lr_plan){.schedule = cfg->lr_schedule,
                          .warmup = cfg->warmup_steps > 0 ? cfg->warmup_steps
