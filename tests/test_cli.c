@@ -15,66 +15,15 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "run_bin.h"
 #include "scratch.h"
 
-static const char *g_bin;
-static char g_dir[1024];
-static char g_out[1 << 16], g_err[1 << 16];
-static long g_fsize_limit; /* > 0: the child's RLIMIT_FSIZE in bytes (writes fail with EFBIG) */
-
-static void read_back(const char *path, char *buf, size_t cap)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : 0;
-    buf[n > 0 ? n : 0] = '\0';
-    if (fd >= 0)
-        close(fd);
-}
-
-/* Runs DOWNPOUR_BIN with args (NULL-terminated, without argv[0]); stdout and
- * stderr land in g_out and g_err.  Returns the exit status, -1 if killed. */
-static int run(const char *const *args)
-{
-    char out_path[1100], err_path[1100];
-    snprintf(out_path, sizeof out_path, "%s/stdout.txt", g_dir);
-    snprintf(err_path, sizeof err_path, "%s/stderr.txt", g_dir);
-    const char *argv[64] = {g_bin};
-    int n = 1;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int in = open("/dev/null", O_RDONLY);
-        if (o < 0 || e < 0 || in < 0 || dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-            _exit(126);
-        if (g_fsize_limit > 0) {
-            struct rlimit lim = {(rlim_t)g_fsize_limit, (rlim_t)g_fsize_limit};
-            signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead */
-            if (setrlimit(RLIMIT_FSIZE, &lim) != 0)
-                _exit(126);
-        }
-        execv(g_bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        REQUIRE(errno == EINTR);
-    read_back(out_path, g_out, sizeof g_out);
-    read_back(err_path, g_err, sizeof g_err);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* Expects exit status `code`, `want` in stderr (or NULL) and nothing on stdout. */
 #define USAGE_ERROR(want, ...)                                                         \
     do {                                                                               \
         const char *args_[] = {__VA_ARGS__, NULL};                                     \
-        int rc_ = run(args_);                                                          \
+        int rc_ = run_bin(args_);                                                          \
         CHECKF(rc_ == 2, "%s ...: exit %d, want 2; stderr: %s", args_[0], rc_, g_err); \
         CHECKF(g_out[0] == '\0', "%s ...: usage error printed on stdout: %s", args_[0], g_out); \
         CHECKF(!(want) || strstr(g_err, (want)) != NULL, "%s ...: stderr lacks '%s': %s",   \
@@ -151,7 +100,7 @@ static void test_train_checks(void)
                           "--keep-checkpoints", "2", "--resume", "--save", tmp_path("m.st"),
                           "--metrics", tmp_path("m.jsonl"), "--lr", "0.01", "--momentum", "0",
                           "--secret-file", tmp_path("no-secret-needed"), NULL};
-    int rc = run(args);
+    int rc = run_bin(args);
     CHECKF(rc == 1, "exit %d: %s", rc, g_err);
     CHECKF(strstr(g_err, "no-such-data"), "%s", g_err);
     struct stat st;
@@ -162,7 +111,7 @@ static void test_train_checks(void)
 static void test_train_help(void)
 {
     const char *args[] = {"train", "--help", NULL};
-    CHECK(run(args) == 0);
+    CHECK(run_bin(args) == 0);
     static const char *const want[] = {"--checkpoint-dir DIR", "--checkpoint-every N",
                                        "--keep-checkpoints K", "--resume", "--secret-file FILE",
                                        "adam 0.001", "sgd 0.01", "(default: 0.9)",
@@ -194,7 +143,7 @@ static void test_train_timeouts(void)
                 "--heartbeat-timeout", "0.1");
     USAGE_ERROR("--heartbeat-timeout: 5000 is out of range", "train", "--heartbeat-timeout", "5000");
     const char *help[] = {"train", "--help", NULL};
-    CHECK(run(help) == 0);
+    CHECK(run_bin(help) == 0);
     CHECKF(strstr(g_out, "--startup-timeout S") && strstr(g_out, "(default: 600)"), "%s", g_out);
     CHECKF(strstr(g_out, "--heartbeat-timeout S") && strstr(g_out, "(default: 10)"), "%s", g_out);
 
@@ -211,7 +160,7 @@ static void test_train_timeouts(void)
     setenv("DOWNPOUR_CONFIG", spec, 1);
     const char *args[] = {"train", "--strategy", "allreduce", "--secret-file", tmp_path("secret"),
                           "--startup-timeout", "1", "--heartbeat-timeout", "1", NULL};
-    int rc = run(args);
+    int rc = run_bin(args);
     unsetenv("DOWNPOUR_CONFIG");
     CHECKF(rc == 1, "exit %d: %s", rc, g_err);
     CHECKF(strstr(g_err, "cannot connect to worker:1") && strstr(g_err, "within 1.0 s"), "%s",
@@ -240,7 +189,7 @@ static void test_train_write_errors(void)
 #define SMALL_RUN "train", "--dataset", mnist, "--train-size", "1000", "--val-size", "200", \
                   "--epochs", "2", "--batch", "100", "--quiet", "--no-progress"
     const char *metrics[] = {SMALL_RUN, "--metrics", "/dev/full", NULL};
-    int rc = run(metrics);
+    int rc = run_bin(metrics);
     CHECKF(rc == 1, "--metrics /dev/full: exit %d: %s", rc, g_err);
     CHECKF(strstr(g_err, "downpour train: metrics file /dev/full: write failed: ") &&
                strstr(g_err, strerror(ENOSPC)) && strstr(g_err, "Test accuracy"),
@@ -248,13 +197,13 @@ static void test_train_write_errors(void)
 
     g_fsize_limit = 64 * 1024; /* the weights are 1 MB */
     const char *save[] = {SMALL_RUN, "--save", tmp_path("m.safetensors"), NULL};
-    rc = run(save);
+    rc = run_bin(save);
     CHECKF(rc == 1, "--save past the size limit: exit %d: %s", rc, g_err);
     CHECKF(strstr(g_err, tmp_path("m.safetensors")) && strstr(g_err, strerror(EFBIG)), "%s",
            g_err);
     const char *ckpt[] = {SMALL_RUN, "--checkpoint-dir", tmp_path("ck"), "--checkpoint-every",
                           "5", NULL};
-    rc = run(ckpt);
+    rc = run_bin(ckpt);
     /* a checkpoint not written costs itself, not the run (docs/checkpoints.md) */
     CHECKF(rc == 3, "checkpoint past the size limit: exit %d: %s", rc, g_err);
     CHECKF(strstr(g_err, "ckpt-0000000005") && strstr(g_err, strerror(EFBIG)) &&
@@ -294,7 +243,7 @@ static void test_train_no_shm(void)
         if (off > 0)
             args[n++] = "--no-shm";
         args[n] = NULL;
-        int rc = run(args);
+        int rc = run_bin(args);
         CHECKF(rc == 0, "launch (shm %s): exit %d: %s", off > 0 ? "off" : "on", rc, g_err);
         /* the tasks' lines go through the launcher, on stdout or stderr */
 #define LOGGED(str) (strstr(g_out, (str)) || strstr(g_err, (str)))
@@ -319,14 +268,14 @@ static void test_train_no_shm(void)
 static void test_log_noise(void)
 {
     const char *bad[] = {"train", "--log-level", "loud", NULL};
-    int rc = run(bad);
+    int rc = run_bin(bad);
     CHECKF(rc == 2 && strstr(g_err, "--log-level 'loud'"), "exit %d: %s", rc, g_err);
     const char *bad_launch[] = {"launch", "--log-level", "x", "--", "train", NULL};
-    rc = run(bad_launch);
+    rc = run_bin(bad_launch);
     CHECKF(rc == 2 && strstr(g_err, "--log-level"), "launch: exit %d: %s", rc, g_err);
     setenv("DOWNPOUR_LOG_LEVEL", "chatty", 1);
     const char *env[] = {"train", "--help", NULL};
-    rc = run(env);
+    rc = run_bin(env);
     CHECKF(rc == 2 && strstr(g_err, "DOWNPOUR_LOG_LEVEL"), "env: exit %d: %s", rc, g_err);
     unsetenv("DOWNPOUR_LOG_LEVEL");
 
@@ -345,7 +294,7 @@ static void test_log_noise(void)
                               "--dataset", mnist, "--strategy", strategies[i], "--train-size",
                               "400", "--val-size", "100", "--test-size", "100", "--epochs", "1",
                               "--batch", "100", "--no-progress", "--metrics", metrics, NULL};
-        rc = run(args);
+        rc = run_bin(args);
         CHECKF(rc == 0, "%s: exit %d: %s", strategies[i], rc, g_err);
         int gap = strstr(g_out, "largest clock gap") || strstr(g_err, "largest clock gap");
         CHECKF(gap == (i == 1), "%s: the SSP bound %s: %s%s", strategies[i],
@@ -378,7 +327,7 @@ static void test_run_secret_file(void)
     USAGE_ERROR("at least 16", "run", "--cluster", spec, "--task", "worker:0", "--secret-file",
                 tmp_path("short-secret"), "--", "train");
     const char *args[] = {"run", "--help", NULL};
-    CHECK(run(args) == 0);
+    CHECK(run_bin(args) == 0);
     CHECKF(strstr(g_out, "--secret-file FILE"), "%s", g_out);
 }
 
@@ -392,7 +341,7 @@ static void test_help(void)
         {"train", "--batch", "64", "--help"}, {"launch", "--workers", "3", "--help"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = run(cases[i]);
+        int rc = run_bin(cases[i]);
         CHECKF(rc == 0, "%s %s: exit %d", cases[i][0], cases[i][1] ? cases[i][1] : "", rc);
         CHECKF(strncmp(g_out, "usage: ", 7) == 0, "%s %s: stdout: %s", cases[i][0],
                cases[i][1] ? cases[i][1] : "", g_out);
@@ -400,7 +349,7 @@ static void test_help(void)
                g_err);
     }
     const char *top[] = {"--help", NULL};
-    run(top);
+    run_bin(top);
     CHECK(strstr(g_out, "  version ") && strstr(g_out, "  train "));
 }
 
@@ -408,7 +357,7 @@ static void test_version(void)
 {
     static const char *const cases[][2] = {{"--version"}, {"version"}, {"-V"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        CHECKF(run(cases[i]) == 0, "%s", cases[i][0]);
+        CHECKF(run_bin(cases[i]) == 0, "%s", cases[i][0]);
         int a, b, c, n = 0;
         CHECKF(sscanf(g_out, "downpour %d.%d.%d\n%n", &a, &b, &c, &n) == 3 &&
                    (size_t)n == strlen(g_out),
@@ -474,7 +423,7 @@ static void test_flag_ranges(void)
 static void test_usage_errors(void)
 {
     const char *none[] = {NULL};
-    CHECK(run(none) == 2 && g_out[0] == '\0' && strstr(g_err, "usage: "));
+    CHECK(run_bin(none) == 2 && g_out[0] == '\0' && strstr(g_err, "usage: "));
 
     USAGE_ERROR("unknown command 'frobnicate'", "frobnicate");
     USAGE_ERROR("unknown option '--frob'", "--frob");

@@ -16,56 +16,12 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "run_bin.h"
 #include "scratch.h"
 
-static const char *g_bin;
-static char g_dir[1024];
-static char g_out[1 << 17], g_err[1 << 17];
 static char g_mnist[1200]; /* "" when the data is absent: those parts are skipped */
 
-static void read_back(const char *path, char *buf, size_t cap)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : 0;
-    buf[n > 0 ? n : 0] = '\0';
-    if (fd >= 0)
-        close(fd);
-}
-
-/* Runs DOWNPOUR_BIN with argv (NULL-terminated, without argv[0]); stdout and
- * stderr land in g_out and g_err.  Returns the exit status, -1 if killed. */
-static int runv(const char *const *args)
-{
-    char out_path[1100], err_path[1100];
-    snprintf(out_path, sizeof out_path, "%s/stdout.txt", g_dir);
-    snprintf(err_path, sizeof err_path, "%s/stderr.txt", g_dir);
-    const char *argv[96] = {g_bin};
-    int n = 1;
-    for (; args[n - 1] && n < 95; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int in = open("/dev/null", O_RDONLY);
-        if (o < 0 || e < 0 || in < 0 || dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-            _exit(126);
-        execv(g_bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        REQUIRE(errno == EINTR);
-    read_back(out_path, g_out, sizeof g_out);
-    read_back(err_path, g_err, sizeof g_err);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-#define RUN(...) runv((const char *const[]){__VA_ARGS__, NULL})
+#define RUN(...) run_bin((const char *const[]){__VA_ARGS__, NULL})
 
 static int count(const char *s, const char *what)
 {
@@ -96,7 +52,7 @@ static int run_hint(const char *text)
          t = strtok_r(NULL, " ", &save))
         args[n++] = t;
     args[n] = NULL;
-    return runv(args);
+    return run_bin(args);
 }
 
 #define SMALL "--dataset", g_mnist, "--train-size", "600", "--val-size", "100", "--test-size", \
