@@ -285,8 +285,10 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     }
     /* the rate of the epoch's last step */
     double lr = L->cfg->optim.lr * dp_lr_scale(&L->lr, step > 0 ? step - 1 : 0, L->total_steps);
+    /* no validation: null in the file (a non-finite number), not a false 0 */
     dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
-                     val_acc, DP_F_NUM, "val_loss", val_loss, DP_F_NUM, "train_loss", train_loss,
+                     validated ? val_acc : NAN, DP_F_NUM, "val_loss", validated ? val_loss : NAN,
+                     DP_F_NUM, "train_loss", train_loss,
                      DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
                      DP_F_END);
     /* after the event: whoever reads the line (a test, a user's script) can
