@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "random_split.h"
 #include "device/device_impl.h"
 #include "device/sim.h"
 #include "downpour/dataset.h"
@@ -38,11 +39,7 @@ static dp_rng rng;
 static void make_split(void)
 {
     static uint8_t images[RECORDS * DIM], labels[RECORDS];
-    for (size_t i = 0; i < sizeof images; i++)
-        images[i] = (uint8_t)dp_rng_below(&rng, 256);
-    for (int i = 0; i < RECORDS; i++)
-        labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-    split = (dp_split){.images = images, .labels = labels, .n = RECORDS, .dim = DIM};
+    split = random_split(images, labels, RECORDS, DIM, &rng);
 }
 
 static void pick(uint32_t *idx, int n)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "proc.h"
+#include "random_split.h"
 
 #include "device/device_impl.h"
 #include "device/sim.h"
@@ -42,11 +43,7 @@ static void make_split(void)
     static uint8_t images[RECORDS * DIM], labels[RECORDS];
     dp_rng rng;
     dp_rng_seed(&rng, 11);
-    for (size_t i = 0; i < sizeof images; i++)
-        images[i] = (uint8_t)dp_rng_below(&rng, 256);
-    for (int i = 0; i < RECORDS; i++)
-        labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-    split = (dp_split){.images = images, .labels = labels, .n = RECORDS, .dim = DIM};
+    split = random_split(images, labels, RECORDS, DIM, &rng);
 }
 
 static dp_sim_counts counts(const dp_device *d) { return dp_sim_counts_of(dp_device_ctx(d)); }

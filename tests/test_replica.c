@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "random_split.h"
 #include "downpour/replica.h"
 #include "downpour/rng.h"
 
@@ -25,11 +26,7 @@ static void make_split(void)
     static uint8_t images[RECORDS * DIM], labels[RECORDS];
     dp_rng rng;
     dp_rng_seed(&rng, 11);
-    for (size_t i = 0; i < sizeof images; i++)
-        images[i] = (uint8_t)dp_rng_below(&rng, 256);
-    for (int i = 0; i < RECORDS; i++)
-        labels[i] = (uint8_t)dp_rng_below(&rng, 10);
-    split = (dp_split){.images = images, .labels = labels, .n = RECORDS, .dim = DIM};
+    split = random_split(images, labels, RECORDS, DIM, &rng);
 }
 
 typedef struct side {
