@@ -80,6 +80,7 @@ enum {
     DP_LK_MP_SHARED_FILTERS = 1 << 10, /* ROWS: every task needs the whole weights */
     DP_LK_CLASSIFIER = 1 << 11,     /* may be the spec's last token (its width: the classes) */
     DP_LK_BATCH_SUM = 1 << 12,      /* training sums over the batch through c->sum (--sync-bn) */
+    DP_LK_BINARY = 1 << 13,         /* the loss of one output, P(label 1): two classes */
 };
 
 /* One buffer of a kind, as files name it (PyTorch's): rank 1 of len floats,

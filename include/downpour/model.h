@@ -87,6 +87,8 @@ typedef enum dp_layer_kind {
     DP_LAYER_POS,          /* a learned position embedding added to the tokens */
     DP_LAYER_EMB,          /* an embedding of integer ids into tokens */
     DP_LAYER_RES,          /* a residual block's sum: main(x) + shortcut(x) */
+    DP_LAYER_BAG,          /* an embedding bag: a record's ids of one feature, pooled */
+    DP_LAYER_BCE,          /* the binary loss: sigmoid, with labels binary cross-entropy */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
@@ -115,6 +117,12 @@ typedef struct dp_layer {
      * shortcut layer, 0 for an identity shortcut. */
     unsigned res;
     int res_from, res_sc;
+    /* bag (docs/models.md, "Click-through models"): the ids a record holds
+     * for it (bag_ids, M), read from columns [bag_col, bag_col + M) of the
+     * MODEL'S INPUT (a pure function of the record: the sparse exchange
+     * reads a batch's ids there without running the forward), pooled by sum
+     * or, bag_mean, by mean.  Its table is weights (N, D) at w_off. */
+    int bag_ids, bag_col, bag_mean;
 } dp_layer;
 
 enum {

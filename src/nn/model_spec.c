@@ -70,11 +70,19 @@ static const struct {
      "-res(ln-mha4)-res(ln-conv1x1x128-gelu-conv1x1x64)"
      "-res(ln-mha4)-res(ln-conv1x1x128-gelu-conv1x1x64)"
      "-ln-gap-10"},
+    /* a click-through model for `downpour data synth ctr`'s default set
+     * (docs/models.md, "Click-through models"): 8 categorical features of
+     * 1000 ids in tables of width 16 and 4 numeric features; a deep MLP and
+     * a wide linear part over the same 132 features, summed into one logit */
+    {"wide-deep",
+     "12-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16"
+     "-bag1000x16-res(dense64-relu-dense32-relu-dense1|dense1)-bce"},
 };
 
 const char *dp_model_presets(void)
 {
-    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion, vit-mnist";
+    return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion, vit-mnist, "
+           "wide-deep";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
@@ -365,9 +373,9 @@ static int token(dp_spec_parser *p, const char *s, const char *end, bool last)
     if (*s >= '0' && *s <= '9')
         return dp_spec_fail(p, "not a number (a width) nor a layer");
     const dp_layer_ops *o = kind_of_token(s, end);
-    if (last && !(o && (o->flags & DP_LK_CLASSIFIER)))
+    if (last && !(o && (o->flags & (DP_LK_CLASSIFIER | DP_LK_LOSS))))
         return dp_spec_fail(p, "the last layer must be dense (its width is the number of "
-                                       "classes), like ...-10");
+                                       "classes), like ...-10, or a loss (...-dense1-bce)");
     if (!o)
         return unknown(p);
     int before = p->m->n_layers;
@@ -587,11 +595,14 @@ int model_spec_parse(dp_model *m, const char *spec, dp_err *err)
     if (p.spec_len >= sizeof m->spec)
         return dp_spec_fail(&p, "its canonical spelling is longer than %d characters",
                                     DP_MAX_SPEC - 1);
-    if (p.c > MAX_CLASSES)
-        return dp_spec_fail(&p, "%d classes, at most %d (labels are 8-bit)", p.c, MAX_CLASSES);
-    dp_layer *loss = dp_spec_add(&p, DP_LAYER_SOFTMAX_XENT);
-    if (!loss)
-        return -1;
+    /* the loss: the last token's own (bce), else softmax_xent after it */
+    if (!(dp_layer_ops_of(&m->layers[m->n_layers - 1])->flags & DP_LK_LOSS)) {
+        if (p.c > MAX_CLASSES)
+            return dp_spec_fail(&p, "%d classes, at most %d (labels are 8-bit)", p.c,
+                                MAX_CLASSES);
+        if (!dp_spec_add(&p, DP_LAYER_SOFTMAX_XENT))
+            return -1;
+    }
     m->n_params = p.off;
     m->n_buffers = p.boff;
     snprintf(m->name, sizeof m->name, "%s", preset ? preset : m->spec);
