@@ -202,6 +202,10 @@ const char *dp_model_spec_help(void);
 
 int dp_model_inputs(const dp_model *m);
 int dp_model_classes(const dp_model *m);
+/* True when the model ends in the binary loss (bce): one output, the
+ * probability of label 1, of two classes; evaluation reports its AUC and
+ * log loss (docs/metrics.md). */
+int dp_model_binary(const dp_model *m);
 /* Whether the model takes a dataset's records of rows x cols x channels
  * values, stored pixel by pixel (HWC, as PNG and NumPy images are; IDX has
  * one channel): a flat input needs them all as features, an image input is

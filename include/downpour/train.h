@@ -117,6 +117,8 @@ dp_train_config dp_train_defaults(void);
 
 typedef struct dp_train_result {
     double test_accuracy;
+    double test_loss;         /* the mean loss over the test set (bce: the log loss) */
+    double test_auc;          /* a binary model's (dp_model_binary) AUC on it, else NAN */
     double val_accuracy;      /* after the last epoch */
     double train_loss;        /* mean over the last epoch */
     double train_seconds;     /* the epoch loop, data loading excluded */
@@ -134,6 +136,12 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
  * (dp_model_bad_inputs: emb's ids out of range). */
 double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
                    double *mean_loss, long *bad_inputs);
+/* dp_evaluate, and for a model ending in bce (dp_model_binary) the AUC of
+ * its probabilities over the split in *auc (auc.h; NAN when the split holds
+ * one label only, or memory for its 8 bytes a record is short).  The mean
+ * loss is then the log loss. */
+double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc);
 /* The warning for `count` (> 0) inputs changed over `what` ("the
  * validation set"): names the first layer that counts them, its kind and
  * what they are, on stderr (docs/models.md, "emb"). */

@@ -76,6 +76,7 @@ int cmd_report(int argc, char **argv);
 int cmd_experiment(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_data_inspect(int argc, char **argv); /* downpour data inspect */
+int cmd_data_synth(int argc, char **argv);   /* downpour data synth */
 
 /* The commands a cluster task may run under launch or run: train, ping. */
 bool cli_is_task_command(const char *name);

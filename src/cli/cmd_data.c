@@ -32,6 +32,7 @@
     "subcommands:\n"                                                                       \
     "  convert   write an IDX or NumPy dataset as TFRecord shards of tf.train.Example\n"   \
     "  inspect   print a TFRecord, .npy, .npz or CSV file's records, features and shapes\n" \
+    "  synth     write a synthetic dataset (synth ctr: click-through records)\n"                \
     "\n"                                                                                   \
     "'downpour data SUBCOMMAND --help' lists its options (docs/datasets.md,\n"             \
     "\"Converting and inspecting\")."
@@ -594,6 +595,8 @@ int cmd_data(int argc, char **argv)
         return convert(argc - 1, argv + 1);
     if (strcmp(argv[1], "inspect") == 0)
         return cmd_data_inspect(argc - 1, argv + 1);
-    fprintf(stderr, "downpour data: unknown subcommand '%s' (convert, inspect)\n", argv[1]);
+    if (strcmp(argv[1], "synth") == 0)
+        return cmd_data_synth(argc - 1, argv + 1);
+    fprintf(stderr, "downpour data: unknown subcommand '%s' (convert, inspect, synth)\n", argv[1]);
     return 2;
 }

@@ -108,17 +108,24 @@ int cmd_eval(int argc, char **argv)
     }
     double t0 = dp_now(), loss;
     long bad;
-    double acc = dp_evaluate(&m, m.params, &ds.test, x, y, &loss, &bad);
+    double auc;
+    double acc = dp_evaluate_auc(&m, m.params, &ds.test, x, y, &loss, &bad, &auc);
+    int binary = dp_model_binary(&m);
     if (bad > 0)
         dp_warn_bad_inputs(&m, bad, "the test set");
     double secs = dp_now() - t0;
     dp_info("%s (%s, step %ld): test accuracy %.4f, test loss %.4f on %u records", checkpoint,
             m.name, info.step, acc, loss, ds.test.n);
+    if (binary)
+        dp_info("%s: test log loss %.4f, AUC %.4f", checkpoint, loss, auc);
     printf("%.4f\n", acc);
     dp_metrics_event(metrics, "done", DP_F_NUM, "test_accuracy", acc, DP_F_NUM, "test_loss", loss,
                      DP_F_NUM, "eval_seconds", secs, DP_F_STR, "model", m.name, DP_F_STR, "dataset",
                      dataset, DP_F_STR, "checkpoint", checkpoint, DP_F_STR, "strategy",
-                     info.strategy, DP_F_INT, "step", info.step, DP_F_END);
+                     info.strategy, DP_F_INT, "step", info.step,
+                     /* a binary model's two more; else the list ends here */
+                     binary ? DP_F_NUM : DP_F_END, "test_auc", auc, DP_F_NUM, "test_log_loss",
+                     loss, DP_F_END);
     dp_metrics *done = metrics;
     metrics = NULL;
     if (dp_metrics_close_check(done, &err) < 0)

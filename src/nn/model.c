@@ -185,10 +185,14 @@ void dp_model_free(dp_model *m)
 
 int dp_model_inputs(const dp_model *m) { return m->layers[0].in; }
 
+int dp_model_binary(const dp_model *m)
+{
+    return m->n_layers > 0 && (dp_layer_ops_of(&m->layers[m->n_layers - 1])->flags & DP_LK_BINARY);
+}
+
 int dp_model_classes(const dp_model *m)
 {
-    const dp_layer *d = &m->layers[m->n_layers - 1];
-    return dp_layer_ops_of(d)->flags & DP_LK_BINARY ? 2 : d->out; /* bce: P(1) of 2 classes */
+    return dp_model_binary(m) ? 2 : m->layers[m->n_layers - 1].out; /* bce: P(1) of 2 classes */
 }
 
 int dp_model_is_image(const dp_model *m) { return m->layers[0].h * m->layers[0].w > 1; }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "downpour/auc.h"
 #include "downpour/blas.h"
 #include "downpour/checkpoint.h"
 #include "downpour/clock.h"
@@ -92,6 +93,20 @@ dp_train_config dp_train_defaults(void)
 double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x, uint8_t *y,
                    double *mean_loss, long *bad_inputs)
 {
+    return dp_evaluate_auc(m, params, s, x, y, mean_loss, bad_inputs, NULL);
+}
+
+double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc)
+{
+    /* a binary model's probabilities and labels, for the AUC (not a step:
+     * evaluation may allocate) */
+    dp_auc_pair *pairs = NULL;
+    if (auc) {
+        *auc = NAN;
+        if (dp_model_binary(m) && s->n > 0)
+            pairs = malloc((size_t)s->n * sizeof *pairs);
+    }
     long correct = 0, bad = 0;
     double loss_sum = 0;
     uint32_t idx[EVAL_CHUNK];
@@ -105,6 +120,15 @@ double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x
         loss_sum += (double)dp_model_forward(m, params, x, y, n, &c) * n;
         correct += c;
         bad += dp_model_bad_inputs(m, n);
+        if (pairs) {
+            const float *p = dp_model_act(m, 0, m->n_layers);
+            for (int i = 0; i < n; i++)
+                pairs[lo + (uint32_t)i] = (dp_auc_pair){p[i], y[i] != 0};
+        }
+    }
+    if (pairs) {
+        *auc = dp_auc(pairs, s->n);
+        free(pairs);
     }
     if (mean_loss)
         *mean_loss = s->n ? loss_sum / s->n : 0;
@@ -254,13 +278,13 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     if (!params)
         return -1;
     long bad = 0;
-    double val_loss, val_acc;
+    double val_loss, val_acc, val_auc = NAN;
     int validated = 1;
     if (L->m.external) {
         if ((validated = external_eval(L, params, 0, &val_acc, &val_loss, err)) < 0)
             return -1;
     } else {
-        val_acc = dp_evaluate(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad);
+        val_acc = dp_evaluate_auc(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad, &val_auc);
         validated = L->val.n > 0;
     }
     L->no_val = !validated;
@@ -286,17 +310,29 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     /* the rate of the epoch's last step */
     double lr = L->cfg->optim.lr * dp_lr_scale(&L->lr, step > 0 ? step - 1 : 0, L->total_steps);
     /* no validation: null in the file (a non-finite number), not a false 0 */
-    dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM, "val_accuracy",
-                     validated ? val_acc : NAN, DP_F_NUM, "val_loss", validated ? val_loss : NAN,
-                     DP_F_NUM, "train_loss", train_loss,
-                     DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
-                     DP_F_END);
+    if (!L->m.external && dp_model_binary(&L->m)) /* bce: its AUC and log loss too */
+        dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM,
+                         "val_accuracy", validated ? val_acc : NAN, DP_F_NUM, "val_loss",
+                         validated ? val_loss : NAN, DP_F_NUM, "val_auc", val_auc, DP_F_NUM,
+                         "val_log_loss", validated ? val_loss : NAN, DP_F_NUM, "train_loss",
+                         train_loss, DP_F_NUM, "seconds", secs, DP_F_INT, "step", step,
+                         DP_F_NUM, "lr", lr, DP_F_END);
+    else
+        dp_metrics_event(L->metrics, "epoch", DP_F_INT, "epoch", (long)epoch, DP_F_NUM,
+                         "val_accuracy", validated ? val_acc : NAN, DP_F_NUM, "val_loss",
+                         validated ? val_loss : NAN, DP_F_NUM, "train_loss", train_loss,
+                         DP_F_NUM, "seconds", secs, DP_F_INT, "step", step, DP_F_NUM, "lr", lr,
+                         DP_F_END);
     /* after the event: whoever reads the line (a test, a user's script) can
      * count on the event being in the file, even if the process dies next */
     if (!validated) /* --val-size 0: no figure rather than a false 0 */
         dp_info("Epoch %d/%d: train_loss %.4f, no validation (%s), %.2f s", epoch,
                 L->cfg->epochs, train_loss,
                 L->m.external ? "the external model has no evaluate" : "--val-size 0", secs);
+    else if (!L->m.external && dp_model_binary(&L->m))
+        dp_info("Epoch %d/%d: train_loss %.4f, val_log_loss %.4f, val_auc %.4f, val_accuracy "
+                "%.4f, %.2f s",
+                epoch, L->cfg->epochs, train_loss, val_loss, val_auc, val_acc, secs);
     else
         dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
                 L->cfg->epochs, train_loss, val_loss, val_acc, secs);
@@ -387,16 +423,22 @@ static int report_and_save(loop *L, dp_err *err)
         test.n = cfg->n_test; /* --test-size: the first N */
     long bad = 0;
     double t_test = dp_now();
+    res->test_loss = res->test_auc = NAN;
     if (L->m.external) {
         if (external_eval(L, params, 1, &res->test_accuracy, NULL, err) < 0)
             return -1;
     } else {
-        res->test_accuracy = dp_evaluate(&L->m, params, &test, L->x, L->y, NULL, &bad);
+        res->test_accuracy = dp_evaluate_auc(&L->m, params, &test, L->x, L->y,
+                                             &res->test_loss, &bad, &res->test_auc);
     }
+    int binary = !L->m.external && dp_model_binary(&L->m);
     dp_trace_span("test evaluation", "eval", t_test, dp_now(), -1);
     if (bad > 0 && !L->warned_bad_inputs)
         dp_warn_bad_inputs(&L->m, bad, "the test set");
     print_table(L);
+    if (binary)
+        dp_info("Test log loss: %.4f, AUC: %.4f, accuracy: %.4f", res->test_loss,
+                res->test_auc, res->test_accuracy);
     dp_info("Test accuracy: %.4f, training time: %.2f s (%.0f samples/s)", res->test_accuracy,
             res->train_seconds, res->samples_per_second);
     dp_metrics_event(L->metrics, "done", DP_F_NUM, "test_accuracy", res->test_accuracy, DP_F_NUM,
@@ -411,7 +453,9 @@ static int report_and_save(loop *L, dp_err *err)
                      DP_F_INT, "workers", (long)L->info.replicas, DP_F_INT, "ps", (long)L->id.ps,
                      DP_F_INT, "resumed_from", L->resume.step, DP_F_INT, "test_records",
                      (long)test.n, DP_F_INT, "checkpoints_missed", (long)res->checkpoints_missed,
-                     DP_F_END);
+                     /* a binary model's two more; else the list ends here */
+                     binary ? DP_F_NUM : DP_F_END, "test_auc", res->test_auc, DP_F_NUM,
+                     "test_log_loss", res->test_loss, DP_F_END);
     if (!cfg->save_path)
         return 0;
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
