@@ -40,6 +40,20 @@ typedef struct dp_csv_config {
     uint32_t classes;       /* labels must lie in [0, classes) */
     char delimiter;         /* ',' (or ';', '\t', ...; not '"', CR or LF) */
     size_t max_record;      /* bytes in one record; 0: 1 MiB */
+    /* Named columns (docs/datasets.md, "Categorical and numeric columns"):
+     * with either list set, a row's features are exactly the categorical
+     * columns' ids, then the numeric columns, in the lists' orders, and
+     * other columns are passed over.  categorical: names joined by ',',
+     * each NAME or NAME:M (a multi-valued column of up to M ids joined by
+     * '|' in its cell; unused places -1; an empty cell holds no id).  An id
+     * is a decimal integer in [0, limit) of its column (id_limits[k], else
+     * 2^24), refused naming the line and column when negative, not an
+     * integer or not below it; with hash_buckets N > 0 any text is an id,
+     * dp_id_hash'd into [0, N). */
+    const char *categorical, *numeric;
+    uint32_t hash_buckets;
+    const uint32_t *id_limits; /* n_id_limits, one per categorical column; NULL: 2^24 */
+    size_t n_id_limits;
 } dp_csv_config;
 
 /* header 1, label and label_column unset, classes 10, ',' and 1 MiB. */
@@ -54,7 +68,7 @@ int dp_csv_open(dp_csv **out, const char *path, const dp_csv_config *cfg, dp_err
 void dp_csv_close(dp_csv *c); /* NULL is a no-op */
 
 size_t dp_csv_columns(const dp_csv *c);        /* fields per record */
-size_t dp_csv_features(const dp_csv *c);       /* columns - 1 */
+size_t dp_csv_features(const dp_csv *c);       /* columns - 1, or the named columns' values */
 size_t dp_csv_label_column(const dp_csv *c);   /* 0-based */
 /* A column's name from the header, or "column N" (1-based) without one. */
 const char *dp_csv_column_name(const dp_csv *c, size_t col);

@@ -206,6 +206,11 @@ int dp_model_classes(const dp_model *m);
  * probability of label 1, of two classes; evaluation reports its AUC and
  * log loss (docs/metrics.md). */
 int dp_model_binary(const dp_model *m);
+/* The model's embedding bags, first layers first: each one's table rows and
+ * the ids a record holds for it (bag_ids); returns how many (the first cap
+ * written).  The readers check named categorical columns' ids against
+ * these rows (docs/datasets.md, "Categorical and numeric columns"). */
+int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap);
 /* Whether the model takes a dataset's records of rows x cols x channels
  * values, stored pixel by pixel (HWC, as PNG and NumPy images are; IDX has
  * one channel): a flat input needs them all as features, an image input is

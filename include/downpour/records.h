@@ -78,9 +78,35 @@ typedef struct dp_data_options {
     const char *train; /* fnmatch pattern of the training files' base names: "*train*" */
     const char *test;  /* of the test files: "*test*" */
     uint32_t classes;  /* labels must be below it: 2..256; 0: 256 */
+    /* Named categorical and numeric columns (CSV columns, Example features;
+     * docs/datasets.md, "Categorical and numeric columns"): NULL, NULL: the
+     * format's usual features.  As dp_csv_config's. */
+    const char *categorical, *numeric;
+    uint32_t hash_buckets;     /* 0: ids as given; N: raw ids hashed into [0, N) */
+    const uint32_t *id_limits; /* per categorical column: ids below it (NULL: 2^24) */
+    size_t n_id_limits;
 } dp_data_options;
 
 void dp_data_options_default(dp_data_options *o);
+
+/* The documented hash of a raw categorical id (docs/datasets.md,
+ * "Categorical and numeric columns"), then taken modulo --hash-buckets: an
+ * integer v (an int64 feature, or a CSV cell that is a decimal integer) is
+ * splitmix64's finaliser of (uint64_t)v; any other text is FNV-1a 64 of
+ * its bytes, then the same finaliser. */
+uint64_t dp_id_hash_int(int64_t v);
+/* The places of each column of a --categorical list ("a,b:4": 1 and 4),
+ * the first cap written; returns how many columns, or -1 for a malformed
+ * list. */
+int dp_data_categorical_places(const char *list, int *places, int cap);
+/* Named categorical columns against a model's embedding bags (rows and
+ * places a bag, dp_model_bags): as many columns as bags, each holding the
+ * bag's places, and --hash-buckets no more than any bag's rows.  Fills
+ * limits (n_bags) with the rows, for dp_data_options.id_limits; fails
+ * naming what differs. */
+int dp_data_check_bags(const dp_data_options *o, const uint32_t *rows, const int *places,
+                       int n_bags, uint32_t *limits, dp_err *err);
+uint64_t dp_id_hash_text(const char *s, size_t n);
 
 /* The shape every record of a dataset has. */
 typedef struct dp_record_shape {

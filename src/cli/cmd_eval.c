@@ -11,6 +11,7 @@
 #include "downpour/dataset.h"
 #include "downpour/log.h"
 #include "downpour/metrics.h"
+#include "downpour/records.h"
 #include "downpour/train.h"
 
 #define USAGE "downpour eval --checkpoint FILE [--dataset NAME|PATH] [--test-size N] [--metrics FILE]"
@@ -48,7 +49,7 @@ static bool same_dataset(const char *trained, const char *given)
 int cmd_eval(int argc, char **argv)
 {
     const char *checkpoint = NULL, *dataset = "mnist", *metrics_path = NULL;
-    long n_test = 0;
+    long n_test = 0, hash_buckets = 0;
     dp_dataset_options data;
     dp_dataset_options_default(&data);
     const cli_opt opts[] = {
@@ -59,6 +60,9 @@ int cmd_eval(int argc, char **argv)
         {"train-files", CLI_STR, &data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
         {"test-files", CLI_STR, &data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
         {"test-size", CLI_INT, &n_test, "N", "test records evaluated (the first N, as train's --test-size; 0: all)", 0, 100000000},
+        {"categorical", CLI_STR, &data.data.categorical, "NAMES", "named categorical columns, as train's", 0, 0},
+        {"numeric", CLI_STR, &data.data.numeric, "NAMES", "named numeric columns, as train's", 0, 0},
+        {"hash-buckets", CLI_INT, &hash_buckets, "N", "hash raw categorical ids into [0, N), as train's", 0, 1L << 24},
         {"metrics", CLI_STR, &metrics_path, "FILE", "write a done-style JSON line to FILE", 0, 0},
     };
     int rest;
@@ -84,8 +88,19 @@ int cmd_eval(int argc, char **argv)
     int rc = 1;
     memset(&m, 0, sizeof m);
     memset(&ds, 0, sizeof ds);
-    if (dp_checkpoint_load_weights(checkpoint, &m, EVAL_BATCH, &info, &err) < 0 ||
-        dp_dataset_open_with(&ds, dataset, &data, &err) < 0 ||
+    data.data.hash_buckets = (uint32_t)hash_buckets;
+    uint32_t bag_rows[DP_MAX_LAYERS];
+    int bag_places[DP_MAX_LAYERS];
+    if (dp_checkpoint_load_weights(checkpoint, &m, EVAL_BATCH, &info, &err) < 0)
+        goto out;
+    if (data.data.categorical) { /* ids checked against the bags' tables, as train does */
+        int bags = dp_model_bags(&m, bag_rows, bag_places, DP_MAX_LAYERS);
+        if (dp_data_check_bags(&data.data, bag_rows, bag_places, bags, bag_rows, &err) < 0)
+            goto out;
+        data.data.id_limits = bag_rows;
+        data.data.n_id_limits = (size_t)bags;
+    }
+    if (dp_dataset_open_with(&ds, dataset, &data, &err) < 0 ||
         dp_metrics_open(&metrics, metrics_path, &err) < 0)
         goto out;
     if (dp_model_check_input(&m, ds.rows, ds.cols, ds.channels, dataset, &err) < 0)

@@ -224,7 +224,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     bool no_progress = false, quiet = false, keep_best = false, verbose = false;
     const char *log_level = NULL;
     const char *stream = "auto", *data_memory = NULL;
-    long shuffle_window = 0;
+    long shuffle_window = 0, hash_buckets = 0;
     const cli_opt generic[] = {
         {"", CLI_SECTION, NULL, NULL, "data", 0, 0},
         {"dataset", CLI_STR, &dataset, "NAME|PATH", "mnist, fashion-mnist, kmnist, a directory of IDX files, or TFRecord, NumPy or CSV files: a directory, a glob or a file (docs/datasets.md)", 0, 0},
@@ -233,6 +233,9 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"test-size", CLI_INT, &n_test, "N", "test records evaluated at the end (the first N; 0: all)", 0, 100000000},
         {"image-feature", CLI_STR, &cfg.data.data.image, "NAME", "TFRecord: the Example feature holding the inputs", 0, 0},
         {"label-feature", CLI_STR, &cfg.data.data.label, "NAME", "TFRecord: the Example feature holding the label (label); CSV: the label column (label when the header has it, else the first)", 0, 0},
+        {"categorical", CLI_STR, &cfg.data.data.categorical, "NAMES", "CSV columns or Example int64 features of categorical ids, NAME or NAME:M (up to M ids), joined by ','; the features are then these ids, then --numeric's (docs/datasets.md, \"Categorical and numeric columns\")", 0, 0},
+        {"numeric", CLI_STR, &cfg.data.data.numeric, "NAMES", "CSV columns or Example features of numeric features, joined by ','", 0, 0},
+        {"hash-buckets", CLI_INT, &hash_buckets, "N", "hash each raw categorical id into [0, N) (0: ids are integers below their table's rows)", 0, 1L << 24},
         {"train-files", CLI_STR, &cfg.data.data.train, "PATTERN", "record files: base names of the training files", 0, 0},
         {"test-files", CLI_STR, &cfg.data.data.test, "PATTERN", "record files: base names of the test files", 0, 0},
         {"stream", CLI_STR, &stream, "MODE", "record files: auto (stream when the decoded records exceed --data-memory), on, off (always the decoded cache)", 0, 0},
@@ -499,6 +502,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         return 2;
     }
     cfg.data.window = (uint32_t)shuffle_window;
+    cfg.data.data.hash_buckets = (uint32_t)hash_buckets;
     cfg.model = model;
     if (check_model(model) < 0 || check_dataset(dataset) < 0)
         return 2;

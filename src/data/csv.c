@@ -17,9 +17,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "downpour/records.h"
+
 #define CSV_READ_BUF ((size_t)64 << 10)
 #define CSV_DEFAULT_MAX_RECORD ((size_t)1 << 20)
 #define CSV_LIMIT_MAX_RECORD ((size_t)1 << 30)
+#define CSV_ID_LIMIT (1u << 24) /* ids are stored as floats: exact below 2^24 */
+#define CSV_MAX_PLACES 4096     /* ids of a multi-valued cell */
+
+/* A named column (csv.h, "Named columns"). */
+typedef struct csv_sel {
+    size_t col;     /* its index in the file */
+    int places;     /* categorical: ids it holds (1, or M); numeric: 0 */
+    uint32_t limit; /* categorical: ids below it */
+    const char *flag; /* --categorical or --numeric, for messages */
+} csv_sel;
 
 struct dp_csv {
     char *path;
@@ -37,6 +49,9 @@ struct dp_csv {
     uint64_t line;          /* the line the next record starts on */
     uint64_t row_line;      /* the line the row last returned started on */
     uint64_t data_off, data_line; /* where the first row starts, for rewind */
+    csv_sel *sel;           /* named columns (n_sel; NULL: every column but the label's) */
+    size_t n_sel, n_feat;
+    uint32_t buckets;       /* hash_buckets */
 };
 
 void dp_csv_config_default(dp_csv_config *cfg)
@@ -226,6 +241,7 @@ void dp_csv_close(dp_csv *c)
     free(c->f);
     free(c->names);
     free(c->names_buf);
+    free(c->sel);
     free(c->path);
     free(c);
 }
@@ -293,6 +309,91 @@ static int choose_label(dp_csv *c, const dp_csv_config *cfg, dp_err *err)
     return 0;
 }
 
+/* The header's names for a message: "'a', 'b', ..." cut to fit. */
+static void name_list(const dp_csv *c, char *list, size_t cap)
+{
+    size_t l = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < c->ncols && l + 8 < cap; i++) {
+        int r = snprintf(list + l, cap - l, "%s'%s'", i ? ", " : "", c->names[i]);
+        l = r < 0 || (size_t)r >= cap - l ? cap : l + (size_t)r;
+    }
+    if (l >= cap)
+        memcpy(list + cap - 5, "...", 4);
+}
+
+/* One list of named columns (cat: categorical, NAME or NAME:M) into c->sel. */
+static int select_list(dp_csv *c, const char *text, int cat, const dp_csv_config *cfg,
+                       dp_err *err)
+{
+    const char *flag = cat ? "--categorical" : "--numeric";
+    for (const char *s = text; *s;) {
+        size_t n = strcspn(s, ",");
+        const char *name = s, *colon = NULL;
+        for (const char *q = s; q < s + n; q++)
+            if (*q == ':')
+                colon = q;
+        size_t nl = colon && cat ? (size_t)(colon - s) : n;
+        long places = 1;
+        if (colon && cat) {
+            char *end;
+            places = strtol(colon + 1, &end, 10);
+            if (end != s + n || places < 1 || places > CSV_MAX_PLACES)
+                return dp_errf(err, "%s: %s '%.*s': expected NAME or NAME:M with M ids in [1, "
+                               "%d]", c->path, flag, (int)n, s, CSV_MAX_PLACES);
+        }
+        if (nl == 0)
+            return dp_errf(err, "%s: %s '%s': an empty column name", c->path, flag, text);
+        size_t col = c->ncols;
+        for (size_t i = 0; i < c->ncols; i++)
+            if (strlen(c->names[i]) == nl && memcmp(c->names[i], name, nl) == 0)
+                col = i;
+        if (col == c->ncols) {
+            char list[200];
+            name_list(c, list, sizeof list);
+            return dp_errf(err, "%s: no column named '%.*s' (%s); the header has %s", c->path,
+                           (int)nl, name, flag, list);
+        }
+        if (col == c->label_col)
+            return dp_errf(err, "%s: column %zu (%s) is the label, not a feature (%s)", c->path,
+                           col + 1, c->names[col], flag);
+        for (size_t k = 0; k < c->n_sel; k++)
+            if (c->sel[k].col == col)
+                return dp_errf(err, "%s: column %zu (%s) is named twice (%s)", c->path,
+                               col + 1, c->names[col], flag);
+        size_t k = c->n_sel++;
+        uint32_t limit = CSV_ID_LIMIT;
+        if (cat && cfg->id_limits && k < cfg->n_id_limits)
+            limit = cfg->id_limits[k];
+        c->sel[k] = (csv_sel){col, cat ? (int)places : 0, limit, flag};
+        c->n_feat += cat ? (size_t)places : 1;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
+/* The named columns, when the configuration names any. */
+static int select_columns(dp_csv *c, const dp_csv_config *cfg, dp_err *err)
+{
+    if (!cfg->categorical && !cfg->numeric)
+        return 0;
+    if (!cfg->header)
+        return dp_errf(err, "%s: columns are named (--categorical, --numeric) but the file "
+                       "has no header naming its columns", c->path);
+    c->sel = calloc(c->ncols, sizeof *c->sel);
+    if (!c->sel)
+        return dp_errf(err, "%s: out of memory", c->path);
+    c->buckets = cfg->hash_buckets;
+    if ((cfg->categorical && select_list(c, cfg->categorical, 1, cfg, err) < 0) ||
+        (cfg->numeric && select_list(c, cfg->numeric, 0, cfg, err) < 0))
+        return -1;
+    if (c->n_feat == 0)
+        return dp_errf(err, "%s: --categorical and --numeric name no column", c->path);
+    return 0;
+}
+
 int dp_csv_open(dp_csv **out, const char *path, const dp_csv_config *cfg_in, dp_err *err)
 {
     *out = NULL;
@@ -332,6 +433,8 @@ int dp_csv_open(dp_csv **out, const char *path, const dp_csv_config *cfg_in, dp_
     }
     c->cfg = cfg;
     c->cfg.label = NULL;
+    c->cfg.categorical = c->cfg.numeric = NULL;
+    c->cfg.id_limits = NULL;
     c->line = 1;
     c->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (c->fd < 0) {
@@ -379,7 +482,7 @@ int dp_csv_open(dp_csv **out, const char *path, const dp_csv_config *cfg_in, dp_
                 cfg.delimiter);
         goto fail;
     }
-    if (choose_label(c, &cfg, err) != 0)
+    if (choose_label(c, &cfg, err) != 0 || select_columns(c, &cfg, err) != 0)
         goto fail;
     c->f = malloc(c->ncols * sizeof *c->f);
     if (!c->f) {
@@ -415,13 +518,116 @@ int dp_csv_rewind(dp_csv *c, dp_err *err)
 }
 
 size_t dp_csv_columns(const dp_csv *c) { return c->ncols; }
-size_t dp_csv_features(const dp_csv *c) { return c->ncols - 1; }
+size_t dp_csv_features(const dp_csv *c) { return c->sel ? c->n_feat : c->ncols - 1; }
 size_t dp_csv_label_column(const dp_csv *c) { return c->label_col; }
 uint64_t dp_csv_line(const dp_csv *c) { return c->row_line; }
 
 const char *dp_csv_column_name(const dp_csv *c, size_t col)
 {
     return col < c->ncols ? c->names[col] : NULL;
+}
+
+/* A number of column i: 0, or -1 naming line and column. */
+static int number_of(const dp_csv *c, size_t i, unsigned long long ln, double *v, dp_err *err)
+{
+    const char *s = c->f[i];
+    if (*s == '\0')
+        return dp_errf(err, "%s: line %llu, column %zu (%s): empty field, expected a number",
+                       c->path, ln, i + 1, c->names[i]);
+    char *end;
+    *v = strtod(s, &end);
+    if (*end != '\0')
+        return dp_errf(err, "%s: line %llu, column %zu (%s): '%.40s' is not a number", c->path,
+                       ln, i + 1, c->names[i], s);
+    return 0;
+}
+
+/* One id of a categorical cell: s[0..n) to *id. */
+static int id_of(const dp_csv *c, const csv_sel *sl, const char *s, size_t n,
+                 unsigned long long ln, float *id, dp_err *err)
+{
+    size_t i = sl->col;
+    const char *name = c->names[i];
+    int neg = n > 0 && s[0] == '-';
+    size_t d = (size_t)neg;
+    while (d < n && s[d] >= '0' && s[d] <= '9')
+        d++;
+    int integer = d == n && n > (size_t)neg && n - (size_t)neg <= 18; /* fits an int64 */
+    if (c->buckets) {
+        uint64_t h = dp_id_hash_text(s, n);
+        if (integer) {
+            long long v = 0;
+            for (size_t q = (size_t)neg; q < n; q++)
+                v = v * 10 + (s[q] - '0');
+            h = dp_id_hash_int(neg ? -v : v);
+        }
+        *id = (float)(h % c->buckets);
+        return 0;
+    }
+    if (!integer && !(n > (size_t)neg && d == n))
+        return dp_errf(err, "%s: line %llu, column %zu (%s): id '%.*s' is not an integer (raw "
+                       "ids need --hash-buckets N)", c->path, ln, i + 1, name,
+                       (int)(n < 40 ? n : 40), s);
+    if (neg)
+        return dp_errf(err, "%s: line %llu, column %zu (%s): id %.*s is negative", c->path, ln,
+                       i + 1, name, (int)(n < 40 ? n : 40), s);
+    unsigned long long v = 0;
+    for (size_t q = 0; q < n && v < sl->limit; q++)
+        v = v * 10 + (unsigned long long)(s[q] - '0');
+    if (v >= sl->limit)
+        return dp_errf(err, "%s: line %llu, column %zu (%s): id %.*s is not below %u, %s "
+                       "(give --hash-buckets N to hash raw ids)", c->path, ln, i + 1, name,
+                       (int)(n < 40 ? n : 40), s, sl->limit,
+                       sl->limit == CSV_ID_LIMIT ? "the most a float holds exactly"
+                                                 : "the rows of its embedding table");
+    *id = (float)v;
+    return 0;
+}
+
+/* A row of named columns (csv.h): the label, then the selected columns. */
+static int named_row(dp_csv *c, float *features, uint32_t *label, uint64_t line, dp_err *err)
+{
+    unsigned long long ln = (unsigned long long)line;
+    size_t lc = c->label_col, k = 0;
+    double v;
+    if (number_of(c, lc, ln, &v, err) < 0)
+        return -1;
+    if (!isfinite(v) || v != floor(v) || v < 0 || v >= c->cfg.classes)
+        return dp_errf(err, "%s: line %llu, column %zu (%s): label '%.40s' is not a class index "
+                       "in [0, %u)", c->path, ln, lc + 1, c->names[lc], c->f[lc],
+                       c->cfg.classes);
+    *label = (uint32_t)v;
+    for (size_t j = 0; j < c->n_sel; j++) {
+        const csv_sel *sl = &c->sel[j];
+        const char *s = c->f[sl->col];
+        if (!sl->places) {
+            if (number_of(c, sl->col, ln, &v, err) < 0)
+                return -1;
+            if (!(fabs(v) <= FLT_MAX))
+                return dp_errf(err, "%s: line %llu, column %zu (%s): '%.40s' is not a finite "
+                               "float32 value", c->path, ln, sl->col + 1, c->names[sl->col], s);
+            features[k++] = (float)v;
+            continue;
+        }
+        int used = 0;
+        while (*s) {
+            size_t n = sl->places > 1 ? strcspn(s, "|") : strlen(s);
+            if (used == sl->places)
+                return dp_errf(err, "%s: line %llu, column %zu (%s): more than %d ids",
+                               c->path, ln, sl->col + 1, c->names[sl->col], sl->places);
+            if (id_of(c, sl, s, n, ln, &features[k + (size_t)used], err) < 0)
+                return -1;
+            used++;
+            s += n;
+            if (*s == '|')
+                s++;
+        }
+        for (int q = used; q < sl->places; q++)
+            features[k + (size_t)q] = -1.0f; /* an empty place */
+        k += (size_t)sl->places;
+    }
+    c->row_line = line;
+    return 1;
 }
 
 int dp_csv_next(dp_csv *c, float *features, uint32_t *label, dp_err *err)
@@ -437,6 +643,8 @@ int dp_csv_next(dp_csv *c, float *features, uint32_t *label, dp_err *err)
     if (nf != c->ncols)
         return dp_errf(err, "%s: line %llu has %zu fields, the %s has %zu", c->path, ln, nf,
                        c->cfg.header ? "header" : "first row", c->ncols);
+    if (c->sel)
+        return named_row(c, features, label, line, err);
     size_t k = 0;
     for (size_t i = 0; i < c->ncols; i++) {
         const char *s = c->f[i];

@@ -668,6 +668,17 @@ static int locate(dp_dataset *ds, const char *spec, char *data_dir, size_t cap, 
     h = hash_str(h, o->label);
     h = hash_str(h, o->train);
     h = hash_str(h, o->test);
+    if (o->categorical || o->numeric) { /* named columns: what they read, and how */
+        char how[64];
+        snprintf(how, sizeof how, "hash %u", o->hash_buckets);
+        h = hash_str(h, o->categorical);
+        h = hash_str(h, o->numeric);
+        h = hash_str(h, how);
+        for (size_t i = 0; i < o->n_id_limits; i++) {
+            snprintf(how, sizeof how, "limit %u", o->id_limits[i]);
+            h = hash_str(h, how);
+        }
+    }
     *key = h;
     int rc = dp_cache_fmt(data_dir, cap, "%s", tmp);
     free(abs);
@@ -680,18 +691,29 @@ static int own_options(dp_dataset *ds, const dp_data_options *in, dp_err *err)
 {
     dp_data_options o;
     dp_data_options_default(&o);
-    const char *s[4] = {in->image ? in->image : o.image, in->label ? in->label : o.label,
-                        in->train ? in->train : o.train, in->test ? in->test : o.test};
-    size_t len = 0;
-    for (int i = 0; i < 4; i++)
+    enum { N_STR = 6 };
+    const char *s[N_STR] = {in->image ? in->image : o.image, in->label ? in->label : o.label,
+                            in->train ? in->train : o.train, in->test ? in->test : o.test,
+                            in->categorical, in->numeric};
+    /* the id limits first (aligned), then the strings */
+    size_t len = in->n_id_limits * sizeof(uint32_t);
+    for (int i = 0; i < N_STR; i++)
         len += (s[i] ? strlen(s[i]) : 0) + 1;
     ds->stream_source = calloc(1, sizeof *ds->stream_source);
     ds->opt_text = malloc(len);
     if (!ds->stream_source || !ds->opt_text)
         return dp_errf(err, "dataset: out of memory");
     char *p = ds->opt_text;
-    const char **dst[4] = {&o.image, &o.label, &o.train, &o.test};
-    for (int i = 0; i < 4; i++) {
+    if (in->id_limits && in->n_id_limits) {
+        memcpy(p, in->id_limits, in->n_id_limits * sizeof(uint32_t));
+        o.id_limits = (const uint32_t *)(void *)p;
+        o.n_id_limits = in->n_id_limits;
+        p += in->n_id_limits * sizeof(uint32_t);
+    }
+    o.hash_buckets = in->hash_buckets;
+    const char **dst[N_STR] = {&o.image, &o.label, &o.train, &o.test, &o.categorical,
+                               &o.numeric};
+    for (int i = 0; i < N_STR; i++) {
         if (!s[i]) {
             *dst[i] = NULL;
             *p++ = '\0';

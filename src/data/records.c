@@ -53,7 +53,22 @@ struct dp_record_reader {
     /* csv */
     dp_csv *csv;
     float *scratch;     /* a row skipped */
+    /* TFRecord's named columns (records.h, dp_data_options.categorical) */
+    struct named_col *cols;
+    size_t n_cols, n_feat;
+    uint32_t buckets;
 };
+
+/* A named feature of an Example: places > 0 categorical (int64 ids, or any
+ * bytes under hashing), 0 numeric (one number). */
+typedef struct named_col {
+    char *name;
+    int places;
+    uint32_t limit;
+} named_col;
+
+#define NAMED_ID_LIMIT (1u << 24) /* ids are stored as floats: exact below 2^24 */
+#define NAMED_MAX_PLACES 4096
 
 static char *dup_str(const char *s)
 {
@@ -143,9 +158,18 @@ static const dp_feature *find_image(dp_record_reader *r, dp_err *err)
     return f;
 }
 
+static int named_features(dp_record_reader *r, float *out, dp_err *err);
+
 /* The shape the image feature of the decoded record gives. */
 static int tf_shape(dp_record_reader *r, dp_record_shape *s, dp_err *err)
 {
+    if (r->cols) { /* named features: their values, as floats */
+        memset(s, 0, sizeof *s);
+        s->kind = DP_VALUES_F32;
+        s->rows = s->channels = 1;
+        s->cols = s->dim = (uint32_t)r->n_feat;
+        return 0;
+    }
     const dp_feature *f = find_image(r, err);
     if (!f)
         return -1;
@@ -238,6 +262,12 @@ static const char *kind_str(const dp_feature *f)
 
 static int tf_features(dp_record_reader *r, void *out, dp_err *err)
 {
+    if (r->cols) {
+        if (r->shape.kind != DP_VALUES_F32 || r->shape.dim != r->n_feat)
+            return rec_errf(err, r->where, r->index, "%zu named values, the dataset's first "
+                            "record has %u", r->n_feat, r->shape.dim);
+        return named_features(r, out, err);
+    }
     const dp_feature *f = find_image(r, err);
     if (!f)
         return -1;
@@ -322,6 +352,128 @@ static int tf_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *
         return -1;
     r->index++;
     return 1;
+}
+
+/* One list of named features into r->cols. */
+static int named_list(dp_record_reader *r, const char *text, int cat, const dp_data_options *o,
+                      dp_err *err)
+{
+    const char *flag = cat ? "--categorical" : "--numeric";
+    for (const char *s = text; *s;) {
+        size_t n = strcspn(s, ","), nl = n;
+        long places = cat ? 1 : 0;
+        const char *colon = cat ? memchr(s, ':', n) : NULL;
+        if (colon) {
+            char *end;
+            nl = (size_t)(colon - s);
+            places = strtol(colon + 1, &end, 10);
+            if (end != s + n || places < 1 || places > NAMED_MAX_PLACES)
+                return dp_errf(err, "%s: %s '%.*s': expected NAME or NAME:M with M ids in [1, "
+                               "%d]", r->where, flag, (int)n, s, NAMED_MAX_PLACES);
+        }
+        if (nl == 0)
+            return dp_errf(err, "%s: %s '%s': an empty feature name", r->where, flag, text);
+        named_col *c = &r->cols[r->n_cols];
+        c->name = malloc(nl + 1);
+        if (!c->name)
+            return dp_errf(err, "%s: out of memory", r->where);
+        memcpy(c->name, s, nl);
+        c->name[nl] = '\0';
+        size_t k = 0; /* its place among the categorical ones */
+        for (size_t i = 0; i < r->n_cols; i++)
+            k += r->cols[i].places > 0;
+        c->places = (int)places;
+        c->limit = cat && o->id_limits && k < o->n_id_limits ? o->id_limits[k] : NAMED_ID_LIMIT;
+        for (size_t i = 0; i < r->n_cols; i++)
+            if (strcmp(r->cols[i].name, c->name) == 0) {
+                dp_errf(err, "%s: feature \"%s\" is named twice (%s)", r->where, c->name, flag);
+                free(c->name);
+                return -1;
+            }
+        r->n_cols++;
+        r->n_feat += cat ? (size_t)places : 1;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
+static int named_open(dp_record_reader *r, const dp_data_options *o, dp_err *err)
+{
+    if (!o->categorical && !o->numeric)
+        return 0;
+    size_t n = 2;
+    for (const char *lists[2] = {o->categorical, o->numeric}, **l = lists; l < lists + 2; l++)
+        for (const char *q = *l; q && *q; q++)
+            n += *q == ',';
+    r->cols = calloc(n, sizeof *r->cols);
+    if (!r->cols)
+        return dp_errf(err, "%s: out of memory", r->where);
+    r->buckets = o->hash_buckets;
+    if ((o->categorical && named_list(r, o->categorical, 1, o, err) < 0) ||
+        (o->numeric && named_list(r, o->numeric, 0, o, err) < 0))
+        return -1;
+    if (r->n_feat == 0 || r->n_feat > UINT32_MAX)
+        return dp_errf(err, "%s: --categorical and --numeric name no feature", r->where);
+    return 0;
+}
+
+/* The named features of the decoded Example into out (r->n_feat floats). */
+static int named_features(dp_record_reader *r, float *out, dp_err *err)
+{
+    size_t k = 0;
+    for (size_t j = 0; j < r->n_cols; j++) {
+        const named_col *c = &r->cols[j];
+        const char *flag = c->places ? "--categorical" : "--numeric";
+        const dp_feature *f = dp_example_find(r->ex, c->name);
+        if (!f)
+            return rec_errf(err, r->where, r->index, "no feature \"%s\" (%s)", c->name, flag);
+        if (!c->places) {
+            if ((f->kind != DP_FEATURE_FLOAT && f->kind != DP_FEATURE_INT64) || f->count != 1)
+                return rec_errf(err, r->where, r->index, "feature \"%s\" is a %s of %zu values; "
+                                "a numeric feature is one number", c->name,
+                                dp_feature_kind_name(f->kind), f->count);
+            out[k++] = f->kind == DP_FEATURE_FLOAT ? f->floats[0] : (float)f->int64s[0];
+            continue;
+        }
+        int bytes_ok = r->buckets && f->kind == DP_FEATURE_BYTES;
+        if (f->kind != DP_FEATURE_INT64 && !bytes_ok && !(f->kind == DP_FEATURE_NONE))
+            return rec_errf(err, r->where, r->index, "feature \"%s\" is a %s; categorical ids "
+                            "are an int64_list%s", c->name, dp_feature_kind_name(f->kind),
+                            r->buckets ? " or a bytes_list" : " (raw bytes need --hash-buckets N)");
+        size_t cnt = f->kind == DP_FEATURE_NONE ? 0 : f->count;
+        if (cnt > (size_t)c->places)
+            return rec_errf(err, r->where, r->index, "feature \"%s\" holds %zu ids, more than "
+                            "its %d places", c->name, cnt, c->places);
+        for (size_t i = 0; i < cnt; i++) {
+            uint64_t id;
+            if (r->buckets) {
+                id = (f->kind == DP_FEATURE_INT64
+                          ? dp_id_hash_int(f->int64s[i])
+                          : dp_id_hash_text((const char *)f->bytes[i].data, f->bytes[i].len)) %
+                     r->buckets;
+            } else {
+                int64_t v = f->int64s[i];
+                if (v < 0)
+                    return rec_errf(err, r->where, r->index, "feature \"%s\": id %lld is "
+                                    "negative", c->name, (long long)v);
+                if ((uint64_t)v >= c->limit)
+                    return rec_errf(err, r->where, r->index, "feature \"%s\": id %lld is not "
+                                    "below %u, %s (give --hash-buckets N to hash raw ids)",
+                                    c->name, (long long)v, c->limit,
+                                    c->limit == NAMED_ID_LIMIT
+                                        ? "the most a float holds exactly"
+                                        : "the rows of its embedding table");
+                id = (uint64_t)v;
+            }
+            out[k + i] = (float)id;
+        }
+        for (size_t i = cnt; i < (size_t)c->places; i++)
+            out[k + i] = -1.0f; /* an empty place */
+        k += (size_t)c->places;
+    }
+    return 0;
 }
 
 static int tf_open(dp_record_reader *r, const dp_data_file *f, dp_err *err)
@@ -572,6 +724,11 @@ static int csv_open(dp_record_reader *r, const dp_data_file *f, const dp_data_op
     if (csv_has_header(f->path, &cfg.header, err) != 0)
         return -1;
     cfg.label = o->label; /* NULL: "label" if the header has it, else the first column */
+    cfg.categorical = o->categorical;
+    cfg.numeric = o->numeric;
+    cfg.hash_buckets = o->hash_buckets;
+    cfg.id_limits = o->id_limits;
+    cfg.n_id_limits = o->n_id_limits;
     cfg.classes = r->classes;
     if (dp_csv_open(&r->csv, f->path, &cfg, err) != 0)
         return -1;
@@ -652,6 +809,16 @@ static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_fo
         return dp_errf(err, "%s: out of memory", f->path);
     }
     int rc;
+    if ((o.categorical || o.numeric) && format == DP_DATA_NPY) {
+        dp_record_close(r);
+        return dp_errf(err, "%s: named columns (--categorical, --numeric) are read from CSV "
+                       "and TFRecord files; a NumPy dataset's features are one array (its "
+                       "columns in the model's order: categorical ids, then numeric)", f->path);
+    }
+    if (format == DP_DATA_TFRECORD && named_open(r, &o, err) < 0) {
+        dp_record_close(r);
+        return -1;
+    }
     switch (format) {
     case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
     case DP_DATA_NPY: rc = npy_open_pair(r, f, err); break;
@@ -819,5 +986,8 @@ void dp_record_close(dp_record_reader *r)
     free(r->labels_path);
     free(r->image);
     free(r->label);
+    for (size_t i = 0; i < r->n_cols; i++)
+        free(r->cols[i].name);
+    free(r->cols);
     free(r);
 }

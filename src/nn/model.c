@@ -190,6 +190,19 @@ int dp_model_binary(const dp_model *m)
     return m->n_layers > 0 && (dp_layer_ops_of(&m->layers[m->n_layers - 1])->flags & DP_LK_BINARY);
 }
 
+int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap)
+{
+    int n = 0;
+    for (int l = 0; l < m->n_layers && m->layers[l].kind == DP_LAYER_BAG; l++, n++) {
+        const dp_layer *d = &m->layers[l];
+        if (n < cap) {
+            rows[n] = (uint32_t)(d->w_len / (size_t)(d->out - d->in + d->bag_ids));
+            places[n] = d->bag_ids;
+        }
+    }
+    return n;
+}
+
 int dp_model_classes(const dp_model *m)
 {
     return dp_model_binary(m) ? 2 : m->layers[m->n_layers - 1].out; /* bce: P(1) of 2 classes */

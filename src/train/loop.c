@@ -23,6 +23,7 @@
 #include "downpour/log.h"
 #include "downpour/metrics.h"
 #include "downpour/node.h"
+#include "downpour/records.h"
 #include "downpour/resource.h"
 #include "downpour/strategy.h"
 #include "downpour/tensorboard.h"
@@ -163,6 +164,8 @@ typedef struct loop {
     dp_node node;
     int in_cluster;
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
+    uint32_t bag_rows[DP_MAX_LAYERS]; /* the embedding bags' rows: named columns' id limits */
+    int bag_places[DP_MAX_LAYERS];
     int no_val;            /* no validation figures (--val-size 0, an external model
                               without evaluate): "-" in the table */
     dp_dataset ds;
@@ -204,6 +207,14 @@ static int open_data(loop *L, dp_err *err)
     int outputs = dp_model_classes(&L->m);
     if (o.data.classes == 0 && outputs >= 2 && outputs <= 256)
         o.data.classes = (uint32_t)outputs;
+    /* named categorical columns: their ids checked against the bags' tables */
+    if (o.data.categorical && !L->m.external) {
+        int bags = dp_model_bags(&L->m, L->bag_rows, L->bag_places, DP_MAX_LAYERS);
+        if (dp_data_check_bags(&o.data, L->bag_rows, L->bag_places, bags, L->bag_rows, err) < 0)
+            return -1;
+        o.data.id_limits = L->bag_rows;
+        o.data.n_id_limits = (size_t)bags;
+    }
     if (dp_dataset_open_with(&L->ds, cfg->dataset, &o, err) < 0)
         return -1;
     if (!L->ds.is_files && cfg->data.stream == 1)
