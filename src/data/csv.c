@@ -62,6 +62,10 @@ void dp_csv_config_default(dp_csv_config *cfg)
     cfg->classes = 10;
     cfg->delimiter = ',';
     cfg->max_record = CSV_DEFAULT_MAX_RECORD;
+    cfg->categorical = cfg->numeric = NULL;
+    cfg->hash_buckets = 0;
+    cfg->id_limits = NULL;
+    cfg->n_id_limits = 0;
 }
 
 static int fill(dp_csv *c, dp_err *err)
