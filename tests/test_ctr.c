@@ -10,7 +10,7 @@
  *     loss, and its usage refusals;
  *   - a small wide-deep model trains on a synthetic set to a test log loss
  *     near the generating model's, and the done event and the result carry
- *     the AUC and log loss. */
+ *     the AUC and log loss, and so does the report made from it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,6 +299,22 @@ static void test_train(void)
     fclose(f);
     CHECK(strstr(text, "\"val_auc\":") && strstr(text, "\"val_log_loss\":") &&
           strstr(text, "\"test_auc\":") && strstr(text, "\"test_log_loss\":"));
+    if (!g_bin)
+        return;
+    /* the report: an AUC chart and the final table's two columns */
+    char html[1200];
+    snprintf(html, sizeof html, "%s/r.html", g_dir);
+    const char *a[] = {"report", metrics, "-o", html, NULL};
+    rc = run_bin(a);
+    CHECKF(rc == 0, "report: %d: %s", rc, g_err);
+    f = fopen(html, "r");
+    REQUIRE(f);
+    static char page[1 << 20];
+    len = fread(page, 1, sizeof page - 1, f);
+    page[len] = 0;
+    fclose(f);
+    CHECK(strstr(page, "Validation AUC per epoch") && strstr(page, "data-k=\"test_auc\"") &&
+          strstr(page, "data-k=\"test_log_loss\""));
 }
 
 int main(void)

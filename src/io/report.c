@@ -60,7 +60,7 @@ typedef struct task_data {
 } task_data;
 
 typedef struct epoch_row {
-    double epoch, val_acc, val_loss, train_loss, lr;
+    double epoch, val_acc, val_loss, train_loss, lr, val_auc; /* val_auc: bce models */
 } epoch_row;
 
 typedef struct fault_row {
@@ -254,7 +254,8 @@ static add_result add_epoch(run *r, const cJSON *o)
     if (!grow((void **)&r->ep, r->n_ep, sizeof *r->ep, MAX_ROWS))
         return r->n_ep >= MAX_ROWS ? ADD_CAPPED : ADD_NOMEM;
     r->ep[r->n_ep++] = (epoch_row){num_of(o, "epoch"), num_of(o, "val_accuracy"),
-                                   num_of(o, "val_loss"), num_of(o, "train_loss"), num_of(o, "lr")};
+                                   num_of(o, "val_loss"), num_of(o, "train_loss"), num_of(o, "lr"),
+                                   num_of(o, "val_auc")};
     return ADD_OK;
 }
 
@@ -851,11 +852,14 @@ static void caller_table(sbuf *b, const item *it)
 }
 
 /* Overlay of one per-epoch figure across runs; skipped when no run has it. */
-typedef enum epoch_field { EP_VAL_ACC, EP_VAL_LOSS, EP_LR, EP_FIELD_COUNT } epoch_field;
+typedef enum epoch_field { EP_VAL_ACC, EP_VAL_LOSS, EP_LR, EP_VAL_AUC, EP_FIELD_COUNT } epoch_field;
 
 static double epoch_value(const epoch_row *e, epoch_field f)
 {
-    return f == EP_VAL_ACC ? e->val_acc : f == EP_VAL_LOSS ? e->val_loss : e->lr;
+    return f == EP_VAL_ACC    ? e->val_acc
+           : f == EP_VAL_LOSS ? e->val_loss
+           : f == EP_VAL_AUC  ? e->val_auc
+                              : e->lr;
 }
 
 /* A run's epochs sorted by number, the last line of an epoch kept (a
@@ -1100,11 +1104,17 @@ static void run_resources(const run *r, double *cpu_mean, double *mem_peak, cons
 
 static void final_table(sbuf *b, const dp_report *rep)
 {
+    bool binary = false; /* a run of a bce model: its test AUC and log loss too */
+    for (int i = 0; i < rep->n_runs; i++)
+        binary |= rep->runs[i].done && isfinite(num_of(rep->runs[i].done, "test_auc"));
     sb_puts(b, "<table class=\"final\"><caption>Final figures of each run (from its "
                "<code>done</code> and <code>resource_total</code> events)</caption><tr><th>run</th>"
                "<th>strategy</th><th>model</th><th>dataset</th><th>batch</th><th>workers</th>"
                "<th>ps</th><th>epochs</th><th>optimiser</th><th>lr</th><th>schedule</th>"
-               "<th>seed</th><th>test accuracy</th><th>train time (s)</th>"
+               "<th>seed</th><th>test accuracy</th>");
+    if (binary)
+        sb_puts(b, "<th>test AUC</th><th>test log loss</th>");
+    sb_puts(b, "<th>train time (s)</th>"
                "<th>throughput (samples/s)</th><th>CPU (% of a core, task mean)</th>"
                "<th>peak memory (MiB, sum of tasks; PSS<sup>*</sup>)</th>"
                "<th>network sent (MB, all tasks)</th></tr>\n");
@@ -1130,6 +1140,10 @@ static void final_table(sbuf *b, const dp_report *rep)
         str_cell(b, "lr_schedule", d ? str_of(d, "lr_schedule") : NULL);
         num_cell(b, "seed", d ? num_of(d, "seed") : NAN, "%.0f", 1);
         num_cell(b, "test_accuracy", d ? num_of(d, "test_accuracy") : NAN, "%.4f", 1);
+        if (binary) {
+            num_cell(b, "test_auc", d ? num_of(d, "test_auc") : NAN, "%.4f", 1);
+            num_cell(b, "test_log_loss", d ? num_of(d, "test_log_loss") : NAN, "%.4f", 1);
+        }
         num_cell(b, "train_seconds", d ? num_of(d, "train_seconds") : NAN, "%.2f", 1);
         num_cell(b, "samples_per_second", d ? num_of(d, "samples_per_second") : NAN, "%.0f", 1);
         num_cell(b, "cpu_percent_mean", cpu, "%.1f", 1);
@@ -1374,7 +1388,11 @@ static int runs_section(sbuf *b, const dp_report *rep)
                       false, true, "val_loss", false, 0, 0};
     svg_chart lr = {"Learning rate at the end of each epoch", "epoch", "learning rate", true, true,
                     "lr", false, 0, 0};
+    /* click-through models (a bce loss): drawn only when a run has val_auc */
+    svg_chart auc = {"Validation AUC per epoch", "epoch", "validation AUC", false, true, "val_auc",
+                     false, 0, 0};
     if (overlay_epochs(b, rep, EP_VAL_ACC, &acc) < 0 || overlay_epochs(b, rep, EP_VAL_LOSS, &loss) < 0 ||
+        overlay_epochs(b, rep, EP_VAL_AUC, &auc) < 0 ||
         overlay_losses(b, rep) < 0 ||
         overlay_throughput(b, rep) < 0 || overlay_epochs(b, rep, EP_LR, &lr) < 0)
         return -1;
