@@ -69,6 +69,32 @@ static double naive_loss(const dp_model *m, const double *p, const float *x, con
                         b[o] += w[(size_t)o * d->in + i] * a[i];
                 }
                 break;
+            case DP_LAYER_LEAD: {
+                int K = d->lead_in, W = d->in, U = d->out - W + K;
+                for (int u = 0; u < U; u++) {
+                    b[u] = bias[u];
+                    for (int i = 0; i < K; i++)
+                        b[u] += w[(size_t)u * K + i] * a[i];
+                    if (d->lead_relu && b[u] < 0)
+                        b[u] = 0;
+                }
+                for (int i = K; i < W; i++)
+                    b[U + i - K] = a[i];
+                break;
+            }
+            case DP_LAYER_DOT: {
+                int D = d->dot_dim, n = d->in / D, o = D;
+                for (int k = 0; k < D; k++)
+                    b[k] = a[k];
+                for (int i = 1; i < n; i++)
+                    for (int j = 0; j < i; j++) {
+                        b[o] = 0;
+                        for (int k = 0; k < D; k++)
+                            b[o] += a[i * D + k] * a[j * D + k];
+                        o++;
+                    }
+                break;
+            }
             case DP_LAYER_RELU:
                 for (int i = 0; i < d->in; i++)
                     b[i] = a[i] > 0 ? a[i] : 0;
@@ -107,17 +133,16 @@ static void init_model(dp_model *m, const char *spec, int batch)
 }
 
 /* Forward and gradients of a small model against double precision. */
-static void test_gradients(void)
+static void test_gradients(const char *spec)
 {
-    /* bag 1: 3 places, mean; bag 2: one id; 3 numeric features */
-    const char *spec = "7-bag5x3m3mean-bag4x2-4-dense1-bce";
     dp_model m;
     enum { B = 6 };
     init_model(&m, spec, B);
     CHECKF(strcmp(m.spec, spec) == 0, "spelled %s", m.spec);
-    CHECK(m.layers[0].bag_col == 0 && m.layers[0].bag_ids == 3 && m.layers[0].bag_mean);
+    CHECK(m.layers[0].bag_col == 0 && m.layers[0].bag_ids == 3 &&
+          m.layers[0].bag_mean == (strstr(spec, "m3mean") != NULL));
     CHECK(m.layers[1].bag_col == 3 && m.layers[1].bag_ids == 1 && !m.layers[1].bag_mean);
-    CHECK(m.layers[1].w_off == 15 && m.layers[1].w_len == 8);
+    CHECK(m.layers[1].w_off == 15 && m.layers[1].w_len == (size_t)4 * (m.layers[1].out - 6));
     CHECK(dp_model_classes(&m) == 2);
     float x[B * 7] = {
         0, 2, 2, 1, 0.5f, -1.0f, 2.0f,       /* a repeated id */
@@ -273,13 +298,28 @@ static void test_grammar(void)
     refused("7-bag5x3-dense2-bce", "token 4 'bce'", "one logit");
     refused("7-bag5x3-bce-dense1", "token 3 'bce'", "last token");
     refused("1x4x4-bag5x3-dense1-bce", "token 2", "not an image");
+    refused("7-bag5x3-lead10x4-dense1-bce", "token 3 'lead10x4'", "leading 10 features of 9");
+    refused("7-bag5x3-lead3-dense1-bce", "token 3 'lead3'", "expected lead<K>x<U>");
+    refused("7-bag5x3-dot4-dense1-bce", "token 3 'dot4'", "at least two vectors of width 4");
+
+    REQUIRE(dp_model_init(&m, "dlrm", 8, 1, &err) == 0);
+    /* tables; bottom 4-64-16; 9 vectors of 16: 16 + 36 = 52; top 52-64-1 */
+    want = 8 * 1000 * 16 + (4 * 64 + 64) + (64 * 16 + 16) + (52 * 64 + 64) + (64 + 1);
+    CHECKF(m.n_params == want, "dlrm: %zu parameters, want %zu", m.n_params, want);
+    CHECK(m.layers[10].kind == DP_LAYER_DOT && m.layers[10].out == 52);
+    printf("dlrm: %s, %zu parameters\n", m.spec, m.n_params);
+    dp_model_free(&m);
 }
 
 int main(void)
 {
     dp_rng_seed(&rng, 1);
     REQUIRE(dp_pool_set_threads(1, NULL) == 0);
-    test_gradients();
+    /* bag 1: 3 places, mean; bag 2: one id; 3 numeric features */
+    test_gradients("7-bag5x3m3mean-bag4x2-4-dense1-bce");
+    /* DLRM's shape: a bottom lead on the numeric features, the dots */
+    test_gradients("7-bag5x3m3mean-bag4x3-lead3x3relu-dot3-4-dense1-bce");
+    test_gradients("7-bag5x3m3-bag4x3-lead3x5-lead5x3relu-dot3-dense1-bce");
     test_threads();
     test_bce_extremes();
     test_grammar();

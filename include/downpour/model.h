@@ -89,6 +89,8 @@ typedef enum dp_layer_kind {
     DP_LAYER_RES,          /* a residual block's sum: main(x) + shortcut(x) */
     DP_LAYER_BAG,          /* an embedding bag: a record's ids of one feature, pooled */
     DP_LAYER_BCE,          /* the binary loss: sigmoid, with labels binary cross-entropy */
+    DP_LAYER_LEAD,         /* a dense layer on the leading features, the rest passed on */
+    DP_LAYER_DOT,          /* pairwise dot products of a record's vectors (DLRM's interaction) */
     DP_LAYER_KIND_COUNT
 } dp_layer_kind;
 
@@ -123,6 +125,9 @@ typedef struct dp_layer {
      * reads a batch's ids there without running the forward), pooled by sum
      * or, bag_mean, by mean.  Its table is weights (N, D) at w_off. */
     int bag_ids, bag_col, bag_mean;
+    /* lead: the leading input features it reads (K) and whether a relu
+     * follows its product; dot: the vectors' width (D) */
+    int lead_in, lead_relu, dot_dim;
 } dp_layer;
 
 enum {

@@ -6,7 +6,7 @@ extern const dp_layer_ops dp_layer_dense, dp_layer_relu, dp_layer_softmax_xent, 
     dp_layer_local, dp_layer_maxpool, dp_layer_avgpool, dp_layer_lcn, dp_layer_dropout,
     dp_layer_flatten, dp_layer_hwc, dp_layer_batchnorm, dp_layer_tanh, dp_layer_sigmoid, dp_layer_gelu,
     dp_layer_gap, dp_layer_ln, dp_layer_mha, dp_layer_pos, dp_layer_emb, dp_layer_res,
-    dp_layer_bag, dp_layer_bce;
+    dp_layer_bag, dp_layer_bce, dp_layer_lead, dp_layer_dot;
 
 const dp_layer_ops *const dp_layer_table[DP_LAYER_KIND_COUNT] = {
     [DP_LAYER_DENSE] = &dp_layer_dense,
@@ -32,4 +32,6 @@ const dp_layer_ops *const dp_layer_table[DP_LAYER_KIND_COUNT] = {
     [DP_LAYER_RES] = &dp_layer_res,
     [DP_LAYER_BAG] = &dp_layer_bag,
     [DP_LAYER_BCE] = &dp_layer_bce,
+    [DP_LAYER_LEAD] = &dp_layer_lead,
+    [DP_LAYER_DOT] = &dp_layer_dot,
 };

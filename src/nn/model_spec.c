@@ -77,12 +77,18 @@ static const struct {
     {"wide-deep",
      "12-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16"
      "-bag1000x16-res(dense64-relu-dense32-relu-dense1|dense1)-bce"},
+    /* DLRM in small for the same set: a bottom MLP 4-64-16 on the numeric
+     * features (leads, the embeddings passed behind them), the pairwise dot
+     * products of its output and the 8 embeddings, a top MLP 52-64-1 */
+    {"dlrm",
+     "12-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16-bag1000x16"
+     "-bag1000x16-lead4x64relu-lead64x16relu-dot16-64-dense1-bce"},
 };
 
 const char *dp_model_presets(void)
 {
     return "mlp-300-100, mlp-128, cnn-mnist, distbelief-image, mlp-bn, resnet-fashion, vit-mnist, "
-           "wide-deep";
+           "wide-deep, dlrm";
 }
 
 int dp_spec_fail(dp_spec_parser *p, const char *fmt, ...)
