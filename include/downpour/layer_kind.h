@@ -173,6 +173,8 @@ typedef struct dp_layer_ops {
     long (*dev_ones)(const dp_layer *d, int max_batch);
     size_t (*dev_keep)(const dp_layer *d, int max_batch);
     int (*dev_init)(const struct dp_dexec *x, const dp_layer *d, float *keep, int max_batch);
+    /* Without device kernels: why, for the refusal (NULL: "yet"). */
+    const char *dev_reason;
 } dp_layer_ops;
 
 /* The table, indexed by kind; every kind has an entry. */

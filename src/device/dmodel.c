@@ -381,9 +381,12 @@ int dp_dmodel_open(dp_dmodel **out, dp_device *d, const dp_model *m, const dp_op
 {
     *out = NULL;
     for (int l = 0; l < m->n_layers; l++)
-        if (!dp_layer_ops_of(&m->layers[l])->dev_forward)
-            return dp_errf(err, "model %s: layer %d (%s) has no device kernel yet", m->name, l,
-                           dp_layer_kind_name(m->layers[l].kind));
+        if (!dp_layer_ops_of(&m->layers[l])->dev_forward) {
+            const char *why = dp_layer_ops_of(&m->layers[l])->dev_reason;
+            return dp_errf(err, "model %s: layer %d (%s) has no device kernel yet%s%s", m->name,
+                           l, dp_layer_kind_name(m->layers[l].kind), why ? ": " : "",
+                           why ? why : "");
+        }
     dp_dmodel *g = calloc(1, sizeof *g);
     if (!g)
         return dp_errf(err, "dp_dmodel_open: out of memory");

@@ -243,4 +243,6 @@ const dp_layer_ops dp_layer_bag = {
     .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
                  "servers are issue 32's part B), and a layer run whole on every task (FULL) "
                  "holds no parameters",
+    .dev_reason = "click-through models (bag, lead, dot, bce) train on the CPU for now; "
+                  "leave out --device (docs/models.md, \"Click-through models\")",
 };

@@ -60,4 +60,6 @@ const dp_layer_ops dp_layer_bce = {
     .parse = parse,
     .forward = forward, .backward = backward,
     .mp = DP_MP_LOSS,
+    .dev_reason = "click-through models (bag, lead, dot, bce) train on the CPU for now; "
+                  "leave out --device (docs/models.md, \"Click-through models\")",
 };

@@ -116,4 +116,6 @@ const dp_layer_ops dp_layer_dot = {
     .forward = forward, .backward = backward,
     .mp = DP_MP_REFUSE,
     .mp_reason = "it is not split yet (a click-through model's bags before it are not either)",
+    .dev_reason = "click-through models (bag, lead, dot, bce) train on the CPU for now; "
+                  "leave out --device (docs/models.md, \"Click-through models\")",
 };
