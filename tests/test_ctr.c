@@ -299,6 +299,28 @@ static void test_train(void)
     fclose(f);
     CHECK(strstr(text, "\"val_auc\":") && strstr(text, "\"val_log_loss\":") &&
           strstr(text, "\"test_auc\":") && strstr(text, "\"test_log_loss\":"));
+
+    /* named columns through the loop: ids checked against the bags' tables
+     * (20 ids in the files, tables of 10 rows), or hashed into them */
+    dp_train_config nc = cfg;
+    nc.metrics_path = NULL;
+    nc.epochs = 1;
+    nc.model = "6-bag10x4-bag10x4-bag10x4-bag10x4-dense1-bce";
+    nc.data.data.categorical = "c0,c1,c2,c3";
+    nc.data.data.numeric = "n0,n1";
+    dp_train_result nr;
+    rc = dp_train_run(&nc, &nr, &err);
+    CHECKF(rc < 0 && strstr(err.msg, "ctr-train.csv: record ") && strstr(err.msg, ", column ") &&
+           strstr(err.msg, "is not below 10, the rows of its embedding table"), "%s",
+           rc < 0 ? err.msg : "trained");
+    printf("named columns, tables too small: %s\n", err.msg);
+    nc.data.data.hash_buckets = 10;
+    rc = dp_train_run(&nc, &nr, &err);
+    CHECKF(rc == 0 && nr.test_auc > 0.5, "hashed: %s", rc < 0 ? err.msg : "a poor AUC");
+    nc.data.data.hash_buckets = 11;
+    rc = dp_train_run(&nc, &nr, &err);
+    CHECKF(rc < 0 && strstr(err.msg, "--hash-buckets 11 is more than the 10 rows of bag 1"),
+           "%s", rc < 0 ? err.msg : "trained");
     if (!g_bin)
         return;
     /* the report: an AUC chart and the final table's two columns */
