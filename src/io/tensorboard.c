@@ -266,6 +266,8 @@ static const field_tag EPOCH_TAGS[] = {
     {"val_loss", "val/loss", 1},
     {"train_loss", "train/loss", 1},
     {"lr", "train/learning_rate", 1},
+    {"val_auc", "val/auc", 1}, /* a bce model's (docs/metrics.md) */
+    {"val_log_loss", "val/log_loss", 1},
 };
 static const field_tag TRAIN_TAGS[] = { /* every --log-every steps */
     {"train_loss", "train/step_loss", 1},
@@ -284,6 +286,8 @@ static const field_tag RESOURCE_TAGS[] = {
 };
 static const field_tag DONE_TAGS[] = {
     {"test_accuracy", "test/accuracy", 1},
+    {"test_auc", "test/auc", 1},
+    {"test_log_loss", "test/log_loss", 1},
 };
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
