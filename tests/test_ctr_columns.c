@@ -8,11 +8,14 @@
  *   - refusals naming the file, the record (and for CSV the line) and the
  *     column: an id not below its table's rows, a negative id, an id that
  *     is not an integer, a column that is missing, too many ids in a cell;
- *   - named columns against a model's bags (dp_data_check_bags) and NumPy
- *     refused with the reason. */
+ *   - .npz files whose arrays are the columns, read the same way, and
+ *     their refusals naming the file, the record and the column;
+ *   - named columns against a model's bags (dp_data_check_bags), and an
+ *     .npy pair refused with the reason. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "bytes.h"
 #include "check.h"
@@ -203,6 +206,122 @@ static void test_tfrecord(void)
                                      "int64_list"), "%s", rc < 0 ? err.msg : "read");
 }
 
+static void put_le(uint8_t **p, uint32_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+
+/* A stored (numpy.savez) ZIP archive of the members; returns its length
+ * (as test_data_cli.c's). */
+static size_t zip_stored(uint8_t *out, const char *const *names, const bytes *data, int n)
+{
+    uint8_t *p = out, cd[4096], *q = cd;
+    for (int i = 0; i < n; i++) {
+        uint32_t len = (uint32_t)data[i].n;
+        uint32_t crc = (uint32_t)crc32(0, data[i].p, (uInt)len), off = (uint32_t)(p - out);
+        uint16_t nl = (uint16_t)strlen(names[i]);
+        put_le(&p, 0x04034b50, 4), put_le(&p, 20, 2), put_le(&p, 0, 2), put_le(&p, 0, 2);
+        put_le(&p, 0, 2), put_le(&p, 0x21, 2), put_le(&p, crc, 4);
+        put_le(&p, len, 4), put_le(&p, len, 4);
+        put_le(&p, nl, 2), put_le(&p, 0, 2);
+        memcpy(p, names[i], nl), p += nl;
+        memcpy(p, data[i].p, len), p += len;
+        put_le(&q, 0x02014b50, 4), put_le(&q, 20, 2), put_le(&q, 20, 2), put_le(&q, 0, 2);
+        put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0x21, 2), put_le(&q, crc, 4);
+        put_le(&q, len, 4), put_le(&q, len, 4);
+        put_le(&q, nl, 2), put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0, 2);
+        put_le(&q, 0, 2), put_le(&q, 0, 4), put_le(&q, off, 4);
+        memcpy(q, names[i], nl), q += nl;
+    }
+    uint32_t cd_off = (uint32_t)(p - out), cd_len = (uint32_t)(q - cd);
+    memcpy(p, cd, cd_len), p += cd_len;
+    put_le(&p, 0x06054b50, 4), put_le(&p, 0, 2), put_le(&p, 0, 2);
+    put_le(&p, (uint32_t)n, 2), put_le(&p, (uint32_t)n, 2);
+    put_le(&p, cd_len, 4), put_le(&p, cd_off, 4), put_le(&p, 0, 2);
+    return (size_t)(p - out);
+}
+
+/* DIR/v-train.npz and v-test.npz: label, c0 (ids), tags (n, 2), n0; variant
+ * v changes one value of the training file's record 1 (or a dtype). */
+static void write_npz(const char *dir, int v)
+{
+    uint8_t label[2] = {1, 0};
+    int64_t c0[2] = {3, v == 1 ? 9 : v == 2 ? -3 : 0};
+    int64_t tags[2][2] = {{1, 2}, {-1, -1}};
+    float n0[2] = {0.5f, -1.5f}, c0f[2] = {3, 0};
+    static uint8_t zip[8192];
+    for (int split = 0; split < 2; split++) {
+        int w = split == 0 ? v : 0;
+        bytes m[4] = {
+            npy_array("|u1", "(2,)", label, 2),
+            w == 3 ? npy_array("<f4", "(2,)", c0f, sizeof c0f)
+                   : npy_array("<i8", "(2,)", c0, sizeof c0),
+            npy_array("<i8", "(2, 2)", tags, sizeof tags),
+            npy_array("<f4", "(2,)", n0, sizeof n0),
+        };
+        if (split == 1)
+            c0[1] = 0, m[1] = npy_array("<i8", "(2,)", c0, sizeof c0);
+        const char *names[4] = {"label.npy", "c0.npy", "tags.npy", "n0.npy"};
+        size_t len = zip_stored(zip, names, m, 4);
+        char path[1300];
+        snprintf(path, sizeof path, "%s/v%d-%s.npz", dir, v, split ? "test" : "train");
+        write_bytes(path, zip, len);
+        for (int i = 0; i < 4; i++)
+            free(m[i].p);
+    }
+}
+
+static void test_npz(void)
+{
+    char dir[1100], path[1200];
+    snprintf(dir, sizeof dir, "%s/npz", g_dir);
+    REQUIRE(mkdir(dir, 0755) == 0);
+    for (int v = 0; v < 4; v++)
+        write_npz(dir, v);
+    dp_data_options o;
+    dp_data_options_default(&o);
+    o.categorical = "c0,tags:2";
+    o.numeric = "n0";
+    uint32_t limits[2] = {5, 4};
+    o.id_limits = limits;
+    o.n_id_limits = 2;
+    float x[64];
+    int n;
+    uint32_t dim;
+    dp_err err;
+    snprintf(path, sizeof path, "%s/v0-*", dir);
+    int rc = read_all(path, &o, x, 64, &n, &dim, &err);
+    CHECKF(rc == 0, "%s", rc < 0 ? err.msg : "");
+    float want[2][4] = {{3, 1, 2, 0.5f}, {0, -1, -1, -1.5f}};
+    CHECK(n == 2 && dim == 4 && memcmp(x, want, sizeof want) == 0);
+    o.hash_buckets = 4;
+    REQUIRE(read_all(path, &o, x, 64, &n, &dim, &err) == 0);
+    CHECK(x[0] == (float)(dp_id_hash_int(3) % 4) && x[1] == (float)(dp_id_hash_int(1) % 4) &&
+          x[6] == -1.0f); /* -1 stays an empty place */
+    o.hash_buckets = 0;
+    printf("npz: named arrays read, raw ids hashed as the other formats'\n");
+    const char *needles[4] = {NULL, "v1-train.npz: record 1: column \"c0\": id 9 is not below 5",
+                              "v1-train.npz: record 1: column \"c0\": id -3 is negative",
+                              "v3-train.npz: column \"c0\": dtype <f4 is not an integer type"};
+    needles[2] = "v2-train.npz: record 1: column \"c0\": id -3 is negative";
+    for (int v = 1; v < 4; v++) {
+        snprintf(path, sizeof path, "%s/v%d-*", dir, v);
+        rc = read_all(path, &o, x, 64, &n, &dim, &err);
+        CHECKF(rc < 0 && strstr(err.msg, needles[v]), "%s", rc < 0 ? err.msg : "read");
+        printf("refused: %s\n", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/v0-*", dir);
+    o.categorical = "c0,tags"; /* (n, 2) in one place */
+    rc = read_all(path, &o, x, 64, &n, &dim, &err);
+    CHECKF(rc < 0 && strstr(err.msg, "(member tags): 2 values a row"), "%s",
+           rc < 0 ? err.msg : "read");
+    o.categorical = "c0,tagz:2";
+    rc = read_all(path, &o, x, 64, &n, &dim, &err);
+    CHECKF(rc < 0 && strstr(err.msg, "tagz"), "%s", rc < 0 ? err.msg : "read");
+    printf("refused: %s\n", err.msg);
+}
+
 static void test_bags(void)
 {
     dp_model m;
@@ -246,8 +365,8 @@ static void test_bags(void)
     int k;
     uint32_t dim;
     int rc = read_all(dir, &o, v, 8, &k, &dim, &err);
-    CHECKF(rc < 0 && strstr(err.msg, "named columns (--categorical, --numeric) are read from CSV "
-                                     "and TFRecord files"), "%s", rc < 0 ? err.msg : "read");
+    CHECKF(rc < 0 && strstr(err.msg, "named columns (--categorical, --numeric) are read from "
+                                     ".npz files"), "%s", rc < 0 ? err.msg : "read");
 }
 
 int main(void)
@@ -255,6 +374,7 @@ int main(void)
     scratch_make(g_dir, sizeof g_dir, "test_ctr_columns");
     test_csv();
     test_tfrecord();
+    test_npz();
     test_bags();
     int rc = CHECK_DONE();
     if (rc == 0)

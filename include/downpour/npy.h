@@ -89,6 +89,12 @@ int dp_npy_read_f32(dp_npy *a, uint64_t lo, uint64_t hi, float *out, dp_err *err
  * (hi - lo) * row_elems bytes.  Any other dtype is refused. */
 int dp_npy_read_u8(dp_npy *a, uint64_t lo, uint64_t hi, uint8_t *out, dp_err *err);
 
+/* Rows [lo, hi) of an integer or bool array as int64s, exactly (categorical
+ * ids: docs/datasets.md, "Categorical and numeric columns"): out holds
+ * (hi - lo) * row_elems values.  A float dtype is refused, and so is a
+ * uint64 value above INT64_MAX, naming the row. */
+int dp_npy_read_i64(dp_npy *a, uint64_t lo, uint64_t hi, int64_t *out, dp_err *err);
+
 /* Rows [lo, hi) of a label array (shape (n,) or (n, 1)) as class indices in
  * [0, classes): a negative, non-integral (a float such as 2.5) or too large
  * value is refused naming the row.  Any integer, bool or float dtype. */

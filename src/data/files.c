@@ -330,7 +330,9 @@ static int find_files(dp_data_files *out, const char *spec, const dp_data_option
                            kind_name(l->v[i].kind));
     file_kind k = l->v[0].kind;
     out->format = k == KIND_TFRECORD ? DP_DATA_TFRECORD : k == KIND_CSV ? DP_DATA_CSV : DP_DATA_NPY;
-    if (k == KIND_NPZ) {
+    /* named columns: each .npz is one file of its split, its columns arrays */
+    int npz_named = k == KIND_NPZ && (o->categorical || o->numeric);
+    if (k == KIND_NPZ && !npz_named) {
         if (l->n > 1)
             return dp_errf(err, "%s: %zu .npz files (%s, %s, ...); an .npz holds a whole "
                            "dataset, give one", spec, l->n, l->v[0].path, l->v[1].path);

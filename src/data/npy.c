@@ -591,7 +591,7 @@ static size_t to_f32(float *o, const uint8_t *p, size_t n, dp_npy_dtype t, int b
     return n;
 }
 
-typedef enum read_kind { READ_F32, READ_U8, READ_LABELS } read_kind;
+typedef enum read_kind { READ_F32, READ_U8, READ_LABELS, READ_I64 } read_kind;
 
 static int check_range(dp_npy *a, uint64_t lo, uint64_t hi, dp_err *err)
 {
@@ -618,6 +618,16 @@ static int read_rows(dp_npy *a, uint64_t lo, uint64_t hi, read_kind kind, uint32
             return -1;
         if (kind == READ_U8) {
             memcpy((uint8_t *)out + done, a->buf, n);
+        } else if (kind == READ_I64) {
+            int64_t *o = (int64_t *)out + done;
+            for (size_t i = 0; i < n; i++) {
+                elem e = load(a->buf + i * isz, in->dtype, in->big_endian);
+                if (e.kind == 1 && e.u > (uint64_t)INT64_MAX)
+                    return dp_errf(err, "%s: row %llu: %llu is above int64's range", a->where,
+                                   (unsigned long long)((at + i) / in->row_elems),
+                                   (unsigned long long)e.u);
+                o[i] = e.kind == 0 ? e.s : (int64_t)e.u;
+            }
         } else if (kind == READ_F32) {
             float *o = (float *)out + done;
             size_t bad = to_f32(o, a->buf, n, in->dtype, in->big_endian, isz);
@@ -669,6 +679,17 @@ int dp_npy_read_f32(dp_npy *a, uint64_t lo, uint64_t hi, float *out, dp_err *err
     if (check_range(a, lo, hi, err) != 0)
         return -1;
     return read_rows(a, lo, hi, READ_F32, 0, out, err);
+}
+
+int dp_npy_read_i64(dp_npy *a, uint64_t lo, uint64_t hi, int64_t *out, dp_err *err)
+{
+    dp_npy_dtype t = a->info.dtype;
+    if (t == DP_NPY_F32 || t == DP_NPY_F64)
+        return dp_errf(err, "%s: dtype %s is not an integer type (ids are integers: store them "
+                       "as int64, or any integer dtype)", a->where, a->info.descr);
+    if (check_range(a, lo, hi, err) != 0)
+        return -1;
+    return read_rows(a, lo, hi, READ_I64, 0, out, err);
 }
 
 int dp_npy_read_u8(dp_npy *a, uint64_t lo, uint64_t hi, uint8_t *out, dp_err *err)

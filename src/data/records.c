@@ -65,7 +65,14 @@ typedef struct named_col {
     char *name;
     int places;
     uint32_t limit;
+    /* an .npz's array of the column (npz_named_*): its values a row, and a
+     * chunk of rows (int64 ids, or float numbers) */
+    dp_npy *arr;
+    int width;
+    void *chunk;
 } named_col;
+
+#define NPZ_NAMED_CHUNK 1024 /* rows of every column read at once */
 
 #define NAMED_ID_LIMIT (1u << 24) /* ids are stored as floats: exact below 2^24 */
 #define NAMED_MAX_PLACES 4096
@@ -476,6 +483,117 @@ static int named_features(dp_record_reader *r, float *out, dp_err *err)
     return 0;
 }
 
+/* ---- NumPy with named columns: an .npz a file, its arrays the columns ---- */
+
+static int npz_named_open(dp_record_reader *r, const dp_data_file *f, dp_err *err)
+{
+    if (f->member || f->labels_path)
+        return dp_errf(err, "%s: named columns (--categorical, --numeric) are read from .npz "
+                       "files, one or more a split, whose arrays are the columns and the "
+                       "label; not from .npy pairs", f->path);
+    r->path = dup_str(f->path);
+    if (!r->path)
+        return dp_errf(err, "%s: out of memory", f->path);
+    if (dp_npy_open(&r->y, f->path, r->label, err) != 0)
+        return -1;
+    const dp_npy_info *yi = dp_npy_get_info(r->y);
+    if (yi->row_elems != 1 || yi->ndim > 2)
+        return dp_errf(err, "%s (member %s): labels must have shape (n,) or (n, 1)", f->path,
+                       r->label);
+    r->rows = yi->rows;
+    r->chunk_rows = NPZ_NAMED_CHUNK;
+    r->lbuf = malloc(NPZ_NAMED_CHUNK * sizeof *r->lbuf);
+    if (!r->lbuf)
+        return dp_errf(err, "%s: out of memory", f->path);
+    for (size_t j = 0; j < r->n_cols; j++) {
+        named_col *c = &r->cols[j];
+        if (dp_npy_open(&c->arr, f->path, c->name, err) != 0)
+            return -1;
+        const dp_npy_info *in = dp_npy_get_info(c->arr);
+        if (in->rows != r->rows)
+            return dp_errf(err, "%s (member %s): %llu rows, the labels have %llu", f->path,
+                           c->name, (unsigned long long)in->rows, (unsigned long long)r->rows);
+        if (in->ndim > 2 || (c->places ? in->row_elems > (uint64_t)c->places
+                                       : in->row_elems != 1))
+            return dp_errf(err, "%s (member %s): %llu values a row; %s", f->path, c->name,
+                           (unsigned long long)in->row_elems,
+                           c->places ? "a categorical column holds shape (n,) or (n, M), at "
+                                       "most its places"
+                                     : "a numeric column holds shape (n,) or (n, 1)");
+        c->width = (int)in->row_elems;
+        c->chunk = malloc((size_t)NPZ_NAMED_CHUNK * (size_t)c->width * sizeof(int64_t));
+        if (!c->chunk)
+            return dp_errf(err, "%s: out of memory", f->path);
+    }
+    return 0;
+}
+
+/* npy.c's refusal of a column's chunk, named by the file and the column
+ * (its own message names the row where there is one). */
+static int npz_column_err(const dp_record_reader *r, const char *column, dp_err *err)
+{
+    char why[DP_ERR_MAX];
+    const char *m = strstr(err->msg, "): ");
+    snprintf(why, sizeof why, "%s", m ? m + 3 : err->msg);
+    return dp_errf(err, "%s: column \"%s\": %.400s", r->where, column, why);
+}
+
+/* The next record of an .npz of named columns. */
+static int npz_named_next(dp_record_reader *r, float *out, uint8_t *label, dp_err *err)
+{
+    uint64_t i = r->index;
+    if (i >= r->rows)
+        return 0;
+    if (i < r->buf_lo || i >= r->buf_hi) {
+        uint64_t hi = i + NPZ_NAMED_CHUNK < r->rows ? i + NPZ_NAMED_CHUNK : r->rows;
+        r->buf_lo = r->buf_hi = 0;
+        if (dp_npy_read_labels(r->y, i, hi, r->classes, r->lbuf, err) != 0)
+            return npz_column_err(r, r->label, err);
+        for (size_t j = 0; j < r->n_cols; j++) {
+            named_col *c = &r->cols[j];
+            int rc = c->places ? dp_npy_read_i64(c->arr, i, hi, c->chunk, err)
+                               : dp_npy_read_f32(c->arr, i, hi, c->chunk, err);
+            if (rc != 0)
+                return npz_column_err(r, c->name, err);
+        }
+        r->buf_lo = i, r->buf_hi = hi;
+    }
+    size_t row = (size_t)(i - r->buf_lo), k = 0;
+    for (size_t j = 0; j < r->n_cols; j++) {
+        const named_col *c = &r->cols[j];
+        if (!c->places) {
+            out[k++] = ((const float *)c->chunk)[row];
+            continue;
+        }
+        const int64_t *v = (const int64_t *)c->chunk + row * (size_t)c->width;
+        for (int q = 0; q < c->places; q++) {
+            int64_t id = q < c->width ? v[q] : -1;
+            if (id == -1) { /* an empty place */
+                out[k + (size_t)q] = -1.0f;
+                continue;
+            }
+            if (r->buckets) {
+                out[k + (size_t)q] = (float)(dp_id_hash_int(id) % r->buckets);
+                continue;
+            }
+            if (id < 0)
+                return rec_errf(err, r->where, i, "column \"%s\": id %lld is negative (-1 "
+                                "marks an empty place)", c->name, (long long)id);
+            if ((uint64_t)id >= c->limit)
+                return rec_errf(err, r->where, i, "column \"%s\": id %lld is not below %u, "
+                                "%s (give --hash-buckets N to hash raw ids)", c->name,
+                                (long long)id, c->limit,
+                                c->limit == NAMED_ID_LIMIT ? "the most a float holds exactly"
+                                                           : "the rows of its embedding table");
+            out[k + (size_t)q] = (float)id;
+        }
+        k += (size_t)c->places;
+    }
+    *label = (uint8_t)r->lbuf[row];
+    r->index++;
+    return 1;
+}
+
 static int tf_open(dp_record_reader *r, const dp_data_file *f, dp_err *err)
 {
     if (dp_tfrecord_open(&r->tf, f->path, NULL, err) != 0)
@@ -809,19 +927,13 @@ static int open_reader(dp_record_reader **out, const dp_data_file *f, dp_data_fo
         return dp_errf(err, "%s: out of memory", f->path);
     }
     int rc;
-    if ((o.categorical || o.numeric) && format == DP_DATA_NPY) {
-        dp_record_close(r);
-        return dp_errf(err, "%s: named columns (--categorical, --numeric) are read from CSV "
-                       "and TFRecord files; a NumPy dataset's features are one array (its "
-                       "columns in the model's order: categorical ids, then numeric)", f->path);
-    }
-    if (format == DP_DATA_TFRECORD && named_open(r, &o, err) < 0) {
+    if (format != DP_DATA_CSV && named_open(r, &o, err) < 0) {
         dp_record_close(r);
         return -1;
     }
     switch (format) {
     case DP_DATA_TFRECORD: rc = tf_open(r, f, err); break;
-    case DP_DATA_NPY: rc = npy_open_pair(r, f, err); break;
+    case DP_DATA_NPY: rc = r->cols ? npz_named_open(r, f, err) : npy_open_pair(r, f, err); break;
     case DP_DATA_CSV: rc = csv_open(r, f, &o, err); break;
     default: rc = dp_errf(err, "%s: unknown dataset format %d", f->path, (int)format);
     }
@@ -847,6 +959,14 @@ int dp_record_probe(const dp_data_file *f, dp_data_format format, const dp_data_
             rc = -1;
         break;
     case DP_DATA_NPY:
+        if (r->cols) { /* named columns: their values, as floats */
+            rc = r->rows == 0 ? 0 : 1;
+            memset(shape, 0, sizeof *shape);
+            shape->kind = DP_VALUES_F32;
+            shape->rows = shape->channels = 1;
+            shape->cols = shape->dim = (uint32_t)r->n_feat;
+            break;
+        }
         rc = r->rows == 0 ? 0 : npy_shape(dp_npy_get_info(r->x), r->where, shape, err) == 0 ? 1 : -1;
         break;
     case DP_DATA_CSV: rc = csv_probe(r, shape, err); break;
@@ -867,7 +987,11 @@ int dp_record_open(dp_record_reader **out, const dp_data_file *f, dp_data_format
     if (open_reader(out, f, format, opt, err) != 0)
         return -1;
     (*out)->shape = *shape;
-    if ((format == DP_DATA_NPY && npy_buffers(*out, err) != 0) ||
+    if ((format == DP_DATA_NPY && !(*out)->cols && npy_buffers(*out, err) != 0) ||
+        (format == DP_DATA_NPY && (*out)->cols &&
+         (shape->kind != DP_VALUES_F32 || shape->dim != (*out)->n_feat) &&
+         rec_errf(err, (*out)->where, 0, "%zu named values, the dataset's first record has %u",
+                  (*out)->n_feat, shape->dim) < 0) ||
         (format == DP_DATA_CSV && csv_buffers(*out, err) != 0)) {
         dp_record_close(*out);
         *out = NULL;
@@ -880,7 +1004,9 @@ int dp_record_next(dp_record_reader *r, void *features, uint8_t *label, dp_err *
 {
     switch (r->format) {
     case DP_DATA_TFRECORD: return tf_next(r, features, label, err);
-    case DP_DATA_NPY: return npy_next(r, features, label, err);
+    case DP_DATA_NPY:
+        return r->cols ? npz_named_next(r, features, label, err)
+                       : npy_next(r, features, label, err);
     case DP_DATA_CSV: return csv_next(r, features, label, err);
     default: return dp_errf(err, "%s: unknown format", r->where);
     }
@@ -945,6 +1071,11 @@ size_t dp_record_reader_bytes(const dp_record_reader *r)
         n += png_decode_bytes(&r->shape);
     if (r->csv) /* csv.c's read buffer, its longest record and the skipping row */
         n += ((size_t)64 << 10) + ((size_t)1 << 20) + (size_t)r->shape.dim * sizeof(float);
+    for (size_t j = 0; j < r->n_cols; j++) /* named .npz columns: a handle and a chunk each */
+        if (r->cols[j].arr)
+            n += ((size_t)1 << 20) + (size_t)NPZ_NAMED_CHUNK * r->cols[j].width * sizeof(int64_t);
+    if (r->cols && r->y)
+        n += ((size_t)1 << 20) + (size_t)r->chunk_rows * sizeof *r->lbuf;
     if (r->x) { /* npy.c's staging buffers (1 MiB a handle) and the chunk */
         n += ((size_t)2 << 20) + (size_t)r->chunk_rows * sizeof *r->lbuf;
         if (r->buf)
@@ -986,8 +1117,11 @@ void dp_record_close(dp_record_reader *r)
     free(r->labels_path);
     free(r->image);
     free(r->label);
-    for (size_t i = 0; i < r->n_cols; i++)
+    for (size_t i = 0; i < r->n_cols; i++) {
         free(r->cols[i].name);
+        dp_npy_close(r->cols[i].arr);
+        free(r->cols[i].chunk);
+    }
     free(r->cols);
     free(r);
 }
