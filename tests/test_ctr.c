@@ -117,10 +117,13 @@ static void test_generator(void)
 }
 
 /* Every record of a split's files equal to the generator's. */
-static void read_split_files(const char *spec, const dp_ctr_synth *s, long rows[2], size_t files[2])
+static void read_split_files(const char *spec, const dp_ctr_synth *s, long rows[2],
+                             size_t files[2], const char *categorical, const char *numeric)
 {
     dp_data_options o;
     dp_data_options_default(&o);
+    o.categorical = categorical;
+    o.numeric = numeric;
     dp_data_files f;
     dp_err err;
     int rc = dp_data_files_find(&f, spec, &o, &err);
@@ -181,7 +184,7 @@ static void test_cli(void)
     REQUIRE(dp_ctr_synth_init(&s, &err) == 0);
     long rows[2] = {1000, 300};
     size_t files[2] = {3, 2};
-    read_split_files(csv, &s, rows, files);
+    read_split_files(csv, &s, rows, files, NULL, NULL);
     snprintf(path, sizeof path, "%s/ctr-train-00000-of-00003.csv", csv);
     char head[256];
     FILE *f = fopen(path, "r");
@@ -213,7 +216,21 @@ static void test_cli(void)
     REQUIRE(dp_ctr_synth_init(&t, &err) == 0);
     long rows2[2] = {700, 200};
     size_t files2[2] = {1, 1};
-    read_split_files(npy, &t, rows2, files2);
+    read_split_files(npy, &t, rows2, files2, NULL, NULL);
+
+    /* TFRecord: int64 ids and float numerics, read through named columns */
+    char tf[1100];
+    snprintf(tf, sizeof tf, "%s/tf", g_dir);
+    const char *c[] = {"data", "synth", "ctr", "--to", tf, "--rows", "500", "--test-rows", "100",
+                       "--files", "2", "--format", "tfrecord", "--categorical", "4", "--ids",
+                       "50,7,1000,30", "--multi", "1", "--places", "3", "--numeric", "2",
+                       "--seed", "9", NULL};
+    rc = run_bin(c);
+    CHECKF(rc == 0, "synth tfrecord: %d: %s", rc, g_err);
+    CHECK(strstr(g_out, "read it with: --categorical c0,c1,c2,c3:3 --numeric n0,n1"));
+    long rows3[2] = {500, 100};
+    size_t files3[2] = {2, 1};
+    read_split_files(tf, &s, rows3, files3, "c0,c1,c2,c3:3", "n0,n1");
 
     const char *bad[][12] = {
         {"data", "synth", "ctr", "--to", npy, "--format", "npy", "--files", "2", NULL},
@@ -221,16 +238,17 @@ static void test_cli(void)
         {"data", "synth", "ctr", "--to", npy, "--ids", "16777217", NULL},
         {"data", "synth", "ctr", "--to", npy, "--multi", "9", NULL},
         {"data", "synth", "ctr", "--to", npy, "--format", "tsv", NULL},
+        {"data", "synth", "ctr", "--to", npy, "--format", "tfrecord", "--files", "0", NULL},
         {"data", "synth", "ctr", NULL},
         {"data", "synth", "images", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = run_bin(bad[i]);
-        CHECKF(rc == 2 && strstr(g_err, "downpour data synth"), "refusal %zu: %d: %s", i, rc,
+        CHECKF(rc == 2 && strstr(g_err, "downpour"), "refusal %zu: %d: %s", i, rc,
                g_err);
     }
-    printf("downpour data synth ctr: CSV (3 + 2 files, a multi-valued feature) and NumPy read "
-           "back equal to the generator; refusals exit 2\n");
+    printf("downpour data synth ctr: CSV (3 + 2 files, a multi-valued feature), NumPy and "
+           "TFRecord (named columns) read back equal to the generator; refusals exit 2\n");
 }
 
 /* A small wide-deep model on a small synthetic set: a test log loss near

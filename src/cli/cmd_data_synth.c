@@ -15,14 +15,17 @@
 
 #include "cli/cli.h"
 #include "downpour/clock.h"
+#include "downpour/example.h"
 #include "downpour/file.h"
 #include "downpour/status.h"
 #include "downpour/synth_ctr.h"
+#include "downpour/tfrecord.h"
 
 #define SYNTH_USAGE                                                                           \
     "downpour data synth ctr --to DIR [--rows N] [--test-rows N] [--files N]\n"                \
     "       [--test-files N] [--categorical N] [--ids N[,N...]] [--multi K] [--places M]\n"    \
-    "       [--numeric N] [--zipf S] [--seed N] [--format csv|npy] [--name NAME] [--force]\n"  \
+    "       [--numeric N] [--zipf S] [--seed N] [--format csv|npy|tfrecord] [--name NAME]\n"  \
+    "       [--force]\n"                                                                        \
     "\n"                                                                                       \
     "Writes a synthetic click-through set: Zipf-distributed ids for each categorical\n"        \
     "feature, normal numeric features, and labels from a known logistic model, so the\n"       \
@@ -33,10 +36,13 @@
 #define MAX_FILES 99999
 #define MAX_ROWS 4000000000L
 
+typedef enum synth_format { FMT_CSV, FMT_NPY, FMT_TFRECORD } synth_format;
+
 typedef struct synth_job {
     dp_ctr_synth s;
     const char *dir, *name;
     int npy;
+    synth_format fmt;
     long rows[2], files[2];
     int width;
     float *x;
@@ -50,6 +56,9 @@ static void file_path(char *out, size_t cap, const synth_job *j, int k, long i, 
 {
     if (j->npy)
         snprintf(out, cap, "%s/%s-%s-%s.npy", j->dir, j->name, split_names[k], what);
+    else if (j->fmt == FMT_TFRECORD) /* TFDS's names */
+        snprintf(out, cap, "%s/%s-%s.tfrecord-%05ld-of-%05ld", j->dir, j->name, split_names[k],
+                 i, j->files[k]);
     else
         snprintf(out, cap, "%s/%s-%s-%05ld-of-%05ld.csv", j->dir, j->name, split_names[k], i,
                  j->files[k]);
@@ -135,6 +144,79 @@ static int write_csv(synth_job *j, int k, dp_err *err)
     return 0;
 }
 
+/* TFRecord files of tf.train.Example: "label" (int64), each categorical
+ * feature "cK" an int64_list of its ids (a multi-valued one only the ids it
+ * holds: no -1), each numeric "nK" a float_list of one value; read with
+ * --categorical and --numeric (docs/datasets.md). */
+static int write_tfrecord(synth_job *j, int k, dp_err *err)
+{
+    int nf = 1 + j->s.n_cat + j->s.n_num;
+    dp_feature *fs = calloc((size_t)nf, sizeof *fs);
+    int64_t *ids = malloc(((size_t)j->width + 1) * sizeof *ids);
+    char *names = malloc((size_t)nf * 16);
+    uint8_t *enc = NULL;
+    size_t cap = 0;
+    int rc = fs && ids && names ? 0 : dp_errf(err, "out of memory");
+    for (long i = 0; rc == 0 && i < j->files[k]; i++) {
+        char path[4096];
+        file_path(path, sizeof path, j, k, i, "features");
+        dp_tfrecord_writer *w;
+        if (dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, err) != 0) {
+            rc = -1;
+            break;
+        }
+        uint64_t lo = (uint64_t)j->rows[k] * i / j->files[k];
+        uint64_t hi = (uint64_t)j->rows[k] * (i + 1) / j->files[k];
+        for (uint64_t r = lo; rc == 0 && r < hi; r++) {
+            uint8_t y;
+            double p;
+            dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
+            tally(j, k, y, p);
+            int f = 0, at = 0;
+            ids[j->width] = y;
+            fs[f++] = (dp_feature){.name = "label", .kind = DP_FEATURE_INT64, .count = 1,
+                                   .int64s = &ids[j->width]};
+            for (int c = 0; c < j->s.n_cat; c++) {
+                char *nm = names + (size_t)f * 16;
+                snprintf(nm, 16, "c%d", c);
+                size_t used = 0;
+                for (int q = 0; q < j->s.places[c]; q++)
+                    if (j->x[at + q] >= 0)
+                        ids[at + (int)used++] = (int64_t)j->x[at + q];
+                fs[f++] = (dp_feature){.name = nm, .kind = DP_FEATURE_INT64, .count = used,
+                                       .int64s = &ids[at]};
+                at += j->s.places[c];
+            }
+            for (int q = 0; q < j->s.n_num; q++) {
+                char *nm = names + (size_t)f * 16;
+                snprintf(nm, 16, "n%d", q);
+                fs[f++] = (dp_feature){.name = nm, .kind = DP_FEATURE_FLOAT, .count = 1,
+                                       .floats = &j->x[at + q]};
+            }
+            size_t len = dp_example_encoded_size(fs, (size_t)nf);
+            if (len > cap) {
+                uint8_t *g = realloc(enc, len);
+                if (!g) {
+                    rc = dp_errf(err, "out of memory");
+                    break;
+                }
+                enc = g, cap = len;
+            }
+            dp_example_encode(enc, fs, (size_t)nf);
+            if (dp_tfrecord_write(w, enc, len, err) != 0)
+                rc = -1;
+            j->bytes[k] += len + 16; /* the record's framing */
+        }
+        if (dp_tfrecord_writer_close(w, rc == 0 ? err : NULL) != 0 && rc == 0)
+            rc = -1;
+    }
+    free(fs);
+    free(ids);
+    free(names);
+    free(enc);
+    return rc;
+}
+
 /* A version 1.0 .npy header for shape (n,) or (n, w), padded to 64 bytes. */
 static void npy_header(FILE *f, const char *descr, long n, int w)
 {
@@ -196,7 +278,7 @@ static int write_info(const synth_job *j, dp_err *err)
         "{\"generator\": \"downpour data synth ctr\", \"format\": \"%s\", \"width\": %d,\n"
         " \"categorical\": %d, \"numeric\": %d, \"zipf\": %.17g, \"id_scale\": %.17g,\n"
         " \"num_scale\": %.17g, \"bias\": %.17g, \"seed\": %llu,\n \"ids\": [",
-        j->npy ? "npy" : "csv", j->width, j->s.n_cat, j->s.n_num, j->s.zipf, j->s.id_scale,
+        j->npy ? "npy" : j->fmt == FMT_TFRECORD ? "tfrecord" : "csv", j->width, j->s.n_cat, j->s.n_num, j->s.zipf, j->s.id_scale,
         j->s.num_scale, j->s.bias, (unsigned long long)j->s.seed);
     for (int f = 0; f < j->s.n_cat && len < sizeof text; f++)
         len += (size_t)snprintf(text + len, sizeof text - len, "%s%u", f ? ", " : "", j->s.card[f]);
@@ -255,6 +337,18 @@ static void print_model(const synth_job *j)
             printf("m%dmean", j->s.places[f]);
     }
     printf("-res(dense64-relu-dense32-relu-dense1|dense1)-bce\n");
+    if (j->fmt != FMT_TFRECORD)
+        return;
+    printf("read it with: --categorical ");
+    for (int f = 0; f < j->s.n_cat; f++) {
+        printf("%sc%d", f ? "," : "", f);
+        if (j->s.places[f] > 1)
+            printf(":%d", j->s.places[f]);
+    }
+    printf(" --numeric ");
+    for (int f = 0; f < j->s.n_num; f++)
+        printf("%sn%d", f ? "," : "", f);
+    printf("\n");
 }
 
 static int synth_ctr(int argc, char **argv)
@@ -271,8 +365,8 @@ static int synth_ctr(int argc, char **argv)
         {"to", CLI_STR, &to, "DIR", "output directory (made if missing)", 0, 0},
         {"rows", CLI_INT, &rows, "N", "training records", 1, MAX_ROWS},
         {"test-rows", CLI_INT, &test_rows, "N", "test records", 1, MAX_ROWS},
-        {"files", CLI_INT, &files, "N", "training files (CSV)", 1, MAX_FILES},
-        {"test-files", CLI_INT, &test_files, "N", "test files (CSV)", 1, MAX_FILES},
+        {"files", CLI_INT, &files, "N", "training files (CSV, TFRecord)", 1, MAX_FILES},
+        {"test-files", CLI_INT, &test_files, "N", "test files (CSV, TFRecord)", 1, MAX_FILES},
         {"categorical", CLI_INT, &cat, "N", "categorical features", 0, DP_CTR_MAX_FEATURES},
         {"ids", CLI_STR, &ids, "N[,N...]",
          "ids of each categorical feature: one count for all, or one per feature (at most 2^24)",
@@ -289,8 +383,10 @@ static int synth_ctr(int argc, char **argv)
          "the generating model's numeric weights' deviation", 0, 10},
         {"bias", CLI_NUM, &bias, "X", "the generating model's bias (the click rate)", -20, 20},
         {"seed", CLI_INT, &seed, "N", "the seed: the same seed, the same files", 0, 1e15},
-        {"format", CLI_STR, &format, "csv|npy",
-         "CSV files, or one NumPy pair a split (features float32, labels uint8)", 0, 0},
+        {"format", CLI_STR, &format, "csv|npy|tfrecord",
+         "CSV files, one NumPy pair a split (features float32, labels uint8), or TFRecord "
+         "files of tf.train.Example (int64 ids, float numerics: read with --categorical and "
+         "--numeric)", 0, 0},
         {"name", CLI_STR, &name, "NAME", "file name prefix", 0, 0},
         {"force", CLI_FLAG, &force, NULL, "replace files of the same names", 0, 0},
     };
@@ -307,11 +403,14 @@ static int synth_ctr(int argc, char **argv)
         fprintf(stderr, "downpour data synth ctr: --to DIR is required\n");
         return 2;
     }
-    if (strcmp(format, "csv") != 0 && strcmp(format, "npy") != 0) {
-        fprintf(stderr, "downpour data synth ctr: --format '%s': expected csv or npy\n", format);
+    if (strcmp(format, "csv") != 0 && strcmp(format, "npy") != 0 &&
+        strcmp(format, "tfrecord") != 0) {
+        fprintf(stderr, "downpour data synth ctr: --format '%s': expected csv, npy or tfrecord\n",
+                format);
         return 2;
     }
     j.npy = strcmp(format, "npy") == 0;
+    j.fmt = j.npy ? FMT_NPY : strcmp(format, "tfrecord") == 0 ? FMT_TFRECORD : FMT_CSV;
     if (j.npy && (files != 1 || test_files != 1)) {
         fprintf(stderr, "downpour data synth ctr: --format npy writes one pair of .npy files a "
                         "split (a NumPy dataset is one pair a split): --files and --test-files "
@@ -374,7 +473,9 @@ static int synth_ctr(int argc, char **argv)
             }
         }
     for (int k = 0; k < 2; k++)
-        if ((j.npy ? write_npy(&j, k, &err) : write_csv(&j, k, &err)) < 0)
+        if ((j.npy                    ? write_npy(&j, k, &err)
+             : j.fmt == FMT_TFRECORD ? write_tfrecord(&j, k, &err)
+                                     : write_csv(&j, k, &err)) < 0)
             goto out;
     if (write_info(&j, &err) < 0)
         goto out;
