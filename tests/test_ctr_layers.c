@@ -144,6 +144,10 @@ static void test_gradients(const char *spec)
     CHECK(m.layers[1].bag_col == 3 && m.layers[1].bag_ids == 1 && !m.layers[1].bag_mean);
     CHECK(m.layers[1].w_off == 15 && m.layers[1].w_len == (size_t)4 * (m.layers[1].out - 6));
     CHECK(dp_model_classes(&m) == 2);
+    /* the rows the forward reads, as the sparse exchange will read them */
+    CHECK(dp_model_bag_row(&m.layers[0], 4.0f) == 4 && dp_model_bag_row(&m.layers[0], 0.0f) == 0);
+    CHECK(dp_model_bag_row(&m.layers[0], 5.0f) == -1 && dp_model_bag_row(&m.layers[0], 2.5f) == -1);
+    CHECK(dp_model_bag_row(&m.layers[0], -1.0f) == -1 && dp_model_bag_row(&m.layers[0], NAN) == -1);
     float x[B * 7] = {
         0, 2, 2, 1, 0.5f, -1.0f, 2.0f,       /* a repeated id */
         4, -1, -1, 3, -0.3f, 0.1f, 0.7f,     /* one id and two empty places */

@@ -216,6 +216,12 @@ int dp_model_binary(const dp_model *m);
  * written).  The readers check named categorical columns' ids against
  * these rows (docs/datasets.md, "Categorical and numeric columns"). */
 int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap);
+/* The table row a bag's forward reads for the value v of one of its places
+ * (column bag_col + j of a record): v when it is an integer in [0, N), else
+ * -1 (an empty place -1, or a bad id, which the forward skips and counts).
+ * The one rule, so that whoever gathers a batch's rows (the sparse
+ * exchange) reads the rows the forward reads. */
+long dp_model_bag_row(const dp_layer *d, float v);
 /* Whether the model takes a dataset's records of rows x cols x channels
  * values, stored pixel by pixel (HWC, as PNG and NumPy images are; IDX has
  * one channel): a flat input needs them all as features, an image input is

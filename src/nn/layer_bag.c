@@ -32,7 +32,6 @@
  * parallelism and the device refuse it (no kernels yet). */
 #include "nn/layer_impl.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "downpour/pool.h"
@@ -162,18 +161,17 @@ static float forward(const dp_layer_call *c)
 {
     const dp_layer *d = c->d;
     int M = d->bag_ids;
-    long N = rows_of(d), bad = 0;
+    long bad = 0;
     float *ids = c->keep, *scale = c->keep + (size_t)c->batch * M;
     for (int r = 0; r < c->batch; r++) {
         const float *x = c->in + (size_t)r * d->in;
         int used = 0;
         for (int j = 0; j < M; j++) {
-            float v = x[j];
-            bool ok = v >= 0.0f && v < (float)N && v == floorf(v);
-            if (!ok && v != -1.0f)
+            long row = dp_model_bag_row(d, x[j]); /* the rule the sparse exchange reads too */
+            if (row < 0 && x[j] != -1.0f)
                 bad++;
-            ids[(size_t)r * M + j] = ok ? v : -1.0f;
-            used += ok;
+            ids[(size_t)r * M + j] = (float)row;
+            used += row >= 0;
         }
         scale[r] = d->bag_mean && used > 1 ? 1.0f / (float)used : 1.0f;
     }

@@ -203,6 +203,12 @@ int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap)
     return n;
 }
 
+long dp_model_bag_row(const dp_layer *d, float v)
+{
+    long n = (long)(d->w_len / (size_t)(d->out - d->in + d->bag_ids));
+    return v >= 0.0f && v < (float)n && v == floorf(v) ? (long)v : -1;
+}
+
 int dp_model_classes(const dp_model *m)
 {
     return dp_model_binary(m) ? 2 : m->layers[m->n_layers - 1].out; /* bce: P(1) of 2 classes */
