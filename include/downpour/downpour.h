@@ -8,6 +8,7 @@
 
 #include "downpour/version.h"
 
+#include "downpour/auc.h"
 #include "downpour/augment.h"
 #include "downpour/blas.h"
 #include "downpour/checkpoint.h"
@@ -57,6 +58,7 @@
 #include "downpour/status.h"
 #include "downpour/strategy.h"
 #include "downpour/stream.h"
+#include "downpour/synth_ctr.h"
 #include "downpour/tcp.h"
 #include "downpour/tensorboard.h"
 #include "downpour/testhooks.h"
