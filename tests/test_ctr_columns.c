@@ -53,7 +53,10 @@ static int read_all(const char *spec, const dp_data_options *o, float *x, size_t
     return rc;
 }
 
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text)
+{
+    write_bytes(path, text, strlen(text));
+}
 
 static void csv_case(const char *train, const dp_data_options *o, const char *needle)
 {
@@ -155,7 +158,8 @@ static void test_tfrecord(void)
             for (int r = 0; r < 2; r++) {
                 dp_feature fs[4] = {
                     {.name = "c0", .kind = DP_FEATURE_INT64, .count = 1, .int64s = c0[r]},
-                    {.name = "tags", .kind = DP_FEATURE_INT64, .count = ntags[r], .int64s = tags[r]},
+                    {.name = "tags", .kind = DP_FEATURE_INT64, .count = ntags[r],
+                     .int64s = tags[r]},
                     {.name = "n0", .kind = DP_FEATURE_FLOAT, .count = 1, .floats = &n0[r]},
                     {.name = "label", .kind = DP_FEATURE_INT64, .count = 1, .int64s = &label[r]},
                 };
@@ -185,7 +189,8 @@ static void test_tfrecord(void)
     o.hash_buckets = 0;
     printf("tfrecord: named int64 and float features read, raw ids hashed as CSV's\n");
 
-    const char *needles[4] = {NULL, "v1-train.tfrecord: record 1: feature \"c0\": id 7 is not below 5",
+    const char *needles[4] = {NULL,
+                              "v1-train.tfrecord: record 1: feature \"c0\": id 7 is not below 5",
                               "v2-train.tfrecord: record 1: feature \"c0\": id -2 is negative",
                               "v3-train.tfrecord: record 1: feature \"tags\" holds 3 ids"};
     for (int v = 1; v < 4; v++) {

@@ -278,7 +278,8 @@ static int write_info(const synth_job *j, dp_err *err)
         "{\"generator\": \"downpour data synth ctr\", \"format\": \"%s\", \"width\": %d,\n"
         " \"categorical\": %d, \"numeric\": %d, \"zipf\": %.17g, \"id_scale\": %.17g,\n"
         " \"num_scale\": %.17g, \"bias\": %.17g, \"seed\": %llu,\n \"ids\": [",
-        j->npy ? "npy" : j->fmt == FMT_TFRECORD ? "tfrecord" : "csv", j->width, j->s.n_cat, j->s.n_num, j->s.zipf, j->s.id_scale,
+        j->npy ? "npy" : j->fmt == FMT_TFRECORD ? "tfrecord" : "csv", j->width, j->s.n_cat,
+        j->s.n_num, j->s.zipf, j->s.id_scale,
         j->s.num_scale, j->s.bias, (unsigned long long)j->s.seed);
     for (int f = 0; f < j->s.n_cat && len < sizeof text; f++)
         len += (size_t)snprintf(text + len, sizeof text - len, "%s%u", f ? ", " : "", j->s.card[f]);

@@ -53,7 +53,8 @@ static double helper1(double x) /* log1p(x) / x */
 
 static double helper2(double x) /* expm1(x) / x */
 {
-    return fabs(x) > 1e-8 ? expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
+    return fabs(x) > 1e-8 ? expm1(x) / x
+                          : 1.0 + x * 0.5 * (1.0 + x * (1.0 / 3.0) * (1.0 + 0.25 * x));
 }
 
 static double h(double x, double e) { return exp(-e * log(x)); }
