@@ -70,7 +70,9 @@ int main(void)
                  "[ $a -ne 0 ] && [ $b -ne 0 ]",
                  bin, spec, bin, spec);
     CHECKF(rc == 0, "a task with the wrong secret was not refused on both sides: %s", err);
-    CHECKF(dp_now() - t0 < 15, "refusing the wrong secret took %.1f s", dp_now() - t0);
+    /* no hang: both give up within their 3 s connect timeout; the bound is
+     * far above what load can make of that */
+    CHECKF(dp_now() - t0 < 60, "refusing the wrong secret took %.1f s", dp_now() - t0);
     CHECKF(strstr(err, "secret") || strstr(err, "authentic"), "no word of the secret: %s", err);
 
     /* Bad specs and role mixes, refused by name. */

@@ -2,7 +2,8 @@
  * trains a caller's flat buffer with its own step (a quadratic whose
  * gradient is params - target) under strategy single, in place, with no
  * dataset; the spec "external:NAME" finds a registered one; evaluate gives
- * the validation and test figures; what needs downpour's own layers or
+ * the validation and test figures; --save goes to the model's save
+ * callback with its buffers; what needs downpour's own layers or
  * strategies is refused, naming the flag. */
 #include <math.h>
 #include <stdio.h>
@@ -48,6 +49,18 @@ static double evaluate(void *c, const float *w, int test, double *loss)
     x->evals++;
     *loss = fabs((double)w[0] - x->target[0]);
     return 0.5;
+}
+
+/* the save callback: what it was handed */
+static float saved_w0, saved_b0;
+static char saved_path[64];
+static int save(void *c, const float *w, const float *b, const char *path)
+{
+    (void)c;
+    saved_w0 = w[0];
+    saved_b0 = b ? b[0] : -1.0f;
+    snprintf(saved_path, sizeof saved_path, "%s", path);
+    return 0;
 }
 
 static dp_train_config config(const dp_external_model *e)
@@ -104,6 +117,21 @@ int main(void)
     cfg = config(&e);
     cfg.save_path = "never.safetensors";
     CHECK(dp_train_run(&cfg, &res, &err) < 0 && strstr(err.msg, "--save"));
+    /* buffers need their array; with a save callback --save hands it the
+     * final weights and the buffers */
+    float bufs[2] = {7.0f, 8.0f};
+    e.n_buffers = 2;
+    cfg = config(&e);
+    CHECK(dp_train_run(&cfg, &res, &err) < 0 && strstr(err.msg, "buffers"));
+    e.buffers = bufs;
+    e.save = save;
+    cfg = config(&e);
+    cfg.epochs = 1;
+    cfg.save_path = "external-saved.pt";
+    CHECKF(dp_train_run(&cfg, &res, &err) == 0, "%s", err.msg);
+    CHECK(strcmp(saved_path, "external-saved.pt") == 0);
+    CHECK(saved_w0 == x.params[0] && saved_b0 == 7.0f);
+    e.n_buffers = 0, e.buffers = NULL, e.save = NULL;
     cfg = config(&e);
     cfg.augment.pad = 2;
     cfg.augment.flip = 1;

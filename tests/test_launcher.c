@@ -284,7 +284,9 @@ static void test_one_fails(void)
     close(out);
     CHECKF(rc == 4, "rc %d", rc);
     CHECKF(strstr(err.msg, "worker:1") && strstr(err.msg, "exited with status 4"), "%s", err.msg);
-    CHECKF(dt < 10, "took %.1f s", dt);
+    /* the others were stopped, not waited for: they sleep 60 s (a bound far
+     * from what load can reach; the real check is pid_gone below) */
+    CHECKF(dt < 45, "took %.1f s: the launcher waited for the sleeping tasks", dt);
     for (int r = 0; r < 4; r++)
         CHECKF(pid_gone(pids[r]), "task %d (pid %d) still there", r, (int)pids[r]);
     char *s = slurp(out_path);
@@ -347,7 +349,9 @@ static void test_grace_then_kill(void)
     close(out);
     CHECKF(rc == 128 + SIGKILL, "rc %d", rc);
     CHECKF(strstr(err.msg, "worker:2") && strstr(err.msg, "signal 9"), "%s", err.msg);
-    CHECKF(dt > 0.7 && dt < 5, "took %.2f s", dt);
+    /* at least the 0.3 s before the kill and the 0.5 s grace; far less than
+     * the survivors' 60 s sleep (they were killed, not waited for) */
+    CHECKF(dt > 0.7 && dt < 45, "took %.2f s", dt);
     dp_cluster_free(&c);
 }
 
@@ -414,7 +418,7 @@ static void test_sigterm_to_launcher(void)
     REQUIRE(waitpid(lp, &st, 0) == lp);
     double dt = dp_now() - t0;
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGTERM, "wait status %d", st);
-    CHECKF(dt < 5, "took %.1f s", dt);
+    CHECKF(dt < 45, "took %.1f s: the launcher waited for its tasks", dt);
     for (int i = 0; i < 3; i++)
         CHECKF(pid_gone(tasks[i]), "task pid %d still there", (int)tasks[i]);
 }

@@ -123,7 +123,7 @@ static void test_sampler(const char *dir)
     usleep(450000);
     double t0 = dp_now();
     dp_resource_sampler_stop(s);
-    CHECK(dp_now() - t0 < 0.5);
+    CHECK(dp_now() - t0 < 30); /* no hang (a bound load cannot reach) */
     dp_metrics_close(m);
     double tx = -1, rx = -1;
     int n = check_events(path, "worker:0", &tx, &rx);
@@ -137,7 +137,7 @@ static void test_sampler(const char *dir)
     REQUIRE(dp_resource_sampler_start(&s, m, "ps:1", 60, NULL, NULL, &err) == 0);
     t0 = dp_now();
     dp_resource_sampler_stop(s);
-    CHECK(dp_now() - t0 < 1.0);
+    CHECK(dp_now() - t0 < 30); /* not the 60 s interval */
     dp_metrics_close(m);
     n = check_events(path, "ps:1", &tx, &rx);
     CHECK(n == 1 && tx == 0 && rx == 0);

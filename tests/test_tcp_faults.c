@@ -473,15 +473,17 @@ int main(void)
     dp_transport_stats_get(t, 1, &s);
     CHECK(s.frames_recv >= 11 && s.bytes_recv >= s.frames_recv * DP_FRAME_HEADER_SIZE);
 
-    /* SIGKILL: reported within the heartbeat timeout (EOF comes at once). */
+    /* SIGKILL: reported by the connection's end (EOF comes at once), not by
+     * the heartbeat's silence: the reason says which, whatever the load. */
     double t0 = dp_now();
     kill(good, SIGKILL);
     dp_event ev;
-    CHECK(dp_transport_poll(t, DP_PEER_ANY, 3, &ev, &err) == 0);
+    CHECK(dp_transport_poll(t, DP_PEER_ANY, 30, &ev, &err) == 0);
     double dt = dp_now() - t0;
     CHECKF(ev.kind == DP_EVENT_PEER_LOST && ev.peer == 1 && !ev.orderly, "%s %s",
            dp_event_kind_name(ev.kind), ev.reason);
-    CHECKF(dt < 2.0, "SIGKILL noticed after %.2f s (heartbeat timeout 2 s)", dt);
+    CHECKF(!strstr(ev.reason, "heartbeat"), "SIGKILL noticed by silence, not EOF: %s",
+           ev.reason);
     fprintf(stderr, "SIGKILL noticed after %.3f s: %s\n", dt, ev.reason);
     waitpid(good, NULL, 0);
 
@@ -507,11 +509,12 @@ int main(void)
     close(silent);
     kill(stopped, SIGSTOP);
     t0 = dp_now();
-    CHECK(dp_transport_poll(t, 1, 5, &ev, &err) == 0);
+    CHECK(dp_transport_poll(t, 1, 30, &ev, &err) == 0);
     dt = dp_now() - t0;
     CHECKF(ev.kind == DP_EVENT_PEER_LOST && strstr(ev.reason, "heartbeat"), "%s %s",
            dp_event_kind_name(ev.kind), ev.reason);
-    CHECKF(dt > 1.0 && dt < 5.0, "silence noticed after %.2f s (timeout 2 s)", dt);
+    /* not before the timeout's silence (load only makes it later) */
+    CHECKF(dt > 1.0, "silence noticed after %.2f s (timeout 2 s)", dt);
     fprintf(stderr, "stopped peer noticed after %.3f s: %s\n", dt, ev.reason);
     kill(stopped, SIGKILL);
     waitpid(stopped, NULL, 0);

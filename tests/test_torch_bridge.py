@@ -12,7 +12,10 @@ seconds, on a small torch MLP and synthetic records (tests/torch_bridge_task.py)
   (under make test-long: a paced run);
 - a run killed mid-epoch and resumed from its checkpoint ends with the
   weights of the uninterrupted run;
-- errors: a strategy that cannot train it, --save, an exception in the
+- buffers (a BatchNorm1d's running statistics): single equals plain torch
+  and saves the state_dict (save=); ps-async with 1 worker saves the same
+  on the chief (worker 0's statistics); a resume restores them exactly;
+- errors: a strategy that cannot train it, sync_bn, an exception in the
   loss function (raised again as it was).
 
 Exits 77 (skipped) without torch or numpy for /usr/bin/python3."""
@@ -76,6 +79,19 @@ def plain_torch(batch, epochs, lr):
             torch.nn.functional.cross_entropy(model(x[k:k + batch]), y[k:k + batch]).backward()
             opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def plain_torch_bn(batch, epochs, lr):
+    """The bn model in torch alone: its state_dict after SGD."""
+    x, y = task.data()
+    model = task.net(True)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(epochs):
+        for k in range(0, task.N, batch):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[k:k + batch]), y[k:k + batch]).backward()
+            opt.step()
+    return model.state_dict()
 
 
 def main():
@@ -147,6 +163,41 @@ def main():
     check("Resuming from" in p.stderr and "step 12" in p.stderr, "resumed from step 12")
     close(weights(out), ref, 0, "resumed run equals the uninterrupted one")
 
+    # buffers: a BatchNorm1d's running statistics.  single equals plain
+    # torch, parameters and statistics; under ps-async with 1 worker the
+    # chief gets worker 0's statistics (a BUFFERS frame) and saves the
+    # same state_dict as the one process; a resume restores them
+    sd_single = os.path.join(tmp, "bn-single.pt")
+    run([py, TASK, "--bn", "--batch", "64", "--extra", f"save={sd_single}"], "bn: single")
+    ref_sd = torch.load(sd_single) if os.path.exists(sd_single) else {}
+    want = plain_torch_bn(64, 3, 0.1)
+    check(set(ref_sd) == set(want), f"bn: save wrote the module's state_dict ({sorted(ref_sd)})")
+    for k in want:
+        if k in ref_sd and want[k].is_floating_point():
+            close(ref_sd[k].numpy(), want[k].numpy(), 1e-5, f"bn: single equals plain torch, {k}")
+    sd_async = os.path.join(tmp, "bn-ps-async.pt")
+    run(launch + ["--workers", "1", "--ps", "1", "--chief", "--", py, TASK, "--bn", "--strategy",
+                  "ps-async", "--batch", "64", "--extra", "push_behind=0", f"save={sd_async}"],
+        "bn: ps-async, 1 worker")
+    got = torch.load(sd_async) if os.path.exists(sd_async) else {}
+    for k in ("0.weight", "1.running_mean", "1.running_var", "3.bias"):
+        close(got[k].numpy() if k in got else np.zeros(0, np.float32), ref_sd[k].numpy()
+              if k in ref_sd else np.ones(1, np.float32), 1e-6,
+              f"bn: ps-async on 1 worker, the chief's saved {k} equals single's")
+    ck = os.path.join(tmp, "bn-ck")
+    sd_resumed = os.path.join(tmp, "bn-resumed.pt")
+    args = [py, TASK, "--bn", "--batch", "64", "--extra", f"checkpoint_dir={ck}",
+            "checkpoint_every=4", f"save={sd_resumed}"]
+    p = subprocess.run(args + ["--kill-worker", "0", "--kill-at", "14"], capture_output=True,
+                       text=True, timeout=240)
+    check(p.returncode == -9, f"bn: killed at step 14: {p.returncode}")
+    run(args + ["resume=True"], "bn: resumed")
+    got = torch.load(sd_resumed) if os.path.exists(sd_resumed) else {}
+    for k in ("1.running_mean", "1.running_var", "3.weight"):
+        close(got[k].numpy() if k in got else np.zeros(0, np.float32), ref_sd[k].numpy()
+              if k in ref_sd else np.ones(1, np.float32), 0,
+              f"bn: the resumed run's {k} equals the uninterrupted one's")
+
     # errors
     model = task.net()
     x, y = task.data()
@@ -158,11 +209,11 @@ def main():
         check(e.argument == "strategy" and "allreduce" in str(e),
               f"lbfgs refused naming strategy: {e}")
     try:
-        dt.train(model, torch.nn.functional.cross_entropy, loader, save="x.safetensors",
-                 echo=False)
-        check(False, "save refused")
+        dt.train(task.net(True), torch.nn.functional.cross_entropy, loader, strategy="allreduce",
+                 sync_bn=True, echo=False)
+        check(False, "sync_bn refused")
     except downpour.Error as e:
-        check(e.argument == "save", f"save refused: {e}")
+        check("sync-bn" in str(e) and "external" in str(e), f"sync_bn refused: {e}")
 
     def bad_loss(out, y):
         raise ValueError("bad loss")

@@ -4,7 +4,8 @@ single) or as every task under `downpour launch ... -- python3 THIS`.
 Each worker takes its contiguous slice of every global batch, so W
 workers at batch B see together what one process sees at batch W*B; the
 process that ends with the final weights (the chief, or the one process)
-writes them to --out as raw float32."""
+writes them to --out as raw float32 (and, given --extra save=PATH, its
+state_dict to PATH through downpour's --save)."""
 import argparse
 import os
 import sys
@@ -24,8 +25,11 @@ def data():
     return x, y
 
 
-def net():
+def net(bn=False):
     torch.manual_seed(0)  # every task the same initial weights
+    if bn:  # buffers beside the parameters: the running statistics
+        return torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.BatchNorm1d(H),
+                                   torch.nn.ReLU(), torch.nn.Linear(H, C))
     return torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C))
 
 
@@ -50,6 +54,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--out")
+    ap.add_argument("--bn", action="store_true", help="a BatchNorm1d after the first layer")
     ap.add_argument("--extra", nargs="*", default=[])
     ap.add_argument("--out-worker0", action="store_true", help="worker 0 writes (allreduce)")
     ap.add_argument("--kill-worker", type=int, default=-1)
@@ -64,7 +69,7 @@ def main():
     ds = Slices(x, y, w, W, a.batch)
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=False)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
-    model = net()
+    model = net(a.bn)
     extra = {k: True if v == "True" else v for k, v in (e.split("=", 1) for e in a.extra)}
     dt.train(model, torch.nn.functional.cross_entropy, loader, strategy=a.strategy,
              epochs=a.epochs, lr=a.lr, val_loader=val, quiet=True, **extra)

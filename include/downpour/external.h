@@ -12,8 +12,9 @@
  * under NAME in this process (as the in-memory datasets' "mem:NAME"), so
  * `downpour train --model external:NAME`, run in-process, trains it; or
  * set dp_train_config.external.  The model has no layers: nothing of
- * downpour's own that runs layers (evaluation, checkpoints, the device,
- * the model-parallel strategies) applies to it. */
+ * downpour's own that runs layers (evaluation, the device, the
+ * model-parallel strategies) applies to it; checkpoints hold its flat
+ * buffers as they are. */
 #ifndef DOWNPOUR_EXTERNAL_H
 #define DOWNPOUR_EXTERNAL_H
 
@@ -44,6 +45,19 @@ typedef struct dp_external_model {
      * or worker 0 / the single process. */
     double (*evaluate)(void *ctx, const float *weights, int test, double *loss);
     void *ctx;
+    /* Optional: state that is not trained (a BatchNorm's running mean and
+     * variance), n_buffers floats the caller's model moves in its own
+     * forward.  downpour treats them as its own models' buffers
+     * (docs/strategies.md, "Buffers"): worker 0 sends its to the chief,
+     * checkpoints hold them, a resume gives every task the file's.  0 and
+     * NULL: none. */
+    size_t n_buffers;
+    float *buffers;
+    /* Optional (NULL: --save is refused): writes the weights `weights`
+     * (n_params floats, maybe not params: the best epoch's, the EMA) and
+     * buffers to path in the caller's own format (a torch state_dict);
+     * 0, or -1 on an error.  Called by the evaluator at the end. */
+    int (*save)(void *ctx, const float *weights, const float *buffers, const char *path);
 } dp_external_model;
 
 /* Registers m (which must outlive the runs that use it) under name, for

@@ -36,13 +36,16 @@ _COMPUTE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes
                             ctypes.POINTER(ctypes.c_int))
 _EVALUATE = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                              ctypes.POINTER(ctypes.c_double))
+_SAVE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_char_p)
 
 
 class _External(ctypes.Structure):  # dp_external_model, include/downpour/external.h
     _fields_ = [("n_params", ctypes.c_size_t), ("params", ctypes.c_void_p),
                 ("grads", ctypes.c_void_p), ("steps_per_epoch", ctypes.c_long),
                 ("next", _NEXT), ("compute", _COMPUTE), ("evaluate", _EVALUATE),
-                ("ctx", ctypes.c_void_p)]
+                ("ctx", ctypes.c_void_p), ("n_buffers", ctypes.c_size_t),
+                ("buffers", ctypes.c_void_p), ("save", _SAVE)]
 
 
 def task():
@@ -101,7 +104,30 @@ def flatten(model):
     model._downpour_flat = (flat, grads)
     model._downpour_views = [(p, off0) for p, off0 in
                              zip(params, itertools.accumulate([0] + [p.numel() for p in params]))]
+    model._downpour_buffers = _flatten_buffers(model)
     return flat, grads
+
+
+def _flatten_buffers(model):
+    """Moves the module's float32 CPU buffers (a BatchNorm's running_mean
+    and running_var) into one flat tensor, each buffer a view into it, in
+    model.buffers() order: downpour handles them as its own models' buffers
+    (docs/strategies.md, "Buffers"): worker 0's reach the chief, which
+    evaluates and saves with them, and checkpoints hold them.  Buffers of
+    other types (BatchNorm's num_batches_tracked, an int64 that only
+    momentum=None reads) stay each task's own.  None when there are none."""
+    bufs = [b for b in model.buffers() if b.dtype == _torch.float32 and b.device.type == "cpu"]
+    n = sum(b.numel() for b in bufs)
+    if not n:
+        return None
+    flat = _torch.empty(n, dtype=_torch.float32)
+    off = 0
+    for b in bufs:
+        k = b.numel()
+        flat[off:off + k].copy_(b.reshape(-1))
+        b.data = flat[off:off + k].view_as(b)
+        off += k
+    return flat
 
 
 def _records(batch):
@@ -214,6 +240,31 @@ class _Bridge:
             return -1.0
 
 
+    def save(self, _ctx, weights, buffers, path):
+        """torch.save of the module's state_dict with `weights` (and
+        `buffers`) in it, the module's own left as they were."""
+        try:
+            path = path.decode()
+            bufs = self.model._downpour_buffers
+            saved = self.flat.clone(), (bufs.clone() if bufs is not None else None)
+            try:
+                if weights and weights != self.flat.data_ptr():
+                    w = (ctypes.c_float * self.flat.numel()).from_address(weights)
+                    self.flat.copy_(_torch.frombuffer(w, dtype=_torch.float32))
+                if bufs is not None and buffers and buffers != bufs.data_ptr():
+                    b = (ctypes.c_float * bufs.numel()).from_address(buffers)
+                    bufs.copy_(_torch.frombuffer(b, dtype=_torch.float32))
+                _torch.save(self.model.state_dict(), path)
+            finally:
+                self.flat.copy_(saved[0])
+                if bufs is not None:
+                    bufs.copy_(saved[1])
+            return 0
+        except BaseException:
+            self._fail()
+            return -1
+
+
 def _correct(out, y):
     """Correct predictions of a classifier's logits (0 for anything else)."""
     if out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
@@ -237,8 +288,13 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
     reports no accuracy.  Every other option of `downpour train` is a
     keyword (quiet=True, log_every=10, push_behind=0, metrics="m.jsonl",
     ema=0.99, keep_best=True, checkpoint_dir="ck", resume=True: the
-    checkpoints hold the flat buffer, and a resumed run walks the loader to
-    its position); not save (save the module's state_dict yourself).  In a cluster (under downpour launch)
+    checkpoints hold the flat buffers, and a resumed run walks the loader
+    to its position), save="model.pt" (the evaluator writes the module's
+    state_dict there with torch.save: the final weights, or the best
+    epoch's with keep_best, and the buffers it evaluated with).  Float32
+    buffers (a BatchNorm's running statistics) follow downpour's rule for
+    its own models' buffers (docs/strategies.md, "Buffers"); sync_bn is
+    refused.  In a cluster (under downpour launch)
     every task calls train with the same arguments; a ps task needs no
     loader batches and the chief only the evaluation loaders.  Errors:
     downpour.Error; an exception raised in the model or the loader is
@@ -264,10 +320,14 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
     ext.params = bridge.flat.data_ptr()
     ext.grads = bridge.grads.data_ptr()
     ext.steps_per_epoch = steps
-    cbs = []
+    bufs = model._downpour_buffers
+    if bufs is not None:
+        ext.n_buffers, ext.buffers = bufs.numel(), bufs.data_ptr()
+    cbs = [_SAVE(bridge.save)]
+    ext.save = cbs[0]
     if kind in ("single", "worker"):
         cbs += [_NEXT(bridge.next), _COMPUTE(bridge.compute)]
-        ext.next, ext.compute = cbs[0], cbs[1]
+        ext.next, ext.compute = cbs[-2], cbs[-1]
     if val_loader is not None or test_loader is not None:
         cbs.append(_EVALUATE(bridge.evaluate))
         ext.evaluate = cbs[-1]
@@ -288,7 +348,7 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
               batch=batch)
     if lr is not None:
         kw["lr"] = lr
-    for k in ("save", "dataset"):
+    for k in ("dataset",):
         if kw.get(k):
             raise Error(f"{k}: not for a torch module (docs/python.md, \"PyTorch\")", k, 2)
     try:

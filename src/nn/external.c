@@ -65,11 +65,16 @@ int dp_model_init_external(dp_model *m, const dp_external_model *e, const char *
     if (!e || e->n_params == 0 || !e->params || !e->grads)
         return dp_errf(err, "external model %s: needs n_params > 0 and both buffers",
                        name ? name : "");
+    if (e->n_buffers && !e->buffers)
+        return dp_errf(err, "external model %s: %zu buffers but no array", name ? name : "",
+                       e->n_buffers);
     snprintf(m->spec, sizeof m->spec, "external:%s", name ? name : "model");
     snprintf(m->name, sizeof m->name, "%s", m->spec);
     m->n_params = e->n_params;
     m->params = e->params;
     m->grads = e->grads;
+    m->n_buffers = e->n_buffers;
+    m->buffers = e->n_buffers ? e->buffers : NULL;
     m->max_batch = max_batch;
     m->slots = 1;
     m->external = e;

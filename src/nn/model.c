@@ -164,8 +164,8 @@ void dp_model_free(dp_model *m)
 {
     if (!m)
         return;
-    if (m->external) /* the caller's buffers */
-        m->params = m->grads = NULL;
+    if (m->external) /* the caller's arrays */
+        m->params = m->grads = m->buffers = NULL;
     free(m->params);
     free(m->grads);
     free(m->buffers);

@@ -57,7 +57,11 @@ static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
     dp_err e;
     if (dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
         return 0;
-    int rc = m.n_buffers ? 0
+    int rc = m.external ? dp_errf(err, "--sync-bn: not for an external model (%s): its batch "
+                                       "norm layers run in its caller's forward, which downpour "
+                                       "cannot reach (docs/python.md, \"PyTorch\")",
+                                  m.name)
+             : m.n_buffers ? 0
                          : dp_errf(err, "--sync-bn: model %s has no batch norm layer (bn), so "
                                         "there are no batch statistics to sum. Hint: leave "
                                         "--sync-bn out, or add bn layers (docs/models.md)",

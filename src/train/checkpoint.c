@@ -229,8 +229,11 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
             add_layer_buffers(w, d, buffers, idx++);
     }
     size_t n = st->n_params;
-    if (m->external) /* no layers to name (external.h): the flat buffer as it is */
+    if (m->external) { /* no layers to name (external.h): the flat arrays as they are */
         add_tensor(w, st->params, 1, (int64_t)n, 0, "params", 0, 0);
+        if (m->n_buffers && buffers)
+            add_tensor(w, buffers, 1, (int64_t)m->n_buffers, 0, "buffers", 0, 0);
+    }
     for (int k = 0; k < st->n_slots && st->slots; k++)
         add_tensor(w, st->slots + (size_t)k * n, 1, (int64_t)n, 0, "optimizer.slot%d", k, 0);
     for (int i = 0; i < st->n_workers; i++)
@@ -371,7 +374,12 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
 {
     char name[NAME_LEN];
     if (m->external)
-        return copy_2d(params, f, "params", 1, (int64_t)m->n_params, 0, path, err);
+        return copy_2d(params, f, "params", 1, (int64_t)m->n_params, 0, path, err) < 0 ||
+                       (buffers && m->n_buffers &&
+                        copy_2d(buffers, f, "buffers", 1, (int64_t)m->n_buffers, 0, path,
+                                err) < 0)
+                   ? -1
+                   : 0;
     for (int l = 0, idx = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
         if (!d->w_len)

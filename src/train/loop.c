@@ -469,6 +469,14 @@ static int report_and_save(loop *L, dp_err *err)
                      "test_log_loss", res->test_loss, DP_F_END);
     if (!cfg->save_path)
         return 0;
+    if (L->m.external) { /* the caller's own format (external.h) */
+        const dp_external_model *e = L->m.external;
+        if (e->save(e->ctx, params, L->m.buffers, cfg->save_path) < 0)
+            return dp_errf(err, "--save %s: the external model's save failed",
+                           cfg->save_path);
+        dp_info("Saved %s", cfg->save_path);
+        return 0;
+    }
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
                               .step = L->total_steps, .best_accuracy = -1};
     if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0)
@@ -691,16 +699,14 @@ static int check_external(loop *L, int role_ps, dp_err *err)
     int known = 0;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         known |= strcmp(cfg->strategy, ok[i]) == 0;
-    const char *save = "save the module's state_dict from the script (checkpoints, "
-                       "--checkpoint-dir, do work: they hold the flat buffer)";
     const char *no = NULL, *why = NULL;
     if (!known) {
         no = "--strategy";
         why = "it trains under single, allreduce, ps-async, ps-sync, ps-ssp, ps-dssp and "
               "model-avg";
-    } else if (cfg->save_path) {
+    } else if (cfg->save_path && !L->m.external->save) {
         no = "--save";
-        why = save; /* a weights file names downpour's own layers */
+        why = "it has no save callback (external.h) to write its own format";
     } else if (dp_augment_on(&cfg->augment)) {
         /* --model-parallel and --sync-bn: the strategies' own checks refuse
          * a model without layers to split or batch norm to share */
