@@ -11,6 +11,7 @@
 #include "downpour/clock.h"
 #include "downpour/launcher.h"
 #include "downpour/log.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
@@ -85,9 +86,92 @@ struct dp_strategy {
     dp_replica *replica;   /* a data-parallel worker's model (replica.h): on a device
                               forward and backward run there, pushes and pulls through
                               m->grads and m->params (host staging) */
+    /* sparse rows (docs/strategies.md, "Sparse rows"): the model's tables
+     * as s->pc.tables holds them, and a worker's ids of a step per table */
+    dp_sparse_table sp[DP_PS_MAX_TABLES];
+    uint32_t *sp_ids[DP_PS_MAX_TABLES];
+    long sp_n[DP_PS_MAX_TABLES];
+    size_t dense_lo;       /* the dense shards' first parameter (after the tables) */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
+
+/* Sparse rows are chosen when the model has sparse tables (sparse.h) and
+ * nothing of the run needs them whole (docs/strategies.md, "Sparse
+ * rows"): the tables then lie outside the dense shards, and each row goes
+ * to shard id mod n_shards.  Every task decides alike, from the same
+ * settings and model. */
+static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *ps, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int n = dp_model_sparse_tables(s->m, t, DP_SPARSE_MAX);
+    if (n == 0)
+        return 0;
+    dp_optim_kind kind = cfg->optim.kind;
+    /* the tables in order of place: they must cover [0, dense_lo) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j].off < t[j - 1].off; j--) {
+            dp_sparse_table x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    size_t end = 0;
+    int prefix = 1;
+    for (int i = 0; i < n; i++) {
+        prefix &= t[i].off == end;
+        end = t[i].off + (size_t)t[i].rows * (size_t)t[i].width;
+    }
+    const char *why = ps->dense ? "--ps-dense"
+        : mode == DP_PS_AVG ? "model-avg pushes parameters, not gradients"
+        : kind != DP_OPTIM_SGD && kind != DP_OPTIM_ADAGRAD && kind != DP_OPTIM_ADAM
+            ? "its optimizer has no update by rows here (sgd, adagrad and adam have)"
+        : cfg->ema > 0 ? "--ema averages every parameter at every update"
+        : s->pc.push_every > 1 || s->pc.fetch_every > 1 || s->pc.push_behind > 0
+            ? "--push-every, --fetch-every and --push-behind keep whole vectors"
+        : s->pc.ps_wait > 0 ? "a restarted ps task is restored by ranges, not rows, so far"
+        : s->mp_k > 0 ? "--model-parallel"
+        : cfg->device.kind != DP_DEVICE_CPU ? "--device: the ids are read on the host"
+        : n > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
+        : !prefix ? "the tables do not lie before every dense parameter"
+        : end >= s->m->n_params ? "the model has no dense parameter to shard"
+                                : NULL;
+    if (why) {
+        dp_info("%d sparse table(s) of %s move whole, as dense parameters: %s", n, s->m->name,
+                why);
+        return 0;
+    }
+    size_t rows = 0;
+    for (int k = 0; k < n; k++) {
+        long most = (long)s->m->max_batch * t[k].per_record;
+        s->sp[k] = t[k];
+        s->pc.tables[k] = (dp_ps_table_spec){t[k].off, (uint32_t)t[k].rows,
+                                             (uint32_t)t[k].width,
+                                             (uint32_t)(most < t[k].rows ? most : t[k].rows)};
+        if (s->env->node->self->role == DP_ROLE_WORKER &&
+            !(s->sp_ids[k] = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint32_t))))
+            return dp_errf(err, "out of memory");
+        rows += (size_t)t[k].rows;
+    }
+    s->pc.n_tables = n;
+    s->dense_lo = end;
+    /* every ps task holds a shard, so the rows spread over all of them */
+    s->pc.min_shard_bytes = sizeof(float);
+    dp_debug("sparse rows: %d table(s) of %s (%zu rows, %zu floats) move by the rows each batch "
+             "touches; row id on shard id mod the shard count; the dense shards cover [%zu, %zu)",
+             n, s->m->name, rows, end, end, s->m->n_params);
+    return 0;
+}
+
+/* A worker's step with sparse tables: the rows its batch touches, found
+ * from the input before the forward, pulled fresh from their shards. */
+static int pull_rows(dp_strategy *s, const float *x, int n, dp_err *err)
+{
+    for (int k = 0; k < s->pc.n_tables; k++)
+        s->sp_n[k] = n > 0 ? dp_model_sparse_rows(s->m, &s->sp[k], x, n, s->sp_ids[k]) : 0;
+    return dp_ps_client_pull_rows(s->client, s->wparams, (const uint32_t *const *)s->sp_ids,
+                                  s->sp_n, err);
+}
 
 static int send_to(dp_strategy *s, int rank, unsigned type, uint64_t step, const void *p,
                    size_t len, dp_err *err)
@@ -127,6 +211,8 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->reported);
     free(s->heard);
     free(s->reports);
+    for (int k = 0; k < DP_PS_MAX_TABLES; k++)
+        free(s->sp_ids[k]);
     free(s);
 }
 
@@ -541,8 +627,11 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
                                       : DP_PART_TRAINER;
     s->wparams = s->m->params;
+    if (choose_sparse(s, mode, dp_strategy_settings(cfg, &dp_ps_conf), err) < 0)
+        goto fail;
     if (s->mp_k > 0 ? mp_layout(s, mode, err) < 0
-                                : dp_ps_layout_make(&s->layout, c, s->m->n_params, &s->pc, err) < 0)
+                    : dp_ps_layout_make_from(&s->layout, c, s->dense_lo, s->m->n_params, &s->pc,
+                                             err) < 0)
         goto fail;
     info->part = s->part;
     info->evaluator = role == DP_ROLE_CHIEF;
@@ -973,6 +1062,8 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
                       long step, dp_step_out *out, dp_err *err)
 {
     dp_ps_client_at_step(s->client, step);
+    if (s->pc.n_tables > 0 && pull_rows(s, x, n, err) < 0)
+        return -1;
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
                   : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr, step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes
