@@ -33,4 +33,7 @@ int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max);
 long dp_model_sparse_rows(const dp_model *m, const dp_sparse_table *t, const float *x, int batch,
                           uint32_t *ids);
 
+/* Sorts n ids in place, increasing, allocating nothing (heapsort). */
+void dp_sort_u32(uint32_t *a, size_t n);
+
 #endif

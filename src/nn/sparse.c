@@ -36,7 +36,7 @@ static void sift(uint32_t *a, size_t i, size_t n)
     a[i] = v;
 }
 
-static void sort_u32(uint32_t *a, size_t n)
+void dp_sort_u32(uint32_t *a, size_t n)
 {
     for (size_t i = n / 2; i-- > 0;)
         sift(a, i, n);
@@ -55,7 +55,7 @@ long dp_model_sparse_rows(const dp_model *m, const dp_sparse_table *t, const flo
         return 0;
     const dp_layer *d = &m->layers[t->layer];
     long n = dp_layer_ops_of(d)->sparse_ids(d, t->k, x, batch, ids);
-    sort_u32(ids, (size_t)n);
+    dp_sort_u32(ids, (size_t)n);
     long u = 0;
     for (long i = 0; i < n; i++)
         if (u == 0 || ids[i] != ids[u - 1])

@@ -365,8 +365,9 @@ server *dp_ps_replica_route(server *s, const dp_event *ev)
         return s;
     unsigned type = ev->header.type;
     int serve = type == DP_WIRE_PUSH_GRAD || type == DP_WIRE_PUSH_PARAMS ||
-                type == DP_WIRE_PULL || type == DP_WIRE_PULL_AVERAGE ||
-                type == DP_WIRE_STATE_REQ;
+                type == DP_WIRE_PUSH_ROWS || type == DP_WIRE_PULL_ROWS ||
+                type == DP_WIRE_PULL_TABLE || type == DP_WIRE_PULL ||
+                type == DP_WIRE_PULL_AVERAGE || type == DP_WIRE_STATE_REQ;
     if (!serve && type != DP_WIRE_JOIN && type != DP_WIRE_DONE)
         return s;
     if (s->shard >= 0 && ev->header.offset != b->lo)

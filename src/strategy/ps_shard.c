@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "downpour/log.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 #include "strategy/ps_rules.h"
 
@@ -374,6 +375,7 @@ void dp_ps_rows_round_mean(server *s, float scale)
     for (int k = 0; k < s->n_tab; k++) {
         dp_ps_table *t = &s->tab[k];
         size_t w = (size_t)t->width;
+        dp_sort_u32(t->touched, (size_t)t->n_touched); /* a section's ids increase */
         for (long i = 0; i < t->n_touched; i++) {
             float *v = t->sum + (size_t)t->touched[i] * w;
             for (size_t e = 0; e < w; e++)
