@@ -9,6 +9,8 @@
  *   ps-async, sgd and adagrad: pulling and pushing only the rows a step
  *   touches ends with the parameters of the dense path, bit for bit, with
  *   the rows spread id mod 2 over the shards;
+ * - with --ps-replicas 2, and with ps:1 crashed after the first step (its
+ *   shard and rows going on on their backup on ps:0), the same bits;
  * - only touched rows move: the bytes a step puts on the wire equal the ids
  *   and rows computed by hand, frame by frame;
  * - a worker that sends a row id out of range, ids not increasing, or a
@@ -16,6 +18,7 @@
  *   its push applied, and the round goes on with the others. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -158,16 +161,22 @@ typedef struct rig {
     dp_ps_config cfg;
     dp_ps_server *s[2];
     pthread_t th[2];
+    atomic_int stop[2];
+    int stopped[2];
+    struct serving {
+        dp_ps_server *s;
+        atomic_int *stop;
+    } sv[2];
 } rig;
 
 static void *serve_thread(void *arg)
 {
-    dp_ps_server *s = arg;
+    struct serving *v = arg;
     dp_err e;
     int rc;
-    while ((rc = dp_ps_server_poll(s, 0.05, &e)) == 0)
+    while (!atomic_load(v->stop) && (rc = dp_ps_server_poll(v->s, 0.02, &e)) == 0)
         ;
-    if (rc < 0)
+    if (!atomic_load(v->stop) && rc < 0)
         fprintf(stderr, "server: %s\n", e.msg);
     return NULL;
 }
@@ -181,7 +190,7 @@ static const float *start_params(void)
 }
 
 static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_optim_config *oc,
-                     int threads)
+                     int threads, int replicas)
 {
     int ports[8];
     const char *names[8];
@@ -198,6 +207,7 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
     dp_ps_config_init(&r->cfg);
     r->cfg.mode = mode;
     r->cfg.min_shard_bytes = sizeof(float); /* two shards of the dense part */
+    r->cfg.replicas = replicas;
     if (sparse) {
         r->cfg.n_tables = 1;
         r->cfg.tables[0] = (dp_ps_table_spec){0, ROWS, WIDTH, ROWS};
@@ -211,15 +221,26 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
             fprintf(stderr, "dp_ps_server_open: %s\n", err.msg);
             exit(1);
         }
-        if (threads)
-            REQUIRE(pthread_create(&r->th[k], NULL, serve_thread, r->s[k]) == 0);
     }
+    for (int k = 0; k < 2 && threads; k++) {
+        r->sv[k] = (struct serving){r->s[k], &r->stop[k]};
+        REQUIRE(pthread_create(&r->th[k], NULL, serve_thread, &r->sv[k]) == 0);
+    }
+}
+
+/* ps task k's thread stops serving, then its process "crashes". */
+static void crash_ps(rig *r, int k)
+{
+    atomic_store(&r->stop[k], 1);
+    pthread_join(r->th[k], NULL);
+    r->stopped[k] = 1;
+    REQUIRE(dp_inproc_kill(r->ts[r->ps0 + k], DP_INPROC_CRASH, &err) == 0);
 }
 
 static void rig_close(rig *r, int threads)
 {
     for (int k = 0; k < 2; k++) {
-        if (threads) {
+        if (threads && !r->stopped[k]) {
             REQUIRE(dp_transport_send(r->ts[0], r->ps0 + k, DP_WIRE_SHUTDOWN, 0, 0, NULL, 0,
                                       &err) == 0);
             pthread_join(r->th[k], NULL);
@@ -276,13 +297,16 @@ static void sorted_rows(int step, uint32_t *out)
         }
 }
 
-/* Four steps of one worker; the chief pulls everything at the end. */
-static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, float *final)
+/* Four steps of one worker; the chief pulls everything at the end.
+ * replicas: 0 one copy of each shard; 1 two; 2 two, ps:1 crashed after
+ * the first step. */
+static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, int replicas,
+                       float *final)
 {
     dp_optim_config oc = dp_optim_defaults(kind);
     oc.lr = 0.05f;
     rig r;
-    rig_open(&r, 1, sparse, mode, &oc, 1);
+    rig_open(&r, 1, sparse, mode, &oc, 1, replicas ? 2 : 1);
     dp_ps_client *w, *chief;
     REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
     REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
@@ -309,7 +333,9 @@ static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, float *f
             REQUIRE(dp_ps_client_step(w, params, g, 1, oc.lr, &err) == 0);
         }
         REQUIRE(dp_transport_stats_get(r.ts[1], DP_PEER_ANY, &b) == 0);
-        if (sparse) {
+        if (replicas == 2 && step == 0)
+            crash_ps(&r, 1);
+        if (sparse && !replicas) {
             uint64_t sent, recv;
             bytes_by_hand(&r, step, &sent, &recv);
             CHECKF(b.bytes_sent - a.bytes_sent == sent && b.bytes_recv - a.bytes_recv == recv,
@@ -339,13 +365,19 @@ static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, float *f
 
 static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
 {
-    float a[NP], b[NP];
+    float a[NP], b[NP], c[NP];
     for (int i = 0; i < NP; i++)
-        a[i] = b[i] = NAN;
-    run_client(mode, kind, 1, a);
-    run_client(mode, kind, 0, b);
+        a[i] = b[i] = c[i] = NAN;
+    run_client(mode, kind, 1, 0, a);
+    run_client(mode, kind, 0, 0, b);
     CHECKF(memcmp(a, b, sizeof a) == 0, "%s %s: sparse rows end elsewhere than the dense path",
            mode == DP_PS_SYNC ? "sync" : "async", dp_optim_kind_name(kind));
+    for (int replicas = 1; replicas <= 2; replicas++) {
+        run_client(mode, kind, 1, replicas, c);
+        CHECKF(memcmp(a, c, sizeof a) == 0, "%s %s: sparse rows with replicas%s end elsewhere",
+               mode == DP_PS_SYNC ? "sync" : "async", dp_optim_kind_name(kind),
+               replicas == 2 ? " and ps:1 crashed" : "");
+    }
     /* rows never touched are the initial ones */
     const float *p0 = start_params();
     CHECK(memcmp(a + 3 * WIDTH, p0 + 3 * WIDTH, WIDTH * 4) == 0 &&
@@ -421,7 +453,7 @@ static void bad_ids_refused(void)
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
     oc.lr = 1;
     rig r;
-    rig_open(&r, 4, 1, DP_PS_SYNC, &oc, 0);
+    rig_open(&r, 4, 1, DP_PS_SYNC, &oc, 0, 1);
     uint8_t sec[256];
     /* worker 0: id 10 of a table of 10 rows */
     uint32_t out_of_range[2] = {2, 10};
@@ -453,7 +485,7 @@ static void bad_ids_refused(void)
     rig_close(&r, 0);
 
     /* a good push beside a bad one: the round goes on without the bad one */
-    rig_open(&r, 2, 1, DP_PS_SYNC, &oc, 0);
+    rig_open(&r, 2, 1, DP_PS_SYNC, &oc, 0, 1);
     raw_push(&r, 0, sec, section(sec, 2, out_of_range, 2));
     CHECK(poll_captured(r.s[0]) == 0);
     uint32_t good[2] = {2, 8};
