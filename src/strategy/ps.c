@@ -1290,6 +1290,16 @@ int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const
                            const long *n, dp_err *err)
 {
     for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        /* the section buffer holds max_ids ids of a table, each below its rows */
+        if (n[k] < 0 || (uint64_t)n[k] > t->max_ids)
+            return dp_errf(err, "%ld rows of sparse table %d in one step; at most %u", n[k], k,
+                           t->max_ids);
+        for (long i = 0; i < n[k]; i++)
+            if (ids[k][i] >= t->rows || (i > 0 && ids[k][i] <= ids[k][i - 1]))
+                return dp_errf(err, "row id %u (entry %ld) of sparse table %d: ids must be below "
+                                    "its %u rows and strictly increasing",
+                               ids[k][i], i, k, t->rows);
         c->ids[k] = ids[k];
         c->n_ids[k] = n[k];
     }
