@@ -199,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t pay[8];
             size_t k = fz_u8(&in) & 7;
             fz_bytes(&in, pay, k);
-            (void)dp_transport_send(t, ps, types[(o >> 2) % 12 - 3], step, 0, pay, k, &err);
+            (void)dp_transport_send(t, ps, types[(o >> 2) % 15 - 3], step, 0, pay, k, &err);
             break;
         }
         case 8: { /* any application frame type */
