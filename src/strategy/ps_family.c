@@ -129,7 +129,6 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         : cfg->ema > 0 ? "--ema averages every parameter at every update"
         : s->pc.push_every > 1 || s->pc.fetch_every > 1 || s->pc.push_behind > 0
             ? "--push-every, --fetch-every and --push-behind keep whole vectors"
-        : s->pc.ps_wait > 0 ? "a restarted ps task is restored by ranges, not rows, so far"
         : s->mp_k > 0 ? "--model-parallel"
         : cfg->device.kind != DP_DEVICE_CPU ? "--device: the ids are read on the host"
         : n > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
@@ -719,10 +718,36 @@ fail:
  * optimiser t][u32 flags][u32 workers], per worker a u64: the step it
  * reached as the chief knows it (NOT_DONE: it takes no part), then with
  * RESTORE_STATE the shard's parameters, each optimiser slot and the moving
- * average (when kept), as the STATE answer has them; the frame's step is the
- * checkpoint's (docs/faults.md, "A restarted ps"). */
+ * average (when kept), as the STATE answer has them, and with sparse tables
+ * each table's rows of the shard then each slot's rows, in local order; the
+ * frame's step is the checkpoint's (docs/faults.md, "A restarted ps"). */
 #define RESTORE_HEAD 24
 #define RESTORE_STATE 1u
+
+/* Sparse tables: the rows of table k that shard `shard` holds (ids shard,
+ * shard + S, ...: ps_shard.c's rule), and all of a shard's rows' floats
+ * with their optimiser slots' (a RESTORE's part after the dense slice). */
+static size_t shard_rows(const dp_strategy *s, int k, int shard)
+{
+    size_t rows = s->pc.tables[k].rows, S = (size_t)s->layout.n_shards;
+    return shard >= 0 && rows > (size_t)shard ? (rows - 1 - (size_t)shard) / S + 1 : 0;
+}
+
+static size_t shard_rows_floats(const dp_strategy *s, int shard, int n_slots)
+{
+    size_t n = 0;
+    for (int k = 0; k < s->pc.n_tables; k++)
+        n += shard_rows(s, k, shard) * s->pc.tables[k].width * (size_t)(1 + n_slots);
+    return n;
+}
+
+static int shard_of(const dp_strategy *s, int rank)
+{
+    for (int i = 0; i < s->layout.n_shards; i++)
+        if (s->layout.rank[i] == rank)
+            return i;
+    return -1;
+}
 
 /* This task's shard (range lo, n floats; n = 0: it holds none). */
 static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
@@ -759,8 +784,11 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
     if (dp_transport_recv_payload(s->t, s->chief, head, sizeof head, err) < 0)
         return -1;
     uint32_t flags = dp_get_u32(head + 16), nw = dp_get_u32(head + 20);
+    int shard = shard_of(s, dp_transport_rank(s->t));
     uint64_t want = RESTORE_HEAD + table +
-                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) : 0);
+                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) +
+                                                 shard_rows_floats(s, shard, n_slots) * sizeof(float)
+                                           : 0);
     if (nw != (uint32_t)workers || len != want)
         return dp_errf(err, "the chief's RESTORE holds %llu bytes for %u worker(s); expected %llu "
                             "for %d", (unsigned long long)len, nw, (unsigned long long)want,
@@ -799,6 +827,20 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
             return -1;
     if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + lo, bytes, err) < 0)
         return -1;
+    /* the shard's rows of each table, then each slot's rows, in local order,
+     * into the full-length vectors the shard opens from */
+    for (int k = 0; k < s->pc.n_tables; k++) {
+        const dp_ps_table_spec *t = &s->pc.tables[k];
+        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, k, shard);
+        for (int q = 0; q <= n_slots; q++) {
+            float *v = q == 0 ? s->m->params : rs->slots + (size_t)(q - 1) * np;
+            for (size_t j = 0; j < nr; j++)
+                if (dp_transport_recv_payload(s->t, s->chief,
+                                              v + t->off + ((size_t)shard + j * S) * w,
+                                              w * sizeof(float), err) < 0)
+                    return -1;
+        }
+    }
     start->params = s->m->params;
     start->slots = rs->slots;
     start->t = (long)dp_get_u64(head + 8);
@@ -961,17 +1003,39 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     dp_put_u64(head + 8, found ? (uint64_t)st.optim_t : 0);
     dp_put_u32(head + 16, found ? RESTORE_STATE : 0);
     dp_put_u32(head + 20, (uint32_t)workers);
-    struct iovec iov[6];
+    struct iovec iov[7];
     int k = 0;
     size_t bytes = n * sizeof(float);
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){lv, 8 * (size_t)workers};
+    /* sparse tables: the shard's rows and their slots' rows, gathered in
+     * local order (a restore is rare: its buffer is allocated here) */
+    int shard = shard_of(s, rank);
+    float *rows = NULL;
+    size_t nrows = found ? shard_rows_floats(s, shard, n_slots) : 0;
+    if (nrows && !(rows = malloc(nrows * sizeof(float)))) {
+        free(lv);
+        release_state(s, &st);
+        return dp_errf(err, "out of memory for %zu floats of sparse rows", nrows);
+    }
+    size_t at = 0;
+    for (int q = 0; nrows && q < s->pc.n_tables; q++) {
+        const dp_ps_table_spec *t = &s->pc.tables[q];
+        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, q, shard);
+        for (int j = 0; j <= n_slots; j++) {
+            const float *v = j == 0 ? st.params : st.slots + (size_t)(j - 1) * st.n_params;
+            for (size_t r = 0; r < nr; r++, at += w)
+                memcpy(rows + at, v + t->off + ((size_t)shard + r * S) * w, w * sizeof(float));
+        }
+    }
     if (found) {
         iov[k++] = (struct iovec){st.params + lo, bytes};
         for (int j = 0; j < n_slots; j++)
             iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + lo, bytes};
         if (s->pc.ema > 0)
             iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + lo, bytes};
+        if (nrows)
+            iov[k++] = (struct iovec){rows, nrows * sizeof(float)};
     }
     long from = found ? st.step : base, reached = from;
     for (int r = 0; r < s->c->n_tasks; r++)
@@ -982,6 +1046,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
                                 iov, k, &why);
     release_state(s, &st);
     free(lv);
+    free(rows);
     if (rc < 0)
         return 1;
     dp_warn("fault: %s was restarted; the Chief restores its shard [%zu, %zu) from %s: the "
