@@ -5,8 +5,8 @@
  *   never change, bit for bit; sgd and adagrad on rows give the bits of the
  *   dense update of a gradient that is zero elsewhere; the rows' gradients
  *   laid out as the table or one after another give the same bits;
- * - a worker's client against two ps servers (threads), ps-sync and
- *   ps-async, sgd and adagrad: pulling and pushing only the rows a step
+ * - a worker's client against two ps servers (threads), ps-sync,
+ *   ps-async, ps-ssp and ps-dssp, sgd and adagrad: pulling and pushing only the rows a step
  *   touches ends with the parameters of the dense path, bit for bit, with
  *   the rows spread id mod 2 over the shards;
  * - with --ps-replicas 2, and with ps:1 crashed after the first step (its
@@ -363,6 +363,12 @@ static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, int repl
     rig_close(&r, 1);
 }
 
+static const char *mode_name(dp_ps_mode mode)
+{
+    return mode == DP_PS_SYNC ? "sync" : mode == DP_PS_ASYNC ? "async" : mode == DP_PS_SSP ? "ssp"
+                                                                                           : "dssp";
+}
+
 static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
 {
     float a[NP], b[NP], c[NP];
@@ -371,11 +377,11 @@ static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
     run_client(mode, kind, 1, 0, a);
     run_client(mode, kind, 0, 0, b);
     CHECKF(memcmp(a, b, sizeof a) == 0, "%s %s: sparse rows end elsewhere than the dense path",
-           mode == DP_PS_SYNC ? "sync" : "async", dp_optim_kind_name(kind));
+           mode_name(mode), dp_optim_kind_name(kind));
     for (int replicas = 1; replicas <= 2; replicas++) {
         run_client(mode, kind, 1, replicas, c);
         CHECKF(memcmp(a, c, sizeof a) == 0, "%s %s: sparse rows with replicas%s end elsewhere",
-               mode == DP_PS_SYNC ? "sync" : "async", dp_optim_kind_name(kind),
+               mode_name(mode), dp_optim_kind_name(kind),
                replicas == 2 ? " and ps:1 crashed" : "");
     }
     /* rows never touched are the initial ones */
@@ -508,6 +514,8 @@ int main(void)
     sparse_equals_dense(DP_PS_SYNC, DP_OPTIM_ADAGRAD);
     sparse_equals_dense(DP_PS_ASYNC, DP_OPTIM_SGD);
     sparse_equals_dense(DP_PS_ASYNC, DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_SSP, DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
     CHECK_DONE();
 }
