@@ -9,8 +9,13 @@
  * (1), or refusing with a message (-1); never a crash, an out-of-bounds
  * access, a leak, or a hang.
  *
- * Input: byte 0 the mode (% 5: async, sync, ssp, dssp, avg) and the servers'
- * optimiser (/ 5 % 5); byte 1 the workers (1 + % 3), bit 2 two ps tasks (the
+ * With a sparse table (docs/strategies.md, "Sparse rows") the server also
+ * takes rows sections: PUSH_ROWS with well-formed and arbitrary sections,
+ * PULL_ROWS and PULL_TABLE.
+ *
+ * Input: byte 0 the mode (bits 0-6 % 5: async, sync, ssp, dssp, avg), the
+ * servers' optimiser (bits 0-6 / 5 % 6) and, bit 7, a sparse table of
+ * TROWS x TWIDTH before the NP dense parameters; byte 1 the workers (1 + % 3), bit 2 two ps tasks (the
  * server holds shard 0 of 2), bit 3 a moving average, bits 4-7 the staleness
  * bounds; then operations, each a byte (bits 0-1 the sender, 2-7 what it
  * does: the switch below) and a step byte, then its arguments. */
@@ -29,6 +34,9 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define NP 6 /* parameters */
+#define TROWS 5
+#define TWIDTH 2
+#define TAB (TROWS * TWIDTH)
 #define MAX_WORKERS 3
 #define MAX_OPS 512
 
@@ -55,6 +63,39 @@ static void send_push(dp_transport *from, int ps, unsigned type, uint64_t step, 
     dp_err err;
     (void)dp_transport_send(from, ps, type, step, offset, buf,
                             DP_PUSH_HEAD_SIZE + floats * sizeof(float), &err);
+}
+
+/* A PUSH_ROWS: the head, the shard's `floats` dense floats, then a rows
+ * section: well-formed (ids of shard `shard` of S, increasing, some past
+ * the table) or, with bit 7 of the first byte, up to 64 arbitrary bytes. */
+static void send_rows(dp_transport *from, int ps, uint64_t step, uint64_t offset, size_t floats,
+                      int shard, int S, int push, fz_in *in)
+{
+    uint8_t buf[DP_PUSH_HEAD_SIZE + NP * sizeof(float) + 4 + 8 * (4 + 4 * TWIDTH) + 64];
+    size_t k = 0;
+    if (push) {
+        dp_push_head h = {fz_u8(in), fz_u8(in) & 1, lr_table[fz_u8(in) & 15], 0};
+        dp_push_head_put(buf, &h);
+        k = DP_PUSH_HEAD_SIZE;
+        if (floats > NP)
+            floats = NP;
+        k += fz_bytes(in, buf + k, floats * sizeof(float));
+    }
+    uint8_t a = fz_u8(in);
+    if (a & 0x80) {
+        k += fz_bytes(in, buf + k, a & 63);
+    } else {
+        uint32_t count = a & 7, first = fz_u8(in) & 7;
+        dp_put_u32(buf + k, count);
+        k += 4;
+        for (uint32_t i = 0; i < count; i++, k += 4)
+            dp_put_u32(buf + k, (uint32_t)shard + (uint32_t)S * (first + i) - ((a >> 3) & 1));
+        for (uint32_t i = 0; push && i < count * TWIDTH; i++, k += 4)
+            dp_put_f32(buf + k, lr_table[fz_u8(in) & 15]);
+    }
+    dp_err err;
+    (void)dp_transport_send(from, ps, push ? DP_WIRE_PUSH_ROWS : DP_WIRE_PULL_ROWS, step, offset,
+                            buf, k, &err);
 }
 
 /* Reads (and drops) whatever the server sent to endpoint t. */
@@ -86,8 +127,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t b0 = fz_u8(&in), b1 = fz_u8(&in);
     dp_ps_config cfg;
     dp_ps_config_init(&cfg);
-    cfg.mode = (dp_ps_mode)(b0 % DP_PS_MODE_COUNT);
-    dp_optim_config oc = dp_optim_defaults((dp_optim_kind)((b0 / 5) % DP_OPTIM_COUNT));
+    cfg.mode = (dp_ps_mode)((b0 & 0x7f) % DP_PS_MODE_COUNT);
+    dp_optim_config oc = dp_optim_defaults((dp_optim_kind)(((b0 & 0x7f) / 5) % DP_OPTIM_COUNT));
+    int sparse = b0 >> 7;
+    size_t tab = sparse ? TAB : 0, np = tab + NP;
+    if (sparse) {
+        cfg.n_tables = 1;
+        cfg.tables[0] = (dp_ps_table_spec){0, TROWS, TWIDTH, TROWS};
+    }
     int workers = 1 + b1 % MAX_WORKERS;
     int n_ps = (b1 >> 2) & 1 ? 2 : 1;
     cfg.ema = (b1 >> 3) & 1 ? 0.9f : 0.0f;
@@ -113,14 +160,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dp_inproc_open_named(ts, n, names, &err) != 0)
         abort();
     dp_ps_layout layout;
-    if (dp_ps_layout_make(&layout, &c, NP, &cfg, &err) != 0)
+    if (dp_ps_layout_make_from(&layout, &c, tab, np, &cfg, &err) != 0)
         abort();
     int ps = dp_cluster_rank(&c, DP_ROLE_PS, 0);
     size_t lo = layout.range[0].lo, len = layout.range[0].hi - lo;
-    float p0[NP] = {1, 2, -3, 0.5f, 0, 4};
+    float p0[TAB + NP] = {1, 2, -3, 0.5f, 0, 4, 7, -1, 0.25f, 3, 1, 2, -3, 0.5f, 0, 4};
     dp_ps_start start = {.params = p0};
     dp_ps_server *s;
-    if (dp_ps_server_open(&s, ts[ps], &c, &layout, &cfg, &oc, &start, NP, &err) != 0)
+    if (dp_ps_server_open(&s, ts[ps], &c, &layout, &cfg, &oc, &start, np, &err) != 0)
         abort();
     int killed[MAX_WORKERS + 3] = {0};
     unsigned push_type = cfg.mode == DP_PS_AVG ? DP_WIRE_PUSH_PARAMS : DP_WIRE_PUSH_GRAD;
@@ -130,7 +177,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int from = (o & 3) % (1 + workers); /* 0: the chief, k: worker k-1 */
         dp_transport *t = ts[from];
         uint64_t step = fz_u8(&in);
-        switch ((o >> 2) % 12) {
+        switch ((o >> 2) % 15) {
         case 0: /* a well-formed push for this shard */
             send_push(t, ps, push_type, step, lo, len, &in);
             break;
@@ -152,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t pay[8];
             size_t k = fz_u8(&in) & 7;
             fz_bytes(&in, pay, k);
-            (void)dp_transport_send(t, ps, types[(o >> 2) % 12 - 3], step, 0, pay, k, &err);
+            (void)dp_transport_send(t, ps, types[(o >> 2) % 15 - 3], step, 0, pay, k, &err);
             break;
         }
         case 8: { /* any application frame type */
@@ -173,6 +220,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 10: /* the servers' clock moves on */
             fake_now += (double)step * 0.01;
+            break;
+        case 12: /* sparse rows: a push with a rows section */
+        case 13: /* a PULL_ROWS */
+            send_rows(t, ps, step, lo, len, 0, layout.n_shards, (o >> 2) % 15 == 12, &in);
+            break;
+        case 14: /* a PULL_TABLE */
+            (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, NULL, 0, &err);
             break;
         default: /* the sender reads its replies */
             drain(t, n);

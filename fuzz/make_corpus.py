@@ -141,6 +141,22 @@ def ps_corpus():
         ops += simple(3, 9, 0)  # worker 2 crashes
         ops += push(1, 2, 8, 1, 0, g1[:3]) + simple(1, 11, 0)
         put("fuzz_ps", "%s_two_shards_lost" % names[mode], bytes([mode, b1]) + ops)
+    # sparse rows (byte 0 bit 7): pushes with rows sections (op 12: head,
+    # the dense floats, [count | flags, first] and count x 2 rate indices),
+    # PULL_ROWS (op 13), PULL_TABLE (op 14), state, a bad id
+    for mode, optim in ((0, 3), (1, 0), (1, 4), (2, 3)):
+        ops = b""
+        for step in range(3):
+            for w in (1, 2):
+                ops += bytes([w | 12 << 2, step, 8, 1, 0]) + struct.pack("<6f", *g1)
+                ops += bytes([2, step, 2, 10, 3, 11])  # ids step, step + 1
+            ops += simple(1, 11, 0) + simple(2, 11, 0)
+        ops += bytes([1 | 13 << 2, 0, 3, 1]) + simple(1, 14, 0) + simple(1, 11, 0)
+        ops += simple(0, 5, 3, b"\x00")  # chief STATE_REQ
+        ops += bytes([2 | 12 << 2, 4, 8, 1, 0]) + struct.pack("<6f", *g2) + bytes([2, 7, 1, 2, 3, 4])  # ids 7, 8: past the table
+        ops += simple(0, 7, 0, b"\x00")
+        put("fuzz_ps", "rows_%s_%s" % (names[mode], ["sgd", "", "", "adagrad", "adam"][optim]),
+            bytes([0x80 | (mode + 5 * optim), 1]) + ops)
 
 
 # ---- ring: byte 0 bit 0 size (3, 4), bits 1-7 floats - 1; byte 1 segment - 1,

@@ -55,6 +55,7 @@
 #include "downpour/rng.h"
 #include "downpour/safetensors.h"
 #include "downpour/secret.h"
+#include "downpour/sparse.h"
 #include "downpour/status.h"
 #include "downpour/strategy.h"
 #include "downpour/stream.h"

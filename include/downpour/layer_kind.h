@@ -104,6 +104,18 @@ typedef struct dp_lk_tensor {
     int64_t shape[3];
 } dp_lk_tensor;
 
+/* A sparse table of a kind (docs/architecture.md, "Sparse tables"): rows x
+ * width floats at off in the flat parameter buffer, row r at off + r*width,
+ * read by a batch only at the rows its ids name, so a parameter server can
+ * move just those rows.  per_record: the most ids one record names. */
+#define DP_LK_MAX_SPARSE 8
+typedef struct dp_lk_sparse {
+    size_t off;
+    long rows;
+    int width;
+    long per_record;
+} dp_lk_sparse;
+
 typedef struct dp_layer_ops {
     dp_layer_kind kind;
     const char *name;  /* "conv": messages, and the spec token's prefix when token is set */
@@ -146,6 +158,15 @@ typedef struct dp_layer_ops {
      * warning (dp_model_bad_inputs). */
     long (*bad_inputs)(const dp_layer *d, const float *keep, int batch);
     const char *bad_inputs_what;
+
+    /* Sparse tables (NULL: none): the kind's tables, returning how many; and
+     * the rows of table k that a batch touches, from the model's input x
+     * alone (batch records of the model's input width), before any forward:
+     * each record's ids in order, clamped as the forward clamps them, into
+     * ids (batch * per_record at most); returns how many it wrote.  Only a
+     * kind that reads the model's input (the first layer) can say this. */
+    int (*sparse)(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE]);
+    long (*sparse_ids)(const dp_layer *d, int k, const float *x, int batch, uint32_t *ids);
 
     /* Model parallelism: the rule, the reason when refused, and the part's
      * forward and backward: for ROWS the band of output rows [c->y0, c->y1)

@@ -15,6 +15,7 @@
 #define DOWNPOUR_OPTIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "downpour/isa.h"
 #include "downpour/status.h"
@@ -90,6 +91,21 @@ void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *par
                           const float *grads, size_t lo, size_t hi);
 void dp_optim_apply_split(const dp_optim *o, const dp_optim_step *st, float *params,
                           const float *grads, size_t lo, size_t hi);
+
+/* A sparse update (docs/strategies.md, "Sparse rows"): after one
+ * dp_optim_begin, only the rows named in rows[0..count) of a table of
+ * width-float rows (row r at params + r*width, its state at the same place
+ * of each slot) are updated, each with the arithmetic of dp_optim_apply;
+ * row i's gradient is grads + i*width (indexed 0: the rows' gradients one
+ * after another) or grads + rows[i]*width (indexed 1: laid out as the
+ * table).  Every other row and its state stay as they are: sgd and adagrad
+ * give the dense update's bits on a gradient that is zero outside the
+ * rows, and adam becomes lazy Adam (TensorFlow's LazyAdam, PyTorch's
+ * SparseAdam: the moments of untouched rows do not decay; t counts every
+ * update, as theirs do).  A row past the state is skipped. */
+void dp_optim_apply_rows(const dp_optim *o, const dp_optim_step *st, float *params,
+                         const float *grads, const uint32_t *rows, size_t count, size_t width,
+                         int indexed);
 
 /* 1 if Adam updates here run the IEEE twin (DOWNPOUR_EXACT_ADAM=1, or an x86
  * CPU without FMA), 0 if the fast arithmetic: a device update follows the

@@ -34,6 +34,16 @@ typedef enum dp_ps_mode {
     DP_PS_MODE_COUNT
 } dp_ps_mode;
 
+/* A sparse table moved by row (docs/strategies.md, "Sparse rows"): rows x
+ * width floats at off in the flat parameters.  Row id lives on shard
+ * id mod n_shards, as that shard's local row id / n_shards. */
+#define DP_PS_MAX_TABLES 16
+typedef struct dp_ps_table_spec {
+    size_t off;
+    uint32_t rows, width;
+    uint32_t max_ids;   /* client: the most unique ids one step touches (its buffers) */
+} dp_ps_table_spec;
+
 typedef struct dp_ps_config {
     dp_ps_mode mode;
     int fetch_every;        /* async: pull parameters every n steps (1) */
@@ -63,6 +73,9 @@ typedef struct dp_ps_config {
                                comes back (the strategy survives it: docs/faults.md) */
     double ps_wait;         /* s a client waits for a lost ps with no backup to be
                                restarted (it reloads its shard); 0: the run stops */
+    int n_tables;           /* sparse tables moved by row, not in the dense shards
+                               (their ranges lie before dense_lo); 0: none */
+    dp_ps_table_spec tables[DP_PS_MAX_TABLES];
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -81,6 +94,10 @@ typedef struct dp_ps_layout {
  * a run with no ps task, or with fewer ps tasks than replicas, is refused. */
 int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err);
+/* The same over the parameters [lo, n_params) only (sparse tables lie
+ * before lo and move by row). */
+int dp_ps_layout_make_from(dp_ps_layout *out, const dp_cluster *c, size_t lo, size_t n_params,
+                           const dp_ps_config *cfg, dp_err *err);
 
 /* Head of a push payload, before the floats: DP_PUSH_HEAD_SIZE bytes,
  * [u32 records][u32 want][f32 lr][u32 step]. */
@@ -156,13 +173,20 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
  * parameters back. */
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
 /* Fetches every shard's parameters into params; with average set, the
- * servers' moving average of them instead (cfg.ema > 0). */
+ * servers' moving average of them instead (cfg.ema > 0).  With sparse
+ * tables, every row of every table too (PULL_TABLE). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
 /* The chief's side of a checkpoint: asks every shard for its training state
  * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL
  * when the servers keep none).  *t is the servers' optimiser update count. */
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
                             float *params, float *slots, float *ema, long *t, dp_err *err);
+/* Sparse rows (cfg.n_tables > 0; docs/strategies.md, "Sparse rows"): the
+ * rows the next step touches, ids[k][0..n[k]) of table k, unique and
+ * increasing, pulled from their shards into params; the pointers stay the
+ * client's until that step's push, which pushes those rows' gradients. */
+int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const *ids,
+                           const long *n, dp_err *err);
 /* Sends a frame without payload (JOIN, DONE) to every copy of every shard,
  * so a backup knows the worker as its primary does.  A copy that cannot be
  * told is lost: the client fails over from it (dp_ps_client_lost). */

@@ -7,6 +7,7 @@
  *   APP(16..31)   run coordination          src/train/loop.c and the strategy
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
+ *   APP(34..36)   sparse rows on the ps     src/strategy/ps.c, ps_shard.c (with APP(7))
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
  *   APP(48..55)   model parallelism         src/strategy/model_parallel.c
  *   APP(56..63)   Sandblaster L-BFGS        src/strategy/lbfgs.c, lbfgs_shard.c
@@ -37,7 +38,8 @@ enum dp_wire_type {
     DP_WIRE_PARAMS = DP_FRAME_APP(3),       /* ps -> anyone: the shard's parameters; step = slowest clock */
     DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
     DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step` */
-    DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state) */
+    DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state); with sparse tables their rows and slots' rows follow */
+    DP_WIRE_PUSH_ROWS = DP_FRAME_APP(7),    /* worker -> ps: push head + the shard's dense gradient + a rows section (ps_shard.c, "rows section") */
     /* ring all-reduce (src/strategy/ring.c, and allreduce.c re-forming it) */
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element */
     DP_WIRE_RING_RESET = DP_FRAME_APP(9),   /* replica -> replicas: re-forming the ring; step = generation */
@@ -62,6 +64,10 @@ enum dp_wire_type {
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
     DP_WIRE_REPLICATE_ACK = DP_FRAME_APP(33), /* backup -> primary: updates up to `step` are applied */
+    /* sparse rows (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "Sparse rows"); offset = the shard's dense lo */
+    DP_WIRE_PULL_ROWS = DP_FRAME_APP(34),   /* worker -> ps: per table [u32 count][count u32 ids], ids of this shard, increasing */
+    DP_WIRE_ROWS = DP_FRAME_APP(35),        /* ps -> anyone: the rows asked (or every row it holds), f32, table after table; step = slowest clock */
+    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order) */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

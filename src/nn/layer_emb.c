@@ -20,9 +20,15 @@
  * gradient added into its id's row, records and tokens in order, split over
  * the pool by columns of the table, so no result depends on the thread
  * count.  The gradient at the input is zero (ids are not differentiable).
- * It must be the model's first layer.  Model parallelism refuses it. */
+ * It must be the model's first layer.  Model parallelism refuses it.
+ *
+ * Its table is a sparse table (layer_kind.h, sparse): a batch reads only
+ * the rows its ids name, and those ids are the model's input, so they are
+ * known before the forward; a parameter server then moves only those rows
+ * (docs/strategies.md, "Sparse rows"). */
 #include "nn/layer_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "device/dexec.h"
@@ -116,6 +122,26 @@ static void backward(const dp_layer_call *c)
         memset(c->din, 0, (size_t)c->batch * c->d->in * sizeof(float));
 }
 
+static int sparse(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE])
+{
+    out[0] = (dp_lk_sparse){d->w_off, rows_of(d), d->oc, d->in};
+    return 1;
+}
+
+/* The forward's ids (dp_k_emb_ids: rounded, clamped into the table). */
+static long sparse_ids(const dp_layer *d, int k, const float *x, int batch, uint32_t *ids)
+{
+    (void)k;
+    long n = (long)batch * d->in;
+    float top = (float)(rows_of(d) - 1);
+    for (long t = 0; t < n; t++) {
+        float id = nearbyintf(x[t]);
+        id = !(id >= 0.0f) ? 0.0f : id > top ? top : id;
+        ids[t] = (uint32_t)id;
+    }
+    return n;
+}
+
 static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
 
 static void fill(const dp_dexec *x, float *p, long n)
@@ -149,6 +175,7 @@ const dp_layer_ops dp_layer_emb = {
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .bad_inputs = bad_inputs,
+    .sparse = sparse, .sparse_ids = sparse_ids,
     .bad_inputs_what = "ids that are not integers or lie outside its table's rows (emb<N>x<D>: "
                        "[0, N)), each rounded and clamped into the table",
     .mp = DP_MP_REFUSE,

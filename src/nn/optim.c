@@ -399,22 +399,13 @@ dp_optim_step dp_optim_begin(dp_optim *o, float lr)
     return st;
 }
 
-/* Elementwise, each element with the same arithmetic wherever [lo, hi)
- * falls; each call sets its own MXCSR flush (the register is per thread). */
-void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *params,
-                          const float *grads, size_t lo, size_t hi)
+/* One piece of an update: len elements at p, g and the first slot s0 (the
+ * others every n after it).  The same arithmetic wherever the piece lies. */
+static void update_span(const dp_optim *o, const dp_optim_step *st, float *p, const float *g,
+                        float *s0, size_t len)
 {
     const dp_optim_config *c = &o->cfg;
     size_t n = o->n;
-    if (hi > n)
-        hi = n;
-    if (hi <= lo)
-        return;
-    float *p = params + lo;
-    const float *g = grads + lo;
-    float *s0 = o->state ? o->state + lo : NULL;
-    size_t len = hi - lo;
-    unsigned csr = flush_denormals_begin();
     switch (c->kind) {
     case DP_OPTIM_SGD: sgd_update(p, g, len, st->lr, st->l2); break;
     case DP_OPTIM_MOMENTUM: momentum_update(p, g, s0, len, st->lr, c->momentum, st->l2); break;
@@ -427,9 +418,37 @@ void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *par
         break;
     default: break;
     }
+}
+
+/* Elementwise, each element with the same arithmetic wherever [lo, hi)
+ * falls; each call sets its own MXCSR flush (the register is per thread). */
+void dp_optim_apply_range(const dp_optim *o, const dp_optim_step *st, float *params,
+                          const float *grads, size_t lo, size_t hi)
+{
+    size_t n = o->n;
+    if (hi > n)
+        hi = n;
+    if (hi <= lo)
+        return;
+    unsigned csr = flush_denormals_begin();
+    update_span(o, st, params + lo, grads + lo, o->state ? o->state + lo : NULL, hi - lo);
     flush_denormals_end(csr);
 }
 
+void dp_optim_apply_rows(const dp_optim *o, const dp_optim_step *st, float *params,
+                         const float *grads, const uint32_t *rows, size_t count, size_t width,
+                         int indexed)
+{
+    unsigned csr = flush_denormals_begin();
+    for (size_t i = 0; i < count; i++) {
+        size_t at = (size_t)rows[i] * width;
+        if (at + width > o->n)
+            continue; /* the callers check their rows; never past the state */
+        update_span(o, st, params + at, grads + (indexed ? at : i * width),
+                    o->state ? o->state + at : NULL, width);
+    }
+    flush_denormals_end(csr);
+}
 typedef struct apply_job {
     const dp_optim *o;
     const dp_optim_step *st;

@@ -62,6 +62,14 @@ void dp_ps_config_init(dp_ps_config *cfg)
 int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
                       const dp_ps_config *cfg, dp_err *err)
 {
+    return dp_ps_layout_make_from(out, c, 0, n_params, cfg, err);
+}
+
+int dp_ps_layout_make_from(dp_ps_layout *out, const dp_cluster *c, size_t lo, size_t n_params,
+                           const dp_ps_config *cfg, dp_err *err)
+{
+    if (lo >= n_params)
+        return dp_errf(err, "no dense parameters to shard: [%zu, %zu)", lo, n_params);
     int n_ps = c->count[DP_ROLE_PS];
     if (n_ps < 1)
         return dp_errf(err, "parameter-server training needs at least one ps task "
@@ -79,11 +87,13 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
         dp_warn("--ps-max-shards %d is more than the %d ps task(s); using %d", max, n_ps, n_ps);
         max = n_ps;
     }
-    int k = dp_partition_min_size(n_params, cfg->min_shard_bytes, max, out->range, err);
+    int k = dp_partition_min_size(n_params - lo, cfg->min_shard_bytes, max, out->range, err);
     if (k < 0)
         return -1;
     out->n_shards = k;
     for (int s = 0; s < k; s++) {
+        out->range[s].lo += lo;
+        out->range[s].hi += lo;
         out->rank[s] = dp_cluster_rank(c, DP_ROLE_PS, s);
         out->backup[s] = replicas > 1 ? dp_cluster_rank(c, DP_ROLE_PS, (s + 1) % n_ps) : -1;
     }
@@ -127,12 +137,15 @@ void dp_ps_changed(server *s)
     dp_ps_replica_forward(s, DP_PS_OP_SET, s->params, 0);
 }
 
-/* The gradient goes to the backup first, so both apply it at once. */
+/* The gradient goes to the backup first, so both apply it at once.  The
+ * tables' rows (their update as set by the push or the round) follow the
+ * dense part, with the same rate. */
 void dp_ps_apply(server *s, const float *g, float lr)
 {
     dp_ps_note_applied(s);
     dp_ps_replica_forward(s, DP_PS_OP_APPLY, g, lr);
     dp_optim_apply(&s->opt, s->params, g, lr);
+    dp_ps_rows_apply(s, lr);
     dp_ps_shard_changed(s);
 }
 
@@ -166,6 +179,12 @@ static void close_round_now(server *s)
     float scale = s->round_records > 0 ? (float)(1.0 / s->round_records) : 0;
     for (size_t i = 0; i < s->n; i++)
         s->sum[i] *= scale;
+    /* the push being handled keeps its rows (ids, grad); the round's are its sums */
+    const uint32_t *keep_ids[DP_PS_MAX_TABLES];
+    long keep_n[DP_PS_MAX_TABLES];
+    for (int k = 0; k < s->n_tab; k++)
+        keep_ids[k] = s->tab[k].up_ids, keep_n[k] = s->tab[k].up_n;
+    dp_ps_rows_round_mean(s, scale);
     if (s->round_records > 0 && s->rules->pushes_params) {
         memcpy(s->params, s->sum, s->n * sizeof(float));
         dp_ps_changed(s);
@@ -173,6 +192,12 @@ static void close_round_now(server *s)
         dp_ps_apply(s, s->sum, s->round_lr);
     }
     dp_ps_round_close(s, NULL);
+    for (int k = 0; k < s->n_tab; k++) {
+        s->tab[k].up_ids = keep_ids[k];
+        s->tab[k].up_n = keep_n[k];
+        s->tab[k].up_g = s->tab[k].grad;
+        s->tab[k].up_indexed = 0;
+    }
 }
 
 /* On a server restarted into the run, the workers can be a round apart (the
@@ -216,6 +241,7 @@ int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *e
     else
         for (size_t i = 0; i < s->n; i++)
             s->sum[i] += s->scratch[i] * r;
+    dp_ps_rows_round_add(s, r);
     s->round_records += h->records;
     s->round_lr = h->lr;
     s->round_pushes++;
@@ -249,6 +275,7 @@ const float *dp_ps_round_mean(server *s)
     float scale = (float)(1.0 / s->round_records);
     for (size_t i = 0; i < s->n; i++)
         s->scratch[i] = s->sum[i] * scale;
+    dp_ps_rows_round_mean(s, scale);
     return s->scratch;
 }
 
@@ -256,6 +283,7 @@ int dp_ps_round_close(server *s, dp_err *err)
 {
     s->round_pushes = 0;
     s->round_records = 0;
+    dp_ps_rows_round_clear(s);
     for (int i = 0; i < s->n_workers; i++)
         if (s->w[i].pending)
             dp_ps_reply(s, &s->w[i]);
@@ -270,10 +298,13 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     const char *who = dp_transport_peer_name(s->t, w->rank);
     size_t want_len = DP_PUSH_HEAD_SIZE + s->n * sizeof(float);
     int is_params = ev->header.type == DP_WIRE_PUSH_PARAMS;
-    if (ev->header.length != want_len || ev->header.offset != s->lo)
-        return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu at %zu",
+    int rows = ev->header.type == DP_WIRE_PUSH_ROWS; /* then a rows section follows */
+    if ((rows ? ev->header.length < want_len : ev->header.length != want_len) ||
+        ev->header.offset != s->lo)
+        return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu%s at %zu",
                        who, (unsigned long long)ev->header.length,
-                       (unsigned long long)ev->header.offset, want_len, s->lo);
+                       (unsigned long long)ev->header.offset, want_len,
+                       rows ? " and its rows" : "", s->lo);
     if (is_params != s->rules->pushes_params)
         return dp_errf(err, "%s pushed %s, but this run averages %s", who,
                        is_params ? "parameters" : "gradients",
@@ -284,6 +315,10 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     dp_push_head head;
     if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
         dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
+        return -1;
+    for (int k = 0; k < s->n_tab; k++)
+        s->tab[k].up_n = s->tab[k].n_ids = 0; /* a dense push touches no row */
+    if (rows && dp_ps_rows_read(s, w->rank, ev->header.length - want_len, 1, who, err) < 0)
         return -1;
     dp_push_head_get(&head, raw);
     if (!(head.lr >= 0 && head.lr <= 1e6f)) /* also refuses NaN */
@@ -384,7 +419,7 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
     dp_put_u64(head, (uint64_t)s->opt.t);
     dp_put_u64(head + 8, (uint64_t)s->updates);
     size_t bytes = s->n * sizeof(float);
-    struct iovec iov[2 + 2 + 1];
+    struct iovec iov[2 + 2 + 1 + 3 * DP_PS_MAX_TABLES];
     int k = 0;
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){s->params, bytes};
@@ -392,6 +427,14 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
         iov[k++] = (struct iovec){s->opt.state + (size_t)j * s->n, bytes};
     if (s->ema)
         iov[k++] = (struct iovec){s->ema, bytes};
+    /* then each table's rows and each slot's rows, in local order */
+    for (int q = 0; q < s->n_tab; q++) {
+        dp_ps_table *t = &s->tab[q];
+        size_t tb = (size_t)t->local * (size_t)t->width * sizeof(float);
+        iov[k++] = (struct iovec){t->params, tb};
+        for (int j = 0; j < dp_optim_slots(t->opt.cfg.kind) && t->opt.state; j++)
+            iov[k++] = (struct iovec){t->opt.state + (size_t)j * t->opt.n, tb};
+    }
     return dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err);
 }
 
@@ -402,6 +445,7 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     const char *who = dp_transport_peer_name(s->t, ev->peer);
     switch (ev->header.type) {
     case DP_WIRE_PUSH_GRAD:
+    case DP_WIRE_PUSH_ROWS:
     case DP_WIRE_PUSH_PARAMS:
         if (wi < 0) {
             dp_warn("ignoring a push from %s: it is not a worker", who);
@@ -420,6 +464,17 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
             return dp_ps_send_params(s, ev->peer, err);
         dp_ps_reply(s, &s->w[wi]);
         return 0;
+    case DP_WIRE_PULL_ROWS:
+        if (dp_ps_rows_read(s, ev->peer, ev->header.length, 0, who, err) < 0)
+            return -1;
+        return dp_ps_rows_send(s, ev->peer, 0, err);
+    case DP_WIRE_PULL_TABLE:
+        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+            return -1;
+        if (s->n_tab == 0)
+            return dp_errf(err, "%s asked for the sparse tables; this run moves no table by rows",
+                           who);
+        return dp_ps_rows_send(s, ev->peer, 1, err);
     case DP_WIRE_PULL_AVERAGE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -645,6 +700,8 @@ static int push_behind(const dp_transport *t, const dp_ps_layout *layout, const 
     return keep;
 }
 
+static int rows_buffers(dp_ps_client *c);
+
 int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
                       const dp_ps_config *cfg, const dp_optim_config *local_optim,
                       size_t n_params, dp_err *err)
@@ -662,7 +719,9 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
         if (!c->acc)
             goto oom;
     }
-    c->behind = push_behind(t, layout, cfg);
+    c->behind = cfg->n_tables > 0 ? 0 : push_behind(t, layout, cfg);
+    if (cfg->n_tables > 0 && rows_buffers(c) < 0)
+        goto oom;
     /* A send thread only where no shard fails over: a failover re-sends
      * from the caller's thread, in order with what it sent itself. */
     if (c->behind > 0 && !cfg->push_inline && cfg->replicas < 2 && cfg->ps_wait <= 0) {
@@ -695,6 +754,8 @@ void dp_ps_client_free(dp_ps_client *c)
     if (!c)
         return;
     sender_close(c->q);
+    free(c->sec);
+    free(c->rbuf);
     free(c->out);
     free(c->acc);
     free(c->sent);
@@ -709,6 +770,68 @@ int dp_ps_client_push_behind(const dp_ps_client *c) { return c->behind; }
 int dp_ps_client_in_flight(const dp_ps_client *c) { return c->in_flight; }
 
 int dp_ps_client_send_thread(const dp_ps_client *c) { return c->q != NULL; }
+
+/* ---- sparse rows: the client's buffers and sections ---- */
+
+/* A table's rows on shard s of S (ps_shard.c's rule). */
+static size_t rows_on(const dp_ps_table_spec *t, int s, int S)
+{
+    return t->rows > (uint32_t)s ? (t->rows - 1 - (uint32_t)s) / (uint32_t)S + 1 : 0;
+}
+
+/* The section of a request to one shard holds at most a step's ids of each
+ * table that the shard holds; the answers are read through rbuf. */
+static int rows_buffers(dp_ps_client *c)
+{
+    int S = c->layout.n_shards;
+    size_t sec = 0, rb = 4096;
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        size_t most = rows_on(t, 0, S);
+        if (t->max_ids < most)
+            most = t->max_ids;
+        sec += 4 + most * (4 + 4 * (size_t)t->width);
+        if (most * t->width > rb)
+            rb = most * t->width;
+        if (t->width > rb)
+            rb = t->width;
+    }
+    c->sec_cap = sec;
+    c->rbuf_floats = rb;
+    c->sec = malloc(sec ? sec : 1);
+    c->rbuf = malloc(rb * sizeof(float));
+    return c->sec && c->rbuf ? 0 : -1;
+}
+
+/* Shard s's part of the next step's rows: per table [u32 count][ids], and
+ * with v (a push) each row's floats from v; the byte count. */
+static size_t put_section(dp_ps_client *c, int s, const float *v)
+{
+    int S = c->layout.n_shards;
+    uint8_t *p = c->sec;
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        uint8_t *count = p;
+        uint32_t n = 0;
+        p += 4;
+        for (long i = 0; i < c->n_ids[k]; i++)
+            if (c->ids[k][i] % (uint32_t)S == (uint32_t)s) {
+                dp_put_u32(p, c->ids[k][i]);
+                p += 4;
+                n++;
+            }
+        dp_put_u32(count, n);
+        if (!v)
+            continue;
+        size_t w = t->width;
+        for (long i = 0; i < c->n_ids[k]; i++)
+            if (c->ids[k][i] % (uint32_t)S == (uint32_t)s) {
+                memcpy(p, v + t->off + (size_t)c->ids[k][i] * w, w * sizeof(float));
+                p += w * sizeof(float);
+            }
+    }
+    return (size_t)(p - c->sec);
+}
 
 /* ---- the client's requests, and failover to a shard's backup ---- */
 
@@ -861,10 +984,17 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
         dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
         uint8_t raw[DP_PUSH_HEAD_SIZE];
         dp_push_head_put(raw, &head);
-        struct iovec iov[2] = {{raw, sizeof raw},
-                               {(void *)(c->last.v + r->lo), (r->hi - r->lo) * sizeof(float)}};
-        return dp_transport_sendv(c->t, rank, c->last.type, c->last.step, r->lo, iov, 2, err);
+        /* with sparse tables a gradient push carries the step's rows */
+        int rows = c->cfg.n_tables > 0 && c->last.type == DP_WIRE_PUSH_GRAD;
+        struct iovec iov[3] = {{raw, sizeof raw},
+                               {(void *)(c->last.v + r->lo), (r->hi - r->lo) * sizeof(float)},
+                               {c->sec, rows ? put_section(c, s, c->last.v) : 0}};
+        return dp_transport_sendv(c->t, rank, rows ? DP_WIRE_PUSH_ROWS : c->last.type,
+                                  c->last.step, r->lo, iov, 2 + rows, err);
     }
+    if (c->last.type == DP_WIRE_PULL_ROWS)
+        return dp_transport_send(c->t, rank, c->last.type, c->last.step, r->lo, c->sec,
+                                 put_section(c, s, NULL), err);
     return dp_transport_send(c->t, rank, c->last.type, c->last.step, r->lo, NULL, 0, err);
 }
 
@@ -1091,14 +1221,111 @@ int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err)
     return 0;
 }
 
+/* Shard s's ROWS answer: the rows asked of it (whole 0: the step's ids it
+ * holds; 1: every row it holds, local order), scattered into params
+ * through rbuf. */
+typedef struct rows_into {
+    float *params;
+    int whole;
+} rows_into;
+
+static int take_rows(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
+{
+    const rows_into *o = ctx;
+    int S = c->layout.n_shards;
+    uint64_t want = 0;
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        uint64_t n = 0;
+        if (o->whole)
+            n = rows_on(t, s, S);
+        else
+            for (long i = 0; i < c->n_ids[k]; i++)
+                n += c->ids[k][i] % (uint32_t)S == (uint32_t)s;
+        want += n * t->width * sizeof(float);
+    }
+    if (ev->header.length != want) {
+        dp_errf(err, "%s answered with %llu bytes of rows for shard %d; expected %llu",
+                dp_transport_peer_name(c->t, ev->peer), (unsigned long long)ev->header.length, s,
+                (unsigned long long)want);
+        return -2;
+    }
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        size_t w = t->width, chunk = c->rbuf_floats / w, n = o->whole ? rows_on(t, s, S) : 0;
+        long i = 0; /* the next of the step's ids */
+        for (size_t done = 0;;) {
+            /* the next chunk of this table's rows: ids[] entries (or local rows) */
+            size_t m = 0;
+            if (o->whole)
+                m = n - done < chunk ? n - done : chunk;
+            else
+                for (long j = i; j < c->n_ids[k] && m < chunk; j++)
+                    m += c->ids[k][j] % (uint32_t)S == (uint32_t)s;
+            if (m == 0)
+                break;
+            if (dp_transport_recv_payload(c->t, ev->peer, c->rbuf, m * w * sizeof(float), err) < 0)
+                return -1;
+            for (size_t q = 0; q < m; q++) {
+                size_t id;
+                if (o->whole) {
+                    id = (size_t)s + (done + q) * (size_t)S;
+                } else {
+                    while (c->ids[k][i] % (uint32_t)S != (uint32_t)s)
+                        i++;
+                    id = c->ids[k][i++];
+                }
+                memcpy(o->params + t->off + id * w, c->rbuf + q * w, w * sizeof(float));
+            }
+            done += m;
+        }
+    }
+    long gap = c->clock - (long)ev->header.step;
+    if (gap > c->max_gap)
+        c->max_gap = gap;
+    return 0;
+}
+
+int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const *ids,
+                           const long *n, dp_err *err)
+{
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[k];
+        /* the section buffer holds max_ids ids of a table, each below its rows */
+        if (n[k] < 0 || (uint64_t)n[k] > t->max_ids)
+            return dp_errf(err, "%ld rows of sparse table %d in one step; at most %u", n[k], k,
+                           t->max_ids);
+        for (long i = 0; i < n[k]; i++)
+            if (ids[k][i] >= t->rows || (i > 0 && ids[k][i] <= ids[k][i - 1]))
+                return dp_errf(err, "row id %u (entry %ld) of sparse table %d: ids must be below "
+                                    "its %u rows and strictly increasing",
+                               ids[k][i], i, k, t->rows);
+        c->ids[k] = ids[k];
+        c->n_ids[k] = n[k];
+    }
+    double t0 = dp_now();
+    rows_into o = {params, 0};
+    int rc = request_all(c, DP_WIRE_PULL_ROWS, (uint64_t)c->clock, err) < 0
+                 ? -1
+                 : collect(c, DP_WIRE_ROWS, "rows", take_rows, &o, err);
+    dp_trace_span("pull rows", "pull", t0, dp_now(), -1);
+    return rc;
+}
+
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
     /* The pushes' answers come first on each connection. */
     if (dp_ps_settle(c, params, 0, err) < 0)
         return -1;
-    if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0)
+    if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0 ||
+        dp_ps_receive(c, params, err) < 0)
         return -1;
-    return dp_ps_receive(c, params, err);
+    if (c->cfg.n_tables == 0)
+        return 0;
+    rows_into o = {params, 1};
+    if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
+        return -1;
+    return collect(c, DP_WIRE_ROWS, "every row of its tables", take_rows, &o, err);
 }
 
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
@@ -1125,6 +1352,25 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
     return dp_ps_settle(c, params, 0, err);
 }
 
+/* Every row of table t that shard s holds, in local order, from peer's
+ * payload into the full-length vector v (rows at t->off). */
+static int recv_table(dp_ps_client *c, int peer, const dp_ps_table_spec *t, int s, float *v,
+                      dp_err *err)
+{
+    int S = c->layout.n_shards;
+    size_t w = t->width, chunk = c->rbuf_floats / w, n = rows_on(t, s, S);
+    for (size_t done = 0; done < n;) {
+        size_t m = n - done < chunk ? n - done : chunk;
+        if (dp_transport_recv_payload(c->t, peer, c->rbuf, m * w * sizeof(float), err) < 0)
+            return -1;
+        for (size_t q = 0; q < m; q++)
+            memcpy(v + t->off + ((size_t)s + (done + q) * (size_t)S) * w, c->rbuf + q * w,
+                   w * sizeof(float));
+        done += m;
+    }
+    return 0;
+}
+
 typedef struct state_into {
     uint64_t step;
     int n_slots;
@@ -1139,6 +1385,9 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
     int rank = ev->peer;
     size_t n = r->hi - r->lo, bytes = n * sizeof(float);
     size_t len = 16 + bytes * (size_t)(1 + o->n_slots + (c->cfg.ema > 0));
+    for (int k = 0; k < c->cfg.n_tables; k++)
+        len += rows_on(&c->cfg.tables[k], s, c->layout.n_shards) * c->cfg.tables[k].width *
+               sizeof(float) * (size_t)(1 + o->n_slots);
     if (ev->header.step != o->step || ev->header.length != len) {
         dp_errf(err, "%s answered the state request for step %llu with %llu bytes for step %llu; "
                      "expected %zu bytes for shard %d", dp_transport_peer_name(c->t, rank),
@@ -1157,6 +1406,13 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
     if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + r->lo, bytes, err)
                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
         return -1;
+    for (int k = 0; k < c->cfg.n_tables; k++) {
+        if (recv_table(c, rank, &c->cfg.tables[k], s, o->params, err) < 0)
+            return -1;
+        for (int q = 0; q < o->n_slots; q++)
+            if (recv_table(c, rank, &c->cfg.tables[k], s, o->slots + (size_t)q * c->n, err) < 0)
+                return -1;
+    }
     long shard_t = (long)dp_get_u64(head);
     if (s > 0 && shard_t != *o->t)
         dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "

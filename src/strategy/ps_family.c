@@ -11,6 +11,7 @@
 #include "downpour/clock.h"
 #include "downpour/launcher.h"
 #include "downpour/log.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
@@ -85,9 +86,91 @@ struct dp_strategy {
     dp_replica *replica;   /* a data-parallel worker's model (replica.h): on a device
                               forward and backward run there, pushes and pulls through
                               m->grads and m->params (host staging) */
+    /* sparse rows (docs/strategies.md, "Sparse rows"): the model's tables
+     * as s->pc.tables holds them, and a worker's ids of a step per table */
+    dp_sparse_table sp[DP_PS_MAX_TABLES];
+    uint32_t *sp_ids[DP_PS_MAX_TABLES];
+    long sp_n[DP_PS_MAX_TABLES];
+    size_t dense_lo;       /* the dense shards' first parameter (after the tables) */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
+
+/* Sparse rows are chosen when the model has sparse tables (sparse.h) and
+ * nothing of the run needs them whole (docs/strategies.md, "Sparse
+ * rows"): the tables then lie outside the dense shards, and each row goes
+ * to shard id mod n_shards.  Every task decides alike, from the same
+ * settings and model. */
+static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *ps, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int n = dp_model_sparse_tables(s->m, t, DP_SPARSE_MAX);
+    if (n == 0)
+        return 0;
+    dp_optim_kind kind = cfg->optim.kind;
+    /* the tables in order of place: they must cover [0, dense_lo) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j].off < t[j - 1].off; j--) {
+            dp_sparse_table x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    size_t end = 0;
+    int prefix = 1;
+    for (int i = 0; i < n; i++) {
+        prefix &= t[i].off == end;
+        end = t[i].off + (size_t)t[i].rows * (size_t)t[i].width;
+    }
+    const char *why = ps->dense ? "--ps-dense"
+        : mode == DP_PS_AVG ? "model-avg pushes parameters, not gradients"
+        : kind != DP_OPTIM_SGD && kind != DP_OPTIM_ADAGRAD && kind != DP_OPTIM_ADAM
+            ? "its optimizer has no update by rows here (sgd, adagrad and adam have)"
+        : cfg->ema > 0 ? "--ema averages every parameter at every update"
+        : s->pc.push_every > 1 || s->pc.fetch_every > 1 || s->pc.push_behind > 0
+            ? "--push-every, --fetch-every and --push-behind keep whole vectors"
+        : s->mp_k > 0 ? "--model-parallel"
+        : cfg->device.kind != DP_DEVICE_CPU ? "--device: the ids are read on the host"
+        : n > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
+        : !prefix ? "the tables do not lie before every dense parameter"
+        : end >= s->m->n_params ? "the model has no dense parameter to shard"
+                                : NULL;
+    if (why) {
+        dp_info("%d sparse table(s) of %s move whole, as dense parameters: %s", n, s->m->name,
+                why);
+        return 0;
+    }
+    size_t rows = 0;
+    for (int k = 0; k < n; k++) {
+        long most = (long)s->m->max_batch * t[k].per_record;
+        s->sp[k] = t[k];
+        s->pc.tables[k] = (dp_ps_table_spec){t[k].off, (uint32_t)t[k].rows,
+                                             (uint32_t)t[k].width,
+                                             (uint32_t)(most < t[k].rows ? most : t[k].rows)};
+        if (s->env->node->self->role == DP_ROLE_WORKER &&
+            !(s->sp_ids[k] = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint32_t))))
+            return dp_errf(err, "out of memory");
+        rows += (size_t)t[k].rows;
+    }
+    s->pc.n_tables = n;
+    s->dense_lo = end;
+    /* every ps task holds a shard, so the rows spread over all of them */
+    s->pc.min_shard_bytes = sizeof(float);
+    dp_debug("sparse rows: %d table(s) of %s (%zu rows, %zu floats) move by the rows each batch "
+             "touches; row id on shard id mod the shard count; the dense shards cover [%zu, %zu)",
+             n, s->m->name, rows, end, end, s->m->n_params);
+    return 0;
+}
+
+/* A worker's step with sparse tables: the rows its batch touches, found
+ * from the input before the forward, pulled fresh from their shards. */
+static int pull_rows(dp_strategy *s, const float *x, int n, dp_err *err)
+{
+    for (int k = 0; k < s->pc.n_tables; k++)
+        s->sp_n[k] = n > 0 ? dp_model_sparse_rows(s->m, &s->sp[k], x, n, s->sp_ids[k]) : 0;
+    return dp_ps_client_pull_rows(s->client, s->wparams, (const uint32_t *const *)s->sp_ids,
+                                  s->sp_n, err);
+}
 
 static int send_to(dp_strategy *s, int rank, unsigned type, uint64_t step, const void *p,
                    size_t len, dp_err *err)
@@ -127,6 +210,8 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->reported);
     free(s->heard);
     free(s->reports);
+    for (int k = 0; k < DP_PS_MAX_TABLES; k++)
+        free(s->sp_ids[k]);
     free(s);
 }
 
@@ -541,8 +626,11 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
                                       : DP_PART_TRAINER;
     s->wparams = s->m->params;
+    if (choose_sparse(s, mode, dp_strategy_settings(cfg, &dp_ps_conf), err) < 0)
+        goto fail;
     if (s->mp_k > 0 ? mp_layout(s, mode, err) < 0
-                                : dp_ps_layout_make(&s->layout, c, s->m->n_params, &s->pc, err) < 0)
+                    : dp_ps_layout_make_from(&s->layout, c, s->dense_lo, s->m->n_params, &s->pc,
+                                             err) < 0)
         goto fail;
     info->part = s->part;
     info->evaluator = role == DP_ROLE_CHIEF;
@@ -630,10 +718,36 @@ fail:
  * optimiser t][u32 flags][u32 workers], per worker a u64: the step it
  * reached as the chief knows it (NOT_DONE: it takes no part), then with
  * RESTORE_STATE the shard's parameters, each optimiser slot and the moving
- * average (when kept), as the STATE answer has them; the frame's step is the
- * checkpoint's (docs/faults.md, "A restarted ps"). */
+ * average (when kept), as the STATE answer has them, and with sparse tables
+ * each table's rows of the shard then each slot's rows, in local order; the
+ * frame's step is the checkpoint's (docs/faults.md, "A restarted ps"). */
 #define RESTORE_HEAD 24
 #define RESTORE_STATE 1u
+
+/* Sparse tables: the rows of table k that shard `shard` holds (ids shard,
+ * shard + S, ...: ps_shard.c's rule), and all of a shard's rows' floats
+ * with their optimiser slots' (a RESTORE's part after the dense slice). */
+static size_t shard_rows(const dp_strategy *s, int k, int shard)
+{
+    size_t rows = s->pc.tables[k].rows, S = (size_t)s->layout.n_shards;
+    return shard >= 0 && rows > (size_t)shard ? (rows - 1 - (size_t)shard) / S + 1 : 0;
+}
+
+static size_t shard_rows_floats(const dp_strategy *s, int shard, int n_slots)
+{
+    size_t n = 0;
+    for (int k = 0; k < s->pc.n_tables; k++)
+        n += shard_rows(s, k, shard) * s->pc.tables[k].width * (size_t)(1 + n_slots);
+    return n;
+}
+
+static int shard_of(const dp_strategy *s, int rank)
+{
+    for (int i = 0; i < s->layout.n_shards; i++)
+        if (s->layout.rank[i] == rank)
+            return i;
+    return -1;
+}
 
 /* This task's shard (range lo, n floats; n = 0: it holds none). */
 static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
@@ -670,8 +784,11 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
     if (dp_transport_recv_payload(s->t, s->chief, head, sizeof head, err) < 0)
         return -1;
     uint32_t flags = dp_get_u32(head + 16), nw = dp_get_u32(head + 20);
+    int shard = shard_of(s, dp_transport_rank(s->t));
     uint64_t want = RESTORE_HEAD + table +
-                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) : 0);
+                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) +
+                                                 shard_rows_floats(s, shard, n_slots) * sizeof(float)
+                                           : 0);
     if (nw != (uint32_t)workers || len != want)
         return dp_errf(err, "the chief's RESTORE holds %llu bytes for %u worker(s); expected %llu "
                             "for %d", (unsigned long long)len, nw, (unsigned long long)want,
@@ -710,6 +827,20 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
             return -1;
     if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + lo, bytes, err) < 0)
         return -1;
+    /* the shard's rows of each table, then each slot's rows, in local order,
+     * into the full-length vectors the shard opens from */
+    for (int k = 0; k < s->pc.n_tables; k++) {
+        const dp_ps_table_spec *t = &s->pc.tables[k];
+        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, k, shard);
+        for (int q = 0; q <= n_slots; q++) {
+            float *v = q == 0 ? s->m->params : rs->slots + (size_t)(q - 1) * np;
+            for (size_t j = 0; j < nr; j++)
+                if (dp_transport_recv_payload(s->t, s->chief,
+                                              v + t->off + ((size_t)shard + j * S) * w,
+                                              w * sizeof(float), err) < 0)
+                    return -1;
+        }
+    }
     start->params = s->m->params;
     start->slots = rs->slots;
     start->t = (long)dp_get_u64(head + 8);
@@ -872,17 +1003,39 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     dp_put_u64(head + 8, found ? (uint64_t)st.optim_t : 0);
     dp_put_u32(head + 16, found ? RESTORE_STATE : 0);
     dp_put_u32(head + 20, (uint32_t)workers);
-    struct iovec iov[6];
+    struct iovec iov[7];
     int k = 0;
     size_t bytes = n * sizeof(float);
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){lv, 8 * (size_t)workers};
+    /* sparse tables: the shard's rows and their slots' rows, gathered in
+     * local order (a restore is rare: its buffer is allocated here) */
+    int shard = shard_of(s, rank);
+    float *rows = NULL;
+    size_t nrows = found ? shard_rows_floats(s, shard, n_slots) : 0;
+    if (nrows && !(rows = malloc(nrows * sizeof(float)))) {
+        free(lv);
+        release_state(s, &st);
+        return dp_errf(err, "out of memory for %zu floats of sparse rows", nrows);
+    }
+    size_t at = 0;
+    for (int q = 0; nrows && q < s->pc.n_tables; q++) {
+        const dp_ps_table_spec *t = &s->pc.tables[q];
+        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, q, shard);
+        for (int j = 0; j <= n_slots; j++) {
+            const float *v = j == 0 ? st.params : st.slots + (size_t)(j - 1) * st.n_params;
+            for (size_t r = 0; r < nr; r++, at += w)
+                memcpy(rows + at, v + t->off + ((size_t)shard + r * S) * w, w * sizeof(float));
+        }
+    }
     if (found) {
         iov[k++] = (struct iovec){st.params + lo, bytes};
         for (int j = 0; j < n_slots; j++)
             iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + lo, bytes};
         if (s->pc.ema > 0)
             iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + lo, bytes};
+        if (nrows)
+            iov[k++] = (struct iovec){rows, nrows * sizeof(float)};
     }
     long from = found ? st.step : base, reached = from;
     for (int r = 0; r < s->c->n_tasks; r++)
@@ -893,6 +1046,7 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
                                 iov, k, &why);
     release_state(s, &st);
     free(lv);
+    free(rows);
     if (rc < 0)
         return 1;
     dp_warn("fault: %s was restarted; the Chief restores its shard [%zu, %zu) from %s: the "
@@ -973,6 +1127,8 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
                       long step, dp_step_out *out, dp_err *err)
 {
     dp_ps_client_at_step(s->client, step);
+    if (s->pc.n_tables > 0 && pull_rows(s, x, n, err) < 0)
+        return -1;
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
                   : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr, step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes

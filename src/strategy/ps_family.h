@@ -32,6 +32,7 @@ typedef struct dp_ps_settings {
     size_t min_shard_bytes;
     int max_shards, replicas;
     int model_parallel; /* ps-async: tasks per model-parallel replica (0: none) */
+    bool dense;         /* sparse tables move whole, as dense parameters (not by rows) */
 } dp_ps_settings;
 extern const dp_strategy_conf dp_ps_conf;
 /* The servers' and clients' configuration from the settings (the range

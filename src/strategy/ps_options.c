@@ -33,6 +33,9 @@ static const dp_opt opts[] = {
     {"ps-replicas", DP_OPT_INT, F(replicas), "N",
      "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
      "the primary is lost", 1, 2, 0},
+    {"ps-dense", DP_OPT_FLAG, F(dense), NULL,
+     "sparse tables (emb) move whole on every step, as dense parameters, not by the rows a "
+     "batch touches (for comparison)", 0, 0, 0},
     /* ps-async's model-parallel replicas: listed with model-parallel's options */
     {"model-parallel", DP_OPT_INT, F(model_parallel), "K", "tasks per model-parallel replica", 1, 4096, DP_OPT_ALSO},
 };

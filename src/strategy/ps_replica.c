@@ -140,10 +140,14 @@ void dp_ps_replica_forward(server *s, int op, const float *v, float lr)
         dp_put_u64(q, (uint64_t)s->w[i].clock);
         dp_put_u64(q + 8, s->w[i].applied);
     }
-    struct iovec iov[2] = {{s->table, table_bytes(s)}, {(void *)v, s->n * sizeof(float)}};
+    /* an update of sparse rows carries them after the dense floats: a rows
+     * section (ps_rules.h), as a push does */
+    int rows = op == DP_PS_OP_APPLY && s->n_tab > 0;
+    struct iovec iov[3] = {{s->table, table_bytes(s)}, {(void *)v, s->n * sizeof(float)},
+                           {s->fwd, rows ? dp_ps_rows_put(s) : 0}};
     dp_err why;
-    if (dp_transport_sendv(s->t, s->backup_rank, DP_WIRE_REPLICATE, ++s->fwd_seq, s->lo, iov, 2,
-                           &why) < 0) {
+    if (dp_transport_sendv(s->t, s->backup_rank, DP_WIRE_REPLICATE, ++s->fwd_seq, s->lo, iov,
+                           2 + rows, &why) < 0) {
         dp_warn("fault: cannot forward update %llu of shard %d to its backup %s (%s); %s serves "
                 "the shard without a backup", (unsigned long long)s->fwd_seq, s->shard,
                 name(s, s->backup_rank), why.msg, self(s));
@@ -166,9 +170,10 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
         return dp_transport_skip_payload(s->t, ev->peer, err);
     }
     size_t tb = table_bytes(b), want = tb + b->n * sizeof(float);
-    if (ev->header.length != want)
-        return dp_errf(err, "%s forwarded %llu bytes for shard %d; expected %zu", from,
-                       (unsigned long long)ev->header.length, b->shard, want);
+    if (b->n_tab ? ev->header.length < want : ev->header.length != want)
+        return dp_errf(err, "%s forwarded %llu bytes for shard %d; expected %zu%s", from,
+                       (unsigned long long)ev->header.length, b->shard, want,
+                       b->n_tab ? " and its rows" : "");
     dp_err why;
     if (dp_transport_recv_payload(s->t, ev->peer, b->table, tb, &why) < 0 ||
         dp_transport_recv_payload(s->t, ev->peer, b->scratch, b->n * sizeof(float), &why) < 0)
@@ -178,6 +183,11 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
     if (workers != (uint32_t)b->n_workers || (op != DP_PS_OP_APPLY && op != DP_PS_OP_SET))
         return dp_errf(err, "%s forwarded op %u for %u workers; this run has %d", from, op,
                        workers, b->n_workers);
+    for (int k = 0; k < b->n_tab; k++)
+        b->tab[k].up_n = 0;
+    if (ev->header.length > want &&
+        dp_ps_rows_read(b, ev->peer, ev->header.length - want, 1, from, err) < 0)
+        return -1;
     /* The update is whole here and is applied before anything else is
      * handled, so it is acknowledged first: the primary's reply does not
      * wait for this task's optimiser step, which runs beside the primary's. */
@@ -187,9 +197,10 @@ static int apply_forwarded(server *s, const dp_event *ev, dp_err *err)
     /* dp_ps_apply's and dp_ps_changed's steps, but for the forward: the
      * backup forwards nothing */
     dp_ps_note_applied(b);
-    if (op == DP_PS_OP_APPLY)
+    if (op == DP_PS_OP_APPLY) {
         dp_optim_apply(&b->opt, b->params, b->scratch, lr);
-    else
+        dp_ps_rows_apply(b, lr);
+    } else
         memcpy(b->params, b->scratch, b->n * sizeof(float));
     dp_ps_shard_changed(b);
     for (int i = 0; i < b->n_workers; i++) {
@@ -354,8 +365,9 @@ server *dp_ps_replica_route(server *s, const dp_event *ev)
         return s;
     unsigned type = ev->header.type;
     int serve = type == DP_WIRE_PUSH_GRAD || type == DP_WIRE_PUSH_PARAMS ||
-                type == DP_WIRE_PULL || type == DP_WIRE_PULL_AVERAGE ||
-                type == DP_WIRE_STATE_REQ;
+                type == DP_WIRE_PUSH_ROWS || type == DP_WIRE_PULL_ROWS ||
+                type == DP_WIRE_PULL_TABLE || type == DP_WIRE_PULL ||
+                type == DP_WIRE_PULL_AVERAGE || type == DP_WIRE_STATE_REQ;
     if (!serve && type != DP_WIRE_JOIN && type != DP_WIRE_DONE)
         return s;
     if (s->shard >= 0 && ev->header.offset != b->lo)

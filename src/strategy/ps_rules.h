@@ -29,6 +29,31 @@ typedef struct dp_ps_worker {
 
 typedef struct dp_ps_rules dp_ps_rules;
 
+/* One sparse table's rows on a shard (ps_shard.c; docs/strategies.md,
+ * "Sparse rows"): the rows id = shard + j * n_shards, j in [0, local), as
+ * rows j of params, with their optimiser state beside them. */
+typedef struct dp_ps_table {
+    size_t off;           /* the table's place in the flat parameters */
+    long rows;            /* the whole table's */
+    int width;
+    long local;           /* rows this shard holds */
+    float *params;        /* local * width */
+    dp_optim opt;         /* over local * width: t moves with the shard's */
+    float *sum;           /* rounds: the records-weighted sum, laid out as params */
+    uint8_t *mark;        /* rounds: the rows in the open round */
+    uint32_t *touched;    /* rounds: those rows, in the order first pushed */
+    long n_touched;
+    uint32_t *ids;        /* the push (or request) being handled: its local rows */
+    long n_ids;
+    float *grad;          /* its rows' gradients one after another; a ROWS answer's gather */
+    /* the update dp_ps_apply applies: local rows, their gradients (indexed:
+     * laid out as params, else one after another) */
+    const uint32_t *up_ids;
+    long up_n;
+    const float *up_g;
+    int up_indexed;
+} dp_ps_table;
+
 struct dp_ps_server {
     dp_transport *t;
     dp_ps_config cfg;
@@ -63,6 +88,11 @@ struct dp_ps_server {
     int primary_rank;      /* on a backup: its primary, -1 once it took the shard over */
     struct dp_ps_ticker *ticker; /* notices this task being stopped (ps_replica.c) */
     int fenced;            /* stopped long enough to be taken over: it must leave */
+    /* sparse tables (ps_shard.c) */
+    int n_tab;
+    dp_ps_table *tab;
+    int n_shards;          /* the layout's: row id lives on shard id mod n_shards */
+    uint8_t *fwd;          /* primary with a backup: the rows section it forwards */
 };
 
 struct dp_ps_client {
@@ -107,6 +137,14 @@ struct dp_ps_client {
     long step;           /* the worker's step (dp_ps_client_at_step); 0: not a worker */
     int (*on_restart)(void *ctx, int rank, dp_err *err);
     void *restart_ctx;
+    /* sparse tables (cfg.n_tables): the next step's rows (the caller's
+     * arrays, dp_ps_client_pull_rows), a request's section, an answer's rows */
+    const uint32_t *ids[DP_PS_MAX_TABLES];
+    long n_ids[DP_PS_MAX_TABLES];
+    uint8_t *sec;
+    size_t sec_cap;
+    float *rbuf;
+    size_t rbuf_floats;
 };
 
 struct dp_ps_rules {
@@ -186,6 +224,33 @@ void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
  * update counts and moves the moving average. */
 void dp_ps_note_applied(dp_ps_server *s);
 void dp_ps_shard_changed(dp_ps_server *s);
+
+/* ---- sparse rows (ps_shard.c; docs/strategies.md, "Sparse rows") ----
+ * A rows section, after a push's dense floats (PUSH_ROWS) or a forwarded
+ * update's (REPLICATE): per table, [u32 count][count u32 ids][count x
+ * width f32], ids of this shard, strictly increasing, below the table's
+ * rows.  A PULL_ROWS is the same without the floats. */
+
+/* Reads a section of exactly `len` bytes from peer into the tables' ids
+ * and grad, every count and id checked before anything is kept (err names
+ * who); with_rows 0: a PULL_ROWS (no floats).  Sets the tables' update
+ * to it. */
+int dp_ps_rows_read(dp_ps_server *s, int peer, uint64_t len, int with_rows, const char *who,
+                    dp_err *err);
+/* The tables' update, sparse, after the dense one: begins each table's
+ * optimiser (so its t moves with the shard's) and updates the rows. */
+void dp_ps_rows_apply(dp_ps_server *s, float lr);
+/* The tables' update as a section (for the backup), into s->fwd; bytes. */
+size_t dp_ps_rows_put(dp_ps_server *s);
+/* Rounds: adds the push's rows, records-weighted; the round's mean (in
+ * place) becomes the update; closing forgets the round's rows. */
+void dp_ps_rows_round_add(dp_ps_server *s, float r);
+void dp_ps_rows_round_mean(dp_ps_server *s, float scale);
+void dp_ps_rows_round_clear(dp_ps_server *s);
+/* Answers a PULL_ROWS (read by dp_ps_rows_read) or a PULL_TABLE (all 1). */
+int dp_ps_rows_send(dp_ps_server *s, int rank, int all, dp_err *err);
+/* Floats of every table's rows this shard holds (the STATE frame's part). */
+size_t dp_ps_rows_local_floats(const dp_ps_server *s);
 
 /* ---- replicas (ps_replica.c) ---- */
 

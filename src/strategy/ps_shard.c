@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "downpour/log.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 #include "strategy/ps_rules.h"
 
@@ -74,6 +75,10 @@ void dp_ps_shard_changed(server *s)
     }
 }
 
+static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_config *optim,
+                       const dp_ps_start *start, size_t n_params, dp_err *err);
+static void tables_free(server *s);
+
 /* Copies this shard's slice of a full-length vector (or of each slot of a
  * full-length optimiser state) into the server. */
 static void take_slice(float *dst, const float *full, size_t lo, size_t n)
@@ -125,7 +130,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         dp_ps_shard_free(s);
         return dp_errf(err, "out of memory for a shard of %zu parameters", s->n);
     }
-    if (dp_optim_init(&s->opt, optim, nn, err) < 0) {
+    if (dp_optim_init(&s->opt, optim, nn, err) < 0 ||
+        tables_open(s, layout, optim, start, n_params, err) < 0) {
         dp_ps_shard_free(s);
         return -1;
     }
@@ -162,6 +168,7 @@ void dp_ps_shard_free(dp_ps_server *s)
     if (!s)
         return;
     free(s->table);
+    tables_free(s);
     dp_optim_free(&s->opt);
     free(s->w);
     free(s->worker_of);
@@ -172,3 +179,241 @@ void dp_ps_shard_free(dp_ps_server *s)
     free(s);
 }
 
+
+/* ---------------------------------------------------------------- sparse rows */
+
+/* A table's rows on shard `shard` of S: ids shard, shard + S, ... */
+static long local_rows(long rows, int shard, int S)
+{
+    return shard >= 0 && rows > shard ? (rows - 1 - shard) / S + 1 : 0;
+}
+
+static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_config *optim,
+                       const dp_ps_start *start, size_t n_params, dp_err *err)
+{
+    const dp_ps_config *cfg = &s->cfg;
+    s->n_shards = layout->n_shards;
+    if (cfg->n_tables <= 0)
+        return 0;
+    if (!(s->tab = calloc((size_t)cfg->n_tables, sizeof *s->tab)))
+        return dp_errf(err, "out of memory");
+    s->n_tab = cfg->n_tables;
+    int S = s->n_shards, n_slots = dp_optim_slots(optim->kind);
+    size_t fwd = 0;
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        const dp_ps_table_spec *sp = &cfg->tables[k];
+        t->off = sp->off;
+        t->rows = sp->rows;
+        t->width = (int)sp->width;
+        if (t->off + (size_t)t->rows * (size_t)t->width > n_params || t->width < 1)
+            return dp_errf(err, "sparse table %d ([%zu, +%ld x %d)) lies outside the %zu "
+                                "parameters", k, t->off, t->rows, t->width, n_params);
+        t->local = local_rows(t->rows, s->shard, S);
+        size_t nl = (size_t)t->local * (size_t)t->width, nn = nl ? nl : 1;
+        size_t nr = t->local ? (size_t)t->local : 1;
+        t->params = malloc(nn * sizeof(float));
+        t->sum = malloc(nn * sizeof(float));
+        t->grad = malloc(nn * sizeof(float));
+        t->mark = calloc(nr, 1);
+        t->touched = malloc(nr * sizeof(uint32_t));
+        t->ids = malloc(nr * sizeof(uint32_t));
+        if (!t->params || !t->sum || !t->grad || !t->mark || !t->touched || !t->ids)
+            return dp_errf(err, "out of memory for %ld rows of sparse table %d", t->local, k);
+        if (dp_optim_init(&t->opt, optim, nn, err) < 0)
+            return -1;
+        t->opt.n = nl; /* dp_optim_apply_rows never reaches past the rows held */
+        size_t w = (size_t)t->width;
+        for (long j = 0; j < t->local; j++) {
+            size_t id = (size_t)s->shard + (size_t)j * (size_t)S;
+            memcpy(t->params + j * w, start->params + t->off + id * w, w * sizeof(float));
+            for (int q = 0; q < n_slots && start->slots; q++)
+                memcpy(t->opt.state + (size_t)q * nl + j * w,
+                       start->slots + (size_t)q * n_params + t->off + id * w, w * sizeof(float));
+        }
+        if (start->slots)
+            t->opt.t = start->t;
+        fwd += 4 + (size_t)t->local * (4 + 4 * w);
+    }
+    if (cfg->replicas > 1 && !(s->fwd = malloc(fwd ? fwd : 1)))
+        return dp_errf(err, "out of memory");
+    return 0;
+}
+
+static void tables_free(server *s)
+{
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        free(t->params);
+        free(t->sum);
+        free(t->grad);
+        free(t->mark);
+        free(t->touched);
+        free(t->ids);
+        dp_optim_free(&t->opt);
+    }
+    free(s->tab);
+    free(s->fwd);
+}
+
+size_t dp_ps_rows_local_floats(const server *s)
+{
+    size_t n = 0;
+    for (int k = 0; k < s->n_tab; k++)
+        n += (size_t)s->tab[k].local * (size_t)s->tab[k].width;
+    return n;
+}
+
+int dp_ps_rows_read(server *s, int peer, uint64_t len, int with_rows, const char *who,
+                    dp_err *err)
+{
+    if (s->n_tab == 0)
+        return dp_errf(err, "%s sent sparse rows; this run moves no table by rows", who);
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        uint8_t raw[4];
+        if (len < 4)
+            return dp_errf(err, "%s sent a rows section that ends before table %d's count", who,
+                           k);
+        if (dp_transport_recv_payload(s->t, peer, raw, 4, err) < 0)
+            return -1;
+        len -= 4;
+        uint32_t count = dp_get_u32(raw);
+        uint64_t per = 4 + (with_rows ? 4 * (uint64_t)t->width : 0);
+        /* bounded before anything is read into the buffers */
+        if (count > (uint64_t)t->local || (uint64_t)count * per > len)
+            return dp_errf(err, "%s sent %u rows of sparse table %d; shard %d holds %ld of them "
+                                "and %llu bytes are left in the frame",
+                           who, count, k, s->shard, t->local, (unsigned long long)len);
+        if (count && dp_transport_recv_payload(s->t, peer, t->ids, count * sizeof(uint32_t),
+                                               err) < 0)
+            return -1;
+        len -= 4 * (uint64_t)count;
+        for (uint32_t i = 0, prev = 0; i < count; i++) {
+            uint32_t id = dp_get_u32((const uint8_t *)&t->ids[i]);
+            if (id >= (uint64_t)t->rows || (long)(id % (uint32_t)s->n_shards) != s->shard ||
+                (i > 0 && id <= prev))
+                return dp_errf(err, "%s sent row id %u (entry %u) of sparse table %d: ids must be "
+                                    "below its %ld rows, held by this shard (id mod %d = %d) and "
+                                    "strictly increasing",
+                               who, id, i, k, t->rows, s->n_shards, s->shard);
+            prev = id;
+            t->ids[i] = id / (uint32_t)s->n_shards; /* the local row */
+        }
+        t->n_ids = count;
+        if (with_rows && count) {
+            size_t bytes = (size_t)count * (size_t)t->width * sizeof(float);
+            if (dp_transport_recv_payload(s->t, peer, t->grad, bytes, err) < 0)
+                return -1;
+            len -= bytes;
+        }
+        t->up_ids = t->ids;
+        t->up_n = with_rows ? count : 0;
+        t->up_g = t->grad;
+        t->up_indexed = 0;
+    }
+    if (len != 0)
+        return dp_errf(err, "%s sent %llu bytes after its rows section", who,
+                       (unsigned long long)len);
+    return 0;
+}
+
+void dp_ps_rows_apply(server *s, float lr)
+{
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        dp_optim_step st = dp_optim_begin(&t->opt, lr);
+        dp_optim_apply_rows(&t->opt, &st, t->params, t->up_g, t->up_ids, (size_t)t->up_n,
+                            (size_t)t->width, t->up_indexed);
+        t->up_n = 0;
+    }
+}
+
+size_t dp_ps_rows_put(server *s)
+{
+    uint8_t *p = s->fwd;
+    for (int k = 0; k < s->n_tab; k++) {
+        const dp_ps_table *t = &s->tab[k];
+        size_t w = (size_t)t->width;
+        dp_put_u32(p, (uint32_t)t->up_n);
+        p += 4;
+        for (long i = 0; i < t->up_n; i++, p += 4)
+            dp_put_u32(p, t->up_ids[i] * (uint32_t)s->n_shards + (uint32_t)s->shard);
+        for (long i = 0; i < t->up_n; i++, p += 4 * w)
+            memcpy(p, t->up_g + (t->up_indexed ? t->up_ids[i] : (size_t)i) * w, 4 * w);
+    }
+    return (size_t)(p - s->fwd);
+}
+
+/* In the order first pushed, each row's sum starts from its first push, as
+ * the dense round's does (a row no push touched is a zero that stays zero). */
+void dp_ps_rows_round_add(server *s, float r)
+{
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        size_t w = (size_t)t->width;
+        for (long i = 0; i < t->n_ids; i++) {
+            uint32_t j = t->ids[i];
+            float *dst = t->sum + (size_t)j * w;
+            const float *g = t->grad + (size_t)i * w;
+            if (!t->mark[j]) {
+                t->mark[j] = 1;
+                t->touched[t->n_touched++] = j;
+                for (size_t e = 0; e < w; e++)
+                    dst[e] = g[e] * r;
+            } else {
+                for (size_t e = 0; e < w; e++)
+                    dst[e] += g[e] * r;
+            }
+        }
+        t->up_n = 0; /* the push is in the round now */
+    }
+}
+
+void dp_ps_rows_round_mean(server *s, float scale)
+{
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        size_t w = (size_t)t->width;
+        dp_sort_u32(t->touched, (size_t)t->n_touched); /* a section's ids increase */
+        for (long i = 0; i < t->n_touched; i++) {
+            float *v = t->sum + (size_t)t->touched[i] * w;
+            for (size_t e = 0; e < w; e++)
+                v[e] *= scale;
+        }
+        t->up_ids = t->touched;
+        t->up_n = t->n_touched;
+        t->up_g = t->sum;
+        t->up_indexed = 1;
+    }
+}
+
+void dp_ps_rows_round_clear(server *s)
+{
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        for (long i = 0; i < t->n_touched; i++)
+            t->mark[t->touched[i]] = 0;
+        t->n_touched = 0;
+    }
+}
+
+int dp_ps_rows_send(server *s, int rank, int all, dp_err *err)
+{
+    struct iovec iov[DP_PS_MAX_TABLES];
+    int n = 0;
+    for (int k = 0; k < s->n_tab; k++) {
+        dp_ps_table *t = &s->tab[k];
+        size_t w = (size_t)t->width;
+        if (all) {
+            iov[n++] = (struct iovec){t->params, (size_t)t->local * w * sizeof(float)};
+            continue;
+        }
+        for (long i = 0; i < t->n_ids; i++)
+            memcpy(t->grad + (size_t)i * w, t->params + (size_t)t->ids[i] * w, w * sizeof(float));
+        iov[n++] = (struct iovec){t->grad, (size_t)t->n_ids * w * sizeof(float)};
+    }
+    long m = dp_ps_min_clock(s);
+    return dp_transport_sendv(s->t, rank, DP_WIRE_ROWS, (uint64_t)(m < 0 ? 0 : m), s->lo, iov, n,
+                              err);
+}

@@ -1,0 +1,39 @@
+/* A model's sparse tables (docs/architecture.md, "Sparse tables"): the
+ * parameters a batch reads only at the rows its ids name (an embedding's
+ * table), as the layer table states them (layer_kind.h, sparse and
+ * sparse_ids), and the rows a batch touches, found from the model's input
+ * alone before the forward.  A parameter server moves only those rows
+ * (docs/strategies.md, "Sparse rows"). */
+#ifndef DOWNPOUR_SPARSE_H
+#define DOWNPOUR_SPARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/model.h"
+
+#define DP_SPARSE_MAX 16 /* tables in one model */
+
+typedef struct dp_sparse_table {
+    size_t off;       /* row r is params[off + r*width .. + width) */
+    long rows;
+    int width;
+    long per_record;  /* the most ids one record names */
+    int layer, k;     /* the layer that holds it, and which of its tables */
+} dp_sparse_table;
+
+/* The model's sparse tables, in layer order (at most max): returns how many
+ * (0 for a model without any, or an external one). */
+int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max);
+
+/* The unique rows of table t that a batch of `batch` records touches, from
+ * the model's input x, in increasing order, into ids, which holds batch *
+ * per_record ids (every id first, then sorted in place).  Returns how
+ * many.  Allocates nothing. */
+long dp_model_sparse_rows(const dp_model *m, const dp_sparse_table *t, const float *x, int batch,
+                          uint32_t *ids);
+
+/* Sorts n ids in place, increasing, allocating nothing (heapsort). */
+void dp_sort_u32(uint32_t *a, size_t n);
+
+#endif

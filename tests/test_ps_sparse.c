@@ -1,0 +1,521 @@
+/* Sparse rows on the parameter servers (docs/strategies.md, "Sparse rows"),
+ * on the in-process transport:
+ * - the optimiser on rows: lazy Adam and Adagrad equal a naive (double)
+ *   implementation on the rows pushed, and every other row and its state
+ *   never change, bit for bit; sgd and adagrad on rows give the bits of the
+ *   dense update of a gradient that is zero elsewhere; the rows' gradients
+ *   laid out as the table or one after another give the same bits;
+ * - a worker's client against two ps servers (threads), ps-sync,
+ *   ps-async, ps-ssp and ps-dssp, sgd and adagrad: pulling and pushing only the rows a step
+ *   touches ends with the parameters of the dense path, bit for bit, with
+ *   the rows spread id mod 2 over the shards;
+ * - with --ps-replicas 2, and with ps:1 crashed after the first step (its
+ *   shard and rows going on on their backup on ps:0), the same bits;
+ * - only touched rows move: the bytes a step puts on the wire equal the ids
+ *   and rows computed by hand, frame by frame;
+ * - a worker that sends a row id out of range, ids not increasing, or a
+ *   count larger than the shard's rows is dropped, named, with nothing of
+ *   its push applied, and the round goes on with the others. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "downpour/frame.h"
+#include "downpour/inproc.h"
+#include "downpour/log.h"
+#include "downpour/optim.h"
+#include "downpour/ps.h"
+#include "downpour/wire.h"
+
+#define ROWS 10
+#define WIDTH 3
+#define NDENSE 4
+#define TAB (ROWS * WIDTH)
+#define NP (TAB + NDENSE)
+
+static dp_err err;
+
+/* ------------------------------------------------------------ the optimiser on rows */
+
+static float init_of(int i) { return 0.5f - 0.07f * (float)(i % 13) + 0.01f * (float)i; }
+static float grad_of(int step, int i) { return 0.3f * sinf(1.7f * (float)i + (float)step); }
+
+/* The rows each step touches (a different set every step, some never). */
+static const uint32_t step_rows[4][4] = {{1, 4, 7, 0}, {4, 5, 0, 0}, {1, 2, 8, 0}, {7, 0, 0, 0}};
+static const size_t step_count[4] = {3, 2, 3, 1};
+
+static void optimiser_on_rows(dp_optim_kind kind)
+{
+    dp_optim_config oc = dp_optim_defaults(kind);
+    oc.lr = 0.05f;
+    dp_optim o;
+    REQUIRE(dp_optim_init(&o, &oc, TAB, &err) == 0);
+    float p[TAB];
+    double np[TAB], m[TAB], v[TAB], a[TAB];
+    for (int i = 0; i < TAB; i++) {
+        p[i] = init_of(i);
+        np[i] = p[i];
+        m[i] = v[i] = 0;
+        a[i] = oc.initial_accumulator;
+    }
+    int slots = dp_optim_slots(kind);
+    for (int step = 0; step < 4; step++) {
+        float before[TAB], sbefore[2 * TAB], g[TAB] = {0}, rowg[4 * WIDTH];
+        memcpy(before, p, sizeof p);
+        if (slots)
+            memcpy(sbefore, o.state, (size_t)slots * TAB * sizeof(float));
+        const uint32_t *rows = step_rows[step];
+        size_t n = step_count[step];
+        for (size_t r = 0; r < n; r++)
+            for (int e = 0; e < WIDTH; e++) {
+                int i = (int)rows[r] * WIDTH + e;
+                rowg[r * WIDTH + e] = g[i] = grad_of(step, i);
+            }
+        dp_optim_step st = dp_optim_begin(&o, oc.lr);
+        dp_optim_apply_rows(&o, &st, p, rowg, rows, n, WIDTH, 0);
+        /* the naive lazy update of the same rows, global t */
+        double t = (double)o.t;
+        for (size_t r = 0; r < n; r++)
+            for (int e = 0; e < WIDTH; e++) {
+                int i = (int)rows[r] * WIDTH + e;
+                double gi = g[i];
+                if (kind == DP_OPTIM_ADAM) {
+                    double lr_t = oc.lr * sqrt(1 - pow(oc.beta2, t)) / (1 - pow(oc.beta1, t));
+                    m[i] = oc.beta1 * m[i] + (1 - oc.beta1) * gi;
+                    v[i] = oc.beta2 * v[i] + (1 - oc.beta2) * gi * gi;
+                    np[i] -= lr_t * m[i] / (sqrt(v[i]) + oc.eps);
+                } else if (kind == DP_OPTIM_ADAGRAD) {
+                    a[i] += gi * gi;
+                    np[i] -= oc.lr * gi / (sqrt(a[i]) + oc.eps);
+                } else {
+                    np[i] -= oc.lr * gi;
+                }
+            }
+        for (int i = 0; i < TAB; i++) {
+            int touched = 0;
+            for (size_t r = 0; r < n; r++)
+                touched |= (uint32_t)(i / WIDTH) == rows[r];
+            if (!touched) {
+                CHECKF(memcmp(&p[i], &before[i], 4) == 0, "%s: untouched element %d moved",
+                       dp_optim_kind_name(kind), i);
+                for (int k = 0; k < slots; k++)
+                    CHECKF(memcmp(&o.state[k * TAB + i], &sbefore[k * TAB + i], 4) == 0,
+                           "%s: the state of untouched element %d moved", dp_optim_kind_name(kind),
+                           i);
+            }
+            CHECKF(fabs(p[i] - np[i]) <= 1e-6 * (1 + fabs(np[i])),
+                   "%s step %d: element %d is %.9g, the naive update %.9g",
+                   dp_optim_kind_name(kind), step, i, (double)p[i], np[i]);
+        }
+    }
+    dp_optim_free(&o);
+}
+
+/* sgd and adagrad on rows: the dense update's bits where the gradient is
+ * zero outside them; the table-laid gradient (indexed) gives the same. */
+static void rows_equal_dense(dp_optim_kind kind)
+{
+    dp_optim_config oc = dp_optim_defaults(kind);
+    oc.lr = 0.05f;
+    dp_optim d, r1, r2;
+    REQUIRE(dp_optim_init(&d, &oc, TAB, &err) == 0 && dp_optim_init(&r1, &oc, TAB, &err) == 0 &&
+            dp_optim_init(&r2, &oc, TAB, &err) == 0);
+    float pd[TAB], p1[TAB], p2[TAB];
+    for (int i = 0; i < TAB; i++)
+        pd[i] = p1[i] = p2[i] = init_of(i);
+    for (int step = 0; step < 4; step++) {
+        float g[TAB] = {0}, rowg[4 * WIDTH];
+        for (size_t r = 0; r < step_count[step]; r++)
+            for (int e = 0; e < WIDTH; e++) {
+                int i = (int)step_rows[step][r] * WIDTH + e;
+                rowg[r * WIDTH + e] = g[i] = grad_of(step, i);
+            }
+        dp_optim_apply(&d, pd, g, oc.lr);
+        dp_optim_step s1 = dp_optim_begin(&r1, oc.lr), s2 = dp_optim_begin(&r2, oc.lr);
+        dp_optim_apply_rows(&r1, &s1, p1, rowg, step_rows[step], step_count[step], WIDTH, 0);
+        dp_optim_apply_rows(&r2, &s2, p2, g, step_rows[step], step_count[step], WIDTH, 1);
+    }
+    CHECKF(memcmp(pd, p1, sizeof pd) == 0 && memcmp(pd, p2, sizeof pd) == 0,
+           "%s: rows differ from the dense update", dp_optim_kind_name(kind));
+    if (dp_optim_slots(kind))
+        CHECKF(memcmp(d.state, r1.state, TAB * 4) == 0, "%s: the rows' state differs",
+               dp_optim_kind_name(kind));
+    dp_optim_free(&d);
+    dp_optim_free(&r1);
+    dp_optim_free(&r2);
+}
+
+/* ------------------------------------------------------------ client and servers */
+
+/* chief (rank 0), workers, two ps tasks; each server polled by a thread of
+ * its own until the chief's SHUTDOWN. */
+typedef struct rig {
+    dp_cluster c;
+    dp_transport *ts[8];
+    int n, ps0, workers;
+    dp_ps_layout layout;
+    dp_ps_config cfg;
+    dp_ps_server *s[2];
+    pthread_t th[2];
+    atomic_int stop[2];
+    int stopped[2];
+    struct serving {
+        dp_ps_server *s;
+        atomic_int *stop;
+    } sv[2];
+} rig;
+
+static void *serve_thread(void *arg)
+{
+    struct serving *v = arg;
+    dp_err e;
+    int rc;
+    while (!atomic_load(v->stop) && (rc = dp_ps_server_poll(v->s, 0.02, &e)) == 0)
+        ;
+    if (!atomic_load(v->stop) && rc < 0)
+        fprintf(stderr, "server: %s\n", e.msg);
+    return NULL;
+}
+
+static const float *start_params(void)
+{
+    static float p[NP];
+    for (int i = 0; i < NP; i++)
+        p[i] = init_of(i);
+    return p;
+}
+
+static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_optim_config *oc,
+                     int threads, int replicas)
+{
+    int ports[8];
+    const char *names[8];
+    memset(r, 0, sizeof *r);
+    r->workers = workers;
+    r->n = workers + 3;
+    r->ps0 = workers + 1;
+    for (int i = 0; i < r->n; i++)
+        ports[i] = 21000 + i;
+    REQUIRE(dp_cluster_local(&r->c, 1, workers, 2, ports, &err) == 0);
+    for (int i = 0; i < r->n; i++)
+        names[i] = r->c.tasks[i].name;
+    REQUIRE(dp_inproc_open_named(r->ts, r->n, names, &err) == 0);
+    dp_ps_config_init(&r->cfg);
+    r->cfg.mode = mode;
+    r->cfg.min_shard_bytes = sizeof(float); /* two shards of the dense part */
+    r->cfg.replicas = replicas;
+    if (sparse) {
+        r->cfg.n_tables = 1;
+        r->cfg.tables[0] = (dp_ps_table_spec){0, ROWS, WIDTH, ROWS};
+    }
+    REQUIRE(dp_ps_layout_make_from(&r->layout, &r->c, sparse ? TAB : 0, NP, &r->cfg, &err) == 0);
+    REQUIRE(r->layout.n_shards == 2);
+    dp_ps_start start = {.params = start_params()};
+    for (int k = 0; k < 2; k++) {
+        if (dp_ps_server_open(&r->s[k], r->ts[r->ps0 + k], &r->c, &r->layout, &r->cfg, oc, &start,
+                              NP, &err) < 0) {
+            fprintf(stderr, "dp_ps_server_open: %s\n", err.msg);
+            exit(1);
+        }
+    }
+    for (int k = 0; k < 2 && threads; k++) {
+        r->sv[k] = (struct serving){r->s[k], &r->stop[k]};
+        REQUIRE(pthread_create(&r->th[k], NULL, serve_thread, &r->sv[k]) == 0);
+    }
+}
+
+/* ps task k's thread stops serving, then its process "crashes". */
+static void crash_ps(rig *r, int k)
+{
+    atomic_store(&r->stop[k], 1);
+    pthread_join(r->th[k], NULL);
+    r->stopped[k] = 1;
+    REQUIRE(dp_inproc_kill(r->ts[r->ps0 + k], DP_INPROC_CRASH, &err) == 0);
+}
+
+static void rig_close(rig *r, int threads)
+{
+    for (int k = 0; k < 2; k++) {
+        if (threads && !r->stopped[k]) {
+            REQUIRE(dp_transport_send(r->ts[0], r->ps0 + k, DP_WIRE_SHUTDOWN, 0, 0, NULL, 0,
+                                      &err) == 0);
+            pthread_join(r->th[k], NULL);
+        }
+        dp_ps_server_close(r->s[k]);
+    }
+    for (int i = 0; i < r->n; i++)
+        dp_transport_close(r->ts[i]);
+    dp_cluster_free(&r->c);
+}
+
+/* A step's unique rows and gradient: the rows of step_rows, the dense part
+ * always. */
+static void step_grad(int step, float *g)
+{
+    memset(g, 0, NP * sizeof(float));
+    for (size_t r = 0; r < step_count[step]; r++)
+        for (int e = 0; e < WIDTH; e++) {
+            int i = (int)step_rows[step][r] * WIDTH + e;
+            g[i] = grad_of(step, i);
+        }
+    for (int i = TAB; i < NP; i++)
+        g[i] = grad_of(step, i);
+}
+
+/* The bytes of one sparse step, frame by frame (docs/strategies.md,
+ * "Sparse rows"): per shard s with u_s of the step's rows and n_s dense
+ * floats, PULL_ROWS [u32 count][u_s ids], ROWS u_s * WIDTH floats,
+ * PUSH_ROWS [head][n_s floats][u32 count][u_s ids][u_s * WIDTH floats],
+ * PARAMS n_s floats; each frame a 48-byte header. */
+static void bytes_by_hand(const rig *r, int step, uint64_t *sent, uint64_t *recv)
+{
+    *sent = *recv = 0;
+    for (int s = 0; s < 2; s++) {
+        uint64_t u = 0, n = r->layout.range[s].hi - r->layout.range[s].lo;
+        for (size_t k = 0; k < step_count[step]; k++)
+            u += step_rows[step][k] % 2 == (uint32_t)s;
+        *sent += DP_FRAME_HEADER_SIZE + 4 + 4 * u;
+        *recv += DP_FRAME_HEADER_SIZE + 4 * u * WIDTH;
+        *sent += DP_FRAME_HEADER_SIZE + DP_PUSH_HEAD_SIZE + 4 * n + 4 + u * (4 + 4 * WIDTH);
+        *recv += DP_FRAME_HEADER_SIZE + 4 * n;
+    }
+}
+
+static void sorted_rows(int step, uint32_t *out)
+{
+    size_t n = step_count[step];
+    memcpy(out, step_rows[step], n * sizeof *out);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && out[j] < out[j - 1]; j--) {
+            uint32_t t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+}
+
+/* Four steps of one worker; the chief pulls everything at the end.
+ * replicas: 0 one copy of each shard; 1 two; 2 two, ps:1 crashed after
+ * the first step. */
+static void run_client(dp_ps_mode mode, dp_optim_kind kind, int sparse, int replicas,
+                       float *final)
+{
+    dp_optim_config oc = dp_optim_defaults(kind);
+    oc.lr = 0.05f;
+    rig r;
+    rig_open(&r, 1, sparse, mode, &oc, 1, replicas ? 2 : 1);
+    dp_ps_client *w, *chief;
+    REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    float params[NP], g[NP];
+    memcpy(params, start_params(), sizeof params);
+    for (int step = 0; step < 4; step++) {
+        step_grad(step, g);
+        dp_transport_stats a, b;
+        REQUIRE(dp_transport_stats_get(r.ts[1], DP_PEER_ANY, &a) == 0);
+        if (sparse) {
+            uint32_t ids[4];
+            sorted_rows(step, ids);
+            const uint32_t *idp[1] = {ids};
+            long n[1] = {(long)step_count[step]};
+            if (dp_ps_client_pull_rows(w, params, idp, n, &err) < 0) {
+                fprintf(stderr, "pull rows: %s\n", err.msg);
+                exit(1);
+            }
+            if (dp_ps_client_step(w, params, g, 1, oc.lr, &err) < 0) {
+                fprintf(stderr, "step: %s\n", err.msg);
+                exit(1);
+            }
+        } else {
+            REQUIRE(dp_ps_client_step(w, params, g, 1, oc.lr, &err) == 0);
+        }
+        REQUIRE(dp_transport_stats_get(r.ts[1], DP_PEER_ANY, &b) == 0);
+        if (replicas == 2 && step == 0)
+            crash_ps(&r, 1);
+        if (sparse && !replicas) {
+            uint64_t sent, recv;
+            bytes_by_hand(&r, step, &sent, &recv);
+            CHECKF(b.bytes_sent - a.bytes_sent == sent && b.bytes_recv - a.bytes_recv == recv,
+                   "step %d moved %llu / %llu bytes; by hand %llu / %llu", step,
+                   (unsigned long long)(b.bytes_sent - a.bytes_sent),
+                   (unsigned long long)(b.bytes_recv - a.bytes_recv), (unsigned long long)sent,
+                   (unsigned long long)recv);
+            if (step == 0 && mode == DP_PS_SYNC && kind == DP_OPTIM_SGD)
+                printf("sparse step 0 (%zu of %d rows of width %d, %d dense floats): %llu bytes "
+                       "sent, %llu received (the dense path: %llu / %llu)\n",
+                       step_count[0], ROWS, WIDTH, NDENSE,
+                       (unsigned long long)sent, (unsigned long long)recv,
+                       (unsigned long long)(2 * (DP_FRAME_HEADER_SIZE + DP_PUSH_HEAD_SIZE) +
+                                            4 * NP),
+                       (unsigned long long)(2 * DP_FRAME_HEADER_SIZE + 4 * NP));
+        }
+    }
+    if (dp_ps_client_pull(chief, final, 0, &err) < 0) {
+        fprintf(stderr, "pull: %s\n", err.msg);
+        exit(1);
+    }
+    /* the worker's pulled rows are the servers' (sync: what the chief sees) */
+    dp_ps_client_free(w);
+    dp_ps_client_free(chief);
+    rig_close(&r, 1);
+}
+
+static const char *mode_name(dp_ps_mode mode)
+{
+    return mode == DP_PS_SYNC ? "sync" : mode == DP_PS_ASYNC ? "async" : mode == DP_PS_SSP ? "ssp"
+                                                                                           : "dssp";
+}
+
+static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
+{
+    float a[NP], b[NP], c[NP];
+    for (int i = 0; i < NP; i++)
+        a[i] = b[i] = c[i] = NAN;
+    run_client(mode, kind, 1, 0, a);
+    run_client(mode, kind, 0, 0, b);
+    CHECKF(memcmp(a, b, sizeof a) == 0, "%s %s: sparse rows end elsewhere than the dense path",
+           mode_name(mode), dp_optim_kind_name(kind));
+    for (int replicas = 1; replicas <= 2; replicas++) {
+        run_client(mode, kind, 1, replicas, c);
+        CHECKF(memcmp(a, c, sizeof a) == 0, "%s %s: sparse rows with replicas%s end elsewhere",
+               mode_name(mode), dp_optim_kind_name(kind),
+               replicas == 2 ? " and ps:1 crashed" : "");
+    }
+    /* rows never touched are the initial ones */
+    const float *p0 = start_params();
+    CHECK(memcmp(a + 3 * WIDTH, p0 + 3 * WIDTH, WIDTH * 4) == 0 &&
+          memcmp(a + 9 * WIDTH, p0 + 9 * WIDTH, WIDTH * 4) == 0);
+    CHECK(memcmp(a + 1 * WIDTH, p0 + 1 * WIDTH, WIDTH * 4) != 0);
+}
+
+/* ------------------------------------------------------------ bad ids */
+
+static char captured[8192];
+
+/* Runs one server poll with stderr captured into `captured`. */
+static int poll_captured(dp_ps_server *s)
+{
+    fflush(stderr);
+    char path[] = "/tmp/dp_test_ps_sparse_XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    REQUIRE(fd >= 0 && saved >= 0);
+    dup2(fd, 2);
+    int rc = dp_ps_server_poll(s, 0, &err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, captured, sizeof captured - 1);
+    captured[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    fputs(captured, stderr);
+    return rc;
+}
+
+/* Worker w (rank 1 + w) pushes to ps:0 (shard 0: even ids) a head, shard
+ * 0's dense floats and the section given. */
+static void raw_push(rig *r, int w, const uint8_t *sec, size_t len)
+{
+    size_t n = r->layout.range[0].hi - r->layout.range[0].lo;
+    float dense[NDENSE];
+    for (int i = 0; i < NDENSE; i++)
+        dense[i] = 0.25f;
+    uint8_t head[DP_PUSH_HEAD_SIZE];
+    dp_push_head h = {1, 1, 1.0f, 0};
+    dp_push_head_put(head, &h);
+    struct iovec iov[3] = {{head, sizeof head}, {dense, n * 4}, {(void *)sec, len}};
+    REQUIRE(dp_transport_sendv(r->ts[1 + w], r->ps0, DP_WIRE_PUSH_ROWS, 0, r->layout.range[0].lo,
+                               iov, 3, &err) == 0);
+}
+
+static size_t section(uint8_t *p, uint32_t count, const uint32_t *ids, size_t n_ids)
+{
+    size_t k = 0;
+    dp_put_u32(p, count);
+    k += 4;
+    for (size_t i = 0; i < n_ids; i++, k += 4)
+        dp_put_u32(p + k, ids[i]);
+    for (size_t i = 0; i < n_ids * WIDTH; i++, k += 4)
+        dp_put_f32(p + k, 1.0f);
+    return k;
+}
+
+static int has_reply(rig *r, int w)
+{
+    dp_event ev;
+    REQUIRE(dp_transport_poll(r->ts[1 + w], r->ps0, 0, &ev, &err) == 0);
+    if (ev.kind == DP_EVENT_TIMEOUT)
+        return 0;
+    REQUIRE(dp_transport_skip_payload(r->ts[1 + w], r->ps0, &err) == 0);
+    return ev.kind == DP_EVENT_FRAME && ev.header.type == DP_WIRE_PARAMS;
+}
+
+static void bad_ids_refused(void)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
+    oc.lr = 1;
+    rig r;
+    rig_open(&r, 4, 1, DP_PS_SYNC, &oc, 0, 1);
+    uint8_t sec[256];
+    /* worker 0: id 10 of a table of 10 rows */
+    uint32_t out_of_range[2] = {2, 10};
+    raw_push(&r, 0, sec, section(sec, 2, out_of_range, 2));
+    CHECK(poll_captured(r.s[0]) == 0);
+    CHECKF(strstr(captured, "dropping worker:0") && strstr(captured, "row id 10"),
+           "an id out of range: %s", captured);
+    /* worker 1: the same id twice */
+    uint32_t twice[2] = {4, 4};
+    raw_push(&r, 1, sec, section(sec, 2, twice, 2));
+    CHECK(poll_captured(r.s[0]) == 0);
+    CHECKF(strstr(captured, "dropping worker:1") && strstr(captured, "strictly increasing"),
+           "ids not increasing: %s", captured);
+    /* worker 2: an odd id, which shard 1 holds */
+    uint32_t odd[1] = {3};
+    raw_push(&r, 2, sec, section(sec, 1, odd, 1));
+    CHECK(poll_captured(r.s[0]) == 0);
+    CHECKF(strstr(captured, "dropping worker:2") && strstr(captured, "id mod 2 = 0"),
+           "an id of the other shard: %s", captured);
+    /* worker 3: a count far beyond the shard's 5 rows, refused before any read */
+    raw_push(&r, 3, sec, section(sec, 0xFFFFFFFFu, NULL, 0));
+    CHECK(poll_captured(r.s[0]) == 0);
+    CHECKF(strstr(captured, "dropping worker:3") && strstr(captured, "4294967295 rows"),
+           "a huge count: %s", captured);
+    /* every worker is dropped: nothing was applied, nobody answered */
+    CHECK(dp_ps_server_updates(r.s[0]) == 0);
+    for (int w = 0; w < 4; w++)
+        CHECK(!has_reply(&r, w));
+    rig_close(&r, 0);
+
+    /* a good push beside a bad one: the round goes on without the bad one */
+    rig_open(&r, 2, 1, DP_PS_SYNC, &oc, 0, 1);
+    raw_push(&r, 0, sec, section(sec, 2, out_of_range, 2));
+    CHECK(poll_captured(r.s[0]) == 0);
+    uint32_t good[2] = {2, 8};
+    raw_push(&r, 1, sec, section(sec, 2, good, 2));
+    CHECK(poll_captured(r.s[0]) == 0);
+    CHECK(dp_ps_server_updates(r.s[0]) == 1);
+    CHECK(has_reply(&r, 1) && !has_reply(&r, 0));
+    rig_close(&r, 0);
+}
+
+int main(void)
+{
+    dp_log_set_level(DP_LOG_WARN);
+    optimiser_on_rows(DP_OPTIM_ADAM);
+    optimiser_on_rows(DP_OPTIM_ADAGRAD);
+    optimiser_on_rows(DP_OPTIM_SGD);
+    rows_equal_dense(DP_OPTIM_SGD);
+    rows_equal_dense(DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_SYNC, DP_OPTIM_SGD);
+    sparse_equals_dense(DP_PS_SYNC, DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_ASYNC, DP_OPTIM_SGD);
+    sparse_equals_dense(DP_PS_ASYNC, DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_SSP, DP_OPTIM_ADAGRAD);
+    sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
+    bad_ids_refused();
+    CHECK_DONE();
+}
