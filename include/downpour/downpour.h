@@ -62,6 +62,7 @@
 #include "downpour/testhooks.h"
 #include "downpour/tfrecord.h"
 #include "downpour/train.h"
+#include "downpour/train_config.h"
 #include "downpour/train_state.h"
 #include "downpour/transport.h"
 #include "downpour/varint.h"

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "downpour/model.h"
-#include "downpour/train.h"
+#include "downpour/train_config.h"
 #include "strategy/ps_family.h"
 
 _Static_assert(sizeof(dp_allreduce_settings) <= DP_STRATEGY_CFG_MAX, "allreduce settings too big");

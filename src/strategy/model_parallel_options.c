@@ -6,7 +6,7 @@
 #include "downpour/model.h"
 #include "downpour/model_parallel.h"
 #include "downpour/options.h"
-#include "downpour/train.h"
+#include "downpour/train_config.h"
 
 _Static_assert(sizeof(dp_mp_settings) <= DP_STRATEGY_CFG_MAX, "model-parallel settings too big");
 
