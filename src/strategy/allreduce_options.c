@@ -11,17 +11,11 @@
 
 _Static_assert(sizeof(dp_allreduce_settings) <= DP_STRATEGY_CFG_MAX, "allreduce settings too big");
 
-static const dp_allreduce_settings defaults = {.bucket_bytes = 512u << 10};
+static const dp_allreduce_settings defaults = {DP_ALLREDUCE_OPTIONS(DP_OPT_DEFAULT)};
 
-#define F(field) offsetof(dp_allreduce_settings, field)
-static const dp_opt opts[] = {
-    {"bucket-bytes", DP_OPT_SIZE, F(bucket_bytes), "N", "allreduce: gradient bytes fused per all-reduce", 16384, (double)(1L << 32), 0},
-    {"overlap", DP_OPT_STR, F(overlap), "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0, 0},
-    {"no-overlap", DP_OPT_FLAG, F(no_overlap), NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0, 0},
-    {"no-nccl", DP_OPT_FLAG, F(no_nccl), NULL, "allreduce, --device: sum the gradients on the host (host staging), not on the devices with NCCL (as DOWNPOUR_NCCL=0)", 0, 0, 0},
-    {"sync-bn", DP_OPT_FLAG, F(sync_bn), NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0, 0},
-};
-#undef F
+#define DP_OPT_SETTINGS dp_allreduce_settings
+static const dp_opt opts[] = {DP_ALLREDUCE_OPTIONS(DP_OPT_LINE)};
+#undef DP_OPT_SETTINGS
 
 dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a)
 {
