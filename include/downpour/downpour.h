@@ -54,6 +54,7 @@
 #include "downpour/rng.h"
 #include "downpour/safetensors.h"
 #include "downpour/secret.h"
+#include "downpour/sender.h"
 #include "downpour/status.h"
 #include "downpour/strategy.h"
 #include "downpour/stream.h"
