@@ -48,4 +48,9 @@ typedef enum dp_inproc_fault {
  * in-process, or that was killed already. */
 int dp_inproc_kill(dp_transport *t, dp_inproc_fault how, dp_err *err);
 
+/* A fake host map for tests of topology (dp_transport_same_host): rank i
+ * runs on host host_of_rank[i] (n entries, copied), for every endpoint of
+ * t's hub.  Without one, all endpoints are on one host. */
+int dp_inproc_set_hosts(dp_transport *t, const int *host_of_rank, dp_err *err);
+
 #endif

@@ -1,4 +1,4 @@
-/* Ring all-reduce over the transport (the algorithm of Baidu's ring and
+/* All-reduce over the transport.  The ring (the algorithm of Baidu's ring and
  * Horovod): a reduce-scatter then an all-gather around a ring of n ranks, each
  * rank sending 2(n-1)/n of the buffer, chunked and pipelined in segments so
  * sends never wait on a full socket.  Every element's sum is computed once,
@@ -6,7 +6,22 @@
  * identical.  Reduce-scatter adds what arrives straight from the transport
  * (dp_transport_recv_payload_add: over shared memory, from the ring).  A
  * transport with a collective fast path (MPI_Allreduce) is used instead when
- * it has one. */
+ * it has one.
+ *
+ * Two more algorithms (docs/strategies.md, "All-reduce algorithms"):
+ * direct, for small messages: each chunk's owner receives the n-1 other
+ * contributions straight from their senders and folds them in the ring's
+ * order (a left fold in ring order from the chunk's index), then sends the
+ * sum to every member: 2 latencies instead of 2(n-1), and bitwise the
+ * ring's sums.  hier, with several members per host: reduce inside the host
+ * to its leader, all-reduce between the leaders, broadcast inside the host:
+ * the host links carry 2(H-1)/H of the buffer instead of 2(n-1)/n, and the
+ * sums associate differently (equal to the ring's within float noise; the
+ * members stay bitwise identical to each other).  auto, the default,
+ * measures both flat algorithms at the first call (and after every
+ * re-forming) and picks per message size from the fitted latency and
+ * bandwidth; hier when the members span 2 or more hosts and some host has
+ * several. */
 #ifndef DOWNPOUR_RING_H
 #define DOWNPOUR_RING_H
 
@@ -17,6 +32,26 @@
 #include "downpour/transport.h"
 
 #define DP_RING_SEGMENT_BYTES (256u << 10)
+
+typedef enum dp_allreduce_algo {
+    DP_ALGO_RING,
+    DP_ALGO_DIRECT,
+    DP_ALGO_HIER,
+    DP_ALGO_AUTO,
+    DP_ALGO_COUNT
+} dp_allreduce_algo;
+
+const char *dp_allreduce_algo_name(dp_allreduce_algo a); /* "ring", ... */
+/* -1 for an unknown name. */
+int dp_allreduce_algo_parse(const char *name);
+
+/* auto's measurement: each flat algorithm at DP_RING_FIT_SMALL floats per
+ * member and at DP_RING_FIT_LARGE floats, the best of DP_RING_FIT_REPS each,
+ * averaged over the members (summed over the ring, so every member fits the
+ * same line and takes the same choice). */
+#define DP_RING_FIT_SMALL 1
+#define DP_RING_FIT_LARGE 32768
+#define DP_RING_FIT_REPS 3
 
 typedef struct dp_ring {
     dp_transport *t;
@@ -32,6 +67,19 @@ typedef struct dp_ring {
      * past the timeout (reset_gen 0: the stall may be further up the ring). */
     int broken_peer, broken_lost;
     uint64_t reset_gen;
+    /* Algorithms (above).  algo: forced, or DP_ALGO_AUTO (dp_ring_set_algo). */
+    dp_allreduce_algo algo;
+    int setup;             /* topology (and for auto the fit) done */
+    int n_hosts;           /* hosts among the members, 0 when unknown */
+    int hier;              /* sum hierarchically */
+    int *host;             /* n: each member's host's leader position */
+    int *local, n_local;   /* members on this host, in ring order (leader first) */
+    int *leaders, n_leaders, leader_pos; /* one per host; leader_pos -1 if not one */
+    double fit_a[2], fit_b[2]; /* ring, direct: s at the small size, s per extra byte */
+    double cross_bytes;    /* direct below this many bytes (0: never, HUGE_VAL: always) */
+    float *scratch;        /* DP_RING_FIT_LARGE floats, for the measurement */
+    uint64_t calls[DP_ALGO_COUNT]; /* all-reduces per algorithm */
+    char why[240];         /* how the choice was made, for the log and the metrics */
 } dp_ring;
 
 /* A neighbour was lost or is re-forming the ring: the caller re-forms it
@@ -42,8 +90,15 @@ typedef struct dp_ring {
 int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
                  size_t segment_bytes, dp_err *err);
 void dp_ring_free(dp_ring *r);
+/* Forces an algorithm, or DP_ALGO_AUTO (the default); before the first call. */
+void dp_ring_set_algo(dp_ring *r, dp_allreduce_algo algo);
+/* The algorithm a call of len floats takes (after the first call; before it,
+ * the forced one or ring). */
+dp_allreduce_algo dp_ring_choice(const dp_ring *r, size_t len);
 
-/* Sums buf[0..len) over the ring, in place.  step and bucket name the
+/* Sums buf[0..len) over the members, in place, by the algorithm chosen
+ * (the first call sets the topology and auto's fit up: every member makes
+ * its first call with the same step).  step and bucket name the
  * operation in log lines and errors ("all-reduce step 12 bucket 3"): a late
  * neighbour is logged while we wait; a lost neighbour, one silent past the
  * timeout or a RESET from one returns DP_RING_BROKEN with buf partly summed;

@@ -129,6 +129,14 @@ uint64_t dp_transport_peer_incarnation(const dp_transport *t, int peer);
 int dp_transport_peer_tampered(const dp_transport *t, int peer);
 uint64_t dp_transport_incarnation(const dp_transport *t);
 
+/* Whether peer runs on this task's host: 1 yes, 0 no, -1 unknown.  TCP
+ * knows it from the shared-memory handshake (a peer with a shared-memory
+ * link is on this host; without --shm, or before connecting, unknown); the
+ * in-process transport from the host map a test gives it (dp_inproc_set_hosts;
+ * without one, every endpoint is on one host); MPI does not tell (unknown).
+ * The all-reduce's hierarchy reads it (docs/transport.md, "Hosts"). */
+int dp_transport_same_host(const dp_transport *t, int peer);
+
 /* Counters of one peer, or of all with DP_PEER_ANY.  Safe from any thread. */
 int dp_transport_stats_get(const dp_transport *t, int peer, dp_transport_stats *out);
 

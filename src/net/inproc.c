@@ -77,6 +77,7 @@ struct hub {
     int n, open;     /* endpoints, and those not yet closed */
     uint64_t seq;    /* the last item's number */
     endpoint **ep;   /* n; NULL once closed */
+    int *host;       /* n host ids (dp_inproc_set_hosts); NULL: all on one */
 };
 
 static const dp_transport_ops inproc_ops;
@@ -407,9 +408,36 @@ static void inproc_close(dp_transport *bt)
     endpoint_free(e);
     if (last) {
         pthread_mutex_destroy(&h->mu);
+        free(h->host);
         free(h->ep);
         free(h);
     }
+}
+
+int dp_inproc_set_hosts(dp_transport *t, const int *host_of_rank, dp_err *err)
+{
+    if (!t || t->ops != &inproc_ops)
+        return dp_errf(err, "dp_inproc_set_hosts: the %s transport is not in-process",
+                       t ? t->ops->name : "NULL");
+    hub *h = ((endpoint *)t)->hub;
+    int *m = malloc((size_t)h->n * sizeof *m);
+    if (!m)
+        return dp_errf(err, "dp_inproc_set_hosts: out of memory");
+    memcpy(m, host_of_rank, (size_t)h->n * sizeof *m);
+    pthread_mutex_lock(&h->mu);
+    free(h->host);
+    h->host = m;
+    pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
+static int inproc_same_host(const dp_transport *bt, int peer)
+{
+    hub *h = ((const endpoint *)bt)->hub;
+    pthread_mutex_lock(&h->mu);
+    int same = !h->host || h->host[peer] == h->host[bt->rank];
+    pthread_mutex_unlock(&h->mu);
+    return same;
 }
 
 int dp_inproc_kill(dp_transport *t, dp_inproc_fault how, dp_err *err)
@@ -511,4 +539,5 @@ static const dp_transport_ops inproc_ops = {
     .stats = inproc_stats,
     .close = inproc_close,
     .allreduce = NULL,
+    .same_host = inproc_same_host,
 };

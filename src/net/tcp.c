@@ -678,6 +678,20 @@ static int tcp_tampered(const dp_transport *bt, int peer)
     return peer != t->base.rank && atomic_load(&((tcp *)t)->conns[peer].tampered);
 }
 
+/* A peer on this host is one with a shared-memory link (the handshake
+ * compared boot id, network namespace and uid, docs/transport.md). */
+static int tcp_same_host(const dp_transport *bt, int peer)
+{
+    tcp *t = (tcp *)bt;
+    if (!t->shm)
+        return -1;
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    int up = c->state == CONN_UP, yes = c->shm != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return yes ? 1 : up ? 0 : -1;
+}
+
 static uint64_t tcp_incarnation(const dp_transport *bt, int peer)
 {
     tcp *t = (tcp *)bt;
@@ -845,4 +859,5 @@ static const dp_transport_ops tcp_ops = {
     .close = tcp_close,
     .incarnation = tcp_incarnation,
     .tampered = tcp_tampered,
+    .same_host = tcp_same_host,
 };

@@ -257,6 +257,15 @@ uint64_t dp_transport_incarnation(const dp_transport *t)
     return t && t->ops->incarnation ? t->ops->incarnation(t, t->rank) : 0;
 }
 
+int dp_transport_same_host(const dp_transport *t, int peer)
+{
+    if (!t || peer < 0 || peer >= t->n_ranks)
+        return -1;
+    if (peer == t->rank)
+        return 1;
+    return t->ops->same_host ? t->ops->same_host(t, peer) : -1;
+}
+
 int dp_transport_has_allreduce(const dp_transport *t) { return t->ops->allreduce != NULL; }
 
 int dp_transport_allreduce(dp_transport *t, float *buf, size_t len, const int *ranks, int n_ranks,

@@ -63,6 +63,7 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -437,6 +438,8 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
     dp_ring_free(&s->ring);
     int rc = dp_ring_init(&s->ring, s->t, r, k, timeout, 0, err);
     s->ring_open = rc == 0;
+    if (rc == 0)
+        dp_ring_set_algo(&s->ring, (dp_allreduce_algo)s->algo);
     /* Every member of the new ring rebuilds it before the same step: the
      * overlap is measured afresh, in step (reducer.h). */
     if (rc == 0 && s->reducer)
@@ -988,6 +991,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
+    s->algo = dp_allreduce_algo_of(as);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1224,7 +1228,10 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      !c.decided ? "measuring" : c.overlap ? "on" : "off", DP_F_STR,
                      "overlap_reason", c.reason, DP_F_NUM, "overlap_step_ms", c.overlap_ms,
                      DP_F_NUM, "inline_step_ms", c.inline_ms, DP_F_NUM, "overlap_ratio", c.ratio,
-                     DP_F_INT, "spare_cores", (long)c.spare_cores, DP_F_END);
+                     DP_F_INT, "spare_cores", (long)c.spare_cores, DP_F_STR, "allreduce_algo",
+                     s->ring.why, DP_F_INT, "allreduce_ring", (long)s->ring.calls[DP_ALGO_RING],
+                     DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
+                     "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "downpour/model.h"
+#include "downpour/ring.h"
 #include "downpour/train_config.h"
 #include "strategy/ps_family.h"
 
@@ -22,6 +23,11 @@ dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a)
     if (a->sync_bn || a->no_overlap || (a->overlap && strcmp(a->overlap, "off") == 0))
         return DP_OVERLAP_OFF;
     return a->overlap && strcmp(a->overlap, "on") == 0 ? DP_OVERLAP_ON : DP_OVERLAP_AUTO;
+}
+
+int dp_allreduce_algo_of(const dp_allreduce_settings *a)
+{
+    return a->allreduce_algo ? dp_allreduce_algo_parse(a->allreduce_algo) : DP_ALGO_AUTO;
 }
 
 /* --overlap's value and the flags against each other: refused under any
@@ -70,6 +76,9 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
+    if (dp_allreduce_algo_of(a) < 0)
+        return dp_errf(err, "--allreduce-algo: '%s' is not ring, direct, hier or auto",
+                       a->allreduce_algo);
     if (a->no_nccl && cfg->device.kind == DP_DEVICE_CPU)
         return dp_errf(err, "--no-nccl: without --device the gradients are summed on the host "
                             "already (docs/gpu.md, \"Strategies\"): leave it out, or add "
@@ -86,6 +95,10 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "
                             "(docs/strategies.md, \"Buffers\")", cfg->strategy);
+    if (a->allreduce_algo)
+        return dp_errf(err, "--allreduce-algo: strategy %s has no all-reduce ring; allreduce "
+                            "does (docs/strategies.md, \"All-reduce algorithms\")",
+                       cfg->strategy);
     if (a->no_nccl)
         return dp_errf(err, "--no-nccl: strategy %s does not sum gradients with NCCL; "
                             "allreduce does, with --device (docs/gpu.md, \"Strategies\")",

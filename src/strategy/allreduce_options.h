@@ -18,6 +18,9 @@
     X(size_t, bucket_bytes, 512u << 10, "bucket-bytes", DP_OPT_SIZE, "N", 16384,                  \
       (double)(1L << 32), 0,                                                                       \
       "allreduce: gradient bytes fused per all-reduce")                                            \
+    X(const char *, allreduce_algo, NULL, "allreduce-algo", DP_OPT_STR, "ALGO", 0, 0, 0,           \
+      "allreduce: ring, direct (2 latencies, for small buckets), hier (through one leader per "    \
+      "host) or auto (measured per bucket size; the default)")                                     \
     X(const char *, overlap, NULL, "overlap", DP_OPT_STR, "MODE", 0, 0, 0,                         \
       "allreduce: reduce buckets during backprop: auto (measured over the first steps; the "       \
       "default), on, off")                                                                         \
@@ -38,5 +41,7 @@ extern const dp_strategy_conf dp_allreduce_conf;
 
 /* The reducer's mode: --sync-bn and --no-overlap make it off. */
 dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a);
+/* --allreduce-algo as a dp_allreduce_algo (ring.h); auto when not given. */
+int dp_allreduce_algo_of(const dp_allreduce_settings *a);
 
 #endif

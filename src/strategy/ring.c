@@ -1,10 +1,13 @@
 /* Ring all-reduce: see include/downpour/ring.h. */
 #include "downpour/ring.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/clock.h"
+#include "downpour/log.h"
 #include "downpour/wire.h"
 
 int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
@@ -31,14 +34,48 @@ int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double ti
     }
     memcpy(r->ranks, ranks, (size_t)n * sizeof *ranks);
     r->use_fast_path = dp_transport_has_allreduce(t);
+    dp_ring_set_algo(r, DP_ALGO_AUTO);
     return 0;
 }
 
 void dp_ring_free(dp_ring *r)
 {
     free(r->ranks);
-    r->ranks = NULL;
+    free(r->host);
+    free(r->local);
+    free(r->leaders);
+    free(r->scratch);
+    r->ranks = r->host = r->local = r->leaders = NULL;
+    r->scratch = NULL;
 }
+
+static const char *const algo_names[DP_ALGO_COUNT] = {"ring", "direct", "hier", "auto"};
+
+const char *dp_allreduce_algo_name(dp_allreduce_algo a)
+{
+    return (unsigned)a < DP_ALGO_COUNT ? algo_names[a] : "?";
+}
+
+int dp_allreduce_algo_parse(const char *name)
+{
+    for (int a = 0; a < DP_ALGO_COUNT; a++)
+        if (name && strcmp(name, algo_names[a]) == 0)
+            return a;
+    return -1;
+}
+
+void dp_ring_set_algo(dp_ring *r, dp_allreduce_algo algo)
+{
+    r->algo = algo;
+    snprintf(r->why, sizeof r->why, "%s: %s", algo_names[algo],
+             r->n == 1 ? "one member, nothing to sum" : "not summed yet");
+}
+
+/* A group of members: the ring's (flat), one host's, or the leaders'. */
+typedef struct grp {
+    const int *ranks; /* transport ranks, in ring order */
+    int n, pos;
+} grp;
 
 /* Chunk c of n over len elements: [c*len/n, (c+1)*len/n). */
 static size_t chunk_lo(size_t len, int n, int c) { return (size_t)((uint64_t)len * (unsigned)c / (unsigned)n); }
@@ -82,28 +119,27 @@ static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t cou
     return 0;
 }
 
-/* One step of the ring: send chunk `out` to the next rank while receiving
- * chunk `in` from the previous one, segment by segment; reduce-scatter adds
- * what arrives, all-gather stores it. */
-static int ring_step(dp_ring *r, float *buf, size_t len, int out, int in, int add, uint64_t step,
-                     int bucket, dp_err *err)
+/* One exchange: send [olo, ohi) to `to` while receiving [ilo, ihi) from
+ * `from`, segment by segment (to or from -1: none); add sums what arrives,
+ * else it is stored.  Interleaving keeps every pattern whose exchanges are
+ * permutations (a ring step, a shift by k) free of deadlock as long as a
+ * link buffers one segment. */
+static int exchange(dp_ring *r, float *buf, int to, size_t olo, size_t ohi, int from, size_t ilo,
+                    size_t ihi, int add, uint64_t step, int bucket, dp_err *err)
 {
-    int next = r->ranks[(r->pos + 1) % r->n], prev = r->ranks[(r->pos + r->n - 1) % r->n];
-    size_t olo = chunk_lo(len, r->n, out), ohi = chunk_lo(len, r->n, out + 1);
-    size_t ilo = chunk_lo(len, r->n, in), ihi = chunk_lo(len, r->n, in + 1);
-    size_t o = olo, i = ilo;
+    size_t o = to < 0 ? ohi : olo, i = from < 0 ? ihi : ilo;
     while (o < ohi || i < ihi) {
         if (o < ohi) {
             size_t k = ohi - o < r->seg ? ohi - o : r->seg;
-            if (dp_transport_send(r->t, next, DP_WIRE_RING, step, o, buf + o, k * sizeof(float),
+            if (dp_transport_send(r->t, to, DP_WIRE_RING, step, o, buf + o, k * sizeof(float),
                                   err) < 0)
-                return broken(r, next, 1, 0);
+                return broken(r, to, 1, 0);
             r->bytes_sent += k * sizeof(float);
             o += k;
         }
         if (i < ihi) {
             size_t k = ihi - i < r->seg ? ihi - i : r->seg;
-            int rc = recv_segment(r, prev, buf + i, i, k, step, bucket, add, err);
+            int rc = recv_segment(r, from, buf + i, i, k, step, bucket, add, err);
             if (rc < 0)
                 return rc;
             i += k;
@@ -112,19 +148,262 @@ static int ring_step(dp_ring *r, float *buf, size_t len, int out, int in, int ad
     return 0;
 }
 
+/* Chunk exchange within a group: send chunk `out` to position pto while
+ * receiving chunk `in` from position pfrom. */
+static int chunk_step(dp_ring *r, const grp *g, float *buf, size_t len, int pto, int out,
+                      int pfrom, int in, int add, uint64_t step, int bucket, dp_err *err)
+{
+    return exchange(r, buf, g->ranks[pto], chunk_lo(len, g->n, out), chunk_lo(len, g->n, out + 1),
+                    g->ranks[pfrom], chunk_lo(len, g->n, in), chunk_lo(len, g->n, in + 1), add,
+                    step, bucket, err);
+}
+
+/* The ring: chunk c's sum is the left fold x_c + x_{c+1} + ... + x_{c-1}
+ * (positions mod n), finished at position c-1 and passed on. */
+static int ring_sum(dp_ring *r, const grp *g, float *buf, size_t len, uint64_t step, int bucket,
+                    dp_err *err)
+{
+    int n = g->n, p = g->pos, next = (p + 1) % n, prev = (p + n - 1) % n;
+    int rc = 0;
+    /* Reduce-scatter: after n-1 steps this rank holds the sum of chunk p+1. */
+    for (int s = 0; s < n - 1 && rc == 0; s++)
+        rc = chunk_step(r, g, buf, len, next, (p - s + n) % n, prev, (p - s - 1 + 2 * n) % n, 1,
+                        step, bucket, err);
+    /* All-gather: pass the finished chunks around. */
+    for (int s = 0; s < n - 1 && rc == 0; s++)
+        rc = chunk_step(r, g, buf, len, next, (p + 1 - s + n) % n, prev, (p - s + n) % n, 0, step,
+                        bucket, err);
+    return rc;
+}
+
+/* Direct: position c owns chunk c.  Reduce-scatter step k = 1..n-1 sends
+ * chunk p-k to its owner and adds position p+k's share of chunk p, so the
+ * owner folds x_p + x_{p+1} + ... + x_{p-1}: the ring's order, the ring's
+ * bits (float addition commutes, so x + acc is acc + x).  All-gather step k
+ * sends chunk p to position p+k and stores chunk p-k from its owner.  No
+ * step waits on the one before it: 2 latencies in all. */
+static int direct_sum(dp_ring *r, const grp *g, float *buf, size_t len, uint64_t step,
+                      int bucket, dp_err *err)
+{
+    int n = g->n, p = g->pos, rc = 0;
+    for (int k = 1; k < n && rc == 0; k++)
+        rc = chunk_step(r, g, buf, len, (p - k + n) % n, (p - k + n) % n, (p + k) % n, p, 1, step,
+                        bucket, err);
+    for (int k = 1; k < n && rc == 0; k++)
+        rc = chunk_step(r, g, buf, len, (p + k) % n, p, (p - k + n) % n, (p - k + n) % n, 0, step,
+                        bucket, err);
+    return rc;
+}
+
+static grp flat_group(const dp_ring *r) { return (grp){r->ranks, r->n, r->pos}; }
+
+/* Ring or direct over g by auto's fit: direct below cross_bytes. */
+static int flat_pick(const dp_ring *r, size_t len)
+{
+    return (double)len * sizeof(float) < r->cross_bytes ? DP_ALGO_DIRECT : DP_ALGO_RING;
+}
+
+/* Hierarchical: the host's members send their buffers to its leader, which
+ * folds them in ring order (its own first); the leaders sum over the ring or
+ * directly (auto's fit, else the ring); each leader sends the sum back to
+ * its members.  Inside a host the frames go through shared memory. */
+static int hier_sum(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err)
+{
+    int rc = 0;
+    if (r->leader_pos < 0) {
+        int leader = r->local[0];
+        rc = exchange(r, buf, leader, 0, len, -1, 0, 0, 0, step, bucket, err);
+        return rc < 0 ? rc : exchange(r, buf, -1, 0, 0, leader, 0, len, 0, step, bucket, err);
+    }
+    for (int j = 1; j < r->n_local && rc == 0; j++)
+        rc = exchange(r, buf, -1, 0, 0, r->local[j], 0, len, 1, step, bucket, err);
+    grp g = {r->leaders, r->n_leaders, r->leader_pos};
+    if (rc == 0 && g.n > 1)
+        rc = r->algo == DP_ALGO_AUTO && flat_pick(r, len) == DP_ALGO_DIRECT
+                 ? direct_sum(r, &g, buf, len, step, bucket, err)
+                 : ring_sum(r, &g, buf, len, step, bucket, err);
+    for (int j = 1; j < r->n_local && rc == 0; j++)
+        rc = exchange(r, buf, r->local[j], 0, len, -1, 0, 0, 0, step, bucket, err);
+    return rc;
+}
+
+/* The hosts: each member's host is named by the first position on it, as
+ * that member sees it (dp_transport_same_host); the map is summed over the
+ * ring so every member holds all of it, and checked for agreement.  Fills
+ * host, local, leaders; n_hosts 0 when some member cannot tell. */
+static int setup_hosts(dp_ring *r, uint64_t step, dp_err *err)
+{
+    int n = r->n;
+    free(r->host);
+    free(r->local);
+    free(r->leaders);
+    r->host = malloc((size_t)n * sizeof *r->host);
+    r->local = malloc((size_t)n * sizeof *r->local);
+    r->leaders = malloc((size_t)n * sizeof *r->leaders);
+    float *m = calloc((size_t)n + 1, sizeof *m);
+    if (!r->host || !r->local || !r->leaders || !m) {
+        free(m);
+        return dp_errf(err, "all-reduce: out of memory for the host map");
+    }
+    int mine = -1, unknown = 0;
+    for (int q = 0; q < n; q++) {
+        int same = dp_transport_same_host(r->t, r->ranks[q]);
+        unknown |= same < 0;
+        if (same > 0 && mine < 0)
+            mine = q;
+    }
+    m[r->pos] = (float)(mine + 1);
+    m[n] = unknown ? 1.0f : 0.0f;
+    grp g = flat_group(r);
+    int rc = ring_sum(r, &g, m, (size_t)n + 1, step, -2, err);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    int ok = m[n] == 0;
+    for (int q = 0; q < n && ok; q++) {
+        r->host[q] = (int)m[q] - 1;
+        /* A host is named by its first member, who names itself. */
+        ok = r->host[q] >= 0 && r->host[q] <= q && (int)m[r->host[q]] - 1 == r->host[q];
+    }
+    free(m);
+    if (!ok) {
+        for (int q = 0; q < n; q++)
+            r->host[q] = q; /* unknown: each member on its own host, as far as we know */
+        r->n_hosts = 0;
+    }
+    r->n_local = r->n_leaders = 0;
+    r->leader_pos = -1;
+    for (int q = 0; q < n; q++) {
+        if (r->host[q] == q) {
+            if (q == r->pos)
+                r->leader_pos = r->n_leaders;
+            r->leaders[r->n_leaders++] = r->ranks[q];
+        }
+        if (r->host[q] == r->host[r->pos])
+            r->local[r->n_local++] = r->ranks[q];
+    }
+    if (ok)
+        r->n_hosts = r->n_leaders;
+    return 0;
+}
+
+/* auto's fit: both flat algorithms timed at two sizes, the best of a few,
+ * averaged over the members; then the size below which direct is faster. */
+static int fit(dp_ring *r, uint64_t step, dp_err *err)
+{
+    size_t small = (size_t)DP_RING_FIT_SMALL * (size_t)r->n, large = DP_RING_FIT_LARGE;
+    if (!r->scratch && !(r->scratch = calloc(large, sizeof(float))))
+        return dp_errf(err, "all-reduce: out of memory for the measurement");
+    grp g = flat_group(r);
+    double best[4] = {HUGE_VAL, HUGE_VAL, HUGE_VAL, HUGE_VAL}; /* ring s, ring l, direct s, l */
+    for (int rep = 0; rep < DP_RING_FIT_REPS; rep++)
+        for (int i = 0; i < 4; i++) {
+            memset(r->scratch, 0, large * sizeof(float));
+            double t0 = dp_now();
+            size_t len = i % 2 ? large : small;
+            int rc = i < 2 ? ring_sum(r, &g, r->scratch, len, step, -3, err)
+                           : direct_sum(r, &g, r->scratch, len, step, -3, err);
+            if (rc < 0)
+                return rc;
+            double t = dp_now() - t0;
+            if (t < best[i])
+                best[i] = t;
+        }
+    float sums[4];
+    for (int i = 0; i < 4; i++)
+        sums[i] = (float)(best[i] * 1e6); /* microseconds, summed over the members */
+    int rc = ring_sum(r, &g, sums, 4, step, -3, err);
+    if (rc < 0)
+        return rc;
+    double extra = (double)(large - small) * sizeof(float);
+    for (int a = 0; a < 2; a++) {
+        r->fit_a[a] = sums[2 * a] / r->n * 1e-6;
+        r->fit_b[a] = (sums[2 * a + 1] / r->n * 1e-6 - r->fit_a[a]) / extra;
+        if (r->fit_b[a] < 0)
+            r->fit_b[a] = 0;
+    }
+    /* t_a(N) = a_a + b_a (N - small): direct below the crossing. */
+    double da = r->fit_a[DP_ALGO_RING] - r->fit_a[DP_ALGO_DIRECT];
+    double db = r->fit_b[DP_ALGO_DIRECT] - r->fit_b[DP_ALGO_RING];
+    double s0 = (double)small * sizeof(float);
+    if (da <= 0)
+        r->cross_bytes = db < 0 ? HUGE_VAL : 0; /* ring no slower when small */
+    else
+        r->cross_bytes = db <= 0 ? HUGE_VAL : s0 + da / db;
+    return 0;
+}
+
+static int setup(dp_ring *r, uint64_t step, dp_err *err)
+{
+    int rc = 0;
+    r->cross_bytes = r->algo == DP_ALGO_DIRECT ? HUGE_VAL : 0;
+    if (r->algo == DP_ALGO_AUTO || r->algo == DP_ALGO_HIER)
+        rc = setup_hosts(r, step, err);
+    if (rc == 0 && r->algo == DP_ALGO_AUTO)
+        rc = fit(r, step, err);
+    if (rc < 0)
+        return rc;
+    /* Hierarchy pays when some host has several members and there are 2 or
+     * more hosts: the host links then carry 2(H-1)/H of the buffer instead
+     * of 2(n-1)/n, over 2(H-1) hops instead of 2(n-1), and the rest goes
+     * through shared memory (docs/strategies.md). */
+    r->hier = r->algo == DP_ALGO_HIER ||
+              (r->algo == DP_ALGO_AUTO && r->n_hosts >= 2 && r->n_hosts < r->n);
+    char fitted[160] = "", cross[48];
+    if (isinf(r->cross_bytes))
+        snprintf(cross, sizeof cross, "direct at every size");
+    else if (r->cross_bytes <= 0)
+        snprintf(cross, sizeof cross, "ring at every size");
+    else
+        snprintf(cross, sizeof cross, "direct below %.0f bytes", r->cross_bytes);
+    if (r->algo == DP_ALGO_AUTO)
+        snprintf(fitted, sizeof fitted,
+                 "; measured ring %.1f us + %.3f ns/B, direct %.1f us + %.3f ns/B: %s",
+                 r->fit_a[0] * 1e6, r->fit_b[0] * 1e9, r->fit_a[1] * 1e6, r->fit_b[1] * 1e9,
+                 cross);
+    if (r->algo == DP_ALGO_RING || r->algo == DP_ALGO_DIRECT)
+        snprintf(r->why, sizeof r->why, "forced: %s over %d members", algo_names[r->algo], r->n);
+    else if (r->n_hosts)
+        snprintf(r->why, sizeof r->why, "%s: %s over %d members on %d host(s)%s",
+                 algo_names[r->algo], r->hier ? "hierarchical" : "flat", r->n, r->n_hosts,
+                 fitted);
+    else
+        snprintf(r->why, sizeof r->why, "%s: %s over %d members, hosts unknown%s",
+                 algo_names[r->algo], r->hier ? "hierarchical (one member a host)" : "flat", r->n,
+                 fitted);
+    r->setup = 1;
+    if (r->pos == 0)
+        dp_debug("all-reduce: %s", r->why);
+    return 0;
+}
+
+dp_allreduce_algo dp_ring_choice(const dp_ring *r, size_t len)
+{
+    if (!r->setup)
+        return r->algo == DP_ALGO_AUTO ? DP_ALGO_RING : r->algo;
+    if (r->hier)
+        return DP_ALGO_HIER;
+    if (r->algo != DP_ALGO_AUTO)
+        return r->algo;
+    return flat_pick(r, len);
+}
+
 int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err)
 {
     if (r->n == 1 || len == 0)
         return 0;
     if (r->use_fast_path)
         return dp_transport_allreduce(r->t, buf, len, r->ranks, r->n, err);
-    int n = r->n, p = r->pos;
-    /* Reduce-scatter: after n-1 steps this rank holds the sum of chunk p+1. */
-    int rc = 0;
-    for (int s = 0; s < n - 1 && rc == 0; s++)
-        rc = ring_step(r, buf, len, (p - s + n) % n, (p - s - 1 + 2 * n) % n, 1, step, bucket, err);
-    /* All-gather: pass the finished chunks around. */
-    for (int s = 0; s < n - 1 && rc == 0; s++)
-        rc = ring_step(r, buf, len, (p + 1 - s + n) % n, (p - s + n) % n, 0, step, bucket, err);
-    return rc;
+    if (!r->setup) {
+        int rc = setup(r, step, err);
+        if (rc < 0)
+            return rc;
+    }
+    dp_allreduce_algo a = dp_ring_choice(r, len);
+    r->calls[a]++;
+    grp g = flat_group(r);
+    return a == DP_ALGO_HIER     ? hier_sum(r, buf, len, step, bucket, err)
+           : a == DP_ALGO_DIRECT ? direct_sum(r, &g, buf, len, step, bucket, err)
+                                 : ring_sum(r, &g, buf, len, step, bucket, err);
 }
