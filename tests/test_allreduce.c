@@ -3,7 +3,9 @@
  *   the same data order (a short last step included), within float noise;
  * - the replicas are bitwise identical at the end, and the same bits
  *   whether overlapped, inline or chosen by --overlap auto (the default),
- *   which every replica reports alike;
+ *   which every replica reports alike; the same bits with --allreduce-algo
+ *   direct (the ring's sums, bit for bit), and replicas identical with hier
+ *   (its own association: within float noise of the ring);
  * - a rank that stops answering (alive, but stuck) is dropped after the
  *   collective timeout with a message naming it, and the others finish
  *   without it (docs/faults.md, "All-reduce");
@@ -46,9 +48,10 @@ int main(void)
     int rc = run_cmd(err, sizeof err, "%s train --batch 192 %s --save %s/single.st", test_bin(),
                      common, test_tmp());
     CHECKF(rc == 0, "single exited %d: %s", rc, err);
-    const char *modes[3] = {"", "--no-overlap", "--overlap on"};
-    long crc[3];
-    for (int m = 0; m < 3; m++) {
+    const char *modes[5] = {"", "--no-overlap", "--overlap on", "--allreduce-algo direct",
+                            "--allreduce-algo hier"};
+    long crc[5];
+    for (int m = 0; m < 5; m++) {
         rc = run_cmd(err, sizeof err,
                      "%s launch --chief --workers 2 -- train --strategy allreduce --batch 64 "
                      "--bucket-bytes 100000 %s %s --metrics %s/ar%d.jsonl --save %s/ar%d.st",
@@ -63,7 +66,8 @@ int main(void)
         char jl[32];
         snprintf(jl, sizeof jl, "ar%d.jsonl", m);
         crc[m] = check_replicas(jl, 3);
-        CHECKF(crc[m] == crc[0], "allreduce %s ends with other bits than the default", modes[m]);
+        CHECKF(m == 4 || crc[m] == crc[0], "allreduce %s ends with other bits than the default",
+               modes[m]);
         /* --no-overlap really waits: no bucket starts before backprop ends.
          * With overlap, how many start early is up to the scheduler (none, on
          * a loaded machine, once in make test), so it is only reported. */
@@ -75,7 +79,15 @@ int main(void)
         fprintf(stderr, "allreduce %s: %.0f of %.0f buckets overlapped\n", modes[m], early, total);
         CHECK(total > 0);
         CHECK(m != 1 || early == 0);
-        const char *want[3] = {NULL, "off", "on"};
+        const char *algo = json_str(rep, "allreduce_algo");
+        fprintf(stderr, "allreduce %s: algorithm %s; %.0f ring, %.0f direct, %.0f hier calls\n",
+                modes[m], algo, json_num(rep, "allreduce_ring"), json_num(rep, "allreduce_direct"),
+                json_num(rep, "allreduce_hier"));
+        CHECK(m != 3 || (strncmp(algo, "forced: direct", 14) == 0 &&
+                         json_num(rep, "allreduce_direct") > 0 && json_num(rep, "allreduce_ring") == 0));
+        CHECK(m != 4 || (strncmp(algo, "hier: ", 6) == 0 && json_num(rep, "allreduce_hier") > 0));
+        CHECK(m != 0 || strncmp(algo, "auto: ", 6) == 0);
+        const char *want[5] = {NULL, "off", "on", NULL, NULL};
         CHECK(!want[m] || (strcmp(json_str(rep, "overlap"), want[m]) == 0 &&
                            strcmp(json_str(rep, "overlap_reason"), "forced") == 0));
         cJSON_Delete(rep);

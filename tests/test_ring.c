@@ -1,6 +1,8 @@
 /* Ring all-reduce on loopback: correct sums for 1, 2, 3 and 5 ranks and for
  * buffer lengths that do not divide by the rank count (including shorter
- * than it), across segment boundaries; every rank ends bitwise identical. */
+ * than it), across segment boundaries; every rank ends bitwise identical.
+ * The other algorithms (direct, hier, auto: ring.h) over TCP and shared
+ * memory too, larger than the socket buffers included (no deadlock). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +24,7 @@ static const unsigned char secret[32] = "ring test secret, 32 bytes long";
 static float value(int r, size_t i) { return (float)((i * 7 + (size_t)r * 13) % 101) - 50.0f; }
 
 static int child(int n, int me, const int *fds, char addrs[][32], size_t len, size_t seg_bytes,
-                 int out_fd)
+                 dp_allreduce_algo algo, int out_fd)
 {
     const char *addr_p[MAX_RANKS];
     for (int i = 0; i < n; i++)
@@ -47,6 +49,7 @@ static int child(int n, int me, const int *fds, char addrs[][32], size_t len, si
         fprintf(stderr, "rank %d: %s\n", me, err.msg);
         return 1;
     }
+    dp_ring_set_algo(&ring, algo);
     int bad = 0;
     for (int round = 0; round < 2; round++) {
         for (size_t i = 0; i < len; i++)
@@ -74,7 +77,7 @@ static int child(int n, int me, const int *fds, char addrs[][32], size_t len, si
     return bad != 0;
 }
 
-static void run(int n, size_t len, size_t seg_bytes)
+static void run_algo(int n, size_t len, size_t seg_bytes, dp_allreduce_algo algo)
 {
     int fds[MAX_RANKS], pipes[2];
     char addrs[MAX_RANKS][32];
@@ -91,7 +94,7 @@ static void run(int n, size_t len, size_t seg_bytes)
         REQUIRE(pids[i] >= 0);
         if (pids[i] == 0) {
             alarm(60); /* a hang is a failure, never a stuck CI */
-            _exit(child(n, i, fds, addrs, len, seg_bytes, pipes[1]));
+            _exit(child(n, i, fds, addrs, len, seg_bytes, algo, pipes[1]));
         }
     }
     for (int i = 0; i < n; i++)
@@ -108,10 +111,14 @@ static void run(int n, size_t len, size_t seg_bytes)
     for (int i = 0; i < n; i++) {
         int st;
         REQUIRE(waitpid(pids[i], &st, 0) == pids[i]);
-        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "n %d, len %zu: rank %d failed", n, len, i);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s, n %d, len %zu: rank %d failed",
+               dp_allreduce_algo_name(algo), n, len, i);
     }
-    CHECKF(got == n && same, "n %d, len %zu: replicas differ (%d reported)", n, len, got);
+    CHECKF(got == n && same, "%s, n %d, len %zu: replicas differ (%d reported)",
+           dp_allreduce_algo_name(algo), n, len, got);
 }
+
+static void run(int n, size_t len, size_t seg_bytes) { run_algo(n, len, seg_bytes, DP_ALGO_RING); }
 
 int main(void)
 {
@@ -122,5 +129,10 @@ int main(void)
             run(sizes[a], lens[b], 1024); /* 256-float segments: many per chunk */
     run(3, 266610, 0);                    /* mlp-300-100's gradient, default segments */
     run(2, 4u << 20, 0);                  /* 16 MiB, larger than the socket buffers */
+    for (int a = DP_ALGO_DIRECT; a <= DP_ALGO_AUTO; a++) {
+        run_algo(3, 7, 1024, (dp_allreduce_algo)a);
+        run_algo(5, 100003, 1024, (dp_allreduce_algo)a);
+        run_algo(3, 1u << 20, 0, (dp_allreduce_algo)a); /* 4 MiB: past the buffers */
+    }
     return CHECK_DONE();
 }
