@@ -51,6 +51,13 @@ typedef enum dp_overlap {
 int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, size_t bucket_bytes,
                     dp_overlap mode, int spare_cores, dp_err *err);
 void dp_reducer_close(dp_reducer *r); /* NULL is a no-op */
+/* When the ring compresses (dp_ring_set_compress): every bucket is summed by
+ * dp_ring_allreduce_coded with this replica's residuals (n floats, zero at
+ * first), so what a lossy step did not send goes into the next.  Call once,
+ * after opening. */
+int dp_reducer_compress(dp_reducer *r, dp_err *err);
+/* The residuals (n floats), or NULL without compression. */
+float *dp_reducer_residual(dp_reducer *r);
 
 /* A new step: each gradient is multiplied by weight before the sum. */
 void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight);

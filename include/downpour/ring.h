@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "downpour/compress.h"
 #include "downpour/status.h"
 #include "downpour/transport.h"
 
@@ -79,6 +80,15 @@ typedef struct dp_ring {
     double cross_bytes;    /* direct below this many bytes (0: never, HUGE_VAL: always) */
     float *scratch;        /* DP_RING_FIT_LARGE floats, for the measurement */
     uint64_t calls[DP_ALGO_COUNT]; /* all-reduces per algorithm */
+    /* Compression (dp_ring_set_compress); auto's codec cost, s per float
+     * encoded and decoded, averaged over the members. */
+    dp_compress compress;
+    double codec_s;
+    uint64_t coded_calls;  /* all-reduces that went compressed */
+    uint8_t *cbuf;         /* encoded bytes, grown to the largest bucket once */
+    size_t cbuf_cap;
+    float *fbuf;           /* top-k's selection scratch */
+    size_t fbuf_cap;
     char why[240];         /* how the choice was made, for the log and the metrics */
 } dp_ring;
 
@@ -95,6 +105,26 @@ void dp_ring_set_algo(dp_ring *r, dp_allreduce_algo algo);
 /* The algorithm a call of len floats takes (after the first call; before it,
  * the forced one or ring). */
 dp_allreduce_algo dp_ring_choice(const dp_ring *r, size_t len);
+
+/* Gradient compression for dp_ring_allreduce_coded; kind NONE (the
+ * default) sums exactly.  Before the first call. */
+void dp_ring_set_compress(dp_ring *r, const dp_compress *c);
+/* What a call of len floats sends (after the first call): NONE, BF16, FP16
+ * or TOPK; auto resolved by the fit. */
+dp_compress_kind dp_ring_compress_choice(const dp_ring *r, size_t len);
+
+/* dp_ring_allreduce with the compression set: resid (len floats, or NULL
+ * for none) is this member's error feedback for these elements, added to
+ * buf before encoding and left holding what was not sent.  bf16/fp16: each
+ * member's buf + resid is rounded once; each chunk's owner decodes and
+ * folds the n contributions in fp32 in the ring's order (direct), rounds
+ * the sum once and sends it to every member, itself included: every member
+ * ends with the same bits.  top-k: each member sends its k = ceil(ratio
+ * len) largest entries (index, value) to every other, and every member adds
+ * the n sparse vectors in position order into zeros, in fp32.  Uncoded
+ * (NONE) it is dp_ring_allreduce after buf += resid, resid = 0. */
+int dp_ring_allreduce_coded(dp_ring *r, float *buf, size_t len, float *resid, uint64_t step,
+                            int bucket, dp_err *err);
 
 /* Sums buf[0..len) over the members, in place, by the algorithm chosen
  * (the first call sets the topology and auto's fit up: every member makes

@@ -64,6 +64,7 @@ struct dp_strategy {
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
+    dp_compress compress;  /* --compress, likewise */
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -438,8 +439,10 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
     dp_ring_free(&s->ring);
     int rc = dp_ring_init(&s->ring, s->t, r, k, timeout, 0, err);
     s->ring_open = rc == 0;
-    if (rc == 0)
+    if (rc == 0) {
         dp_ring_set_algo(&s->ring, (dp_allreduce_algo)s->algo);
+        dp_ring_set_compress(&s->ring, &s->compress);
+    }
     /* Every member of the new ring rebuilds it before the same step: the
      * overlap is measured afresh, in step (reducer.h). */
     if (rc == 0 && s->reducer)
@@ -992,6 +995,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
+    dp_allreduce_compress_of(as, &s->compress);
+    if (s->compress.kind != DP_COMPRESS_NONE && env->resume) {
+        allreduce_close(s);
+        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
+                            "replicas' residuals are not in checkpoints yet (docs/strategies.md, "
+                            "\"allreduce: compression\"): resume without --compress",
+                       as->compress);
+    }
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1008,7 +1019,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     /* A replica restarted into the running ring takes its state here. */
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
-                        dp_allreduce_overlap(as), spare_cores(s), err) < 0) {
+                        dp_allreduce_overlap(as), spare_cores(s), err) < 0 ||
+        dp_reducer_compress(s->reducer, err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -1231,7 +1243,9 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      DP_F_INT, "spare_cores", (long)c.spare_cores, DP_F_STR, "allreduce_algo",
                      s->ring.why, DP_F_INT, "allreduce_ring", (long)s->ring.calls[DP_ALGO_RING],
                      DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
-                     "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_END);
+                     "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_STR, "compress",
+                     dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
+                     (long)s->ring.coded_calls, DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);

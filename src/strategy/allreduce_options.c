@@ -30,6 +30,13 @@ int dp_allreduce_algo_of(const dp_allreduce_settings *a)
     return a->allreduce_algo ? dp_allreduce_algo_parse(a->allreduce_algo) : DP_ALGO_AUTO;
 }
 
+void dp_allreduce_compress_of(const dp_allreduce_settings *a, dp_compress *out)
+{
+    dp_err e;
+    if (dp_compress_parse(a->compress, out, &e) < 0)
+        out->kind = DP_COMPRESS_NONE;
+}
+
 /* --overlap's value and the flags against each other: refused under any
  * strategy, as train always did. */
 static int check_overlap(const dp_allreduce_settings *a, dp_err *err)
@@ -79,6 +86,13 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     if (dp_allreduce_algo_of(a) < 0)
         return dp_errf(err, "--allreduce-algo: '%s' is not ring, direct, hier or auto",
                        a->allreduce_algo);
+    dp_compress c;
+    if (dp_compress_parse(a->compress, &c, err) < 0)
+        return dp_err_prefix(err, "--compress");
+    if (c.kind != DP_COMPRESS_NONE && cfg->device.kind != DP_DEVICE_CPU)
+        return dp_errf(err, "--compress: not with --device yet: the devices sum with NCCL or "
+                            "host staging, uncompressed (docs/strategies.md, \"allreduce: "
+                            "compression\")");
     if (a->no_nccl && cfg->device.kind == DP_DEVICE_CPU)
         return dp_errf(err, "--no-nccl: without --device the gradients are summed on the host "
                             "already (docs/gpu.md, \"Strategies\"): leave it out, or add "
@@ -95,6 +109,10 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "
                             "(docs/strategies.md, \"Buffers\")", cfg->strategy);
+    if (a->compress && strcmp(a->compress, "none") != 0)
+        return dp_errf(err, "--compress: strategy %s does not compress yet; allreduce does "
+                            "(docs/strategies.md, \"allreduce: compression\")",
+                       cfg->strategy);
     if (a->allreduce_algo)
         return dp_errf(err, "--allreduce-algo: strategy %s has no all-reduce ring; allreduce "
                             "does (docs/strategies.md, \"All-reduce algorithms\")",

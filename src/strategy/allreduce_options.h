@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "downpour/compress.h"
 #include "downpour/options.h"
 #include "downpour/reducer.h"
 #include "downpour/strategy.h"
@@ -21,6 +22,9 @@
     X(const char *, allreduce_algo, NULL, "allreduce-algo", DP_OPT_STR, "ALGO", 0, 0, 0,           \
       "allreduce: ring, direct (2 latencies, for small buckets), hier (through one leader per "    \
       "host) or auto (measured per bucket size; the default)")                                     \
+    X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, 0,                       \
+      "allreduce: gradient compression: none (the default), bf16, fp16, topk:RATIO (with error "   \
+      "feedback), auto (bf16 where the measured link makes it pay)")                               \
     X(const char *, overlap, NULL, "overlap", DP_OPT_STR, "MODE", 0, 0, 0,                         \
       "allreduce: reduce buckets during backprop: auto (measured over the first steps; the "       \
       "default), on, off")                                                                         \
@@ -43,5 +47,7 @@ extern const dp_strategy_conf dp_allreduce_conf;
 dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a);
 /* --allreduce-algo as a dp_allreduce_algo (ring.h); auto when not given. */
 int dp_allreduce_algo_of(const dp_allreduce_settings *a);
+/* --compress, parsed (check() refused what does not parse). */
+void dp_allreduce_compress_of(const dp_allreduce_settings *a, dp_compress *out);
 
 #endif

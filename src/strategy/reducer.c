@@ -25,6 +25,7 @@ enum { V_VETO, V_NOTHING, V_RATIO_HI, V_RATIO_LO, V_ON_HI, V_ON_LO, V_OFF_HI, V_
 struct dp_reducer {
     dp_ring *ring;
     float *grads;
+    float *resid;       /* n: error feedback of the lossy compressions, or NULL */
     size_t n, bucket;   /* floats; bucket b is [lo(b), hi(b)) counted from the end */
     int n_buckets;
     dp_overlap mode;
@@ -72,7 +73,8 @@ static int reduce_bucket(dp_reducer *r, int b, uint64_t step, float weight, dp_e
     if (weight != 1.0f)
         for (size_t i = 0; i < hi - lo; i++)
             g[i] *= weight;
-    int rc = dp_ring_allreduce(r->ring, g, hi - lo, step, b, err);
+    int rc = r->resid ? dp_ring_allreduce_coded(r->ring, g, hi - lo, r->resid + lo, step, b, err)
+                      : dp_ring_allreduce(r->ring, g, hi - lo, step, b, err);
     dp_trace_span("all-reduce bucket", "allreduce", t0, dp_now(), b);
     return rc;
 }
@@ -175,8 +177,20 @@ void dp_reducer_close(dp_reducer *r)
     }
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    free(r->resid);
     free(r);
 }
+
+int dp_reducer_compress(dp_reducer *r, dp_err *err)
+{
+    if (r->resid || r->ring->compress.kind == DP_COMPRESS_NONE)
+        return 0;
+    if (!(r->resid = calloc(r->n ? r->n : 1, sizeof *r->resid)))
+        return dp_errf(err, "out of memory for the compression's residuals (%zu floats)", r->n);
+    return 0;
+}
+
+float *dp_reducer_residual(dp_reducer *r) { return r->resid; }
 
 int dp_reducer_buckets(const dp_reducer *r) { return r->n_buckets; }
 

@@ -45,6 +45,10 @@ void dp_ring_free(dp_ring *r)
     free(r->local);
     free(r->leaders);
     free(r->scratch);
+    free(r->cbuf);
+    free(r->fbuf);
+    r->cbuf = NULL;
+    r->fbuf = NULL;
     r->ranks = r->host = r->local = r->leaders = NULL;
     r->scratch = NULL;
 }
@@ -310,12 +314,32 @@ static int fit(dp_ring *r, uint64_t step, dp_err *err)
             if (t < best[i])
                 best[i] = t;
         }
-    float sums[4];
+    /* The codec: bf16 out and back in, per float (auto's compression). */
+    double codec = HUGE_VAL;
+    if (r->compress.kind == DP_COMPRESS_AUTO) {
+        uint8_t *tmp = malloc(large * 2);
+        if (!tmp)
+            return dp_errf(err, "all-reduce: out of memory for the measurement");
+        for (int rep = 0; rep < DP_RING_FIT_REPS; rep++) {
+            double t0 = dp_now();
+            dp_compress_encode16(DP_COMPRESS_BF16, r->scratch, large, tmp);
+            dp_compress_decode16_add(DP_COMPRESS_BF16, tmp, large, r->scratch);
+            double t = (dp_now() - t0) / (double)large;
+            if (t < codec)
+                codec = t;
+        }
+        free(tmp);
+    } else {
+        codec = 0;
+    }
+    float sums[5];
     for (int i = 0; i < 4; i++)
         sums[i] = (float)(best[i] * 1e6); /* microseconds, summed over the members */
-    int rc = ring_sum(r, &g, sums, 4, step, -3, err);
+    sums[4] = (float)(codec * 1e12); /* picoseconds per float */
+    int rc = ring_sum(r, &g, sums, 5, step, -3, err);
     if (rc < 0)
         return rc;
+    r->codec_s = sums[4] / r->n * 1e-12;
     double extra = (double)(large - small) * sizeof(float);
     for (int a = 0; a < 2; a++) {
         r->fit_a[a] = sums[2 * a] / r->n * 1e-6;
@@ -334,13 +358,33 @@ static int fit(dp_ring *r, uint64_t step, dp_err *err)
     return 0;
 }
 
+/* auto's predictions for len floats: the faster flat algorithm, and bf16
+ * (half the bytes over direct's line, plus encoding and decoding each
+ * float about twice: the member's share and the owner's sum). */
+static double t_line(const dp_ring *r, int a, size_t len)
+{
+    double extra = ((double)len - DP_RING_FIT_SMALL * (double)r->n) * sizeof(float);
+    return r->fit_a[a] + r->fit_b[a] * (extra > 0 ? extra : 0);
+}
+
+static double t_flat(const dp_ring *r, size_t len)
+{
+    double ring = t_line(r, DP_ALGO_RING, len), direct = t_line(r, DP_ALGO_DIRECT, len);
+    return ring < direct ? ring : direct;
+}
+
+static double t_bf16(const dp_ring *r, size_t len)
+{
+    return t_line(r, DP_ALGO_DIRECT, len / 2) + 2 * r->codec_s * (double)len;
+}
+
 static int setup(dp_ring *r, uint64_t step, dp_err *err)
 {
     int rc = 0;
     r->cross_bytes = r->algo == DP_ALGO_DIRECT ? HUGE_VAL : 0;
     if (r->algo == DP_ALGO_AUTO || r->algo == DP_ALGO_HIER)
         rc = setup_hosts(r, step, err);
-    if (rc == 0 && r->algo == DP_ALGO_AUTO)
+    if (rc == 0 && (r->algo == DP_ALGO_AUTO || r->compress.kind == DP_COMPRESS_AUTO))
         rc = fit(r, step, err);
     if (rc < 0)
         return rc;
@@ -357,7 +401,7 @@ static int setup(dp_ring *r, uint64_t step, dp_err *err)
         snprintf(cross, sizeof cross, "ring at every size");
     else
         snprintf(cross, sizeof cross, "direct below %.0f bytes", r->cross_bytes);
-    if (r->algo == DP_ALGO_AUTO)
+    if (r->algo == DP_ALGO_AUTO || r->compress.kind == DP_COMPRESS_AUTO)
         snprintf(fitted, sizeof fitted,
                  "; measured ring %.1f us + %.3f ns/B, direct %.1f us + %.3f ns/B: %s",
                  r->fit_a[0] * 1e6, r->fit_b[0] * 1e9, r->fit_a[1] * 1e6, r->fit_b[1] * 1e9,
@@ -372,6 +416,18 @@ static int setup(dp_ring *r, uint64_t step, dp_err *err)
         snprintf(r->why, sizeof r->why, "%s: %s over %d members, hosts unknown%s",
                  algo_names[r->algo], r->hier ? "hierarchical (one member a host)" : "flat", r->n,
                  fitted);
+    size_t n = strlen(r->why);
+    if (r->compress.kind == DP_COMPRESS_AUTO) {
+        size_t at = (512u << 10) / sizeof(float);
+        snprintf(r->why + n, sizeof r->why - n,
+                 "; compress auto: bf16 at 512 KiB predicted %.2f ms vs %.2f ms (codec %.2f "
+                 "ns/float): %s there",
+                 t_bf16(r, at) * 1e3, t_flat(r, at) * 1e3, r->codec_s * 1e9,
+                 t_bf16(r, at) < t_flat(r, at) ? "bf16" : "none");
+    } else if (r->compress.kind != DP_COMPRESS_NONE) {
+        snprintf(r->why + n, sizeof r->why - n, "; compress %s",
+                 dp_compress_kind_name(r->compress.kind));
+    }
     r->setup = 1;
     if (r->pos == 0)
         dp_debug("all-reduce: %s", r->why);
@@ -406,4 +462,190 @@ int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int buc
     return a == DP_ALGO_HIER     ? hier_sum(r, buf, len, step, bucket, err)
            : a == DP_ALGO_DIRECT ? direct_sum(r, &g, buf, len, step, bucket, err)
                                  : ring_sum(r, &g, buf, len, step, bucket, err);
+}
+
+void dp_ring_set_compress(dp_ring *r, const dp_compress *c) { r->compress = *c; }
+
+dp_compress_kind dp_ring_compress_choice(const dp_ring *r, size_t len)
+{
+    if (r->compress.kind != DP_COMPRESS_AUTO)
+        return r->compress.kind;
+    return r->setup && t_bf16(r, len) < t_flat(r, len) ? DP_COMPRESS_BF16 : DP_COMPRESS_NONE;
+}
+
+static int grow(dp_ring *r, size_t bytes, size_t floats, dp_err *err)
+{
+    if (bytes > r->cbuf_cap) {
+        uint8_t *b = realloc(r->cbuf, bytes);
+        if (!b)
+            return dp_errf(err, "all-reduce: out of memory for %zu encoded bytes", bytes);
+        r->cbuf = b;
+        r->cbuf_cap = bytes;
+    }
+    if (floats > r->fbuf_cap) {
+        float *f = realloc(r->fbuf, floats * sizeof *f);
+        if (!f)
+            return dp_errf(err, "all-reduce: out of memory for the top-k selection");
+        r->fbuf = f;
+        r->fbuf_cap = floats;
+    }
+    return 0;
+}
+
+/* Waits for the encoded segment [off, off + len) from `from` and reads it
+ * into dst. */
+static int recv_bytes(dp_ring *r, int from, uint8_t *dst, size_t off, size_t len, uint64_t step,
+                      int bucket, dp_err *err)
+{
+    char what[96];
+    snprintf(what, sizeof what, "compressed all-reduce step %llu bucket %d",
+             (unsigned long long)step, bucket);
+    dp_event ev;
+    if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
+        return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0);
+    if (ev.header.type == DP_WIRE_RING_RESET) {
+        dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
+        return broken(r, from, 0, ev.header.step);
+    }
+    if (ev.header.type != DP_WIRE_RING || ev.header.step != step || ev.header.offset != off ||
+        ev.header.length != len)
+        return dp_errf(err, "%s sent frame type %u step %llu offset %llu, %llu bytes during %s; "
+                            "expected step %llu at byte %zu, %zu bytes",
+                       dp_transport_peer_name(r->t, from), ev.header.type,
+                       (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
+                       (unsigned long long)ev.header.length, what, (unsigned long long)step, off,
+                       len);
+    if (dp_transport_recv_payload(r->t, from, dst, len, err) < 0)
+        return broken(r, from, 1, 0);
+    return 0;
+}
+
+/* Sends bytes [so, so + sn) of sb to `to` while receiving [ro, ro + rn)
+ * from `from`, in segments.  Received bytes land at rb + offset; with
+ * add_to, each segment lands in a scratch segment instead and is decoded
+ * (16-bit kind) and added to add_to + (offset - ro) / 2. */
+static int xchg_bytes(dp_ring *r, int to, const uint8_t *sb, size_t so, size_t sn, int from,
+                      uint8_t *rb, size_t ro, size_t rn, dp_compress_kind kind, float *add_to,
+                      uint64_t step, int bucket, dp_err *err)
+{
+    size_t seg = r->seg * sizeof(float), o = so, i = ro;
+    while (o < so + sn || i < ro + rn) {
+        if (o < so + sn) {
+            size_t k = so + sn - o < seg ? so + sn - o : seg;
+            if (dp_transport_send(r->t, to, DP_WIRE_RING, step, o, sb + o, k, err) < 0)
+                return broken(r, to, 1, 0);
+            r->bytes_sent += k;
+            o += k;
+        }
+        if (i < ro + rn) {
+            size_t k = ro + rn - i < seg ? ro + rn - i : seg;
+            int rc = recv_bytes(r, from, add_to ? rb : rb + i, i, k, step, bucket, err);
+            if (rc < 0)
+                return rc;
+            if (add_to)
+                dp_compress_decode16_add(kind, rb, k / 2, add_to + (i - ro) / 2);
+            i += k;
+        }
+    }
+    return 0;
+}
+
+static int coded16(dp_ring *r, dp_compress_kind kind, float *buf, size_t len, float *resid,
+                   uint64_t step, int bucket, dp_err *err)
+{
+    int n = r->n, p = r->pos;
+    size_t seg = r->seg * sizeof(float);
+    if (grow(r, 2 * len + seg, 0, err) < 0)
+        return -1;
+    uint8_t *q = r->cbuf, *tmp = r->cbuf + 2 * len;
+    dp_compress_encode16(kind, buf, len, q);
+    if (resid) {
+        float *x = buf;
+        for (size_t i = 0; i < len; i++)
+            resid[i] = x[i] - (kind == DP_COMPRESS_BF16 ? dp_bf16_to_f32(dp_f32_to_bf16(x[i]))
+                                                        : dp_fp16_to_f32(dp_f32_to_fp16(x[i])));
+    }
+    size_t plo = chunk_lo(len, n, p), phi = chunk_lo(len, n, p + 1);
+    /* Reduce-scatter: this member's own share first, then p+1, p+2, ... */
+    dp_compress_decode16(kind, q + 2 * plo, phi - plo, buf + plo);
+    int rc = 0;
+    for (int k = 1; k < n && rc == 0; k++) {
+        int to = (p - k + n) % n, from = (p + k) % n;
+        size_t tlo = chunk_lo(len, n, to), thi = chunk_lo(len, n, to + 1);
+        rc = xchg_bytes(r, r->ranks[to], q, 2 * tlo, 2 * (thi - tlo), r->ranks[from], tmp,
+                        2 * plo, 2 * (phi - plo), kind, buf + plo, step, bucket, err);
+    }
+    if (rc < 0)
+        return rc;
+    /* The sum rounded once, the owner taking the rounded value too. */
+    dp_compress_encode16(kind, buf + plo, phi - plo, q + 2 * plo);
+    for (int k = 1; k < n && rc == 0; k++) {
+        int to = (p + k) % n, from = (p - k + n) % n;
+        size_t flo = chunk_lo(len, n, from), fhi = chunk_lo(len, n, from + 1);
+        rc = xchg_bytes(r, r->ranks[to], q, 2 * plo, 2 * (phi - plo), r->ranks[from], q,
+                        2 * flo, 2 * (fhi - flo), kind, NULL, step, bucket, err);
+    }
+    if (rc == 0)
+        dp_compress_decode16(kind, q, len, buf);
+    return rc;
+}
+
+static int coded_topk(dp_ring *r, float *buf, size_t len, float *resid, uint64_t step,
+                      int bucket, dp_err *err)
+{
+    int n = r->n, p = r->pos;
+    size_t k = dp_topk_count(r->compress.ratio, len), slot = 8 * k;
+    if (grow(r, slot * (size_t)n, len, err) < 0)
+        return -1;
+    uint8_t *pairs = r->cbuf;
+    dp_topk_encode(buf, len, k, r->fbuf, pairs + slot * (size_t)p);
+    if (resid) {
+        memcpy(resid, buf, len * sizeof *resid);
+        const uint8_t *mine = pairs + slot * (size_t)p;
+        for (size_t j = 0; j < k; j++) {
+            const uint8_t *b = mine + 8 * j;
+            resid[(uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                  (uint32_t)b[3] << 24] = 0;
+        }
+    }
+    int rc = 0;
+    for (int s = 1; s < n && rc == 0; s++) {
+        int to = (p + s) % n, from = (p - s + n) % n;
+        rc = xchg_bytes(r, r->ranks[to], pairs, slot * (size_t)p, slot, r->ranks[from], pairs,
+                        slot * (size_t)from, slot, DP_COMPRESS_TOPK, NULL, step, bucket, err);
+    }
+    if (rc < 0)
+        return rc;
+    memset(buf, 0, len * sizeof *buf);
+    for (int q = 0; q < n; q++)
+        if (dp_topk_decode_add(pairs + slot * (size_t)q, k, buf, len, err) < 0)
+            return dp_errf(err, "%s: %s", dp_transport_peer_name(r->t, r->ranks[q]), err->msg);
+    return 0;
+}
+
+int dp_ring_allreduce_coded(dp_ring *r, float *buf, size_t len, float *resid, uint64_t step,
+                            int bucket, dp_err *err)
+{
+    if (resid)
+        for (size_t i = 0; i < len; i++)
+            buf[i] += resid[i];
+    if (r->n == 1 || len == 0 || r->use_fast_path || r->compress.kind == DP_COMPRESS_NONE) {
+        if (resid)
+            memset(resid, 0, len * sizeof *resid);
+        return dp_ring_allreduce(r, buf, len, step, bucket, err);
+    }
+    if (!r->setup) {
+        int rc = setup(r, step, err);
+        if (rc < 0)
+            return rc;
+    }
+    dp_compress_kind kind = dp_ring_compress_choice(r, len);
+    if (kind == DP_COMPRESS_NONE) {
+        if (resid)
+            memset(resid, 0, len * sizeof *resid);
+        return dp_ring_allreduce(r, buf, len, step, bucket, err);
+    }
+    r->coded_calls++;
+    return kind == DP_COMPRESS_TOPK ? coded_topk(r, buf, len, resid, step, bucket, err)
+                                    : coded16(r, kind, buf, len, resid, step, bucket, err);
 }

@@ -1,0 +1,58 @@
+/* Gradient compression for the all-reduce (docs/strategies.md, "allreduce:
+ * compression"): 16-bit floats (bf16, IEEE fp16) and top-k sparsification,
+ * each with error feedback (the part of a gradient a replica did not send
+ * is kept and added to its next gradient).  Sums are always accumulated in
+ * fp32.  On the wire every 16-bit value and every (index, value) pair goes
+ * through explicit little-endian bytes. */
+#ifndef DOWNPOUR_COMPRESS_H
+#define DOWNPOUR_COMPRESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/status.h"
+
+typedef enum dp_compress_kind {
+    DP_COMPRESS_NONE,
+    DP_COMPRESS_BF16,
+    DP_COMPRESS_FP16,
+    DP_COMPRESS_TOPK,
+    DP_COMPRESS_AUTO, /* bf16 when the measured link makes it pay, else none */
+    DP_COMPRESS_KIND_COUNT
+} dp_compress_kind;
+
+typedef struct dp_compress {
+    dp_compress_kind kind;
+    double ratio; /* topk: the fraction of each bucket sent, (0, 1] */
+} dp_compress;
+
+/* "none", "bf16", "fp16", "topk:RATIO" (0 < RATIO <= 1), "auto"; err names
+ * what is wrong with the value (the caller prefixes the flag). */
+int dp_compress_parse(const char *s, dp_compress *out, dp_err *err);
+const char *dp_compress_kind_name(dp_compress_kind k);
+
+/* Round to nearest even; NaN stays NaN, overflow goes to infinity (fp16
+ * above 65504), fp16 keeps subnormals.  A value the format holds comes back
+ * exactly. */
+uint16_t dp_f32_to_bf16(float x);
+float dp_bf16_to_f32(uint16_t h);
+uint16_t dp_f32_to_fp16(float x);
+float dp_fp16_to_f32(uint16_t h);
+
+/* kind BF16 or FP16: x[0..n) as 2n little-endian bytes, and back (store, or
+ * add into acc). */
+void dp_compress_encode16(dp_compress_kind kind, const float *x, size_t n, uint8_t *out);
+void dp_compress_decode16(dp_compress_kind kind, const uint8_t *in, size_t n, float *out);
+void dp_compress_decode16_add(dp_compress_kind kind, const uint8_t *in, size_t n, float *acc);
+
+/* Elements a top-k bucket of n sends: ceil(ratio n), at least 1. */
+size_t dp_topk_count(double ratio, size_t n);
+/* The k entries of x[0..n) largest in magnitude (ties: the lower index),
+ * written as k pairs of 8 little-endian bytes (u32 index, f32 value) in index
+ * order.  scratch: n floats. */
+void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t *out);
+/* acc[index] += value for k pairs; -1 (err naming the index) when an index
+ * is not below n. */
+int dp_topk_decode_add(const uint8_t *in, size_t k, float *acc, size_t n, dp_err *err);
+
+#endif

@@ -1,0 +1,212 @@
+/* Gradient compression codecs: see include/downpour/compress.h. */
+#include "downpour/compress.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[DP_COMPRESS_KIND_COUNT] = {"none", "bf16", "fp16", "topk",
+                                                               "auto"};
+
+const char *dp_compress_kind_name(dp_compress_kind k)
+{
+    return (unsigned)k < DP_COMPRESS_KIND_COUNT ? kind_names[k] : "?";
+}
+
+int dp_compress_parse(const char *s, dp_compress *out, dp_err *err)
+{
+    out->kind = DP_COMPRESS_NONE;
+    out->ratio = 0;
+    if (!s)
+        return 0;
+    if (strncmp(s, "topk:", 5) == 0) {
+        char *end;
+        double r = strtod(s + 5, &end);
+        if (end == s + 5 || *end || !(r > 0 && r <= 1))
+            return dp_errf(err, "'%s': topk takes a ratio in (0, 1], as topk:0.01", s);
+        out->kind = DP_COMPRESS_TOPK;
+        out->ratio = r;
+        return 0;
+    }
+    for (int k = 0; k < DP_COMPRESS_KIND_COUNT; k++)
+        if (k != DP_COMPRESS_TOPK && strcmp(s, kind_names[k]) == 0) {
+            out->kind = (dp_compress_kind)k;
+            return 0;
+        }
+    if (strncmp(s, "powersgd", 8) == 0)
+        return dp_errf(err, "'%s': powersgd is not built yet; take bf16, fp16 or topk:RATIO", s);
+    return dp_errf(err, "'%s' is not none, bf16, fp16, topk:RATIO or auto", s);
+}
+
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+uint16_t dp_f32_to_bf16(float x)
+{
+    uint32_t u = bits_of(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1);          /* to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+float dp_bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
+
+/* The rounding of F. Giesen's float_to_half_fast3_rtne: subnormals by
+ * adding 0.5f, whose ulp (2^-24) is fp16's smallest step. */
+uint16_t dp_f32_to_fp16(float x)
+{
+    uint32_t u = bits_of(x), sign = u & 0x80000000u;
+    u ^= sign;
+    uint16_t o;
+    if (u >= (127u + 16) << 23) {
+        o = u > 0x7f800000u ? 0x7e00 : 0x7c00; /* NaN, or infinity (2^16 and above) */
+    } else if (u < 113u << 23) {
+        o = (uint16_t)(bits_of(float_of(u) + 0.5f) - bits_of(0.5f));
+    } else {
+        uint32_t odd = (u >> 13) & 1;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        o = (uint16_t)(u >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+float dp_fp16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return float_of(sign | 0x7f800000u | (m << 13));
+    return float_of(sign | ((e + 112) << 23) | (m << 13));
+}
+
+void dp_compress_encode16(dp_compress_kind kind, const float *x, size_t n, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = kind == DP_COMPRESS_BF16 ? dp_f32_to_bf16(x[i]) : dp_f32_to_fp16(x[i]);
+        out[2 * i] = (uint8_t)h;
+        out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+}
+
+static float decode1(dp_compress_kind kind, const uint8_t *in, size_t i)
+{
+    uint16_t h = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8);
+    return kind == DP_COMPRESS_BF16 ? dp_bf16_to_f32(h) : dp_fp16_to_f32(h);
+}
+
+void dp_compress_decode16(dp_compress_kind kind, const uint8_t *in, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = decode1(kind, in, i);
+}
+
+void dp_compress_decode16_add(dp_compress_kind kind, const uint8_t *in, size_t n, float *acc)
+{
+    for (size_t i = 0; i < n; i++)
+        acc[i] += decode1(kind, in, i);
+}
+
+size_t dp_topk_count(double ratio, size_t n)
+{
+    double k = ceil(ratio * (double)n);
+    return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
+}
+
+/* A magnitude that orders NaN above everything, so selection stays total. */
+static float mag(float x) { return isnan(x) ? INFINITY : fabsf(x); }
+
+static void swap(float *a, size_t i, size_t j)
+{
+    float t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+}
+
+/* The k-th largest of a[0..n) (1 <= k <= n), reordering a: selection with a
+ * median-of-three pivot and a three-way partition (duplicates end a round). */
+static float kth_largest(float *a, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n, want = k - 1;
+    while (hi - lo > 1) {
+        float p0 = a[lo], p1 = a[lo + (hi - lo) / 2], p2 = a[hi - 1];
+        float pivot = p0 > p1 ? (p1 > p2 ? p1 : p0 > p2 ? p2 : p0)
+                              : (p0 > p2 ? p0 : p1 > p2 ? p2 : p1);
+        /* [lo, lt) above the pivot, [lt, gt) equal, [gt, hi) below */
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            if (a[i] > pivot)
+                swap(a, lt++, i++);
+            else if (a[i] < pivot)
+                swap(a, i, --gt);
+            else
+                i++;
+        }
+        if (want < lt)
+            hi = lt;
+        else if (want >= gt)
+            lo = gt;
+        else
+            return pivot;
+    }
+    return a[lo];
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        scratch[i] = mag(x[i]);
+    float t = kth_largest(scratch, n, k);
+    size_t above = 0;
+    for (size_t i = 0; i < n; i++)
+        above += mag(x[i]) > t;
+    size_t ties = k - above, w = 0;
+    for (size_t i = 0; i < n && w < k; i++) {
+        float m = mag(x[i]);
+        if (m > t || (m == t && ties > 0)) {
+            if (m == t)
+                ties--;
+            put32(out + 8 * w, (uint32_t)i);
+            put32(out + 8 * w + 4, bits_of(x[i]));
+            w++;
+        }
+    }
+}
+
+int dp_topk_decode_add(const uint8_t *in, size_t k, float *acc, size_t n, dp_err *err)
+{
+    for (size_t j = 0; j < k; j++) {
+        uint32_t i = get32(in + 8 * j);
+        if (i >= n)
+            return dp_errf(err, "top-k pair %zu names element %u of a bucket of %zu", j, i, n);
+        acc[i] += float_of(get32(in + 8 * j + 4));
+    }
+    return 0;
+}
