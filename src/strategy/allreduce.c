@@ -995,14 +995,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
-    dp_allreduce_compress_of(as, &s->compress);
-    if (s->compress.kind != DP_COMPRESS_NONE && env->resume) {
-        allreduce_close(s);
-        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
-                            "replicas' residuals are not in checkpoints yet (docs/strategies.md, "
-                            "\"allreduce: compression\"): resume without --compress",
-                       as->compress);
-    }
+    dp_allreduce_compress_of(as, &s->compress); /* with --resume: refused (check) */
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)

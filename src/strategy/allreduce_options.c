@@ -89,6 +89,11 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     dp_compress c;
     if (dp_compress_parse(a->compress, &c, err) < 0)
         return dp_err_prefix(err, "--compress");
+    if (c.kind != DP_COMPRESS_NONE && cfg->resume)
+        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
+                            "replicas' residuals are not in checkpoints yet (docs/strategies.md, "
+                            "\"allreduce: compression\"): resume without --compress",
+                       a->compress);
     if (c.kind != DP_COMPRESS_NONE && cfg->device.kind != DP_DEVICE_CPU)
         return dp_errf(err, "--compress: not with --device yet: the devices sum with NCCL or "
                             "host staging, uncompressed (docs/strategies.md, \"allreduce: "
