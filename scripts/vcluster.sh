@@ -8,6 +8,10 @@
 # usage: scripts/vcluster.sh [options] -- train|ping [OPTIONS]
 #   --hosts N          namespace hosts (1..250; default: one per task)
 #   --workers N        worker tasks (default 2)
+#   --tasks-per-host K with --hosts N: N x K tasks (the chief, if any, and
+#                      N x K - chief workers; no ps), K to a host in rank order
+#                      (ranks 0..K-1 on host 1, ...), so a ring in rank order
+#                      crosses between hosts N times
 #   --ps P             parameter-server tasks (default 0)
 #   --chief            add a chief (rank 0)
 #   --link-mbit B      cap every host's link at B Mbit/s each way (0: no cap; default 0)
@@ -45,7 +49,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 NETNS="$here/netns.sh"
 
-usage() { sed -n '8,38p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '8,42p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 bad() { echo "vcluster.sh: $*" >&2; exit 2; }
 die() { echo "vcluster.sh: $*" >&2; exit 1; }
 say() { echo "vcluster: $*" >&2; }
@@ -61,11 +65,12 @@ num_arg() { # flag value hi
         bad "$1 '$2': expected a number in 0..$3"
 }
 
-HOSTS= WORKERS=2 NPS=0 CHIEF=0 MBIT=0 TC_STATS= DELAY= TIMEOUT=3600 GRACE=5 BIN=${DOWNPOUR_BIN:-} DIR= KEEP=0
+HOSTS= TPH= WORKERS_SET=0 WORKERS=2 NPS=0 CHIEF=0 MBIT=0 TC_STATS= DELAY= TIMEOUT=3600 GRACE=5 BIN=${DOWNPOUR_BIN:-} DIR= KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --hosts) [ $# -ge 2 ] || bad "--hosts needs a value"; int_arg --hosts "$2" 1 250; HOSTS=$2; shift 2 ;;
-    --workers) [ $# -ge 2 ] || bad "--workers needs a value"; int_arg --workers "$2" 1 256; WORKERS=$2; shift 2 ;;
+    --workers) [ $# -ge 2 ] || bad "--workers needs a value"; int_arg --workers "$2" 1 256; WORKERS=$2; WORKERS_SET=1; shift 2 ;;
+    --tasks-per-host) [ $# -ge 2 ] || bad "--tasks-per-host needs a value"; int_arg --tasks-per-host "$2" 1 64; TPH=$2; shift 2 ;;
     --ps) [ $# -ge 2 ] || bad "--ps needs a value"; int_arg --ps "$2" 0 256; NPS=$2; shift 2 ;;
     --chief) CHIEF=1; shift ;;
     --link-mbit) [ $# -ge 2 ] || bad "--link-mbit needs a value"; int_arg --link-mbit "$2" 0 100000; MBIT=$2; shift 2 ;;
@@ -88,6 +93,13 @@ train|ping) ;;
 esac
 TASK_ARGS=("$@")
 
+if [ -n "$TPH" ]; then
+    [ -n "$HOSTS" ] || bad "--tasks-per-host needs --hosts"
+    [ "$WORKERS_SET" = 0 ] || bad "--tasks-per-host sets the workers (hosts x tasks - chief): leave out --workers"
+    [ "$NPS" = 0 ] || bad "--tasks-per-host places chief and workers only: leave out --ps"
+    WORKERS=$((HOSTS * TPH - CHIEF))
+    [ "$WORKERS" -ge 1 ] || bad "--hosts $HOSTS --tasks-per-host $TPH leaves no worker beside the chief"
+fi
 NTASKS=$((CHIEF + WORKERS + NPS))
 [ -n "$HOSTS" ] || HOSTS=$NTASKS
 [ "$NTASKS" -le 256 ] || bad "$NTASKS tasks: at most 256"
@@ -125,7 +137,11 @@ place() { # rank host
 first_free=1 span=$HOSTS
 for ((k = 0; k < NPS; k++)); do place $((CHIEF + WORKERS + k)) $((k % HOSTS + 1)); done
 if [ "$HOSTS" -gt "$NPS" ] && [ "$NPS" -gt 0 ]; then first_free=$((NPS + 1)); span=$((HOSTS - NPS)); fi
-for ((r = 0; r < CHIEF + WORKERS; r++)); do place "$r" $((first_free + r % span)); done
+if [ -n "$TPH" ]; then
+    for ((r = 0; r < CHIEF + WORKERS; r++)); do place "$r" $((r / TPH + 1)); done
+else
+    for ((r = 0; r < CHIEF + WORKERS; r++)); do place "$r" $((first_free + r % span)); done
+fi
 
 # ---- cleanup on every way out ----
 PREFIX="vc$(( $$ % 10000000 ))"
