@@ -23,7 +23,12 @@
  * per pass the slower process, the median; bound and transport alternate
  * for 5 rounds, each round printed, then the medians.
  *
- *   bench_allreduce [--ranks 2,4] [--max-bytes N] [--repeats N] [--mode all|shm|hosts]
+ * --mode algos (docs/strategies.md, "allreduce: all-reduce algorithms"): the
+ * ring against direct from 4 bytes to 1 MiB, over TCP and over shared
+ * memory, at each --ranks; direct's figure beside its latency bound, 2 of
+ * the ring's hops (the ring's time at 4 bytes over its 2(n-1) hops, x 2).
+ *
+ *   bench_allreduce [--ranks 2,4] [--max-bytes N] [--repeats N] [--mode all|shm|hosts|algos]
  * Targets: at 16 MiB, TCP busbw >= 80% of raw loopback (issue 5); shared
  * memory busbw >= 90% of its bound (issue 13). */
 #ifndef _GNU_SOURCE
@@ -53,6 +58,7 @@
 #define MAX_REPEATS 21
 
 static const unsigned char secret[32] = "bench_allreduce secret 32 bytes";
+static dp_allreduce_algo g_algo = DP_ALGO_RING; /* the figures are the ring's but in --mode algos */
 
 /* Two hosts of a virtual cluster (--mode hosts): network namespaces made
  * by scripts/netns.sh, rank i in ns[i] at addr[i].  NULL: loopback. */
@@ -164,6 +170,7 @@ static int rank_main(int n, int me, const int *fds, char addrs[][32], const size
         fprintf(stderr, "rank %d: %s\n", me, err.msg);
         return 1;
     }
+    dp_ring_set_algo(&ring, g_algo);
     memset(buf, 0, sizes[n_sizes - 1]);
     uint64_t step = 0;
     for (int s = 0; s < n_sizes; s++) {
@@ -486,6 +493,34 @@ static int hosts_study(int repeats)
     return 0;
 }
 
+static int algos_study(const int *rank_list, int n_rank_list, int repeats)
+{
+    size_t sizes[MAX_SIZES];
+    int n_sizes = 0;
+    for (size_t s = 4; s <= (1u << 20) && n_sizes < MAX_SIZES; s *= 4)
+        sizes[n_sizes++] = s;
+    for (int shm = 0; shm < 2; shm++)
+        for (int k = 0; k < n_rank_list; k++) {
+            int n = rank_list[k];
+            if (n < 2 || n > MAX_RANKS)
+                continue;
+            double med[2][MAX_SIZES];
+            for (int a = 0; a < 2; a++) {
+                g_algo = a ? DP_ALGO_DIRECT : DP_ALGO_RING;
+                if (run_ranks(n, sizes, n_sizes, repeats, shm, med[a]) < 0)
+                    return -1;
+            }
+            double hop = med[0][0] / (2.0 * (n - 1));
+            printf("\n%d ranks, %s: %10s %10s %10s %8s %14s\n", n, shm ? "shared memory" : "TCP",
+                   "bytes", "ring_us", "direct_us", "dir/ring", "2-hop_bound_us");
+            for (int s = 0; s < n_sizes; s++)
+                printf("        %24zu %10.1f %10.1f %8.2f %14.1f\n", sizes[s], med[0][s] * 1e6,
+                       med[1][s] * 1e6, med[1][s] / med[0][s], 2 * hop * 1e6);
+        }
+    g_algo = DP_ALGO_RING;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int rank_list[4] = {2, 4}, n_rank_list = 2, repeats = 7;
@@ -509,11 +544,14 @@ int main(int argc, char **argv)
     }
     int all = strcmp(mode, "all") == 0;
     if (repeats < 1 || repeats > MAX_REPEATS || max_bytes < 4096 ||
-        (!all && strcmp(mode, "shm") != 0 && strcmp(mode, "hosts") != 0)) {
+        (!all && strcmp(mode, "shm") != 0 && strcmp(mode, "hosts") != 0 &&
+         strcmp(mode, "algos") != 0)) {
         fprintf(stderr, "usage: bench_allreduce [--ranks 2,4] [--max-bytes N>=4096] "
-                        "[--repeats 1..%d] [--mode all|shm|hosts]\n", MAX_REPEATS);
+                        "[--repeats 1..%d] [--mode all|shm|hosts|algos]\n", MAX_REPEATS);
         return 2;
     }
+    if (strcmp(mode, "algos") == 0)
+        return algos_study(rank_list, n_rank_list, repeats) < 0 ? 1 : 0;
     if (strcmp(mode, "shm") == 0)
         return shm_study(repeats) < 0 ? 1 : 0;
     if (strcmp(mode, "hosts") == 0) {

@@ -7,7 +7,8 @@
  *   - top-k picks the largest magnitudes, ties to the lower index;
  *   - the coded all-reduce leaves every replica bitwise identical, sums
  *     exactly what the format holds (bf16 of small integers, top-k at ratio
- *     1), and keeps the residual of what it did not send;
+ *     1), and keeps the residual of what it did not send; flat, and
+ *     hierarchical over a fake host map (compressed between leaders only);
  *   - gradient descent on a least-squares problem over 3 replicas (rate 1,
  *     then 1/4, then 1/16), with bf16, fp16 and top-k at 0.1 (error
  *     feedback), reaches the uncompressed loss within 1 %; top-k without
@@ -147,6 +148,7 @@ typedef struct rep {
     const int *order;
     dp_compress c;
     int mode; /* 0: one sum of buf; 1: gradient descent */
+    dp_allreduce_algo algo;
     int no_feedback;
     float *buf;
     size_t len;
@@ -166,6 +168,7 @@ static void *run_rep(void *arg)
     if (dp_ring_init(&r, p->t, p->order, N, 20, 64, &err) < 0)
         goto fail;
     dp_ring_set_compress(&r, &p->c);
+    dp_ring_set_algo(&r, p->algo);
     if (p->mode == 0) {
         memset(p->resid, 0, sizeof p->resid);
         if (dp_ring_allreduce_coded(&r, p->buf, p->len, p->resid, 1, 0, &err) < 0)
@@ -199,15 +202,21 @@ fail:
     return NULL;
 }
 
+static dp_allreduce_algo g_algo = DP_ALGO_AUTO; /* for the next runs */
+static const int *g_hosts; /* a fake host map for the next runs, or NULL */
+
 static void run_reps(rep *reps)
 {
     dp_transport *ts[N];
     dp_err err;
     REQUIRE(dp_inproc_open(ts, N, &err) == 0);
+    if (g_hosts)
+        REQUIRE(dp_inproc_set_hosts(ts[0], g_hosts, &err) == 0);
     static const int order[N] = {2, 0, 1};
     pthread_t th[N];
     for (int p = 0; p < N; p++) {
         reps[p].t = ts[order[p]];
+        reps[p].algo = g_algo;
         reps[p].order = order;
         REQUIRE(pthread_create(&th[p], NULL, run_rep, &reps[p]) == 0);
     }
@@ -251,10 +260,21 @@ static void coded_sums(void)
                     /* small integers: bf16, fp16 and a full top-k sum exactly */
                     exact &= k == 3 || reps[p].buf[i] == want;
                     /* what was not sent stays behind, what was sent is gone */
-                    resid_ok &= k != 3 || reps[p].resid[i] == 0 || reps[p].resid[i] == in[p][i];
+                    resid_ok &= k != 3 || g_hosts || reps[p].resid[i] == 0 ||
+                                reps[p].resid[i] == in[p][i];
                 }
             }
-            if (k == 3) { /* top-k at 0.1: the residuals hold all but k per replica */
+            if (k >= 2) { /* top-k: the sum and the residuals hold every input */
+                double worst = 0;
+                for (size_t i = 0; i < len; i++) {
+                    double total = 0, have = reps[0].buf[i];
+                    for (int p = 0; p < N; p++)
+                        total += in[p][i], have += reps[p].resid[i];
+                    worst = fmax(worst, fabs(have - total) / (1 + fabs(total)));
+                }
+                CHECKF(worst < 1e-5, "top-k len %zu: sum + residuals off by %g", len, worst);
+            }
+            if (k == 3 && !g_hosts) { /* top-k at 0.1: the residuals hold all but k each */
                 size_t kept = dp_topk_count(0.1, len);
                 for (int p = 0; p < N; p++) {
                     size_t zero = 0;
@@ -345,5 +365,12 @@ int main(void)
     parse();
     coded_sums();
     convergence();
+    /* Hierarchical: exact inside a host, compressed between the leaders. */
+    static const int two_hosts[N] = {0, 1, 0};
+    g_hosts = two_hosts;
+    g_algo = DP_ALGO_HIER;
+    coded_sums();
+    g_algo = DP_ALGO_AUTO;
+    coded_sums();
     return check_failures != 0;
 }

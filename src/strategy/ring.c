@@ -550,10 +550,10 @@ static int xchg_bytes(dp_ring *r, int to, const uint8_t *sb, size_t so, size_t s
     return 0;
 }
 
-static int coded16(dp_ring *r, dp_compress_kind kind, float *buf, size_t len, float *resid,
-                   uint64_t step, int bucket, dp_err *err)
+static int coded16(dp_ring *r, const grp *g, dp_compress_kind kind, float *buf, size_t len,
+                   float *resid, uint64_t step, int bucket, dp_err *err)
 {
-    int n = r->n, p = r->pos;
+    int n = g->n, p = g->pos;
     size_t seg = r->seg * sizeof(float);
     if (grow(r, 2 * len + seg, 0, err) < 0)
         return -1;
@@ -572,7 +572,7 @@ static int coded16(dp_ring *r, dp_compress_kind kind, float *buf, size_t len, fl
     for (int k = 1; k < n && rc == 0; k++) {
         int to = (p - k + n) % n, from = (p + k) % n;
         size_t tlo = chunk_lo(len, n, to), thi = chunk_lo(len, n, to + 1);
-        rc = xchg_bytes(r, r->ranks[to], q, 2 * tlo, 2 * (thi - tlo), r->ranks[from], tmp,
+        rc = xchg_bytes(r, g->ranks[to], q, 2 * tlo, 2 * (thi - tlo), g->ranks[from], tmp,
                         2 * plo, 2 * (phi - plo), kind, buf + plo, step, bucket, err);
     }
     if (rc < 0)
@@ -582,7 +582,7 @@ static int coded16(dp_ring *r, dp_compress_kind kind, float *buf, size_t len, fl
     for (int k = 1; k < n && rc == 0; k++) {
         int to = (p + k) % n, from = (p - k + n) % n;
         size_t flo = chunk_lo(len, n, from), fhi = chunk_lo(len, n, from + 1);
-        rc = xchg_bytes(r, r->ranks[to], q, 2 * plo, 2 * (phi - plo), r->ranks[from], q,
+        rc = xchg_bytes(r, g->ranks[to], q, 2 * plo, 2 * (phi - plo), g->ranks[from], q,
                         2 * flo, 2 * (fhi - flo), kind, NULL, step, bucket, err);
     }
     if (rc == 0)
@@ -590,10 +590,10 @@ static int coded16(dp_ring *r, dp_compress_kind kind, float *buf, size_t len, fl
     return rc;
 }
 
-static int coded_topk(dp_ring *r, float *buf, size_t len, float *resid, uint64_t step,
-                      int bucket, dp_err *err)
+static int coded_topk(dp_ring *r, const grp *g, float *buf, size_t len, float *resid,
+                      uint64_t step, int bucket, dp_err *err)
 {
-    int n = r->n, p = r->pos;
+    int n = g->n, p = g->pos;
     size_t k = dp_topk_count(r->compress.ratio, len), slot = 8 * k;
     if (grow(r, slot * (size_t)n, len, err) < 0)
         return -1;
@@ -611,7 +611,7 @@ static int coded_topk(dp_ring *r, float *buf, size_t len, float *resid, uint64_t
     int rc = 0;
     for (int s = 1; s < n && rc == 0; s++) {
         int to = (p + s) % n, from = (p - s + n) % n;
-        rc = xchg_bytes(r, r->ranks[to], pairs, slot * (size_t)p, slot, r->ranks[from], pairs,
+        rc = xchg_bytes(r, g->ranks[to], pairs, slot * (size_t)p, slot, g->ranks[from], pairs,
                         slot * (size_t)from, slot, DP_COMPRESS_TOPK, NULL, step, bucket, err);
     }
     if (rc < 0)
@@ -619,8 +619,15 @@ static int coded_topk(dp_ring *r, float *buf, size_t len, float *resid, uint64_t
     memset(buf, 0, len * sizeof *buf);
     for (int q = 0; q < n; q++)
         if (dp_topk_decode_add(pairs + slot * (size_t)q, k, buf, len, err) < 0)
-            return dp_errf(err, "%s: %s", dp_transport_peer_name(r->t, r->ranks[q]), err->msg);
+            return dp_errf(err, "%s: %s", dp_transport_peer_name(r->t, g->ranks[q]), err->msg);
     return 0;
+}
+
+static int coded_sum(dp_ring *r, const grp *g, dp_compress_kind kind, float *buf, size_t len,
+                     float *resid, uint64_t step, int bucket, dp_err *err)
+{
+    return kind == DP_COMPRESS_TOPK ? coded_topk(r, g, buf, len, resid, step, bucket, err)
+                                    : coded16(r, g, kind, buf, len, resid, step, bucket, err);
 }
 
 int dp_ring_allreduce_coded(dp_ring *r, float *buf, size_t len, float *resid, uint64_t step,
@@ -646,6 +653,29 @@ int dp_ring_allreduce_coded(dp_ring *r, float *buf, size_t len, float *resid, ui
         return dp_ring_allreduce(r, buf, len, step, bucket, err);
     }
     r->coded_calls++;
-    return kind == DP_COMPRESS_TOPK ? coded_topk(r, buf, len, resid, step, bucket, err)
-                                    : coded16(r, kind, buf, len, resid, step, bucket, err);
+    grp g = flat_group(r);
+    if (!r->hier)
+        return coded_sum(r, &g, kind, buf, len, resid, step, bucket, err);
+    /* Hierarchical: exact inside the host (shared memory), compressed
+     * between the leaders only, with the leader's residual; the others'
+     * residuals stay zero (theirs went into buf above). */
+    r->calls[DP_ALGO_HIER]++;
+    int rc = 0;
+    if (r->leader_pos < 0) {
+        if (resid)
+            memset(resid, 0, len * sizeof *resid);
+        int leader = r->local[0];
+        rc = exchange(r, buf, leader, 0, len, -1, 0, 0, 0, step, bucket, err);
+        return rc < 0 ? rc : exchange(r, buf, -1, 0, 0, leader, 0, len, 0, step, bucket, err);
+    }
+    for (int j = 1; j < r->n_local && rc == 0; j++)
+        rc = exchange(r, buf, -1, 0, 0, r->local[j], 0, len, 1, step, bucket, err);
+    grp lg = {r->leaders, r->n_leaders, r->leader_pos};
+    if (rc == 0 && lg.n > 1)
+        rc = coded_sum(r, &lg, kind, buf, len, resid, step, bucket, err);
+    else if (rc == 0 && resid)
+        memset(resid, 0, len * sizeof *resid); /* one host: nothing was lost */
+    for (int j = 1; j < r->n_local && rc == 0; j++)
+        rc = exchange(r, buf, r->local[j], 0, len, -1, 0, 0, 0, step, bucket, err);
+    return rc;
 }
