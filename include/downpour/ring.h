@@ -17,7 +17,7 @@
  * to its leader, all-reduce between the leaders, broadcast inside the host:
  * the host links carry 2(H-1)/H of the buffer instead of 2(n-1)/n, and the
  * sums associate differently (equal to the ring's within float noise; the
- * members stay bitwise identical to each other).  auto, the default,
+ * members stay bitwise identical to each other).  auto (allreduce's default)
  * measures both flat algorithms at the first call (and after every
  * re-forming) and picks per message size from the fitted latency and
  * bandwidth; hier when the members span 2 or more hosts and some host has
@@ -100,7 +100,9 @@ typedef struct dp_ring {
 int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double timeout,
                  size_t segment_bytes, dp_err *err);
 void dp_ring_free(dp_ring *r);
-/* Forces an algorithm, or DP_ALGO_AUTO (the default); before the first call. */
+/* Sets the algorithm (dp_ring_init's is DP_ALGO_RING, so the rings of
+ * pipeline and model-parallel sum as before; allreduce sets its
+ * --allreduce-algo, auto by default); before the first call. */
 void dp_ring_set_algo(dp_ring *r, dp_allreduce_algo algo);
 /* The algorithm a call of len floats takes (after the first call; before it,
  * the forced one or ring). */

@@ -34,7 +34,7 @@ int dp_ring_init(dp_ring *r, dp_transport *t, const int *ranks, int n, double ti
     }
     memcpy(r->ranks, ranks, (size_t)n * sizeof *ranks);
     r->use_fast_path = dp_transport_has_allreduce(t);
-    dp_ring_set_algo(r, DP_ALGO_AUTO);
+    dp_ring_set_algo(r, DP_ALGO_RING); /* the strategies that want more ask (allreduce) */
     return 0;
 }
 
