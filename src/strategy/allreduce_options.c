@@ -2,10 +2,16 @@
  * of the run identity (docs/architecture.md, "A strategy's settings"). */
 #include "strategy/allreduce_options.h"
 
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "downpour/env.h"
 #include "downpour/model.h"
+#include "downpour/optim.h"
+#include "downpour/sparse.h"
 #include "downpour/train.h"
 #include "strategy/ps_family.h"
 
@@ -18,6 +24,7 @@ static const dp_opt opts[] = {
     {"bucket-bytes", DP_OPT_SIZE, F(bucket_bytes), "N", "allreduce: gradient bytes fused per all-reduce", 16384, (double)(1L << 32), 0},
     {"overlap", DP_OPT_STR, F(overlap), "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0, 0},
     {"no-overlap", DP_OPT_FLAG, F(no_overlap), NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0, 0},
+    {"allreduce-dense", DP_OPT_FLAG, F(dense), NULL, "allreduce: sparse tables' gradients are all-reduced whole, as dense parameters, not all-gathered by the rows each batch touches (for comparison)", 0, 0, 0},
     {"sync-bn", DP_OPT_FLAG, F(sync_bn), NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0, 0},
 };
 #undef F
@@ -70,12 +77,60 @@ static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
     return rc;
 }
 
+/* The memory a replica may count on: $DOWNPOUR_REPLICA_MEMORY (bytes), else
+ * the machine's physical memory. */
+static double replica_memory(const char **what)
+{
+    long v = 0;
+    dp_err e;
+    if (dp_env_long("DOWNPOUR_REPLICA_MEMORY", 1, LONG_MAX, 0, &v, &e) == 0 && v > 0) {
+        *what = "DOWNPOUR_REPLICA_MEMORY";
+        return (double)v;
+    }
+    *what = "physical memory";
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+}
+
+/* Every replica holds a sparse table whole, with its gradient and the
+ * optimiser's slots (docs/strategies.md, "Sparse tables under allreduce"):
+ * a model whose replica does not fit the memory is refused, naming both. */
+static int check_fits(const dp_train_config *cfg, dp_err *err)
+{
+    dp_model m;
+    dp_err e;
+    if (!cfg->model || dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
+        return 0; /* the loop refuses a spec that does not parse, with its message */
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int k = dp_model_sparse_tables(&m, t, DP_SPARSE_MAX);
+    size_t table = 0;
+    for (int i = 0; i < k; i++)
+        table += (size_t)t[i].rows * (size_t)t[i].width;
+    int slots = dp_optim_slots(cfg->optim.kind);
+    double need = (double)m.n_params * sizeof(float) * (2 + slots);
+    const char *what;
+    double have = replica_memory(&what);
+    int rc = 0;
+    if (k > 0 && have > 0 && need > have)
+        rc = dp_errf(err, "allreduce: every replica holds %s's sparse table(s) whole (%zu floats, "
+                          "%.1f MiB): with the gradient and %d optimiser slot(s) a replica needs "
+                          "%.1f MiB, and the memory is %.1f MiB (%s). Hint: a ps strategy keeps "
+                          "the tables on the ps tasks and moves only the rows a batch touches "
+                          "(docs/strategies.md, \"Sparse rows\")",
+                     m.name, table, (double)table * 4 / 1048576.0, slots, need / 1048576.0,
+                     have / 1048576.0, what);
+    dp_model_free(&m);
+    return rc;
+}
+
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
-    return a->sync_bn ? check_sync_bn(cfg, err) : 0;
+    if (a->sync_bn && check_sync_bn(cfg, err) < 0)
+        return -1;
+    return check_fits(cfg, err);
 }
 
 static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
@@ -83,6 +138,10 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
+    if (a->dense)
+        return dp_errf(err, "--allreduce-dense: strategy %s does not all-reduce; the parameter "
+                            "servers' own is --ps-dense (docs/strategies.md, \"Sparse rows\")",
+                       cfg->strategy);
     if (a->sync_bn)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "

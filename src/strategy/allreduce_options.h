@@ -15,6 +15,7 @@ typedef struct dp_allreduce_settings {
     const char *overlap; /* --overlap auto, on or off (NULL: not given, auto) */
     bool no_overlap;     /* --no-overlap: --overlap off */
     bool sync_bn;        /* batch norm's batch statistics over every replica's rows */
+    bool dense;          /* --allreduce-dense: sparse tables all-reduced whole */
 } dp_allreduce_settings;
 
 extern const dp_strategy_conf dp_allreduce_conf;
