@@ -850,7 +850,7 @@ static int sparse_exchange(dp_strategy *s, dp_err *err)
         uint64_t gathered, sent;
         dp_ar_sparse_last(s->sparse, &gathered, &sent);
         dp_ar_sparse_plan plan;
-        dp_ar_sparse_plan_of(s->m, s->ring.n, s->m->max_batch, &plan);
+        dp_ar_sparse_plan_of(s->m, s->ring.n, s->batch, &plan);
         dp_debug("allreduce step %ld: sparse all-gather of %llu bytes over %d replicas, %llu "
                  "sent by this one; all-reduced whole it would send %llu",
                  s->cur, (unsigned long long)gathered, s->ring.n, (unsigned long long)sent,
@@ -968,13 +968,15 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
 }
 
 /* Sparse tables go by their rows when that is smaller, by the bound of
- * what a batch can touch (docs/strategies.md, "Sparse tables under
- * allreduce"): the same plan on every replica, from the same settings.  Not
- * with sums on the devices, nor under --allreduce-dense. */
+ * what a batch of --batch can touch (docs/strategies.md, "Sparse tables
+ * under allreduce"): the same plan on every replica, from the same
+ * settings.  The buffers take the model's largest batch (a batch redealt
+ * after a loss may be larger).  Not with sums on the devices, nor under
+ * --allreduce-dense. */
 static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err *err)
 {
     dp_ar_sparse_plan plan;
-    dp_ar_sparse_plan_of(s->m, s->n, s->m->max_batch, &plan);
+    dp_ar_sparse_plan_of(s->m, s->n, s->env->cfg->batch, &plan);
     if (plan.tables == 0)
         return 0;
     const char *why = as->dense   ? "--allreduce-dense"
