@@ -14,7 +14,8 @@
  * skipped when PyTorch is missing).  distbelief-image is printed for
  * reference.
  *
- *   bench_cnn [--steps N] [--repeats N] [--batch N] [--torch]
+ *   bench_cnn [--steps N] [--repeats N] [--batch N] [--torch] [--model NAME]
+ * (--model: that one network only).
  * Targets (issue 28), at batch 128 on 2 threads: each of the three reaches
  * >= 80 % of its GEMM bound, and resnet-fashion and vit-mnist >= 1.5x
  * PyTorch's samples/s.  Exit 0 whatever the verdicts (they are printed). */
@@ -131,6 +132,7 @@ int main(int argc, char **argv)
 {
     int steps = 30, repeats = 5, batch = 128;
     bool torch = false;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--torch") == 0)
             torch = true;
@@ -140,12 +142,14 @@ int main(int argc, char **argv)
             repeats = atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
             batch = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--model") == 0)
+            only = argv[++i];
         else
             steps = 0;
     }
     if (steps < 1 || repeats < 1 || repeats > MAX_REPEATS || batch < 1 || batch > 1024) {
         fprintf(stderr, "usage: bench_cnn [--steps N>=1] [--repeats 1..%d] [--batch 1..1024] "
-                        "[--torch]\n", MAX_REPEATS);
+                        "[--torch] [--model NAME]\n", MAX_REPEATS);
         return 2;
     }
     uint8_t *images = malloc((size_t)N_RECORDS * 784), *labels = malloc(N_RECORDS);
@@ -178,6 +182,8 @@ int main(int argc, char **argv)
     }
     for (int mi = 0; mi < n_models; mi++)
         for (int threads = 1; threads <= 2; threads++) {
+            if (only && strcmp(only, models[mi]) != 0)
+                continue;
             dp_err err;
             dp_model m;
             dp_optim o;

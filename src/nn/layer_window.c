@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "device/dexec.h"
+#include "downpour/blas.h"
 #include "downpour/layers.h"
 
 int dp_lk_parse_filter(dp_spec_parser *p, dp_layer_kind kind, const char *s, const char *end)
@@ -98,6 +99,27 @@ void dp_lk_lowered_backward(const dp_layer_call *c, bool local)
             dp_dense_backward(drows, c->gw, c->gb, go, c->rows, c->w, cb * positions, k, d->oc);
         if (c->din)
             dp_row2im(c->din + (size_t)r0 * d->in, drows, &d->win, cb);
+    }
+}
+
+void dp_lk_lowered_backward_part(const dp_layer_call *c, bool weights, bool data)
+{
+    const dp_layer *d = c->d;
+    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
+    for (int r0 = 0; r0 < c->batch; r0 += c->chunk) {
+        int cb = c->batch - r0 < c->chunk ? c->batch - r0 : c->chunk, M = cb * positions;
+        const float *go = c->dout + (size_t)r0 * d->out;
+        if (weights) {
+            dp_im2row(c->rows, c->in + (size_t)r0 * d->in, &d->win, cb);
+            if (r0 == 0)
+                dp_dense_backward_overwrite(NULL, c->gw, c->gb, go, c->rows, c->w, M, k, d->oc);
+            else
+                dp_dense_backward(NULL, c->gw, c->gb, go, c->rows, c->w, M, k, d->oc);
+        }
+        if (data) {
+            dp_sgemm(false, false, M, k, d->oc, 1.0f, go, d->oc, c->w, k, 0.0f, c->drows, k);
+            dp_row2im(c->din + (size_t)r0 * d->in, c->drows, &d->win, cb);
+        }
     }
 }
 

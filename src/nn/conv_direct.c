@@ -1,0 +1,538 @@
+/* Direct NHWC convolution on the CPU (docs/architecture.md, "Image layers",
+ * "Direct convolutions"): no lowering, no packing.  Three products, each
+ * with register-blocked AVX-512 and AVX2 microkernels that do the same
+ * multiply-adds in the same order per output, so both give the same bits:
+ *
+ *  forward   out[n,oy,ox,oc] = b[oc] + sum over (ky, kx, ic) of
+ *            in[n, oy*s-p+ky, ox*s-p+kx, ic] * w[oc,ky,kx,ic]
+ *            a tile of px output pixels of one row by 16*nv output
+ *            channels, the input broadcast, the filters repacked to
+ *            (ky, kx, ic, oc) so a channel vector is one load;
+ *  data      (stride 1) din[n,y,x,ic] = sum over (ky, kx, oc) of
+ *            dout[n, y+p-ky, x+p-kx, oc] * w[oc,ky,kx,ic]: the same
+ *            microkernel, the filters read in place (ic is contiguous);
+ *  weights   gw[oc,ky,kx,ic] = sum over (n, oy, ox) of dout[n,oy,ox,oc] *
+ *            in[n, oy*s-p+ky, ox*s-p+kx, ic]: a tile of ob output channels
+ *            (broadcast) by vectors of a window row's (kx, ic) run, summed
+ *            over the positions in order; gb the column sums of dout.
+ *
+ * A tap outside the image reads zeros (the lowering's padding), so every
+ * output sums the same terms in the same order whatever the blocking.  The
+ * forward and the data product split over the pool by output rows, the
+ * weights by tiles of gw (each summed over the whole batch, a chunk of
+ * records at a time so the operands stay in cache): no result depends on
+ * the thread count. */
+#include "nn/conv_direct.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "downpour/blas.h"
+#include "downpour/isa.h"
+#include "downpour/pool.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DIRECT_X86 1
+#endif
+
+#define MAX_CH 1024   /* input or output channels the microkernels read */
+#define MAX_TAPS 64   /* kh * kw */
+#define MAX_WIDTH 1024
+#define MAX_RUN_V 32  /* 16-float vectors in one window row (kw * c / 16) */
+#define GMAXPX 12     /* pixels of a forward / data tile */
+#define GMAXNV 4      /* 16-channel vectors of one */
+#define WG_RV 3       /* run vectors of a weight tile (AVX-512) */
+#define WG_OB 8       /* output channels of one (AVX-512) */
+#define WG_OB2 4      /* (AVX2) */
+/* Records of a weight-gradient pass: about this many floats of dout and input. */
+#define WG_CHUNK_FLOATS (1u << 16)
+/* Work below this many multiply-adds stays on the calling thread. */
+#define MIN_SPLIT 65536.0
+
+static const float zeros[MAX_CH] __attribute__((aligned(64)));
+
+/* ---- eligibility ---- */
+
+static bool direct_isa(void)
+{
+#ifdef DIRECT_X86
+    return dp_isa_max() >= DP_ISA_AVX2;
+#else
+    return false;
+#endif
+}
+
+static bool common_ok(const dp_layer *d)
+{
+    const dp_window *g = &d->win;
+    if (g->kh * g->kw > MAX_TAPS || d->c > MAX_CH || d->oc > MAX_CH || g->w > MAX_WIDTH ||
+        g->ow > MAX_WIDTH)
+        return false;
+    /* a 1x1 stride-1 window lowers to the input itself: a product already */
+    if (g->kh == 1 && g->kw == 1 && g->stride == 1 && g->pad == 0)
+        return false;
+    return direct_isa();
+}
+
+bool dp_conv_direct_forward_ok(const dp_layer *d) { return common_ok(d) && d->oc % 16 == 0; }
+
+bool dp_conv_direct_data_ok(const dp_layer *d)
+{
+    return common_ok(d) && d->win.stride == 1 && d->c % 16 == 0;
+}
+
+bool dp_conv_direct_weights_ok(const dp_layer *d)
+{
+    return common_ok(d) && d->c % 16 == 0 && d->oc % WG_OB == 0 &&
+           d->win.kw * d->c / 16 <= MAX_RUN_V;
+}
+
+size_t dp_conv_direct_scratch(const dp_layer *d) { return dp_conv_direct_forward_ok(d) ? d->w_len : 0; }
+
+/* ---- the gather product (forward and data) ----
+ * out pixel j, channel vector v = sum over taps t, input channels q of
+ * src[t][j][q] * w[t*wtap + q*wq + 16 v]. */
+typedef struct gather_arg {
+    const float *w;
+    size_t wtap, wq;
+    int taps, q;
+    const float *bias; /* NULL: none */
+    int relu;
+} gather_arg;
+
+typedef void (*gather_fn)(const gather_arg *a, const float *const *src, float *out,
+                          size_t ostride);
+
+#ifdef DIRECT_X86
+static inline __attribute__((always_inline, target("avx512f"))) void
+gather512(const gather_arg *a, const float *const *src, float *out, size_t ostride, const int px,
+          const int nv)
+{
+    __m512 acc[GMAXPX][GMAXNV];
+    for (int j = 0; j < px; j++)
+        for (int v = 0; v < nv; v++)
+            acc[j][v] = _mm512_setzero_ps();
+    for (int t = 0; t < a->taps; t++) {
+        const float *p[GMAXPX];
+        for (int j = 0; j < px; j++)
+            p[j] = src[(size_t)t * px + j];
+        const float *w = a->w + (size_t)t * a->wtap;
+        for (int q = 0; q < a->q; q++, w += a->wq) {
+            __m512 wv[GMAXNV];
+            for (int v = 0; v < nv; v++)
+                wv[v] = _mm512_loadu_ps(w + 16 * v);
+            for (int j = 0; j < px; j++) {
+                __m512 b = _mm512_set1_ps(p[j][q]);
+                for (int v = 0; v < nv; v++)
+                    acc[j][v] = _mm512_fmadd_ps(b, wv[v], acc[j][v]);
+            }
+        }
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    for (int j = 0; j < px; j++)
+        for (int v = 0; v < nv; v++) {
+            __m512 r = acc[j][v];
+            if (a->bias)
+                r = _mm512_add_ps(r, _mm512_loadu_ps(a->bias + 16 * v));
+            if (a->relu)
+                r = _mm512_max_ps(r, zero);
+            _mm512_storeu_ps(out + (size_t)j * ostride + 16 * v, r);
+        }
+}
+
+/* AVX2: one 16-channel vector as two halves, the same operations per lane. */
+static inline __attribute__((always_inline, target("avx2,fma"))) void
+gather256(const gather_arg *a, const float *const *src, float *out, size_t ostride, const int px)
+{
+    __m256 lo[GMAXPX], hi[GMAXPX];
+    for (int j = 0; j < px; j++)
+        lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int t = 0; t < a->taps; t++) {
+        const float *p[GMAXPX];
+        for (int j = 0; j < px; j++)
+            p[j] = src[(size_t)t * px + j];
+        const float *w = a->w + (size_t)t * a->wtap;
+        for (int q = 0; q < a->q; q++, w += a->wq) {
+            __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+            for (int j = 0; j < px; j++) {
+                __m256 b = _mm256_set1_ps(p[j][q]);
+                lo[j] = _mm256_fmadd_ps(b, w0, lo[j]);
+                hi[j] = _mm256_fmadd_ps(b, w1, hi[j]);
+            }
+        }
+    }
+    const __m256 zero = _mm256_setzero_ps();
+    for (int j = 0; j < px; j++) {
+        __m256 r0 = lo[j], r1 = hi[j];
+        if (a->bias) {
+            r0 = _mm256_add_ps(r0, _mm256_loadu_ps(a->bias));
+            r1 = _mm256_add_ps(r1, _mm256_loadu_ps(a->bias + 8));
+        }
+        if (a->relu) {
+            r0 = _mm256_max_ps(r0, zero);
+            r1 = _mm256_max_ps(r1, zero);
+        }
+        _mm256_storeu_ps(out + (size_t)j * ostride, r0);
+        _mm256_storeu_ps(out + (size_t)j * ostride + 8, r1);
+    }
+}
+
+#define G512(PX, NV)                                                                           \
+    __attribute__((target("avx512f"))) static void g512_##PX##_##NV(                          \
+        const gather_arg *a, const float *const *src, float *out, size_t ostride)              \
+    {                                                                                          \
+        gather512(a, src, out, ostride, PX, NV);                                               \
+    }
+#define G512_NV(NV)                                                                            \
+    G512(1, NV) G512(2, NV) G512(3, NV) G512(4, NV) G512(5, NV) G512(6, NV)
+G512_NV(1) G512_NV(2) G512_NV(3) G512_NV(4)
+G512(7, 1) G512(8, 1) G512(9, 1) G512(10, 1) G512(11, 1) G512(12, 1)
+G512(7, 2) G512(8, 2) G512(9, 2) G512(10, 2) G512(11, 2) G512(12, 2)
+G512(7, 3) G512(8, 3)
+
+#define G256(PX)                                                                               \
+    __attribute__((target("avx2,fma"))) static void g256_##PX(                                 \
+        const gather_arg *a, const float *const *src, float *out, size_t ostride)              \
+    {                                                                                          \
+        gather256(a, src, out, ostride, PX);                                                   \
+    }
+G256(1) G256(2) G256(3) G256(4) G256(5) G256(6)
+
+/* [nv - 1][px - 1]; px up to gmax_px[nv - 1] */
+static const gather_fn g512[GMAXNV][GMAXPX] = {
+    {g512_1_1, g512_2_1, g512_3_1, g512_4_1, g512_5_1, g512_6_1, g512_7_1, g512_8_1, g512_9_1,
+     g512_10_1, g512_11_1, g512_12_1},
+    {g512_1_2, g512_2_2, g512_3_2, g512_4_2, g512_5_2, g512_6_2, g512_7_2, g512_8_2, g512_9_2,
+     g512_10_2, g512_11_2, g512_12_2},
+    {g512_1_3, g512_2_3, g512_3_3, g512_4_3, g512_5_3, g512_6_3, g512_7_3, g512_8_3},
+    {g512_1_4, g512_2_4, g512_3_4, g512_4_4, g512_5_4, g512_6_4},
+};
+static const int g512_max_px[GMAXNV] = {12, 12, 8, 6};
+static const gather_fn g256[6] = {g256_1, g256_2, g256_3, g256_4, g256_5, g256_6};
+#endif
+
+/* Where an output pixel's tap reads: source pixel (y*s + sgn*ky + off,
+ * x*s + sgn*kx + off) of a (sh, sw, sc) image; forward s = stride, sgn 1,
+ * off -pad; data s 1, sgn -1, off +pad. */
+typedef struct gather_job {
+    const float *src;
+    int sh, sw, sc;
+    int s, sgn, off, kh, kw;
+    float *out;
+    int oh, ow, oc; /* the output image's rows, columns, channels */
+    const float *w;
+    size_t wtap, wq, wv; /* wv: floats between output-channel vectors (16) */
+    const float *bias;
+    int relu;
+    int batch;
+    bool avx512;
+} gather_job;
+
+static void gather_rows(const gather_job *j, size_t lo, size_t hi)
+{
+#ifdef DIRECT_X86
+    const int taps = j->kh * j->kw, groups = j->oc / 16;
+    const float *src[MAX_TAPS * GMAXPX];
+    /* pixels per tile: the row in equal tiles of at most maxpx */
+    int nv_top = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
+    int maxpx = j->avx512 ? g512_max_px[nv_top - 1] : 6;
+    int tiles = (j->ow + maxpx - 1) / maxpx;
+    for (size_t row = lo; row < hi; row++) {
+        int n = (int)(row / (size_t)j->oh), y = (int)(row % (size_t)j->oh);
+        const float *img = j->src + (size_t)n * j->sh * j->sw * j->sc;
+        float *orow = j->out + ((size_t)n * j->oh + y) * j->ow * j->oc;
+        for (int tl = 0; tl < tiles; tl++) {
+            int x0 = (int)((long)j->ow * tl / tiles), x1 = (int)((long)j->ow * (tl + 1) / tiles);
+            int px = x1 - x0;
+            for (int ky = 0; ky < j->kh; ky++) {
+                int sy = y * j->s + j->sgn * ky + j->off;
+                for (int kx = 0; kx < j->kw; kx++) {
+                    const float **p = src + (size_t)(ky * j->kw + kx) * px;
+                    for (int q = 0; q < px; q++) {
+                        int sx = (x0 + q) * j->s + j->sgn * kx + j->off;
+                        p[q] = sy >= 0 && sy < j->sh && sx >= 0 && sx < j->sw
+                                   ? img + ((size_t)sy * j->sw + sx) * j->sc
+                                   : zeros;
+                    }
+                }
+            }
+            gather_arg a = {NULL, j->wtap, j->wq, taps, j->sc, NULL, j->relu};
+            for (int g0 = 0; g0 < groups;) {
+                int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
+                a.w = j->w + (size_t)g0 * 16 * j->wv;
+                a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
+                float *o = orow + (size_t)x0 * j->oc + (size_t)g0 * 16;
+                if (j->avx512) {
+                    /* a narrower group than the tile's top: smaller tiles */
+                    if (px <= g512_max_px[nv - 1])
+                        g512[nv - 1][px - 1](&a, src, o, (size_t)j->oc);
+                    else
+                        for (int v = 0; v < nv; v++) {
+                            gather_arg b = a;
+                            b.w = a.w + (size_t)v * 16 * j->wv;
+                            b.bias = a.bias ? a.bias + 16 * v : NULL;
+                            g512[0][px - 1](&b, src, o + 16 * v, (size_t)j->oc);
+                        }
+                } else {
+                    g256[px - 1](&a, src, o, (size_t)j->oc);
+                }
+                g0 += nv;
+            }
+        }
+    }
+#else
+    (void)j, (void)lo, (void)hi;
+#endif
+}
+
+static void gather_task(void *ctx, int i, int n)
+{
+    const gather_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->batch * j->oh, 1, i, n, &lo, &hi);
+    gather_rows(j, lo, hi);
+}
+
+static void run_gather(gather_job *j)
+{
+    j->avx512 = dp_isa_max() >= DP_ISA_AVX512;
+    double work = (double)j->batch * j->oh * j->ow * j->oc * j->kh * j->kw * j->sc;
+    if (work < MIN_SPLIT)
+        gather_rows(j, 0, (size_t)j->batch * j->oh);
+    else
+        dp_pool_run(gather_task, j);
+}
+
+/* The lowered form's products, logged for the benchmarks' GEMM bound
+ * (bench/bench_cnn.c): what dp_lk_lowered_forward and _backward would run. */
+static void note_lowered(const dp_layer_call *c, int which)
+{
+    const dp_layer *d = c->d;
+    int P = d->oh * d->ow, K = d->win.kh * d->win.kw * d->c, oc = d->oc;
+    for (int r0 = 0; r0 < c->batch; r0 += c->chunk) {
+        int cb = c->batch - r0 < c->chunk ? c->batch - r0 : c->chunk, M = cb * P;
+        if (which == 0)
+            dp_blas_note(false, true, M, oc, K, K, K, oc, 0.0f);
+        else if (which == 1)
+            dp_blas_note(true, false, oc, K, M, oc, K, K, r0 > 0 ? 1.0f : 0.0f);
+        else
+            dp_blas_note(false, false, M, K, oc, oc, K, K, 0.0f);
+    }
+}
+
+void dp_conv_direct_forward(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    const int T = d->win.kh * d->win.kw, C = d->c, OC = d->oc;
+    note_lowered(c, 0);
+    /* filters (oc, t, ic) -> (t, ic, oc) */
+    float *wr = c->rows;
+    for (int o = 0; o < OC; o++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < C; i++)
+                wr[((size_t)t * C + i) * OC + o] = c->w[((size_t)o * T + t) * C + i];
+    gather_job j = {c->in, d->win.h, d->win.w, C, d->win.stride, 1, -d->win.pad, d->win.kh,
+                    d->win.kw, c->out, d->oh, d->ow, OC, wr, (size_t)C * OC, (size_t)OC, 1,
+                    c->b, c->relu, c->batch, false};
+    run_gather(&j);
+}
+
+void dp_conv_direct_data(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    const int T = d->win.kh * d->win.kw, C = d->c, OC = d->oc;
+    note_lowered(c, 2);
+    /* din (h, w, c) from dout (oh, ow, oc): filters read at (oc, t, ic) */
+    gather_job j = {c->dout, d->oh, d->ow, OC, 1, -1, d->win.pad, d->win.kh, d->win.kw,
+                    c->din, d->win.h, d->win.w, C, c->w, (size_t)C, (size_t)T * C, 1,
+                    NULL, 0, c->batch, false};
+    run_gather(&j);
+}
+
+/* ---- the weight gradient ---- */
+
+typedef struct wgrad_job {
+    const float *dout, *in;
+    float *gw, *gb;
+    const dp_layer *d;
+    int batch;
+    int ob, rvb;     /* tile: output channels, run vectors */
+    int n_rv, tiles; /* run vectors of a window row; tiles of gw */
+    int chunk;       /* records a pass */
+    uint32_t vmask[MAX_WIDTH]; /* per output column: the run vectors inside the image */
+    bool avx512;
+} wgrad_job;
+
+typedef struct wgrad_arg {
+    const wgrad_job *j;
+    int n0, n1, ky, o0, v0, first;
+} wgrad_arg;
+
+#ifdef DIRECT_X86
+static inline __attribute__((always_inline, target("avx512f"))) void
+wgrad512(const wgrad_arg *a, const int rv)
+{
+    const wgrad_job *j = a->j;
+    const dp_layer *d = j->d;
+    const int C = d->c, OC = d->oc, H = d->win.h, W = d->win.w, s = d->win.stride,
+              pad = d->win.pad, kw = d->win.kw, oh = d->oh, ow = d->ow;
+    const size_t K = (size_t)d->win.kh * kw * C;
+    float *g = j->gw + (size_t)a->o0 * K + (size_t)a->ky * kw * C + 16 * (size_t)a->v0;
+    __m512 acc[WG_OB][WG_RV];
+    for (int o = 0; o < WG_OB; o++)
+        for (int v = 0; v < rv; v++)
+            acc[o][v] = a->first ? _mm512_setzero_ps() : _mm512_loadu_ps(g + o * K + 16 * v);
+    for (int n = a->n0; n < a->n1; n++)
+        for (int oy = 0; oy < oh; oy++) {
+            int iy = oy * s - pad + a->ky;
+            if (iy < 0 || iy >= H)
+                continue;
+            const float *dr = j->dout + ((size_t)n * oh + oy) * ow * OC + a->o0;
+            const float *ir = j->in + ((size_t)n * H + iy) * W * C + 16 * (size_t)a->v0;
+            for (int ox = 0; ox < ow; ox++, dr += OC) {
+                uint32_t m = j->vmask[ox] >> a->v0;
+                long off = (long)(ox * s - pad) * C;
+                __m512 x[WG_RV];
+                for (int v = 0; v < rv; v++)
+                    x[v] = m >> v & 1 ? _mm512_loadu_ps(ir + off + 16 * v) : _mm512_setzero_ps();
+                for (int o = 0; o < WG_OB; o++) {
+                    __m512 b = _mm512_set1_ps(dr[o]);
+                    for (int v = 0; v < rv; v++)
+                        acc[o][v] = _mm512_fmadd_ps(b, x[v], acc[o][v]);
+                }
+            }
+        }
+    for (int o = 0; o < WG_OB; o++)
+        for (int v = 0; v < rv; v++)
+            _mm512_storeu_ps(g + o * K + 16 * v, acc[o][v]);
+}
+
+__attribute__((target("avx512f"))) static void wg512_1(const wgrad_arg *a) { wgrad512(a, 1); }
+__attribute__((target("avx512f"))) static void wg512_2(const wgrad_arg *a) { wgrad512(a, 2); }
+__attribute__((target("avx512f"))) static void wg512_3(const wgrad_arg *a) { wgrad512(a, 3); }
+
+/* AVX2: WG_OB2 output channels by one run vector in two halves. */
+__attribute__((target("avx2,fma"))) static void wg256(const wgrad_arg *a)
+{
+    const wgrad_job *j = a->j;
+    const dp_layer *d = j->d;
+    const int C = d->c, OC = d->oc, H = d->win.h, W = d->win.w, s = d->win.stride,
+              pad = d->win.pad, kw = d->win.kw, oh = d->oh, ow = d->ow;
+    const size_t K = (size_t)d->win.kh * kw * C;
+    float *g = j->gw + (size_t)a->o0 * K + (size_t)a->ky * kw * C + 16 * (size_t)a->v0;
+    __m256 lo[WG_OB2], hi[WG_OB2];
+    for (int o = 0; o < WG_OB2; o++) {
+        lo[o] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(g + o * K);
+        hi[o] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(g + o * K + 8);
+    }
+    for (int n = a->n0; n < a->n1; n++)
+        for (int oy = 0; oy < oh; oy++) {
+            int iy = oy * s - pad + a->ky;
+            if (iy < 0 || iy >= H)
+                continue;
+            const float *dr = j->dout + ((size_t)n * oh + oy) * ow * OC + a->o0;
+            const float *ir = j->in + ((size_t)n * H + iy) * W * C + 16 * (size_t)a->v0;
+            for (int ox = 0; ox < ow; ox++, dr += OC) {
+                long off = (long)(ox * s - pad) * C;
+                bool in = j->vmask[ox] >> a->v0 & 1;
+                __m256 x0 = in ? _mm256_loadu_ps(ir + off) : _mm256_setzero_ps();
+                __m256 x1 = in ? _mm256_loadu_ps(ir + off + 8) : _mm256_setzero_ps();
+                for (int o = 0; o < WG_OB2; o++) {
+                    __m256 b = _mm256_set1_ps(dr[o]);
+                    lo[o] = _mm256_fmadd_ps(b, x0, lo[o]);
+                    hi[o] = _mm256_fmadd_ps(b, x1, hi[o]);
+                }
+            }
+        }
+    for (int o = 0; o < WG_OB2; o++) {
+        _mm256_storeu_ps(g + o * K, lo[o]);
+        _mm256_storeu_ps(g + o * K + 8, hi[o]);
+    }
+}
+#endif
+
+/* Tile t of gw: (ky, output-channel block, run-vector block). */
+static void wgrad_tile(const wgrad_job *j, int t, int n0, int n1)
+{
+#ifdef DIRECT_X86
+    int n_ob = j->d->oc / j->ob, n_vb = (j->n_rv + j->rvb - 1) / j->rvb;
+    int vb = t % n_vb, ob = t / n_vb % n_ob, ky = t / n_vb / n_ob;
+    wgrad_arg a = {j, n0, n1, ky, ob * j->ob, vb * j->rvb, n0 == 0};
+    if (!j->avx512) {
+        wg256(&a);
+        return;
+    }
+    int rv = j->n_rv - a.v0 < j->rvb ? j->n_rv - a.v0 : j->rvb;
+    if (rv == 3)
+        wg512_3(&a);
+    else if (rv == 2)
+        wg512_2(&a);
+    else
+        wg512_1(&a);
+#else
+    (void)j, (void)t, (void)n0, (void)n1;
+#endif
+}
+
+static void wgrad_task(void *ctx, int i, int n)
+{
+    const wgrad_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range((size_t)j->tiles, 1, i, n, &lo, &hi);
+    for (int n0 = 0; n0 < j->batch; n0 += j->chunk) {
+        int n1 = j->batch - n0 < j->chunk ? j->batch : n0 + j->chunk;
+        for (size_t t = lo; t < hi; t++)
+            wgrad_tile(j, (int)t, n0, n1);
+    }
+    /* the bias gradient: column sums of dout, this thread's channels */
+    const int OC = j->d->oc;
+    size_t c0, c1, P = (size_t)j->batch * j->d->oh * j->d->ow;
+    dp_pool_range((size_t)OC, 16, i, n, &c0, &c1);
+    float *restrict gb = j->gb;
+    for (size_t o = c0; o < c1; o++)
+        gb[o] = 0.0f;
+    for (size_t p = 0; p < P; p++) {
+        const float *restrict r = j->dout + p * OC;
+        for (size_t o = c0; o < c1; o++)
+            gb[o] += r[o];
+    }
+}
+
+/* One job per layer call on the caller's stack would be 4 KiB of masks;
+ * a call never nests (layers run one at a time), so one static job per
+ * thread that calls suffices. */
+static _Thread_local wgrad_job wjob;
+
+void dp_conv_direct_weights(const dp_layer_call *c)
+{
+    const dp_layer *d = c->d;
+    const int C = d->c, kw = d->win.kw, s = d->win.stride, pad = d->win.pad, W = d->win.w;
+    note_lowered(c, 1);
+    wgrad_job *j = &wjob;
+    j->dout = c->dout, j->in = c->in, j->gw = c->gw, j->gb = c->gb, j->d = d;
+    j->batch = c->batch;
+    j->avx512 = dp_isa_max() >= DP_ISA_AVX512;
+    j->ob = j->avx512 ? WG_OB : WG_OB2;
+    j->rvb = j->avx512 ? WG_RV : 1;
+    j->n_rv = kw * C / 16;
+    j->tiles = d->win.kh * (d->oc / j->ob) * ((j->n_rv + j->rvb - 1) / j->rvb);
+    size_t per = (size_t)d->oh * d->ow * d->oc + (size_t)d->win.h * W * C;
+    j->chunk = (int)(WG_CHUNK_FLOATS / per);
+    if (j->chunk < 1)
+        j->chunk = 1;
+    for (int ox = 0; ox < d->ow; ox++) {
+        uint32_t m = 0;
+        for (int v = 0; v < j->n_rv; v++) {
+            int ix = ox * s - pad + v * 16 / C;
+            if (ix >= 0 && ix < W)
+                m |= 1u << v;
+        }
+        j->vmask[ox] = m;
+    }
+    double work = (double)c->batch * d->oh * d->ow * d->w_len;
+    if (work < MIN_SPLIT)
+        wgrad_task(j, 0, 1);
+    else
+        dp_pool_run(wgrad_task, j);
+}
