@@ -23,13 +23,14 @@ typedef struct shape {
     int batch, c, h, w, kh, kw, stride, pad, oc;
 } shape;
 
-/* stem-like (1 channel), 3x3 s1/s2, 1x1 s2, 5x5, channel groups of 16 (3,
- * 5), run vectors not a multiple of 3, a row wider than a tile */
+/* stem-like (1 channel), 3x3 s1/s2/s3, 1x1 s2, 5x5, channel groups of 16
+ * (3, 5), run vectors not a multiple of 3, a row wider than a tile */
 static const shape shapes[] = {
     {3, 16, 7, 5, 3, 3, 1, 1, 16},  {2, 32, 9, 9, 3, 3, 2, 1, 48},
     {2, 16, 6, 7, 1, 1, 2, 0, 32},  {2, 1, 11, 10, 3, 3, 1, 1, 16},
     {2, 16, 8, 13, 5, 5, 1, 2, 80}, {2, 48, 5, 6, 3, 3, 1, 0, 16},
     {2, 16, 3, 29, 3, 3, 1, 1, 32}, {1, 32, 4, 4, 3, 3, 1, 1, 64},
+    {2, 16, 8, 7, 3, 3, 2, 0, 16},  {2, 16, 10, 11, 3, 3, 3, 1, 32},
 };
 
 typedef struct layer_set {

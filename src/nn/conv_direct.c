@@ -8,9 +8,10 @@
  *            a tile of px output pixels of one row by 16*nv output
  *            channels, the input broadcast, the filters repacked to
  *            (ky, kx, ic, oc) so a channel vector is one load;
- *  data      (stride 1) din[n,y,x,ic] = sum over (ky, kx, oc) of
- *            dout[n, y+p-ky, x+p-kx, oc] * w[oc,ky,kx,ic]: the same
- *            microkernel, the filters read in place (ic is contiguous);
+ *  data      din[n,y,x,ic] = sum over (ky, kx, oc) with oy = (y+p-ky)/s
+ *            and ox = (x+p-kx)/s whole of dout[n,oy,ox,oc] * w[oc,ky,kx,ic]:
+ *            the same microkernel, the filters read in place (ic is
+ *            contiguous), the pixels of a row in s classes by x mod s;
  *  weights   gw[oc,ky,kx,ic] = sum over (n, oy, ox) of dout[n,oy,ox,oc] *
  *            in[n, oy*s-p+ky, ox*s-p+kx, ic]: a tile of ob output channels
  *            (broadcast) by vectors of a window row's (kx, ic) run, summed
@@ -37,8 +38,10 @@
 #endif
 
 #define MAX_CH 1024   /* input or output channels the microkernels read */
-#define MAX_TAPS 64   /* kh * kw */
-#define MAX_WIDTH 1024
+#define MAX_K 8       /* kh, kw */
+#define MAX_TAPS (MAX_K * MAX_K)
+#define MAX_WIDTH 256  /* input and output columns */
+#define MAX_TILES (MAX_WIDTH / 6 + MAX_K + 1) /* tiles of a row: 6 pixels or more, s classes */
 #define MAX_RUN_V 32  /* 16-float vectors in one window row (kw * c / 16) */
 #define GMAXPX 12     /* pixels of a forward / data tile */
 #define GMAXNV 4      /* 16-channel vectors of one */
@@ -66,7 +69,7 @@ static bool direct_isa(void)
 static bool common_ok(const dp_layer *d)
 {
     const dp_window *g = &d->win;
-    if (g->kh * g->kw > MAX_TAPS || d->c > MAX_CH || d->oc > MAX_CH || g->w > MAX_WIDTH ||
+    if (g->kh > MAX_K || g->kw > MAX_K || g->stride > MAX_K || d->c > MAX_CH || d->oc > MAX_CH || g->w > MAX_WIDTH ||
         g->ow > MAX_WIDTH)
         return false;
     /* a 1x1 stride-1 window lowers to the input itself: a product already */
@@ -77,10 +80,7 @@ static bool common_ok(const dp_layer *d)
 
 bool dp_conv_direct_forward_ok(const dp_layer *d) { return common_ok(d) && d->oc % 16 == 0; }
 
-bool dp_conv_direct_data_ok(const dp_layer *d)
-{
-    return common_ok(d) && d->win.stride == 1 && d->c % 16 == 0;
-}
+bool dp_conv_direct_data_ok(const dp_layer *d) { return common_ok(d) && d->c % 16 == 0; }
 
 bool dp_conv_direct_weights_ok(const dp_layer *d)
 {
@@ -91,11 +91,12 @@ bool dp_conv_direct_weights_ok(const dp_layer *d)
 size_t dp_conv_direct_scratch(const dp_layer *d) { return dp_conv_direct_forward_ok(d) ? d->w_len : 0; }
 
 /* ---- the gather product (forward and data) ----
- * out pixel j, channel vector v = sum over taps t, input channels q of
- * src[t][j][q] * w[t*wtap + q*wq + 16 v]. */
+ * out pixel j, channel vector v = sum over the listed taps t, input
+ * channels q of src[t][j][q] * w[tap[t]*wtap + q*wq + 16 v]. */
 typedef struct gather_arg {
     const float *w;
     size_t wtap, wq;
+    const int *tap; /* the taps summed, in order: tap t reads w + tap[t] * wtap */
     int taps, q;
     const float *bias; /* NULL: none */
     int relu;
@@ -117,7 +118,7 @@ gather512(const gather_arg *a, const float *const *src, float *out, size_t ostri
         const float *p[GMAXPX];
         for (int j = 0; j < px; j++)
             p[j] = src[(size_t)t * px + j];
-        const float *w = a->w + (size_t)t * a->wtap;
+        const float *w = a->w + (size_t)a->tap[t] * a->wtap;
         for (int q = 0; q < a->q; q++, w += a->wq) {
             __m512 wv[GMAXNV];
             for (int v = 0; v < nv; v++)
@@ -152,7 +153,7 @@ gather256(const gather_arg *a, const float *const *src, float *out, size_t ostri
         const float *p[GMAXPX];
         for (int j = 0; j < px; j++)
             p[j] = src[(size_t)t * px + j];
-        const float *w = a->w + (size_t)t * a->wtap;
+        const float *w = a->w + (size_t)a->tap[t] * a->wtap;
         for (int q = 0; q < a->q; q++, w += a->wq) {
             __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
             for (int j = 0; j < px; j++) {
@@ -212,71 +213,118 @@ static const int g512_max_px[GMAXNV] = {12, 12, 8, 6};
 static const gather_fn g256[6] = {g256_1, g256_2, g256_3, g256_4, g256_5, g256_6};
 #endif
 
-/* Where an output pixel's tap reads: source pixel (y*s + sgn*ky + off,
- * x*s + sgn*kx + off) of a (sh, sw, sc) image; forward s = stride, sgn 1,
- * off -pad; data s 1, sgn -1, off +pad. */
+/* An output pixel's taps read a (sh, sw, sc) source image.  Forward: pixel
+ * (y, x), tap (ky, kx) reads source pixel (y*s - pad + ky, x*s - pad + kx).
+ * Data: din pixel (y, x) sums the dout pixels (oy, ox) with oy*s - pad + ky
+ * = y, ox*s - pad + kx = x: a tap counts only where y + pad - ky (and x +
+ * pad - kx) divides by s, so the pixels of a row go in s classes by x mod s,
+ * each with its own kx.  Taps whose row lies outside the source are left
+ * out (per row), a column outside reads zeros: every pixel sums the same
+ * terms in the same order however the tiles fall. */
 typedef struct gather_job {
     const float *src;
     int sh, sw, sc;
-    int s, sgn, off, kh, kw;
+    int s, pad, kh, kw;
+    bool data;
     float *out;
     int oh, ow, oc; /* the output image's rows, columns, channels */
     const float *w;
-    size_t wtap, wq, wv; /* wv: floats between output-channel vectors (16) */
+    size_t wtap, wq;
     const float *bias;
     int relu;
     int batch;
     bool avx512;
 } gather_job;
 
+
+/* One tile of a row: px pixels from column x0, every step-th; its kx and
+ * their columns' offsets in the source row (-1: outside, zeros). */
+typedef struct gtile {
+    int x0, px, step, nkx;
+    int kx[MAX_K];
+    int col[MAX_K * GMAXPX];
+} gtile;
+
+/* The tiles of a row (the same for every row): *n of them. */
+static int plan_tiles(const gather_job *j, int maxpx, gtile *t)
+{
+    int n = 0, classes = j->data ? j->s : 1;
+    for (int r = 0; r < classes && r < j->ow; r++) {
+        int npx = (j->ow - r + classes - 1) / classes;
+        int tiles = (npx + maxpx - 1) / maxpx;
+        for (int tl = 0; tl < tiles; tl++, n++) {
+            gtile *g = &t[n];
+            int q0 = (int)((long)npx * tl / tiles), q1 = (int)((long)npx * (tl + 1) / tiles);
+            g->x0 = r + q0 * classes, g->px = q1 - q0, g->step = classes, g->nkx = 0;
+            for (int kx = 0; kx < j->kw; kx++) {
+                int tx = r + j->pad - kx; /* data: x + pad - kx, mod s as r's */
+                if (j->data && ((tx % j->s) + j->s) % j->s)
+                    continue;
+                int k = g->nkx++;
+                g->kx[k] = kx;
+                for (int q = 0; q < g->px; q++) {
+                    int x = g->x0 + q * classes;
+                    int sx = j->data ? (x + j->pad - kx) / j->s : x * j->s - j->pad + kx;
+                    /* data: x + pad - kx may be negative: then outside */
+                    bool in = j->data ? x + j->pad - kx >= 0 && sx < j->sw : sx >= 0 && sx < j->sw;
+                    g->col[k * GMAXPX + q] = in ? sx * j->sc : -1;
+                }
+            }
+        }
+    }
+    return n;
+}
+
 static void gather_rows(const gather_job *j, size_t lo, size_t hi)
 {
 #ifdef DIRECT_X86
-    const int taps = j->kh * j->kw, groups = j->oc / 16;
+    const int groups = j->oc / 16;
     const float *src[MAX_TAPS * GMAXPX];
+    int tap[MAX_TAPS];
+    gtile tiles[MAX_TILES];
     /* pixels per tile: the row in equal tiles of at most maxpx */
     int nv_top = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
     int maxpx = j->avx512 ? g512_max_px[nv_top - 1] : 6;
-    int tiles = (j->ow + maxpx - 1) / maxpx;
+    int n_tiles = plan_tiles(j, maxpx, tiles);
     for (size_t row = lo; row < hi; row++) {
         int n = (int)(row / (size_t)j->oh), y = (int)(row % (size_t)j->oh);
         const float *img = j->src + (size_t)n * j->sh * j->sw * j->sc;
         float *orow = j->out + ((size_t)n * j->oh + y) * j->ow * j->oc;
-        for (int tl = 0; tl < tiles; tl++) {
-            int x0 = (int)((long)j->ow * tl / tiles), x1 = (int)((long)j->ow * (tl + 1) / tiles);
-            int px = x1 - x0;
-            for (int ky = 0; ky < j->kh; ky++) {
-                int sy = y * j->s + j->sgn * ky + j->off;
-                for (int kx = 0; kx < j->kw; kx++) {
-                    const float **p = src + (size_t)(ky * j->kw + kx) * px;
-                    for (int q = 0; q < px; q++) {
-                        int sx = (x0 + q) * j->s + j->sgn * kx + j->off;
-                        p[q] = sy >= 0 && sy < j->sh && sx >= 0 && sx < j->sw
-                                   ? img + ((size_t)sy * j->sw + sx) * j->sc
-                                   : zeros;
-                    }
+        /* the rows this row's taps read */
+        int kys[MAX_K], sys[MAX_K], nky = 0;
+        for (int ky = 0; ky < j->kh; ky++) {
+            int ty = j->data ? y + j->pad - ky : y * j->s - j->pad + ky;
+            if (j->data && (ty < 0 || ty % j->s))
+                continue;
+            int sy = j->data ? ty / j->s : ty;
+            if (sy < 0 || sy >= j->sh)
+                continue;
+            kys[nky] = ky, sys[nky++] = sy;
+        }
+        for (int tl = 0; tl < n_tiles; tl++) {
+            const gtile *g = &tiles[tl];
+            int px = g->px, nt = 0;
+            for (int a = 0; a < nky; a++) {
+                const float *base = img + (size_t)sys[a] * j->sw * j->sc;
+                for (int k = 0; k < g->nkx; k++, nt++) {
+                    tap[nt] = kys[a] * j->kw + g->kx[k];
+                    const float **p = src + (size_t)nt * px;
+                    const int *col = g->col + k * GMAXPX;
+                    for (int q = 0; q < px; q++)
+                        p[q] = col[q] >= 0 ? base + col[q] : zeros;
                 }
             }
-            gather_arg a = {NULL, j->wtap, j->wq, taps, j->sc, NULL, j->relu};
+            gather_arg a = {NULL, j->wtap, j->wq, tap, nt, j->sc, NULL, j->relu};
+            size_t ostride = (size_t)g->step * j->oc;
             for (int g0 = 0; g0 < groups;) {
                 int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
-                a.w = j->w + (size_t)g0 * 16 * j->wv;
+                a.w = j->w + (size_t)g0 * 16;
                 a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
-                float *o = orow + (size_t)x0 * j->oc + (size_t)g0 * 16;
-                if (j->avx512) {
-                    /* a narrower group than the tile's top: smaller tiles */
-                    if (px <= g512_max_px[nv - 1])
-                        g512[nv - 1][px - 1](&a, src, o, (size_t)j->oc);
-                    else
-                        for (int v = 0; v < nv; v++) {
-                            gather_arg b = a;
-                            b.w = a.w + (size_t)v * 16 * j->wv;
-                            b.bias = a.bias ? a.bias + 16 * v : NULL;
-                            g512[0][px - 1](&b, src, o + 16 * v, (size_t)j->oc);
-                        }
-                } else {
-                    g256[px - 1](&a, src, o, (size_t)j->oc);
-                }
+                float *o = orow + (size_t)g->x0 * j->oc + (size_t)g0 * 16;
+                if (j->avx512)
+                    g512[nv - 1][px - 1](&a, src, o, ostride);
+                else
+                    g256[px - 1](&a, src, o, ostride);
                 g0 += nv;
             }
         }
@@ -332,8 +380,8 @@ void dp_conv_direct_forward(const dp_layer_call *c)
         for (int t = 0; t < T; t++)
             for (int i = 0; i < C; i++)
                 wr[((size_t)t * C + i) * OC + o] = c->w[((size_t)o * T + t) * C + i];
-    gather_job j = {c->in, d->win.h, d->win.w, C, d->win.stride, 1, -d->win.pad, d->win.kh,
-                    d->win.kw, c->out, d->oh, d->ow, OC, wr, (size_t)C * OC, (size_t)OC, 1,
+    gather_job j = {c->in, d->win.h, d->win.w, C, d->win.stride, d->win.pad, d->win.kh,
+                    d->win.kw, false, c->out, d->oh, d->ow, OC, wr, (size_t)C * OC, (size_t)OC,
                     c->b, c->relu, c->batch, false};
     run_gather(&j);
 }
@@ -344,9 +392,9 @@ void dp_conv_direct_data(const dp_layer_call *c)
     const int T = d->win.kh * d->win.kw, C = d->c, OC = d->oc;
     note_lowered(c, 2);
     /* din (h, w, c) from dout (oh, ow, oc): filters read at (oc, t, ic) */
-    gather_job j = {c->dout, d->oh, d->ow, OC, 1, -1, d->win.pad, d->win.kh, d->win.kw,
-                    c->din, d->win.h, d->win.w, C, c->w, (size_t)C, (size_t)T * C, 1,
-                    NULL, 0, c->batch, false};
+    gather_job j = {c->dout, d->oh, d->ow, OC, d->win.stride, d->win.pad, d->win.kh,
+                    d->win.kw, true, c->din, d->win.h, d->win.w, C, c->w, (size_t)C,
+                    (size_t)T * C, NULL, 0, c->batch, false};
     run_gather(&j);
 }
 

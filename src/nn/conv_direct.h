@@ -17,7 +17,7 @@
 bool dp_conv_direct_forward_ok(const dp_layer *d);
 size_t dp_conv_direct_scratch(const dp_layer *d);
 void dp_conv_direct_forward(const dp_layer_call *c);
-/* din (overwritten) from dout: stride 1, d->c % 16 == 0. */
+/* din (overwritten) from dout: d->c % 16 == 0. */
 bool dp_conv_direct_data_ok(const dp_layer *d);
 void dp_conv_direct_data(const dp_layer_call *c);
 /* gw and gb (overwritten) from dout and in: d->c % 16 == 0, d->oc % 8 == 0. */
