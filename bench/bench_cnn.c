@@ -5,10 +5,14 @@
  * backward, Adam update) of cnn-mnist, resnet-fashion and vit-mnist and, in
  * the same run, the step's matrix products alone: the BLAS wrapper logs the
  * shapes of every product one step runs (dp_blas_log), which are replayed
- * on scratch operands (gemm_step_seconds).  bound = batch / (GEMM seconds per
- * step); the fraction is the step's throughput over that bound, so what it
- * misses is the work outside the products (lowering, pooling, normalisation,
- * activations, the optimiser).  Figures are medians of --repeats.  With
+ * on scratch operands (gemm_step_seconds).  A convolution that runs directly
+ * (src/nn/conv_direct.c) runs no product but logs those its lowered form
+ * would run (dp_blas_note), so the bound always means the same thing: the
+ * GEMM time of the step with every convolution lowered.  bound = batch /
+ * (GEMM seconds per step); the fraction is the step's throughput over that
+ * bound, so what it misses is the work outside the products (lowering,
+ * pooling, normalisation, activations, the optimiser), and a direct
+ * convolution faster than its lowered products can take it past 100 %.  Figures are medians of --repeats.  With
  * --torch, PyTorch trains the same network with the same batch, optimiser and
  * threads in the same run (bench/torch_cnn.py, through /usr/bin/python3;
  * skipped when PyTorch is missing).  distbelief-image is printed for

@@ -25,6 +25,7 @@
  * the thread count. */
 #include "nn/conv_direct.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -57,10 +58,14 @@ static const float zeros[MAX_CH] __attribute__((aligned(64)));
 
 /* ---- eligibility ---- */
 
+static _Atomic bool enabled = true;
+
+void dp_conv_direct_enable(bool on) { atomic_store(&enabled, on); }
+
 static bool direct_isa(void)
 {
 #ifdef DIRECT_X86
-    return dp_isa_max() >= DP_ISA_AVX2;
+    return atomic_load_explicit(&enabled, memory_order_relaxed) && dp_isa_max() >= DP_ISA_AVX2;
 #else
     return false;
 #endif

@@ -11,6 +11,12 @@
 
 #include "downpour/layer_kind.h"
 
+/* On (the default) or off for the whole process: off, every conv takes the
+ * lowered path, the products a device runs (tests/test_device_model.c
+ * compares a device with it: a max pool picks between near-equal values by
+ * their last bits, so its reference sums in the device's order). */
+void dp_conv_direct_enable(bool on);
+
 /* out from in (bias, and relu when c->relu); the filters are repacked into
  * c->rows, which must hold dp_conv_direct_scratch floats.  Needs
  * d->oc % 16 == 0 and AVX2. */
