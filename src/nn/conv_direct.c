@@ -10,8 +10,8 @@
  *            (ky, kx, ic, oc) so a channel vector is one load;
  *  data      din[n,y,x,ic] = sum over (ky, kx, oc) with oy = (y+p-ky)/s
  *            and ox = (x+p-kx)/s whole of dout[n,oy,ox,oc] * w[oc,ky,kx,ic]:
- *            the same microkernel, the filters read in place (ic is
- *            contiguous), the pixels of a row in s classes by x mod s;
+ *            the same microkernel, the filters repacked to (ky, kx, oc,
+ *            ic), the pixels of a row in s classes by x mod s;
  *  weights   gw[oc,ky,kx,ic] = sum over (n, oy, ox) of dout[n,oy,ox,oc] *
  *            in[n, oy*s-p+ky, ox*s-p+kx, ic]: a tile of ob output channels
  *            (broadcast) by vectors of a window row's (kx, ic) run, summed
@@ -92,8 +92,6 @@ bool dp_conv_direct_weights_ok(const dp_layer *d)
     return common_ok(d) && d->c % 16 == 0 && d->oc % WG_OB == 0 &&
            d->win.kw * d->c / 16 <= MAX_RUN_V;
 }
-
-size_t dp_conv_direct_scratch(const dp_layer *d) { return dp_conv_direct_forward_ok(d) ? d->w_len : 0; }
 
 /* ---- the gather product (forward and data) ----
  * out pixel j, channel vector v = sum over the listed taps t, input
@@ -239,6 +237,8 @@ typedef struct gather_job {
     int relu;
     int batch;
     bool avx512;
+    const int *off; /* small images: gather_tiles' offsets (NULL: by rows) */
+    int tiles;      /* its tiles per sample */
 } gather_job;
 
 
@@ -339,20 +339,96 @@ static void gather_rows(const gather_job *j, size_t lo, size_t hi)
 #endif
 }
 
+/* Small images (the forward, and the data product of a stride-1 conv that
+ * keeps the image's size): tiles of
+ * maxpx pixels over a sample's positions, across rows, so a tile reuses
+ * each filter vector it loads as often as on a wide image.  Every tap is
+ * summed, a source pixel outside the image reading zeros, whichever tile a
+ * pixel falls in.  j->off: each position's taps' offsets in the source
+ * image (-1: outside). */
+static void gather_tiles(const gather_job *j, size_t lo, size_t hi)
+{
+#ifdef DIRECT_X86
+    const int groups = j->oc / 16, taps = j->kh * j->kw, P = j->oh * j->ow;
+    const float *src[MAX_TAPS * GMAXPX];
+    int tap[MAX_TAPS];
+    for (int t = 0; t < taps; t++)
+        tap[t] = t;
+    for (size_t u = lo; u < hi; u++) {
+        int n = (int)(u / (size_t)j->tiles), tl = (int)(u % (size_t)j->tiles);
+        int p0 = (int)((long)P * tl / j->tiles), p1 = (int)((long)P * (tl + 1) / j->tiles);
+        int px = p1 - p0;
+        const float *img = j->src + (size_t)n * j->sh * j->sw * j->sc;
+        for (int t = 0; t < taps; t++)
+            for (int q = 0; q < px; q++) {
+                int o = j->off[(size_t)(p0 + q) * taps + t];
+                src[(size_t)t * px + q] = o >= 0 ? img + o : zeros;
+            }
+        gather_arg a = {NULL, j->wtap, j->wq, tap, taps, j->sc, NULL, j->relu};
+        float *orow = j->out + ((size_t)n * P + p0) * j->oc;
+        for (int g0 = 0; g0 < groups;) {
+            int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
+            a.w = j->w + (size_t)g0 * 16;
+            a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
+            if (j->avx512)
+                g512[nv - 1][px - 1](&a, src, orow + (size_t)g0 * 16, (size_t)j->oc);
+            else
+                g256[px - 1](&a, src, orow + (size_t)g0 * 16, (size_t)j->oc);
+            g0 += nv;
+        }
+    }
+#else
+    (void)j, (void)lo, (void)hi;
+#endif
+}
+
 static void gather_task(void *ctx, int i, int n)
 {
     const gather_job *j = ctx;
     size_t lo, hi;
-    dp_pool_range((size_t)j->batch * j->oh, 1, i, n, &lo, &hi);
-    gather_rows(j, lo, hi);
+    if (j->off) {
+        dp_pool_range((size_t)j->batch * j->tiles, 1, i, n, &lo, &hi);
+        gather_tiles(j, lo, hi);
+    } else {
+        dp_pool_range((size_t)j->batch * j->oh, 1, i, n, &lo, &hi);
+        gather_rows(j, lo, hi);
+    }
 }
+
+/* The offsets table of gather_tiles, one per calling thread (layers run one
+ * at a time on it). */
+#define MAX_OFFSETS 16384
+static _Thread_local int offsets[MAX_OFFSETS];
 
 static void run_gather(gather_job *j)
 {
     j->avx512 = dp_isa_max() >= DP_ISA_AVX512;
-    double work = (double)j->batch * j->oh * j->ow * j->oc * j->kh * j->kw * j->sc;
+    const int taps = j->kh * j->kw, P = j->oh * j->ow;
+    j->off = NULL;
+    /* the data product's taps mostly miss the image unless it is padded
+     * to keep its size: the rows then skip theirs */
+    bool same = j->s == 1 && 2 * j->pad == j->kh - 1 && 2 * j->pad == j->kw - 1;
+    if ((!j->data || same) && (size_t)P * taps <= MAX_OFFSETS) {
+        int groups = j->oc / 16, nv = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
+        int maxpx = j->avx512 ? g512_max_px[nv - 1] : 6;
+        j->tiles = (P + maxpx - 1) / maxpx;
+        for (int p = 0; p < P; p++)
+            for (int ky = 0; ky < j->kh; ky++)
+                for (int kx = 0; kx < j->kw; kx++) {
+                    int y = p / j->ow, x = p % j->ow, sy, sx;
+                    if (j->data)
+                        sy = y + j->pad - ky, sx = x + j->pad - kx;
+                    else
+                        sy = y * j->s - j->pad + ky, sx = x * j->s - j->pad + kx;
+                    bool in = sy >= 0 && sy < j->sh && sx >= 0 && sx < j->sw;
+                    offsets[(size_t)p * taps + ky * j->kw + kx] =
+                        in ? (sy * j->sw + sx) * j->sc : -1;
+                }
+        j->off = offsets;
+    }
+    double work = (double)j->batch * P * j->oc * taps * j->sc;
     if (work < MIN_SPLIT)
-        gather_rows(j, 0, (size_t)j->batch * j->oh);
+        gather_task(j, 0, 1);
     else
         dp_pool_run(gather_task, j);
 }
@@ -387,7 +463,7 @@ void dp_conv_direct_forward(const dp_layer_call *c)
                 wr[((size_t)t * C + i) * OC + o] = c->w[((size_t)o * T + t) * C + i];
     gather_job j = {c->in, d->win.h, d->win.w, C, d->win.stride, d->win.pad, d->win.kh,
                     d->win.kw, false, c->out, d->oh, d->ow, OC, wr, (size_t)C * OC, (size_t)OC,
-                    c->b, c->relu, c->batch, false};
+                    c->b, c->relu, c->batch, false, NULL, 0};
     run_gather(&j);
 }
 
@@ -396,10 +472,16 @@ void dp_conv_direct_data(const dp_layer_call *c)
     const dp_layer *d = c->d;
     const int T = d->win.kh * d->win.kw, C = d->c, OC = d->oc;
     note_lowered(c, 2);
-    /* din (h, w, c) from dout (oh, ow, oc): filters read at (oc, t, ic) */
+    /* din (h, w, c) from dout (oh, ow, oc): filters (oc, t, ic) -> (t, oc,
+     * ic), so a tap's filters are one run */
+    float *wd = c->drows;
+    for (int o = 0; o < OC; o++)
+        for (int t = 0; t < T; t++)
+            memcpy(wd + ((size_t)t * OC + o) * C, c->w + ((size_t)o * T + t) * C,
+                   (size_t)C * sizeof(float));
     gather_job j = {c->dout, d->oh, d->ow, OC, d->win.stride, d->win.pad, d->win.kh,
-                    d->win.kw, true, c->din, d->win.h, d->win.w, C, c->w, (size_t)C,
-                    (size_t)T * C, NULL, 0, c->batch, false};
+                    d->win.kw, true, c->din, d->win.h, d->win.w, C, wd, (size_t)OC * C,
+                    (size_t)C, NULL, 0, c->batch, false, NULL, 0};
     run_gather(&j);
 }
 

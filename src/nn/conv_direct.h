@@ -18,12 +18,12 @@
 void dp_conv_direct_enable(bool on);
 
 /* out from in (bias, and relu when c->relu); the filters are repacked into
- * c->rows, which must hold dp_conv_direct_scratch floats.  Needs
+ * c->rows, which must hold d->w_len floats (the model plans it so).  Needs
  * d->oc % 16 == 0 and AVX2. */
 bool dp_conv_direct_forward_ok(const dp_layer *d);
-size_t dp_conv_direct_scratch(const dp_layer *d);
 void dp_conv_direct_forward(const dp_layer_call *c);
-/* din (overwritten) from dout: d->c % 16 == 0. */
+/* din (overwritten) from dout, the filters repacked into c->drows (as
+ * many floats): d->c % 16 == 0. */
 bool dp_conv_direct_data_ok(const dp_layer *d);
 void dp_conv_direct_data(const dp_layer_call *c);
 /* gw and gb (overwritten) from dout and in: d->c % 16 == 0, d->oc % 8 == 0. */
