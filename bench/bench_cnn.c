@@ -12,11 +12,11 @@
  * (GEMM seconds per step); the fraction is the step's throughput over that
  * bound, so what it misses is the work outside the products (lowering,
  * pooling, normalisation, activations, the optimiser), and a direct
- * convolution faster than its lowered products can take it past 100 %.  Figures are medians of --repeats.  With
- * --torch, PyTorch trains the same network with the same batch, optimiser and
- * threads in the same run (bench/torch_cnn.py, through /usr/bin/python3;
- * skipped when PyTorch is missing).  distbelief-image is printed for
- * reference.
+ * convolution faster than its lowered products can take it past 100 %.
+ * Figures are medians of --repeats.  With --torch, PyTorch trains the same
+ * network with the same batch, optimiser and threads in the same run
+ * (bench/torch_cnn.py, through /usr/bin/python3; skipped when PyTorch is
+ * missing).  distbelief-image is printed for reference.
  *
  *   bench_cnn [--steps N] [--repeats N] [--batch N] [--torch] [--model NAME]
  * (--model: that one network only).
@@ -156,6 +156,16 @@ int main(int argc, char **argv)
                         "[--torch] [--model NAME]\n", MAX_REPEATS);
         return 2;
     }
+    const char *models[] = {"cnn-mnist", "resnet-fashion", "vit-mnist", "distbelief-image"};
+    const int n_models = (int)(sizeof models / sizeof models[0]);
+    bool known = !only;
+    for (int mi = 0; mi < n_models; mi++)
+        known = known || strcmp(only, models[mi]) == 0;
+    if (!known) {
+        fprintf(stderr, "bench_cnn: --model: unknown network '%s' (expected cnn-mnist, "
+                        "resnet-fashion, vit-mnist or distbelief-image)\n", only);
+        return 2;
+    }
     uint8_t *images = malloc((size_t)N_RECORDS * 784), *labels = malloc(N_RECORDS);
     float *x = malloc(sizeof(float) * (size_t)batch * 784);
     uint8_t *y = malloc((size_t)batch);
@@ -175,8 +185,6 @@ int main(int argc, char **argv)
            repeats, batch);
     printf("%-17s %8s %12s %14s %9s %14s %9s\n", "model", "threads", "samples/s",
            "gemm bound/s", "fraction", "pytorch/s", "x pytorch");
-    const char *models[] = {"cnn-mnist", "resnet-fashion", "vit-mnist", "distbelief-image"};
-    const int n_models = (int)(sizeof models / sizeof models[0]);
     char verdicts[1024] = "";
     size_t vlen = 0;
     dp_gemm_log log = {.cap = MAX_SHAPES, .shapes = malloc(MAX_SHAPES * sizeof(dp_gemm_shape))};

@@ -5,8 +5,8 @@
  *
  *  forward   out[n,oy,ox,oc] = b[oc] + sum over (ky, kx, ic) of
  *            in[n, oy*s-p+ky, ox*s-p+kx, ic] * w[oc,ky,kx,ic]
- *            a tile of px output pixels of one row by 16*nv output
- *            channels, the input broadcast, the filters repacked to
+ *            a tile of px output pixels (of one row, or across rows on
+ *            a small image) by 16*nv output channels, the input broadcast, the filters repacked to
  *            (ky, kx, ic, oc) so a channel vector is one load;
  *  data      din[n,y,x,ic] = sum over (ky, kx, oc) with oy = (y+p-ky)/s
  *            and ox = (x+p-kx)/s whole of dout[n,oy,ox,oc] * w[oc,ky,kx,ic]:
@@ -19,7 +19,8 @@
  *
  * A tap outside the image reads zeros (the lowering's padding), so every
  * output sums the same terms in the same order whatever the blocking.  The
- * forward and the data product split over the pool by output rows, the
+ * forward and the data product split over the pool by output rows (or
+ * tiles), the
  * weights by tiles of gw (each summed over the whole batch, a chunk of
  * records at a time so the operands stay in cache): no result depends on
  * the thread count. */
@@ -74,8 +75,8 @@ static bool direct_isa(void)
 static bool common_ok(const dp_layer *d)
 {
     const dp_window *g = &d->win;
-    if (g->kh > MAX_K || g->kw > MAX_K || g->stride > MAX_K || d->c > MAX_CH || d->oc > MAX_CH || g->w > MAX_WIDTH ||
-        g->ow > MAX_WIDTH)
+    if (g->kh > MAX_K || g->kw > MAX_K || g->stride > MAX_K || d->c > MAX_CH ||
+        d->oc > MAX_CH || g->w > MAX_WIDTH || g->ow > MAX_WIDTH)
         return false;
     /* a 1x1 stride-1 window lowers to the input itself: a product already */
     if (g->kh == 1 && g->kw == 1 && g->stride == 1 && g->pad == 0)
