@@ -360,11 +360,9 @@ static void gather_tiles(const gather_job *j, size_t lo, size_t hi)
         int p0 = (int)((long)P * tl / j->tiles), p1 = (int)((long)P * (tl + 1) / j->tiles);
         int px = p1 - p0;
         const float *img = j->src + (size_t)n * j->sh * j->sw * j->sc;
-        for (int t = 0; t < taps; t++)
-            for (int q = 0; q < px; q++) {
-                int o = j->off[(size_t)(p0 + q) * taps + t];
-                src[(size_t)t * px + q] = o >= 0 ? img + o : zeros;
-            }
+        const int *off = j->off + (size_t)p0 * taps; /* the tile's, in src's order */
+        for (int i = 0; i < taps * px; i++)
+            src[i] = off[i] >= 0 ? img + off[i] : zeros;
         gather_arg a = {NULL, j->wtap, j->wq, tap, taps, j->sc, NULL, j->relu};
         float *orow = j->out + ((size_t)n * P + p0) * j->oc;
         for (int g0 = 0; g0 < groups;) {
@@ -413,18 +411,21 @@ static void run_gather(gather_job *j)
         int groups = j->oc / 16, nv = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
         int maxpx = j->avx512 ? g512_max_px[nv - 1] : 6;
         j->tiles = (P + maxpx - 1) / maxpx;
-        for (int p = 0; p < P; p++)
-            for (int ky = 0; ky < j->kh; ky++)
-                for (int kx = 0; kx < j->kw; kx++) {
-                    int y = p / j->ow, x = p % j->ow, sy, sx;
+        /* tile by tile, tap by tap, pixel by pixel: gather_tiles' order */
+        for (int tl = 0; tl < j->tiles; tl++) {
+            int p0 = (int)((long)P * tl / j->tiles), p1 = (int)((long)P * (tl + 1) / j->tiles);
+            for (int t = 0; t < taps; t++)
+                for (int p = p0; p < p1; p++) {
+                    int ky = t / j->kw, kx = t % j->kw, y = p / j->ow, x = p % j->ow, sy, sx;
                     if (j->data)
                         sy = y + j->pad - ky, sx = x + j->pad - kx;
                     else
                         sy = y * j->s - j->pad + ky, sx = x * j->s - j->pad + kx;
                     bool in = sy >= 0 && sy < j->sh && sx >= 0 && sx < j->sw;
-                    offsets[(size_t)p * taps + ky * j->kw + kx] =
+                    offsets[(size_t)p0 * taps + (size_t)t * (p1 - p0) + (p - p0)] =
                         in ? (sy * j->sw + sx) * j->sc : -1;
                 }
+        }
         j->off = offsets;
     }
     double work = (double)j->batch * P * j->oc * taps * j->sc;
@@ -530,8 +531,8 @@ wgrad512(const wgrad_arg *a, const int rv)
                 uint32_t m = j->vmask[ox] >> a->v0;
                 long off = (long)(ox * s - pad) * C;
                 __m512 x[WG_RV];
-                for (int v = 0; v < rv; v++)
-                    x[v] = m >> v & 1 ? _mm512_loadu_ps(ir + off + 16 * v) : _mm512_setzero_ps();
+                for (int v = 0; v < rv; v++) /* a select, not a branch */
+                    x[v] = _mm512_loadu_ps(m >> v & 1 ? ir + off + 16 * v : zeros);
                 for (int o = 0; o < WG_OB; o++) {
                     __m512 b = _mm512_set1_ps(dr[o]);
                     for (int v = 0; v < rv; v++)
@@ -571,9 +572,8 @@ __attribute__((target("avx2,fma"))) static void wg256(const wgrad_arg *a)
             const float *ir = j->in + ((size_t)n * H + iy) * W * C + 16 * (size_t)a->v0;
             for (int ox = 0; ox < ow; ox++, dr += OC) {
                 long off = (long)(ox * s - pad) * C;
-                bool in = j->vmask[ox] >> a->v0 & 1;
-                __m256 x0 = in ? _mm256_loadu_ps(ir + off) : _mm256_setzero_ps();
-                __m256 x1 = in ? _mm256_loadu_ps(ir + off + 8) : _mm256_setzero_ps();
+                const float *p = j->vmask[ox] >> a->v0 & 1 ? ir + off : zeros;
+                __m256 x0 = _mm256_loadu_ps(p), x1 = _mm256_loadu_ps(p + 8);
                 for (int o = 0; o < WG_OB2; o++) {
                     __m256 b = _mm256_set1_ps(dr[o]);
                     lo[o] = _mm256_fmadd_ps(b, x0, lo[o]);
