@@ -28,6 +28,7 @@
 #include "downpour/log.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 #include "downpour/wire.h"
 #include "strategy/allreduce_sparse.h"
 

@@ -30,6 +30,7 @@
 #include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
+#include "downpour/env.h"
 #include "downpour/log.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
@@ -63,6 +64,7 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
                               state live there (else host staging: the sum and
@@ -281,11 +283,10 @@ static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char
 /* ---- sums on the devices (docs/gpu.md, "Strategies") ---- */
 
 /* Whether this replica can sum on its device: one with collectives, unless
- * DOWNPOUR_NCCL=0 asks for host staging. */
+ * --no-nccl (or its fallback DOWNPOUR_NCCL=0) asks for host staging. */
 static int can_comm(const dp_strategy *s)
 {
-    const char *v = getenv("DOWNPOUR_NCCL");
-    return dp_replica_can_sum(s->r) && !(v && strcmp(v, "0") == 0);
+    return dp_replica_can_sum(s->r) && !s->no_nccl;
 }
 
 /* Which GPU this replica sums on, for replica 0 to find two replicas on one
@@ -687,7 +688,7 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
     if (!s->comm_ok) {
         if (s->join_failures >= MAX_JOIN_FAILURES)
             return dp_errf(err, "no communicator over the devices after %d tries (%s); "
-                                "DOWNPOUR_NCCL=0 sums the gradients on the host",
+                                "--no-nccl sums the gradients on the host",
                            s->join_failures, s->join_error.msg);
         s->broken = 1;
         return dp_errf(err, "no communicator over the devices");
@@ -1053,6 +1054,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
+    s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)

@@ -12,22 +12,16 @@
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/sparse.h"
-#include "downpour/train.h"
+#include "downpour/train_config.h"
 #include "strategy/ps_family.h"
 
 _Static_assert(sizeof(dp_allreduce_settings) <= DP_STRATEGY_CFG_MAX, "allreduce settings too big");
 
-static const dp_allreduce_settings defaults = {.bucket_bytes = 512u << 10};
+static const dp_allreduce_settings defaults = {DP_ALLREDUCE_OPTIONS(DP_OPT_DEFAULT)};
 
-#define F(field) offsetof(dp_allreduce_settings, field)
-static const dp_opt opts[] = {
-    {"bucket-bytes", DP_OPT_SIZE, F(bucket_bytes), "N", "allreduce: gradient bytes fused per all-reduce", 16384, (double)(1L << 32), 0},
-    {"overlap", DP_OPT_STR, F(overlap), "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0, 0},
-    {"no-overlap", DP_OPT_FLAG, F(no_overlap), NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0, 0},
-    {"allreduce-dense", DP_OPT_FLAG, F(dense), NULL, "allreduce: sparse tables' gradients are all-reduced whole, as dense parameters, not all-gathered by the rows each batch touches (for comparison)", 0, 0, 0},
-    {"sync-bn", DP_OPT_FLAG, F(sync_bn), NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0, 0},
-};
-#undef F
+#define DP_OPT_SETTINGS dp_allreduce_settings
+static const dp_opt opts[] = {DP_ALLREDUCE_OPTIONS(DP_OPT_LINE)};
+#undef DP_OPT_SETTINGS
 
 dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a)
 {
@@ -128,6 +122,10 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
+    if (a->no_nccl && cfg->device.kind == DP_DEVICE_CPU)
+        return dp_errf(err, "--no-nccl: without --device the gradients are summed on the host "
+                            "already (docs/gpu.md, \"Strategies\"): leave it out, or add "
+                            "--device");
     if (a->sync_bn && check_sync_bn(cfg, err) < 0)
         return -1;
     return check_fits(cfg, err);
@@ -146,6 +144,10 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "
                             "(docs/strategies.md, \"Buffers\")", cfg->strategy);
+    if (a->no_nccl)
+        return dp_errf(err, "--no-nccl: strategy %s does not sum gradients with NCCL; "
+                            "allreduce does, with --device (docs/gpu.md, \"Strategies\")",
+                       cfg->strategy);
     return 0;
 }
 
