@@ -15,7 +15,8 @@
  *   --allreduce-dense, every replica alike, and within float noise of one
  *   process at the summed batch (a short last step included);
  * - a replica whose table does not fit the memory is refused, naming the
- *   table's size and the memory. */
+ *   table's size and the memory (and a malformed DOWNPOUR_REPLICA_MEMORY,
+ *   naming it). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -478,6 +479,9 @@ static void check_fits(void)
                strstr(err.msg, "7.6 MiB") && strstr(err.msg, "DOWNPOUR_REPLICA_MEMORY"),
            "a table that does not fit is not refused naming its size and the memory: %s",
            err.msg);
+    setenv("DOWNPOUR_REPLICA_MEMORY", "8MB", 1);
+    CHECKF(dp_strategy_check(&c, &err) < 0 && strstr(err.msg, "DOWNPOUR_REPLICA_MEMORY"),
+           "a malformed DOWNPOUR_REPLICA_MEMORY is not refused naming it: %s", err.msg);
     setenv("DOWNPOUR_REPLICA_MEMORY", "100000000", 1);
     CHECKF(dp_strategy_check(&c, &err) == 0, "a table that fits is refused: %s", err.msg);
     unsetenv("DOWNPOUR_REPLICA_MEMORY");

@@ -71,19 +71,22 @@ static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
     return rc;
 }
 
-/* The memory a replica may count on: $DOWNPOUR_REPLICA_MEMORY (bytes), else
- * the machine's physical memory. */
-static double replica_memory(const char **what)
+/* The memory a replica may count on: $DOWNPOUR_REPLICA_MEMORY (bytes,
+ * checked), else the machine's physical memory (0: unknown). */
+static int replica_memory(double *have, const char **what, dp_err *err)
 {
     long v = 0;
-    dp_err e;
-    if (dp_env_long("DOWNPOUR_REPLICA_MEMORY", 1, LONG_MAX, 0, &v, &e) == 0 && v > 0) {
+    if (dp_env_long("DOWNPOUR_REPLICA_MEMORY", 1, LONG_MAX, 0, &v, err) < 0)
+        return -1;
+    if (v > 0) {
         *what = "DOWNPOUR_REPLICA_MEMORY";
-        return (double)v;
+        *have = (double)v;
+        return 0;
     }
     *what = "physical memory";
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    *have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    return 0;
 }
 
 /* Every replica holds a sparse table whole, with its gradient and the
@@ -103,9 +106,9 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
     int slots = dp_optim_slots(cfg->optim.kind);
     double need = (double)m.n_params * sizeof(float) * (2 + slots);
     const char *what;
-    double have = replica_memory(&what);
-    int rc = 0;
-    if (k > 0 && have > 0 && need > have)
+    double have = 0;
+    int rc = k > 0 ? replica_memory(&have, &what, err) : 0;
+    if (rc == 0 && k > 0 && have > 0 && need > have)
         rc = dp_errf(err, "allreduce: every replica holds %s's sparse table(s) whole (%zu floats, "
                           "%.1f MiB): with the gradient and %d optimiser slot(s) a replica needs "
                           "%.1f MiB, and the memory is %.1f MiB (%s). Hint: a ps strategy keeps "
