@@ -7,6 +7,8 @@
  *   - direct gives bitwise the ring's sums;
  *   - hier gives bitwise the documented host-then-leaders fold, within float
  *     noise of the ring, every member bitwise the same;
+ *   - a part of a buffer (dp_ring_allreduce_part) gets the whole sum's bits
+ *     by every algorithm, and the rest is left alone;
  *   - auto picks hier exactly when 2 or more hosts have a member and some has
  *     several, the same choice on every member, and gives that choice's bits.
  * Values are random floats, so a different association shows. */
@@ -26,6 +28,7 @@ typedef struct job {
     const int *order; /* ring order: transport ranks */
     int n;
     dp_allreduce_algo algo;
+    int part;         /* the second call sums [len/3, 2len/3) only (dp_ring_allreduce_part) */
     size_t len[2];    /* two calls: the fit's choice may differ between them */
     float *buf[2];    /* in: this rank's values; out: the sums */
     dp_allreduce_algo chose[2];
@@ -45,7 +48,8 @@ static void *run_rank(void *arg)
     }
     dp_ring_set_algo(&r, j->algo);
     for (int c = 0; c < 2 && j->rc == 0; c++) {
-        if (dp_ring_allreduce(&r, j->buf[c], j->len[c], (uint64_t)c + 1, 0, &err) < 0) {
+        size_t lo = c && j->part ? j->len[c] / 3 : 0, hi = c && j->part ? 2 * j->len[c] / 3 : j->len[c];
+        if (dp_ring_allreduce_part(&r, j->buf[c], j->len[c], lo, hi, (uint64_t)c + 1, 0, &err) < 0) {
             j->rc = -1;
             snprintf(j->msg, sizeof j->msg, "%s", err.msg);
         }
@@ -81,14 +85,14 @@ static float fold(const float *v, int m, size_t len, size_t i)
 }
 
 /* Runs every rank's job of one configuration; returns 0 when all passed. */
-static int run_all(dp_transport **ts, const int *order, int n, dp_allreduce_algo algo,
+static int run_all(dp_transport **ts, const int *order, int n, dp_allreduce_algo algo, int part,
                    const size_t len[2], float *in[2][MAXN], float *out[2][MAXN],
                    dp_allreduce_algo chose[2][MAXN])
 {
     job jobs[MAXN];
     pthread_t th[MAXN];
     for (int p = 0; p < n; p++) {
-        jobs[p] = (job){.t = ts[order[p]], .order = order, .n = n, .algo = algo};
+        jobs[p] = (job){.t = ts[order[p]], .order = order, .n = n, .algo = algo, .part = part};
         for (int c = 0; c < 2; c++) {
             jobs[p].len[c] = len[c];
             jobs[p].buf[c] = out[c][p];
@@ -121,7 +125,7 @@ static void config(int n, const int *host_of_rank, size_t len0, size_t len1)
         host_of_pos[p] = host_of_rank[order[p]];
     }
     size_t len[2] = {len0, len1};
-    float *in[2][MAXN], *out[DP_ALGO_COUNT][2][MAXN];
+    float *in[2][MAXN], *out[DP_ALGO_COUNT][2][MAXN], *outp[DP_ALGO_COUNT][2][MAXN];
     float(*x[2])[MAXN];
     for (int c = 0; c < 2; c++) {
         x[c] = malloc((len[c] + 1) * sizeof *x[c]);
@@ -131,14 +135,19 @@ static void config(int n, const int *host_of_rank, size_t len0, size_t len1)
             REQUIRE(in[c][p] != NULL);
             for (size_t i = 0; i < len[c]; i++)
                 x[c][i][p] = in[c][p][i] = frand();
-            for (int a = 0; a < DP_ALGO_COUNT; a++)
+            for (int a = 0; a < DP_ALGO_COUNT; a++) {
                 REQUIRE((out[a][c][p] = malloc((len[c] + 1) * sizeof(float))) != NULL);
+                REQUIRE((outp[a][c][p] = malloc((len[c] + 1) * sizeof(float))) != NULL);
+            }
         }
     }
-    dp_allreduce_algo chose[DP_ALGO_COUNT][2][MAXN];
+    dp_allreduce_algo chose[DP_ALGO_COUNT][2][MAXN], chosep[DP_ALGO_COUNT][2][MAXN];
     int failed = 0;
-    for (int a = 0; a < DP_ALGO_COUNT; a++)
-        failed |= run_all(ts, order, n, (dp_allreduce_algo)a, len, in, out[a], chose[a]);
+    for (int a = 0; a < DP_ALGO_COUNT; a++) {
+        failed |= run_all(ts, order, n, (dp_allreduce_algo)a, 0, len, in, out[a], chose[a]);
+        if (a != DP_ALGO_AUTO) /* (auto's parts are ring's or direct's: no second fit) */
+            failed |= run_all(ts, order, n, (dp_allreduce_algo)a, 1, len, in, outp[a], chosep[a]);
+    }
     for (int p = 0; p < n; p++)
         dp_transport_close(ts[p]);
     /* The hosts as the members see them: a host's members in ring order,
@@ -198,6 +207,18 @@ static void config(int n, const int *host_of_rank, size_t len0, size_t len1)
         for (int a = 0; a < DP_ALGO_COUNT; a++)
             CHECKF(wrong[a] == 0, "%s, call %d: %s differs from its fold in %d element(s)", what,
                    c, dp_allreduce_algo_name((dp_allreduce_algo)a), wrong[a]);
+        /* A part: the whole sum's bits inside it, the input outside. */
+        size_t plo = c ? L / 3 : 0, phi = c ? 2 * L / 3 : L;
+        for (int a = 0; a < DP_ALGO_AUTO; a++) {
+            int off = 0;
+            for (int p = 0; p < n; p++)
+                for (size_t i = 0; i < L; i++) {
+                    const float *want = i >= plo && i < phi ? &out[a][c][p][i] : &in[c][p][i];
+                    off += memcmp(&outp[a][c][p][i], want, sizeof(float)) != 0;
+                }
+            CHECKF(off == 0, "%s, call %d: %s's part sum is off in %d element(s)", what, c,
+                   dp_allreduce_algo_name((dp_allreduce_algo)a), off);
+        }
         for (int p = 0; p < n; p++) {
             CHECKF(chose[DP_ALGO_AUTO][c][p] == chose[DP_ALGO_AUTO][c][0],
                    "%s: auto chose %s at position %d, %s at 0", what,
@@ -215,8 +236,10 @@ out:
         free(x[c]);
         for (int p = 0; p < n; p++) {
             free(in[c][p]);
-            for (int a = 0; a < DP_ALGO_COUNT; a++)
+            for (int a = 0; a < DP_ALGO_COUNT; a++) {
                 free(out[a][c][p]);
+                free(outp[a][c][p]);
+            }
         }
     }
 }

@@ -33,6 +33,9 @@
     X(bool, no_nccl, false, "no-nccl", DP_OPT_FLAG, NULL, 0, 0, 0,                                 \
       "allreduce, --device: sum the gradients on the host (host staging), not on the devices "     \
       "with NCCL (as DOWNPOUR_NCCL=0)")                                                            \
+    X(bool, dense, false, "allreduce-dense", DP_OPT_FLAG, NULL, 0, 0, 0,                           \
+      "allreduce: sparse tables' gradients are all-reduced whole, as dense parameters, not "       \
+      "all-gathered by the rows each batch touches (for comparison)")                              \
     X(bool, sync_bn, false, "sync-bn", DP_OPT_FLAG, NULL, 0, 0, 0,                                 \
       "allreduce: batch norm normalises with the statistics of every replica's rows and moves "    \
       "the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)")

@@ -152,30 +152,41 @@ static int exchange(dp_ring *r, float *buf, int to, size_t olo, size_t ohi, int 
     return 0;
 }
 
+/* Chunk c's bounds clamped to [lo, hi): the part of a whole buffer's chunk
+ * that a part-sum moves (dp_ring_allreduce_part). */
+static size_t clamp(size_t v, size_t lo, size_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* The part [lo, hi) of a buffer of len: chunks are the whole buffer's. */
+typedef struct part {
+    size_t len, lo, hi;
+} part;
+
+static size_t part_chunk(const part *q, int n, int c) { return clamp(chunk_lo(q->len, n, c), q->lo, q->hi); }
+
 /* Chunk exchange within a group: send chunk `out` to position pto while
- * receiving chunk `in` from position pfrom. */
-static int chunk_step(dp_ring *r, const grp *g, float *buf, size_t len, int pto, int out,
+ * receiving chunk `in` from position pfrom (only what falls in the part). */
+static int chunk_step(dp_ring *r, const grp *g, float *buf, const part *q, int pto, int out,
                       int pfrom, int in, int add, uint64_t step, int bucket, dp_err *err)
 {
-    return exchange(r, buf, g->ranks[pto], chunk_lo(len, g->n, out), chunk_lo(len, g->n, out + 1),
-                    g->ranks[pfrom], chunk_lo(len, g->n, in), chunk_lo(len, g->n, in + 1), add,
+    return exchange(r, buf, g->ranks[pto], part_chunk(q, g->n, out), part_chunk(q, g->n, out + 1),
+                    g->ranks[pfrom], part_chunk(q, g->n, in), part_chunk(q, g->n, in + 1), add,
                     step, bucket, err);
 }
 
 /* The ring: chunk c's sum is the left fold x_c + x_{c+1} + ... + x_{c-1}
  * (positions mod n), finished at position c-1 and passed on. */
-static int ring_sum(dp_ring *r, const grp *g, float *buf, size_t len, uint64_t step, int bucket,
+static int ring_sum(dp_ring *r, const grp *g, float *buf, const part *q, uint64_t step, int bucket,
                     dp_err *err)
 {
     int n = g->n, p = g->pos, next = (p + 1) % n, prev = (p + n - 1) % n;
     int rc = 0;
     /* Reduce-scatter: after n-1 steps this rank holds the sum of chunk p+1. */
     for (int s = 0; s < n - 1 && rc == 0; s++)
-        rc = chunk_step(r, g, buf, len, next, (p - s + n) % n, prev, (p - s - 1 + 2 * n) % n, 1,
+        rc = chunk_step(r, g, buf, q, next, (p - s + n) % n, prev, (p - s - 1 + 2 * n) % n, 1,
                         step, bucket, err);
     /* All-gather: pass the finished chunks around. */
     for (int s = 0; s < n - 1 && rc == 0; s++)
-        rc = chunk_step(r, g, buf, len, next, (p + 1 - s + n) % n, prev, (p - s + n) % n, 0, step,
+        rc = chunk_step(r, g, buf, q, next, (p + 1 - s + n) % n, prev, (p - s + n) % n, 0, step,
                         bucket, err);
     return rc;
 }
@@ -186,15 +197,15 @@ static int ring_sum(dp_ring *r, const grp *g, float *buf, size_t len, uint64_t s
  * bits (float addition commutes, so x + acc is acc + x).  All-gather step k
  * sends chunk p to position p+k and stores chunk p-k from its owner.  No
  * step waits on the one before it: 2 latencies in all. */
-static int direct_sum(dp_ring *r, const grp *g, float *buf, size_t len, uint64_t step,
+static int direct_sum(dp_ring *r, const grp *g, float *buf, const part *q, uint64_t step,
                       int bucket, dp_err *err)
 {
     int n = g->n, p = g->pos, rc = 0;
     for (int k = 1; k < n && rc == 0; k++)
-        rc = chunk_step(r, g, buf, len, (p - k + n) % n, (p - k + n) % n, (p + k) % n, p, 1, step,
+        rc = chunk_step(r, g, buf, q, (p - k + n) % n, (p - k + n) % n, (p + k) % n, p, 1, step,
                         bucket, err);
     for (int k = 1; k < n && rc == 0; k++)
-        rc = chunk_step(r, g, buf, len, (p + k) % n, p, (p - k + n) % n, (p - k + n) % n, 0, step,
+        rc = chunk_step(r, g, buf, q, (p + k) % n, p, (p - k + n) % n, (p - k + n) % n, 0, step,
                         bucket, err);
     return rc;
 }
@@ -211,23 +222,24 @@ static int flat_pick(const dp_ring *r, size_t len)
  * folds them in ring order (its own first); the leaders sum over the ring or
  * directly (auto's fit, else the ring); each leader sends the sum back to
  * its members.  Inside a host the frames go through shared memory. */
-static int hier_sum(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err)
+static int hier_sum(dp_ring *r, float *buf, const part *q, uint64_t step, int bucket, dp_err *err)
 {
     int rc = 0;
+    size_t lo = q->lo, hi = q->hi;
     if (r->leader_pos < 0) {
         int leader = r->local[0];
-        rc = exchange(r, buf, leader, 0, len, -1, 0, 0, 0, step, bucket, err);
-        return rc < 0 ? rc : exchange(r, buf, -1, 0, 0, leader, 0, len, 0, step, bucket, err);
+        rc = exchange(r, buf, leader, lo, hi, -1, 0, 0, 0, step, bucket, err);
+        return rc < 0 ? rc : exchange(r, buf, -1, 0, 0, leader, lo, hi, 0, step, bucket, err);
     }
     for (int j = 1; j < r->n_local && rc == 0; j++)
-        rc = exchange(r, buf, -1, 0, 0, r->local[j], 0, len, 1, step, bucket, err);
+        rc = exchange(r, buf, -1, 0, 0, r->local[j], lo, hi, 1, step, bucket, err);
     grp g = {r->leaders, r->n_leaders, r->leader_pos};
     if (rc == 0 && g.n > 1)
-        rc = r->algo == DP_ALGO_AUTO && flat_pick(r, len) == DP_ALGO_DIRECT
-                 ? direct_sum(r, &g, buf, len, step, bucket, err)
-                 : ring_sum(r, &g, buf, len, step, bucket, err);
+        rc = r->algo == DP_ALGO_AUTO && flat_pick(r, hi - lo) == DP_ALGO_DIRECT
+                 ? direct_sum(r, &g, buf, q, step, bucket, err)
+                 : ring_sum(r, &g, buf, q, step, bucket, err);
     for (int j = 1; j < r->n_local && rc == 0; j++)
-        rc = exchange(r, buf, r->local[j], 0, len, -1, 0, 0, 0, step, bucket, err);
+        rc = exchange(r, buf, r->local[j], lo, hi, -1, 0, 0, 0, step, bucket, err);
     return rc;
 }
 
@@ -259,7 +271,8 @@ static int setup_hosts(dp_ring *r, uint64_t step, dp_err *err)
     m[r->pos] = (float)(mine + 1);
     m[n] = unknown ? 1.0f : 0.0f;
     grp g = flat_group(r);
-    int rc = ring_sum(r, &g, m, (size_t)n + 1, step, -2, err);
+    part whole = {(size_t)n + 1, 0, (size_t)n + 1};
+    int rc = ring_sum(r, &g, m, &whole, step, -2, err);
     if (rc < 0) {
         free(m);
         return rc;
@@ -306,8 +319,9 @@ static int fit(dp_ring *r, uint64_t step, dp_err *err)
             memset(r->scratch, 0, large * sizeof(float));
             double t0 = dp_now();
             size_t len = i % 2 ? large : small;
-            int rc = i < 2 ? ring_sum(r, &g, r->scratch, len, step, -3, err)
-                           : direct_sum(r, &g, r->scratch, len, step, -3, err);
+            part whole = {len, 0, len};
+            int rc = i < 2 ? ring_sum(r, &g, r->scratch, &whole, step, -3, err)
+                           : direct_sum(r, &g, r->scratch, &whole, step, -3, err);
             if (rc < 0)
                 return rc;
             double t = dp_now() - t0;
@@ -336,7 +350,8 @@ static int fit(dp_ring *r, uint64_t step, dp_err *err)
     for (int i = 0; i < 4; i++)
         sums[i] = (float)(best[i] * 1e6); /* microseconds, summed over the members */
     sums[4] = (float)(codec * 1e12); /* picoseconds per float */
-    int rc = ring_sum(r, &g, sums, 5, step, -3, err);
+    part five = {5, 0, 5};
+    int rc = ring_sum(r, &g, sums, &five, step, -3, err);
     if (rc < 0)
         return rc;
     r->codec_s = sums[4] / r->n * 1e-12;
@@ -447,21 +462,29 @@ dp_allreduce_algo dp_ring_choice(const dp_ring *r, size_t len)
 
 int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err)
 {
-    if (r->n == 1 || len == 0)
+    return dp_ring_allreduce_part(r, buf, len, 0, len, step, bucket, err);
+}
+
+int dp_ring_allreduce_part(dp_ring *r, float *buf, size_t len, size_t lo, size_t hi,
+                           uint64_t step, int bucket, dp_err *err)
+{
+    if (r->n == 1 || lo >= hi || hi > len)
         return 0;
     if (r->use_fast_path)
-        return dp_transport_allreduce(r->t, buf, len, r->ranks, r->n, err);
+        return dp_transport_allreduce(r->t, buf + lo, hi - lo, r->ranks, r->n, err);
     if (!r->setup) {
         int rc = setup(r, step, err);
         if (rc < 0)
             return rc;
     }
-    dp_allreduce_algo a = dp_ring_choice(r, len);
+    /* The choice by the floats that move: the same on every member. */
+    dp_allreduce_algo a = dp_ring_choice(r, hi - lo);
     r->calls[a]++;
     grp g = flat_group(r);
-    return a == DP_ALGO_HIER     ? hier_sum(r, buf, len, step, bucket, err)
-           : a == DP_ALGO_DIRECT ? direct_sum(r, &g, buf, len, step, bucket, err)
-                                 : ring_sum(r, &g, buf, len, step, bucket, err);
+    part q = {len, lo, hi};
+    return a == DP_ALGO_HIER     ? hier_sum(r, buf, &q, step, bucket, err)
+           : a == DP_ALGO_DIRECT ? direct_sum(r, &g, buf, &q, step, bucket, err)
+                                 : ring_sum(r, &g, buf, &q, step, bucket, err);
 }
 
 void dp_ring_set_compress(dp_ring *r, const dp_compress *c) { r->compress = *c; }
@@ -678,4 +701,84 @@ int dp_ring_allreduce_coded(dp_ring *r, float *buf, size_t len, float *resid, ui
     for (int j = 1; j < r->n_local && rc == 0; j++)
         rc = exchange(r, buf, r->local[j], 0, len, -1, 0, 0, 0, step, bucket, err);
     return rc;
+}
+
+size_t dp_ring_chunk_of(size_t len, int n, size_t i)
+{
+    size_t c = n > 0 && len > 0 ? (size_t)((uint64_t)i * (unsigned)n / len) : 0;
+    while (c + 1 < (size_t)n && chunk_lo(len, n, (int)c + 1) <= i)
+        c++;
+    while (c > 0 && chunk_lo(len, n, (int)c) > i)
+        c--;
+    return c;
+}
+
+/* Receives the next piece of the block that `from` forwards: the frame's
+ * offset is the whole block's length (bounded by cap), its pieces come in
+ * order.  *total is that length once the first piece is in (else SIZE_MAX). */
+static int recv_piece(dp_ring *r, int from, uint8_t *dst, size_t cap, size_t *got, size_t *total,
+                      uint64_t step, dp_err *err)
+{
+    char what[96];
+    snprintf(what, sizeof what, "sparse all-gather step %llu", (unsigned long long)step);
+    dp_event ev;
+    if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
+        return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0);
+    if (ev.header.type == DP_WIRE_RING_RESET) {
+        dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
+        return broken(r, from, 0, ev.header.step);
+    }
+    size_t whole = ev.header.offset <= cap ? (size_t)ev.header.offset : SIZE_MAX;
+    if (ev.header.type != DP_WIRE_RING || ev.header.step != step || whole == SIZE_MAX ||
+        (*total != SIZE_MAX && whole != *total) || ev.header.length > whole - *got)
+        return dp_errf(err, "%s sent frame type %u step %llu, a block of %llu bytes (%llu in "
+                            "this piece) during %s; expected a piece of step %llu of at most "
+                            "%zu bytes",
+                       dp_transport_peer_name(r->t, from), ev.header.type,
+                       (unsigned long long)ev.header.step, (unsigned long long)ev.header.offset,
+                       (unsigned long long)ev.header.length, what, (unsigned long long)step, cap);
+    *total = whole;
+    size_t k = (size_t)ev.header.length;
+    if (k && dp_transport_recv_payload(r->t, from, dst + *got, k, err) < 0)
+        return broken(r, from, 1, 0);
+    *got += k;
+    return 0;
+}
+
+int dp_ring_allgather(dp_ring *r, const uint8_t *mine, size_t len, uint8_t *all, size_t cap,
+                      size_t *lens, uint64_t step, dp_err *err)
+{
+    int n = r->n, p = r->pos;
+    if (len > cap)
+        return dp_errf(err, "sparse all-gather: a block of %zu bytes, above its bound of %zu",
+                       len, cap);
+    if (all + (size_t)p * cap != mine)
+        memcpy(all + (size_t)p * cap, mine, len);
+    lens[p] = len;
+    int next = r->ranks[(p + 1) % n], prev = r->ranks[(p + n - 1) % n];
+    size_t seg = r->seg * sizeof(float);
+    /* Step s: forward block p-s, take block p-s-1 (every block goes n-1 hops). */
+    for (int s = 0; s < n - 1; s++) {
+        int out = (p - s + n) % n, in = (p - s - 1 + 2 * n) % n;
+        const uint8_t *ob = all + (size_t)out * cap;
+        size_t olen = lens[out], o = 0, got = 0, total = SIZE_MAX;
+        int sent_one = 0;
+        while (o < olen || !sent_one || got < total) {
+            if (o < olen || !sent_one) {
+                size_t k = olen - o < seg ? olen - o : seg;
+                if (dp_transport_send(r->t, next, DP_WIRE_RING, step, olen, ob + o, k, err) < 0)
+                    return broken(r, next, 1, 0);
+                r->bytes_sent += k;
+                o += k;
+                sent_one = 1;
+            }
+            if (got < total) {
+                int rc = recv_piece(r, prev, all + (size_t)in * cap, cap, &got, &total, step, err);
+                if (rc < 0)
+                    return rc;
+                lens[in] = total;
+            }
+        }
+    }
+    return 0;
 }
