@@ -8,7 +8,7 @@
  * transport with a collective fast path (MPI_Allreduce) is used instead when
  * it has one.
  *
- * Two more algorithms (docs/strategies.md, "All-reduce algorithms"):
+ * Two more algorithms (docs/strategies.md, "allreduce: all-reduce algorithms"):
  * direct, for small messages: each chunk's owner receives the n-1 other
  * contributions straight from their senders and folds them in the ring's
  * order (a left fold in ring order from the chunk's index), then sends the
