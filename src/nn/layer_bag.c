@@ -227,6 +227,30 @@ static void backward(const dp_layer_call *c)
     }
 }
 
+/* Its table is a sparse table (layer_kind.h): a batch reads only the rows
+ * its ids name, columns [bag_col, bag_col + M) of the model's input. */
+static int sparse(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE])
+{
+    out[0] = (dp_lk_sparse){d->w_off, rows_of(d), dim_of(d), d->bag_ids};
+    return 1;
+}
+
+/* The rows the forward reads: dp_model_bag_row's, empty places (-1) and
+ * skipped ids left out. */
+static long sparse_ids(const dp_layer *d, int k, const float *x, int width, int batch,
+                       uint32_t *ids)
+{
+    (void)k;
+    long n = 0;
+    for (int r = 0; r < batch; r++)
+        for (int j = 0; j < d->bag_ids; j++) {
+            long row = dp_model_bag_row(d, x[(size_t)r * width + d->bag_col + j]);
+            if (row >= 0)
+                ids[n++] = (uint32_t)row;
+        }
+    return n;
+}
+
 const dp_layer_ops dp_layer_bag = {
     .kind = DP_LAYER_BAG, .name = "bag", .token = 1,
     .example = "bag1000x16",
@@ -235,12 +259,13 @@ const dp_layer_ops dp_layer_bag = {
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .bad_inputs = bad_inputs,
+    .sparse = sparse, .sparse_ids = sparse_ids,
     .bad_inputs_what = "ids that are not integers in its table's rows (bag<N>x<D>: [0, N)) "
                        "nor -1 (an empty place), each skipped",
     .mp = DP_MP_REFUSE,
-    .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
-                 "servers are issue 32's part B), and a layer run whole on every task (FULL) "
-                 "holds no parameters",
+    .mp_reason = "its table would be needed whole on every task (parameter servers move "
+                 "it by rows instead: docs/strategies.md, \"Sparse rows\"), and a layer run "
+                 "whole on every task (FULL) holds no parameters",
     .dev_reason = "click-through models (bag, lead, dot, bce) train on the CPU for now; "
                   "leave out --device (docs/models.md, \"Click-through models\")",
 };

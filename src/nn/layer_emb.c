@@ -129,9 +129,11 @@ static int sparse(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE])
 }
 
 /* The forward's ids (dp_k_emb_ids: rounded, clamped into the table). */
-static long sparse_ids(const dp_layer *d, int k, const float *x, int batch, uint32_t *ids)
+static long sparse_ids(const dp_layer *d, int k, const float *x, int width, int batch,
+                       uint32_t *ids)
 {
     (void)k;
+    (void)width; /* the first layer: its input is the model's */
     long n = (long)batch * d->in;
     float top = (float)(rows_of(d) - 1);
     for (long t = 0; t < n; t++) {

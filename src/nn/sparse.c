@@ -54,7 +54,7 @@ long dp_model_sparse_rows(const dp_model *m, const dp_sparse_table *t, const flo
     if (batch <= 0)
         return 0;
     const dp_layer *d = &m->layers[t->layer];
-    long n = dp_layer_ops_of(d)->sparse_ids(d, t->k, x, batch, ids);
+    long n = dp_layer_ops_of(d)->sparse_ids(d, t->k, x, dp_model_inputs(m), batch, ids);
     dp_sort_u32(ids, (size_t)n);
     long u = 0;
     for (long i = 0; i < n; i++)

@@ -1,0 +1,103 @@
+/* Click-through models on sparse rows (docs/strategies.md, "Sparse rows";
+ * docs/models.md, "Click-through models"): embedding bags state their
+ * tables to the layer table, so a parameter server moves only the rows a
+ * batch's ids name (dp_model_bag_row's rows; -1, an empty place, names
+ * none).  On a small set of `downpour data synth ctr` (3 single-valued
+ * features and a multi-valued one of up to 3 ids, 40 ids each, 2 numeric):
+ * - ps-sync, 2 workers and 2 ps tasks, sgd and adagrad, a wide-deep and a
+ *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
+ * - ps-async with one worker equals one process (sgd);
+ * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
+ *   on the generator's default set. */
+#include "check.h"
+#include "proc.h"
+
+#define COMMON "--epochs 2 --threads 1 --no-progress --log-every 0 --train-size 1100 " \
+               "--val-size 100 --batch 16"
+#define WIDE "8-bag40x4-bag40x4-bag40x4-bag40x4m3mean-res(dense8-relu-dense1|dense1)-bce"
+#define DLRM "8-bag40x4-bag40x4-bag40x4-bag40x4m3-lead2x8relu-lead8x4relu-dot4-8-dense1-bce"
+
+static const char *bin, *tmp;
+static char err[65536];
+
+static int launch(const char *set, const char *model, const char *strategy, int workers,
+                  const char *save, const char *extra)
+{
+    return run_cmd(err, sizeof err,
+                   "%s launch --chief --workers %d --ps 2 -- train --dataset %s/%s --model '%s' "
+                   "--strategy %s " COMMON " --save %s/%s %s",
+                   bin, workers, tmp, set, model, strategy, tmp, save, extra);
+}
+
+static void same_weights(const char *a, const char *b, const char *what)
+{
+    double d = checkpoint_max_diff(a, b);
+    CHECKF(d == 0, "%s: the weights differ by up to %g", what, d);
+}
+
+static void sync_equals_dense(const char *name, const char *file, const char *model,
+                              const char *opt)
+{
+    char extra[256], sa[64], da[64];
+    snprintf(sa, sizeof sa, "%s-rows-%s.st", file, opt);
+    snprintf(da, sizeof da, "%s-dense-%s.st", file, opt);
+    snprintf(extra, sizeof extra, "--optimizer %s --lr 0.1 --verbose", opt);
+    int rc = launch("small", model, "ps-sync", 2, sa, extra);
+    CHECKF(rc == 0, "%s ps-sync rows exited %d: %s", name, rc, err);
+    CHECKF(strstr(err, "debug: sparse rows: 4 table(s) of") != NULL,
+           "%s: no line says the 4 tables move by rows: %s", name, err);
+    snprintf(extra, sizeof extra, "--optimizer %s --lr 0.1 --ps-dense", opt);
+    rc = launch("small", model, "ps-sync", 2, da, extra);
+    CHECKF(rc == 0, "%s ps-sync dense exited %d: %s", name, rc, err);
+    same_weights(sa, da, name);
+    printf("%s, ps-sync %s, 2 workers, 2 ps: rows = dense, bit for bit\n", name, opt);
+}
+
+static void async_equals_single(void)
+{
+    int rc = run_cmd(err, sizeof err, "%s train --dataset %s/small --model '" WIDE "' " COMMON
+                     " --optimizer sgd --lr 0.1 --save %s/single.st", bin, tmp, tmp);
+    CHECKF(rc == 0, "single exited %d: %s", rc, err);
+    rc = launch("small", WIDE, "ps-async", 1, "async1.st", "--optimizer sgd --lr 0.1");
+    CHECKF(rc == 0, "ps-async exited %d: %s", rc, err);
+    same_weights("async1.st", "single.st", "ps-async with one worker against one process");
+    printf("wide-deep shape, ps-async, one worker, rows: one process's weights, bit for bit\n");
+}
+
+static void presets(void)
+{
+    const char *p[] = {"wide-deep", "dlrm"};
+    for (int i = 0; i < 2; i++) {
+        int rc = run_cmd(err, sizeof err,
+                         "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/default "
+                         "--model %s --strategy ps-async --epochs 1 --threads 1 --no-progress "
+                         "--log-every 0 --train-size 500 --val-size 100 --batch 32 "
+                         "--optimizer adagrad --lr 0.05 --verbose",
+                         bin, tmp, p[i]);
+        CHECKF(rc == 0 && strstr(err, "debug: sparse rows: 8 table(s) of"),
+               "%s under ps-async exited %d, or not on rows: %s", p[i], rc, err);
+    }
+    printf("wide-deep and dlrm train under ps-async on rows (8 tables)\n");
+}
+
+static void synth(const char *set, const char *args)
+{
+    int rc = run_cmd(err, sizeof err, "%s data synth ctr --to %s/%s %s", bin, tmp, set, args);
+    CHECKF(rc == 0, "synth ctr %s exited %d: %s", set, rc, err);
+    REQUIRE(rc == 0);
+}
+
+int main(void)
+{
+    bin = test_bin();
+    tmp = test_tmp();
+    synth("small", "--rows 1200 --test-rows 200 --categorical 4 --ids 40 --numeric 2 "
+                   "--multi 1 --places 3 --seed 5");
+    synth("default", "--rows 600 --test-rows 100");
+    sync_equals_dense("wide-deep shape", "wide", WIDE, "sgd");
+    sync_equals_dense("wide-deep shape", "wide", WIDE, "adagrad");
+    sync_equals_dense("dlrm shape", "dlrm", DLRM, "adagrad");
+    async_equals_single();
+    presets();
+    return CHECK_DONE();
+}
