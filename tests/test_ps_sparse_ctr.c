@@ -3,7 +3,8 @@
  * tables to the layer table, so a parameter server moves only the rows a
  * batch's ids name (dp_model_bag_row's rows; -1, an empty place, names
  * none).  On a small set of `downpour data synth ctr` (3 single-valued
- * features and a multi-valued one of up to 3 ids, 40 ids each, 2 numeric):
+ * features and a multi-valued one of up to 3 ids, 2000 ids each, 2 numeric;
+ * a worker holds a table's rows of the batch in flight, 500, or 1500 for the multi-valued one, of 2000):
  * - ps-sync, 2 workers and 2 ps tasks, sgd and adagrad, a wide-deep and a
  *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
  * - ps-async with one worker equals one process (sgd);
@@ -14,8 +15,8 @@
 
 #define COMMON "--epochs 2 --threads 1 --no-progress --log-every 0 --train-size 1100 " \
                "--val-size 100 --batch 16"
-#define WIDE "8-bag40x4-bag40x4-bag40x4-bag40x4m3mean-res(dense8-relu-dense1|dense1)-bce"
-#define DLRM "8-bag40x4-bag40x4-bag40x4-bag40x4m3-lead2x8relu-lead8x4relu-dot4-8-dense1-bce"
+#define WIDE "8-bag2000x4-bag2000x4-bag2000x4-bag2000x4m3mean-res(dense8-relu-dense1|dense1)-bce"
+#define DLRM "8-bag2000x4-bag2000x4-bag2000x4-bag2000x4m3-lead2x8relu-lead8x4relu-dot4-8-dense1-bce"
 
 static const char *bin, *tmp;
 static char err[65536];
@@ -46,6 +47,9 @@ static void sync_equals_dense(const char *name, const char *file, const char *mo
     CHECKF(rc == 0, "%s ps-sync rows exited %d: %s", name, rc, err);
     CHECKF(strstr(err, "debug: sparse rows: 4 table(s) of") != NULL,
            "%s: no line says the 4 tables move by rows: %s", name, err);
+    CHECKF(strstr(err, "[worker 1] debug: compact tables: this worker holds 12000 of the "
+                       "tables' 32000 floats") != NULL,
+           "%s: no line says the worker holds its tables compact: %s", name, err);
     snprintf(extra, sizeof extra, "--optimizer %s --lr 0.1 --ps-dense", opt);
     rc = launch("small", model, "ps-sync", 2, da, extra);
     CHECKF(rc == 0, "%s ps-sync dense exited %d: %s", name, rc, err);
@@ -91,7 +95,7 @@ int main(void)
 {
     bin = test_bin();
     tmp = test_tmp();
-    synth("small", "--rows 1200 --test-rows 200 --categorical 4 --ids 40 --numeric 2 "
+    synth("small", "--rows 1200 --test-rows 200 --categorical 4 --ids 2000 --numeric 2 "
                    "--multi 1 --places 3 --seed 5");
     synth("default", "--rows 600 --test-rows 100");
     sync_equals_dense("wide-deep shape", "wide", WIDE, "sgd");
