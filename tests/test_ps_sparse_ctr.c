@@ -9,7 +9,10 @@
  *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
  * - ps-async with one worker equals one process (sgd);
  * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
- *   on the generator's default set. */
+ *   on the generator's default set;
+ * - with a table of 2^22 x 16 floats (256 MiB) each worker's resident
+ *   memory (its last `resource` event) stays under a quarter of the table,
+ *   while the chief's holds it. */
 #include "check.h"
 #include "proc.h"
 
@@ -84,6 +87,41 @@ static void presets(void)
     printf("wide-deep and dlrm train under ps-async on rows (8 tables)\n");
 }
 
+/* A task's resident bytes in its last resource event. */
+static double rss_of(const char *metrics, const char *task)
+{
+    cJSON *r = last_event(metrics, "resource", task);
+    CHECKF(r != NULL, "no resource event of %s in %s", task, metrics);
+    double b = r ? json_num(r, "rss_bytes") : 0;
+    cJSON_Delete(r);
+    return b;
+}
+
+/* A table of 2^22 x 16 floats (256 MiB): a worker holds the rows of the
+ * batch in flight (500 x 16 floats), so its resident memory stays far below
+ * the table, which the chief holds whole (it evaluates and saves). */
+static void worker_memory(void)
+{
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s/big.jsonl", tmp);
+    int rc = run_cmd(err, sizeof err,
+                     "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/big "
+                     "--model 3-bag4194304x16-dense1-bce --strategy ps-async --epochs 1 "
+                     "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
+                     "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s",
+                     bin, tmp, metrics);
+    CHECKF(rc == 0, "the 2^22 x 16 table exited %d: %s", rc, err);
+    double table = 4194304.0 * 16 * 4, w0 = rss_of(metrics, "worker:0"),
+           w1 = rss_of(metrics, "worker:1"), chief = rss_of(metrics, "chief:0");
+    CHECKF(w0 > 0 && w0 < table / 4 && w1 > 0 && w1 < table / 4,
+           "workers resident %.0f and %.0f MiB, a table of %.0f MiB", w0 / 1048576,
+           w1 / 1048576, table / 1048576);
+    CHECKF(chief > table, "the chief resident %.0f MiB, less than its whole table (%.0f MiB)",
+           chief / 1048576, table / 1048576);
+    printf("a table of 2^22 x 16 floats (%.0f MiB): workers resident %.1f and %.1f MiB, the "
+           "chief %.0f MiB\n", table / 1048576, w0 / 1048576, w1 / 1048576, chief / 1048576);
+}
+
 static void synth(const char *set, const char *args)
 {
     int rc = run_cmd(err, sizeof err, "%s data synth ctr --to %s/%s %s", bin, tmp, set, args);
@@ -98,10 +136,12 @@ int main(void)
     synth("small", "--rows 1200 --test-rows 200 --categorical 4 --ids 2000 --numeric 2 "
                    "--multi 1 --places 3 --seed 5");
     synth("default", "--rows 600 --test-rows 100");
+    synth("big", "--rows 600 --test-rows 100 --categorical 1 --ids 4194304 --numeric 2");
     sync_equals_dense("wide-deep shape", "wide", WIDE, "sgd");
     sync_equals_dense("wide-deep shape", "wide", WIDE, "adagrad");
     sync_equals_dense("dlrm shape", "dlrm", DLRM, "adagrad");
     async_equals_single();
     presets();
+    worker_memory();
     return CHECK_DONE();
 }
