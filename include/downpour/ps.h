@@ -37,7 +37,7 @@ typedef enum dp_ps_mode {
 /* A sparse table moved by row (docs/strategies.md, "Sparse rows"): rows x
  * width floats at off in the flat parameters.  Row id lives on shard
  * id mod n_shards, as that shard's local row id / n_shards. */
-#define DP_PS_MAX_TABLES 16
+#define DP_PS_MAX_TABLES 64
 typedef struct dp_ps_table_spec {
     size_t off;
     uint32_t rows, width;

@@ -17,14 +17,16 @@ int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max)
             continue;
         dp_lk_sparse t[DP_LK_MAX_SPARSE];
         int k = ops->sparse(d, t);
-        for (int j = 0; j < k && n < max; j++) {
+        for (int j = 0; j < k; j++, n++) {
+            if (n >= max)
+                continue; /* counted, not written */
             dp_sparse_table x = {t[j].off + cut, t[j].rows, t[j].width, t[j].per_record, l, j,
                                  t[j].off, 0};
             if (d->sparse_rows) { /* one table a layer (dp_model_init_compact) */
                 x.slots = t[j].rows;
                 x.rows = d->sparse_rows;
             }
-            out[n++] = x;
+            out[n] = x;
         }
         if (d->sparse_rows)
             cut += (size_t)(d->sparse_rows - t[0].rows) * (size_t)t[0].width;
@@ -37,7 +39,7 @@ size_t dp_model_sparse_cut(const dp_model *m)
     dp_sparse_table t[DP_SPARSE_MAX];
     int n = dp_model_sparse_tables(m, t, DP_SPARSE_MAX);
     size_t cut = 0;
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n && k < DP_SPARSE_MAX; k++)
         if (t[k].slots)
             cut += (size_t)(t[k].rows - t[k].slots) * (size_t)t[k].width;
     return cut;
