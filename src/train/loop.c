@@ -1160,6 +1160,10 @@ static int run_task(loop *L, dp_err *err)
     }
     switch (L->info.part) {
     case DP_PART_SERVER:
+        /* a server computes no gradient: the model's would be memory held
+         * for nothing (a whole sparse table's, docs/strategies.md) */
+        free(L->m.grads);
+        L->m.grads = NULL;
         return L->ops->serve(L->s, err);
     case DP_PART_COORDINATOR:
         return alloc_state(L, err) < 0 ? -1 : coordinate(L, err);
