@@ -8,6 +8,8 @@
  * - ps-sync, 2 workers and 2 ps tasks, sgd and adagrad, a wide-deep and a
  *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
  * - ps-async with one worker equals one process (sgd);
+ * - a ps-sync run killed at step 33 and resumed (its workers then whole)
+ *   ends bit for bit where the uninterrupted one ends (lazy Adam);
  * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
  *   on the generator's default set;
  * - with a table of 2^22 x 16 floats (256 MiB) each worker's resident
@@ -69,6 +71,29 @@ static void async_equals_single(void)
     CHECKF(rc == 0, "ps-async exited %d: %s", rc, err);
     same_weights("async1.st", "single.st", "ps-async with one worker against one process");
     printf("wide-deep shape, ps-async, one worker, rows: one process's weights, bit for bit\n");
+}
+
+/* Killed at step 33 and resumed: the resumed run's workers build the whole
+ * model (they read the checkpoint), the killed run's held their tables
+ * compact, and the run ends where the uninterrupted (compact) one ends. */
+static void resume_is_exact(void)
+{
+    const char *o = "--optimizer adam --lr 0.05 --checkpoint-every 7";
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-a", o, tmp);
+    int rc = launch("small", WIDE, "ps-sync", 2, "resume-a.st", extra);
+    CHECKF(rc == 0, "uninterrupted exited %d: %s", rc, err);
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-b", o, tmp);
+    rc = run_cmd(err, sizeof err,
+                 "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s launch --chief --workers 2 --ps 2 -- train "
+                 "--dataset %s/small --model '" WIDE "' --strategy ps-sync " COMMON
+                 " --save %s/resume-b.st %s", bin, tmp, tmp, extra);
+    CHECKF(rc != 0, "the killed run exited 0");
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-b --resume", o, tmp);
+    rc = launch("small", WIDE, "ps-sync", 2, "resume-b.st", extra);
+    CHECKF(rc == 0 && strstr(err, "Resuming from"), "the resumed run exited %d: %s", rc, err);
+    same_weights("resume-a.st", "resume-b.st", "resumed against uninterrupted (lazy adam)");
+    printf("wide-deep shape, ps-sync, lazy adam: resumed = uninterrupted, bit for bit\n");
 }
 
 static void presets(void)
@@ -141,6 +166,7 @@ int main(void)
     sync_equals_dense("wide-deep shape", "wide", WIDE, "adagrad");
     sync_equals_dense("dlrm shape", "dlrm", DLRM, "adagrad");
     async_equals_single();
+    resume_is_exact();
     presets();
     worker_memory();
     return CHECK_DONE();
