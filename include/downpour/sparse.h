@@ -12,7 +12,7 @@
 
 #include "downpour/model.h"
 
-#define DP_SPARSE_MAX 64 /* tables in one model (DP_MAX_LAYERS: 26 features' bags fit) */
+#define DP_SPARSE_MAX 64 /* tables in one model: one a layer of DP_MAX_LAYERS (26 features' bags fit) */
 
 typedef struct dp_sparse_table {
     size_t off;       /* row r is params[off + r*width .. + width) of the whole model */
@@ -27,8 +27,8 @@ typedef struct dp_sparse_table {
     long slots;
 } dp_sparse_table;
 
-/* The model's sparse tables, in layer order: returns how many (0 for a
- * model without any, or an external one), of which the first max written.  Of a compact model:
+/* The model's sparse tables, in layer order (at most max): returns how many
+ * (0 for a model without any, or an external one).  Of a compact model:
  * each table's place in the whole model and in this one. */
 int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max);
 /* The parameters the whole model holds more than this one (its compact

@@ -17,9 +17,7 @@ int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max)
             continue;
         dp_lk_sparse t[DP_LK_MAX_SPARSE];
         int k = ops->sparse(d, t);
-        for (int j = 0; j < k; j++, n++) {
-            if (n >= max)
-                continue; /* counted, not written */
+        for (int j = 0; j < k && n < max; j++, n++) {
             dp_sparse_table x = {t[j].off + cut, t[j].rows, t[j].width, t[j].per_record, l, j,
                                  t[j].off, 0};
             if (d->sparse_rows) { /* one table a layer (dp_model_init_compact) */

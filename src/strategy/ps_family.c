@@ -136,10 +136,9 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
 {
     const dp_train_config *cfg = s->env->cfg;
     dp_sparse_table t[DP_SPARSE_MAX];
-    int all = dp_model_sparse_tables(s->m, t, DP_SPARSE_MAX);
-    if (all == 0)
+    int n = dp_model_sparse_tables(s->m, t, DP_SPARSE_MAX);
+    if (n == 0)
         return 0;
-    int n = all < DP_SPARSE_MAX ? all : DP_SPARSE_MAX;
     /* the tables in order of place: they must cover [0, dense_lo) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && t[j].off < t[j - 1].off; j--) {
@@ -155,7 +154,7 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     }
     const char *why = whole_tables(cfg, mode, ps, &s->pc, s->mp_k);
     why = why ? why
-        : all > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
+        : n > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
         : !prefix ? "the tables do not lie before every dense parameter"
         : end >= s->m->n_params + s->cut ? "the model has no dense parameter to shard"
                                          : NULL;
