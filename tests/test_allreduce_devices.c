@@ -7,7 +7,8 @@
  *   bitwise identical; five steps leave the weights within 1e-5 of the same
  *   steps summed on the host (DOWNPOUR_NCCL=0: host staging, the ring over
  *   the transport), which a wrong weighing of the replicas' shares would
- *   move by far more;
+ *   move by far more; train --no-nccl, the option that variable falls back
+ *   for, stages on the host too, to the same bits;
  * - worker:2 SIGKILLed once it logged step 20: the survivors' sum fails,
  *   the ring re-forms over two with a new communicator, the run exits 0,
  *   both survivors end identical, accuracy within 1 % of the fault-free run;
@@ -84,6 +85,11 @@ int main(void)
     fprintf(stderr, "five steps on the devices against host staging: weights %.3g apart\n",
             apart);
     CHECKF(apart < 1e-5, "devices against host staging: weights %.3g apart", apart);
+    rc = run("few-flag", "", "--train-size 1500 --epochs 1 --no-nccl", NULL);
+    CHECKF(rc == 0 && !log_has("few-flag", "summed on the devices"),
+           "few-flag: exit %d, or --no-nccl summed on the devices", rc);
+    apart = checkpoint_max_diff("few-host.safetensors", "few-flag.safetensors");
+    CHECKF(apart == 0, "--no-nccl against DOWNPOUR_NCCL=0: weights %.3g apart", apart);
 
     rc = run("kill", "", "", "kill");
     double killed = test_accuracy("kill");

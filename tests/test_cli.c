@@ -71,6 +71,11 @@ static void test_train_checks(void)
                 "mlp-128", "--sync-bn");
     USAGE_ERROR("downpour launch: --sync-bn: strategy model-avg does not sum", "launch",
                 "--workers", "2", "--", "train", "--strategy", "model-avg", "--sync-bn");
+    /* --no-nccl: allreduce only, with --device; by launch too */
+    USAGE_ERROR("--no-nccl: without --device the gradients are summed on the host already",
+                "train", "--strategy", "allreduce", "--no-nccl");
+    USAGE_ERROR("downpour launch: --no-nccl: strategy ps-async does not sum gradients with NCCL",
+                "launch", "--workers", "2", "--", "train", "--strategy", "ps-async", "--no-nccl");
     USAGE_ERROR("--resume needs --checkpoint-dir", "train", "--resume");
     USAGE_ERROR("need --checkpoint-dir", "train", "--checkpoint-every", "100");
     USAGE_ERROR("--keep-checkpoints", "train", "--checkpoint-dir", tmp_path("ck"),
@@ -474,6 +479,17 @@ static void test_usage_errors(void)
     setenv("DOWNPOUR_ISA", "avx2", 1);
     USAGE_ERROR("--batch", "train", "--batch", "0"); /* a valid cap: on to train's own checks */
     unsetenv("DOWNPOUR_ISA");
+    /* the options' fallback variables: 0 or 1 (env.h), else refused before any work */
+    setenv("DOWNPOUR_SHM", "off", 1);
+    USAGE_ERROR("DOWNPOUR_SHM: 'off' is not 0 or 1 (0 does as train --no-shm)", "train",
+                "--epochs", "1");
+    unsetenv("DOWNPOUR_SHM");
+    setenv("DOWNPOUR_NCCL", "no", 1);
+    USAGE_ERROR("DOWNPOUR_NCCL: 'no' is not 0 or 1 (0 does as train --no-nccl)", "launch",
+                "--workers", "2");
+    setenv("DOWNPOUR_NCCL", "0", 1);
+    USAGE_ERROR("--batch", "train", "--batch", "0"); /* a valid value: on to train's checks */
+    unsetenv("DOWNPOUR_NCCL");
 }
 
 int main(void)

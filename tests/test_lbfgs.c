@@ -20,6 +20,7 @@
 #include "downpour/lbfgs.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 #include "strategy/ps_family.h"
 
 /* ---------------------------------------------------------------- the core */

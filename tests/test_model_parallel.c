@@ -23,6 +23,7 @@
 #include "downpour/inproc.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 #include "exec/mp_slice.h"
 
 #define SPEC "20-16-12-8-5"

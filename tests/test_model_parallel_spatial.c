@@ -26,6 +26,7 @@
 #include "downpour/layers.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 #include "exec/mp_replica.h"
 #include "exec/mp_slice.h"
 

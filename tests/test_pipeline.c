@@ -36,6 +36,7 @@
 #include "downpour/pipeline.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 #include "downpour/wire.h"
 
 /* ---------------------------------------------------------------- schedules */

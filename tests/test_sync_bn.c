@@ -24,6 +24,7 @@
 #include "downpour/inproc.h"
 #include "downpour/rng.h"
 #include "downpour/strategy.h"
+#include "downpour/train.h"
 
 #define MAX_REPLICAS 3
 #define MAX_FLOATS 300000 /* parameters (mlp-bn: 267,410) */

@@ -51,6 +51,12 @@ typedef struct dp_gemm_log {
     _Atomic size_t n;
 } dp_gemm_log;
 void dp_blas_log(dp_gemm_log *log); /* NULL: stop logging */
+/* Appends a product's shape to the log without running it (nothing when no
+ * log is set): a direct convolution (src/nn/conv_direct.c) notes the
+ * products its lowered form would run, so the bound stays the lowered
+ * products' GEMM time whichever path a layer takes. */
+void dp_blas_note(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
+                  float beta);
 
 /* Name of the BLAS library and its kernel ("OpenBLAS 0.3.21 Haswell"). */
 const char *dp_blas_info(void);

@@ -8,6 +8,7 @@
 #define DOWNPOUR_COST_MODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "downpour/status.h"
@@ -54,6 +55,21 @@ typedef struct dp_cost_cluster {
     int chief;        /* 0 or 1; with allreduce the chief is replica 0 */
 } dp_cost_cluster;
 
+/* A model's sparse tables as the cost model sees them (docs/cost_model.md,
+ * "Sparse tables"): each table's width, the unique rows one worker's batch
+ * touches in expectation (from the data's id distribution,
+ * dp_cost_zipf_unique, or measured), and the most it can touch (min(rows,
+ * batch x ids a record): allreduce chooses the all-gather from this bound,
+ * docs/strategies.md). */
+#define DP_COST_MAX_TABLES 16
+typedef struct dp_cost_sparse {
+    int tables;
+    size_t table_floats;             /* every table's rows x width, part of n_params */
+    int width[DP_COST_MAX_TABLES];
+    double rows[DP_COST_MAX_TABLES];  /* expected unique rows a batch touches */
+    double bound[DP_COST_MAX_TABLES]; /* the most a batch can touch */
+} dp_cost_sparse;
+
 typedef struct dp_cost_job {
     dp_cost_strategy strategy;
     int batch;           /* per worker (per replica for allreduce) */
@@ -61,6 +77,8 @@ typedef struct dp_cost_job {
     long train_records;
     long val_records;    /* validated each epoch by the chief (or replica 0) */
     size_t bucket_bytes; /* allreduce: gradient bytes per ring all-reduce (512 KiB) */
+    const dp_cost_sparse *sparse; /* NULL: every parameter moves whole (or --ps-dense,
+                                     --allreduce-dense) */
 } dp_cost_job;
 
 typedef struct dp_cost_prediction {
@@ -100,6 +118,30 @@ int dp_cost_ps_bytes(size_t n_params, int ps, double *push_bytes, double *pull_b
 /* Bytes one of n ring replicas sends per step: 2(n-1)/n of the gradient plus
  * a frame header per segment. */
 double dp_cost_ring_bytes(size_t n_params, int n, size_t bucket_bytes);
+
+/* The expected number of distinct ids among `draws` independent draws from
+ * a Zipf law of exponent zipf over n ids (P(rank k) ~ k^-zipf):
+ * sum over k of 1 - (1 - p_k)^draws.  O(n). */
+double dp_cost_zipf_unique(uint32_t n, double zipf, double draws);
+
+/* Sparse rows on the parameter servers (docs/strategies.md, "Sparse rows"):
+ * the bytes one worker sends (PULL_ROWS and PUSH_ROWS to every shard) and
+ * receives (ROWS and PARAMS) per step, with frame headers, the dense
+ * parameters cut with a floor of one float so every ps task holds a shard,
+ * and each table's rows spread evenly over the shards (id mod S). */
+int dp_cost_sparse_ps_bytes(size_t n_params, const dp_cost_sparse *sp, int ps, double *sent,
+                            double *received, dp_err *err);
+/* The sparse all-gather under allreduce (docs/strategies.md, "Sparse tables
+ * under allreduce"): the bytes one of n replicas sends per step forwarding
+ * n-1 blocks of sum over tables (4 + rows (4 + 4 width)), with a frame
+ * header per segment; rows = sp->rows (expected) or sp->bound (bound != 0). */
+double dp_cost_gather_bytes(const dp_cost_sparse *sp, int n, int bound);
+/* What one allreduce replica sends per step with sparse tables: the dense
+ * part over the ring, and the tables all-gathered when the bound says so (as
+ * the strategy chooses), else all-reduced whole.  *gathered (may be NULL)
+ * says which. */
+double dp_cost_allreduce_sparse_bytes(size_t n_params, const dp_cost_sparse *sp, int n,
+                                      size_t bucket_bytes, int *gathered);
 
 /* The covered strategies that fit the cluster, fastest first, with one line
  * each; text holds the ranking and the reasons.  Returns how many. */

@@ -52,6 +52,18 @@ int dp_reducer_open(dp_reducer **out, dp_ring *ring, float *grads, size_t n, siz
                     dp_overlap mode, int spare_cores, dp_err *err);
 void dp_reducer_close(dp_reducer *r); /* NULL is a no-op */
 
+/* Ranges [lo[k], hi[k]) of the gradient that the reducer leaves alone from
+ * the next step (a sparse table all-gathered by its rows instead,
+ * docs/strategies.md, "Sparse tables under allreduce"): increasing and
+ * disjoint, at most DP_REDUCER_MAX_SKIP.  The rest of each bucket is summed
+ * with the chunks of the whole bucket, so every element gets the bits the
+ * whole bucket's sum gives it.  Returns -1 for ranges out of order or
+ * range.  Call it between steps. */
+#define DP_REDUCER_MAX_SKIP 16
+int dp_reducer_skip(dp_reducer *r, const size_t *lo, const size_t *hi, int n);
+/* The bucket [*lo, *hi) that holds gradient element i. */
+void dp_reducer_bucket_of(const dp_reducer *r, size_t i, size_t *lo, size_t *hi);
+
 /* A new step: each gradient is multiplied by weight before the sum. */
 void dp_reducer_begin(dp_reducer *r, uint64_t step, float weight);
 /* Gradients [lo, n) are final (called from backprop, last layer first). */

@@ -33,6 +33,18 @@
 
 typedef struct dp_replica dp_replica;
 
+/* One step's outcome, for step lines and metrics: what a strategy's step
+ * (strategy.h) and the model-parallel executor's (src/exec/mp_replica.h)
+ * fill.  Here, below the strategy interface, so the executor needs nothing
+ * of strategy.h. */
+typedef struct dp_step_out {
+    float loss;         /* mean over the records (0 when there were none) */
+    int correct;
+    long clock_gap;     /* ps-*: the largest staleness this worker has been allowed */
+    int deferred;       /* loss and correct are tallied in info->replica, not here:
+                           the loop reads them with dp_replica_collect */
+} dp_step_out;
+
 typedef struct dp_replica_config {
     dp_model *model;              /* the host model: the layout and the host's arrays,
                                      which must outlive the replica */

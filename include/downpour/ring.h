@@ -50,4 +50,23 @@ void dp_ring_free(dp_ring *r);
  * -1 is any other error. */
 int dp_ring_allreduce(dp_ring *r, float *buf, size_t len, uint64_t step, int bucket, dp_err *err);
 
+/* Sums only buf[lo..hi) of a buffer of len, cut into the chunks of the
+ * whole buffer: every element is summed in the order dp_ring_allreduce of
+ * buf[0..len) sums it (the same bits), and the rest is left alone.  The
+ * ring sums chunk c's elements (c = dp_ring_chunk_of) starting from ring
+ * position c: ((g_c + g_c+1) + g_c+2) + ... around the ring.  Over a
+ * transport's own collective (MPI) the order is the transport's. */
+int dp_ring_allreduce_part(dp_ring *r, float *buf, size_t len, size_t lo, size_t hi,
+                           uint64_t step, int bucket, dp_err *err);
+/* The chunk (of n) of a len-long buffer that element i falls in. */
+size_t dp_ring_chunk_of(size_t len, int n, size_t i);
+
+/* All-gathers blocks of bytes around the ring (each block n-1 hops, in
+ * segments): this rank's mine[0..len), and each ring position q's block into
+ * all + q*cap, its length into lens[q].  Every block is at most cap bytes; a
+ * peer's larger one is refused, naming it.  The frames' offset carries the
+ * block's length.  Failures as dp_ring_allreduce's. */
+int dp_ring_allgather(dp_ring *r, const uint8_t *mine, size_t len, uint8_t *all, size_t cap,
+                      size_t *lens, uint64_t step, dp_err *err);
+
 #endif

@@ -63,7 +63,7 @@
 #include "downpour/node.h"
 #include "downpour/options.h"
 #include "downpour/status.h"
-#include "downpour/train.h"
+#include "downpour/train_config.h"
 #include "downpour/train_state.h"
 
 typedef struct dp_strategy dp_strategy; /* one task's instance; the strategy's own struct */
@@ -129,15 +129,6 @@ typedef struct dp_task_info {
                             batch through it (dp_replica_next_batch) and reads
                             deferred figures from it; NULL: the host model */
 } dp_task_info;
-
-/* One step's outcome, for step lines and metrics. */
-typedef struct dp_step_out {
-    float loss;         /* mean over the records (0 when there were none) */
-    int correct;
-    long clock_gap;     /* ps-*: the largest staleness this worker has been allowed */
-    int deferred;       /* loss and correct are tallied in info->replica, not here:
-                           the loop reads them with dp_replica_collect */
-} dp_step_out;
 
 /* An epoch's training figures: one trainer's in, the run's out. */
 typedef struct dp_epoch_stats {

@@ -34,15 +34,17 @@ typedef struct dp_tcp_config {
                                   "A virtual cluster on one machine") */
     int shm;                   /* 1 (default): frames to tasks on this host (same boot, network
                                   namespace and uid) go through shared memory; 0: TCP only.
-                                  DOWNPOUR_SHM=0 in the environment turns it off too
-                                  (docs/transport.md, "Shared memory") */
+                                  dp_tcp_config_init makes it 0 when DOWNPOUR_SHM=0 is in
+                                  the environment (env.h's fallback; docs/transport.md,
+                                  "Shared memory") */
     size_t shm_ring_bytes;     /* bytes per direction of a link's rings, a power of two
                                   (0: 4 MiB) */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000
 
-/* Defaults as above; listen_fd -1.  Always start from this. */
+/* Defaults as above; listen_fd -1; shm from DOWNPOUR_SHM (read once, env.h).
+ * Always start from this. */
 void dp_tcp_config_init(dp_tcp_config *cfg);
 
 /* Binds and listens on "host:port" (port 0: an ephemeral port, returned in

@@ -41,7 +41,8 @@ enum dp_wire_type {
     DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state); with sparse tables their rows and slots' rows follow */
     DP_WIRE_PUSH_ROWS = DP_FRAME_APP(7),    /* worker -> ps: push head + the shard's dense gradient + a rows section (ps_shard.c, "rows section") */
     /* ring all-reduce (src/strategy/ring.c, and allreduce.c re-forming it) */
-    DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element */
+    DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element
+                                             (a sparse all-gather's piece: offset = its block's bytes) */
     DP_WIRE_RING_RESET = DP_FRAME_APP(9),   /* replica -> replicas: re-forming the ring; step = generation */
     DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> replica 0: step = the last step it applied */
     DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* replica 0 -> replicas: the new ring (allreduce.c send_plan) */

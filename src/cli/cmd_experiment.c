@@ -17,6 +17,8 @@ static const study studies[] = {
      "the source experiment: datasets x strategies x batch sizes, report and results"},
     {"scaling", dp_experiment_scaling,
      "samples/s and speedup over one process at 1, 2, 4, 8 workers per strategy"},
+    {"sparse", dp_experiment_sparse,
+     "a click-through model's sparse tables: ps-async, ps-sync, allreduce by rows and whole"},
     {"cost", dp_experiment_cost,
      "predict each strategy's time on a cluster you describe, from a calibration run"},
 };

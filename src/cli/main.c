@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "downpour/env.h"
 #include "downpour/log.h"
 #include "downpour/isa.h"
 #include "downpour/testhooks.h"
@@ -110,8 +111,9 @@ int main(int argc, char **argv)
         dp_log_set_level(level);
     }
     dp_err err;
-    /* a bad cap or test hook is a usage error, before any work */
-    if (c && (dp_isa_check_env(&err) < 0 || dp_hooks_check(&err) < 0)) {
+    /* a bad cap, test hook or fallback variable is a usage error, before any work */
+    if (c && (dp_isa_check_env(&err) < 0 || dp_hooks_check(&err) < 0 ||
+              dp_env_fallbacks_check(&err) < 0)) {
         fprintf(stderr, "downpour: %s\n", err.msg);
         return 2;
     }

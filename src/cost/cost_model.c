@@ -151,6 +151,121 @@ double dp_cost_ring_bytes(size_t n_params, int n, size_t bucket_bytes)
     return (double)nb * 2.0 * (n - 1) * (chunk + frames * DP_FRAME_HEADER_SIZE);
 }
 
+double dp_cost_zipf_unique(uint32_t n, double zipf, double draws)
+{
+    if (n == 0 || !(draws > 0))
+        return 0;
+    double h = 0;
+    for (uint32_t k = 1; k <= n; k++)
+        h += pow((double)k, -zipf);
+    double u = 0;
+    for (uint32_t k = 1; k <= n; k++) {
+        double p = pow((double)k, -zipf) / h;
+        u += -expm1(draws * log1p(-p)); /* 1 - (1 - p)^draws, exact for small p */
+    }
+    return u;
+}
+
+/* The frames of a payload of `bytes` cut in ring segments, headers included. */
+static double segmented(double bytes)
+{
+    double frames = bytes > 0 ? ceil(bytes / RING_SEGMENT_BYTES) : 1;
+    return bytes + frames * DP_FRAME_HEADER_SIZE;
+}
+
+double dp_cost_gather_bytes(const dp_cost_sparse *sp, int n, int bound)
+{
+    if (!sp || n < 2)
+        return 0;
+    double block = 0;
+    for (int t = 0; t < sp->tables; t++)
+        block += 4 + (bound ? sp->bound[t] : sp->rows[t]) * (4.0 + 4.0 * sp->width[t]);
+    return (double)(n - 1) * segmented(block);
+}
+
+double dp_cost_allreduce_sparse_bytes(size_t n_params, const dp_cost_sparse *sp, int n,
+                                      size_t bucket_bytes, int *gathered)
+{
+    if (gathered)
+        *gathered = 0;
+    if (!sp || sp->tables == 0 || n < 2)
+        return dp_cost_ring_bytes(n_params, n, bucket_bytes);
+    /* The strategy's choice (allreduce_sparse.c): payload bytes, bound against whole. */
+    double payload_bound = 0;
+    for (int t = 0; t < sp->tables; t++)
+        payload_bound += 4 + sp->bound[t] * (4.0 + 4.0 * sp->width[t]);
+    payload_bound *= n - 1;
+    double whole = 2.0 * (n - 1) / n * (double)sp->table_floats * 4.0;
+    if (!(payload_bound < whole))
+        return dp_cost_ring_bytes(n_params, n, bucket_bytes);
+    if (gathered)
+        *gathered = 1;
+    return dp_cost_ring_bytes(n_params - sp->table_floats, n, bucket_bytes) +
+           dp_cost_gather_bytes(sp, n, 0);
+}
+
+/* One worker's frames to and from shard s of k holding n_s dense floats:
+ * PUSH and PARAMS, or with sparse tables PULL_ROWS + PUSH_ROWS and ROWS +
+ * PARAMS (docs/strategies.md, "Sparse rows", "Bytes per step"). */
+static void shard_bytes(const dp_cost_sparse *sp, double n_s, int k, double *up, double *down)
+{
+    if (!sp) {
+        *up = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * (uint64_t)n_s);
+        *down = (double)dp_frame_wire_size(4 * (uint64_t)n_s);
+        return;
+    }
+    double pull = 0, push = DP_PUSH_HEAD_SIZE + 4 * n_s, rows = 0;
+    for (int t = 0; t < sp->tables; t++) {
+        double u = sp->rows[t] / k; /* id mod S: an even share */
+        pull += 4 + 4 * u;
+        push += 4 + u * (4.0 + 4.0 * sp->width[t]);
+        rows += 4 * u * sp->width[t];
+    }
+    *up = (double)dp_frame_wire_size((uint64_t)ceil(pull)) +
+          (double)dp_frame_wire_size((uint64_t)ceil(push));
+    *down = (double)dp_frame_wire_size((uint64_t)ceil(rows)) +
+            (double)dp_frame_wire_size(4 * (uint64_t)n_s);
+}
+
+/* The shards: by the min-size partitioner, or with sparse tables the dense
+ * part with a floor of one float (every ps task a shard, ps_family.c). */
+static int shards(size_t n_params, const dp_cost_sparse *sp, int ps, dp_range *r, dp_err *err)
+{
+    if (!sp)
+        return dp_partition_min_size(n_params, DP_PARTITION_MIN_SHARD_BYTES, ps, r, err);
+    size_t dense = n_params - sp->table_floats;
+    return dp_partition_min_size(dense ? dense : 1, sizeof(float), ps, r, err);
+}
+
+int dp_cost_sparse_ps_bytes(size_t n_params, const dp_cost_sparse *sp, int ps, double *sent,
+                            double *received, dp_err *err)
+{
+    if (ps < 1)
+        return dp_errf(err, "cluster: sparse rows need at least one ps task");
+    if (sp->table_floats > n_params)
+        return dp_errf(err, "sparse: %zu table floats in a model of %zu", sp->table_floats,
+                       n_params);
+    dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);
+    if (!r)
+        return dp_errf(err, "out of memory");
+    int k = shards(n_params, sp, ps, r, err);
+    if (k < 0) {
+        free(r);
+        return -1;
+    }
+    double up = 0, down = 0;
+    for (int s = 0; s < k; s++) {
+        double u, d;
+        shard_bytes(sp, (double)(r[s].hi - r[s].lo), k, &u, &d);
+        up += u;
+        down += d;
+    }
+    free(r);
+    *sent = up;
+    *received = down;
+    return 0;
+}
+
 static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
                         const dp_cost_job *job, dp_err *err)
 {
@@ -176,6 +291,10 @@ static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *c
         return dp_errf(err, "job: batch, epochs and train records must be positive");
     if ((unsigned)job->strategy >= DP_COST_STRATEGY_COUNT)
         return dp_errf(err, "job: unknown strategy %d", (int)job->strategy);
+    if (job->sparse && (job->sparse->tables < 0 || job->sparse->tables > DP_COST_MAX_TABLES ||
+                        job->sparse->table_floats > cal->n_params))
+        return dp_errf(err, "job: sparse: %d tables of %zu floats in a model of %zu",
+                       job->sparse->tables, job->sparse->table_floats, cal->n_params);
     if (job->strategy == DP_COST_ALLREDUCE && job->bucket_bytes == 0)
         return dp_errf(err, "job: bucket_bytes must be positive for allreduce");
     return 0;
@@ -210,7 +329,8 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
     dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);
     if (!r)
         return dp_errf(err, "out of memory");
-    int k = dp_partition_min_size(cal->n_params, DP_PARTITION_MIN_SHARD_BYTES, cl->ps, r, err);
+    const dp_cost_sparse *sp = job->sparse;
+    int k = shards(cal->n_params, sp, cl->ps, r, err);
     if (k < 0) {
         free(r);
         return -1;
@@ -228,9 +348,8 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
         if (c > compute)
             compute = c;
         for (int s = 0; s < k; s++) {
-            uint64_t n = r[s].hi - r[s].lo;
-            double u = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
-            double d = (double)dp_frame_wire_size(4 * n);
+            double u, d;
+            shard_bytes(sp, (double)(r[s].hi - r[s].lo), k, &u, &d);
             int hw = L->host[t], hs = L->host[s]; /* shard s lives on ps task s */
             up->out[hw] += u;
             up->in[hs] += u;
@@ -239,10 +358,13 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
         }
     }
     for (int s = 0; s < k; s++) {
-        uint64_t n = r[s].hi - r[s].lo;
-        push += (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
-        pull += (double)dp_frame_wire_size(4 * n);
-        double a = (double)n * cal->apply_s_per_param;
+        double n = (double)(r[s].hi - r[s].lo), u, d;
+        shard_bytes(sp, n, k, &u, &d);
+        push += u;
+        pull += d;
+        for (int t = 0; sp && t < sp->tables; t++)
+            n += sp->rows[t] / k * sp->width[t]; /* the rows' updates */
+        double a = n * cal->apply_s_per_param;
         if (a > shard_apply)
             shard_apply = a;
         ps_cpu[L->host[s]] += a;
@@ -349,14 +471,18 @@ int dp_cost_predict(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
                 compute = c;
         }
         eval_speed = task_speed(L, 0, cl, cal->thread_gain);
-        double rb = dp_cost_ring_bytes(cal->n_params, n, job->bucket_bytes);
+        int gathered = 0;
+        double rb = job->sparse ? dp_cost_allreduce_sparse_bytes(cal->n_params, job->sparse, n,
+                                                                 job->bucket_bytes, &gathered)
+                                : dp_cost_ring_bytes(cal->n_params, n, job->bucket_bytes);
         memset(up, 0, sizeof *up);
         for (int t = 0; t < L->n_tasks; t++) {
             up->out[L->host[t]] += rb;
             up->in[L->host[t]] += rb;
         }
-        size_t nb = n_buckets(cal->n_params, job->bucket_bytes);
-        double hops = n > 1 ? (double)nb * 2.0 * (n - 1) : 0;
+        size_t nb = n_buckets(cal->n_params - (gathered ? job->sparse->table_floats : 0),
+                              job->bucket_bytes);
+        double hops = n > 1 ? (double)nb * 2.0 * (n - 1) + (gathered ? n - 1 : 0) : 0;
         p.replicas = n;
         p.compute_s = compute;
         p.bytes_per_step = rb;

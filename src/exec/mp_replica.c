@@ -10,7 +10,7 @@
 #include "downpour/layer_kind.h"
 #include "downpour/layers.h"
 #include "downpour/wire.h"
-#include "net/sender.h"
+#include "downpour/sender.h"
 
 struct mp_replica {
     dp_transport *t;
@@ -23,7 +23,7 @@ struct mp_replica {
     float *dbuf[2];       /* input gradients, ping-pong (rows, max_width) */
     float *pack, *unpack; /* one task's columns (rows, max_units) */
     float *blocks;        /* a partial input gradient, peer by peer (rows, max_width) */
-    sender *tx;           /* the exchanges' sends */
+    dp_sender *tx;           /* the exchanges' sends */
     double timeout;
     /* image layers (docs/architecture.md, "Model parallelism"): every buffer in
      * the full layout, of which a ROWS layer holds its band (and halo rows) */
@@ -50,7 +50,7 @@ struct mp_replica {
 static int wait_sent(mp_replica *s, dp_err *err)
 {
     int rank;
-    if (sender_wait(s->tx, sender_last(s->tx), &rank, err) < 0)
+    if (dp_sender_wait(s->tx, dp_sender_last(s->tx), &rank, err) < 0)
         return dp_group_lost_rank(&s->g, rank, err);
     return 0;
 }
@@ -64,9 +64,9 @@ static int all_gather(mp_replica *s, int d, int rows, long step, dp_err *err)
     mp_pack(s->pack, s->act[d], rows, l->out, l->lo, l->hi);
     size_t len = (size_t)rows * (size_t)(l->hi - l->lo) * sizeof(float);
     for (int q = 0; q < s->K; q++)
-        if (q != s->task && sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ACT,
-                                        (uint64_t)step, (uint64_t)d, s->pack, len, &rank,
-                                        err) < 0)
+        if (q != s->task && dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ACT,
+                                           (uint64_t)step, (uint64_t)d, s->pack, len, &rank,
+                                           err) < 0)
             return dp_group_lost_rank(&s->g, rank, err);
     for (int q = 0; q < s->K; q++) {
         if (q == s->task)
@@ -97,9 +97,9 @@ static int reduce_scatter(mp_replica *s, int d, float *din, int rows, long step,
         const mp_layer *lq = &s->plans[q].layer[d - 1];
         float *block = s->blocks + (size_t)rows * lq->lo;
         mp_pack(block, din, rows, width, lq->lo, lq->hi);
-        if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_GRAD, (uint64_t)step, (uint64_t)d,
-                        block, (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float), &rank,
-                        err) < 0)
+        if (dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_GRAD, (uint64_t)step, (uint64_t)d,
+                           block, (size_t)rows * (size_t)(lq->hi - lq->lo) * sizeof(float), &rank,
+                           err) < 0)
             return dp_group_lost_rank(&s->g, rank, err);
     }
     int u = mine->hi - mine->lo;
@@ -194,8 +194,8 @@ static int rows_exchange(mp_replica *s, int i, int n, long step, dp_err *err)
             continue;
         float *blk = s->ipack + (size_t)q * s->iblock;
         pack_rows(blk, act, n, per, row, lo, hi);
-        if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS, (uint64_t)step, (uint64_t)pl, blk,
-                        (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank, err) < 0)
+        if (dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS, (uint64_t)step, (uint64_t)pl, blk,
+                           (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank, err) < 0)
             return dp_group_lost_rank(&s->g, rank, err);
     }
     need_of(s, s->task, i, &a, &b);
@@ -250,10 +250,10 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
                 continue;
             float *blk = s->ipack + (size_t)q * s->iblock;
             pack_rows(blk, dst, n, per, row, lo, hi);
-            if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step,
-                            (uint64_t)pl, blk,
-                            (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank,
-                            err) < 0)
+            if (dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step,
+                               (uint64_t)pl, blk,
+                               (size_t)n * (size_t)(hi - lo) * row * sizeof(float), &rank,
+                               err) < 0)
                 return dp_group_lost_rank(&s->g, rank, err);
         }
         for (int q = 0; q < s->K; q++) {
@@ -284,8 +284,8 @@ static int grad_exchange(mp_replica *s, int i, float *dst, const float *part, in
     size_t len = (size_t)n * (size_t)(b - a) * row;
     for (int q = 0; q < s->K; q++)
         if (q != s->task && len &&
-            sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step, (uint64_t)pl,
-                        mine, len * sizeof(float), &rank, err) < 0)
+            dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_ROWS_GRAD, (uint64_t)step, (uint64_t)pl,
+                           mine, len * sizeof(float), &rank, err) < 0)
             return dp_group_lost_rank(&s->g, rank, err);
     memset(dst, 0, (size_t)n * per * sizeof(float));
     for (int q = 0; q < s->K; q++) {
@@ -321,9 +321,9 @@ static int filters_gather(mp_replica *s, int i, const float *params, long step, 
         const float *src = params + s->plan->img[i].w_off; /* weights, then biases */
         if (q == s->task) {
             for (int p = 0; p < s->K; p++)
-                if (p != s->task && sender_push(s->tx, s->ranks[p], DP_WIRE_MP_FILTERS,
-                                                (uint64_t)step, (uint64_t)i, src,
-                                                len * sizeof(float), &rank, err) < 0)
+                if (p != s->task && dp_sender_push(s->tx, s->ranks[p], DP_WIRE_MP_FILTERS,
+                                                   (uint64_t)step, (uint64_t)i, src,
+                                                   len * sizeof(float), &rank, err) < 0)
                     return dp_group_lost_rank(&s->g, rank, err);
         } else {
             if (dp_group_recv(&s->g, q, DP_WIRE_MP_FILTERS, step, (uint64_t)i, s->iunpack,
@@ -351,9 +351,9 @@ static int filters_reduce(mp_replica *s, int i, float *grads, long step, dp_err 
         float *blk = s->ipack + (size_t)q * s->iblock;
         memcpy(blk, s->fgrad + (size_t)g->lo * per, g->w_len * sizeof(float));
         memcpy(blk + g->w_len, s->fgrad + L->w_len + g->lo, g->b_len * sizeof(float));
-        if (sender_push(s->tx, s->ranks[q], DP_WIRE_MP_FILTERS, (uint64_t)step,
-                        (uint64_t)(i + DP_MAX_LAYERS), blk,
-                        (g->w_len + g->b_len) * sizeof(float), &rank, err) < 0)
+        if (dp_sender_push(s->tx, s->ranks[q], DP_WIRE_MP_FILTERS, (uint64_t)step,
+                           (uint64_t)(i + DP_MAX_LAYERS), blk,
+                           (g->w_len + g->b_len) * sizeof(float), &rank, err) < 0)
             return dp_group_lost_rank(&s->g, rank, err);
     }
     const mp_img *g = &s->plan->img[i];
@@ -573,7 +573,7 @@ void mp_replica_close(mp_replica *s)
 {
     if (!s)
         return;
-    sender_close(s->tx);
+    dp_sender_close(s->tx);
     for (int d = 0; d < DP_MAX_DENSE; d++)
         free(s->act[d]);
     free(s->dbuf[0]);
@@ -697,7 +697,7 @@ int mp_replica_open(mp_replica **out, dp_transport *t, const dp_model *m, const 
         mp_replica_close(s);
         return dp_errf(err, "out of memory for a batch of %d records", rows);
     }
-    if (sender_open(&s->tx, t, 2 * K, err) < 0) {
+    if (dp_sender_open(&s->tx, t, 2 * K, err) < 0) {
         mp_replica_close(s);
         return -1;
     }

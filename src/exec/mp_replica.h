@@ -21,7 +21,7 @@
 
 #include "downpour/model.h"
 #include "downpour/status.h"
-#include "downpour/strategy.h"
+#include "downpour/replica.h" /* dp_step_out */
 #include "downpour/transport.h"
 #include "exec/mp_slice.h"
 

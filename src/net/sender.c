@@ -1,5 +1,5 @@
 /* A send queue with a thread of its own: see sender.h. */
-#include "net/sender.h"
+#include "downpour/sender.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,11 +11,11 @@ typedef struct job {
     uint64_t step, offset;
     const void *buf;
     size_t len;
-    uint8_t head[SENDER_HEAD]; /* head_len bytes before buf */
+    uint8_t head[DP_SENDER_HEAD]; /* head_len bytes before buf */
     size_t head_len;
 } job;
 
-struct sender {
+struct dp_sender {
     dp_transport *t;
     job *q;
     int cap;
@@ -30,7 +30,7 @@ struct sender {
 
 static void *send_main(void *arg)
 {
-    sender *q = arg;
+    dp_sender *q = arg;
     pthread_mutex_lock(&q->mu);
     for (;;) {
         while (!q->stop && q->sent == q->queued)
@@ -56,9 +56,9 @@ static void *send_main(void *arg)
     return NULL;
 }
 
-int sender_open(sender **out, dp_transport *t, int cap, dp_err *err)
+int dp_sender_open(dp_sender **out, dp_transport *t, int cap, dp_err *err)
 {
-    sender *q = calloc(1, sizeof *q);
+    dp_sender *q = calloc(1, sizeof *q);
     if (!q || !(q->q = calloc((size_t)cap, sizeof *q->q))) {
         free(q);
         return dp_errf(err, "out of memory for a send queue");
@@ -68,7 +68,7 @@ int sender_open(sender **out, dp_transport *t, int cap, dp_err *err)
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     if (pthread_create(&q->thread, NULL, send_main, q) != 0) {
-        sender_close(q);
+        dp_sender_close(q);
         return dp_errf(err, "cannot start a send thread");
     }
     q->started = 1;
@@ -76,7 +76,7 @@ int sender_open(sender **out, dp_transport *t, int cap, dp_err *err)
     return 0;
 }
 
-void sender_close(sender *q)
+void dp_sender_close(dp_sender *q)
 {
     if (!q)
         return;
@@ -93,20 +93,20 @@ void sender_close(sender *q)
     free(q);
 }
 
-static int failed(sender *q, int *peer, dp_err *err)
+static int failed(dp_sender *q, int *peer, dp_err *err)
 {
     *peer = q->failed_peer;
     *err = q->err;
     return -1;
 }
 
-long sender_push(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
-                 const void *buf, size_t len, int *peer, dp_err *err)
+long dp_sender_push(dp_sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
+                    const void *buf, size_t len, int *peer, dp_err *err)
 {
-    return sender_push_head(q, to, type, step, offset, NULL, 0, buf, len, peer, err);
+    return dp_sender_push_head(q, to, type, step, offset, NULL, 0, buf, len, peer, err);
 }
 
-int sender_wait(sender *q, long seq, int *peer, dp_err *err)
+int dp_sender_wait(dp_sender *q, long seq, int *peer, dp_err *err)
 {
     pthread_mutex_lock(&q->mu);
     while (!q->failed && q->sent < seq)
@@ -116,18 +116,18 @@ int sender_wait(sender *q, long seq, int *peer, dp_err *err)
     return rc;
 }
 
-long sender_last(const sender *q)
+long dp_sender_last(const dp_sender *q)
 {
     return q->queued; /* only the queueing thread changes it */
 }
 
-long sender_push_head(sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
-                      const uint8_t *head, size_t head_len, const void *buf, size_t len, int *peer,
-                      dp_err *err)
+long dp_sender_push_head(dp_sender *q, int to, unsigned type, uint64_t step, uint64_t offset,
+                         const uint8_t *head, size_t head_len, const void *buf, size_t len,
+                         int *peer, dp_err *err)
 {
-    if (head_len > SENDER_HEAD)
+    if (head_len > DP_SENDER_HEAD)
         return dp_errf(err, "a %zu-byte head does not fit the send queue's %d", head_len,
-                       SENDER_HEAD);
+                       DP_SENDER_HEAD);
     pthread_mutex_lock(&q->mu);
     while (!q->failed && q->queued - q->sent == q->cap)
         pthread_cond_wait(&q->cv, &q->mu);

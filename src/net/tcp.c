@@ -4,6 +4,8 @@
  * stream. */
 #include "tcp_impl.h"
 
+#include "downpour/env.h"
+
 static const dp_transport_ops tcp_ops;
 
 _Static_assert(DP_TRANSPORT_MAX_IOV <= DP_CODEC_MAX_IOV, "the codec takes every piece a send may have");
@@ -660,7 +662,7 @@ void dp_tcp_config_init(dp_tcp_config *cfg)
     cfg->late_log = 5.0;
     cfg->max_frame_bytes = DP_FRAME_MAX_DEFAULT;
     cfg->sock_buf_bytes = 4 << 20;
-    cfg->shm = 1;
+    cfg->shm = dp_env_fallback_on(DP_ENV_SHM); /* DOWNPOUR_SHM=0: off */
 }
 
 int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_out, dp_err *err)
@@ -744,8 +746,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->keyed = cfg->secret_len > 0;
     t->encrypt = cfg->encrypt != 0;
     t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
-    const char *env_shm = getenv("DOWNPOUR_SHM");
-    t->shm = cfg->shm && !(env_shm && strcmp(env_shm, "0") == 0);
+    t->shm = cfg->shm != 0;
     t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
     dp_pause_hook_load(&t->pause);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */

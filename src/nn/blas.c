@@ -142,13 +142,7 @@ void dp_sgemm_ep(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 {
     if (m <= 0 || n <= 0)
         return;
-    dp_gemm_log *log = atomic_load_explicit(&gemm_log, memory_order_relaxed);
-    if (log) {
-        size_t i = atomic_fetch_add(&log->n, 1);
-        if (i < log->cap)
-            log->shapes[i] = (dp_gemm_shape){trans_a, trans_b, dp_pool_in_task(), m, n, k,
-                                             lda, ldb, ldc, beta};
-    }
+    dp_blas_note(trans_a, trans_b, m, n, k, lda, ldb, ldc, beta);
     pthread_once(&default_once, default_threads);
     gemm_job j = {trans_a, trans_b, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc,
                   m >= n || (trans_a && m >= 2 * DP_GEMM_ALIGN), ep,
@@ -167,6 +161,18 @@ void dp_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 }
 
 void dp_blas_log(dp_gemm_log *log) { atomic_store(&gemm_log, log); }
+
+void dp_blas_note(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
+                  float beta)
+{
+    dp_gemm_log *log = atomic_load_explicit(&gemm_log, memory_order_relaxed);
+    if (log && m > 0 && n > 0) {
+        size_t i = atomic_fetch_add(&log->n, 1);
+        if (i < log->cap)
+            log->shapes[i] = (dp_gemm_shape){trans_a, trans_b, dp_pool_in_task(), m, n, k,
+                                             lda, ldb, ldc, beta};
+    }
+}
 
 void dp_blas_set_threads(int n)
 {

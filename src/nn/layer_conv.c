@@ -2,10 +2,10 @@
  * a chunk of records (docs/architecture.md, "Image layers").  Filters
  * (oc, kh, kw, c) here, Conv2d's (oc, c, kh, kw) in files.  Model
  * parallelism splits it by output rows; every task needs the whole filters,
- * so task j holds output channels [oc*j/K, oc*(j+1)/K) of them. */
+ * so task j holds output channels [oc*j/K, oc*(j+1)/K) of them.  On the CPU
+ * the shapes conv_direct.c covers run without lowering. */
+#include "nn/conv_direct.h"
 #include "nn/layer_impl.h"
-
-
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
@@ -25,8 +25,32 @@ static int shapes(const dp_layer *d, int64_t w[6], int64_t b[3], int *bdim)
 /* each weight is used at every output position */
 static double cost(const dp_layer *d) { return (double)d->w_len * d->oh * d->ow; }
 
-static float forward(const dp_layer_call *c) { return dp_lk_lowered_forward(c, false); }
-static void backward(const dp_layer_call *c) { dp_lk_lowered_backward(c, false); }
+/* Each product directly where conv_direct.c covers the shape and the
+ * instruction sets allow, else lowered (docs/architecture.md, "Image
+ * layers"). */
+static float forward(const dp_layer_call *c)
+{
+    if (!dp_conv_direct_forward_ok(c->d))
+        return dp_lk_lowered_forward(c, false);
+    dp_conv_direct_forward(c);
+    return 0.0f;
+}
+
+static void backward(const dp_layer_call *c)
+{
+    bool weights = dp_conv_direct_weights_ok(c->d);
+    bool data = c->din && dp_conv_direct_data_ok(c->d);
+    if (!weights && !data) {
+        dp_lk_lowered_backward(c, false);
+        return;
+    }
+    if (weights)
+        dp_conv_direct_weights(c);
+    if (data)
+        dp_conv_direct_data(c);
+    if (!weights || (c->din && !data))
+        dp_lk_lowered_backward_part(c, !weights, c->din && !data);
+}
 static void mp_forward(const dp_layer_call *c) { dp_lk_lowered_band(c, false, false); }
 static void mp_backward(const dp_layer_call *c) { dp_lk_lowered_band(c, false, true); }
 

@@ -24,6 +24,9 @@ void dp_lk_lowered_fans(const dp_layer *d, double *fan_in, double *fan_out);
  * (and c->drows); local: one product per position. */
 float dp_lk_lowered_forward(const dp_layer_call *c, bool local);
 void dp_lk_lowered_backward(const dp_layer_call *c, bool local);
+/* A conv's backward in parts (the other part direct, conv_direct.c): the
+ * weight and bias gradients (overwritten) when weights, din when data. */
+void dp_lk_lowered_backward_part(const dp_layer_call *c, bool weights, bool data);
 /* The same on the band [c->y0, c->y1) of output rows (model parallelism):
  * the product through c->band into c->out's band. */
 void dp_lk_lowered_band(const dp_layer_call *c, bool local, bool backward);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "device/dexec.h"
+#include "downpour/blas.h"
 #include "downpour/layers.h"
 
 int dp_lk_parse_filter(dp_spec_parser *p, dp_layer_kind kind, const char *s, const char *end)
@@ -59,6 +60,15 @@ void dp_lk_lowered_fans(const dp_layer *d, double *fan_in, double *fan_out)
 
 /* ---- CPU ---- */
 
+/* A conv whose window is one pixel, stride 1, no padding: its lowering is
+ * the input itself, so its products read the input (and write the input's
+ * gradient) in place, without the copies. */
+static bool identity_window(const dp_layer *d, bool local)
+{
+    const dp_window *g = &d->win;
+    return !local && g->kh == 1 && g->kw == 1 && g->stride == 1 && g->pad == 0;
+}
+
 float dp_lk_lowered_forward(const dp_layer_call *c, bool local)
 {
     const dp_layer *d = c->d;
@@ -66,13 +76,17 @@ float dp_lk_lowered_forward(const dp_layer_call *c, bool local)
     for (int r0 = 0; r0 < c->batch; r0 += c->chunk) {
         int cb = c->batch - r0 < c->chunk ? c->batch - r0 : c->chunk;
         float *o = c->out + (size_t)r0 * d->out;
-        dp_im2row(c->rows, c->in + (size_t)r0 * d->in, &d->win, cb);
+        const float *rows = c->in + (size_t)r0 * d->in;
+        if (!identity_window(d, local)) {
+            dp_im2row(c->rows, rows, &d->win, cb);
+            rows = c->rows;
+        }
         if (local)
-            dp_local_forward(o, c->rows, c->w, c->b, cb, positions, k, d->oc, c->relu);
+            dp_local_forward(o, rows, c->w, c->b, cb, positions, k, d->oc, c->relu);
         else if (c->relu)
-            dp_dense_relu_forward(o, c->rows, c->w, c->b, cb * positions, k, d->oc);
+            dp_dense_relu_forward(o, rows, c->w, c->b, cb * positions, k, d->oc);
         else
-            dp_dense_forward(o, c->rows, c->w, c->b, cb * positions, k, d->oc);
+            dp_dense_forward(o, rows, c->w, c->b, cb * positions, k, d->oc);
     }
     return 0.0f;
 }
@@ -83,21 +97,47 @@ void dp_lk_lowered_backward(const dp_layer_call *c, bool local)
 {
     const dp_layer *d = c->d;
     int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
-    float *drows = c->din ? c->drows : NULL;
+    bool same = identity_window(d, local);
     for (int r0 = 0; r0 < c->batch; r0 += c->chunk) {
         int cb = c->batch - r0 < c->chunk ? c->batch - r0 : c->chunk;
         const float *go = c->dout + (size_t)r0 * d->out;
-        dp_im2row(c->rows, c->in + (size_t)r0 * d->in, &d->win, cb);
+        const float *rows = c->in + (size_t)r0 * d->in;
+        float *drows = !c->din ? NULL : same ? c->din + (size_t)r0 * d->in : c->drows;
+        if (!same) {
+            dp_im2row(c->rows, rows, &d->win, cb);
+            rows = c->rows;
+        }
         if (local)
-            dp_local_backward(drows, c->gw, c->gb, go, c->rows, c->w, cb, positions, k, d->oc,
+            dp_local_backward(drows, c->gw, c->gb, go, rows, c->w, cb, positions, k, d->oc,
                               r0 > 0);
         else if (r0 == 0)
-            dp_dense_backward_overwrite(drows, c->gw, c->gb, go, c->rows, c->w, cb * positions,
-                                        k, d->oc);
+            dp_dense_backward_overwrite(drows, c->gw, c->gb, go, rows, c->w, cb * positions, k,
+                                        d->oc);
         else
-            dp_dense_backward(drows, c->gw, c->gb, go, c->rows, c->w, cb * positions, k, d->oc);
-        if (c->din)
+            dp_dense_backward(drows, c->gw, c->gb, go, rows, c->w, cb * positions, k, d->oc);
+        if (c->din && !same)
             dp_row2im(c->din + (size_t)r0 * d->in, drows, &d->win, cb);
+    }
+}
+
+void dp_lk_lowered_backward_part(const dp_layer_call *c, bool weights, bool data)
+{
+    const dp_layer *d = c->d;
+    int positions = d->oh * d->ow, k = d->win.kh * d->win.kw * d->c;
+    for (int r0 = 0; r0 < c->batch; r0 += c->chunk) {
+        int cb = c->batch - r0 < c->chunk ? c->batch - r0 : c->chunk, M = cb * positions;
+        const float *go = c->dout + (size_t)r0 * d->out;
+        if (weights) {
+            dp_im2row(c->rows, c->in + (size_t)r0 * d->in, &d->win, cb);
+            if (r0 == 0)
+                dp_dense_backward_overwrite(NULL, c->gw, c->gb, go, c->rows, c->w, M, k, d->oc);
+            else
+                dp_dense_backward(NULL, c->gw, c->gb, go, c->rows, c->w, M, k, d->oc);
+        }
+        if (data) {
+            dp_sgemm(false, false, M, k, d->oc, 1.0f, go, d->oc, c->w, k, 0.0f, c->drows, k);
+            dp_row2im(c->din + (size_t)r0 * d->in, c->drows, &d->win, cb);
+        }
     }
 }
 

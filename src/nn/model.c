@@ -62,6 +62,9 @@ static void size_chunks(dp_model *m)
         d->chunk = (int)chunk;
         if (chunk * per > m->rows_floats)
             m->rows_floats = line_floats(chunk * per);
+        /* a direct conv repacks its filters there (conv_direct.c) */
+        if (d->w_len > m->rows_floats)
+            m->rows_floats = line_floats(d->w_len);
     }
 }
 

@@ -30,12 +30,14 @@
 #include "downpour/clip.h"
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
+#include "downpour/env.h"
 #include "downpour/log.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
 #include "strategy/allreduce_options.h"
+#include "strategy/allreduce_sparse.h"
 
 struct dp_strategy {
     const dp_run_env *env;
@@ -62,6 +64,7 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
                               state live there (else host staging: the sum and
@@ -70,6 +73,8 @@ struct dp_strategy {
     int join_failures;     /* joins failed in a row, and the last one's reason */
     dp_err join_error;
     int sum_failed;        /* --sync-bn: a bn sum of this step failed (its code) */
+    dp_ar_sparse *sparse;  /* the sparse tables go by their rows (NULL: whole) */
+    float weight;          /* this step's weight of this replica's gradient */
     dp_err sum_err;        /* and why */
 };
 
@@ -278,11 +283,10 @@ static int take_plan(dp_strategy *s, int from, const dp_event *ev, unsigned char
 /* ---- sums on the devices (docs/gpu.md, "Strategies") ---- */
 
 /* Whether this replica can sum on its device: one with collectives, unless
- * DOWNPOUR_NCCL=0 asks for host staging. */
+ * --no-nccl (or its fallback DOWNPOUR_NCCL=0) asks for host staging. */
 static int can_comm(const dp_strategy *s)
 {
-    const char *v = getenv("DOWNPOUR_NCCL");
-    return dp_replica_can_sum(s->r) && !(v && strcmp(v, "0") == 0);
+    return dp_replica_can_sum(s->r) && !s->no_nccl;
 }
 
 /* Which GPU this replica sums on, for replica 0 to find two replicas on one
@@ -684,7 +688,7 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
     if (!s->comm_ok) {
         if (s->join_failures >= MAX_JOIN_FAILURES)
             return dp_errf(err, "no communicator over the devices after %d tries (%s); "
-                                "DOWNPOUR_NCCL=0 sums the gradients on the host",
+                                "--no-nccl sums the gradients on the host",
                            s->join_failures, s->join_error.msg);
         s->broken = 1;
         return dp_errf(err, "no communicator over the devices");
@@ -816,7 +820,8 @@ static void begin(void *self, long step, int records)
     double all = records_in_step(s, k);
     s->cur = step;
     s->sum_failed = 0;
-    dp_reducer_begin(s->reducer, (uint64_t)step, all > 0 ? (float)(records / all) : 0.0f);
+    s->weight = all > 0 ? (float)(records / all) : 0.0f;
+    dp_reducer_begin(s->reducer, (uint64_t)step, s->weight);
 }
 
 static void ready(void *self, size_t lo) { dp_reducer_ready(((dp_strategy *)self)->reducer, lo); }
@@ -836,6 +841,25 @@ static int batch_sum(void *self, float *buf, size_t n)
     return rc < 0 ? -1 : 0;
 }
 
+/* The sparse tables' rows, after the reducer summed the rest; --verbose
+ * says the sizes every step. */
+static int sparse_exchange(dp_strategy *s, dp_err *err)
+{
+    int rc = dp_ar_sparse_exchange(s->sparse, &s->ring, s->reducer, s->m->grads, s->weight,
+                                   (uint64_t)s->cur, err);
+    if (rc == 0 && s->position == 0 && dp_log_get_level() <= DP_LOG_DEBUG) {
+        uint64_t gathered, sent;
+        dp_ar_sparse_last(s->sparse, &gathered, &sent);
+        dp_ar_sparse_plan plan;
+        dp_ar_sparse_plan_of(s->m, s->ring.n, s->batch, &plan);
+        dp_debug("allreduce step %ld: sparse all-gather of %llu bytes over %d replicas, %llu "
+                 "sent by this one; all-reduced whole it would send %llu",
+                 s->cur, (unsigned long long)gathered, s->ring.n, (unsigned long long)sent,
+                 (unsigned long long)plan.dense_bytes);
+    }
+    return rc;
+}
+
 static int update(void *self, float *params, const float *grads, int records, float lr,
                   dp_err *err)
 {
@@ -844,6 +868,8 @@ static int update(void *self, float *params, const float *grads, int records, fl
     int rc = s->sum_failed ? s->sum_failed : dp_reducer_finish(s->reducer, err);
     if (s->sum_failed)
         *err = s->sum_err;
+    if (rc == 0 && s->sparse)
+        rc = sparse_exchange(s, err);
     if (rc < 0) {
         s->broken = rc == DP_RING_BROKEN;
         return -1;
@@ -868,6 +894,7 @@ static void allreduce_close(dp_strategy *s)
         return;
     dp_replica_close(s->r);
     dp_reducer_close(s->reducer);
+    dp_ar_sparse_close(s->sparse);
     if (s->ring_open)
         dp_ring_free(&s->ring);
     free(s->ranks);
@@ -941,6 +968,47 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
     return 0;
 }
 
+/* Sparse tables go by their rows when that is smaller, by the bound of
+ * what a batch of --batch can touch (docs/strategies.md, "Sparse tables
+ * under allreduce"): the same plan on every replica, from the same
+ * settings.  The buffers take the model's largest batch (a batch redealt
+ * after a loss may be larger).  Not with sums on the devices, nor under
+ * --allreduce-dense. */
+static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err *err)
+{
+    dp_ar_sparse_plan plan;
+    dp_ar_sparse_plan_of(s->m, s->n, s->env->cfg->batch, &plan);
+    if (plan.tables == 0)
+        return 0;
+    const char *why = as->dense   ? "--allreduce-dense"
+                      : s->nccl   ? "the gradients are summed on the devices"
+                      : s->n == 1 ? "one replica"
+                      : !plan.sparse ? "the rows a batch can touch are no smaller"
+                                     : NULL;
+    if (why) {
+        if (s->position == 0)
+            dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-reduced whole (%s): "
+                     "%llu bytes a replica a step, against at most %llu by rows",
+                     plan.tables, s->m->name, plan.table_floats, why,
+                     (unsigned long long)plan.dense_bytes,
+                     (unsigned long long)plan.sparse_bound);
+        return 0;
+    }
+    size_t lo[DP_SPARSE_MAX], hi[DP_SPARSE_MAX];
+    if (dp_ar_sparse_open(&s->sparse, s->m, s->n, s->m->max_batch, err) < 0)
+        return -1;
+    int k = dp_ar_sparse_ranges(s->sparse, lo, hi);
+    if (dp_reducer_skip(s->reducer, lo, hi, k) < 0)
+        return dp_errf(err, "allreduce: %s's sparse tables do not lie in order", s->m->name);
+    if (s->position == 0)
+        dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-gathered by the rows each "
+                 "batch touches: at most %llu bytes a replica a step, against %llu all-reduced "
+                 "whole (--allreduce-dense)",
+                 plan.tables, s->m->name, plan.table_floats,
+                 (unsigned long long)plan.sparse_bound, (unsigned long long)plan.dense_bytes);
+    return 0;
+}
+
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                           dp_err *err)
 {
@@ -986,6 +1054,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
+    s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1013,6 +1082,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
      * the host's weights are not live). */
     if (dp_replica_settle(s->r, s->nccl ? DP_STATE_LOCAL : DP_STATE_HOST, cfg->ema,
                           env->resume ? env->resume->ema : NULL, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
+    if (sparse_setup(s, as, err) < 0) {
         allreduce_close(s);
         return -1;
     }
@@ -1058,6 +1131,8 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
 {
     if (s->n_live < s->n)
         watch_lost(s);
+    if (s->sparse)
+        dp_ar_sparse_rows(s->sparse, s->m, x, n);
     for (;;) {
         s->broken = 0;
         if ((s->nccl ? device_step(s, n, lr, step, out, err)

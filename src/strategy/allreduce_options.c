@@ -2,25 +2,26 @@
  * of the run identity (docs/architecture.md, "A strategy's settings"). */
 #include "strategy/allreduce_options.h"
 
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "downpour/env.h"
 #include "downpour/model.h"
-#include "downpour/train.h"
+#include "downpour/optim.h"
+#include "downpour/sparse.h"
+#include "downpour/train_config.h"
 #include "strategy/ps_family.h"
 
 _Static_assert(sizeof(dp_allreduce_settings) <= DP_STRATEGY_CFG_MAX, "allreduce settings too big");
 
-static const dp_allreduce_settings defaults = {.bucket_bytes = 512u << 10};
+static const dp_allreduce_settings defaults = {DP_ALLREDUCE_OPTIONS(DP_OPT_DEFAULT)};
 
-#define F(field) offsetof(dp_allreduce_settings, field)
-static const dp_opt opts[] = {
-    {"bucket-bytes", DP_OPT_SIZE, F(bucket_bytes), "N", "allreduce: gradient bytes fused per all-reduce", 16384, (double)(1L << 32), 0},
-    {"overlap", DP_OPT_STR, F(overlap), "MODE", "allreduce: reduce buckets during backprop: auto (measured over the first steps; the default), on, off", 0, 0, 0},
-    {"no-overlap", DP_OPT_FLAG, F(no_overlap), NULL, "allreduce: reduce only after the whole backprop (--overlap off)", 0, 0, 0},
-    {"sync-bn", DP_OPT_FLAG, F(sync_bn), NULL, "allreduce: batch norm normalises with the statistics of every replica's rows and moves the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)", 0, 0, 0},
-};
-#undef F
+#define DP_OPT_SETTINGS dp_allreduce_settings
+static const dp_opt opts[] = {DP_ALLREDUCE_OPTIONS(DP_OPT_LINE)};
+#undef DP_OPT_SETTINGS
 
 dp_overlap dp_allreduce_overlap(const dp_allreduce_settings *a)
 {
@@ -70,12 +71,67 @@ static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
     return rc;
 }
 
+/* The memory a replica may count on: $DOWNPOUR_REPLICA_MEMORY (bytes,
+ * checked), else the machine's physical memory (0: unknown). */
+static int replica_memory(double *have, const char **what, dp_err *err)
+{
+    long v = 0;
+    if (dp_env_long("DOWNPOUR_REPLICA_MEMORY", 1, LONG_MAX, 0, &v, err) < 0)
+        return -1;
+    if (v > 0) {
+        *what = "DOWNPOUR_REPLICA_MEMORY";
+        *have = (double)v;
+        return 0;
+    }
+    *what = "physical memory";
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    return 0;
+}
+
+/* Every replica holds a sparse table whole, with its gradient and the
+ * optimiser's slots (docs/strategies.md, "Sparse tables under allreduce"):
+ * a model whose replica does not fit the memory is refused, naming both. */
+static int check_fits(const dp_train_config *cfg, dp_err *err)
+{
+    dp_model m;
+    dp_err e;
+    if (!cfg->model || dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
+        return 0; /* the loop refuses a spec that does not parse, with its message */
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int k = dp_model_sparse_tables(&m, t, DP_SPARSE_MAX);
+    size_t table = 0;
+    for (int i = 0; i < k; i++)
+        table += (size_t)t[i].rows * (size_t)t[i].width;
+    int slots = dp_optim_slots(cfg->optim.kind);
+    double need = (double)m.n_params * sizeof(float) * (2 + slots);
+    const char *what;
+    double have = 0;
+    int rc = k > 0 ? replica_memory(&have, &what, err) : 0;
+    if (rc == 0 && k > 0 && have > 0 && need > have)
+        rc = dp_errf(err, "allreduce: every replica holds %s's sparse table(s) whole (%zu floats, "
+                          "%.1f MiB): with the gradient and %d optimiser slot(s) a replica needs "
+                          "%.1f MiB, and the memory is %.1f MiB (%s). Hint: a ps strategy keeps "
+                          "the tables on the ps tasks and moves only the rows a batch touches "
+                          "(docs/strategies.md, \"Sparse rows\")",
+                     m.name, table, (double)table * 4 / 1048576.0, slots, need / 1048576.0,
+                     have / 1048576.0, what);
+    dp_model_free(&m);
+    return rc;
+}
+
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
-    return a->sync_bn ? check_sync_bn(cfg, err) : 0;
+    if (a->no_nccl && cfg->device.kind == DP_DEVICE_CPU)
+        return dp_errf(err, "--no-nccl: without --device the gradients are summed on the host "
+                            "already (docs/gpu.md, \"Strategies\"): leave it out, or add "
+                            "--device");
+    if (a->sync_bn && check_sync_bn(cfg, err) < 0)
+        return -1;
+    return check_fits(cfg, err);
 }
 
 static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
@@ -83,10 +139,18 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
     const dp_allreduce_settings *a = own;
     if (check_overlap(a, err) < 0)
         return -1;
+    if (a->dense)
+        return dp_errf(err, "--allreduce-dense: strategy %s does not all-reduce; the parameter "
+                            "servers' own is --ps-dense (docs/strategies.md, \"Sparse rows\")",
+                       cfg->strategy);
     if (a->sync_bn)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "
                             "(docs/strategies.md, \"Buffers\")", cfg->strategy);
+    if (a->no_nccl)
+        return dp_errf(err, "--no-nccl: strategy %s does not sum gradients with NCCL; "
+                            "allreduce does, with --device (docs/gpu.md, \"Strategies\")",
+                       cfg->strategy);
     return 0;
 }
 

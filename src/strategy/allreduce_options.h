@@ -6,15 +6,35 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "downpour/options.h"
 #include "downpour/reducer.h"
 #include "downpour/strategy.h"
 
-/* A new option of allreduce is a field here and a line in allreduce_options.c's opts. */
+/* allreduce's options in --help order.  A new option is one line here
+ * (options.h, DP_OPT_FIELD): its field, default and table line come from
+ * it; the code that reads it (allreduce.c) comes on top.  --overlap's NULL:
+ * not given (auto); --no-overlap is --overlap off. */
+#define DP_ALLREDUCE_OPTIONS(X)                                                                    \
+    X(size_t, bucket_bytes, 512u << 10, "bucket-bytes", DP_OPT_SIZE, "N", 16384,                  \
+      (double)(1L << 32), 0,                                                                       \
+      "allreduce: gradient bytes fused per all-reduce")                                            \
+    X(const char *, overlap, NULL, "overlap", DP_OPT_STR, "MODE", 0, 0, 0,                         \
+      "allreduce: reduce buckets during backprop: auto (measured over the first steps; the "       \
+      "default), on, off")                                                                         \
+    X(bool, no_overlap, false, "no-overlap", DP_OPT_FLAG, NULL, 0, 0, 0,                           \
+      "allreduce: reduce only after the whole backprop (--overlap off)")                           \
+    X(bool, no_nccl, false, "no-nccl", DP_OPT_FLAG, NULL, 0, 0, 0,                                 \
+      "allreduce, --device: sum the gradients on the host (host staging), not on the devices "     \
+      "with NCCL (as DOWNPOUR_NCCL=0)")                                                            \
+    X(bool, dense, false, "allreduce-dense", DP_OPT_FLAG, NULL, 0, 0, 0,                           \
+      "allreduce: sparse tables' gradients are all-reduced whole, as dense parameters, not "       \
+      "all-gathered by the rows each batch touches (for comparison)")                              \
+    X(bool, sync_bn, false, "sync-bn", DP_OPT_FLAG, NULL, 0, 0, 0,                                 \
+      "allreduce: batch norm normalises with the statistics of every replica's rows and moves "    \
+      "the same running ones (PyTorch's SyncBatchNorm; the reducer then runs inline)")
+
 typedef struct dp_allreduce_settings {
-    size_t bucket_bytes; /* gradients reduced in buckets of this size */
-    const char *overlap; /* --overlap auto, on or off (NULL: not given, auto) */
-    bool no_overlap;     /* --no-overlap: --overlap off */
-    bool sync_bn;        /* batch norm's batch statistics over every replica's rows */
+    DP_ALLREDUCE_OPTIONS(DP_OPT_FIELD)
 } dp_allreduce_settings;
 
 extern const dp_strategy_conf dp_allreduce_conf;

@@ -6,15 +6,15 @@
 #include "downpour/model.h"
 #include "downpour/model_parallel.h"
 #include "downpour/options.h"
-#include "downpour/train.h"
+#include "downpour/train_config.h"
 
 _Static_assert(sizeof(dp_mp_settings) <= DP_STRATEGY_CFG_MAX, "model-parallel settings too big");
 
-static const dp_mp_settings defaults = {0};
+static const dp_mp_settings defaults = {DP_MP_OPTIONS(DP_OPT_DEFAULT)};
 
-static const dp_opt opts[] = {
-    {"model-parallel", DP_OPT_INT, offsetof(dp_mp_settings, model_parallel), "K", "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, image by rows) (model-parallel's default: every task)", 1, 4096, 0},
-};
+#define DP_OPT_SETTINGS dp_mp_settings
+static const dp_opt opts[] = {DP_MP_OPTIONS(DP_OPT_LINE)};
+#undef DP_OPT_SETTINGS
 
 int dp_mp_settings_check_model(const char *model, int K, dp_err *err)
 {

@@ -4,12 +4,19 @@
 #ifndef DOWNPOUR_STRATEGY_MODEL_PARALLEL_OPTIONS_H
 #define DOWNPOUR_STRATEGY_MODEL_PARALLEL_OPTIONS_H
 
+#include "downpour/options.h"
 #include "downpour/strategy.h"
 
-/* A new option of model-parallel is a field here and a line in
- * model_parallel_options.c's opts. */
+/* model-parallel's options.  A new option is one line here (options.h,
+ * DP_OPT_FIELD): its field, default and table line come from it.
+ * --model-parallel K: tasks per replica (0, not given: every task). */
+#define DP_MP_OPTIONS(X)                                                                           \
+    X(int, model_parallel, 0, "model-parallel", DP_OPT_INT, "K", 1, 4096, 0,                       \
+      "model-parallel, ps-async: tasks each replica's layers are split over (dense by units, "     \
+      "image by rows) (model-parallel's default: every task)")
+
 typedef struct dp_mp_settings {
-    int model_parallel; /* tasks per replica, K (0: every task) */
+    DP_MP_OPTIONS(DP_OPT_FIELD)
 } dp_mp_settings;
 
 extern const dp_strategy_conf dp_mp_conf;

@@ -55,7 +55,7 @@
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
 #include "downpour/wire.h"
-#include "net/sender.h"
+#include "downpour/sender.h"
 #include "strategy/buffers_wire.h"
 
 #define STATS_BYTES (5 * 8 + 2 * 4)
@@ -83,8 +83,8 @@ struct dp_strategy {
     float *din;           /* stage > 0: the gradients sent back, one slot per micro-batch */
     float *dout;          /* not the last: the gradient received */
     double timeout;
-    sender *tx;           /* activations and gradients out */
-    long *act_seq, *din_seq; /* per slot: the send of what it holds (sender_wait) */
+    dp_sender *tx;           /* activations and gradients out */
+    long *act_seq, *din_seq; /* per slot: the send of what it holds (dp_sender_wait) */
     dp_ring ring;         /* R > 1: this stage's peers in the other replicas */
     int ring_open;
     dp_shard_policy policy;
@@ -104,7 +104,7 @@ static int wait_sent(dp_strategy *s, long seq, dp_err *err)
 {
     double t0 = dp_now();
     int rank;
-    if (sender_wait(s->tx, seq, &rank, err) < 0)
+    if (dp_sender_wait(s->tx, seq, &rank, err) < 0)
         return dp_group_lost_rank(&s->g, rank, err);
     s->idle += dp_now() - t0;
     return 0;
@@ -114,8 +114,8 @@ static int queue_send(dp_strategy *s, long *seq, int p, unsigned type, long step
                       const float *buf, size_t len, dp_err *err)
 {
     int rank;
-    *seq = sender_push(s->tx, s->ranks[p], type, (uint64_t)step, (uint64_t)k, buf, len, &rank,
-                       err);
+    *seq = dp_sender_push(s->tx, s->ranks[p], type, (uint64_t)step, (uint64_t)k, buf, len, &rank,
+                          err);
     return *seq < 0 ? dp_group_lost_rank(&s->g, rank, err) : 0;
 }
 
@@ -305,7 +305,7 @@ static int pipe_step(dp_strategy *s, const float *x, const uint8_t *y, int n, fl
                 return -1;
         }
         /* everything out before the frames sent inline (one order per peer) */
-        if (wait_sent(s, sender_last(s->tx), err) < 0 ||
+        if (wait_sent(s, dp_sender_last(s->tx), err) < 0 ||
             share_loss(s, step, &loss_sum, &correct, err) < 0)
             return -1;
         s->span += dp_now() - t0;
@@ -555,7 +555,7 @@ static void pipe_close(dp_strategy *s)
 {
     if (!s)
         return;
-    sender_close(s->tx);
+    dp_sender_close(s->tx);
     if (s->ring_open)
         dp_ring_free(&s->ring);
     dp_optim_free(&s->opt);
@@ -664,7 +664,7 @@ static int open_stage(dp_strategy *s, const dp_train_config *cfg, dp_err *err)
     s->din_seq = calloc((size_t)s->slots, sizeof *s->din_seq);
     if (!s->act_seq || !s->din_seq)
         return dp_errf(err, "out of memory");
-    if (sender_open(&s->tx, s->t, 2 * s->M + 2, err) < 0 ||
+    if (dp_sender_open(&s->tx, s->t, 2 * s->M + 2, err) < 0 ||
         dp_optim_init(&s->opt, &cfg->optim, s->hi - s->lo, err) < 0)
         return -1;
     const dp_train_state *r = s->env->resume;

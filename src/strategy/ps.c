@@ -11,9 +11,9 @@
 #include "downpour/wire.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
+#include "downpour/sender.h"
 #include "downpour/trace.h"
 #include "strategy/ps_rules.h"
-#include "net/sender.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
 #define CHIEF_WAIT 600.0 /* s a server with nothing left to serve waits for a lost chief */
@@ -725,7 +725,7 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     /* A send thread only where no shard fails over: a failover re-sends
      * from the caller's thread, in order with what it sent itself. */
     if (c->behind > 0 && !cfg->push_inline && cfg->replicas < 2 && cfg->ps_wait <= 0) {
-        if (sender_open(&c->q, t, layout->n_shards, err) < 0)
+        if (dp_sender_open(&c->q, t, layout->n_shards, err) < 0)
             goto fail;
         if (!(c->out = malloc(n_params * sizeof(float))))
             goto oom;
@@ -753,7 +753,7 @@ void dp_ps_client_free(dp_ps_client *c)
 {
     if (!c)
         return;
-    sender_close(c->q);
+    dp_sender_close(c->q);
     free(c->sec);
     free(c->rbuf);
     free(c->out);
@@ -1021,7 +1021,7 @@ static int sends_done(dp_ps_client *c, dp_err *err)
 {
     int peer;
     dp_err why;
-    if (!c->q || sender_wait(c->q, c->q_last, &peer, &why) == 0)
+    if (!c->q || dp_sender_wait(c->q, c->q_last, &peer, &why) == 0)
         return 0;
     return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1 : dp_errf(err, "%s", why.msg);
 }
@@ -1041,9 +1041,9 @@ static int queue_push(dp_ps_client *c, dp_err *err)
         const dp_range *r = &c->layout.range[s];
         int peer;
         dp_err why;
-        c->q_last = sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
-                                     raw, sizeof raw, c->out + r->lo - c->cfg.dense_shift,
-                                     (r->hi - r->lo) * sizeof(float), &peer, &why);
+        c->q_last = dp_sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
+                                        raw, sizeof raw, c->out + r->lo - c->cfg.dense_shift,
+                                        (r->hi - r->lo) * sizeof(float), &peer, &why);
         if (c->q_last < 0)
             return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1
                                                                  : dp_errf(err, "%s", why.msg);

@@ -18,21 +18,48 @@
 #ifndef DOWNPOUR_STRATEGY_PS_FAMILY_H
 #define DOWNPOUR_STRATEGY_PS_FAMILY_H
 
+#include "downpour/options.h"
+#include "downpour/partition.h" /* DP_PARTITION_MIN_SHARD_BYTES */
 #include "downpour/ps.h"
 #include "downpour/strategy.h"
 
 /* The family's settings (ps_options.c): dp_train_config's strategy_cfg
- * under every ps strategy and model-avg. */
+ * under every ps strategy and model-avg.  A new option of the family is
+ * one line here (options.h, DP_OPT_FIELD): its field, default and table
+ * line come from it; the code that reads it comes on top. */
+#define DP_PS_OPTIONS(X)                                                                           \
+    X(int, fetch_every, 1, "fetch-every", DP_OPT_INT, "N", 1, 1000000, 0,                          \
+      "ps-async: pull parameters every N steps")                                                   \
+    X(int, push_every, 1, "push-every", DP_OPT_INT, "N", 1, 1000000, 0,                            \
+      "ps-async: push gradients accumulated over N steps")                                         \
+    X(int, push_behind, 0, "push-behind", DP_OPT_INT, "N", 0, 64, 0,                               \
+      "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0:"   \
+      " wait for each)")                                                                           \
+    X(bool, push_inline, false, "push-inline", DP_OPT_FLAG, NULL, 0, 0, 0,                         \
+      "ps-async --push-behind: the worker sends each push itself, not a send thread")              \
+    X(int, staleness, 3, "staleness", DP_OPT_INT, "S", 0, 1000000, 0,                              \
+      "ps-ssp: how many clocks a worker may lead the slowest")                                     \
+    X(const char *, staleness_range, "1:6", "staleness-range", DP_OPT_STR, "LO:HI", 0, 0, 0,       \
+      "ps-dssp: range of the adapted bound")                                                       \
+    X(int, period, 8, "period", DP_OPT_INT, "K", 1, 1000000, 0,                                    \
+      "model-avg: local steps between averages")                                                   \
+    X(size_t, min_shard_bytes, DP_PARTITION_MIN_SHARD_BYTES, "ps-min-shard-bytes", DP_OPT_SIZE,    \
+      "N", 4096, (double)(1L << 40), 0,                                                            \
+      "smallest parameter shard in bytes")                                                         \
+    X(int, max_shards, 0, "ps-max-shards", DP_OPT_INT, "N", 0, 4096, 0,                            \
+      "most shards (0: one per ps task)")                                                          \
+    X(int, replicas, 1, "ps-replicas", DP_OPT_INT, "N", 1, 2, 0,                                   \
+      "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when the"   \
+      " primary is lost")                                                                          \
+    /* ps-async's model-parallel replicas: listed with model-parallel's options */                 \
+    X(bool, dense, false, "ps-dense", DP_OPT_FLAG, NULL, 0, 0, 0,                                  \
+      "sparse tables (emb) move whole on every step, as dense parameters, not by the rows a"       \
+      " batch touches (for comparison)")                                                           \
+    X(int, model_parallel, 0, "model-parallel", DP_OPT_INT, "K", 1, 4096, DP_OPT_ALSO,             \
+      "tasks per model-parallel replica")
+
 typedef struct dp_ps_settings {
-    int fetch_every, push_every, push_behind;
-    bool push_inline;
-    int staleness;
-    const char *staleness_range; /* "LO:HI" */
-    int period;
-    size_t min_shard_bytes;
-    int max_shards, replicas;
-    int model_parallel; /* ps-async: tasks per model-parallel replica (0: none) */
-    bool dense;         /* sparse tables move whole, as dense parameters (not by rows) */
+    DP_PS_OPTIONS(DP_OPT_FIELD)
 } dp_ps_settings;
 extern const dp_strategy_conf dp_ps_conf;
 /* The servers' and clients' configuration from the settings (the range

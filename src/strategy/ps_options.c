@@ -1,8 +1,9 @@
 /* The parameter-server family's settings (ps-async, ps-sync, ps-ssp,
  * ps-dssp, model-avg): the options, their defaults and checks, their part
  * of the run identity and the launcher's restart policy for a lost ps task.
- * A new option of the family is one line in `opts` and one field in
- * dp_ps_settings (ps_family.h), read where it is used. */
+ * A new option of the family is one line of DP_PS_OPTIONS (ps_family.h),
+ * which makes its field, its default and its line in `opts`; it is read
+ * where it is used. */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,33 +14,11 @@
 
 _Static_assert(sizeof(dp_ps_settings) <= DP_STRATEGY_CFG_MAX, "ps settings too big");
 
-static const dp_ps_settings defaults = {
-    .fetch_every = 1, .push_every = 1, .push_behind = 0, .staleness = 3,
-    .staleness_range = "1:6", .period = 8, .min_shard_bytes = DP_PARTITION_MIN_SHARD_BYTES,
-    .max_shards = 0, .replicas = 1,
-};
+static const dp_ps_settings defaults = {DP_PS_OPTIONS(DP_OPT_DEFAULT)};
 
-#define F(field) offsetof(dp_ps_settings, field)
-static const dp_opt opts[] = {
-    {"fetch-every", DP_OPT_INT, F(fetch_every), "N", "ps-async: pull parameters every N steps", 1, 1000000, 0},
-    {"push-every", DP_OPT_INT, F(push_every), "N", "ps-async: push gradients accumulated over N steps", 1, 1000000, 0},
-    {"push-behind", DP_OPT_INT, F(push_behind), "N", "ps-async: pushes a worker may have in flight, not yet answered, while it computes on (0: wait for each)", 0, 64, 0},
-    {"push-inline", DP_OPT_FLAG, F(push_inline), NULL, "ps-async --push-behind: the worker sends each push itself, not a send thread", 0, 0, 0},
-    {"staleness", DP_OPT_INT, F(staleness), "S", "ps-ssp: how many clocks a worker may lead the slowest", 0, 1000000, 0},
-    {"staleness-range", DP_OPT_STR, F(staleness_range), "LO:HI", "ps-dssp: range of the adapted bound", 0, 0, 0},
-    {"period", DP_OPT_INT, F(period), "K", "model-avg: local steps between averages", 1, 1000000, 0},
-    {"ps-min-shard-bytes", DP_OPT_SIZE, F(min_shard_bytes), "N", "smallest parameter shard in bytes", 4096, (double)(1L << 40), 0},
-    {"ps-max-shards", DP_OPT_INT, F(max_shards), "N", "most shards (0: one per ps task)", 0, 4096, 0},
-    {"ps-replicas", DP_OPT_INT, F(replicas), "N",
-     "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when "
-     "the primary is lost", 1, 2, 0},
-    {"ps-dense", DP_OPT_FLAG, F(dense), NULL,
-     "sparse tables (emb) move whole on every step, as dense parameters, not by the rows a "
-     "batch touches (for comparison)", 0, 0, 0},
-    /* ps-async's model-parallel replicas: listed with model-parallel's options */
-    {"model-parallel", DP_OPT_INT, F(model_parallel), "K", "tasks per model-parallel replica", 1, 4096, DP_OPT_ALSO},
-};
-#undef F
+#define DP_OPT_SETTINGS dp_ps_settings
+static const dp_opt opts[] = {DP_PS_OPTIONS(DP_OPT_LINE)};
+#undef DP_OPT_SETTINGS
 
 /* "LO:HI" of --staleness-range, each in [0, 1000000], LO <= HI. */
 static int parse_range(const char *s, int *lo, int *hi, dp_err *err)

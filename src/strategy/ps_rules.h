@@ -115,7 +115,7 @@ struct dp_ps_client {
      * shard answers them in order on its connection (ps.c dp_ps_settle). */
     int behind;          /* the most left unanswered while the worker computes */
     int in_flight;
-    struct sender *q;    /* the thread that sends the pushes (NULL: the caller does) */
+    struct dp_sender *q;    /* the thread that sends the pushes (NULL: the caller does) */
     float *out;          /* with q: the push it sends, copied (the caller's changes) */
     long q_last;         /* with q: the sequence number of the push's last frame */
     /* The request each shard has not answered yet, re-sent to the backup

@@ -26,6 +26,8 @@ struct dp_reducer {
     dp_ring *ring;
     float *grads;
     size_t n, bucket;   /* floats; bucket b is [lo(b), hi(b)) counted from the end */
+    size_t skip_lo[DP_REDUCER_MAX_SKIP], skip_hi[DP_REDUCER_MAX_SKIP]; /* left alone */
+    int n_skip;
     int n_buckets;
     dp_overlap mode;
     int spare;          /* spare cores, as given */
@@ -64,17 +66,51 @@ static size_t bucket_lo(const dp_reducer *r, int b)
     return hi > r->bucket ? hi - r->bucket : 0;
 }
 
+/* Bucket b less the skipped ranges, piece by piece, each summed with the
+ * chunks of the whole bucket (dp_ring_allreduce_part): the same bits as the
+ * whole bucket's sum. */
 static int reduce_bucket(dp_reducer *r, int b, uint64_t step, float weight, dp_err *err)
 {
     double t0 = dp_now();
-    size_t lo = bucket_lo(r, b), hi = bucket_hi(r, b);
+    size_t lo = bucket_lo(r, b), hi = bucket_hi(r, b), at = lo;
     float *restrict g = r->grads + lo;
-    if (weight != 1.0f)
-        for (size_t i = 0; i < hi - lo; i++)
-            g[i] *= weight;
-    int rc = dp_ring_allreduce(r->ring, g, hi - lo, step, b, err);
+    int rc = 0;
+    for (int k = 0; k <= r->n_skip && rc == 0; k++) {
+        size_t end = k < r->n_skip ? r->skip_lo[k] : hi;
+        end = end < at ? at : end > hi ? hi : end;
+        if (end > at) {
+            if (weight != 1.0f)
+                for (size_t i = at - lo; i < end - lo; i++)
+                    g[i] *= weight;
+            rc = dp_ring_allreduce_part(r->ring, g, hi - lo, at - lo, end - lo, step, b, err);
+        }
+        if (k < r->n_skip && r->skip_hi[k] > at)
+            at = r->skip_hi[k] < hi ? r->skip_hi[k] : hi;
+    }
     dp_trace_span("all-reduce bucket", "allreduce", t0, dp_now(), b);
     return rc;
+}
+
+int dp_reducer_skip(dp_reducer *r, const size_t *lo, const size_t *hi, int n)
+{
+    if (n < 0 || n > DP_REDUCER_MAX_SKIP)
+        return -1;
+    for (int k = 0; k < n; k++)
+        if (lo[k] > hi[k] || hi[k] > r->n || (k > 0 && lo[k] < hi[k - 1]))
+            return -1;
+    pthread_mutex_lock(&r->mu);
+    memcpy(r->skip_lo, lo, (size_t)n * sizeof *lo);
+    memcpy(r->skip_hi, hi, (size_t)n * sizeof *hi);
+    r->n_skip = n;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+void dp_reducer_bucket_of(const dp_reducer *r, size_t i, size_t *lo, size_t *hi)
+{
+    int b = i < r->n ? (int)((r->n - 1 - i) / r->bucket) : 0;
+    *lo = bucket_lo(r, b);
+    *hi = bucket_hi(r, b);
 }
 
 /* The communication thread: reduces buckets in order as they become ready. */

@@ -7,5 +7,6 @@
 int dp_experiment_thesis(int argc, char **argv);  /* thesis.c */
 int dp_experiment_scaling(int argc, char **argv); /* scaling.c */
 int dp_experiment_cost(int argc, char **argv);    /* cost.c */
+int dp_experiment_sparse(int argc, char **argv);  /* sparse.c */
 
 #endif

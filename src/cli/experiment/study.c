@@ -176,6 +176,8 @@ int study_read_run(const char *path, study_run *r, dp_err *err)
     size_t cap = 0;
     ssize_t n;
     bool have_total = false;
+    double tx[STUDY_MAX_WORKERS] = {0}, rx[STUDY_MAX_WORKERS] = {0};
+    bool seen[STUDY_MAX_WORKERS] = {false};
     while ((n = getline(&line, &cap, f)) > 0) {
         cJSON *o = cJSON_ParseWithLength(line, (size_t)n);
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
@@ -199,6 +201,19 @@ int study_read_run(const char *path, study_run *r, dp_err *err)
             r->test_accuracy = num(o, "test_accuracy", NAN);
             r->train_seconds = num(o, "train_seconds", NAN);
             r->samples_per_second = num(o, "samples_per_second", NAN);
+            r->test_auc = num(o, "test_auc", NAN);
+            r->test_log_loss = num(o, "test_log_loss", NAN);
+        } else if (strcmp(e, "resource") == 0) {
+            /* each worker's counters are cumulative: its last event counts */
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "task");
+            int w = cJSON_IsString(t) && strncmp(t->valuestring, "worker:", 7) == 0
+                        ? atoi(t->valuestring + 7)
+                        : -1;
+            if (w >= 0 && w < STUDY_MAX_WORKERS) {
+                tx[w] = num(o, "net_tx_bytes", 0);
+                rx[w] = num(o, "net_rx_bytes", 0);
+                seen[w] = true;
+            }
         } else if (strcmp(e, "resource_total") == 0) {
             have_total = true;
             r->tasks = (int)num(o, "tasks", 0);
@@ -211,11 +226,28 @@ int study_read_run(const char *path, study_run *r, dp_err *err)
     }
     free(line);
     fclose(f);
+    for (int w = 0; w < STUDY_MAX_WORKERS; w++)
+        if (seen[w]) {
+            r->workers++;
+            r->worker_tx += tx[w];
+            r->worker_rx += rx[w];
+        }
     if (!have_total)
         r->cpu_percent_mean = r->cpu_percent_sum = r->rss_bytes = r->net_bytes = NAN;
     if (!r->done)
         return dp_errf(err, "%s: no \"done\" event (the run did not finish)", path);
     return 0;
+}
+
+const char *study_pick(const char *a, const char *b, double dq, double spread, double ratio)
+{
+    if (!isfinite(spread) || !isfinite(dq) || !isfinite(ratio))
+        return NULL;
+    if (fabs(dq) > spread)
+        return dq > 0 ? b : a;
+    if (fabs(ratio - 1) <= STUDY_TIME_TOLERANCE)
+        return NULL;
+    return ratio < 1 ? b : a;
 }
 
 static int cmp_double(const void *a, const void *b)

@@ -13,6 +13,7 @@
 #define STUDY_MAX_ARGS 96
 #define STUDY_MAX_EPOCHS 1000
 #define STUDY_MAX_LIST 16
+#define STUDY_MAX_WORKERS 256 /* worker tasks whose bytes a run summary adds up */
 
 /* A command line under construction: argv[0] is this program, or another
  * program found on PATH (a script). */
@@ -52,6 +53,9 @@ typedef struct study_run {
     double cpu_percent_sum;    /* their sum: cores kept busy x 100 */
     double rss_bytes;          /* sum over tasks of each task's peak */
     double net_bytes;          /* sum over tasks of the bytes each received */
+    double test_auc, test_log_loss; /* a model ending in bce (else NAN) */
+    int workers;               /* worker tasks whose resource events were read */
+    double worker_tx, worker_rx; /* their last net_tx_bytes and net_rx_bytes, summed */
 } study_run;
 
 /* Reads path into r.  Returns 0, or -1 naming the file when it cannot be
@@ -64,6 +68,17 @@ typedef struct study_stat {
     int n;
 } study_stat;
 study_stat study_stats(double *v, int n);
+
+/* The recommendation's rule (docs/experiments.md, "The recommendation")
+ * between two strategies a and b: dq is b's quality minus a's (median test
+ * accuracy, or AUC: higher is better), spread the spread between seeds
+ * measured in the study (NAN: one seed, nothing measured), ratio b's
+ * training time over a's (medians).  Quality first, when |dq| is above the
+ * spread; else the faster, when the ratio is more than
+ * STUDY_TIME_TOLERANCE from 1.  NULL: no verdict (one seed, or a tie both
+ * ways). */
+#define STUDY_TIME_TOLERANCE 0.05
+const char *study_pick(const char *a, const char *b, double dq, double spread, double ratio);
 
 /* Splits a comma list ("128,256", "mnist,fashion-mnist") into at most
  * STUDY_MAX_LIST items, each checked by ok (NULL: any).  Names the option

@@ -286,7 +286,7 @@ static void summarise(cell *c)
 #define SOURCE_EPOCHS 25
 /* Training times within this fraction of each other are "about the same":
  * a 1.00x ratio is no win, and run-to-run noise is a few per cent. */
-#define TIME_TOLERANCE 0.05
+#define TIME_TOLERANCE STUDY_TIME_TOLERANCE
 /* A mean prediction error above this draws a caveat beside the figures. */
 #define PREDICTION_CAVEAT 0.25
 
@@ -470,8 +470,6 @@ static void recommend(const thesis *T, verdict *v)
                       "measures it).",
                    ps, 100 * sd.median, n, 100 * sd.min, 100 * sd.max);
     } else if (fabs(sd.median) > spread) {
-        if (full)
-            v->strategy = more_acc;
         add_reason(v, "%s reached the higher test accuracy in %d of %d comparable cells, by %.2f "
                       "points in the median (%+.2f to %+.2f, all-reduce minus %s), more than "
                       "the %.2f-point spread between seeds measured here.",
@@ -491,8 +489,8 @@ static void recommend(const thesis *T, verdict *v)
         add_reason(v, "%s trained faster: all-reduce took %.2fx the time of %s in the median "
                       "(%.2fx to %.2fx) on %s.",
                    faster, sr.median, ps, sr.min, sr.max, T->cluster.description);
-    if (full && !v->strategy && isfinite(spread))
-        v->strategy = faster; /* accuracy tied within a measured spread: time decides */
+    if (full) /* accuracy first; tied within a measured spread, time decides */
+        v->strategy = study_pick(ps, "allreduce", sd.median, spread, sr.median);
     if (full)
         add_reason(v, "Cells at or above the source's test accuracy: %s %d of %d, all-reduce %d "
                       "of %d.",
