@@ -99,11 +99,6 @@ struct dp_strategy {
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
 
-/* Sparse rows are chosen when the model has sparse tables (sparse.h) and
- * nothing of the run needs them whole (docs/strategies.md, "Sparse
- * rows"): the tables then lie outside the dense shards, and each row goes
- * to shard id mod n_shards.  Every task decides alike, from the same
- * settings and model. */
 /* What of the run needs the tables whole (NULL: nothing), from the
  * settings alone. */
 static const char *whole_tables(const dp_train_config *cfg, dp_ps_mode mode,
@@ -132,6 +127,11 @@ int dp_ps_family_compact(const dp_train_config *cfg, dp_ps_mode mode)
            !whole_tables(cfg, mode, ps, &pc, ps->model_parallel);
 }
 
+/* Sparse rows are chosen when the model has sparse tables (sparse.h) and
+ * nothing of the run needs them whole (docs/strategies.md, "Sparse
+ * rows"): the tables then lie outside the dense shards, and each row goes
+ * to shard id mod n_shards.  Every task decides alike, from the same
+ * settings and model. */
 static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *ps, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
