@@ -28,8 +28,12 @@
  * owns a range of the table's rows, zeroes them and adds every record's
  * output gradient into the rows it owns, records and places in order, so no
  * result depends on the thread count.  The gradient at the input is zero
- * at the ids and the output's gradient passed back at the rest.  Model
- * parallelism and the device refuse it (no kernels yet). */
+ * at the ids and the output's gradient passed back at the rest.  Its
+ * table is a sparse table (layer_kind.h: sparse, sparse_ids, sparse_slots):
+ * a parameter server moves only the rows a batch names, and a worker may
+ * hold it compact, the ids rewritten to slots (docs/architecture.md,
+ * "Sparse tables").  Model parallelism and the device refuse it (no
+ * kernels yet). */
 #include "nn/layer_impl.h"
 
 #include <math.h>
