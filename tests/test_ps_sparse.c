@@ -210,7 +210,7 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
     r->cfg.replicas = replicas;
     if (sparse) {
         r->cfg.n_tables = 1;
-        r->cfg.tables[0] = (dp_ps_table_spec){0, ROWS, WIDTH, ROWS};
+        r->cfg.tables[0] = (dp_ps_table_spec){0, ROWS, WIDTH, ROWS, 0, 0};
     }
     REQUIRE(dp_ps_layout_make_from(&r->layout, &r->c, sparse ? TAB : 0, NP, &r->cfg, &err) == 0);
     REQUIRE(r->layout.n_shards == 2);

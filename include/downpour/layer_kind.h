@@ -161,12 +161,20 @@ typedef struct dp_layer_ops {
 
     /* Sparse tables (NULL: none): the kind's tables, returning how many; and
      * the rows of table k that a batch touches, from the model's input x
-     * alone (batch records of the model's input width), before any forward:
-     * each record's ids in order, clamped as the forward clamps them, into
-     * ids (batch * per_record at most); returns how many it wrote.  Only a
-     * kind that reads the model's input (the first layer) can say this. */
+     * alone (batch records of `width` floats, the model's input width),
+     * before any forward: each record's rows in order, as the forward reads
+     * them (clamped, or places it skips left out), into ids (batch *
+     * per_record at most); returns how many it wrote.  Only a kind that
+     * reads the model's input (the first layers) can say this. */
     int (*sparse)(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE]);
-    long (*sparse_ids)(const dp_layer *d, int k, const float *x, int batch, uint32_t *ids);
+    long (*sparse_ids)(const dp_layer *d, int k, const float *x, int width, int batch,
+                       uint32_t *ids);
+    /* A compact table (model.h, sparse_rows): rewrites each place of x that
+     * sparse_ids reads as a row to that row's slot, slot(row), so the
+     * forward reads the slot instead; places naming no row keep naming none
+     * (NULL: the kind cannot be held compact). */
+    void (*sparse_slots)(const dp_layer *d, int k, float *x, int width, int batch,
+                         long (*slot)(const void *ctx, uint32_t row), const void *ctx);
 
     /* Model parallelism: the rule, the reason when refused, and the part's
      * forward and backward: for ROWS the band of output rows [c->y0, c->y1)

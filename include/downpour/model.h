@@ -128,6 +128,10 @@ typedef struct dp_layer {
     /* lead: the leading input features it reads (K) and whether a relu
      * follows its product; dot: the vectors' width (D) */
     int lead_in, lead_relu, dot_dim;
+    /* A sparse table held compact (dp_model_init_compact): its rows on the
+     * parameter servers, N, of which this model holds w_len / D slots, the
+     * rows of the batch in flight; 0: the table is whole. */
+    long sparse_rows;
 } dp_layer;
 
 enum {
@@ -191,6 +195,15 @@ typedef struct dp_model {
  * (>= 1) micro-batches of up to max_batch rows; params are zero until
  * dp_model_init_params. */
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err);
+/* As dp_model_init, with each sparse table (sparse.h) cut to the rows one
+ * batch can name, C = min(N, max_batch x ids a record): a parameter-server
+ * worker's model, which holds only the rows of the batch in flight, in
+ * slots 0..C-1 (docs/strategies.md, "Tables larger than a worker").  The
+ * other parameters follow in the same order, earlier by what the tables
+ * lost; the layer keeps N in sparse_rows.  Cuts nothing (and returns 0)
+ * unless the tables lie before every dense parameter, one a layer, at
+ * most DP_SPARSE_MAX; returns 1 when it cut, -1 on error. */
+int dp_model_init_compact(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err);
 void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
 /* An external model's dp_model (external.h): its n_params, its caller's
  * buffers as params and grads, no layers; spec and name "external:NAME"
@@ -211,8 +224,9 @@ int dp_model_classes(const dp_model *m);
  * probability of label 1, of two classes; evaluation reports its AUC and
  * log loss (docs/metrics.md). */
 int dp_model_binary(const dp_model *m);
-/* The model's embedding bags, first layers first: each one's table rows and
- * the ids a record holds for it (bag_ids); returns how many (the first cap
+/* The model's embedding bags, first layers first: each one's table rows (a
+ * compact table's rows on the servers, sparse_rows) and the ids a record
+ * holds for it (bag_ids); returns how many (the first cap
  * written).  The readers check named categorical columns' ids against
  * these rows (docs/datasets.md, "Categorical and numeric columns"). */
 int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap);

@@ -37,11 +37,17 @@ typedef enum dp_ps_mode {
 /* A sparse table moved by row (docs/strategies.md, "Sparse rows"): rows x
  * width floats at off in the flat parameters.  Row id lives on shard
  * id mod n_shards, as that shard's local row id / n_shards. */
-#define DP_PS_MAX_TABLES 16
+#define DP_PS_MAX_TABLES 64
 typedef struct dp_ps_table_spec {
     size_t off;
     uint32_t rows, width;
     uint32_t max_ids;   /* client: the most unique ids one step touches (its buffers) */
+    /* client: a compact table (docs/strategies.md, "Tables larger than a
+     * worker"): the step's rows live in slots, the i-th id asked at
+     * local_off + i*width of the client's vector, not at off + id*width;
+     * 0 slots: the vector holds the whole table */
+    size_t local_off;
+    uint32_t slots;
 } dp_ps_table_spec;
 
 typedef struct dp_ps_config {
@@ -76,6 +82,8 @@ typedef struct dp_ps_config {
     int n_tables;           /* sparse tables moved by row, not in the dense shards
                                (their ranges lie before dense_lo); 0: none */
     dp_ps_table_spec tables[DP_PS_MAX_TABLES];
+    size_t dense_shift;     /* client: its vector holds dense parameter j (of the whole
+                               model) at j - dense_shift: what its compact tables lack */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -174,7 +182,8 @@ int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int re
 int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
 /* Fetches every shard's parameters into params; with average set, the
  * servers' moving average of them instead (cfg.ema > 0).  With sparse
- * tables, every row of every table too (PULL_TABLE). */
+ * tables, every row of every table too (PULL_TABLE), unless the client's
+ * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
 /* The chief's side of a checkpoint: asks every shard for its training state
  * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL

@@ -12,19 +12,37 @@
 
 #include "downpour/model.h"
 
-#define DP_SPARSE_MAX 16 /* tables in one model */
+#define DP_SPARSE_MAX 64 /* tables in one model: one a layer of DP_MAX_LAYERS (26 features' bags fit) */
 
 typedef struct dp_sparse_table {
-    size_t off;       /* row r is params[off + r*width .. + width) */
+    size_t off;       /* row r is params[off + r*width .. + width) of the whole model */
     long rows;
     int width;
     long per_record;  /* the most ids one record names */
     int layer, k;     /* the layer that holds it, and which of its tables */
+    /* A compact table (dp_model_init_compact): this model holds `slots`
+     * rows at local_off, slot i at local_off + i*width, and off is where
+     * the whole model holds it.  Else slots = 0 and local_off = off. */
+    size_t local_off;
+    long slots;
 } dp_sparse_table;
 
 /* The model's sparse tables, in layer order (at most max): returns how many
- * (0 for a model without any, or an external one). */
+ * (0 for a model without any, or an external one).  Of a compact model:
+ * each table's place in the whole model and in this one. */
 int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max);
+/* The parameters the whole model holds more than this one (its compact
+ * tables' rows left out; 0 for a model built whole). */
+size_t dp_model_sparse_cut(const dp_model *m);
+
+/* Compaction: rewrites the places of table t in the batch x (records of the
+ * model's input width) that name rows, each to the slot of its row among
+ * rows[0..n) (unique, increasing: dp_model_sparse_rows's), in place, so the
+ * compact model's forward reads in slot i what the whole model reads in
+ * row rows[i]; places that name no row are left naming none.  Allocates
+ * nothing. */
+void dp_model_sparse_slots(const dp_model *m, const dp_sparse_table *t, float *x, int batch,
+                           const uint32_t *rows, long n);
 
 /* The unique rows of table t that a batch of `batch` records touches, from
  * the model's input x, in increasing order, into ids, which holds batch *

@@ -239,6 +239,11 @@ struct dp_strategy_ops {
     /* Rows the model must hold at once (NULL: the batch, twice it in a
      * cluster); the loop makes it at least its evaluation chunk. */
     int (*model_rows)(const dp_train_config *cfg);
+    /* Whether a worker's model may hold its sparse tables compact, only
+     * the rows of the batch in flight (dp_model_init_compact): the strategy
+     * moves them by rows and nothing of a worker needs them whole (NULL:
+     * never).  The strategy's step then turns the batch's ids into slots. */
+    int (*compact_tables)(const dp_train_config *cfg);
     /* Sets up this task's part of the run (from env->resume when resuming). */
     int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
     /* SERVER: serves until the run is over. */

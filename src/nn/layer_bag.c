@@ -28,10 +28,15 @@
  * owns a range of the table's rows, zeroes them and adds every record's
  * output gradient into the rows it owns, records and places in order, so no
  * result depends on the thread count.  The gradient at the input is zero
- * at the ids and the output's gradient passed back at the rest.  Model
- * parallelism and the device refuse it (no kernels yet). */
+ * at the ids and the output's gradient passed back at the rest.  Its
+ * table is a sparse table (layer_kind.h: sparse, sparse_ids, sparse_slots):
+ * a parameter server moves only the rows a batch names, and a worker may
+ * hold it compact, the ids rewritten to slots (docs/architecture.md,
+ * "Sparse tables").  Model parallelism and the device refuse it (no
+ * kernels yet). */
 #include "nn/layer_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "downpour/pool.h"
@@ -227,6 +232,53 @@ static void backward(const dp_layer_call *c)
     }
 }
 
+/* Its table is a sparse table (layer_kind.h): a batch reads only the rows
+ * its ids name, columns [bag_col, bag_col + M) of the model's input. */
+static int sparse(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE])
+{
+    out[0] = (dp_lk_sparse){d->w_off, rows_of(d), dim_of(d), d->bag_ids};
+    return 1;
+}
+
+/* The row of the whole table a record's value names: dp_model_bag_row's
+ * rule, over the table's rows on the servers when this one is compact. */
+static long whole_row(const dp_layer *d, float v)
+{
+    if (!d->sparse_rows)
+        return dp_model_bag_row(d, v);
+    return v >= 0.0f && v < (float)d->sparse_rows && v == floorf(v) ? (long)v : -1;
+}
+
+/* The rows the forward reads: dp_model_bag_row's, empty places (-1) and
+ * skipped ids left out. */
+static long sparse_ids(const dp_layer *d, int k, const float *x, int width, int batch,
+                       uint32_t *ids)
+{
+    (void)k;
+    long n = 0;
+    for (int r = 0; r < batch; r++)
+        for (int j = 0; j < d->bag_ids; j++) {
+            long row = whole_row(d, x[(size_t)r * width + d->bag_col + j]);
+            if (row >= 0)
+                ids[n++] = (uint32_t)row;
+        }
+    return n;
+}
+
+/* Each id to its slot; an empty place stays -1, a bad id becomes NaN, which
+ * the forward skips and counts as it would have the id. */
+static void sparse_slots(const dp_layer *d, int k, float *x, int width, int batch,
+                         long (*slot)(const void *ctx, uint32_t row), const void *ctx)
+{
+    (void)k;
+    for (int r = 0; r < batch; r++)
+        for (int j = 0; j < d->bag_ids; j++) {
+            float *v = &x[(size_t)r * width + d->bag_col + j];
+            long row = whole_row(d, *v);
+            *v = row >= 0 ? (float)slot(ctx, (uint32_t)row) : *v == -1.0f ? -1.0f : NAN;
+        }
+}
+
 const dp_layer_ops dp_layer_bag = {
     .kind = DP_LAYER_BAG, .name = "bag", .token = 1,
     .example = "bag1000x16",
@@ -235,12 +287,13 @@ const dp_layer_ops dp_layer_bag = {
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .bad_inputs = bad_inputs,
+    .sparse = sparse, .sparse_ids = sparse_ids, .sparse_slots = sparse_slots,
     .bad_inputs_what = "ids that are not integers in its table's rows (bag<N>x<D>: [0, N)) "
                        "nor -1 (an empty place), each skipped",
     .mp = DP_MP_REFUSE,
-    .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
-                 "servers are issue 32's part B), and a layer run whole on every task (FULL) "
-                 "holds no parameters",
+    .mp_reason = "its table would be needed whole on every task (parameter servers move "
+                 "it by sparse rows instead: docs/strategies.md), and a layer run "
+                 "whole on every task (FULL) holds no parameters",
     .dev_reason = "click-through models (bag, lead, dot, bce) train on the CPU for now; "
                   "leave out --device (docs/models.md, \"Click-through models\")",
 };

@@ -129,17 +129,35 @@ static int sparse(const dp_layer *d, dp_lk_sparse out[DP_LK_MAX_SPARSE])
 }
 
 /* The forward's ids (dp_k_emb_ids: rounded, clamped into the table). */
-static long sparse_ids(const dp_layer *d, int k, const float *x, int batch, uint32_t *ids)
+static long sparse_ids(const dp_layer *d, int k, const float *x, int width, int batch,
+                       uint32_t *ids)
 {
     (void)k;
+    (void)width; /* the first layer: its input is the model's */
     long n = (long)batch * d->in;
-    float top = (float)(rows_of(d) - 1);
+    float top = (float)((d->sparse_rows ? d->sparse_rows : rows_of(d)) - 1);
     for (long t = 0; t < n; t++) {
         float id = nearbyintf(x[t]);
         id = !(id >= 0.0f) ? 0.0f : id > top ? top : id;
         ids[t] = (uint32_t)id;
     }
     return n;
+}
+
+/* Each id (rounded and clamped into the whole table, as sparse_ids) to
+ * its slot. */
+static void sparse_slots(const dp_layer *d, int k, float *x, int width, int batch,
+                         long (*slot)(const void *ctx, uint32_t row), const void *ctx)
+{
+    (void)k;
+    (void)width;
+    long n = (long)batch * d->in;
+    float top = (float)((d->sparse_rows ? d->sparse_rows : rows_of(d)) - 1);
+    for (long t = 0; t < n; t++) {
+        float id = nearbyintf(x[t]);
+        id = !(id >= 0.0f) ? 0.0f : id > top ? top : id;
+        x[t] = (float)slot(ctx, (uint32_t)id);
+    }
 }
 
 static size_t dev_keep(const dp_layer *d, int max_batch) { return keep_floats(d, max_batch); }
@@ -175,7 +193,7 @@ const dp_layer_ops dp_layer_emb = {
     .keep_floats = keep_floats,
     .forward = forward, .backward = backward,
     .bad_inputs = bad_inputs,
-    .sparse = sparse, .sparse_ids = sparse_ids,
+    .sparse = sparse, .sparse_ids = sparse_ids, .sparse_slots = sparse_slots,
     .bad_inputs_what = "ids that are not integers or lie outside its table's rows (emb<N>x<D>: "
                        "[0, N)), each rounded and clamped into the table",
     .mp = DP_MP_REFUSE,

@@ -15,6 +15,7 @@
 #include "downpour/layers.h"
 #include "downpour/optim.h"
 #include "downpour/rng.h"
+#include "downpour/sparse.h"
 #include "nn/layer_impl.h"
 #include "nn/model_spec.h"
 
@@ -77,7 +78,68 @@ static void init_buffers(dp_model *m)
     }
 }
 
+/* Cuts each sparse table to C = min(N, max_batch x ids a record) rows and
+ * moves every later parameter earlier by what the tables lost (the parser
+ * lays parameters out in layer order, weights then bias).  Only where the
+ * parameter servers move the tables by rows: tables one a layer, lying
+ * before every dense parameter (dp_model_init_compact). */
+static int compact_tables(dp_model *m, int max_batch)
+{
+    size_t end = 0;
+    int n = 0, l = 0;
+    for (; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        const dp_layer_ops *ops = dp_layer_ops_of(d);
+        if (!ops->sparse)
+            break;
+        dp_lk_sparse t[DP_LK_MAX_SPARSE];
+        if (ops->sparse(d, t) != 1 || t[0].off != end || d->w_off != end ||
+            (size_t)t[0].rows * (size_t)t[0].width != d->w_len || d->b_len != 0 ||
+            ++n > DP_SPARSE_MAX)
+            return 0;
+        end += d->w_len;
+    }
+    if (n == 0 || end >= m->n_params)
+        return 0;
+    for (int k = l; k < m->n_layers; k++) /* no table among the dense layers */
+        if (dp_layer_ops_of(&m->layers[k])->sparse)
+            return 0;
+    size_t cut = 0;
+    for (int k = 0; k < m->n_layers; k++) {
+        dp_layer *d = &m->layers[k];
+        d->w_off -= cut;
+        d->b_off -= cut;
+        if (k >= l)
+            continue;
+        dp_lk_sparse t[DP_LK_MAX_SPARSE];
+        dp_layer_ops_of(d)->sparse(d, t);
+        long most = (long)max_batch * t[0].per_record;
+        if (most >= t[0].rows)
+            continue;
+        d->sparse_rows = t[0].rows;
+        d->w_len = (size_t)most * (size_t)t[0].width;
+        d->b_off = d->w_off + d->w_len;
+        cut += (size_t)(t[0].rows - most) * (size_t)t[0].width;
+    }
+    m->n_params -= cut;
+    return cut > 0;
+}
+
+static int init_model(dp_model *m, const char *spec, int max_batch, int slots, int compact,
+                      dp_err *err);
+
 int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err)
+{
+    return init_model(m, spec, max_batch, slots, 0, err);
+}
+
+int dp_model_init_compact(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err)
+{
+    return init_model(m, spec, max_batch, slots, 1, err);
+}
+
+static int init_model(dp_model *m, const char *spec, int max_batch, int slots, int compact,
+                      dp_err *err)
 {
     memset(m, 0, sizeof *m);
     if (!spec)
@@ -94,6 +156,7 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
         memset(m, 0, sizeof *m);
         return -1;
     }
+    int cut = compact && max_batch >= 1 ? compact_tables(m, max_batch) : 0;
     int n = m->n_layers;
     int max_width = 0; /* every activation and gradient buffer */
     for (int l = 0; l < n; l++) {
@@ -160,7 +223,7 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
     memset(m->params, 0, m->n_params * sizeof(float));
     memset(m->grads, 0, m->n_params * sizeof(float));
     init_buffers(m);
-    return 0;
+    return cut;
 }
 
 void dp_model_free(dp_model *m)
@@ -199,7 +262,8 @@ int dp_model_bags(const dp_model *m, uint32_t *rows, int *places, int cap)
     for (int l = 0; l < m->n_layers && m->layers[l].kind == DP_LAYER_BAG; l++, n++) {
         const dp_layer *d = &m->layers[l];
         if (n < cap) {
-            rows[n] = (uint32_t)(d->w_len / (size_t)(d->out - d->in + d->bag_ids));
+            rows[n] = d->sparse_rows ? (uint32_t)d->sparse_rows
+                                     : (uint32_t)(d->w_len / (size_t)(d->out - d->in + d->bag_ids));
             places[n] = d->bag_ids;
         }
     }
@@ -284,6 +348,15 @@ void dp_model_init_params(dp_model *m, uint64_t seed)
         float *w = m->params + d->w_off;
         for (size_t k = 0; k < d->w_len; k++)
             w[k] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
+        /* a compact table draws what the whole one draws, so the layers
+         * after it start as the whole model's do */
+        if (d->sparse_rows) {
+            dp_lk_sparse t[DP_LK_MAX_SPARSE];
+            dp_layer_ops_of(d)->sparse(d, t);
+            for (size_t k = d->w_len, all = (size_t)d->sparse_rows * (size_t)t[0].width;
+                 k < all; k++)
+                (void)dp_rng_uniform(&rng);
+        }
         memset(m->params + d->b_off, 0, d->b_len * sizeof(float));
     }
     init_buffers(m);

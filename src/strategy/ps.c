@@ -826,7 +826,9 @@ static size_t put_section(dp_ps_client *c, int s, const float *v)
         size_t w = t->width;
         for (long i = 0; i < c->n_ids[k]; i++)
             if (c->ids[k][i] % (uint32_t)S == (uint32_t)s) {
-                memcpy(p, v + t->off + (size_t)c->ids[k][i] * w, w * sizeof(float));
+                size_t at = t->slots ? t->local_off + (size_t)i * w
+                                     : t->off + (size_t)c->ids[k][i] * w;
+                memcpy(p, v + at, w * sizeof(float));
                 p += w * sizeof(float);
             }
     }
@@ -987,7 +989,8 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
         /* with sparse tables a gradient push carries the step's rows */
         int rows = c->cfg.n_tables > 0 && c->last.type == DP_WIRE_PUSH_GRAD;
         struct iovec iov[3] = {{raw, sizeof raw},
-                               {(void *)(c->last.v + r->lo), (r->hi - r->lo) * sizeof(float)},
+                               {(void *)(c->last.v + r->lo - c->cfg.dense_shift),
+                                (r->hi - r->lo) * sizeof(float)},
                                {c->sec, rows ? put_section(c, s, c->last.v) : 0}};
         return dp_transport_sendv(c->t, rank, rows ? DP_WIRE_PUSH_ROWS : c->last.type,
                                   c->last.step, r->lo, iov, 2 + rows, err);
@@ -1039,7 +1042,7 @@ static int queue_push(dp_ps_client *c, dp_err *err)
         int peer;
         dp_err why;
         c->q_last = dp_sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
-                                        raw, sizeof raw, c->out + r->lo,
+                                        raw, sizeof raw, c->out + r->lo - c->cfg.dense_shift,
                                         (r->hi - r->lo) * sizeof(float), &peer, &why);
         if (c->q_last < 0)
             return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1
@@ -1193,7 +1196,8 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
                 len);
         return -2;
     }
-    if (dp_transport_recv_payload(c->t, ev->peer, params + r->lo, len, err) < 0)
+    if (dp_transport_recv_payload(c->t, ev->peer, params + r->lo - c->cfg.dense_shift, len,
+                                  err) < 0)
         return -1;
     long gap = c->clock - (long)ev->header.step;
     if (gap > c->max_gap)
@@ -1267,15 +1271,17 @@ static int take_rows(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_e
             if (dp_transport_recv_payload(c->t, ev->peer, c->rbuf, m * w * sizeof(float), err) < 0)
                 return -1;
             for (size_t q = 0; q < m; q++) {
-                size_t id;
+                size_t at;
                 if (o->whole) {
-                    id = (size_t)s + (done + q) * (size_t)S;
+                    at = t->off + ((size_t)s + (done + q) * (size_t)S) * w;
                 } else {
                     while (c->ids[k][i] % (uint32_t)S != (uint32_t)s)
                         i++;
-                    id = c->ids[k][i++];
+                    at = t->slots ? t->local_off + (size_t)i * w
+                                  : t->off + (size_t)c->ids[k][i] * w;
+                    i++;
                 }
-                memcpy(o->params + t->off + id * w, c->rbuf + q * w, w * sizeof(float));
+                memcpy(o->params + at, c->rbuf + q * w, w * sizeof(float));
             }
             done += m;
         }
@@ -1320,7 +1326,7 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
     if (request_all(c, average ? DP_WIRE_PULL_AVERAGE : DP_WIRE_PULL, (uint64_t)c->clock, err) < 0 ||
         dp_ps_receive(c, params, err) < 0)
         return -1;
-    if (c->cfg.n_tables == 0)
+    if (c->cfg.n_tables == 0 || c->cfg.tables[0].slots)
         return 0;
     rows_into o = {params, 1};
     if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)

@@ -105,8 +105,14 @@ static int open_ps_async(dp_strategy **out, const dp_run_env *env, dp_task_info 
     return dp_ps_family_open(out, env, info, DP_PS_ASYNC, err);
 }
 
+static int compact_async(const dp_train_config *cfg)
+{
+    return dp_ps_family_compact(cfg, DP_PS_ASYNC);
+}
+
 const dp_strategy_ops dp_strategy_ps_async = {
     .name = "ps-async",
     .summary = "Downpour SGD: asynchronous pushes to parameter-server shards",
     DP_PS_FAMILY_OPS(open_ps_async, DP_ROLE_BIT(DP_ROLE_CHIEF)),
+    .compact_tables = compact_async,
 };

@@ -40,8 +40,14 @@ static int open_ps_dssp(dp_strategy **out, const dp_run_env *env, dp_task_info *
     return dp_ps_family_open(out, env, info, DP_PS_DSSP, err);
 }
 
+static int compact_dssp(const dp_train_config *cfg)
+{
+    return dp_ps_family_compact(cfg, DP_PS_DSSP);
+}
+
 const dp_strategy_ops dp_strategy_ps_dssp = {
     .name = "ps-dssp",
     .summary = "dynamic SSP: the staleness bound adapts within --staleness-range",
     DP_PS_FAMILY_OPS(open_ps_dssp, DP_ROLE_BIT(DP_ROLE_CHIEF)),
+    .compact_tables = compact_dssp,
 };

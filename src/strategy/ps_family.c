@@ -92,9 +92,40 @@ struct dp_strategy {
     uint32_t *sp_ids[DP_PS_MAX_TABLES];
     long sp_n[DP_PS_MAX_TABLES];
     size_t dense_lo;       /* the dense shards' first parameter (after the tables) */
+    size_t cut;            /* a worker with compact tables: the parameters its model
+                              lacks (dp_model_sparse_cut); 0: it holds them whole */
+    float *cx;             /* a worker with compact tables: the batch, ids as slots */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
+
+/* What of the run needs the tables whole (NULL: nothing), from the
+ * settings alone. */
+static const char *whole_tables(const dp_train_config *cfg, dp_ps_mode mode,
+                                const dp_ps_settings *ps, const dp_ps_config *pc, int mp_k)
+{
+    dp_optim_kind kind = cfg->optim.kind;
+    return ps->dense ? "--ps-dense"
+        : mode == DP_PS_AVG ? "model-avg pushes parameters, not gradients"
+        : kind != DP_OPTIM_SGD && kind != DP_OPTIM_ADAGRAD && kind != DP_OPTIM_ADAM
+            ? "its optimizer has no update by rows here (sgd, adagrad and adam have)"
+        : cfg->ema > 0 ? "--ema averages every parameter at every update"
+        : pc->push_every > 1 || pc->fetch_every > 1 || pc->push_behind > 0
+            ? "--push-every, --fetch-every and --push-behind keep whole vectors"
+        : mp_k > 0 ? "--model-parallel"
+        : cfg->device.kind != DP_DEVICE_CPU ? "--device: the ids are read on the host"
+                                            : NULL;
+}
+
+int dp_ps_family_compact(const dp_train_config *cfg, dp_ps_mode mode)
+{
+    const dp_ps_settings *ps = dp_strategy_settings(cfg, &dp_ps_conf);
+    dp_ps_config pc;
+    dp_ps_config_init(&pc);
+    dp_err ignore;
+    return ps && dp_ps_settings_apply(ps, &pc, &ignore) == 0 &&
+           !whole_tables(cfg, mode, ps, &pc, ps->model_parallel);
+}
 
 /* Sparse rows are chosen when the model has sparse tables (sparse.h) and
  * nothing of the run needs them whole (docs/strategies.md, "Sparse
@@ -108,7 +139,6 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     int n = dp_model_sparse_tables(s->m, t, DP_SPARSE_MAX);
     if (n == 0)
         return 0;
-    dp_optim_kind kind = cfg->optim.kind;
     /* the tables in order of place: they must cover [0, dense_lo) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && t[j].off < t[j - 1].off; j--) {
@@ -122,19 +152,15 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         prefix &= t[i].off == end;
         end = t[i].off + (size_t)t[i].rows * (size_t)t[i].width;
     }
-    const char *why = ps->dense ? "--ps-dense"
-        : mode == DP_PS_AVG ? "model-avg pushes parameters, not gradients"
-        : kind != DP_OPTIM_SGD && kind != DP_OPTIM_ADAGRAD && kind != DP_OPTIM_ADAM
-            ? "its optimizer has no update by rows here (sgd, adagrad and adam have)"
-        : cfg->ema > 0 ? "--ema averages every parameter at every update"
-        : s->pc.push_every > 1 || s->pc.fetch_every > 1 || s->pc.push_behind > 0
-            ? "--push-every, --fetch-every and --push-behind keep whole vectors"
-        : s->mp_k > 0 ? "--model-parallel"
-        : cfg->device.kind != DP_DEVICE_CPU ? "--device: the ids are read on the host"
+    const char *why = whole_tables(cfg, mode, ps, &s->pc, s->mp_k);
+    why = why ? why
         : n > DP_PS_MAX_TABLES ? "more tables than a ps moves by rows"
         : !prefix ? "the tables do not lie before every dense parameter"
-        : end >= s->m->n_params ? "the model has no dense parameter to shard"
-                                : NULL;
+        : end >= s->m->n_params + s->cut ? "the model has no dense parameter to shard"
+                                         : NULL;
+    if (why && s->cut)
+        return dp_errf(err, "this worker holds its sparse tables compact, but they must move "
+                            "whole: %s", why);
     if (why) {
         dp_info("%d sparse table(s) of %s move whole, as dense parameters: %s", n, s->m->name,
                 why);
@@ -146,7 +172,11 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         s->sp[k] = t[k];
         s->pc.tables[k] = (dp_ps_table_spec){t[k].off, (uint32_t)t[k].rows,
                                              (uint32_t)t[k].width,
-                                             (uint32_t)(most < t[k].rows ? most : t[k].rows)};
+                                             (uint32_t)(most < t[k].rows ? most : t[k].rows),
+                                             t[k].local_off, (uint32_t)t[k].slots};
+        if (t[k].slots && t[k].slots < (long)s->pc.tables[k].max_ids)
+            return dp_errf(err, "sparse table %d holds %ld slots, fewer than the %u rows a step "
+                                "may touch", k, t[k].slots, s->pc.tables[k].max_ids);
         if (s->env->node->self->role == DP_ROLE_WORKER &&
             !(s->sp_ids[k] = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint32_t))))
             return dp_errf(err, "out of memory");
@@ -154,11 +184,19 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     }
     s->pc.n_tables = n;
     s->dense_lo = end;
+    s->pc.dense_shift = s->cut;
+    if (s->cut && !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
+                                   sizeof(float))))
+        return dp_errf(err, "out of memory");
     /* every ps task holds a shard, so the rows spread over all of them */
     s->pc.min_shard_bytes = sizeof(float);
     dp_debug("sparse rows: %d table(s) of %s (%zu rows, %zu floats) move by the rows each batch "
              "touches; row id on shard id mod the shard count; the dense shards cover [%zu, %zu)",
-             n, s->m->name, rows, end, end, s->m->n_params);
+             n, s->m->name, rows, end, end, s->m->n_params + s->cut);
+    if (s->cut)
+        dp_debug("compact tables: this worker holds %zu of the tables' %zu floats (the rows of "
+                 "the batch in flight) and %zu parameters in all, not %zu",
+                 end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
     return 0;
 }
 
@@ -170,6 +208,18 @@ static int pull_rows(dp_strategy *s, const float *x, int n, dp_err *err)
         s->sp_n[k] = n > 0 ? dp_model_sparse_rows(s->m, &s->sp[k], x, n, s->sp_ids[k]) : 0;
     return dp_ps_client_pull_rows(s->client, s->wparams, (const uint32_t *const *)s->sp_ids,
                                   s->sp_n, err);
+}
+
+/* Compact tables: the batch with each id turned into the slot its row was
+ * pulled into (docs/strategies.md, "Tables larger than a worker"). */
+static const float *slot_batch(dp_strategy *s, const float *x, int n)
+{
+    if (!s->cx || n <= 0)
+        return x;
+    memcpy(s->cx, x, (size_t)n * (size_t)dp_model_inputs(s->m) * sizeof(float));
+    for (int k = 0; k < s->pc.n_tables; k++)
+        dp_model_sparse_slots(s->m, &s->sp[k], s->cx, n, s->sp_ids[k], s->sp_n[k]);
+    return s->cx;
 }
 
 static int send_to(dp_strategy *s, int rank, unsigned type, uint64_t step, const void *p,
@@ -212,6 +262,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->reports);
     for (int k = 0; k < DP_PS_MAX_TABLES; k++)
         free(s->sp_ids[k]);
+    free(s->cx);
     free(s);
 }
 
@@ -626,10 +677,12 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
               : role == DP_ROLE_CHIEF ? DP_PART_COORDINATOR
                                       : DP_PART_TRAINER;
     s->wparams = s->m->params;
+    s->cut = dp_model_sparse_cut(s->m);
     if (choose_sparse(s, mode, dp_strategy_settings(cfg, &dp_ps_conf), err) < 0)
         goto fail;
     if (s->mp_k > 0 ? mp_layout(s, mode, err) < 0
-                    : dp_ps_layout_make_from(&s->layout, c, s->dense_lo, s->m->n_params, &s->pc,
+                    : dp_ps_layout_make_from(&s->layout, c, s->dense_lo, s->m->n_params + s->cut,
+                                             &s->pc,
                                              err) < 0)
         goto fail;
     info->part = s->part;
@@ -1129,6 +1182,7 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     dp_ps_client_at_step(s->client, step);
     if (s->pc.n_tables > 0 && pull_rows(s, x, n, err) < 0)
         return -1;
+    x = slot_batch(s, x, n);
     int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
                   : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr, step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes

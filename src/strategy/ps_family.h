@@ -73,6 +73,10 @@ int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *
 
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err);
+/* Whether a worker may hold its model's sparse tables compact (strategy.h,
+ * compact_tables): the settings move them by rows (docs/strategies.md,
+ * "Tables larger than a worker"). */
+int dp_ps_family_compact(const dp_train_config *cfg, dp_ps_mode mode);
 int dp_ps_family_serve(dp_strategy *s, dp_err *err);
 int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                       long step, dp_step_out *out, dp_err *err);

@@ -29,8 +29,14 @@ static int open_ps_ssp(dp_strategy **out, const dp_run_env *env, dp_task_info *i
     return dp_ps_family_open(out, env, info, DP_PS_SSP, err);
 }
 
+static int compact_ssp(const dp_train_config *cfg)
+{
+    return dp_ps_family_compact(cfg, DP_PS_SSP);
+}
+
 const dp_strategy_ops dp_strategy_ps_ssp = {
     .name = "ps-ssp",
     .summary = "stale synchronous parallel: workers at most --staleness clocks apart",
     DP_PS_FAMILY_OPS(open_ps_ssp, DP_ROLE_BIT(DP_ROLE_CHIEF)),
+    .compact_tables = compact_ssp,
 };

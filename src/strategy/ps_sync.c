@@ -34,8 +34,14 @@ static int open_ps_sync(dp_strategy **out, const dp_run_env *env, dp_task_info *
     return dp_ps_family_open(out, env, info, DP_PS_SYNC, err);
 }
 
+static int compact_sync(const dp_train_config *cfg)
+{
+    return dp_ps_family_compact(cfg, DP_PS_SYNC);
+}
+
 const dp_strategy_ops dp_strategy_ps_sync = {
     .name = "ps-sync",
     .summary = "synchronous aggregation on the parameter servers",
     DP_PS_FAMILY_OPS(open_ps_sync, DP_ROLE_BIT(DP_ROLE_CHIEF)),
+    .compact_tables = compact_sync,
 };

@@ -1032,7 +1032,14 @@ static int run_task(loop *L, dp_err *err)
                                        : cfg->batch * (L->in_cluster ? 2 : 1);
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
+    /* A worker of a strategy that moves sparse tables by rows holds only
+     * the rows of the batch in flight (docs/strategies.md, "Tables larger
+     * than a worker"); a resumed one reads the checkpoint whole, so holds
+     * them whole. */
+    int compact = L->in_cluster && L->node.self->role == DP_ROLE_WORKER && !cfg->resume &&
+                  !cfg->external && L->ops->compact_tables && L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
+         : compact     ? dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err)
                        : dp_model_init(&L->m, cfg->model, max_batch, 1, err)) < 0 ||
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
@@ -1153,6 +1160,10 @@ static int run_task(loop *L, dp_err *err)
     }
     switch (L->info.part) {
     case DP_PART_SERVER:
+        /* a server computes no gradient: the model's would be memory held
+         * for nothing (a whole sparse table's, docs/strategies.md) */
+        free(L->m.grads);
+        L->m.grads = NULL;
         return L->ops->serve(L->s, err);
     case DP_PART_COORDINATOR:
         return alloc_state(L, err) < 0 ? -1 : coordinate(L, err);

@@ -1,0 +1,173 @@
+/* Click-through models on sparse rows (docs/strategies.md, "Sparse rows";
+ * docs/models.md, "Click-through models"): embedding bags state their
+ * tables to the layer table, so a parameter server moves only the rows a
+ * batch's ids name (dp_model_bag_row's rows; -1, an empty place, names
+ * none).  On a small set of `downpour data synth ctr` (3 single-valued
+ * features and a multi-valued one of up to 3 ids, 2000 ids each, 2 numeric;
+ * a worker holds a table's rows of the batch in flight, 500, or 1500 for the multi-valued one, of 2000):
+ * - ps-sync, 2 workers and 2 ps tasks, sgd and adagrad, a wide-deep and a
+ *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
+ * - ps-async with one worker equals one process (sgd);
+ * - a ps-sync run killed at step 33 and resumed (its workers then whole)
+ *   ends bit for bit where the uninterrupted one ends (lazy Adam);
+ * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
+ *   on the generator's default set;
+ * - with a table of 2^22 x 16 floats (256 MiB) each worker's resident
+ *   memory (its last `resource` event) stays under a quarter of the table,
+ *   while the chief's holds it. */
+#include "check.h"
+#include "proc.h"
+
+#define COMMON "--epochs 2 --threads 1 --no-progress --log-every 0 --train-size 1100 " \
+               "--val-size 100 --batch 16"
+#define WIDE "8-bag2000x4-bag2000x4-bag2000x4-bag2000x4m3mean-res(dense8-relu-dense1|dense1)-bce"
+#define DLRM "8-bag2000x4-bag2000x4-bag2000x4-bag2000x4m3-lead2x8relu-lead8x4relu-dot4-8-dense1-bce"
+
+static const char *bin, *tmp;
+static char err[65536];
+
+static int launch(const char *set, const char *model, const char *strategy, int workers,
+                  const char *save, const char *extra)
+{
+    return run_cmd(err, sizeof err,
+                   "%s launch --chief --workers %d --ps 2 -- train --dataset %s/%s --model '%s' "
+                   "--strategy %s " COMMON " --save %s/%s %s",
+                   bin, workers, tmp, set, model, strategy, tmp, save, extra);
+}
+
+static void same_weights(const char *a, const char *b, const char *what)
+{
+    double d = checkpoint_max_diff(a, b);
+    CHECKF(d == 0, "%s: the weights differ by up to %g", what, d);
+}
+
+static void sync_equals_dense(const char *name, const char *file, const char *model,
+                              const char *opt)
+{
+    char extra[256], sa[64], da[64];
+    snprintf(sa, sizeof sa, "%s-rows-%s.st", file, opt);
+    snprintf(da, sizeof da, "%s-dense-%s.st", file, opt);
+    snprintf(extra, sizeof extra, "--optimizer %s --lr 0.1 --verbose", opt);
+    int rc = launch("small", model, "ps-sync", 2, sa, extra);
+    CHECKF(rc == 0, "%s ps-sync rows exited %d: %s", name, rc, err);
+    CHECKF(strstr(err, "debug: sparse rows: 4 table(s) of") != NULL,
+           "%s: no line says the 4 tables move by rows: %s", name, err);
+    CHECKF(strstr(err, "[worker 1] debug: compact tables: this worker holds 12000 of the "
+                       "tables' 32000 floats") != NULL,
+           "%s: no line says the worker holds its tables compact: %s", name, err);
+    snprintf(extra, sizeof extra, "--optimizer %s --lr 0.1 --ps-dense", opt);
+    rc = launch("small", model, "ps-sync", 2, da, extra);
+    CHECKF(rc == 0, "%s ps-sync dense exited %d: %s", name, rc, err);
+    same_weights(sa, da, name);
+    printf("%s, ps-sync %s, 2 workers, 2 ps: rows = dense, bit for bit\n", name, opt);
+}
+
+static void async_equals_single(void)
+{
+    int rc = run_cmd(err, sizeof err, "%s train --dataset %s/small --model '" WIDE "' " COMMON
+                     " --optimizer sgd --lr 0.1 --save %s/single.st", bin, tmp, tmp);
+    CHECKF(rc == 0, "single exited %d: %s", rc, err);
+    rc = launch("small", WIDE, "ps-async", 1, "async1.st", "--optimizer sgd --lr 0.1");
+    CHECKF(rc == 0, "ps-async exited %d: %s", rc, err);
+    same_weights("async1.st", "single.st", "ps-async with one worker against one process");
+    printf("wide-deep shape, ps-async, one worker, rows: one process's weights, bit for bit\n");
+}
+
+/* Killed at step 33 and resumed: the resumed run's workers build the whole
+ * model (they read the checkpoint), the killed run's held their tables
+ * compact, and the run ends where the uninterrupted (compact) one ends. */
+static void resume_is_exact(void)
+{
+    const char *o = "--optimizer adam --lr 0.05 --checkpoint-every 7";
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-a", o, tmp);
+    int rc = launch("small", WIDE, "ps-sync", 2, "resume-a.st", extra);
+    CHECKF(rc == 0, "uninterrupted exited %d: %s", rc, err);
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-b", o, tmp);
+    rc = run_cmd(err, sizeof err,
+                 "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s launch --chief --workers 2 --ps 2 -- train "
+                 "--dataset %s/small --model '" WIDE "' --strategy ps-sync " COMMON
+                 " --save %s/resume-b.st %s", bin, tmp, tmp, extra);
+    CHECKF(rc != 0, "the killed run exited 0");
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/ck-b --resume", o, tmp);
+    rc = launch("small", WIDE, "ps-sync", 2, "resume-b.st", extra);
+    CHECKF(rc == 0 && strstr(err, "Resuming from"), "the resumed run exited %d: %s", rc, err);
+    same_weights("resume-a.st", "resume-b.st", "resumed against uninterrupted (lazy adam)");
+    printf("wide-deep shape, ps-sync, lazy adam: resumed = uninterrupted, bit for bit\n");
+}
+
+static void presets(void)
+{
+    const char *p[] = {"wide-deep", "dlrm"};
+    for (int i = 0; i < 2; i++) {
+        int rc = run_cmd(err, sizeof err,
+                         "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/default "
+                         "--model %s --strategy ps-async --epochs 1 --threads 1 --no-progress "
+                         "--log-every 0 --train-size 500 --val-size 100 --batch 32 "
+                         "--optimizer adagrad --lr 0.05 --verbose",
+                         bin, tmp, p[i]);
+        CHECKF(rc == 0 && strstr(err, "debug: sparse rows: 8 table(s) of"),
+               "%s under ps-async exited %d, or not on rows: %s", p[i], rc, err);
+    }
+    printf("wide-deep and dlrm train under ps-async on rows (8 tables)\n");
+}
+
+/* A task's resident bytes in its last resource event. */
+static double rss_of(const char *metrics, const char *task)
+{
+    cJSON *r = last_event(metrics, "resource", task);
+    CHECKF(r != NULL, "no resource event of %s in %s", task, metrics);
+    double b = r ? json_num(r, "rss_bytes") : 0;
+    cJSON_Delete(r);
+    return b;
+}
+
+/* A table of 2^22 x 16 floats (256 MiB): a worker holds the rows of the
+ * batch in flight (500 x 16 floats), so its resident memory stays far below
+ * the table, which the chief holds whole (it evaluates and saves). */
+static void worker_memory(void)
+{
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s/big.jsonl", tmp);
+    int rc = run_cmd(err, sizeof err,
+                     "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/big "
+                     "--model 3-bag4194304x16-dense1-bce --strategy ps-async --epochs 1 "
+                     "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
+                     "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s",
+                     bin, tmp, metrics);
+    CHECKF(rc == 0, "the 2^22 x 16 table exited %d: %s", rc, err);
+    double table = 4194304.0 * 16 * 4, w0 = rss_of(metrics, "worker:0"),
+           w1 = rss_of(metrics, "worker:1"), chief = rss_of(metrics, "chief:0");
+    CHECKF(w0 > 0 && w0 < table / 4 && w1 > 0 && w1 < table / 4,
+           "workers resident %.0f and %.0f MiB, a table of %.0f MiB", w0 / 1048576,
+           w1 / 1048576, table / 1048576);
+    CHECKF(chief > table, "the chief resident %.0f MiB, less than its whole table (%.0f MiB)",
+           chief / 1048576, table / 1048576);
+    printf("a table of 2^22 x 16 floats (%.0f MiB): workers resident %.1f and %.1f MiB, the "
+           "chief %.0f MiB\n", table / 1048576, w0 / 1048576, w1 / 1048576, chief / 1048576);
+}
+
+static void synth(const char *set, const char *args)
+{
+    int rc = run_cmd(err, sizeof err, "%s data synth ctr --to %s/%s %s", bin, tmp, set, args);
+    CHECKF(rc == 0, "synth ctr %s exited %d: %s", set, rc, err);
+    REQUIRE(rc == 0);
+}
+
+int main(void)
+{
+    bin = test_bin();
+    tmp = test_tmp();
+    synth("small", "--rows 1200 --test-rows 200 --categorical 4 --ids 2000 --numeric 2 "
+                   "--multi 1 --places 3 --seed 5");
+    synth("default", "--rows 600 --test-rows 100");
+    synth("big", "--rows 600 --test-rows 100 --categorical 1 --ids 4194304 --numeric 2");
+    sync_equals_dense("wide-deep shape", "wide", WIDE, "sgd");
+    sync_equals_dense("wide-deep shape", "wide", WIDE, "adagrad");
+    sync_equals_dense("dlrm shape", "dlrm", DLRM, "adagrad");
+    async_equals_single();
+    resume_is_exact();
+    presets();
+    worker_memory();
+    return CHECK_DONE();
+}
