@@ -92,6 +92,10 @@ static int command(const study *S, const cell *c, int seed, const char *metrics,
               study_argv_add(a, metrics);
     if (strcmp(c->kind, "allreduce-dense") == 0)
         bad |= study_argv_add(a, "--allreduce-dense");
+    /* the ring, as the cost model prices it: auto's timing probes (at the
+     * first sum, docs/strategies.md) would count in a short run's bytes */
+    if (!ps)
+        bad |= study_argv_add_words(a, "--allreduce-algo ring");
     return bad ? dp_errf(err, "command line too long") : 0;
 }
 
