@@ -1161,9 +1161,12 @@ static int run_task(loop *L, dp_err *err)
     switch (L->info.part) {
     case DP_PART_SERVER:
         /* a server computes no gradient: the model's would be memory held
-         * for nothing (a whole sparse table's, docs/strategies.md) */
-        free(L->m.grads);
-        L->m.grads = NULL;
+         * for nothing (a whole sparse table's, docs/strategies.md); an
+         * external model's are its caller's (external.h) */
+        if (!L->m.external) {
+            free(L->m.grads);
+            L->m.grads = NULL;
+        }
         return L->ops->serve(L->s, err);
     case DP_PART_COORDINATOR:
         return alloc_state(L, err) < 0 ? -1 : coordinate(L, err);
