@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "device/dexec.h"
 #include "downpour/pool.h"
@@ -204,7 +205,17 @@ static int sync_stats(const dp_layer_call *c, job *j)
     return 0;
 }
 
-/* Rows [lo, hi): out = (x - mean) * scale * gamma + beta. */
+/* The normalised value of x in a channel: the forward's output.  A backward
+ * with the relu after it (c->relu_after) recomputes it, ((x - mean) *
+ * scale) * gamma + beta in the same order (ISO C: no contraction, so the
+ * same bits), for the relu's mask: y > 0 exactly when relu(y) > 0. */
+static inline float bn_y(float x, float mean, float scale, float w, float b)
+{
+    return (x - mean) * scale * w + b;
+}
+
+/* Rows [lo, hi): out = (x - mean) * scale * gamma + beta, then the relu
+ * after it when fused (c->relu: as dp_relu_forward, NaN and -0 pass). */
 static void norm_task(void *ctx, int i, int n)
 {
     const job *j = ctx;
@@ -214,8 +225,14 @@ static void norm_task(void *ctx, int i, int n)
     for (size_t r = lo; r < hi; r++) {
         const float *x = c->in + r * j->C;
         float *y = c->out + r * j->C;
-        for (int ch = 0; ch < j->C; ch++)
-            y[ch] = (x[ch] - j->mean[ch]) * j->scale[ch] * c->w[ch] + c->b[ch];
+        if (c->relu)
+            for (int ch = 0; ch < j->C; ch++) {
+                float v = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
+                y[ch] = v < 0.0f ? 0.0f : v;
+            }
+        else
+            for (int ch = 0; ch < j->C; ch++)
+                y[ch] = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
     }
 }
 
@@ -265,7 +282,8 @@ static void grad_task(void *ctx, int i, int n)
     for (size_t c0 = lo; c0 < hi; c0 += BLOCK) {
         size_t m = hi - c0 < BLOCK ? hi - c0 : BLOCK;
         double g[BLOCK] = {0}, b[BLOCK] = {0}, pg[BLOCK], pb[BLOCK];
-        const float *mean = j->mean + c0, *scale = j->scale + c0;
+        const float *mean = j->mean + c0, *scale = j->scale + c0, *w = c->w + c0,
+                    *bias = c->b + c0;
         for (size_t r0 = 0; r0 < j->R; r0 += DP_BN_ROWS) {
             size_t r1 = j->R - r0 < DP_BN_ROWS ? j->R : r0 + DP_BN_ROWS;
             for (size_t k = 0; k < m; k++)
@@ -273,11 +291,27 @@ static void grad_task(void *ctx, int i, int n)
             for (size_t r = r0; r < r1; r++) {
                 const float *dy = c->dout + r * (size_t)j->C + c0;
                 const float *x = c->in + r * (size_t)j->C + c0;
-                for (size_t k = 0; k < m; k++) {
-                    double d = dy[k];
-                    pg[k] += d * ((x[k] - mean[k]) * scale[k]);
-                    pb[k] += d;
-                }
+                if (c->relu_after) /* dy at the relu's output: its mask first */
+                    for (size_t k = 0; k < m; k++) {
+                        float xhat = (x[k] - mean[k]) * scale[k];
+                        float y = xhat * w[k] + bias[k]; /* the forward's output */
+                        /* dy, or +0 where the relu cut it: as a mask of its
+                         * bits (a select here does not vectorise) */
+                        uint32_t u;
+                        memcpy(&u, &dy[k], sizeof u);
+                        u &= 0u - (uint32_t)(y > 0.0f);
+                        float dk;
+                        memcpy(&dk, &u, sizeof dk);
+                        double d = dk;
+                        pg[k] += d * xhat;
+                        pb[k] += d;
+                    }
+                else
+                    for (size_t k = 0; k < m; k++) {
+                        double d = dy[k];
+                        pg[k] += d * ((x[k] - mean[k]) * scale[k]);
+                        pb[k] += d;
+                    }
             }
             for (size_t k = 0; k < m; k++)
                 g[k] += pg[k], b[k] += pb[k];
@@ -289,7 +323,10 @@ static void grad_task(void *ctx, int i, int n)
     }
 }
 
-/* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma). */
+/* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma), with the
+ * relu's mask on dy first when c->relu_after.  The per-channel factor is
+ * computed once per block of channels (the same operations per element, so
+ * the same bits as the device's kernel). */
 static void din_task(void *ctx, int i, int n)
 {
     const job *j = ctx;
@@ -297,12 +334,30 @@ static void din_task(void *ctx, int i, int n)
     size_t lo, hi;
     dp_pool_range(j->R, 1, i, n, &lo, &hi);
     float R = j->rows;
-    for (size_t r = lo; r < hi; r++) {
-        size_t at = r * j->C;
-        for (int ch = 0; ch < j->C; ch++) {
-            float xhat = (c->in[at + ch] - j->mean[ch]) * j->scale[ch];
-            float k = c->w[ch] * j->scale[ch] / R;
-            c->din[at + ch] = k * (R * c->dout[at + ch] - j->db[ch] - xhat * j->dg[ch]);
+    size_t C = (size_t)j->C;
+    for (size_t c0 = 0; c0 < C; c0 += BLOCK) {
+        size_t m = C - c0 < BLOCK ? C - c0 : BLOCK;
+        float f[BLOCK];
+        const float *mean = j->mean + c0, *scale = j->scale + c0, *w = c->w + c0,
+                    *bias = c->b + c0, *db = j->db + c0, *dg = j->dg + c0;
+        for (size_t k = 0; k < m; k++)
+            f[k] = w[k] * scale[k] / R;
+        for (size_t r = lo; r < hi; r++) {
+            const float *x = c->in + r * C + c0, *dy = c->dout + r * C + c0;
+            float *dx = c->din + r * C + c0;
+            if (c->relu_after)
+                for (size_t k = 0; k < m; k++) {
+                    float xhat = (x[k] - mean[k]) * scale[k];
+                    float y = xhat * w[k] + bias[k]; /* the forward's output */
+                    float dk = dy[k]; /* read either way: a select */
+                    dk = y > 0.0f ? dk : 0.0f;
+                    dx[k] = f[k] * (R * dk - db[k] - xhat * dg[k]);
+                }
+            else
+                for (size_t k = 0; k < m; k++) {
+                    float xhat = (x[k] - mean[k]) * scale[k];
+                    dx[k] = f[k] * (R * dy[k] - db[k] - xhat * dg[k]);
+                }
         }
     }
 }
@@ -401,7 +456,8 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 }
 
 const dp_layer_ops dp_layer_batchnorm = {
-    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2, .flags = DP_LK_BATCH_SUM,
+    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2,
+    .flags = DP_LK_BATCH_SUM | DP_LK_CPU_FUSES_RELU | DP_LK_RELU_GRAD,
     .example = "bn", .help = "batch norm (features after dense, channels after conv)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .buffers = buffers, .init_buffers = init_buffers, .keep_floats = keep_floats,

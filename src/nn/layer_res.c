@@ -18,6 +18,7 @@ typedef struct add_job {
     float *out;
     const float *a, *b;
     size_t n;
+    bool relu;
 } add_job;
 
 static void add_task(void *ctx, int i, int n)
@@ -25,19 +26,28 @@ static void add_task(void *ctx, int i, int n)
     const add_job *j = ctx;
     size_t lo, hi;
     dp_pool_range(j->n, 64, i, n, &lo, &hi);
-    for (size_t k = lo; k < hi; k++)
-        j->out[k] = j->a[k] + j->b[k];
+    if (j->relu) /* as dp_relu_forward: NaN and -0 pass */
+        for (size_t k = lo; k < hi; k++) {
+            float v = j->a[k] + j->b[k];
+            j->out[k] = v < 0.0f ? 0.0f : v;
+        }
+    else
+        for (size_t k = lo; k < hi; k++)
+            j->out[k] = j->a[k] + j->b[k];
 }
 
 void dp_lk_res_add(float *out, const float *a, const float *b, size_t n)
 {
-    add_job j = {out, a, b, n};
+    add_job j = {out, a, b, n, false};
     dp_pool_run(add_task, &j);
 }
 
+/* The relu after the block runs in the sum (DP_LK_CPU_FUSES_RELU): one
+ * pass over the block's output instead of two. */
 static float forward(const dp_layer_call *c)
 {
-    dp_lk_res_add(c->out, c->in, c->skip, (size_t)c->batch * c->d->out);
+    add_job j = {c->out, c->in, c->skip, (size_t)c->batch * c->d->out, c->relu};
+    dp_pool_run(add_task, &j);
     return 0.0f;
 }
 
@@ -58,6 +68,7 @@ const dp_layer_ops dp_layer_res = {
     .kind = DP_LAYER_RES, .name = "res", .token = 0,
     .example = "res(A|B)",
     .help = "residual block: A(x) + x, or A(x) + B(x) (B: a projection)",
+    .flags = DP_LK_CPU_FUSES_RELU,
     .forward = forward, .backward = backward,
     .dev_forward = dev_forward, .dev_backward = dev_backward,
     .mp = DP_MP_REFUSE,

@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,10 +324,17 @@ static bool range_ok(const dp_model *m, int slot, int a, int b, int batch)
  * input: no relu fuses across that edge, forward or backward. */
 static bool branch_start(const dp_layer *d) { return d->res & (DP_RES_BEGIN | DP_RES_SHORTCUT); }
 
-/* A layer that a relu follows inside [.., b) runs with the relu fused. */
+static _Atomic int cpu_fusions = 1;
+
+void dp_model_cpu_fusions(int on) { atomic_store(&cpu_fusions, on != 0); }
+
+/* A layer that a relu follows inside [.., b) runs with the relu fused
+ * (DP_LK_FUSES_RELU: dense, conv, local; DP_LK_CPU_FUSES_RELU: bn, res,
+ * whose relu the device runs on its own). */
 static bool fuses_relu(const dp_model *m, int l, int b)
 {
-    return (dp_layer_ops_of(&m->layers[l])->flags & DP_LK_FUSES_RELU) && l + 1 < b &&
+    unsigned want = DP_LK_FUSES_RELU | (atomic_load(&cpu_fusions) ? DP_LK_CPU_FUSES_RELU : 0);
+    return (dp_layer_ops_of(&m->layers[l])->flags & want) && l + 1 < b &&
            (dp_layer_ops_of(&m->layers[l + 1])->flags & DP_LK_RELU) &&
            !branch_start(&m->layers[l + 1]);
 }
@@ -419,7 +427,9 @@ static float *free_dact(const dp_model *m, const float *g, const float *keep)
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
  * loss layer, from the labels y) to din.  A layer whose input is a relu in
  * the range and that takes its mask (DP_LK_TAKES_RELU_MASK: dense, maxpool)
- * produces the gradient at the relu's input in one kernel.  Intermediate
+ * produces the gradient at the relu's input in one kernel; one whose relu
+ * after it ran in its forward and that takes that relu's backward too
+ * (DP_LK_RELU_GRAD: bn) starts from the gradient at the relu's output.  Intermediate
  * gradients ping-pong between m->dacts' buffers.  A residual block
  * (docs/architecture.md, "Residual blocks") runs backwards from its res
  * layer: the gradient at its output, kept, goes to the shortcut's layers
@@ -445,6 +455,13 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
             l--;
             continue;
         }
+        int top = l; /* the last layer this step covers */
+        if ((o->flags & DP_LK_RELU) && l - 1 >= a &&
+            (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU_GRAD) &&
+            fuses_relu(m, l - 1, b)) { /* the relu's mask fuses into the layer before */
+            d = &m->layers[--l];
+            o = dp_layer_ops_of(d);
+        }
         int first = l; /* the first layer this step covers */
         if ((o->flags & DP_LK_TAKES_RELU_MASK) && l - 1 >= a && !branch_start(d) &&
             (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU))
@@ -463,9 +480,10 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         c.in = l == a ? in : act(m, slot, l); /* layer l's input */
         if (d->res & DP_RES_SHORTCUT)
             c.in = block_in;
-        c.out = act(m, slot, l + 1);
+        c.out = act(m, slot, top + 1);
         c.dout = g;
         c.relu = first < l;
+        c.relu_after = top > l;
         c.y = y;
         if (o->flags & DP_LK_DRAWS)
             c.seed = m->drop_seeds[(size_t)slot * m->n_layers + l];
