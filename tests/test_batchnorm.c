@@ -14,7 +14,10 @@
  *   - its device kernels (through the sim backend) give the CPU's bits:
  *     output, statistics, running statistics, gradients;
  *   - the CPU executor's fusions (a relu into the bn or residual sum
- *     before it, and its backward into the bn's) give the unfused bits;
+ *     before it, its backward into the bn's, a block's shortcut gradient
+ *     added in the relu before the block) give the unfused bits;
+ *   - run again under each DOWNPOUR_ISA cap (tests/CMakeLists.txt): the
+ *     passes' AVX-512, AVX2 and baseline builds give the device's bits;
  *   - model parallelism refuses it, naming the layer and its rule. */
 #include <math.h>
 #include <stdio.h>
@@ -225,7 +228,8 @@ static void test_model(const char *spec, int batch)
 }
 
 /* The CPU executor's fusions (a relu into the bn or residual sum before it,
- * its backward into the bn's; dp_model_cpu_fusions) give the bits of each
+ * its backward into the bn's, a block's shortcut gradient added in the
+ * relu's backward before it; dp_model_cpu_fusions) give the bits of each
  * layer run alone: a training step's loss, gradients, input gradient and
  * running statistics, and an evaluation forward's probabilities. */
 static void test_fused(const char *spec, int batch)

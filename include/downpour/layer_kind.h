@@ -32,7 +32,8 @@ typedef struct dp_layer_call {
     float *gw, *gb;      /* their gradients, OVERWRITTEN by the backward */
     const float *in;     /* the layer's input (batch, d->in) */
     const float *skip;   /* res: the other addend (batch, d->out): the block's input
-                          * or its main branch's output */
+                          * or its main branch's output; relu's backward on the CPU:
+                          * a gradient to add to dout (a block's shortcut's) */
     float *out;          /* its output (batch, d->out); the backward reads what the forward wrote */
     const float *dout;   /* backward: the gradient at the output */
     float *din;          /* backward: the gradient at the input, OVERWRITTEN; NULL: not wanted */

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "device/dexec.h"
+#include "downpour/isa.h"
 #include "downpour/pool.h"
 
 #define BN_EPS 1e-5
@@ -110,10 +111,40 @@ typedef struct job {
  * bits. */
 #define BLOCK 256
 
+/* The passes compiled for AVX-512 and AVX2 besides the baseline, taken by
+ * dp_isa_max() (docs/architecture.md, "Instruction sets"): the vector lanes
+ * are channels, each channel's additions keep their order, and the build
+ * never contracts, so every path gives the same bits (test_batchnorm runs
+ * under each cap and holds them to the device's). */
+typedef void (*bn_task)(void *ctx, int i, int n);
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BN_TASK(name)                                                                          \
+    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
+    __attribute__((target("avx2"))) static void name##_256(void *ctx, int i, int n)            \
+    {                                                                                          \
+        name##_body(ctx, i, n);                                                                \
+    }                                                                                          \
+    __attribute__((target("avx512f"))) static void name##_512(void *ctx, int i, int n)         \
+    {                                                                                          \
+        name##_body(ctx, i, n);                                                                \
+    }                                                                                          \
+    static const bn_task name[3] = {name##_c, name##_256, name##_512};
+static int bn_level(void)
+{
+    dp_isa l = dp_isa_max();
+    return l >= DP_ISA_AVX512 ? 2 : l >= DP_ISA_AVX2 ? 1 : 0;
+}
+#else
+#define BN_TASK(name)                                                                          \
+    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
+    static const bn_task name[1] = {name##_c};
+static int bn_level(void) { return 0; }
+#endif
+
 /* Channels [c0, c0 + n), n <= BLOCK: out[k] = sum over rows of x (mu
  * NULL), else of (x - mu[k])^2. */
-static void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n, const double *mu,
-                         double *out)
+static inline __attribute__((always_inline)) void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n,
+                                                       const double *mu, double *out)
 {
     double part[BLOCK];
     for (size_t k = 0; k < n; k++)
@@ -139,7 +170,7 @@ static void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n, c
 }
 
 /* Channels [lo, hi): the batch's mean, 1/std and variance into the keep. */
-static void stats_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void stats_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     size_t lo, hi;
@@ -160,6 +191,7 @@ static void stats_task(void *ctx, int i, int n)
         }
     }
 }
+BN_TASK(stats_task)
 
 /* Channels [lo, hi), --sync-bn: sum x (j->mean NULL), else sum (x - mean)^2. */
 static void sync_task(void *ctx, int i, int n)
@@ -216,7 +248,7 @@ static inline float bn_y(float x, float mean, float scale, float w, float b)
 
 /* Rows [lo, hi): out = (x - mean) * scale * gamma + beta, then the relu
  * after it when fused (c->relu: as dp_relu_forward, NaN and -0 pass). */
-static void norm_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void norm_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     size_t lo, hi;
@@ -235,6 +267,7 @@ static void norm_task(void *ctx, int i, int n)
                 y[ch] = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
     }
 }
+BN_TASK(norm_task)
 
 static float forward(const dp_layer_call *c)
 {
@@ -247,14 +280,14 @@ static float forward(const dp_layer_call *c)
         for (int ch = 0; ch < C; ch++)
             inv[ch] = (float)(1.0 / sqrt((double)rv[ch] + BN_EPS));
         j.mean = rm, j.scale = inv;
-        dp_pool_run(norm_task, &j);
+        dp_pool_run(norm_task[bn_level()], &j);
         return 0.0f;
     }
     double R = (double)j.R;
     if (c->sum && sync_stats(c, &j) == 0) {
         R = c->keep[3 * C];
     } else {
-        dp_pool_run(stats_task, &j);
+        dp_pool_run(stats_task[bn_level()], &j);
         c->keep[3 * C] = (float)R;
     }
     const float *mean = c->keep, *inv = c->keep + C, *var = c->keep + 2 * C;
@@ -267,13 +300,13 @@ static float forward(const dp_layer_call *c)
     }
     c->state[2 * C] += 1.0f;
     j.mean = mean, j.scale = inv;
-    dp_pool_run(norm_task, &j);
+    dp_pool_run(norm_task[bn_level()], &j);
     return 0.0f;
 }
 
 /* Channels [lo, hi): dgamma = sum dy * xhat and dbeta = sum dy, row by row
  * over a block of channels, in blocks of rows (see channel_sums). */
-static void grad_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void grad_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     const dp_layer_call *c = j->c;
@@ -322,12 +355,13 @@ static void grad_task(void *ctx, int i, int n)
         }
     }
 }
+BN_TASK(grad_task)
 
 /* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma), with the
  * relu's mask on dy first when c->relu_after.  The per-channel factor is
  * computed once per block of channels (the same operations per element, so
  * the same bits as the device's kernel). */
-static void din_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void din_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     const dp_layer_call *c = j->c;
@@ -361,6 +395,7 @@ static void din_task(void *ctx, int i, int n)
         }
     }
 }
+BN_TASK(din_task)
 
 /* --sync-bn: the whole batch's dbeta and dgamma, in this replica's scale
  * (the sums weighted by each replica's share of the rows, then taken back
@@ -387,12 +422,12 @@ static void backward(const dp_layer_call *c)
     const dp_layer *d = c->d;
     job j = {.c = c, .C = d->c, .R = (size_t)c->batch * d->h * d->w, .mean = c->keep,
              .scale = c->keep + d->c};
-    dp_pool_run(grad_task, &j);
+    dp_pool_run(grad_task[bn_level()], &j);
     if (!c->din)
         return;
     if (!c->sum || sync_grads(c, &j) < 0)
         j.rows = (float)j.R, j.db = c->gb, j.dg = c->gw;
-    dp_pool_run(din_task, &j);
+    dp_pool_run(din_task[bn_level()], &j);
 }
 
 /* ---- device: training only (evaluation stays on the host) ---- */

@@ -21,9 +21,21 @@ static void forward_span(const dp_layer_call *c, size_t lo, size_t hi)
     dp_relu_forward(c->out + lo, c->in + lo, (int)(hi - lo));
 }
 
+/* With c->skip (the CPU executor: the shortcut's gradient at the input of
+ * the block after it) the gradient at its output is dout + skip, added
+ * here rather than in a pass of its own: the same sum, then the select. */
 static void backward_span(const dp_layer_call *c, size_t lo, size_t hi)
 {
-    dp_relu_backward(c->din + lo, c->dout + lo, c->out + lo, (int)(hi - lo));
+    if (!c->skip) {
+        dp_relu_backward(c->din + lo, c->dout + lo, c->out + lo, (int)(hi - lo));
+        return;
+    }
+    const float *dout = c->dout, *skip = c->skip, *out = c->out;
+    float *din = c->din;
+    for (size_t i = lo; i < hi; i++) {
+        float g = dout[i] + skip[i];
+        din[i] = out[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 static float forward(const dp_layer_call *c)

@@ -339,6 +339,20 @@ static bool fuses_relu(const dp_model *m, int l, int b)
            !branch_start(&m->layers[l + 1]);
 }
 
+/* Whether layer l in [a, b) is a relu that runs its backward alone (no
+ * layer before it takes it: DP_LK_RELU_GRAD) outside any block: then the
+ * block after it hands it the shortcut's gradient at the block's input
+ * (c->skip), which it adds to its dout in its pass instead of a pass of
+ * its own (the same addition, so the same bits). */
+static bool relu_takes_skip(const dp_model *m, int l, int a, int b)
+{
+    if (!atomic_load(&cpu_fusions) || l < a ||
+        !(dp_layer_ops_of(&m->layers[l])->flags & DP_LK_RELU) || m->layers[l].res)
+        return false;
+    return !(l - 1 >= a && (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU_GRAD) &&
+             fuses_relu(m, l - 1, b));
+}
+
 /* A call of layer d of a slot with the weights params and the gradients
  * grads (NULL in a forward): what every kind may read (layer_kind.h). */
 static dp_layer_call call_of(dp_model *m, int slot, const dp_layer *d, const float *params,
@@ -435,7 +449,8 @@ static float *free_dact(const dp_model *m, const float *g, const float *keep)
  * layer: the gradient at its output, kept, goes to the shortcut's layers
  * (their gradient at the block's input lands in m->dskip), then to the main
  * branch's, and the block's first layer adds the shortcut's gradient (or,
- * for an identity, the kept one) to its own at the block's input.  notify: call
+ * for an identity, the kept one) to its own at the block's input (in the
+ * pass of a relu before the block, relu_takes_skip).  notify: call
  * m->grad_ready after each layer with parameters.  u: update each layer's
  * parameters once both its products are done (its input gradient has read
  * the old weights), while its gradients are still in cache. */
@@ -446,6 +461,7 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
     const float *g = dout; /* the gradient at the output of layer l */
     const float *keep = NULL, *skip = NULL; /* in a block: its output's gradient, and
                                              * the shortcut's at its input */
+    const float *pend = NULL; /* a block's shortcut gradient the relu before it adds */
     for (int l = b - 1; l >= a;) {
         const dp_layer *d = &m->layers[l];
         const dp_layer_ops *o = dp_layer_ops_of(d);
@@ -472,7 +488,8 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
                                     ? (f->res_from == a ? in : act(m, slot, f->res_from))
                                     : NULL;
         dp_layer_call c = call_of(m, slot, d, params, grads, batch);
-        c.din = first == a ? din : free_dact(m, g, keep); /* gradient at layer first's input */
+        /* the gradient at layer first's input */
+        c.din = first == a ? din : free_dact(m, g, pend ? pend : keep);
         /* the shortcut's gradient at the block's input: not wanted when the
          * block starts the range and din is NULL */
         if (f->res & DP_RES_SHORTCUT)
@@ -484,6 +501,8 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         c.dout = g;
         c.relu = first < l;
         c.relu_after = top > l;
+        c.skip = pend;
+        pend = NULL;
         c.y = y;
         if (o->flags & DP_LK_DRAWS)
             c.seed = m->drop_seeds[(size_t)slot * m->n_layers + l];
@@ -499,8 +518,12 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
             l = first - 1;
             continue;
         }
-        if ((f->res & DP_RES_BEGIN) && c.din) /* the block's input gets both branches' */
-            dp_lk_res_add(c.din, c.din, skip, (size_t)batch * f->in);
+        if ((f->res & DP_RES_BEGIN) && c.din) { /* the block's input gets both branches' */
+            if (relu_takes_skip(m, first - 1, a, b))
+                pend = skip; /* added in the relu's pass */
+            else
+                dp_lk_res_add(c.din, c.din, skip, (size_t)batch * f->in);
+        }
         if (f->res & DP_RES_BEGIN)
             keep = skip = NULL;
         if (first > a)
