@@ -14,6 +14,9 @@
  * passes are kernels (kernels.h, "batch norm") that give the CPU's bits.  Its forward keeps the
  * batch's mean, 1/std and variance (3C floats) for its backward and the
  * running update; evaluation uses the keep's 1/std for the running one.
+ * On the CPU a relu after it runs in its normalising pass, and its backward
+ * then takes the relu's too (c->relu_after; docs/architecture.md, "The
+ * model"): one pass each way fewer, the same bits.
  *
  * With a sum hook (c->sum: allreduce --sync-bn, docs/strategies.md
  * "Buffers") the batch is every replica's rows, as PyTorch's SyncBatchNorm:

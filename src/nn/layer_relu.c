@@ -1,6 +1,8 @@
 /* relu: out = max(in, 0).  After a dense, conv or local layer it runs in
- * that layer's epilogue (DP_LK_FUSES_RELU), and its mask in the input
- * gradient of a layer after it (DP_LK_TAKES_RELU_MASK). */
+ * that layer's epilogue (DP_LK_FUSES_RELU; after a bn or a residual sum on
+ * the CPU, DP_LK_CPU_FUSES_RELU), and its mask in the input gradient of a
+ * layer after it (DP_LK_TAKES_RELU_MASK) or of the bn before it
+ * (DP_LK_RELU_GRAD). */
 #include "nn/layer_impl.h"
 
 #include "device/dexec.h"

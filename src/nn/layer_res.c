@@ -4,7 +4,8 @@
  * the other addend (c->skip: the block's input for an identity shortcut,
  * else the main branch's output) and, in the backward, passes the gradient
  * at its output on to both branches without a copy, so its own backward
- * does nothing.  The grammar of blocks, res(main) and res(main|shortcut),
+ * does nothing.  On the CPU a relu after the block runs in the sum
+ * (DP_LK_CPU_FUSES_RELU).  The grammar of blocks, res(main) and res(main|shortcut),
  * is model_spec.c's.  No parameters.  On a device the sum is one kernel
  * (kernels.h, "residual blocks"), which the device executor (dmodel.c) also
  * launches at the block's input in the backward.  Model parallelism
