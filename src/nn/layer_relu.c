@@ -5,6 +5,9 @@
  * (DP_LK_RELU_GRAD). */
 #include "nn/layer_impl.h"
 
+#include <stdint.h>
+#include <string.h>
+
 #include "device/dexec.h"
 #include "downpour/layers.h"
 
@@ -35,8 +38,13 @@ static void backward_span(const dp_layer_call *c, size_t lo, size_t hi)
     const float *dout = c->dout, *skip = c->skip, *out = c->out;
     float *din = c->din;
     for (size_t i = lo; i < hi; i++) {
+        /* the sum, or +0 where the relu cut it, as a mask of its bits (a
+         * select here does not vectorise) */
         float g = dout[i] + skip[i];
-        din[i] = out[i] > 0.0f ? g : 0.0f;
+        uint32_t u;
+        memcpy(&u, &g, sizeof u);
+        u &= 0u - (uint32_t)(out[i] > 0.0f);
+        memcpy(&din[i], &u, sizeof u);
     }
 }
 
