@@ -13,6 +13,11 @@
  *     back bit-exact (weights and training state);
  *   - its device kernels (through the sim backend) give the CPU's bits:
  *     output, statistics, running statistics, gradients;
+ *   - the CPU executor's fusions (a relu into the bn or residual sum
+ *     before it, its backward into the bn's, a block's shortcut gradient
+ *     added in the relu before the block) give the unfused bits;
+ *   - run again under each DOWNPOUR_ISA cap (tests/CMakeLists.txt): the
+ *     passes' AVX-512, AVX2 and baseline builds give the device's bits;
  *   - model parallelism refuses it, naming the layer and its rule. */
 #include <math.h>
 #include <stdio.h>
@@ -222,6 +227,63 @@ static void test_model(const char *spec, int batch)
     dp_model_free(&m);
 }
 
+/* The CPU executor's fusions (a relu into the bn or residual sum before it,
+ * its backward into the bn's, a block's shortcut gradient added in the
+ * relu's backward before it; dp_model_cpu_fusions) give the bits of each
+ * layer run alone: a training step's loss, gradients, input gradient and
+ * running statistics, and an evaluation forward's probabilities. */
+static void test_fused(const char *spec, int batch)
+{
+    float loss[2], eval[2], *grads[2], *dx[2], *buf[2], *probs[2];
+    size_t np = 0, nb = 0, nx = 0, no = 0;
+    for (int k = 0; k < 2; k++) {
+        dp_model_cpu_fusions(k == 0);
+        dp_model m;
+        dp_err err;
+        REQUIRE(dp_model_init(&m, spec, batch, 1, &err) == 0);
+        dp_model_init_params(&m, 11);
+        dp_rng r;
+        dp_rng_seed(&r, 99);
+        /* gamma near 1, beta either side of 0: each relu passes about half */
+        for (int l = 0; l < m.n_layers; l++)
+            if (m.layers[l].kind == DP_LAYER_BATCHNORM)
+                for (size_t i = 0; i < m.layers[l].w_len; i++) {
+                    m.params[m.layers[l].w_off + i] = 0.5f + dp_rng_uniform(&r);
+                    m.params[m.layers[l].b_off + i] = dp_rng_uniform(&r) - 0.5f;
+                }
+        np = m.n_params, nb = m.n_buffers, nx = (size_t)batch * dp_model_inputs(&m);
+        no = (size_t)batch * dp_model_classes(&m);
+        float *x = malloc(nx * sizeof *x);
+        uint8_t y[64];
+        for (size_t i = 0; i < nx; i++)
+            x[i] = 2.0f * dp_rng_uniform(&r) - 1.0f;
+        for (int i = 0; i < batch; i++)
+            y[i] = (uint8_t)(i % dp_model_classes(&m));
+        grads[k] = malloc(np * sizeof(float)), dx[k] = malloc(nx * sizeof(float));
+        buf[k] = malloc(nb * sizeof(float)), probs[k] = malloc(no * sizeof(float));
+        loss[k] = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
+        REQUIRE(dp_model_backward_range_loss(&m, 0, dx[k], grads[k], m.params, x, y, 0,
+                                             batch) == 0);
+        memcpy(buf[k], m.buffers, nb * sizeof(float));
+        eval[k] = dp_model_forward(&m, m.params, x, y, batch, NULL);
+        memcpy(probs[k], dp_model_act(&m, 0, m.n_layers), no * sizeof(float));
+        free(x);
+        dp_model_free(&m);
+    }
+    dp_model_cpu_fusions(1);
+    CHECKF(memcmp(&loss[0], &loss[1], sizeof(float)) == 0, "%s: loss %.9g fused, %.9g alone",
+           spec, loss[0], loss[1]);
+    CHECKF(memcmp(grads[0], grads[1], np * sizeof(float)) == 0, "%s: gradients differ", spec);
+    CHECKF(memcmp(dx[0], dx[1], nx * sizeof(float)) == 0, "%s: input gradients differ", spec);
+    CHECKF(memcmp(buf[0], buf[1], nb * sizeof(float)) == 0, "%s: running statistics differ",
+           spec);
+    CHECK(memcmp(&eval[0], &eval[1], sizeof(float)) == 0);
+    CHECKF(memcmp(probs[0], probs[1], no * sizeof(float)) == 0, "%s: evaluation differs", spec);
+    printf("%s: fused and unfused the same bits\n", spec);
+    for (int k = 0; k < 2; k++)
+        free(grads[k]), free(dx[k]), free(buf[k]), free(probs[k]);
+}
+
 /* Weights and buffers under PyTorch's names, back bit-exact. */
 static void test_checkpoint(void)
 {
@@ -334,6 +396,16 @@ int main(void)
     /* smooth ones (no relu or max kinks inside a finite difference's step) */
     test_model("1x6x6-conv3x3x3-bn-avgpool2-dense5-bn-3", 4);
     test_model("2x5x5-conv3x3x3p1-bn-dense4-bn-3", 3);
+    test_fused("8-dense6-bn-relu-dense5-bn-relu-3", 7);
+    /* a stem and two residual blocks, one with a projection: every fusion */
+    test_fused("2x6x6-conv3x3x16p1-bn-relu-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+               "-res(conv3x3x32s2p1-bn-relu-conv3x3x32p1-bn|conv1x1x32s2-bn)-relu-gap-4",
+               5);
+    REQUIRE(dp_pool_set_threads(2, NULL) == 0);
+    test_fused("8-dense6-bn-relu-dense5-bn-relu-3", 7);
+    test_fused("2x6x6-conv3x3x16p1-bn-relu-res(conv3x3x16p1-bn-relu-conv3x3x16p1-bn)-relu"
+               "-res(conv3x3x32s2p1-bn-relu-conv3x3x32p1-bn|conv1x1x32s2-bn)-relu-gap-4",
+               5);
     test_checkpoint();
     test_refusals();
     REQUIRE(dp_pool_set_threads(1, NULL) == 0);

@@ -32,12 +32,16 @@ typedef struct dp_layer_call {
     float *gw, *gb;      /* their gradients, OVERWRITTEN by the backward */
     const float *in;     /* the layer's input (batch, d->in) */
     const float *skip;   /* res: the other addend (batch, d->out): the block's input
-                          * or its main branch's output */
+                          * or its main branch's output; relu's backward on the CPU:
+                          * a gradient to add to dout (a block's shortcut's) */
     float *out;          /* its output (batch, d->out); the backward reads what the forward wrote */
     const float *dout;   /* backward: the gradient at the output */
     float *din;          /* backward: the gradient at the input, OVERWRITTEN; NULL: not wanted */
     int relu;            /* forward: a relu follows and runs in the epilogue; backward: in is
                           * a relu's output and din gets its mask (DP_LK_TAKES_RELU_MASK) */
+    int relu_after;      /* backward (DP_LK_RELU_GRAD): the relu after it ran in its forward,
+                          * dout is the gradient at the relu's output, and the backward
+                          * applies the relu's mask first */
     float *keep;         /* what the forward keeps for the backward (keep_floats / dev_keep) */
     float *rows, *drows; /* lowering scratch of a chunk (rows_floats), the chunk d->chunk */
     float *band;         /* model-parallel band scratch (a chunk's product) */
@@ -81,6 +85,8 @@ enum {
     DP_LK_CLASSIFIER = 1 << 11,     /* may be the spec's last token (its width: the classes) */
     DP_LK_BATCH_SUM = 1 << 12,      /* training sums over the batch through c->sum (--sync-bn) */
     DP_LK_BINARY = 1 << 13,         /* the loss of one output, P(label 1): two classes */
+    DP_LK_CPU_FUSES_RELU = 1 << 14, /* as FUSES_RELU on the CPU only (the device runs it alone) */
+    DP_LK_RELU_GRAD = 1 << 15,      /* with CPU_FUSES_RELU: its backward takes the relu's too */
 };
 
 /* One buffer of a kind, as files name it (PyTorch's): rank 1 of len floats,

@@ -251,6 +251,13 @@ int dp_model_is_image(const dp_model *m);
  * layer j (0 <= j <= n_layers): anywhere but inside a residual block. */
 int dp_model_cut_ok(const dp_model *m, int j);
 
+/* On (the default) or off for the whole process: the CPU executor's fusions
+ * of a relu into the bn or residual sum before it and of that relu's
+ * backward into the bn's (docs/architecture.md, "Residual blocks").  Off,
+ * each runs alone: the same bits (tests hold the two to it; benchmarks
+ * compare their times). */
+void dp_model_cpu_fusions(int on);
+
 /* Glorot-uniform weights, limit sqrt(6/(fan_in+fan_out)), zero biases (Keras
  * defaults; a conv or local filter's fans are kh*kw*c and kh*kw*oc).  Also
  * seeds dropout with the same seed. */

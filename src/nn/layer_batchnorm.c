@@ -14,6 +14,9 @@
  * passes are kernels (kernels.h, "batch norm") that give the CPU's bits.  Its forward keeps the
  * batch's mean, 1/std and variance (3C floats) for its backward and the
  * running update; evaluation uses the keep's 1/std for the running one.
+ * On the CPU a relu after it runs in its normalising pass, and its backward
+ * then takes the relu's too (c->relu_after; docs/architecture.md, "The
+ * model"): one pass each way fewer, the same bits.
  *
  * With a sum hook (c->sum: allreduce --sync-bn, docs/strategies.md
  * "Buffers") the batch is every replica's rows, as PyTorch's SyncBatchNorm:
@@ -32,8 +35,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "device/dexec.h"
+#include "downpour/isa.h"
 #include "downpour/pool.h"
 
 #define BN_EPS 1e-5
@@ -109,10 +114,40 @@ typedef struct job {
  * bits. */
 #define BLOCK 256
 
+/* The passes compiled for AVX-512 and AVX2 besides the baseline, taken by
+ * dp_isa_max() (docs/architecture.md, "Instruction sets"): the vector lanes
+ * are channels, each channel's additions keep their order, and the build
+ * never contracts, so every path gives the same bits (test_batchnorm runs
+ * under each cap and holds them to the device's). */
+typedef void (*bn_task)(void *ctx, int i, int n);
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BN_TASK(name)                                                                          \
+    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
+    __attribute__((target("avx2"))) static void name##_256(void *ctx, int i, int n)            \
+    {                                                                                          \
+        name##_body(ctx, i, n);                                                                \
+    }                                                                                          \
+    __attribute__((target("avx512f"))) static void name##_512(void *ctx, int i, int n)         \
+    {                                                                                          \
+        name##_body(ctx, i, n);                                                                \
+    }                                                                                          \
+    static const bn_task name[3] = {name##_c, name##_256, name##_512};
+static int bn_level(void)
+{
+    dp_isa l = dp_isa_max();
+    return l >= DP_ISA_AVX512 ? 2 : l >= DP_ISA_AVX2 ? 1 : 0;
+}
+#else
+#define BN_TASK(name)                                                                          \
+    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
+    static const bn_task name[1] = {name##_c};
+static int bn_level(void) { return 0; }
+#endif
+
 /* Channels [c0, c0 + n), n <= BLOCK: out[k] = sum over rows of x (mu
  * NULL), else of (x - mu[k])^2. */
-static void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n, const double *mu,
-                         double *out)
+static inline __attribute__((always_inline)) void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n,
+                                                       const double *mu, double *out)
 {
     double part[BLOCK];
     for (size_t k = 0; k < n; k++)
@@ -138,7 +173,7 @@ static void channel_sums(const float *x, size_t R, int C, size_t c0, size_t n, c
 }
 
 /* Channels [lo, hi): the batch's mean, 1/std and variance into the keep. */
-static void stats_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void stats_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     size_t lo, hi;
@@ -159,6 +194,7 @@ static void stats_task(void *ctx, int i, int n)
         }
     }
 }
+BN_TASK(stats_task)
 
 /* Channels [lo, hi), --sync-bn: sum x (j->mean NULL), else sum (x - mean)^2. */
 static void sync_task(void *ctx, int i, int n)
@@ -204,8 +240,18 @@ static int sync_stats(const dp_layer_call *c, job *j)
     return 0;
 }
 
-/* Rows [lo, hi): out = (x - mean) * scale * gamma + beta. */
-static void norm_task(void *ctx, int i, int n)
+/* The normalised value of x in a channel: the forward's output.  A backward
+ * with the relu after it (c->relu_after) recomputes it, ((x - mean) *
+ * scale) * gamma + beta in the same order (ISO C: no contraction, so the
+ * same bits), for the relu's mask: y > 0 exactly when relu(y) > 0. */
+static inline float bn_y(float x, float mean, float scale, float w, float b)
+{
+    return (x - mean) * scale * w + b;
+}
+
+/* Rows [lo, hi): out = (x - mean) * scale * gamma + beta, then the relu
+ * after it when fused (c->relu: as dp_relu_forward, NaN and -0 pass). */
+static inline __attribute__((always_inline)) void norm_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     size_t lo, hi;
@@ -214,10 +260,17 @@ static void norm_task(void *ctx, int i, int n)
     for (size_t r = lo; r < hi; r++) {
         const float *x = c->in + r * j->C;
         float *y = c->out + r * j->C;
-        for (int ch = 0; ch < j->C; ch++)
-            y[ch] = (x[ch] - j->mean[ch]) * j->scale[ch] * c->w[ch] + c->b[ch];
+        if (c->relu)
+            for (int ch = 0; ch < j->C; ch++) {
+                float v = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
+                y[ch] = v < 0.0f ? 0.0f : v;
+            }
+        else
+            for (int ch = 0; ch < j->C; ch++)
+                y[ch] = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
     }
 }
+BN_TASK(norm_task)
 
 static float forward(const dp_layer_call *c)
 {
@@ -230,14 +283,14 @@ static float forward(const dp_layer_call *c)
         for (int ch = 0; ch < C; ch++)
             inv[ch] = (float)(1.0 / sqrt((double)rv[ch] + BN_EPS));
         j.mean = rm, j.scale = inv;
-        dp_pool_run(norm_task, &j);
+        dp_pool_run(norm_task[bn_level()], &j);
         return 0.0f;
     }
     double R = (double)j.R;
     if (c->sum && sync_stats(c, &j) == 0) {
         R = c->keep[3 * C];
     } else {
-        dp_pool_run(stats_task, &j);
+        dp_pool_run(stats_task[bn_level()], &j);
         c->keep[3 * C] = (float)R;
     }
     const float *mean = c->keep, *inv = c->keep + C, *var = c->keep + 2 * C;
@@ -250,13 +303,13 @@ static float forward(const dp_layer_call *c)
     }
     c->state[2 * C] += 1.0f;
     j.mean = mean, j.scale = inv;
-    dp_pool_run(norm_task, &j);
+    dp_pool_run(norm_task[bn_level()], &j);
     return 0.0f;
 }
 
 /* Channels [lo, hi): dgamma = sum dy * xhat and dbeta = sum dy, row by row
  * over a block of channels, in blocks of rows (see channel_sums). */
-static void grad_task(void *ctx, int i, int n)
+static inline __attribute__((always_inline)) void grad_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     const dp_layer_call *c = j->c;
@@ -265,7 +318,8 @@ static void grad_task(void *ctx, int i, int n)
     for (size_t c0 = lo; c0 < hi; c0 += BLOCK) {
         size_t m = hi - c0 < BLOCK ? hi - c0 : BLOCK;
         double g[BLOCK] = {0}, b[BLOCK] = {0}, pg[BLOCK], pb[BLOCK];
-        const float *mean = j->mean + c0, *scale = j->scale + c0;
+        const float *mean = j->mean + c0, *scale = j->scale + c0, *w = c->w + c0,
+                    *bias = c->b + c0;
         for (size_t r0 = 0; r0 < j->R; r0 += DP_BN_ROWS) {
             size_t r1 = j->R - r0 < DP_BN_ROWS ? j->R : r0 + DP_BN_ROWS;
             for (size_t k = 0; k < m; k++)
@@ -273,11 +327,27 @@ static void grad_task(void *ctx, int i, int n)
             for (size_t r = r0; r < r1; r++) {
                 const float *dy = c->dout + r * (size_t)j->C + c0;
                 const float *x = c->in + r * (size_t)j->C + c0;
-                for (size_t k = 0; k < m; k++) {
-                    double d = dy[k];
-                    pg[k] += d * ((x[k] - mean[k]) * scale[k]);
-                    pb[k] += d;
-                }
+                if (c->relu_after) /* dy at the relu's output: its mask first */
+                    for (size_t k = 0; k < m; k++) {
+                        float xhat = (x[k] - mean[k]) * scale[k];
+                        float y = xhat * w[k] + bias[k]; /* the forward's output */
+                        /* dy, or +0 where the relu cut it: as a mask of its
+                         * bits (a select here does not vectorise) */
+                        uint32_t u;
+                        memcpy(&u, &dy[k], sizeof u);
+                        u &= 0u - (uint32_t)(y > 0.0f);
+                        float dk;
+                        memcpy(&dk, &u, sizeof dk);
+                        double d = dk;
+                        pg[k] += d * xhat;
+                        pb[k] += d;
+                    }
+                else
+                    for (size_t k = 0; k < m; k++) {
+                        double d = dy[k];
+                        pg[k] += d * ((x[k] - mean[k]) * scale[k]);
+                        pb[k] += d;
+                    }
             }
             for (size_t k = 0; k < m; k++)
                 g[k] += pg[k], b[k] += pb[k];
@@ -288,24 +358,47 @@ static void grad_task(void *ctx, int i, int n)
         }
     }
 }
+BN_TASK(grad_task)
 
-/* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma). */
-static void din_task(void *ctx, int i, int n)
+/* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma), with the
+ * relu's mask on dy first when c->relu_after.  The per-channel factor is
+ * computed once per block of channels (the same operations per element, so
+ * the same bits as the device's kernel). */
+static inline __attribute__((always_inline)) void din_task_body(void *ctx, int i, int n)
 {
     const job *j = ctx;
     const dp_layer_call *c = j->c;
     size_t lo, hi;
     dp_pool_range(j->R, 1, i, n, &lo, &hi);
     float R = j->rows;
-    for (size_t r = lo; r < hi; r++) {
-        size_t at = r * j->C;
-        for (int ch = 0; ch < j->C; ch++) {
-            float xhat = (c->in[at + ch] - j->mean[ch]) * j->scale[ch];
-            float k = c->w[ch] * j->scale[ch] / R;
-            c->din[at + ch] = k * (R * c->dout[at + ch] - j->db[ch] - xhat * j->dg[ch]);
+    size_t C = (size_t)j->C;
+    for (size_t c0 = 0; c0 < C; c0 += BLOCK) {
+        size_t m = C - c0 < BLOCK ? C - c0 : BLOCK;
+        float f[BLOCK];
+        const float *mean = j->mean + c0, *scale = j->scale + c0, *w = c->w + c0,
+                    *bias = c->b + c0, *db = j->db + c0, *dg = j->dg + c0;
+        for (size_t k = 0; k < m; k++)
+            f[k] = w[k] * scale[k] / R;
+        for (size_t r = lo; r < hi; r++) {
+            const float *x = c->in + r * C + c0, *dy = c->dout + r * C + c0;
+            float *dx = c->din + r * C + c0;
+            if (c->relu_after)
+                for (size_t k = 0; k < m; k++) {
+                    float xhat = (x[k] - mean[k]) * scale[k];
+                    float y = xhat * w[k] + bias[k]; /* the forward's output */
+                    float dk = dy[k]; /* read either way: a select */
+                    dk = y > 0.0f ? dk : 0.0f;
+                    dx[k] = f[k] * (R * dk - db[k] - xhat * dg[k]);
+                }
+            else
+                for (size_t k = 0; k < m; k++) {
+                    float xhat = (x[k] - mean[k]) * scale[k];
+                    dx[k] = f[k] * (R * dy[k] - db[k] - xhat * dg[k]);
+                }
         }
     }
 }
+BN_TASK(din_task)
 
 /* --sync-bn: the whole batch's dbeta and dgamma, in this replica's scale
  * (the sums weighted by each replica's share of the rows, then taken back
@@ -332,12 +425,12 @@ static void backward(const dp_layer_call *c)
     const dp_layer *d = c->d;
     job j = {.c = c, .C = d->c, .R = (size_t)c->batch * d->h * d->w, .mean = c->keep,
              .scale = c->keep + d->c};
-    dp_pool_run(grad_task, &j);
+    dp_pool_run(grad_task[bn_level()], &j);
     if (!c->din)
         return;
     if (!c->sum || sync_grads(c, &j) < 0)
         j.rows = (float)j.R, j.db = c->gb, j.dg = c->gw;
-    dp_pool_run(din_task, &j);
+    dp_pool_run(din_task[bn_level()], &j);
 }
 
 /* ---- device: training only (evaluation stays on the host) ---- */
@@ -401,7 +494,8 @@ static void dev_backward(const dp_dexec *x, const dp_layer_call *c)
 }
 
 const dp_layer_ops dp_layer_batchnorm = {
-    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2, .flags = DP_LK_BATCH_SUM,
+    .kind = DP_LAYER_BATCHNORM, .name = "bn", .token = 2,
+    .flags = DP_LK_BATCH_SUM | DP_LK_CPU_FUSES_RELU | DP_LK_RELU_GRAD,
     .example = "bn", .help = "batch norm (features after dense, channels after conv)",
     .parse = parse, .shapes = shapes, .init_params = init_params,
     .buffers = buffers, .init_buffers = init_buffers, .keep_floats = keep_floats,

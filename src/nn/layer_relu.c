@@ -1,7 +1,12 @@
 /* relu: out = max(in, 0).  After a dense, conv or local layer it runs in
- * that layer's epilogue (DP_LK_FUSES_RELU), and its mask in the input
- * gradient of a layer after it (DP_LK_TAKES_RELU_MASK). */
+ * that layer's epilogue (DP_LK_FUSES_RELU; after a bn or a residual sum on
+ * the CPU, DP_LK_CPU_FUSES_RELU), and its mask in the input gradient of a
+ * layer after it (DP_LK_TAKES_RELU_MASK) or of the bn before it
+ * (DP_LK_RELU_GRAD). */
 #include "nn/layer_impl.h"
+
+#include <stdint.h>
+#include <string.h>
 
 #include "device/dexec.h"
 #include "downpour/layers.h"
@@ -21,9 +26,26 @@ static void forward_span(const dp_layer_call *c, size_t lo, size_t hi)
     dp_relu_forward(c->out + lo, c->in + lo, (int)(hi - lo));
 }
 
+/* With c->skip (the CPU executor: the shortcut's gradient at the input of
+ * the block after it) the gradient at its output is dout + skip, added
+ * here rather than in a pass of its own: the same sum, then the select. */
 static void backward_span(const dp_layer_call *c, size_t lo, size_t hi)
 {
-    dp_relu_backward(c->din + lo, c->dout + lo, c->out + lo, (int)(hi - lo));
+    if (!c->skip) {
+        dp_relu_backward(c->din + lo, c->dout + lo, c->out + lo, (int)(hi - lo));
+        return;
+    }
+    const float *dout = c->dout, *skip = c->skip, *out = c->out;
+    float *din = c->din;
+    for (size_t i = lo; i < hi; i++) {
+        /* the sum, or +0 where the relu cut it, as a mask of its bits (a
+         * select here does not vectorise) */
+        float g = dout[i] + skip[i];
+        uint32_t u;
+        memcpy(&u, &g, sizeof u);
+        u &= 0u - (uint32_t)(out[i] > 0.0f);
+        memcpy(&din[i], &u, sizeof u);
+    }
 }
 
 static float forward(const dp_layer_call *c)

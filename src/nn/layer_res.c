@@ -4,7 +4,8 @@
  * the other addend (c->skip: the block's input for an identity shortcut,
  * else the main branch's output) and, in the backward, passes the gradient
  * at its output on to both branches without a copy, so its own backward
- * does nothing.  The grammar of blocks, res(main) and res(main|shortcut),
+ * does nothing.  On the CPU a relu after the block runs in the sum
+ * (DP_LK_CPU_FUSES_RELU).  The grammar of blocks, res(main) and res(main|shortcut),
  * is model_spec.c's.  No parameters.  On a device the sum is one kernel
  * (kernels.h, "residual blocks"), which the device executor (dmodel.c) also
  * launches at the block's input in the backward.  Model parallelism
@@ -18,6 +19,7 @@ typedef struct add_job {
     float *out;
     const float *a, *b;
     size_t n;
+    bool relu;
 } add_job;
 
 static void add_task(void *ctx, int i, int n)
@@ -25,19 +27,28 @@ static void add_task(void *ctx, int i, int n)
     const add_job *j = ctx;
     size_t lo, hi;
     dp_pool_range(j->n, 64, i, n, &lo, &hi);
-    for (size_t k = lo; k < hi; k++)
-        j->out[k] = j->a[k] + j->b[k];
+    if (j->relu) /* as dp_relu_forward: NaN and -0 pass */
+        for (size_t k = lo; k < hi; k++) {
+            float v = j->a[k] + j->b[k];
+            j->out[k] = v < 0.0f ? 0.0f : v;
+        }
+    else
+        for (size_t k = lo; k < hi; k++)
+            j->out[k] = j->a[k] + j->b[k];
 }
 
 void dp_lk_res_add(float *out, const float *a, const float *b, size_t n)
 {
-    add_job j = {out, a, b, n};
+    add_job j = {out, a, b, n, false};
     dp_pool_run(add_task, &j);
 }
 
+/* The relu after the block runs in the sum (DP_LK_CPU_FUSES_RELU): one
+ * pass over the block's output instead of two. */
 static float forward(const dp_layer_call *c)
 {
-    dp_lk_res_add(c->out, c->in, c->skip, (size_t)c->batch * c->d->out);
+    add_job j = {c->out, c->in, c->skip, (size_t)c->batch * c->d->out, c->relu};
+    dp_pool_run(add_task, &j);
     return 0.0f;
 }
 
@@ -58,6 +69,7 @@ const dp_layer_ops dp_layer_res = {
     .kind = DP_LAYER_RES, .name = "res", .token = 0,
     .example = "res(A|B)",
     .help = "residual block: A(x) + x, or A(x) + B(x) (B: a projection)",
+    .flags = DP_LK_CPU_FUSES_RELU,
     .forward = forward, .backward = backward,
     .dev_forward = dev_forward, .dev_backward = dev_backward,
     .mp = DP_MP_REFUSE,

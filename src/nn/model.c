@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,12 +397,33 @@ static bool range_ok(const dp_model *m, int slot, int a, int b, int batch)
  * input: no relu fuses across that edge, forward or backward. */
 static bool branch_start(const dp_layer *d) { return d->res & (DP_RES_BEGIN | DP_RES_SHORTCUT); }
 
-/* A layer that a relu follows inside [.., b) runs with the relu fused. */
+static _Atomic int cpu_fusions = 1;
+
+void dp_model_cpu_fusions(int on) { atomic_store(&cpu_fusions, on != 0); }
+
+/* A layer that a relu follows inside [.., b) runs with the relu fused
+ * (DP_LK_FUSES_RELU: dense, conv, local; DP_LK_CPU_FUSES_RELU: bn, res,
+ * whose relu the device runs on its own). */
 static bool fuses_relu(const dp_model *m, int l, int b)
 {
-    return (dp_layer_ops_of(&m->layers[l])->flags & DP_LK_FUSES_RELU) && l + 1 < b &&
+    unsigned want = DP_LK_FUSES_RELU | (atomic_load(&cpu_fusions) ? DP_LK_CPU_FUSES_RELU : 0);
+    return (dp_layer_ops_of(&m->layers[l])->flags & want) && l + 1 < b &&
            (dp_layer_ops_of(&m->layers[l + 1])->flags & DP_LK_RELU) &&
            !branch_start(&m->layers[l + 1]);
+}
+
+/* Whether layer l in [a, b) is a relu that runs its backward alone (no
+ * layer before it takes it: DP_LK_RELU_GRAD) outside any block: then the
+ * block after it hands it the shortcut's gradient at the block's input
+ * (c->skip), which it adds to its dout in its pass instead of a pass of
+ * its own (the same addition, so the same bits). */
+static bool relu_takes_skip(const dp_model *m, int l, int a, int b)
+{
+    if (!atomic_load(&cpu_fusions) || l < a ||
+        !(dp_layer_ops_of(&m->layers[l])->flags & DP_LK_RELU) || m->layers[l].res)
+        return false;
+    return !(l - 1 >= a && (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU_GRAD) &&
+             fuses_relu(m, l - 1, b));
 }
 
 /* A call of layer d of a slot with the weights params and the gradients
@@ -492,13 +514,16 @@ static float *free_dact(const dp_model *m, const float *g, const float *keep)
 /* Layers [a, b) of a slot backwards, from dout (or, when the range holds the
  * loss layer, from the labels y) to din.  A layer whose input is a relu in
  * the range and that takes its mask (DP_LK_TAKES_RELU_MASK: dense, maxpool)
- * produces the gradient at the relu's input in one kernel.  Intermediate
+ * produces the gradient at the relu's input in one kernel; one whose relu
+ * after it ran in its forward and that takes that relu's backward too
+ * (DP_LK_RELU_GRAD: bn) starts from the gradient at the relu's output.  Intermediate
  * gradients ping-pong between m->dacts' buffers.  A residual block
  * (docs/architecture.md, "Residual blocks") runs backwards from its res
  * layer: the gradient at its output, kept, goes to the shortcut's layers
  * (their gradient at the block's input lands in m->dskip), then to the main
  * branch's, and the block's first layer adds the shortcut's gradient (or,
- * for an identity, the kept one) to its own at the block's input.  notify: call
+ * for an identity, the kept one) to its own at the block's input (in the
+ * pass of a relu before the block, relu_takes_skip).  notify: call
  * m->grad_ready after each layer with parameters.  u: update each layer's
  * parameters once both its products are done (its input gradient has read
  * the old weights), while its gradients are still in cache. */
@@ -509,6 +534,7 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
     const float *g = dout; /* the gradient at the output of layer l */
     const float *keep = NULL, *skip = NULL; /* in a block: its output's gradient, and
                                              * the shortcut's at its input */
+    const float *pend = NULL; /* a block's shortcut gradient the relu before it adds */
     for (int l = b - 1; l >= a;) {
         const dp_layer *d = &m->layers[l];
         const dp_layer_ops *o = dp_layer_ops_of(d);
@@ -517,6 +543,13 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
             skip = d->res_sc ? m->dskip : g;
             l--;
             continue;
+        }
+        int top = l; /* the last layer this step covers */
+        if ((o->flags & DP_LK_RELU) && l - 1 >= a &&
+            (dp_layer_ops_of(&m->layers[l - 1])->flags & DP_LK_RELU_GRAD) &&
+            fuses_relu(m, l - 1, b)) { /* the relu's mask fuses into the layer before */
+            d = &m->layers[--l];
+            o = dp_layer_ops_of(d);
         }
         int first = l; /* the first layer this step covers */
         if ((o->flags & DP_LK_TAKES_RELU_MASK) && l - 1 >= a && !branch_start(d) &&
@@ -528,7 +561,8 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
                                     ? (f->res_from == a ? in : act(m, slot, f->res_from))
                                     : NULL;
         dp_layer_call c = call_of(m, slot, d, params, grads, batch);
-        c.din = first == a ? din : free_dact(m, g, keep); /* gradient at layer first's input */
+        /* the gradient at layer first's input */
+        c.din = first == a ? din : free_dact(m, g, pend ? pend : keep);
         /* the shortcut's gradient at the block's input: not wanted when the
          * block starts the range and din is NULL */
         if (f->res & DP_RES_SHORTCUT)
@@ -536,9 +570,12 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
         c.in = l == a ? in : act(m, slot, l); /* layer l's input */
         if (d->res & DP_RES_SHORTCUT)
             c.in = block_in;
-        c.out = act(m, slot, l + 1);
+        c.out = act(m, slot, top + 1);
         c.dout = g;
         c.relu = first < l;
+        c.relu_after = top > l;
+        c.skip = pend;
+        pend = NULL;
         c.y = y;
         if (o->flags & DP_LK_DRAWS)
             c.seed = m->drop_seeds[(size_t)slot * m->n_layers + l];
@@ -554,8 +591,12 @@ static void backward(dp_model *m, int slot, float *din, float *grads, const floa
             l = first - 1;
             continue;
         }
-        if ((f->res & DP_RES_BEGIN) && c.din) /* the block's input gets both branches' */
-            dp_lk_res_add(c.din, c.din, skip, (size_t)batch * f->in);
+        if ((f->res & DP_RES_BEGIN) && c.din) { /* the block's input gets both branches' */
+            if (relu_takes_skip(m, first - 1, a, b))
+                pend = skip; /* added in the relu's pass */
+            else
+                dp_lk_res_add(c.din, c.din, skip, (size_t)batch * f->in);
+        }
         if (f->res & DP_RES_BEGIN)
             keep = skip = NULL;
         if (first > a)
