@@ -177,15 +177,7 @@ static int write_outputs(const scaling *S, const point *pts, int n, const char *
         }
         cJSON_AddItemToArray(arr, o);
     }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/results.json", S->out);
-    char *text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text)
-        return dp_errf(err, "%s: out of memory", path);
-    int rc = dp_file_replace(path, text, strlen(text), err);
-    cJSON_free(text);
-    if (rc < 0)
+    if (study_write_results(S->out, root, err) < 0)
         return -1;
 
     /* report.html: the table, then speedup and samples/s against workers */
@@ -275,8 +267,9 @@ done:
                 return -1;
             }
         }
+    char path[4200];
     snprintf(path, sizeof path, "%s/report.html", S->out);
-    rc = dp_report_write(r, path, err);
+    int rc = dp_report_write(r, path, err);
     dp_report_free(r);
     return rc;
 }

@@ -332,15 +332,7 @@ static int write_outputs(const study *S, const cell *cells, int n, const verdict
     cJSON *rs = cJSON_AddArrayToObject(rec, "reasons");
     for (int i = 0; i < v->n; i++)
         cJSON_AddItemToArray(rs, cJSON_CreateString(v->reasons[i]));
-    char path[4200];
-    snprintf(path, sizeof path, "%s/results.json", S->out);
-    char *text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text)
-        return dp_errf(err, "%s: out of memory", path);
-    int rc = dp_file_replace(path, text, strlen(text), err);
-    cJSON_free(text);
-    if (rc < 0)
+    if (study_write_results(S->out, root, err) < 0)
         return -1;
 
     dp_report *r;
@@ -394,8 +386,9 @@ static int write_outputs(const study *S, const cell *cells, int n, const verdict
                 dp_report_free(r);
                 return -1;
             }
+    char path[4200];
     snprintf(path, sizeof path, "%s/report.html", S->out);
-    rc = dp_report_write(r, path, err);
+    int rc = dp_report_write(r, path, err);
     dp_report_free(r);
     return rc;
 }

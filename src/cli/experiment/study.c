@@ -319,6 +319,19 @@ int study_prepare_out(const char *dir, dp_err *err)
     return dp_dir_prepare(runs, "--out", err);
 }
 
+int study_write_results(const char *dir, cJSON *root, dp_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/results.json", dir);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text)
+        return dp_errf(err, "%s: out of memory", path);
+    int rc = dp_file_replace(path, text, strlen(text), err);
+    cJSON_free(text);
+    return rc;
+}
+
 void study_cluster_opts_init(study_cluster_opts *o)
 {
     memset(o, 0, sizeof *o);

@@ -95,6 +95,9 @@ int study_parse(const char *study, const char *usage, const struct cli_opt *opts
 
 /* Makes dir and dir/runs, refusing a path that is not a writable directory. */
 int study_prepare_out(const char *dir, dp_err *err);
+struct cJSON;
+/* DIR/results.json from root, which it frees, replaced atomically. */
+int study_write_results(const char *dir, struct cJSON *root, dp_err *err);
 
 /* Where a study's runs go: `downpour launch` on this machine, or a virtual
  * cluster of network-namespace hosts with capped links (scripts/vcluster.sh,
