@@ -273,16 +273,6 @@ static void recommend(const study *S, cell *cells, int n, verdict *v)
 
 /* ------------------------------------------------------------- the outputs */
 
-static cJSON *stat_json(study_stat s)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "median", s.median);
-    cJSON_AddNumberToObject(o, "min", s.min);
-    cJSON_AddNumberToObject(o, "max", s.max);
-    cJSON_AddNumberToObject(o, "n", s.n);
-    return o;
-}
-
 static int write_outputs(const study *S, const cell *cells, int n, const verdict *v, double wall,
                          dp_err *err)
 {
@@ -313,11 +303,11 @@ static int write_outputs(const study *S, const cell *cells, int n, const verdict
             cJSON_AddStringToObject(o, "reason", c->why);
         } else {
             cJSON_AddStringToObject(o, "status", "done");
-            cJSON_AddItemToObject(o, "test_auc", stat_json(c->auc));
-            cJSON_AddItemToObject(o, "test_log_loss", stat_json(c->logloss));
-            cJSON_AddItemToObject(o, "samples_per_second", stat_json(c->sps));
-            cJSON_AddItemToObject(o, "train_seconds", stat_json(c->train_s));
-            cJSON_AddItemToObject(o, "bytes_per_step_per_worker", stat_json(c->bytes));
+            cJSON_AddItemToObject(o, "test_auc", study_stat_json(c->auc));
+            cJSON_AddItemToObject(o, "test_log_loss", study_stat_json(c->logloss));
+            cJSON_AddItemToObject(o, "samples_per_second", study_stat_json(c->sps));
+            cJSON_AddItemToObject(o, "train_seconds", study_stat_json(c->train_s));
+            cJSON_AddItemToObject(o, "bytes_per_step_per_worker", study_stat_json(c->bytes));
         }
         if (isfinite(c->predicted))
             cJSON_AddNumberToObject(o, "predicted_bytes_per_step_per_worker", c->predicted);

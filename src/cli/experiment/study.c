@@ -319,6 +319,16 @@ int study_prepare_out(const char *dir, dp_err *err)
     return dp_dir_prepare(runs, "--out", err);
 }
 
+cJSON *study_stat_json(study_stat s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "median", s.median);
+    cJSON_AddNumberToObject(o, "min", s.min);
+    cJSON_AddNumberToObject(o, "max", s.max);
+    cJSON_AddNumberToObject(o, "n", s.n);
+    return o;
+}
+
 int study_write_results(const char *dir, cJSON *root, dp_err *err)
 {
     char path[4200];

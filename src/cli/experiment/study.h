@@ -68,6 +68,9 @@ typedef struct study_stat {
     int n;
 } study_stat;
 study_stat study_stats(double *v, int n);
+struct cJSON;
+/* {"median", "min", "max", "n"} of s, for results.json. */
+struct cJSON *study_stat_json(study_stat s);
 
 /* The recommendation's rule (docs/experiments.md, "The recommendation")
  * between two strategies a and b: dq is b's quality minus a's (median test
@@ -95,7 +98,6 @@ int study_parse(const char *study, const char *usage, const struct cli_opt *opts
 
 /* Makes dir and dir/runs, refusing a path that is not a writable directory. */
 int study_prepare_out(const char *dir, dp_err *err);
-struct cJSON;
 /* DIR/results.json from root, which it frees, replaced atomically. */
 int study_write_results(const char *dir, struct cJSON *root, dp_err *err);
 

@@ -508,16 +508,6 @@ static void recommend(const thesis *T, verdict *v)
 
 /* ------------------------------------------------------------- the outputs */
 
-static cJSON *stat_json(study_stat s)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "median", s.median);
-    cJSON_AddNumberToObject(o, "min", s.min);
-    cJSON_AddNumberToObject(o, "max", s.max);
-    cJSON_AddNumberToObject(o, "n", s.n);
-    return o;
-}
-
 static cJSON *num_or_null(double v)
 {
     return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
@@ -564,9 +554,9 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
         cJSON_AddNumberToObject(src, "test_accuracy", c->src->test_accuracy);
         cJSON_AddNumberToObject(src, "train_seconds", c->src->train_seconds);
         if (c->status == CELL_DONE) {
-            cJSON_AddItemToObject(o, "test_accuracy", stat_json(c->acc));
-            cJSON_AddItemToObject(o, "train_seconds", stat_json(c->train_s));
-            cJSON_AddItemToObject(o, "wall_seconds", stat_json(c->wall_s));
+            cJSON_AddItemToObject(o, "test_accuracy", study_stat_json(c->acc));
+            cJSON_AddItemToObject(o, "train_seconds", study_stat_json(c->train_s));
+            cJSON_AddItemToObject(o, "wall_seconds", study_stat_json(c->wall_s));
             if (comparable_to_source(T))
                 cJSON_AddBoolToObject(o, "meets_source", c->acc.median >= c->src->test_accuracy);
             else /* a short run: no verdict against 25-epoch figures */
