@@ -133,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t tab = sparse ? TAB : 0, np = tab + NP;
     if (sparse) {
         cfg.n_tables = 1;
-        cfg.tables[0] = (dp_ps_table_spec){0, TROWS, TWIDTH, TROWS};
+        cfg.tables[0] = (dp_ps_table_spec){.off = 0, .rows = TROWS, .width = TWIDTH, .max_ids = TROWS};
     }
     int workers = 1 + b1 % MAX_WORKERS;
     int n_ps = (b1 >> 2) & 1 ? 2 : 1;
