@@ -18,8 +18,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void check(const dp_model *m)
 {
     size_t next = 0;
+    /* a model ends in its loss: softmax cross-entropy, or the binary one */
     if (m->n_layers < 2 || m->n_layers > DP_MAX_LAYERS ||
-        m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX_XENT)
+        (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX_XENT &&
+         m->layers[m->n_layers - 1].kind != DP_LAYER_BCE))
         abort();
     for (int l = 0; l < m->n_layers; l++) {
         const dp_layer *d = &m->layers[l];
@@ -37,10 +39,20 @@ static void check(const dp_model *m)
                 d->out != (d->res_sc ? m->layers[d->res_sc - 1].out : m->layers[d->res_from].in))
                 abort();
         }
+        /* a layer's weight then its bias (none for a table: emb, bag),
+         * inside the flat parameters and apart from every other layer's
+         * (sparse tables are placed before the dense layers) */
         if (d->w_len) {
-            if (d->w_off != next || d->b_off != d->w_off + d->w_len || !d->b_len)
+            if ((d->b_len && d->b_off != d->w_off + d->w_len) ||
+                d->w_off + d->w_len + d->b_len > m->n_params)
                 abort();
-            next = d->b_off + d->b_len;
+            for (int k = 0; k < l; k++) {
+                const dp_layer *e = &m->layers[k];
+                if (e->w_len && d->w_off < e->w_off + e->w_len + e->b_len &&
+                    e->w_off < d->w_off + d->w_len + d->b_len)
+                    abort();
+            }
+            next += d->w_len + d->b_len;
         }
     }
     if (next != m->n_params)
