@@ -261,12 +261,35 @@ static void test_fused(const char *spec, int batch)
             y[i] = (uint8_t)(i % dp_model_classes(&m));
         grads[k] = malloc(np * sizeof(float)), dx[k] = malloc(nx * sizeof(float));
         buf[k] = malloc(nb * sizeof(float)), probs[k] = malloc(no * sizeof(float));
+        /* the fusion is taken: a bn's or a sum's output before the relu
+         * after it is never written (poisoned here), unfused it is */
+        int fusable = 0;
+        for (int l = 0; l + 1 < m.n_layers; l++)
+            if ((m.layers[l].kind == DP_LAYER_BATCHNORM || m.layers[l].kind == DP_LAYER_RES) &&
+                m.layers[l + 1].kind == DP_LAYER_RELU) {
+                float *pre = dp_model_act(&m, 0, l + 1);
+                for (int i = 0; i < batch * m.layers[l].out; i++)
+                    pre[i] = NAN;
+                fusable++;
+            }
+        REQUIRE(fusable > 0);
         loss[k] = dp_model_forward_range_loss(&m, 0, m.params, x, y, 0, batch, NULL);
         REQUIRE(dp_model_backward_range_loss(&m, 0, dx[k], grads[k], m.params, x, y, 0,
                                              batch) == 0);
         memcpy(buf[k], m.buffers, nb * sizeof(float));
         eval[k] = dp_model_forward(&m, m.params, x, y, batch, NULL);
         memcpy(probs[k], dp_model_act(&m, 0, m.n_layers), no * sizeof(float));
+        for (int l = 0; l + 1 < m.n_layers; l++)
+            if ((m.layers[l].kind == DP_LAYER_BATCHNORM || m.layers[l].kind == DP_LAYER_RES) &&
+                m.layers[l + 1].kind == DP_LAYER_RELU) {
+                const float *pre = dp_model_act(&m, 0, l + 1);
+                int written = 0;
+                for (int i = 0; i < batch * m.layers[l].out; i++)
+                    written += !isnan(pre[i]);
+                CHECKF(k == 0 ? written == 0 : written == batch * m.layers[l].out,
+                       "%s: layer %d's output before its relu: %d of %d written %s", spec, l,
+                       written, batch * m.layers[l].out, k == 0 ? "fused" : "alone");
+            }
         free(x);
         dp_model_free(&m);
     }

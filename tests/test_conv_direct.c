@@ -24,7 +24,8 @@ typedef struct shape {
 } shape;
 
 /* stem-like (1 channel), 3x3 s1/s2/s3, 1x1 s2, 5x5, channel groups of 16
- * (3, 5), run vectors not a multiple of 3, a row wider than a tile */
+ * (3, 5), run vectors not a multiple of 3, a row wider than a tile, the
+ * forward by tiles across rows and by rows */
 static const shape shapes[] = {
     {3, 16, 7, 5, 3, 3, 1, 1, 16},  {2, 32, 9, 9, 3, 3, 2, 1, 48},
     {2, 16, 6, 7, 1, 1, 2, 0, 32},  {2, 1, 11, 10, 3, 3, 1, 1, 16},
@@ -32,6 +33,9 @@ static const shape shapes[] = {
     {2, 16, 3, 29, 3, 3, 1, 1, 32}, {1, 32, 4, 4, 3, 3, 1, 1, 64},
     {2, 16, 8, 7, 3, 3, 2, 0, 16},  {2, 16, 10, 11, 3, 3, 3, 1, 32},
     {2, 16, 6, 5, 3, 3, 1, 1, 20}, /* 20 outputs: only the input gradient direct */
+    /* LeNet's stem on MNIST: 784 positions by 25 taps is past gather_tiles'
+     * offsets table, so the forward goes by rows (gather_rows) */
+    {2, 1, 28, 28, 5, 5, 1, 2, 32},
 };
 
 typedef struct layer_set {

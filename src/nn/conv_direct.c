@@ -281,17 +281,48 @@ static int plan_tiles(const gather_job *j, int maxpx, gtile *t)
     return n;
 }
 
+/* The most pixels of a tile: what the widest microkernel the output
+ * channels use holds. */
+static int tile_px(const gather_job *j)
+{
+#ifdef DIRECT_X86
+    int groups = j->oc / 16, nv = groups < GMAXNV ? groups : GMAXNV;
+    return j->avx512 ? g512_max_px[nv - 1] : 6;
+#else
+    (void)j;
+    return 1;
+#endif
+}
+
+#ifdef DIRECT_X86
+/* A tile of px pixels, every output channel: the microkernels over the
+ * channel vectors, as many at a time as the AVX-512 ones hold. */
+static void gather_groups(const gather_job *j, const float *const *src, const int *tap, int taps,
+                          int px, float *out, size_t ostride)
+{
+    const int groups = j->oc / 16;
+    gather_arg a = {NULL, j->wtap, j->wq, tap, taps, j->sc, NULL, j->relu};
+    for (int g0 = 0; g0 < groups;) {
+        int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
+        a.w = j->w + (size_t)g0 * 16;
+        a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
+        if (j->avx512)
+            g512[nv - 1][px - 1](&a, src, out + (size_t)g0 * 16, ostride);
+        else
+            g256[px - 1](&a, src, out + (size_t)g0 * 16, ostride);
+        g0 += nv;
+    }
+}
+#endif
+
 static void gather_rows(const gather_job *j, size_t lo, size_t hi)
 {
 #ifdef DIRECT_X86
-    const int groups = j->oc / 16;
     const float *src[MAX_TAPS * GMAXPX];
     int tap[MAX_TAPS];
     gtile tiles[MAX_TILES];
-    /* pixels per tile: the row in equal tiles of at most maxpx */
-    int nv_top = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
-    int maxpx = j->avx512 ? g512_max_px[nv_top - 1] : 6;
-    int n_tiles = plan_tiles(j, maxpx, tiles);
+    /* the row in equal tiles of at most tile_px */
+    int n_tiles = plan_tiles(j, tile_px(j), tiles);
     for (size_t row = lo; row < hi; row++) {
         int n = (int)(row / (size_t)j->oh), y = (int)(row % (size_t)j->oh);
         const float *img = j->src + (size_t)n * j->sh * j->sw * j->sc;
@@ -320,19 +351,8 @@ static void gather_rows(const gather_job *j, size_t lo, size_t hi)
                         p[q] = col[q] >= 0 ? base + col[q] : zeros;
                 }
             }
-            gather_arg a = {NULL, j->wtap, j->wq, tap, nt, j->sc, NULL, j->relu};
-            size_t ostride = (size_t)g->step * j->oc;
-            for (int g0 = 0; g0 < groups;) {
-                int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
-                a.w = j->w + (size_t)g0 * 16;
-                a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
-                float *o = orow + (size_t)g->x0 * j->oc + (size_t)g0 * 16;
-                if (j->avx512)
-                    g512[nv - 1][px - 1](&a, src, o, ostride);
-                else
-                    g256[px - 1](&a, src, o, ostride);
-                g0 += nv;
-            }
+            gather_groups(j, src, tap, nt, px, orow + (size_t)g->x0 * j->oc,
+                          (size_t)g->step * j->oc);
         }
     }
 #else
@@ -350,7 +370,7 @@ static void gather_rows(const gather_job *j, size_t lo, size_t hi)
 static void gather_tiles(const gather_job *j, size_t lo, size_t hi)
 {
 #ifdef DIRECT_X86
-    const int groups = j->oc / 16, taps = j->kh * j->kw, P = j->oh * j->ow;
+    const int taps = j->kh * j->kw, P = j->oh * j->ow;
     const float *src[MAX_TAPS * GMAXPX];
     int tap[MAX_TAPS];
     for (int t = 0; t < taps; t++)
@@ -363,18 +383,8 @@ static void gather_tiles(const gather_job *j, size_t lo, size_t hi)
         const int *off = j->off + (size_t)p0 * taps; /* the tile's, in src's order */
         for (int i = 0; i < taps * px; i++)
             src[i] = off[i] >= 0 ? img + off[i] : zeros;
-        gather_arg a = {NULL, j->wtap, j->wq, tap, taps, j->sc, NULL, j->relu};
-        float *orow = j->out + ((size_t)n * P + p0) * j->oc;
-        for (int g0 = 0; g0 < groups;) {
-            int nv = j->avx512 ? (groups - g0 < GMAXNV ? groups - g0 : GMAXNV) : 1;
-            a.w = j->w + (size_t)g0 * 16;
-            a.bias = j->bias ? j->bias + (size_t)g0 * 16 : NULL;
-            if (j->avx512)
-                g512[nv - 1][px - 1](&a, src, orow + (size_t)g0 * 16, (size_t)j->oc);
-            else
-                g256[px - 1](&a, src, orow + (size_t)g0 * 16, (size_t)j->oc);
-            g0 += nv;
-        }
+        gather_groups(j, src, tap, taps, px, j->out + ((size_t)n * P + p0) * j->oc,
+                      (size_t)j->oc);
     }
 #else
     (void)j, (void)lo, (void)hi;
@@ -408,8 +418,7 @@ static void run_gather(gather_job *j)
      * to keep its size: the rows then skip theirs */
     bool same = j->s == 1 && 2 * j->pad == j->kh - 1 && 2 * j->pad == j->kw - 1;
     if ((!j->data || same) && (size_t)P * taps <= MAX_OFFSETS) {
-        int groups = j->oc / 16, nv = j->avx512 ? (groups < GMAXNV ? groups : GMAXNV) : 1;
-        int maxpx = j->avx512 ? g512_max_px[nv - 1] : 6;
+        int maxpx = tile_px(j);
         j->tiles = (P + maxpx - 1) / maxpx;
         /* tile by tile, tap by tap, pixel by pixel: gather_tiles' order */
         for (int tl = 0; tl < j->tiles; tl++) {

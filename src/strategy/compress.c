@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "downpour/wire.h"
+
 static const char *const kind_names[DP_COMPRESS_KIND_COUNT] = {"none", "bf16", "fp16", "topk",
                                                                "auto"};
 
@@ -98,6 +100,8 @@ void dp_compress_encode16(dp_compress_kind kind, const float *x, size_t n, uint8
 {
     for (size_t i = 0; i < n; i++) {
         uint16_t h = kind == DP_COMPRESS_BF16 ? dp_f32_to_bf16(x[i]) : dp_f32_to_fp16(x[i]);
+        /* dp_put_u16's bytes, inline: a call per element would cost more
+         * than the conversion */
         out[2 * i] = (uint8_t)h;
         out[2 * i + 1] = (uint8_t)(h >> 8);
     }
@@ -105,7 +109,7 @@ void dp_compress_encode16(dp_compress_kind kind, const float *x, size_t n, uint8
 
 static float decode1(dp_compress_kind kind, const uint8_t *in, size_t i)
 {
-    uint16_t h = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8);
+    uint16_t h = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8); /* dp_get_u16's, inline */
     return kind == DP_COMPRESS_BF16 ? dp_bf16_to_f32(h) : dp_fp16_to_f32(h);
 }
 
@@ -166,19 +170,6 @@ static float kth_largest(float *a, size_t n, size_t k)
     return a[lo];
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t *out)
 {
     for (size_t i = 0; i < n; i++)
@@ -193,8 +184,8 @@ void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t 
         if (m > t || (m == t && ties > 0)) {
             if (m == t)
                 ties--;
-            put32(out + 8 * w, (uint32_t)i);
-            put32(out + 8 * w + 4, bits_of(x[i]));
+            dp_put_u32(out + 8 * w, (uint32_t)i);
+            dp_put_f32(out + 8 * w + 4, x[i]);
             w++;
         }
     }
@@ -203,10 +194,10 @@ void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t 
 int dp_topk_decode_add(const uint8_t *in, size_t k, float *acc, size_t n, dp_err *err)
 {
     for (size_t j = 0; j < k; j++) {
-        uint32_t i = get32(in + 8 * j);
+        uint32_t i = dp_get_u32(in + 8 * j);
         if (i >= n)
             return dp_errf(err, "top-k pair %zu names element %u of a bucket of %zu", j, i, n);
-        acc[i] += float_of(get32(in + 8 * j + 4));
+        acc[i] += dp_get_f32(in + 8 * j + 4);
     }
     return 0;
 }

@@ -582,11 +582,10 @@ static int coded16(dp_ring *r, const grp *g, dp_compress_kind kind, float *buf, 
         return -1;
     uint8_t *q = r->cbuf, *tmp = r->cbuf + 2 * len;
     dp_compress_encode16(kind, buf, len, q);
-    if (resid) {
-        float *x = buf;
+    if (resid) { /* what rounding lost: buf less what q sends */
+        dp_compress_decode16(kind, q, len, resid);
         for (size_t i = 0; i < len; i++)
-            resid[i] = x[i] - (kind == DP_COMPRESS_BF16 ? dp_bf16_to_f32(dp_f32_to_bf16(x[i]))
-                                                        : dp_fp16_to_f32(dp_f32_to_fp16(x[i])));
+            resid[i] = buf[i] - resid[i];
     }
     size_t plo = chunk_lo(len, n, p), phi = chunk_lo(len, n, p + 1);
     /* Reduce-scatter: this member's own share first, then p+1, p+2, ... */
@@ -625,11 +624,8 @@ static int coded_topk(dp_ring *r, const grp *g, float *buf, size_t len, float *r
     if (resid) {
         memcpy(resid, buf, len * sizeof *resid);
         const uint8_t *mine = pairs + slot * (size_t)p;
-        for (size_t j = 0; j < k; j++) {
-            const uint8_t *b = mine + 8 * j;
-            resid[(uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                  (uint32_t)b[3] << 24] = 0;
-        }
+        for (size_t j = 0; j < k; j++)
+            resid[dp_get_u32(mine + 8 * j)] = 0;
     }
     int rc = 0;
     for (int s = 1; s < n && rc == 0; s++) {
