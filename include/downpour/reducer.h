@@ -66,7 +66,7 @@ float *dp_reducer_residual(dp_reducer *r);
  * with the chunks of the whole bucket, so every element gets the bits the
  * whole bucket's sum gives it.  Returns -1 for ranges out of order or
  * range.  Call it between steps. */
-#define DP_REDUCER_MAX_SKIP 16
+#define DP_REDUCER_MAX_SKIP 64 /* a model's sparse tables: DP_SPARSE_MAX (sparse.h) */
 int dp_reducer_skip(dp_reducer *r, const size_t *lo, const size_t *hi, int n);
 /* The bucket [*lo, *hi) that holds gradient element i. */
 void dp_reducer_bucket_of(const dp_reducer *r, size_t i, size_t *lo, size_t *hi);

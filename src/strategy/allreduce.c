@@ -39,6 +39,9 @@
 #include "strategy/allreduce_options.h"
 #include "strategy/allreduce_sparse.h"
 
+/* every sparse table of a model can be left to the all-gather */
+_Static_assert(DP_REDUCER_MAX_SKIP >= DP_SPARSE_MAX, "the reducer skips fewer ranges than tables");
+
 struct dp_strategy {
     const dp_run_env *env;
     dp_model *m;
