@@ -204,6 +204,10 @@ int dp_model_init(dp_model *m, const char *spec, int max_batch, int slots, dp_er
  * unless the tables lie before every dense parameter, one a layer, at
  * most DP_SPARSE_MAX; returns 1 when it cut, -1 on error. */
 int dp_model_init_compact(dp_model *m, const char *spec, int max_batch, int slots, dp_err *err);
+/* The layers, parameter and buffer counts of spec, allocating nothing (no
+ * params, grads or scratch): what a check of a run's settings needs before
+ * the run builds its model.  dp_model_free is safe on it. */
+int dp_model_describe(dp_model *m, const char *spec, dp_err *err);
 void dp_model_free(dp_model *m); /* safe on a zeroed or freed model */
 /* An external model's dp_model (external.h): its n_params, its caller's
  * buffers as params and grads, no layers; spec and name "external:NAME"

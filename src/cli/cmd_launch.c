@@ -109,7 +109,7 @@ static int check_task_flags(const dp_strategy_ops *strategy, const dp_train_conf
     dp_model m;
     dp_err ignored;
     memset(&m, 0, sizeof m);
-    int bad = dp_model_init(&m, cfg->model, 1, 1, &ignored) == 0 &&
+    int bad = dp_model_describe(&m, cfg->model, &ignored) == 0 &&
               dp_strategy_check_buffers(&m, strategy->name, err) < 0;
     dp_model_free(&m);
     return bad ? -1 : 0;

@@ -15,7 +15,7 @@ int dp_cost_model_params(const char *model, size_t *n_params, dp_err *err)
 {
     dp_model m;
     memset(&m, 0, sizeof m);
-    if (dp_model_init(&m, model, 1, 1, err) < 0)
+    if (dp_model_describe(&m, model, err) < 0)
         return dp_err_prefix(err, "model '%s'", model);
     *n_params = m.n_params;
     dp_model_free(&m);

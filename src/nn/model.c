@@ -139,8 +139,7 @@ int dp_model_init_compact(dp_model *m, const char *spec, int max_batch, int slot
     return init_model(m, spec, max_batch, slots, 1, err);
 }
 
-static int init_model(dp_model *m, const char *spec, int max_batch, int slots, int compact,
-                      dp_err *err)
+int dp_model_describe(dp_model *m, const char *spec, dp_err *err)
 {
     memset(m, 0, sizeof *m);
     if (!spec)
@@ -151,11 +150,23 @@ static int init_model(dp_model *m, const char *spec, int max_batch, int slots, i
             return dp_errf(err, "model %s: no external model is registered under '%s' in this "
                                 "process (external.h; downpour.torch registers them)",
                            spec, spec + 9);
-        return dp_model_init_external(m, e, spec + 9, max_batch, err);
+        return dp_model_init_external(m, e, spec + 9, 1, err); /* the caller's arrays */
     }
     if (model_spec_parse(m, spec, err) < 0) {
         memset(m, 0, sizeof *m);
         return -1;
+    }
+    return 0;
+}
+
+static int init_model(dp_model *m, const char *spec, int max_batch, int slots, int compact,
+                      dp_err *err)
+{
+    if (dp_model_describe(m, spec, err) < 0)
+        return -1;
+    if (m->external) {
+        m->max_batch = max_batch;
+        return 0;
     }
     int cut = compact && max_batch >= 1 ? compact_tables(m, max_batch) : 0;
     int n = m->n_layers;

@@ -69,7 +69,7 @@ static int check_sync_bn(const dp_train_config *cfg, dp_err *err)
     /* a spec that does not parse is the loop's to refuse, with its message */
     dp_model m;
     dp_err e;
-    if (dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
+    if (dp_model_describe(&m, cfg->model, &e) < 0)
         return 0;
     int rc = m.external ? dp_errf(err, "--sync-bn: not for an external model (%s): its batch "
                                        "norm layers run in its caller's forward, which downpour "
@@ -109,7 +109,7 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
 {
     dp_model m;
     dp_err e;
-    if (!cfg->model || dp_model_init(&m, cfg->model, 1, 1, &e) < 0)
+    if (!cfg->model || dp_model_describe(&m, cfg->model, &e) < 0)
         return 0; /* the loop refuses a spec that does not parse, with its message */
     dp_sparse_table t[DP_SPARSE_MAX];
     int k = dp_model_sparse_tables(&m, t, DP_SPARSE_MAX);

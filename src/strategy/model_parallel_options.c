@@ -20,7 +20,7 @@ int dp_mp_settings_check_model(const char *model, int K, dp_err *err)
 {
     dp_model m;
     dp_err merr;
-    if (dp_model_init(&m, model, 1, 1, &merr) < 0)
+    if (dp_model_describe(&m, model, &merr) < 0)
         return 0; /* the run says what is wrong with --model */
     /* the split itself says what cannot split: a layer it does not split
      * (by its kind's rule), a dense layer narrower than K, an image layer

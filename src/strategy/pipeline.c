@@ -800,7 +800,7 @@ static int pipe_check(const void *own, const dp_train_config *cfg, dp_err *err)
         return 0;
     dp_model m;
     dp_err merr;
-    if (dp_model_init(&m, cfg->model, 1, 1, &merr) < 0)
+    if (dp_model_describe(&m, cfg->model, &merr) < 0)
         return 0; /* the run says what is wrong with --model */
     int first[DP_PIPE_MAX_STAGES + 1];
     int rc = dp_pipe_partition(first, &m, stages, p->split, err);
