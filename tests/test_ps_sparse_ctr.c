@@ -5,16 +5,18 @@
  * none).  On a small set of `downpour data synth ctr` (3 single-valued
  * features and a multi-valued one of up to 3 ids, 2000 ids each, 2 numeric;
  * a worker holds a table's rows of the batch in flight, 500, or 1500 for the multi-valued one, of 2000):
- * - ps-sync, 2 workers and 2 ps tasks, sgd and adagrad, a wide-deep and a
- *   dlrm shape: the saved weights equal --ps-dense's bit for bit;
- * - ps-async with one worker equals one process (sgd);
+ * - ps-sync, 2 workers and 2 ps tasks, adagrad, a wide-deep and a dlrm
+ *   shape: the saved weights equal --ps-dense's bit for bit (ps-sync with
+ *   sgd on rows: test_ps_sparse, in process);
+ * - ps-async with one worker equals one process (sgd: the rows' update);
  * - a ps-sync run killed at step 33 and resumed (its workers then whole)
  *   ends bit for bit where the uninterrupted one ends (lazy Adam);
  * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
  *   on the generator's default set;
  * - with a table of 2^22 x 16 floats (256 MiB) each worker's resident
  *   memory (its last `resource` event) stays under a quarter of the table,
- *   while the chief's holds it. */
+ *   while the chief's holds it (one ps task: each task that builds the whole
+ *   model costs seconds under ASan, and the sharding is checked above). */
 #include "check.h"
 #include "proc.h"
 
@@ -130,7 +132,7 @@ static void worker_memory(void)
     char metrics[1200];
     snprintf(metrics, sizeof metrics, "%s/big.jsonl", tmp);
     int rc = run_cmd(err, sizeof err,
-                     "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/big "
+                     "%s launch --chief --workers 2 --ps 1 -- train --dataset %s/big "
                      "--model 3-bag4194304x16-dense1-bce --strategy ps-async --epochs 1 "
                      "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
                      "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s",
@@ -162,7 +164,6 @@ int main(void)
                    "--multi 1 --places 3 --seed 5");
     synth("default", "--rows 600 --test-rows 100");
     synth("big", "--rows 600 --test-rows 100 --categorical 1 --ids 4194304 --numeric 2");
-    sync_equals_dense("wide-deep shape", "wide", WIDE, "sgd");
     sync_equals_dense("wide-deep shape", "wide", WIDE, "adagrad");
     sync_equals_dense("dlrm shape", "dlrm", DLRM, "adagrad");
     async_equals_single();

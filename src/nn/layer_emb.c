@@ -197,8 +197,8 @@ const dp_layer_ops dp_layer_emb = {
     .bad_inputs_what = "ids that are not integers or lie outside its table's rows (emb<N>x<D>: "
                        "[0, N)), each rounded and clamped into the table",
     .mp = DP_MP_REFUSE,
-    .mp_reason = "its table would be needed whole on every task (sparse rows on parameter "
-                 "servers are the next step), and a layer run whole on every task (FULL) holds "
-                 "no parameters",
+    .mp_reason = "its table would be needed whole on every task (parameter servers move "
+                 "it by sparse rows instead: docs/strategies.md), and a layer run whole on "
+                 "every task (FULL) holds no parameters",
     .dev_forward = dev_forward, .dev_backward = dev_backward, .dev_keep = dev_keep,
 };
