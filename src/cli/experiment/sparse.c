@@ -172,8 +172,7 @@ static double predict(const study *S, cell *c)
     double up = NAN, down = NAN;
     c->by_rows = 0;
     if (is_ps(c->kind)) {
-        int rc = sp ? dp_cost_sparse_ps_bytes(S->n_params, sp, (int)S->ps, &up, &down, &err)
-                    : dp_cost_ps_bytes(S->n_params, (int)S->ps, &up, &down, &err);
+        int rc = dp_cost_sparse_ps_bytes(S->n_params, sp, (int)S->ps, &up, &down, &err);
         c->by_rows = sp != NULL;
         return rc < 0 ? NAN : up + down;
     }
