@@ -147,6 +147,20 @@ static void test_csv(void)
     csv_case(text, &o, "--categorical '': expected NAME");
 }
 
+/* The TFRecord and .npz sets' columns: c0 (ids below 5), tags (2 places,
+ * below 4), n0. */
+static dp_data_options example_options(void)
+{
+    static const uint32_t limits[2] = {5, 4};
+    dp_data_options o;
+    dp_data_options_default(&o);
+    o.categorical = "c0,tags:2";
+    o.numeric = "n0";
+    o.id_limits = limits;
+    o.n_id_limits = 2;
+    return o;
+}
+
 static void test_tfrecord(void)
 {
     char dir[1100], path[1200];
@@ -175,13 +189,7 @@ static void test_tfrecord(void)
             REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
         }
     }
-    dp_data_options o;
-    dp_data_options_default(&o);
-    o.categorical = "c0,tags:2";
-    o.numeric = "n0";
-    uint32_t limits[2] = {5, 4};
-    o.id_limits = limits;
-    o.n_id_limits = 2;
+    dp_data_options o = example_options();
     float x[64];
     int n;
     uint32_t dim;
@@ -264,13 +272,7 @@ static void test_npz(void)
     REQUIRE(mkdir(dir, 0755) == 0);
     for (int v = 0; v < 4; v++)
         write_npz(dir, v);
-    dp_data_options o;
-    dp_data_options_default(&o);
-    o.categorical = "c0,tags:2";
-    o.numeric = "n0";
-    uint32_t limits[2] = {5, 4};
-    o.id_limits = limits;
-    o.n_id_limits = 2;
+    dp_data_options o = example_options();
     float x[64];
     int n;
     uint32_t dim;
