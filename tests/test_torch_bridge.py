@@ -14,7 +14,7 @@ seconds, on a small torch MLP and synthetic records (tests/torch_bridge_task.py)
   process and saves the same on the chief (worker 0's statistics); a run
   killed mid-epoch and resumed from its checkpoint ends with the weights
   and statistics of the uninterrupted run, exactly;
-- errors: a strategy that cannot train it, sync_bn, an exception in the
+- errors: a strategy that cannot train it, sync_bn, dataset=, an exception in the
   loss function (raised again as it was).
 
 Exits 77 (skipped) without torch or numpy for /usr/bin/python3."""
@@ -208,6 +208,11 @@ def main():
         check(False, "sync_bn refused")
     except downpour.Error as e:
         check("sync-bn" in str(e) and "external" in str(e), f"sync_bn refused: {e}")
+    try:
+        dt.train(model, torch.nn.functional.cross_entropy, loader, dataset="mnist", echo=False)
+        check(False, "dataset refused")
+    except downpour.Error as e:
+        check(e.argument == "dataset", f"dataset refused naming it: {e}")
 
     def bad_loss(out, y):
         raise ValueError("bad loss")
