@@ -58,6 +58,20 @@ def run(cmd, what):
     return p
 
 
+def in_process(args, what):
+    """The task script's main in this process (strategy single: no
+    launch), saving a python and torch start each."""
+    argv = sys.argv
+    sys.argv = [TASK] + args
+    try:
+        task.main()
+        check(True, f"{what}: in process")
+    except Exception as e:  # noqa: BLE001 (reported as a failed check)
+        check(False, f"{what}: {e!r}")
+    finally:
+        sys.argv = argv
+
+
 def weights(path):
     return np.fromfile(path, np.float32) if os.path.exists(path) else np.zeros(0, np.float32)
 
@@ -97,7 +111,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="torch-bridge-", dir=os.environ.get("DOWNPOUR_TEST_TMP"))
     single = os.path.join(tmp, "single.bin")
     py = sys.executable
-    run([py, TASK, "--batch", "64", "--out", single], "single")
+    in_process(["--batch", "64", "--out", single], "single")
     ref = weights(single)
     close(ref, plain_torch(64, 3, 0.1), 1e-5, "single equals plain torch")
 
@@ -150,8 +164,8 @@ def main():
     # parameters too, so one model serves both, a launch fewer each.)
     sd_single = os.path.join(tmp, "bn-single.pt")
     bn_single = os.path.join(tmp, "bn-single.bin")
-    run([py, TASK, "--bn", "--batch", "64", "--out", bn_single, "--extra", f"save={sd_single}"],
-        "bn: single")
+    in_process(["--bn", "--batch", "64", "--out", bn_single, "--extra", f"save={sd_single}"],
+               "bn: single")
     bn_ref = weights(bn_single)
     ref_sd = torch.load(sd_single) if os.path.exists(sd_single) else {}
     want = plain_torch_bn(64, 3, 0.1)
