@@ -7,15 +7,16 @@
  *     hash, equal in both formats for an integer;
  *   - refusals naming the file, the record (and for CSV the line) and the
  *     column: an id not below its table's rows, a negative id, an id that
- *     is not an integer, a column that is missing, too many ids in a cell;
+ *     is not an integer, a column that is missing, too many ids in a cell,
+ *     a numeric value that is not finite; a malformed list item;
  *   - .npz files whose arrays are the columns, read the same way, and
  *     their refusals naming the file, the record and the column;
  *   - named columns against a model's bags (dp_data_check_bags), and an
  *     .npy pair refused with the reason. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 #include "bytes.h"
 #include "check.h"
@@ -23,6 +24,7 @@
 #include "downpour/records.h"
 #include "example_file.h"
 #include "scratch.h"
+#include "zip_stored.h"
 
 static char g_dir[1024];
 
@@ -138,6 +140,25 @@ static void test_csv(void)
     csv_case(text, &o, "a-train.csv: no column named 'c9' (--categorical); the header has");
     o.categorical = "c0,c0";
     csv_case(text, &o, "column 2 (c0) is named twice");
+    o.categorical = "c0,tags:0";
+    csv_case(text, &o, "a-train.csv: --categorical 'tags:0': expected NAME, or NAME:M with M "
+                       "ids in [1, 4096]");
+    o.categorical = "c0,,c1";
+    csv_case(text, &o, "--categorical '': expected NAME");
+}
+
+/* The TFRecord and .npz sets' columns: c0 (ids below 5), tags (2 places,
+ * below 4), n0. */
+static dp_data_options example_options(void)
+{
+    static const uint32_t limits[2] = {5, 4};
+    dp_data_options o;
+    dp_data_options_default(&o);
+    o.categorical = "c0,tags:2";
+    o.numeric = "n0";
+    o.id_limits = limits;
+    o.n_id_limits = 2;
+    return o;
 }
 
 static void test_tfrecord(void)
@@ -145,7 +166,7 @@ static void test_tfrecord(void)
     char dir[1100], path[1200];
     snprintf(dir, sizeof dir, "%s/tf", g_dir);
     REQUIRE(mkdir(dir, 0755) == 0);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 5; v++) {
         for (int split = 0; split < 2; split++) {
             snprintf(path, sizeof path, "%s/v%d-%s.tfrecord", dir, v, split ? "test" : "train");
             dp_tfrecord_writer *w;
@@ -153,7 +174,7 @@ static void test_tfrecord(void)
             REQUIRE(dp_tfrecord_writer_open(&w, path, DP_TFRECORD_RAW, &err) == 0);
             int64_t c0[2][1] = {{3}, {v == 1 ? 7 : v == 2 ? -2 : 0}}, tags[2][3] = {{1, 2, 0}, {4}};
             size_t ntags[2] = {2, v == 3 ? 3 : 0};
-            float n0[2] = {0.5f, -1.5f};
+            float n0[2] = {0.5f, v == 4 ? NAN : -1.5f};
             int64_t label[2] = {1, 0};
             for (int r = 0; r < 2; r++) {
                 dp_feature fs[4] = {
@@ -168,13 +189,7 @@ static void test_tfrecord(void)
             REQUIRE(dp_tfrecord_writer_close(w, &err) == 0);
         }
     }
-    dp_data_options o;
-    dp_data_options_default(&o);
-    o.categorical = "c0,tags:2";
-    o.numeric = "n0";
-    uint32_t limits[2] = {5, 4};
-    o.id_limits = limits;
-    o.n_id_limits = 2;
+    dp_data_options o = example_options();
     float x[64];
     int n;
     uint32_t dim;
@@ -189,11 +204,13 @@ static void test_tfrecord(void)
     o.hash_buckets = 0;
     printf("tfrecord: named int64 and float features read, raw ids hashed as CSV's\n");
 
-    const char *needles[4] = {NULL,
+    const char *needles[5] = {NULL,
                               "v1-train.tfrecord: record 1: feature \"c0\": id 7 is not below 5",
                               "v2-train.tfrecord: record 1: feature \"c0\": id -2 is negative",
-                              "v3-train.tfrecord: record 1: feature \"tags\" holds 3 ids"};
-    for (int v = 1; v < 4; v++) {
+                              "v3-train.tfrecord: record 1: feature \"tags\" holds 3 ids",
+                              "v4-train.tfrecord: record 1: feature \"n0\": nan is not a finite "
+                              "number"};
+    for (int v = 1; v < 5; v++) {
         snprintf(path, sizeof path, "%s/v%d-*", dir, v);
         int rc = read_all(path, &o, x, 64, &n, &dim, &err);
         CHECKF(rc < 0 && strstr(err.msg, needles[v]), "%s", rc < 0 ? err.msg : "read");
@@ -209,42 +226,10 @@ static void test_tfrecord(void)
     rc = read_all(path, &o, x, 64, &n, &dim, &err);
     CHECKF(rc < 0 && strstr(err.msg, "feature \"n0\" is a float_list; categorical ids are an "
                                      "int64_list"), "%s", rc < 0 ? err.msg : "read");
-}
-
-static void put_le(uint8_t **p, uint32_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        *(*p)++ = (uint8_t)(v >> (8 * i));
-}
-
-/* A stored (numpy.savez) ZIP archive of the members; returns its length
- * (as test_data_cli.c's). */
-static size_t zip_stored(uint8_t *out, const char *const *names, const bytes *data, int n)
-{
-    uint8_t *p = out, cd[4096], *q = cd;
-    for (int i = 0; i < n; i++) {
-        uint32_t len = (uint32_t)data[i].n;
-        uint32_t crc = (uint32_t)crc32(0, data[i].p, (uInt)len), off = (uint32_t)(p - out);
-        uint16_t nl = (uint16_t)strlen(names[i]);
-        put_le(&p, 0x04034b50, 4), put_le(&p, 20, 2), put_le(&p, 0, 2), put_le(&p, 0, 2);
-        put_le(&p, 0, 2), put_le(&p, 0x21, 2), put_le(&p, crc, 4);
-        put_le(&p, len, 4), put_le(&p, len, 4);
-        put_le(&p, nl, 2), put_le(&p, 0, 2);
-        memcpy(p, names[i], nl), p += nl;
-        memcpy(p, data[i].p, len), p += len;
-        put_le(&q, 0x02014b50, 4), put_le(&q, 20, 2), put_le(&q, 20, 2), put_le(&q, 0, 2);
-        put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0x21, 2), put_le(&q, crc, 4);
-        put_le(&q, len, 4), put_le(&q, len, 4);
-        put_le(&q, nl, 2), put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0, 2);
-        put_le(&q, 0, 2), put_le(&q, 0, 4), put_le(&q, off, 4);
-        memcpy(q, names[i], nl), q += nl;
-    }
-    uint32_t cd_off = (uint32_t)(p - out), cd_len = (uint32_t)(q - cd);
-    memcpy(p, cd, cd_len), p += cd_len;
-    put_le(&p, 0x06054b50, 4), put_le(&p, 0, 2), put_le(&p, 0, 2);
-    put_le(&p, (uint32_t)n, 2), put_le(&p, (uint32_t)n, 2);
-    put_le(&p, cd_len, 4), put_le(&p, cd_off, 4), put_le(&p, 0, 2);
-    return (size_t)(p - out);
+    o.categorical = ":2";
+    rc = read_all(path, &o, x, 64, &n, &dim, &err);
+    CHECKF(rc < 0 && strstr(err.msg, "--categorical ':2': expected NAME"), "%s",
+           rc < 0 ? err.msg : "read");
 }
 
 /* DIR/v-train.npz and v-test.npz: label, c0 (ids), tags (n, 2), n0; variant
@@ -255,7 +240,6 @@ static void write_npz(const char *dir, int v)
     int64_t c0[2] = {3, v == 1 ? 9 : v == 2 ? -3 : 0};
     int64_t tags[2][2] = {{1, 2}, {-1, -1}};
     float n0[2] = {0.5f, -1.5f}, c0f[2] = {3, 0};
-    static uint8_t zip[8192];
     for (int split = 0; split < 2; split++) {
         int w = split == 0 ? v : 0;
         bytes m[4] = {
@@ -271,10 +255,11 @@ static void write_npz(const char *dir, int v)
             m[1] = npy_array("<i8", "(2,)", c0, sizeof c0);
         }
         const char *names[4] = {"label.npy", "c0.npy", "tags.npy", "n0.npy"};
-        size_t len = zip_stored(zip, names, m, 4);
+        bytes zip = zip_stored(names, m, 4);
         char path[1300];
         snprintf(path, sizeof path, "%s/v%d-%s.npz", dir, v, split ? "test" : "train");
-        write_bytes(path, zip, len);
+        write_bytes(path, zip.p, zip.n);
+        free(zip.p);
         for (int i = 0; i < 4; i++)
             free(m[i].p);
     }
@@ -287,13 +272,7 @@ static void test_npz(void)
     REQUIRE(mkdir(dir, 0755) == 0);
     for (int v = 0; v < 4; v++)
         write_npz(dir, v);
-    dp_data_options o;
-    dp_data_options_default(&o);
-    o.categorical = "c0,tags:2";
-    o.numeric = "n0";
-    uint32_t limits[2] = {5, 4};
-    o.id_limits = limits;
-    o.n_id_limits = 2;
+    dp_data_options o = example_options();
     float x[64];
     int n;
     uint32_t dim;
@@ -310,9 +289,8 @@ static void test_npz(void)
     o.hash_buckets = 0;
     printf("npz: named arrays read, raw ids hashed as the other formats'\n");
     const char *needles[4] = {NULL, "v1-train.npz: record 1: column \"c0\": id 9 is not below 5",
-                              "v1-train.npz: record 1: column \"c0\": id -3 is negative",
+                              "v2-train.npz: record 1: column \"c0\": id -3 is negative",
                               "v3-train.npz: column \"c0\": dtype <f4 is not an integer type"};
-    needles[2] = "v2-train.npz: record 1: column \"c0\": id -3 is negative";
     for (int v = 1; v < 4; v++) {
         snprintf(path, sizeof path, "%s/v%d-*", dir, v);
         rc = read_all(path, &o, x, 64, &n, &dim, &err);

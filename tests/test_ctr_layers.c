@@ -305,6 +305,8 @@ static void test_grammar(void)
     refused("7-bag5x3-lead10x4-dense1-bce", "token 3 'lead10x4'", "leading 10 features of 9");
     refused("7-bag5x3-lead3-dense1-bce", "token 3 'lead3'", "expected lead<K>x<U>");
     refused("7-bag5x3-dot4-dense1-bce", "token 3 'dot4'", "at least two vectors of width 4");
+    /* 131073 vectors: 2^33 + 2^16 dots, which an int cast took for 2^16 */
+    refused("131073-dot1-dense1-bce", "token 2 'dot1'", "131073 vectors make");
 
     REQUIRE(dp_model_init(&m, "dlrm", 8, 1, &err) == 0);
     /* tables; bottom 4-64-16; 9 vectors of 16: 16 + 36 = 52; top 52-64-1 */

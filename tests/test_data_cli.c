@@ -22,6 +22,7 @@
 #include "downpour/png.h"
 #include "downpour/tfrecord.h"
 #include "proc.h"
+#include "zip_stored.h"
 
 static const char *bin;
 static char out_text[1 << 16];
@@ -219,14 +220,14 @@ static void test_mnist(void)
 
     /* a damaged shard: the reader's message, naming the file and the record */
     size_t len;
-    char *bytes = slurp(path, &len);
-    REQUIRE(bytes && len > 1000);
-    bytes[len / 2] ^= 0x40;
+    char *shard = slurp(path, &len);
+    REQUIRE(shard && len > 1000);
+    shard[len / 2] ^= 0x40;
     char bad[1400];
     snprintf(bad, sizeof bad, "%s/damaged.tfrecord", test_tmp());
     FILE *f = fopen(bad, "wb");
-    REQUIRE(f && fwrite(bytes, 1, len, f) == len && fclose(f) == 0);
-    free(bytes);
+    REQUIRE(f && fwrite(shard, 1, len, f) == len && fclose(f) == 0);
+    free(shard);
     rc = data_cmd("data inspect '%s'", bad);
     CHECKF(rc == 1 && strstr(err_text, "damaged.tfrecord: record ") && strstr(err_text, "CRC"),
            "damaged: exit %d: %s", rc, err_text);
@@ -304,41 +305,6 @@ static size_t npy_bytes(uint8_t *out, const char *descr, const char *shape, cons
     return pos + n;
 }
 
-static void put_le(uint8_t **p, uint32_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        *(*p)++ = (uint8_t)(v >> (8 * i));
-}
-
-/* A stored (numpy.savez) ZIP archive of members; returns its length. */
-static size_t zip_stored(uint8_t *out, const char *const *names, uint8_t *const *data,
-                         const size_t *lens, int n)
-{
-    uint8_t *p = out, cd[4096], *q = cd;
-    for (int i = 0; i < n; i++) {
-        uint32_t crc = (uint32_t)crc32(0, data[i], (uInt)lens[i]), off = (uint32_t)(p - out);
-        uint16_t nl = (uint16_t)strlen(names[i]);
-        put_le(&p, 0x04034b50, 4), put_le(&p, 20, 2), put_le(&p, 0, 2), put_le(&p, 0, 2);
-        put_le(&p, 0, 2), put_le(&p, 0x21, 2), put_le(&p, crc, 4);
-        put_le(&p, (uint32_t)lens[i], 4), put_le(&p, (uint32_t)lens[i], 4);
-        put_le(&p, nl, 2), put_le(&p, 0, 2);
-        memcpy(p, names[i], nl), p += nl;
-        memcpy(p, data[i], lens[i]), p += lens[i];
-        put_le(&q, 0x02014b50, 4), put_le(&q, 20, 2), put_le(&q, 20, 2), put_le(&q, 0, 2);
-        put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0x21, 2), put_le(&q, crc, 4);
-        put_le(&q, (uint32_t)lens[i], 4), put_le(&q, (uint32_t)lens[i], 4);
-        put_le(&q, nl, 2), put_le(&q, 0, 2), put_le(&q, 0, 2), put_le(&q, 0, 2);
-        put_le(&q, 0, 2), put_le(&q, 0, 4), put_le(&q, off, 4);
-        memcpy(q, names[i], nl), q += nl;
-    }
-    uint32_t cd_off = (uint32_t)(p - out), cd_len = (uint32_t)(q - cd);
-    memcpy(p, cd, cd_len), p += cd_len;
-    put_le(&p, 0x06054b50, 4), put_le(&p, 0, 2), put_le(&p, 0, 2);
-    put_le(&p, (uint32_t)n, 2), put_le(&p, (uint32_t)n, 2);
-    put_le(&p, cd_len, 4), put_le(&p, cd_off, 4), put_le(&p, 0, 2);
-    return (size_t)(p - out);
-}
-
 static void write_file(const char *dir, const char *name, const uint8_t *p, size_t n)
 {
     char path[1400];
@@ -383,10 +349,12 @@ static void test_numpy(void)
     check_shards(dir, "digits-test.tfrecord", 1, "", &t);
 
     /* an .npz of the same arrays (keras's mnist.npz layout) */
-    static uint8_t zip[8192];
-    uint8_t *data[4] = {files[0], files[1], files[2], files[3]};
-    size_t zlen = zip_stored(zip, names, data, lens, 4);
-    write_file(test_tmp(), "keras.npz", zip, zlen);
+    bytes data[4];
+    for (int i = 0; i < 4; i++)
+        data[i] = (bytes){files[i], lens[i], lens[i]};
+    bytes zip = zip_stored(names, data, 4);
+    write_file(test_tmp(), "keras.npz", zip.p, zip.n);
+    free(zip.p);
     rc = data_cmd("data convert --from '%s/keras.npz' --to '%s' --shards 3 --encoding raw",
                   test_tmp(), dir);
     CHECKF(rc == 0, "npz: exit %d: %s", rc, err_text);

@@ -5,17 +5,16 @@ seconds, on a small torch MLP and synthetic records (tests/torch_bridge_task.py)
 - strategy single equals plain torch (SGD, the same batches) within float noise;
 - ps-sync on 2 workers at batch 32 equals one process at batch 64;
 - allreduce on 2 workers at batch 32 equals one process at batch 64;
-- ps-async on 1 worker equals one process;
 - a killed worker under ps-async (--max-restarts 0) is survived: the run
   ends and the chief reports;
 - a killed worker restarted by launch (downpour.torch.launch) rejoins
   (under make test-long: a paced run);
-- a run killed mid-epoch and resumed from its checkpoint ends with the
-  weights of the uninterrupted run;
-- buffers (a BatchNorm1d's running statistics): single equals plain torch
-  and saves the state_dict (save=); ps-async with 1 worker saves the same
-  on the chief (worker 0's statistics); a resume restores them exactly;
-- errors: a strategy that cannot train it, sync_bn, an exception in the
+- with buffers (a BatchNorm1d's running statistics): single equals plain
+  torch and saves the state_dict (save=); ps-async on 1 worker equals one
+  process and saves the same on the chief (worker 0's statistics); a run
+  killed mid-epoch and resumed from its checkpoint ends with the weights
+  and statistics of the uninterrupted run, exactly;
+- errors: a strategy that cannot train it, sync_bn, dataset=, an exception in the
   loss function (raised again as it was).
 
 Exits 77 (skipped) without torch or numpy for /usr/bin/python3."""
@@ -59,6 +58,20 @@ def run(cmd, what):
     return p
 
 
+def in_process(args, what):
+    """The task script's main in this process (strategy single: no
+    launch), saving a python and torch start each."""
+    argv = sys.argv
+    sys.argv = [TASK] + args
+    try:
+        task.main()
+        check(True, f"{what}: in process")
+    except Exception as e:  # noqa: BLE001 (reported as a failed check)
+        check(False, f"{what}: {e!r}")
+    finally:
+        sys.argv = argv
+
+
 def weights(path):
     return np.fromfile(path, np.float32) if os.path.exists(path) else np.zeros(0, np.float32)
 
@@ -98,7 +111,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="torch-bridge-", dir=os.environ.get("DOWNPOUR_TEST_TMP"))
     single = os.path.join(tmp, "single.bin")
     py = sys.executable
-    run([py, TASK, "--batch", "64", "--out", single], "single")
+    in_process(["--batch", "64", "--out", single], "single")
     ref = weights(single)
     close(ref, plain_torch(64, 3, 0.1), 1e-5, "single equals plain torch")
 
@@ -117,12 +130,6 @@ def main():
     run(launch + ["--workers", "2", "--", py, TASK, "--strategy", "allreduce", "--batch", "32",
                   "--out", out, "--out-worker0"], "allreduce, 2 workers")
     close(weights(out), ref, 1e-5, "allreduce on 2 workers at batch 32 equals single at 64")
-
-    out = os.path.join(tmp, "ps-async.bin")
-    run(launch + ["--workers", "1", "--ps", "1", "--chief", "--", py, TASK, "--strategy",
-                  "ps-async", "--batch", "64", "--out", out, "--extra", "push_behind=0"],
-        "ps-async, 1 worker")
-    close(weights(out), ref, 1e-6, "ps-async on 1 worker equals single")
 
     # worker 1 dies at its step 5 (DOWNPOUR_FAULT_KILL_AT_STEP in its
     # environment only): ps-async goes on with worker 0 and ends
@@ -149,26 +156,17 @@ def main():
         finally:
             del os.environ["DOWNPOUR_TEST_STEP_MS"]
 
-    # resume: killed after step 14 (3 epochs of 8 steps, a checkpoint
-    # every 4), then resumed from step 12, mid-epoch: the loader is walked
-    # to its place, and the weights end as the uninterrupted run's
-    ck = os.path.join(tmp, "ck")
-    out = os.path.join(tmp, "resumed.bin")
-    args = [py, TASK, "--batch", "64", "--out", out, "--extra", f"checkpoint_dir={ck}",
-            "checkpoint_every=4"]
-    p = subprocess.run(args + ["--kill-worker", "0", "--kill-at", "14"], capture_output=True,
-                       text=True, timeout=240)
-    check(p.returncode == -9 and not os.path.exists(out), f"killed at step 14: {p.returncode}")
-    p = run(args + ["resume=True"], "resumed")
-    check("Resuming from" in p.stderr and "step 12" in p.stderr, "resumed from step 12")
-    close(weights(out), ref, 0, "resumed run equals the uninterrupted one")
-
     # buffers: a BatchNorm1d's running statistics.  single equals plain
-    # torch, parameters and statistics; under ps-async with 1 worker the
-    # chief gets worker 0's statistics (a BUFFERS frame) and saves the
-    # same state_dict as the one process; a resume restores them
+    # torch, parameters and statistics.  ps-async on 1 worker equals
+    # single: the chief gets worker 0's statistics (a BUFFERS frame) and
+    # saves the same state_dict.  (The model without buffers runs under
+    # ps-sync, allreduce and the killed worker above; these runs check its
+    # parameters too, so one model serves both, a launch fewer each.)
     sd_single = os.path.join(tmp, "bn-single.pt")
-    run([py, TASK, "--bn", "--batch", "64", "--extra", f"save={sd_single}"], "bn: single")
+    bn_single = os.path.join(tmp, "bn-single.bin")
+    in_process(["--bn", "--batch", "64", "--out", bn_single, "--extra", f"save={sd_single}"],
+               "bn: single")
+    bn_ref = weights(bn_single)
     ref_sd = torch.load(sd_single) if os.path.exists(sd_single) else {}
     want = plain_torch_bn(64, 3, 0.1)
     check(set(ref_sd) == set(want), f"bn: save wrote the module's state_dict ({sorted(ref_sd)})")
@@ -176,22 +174,32 @@ def main():
         if k in ref_sd and want[k].is_floating_point():
             close(ref_sd[k].numpy(), want[k].numpy(), 1e-5, f"bn: single equals plain torch, {k}")
     sd_async = os.path.join(tmp, "bn-ps-async.pt")
+    out = os.path.join(tmp, "bn-ps-async.bin")
     run(launch + ["--workers", "1", "--ps", "1", "--chief", "--", py, TASK, "--bn", "--strategy",
-                  "ps-async", "--batch", "64", "--extra", "push_behind=0", f"save={sd_async}"],
-        "bn: ps-async, 1 worker")
+                  "ps-async", "--batch", "64", "--out", out, "--extra", "push_behind=0",
+                  f"save={sd_async}"], "ps-async, 1 worker")
+    close(weights(out), bn_ref, 1e-6, "ps-async on 1 worker equals single")
     got = torch.load(sd_async) if os.path.exists(sd_async) else {}
     for k in ("0.weight", "1.running_mean", "1.running_var", "3.bias"):
         close(got[k].numpy() if k in got else np.zeros(0, np.float32), ref_sd[k].numpy()
               if k in ref_sd else np.ones(1, np.float32), 1e-6,
               f"bn: ps-async on 1 worker, the chief's saved {k} equals single's")
-    ck = os.path.join(tmp, "bn-ck")
+
+    # resume: killed after step 14 (3 epochs of 8 steps, a checkpoint
+    # every 4), then resumed from step 12, mid-epoch: the loader is walked
+    # to its place, and the weights and running statistics end as the
+    # uninterrupted run's
+    ck = os.path.join(tmp, "ck")
+    out = os.path.join(tmp, "resumed.bin")
     sd_resumed = os.path.join(tmp, "bn-resumed.pt")
-    args = [py, TASK, "--bn", "--batch", "64", "--extra", f"checkpoint_dir={ck}",
+    args = [py, TASK, "--bn", "--batch", "64", "--out", out, "--extra", f"checkpoint_dir={ck}",
             "checkpoint_every=4", f"save={sd_resumed}"]
     p = subprocess.run(args + ["--kill-worker", "0", "--kill-at", "14"], capture_output=True,
                        text=True, timeout=240)
-    check(p.returncode == -9, f"bn: killed at step 14: {p.returncode}")
-    run(args + ["resume=True"], "bn: resumed")
+    check(p.returncode == -9 and not os.path.exists(out), f"killed at step 14: {p.returncode}")
+    p = run(args + ["resume=True"], "resumed")
+    check("Resuming from" in p.stderr and "step 12" in p.stderr, "resumed from step 12")
+    close(weights(out), bn_ref, 0, "resumed run equals the uninterrupted one")
     got = torch.load(sd_resumed) if os.path.exists(sd_resumed) else {}
     for k in ("1.running_mean", "1.running_var", "3.weight"):
         close(got[k].numpy() if k in got else np.zeros(0, np.float32), ref_sd[k].numpy()
@@ -214,6 +222,11 @@ def main():
         check(False, "sync_bn refused")
     except downpour.Error as e:
         check("sync-bn" in str(e) and "external" in str(e), f"sync_bn refused: {e}")
+    try:
+        dt.train(model, torch.nn.functional.cross_entropy, loader, dataset="mnist", echo=False)
+        check(False, "dataset refused")
+    except downpour.Error as e:
+        check(e.argument == "dataset", f"dataset refused naming it: {e}")
 
     def bad_loss(out, y):
         raise ValueError("bad loss")

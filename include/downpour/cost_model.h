@@ -128,7 +128,8 @@ double dp_cost_zipf_unique(uint32_t n, double zipf, double draws);
  * the bytes one worker sends (PULL_ROWS and PUSH_ROWS to every shard) and
  * receives (ROWS and PARAMS) per step, with frame headers, the dense
  * parameters cut with a floor of one float so every ps task holds a shard,
- * and each table's rows spread evenly over the shards (id mod S). */
+ * and each table's rows spread evenly over the shards (id mod S).  sp
+ * NULL: no tables, dp_cost_ps_bytes. */
 int dp_cost_sparse_ps_bytes(size_t n_params, const dp_cost_sparse *sp, int ps, double *sent,
                             double *received, dp_err *err);
 /* The sparse all-gather under allreduce (docs/strategies.md, "Sparse tables

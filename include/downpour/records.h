@@ -95,6 +95,23 @@ void dp_data_options_default(dp_data_options *o);
  * splitmix64's finaliser of (uint64_t)v; any other text is FNV-1a 64 of
  * its bytes, then the same finaliser. */
 uint64_t dp_id_hash_int(int64_t v);
+/* Bounds of named categorical columns: ids of a multi-valued column
+ * (NAME:M, M at most this), and ids as given (no --hash-buckets) below
+ * 2^24, since they travel as floats, exact below it. */
+#define DP_DATA_MAX_PLACES 4096
+#define DP_DATA_ID_LIMIT (1u << 24)
+/* One item of a --categorical or --numeric list: the item's text (for
+ * messages), its name, and (categorical) its places: NAME:M, 1 without.
+ * The last ':' splits, so a name may hold one. */
+typedef struct dp_data_column {
+    const char *item, *name;
+    size_t item_len, name_len;
+    int places;
+} dp_data_column;
+/* Reads the item at *s into c and moves *s past it and its ','.  Returns 1,
+ * 0 at the end of the list, -1 for a malformed item (an empty name, or M
+ * not in [1, DP_DATA_MAX_PLACES]); c->item names it then. */
+int dp_data_column_next(const char **s, int categorical, dp_data_column *c);
 /* The places of each column of a --categorical list ("a,b:4": 1 and 4),
  * the first cap written; returns how many columns, or -1 for a malformed
  * list. */

@@ -348,9 +348,8 @@ def train(model, loss_fn, loader, strategy="single", epochs=1, optimizer="sgd", 
               batch=batch)
     if lr is not None:
         kw["lr"] = lr
-    for k in ("dataset",):
-        if kw.get(k):
-            raise Error(f"{k}: not for a torch module (docs/python.md, \"PyTorch\")", k, 2)
+    if kw.get("dataset"):
+        raise Error("dataset: not for a torch module (docs/python.md, \"PyTorch\")", "dataset", 2)
     try:
         with tempfile.TemporaryDirectory(prefix="downpour-torch") as tmp:
             kw["metrics"] = kw.get("metrics") or os.path.join(tmp, "metrics.jsonl")

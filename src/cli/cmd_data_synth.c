@@ -87,39 +87,48 @@ static void csv_header(const synth_job *j, FILE *f)
     fputc('\n', f);
 }
 
-static int finish(FILE *f, const char *tmp, const char *path, uint64_t *bytes, dp_err *err)
+/* A file written through stdio, replaced atomically (file.h's
+ * dp_atomic_*): the stream writes a duplicate of the temporary's fd. */
+static FILE *open_out(dp_atomic_file *af, const char *path, dp_err *err)
+{
+    if (dp_atomic_open(af, path, err) < 0)
+        return NULL;
+    int fd = dup(af->fd);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) {
+        dp_errf(err, "%s: cannot write: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        dp_atomic_abort(af);
+        return NULL;
+    }
+    setvbuf(f, NULL, _IOFBF, 1 << 20);
+    return f;
+}
+
+/* Closes the stream and puts the file in place; *bytes gets its size. */
+static int finish(FILE *f, dp_atomic_file *af, uint64_t *bytes, dp_err *err)
 {
     long at = ftell(f);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
-        unlink(tmp);
-        return dp_errf(err, "%s: write failed: %s", path, strerror(errno ? errno : EIO));
+        dp_errf(err, "%s: write failed: %s", af->path, strerror(errno ? errno : EIO));
+        dp_atomic_abort(af);
+        return -1;
     }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        return dp_errf(err, "%s: cannot rename into place: %s", path, strerror(errno));
-    }
+    if (dp_atomic_commit(af, err) < 0)
+        return -1;
     *bytes += at > 0 ? (uint64_t)at : 0;
     return 0;
-}
-
-static FILE *open_tmp(const char *path, char *tmp, size_t cap, dp_err *err)
-{
-    snprintf(tmp, cap, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        dp_errf(err, "%s: cannot write: %s", tmp, strerror(errno));
-    else
-        setvbuf(f, NULL, _IOFBF, 1 << 20);
-    return f;
 }
 
 static int write_csv(synth_job *j, int k, dp_err *err)
 {
     for (long i = 0; i < j->files[k]; i++) {
-        char path[4096], tmp[4200];
+        char path[4096];
         file_path(path, sizeof path, j, k, i, "features");
-        FILE *f = open_tmp(path, tmp, sizeof tmp, err);
+        dp_atomic_file af;
+        FILE *f = open_out(&af, path, err);
         if (!f)
             return -1;
         csv_header(j, f);
@@ -138,7 +147,7 @@ static int write_csv(synth_job *j, int k, dp_err *err)
                 fprintf(f, ",%.9g", j->x[c]);
             fputc('\n', f);
         }
-        if (finish(f, tmp, path, &j->bytes[k], err) < 0)
+        if (finish(f, &af, &j->bytes[k], err) < 0)
             return -1;
     }
     return 0;
@@ -239,16 +248,17 @@ static void npy_header(FILE *f, const char *descr, long n, int w)
 
 static int write_npy(synth_job *j, int k, dp_err *err)
 {
-    char xp[4096], yp[4096], xt[4200], yt[4200];
+    char xp[4096], yp[4096];
     file_path(xp, sizeof xp, j, k, 0, "features");
     file_path(yp, sizeof yp, j, k, 0, "labels");
-    FILE *fx = open_tmp(xp, xt, sizeof xt, err);
+    dp_atomic_file ax, ay;
+    FILE *fx = open_out(&ax, xp, err);
     if (!fx)
         return -1;
-    FILE *fy = open_tmp(yp, yt, sizeof yt, err);
+    FILE *fy = open_out(&ay, yp, err);
     if (!fy) {
         fclose(fx);
-        unlink(xt);
+        dp_atomic_abort(&ax);
         return -1;
     }
     npy_header(fx, "<f4", j->rows[k], j->width);
@@ -261,12 +271,12 @@ static int write_npy(synth_job *j, int k, dp_err *err)
         fwrite(j->x, sizeof(float), (size_t)j->width, fx); /* little-endian hosts only */
         fputc(y, fy);
     }
-    if (finish(fx, xt, xp, &j->bytes[k], err) < 0) {
+    if (finish(fx, &ax, &j->bytes[k], err) < 0) {
         fclose(fy);
-        unlink(yt);
+        dp_atomic_abort(&ay);
         return -1;
     }
-    return finish(fy, yt, yp, &j->bytes[k], err);
+    return finish(fy, &ay, &j->bytes[k], err);
 }
 
 static int write_info(const synth_job *j, dp_err *err)

@@ -112,24 +112,7 @@ static double step_compute(const dp_cost_calibration *cal, int batch, double spe
 
 int dp_cost_ps_bytes(size_t n_params, int ps, double *push_bytes, double *pull_bytes, dp_err *err)
 {
-    dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);
-    if (!r)
-        return dp_errf(err, "out of memory");
-    int k = dp_partition_min_size(n_params, DP_PARTITION_MIN_SHARD_BYTES, ps, r, err);
-    if (k < 0) {
-        free(r);
-        return -1;
-    }
-    double up = 0, down = 0;
-    for (int s = 0; s < k; s++) {
-        uint64_t n = r[s].hi - r[s].lo;
-        up += (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * n);
-        down += (double)dp_frame_wire_size(4 * n);
-    }
-    free(r);
-    *push_bytes = up;
-    *pull_bytes = down;
-    return 0;
+    return dp_cost_sparse_ps_bytes(n_params, NULL, ps, push_bytes, pull_bytes, err);
 }
 
 static size_t n_buckets(size_t n_params, size_t bucket_bytes)
@@ -240,9 +223,9 @@ static int shards(size_t n_params, const dp_cost_sparse *sp, int ps, dp_range *r
 int dp_cost_sparse_ps_bytes(size_t n_params, const dp_cost_sparse *sp, int ps, double *sent,
                             double *received, dp_err *err)
 {
-    if (ps < 1)
+    if (sp && ps < 1)
         return dp_errf(err, "cluster: sparse rows need at least one ps task");
-    if (sp->table_floats > n_params)
+    if (sp && sp->table_floats > n_params)
         return dp_errf(err, "sparse: %zu table floats in a model of %zu", sp->table_floats,
                        n_params);
     dp_range *r = malloc(sizeof *r * DP_PARTITION_MAX);

@@ -22,8 +22,6 @@
 #define CSV_READ_BUF ((size_t)64 << 10)
 #define CSV_DEFAULT_MAX_RECORD ((size_t)1 << 20)
 #define CSV_LIMIT_MAX_RECORD ((size_t)1 << 30)
-#define CSV_ID_LIMIT (1u << 24) /* ids are stored as floats: exact below 2^24 */
-#define CSV_MAX_PLACES 4096     /* ids of a multi-valued cell */
 
 /* A named column (csv.h, "Named columns"). */
 typedef struct csv_sel {
@@ -331,23 +329,14 @@ static int select_list(dp_csv *c, const char *text, int cat, const dp_csv_config
                        dp_err *err)
 {
     const char *flag = cat ? "--categorical" : "--numeric";
-    for (const char *s = text; *s;) {
-        size_t n = strcspn(s, ",");
-        const char *name = s, *colon = NULL;
-        for (const char *q = s; q < s + n; q++)
-            if (*q == ':')
-                colon = q;
-        size_t nl = colon && cat ? (size_t)(colon - s) : n;
-        long places = 1;
-        if (colon && cat) {
-            char *end;
-            places = strtol(colon + 1, &end, 10);
-            if (end != s + n || places < 1 || places > CSV_MAX_PLACES)
-                return dp_errf(err, "%s: %s '%.*s': expected NAME or NAME:M with M ids in [1, "
-                               "%d]", c->path, flag, (int)n, s, CSV_MAX_PLACES);
-        }
-        if (nl == 0)
-            return dp_errf(err, "%s: %s '%s': an empty column name", c->path, flag, text);
+    dp_data_column it;
+    int rc;
+    while ((rc = dp_data_column_next(&text, cat, &it)) != 0) {
+        if (rc < 0)
+            return dp_errf(err, "%s: %s '%.*s': expected NAME, or NAME:M with M ids in [1, "
+                           "%d]", c->path, flag, (int)it.item_len, it.item, DP_DATA_MAX_PLACES);
+        const char *name = it.name;
+        size_t nl = it.name_len;
         size_t col = c->ncols;
         for (size_t i = 0; i < c->ncols; i++)
             if (strlen(c->names[i]) == nl && memcmp(c->names[i], name, nl) == 0)
@@ -366,14 +355,11 @@ static int select_list(dp_csv *c, const char *text, int cat, const dp_csv_config
                 return dp_errf(err, "%s: column %zu (%s) is named twice (%s)", c->path,
                                col + 1, c->names[col], flag);
         size_t k = c->n_sel++;
-        uint32_t limit = CSV_ID_LIMIT;
+        uint32_t limit = DP_DATA_ID_LIMIT;
         if (cat && cfg->id_limits && k < cfg->n_id_limits)
             limit = cfg->id_limits[k];
-        c->sel[k] = (csv_sel){col, cat ? (int)places : 0, limit, flag};
-        c->n_feat += cat ? (size_t)places : 1;
-        s += n;
-        if (*s == ',')
-            s++;
+        c->sel[k] = (csv_sel){col, it.places, limit, flag};
+        c->n_feat += cat ? (size_t)it.places : 1;
     }
     return 0;
 }
@@ -582,7 +568,7 @@ static int id_of(const dp_csv *c, const csv_sel *sl, const char *s, size_t n,
         return dp_errf(err, "%s: line %llu, column %zu (%s): id %.*s is not below %u, %s "
                        "(give --hash-buckets N to hash raw ids)", c->path, ln, i + 1, name,
                        (int)(n < 40 ? n : 40), s, sl->limit,
-                       sl->limit == CSV_ID_LIMIT ? "the most a float holds exactly"
+                       sl->limit == DP_DATA_ID_LIMIT ? "the most a float holds exactly"
                                                  : "the rows of its embedding table");
     *id = (float)v;
     return 0;

@@ -80,40 +80,51 @@ uint32_t dp_data_classes(const dp_data_options *opt)
     return opt && opt->classes ? opt->classes : 256;
 }
 
+int dp_data_column_next(const char **s, int categorical, dp_data_column *c)
+{
+    const char *p = *s;
+    if (!p || !*p)
+        return 0;
+    size_t n = strcspn(p, ",");
+    *c = (dp_data_column){.item = p, .name = p, .item_len = n, .name_len = n,
+                          .places = categorical ? 1 : 0};
+    *s = p[n] == ',' ? p + n + 1 : p + n;
+    const char *colon = NULL;
+    for (const char *q = p; categorical && q < p + n; q++)
+        if (*q == ':')
+            colon = q;
+    if (colon) {
+        char *end;
+        long m = strtol(colon + 1, &end, 10);
+        if (end != p + n || m < 1 || m > DP_DATA_MAX_PLACES)
+            return -1;
+        c->name_len = (size_t)(colon - p);
+        c->places = (int)m;
+    }
+    return c->name_len ? 1 : -1;
+}
+
 int dp_data_categorical_places(const char *list, int *places, int cap)
 {
-    int n = 0;
-    for (const char *s = list; s && *s;) {
-        size_t len = strcspn(s, ",");
-        const char *colon = memchr(s, ':', len);
-        long m = 1;
-        if (colon) {
-            char *end;
-            m = strtol(colon + 1, &end, 10);
-            if (end != s + len || m < 1 || m > 4096 || colon == s)
-                return -1;
-        } else if (len == 0) {
-            return -1;
-        }
+    int n = 0, rc;
+    dp_data_column c;
+    while ((rc = dp_data_column_next(&list, 1, &c)) > 0) {
         if (n < cap)
-            places[n] = (int)m;
+            places[n] = c.places;
         n++;
-        s += len;
-        if (*s == ',')
-            s++;
     }
-    return n;
+    return rc < 0 ? -1 : n;
 }
 
 int dp_data_check_bags(const dp_data_options *o, const uint32_t *rows, const int *places,
                        int n_bags, uint32_t *limits, dp_err *err)
 {
-    enum { CAP = 4096 };
+    enum { CAP = 4096 }; /* columns */
     int col_places[CAP];
     int n = dp_data_categorical_places(o->categorical, col_places, CAP);
     if (n < 0)
         return dp_errf(err, "--categorical '%s': expected names joined by ',', each NAME or "
-                            "NAME:M with M in [1, 4096]", o->categorical);
+                            "NAME:M with M in [1, %d]", o->categorical, DP_DATA_MAX_PLACES);
     if (n != n_bags)
         return dp_errf(err, "--categorical names %d column(s) but the model has %d embedding "
                             "bag(s): one column a bag, in the bags' order", n, n_bags);

@@ -74,8 +74,6 @@ typedef struct named_col {
 
 #define NPZ_NAMED_CHUNK 1024 /* rows of every column read at once */
 
-#define NAMED_ID_LIMIT (1u << 24) /* ids are stored as floats: exact below 2^24 */
-#define NAMED_MAX_PLACES 4096
 
 static char *dup_str(const char *s)
 {
@@ -366,31 +364,24 @@ static int named_list(dp_record_reader *r, const char *text, int cat, const dp_d
                       dp_err *err)
 {
     const char *flag = cat ? "--categorical" : "--numeric";
-    for (const char *s = text; *s;) {
-        size_t n = strcspn(s, ","), nl = n;
-        long places = cat ? 1 : 0;
-        const char *colon = cat ? memchr(s, ':', n) : NULL;
-        if (colon) {
-            char *end;
-            nl = (size_t)(colon - s);
-            places = strtol(colon + 1, &end, 10);
-            if (end != s + n || places < 1 || places > NAMED_MAX_PLACES)
-                return dp_errf(err, "%s: %s '%.*s': expected NAME or NAME:M with M ids in [1, "
-                               "%d]", r->where, flag, (int)n, s, NAMED_MAX_PLACES);
-        }
-        if (nl == 0)
-            return dp_errf(err, "%s: %s '%s': an empty feature name", r->where, flag, text);
+    dp_data_column it;
+    int rc;
+    while ((rc = dp_data_column_next(&text, cat, &it)) != 0) {
+        if (rc < 0)
+            return dp_errf(err, "%s: %s '%.*s': expected NAME, or NAME:M with M ids in [1, "
+                           "%d]", r->where, flag, (int)it.item_len, it.item, DP_DATA_MAX_PLACES);
+        size_t nl = it.name_len;
         named_col *c = &r->cols[r->n_cols];
         c->name = malloc(nl + 1);
         if (!c->name)
             return dp_errf(err, "%s: out of memory", r->where);
-        memcpy(c->name, s, nl);
+        memcpy(c->name, it.name, nl);
         c->name[nl] = '\0';
         size_t k = 0; /* its place among the categorical ones */
         for (size_t i = 0; i < r->n_cols; i++)
             k += r->cols[i].places > 0;
-        c->places = (int)places;
-        c->limit = cat && o->id_limits && k < o->n_id_limits ? o->id_limits[k] : NAMED_ID_LIMIT;
+        c->places = it.places;
+        c->limit = cat && o->id_limits && k < o->n_id_limits ? o->id_limits[k] : DP_DATA_ID_LIMIT;
         for (size_t i = 0; i < r->n_cols; i++)
             if (strcmp(r->cols[i].name, c->name) == 0) {
                 dp_errf(err, "%s: feature \"%s\" is named twice (%s)", r->where, c->name, flag);
@@ -398,10 +389,7 @@ static int named_list(dp_record_reader *r, const char *text, int cat, const dp_d
                 return -1;
             }
         r->n_cols++;
-        r->n_feat += cat ? (size_t)places : 1;
-        s += n;
-        if (*s == ',')
-            s++;
+        r->n_feat += cat ? (size_t)it.places : 1;
     }
     return 0;
 }
@@ -441,7 +429,11 @@ static int named_features(dp_record_reader *r, float *out, dp_err *err)
                 return rec_errf(err, r->where, r->index, "feature \"%s\" is a %s of %zu values; "
                                 "a numeric feature is one number", c->name,
                                 dp_feature_kind_name(f->kind), f->count);
-            out[k++] = f->kind == DP_FEATURE_FLOAT ? f->floats[0] : (float)f->int64s[0];
+            out[k] = f->kind == DP_FEATURE_FLOAT ? f->floats[0] : (float)f->int64s[0];
+            if (!isfinite(out[k])) /* as a CSV cell's or an .npz column's */
+                return rec_errf(err, r->where, r->index, "feature \"%s\": %g is not a finite "
+                                "number; clean the data", c->name, (double)out[k]);
+            k++;
             continue;
         }
         int bytes_ok = r->buckets && f->kind == DP_FEATURE_BYTES;
@@ -469,7 +461,7 @@ static int named_features(dp_record_reader *r, float *out, dp_err *err)
                     return rec_errf(err, r->where, r->index, "feature \"%s\": id %lld is not "
                                     "below %u, %s (give --hash-buckets N to hash raw ids)",
                                     c->name, (long long)v, c->limit,
-                                    c->limit == NAMED_ID_LIMIT
+                                    c->limit == DP_DATA_ID_LIMIT
                                         ? "the most a float holds exactly"
                                         : "the rows of its embedding table");
                 id = (uint64_t)v;
@@ -583,7 +575,7 @@ static int npz_named_next(dp_record_reader *r, float *out, uint8_t *label, dp_er
                 return rec_errf(err, r->where, i, "column \"%s\": id %lld is not below %u, "
                                 "%s (give --hash-buckets N to hash raw ids)", c->name,
                                 (long long)id, c->limit,
-                                c->limit == NAMED_ID_LIMIT ? "the most a float holds exactly"
+                                c->limit == DP_DATA_ID_LIMIT ? "the most a float holds exactly"
                                                            : "the rows of its embedding table");
             out[k + (size_t)q] = (float)id;
         }

@@ -13,6 +13,7 @@
  * and the device refuse it (no kernels yet). */
 #include "nn/layer_impl.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "downpour/pool.h"
@@ -29,6 +30,9 @@ static int parse(dp_spec_parser *p, const char *s, const char *end)
                                "MLP's output and the embeddings, each %ld wide), not %d features",
                             dim, dim, in);
     long n = in / dim, out = dim + n * (n - 1) / 2;
+    if (out > INT_MAX) /* else the cast below wraps to a small width */
+        return dp_spec_fail(p, "%ld vectors make %ld outputs a record (their pairwise dot "
+                               "products): too many", n, out);
     dp_layer *d = dp_spec_add(p, DP_LAYER_DOT);
     if (!d)
         return -1;

@@ -109,21 +109,19 @@ static void run_point(const scaling *S, point *p, int *done, int total)
                  r + 1);
         study_argv a;
         dp_err err;
-        double wall = 0;
         study_run run;
+        char label[64];
+        snprintf(label, sizeof label, "%s with %d worker(s)", p->strategy, p->workers);
         (*done)++;
-        int rc = command(S, p, r + 1, p->metrics[r], &a, &err);
-        if (rc == 0)
-            rc = study_spawn(&a, log, 3600, &wall, &err);
-        if (rc != 0 || study_read_run(p->metrics[r], &run, &err) < 0) {
+        if (command(S, p, r + 1, p->metrics[r], &a, &err) < 0) {
             p->failed = 1;
-            if (rc > 0)
-                snprintf(p->why, sizeof p->why, "exited %d (log: %.400s)", rc, log);
-            else
-                snprintf(p->why, sizeof p->why, "%s", err.msg);
-            fprintf(stderr, "experiment: %s with %d worker(s): %s\n", p->strategy, p->workers,
-                    p->why);
-            study_log_tail(stderr, log, 12);
+            snprintf(p->why, sizeof p->why, "%s", err.msg);
+            fprintf(stderr, "experiment: %s: %s\n", label, p->why);
+            return;
+        }
+        if (study_run_one(&a, p->metrics[r], log, 3600, label, r + 1, &run, p->why,
+                          sizeof p->why) < 0) {
+            p->failed = 1;
             return;
         }
         sps[p->runs] = run.samples_per_second;
@@ -132,7 +130,7 @@ static void run_point(const scaling *S, point *p, int *done, int total)
         printf("[%d/%d] %-9s %2d worker(s), seed %d: %.0f samples/s, test accuracy %.4f, "
                "wall %.1f s\n",
                *done, total, p->strategy, p->workers, r + 1, run.samples_per_second,
-               run.test_accuracy, wall);
+               run.test_accuracy, run.wall_seconds);
         fflush(stdout);
     }
     p->sps = study_stats(sps, p->runs);

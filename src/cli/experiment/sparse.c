@@ -109,20 +109,17 @@ static void run_cell(const study *S, cell *c, int *done, int total)
         snprintf(log, sizeof log, "%s/runs/%s-r%d.log", S->out, c->kind, r + 1);
         study_argv a;
         dp_err err;
-        double wall = 0;
         study_run run;
         (*done)++;
-        int rc = command(S, c, r + 1, c->metrics[r], &a, &err);
-        if (rc == 0)
-            rc = study_spawn(&a, log, 3600, &wall, &err);
-        if (rc != 0 || study_read_run(c->metrics[r], &run, &err) < 0) {
+        if (command(S, c, r + 1, c->metrics[r], &a, &err) < 0) {
             c->failed = 1;
-            if (rc > 0)
-                snprintf(c->why, sizeof c->why, "exited %d (log: %.400s)", rc, log);
-            else
-                snprintf(c->why, sizeof c->why, "%s", err.msg);
+            snprintf(c->why, sizeof c->why, "%s", err.msg);
             fprintf(stderr, "experiment: %s: %s\n", c->kind, c->why);
-            study_log_tail(stderr, log, 12);
+            return;
+        }
+        if (study_run_one(&a, c->metrics[r], log, 3600, c->kind, r + 1, &run, c->why,
+                          sizeof c->why) < 0) {
+            c->failed = 1;
             return;
         }
         auc[c->runs] = run.test_auc;
@@ -134,7 +131,7 @@ static void run_cell(const study *S, cell *c, int *done, int total)
         printf("[%d/%d] %-15s seed %d: AUC %.4f, log loss %.4f, %.0f samples/s, %.0f bytes a "
                "step a worker, wall %.1f s\n",
                *done, total, c->kind, r + 1, run.test_auc, run.test_log_loss,
-               run.samples_per_second, by[c->runs - 1], wall);
+               run.samples_per_second, by[c->runs - 1], run.wall_seconds);
         fflush(stdout);
     }
     c->auc = study_stats(auc, c->runs);
@@ -175,8 +172,7 @@ static double predict(const study *S, cell *c)
     double up = NAN, down = NAN;
     c->by_rows = 0;
     if (is_ps(c->kind)) {
-        int rc = sp ? dp_cost_sparse_ps_bytes(S->n_params, sp, (int)S->ps, &up, &down, &err)
-                    : dp_cost_ps_bytes(S->n_params, (int)S->ps, &up, &down, &err);
+        int rc = dp_cost_sparse_ps_bytes(S->n_params, sp, (int)S->ps, &up, &down, &err);
         c->by_rows = sp != NULL;
         return rc < 0 ? NAN : up + down;
     }

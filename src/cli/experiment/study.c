@@ -239,6 +239,28 @@ int study_read_run(const char *path, study_run *r, dp_err *err)
     return 0;
 }
 
+int study_run_one(const study_argv *a, const char *metrics, const char *log_path,
+                  double timeout, const char *label, int repeat, study_run *run, char *why,
+                  size_t cap)
+{
+    dp_err err;
+    double wall = 0;
+    int rc = study_spawn(a, log_path, timeout, &wall, &err);
+    if (rc == 0 && study_read_run(metrics, run, &err) == 0) {
+        run->wall_seconds = wall;
+        return 0;
+    }
+    if (rc > 0)
+        snprintf(why, cap, "run %d %s %d (log: %.400s)", repeat,
+                 rc == 124 ? "timed out," : "exited", rc, log_path);
+    else
+        snprintf(why, cap, "run %d: %s%.480s", repeat, rc < 0 ? "could not start: " : "",
+                 err.msg);
+    fprintf(stderr, "experiment: %s: %s\n", label, why);
+    study_log_tail(stderr, log_path, 12);
+    return -1;
+}
+
 const char *study_pick(const char *a, const char *b, double dq, double spread, double ratio)
 {
     if (!isfinite(spread) || !isfinite(dq) || !isfinite(ratio))

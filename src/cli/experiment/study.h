@@ -62,6 +62,15 @@ typedef struct study_run {
  * read or holds no "done" event of the evaluator. */
 int study_read_run(const char *path, study_run *r, dp_err *err);
 
+/* One run of a study: a's command (its output to log_path, at most
+ * timeout seconds), then its metrics file read into *run (wall_seconds
+ * set).  Returns 0; or -1 with why set ("run 2 exited 1 (log: ...)", "run 2
+ * timed out, ...", or what failed), also said on stderr after "experiment:
+ * label:" with the log's last lines.  repeat: the run's number, from 1. */
+int study_run_one(const study_argv *a, const char *metrics, const char *log_path,
+                  double timeout, const char *label, int repeat, study_run *run, char *why,
+                  size_t cap);
+
 /* Median, min and max of n values (n >= 1); v is reordered. */
 typedef struct study_stat {
     double median, min, max;

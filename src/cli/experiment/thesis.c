@@ -220,28 +220,19 @@ static void run_cell(thesis *T, cell *c, int *done_runs, int total_runs)
             snprintf(c->why, sizeof c->why, "%s", err.msg);
             return;
         }
-        double wall = 0;
-        int rc = study_spawn(&a, log, 3 * 3600, &wall, &err);
         study_run *run = &c->run[c->runs];
-        if (rc != 0 || study_read_run(metrics, run, &err) < 0) {
+        char label[96];
+        snprintf(label, sizeof label, "%s %s b%d", c->dataset, c->strategy, c->batch);
+        if (study_run_one(&a, metrics, log, 3 * 3600, label, r + 1, run, c->why,
+                          sizeof c->why) < 0) {
             c->status = CELL_FAILED;
-            if (rc != 0)
-                snprintf(c->why, sizeof c->why, "run %d %s %d (log: %.400s)", r + 1,
-                         rc == 124 ? "timed out," : rc < 0 ? "could not start:" : "exited", rc,
-                         log);
-            else
-                snprintf(c->why, sizeof c->why, "run %d: %.480s", r + 1, err.msg);
-            fprintf(stderr, "experiment: %s %s b%d: %s\n", c->dataset, c->strategy, c->batch,
-                    c->why);
-            study_log_tail(stderr, log, 12);
             return;
         }
-        run->wall_seconds = wall;
         c->runs++;
         printf("[%d/%d] %-13s %-9s b%d seed %d: test accuracy %.4f (source %.4f), train %.1f s, "
                "wall %.1f s\n",
                *done_runs, total_runs, c->dataset, c->strategy, c->batch, r + 1,
-               run->test_accuracy, c->src->test_accuracy, run->train_seconds, wall);
+               run->test_accuracy, c->src->test_accuracy, run->train_seconds, run->wall_seconds);
         fflush(stdout);
     }
     c->status = CELL_DONE;
