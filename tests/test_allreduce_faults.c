@@ -3,7 +3,8 @@
  * step 20 costs the run nothing but its share of the data: the launcher
  * exits 0, the two survivors end bitwise identical, and the test accuracy is
  * within 1 % of the fault-free run's.  Frozen (SIGSTOP) past the heartbeat
- * timeout it is dropped the same way.  Restarted (--max-restarts 1), it
+ * timeout it is dropped the same way, or, woken before replica 0 dropped it,
+ * taken back by the replica that did.  Restarted (--max-restarts 1), it
  * rejoins the ring at the next epoch with replica 0's state, and all three
  * end bitwise identical.  Under --sync-bn (a bn model) a killed replica is
  * survived the same way.  Losing the chief (replica 0, the evaluator) stops the run. */
@@ -26,8 +27,12 @@ static int run_with(const char *name, const char *extra, const char *more, const
         } else if (w > 0) {
             double t0 = now_s();
             kill(w, SIGSTOP);
+            /* Woken as soon as one peer's link to it ran out: often before
+             * the other's did, so that replica 0 still has it in the ring
+             * when the one that dropped it re-forms (docs/faults.md,
+             * "All-reduce", step 3); the verdict is the same either way. */
             char line[64];
-            snprintf(line, sizeof line, "fault: lost %s", task);
+            snprintf(line, sizeof line, "warning: lost %s", task);
             int seen = wait_log(name, line, 60);
             CHECKF(seen, "%s: nobody noticed the frozen %s", name, task);
             if (seen)

@@ -231,6 +231,31 @@ static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const l
     return dp_transport_send(s->t, s->ranks[to], type, (uint64_t)newest, offset, buf, len, err);
 }
 
+/* p, which this replica had given up on, is in replica 0's plan: a member
+ * again once its connection is up.  This side's loss of p closed their
+ * link and the transport is redialing it; a ring step sent before the new
+ * link is in place would fail, and this replica would lose p a second time
+ * on its own while the others, in the new ring, wait on p and p waits on
+ * this replica (docs/faults.md, "All-reduce").  Not up within two heartbeat
+ * timeouts, the link between two live members is cut: this replica leaves
+ * the run (an error), which the others survive as any lost replica, rather
+ * than ring with members it cannot reach. */
+static int readmit(dp_strategy *s, int p, dp_err *err)
+{
+    double hb = s->env->cfg->heartbeat_timeout > 0 ? s->env->cfg->heartbeat_timeout : 10;
+    dp_err e; /* connect takes the old link's loss if it was not taken yet */
+    if (dp_transport_connect(s->t, s->ranks[p], dp_now() + 2 * hb + 1, &e) < 0)
+        return dp_errf(err, "%s is back in replica 0's ring plan, but this replica's "
+                            "connection to it did not come back within %g s (%s): leaving "
+                            "the ring",
+                       name_of(s, p), 2 * hb + 1, e.msg);
+    s->live[p] = 1;
+    s->n_live++;
+    dp_info("%s: %s is a member again (replica 0 still had it in the ring)",
+            name_of(s, s->position), name_of(s, p));
+    return 0;
+}
+
 /* A plan's bytes from position `from`: the ring's members become exactly
  * the plan's (a member this replica had given up on but replica 0 heard
  * from is back in), behind[] says who takes the state. */
@@ -260,16 +285,15 @@ static int apply_plan(dp_strategy *s, int from, const uint8_t *buf, size_t got,
         free(in);
         return dp_errf(err, "%s sent a ring plan without this replica", name_of(s, from));
     }
-    for (int p = 0; p < s->n; p++) {
+    int rc = 0;
+    for (int p = 0; p < s->n && rc == 0; p++) {
         if (s->live[p] && !in[p])
             lose(s, p, "replica 0 lost it", err);
-        else if (!s->live[p] && in[p]) {
-            s->live[p] = 1;
-            s->n_live++;
-        }
+        else if (!s->live[p] && in[p])
+            rc = readmit(s, p, err);
     }
     free(in);
-    return 0;
+    return rc;
 }
 
 /* The payload of a plan frame just polled from position `from`. */
