@@ -1042,6 +1042,32 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     return 0;
 }
 
+/* --resume with --compress: this replica's own residual from the checkpoint,
+ * replica.{position}.residual (docs/checkpoints.md), so the run goes on
+ * bit for bit.  The identity made the checkpoint's --compress this run's,
+ * so a lossy one's checkpoint holds one per replica; any other count is a
+ * damaged or foreign file.  A replica restarted into the running ring
+ * (info->start_step set) starts from zeros, as after any rejoin. */
+static int restore_residual(dp_strategy *s, const dp_task_info *info, const char *compress,
+                            dp_err *err)
+{
+    const dp_train_state *r = s->env->resume;
+    float *resid = dp_reducer_residual(s->reducer);
+    if (!r || !resid || info->start_step >= 0)
+        return 0;
+    if (r->n_residuals != s->n)
+        return dp_errf(err, "%s: --compress %s, but it holds the compression residuals of %d "
+                            "replica(s) and this run has %d: tensor 'replica.%d.residual' is "
+                            "%s (docs/checkpoints.md, \"What a checkpoint holds\")",
+                       s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                       compress, r->n_residuals, s->n,
+                       r->n_residuals < s->n ? r->n_residuals : s->n,
+                       r->n_residuals < s->n ? "missing" : "one too many");
+    memcpy(resid, r->residuals + (size_t)s->position * s->m->n_params,
+           s->m->n_params * sizeof *resid);
+    return 0;
+}
+
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                           dp_err *err)
 {
@@ -1089,7 +1115,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
-    dp_allreduce_compress_of(as, &s->compress); /* with --resume: refused (check) */
+    dp_allreduce_compress_of(as, &s->compress);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1107,10 +1133,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         dp_allreduce_overlap(as), spare_cores(s), err) < 0 ||
-        dp_reducer_compress(s->reducer, err) < 0) {
+        dp_reducer_compress(s->reducer, err) < 0 ||
+        restore_residual(s, info, as->compress, err) < 0) {
         allreduce_close(s);
         return -1;
     }
+    /* replica 0 writes every replica's residual into its checkpoints */
+    if (s->position == 0 && dp_reducer_residual(s->reducer))
+        info->residuals = n;
     /* The ring has decided how it sums, for the whole run.  Summed on the
      * host, each step's copies go through the model's arrays, pinned.
      * Summed on the devices, the state (resumed, or a rejoining replica's)
@@ -1303,12 +1333,74 @@ static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *e
     return dp_replica_weights(s->r, which == DP_WEIGHTS_AVERAGE, err);
 }
 
+/* At a checkpoint with --compress: every replica's residual goes to
+ * replica 0, which writes them all (replica.{p}.residual; docs/checkpoints.md),
+ * since unlike the rest of the state each replica's is its own.  Every
+ * replica sends before it takes another step, so replica 0 reads each one's
+ * ahead of anything of the next step.  A replica out of the ring, or lost on
+ * the way, is written as zeros: what a replica that rejoins starts from. */
+static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
+{
+    float *resid = dp_reducer_residual(s->reducer);
+    size_t n = s->m->n_params, bytes = n * sizeof *resid;
+    if (s->position != 0) {
+        struct iovec iov = {resid, bytes};
+        dp_err e;
+        if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_RING_RESID, (uint64_t)step, 0, &iov, 1,
+                               &e) < 0)
+            return lose(s, 0, e.msg, err);
+        return 0;
+    }
+    if (st->n_residuals != s->n || !st->residuals)
+        return dp_errf(err, "allreduce: the checkpoint's state has room for %d replicas' "
+                            "residuals, the ring %d", st->n_residuals, s->n);
+    memcpy(st->residuals, resid, bytes);
+    char what[96];
+    snprintf(what, sizeof what, "its compression residual at checkpoint step %ld", step);
+    for (int p = 1; p < s->n; p++) {
+        float *dst = st->residuals + (size_t)p * n;
+        memset(dst, 0, bytes);
+        while (s->live[p]) {
+            dp_event ev;
+            int rc = recv_from(s, p, what, &ev, err);
+            if (rc < 0)
+                return -1;
+            if (rc > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_RESID && ev.header.step == (uint64_t)step &&
+                ev.header.length == bytes) {
+                if (dp_transport_recv_payload(s->t, s->ranks[p], dst, bytes, err) < 0) {
+                    memset(dst, 0, bytes);
+                    if (lose(s, p, err->msg, err) < 0)
+                        return -1;
+                }
+                break;
+            }
+            if (ev.header.type == DP_WIRE_RING_RESET) {
+                /* p lost another replica in the step before: take part, and
+                 * p, through with that step, sends its residual after */
+                s->reset[p] = 1;
+                if (reform_all(s, err) < 0)
+                    return -1;
+                continue;
+            }
+            return dp_errf(err, "%s sent frame type %u (step %llu, %llu bytes) instead of %s "
+                                "(%zu bytes)",
+                           name_of(s, p), ev.header.type, (unsigned long long)ev.header.step,
+                           (unsigned long long)ev.header.length, what, bytes);
+        }
+    }
+    return 0;
+}
+
 /* The first replica holds the whole state: params and optimiser are the
  * same on every replica.  The loop's st->ema is ours to fill where the
- * state lives on the devices (live_params 0). */
+ * state lives on the devices (live_params 0).  With --compress every
+ * replica hands in its residual first. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    (void)step;
+    if (dp_reducer_residual(s->reducer) && gather_residuals(s, step, st, err) < 0)
+        return -1;
     if (s->position != 0)
         return 0;
     return dp_replica_state(s->r, st->params, st->slots, st->n_slots, &st->optim_t, st->ema,
