@@ -67,6 +67,8 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    long *joined;          /* replica 0, per position: the step after which it
+                              rejoined (welcome), -1 if it never left */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
@@ -800,6 +802,7 @@ static int welcome(dp_strategy *s, dp_err *err)
                 return -1;
             continue;
         }
+        s->joined[p] = s->applied;
         dp_warn("fault: %s rejoined the all-reduce ring at step %ld; the ring goes on over %d "
                 "replica(s)", name_of(s, p), s->applied, s->n_live);
         dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR,
@@ -937,6 +940,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->sizes);
     free(s->stats);
     free(s->have);
+    free(s->joined);
     if (s->m)
         s->m->grad_ready = NULL, s->m->batch_sum = NULL;
     free(s);
@@ -1097,7 +1101,9 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
-    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have) {
+    s->joined = malloc((size_t)n * sizeof *s->joined);
+    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have ||
+        !s->joined) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -1110,6 +1116,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
             s->ranks[k++] = i;
         }
     memset(s->live, 1, (size_t)n);
+    for (int p = 0; p < n; p++)
+        s->joined[p] = -1;
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
@@ -1337,8 +1345,10 @@ static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *e
  * replica 0, which writes them all (replica.{p}.residual; docs/checkpoints.md),
  * since unlike the rest of the state each replica's is its own.  Every
  * replica sends before it takes another step, so replica 0 reads each one's
- * ahead of anything of the next step.  A replica out of the ring, or lost on
- * the way, is written as zeros: what a replica that rejoins starts from. */
+ * ahead of anything of the next step.  A replica out of the ring, lost on
+ * the way, or welcomed back at this very step (it starts after it, and
+ * takes no part in its checkpoint) is written as zeros: what a replica that
+ * rejoins starts from. */
 static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
     float *resid = dp_reducer_residual(s->reducer);
@@ -1360,7 +1370,8 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
     for (int p = 1; p < s->n; p++) {
         float *dst = st->residuals + (size_t)p * n;
         memset(dst, 0, bytes);
-        while (s->live[p]) {
+        /* one welcomed back at this step (an epoch's end) starts after it */
+        while (s->live[p] && s->joined[p] < step) {
             dp_event ev;
             int rc = recv_from(s, p, what, &ev, err);
             if (rc < 0)
