@@ -764,6 +764,25 @@ static void test_identity(void)
     x = id;
     x.epochs = EPOCHS + 1; /* a cosine schedule's length is part of the run */
     expect_refused("more epochs, cosine", path, &m, &x, "epochs", "cosine");
+    /* the settings, matched by key: a setting written only when on (allreduce's
+     * compress=, the warm-up) that one run has and the other not is named */
+    dp_train_state_free(&a);
+    make_state(&a, &m, 2, 2, 32, 8);
+    dp_run_identity s = id;
+    s.settings = "momentum=0 sync_bn=1 compress=topk:0.05 warmup=5steps";
+    const char *spath = sp("settings.safetensors");
+    write_ok(spath, &m, &a, &s);
+    dp_train_state_free(&a);
+    x = s;
+    x.settings = "momentum=0 sync_bn=1 warmup=5steps";
+    expect_refused("a setting this run lacks", spath, &m, &x, "belongs to another run",
+                   "its compress=topk:0.05, this run has no compress");
+    x.settings = "momentum=0 sync_bn=1 compress=topk:0.1 warmup=5steps";
+    expect_refused("a setting changed", spath, &m, &x, "belongs to another run",
+                   "its compress=topk:0.05, this run's compress=topk:0.1");
+    x.settings = "momentum=0 sync_bn=1 compress=topk:0.05 clip_norm=1 warmup=5steps";
+    expect_refused("a setting the checkpoint lacks", spath, &m, &x, "belongs to another run",
+                   "it has no clip_norm, this run's clip_norm=1");
     /* steps per epoch follows from the rest: not part of the identity */
     x = id;
     x.steps_per_epoch = 17;

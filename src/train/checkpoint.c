@@ -476,7 +476,26 @@ static int same(const dp_safetensors *f, const char *key, const char *want, cons
     return 0;
 }
 
-/* "key=value ..." lists: names the first setting that differs. */
+/* The token "key=value" (or a bare "key") of list whose key is key[0, klen),
+ * or NULL; *len gets the token's length. */
+static const char *find_setting(const char *list, const char *key, size_t klen, size_t *len)
+{
+    for (const char *t = list; *t;) {
+        size_t n = strcspn(t, " ");
+        if (strcspn(t, "= ") == klen && strncmp(t, key, klen) == 0) {
+            *len = n;
+            return t;
+        }
+        t += n;
+        while (*t == ' ')
+            t++;
+    }
+    return NULL;
+}
+
+/* "key=value ..." lists: names the first setting that differs, by key, so a
+ * setting written only when on (--sync-bn, --compress, the warm-up, ...)
+ * that one run has and the other not is named as such. */
 static int same_settings(const dp_safetensors *f, const char *want, const char *path, dp_err *err)
 {
     const char *have;
@@ -484,30 +503,26 @@ static int same_settings(const dp_safetensors *f, const char *want, const char *
         return -1;
     if (strcmp(have, want) == 0)
         return 0;
-    const char *a = have, *b = want;
-    for (;;) {
-        size_t la = strcspn(a, " "), lb = strcspn(b, " ");
-        if (la != lb || strncmp(a, b, la) != 0)
-            return dp_errf(err, "%s belongs to another run: its %.*s, this run's %.*s", path,
-                           (int)la, a, (int)lb, b);
-        if (!a[la] || !b[lb])
-            break;
-        a += la + 1;
-        b += lb + 1;
-    }
-    /* one list goes on past the other: a setting written only when on
-     * (--sync-bn, --compress, ...) that one run has and the other not */
-    int theirs = a[strcspn(a, " ")] != '\0';
-    const char *more = theirs ? a + strcspn(a, " ") + 1
-                       : b[strcspn(b, " ")] ? b + strcspn(b, " ") + 1
-                                            : NULL;
-    if (more) {
-        int len = (int)strcspn(more, " "), key = (int)strcspn(more, "= ");
-        if (theirs)
-            return dp_errf(err, "%s belongs to another run: its %.*s, this run has no %.*s", path,
-                           len, more, key, more);
-        return dp_errf(err, "%s belongs to another run: it has no %.*s, this run's %.*s", path, key,
-                       more, len, more);
+    for (int side = 0; side < 2; side++) {
+        const char *mine = side ? want : have, *other = side ? have : want;
+        for (const char *t = mine; *t;) {
+            size_t n = strcspn(t, " "), klen = strcspn(t, "= "), olen = 0;
+            const char *o = find_setting(other, t, klen, &olen);
+            if (!o && side == 0)
+                return dp_errf(err, "%s belongs to another run: its %.*s, this run has no %.*s",
+                               path, (int)n, t, (int)klen, t);
+            if (!o)
+                return dp_errf(err, "%s belongs to another run: it has no %.*s, this run's %.*s",
+                               path, (int)klen, t, (int)n, t);
+            if (olen != n || strncmp(o, t, n) != 0)
+                return side == 0 ? dp_errf(err, "%s belongs to another run: its %.*s, this run's "
+                                                "%.*s", path, (int)n, t, (int)olen, o)
+                                 : dp_errf(err, "%s belongs to another run: its %.*s, this run's "
+                                                "%.*s", path, (int)olen, o, (int)n, t);
+            t += n;
+            while (*t == ' ')
+                t++;
+        }
     }
     return dp_errf(err, "%s belongs to another run: its settings are '%s', this run's '%s'", path,
                    have, want);
