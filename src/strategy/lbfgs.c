@@ -112,9 +112,12 @@ static int worker_of(const dp_strategy *s, int rank)
 
 static int shard_lost(dp_strategy *s, int rank, const char *why, dp_err *err)
 {
+    const char *dir = s->cfg->checkpoint_dir;
     return dp_errf(err, "lost %s (%s): its shard of x, the gradient and the L-BFGS history is "
-                        "gone, so the run stops",
-                   peer_name(s, rank), why);
+                        "gone, so the run stops%s%s%s",
+                   peer_name(s, rank), why, dir ? "; --resume goes on from the newest "
+                                                  "checkpoint in " : "",
+                   dir ? dir : "", dir ? " (with any number of ps tasks)" : "");
 }
 
 /* A result from a worker: frees it; counts the first copy of a portion of
