@@ -229,6 +229,10 @@ struct dp_strategy_ops {
                             rejoin (lbfgs: its coordinator hands portions only
                             to the workers it started with): the launcher
                             leaves such a task out rather than restart it */
+    unsigned restarts_all; /* of the roles it does not survive, those whose loss it
+                            survives by every task starting again from the newest
+                            checkpoint (--resume), under launch --max-restarts and
+                            with --checkpoint-dir (lbfgs: chief, ps) */
     unsigned needs;      /* DP_ROLE_BITs of the roles a cluster must have a task of
                             (the ps strategies: a chief, workers and ps tasks) */
     unsigned refuses;    /* DP_ROLE_BITs of the roles it has no use for (allreduce,

@@ -60,6 +60,14 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
 {
     const task_run *run = ctx;
     const dp_strategy_ops *ops = run->ops;
+    if (ops->restarts_all & DP_ROLE_BIT(task->role)) {
+        /* its state is in its checkpoints: the whole job goes on from them */
+        int ckpt = run->parsed && run->cfg.checkpoint_dir;
+        snprintf(why, cap, ckpt ? "%s goes on from its newest checkpoint after a lost %s"
+                                : "%s cannot survive a lost %s without --checkpoint-dir",
+                 ops->name, dp_role_name(task->role));
+        return ckpt ? DP_LAUNCH_RESTART_ALL : 0;
+    }
     const void *settings = run->parsed && ops->conf ? dp_strategy_settings(&run->cfg, ops->conf)
                                                     : NULL;
     return dp_strategy_restart(ops, settings, task->role, why, cap);

@@ -1016,6 +1016,9 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     /* A lost worker's portions go to the others (worker_lost), and the
      * run ends well without it; a restarted one is not taken back. */
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
+    /* A lost chief or ps: the whole job again from the newest checkpoint
+     * (docs/faults.md), as the state is there whole. */
+    .restarts_all = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),
     .no_rejoin = DP_ROLE_BIT(DP_ROLE_WORKER),
     .model_rows = lb_model_rows,
     .open = lb_open,
