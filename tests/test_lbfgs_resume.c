@@ -12,8 +12,9 @@
  * - another number of ps tasks takes the gathered vectors up (re-sharded)
  *   and ends within float noise (the dot products' partial sums add up in
  *   another order);
- * - a checkpoint cut short, or one without the L-BFGS state, is an error
- *   naming the file. */
+ * - a checkpoint cut short, one without a pair or without the L-BFGS state,
+ *   one with a value that does not read and one of another history length
+ *   are errors naming the file, on the chief and on a ps task alike. */
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -321,6 +322,17 @@ static void case_bad(void)
     REQUIRE(dp_checkpoint_write(lost, &m, &st, &id, &err) == 0);
     r.resume = lost;
     refused(&r, "lost.safetensors", "is missing");
+    /* a damaged value (checksummed anew) and another history length */
+    st.n_vecs++;
+    char *g = strstr(st.scalars, " gamma=");
+    REQUIRE(g);
+    memcpy(g + 7, "inf", 3);
+    REQUIRE(dp_checkpoint_write(lost, &m, &st, &id, &err) == 0);
+    refused(&r, "lost.safetensors", "lbfgs's 'gamma'");
+    run five = setup(100, 25, 1, 1, 2, 2);
+    REQUIRE(dp_strategy_set(&five.cfg, "lbfgs-history", "5", &err) == 0);
+    five.resume = ck;
+    refused(&five, "ckpt-0000000002.safetensors", "history of 4 pairs; this run keeps 5");
     /* no L-BFGS state at all (another strategy's file of the same model) */
     free(st.scalars);
     st.scalars = NULL;

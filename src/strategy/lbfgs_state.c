@@ -23,13 +23,14 @@ int lb_state_vec(const char *name, int m)
 {
     if (strcmp(name, "lbfgs.g") == 0)
         return DP_LBFGS_G;
-    char c, tail;
-    int i;
-    if (sscanf(name, "lbfgs.%c.%d%c", &c, &i, &tail) != 2 || (c != 's' && c != 'y') || i < 0 ||
-        i >= m)
+    if (strncmp(name, "lbfgs.", 6) != 0 || (name[6] != 's' && name[6] != 'y') || name[7] != '.')
+        return -1;
+    char *end;
+    long i = strtol(name + 8, &end, 10); /* saturates when too long: out of range */
+    if (*end != '\0' || end == name + 8 || i < 0 || i >= m)
         return -1;
     char again[DP_STATE_NAME_LEN]; /* the one spelling: no "+1", "01" */
-    int v = c == 's' ? DP_LBFGS_S(i) : DP_LBFGS_Y(i);
+    int v = name[6] == 's' ? DP_LBFGS_S((int)i) : DP_LBFGS_Y((int)i);
     lb_state_name(again, sizeof again, v);
     return strcmp(again, name) == 0 ? v : -1;
 }
