@@ -7,6 +7,11 @@
  *   copies are handed out, the run still ends with the same accuracy within
  *   a point, and no portion counts twice (each shard reports the portions it
  *   accumulated at every evaluation and the chief checks the count);
+ * - checkpoints and --resume (2,000 records, 2 batches an epoch, one portion
+ *   a batch so that two runs add the same numbers): every task killed after
+ *   step 5, resumed from the checkpoint of step 3 (in the middle of epoch
+ *   2), the run ends with the uninterrupted run's --save file byte for byte;
+ *   resumed with 1 worker instead of 2, with its weights;
  * - bad flags are usage errors (exit 2) naming the flag; a cluster without
  *   ps tasks is refused with a hint. */
 #include "proc.h"
@@ -36,6 +41,40 @@ static double run_lbfgs(const char *name, const char *extra, int epochs)
     return acc;
 }
 
+#define CKPT "--strategy lbfgs --model mlp-128 --train-size 2000 --val-size 500 " \
+             "--test-size 1000 --batch 1000 --portion 1000 --threads 1 --no-progress " \
+             "--log-every 0 --epochs 3 --checkpoint-every 3"
+
+static void resume_is_exact(void)
+{
+    const char *bin = test_bin(), *tmp = test_tmp();
+    int rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 2 -- train " CKPT
+                     " --checkpoint-dir %s/ck-a --save %s/full.st", bin, tmp, tmp);
+    CHECKF(rc == 0, "the uninterrupted run: exit %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=5 %s launch --chief --workers 2 "
+                 "--ps 2 -- train " CKPT " --checkpoint-dir %s/ck-b --save %s/part.st",
+                 bin, tmp, tmp);
+    CHECKF(rc != 0, "the run meant to be killed at step 5 exited 0");
+    char probe[1200];
+    snprintf(probe, sizeof probe, "%s/ck-b/ckpt-0000000003.safetensors", tmp);
+    CHECKF(access(probe, R_OK) == 0, "no checkpoint at step 3 before the kill");
+    /* a copy of it for the resume with another cluster */
+    rc = run_cmd(err, sizeof err, "mkdir -p %s/ck-c && cp %s %s/ck-c/", tmp, probe, tmp);
+    REQUIRE(rc == 0);
+    rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 2 -- train " CKPT
+                 " --checkpoint-dir %s/ck-b --save %s/part.st --resume", bin, tmp, tmp);
+    CHECKF(rc == 0 && strstr(err, "ckpt-0000000003.safetensors (step 3)") &&
+               strstr(err, "resumed at iteration 3"),
+           "the resumed run: exit %d: %s", rc, err);
+    CHECKF(same_file("full.st", "part.st"), "the resumed run's weights differ from the "
+           "uninterrupted run's (largest difference %g)", checkpoint_max_diff("full.st", "part.st"));
+    rc = run_cmd(err, sizeof err, "%s launch --chief --workers 1 --ps 2 -- train " CKPT
+                 " --checkpoint-dir %s/ck-c --save %s/one.st --resume", bin, tmp, tmp);
+    CHECKF(rc == 0, "resumed with 1 worker: exit %d: %s", rc, err);
+    double d = checkpoint_max_diff("full.st", "one.st");
+    CHECKF(d == 0, "resumed with 1 worker instead of 2, the weights differ by %g", d);
+}
+
 int main(void)
 {
     REQUIRE(test_bin() && test_tmp());
@@ -52,6 +91,7 @@ int main(void)
         CHECK(json_num(it, "evaluations") >= 1);
         cJSON_Delete(it);
     }
+    resume_is_exact();
     double slow = run_lbfgs("straggler", "--straggler 1:200", 6);
     double fast = run_lbfgs("plain6", "", 6);
     CHECKF(fabs(slow - fast) < 0.01, "with a straggler %.4f, without %.4f", slow, fast);
@@ -68,9 +108,6 @@ int main(void)
     CHECKF(rc == 2 && strstr(err, "--portion 200"), "exit %d: %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s train --portion 100", test_bin());
     CHECKF(rc == 2 && strstr(err, "--strategy lbfgs"), "exit %d: %s", rc, err);
-    rc = run_cmd(err, sizeof err, "%s train --strategy lbfgs --checkpoint-dir %s/ck", test_bin(),
-                 test_tmp());
-    CHECKF(rc == 2 && strstr(err, "--checkpoint-dir"), "exit %d: %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 -- train " RUN " --epochs 1",
                  test_bin());
     CHECKF(rc == 2 && strstr(err, "at least one ps task") && strstr(err, "--ps 1"), "exit %d: %s",

@@ -12,15 +12,19 @@
  *   ema (n_params)                      --ema: the moving average
  *   best (n_params)                     --keep-best: the best epoch's weights
  *   loop.history (epochs, 3)            per epoch: val_accuracy, train_loss, seconds
+ *   <strategy>.<name> (n_params)        a strategy's own vectors (lbfgs: lbfgs.g,
+ *                                       lbfgs.s.{k}, lbfgs.y.{k}), read back as they are
  * Metadata (strings): format, model, model_name, optimizer, optimizer_t, lr,
  * lr_schedule, step, epoch, strategy, dataset, workers, ps, batch, seed,
  * train_size, val_size, steps_per_epoch, epochs, settings, best_accuracy,
- * best_epoch, worker.{w}.optimizer_t and crc32c.
+ * best_epoch, worker.{w}.optimizer_t, strategy_state (a strategy's own
+ * scalars, as text) and crc32c.
  *
  * Loading is strict: a missing or damaged tensor or key, a shape that is not
  * the model's, a number that does not parse is an error naming it; a
  * checkpoint of another run (model, strategy, optimiser, world size, batch,
- * seed, split) is refused with what differs. */
+ * seed, split) is refused with what differs; the world size only where the
+ * strategy does not re-shard its state (id->reshards). */
 #ifndef DOWNPOUR_CHECKPOINT_H
 #define DOWNPOUR_CHECKPOINT_H
 

@@ -65,6 +65,8 @@
 #define DP_LAUNCH_KEEP_PARTS_ENV "DOWNPOUR_METRICS_KEEP_PARTS" /* see above */
 #define DP_LAUNCH_NO_RESTART 2 /* survives' answer: goes on, the task not restarted */
 #define DP_LAUNCH_IF_RESTARTED 3 /* survives' answer: goes on only with the task restarted */
+#define DP_LAUNCH_RESTART_ALL 4 /* survives' answer: goes on only with every task restarted
+                                   from the newest checkpoint (--resume) */
 
 typedef struct dp_launch_opts {
     const dp_cluster *cluster; /* every task is started locally */
@@ -77,7 +79,12 @@ typedef struct dp_launch_opts {
      * is restarted while it has restarts left; DP_LAUNCH_NO_RESTART: it goes
      * on, never with the task restarted (a ps whose shards went to their
      * backups); DP_LAUNCH_IF_RESTARTED: it goes on only while the task has a
-     * restart left (a ps without replicas: it reloads its shard).  `why` gets a few words for the log. */
+     * restart left (a ps without replicas: it reloads its shard);
+     * DP_LAUNCH_RESTART_ALL: it goes on only by stopping every task and
+     * starting them all again with "--resume" after the command's first
+     * word (lbfgs with --checkpoint-dir: its state is in its checkpoints),
+     * while the job has a restart left (max_restarts counts these whole
+     * restarts too).  `why` gets a few words for the log. */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;          /* restarts of each task the run survives losing (0) */

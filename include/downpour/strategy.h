@@ -209,6 +209,9 @@ struct dp_strategy_ops {
     const dp_strategy_conf *conf; /* its settings; NULL: none of its own */
     const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
                             else why not, which --checkpoint-dir's refusal quotes */
+    int reshards;        /* 1: its checkpoints hold whole vectors, which any
+                            number of workers and ps tasks takes up on --resume
+                            (lbfgs); 0: a resume needs the cluster that wrote them */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int data_parallel;   /* 1: each trainer holds the whole model and steps on the
                             gradients of its own batch (dp_grad_ops): what the
@@ -229,6 +232,10 @@ struct dp_strategy_ops {
                             rejoin (lbfgs: its coordinator hands portions only
                             to the workers it started with): the launcher
                             leaves such a task out rather than restart it */
+    unsigned restarts_all; /* of the roles it does not survive, those whose loss it
+                            survives by every task starting again from the newest
+                            checkpoint (--resume), under launch --max-restarts and
+                            with --checkpoint-dir (lbfgs: chief, ps) */
     unsigned needs;      /* DP_ROLE_BITs of the roles a cluster must have a task of
                             (the ps strategies: a chief, workers and ps tasks) */
     unsigned refuses;    /* DP_ROLE_BITs of the roles it has no use for (allreduce,

@@ -8,6 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define DP_STATE_NAME_LEN 40 /* a strategy vector's name, with its NUL */
+#define DP_STATE_MAX_VECS 160 /* strategy vectors a checkpoint may hold */
+
 /* Everything a run needs to go on from `step`.  Buffers are owned by the
  * state (dp_train_state_alloc / _free). */
 typedef struct dp_train_state {
@@ -32,6 +35,16 @@ typedef struct dp_train_state {
     int n_residuals;      /* allreduce with --compress: replicas whose error-feedback */
     float *residuals;     /* residual is kept, n_residuals * n_params, replica p's at
                              p * n_params (docs/checkpoints.md); else 0 and NULL */
+    /* A strategy's own state beyond the above (lbfgs: its history; NULL
+     * and 0 for the others), malloc'd by whoever fills it and freed with
+     * the state: n_vecs vectors of n_params floats, vec i at i * n_params,
+     * each a tensor named vec_names[i] ("<strategy>.<name>"), and its
+     * scalars as one text value (metadata "strategy_state"). */
+    int n_vecs;
+    char (*vec_names)[DP_STATE_NAME_LEN];
+    float *vecs;
+    char *scalars;
+    char *path;           /* the file it was read from (malloc'd); NULL when not read */
 } dp_train_state;
 
 /* The run a checkpoint belongs to. */
@@ -47,6 +60,8 @@ typedef struct dp_run_identity {
     uint32_t train_size, val_size;
     long steps_per_epoch;
     int epochs;
+    int reshards;         /* 1: the state is whole vectors that any cluster can take
+                             up (lbfgs), so a resume may change the workers and ps */
     const char *settings; /* every other setting the trajectory depends on, as
                              "key=value ..." (momentum, shard, period, ...) */
 } dp_run_identity;

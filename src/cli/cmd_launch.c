@@ -21,16 +21,19 @@
     "Starts the tasks of a cluster as local processes on free 127.0.0.1 ports, each\n"   \
     "running `downpour train ...` (or `ping`) with its DOWNPOUR_CONFIG, a fresh\n"       \
     "secret and OPENBLAS_NUM_THREADS = cores / tasks (unless set). Lines are prefixed\n"  \
-    "with the task ([worker 2] ...). SIGINT/SIGTERM are forwarded to every task; when\n"  \
+    "with the task ([worker 2] ...). SIGINT/SIGTERM are forwarded to every task; when\n" \
     "a task fails, the strategy decides: a task the run survives losing (a worker in\n"  \
-    "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"     \
-    "else the run goes on without it; otherwise the others get SIGTERM, then SIGKILL\n"   \
-    "after the grace period, and launch exits with the failed task's status. A task\n"    \
-    "that exits 3 (trained and saved, but some checkpoint not written) is no failure:\n"  \
-    "nothing is restarted or stopped, and launch exits 3 when no task failed. With\n"     \
-    "--metrics FILE in the train options, task T writes FILE.<type>-<index> and FILE\n"   \
-    "gets all of them merged, with one \"fault\" event per fault. With --trace FILE,\n"   \
-    "the tasks' timelines are merged into FILE on one time axis (docs/trace.md).\n"      \
+    "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"    \
+    "else the run goes on without it; a task whose loss the run survives only from\n"    \
+    "its checkpoints (lbfgs's chief or ps, with --checkpoint-dir) has every task\n"      \
+    "started again with --resume while the job has --max-restarts left; otherwise the\n" \
+    "others get SIGTERM, then SIGKILL after the grace period, and launch exits with\n"   \
+    "the failed task's status. A task that exits 3 (trained and saved, but some\n"       \
+    "checkpoint not written) is no failure: nothing is restarted or stopped, and\n"      \
+    "launch exits 3 when no task failed. With --metrics FILE in the train options,\n"    \
+    "task T writes FILE.<type>-<index> and FILE gets all of them merged, with one\n"     \
+    "\"fault\" event per fault. With --trace FILE, the tasks' timelines are merged into\n"\
+    "FILE on one time axis (docs/trace.md).\n"                                           \
     "\n"                                                                                  \
     "Without --strategy in the train options, the tasks train with allreduce, or with\n"  \
     "ps-async when --ps is given; a strategy that needs a chief (the ps ones, lbfgs)\n"   \
@@ -60,6 +63,15 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
 {
     const task_run *run = ctx;
     const dp_strategy_ops *ops = run->ops;
+    if (ops->restarts_all & DP_ROLE_BIT(task->role)) {
+        /* its state is in its checkpoints: the whole job goes on from them */
+        int ckpt = run->parsed && run->cfg.checkpoint_dir;
+        snprintf(why, cap,
+                 ckpt ? "%s needs every task restarted from its newest checkpoint after a lost %s"
+                      : "%s cannot survive a lost %s without --checkpoint-dir",
+                 ops->name, dp_role_name(task->role));
+        return ckpt ? DP_LAUNCH_RESTART_ALL : 0;
+    }
     const void *settings = run->parsed && ops->conf ? dp_strategy_settings(&run->cfg, ops->conf)
                                                     : NULL;
     return dp_strategy_restart(ops, settings, task->role, why, cap);

@@ -69,6 +69,8 @@ struct dp_launcher {
     void *survives_ctx;
     int max_restarts;
     int chief_done;        /* a chief exited 0 (or 3): the run is over, no restarts */
+    int relaunch;          /* every task is being stopped, to start again with --resume */
+    int relaunches;        /* whole restarts so far (DP_LAUNCH_RESTART_ALL) */
     double over_at;        /* when only restarted tasks were left after the run's end */
     char missed[DP_ERR_MAX]; /* a task that exited DP_EXIT_CHECKPOINTS_MISSED, or "" */
     pid_t self;            /* the launcher's pid, for the children's death signal */
@@ -424,6 +426,97 @@ static char *task_metrics_path(const dp_launcher *l, int i, int r)
                  : xasprintf("%s.%s-%d", l->metrics_path, dp_role_name(t->role), t->index);
 }
 
+/* Task i failed and the run goes on only from its newest checkpoint, with
+ * every task started again (DP_LAUNCH_RESTART_ALL): the others are stopped
+ * now, and relaunch() starts them all once every one is reaped.  -1 when
+ * the job has no restart left or the run is over. */
+static int restart_all(dp_launcher *l, int i, const char *how, const char *why)
+{
+    const dp_task *task = &l->c->tasks[i];
+    if (l->chief_done || l->relaunches >= l->max_restarts) {
+        dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
+                         DP_F_STR, "action", "stop", DP_F_END);
+        dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s, and %s)",
+                 task->name, (int)l->t[i].pid, how, why,
+                 l->chief_done ? "the run is over"
+                               : l->max_restarts == 0 ? "no restart was allowed (--max-restarts 0)"
+                                                      : "the job has no restart left");
+        return -1;
+    }
+    l->relaunches++;
+    dp_warn("launcher: fault: %s (pid %d) %s; restarting every task from the newest checkpoint "
+            "(%s; restart %d of %d)", task->name, (int)l->t[i].pid, how, why, l->relaunches,
+            l->max_restarts);
+    dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
+                     DP_F_STR, "action", "restart all", DP_F_INT, "restarts",
+                     (long)l->relaunches, DP_F_END);
+    l->relaunch = 1;
+    if (l->live > 0)
+        begin_stop(l, SIGTERM);
+    return 0;
+}
+
+/* "--resume" after the command's first word (train), unless it is there:
+ * a fresh argv, or NULL when out of memory. */
+static char **with_resume(char **argv)
+{
+    int n = 0, has = 0;
+    for (; argv[n]; n++)
+        has |= strcmp(argv[n], "--resume") == 0;
+    char **v = calloc((size_t)n + 2, sizeof *v);
+    if (!v)
+        return NULL;
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!(v[k++] = strdup(argv[i]))) {
+            free_strv(v);
+            return NULL;
+        }
+        if (i == 1 && !has && !(v[k++] = strdup("--resume"))) {
+            free_strv(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
+/* Every task reaped after restart_all: each starts again with --resume, its
+ * earlier metrics file kept as FILE.<type>-<index>.r<k>.  -1 when one
+ * cannot be started (the others are then stopped). */
+static int relaunch(dp_launcher *l)
+{
+    l->relaunch = 0;
+    l->stopping = 0;
+    l->killed = 0;
+    for (int i = 0; i < l->n; i++) {
+        ltask *t = &l->t[i];
+        stream_drain(t, &t->out);
+        stream_drain(t, &t->err);
+        char **v = with_resume(t->argv);
+        if (!v) {
+            dp_error("launcher: out of memory restarting %s", l->c->tasks[i].name);
+            return -1;
+        }
+        free_strv(t->argv);
+        t->argv = v;
+        t->restarts++;
+        if (l->metrics_path) {
+            char *cur = task_metrics_path(l, i, 0), *old = task_metrics_path(l, i, t->restarts);
+            if (cur && old && rename(cur, old) != 0 && errno != ENOENT)
+                dp_warn("launcher: cannot keep %s as %s: %s", cur, old, strerror(errno));
+            free(cur);
+            free(old);
+        }
+        dp_err err;
+        if (spawn(l, i, l->self, &err) < 0) {
+            dp_error("launcher: cannot restart %s: %s", l->c->tasks[i].name, err.msg);
+            return -1;
+        }
+    }
+    dp_info("launcher: restarted all %d tasks with --resume (restart %d of %d)", l->n,
+            l->relaunches, l->max_restarts);
+    return 0;
+}
+
 /* Task i failed (wait status st; how says how).  Returns 0 when the run goes
  * on without it (the strategy survives the loss of such a task), after
  * restarting it if it has restarts left; -1 when the run must stop. */
@@ -441,6 +534,8 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     if (plays_chief(l->c, task))
         as.role = DP_ROLE_CHIEF;
     int survived = l->survives(l->survives_ctx, &as, why, sizeof why);
+    if (survived == DP_LAUNCH_RESTART_ALL)
+        return restart_all(l, i, how, why);
     int restart = survived && survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
                   t->restarts < l->max_restarts;
     if (survived && as.role == DP_ROLE_CHIEF && !restart) {
@@ -896,6 +991,12 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
     double drain_until = 0;
     for (;;) {
         reap(l);
+        if (l->relaunch && l->live == 0 && g_signal_count == seen_signals &&
+            relaunch(l) < 0) {
+            l->status = 1;
+            snprintf(l->reason, sizeof l->reason, "a task could not be restarted");
+            begin_stop(l, SIGTERM);
+        }
         /* Signals to the launcher: forward the first, SIGKILL on the second. */
         int count = g_signal_count;
         if (count > seen_signals) {
@@ -905,6 +1006,7 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
                     dp_warn("launcher: got signal %d (%s), forwarding it to %d task%s", sig,
                             strsignal(sig), l->live, l->live == 1 ? "" : "s");
                     begin_stop(l, sig);
+                    l->relaunch = 0; /* a stop asked for: no restart */
                 } else if (!l->killed) {
                     dp_warn("launcher: second signal, killing every task");
                     signal_all(l, SIGKILL);

@@ -83,6 +83,9 @@ struct dp_strategy {
     double eval_seconds;
     int stalled;
     int shut;             /* the shards were told SHUTDOWN */
+    dp_epoch_stats ep;    /* the epoch under way's figures so far */
+    double ep_t0;         /* when it started (0: not yet) */
+    int ckpt_pending;     /* a checkpoint of the step just evaluated is due */
     /* worker */
     int index;
     long have_eval;       /* m->params hold this evaluation's point (0: none) */
@@ -109,9 +112,12 @@ static int worker_of(const dp_strategy *s, int rank)
 
 static int shard_lost(dp_strategy *s, int rank, const char *why, dp_err *err)
 {
+    const char *dir = s->cfg->checkpoint_dir;
     return dp_errf(err, "lost %s (%s): its shard of x, the gradient and the L-BFGS history is "
-                        "gone, so the run stops",
-                   peer_name(s, rank), why);
+                        "gone, so the run stops%s%s%s",
+                   peer_name(s, rank), why, dir ? "; --resume goes on from the newest "
+                                                  "checkpoint in " : "",
+                   dir ? dir : "", dir ? " (with any number of ps tasks)" : "");
 }
 
 /* A result from a worker: frees it; counts the first copy of a portion of
@@ -373,31 +379,97 @@ static const dp_lbfgs_vec_ops sharded_ops = {
     .eval = v_eval,
 };
 
-/* x from the shards into s->params. */
-static int pull_x(dp_strategy *s, dp_err *err)
+/* Vector v from the shards into dst (n_params floats). */
+static int pull_vec(dp_strategy *s, int v, float *dst, dp_err *err)
 {
-    lb_op op = {.kind = LB_OP_SEND, .a = {DP_LBFGS_X}};
+    lb_op op = {.kind = LB_OP_SEND, .a = {(uint32_t)v}};
     if (send_op(s, &op, err) < 0)
         return -1;
     for (int i = 0; i < s->layout.n_shards; i++) {
         dp_event ev;
-        if (await(s, DP_PEER_ANY, DP_WIRE_LB_X, "the slices of x", &ev, err) < 0)
+        if (await(s, DP_PEER_ANY, DP_WIRE_LB_X, "the slices of a vector", &ev, err) < 0)
             return -1;
         int r = ev.peer, k = 0;
         while (k < s->layout.n_shards && s->layout.rank[k] != r)
             k++;
         if (k == s->layout.n_shards)
-            return dp_errf(err, "%s sent a slice of x but holds no shard", peer_name(s, r));
+            return dp_errf(err, "%s sent a slice of a vector but holds no shard",
+                           peer_name(s, r));
         dp_range rg = s->layout.range[k];
         if (ev.header.step != s->op_seq || ev.header.offset != rg.lo ||
             ev.header.length != (rg.hi - rg.lo) * sizeof(float))
             return dp_errf(err, "%s sent a slice of %llu bytes at %llu for [%zu, %zu)",
                            peer_name(s, r), (unsigned long long)ev.header.length,
                            (unsigned long long)ev.header.offset, rg.lo, rg.hi);
-        if (dp_transport_recv_payload(s->t, r, s->params + rg.lo,
-                                      (rg.hi - rg.lo) * sizeof(float), err) < 0)
+        if (dp_transport_recv_payload(s->t, r, dst + rg.lo, (rg.hi - rg.lo) * sizeof(float),
+                                      err) < 0)
             return shard_lost(s, r, err->msg, err);
     }
+    return 0;
+}
+
+/* x from the shards into s->params. */
+static int pull_x(dp_strategy *s, dp_err *err)
+{
+    return pull_vec(s, DP_LBFGS_X, s->params, err);
+}
+
+static int checkpoint_due(const dp_strategy *s, long step)
+{
+    const dp_train_config *cfg = s->cfg;
+    long total = s->env->steps_per_epoch * cfg->epochs;
+    return cfg->checkpoint_dir &&
+           (step == total || (cfg->checkpoint_every > 0 && step % cfg->checkpoint_every == 0));
+}
+
+/* The state at the end of iteration s->iter into st (docs/checkpoints.md,
+ * "lbfgs"): x, g and the held pairs gathered whole from the shards, so a
+ * resume can cut them over any number of ps tasks; the scalars as text.
+ * Nothing else is live between iterations: the direction and the trial
+ * point are written before they are read.  The workers wait meanwhile for
+ * their next portion, and a late backup copy's push is dropped by the
+ * shards (its evaluation is over), so no barrier is needed. */
+static int checkpoint(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
+{
+    int m = s->lb.cfg.m;
+    size_t n = s->m->n_params;
+    if (!st->vecs) { /* once: room for g and every pair */
+        st->vec_names = calloc((size_t)(1 + 2 * m), sizeof *st->vec_names);
+        st->vecs = malloc((size_t)(1 + 2 * m) * n * sizeof(float));
+        if (!st->vec_names || !st->vecs)
+            return dp_errf(err, "out of memory for a checkpoint of %d L-BFGS vectors",
+                           1 + 2 * m);
+    }
+    int want[1 + 2 * DP_LBFGS_MAX_M], nv = 0;
+    if (s->lb.started)
+        want[nv++] = DP_LBFGS_G;
+    for (int j = 0; j < s->lb.pairs; j++) {
+        int k = (s->lb.newest - j + m) % m;
+        want[nv++] = DP_LBFGS_S(k);
+        want[nv++] = DP_LBFGS_Y(k);
+    }
+    if (pull_x(s, err) < 0)
+        return -1;
+    memcpy(st->params, s->params, n * sizeof(float));
+    for (int i = 0; i < nv; i++) {
+        lb_state_name(st->vec_names[i], DP_STATE_NAME_LEN, want[i]);
+        if (pull_vec(s, want[i], st->vecs + (size_t)i * n, err) < 0)
+            return -1;
+    }
+    st->n_vecs = nv;
+    lb_saved sv = {.iter = s->iter, .batch_index = s->batch_index, .stalled = s->stalled,
+                   .evals_run = s->evals_run, .pairs = s->lb.pairs, .newest = s->lb.newest,
+                   .started = s->lb.started, .evals = s->lb.evals, .gamma = s->lb.gamma,
+                   .f = s->lb.f, .gnorm = s->lb.gnorm};
+    memcpy(sv.rho, s->lb.rho, sizeof sv.rho);
+    if (lb_state_put(st, &sv, m, err) < 0)
+        return -1;
+    if (st->slots) /* an optimiser's slots: L-BFGS keeps none */
+        memset(st->slots, 0, (size_t)st->n_slots * n * sizeof(float));
+    st->step = s->iter;
+    st->optim_t = s->iter;
+    ev->kind = DP_COORD_CHECKPOINT;
+    ev->step = s->iter;
     return 0;
 }
 
@@ -468,9 +540,12 @@ static int iterate(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
 
 static int lb_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
 {
-    (void)st;
     memset(ev, 0, sizeof *ev);
     long spe = s->env->steps_per_epoch, total = spe * s->cfg->epochs;
+    if (s->ckpt_pending) { /* the epoch's last step, after its evaluation */
+        s->ckpt_pending = 0;
+        return checkpoint(s, ev, st, err);
+    }
     if (s->iter >= total) {
         /* backup copies still under way push to the shards before they
          * report: once every worker has reported, the shards may go */
@@ -498,16 +573,25 @@ static int lb_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_er
         ev->step = s->iter;
         return 0;
     }
-    double t0 = dp_now();
-    do {
-        if (iterate(s, &ev->stats, err) < 0)
+    if (s->ep_t0 == 0)
+        s->ep_t0 = dp_now();
+    for (;;) {
+        if (iterate(s, &s->ep, err) < 0)
             return -1;
-    } while (s->iter % spe != 0);
+        if (s->iter % spe == 0)
+            break;
+        if (checkpoint_due(s, s->iter)) /* in the middle of an epoch */
+            return checkpoint(s, ev, st, err);
+    }
     ev->kind = DP_COORD_EPOCH;
     ev->epoch = (int)(s->iter / spe);
     ev->step = s->iter;
+    ev->stats = s->ep;
     ev->stats.steps = s->iter;
-    ev->stats.seconds = dp_now() - t0;
+    ev->stats.seconds = dp_now() - s->ep_t0;
+    memset(&s->ep, 0, sizeof s->ep);
+    s->ep_t0 = 0;
+    s->ckpt_pending = checkpoint_due(s, s->iter);
     return pull_x(s, err);
 }
 
@@ -643,6 +727,14 @@ static int lb_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *e
     return 0; /* the chief knows the figures */
 }
 
+/* A worker at a checkpoint step: it holds no state (the chief gathers it
+ * from the shards), and goes on answering portions. */
+static int lb_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
+{
+    (void)s, (void)step, (void)st, (void)err;
+    return 0;
+}
+
 static int lb_finish(dp_strategy *s, long steps, dp_err *err)
 {
     (void)s, (void)steps, (void)err;
@@ -709,9 +801,6 @@ static int check_run(const dp_run_env *env, dp_err *err)
                             "tasks (the vectors); this cluster has %d, %d and %d. Hint: "
                             "downpour launch --chief --workers 4 --ps 2 -- train --strategy lbfgs",
                        c->count[DP_ROLE_CHIEF], c->count[DP_ROLE_WORKER], c->count[DP_ROLE_PS]);
-    if (cfg->checkpoint_dir)
-        return dp_errf(err, "--checkpoint-dir: lbfgs writes no training-state checkpoints (the "
-                            "history lives on the ps shards); --save keeps the final weights");
     if (cfg->ema > 0)
         return dp_errf(err, "--ema %g: lbfgs takes few large steps, there is no average to keep; "
                             "leave --ema out", (double)cfg->ema);
@@ -722,6 +811,30 @@ static int check_run(const dp_run_env *env, dp_err *err)
     if (ls->history < 1 || ls->history > DP_LBFGS_MAX_M)
         return dp_errf(err, "--lbfgs-history %d is out of range [1, %d]", ls->history,
                        DP_LBFGS_MAX_M);
+    return 0;
+}
+
+/* The chief goes on from a checkpoint: the driver's and its own scalars;
+ * the shards took the vectors (lb_shard_resume). */
+static int resume_chief(dp_strategy *s, const dp_train_state *r, dp_err *err)
+{
+    lb_saved sv;
+    if (lb_state_get(r, s->lb.cfg.m, &sv, err) < 0)
+        return -1;
+    s->iter = sv.iter;
+    s->batch_index = sv.batch_index;
+    s->stalled = sv.stalled;
+    s->evals_run = sv.evals_run;
+    s->lb.pairs = sv.pairs;
+    s->lb.newest = sv.newest;
+    s->lb.started = sv.started;
+    s->lb.evals = sv.evals;
+    s->lb.gamma = sv.gamma;
+    s->lb.f = sv.f;
+    s->lb.gnorm = sv.gnorm;
+    memcpy(s->lb.rho, sv.rho, sizeof s->lb.rho);
+    dp_info("lbfgs: resumed at iteration %ld with %d pair(s) of history%s", sv.iter, sv.pairs,
+            sv.stalled >= 2 ? " (stalled)" : "");
     return 0;
 }
 
@@ -741,6 +854,12 @@ static int open_part(dp_strategy *s, const dp_run_env *env, dp_task_info *info, 
                                   s->max_portions, err) < 0)
                     return -1;
                 s->has_shard = 1;
+                lb_saved sv; /* x is the loop's resumed params; the rest from here */
+                if (env->resume && lb_state_get(env->resume, settings_of(cfg)->history, &sv,
+                                                err) < 0)
+                    return -1;
+                if (env->resume)
+                    lb_shard_resume(&s->shard, env->resume, settings_of(cfg)->history);
             }
         return 0;
     }
@@ -784,6 +903,8 @@ static int open_part(dp_strategy *s, const dp_run_env *env, dp_task_info *info, 
     dp_lbfgs_config lc = dp_lbfgs_defaults();
     lc.m = settings_of(cfg)->history;
     if (dp_lbfgs_init(&s->lb, &lc, &sharded_ops, s, err) < 0)
+        return -1;
+    if (env->resume && resume_chief(s, env->resume, err) < 0)
         return -1;
     dp_info("lbfgs: history %d, batch %u records in %u portion(s) of %u, %d worker(s), %d "
             "shard(s) of %d vectors (%zu parameters)",
@@ -860,8 +981,14 @@ static int lb_check(const void *own, const dp_train_config *cfg, dp_err *err)
 
 static void lb_identity(const void *own, int part, char *buf, size_t cap)
 {
-    if (part == 0)
-        dp_ps_settings_identity(&((const lb_settings *)own)->ps, buf, cap);
+    const lb_settings *ls = own;
+    if (part != 0)
+        return;
+    dp_ps_settings_identity(&ls->ps, buf, cap);
+    /* the history, and the portions the batch's gradient is summed over */
+    size_t n = strlen(buf);
+    snprintf(buf + n, n < cap ? cap - n : 0, " lbfgs_history=%d portion=%d", ls->history,
+             ls->portion > 0 ? ls->portion : DP_LBFGS_DEFAULT_PORTION);
 }
 
 static const lb_settings lb_defaults = {
@@ -879,7 +1006,7 @@ static const dp_strategy_conf lb_conf = {
 const dp_strategy_ops dp_strategy_lbfgs = {
     .name = "lbfgs",
     .conf = &lb_conf,
-    .no_checkpoints = "its history lives on the ps shards",
+    .reshards = 1, /* x, g and the pairs are gathered whole into a checkpoint */
     .no_clip = "L-BFGS steps along a search direction chosen by a line search over the whole "
                "batch, not along the gradient",
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "
@@ -889,6 +1016,9 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     /* A lost worker's portions go to the others (worker_lost), and the
      * run ends well without it; a restarted one is not taken back. */
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
+    /* A lost chief or ps: the whole job again from the newest checkpoint
+     * (docs/faults.md), as the state is there whole. */
+    .restarts_all = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),
     .no_rejoin = DP_ROLE_BIT(DP_ROLE_WORKER),
     .model_rows = lb_model_rows,
     .open = lb_open,
@@ -897,6 +1027,7 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     .epoch_end = lb_epoch_end,
     .next = lb_next,
     .params = lb_params,
+    .save = lb_save,
     .finish = lb_finish,
     .close = lb_close,
 };

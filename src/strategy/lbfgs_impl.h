@@ -8,7 +8,9 @@
 #include <stdint.h>
 
 #include "downpour/cluster.h"
+#include "downpour/lbfgs.h"
 #include "downpour/status.h"
+#include "downpour/train_state.h"
 #include "downpour/transport.h"
 
 /* What a shard does with its slice of the named vectors (lbfgs.h's numbers). */
@@ -65,8 +67,36 @@ typedef struct lb_shard {
 
 int lb_shard_open(lb_shard *sh, dp_transport *t, const dp_cluster *c, size_t lo, size_t hi,
                   int vectors, const float *x0, uint32_t max_portions, dp_err *err);
+/* Takes up the vectors of a resumed checkpoint (lbfgs_state.c's names),
+ * its slice [lo, hi) of each. */
+void lb_shard_resume(lb_shard *sh, const dp_train_state *r, int m);
 /* Serves the chief and the workers until the chief's SHUTDOWN. */
 int lb_shard_serve(lb_shard *sh, dp_err *err);
 void lb_shard_free(lb_shard *sh);
+
+/* The chief's state at the end of an iteration, as a checkpoint holds it
+ * (lbfgs_state.c; docs/checkpoints.md, "lbfgs"): the driver's scalars and
+ * the coordinator's.  The vectors it needs beside x: g and the held pairs. */
+typedef struct lb_saved {
+    long iter;        /* iterations done: the checkpoint's step */
+    long batch_index; /* the batch f and g are on (-1: none) */
+    int stalled;
+    long evals_run;
+    int pairs, newest, started;
+    long evals;
+    double gamma, f, gnorm;
+    double rho[DP_LBFGS_MAX_M];
+} lb_saved;
+
+/* sv as st's scalars (a malloc'd text in st->scalars), for history m. */
+int lb_state_put(dp_train_state *st, const lb_saved *sv, int m, dp_err *err);
+/* sv from a resumed checkpoint, checked: every value present and in range,
+ * history m, the step's iteration, g and every held pair's vectors there,
+ * no other vector.  Messages name the file. */
+int lb_state_get(const dp_train_state *st, int m, lb_saved *sv, dp_err *err);
+/* A vector's name in a checkpoint ("lbfgs.g", "lbfgs.s.3", "lbfgs.y.3"). */
+int lb_state_name(char *buf, size_t cap, int v);
+/* The vector a name stands for (DP_LBFGS_G, _S(i), _Y(i) with i < m); -1: none. */
+int lb_state_vec(const char *name, int m);
 
 #endif

@@ -71,6 +71,16 @@ int lb_shard_open(lb_shard *sh, dp_transport *t, const dp_cluster *c, size_t lo,
     return 0;
 }
 
+void lb_shard_resume(lb_shard *sh, const dp_train_state *r, int m)
+{
+    for (int i = 0; i < r->n_vecs; i++) {
+        int v = lb_state_vec(r->vec_names[i], m);
+        if (v >= 0 && v < sh->vectors)
+            memcpy(vec(sh, (uint32_t)v), r->vecs + i * r->n_params + sh->lo,
+                   sh->n * sizeof(float));
+    }
+}
+
 void lb_shard_free(lb_shard *sh)
 {
     free(sh->mem);

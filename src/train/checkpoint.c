@@ -21,7 +21,8 @@
 #include "downpour/safetensors.h"
 
 #define MAX_WORKERS 4096
-#define MAX_TENSORS ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 3 * MAX_WORKERS)
+#define MAX_TENSORS \
+    ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 3 * MAX_WORKERS + DP_STATE_MAX_VECS)
 #define NAME_LEN 48
 
 static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
@@ -69,6 +70,10 @@ void dp_train_state_free(dp_train_state *st)
     free(st->worker_t);
     free(st->buffers);
     free(st->residuals);
+    free(st->vec_names);
+    free(st->vecs);
+    free(st->scalars);
+    free(st->path);
     memset(st, 0, sizeof *st);
 }
 
@@ -231,6 +236,9 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     if (st->n_residuals > MAX_WORKERS)
         return dp_errf(err, "%s: %d replicas' residuals, at most %d", path, st->n_residuals,
                        MAX_WORKERS);
+    if (st->n_vecs < 0 || st->n_vecs > DP_STATE_MAX_VECS)
+        return dp_errf(err, "%s: %d vectors of the strategy's own, at most %d", path,
+                       st->n_vecs, DP_STATE_MAX_VECS);
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
@@ -269,6 +277,11 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         add_tensor(w, st->best, 1, (int64_t)n, 0, "best", 0, 0);
     if (st->n_history > 0)
         add_tensor(w, st->history, 2, st->n_history, 3, "loop.history", 0, 0);
+    for (int i = 0; i < st->n_vecs; i++) { /* the names fit: DP_STATE_NAME_LEN < NAME_LEN */
+        snprintf(w->names[w->nt], NAME_LEN, "%s", st->vec_names[i]);
+        w->t[w->nt] = (dp_st_tensor){w->names[w->nt], st->vecs + (size_t)i * n, 1, {(int64_t)n}};
+        w->nt++;
+    }
 
     long spe = id ? id->steps_per_epoch : 0;
     add_text(w, "format", DP_CKPT_FORMAT);
@@ -295,6 +308,8 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         add_meta(w, "epochs", "%d", id->epochs);
         add_text(w, "settings", id->settings ? id->settings : "");
     }
+    if (st->scalars)
+        add_text(w, "strategy_state", st->scalars);
     for (int i = 0; i < st->n_workers; i++) {
         snprintf(w->keys[i], NAME_LEN, "worker.%d.optimizer_t", i);
         add_meta(w, w->keys[i], "%ld", st->worker_t[i]);
@@ -560,7 +575,7 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
     if (meta_long(f, "workers", 0, INT_MAX, &workers, path, err) < 0 ||
         meta_long(f, "ps", 0, INT_MAX, &ps, path, err) < 0)
         return -1;
-    if (workers != id->workers || ps != id->ps)
+    if ((workers != id->workers || ps != id->ps) && !id->reshards)
         return dp_errf(err, "%s was written by a run of %ld worker(s) and %ld ps task(s); this run "
                             "has %d and %d. Hint: resume with the cluster it was written by",
                        path, workers, ps, id->workers, id->ps);
@@ -578,7 +593,7 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
 static const char *const meta_keys[] = {
     "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
     "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
-    "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
+    "train_size", "val_size", "steps_per_epoch", "epochs", "settings", "strategy_state"};
 
 /* Recomputes the writer's checksum: every value of meta_keys present, the
  * workers' keys, then every tensor in file order. */
@@ -612,6 +627,47 @@ static int check_crc(const dp_safetensors *f, const char *path, dp_err *err)
     if (strcmp(got, want) != 0)
         return dp_errf(err, "%s: checksum mismatch (stored %s, computed %s): the file is damaged",
                        path, want, got);
+    return 0;
+}
+
+/* The strategy's own state: every tensor named "<strategy>.*", each a
+ * vector over the parameters, and the "strategy_state" text. */
+static int read_strategy_state(const dp_safetensors *f, const char *strategy, dp_train_state *st,
+                               const char *path, dp_err *err)
+{
+    size_t plen = strlen(strategy), n = st->n_params;
+    int count = 0;
+    for (int i = 0; i < dp_safetensors_count(f); i++) {
+        const dp_st_tensor *t = dp_safetensors_at(f, i);
+        if (strncmp(t->name, strategy, plen) != 0 || t->name[plen] != '.')
+            continue;
+        if (strlen(t->name) >= DP_STATE_NAME_LEN)
+            return dp_errf(err, "%s: tensor '%s': a name of %zu characters, at most %d", path,
+                           t->name, strlen(t->name), DP_STATE_NAME_LEN - 1);
+        if (t->ndim != 1 || t->shape[0] != (int64_t)n)
+            return dp_errf(err, "%s: tensor '%s' is not a vector of the model's %zu parameters",
+                           path, t->name, n);
+        if (++count > DP_STATE_MAX_VECS)
+            return dp_errf(err, "%s: more than %d tensors named %s.*", path, DP_STATE_MAX_VECS,
+                           strategy);
+    }
+    const char *text = dp_safetensors_meta(f, "strategy_state");
+    if (text && !(st->scalars = strdup(text)))
+        return dp_errf(err, "%s: out of memory", path);
+    if (count == 0)
+        return 0;
+    st->vec_names = calloc((size_t)count, sizeof *st->vec_names);
+    st->vecs = malloc((size_t)count * n * sizeof(float));
+    if (!st->vec_names || !st->vecs)
+        return dp_errf(err, "%s: out of memory for %d vectors of %zu floats", path, count, n);
+    for (int i = 0; i < dp_safetensors_count(f); i++) {
+        const dp_st_tensor *t = dp_safetensors_at(f, i);
+        if (strncmp(t->name, strategy, plen) != 0 || t->name[plen] != '.')
+            continue;
+        snprintf(st->vec_names[st->n_vecs], DP_STATE_NAME_LEN, "%s", t->name);
+        memcpy(st->vecs + (size_t)st->n_vecs * n, t->data, n * sizeof(float));
+        st->n_vecs++;
+    }
     return 0;
 }
 
@@ -695,7 +751,9 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         return dp_errf(err, "%s: best_epoch is %ld but tensor 'best' is missing", path, best_epoch);
     if (n_hist > 0 && copy_2d(st->history, f, "loop.history", 2, n_hist, 3, path, err) < 0)
         return -1;
-    return 0;
+    if (!(st->path = strdup(path)))
+        return dp_errf(err, "%s: out of memory", path);
+    return read_strategy_state(f, id->strategy, st, path, err);
 }
 
 int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,

@@ -1074,7 +1074,7 @@ static int run_task(loop *L, dp_err *err)
         .workers = L->in_cluster ? L->node.cluster.count[DP_ROLE_WORKER] : 0,
         .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
         .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
-        .epochs = cfg->epochs};
+        .epochs = cfg->epochs, .reshards = L->ops->reshards};
     char settings[512];
     snprintf(settings, sizeof settings,
              "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g",

@@ -1,0 +1,83 @@
+/* A lost chief or ps task of Sandblaster L-BFGS (docs/faults.md): with
+ * --checkpoint-dir and launch --max-restarts, the launcher stops every task
+ * and starts them all again with --resume, and the run goes on from the
+ * newest checkpoint.  One portion a batch, so two runs are the same bits:
+ * - ps:0 SIGKILLed after the checkpoint of step 3: the run exits 0 and its
+ *   --save file is the uninterrupted run's byte for byte; the merged
+ *   metrics hold the launcher's "restart all" fault;
+ * - the chief SIGKILLed the same way: the same;
+ * - without a restart left (--max-restarts 0) the run stops, and the
+ *   launcher says why; without --checkpoint-dir, too. */
+#include "launch.h"
+
+#define LB "--strategy lbfgs --dataset mnist --model mlp-128 --train-size 2000 " \
+           "--val-size 500 --test-size 1000 --batch 1000 --portion 1000 --threads 1 " \
+           "--no-progress --log-every 0 --epochs 12"
+
+static char out[16384];
+
+#define AFTER_3 "ckpt-0000000003.safetensors (step 3" /* the chief wrote it */
+
+/* A run of a chief, 2 workers and 2 ps whose `victim` is SIGKILLed once
+ * the log holds `line`; returns the launcher's exit status. */
+static int strike(const char *name, const char *launch, const char *train, const char *line,
+                  const char *victim)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s --chief --workers 2 --ps 2 -- train " LB " %s "
+             "--save %s/%s.st --metrics %s/%s.jsonl", launch, train, tmp, name, tmp, name);
+    pid_t l = start(name, args);
+    pid_t v = await_task(l, name, line, victim);
+    if (v > 0)
+        kill(v, SIGKILL);
+    return finish(l, 120);
+}
+
+static void goes_on(const char *name, const char *victim)
+{
+    char train[1200];
+    snprintf(train, sizeof train, "--checkpoint-every 3 --checkpoint-dir %s/%s.ck", tmp, name);
+    int rc = strike(name, "--max-restarts 1", train, AFTER_3, victim);
+    CHECKF(rc == 0, "%s: exit %d", name, rc);
+    CHECKF(log_has(name, "restarting every task from the newest checkpoint") &&
+               log_has(name, "lbfgs: resumed at iteration"),
+           "%s: no whole restart in the log", name);
+    char st[64];
+    snprintf(st, sizeof st, "%s.st", name);
+    CHECKF(same_file("full.st", st), "%s: the weights differ from the uninterrupted run's "
+           "(largest difference %g)", name, checkpoint_max_diff("full.st", st));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    cJSON *f = last_event(path, "fault", victim); /* the launcher's, about it */
+    CHECKF(f && strcmp(json_str(f, "action"), "restart all") == 0, "%s: no restart-all fault "
+           "event", name);
+    cJSON_Delete(f);
+    /* the run's figures: the test set, and 12 epochs each evaluated once
+     * (the one the kill cut is evaluated again after the resume) */
+    CHECKF(test_accuracy(name) == test_accuracy("full"), "%s: test accuracy %g, uninterrupted "
+           "%g", name, test_accuracy(name), test_accuracy("full"));
+    CHECKF(count_events(name, "checkpoint") >= 4, "%s: %d checkpoint events", name,
+           count_events(name, "checkpoint"));
+}
+
+int main(void)
+{
+    launch_test_init();
+    setenv("DOWNPOUR_TEST_STEP_MS", "40", 1); /* 24 iterations, about 1 s a run */
+    int rc = run_cmd(out, sizeof out, "%s launch --chief --workers 2 --ps 2 -- train " LB
+                     " --checkpoint-every 3 --checkpoint-dir %s/full.ck --save %s/full.st --metrics %s/full.jsonl", bin, tmp,
+                     tmp, tmp);
+    CHECKF(rc == 0, "the uninterrupted run: exit %d: %s", rc, out);
+    goes_on("ps", "ps:0");
+    goes_on("chief", "chief:0");
+
+    char train[1200];
+    snprintf(train, sizeof train, "--checkpoint-every 3 --checkpoint-dir %s/norestart.ck", tmp);
+    rc = strike("norestart", "", train, AFTER_3, "ps:0");
+    CHECKF(rc != 0 && log_has("norestart", "no restart was allowed (--max-restarts 0)"),
+           "without --max-restarts: exit %d", rc);
+    rc = strike("nockpt", "--max-restarts 1", "", "Epoch 2/12", "ps:0");
+    CHECKF(rc != 0 && log_has("nockpt", "cannot survive a lost ps without --checkpoint-dir"),
+           "without --checkpoint-dir: exit %d", rc);
+    return CHECK_DONE();
+}
