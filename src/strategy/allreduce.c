@@ -32,6 +32,7 @@
 #include "downpour/crc32c.h"
 #include "downpour/env.h"
 #include "downpour/log.h"
+#include "downpour/powersgd.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -69,6 +70,8 @@ struct dp_strategy {
     unsigned char *have;   /* replica 0: stats[position] arrived */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
+    dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
+    long psgd_sums;        /* all-reduces of its factors */
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -453,6 +456,8 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
      * overlap is measured afresh, in step (reducer.h). */
     if (rc == 0 && s->reducer)
         dp_reducer_restart(s->reducer);
+    if (rc == 0 && s->psgd)
+        dp_powersgd_restart(s->psgd); /* the last sum may have broken half way */
     if (r != ranks)
         free(r);
     return rc < 0 ? rc : comm_setup(s, err);
@@ -830,10 +835,35 @@ static void begin(void *self, long step, int records)
     s->cur = step;
     s->sum_failed = 0;
     s->weight = all > 0 ? (float)(records / all) : 0.0f;
-    dp_reducer_begin(s->reducer, (uint64_t)step, s->weight);
+    if (!s->psgd)
+        dp_reducer_begin(s->reducer, (uint64_t)step, s->weight);
 }
 
-static void ready(void *self, size_t lo) { dp_reducer_ready(((dp_strategy *)self)->reducer, lo); }
+static void ready(void *self, size_t lo)
+{
+    dp_strategy *s = self;
+    if (!s->psgd)
+        dp_reducer_ready(s->reducer, lo);
+}
+
+/* --compress powersgd: the whole gradient at once, after backprop
+ * (powersgd.h).  One replica sends nothing, so it sums exactly, as the
+ * ring's kinds do (its residual, from a larger ring, goes in). */
+static int psgd_sum(dp_strategy *s, dp_err *err)
+{
+    float *g = s->m->grads;
+    size_t n = s->m->n_params;
+    if (s->ring.n > 1) {
+        s->psgd_sums += 2;
+        return dp_powersgd_reduce(s->psgd, &s->ring, g, s->weight, (uint64_t)s->cur, err);
+    }
+    float *e = dp_powersgd_residual(s->psgd);
+    for (size_t i = 0; i < n; i++) {
+        g[i] = g[i] * s->weight + e[i];
+        e[i] = 0;
+    }
+    return 0;
+}
 
 /* --sync-bn: a bn layer's sums over the ring, on the training thread
  * between the step's gradient buckets (so the reducer stays inline; bucket
@@ -874,7 +904,9 @@ static int update(void *self, float *params, const float *grads, int records, fl
 {
     (void)records;
     dp_strategy *s = self;
-    int rc = s->sum_failed ? s->sum_failed : dp_reducer_finish(s->reducer, err);
+    int rc = s->sum_failed ? s->sum_failed
+             : s->psgd     ? psgd_sum(s, err)
+                           : dp_reducer_finish(s->reducer, err);
     if (s->sum_failed)
         *err = s->sum_err;
     if (rc == 0 && s->sparse)
@@ -903,6 +935,7 @@ static void allreduce_close(dp_strategy *s)
         return;
     dp_replica_close(s->r);
     dp_reducer_close(s->reducer);
+    dp_powersgd_close(s->psgd);
     dp_ar_sparse_close(s->sparse);
     if (s->ring_open)
         dp_ring_free(&s->ring);
@@ -990,6 +1023,7 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     if (plan.tables == 0)
         return 0;
     const char *why = as->dense   ? "--allreduce-dense"
+                      : s->psgd   ? "--compress powersgd"
                       : s->nccl   ? "the gradients are summed on the devices"
                       : s->n == 1 ? "one replica"
                       : !plan.sparse ? "the rows a batch can touch are no smaller"
@@ -1016,6 +1050,25 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
                  plan.tables, s->m->name, plan.table_floats,
                  (unsigned long long)plan.sparse_bound, (unsigned long long)plan.dense_bytes);
     return 0;
+}
+
+/* --compress powersgd:RANK over the model's weight matrices (powersgd.h);
+ * its first Q from the run's seed, the same on every replica. */
+static int psgd_open(dp_strategy *s, dp_err *err)
+{
+    dp_psgd_matrix mats[DP_POWERSGD_MAX_MATRICES]; /* 6 KiB */
+    dp_psgd_plan plan;
+    int k = dp_powersgd_matrices(s->m, s->compress.rank, mats, DP_POWERSGD_MAX_MATRICES, &plan);
+    int rc = k > DP_POWERSGD_MAX_MATRICES || k == 0
+                 ? dp_errf(err, "--compress powersgd:%d: %s", s->compress.rank,
+                           k ? "too many weight matrices" : "no weight matrix to compress")
+                 : dp_powersgd_open(&s->psgd, s->m->n_params, mats, k, s->env->cfg->seed, err);
+    if (rc == 0 && s->position == 0)
+        dp_info("allreduce: powersgd rank %d: %d of %d weight matrices as factors; %zu + %zu "
+                "floats summed a step instead of %zu",
+                s->compress.rank, plan.compressed, plan.matrices, plan.factor_floats,
+                plan.whole_floats, plan.n_params);
+    return rc;
 }
 
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
@@ -1080,9 +1133,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     }
     s->opt = dp_replica_optim(s->r);
     /* A replica restarted into the running ring takes its state here. */
+    if (s->compress.kind == DP_COMPRESS_POWERSGD && psgd_open(s, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
-                        dp_allreduce_overlap(as), spare_cores(s), err) < 0 ||
+                        s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
+                        err) < 0 ||
         dp_reducer_compress(s->reducer, err) < 0) {
         allreduce_close(s);
         return -1;
@@ -1314,7 +1372,8 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
                      "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_STR, "compress",
                      dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
-                     (long)s->ring.coded_calls, DP_F_END);
+                     (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
+                     (long)s->ring.bytes_sent, DP_F_END);
     if (s->position == 0)
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);

@@ -11,6 +11,7 @@
 #include "downpour/env.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
+#include "downpour/powersgd.h"
 #include "downpour/ring.h"
 #include "downpour/sparse.h"
 #include "downpour/train_config.h"
@@ -133,6 +134,50 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
     return rc;
 }
 
+/* --compress powersgd:RANK against the other settings and the model
+ * (docs/strategies.md, "allreduce: compression"): it needs the whole
+ * gradient after backprop, a weight matrix its rank makes smaller, and no
+ * sparse table (those go by their rows, not as matrices). */
+static int check_powersgd(const dp_allreduce_settings *a, const dp_compress *c,
+                          const dp_train_config *cfg, dp_err *err)
+{
+    if (cfg->resume)
+        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
+                            "replicas' residuals and warm-start factors are not in checkpoints "
+                            "(docs/strategies.md, \"allreduce: compression\"): resume without "
+                            "--compress",
+                       a->compress);
+    if (a->overlap && strcmp(a->overlap, "on") == 0)
+        return dp_errf(err, "--compress %s factors each weight matrix whole, after backprop, so "
+                            "nothing can be reduced beside it: leave out --overlap on",
+                       a->compress);
+    dp_model m;
+    dp_err e;
+    if (!cfg->model || dp_model_describe(&m, cfg->model, &e) < 0)
+        return 0; /* the loop refuses a spec that does not parse, with its message */
+    dp_sparse_table t[DP_SPARSE_MAX];
+    dp_psgd_plan plan;
+    int rc = 0;
+    if (dp_model_sparse_tables(&m, t, DP_SPARSE_MAX) > 0)
+        rc = dp_errf(err, "--compress %s: model %s has sparse tables, which allreduce sends by "
+                          "the rows a batch touches; powersgd factors dense weight matrices. "
+                          "Hint: take bf16, fp16 or topk:RATIO (docs/strategies.md, \"allreduce: "
+                          "compression\")",
+                     a->compress, m.name);
+    else if (dp_powersgd_matrices(&m, c->rank, NULL, 0, &plan) == 0)
+        rc = plan.max_rank
+                 ? dp_errf(err, "--compress %s: no weight matrix of model %s is smaller as rank-%d "
+                                "factors (of %d matrices, the largest rank that makes one "
+                                "smaller is %d): take powersgd:%d or less",
+                           a->compress, m.name, c->rank, plan.matrices, plan.max_rank,
+                           plan.max_rank)
+                 : dp_errf(err, "--compress %s: model %s has no weight matrix that factors "
+                                "make smaller (docs/strategies.md, \"allreduce: compression\")",
+                           a->compress, m.name);
+    dp_model_free(&m);
+    return rc;
+}
+
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_allreduce_settings *a = own;
@@ -144,6 +189,8 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     dp_compress c;
     if (dp_compress_parse(a->compress, &c, err) < 0)
         return dp_err_prefix(err, "--compress");
+    if (c.kind == DP_COMPRESS_POWERSGD && check_powersgd(a, &c, cfg, err) < 0)
+        return -1;
     if (c.kind != DP_COMPRESS_NONE && cfg->resume)
         return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
                             "replicas' residuals are not in checkpoints yet (docs/strategies.md, "
