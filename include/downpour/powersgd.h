@@ -86,6 +86,9 @@ int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weigh
 void dp_powersgd_restart(dp_powersgd *ps);
 /* The residual (n floats, zero outside the compressed matrices). */
 float *dp_powersgd_residual(dp_powersgd *ps);
+/* The warm start: each matrix's Q^T (rank x cols), matrix after matrix,
+ * as the next step will take it (before its orthonormalisation). */
+float *dp_powersgd_q(dp_powersgd *ps);
 /* Floats in a step's first all-reduce (P's and the whole part) and second
  * (Q's). */
 void dp_powersgd_floats(const dp_powersgd *ps, size_t *first, size_t *second);

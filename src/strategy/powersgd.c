@@ -272,6 +272,8 @@ int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weigh
 
 float *dp_powersgd_residual(dp_powersgd *ps) { return ps->resid; }
 
+float *dp_powersgd_q(dp_powersgd *ps) { return ps->qbuf; }
+
 void dp_powersgd_floats(const dp_powersgd *ps, size_t *first, size_t *second)
 {
     *first = ps->p_floats + ps->w_floats;
