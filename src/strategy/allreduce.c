@@ -71,7 +71,7 @@ struct dp_strategy {
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
     dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
-    long psgd_sums;        /* all-reduces of its factors */
+    long psgd_sums;        /* all-reduces of its factors since the ring formed */
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -456,8 +456,10 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
      * overlap is measured afresh, in step (reducer.h). */
     if (rc == 0 && s->reducer)
         dp_reducer_restart(s->reducer);
-    if (rc == 0 && s->psgd)
+    if (rc == 0 && s->psgd) {
         dp_powersgd_restart(s->psgd); /* the last sum may have broken half way */
+        s->psgd_sums = 0;             /* counted since the ring formed, as its own */
+    }
     if (r != ranks)
         free(r);
     return rc < 0 ? rc : comm_setup(s, err);
