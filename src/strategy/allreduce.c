@@ -1062,8 +1062,11 @@ static int psgd_open(dp_strategy *s, dp_err *err)
     dp_psgd_plan plan;
     int k = dp_powersgd_matrices(s->m, s->compress.rank, mats, DP_POWERSGD_MAX_MATRICES, &plan);
     int rc = k > DP_POWERSGD_MAX_MATRICES || k == 0
-                 ? dp_errf(err, "--compress powersgd:%d: %s", s->compress.rank,
-                           k ? "too many weight matrices" : "no weight matrix to compress")
+                 ? dp_errf(err, "--compress powersgd:%d: model %s has %s", s->compress.rank,
+                           s->m->name,
+                           k ? "too many weight matrices"
+                             : "no weight matrix that factors of this rank make smaller (an "
+                               "external model has no layer table to find them in)")
                  : dp_powersgd_open(&s->psgd, s->m->n_params, mats, k, s->env->cfg->seed, err);
     if (rc == 0 && s->position == 0)
         dp_info("allreduce: powersgd rank %d: %d of %d weight matrices as factors; %zu + %zu "
