@@ -1379,7 +1379,7 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
                      (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
                      (long)s->ring.bytes_sent, DP_F_END);
-    if (s->position == 0)
+    if (s->position == 0 && !s->psgd) /* powersgd sums no buckets */
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);
     /* One that came back in the last epoch takes the final state: it ends
