@@ -75,12 +75,22 @@ void dp_powersgd_close(dp_powersgd *ps); /* NULL is a no-op */
 
 /* One step over the ring (above): grads (n floats) times weight, plus the
  * residual, becomes the replicas' compressed sum, the same bits on every
- * member.  step names the two all-reduces (buckets 0 and 1) in messages.
+ * member; the skipped ranges are left alone.  step names the two all-reduces (buckets 0 and 1) in messages.
  * The ring's failures as dp_ring_allreduce's: grads is then partly summed,
  * the residual unchanged, and the warm start spoilt (dp_powersgd_restart
  * before the retry). */
 int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weight, uint64_t step,
                        dp_err *err);
+/* One replica, nothing to send: grads times weight plus the residual,
+ * exactly, and the residual zero (the skipped ranges left alone). */
+void dp_powersgd_exact(dp_powersgd *ps, float *grads, float weight);
+/* Ranges [lo[j], hi[j]) of the gradient that the steps leave alone from
+ * the next one (allreduce's sparse tables, all-gathered by their rows:
+ * docs/strategies.md, "Sparse tables under allreduce"): not weighted, not
+ * summed.  Increasing, disjoint, at most DP_POWERSGD_MAX_SKIP, and outside
+ * every matrix; else -1.  Call it between steps. */
+#define DP_POWERSGD_MAX_SKIP 64 /* a model's sparse tables: DP_SPARSE_MAX (sparse.h) */
+int dp_powersgd_skip(dp_powersgd *ps, const size_t *lo, const size_t *hi, int n);
 /* Q back to the seed's: every member of a re-formed ring does it before the
  * same step, so they warm-start alike again. */
 void dp_powersgd_restart(dp_powersgd *ps);

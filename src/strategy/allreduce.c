@@ -72,6 +72,7 @@ struct dp_strategy {
     dp_compress compress;  /* --compress, likewise */
     dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
     long psgd_sums;        /* all-reduces of its factors since the ring formed */
+    dp_psgd_plan psgd_plan;
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -849,22 +850,17 @@ static void ready(void *self, size_t lo)
 }
 
 /* --compress powersgd: the whole gradient at once, after backprop
- * (powersgd.h).  One replica sends nothing, so it sums exactly, as the
+ * (powersgd.h), but for the sparse tables that go by their rows
+ * (sparse_exchange, after it).  One replica sends nothing, so it sums exactly, as the
  * ring's kinds do (its residual, from a larger ring, goes in). */
 static int psgd_sum(dp_strategy *s, dp_err *err)
 {
-    float *g = s->m->grads;
-    size_t n = s->m->n_params;
-    if (s->ring.n > 1) {
-        s->psgd_sums += 2;
-        return dp_powersgd_reduce(s->psgd, &s->ring, g, s->weight, (uint64_t)s->cur, err);
+    if (s->ring.n == 1) {
+        dp_powersgd_exact(s->psgd, s->m->grads, s->weight);
+        return 0;
     }
-    float *e = dp_powersgd_residual(s->psgd);
-    for (size_t i = 0; i < n; i++) {
-        g[i] = g[i] * s->weight + e[i];
-        e[i] = 0;
-    }
-    return 0;
+    s->psgd_sums += 2;
+    return dp_powersgd_reduce(s->psgd, &s->ring, s->m->grads, s->weight, (uint64_t)s->cur, err);
 }
 
 /* --sync-bn: a bn layer's sums over the ring, on the training thread
@@ -1025,7 +1021,6 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     if (plan.tables == 0)
         return 0;
     const char *why = as->dense   ? "--allreduce-dense"
-                      : s->psgd   ? "--compress powersgd"
                       : s->nccl   ? "the gradients are summed on the devices"
                       : s->n == 1 ? "one replica"
                       : !plan.sparse ? "the rows a batch can touch are no smaller"
@@ -1043,7 +1038,8 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     if (dp_ar_sparse_open(&s->sparse, s->m, s->n, s->m->max_batch, err) < 0)
         return -1;
     int k = dp_ar_sparse_ranges(s->sparse, lo, hi);
-    if (dp_reducer_skip(s->reducer, lo, hi, k) < 0)
+    if (dp_reducer_skip(s->reducer, lo, hi, k) < 0 ||
+        (s->psgd && dp_powersgd_skip(s->psgd, lo, hi, k) < 0))
         return dp_errf(err, "allreduce: %s's sparse tables do not lie in order", s->m->name);
     if (s->position == 0)
         dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-gathered by the rows each "
@@ -1059,8 +1055,8 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
 static int psgd_open(dp_strategy *s, dp_err *err)
 {
     dp_psgd_matrix mats[DP_POWERSGD_MAX_MATRICES]; /* 6 KiB */
-    dp_psgd_plan plan;
-    int k = dp_powersgd_matrices(s->m, s->compress.rank, mats, DP_POWERSGD_MAX_MATRICES, &plan);
+    int k = dp_powersgd_matrices(s->m, s->compress.rank, mats, DP_POWERSGD_MAX_MATRICES,
+                                 &s->psgd_plan);
     int rc = k > DP_POWERSGD_MAX_MATRICES || k == 0
                  ? dp_errf(err, "--compress powersgd:%d: model %s has %s", s->compress.rank,
                            s->m->name,
@@ -1068,12 +1064,19 @@ static int psgd_open(dp_strategy *s, dp_err *err)
                              : "no weight matrix that factors of this rank make smaller (an "
                                "external model has no layer table to find them in)")
                  : dp_powersgd_open(&s->psgd, s->m->n_params, mats, k, s->env->cfg->seed, err);
-    if (rc == 0 && s->position == 0)
-        dp_info("allreduce: powersgd rank %d: %d of %d weight matrices as factors; %zu + %zu "
-                "floats summed a step instead of %zu",
-                s->compress.rank, plan.compressed, plan.matrices, plan.factor_floats,
-                plan.whole_floats, plan.n_params);
     return rc;
+}
+
+/* What a step sums, once the sparse tables' way is known (sparse_setup). */
+static void psgd_say(const dp_strategy *s)
+{
+    size_t first, second;
+    dp_powersgd_floats(s->psgd, &first, &second);
+    dp_info("allreduce: powersgd rank %d: %d of %d weight matrices as factors; %zu + %zu floats "
+            "summed a step (factors %zu, whole %zu)%s instead of %zu",
+            s->compress.rank, s->psgd_plan.compressed, s->psgd_plan.matrices, first, second,
+            s->psgd_plan.factor_floats, first + second - s->psgd_plan.factor_floats,
+            s->sparse ? ", the sparse tables by their rows," : "", s->psgd_plan.n_params);
 }
 
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
@@ -1164,6 +1167,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
+    if (s->psgd && s->position == 0)
+        psgd_say(s);
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
     s->policy = n > 1 ? cfg->shard : DP_SHARD_OFF;

@@ -136,8 +136,8 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
 
 /* --compress powersgd:RANK against the other settings and the model
  * (docs/strategies.md, "allreduce: compression"): it needs the whole
- * gradient after backprop, a weight matrix its rank makes smaller, and no
- * sparse table (those go by their rows, not as matrices). */
+ * gradient after backprop and a weight matrix its rank makes smaller (a
+ * sparse table is never one: it goes by its rows, or whole). */
 static int check_powersgd(const dp_allreduce_settings *a, const dp_compress *c,
                           const dp_train_config *cfg, dp_err *err)
 {
@@ -155,16 +155,9 @@ static int check_powersgd(const dp_allreduce_settings *a, const dp_compress *c,
     dp_err e;
     if (!cfg->model || dp_model_describe(&m, cfg->model, &e) < 0)
         return 0; /* the loop refuses a spec that does not parse, with its message */
-    dp_sparse_table t[DP_SPARSE_MAX];
     dp_psgd_plan plan;
     int rc = 0;
-    if (dp_model_sparse_tables(&m, t, DP_SPARSE_MAX) > 0)
-        rc = dp_errf(err, "--compress %s: model %s has sparse tables, which allreduce sends by "
-                          "the rows a batch touches; powersgd factors dense weight matrices. "
-                          "Hint: take bf16, fp16 or topk:RATIO (docs/strategies.md, \"allreduce: "
-                          "compression\")",
-                     a->compress, m.name);
-    else if (dp_powersgd_matrices(&m, c->rank, NULL, 0, &plan) == 0)
+    if (dp_powersgd_matrices(&m, c->rank, NULL, 0, &plan) == 0)
         rc = plan.max_rank
                  ? dp_errf(err, "--compress %s: no weight matrix of model %s is smaller as rank-%d "
                                 "factors (of %d matrices, the largest rank that makes one "

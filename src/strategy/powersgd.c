@@ -97,8 +97,10 @@ struct dp_powersgd {
     size_t n;
     mat *mats;
     int k;
-    span *whole;
+    span *whole;        /* room for k + 1 + DP_POWERSGD_MAX_SKIP */
     int n_whole;
+    size_t skip_lo[DP_POWERSGD_MAX_SKIP], skip_hi[DP_POWERSGD_MAX_SKIP];
+    int n_skip;
     size_t p_floats, q_floats, w_floats;
     float *pbuf;   /* P^T's, then the whole spans: the first all-reduce */
     float *qbuf;   /* Q^T's: the warm start, then the second all-reduce */
@@ -118,6 +120,54 @@ void dp_powersgd_close(dp_powersgd *ps)
     free(ps->qown);
     free(ps->resid);
     free(ps);
+}
+
+/* [at, end) less the skipped ranges, as whole spans. */
+static void add_whole(dp_powersgd *ps, size_t at, size_t end)
+{
+    for (int j = 0; j <= ps->n_skip && at < end; j++) {
+        size_t stop = j < ps->n_skip && ps->skip_lo[j] < end ? ps->skip_lo[j] : end;
+        if (stop > at) {
+            ps->whole[ps->n_whole++] = (span){at, stop - at, ps->w_floats};
+            ps->w_floats += stop - at;
+        }
+        if (j < ps->n_skip && ps->skip_hi[j] > at)
+            at = ps->skip_hi[j];
+    }
+}
+
+/* The whole spans: what no matrix and no skipped range holds. */
+static void spans(dp_powersgd *ps)
+{
+    ps->n_whole = 0;
+    ps->w_floats = 0;
+    size_t at = 0;
+    for (int i = 0; i <= ps->k; i++) {
+        size_t end = i < ps->k ? ps->mats[i].m.off : ps->n;
+        add_whole(ps, at, end);
+        if (i < ps->k)
+            at = end + (size_t)ps->mats[i].m.rows * ps->mats[i].m.cols;
+    }
+}
+
+int dp_powersgd_skip(dp_powersgd *ps, const size_t *lo, const size_t *hi, int n)
+{
+    if (n < 0 || n > DP_POWERSGD_MAX_SKIP)
+        return -1;
+    for (int j = 0; j < n; j++) {
+        if (lo[j] > hi[j] || hi[j] > ps->n || (j > 0 && lo[j] < hi[j - 1]))
+            return -1;
+        for (int i = 0; i < ps->k; i++) { /* a matrix is never skipped, even in part */
+            size_t a = ps->mats[i].m.off, b = a + (size_t)ps->mats[i].m.rows * ps->mats[i].m.cols;
+            if (lo[j] < b && a < hi[j])
+                return -1;
+        }
+    }
+    memcpy(ps->skip_lo, lo, (size_t)n * sizeof *lo);
+    memcpy(ps->skip_hi, hi, (size_t)n * sizeof *hi);
+    ps->n_skip = n;
+    spans(ps);
+    return 0;
 }
 
 void dp_powersgd_restart(dp_powersgd *ps)
@@ -156,26 +206,18 @@ int dp_powersgd_open(dp_powersgd **out, size_t n, const dp_psgd_matrix *mats, in
     ps->k = k;
     ps->seed = seed;
     ps->mats = calloc((size_t)k + 1, sizeof *ps->mats);
-    ps->whole = calloc((size_t)k + 1, sizeof *ps->whole);
+    ps->whole = calloc((size_t)k + 1 + DP_POWERSGD_MAX_SKIP, sizeof *ps->whole);
     if (!ps->mats || !ps->whole) {
         dp_powersgd_close(ps);
         return dp_errf(err, "powersgd: out of memory");
     }
-    at = 0;
-    for (int i = 0; i <= k; i++) {
-        size_t end = i < k ? mats[i].off : n;
-        if (end > at) {
-            ps->whole[ps->n_whole++] = (span){at, end - at, ps->w_floats};
-            ps->w_floats += end - at;
-        }
-        if (i == k)
-            break;
+    for (int i = 0; i < k; i++) {
         ps->mats[i] = (mat){mats[i], ps->p_floats, ps->q_floats};
         ps->p_floats += (size_t)mats[i].rank * (size_t)mats[i].rows;
         ps->q_floats += (size_t)mats[i].rank * (size_t)mats[i].cols;
-        at = mats[i].off + (size_t)mats[i].rows * mats[i].cols;
     }
-    size_t first = ps->p_floats + ps->w_floats;
+    spans(ps);
+    size_t first = ps->p_floats + ps->w_floats; /* no skip yet: the most it takes */
     ps->pbuf = malloc((first ? first : 1) * sizeof *ps->pbuf);
     ps->qbuf = malloc((ps->q_floats ? ps->q_floats : 1) * sizeof *ps->qbuf);
     ps->qown = malloc((ps->q_floats ? ps->q_floats : 1) * sizeof *ps->qown);
@@ -218,23 +260,24 @@ static void orthonormalise(float *x, int r, size_t len)
 int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weight, uint64_t step,
                        dp_err *err)
 {
-    if (weight != 1.0f)
-        dp_scal(grads, weight, ps->n);
-    /* P = (M + residual) Q, with Q's columns orthonormal */
+    /* P = (weight x gradient + residual) Q, with Q's columns orthonormal */
     for (int i = 0; i < ps->k; i++) {
         const mat *a = &ps->mats[i];
         int r = a->m.rank, rows = a->m.rows, cols = a->m.cols;
         float *M = grads + a->m.off, *Qt = ps->qbuf + a->q;
         const float *e = ps->resid + a->m.off;
         for (size_t j = 0; j < (size_t)rows * cols; j++)
-            M[j] += e[j];
+            M[j] = M[j] * weight + e[j];
         orthonormalise(Qt, r, (size_t)cols);
         /* P^T = Q^T M^T */
         dp_sgemm(false, true, r, rows, cols, 1.0f, Qt, cols, M, cols, 0.0f, ps->pbuf + a->p, rows);
     }
-    for (int s = 0; s < ps->n_whole; s++)
-        memcpy(ps->pbuf + ps->p_floats + ps->whole[s].at, grads + ps->whole[s].off,
-               ps->whole[s].len * sizeof *grads);
+    for (int s = 0; s < ps->n_whole; s++) {
+        float *w = ps->pbuf + ps->p_floats + ps->whole[s].at;
+        const float *g = grads + ps->whole[s].off;
+        for (size_t j = 0; j < ps->whole[s].len; j++)
+            w[j] = g[j] * weight;
+    }
     int rc = dp_ring_allreduce(ring, ps->pbuf, ps->p_floats + ps->w_floats, step, 0, err);
     if (rc < 0)
         return rc;
@@ -268,6 +311,22 @@ int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weigh
                  cols);
     }
     return 0;
+}
+
+void dp_powersgd_exact(dp_powersgd *ps, float *grads, float weight)
+{
+    for (int i = 0; i < ps->k; i++) {
+        size_t a = ps->mats[i].m.off, b = a + (size_t)ps->mats[i].m.rows * ps->mats[i].m.cols;
+        for (size_t j = a; j < b; j++) {
+            grads[j] = grads[j] * weight + ps->resid[j];
+            ps->resid[j] = 0;
+        }
+    }
+    for (int s = 0; s < ps->n_whole; s++) {
+        float *g = grads + ps->whole[s].off;
+        for (size_t j = 0; j < ps->whole[s].len; j++)
+            g[j] *= weight;
+    }
 }
 
 float *dp_powersgd_residual(dp_powersgd *ps) { return ps->resid; }
