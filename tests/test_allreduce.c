@@ -6,7 +6,8 @@
  *   which every replica reports alike; the same bits with --allreduce-algo
  *   direct (the ring's sums, bit for bit), and replicas identical with hier
  *   (its own association: within float noise of the ring); with --compress
- *   bf16 replicas identical and near one process; resuming with it refused;
+ *   bf16 replicas identical and near one process (its resume:
+ *   test_resume_compress.c);
  * - a rank that stops answering (alive, but stuck) is dropped after the
  *   collective timeout with a message naming it, and the others finish
  *   without it (docs/faults.md, "All-reduce");
@@ -98,14 +99,6 @@ int main(void)
         char first[16] = "";
         for_each_event(path, "replica", NULL, same_overlap, first);
     }
-
-    /* Resuming with compression is refused, by name: the residuals are not
-     * in checkpoints yet. */
-    rc = run_cmd(err, sizeof err,
-                 "%s launch --workers 2 -- train --strategy allreduce --compress bf16 %s "
-                 "--checkpoint-dir %s/none --resume",
-                 test_bin(), common, test_tmp());
-    CHECKF(rc != 0 && strstr(err, "--compress bf16: resuming"), "exit %d: %s", rc, err);
 
     /* Accuracy, five replicas, default buckets. */
     rc = run_cmd(err, sizeof err,

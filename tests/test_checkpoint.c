@@ -146,6 +146,11 @@ static void check_same_state(const char *what, const dp_train_state *a, const dp
         CHECKF(same_bits(a->worker_t, b->worker_t, (size_t)a->n_workers * sizeof(long)),
                "%s: the workers' optimizer_t differ", what);
     }
+    CHECKF(b->n_residuals == a->n_residuals, "%s: n_residuals %d, wrote %d", what,
+           b->n_residuals, a->n_residuals);
+    if (a->n_residuals > 0 && b->n_residuals == a->n_residuals)
+        CHECKF(same_bits(a->residuals, b->residuals, (size_t)a->n_residuals * bytes),
+               "%s: the replicas' residuals differ", what);
 }
 
 static void write_ok(const char *path, const dp_model *m, const dp_train_state *st,
@@ -223,7 +228,21 @@ static void test_round_trip(void)
     CHECK(v && strcmp(v, DP_CKPT_FORMAT) == 0);
     v = dp_safetensors_meta(f, "epoch");
     CHECK(v && strcmp(v, "3") == 0); /* step 48 of 16 per epoch */
+    CHECK(!dp_safetensors_find(f, "replica.0.residual")); /* none without compression */
     dp_safetensors_free(f);
+    dp_train_state_free(&a);
+
+    /* allreduce with --compress: each replica's residual, in its place */
+    make_state(&a, &m, 2, 0, 48, 9);
+    REQUIRE(dp_train_state_alloc_residuals(&a, 3, &err) == 0);
+    fill(a.residuals, 3 * m.n_params, 10);
+    write_ok(sp("resid.safetensors"), &m, &a, &id);
+    rc = dp_checkpoint_read(sp("resid.safetensors"), &m, &id, &b, &err);
+    CHECKF(rc == 0, "residuals: %s", err.msg);
+    if (rc == 0) {
+        check_same_state("allreduce, residuals", &a, &b);
+        dp_train_state_free(&b);
+    }
     dp_train_state_free(&a);
 
     /* model-avg with sgd: no slots at all, but each worker's optimizer_t */
@@ -745,6 +764,25 @@ static void test_identity(void)
     x = id;
     x.epochs = EPOCHS + 1; /* a cosine schedule's length is part of the run */
     expect_refused("more epochs, cosine", path, &m, &x, "epochs", "cosine");
+    /* the settings, matched by key: a setting written only when on (allreduce's
+     * compress=, the warm-up) that one run has and the other not is named */
+    dp_train_state_free(&a);
+    make_state(&a, &m, 2, 2, 32, 8);
+    dp_run_identity s = id;
+    s.settings = "momentum=0 sync_bn=1 compress=topk:0.05 warmup=5steps";
+    const char *spath = sp("settings.safetensors");
+    write_ok(spath, &m, &a, &s);
+    dp_train_state_free(&a);
+    x = s;
+    x.settings = "momentum=0 sync_bn=1 warmup=5steps";
+    expect_refused("a setting this run lacks", spath, &m, &x, "belongs to another run",
+                   "its compress=topk:0.05, this run has no compress");
+    x.settings = "momentum=0 sync_bn=1 compress=topk:0.1 warmup=5steps";
+    expect_refused("a setting changed", spath, &m, &x, "belongs to another run",
+                   "its compress=topk:0.05, this run's compress=topk:0.1");
+    x.settings = "momentum=0 sync_bn=1 compress=topk:0.05 clip_norm=1 warmup=5steps";
+    expect_refused("a setting the checkpoint lacks", spath, &m, &x, "belongs to another run",
+                   "it has no clip_norm, this run's clip_norm=1");
     /* steps per epoch follows from the rest: not part of the identity */
     x = id;
     x.steps_per_epoch = 17;

@@ -18,7 +18,7 @@
  *     a bias over 3 replicas reaches the uncompressed loss within 1 % (and
  *     ends above that without the error feedback);
  *   - the program: bad ranks, ranks no matrix can take, --overlap on, ps
- *     strategies refused with exit 2; and with MNIST, 784-300-100-10 on two
+ *     strategies refused with exit 2, and --resume refused; and with MNIST, 784-300-100-10 on two
  *     replicas at rank 4: replicas identical, the ring's bytes a step as
  *     planned (about 1/40 of none's), the loss near none's. */
 #include <math.h>
@@ -569,6 +569,13 @@ static void refusals(void)
         CHECKF(rc == 2 && strstr(err, bad[i].says), "train %s: exit %d: %s", bad[i].args, rc,
                err);
     }
+    /* Resuming: its residuals and warm start are in no checkpoint yet. */
+    int rc = run_cmd(err, sizeof err,
+                     "%s launch --workers 2 -- train --strategy allreduce --compress powersgd:2 "
+                     "--checkpoint-dir %s/none --resume",
+                     bin, test_tmp());
+    CHECKF(rc != 0 && strstr(err, "--compress powersgd:2: resuming would not be bit-exact"),
+           "resume: exit %d: %s", rc, err);
 }
 
 static void end_to_end(void)

@@ -7,6 +7,8 @@
  *   optimizer.slot{k} (n_params)        the optimiser state over the flat vector
  *                                       (momentum's velocity; Adam's m then v)
  *   worker.{w}.optimizer.slot{k}        model-avg: each worker's own optimiser
+ *   replica.{p}.residual (n_params)     allreduce with --compress: replica p's
+ *                                       error-feedback residual
  *   ema (n_params)                      --ema: the moving average
  *   best (n_params)                     --keep-best: the best epoch's weights
  *   loop.history (epochs, 3)            per epoch: val_accuracy, train_loss, seconds
@@ -36,6 +38,8 @@ enum { DP_STATE_EMA = 1, DP_STATE_BEST = 2 };
 int dp_train_state_alloc(dp_train_state *st, size_t n_params, int n_slots, int parts,
                          int max_history, int n_workers, dp_err *err);
 void dp_train_state_free(dp_train_state *st); /* safe on a zeroed or freed state */
+/* Room for n replicas' residuals (zeros) beside st's n_params (n 0: none). */
+int dp_train_state_alloc_residuals(dp_train_state *st, int n, dp_err *err);
 
 /* Writes st (with the model's layout) atomically to path. */
 int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,

@@ -96,6 +96,7 @@ typedef struct dp_run_env {
     uint32_t n_train;             /* records in the training split */
     long steps_per_epoch;         /* the same on every trainer */
     const dp_train_state *resume; /* NULL: a fresh run; else the checkpoint resumed from */
+    const char *resume_path;      /* and its file, for messages that name it */
     const dp_run_identity *id;    /* the run's checkpoints are this run's */
     const dp_split *train;        /* the training split (NULL on a ps task): for
                                      trainers that read their own records (lbfgs)
@@ -114,6 +115,8 @@ typedef struct dp_task_info {
     int replicas;       /* data-parallel replicas (the global batch is batch * replicas) */
     int worker_optimizers; /* workers whose own optimiser is part of the state
                               (model-avg), so the writer's state has room for them */
+    int residuals;      /* replicas whose compression residual is part of the state
+                           (allreduce with --compress), likewise */
     int sliced;         /* TRAINER: holds only a slice of the model (model-parallel)
                            and never evaluates nor writes unless it is the
                            evaluator: the loop frees the full-size weights and

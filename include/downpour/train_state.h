@@ -29,6 +29,9 @@ typedef struct dp_train_state {
     long *worker_t;       /* n_workers */
     size_t n_buffers;     /* the model's buffers (batch norm's statistics), read from a */
     float *buffers;       /* checkpoint; NULL otherwise: the writer's model's are written */
+    int n_residuals;      /* allreduce with --compress: replicas whose error-feedback */
+    float *residuals;     /* residual is kept, n_residuals * n_params, replica p's at
+                             p * n_params (docs/checkpoints.md); else 0 and NULL */
 } dp_train_state;
 
 /* The run a checkpoint belongs to. */

@@ -50,6 +50,7 @@ enum dp_wire_type {
     DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> replica 0: epoch figures, 3 f64 */
     DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> replica 0 at open; answered with a PLAN */
     DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> replica 0: offset 1 if its device has them; replica 0 -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
+    DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> replica 0 at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
     /* run coordination (the loop, and the strategy that coordinates) */
     DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */

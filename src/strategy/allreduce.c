@@ -68,6 +68,8 @@ struct dp_strategy {
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
     double (*stats)[3];    /* replica 0: epoch figures per position */
     unsigned char *have;   /* replica 0: stats[position] arrived */
+    long *joined;          /* replica 0, per position: the step after which it
+                              rejoined (welcome), -1 if it never left */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
     dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
@@ -235,6 +237,31 @@ static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const l
     return dp_transport_send(s->t, s->ranks[to], type, (uint64_t)newest, offset, buf, len, err);
 }
 
+/* p, which this replica had given up on, is in replica 0's plan: a member
+ * again once its connection is up.  This side's loss of p closed their
+ * link and the transport is redialing it; a ring step sent before the new
+ * link is in place would fail, and this replica would lose p a second time
+ * on its own while the others, in the new ring, wait on p and p waits on
+ * this replica (docs/faults.md, "All-reduce").  Not up within two heartbeat
+ * timeouts, the link between two live members is cut: this replica leaves
+ * the run (an error), which the others survive as any lost replica, rather
+ * than ring with members it cannot reach. */
+static int readmit(dp_strategy *s, int p, dp_err *err)
+{
+    double hb = s->env->cfg->heartbeat_timeout > 0 ? s->env->cfg->heartbeat_timeout : 10;
+    dp_err e; /* connect takes the old link's loss if it was not taken yet */
+    if (dp_transport_connect(s->t, s->ranks[p], dp_now() + 2 * hb + 1, &e) < 0)
+        return dp_errf(err, "%s is back in replica 0's ring plan, but this replica's "
+                            "connection to it did not come back within %g s (%s): leaving "
+                            "the ring",
+                       name_of(s, p), 2 * hb + 1, e.msg);
+    s->live[p] = 1;
+    s->n_live++;
+    dp_info("%s: %s is a member again (replica 0 still had it in the ring)",
+            name_of(s, s->position), name_of(s, p));
+    return 0;
+}
+
 /* A plan's bytes from position `from`: the ring's members become exactly
  * the plan's (a member this replica had given up on but replica 0 heard
  * from is back in), behind[] says who takes the state. */
@@ -264,16 +291,15 @@ static int apply_plan(dp_strategy *s, int from, const uint8_t *buf, size_t got,
         free(in);
         return dp_errf(err, "%s sent a ring plan without this replica", name_of(s, from));
     }
-    for (int p = 0; p < s->n; p++) {
+    int rc = 0;
+    for (int p = 0; p < s->n && rc == 0; p++) {
         if (s->live[p] && !in[p])
             lose(s, p, "replica 0 lost it", err);
-        else if (!s->live[p] && in[p]) {
-            s->live[p] = 1;
-            s->n_live++;
-        }
+        else if (!s->live[p] && in[p])
+            rc = readmit(s, p, err);
     }
     free(in);
-    return 0;
+    return rc;
 }
 
 /* The payload of a plan frame just polled from position `from`. */
@@ -784,6 +810,7 @@ static int welcome(dp_strategy *s, dp_err *err)
                 return -1;
             continue;
         }
+        s->joined[p] = s->applied;
         dp_warn("fault: %s rejoined the all-reduce ring at step %ld; the ring goes on over %d "
                 "replica(s)", name_of(s, p), s->applied, s->n_live);
         dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR,
@@ -944,6 +971,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->sizes);
     free(s->stats);
     free(s->have);
+    free(s->joined);
     if (s->m)
         s->m->grad_ready = NULL, s->m->batch_sum = NULL;
     free(s);
@@ -1079,6 +1107,32 @@ static void psgd_say(const dp_strategy *s)
             s->sparse ? ", the sparse tables by their rows," : "", s->psgd_plan.n_params);
 }
 
+/* --resume with --compress: this replica's own residual from the checkpoint,
+ * replica.{position}.residual (docs/checkpoints.md), so the run goes on
+ * bit for bit.  The identity made the checkpoint's --compress this run's,
+ * so a lossy one's checkpoint holds one per replica; any other count is a
+ * damaged or foreign file.  A replica restarted into the running ring
+ * (info->start_step set) starts from zeros, as after any rejoin. */
+static int restore_residual(dp_strategy *s, const dp_task_info *info, const char *compress,
+                            dp_err *err)
+{
+    const dp_train_state *r = s->env->resume;
+    float *resid = dp_reducer_residual(s->reducer);
+    if (!r || !resid || info->start_step >= 0)
+        return 0;
+    if (r->n_residuals != s->n)
+        return dp_errf(err, "%s: --compress %s, but it holds the compression residuals of %d "
+                            "replica(s) and this run has %d: tensor 'replica.%d.residual' is "
+                            "%s (docs/checkpoints.md, \"What a checkpoint holds\")",
+                       s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                       compress, r->n_residuals, s->n,
+                       r->n_residuals < s->n ? r->n_residuals : s->n,
+                       r->n_residuals < s->n ? "missing" : "one too many");
+    memcpy(resid, r->residuals + (size_t)s->position * s->m->n_params,
+           s->m->n_params * sizeof *resid);
+    return 0;
+}
+
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                           dp_err *err)
 {
@@ -1108,7 +1162,9 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
-    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have) {
+    s->joined = malloc((size_t)n * sizeof *s->joined);
+    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have ||
+        !s->joined) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -1121,12 +1177,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
             s->ranks[k++] = i;
         }
     memset(s->live, 1, (size_t)n);
+    for (int p = 0; p < n; p++)
+        s->joined[p] = -1;
     s->n_live = n;
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
-    dp_allreduce_compress_of(as, &s->compress); /* with --resume: refused (check) */
+    dp_allreduce_compress_of(as, &s->compress);
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1149,10 +1207,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
-        dp_reducer_compress(s->reducer, err) < 0) {
+        dp_reducer_compress(s->reducer, err) < 0 ||
+        restore_residual(s, info, as->compress, err) < 0) {
         allreduce_close(s);
         return -1;
     }
+    /* replica 0 writes every replica's residual into its checkpoints */
+    if (s->position == 0 && dp_reducer_residual(s->reducer))
+        info->residuals = n;
     /* The ring has decided how it sums, for the whole run.  Summed on the
      * host, each step's copies go through the model's arrays, pinned.
      * Summed on the devices, the state (resumed, or a rejoining replica's)
@@ -1347,12 +1409,77 @@ static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *e
     return dp_replica_weights(s->r, which == DP_WEIGHTS_AVERAGE, err);
 }
 
+/* At a checkpoint with --compress: every replica's residual goes to
+ * replica 0, which writes them all (replica.{p}.residual; docs/checkpoints.md),
+ * since unlike the rest of the state each replica's is its own.  Every
+ * replica sends before it takes another step, so replica 0 reads each one's
+ * ahead of anything of the next step.  A replica out of the ring, lost on
+ * the way, or welcomed back at this very step (it starts after it, and
+ * takes no part in its checkpoint) is written as zeros: what a replica that
+ * rejoins starts from. */
+static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
+{
+    float *resid = dp_reducer_residual(s->reducer);
+    size_t n = s->m->n_params, bytes = n * sizeof *resid;
+    if (s->position != 0) {
+        struct iovec iov = {resid, bytes};
+        dp_err e;
+        if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_RING_RESID, (uint64_t)step, 0, &iov, 1,
+                               &e) < 0)
+            return lose(s, 0, e.msg, err);
+        return 0;
+    }
+    if (st->n_residuals != s->n || !st->residuals)
+        return dp_errf(err, "allreduce: the checkpoint's state has room for %d replicas' "
+                            "residuals, the ring %d", st->n_residuals, s->n);
+    memcpy(st->residuals, resid, bytes);
+    char what[96];
+    snprintf(what, sizeof what, "its compression residual at checkpoint step %ld", step);
+    for (int p = 1; p < s->n; p++) {
+        float *dst = st->residuals + (size_t)p * n;
+        memset(dst, 0, bytes);
+        /* one welcomed back at this step (an epoch's end) starts after it */
+        while (s->live[p] && s->joined[p] < step) {
+            dp_event ev;
+            int rc = recv_from(s, p, what, &ev, err);
+            if (rc < 0)
+                return -1;
+            if (rc > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_RESID && ev.header.step == (uint64_t)step &&
+                ev.header.length == bytes) {
+                if (dp_transport_recv_payload(s->t, s->ranks[p], dst, bytes, err) < 0) {
+                    memset(dst, 0, bytes);
+                    if (lose(s, p, err->msg, err) < 0)
+                        return -1;
+                }
+                break;
+            }
+            if (ev.header.type == DP_WIRE_RING_RESET) {
+                /* p lost another replica in the step before: take part, and
+                 * p, through with that step, sends its residual after */
+                s->reset[p] = 1;
+                if (reform_all(s, err) < 0)
+                    return -1;
+                continue;
+            }
+            return dp_errf(err, "%s sent frame type %u (step %llu, %llu bytes) instead of %s "
+                                "(%zu bytes)",
+                           name_of(s, p), ev.header.type, (unsigned long long)ev.header.step,
+                           (unsigned long long)ev.header.length, what, bytes);
+        }
+    }
+    return 0;
+}
+
 /* The first replica holds the whole state: params and optimiser are the
  * same on every replica.  The loop's st->ema is ours to fill where the
- * state lives on the devices (live_params 0). */
+ * state lives on the devices (live_params 0).  With --compress every
+ * replica hands in its residual first. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    (void)step;
+    if (dp_reducer_residual(s->reducer) && gather_residuals(s, step, st, err) < 0)
+        return -1;
     if (s->position != 0)
         return 0;
     return dp_replica_state(s->r, st->params, st->slots, st->n_slots, &st->optim_t, st->ema,

@@ -184,11 +184,6 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
         return dp_err_prefix(err, "--compress");
     if (c.kind == DP_COMPRESS_POWERSGD && check_powersgd(a, &c, cfg, err) < 0)
         return -1;
-    if (c.kind != DP_COMPRESS_NONE && cfg->resume)
-        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
-                            "replicas' residuals are not in checkpoints yet (docs/strategies.md, "
-                            "\"allreduce: compression\"): resume without --compress",
-                       a->compress);
     if (c.kind != DP_COMPRESS_NONE && cfg->device.kind != DP_DEVICE_CPU)
         return dp_errf(err, "--compress: not with --device yet: the devices sum with NCCL or "
                             "host staging, uncompressed (docs/strategies.md, \"allreduce: "
@@ -231,15 +226,31 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
 }
 
 /* Part 0: the ps fragment every checkpoint carries (ps_options.c); part 1:
- * " sync_bn=1", written only when on so older checkpoints still resume. */
+ * " sync_bn=1" and " compress=KIND" (topk with its ratio, powersgd with its rank), each written
+ * only when on so older checkpoints still resume.  --compress is the run's:
+ * its checkpoints hold the replicas' residuals of that codec, which another
+ * (or none) would not continue bit for bit (docs/checkpoints.md, "What
+ * resumes bit for bit"). */
 static void identity(const void *own, int part, char *buf, size_t cap)
 {
+    const dp_allreduce_settings *a = own;
     if (part == 0) {
         dp_ps_settings_identity(NULL, buf, cap);
-    } else if (((const dp_allreduce_settings *)own)->sync_bn) {
-        size_t n = strlen(buf);
-        snprintf(buf + n, n < cap ? cap - n : 0, " sync_bn=1");
+        return;
     }
+    size_t n = strlen(buf);
+    if (a->sync_bn) {
+        snprintf(buf + n, n < cap ? cap - n : 0, " sync_bn=1");
+        n = strlen(buf);
+    }
+    dp_compress c;
+    dp_allreduce_compress_of(a, &c);
+    if (c.kind == DP_COMPRESS_TOPK)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=topk:%.9g", c.ratio);
+    else if (c.kind == DP_COMPRESS_POWERSGD)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=powersgd:%d", c.rank);
+    else if (c.kind != DP_COMPRESS_NONE)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=%s", dp_compress_kind_name(c.kind));
 }
 
 const dp_strategy_conf dp_allreduce_conf = {

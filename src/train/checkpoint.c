@@ -21,7 +21,7 @@
 #include "downpour/safetensors.h"
 
 #define MAX_WORKERS 4096
-#define MAX_TENSORS ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 2 * MAX_WORKERS)
+#define MAX_TENSORS ((2 + DP_LK_MAX_BUFFERS) * DP_MAX_DENSE + 8 + 3 * MAX_WORKERS)
 #define NAME_LEN 48
 
 static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
@@ -68,7 +68,24 @@ void dp_train_state_free(dp_train_state *st)
     free(st->worker_slots);
     free(st->worker_t);
     free(st->buffers);
+    free(st->residuals);
     memset(st, 0, sizeof *st);
+}
+
+int dp_train_state_alloc_residuals(dp_train_state *st, int n, dp_err *err)
+{
+    free(st->residuals);
+    st->residuals = NULL;
+    st->n_residuals = 0;
+    if (n <= 0)
+        return 0;
+    if (n > MAX_WORKERS)
+        return dp_errf(err, "%d replicas' compression residuals, at most %d", n, MAX_WORKERS);
+    if (!(st->residuals = calloc((size_t)n * (st->n_params ? st->n_params : 1), sizeof(float))))
+        return dp_errf(err, "out of memory for %d replicas' compression residuals (%zu floats "
+                            "each)", n, st->n_params);
+    st->n_residuals = n;
+    return 0;
 }
 
 /* ------------------------------------------------------------ writing */
@@ -211,6 +228,9 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     if (st->n_workers > MAX_WORKERS)
         return dp_errf(err, "%s: %d workers' optimisers, at most %d", path, st->n_workers,
                        MAX_WORKERS);
+    if (st->n_residuals > MAX_WORKERS)
+        return dp_errf(err, "%s: %d replicas' residuals, at most %d", path, st->n_residuals,
+                       MAX_WORKERS);
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
@@ -240,6 +260,9 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         for (int k = 0; k < st->n_slots; k++)
             add_tensor(w, st->worker_slots + ((size_t)i * st->n_slots + k) * n, 1, (int64_t)n, 0,
                        "worker.%d.optimizer.slot%d", i, k);
+    for (int i = 0; i < st->n_residuals && st->residuals; i++)
+        add_tensor(w, st->residuals + (size_t)i * n, 1, (int64_t)n, 0, "replica.%d.residual", i,
+                   0);
     if (st->ema)
         add_tensor(w, st->ema, 1, (int64_t)n, 0, "ema", 0, 0);
     if (st->best && st->best_epoch > 0)
@@ -453,7 +476,26 @@ static int same(const dp_safetensors *f, const char *key, const char *want, cons
     return 0;
 }
 
-/* "key=value ..." lists: names the first setting that differs. */
+/* The token "key=value" (or a bare "key") of list whose key is key[0, klen),
+ * or NULL; *len gets the token's length. */
+static const char *find_setting(const char *list, const char *key, size_t klen, size_t *len)
+{
+    for (const char *t = list; *t;) {
+        size_t n = strcspn(t, " ");
+        if (strcspn(t, "= ") == klen && strncmp(t, key, klen) == 0) {
+            *len = n;
+            return t;
+        }
+        t += n;
+        while (*t == ' ')
+            t++;
+    }
+    return NULL;
+}
+
+/* "key=value ..." lists: names the first setting that differs, by key, so a
+ * setting written only when on (--sync-bn, --compress, the warm-up, ...)
+ * that one run has and the other not is named as such. */
 static int same_settings(const dp_safetensors *f, const char *want, const char *path, dp_err *err)
 {
     const char *have;
@@ -461,16 +503,26 @@ static int same_settings(const dp_safetensors *f, const char *want, const char *
         return -1;
     if (strcmp(have, want) == 0)
         return 0;
-    const char *a = have, *b = want;
-    for (;;) {
-        size_t la = strcspn(a, " "), lb = strcspn(b, " ");
-        if (la != lb || strncmp(a, b, la) != 0)
-            return dp_errf(err, "%s belongs to another run: its %.*s, this run's %.*s", path,
-                           (int)la, a, (int)lb, b);
-        if (!a[la] || !b[lb])
-            break;
-        a += la + 1;
-        b += lb + 1;
+    for (int side = 0; side < 2; side++) {
+        const char *mine = side ? want : have, *other = side ? have : want;
+        for (const char *t = mine; *t;) {
+            size_t n = strcspn(t, " "), klen = strcspn(t, "= "), olen = 0;
+            const char *o = find_setting(other, t, klen, &olen);
+            if (!o && side == 0)
+                return dp_errf(err, "%s belongs to another run: its %.*s, this run has no %.*s",
+                               path, (int)n, t, (int)klen, t);
+            if (!o)
+                return dp_errf(err, "%s belongs to another run: it has no %.*s, this run's %.*s",
+                               path, (int)klen, t, (int)n, t);
+            if (olen != n || strncmp(o, t, n) != 0)
+                return side == 0 ? dp_errf(err, "%s belongs to another run: its %.*s, this run's "
+                                                "%.*s", path, (int)n, t, (int)olen, o)
+                                 : dp_errf(err, "%s belongs to another run: its %.*s, this run's "
+                                                "%.*s", path, (int)olen, o, (int)n, t);
+            t += n;
+            while (*t == ' ')
+                t++;
+        }
     }
     return dp_errf(err, "%s belongs to another run: its settings are '%s', this run's '%s'", path,
                    have, want);
@@ -618,6 +670,21 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         }
         snprintf(name, sizeof name, "worker.%d.optimizer_t", i);
         if (meta_long(f, name, 0, LONG_MAX, &st->worker_t[i], path, err) < 0)
+            return -1;
+    }
+    /* allreduce with --compress: each replica's residual, replica.{p}.residual
+     * from 0 up (the strategy checks their count against its replicas) */
+    int n_resid = 0;
+    for (; n_resid < MAX_WORKERS; n_resid++) {
+        snprintf(name, sizeof name, "replica.%d.residual", n_resid);
+        if (!dp_safetensors_find(f, name))
+            break;
+    }
+    if (dp_train_state_alloc_residuals(st, n_resid, err) < 0)
+        return dp_err_prefix(err, "%s", path);
+    for (int i = 0; i < n_resid; i++) {
+        snprintf(name, sizeof name, "replica.%d.residual", i);
+        if (copy_2d(st->residuals + (size_t)i * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
             return -1;
     }
     if (st->ema && copy_2d(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)

@@ -177,6 +177,7 @@ typedef struct loop {
     dp_train_state ck;     /* the evaluator's state: what a checkpoint holds,
                               with the live --ema, --keep-best and history */
     dp_train_state resume; /* the checkpoint this run goes on from */
+    char resume_path[4096]; /* and its file */
     dp_checkpoint_source ckpts; /* env.checkpoints: how a strategy reads the run's newest */
     long spe, total_steps;
     dp_lr_plan lr; /* the schedule in steps, once spe is known */
@@ -921,6 +922,7 @@ static int load_resume(loop *L, dp_err *err)
     if (r->buffers) /* the writer's buffers, every task (docs/strategies.md, "Buffers") */
         memcpy(L->m.buffers, r->buffers, L->m.n_buffers * sizeof(float));
     dp_info("Resuming from %s (step %ld)", path, r->step);
+    snprintf(L->resume_path, sizeof L->resume_path, "%s", path);
     L->env.resume = r;
     return 0;
 }
@@ -932,7 +934,8 @@ static int alloc_state(loop *L, dp_err *err)
     const dp_train_config *cfg = L->cfg;
     int parts = (cfg->ema > 0 ? DP_STATE_EMA : 0) | (cfg->keep_best ? DP_STATE_BEST : 0);
     if (dp_train_state_alloc(&L->ck, L->m.n_params, dp_optim_slots(cfg->optim.kind), parts,
-                             cfg->epochs, L->info.worker_optimizers, err) < 0)
+                             cfg->epochs, L->info.worker_optimizers, err) < 0 ||
+        dp_train_state_alloc_residuals(&L->ck, L->info.residuals, err) < 0)
         return -1;
     const dp_train_state *r = L->env.resume;
     if (L->ck.ema)
@@ -1109,12 +1112,18 @@ static int run_task(loop *L, dp_err *err)
     L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint, L};
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
-                          .resume = L->env.resume, .id = &L->id,
+                          .resume = L->env.resume,
+                          .resume_path = L->env.resume ? L->resume_path : NULL, .id = &L->id,
                           .train = role_ps ? NULL : &L->train,
                           .checkpoints = cfg->checkpoint_dir ? &L->ckpts : NULL};
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
+    /* every replica's residual, of which open took its own: memory no
+     * longer needed (n_params floats a replica) */
+    free(L->resume.residuals);
+    L->resume.residuals = NULL;
+    L->resume.n_residuals = 0;
     /* The writer (only it, so no task removes a temporary being written)
      * clears what a write killed mid-way left (docs/checkpoints.md). */
     dp_err terr;

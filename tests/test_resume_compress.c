@@ -1,0 +1,246 @@
+/* allreduce with a lossy --compress resumes bit for bit (docs/checkpoints.md,
+ * "What resumes bit for bit"): every replica's error-feedback residual is in
+ * the checkpoint (replica.{p}.residual) and each replica takes its own back.
+ * A run of 2 replicas killed after step 33 (checkpoints every 7, the last at
+ * 28) and resumed ends with the uninterrupted run's weights, byte for byte,
+ * with topk and bf16.  The residuals matter: the same checkpoint with them
+ * zeroed, or swapped between the replicas, resumes to other weights.  A
+ * damaged residual fails the checkpoint's checksum (set aside, the older
+ * one resumes, still exactly); a missing or misshapen one (checksum made
+ * good) is refused naming the file and the tensor; a checkpoint of another
+ * --compress, or of none, is refused naming both. */
+#include "downpour/crc32c.h"
+#include "proc.h"
+
+#define SMALL "--dataset mnist --model 784-64-10 --train-size 3000 --val-size 500 " \
+              "--test-size 1000 --epochs 3 --batch 100 --log-every 0 --no-progress --threads 1 " \
+              "--checkpoint-every 7 --lr-schedule cosine"
+#define LAUNCH "launch --workers 2 -- train --strategy allreduce"
+#define CKPT "ckpt-0000000028.safetensors"
+
+static const char *bin, *tmp;
+static char err[16384];
+
+/* The metadata keys in the order the writer adds them (checkpoint.c). */
+static const char *const keys[] = {
+    "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
+    "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
+    "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+typedef enum { ZERO, SWAP, DROP, SHORTEN } edit;
+
+/* Rewrites dir/CKPT with its residuals edited and the checksum made good
+ * again, as the writer computes it: a file the reader trusts. */
+static void rewrite(const char *dir, edit how)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s/" CKPT, tmp, dir);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    REQUIRE(dp_safetensors_load(path, &f, &e) == 0);
+    int n = dp_safetensors_count(f), k = 0;
+    dp_st_tensor *t = calloc((size_t)n, sizeof *t);
+    const dp_st_tensor *r0 = dp_safetensors_find(f, "replica.0.residual");
+    const dp_st_tensor *r1 = dp_safetensors_find(f, "replica.1.residual");
+    REQUIRE(t && r0 && r1);
+    size_t len = (size_t)r0->shape[0];
+    float *zeros = calloc(len, sizeof *zeros);
+    REQUIRE(zeros);
+    for (int i = 0; i < n; i++) {
+        dp_st_tensor x = *dp_safetensors_at(f, i);
+        int is0 = strcmp(x.name, "replica.0.residual") == 0;
+        int is1 = strcmp(x.name, "replica.1.residual") == 0;
+        if (is1 && how == DROP)
+            continue;
+        if ((is0 || is1) && how == ZERO)
+            x.data = zeros;
+        if ((is0 || is1) && how == SWAP)
+            x.data = is0 ? r1->data : r0->data;
+        if (is1 && how == SHORTEN)
+            x.shape[0] = (int64_t)len - 1;
+        t[k++] = x;
+    }
+    dp_st_meta meta[N_KEYS + 1];
+    uint32_t crc = 0;
+    int m = 0;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const char *v = dp_safetensors_meta(f, keys[i]);
+        if (!v)
+            continue;
+        meta[m++] = (dp_st_meta){keys[i], v};
+        crc = dp_crc32c(crc, keys[i], strlen(keys[i]) + 1);
+        crc = dp_crc32c(crc, v, strlen(v) + 1);
+    }
+    for (int i = 0; i < k; i++) {
+        size_t floats = 1;
+        for (int d = 0; d < t[i].ndim; d++)
+            floats *= (size_t)t[i].shape[d];
+        crc = dp_crc32c(crc, t[i].name, strlen(t[i].name) + 1);
+        crc = dp_crc32c(crc, t[i].data, floats * sizeof(float));
+    }
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08x", crc);
+    meta[m++] = (dp_st_meta){"crc32c", hex};
+    CHECKF(dp_safetensors_save(path, t, k, meta, m, &e) == 0, "%s", e.msg);
+    free(zeros);
+    free(t);
+    dp_safetensors_free(f);
+}
+
+/* Flips one bit inside replica.1.residual's bytes of dir/CKPT, checksum
+ * left as it was. */
+static void damage(const char *dir)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s/" CKPT, tmp, dir);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    REQUIRE(dp_safetensors_load(path, &f, &e) == 0);
+    const dp_st_tensor *r1 = dp_safetensors_find(f, "replica.1.residual");
+    REQUIRE(r1);
+    size_t len = 0;
+    char *bytes = slurp(path, &len);
+    REQUIRE(bytes);
+    /* its middle 64 bytes, found in the file */
+    const char *probe = (const char *)(r1->data + r1->shape[0] / 2);
+    char *at = memmem(bytes, len, probe, 64);
+    REQUIRE(at);
+    at[0] ^= 0x10;
+    FILE *out = fopen(path, "wb");
+    REQUIRE(out && fwrite(bytes, 1, len, out) == len);
+    fclose(out);
+    free(bytes);
+    dp_safetensors_free(f);
+}
+
+/* Both replicas' residuals are in the checkpoint, not zero, and not the
+ * same: each replica's own. */
+static void holds_residuals(const char *dir)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s/" CKPT, tmp, dir);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    REQUIRE(dp_safetensors_load(path, &f, &e) == 0);
+    const dp_st_tensor *r0 = dp_safetensors_find(f, "replica.0.residual");
+    const dp_st_tensor *r1 = dp_safetensors_find(f, "replica.1.residual");
+    CHECKF(r0 && r1 && !dp_safetensors_find(f, "replica.2.residual") && r0->ndim == 1 &&
+               r1->ndim == 1 && r0->shape[0] == 784 * 64 + 64 + 64 * 10 + 10 &&
+               r1->shape[0] == r0->shape[0],
+           "%s: not two residuals of every parameter", path);
+    if (r0 && r1) {
+        size_t nz0 = 0, nz1 = 0, n = (size_t)r0->shape[0];
+        for (size_t i = 0; i < n; i++) {
+            nz0 += r0->data[i] != 0;
+            nz1 += r1->data[i] != 0;
+        }
+        CHECKF(nz0 > n / 10 && nz1 > n / 10, "%s: residuals of %zu and %zu nonzero of %zu",
+               path, nz0, nz1, n);
+        CHECKF(memcmp(r0->data, r1->data, n * sizeof(float)) != 0,
+               "%s: both replicas' residuals are the same", path);
+    }
+    dp_safetensors_free(f);
+}
+
+/* Resumes dir (saving to save) with --compress kind; returns the exit. */
+static int resume(const char *kind, const char *dir, const char *save)
+{
+    return run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --compress %s --checkpoint-dir %s/%s "
+                   "--save %s/%s --resume", bin, kind, tmp, dir, tmp, save);
+}
+
+/* Trains uninterrupted and killed after step 33, copies the directory of
+ * the killed run for each later case, resumes it and compares. */
+static void resume_is_exact(const char *name, const char *kind, int copies)
+{
+    char full[256], part[256], dir[256];
+    snprintf(full, sizeof full, "%s-full.safetensors", name);
+    snprintf(part, sizeof part, "%s-part.safetensors", name);
+    snprintf(dir, sizeof dir, "%s-b", name);
+    int rc = run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --compress %s --checkpoint-dir "
+                     "%s/%s-a --save %s/%s", bin, kind, tmp, name, tmp, full);
+    CHECKF(rc == 0, "%s: the uninterrupted run exited %d: %s", name, rc, err);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s " LAUNCH " " SMALL
+                 " --compress %s --checkpoint-dir %s/%s --save %s/%s", bin, kind, tmp, dir, tmp,
+                 part);
+    CHECKF(rc != 0 && strstr(err, "killed by signal 9"),
+           "%s: the run meant to be killed at step 33: %d %s", name, rc, err);
+    holds_residuals(dir);
+    for (int i = 0; i < copies; i++) {
+        rc = run_cmd(err, sizeof err, "cp -r %s/%s %s/%s-%d", tmp, dir, tmp, name, i);
+        REQUIRE(rc == 0);
+    }
+    rc = resume(kind, dir, part);
+    CHECKF(rc == 0 && strstr(err, CKPT " (step 28)"), "%s: the resumed run: %d %s", name, rc,
+           err);
+    CHECKF(same_file(full, part), "%s: the resumed run's weights differ from the uninterrupted "
+           "run's (largest difference %g)", name, checkpoint_max_diff(full, part));
+}
+
+int main(void)
+{
+    bin = test_bin();
+    tmp = test_tmp();
+    REQUIRE(bin && tmp);
+    require_mnist();
+    resume_is_exact("bf16", "bf16", 0);
+    resume_is_exact("topk", "topk:0.05", 5);
+
+    /* Without the residuals restored the bits differ: zeroed, or each
+     * replica given the other's. */
+    rewrite("topk-0", ZERO);
+    int rc = resume("topk:0.05", "topk-0", "zero.safetensors");
+    CHECKF(rc == 0 && strstr(err, "(step 28)"), "residuals zeroed: %d %s", rc, err);
+    CHECKF(checkpoint_max_diff("topk-full.safetensors", "zero.safetensors") > 0,
+           "resumed with the residuals zeroed, the weights are still the uninterrupted run's: "
+           "the test cannot tell whether they are restored");
+    rewrite("topk-1", SWAP);
+    rc = resume("topk:0.05", "topk-1", "swap.safetensors");
+    CHECKF(rc == 0 && strstr(err, "(step 28)"), "residuals swapped: %d %s", rc, err);
+    CHECKF(checkpoint_max_diff("topk-full.safetensors", "swap.safetensors") > 0,
+           "resumed with the replicas' residuals swapped, the weights are still the "
+           "uninterrupted run's: the test cannot tell whether each takes its own");
+
+    /* A flipped bit in a residual: the checksum catches it, the file is set
+     * aside, and the one before (step 21, with its residuals) resumes. */
+    damage("topk-2");
+    rc = resume("topk:0.05", "topk-2", "damaged.safetensors");
+    CHECKF(rc == 0 && strstr(err, "topk-2/" CKPT ": checksum mismatch") &&
+               strstr(err, "set aside as") && strstr(err, "(step 21)"),
+           "a damaged residual: %d %s", rc, err);
+    CHECKF(same_file("topk-full.safetensors", "damaged.safetensors"),
+           "resumed from the older checkpoint, the weights differ from the uninterrupted run's");
+
+    /* A residual missing, or of another size, in a file whose checksum is
+     * good: refused, naming the file and the tensor. */
+    rewrite("topk-3", DROP);
+    rc = resume("topk:0.05", "topk-3", "drop.safetensors");
+    CHECKF(rc != 0 && strstr(err, "topk-3/" CKPT ": --compress topk:0.05, but it holds the "
+                                  "compression residuals of 1 replica(s) and this run has 2: "
+                                  "tensor 'replica.1.residual' is missing"),
+           "a missing residual: %d %s", rc, err);
+    rewrite("topk-4", SHORTEN);
+    rc = resume("topk:0.05", "topk-4", "short.safetensors");
+    CHECKF(rc != 0 && strstr(err, "topk-4/" CKPT ": tensor 'replica.1.residual' has shape "
+                                  "(50889), the model needs (50890)"),
+           "a residual of another size: %d %s", rc, err);
+
+    /* Another codec, or none, is another run; so is a checkpoint without
+     * compression resumed with it. */
+    rc = resume("topk:0.1", "topk-b", "other.safetensors");
+    CHECKF(rc != 0 && strstr(err, "its compress=topk:0.05, this run's compress=topk:0.1"),
+           "another ratio: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --checkpoint-dir %s/topk-b --resume",
+                 bin, tmp);
+    CHECKF(rc != 0 && strstr(err, "its compress=topk:0.05, this run has no compress"),
+           "no --compress: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --epochs 1 --checkpoint-dir %s/plain",
+                 bin, tmp);
+    CHECKF(rc == 0, "a run without --compress: %d %s", rc, err);
+    rc = resume("bf16", "plain", "plain.safetensors");
+    CHECKF(rc != 0 && strstr(err, "plain/ckpt-0000000015.safetensors belongs to another run: it "
+                                  "has no compress, this run's compress=bf16"),
+           "--compress on a checkpoint without: %d %s", rc, err);
+    return CHECK_DONE();
+}
