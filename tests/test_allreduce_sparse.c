@@ -18,7 +18,10 @@
  *   save, so the by-rows path was taken;
  * - a replica whose table does not fit the memory is refused, naming the
  *   table's size and the memory (and a malformed DOWNPOUR_REPLICA_MEMORY,
- *   naming it). */
+ *   naming it);
+ * - under --compress powersgd the table goes by its rows beside the
+ *   factors (or whole with them), every replica alike, by rows and whole
+ *   the same bits on 2 replicas and within float noise on 3. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -382,8 +385,8 @@ static float *reference(const run_spec *rs, const dp_optim_config *oc)
 
 /* The replicas' parameters (replica 0's; every replica's alike), and the
  * bytes all of them sent, frame headers included, into *bytes. */
-static float *run_all(const run_spec *rs, const dp_optim_config *oc, int dense, size_t *np,
-                      uint64_t *bytes)
+static float *run_all(const run_spec *rs, const dp_optim_config *oc, int dense,
+                      const char *compress, size_t *np, uint64_t *bytes)
 {
     job jobs[MAX_RANKS];
     dp_transport *ts[MAX_RANKS];
@@ -398,6 +401,8 @@ static float *run_all(const run_spec *rs, const dp_optim_config *oc, int dense, 
         if (dense)
             REQUIRE(dp_strategy_set(&jobs[p].cfg, "allreduce-dense", NULL, &err) == 0);
         REQUIRE(dp_strategy_set(&jobs[p].cfg, "bucket-bytes", "16384", &err) == 0);
+        if (compress)
+            REQUIRE(dp_strategy_set(&jobs[p].cfg, "compress", compress, &err) == 0);
         jobs[p].cfg.model = rs->model;
         jobs[p].cfg.batch = rs->batch;
         jobs[p].cfg.optim = *oc;
@@ -430,7 +435,9 @@ static float *run_all(const run_spec *rs, const dp_optim_config *oc, int dense, 
     return out;
 }
 
-static void check_strategy(const run_spec *rs, int rows)
+/* compress: NULL, or --compress's value (powersgd:RANK: the table by its
+ * rows beside the factors, or whole in the factors' first sum). */
+static void check_strategy(const run_spec *rs, int rows, const char *compress)
 {
     dp_rng rng;
     dp_rng_seed(&rng, 11);
@@ -456,8 +463,8 @@ static void check_strategy(const run_spec *rs, int rows)
     float *ref = reference(rs, &oc);
     size_t np, np2;
     uint64_t sparse_bytes, dense_bytes;
-    float *sparse = run_all(rs, &oc, 0, &np, &sparse_bytes);
-    float *dense = run_all(rs, &oc, 1, &np2, &dense_bytes);
+    float *sparse = run_all(rs, &oc, 0, compress, &np, &sparse_bytes);
+    float *dense = run_all(rs, &oc, 1, compress, &np2, &dense_bytes);
     /* The rows went by the all-gather: every replica, every step, sent at
      * most the plan's bound for the table instead of its whole ring share
      * (half the difference is margin for headers and chunk rounding); the
@@ -474,7 +481,26 @@ static void check_strategy(const run_spec *rs, int rows)
            "%llu fewer, the rows did not go by the all-gather", rs->model, rs->replicas,
            (unsigned long long)sparse_bytes, (unsigned long long)dense_bytes,
            (unsigned long long)saved);
-    if (sparse && dense) {
+    if (sparse && dense && compress) {
+        /* The factors' sums and the table's fold differently cut (the
+         * factors' buffer holds the table when it goes whole): the same
+         * bits where every sum is of two (a + b = b + a), within float noise
+         * beyond; and compressed, not one process's numbers. */
+        double worst = 0, off = 0;
+        for (size_t i = 0; i < np; i++) {
+            worst = fmax(worst, fabs((double)sparse[i] - dense[i]) / (1.0 + fabs((double)dense[i])));
+            off = fmax(off, fabs((double)sparse[i] - ref[i]));
+        }
+        fprintf(stderr, "%s, %d x %d, --compress %s: sparse vs dense %.3g, %llu bytes against "
+                "%llu; vs one process uncompressed %.3g\n", rs->model, rs->replicas, rs->batch,
+                compress, worst, (unsigned long long)sparse_bytes,
+                (unsigned long long)dense_bytes, off);
+        CHECKF(rs->replicas == 2 ? worst == 0 : worst < 1e-5,
+               "%s on %d replicas, --compress %s: sparse and --allreduce-dense differ by %g",
+               rs->model, rs->replicas, compress, worst);
+        CHECKF(off > 0, "%s, --compress %s: the same bits as one process uncompressed",
+               rs->model, compress);
+    } else if (sparse && dense) {
         CHECKF(memcmp(sparse, dense, np * sizeof(float)) == 0,
                "%s on %d replicas: the sparse all-gather ends with other bits than "
                "--allreduce-dense", rs->model, rs->replicas);
@@ -535,9 +561,13 @@ int main(void)
     /* 7 + 7 + 6 records, batch 3: the last step 1 + 1 + 0 */
     const run_spec b = {"5-emb301x3-gap-4", 3, 3, 20, 3};
     const run_spec c = {"8-emb1000x16-gap-10", 4, 5, 37, 2};
-    check_strategy(&a, 1000);
-    check_strategy(&b, 301);
-    check_strategy(&c, 1000);
+    check_strategy(&a, 1000, NULL);
+    check_strategy(&b, 301, NULL);
+    check_strategy(&c, 1000, NULL);
+    /* --compress powersgd: the dense layer (10 x 16) as rank-2 factors, the
+     * table by its rows or whole */
+    check_strategy(&a, 1000, "powersgd:2");
+    check_strategy(&b, 301, "powersgd:1");
     check_fits();
     return CHECK_DONE();
 }

@@ -133,7 +133,15 @@ static void parse(void)
     CHECK(dp_compress_parse(NULL, &c, &err) == 0 && c.kind == DP_COMPRESS_NONE);
     CHECK(dp_compress_parse("topk:0", &c, &err) < 0 && strstr(err.msg, "(0, 1]"));
     CHECK(dp_compress_parse("topk:x", &c, &err) < 0);
-    CHECK(dp_compress_parse("powersgd:4", &c, &err) < 0 && strstr(err.msg, "not built"));
+    CHECK(dp_compress_parse("powersgd:4", &c, &err) == 0 && c.kind == DP_COMPRESS_POWERSGD &&
+          c.rank == 4);
+    CHECK(dp_compress_parse("powersgd:1024", &c, &err) == 0 && c.rank == 1024);
+    const char *bad[] = {"powersgd", "powersgd:", "powersgd:0", "powersgd:abc", "powersgd:-1",
+                         "powersgd:+4", "powersgd: 4", "powersgd:4.5", "powersgd:4x",
+                         "powersgd:1025", "powersgd:99999999999", "powersgd4"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECKF(dp_compress_parse(bad[i], &c, &err) < 0 && strstr(err.msg, "rank"),
+               "'%s' taken: %s", bad[i], err.msg);
     CHECK(dp_compress_parse("gzip", &c, &err) < 0 && strstr(err.msg, "'gzip'"));
 }
 
@@ -230,8 +238,8 @@ static void run_reps(rep *reps)
 
 static void coded_sums(void)
 {
-    const dp_compress kinds[] = {{DP_COMPRESS_BF16, 0}, {DP_COMPRESS_FP16, 0},
-                                 {DP_COMPRESS_TOPK, 1.0}, {DP_COMPRESS_TOPK, 0.1}};
+    const dp_compress kinds[] = {{DP_COMPRESS_BF16, 0, 0}, {DP_COMPRESS_FP16, 0, 0},
+                                 {DP_COMPRESS_TOPK, 1.0, 0}, {DP_COMPRESS_TOPK, 0.1, 0}};
     const size_t lens[] = {1, 2, 7, 1001};
     for (int k = 0; k < 4; k++)
         for (int l = 0; l < 4; l++) {
@@ -320,9 +328,9 @@ static void convergence(void)
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         b[i] = (float)(t + 0.1 * ((double)(s >> 11) / 9007199254740992.0 - 0.5));
     }
-    const dp_compress kinds[] = {{DP_COMPRESS_NONE, 0}, {DP_COMPRESS_BF16, 0},
-                                 {DP_COMPRESS_FP16, 0}, {DP_COMPRESS_TOPK, 0.1},
-                                 {DP_COMPRESS_TOPK, 0.1}};
+    const dp_compress kinds[] = {{DP_COMPRESS_NONE, 0, 0}, {DP_COMPRESS_BF16, 0, 0},
+                                 {DP_COMPRESS_FP16, 0, 0}, {DP_COMPRESS_TOPK, 0.1, 0},
+                                 {DP_COMPRESS_TOPK, 0.1, 0}};
     double base = 0, start = 0;
     for (int k = 0; k < 5; k++) {
         rep reps[N];

@@ -1,6 +1,6 @@
 /* Gradient compression for the all-reduce (docs/strategies.md, "allreduce:
- * compression"): 16-bit floats (bf16, IEEE fp16) and top-k sparsification,
- * each with error feedback (the part of a gradient a replica did not send
+ * compression"): 16-bit floats (bf16, IEEE fp16), top-k sparsification and
+ * PowerSGD's low-rank factors (powersgd.h), each with error feedback (the part of a gradient a replica did not send
  * is kept and added to its next gradient).  Sums are always accumulated in
  * fp32.  On the wire every 16-bit value and every (index, value) pair goes
  * through explicit little-endian bytes. */
@@ -18,15 +18,20 @@ typedef enum dp_compress_kind {
     DP_COMPRESS_FP16,
     DP_COMPRESS_TOPK,
     DP_COMPRESS_AUTO, /* bf16 when the measured link makes it pay, else none */
+    DP_COMPRESS_POWERSGD, /* rank-r factors of each weight matrix (powersgd.h) */
     DP_COMPRESS_KIND_COUNT
 } dp_compress_kind;
 
 typedef struct dp_compress {
     dp_compress_kind kind;
     double ratio; /* topk: the fraction of each bucket sent, (0, 1] */
+    int rank;     /* powersgd: the factors' rank, [1, DP_POWERSGD_MAX_RANK] */
 } dp_compress;
 
-/* "none", "bf16", "fp16", "topk:RATIO" (0 < RATIO <= 1), "auto"; err names
+#define DP_POWERSGD_MAX_RANK 1024
+
+/* "none", "bf16", "fp16", "topk:RATIO" (0 < RATIO <= 1), "auto",
+ * "powersgd:RANK" (a whole number in [1, DP_POWERSGD_MAX_RANK]); err names
  * what is wrong with the value (the caller prefixes the flag). */
 int dp_compress_parse(const char *s, dp_compress *out, dp_err *err);
 const char *dp_compress_kind_name(dp_compress_kind k);

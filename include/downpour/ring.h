@@ -109,7 +109,8 @@ void dp_ring_set_algo(dp_ring *r, dp_allreduce_algo algo);
 dp_allreduce_algo dp_ring_choice(const dp_ring *r, size_t len);
 
 /* Gradient compression for dp_ring_allreduce_coded; kind NONE (the
- * default) sums exactly.  Before the first call. */
+ * default) sums exactly, and so does POWERSGD, whose factors (powersgd.h)
+ * the ring sums exactly.  Before the first call. */
 void dp_ring_set_compress(dp_ring *r, const dp_compress *c);
 /* What a call of len floats sends (after the first call): NONE, BF16, FP16
  * or TOPK; auto resolved by the fit. */

@@ -32,6 +32,7 @@
 #include "downpour/crc32c.h"
 #include "downpour/env.h"
 #include "downpour/log.h"
+#include "downpour/powersgd.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -71,6 +72,9 @@ struct dp_strategy {
                               rejoined (welcome), -1 if it never left */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
+    dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
+    long psgd_sums;        /* all-reduces of its factors since the ring formed */
+    dp_psgd_plan psgd_plan;
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -479,6 +483,10 @@ static int rebuild_ring(dp_strategy *s, dp_err *err)
      * overlap is measured afresh, in step (reducer.h). */
     if (rc == 0 && s->reducer)
         dp_reducer_restart(s->reducer);
+    if (rc == 0 && s->psgd) {
+        dp_powersgd_restart(s->psgd); /* the last sum may have broken half way */
+        s->psgd_sums = 0;             /* counted since the ring formed, as its own */
+    }
     if (r != ranks)
         free(r);
     return rc < 0 ? rc : comm_setup(s, err);
@@ -857,10 +865,30 @@ static void begin(void *self, long step, int records)
     s->cur = step;
     s->sum_failed = 0;
     s->weight = all > 0 ? (float)(records / all) : 0.0f;
-    dp_reducer_begin(s->reducer, (uint64_t)step, s->weight);
+    if (!s->psgd)
+        dp_reducer_begin(s->reducer, (uint64_t)step, s->weight);
 }
 
-static void ready(void *self, size_t lo) { dp_reducer_ready(((dp_strategy *)self)->reducer, lo); }
+static void ready(void *self, size_t lo)
+{
+    dp_strategy *s = self;
+    if (!s->psgd)
+        dp_reducer_ready(s->reducer, lo);
+}
+
+/* --compress powersgd: the whole gradient at once, after backprop
+ * (powersgd.h), but for the sparse tables that go by their rows
+ * (sparse_exchange, after it).  One replica sends nothing, so it sums exactly, as the
+ * ring's kinds do (its residual, from a larger ring, goes in). */
+static int psgd_sum(dp_strategy *s, dp_err *err)
+{
+    if (s->ring.n == 1) {
+        dp_powersgd_exact(s->psgd, s->m->grads, s->weight);
+        return 0;
+    }
+    s->psgd_sums += 2;
+    return dp_powersgd_reduce(s->psgd, &s->ring, s->m->grads, s->weight, (uint64_t)s->cur, err);
+}
 
 /* --sync-bn: a bn layer's sums over the ring, on the training thread
  * between the step's gradient buckets (so the reducer stays inline; bucket
@@ -901,7 +929,9 @@ static int update(void *self, float *params, const float *grads, int records, fl
 {
     (void)records;
     dp_strategy *s = self;
-    int rc = s->sum_failed ? s->sum_failed : dp_reducer_finish(s->reducer, err);
+    int rc = s->sum_failed ? s->sum_failed
+             : s->psgd     ? psgd_sum(s, err)
+                           : dp_reducer_finish(s->reducer, err);
     if (s->sum_failed)
         *err = s->sum_err;
     if (rc == 0 && s->sparse)
@@ -930,6 +960,7 @@ static void allreduce_close(dp_strategy *s)
         return;
     dp_replica_close(s->r);
     dp_reducer_close(s->reducer);
+    dp_powersgd_close(s->psgd);
     dp_ar_sparse_close(s->sparse);
     if (s->ring_open)
         dp_ring_free(&s->ring);
@@ -1035,7 +1066,8 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     if (dp_ar_sparse_open(&s->sparse, s->m, s->n, s->m->max_batch, err) < 0)
         return -1;
     int k = dp_ar_sparse_ranges(s->sparse, lo, hi);
-    if (dp_reducer_skip(s->reducer, lo, hi, k) < 0)
+    if (dp_reducer_skip(s->reducer, lo, hi, k) < 0 ||
+        (s->psgd && dp_powersgd_skip(s->psgd, lo, hi, k) < 0))
         return dp_errf(err, "allreduce: %s's sparse tables do not lie in order", s->m->name);
     if (s->position == 0)
         dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-gathered by the rows each "
@@ -1044,6 +1076,35 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
                  plan.tables, s->m->name, plan.table_floats,
                  (unsigned long long)plan.sparse_bound, (unsigned long long)plan.dense_bytes);
     return 0;
+}
+
+/* --compress powersgd:RANK over the model's weight matrices (powersgd.h);
+ * its first Q from the run's seed, the same on every replica. */
+static int psgd_open(dp_strategy *s, dp_err *err)
+{
+    dp_psgd_matrix mats[DP_POWERSGD_MAX_MATRICES]; /* 6 KiB */
+    int k = dp_powersgd_matrices(s->m, s->compress.rank, mats, DP_POWERSGD_MAX_MATRICES,
+                                 &s->psgd_plan);
+    int rc = k > DP_POWERSGD_MAX_MATRICES || k == 0
+                 ? dp_errf(err, "--compress powersgd:%d: model %s has %s", s->compress.rank,
+                           s->m->name,
+                           k ? "too many weight matrices"
+                             : "no weight matrix that factors of this rank make smaller (an "
+                               "external model has no layer table to find them in)")
+                 : dp_powersgd_open(&s->psgd, s->m->n_params, mats, k, s->env->cfg->seed, err);
+    return rc;
+}
+
+/* What a step sums, once the sparse tables' way is known (sparse_setup). */
+static void psgd_say(const dp_strategy *s)
+{
+    size_t first, second;
+    dp_powersgd_floats(s->psgd, &first, &second);
+    dp_info("allreduce: powersgd rank %d: %d of %d weight matrices as factors; %zu + %zu floats "
+            "summed a step (factors %zu, whole %zu)%s instead of %zu",
+            s->compress.rank, s->psgd_plan.compressed, s->psgd_plan.matrices, first, second,
+            s->psgd_plan.factor_floats, first + second - s->psgd_plan.factor_floats,
+            s->sparse ? ", the sparse tables by their rows," : "", s->psgd_plan.n_params);
 }
 
 /* --resume with --compress: this replica's own residual from the checkpoint,
@@ -1138,9 +1199,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     }
     s->opt = dp_replica_optim(s->r);
     /* A replica restarted into the running ring takes its state here. */
+    if (s->compress.kind == DP_COMPRESS_POWERSGD && psgd_open(s, err) < 0) {
+        allreduce_close(s);
+        return -1;
+    }
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
-                        dp_allreduce_overlap(as), spare_cores(s), err) < 0 ||
+                        s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
+                        err) < 0 ||
         dp_reducer_compress(s->reducer, err) < 0 ||
         restore_residual(s, info, as->compress, err) < 0) {
         allreduce_close(s);
@@ -1163,6 +1229,8 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
+    if (s->psgd && s->position == 0)
+        psgd_say(s);
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
     s->policy = n > 1 ? cfg->shard : DP_SHARD_OFF;
@@ -1441,8 +1509,9 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
                      "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_STR, "compress",
                      dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
-                     (long)s->ring.coded_calls, DP_F_END);
-    if (s->position == 0)
+                     (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
+                     (long)s->ring.bytes_sent, DP_F_END);
+    if (s->position == 0 && !s->psgd) /* powersgd sums no buckets */
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);
     /* One that came back in the last epoch takes the final state: it ends

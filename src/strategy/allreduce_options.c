@@ -11,6 +11,7 @@
 #include "downpour/env.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
+#include "downpour/powersgd.h"
 #include "downpour/ring.h"
 #include "downpour/sparse.h"
 #include "downpour/train_config.h"
@@ -133,6 +134,43 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
     return rc;
 }
 
+/* --compress powersgd:RANK against the other settings and the model
+ * (docs/strategies.md, "allreduce: compression"): it needs the whole
+ * gradient after backprop and a weight matrix its rank makes smaller (a
+ * sparse table is never one: it goes by its rows, or whole). */
+static int check_powersgd(const dp_allreduce_settings *a, const dp_compress *c,
+                          const dp_train_config *cfg, dp_err *err)
+{
+    if (cfg->resume)
+        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
+                            "replicas' residuals and warm-start factors are not in checkpoints "
+                            "(docs/strategies.md, \"allreduce: compression\"): resume without "
+                            "--compress",
+                       a->compress);
+    if (a->overlap && strcmp(a->overlap, "on") == 0)
+        return dp_errf(err, "--compress %s factors each weight matrix whole, after backprop, so "
+                            "nothing can be reduced beside it: leave out --overlap on",
+                       a->compress);
+    dp_model m;
+    dp_err e;
+    if (!cfg->model || dp_model_describe(&m, cfg->model, &e) < 0)
+        return 0; /* the loop refuses a spec that does not parse, with its message */
+    dp_psgd_plan plan;
+    int rc = 0;
+    if (dp_powersgd_matrices(&m, c->rank, NULL, 0, &plan) == 0)
+        rc = plan.max_rank
+                 ? dp_errf(err, "--compress %s: no weight matrix of model %s is smaller as rank-%d "
+                                "factors (of %d matrices, the largest rank that makes one "
+                                "smaller is %d): take powersgd:%d or less",
+                           a->compress, m.name, c->rank, plan.matrices, plan.max_rank,
+                           plan.max_rank)
+                 : dp_errf(err, "--compress %s: model %s has no weight matrix that factors "
+                                "make smaller (docs/strategies.md, \"allreduce: compression\")",
+                           a->compress, m.name);
+    dp_model_free(&m);
+    return rc;
+}
+
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_allreduce_settings *a = own;
@@ -144,6 +182,8 @@ static int check(const void *own, const dp_train_config *cfg, dp_err *err)
     dp_compress c;
     if (dp_compress_parse(a->compress, &c, err) < 0)
         return dp_err_prefix(err, "--compress");
+    if (c.kind == DP_COMPRESS_POWERSGD && check_powersgd(a, &c, cfg, err) < 0)
+        return -1;
     if (c.kind != DP_COMPRESS_NONE && cfg->device.kind != DP_DEVICE_CPU)
         return dp_errf(err, "--compress: not with --device yet: the devices sum with NCCL or "
                             "host staging, uncompressed (docs/strategies.md, \"allreduce: "
@@ -186,7 +226,7 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
 }
 
 /* Part 0: the ps fragment every checkpoint carries (ps_options.c); part 1:
- * " sync_bn=1" and " compress=KIND" (topk with its ratio), each written
+ * " sync_bn=1" and " compress=KIND" (topk with its ratio, powersgd with its rank), each written
  * only when on so older checkpoints still resume.  --compress is the run's:
  * its checkpoints hold the replicas' residuals of that codec, which another
  * (or none) would not continue bit for bit (docs/checkpoints.md, "What
@@ -207,6 +247,8 @@ static void identity(const void *own, int part, char *buf, size_t cap)
     dp_allreduce_compress_of(a, &c);
     if (c.kind == DP_COMPRESS_TOPK)
         snprintf(buf + n, n < cap ? cap - n : 0, " compress=topk:%.9g", c.ratio);
+    else if (c.kind == DP_COMPRESS_POWERSGD)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=powersgd:%d", c.rank);
     else if (c.kind != DP_COMPRESS_NONE)
         snprintf(buf + n, n < cap ? cap - n : 0, " compress=%s", dp_compress_kind_name(c.kind));
 }

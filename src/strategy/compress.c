@@ -8,7 +8,7 @@
 #include "downpour/wire.h"
 
 static const char *const kind_names[DP_COMPRESS_KIND_COUNT] = {"none", "bf16", "fp16", "topk",
-                                                               "auto"};
+                                                               "auto", "powersgd"};
 
 const char *dp_compress_kind_name(dp_compress_kind k)
 {
@@ -19,6 +19,7 @@ int dp_compress_parse(const char *s, dp_compress *out, dp_err *err)
 {
     out->kind = DP_COMPRESS_NONE;
     out->ratio = 0;
+    out->rank = 0;
     if (!s)
         return 0;
     if (strncmp(s, "topk:", 5) == 0) {
@@ -30,14 +31,25 @@ int dp_compress_parse(const char *s, dp_compress *out, dp_err *err)
         out->ratio = r;
         return 0;
     }
+    if (strncmp(s, "powersgd", 8) == 0) {
+        /* digits only: strtol would take "+4", " 4" and "4.5"'s 4 */
+        const char *d = s[8] == ':' ? s + 9 : NULL;
+        size_t nd = d ? strspn(d, "0123456789") : 0;
+        long r = nd && nd <= 9 && !d[nd] ? strtol(d, NULL, 10) : 0;
+        if (r < 1 || r > DP_POWERSGD_MAX_RANK)
+            return dp_errf(err, "'%s': powersgd takes a rank, a whole number from 1 to %d, as "
+                                "powersgd:4",
+                           s, DP_POWERSGD_MAX_RANK);
+        out->kind = DP_COMPRESS_POWERSGD;
+        out->rank = (int)r;
+        return 0;
+    }
     for (int k = 0; k < DP_COMPRESS_KIND_COUNT; k++)
-        if (k != DP_COMPRESS_TOPK && strcmp(s, kind_names[k]) == 0) {
+        if (k != DP_COMPRESS_TOPK && k != DP_COMPRESS_POWERSGD && strcmp(s, kind_names[k]) == 0) {
             out->kind = (dp_compress_kind)k;
             return 0;
         }
-    if (strncmp(s, "powersgd", 8) == 0)
-        return dp_errf(err, "'%s': powersgd is not built yet; take bf16, fp16 or topk:RATIO", s);
-    return dp_errf(err, "'%s' is not none, bf16, fp16, topk:RATIO or auto", s);
+    return dp_errf(err, "'%s' is not none, bf16, fp16, topk:RATIO, powersgd:RANK or auto", s);
 }
 
 static uint32_t bits_of(float x)

@@ -487,7 +487,14 @@ int dp_ring_allreduce_part(dp_ring *r, float *buf, size_t len, size_t lo, size_t
                                  : ring_sum(r, &g, buf, &q, step, bucket, err);
 }
 
-void dp_ring_set_compress(dp_ring *r, const dp_compress *c) { r->compress = *c; }
+void dp_ring_set_compress(dp_ring *r, const dp_compress *c)
+{
+    r->compress = *c;
+    /* PowerSGD works on whole matrices above the ring (powersgd.h), which
+     * sums its factors exactly */
+    if (c->kind == DP_COMPRESS_POWERSGD)
+        r->compress.kind = DP_COMPRESS_NONE;
+}
 
 dp_compress_kind dp_ring_compress_choice(const dp_ring *r, size_t len)
 {
