@@ -582,7 +582,8 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
         dp_warn("%s: shard %d of %d takes more than the %d records a step the model holds, so "
                 "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
-            epoch + 1, i, c, *batch, c < *count ? "a worker was lost or drained" : "a worker is back");
+            epoch + 1, i, c, *batch,
+            c < *count ? "a worker was lost or drained" : "a worker is back");
     *index = i;
     *count = c;
     return 0;
@@ -812,10 +813,10 @@ static int train(loop *L, dp_err *err)
             if (step == kill_at)
                 raise(SIGKILL);
             if (drains && dp_drain_asked()) {
-                dp_info("%s: SIGTERM: drained after step %ld; it leaves the run", info->label,
-                        step);
                 if (L->ops->leave(L->s, step, err) < 0)
                     goto out;
+                dp_info("%s: SIGTERM: drained after step %ld; it leaves the run", info->label,
+                        step);
                 L->res->train_seconds = dp_now() - t_start;
                 L->res->steps = step;
                 rc = 0;
