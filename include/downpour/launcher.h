@@ -16,9 +16,12 @@
  * split (at a UTF-8 character boundary); a last line without a newline gets one.
  *
  * Stopping: SIGINT or SIGTERM to the launcher is forwarded to every task
- * (a second one sends SIGKILL).  When a task exits non-zero or is killed by a
- * signal (a fault), the launcher asks opts.survives whether the run goes on
- * without it (the strategy's answer: docs/faults.md).  If it does, the task
+ * (a second one sends SIGKILL); a task takes its parent's SIGTERM as the
+ * job stopping, never as a drain (docs/faults.md, "Draining"), and a
+ * drained worker's exit 0 is a good end like any other.  When a task exits
+ * non-zero or is killed by a signal (a fault), the launcher asks
+ * opts.survives whether the run goes on without it (the strategy's answer:
+ * docs/faults.md).  If it does, the task
  * is restarted while it has restarts left (opts.max_restarts, counted per
  * task; a restarted task rejoins the running job) and otherwise left out;
  * the run's status stays 0 when the rest end well.  If it does not, the

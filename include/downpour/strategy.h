@@ -282,6 +282,13 @@ struct dp_strategy_ops {
     int (*save)(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
     /* TRAINER after its last step: flush what is pending, say goodbye. */
     int (*finish)(dp_strategy *s, long steps, dp_err *err);
+    /* TRAINER that is not the evaluator, after `steps` steps, on SIGTERM: the
+     * step is complete; tell whoever must know that it leaves for good, so
+     * the run goes on without it and deals its data to the others (docs/
+     * faults.md, "Draining").  The loop then ends the task well: the node
+     * says BYE.  NULL: this strategy cannot drain a trainer, and SIGTERM
+     * keeps its default action (the task dies: a fault). */
+    int (*leave)(dp_strategy *s, long steps, dp_err *err);
     void (*close)(dp_strategy *s); /* NULL is a no-op */
 };
 

@@ -127,6 +127,10 @@ uint64_t dp_transport_peer_incarnation(const dp_transport *t, int peer);
  * and well, so the caller says so rather than "lost".  0 otherwise, and on a
  * transport without frame MACs. */
 int dp_transport_peer_tampered(const dp_transport *t, int peer);
+/* 1 when peer is lost and its loss was its BYE: it left the run in order
+ * (a drained worker, docs/faults.md "Draining", or one that ended well),
+ * rather than dying.  0 otherwise, and on a transport without BYE (MPI). */
+int dp_transport_peer_left(const dp_transport *t, int peer);
 uint64_t dp_transport_incarnation(const dp_transport *t);
 
 /* Whether peer runs on this task's host: 1 yes, 0 no, -1 unknown.  TCP

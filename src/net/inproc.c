@@ -440,6 +440,17 @@ static int inproc_same_host(const dp_transport *bt, int peer)
     return same;
 }
 
+static int inproc_left(const dp_transport *bt, int peer)
+{
+    const endpoint *e = (const endpoint *)bt;
+    if (peer == bt->rank)
+        return 0;
+    pthread_mutex_lock(&e->hub->mu);
+    int left = atomic_load(&e->links[peer].lost) && e->links[peer].orderly;
+    pthread_mutex_unlock(&e->hub->mu);
+    return left;
+}
+
 int dp_inproc_kill(dp_transport *t, dp_inproc_fault how, dp_err *err)
 {
     if (!t || t->ops != &inproc_ops)
@@ -540,4 +551,5 @@ static const dp_transport_ops inproc_ops = {
     .close = inproc_close,
     .allreduce = NULL,
     .same_host = inproc_same_host,
+    .left = inproc_left,
 };

@@ -678,6 +678,18 @@ static int tcp_tampered(const dp_transport *bt, int peer)
     return peer != t->base.rank && atomic_load(&((tcp *)t)->conns[peer].tampered);
 }
 
+static int tcp_left(const dp_transport *bt, int peer)
+{
+    tcp *t = (tcp *)bt;
+    if (peer == t->base.rank)
+        return 0;
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    int left = c->state == CONN_LOST && c->orderly;
+    pthread_mutex_unlock(&c->mu);
+    return left;
+}
+
 /* A peer on this host is one with a shared-memory link (the handshake
  * compared boot id, network namespace and uid, docs/transport.md). */
 static int tcp_same_host(const dp_transport *bt, int peer)
@@ -859,5 +871,6 @@ static const dp_transport_ops tcp_ops = {
     .close = tcp_close,
     .incarnation = tcp_incarnation,
     .tampered = tcp_tampered,
+    .left = tcp_left,
     .same_host = tcp_same_host,
 };

@@ -252,6 +252,13 @@ int dp_transport_peer_tampered(const dp_transport *t, int peer)
     return t->ops->tampered(t, peer);
 }
 
+int dp_transport_peer_left(const dp_transport *t, int peer)
+{
+    if (!t || peer < 0 || peer >= t->n_ranks || !t->ops->left)
+        return 0;
+    return t->ops->left(t, peer);
+}
+
 uint64_t dp_transport_incarnation(const dp_transport *t)
 {
     return t && t->ops->incarnation ? t->ops->incarnation(t, t->rank) : 0;

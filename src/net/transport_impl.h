@@ -31,6 +31,9 @@ typedef struct dp_transport_ops {
     /* Optional: whether peer's newest loss was a frame of it that failed
      * authentication (dp_transport_peer_tampered).  NULL: never. */
     int (*tampered)(const dp_transport *t, int peer);
+    /* Optional: whether peer's newest loss was its BYE, an orderly leave
+     * (dp_transport_peer_left).  NULL: never. */
+    int (*left)(const dp_transport *t, int peer);
     /* Optional: 1 when peer runs on this task's host, 0 when not, -1 when
      * unknown (dp_transport_same_host).  NULL: unknown. */
     int (*same_host)(const dp_transport *t, int peer);

@@ -166,7 +166,23 @@ static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
         return 0;
     s->live[p] = 0;
     s->n_live--;
+    /* It said BYE mid-run: drained (docs/faults.md, "Draining"), after the
+     * step this replica applied last; the ring re-forms as for a loss. */
+    int drained = dp_transport_peer_left(s->t, s->ranks[p]);
     forget(s, p);
+    if (drained) {
+        if (s->position == 0) {
+            dp_info("%s drained at step %ld; the run goes on over %d worker(s)", name_of(s, p),
+                    s->applied, s->n_live);
+            dp_metrics_event(s->env->metrics, "drain", DP_F_STR, "task", name_of(s, p),
+                             DP_F_STR, "action", "drain", DP_F_INT, "step", s->applied,
+                             DP_F_INT, "workers", (long)s->n_live, DP_F_END);
+        } else {
+            dp_info("%s left the all-reduce ring (drained); it re-forms over the %d replica(s) "
+                    "left", name_of(s, p), s->n_live);
+        }
+        return 0;
+    }
     dp_warn("fault: lost %s (%s); the all-reduce ring re-forms over the %d replica(s) left",
             name_of(s, p), why, s->n_live);
     dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR, "what",
@@ -1523,6 +1539,15 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
     return 0;
 }
 
+/* Drained after `steps`, which every replica completed (its last ring
+ * step's sends are out before the BYE the node says at close): nothing to
+ * tell; each survivor takes the BYE as this replica leaving (lose). */
+static int allreduce_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    (void)s, (void)steps, (void)err;
+    return 0;
+}
+
 const dp_strategy_ops dp_strategy_allreduce = {
     .name = "allreduce",
     .conf = &dp_allreduce_conf,
@@ -1542,5 +1567,6 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .params = allreduce_params,
     .save = allreduce_save,
     .finish = allreduce_finish,
+    .leave = allreduce_leave,
     .close = allreduce_close,
 };

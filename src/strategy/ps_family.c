@@ -1308,6 +1308,24 @@ int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err)
     return rc < 0 ? -1 : dp_transport_skip_payload(s->t, s->chief, err);
 }
 
+/* Drained after `steps` (docs/faults.md, "Draining"): what is pending is
+ * pushed, the servers retire this worker as one that is done (a ps-sync
+ * round closes without it), and the chief hears its last step; the BYE the
+ * node then says tells the chief it left rather than died. */
+int dp_ps_family_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    if (s->K)
+        return dp_errf(err, "SIGTERM: Worker %d holds slices of a model-parallel replica, "
+                            "which cannot go on without them, so it cannot drain", s->worker);
+    if (s->chief_lost)
+        return dp_errf(err, "SIGTERM: Worker %d cannot drain while the chief is lost (a "
+                            "restarted chief would wait for it)", s->worker);
+    if (dp_ps_client_flush(s->client, s->wparams, err) < 0 ||
+        dp_ps_client_say(s->client, DP_WIRE_DONE, (uint64_t)steps, err) < 0)
+        return -1;
+    return tell_chief(s, DP_WIRE_PROGRESS, (uint64_t)steps, NULL, 0, err);
+}
+
 /* ------------------------------------------------------------ the chief */
 
 /* Worker r's report of epoch e, counted once: a worker tells a restarted
@@ -1422,6 +1440,23 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
     s->live_workers--;
     s->live[ev->peer] = 0;
     s->lost[ev->peer] = 1;
+    if (ev->orderly) {
+        /* A BYE before DONE: drained (docs/faults.md, "Draining").  It said
+         * DONE to the servers and its last step (PROGRESS) to this chief;
+         * it will not come back, so its share is dealt to the others now. */
+        s->losses[ev->peer] = s->restarts + 1;
+        dp_info("%s drained at step %ld; the run goes on over %d worker(s)", who,
+                s->progress[ev->peer], s->live_workers - s->done);
+        dp_metrics_event(s->env->metrics, "drain", DP_F_STR, "task", who, DP_F_STR, "action",
+                         "drain", DP_F_INT, "step", s->progress[ev->peer], DP_F_INT, "workers",
+                         (long)(s->live_workers - s->done), DP_F_END);
+        deal_all(s, -1, 0);
+        if (s->ready[ev->peer]) {
+            s->ready[ev->peer] = 0;
+            s->n_ready--;
+        }
+        return 0;
+    }
     /* A worker with a restart left comes back for its own share; one
      * without has its share dealt to the others. */
     int awaited = ++s->losses[ev->peer] <= s->restarts;

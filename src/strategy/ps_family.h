@@ -86,6 +86,7 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err);
 int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
 int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err);
+int dp_ps_family_leave(dp_strategy *s, long steps, dp_err *err);
 void dp_ps_family_close(dp_strategy *s);
 
 /* A mode's table entry, every operation the family's; `survives`: the
@@ -103,6 +104,6 @@ void dp_ps_family_close(dp_strategy *s);
     .deal = dp_ps_family_deal, .epoch_end = dp_ps_family_epoch_end,                            \
     .next = dp_ps_family_next,                                                                 \
     .params = dp_ps_family_params, .save = dp_ps_family_save, .finish = dp_ps_family_finish,   \
-    .close = dp_ps_family_close
+    .leave = dp_ps_family_leave, .close = dp_ps_family_close
 
 #endif

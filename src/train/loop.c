@@ -29,6 +29,7 @@
 #include "downpour/tensorboard.h"
 #include "downpour/testhooks.h"
 #include "downpour/trace.h"
+#include "train/drain.h"
 #include "train/progress.h"
 
 /* Evaluation runs in chunks this large even when the training batch is
@@ -581,7 +582,8 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
         dp_warn("%s: shard %d of %d takes more than the %d records a step the model holds, so "
                 "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
-            epoch + 1, i, c, *batch, c < *count ? "a worker was lost" : "a worker is back");
+            epoch + 1, i, c, *batch,
+            c < *count ? "a worker was lost or drained" : "a worker is back");
     *index = i;
     *count = c;
     return 0;
@@ -756,6 +758,13 @@ static int train(loop *L, dp_err *err)
      * from the tests beside it. */
     long kill_at = dp_hook_kill_at_step();
     double pace_ms = dp_hook_step_ms();
+    /* SIGTERM drains a worker whose strategy can let it go (docs/faults.md,
+     * "Draining"): it finishes the step it is in, then leaves in order.
+     * Never the evaluator: the run's results are its. */
+    int drains = L->in_cluster && L->ops->leave && !info->evaluator &&
+                 L->node.self->role == DP_ROLE_WORKER;
+    if (drains)
+        dp_drain_arm();
     long step = info->start_step >= 0 ? info->start_step : L->resume.step;
     int first_epoch = (int)(step / L->spe);
     long first_k = step % L->spe;
@@ -803,6 +812,16 @@ static int train(loop *L, dp_err *err)
             step++;
             if (step == kill_at)
                 raise(SIGKILL);
+            if (drains && dp_drain_asked()) {
+                if (L->ops->leave(L->s, step, err) < 0)
+                    goto out;
+                dp_info("%s: SIGTERM: drained after step %ld; it leaves the run", info->label,
+                        step);
+                L->res->train_seconds = dp_now() - t_start;
+                L->res->steps = step;
+                rc = 0;
+                goto out;
+            }
             if (L->ck.ema && info->live_params) {
                 float d = cfg->ema, e = 1.0f - d;
                 float *restrict a = L->ck.ema;
@@ -894,6 +913,8 @@ static int train(loop *L, dp_err *err)
         goto out;
     rc = 0;
 out:
+    if (drains)
+        dp_drain_disarm();
     free(step_ms);
     dp_batcher_free(&batcher);
     return rc;
