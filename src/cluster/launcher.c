@@ -479,6 +479,27 @@ static char **with_resume(char **argv)
     return v;
 }
 
+/* Starts task i again (its streams drained by the caller): one restart
+ * more, its earlier metrics file kept as FILE.<type>-<index>.r<k>. */
+static int respawn(dp_launcher *l, int i)
+{
+    ltask *t = &l->t[i];
+    t->restarts++;
+    if (l->metrics_path) {
+        char *cur = task_metrics_path(l, i, 0), *old = task_metrics_path(l, i, t->restarts);
+        if (cur && old && rename(cur, old) != 0 && errno != ENOENT)
+            dp_warn("launcher: cannot keep %s as %s: %s", cur, old, strerror(errno));
+        free(cur);
+        free(old);
+    }
+    dp_err err;
+    if (spawn(l, i, l->self, &err) < 0) {
+        dp_error("launcher: cannot restart %s: %s", l->c->tasks[i].name, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 /* Every task reaped after restart_all: each starts again with --resume, its
  * earlier metrics file kept as FILE.<type>-<index>.r<k>.  -1 when one
  * cannot be started (the others are then stopped). */
@@ -498,19 +519,8 @@ static int relaunch(dp_launcher *l)
         }
         free_strv(t->argv);
         t->argv = v;
-        t->restarts++;
-        if (l->metrics_path) {
-            char *cur = task_metrics_path(l, i, 0), *old = task_metrics_path(l, i, t->restarts);
-            if (cur && old && rename(cur, old) != 0 && errno != ENOENT)
-                dp_warn("launcher: cannot keep %s as %s: %s", cur, old, strerror(errno));
-            free(cur);
-            free(old);
-        }
-        dp_err err;
-        if (spawn(l, i, l->self, &err) < 0) {
-            dp_error("launcher: cannot restart %s: %s", l->c->tasks[i].name, err.msg);
+        if (respawn(l, i) < 0)
             return -1;
-        }
     }
     dp_info("launcher: restarted all %d tasks with --resume (restart %d of %d)", l->n,
             l->relaunches, l->max_restarts);
@@ -567,19 +577,8 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     /* What the old process wrote is relayed before the new one writes. */
     stream_drain(t, &t->out);
     stream_drain(t, &t->err);
-    t->restarts++;
-    if (l->metrics_path) {
-        char *cur = task_metrics_path(l, i, 0), *old = task_metrics_path(l, i, t->restarts);
-        if (cur && old && rename(cur, old) != 0 && errno != ENOENT)
-            dp_warn("launcher: cannot keep %s as %s: %s", cur, old, strerror(errno));
-        free(cur);
-        free(old);
-    }
-    dp_err err;
-    if (spawn(l, i, l->self, &err) < 0) {
-        dp_error("launcher: cannot restart %s: %s", task->name, err.msg);
+    if (respawn(l, i) < 0)
         return -1;
-    }
     dp_info("launcher: %s restarted as pid %d (restart %d of %d)", task->name, (int)t->pid,
             t->restarts, l->max_restarts);
     return 0;
