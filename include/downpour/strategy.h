@@ -209,9 +209,12 @@ struct dp_strategy_ops {
     const dp_strategy_conf *conf; /* its settings; NULL: none of its own */
     const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
                             else why not, which --checkpoint-dir's refusal quotes */
-    int reshards;        /* 1: its checkpoints hold whole vectors, which any
-                            number of workers and ps tasks takes up on --resume
-                            (lbfgs); 0: a resume needs the cluster that wrote them */
+    int reshards;        /* DP_RESHARD_* (train_state.h): DP_RESHARD_ANY, its
+                            checkpoints hold whole vectors, which any number of
+                            workers and ps tasks takes up on --resume (lbfgs);
+                            DP_RESHARD_PS, any number of ps tasks, and of workers
+                            under --global-batch (the ps family); NONE (0): a
+                            resume needs the cluster that wrote them */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int data_parallel;   /* 1: each trainer holds the whole model and steps on the
                             gradients of its own batch (dp_grad_ops): what the

@@ -48,7 +48,9 @@ typedef struct dp_train_config {
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */
-    int batch;                /* per-step batch */
+    int batch;                /* per-step batch (each worker's) */
+    int global_batch;         /* --global-batch N: a step's records over all workers;
+                                 the loop sets batch to N / workers (0: batch rules) */
     int epochs;
     dp_optim_config optim;
     dp_lr_schedule lr_schedule;

@@ -242,6 +242,10 @@ int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
     const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
     if (!ops || check_device(cfg, err) < 0 || check_clip(cfg, err) < 0)
         return -1;
+    if (cfg->global_batch > 0 && !ops->data_parallel)
+        return dp_errf(err, "--global-batch: strategy %s's workers are not data-parallel "
+                            "replicas sharing a step's records; give --batch (docs/strategies.md, "
+                            "\"--global-batch\")", ops->name);
     if (!ops->conf || !ops->conf->check)
         return 0;
     return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);

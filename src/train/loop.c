@@ -68,6 +68,25 @@ float dp_lr_scale(const dp_lr_plan *p, long done, long total)
     return (float)f;
 }
 
+int dp_global_batch_share(int global, int workers, int *batch, dp_err *err)
+{
+    if (workers < 1)
+        workers = 1;
+    if (global < 1)
+        return dp_errf(err, "--global-batch %d: a step takes at least 1 record", global);
+    if (global % workers != 0) {
+        int lo = global / workers * workers, hi = lo + workers;
+        return dp_errf(err, "--global-batch %d is not a multiple of the %d workers (%d / %d "
+                            "leaves %d records over): each worker takes an equal share of a "
+                            "step. Hint: --global-batch %d or %d, or a number of workers that "
+                            "divides %d",
+                       global, workers, global, workers, global % workers, lo > 0 ? lo : hi,
+                       lo > 0 ? hi : hi + workers, global);
+    }
+    *batch = global / workers;
+    return 0;
+}
+
 dp_train_config dp_train_defaults(void)
 {
     dp_train_config c;
@@ -1074,7 +1093,8 @@ static int run_task(loop *L, dp_err *err)
         .workers = L->in_cluster ? L->node.cluster.count[DP_ROLE_WORKER] : 0,
         .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
         .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
-        .epochs = cfg->epochs, .reshards = L->ops->reshards};
+        .epochs = cfg->epochs, .reshards = L->ops->reshards,
+        .global_batch = cfg->global_batch, .same_records = cfg->shard == DP_SHARD_DATA};
     char settings[512];
     snprintf(settings, sizeof settings,
              "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g",
@@ -1106,6 +1126,9 @@ static int run_task(loop *L, dp_err *err)
         used += (size_t)snprintf(settings + used, sizeof settings - used,
                                  " lr_step_every=%d lr_gamma=%.9g", cfg->lr_step_every,
                                  (double)cfg->lr_gamma);
+    if (cfg->global_batch > 0) /* the batch's identity then; each worker's share may change */
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " global_batch=%d",
+                                 cfg->global_batch);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
@@ -1119,6 +1142,14 @@ static int run_task(loop *L, dp_err *err)
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
+    /* --global-batch was shared among the workers: they must be the
+     * data-parallel replicas (not, say, ps-async's model-parallel tasks) */
+    if (cfg->global_batch > 0 && L->info.part == DP_PART_TRAINER &&
+        (L->info.replicas > 0 ? L->info.replicas : 1) != (L->in_cluster ? L->id.workers : 1))
+        return dp_errf(err, "--global-batch %d: the %d workers train as %d replica(s) under "
+                            "this strategy's settings, so a share of %d records a worker is "
+                            "not a step of %d. Hint: --batch", cfg->global_batch, L->id.workers,
+                       L->info.replicas, cfg->batch, cfg->global_batch);
     /* every replica's residual, of which open took its own: memory no
      * longer needed (n_params floats a replica) */
     free(L->resume.residuals);
@@ -1195,8 +1226,11 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     memset(res, 0, sizeof *res);
     L.cfg = cfg;
     L.res = res;
-    if (cfg->batch < 1 || cfg->epochs < 1)
+    dp_train_config shared; /* cfg with --global-batch's share as its batch */
+    if (cfg->global_batch <= 0 && (cfg->batch < 1 || cfg->epochs < 1))
         return dp_errf(err, "batch and epochs must be at least 1");
+    if (cfg->epochs < 1)
+        return dp_errf(err, "epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
         check_outputs(cfg, err) < 0 || dp_strategy_check(cfg, err) < 0)
         return -1;
@@ -1215,6 +1249,18 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
                 dp_err_prefix(err, "%s", L.node.self->name);
             goto out;
         }
+    }
+    if (cfg->global_batch > 0) {
+        /* each worker's share, now that the cluster is known */
+        shared = *cfg;
+        if (dp_global_batch_share(cfg->global_batch,
+                                  L.in_cluster ? L.node.cluster.count[DP_ROLE_WORKER] : 1,
+                                  &shared.batch, err) < 0) {
+            if (L.in_cluster)
+                dp_err_prefix(err, "%s", L.node.self->name);
+            goto out;
+        }
+        L.cfg = cfg = &shared;
     }
     if (cfg->trace_path) {
         /* Under mpirun every rank has the same FILE: the chief keeps it and
