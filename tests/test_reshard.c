@@ -8,7 +8,8 @@
  *   differ), and so does an uninterrupted 3 + 2 run; a run 1 % off in its
  *   learning rate does not, so TOL can fail;
  * - another ps count alone re-slices the same arithmetic: resumed on 3 ps
- *   instead of 1, a --batch run ends bitwise equal to the uninterrupted one;
+ *   instead of 1, a --batch run of ps-sync (Adam), and of model-avg, ends
+ *   bitwise equal to the uninterrupted one;
  * - model-avg resumed on 3 workers from 2 (worker k's optimiser is the
  *   file's k mod 2: checked on the state read back) trains on;
  * - refused, naming the numbers: a global batch no multiple of the workers
@@ -99,6 +100,23 @@ static void another_ps_count_is_exact(void)
     CHECKF(rc == 0 && strstr(err, "(step 20)"), "resumed on 3 ps: %d %s", rc, err);
     double d = checkpoint_max_diff("two.safetensors", "two-3ps.safetensors");
     CHECKF(d == 0, "resumed on 3 ps instead of 1, the run ends %g from the uninterrupted one", d);
+
+    /* model-avg likewise (against a run that checkpoints at the same step:
+     * a checkpoint closes its period) */
+    const char *avg = "--strategy model-avg --period 3 " BASE " --batch 45";
+    rc = run_cmd(err, sizeof err, "%s " PS21 " train %s --epochs 1 --checkpoint-dir %s/avg1",
+                 bin, avg, tmp);
+    CHECKF(rc == 0, "model-avg, 1 epoch: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s " PS21 " train %s --epochs 2 --checkpoint-every 20 "
+                 "--checkpoint-dir %s/avg2 --save %s/avg.safetensors", bin, avg, tmp, tmp);
+    CHECKF(rc == 0, "model-avg, 2 epochs: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 3 -- train %s --epochs 2 "
+                 "--checkpoint-dir %s/avg1 --resume --save %s/avg-3ps.safetensors", bin, avg,
+                 tmp, tmp);
+    CHECKF(rc == 0 && strstr(err, "(step 20)"), "model-avg resumed on 3 ps: %d %s", rc, err);
+    d = checkpoint_max_diff("avg.safetensors", "avg-3ps.safetensors");
+    CHECKF(d == 0, "model-avg resumed on 3 ps instead of 1 ends %g from the uninterrupted run",
+           d);
 
     /* and another worker count without a global batch is refused */
     rc = run_cmd(err, sizeof err, "%s launch --chief --workers 3 --ps 1 -- train --strategy "
