@@ -249,7 +249,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"device", CLI_STR, &device, "DEV", "where trainers compute: cpu (the default), cuda, cuda:N (a GPU), or sim (the GPU code path run on the host, for tests); docs/gpu.md", 0, 0},
         {"", CLI_SECTION, NULL, NULL, "optimisation", 0, 0},
         {"batch", CLI_INT, &batch, "N", batch_text, 1, 65536},
-        {"global-batch", CLI_INT, &global_batch, "N", "records per step over all workers, in place of --batch: each worker takes N / workers (a multiple of the workers); a checkpoint then resumes on any number of workers dividing N (docs/strategies.md, \"--global-batch\")", 1, 1L << 24},
+        {"global-batch", CLI_INT, &global_batch, "N", "records per step over all workers, in place of --batch (0: --batch's): each worker takes N / workers, N a multiple of the workers; a checkpoint then resumes on any number of workers dividing N (docs/strategies.md)", 1, 1L << 24},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
