@@ -329,6 +329,11 @@ const char *dp_strategy_names(void);
  * error: the same answer on every task). */
 int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
                               dp_err *err);
+/* The data-parallel trainers of ops on a cluster of `chief` (0 or 1) and
+ * `workers` tasks: the workers, and the chief where it trains as position 0
+ * (a strategy that does not need it as its coordinator: allreduce); 1 for
+ * a strategy of one process.  What --global-batch is shared among. */
+int dp_strategy_trainers(const dp_strategy_ops *ops, int chief, int workers);
 /* The `downpour launch` options of a cluster this strategy runs on, with
  * `workers` workers: "--workers 2", "--chief --workers 2 --ps 1".  For
  * hints that are complete commands. */

@@ -526,7 +526,8 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
          * learns them when it joins its cluster (dp_train_run) */
         int share = (int)global_batch;
         if (topo && ops && ops->data_parallel &&
-            dp_global_batch_share((int)global_batch, topo[1], &share, &err) < 0) {
+            dp_global_batch_share((int)global_batch, dp_strategy_trainers(ops, topo[0], topo[1]),
+                                  &share, &err) < 0) {
             fprintf(stderr, "%s: %s\n", g_who, err.msg);
             return 2;
         }

@@ -47,6 +47,13 @@ void dp_strategy_launch_options(const dp_strategy_ops *ops, int workers, char *b
              workers > 0 ? workers : 2, ps ? " --ps 1" : "");
 }
 
+int dp_strategy_trainers(const dp_strategy_ops *ops, int chief, int workers)
+{
+    if (!ops->cluster)
+        return 1;
+    return workers + (ops->needs & DP_ROLE_BIT(DP_ROLE_CHIEF) ? 0 : chief);
+}
+
 int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
                               dp_err *err)
 {

@@ -182,6 +182,7 @@ typedef struct loop {
     dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
+    int trainers;          /* --global-batch: the trainers it is shared among */
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
     uint32_t bag_rows[DP_MAX_LAYERS]; /* the embedding bags' rows: named columns' id limits */
     int bag_places[DP_MAX_LAYERS];
@@ -1145,10 +1146,10 @@ static int run_task(loop *L, dp_err *err)
     /* --global-batch was shared among the workers: they must be the
      * data-parallel replicas (not, say, ps-async's model-parallel tasks) */
     if (cfg->global_batch > 0 && L->info.part == DP_PART_TRAINER &&
-        (L->info.replicas > 0 ? L->info.replicas : 1) != (L->in_cluster ? L->id.workers : 1))
+        (L->info.replicas > 0 ? L->info.replicas : 1) != L->trainers)
         return dp_errf(err, "--global-batch %d: the %d workers train as %d replica(s) under "
                             "this strategy's settings, so a share of %d records a worker is "
-                            "not a step of %d. Hint: --batch", cfg->global_batch, L->id.workers,
+                            "not a step of %d. Hint: --batch", cfg->global_batch, L->trainers,
                        L->info.replicas, cfg->batch, cfg->global_batch);
     /* every replica's residual, of which open took its own: memory no
      * longer needed (n_params floats a replica) */
@@ -1253,9 +1254,11 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     if (cfg->global_batch > 0) {
         /* each worker's share, now that the cluster is known */
         shared = *cfg;
-        if (dp_global_batch_share(cfg->global_batch,
-                                  L.in_cluster ? L.node.cluster.count[DP_ROLE_WORKER] : 1,
-                                  &shared.batch, err) < 0) {
+        const int *n = L.node.cluster.count;
+        L.trainers = L.in_cluster ? dp_strategy_trainers(L.ops, n[DP_ROLE_CHIEF],
+                                                         n[DP_ROLE_WORKER])
+                                  : 1;
+        if (dp_global_batch_share(cfg->global_batch, L.trainers, &shared.batch, err) < 0) {
             if (L.in_cluster)
                 dp_err_prefix(err, "%s", L.node.self->name);
             goto out;
