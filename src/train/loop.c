@@ -1228,10 +1228,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     L.cfg = cfg;
     L.res = res;
     dp_train_config shared; /* cfg with --global-batch's share as its batch */
-    if (cfg->global_batch <= 0 && (cfg->batch < 1 || cfg->epochs < 1))
+    if ((cfg->global_batch <= 0 && cfg->batch < 1) || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
-    if (cfg->epochs < 1)
-        return dp_errf(err, "epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
         check_outputs(cfg, err) < 0 || dp_strategy_check(cfg, err) < 0)
         return -1;
