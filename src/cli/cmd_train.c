@@ -211,6 +211,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     double heartbeat_timeout = node_defaults.heartbeat_timeout;
     double link_delay_ms = 0;
     long global_batch = 0; /* not given: --batch rules */
+    long sum_chunk = 0;
     long batch = 0 /* not given: cfg.batch */, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
@@ -250,6 +251,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"", CLI_SECTION, NULL, NULL, "optimisation", 0, 0},
         {"batch", CLI_INT, &batch, "N", batch_text, 1, 65536},
         {"global-batch", CLI_INT, &global_batch, "N", "records per step over all workers, in place of --batch (0: --batch's): each worker takes N / workers, N a multiple of the workers; a checkpoint then resumes on any number of workers dividing N (docs/strategies.md)", 1, 1L << 24},
+        {"sum-chunk", CLI_INT, &sum_chunk, "C", "ps-sync with --global-batch: push each worker's gradient as chunks of C records that the shards add in the step's order, so any number of workers whose share C divides ends with the same bits (0: off; docs/strategies.md)", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
@@ -524,10 +526,10 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     if (global_batch > 0) {
         /* each worker's share: launch knows the workers now; a task alone
          * learns them when it joins its cluster (dp_train_run) */
-        int share = (int)global_batch;
+        int share = (int)global_batch, w = topo && ops ? dp_strategy_trainers(ops, topo[0], topo[1]) : 1;
         if (topo && ops && ops->data_parallel &&
-            dp_global_batch_share((int)global_batch, dp_strategy_trainers(ops, topo[0], topo[1]),
-                                  &share, &err) < 0) {
+            (dp_global_batch_share((int)global_batch, w, &share, &err) < 0 ||
+             dp_sum_chunk_check((int)sum_chunk, share, (int)global_batch, w, &err) < 0)) {
             fprintf(stderr, "%s: %s\n", g_who, err.msg);
             return 2;
         }
@@ -546,6 +548,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     }
     cfg.batch = (int)batch;
     cfg.global_batch = (int)global_batch;
+    cfg.sum_chunk = (int)sum_chunk;
     cfg.epochs = (int)epochs;
     cfg.seed = (uint64_t)seed;
     cfg.n_train = (uint32_t)n_train;

@@ -253,6 +253,11 @@ int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
         return dp_errf(err, "--global-batch: strategy %s's workers are not data-parallel "
                             "replicas sharing a step's records; give --batch (docs/strategies.md, "
                             "\"--global-batch\")", ops->name);
+    if (cfg->sum_chunk > 0 && (ops != &dp_strategy_ps_sync || cfg->global_batch <= 0))
+        return dp_errf(err, "--sum-chunk %d: %s", cfg->sum_chunk,
+                       ops != &dp_strategy_ps_sync
+                           ? "for --strategy ps-sync, whose shards add the workers' chunks"
+                           : "it cuts --global-batch's shares: give --global-batch N");
     if (!ops->conf || !ops->conf->check)
         return 0;
     return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);

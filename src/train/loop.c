@@ -87,6 +87,23 @@ int dp_global_batch_share(int global, int workers, int *batch, dp_err *err)
     return 0;
 }
 
+int dp_sum_chunk_check(int chunk, int batch, int global, int workers, dp_err *err)
+{
+    if (chunk <= 0)
+        return 0;
+    if (batch % chunk != 0)
+        return dp_errf(err, "--sum-chunk %d does not divide a worker's %d records (--global-batch "
+                            "%d over %d workers): each worker pushes whole chunks. Hint: a "
+                            "--sum-chunk that divides --global-batch / workers for every number "
+                            "of workers the run may have", chunk, batch, global, workers);
+    if (batch / chunk > DP_PS_MAX_CHUNKS)
+        return dp_errf(err, "--sum-chunk %d cuts a worker's %d records into %d chunks, at most "
+                            "%d a push. Hint: --sum-chunk %d or more", chunk, batch,
+                       batch / chunk, DP_PS_MAX_CHUNKS,
+                       (batch + DP_PS_MAX_CHUNKS - 1) / DP_PS_MAX_CHUNKS);
+    return 0;
+}
+
 dp_train_config dp_train_defaults(void)
 {
     dp_train_config c;
@@ -763,6 +780,13 @@ static int train(loop *L, dp_err *err)
     memset(&batcher, 0, sizeof batcher);
     if (!external && dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
+    /* --sum-chunk: each worker a contiguous block of the step's records
+     * (one worker's order is the epoch's already) */
+    if (!external && cfg->sum_chunk > 0 && policy == DP_SHARD_DATA &&
+        dp_batcher_blocks(&batcher, (uint32_t)cfg->batch, err) < 0) {
+        dp_batcher_free(&batcher);
+        return -1;
+    }
     dp_augment aug;
     if (setup_augment(L, &batcher, &aug, err) < 0) {
         dp_batcher_free(&batcher);
@@ -1130,6 +1154,9 @@ static int run_task(loop *L, dp_err *err)
     if (cfg->global_batch > 0) /* the batch's identity then; each worker's share may change */
         used += (size_t)snprintf(settings + used, sizeof settings - used, " global_batch=%d",
                                  cfg->global_batch);
+    if (cfg->sum_chunk > 0) /* deals blocks, not every w-th record: another order */
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " sum_chunk=%d",
+                                 cfg->sum_chunk);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
@@ -1256,7 +1283,9 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
         L.trainers = L.in_cluster ? dp_strategy_trainers(L.ops, n[DP_ROLE_CHIEF],
                                                          n[DP_ROLE_WORKER])
                                   : 1;
-        if (dp_global_batch_share(cfg->global_batch, L.trainers, &shared.batch, err) < 0) {
+        if (dp_global_batch_share(cfg->global_batch, L.trainers, &shared.batch, err) < 0 ||
+            dp_sum_chunk_check(cfg->sum_chunk, shared.batch, cfg->global_batch, L.trainers,
+                               err) < 0) {
             if (L.in_cluster)
                 dp_err_prefix(err, "%s", L.node.self->name);
             goto out;
