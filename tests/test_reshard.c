@@ -1,7 +1,11 @@
 /* Resume anywhere (docs/checkpoints.md, "Resuming on another cluster"):
  * a parameter-server checkpoint resumes on another number of ps tasks, and
  * under --global-batch on another number of workers.
- * - ps-sync, 2 workers and 1 ps at --global-batch 90 (Adam), killed after
+ * - with --sum-chunk 15, ps-sync at --global-batch 90 on 2 workers and 1 ps
+ *   (Adam), killed after step 17 and resumed from step 14 on 3 workers and
+ *   2 ps, ends bit for bit where the uninterrupted run does, and so do runs
+ *   on 3, 6 and 1 workers;
+ * - without it, ps-sync, 2 workers and 1 ps at --global-batch 90, killed after
  *   step 17 and resumed from step 14 on 3 workers and 2 ps, ends within
  *   TOL of the uninterrupted run (measured 3e-8: each worker's gradient
  *   sums its share of the step's records in another grouping, so the bits
@@ -13,7 +17,8 @@
  * - model-avg resumed on 3 workers from 2 (worker k's optimiser is the
  *   file's k mod 2: checked on the state read back) trains on;
  * - refused, naming the numbers: a global batch no multiple of the workers
- *   (exit 2), --batch with --global-batch, --global-batch under a strategy
+ *   (exit 2), a --sum-chunk that does not divide a worker's share, or
+ *   without --global-batch, or under allreduce, --batch with --global-batch, --global-batch under a strategy
  *   without data-parallel workers, and a --batch checkpoint on another
  *   number of workers (with the hint to --global-batch). */
 #include <math.h>
@@ -23,8 +28,9 @@
 
 #define TOL 1e-5
 
+/* small shards, so that 2 ps tasks hold one each */
 #define BASE "--dataset mnist --model 784-32-10 --train-size 1800 --val-size 200 " \
-             "--test-size 200 --log-every 0 --no-progress --threads 1"
+             "--test-size 200 --log-every 0 --no-progress --threads 1 --ps-min-shard-bytes 4096"
 #define GLOBAL BASE " --epochs 2 --global-batch 90"
 #define EVERY " --checkpoint-every 7"
 #define PS21 "launch --chief --workers 2 --ps 1 --"
@@ -32,6 +38,42 @@
 
 static const char *bin, *tmp;
 static char err[16384];
+
+/* --sum-chunk 15: every worker count that divides 90 / 15 sums the same
+ * chunks in the same order, so the bits are the same. */
+static void sum_chunk_resumes_bit_for_bit(void)
+{
+    const char *chunk = " --sum-chunk 15";
+    int rc = run_cmd(err, sizeof err, "%s " PS21 " train --strategy ps-sync " GLOBAL "%s"
+                     EVERY " --checkpoint-dir %s/cfull --save %s/cfull.safetensors", bin, chunk,
+                     tmp, tmp);
+    CHECKF(rc == 0, "--sum-chunk: the uninterrupted 2 + 1 run exited %d: %s", rc, err);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=17 %s " PS21 " train --strategy "
+                 "ps-sync " GLOBAL "%s" EVERY " --checkpoint-dir %s/cpart", bin, chunk, tmp);
+    CHECKF(rc != 0 && strstr(err, "killed by signal 9"), "--sum-chunk: the run meant to be "
+           "killed at step 17: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s " PS32 " train --strategy ps-sync " GLOBAL "%s" EVERY
+                 " --checkpoint-dir %s/cpart --save %s/cpart.safetensors --resume", bin, chunk,
+                 tmp, tmp);
+    CHECKF(rc == 0 && strstr(err, "(step 14)"), "--sum-chunk: the 3 + 2 resume: %d %s", rc, err);
+    CHECKF(strstr(err, "ps:1 applied 26 update(s)") != NULL,
+           "--sum-chunk: the second ps task holds a shard and applied the 26 steps: %s", err);
+    double d = checkpoint_max_diff("cfull.safetensors", "cpart.safetensors");
+    CHECKF(d == 0, "--sum-chunk: resumed on 3 workers and 2 ps, the run ends %g from the "
+           "uninterrupted 2 + 1 run's weights", d);
+    /* and uninterrupted on 3 workers, on 6, on 1 */
+    static const char *const clusters[] = {PS32, "launch --chief --workers 6 --ps 3 --",
+                                           "launch --chief --workers 1 --ps 1 --"};
+    for (int i = 0; i < 3; i++) {
+        rc = run_cmd(err, sizeof err, "%s %s train --strategy ps-sync " GLOBAL "%s --save "
+                     "%s/c%d.safetensors", bin, clusters[i], chunk, tmp, i);
+        CHECKF(rc == 0, "--sum-chunk under %s: %d %s", clusters[i], rc, err);
+        char name[32];
+        snprintf(name, sizeof name, "c%d.safetensors", i);
+        d = checkpoint_max_diff("cfull.safetensors", name);
+        CHECKF(d == 0, "--sum-chunk: %s ends %g from 2 + 1", clusters[i], d);
+    }
+}
 
 static void global_batch_resumes_on_another_cluster(void)
 {
@@ -146,6 +188,17 @@ static void refusals(void)
                  " --global-batch 90", bin);
     CHECKF(rc == 2 && strstr(err, "strategy pipeline's workers are not data-parallel"),
            "--global-batch under pipeline: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --chief --workers 5 --ps 1 -- train --strategy "
+                 "ps-sync " GLOBAL " --sum-chunk 15", bin);
+    CHECKF(rc == 2 && strstr(err, "--sum-chunk 15 does not divide a worker's 18 records"),
+           "--sum-chunk 15 on 5 workers: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --chief --workers 2 --ps 1 -- train --strategy "
+                 "ps-sync " BASE " --sum-chunk 15", bin);
+    CHECKF(rc == 2 && strstr(err, "give --global-batch N"), "--sum-chunk alone: %d %s", rc, err);
+    rc = run_cmd(err, sizeof err, "%s launch --workers 2 -- train --strategy allreduce " GLOBAL
+                 " --sum-chunk 15", bin);
+    CHECKF(rc == 2 && strstr(err, "--sum-chunk 15: for --strategy ps-sync"),
+           "--sum-chunk under allreduce: %d %s", rc, err);
     rc = run_cmd(err, sizeof err, "%s train " BASE " --global-batch 1801", bin);
     CHECKF(rc == 2 && strstr(err, "--global-batch 1801: a step cannot take more records"),
            "--global-batch above the split: %d %s", rc, err);
@@ -217,6 +270,7 @@ int main(void)
     worker_optimizers_redealt();
     refusals();
     require_mnist();
+    sum_chunk_resumes_bit_for_bit();
     global_batch_resumes_on_another_cluster();
     another_ps_count_is_exact();
     return CHECK_DONE();
