@@ -1226,6 +1226,11 @@ static int chunk_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     size_t np = s->m->n_params, dim = s->env->train->dim;
     int c = s->pc.chunk;
     double loss = 0;
+    if (n > s->pc.chunks * c) /* the loop's redeal after a lost worker: bigger shares */
+        return dp_errf(err, "--sum-chunk %d: a step of %d records, more than this run's %d "
+                            "chunks a worker; a run that lost a worker goes on with --resume "
+                            "from its newest checkpoint on the workers there are "
+                            "(docs/checkpoints.md)", c, n, s->pc.chunks);
     out->loss = 0;
     out->correct = 0;
     double t0 = dp_now();
