@@ -681,6 +681,36 @@ static void test_shards(const dp_split *s)
             dp_batcher_free(&k_b[k]);
         dp_batcher_free(&one);
     }
+    /* DATA by blocks (--sum-chunk): worker k's j-th batch of b is, in order,
+     * positions k*b .. (k+1)*b - 1 of the single process's j-th batch of
+     * w*b, the last step's too; the shards of an epoch partition the split. */
+    for (int wi = 0; wi < 4; wi++) {
+        uint32_t w = (uint32_t)ws[wi], bsz = 3;
+        dp_batcher one, k_b[5];
+        REQUIRE(dp_batcher_init(&one, s, 11, 1, DP_SHARD_DATA, 0, 1, &err) == 0);
+        dp_batcher_start_epoch(&one, 2);
+        uint32_t seen[64] = {0}, at = 0;
+        for (uint32_t k = 0; k < w; k++) {
+            REQUIRE(dp_batcher_init(&k_b[k], s, 11, 1, DP_SHARD_DATA, (int)k, (int)w, &err) == 0);
+            CHECKF(dp_batcher_blocks(&k_b[k], bsz, &err) == 0, "%s", err.msg);
+            dp_batcher_start_epoch(&k_b[k], 2);
+            for (uint32_t i = 0; i < k_b[k].n; i++)
+                seen[k_b[k].order[i]]++;
+        }
+        int exact = 1;
+        for (uint32_t i = 0; i < s->n; i++)
+            exact &= seen[i] == 1;
+        CHECKF(exact, "DATA by blocks, %u workers: one epoch does not deal every record once", w);
+        for (uint32_t j = 0; at < s->n && j < s->n; j++) /* j: bounded if a deal fails */
+            for (uint32_t k = 0; k < w; k++)
+                for (uint32_t i = j * bsz; i < (j + 1) * bsz && i < k_b[k].n; i++, at++)
+                    CHECKF(k_b[k].order[i] == one.order[at], "DATA by blocks, %u workers: step "
+                           "%u, worker %u, record %u is not the single process's %u", w, j, k,
+                           i, at);
+        for (uint32_t k = 0; k < w; k++)
+            dp_batcher_free(&k_b[k]);
+        dp_batcher_free(&one);
+    }
     /* Refusals: index out of range, no workers, a shard with no records. */
     dp_batcher b;
     CHECK(dp_batcher_init(&b, s, 1, 1, DP_SHARD_DATA, 3, 3, &err) == -1);

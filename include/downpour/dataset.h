@@ -213,6 +213,9 @@ typedef struct dp_batcher {
                             (by_files: of file ranks, below) */
     uint32_t *perm;      /* DATA: the epoch's order of every record of the split */
     uint32_t stride;
+    uint32_t block;      /* DATA by blocks (dp_batcher_blocks): it owns blocks first,
+                            first + stride, ... of `block` consecutive positions of
+                            the epoch's order; 0: every stride-th position */
     int by_files;        /* FILE over files: it owns the records of the files of
                             ranks first + i*stride among those holding records */
     uint32_t pos;        /* next position in order */
@@ -252,6 +255,13 @@ int dp_batcher_next_indices(dp_batcher *b, uint32_t *idx, int batch);
  * it for (the epoch, its index in the split); a must outlive the batcher.
  * A streamed split is refused (its records come without their index). */
 int dp_batcher_augment(dp_batcher *b, const struct dp_augment *a, dp_err *err);
+/* DATA sharding by blocks: shard k of w owns blocks k, k + w, ... of
+ * `block` consecutive positions of the epoch's order, instead of positions
+ * k, k + w, ...  With block = the per-shard batch, step j's w batches are
+ * then positions j*w*block .. (j+1)*w*block - 1 in shard order, each
+ * shard's a contiguous run (--sum-chunk: docs/strategies.md).  Only for a
+ * DATA batcher over records in memory, before its first epoch. */
+int dp_batcher_blocks(dp_batcher *b, uint32_t block, dp_err *err);
 /* Skips to position pos of the epoch's order (a resumed run's place in
  * its epoch); past the end means the epoch is over. */
 void dp_batcher_seek(dp_batcher *b, uint32_t pos);

@@ -84,6 +84,12 @@ typedef struct dp_ps_config {
     dp_ps_table_spec tables[DP_PS_MAX_TABLES];
     size_t dense_shift;     /* client: its vector holds dense parameter j (of the whole
                                model) at j - dense_shift: what its compact tables lack */
+    int chunks;             /* sync with --sum-chunk: a gradient push carries this many
+                               gradients (chunk j at j * n in the client's vector), each
+                               of `chunk` records (the push's records fill them in
+                               order), which the servers add in worker, then chunk
+                               order (docs/strategies.md); 0: one gradient a push */
+    int chunk;
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);

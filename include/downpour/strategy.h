@@ -209,9 +209,12 @@ struct dp_strategy_ops {
     const dp_strategy_conf *conf; /* its settings; NULL: none of its own */
     const char *no_checkpoints; /* NULL: it writes training-state checkpoints;
                             else why not, which --checkpoint-dir's refusal quotes */
-    int reshards;        /* 1: its checkpoints hold whole vectors, which any
-                            number of workers and ps tasks takes up on --resume
-                            (lbfgs); 0: a resume needs the cluster that wrote them */
+    int reshards;        /* DP_RESHARD_* (train_state.h): DP_RESHARD_ANY, its
+                            checkpoints hold whole vectors, which any number of
+                            workers and ps tasks takes up on --resume (lbfgs);
+                            DP_RESHARD_PS, any number of ps tasks, and of workers
+                            under --global-batch (the ps family); NONE (0): a
+                            resume needs the cluster that wrote them */
     int cluster;         /* 1: runs on a cluster of tasks; 0: one process */
     int data_parallel;   /* 1: each trainer holds the whole model and steps on the
                             gradients of its own batch (dp_grad_ops): what the
@@ -333,6 +336,11 @@ const char *dp_strategy_names(void);
  * error: the same answer on every task). */
 int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
                               dp_err *err);
+/* The data-parallel trainers of ops on a cluster of `chief` (0 or 1) and
+ * `workers` tasks: the workers, and the chief where it trains as position 0
+ * (a strategy that does not need it as its coordinator: allreduce); 1 for
+ * a strategy of one process.  What --global-batch is shared among. */
+int dp_strategy_trainers(const dp_strategy_ops *ops, int chief, int workers);
 /* The `downpour launch` options of a cluster this strategy runs on, with
  * `workers` workers: "--workers 2", "--chief --workers 2 --ps 1".  For
  * hints that are complete commands. */

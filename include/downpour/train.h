@@ -49,6 +49,15 @@ typedef struct dp_train_result {
 } dp_train_result;
 
 int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err);
+
+/* --global-batch N over `workers` data-parallel workers: *batch gets each
+ * worker's share N / workers; -1 naming the numbers when N is not a
+ * positive multiple of workers (docs/strategies.md, "--global-batch"). */
+int dp_global_batch_share(int global, int workers, int *batch, dp_err *err);
+/* --sum-chunk C against a worker's share `batch` of --global-batch `global`
+ * over `workers`: 0 when C divides the share into at most
+ * DP_PS_MAX_CHUNKS chunks, else -1 naming the numbers. */
+int dp_sum_chunk_check(int chunk, int batch, int global, int workers, dp_err *err);
 /* Accuracy and mean loss of the model with weights params (m->n_params
  * floats) over a split, in chunks of at most m->max_batch records, using x
  * (max_batch * dim floats) and y as scratch.  *bad_inputs (when non-NULL):

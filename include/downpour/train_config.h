@@ -26,6 +26,10 @@ typedef enum dp_lr_schedule {
     DP_LR_COUNT
 } dp_lr_schedule;
 
+/* --sum-chunk: the most chunks one push carries (the transport gathers at
+ * most 64 pieces a frame, one of them the push's head). */
+#define DP_PS_MAX_CHUNKS 63
+
 /* Room for a strategy's settings in dp_train_config: its struct is copied
  * with the config, so no one frees it (each strategy checks its size). */
 #define DP_STRATEGY_CFG_MAX 256
@@ -48,7 +52,13 @@ typedef struct dp_train_config {
     int straggler;            /* worker index slowed on purpose, -1 for none */
     double straggler_ms;      /* its extra milliseconds per step (lbfgs: per portion) */
     bool trace_clocks;        /* a "clock" metrics event per step (for tests) */
-    int batch;                /* per-step batch */
+    int batch;                /* per-step batch (each worker's) */
+    int global_batch;         /* --global-batch N: a step's records over all workers;
+                                 the loop sets batch to N / workers (0: batch rules) */
+    int sum_chunk;            /* --sum-chunk C (ps-sync with global_batch): each worker's
+                                 gradient is pushed as chunks of C consecutive records
+                                 and the shards add them in the step's order, so any
+                                 number of workers sums the same bits (0: off) */
     int epochs;
     dp_optim_config optim;
     dp_lr_schedule lr_schedule;

@@ -47,6 +47,18 @@ typedef struct dp_train_state {
     char *path;           /* the file it was read from (malloc'd); NULL when not read */
 } dp_train_state;
 
+/* How a strategy's checkpoints resume on another cluster (dp_run_identity's
+ * and dp_strategy_ops's reshards; docs/checkpoints.md, "Resuming on
+ * another cluster"). */
+enum {
+    DP_RESHARD_NONE = 0, /* only on the cluster that wrote them */
+    DP_RESHARD_ANY = 1,  /* whole vectors that any workers and ps tasks take up (lbfgs) */
+    DP_RESHARD_PS = 2    /* whole vectors the ps tasks re-slice (the ps family): any
+                            number of ps tasks; another number of workers only with a
+                            global batch (--global-batch) dealt by --shard data, so a
+                            step takes the same records */
+};
+
 /* The run a checkpoint belongs to. */
 typedef struct dp_run_identity {
     const char *strategy;
@@ -60,8 +72,11 @@ typedef struct dp_run_identity {
     uint32_t train_size, val_size;
     long steps_per_epoch;
     int epochs;
-    int reshards;         /* 1: the state is whole vectors that any cluster can take
-                             up (lbfgs), so a resume may change the workers and ps */
+    int reshards;         /* DP_RESHARD_*: which cluster may take the state up */
+    int global_batch;     /* --global-batch N (0: none): the batch a step takes over
+                             all workers, so `batch` (its share) may differ */
+    int same_records;     /* 1: a step's records are the same for any number of
+                             workers at one global batch (--shard data) */
     const char *settings; /* every other setting the trajectory depends on, as
                              "key=value ..." (momentum, shard, period, ...) */
 } dp_run_identity;

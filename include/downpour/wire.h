@@ -32,7 +32,8 @@
 
 enum dp_wire_type {
     /* parameter servers (src/strategy/ps.c) */
-    DP_WIRE_PUSH_GRAD = DP_FRAME_APP(0),    /* worker -> ps: push head + the shard's gradient */
+    DP_WIRE_PUSH_GRAD = DP_FRAME_APP(0),    /* worker -> ps: push head + the shard's gradient
+                                               (--sum-chunk: the slice of each chunk's, in turn) */
     DP_WIRE_PUSH_PARAMS = DP_FRAME_APP(1),  /* worker -> ps: push head + parameters (model-avg) */
     DP_WIRE_PULL = DP_FRAME_APP(2),         /* anyone -> ps: send me the shard's parameters */
     DP_WIRE_PARAMS = DP_FRAME_APP(3),       /* ps -> anyone: the shard's parameters; step = slowest clock */

@@ -210,6 +210,8 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     double startup_timeout = node_defaults.connect_timeout;
     double heartbeat_timeout = node_defaults.heartbeat_timeout;
     double link_delay_ms = 0;
+    long global_batch = 0; /* not given: --batch rules */
+    long sum_chunk = 0;
     long batch = 0 /* not given: cfg.batch */, epochs = cfg.epochs, seed = 1, threads = 0, log_every = cfg.log_every;
     long n_train = cfg.n_train, n_val = cfg.n_val, n_test = 0;
     double lr = NAN, momentum = NAN, ema = 0; /* NAN: not given, the optimizer's */
@@ -248,6 +250,8 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"device", CLI_STR, &device, "DEV", "where trainers compute: cpu (the default), cuda, cuda:N (a GPU), or sim (the GPU code path run on the host, for tests); docs/gpu.md", 0, 0},
         {"", CLI_SECTION, NULL, NULL, "optimisation", 0, 0},
         {"batch", CLI_INT, &batch, "N", batch_text, 1, 65536},
+        {"global-batch", CLI_INT, &global_batch, "N", "records per step over all workers, in place of --batch (0: --batch's): each worker takes N / workers, N a multiple of the workers; a checkpoint then resumes on any number of workers dividing N (docs/strategies.md)", 1, 1L << 24},
+        {"sum-chunk", CLI_INT, &sum_chunk, "C", "ps-sync with --global-batch: push each worker's gradient as chunks of C records that the shards add in the step's order, so any number of workers whose share C divides ends with the same bits (0: off; docs/strategies.md)", 1, 65536},
         {"epochs", CLI_INT, &epochs, "N", "passes over the training split", 1, 100000},
         {"optimizer", CLI_STR, &optimizer, "NAME", "sgd, momentum, nesterov, adagrad, adam, or adamw (adam with decoupled weight decay, as torch.optim.AdamW)", 0, 0},
         {"lr", CLI_NUM, &lr, "X", lr_text, -INFINITY, INFINITY},
@@ -507,6 +511,31 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     if (check_model(model) < 0 || check_dataset(dataset) < 0)
         return 2;
     bool batch_given = batch > 0;
+    if (batch_given && global_batch > 0) {
+        fprintf(stderr, "%s: --batch %ld and --global-batch %ld: give one (--batch is each "
+                        "worker's records a step, --global-batch all workers' together)\n",
+                g_who, batch, global_batch);
+        return 2;
+    }
+    if (global_batch > n_train) {
+        fprintf(stderr, "%s: --global-batch %ld: a step cannot take more records than the "
+                        "training split holds (--train-size %ld). Hint: --global-batch %ld or "
+                        "less\n", g_who, global_batch, n_train, n_train);
+        return 2;
+    }
+    if (global_batch > 0) {
+        /* each worker's share: launch knows the workers now; a task alone
+         * learns them when it joins its cluster (dp_train_run) */
+        int share = (int)global_batch, w = topo && ops ? dp_strategy_trainers(ops, topo[0], topo[1]) : 1;
+        if (topo && ops && ops->data_parallel &&
+            (dp_global_batch_share((int)global_batch, w, &share, &err) < 0 ||
+             dp_sum_chunk_check((int)sum_chunk, share, (int)global_batch, w, &err) < 0)) {
+            fprintf(stderr, "%s: %s\n", g_who, err.msg);
+            return 2;
+        }
+        batch = share;
+        batch_given = true;
+    }
     if (!batch_given)
         batch = cfg.batch;
     /* a --batch given above the records is a mistake; the default batch over
@@ -518,6 +547,8 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         return 2;
     }
     cfg.batch = (int)batch;
+    cfg.global_batch = (int)global_batch;
+    cfg.sum_chunk = (int)sum_chunk;
     cfg.epochs = (int)epochs;
     cfg.seed = (uint64_t)seed;
     cfg.n_train = (uint32_t)n_train;

@@ -210,6 +210,39 @@ int dp_batcher_init(dp_batcher *b, const dp_split *split, uint64_t seed, int shu
     return 0;
 }
 
+/* Position i of a by-blocks shard's order, in the epoch's order. */
+static uint32_t block_position(const dp_batcher *b, uint32_t i)
+{
+    uint64_t blk = (uint64_t)(i / b->block) * b->stride + b->first;
+    return (uint32_t)(blk * b->block + i % b->block);
+}
+
+int dp_batcher_blocks(dp_batcher *b, uint32_t block, dp_err *err)
+{
+    if (block == 0 || !b->perm || b->by_files)
+        return dp_errf(err, "batcher: blocks of %u records need DATA sharding of records in "
+                       "memory", block);
+    /* the positions p < total whose block (p / block) is this shard's */
+    uint32_t total = b->split->n, n = 0;
+    for (uint64_t blk = b->first; blk * block < total; blk += b->stride) {
+        uint64_t end = (blk + 1) * block;
+        n += (uint32_t)((end < total ? end : total) - blk * block);
+    }
+    if (n == 0)
+        return dp_errf(err, "batcher: shard %u of %u owns no block of %u of the %u records",
+                       b->first, b->stride, block, total);
+    uint32_t *order = realloc(b->order, (size_t)n * sizeof *order); /* may own more */
+    if (!order)
+        return dp_errf(err, "batcher: out of memory for %u record indices", n);
+    b->order = order;
+    b->block = block;
+    b->n = n;
+    for (uint32_t i = 0; i < n; i++)
+        b->order[i] = block_position(b, i);
+    b->pos = 0;
+    return 0;
+}
+
 void dp_batcher_free(dp_batcher *b)
 {
     if (!b)
@@ -238,7 +271,8 @@ void dp_batcher_start_epoch(dp_batcher *b, long epoch)
             b->perm[i] = i;
         dp_rng_shuffle(&r, b->perm, total);
         for (uint32_t i = 0; i < b->n; i++)
-            b->order[i] = b->perm[b->first + (size_t)i * b->stride];
+            b->order[i] = b->perm[b->block ? block_position(b, i)
+                                           : b->first + (size_t)i * b->stride];
     } else {
         /* Resetting first makes the order a function of (seed, epoch) alone. */
         natural_order(b);

@@ -1006,7 +1006,7 @@ static const dp_strategy_conf lb_conf = {
 const dp_strategy_ops dp_strategy_lbfgs = {
     .name = "lbfgs",
     .conf = &lb_conf,
-    .reshards = 1, /* x, g and the pairs are gathered whole into a checkpoint */
+    .reshards = DP_RESHARD_ANY, /* x, g and the pairs are gathered whole into a checkpoint */
     .no_clip = "L-BFGS steps along a search direction chosen by a line search over the whole "
                "batch, not along the gradient",
     .summary = "Sandblaster L-BFGS: a coordinator drives L-BFGS on vectors sharded over the ps "

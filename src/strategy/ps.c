@@ -11,6 +11,7 @@
 #include "downpour/wire.h"
 #include "downpour/clock.h"
 #include "downpour/log.h"
+#include "downpour/train_config.h"
 #include "downpour/sender.h"
 #include "downpour/trace.h"
 #include "strategy/ps_rules.h"
@@ -283,6 +284,8 @@ int dp_ps_round_close(server *s, dp_err *err)
 {
     s->round_pushes = 0;
     s->round_records = 0;
+    if (s->chunk_in)
+        memset(s->chunk_in, 0, (size_t)(s->n_workers ? s->n_workers : 1));
     dp_ps_rows_round_clear(s);
     for (int i = 0; i < s->n_workers; i++)
         if (s->w[i].pending)
@@ -291,14 +294,75 @@ int dp_ps_round_close(server *s, dp_err *err)
     return 0;
 }
 
+/* The records of chunk j of a push of `records` (they fill the chunks in
+ * order). */
+static float chunk_records(const server *s, uint32_t records, int j)
+{
+    long left = (long)records - (long)j * s->cfg.chunk;
+    return (float)(left <= 0 ? 0 : left < s->cfg.chunk ? left : s->cfg.chunk);
+}
+
+/* --sum-chunk: a push's head, then its chunks into the worker's place;
+ * s->scratch gets their records-weighted mean, the one gradient the rest
+ * of the server handles as any push's (a restored server's rounds). */
+static int recv_chunks(server *s, dp_ps_worker *w, uint8_t *raw, dp_err *err)
+{
+    size_t i = (size_t)(w - s->w), per = (size_t)s->cfg.chunks * s->n;
+    float *mine = s->chunk_buf + i * per;
+    if (dp_transport_recv_payload(s->t, w->rank, raw, DP_PUSH_HEAD_SIZE, err) < 0 ||
+        dp_transport_recv_payload(s->t, w->rank, mine, per * sizeof(float), err) < 0)
+        return -1;
+    dp_push_head h;
+    dp_push_head_get(&h, raw);
+    if (h.records > (uint32_t)s->cfg.chunks * (uint32_t)s->cfg.chunk)
+        return dp_errf(err, "%s pushed %u records in %d chunks of %d",
+                       dp_transport_peer_name(s->t, w->rank), h.records, s->cfg.chunks,
+                       s->cfg.chunk);
+    s->chunk_rec[i] = h.records;
+    s->chunk_in[i] = 1;
+    float scale = h.records > 0 ? (float)(1.0 / h.records) : 0;
+    for (size_t k = 0; k < s->n; k++)
+        s->scratch[k] = 0;
+    for (int j = 0; j < s->cfg.chunks; j++) {
+        float r = chunk_records(s, h.records, j);
+        const float *g = mine + (size_t)j * s->n;
+        for (size_t k = 0; k < s->n; k++)
+            s->scratch[k] += g[k] * r;
+    }
+    for (size_t k = 0; k < s->n; k++)
+        s->scratch[k] *= scale;
+    return 0;
+}
+
+void dp_ps_round_chunk_sum(server *s)
+{
+    int first = 1;
+    for (int i = 0; i < s->n_workers; i++) {
+        if (!s->chunk_in[i])
+            continue;
+        const float *mine = s->chunk_buf + (size_t)i * s->cfg.chunks * s->n;
+        for (int j = 0; j < s->cfg.chunks; j++, first = 0) {
+            float r = chunk_records(s, s->chunk_rec[i], j);
+            const float *g = mine + (size_t)j * s->n;
+            if (first)
+                for (size_t k = 0; k < s->n; k++)
+                    s->sum[k] = g[k] * r;
+            else
+                for (size_t k = 0; k < s->n; k++)
+                    s->sum[k] += g[k] * r;
+        }
+    }
+}
+
 /* Checks a push, reads it into s->scratch, counts the worker's clock and
  * hands it to the mode's rule. */
 static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
 {
     const char *who = dp_transport_peer_name(s->t, w->rank);
-    size_t want_len = DP_PUSH_HEAD_SIZE + s->n * sizeof(float);
     int is_params = ev->header.type == DP_WIRE_PUSH_PARAMS;
     int rows = ev->header.type == DP_WIRE_PUSH_ROWS; /* then a rows section follows */
+    int chunks = s->chunk_buf && ev->header.type == DP_WIRE_PUSH_GRAD ? s->cfg.chunks : 0;
+    size_t want_len = DP_PUSH_HEAD_SIZE + (chunks ? (size_t)chunks : 1) * s->n * sizeof(float);
     if ((rows ? ev->header.length < want_len : ev->header.length != want_len) ||
         ev->header.offset != s->lo)
         return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu%s at %zu",
@@ -313,9 +377,14 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
         return dp_transport_skip_payload(s->t, w->rank, err);
     uint8_t raw[DP_PUSH_HEAD_SIZE];
     dp_push_head head;
-    if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
-        dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
+    if (chunks) {
+        if (recv_chunks(s, w, raw, err) < 0)
+            return -1;
+    } else if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
+               dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float),
+                                         err) < 0) {
         return -1;
+    }
     for (int k = 0; k < s->n_tab; k++)
         s->tab[k].up_n = s->tab[k].n_ids = 0; /* a dense push touches no row */
     if (rows && dp_ps_rows_read(s, w->rank, ev->header.length - want_len, 1, who, err) < 0)
@@ -988,6 +1057,15 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
         dp_push_head_put(raw, &head);
         /* with sparse tables a gradient push carries the step's rows */
         int rows = c->cfg.n_tables > 0 && c->last.type == DP_WIRE_PUSH_GRAD;
+        if (c->cfg.chunks > 0 && c->last.type == DP_WIRE_PUSH_GRAD) {
+            /* --sum-chunk: this shard's slice of every chunk, in order */
+            struct iovec iov[1 + DP_PS_MAX_CHUNKS] = {{raw, sizeof raw}};
+            for (int j = 0; j < c->cfg.chunks; j++)
+                iov[1 + j] = (struct iovec){(void *)(c->last.v + (size_t)j * c->n + r->lo),
+                                            (r->hi - r->lo) * sizeof(float)};
+            return dp_transport_sendv(c->t, rank, c->last.type, c->last.step, r->lo, iov,
+                                      1 + c->cfg.chunks, err);
+        }
         struct iovec iov[3] = {{raw, sizeof raw},
                                {(void *)(c->last.v + r->lo - c->cfg.dense_shift),
                                 (r->hi - r->lo) * sizeof(float)},

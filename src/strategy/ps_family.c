@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/sparse.h"
+#include "downpour/trace.h"
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
@@ -78,6 +80,8 @@ struct dp_strategy {
     int *mp_ranks;         /* a worker: the transport rank of each task of its replica */
     double mp_timeout;     /* a worker: s to wait for a replica peer */
     int mp_k;              /* --model-parallel K (0: plain replicas) */
+    float *chunk_buf;      /* --sum-chunk, a worker: its chunks' gradients, chunk j at
+                              j * n_params (pc.chunks of them) */
     size_t mp_lo, mp_n;    /* a worker: its slices' range in slice order */
     float *vec, *vgrads;   /* slice-order vectors: a worker's (its range used), the
                               chief's pulls, a server's start */
@@ -249,6 +253,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->plans);
     free(s->vec);
     free(s->vgrads);
+    free(s->chunk_buf);
     free(s->tally);
     free(s->live);
     free(s->ready);
@@ -633,6 +638,37 @@ static int launch_restarts(int *out, dp_err *err)
     return 0;
 }
 
+/* --sum-chunk (docs/strategies.md, "--global-batch"): the servers and the
+ * workers agree on the chunks a push carries; a worker holds room for them.
+ * Only where a chunk's gradient is the host model's over its own records
+ * and nothing else adds into the sum. */
+static int chunk_setup(dp_strategy *s, dp_ps_mode mode, dp_err *err)
+{
+    const dp_train_config *cfg = s->env->cfg;
+    if (cfg->sum_chunk <= 0)
+        return 0;
+    const char *no = mode != DP_PS_SYNC                        ? "the strategy is not ps-sync"
+                     : s->mp_k > 0                             ? "--model-parallel"
+                     : s->pc.replicas > 1                      ? "--ps-replicas 2"
+                     : s->pc.n_tables > 0                      ? "sparse tables moved by rows"
+                     : cfg->device.kind != DP_DEVICE_CPU       ? "--device"
+                     : cfg->clip_norm > 0                      ? "--clip-norm (each worker clips its own gradient)"
+                     : s->m->external                          ? "an external model"
+                     : s->m->n_buffers                         ? "batch norm's statistics"
+                     : cfg->batch % cfg->sum_chunk != 0        ? "a share it does not divide"
+                                                               : NULL;
+    if (no)
+        return dp_errf(err, "--sum-chunk %d: not with %s (docs/strategies.md, \"--global-batch\")",
+                       cfg->sum_chunk, no);
+    s->pc.chunks = cfg->batch / cfg->sum_chunk;
+    s->pc.chunk = cfg->sum_chunk;
+    if (s->part == DP_PART_TRAINER &&
+        !(s->chunk_buf = malloc((size_t)s->pc.chunks * s->m->n_params * sizeof(float))))
+        return dp_errf(err, "out of memory for %d chunks of %zu gradients", s->pc.chunks,
+                       s->m->n_params);
+    return 0;
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -678,7 +714,8 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                                       : DP_PART_TRAINER;
     s->wparams = s->m->params;
     s->cut = dp_model_sparse_cut(s->m);
-    if (choose_sparse(s, mode, dp_strategy_settings(cfg, &dp_ps_conf), err) < 0)
+    if (choose_sparse(s, mode, dp_strategy_settings(cfg, &dp_ps_conf), err) < 0 ||
+        chunk_setup(s, mode, err) < 0)
         goto fail;
     if (s->mp_k > 0 ? mp_layout(s, mode, err) < 0
                     : dp_ps_layout_make_from(&s->layout, c, s->dense_lo, s->m->n_params + s->cut,
@@ -708,6 +745,10 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     if (dp_ps_client_open(&s->client, s->t, &mine, &pc, &cfg->optim, s->m->n_params, err) < 0)
         goto fail;
     dp_ps_client_on_failover(s->client, failover_event, s);
+    if (s->chunk_buf && dp_ps_client_send_thread(s->client)) { /* it copies one gradient */
+        dp_errf(err, "--sum-chunk: not with a send thread (push-behind)");
+        goto fail;
+    }
     if (s->part == DP_PART_COORDINATOR) {
         dp_ps_client_on_restart(s->client, restore_ps, s);
         snprintf(info->label, sizeof info->label, "Chief");
@@ -1176,6 +1217,49 @@ static int mp_step(dp_strategy *s, const float *x, const uint8_t *y, int n, floa
     return dp_ps_client_step(s->client, s->vec, s->vgrads, n, lr, err);
 }
 
+/* --sum-chunk: the gradient of each chunk of the batch on its own (the
+ * host model over its records, whatever the batch around it), pushed
+ * together for the shards to add in order (ps.c, dp_ps_round_chunk_sum). */
+static int chunk_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
+                      long step, dp_step_out *out, dp_err *err)
+{
+    size_t np = s->m->n_params, dim = s->env->train->dim;
+    int c = s->pc.chunk;
+    double loss = 0;
+    if (n > s->pc.chunks * c) /* the loop's redeal after a lost worker: bigger shares */
+        return dp_errf(err, "--sum-chunk %d: a step of %d records, more than this run's %d "
+                            "chunks a worker; a run that lost a worker goes on with --resume "
+                            "from its newest checkpoint on the workers there are "
+                            "(docs/checkpoints.md)", c, n, s->pc.chunks);
+    out->loss = 0;
+    out->correct = 0;
+    double t0 = dp_now();
+    for (int j = 0; j < s->pc.chunks; j++) {
+        int lo = j * c, k = n - lo < c ? n - lo : c;
+        float *g = s->chunk_buf + (size_t)j * np;
+        if (k <= 0) {
+            memset(g, 0, np * sizeof *g);
+            continue;
+        }
+        int right = 0;
+        loss += (double)dp_model_forward_backward(s->m, x + (size_t)lo * dim, y + lo, k, &right) *
+                k;
+        out->correct += right;
+        memcpy(g, s->m->grads, np * sizeof *g);
+    }
+    dp_trace_compute("compute", t0, dp_now());
+    if (n > 0) {
+        out->loss = (float)(loss / n);
+        if (!isfinite(out->loss))
+            return dp_errf(err, "the loss became %g at step %ld: lower the learning rate (--lr)",
+                           (double)out->loss, step);
+    }
+    double t1 = dp_now();
+    int rc = dp_ps_client_step(s->client, s->m->params, s->chunk_buf, n, lr, err);
+    dp_trace_span("update", "comm", t1, dp_now(), -1);
+    return rc;
+}
+
 int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr,
                       long step, dp_step_out *out, dp_err *err)
 {
@@ -1183,8 +1267,10 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
     if (s->pc.n_tables > 0 && pull_rows(s, x, n, err) < 0)
         return -1;
     x = slot_batch(s, x, n);
-    int rc = s->K ? mp_step(s, x, y, n, lr, step, out, err)
-                  : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr, step, out, err);
+    int rc = s->K          ? mp_step(s, x, y, n, lr, step, out, err)
+             : s->chunk_buf ? chunk_step(s, x, y, n, lr, step, out, err)
+                            : dp_data_parallel_step(s->m, s->replica, &grad_ops, s, x, y, n, lr,
+                                                    step, out, err);
     /* The chief evaluates once every epoch report is in: the epoch's pushes
      * are answered within it (push-behind), so it evaluates them all. */
     if (rc == 0 && s->env->steps_per_epoch > 0 && step % s->env->steps_per_epoch == 0)

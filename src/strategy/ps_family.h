@@ -94,6 +94,7 @@ void dp_ps_family_close(dp_strategy *s);
 #define DP_PS_FAMILY_OPS(open_fn, survives_also)                                               \
     .conf = &dp_ps_conf,                                                                       \
     .cluster = 1, .devices = 1, .buffers = 1, .data_parallel = 1,                              \
+    .reshards = DP_RESHARD_PS, /* whole vectors the shards re-slice (docs/checkpoints.md) */   \
     .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | (survives_also),                                 \
     .needs = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS), \
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \

@@ -62,6 +62,10 @@ struct dp_ps_server {
     float *params;   /* the shard */
     float *scratch;  /* the push being handled (gradient, or parameters for avg) */
     float *sum;      /* a round's records-weighted sum */
+    float *chunk_buf; /* --sum-chunk: each worker's chunks of the round, worker i's
+                         at i * chunks * n (cfg.chunks > 0) */
+    uint32_t *chunk_rec; /* and its push's records */
+    char *chunk_in;      /* and whether it pushed into the open round */
     float *ema;      /* moving average of params (cfg.ema > 0), else NULL */
     double round_records;
     int round_pushes;
@@ -195,6 +199,9 @@ int dp_ps_apply_then_wait(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *
 int dp_ps_round_add(dp_ps_server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *err);
 int dp_ps_round_complete(const dp_ps_server *s);
 const float *dp_ps_round_mean(dp_ps_server *s);
+/* --sum-chunk: the round's sum made again from the chunks, in worker then
+ * chunk order, so it is the same bits for any number of workers. */
+void dp_ps_round_chunk_sum(dp_ps_server *s);
 int dp_ps_round_close(dp_ps_server *s, dp_err *err);
 
 /* Client: sends v's slice to every shard (a push), and takes every shard's

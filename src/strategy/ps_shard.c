@@ -125,8 +125,16 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->ema = malloc(nn * sizeof(float));
     s->scratch = malloc(nn * sizeof(float));
     s->sum = malloc(nn * sizeof(float));
+    int chunked = cfg->chunks > 0 && rules->mode == DP_PS_SYNC;
+    if (chunked) {
+        s->chunk_buf = malloc((size_t)(s->n_workers ? s->n_workers : 1) * (size_t)cfg->chunks *
+                              nn * sizeof(float));
+        s->chunk_rec = calloc((size_t)(s->n_workers ? s->n_workers : 1), sizeof *s->chunk_rec);
+        s->chunk_in = calloc((size_t)(s->n_workers ? s->n_workers : 1), 1);
+    }
     if (!s->w || !s->worker_of || !s->params || !s->scratch || !s->sum ||
-        (cfg->ema > 0 && !s->ema)) {
+        (cfg->ema > 0 && !s->ema) ||
+        (chunked && (!s->chunk_buf || !s->chunk_rec || !s->chunk_in))) {
         dp_ps_shard_free(s);
         return dp_errf(err, "out of memory for a shard of %zu parameters", s->n);
     }
@@ -176,6 +184,9 @@ void dp_ps_shard_free(dp_ps_server *s)
     free(s->ema);
     free(s->scratch);
     free(s->sum);
+    free(s->chunk_buf);
+    free(s->chunk_rec);
+    free(s->chunk_in);
     free(s);
 }
 

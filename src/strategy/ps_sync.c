@@ -13,6 +13,10 @@ static int release(dp_ps_server *s, dp_err *err)
 {
     if (!dp_ps_round_complete(s))
         return 0;
+    /* --sum-chunk: the sum again, in an order that does not depend on the
+     * workers (a restored server's rounds keep the arrival order's) */
+    if (s->chunk_buf && !s->restored && s->round_records > 0)
+        dp_ps_round_chunk_sum(s);
     const float *mean = dp_ps_round_mean(s);
     if (mean)
         dp_ps_apply(s, mean, s->round_lr);

@@ -47,6 +47,13 @@ void dp_strategy_launch_options(const dp_strategy_ops *ops, int workers, char *b
              workers > 0 ? workers : 2, ps ? " --ps 1" : "");
 }
 
+int dp_strategy_trainers(const dp_strategy_ops *ops, int chief, int workers)
+{
+    if (!ops->cluster)
+        return 1;
+    return workers + (ops->needs & DP_ROLE_BIT(DP_ROLE_CHIEF) ? 0 : chief);
+}
+
 int dp_strategy_check_cluster(const dp_strategy_ops *ops, int chief, int workers, int ps,
                               dp_err *err)
 {
@@ -242,6 +249,15 @@ int dp_strategy_check(const dp_train_config *cfg, dp_err *err)
     const dp_strategy_ops *ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err);
     if (!ops || check_device(cfg, err) < 0 || check_clip(cfg, err) < 0)
         return -1;
+    if (cfg->global_batch > 0 && !ops->data_parallel)
+        return dp_errf(err, "--global-batch: strategy %s's workers are not data-parallel "
+                            "replicas sharing a step's records; give --batch (docs/strategies.md, "
+                            "\"--global-batch\")", ops->name);
+    if (cfg->sum_chunk > 0 && (ops != &dp_strategy_ps_sync || cfg->global_batch <= 0))
+        return dp_errf(err, "--sum-chunk %d: %s", cfg->sum_chunk,
+                       ops != &dp_strategy_ps_sync
+                           ? "for --strategy ps-sync, whose shards add the workers' chunks"
+                           : "it cuts --global-batch's shares: give --global-batch N");
     if (!ops->conf || !ops->conf->check)
         return 0;
     return ops->conf->check(dp_strategy_settings(cfg, ops->conf), cfg, err);

@@ -566,7 +566,10 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
         same(f, "dataset", id->dataset, path, err) < 0 ||
         same(f, "optimizer", id->optimizer, path, err) < 0 ||
         same(f, "lr_schedule", id->lr_schedule, path, err) < 0 || same(f, "lr", lr, path, err) < 0 ||
-        same(f, "seed", seed, path, err) < 0 || same_long(f, "batch", id->batch, path, err) < 0 ||
+        same(f, "seed", seed, path, err) < 0 ||
+        /* under --global-batch the settings hold the global batch; a worker's
+         * share follows from it and the workers, which may change */
+        (id->global_batch <= 0 && same_long(f, "batch", id->batch, path, err) < 0) ||
         same_long(f, "train_size", (long)id->train_size, path, err) < 0 ||
         same_long(f, "val_size", (long)id->val_size, path, err) < 0 ||
         same_settings(f, id->settings ? id->settings : "", path, err) < 0)
@@ -575,10 +578,29 @@ static int check_identity(const dp_safetensors *f, const dp_model *m, const dp_r
     if (meta_long(f, "workers", 0, INT_MAX, &workers, path, err) < 0 ||
         meta_long(f, "ps", 0, INT_MAX, &ps, path, err) < 0)
         return -1;
-    if ((workers != id->workers || ps != id->ps) && !id->reshards)
+    if ((workers != id->workers || ps != id->ps) && id->reshards == DP_RESHARD_NONE)
         return dp_errf(err, "%s was written by a run of %ld worker(s) and %ld ps task(s); this run "
                             "has %d and %d. Hint: resume with the cluster it was written by",
                        path, workers, ps, id->workers, id->ps);
+    /* The ps family's state is whole vectors the shards re-slice, so any
+     * ps count takes it up; another worker count only where a step still
+     * takes the same records (docs/checkpoints.md, "Resuming on another
+     * cluster"). */
+    if (workers != id->workers && id->reshards == DP_RESHARD_PS) {
+        if (id->global_batch <= 0)
+            return dp_errf(err, "%s was written by a run of %ld worker(s); this run has %d, whose "
+                                "steps would take another number of records (--batch is each "
+                                "worker's). Hint: resume with %ld worker(s), or train with "
+                                "--global-batch N (from the first run on) to resume on any "
+                                "number of workers that divides N",
+                           path, workers, id->workers, workers);
+        if (!id->same_records)
+            return dp_errf(err, "%s was written by a run of %ld worker(s); this run has %d, and "
+                                "its --shard deals each worker records of its own, so a step "
+                                "would take other records. Hint: resume with %ld worker(s); "
+                                "--shard data (the default) resumes on any number",
+                           path, workers, id->workers, workers);
+    }
     long epochs;
     if (meta_long(f, "epochs", 1, INT_MAX, &epochs, path, err) < 0)
         return -1;
@@ -692,8 +714,13 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
     if (hist && (hist->ndim != 2 || hist->shape[1] != 3 || hist->shape[0] > id->epochs))
         return dp_errf(err, "%s: tensor 'loop.history' is not (epochs <= %d, 3)", path, id->epochs);
     /* model-avg keeps one optimiser per worker (found by its t: sgd has no
-     * slot tensors); the others one in all */
+     * slot tensors); the others one in all.  Resumed on another number of
+     * workers, worker k takes the file's worker k mod W (docs/checkpoints.md,
+     * "Resuming on another cluster"). */
+    long file_workers = 0;
     int n_workers = dp_safetensors_meta(f, "worker.0.optimizer_t") ? id->workers : 0;
+    if (n_workers > 0 && (meta_long(f, "workers", 1, MAX_WORKERS, &file_workers, path, err) < 0))
+        return -1;
     int parts = (dp_safetensors_find(f, "ema") ? DP_STATE_EMA : 0) |
                 (dp_safetensors_find(f, "best") ? DP_STATE_BEST : 0);
     if (dp_train_state_alloc(st, m->n_params, n_slots, parts, id->epochs, n_workers, err) < 0)
@@ -718,13 +745,14 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
             return -1;
     }
     for (int i = 0; i < n_workers; i++) {
+        int from = (int)(i % file_workers);
         for (int k = 0; k < n_slots; k++) {
-            snprintf(name, sizeof name, "worker.%d.optimizer.slot%d", i, k);
+            snprintf(name, sizeof name, "worker.%d.optimizer.slot%d", from, k);
             if (copy_2d(st->worker_slots + ((size_t)i * n_slots + k) * n, f, name, 1,
                             (int64_t)n, 0, path, err) < 0)
                 return -1;
         }
-        snprintf(name, sizeof name, "worker.%d.optimizer_t", i);
+        snprintf(name, sizeof name, "worker.%d.optimizer_t", from);
         if (meta_long(f, name, 0, LONG_MAX, &st->worker_t[i], path, err) < 0)
             return -1;
     }

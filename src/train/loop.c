@@ -69,6 +69,42 @@ float dp_lr_scale(const dp_lr_plan *p, long done, long total)
     return (float)f;
 }
 
+int dp_global_batch_share(int global, int workers, int *batch, dp_err *err)
+{
+    if (workers < 1)
+        workers = 1;
+    if (global < 1)
+        return dp_errf(err, "--global-batch %d: a step takes at least 1 record", global);
+    if (global % workers != 0) {
+        int lo = global / workers * workers, hi = lo + workers;
+        return dp_errf(err, "--global-batch %d is not a multiple of the %d workers (%d / %d "
+                            "leaves %d records over): each worker takes an equal share of a "
+                            "step. Hint: --global-batch %d or %d, or a number of workers that "
+                            "divides %d",
+                       global, workers, global, workers, global % workers, lo > 0 ? lo : hi,
+                       lo > 0 ? hi : hi + workers, global);
+    }
+    *batch = global / workers;
+    return 0;
+}
+
+int dp_sum_chunk_check(int chunk, int batch, int global, int workers, dp_err *err)
+{
+    if (chunk <= 0)
+        return 0;
+    if (batch % chunk != 0)
+        return dp_errf(err, "--sum-chunk %d does not divide a worker's %d records (--global-batch "
+                            "%d over %d workers): each worker pushes whole chunks. Hint: a "
+                            "--sum-chunk that divides --global-batch / workers for every number "
+                            "of workers the run may have", chunk, batch, global, workers);
+    if (batch / chunk > DP_PS_MAX_CHUNKS)
+        return dp_errf(err, "--sum-chunk %d cuts a worker's %d records into %d chunks, at most "
+                            "%d a push. Hint: --sum-chunk %d or more", chunk, batch,
+                       batch / chunk, DP_PS_MAX_CHUNKS,
+                       (batch + DP_PS_MAX_CHUNKS - 1) / DP_PS_MAX_CHUNKS);
+    return 0;
+}
+
 dp_train_config dp_train_defaults(void)
 {
     dp_train_config c;
@@ -164,6 +200,7 @@ typedef struct loop {
     dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
+    int trainers;          /* --global-batch: the trainers it is shared among */
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
     uint32_t bag_rows[DP_MAX_LAYERS]; /* the embedding bags' rows: named columns' id limits */
     int bag_places[DP_MAX_LAYERS];
@@ -745,6 +782,13 @@ static int train(loop *L, dp_err *err)
     memset(&batcher, 0, sizeof batcher);
     if (!external && dp_batcher_init(&batcher, &L->train, seed, 1, policy, index, count, err) < 0)
         return -1;
+    /* --sum-chunk: each worker a contiguous block of the step's records
+     * (one worker's order is the epoch's already) */
+    if (!external && cfg->sum_chunk > 0 && policy == DP_SHARD_DATA &&
+        dp_batcher_blocks(&batcher, (uint32_t)cfg->batch, err) < 0) {
+        dp_batcher_free(&batcher);
+        return -1;
+    }
     dp_augment aug;
     if (setup_augment(L, &batcher, &aug, err) < 0) {
         dp_batcher_free(&batcher);
@@ -1095,7 +1139,8 @@ static int run_task(loop *L, dp_err *err)
         .workers = L->in_cluster ? L->node.cluster.count[DP_ROLE_WORKER] : 0,
         .ps = L->in_cluster ? L->node.cluster.count[DP_ROLE_PS] : 0, .batch = cfg->batch,
         .seed = cfg->seed, .train_size = cfg->n_train, .val_size = cfg->n_val,
-        .epochs = cfg->epochs, .reshards = L->ops->reshards};
+        .epochs = cfg->epochs, .reshards = L->ops->reshards,
+        .global_batch = cfg->global_batch, .same_records = cfg->shard == DP_SHARD_DATA};
     char settings[512];
     snprintf(settings, sizeof settings,
              "momentum=%.9g beta1=%.9g beta2=%.9g eps=%.9g shard=%s ema=%.9g",
@@ -1127,6 +1172,12 @@ static int run_task(loop *L, dp_err *err)
         used += (size_t)snprintf(settings + used, sizeof settings - used,
                                  " lr_step_every=%d lr_gamma=%.9g", cfg->lr_step_every,
                                  (double)cfg->lr_gamma);
+    if (cfg->global_batch > 0) /* the batch's identity then; each worker's share may change */
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " global_batch=%d",
+                                 cfg->global_batch);
+    if (cfg->sum_chunk > 0) /* deals blocks, not every w-th record: another order */
+        used += (size_t)snprintf(settings + used, sizeof settings - used, " sum_chunk=%d",
+                                 cfg->sum_chunk);
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
@@ -1140,6 +1191,14 @@ static int run_task(loop *L, dp_err *err)
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;
+    /* --global-batch was shared among the workers: they must be the
+     * data-parallel replicas (not, say, ps-async's model-parallel tasks) */
+    if (cfg->global_batch > 0 && L->info.part == DP_PART_TRAINER &&
+        (L->info.replicas > 0 ? L->info.replicas : 1) != L->trainers)
+        return dp_errf(err, "--global-batch %d: the %d workers train as %d replica(s) under "
+                            "this strategy's settings, so a share of %d records a worker is "
+                            "not a step of %d. Hint: --batch", cfg->global_batch, L->trainers,
+                       L->info.replicas, cfg->batch, cfg->global_batch);
     /* every replica's residual, of which open took its own: memory no
      * longer needed (n_params floats a replica) */
     free(L->resume.residuals);
@@ -1216,7 +1275,8 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
     memset(res, 0, sizeof *res);
     L.cfg = cfg;
     L.res = res;
-    if (cfg->batch < 1 || cfg->epochs < 1)
+    dp_train_config shared; /* cfg with --global-batch's share as its batch */
+    if ((cfg->global_batch <= 0 && cfg->batch < 1) || cfg->epochs < 1)
         return dp_errf(err, "batch and epochs must be at least 1");
     if (!(L.ops = dp_strategy_find(cfg->strategy ? cfg->strategy : "", err)) ||
         check_outputs(cfg, err) < 0 || dp_strategy_check(cfg, err) < 0)
@@ -1236,6 +1296,22 @@ int dp_train_run(const dp_train_config *cfg, dp_train_result *res, dp_err *err)
                 dp_err_prefix(err, "%s", L.node.self->name);
             goto out;
         }
+    }
+    if (cfg->global_batch > 0) {
+        /* each worker's share, now that the cluster is known */
+        shared = *cfg;
+        const int *n = L.node.cluster.count;
+        L.trainers = L.in_cluster ? dp_strategy_trainers(L.ops, n[DP_ROLE_CHIEF],
+                                                         n[DP_ROLE_WORKER])
+                                  : 1;
+        if (dp_global_batch_share(cfg->global_batch, L.trainers, &shared.batch, err) < 0 ||
+            dp_sum_chunk_check(cfg->sum_chunk, shared.batch, cfg->global_batch, L.trainers,
+                               err) < 0) {
+            if (L.in_cluster)
+                dp_err_prefix(err, "%s", L.node.self->name);
+            goto out;
+        }
+        L.cfg = cfg = &shared;
     }
     if (cfg->trace_path) {
         /* Under mpirun every rank has the same FILE: the chief keeps it and
