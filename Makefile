@@ -34,8 +34,11 @@ deps:
 PHASE_LOG := $(abspath $(BUILD))/make-test-phases.log
 TIMED      = scripts/timed.sh $(PHASE_LOG)
 
+# make test leaves the benchmarks out of its build (BENCH=OFF: no test runs
+# them); make bench configures them back on and builds them in the same tree.
+BENCH ?= ON
 configure: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DDOWNPOUR_BUILD_BENCH=$(BENCH)
 
 build: configure
 	$(TIMED) build cmake --build $(BUILD) -j $(JOBS)
@@ -84,7 +87,7 @@ run: build-run data
 # (scripts/test.sh), on the CPU their waiting and paced tests leave idle.
 test:
 	@rm -f $(PHASE_LOG) $(PHASE_LOG).beside
-	@$(MAKE) --no-print-directory build asan data
+	@$(MAKE) --no-print-directory build asan data BENCH=OFF
 	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS) $(PHASE_LOG) \
 	    "$(MAKE) --no-print-directory fuzz-build PHASE_LOG=$(PHASE_LOG).beside"
 
@@ -102,9 +105,13 @@ bench: build data
 
 # The end-to-end checks make test runs on a slice of the data, on all of it
 # to the accuracies their issues set (DOWNPOUR_TEST_LONG=1; several minutes).
-test-long: build data
+# And under ASan+UBSan, the end-to-end tests make test's ASan suite leaves
+# out (label long, tests/CMakeLists.txt), at make test's sizes.
+test-long: build asan data
 	cd $(BUILD) && DOWNPOUR_TEST_LONG=1 ctest --output-on-failure \
 	    -R '^(test_cnn_e2e|test_device_mnist|test_device_train|test_ps)$$'
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest --output-on-failure -j $(JOBS) -L long
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

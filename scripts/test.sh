@@ -75,7 +75,9 @@ if [ -n "$beside" ]; then
 fi
 timed tests suite "tests" "$build"
 timed install-check install_check "$build"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan"
+# The ASan suite leaves out the tests labelled long there (tests/CMakeLists.txt):
+# make test-long runs them.
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan" -LE long
 if [ -n "$beside_pid" ]; then
   start=$SECONDS
   if wait "$beside_pid"; then
