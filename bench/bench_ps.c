@@ -128,7 +128,7 @@ int main(int argc, char **argv)
     dp_ps_config pc;
     dp_ps_config_init(&pc);
     if (dp_model_init(&m, "mlp-300-100", 1, 1, &err) < 0 ||
-        dp_launch_free_ports(ports, 2 * N_MODES, &err) < 0 ||
+        dp_launch_free_ports(ports, NULL, 2 * N_MODES, &err) < 0 ||
         dp_secret_generate(&secret, NULL, 0, &err) < 0) {
         fprintf(stderr, "bench_ps: %s\n", err.msg);
         return 1;

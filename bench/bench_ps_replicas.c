@@ -148,7 +148,7 @@ int main(int argc, char **argv)
     dp_secret secret;
     int ports[N_RANKS];
     if (dp_model_init(&m, "mlp-300-100", 1, 1, &err) < 0 ||
-        dp_launch_free_ports(ports, N_RANKS, &err) < 0 ||
+        dp_launch_free_ports(ports, NULL, N_RANKS, &err) < 0 ||
         dp_cluster_local(&c, 0, 1, 2, ports, &err) < 0 ||
         dp_secret_generate(&secret, NULL, 0, &err) < 0) {
         fprintf(stderr, "bench_ps_replicas: %s\n", err.msg);

@@ -3,6 +3,8 @@
  * and the launcher's death leave no child behind, metrics merged. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +75,7 @@ static void local_cluster(dp_cluster *c, int chief, int workers, int ps)
     int ports[16];
     dp_err err;
     REQUIRE(chief + workers + ps <= 16);
-    REQUIRE(dp_launch_free_ports(ports, chief + workers + ps, &err) == 0);
+    REQUIRE(dp_launch_free_ports(ports, NULL, chief + workers + ps, &err) == 0);
     for (int i = 0; i < chief + workers + ps; i++)
         for (int j = 0; j < i; j++)
             CHECK(ports[i] != ports[j]);
@@ -95,7 +97,7 @@ static void test_free_ports(void)
 {
     int ports[40];
     dp_err err;
-    REQUIRE(dp_launch_free_ports(ports, 40, &err) == 0);
+    REQUIRE(dp_launch_free_ports(ports, NULL, 40, &err) == 0);
     int lo = 0, hi = 0;
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f) {
@@ -111,6 +113,44 @@ static void test_free_ports(void)
                    lo - 10000, lo);
     }
     printf("40 free ports, distinct%s\n", lo - 10000 >= 1024 ? ", below the ephemeral range" : "");
+}
+
+/* Kept, the ports' sockets listen (no other process can take them), and
+ * each task gets its own as fd 3, named by DOWNPOUR_LISTEN_FD. */
+static void test_listen_fds(void)
+{
+    int ports[3], fds[3];
+    dp_err err;
+    REQUIRE(dp_launch_free_ports(ports, fds, 3, &err) == 0);
+    for (int i = 0; i < 3; i++) {
+        int acc = 0;
+        socklen_t al = sizeof acc;
+        struct sockaddr_in a;
+        socklen_t sl = sizeof a;
+        CHECK(getsockopt(fds[i], SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) == 0 && acc);
+        CHECK(getsockname(fds[i], (struct sockaddr *)&a, &sl) == 0 &&
+              ntohs(a.sin_port) == ports[i]);
+    }
+    dp_cluster c;
+    REQUIRE(dp_cluster_local(&c, 0, 3, 0, ports, &err) == 0);
+    char out_path[4200];
+    int out = open_out("launch_listen.txt", out_path, sizeof out_path);
+    char *argv[] = {"/bin/sh", "-c",
+                    "echo \"$DOWNPOUR_TASK fd=$DOWNPOUR_LISTEN_FD $(readlink /proc/$$/fd/3 | "
+                    "cut -c1-7)\"",
+                    NULL};
+    dp_launch_opts o = {.cluster = &c, .argc = 3, .argv = argv, .out_fd = out,
+                        .listen_fds = fds};
+    int rc = dp_launch(&o, &err);
+    CHECKF(rc == 0, "rc %d: %s", rc, err.msg);
+    close(out);
+    char *so = slurp(out_path);
+    REQUIRE(so);
+    CHECKF(count_substr(so, "fd=3 socket:") == 3, "%s", so);
+    free(so);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    dp_cluster_free(&c);
 }
 
 static void test_all_succeed(void)
@@ -523,6 +563,7 @@ int main(void)
         return 77;
     }
     test_free_ports();
+    test_listen_fds();
     test_all_succeed();
     test_environment();
     test_long_lines();

@@ -91,7 +91,17 @@ typedef struct dp_launch_opts {
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;          /* restarts of each task the run survives losing (0) */
+    /* NULL, or per task a listening socket bound to its address (from
+     * dp_launch_free_ports), which the task takes over instead of binding
+     * the address itself: fd 3 in the task, named by DP_LAUNCH_LISTEN_FD_ENV.
+     * The launcher keeps it for the task's restarts; the caller closes it
+     * after dp_launch.  No other process can take the port meanwhile. */
+    const int *listen_fds;
 } dp_launch_opts;
+
+/* The variable that tells a task started by the launcher which descriptor
+ * holds its listening socket (dp_launch_opts.listen_fds). */
+#define DP_LAUNCH_LISTEN_FD_ENV "DOWNPOUR_LISTEN_FD"
 
 typedef struct dp_launcher dp_launcher;
 
@@ -117,9 +127,10 @@ void dp_launcher_free(dp_launcher *l);
  * the tasks could not be started). */
 int dp_launch(const dp_launch_opts *opts, dp_err *err);
 
-/* Picks n distinct free TCP ports on 127.0.0.1 (bind to port 0, read it,
- * close).  Another process may take a port between this call and the task's
- * own bind; the window is short, and the transport's bind error names it. */
-int dp_launch_free_ports(int *ports, int n, dp_err *err);
+/* Picks n distinct free TCP ports on 127.0.0.1.  With fds, each port's
+ * socket is kept, listening, in fds (for dp_launch_opts.listen_fds; the
+ * caller closes them); without, it is closed, and another process may take
+ * the port before the task binds it (two launches side by side did). */
+int dp_launch_free_ports(int *ports, int *fds, int n, dp_err *err);
 
 #endif

@@ -300,16 +300,23 @@ int cmd_launch(int argc, char **argv)
     if (add_chief)
         dp_info("launch: %s needs a chief; added one (chief:0)", strategy->name);
     dp_cluster c;
-    if (dp_launch_free_ports(ports, n, &err) < 0 ||
+    int listen_fds[LAUNCH_MAX_TASKS];
+    if (dp_launch_free_ports(ports, listen_fds, n, &err) < 0 ||
         dp_cluster_local(&c, chief ? 1 : 0, (int)workers, (int)ps, ports, &err) < 0) {
         fprintf(stderr, "downpour launch: %s\n", err.msg);
+        for (int i = 0; i < n; i++)
+            if (listen_fds[i] >= 0)
+                close(listen_fds[i]);
         free(cmd);
         return 1;
     }
     dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
                          .survives = strategy ? strategy_survives : NULL,
-                         .survives_ctx = &run, .max_restarts = (int)max_restarts};
+                         .survives_ctx = &run, .max_restarts = (int)max_restarts,
+                         .listen_fds = listen_fds};
     int status = dp_launch(&lo, &err);
+    for (int i = 0; i < n; i++)
+        close(listen_fds[i]);
     if (status != 0)
         fprintf(stderr, "downpour launch: %s\n", err.msg);
     free(cmd);

@@ -45,6 +45,7 @@ typedef struct ltask {
     char prefix[40];
     char **argv;
     char **envp;
+    int listen_fd; /* the task's listening socket (becomes its fd 3), or -1 */
     lstream out, err;
 } ltask;
 
@@ -336,12 +337,12 @@ static void free_env(char **v)
 }
 
 static char **task_envp(const dp_cluster *c, int rank, const char *secret, int blas_threads,
-                        int restarts)
+                        int restarts, int listen_fd)
 {
     size_t n = 0;
     while (environ && environ[n])
         n++;
-    char **v = calloc(n + 6, sizeof *v);
+    char **v = calloc(n + 7, sizeof *v);
     if (!v)
         return NULL;
     size_t k = 0;
@@ -350,7 +351,7 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
         const char *e = environ[i];
         if (env_is(e, DP_CLUSTER_ENV) || env_is(e, DP_CLUSTER_ENV_TF) ||
             env_is(e, "DOWNPOUR_SECRET") || env_is(e, "DOWNPOUR_TASK") ||
-            env_is(e, DP_LAUNCH_RESTARTS_ENV))
+            env_is(e, DP_LAUNCH_RESTARTS_ENV) || env_is(e, DP_LAUNCH_LISTEN_FD_ENV))
             continue;
         if (env_is(e, "OPENBLAS_NUM_THREADS"))
             keep_blas = 1;
@@ -371,6 +372,8 @@ static char **task_envp(const dp_cluster *c, int rank, const char *secret, int b
     if (!keep_blas && !(v[k++] = xasprintf("OPENBLAS_NUM_THREADS=%d", blas_threads)))
         goto fail;
     if (restarts > 0 && !(v[k++] = xasprintf("%s=%d", DP_LAUNCH_RESTARTS_ENV, restarts)))
+        goto fail;
+    if (listen_fd >= 0 && !(v[k++] = xasprintf("%s=3", DP_LAUNCH_LISTEN_FD_ENV)))
         goto fail;
     return v;
 fail:
@@ -729,9 +732,19 @@ static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err)
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (dup2(l->devnull, 0) < 0 || dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0)
             _exit(127);
+        /* Its listening socket as fd 3, kept across execve (dup2 onto
+         * itself would leave close-on-exec set, hence the fcntl). */
+        unsigned first_closed = 3;
+        if (t->listen_fd >= 0) {
+            if (dup2(t->listen_fd, 3) < 0 || fcntl(3, F_SETFD, 0) < 0)
+                _exit(127);
+            first_closed = 4;
+        }
 #ifdef SYS_close_range
         /* Descriptors the caller left without close-on-exec stay out of tasks. */
-        syscall(SYS_close_range, 3u, ~0u, 0u);
+        syscall(SYS_close_range, first_closed, ~0u, 0u);
+#else
+        (void)first_closed;
 #endif
         execve(t->argv[0], t->argv, t->envp);
         static const char msg[] = "launcher: cannot execute the task command: ";
@@ -862,8 +875,9 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int blas = cores > l->n ? (int)(cores / l->n) : 1;
     for (int i = 0; i < l->n; i++) {
+        l->t[i].listen_fd = o->listen_fds ? o->listen_fds[i] : -1;
         l->t[i].argv = task_argv(l, o, &l->c->tasks[i]);
-        l->t[i].envp = task_envp(l->c, i, secret, blas, l->max_restarts);
+        l->t[i].envp = task_envp(l->c, i, secret, blas, l->max_restarts, l->t[i].listen_fd);
         if (!l->t[i].argv || !l->t[i].envp) {
             dp_errf(err, "launcher: out of memory building the command of %s",
                     l->c->tasks[i].name);
@@ -1156,9 +1170,9 @@ static int bind_loopback(int fd, int port)
 #define FREE_PORT_SPAN 10000
 #define FREE_PORT_TRIES 64
 
-int dp_launch_free_ports(int *ports, int n, dp_err *err)
+int dp_launch_free_ports(int *ports, int *keep, int n, dp_err *err)
 {
-    int *fds = malloc((size_t)(n > 0 ? n : 1) * sizeof *fds);
+    int *fds = keep ? keep : malloc((size_t)(n > 0 ? n : 1) * sizeof *fds);
     if (!fds)
         return dp_errf(err, "free ports: out of memory");
     int eph = ephemeral_low(), lo = eph - FREE_PORT_SPAN;
@@ -1183,9 +1197,20 @@ int dp_launch_free_ports(int *ports, int n, dp_err *err)
             break;
         }
         ports[k] = port;
+        if (keep && listen(fds[k], 128) < 0) {
+            rc = dp_errf(err, "free ports: listen on 127.0.0.1:%d: %s", port, strerror(errno));
+            k++;
+            break;
+        }
     }
+    if (keep && rc == 0)
+        return 0;
     for (int i = 0; i < k; i++)
         close(fds[i]);
-    free(fds);
+    if (keep)
+        for (int i = 0; i < n; i++)
+            keep[i] = -1;
+    else
+        free(fds);
     return rc;
 }

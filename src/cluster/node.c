@@ -1,9 +1,15 @@
 #include "downpour/node.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "downpour/clock.h"
+#include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/mpi.h"
 #include "downpour/secret.h"
@@ -115,6 +121,41 @@ int dp_node_sample(dp_node *n, dp_metrics *m, double interval, dp_err *err)
                                      n->transport, err);
 }
 
+/* The listening socket `downpour launch` bound for this task and handed
+ * down as DOWNPOUR_LISTEN_FD (launcher.h), so that no other process could
+ * take its port in between: *fd stays -1 without one.  It must listen on
+ * this task's own port; the variable is consumed. */
+static int inherited_listener(const dp_task *self, int *fd, dp_err *err)
+{
+    const char *v = getenv(DP_LAUNCH_LISTEN_FD_ENV);
+    if (!v)
+        return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < 3 || x > INT_MAX)
+        return dp_errf(err, "%s: %s=%s is not a descriptor number", self->name,
+                       DP_LAUNCH_LISTEN_FD_ENV, v);
+    int acc = 0;
+    socklen_t al = sizeof acc;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockopt((int)x, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || !acc ||
+        getsockname((int)x, (struct sockaddr *)&ss, &sl) != 0)
+        return dp_errf(err, "%s: %s=%ld is not a listening socket", self->name,
+                       DP_LAUNCH_LISTEN_FD_ENV, x);
+    int port = ss.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+               : ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                          : -1;
+    if (port != self->port)
+        return dp_errf(err, "%s: %s=%ld listens on port %d, but this task's address is %s",
+                       self->name, DP_LAUNCH_LISTEN_FD_ENV, x, port, self->addr);
+    fcntl((int)x, F_SETFD, FD_CLOEXEC); /* not passed on to what this task starts */
+    unsetenv(DP_LAUNCH_LISTEN_FD_ENV);
+    *fd = (int)x;
+    return 0;
+}
+
 int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
 {
     memset(n, 0, sizeof *n);
@@ -157,6 +198,12 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     }
     dp_tcp_config tc;
     dp_tcp_config_init(&tc);
+    if (inherited_listener(n->self, &tc.listen_fd, err) < 0) {
+        free(addrs);
+        free(names);
+        dp_secret_wipe(&secret);
+        goto fail;
+    }
     tc.rank = n->cluster.self;
     tc.n_ranks = count;
     tc.addrs = addrs;
