@@ -83,13 +83,15 @@ run: build-run data
 	    --dataset mnist --model mlp-300-100 --batch 128 --epochs 25 --lr 0.001 --lr-schedule cosine --log-every 200 \
 	    --metrics $(BUILD)/run.jsonl --save $(BUILD)/model.safetensors
 
-# The fuzz targets build at the lowest priority beside the suites
-# (scripts/test.sh), on the CPU their waiting and paced tests leave idle.
+# The fuzz targets build at the lowest priority beside the builds and the
+# suites (scripts/test.sh), on the CPU their link steps and their waiting
+# and paced tests leave idle; deps first, so only one of them installs.
 test:
 	@rm -f $(PHASE_LOG) $(PHASE_LOG).beside
-	@$(MAKE) --no-print-directory build asan data BENCH=OFF
+	@$(MAKE) --no-print-directory deps
 	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS) $(PHASE_LOG) \
-	    "$(MAKE) --no-print-directory fuzz-build PHASE_LOG=$(PHASE_LOG).beside"
+	    "$(MAKE) --no-print-directory fuzz-build PHASE_LOG=$(PHASE_LOG).beside" \
+	    "$(MAKE) --no-print-directory build asan data BENCH=OFF"
 
 bench: build data
 	$(BUILD)/bench/bench_engine

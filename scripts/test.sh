@@ -5,9 +5,12 @@
 # PHASE_LOG, written by scripts/timed.sh; the suites' measured here).
 # BESIDE, when given, is a command (make's fuzz-build) run at the lowest
 # priority beside the plain and ASan suites: the fuzz suite waits for it.
-#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS [PHASE_LOG [BESIDE]]
+# FIRST, when given, is the command that builds the suites (make's build,
+# asan and data): it runs once BESIDE has started, so the fuzz build also
+# takes the CPU the builds leave idle (their configure and link steps).
+#   scripts/test.sh BUILD ASAN_BUILD FUZZ_BUILD JOBS [PHASE_LOG [BESIDE [FIRST]]]
 set -uo pipefail
-build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)} beside=${6:-}
+build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)} beside=${6:-} first=${7:-}
 passed=0 failed=0 status=0
 
 suite() { # name dir [ctest args...]
@@ -73,6 +76,11 @@ if [ -n "$beside" ]; then
   nice -n 19 bash -c "$beside" >"$beside_log" 2>&1 &
   beside_pid=$!
 fi
+if [ -n "$first" ] && ! bash -c "$first"; then
+  echo "== FAILED: $first"
+  [ -n "$beside_pid" ] && kill -- "$beside_pid" 2>/dev/null
+  exit 1
+fi
 timed tests suite "tests" "$build"
 timed install-check install_check "$build"
 # The ASan suite leaves out the tests labelled long there (tests/CMakeLists.txt):
@@ -81,9 +89,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests su
 if [ -n "$beside_pid" ]; then
   start=$SECONDS
   if wait "$beside_pid"; then
-    echo "== built beside the suites: $beside"
+    echo "== built beside the builds and suites: $beside"
   else
-    echo "== FAILED beside the suites: $beside"; cat "$beside_log"
+    echo "== FAILED beside the builds and suites: $beside"; cat "$beside_log"
     failed=$((failed + 1)); status=1
   fi
   echo "fuzz-build-wait $((SECONDS - start))" >>"$phases"
@@ -92,6 +100,6 @@ rm -f "$beside_log"
 [ -d "$fuzz" ] && timed fuzz-tests suite "fuzz targets" "$fuzz" -L fuzz
 echo "== time per step (s)"
 awk '{ printf "  %-16s %5d\n", $1, $2; t += $2 } END { printf "  %-16s %5d\n", "total", t }' "$phases"
-[ -f "$phases.beside" ] && awk '{ printf "  (%s %d s, beside the suites)\n", $1, $2 }' "$phases.beside"
+[ -f "$phases.beside" ] && awk '{ printf "  (%s %d s, beside the builds and suites)\n", $1, $2 }' "$phases.beside"
 echo "test: $passed passed, $failed failed"
 exit $status
