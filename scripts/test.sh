@@ -4,7 +4,8 @@
 # Ends with the wall time of each step of make test (the builds' from
 # PHASE_LOG, written by scripts/timed.sh; the suites' measured here).
 # BESIDE, when given, is a command (make's fuzz-build) run at the lowest
-# priority beside the plain and ASan suites: the fuzz suite waits for it.
+# priority beside the builds (FIRST) and the plain and ASan suites: the fuzz
+# suite waits for it.
 # FIRST, when given, is the command that builds the suites (make's build,
 # asan and data): it runs once BESIDE has started, so the fuzz build also
 # takes the CPU the builds leave idle (their configure and link steps).
