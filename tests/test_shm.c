@@ -16,6 +16,7 @@
 #include "downpour/tcp.h"
 
 #include "check.h"
+#include "downpour/testhooks.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -98,13 +99,18 @@ enum { SHM_NAMES = 512 };
 static char shm_before[SHM_NAMES][256];
 static int shm_nbefore;
 
+/* This test's segments: named with its pid as their tag (main sets
+ * DOWNPOUR_TEST_SHM_TAG), so other tests' segments, in /dev/shm at the same
+ * time under ctest -j, are not counted as its leaks. */
+static char shm_prefix[32] = "downpour-";
+
 static int shm_list(char names[][256], int max)
 {
     DIR *d = opendir("/dev/shm");
     int n = 0;
     struct dirent *e;
     while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, "downpour-", 9) == 0 && n < max)
+        if (strncmp(e->d_name, shm_prefix, strlen(shm_prefix)) == 0 && n < max)
             snprintf(names[n++], 256, "%s", e->d_name);
     if (d)
         closedir(d);
@@ -585,6 +591,11 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     if (getenv("DOWNPOUR_SHM") && strcmp(getenv("DOWNPOUR_SHM"), "0") == 0)
         unsetenv("DOWNPOUR_SHM");
+    char tag[16];
+    snprintf(tag, sizeof tag, "%d", (int)getpid() % 100000000);
+    dp_err e;
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_SHM_TAG", tag, &e) == 0);
+    snprintf(shm_prefix, sizeof shm_prefix, "downpour-%s-", tag);
     shm_snapshot();
 
     uint64_t on = exchange(1), off = exchange(0);

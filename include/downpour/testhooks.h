@@ -14,6 +14,8 @@
  *                                    the sim device's item order, seed and limits (gpu.md)
  *   DOWNPOUR_TEST_PAUSE_MIDFRAME=BYTES, _PAUSE_FRAME=N, _PAUSE_TASK=NAME
  *                                    a TCP sender stops itself mid-frame (faults.md)
+ *   DOWNPOUR_TEST_SHM_TAG=TAG        shared-memory segments are named downpour-TAG-...
+ *                                    (1-8 letters or digits), so a test counts its own
  *
  * The values are checked where they are read: dp_hooks_check refuses a
  * malformed one with a message naming it (the program checks before it
@@ -36,6 +38,7 @@ typedef enum dp_hook {
     DP_HOOK_PAUSE_MIDFRAME,
     DP_HOOK_PAUSE_FRAME,
     DP_HOOK_PAUSE_TASK,
+    DP_HOOK_SHM_TAG,
     DP_HOOK_COUNT
 } dp_hook;
 

@@ -20,6 +20,7 @@ static const char *const names[DP_HOOK_COUNT] = {
     [DP_HOOK_PAUSE_MIDFRAME] = "DOWNPOUR_TEST_PAUSE_MIDFRAME",
     [DP_HOOK_PAUSE_FRAME] = "DOWNPOUR_TEST_PAUSE_FRAME",
     [DP_HOOK_PAUSE_TASK] = "DOWNPOUR_TEST_PAUSE_TASK",
+    [DP_HOOK_SHM_TAG] = "DOWNPOUR_TEST_SHM_TAG",
 };
 
 /* The texts (owned copies) and the parsed values of the two hooks a
@@ -83,6 +84,11 @@ static int parse(dp_hook h, const char *t, dp_err *err)
     case DP_HOOK_UNFUSED_UPDATE:
     case DP_HOOK_METRICS_KEEP_PARTS:
         return t ? parse_flag(h, t, err) : 0;
+    case DP_HOOK_SHM_TAG: /* part of a file name: shm.c uses it only when this holds */
+        if (t && (strlen(t) > 8 || strspn(t, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                                              "WXYZ0123456789") != strlen(t)))
+            return dp_errf(err, "%s: '%s' is not 1 to 8 letters or digits", names[h], t);
+        return 0;
     default: /* the sim device checks its own when it opens (messages in gpu.md) */
         return 0;
     }

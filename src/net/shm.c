@@ -29,6 +29,7 @@
 #include "downpour/clock.h"
 #include "downpour/crc32c.h"
 #include "downpour/log.h"
+#include "downpour/testhooks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -111,11 +112,19 @@ static void ring_at(ring *r, uint8_t *base, size_t ctl, uint8_t *data)
     r->data = data;
 }
 
+/* The segment's and doorbells' names; a test's tag (testhooks.h) goes
+ * before the token, so that the test can tell its own segments. */
 static void paths(const char *token, char seg[64], char bd[64], char ba[64])
 {
-    snprintf(seg, 64, SHM_DIR "%s", token);
-    snprintf(bd, 64, SHM_DIR "%s.bd", token); /* the dialer's doorbell */
-    snprintf(ba, 64, SHM_DIR "%s.ba", token); /* the acceptor's */
+    const char *tag = dp_hook_text(DP_HOOK_SHM_TAG);
+    if (!tag || strlen(tag) > 8 ||
+        strspn(tag, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") !=
+            strlen(tag))
+        tag = ""; /* malformed: refused by dp_hooks_check where a program starts */
+    const char *dash = *tag ? "-" : "";
+    snprintf(seg, 64, SHM_DIR "%.8s%s%s", tag, dash, token);
+    snprintf(bd, 64, SHM_DIR "%.8s%s%s.bd", tag, dash, token); /* the dialer's doorbell */
+    snprintf(ba, 64, SHM_DIR "%.8s%s%s.ba", tag, dash, token); /* the acceptor's */
 }
 
 /* ---- identity: the same host means the same kernel boot, the same
