@@ -57,10 +57,11 @@ asan: deps
 # libFuzzer targets for every parser of untrusted bytes (docs/fuzzing.md), a
 # short fixed number of runs each; built only where clang is (it is on
 # Debian's C image).  fuzz_all builds every fuzz/fuzz_*.c.
+FUZZ_LIB_OPT ?= -O1
 fuzz-build: deps
 	@if command -v clang >/dev/null 2>&1; then \
 	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DDOWNPOUR_FUZZ=ON \
-	    -DDOWNPOUR_BUILD_BENCH=OFF >/dev/null && \
+	    -DDOWNPOUR_BUILD_BENCH=OFF -DDOWNPOUR_FUZZ_LIB_OPT=$(FUZZ_LIB_OPT) >/dev/null && \
 	  $(TIMED) fuzz-build cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all; \
 	else echo "make fuzz-build: clang not found; fuzz targets skipped"; fi
 
@@ -85,12 +86,14 @@ run: build-run data
 
 # The fuzz targets build at the lowest priority beside the builds and the
 # suites (scripts/test.sh), on the CPU their link steps and their waiting
-# and paced tests leave idle; deps first, so only one of them installs.
+# and paced tests leave idle, with their shared library at -O0 (quicker to
+# build, enough for the smoke runs; make fuzz-long builds it at -O1); deps
+# first, so only one of them installs.
 test:
 	@rm -f $(PHASE_LOG) $(PHASE_LOG).beside
 	@$(MAKE) --no-print-directory deps
 	scripts/test.sh $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(JOBS) $(PHASE_LOG) \
-	    "$(MAKE) --no-print-directory fuzz-build PHASE_LOG=$(PHASE_LOG).beside" \
+	    "$(MAKE) --no-print-directory fuzz-build FUZZ_LIB_OPT=-O0 PHASE_LOG=$(PHASE_LOG).beside" \
 	    "$(MAKE) --no-print-directory build asan data BENCH=OFF"
 
 bench: build data
