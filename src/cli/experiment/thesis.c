@@ -504,7 +504,7 @@ static cJSON *num_or_null(double v)
     return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
 }
 
-static int write_results(const thesis *T, const verdict *v, const char *path, dp_err *err)
+static int write_results(const thesis *T, const verdict *v, const char *dir, dp_err *err)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "experiment", "thesis");
@@ -586,13 +586,7 @@ static int write_results(const thesis *T, const verdict *v, const char *path, dp
     cJSON *reasons = cJSON_AddArrayToObject(rec, "reasons");
     for (int i = 0; i < v->n_reasons; i++)
         cJSON_AddItemToArray(reasons, cJSON_CreateString(v->reasons[i]));
-    char *text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text)
-        return dp_errf(err, "%s: out of memory", path);
-    int rc = dp_file_replace(path, text, strlen(text), err);
-    cJSON_free(text);
-    return rc;
+    return study_write_results(dir, root, err);
 }
 
 static const char *fmt(char *buf, size_t cap, const char *f, double v)
@@ -925,9 +919,8 @@ int dp_experiment_thesis(int argc, char **argv)
     verdict v;
     recommend(&T, &v);
     char path[4200];
-    snprintf(path, sizeof path, "%s/results.json", out);
     int rc = 0;
-    if (write_results(&T, &v, path, &err) < 0) {
+    if (write_results(&T, &v, out, &err) < 0) {
         fprintf(stderr, "downpour experiment thesis: %s\n", err.msg);
         rc = 1;
     }
