@@ -40,7 +40,9 @@
  * (S-1)/(M+S-1) each epoch.  Activations and their gradients go out from a
  * send thread (sender.h), so two neighbours sending each other more than the
  * sockets hold never wait for each other.  A lost stage cannot be replaced mid-batch: the
- * run stops with a message naming it (survives = 0). */
+ * stages stop with a message naming it, and under `launch --max-restarts`
+ * with --checkpoint-dir every task starts again from the newest checkpoint
+ * (restarts_all; docs/faults.md). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -821,7 +823,9 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),
     .buffers = 1,
-    .survives = 0,
+    /* A lost stage held micro-batches and layers no one else has: the
+     * whole job again from the newest checkpoint (docs/faults.md). */
+    .restarts_all = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = pipe_open,
     .step = pipe_step,
     .epoch_end = pipe_epoch_end,
