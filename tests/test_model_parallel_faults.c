@@ -7,6 +7,8 @@
  *   have let it survive;
  * - worker:1 frozen (SIGSTOP): its replica notices within the heartbeat
  *   timeout and stops with "lost model-parallel task 1 of replica 0, worker:1";
+ * - worker:1 sent SIGTERM: a model-parallel task cannot drain, and says so
+ *   after its step; its end is a lost task's (the run stops);
  * - under ps-async (which goes on without a lost worker of its own), worker:1
  *   of a model-parallel replica SIGKILLed: the run stops, the launcher naming
  *   it;
@@ -26,7 +28,9 @@ static int run(const char *name, const char *launch, const char *line, const cha
     pid_t w = await_task(l, name, line, "worker:1");
     double t0 = now_s();
     if (w > 0)
-        kill(w, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+        kill(w, strcmp(fault, "kill") == 0   ? SIGKILL
+                : strcmp(fault, "term") == 0 ? SIGTERM /* not its parent's: a drain request */
+                                             : SIGSTOP);
     int rc = finish(l, 60);
     double took = now_s() - t0;
     fprintf(stderr, "%s: the launcher exited %d %.2f s after the fault\n", name, rc, took);
@@ -55,6 +59,11 @@ int main(void)
     CHECKF(rc != 0 && rc != -1, "stop: exit %d", rc);
     CHECKF(log_has("stop", "lost model-parallel task 1 of replica 0, worker:1"),
            "stop: no task noticed the frozen worker:1");
+    rc = run("term", mp, at20, "term");
+    CHECKF(rc != 0 && rc != -1, "term: exit %d", rc);
+    CHECKF(log_has("term", "SIGTERM: model-parallel task 1 of replica 0 holds slices of every "
+                           "layer"),
+           "term: worker:1 does not refuse the drain in words");
     rc = run("ps", "--chief --workers 2 --ps 2 -- train --strategy ps-async --model-parallel 2",
              "Worker 0 (mp task 0), At step 20,", "kill");
     CHECKF(rc != 0 && rc != -1, "ps: exit %d", rc);

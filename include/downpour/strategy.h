@@ -102,6 +102,11 @@ typedef struct dp_run_env {
                                      trainers that read their own records (lbfgs)
                                      and the replicas' shard sizes (dp_shard_size) */
     const dp_checkpoint_source *checkpoints; /* NULL: the run writes none */
+    /* Whether SIGTERM asked this trainer to drain (docs/faults.md,
+     * "Draining"; 0 where the loop does not drain it), for a strategy whose
+     * step may end early at a boundary of its own (lbfgs: between
+     * portions); the loop calls leave() after that step.  NULL: none. */
+    int (*drain_asked)(void);
 } dp_run_env;
 
 /* What this task is, filled by open(). */

@@ -265,6 +265,17 @@ static int mp_finish(dp_strategy *s, long steps, dp_err *err)
     return 0;
 }
 
+/* SIGTERM (docs/faults.md, "Draining"): no task can leave a running
+ * replica, whose every layer needs its slice, so the drain is refused in
+ * words after the step, and the task's end is a lost task's (every task
+ * restarted from the newest checkpoint, or the run stops). */
+static int mp_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    return dp_errf(err, "SIGTERM: model-parallel task %d of replica %d holds slices of every "
+                        "layer, which the replica cannot go on without, so it cannot drain; "
+                        "it stops after step %ld, a lost task", s->task, s->replica, steps);
+}
+
 /* ---------------------------------------------------------------- opening */
 
 static void mp_close(dp_strategy *s)
@@ -424,5 +435,6 @@ const dp_strategy_ops dp_strategy_model_parallel = {
     .params = mp_params,
     .save = mp_save,
     .finish = mp_finish,
+    .leave = mp_leave,
     .close = mp_close,
 };

@@ -540,6 +540,18 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
     return 1;
 }
 
+/* SIGTERM (docs/faults.md, "Draining"): no stage can leave a running
+ * pipeline, whose layers it alone holds, so the drain is refused in words
+ * after the step (its micro-batches are through), and the stage's end is
+ * a lost stage's (every task restarted from the newest checkpoint, or the
+ * run stops). */
+static int pipe_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    return dp_errf(err, "SIGTERM: pipeline stage %d of replica %d holds layers no other task "
+                        "has, so it cannot drain; it stops after step %ld, a lost stage",
+                   s->stage, s->replica, steps);
+}
+
 static int pipe_finish(dp_strategy *s, long steps, dp_err *err)
 {
     (void)err;
@@ -832,6 +844,7 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .params = pipe_params,
     .save = pipe_save,
     .finish = pipe_finish,
+    .leave = pipe_leave,
     .close = pipe_close,
 };
 
