@@ -297,7 +297,9 @@ struct dp_strategy_ops {
      * step is complete; tell whoever must know that it leaves for good, so
      * the run goes on without it and deals its data to the others (docs/
      * faults.md, "Draining").  The loop then ends the task well: the node
-     * says BYE.  NULL: this strategy cannot drain a trainer, and SIGTERM
+     * says BYE.  A strategy whose trainers can never leave a running job
+     * returns -1 saying so (pipeline, model-parallel): the task then fails,
+     * a lost task.  NULL: this strategy cannot drain a trainer, and SIGTERM
      * keeps its default action (the task dies: a fault). */
     int (*leave)(dp_strategy *s, long steps, dp_err *err);
     void (*close)(dp_strategy *s); /* NULL is a no-op */
