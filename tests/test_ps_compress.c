@@ -4,7 +4,9 @@
  * - ps-async with bf16 pushes (and bf16 answers, --ps-reply bf16) ends with
  *   the parameters of one process applying, step by step, the bf16-rounded
  *   gradient plus its error-feedback residual, bit for bit; so do fp16 and
- *   topk (the k largest of each shard's slice, chosen here by hand);
+ *   topk (the k largest of each shard's slice, chosen here by hand); with
+ *   --ps-replicas 2 and ps:1 crashed after the first step too (the coded
+ *   push re-sent to the backup, the primary's forwarded in fp32);
  * - topk:0.05 with error feedback converges on a quadratic, to the optimum
  *   within what the uncompressed run reaches; without the residual (each
  *   push's dropped part lost) it does not;
@@ -52,6 +54,7 @@ typedef struct rig {
         atomic_int *stop;
     } sv[2];
     int n, ps0;
+    int stopped[2];
 } rig;
 
 static void *serve_thread(void *arg)
@@ -88,7 +91,7 @@ static void grad_at(const float *p, int step, float *g)
                1e-3f * sinf(0.5f * (float)i + (float)step);
 }
 
-static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads)
+static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads, int replicas)
 {
     int ports[8];
     const char *names[8];
@@ -106,6 +109,7 @@ static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads)
     r->cfg.min_shard_bytes = sizeof(float);
     r->cfg.compress = *cz;
     r->cfg.reply16 = reply16;
+    r->cfg.replicas = replicas;
     REQUIRE(dp_ps_layout_make(&r->layout, &r->c, NP, &r->cfg, &err) == 0);
     REQUIRE(r->layout.n_shards == 2);
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
@@ -123,7 +127,7 @@ static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads)
 static void rig_close(rig *r, int threads)
 {
     for (int k = 0; k < 2; k++) {
-        if (threads) {
+        if (threads && !r->stopped[k]) {
             REQUIRE(dp_transport_send(r->ts[0], r->ps0 + k, DP_WIRE_SHUTDOWN, 0, 0, NULL, 0,
                                       &err) == 0);
             pthread_join(r->th[k], NULL);
@@ -133,6 +137,16 @@ static void rig_close(rig *r, int threads)
     for (int i = 0; i < r->n; i++)
         dp_transport_close(r->ts[i]);
     dp_cluster_free(&r->c);
+}
+
+/* ps task k's thread stops serving, then its process "crashes": its
+ * shard goes on on its backup (the other ps task). */
+static void crash_ps(rig *r, int k)
+{
+    atomic_store(&r->stop[k], 1);
+    pthread_join(r->th[k], NULL);
+    r->stopped[k] = 1;
+    REQUIRE(dp_inproc_kill(r->ts[r->ps0 + k], DP_INPROC_CRASH, &err) == 0);
 }
 
 /* One process doing what the compressed run should: v = g + resid, sent
@@ -202,11 +216,13 @@ static void bytes_by_hand(const rig *r, uint64_t *sent, uint64_t *recv)
 }
 
 /* STEPS steps of the worker; the chief pulls the servers' parameters. */
-static void run(const dp_compress *cz, int reply16, float *server, float *worker,
+/* crash: with --ps-replicas 2, ps:1 crashes after step 0 (the worker
+ * re-sends its coded push to the backup, which applies it). */
+static void run(const dp_compress *cz, int reply16, int crash, float *server, float *worker,
                 uint64_t *step_sent, uint64_t *step_recv)
 {
     rig r;
-    rig_open(&r, cz, reply16, 1);
+    rig_open(&r, cz, reply16, 1, crash ? 2 : 1);
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
     oc.lr = 0.05f;
     dp_ps_client *w, *chief;
@@ -224,6 +240,11 @@ static void run(const dp_compress *cz, int reply16, float *server, float *worker
             exit(1);
         }
         REQUIRE(dp_transport_stats_get(r.ts[1], DP_PEER_ANY, &b) == 0);
+        if (crash) {
+            if (step == 0)
+                crash_ps(&r, 1);
+            continue;
+        }
         uint64_t sent, recv;
         bytes_by_hand(&r, &sent, &recv);
         CHECKF(b.bytes_sent - a.bytes_sent == sent && b.bytes_recv - a.bytes_recv == recv,
@@ -253,16 +274,17 @@ static double dist(const float *p)
     return d;
 }
 
-static void equals_one_process(const char *spec, int reply16, uint64_t *sent, uint64_t *recv)
+static void equals_one_process(const char *spec, int reply16, int crash, uint64_t *sent,
+                               uint64_t *recv)
 {
     dp_compress cz;
     REQUIRE(dp_compress_parse(spec, &cz, &err) == 0);
     static float server[NP], worker[NP], ref[NP];
-    run(&cz, reply16, server, worker, sent, recv);
+    run(&cz, reply16, crash, server, worker, sent, recv);
     reference(&cz, reply16, 1, STEPS, ref);
     CHECKF(memcmp(server, ref, sizeof ref) == 0,
-           "%s reply16 %d: the servers' parameters are not one process's with the same rounded "
-           "gradients and residual", spec, reply16);
+           "%s reply16 %d%s: the servers' parameters are not one process's with the same "
+           "rounded gradients and residual", spec, reply16, crash ? ", ps:1 crashed" : "");
     for (int i = 0; i < NP; i++) {
         float want = reply16 ? dp_bf16_to_f32(dp_f32_to_bf16(server[i])) : server[i];
         if (memcmp(&want, &worker[i], sizeof want) != 0) {
@@ -343,7 +365,7 @@ static void bad_blocks_refused(void)
 
     /* on the wire: the server drops the worker, naming it and the fault */
     rig r;
-    rig_open(&r, &topk, 0, 0);
+    rig_open(&r, &topk, 0, 0, 1);
     uint8_t head[DP_PUSH_HEAD_SIZE];
     dp_push_head h = {1, 1, 0.1f, 0};
     dp_push_head_put(head, &h);
@@ -406,11 +428,14 @@ int main(void)
 {
     dp_log_set_level(DP_LOG_WARN);
     uint64_t sent[5], recv[5];
-    equals_one_process("none", 0, &sent[0], &recv[0]);
-    equals_one_process("bf16", 0, &sent[1], &recv[1]);
-    equals_one_process("bf16", 1, &sent[2], &recv[2]);
-    equals_one_process("fp16", 0, &sent[3], &recv[3]);
-    equals_one_process("topk:0.01", 1, &sent[4], &recv[4]);
+    equals_one_process("none", 0, 0, &sent[0], &recv[0]);
+    equals_one_process("bf16", 0, 0, &sent[1], &recv[1]);
+    equals_one_process("bf16", 1, 0, &sent[2], &recv[2]);
+    equals_one_process("fp16", 0, 0, &sent[3], &recv[3]);
+    equals_one_process("topk:0.01", 1, 0, &sent[4], &recv[4]);
+    uint64_t ignored[2];
+    equals_one_process("topk:0.01", 1, 1, &ignored[0], &ignored[1]);
+    equals_one_process("bf16", 0, 1, &ignored[0], &ignored[1]);
     printf("bytes a step of %d parameters in 2 shards, sent / received: f32 %llu / %llu, bf16 "
            "%llu / %llu, bf16 with --ps-reply bf16 %llu / %llu, topk:0.01 with it %llu / %llu\n",
            NP, (unsigned long long)sent[0], (unsigned long long)recv[0],
