@@ -13,6 +13,11 @@
  * takes rows sections: PUSH_ROWS with well-formed and arbitrary sections,
  * PULL_ROWS and PULL_TABLE.
  *
+ * With compression (docs/strategies.md, "ps family: compression": byte 0's
+ * bits 0-6 / 30, 1 bf16, 2 fp16, 3 topk:0.3, and from 120 bf16 answers)
+ * the server takes PUSH_CODED blocks: well-formed (any codec, a count near
+ * the right one, top-k indices up to past the shard) or arbitrary bytes.
+ *
  * Input: byte 0 the mode (bits 0-6 % 5: async, sync, ssp, dssp, avg), the
  * servers' optimiser (bits 0-6 / 5 % 6) and, bit 7, a sparse table of
  * TROWS x TWIDTH before the NP dense parameters; byte 1 the workers (1 + % 3), bit 2 two ps tasks (the
@@ -98,6 +103,43 @@ static void send_rows(dp_transport *from, int ps, uint64_t step, uint64_t offset
                             buf, k, &err);
 }
 
+/* A PUSH_CODED: the head, then a coded block (compress.h) for a shard of
+ * `len`: codec and count near what cfg's takes, 16-bit values or top-k
+ * pairs; or, with bit 7 of the first byte, up to 64 arbitrary bytes. */
+static void send_coded(dp_transport *from, int ps, uint64_t step, uint64_t offset, size_t len,
+                       const dp_compress *cz, fz_in *in)
+{
+    uint8_t buf[DP_PUSH_HEAD_SIZE + 8 + 8 * (NP + 4) + 64];
+    dp_push_head h = {fz_u8(in), fz_u8(in) & 1, lr_table[fz_u8(in) & 15], 0};
+    dp_push_head_put(buf, &h);
+    size_t k = DP_PUSH_HEAD_SIZE;
+    uint8_t a = fz_u8(in);
+    if (a & 0x80) {
+        k += fz_bytes(in, buf + k, a & 63);
+    } else {
+        uint32_t kind = a & 3, right = cz->kind == DP_COMPRESS_TOPK
+                                           ? (uint32_t)dp_topk_count(cz->ratio, len)
+                                           : (uint32_t)len;
+        uint32_t count = right + ((a >> 2) & 3) - 1;
+        if (count > NP + 4)
+            count = NP + 4;
+        dp_put_u32(buf + k, kind == 0 ? (uint32_t)cz->kind : kind);
+        dp_put_u32(buf + k + 4, count);
+        k += 8;
+        for (uint32_t i = 0; i < count; i++) {
+            if (cz->kind == DP_COMPRESS_TOPK) {
+                dp_put_u32(buf + k, fz_u8(in) % (uint32_t)(len + 2));
+                dp_put_f32(buf + k + 4, lr_table[fz_u8(in) & 15]);
+                k += 8;
+            } else {
+                k += fz_bytes(in, buf + k, 2);
+            }
+        }
+    }
+    dp_err err;
+    (void)dp_transport_send(from, ps, DP_WIRE_PUSH_CODED, step, offset, buf, k, &err);
+}
+
 /* Reads (and drops) whatever the server sent to endpoint t. */
 static void drain(dp_transport *t, int n)
 {
@@ -144,6 +186,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.min_shard_bytes = sizeof(float);
     cfg.now = fake_clock;
     fake_now = 1000.0;
+    static const dp_compress codecs[4] = {{DP_COMPRESS_NONE, 0, 0}, {DP_COMPRESS_BF16, 0, 0},
+                                          {DP_COMPRESS_FP16, 0, 0}, {DP_COMPRESS_TOPK, 0.3, 0}};
+    cfg.compress = codecs[((b0 & 0x7f) / 30) & 3];
+    cfg.reply16 = (b0 & 0x7f) >= 120;
 
     int ports[MAX_WORKERS + 3];
     const char *names[MAX_WORKERS + 3];
@@ -177,7 +223,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int from = (o & 3) % (1 + workers); /* 0: the chief, k: worker k-1 */
         dp_transport *t = ts[from];
         uint64_t step = fz_u8(&in);
-        switch ((o >> 2) % 15) {
+        switch ((o >> 2) % 16) {
         case 0: /* a well-formed push for this shard */
             send_push(t, ps, push_type, step, lo, len, &in);
             break;
@@ -199,7 +245,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t pay[8];
             size_t k = fz_u8(&in) & 7;
             fz_bytes(&in, pay, k);
-            (void)dp_transport_send(t, ps, types[(o >> 2) % 15 - 3], step, 0, pay, k, &err);
+            (void)dp_transport_send(t, ps, types[(o >> 2) % 16 - 3], step, 0, pay, k, &err);
             break;
         }
         case 8: { /* any application frame type */
@@ -223,10 +269,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 12: /* sparse rows: a push with a rows section */
         case 13: /* a PULL_ROWS */
-            send_rows(t, ps, step, lo, len, 0, layout.n_shards, (o >> 2) % 15 == 12, &in);
+            send_rows(t, ps, step, lo, len, 0, layout.n_shards, (o >> 2) % 16 == 12, &in);
             break;
         case 14: /* a PULL_TABLE */
             (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, NULL, 0, &err);
+            break;
+        case 15: /* a coded push (refused without --compress) */
+            send_coded(t, ps, step, lo, len, &cfg.compress, &in);
             break;
         default: /* the sender reads its replies */
             drain(t, n);

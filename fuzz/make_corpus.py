@@ -157,6 +157,25 @@ def ps_corpus():
         ops += simple(0, 7, 0, b"\x00")
         put("fuzz_ps", "rows_%s_%s" % (names[mode], ["sgd", "", "", "adagrad", "adam"][optim]),
             bytes([0x80 | (mode + 5 * optim), 1]) + ops)
+    # compression (byte 0 bits 0-6 / 30: 1 bf16, 2 fp16, 3 topk:0.3; from
+    # 120 bf16 answers): coded pushes (op 15: head, [kind | count delta],
+    # then bf16 values or (index, rate index) pairs), a bad one, replies read
+    bf16 = bytes([0x80, 0x3F]) * 6  # 1.0 six times: the one-ps shard's 6
+    for mode, b0, body in ((0, 3 * 30, bytes([0, 10, 3, 0])),  # topk: 2 pairs
+                           (1, 1 * 30 + 1, bf16), (2, 2 * 30 + 2, bf16)):
+        ops = b""
+        for step in range(2):
+            for w in (1, 2):
+                ops += bytes([w | 15 << 2, step, 8, 1, 0, 0x04]) + body
+            ops += simple(1, 11, 0) + simple(2, 11, 0)
+        ops += bytes([1 | 15 << 2, 3, 8, 1, 0, 0x08]) + body + body  # a count one too many
+        ops += bytes([2 | 15 << 2, 3, 8, 1, 0, 0x85, 1, 2, 3, 4, 5])  # arbitrary bytes
+        ops += simple(0, 3, 0, b"\x00") + simple(0, 7, 0, b"\x00")
+        put("fuzz_ps", "coded_%s" % ["topk", "bf16", "fp16"][mode], bytes([b0, 1]) + ops)
+    ops = b""
+    for step in range(2):
+        ops += push(1, step, 8, 1, 0, g1) + simple(1, 11, 0)
+    put("fuzz_ps", "reply_bf16", bytes([120, 0]) + ops)
 
 
 # ---- ring: byte 0 bit 0 size (3, 4), bits 1-7 floats - 1; byte 1 segment - 1,

@@ -8,7 +8,15 @@
  * damaged residual fails the checkpoint's checksum (set aside, the older
  * one resumes, still exactly); a missing or misshapen one (checksum made
  * good) is refused naming the file and the tensor; a checkpoint of another
- * --compress, or of none, is refused naming both. */
+ * --compress, or of none, is refused naming both.
+ * powersgd too: its residuals and its warm-start Q (allreduce.powersgd_q)
+ * resume bit for bit; with the Q zeroed the weights differ, and a file
+ * without it is refused naming it.
+ * The parameter-server family the same way (docs/checkpoints.md,
+ * "Compression residuals"): ps-sync (chief, 2 workers, 1 ps) with topk
+ * pushes and bf16 answers (--ps-reply bf16) killed and resumed ends with
+ * the uninterrupted run's bytes, each worker's residual in the file; one
+ * worker's residual shortened is refused naming the file and the tensor. */
 #include "downpour/crc32c.h"
 #include "proc.h"
 
@@ -19,6 +27,8 @@
 #define CKPT "ckpt-0000000028.safetensors"
 
 static const char *bin, *tmp;
+static const char *launch = LAUNCH; /* or PS_LAUNCH */
+#define PS_LAUNCH "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply bf16"
 static char err[16384];
 
 /* The metadata keys in the order the writer adds them (checkpoint.c). */
@@ -28,7 +38,7 @@ static const char *const keys[] = {
     "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
-typedef enum { ZERO, SWAP, DROP, SHORTEN } edit;
+typedef enum { ZERO, SWAP, DROP, SHORTEN, ZERO_Q, DROP_Q } edit;
 
 /* Rewrites dir/CKPT with its residuals edited and the checksum made good
  * again, as the writer computes it: a file the reader trusts. */
@@ -51,8 +61,11 @@ static void rewrite(const char *dir, edit how)
         dp_st_tensor x = *dp_safetensors_at(f, i);
         int is0 = strcmp(x.name, "replica.0.residual") == 0;
         int is1 = strcmp(x.name, "replica.1.residual") == 0;
-        if (is1 && how == DROP)
+        int isq = strcmp(x.name, "allreduce.powersgd_q") == 0;
+        if ((is1 && how == DROP) || (isq && how == DROP_Q))
             continue;
+        if (isq && how == ZERO_Q)
+            x.data = zeros;
         if ((is0 || is1) && how == ZERO)
             x.data = zeros;
         if ((is0 || is1) && how == SWAP)
@@ -146,8 +159,8 @@ static void holds_residuals(const char *dir)
 /* Resumes dir (saving to save) with --compress kind; returns the exit. */
 static int resume(const char *kind, const char *dir, const char *save)
 {
-    return run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --compress %s --checkpoint-dir %s/%s "
-                   "--save %s/%s --resume", bin, kind, tmp, dir, tmp, save);
+    return run_cmd(err, sizeof err, "%s %s " SMALL " --compress %s --checkpoint-dir %s/%s "
+                   "--save %s/%s --resume", bin, launch, kind, tmp, dir, tmp, save);
 }
 
 /* Trains uninterrupted and killed after step 33, copies the directory of
@@ -158,12 +171,12 @@ static void resume_is_exact(const char *name, const char *kind, int copies)
     snprintf(full, sizeof full, "%s-full.safetensors", name);
     snprintf(part, sizeof part, "%s-part.safetensors", name);
     snprintf(dir, sizeof dir, "%s-b", name);
-    int rc = run_cmd(err, sizeof err, "%s " LAUNCH " " SMALL " --compress %s --checkpoint-dir "
-                     "%s/%s-a --save %s/%s", bin, kind, tmp, name, tmp, full);
+    int rc = run_cmd(err, sizeof err, "%s %s " SMALL " --compress %s --checkpoint-dir "
+                     "%s/%s-a --save %s/%s", bin, launch, kind, tmp, name, tmp, full);
     CHECKF(rc == 0, "%s: the uninterrupted run exited %d: %s", name, rc, err);
-    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s " LAUNCH " " SMALL
-                 " --compress %s --checkpoint-dir %s/%s --save %s/%s", bin, kind, tmp, dir, tmp,
-                 part);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s %s " SMALL
+                 " --compress %s --checkpoint-dir %s/%s --save %s/%s", bin, launch, kind, tmp,
+                 dir, tmp, part);
     CHECKF(rc != 0 && strstr(err, "killed by signal 9"),
            "%s: the run meant to be killed at step 33: %d %s", name, rc, err);
     holds_residuals(dir);
@@ -242,5 +255,30 @@ int main(void)
     CHECKF(rc != 0 && strstr(err, "plain/ckpt-0000000015.safetensors belongs to another run: it "
                                   "has no compress, this run's compress=bf16"),
            "--compress on a checkpoint without: %d %s", rc, err);
+
+    /* powersgd: the residuals and the warm start Q (allreduce.powersgd_q)
+     * are in the checkpoint; without the Q (zeroed) the run ends elsewhere,
+     * and a file lacking it is refused naming it. */
+    resume_is_exact("psgd", "powersgd:2", 2);
+    rewrite("psgd-0", ZERO_Q);
+    rc = resume("powersgd:2", "psgd-0", "psgd-zero.safetensors");
+    CHECKF(rc == 0 && strstr(err, "(step 28)"), "powersgd, Q zeroed: %d %s", rc, err);
+    CHECKF(checkpoint_max_diff("psgd-full.safetensors", "psgd-zero.safetensors") > 0,
+           "resumed with powersgd's Q zeroed, the weights are still the uninterrupted run's: "
+           "the test cannot tell whether it is restored");
+    rewrite("psgd-1", DROP_Q);
+    rc = resume("powersgd:2", "psgd-1", "psgd-drop.safetensors");
+    CHECKF(rc != 0 && strstr(err, "psgd-1/" CKPT ": --compress powersgd:2, but tensor "
+                                  "'allreduce.powersgd_q' (its warm start) is missing"),
+           "powersgd, Q missing: %d %s", rc, err);
+
+    /* ps-sync: each worker's residual, gathered by the chief */
+    launch = PS_LAUNCH;
+    resume_is_exact("ps-topk", "topk:0.05", 1);
+    rewrite("ps-topk-0", SHORTEN);
+    rc = resume("topk:0.05", "ps-topk-0", "ps-short.safetensors");
+    CHECKF(rc != 0 && strstr(err, "ps-topk-0/" CKPT ": tensor 'replica.1.residual' has shape "
+                                  "(50889), the model needs (50890)"),
+           "ps: a residual of another size: %d %s", rc, err);
     return CHECK_DONE();
 }

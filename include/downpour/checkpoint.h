@@ -8,7 +8,8 @@
  *                                       (momentum's velocity; Adam's m then v)
  *   worker.{w}.optimizer.slot{k}        model-avg: each worker's own optimiser
  *   replica.{p}.residual (n_params)     allreduce with --compress: replica p's
- *                                       error-feedback residual
+ *                                       error-feedback residual (the ps family
+ *                                       with --compress: worker p's)
  *   ema (n_params)                      --ema: the moving average
  *   best (n_params)                     --keep-best: the best epoch's weights
  *   loop.history (epochs, 3)            per epoch: val_accuracy, train_loss, seconds

@@ -60,4 +60,23 @@ void dp_topk_encode(const float *x, size_t n, size_t k, float *scratch, uint8_t 
  * is not below n. */
 int dp_topk_decode_add(const uint8_t *in, size_t k, float *acc, size_t n, dp_err *err);
 
+/* A coded block: the parameter servers' compressed push of a shard's
+ * gradient (docs/strategies.md, "ps family: compression"; wire.h
+ * PUSH_CODED).  [u32 codec (dp_compress_kind)][u32 count] then count
+ * 16-bit values (bf16, fp16: count is the shard's n) or count top-k pairs
+ * (topk: count is dp_topk_count(ratio, n)), all little-endian.
+ * dp_coded_bytes: its bytes for a shard of n (0: kind codes no block). */
+#define DP_CODED_HEAD_SIZE 8
+size_t dp_coded_bytes(const dp_compress *c, size_t n);
+/* Error feedback, then the block: v = g + resid (n floats each), coded
+ * into out (dp_coded_bytes), and resid = v - what the block decodes to, so
+ * nothing is lost, only late.  tmp, tmp2: n floats each. */
+void dp_coded_encode(const dp_compress *c, const float *g, float *resid, size_t n, float *tmp,
+                     float *tmp2, uint8_t *out);
+/* A received block of len bytes decoded into out (n floats, overwritten):
+ * -1 with err naming what is wrong when its codec is not c's, its count or
+ * length not what a shard of n takes, or a top-k index not below n. */
+int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *out, size_t n,
+                    dp_err *err);
+
 #endif

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "downpour/cluster.h"
+#include "downpour/compress.h"
 #include "downpour/optim.h"
 #include "downpour/partition.h"
 #include "downpour/status.h"
@@ -90,6 +91,11 @@ typedef struct dp_ps_config {
                                order), which the servers add in worker, then chunk
                                order (docs/strategies.md); 0: one gradient a push */
     int chunk;
+    dp_compress compress;   /* gradient pushes: NONE (f32), BF16, FP16 or TOPK, coded
+                               per shard with error feedback on the worker (PUSH_CODED;
+                               docs/strategies.md, "ps family: compression"); pushes
+                               with sparse rows (PUSH_ROWS) stay f32 */
+    int reply16;            /* servers answer workers with bf16 parameters (PARAMS16) */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -230,6 +236,11 @@ int dp_ps_client_drain(dp_ps_client *c, float *params, dp_err *err);
 /* A round trip to every shard after pushing whatever is accumulated, so every
  * push this worker made has been applied (a checkpoint's consistent point). */
 int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err);
+/* The error-feedback residual of a worker pushing coded gradients
+ * (cfg.compress): n_params floats, what its pushes have not carried yet;
+ * NULL when the client codes nothing.  A checkpoint holds it
+ * (replica.{w}.residual) and a resumed worker writes it back here. */
+float *dp_ps_client_residual(dp_ps_client *c);
 /* model-avg: the worker's own optimiser (its state is this worker's part of a
  * checkpoint); NULL in the other modes. */
 dp_optim *dp_ps_client_local_optim(dp_ps_client *c);

@@ -8,6 +8,7 @@
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(34..36)   sparse rows on the ps     src/strategy/ps.c, ps_shard.c (with APP(7))
+ *   APP(37..38)   compressed ps frames      src/strategy/ps.c, ps_shard.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
  *   APP(48..55)   model parallelism         src/strategy/model_parallel.c
  *   APP(56..63)   Sandblaster L-BFGS        src/strategy/lbfgs.c, lbfgs_shard.c
@@ -57,7 +58,7 @@ enum dp_wire_type {
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
     DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
     DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
-    DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state */
+    DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state: model-avg's [u64 t][its optimiser slots], then with --compress its residual, n_params f32 */
     DP_WIRE_CKPT_GO = DP_FRAME_APP(21),     /* chief -> workers: checkpoint `step` is written, go on */
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
@@ -71,6 +72,9 @@ enum dp_wire_type {
     DP_WIRE_PULL_ROWS = DP_FRAME_APP(34),   /* worker -> ps: per table [u32 count][count u32 ids], ids of this shard, increasing */
     DP_WIRE_ROWS = DP_FRAME_APP(35),        /* ps -> anyone: the rows asked (or every row it holds), f32, table after table; step = slowest clock */
     DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order) */
+    /* compressed ps frames (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "ps family: compression") */
+    DP_WIRE_PUSH_CODED = DP_FRAME_APP(37),  /* worker -> ps: push head + the shard's gradient as a coded block (compress.h: [u32 codec][u32 count], then bf16/fp16 values or top-k pairs) */
+    DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

@@ -1123,6 +1123,65 @@ static void psgd_say(const dp_strategy *s)
             s->sparse ? ", the sparse tables by their rows," : "", s->psgd_plan.n_params);
 }
 
+/* The error-feedback residual of --compress: the reducer's, or under
+ * powersgd its own (powersgd.h); NULL without compression. */
+static float *resid_of(dp_strategy *s)
+{
+    return s->psgd ? dp_powersgd_residual(s->psgd) : dp_reducer_residual(s->reducer);
+}
+
+/* --compress powersgd's warm start in a checkpoint: its Q^T's (the summed
+ * Q, the same on every replica), padded with zeros to a vector of the
+ * parameters, as the strategy vector allreduce.powersgd_q
+ * (docs/checkpoints.md, "Compression residuals"; Q is always shorter: a
+ * matrix is factored only where r (rows + cols) < rows cols). */
+#define PSGD_Q_NAME "allreduce.powersgd_q"
+
+static int save_q(dp_strategy *s, dp_train_state *st, dp_err *err)
+{
+    size_t n = s->m->n_params, first, q;
+    dp_powersgd_floats(s->psgd, &first, &q);
+    if (!st->vecs) { /* once: the loop's state keeps it between checkpoints */
+        st->vec_names = calloc(1, sizeof *st->vec_names);
+        st->vecs = malloc(n * sizeof(float));
+        if (!st->vec_names || !st->vecs)
+            return dp_errf(err, "out of memory for powersgd's warm start (%zu floats)", n);
+    }
+    snprintf(st->vec_names[0], DP_STATE_NAME_LEN, "%s", PSGD_Q_NAME);
+    memcpy(st->vecs, dp_powersgd_q(s->psgd), q * sizeof(float));
+    memset(st->vecs + q, 0, (n - q) * sizeof(float));
+    st->n_vecs = 1;
+    return 0;
+}
+
+/* --resume with powersgd: the warm start back, so the next step's Q is
+ * the uninterrupted run's.  Missing, or with anything but zeros past this
+ * plan's Q, the file is not this run's: refused, naming it and the tensor. */
+static int restore_q(dp_strategy *s, const dp_task_info *info, dp_err *err)
+{
+    const dp_train_state *r = s->env->resume;
+    if (!r || !s->psgd || info->start_step >= 0)
+        return 0;
+    const char *path = s->env->resume_path ? s->env->resume_path : "the checkpoint";
+    size_t n = s->m->n_params, first, q;
+    dp_powersgd_floats(s->psgd, &first, &q);
+    for (int i = 0; i < r->n_vecs; i++) {
+        if (strcmp(r->vec_names[i], PSGD_Q_NAME) != 0)
+            continue;
+        const float *v = r->vecs + (size_t)i * n;
+        for (size_t j = q; j < n; j++)
+            if (v[j] != 0)
+                return dp_errf(err, "%s: tensor '%s' holds a value at %zu, past the %zu floats "
+                                    "of --compress powersgd:%d's factors of model %s",
+                               path, PSGD_Q_NAME, j, q, s->compress.rank, s->m->name);
+        memcpy(dp_powersgd_q(s->psgd), v, q * sizeof(float));
+        return 0;
+    }
+    return dp_errf(err, "%s: --compress powersgd:%d, but tensor '%s' (its warm start) is "
+                        "missing (docs/checkpoints.md, \"Compression residuals\")",
+                   path, s->compress.rank, PSGD_Q_NAME);
+}
+
 /* --resume with --compress: this replica's own residual from the checkpoint,
  * replica.{position}.residual (docs/checkpoints.md), so the run goes on
  * bit for bit.  The identity made the checkpoint's --compress this run's,
@@ -1133,7 +1192,7 @@ static int restore_residual(dp_strategy *s, const dp_task_info *info, const char
                             dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
-    float *resid = dp_reducer_residual(s->reducer);
+    float *resid = resid_of(s);
     if (!r || !resid || info->start_step >= 0)
         return 0;
     if (r->n_residuals != s->n)
@@ -1224,12 +1283,12 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
         dp_reducer_compress(s->reducer, err) < 0 ||
-        restore_residual(s, info, as->compress, err) < 0) {
+        restore_residual(s, info, as->compress, err) < 0 || restore_q(s, info, err) < 0) {
         allreduce_close(s);
         return -1;
     }
     /* replica 0 writes every replica's residual into its checkpoints */
-    if (s->position == 0 && dp_reducer_residual(s->reducer))
+    if (s->position == 0 && resid_of(s))
         info->residuals = n;
     /* The ring has decided how it sums, for the whole run.  Summed on the
      * host, each step's copies go through the model's arrays, pinned.
@@ -1435,7 +1494,7 @@ static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *e
  * rejoins starts from. */
 static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    float *resid = dp_reducer_residual(s->reducer);
+    float *resid = resid_of(s);
     size_t n = s->m->n_params, bytes = n * sizeof *resid;
     if (s->position != 0) {
         struct iovec iov = {resid, bytes};
@@ -1494,10 +1553,12 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
  * replica hands in its residual first. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
-    if (dp_reducer_residual(s->reducer) && gather_residuals(s, step, st, err) < 0)
+    if (resid_of(s) && gather_residuals(s, step, st, err) < 0)
         return -1;
     if (s->position != 0)
         return 0;
+    if (s->psgd && save_q(s, st, err) < 0)
+        return -1;
     return dp_replica_state(s->r, st->params, st->slots, st->n_slots, &st->optim_t, st->ema,
                             err) < 0
                ? -1

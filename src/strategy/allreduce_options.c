@@ -141,12 +141,6 @@ static int check_fits(const dp_train_config *cfg, dp_err *err)
 static int check_powersgd(const dp_allreduce_settings *a, const dp_compress *c,
                           const dp_train_config *cfg, dp_err *err)
 {
-    if (cfg->resume)
-        return dp_errf(err, "--compress %s: resuming would not be bit-exact, since the "
-                            "replicas' residuals and warm-start factors are not in checkpoints "
-                            "(docs/strategies.md, \"allreduce: compression\"): resume without "
-                            "--compress",
-                       a->compress);
     if (a->overlap && strcmp(a->overlap, "on") == 0)
         return dp_errf(err, "--compress %s factors each weight matrix whole, after backprop, so "
                             "nothing can be reduced beside it: leave out --overlap on",
@@ -210,9 +204,12 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
         return dp_errf(err, "--sync-bn: strategy %s does not sum batch statistics across "
                             "tasks; allreduce does, whose replicas step together over one ring "
                             "(docs/strategies.md, \"Buffers\")", cfg->strategy);
-    if (a->compress && strcmp(a->compress, "none") != 0)
-        return dp_errf(err, "--compress: strategy %s does not compress yet; allreduce does "
-                            "(docs/strategies.md, \"allreduce: compression\")",
+    /* the ps family reads --compress too (DP_OPT_ALSO) and checks it itself */
+    const dp_strategy_ops *ops = cfg->strategy ? dp_strategy_find(cfg->strategy, NULL) : NULL;
+    if (a->compress && strcmp(a->compress, "none") != 0 && !(ops && ops->conf == &dp_ps_conf))
+        return dp_errf(err, "--compress: strategy %s does not compress yet; allreduce and the "
+                            "parameter-server family do (docs/strategies.md, \"allreduce: "
+                            "compression\", \"ps family: compression\")",
                        cfg->strategy);
     if (a->allreduce_algo)
         return dp_errf(err, "--allreduce-algo: strategy %s has no all-reduce ring; allreduce "

@@ -213,3 +213,58 @@ int dp_topk_decode_add(const uint8_t *in, size_t k, float *acc, size_t n, dp_err
     }
     return 0;
 }
+
+size_t dp_coded_bytes(const dp_compress *c, size_t n)
+{
+    if (c->kind == DP_COMPRESS_BF16 || c->kind == DP_COMPRESS_FP16)
+        return DP_CODED_HEAD_SIZE + 2 * n;
+    if (c->kind == DP_COMPRESS_TOPK)
+        return DP_CODED_HEAD_SIZE + 8 * dp_topk_count(c->ratio, n);
+    return 0;
+}
+
+void dp_coded_encode(const dp_compress *c, const float *g, float *resid, size_t n, float *tmp,
+                     float *tmp2, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = g[i] + resid[i];
+    uint8_t *body = out + DP_CODED_HEAD_SIZE;
+    dp_put_u32(out, (uint32_t)c->kind);
+    if (c->kind == DP_COMPRESS_TOPK) {
+        size_t k = dp_topk_count(c->ratio, n);
+        dp_put_u32(out + 4, (uint32_t)k);
+        dp_topk_encode(tmp, n, k, tmp2, body);
+        memcpy(resid, tmp, n * sizeof(float));
+        for (size_t j = 0; j < k; j++)
+            resid[dp_get_u32(body + 8 * j)] = 0; /* sent whole */
+        return;
+    }
+    dp_put_u32(out + 4, (uint32_t)n);
+    dp_compress_encode16(c->kind, tmp, n, body);
+    for (size_t i = 0; i < n; i++)
+        resid[i] = tmp[i] - decode1(c->kind, body, i);
+}
+
+int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *out, size_t n,
+                    dp_err *err)
+{
+    size_t want = dp_coded_bytes(c, n);
+    if (want == 0 || len != want)
+        return dp_errf(err, "a coded block of %zu bytes; --compress %s takes %zu for %zu floats",
+                       len, dp_compress_kind_name(c->kind), want, n);
+    uint32_t kind = dp_get_u32(in), count = dp_get_u32(in + 4);
+    if (kind != (uint32_t)c->kind)
+        return dp_errf(err, "a block coded as %s; this run's --compress is %s",
+                       dp_compress_kind_name((dp_compress_kind)kind),
+                       dp_compress_kind_name(c->kind));
+    size_t expect = (want - DP_CODED_HEAD_SIZE) / (c->kind == DP_COMPRESS_TOPK ? 8 : 2);
+    if (count != expect)
+        return dp_errf(err, "a %s block says %u values; a shard of %zu takes %zu",
+                       dp_compress_kind_name(c->kind), count, n, expect);
+    if (c->kind != DP_COMPRESS_TOPK) {
+        dp_compress_decode16(c->kind, in + DP_CODED_HEAD_SIZE, n, out);
+        return 0;
+    }
+    memset(out, 0, n * sizeof(float));
+    return dp_topk_decode_add(in + DP_CODED_HEAD_SIZE, count, out, n, err);
+}

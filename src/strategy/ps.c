@@ -362,7 +362,13 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     int is_params = ev->header.type == DP_WIRE_PUSH_PARAMS;
     int rows = ev->header.type == DP_WIRE_PUSH_ROWS; /* then a rows section follows */
     int chunks = s->chunk_buf && ev->header.type == DP_WIRE_PUSH_GRAD ? s->cfg.chunks : 0;
+    int coded = ev->header.type == DP_WIRE_PUSH_CODED; /* a coded block, not floats */
     size_t want_len = DP_PUSH_HEAD_SIZE + (chunks ? (size_t)chunks : 1) * s->n * sizeof(float);
+    if (coded && !s->coded)
+        return dp_errf(err, "%s pushed a compressed gradient; this run pushes f32 (no "
+                            "--compress)", who);
+    if (coded)
+        want_len = DP_PUSH_HEAD_SIZE + dp_coded_bytes(&s->cfg.compress, s->n);
     if ((rows ? ev->header.length < want_len : ev->header.length != want_len) ||
         ev->header.offset != s->lo)
         return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu%s at %zu",
@@ -380,6 +386,14 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     if (chunks) {
         if (recv_chunks(s, w, raw, err) < 0)
             return -1;
+    } else if (coded) {
+        size_t len = want_len - DP_PUSH_HEAD_SIZE;
+        dp_err why;
+        if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
+            dp_transport_recv_payload(s->t, w->rank, s->coded, len, err) < 0)
+            return -1;
+        if (dp_coded_decode(&s->cfg.compress, s->coded, len, s->scratch, s->n, &why) < 0)
+            return dp_errf(err, "%s pushed a bad coded gradient: %s", who, why.msg);
     } else if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
                dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float),
                                          err) < 0) {
@@ -514,6 +528,7 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     const char *who = dp_transport_peer_name(s->t, ev->peer);
     switch (ev->header.type) {
     case DP_WIRE_PUSH_GRAD:
+    case DP_WIRE_PUSH_CODED:
     case DP_WIRE_PUSH_ROWS:
     case DP_WIRE_PUSH_PARAMS:
         if (wi < 0) {
@@ -771,6 +786,33 @@ static int push_behind(const dp_transport *t, const dp_ps_layout *layout, const 
 
 static int rows_buffers(dp_ps_client *c);
 
+/* --compress: pushes of dense gradients go as coded blocks (with sparse
+ * rows they stay f32 PUSH_ROWS; docs/strategies.md, "ps family:
+ * compression"), with the residual beside them; --ps-reply bf16: the
+ * answers' bytes.  Sized by the largest shard. */
+static int coder_open(dp_ps_client *c)
+{
+    size_t most = 0, total = 0;
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        size_t n = c->layout.range[s].hi - c->layout.range[s].lo;
+        most = n > most ? n : most;
+        c->coff[s] = total;
+        c->clen[s] = dp_coded_bytes(&c->cfg.compress, n);
+        total += c->clen[s];
+    }
+    if (c->cfg.reply16 && !(c->in16 = malloc(2 * (most ? most : 1))))
+        return -1;
+    if (total == 0 || c->cfg.n_tables > 0 || c->rules->pushes_params)
+        return 0;
+    c->resid = calloc(c->n, sizeof(float));
+    c->cbuf = malloc(total);
+    c->ctmp = malloc(most * sizeof(float));
+    c->ctmp2 = malloc(most * sizeof(float));
+    return c->resid && c->cbuf && c->ctmp && c->ctmp2 ? 0 : -1;
+}
+
+float *dp_ps_client_residual(dp_ps_client *c) { return c->resid; }
+
 int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *layout,
                       const dp_ps_config *cfg, const dp_optim_config *local_optim,
                       size_t n_params, dp_err *err)
@@ -801,6 +843,8 @@ int dp_ps_client_open(dp_ps_client **out, dp_transport *t, const dp_ps_layout *l
     }
     if (c->rules->pushes_params && dp_optim_init(&c->local, local_optim, n_params, err) < 0)
         goto fail;
+    if (coder_open(c) < 0)
+        goto oom;
     /* A push re-sent on failover must be the one made: a caller pushing
      * behind has changed its gradient by then. */
     if ((c->rules->pushes_params || c->behind > 0) && (cfg->replicas > 1 || cfg->ps_wait > 0) &&
@@ -828,6 +872,11 @@ void dp_ps_client_free(dp_ps_client *c)
     free(c->out);
     free(c->acc);
     free(c->sent);
+    free(c->resid);
+    free(c->cbuf);
+    free(c->ctmp);
+    free(c->ctmp2);
+    free(c->in16);
     dp_optim_free(&c->local);
     free(c);
 }
@@ -1066,6 +1115,11 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
             return dp_transport_sendv(c->t, rank, c->last.type, c->last.step, r->lo, iov,
                                       1 + c->cfg.chunks, err);
         }
+        if (c->last.coded) {
+            struct iovec iov[2] = {{raw, sizeof raw}, {c->cbuf + c->coff[s], c->clen[s]}};
+            return dp_transport_sendv(c->t, rank, DP_WIRE_PUSH_CODED, c->last.step, r->lo, iov,
+                                      2, err);
+        }
         struct iovec iov[3] = {{raw, sizeof raw},
                                {(void *)(c->last.v + r->lo - c->cfg.dense_shift),
                                 (r->hi - r->lo) * sizeof(float)},
@@ -1110,8 +1164,10 @@ static int queue_push(dp_ps_client *c, dp_err *err)
 {
     if (sends_done(c, err) < 0)
         return -1;
-    memcpy(c->out, c->last.v, c->n * sizeof(float));
-    c->last.v = c->out;
+    if (!c->last.coded) {
+        memcpy(c->out, c->last.v, c->n * sizeof(float));
+        c->last.v = c->out;
+    }
     dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
     uint8_t raw[DP_PUSH_HEAD_SIZE];
     dp_push_head_put(raw, &head);
@@ -1119,9 +1175,14 @@ static int queue_push(dp_ps_client *c, dp_err *err)
         const dp_range *r = &c->layout.range[s];
         int peer;
         dp_err why;
-        c->q_last = dp_sender_push_head(c->q, c->layout.rank[s], c->last.type, c->last.step, r->lo,
-                                        raw, sizeof raw, c->out + r->lo - c->cfg.dense_shift,
-                                        (r->hi - r->lo) * sizeof(float), &peer, &why);
+        c->q_last = c->last.coded
+                        ? dp_sender_push_head(c->q, c->layout.rank[s], DP_WIRE_PUSH_CODED,
+                                              c->last.step, r->lo, raw, sizeof raw,
+                                              c->cbuf + c->coff[s], c->clen[s], &peer, &why)
+                        : dp_sender_push_head(c->q, c->layout.rank[s], c->last.type,
+                                              c->last.step, r->lo, raw, sizeof raw,
+                                              c->out + r->lo - c->cfg.dense_shift,
+                                              (r->hi - r->lo) * sizeof(float), &peer, &why);
         if (c->q_last < 0)
             return dp_ps_client_lost(c, peer, why.msg, err) < 0 ? -1
                                                                  : dp_errf(err, "%s", why.msg);
@@ -1156,7 +1217,17 @@ int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
 static int push_untraced(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
                          int want, dp_err *err)
 {
-    if (c->sent && (type == DP_WIRE_PUSH_PARAMS || c->behind > 0)) {
+    c->last.coded = type == DP_WIRE_PUSH_GRAD && c->resid;
+    if (c->last.coded) {
+        /* the send thread may still be sending the last push's blocks */
+        if (sends_done(c, err) < 0)
+            return -1;
+        for (int s = 0; s < c->layout.n_shards; s++) {
+            size_t lo = c->layout.range[s].lo, n = c->layout.range[s].hi - lo;
+            dp_coded_encode(&c->cfg.compress, v + lo, c->resid + lo, n, c->ctmp, c->ctmp2,
+                            c->cbuf + c->coff[s]);
+        }
+    } else if (c->sent && (type == DP_WIRE_PUSH_PARAMS || c->behind > 0)) {
         memcpy(c->sent, v, c->n * sizeof(float));
         v = c->sent;
     }
@@ -1241,7 +1312,10 @@ static int collect(dp_ps_client *c, unsigned type, const char *what, take_fn tak
             continue;
         }
         int s = shard_answering(c, rank, ev.header.offset, got);
-        if (ev.header.type != type || s < 0)
+        /* a worker's PARAMS come as PARAMS16 with --ps-reply bf16 */
+        int same = ev.header.type == type ||
+                   (type == DP_WIRE_PARAMS && ev.header.type == DP_WIRE_PARAMS16);
+        if (!same || s < 0)
             return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
                                 "%s for a shard it holds",
                            dp_transport_peer_name(c->t, rank), ev.header.type,
@@ -1268,14 +1342,27 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
     float *params = ctx;
     const dp_range *r = &c->layout.range[s];
     size_t len = (r->hi - r->lo) * sizeof(float);
-    if (ev->header.length != len) {
+    if (ev->header.type == DP_WIRE_PARAMS16) {
+        /* --ps-reply bf16: half the bytes, rounded (docs/strategies.md) */
+        if (!c->in16 || ev->header.length != len / 2) {
+            dp_errf(err, "%s answered with %llu bytes of bf16 parameters for shard %d; expected "
+                         "%s",
+                    dp_transport_peer_name(c->t, ev->peer), (unsigned long long)ev->header.length,
+                    s, c->in16 ? "half its f32 bytes" : "f32 (no --ps-reply bf16)");
+            return -2;
+        }
+        if (dp_transport_recv_payload(c->t, ev->peer, c->in16, len / 2, err) < 0)
+            return -1;
+        dp_compress_decode16(DP_COMPRESS_BF16, c->in16, r->hi - r->lo,
+                             params + r->lo - c->cfg.dense_shift);
+    } else if (ev->header.length != len) {
         dp_errf(err, "%s answered with %llu bytes of parameters for shard %d; expected %zu",
                 dp_transport_peer_name(c->t, ev->peer), (unsigned long long)ev->header.length, s,
                 len);
         return -2;
     }
-    if (dp_transport_recv_payload(c->t, ev->peer, params + r->lo - c->cfg.dense_shift, len,
-                                  err) < 0)
+    else if (dp_transport_recv_payload(c->t, ev->peer, params + r->lo - c->cfg.dense_shift, len,
+                                       err) < 0)
         return -1;
     long gap = c->clock - (long)ev->header.step;
     if (gap > c->max_gap)

@@ -669,6 +669,31 @@ static int chunk_setup(dp_strategy *s, dp_ps_mode mode, dp_err *err)
     return 0;
 }
 
+/* --resume with --compress: this worker's own residual from the checkpoint,
+ * replica.{worker}.residual (docs/checkpoints.md), so the run goes on bit
+ * for bit.  The identity made the checkpoint's --compress this run's, so
+ * it holds one per worker; any other count is a damaged or foreign file.
+ * A worker restarted into the running run starts from zeros. */
+static int restore_residual(dp_strategy *s, const dp_task_info *info, dp_err *err)
+{
+    const dp_train_state *r = s->env->resume;
+    float *resid = dp_ps_client_residual(s->client);
+    int W = s->c->count[DP_ROLE_WORKER];
+    if (!r || !resid || info->start_step >= 0)
+        return 0;
+    if (r->n_residuals != W)
+        return dp_errf(err, "%s: --compress %s, but it holds the compression residuals of %d "
+                            "worker(s) and this run has %d: tensor 'replica.%d.residual' is %s "
+                            "(docs/checkpoints.md, \"What a checkpoint holds\")",
+                       s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                       dp_compress_kind_name(s->pc.compress.kind), r->n_residuals, W,
+                       r->n_residuals < W ? r->n_residuals : W,
+                       r->n_residuals < W ? "missing" : "one too many");
+    memcpy(resid, r->residuals + (size_t)s->worker * s->m->n_params,
+           s->m->n_params * sizeof *resid);
+    return 0;
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -751,6 +776,9 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     }
     if (s->part == DP_PART_COORDINATOR) {
         dp_ps_client_on_restart(s->client, restore_ps, s);
+        /* the workers' residuals go into its checkpoints (on_ready) */
+        if (dp_ps_client_residual(s->client))
+            info->residuals = c->count[DP_ROLE_WORKER];
         snprintf(info->label, sizeof info->label, "Chief");
         if (open_chief(s, err) < 0)
             goto fail;
@@ -797,7 +825,15 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             dp_replica_settle(s->replica, DP_STATE_HOST, 0, NULL, err) < 0)
             goto fail;
         info->replica = s->replica;
-        if (await_start(s, info, err) < 0)
+        /* --ps-reply bf16: a worker computes on what the servers answer,
+         * bf16, from its first step on, so a resumed worker starts from the
+         * weights the uninterrupted one had (docs/checkpoints.md) */
+        for (int k = 0; s->pc.reply16 && k < mine.n_shards; k++)
+            for (size_t i = mine.range[k].lo; i < mine.range[k].hi; i++) {
+                float *p = s->wparams + i - s->pc.dense_shift;
+                *p = dp_bf16_to_f32(dp_f32_to_bf16(*p));
+            }
+        if (await_start(s, info, err) < 0 || restore_residual(s, info, err) < 0)
             goto fail;
     }
     *out = s;
@@ -1330,8 +1366,9 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
     if (dp_ps_client_sync(s->client, s->wparams, err) < 0)
         return -1;
     dp_optim *local = dp_ps_client_local_optim(s->client);
+    float *resid = dp_ps_client_residual(s->client);
     uint8_t head[8];
-    struct iovec iov[2] = {{head, sizeof head}, {NULL, 0}};
+    struct iovec iov[3] = {{head, sizeof head}, {NULL, 0}};
     int iovcnt = 0;
     if (local) {
         dp_put_u64(head, (uint64_t)local->t);
@@ -1339,6 +1376,10 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
         iov[1].iov_len = local->n * (size_t)dp_optim_slots(local->cfg.kind) * sizeof(float);
         iovcnt = 2;
     }
+    /* --compress: its error-feedback residual, after the pushes synced
+     * (docs/checkpoints.md, "Compression residuals") */
+    if (resid)
+        iov[iovcnt++] = (struct iovec){resid, s->m->n_params * sizeof(float)};
     /* A chief that is back is attached first, so that it holds this
      * checkpoint with this worker; while it is lost, the checkpoint is not
      * written and its restarted self goes on from the one before. */
@@ -1471,14 +1512,20 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
     if (s->n_ready > 0 && step != s->ckpt_step)
         return dp_errf(err, "%s is at checkpoint step %ld, the others at %ld", who, step,
                        s->ckpt_step);
-    size_t want = 0, per = 0;
+    size_t want = 0, per = 0, resid = 0;
     if (st->n_workers > 0) {
         per = (size_t)st->n_slots * st->n_params;
         want = 8 + per * sizeof(float);
     }
-    if (ev->header.length != want)
+    if (st->n_residuals > 0 && st->residuals) {
+        if (w >= st->n_residuals)
+            return dp_errf(err, "%s: the checkpoint holds %d workers' residuals", who,
+                           st->n_residuals);
+        resid = st->n_params * sizeof(float);
+    }
+    if (ev->header.length != want + resid)
         return dp_errf(err, "%s handed in %llu bytes of state at checkpoint %ld; expected %zu", who,
-                       (unsigned long long)ev->header.length, step, want);
+                       (unsigned long long)ev->header.length, step, want + resid);
     if (want) {
         uint8_t head[8];
         if (dp_transport_recv_payload(s->t, ev->peer, head, sizeof head, err) < 0 ||
@@ -1487,6 +1534,10 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
             return -1;
         st->worker_t[w] = (long)dp_get_u64(head);
     }
+    if (resid && dp_transport_recv_payload(s->t, ev->peer,
+                                           st->residuals + (size_t)w * st->n_params, resid,
+                                           err) < 0)
+        return -1;
     s->ready[ev->peer] = 1;
     s->n_ready++;
     s->ckpt_step = step;

@@ -51,6 +51,12 @@
     X(int, replicas, 1, "ps-replicas", DP_OPT_INT, "N", 1, 2, 0,                                   \
       "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when the"   \
       " primary is lost")                                                                          \
+    X(const char *, ps_reply, NULL, "ps-reply", DP_OPT_STR, "FORMAT", 0, 0, 0,                    \
+      "the servers' parameters to the workers: f32 (the default) or bf16 (half the bytes,"         \
+      " rounded)")                                                                                 \
+    /* --compress: listed with allreduce's options (ps family: bf16, fp16, topk:RATIO pushes) */    \
+    X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, DP_OPT_ALSO,             \
+      "gradient compression of the pushes")                                                        \
     /* ps-async's model-parallel replicas: listed with model-parallel's options */                 \
     X(bool, dense, false, "ps-dense", DP_OPT_FLAG, NULL, 0, 0, 0,                                  \
       "sparse tables (emb) move whole on every step, as dense parameters, not by the rows a"       \

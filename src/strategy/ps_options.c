@@ -52,23 +52,71 @@ int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *er
     out->min_shard_bytes = ps->min_shard_bytes;
     out->max_shards = ps->max_shards;
     out->replicas = ps->replicas;
+    if (dp_compress_parse(ps->compress, &out->compress, err) < 0)
+        return dp_err_prefix(err, "--compress");
+    if (ps->ps_reply && strcmp(ps->ps_reply, "bf16") != 0 && strcmp(ps->ps_reply, "f32") != 0)
+        return dp_errf(err, "--ps-reply: '%s' is not f32 or bf16", ps->ps_reply);
+    out->reply16 = ps->ps_reply && strcmp(ps->ps_reply, "bf16") == 0;
     return parse_range(ps->staleness_range, &out->staleness_lo, &out->staleness_hi, err);
 }
 
 /* Under another strategy the family's options go unused, but a range that
  * does not parse is still refused, as it always was (--model-parallel is
  * model-parallel's to refuse there). */
-static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+static int parses(const void *own, dp_err *err)
 {
-    (void)cfg;
     dp_ps_config pc;
     return dp_ps_settings_apply(own, &pc, err);
+}
+
+/* ... and --ps-reply, which only the family's servers answer by. */
+static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
+{
+    const dp_ps_settings *ps = own;
+    if (parses(own, err) < 0)
+        return -1;
+    if (ps->ps_reply && strcmp(ps->ps_reply, "f32") != 0)
+        return dp_errf(err, "--ps-reply %s: strategy %s has no parameter servers answering "
+                            "workers; ps-async, ps-sync, ps-ssp, ps-dssp and model-avg do "
+                            "(docs/strategies.md, \"ps family: compression\")",
+                       ps->ps_reply, cfg->strategy);
+    return 0;
+}
+
+/* --compress under the family (docs/strategies.md, "ps family:
+ * compression"): the workers' gradient pushes, coded with error feedback;
+ * what cannot be coded that way is refused with why. */
+static int check_compress(const dp_ps_settings *ps, const dp_train_config *cfg, dp_err *err)
+{
+    dp_compress c;
+    if (dp_compress_parse(ps->compress, &c, err) < 0)
+        return dp_err_prefix(err, "--compress");
+    const char *why = NULL;
+    if (c.kind == DP_COMPRESS_AUTO)
+        why = "auto: allreduce's auto times the codec against its ring's measured links; "
+              "the parameter servers measure no link to decide by, so choose bf16, fp16 or "
+              "topk:RATIO";
+    else if (c.kind == DP_COMPRESS_POWERSGD)
+        why = "powersgd: its factors are all-reduced (the sum of the replicas' P and Q); a "
+              "server cannot sum them from pushes at different steps: choose bf16, fp16 or "
+              "topk:RATIO";
+    else if (c.kind != DP_COMPRESS_NONE && cfg->strategy && strcmp(cfg->strategy, "model-avg") == 0)
+        why = "model-avg pushes parameters, not gradients, and a parameter's rounding is no "
+              "error a later push could feed back: --ps-reply bf16 halves its answers";
+    else if (c.kind != DP_COMPRESS_NONE && ps->model_parallel > 0)
+        why = "not with --model-parallel (a replica's tasks push slices of their own)";
+    else if (c.kind != DP_COMPRESS_NONE && cfg->sum_chunk > 0)
+        why = "not with --sum-chunk (its pushes carry each chunk's gradient whole)";
+    if (why)
+        return dp_errf(err, "--compress %s (docs/strategies.md, \"ps family: compression\")",
+                       why);
+    return 0;
 }
 
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_ps_settings *ps = own;
-    if (foreign(own, cfg, err) < 0)
+    if (parses(own, err) < 0 || check_compress(ps, cfg, err) < 0)
         return -1;
     if (ps->model_parallel == 0)
         return 0;
@@ -95,10 +143,29 @@ void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap)
              pc.period, pc.min_shard_bytes, pc.max_shards);
 }
 
+/* Part 1: " compress=KIND" (topk with its ratio) and " ps_reply=bf16",
+ * each only when on, as allreduce writes its compress=: the checkpoints
+ * then hold the workers' residuals of that codec (docs/checkpoints.md). */
 static void identity(const void *own, int part, char *buf, size_t cap)
 {
-    if (part == 0)
+    const dp_ps_settings *ps = own;
+    if (part == 0) {
         dp_ps_settings_identity(own, buf, cap);
+        return;
+    }
+    dp_ps_config pc;
+    dp_err ignored;
+    if (dp_ps_settings_apply(ps, &pc, &ignored) < 0)
+        return;
+    size_t n = strlen(buf);
+    if (pc.compress.kind == DP_COMPRESS_TOPK)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=topk:%.9g", pc.compress.ratio);
+    else if (pc.compress.kind != DP_COMPRESS_NONE)
+        snprintf(buf + n, n < cap ? cap - n : 0, " compress=%s",
+                 dp_compress_kind_name(pc.compress.kind));
+    n = strlen(buf);
+    if (pc.reply16)
+        snprintf(buf + n, n < cap ? cap - n : 0, " ps_reply=bf16");
 }
 
 int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, int checkpoints,

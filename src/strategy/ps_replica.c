@@ -364,7 +364,8 @@ server *dp_ps_replica_route(server *s, const dp_event *ev)
     if (!b)
         return s;
     unsigned type = ev->header.type;
-    int serve = type == DP_WIRE_PUSH_GRAD || type == DP_WIRE_PUSH_PARAMS ||
+    int serve = type == DP_WIRE_PUSH_GRAD || type == DP_WIRE_PUSH_CODED ||
+                type == DP_WIRE_PUSH_PARAMS ||
                 type == DP_WIRE_PUSH_ROWS || type == DP_WIRE_PULL_ROWS ||
                 type == DP_WIRE_PULL_TABLE || type == DP_WIRE_PULL ||
                 type == DP_WIRE_PULL_AVERAGE || type == DP_WIRE_STATE_REQ;

@@ -97,6 +97,9 @@ struct dp_ps_server {
     dp_ps_table *tab;
     int n_shards;          /* the layout's: row id lives on shard id mod n_shards */
     uint8_t *fwd;          /* primary with a backup: the rows section it forwards */
+    /* compression (cfg.compress, cfg.reply16; docs/strategies.md) */
+    uint8_t *coded;        /* a PUSH_CODED's block, dp_coded_bytes of the shard */
+    uint8_t *out16;        /* a PARAMS16 answer: the shard as bf16 */
 };
 
 struct dp_ps_client {
@@ -130,7 +133,16 @@ struct dp_ps_client {
         uint32_t records;
         int want;
         uint64_t step;
+        int coded;       /* a gradient push sent as coded blocks (cbuf) */
     } last;
+    /* compression (cfg.compress): the residual, each shard's coded block of
+     * the newest push (at coff[s], clen[s] bytes; kept for a re-send), the
+     * coder's scratch; with reply16, a PARAMS16 answer's bytes */
+    float *resid;
+    uint8_t *cbuf;
+    size_t coff[DP_PARTITION_MAX], clen[DP_PARTITION_MAX];
+    float *ctmp, *ctmp2;
+    uint8_t *in16;
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
     float *sent;         /* with replicas or restarts, avg (or async pushing behind): the
@@ -224,6 +236,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
 void dp_ps_shard_free(dp_ps_server *s); /* NULL is a no-op */
 /* Sends rank the shard's parameters (stamped with the slowest clock). */
 int dp_ps_send_params(dp_ps_server *s, int rank, dp_err *err);
+/* A worker's answer: PARAMS16 with cfg.reply16, else PARAMS. */
+int dp_ps_send_answer(dp_ps_server *s, int rank, dp_err *err);
 /* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */
 void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
 /* An update's bookkeeping, in this order around it: the pushes it carries

@@ -34,13 +34,25 @@ int dp_ps_send_params(server *s, int rank, dp_err *err)
                              s->params, s->n * sizeof(float), err);
 }
 
+/* A worker's answer: with --ps-reply bf16 the shard rounded to bf16
+ * (PARAMS16, half the bytes), else the f32 PARAMS. */
+int dp_ps_send_answer(server *s, int rank, dp_err *err)
+{
+    if (!s->out16)
+        return dp_ps_send_params(s, rank, err);
+    long m = dp_ps_min_clock(s);
+    dp_compress_encode16(DP_COMPRESS_BF16, s->params, s->n, s->out16);
+    return dp_transport_send(s->t, rank, DP_WIRE_PARAMS16, (uint64_t)(m < 0 ? 0 : m), s->lo,
+                             s->out16, 2 * s->n, err);
+}
+
 void dp_ps_send_reply(server *s, dp_ps_worker *w)
 {
     w->owed = 0;
     if (s->fenced)
         return; /* the backups may serve its shards now: it answers nobody */
     dp_err why;
-    if (dp_ps_send_params(s, w->rank, &why) < 0 && w->live) {
+    if (dp_ps_send_answer(s, w->rank, &why) < 0 && w->live) {
         dp_warn("fault: cannot send %s its parameters (%s); %s goes on without it",
                 dp_transport_peer_name(s->t, w->rank), why.msg, self_name(s));
         w->live = 0;
@@ -132,8 +144,13 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->chunk_rec = calloc((size_t)(s->n_workers ? s->n_workers : 1), sizeof *s->chunk_rec);
         s->chunk_in = calloc((size_t)(s->n_workers ? s->n_workers : 1), 1);
     }
+    size_t coded = dp_coded_bytes(&cfg->compress, nn);
+    if (coded)
+        s->coded = malloc(coded);
+    if (cfg->reply16)
+        s->out16 = malloc(2 * nn);
     if (!s->w || !s->worker_of || !s->params || !s->scratch || !s->sum ||
-        (cfg->ema > 0 && !s->ema) ||
+        (cfg->ema > 0 && !s->ema) || (coded && !s->coded) || (cfg->reply16 && !s->out16) ||
         (chunked && (!s->chunk_buf || !s->chunk_rec || !s->chunk_in))) {
         dp_ps_shard_free(s);
         return dp_errf(err, "out of memory for a shard of %zu parameters", s->n);
@@ -187,6 +204,8 @@ void dp_ps_shard_free(dp_ps_server *s)
     free(s->chunk_buf);
     free(s->chunk_rec);
     free(s->chunk_in);
+    free(s->coded);
+    free(s->out16);
     free(s);
 }
 
