@@ -197,6 +197,33 @@ static void check_algorithms(const dp_cost_calibration *cal)
     REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
     /* two sums of half the floats each, a quarter of each a hop, 6 hops */
     CHECK_NEAR(a.bytes_per_step, 2 * 6 * (4.0 * floats / 2 / 4 + 48), 0);
+    /* the ps family's coded pushes and bf16 replies (docs/strategies.md, "ps
+     * family: compression"): 784-64-10 (50,890 floats) on one ps */
+    dp_cost_calibration small = *cal;
+    small.n_params = 50890;
+    dp_cost_cluster ps1 = {.hosts = 3, .cores = 2, .bandwidth = 12.5e6, .workers = 1, .ps = 1,
+                           .chief = 1};
+    dp_cost_job pj;
+    dp_cost_job_init(&pj);
+    pj.strategy = DP_COST_PS_ASYNC;
+    const struct { dp_compress_kind kind; int reply16; double up, down; } ps_cases[] = {
+        {DP_COMPRESS_NONE, 0, 48 + 16 + 4 * 50890.0, 48 + 4 * 50890.0},
+        {DP_COMPRESS_BF16, 1, 101852, 101828},    /* 48 + 16 + 8 + 2n; 48 + 2n */
+        {DP_COMPRESS_FP16, 0, 101852, 203608},
+        {DP_COMPRESS_TOPK, 1, 4144, 101828},      /* 8 x ceil(0.01 n) = 8 x 509 */
+    };
+    for (int i = 0; i < 4; i++) {
+        pj.compress.kind = ps_cases[i].kind;
+        pj.compress.ratio = 0.01;
+        pj.ps_reply_bf16 = ps_cases[i].reply16;
+        REQUIRE(dp_cost_predict(&small, &ps1, &pj, &a, &err) == 0);
+        CHECKF(a.bytes_per_step == ps_cases[i].up, "case %d: %g", i, a.bytes_per_step);
+        CHECKF(a.busiest_link_bytes == fmax(ps_cases[i].up, ps_cases[i].down), "case %d: %g", i,
+               a.busiest_link_bytes);
+    }
+    pj.compress.kind = DP_COMPRESS_POWERSGD;
+    CHECK(dp_cost_predict(&small, &ps1, &pj, &a, &err) < 0 && strstr(err.msg, "allreduce's"));
+
     /* bad input, named */
     job.psgd_floats = 0;
     CHECK(dp_cost_predict(cal, &four, &job, &a, &err) < 0 && strstr(err.msg, "psgd_floats"));

@@ -87,7 +87,9 @@ typedef struct dp_cost_job {
     const dp_cost_sparse *sparse; /* NULL: every parameter moves whole (or --ps-dense,
                                      --allreduce-dense) */
     dp_allreduce_algo algo; /* allreduce: --allreduce-algo (auto: the strategy's rule) */
-    dp_compress compress;   /* allreduce: --compress (auto: bf16 where predicted faster) */
+    dp_compress compress;   /* allreduce: --compress (auto: bf16 where predicted faster);
+                               ps-async, ps-sync: the workers' pushes (bf16, fp16, topk) */
+    int ps_reply_bf16;      /* ps-async, ps-sync: --ps-reply bf16 */
     size_t psgd_floats;     /* powersgd: factor + whole floats a step (dp_cost_powersgd) */
     double psgd_madds;      /* powersgd: its products' multiply-adds a step */
 } dp_cost_job;

@@ -200,11 +200,20 @@ double dp_cost_allreduce_sparse_bytes(size_t n_params, const dp_cost_sparse *sp,
 /* One worker's frames to and from shard s of k holding n_s dense floats:
  * PUSH and PARAMS, or with sparse tables PULL_ROWS + PUSH_ROWS and ROWS +
  * PARAMS (docs/strategies.md, "Sparse rows", "Bytes per step"). */
-static void shard_bytes(const dp_cost_sparse *sp, double n_s, int k, double *up, double *down)
+static void shard_bytes(const dp_cost_sparse *sp, const dp_cost_job *job, double n_s, int k,
+                        double *up, double *down)
 {
     if (!sp) {
-        *up = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + 4 * (uint64_t)n_s);
-        *down = (double)dp_frame_wire_size(4 * (uint64_t)n_s);
+        /* --compress: PUSH_CODED, a [u32 codec][u32 count] block of 2-byte
+         * values or 8-byte top-k pairs; --ps-reply bf16: PARAMS16 (docs/strategies.md,
+         * "ps family: compression") */
+        dp_compress_kind c = job ? job->compress.kind : DP_COMPRESS_NONE;
+        uint64_t n = (uint64_t)n_s;
+        uint64_t push = c == DP_COMPRESS_BF16 || c == DP_COMPRESS_FP16 ? 8 + 2 * n
+                        : c == DP_COMPRESS_TOPK ? 8 + 8 * (uint64_t)dp_topk_count(job->compress.ratio, n)
+                                                : 4 * n;
+        *up = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + push);
+        *down = (double)dp_frame_wire_size((job && job->ps_reply_bf16 ? 2 : 4) * n);
         return;
     }
     double pull = 0, push = DP_PUSH_HEAD_SIZE + 4 * n_s, rows = 0;
@@ -249,7 +258,7 @@ int dp_cost_sparse_ps_bytes(size_t n_params, const dp_cost_sparse *sp, int ps, d
     double up = 0, down = 0;
     for (int s = 0; s < k; s++) {
         double u, d;
-        shard_bytes(sp, (double)(r[s].hi - r[s].lo), k, &u, &d);
+        shard_bytes(sp, NULL, (double)(r[s].hi - r[s].lo), k, &u, &d);
         up += u;
         down += d;
     }
@@ -292,9 +301,12 @@ static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *c
     if (job->strategy == DP_COST_ALLREDUCE && job->compress.kind == DP_COMPRESS_POWERSGD &&
         job->psgd_floats == 0)
         return dp_errf(err, "job: powersgd needs psgd_floats (dp_cost_powersgd)");
-    if (job->strategy == DP_COST_ALLREDUCE && job->compress.kind != DP_COMPRESS_NONE &&
-        job->sparse)
+    if (job->compress.kind != DP_COMPRESS_NONE && job->sparse)
         return dp_errf(err, "job: --compress with sparse tables is not modelled");
+    if ((job->strategy == DP_COST_PS_ASYNC || job->strategy == DP_COST_PS_SYNC) &&
+        (job->compress.kind == DP_COMPRESS_AUTO || job->compress.kind == DP_COMPRESS_POWERSGD))
+        return dp_errf(err, "job: the ps family takes --compress bf16, fp16 or topk (%s is "
+                            "allreduce's)", dp_compress_kind_name(job->compress.kind));
     if (job->batch < 1 || job->epochs < 1 || job->train_records < 1 || job->val_records < 0)
         return dp_errf(err, "job: batch, epochs and train records must be positive");
     if ((unsigned)job->strategy >= DP_COST_STRATEGY_COUNT)
@@ -357,7 +369,7 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
             compute = c;
         for (int s = 0; s < k; s++) {
             double u, d;
-            shard_bytes(sp, (double)(r[s].hi - r[s].lo), k, &u, &d);
+            shard_bytes(sp, job, (double)(r[s].hi - r[s].lo), k, &u, &d);
             int hw = L->host[t], hs = L->host[s]; /* shard s lives on ps task s */
             up->out[hw] += u;
             up->in[hs] += u;
@@ -367,7 +379,7 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
     }
     for (int s = 0; s < k; s++) {
         double n = (double)(r[s].hi - r[s].lo), u, d;
-        shard_bytes(sp, n, k, &u, &d);
+        shard_bytes(sp, job, n, k, &u, &d);
         push += u;
         pull += d;
         for (int t = 0; sp && t < sp->tables; t++)
@@ -584,6 +596,9 @@ int dp_cost_recommend(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
     for (int s = 0; s < DP_COST_STRATEGY_COUNT; s++) {
         dp_cost_job j = *job;
         j.strategy = (dp_cost_strategy)s;
+        if (s != DP_COST_ALLREDUCE && (j.compress.kind == DP_COMPRESS_AUTO ||
+                                       j.compress.kind == DP_COMPRESS_POWERSGD))
+            j.compress.kind = DP_COMPRESS_NONE; /* allreduce's alone */
         dp_cost_cluster c = *cl;
         if (s == DP_COST_ALLREDUCE) {
             /* The same machines: every task, ps included, becomes a replica

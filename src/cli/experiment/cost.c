@@ -16,7 +16,8 @@
     "downpour experiment cost (--calibrate METRICS | --measure | --sample-us X) [--hosts H]\n"  \
     "       [--cores C] [--link-mbit B] [--latency-ms L] [--workers W] [--ps P] [--chief 0|1]\n" \
     "       [--strategy all|NAME] [--model M] [--batch B] [--epochs E] [--tasks-per-host K]\n"  \
-    "       [--local-mbit B] [--allreduce-algo A] [--compress C] [METRICS...]\n\n"               \
+    "       [--local-mbit B] [--allreduce-algo A] [--compress C] [--ps-reply f32|bf16]\n"         \
+    "       [METRICS...]\n\n"                                                                  \
     "Predicts single, ps-async, ps-sync and allreduce on the cluster and ranks them.\n"        \
     "Calibration: --calibrate reads a single-process run's metrics (train --threads 1),\n"    \
     "--measure runs one itself (1 epoch of --train-size records), --sample-us gives it.\n"    \
@@ -143,7 +144,7 @@ int dp_experiment_cost(int argc, char **argv)
     double link_mbit = NAN, latency_ms = NAN, sample_us = NAN, step_ms = 0, record_us = 0;
     double thread_gain = 0.6, apply_ns = 120e-6 / 266610.0 * 1e9, local_mbit = 0, codec_ns = 3.5;
     long tasks_per_host = 0;
-    const char *algo_name = "auto", *compress_name = "none";
+    const char *algo_name = "auto", *compress_name = "none", *ps_reply = "f32";
     if (cores < 1)
         cores = 1;
     cli_opt opts[] = {
@@ -173,6 +174,7 @@ int dp_experiment_cost(int argc, char **argv)
         {"local-mbit", CLI_NUM, &local_mbit, "B", "allreduce: between two replicas of one host (shared memory), Mbit/s; default: over the host's link", 0, 1e9},
         {"allreduce-algo", CLI_STR, &algo_name, "A", "allreduce: ring, direct, hier or auto (the strategy's rule)", 0, 0},
         {"compress", CLI_STR, &compress_name, "C", "allreduce: none, bf16, fp16, topk:RATIO, powersgd:RANK or auto", 0, 0},
+        {"ps-reply", CLI_STR, &ps_reply, "f32|bf16", "ps family: the servers' replies", 0, 0},
         {"codec-ns", CLI_NUM, &codec_ns, "NS", "allreduce: bf16/fp16 encode and decode a float", 0, 1e6},
         {"source", CLI_FLAG, &source, NULL, "the source experiment's cluster: TensorFlow's times beside the predictions", 0, 0},
     };
@@ -204,6 +206,10 @@ int dp_experiment_cost(int argc, char **argv)
     dp_compress codec;
     if (dp_compress_parse(compress_name, &codec, &err) < 0) {
         fprintf(stderr, "downpour experiment cost: --compress: %s\n", err.msg);
+        return 2;
+    }
+    if (strcmp(ps_reply, "f32") != 0 && strcmp(ps_reply, "bf16") != 0) {
+        fprintf(stderr, "downpour experiment cost: --ps-reply: '%s' is not f32 or bf16\n", ps_reply);
         return 2;
     }
     dp_cost_calibration cal;
@@ -278,6 +284,7 @@ int dp_experiment_cost(int argc, char **argv)
     dp_cost_job_init(&job);
     job.algo = (dp_allreduce_algo)algo;
     job.compress = codec;
+    job.ps_reply_bf16 = strcmp(ps_reply, "bf16") == 0;
     if (codec.kind == DP_COMPRESS_POWERSGD && !model) {
         fprintf(stderr, "downpour experiment cost: --compress powersgd needs --model (its matrices)\n");
         return 2;
