@@ -56,6 +56,13 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
  * until dp_transport_connect. */
 int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err);
 
+/* Dials `peer` (a higher rank, not connected yet) in the background, as a
+ * lost peer is redialed, instead of waiting for it now: a spare worker slot
+ * whose task may start at any time (docs/cluster.md, "Spare slots").  A
+ * no-op for a lower rank (it dials this side), a peer already connected or
+ * a transport that is not TCP. */
+void dp_tcp_dial_later(dp_transport *t, int peer);
+
 /* The port this transport listens on (-1 if t is not TCP). */
 int dp_tcp_port(const dp_transport *t);
 

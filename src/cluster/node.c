@@ -249,6 +249,12 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
             (cfg->talks_to && !(cfg->talks_to[n->self->role] & DP_ROLE_BIT(peer))) ||
             (n->self->role == DP_ROLE_PS && peer == DP_ROLE_WORKER && p < n->cluster.self))
             continue;
+        /* A spare slot may start at any time, or never: not waited for;
+         * dialed in the background when this side dials it. */
+        if (dp_cluster_is_spare(&n->cluster, p, cfg->spare_workers)) {
+            dp_tcp_dial_later(n->transport, p);
+            continue;
+        }
         if (dp_transport_connect(n->transport, p, deadline, err) < 0) {
             dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);
             goto fail;

@@ -672,6 +672,18 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
 
 int dp_tcp_port(const dp_transport *t) { return t->ops == &tcp_ops ? ((const tcp *)t)->port : -1; }
 
+void dp_tcp_dial_later(dp_transport *bt, int peer)
+{
+    if (!bt || bt->ops != &tcp_ops || peer <= bt->rank || peer >= bt->n_ranks)
+        return;
+    tcp *t = (tcp *)bt;
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_NONE)
+        dp_tcp_want_redial(t, peer, 0);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int tcp_tampered(const dp_transport *bt, int peer)
 {
     const tcp *t = (const tcp *)bt;

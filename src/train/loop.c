@@ -1052,6 +1052,7 @@ static int open_node(loop *L, dp_err *err)
     for (int r = 0; r < DP_ROLE_COUNT; r++)
         all &= L->ops->talks_to[r] == 0;
     nc.talks_to = all ? NULL : L->ops->talks_to;
+    nc.spare_workers = cfg->spare_workers;
     rc = dp_node_open(&L->node, &nc, err);
     if (rc == 0)
         dp_metrics_set_task(L->metrics, L->node.self->name);
