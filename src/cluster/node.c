@@ -213,6 +213,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.insecure = cfg->insecure;
     tc.encrypt = cfg->encrypt;
     tc.link_delay_ms = cfg->link_delay_ms;
+    tc.joining = dp_cluster_is_spare(&n->cluster, n->cluster.self, cfg->spare_workers);
     if (cfg->no_shm) {
         tc.shm = 0;
         dp_info("%s: shared memory off (--no-shm): tasks on this host talk over TCP",

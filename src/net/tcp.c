@@ -786,6 +786,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
     t->shm = cfg->shm != 0;
     t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
+    t->joining = cfg->joining != 0;
     dp_pause_hook_load(&t->pause);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);
