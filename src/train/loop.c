@@ -1096,9 +1096,17 @@ static int run_task(loop *L, dp_err *err)
     /* Every task builds the same initial parameters from the seed, so no
      * task has to ship them to another. */
     /* Room for twice the batch in a cluster: a trainer that takes over the
-     * share of lost ones takes bigger bites (redeal). */
-    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg)
-                                       : cfg->batch * (L->in_cluster ? 2 : 1);
+     * share of lost ones takes bigger bites (redeal); with spare slots, for
+     * the share of every slot not started yet too. */
+    int mult = L->in_cluster ? 2 : 1;
+    if (L->in_cluster && cfg->spare_workers > 0) {
+        const dp_cluster *c = &L->node.cluster;
+        int slots = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
+        int live = slots - cfg->spare_workers;
+        if (live > 0 && (slots + live - 1) / live > mult)
+            mult = (slots + live - 1) / live;
+    }
+    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg) : cfg->batch * mult;
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     /* A worker of a strategy that moves sparse tables by rows holds only
