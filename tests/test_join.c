@@ -16,7 +16,9 @@
  *   the accuracy within 2 % (ps-async applies every worker's push, so the
  *   number of updates follows the number of workers, as in test_drain).
  * - A task started by hand for the spare slot with another secret is
- *   refused at once with a message that says so; the job goes on. */
+ *   refused at once with a message that says so; the job goes on.
+ * - --spare-workers that leaves no worker to start, or under a strategy that
+ *   cannot take a worker in mid-run, is refused before any task starts. */
 #include "launch.h"
 
 #include "downpour/launcher.h"
@@ -239,5 +241,15 @@ int main(void)
     check_grown("ps-grow", rc, clean, 0.02, 5);
 
     wrong_secret();
+
+    /* refused before any task starts (exit 2): no worker would start, or a
+     * strategy that cannot take one in mid-run */
+    rc = finish(start("refuse-all", "--workers 2 -- train --spare-workers 2"), 60);
+    CHECKF(rc == 2 && log_has("refuse-all", "at least one must start"),
+           "refuse-all: --spare-workers 2 of 2 workers: exit %d", rc);
+    rc = finish(start("refuse-pipe", "--workers 2 -- train --strategy pipeline "
+                                     "--spare-workers 1"), 60);
+    CHECKF(rc == 2 && log_has("refuse-pipe", "cannot take a worker in mid-run"),
+           "refuse-pipe: --spare-workers under pipeline: exit %d", rc);
     return check_failures ? 1 : 0;
 }
