@@ -39,6 +39,11 @@ typedef struct dp_tcp_config {
                                   "Shared memory") */
     size_t shm_ring_bytes;     /* bytes per direction of a link's rings, a power of two
                                   (0: 4 MiB) */
+    int joining;               /* 1: this task joins a running job (a spare slot): while it
+                                  waits for a peer to dial it, a handshake that fails on the
+                                  secret ends the wait at once with that reason, rather than
+                                  after the whole connect deadline (docs/cluster.md, "Spare
+                                  slots") */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000
