@@ -15,8 +15,9 @@
  * - ps-async (a chief and a ps): the same growth, then the joiner drained;
  *   the accuracy within 2 % (ps-async applies every worker's push, so the
  *   number of updates follows the number of workers, as in test_drain).
- * - A task started by hand for the spare slot with another secret is
- *   refused at once with a message that says so; the job goes on.
+ * - Tasks started by hand: one for a spare slot with another secret is
+ *   refused at once with a message that says so, and a second task for a
+ *   slot already filled is refused, naming the slot; the job goes on.
  * - --spare-workers that leaves no worker to start, or under a strategy that
  *   cannot take a worker in mid-run, is refused before any task starts. */
 #include "launch.h"
@@ -156,7 +157,7 @@ static int grow_and_shrink(const char *name, const char *strategy, const char *d
     return rc;
 }
 
-/* --- a join with the wrong secret, tasks started by hand --- */
+/* --- joins refused, tasks started by hand --- */
 
 static void write_secret(const char *path, char c)
 {
@@ -169,36 +170,47 @@ static void write_secret(const char *path, char c)
     chmod(path, 0600);
 }
 
-/* `downpour run --task worker:I` with its listening socket as fd 3 (as the
- * launcher hands it), output in tmp/NAME.log. */
-static pid_t run_by_hand(const char *name, const char *spec, int i, const char *secret,
+/* `downpour run --task worker:I` of a job of 4 worker slots, 2 spare, output
+ * in tmp/NAME.log; with its listening socket as fd 3 (as the launcher hands
+ * it) unless fd < 0, when it binds its address itself. */
+static pid_t run_by_hand(const char *name, const char *spec, int i, const char *secret, int fd,
                          const int *fds, int n)
 {
     char log[1200], cmd[4096];
     snprintf(log, sizeof log, "%s/%s.log", tmp, name);
     snprintf(cmd, sizeof cmd, "exec %s run --cluster %s --task worker:%d --secret-file %s -- "
-             "train --strategy allreduce " JOB " --epochs 3", bin, spec, i, secret);
+             "train --strategy allreduce --dataset mnist --model 784-128-10 --train-size "
+             "12000 --val-size 1000 --batch 100 --threads 1 --no-progress --log-every 10 "
+             "--heartbeat-timeout 1 --spare-workers 2 --epochs 8", bin, spec, i, secret);
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0 || dup2(fds[i], 3) < 0 ||
-            fcntl(3, F_SETFD, 0) < 0)
+        int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (lf < 0 || dup2(lf, 1) < 0 || dup2(lf, 2) < 0 ||
+            (fd >= 0 && (dup2(fd, 3) < 0 || fcntl(3, F_SETFD, 0) < 0)))
             _exit(126);
         for (int k = 0; k < n; k++)
             if (fds[k] != 3)
                 close(fds[k]);
-        setenv(DP_LAUNCH_LISTEN_FD_ENV, "3", 1);
+        if (fd >= 0)
+            setenv(DP_LAUNCH_LISTEN_FD_ENV, "3", 1);
+        /* slower steps than the launched runs': the joins below come
+         * after a refusal that takes up to 2 s (the members' redial) */
+        setenv("DOWNPOUR_TEST_STEP_MS", "15", 1);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
     return pid;
 }
 
-static void wrong_secret(void)
+/* 4 worker slots, 2 of them spare; worker:0 and worker:1 start.  Then
+ * worker:3 with another secret (refused at once, naming the secret),
+ * worker:2 with the job's (it joins), and a second worker:2 while the
+ * first runs (refused: its slot is taken).  The job ends well. */
+static void refused_joins(void)
 {
-    int ports[3], fds[3];
+    int ports[4], fds[4];
     dp_err err;
-    REQUIRE(dp_launch_free_ports(ports, fds, 3, &err) == 0);
+    REQUIRE(dp_launch_free_ports(ports, fds, 4, &err) == 0);
     char spec[1200], good[1200], bad[1200];
     snprintf(spec, sizeof spec, "%s/spec.json", tmp);
     snprintf(good, sizeof good, "%s/secret.good", tmp);
@@ -206,22 +218,32 @@ static void wrong_secret(void)
     FILE *f = fopen(spec, "w");
     REQUIRE(f);
     fprintf(f, "{\"cluster\": {\"worker\": [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
-               "\"127.0.0.1:%d\"]}}\n", ports[0], ports[1], ports[2]);
+               "\"127.0.0.1:%d\", \"127.0.0.1:%d\"]}}\n", ports[0], ports[1], ports[2], ports[3]);
     fclose(f);
     write_secret(good, 'a');
     write_secret(bad, 'b');
-    pid_t w0 = run_by_hand("hand-0", spec, 0, good, fds, 3);
-    pid_t w1 = run_by_hand("hand-1", spec, 1, good, fds, 3);
+    pid_t w0 = run_by_hand("hand-0", spec, 0, good, fds[0], fds, 4);
+    pid_t w1 = run_by_hand("hand-1", spec, 1, good, fds[1], fds, 4);
     CHECKF(wait_log("hand-0", "Worker 0, At step 10,", 120), "hand-0: step 10 never came");
-    pid_t w2 = run_by_hand("hand-2", spec, 2, bad, fds, 3);
-    int r2 = finish(w2, 120), r0 = finish(w0, 300), r1 = finish(w1, 300);
-    for (int i = 0; i < 3; i++)
+    pid_t w3 = run_by_hand("hand-3-bad", spec, 3, bad, fds[3], fds, 4);
+    pid_t w2 = run_by_hand("hand-2", spec, 2, good, fds[2], fds, 4);
+    int r3 = finish(w3, 120);
+    CHECKF(wait_log("hand-2", "2: joined the ", 120), "hand-2: worker:2 never joined");
+    pid_t again = run_by_hand("hand-2-again", spec, 2, good, -1, fds, 4);
+    int ra = finish(again, 120);
+    int r2 = finish(w2, 300), r0 = finish(w0, 300), r1 = finish(w1, 300);
+    for (int i = 0; i < 4; i++)
         close(fds[i]);
-    fprintf(stderr, "wrong secret: the joiner exited %d, the members %d and %d\n", r2, r0, r1);
-    CHECKF(r2 != 0 && log_has("hand-2", "this task's cluster secret is not the job's"),
-           "hand-2: a joiner with the wrong secret exited %d without saying why", r2);
-    CHECKF(r0 == 0 && r1 == 0, "the members exited %d and %d after a refused join", r0, r1);
-    CHECKF(!log_has("hand-0", "joined"), "hand-0: the joiner with the wrong secret joined");
+    fprintf(stderr, "by hand: the joiner with another secret exited %d, the second worker:2 "
+            "%d; the members %d, %d and %d (worker:2)\n", r3, ra, r0, r1, r2);
+    CHECKF(r3 != 0 && log_has("hand-3-bad", "this task's cluster secret is not the job's"),
+           "hand-3-bad: a joiner with the wrong secret exited %d without saying why", r3);
+    CHECKF(ra != 0 && log_has("hand-2-again", "the spare slot worker:2 is taken"),
+           "hand-2-again: a second task for a filled slot exited %d without saying why", ra);
+    CHECKF(r0 == 0 && r1 == 0 && r2 == 0, "the job's tasks exited %d, %d and %d", r0, r1, r2);
+    CHECKF(log_has("hand-0", "worker:2 joined the all-reduce ring") &&
+               !log_has("hand-0", "worker:3 joined"),
+           "hand-0: not worker:2 alone joined");
 }
 
 int main(void)
@@ -240,7 +262,7 @@ int main(void)
     rc = grow_and_shrink("ps-grow", "ps-async", "worker:2", 5);
     check_grown("ps-grow", rc, clean, 0.02, 5);
 
-    wrong_secret();
+    refused_joins();
 
     /* refused before any task starts (exit 2): no worker would start, or a
      * strategy that cannot take one in mid-run */

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -231,6 +232,15 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     free(addrs);
     free(names);
     if (rc < 0) {
+        /* A spare slot's address held by another process: a task already
+         * fills that slot (one slot, one address). */
+        if (tc.joining && strstr(err->msg, strerror(EADDRINUSE))) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            dp_errf(err, "the spare slot %s is taken: a task already runs at %s (%s); a job "
+                         "takes one task a slot, so start this one for a free spare slot",
+                    n->self->name, n->self->addr, why);
+        }
         dp_err_prefix(err, "%s", n->self->name);
         goto fail;
     }

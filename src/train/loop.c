@@ -620,7 +620,7 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
                 "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
             epoch + 1, i, c, *batch,
-            c < *count ? "a worker was lost or drained" : "a worker is back");
+            c < *count ? "a worker was lost or drained" : "a worker joined or is back");
     *index = i;
     *count = c;
     return 0;
