@@ -4,6 +4,8 @@
 #
 #   kill    SIGKILL the task, under `downpour launch`
 #   freeze  SIGSTOP the task for heartbeat timeout + 2 s, then SIGCONT, under launch
+#   drain   SIGTERM the task, under launch: it finishes its step and leaves
+#           in order (docs/faults.md, "Draining"); the run goes on without it
 #   cut     its network link down for heartbeat timeout + 2 s, then up again:
 #           the tasks are started by hand, one per network namespace
 #           (scripts/netns.sh, root only; `downpour launch` puts every task
@@ -22,11 +24,15 @@
 #
 # usage: bench/chaos.sh [options]
 #   --trials N            trials per cell (default 1)
-#   --strategies LIST     comma-separated (default ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce)
-#   --roles LIST          worker,ps,chief (default all; a strategy without the role skips it)
-#   --faults LIST         kill,freeze,cut (default all; cut is skipped when not root)
-#   --moments LIST        early,mid,late for kill (default all); freeze and cut at --fault-moment
-#   --fault-moment M      moment of the freeze and cut trials (default mid)
+#   --strategies LIST     comma-separated (default ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,
+#                         allreduce,lbfgs,pipeline,model-parallel)
+#   --roles LIST          worker,ps,chief (default all; a strategy without the role skips it;
+#                         chief is the task that evaluates: worker:0 in allreduce, pipeline
+#                         and model-parallel, which run without a chief)
+#   --faults LIST         kill,freeze,cut,drain (default all; cut is skipped when not root;
+#                         drain is for workers)
+#   --moments LIST        early,mid,late for kill (default all); the others at --fault-moment
+#   --fault-moment M      moment of the freeze, cut and drain trials (default mid)
 #   --max-restarts N      passed to `downpour launch`; in cut trials a failed task is
 #                         restarted by this script up to N times while the run goes on
 #   --train-size N        training records (default 6000); --epochs N (default 2)
@@ -49,9 +55,9 @@ root=$(cd "$here/.." && pwd)
 NETNS="$root/scripts/netns.sh"
 
 TRIALS=1
-STRATEGIES=ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce
+STRATEGIES=ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce,lbfgs,pipeline,model-parallel
 ROLES=worker,ps,chief
-FAULTS=kill,freeze,cut
+FAULTS=kill,freeze,cut,drain
 MOMENTS=early,mid,late
 FAULT_MOMENT=mid
 MAX_RESTARTS=
@@ -185,18 +191,23 @@ stamp() {
 
 # ---- the runs ----
 
-has_role() {  # strategy role
+# Strategies whose tasks are all workers: worker:0 evaluates (replica 0,
+# or stage / slice 0 of replica 0).
+chiefless() { case "$1" in allreduce|pipeline|model-parallel) return 0 ;; esac; return 1; }
+
+has_role() {  # strategy role fault
     case "$2" in
     worker) return 0 ;;
-    ps|chief) [ "$1" != allreduce ] ;;
+    chief) [ "$3" != drain ] || chiefless "$1" ;;  # a chief is not drained; replica 0 may be
+    ps) ! chiefless "$1" ;;
     esac
 }
 
-target_name() {  # role -> task name
+target_name() {  # role [strategy] -> task name
     case "$1" in
     worker) echo worker:1 ;;
     ps) echo ps:0 ;;
-    chief) echo chief:0 ;;
+    chief) if chiefless "${2:-}"; then echo worker:0; else echo chief:0; fi ;;
     esac
 }
 
@@ -205,14 +216,17 @@ train_args() {  # strategy tag
              --epochs "$EPOCHS" --batch 128 --seed 1 --log-every 8 --no-progress
              --heartbeat-timeout "$HB" --startup-timeout 30 --straggler "1:$STRAG_MS")
     [ "$CKPT_EVERY" -gt 0 ] && a+=(--checkpoint-every "$CKPT_EVERY" --checkpoint-dir "$OUT/$2.ck")
-    [ "$1" = allreduce ] && a+=(--collective-timeout 20)
+    case "$1" in
+    allreduce|model-parallel) a+=(--collective-timeout 20) ;;
+    lbfgs) a+=(--batch 1000 --portion 500) ;;  # a full batch of portions (overrides --batch 128)
+    esac
     local extra=()
     [ -n "$EXTRA" ] && read -r -a extra <<<"$EXTRA"
     printf '%s\n' "${a[@]}" "${extra[@]}"
 }
 
 launch_opts() {  # strategy
-    if [ "$1" = allreduce ]; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps "$NPS"; fi
+    if chiefless "$1"; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps "$NPS"; fi
     [ -z "$MAX_RESTARTS" ] || printf '%s\n' --max-restarts "$MAX_RESTARTS"
 }
 
@@ -273,7 +287,7 @@ run_launch() {  # strategy fault role at_seconds tag
     deadline=$(awk -v a="$T0" -v b="$TIMEOUT" 'BEGIN { printf "%.3f", a + b }')
     if [ "$fault" != none ]; then
         local name tp
-        name=$(target_name "$role")
+        name=$(target_name "$role" "$s")
         if sleep_until "$(awk -v a="$T0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')" "$lpid"; then
             if tp=$(task_pid "$lpid" "$name"); then
                 case "$fault" in
@@ -286,6 +300,10 @@ run_launch() {  # strategy fault role at_seconds tag
                     kill -STOP "$tp" 2>/dev/null
                     sleep "$(awk -v h="$HB" 'BEGIN { print h + 2 }')"
                     kill -CONT "$tp" 2>/dev/null
+                    ;;
+                drain)
+                    T_FAULT=$(now)
+                    kill -TERM "$tp" 2>/dev/null
                     ;;
                 esac
             else
@@ -318,7 +336,7 @@ run_cut() {  # strategy role at_seconds tag
     NOTE=
     T_FAULT=
     local names=() i
-    if [ "$s" = allreduce ]; then
+    if chiefless "$s"; then
         names=(worker:0 worker:1)
     else
         names=(chief:0)
@@ -337,7 +355,7 @@ run_cut() {  # strategy role at_seconds tag
         addrs+=("$("$NETNS" addr "$PREFIX" "$i")")
     done
     local spec=$OUT/$tag.cluster.json
-    if [ "$s" = allreduce ]; then
+    if chiefless "$s"; then
         printf '{"cluster": {"worker": ["%s:2222", "%s:2222"]}}\n' "${addrs[0]}" "${addrs[1]}" >"$spec"
     else
         local pss
@@ -374,7 +392,7 @@ run_cut() {  # strategy role at_seconds tag
         start_one "$i"
     done
     local name target=-1
-    name=$(target_name "$role")
+    name=$(target_name "$role" "$s")
     for i in $(seq 0 $((n - 1))); do
         [ "${names[$i]}" = "$name" ] && target=$i
     done
@@ -399,7 +417,7 @@ run_cut() {  # strategy role at_seconds tag
                 # one runs; the chief itself where the strategy survives it.
                 if [ -n "$MAX_RESTARTS" ] && [ "$restarts" -lt "$MAX_RESTARTS" ] &&
                    { { [ "$i" != "$eval_i" ] && [ -z "${st[$eval_i]}" ]; } ||
-                     { [ "$i" = "$eval_i" ] && [ "$s" != allreduce ]; }; }; then
+                     { [ "$i" = "$eval_i" ] && ! chiefless "$s"; }; }; then
                     restarts=$((restarts + 1))
                     echo "$(now) [chaos] ${names[$i]} exited ${st[$i]}; restart $restarts of $MAX_RESTARTS" >>"$LOG.events"
                     start_one "$i"
@@ -459,9 +477,10 @@ run_cut() {  # strategy role at_seconds tag
     unset -f start_one
 }
 
-# Test accuracy of a run's log: the chief's, or worker 0's in allreduce.
+# Test accuracy of a run's log: the evaluating task's (the chief's, or
+# worker 0's, or the replica that took over from it).
 accuracy() {  # log
-    grep -E '\[(chief|worker 0)\] Test accuracy: ' "$1" 2>/dev/null | tail -n 1 |
+    grep -E '\[(chief|worker [0-9]+)\] Test accuracy: ' "$1" 2>/dev/null | tail -n 1 |
         sed -E 's/.*Test accuracy: ([0-9.]+).*/\1/'
 }
 
@@ -524,7 +543,7 @@ report() {  # strategy fault target moment trial
         [ "$RC" = 0 ] && [ -n "$acc" ] && COMPLETED=$((COMPLETED + 1))
         [ "$delta" != - ] && DELTAS+=("${delta#[+-]}")
         [ -n "$det" ] && DETECTS+=("$det")
-        [ -n "$det" ] && [ "$fault" != kill ] && SILENT+=("$det")
+        case "$fault" in freeze|cut) [ -n "$det" ] && SILENT+=("$det") ;; esac
     fi
     printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' "$s" "$fault" "$target" "$moment" "$RC" \
         "${acc:--}" "$delta" "${det:--}" "$verdict" "$why"
@@ -539,7 +558,7 @@ IFS=, read -r -a M_LIST <<<"$MOMENTS"
 
 for s in "${S_LIST[@]}"; do
     case "$s" in
-    ps-async|ps-ssp|ps-dssp|ps-sync|model-avg|allreduce) ;;
+    ps-async|ps-ssp|ps-dssp|ps-sync|model-avg|allreduce|lbfgs|pipeline|model-parallel) ;;
     *) echo "chaos.sh: unknown strategy '$s' (skipped)" >&2; continue ;;
     esac
     run_launch "$s" none - 0 "$s.baseline"
@@ -555,13 +574,13 @@ for s in "${S_LIST[@]}"; do
     for f in "${F_LIST[@]}"; do
         case "$f" in
         kill) moments=("${M_LIST[@]}") ;;
-        freeze) moments=("$FAULT_MOMENT") ;;
+        freeze|drain) moments=("$FAULT_MOMENT") ;;
         cut) [ "$can_cut" = 1 ] || continue; moments=("$FAULT_MOMENT") ;;
         *) echo "chaos.sh: unknown fault '$f' (skipped)" >&2; continue ;;
         esac
         for r in "${R_LIST[@]}"; do
             case "$r" in worker|ps|chief) ;; *) echo "chaos.sh: unknown role '$r' (skipped)" >&2; continue ;; esac
-            has_role "$s" "$r" || continue
+            has_role "$s" "$r" "$f" || continue
             for m in "${moments[@]}"; do
                 at=$(awk -v t="$t_base" -v f="$(frac "$m")" 'BEGIN { printf "%.2f", t * f }')
                 for k in $(seq 1 "$TRIALS"); do
@@ -571,7 +590,7 @@ for s in "${S_LIST[@]}"; do
                     else
                         run_launch "$s" "$f" "$r" "$at" "$tag"
                     fi
-                    report "$s" "$f" "$(target_name "$r")" "$m" "$k"
+                    report "$s" "$f" "$(target_name "$r" "$s")" "$m" "$k"
                 done
             done
         done

@@ -196,6 +196,56 @@ static int finish(pid_t pid, double timeout)
     }
 }
 
+/* A run of `launch CLUSTER -- train TRAIN`, uninterrupted, with
+ * --checkpoint-dir and --save tmp/NAME.st: the bytes restarted runs must
+ * end with. */
+static inline void uninterrupted(const char *name, const char *cluster, const char *train)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s -- train %s --checkpoint-dir %s/%s.ck --save %s/%s.st",
+             cluster, train, tmp, name, tmp, name);
+    double t0 = now_s();
+    int rc = finish(start(name, args), 120);
+    fprintf(stderr, "%s: uninterrupted, %.1f s\n", name, now_s() - t0);
+    CHECKF(rc == 0, "%s: the uninterrupted run exited %d", name, rc);
+}
+
+/* The same run under `launch --max-restarts 1` with `victim` SIGKILLed once
+ * the log holds `line` (docs/faults.md, restarts_all): it exits 0, the
+ * launcher restarted every task with --resume (a "restart all" fault event
+ * about the victim), and its --save file is uninterrupted `full`'s, byte
+ * for byte. */
+static inline void restarts_all(const char *name, const char *full, const char *cluster,
+                                const char *train, const char *line, const char *victim)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--max-restarts 1 %s -- train %s --checkpoint-dir %s/%s.ck "
+             "--save %s/%s.st --metrics %s/%s.jsonl", cluster, train, tmp, name, tmp, name,
+             tmp, name);
+    double t0 = now_s();
+    pid_t l = start(name, args);
+    pid_t v = await_task(l, name, line, victim);
+    if (v > 0)
+        kill(v, SIGKILL);
+    int rc = finish(l, 120);
+    fprintf(stderr, "%s: %s killed, every task restarted, %.1f s in all\n", name, victim,
+            now_s() - t0);
+    CHECKF(rc == 0, "%s: exit %d", name, rc);
+    CHECKF(log_has(name, "restarting every task from the newest checkpoint") &&
+               log_has(name, "tasks with --resume (restart 1 of 1)"),
+           "%s: no whole restart in the log", name);
+    char path[1200], a[256], b[256];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    cJSON *f = last_event(path, "fault", victim); /* the launcher's, about it */
+    CHECKF(f && strcmp(json_str(f, "action"), "restart all") == 0,
+           "%s: no restart-all fault event about %s", name, victim);
+    cJSON_Delete(f);
+    snprintf(a, sizeof a, "%s.st", full);
+    snprintf(b, sizeof b, "%s.st", name);
+    CHECKF(same_file(a, b), "%s: the weights differ from the uninterrupted run's (largest "
+           "difference %g)", name, checkpoint_max_diff(a, b));
+}
+
 /* The test accuracy of the run tmp/NAME.jsonl, or -1. */
 static double test_accuracy(const char *name)
 {

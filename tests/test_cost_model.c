@@ -114,6 +114,96 @@ static dp_cost_calibration mlp_cal(void)
     return cal;
 }
 
+/* All-reduce algorithms and codecs (docs/cost_model.md, "All-reduce
+ * algorithms and compression"): bytes on the links by hand, auto's rule and
+ * its codec choice, PowerSGD's plan. */
+static void check_algorithms(const dp_cost_calibration *cal)
+{
+    dp_err err;
+    dp_cost_job job;
+    dp_cost_job_init(&job);
+    job.strategy = DP_COST_ALLREDUCE;
+    const double P = 266610, G = 4 * P, seg = 256 << 10;
+    double r4 = dp_cost_ring_bytes(266610, 4, 512u << 10), r2 = dp_cost_ring_bytes(266610, 2, 512u << 10);
+    /* 2 hosts x 2 replicas in rank order, shared memory inside a host */
+    dp_cost_cluster c = {.hosts = 2, .cores = 2, .bandwidth = 12.5e6, .latency = 0, .workers = 4,
+                         .tasks_per_host = 2, .local_bandwidth = 2e9};
+    dp_cost_prediction ring, hier, a;
+    job.algo = DP_ALGO_RING; /* crosses between the hosts once per host */
+    REQUIRE(dp_cost_predict(cal, &c, &job, &ring, &err) == 0);
+    CHECK_NEAR(ring.busiest_link_bytes, r4, 1e-6);
+    CHECK_NEAR(ring.bytes_per_step, r4, 1e-6);
+    job.algo = DP_ALGO_HIER; /* leaders: the ring of 2; leader 0 also sends its host the sum */
+    REQUIRE(dp_cost_predict(cal, &c, &job, &hier, &err) == 0);
+    CHECK_NEAR(hier.busiest_link_bytes, r2, 1e-6);
+    CHECK_NEAR(hier.bytes_per_step, r2 + G + ceil(G / seg) * 48, 1e-6);
+    CHECK(hier.step_s < ring.step_s);
+    job.algo = DP_ALGO_AUTO; /* the strategy's rule: several replicas a host, 2 hosts */
+    REQUIRE(dp_cost_predict(cal, &c, &job, &a, &err) == 0);
+    CHECKF(strncmp(a.how, "hier", 4) == 0 && a.step_s == hier.step_s, "%s", a.how);
+    c.tasks_per_host = 0; /* round-robin: every ring hop between the hosts */
+    REQUIRE(dp_cost_predict(cal, &c, &job, &a, &err) == 0);
+    CHECKF(strncmp(a.how, "hier", 4) == 0, "%s", a.how);
+    job.algo = DP_ALGO_RING;
+    REQUIRE(dp_cost_predict(cal, &c, &job, &a, &err) == 0);
+    CHECK_NEAR(a.busiest_link_bytes, 2 * r4, 1e-6);
+    /* one replica a host: auto stays flat, the ring; direct sends the same bytes */
+    dp_cost_cluster four = {.hosts = 4, .cores = 2, .bandwidth = 12.5e6, .latency = 1e-3,
+                            .workers = 4};
+    job.algo = DP_ALGO_AUTO;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    CHECKF(strncmp(a.how, "ring", 4) == 0, "%s", a.how);
+    CHECK_NEAR(a.busiest_link_bytes, r4, 1e-6);
+    job.algo = DP_ALGO_DIRECT; /* 2 hops a bucket instead of 6 */
+    dp_cost_prediction d;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &d, &err) == 0);
+    CHECK_NEAR(d.busiest_link_bytes, r4, 1e-6);
+    CHECK_NEAR(a.comm_s - d.comm_s, 3 * (6 - 2) * 1e-3, 1e-9);
+    /* bf16: half the bytes; top-k: (n-1) blocks of 8k-byte pairs a bucket */
+    job.algo = DP_ALGO_RING;
+    job.compress.kind = DP_COMPRESS_BF16;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    CHECK_NEAR(a.busiest_link_bytes, r4 / 2, 1e-6);
+    CHECK_NEAR(a.comm_s, r4 / 2 / 12.5e6 + 3 * 2 * 1e-3 + 2 * cal->codec_s_per_float * P, 1e-9);
+    job.compress.kind = DP_COMPRESS_TOPK;
+    job.compress.ratio = 0.01;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    double k = ceil(0.01 * ceil(P / 3)); /* 3 buckets of 88,870 floats */
+    CHECK_NEAR(a.bytes_per_step, 3 * 3 * (8 * k + 48), 1e-6);
+    /* auto: bf16 on a slow link, none where the codec costs more than it saves */
+    job.compress.kind = DP_COMPRESS_AUTO;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    CHECKF(strstr(a.how, "bf16 (auto") != NULL, "%s", a.how);
+    four.bandwidth = 1e12;
+    four.latency = 0; /* else bf16's 2 hops a bucket beat the ring's 6 */
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    CHECKF(strstr(a.how, "uncompressed (auto") != NULL, "%s", a.how);
+    /* PowerSGD at rank 4 on 784-300-100-10: 4 (784 + 300) + 4 (300 + 100) +
+     * 4 (100 + 10) factor floats and 410 biases (docs/strategies.md), two
+     * sums of the ring; four products of rows x cols x 4 a matrix. */
+    size_t floats;
+    double madds;
+    REQUIRE(dp_cost_powersgd("mlp-300-100", 4, &floats, &madds, &err) == 0);
+    CHECK(floats == 6376 + 410);
+    CHECK_NEAR(madds, 4.0 * 4 * (300 * 784 + 100 * 300 + 10 * 100), 0);
+    CHECK(dp_cost_powersgd("mlp-300-100", 999, &floats, &madds, &err) < 0 &&
+          strstr(err.msg, "216"));
+    job.compress.kind = DP_COMPRESS_POWERSGD;
+    job.compress.rank = 4;
+    job.psgd_floats = floats;
+    job.psgd_madds = madds;
+    four.bandwidth = 12.5e6;
+    four.latency = 1e-3;
+    REQUIRE(dp_cost_predict(cal, &four, &job, &a, &err) == 0);
+    /* two sums of half the floats each, a quarter of each a hop, 6 hops */
+    CHECK_NEAR(a.bytes_per_step, 2 * 6 * (4.0 * floats / 2 / 4 + 48), 0);
+    /* bad input, named */
+    job.psgd_floats = 0;
+    CHECK(dp_cost_predict(cal, &four, &job, &a, &err) < 0 && strstr(err.msg, "psgd_floats"));
+    c.tasks_per_host = 1;
+    CHECK(dp_cost_predict(cal, &c, &job, &a, &err) < 0 && strstr(err.msg, "tasks_per_host"));
+}
+
 static dp_cost_cluster cluster(int hosts, double bw, int workers, int ps)
 {
     dp_cost_cluster c = {.hosts = hosts, .cores = 4, .bandwidth = bw, .latency = 1e-4,
@@ -201,12 +291,14 @@ int main(void)
     /* Tasks sharing a host's cores: 3 all-reduce replicas on one host of 2
      * cores compute slower than on 3 hosts. */
     job.strategy = DP_COST_ALLREDUCE;
-    dp_cost_cluster one = {1, 2, 1e9, 0, 2, 0, 1}, three = {3, 2, 1e9, 0, 2, 0, 1};
+    dp_cost_cluster one = {1, 2, 1e9, 0, 2, 0, 1, 0, 0}, three = {3, 2, 1e9, 0, 2, 0, 1, 0, 0};
     dp_cost_prediction p1, p3;
     REQUIRE(dp_cost_predict(&cal, &one, &job, &p1, &err) == 0);
     REQUIRE(dp_cost_predict(&cal, &three, &job, &p3, &err) == 0);
     CHECK_NEAR(p1.compute_s, 128 * 10e-6 * 1.5, 1e-12); /* 2/3 of a core each */
     CHECK(p3.compute_s < p1.compute_s);
+
+    check_algorithms(&cal);
 
     /* Bad input is refused, naming the field. */
     dp_cost_cluster bad = cluster(0, 1e9, 2, 1);

@@ -7,7 +7,11 @@
  *   metrics hold the launcher's "restart all" fault;
  * - the chief SIGKILLed the same way: the same;
  * - without a restart left (--max-restarts 0) the run stops, and the
- *   launcher says why; without --checkpoint-dir, too. */
+ *   launcher says why; without --checkpoint-dir, too;
+ * - worker:1 sent SIGTERM (docs/faults.md, "Draining") once epoch 2 was
+ *   evaluated: it leaves at a portion boundary and exits 0, the chief hands
+ *   its portions to worker:0 with a drain line and event and no fault, and
+ *   the --save file is the uninterrupted run's byte for byte. */
 #include "launch.h"
 
 #define LB "--strategy lbfgs --dataset mnist --model mlp-128 --train-size 2000 " \
@@ -60,6 +64,32 @@ static void goes_on(const char *name, const char *victim)
            count_events(name, "checkpoint"));
 }
 
+static void drains(void)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train " LB " --checkpoint-every 3 "
+             "--checkpoint-dir %s/drain.ck --save %s/drain.st --metrics %s/drain.jsonl", tmp,
+             tmp, tmp);
+    pid_t l = start("drain", args);
+    pid_t w = await_task(l, "drain", "Epoch 2/12", "worker:1");
+    if (w > 0)
+        kill(w, SIGTERM); /* not its parent's: a drain request */
+    int rc = finish(l, 120);
+    CHECKF(rc == 0, "drain: exit %d", rc);
+    CHECKF(log_has("drain", "Worker 1: SIGTERM: drained after step"), "drain: worker 1 did not "
+           "drain");
+    CHECKF(log_has("drain", "worker:1 drained at iteration") &&
+               log_has("drain", "lbfgs hands its portions to the 1 other worker(s)"),
+           "drain: no drain line from the chief");
+    CHECKF(count_events("drain", "fault") == 0 && count_events("drain", "drain") == 1,
+           "drain: %d fault and %d drain event(s), expected 0 and 1",
+           count_events("drain", "fault"), count_events("drain", "drain"));
+    CHECKF(!log_has("drain", "fault:") && !log_has("drain", "restarting"),
+           "drain: a fault line or a restart for a drain");
+    CHECKF(same_file("full.st", "drain.st"), "drain: the weights differ from the uninterrupted "
+           "run's (largest difference %g)", checkpoint_max_diff("full.st", "drain.st"));
+}
+
 int main(void)
 {
     launch_test_init();
@@ -79,5 +109,6 @@ int main(void)
     rc = strike("nockpt", "--max-restarts 1", "", "Epoch 2/12", "ps:0");
     CHECKF(rc != 0 && log_has("nockpt", "cannot survive a lost ps without --checkpoint-dir"),
            "without --checkpoint-dir: exit %d", rc);
+    drains();
     return CHECK_DONE();
 }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "downpour/compress.h"
+#include "downpour/ring.h"
 #include "downpour/status.h"
 
 typedef enum dp_cost_strategy {
@@ -39,6 +41,7 @@ typedef struct dp_cost_calibration {
     double record_overhead_s; /* framework seconds per record (input pipeline) */
     double thread_gain;      /* each core beyond the first adds this much of one core */
     size_t n_params;         /* floats in the model */
+    double codec_s_per_float; /* bf16/fp16: encode and decode one float (allreduce --compress) */
 } dp_cost_calibration;
 
 /* The cluster: identical hosts, each with one link of `bandwidth` bytes/s in
@@ -53,6 +56,10 @@ typedef struct dp_cost_cluster {
     int workers;
     int ps;
     int chief;        /* 0 or 1; with allreduce the chief is replica 0 */
+    int tasks_per_host; /* 0: round-robin over the hosts; K: K tasks to a host in
+                           rank order (scripts/vcluster.sh --tasks-per-host) */
+    double local_bandwidth; /* bytes/s between two all-reduce members of one host
+                               (shared memory); 0: they use the host's link */
 } dp_cost_cluster;
 
 /* A model's sparse tables as the cost model sees them (docs/cost_model.md,
@@ -79,6 +86,10 @@ typedef struct dp_cost_job {
     size_t bucket_bytes; /* allreduce: gradient bytes per ring all-reduce (512 KiB) */
     const dp_cost_sparse *sparse; /* NULL: every parameter moves whole (or --ps-dense,
                                      --allreduce-dense) */
+    dp_allreduce_algo algo; /* allreduce: --allreduce-algo (auto: the strategy's rule) */
+    dp_compress compress;   /* allreduce: --compress (auto: bf16 where predicted faster) */
+    size_t psgd_floats;     /* powersgd: factor + whole floats a step (dp_cost_powersgd) */
+    double psgd_madds;      /* powersgd: its products' multiply-adds a step */
 } dp_cost_job;
 
 typedef struct dp_cost_prediction {
@@ -94,6 +105,7 @@ typedef struct dp_cost_prediction {
     double busiest_link_bytes; /* bytes per step through the busiest host link, one direction */
     dp_cost_bottleneck bottleneck;
     char why[320];          /* one sentence: what bounds it, with its figure */
+    char how[160];          /* allreduce: the algorithm and codec taken, and why */
 } dp_cost_prediction;
 
 const char *dp_cost_strategy_name(dp_cost_strategy s); /* the --strategy value */
@@ -101,9 +113,11 @@ const char *dp_cost_strategy_name(dp_cost_strategy s); /* the --strategy value *
 int dp_cost_strategy_parse(const char *name);
 const char *dp_cost_bottleneck_name(dp_cost_bottleneck b);
 
-void dp_cost_job_init(dp_cost_job *job); /* batch 128, 25 epochs, 54,000 + 6,000, 512 KiB */
+/* batch 128, 25 epochs, 54,000 + 6,000, 512 KiB, all-reduce algorithm auto, no compression */
+void dp_cost_job_init(dp_cost_job *job);
 /* Thread gain 0.6 (docs/benchmarks.md: two threads are 1.6x one), Adam's
- * update at 0.45 ns a parameter (120 us for 266,610). */
+ * update at 0.45 ns a parameter (120 us for 266,610), a bf16 codec at 3.5 ns
+ * a float (docs/strategies.md, "allreduce: compression"). */
 void dp_cost_calibration_init(dp_cost_calibration *cal);
 
 /* Refuses what no cluster has (0 hosts, no bandwidth, a strategy without
@@ -161,6 +175,10 @@ int dp_cost_calibrate_from_metrics(const char *path, dp_cost_calibration *cal, i
 /* Parameters of a model spec ("mlp-300-100"), without allocating its buffers
  * for long. */
 int dp_cost_model_params(const char *model, size_t *n_params, dp_err *err);
+/* What --compress powersgd:rank sums a step for a model spec (the
+ * strategy's plan, powersgd.h): factor + whole floats, and the
+ * multiply-adds of its four products a matrix (P, Q, the residual, P Q^T). */
+int dp_cost_powersgd(const char *model, int rank, size_t *floats, double *madds, dp_err *err);
 
 /* One measured run, for validation: what its `done` event says. */
 typedef struct dp_cost_run {

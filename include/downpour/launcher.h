@@ -85,7 +85,8 @@ typedef struct dp_launch_opts {
      * restart left (a ps without replicas: it reloads its shard);
      * DP_LAUNCH_RESTART_ALL: it goes on only by stopping every task and
      * starting them all again with "--resume" after the command's first
-     * word (lbfgs with --checkpoint-dir: its state is in its checkpoints),
+     * word (lbfgs, pipeline, model-parallel with --checkpoint-dir: their state is
+     * in their checkpoints),
      * while the job has a restart left (max_restarts counts these whole
      * restarts too).  `why` gets a few words for the log. */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);

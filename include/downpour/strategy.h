@@ -102,6 +102,11 @@ typedef struct dp_run_env {
                                      trainers that read their own records (lbfgs)
                                      and the replicas' shard sizes (dp_shard_size) */
     const dp_checkpoint_source *checkpoints; /* NULL: the run writes none */
+    /* Whether SIGTERM asked this trainer to drain (docs/faults.md,
+     * "Draining"; 0 where the loop does not drain it), for a strategy whose
+     * step may end early at a boundary of its own (lbfgs: between
+     * portions); the loop calls leave() after that step.  NULL: none. */
+    int (*drain_asked)(void);
 } dp_run_env;
 
 /* What this task is, filled by open(). */
@@ -197,10 +202,12 @@ typedef struct dp_strategy_conf {
      * have always carried it).  Appends to buf.  NULL: nothing. */
     void (*identity)(const void *own, int part, char *buf, size_t cap);
     /* The launcher's question for a failed task of `role` under ops: a
-     * dp_launch survives answer (launcher.h), with why.  NULL: ops's
-     * survives and no_rejoin decide. */
-    int (*restart)(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
-                   size_t cap);
+     * dp_launch survives answer (launcher.h), with why; `checkpoints`: the
+     * train command writes them (--checkpoint-dir), without which no
+     * DP_LAUNCH_RESTART_ALL.  NULL: ops's survives, no_rejoin and
+     * restarts_all decide. */
+    int (*restart)(const void *own, const dp_strategy_ops *ops, dp_role role, int checkpoints,
+                   char *why, size_t cap);
 } dp_strategy_conf;
 
 struct dp_strategy_ops {
@@ -238,7 +245,8 @@ struct dp_strategy_ops {
     unsigned restarts_all; /* of the roles it does not survive, those whose loss it
                             survives by every task starting again from the newest
                             checkpoint (--resume), under launch --max-restarts and
-                            with --checkpoint-dir (lbfgs: chief, ps) */
+                            with --checkpoint-dir (lbfgs: chief, ps; pipeline and
+                            model-parallel: every task) */
     unsigned needs;      /* DP_ROLE_BITs of the roles a cluster must have a task of
                             (the ps strategies: a chief, workers and ps tasks) */
     unsigned refuses;    /* DP_ROLE_BITs of the roles it has no use for (allreduce,
@@ -289,7 +297,9 @@ struct dp_strategy_ops {
      * step is complete; tell whoever must know that it leaves for good, so
      * the run goes on without it and deals its data to the others (docs/
      * faults.md, "Draining").  The loop then ends the task well: the node
-     * says BYE.  NULL: this strategy cannot drain a trainer, and SIGTERM
+     * says BYE.  A strategy whose trainers can never leave a running job
+     * returns -1 saying so (pipeline, model-parallel): the task then fails,
+     * a lost task.  NULL: this strategy cannot drain a trainer, and SIGTERM
      * keeps its default action (the task dies: a fault). */
     int (*leave)(dp_strategy *s, long steps, dp_err *err);
     void (*close)(dp_strategy *s); /* NULL is a no-op */
@@ -325,9 +335,16 @@ int dp_strategy_check_tasks(const dp_train_config *cfg, int chief, int workers, 
                             dp_err *err);
 /* cfg's run identity part `part` (conf->identity; see there). */
 void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_t cap);
-/* The launcher's survives answer for a failed task of `role`, with why. */
+/* The launcher's survives answer for a failed task of `role`, with why
+ * (conf->restart; `checkpoints`: the run writes them). */
 int dp_strategy_restart(const dp_strategy_ops *ops, const void *settings, dp_role role,
-                        char *why, size_t cap);
+                        int checkpoints, char *why, size_t cap);
+/* The answer of a strategy that survives losing a `role` task only by every
+ * task starting again from the newest checkpoint: DP_LAUNCH_RESTART_ALL
+ * with `checkpoints`, else 0, why saying what would have let it survive;
+ * `who` names it in why ("pipeline", "ps-async --model-parallel"). */
+int dp_strategy_restart_all(const char *who, dp_role role, int checkpoints, char *why,
+                            size_t cap);
 /* "single, ps-async, ...": every name, for messages. */
 const char *dp_strategy_names(void);
 /* The strategy against a cluster of `chief` (0 or 1), `workers` and `ps`

@@ -25,15 +25,15 @@
     "a task fails, the strategy decides: a task the run survives losing (a worker in\n"  \
     "the ps strategies) is restarted while it has --max-restarts left and rejoins,\n"    \
     "else the run goes on without it; a task whose loss the run survives only from\n"    \
-    "its checkpoints (lbfgs's chief or ps, with --checkpoint-dir) has every task\n"      \
-    "started again with --resume while the job has --max-restarts left; otherwise the\n" \
-    "others get SIGTERM, then SIGKILL after the grace period, and launch exits with\n"   \
-    "the failed task's status. A task that exits 3 (trained and saved, but some\n"       \
-    "checkpoint not written) is no failure: nothing is restarted or stopped, and\n"      \
-    "launch exits 3 when no task failed. With --metrics FILE in the train options,\n"    \
-    "task T writes FILE.<type>-<index> and FILE gets all of them merged, with one\n"     \
-    "\"fault\" event per fault. With --trace FILE, the tasks' timelines are merged into\n"\
-    "FILE on one time axis (docs/trace.md).\n"                                           \
+    "its checkpoints (lbfgs's chief or ps, any pipeline or model-parallel task, with\n"  \
+    "--checkpoint-dir) has every task started again with --resume while the job has\n"  \
+    "--max-restarts left; otherwise the others get SIGTERM, then SIGKILL after the\n"   \
+    "grace period, and launch exits with the failed task's status. A task that exits\n" \
+    "3 (trained and saved, but some checkpoint not written) is no failure: nothing is\n" \
+    "restarted or stopped, and launch exits 3 when no task failed. With --metrics\n"    \
+    "FILE in the train options, task T writes FILE.<type>-<index> and FILE gets all\n"  \
+    "of them merged, with one \"fault\" event per fault. With --trace FILE, the tasks'\n"\
+    "timelines are merged into FILE on one time axis (docs/trace.md).\n"                 \
     "With --spare-workers N in the train options, the last N worker slots are not\n"  \
     "started: each SIGUSR1 to launch starts one, which joins the running job (its\n"    \
     "data dealt at the next epoch); SIGTERM to a worker drains it (docs/cluster.md).\n" \
@@ -66,18 +66,10 @@ static int strategy_survives(void *ctx, const dp_task *task, char *why, size_t c
 {
     const task_run *run = ctx;
     const dp_strategy_ops *ops = run->ops;
-    if (ops->restarts_all & DP_ROLE_BIT(task->role)) {
-        /* its state is in its checkpoints: the whole job goes on from them */
-        int ckpt = run->parsed && run->cfg.checkpoint_dir;
-        snprintf(why, cap,
-                 ckpt ? "%s needs every task restarted from its newest checkpoint after a lost %s"
-                      : "%s cannot survive a lost %s without --checkpoint-dir",
-                 ops->name, dp_role_name(task->role));
-        return ckpt ? DP_LAUNCH_RESTART_ALL : 0;
-    }
     const void *settings = run->parsed && ops->conf ? dp_strategy_settings(&run->cfg, ops->conf)
                                                     : NULL;
-    return dp_strategy_restart(ops, settings, task->role, why, cap);
+    int checkpoints = run->parsed && run->cfg.checkpoint_dir;
+    return dp_strategy_restart(ops, settings, task->role, checkpoints, why, cap);
 }
 
 /* The value of train flag `name` at argv[*i] ("--name V" or "--name=V"),

@@ -39,13 +39,14 @@ static int check_straggler_cluster(const char *value, long k, const int *topo, d
 
 /* --spare-workers N against the cluster (topo, else the spec in the
  * environment): at least one worker must start, and the strategy must be
- * one that takes a worker in mid-run and lets it leave (allreduce, the ps
- * family; docs/cluster.md, "Spare slots: growing a running job"). */
+ * one that re-deals the data when a worker comes or goes (`deal`:
+ * allreduce, the ps family; docs/cluster.md, "Spare slots: growing a
+ * running job"). */
 static int check_spares(long n, const dp_strategy_ops *ops, const int *topo, dp_err *err)
 {
     if (n == 0)
         return 0;
-    if (!ops->leave)
+    if (!ops->deal || !ops->leave)
         return dp_errf(err, "--spare-workers %ld: --strategy %s cannot take a worker in "
                             "mid-run (allreduce and the ps family can)", n, ops->name);
     dp_cluster c;

@@ -449,8 +449,11 @@ static int restart_all(dp_launcher *l, int i, const char *how, const char *why)
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s, and %s)",
                  task->name, (int)l->t[i].pid, how, why,
                  l->chief_done ? "the run is over"
-                               : l->max_restarts == 0 ? "no restart was allowed (--max-restarts 0)"
-                                                      : "the job has no restart left");
+                 : l->max_restarts == 0
+                     ? "no restart was allowed (--max-restarts 0): with launch --max-restarts 1 "
+                       "or more every task would have started again from the newest checkpoint"
+                     : "the job has no restart left (each whole restart counts against "
+                       "--max-restarts)");
         return -1;
     }
     l->relaunches++;
@@ -544,7 +547,7 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
 {
     const dp_task *task = &l->c->tasks[i];
     ltask *t = &l->t[i];
-    char why[160] = "";
+    char why[320] = "";
     if (!l->survives)
         return -1;
     /* Exit status 2 is a usage error: every task would make it again. */

@@ -10,6 +10,7 @@
 
 #include "downpour/cost_model.h"
 #include "downpour/model.h"
+#include "downpour/powersgd.h"
 
 int dp_cost_model_params(const char *model, size_t *n_params, dp_err *err)
 {
@@ -19,6 +20,33 @@ int dp_cost_model_params(const char *model, size_t *n_params, dp_err *err)
         return dp_err_prefix(err, "model '%s'", model);
     *n_params = m.n_params;
     dp_model_free(&m);
+    return 0;
+}
+
+int dp_cost_powersgd(const char *model, int rank, size_t *floats, double *madds, dp_err *err)
+{
+    dp_model m;
+    memset(&m, 0, sizeof m);
+    if (dp_model_describe(&m, model, err) < 0)
+        return dp_err_prefix(err, "model '%s'", model);
+    dp_psgd_matrix *mats = malloc(sizeof *mats * DP_POWERSGD_MAX_MATRICES);
+    if (!mats) {
+        dp_model_free(&m);
+        return dp_errf(err, "out of memory");
+    }
+    dp_psgd_plan plan;
+    int k = dp_powersgd_matrices(&m, rank, mats, DP_POWERSGD_MAX_MATRICES, &plan);
+    double ma = 0;
+    for (int i = 0; i < k && i < DP_POWERSGD_MAX_MATRICES; i++)
+        if (mats[i].rank > 0)
+            ma += 4.0 * mats[i].rows * (double)mats[i].cols * mats[i].rank;
+    free(mats);
+    dp_model_free(&m);
+    if (plan.compressed == 0)
+        return dp_errf(err, "powersgd:%d compresses no matrix of model '%s' (the largest rank that "
+                            "compresses one is %d)", rank, model, plan.max_rank);
+    *floats = plan.factor_floats + plan.whole_floats;
+    *madds = ma;
     return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cost/cost_allreduce.h"
 #include "downpour/frame.h"
 #include "downpour/partition.h"
 #include "downpour/ps.h"
@@ -48,6 +49,8 @@ void dp_cost_job_init(dp_cost_job *job)
     job->train_records = 54000;
     job->val_records = 6000;
     job->bucket_bytes = 512u << 10;
+    job->algo = DP_ALGO_AUTO;
+    job->compress.kind = DP_COMPRESS_NONE;
 }
 
 void dp_cost_calibration_init(dp_cost_calibration *cal)
@@ -55,30 +58,37 @@ void dp_cost_calibration_init(dp_cost_calibration *cal)
     memset(cal, 0, sizeof *cal);
     cal->apply_s_per_param = 120e-6 / 266610.0; /* docs/benchmarks.md, "The engine" */
     cal->thread_gain = 0.6;
+    cal->codec_s_per_float = 3.5e-9; /* docs/strategies.md, "allreduce: compression" */
 }
 
 /* Which host each task lands on: ps tasks, the chief, then the workers,
- * round-robin, so a cluster of as many hosts as tasks has one task a host. */
+ * round-robin, so a cluster of as many hosts as tasks has one task a host;
+ * or tasks_per_host to a host in that order (scripts/vcluster.sh). */
 typedef struct layout {
     int n_tasks, n_train;
     int host[MAX_TASKS];
     int trains[MAX_TASKS];
 } layout;
 
+static int host_of(const dp_cost_cluster *cl, int k)
+{
+    return cl->tasks_per_host > 0 ? k / cl->tasks_per_host : k % cl->hosts;
+}
+
 static void place(layout *L, const dp_cost_cluster *cl, int ps, int chief_trains)
 {
     int k = 0;
     for (int i = 0; i < ps; i++, k++) {
-        L->host[k] = k % cl->hosts;
+        L->host[k] = host_of(cl, k);
         L->trains[k] = 0;
     }
     if (cl->chief) {
-        L->host[k] = k % cl->hosts;
+        L->host[k] = host_of(cl, k);
         L->trains[k] = chief_trains;
         k++;
     }
     for (int i = 0; i < cl->workers; i++, k++) {
-        L->host[k] = k % cl->hosts;
+        L->host[k] = host_of(cl, k);
         L->trains[k] = 1;
     }
     L->n_tasks = k;
@@ -270,6 +280,21 @@ static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *c
         cl->workers + cl->ps + cl->chief > MAX_TASKS)
         return dp_errf(err, "cluster: workers %d, ps %d, chief %d: counts out of range", cl->workers,
                        cl->ps, cl->chief);
+    if (cl->tasks_per_host < 0 ||
+        (cl->tasks_per_host > 0 &&
+         (long)cl->tasks_per_host * cl->hosts < (long)cl->workers + cl->ps + cl->chief))
+        return dp_errf(err, "cluster: %d host(s) x tasks_per_host %d hold fewer than the %d tasks",
+                       cl->hosts, cl->tasks_per_host, cl->workers + cl->ps + cl->chief);
+    if (!(cl->local_bandwidth >= 0) || !isfinite(cl->local_bandwidth))
+        return dp_errf(err, "cluster: local_bandwidth must not be negative (0: the link)");
+    if (job->strategy == DP_COST_ALLREDUCE && (unsigned)job->algo >= DP_ALGO_COUNT)
+        return dp_errf(err, "job: unknown all-reduce algorithm %d", (int)job->algo);
+    if (job->strategy == DP_COST_ALLREDUCE && job->compress.kind == DP_COMPRESS_POWERSGD &&
+        job->psgd_floats == 0)
+        return dp_errf(err, "job: powersgd needs psgd_floats (dp_cost_powersgd)");
+    if (job->strategy == DP_COST_ALLREDUCE && job->compress.kind != DP_COMPRESS_NONE &&
+        job->sparse)
+        return dp_errf(err, "job: --compress with sparse tables is not modelled");
     if (job->batch < 1 || job->epochs < 1 || job->train_records < 1 || job->val_records < 0)
         return dp_errf(err, "job: batch, epochs and train records must be positive");
     if ((unsigned)job->strategy >= DP_COST_STRATEGY_COUNT)
@@ -447,30 +472,47 @@ int dp_cost_predict(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
             rc = dp_errf(err, "cluster: allreduce needs at least one worker or a chief");
             goto done;
         }
+        /* PowerSGD's four products a matrix, at the record's multiply-add
+         * rate (forward + backward: about 3 per parameter). */
+        double psgd = job->compress.kind == DP_COMPRESS_POWERSGD
+                          ? job->psgd_madds * cal->sample_s / (3.0 * P) : 0;
         double compute = 0;
-        for (int t = 0; t < L->n_tasks; t++) {
-            double c = step_compute(cal, job->batch, task_speed(L, t, cl, cal->thread_gain));
+        int *hosts = malloc(sizeof(int) * (size_t)n);
+        if (!hosts) {
+            rc = dp_errf(err, "out of memory");
+            goto done;
+        }
+        for (int t = 0, i = 0; t < L->n_tasks; t++) {
+            double speed = task_speed(L, t, cl, cal->thread_gain);
+            double c = step_compute(cal, job->batch, speed) + psgd / speed;
             if (c > compute)
                 compute = c;
+            if (L->trains[t])
+                hosts[i++] = L->host[t];
         }
         eval_speed = task_speed(L, 0, cl, cal->thread_gain);
         int gathered = 0;
-        double rb = job->sparse ? dp_cost_allreduce_sparse_bytes(cal->n_params, job->sparse, n,
-                                                                 job->bucket_bytes, &gathered)
-                                : dp_cost_ring_bytes(cal->n_params, n, job->bucket_bytes);
-        memset(up, 0, sizeof *up);
-        for (int t = 0; t < L->n_tasks; t++) {
-            up->out[L->host[t]] += rb;
-            up->in[L->host[t]] += rb;
-        }
-        size_t nb = n_buckets(cal->n_params - (gathered ? job->sparse->table_floats : 0),
-                              job->bucket_bytes);
-        double hops = n > 1 ? (double)nb * 2.0 * (n - 1) + (gathered ? n - 1 : 0) : 0;
+        if (job->sparse)
+            dp_cost_allreduce_sparse_bytes(cal->n_params, job->sparse, n, job->bucket_bytes,
+                                           &gathered);
+        cost_ar_in in = {
+            .n = n, .host = hosts, .hosts = cl->hosts,
+            .floats = cal->n_params - (gathered ? job->sparse->table_floats : 0),
+            .bucket_bytes = job->bucket_bytes,
+            .extra_ring_bytes = gathered ? dp_cost_gather_bytes(job->sparse, n, 0) : 0,
+            .extra_hops = gathered ? n - 1 : 0,
+            .algo = job->algo, .codec = job->compress, .psgd_floats = job->psgd_floats,
+            .bandwidth = cl->bandwidth, .local_bandwidth = cl->local_bandwidth,
+            .latency = cl->latency, .codec_s = cal->codec_s_per_float};
+        cost_ar_out ar;
+        cost_allreduce(&in, &ar);
+        free(hosts);
         p.replicas = n;
         p.compute_s = compute;
-        p.bytes_per_step = rb;
-        p.busiest_link_bytes = busiest(up, cl->hosts);
-        p.comm_s = p.busiest_link_bytes / cl->bandwidth + hops * cl->latency;
+        p.bytes_per_step = ar.sent_bytes;
+        p.busiest_link_bytes = ar.busiest_link;
+        p.comm_s = ar.comm_s;
+        snprintf(p.how, sizeof p.how, "%s", ar.how);
         p.apply_s = P * cal->apply_s_per_param;
         p.step_s = compute + p.comm_s + p.apply_s;
         p.bottleneck = compute >= p.comm_s ? DP_COST_BOUND_COMPUTE : DP_COST_BOUND_RING;
@@ -515,9 +557,9 @@ int dp_cost_predict(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
         break;
     case DP_COST_BOUND_RING:
         snprintf(p.why, sizeof p.why,
-                 "ring: %.2f MB sent a step by each of %d replicas, %.2f ms with its latency "
+                 "ring: %.2f MB sent a step by replica 0 of %d (%s), %.2f ms with its latency "
                  "hops; compute %.2f ms",
-                 p.bytes_per_step / 1e6, p.replicas, p.comm_s * 1e3, p.compute_s * 1e3);
+                 p.bytes_per_step / 1e6, p.replicas, p.how, p.comm_s * 1e3, p.compute_s * 1e3);
         break;
     default:
         break;

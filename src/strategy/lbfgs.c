@@ -149,7 +149,9 @@ static int take_result(dp_strategy *s, int rank, const dp_event *ev, dp_err *err
     return 0;
 }
 
-static int worker_lost(dp_strategy *s, int rank, const char *why, dp_err *err)
+/* Worker `rank` is gone: its portion goes back to the others.  `left`: it
+ * said BYE first, a drained worker (docs/faults.md, "Draining"), no fault. */
+static int worker_lost(dp_strategy *s, int rank, const char *why, int left, dp_err *err)
 {
     int w = worker_of(s, rank);
     if (w < 0 || s->busy[w] == -2)
@@ -158,7 +160,13 @@ static int worker_lost(dp_strategy *s, int rank, const char *why, dp_err *err)
         s->por[s->busy[w]].holders--;
     s->busy[w] = -2;
     s->live--;
-    if (s->live > 0 && s->iter < s->env->steps_per_epoch * s->cfg->epochs) {
+    if (left && s->live > 0 && s->iter < s->env->steps_per_epoch * s->cfg->epochs) {
+        dp_info("%s drained at iteration %ld; lbfgs hands its portions to the %d other "
+                "worker(s)", peer_name(s, rank), s->iter + 1, s->live);
+        dp_metrics_event(s->env->metrics, "drain", DP_F_STR, "task", peer_name(s, rank),
+                         DP_F_STR, "action", "drain", DP_F_INT, "step", s->iter + 1, DP_F_INT,
+                         "workers", (long)s->live, DP_F_END);
+    } else if (s->live > 0 && s->iter < s->env->steps_per_epoch * s->cfg->epochs) {
         /* one fault line and event (docs/faults.md, "Who decides") */
         dp_warn("fault: lost %s (%s); lbfgs hands its portions to the %d other worker(s)",
                 peer_name(s, rank), why, s->live);
@@ -196,7 +204,7 @@ static int pump(dp_strategy *s, int rank, unsigned type, const char *what, dp_ev
                         return shard_lost(s, ev->peer, ev->reason, err);
                 continue;
             }
-            if (worker_lost(s, ev->peer, ev->reason, err) < 0)
+            if (worker_lost(s, ev->peer, ev->reason, ev->orderly, err) < 0)
                 return -1;
             return 0;
         }
@@ -319,7 +327,7 @@ static int hand_out(dp_strategy *s, uint32_t n, uint32_t *next, dp_err *err)
         int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
         if (dp_transport_send(s->t, rank, DP_WIRE_LB_PORTION, s->eval_seq, (uint64_t)p, b,
                               sizeof b, err) < 0) {
-            if (worker_lost(s, rank, err->msg, err) < 0)
+            if (worker_lost(s, rank, err->msg, dp_transport_peer_left(s->t, rank), err) < 0)
                 return -1;
             if (backup == 0 && *next > 0 && (uint32_t)p == *next - 1)
                 (*next)--; /* never handed out after all */
@@ -480,7 +488,7 @@ static int end_iteration(dp_strategy *s, dp_err *err)
         if (s->busy[w] != -2 &&
             dp_transport_send(s->t, rank, DP_WIRE_LB_ITER_END, (uint64_t)s->iter, 0, NULL, 0,
                               err) < 0 &&
-            worker_lost(s, rank, err->msg, err) < 0)
+            worker_lost(s, rank, err->msg, dp_transport_peer_left(s->t, rank), err) < 0)
             return -1;
     }
     return 0;
@@ -697,7 +705,18 @@ static int compute(dp_strategy *s, const dp_event *ev, dp_err *err)
     return to_chief(s, DP_WIRE_LB_RESULT, e, p, b, sizeof b, err);
 }
 
-/* A worker's step: portions until the chief ends iteration `step`. */
+/* Whether SIGTERM asked this worker to drain: it then leaves at the
+ * portion boundary it is at (docs/faults.md, "Draining"). */
+static int draining(const dp_strategy *s)
+{
+    return s->env->drain_asked && s->env->drain_asked();
+}
+
+/* A worker's step: portions until the chief ends iteration `step`, or
+ * until a drain is asked for: the step ends at the next portion boundary,
+ * a portion computed reported, one received left undone (the chief hands
+ * it to the others when this worker's BYE comes), and the loop calls
+ * lb_leave. */
 static int lb_step(dp_strategy *s, const float *x, const uint8_t *y, int n, float lr, long step,
                    dp_step_out *out, dp_err *err)
 {
@@ -716,9 +735,23 @@ static int lb_step(dp_strategy *s, const float *x, const uint8_t *y, int n, floa
                                 "iteration %ld",
                            ev.header.type, (unsigned long long)ev.header.length,
                            (unsigned long long)ev.header.step, step);
+        if (draining(s)) /* the portion left undone: the node's BYE follows */
+            return dp_transport_skip_payload(s->t, s->chief, err) < 0 ? -1 : 0;
         if (compute(s, &ev, err) < 0)
             return -1;
+        if (draining(s))
+            return 0;
     }
+}
+
+/* Drained (lb_step ended at a portion boundary, or at an iteration's end):
+ * nothing of the run is held here (the shards hold x and the gradient),
+ * so nothing to send; the BYE the node says at close tells the chief and
+ * the shards it left rather than died (worker_lost). */
+static int lb_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    (void)s, (void)steps, (void)err;
+    return 0;
 }
 
 static int lb_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
@@ -1029,6 +1062,7 @@ const dp_strategy_ops dp_strategy_lbfgs = {
     .params = lb_params,
     .save = lb_save,
     .finish = lb_finish,
+    .leave = lb_leave,
     .close = lb_close,
 };
 

@@ -36,8 +36,10 @@
  * all).  Position 0 (task 0 of replica 0) evaluates: at each epoch's end
  * replica 0's tasks send it their slices (DP_WIRE_MP_PARAMS) and every task
  * its figures (DP_WIRE_MP_STATS); at a checkpoint their optimiser state too
- * (DP_WIRE_MP_STATE).  A lost task takes its slices with it: the run stops
- * with a message naming it (survives = 0). */
+ * (DP_WIRE_MP_STATE).  A lost task takes its slices with it: the replica
+ * stops with a message naming it, and under `launch --max-restarts` with
+ * --checkpoint-dir every task starts again from the newest checkpoint
+ * (restarts_all; docs/faults.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +265,17 @@ static int mp_finish(dp_strategy *s, long steps, dp_err *err)
     return 0;
 }
 
+/* SIGTERM (docs/faults.md, "Draining"): no task can leave a running
+ * replica, whose every layer needs its slice, so the drain is refused in
+ * words after the step, and the task's end is a lost task's (every task
+ * restarted from the newest checkpoint, or the run stops). */
+static int mp_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    return dp_errf(err, "SIGTERM: model-parallel task %d of replica %d holds slices of every "
+                        "layer, which the replica cannot go on without, so it cannot drain; "
+                        "it stops after step %ld, a lost task", s->task, s->replica, steps);
+}
+
 /* ---------------------------------------------------------------- opening */
 
 static void mp_close(dp_strategy *s)
@@ -413,12 +426,15 @@ const dp_strategy_ops dp_strategy_model_parallel = {
     .summary = "model parallelism: dense layers' units, image layers' rows split over K tasks a replica",
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),
-    .survives = 0,
+    /* A lost task took its slices: the whole job again from the newest
+     * checkpoint (docs/faults.md). */
+    .restarts_all = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = mp_open,
     .step = mp_step,
     .epoch_end = mp_epoch_end,
     .params = mp_params,
     .save = mp_save,
     .finish = mp_finish,
+    .leave = mp_leave,
     .close = mp_close,
 };

@@ -40,7 +40,9 @@
  * (S-1)/(M+S-1) each epoch.  Activations and their gradients go out from a
  * send thread (sender.h), so two neighbours sending each other more than the
  * sockets hold never wait for each other.  A lost stage cannot be replaced mid-batch: the
- * run stops with a message naming it (survives = 0). */
+ * stages stop with a message naming it, and under `launch --max-restarts`
+ * with --checkpoint-dir every task starts again from the newest checkpoint
+ * (restarts_all; docs/faults.md). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -538,6 +540,18 @@ static int pipe_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
     return 1;
 }
 
+/* SIGTERM (docs/faults.md, "Draining"): no stage can leave a running
+ * pipeline, whose layers it alone holds, so the drain is refused in words
+ * after the step (its micro-batches are through), and the stage's end is
+ * a lost stage's (every task restarted from the newest checkpoint, or the
+ * run stops). */
+static int pipe_leave(dp_strategy *s, long steps, dp_err *err)
+{
+    return dp_errf(err, "SIGTERM: pipeline stage %d of replica %d holds layers no other task "
+                        "has, so it cannot drain; it stops after step %ld, a lost stage",
+                   s->stage, s->replica, steps);
+}
+
 static int pipe_finish(dp_strategy *s, long steps, dp_err *err)
 {
     (void)err;
@@ -821,13 +835,16 @@ const dp_strategy_ops dp_strategy_pipeline = {
     .cluster = 1,
     .refuses = DP_ROLE_BIT(DP_ROLE_PS),
     .buffers = 1,
-    .survives = 0,
+    /* A lost stage held micro-batches and layers no one else has: the
+     * whole job again from the newest checkpoint (docs/faults.md). */
+    .restarts_all = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER),
     .open = pipe_open,
     .step = pipe_step,
     .epoch_end = pipe_epoch_end,
     .params = pipe_params,
     .save = pipe_save,
     .finish = pipe_finish,
+    .leave = pipe_leave,
     .close = pipe_close,
 };
 

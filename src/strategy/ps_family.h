@@ -68,8 +68,10 @@ int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *er
 /* The family's part of the run identity (NULL: the defaults'), appended. */
 void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap);
 /* The restart policy of a strategy with ps tasks holding `replicas` copies
- * of each shard (ps, lbfgs): a dp_launch survives answer, with why. */
-int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *why, size_t cap);
+ * of each shard: a dp_launch survives answer, with why (`checkpoints`: as
+ * for dp_strategy_restart). */
+int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, int checkpoints,
+                  char *why, size_t cap);
 
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err);

@@ -101,7 +101,8 @@ static void identity(const void *own, int part, char *buf, size_t cap)
         dp_ps_settings_identity(own, buf, cap);
 }
 
-int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *why, size_t cap)
+int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, int checkpoints,
+                  char *why, size_t cap)
 {
     if (role == DP_ROLE_PS && replicas >= 2) {
         /* Not restarted: the clients stay with the backups, and a fresh ps
@@ -116,13 +117,23 @@ int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, char *
                  "the newest checkpoint", ops->name);
         return DP_LAUNCH_IF_RESTARTED;
     }
-    return dp_strategy_restart(ops, NULL, role, why, cap);
+    return dp_strategy_restart(ops, NULL, role, checkpoints, why, cap);
 }
 
-static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
-                   size_t cap)
+static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, int checkpoints,
+                   char *why, size_t cap)
 {
-    return dp_ps_restart(((const dp_ps_settings *)own)->replicas, ops, role, why, cap);
+    const dp_ps_settings *ps = own;
+    if (ps->model_parallel > 0 && (role == DP_ROLE_WORKER || role == DP_ROLE_PS)) {
+        /* A worker held slices of a model-parallel replica, and a ps shard
+         * holds slice order, which a restarted ps's restore does not
+         * translate; --resume does (dp_ps_family_serve): the whole job
+         * goes on from the newest checkpoint (docs/faults.md). */
+        char who[64];
+        snprintf(who, sizeof who, "%s --model-parallel", ops->name);
+        return dp_strategy_restart_all(who, role, checkpoints, why, cap);
+    }
+    return dp_ps_restart(ps->replicas, ops, role, checkpoints, why, cap);
 }
 
 const dp_strategy_conf dp_ps_conf = {

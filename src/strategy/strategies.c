@@ -285,11 +285,28 @@ void dp_strategy_identity(const dp_train_config *cfg, int part, char *buf, size_
         dp_ps_settings_identity(NULL, buf, cap);
 }
 
+int dp_strategy_restart_all(const char *who, dp_role role, int checkpoints, char *why,
+                            size_t cap)
+{
+    if (checkpoints) {
+        snprintf(why, cap, "%s needs every task restarted from its newest checkpoint after a "
+                 "lost %s", who, dp_role_name(role));
+        return DP_LAUNCH_RESTART_ALL;
+    }
+    snprintf(why, cap, "%s cannot survive a lost %s without --checkpoint-dir: with it and a "
+             "restart left (launch --max-restarts), every task would start again from the "
+             "newest checkpoint", who, dp_role_name(role));
+    return 0;
+}
+
 int dp_strategy_restart(const dp_strategy_ops *ops, const void *settings, dp_role role,
-                        char *why, size_t cap)
+                        int checkpoints, char *why, size_t cap)
 {
     if (settings && ops->conf && ops->conf->restart)
-        return ops->conf->restart(settings, ops, role, why, cap);
+        return ops->conf->restart(settings, ops, role, checkpoints, why, cap);
+    if (ops->restarts_all & DP_ROLE_BIT(role))
+        /* its state is in its checkpoints: the whole job goes on from them */
+        return dp_strategy_restart_all(ops->name, role, checkpoints, why, cap);
     if (ops->survives & ops->no_rejoin & DP_ROLE_BIT(role)) {
         snprintf(why, cap, "%s survives a lost %s, and does not take a restarted one back",
                  ops->name, dp_role_name(role));

@@ -35,7 +35,7 @@ void dp_drain_arm(void)
         armed = 1;
 }
 
-int dp_drain_asked(void) { return asked != 0; }
+int dp_drain_asked(void) { return armed && asked != 0; }
 
 void dp_drain_disarm(void)
 {

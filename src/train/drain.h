@@ -13,7 +13,7 @@
 
 /* Installs the handler (a task whose strategy can drain this role). */
 void dp_drain_arm(void);
-/* Whether a drain was asked for since dp_drain_arm. */
+/* Whether a drain was asked for since dp_drain_arm (0 when not armed). */
 int dp_drain_asked(void);
 /* Puts SIGTERM's action from before dp_drain_arm back: the steps are
  * over, and a drain means nothing any more. */

@@ -1196,7 +1196,8 @@ static int run_task(loop *L, dp_err *err)
                           .resume = L->env.resume,
                           .resume_path = L->env.resume ? L->resume_path : NULL, .id = &L->id,
                           .train = role_ps ? NULL : &L->train,
-                          .checkpoints = cfg->checkpoint_dir ? &L->ckpts : NULL};
+                          .checkpoints = cfg->checkpoint_dir ? &L->ckpts : NULL,
+                          .drain_asked = dp_drain_asked};
     L->info.start_step = -1;
     if (L->ops->open(&L->s, &L->env, &L->info, err) < 0)
         return -1;

@@ -15,7 +15,8 @@
 #define USAGE                                                                                   \
     "downpour experiment cost (--calibrate METRICS | --measure | --sample-us X) [--hosts H]\n"  \
     "       [--cores C] [--link-mbit B] [--latency-ms L] [--workers W] [--ps P] [--chief 0|1]\n" \
-    "       [--strategy all|NAME] [--model M] [--batch B] [--epochs E] [METRICS...]\n\n"       \
+    "       [--strategy all|NAME] [--model M] [--batch B] [--epochs E] [--tasks-per-host K]\n"  \
+    "       [--local-mbit B] [--allreduce-algo A] [--compress C] [METRICS...]\n\n"               \
     "Predicts single, ps-async, ps-sync and allreduce on the cluster and ranks them.\n"        \
     "Calibration: --calibrate reads a single-process run's metrics (train --threads 1),\n"    \
     "--measure runs one itself (1 epoch of --train-size records), --sample-us gives it.\n"    \
@@ -77,6 +78,8 @@ static void print_prediction(dp_cost_strategy s, const dp_cost_prediction *p)
            "epoch, %.2f MB sent a step\n            bound by %s\n",
            dp_cost_strategy_name(s), p->total_s, p->step_s * 1e3, p->compute_s * 1e3,
            p->comm_s * 1e3, p->apply_s * 1e3, p->steps_per_epoch, p->bytes_per_step / 1e6, p->why);
+    if (p->how[0])
+        printf("            all-reduce: %s\n", p->how);
 }
 
 /* Predicts a measured run from its done event and prints the error. */
@@ -106,6 +109,11 @@ static int validate_run(const char *path, const dp_cost_calibration *cal, const 
     dp_cost_cluster k = *cl;
     dp_cost_job j = *job;
     j.strategy = (dp_cost_strategy)s;
+    if (j.compress.kind == DP_COMPRESS_POWERSGD &&
+        dp_cost_powersgd(run.model, j.compress.rank, &j.psgd_floats, &j.psgd_madds, &err) < 0) {
+        fprintf(stderr, "downpour experiment cost: %s: %s\n", path, err.msg);
+        return -1;
+    }
     j.batch = run.batch;
     j.epochs = run.epochs > 0 ? run.epochs : job->epochs;
     k.ps = run.ps;
@@ -119,9 +127,10 @@ static int validate_run(const char *path, const dp_cost_calibration *cal, const 
         fprintf(stderr, "downpour experiment cost: %s: %s\n", path, err.msg);
         return -1;
     }
-    printf("| %s | %s | %d | %d | %d | %.2f | %.2f | %+.0f %% | %s |\n", path, run.strategy,
+    printf("| %s | %s | %d | %d | %d | %.2f | %.2f | %+.0f %% | %s%s%s |\n", path, run.strategy,
            run.workers, run.ps, run.batch, run.train_seconds, p.total_s,
-           (p.total_s - run.train_seconds) / run.train_seconds * 100, dp_cost_bottleneck_name(p.bottleneck));
+           (p.total_s - run.train_seconds) / run.train_seconds * 100,
+           dp_cost_bottleneck_name(p.bottleneck), p.how[0] ? ": " : "", p.how);
     return 0;
 }
 
@@ -132,7 +141,9 @@ int dp_experiment_cost(int argc, char **argv)
     long hosts = 1, cores = sysconf(_SC_NPROCESSORS_ONLN), workers = 2, ps = 1, chief = 1;
     long batch = 128, epochs = 25, n_train = 54000, n_val = 6000, calib_records = 12800;
     double link_mbit = NAN, latency_ms = NAN, sample_us = NAN, step_ms = 0, record_us = 0;
-    double thread_gain = 0.6, apply_ns = 120e-6 / 266610.0 * 1e9;
+    double thread_gain = 0.6, apply_ns = 120e-6 / 266610.0 * 1e9, local_mbit = 0, codec_ns = 3.5;
+    long tasks_per_host = 0;
+    const char *algo_name = "auto", *compress_name = "none";
     if (cores < 1)
         cores = 1;
     cli_opt opts[] = {
@@ -158,6 +169,11 @@ int dp_experiment_cost(int argc, char **argv)
         {"record-overhead-us", CLI_NUM, &record_us, "US", "framework overhead a record", 0, 1e6},
         {"thread-gain", CLI_NUM, &thread_gain, "G", "what each core beyond one adds, in cores", 0, 1},
         {"apply-ns", CLI_NUM, &apply_ns, "NS", "optimiser update a parameter", 0, 1e6},
+        {"tasks-per-host", CLI_INT, &tasks_per_host, "K", "K tasks to a host in rank order (scripts/vcluster.sh); default round-robin", 0, 4096},
+        {"local-mbit", CLI_NUM, &local_mbit, "B", "allreduce: between two replicas of one host (shared memory), Mbit/s; default: over the host's link", 0, 1e9},
+        {"allreduce-algo", CLI_STR, &algo_name, "A", "allreduce: ring, direct, hier or auto (the strategy's rule)", 0, 0},
+        {"compress", CLI_STR, &compress_name, "C", "allreduce: none, bf16, fp16, topk:RATIO, powersgd:RANK or auto", 0, 0},
+        {"codec-ns", CLI_NUM, &codec_ns, "NS", "allreduce: bf16/fp16 encode and decode a float", 0, 1e6},
         {"source", CLI_FLAG, &source, NULL, "the source experiment's cluster: TensorFlow's times beside the predictions", 0, 0},
     };
     int rest;
@@ -179,8 +195,20 @@ int dp_experiment_cost(int argc, char **argv)
         return 2;
     }
     dp_err err;
+    int algo = dp_allreduce_algo_parse(algo_name);
+    if (algo < 0) {
+        fprintf(stderr, "downpour experiment cost: --allreduce-algo: '%s' is not ring, direct, "
+                        "hier or auto\n", algo_name);
+        return 2;
+    }
+    dp_compress codec;
+    if (dp_compress_parse(compress_name, &codec, &err) < 0) {
+        fprintf(stderr, "downpour experiment cost: --compress: %s\n", err.msg);
+        return 2;
+    }
     dp_cost_calibration cal;
     dp_cost_calibration_init(&cal);
+    cal.codec_s_per_float = codec_ns * 1e-9;
     cal.apply_s_per_param = apply_ns * 1e-9;
     cal.thread_gain = thread_gain;
     cal.step_overhead_s = step_ms * 1e-3;
@@ -244,9 +272,21 @@ int dp_experiment_cost(int argc, char **argv)
                                        isnan(latency_ms) ? 0.2e-3 : lat, stdout, &err) < 0
                    ? (fprintf(stderr, "downpour experiment cost: %s\n", err.msg), 1)
                    : 0;
-    dp_cost_cluster cl = {(int)hosts, (int)cores, bw, lat, (int)workers, (int)ps, (int)chief};
+    dp_cost_cluster cl = {(int)hosts, (int)cores, bw, lat, (int)workers, (int)ps, (int)chief,
+                          (int)tasks_per_host, local_mbit * 1e6 / 8};
     dp_cost_job job;
     dp_cost_job_init(&job);
+    job.algo = (dp_allreduce_algo)algo;
+    job.compress = codec;
+    if (codec.kind == DP_COMPRESS_POWERSGD && !model) {
+        fprintf(stderr, "downpour experiment cost: --compress powersgd needs --model (its matrices)\n");
+        return 2;
+    }
+    if (codec.kind == DP_COMPRESS_POWERSGD &&
+        dp_cost_powersgd(model, codec.rank, &job.psgd_floats, &job.psgd_madds, &err) < 0) {
+        fprintf(stderr, "downpour experiment cost: --compress: %s\n", err.msg);
+        return 2;
+    }
     job.batch = (int)batch;
     job.epochs = (int)epochs;
     job.train_records = n_train;
