@@ -170,18 +170,21 @@ static void write_secret(const char *path, char c)
     chmod(path, 0600);
 }
 
-/* `downpour run --task worker:I` of a job of 4 worker slots, 2 spare, output
- * in tmp/NAME.log; with its listening socket as fd 3 (as the launcher hands
- * it) unless fd < 0, when it binds its address itself. */
+/* `downpour run --task worker:I` (I < 0: `--join`, a free spare slot) of a
+ * job of 4 worker slots, 2 spare, output in tmp/NAME.log; with its listening
+ * socket as fd 3 (as the launcher hands it) unless fd < 0, when it binds its
+ * address itself. */
 static pid_t run_by_hand(const char *name, const char *spec, int i, const char *secret, int fd,
                          const int *fds, int n)
 {
-    char log[1200], cmd[4096];
+    char log[1200], cmd[4096], task[32] = "--join";
     snprintf(log, sizeof log, "%s/%s.log", tmp, name);
-    snprintf(cmd, sizeof cmd, "exec %s run --cluster %s --task worker:%d --secret-file %s -- "
+    if (i >= 0)
+        snprintf(task, sizeof task, "--task worker:%d", i);
+    snprintf(cmd, sizeof cmd, "exec %s run --cluster %s %s --secret-file %s -- "
              "train --strategy allreduce --dataset mnist --model 784-128-10 --train-size "
              "12000 --val-size 1000 --batch 100 --threads 1 --no-progress --log-every 10 "
-             "--heartbeat-timeout 1 --spare-workers 2 --epochs 8", bin, spec, i, secret);
+             "--heartbeat-timeout 1 --spare-workers 2 --epochs 10", bin, spec, task, secret);
     pid_t pid = fork();
     if (pid == 0) {
         int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -204,8 +207,9 @@ static pid_t run_by_hand(const char *name, const char *spec, int i, const char *
 
 /* 4 worker slots, 2 of them spare; worker:0 and worker:1 start.  Then
  * worker:3 with another secret (refused at once, naming the secret),
- * worker:2 with the job's (it joins), and a second worker:2 while the
- * first runs (refused: its slot is taken).  The job ends well. */
+ * worker:2 with the job's (it joins), `run --join` (it takes worker:3, the
+ * slot left), and, the job full, a second worker:2 and a second `--join`
+ * (each refused, saying why).  The job ends well. */
 static void refused_joins(void)
 {
     int ports[4], fds[4];
@@ -228,22 +232,32 @@ static void refused_joins(void)
     pid_t w3 = run_by_hand("hand-3-bad", spec, 3, bad, fds[3], fds, 4);
     pid_t w2 = run_by_hand("hand-2", spec, 2, good, fds[2], fds, 4);
     int r3 = finish(w3, 120);
+    close(fds[3]); /* worker:3's slot is free for `--join` */
+    fds[3] = -1;
     CHECKF(wait_log("hand-2", "2: joined the ", 120), "hand-2: worker:2 never joined");
-    pid_t again = run_by_hand("hand-2-again", spec, 2, good, -1, fds, 4);
-    int ra = finish(again, 120);
-    int r2 = finish(w2, 300), r0 = finish(w0, 300), r1 = finish(w1, 300);
-    for (int i = 0; i < 4; i++)
+    pid_t wj = run_by_hand("hand-join", spec, -1, good, -1, fds, 3);
+    CHECKF(wait_log("hand-join", "3: joined the ", 120), "hand-join: --join never joined");
+    int ra = finish(run_by_hand("hand-2-again", spec, 2, good, -1, fds, 3), 120);
+    int rf = finish(run_by_hand("hand-join-full", spec, -1, good, -1, fds, 3), 120);
+    int rj = finish(wj, 300), r2 = finish(w2, 300), r0 = finish(w0, 300), r1 = finish(w1, 300);
+    for (int i = 0; i < 3; i++)
         close(fds[i]);
     fprintf(stderr, "by hand: the joiner with another secret exited %d, the second worker:2 "
-            "%d; the members %d, %d and %d (worker:2)\n", r3, ra, r0, r1, r2);
+            "%d, --join to the full job %d; the members %d, %d, %d (worker:2) and %d "
+            "(worker:3, by --join)\n", r3, ra, rf, r0, r1, r2, rj);
+    CHECKF(rf == 1 && log_has("hand-join-full", "no free spare worker slot on this host") &&
+               log_has("hand-join-full", "worker:2 at ") &&
+               log_has("hand-join-full", "taken"),
+           "hand-join-full: --join to a full job exited %d without saying why", rf);
+    CHECKF(rj == 0 && log_has("hand-0", "worker:3 joined the all-reduce ring"),
+           "hand-join: --join (worker:3) exited %d, or never joined", rj);
     CHECKF(r3 != 0 && log_has("hand-3-bad", "this task's cluster secret is not the job's"),
            "hand-3-bad: a joiner with the wrong secret exited %d without saying why", r3);
     CHECKF(ra != 0 && log_has("hand-2-again", "the spare slot worker:2 is taken"),
            "hand-2-again: a second task for a filled slot exited %d without saying why", ra);
     CHECKF(r0 == 0 && r1 == 0 && r2 == 0, "the job's tasks exited %d, %d and %d", r0, r1, r2);
-    CHECKF(log_has("hand-0", "worker:2 joined the all-reduce ring") &&
-               !log_has("hand-0", "worker:3 joined"),
-           "hand-0: not worker:2 alone joined");
+    CHECKF(log_has("hand-0", "worker:2 joined the all-reduce ring"),
+           "hand-0: worker:2 did not join");
 }
 
 int main(void)

@@ -47,6 +47,8 @@ typedef struct ltask {
     char **envp;
     int listen_fd; /* the task's listening socket (becomes its fd 3), or -1 */
     int spare;     /* a spare worker slot not started yet (SIGUSR1 starts it) */
+    int grown;     /* started in a spare slot by SIGUSR1: like a restarted task, it
+                      may come too late to join (stop_latecomers) */
     lstream out, err;
 } ltask;
 
@@ -678,7 +680,7 @@ static void stop_latecomers(dp_launcher *l, double now)
     if (!l->chief_done || l->stopping || l->live == 0)
         return;
     for (int i = 0; i < l->n; i++)
-        if (l->t[i].running && l->t[i].restarts == 0)
+        if (l->t[i].running && l->t[i].restarts == 0 && !l->t[i].grown)
             return;
     if (l->over_at == 0) {
         l->over_at = now;
@@ -688,9 +690,10 @@ static void stop_latecomers(dp_launcher *l, double now)
         return;
     for (int i = 0; i < l->n; i++)
         if (l->t[i].running) {
-            dp_warn("launcher: the run is over and %s (pid %d), restarted, is still running "
+            dp_warn("launcher: the run is over and %s (pid %d), %s, is still running "
                     "%.1f s after the others ended; stopping it",
-                    l->c->tasks[i].name, (int)l->t[i].pid, now - l->over_at);
+                    l->c->tasks[i].name, (int)l->t[i].pid,
+                    l->t[i].restarts ? "restarted" : "started in a spare slot", now - l->over_at);
             dp_metrics_event(l->faults, "fault", DP_F_STR, "task", l->c->tasks[i].name,
                              DP_F_STR, "what", "still running after the run ended", DP_F_STR,
                              "action", "end", DP_F_END);
@@ -1032,6 +1035,7 @@ static void grow(dp_launcher *l)
         dp_warn("launcher: SIGUSR1: %s", err.msg);
         return;
     }
+    l->t[i].grown = 1;
     dp_info("launcher: SIGUSR1: started %s (pid %d) in a spare slot; it joins the running job",
             l->c->tasks[i].name, (int)l->t[i].pid);
     if (l->max_restarts == 0) { /* started: its copy of the secret goes */
