@@ -184,7 +184,8 @@ static pid_t run_by_hand(const char *name, const char *spec, int i, const char *
     snprintf(cmd, sizeof cmd, "exec %s run --cluster %s %s --secret-file %s -- "
              "train --strategy allreduce --dataset mnist --model 784-128-10 --train-size "
              "12000 --val-size 1000 --batch 100 --threads 1 --no-progress --log-every 10 "
-             "--heartbeat-timeout 1 --spare-workers 2 --epochs 10", bin, spec, task, secret);
+             "--heartbeat-timeout 1 --spare-workers 2 --epochs 12 --startup-timeout 60", bin,
+             spec, task, secret);
     pid_t pid = fork();
     if (pid == 0) {
         int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -198,7 +199,7 @@ static pid_t run_by_hand(const char *name, const char *spec, int i, const char *
             setenv(DP_LAUNCH_LISTEN_FD_ENV, "3", 1);
         /* slower steps than the launched runs': the joins below come
          * after a refusal that takes up to 2 s (the members' redial) */
-        setenv("DOWNPOUR_TEST_STEP_MS", "15", 1);
+        setenv("DOWNPOUR_TEST_STEP_MS", "20", 1);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -226,16 +227,20 @@ static void refused_joins(void)
     fclose(f);
     write_secret(good, 'a');
     write_secret(bad, 'b');
-    pid_t w0 = run_by_hand("hand-0", spec, 0, good, fds[0], fds, 4);
-    pid_t w1 = run_by_hand("hand-1", spec, 1, good, fds[1], fds, 4);
+    /* worker:3's port is not held: its tasks bind it themselves, as by
+     * hand, and the members' dials to it are refused at once until one
+     * listens (a held socket would keep each dial waiting out its
+     * handshake timeout, and the job might end before --join is in) */
+    close(fds[3]);
+    pid_t w0 = run_by_hand("hand-0", spec, 0, good, fds[0], fds, 3);
+    pid_t w1 = run_by_hand("hand-1", spec, 1, good, fds[1], fds, 3);
     CHECKF(wait_log("hand-0", "Worker 0, At step 10,", 120), "hand-0: step 10 never came");
-    pid_t w3 = run_by_hand("hand-3-bad", spec, 3, bad, fds[3], fds, 4);
-    pid_t w2 = run_by_hand("hand-2", spec, 2, good, fds[2], fds, 4);
+    pid_t w3 = run_by_hand("hand-3-bad", spec, 3, bad, -1, fds, 3);
+    pid_t w2 = run_by_hand("hand-2", spec, 2, good, fds[2], fds, 3);
     int r3 = finish(w3, 120);
-    close(fds[3]); /* worker:3's slot is free for `--join` */
-    fds[3] = -1;
-    CHECKF(wait_log("hand-2", "2: joined the ", 120), "hand-2: worker:2 never joined");
+    /* worker:2's slot is held (by this test and the task): --join takes 3 */
     pid_t wj = run_by_hand("hand-join", spec, -1, good, -1, fds, 3);
+    CHECKF(wait_log("hand-2", "2: joined the ", 120), "hand-2: worker:2 never joined");
     CHECKF(wait_log("hand-join", "3: joined the ", 120), "hand-join: --join never joined");
     int ra = finish(run_by_hand("hand-2-again", spec, 2, good, -1, fds, 3), 120);
     int rf = finish(run_by_hand("hand-join-full", spec, -1, good, -1, fds, 3), 120);
