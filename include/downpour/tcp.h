@@ -68,6 +68,11 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err);
  * a transport that is not TCP. */
 void dp_tcp_dial_later(dp_transport *t, int peer);
 
+/* A joining task (dp_tcp_config.joining) is connected: from now on a
+ * handshake that fails on the secret is a stranger's, logged and refused as
+ * any, and ends no wait.  A no-op on a transport that is not TCP. */
+void dp_tcp_joined(dp_transport *t);
+
 /* The port this transport listens on (-1 if t is not TCP). */
 int dp_tcp_port(const dp_transport *t);
 

@@ -271,6 +271,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
             goto fail;
         }
     }
+    dp_tcp_joined(n->transport); /* a failed handshake is a stranger's again */
     return 0;
 fail:
     dp_node_close(n);

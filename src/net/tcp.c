@@ -684,6 +684,17 @@ void dp_tcp_dial_later(dp_transport *bt, int peer)
     pthread_mutex_unlock(&c->mu);
 }
 
+void dp_tcp_joined(dp_transport *bt)
+{
+    if (!bt || bt->ops != &tcp_ops)
+        return;
+    tcp *t = (tcp *)bt;
+    pthread_mutex_lock(&t->mu);
+    atomic_store(&t->joining, 0);
+    t->secret_refusal[0] = '\0';
+    pthread_mutex_unlock(&t->mu);
+}
+
 static int tcp_tampered(const dp_transport *bt, int peer)
 {
     const tcp *t = (const tcp *)bt;
@@ -786,7 +797,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
     t->shm = cfg->shm != 0;
     t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
-    t->joining = cfg->joining != 0;
+    atomic_store(&t->joining, cfg->joining != 0);
     dp_pause_hook_load(&t->pause);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);

@@ -91,7 +91,7 @@ static void *handshake_main(void *arg)
     if (rc != 0 || stopping) {
         if (rc != 0 && !stopping)
             dp_tcp_refused(t, h->addr, err.msg);
-        if (rc != 0 && t->joining && strstr(err.msg, "secret")) {
+        if (rc != 0 && atomic_load(&t->joining) && strstr(err.msg, "secret")) {
             pthread_mutex_lock(&t->mu);
             snprintf(t->secret_refusal, sizeof t->secret_refusal, "%.199s", err.msg);
             pthread_cond_broadcast(&t->cond);
@@ -463,7 +463,7 @@ int dp_tcp_connect_peer(dp_transport *bt, int peer, double deadline, dp_err *err
         if (state == CONN_UP)
             break;
         double now = dp_now();
-        if (t->secret_refusal[0]) {
+        if (atomic_load(&t->joining) && t->secret_refusal[0]) {
             /* joining: a member dialed and the secrets differ; waiting
              * longer changes nothing */
             dp_errf(err, "joining the running job: waiting for %s to dial this task, a "
