@@ -13,11 +13,15 @@
  *   accuracy within 1 % of the baseline's.  A second SIGUSR1 finds the job
  *   full and says so.
  * - ps-async (a chief and a ps): the same growth, then the joiner drained;
- *   the accuracy within 2 % (ps-async applies every worker's push, so the
- *   number of updates follows the number of workers, as in test_drain).
- * - Tasks started by hand: one for a spare slot with another secret is
- *   refused at once with a message that says so, and a second task for a
- *   slot already filled is refused, naming the slot; the job goes on.
+ *   the accuracy within 1 % too.  ps-async applies every worker's push, so
+ *   the updates follow the workers: the epochs over 3 make more of them
+ *   than at the fixed size, which gains it 0.3 to 0.7 % here (test_drain
+ *   gives a drain alone, which only loses updates, 2 %).
+ * - Tasks started by hand (`downpour run`, 4 slots, 2 spare): one for a
+ *   spare slot with another secret is refused at once with a message that
+ *   says so; worker:2 joins, and `run --join` takes the slot left
+ *   (worker:3); then a second task for a filled slot and a second `--join`
+ *   are refused, naming the slots; the job goes on.
  * - --spare-workers that leaves no worker to start, or under a strategy that
  *   cannot take a worker in mid-run, is refused before any task starts. */
 #include "launch.h"
@@ -279,7 +283,7 @@ int main(void)
 
     clean = fixed("ps-fixed", "ps-async", 5);
     rc = grow_and_shrink("ps-grow", "ps-async", "worker:2", 5);
-    check_grown("ps-grow", rc, clean, 0.02, 5);
+    check_grown("ps-grow", rc, clean, 0.01, 5);
 
     refused_joins();
 
