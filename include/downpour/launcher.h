@@ -51,7 +51,7 @@
  * for the whole run (normally the main thread).  Descendants that leave the
  * task's process group (setsid) are outside the launcher's reach.
  *
- * The launcher installs handlers for SIGINT, SIGTERM, SIGCHLD and ignores
+ * The launcher installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGCHLD and ignores
  * SIGPIPE from dp_launcher_start to dp_launcher_free, restoring the previous
  * dispositions after; only one launcher may be active in a process. */
 #ifndef DOWNPOUR_LAUNCHER_H
@@ -98,6 +98,11 @@ typedef struct dp_launch_opts {
      * The launcher keeps it for the task's restarts; the caller closes it
      * after dp_launch.  No other process can take the port meanwhile. */
     const int *listen_fds;
+    /* The spec's last N worker slots (train --spare-workers N) are not
+     * started with the others; each SIGUSR1 to the launcher starts the
+     * first one left, which joins the running job (docs/cluster.md, "Spare
+     * slots: growing a running job").  With none left it says so. */
+    int spare_workers;
 } dp_launch_opts;
 
 /* The variable that tells a task started by the launcher which descriptor

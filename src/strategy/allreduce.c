@@ -57,6 +57,8 @@ struct dp_strategy {
     unsigned char *live;   /* per position: in the ring */
     unsigned char *reset;  /* per position: its RESET of this round is read */
     unsigned char *back;   /* replica 0, per position: restarted, said HELLO, waits */
+    unsigned char *fresh;  /* per position: a spare slot that has not joined yet
+                              (--spare-workers; docs/cluster.md, "Spare slots") */
     int n_live;
     dp_shard_policy policy;
     uint32_t *sizes;       /* per position: its shard's records this epoch */
@@ -146,8 +148,12 @@ static void forget(dp_strategy *s, int p)
             return;
         if (s->position == 0 && ev.header.type == DP_WIRE_RING_HELLO && !s->back[p]) {
             s->back[p] = 1;
-            dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
-                    name_of(s, p));
+            if (s->fresh[p])
+                dp_info("%s (a spare slot) asks to join; it joins the all-reduce ring at the "
+                        "next epoch", name_of(s, p));
+            else
+                dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
+                        name_of(s, p));
         }
         dp_transport_skip_payload(s->t, s->ranks[p], &e);
     }
@@ -273,8 +279,13 @@ static int readmit(dp_strategy *s, int p, dp_err *err)
                        name_of(s, p), 2 * hb + 1, e.msg);
     s->live[p] = 1;
     s->n_live++;
-    dp_info("%s: %s is a member again (replica 0 still had it in the ring)",
-            name_of(s, s->position), name_of(s, p));
+    if (s->fresh[p])
+        dp_info("%s: %s joined the all-reduce ring (a spare slot)", name_of(s, s->position),
+                name_of(s, p));
+    else
+        dp_info("%s: %s is a member again (replica 0 still had it in the ring)",
+                name_of(s, s->position), name_of(s, p));
+    s->fresh[p] = 0;
     return 0;
 }
 
@@ -827,6 +838,15 @@ static int welcome(dp_strategy *s, dp_err *err)
             continue;
         }
         s->joined[p] = s->applied;
+        if (s->fresh[p]) { /* a spare slot filled: the job grows, no fault */
+            s->fresh[p] = 0;
+            dp_info("%s joined the all-reduce ring at step %ld; the run goes on over %d "
+                    "worker(s)", name_of(s, p), s->applied, s->n_live);
+            dp_metrics_event(s->env->metrics, "join", DP_F_STR, "task", name_of(s, p), DP_F_STR,
+                             "action", "join", DP_F_INT, "step", s->applied, DP_F_INT,
+                             "workers", (long)s->n_live, DP_F_END);
+            continue;
+        }
         dp_warn("fault: %s rejoined the all-reduce ring at step %ld; the ring goes on over %d "
                 "replica(s)", name_of(s, p), s->applied, s->n_live);
         dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR,
@@ -988,6 +1008,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->stats);
     free(s->have);
     free(s->joined);
+    free(s->fresh);
     if (s->m)
         s->m->grad_ready = NULL, s->m->batch_sum = NULL;
     free(s);
@@ -1030,12 +1051,18 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
         if (recv_state(s, 0, err) < 0 || dp_replica_from_host(s->r, err) < 0)
             return -1;
         info->start_step = s->applied;
-        dp_info("%s: rejoined the all-reduce ring over %d replica(s) at step %ld",
-                name_of(s, s->position), s->n_live, s->applied);
+        const dp_cluster *c = &s->env->node->cluster;
+        dp_info("%s: %s the all-reduce ring over %d replica(s) at step %ld",
+                name_of(s, s->position),
+                dp_cluster_is_spare(c, c->self, s->env->cfg->spare_workers) ? "joined"
+                                                                            : "rejoined",
+                s->n_live, s->applied);
         return 0;
     }
     for (int p = 1; p < s->n; p++) {
         dp_event ev;
+        if (s->fresh[p])
+            continue; /* a spare slot: its HELLO, if it comes, is taken as a rejoin's */
         int rc = recv_from(s, p, "its HELLO", &ev, err);
         if (rc < 0)
             return -1;
@@ -1238,8 +1265,9 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
     s->joined = malloc((size_t)n * sizeof *s->joined);
+    s->fresh = calloc((size_t)n, 1);
     if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have ||
-        !s->joined) {
+        !s->joined || !s->fresh) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -1255,6 +1283,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     for (int p = 0; p < n; p++)
         s->joined[p] = -1;
     s->n_live = n;
+    /* Spare slots are out of the ring until their task says HELLO, as a
+     * lost replica that comes back; this replica is in its own ring. */
+    for (int p = 0; p < n; p++)
+        if (p != s->position && dp_cluster_is_spare(c, s->ranks[p], cfg->spare_workers)) {
+            s->live[p] = 0;
+            s->fresh[p] = 1;
+            s->n_live--;
+        }
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);

@@ -620,7 +620,7 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
                 "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
             epoch + 1, i, c, *batch,
-            c < *count ? "a worker was lost or drained" : "a worker is back");
+            c < *count ? "a worker was lost or drained" : "a worker joined or is back");
     *index = i;
     *count = c;
     return 0;
@@ -1052,6 +1052,7 @@ static int open_node(loop *L, dp_err *err)
     for (int r = 0; r < DP_ROLE_COUNT; r++)
         all &= L->ops->talks_to[r] == 0;
     nc.talks_to = all ? NULL : L->ops->talks_to;
+    nc.spare_workers = cfg->spare_workers;
     rc = dp_node_open(&L->node, &nc, err);
     if (rc == 0)
         dp_metrics_set_task(L->metrics, L->node.self->name);
@@ -1095,9 +1096,17 @@ static int run_task(loop *L, dp_err *err)
     /* Every task builds the same initial parameters from the seed, so no
      * task has to ship them to another. */
     /* Room for twice the batch in a cluster: a trainer that takes over the
-     * share of lost ones takes bigger bites (redeal). */
-    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg)
-                                       : cfg->batch * (L->in_cluster ? 2 : 1);
+     * share of lost ones takes bigger bites (redeal); with spare slots, for
+     * the share of every slot not started yet too. */
+    int mult = L->in_cluster ? 2 : 1;
+    if (L->in_cluster && cfg->spare_workers > 0) {
+        const dp_cluster *c = &L->node.cluster;
+        int slots = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
+        int live = slots - cfg->spare_workers;
+        if (live > 0 && (slots + live - 1) / live > mult)
+            mult = (slots + live - 1) / live;
+    }
+    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg) : cfg->batch * mult;
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     /* A worker of a strategy that moves sparse tables by rows holds only
