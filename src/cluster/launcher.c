@@ -70,6 +70,7 @@ struct dp_launcher {
     void *survives_ctx;
     int max_restarts;
     int chief_done;        /* a chief exited 0 (or 3): the run is over, no restarts */
+    int chief_hands_over;  /* dp_launch_opts's */
     int relaunch;          /* every task is being stopped, to start again with --resume */
     int relaunches;        /* whole restarts so far (DP_LAUNCH_RESTART_ALL) */
     double over_at;        /* when only restarted tasks were left after the run's end */
@@ -551,7 +552,7 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
         return restart_all(l, i, how, why);
     int restart = survived && survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
                   t->restarts < l->max_restarts;
-    if (survived && as.role == DP_ROLE_CHIEF && !restart) {
+    if (survived && as.role == DP_ROLE_CHIEF && !restart && survived != DP_LAUNCH_HANDS_OVER) {
         /* The chief evaluates and writes the result: the run may go on
          * without it only while it can come back. */
         snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
@@ -584,6 +585,16 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
         return -1;
     dp_info("launcher: %s restarted as pid %d (restart %d of %d)", task->name, (int)t->pid,
             t->restarts, l->max_restarts);
+    return 0;
+}
+
+/* Whether a task never restarted still runs: where the chief's part moves
+ * (chief_hands_over), the run is over when none does. */
+static int originals_running(const dp_launcher *l)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running && l->t[i].restarts == 0)
+            return 1;
     return 0;
 }
 
@@ -632,7 +643,7 @@ static void reap_one(dp_launcher *l, int i, int killed_only)
     }
     if (ok || (missed && !l->stopping)) {
         dp_debug("launcher: %s (pid %d) %s", name, (int)t->pid, how);
-        if (plays_chief(l->c, &l->c->tasks[i]))
+        if (l->chief_hands_over ? !originals_running(l) : plays_chief(l->c, &l->c->tasks[i]))
             l->chief_done = 1;
     } else if (l->stopping) {
         dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
@@ -827,6 +838,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     l->err_fd = o->err_fd > 0 ? o->err_fd : 2;
     l->grace = o->grace_seconds > 0 ? o->grace_seconds : DP_LAUNCH_GRACE;
     l->survives = o->survives;
+    l->chief_hands_over = o->chief_hands_over;
     l->survives_ctx = o->survives_ctx;
     l->max_restarts = o->max_restarts > 0 ? o->max_restarts : 0;
     l->self = getpid();
