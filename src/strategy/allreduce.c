@@ -65,6 +65,10 @@ struct dp_strategy {
                               who is in the ring (docs/faults.md, "All-reduce") */
     dp_task_info *info;    /* the loop's: evaluator set when this replica takes the lead */
     int in_end;            /* in epoch_end, waiting on the leader's plan */
+    int lead_left;         /* the last leader lost said BYE (drained): no fault */
+    uint64_t *inc;         /* per position: the incarnation it had when lost */
+    unsigned char *told;   /* the leader, per position: told it is out (dropped) */
+    int dropped;           /* the ring's leader said this replica is out */
     unsigned char *rend;   /* per position, its last REPORT: it waits in epoch_end */
     long *rcur;            /* and the step it was in */
     int n_live;
@@ -142,6 +146,9 @@ static double records_in_step(const dp_strategy *s, long k)
     return total;
 }
 
+/* A PLAN's offset that tells a replica the ring dropped it (watch_lost). */
+#define PLAN_OUT UINT64_MAX
+
 static int leads(const dp_strategy *s)
 {
     return s->position == s->leader;
@@ -161,6 +168,8 @@ static void forget(dp_strategy *s, int p)
         dp_err e;
         if (dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 || ev.kind != DP_EVENT_FRAME)
             return;
+        if (ev.header.type == DP_WIRE_RING_PLAN && ev.header.offset == PLAN_OUT)
+            s->dropped = 1; /* a leader that dropped this replica: it is out */
         if (ev.header.type == DP_WIRE_RING_HELLO && ev.header.length == 0 && !s->back[p]) {
             s->back[p] = 1;
             if (leads(s))
@@ -192,16 +201,20 @@ static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
         return 0;
     s->live[p] = 0;
     s->n_live--;
+    s->inc[p] = dp_transport_peer_incarnation(s->t, s->ranks[p]);
+    s->told[p] = 0;
     int led = p == s->leader;
     if (led)
         s->leader = lowest_live(s);
+    /* It said BYE mid-run: drained (docs/faults.md, "Draining"), after the
+     * step this replica applied last; the ring re-forms as for a loss. */
+    int drained = dp_transport_peer_left(s->t, s->ranks[p]);
+    if (led)
+        s->lead_left = drained;
     char then[160] = "";
     if (led)
         snprintf(then, sizeof then, "; it led the ring, and %s leads it from now on (it "
                  "evaluates and writes)", name_of(s, s->leader));
-    /* It said BYE mid-run: drained (docs/faults.md, "Draining"), after the
-     * step this replica applied last; the ring re-forms as for a loss. */
-    int drained = dp_transport_peer_left(s->t, s->ranks[p]);
     forget(s, p);
     if (drained) {
         if (leads(s)) {
@@ -233,12 +246,18 @@ static void take_lead(dp_strategy *s)
     if (s->info->evaluator)
         return;
     s->info->evaluator = 1;
-    dp_warn("fault: %s leads the all-reduce ring from step %ld: it evaluates, writes the "
-            "checkpoints and the run's result", name_of(s, s->position), s->applied);
-    dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, s->position),
-                     DP_F_STR, "what", "the leader was lost", DP_F_STR, "action", "lead",
-                     DP_F_INT, "step", s->applied, DP_F_INT, "workers", (long)s->n_live,
-                     DP_F_END);
+    /* a drained leader is no fault (docs/faults.md, "Draining") */
+    const char *how = s->lead_left ? "drained" : "lost";
+    if (s->lead_left)
+        dp_info("%s leads the all-reduce ring from step %ld (the leader drained): it "
+                "evaluates, writes the checkpoints and the run's result",
+                name_of(s, s->position), s->applied);
+    else
+        dp_warn("fault: %s leads the all-reduce ring from step %ld: it evaluates, writes the "
+                "checkpoints and the run's result", name_of(s, s->position), s->applied);
+    dp_metrics_event(s->env->metrics, "lead", DP_F_STR, "task", name_of(s, s->position),
+                     DP_F_STR, "leader", how, DP_F_INT, "step", s->applied, DP_F_INT, "workers",
+                     (long)s->n_live, DP_F_END);
 }
 
 /* Waits for a frame from position p other than ring segments (read past) and
@@ -423,6 +442,10 @@ static size_t device_key(const dp_strategy *s, char *key, size_t len)
     return strlen(key);
 }
 
+/* comm_setup's (and rebuild_ring's) answer when the ring must re-form
+ * again: a member went on to a new round, or the leader was lost. */
+#define AGAIN 2
+
 /* At the end of every (re)building of the ring: each member tells the leader
  * whether its device has collectives; at open the leader decides (sums on
  * the devices if every member can) and the choice holds for the run (a
@@ -443,15 +466,26 @@ static int comm_setup(dp_strategy *s, dp_err *err)
         int can = can_comm(s);
         size_t klen = can ? device_key(s, key, sizeof key) : 0;
         if (dp_transport_send(s->t, s->ranks[lead], DP_WIRE_RING_COMM, s->gen, (uint64_t)can, key,
-                              klen, &e) < 0)
-            return dp_errf(err, "lost the leader %s building the ring (%s)", name_of(s, lead),
-                           e.msg);
+                              klen, &e) < 0) {
+            if (!s->decided)
+                return dp_errf(err, "lost the leader %s building the ring (%s)",
+                               name_of(s, lead), e.msg);
+            lose(s, lead, e.msg, err);
+            return AGAIN;
+        }
         dp_event ev;
         int rc;
         while ((rc = recv_from(s, lead, "the devices' communicator", &ev, err)) == 0 &&
-               !(ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen))
+               !(ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen)) {
+            if (ev.header.type == DP_WIRE_RING_RESET) { /* the leader re-forms anew */
+                s->rgen[lead] = ev.header.step;
+                return AGAIN;
+            }
             if (dp_transport_skip_payload(s->t, s->ranks[lead], err) < 0)
                 return -1;
+        }
+        if (rc > 0 && s->decided)
+            return AGAIN; /* the leader lost: the ring re-forms without it */
         if (rc != 0)
             return -1;
         mode = ev.header.offset == 1;
@@ -496,6 +530,12 @@ static int comm_setup(dp_strategy *s, dp_err *err)
                                    "devices", err);
                     mode = mode && (can || !s->live[p]);
                     break;
+                }
+                if (ev.header.type == DP_WIRE_RING_RESET) {
+                    /* p went on to a new round (reform): so does this one */
+                    s->rgen[p] = ev.header.step;
+                    free(keys);
+                    return AGAIN;
                 }
                 if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
                     lose(s, p, e.msg, err) < 0) {
@@ -719,7 +759,7 @@ again:
         }
     }
     int differ = newer || (uint32_t)s->leader != name;
-    for (int p = 0; p < n && !newer; p++) {
+    for (int p = 0; p < n && !differ; p++) {
         if (p == me || !s->live[p] || !got[p] || named[p] == name)
             continue;
         if (!had[named[p]]) {
@@ -728,11 +768,25 @@ again:
                     name_of(s, p), name_of(s, (int)named[p]));
             goto out;
         }
-        differ = 1;
+        /* p does not hold the one this replica names (two that named
+         * different ones cannot both hold both): p leaves, and the
+         * leader's plan goes without it. */
+        if (leads(s))
+            lose(s, p, "it lost this leader and leaves", err);
     }
     if (differ) { /* a leader lost in the round, or views that differ: again */
         s->gen = gen;
         goto again;
+    }
+    /* Alone, having lost two or more others since the ring last formed:
+     * far likelier this replica was frozen or cut off than they all died
+     * at once, and they go on without it.  It leaves rather than train on
+     * as a ring of its own (docs/faults.md, "All-reduce"). */
+    if (s->n_live == 1 && s->ring.n >= 3) {
+        dp_errf(err, "lost all %d other replicas of the all-reduce ring at once: this replica "
+                     "was more likely cut off or frozen than they all lost; it leaves the run, "
+                     "which goes on without it", s->ring.n - 1);
+        goto out;
     }
     if (leads(s)) {
         applied[me] = s->applied;
@@ -794,8 +848,11 @@ again:
         goto out;
     }
     s->gen = gen;
-    if (rebuild_ring(s, err) < 0)
+    int built = rebuild_ring(s, err);
+    if (built < 0)
         goto out;
+    if (built == AGAIN)
+        goto again;
     if (leads(s))
         dp_info("%s: the all-reduce ring goes on over %d replica(s) from step %ld%s",
                 name_of(s, me), s->n_live, newest + 1,
@@ -841,6 +898,14 @@ static int reform_all(dp_strategy *s, dp_err *err)
                    dp_replica_from_host(s->r, err) < 0
                ? -1
                : 0;
+}
+
+/* The ring rebuilt over the live members; re-formed instead where that
+ * meets a new round (comm_setup's AGAIN). */
+static int rebuild_or_reform(dp_strategy *s, dp_err *err)
+{
+    int rc = rebuild_ring(s, err);
+    return rc == AGAIN ? reform_all(s, err) : rc;
 }
 
 /* Between waits on the devices' sum, every other member looked at: one
@@ -940,8 +1005,18 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
 static void watch_lost(dp_strategy *s)
 {
     for (int p = 0; p < s->n; p++)
-        if (!s->live[p] && !s->back[p])
+        if (!s->live[p] && !s->back[p]) {
             forget(s, p);
+            /* The same process connected again (a redial): it was frozen
+             * or cut off, not dead, and may think itself the ring (alone,
+             * or leading).  The leader tells it that it is out. */
+            dp_err e;
+            if (leads(s) && !s->told[p] && s->inc[p] != 0 &&
+                dp_transport_peer_incarnation(s->t, s->ranks[p]) == s->inc[p] &&
+                dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_PLAN, 0, PLAN_OUT, NULL, 0,
+                                  &e) == 0)
+                s->told[p] = 1;
+        }
 }
 
 /* The leader, between epochs (and at the end): the replicas that came back
@@ -1135,6 +1210,8 @@ static void allreduce_close(dp_strategy *s)
     free(s->back);
     free(s->rend);
     free(s->rcur);
+    free(s->inc);
+    free(s->told);
     free(s->sizes);
     free(s->stats);
     free(s->have);
@@ -1373,11 +1450,13 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->rgen = calloc((size_t)n, sizeof *s->rgen);
     s->rend = calloc((size_t)n, 1);
     s->rcur = calloc((size_t)n, sizeof *s->rcur);
+    s->inc = calloc((size_t)n, sizeof *s->inc);
+    s->told = calloc((size_t)n, 1);
     s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
     s->joined = malloc((size_t)n * sizeof *s->joined);
-    if (!s->ranks || !s->sizes || !s->live || !s->rgen || !s->rend || !s->rcur || !s->back ||
+    if (!s->ranks || !s->sizes || !s->live || !s->rgen || !s->rend || !s->rcur || !s->inc || !s->told || !s->back ||
         !s->stats || !s->have ||
         !s->joined) {
         allreduce_close(s);
@@ -1418,7 +1497,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
-    if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
+    int built = handshake(s, info, err) < 0 ? -1 : rebuild_ring(s, err);
+    if (built == AGAIN)
+        dp_errf(err, "the all-reduce ring re-formed while this replica joined it");
+    if (built != 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
@@ -1492,6 +1574,10 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
 {
     if (s->n_live < s->n)
         watch_lost(s);
+    if (s->dropped)
+        return dp_errf(err, "the all-reduce ring dropped this replica (it was silent past the "
+                            "heartbeat timeout: frozen or cut off) and went on without it; it "
+                            "leaves the run");
     if (s->sparse)
         dp_ar_sparse_rows(s->sparse, s->m, x, n);
     for (;;) {
@@ -1594,7 +1680,7 @@ static int lead_epoch_end(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
                               len + 24, &e) < 0)
             lose(s, p, e.msg, err);
     }
-    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_ring(s, err) < 0))
+    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_or_reform(s, err) < 0))
         return -1;
     st->loss_sum = sum[0];
     st->records = sum[1];
@@ -1651,7 +1737,7 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
             if (reform_all(s, err) < 0)
                 break;
             if (!leads(s) && past_end(s, s->leader, end)) {
-                rc = s->ring.n != s->n_live ? rebuild_ring(s, err) : 0;
+                rc = s->ring.n != s->n_live ? rebuild_or_reform(s, err) : 0;
                 break;
             }
             continue;
@@ -1675,7 +1761,7 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
         st->loss_sum = sum[0];
         st->records = sum[1];
         st->correct = sum[2];
-        rc = s->ring.n != s->n_live ? rebuild_ring(s, err) : 0;
+        rc = s->ring.n != s->n_live ? rebuild_or_reform(s, err) : 0;
         break;
     }
     s->in_end = 0;
