@@ -558,6 +558,11 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
         snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
                  "restart left (--max-restarts %d)", l->max_restarts);
         survived = 0;
+    } else if (survived && !restart && l->live == 0 && !l->chief_done) {
+        /* the last task, lost before the run was over: nobody is left to
+         * finish it (allreduce's every replica killed at once) */
+        snprintf(why, sizeof why, "no other task is left to finish the run");
+        survived = 0;
     } else if (survived == DP_LAUNCH_IF_RESTARTED && !restart) {
         size_t len = strlen(why);
         snprintf(why + len, sizeof why - len, ", and it has no restart left (--max-restarts %d)",

@@ -360,10 +360,10 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         if (epoch > L->ck.n_history)
             L->ck.n_history = epoch;
     }
-    L->res->val_accuracy = val_acc;
-    L->res->train_loss = train_loss;
     if (quiet)
         return 0;
+    L->res->val_accuracy = val_acc;
+    L->res->train_loss = train_loss;
     /* the rate of the epoch's last step */
     double lr = L->cfg->optim.lr * dp_lr_scale(&L->lr, step > 0 ? step - 1 : 0, L->total_steps);
     /* no validation: null in the file (a non-finite number), not a false 0 */
