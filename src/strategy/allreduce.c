@@ -67,6 +67,8 @@ struct dp_strategy {
     int in_end;            /* in epoch_end, waiting on the leader's plan */
     int lead_left;         /* the last leader lost said BYE (drained): no fault */
     uint64_t *inc;         /* per position: the incarnation it had when lost */
+    unsigned char *silent; /* per position: lost by this side's timeout (it went
+                              silent), not by its closing the connection */
     unsigned char *told;   /* the leader, per position: told it is out (dropped) */
     int dropped;           /* the ring's leader said this replica is out */
     unsigned char *rend;   /* per position, its last REPORT: it waits in epoch_end */
@@ -203,6 +205,8 @@ static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
     s->n_live--;
     s->inc[p] = dp_transport_peer_incarnation(s->t, s->ranks[p]);
     s->told[p] = 0;
+    /* the transport's heartbeat and the collective timeouts say "timeout" */
+    s->silent[p] = strstr(why, "timeout") != NULL;
     int led = p == s->leader;
     if (led)
         s->leader = lowest_live(s);
@@ -647,6 +651,37 @@ static int recv_state(dp_strategy *s, int from, dp_err *err)
     return 0;
 }
 
+/* Alone of a ring of two, the other lost by its connection closing
+ * (without BYE, not by this side's timeout): dead, or alive and it dropped
+ * this replica (this one was frozen or cut off past the heartbeat
+ * timeout), which a ring of one cannot tell from the loss.  An
+ * alive peer's link comes back (one side redials), so this replica waits
+ * for it as readmit does, at most two heartbeat timeouts and a second: the
+ * same process back means this replica was dropped, and it leaves (1, err
+ * set) rather than go on as a second ring writing a second result.  A
+ * restarted one (a new incarnation) or none: 0, and it goes on. */
+static int lone_dropped(dp_strategy *s, dp_err *err)
+{
+    int p = -1;
+    for (int i = 0; i < s->ring.n; i++)
+        if (pos_of(s, s->ring.ranks[i]) != s->position)
+            p = pos_of(s, s->ring.ranks[i]);
+    /* Lost by this side's timeout: this side dropped it, and goes on. */
+    if (p < 0 || s->live[p] || s->inc[p] == 0 || s->silent[p] ||
+        dp_transport_peer_left(s->t, s->ranks[p]))
+        return 0;
+    double hb = s->env->cfg->heartbeat_timeout > 0 ? s->env->cfg->heartbeat_timeout : 10;
+    dp_err e;
+    if (dp_transport_connect(s->t, s->ranks[p], dp_now() + 2 * hb + 1, &e) < 0 ||
+        dp_transport_peer_incarnation(s->t, s->ranks[p]) != s->inc[p])
+        return 0;
+    dp_errf(err, "%s, the other replica of the all-reduce ring, is alive and connected again "
+                 "after this replica lost it: it dropped this replica (frozen or cut off past "
+                 "the heartbeat timeout) and went on; this replica leaves the run",
+            name_of(s, p));
+    return 1;
+}
+
 /* A REPORT's payload: the position this replica names as the leader, 1
  * when it waits in epoch_end on the leader's plan, and the step in progress
  * (the last step it applied is the frame's offset). */
@@ -784,10 +819,12 @@ again:
      * as a ring of its own (docs/faults.md, "All-reduce"). */
     if (s->n_live == 1 && s->ring.n >= 3) {
         dp_errf(err, "lost all %d other replicas of the all-reduce ring at once: this replica "
-                     "was more likely cut off or frozen than they all lost; it leaves the run, "
+                     "was more likely cut off or frozen than they all died; it leaves the run, "
                      "which goes on without it", s->ring.n - 1);
         goto out;
     }
+    if (s->n_live == 1 && s->ring.n == 2 && lone_dropped(s, err))
+        goto out;
     if (leads(s)) {
         applied[me] = s->applied;
         for (int p = 0; p < n; p++)
@@ -1212,6 +1249,7 @@ static void allreduce_close(dp_strategy *s)
     free(s->rcur);
     free(s->inc);
     free(s->told);
+    free(s->silent);
     free(s->sizes);
     free(s->stats);
     free(s->have);
@@ -1452,11 +1490,12 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->rcur = calloc((size_t)n, sizeof *s->rcur);
     s->inc = calloc((size_t)n, sizeof *s->inc);
     s->told = calloc((size_t)n, 1);
+    s->silent = calloc((size_t)n, 1);
     s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
     s->joined = malloc((size_t)n * sizeof *s->joined);
-    if (!s->ranks || !s->sizes || !s->live || !s->rgen || !s->rend || !s->rcur || !s->inc || !s->told || !s->back ||
+    if (!s->ranks || !s->sizes || !s->live || !s->rgen || !s->rend || !s->rcur || !s->inc || !s->told || !s->silent || !s->back ||
         !s->stats || !s->have ||
         !s->joined) {
         allreduce_close(s);
