@@ -98,8 +98,8 @@ typedef struct dp_launch_opts {
     int max_restarts;          /* restarts of each task the run survives losing (0) */
     /* 1: the chief's part (or worker 0's, without a chief) moves to another
      * task when it ends (survives answers DP_LAUNCH_HANDS_OVER for it), so
-     * its exit 0 does not end the run: the run is over once every task not
-     * restarted has ended well. */
+     * its exit 0 does not end the run: the run is over once a task has
+     * exited 0 and no task never restarted still runs. */
     int chief_hands_over;
     /* NULL, or per task a listening socket bound to its address (from
      * dp_launch_free_ports), which the task takes over instead of binding

@@ -278,6 +278,12 @@ static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_e
             return lose(s, p, err->msg, err) < 0 ? -1 : 1;
         }
         unsigned type = ev->header.type;
+        if (type == DP_WIRE_RING_PLAN && ev->header.offset == PLAN_OUT) {
+            s->dropped = 1;
+            return dp_errf(err, "the all-reduce ring's leader %s dropped this replica (it was "
+                                "silent past the heartbeat timeout: frozen or cut off) and went "
+                                "on without it; it leaves the run", name_of(s, p));
+        }
         if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen)) {
             if (dp_transport_skip_payload(s->t, s->ranks[p], err) < 0)
                 return lose(s, p, err->msg, err) < 0 ? -1 : 1;
