@@ -213,10 +213,40 @@ int main(void)
      * restart, and with one: worker:0 rejoins as an ordinary replica and all
      * three end equal); the chief, replica 0 when there is one, the same. */
     strike = "Worker 2, At step 60,";
-    rc = run("lead", "", "kill", "worker:0");
+    snprintf(more, sizeof more, "--checkpoint-every 40 --checkpoint-dir %s/lead-ck --save "
+             "%s/lead.safetensors", tmp, tmp);
+    rc = run_with("lead", "", more, "kill", "worker:0");
     new_leader("lead", rc, clean, "a killed leader", "worker:0");
-    rc = run("lead-restart", "--max-restarts 1", "kill", "worker:0");
+    /* worker:0 wrote the checkpoint of step 40, worker:1 those of 80 and
+     * 120 and the --save file */
+    char path[1400];
+    snprintf(path, sizeof path, "%s/lead.jsonl", tmp);
+    cJSON *ck = last_event(path, "checkpoint", "worker:1");
+    CHECKF(ck && json_num(ck, "step") == 120, "lead: worker:1 wrote no checkpoint of step 120");
+    cJSON_Delete(ck);
+    snprintf(path, sizeof path, "%s/lead.safetensors", tmp);
+    CHECKF(access(path, R_OK) == 0 && log_has("lead", "[worker 1] Saved "),
+           "lead: worker:1 did not write the --save file");
+    /* with --compress, the new leader gathers the residuals: the last
+     * checkpoint holds all three, worker:0's its own since it rejoined */
+    snprintf(more, sizeof more, "--compress topk:0.1 --checkpoint-every 40 --checkpoint-dir "
+             "%s/lead-restart-ck", tmp);
+    rc = run_with("lead-restart", "--max-restarts 1", more, "kill", "worker:0");
     new_leader("lead-restart", rc, clean, "a killed and restarted leader", "worker:0");
+    snprintf(path, sizeof path, "%s/lead-restart-ck/ckpt-0000000120.safetensors", tmp);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    CHECKF(dp_safetensors_load(path, &f, &e) == 0, "%s", e.msg);
+    for (int p = 0; p < 3 && f; p++) {
+        char name[32];
+        snprintf(name, sizeof name, "replica.%d.residual", p);
+        const dp_st_tensor *t = dp_safetensors_find(f, name);
+        size_t nonzero = 0;
+        for (int64_t k = 0; t && k < t->shape[0]; k++)
+            nonzero += t->data[k] != 0;
+        CHECKF(nonzero > 0, "%s: %s is %s", path, name, t ? "zeros" : "missing");
+    }
+    dp_safetensors_free(f);
     CHECKF(log_has("lead-restart", "fault: worker:0 rejoined the all-reduce ring at step") &&
                log_has("lead-restart", "led by worker:1"),
            "lead-restart: worker:0 did not rejoin under worker:1");
