@@ -1893,14 +1893,51 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
  * replica hands in its residual first. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
+    int lead = leads(s); /* one that sees the leader lost here writes nothing yet */
     if (dp_reducer_residual(s->reducer) && gather_residuals(s, step, st, err) < 0)
         return -1;
-    if (!leads(s))
+    if (!lead)
         return 0;
     return dp_replica_state(s->r, st->params, st->slots, st->n_slots, &st->optim_t, st->ema,
                             err) < 0
                ? -1
                : 1;
+}
+
+/* After the last step the leader still has the run's result to write (the
+ * test evaluation, the table, --save): the others wait for it to end in
+ * order (its BYE).  Lost instead, the lowest survivor takes the lead, and
+ * the loop, which reads info->evaluator after finish, writes the result
+ * there.  Only where the transport tells a BYE from a death (TCP, which
+ * has incarnations). */
+static int await_result(dp_strategy *s, dp_err *err)
+{
+    if (s->n == 1 || dp_transport_incarnation(s->t) == 0)
+        return 0;
+    while (!leads(s)) {
+        int lead = s->leader;
+        dp_event ev;
+        if (dp_transport_recv(s->t, s->ranks[lead], "its result", s->ring.timeout * (s->n + 2),
+                              &ev, err) == 0) {
+            /* a late frame of the run (a RESET of a round over): read past */
+            if (dp_transport_skip_payload(s->t, s->ranks[lead], err) < 0 &&
+                dp_transport_peer_left(s->t, s->ranks[lead]))
+                return 0;
+            continue;
+        }
+        if (ev.kind == DP_EVENT_TIMEOUT)
+            return dp_errf(err, "the leader %s did not end within %g s of the last step",
+                           name_of(s, lead), s->ring.timeout * (s->n + 2));
+        if (dp_transport_peer_left(s->t, s->ranks[lead]))
+            return 0; /* it ended well: its result is written */
+        lose(s, lead, err->msg, err);
+        if (leads(s)) {
+            take_lead(s);
+            dp_warn("fault: %s writes the run's result: the leader was lost after the last "
+                    "step", name_of(s, s->position));
+        }
+    }
+    return 0;
 }
 
 /* Mirrored replicas must end identical: each says what it holds. */
@@ -1935,7 +1972,7 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
         take_back(s);
         return welcome(s, err);
     }
-    return 0;
+    return await_result(s, err);
 }
 
 /* Drained after `steps`, which every replica completed (its last ring
