@@ -10,9 +10,12 @@
  * survived the same way, and under --compress powersgd a killed and restarted
  * one.  With --compress topk the checkpoints hold each replica's residual,
  * zeros for one out of the ring, and its own again once it rejoined.  Losing
- * replica 0, the leader (worker:0, or the chief), costs no more: worker:1
- * takes the lead over, evaluates and writes the result, and a restarted
- * worker:0 rejoins as an ordinary replica. */
+ * replica 0, the leader (worker:0; the chief under make test-long), costs no
+ * more: killed in epoch 2, worker:1 takes the lead over and writes the
+ * later checkpoints (with every residual under --compress), the result and
+ * --save, with epoch 1's row as worker:0 evaluated it; restarted, worker:0
+ * rejoins as an ordinary replica; frozen and woken, the run ends with one
+ * result whichever way the survivors agree. */
 #include "launch.h"
 
 /* The line after which a fault strikes: worker 2's step 20 (of 40 an
