@@ -46,13 +46,13 @@ enum dp_wire_type {
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element
                                              (a sparse all-gather's piece: offset = its block's bytes) */
     DP_WIRE_RING_RESET = DP_FRAME_APP(9),   /* replica -> replicas: re-forming the ring; step = generation */
-    DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> replica 0: step = the last step it applied */
-    DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* replica 0 -> replicas: the new ring (allreduce.c send_plan) */
+    DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> every member while re-forming: step = generation, offset = the last step it applied, payload the leader it names (allreduce.c reform) */
+    DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* the leader -> replicas: the new ring (allreduce.c send_plan); offset all ones: you are out */
     DP_WIRE_RING_STATE = DP_FRAME_APP(12),  /* newest replica -> those behind: params, optimiser slots; offset = optimiser t */
-    DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> replica 0: epoch figures, 3 f64 */
-    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> replica 0 at open; answered with a PLAN */
-    DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> replica 0: offset 1 if its device has them; replica 0 -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
-    DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> replica 0 at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
+    DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> the leader: epoch figures, 3 f64 */
+    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> every replica at open (no payload); the leader answers with the members */
+    DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> the leader: offset 1 if its device has them; the leader -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
+    DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> the leader at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
     /* run coordination (the loop, and the strategy that coordinates) */
     DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL; offset 0 with 8 bytes: the first DEAL, when the spec has spare slots) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */

@@ -305,10 +305,16 @@ int cmd_launch(int argc, char **argv)
         free(cmd);
         return 1;
     }
+    /* where the chief's part moves to another task (allreduce's leader), its
+     * exit 0 does not end the run (it may have drained) */
+    char why[160];
+    dp_task chief_task = {.role = DP_ROLE_CHIEF};
+    int hands_over = strategy && strategy_survives(&run, &chief_task, why, sizeof why) ==
+                                     DP_LAUNCH_HANDS_OVER;
     dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
                          .survives = strategy ? strategy_survives : NULL,
                          .survives_ctx = &run, .max_restarts = (int)max_restarts,
-                         .listen_fds = listen_fds,
+                         .chief_hands_over = hands_over, .listen_fds = listen_fds,
                          .spare_workers = train ? run.cfg.spare_workers : 0};
     int status = dp_launch(&lo, &err);
     for (int i = 0; i < n; i++)

@@ -72,7 +72,9 @@ struct dp_launcher {
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;
-    int chief_done;        /* a chief exited 0 (or 3): the run is over, no restarts */
+    int chief_done;        /* a chief exited 0 (or 3): the run is over (run_over) */
+    int chief_hands_over;  /* dp_launch_opts's */
+    int any_ok;            /* a task exited 0 (or 3) */
     int relaunch;          /* every task is being stopped, to start again with --resume */
     int relaunches;        /* whole restarts so far (DP_LAUNCH_RESTART_ALL) */
     double over_at;        /* when only restarted tasks were left after the run's end */
@@ -420,6 +422,23 @@ static void begin_stop(dp_launcher *l, int sig)
 
 static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err);
 
+/* Whether a task never restarted still runs. */
+static int originals_running(const dp_launcher *l)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running && l->t[i].restarts == 0)
+            return 1;
+    return 0;
+}
+
+/* The run is over: the chief (or worker 0 playing it) exited 0; where its
+ * part moves to another task (chief_hands_over: it may have drained), once
+ * a task exited 0 and no task never restarted still runs. */
+static int run_over(const dp_launcher *l)
+{
+    return l->chief_done || (l->chief_hands_over && l->any_ok && !originals_running(l));
+}
+
 /* The chief, or without one worker 0, which plays it (evaluates, writes:
  * cluster.h): the launcher asks about it as about the chief, and the run is
  * over when it has exited 0. */
@@ -445,12 +464,12 @@ static char *task_metrics_path(const dp_launcher *l, int i, int r)
 static int restart_all(dp_launcher *l, int i, const char *how, const char *why)
 {
     const dp_task *task = &l->c->tasks[i];
-    if (l->chief_done || l->relaunches >= l->max_restarts) {
+    if (run_over(l) || l->relaunches >= l->max_restarts) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
                          DP_F_STR, "action", "stop", DP_F_END);
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s, and %s)",
                  task->name, (int)l->t[i].pid, how, why,
-                 l->chief_done ? "the run is over"
+                 run_over(l) ? "the run is over"
                  : l->max_restarts == 0
                      ? "no restart was allowed (--max-restarts 0): with launch --max-restarts 1 "
                        "or more every task would have started again from the newest checkpoint"
@@ -561,13 +580,18 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     int survived = l->survives(l->survives_ctx, &as, why, sizeof why);
     if (survived == DP_LAUNCH_RESTART_ALL)
         return restart_all(l, i, how, why);
-    int restart = survived && survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
+    int restart = survived && survived != DP_LAUNCH_NO_RESTART && !run_over(l) &&
                   t->restarts < l->max_restarts;
-    if (survived && as.role == DP_ROLE_CHIEF && !restart) {
+    if (survived && as.role == DP_ROLE_CHIEF && !restart && survived != DP_LAUNCH_HANDS_OVER) {
         /* The chief evaluates and writes the result: the run may go on
          * without it only while it can come back. */
         snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
                  "restart left (--max-restarts %d)", l->max_restarts);
+        survived = 0;
+    } else if (survived && !restart && l->live == 0 && !l->any_ok) {
+        /* the last task, lost with none ended well: nobody is left to
+         * finish the run (allreduce's every replica killed at once) */
+        snprintf(why, sizeof why, "no other task is left to finish the run");
         survived = 0;
     } else if (survived == DP_LAUNCH_IF_RESTARTED && !restart) {
         size_t len = strlen(why);
@@ -644,7 +668,8 @@ static void reap_one(dp_launcher *l, int i, int killed_only)
     }
     if (ok || (missed && !l->stopping)) {
         dp_debug("launcher: %s (pid %d) %s", name, (int)t->pid, how);
-        if (plays_chief(l->c, &l->c->tasks[i]))
+        l->any_ok = 1;
+        if (!l->chief_hands_over && plays_chief(l->c, &l->c->tasks[i]))
             l->chief_done = 1;
     } else if (l->stopping) {
         dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
@@ -677,7 +702,7 @@ static void reap(dp_launcher *l)
  * grace period those left are stopped, and their ending is not a fault. */
 static void stop_latecomers(dp_launcher *l, double now)
 {
-    if (!l->chief_done || l->stopping || l->live == 0)
+    if (!run_over(l) || l->stopping || l->live == 0)
         return;
     for (int i = 0; i < l->n; i++)
         if (l->t[i].running && l->t[i].restarts == 0 && !l->t[i].grown)
@@ -841,6 +866,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     l->err_fd = o->err_fd > 0 ? o->err_fd : 2;
     l->grace = o->grace_seconds > 0 ? o->grace_seconds : DP_LAUNCH_GRACE;
     l->survives = o->survives;
+    l->chief_hands_over = o->chief_hands_over;
     l->survives_ctx = o->survives_ctx;
     l->max_restarts = o->max_restarts > 0 ? o->max_restarts : 0;
     l->self = getpid();
