@@ -13,10 +13,11 @@
  *   ends bit for bit where the uninterrupted one ends (lazy Adam);
  * - the presets wide-deep and dlrm train under ps-async on rows (8 tables)
  *   on the generator's default set;
- * - with a table of 2^22 x 16 floats (256 MiB) each worker's resident
- *   memory (its last `resource` event) stays under a quarter of the table,
- *   while the chief's holds it (one ps task: each task that builds the whole
- *   model costs seconds under ASan, and the sharding is checked above). */
+ * - with a table of 2^22 x 16 floats (256 MiB) over 2 ps tasks each
+ *   worker's peak resident memory (its last `resource` event's
+ *   rss_hwm_bytes) stays under a quarter of the table, each ps task's is
+ *   about its half of the rows and their optimiser state, while the chief's
+ *   holds the table whole. */
 #include "check.h"
 #include "proc.h"
 
@@ -114,39 +115,59 @@ static void presets(void)
     printf("wide-deep and dlrm train under ps-async on rows (8 tables)\n");
 }
 
-/* A task's resident bytes in its last resource event. */
-static double rss_of(const char *metrics, const char *task)
+/* A task's resident bytes in its last resource event: now (rss_bytes) or
+ * at its peak (rss_hwm_bytes, the kernel's high-water mark: a ps task's
+ * last event comes after its shard was freed). */
+static double rss_of(const char *metrics, const char *task, const char *field)
 {
     cJSON *r = last_event(metrics, "resource", task);
     CHECKF(r != NULL, "no resource event of %s in %s", task, metrics);
-    double b = r ? json_num(r, "rss_bytes") : 0;
+    double b = r ? json_num(r, field) : 0;
     cJSON_Delete(r);
     return b;
 }
 
-/* A table of 2^22 x 16 floats (256 MiB): a worker holds the rows of the
- * batch in flight (500 x 16 floats), so its resident memory stays far below
- * the table, which the chief holds whole (it evaluates and saves). */
-static void worker_memory(void)
+/* A table of 2^22 x 16 floats (256 MiB) over 2 ps tasks: a worker holds
+ * the rows of the batch in flight (500 x 16 floats), so its resident memory
+ * stays far below the table; each ps task holds its half of the rows and
+ * their adagrad accumulators (a table's worth together) and no whole table
+ * (it drew its rows alone, dp_model_init_rows: before, each built the whole
+ * model as well, 1.5 tables more); the chief still holds the table whole
+ * (it evaluates and saves through it). */
+static void task_memory(void)
 {
     char metrics[1200];
     snprintf(metrics, sizeof metrics, "%s/big.jsonl", tmp);
     int rc = run_cmd(err, sizeof err,
-                     "%s launch --chief --workers 2 --ps 1 -- train --dataset %s/big "
+                     "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/big "
                      "--model 3-bag4194304x16-dense1-bce --strategy ps-async --epochs 1 "
                      "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
                      "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s",
                      bin, tmp, metrics);
     CHECKF(rc == 0, "the 2^22 x 16 table exited %d: %s", rc, err);
-    double table = 4194304.0 * 16 * 4, w0 = rss_of(metrics, "worker:0"),
-           w1 = rss_of(metrics, "worker:1"), chief = rss_of(metrics, "chief:0");
+    double table = 4194304.0 * 16 * 4, w0 = rss_of(metrics, "worker:0", "rss_hwm_bytes"),
+           w1 = rss_of(metrics, "worker:1", "rss_hwm_bytes"),
+           p0 = rss_of(metrics, "ps:0", "rss_hwm_bytes"),
+           p1 = rss_of(metrics, "ps:1", "rss_hwm_bytes"),
+           chief = rss_of(metrics, "chief:0", "rss_bytes");
     CHECKF(w0 > 0 && w0 < table / 4 && w1 > 0 && w1 < table / 4,
-           "workers resident %.0f and %.0f MiB, a table of %.0f MiB", w0 / 1048576,
+           "workers resident at most %.0f and %.0f MiB, a table of %.0f MiB", w0 / 1048576,
            w1 / 1048576, table / 1048576);
+    /* its half (table / 2) and the accumulators' half: about one table,
+     * with the process's own tens of MiB */
+    for (int i = 0; i < 2; i++) {
+        double p = i ? p1 : p0;
+        CHECKF(p > 0.95 * table && p < 1.25 * table,
+               "ps:%d resident at most %.0f MiB; its half of the rows and their accumulators "
+               "are %.0f MiB", i, p / 1048576, table / 1048576);
+    }
     CHECKF(chief > table, "the chief resident %.0f MiB, less than its whole table (%.0f MiB)",
            chief / 1048576, table / 1048576);
-    printf("a table of 2^22 x 16 floats (%.0f MiB): workers resident %.1f and %.1f MiB, the "
-           "chief %.0f MiB\n", table / 1048576, w0 / 1048576, w1 / 1048576, chief / 1048576);
+    printf("a table of 2^22 x 16 floats (%.0f MiB) over 2 ps tasks, adagrad: at their peaks "
+           "workers %.1f and %.1f MiB, ps tasks %.0f and %.0f MiB (half the rows and their "
+           "accumulators: %.0f MiB); the chief %.0f MiB\n",
+           table / 1048576, w0 / 1048576, w1 / 1048576, p0 / 1048576, p1 / 1048576,
+           table / 1048576, chief / 1048576);
 }
 
 static void synth(const char *set, const char *args)
@@ -169,6 +190,6 @@ int main(void)
     async_equals_single();
     resume_is_exact();
     presets();
-    worker_memory();
+    task_memory();
     return CHECK_DONE();
 }

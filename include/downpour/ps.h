@@ -141,6 +141,20 @@ typedef struct dp_ps_start {
     const long *clocks;   /* a restarted ps: each worker's clock as the chief knows
                              it, until its JOIN says where it is; -1: it takes no
                              part (lost, or done).  NULL: a fresh start */
+    /* Sparse tables (docs/strategies.md, "Tables larger than a worker"): a
+     * ps task whose model holds its tables compact passes vectors without
+     * them: params, slots and ema hold dense parameter j at j - shift,
+     * each n_params - shift long (slot k at slots + k * (n_params - shift)).
+     * A shard's rows come from `rows` when given, else, with shift, from
+     * init_rows, else (shift 0) from the full-length vectors. */
+    size_t shift;
+    const float *rows;    /* the shard's rows in local order, table by table: its
+                             rows, then each optimiser slot's when slots is given
+                             (a RESTORE's layout) */
+    /* Fills the initial rows of shard `shard` of `shards`, dst[k] table k's
+     * (dp_model_init_rows); 0, or -1. */
+    int (*init_rows)(void *ctx, int shard, int shards, float *const *dst, int n);
+    void *init_ctx;
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event

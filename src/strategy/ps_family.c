@@ -189,7 +189,8 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     s->pc.n_tables = n;
     s->dense_lo = end;
     s->pc.dense_shift = s->cut;
-    if (s->cut && !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
+    if (s->cut && s->env->node->self->role == DP_ROLE_WORKER &&
+        !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
                                    sizeof(float))))
         return dp_errf(err, "out of memory");
     /* every ps task holds a shard, so the rows spread over all of them */
@@ -197,10 +198,13 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     dp_debug("sparse rows: %d table(s) of %s (%zu rows, %zu floats) move by the rows each batch "
              "touches; row id on shard id mod the shard count; the dense shards cover [%zu, %zu)",
              n, s->m->name, rows, end, end, s->m->n_params + s->cut);
-    if (s->cut)
+    if (s->cut && s->env->node->self->role == DP_ROLE_WORKER)
         dp_debug("compact tables: this worker holds %zu of the tables' %zu floats (the rows of "
                  "the batch in flight) and %zu parameters in all, not %zu",
                  end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
+    else if (s->cut)
+        dp_debug("compact tables: this ps task builds no table; its shard draws its own rows "
+                 "(dp_model_init_rows)");
     return 0;
 }
 
@@ -857,7 +861,7 @@ static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
 /* A server's state as the chief restores it, in full-length buffers the
  * way dp_ps_start takes them (only this shard's slice is filled). */
 typedef struct restored {
-    float *slots, *ema;
+    float *slots, *ema, *rows;
     long *clocks;
 } restored;
 
@@ -910,31 +914,28 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
                 "from the run's initial parameters", dp_transport_peer_name(s->t, dp_transport_rank(s->t)));
         return 0;
     }
+    /* the model's vectors: dense j at j - cut (a ps with compact tables) */
+    size_t nrows = shard_rows_floats(s, shard, n_slots), at = lo - s->cut;
     if ((n_slots && !(rs->slots = calloc((size_t)n_slots * np, sizeof(float)))) ||
-        (has_ema && !(rs->ema = calloc(np, sizeof(float)))))
-        return dp_errf(err, "out of memory for %zu parameters", np);
+        (has_ema && !(rs->ema = calloc(np, sizeof(float)))) ||
+        (nrows && !(rs->rows = malloc(nrows * sizeof(float)))))
+        return dp_errf(err, "out of memory for %zu parameters and %zu floats of rows", np,
+                       nrows);
     size_t bytes = n * sizeof(float);
-    if (dp_transport_recv_payload(s->t, s->chief, s->m->params + lo, bytes, err) < 0)
+    if (dp_transport_recv_payload(s->t, s->chief, s->m->params + at, bytes, err) < 0)
         return -1;
     for (int k = 0; k < n_slots; k++)
-        if (dp_transport_recv_payload(s->t, s->chief, rs->slots + (size_t)k * np + lo, bytes, err) < 0)
+        if (dp_transport_recv_payload(s->t, s->chief, rs->slots + (size_t)k * np + at, bytes,
+                                      err) < 0)
             return -1;
-    if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + lo, bytes, err) < 0)
+    if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + at, bytes, err) < 0)
         return -1;
-    /* the shard's rows of each table, then each slot's rows, in local order,
-     * into the full-length vectors the shard opens from */
-    for (int k = 0; k < s->pc.n_tables; k++) {
-        const dp_ps_table_spec *t = &s->pc.tables[k];
-        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, k, shard);
-        for (int q = 0; q <= n_slots; q++) {
-            float *v = q == 0 ? s->m->params : rs->slots + (size_t)(q - 1) * np;
-            for (size_t j = 0; j < nr; j++)
-                if (dp_transport_recv_payload(s->t, s->chief,
-                                              v + t->off + ((size_t)shard + j * S) * w,
-                                              w * sizeof(float), err) < 0)
-                    return -1;
-        }
-    }
+    /* the shard's rows of each table, then each slot's rows, in local order:
+     * the shard opens from them as they are (dp_ps_start.rows) */
+    if (nrows &&
+        dp_transport_recv_payload(s->t, s->chief, rs->rows, nrows * sizeof(float), err) < 0)
+        return -1;
+    start->rows = rs->rows;
     start->params = s->m->params;
     start->slots = rs->slots;
     start->t = (long)dp_get_u64(head + 8);
@@ -984,6 +985,13 @@ static void to_slice_order(const dp_strategy *s, float *v, float *scratch)
     mp_order_gather(v, scratch, s->plans, s->K);
 }
 
+/* dp_ps_start.init_rows: a shard's initial rows from the run's seed. */
+static int draw_rows(void *ctx, int shard, int shards, float *const *dst, int n)
+{
+    const dp_strategy *s = ctx;
+    return dp_model_init_rows(s->m, s->env->cfg->seed, shard, shards, dst, n);
+}
+
 int dp_ps_family_serve(dp_strategy *s, dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
@@ -1019,13 +1027,19 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
         if (has_ema)
             start.ema = v + np * (1 + (size_t)n_slots);
     }
+    /* compact tables: no table in the model's vectors; the shard draws its
+     * rows (docs/strategies.md, "Tables larger than a worker") */
+    start.shift = s->cut;
+    start.init_rows = draw_rows;
+    start.init_ctx = s;
     restored rs = {0};
     int rc = await_chief(s, &start, &rs, err);
     if (rc == 0)
         rc = dp_ps_serve(s->t, s->c, &s->layout, &s->pc, &s->env->cfg->optim, &start,
-                         s->m->n_params, err);
+                         s->m->n_params + s->cut, err);
     free(rs.slots);
     free(rs.ema);
+    free(rs.rows);
     free(rs.clocks);
     free(v);
     return rc;

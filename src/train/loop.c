@@ -1101,10 +1101,12 @@ static int run_task(loop *L, dp_err *err)
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     /* A worker of a strategy that moves sparse tables by rows holds only
-     * the rows of the batch in flight (docs/strategies.md, "Tables larger
+     * the rows of the batch in flight, and a ps task no table in its model
+     * (its shard draws its own rows: docs/strategies.md, "Tables larger
      * than a worker"); a resumed one reads the checkpoint whole, so holds
      * them whole. */
-    int compact = L->in_cluster && L->node.self->role == DP_ROLE_WORKER && !cfg->resume &&
+    int compact = L->in_cluster &&
+                  (L->node.self->role == DP_ROLE_WORKER || role_ps) && !cfg->resume &&
                   !cfg->external && L->ops->compact_tables && L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
          : compact     ? dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err)
