@@ -15,7 +15,12 @@
  *   and rows computed by hand, frame by frame;
  * - a worker that sends a row id out of range, ids not increasing, or a
  *   count larger than the shard's rows is dropped, named, with nothing of
- *   its push applied, and the round goes on with the others. */
+ *   its push applied, and the round goes on with the others;
+ * - a shard's initial rows drawn alone (dp_model_init_rows: what a ps task
+ *   holds, docs/strategies.md "Tables larger than a worker") are the whole
+ *   model's rows id mod S, bit for bit, from the whole model or a compact
+ *   one, an embedding or four bags, 1 to 3 shards; a model without that
+ *   many tables is refused. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,8 +32,10 @@
 #include "downpour/frame.h"
 #include "downpour/inproc.h"
 #include "downpour/log.h"
+#include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/ps.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 
 #define ROWS 10
@@ -502,6 +509,48 @@ static void bad_ids_refused(void)
     rig_close(&r, 0);
 }
 
+/* Each shard's rows drawn alone equal the whole model's, bit for bit. */
+static void rows_drawn_alone(const char *spec)
+{
+    dp_model whole, compact;
+    dp_err e;
+    REQUIRE(dp_model_init(&whole, spec, 20, 1, &e) == 0);
+    REQUIRE(dp_model_init_compact(&compact, spec, 20, 1, &e) == 1);
+    dp_model_init_params(&whole, 7);
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int n = dp_model_sparse_tables(&whole, t, DP_SPARSE_MAX);
+    REQUIRE(n >= 1 && n <= 4);
+    for (int S = 1; S <= 3; S++)
+        for (int sh = 0; sh < S; sh++)
+            for (int c = 0; c < 2; c++) {
+                float *dst[4];
+                for (int k = 0; k < n; k++)
+                    REQUIRE((dst[k] = calloc((size_t)t[k].rows * t[k].width, sizeof(float))));
+                CHECK(dp_model_init_rows(c ? &compact : &whole, 7, sh, S, dst, n) == 0);
+                long bad = 0;
+                for (int k = 0; k < n; k++) {
+                    size_t w = (size_t)t[k].width;
+                    for (long id = sh, j = 0; id < t[k].rows; id += S, j++)
+                        bad += memcmp(dst[k] + (size_t)j * w,
+                                      whole.params + t[k].off + (size_t)id * w,
+                                      w * sizeof(float)) != 0;
+                    free(dst[k]);
+                }
+                CHECKF(bad == 0, "%s, %s model, shard %d of %d: %ld row(s) differ from the whole "
+                                 "model's", spec, c ? "compact" : "whole", sh, S, bad);
+            }
+    float *dst[5];
+    for (int k = 0; k <= n; k++)
+        REQUIRE((dst[k] = malloc((size_t)t[k < n ? k : 0].rows * t[k < n ? k : 0].width *
+                                 sizeof(float))));
+    CHECK(dp_model_init_rows(&whole, 7, 0, 1, dst, n + 1) < 0); /* more tables than it has */
+    CHECK(dp_model_init_rows(&whole, 7, 2, 2, dst, n) < 0);     /* no shard 2 of 2 */
+    for (int k = 0; k <= n; k++)
+        free(dst[k]);
+    dp_model_free(&whole);
+    dp_model_free(&compact);
+}
+
 int main(void)
 {
     dp_log_set_level(DP_LOG_WARN);
@@ -517,5 +566,8 @@ int main(void)
     sparse_equals_dense(DP_PS_SSP, DP_OPTIM_ADAGRAD);
     sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
+    rows_drawn_alone("8-emb1000x16-gap-10");
+    rows_drawn_alone("8-bag201x4-bag203x4-bag202x4-bag200x4m3mean-res(dense8-relu-dense1|dense1)"
+                     "-bce");
     CHECK_DONE();
 }
