@@ -105,6 +105,17 @@ static int compact_tables(dp_model *m, int max_batch)
     for (int k = l; k < m->n_layers; k++) /* no table among the dense layers */
         if (dp_layer_ops_of(&m->layers[k])->sparse)
             return 0;
+    /* Every table goes to slots once one is cut, a table no batch can
+     * outgrow with C = N: the ids of every table then mean slots alike (a
+     * table left in place among slotted ones got the rows at their ids). */
+    int any = 0;
+    for (int k = 0; k < l; k++) {
+        dp_lk_sparse t[DP_LK_MAX_SPARSE];
+        dp_layer_ops_of(&m->layers[k])->sparse(&m->layers[k], t);
+        any |= (long)max_batch * t[0].per_record < t[0].rows;
+    }
+    if (!any)
+        return 0;
     size_t cut = 0;
     for (int k = 0; k < m->n_layers; k++) {
         dp_layer *d = &m->layers[k];
@@ -115,8 +126,8 @@ static int compact_tables(dp_model *m, int max_batch)
         dp_lk_sparse t[DP_LK_MAX_SPARSE];
         dp_layer_ops_of(d)->sparse(d, t);
         long most = (long)max_batch * t[0].per_record;
-        if (most >= t[0].rows)
-            continue;
+        if (most > t[0].rows)
+            most = t[0].rows;
         d->sparse_rows = t[0].rows;
         d->w_len = (size_t)most * (size_t)t[0].width;
         d->b_off = d->w_off + d->w_len;

@@ -181,7 +181,8 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         if (t[k].slots && t[k].slots < (long)s->pc.tables[k].max_ids)
             return dp_errf(err, "sparse table %d holds %ld slots, fewer than the %u rows a step "
                                 "may touch", k, t[k].slots, s->pc.tables[k].max_ids);
-        if (s->env->node->self->role == DP_ROLE_WORKER &&
+        if ((s->env->node->self->role == DP_ROLE_WORKER ||
+             (s->cut && s->env->node->self->role == DP_ROLE_CHIEF)) &&
             !(s->sp_ids[k] = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint32_t))))
             return dp_errf(err, "out of memory");
         rows += (size_t)t[k].rows;
@@ -189,7 +190,7 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     s->pc.n_tables = n;
     s->dense_lo = end;
     s->pc.dense_shift = s->cut;
-    if (s->cut && s->env->node->self->role == DP_ROLE_WORKER &&
+    if (s->cut && s->env->node->self->role != DP_ROLE_PS &&
         !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
                                    sizeof(float))))
         return dp_errf(err, "out of memory");
@@ -202,9 +203,13 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         dp_debug("compact tables: this worker holds %zu of the tables' %zu floats (the rows of "
                  "the batch in flight) and %zu parameters in all, not %zu",
                  end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
-    else if (s->cut)
+    else if (s->cut && s->env->node->self->role == DP_ROLE_PS)
         dp_debug("compact tables: this ps task builds no table; its shard draws its own rows "
                  "(dp_model_init_rows)");
+    else if (s->cut)
+        dp_debug("compact tables: the chief holds %zu of the tables' %zu floats (the rows of "
+                 "an evaluation chunk, pulled chunk by chunk) and %zu parameters in all, not %zu",
+                 end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
     return 0;
 }
 
@@ -1931,6 +1936,23 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
         if (rc < 0)
             return -1;
     }
+}
+
+/* The chief with compact tables: a chunk's rows into the weights
+ * dp_ps_family_params pulled, its ids into slots (docs/strategies.md,
+ * "Tables larger than a worker"). */
+const float *dp_ps_family_eval_rows(dp_strategy *s, const float *x, int n, dp_err *err)
+{
+    if (!s->cx)
+        return x; /* the tables whole: pulled with the weights */
+    if (n > s->m->max_batch) {
+        dp_errf(err, "an evaluation chunk of %d records; the model holds %d", n,
+                s->m->max_batch);
+        return NULL;
+    }
+    if (pull_rows(s, x, n, err) < 0)
+        return NULL;
+    return slot_batch(s, x, n);
 }
 
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err)

@@ -134,8 +134,25 @@ double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x
     return dp_evaluate_auc(m, params, s, x, y, mean_loss, bad_inputs, NULL);
 }
 
+/* Before each chunk's forward: the batch the model reads (the compact
+ * tables' slots: docs/strategies.md, "Tables larger than a worker"); NULL
+ * with err on failure. */
+typedef const float *(*eval_prep_fn)(void *ctx, const float *x, int n, dp_err *err);
+
+static double evaluate(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc,
+                       eval_prep_fn prep, void *ctx, dp_err *err);
+
 double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, float *x,
                        uint8_t *y, double *mean_loss, long *bad_inputs, double *auc)
+{
+    return evaluate(m, params, s, x, y, mean_loss, bad_inputs, auc, NULL, NULL, NULL);
+}
+
+/* NAN only when prep failed (err says why). */
+static double evaluate(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc,
+                       eval_prep_fn prep, void *ctx, dp_err *err)
 {
     /* a binary model's probabilities and labels, for the AUC (not a step:
      * evaluation may allocate) */
@@ -154,8 +171,13 @@ double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, floa
         for (int i = 0; i < n; i++)
             idx[i] = lo + (uint32_t)i;
         dp_split_gather(x, y, s, idx, n);
+        const float *in = prep ? prep(ctx, x, n, err) : x;
+        if (!in) {
+            free(pairs);
+            return NAN;
+        }
         int c = 0;
-        loss_sum += (double)dp_model_forward(m, params, x, y, n, &c) * n;
+        loss_sum += (double)dp_model_forward(m, params, in, y, n, &c) * n;
         correct += c;
         bad += dp_model_bad_inputs(m, n);
         if (pairs) {
@@ -200,6 +222,8 @@ typedef struct loop {
     dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
+    int compact_eval;      /* the evaluator's model holds its tables compact: each
+                              evaluation chunk pulls its rows (ops->eval_rows) */
     int trainers;          /* --global-batch: the trainers it is shared among */
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
     uint32_t bag_rows[DP_MAX_LAYERS]; /* the embedding bags' rows: named columns' id limits */
@@ -318,6 +342,21 @@ static int external_eval(loop *L, const float *params, int test, double *acc, do
     return 1;
 }
 
+static const float *eval_prep(void *ctx, const float *x, int n, dp_err *err)
+{
+    loop *L = ctx;
+    return L->ops->eval_rows(L->s, x, n, err);
+}
+
+/* The evaluator's figures over a split, through the strategy's rows when
+ * its tables are compact; NAN with err when they could not be pulled. */
+static double eval_split(loop *L, const float *params, const dp_split *s, double *loss,
+                         long *bad, double *auc, dp_err *err)
+{
+    return evaluate(&L->m, params, s, L->x, L->y, loss, bad, auc,
+                    L->compact_eval ? eval_prep : NULL, L, err);
+}
+
 /* The evaluator after epoch `epoch`: validation, the epoch line and event,
  * --keep-best, the history table. */
 static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double secs, long step,
@@ -334,7 +373,9 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         if ((validated = external_eval(L, params, 0, &val_acc, &val_loss, err)) < 0)
             return -1;
     } else {
-        val_acc = dp_evaluate_auc(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad, &val_auc);
+        val_acc = eval_split(L, params, &L->val, &val_loss, &bad, &val_auc, err);
+        if (isnan(val_acc))
+            return -1;
         validated = L->val.n > 0;
     }
     L->no_val = !validated;
@@ -478,8 +519,10 @@ static int report_and_save(loop *L, dp_err *err)
         if (external_eval(L, params, 1, &res->test_accuracy, NULL, err) < 0)
             return -1;
     } else {
-        res->test_accuracy = dp_evaluate_auc(&L->m, params, &test, L->x, L->y,
-                                             &res->test_loss, &bad, &res->test_auc);
+        res->test_accuracy = eval_split(L, params, &test, &res->test_loss, &bad,
+                                        &res->test_auc, err);
+        if (isnan(res->test_accuracy))
+            return -1;
     }
     int binary = !L->m.external && dp_model_binary(&L->m);
     dp_trace_span("test evaluation", "eval", t_test, dp_now(), -1);
@@ -1105,14 +1148,23 @@ static int run_task(loop *L, dp_err *err)
      * (its shard draws its own rows: docs/strategies.md, "Tables larger
      * than a worker"); a resumed one reads the checkpoint whole, so holds
      * them whole. */
+    /* The chief too when it writes no file (--save, checkpoints: their
+     * tables are whole vectors, docs/checkpoints.md) and keeps no best
+     * weights: it evaluates chunk by chunk on the rows each pulls. */
+    int chief_compact = L->in_cluster && L->node.self->role == DP_ROLE_CHIEF &&
+                        !cfg->save_path && !cfg->checkpoint_dir && !cfg->keep_best &&
+                        L->ops->eval_rows;
     int compact = L->in_cluster &&
-                  (L->node.self->role == DP_ROLE_WORKER || role_ps) && !cfg->resume &&
-                  !cfg->external && L->ops->compact_tables && L->ops->compact_tables(cfg);
+                  (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
+                  !cfg->resume && !cfg->external && L->ops->compact_tables &&
+                  L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
-         : compact     ? dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err)
+         : compact     ? (L->compact_eval =
+                              dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err))
                        : dp_model_init(&L->m, cfg->model, max_batch, 1, err)) < 0 ||
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
+    L->compact_eval = L->compact_eval > 0 && chief_compact;
     if (L->m.external) {
         /* its weights are its caller's: the same on every task when each
          * builds the module from the same seed (docs/python.md) */
