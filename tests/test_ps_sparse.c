@@ -16,6 +16,10 @@
  * - a worker that sends a row id out of range, ids not increasing, or a
  *   count larger than the shard's rows is dropped, named, with nothing of
  *   its push applied, and the round goes on with the others;
+ * - a checkpoint's rows stream in STATE_ROWS frames of a bounded chunk:
+ *   the bytes by hand, and the same state as in one chunk a part; a chunk
+ *   that starts elsewhere than the next row, or whose length is not its
+ *   count's, fails the pull, naming the shard's task;
  * - a shard's initial rows drawn alone (dp_model_init_rows: what a ps task
  *   holds, docs/strategies.md "Tables larger than a worker") are the whole
  *   model's rows id mod S, bit for bit, from the whole model or a compact
@@ -196,6 +200,8 @@ static const float *start_params(void)
     return p;
 }
 
+static size_t rig_state_chunk; /* the rigs' cfg.state_chunk (0: the default) */
+
 static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_optim_config *oc,
                      int threads, int replicas)
 {
@@ -213,6 +219,7 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
     REQUIRE(dp_inproc_open_named(r->ts, r->n, names, &err) == 0);
     dp_ps_config_init(&r->cfg);
     r->cfg.mode = mode;
+    r->cfg.state_chunk = rig_state_chunk;
     r->cfg.min_shard_bytes = sizeof(float); /* two shards of the dense part */
     r->cfg.replicas = replicas;
     if (sparse) {
@@ -398,6 +405,129 @@ static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
     CHECK(memcmp(a + 1 * WIDTH, p0 + 1 * WIDTH, WIDTH * 4) != 0);
 }
 
+/* ------------------------------------------------------------ a checkpoint's rows */
+
+/* Two adagrad steps of one worker on rows, then the chief's pull of the
+ * training state with STATE_ROWS frames of `chunk` bytes of rows; the
+ * bytes the chief received for it. */
+static uint64_t state_of(size_t chunk, float *params, float *slots)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    oc.lr = 0.05f;
+    rig r;
+    rig_state_chunk = chunk;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
+    rig_state_chunk = 0;
+    dp_ps_client *w, *chief;
+    REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    float p[NP], g[NP];
+    memcpy(p, start_params(), sizeof p);
+    for (int step = 0; step < 2; step++) {
+        uint32_t ids[4];
+        sorted_rows(step, ids);
+        const uint32_t *idp[1] = {ids};
+        long n[1] = {(long)step_count[step]};
+        step_grad(step, g);
+        REQUIRE(dp_ps_client_pull_rows(w, p, idp, n, &err) == 0);
+        REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
+    }
+    dp_transport_stats a, b;
+    long t = -1;
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &a) == 0);
+    if (dp_ps_client_pull_state(chief, 7, &oc, params, slots, NULL, &t, &err) < 0) {
+        fprintf(stderr, "pull state: %s\n", err.msg);
+        exit(1);
+    }
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &b) == 0);
+    CHECK(t == 2);
+    dp_ps_client_free(w);
+    dp_ps_client_free(chief);
+    rig_close(&r, 1);
+    return b.bytes_recv - a.bytes_recv;
+}
+
+/* A checkpoint's rows in chunks (docs/strategies.md, "Evaluation and
+ * checkpoints"): with chunks of 2 rows each shard's 5 rows and their
+ * accumulators come in 2 x 3 STATE_ROWS frames, the bytes by hand, and the
+ * state is the one that came in one chunk a part, bit for bit. */
+static void state_in_chunks(void)
+{
+    float p1[NP], s1[NP], p2[NP], s2[NP];
+    uint64_t whole = state_of(0, p1, s1), chunked = state_of(2 * WIDTH * sizeof(float), p2, s2);
+    CHECK(memcmp(p1, p2, sizeof p1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    CHECK(memcmp(p1, start_params(), TAB * sizeof(float)) != 0); /* the steps moved rows */
+    uint64_t by_hand[2] = {0, 0}, rows = ROWS / 2; /* each shard's rows */
+    /* per shard: a STATE of [u64 t][u64 updates] and its dense slice and
+     * slot (added below), then per part (the rows, the accumulators) its
+     * chunks, each [4 x u32] and its rows */
+    for (int c = 0; c < 2; c++)
+        for (int sh = 0; sh < 2; sh++) {
+            uint64_t frames = c ? (rows + 1) / 2 : 1;
+            by_hand[c] += DP_FRAME_HEADER_SIZE + 16 +
+                          2 * (frames * (DP_FRAME_HEADER_SIZE + 16) + rows * WIDTH * 4);
+        }
+    uint64_t dense = 2 * 4 * (uint64_t)NDENSE; /* both shards' dense slices and slots */
+    CHECKF(whole == by_hand[0] + dense && chunked == by_hand[1] + dense,
+           "the chief received %llu and %llu bytes of state; by hand %llu and %llu",
+           (unsigned long long)whole, (unsigned long long)chunked,
+           (unsigned long long)(by_hand[0] + dense), (unsigned long long)(by_hand[1] + dense));
+    printf("a checkpoint's rows in chunks of 2 rows: %llu bytes to the chief (one chunk a part: "
+           "%llu), the same state bit for bit\n", (unsigned long long)chunked,
+           (unsigned long long)whole);
+}
+
+/* The chief's pull of a state that a fake shard 0 answers: its one chunk
+ * of rows claims to start at local row `first`, or carries `extra` floats
+ * more than its count says. */
+typedef struct state_pull {
+    dp_ps_client *chief;
+    dp_optim_config oc;
+    float params[NP];
+    int rc;
+    dp_err err;
+} state_pull;
+
+static void *pull_state_thread(void *arg)
+{
+    state_pull *p = arg;
+    long t;
+    p->rc = dp_ps_client_pull_state(p->chief, 3, &p->oc, p->params, NULL, NULL, &t, &p->err);
+    return NULL;
+}
+
+static void bad_state_rows(uint32_t first, int extra, const char *want)
+{
+    state_pull p = {.oc = dp_optim_defaults(DP_OPTIM_SGD)};
+    rig r;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &p.oc, 0, 1); /* no server polls: this is shard 0 */
+    REQUIRE(dp_ps_client_open(&p.chief, r.ts[0], &r.layout, &r.cfg, &p.oc, NP, &err) == 0);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, pull_state_thread, &p) == 0);
+    dp_transport *ps = r.ts[r.ps0];
+    dp_event ev;
+    REQUIRE(dp_transport_recv(ps, 0, "the state request", 5, &ev, &err) == 0 &&
+            ev.header.type == DP_WIRE_STATE_REQ);
+    REQUIRE(dp_transport_skip_payload(ps, 0, &err) == 0);
+    size_t lo = r.layout.range[0].lo, n = r.layout.range[0].hi - lo;
+    float zeros[NP + 8] = {0};
+    uint8_t head[16] = {0}, h[16];
+    struct iovec st[2] = {{head, 16}, {zeros, n * 4}};
+    REQUIRE(dp_transport_sendv(ps, 0, DP_WIRE_STATE, 3, lo, st, 2, &err) == 0);
+    dp_put_u32(h, 0);
+    dp_put_u32(h + 4, 0);
+    dp_put_u32(h + 8, first);
+    dp_put_u32(h + 12, ROWS / 2);
+    struct iovec c[2] = {{h, 16}, {zeros, (ROWS / 2 * WIDTH + (size_t)extra) * 4}};
+    REQUIRE(dp_transport_sendv(ps, 0, DP_WIRE_STATE_ROWS, 3, lo, c, 2, &err) == 0);
+    pthread_join(th, NULL);
+    CHECKF(p.rc < 0 && strstr(p.err.msg, "ps:0") && strstr(p.err.msg, want),
+           "a bad chunk (first %u, %d floats more): %s", first, extra,
+           p.rc < 0 ? p.err.msg : "accepted");
+    dp_ps_client_free(p.chief);
+    rig_close(&r, 0);
+}
+
 /* ------------------------------------------------------------ bad ids */
 
 static char captured[8192];
@@ -566,6 +696,9 @@ int main(void)
     sparse_equals_dense(DP_PS_SSP, DP_OPTIM_ADAGRAD);
     sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
+    state_in_chunks();
+    bad_state_rows(1, 0, "sent rows [1, +5) of part 0 of sparse table 0; expected [0, +5)");
+    bad_state_rows(0, 1, "expected STATE_ROWS of 5 rows of sparse table 0");
     rows_drawn_alone("8-emb1000x16-gap-10");
     rows_drawn_alone("8-bag201x4-bag203x4-bag202x4-bag200x4m3mean-res(dense8-relu-dense1|dense1)"
                      "-bce");

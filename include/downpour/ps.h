@@ -38,6 +38,10 @@ typedef enum dp_ps_mode {
  * width floats at off in the flat parameters.  Row id lives on shard
  * id mod n_shards, as that shard's local row id / n_shards. */
 #define DP_PS_MAX_TABLES 64
+/* A checkpoint's sparse rows go from a shard to the chief in frames of at
+ * most this many bytes of rows (STATE_ROWS): 4 MiB, far under the frame
+ * bound, whatever the table. */
+#define DP_PS_STATE_CHUNK ((size_t)4 << 20)
 typedef struct dp_ps_table_spec {
     size_t off;
     uint32_t rows, width;
@@ -84,6 +88,10 @@ typedef struct dp_ps_config {
     dp_ps_table_spec tables[DP_PS_MAX_TABLES];
     size_t dense_shift;     /* client: its vector holds dense parameter j (of the whole
                                model) at j - dense_shift: what its compact tables lack */
+    size_t state_chunk;     /* bytes of sparse rows one STATE_ROWS frame carries at most
+                               (0: DP_PS_STATE_CHUNK), at least one row; both ends
+                               hold the same (docs/strategies.md, "Evaluation and
+                               checkpoints") */
     int chunks;             /* sync with --sum-chunk: a gradient push carries this many
                                gradients (chunk j at j * n in the client's vector), each
                                of `chunk` records (the push's records fill them in

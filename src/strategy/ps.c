@@ -479,16 +479,30 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     return 0;
 }
 
+/* Rows of width w one STATE_ROWS frame carries (both ends alike). */
+static size_t state_chunk_rows(const dp_ps_config *cfg, size_t w)
+{
+    size_t bytes = cfg->state_chunk ? cfg->state_chunk : DP_PS_STATE_CHUNK;
+    size_t r = bytes / (w * sizeof(float));
+    return r ? r : 1;
+}
+
+#define STATE_ROWS_HEAD 16 /* [u32 table][u32 part][u32 first][u32 count] */
+
 /* The shard's training state for a checkpoint: [u64 optimiser t][u64
  * updates] then the parameters, every optimiser slot and the moving average
- * (when kept), each s->n floats, straight from the server's buffers. */
+ * (when kept), each s->n floats, straight from the server's buffers.  The
+ * sparse tables' rows follow in STATE_ROWS frames, table by table, the rows
+ * then each slot's rows (part 0, 1, ..), each in chunks of at most
+ * state_chunk_rows rows in local order, straight from the tables: no frame
+ * grows with the table. */
 static int send_state(server *s, int rank, uint64_t step, dp_err *err)
 {
     uint8_t head[16];
     dp_put_u64(head, (uint64_t)s->opt.t);
     dp_put_u64(head + 8, (uint64_t)s->updates);
     size_t bytes = s->n * sizeof(float);
-    struct iovec iov[2 + 2 + 1 + 3 * DP_PS_MAX_TABLES];
+    struct iovec iov[2 + 2 + 1];
     int k = 0;
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){s->params, bytes};
@@ -496,15 +510,29 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
         iov[k++] = (struct iovec){s->opt.state + (size_t)j * s->n, bytes};
     if (s->ema)
         iov[k++] = (struct iovec){s->ema, bytes};
-    /* then each table's rows and each slot's rows, in local order */
+    if (dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err) < 0)
+        return -1;
     for (int q = 0; q < s->n_tab; q++) {
         dp_ps_table *t = &s->tab[q];
-        size_t tb = (size_t)t->local * (size_t)t->width * sizeof(float);
-        iov[k++] = (struct iovec){t->params, tb};
-        for (int j = 0; j < dp_optim_slots(t->opt.cfg.kind) && t->opt.state; j++)
-            iov[k++] = (struct iovec){t->opt.state + (size_t)j * t->opt.n, tb};
+        size_t w = (size_t)t->width, per = state_chunk_rows(&s->cfg, w);
+        int parts = 1 + (t->opt.state ? dp_optim_slots(t->opt.cfg.kind) : 0);
+        for (int j = 0; j < parts; j++) {
+            const float *v = j == 0 ? t->params : t->opt.state + (size_t)(j - 1) * t->opt.n;
+            for (size_t first = 0; first < (size_t)t->local; first += per) {
+                size_t n = (size_t)t->local - first < per ? (size_t)t->local - first : per;
+                uint8_t h[STATE_ROWS_HEAD];
+                dp_put_u32(h, (uint32_t)q);
+                dp_put_u32(h + 4, (uint32_t)j);
+                dp_put_u32(h + 8, (uint32_t)first);
+                dp_put_u32(h + 12, (uint32_t)n);
+                struct iovec c[2] = {{h, sizeof h},
+                                     {(void *)(v + first * w), n * w * sizeof(float)}};
+                if (dp_transport_sendv(s->t, rank, DP_WIRE_STATE_ROWS, step, s->lo, c, 2, err) < 0)
+                    return -1;
+            }
+        }
     }
-    return dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err);
+    return 0;
 }
 
 /* One frame from ev->peer (worker index wi, or -1).  -1 with err: that
@@ -1436,31 +1464,73 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
     return dp_ps_settle(c, params, 0, err);
 }
 
-/* Every row of table t that shard s holds, in local order, from peer's
- * payload into the full-length vector v (rows at t->off). */
-static int recv_table(dp_ps_client *c, int peer, const dp_ps_table_spec *t, int s, float *v,
-                      dp_err *err)
-{
-    int S = c->layout.n_shards;
-    size_t w = t->width, chunk = c->rbuf_floats / w, n = rows_on(t, s, S);
-    for (size_t done = 0; done < n;) {
-        size_t m = n - done < chunk ? n - done : chunk;
-        if (dp_transport_recv_payload(c->t, peer, c->rbuf, m * w * sizeof(float), err) < 0)
-            return -1;
-        for (size_t q = 0; q < m; q++)
-            memcpy(v + t->off + ((size_t)s + (done + q) * (size_t)S) * w, c->rbuf + q * w,
-                   w * sizeof(float));
-        done += m;
-    }
-    return 0;
-}
-
 typedef struct state_into {
     uint64_t step;
     int n_slots;
     float *params, *slots, *ema;
     long *t;
 } state_into;
+
+/* The STATE_ROWS frames of shard s after its STATE, each checked against
+ * the one expected next (table q, part j, rows from `first`, at most a
+ * chunk) before its rows are read, through rbuf, into the full-length
+ * vectors.  -2: the shard broke the protocol (err names it). */
+static int take_state_rows(dp_ps_client *c, int s, int rank, const state_into *o, dp_err *err)
+{
+    int S = c->layout.n_shards;
+    const char *who = dp_transport_peer_name(c->t, rank);
+    for (int q = 0; q < c->cfg.n_tables; q++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[q];
+        size_t w = t->width, n = rows_on(t, s, S), per = state_chunk_rows(&c->cfg, w);
+        for (int j = 0; j <= o->n_slots; j++) {
+            float *v = j == 0 ? o->params : o->slots + (size_t)(j - 1) * c->n;
+            for (size_t first = 0; first < n;) {
+                size_t want = n - first < per ? n - first : per;
+                dp_event ev;
+                if (dp_transport_recv(c->t, rank, "the rows of its training state", PS_TIMEOUT,
+                                      &ev, err) < 0)
+                    return -1;
+                uint64_t len = ev.header.length;
+                if (ev.header.type != DP_WIRE_STATE_ROWS || ev.header.step != o->step ||
+                    ev.header.offset != c->layout.range[s].lo ||
+                    len != STATE_ROWS_HEAD + (uint64_t)want * w * sizeof(float)) {
+                    dp_errf(err, "%s sent frame type %u of %llu bytes for step %llu; expected "
+                                 "STATE_ROWS of %zu rows of sparse table %d (part %d, from local "
+                                 "row %zu) for step %llu",
+                            who, ev.header.type, (unsigned long long)len,
+                            (unsigned long long)ev.header.step, want, q, j, first,
+                            (unsigned long long)o->step);
+                    return -2;
+                }
+                uint8_t h[STATE_ROWS_HEAD];
+                if (dp_transport_recv_payload(c->t, rank, h, sizeof h, err) < 0)
+                    return -1;
+                if (dp_get_u32(h) != (uint32_t)q || dp_get_u32(h + 4) != (uint32_t)j ||
+                    dp_get_u32(h + 8) != (uint32_t)first || dp_get_u32(h + 12) != want) {
+                    dp_errf(err, "%s sent rows [%u, +%u) of part %u of sparse table %u; expected "
+                                 "[%zu, +%zu) of part %d of table %d",
+                            who, dp_get_u32(h + 8), dp_get_u32(h + 12), dp_get_u32(h + 4),
+                            dp_get_u32(h), first, want, j, q);
+                    return -2;
+                }
+                /* the chunk's rows, rbuf at a time, to their places id = s + i S */
+                size_t cap = c->rbuf_floats / w;
+                for (size_t done = 0; done < want;) {
+                    size_t m = want - done < cap ? want - done : cap;
+                    if (dp_transport_recv_payload(c->t, rank, c->rbuf, m * w * sizeof(float),
+                                                  err) < 0)
+                        return -1;
+                    for (size_t i = 0; i < m; i++)
+                        memcpy(v + t->off + ((size_t)s + (first + done + i) * (size_t)S) * w,
+                               c->rbuf + i * w, w * sizeof(float));
+                    done += m;
+                }
+                first += want;
+            }
+        }
+    }
+    return 0;
+}
 
 static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
 {
@@ -1469,9 +1539,6 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
     int rank = ev->peer;
     size_t n = r->hi - r->lo, bytes = n * sizeof(float);
     size_t len = 16 + bytes * (size_t)(1 + o->n_slots + (c->cfg.ema > 0));
-    for (int k = 0; k < c->cfg.n_tables; k++)
-        len += rows_on(&c->cfg.tables[k], s, c->layout.n_shards) * c->cfg.tables[k].width *
-               sizeof(float) * (size_t)(1 + o->n_slots);
     if (ev->header.step != o->step || ev->header.length != len) {
         dp_errf(err, "%s answered the state request for step %llu with %llu bytes for step %llu; "
                      "expected %zu bytes for shard %d", dp_transport_peer_name(c->t, rank),
@@ -1490,13 +1557,9 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
     if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + r->lo, bytes, err)
                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
         return -1;
-    for (int k = 0; k < c->cfg.n_tables; k++) {
-        if (recv_table(c, rank, &c->cfg.tables[k], s, o->params, err) < 0)
-            return -1;
-        for (int q = 0; q < o->n_slots; q++)
-            if (recv_table(c, rank, &c->cfg.tables[k], s, o->slots + (size_t)q * c->n, err) < 0)
-                return -1;
-    }
+    int rc = take_state_rows(c, s, rank, o, err);
+    if (rc < 0)
+        return rc;
     long shard_t = (long)dp_get_u64(head);
     if (s > 0 && shard_t != *o->t)
         dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "
