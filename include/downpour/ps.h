@@ -42,6 +42,8 @@ typedef enum dp_ps_mode {
  * most this many bytes of rows (STATE_ROWS): 4 MiB, far under the frame
  * bound, whatever the table. */
 #define DP_PS_STATE_CHUNK ((size_t)4 << 20)
+/* A STATE_ROWS frame's head: [u32 table][u32 part][u32 first local row][u32 count]. */
+#define DP_PS_STATE_ROWS_HEAD 16
 typedef struct dp_ps_table_spec {
     size_t off;
     uint32_t rows, width;
@@ -213,6 +215,9 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
  * tables, every row of every table too (PULL_TABLE), unless the client's
  * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
+/* Rows of width w one STATE_ROWS frame carries under cfg (both ends alike):
+ * state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at least one row. */
+size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t width);
 /* The chief's side of a checkpoint: asks every shard for its training state
  * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL
  * when the servers keep none).  *t is the servers' optimiser update count. */

@@ -479,22 +479,19 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     return 0;
 }
 
-/* Rows of width w one STATE_ROWS frame carries (both ends alike). */
-static size_t state_chunk_rows(const dp_ps_config *cfg, size_t w)
+size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t w)
 {
     size_t bytes = cfg->state_chunk ? cfg->state_chunk : DP_PS_STATE_CHUNK;
     size_t r = bytes / (w * sizeof(float));
     return r ? r : 1;
 }
 
-#define STATE_ROWS_HEAD 16 /* [u32 table][u32 part][u32 first][u32 count] */
-
 /* The shard's training state for a checkpoint: [u64 optimiser t][u64
  * updates] then the parameters, every optimiser slot and the moving average
  * (when kept), each s->n floats, straight from the server's buffers.  The
  * sparse tables' rows follow in STATE_ROWS frames, table by table, the rows
  * then each slot's rows (part 0, 1, ..), each in chunks of at most
- * state_chunk_rows rows in local order, straight from the tables: no frame
+ * dp_ps_state_chunk_rows rows in local order, straight from the tables: no frame
  * grows with the table. */
 static int send_state(server *s, int rank, uint64_t step, dp_err *err)
 {
@@ -514,13 +511,13 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
         return -1;
     for (int q = 0; q < s->n_tab; q++) {
         dp_ps_table *t = &s->tab[q];
-        size_t w = (size_t)t->width, per = state_chunk_rows(&s->cfg, w);
+        size_t w = (size_t)t->width, per = dp_ps_state_chunk_rows(&s->cfg, w);
         int parts = 1 + (t->opt.state ? dp_optim_slots(t->opt.cfg.kind) : 0);
         for (int j = 0; j < parts; j++) {
             const float *v = j == 0 ? t->params : t->opt.state + (size_t)(j - 1) * t->opt.n;
             for (size_t first = 0; first < (size_t)t->local; first += per) {
                 size_t n = (size_t)t->local - first < per ? (size_t)t->local - first : per;
-                uint8_t h[STATE_ROWS_HEAD];
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
                 dp_put_u32(h, (uint32_t)q);
                 dp_put_u32(h + 4, (uint32_t)j);
                 dp_put_u32(h + 8, (uint32_t)first);
@@ -1481,7 +1478,7 @@ static int take_state_rows(dp_ps_client *c, int s, int rank, const state_into *o
     const char *who = dp_transport_peer_name(c->t, rank);
     for (int q = 0; q < c->cfg.n_tables; q++) {
         const dp_ps_table_spec *t = &c->cfg.tables[q];
-        size_t w = t->width, n = rows_on(t, s, S), per = state_chunk_rows(&c->cfg, w);
+        size_t w = t->width, n = rows_on(t, s, S), per = dp_ps_state_chunk_rows(&c->cfg, w);
         for (int j = 0; j <= o->n_slots; j++) {
             float *v = j == 0 ? o->params : o->slots + (size_t)(j - 1) * c->n;
             for (size_t first = 0; first < n;) {
@@ -1493,7 +1490,7 @@ static int take_state_rows(dp_ps_client *c, int s, int rank, const state_into *o
                 uint64_t len = ev.header.length;
                 if (ev.header.type != DP_WIRE_STATE_ROWS || ev.header.step != o->step ||
                     ev.header.offset != c->layout.range[s].lo ||
-                    len != STATE_ROWS_HEAD + (uint64_t)want * w * sizeof(float)) {
+                    len != DP_PS_STATE_ROWS_HEAD + (uint64_t)want * w * sizeof(float)) {
                     dp_errf(err, "%s sent frame type %u of %llu bytes for step %llu; expected "
                                  "STATE_ROWS of %zu rows of sparse table %d (part %d, from local "
                                  "row %zu) for step %llu",
@@ -1502,7 +1499,7 @@ static int take_state_rows(dp_ps_client *c, int s, int rank, const state_into *o
                             (unsigned long long)o->step);
                     return -2;
                 }
-                uint8_t h[STATE_ROWS_HEAD];
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
                 if (dp_transport_recv_payload(c->t, rank, h, sizeof h, err) < 0)
                     return -1;
                 if (dp_get_u32(h) != (uint32_t)q || dp_get_u32(h + 4) != (uint32_t)j ||
