@@ -137,7 +137,8 @@ typedef struct dp_push_head {
 void dp_push_head_put(uint8_t *p, const dp_push_head *h);
 void dp_push_head_get(dp_push_head *h, const uint8_t *p);
 
-/* Where a server starts: full-length vectors, of which it keeps its slice.
+/* Where a server starts: full-length vectors (but see shift), of which it
+ * keeps its slice.
  * Every task computes the same initial parameters from the seed; a resumed
  * run passes the checkpoint's parameters, optimiser slots (slot k at
  * slots + k * n_params) with their update count, and moving average. */
@@ -160,7 +161,9 @@ typedef struct dp_ps_start {
     size_t shift;
     const float *rows;    /* the shard's rows in local order, table by table: its
                              rows, then each optimiser slot's when slots is given
-                             (a RESTORE's layout) */
+                             (a RESTORE's layout).  The task's own shard's: a
+                             RESTORE comes only where the shard has no backup,
+                             so no backup shard opens from it */
     /* Fills the initial rows of shard `shard` of `shards`, dst[k] table k's
      * (dp_model_init_rows); 0, or -1. */
     int (*init_rows)(void *ctx, int shard, int shards, float *const *dst, int n);
