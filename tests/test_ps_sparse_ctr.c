@@ -17,11 +17,15 @@
  *   worker's peak resident memory (its last `resource` event's
  *   rss_hwm_bytes) stays under a quarter of the table, each ps task's is
  *   about its half of the rows and their optimiser state, and the chief's
- *   (no --save) stays under a quarter of the table;
+ *   (--save, no checkpoints) stays under a quarter of the table;
  * - a table no batch outgrows beside cut ones goes by slots as they do
- *   (rows = --ps-dense, bit for bit), and a chief that writes no file
+ *   (rows = --ps-dense, bit for bit), and a chief that writes no checkpoint
  *   evaluates on the rows each chunk pulls, to the whole chief's test
- *   figures. */
+ *   figures, and streams the tables into its --save file: the whole
+ *   chief's file, byte for byte. */
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "proc.h"
 
@@ -77,22 +81,43 @@ static void test_line(const char *out, char *line, size_t cap)
     snprintf(line, cap, "%.*s", (int)(n < cap ? n : cap - 1), p ? p : "");
 }
 
+/* Whether two files hold the same bytes. */
+static int same_bytes(const char *a, const char *b)
+{
+    char pa[1200], pb[1200];
+    snprintf(pa, sizeof pa, "%s/%s", tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s", tmp, b);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    int same = fa && fb;
+    while (same) {
+        int x = fgetc(fa), y = fgetc(fb);
+        same = x == y;
+        if (x == EOF || y == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
 /* A table no batch outgrows (300 rows, one id a record, C = 500) beside
  * cut ones goes to slots too (before, its rows landed at their ids among
  * slotted tables: rows and --ps-dense parted), and the chief, writing no
- * file, holds no table: it evaluates each chunk on the rows it pulls, and
- * its test figures are the whole-table chief's, to the digit (ps-sync: the
- * run's end is the same parameters). */
+ * checkpoint, holds no table: it evaluates each chunk on the rows it pulls,
+ * to the whole-table chief's test figures (ps-sync: the run's end is the
+ * same parameters), and --save streams each table from the shards into the
+ * file: the same bytes as the whole chief's file (--checkpoint-dir keeps
+ * the chief whole), checksum included, and --ps-dense's weights. */
 static void chief_on_rows(void)
 {
     const char *m = "8-bag300x4-bag2000x4-bag2000x4-bag2000x4m3mean-res(dense8-relu-dense1|dense1)"
                     "-bce";
-    char rows[256], dense[256];
-    int rc = run_cmd(err, sizeof err,
-                     "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/small "
-                     "--model '%s' --strategy ps-sync " COMMON " --optimizer adagrad --lr 0.1 "
-                     "--verbose", bin, tmp, m);
-    CHECKF(rc == 0, "rows, no --save, exited %d: %s", rc, err);
+    char rows[256], dense[256], extra[512];
+    int rc = launch("small", m, "ps-sync", 2, "mixed-rows.st",
+                    "--optimizer adagrad --lr 0.1 --verbose");
+    CHECKF(rc == 0, "rows exited %d: %s", rc, err);
     CHECKF(strstr(err, "[chief] debug: compact tables: the chief holds 11200 of the tables' "
                        "25200 floats") != NULL,
            "no line says the chief holds its tables compact: %s", err);
@@ -103,11 +128,16 @@ static void chief_on_rows(void)
     test_line(err, dense, sizeof dense);
     CHECKF(rows[0] && strcmp(rows, dense) == 0, "the compact chief's \"%s\", the whole one's "
            "\"%s\"", rows, dense);
-    rc = launch("small", m, "ps-sync", 2, "mixed-rows.st", "--optimizer adagrad --lr 0.1");
-    CHECKF(rc == 0, "rows with --save exited %d: %s", rc, err);
     same_weights("mixed-rows.st", "mixed-dense.st", "a table of 300 rows beside cut ones");
+    snprintf(extra, sizeof extra, "--optimizer adagrad --lr 0.1 --checkpoint-dir %s/mixed-ck",
+             tmp);
+    rc = launch("small", m, "ps-sync", 2, "mixed-whole.st", extra);
+    CHECKF(rc == 0, "rows with a whole chief exited %d: %s", rc, err);
+    CHECKF(same_bytes("mixed-rows.st", "mixed-whole.st"),
+           "the file the chief streamed is not the whole chief's, byte for byte");
     printf("a table no batch outgrows beside cut ones: rows = dense, bit for bit; the chief on "
-           "rows (no file written): %s\n", rows);
+           "rows: %s, and its --save streamed from the shards = the whole chief's file, byte "
+           "for byte\n", rows);
 }
 
 static void async_equals_single(void)
@@ -177,9 +207,10 @@ static double rss_of(const char *metrics, const char *task, const char *field)
  * stays far below the table; each ps task holds its half of the rows and
  * their adagrad accumulators (a table's worth together) and no whole table
  * (it drew its rows alone, dp_model_init_rows: before, each built the whole
- * model as well, 1.5 tables more); the chief, which writes no file here,
- * holds none either: it evaluates each chunk on the rows it pulls (before,
- * it held the table whole, 548 MiB). */
+ * model as well, 1.5 tables more); the chief, which writes no checkpoint
+ * here, holds none either: it evaluates each chunk on the rows it pulls and
+ * streams the table from the shards into its --save file (before, it held
+ * the table whole, 548 MiB). */
 static void task_memory(void)
 {
     char metrics[1200];
@@ -188,9 +219,15 @@ static void task_memory(void)
                      "%s launch --chief --workers 2 --ps 2 -- train --dataset %s/big "
                      "--model 3-bag4194304x16-dense1-bce --strategy ps-async --epochs 1 "
                      "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
-                     "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s",
-                     bin, tmp, metrics);
+                     "--batch 32 --optimizer adagrad --lr 0.05 --metrics %s --save %s/big.st",
+                     bin, tmp, metrics, tmp);
     CHECKF(rc == 0, "the 2^22 x 16 table exited %d: %s", rc, err);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/big.st", tmp);
+    struct stat sb;
+    CHECKF(stat(path, &sb) == 0 && (double)sb.st_size > 4194304.0 * 16 * 4,
+           "--save wrote no file holding the table");
+    unlink(path); /* 256 MiB */
     double table = 4194304.0 * 16 * 4, w0 = rss_of(metrics, "worker:0", "rss_hwm_bytes"),
            w1 = rss_of(metrics, "worker:1", "rss_hwm_bytes"),
            p0 = rss_of(metrics, "ps:0", "rss_hwm_bytes"),

@@ -218,6 +218,12 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
  * tables, every row of every table too (PULL_TABLE), unless the client's
  * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
+/* Every sparse table's rows, streamed: the next n floats of table k (row
+ * after row, ids increasing; the tables in order, each from its first row),
+ * from every shard's answer to one PULL_TABLE (sent at the first call), read
+ * a piece at a time, never whole.  _end skips what a pass left unread. */
+int dp_ps_client_tables_read(dp_ps_client *c, int k, float *dst, size_t n, dp_err *err);
+int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err);
 /* Rows of width w one STATE_ROWS frame carries under cfg (both ends alike):
  * state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at least one row. */
 size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t width);

@@ -850,6 +850,7 @@ void dp_ps_client_free(dp_ps_client *c)
     dp_sender_close(c->q);
     free(c->sec);
     free(c->rbuf);
+    free(c->stage);
     free(c->out);
     free(c->acc);
     free(c->sent);
@@ -1419,6 +1420,106 @@ int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const
                  : collect(c, DP_WIRE_ROWS, "rows", take_rows, &o, err);
     dp_trace_span("pull rows", "pull", t0, dp_now(), -1);
     return rc;
+}
+
+/* A pass over every table's rows, streamed (the chief writing a file
+ * from compact tables, docs/strategies.md "The chief on rows"): one
+ * PULL_TABLE to every shard, whose ROWS frames are then read a piece at a
+ * time as the file wants them, never whole. */
+static int tables_begin(dp_ps_client *c, dp_err *err)
+{
+    int S = c->layout.n_shards;
+    for (int a = 0; a < S; a++)
+        for (int b = a + 1; b < S; b++)
+            if (c->layout.rank[a] == c->layout.rank[b])
+                return dp_errf(err, "%s serves two shards (a failover): their rows cannot be "
+                                    "streamed side by side",
+                               dp_transport_peer_name(c->t, c->layout.rank[a]));
+    if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
+        return -1;
+    for (int sh = 0; sh < S; sh++) {
+        int rank = c->layout.rank[sh];
+        uint64_t want = 0;
+        for (int k = 0; k < c->cfg.n_tables; k++)
+            want += rows_on(&c->cfg.tables[k], sh, S) * c->cfg.tables[k].width * sizeof(float);
+        dp_event ev;
+        if (dp_transport_recv(c->t, rank, "every row of its tables", PS_TIMEOUT, &ev, err) < 0)
+            return -1;
+        if (ev.header.type != DP_WIRE_ROWS || ev.header.offset != c->layout.range[sh].lo ||
+            ev.header.length != want)
+            return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
+                                "ROWS of %llu bytes for shard %d",
+                           dp_transport_peer_name(c->t, rank), ev.header.type,
+                           (unsigned long long)ev.header.length,
+                           (unsigned long long)ev.header.offset, (unsigned long long)want, sh);
+        c->tab_left[sh] = want;
+    }
+    c->tab_on = 1;
+    c->tab_k = 0;
+    c->tab_pos = 0;
+    return 0;
+}
+
+int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err)
+{
+    int rc = 0;
+    for (int sh = 0; c->tab_on && sh < c->layout.n_shards; sh++)
+        if (c->tab_left[sh] > 0 && rc == 0)
+            rc = dp_transport_skip_payload(c->t, c->layout.rank[sh], err);
+    c->tab_on = 0;
+    return rc;
+}
+
+int dp_ps_client_tables_read(dp_ps_client *c, int k, float *dst, size_t n, dp_err *err)
+{
+    if (!c->tab_on && tables_begin(c, err) < 0)
+        return -1;
+    if (k == c->tab_k + 1 && c->tab_k < c->cfg.n_tables &&
+        c->tab_pos == (size_t)c->cfg.tables[c->tab_k].rows * c->cfg.tables[c->tab_k].width)
+        c->tab_k = k, c->tab_pos = 0; /* the next table */
+    if (k != c->tab_k || k >= c->cfg.n_tables)
+        return dp_errf(err, "sparse table %d's rows asked out of order (table %d is next)", k,
+                       c->tab_k);
+    const dp_ps_table_spec *t = &c->cfg.tables[k];
+    size_t w = t->width, S = (size_t)c->layout.n_shards, all = (size_t)t->rows * w;
+    if (n == 0)
+        return 0;
+    if (n > all - c->tab_pos)
+        return dp_errf(err, "%zu floats of sparse table %d asked; %zu are left", n, k,
+                       all - c->tab_pos);
+    if (n > c->stage_cap) {
+        float *p = realloc(c->stage, n * sizeof(float));
+        if (!p)
+            return dp_errf(err, "out of memory for %zu floats of rows", n);
+        c->stage = p, c->stage_cap = n;
+    }
+    /* floats [pos, pos + n): row r from shard r mod S, each shard's part of
+     * them one run of its stream; read each run into the stage, then lay the
+     * rows out in order */
+    size_t pos = c->tab_pos, end = pos + n, cnt[DP_PARTITION_MAX] = {0}, at[DP_PARTITION_MAX];
+    for (size_t r = pos / w; r * w < end; r++) {
+        size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
+        cnt[r % S] += b - a;
+    }
+    for (size_t sh = 0, off = 0; sh < S; off += cnt[sh], sh++) {
+        at[sh] = off;
+        uint64_t bytes = (uint64_t)cnt[sh] * sizeof(float);
+        if (bytes > c->tab_left[sh])
+            return dp_errf(err, "shard %zu's rows end before sparse table %d's", sh, k);
+        if (bytes && dp_transport_recv_payload(c->t, c->layout.rank[sh], c->stage + off,
+                                               (size_t)bytes, err) < 0)
+            return -1;
+        c->tab_left[sh] -= bytes;
+    }
+    for (size_t r = pos / w; r * w < end; r++) {
+        size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
+        memcpy(dst + (a - pos), c->stage + at[r % S], (b - a) * sizeof(float));
+        at[r % S] += b - a;
+    }
+    c->tab_pos = end;
+    if (k == c->cfg.n_tables - 1 && end == all)
+        c->tab_on = 0; /* every shard's ROWS read to its end */
+    return 0;
 }
 
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)

@@ -149,6 +149,14 @@ struct dp_ps_client {
     size_t sec_cap;
     float *rbuf;
     size_t rbuf_floats;
+    /* a pass over every table's rows (dp_ps_client_tables_read): each
+     * shard's ROWS payload left unread, the table and float read next, and
+     * the staging buffer of a read */
+    int tab_on, tab_k;
+    uint64_t tab_left[DP_PARTITION_MAX];
+    size_t tab_pos;
+    float *stage;
+    size_t stage_cap;
 };
 
 struct dp_ps_rules {

@@ -487,6 +487,13 @@ static void print_table(const loop *L)
     }
 }
 
+/* --save of a chief on rows: table k's next n floats (dp_ckpt_rows_fn). */
+static int save_rows(void *ctx, int k, float *buf, size_t n, dp_err *err)
+{
+    loop *L = ctx;
+    return L->ops->table_rows(L->s, k, buf, n, err);
+}
+
 /* The evaluator at the end: test accuracy, the table, the done event, --save. */
 static int report_and_save(loop *L, dp_err *err)
 {
@@ -561,8 +568,19 @@ static int report_and_save(loop *L, dp_err *err)
     }
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
                               .step = L->total_steps, .best_accuracy = -1};
-    if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0)
+    if (L->compact_eval) { /* the tables streamed from the servers into the file */
+        dp_err end;
+        int rc = dp_checkpoint_write_rows(cfg->save_path, &L->m, &weights, &L->id, save_rows, L,
+                                          err);
+        if (L->ops->table_rows(L->s, -1, NULL, 0, &end) < 0 && rc == 0) {
+            *err = end;
+            rc = -1;
+        }
+        if (rc < 0)
+            return -1;
+    } else if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0) {
         return -1;
+    }
     dp_info("Saved %s", cfg->save_path);
     return 0;
 }
@@ -1148,12 +1166,13 @@ static int run_task(loop *L, dp_err *err)
      * (its shard draws its own rows: docs/strategies.md, "Tables larger
      * than a worker"); a resumed one reads the checkpoint whole, so holds
      * them whole. */
-    /* The chief too when it writes no file (--save, checkpoints: their
-     * tables are whole vectors, docs/checkpoints.md) and keeps no best
-     * weights: it evaluates chunk by chunk on the rows each pulls. */
+    /* The chief too when it writes no checkpoint (their optimiser slots
+     * and tables are whole vectors, docs/checkpoints.md) and keeps no best
+     * weights: it evaluates chunk by chunk on the rows each pulls, and
+     * --save streams the tables from the servers into the file. */
     int chief_compact = L->in_cluster && L->node.self->role == DP_ROLE_CHIEF &&
-                        !cfg->save_path && !cfg->checkpoint_dir && !cfg->keep_best &&
-                        L->ops->eval_rows;
+                        !cfg->checkpoint_dir && !cfg->keep_best && L->ops->eval_rows &&
+                        L->ops->table_rows;
     int compact = L->in_cluster &&
                   (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
                   !cfg->resume && !cfg->external && L->ops->compact_tables &&
