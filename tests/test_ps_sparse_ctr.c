@@ -237,10 +237,11 @@ static void task_memory(void)
            "workers resident at most %.0f and %.0f MiB, a table of %.0f MiB", w0 / 1048576,
            w1 / 1048576, table / 1048576);
     /* its half (table / 2) and the accumulators' half: about one table,
-     * with the process's own tens of MiB */
+     * with the process's own tens of MiB (ASan's allocator adds some 50);
+     * a ps task that built the whole model too held two tables */
     for (int i = 0; i < 2; i++) {
         double p = i ? p1 : p0;
-        CHECKF(p > 0.95 * table && p < 1.25 * table,
+        CHECKF(p > 0.95 * table && p < 1.5 * table,
                "ps:%d resident at most %.0f MiB; its half of the rows and their accumulators "
                "are %.0f MiB", i, p / 1048576, table / 1048576);
     }
