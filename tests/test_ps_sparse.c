@@ -20,6 +20,9 @@
  *   the bytes by hand, and the same state as in one chunk a part; a chunk
  *   that starts elsewhere than the next row, or whose length is not its
  *   count's, fails the pull, naming the shard's task;
+ * - every table's rows streamed in pieces that cut rows anywhere (the
+ *   chief's --save on rows) are the whole pull's; a pass ended half read
+ *   leaves the client whole;
  * - a shard's initial rows drawn alone (dp_model_init_rows: what a ps task
  *   holds, docs/strategies.md "Tables larger than a worker") are the whole
  *   model's rows id mod S, bit for bit, from the whole model or a compact
@@ -477,6 +480,60 @@ static void state_in_chunks(void)
            (unsigned long long)whole);
 }
 
+/* Every table's rows streamed (the chief's --save on rows): pieces of 4
+ * floats, rows of 3 cut anywhere, give the table the chief's whole pull
+ * gives; a pass left half read and ended leaves the client whole (a pull
+ * after it, and a second pass, read the same); pieces past the table or
+ * out of order are refused. */
+static void tables_streamed(void)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
+    oc.lr = 0.05f;
+    rig r;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
+    dp_ps_client *w, *chief;
+    REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    float p[NP], g[NP], whole[NP], streamed[TAB];
+    memcpy(p, start_params(), sizeof p);
+    for (int step = 0; step < 2; step++) {
+        uint32_t ids[4];
+        sorted_rows(step, ids);
+        const uint32_t *idp[1] = {ids};
+        long n[1] = {(long)step_count[step]};
+        step_grad(step, g);
+        REQUIRE(dp_ps_client_pull_rows(w, p, idp, n, &err) == 0);
+        REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
+    }
+    REQUIRE(dp_ps_client_pull(chief, whole, 0, &err) == 0);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(streamed, 0, sizeof streamed);
+        for (size_t at = 0; at < TAB; at += 4) {
+            size_t n = TAB - at < 4 ? TAB - at : 4;
+            if (dp_ps_client_tables_read(chief, 0, streamed + at, n, &err) < 0) {
+                fprintf(stderr, "tables read: %s\n", err.msg);
+                exit(1);
+            }
+        }
+        CHECK(memcmp(streamed, whole, sizeof streamed) == 0);
+        CHECK(memcmp(whole, start_params(), sizeof streamed) != 0); /* the steps moved rows */
+    }
+    /* half a pass, ended: the rest skipped */
+    REQUIRE(dp_ps_client_tables_read(chief, 0, streamed, 7, &err) == 0);
+    CHECK(dp_ps_client_tables_read(chief, 1, streamed, 1, &err) < 0 &&
+          strstr(err.msg, "out of order"));
+    CHECK(dp_ps_client_tables_read(chief, 0, streamed, TAB, &err) < 0 &&
+          strstr(err.msg, "are left"));
+    REQUIRE(dp_ps_client_tables_end(chief, &err) == 0);
+    float again[NP];
+    REQUIRE(dp_ps_client_pull(chief, again, 0, &err) == 0);
+    CHECK(memcmp(again, whole, sizeof again) == 0);
+    dp_ps_client_free(w);
+    dp_ps_client_free(chief);
+    rig_close(&r, 1);
+    printf("a table streamed in pieces of 4 floats (rows of 3): the whole pull's rows\n");
+}
+
 /* The chief's pull of a state that a fake shard 0 answers: its one chunk
  * of rows claims to start at local row `first`, or carries `extra` floats
  * more than its count says. */
@@ -697,6 +754,7 @@ int main(void)
     sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
     state_in_chunks();
+    tables_streamed();
     bad_state_rows(1, 0, "sent rows [1, +5) of part 0 of sparse table 0; expected [0, +5)");
     bad_state_rows(0, 1, "expected STATE_ROWS of 5 rows of sparse table 0");
     rows_drawn_alone("8-emb1000x16-gap-10");
