@@ -480,14 +480,14 @@ static void state_in_chunks(void)
            (unsigned long long)whole);
 }
 
-/* Every table's rows streamed (the chief's --save on rows): pieces of 4
- * floats, rows of 3 cut anywhere, give the table the chief's whole pull
- * gives; a pass left half read and ended leaves the client whole (a pull
+/* Every table's rows streamed (a chief on rows writing a file): pieces of
+ * 4 floats, rows of 3 cut anywhere, give the table the chief's whole pull
+ * gives, and pieces of 5 of part 1 the accumulators its state pull gives; a pass left half read and ended leaves the client whole (a pull
  * after it, and a second pass, read the same); pieces past the table or
  * out of order are refused. */
 static void tables_streamed(void)
 {
-    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
     oc.lr = 0.05f;
     rig r;
     rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
@@ -506,11 +506,20 @@ static void tables_streamed(void)
         REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
     }
     REQUIRE(dp_ps_client_pull(chief, whole, 0, &err) == 0);
+    /* part 1, the accumulators' rows, against the checkpoint's state */
+    float sp[NP], ss[NP], acc[TAB];
+    long t = 0;
+    REQUIRE(dp_ps_client_pull_state(chief, 9, &oc, sp, ss, NULL, &t, &err) == 0);
+    for (size_t at = 0; at < TAB; at += 5) {
+        size_t n = TAB - at < 5 ? TAB - at : 5;
+        REQUIRE(dp_ps_client_tables_read(chief, 1, 0, acc + at, n, &err) == 0);
+    }
+    CHECK(memcmp(acc, ss, sizeof acc) == 0 && memcmp(sp, whole, sizeof acc) == 0);
     for (int pass = 0; pass < 2; pass++) {
         memset(streamed, 0, sizeof streamed);
         for (size_t at = 0; at < TAB; at += 4) {
             size_t n = TAB - at < 4 ? TAB - at : 4;
-            if (dp_ps_client_tables_read(chief, 0, streamed + at, n, &err) < 0) {
+            if (dp_ps_client_tables_read(chief, 0, 0, streamed + at, n, &err) < 0) {
                 fprintf(stderr, "tables read: %s\n", err.msg);
                 exit(1);
             }
@@ -519,10 +528,10 @@ static void tables_streamed(void)
         CHECK(memcmp(whole, start_params(), sizeof streamed) != 0); /* the steps moved rows */
     }
     /* half a pass, ended: the rest skipped */
-    REQUIRE(dp_ps_client_tables_read(chief, 0, streamed, 7, &err) == 0);
-    CHECK(dp_ps_client_tables_read(chief, 1, streamed, 1, &err) < 0 &&
+    REQUIRE(dp_ps_client_tables_read(chief, 0, 0, streamed, 7, &err) == 0);
+    CHECK(dp_ps_client_tables_read(chief, 0, 1, streamed, 1, &err) < 0 &&
           strstr(err.msg, "out of order"));
-    CHECK(dp_ps_client_tables_read(chief, 0, streamed, TAB, &err) < 0 &&
+    CHECK(dp_ps_client_tables_read(chief, 0, 0, streamed, TAB, &err) < 0 &&
           strstr(err.msg, "are left"));
     REQUIRE(dp_ps_client_tables_end(chief, &err) == 0);
     float again[NP];
@@ -531,7 +540,8 @@ static void tables_streamed(void)
     dp_ps_client_free(w);
     dp_ps_client_free(chief);
     rig_close(&r, 1);
-    printf("a table streamed in pieces of 4 floats (rows of 3): the whole pull's rows\n");
+    printf("a table streamed in pieces of 4 and 5 floats (rows of 3): the whole pull's rows "
+           "and accumulators\n");
 }
 
 /* The chief's pull of a state that a fake shard 0 answers: its one chunk

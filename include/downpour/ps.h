@@ -42,6 +42,9 @@ typedef enum dp_ps_mode {
  * most this many bytes of rows (STATE_ROWS): 4 MiB, far under the frame
  * bound, whatever the table. */
 #define DP_PS_STATE_CHUNK ((size_t)4 << 20)
+/* A STATE_REQ's [u32 flags]: the dense state only, no STATE_ROWS (a chief
+ * with compact tables streams them into the file instead). */
+#define DP_PS_STATE_DENSE 1u
 /* A STATE_ROWS frame's head: [u32 table][u32 part][u32 first local row][u32 count]. */
 #define DP_PS_STATE_ROWS_HEAD 16
 typedef struct dp_ps_table_spec {
@@ -218,11 +221,13 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
  * tables, every row of every table too (PULL_TABLE), unless the client's
  * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
-/* Every sparse table's rows, streamed: the next n floats of table k (row
- * after row, ids increasing; the tables in order, each from its first row),
- * from every shard's answer to one PULL_TABLE (sent at the first call), read
- * a piece at a time, never whole.  _end skips what a pass left unread. */
-int dp_ps_client_tables_read(dp_ps_client *c, int k, float *dst, size_t n, dp_err *err);
+/* Every sparse table's rows, streamed: the next n floats of part `part`
+ * (0: the rows; 1, 2: optimiser slot 0, 1's) of table k (row after row, ids
+ * increasing; the tables in order, each from its first row), from every
+ * shard's answer to one PULL_TABLE (sent at a pass's first call), read a
+ * piece at a time, never whole.  _end skips what a pass left unread. */
+int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
+                             dp_err *err);
 int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err);
 /* Rows of width w one STATE_ROWS frame carries under cfg (both ends alike):
  * state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at least one row. */

@@ -264,10 +264,11 @@ struct dp_strategy_ops {
      * touch into the weights params() last returned and gives x with its ids
      * turned into their slots (valid until the next call; NULL with err). */
     const float *(*eval_rows)(dp_strategy *s, const float *x, int n, dp_err *err);
-    /* Evaluator with compact tables writing --save: the next n floats of
-     * sparse table k's whole rows (dp_ckpt_rows_fn's order), streamed from
-     * where they live; k -1 ends the pass (what it left unread is skipped). */
-    int (*table_rows)(dp_strategy *s, int k, float *buf, size_t n, dp_err *err);
+    /* Evaluator with compact tables writing a file (--save, checkpoints):
+     * the next n floats of part `part` (0 the rows, j optimiser slot j - 1's)
+     * of sparse table k, whole (dp_ckpt_rows_fn's order), streamed from where
+     * they live; k -1 ends a pass (what it left unread is skipped). */
+    int (*table_rows)(dp_strategy *s, int part, int k, float *buf, size_t n, dp_err *err);
     /* Sets up this task's part of the run (from env->resume when resuming). */
     int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
     /* SERVER: serves until the run is over. */

@@ -38,7 +38,7 @@ enum dp_wire_type {
     DP_WIRE_PULL = DP_FRAME_APP(2),         /* anyone -> ps: send me the shard's parameters */
     DP_WIRE_PARAMS = DP_FRAME_APP(3),       /* ps -> anyone: the shard's parameters; step = slowest clock */
     DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
-    DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step` */
+    DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step`; payload none or [u32 flags] (DP_PS_STATE_DENSE: no STATE_ROWS) */
     DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state); with sparse tables their rows and slots' rows follow in STATE_ROWS frames */
     DP_WIRE_PUSH_ROWS = DP_FRAME_APP(7),    /* worker -> ps: push head + the shard's dense gradient + a rows section (ps_shard.c, "rows section") */
     /* ring all-reduce (src/strategy/ring.c, and allreduce.c re-forming it) */
@@ -70,7 +70,7 @@ enum dp_wire_type {
     /* sparse rows (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "Sparse rows"); offset = the shard's dense lo */
     DP_WIRE_PULL_ROWS = DP_FRAME_APP(34),   /* worker -> ps: per table [u32 count][count u32 ids], ids of this shard, increasing */
     DP_WIRE_ROWS = DP_FRAME_APP(35),        /* ps -> anyone: the rows asked (or every row it holds), f32, table after table; step = slowest clock */
-    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order) */
+    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order); payload none or [u32 part]: 0 the rows, 1, 2 optimiser slot 0, 1's */
     DP_WIRE_STATE_ROWS = DP_FRAME_APP(37),  /* ps -> chief after a STATE, chief -> a restarted ps after its RESTORE: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count] then count x width f32; step = the checkpoint's (ps.c send_state) */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */

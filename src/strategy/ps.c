@@ -493,7 +493,7 @@ size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t w)
  * then each slot's rows (part 0, 1, ..), each in chunks of at most
  * dp_ps_state_chunk_rows rows in local order, straight from the tables: no frame
  * grows with the table. */
-static int send_state(server *s, int rank, uint64_t step, dp_err *err)
+static int send_state(server *s, int rank, uint64_t step, int rows, dp_err *err)
 {
     uint8_t head[16];
     dp_put_u64(head, (uint64_t)s->opt.t);
@@ -509,7 +509,7 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
         iov[k++] = (struct iovec){s->ema, bytes};
     if (dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err) < 0)
         return -1;
-    for (int q = 0; q < s->n_tab; q++) {
+    for (int q = 0; rows && q < s->n_tab; q++) {
         dp_ps_table *t = &s->tab[q];
         size_t w = (size_t)t->width, per = dp_ps_state_chunk_rows(&s->cfg, w);
         int parts = 1 + (t->opt.state ? dp_optim_slots(t->opt.cfg.kind) : 0);
@@ -562,25 +562,49 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
         if (dp_ps_rows_read(s, ev->peer, ev->header.length, 0, who, err) < 0)
             return -1;
         return dp_ps_rows_send(s, ev->peer, 0, err);
-    case DP_WIRE_PULL_TABLE:
-        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
-            return -1;
+    case DP_WIRE_PULL_TABLE: { /* [u32 part] or nothing (part 0, the rows) */
+        uint32_t part = 0;
+        if (ev->header.length != 0 && ev->header.length != 4) {
+            if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+                return -1;
+            return dp_errf(err, "%s sent a PULL_TABLE of %llu bytes; it holds 0 or 4", who,
+                           (unsigned long long)ev->header.length);
+        }
+        if (ev->header.length == 4) {
+            uint8_t b[4];
+            if (dp_transport_recv_payload(s->t, ev->peer, b, 4, err) < 0)
+                return -1;
+            part = dp_get_u32(b);
+        }
         if (s->n_tab == 0)
             return dp_errf(err, "%s asked for the sparse tables; this run moves no table by rows",
                            who);
-        return dp_ps_rows_send(s, ev->peer, 1, err);
+        int parts = 1 + (s->tab[0].opt.state ? dp_optim_slots(s->tab[0].opt.cfg.kind) : 0);
+        if (part >= (uint32_t)parts)
+            return dp_errf(err, "%s asked for part %u of the sparse tables; they have %d (the "
+                                "rows and each optimiser slot)", who, part, parts);
+        return dp_ps_rows_send(s, ev->peer, 1 + (int)part, err);
+    }
     case DP_WIRE_PULL_AVERAGE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
         return dp_transport_send(s->t, ev->peer, DP_WIRE_PARAMS, 0, s->lo,
                                  s->ema ? s->ema : s->params, s->n * sizeof(float), err);
-    case DP_WIRE_STATE_REQ:
-        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+    case DP_WIRE_STATE_REQ: { /* [u32 flags] or nothing: STATE_DENSE, no rows */
+        uint32_t flags = 0;
+        if (ev->header.length == 4) {
+            uint8_t b[4];
+            if (dp_transport_recv_payload(s->t, ev->peer, b, 4, err) < 0)
+                return -1;
+            flags = dp_get_u32(b);
+        } else if (dp_transport_skip_payload(s->t, ev->peer, err) < 0) {
             return -1;
+        }
         if (ev->peer != s->chief)
             return dp_errf(err, "%s asked for the shard's training state; only the chief may",
                            who);
-        return send_state(s, ev->peer, ev->header.step, err);
+        return send_state(s, ev->peer, ev->header.step, !(flags & DP_PS_STATE_DENSE), err);
+    }
     case DP_WIRE_JOIN:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -1426,7 +1450,7 @@ int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const
  * from compact tables, docs/strategies.md "The chief on rows"): one
  * PULL_TABLE to every shard, whose ROWS frames are then read a piece at a
  * time as the file wants them, never whole. */
-static int tables_begin(dp_ps_client *c, dp_err *err)
+static int tables_begin(dp_ps_client *c, int part, dp_err *err)
 {
     int S = c->layout.n_shards;
     for (int a = 0; a < S; a++)
@@ -1435,8 +1459,19 @@ static int tables_begin(dp_ps_client *c, dp_err *err)
                 return dp_errf(err, "%s serves two shards (a failover): their rows cannot be "
                                     "streamed side by side",
                                dp_transport_peer_name(c->t, c->layout.rank[a]));
-    if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
-        return -1;
+    if (part == 0) {
+        if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
+            return -1;
+    } else { /* an optimiser slot's rows: [u32 part] */
+        uint8_t b[4];
+        dp_put_u32(b, (uint32_t)part);
+        if (sends_done(c, err) < 0)
+            return -1;
+        for (int sh = 0; sh < S; sh++)
+            if (dp_transport_send(c->t, c->layout.rank[sh], DP_WIRE_PULL_TABLE,
+                                  (uint64_t)c->clock, c->layout.range[sh].lo, b, 4, err) < 0)
+                return -1;
+    }
     for (int sh = 0; sh < S; sh++) {
         int rank = c->layout.rank[sh];
         uint64_t want = 0;
@@ -1455,6 +1490,7 @@ static int tables_begin(dp_ps_client *c, dp_err *err)
         c->tab_left[sh] = want;
     }
     c->tab_on = 1;
+    c->tab_part = part;
     c->tab_k = 0;
     c->tab_pos = 0;
     return 0;
@@ -1470,10 +1506,14 @@ int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err)
     return rc;
 }
 
-int dp_ps_client_tables_read(dp_ps_client *c, int k, float *dst, size_t n, dp_err *err)
+int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
+                             dp_err *err)
 {
-    if (!c->tab_on && tables_begin(c, err) < 0)
+    if (!c->tab_on && tables_begin(c, part, err) < 0)
         return -1;
+    if (part != c->tab_part)
+        return dp_errf(err, "part %d of the sparse tables asked while part %d is read", part,
+                       c->tab_part);
     if (k == c->tab_k + 1 && c->tab_k < c->cfg.n_tables &&
         c->tab_pos == (size_t)c->cfg.tables[c->tab_k].rows * c->cfg.tables[c->tab_k].width)
         c->tab_k = k, c->tab_pos = 0; /* the next table */
@@ -1567,6 +1607,7 @@ typedef struct state_into {
     int n_slots;
     float *params, *slots, *ema;
     long *t;
+    int dense_only; /* compact tables: no STATE_ROWS asked (their rows are streamed) */
 } state_into;
 
 /* The STATE_ROWS frames of shard s after its STATE, each checked against
@@ -1645,17 +1686,18 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
         return -2;
     }
     uint8_t head[16];
+    size_t at = r->lo - c->cfg.dense_shift; /* a compact chief's vectors lack the tables */
     if (dp_transport_recv_payload(c->t, rank, head, sizeof head, err) < 0 ||
-        dp_transport_recv_payload(c->t, rank, o->params + r->lo, bytes, err) < 0)
+        dp_transport_recv_payload(c->t, rank, o->params + at, bytes, err) < 0)
         return -1;
     for (int k = 0; k < o->n_slots; k++)
-        if (dp_transport_recv_payload(c->t, rank, o->slots + (size_t)k * c->n + r->lo, bytes,
+        if (dp_transport_recv_payload(c->t, rank, o->slots + (size_t)k * c->n + at, bytes,
                                       err) < 0)
             return -1;
-    if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + r->lo, bytes, err)
+    if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + at, bytes, err)
                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
         return -1;
-    int rc = take_state_rows(c, s, rank, o, err);
+    int rc = o->dense_only ? 0 : take_state_rows(c, s, rank, o, err);
     if (rc < 0)
         return rc;
     long shard_t = (long)dp_get_u64(head);
@@ -1670,9 +1712,21 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
                             float *params, float *slots, float *ema, long *t, dp_err *err)
 {
-    state_into o = {step, dp_optim_slots(optim->kind), params, slots, ema, t};
-    if (request_all(c, DP_WIRE_STATE_REQ, step, err) < 0)
-        return -1;
+    state_into o = {step, dp_optim_slots(optim->kind), params, slots, ema, t, 0};
+    o.dense_only = c->cfg.n_tables > 0 && c->cfg.tables[0].slots > 0;
+    if (!o.dense_only) {
+        if (request_all(c, DP_WIRE_STATE_REQ, step, err) < 0)
+            return -1;
+    } else { /* the tables' rows go to the file later (dp_ps_client_tables_read) */
+        uint8_t b[4];
+        dp_put_u32(b, DP_PS_STATE_DENSE);
+        if (sends_done(c, err) < 0)
+            return -1;
+        for (int s = 0; s < c->layout.n_shards; s++)
+            if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_STATE_REQ, step,
+                                  c->layout.range[s].lo, b, 4, err) < 0)
+                return -1;
+    }
     return collect(c, DP_WIRE_STATE, "its training state", take_state, &o, err);
 }
 

@@ -2023,11 +2023,12 @@ const float *dp_ps_family_eval_rows(dp_strategy *s, const float *x, int n, dp_er
     return slot_batch(s, x, n);
 }
 
-int dp_ps_family_table_rows(dp_strategy *s, int k, float *buf, size_t n, dp_err *err)
+int dp_ps_family_table_rows(dp_strategy *s, int part, int k, float *buf, size_t n,
+                            dp_err *err)
 {
     if (k < 0)
         return dp_ps_client_tables_end(s->client, err);
-    return dp_ps_client_tables_read(s->client, k, buf, n, err);
+    return dp_ps_client_tables_read(s->client, part, k, buf, n, err);
 }
 
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err)

@@ -85,7 +85,8 @@ int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err);
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err);
 const float *dp_ps_family_eval_rows(dp_strategy *s, const float *x, int n, dp_err *err);
-int dp_ps_family_table_rows(dp_strategy *s, int k, float *buf, size_t n, dp_err *err);
+int dp_ps_family_table_rows(dp_strategy *s, int part, int k, float *buf, size_t n,
+                            dp_err *err);
 int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
 int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err);
 int dp_ps_family_leave(dp_strategy *s, long steps, dp_err *err);

@@ -436,8 +436,9 @@ int dp_ps_rows_send(server *s, int rank, int all, dp_err *err)
     for (int k = 0; k < s->n_tab; k++) {
         dp_ps_table *t = &s->tab[k];
         size_t w = (size_t)t->width;
-        if (all) {
-            iov[n++] = (struct iovec){t->params, (size_t)t->local * w * sizeof(float)};
+        if (all) { /* part all - 1: the rows, or an optimiser slot's */
+            const float *v = all == 1 ? t->params : t->opt.state + (size_t)(all - 2) * t->opt.n;
+            iov[n++] = (struct iovec){(void *)v, (size_t)t->local * w * sizeof(float)};
             continue;
         }
         for (long i = 0; i < t->n_ids; i++)

@@ -19,6 +19,7 @@
 #include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
+#include "downpour/sparse.h"
 
 #define MAX_WORKERS 4096
 #define MAX_TENSORS \
@@ -109,6 +110,11 @@ typedef struct writer {
      * data is in memory), where the rows come from, and the checksum made
      * as the data goes by */
     int table_of[MAX_TENSORS];
+    int part_of[MAX_TENSORS];  /* a flat slot tensor of compact tables: 1 + its slot (0: none) */
+    size_t flat_at[MAX_TENSORS]; /* where its fill is, in the whole model's order */
+    size_t table_len[DP_SPARSE_MAX]; /* each compact table's floats, whole */
+    size_t tables_end, cut;      /* the tables' floats whole; what the model lacks of them */
+    const dp_train_state *st;
     int n_tables;
     dp_ckpt_rows_fn rows;
     void *rows_ctx;
@@ -195,8 +201,13 @@ static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, 
         if (d->sparse_rows) { /* a compact table: the file holds it whole, from w->rows */
             if (w->nt != first + 1)
                 return -1;
+            if (w->n_tables >= DP_SPARSE_MAX)
+                return -1;
             w->t[first].shape[0] = d->sparse_rows;
             w->t[first].data = NULL;
+            w->table_len[w->n_tables] = (size_t)d->sparse_rows * (size_t)w->t[first].shape[1];
+            w->tables_end += w->table_len[w->n_tables];
+            w->cut += w->table_len[w->n_tables] - d->w_len;
             w->table_of[first] = w->n_tables++;
         }
         return 0;
@@ -249,7 +260,32 @@ static void add_text(writer *w, const char *key, const char *value)
 static int fill_rows(void *ctx, int i, float *buf, size_t n, dp_err *err)
 {
     writer *w = ctx;
-    return w->rows(w->rows_ctx, w->table_of[i], buf, n, err);
+    if (!w->part_of[i])
+        return w->rows(w->rows_ctx, 0, w->table_of[i], buf, n, err);
+    /* a flat slot vector in the whole model's order: the tables' part from
+     * the rows source, table after table, then the dense part from memory
+     * (dense j of the whole model at j - cut) */
+    int part = w->part_of[i];
+    const float *dense = w->st->slots + (size_t)(part - 1) * w->st->n_params;
+    while (n > 0) {
+        size_t at = w->flat_at[i], m = n;
+        if (at < w->tables_end) {
+            size_t lo = 0;
+            int k = 0;
+            while (at >= lo + w->table_len[k])
+                lo += w->table_len[k++];
+            if (m > lo + w->table_len[k] - at)
+                m = lo + w->table_len[k] - at;
+            if (w->rows(w->rows_ctx, part, k, buf, m, err) < 0)
+                return -1;
+        } else {
+            memcpy(buf, dense + (at - w->cut), m * sizeof(float));
+        }
+        w->flat_at[i] += m;
+        buf += m;
+        n -= m;
+    }
+    return 0;
 }
 
 static void crc_piece(void *ctx, int i, const void *data, size_t bytes)
@@ -287,10 +323,10 @@ int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train
 {
     if (!rows)
         return dp_errf(err, "%s: no source of the sparse tables' rows", path);
-    /* only the weights: every flat vector would be the compact model's */
-    if (st->slots || st->ema || st->best || st->n_workers || st->n_residuals || st->n_vecs ||
-        m->external)
-        return dp_errf(err, "%s: a model with compact tables writes its weights only", path);
+    /* the weights and optimiser slots: no other flat vector is made whole */
+    if (st->ema || st->best || st->n_workers || st->n_residuals || st->n_vecs || m->external)
+        return dp_errf(err, "%s: a model with compact tables writes its weights and optimiser "
+                            "slots only", path);
     return write_file(path, m, st, id, rows, ctx, err);
 }
 
@@ -317,6 +353,7 @@ static int write_file(const char *path, const dp_model *m, const dp_train_state 
         w->table_of[i] = -1;
     w->rows = rows;
     w->rows_ctx = rows_ctx;
+    w->st = st;
     w->crc_tensor_at = -1;
     /* buffers: the state's when it holds them, else the writing task's model's
      * (docs/strategies.md, "Buffers") */
@@ -338,8 +375,15 @@ static int write_file(const char *path, const dp_model *m, const dp_train_state 
         if (m->n_buffers && buffers)
             add_tensor(w, buffers, 1, (int64_t)m->n_buffers, 0, "buffers", 0, 0);
     }
-    for (int k = 0; k < st->n_slots && st->slots; k++)
+    for (int k = 0; k < st->n_slots && st->slots; k++) {
+        int at = w->nt;
         add_tensor(w, st->slots + (size_t)k * n, 1, (int64_t)n, 0, "optimizer.slot%d", k, 0);
+        if (rows && w->n_tables) { /* whole in the file: the tables' part streamed */
+            w->t[at].data = NULL;
+            w->t[at].shape[0] = (int64_t)(n + w->cut);
+            w->part_of[at] = 1 + k;
+        }
+    }
     for (int i = 0; i < st->n_workers; i++)
         for (int k = 0; k < st->n_slots; k++)
             add_tensor(w, st->worker_slots + ((size_t)i * st->n_slots + k) * n, 1, (int64_t)n, 0,

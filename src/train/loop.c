@@ -233,6 +233,8 @@ typedef struct loop {
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
+    dp_model whole;        /* a chief on rows (compact_eval): the whole model described,
+                              no memory: how the run's checkpoint files are laid out */
     float *x;
     uint8_t *y;
     dp_run_identity id;
@@ -246,13 +248,21 @@ typedef struct loop {
     dp_train_result *res;
 } loop;
 
+/* The model a checkpoint file of this run is read through: the whole one
+ * (a chief on rows reads a file whole, rare: a restart). */
+static const dp_model *file_model(const loop *L)
+{
+    return L->compact_eval ? &L->whole : &L->m;
+}
+
 /* env.checkpoints: the strategy's way to this run's newest checkpoint (the
  * ps family restores a restarted ps task from it), read here, so no
  * strategy calls into src/train. */
 static int newest_checkpoint(void *ctx, dp_train_state *st, char *path, size_t cap, dp_err *err)
 {
     const loop *L = ctx;
-    return dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, st, path, cap, err);
+    return dp_checkpoint_find_newest(L->cfg->checkpoint_dir, file_model(L), &L->id, st, path,
+                                     cap, err);
 }
 
 static void release_checkpoint(void *ctx, dp_train_state *st)
@@ -437,13 +447,36 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
  * behind, so training goes on, the next one is tried at its step, and the
  * run ends with DP_EXIT_CHECKPOINTS_MISSED (docs/checkpoints.md, "A
  * checkpoint that cannot be written"). */
+/* --save of a chief on rows, and its checkpoints: part `part` of table k's
+ * next n floats (dp_ckpt_rows_fn). */
+static int save_rows(void *ctx, int part, int k, float *buf, size_t n, dp_err *err)
+{
+    loop *L = ctx;
+    return L->ops->table_rows(L->s, part, k, buf, n, err);
+}
+
+/* st to path: a chief on rows streams its tables from the servers into the
+ * file (docs/strategies.md, "The chief on rows"). */
+static int write_file(loop *L, const char *path, const dp_train_state *st, dp_err *err)
+{
+    if (!L->compact_eval)
+        return dp_checkpoint_write(path, &L->m, st, &L->id, err);
+    dp_err end;
+    int rc = dp_checkpoint_write_rows(path, &L->m, st, &L->id, save_rows, L, err);
+    if (L->ops->table_rows(L->s, 0, -1, NULL, 0, &end) < 0 && rc == 0) {
+        *err = end;
+        rc = -1;
+    }
+    return rc;
+}
+
 static void write_checkpoint(loop *L, long step)
 {
     char path[4096];
     dp_err why;
     L->ck.step = step;
     dp_checkpoint_path(path, sizeof path, L->cfg->checkpoint_dir, step);
-    if (dp_checkpoint_write(path, &L->m, &L->ck, &L->id, &why) < 0) {
+    if (write_file(L, path, &L->ck, &why) < 0) {
         L->res->checkpoints_missed++;
         dp_warn("fault: checkpoint of step %ld not written: %s; the run goes on, and the "
                 "older checkpoints are kept", step, why.msg);
@@ -485,13 +518,6 @@ static void print_table(const loop *L)
         else
             dp_info("%6d %13.4f %11.4f %9.2f", e + 1, (double)h[0], (double)h[1], (double)h[2]);
     }
-}
-
-/* --save of a chief on rows: table k's next n floats (dp_ckpt_rows_fn). */
-static int save_rows(void *ctx, int k, float *buf, size_t n, dp_err *err)
-{
-    loop *L = ctx;
-    return L->ops->table_rows(L->s, k, buf, n, err);
 }
 
 /* The evaluator at the end: test accuracy, the table, the done event, --save. */
@@ -568,19 +594,8 @@ static int report_and_save(loop *L, dp_err *err)
     }
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
                               .step = L->total_steps, .best_accuracy = -1};
-    if (L->compact_eval) { /* the tables streamed from the servers into the file */
-        dp_err end;
-        int rc = dp_checkpoint_write_rows(cfg->save_path, &L->m, &weights, &L->id, save_rows, L,
-                                          err);
-        if (L->ops->table_rows(L->s, -1, NULL, 0, &end) < 0 && rc == 0) {
-            *err = end;
-            rc = -1;
-        }
-        if (rc < 0)
-            return -1;
-    } else if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0) {
+    if (write_file(L, cfg->save_path, &weights, err) < 0)
         return -1;
-    }
     dp_info("Saved %s", cfg->save_path);
     return 0;
 }
@@ -610,8 +625,8 @@ static int reattach(loop *L, dp_err *err)
     char path[4096];
     dp_train_state r;
     memset(&r, 0, sizeof r);
-    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, &r, path,
-                                          sizeof path, err);
+    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, file_model(L), &L->id, &r,
+                                          path, sizeof path, err);
     if (found < 0)
         return -1;
     if (found > 0) {
@@ -1166,13 +1181,11 @@ static int run_task(loop *L, dp_err *err)
      * (its shard draws its own rows: docs/strategies.md, "Tables larger
      * than a worker"); a resumed one reads the checkpoint whole, so holds
      * them whole. */
-    /* The chief too when it writes no checkpoint (their optimiser slots
-     * and tables are whole vectors, docs/checkpoints.md) and keeps no best
-     * weights: it evaluates chunk by chunk on the rows each pulls, and
-     * --save streams the tables from the servers into the file. */
+    /* The chief too when it keeps no best weights (a whole vector): it
+     * evaluates chunk by chunk on the rows each pulls, and its files
+     * (--save, checkpoints) take the tables streamed from the servers. */
     int chief_compact = L->in_cluster && L->node.self->role == DP_ROLE_CHIEF &&
-                        !cfg->checkpoint_dir && !cfg->keep_best && L->ops->eval_rows &&
-                        L->ops->table_rows;
+                        !cfg->keep_best && L->ops->eval_rows && L->ops->table_rows;
     int compact = L->in_cluster &&
                   (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
                   !cfg->resume && !cfg->external && L->ops->compact_tables &&
@@ -1184,6 +1197,8 @@ static int run_task(loop *L, dp_err *err)
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     L->compact_eval = L->compact_eval > 0 && chief_compact;
+    if (L->compact_eval && dp_model_describe(&L->whole, cfg->model, err) < 0)
+        return -1;
     if (L->m.external) {
         /* its weights are its caller's: the same on every task when each
          * builds the module from the same seed (docs/python.md) */
@@ -1428,6 +1443,7 @@ out:
     free(L.x);
     free(L.y);
     dp_model_free(&L.m);
+    dp_model_free(&L.whole);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
     L.node.failed = rc < 0;
