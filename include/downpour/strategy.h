@@ -257,8 +257,9 @@ struct dp_strategy_ops {
      * moves them by rows and nothing of a worker needs them whole (NULL:
      * never).  The strategy's step then turns the batch's ids into slots.
      * The loop builds a ps task's model so too (its shards hold the rows),
-     * and the chief's when it writes no file (docs/strategies.md, "Tables
-     * larger than a worker"), which then evaluates through eval_rows. */
+     * and the chief's unless it keeps --keep-best weights (docs/strategies.md,
+     * "The chief on rows"), which then evaluates through eval_rows and
+     * writes its files through table_rows. */
     int (*compact_tables)(const dp_train_config *cfg);
     /* Evaluator with compact tables: pulls the rows that n records of x
      * touch into the weights params() last returned and gives x with its ids
