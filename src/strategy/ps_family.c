@@ -842,11 +842,11 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             goto fail;
     } else {
         s->worker = env->node->self->index;
+        s->next_from = -1; /* no deal for a later epoch yet */
         if (!s->K) {
             info->shard_index = s->worker;
             s->deal_index = s->worker;
             s->deal_count = c->count[DP_ROLE_WORKER];
-            s->next_from = -1;
             snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
         } else {
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
