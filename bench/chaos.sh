@@ -6,6 +6,9 @@
 #   freeze  SIGSTOP the task for heartbeat timeout + 2 s, then SIGCONT, under launch
 #   drain   SIGTERM the task, under launch: it finishes its step and leaves
 #           in order (docs/faults.md, "Draining"); the run goes on without it
+#   join    the run has a spare worker slot (train --spare-workers 1, launch
+#           --workers 3); SIGUSR1 to launch starts its task, which joins the
+#           running job (docs/cluster.md, "Spare slots")
 #   cut     its network link down for heartbeat timeout + 2 s, then up again:
 #           the tasks are started by hand, one per network namespace
 #           (scripts/netns.sh, root only; `downpour launch` puts every task
@@ -29,8 +32,9 @@
 #   --roles LIST          worker,ps,chief (default all; a strategy without the role skips it;
 #                         chief is the task that evaluates: worker:0 in allreduce, pipeline
 #                         and model-parallel, which run without a chief)
-#   --faults LIST         kill,freeze,cut,drain (default all; cut is skipped when not root;
-#                         drain is for workers)
+#   --faults LIST         kill,freeze,cut,drain,join (default all; cut is skipped when not
+#                         root; drain is for workers; join is the worker role's, in the
+#                         strategies that re-deal their data)
 #   --moments LIST        early,mid,late for kill (default all); the others at --fault-moment
 #   --fault-moment M      moment of the freeze, cut and drain trials (default mid)
 #   --max-restarts N      passed to `downpour launch`; in cut trials a failed task is
@@ -57,7 +61,7 @@ NETNS="$root/scripts/netns.sh"
 TRIALS=1
 STRATEGIES=ps-async,ps-ssp,ps-dssp,ps-sync,model-avg,allreduce,lbfgs,pipeline,model-parallel
 ROLES=worker,ps,chief
-FAULTS=kill,freeze,cut,drain
+FAULTS=kill,freeze,cut,drain,join
 MOMENTS=early,mid,late
 FAULT_MOMENT=mid
 MAX_RESTARTS=
@@ -196,6 +200,10 @@ stamp() {
 chiefless() { case "$1" in allreduce|pipeline|model-parallel) return 0 ;; esac; return 1; }
 
 has_role() {  # strategy role fault
+    if [ "$3" = join ]; then  # a worker joins, where the data is re-dealt
+        [ "$2" = worker ] && case "$1" in lbfgs|pipeline|model-parallel) return 1 ;; esac
+        return
+    fi
     case "$2" in
     worker) return 0 ;;
     chief) [ "$3" != drain ] || chiefless "$1" ;;  # a chief is not drained; replica 0 may be
@@ -211,7 +219,7 @@ target_name() {  # role [strategy] -> task name
     esac
 }
 
-train_args() {  # strategy tag
+train_args() {  # strategy tag [fault]
     local a=(train --strategy "$1" --dataset mnist --train-size "$TRAIN" --val-size 1000
              --epochs "$EPOCHS" --batch 128 --seed 1 --log-every 8 --no-progress
              --heartbeat-timeout "$HB" --startup-timeout 30 --straggler "1:$STRAG_MS")
@@ -220,13 +228,16 @@ train_args() {  # strategy tag
     allreduce|model-parallel) a+=(--collective-timeout 20) ;;
     lbfgs) a+=(--batch 1000 --portion 500) ;;  # a full batch of portions (overrides --batch 128)
     esac
+    [ "${3:-}" = join ] && a+=(--spare-workers 1)
     local extra=()
     [ -n "$EXTRA" ] && read -r -a extra <<<"$EXTRA"
     printf '%s\n' "${a[@]}" "${extra[@]}"
 }
 
-launch_opts() {  # strategy
-    if chiefless "$1"; then printf '%s\n' --workers 2; else printf '%s\n' --chief --workers 2 --ps "$NPS"; fi
+launch_opts() {  # strategy [fault]
+    local w=2
+    case "${2:-}" in join|wide) w=3 ;; esac  # join: the third a spare slot
+    if chiefless "$1"; then printf '%s\n' --workers "$w"; else printf '%s\n' --chief --workers "$w" --ps "$NPS"; fi
     [ -z "$MAX_RESTARTS" ] || printf '%s\n' --max-restarts "$MAX_RESTARTS"
 }
 
@@ -274,8 +285,8 @@ run_launch() {  # strategy fault role at_seconds tag
     local fifo=$OUT/$tag.fifo opts args
     rm -f "$fifo"
     mkfifo "$fifo" || die "mkfifo $fifo"
-    mapfile -t opts < <(launch_opts "$s")
-    mapfile -t args < <(train_args "$s" "$tag")
+    mapfile -t opts < <(launch_opts "$s" "$fault")
+    mapfile -t args < <(train_args "$s" "$tag" "$fault")
     stamp <"$fifo" >"$LOG" &
     local spid=$!
     PIDS+=("$spid")
@@ -285,7 +296,16 @@ run_launch() {  # strategy fault role at_seconds tag
     PIDS+=("$lpid")
     local deadline
     deadline=$(awk -v a="$T0" -v b="$TIMEOUT" 'BEGIN { printf "%.3f", a + b }')
-    if [ "$fault" != none ]; then
+    if [ "$fault" = wide ]; then
+        :  # the fault-free run of 3 workers, join's baseline
+    elif [ "$fault" = join ]; then
+        if sleep_until "$(awk -v a="$T0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')" "$lpid"; then
+            T_FAULT=$(now)
+            kill -USR1 "$lpid" 2>/dev/null
+        else
+            NOTE="the run ended before the join ($at s)"
+        fi
+    elif [ "$fault" != none ]; then
         local name tp
         name=$(target_name "$role" "$s")
         if sleep_until "$(awk -v a="$T0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')" "$lpid"; then
@@ -508,22 +528,23 @@ echo "chaos: $BIN, MNIST --train-size $TRAIN --epochs $EPOCHS, worker 1 straggle
 printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' strategy fault target moment exit accuracy delta detect verdict reason
 
 declare -A BASE_ACC
-TOTAL=0 PASSED=0 COMPLETED=0  # COMPLETED: exit 0 with a test accuracy
+TOTAL=0 PASSED=0 COMPLETED=0 LOSSES=0  # COMPLETED: exit 0 with a test accuracy; LOSSES: kill, freeze, cut trials
 DELTAS=() DETECTS=() SILENT=()  # SILENT: detection times of freezes and cuts
 
 frac() { case "$1" in early) echo 0.2 ;; mid) echo 0.5 ;; late) echo 0.8 ;; esac; }
 
 report() {  # strategy fault target moment trial
-    local s=$1 fault=$2 target=$3 moment=$4 trial=$5 acc delta det verdict why
+    local s=$1 fault=$2 target=$3 moment=$4 trial=$5 acc delta det verdict why base=$1
+    case "$fault" in join|wide) base="$1.wide" ;; esac  # against the fault-free run of 3 workers
     acc=$(accuracy "$LOG")
     delta=-
-    if [ -n "$acc" ] && [ -n "${BASE_ACC[$s]:-}" ]; then
-        delta=$(awk -v a="$acc" -v b="${BASE_ACC[$s]}" 'BEGIN { printf "%+.4f", a - b }')
+    if [ -n "$acc" ] && [ -n "${BASE_ACC[$base]:-}" ]; then
+        delta=$(awk -v a="$acc" -v b="${BASE_ACC[$base]}" 'BEGIN { printf "%+.4f", a - b }')
     fi
     det=$(detection "$LOG" "$T_FAULT" "$target")
     verdict=PASS
     why=$NOTE
-    if [ -z "$T_FAULT" ] && [ "$fault" != none ]; then
+    if [ -z "$T_FAULT" ] && [ "$fault" != none ] && [ "$fault" != wide ]; then
         verdict=NOFAULT
     elif [ "$RC" != 0 ]; then
         verdict=FAIL
@@ -537,12 +558,13 @@ report() {  # strategy fault target moment trial
         verdict=FAIL
         why="accuracy off by $delta${why:+; $why}"
     fi
-    if [ "$fault" != none ] && [ "$verdict" != NOFAULT ]; then
+    if [ "$fault" != none ] && [ "$fault" != wide ] && [ "$verdict" != NOFAULT ]; then
         TOTAL=$((TOTAL + 1))
         [ "$verdict" = PASS ] && PASSED=$((PASSED + 1))
         [ "$RC" = 0 ] && [ -n "$acc" ] && COMPLETED=$((COMPLETED + 1))
         [ "$delta" != - ] && DELTAS+=("${delta#[+-]}")
         [ -n "$det" ] && DETECTS+=("$det")
+        case "$fault" in kill|freeze|cut) LOSSES=$((LOSSES + 1)) ;; esac
         case "$fault" in freeze|cut) [ -n "$det" ] && SILENT+=("$det") ;; esac
     fi
     printf '%-10s %-7s %-9s %-6s %5s %9s %8s %8s  %-7s %s\n' "$s" "$fault" "$target" "$moment" "$RC" \
@@ -575,6 +597,15 @@ for s in "${S_LIST[@]}"; do
         case "$f" in
         kill) moments=("${M_LIST[@]}") ;;
         freeze|drain) moments=("$FAULT_MOMENT") ;;
+        join)  # early: a later epoch must be left to join
+            moments=(early)
+            has_role "$s" worker join && [[ ",$ROLES," == *,worker,* ]] || continue
+            if [ -z "${BASE_ACC[$s.wide]:-}" ]; then
+                run_launch "$s" wide - 0 "$s.baseline3"
+                acc=$(accuracy "$LOG")
+                [ "$RC" = 0 ] && [ -n "$acc" ] && BASE_ACC[$s.wide]=$acc
+                report "$s" wide - - 0
+            fi ;;
         cut) [ "$can_cut" = 1 ] || continue; moments=("$FAULT_MOMENT") ;;
         *) echo "chaos.sh: unknown fault '$f' (skipped)" >&2; continue ;;
         esac
@@ -590,7 +621,9 @@ for s in "${S_LIST[@]}"; do
                     else
                         run_launch "$s" "$f" "$r" "$at" "$tag"
                     fi
-                    report "$s" "$f" "$(target_name "$r" "$s")" "$m" "$k"
+                    tn=$(target_name "$r" "$s")
+                    [ "$f" = join ] && tn=worker:2
+                    report "$s" "$f" "$tn" "$m" "$k"
                 done
             done
         done
@@ -627,7 +660,9 @@ if [ "$maxd" = - ]; then
 else
     line "max accuracy difference" "$maxd" "<= $TOL" "$(fle "$maxd" "$TOL" && echo 1 || echo 0)"
 fi
-if [ "$medd" = - ]; then
+if [ "$LOSSES" = 0 ]; then
+    echo "  median detection time        -          (no kill, freeze or cut trial)"
+elif [ "$medd" = - ]; then
     line "median detection time" "-" "<= $HB s" 0
 else
     line "median detection time" "$medd s" "<= $HB s" "$(fle "$medd" "$HB" && echo 1 || echo 0)"

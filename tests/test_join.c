@@ -285,6 +285,19 @@ int main(void)
     rc = grow_and_shrink("ps-grow", "ps-async", "worker:2", 5);
     check_grown("ps-grow", rc, clean, 0.01, 5);
 
+    /* A spare filled once the last epoch is under way starts at the end and
+     * takes part in no checkpoint (it once started a step early, at the
+     * final checkpoint's step, and the chief stopped the run: "worker:0 is
+     * at checkpoint step 70, the others at 80"). */
+    char args[2048];
+    snprintf(args, sizeof args, "--workers 3 --chief --ps 1 -- train --strategy ps-async " JOB
+             " --epochs 2 --checkpoint-dir %s/late.ck --checkpoint-every 10", tmp);
+    pid_t l = start("ps-late", args);
+    CHECKF(wait_log("ps-late", "Worker 0, At step 50,", 120), "ps-late: step 50 never came");
+    kill(l, SIGUSR1);
+    rc = finish(l, 120);
+    CHECKF(rc == 0 && log_has("ps-late", "it starts at step 80"),
+           "ps-late: a spare filled in the last epoch: exit %d", rc);
     refused_joins();
 
     /* refused before any task starts (exit 2): no worker would start, or a

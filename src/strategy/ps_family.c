@@ -1823,7 +1823,9 @@ static void admit_rejoin(dp_strategy *s, int r)
         step = s->last_ckpt;
     int ckpt_there = cfg->checkpoint_dir &&
                      (step == total || (cfg->checkpoint_every > 0 && step % cfg->checkpoint_every == 0));
-    if (step > s->last_ckpt && ckpt_there)
+    /* a spare slot filled after the last epoch began starts at the end: it
+     * trains nothing and takes part in no checkpoint */
+    if (step > s->last_ckpt && ckpt_there && !(s->fresh[r] && !from))
         step--;
     s->joining[r] = 0;
     s->lost[r] = 0;
