@@ -13,7 +13,16 @@
  *     then 1/4, then 1/16), with bf16, fp16 and top-k at 0.1 (error
  *     feedback), reaches the uncompressed loss within 1 %; top-k without
  *     the feedback stays far above it.
- * --compress's parse refuses what it does not know. */
+ * --compress's parse refuses what it does not know.
+ * --compress auto's choice of PowerSGD (src/strategy/allreduce_auto.h):
+ *   - the rule: on a 100 Mbit/s-like fit powersgd:4 beats bf16/none per
+ *     bucket for Model 1 (784-300-100-10), on a 10 GB/s one it does not,
+ *     nor on the slow link when the products cost more than the bytes saved;
+ *   - measured on 4 members of the in-process transport with a fake slow
+ *     link (DOWNPOUR_TEST_LINK_NS=80, docs/faults.md "Test hooks") every
+ *     member takes powersgd with the same numbers; without it every member
+ *     takes the same choice too; a model with no matrix to factor is not
+ *     considered, and says so. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +32,10 @@
 #include "check.h"
 #include "downpour/compress.h"
 #include "downpour/inproc.h"
+#include "downpour/model.h"
 #include "downpour/ring.h"
+#include "downpour/testhooks.h"
+#include "strategy/allreduce_auto.h"
 
 static uint32_t bits(float x)
 {
@@ -366,8 +378,126 @@ static void convergence(void)
     }
 }
 
+/* A ring of 4 whose fit says latency a s, b s per byte of the buffer,
+ * and bf16's codec 2 ns a float (as measured on this machine's kind). */
+static dp_ring fitted(double a, double b)
+{
+    dp_ring r;
+    memset(&r, 0, sizeof r);
+    r.n = 4;
+    r.setup = 1;
+    r.fit_a[0] = r.fit_a[1] = a;
+    r.fit_b[0] = r.fit_b[1] = b;
+    r.codec_s = 2e-9;
+    return r;
+}
+
+static void auto_rule(void)
+{
+    /* Model 1 (784-300-100-10) at rank 4: P's 4 (300 + 100 + 10) plus 410
+     * whole, Q's 4 (784 + 300 + 100); buckets of 512 KiB */
+    size_t first = 2050, second = 4736, n = 266610, bucket = 512u << 10;
+    dp_auto_compress a;
+    /* 100 Mbit/s between 4 hosts: 2 (n-1)/n / 12.5 MB/s = 120 ns a byte */
+    dp_ring slow = fitted(200e-6, 120e-9), fast = fitted(20e-6, 0.1e-9);
+    CHECKF(dp_auto_psgd_rule(&a, &slow, first, second, 0.5e-3, n, bucket) == 1 && a.psgd == 1 &&
+               strncmp(a.why, "auto: powersgd:4 (", 18) == 0,
+           "slow link: %s", a.why);
+    CHECKF(dp_auto_psgd_rule(&a, &fast, first, second, 0.5e-3, n, bucket) == 0 && a.psgd == 0 &&
+               strncmp(a.why, "auto: bf16 or none per bucket (", 31) == 0,
+           "fast link: %s", a.why);
+    CHECKF(dp_auto_psgd_rule(&a, &slow, first, second, 1.0, n, bucket) == 0,
+           "slow link, products of 1 s: %s", a.why);
+    /* the same inputs, the same text: what every member logs */
+    char again[sizeof a.why];
+    dp_auto_psgd_rule(&a, &slow, first, second, 0.5e-3, n, bucket);
+    snprintf(again, sizeof again, "%s", a.why);
+    dp_auto_psgd_rule(&a, &slow, first, second, 0.5e-3, n, bucket);
+    CHECK(strcmp(again, a.why) == 0);
+}
+
+#define AN 4
+typedef struct auto_job {
+    dp_transport *t;
+    const int *order;
+    const dp_model *m;
+    dp_auto_compress a;
+    int rc;
+    char msg[sizeof(dp_err)];
+} auto_job;
+
+static void *run_auto(void *arg)
+{
+    auto_job *j = arg;
+    dp_ring r;
+    dp_err err;
+    dp_compress c = {DP_COMPRESS_AUTO, 0, 0};
+    j->rc = dp_ring_init(&r, j->t, j->order, AN, 20, 0, &err);
+    if (j->rc == 0) {
+        dp_ring_set_algo(&r, DP_ALGO_AUTO);
+        dp_ring_set_compress(&r, &c);
+        j->rc = dp_auto_compress_decide(&j->a, &r, j->m, 512u << 10, 7, 0, &err);
+        dp_ring_free(&r);
+    }
+    if (j->rc < 0)
+        snprintf(j->msg, sizeof j->msg, "%s", err.msg);
+    return NULL;
+}
+
+/* Every member's choice over a fresh in-process ring: all the same. */
+static int auto_agreed(const char *spec, const char *what)
+{
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_describe(&m, spec, &err) == 0);
+    dp_transport *ts[AN];
+    REQUIRE(dp_inproc_open(ts, AN, &err) == 0);
+    static const int order[AN] = {1, 3, 0, 2};
+    auto_job jobs[AN];
+    pthread_t th[AN];
+    for (int p = 0; p < AN; p++) {
+        jobs[p] = (auto_job){.t = ts[order[p]], .order = order, .m = &m};
+        REQUIRE(pthread_create(&th[p], NULL, run_auto, &jobs[p]) == 0);
+    }
+    for (int p = 0; p < AN; p++)
+        pthread_join(th[p], NULL);
+    for (int p = 0; p < AN; p++) {
+        CHECKF(jobs[p].rc == 0, "%s, member %d: %s", what, p, jobs[p].msg);
+        CHECKF(jobs[p].a.psgd == jobs[0].a.psgd && strcmp(jobs[p].a.why, jobs[0].a.why) == 0,
+               "%s: member %d chose %s, member 0 %s", what, p, jobs[p].a.why, jobs[0].a.why);
+        dp_transport_close(ts[p]);
+    }
+    fprintf(stderr, "%s: %s\n", what, jobs[0].a.why);
+    dp_model_free(&m);
+    return jobs[0].a.psgd;
+}
+
+static void auto_measured(void)
+{
+    dp_err err;
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "80", &err) == 0);
+    CHECK(auto_agreed("784-300-100-10", "slow link") == 1);
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
+    auto_agreed("784-300-100-10", "in-process link"); /* either, as measured: but agreed */
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "80", &err) == 0);
+    dp_model m;
+    REQUIRE(dp_model_describe(&m, "784-4", &err) == 0); /* 784 x 4: rank 4 saves nothing */
+    dp_auto_compress a;
+    dp_ring r;
+    memset(&r, 0, sizeof r);
+    r.n = 4;
+    CHECKF(dp_auto_compress_decide(&a, &r, &m, 512u << 10, 7, 0, &err) == 0 && !a.psgd &&
+               strstr(a.why, "powersgd not considered: model") &&
+               strstr(a.why, "has no weight matrix that rank-4 factors make smaller"),
+           "no matrix: %s", a.why);
+    dp_model_free(&m);
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
+}
+
 int main(void)
 {
+    auto_rule();
+    auto_measured();
     round_trips();
     topk();
     parse();

@@ -33,6 +33,7 @@
 #include "downpour/env.h"
 #include "downpour/log.h"
 #include "downpour/powersgd.h"
+#include "allreduce_auto.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -75,6 +76,8 @@ struct dp_strategy {
     dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
     long psgd_sums;        /* all-reduces of its factors since the ring formed */
     dp_psgd_plan psgd_plan;
+    int auto_compress;     /* --compress auto: autoc says what it took (allreduce_auto.h) */
+    dp_auto_compress autoc;
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -92,6 +95,7 @@ struct dp_strategy {
 /* A rejoining replica's welcome carries the ring's generation, and in its
  * top bit whether the ring sums on the devices. */
 #define GEN_NCCL (1ULL << 63)
+#define GEN_PSGD (1ULL << 62) /* and whether --compress auto took powersgd */
 #define KEY_MAX 256 /* a device key (device_key) with its NUL */
 
 static int pos_of(const dp_strategy *s, int rank)
@@ -820,7 +824,8 @@ static int welcome(dp_strategy *s, dp_err *err)
         s->back[p] = 0;
         dp_err e;
         if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL,
-                      s->gen | (s->nccl ? GEN_NCCL : 0), &e) < 0 ||
+                      s->gen | (s->nccl ? GEN_NCCL : 0) | (s->autoc.psgd ? GEN_PSGD : 0),
+                      &e) < 0 ||
             send_state(s, p, &e) < 0) {
             if (lose(s, p, e.msg, err) < 0)
                 return -1;
@@ -1018,7 +1023,8 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
             return 0;
         /* Restarted into the running ring: how it sums, its state, then on
          * from there. */
-        s->gen = ev.header.offset & ~GEN_NCCL;
+        s->gen = ev.header.offset & ~(GEN_NCCL | GEN_PSGD);
+        s->autoc.psgd = (ev.header.offset & GEN_PSGD) != 0; /* auto_open takes it */
         s->decided = 1;
         if ((ev.header.offset & GEN_NCCL) && !can_comm(s))
             return dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
@@ -1208,6 +1214,49 @@ static int restore_residual(dp_strategy *s, const dp_task_info *info, const char
     return 0;
 }
 
+/* --compress auto: powersgd:4 or the per-bucket bf16/none, once for the
+ * run (allreduce_auto.h, docs/strategies.md "allreduce: compression"):
+ * measured over a fresh ring (the fit at step 0, before the first sum);
+ * on --resume the checkpoint's (it holds powersgd's warm start exactly
+ * when auto took it: docs/checkpoints.md); for a replica restarted into
+ * the running ring the ring's (its welcome).  Taken, it is powersgd:4 from
+ * here on, as if asked for; a re-formed ring keeps it. */
+static int auto_open(dp_strategy *s, const dp_allreduce_settings *as, const dp_task_info *info,
+                     dp_err *err)
+{
+    dp_auto_compress *a = &s->autoc;
+    if (!s->auto_compress)
+        return 0;
+    const dp_train_state *r = s->env->resume;
+    const char *took = a->psgd ? "powersgd:" DP_AUTO_PSGD_RANK_TEXT : "bf16 or none per bucket";
+    if (dp_allreduce_overlap(as) == DP_OVERLAP_ON) {
+        a->psgd = 0;
+        snprintf(a->why, sizeof a->why, "auto: bf16 or none per bucket (powersgd not "
+                                        "considered: --overlap on reduces beside backprop)");
+    } else if (info->start_step >= 0) {
+        snprintf(a->why, sizeof a->why, "auto: %s (the running ring's choice)", took);
+    } else if (r) {
+        a->psgd = 0;
+        for (int i = 0; i < r->n_vecs; i++)
+            a->psgd |= strcmp(r->vec_names[i], PSGD_Q_NAME) == 0;
+        snprintf(a->why, sizeof a->why, "auto: %s (the checkpoint's choice)",
+                 a->psgd ? "powersgd:" DP_AUTO_PSGD_RANK_TEXT : "bf16 or none per bucket");
+    } else if (dp_auto_compress_decide(a, &s->ring, s->m, as->bucket_bytes, s->env->cfg->seed, 0,
+                                       err) < 0) {
+        return -1;
+    }
+    if (s->position == 0)
+        dp_debug("all-reduce: compress %s", a->why);
+    if (!a->psgd)
+        return 0;
+    char *bf16 = strstr(s->ring.why, "; compress auto:"); /* the fit's per-bucket line: moot */
+    if (bf16)
+        *bf16 = 0;
+    s->compress = (dp_compress){.kind = DP_COMPRESS_POWERSGD, .rank = DP_AUTO_PSGD_RANK};
+    dp_ring_set_compress(&s->ring, &s->compress);
+    return psgd_open(s, err);
+}
+
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                           dp_err *err)
 {
@@ -1260,6 +1309,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
     dp_allreduce_compress_of(as, &s->compress);
+    s->auto_compress = s->compress.kind == DP_COMPRESS_AUTO;
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1279,6 +1329,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         return -1;
     }
     if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
+        auto_open(s, as, info, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
@@ -1585,7 +1636,8 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      s->ring.why, DP_F_INT, "allreduce_ring", (long)s->ring.calls[DP_ALGO_RING],
                      DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
                      "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_STR, "compress",
-                     dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
+                     s->auto_compress ? s->autoc.why : dp_compress_kind_name(s->compress.kind),
+                     DP_F_INT, "compressed_buckets",
                      (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
                      (long)s->ring.bytes_sent, DP_F_END);
     if (s->position == 0 && !s->psgd) /* powersgd sums no buckets */
