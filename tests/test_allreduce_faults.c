@@ -10,14 +10,24 @@
  * survived the same way, and under --compress auto that took powersgd (a
  * fake slow link, DOWNPOUR_TEST_LINK_NS) a killed and restarted one: the
  * re-formed rings keep the choice, and the restarted replica takes the
- * running ring's.  With --compress topk the checkpoints hold each replica's residual,
- * zeros for one out of the ring, and its own again once it rejoined.  Losing
- * the chief (replica 0, the evaluator) stops the run. */
+ * running ring's.  With --compress topk the checkpoints hold each
+ * replica's residual, zeros for one out of the ring, and its own again once
+ * it rejoined.  Losing
+ * replica 0, the leader (worker:0; the chief under make test-long), costs no
+ * more: killed in epoch 2, worker:1 takes the lead over and writes the
+ * later checkpoints (with every residual under --compress), the result and
+ * --save, with epoch 1's row as worker:0 evaluated it; restarted, worker:0
+ * rejoins as an ordinary replica; frozen and woken, the run ends with one
+ * result whichever way the survivors agree. */
 #include "launch.h"
 
+/* The line after which a fault strikes: worker 2's step 20 (of 40 an
+ * epoch), or later. */
+static const char *strike = "Worker 2, At step 20,";
+
 /* One run on 3 workers, launch's flags extra and train's flags more (after
- * RUN's); fault: NULL, or "kill" / "stop" `task` once worker 2 logged step
- * 20.  Returns the launcher's exit status. */
+ * RUN's); fault: NULL, or "kill" / "stop" `task` once `strike` is logged.
+ * Returns the launcher's exit status. */
 static int run_with(const char *name, const char *extra, const char *more, const char *fault,
                     const char *task)
 {
@@ -26,7 +36,7 @@ static int run_with(const char *name, const char *extra, const char *more, const
              " %s --heartbeat-timeout 1 --metrics %s/%s.jsonl", extra, more, tmp, name);
     pid_t l = start(name, args);
     if (fault) {
-        pid_t w = await_task(l, name, "Worker 2, At step 20,", task);
+        pid_t w = await_task(l, name, strike, task);
         if (w > 0 && strcmp(fault, "kill") == 0) {
             kill(w, SIGKILL);
         } else if (w > 0) {
@@ -54,7 +64,8 @@ static int run(const char *name, const char *extra, const char *fault, const cha
     return run_with(name, extra, "", fault, task);
 }
 
-static void survived(const char *name, int rc, double clean, const char *what)
+static void survived_as(const char *name, int rc, double clean, const char *what,
+                        const char *lost)
 {
     double acc = test_accuracy(name);
     long n;
@@ -64,9 +75,50 @@ static void survived(const char *name, int rc, double clean, const char *what)
     CHECKF(rc == 0, "%s: %s ended the run (exit %d)", name, what, rc);
     CHECKF(fabs(acc - clean) <= 0.01, "%s: accuracy %.4f with %s, %.4f without", name, acc, what,
            clean);
-    CHECKF(log_has(name, "fault: lost worker:2"), "%s: no fault line for worker:2", name);
+    char line[64];
+    snprintf(line, sizeof line, "fault: lost %s", lost);
+    CHECKF(log_has(name, line), "%s: no fault line for %s", name, lost);
     CHECKF(n >= 2 && same, "%s: %ld replica checksums, %s", name, n,
            same ? "all equal" : "not all equal");
+}
+
+static void survived(const char *name, int rc, double clean, const char *what)
+{
+    survived_as(name, rc, clean, what, "worker:2");
+}
+
+/* The leader `lost` gone: survived, worker:1 took the lead over and wrote
+ * the run's one result (the "done" event is its), with the history of
+ * every epoch (the table's rows). */
+static void new_leader(const char *name, int rc, double clean, const char *what,
+                       const char *lost)
+{
+    survived_as(name, rc, clean, what, lost);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
+    CHECKF(log_has(name, "fault: worker:1 leads the all-reduce ring from step"),
+           "%s: worker:1 did not take the lead", name);
+    CHECKF(count_events(name, "done") == 1 && count_events(name, "lead") == 1,
+           "%s: %d done and %d lead events (expected 1 each)", name, count_events(name, "done"),
+           count_events(name, "lead"));
+    cJSON *done = last_event(path, "done", "worker:1");
+    CHECKF(done != NULL, "%s: no done event from worker:1", name);
+    cJSON_Delete(done);
+    /* struck in epoch 2: epoch 1's row is what worker:1 evaluated on
+     * standby, the same weights worker:0 evaluated: the same figure */
+    char *log = NULL, row[64];
+    size_t len;
+    char lpath[1200];
+    snprintf(lpath, sizeof lpath, "%s/%s.log", tmp, name);
+    log = slurp(lpath, &len);
+    const char *e1 = log ? strstr(log, "[worker 0] Epoch 1/3: ") : NULL;
+    const char *acc = e1 ? strstr(e1, "val_accuracy ") : NULL;
+    double a1 = acc ? atof(acc + 13) : -1;
+    snprintf(row, sizeof row, "[worker 1]      1 %13.4f", a1);
+    CHECKF(a1 > 0 && strstr(log, row) && log_has(name, "[worker 1]      3 "),
+           "%s: worker:1's table lacks epoch 1 as worker:0 evaluated it (%.4f) or epoch 3",
+           name, a1);
+    free(log);
 }
 
 /* The replicas' "compress" fields: how many, how many start with
@@ -189,9 +241,66 @@ int main(void)
         fprintf(stderr, "powersgd: exit %d, accuracy %.4f, the 3 replicas equal\n", rc, acc);
     }
 
-    /* Replica 0 (the chief) evaluates and writes: losing it stops the run. */
-    rc = run("lead", "--chief", "kill", "chief:0");
-    CHECKF(rc != 0 && log_has("lead", "cannot survive"), "lead: exit %d with the chief killed",
-           rc);
+    /* Replica 0 leads: killed, worker:1 takes the lead over (without a
+     * restart, and with one: worker:0 rejoins as an ordinary replica and all
+     * three end equal); the chief, replica 0 when there is one, the same. */
+    strike = "Worker 2, At step 60,";
+    snprintf(more, sizeof more, "--checkpoint-every 40 --checkpoint-dir %s/lead-ck --save "
+             "%s/lead.safetensors", tmp, tmp);
+    rc = run_with("lead", "", more, "kill", "worker:0");
+    new_leader("lead", rc, clean, "a killed leader", "worker:0");
+    /* worker:0 wrote the checkpoint of step 40, worker:1 those of 80 and
+     * 120 and the --save file */
+    char path[1400];
+    snprintf(path, sizeof path, "%s/lead.jsonl", tmp);
+    cJSON *ck = last_event(path, "checkpoint", "worker:1");
+    CHECKF(ck && json_num(ck, "step") == 120, "lead: worker:1 wrote no checkpoint of step 120");
+    cJSON_Delete(ck);
+    snprintf(path, sizeof path, "%s/lead.safetensors", tmp);
+    CHECKF(access(path, R_OK) == 0 && log_has("lead", "[worker 1] Saved "),
+           "lead: worker:1 did not write the --save file");
+    /* with --compress, the new leader gathers the residuals: the last
+     * checkpoint holds all three, worker:0's its own since it rejoined */
+    snprintf(more, sizeof more, "--compress topk:0.1 --checkpoint-every 40 --checkpoint-dir "
+             "%s/lead-restart-ck", tmp);
+    rc = run_with("lead-restart", "--max-restarts 1", more, "kill", "worker:0");
+    new_leader("lead-restart", rc, clean, "a killed and restarted leader", "worker:0");
+    snprintf(path, sizeof path, "%s/lead-restart-ck/ckpt-0000000120.safetensors", tmp);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    CHECKF(dp_safetensors_load(path, &f, &e) == 0, "%s", e.msg);
+    for (int p = 0; p < 3 && f; p++) {
+        char name[32];
+        snprintf(name, sizeof name, "replica.%d.residual", p);
+        const dp_st_tensor *t = dp_safetensors_find(f, name);
+        size_t nonzero = 0;
+        for (int64_t k = 0; t && k < t->shape[0]; k++)
+            nonzero += t->data[k] != 0;
+        CHECKF(nonzero > 0, "%s: %s is %s", path, name, t ? "zeros" : "missing");
+    }
+    dp_safetensors_free(f);
+    CHECKF(log_has("lead-restart", "fault: worker:0 rejoined the all-reduce ring at step") &&
+               log_has("lead-restart", "led by worker:1"),
+           "lead-restart: worker:0 did not rejoin under worker:1");
+    CHECKF(replicas_equal("lead-restart", &n) && n == 3,
+           "lead-restart: %ld replica checksums (expected 3, all equal)", n);
+    /* Frozen past the heartbeat timeout, worker:0 is dropped like a dead
+     * one; woken as soon as one peer noticed, it may still be held by the
+     * other, and whichever way the survivors agree (worker:1 leads, or
+     * worker:0 goes on leading and worker:1, having lost it, leaves and is
+     * left out), the run ends with one result and its replicas equal. */
+    rc = run("lead-stop", "", "stop", "worker:0");
+    survived_as("lead-stop", rc, clean, "a frozen leader", "worker:0");
+    CHECKF(count_events("lead-stop", "done") == 1, "lead-stop: %d done events (expected 1)",
+           count_events("lead-stop", "done"));
+    if (LONG_CHECKS && !SANITIZED) { /* the same paths as worker:0's; 4 replicas */
+        rc = run("lead-chief", "--chief", "kill", "chief:0");
+        double acc = test_accuracy("lead-chief");
+        CHECKF(rc == 0 && fabs(acc - clean) <= 0.01 && log_has("lead-chief", "fault: lost chief:0") &&
+                   log_has("lead-chief", "fault: worker:0 leads the all-reduce ring") &&
+                   replicas_equal("lead-chief", &n) && n == 3,
+               "lead-chief: exit %d, accuracy %.4f, %ld replica checksums", rc, acc, n);
+        fprintf(stderr, "lead-chief: exit %d, accuracy %.4f, the 3 survivors equal\n", rc, acc);
+    }
     return check_failures ? 1 : 0;
 }

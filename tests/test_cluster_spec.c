@@ -57,6 +57,11 @@ static void test_full_spec(void)
     CHECK(dp_cluster_rank(&c, DP_ROLE_PS, 1) == 5);
     CHECK(dp_cluster_rank(&c, DP_ROLE_PS, 2) == -1);
     CHECK(strcmp(c.tasks[4].addr, "h1:2222") == 0);
+    /* spare slots (--spare-workers): the last workers, never a chief or a ps */
+    CHECK(!dp_cluster_is_spare(&c, 3, 0) && dp_cluster_is_spare(&c, 3, 1));
+    CHECK(!dp_cluster_is_spare(&c, 2, 1) && dp_cluster_is_spare(&c, 2, 2));
+    CHECK(!dp_cluster_is_spare(&c, 0, 3) && !dp_cluster_is_spare(&c, 4, 3));
+    CHECK(!dp_cluster_is_spare(&c, -1, 1) && !dp_cluster_is_spare(&c, 6, 1));
 
     /* round trip through the writer, with another task */
     char *out = dp_cluster_to_json(&c, 5, NULL);

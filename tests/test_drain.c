@@ -6,7 +6,9 @@
  * epoch the survivors' records add up to the whole training split (the data
  * re-dealt), and the test accuracy is within 1 % of the fault-free run's
  * (2 % under ps-async, where the drained worker's updates go unmade).
- * Under allreduce the two survivors end bitwise identical; under ps-sync and
+ * Under allreduce the two survivors end bitwise identical, and the leader,
+ * replica 0, drains as well: worker:1 takes the lead over and writes the
+ * run's result; under ps-sync and
  * ps-async (a chief, one ps) the servers retire the worker as done.  A
  * SIGTERM to the launcher still stops the whole job: its tasks die of it,
  * none drains. */
@@ -45,9 +47,9 @@ static void add_records(const cJSON *j, void *ctx)
         by_epoch[e] += (long)json_num(j, "records");
 }
 
-static void drained(const char *name, const char *strategy, double clean)
+static void drained(const char *name, const char *strategy, double clean, const char *task)
 {
-    int rc = run(name, strategy, "worker:2");
+    int rc = run(name, strategy, task);
     double acc = test_accuracy(name);
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
@@ -57,9 +59,10 @@ static void drained(const char *name, const char *strategy, double clean)
             "%ld\n", name, rc, acc, clean, by_epoch[1], by_epoch[2], by_epoch[3]);
     CHECKF(rc == 0, "%s: the drain ended the run (exit %d)", name, rc);
     CHECKF(log_has(name, "SIGTERM: drained after step"), "%s: worker 2 did not drain", name);
-    CHECKF(log_has(name, "worker:2 drained at step") &&
-               log_has(name, "the run goes on over 2 worker(s)"),
-           "%s: no drain line from the chief (or replica 0)", name);
+    char line[64];
+    snprintf(line, sizeof line, "%s drained at step", task);
+    CHECKF(log_has(name, line) && log_has(name, "the run goes on over 2 worker(s)"),
+           "%s: no drain line from the chief (or the allreduce leader)", name);
     CHECKF(count_events(name, "fault") == 0, "%s: %d fault event(s) for a drain", name,
            count_events(name, "fault"));
     CHECKF(count_events(name, "drain") == 1, "%s: %d drain event(s), expected 1", name,
@@ -87,11 +90,25 @@ int main(void)
     int rc = run("ar-clean", "allreduce", NULL);
     double clean = test_accuracy("ar-clean");
     CHECKF(rc == 0 && clean > 0.8, "ar-clean: exit %d, accuracy %.4f", rc, clean);
-    drained("ar-drain", "allreduce", clean);
+    drained("ar-drain", "allreduce", clean, "worker:2");
     long n;
     int same = replicas_equal("ar-drain", &n);
     CHECKF(same && n == 2, "ar-drain: %ld replica checksums, %s (expected the 2 survivors', "
            "equal)", n, same ? "all equal" : "not all equal");
+    /* The leader, replica 0, drains too: worker:1 takes the lead over (no
+     * fault), and the run's one result is its. */
+    drained("ar-drain-leader", "allreduce", clean, "worker:0");
+    same = replicas_equal("ar-drain-leader", &n);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ar-drain-leader.jsonl", tmp);
+    cJSON *done = last_event(path, "done", "worker:1");
+    CHECKF(same && n == 2 && done && count_events("ar-drain-leader", "done") == 1 &&
+               count_events("ar-drain-leader", "lead") == 1 &&
+               log_has("ar-drain-leader", "worker:1 leads the all-reduce ring from step"),
+           "ar-drain-leader: %ld replica checksums (%s), %s done event from worker:1, %d lead "
+           "event(s)", n, same ? "equal" : "not equal", done ? "a" : "no",
+           count_events("ar-drain-leader", "lead"));
+    cJSON_Delete(done);
 
     const char *ps[] = {"ps-sync", "ps-async"};
     for (int i = 0; i < (SANITIZED ? 1 : 2); i++) {
@@ -101,7 +118,7 @@ int main(void)
         clean = test_accuracy(name);
         CHECKF(rc == 0 && clean > 0.8, "%s: exit %d, accuracy %.4f", name, rc, clean);
         snprintf(name, sizeof name, "%s-drain", ps[i]);
-        drained(name, ps[i], clean);
+        drained(name, ps[i], clean, "worker:2");
     }
 
     /* SIGTERM to the launcher stops the job: forwarded, it kills each task

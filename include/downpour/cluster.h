@@ -82,6 +82,11 @@ int dp_cluster_local(dp_cluster *c, int chief, int workers, int ps, const int *p
 /* Rank of role:index, or -1 when the spec has no such task. */
 int dp_cluster_rank(const dp_cluster *c, dp_role role, int index);
 
+/* Whether the task of `rank` is one of the spec's last `spare` worker slots,
+ * which start empty (train --spare-workers; docs/cluster.md, "Spare slots:
+ * growing a running job"). */
+int dp_cluster_is_spare(const dp_cluster *c, int rank, int spare);
+
 /* The spec as compact JSON with "task" set to the task of rank `self`
  * (self < 0: no "task" member).  Returns a malloc'd string (free()) or NULL
  * with a message.  dp_cluster_parse of the result gives the same cluster. */

@@ -51,7 +51,7 @@
  * for the whole run (normally the main thread).  Descendants that leave the
  * task's process group (setsid) are outside the launcher's reach.
  *
- * The launcher installs handlers for SIGINT, SIGTERM, SIGCHLD and ignores
+ * The launcher installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGCHLD and ignores
  * SIGPIPE from dp_launcher_start to dp_launcher_free, restoring the previous
  * dispositions after; only one launcher may be active in a process. */
 #ifndef DOWNPOUR_LAUNCHER_H
@@ -70,6 +70,9 @@
 #define DP_LAUNCH_IF_RESTARTED 3 /* survives' answer: goes on only with the task restarted */
 #define DP_LAUNCH_RESTART_ALL 4 /* survives' answer: goes on only with every task restarted
                                    from the newest checkpoint (--resume) */
+#define DP_LAUNCH_HANDS_OVER 5 /* survives' answer for the chief (or worker 0 playing it):
+                                  goes on, another task takes over its part (allreduce's
+                                  leader); restarted while it has restarts left */
 
 typedef struct dp_launch_opts {
     const dp_cluster *cluster; /* every task is started locally */
@@ -88,16 +91,28 @@ typedef struct dp_launch_opts {
      * word (lbfgs, pipeline, model-parallel with --checkpoint-dir: their state is
      * in their checkpoints),
      * while the job has a restart left (max_restarts counts these whole
-     * restarts too).  `why` gets a few words for the log. */
+     * restarts too); DP_LAUNCH_HANDS_OVER: as 1, for a task playing the
+     * chief whose part another task takes over.  `why` gets a few words
+     * for the log. */
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;          /* restarts of each task the run survives losing (0) */
+    /* 1: the chief's part (or worker 0's, without a chief) moves to another
+     * task when it ends (survives answers DP_LAUNCH_HANDS_OVER for it), so
+     * its exit 0 does not end the run: the run is over once a task has
+     * exited 0 and no task never restarted still runs. */
+    int chief_hands_over;
     /* NULL, or per task a listening socket bound to its address (from
      * dp_launch_free_ports), which the task takes over instead of binding
      * the address itself: fd 3 in the task, named by DP_LAUNCH_LISTEN_FD_ENV.
      * The launcher keeps it for the task's restarts; the caller closes it
      * after dp_launch.  No other process can take the port meanwhile. */
     const int *listen_fds;
+    /* The spec's last N worker slots (train --spare-workers N) are not
+     * started with the others; each SIGUSR1 to the launcher starts the
+     * first one left, which joins the running job (docs/cluster.md, "Spare
+     * slots: growing a running job").  With none left it says so. */
+    int spare_workers;
 } dp_launch_opts;
 
 /* The variable that tells a task started by the launcher which descriptor

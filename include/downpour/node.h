@@ -25,6 +25,8 @@ typedef struct dp_node_config {
                                   heartbeat interval is at most a quarter of it */
     dp_metrics *metrics;       /* resource events go here; NULL: no sampler */
     double sample_interval;    /* s between resource samples (1) */
+    int spare_workers;         /* tcp: the spec's last N worker slots start empty: not waited
+                               for at open, dialed in the background (dp_cluster_is_spare) */
     const unsigned *talks_to;  /* tcp: per role, the DP_ROLE_BITs it connects to (the
                                   strategy's); NULL: every other task */
 } dp_node_config;

@@ -147,6 +147,8 @@ typedef struct dp_ps_start {
     const long *clocks;   /* a restarted ps: each worker's clock as the chief knows
                              it, until its JOIN says where it is; -1: it takes no
                              part (lost, or done).  NULL: a fresh start */
+    int spare_workers;    /* the last N workers are spare slots (train --spare-workers):
+                             no part until their JOIN */
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event

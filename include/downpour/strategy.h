@@ -20,7 +20,9 @@
  *                do: an epoch every trainer finished, a checkpoint every
  *                trainer reached, or the end.
  * One task is the evaluator (info.evaluator): it evaluates each epoch with
- * params(), reports, saves the weights and writes checkpoints.
+ * params(), reports, saves the weights and writes checkpoints.  Under a
+ * strategy whose lead moves (allreduce) another trainer takes that part over
+ * when the evaluator is lost (info.standby).
  *
  * Data-parallel strategies (single, ps-*, model-avg, allreduce) need only
  * the small "gradients -> parameters" interface below (dp_grad_ops: begin,
@@ -112,7 +114,16 @@ typedef struct dp_run_env {
 /* What this task is, filled by open(). */
 typedef struct dp_task_info {
     dp_part part;
-    int evaluator;      /* evaluates, reports, saves and writes checkpoints */
+    int evaluator;      /* evaluates, reports, saves and writes checkpoints; a
+                           strategy whose lead moves (allreduce) sets it on the
+                           trainer that takes over mid-run, and the loop reads
+                           it at each epoch's end and at the end */
+    int standby;        /* TRAINER that may become the evaluator mid-run: it
+                           evaluates each epoch as the evaluator does, silently
+                           (no line, no event), so it holds the history and the
+                           --keep-best weights when it takes over; and, being
+                           followed by another when it leaves, the evaluator
+                           among such may drain (docs/faults.md, "All-reduce") */
     int live_params;    /* the evaluator's model->params are the live weights
                            (the loop keeps --ema and evaluates them directly) */
     int shard_index;    /* TRAINER: which data shard of shard_count it walks */
@@ -293,13 +304,14 @@ struct dp_strategy_ops {
     int (*save)(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
     /* TRAINER after its last step: flush what is pending, say goodbye. */
     int (*finish)(dp_strategy *s, long steps, dp_err *err);
-    /* TRAINER that is not the evaluator, after `steps` steps, on SIGTERM: the
-     * step is complete; tell whoever must know that it leaves for good, so
-     * the run goes on without it and deals its data to the others (docs/
-     * faults.md, "Draining").  The loop then ends the task well: the node
-     * says BYE.  A strategy whose trainers can never leave a running job
-     * returns -1 saying so (pipeline, model-parallel): the task then fails,
-     * a lost task.  NULL: this strategy cannot drain a trainer, and SIGTERM
+    /* TRAINER that is not the evaluator (or is one on standby), after
+     * `steps` steps, on SIGTERM: the step is complete; tell whoever must
+     * know that it leaves for good, so the run goes on without it and deals
+     * its data to the others (docs/faults.md, "Draining").  The loop then
+     * ends the task well: the node says BYE.  A strategy whose trainers can
+     * never leave a running job returns -1 saying so (pipeline,
+     * model-parallel): the task then fails, a lost task.  NULL: this
+     * strategy cannot drain a trainer, and SIGTERM
      * keeps its default action (the task dies: a fault). */
     int (*leave)(dp_strategy *s, long steps, dp_err *err);
     void (*close)(dp_strategy *s); /* NULL is a no-op */

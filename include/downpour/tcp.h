@@ -39,6 +39,11 @@ typedef struct dp_tcp_config {
                                   "Shared memory") */
     size_t shm_ring_bytes;     /* bytes per direction of a link's rings, a power of two
                                   (0: 4 MiB) */
+    int joining;               /* 1: this task joins a running job (a spare slot): while it
+                                  waits for a peer to dial it, a handshake that fails on the
+                                  secret ends the wait at once with that reason, rather than
+                                  after the whole connect deadline (docs/cluster.md, "Spare
+                                  slots") */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000
@@ -55,6 +60,18 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
 /* Listens, starts the accept and heartbeat threads.  No connection is made
  * until dp_transport_connect. */
 int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err);
+
+/* Dials `peer` (a higher rank, not connected yet) in the background, as a
+ * lost peer is redialed, instead of waiting for it now: a spare worker slot
+ * whose task may start at any time (docs/cluster.md, "Spare slots").  A
+ * no-op for a lower rank (it dials this side), a peer already connected or
+ * a transport that is not TCP. */
+void dp_tcp_dial_later(dp_transport *t, int peer);
+
+/* A joining task (dp_tcp_config.joining) is connected: from now on a
+ * handshake that fails on the secret is a stranger's, logged and refused as
+ * any, and ends no wait.  A no-op on a transport that is not TCP. */
+void dp_tcp_joined(dp_transport *t);
 
 /* The port this transport listens on (-1 if t is not TCP). */
 int dp_tcp_port(const dp_transport *t);

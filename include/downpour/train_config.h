@@ -95,6 +95,9 @@ typedef struct dp_train_config {
     const char *secret_file;  /* the cluster secret (NULL: DOWNPOUR_SECRET) */
     double startup_timeout;   /* s a task waits for every peer (0: the node's, 600) */
     double heartbeat_timeout; /* s of silence before a peer is lost (0: the node's, 10) */
+    int spare_workers;        /* the spec's last N worker slots start empty: a task started
+                                 for one later joins the running job (docs/cluster.md,
+                                 "Spare slots: growing a running job") */
     double link_delay_ms;     /* tcp: latency added to every frame this task sends (0: none) */
     bool no_shm;              /* tcp: peers on this host over TCP, not shared memory */
     dp_device_spec device;    /* where trainers compute: cpu (the default), cuda:N, sim */

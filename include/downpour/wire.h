@@ -46,22 +46,22 @@ enum dp_wire_type {
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element
                                              (a sparse all-gather's piece: offset = its block's bytes) */
     DP_WIRE_RING_RESET = DP_FRAME_APP(9),   /* replica -> replicas: re-forming the ring; step = generation */
-    DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> replica 0: step = the last step it applied */
-    DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* replica 0 -> replicas: the new ring (allreduce.c send_plan) */
+    DP_WIRE_RING_REPORT = DP_FRAME_APP(10), /* replica -> every member while re-forming: step = generation, offset = the last step it applied, payload the leader it names (allreduce.c reform) */
+    DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* the leader -> replicas: the new ring (allreduce.c send_plan); offset all ones: you are out */
     DP_WIRE_RING_STATE = DP_FRAME_APP(12),  /* newest replica -> those behind: params, optimiser slots; offset = optimiser t */
-    DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> replica 0: epoch figures, 3 f64 */
-    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> replica 0 at open; answered with a PLAN */
-    DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> replica 0: offset 1 if its device has them; replica 0 -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
-    DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> replica 0 at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
+    DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> the leader: epoch figures, 3 f64 */
+    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> every replica at open (no payload); the leader answers with the members */
+    DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> the leader: offset 1 if its device has them; the leader -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
+    DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> the leader at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
     /* run coordination (the loop, and the strategy that coordinates) */
-    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL) */
+    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL; offset 0 with 8 bytes: the first DEAL, when the spec has spare slots) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
     DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
     DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
     DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state: model-avg's [u64 t][its optimiser slots], then with --compress its residual, n_params f32 */
     DP_WIRE_CKPT_GO = DP_FRAME_APP(21),     /* chief -> workers: checkpoint `step` is written, go on */
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
-    DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch */
+    DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch (offset 0) or from epoch offset - 1 (a spare slot joins then) */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
     DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c) */
     DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */

@@ -34,6 +34,9 @@
     "FILE in the train options, task T writes FILE.<type>-<index> and FILE gets all\n"  \
     "of them merged, with one \"fault\" event per fault. With --trace FILE, the tasks'\n"\
     "timelines are merged into FILE on one time axis (docs/trace.md).\n"                 \
+    "With --spare-workers N in the train options, the last N worker slots are not\n"  \
+    "started: each SIGUSR1 to launch starts one, which joins the running job (its\n"    \
+    "data dealt at the next epoch); SIGTERM to a worker drains it (docs/cluster.md).\n" \
     "\n"                                                                                  \
     "Without --strategy in the train options, the tasks train with allreduce, or with\n"  \
     "ps-async when --ps is given; a strategy that needs a chief (the ps ones, lbfgs)\n"   \
@@ -302,10 +305,17 @@ int cmd_launch(int argc, char **argv)
         free(cmd);
         return 1;
     }
+    /* where the chief's part moves to another task (allreduce's leader), its
+     * exit 0 does not end the run (it may have drained) */
+    char why[160];
+    dp_task chief_task = {.role = DP_ROLE_CHIEF};
+    int hands_over = strategy && strategy_survives(&run, &chief_task, why, sizeof why) ==
+                                     DP_LAUNCH_HANDS_OVER;
     dp_launch_opts lo = {.cluster = &c, .argc = targc, .argv = cmd, .grace_seconds = grace,
                          .survives = strategy ? strategy_survives : NULL,
                          .survives_ctx = &run, .max_restarts = (int)max_restarts,
-                         .listen_fds = listen_fds};
+                         .chief_hands_over = hands_over, .listen_fds = listen_fds,
+                         .spare_workers = train ? run.cfg.spare_workers : 0};
     int status = dp_launch(&lo, &err);
     for (int i = 0; i < n; i++)
         close(listen_fds[i]);

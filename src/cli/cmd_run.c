@@ -1,22 +1,28 @@
 /* downpour run: one task of a multi-host cluster, started by hand on its host. */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "downpour/cluster.h"
+#include "downpour/launcher.h"
 #include "downpour/log.h"
 #include "downpour/secret.h"
 #include "downpour/status.h"
+#include "downpour/tcp.h"
 
 #define RUN_USAGE                                                                         \
-    "downpour run [--cluster FILE] [--task TYPE:INDEX] [--] train|ping [OPTIONS]\n"      \
+    "downpour run [--cluster FILE] [--task TYPE:INDEX | --join] [--] train|ping [OPTIONS]\n"\
     "\n"                                                                                  \
     "Runs one task of a cluster in this process. The spec (TF_CONFIG format:\n"           \
     "{\"cluster\": {\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}) comes\n" \
     "from --cluster FILE, else from DOWNPOUR_CONFIG, else from TF_CONFIG; --task\n"       \
-    "overrides its \"task\".\n"                                                            \
+    "overrides its \"task\". --join takes instead the first free spare worker slot on\n"  \
+    "this host (train --spare-workers N: the spec's last N worker slots), and the task\n"  \
+    "joins the running job; with none free it exits 1.\n"                                                            \
     "Every task of the run needs the same secret: --secret-file FILE (passed on to\n"     \
     "the command), else DOWNPOUR_SECRET. See docs/cluster.md."
 
@@ -29,6 +35,55 @@ static bool has_option(int argc, char **argv, const char *name)
             (argv[i][2 + n] == '\0' || argv[i][2 + n] == '='))
             return true;
     return false;
+}
+
+/* The value of train's --spare-workers among a command's arguments, or 0. */
+static long spare_option(int argc, char **argv)
+{
+    long n = 0;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *v = NULL;
+        if (strncmp(argv[i], "--spare-workers=", 16) == 0)
+            v = argv[i] + 16;
+        else if (strcmp(argv[i], "--spare-workers") == 0 && i + 1 < argc)
+            v = argv[++i];
+        if (v)
+            n = strtol(v, NULL, 10);
+    }
+    return n;
+}
+
+/* --join: the first spare worker slot whose address this process can listen
+ * on (on this host, and no task there yet).  Its socket is kept and handed
+ * to the task as the launcher hands one (DOWNPOUR_LISTEN_FD), so no other
+ * joiner can take the slot meanwhile.  Returns the slot's rank, or -1 with
+ * the reason each slot was passed over. */
+static int pick_spare(const dp_cluster *c, long spare, dp_err *err)
+{
+    char why[DP_ERR_MAX] = "";
+    size_t n = 0;
+    for (int w = c->count[DP_ROLE_WORKER] - (int)spare; w < c->count[DP_ROLE_WORKER]; w++) {
+        int r = dp_cluster_rank(c, DP_ROLE_WORKER, w), fd, port;
+        dp_err e;
+        if (dp_tcp_listen(c->tasks[r].addr, 0, &fd, &port, &e) == 0) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", fd);
+            if (setenv(DP_LAUNCH_LISTEN_FD_ENV, v, 1) < 0) {
+                close(fd);
+                return dp_errf(err, "cannot set %s: %s", DP_LAUNCH_LISTEN_FD_ENV,
+                               strerror(errno));
+            }
+            return r;
+        }
+        const char *taken = strstr(e.msg, strerror(EADDRINUSE))      ? "taken"
+                            : strstr(e.msg, strerror(EADDRNOTAVAIL)) ? "on another host"
+                                                                     : e.msg;
+        if (n < sizeof why)
+            n += (size_t)snprintf(why + n, sizeof why - n, "%s%s at %s: %s", n ? "; " : "",
+                                  c->tasks[r].name, c->tasks[r].addr, taken);
+    }
+    return dp_errf(err, "no free spare worker slot on this host (%s): the job is full here",
+                   why);
 }
 
 /* Runs train or ping with argv; --secret-file FILE, when given to run, goes
@@ -57,12 +112,15 @@ static int run_command(int argc, char **argv, const char *secret_file)
 int cmd_run(int argc, char **argv)
 {
     const char *cluster = NULL, *task = NULL, *secret_file = NULL, *log_level = NULL;
-    bool verbose = false;
+    bool verbose = false, join = false;
     const cli_opt opts[] = {
         {"cluster", CLI_STR, &cluster, "FILE",
          "cluster spec JSON (default: $DOWNPOUR_CONFIG, else $TF_CONFIG)", 0, 0},
         {"task", CLI_STR, &task, "TYPE:INDEX",
          "this process's task, e.g. worker:0 (default: the spec's \"task\")", 0, 0},
+        {"join", CLI_FLAG, &join, NULL,
+         "take the first free spare worker slot on this host (train --spare-workers) and "
+         "join the running job", 0, 0},
         {"secret-file", CLI_STR, &secret_file, "FILE",
          "the cluster secret, same on every host (default: $DOWNPOUR_SECRET)", 0, 0},
         CLI_LOG_OPTS(&log_level, &verbose), /* the task's own --log-level wins */
@@ -85,6 +143,19 @@ int cmd_run(int argc, char **argv)
         return 2;
     }
 
+    long spare = 0;
+    if (join) {
+        spare = spare_option(argc - rest, argv + rest);
+        if (task || strcmp(argv[rest], "train") != 0 || spare < 1) {
+            fprintf(stderr, "downpour run: --join takes a free spare slot for `train` %s. Hint: "
+                            "downpour run --cluster cluster.json --join -- train "
+                            "--spare-workers N ... (the job's train options)\n",
+                    task ? "instead of --task"
+                         : "with --spare-workers N (as every task of the job has)");
+            return 2;
+        }
+        task = "worker:0"; /* a placeholder: the slot is picked below */
+    }
     dp_cluster c;
     dp_err err;
     if (cluster) {
@@ -101,6 +172,21 @@ int cmd_run(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "downpour run: %s\n", err.msg);
         return 2;
+    }
+    if (join) {
+        if (spare >= c.count[DP_ROLE_WORKER]) {
+            fprintf(stderr, "downpour run: --join: --spare-workers %ld, and the spec has %d "
+                            "worker slot(s)\n", spare, c.count[DP_ROLE_WORKER]);
+            dp_cluster_free(&c);
+            return 2;
+        }
+        int r = pick_spare(&c, spare, &err);
+        if (r < 0) {
+            fprintf(stderr, "downpour run: --join: %s\n", err.msg);
+            dp_cluster_free(&c);
+            return 1;
+        }
+        c.self = r;
     }
     /* train learns its role the same way under launch and run: DOWNPOUR_CONFIG
      * holding the spec with this task (and no TF_CONFIG beside it to differ). */

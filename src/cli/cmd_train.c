@@ -37,6 +37,35 @@ static int check_straggler_cluster(const char *value, long k, const int *topo, d
     return rc;
 }
 
+/* --spare-workers N against the cluster (topo, else the spec in the
+ * environment): at least one worker must start, and the strategy must be
+ * one that re-deals the data when a worker comes or goes (`deal`:
+ * allreduce, the ps family; docs/cluster.md, "Spare slots: growing a
+ * running job"). */
+static int check_spares(long n, const dp_strategy_ops *ops, const int *topo, dp_err *err)
+{
+    if (n == 0)
+        return 0;
+    if (!ops->deal || !ops->leave)
+        return dp_errf(err, "--spare-workers %ld: --strategy %s cannot take a worker in "
+                            "mid-run (allreduce and the ps family can)", n, ops->name);
+    dp_cluster c;
+    dp_err ignored;
+    int workers;
+    if (topo) {
+        workers = topo[1];
+    } else {
+        if (dp_cluster_from_env(&c, NULL, &ignored) != 0)
+            return 0;
+        workers = c.count[DP_ROLE_WORKER];
+        dp_cluster_free(&c);
+    }
+    if (n >= workers)
+        return dp_errf(err, "--spare-workers %ld: the cluster has %d worker slot(s), and at "
+                            "least one must start", n, workers);
+    return 0;
+}
+
 /* "learning rate (default: the optimizer's: sgd 0.01, ..., adam 0.001)" */
 static void lr_help(char *buf, size_t cap)
 {
@@ -209,6 +238,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     dp_node_config_init(&node_defaults);
     double startup_timeout = node_defaults.connect_timeout;
     double heartbeat_timeout = node_defaults.heartbeat_timeout;
+    long spare_workers = 0;
     double link_delay_ms = 0;
     long global_batch = 0; /* not given: --batch rules */
     long sum_chunk = 0;
@@ -278,6 +308,7 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
         {"secret-file", CLI_STR, &secret_file, "FILE", "cluster secret (default: $DOWNPOUR_SECRET)", 0, 0},
         {"encrypt", CLI_FLAG, &cfg.encrypt, NULL, "cluster: encrypt payloads between tasks (every task must agree)", 0, 0},
         {"startup-timeout", CLI_NUM, &startup_timeout, "S", "cluster: seconds to wait for every peer at startup", 1, 86400},
+        {"spare-workers", CLI_INT, &spare_workers, "N", "cluster: the spec's last N worker slots start empty; a task started for one joins the running job", 0, 4095},
         {"heartbeat-timeout", CLI_NUM, &heartbeat_timeout, "S", "cluster: seconds of silence before a peer is lost", 0.5, 3600},
         {"link-delay-ms", CLI_NUM, &link_delay_ms, "MS", "cluster, tcp: every frame this task sends waits MS ms first (a one-way latency per message, for experiments; docs/cluster.md)", 0, DP_TCP_MAX_LINK_DELAY_MS},
         {"no-shm", CLI_FLAG, &cfg.no_shm, NULL, "cluster, tcp: tasks on this host talk over TCP, not shared memory (as DOWNPOUR_SHM=0)", 0, 0},
@@ -599,12 +630,22 @@ static int train_main(int argc, char **argv, const int *topo, dp_train_config *p
     cfg.secret_file = secret_file;
     cfg.startup_timeout = startup_timeout;
     cfg.heartbeat_timeout = heartbeat_timeout;
+    cfg.spare_workers = (int)spare_workers;
     if (link_delay_ms > 0 && strcmp(transport, "tcp") != 0) {
         fprintf(stderr, "%s: --link-delay-ms is for --transport tcp (MPI has its own "
                         "network)\n", g_who);
         return 2;
     }
     cfg.link_delay_ms = link_delay_ms;
+    if (spare_workers > 0 && strcmp(transport, "tcp") != 0) {
+        fprintf(stderr, "%s: --spare-workers is for --transport tcp (an MPI job's ranks are "
+                        "fixed when it starts)\n", g_who);
+        return 2;
+    }
+    if (check_spares(spare_workers, ops, topo, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", g_who, err.msg);
+        return 2;
+    }
     /* what the options ask of the strategy (dp_strategy_check, above)
      * first, then the cluster: a hint to launch must not lead to a refusal
      * of the options themselves */

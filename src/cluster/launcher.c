@@ -46,6 +46,9 @@ typedef struct ltask {
     char **argv;
     char **envp;
     int listen_fd; /* the task's listening socket (becomes its fd 3), or -1 */
+    int spare;     /* a spare worker slot not started yet (SIGUSR1 starts it) */
+    int grown;     /* started in a spare slot by SIGUSR1: like a restarted task, it
+                      may come too late to join (stop_latecomers) */
     lstream out, err;
 } ltask;
 
@@ -69,26 +72,31 @@ struct dp_launcher {
     int (*survives)(void *ctx, const dp_task *task, char *why, size_t cap);
     void *survives_ctx;
     int max_restarts;
-    int chief_done;        /* a chief exited 0 (or 3): the run is over, no restarts */
+    int chief_done;        /* a chief exited 0 (or 3): the run is over (run_over) */
+    int chief_hands_over;  /* dp_launch_opts's */
+    int any_ok;            /* a task exited 0 (or 3) */
     int relaunch;          /* every task is being stopped, to start again with --resume */
     int relaunches;        /* whole restarts so far (DP_LAUNCH_RESTART_ALL) */
     double over_at;        /* when only restarted tasks were left after the run's end */
     char missed[DP_ERR_MAX]; /* a task that exited DP_EXIT_CHECKPOINTS_MISSED, or "" */
     pid_t self;            /* the launcher's pid, for the children's death signal */
     int signals_installed;
-    struct sigaction old_int, old_term, old_chld, old_pipe;
+    struct sigaction old_int, old_term, old_chld, old_pipe, old_usr1;
 };
 
 /* One launcher per process: the signal handlers reach it through these. */
 static int g_sig_pipe[2] = {-1, -1};
 static volatile sig_atomic_t g_signal;
 static volatile sig_atomic_t g_signal_count;
+static volatile sig_atomic_t g_grow; /* SIGUSR1s: start a spare worker slot each */
 static int g_active;
 
 static void on_signal(int sig)
 {
     int saved = errno;
-    if (sig != SIGCHLD) {
+    if (sig == SIGUSR1) {
+        g_grow++;
+    } else if (sig != SIGCHLD) {
         g_signal = sig;
         g_signal_count++;
     }
@@ -106,6 +114,7 @@ static int install_signals(dp_launcher *l, dp_err *err)
         return dp_errf(err, "launcher: pipe: %s", strerror(errno));
     g_signal = 0;
     g_signal_count = 0;
+    g_grow = 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -113,6 +122,7 @@ static int install_signals(dp_launcher *l, dp_err *err)
     sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, &l->old_int);
     sigaction(SIGTERM, &sa, &l->old_term);
+    sigaction(SIGUSR1, &sa, &l->old_usr1);
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigaction(SIGCHLD, &sa, &l->old_chld);
     struct sigaction ign;
@@ -131,6 +141,7 @@ static void restore_signals(dp_launcher *l)
         return;
     sigaction(SIGINT, &l->old_int, NULL);
     sigaction(SIGTERM, &l->old_term, NULL);
+    sigaction(SIGUSR1, &l->old_usr1, NULL);
     sigaction(SIGCHLD, &l->old_chld, NULL);
     sigaction(SIGPIPE, &l->old_pipe, NULL);
     close(g_sig_pipe[0]);
@@ -411,6 +422,23 @@ static void begin_stop(dp_launcher *l, int sig)
 
 static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err);
 
+/* Whether a task never restarted still runs. */
+static int originals_running(const dp_launcher *l)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].running && l->t[i].restarts == 0)
+            return 1;
+    return 0;
+}
+
+/* The run is over: the chief (or worker 0 playing it) exited 0; where its
+ * part moves to another task (chief_hands_over: it may have drained), once
+ * a task exited 0 and no task never restarted still runs. */
+static int run_over(const dp_launcher *l)
+{
+    return l->chief_done || (l->chief_hands_over && l->any_ok && !originals_running(l));
+}
+
 /* The chief, or without one worker 0, which plays it (evaluates, writes:
  * cluster.h): the launcher asks about it as about the chief, and the run is
  * over when it has exited 0. */
@@ -436,12 +464,12 @@ static char *task_metrics_path(const dp_launcher *l, int i, int r)
 static int restart_all(dp_launcher *l, int i, const char *how, const char *why)
 {
     const dp_task *task = &l->c->tasks[i];
-    if (l->chief_done || l->relaunches >= l->max_restarts) {
+    if (run_over(l) || l->relaunches >= l->max_restarts) {
         dp_metrics_event(l->faults, "fault", DP_F_STR, "task", task->name, DP_F_STR, "what", how,
                          DP_F_STR, "action", "stop", DP_F_END);
         dp_error("launcher: fault: %s (pid %d) %s; the run cannot go on (%s, and %s)",
                  task->name, (int)l->t[i].pid, how, why,
-                 l->chief_done ? "the run is over"
+                 run_over(l) ? "the run is over"
                  : l->max_restarts == 0
                      ? "no restart was allowed (--max-restarts 0): with launch --max-restarts 1 "
                        "or more every task would have started again from the newest checkpoint"
@@ -552,13 +580,18 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     int survived = l->survives(l->survives_ctx, &as, why, sizeof why);
     if (survived == DP_LAUNCH_RESTART_ALL)
         return restart_all(l, i, how, why);
-    int restart = survived && survived != DP_LAUNCH_NO_RESTART && !l->chief_done &&
+    int restart = survived && survived != DP_LAUNCH_NO_RESTART && !run_over(l) &&
                   t->restarts < l->max_restarts;
-    if (survived && as.role == DP_ROLE_CHIEF && !restart) {
+    if (survived && as.role == DP_ROLE_CHIEF && !restart && survived != DP_LAUNCH_HANDS_OVER) {
         /* The chief evaluates and writes the result: the run may go on
          * without it only while it can come back. */
         snprintf(why, sizeof why, "the chief evaluates and writes the result, and it has no "
                  "restart left (--max-restarts %d)", l->max_restarts);
+        survived = 0;
+    } else if (survived && !restart && l->live == 0 && !l->any_ok) {
+        /* the last task, lost with none ended well: nobody is left to
+         * finish the run (allreduce's every replica killed at once) */
+        snprintf(why, sizeof why, "no other task is left to finish the run");
         survived = 0;
     } else if (survived == DP_LAUNCH_IF_RESTARTED && !restart) {
         size_t len = strlen(why);
@@ -635,7 +668,8 @@ static void reap_one(dp_launcher *l, int i, int killed_only)
     }
     if (ok || (missed && !l->stopping)) {
         dp_debug("launcher: %s (pid %d) %s", name, (int)t->pid, how);
-        if (plays_chief(l->c, &l->c->tasks[i]))
+        l->any_ok = 1;
+        if (!l->chief_hands_over && plays_chief(l->c, &l->c->tasks[i]))
             l->chief_done = 1;
     } else if (l->stopping) {
         dp_debug("launcher: %s (pid %d) %s while stopping", name, (int)t->pid, how);
@@ -668,10 +702,10 @@ static void reap(dp_launcher *l)
  * grace period those left are stopped, and their ending is not a fault. */
 static void stop_latecomers(dp_launcher *l, double now)
 {
-    if (!l->chief_done || l->stopping || l->live == 0)
+    if (!run_over(l) || l->stopping || l->live == 0)
         return;
     for (int i = 0; i < l->n; i++)
-        if (l->t[i].running && l->t[i].restarts == 0)
+        if (l->t[i].running && l->t[i].restarts == 0 && !l->t[i].grown)
             return;
     if (l->over_at == 0) {
         l->over_at = now;
@@ -681,9 +715,10 @@ static void stop_latecomers(dp_launcher *l, double now)
         return;
     for (int i = 0; i < l->n; i++)
         if (l->t[i].running) {
-            dp_warn("launcher: the run is over and %s (pid %d), restarted, is still running "
+            dp_warn("launcher: the run is over and %s (pid %d), %s, is still running "
                     "%.1f s after the others ended; stopping it",
-                    l->c->tasks[i].name, (int)l->t[i].pid, now - l->over_at);
+                    l->c->tasks[i].name, (int)l->t[i].pid,
+                    l->t[i].restarts ? "restarted" : "started in a spare slot", now - l->over_at);
             dp_metrics_event(l->faults, "fault", DP_F_STR, "task", l->c->tasks[i].name,
                              DP_F_STR, "what", "still running after the run ended", DP_F_STR,
                              "action", "end", DP_F_END);
@@ -766,6 +801,7 @@ static int spawn(dp_launcher *l, int i, pid_t parent, dp_err *err)
     fcntl(pe[0], F_SETFL, O_NONBLOCK);
     t->pid = pid;
     t->running = 1;
+    t->spare = 0;
     t->out.fd = po[0];
     t->out.to = l->out_fd;
     t->err.fd = pe[0];
@@ -830,6 +866,7 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     l->err_fd = o->err_fd > 0 ? o->err_fd : 2;
     l->grace = o->grace_seconds > 0 ? o->grace_seconds : DP_LAUNCH_GRACE;
     l->survives = o->survives;
+    l->chief_hands_over = o->chief_hands_over;
     l->survives_ctx = o->survives_ctx;
     l->max_restarts = o->max_restarts > 0 ? o->max_restarts : 0;
     l->self = getpid();
@@ -877,7 +914,10 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int blas = cores > l->n ? (int)(cores / l->n) : 1;
+    int spares = 0;
     for (int i = 0; i < l->n; i++) {
+        l->t[i].spare = dp_cluster_is_spare(l->c, i, o->spare_workers);
+        spares += l->t[i].spare;
         l->t[i].listen_fd = o->listen_fds ? o->listen_fds[i] : -1;
         l->t[i].argv = task_argv(l, o, &l->c->tasks[i]);
         l->t[i].envp = task_envp(l->c, i, secret, blas, l->max_restarts, l->t[i].listen_fd);
@@ -901,16 +941,23 @@ int dp_launcher_start(dp_launcher **out, const dp_launch_opts *o, dp_err *err)
                     (int)g_signal);
             goto fail;
         }
-        if (spawn(l, i, l->self, err) < 0)
+        if (!l->t[i].spare && spawn(l, i, l->self, err) < 0)
             goto fail;
     }
     /* Every task has its copy of the environment: the secret goes now,
-     * unless a task may have to be started again. */
+     * unless a task may have to be started again, or later (a spare). */
     for (int i = 0; i < l->n && l->max_restarts == 0; i++) {
+        if (l->t[i].spare)
+            continue;
         free_env(l->t[i].envp);
         l->t[i].envp = NULL;
     }
-    dp_info("launcher: started %d task%s (%s)", l->n, l->n == 1 ? "" : "s", o->argv[0]);
+    if (spares)
+        dp_info("launcher: started %d task%s (%s); %d spare worker slot(s): kill -USR1 %d "
+                "starts one, which joins the running job", l->n - spares,
+                l->n - spares == 1 ? "" : "s", o->argv[0], spares, (int)l->self);
+    else
+        dp_info("launcher: started %d task%s (%s)", l->n, l->n == 1 ? "" : "s", o->argv[0]);
     *out = l;
     return 0;
 fail:
@@ -939,7 +986,7 @@ static int merge_metrics(const dp_launcher *l, dp_err *err)
         return dp_errf(err, "merging metrics: out of memory");
     int rc = 0, k = 0;
     for (int i = 0; i < c->n_tasks && rc == 0; i++)
-        for (int r = 1; r <= l->t[i].restarts + 1 && rc == 0; r++) {
+        for (int r = 1; r <= l->t[i].restarts + 1 && rc == 0 && !l->t[i].spare; r++) {
             src[k].task = c->tasks[i].name;
             src[k].path = task_metrics_path(l, i, r <= l->t[i].restarts ? r : 0);
             if (!src[k++].path)
@@ -976,18 +1023,51 @@ static int merge_traces(const dp_launcher *l, dp_err *err)
     char **in = calloc((size_t)(n ? n : 1), sizeof *in);
     if (!in)
         return dp_errf(err, "merging traces: out of memory");
+    int m = 0; /* spare slots never started wrote nothing */
     for (int i = 0; i < n && rc == 0; i++)
-        if (!(in[i] = xasprintf("%s.%s-%d", l->trace_path, dp_role_name(l->c->tasks[i].role),
-                                l->c->tasks[i].index)))
+        if (!l->t[i].spare &&
+            !(in[m++] = xasprintf("%s.%s-%d", l->trace_path, dp_role_name(l->c->tasks[i].role),
+                                  l->c->tasks[i].index)))
             rc = dp_errf(err, "merging traces: out of memory");
     if (rc == 0)
-        rc = dp_trace_merge(l->trace_path, (const char *const *)in, n, err);
-    for (int i = 0; i < n && rc == 0; i++)
+        rc = dp_trace_merge(l->trace_path, (const char *const *)in, m, err);
+    for (int i = 0; i < m && rc == 0; i++)
         unlink(in[i]); /* merged: one file beside the metrics, not one a task */
     for (int i = 0; i < n; i++)
         free(in[i]);
     free(in);
     return rc;
+}
+
+/* SIGUSR1: the first spare worker slot not started yet is started; it
+ * joins the running job (docs/cluster.md, "Spare slots"). */
+static void grow(dp_launcher *l)
+{
+    if (l->stopping || l->chief_done || l->live == 0) {
+        dp_warn("launcher: SIGUSR1: the run is %s; no worker is started",
+                l->stopping ? "stopping" : "over");
+        return;
+    }
+    int i = 0;
+    while (i < l->n && !l->t[i].spare)
+        i++;
+    if (i == l->n) {
+        dp_warn("launcher: SIGUSR1: no spare worker slot is free (the job is full: train "
+                "--spare-workers gives it free slots); no worker is started");
+        return;
+    }
+    dp_err err;
+    if (spawn(l, i, l->self, &err) < 0) {
+        dp_warn("launcher: SIGUSR1: %s", err.msg);
+        return;
+    }
+    l->t[i].grown = 1;
+    dp_info("launcher: SIGUSR1: started %s (pid %d) in a spare slot; it joins the running job",
+            l->c->tasks[i].name, (int)l->t[i].pid);
+    if (l->max_restarts == 0) { /* started: its copy of the secret goes */
+        free_env(l->t[i].envp);
+        l->t[i].envp = NULL;
+    }
 }
 
 int dp_launcher_wait(dp_launcher *l, dp_err *err)
@@ -1003,10 +1083,14 @@ int dp_launcher_wait(dp_launcher *l, dp_err *err)
         kill_and_reap_all(l);
         return dp_errf(err, "launcher: out of memory"), 1;
     }
-    int seen_signals = 0;
+    int seen_signals = 0, seen_grow = 0;
     double drain_until = 0;
     for (;;) {
         reap(l);
+        if (g_grow > seen_grow) {
+            seen_grow = g_grow;
+            grow(l);
+        }
         if (l->relaunch && l->live == 0 && g_signal_count == seen_signals &&
             relaunch(l) < 0) {
             l->status = 1;

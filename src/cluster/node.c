@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -213,6 +214,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.insecure = cfg->insecure;
     tc.encrypt = cfg->encrypt;
     tc.link_delay_ms = cfg->link_delay_ms;
+    tc.joining = dp_cluster_is_spare(&n->cluster, n->cluster.self, cfg->spare_workers);
     if (cfg->no_shm) {
         tc.shm = 0;
         dp_info("%s: shared memory off (--no-shm): tasks on this host talk over TCP",
@@ -230,6 +232,15 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     free(addrs);
     free(names);
     if (rc < 0) {
+        /* A spare slot's address held by another process: a task already
+         * fills that slot (one slot, one address). */
+        if (tc.joining && strstr(err->msg, strerror(EADDRINUSE))) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            dp_errf(err, "the spare slot %s is taken: a task already runs at %s (%s); a job "
+                         "takes one task a slot, so start this one for a free spare slot",
+                    n->self->name, n->self->addr, why);
+        }
         dp_err_prefix(err, "%s", n->self->name);
         goto fail;
     }
@@ -249,11 +260,18 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
             (cfg->talks_to && !(cfg->talks_to[n->self->role] & DP_ROLE_BIT(peer))) ||
             (n->self->role == DP_ROLE_PS && peer == DP_ROLE_WORKER && p < n->cluster.self))
             continue;
+        /* A spare slot may start at any time, or never: not waited for;
+         * dialed in the background when this side dials it. */
+        if (dp_cluster_is_spare(&n->cluster, p, cfg->spare_workers)) {
+            dp_tcp_dial_later(n->transport, p);
+            continue;
+        }
         if (dp_transport_connect(n->transport, p, deadline, err) < 0) {
             dp_err_prefix(err, "%s: connecting to the cluster", n->self->name);
             goto fail;
         }
     }
+    dp_tcp_joined(n->transport); /* a failed handshake is a stranger's again */
     return 0;
 fail:
     dp_node_close(n);

@@ -201,6 +201,13 @@ int dp_cluster_rank(const dp_cluster *c, dp_role role, int index)
     return rank;
 }
 
+int dp_cluster_is_spare(const dp_cluster *c, int rank, int spare)
+{
+    if (spare <= 0 || rank < 0 || rank >= c->n_tasks || c->tasks[rank].role != DP_ROLE_WORKER)
+        return 0;
+    return c->tasks[rank].index >= c->count[DP_ROLE_WORKER] - spare;
+}
+
 static void set_task(dp_task *t, dp_role role, int index, int rank)
 {
     t->role = role;

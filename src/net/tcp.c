@@ -672,6 +672,29 @@ int dp_tcp_listen(const char *addr, int sock_buf_bytes, int *fd_out, int *port_o
 
 int dp_tcp_port(const dp_transport *t) { return t->ops == &tcp_ops ? ((const tcp *)t)->port : -1; }
 
+void dp_tcp_dial_later(dp_transport *bt, int peer)
+{
+    if (!bt || bt->ops != &tcp_ops || peer <= bt->rank || peer >= bt->n_ranks)
+        return;
+    tcp *t = (tcp *)bt;
+    conn *c = &t->conns[peer];
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_NONE)
+        dp_tcp_want_redial(t, peer, 0);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dp_tcp_joined(dp_transport *bt)
+{
+    if (!bt || bt->ops != &tcp_ops)
+        return;
+    tcp *t = (tcp *)bt;
+    pthread_mutex_lock(&t->mu);
+    atomic_store(&t->joining, 0);
+    t->secret_refusal[0] = '\0';
+    pthread_mutex_unlock(&t->mu);
+}
+
 static int tcp_tampered(const dp_transport *bt, int peer)
 {
     const tcp *t = (const tcp *)bt;
@@ -774,6 +797,7 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->delay_ns = (long)(cfg->link_delay_ms * 1e6);
     t->shm = cfg->shm != 0;
     t->shm_ring = cfg->shm_ring_bytes ? cfg->shm_ring_bytes : DP_SHM_RING_DEFAULT;
+    atomic_store(&t->joining, cfg->joining != 0);
     dp_pause_hook_load(&t->pause);
     while (t->incarnation == 0) /* 0 means "unknown" to dp_transport_peer_incarnation */
         randombytes_buf(&t->incarnation, sizeof t->incarnation);

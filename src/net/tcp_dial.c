@@ -91,6 +91,12 @@ static void *handshake_main(void *arg)
     if (rc != 0 || stopping) {
         if (rc != 0 && !stopping)
             dp_tcp_refused(t, h->addr, err.msg);
+        if (rc != 0 && atomic_load(&t->joining) && strstr(err.msg, "secret")) {
+            pthread_mutex_lock(&t->mu);
+            snprintf(t->secret_refusal, sizeof t->secret_refusal, "%.199s", err.msg);
+            pthread_cond_broadcast(&t->cond);
+            pthread_mutex_unlock(&t->mu);
+        }
         close(h->fd);
         dp_shm_close(shm);
     } else {
@@ -457,6 +463,17 @@ int dp_tcp_connect_peer(dp_transport *bt, int peer, double deadline, dp_err *err
         if (state == CONN_UP)
             break;
         double now = dp_now();
+        if (atomic_load(&t->joining) && t->secret_refusal[0]) {
+            /* joining: a member dialed and the secrets differ; waiting
+             * longer changes nothing */
+            dp_errf(err, "joining the running job: waiting for %s to dial this task, a "
+                         "handshake failed (%s): this task's cluster secret is not the job's; "
+                         "a task joins only with the job's secret (DOWNPOUR_SECRET, "
+                         "--secret-file)",
+                    pname(t, peer), t->secret_refusal);
+            pthread_mutex_unlock(&t->mu);
+            return -1;
+        }
         if (now >= deadline) {
             pthread_mutex_unlock(&t->mu);
             if (redial) {

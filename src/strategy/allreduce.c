@@ -3,17 +3,20 @@
  * after each backprop the gradients are summed around a ring (in buckets,
  * overlapped with backprop where that measures faster: reducer.h), so every
  * replica applies the same update and the replicas stay bitwise identical.
- * The first replica (the chief when there is one) evaluates, reports and
- * checkpoints; nobody else needs to, since it holds the whole state.
+ * One replica leads (replica 0, the chief when there is one, at the start):
+ * it evaluates, reports and checkpoints, and says who is in the ring.
  *
- * A lost replica other than the first never ends the run (docs/faults.md,
- * "All-reduce"): whoever sees the loss says RESET to the others, replica 0
- * gathers the last step each survivor applied, the newest survivor hands its
- * state to those one step behind, and the ring re-forms over the survivors;
- * a step nobody applied is retried.  A replica restarted into the running
- * ring says HELLO, and replica 0 takes it back at the next epoch's start
- * with the newest state.  The fault-free path pays nothing for this but one
- * handshake at open and one per epoch.
+ * A lost replica never ends the run (docs/faults.md, "All-reduce"): whoever
+ * sees the loss says RESET to the others, the survivors agree on the leader
+ * (the one that led, or the lowest survivor if it was lost: it takes over
+ * evaluating and writing), the leader gathers the last step each survivor
+ * applied, the newest survivor hands its state to those one step behind,
+ * and the ring re-forms over the survivors; a step nobody applied is
+ * retried.  A replica restarted into the running ring says HELLO, and the
+ * leader takes it back at the next epoch's start with the newest state, as
+ * an ordinary replica.  The fault-free path pays nothing for this but one
+ * handshake at open and one per epoch, and a silent evaluation of each
+ * epoch on every replica (so any of them holds the evaluator's history).
  *
  * When every replica is on a device with collectives (NCCL), the gradients
  * are summed there and the parameters and optimiser state never leave the
@@ -56,8 +59,23 @@ struct dp_strategy {
     int n, position;       /* replicas at the start, and this one's position */
     int *ranks;            /* transport rank of each position */
     unsigned char *live;   /* per position: in the ring */
-    unsigned char *reset;  /* per position: its RESET of this round is read */
-    unsigned char *back;   /* replica 0, per position: restarted, said HELLO, waits */
+    uint64_t *rgen;        /* per position: the newest generation of its RESETs read */
+    unsigned char *back;   /* per position: restarted, said HELLO, waits (the leader
+                              welcomes it; the others note it, should they lead) */
+    int leader;            /* the position that leads: evaluates, writes, and says
+                              who is in the ring (docs/faults.md, "All-reduce") */
+    dp_task_info *info;    /* the loop's: evaluator set when this replica takes the lead */
+    int in_end;            /* in epoch_end, waiting on the leader's plan */
+    int lead_left;         /* the last leader lost said BYE (drained): no fault */
+    uint64_t *inc;         /* per position: the incarnation it had when lost */
+    unsigned char *silent; /* per position: lost by this side's timeout (it went
+                              silent), not by its closing the connection */
+    unsigned char *told;   /* the leader, per position: told it is out (dropped) */
+    int dropped;           /* the ring's leader said this replica is out */
+    unsigned char *rend;   /* per position, its last REPORT: it waits in epoch_end */
+    long *rcur;            /* and the step it was in */
+    unsigned char *fresh;  /* per position: a spare slot that has not joined yet
+                              (--spare-workers; docs/cluster.md, "Spare slots") */
     int n_live;
     dp_shard_policy policy;
     uint32_t *sizes;       /* per position: its shard's records this epoch */
@@ -67,9 +85,9 @@ struct dp_strategy {
     long cur;              /* the step in progress */
     uint64_t gen;          /* ring generation: one more per re-forming */
     int broken;            /* the step's reduction returned DP_RING_BROKEN */
-    double (*stats)[3];    /* replica 0: epoch figures per position */
-    unsigned char *have;   /* replica 0: stats[position] arrived */
-    long *joined;          /* replica 0, per position: the step after which it
+    double (*stats)[3];    /* the leader: epoch figures per position */
+    unsigned char *have;   /* the leader: stats[position] arrived */
+    long *joined;          /* the leader, per position: the step after which it
                               rejoined (welcome), -1 if it never left */
     int algo;              /* --allreduce-algo (ring.h), set on every (re)built ring */
     dp_compress compress;  /* --compress, likewise */
@@ -136,11 +154,21 @@ static double records_in_step(const dp_strategy *s, long k)
     return total;
 }
 
+/* A PLAN's offset that tells a replica the ring dropped it (watch_lost). */
+#define PLAN_OUT UINT64_MAX
+
+static int leads(const dp_strategy *s)
+{
+    return s->position == s->leader;
+}
+
 /* What a replica no longer in the ring has sent is void; reading it also
  * takes the transport's report of its loss, after which a restarted
- * replica's new connection is in place (docs/transport.md).  Replica 0 notes
- * a HELLO: the replica is back (welcome).  Every replica looks at each one
- * out of the ring at every step, so none is left with an unread loss. */
+ * replica's new connection is in place (docs/transport.md).  Its HELLO
+ * says it is back: the leader welcomes it at the next epoch, and every
+ * other replica notes it too, should it take the lead first.  Every replica
+ * looks at each one out of the ring at every step, so none is left with an
+ * unread loss. */
 static void forget(dp_strategy *s, int p)
 {
     for (int k = 0; k < 8; k++) {
@@ -148,59 +176,110 @@ static void forget(dp_strategy *s, int p)
         dp_err e;
         if (dp_transport_poll(s->t, s->ranks[p], 0, &ev, &e) < 0 || ev.kind != DP_EVENT_FRAME)
             return;
-        if (s->position == 0 && ev.header.type == DP_WIRE_RING_HELLO && !s->back[p]) {
+        if (ev.header.type == DP_WIRE_RING_PLAN && ev.header.offset == PLAN_OUT)
+            s->dropped = 1; /* a leader that dropped this replica: it is out */
+        if (ev.header.type == DP_WIRE_RING_HELLO && ev.header.length == 0 && !s->back[p]) {
             s->back[p] = 1;
-            dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
-                    name_of(s, p));
+            if (s->fresh[p] && leads(s))
+                dp_info("%s (a spare slot) asks to join; it joins the all-reduce ring at the "
+                        "next epoch", name_of(s, p));
+            else if (leads(s))
+                dp_warn("fault: %s came back; it rejoins the all-reduce ring at the next epoch",
+                        name_of(s, p));
         }
         dp_transport_skip_payload(s->t, s->ranks[p], &e);
     }
 }
 
-/* Replica p is gone.  Replica 0 evaluates and writes: without it the run
- * cannot go on. */
+static int lowest_live(const dp_strategy *s)
+{
+    for (int p = 0; p < s->n; p++)
+        if (s->live[p])
+            return p;
+    return s->position;
+}
+
+/* Replica p is gone.  If it led, the lowest replica left leads in this
+ * replica's view; the ring's re-forming (reform) makes every survivor agree
+ * before anyone acts on it, and the one that then leads takes the lead
+ * (take_lead).  Returns 0 (an int, as the callers' error paths read it). */
 static int lose(dp_strategy *s, int p, const char *reason, dp_err *err)
 {
+    (void)err;
     char why[sizeof err->msg]; /* reason may be err's own message */
     snprintf(why, sizeof why, "%s", reason);
-    if (p == 0)
-        return dp_errf(err, "lost replica 0, %s (%s): it evaluates and writes the run's "
-                            "results, so the run cannot go on", name_of(s, 0), why);
-    if (!s->live[p])
+    if (!s->live[p] || p == s->position)
         return 0;
     s->live[p] = 0;
     s->n_live--;
+    s->inc[p] = dp_transport_peer_incarnation(s->t, s->ranks[p]);
+    s->told[p] = 0;
+    /* the transport's heartbeat and the collective timeouts say "timeout" */
+    s->silent[p] = strstr(why, "timeout") != NULL;
+    int led = p == s->leader;
+    if (led)
+        s->leader = lowest_live(s);
     /* It said BYE mid-run: drained (docs/faults.md, "Draining"), after the
      * step this replica applied last; the ring re-forms as for a loss. */
     int drained = dp_transport_peer_left(s->t, s->ranks[p]);
+    if (led)
+        s->lead_left = drained;
+    char then[160] = "";
+    if (led)
+        snprintf(then, sizeof then, "; it led the ring, and %s leads it from now on (it "
+                 "evaluates and writes)", name_of(s, s->leader));
     forget(s, p);
     if (drained) {
-        if (s->position == 0) {
-            dp_info("%s drained at step %ld; the run goes on over %d worker(s)", name_of(s, p),
-                    s->applied, s->n_live);
+        if (leads(s)) {
+            dp_info("%s drained at step %ld; the run goes on over %d worker(s)%s", name_of(s, p),
+                    s->applied, s->n_live, then);
             dp_metrics_event(s->env->metrics, "drain", DP_F_STR, "task", name_of(s, p),
                              DP_F_STR, "action", "drain", DP_F_INT, "step", s->applied,
                              DP_F_INT, "workers", (long)s->n_live, DP_F_END);
         } else {
             dp_info("%s left the all-reduce ring (drained); it re-forms over the %d replica(s) "
-                    "left", name_of(s, p), s->n_live);
+                    "left%s", name_of(s, p), s->n_live, then);
         }
         return 0;
     }
-    dp_warn("fault: lost %s (%s); the all-reduce ring re-forms over the %d replica(s) left",
-            name_of(s, p), why, s->n_live);
+    dp_warn("fault: lost %s (%s); the all-reduce ring re-forms over the %d replica(s) left%s",
+            name_of(s, p), why, s->n_live, then);
     dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR, "what",
                      why, DP_F_STR, "action", "continue", DP_F_END);
     return 0;
 }
 
+/* The ring agreed that this replica leads (the one that led was lost or
+ * drained): from now on it evaluates each epoch, writes the checkpoints,
+ * the run's events and its result (the loop reads info->evaluator).  Every
+ * replica evaluated each epoch already (info->standby), so it holds the
+ * history and --keep-best's weights (docs/faults.md, "All-reduce"). */
+static void take_lead(dp_strategy *s)
+{
+    if (s->info->evaluator)
+        return;
+    s->info->evaluator = 1;
+    /* a drained leader is no fault (docs/faults.md, "Draining") */
+    const char *how = s->lead_left ? "drained" : "lost";
+    if (s->lead_left)
+        dp_info("%s leads the all-reduce ring from step %ld (the leader drained): it "
+                "evaluates, writes the checkpoints and the run's result",
+                name_of(s, s->position), s->applied);
+    else
+        dp_warn("fault: %s leads the all-reduce ring from step %ld: it evaluates, writes the "
+                "checkpoints and the run's result", name_of(s, s->position), s->applied);
+    dp_metrics_event(s->env->metrics, "lead", DP_F_STR, "task", name_of(s, s->position),
+                     DP_F_STR, "leader", how, DP_F_INT, "step", s->applied, DP_F_INT, "workers",
+                     (long)s->n_live, DP_F_END);
+}
+
 /* Waits for a frame from position p other than ring segments (read past) and
  * stale RESETs.  Returns 0 with a frame, 1 when p was lost (or silent past
- * the collective timeout), -1 on error.  Replica 0 may itself be waiting a
+ * the collective timeout), -1 on error.  The leader may itself be waiting a
  * timeout per replica for a silent one, so it gets longer. */
 static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_err *err)
 {
-    double timeout = s->ring.timeout * (p == 0 ? s->n + 2 : 1);
+    double timeout = s->ring.timeout * (p == s->leader ? s->n + 2 : 1);
     for (;;) {
         if (dp_transport_recv(s->t, s->ranks[p], what, timeout, ev, err) < 0) {
             if (ev->kind != DP_EVENT_PEER_LOST && ev->kind != DP_EVENT_TIMEOUT)
@@ -208,6 +287,12 @@ static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_e
             return lose(s, p, err->msg, err) < 0 ? -1 : 1;
         }
         unsigned type = ev->header.type;
+        if (type == DP_WIRE_RING_PLAN && ev->header.offset == PLAN_OUT) {
+            s->dropped = 1;
+            return dp_errf(err, "the all-reduce ring's leader %s dropped this replica (it was "
+                                "silent past the heartbeat timeout: frozen or cut off) and went "
+                                "on without it; it leaves the run", name_of(s, p));
+        }
         if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen)) {
             if (dp_transport_skip_payload(s->t, s->ranks[p], err) < 0)
                 return lose(s, p, err->msg, err) < 0 ? -1 : 1;
@@ -217,16 +302,31 @@ static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_e
     }
 }
 
-/* Reads epoch figures from p into replica 0's table. */
+/* An epoch's figures (loss sum, records, correct) as 24 bytes. */
+static void put_figures(uint8_t *b, const double v[3])
+{
+    for (int i = 0; i < 3; i++) {
+        uint64_t u;
+        memcpy(&u, &v[i], sizeof u);
+        dp_put_u64(b + 8 * i, u);
+    }
+}
+
+static void get_figures(const uint8_t *b, double v[3])
+{
+    for (int i = 0; i < 3; i++) {
+        uint64_t u = dp_get_u64(b + 8 * i);
+        memcpy(&v[i], &u, sizeof u);
+    }
+}
+
+/* Reads epoch figures from p into the leader's table. */
 static int take_stats(dp_strategy *s, int p, dp_err *err)
 {
     uint8_t b[24];
     if (dp_transport_recv_payload(s->t, s->ranks[p], b, sizeof b, err) < 0)
         return lose(s, p, err->msg, err);
-    for (int i = 0; i < 3; i++) {
-        uint64_t u = dp_get_u64(b + 8 * i);
-        memcpy(&s->stats[p][i], &u, sizeof u);
-    }
+    get_figures(b, s->stats[p]);
     s->have[p] = 1;
     return 0;
 }
@@ -257,7 +357,7 @@ static int send_plan(dp_strategy *s, int to, unsigned type, long newest, const l
     return dp_transport_send(s->t, s->ranks[to], type, (uint64_t)newest, offset, buf, len, err);
 }
 
-/* p, which this replica had given up on, is in replica 0's plan: a member
+/* p, which this replica had given up on, is in the leader's plan: a member
  * again once its connection is up.  This side's loss of p closed their
  * link and the transport is redialing it; a ring step sent before the new
  * link is in place would fail, and this replica would lose p a second time
@@ -271,19 +371,26 @@ static int readmit(dp_strategy *s, int p, dp_err *err)
     double hb = s->env->cfg->heartbeat_timeout > 0 ? s->env->cfg->heartbeat_timeout : 10;
     dp_err e; /* connect takes the old link's loss if it was not taken yet */
     if (dp_transport_connect(s->t, s->ranks[p], dp_now() + 2 * hb + 1, &e) < 0)
-        return dp_errf(err, "%s is back in replica 0's ring plan, but this replica's "
+        return dp_errf(err, "%s is back in the leader's ring plan, but this replica's "
                             "connection to it did not come back within %g s (%s): leaving "
                             "the ring",
                        name_of(s, p), 2 * hb + 1, e.msg);
     s->live[p] = 1;
     s->n_live++;
-    dp_info("%s: %s is a member again (replica 0 still had it in the ring)",
-            name_of(s, s->position), name_of(s, p));
+    if (s->fresh[p])
+        dp_info("%s: %s joined the all-reduce ring (a spare slot)", name_of(s, s->position),
+                name_of(s, p));
+    else
+        dp_info("%s: %s is a member again (%s)", name_of(s, s->position), name_of(s, p),
+                s->back[p] ? "restarted, welcomed by the leader"
+                           : "the leader still had it in the ring");
+    s->fresh[p] = 0;
+    s->back[p] = 0;
     return 0;
 }
 
 /* A plan's bytes from position `from`: the ring's members become exactly
- * the plan's (a member this replica had given up on but replica 0 heard
+ * the plan's (a member this replica had given up on but the leader heard
  * from is back in), behind[] says who takes the state. */
 static int apply_plan(dp_strategy *s, int from, const uint8_t *buf, size_t got,
                       unsigned char *behind, dp_err *err)
@@ -314,7 +421,7 @@ static int apply_plan(dp_strategy *s, int from, const uint8_t *buf, size_t got,
     int rc = 0;
     for (int p = 0; p < s->n && rc == 0; p++) {
         if (s->live[p] && !in[p])
-            lose(s, p, "replica 0 lost it", err);
+            lose(s, p, "the leader lost it", err);
         else if (!s->live[p] && in[p])
             rc = readmit(s, p, err);
     }
@@ -344,7 +451,7 @@ static int can_comm(const dp_strategy *s)
     return dp_replica_can_sum(s->r) && !s->no_nccl;
 }
 
-/* Which GPU this replica sums on, for replica 0 to find two replicas on one
+/* Which GPU this replica sums on, for the leader to find two replicas on one
  * (NCCL takes one GPU per rank): host and device, e.g. "node3/NVIDIA H100
  * 80GB HBM3 (cuda:0, 79.1 GiB)".  sim's collectives take any number of
  * ranks on a host, so its key is the process's own. */
@@ -359,11 +466,15 @@ static size_t device_key(const dp_strategy *s, char *key, size_t len)
     return strlen(key);
 }
 
-/* At the end of every (re)building of the ring: each member tells replica 0
- * whether its device has collectives; at open replica 0 decides (sums on
+/* comm_setup's (and rebuild_ring's) answer when the ring must re-form
+ * again: a member went on to a new round, or the leader was lost. */
+#define AGAIN 2
+
+/* At the end of every (re)building of the ring: each member tells the leader
+ * whether its device has collectives; at open the leader decides (sums on
  * the devices if every member can) and the choice holds for the run (a
  * restarted replica learns it in its welcome, and refuses to rejoin a ring
- * it cannot sum in).  Replica 0 makes an id and sends it with the members,
+ * it cannot sum in).  The leader makes an id and sends it with the members,
  * and each member joins as its place among them.  A join that fails (a
  * member died in it) leaves comm_ok 0, and the next step re-forms the ring. */
 static int comm_setup(dp_strategy *s, dp_err *err)
@@ -373,42 +484,55 @@ static int comm_setup(dp_strategy *s, dp_err *err)
     uint8_t buf[DP_COMM_ID_BYTES + PLAN_MAX];
     int mode;
     dp_err e;
-    if (s->position != 0) {
+    int lead = s->leader;
+    if (!leads(s)) {
         char key[KEY_MAX];
         int can = can_comm(s);
         size_t klen = can ? device_key(s, key, sizeof key) : 0;
-        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_COMM, s->gen, (uint64_t)can, key,
-                              klen, &e) < 0)
-            return lose(s, 0, e.msg, err);
+        if (dp_transport_send(s->t, s->ranks[lead], DP_WIRE_RING_COMM, s->gen, (uint64_t)can, key,
+                              klen, &e) < 0) {
+            if (!s->decided)
+                return dp_errf(err, "lost the leader %s building the ring (%s)",
+                               name_of(s, lead), e.msg);
+            lose(s, lead, e.msg, err);
+            return AGAIN;
+        }
         dp_event ev;
         int rc;
-        while ((rc = recv_from(s, 0, "the devices' communicator", &ev, err)) == 0 &&
-               !(ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen))
-            if (dp_transport_skip_payload(s->t, s->ranks[0], err) < 0)
+        while ((rc = recv_from(s, lead, "the devices' communicator", &ev, err)) == 0 &&
+               !(ev.header.type == DP_WIRE_RING_COMM && ev.header.step == s->gen)) {
+            if (ev.header.type == DP_WIRE_RING_RESET) { /* the leader re-forms anew */
+                s->rgen[lead] = ev.header.step;
+                return AGAIN;
+            }
+            if (dp_transport_skip_payload(s->t, s->ranks[lead], err) < 0)
                 return -1;
+        }
+        if (rc > 0 && s->decided)
+            return AGAIN; /* the leader lost: the ring re-forms without it */
         if (rc != 0)
             return -1;
         mode = ev.header.offset == 1;
         size_t len = ev.header.length, idb = mode ? DP_COMM_ID_BYTES : 0;
         if (ev.header.offset > 1 || len < idb + 4 || len > idb + PLAN_MAX)
             return dp_errf(err, "%s sent a malformed communicator frame (offset %llu, %zu bytes)",
-                           name_of(s, 0), (unsigned long long)ev.header.offset, len);
-        if (dp_transport_recv_payload(s->t, s->ranks[0], buf, len, err) < 0 ||
-            apply_plan(s, 0, buf + idb, len - idb, NULL, err) < 0)
+                           name_of(s, lead), (unsigned long long)ev.header.offset, len);
+        if (dp_transport_recv_payload(s->t, s->ranks[lead], buf, len, err) < 0 ||
+            apply_plan(s, lead, buf + idb, len - idb, NULL, err) < 0)
             return -1;
         if (mode && !can_comm(s))
             return dp_errf(err, "%s sums the gradients on the devices (NCCL), and this "
                                 "replica's device has no collectives",
-                           name_of(s, 0));
+                           name_of(s, lead));
     } else {
         mode = s->decided ? s->nccl : can_comm(s);
         char(*keys)[KEY_MAX] = mode ? calloc((size_t)s->n, KEY_MAX) : NULL;
         if (mode && !keys)
             return dp_errf(err, "out of memory");
         if (mode)
-            device_key(s, keys[0], KEY_MAX);
-        for (int p = 1; p < s->n; p++)
-            while (s->live[p]) {
+            device_key(s, keys[s->position], KEY_MAX);
+        for (int p = 0; p < s->n; p++)
+            while (p != s->position && s->live[p]) {
                 dp_event ev;
                 int rc = recv_from(s, p, "whether its device has collectives", &ev, err);
                 if (rc < 0) {
@@ -430,6 +554,12 @@ static int comm_setup(dp_strategy *s, dp_err *err)
                                    "devices", err);
                     mode = mode && (can || !s->live[p]);
                     break;
+                }
+                if (ev.header.type == DP_WIRE_RING_RESET) {
+                    /* p went on to a new round (reform): so does this one */
+                    s->rgen[p] = ev.header.step;
+                    free(keys);
+                    return AGAIN;
                 }
                 if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
                     lose(s, p, e.msg, err) < 0) {
@@ -454,8 +584,8 @@ static int comm_setup(dp_strategy *s, dp_err *err)
         }
         size_t idb = mode ? DP_COMM_ID_BYTES : 0;
         size_t len = idb + plan_bytes(s, buf + idb, 0, NULL);
-        for (int p = 1; p < s->n; p++)
-            if (s->live[p] &&
+        for (int p = 0; p < s->n; p++)
+            if (p != s->position && s->live[p] &&
                 dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_COMM, s->gen, (uint64_t)mode, buf,
                                   len, &e) < 0 &&
                 lose(s, p, e.msg, err) < 0)
@@ -475,7 +605,7 @@ static int comm_setup(dp_strategy *s, dp_err *err)
         s->join_error = e;
         dp_warn("%s: %s; the ring re-forms at the next step", name_of(s, s->position), e.msg);
     }
-    else if (s->position == 0)
+    else if (leads(s))
         dp_info("allreduce: the gradients are summed on the devices (NCCL) over %d replica(s)%s",
                 s->n_live, first ? "" : ", a new communicator");
     return 0;
@@ -541,129 +671,258 @@ static int recv_state(dp_strategy *s, int from, dp_err *err)
     return 0;
 }
 
+/* Alone of a ring of two, the other lost by its connection closing
+ * (without BYE, not by this side's timeout): dead, or alive and it dropped
+ * this replica (this one was frozen or cut off past the heartbeat
+ * timeout), which a ring of one cannot tell from the loss.  An
+ * alive peer's link comes back (one side redials), so this replica waits
+ * for it as readmit does, at most two heartbeat timeouts and a second: the
+ * same process back means this replica was dropped, and it leaves (1, err
+ * set) rather than go on as a second ring writing a second result.  A
+ * restarted one (a new incarnation) or none: 0, and it goes on. */
+static int lone_dropped(dp_strategy *s, dp_err *err)
+{
+    int p = -1;
+    for (int i = 0; i < s->ring.n; i++)
+        if (pos_of(s, s->ring.ranks[i]) != s->position)
+            p = pos_of(s, s->ring.ranks[i]);
+    /* Lost by this side's timeout: this side dropped it, and goes on. */
+    if (p < 0 || s->live[p] || s->inc[p] == 0 || s->silent[p] ||
+        dp_transport_peer_left(s->t, s->ranks[p]))
+        return 0;
+    double hb = s->env->cfg->heartbeat_timeout > 0 ? s->env->cfg->heartbeat_timeout : 10;
+    dp_err e;
+    if (dp_transport_connect(s->t, s->ranks[p], dp_now() + 2 * hb + 1, &e) < 0 ||
+        dp_transport_peer_incarnation(s->t, s->ranks[p]) != s->inc[p])
+        return 0;
+    dp_errf(err, "%s, the other replica of the all-reduce ring, is alive and connected again "
+                 "after this replica lost it: it dropped this replica (frozen or cut off past "
+                 "the heartbeat timeout) and went on; this replica leaves the run",
+            name_of(s, p));
+    return 1;
+}
+
+/* A REPORT's payload: the position this replica names as the leader, 1
+ * when it waits in epoch_end on the leader's plan, and the step in progress
+ * (the last step it applied is the frame's offset). */
+#define REPORT_BYTES 16
+/* A reform's PLAN carries the generation above the source's position. */
+#define PLAN_GEN_SHIFT 16
+#define MAX_ROUNDS(n) (2 * (n) + 4)
+
 /* Re-forms the ring over the survivors (docs/faults.md, "All-reduce"):
  * RESET to every member, read every member up to its RESET (so nothing of
- * the broken ring is left in flight), replica 0 gathers the last step each
- * applied and sends the plan, the newest replica hands its state to those
- * behind, and the ring is rebuilt.  Afterwards every member has applied the
- * same steps and holds the same bits. */
+ * the broken ring is left in flight, and each member still held is known
+ * alive), then every member REPORTs to every other the last step it applied
+ * and whom it names as the leader (the one that led, or, if it lost that
+ * one, the lowest replica it holds).  All name the same one, or a member
+ * names one this replica had lost before the round (a cut between them):
+ * this replica leaves the run, which the others survive as any lost
+ * replica.  A leader lost meanwhile starts a new round.  The leader sends
+ * the plan, the newest replica hands its state to those one step behind,
+ * and the ring is rebuilt.  Afterwards every member has applied the same
+ * steps and holds the same bits, and the leader they agree on leads. */
 static int reform(dp_strategy *s, dp_err *err)
 {
-    uint64_t gen = s->gen + 1;
-    int me = s->position;
+    int me = s->position, n = s->n > 0 ? s->n : 1;
     dp_err e;
     long before = s->applied;
-    for (int p = 0; p < s->n; p++)
-        if (p != me && s->live[p] &&
-            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_RESET, gen, 0, NULL, 0, &e) < 0 &&
-            lose(s, p, e.msg, err) < 0)
-            return -1;
-    for (int p = 0; p < s->n; p++) {
-        while (p != me && s->live[p] && !s->reset[p]) {
-            dp_event ev;
-            int rc = recv_from(s, p, "re-forming the ring", &ev, err);
-            if (rc < 0)
-                return -1;
-            if (rc > 0)
-                break;
-            if (ev.header.type == DP_WIRE_RING_RESET && ev.header.step == gen)
-                s->reset[p] = 1;
-            else if (ev.header.type == DP_WIRE_RING_STATS && me == 0 && ev.header.length == 24)
-                rc = take_stats(s, p, err); /* sent before its RESET: still this epoch's */
-            else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0)
-                rc = lose(s, p, e.msg, err);
-            if (rc < 0)
-                return -1;
-        }
-    }
-    memset(s->reset, 0, (size_t)s->n);
-    unsigned char *behind = calloc((size_t)s->n, 1);
-    long *applied = calloc((size_t)s->n, sizeof *applied);
-    int rc = -1, source = me;
-    if (!behind || !applied) {
+    int rc = -1, rounds = 0;
+    unsigned char *behind = calloc((size_t)n, 1), *got = calloc((size_t)n, 1),
+                  *had = calloc((size_t)n, 1);
+    long *applied = calloc((size_t)n, sizeof *applied);
+    uint32_t *named = calloc((size_t)n, sizeof *named);
+    if (!behind || !got || !had || !applied || !named) {
         dp_errf(err, "out of memory");
         goto out;
     }
+again:
+    if (++rounds > MAX_ROUNDS(n)) {
+        dp_errf(err, "the all-reduce ring did not agree on its leader in %d rounds", rounds - 1);
+        goto out;
+    }
+    uint64_t gen = s->gen + 1;
+    int source = me;
     long newest = s->applied;
-    if (me == 0) {
-        applied[0] = s->applied;
-        for (int p = 1; p < s->n; p++) {
+    for (int p = 0; p < n; p++)
+        if (p != me && s->live[p] &&
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_RESET, gen, 0, NULL, 0, &e) < 0)
+            lose(s, p, e.msg, err);
+    for (int p = 0; p < n; p++) {
+        while (p != me && s->live[p] && s->rgen[p] < gen) {
             dp_event ev;
-            int got = 0;
-            while (s->live[p] && !got) {
-                int r = recv_from(s, p, "the last step it applied", &ev, err);
-                if (r < 0)
-                    goto out;
-                if (r > 0)
+            int r = recv_from(s, p, "re-forming the ring", &ev, err);
+            if (r < 0)
+                goto out;
+            if (r > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_RESET)
+                s->rgen[p] = ev.header.step;
+            else if (ev.header.type == DP_WIRE_RING_STATS && leads(s) && ev.header.length == 24)
+                r = take_stats(s, p, err); /* sent before its RESET: still this epoch's */
+            else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0)
+                r = lose(s, p, e.msg, err);
+            if (r < 0)
+                goto out;
+        }
+    }
+    /* Every member still held sent its RESET of this round: it is alive. */
+    memcpy(had, s->live, (size_t)n);
+    uint32_t name = (uint32_t)s->leader;
+    uint8_t rep[REPORT_BYTES];
+    dp_put_u32(rep, name);
+    dp_put_u32(rep + 4, (uint32_t)s->in_end);
+    dp_put_u64(rep + 8, (uint64_t)s->cur);
+    for (int p = 0; p < n; p++)
+        if (p != me && s->live[p] &&
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_REPORT, gen, (uint64_t)s->applied,
+                              rep, sizeof rep, &e) < 0)
+            lose(s, p, e.msg, err);
+    memset(got, 0, (size_t)n);
+    int newer = 0;
+    for (int p = 0; p < n && !newer; p++) {
+        while (p != me && s->live[p] && !got[p]) {
+            dp_event ev;
+            int r = recv_from(s, p, "the last step it applied", &ev, err);
+            if (r < 0)
+                goto out;
+            if (r > 0)
+                break;
+            if (ev.header.type == DP_WIRE_RING_REPORT && ev.header.step == gen &&
+                ev.header.length == REPORT_BYTES) {
+                if (dp_transport_recv_payload(s->t, s->ranks[p], rep, sizeof rep, &e) < 0) {
+                    lose(s, p, e.msg, err);
                     break;
-                if (ev.header.type == DP_WIRE_RING_REPORT && ev.header.step == gen) {
-                    applied[p] = (long)ev.header.offset;
-                    got = 1;
-                } else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 &&
-                           lose(s, p, e.msg, err) < 0) {
+                }
+                applied[p] = (long)ev.header.offset;
+                named[p] = dp_get_u32(rep);
+                s->rend[p] = dp_get_u32(rep + 4) != 0;
+                s->rcur[p] = (long)dp_get_u64(rep + 8);
+                got[p] = 1;
+                if (named[p] >= (uint32_t)n) {
+                    dp_errf(err, "%s named replica %u of %d as the leader", name_of(s, p),
+                            named[p], n);
                     goto out;
                 }
-            }
-            if (s->live[p] && applied[p] > newest) {
-                newest = applied[p];
-                source = p;
+            } else if (ev.header.type == DP_WIRE_RING_RESET && ev.header.step > gen) {
+                s->rgen[p] = ev.header.step; /* it went on to a new round: so does this one */
+                newer = 1;
+                break;
+            } else if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0) {
+                lose(s, p, e.msg, err);
             }
         }
+    }
+    int differ = newer || (uint32_t)s->leader != name;
+    for (int p = 0; p < n && !differ; p++) {
+        if (p == me || !s->live[p] || !got[p] || named[p] == name)
+            continue;
+        if (!had[named[p]]) {
+            dp_errf(err, "%s names %s as the all-reduce ring's leader, and this replica had "
+                         "lost it: leaving the ring, which goes on without this replica",
+                    name_of(s, p), name_of(s, (int)named[p]));
+            goto out;
+        }
+        /* p does not hold the one this replica names (two that named
+         * different ones cannot both hold both): p leaves, and the
+         * leader's plan goes without it. */
+        if (leads(s))
+            lose(s, p, "it lost this leader and leaves", err);
+    }
+    if (differ) { /* a leader lost in the round, or views that differ: again */
+        s->gen = gen;
+        goto again;
+    }
+    /* Alone, having lost two or more others since the ring last formed:
+     * far likelier this replica was frozen or cut off than they all died
+     * at once, and they go on without it.  It leaves rather than train on
+     * as a ring of its own (docs/faults.md, "All-reduce"). */
+    if (s->n_live == 1 && s->ring.n >= 3) {
+        dp_errf(err, "lost all %d other replicas of the all-reduce ring at once: this replica "
+                     "was more likely cut off or frozen than they all died; it leaves the run, "
+                     "which goes on without it", s->ring.n - 1);
+        goto out;
+    }
+    if (s->n_live == 1 && s->ring.n == 2 && lone_dropped(s, err))
+        goto out;
+    if (leads(s)) {
+        applied[me] = s->applied;
+        for (int p = 0; p < n; p++)
+            if (s->live[p] && applied[p] > newest)
+                newest = applied[p];
         /* The first replica with the newest state is the source. */
-        for (int p = s->n - 1; p >= 0; p--)
+        for (int p = n - 1; p >= 0; p--)
             if (s->live[p] && applied[p] == newest)
                 source = p;
-        for (int p = 1; p < s->n; p++)
-            if (s->live[p] &&
-                send_plan(s, p, DP_WIRE_RING_PLAN, newest, applied, (uint64_t)source, &e) < 0 &&
-                lose(s, p, e.msg, err) < 0)
-                goto out;
-        for (int p = 0; p < s->n; p++)
+        for (int p = 0; p < n; p++)
+            if (p != me && s->live[p] &&
+                send_plan(s, p, DP_WIRE_RING_PLAN, newest, applied,
+                          (gen << PLAN_GEN_SHIFT) | (uint64_t)source, &e) < 0)
+                lose(s, p, e.msg, err);
+        for (int p = 0; p < n; p++)
             behind[p] = s->live[p] && applied[p] < newest;
     } else {
-        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_REPORT, gen, (uint64_t)s->applied,
-                              NULL, 0, &e) < 0) {
-            lose(s, 0, e.msg, err);
-            goto out;
-        }
+        int lead = s->leader;
         dp_event ev;
-        int r;
-        while ((r = recv_from(s, 0, "the ring's new members", &ev, err)) == 0 &&
-               ev.header.type != DP_WIRE_RING_PLAN)
-            if (dp_transport_skip_payload(s->t, s->ranks[0], err) < 0)
+        for (;;) {
+            int r = recv_from(s, lead, "the ring's new members", &ev, err);
+            if (r < 0)
                 goto out;
-        if (r != 0)
-            goto out;
-        if (take_plan(s, 0, &ev, behind, err) < 0)
+            if (r > 0 || (ev.header.type == DP_WIRE_RING_RESET && ev.header.step > gen)) {
+                if (r == 0)
+                    s->rgen[lead] = ev.header.step;
+                s->gen = gen; /* the leader lost, or gone on to a new round */
+                goto again;
+            }
+            if (ev.header.type == DP_WIRE_RING_PLAN &&
+                ev.header.offset >> PLAN_GEN_SHIFT == gen)
+                break;
+            if (dp_transport_skip_payload(s->t, s->ranks[lead], err) < 0) {
+                s->gen = gen;
+                lose(s, lead, err->msg, err);
+                goto again;
+            }
+        }
+        memset(behind, 0, (size_t)n);
+        if (take_plan(s, lead, &ev, behind, err) < 0)
             goto out;
         newest = (long)ev.header.step;
-        source = (int)ev.header.offset;
-        if (source < 0 || source >= s->n || !s->live[source]) {
-            dp_errf(err, "replica 0 named replica %d as the newest", source);
+        source = (int)(ev.header.offset & ((1u << PLAN_GEN_SHIFT) - 1));
+        if (source >= n || !s->live[source]) {
+            dp_errf(err, "the leader %s named replica %d as the newest", name_of(s, lead),
+                    source);
             goto out;
         }
     }
     /* Those behind finished one step fewer (a reduction that completed on
      * some replicas only): the newest state goes to them. */
     if (me == source) {
-        for (int p = 0; p < s->n; p++)
-            if (behind[p] && send_state(s, p, &e) < 0 && lose(s, p, e.msg, err) < 0)
-                goto out;
+        for (int p = 0; p < n; p++)
+            if (p != me && behind[p] && send_state(s, p, &e) < 0)
+                lose(s, p, e.msg, err);
     } else if (behind[me] && recv_state(s, source, err) < 0) {
         dp_err_prefix(err, "re-forming the ring");
         goto out;
     }
     s->gen = gen;
-    if (rebuild_ring(s, err) < 0)
+    int built = rebuild_ring(s, err);
+    if (built < 0)
         goto out;
-    if (me == 0)
+    if (built == AGAIN)
+        goto again;
+    if (leads(s))
         dp_info("%s: the all-reduce ring goes on over %d replica(s) from step %ld%s",
-                name_of(s, 0) , s->n_live, newest + 1,
+                name_of(s, me), s->n_live, newest + 1,
                 s->applied > before ? " (this replica took the newest state)" : "");
+    if (leads(s))
+        take_lead(s);
     rc = 0;
 out:
     free(behind);
+    free(got);
+    free(had);
     free(applied);
+    free(named);
     return rc;
 }
 
@@ -674,12 +933,11 @@ static int ring_broke(dp_strategy *s, const dp_err *why, dp_err *err)
     if (p < 0)
         return dp_errf(err, "%s", why->msg);
     if (s->ring.broken_lost) {
-        if (lose(s, p, why->msg, err) < 0)
-            return -1;
+        lose(s, p, why->msg, err);
     } else if (s->ring.reset_gen == 0) {
         dp_warn("%s; re-forming the all-reduce ring", why->msg);
-    } else if (s->ring.reset_gen == s->gen + 1) {
-        s->reset[p] = 1;
+    } else if (s->ring.reset_gen > s->rgen[p]) {
+        s->rgen[p] = s->ring.reset_gen;
     }
     return reform(s, err);
 }
@@ -697,6 +955,14 @@ static int reform_all(dp_strategy *s, dp_err *err)
                    dp_replica_from_host(s->r, err) < 0
                ? -1
                : 0;
+}
+
+/* The ring rebuilt over the live members; re-formed instead where that
+ * meets a new round (comm_setup's AGAIN). */
+static int rebuild_or_reform(dp_strategy *s, dp_err *err)
+{
+    int rc = rebuild_ring(s, err);
+    return rc == AGAIN ? reform_all(s, err) : rc;
 }
 
 /* Between waits on the devices' sum, every other member looked at: one
@@ -719,13 +985,14 @@ static int watch_members(dp_strategy *s, dp_err *err)
             continue;
         }
         unsigned type = ev.header.type;
-        if (type == DP_WIRE_RING_STATS && s->position == 0 && ev.header.length == 24) {
+        if (type == DP_WIRE_RING_STATS && leads(s) && ev.header.length == 24) {
             if (take_stats(s, p, err) < 0) /* a member done with the epoch's last sum */
                 return -1;
             continue;
         }
-        if (type == DP_WIRE_RING_RESET && ev.header.step == s->gen + 1) {
-            s->reset[p] = 1;
+        if (type == DP_WIRE_RING_RESET && ev.header.step > s->gen) {
+            if (ev.header.step > s->rgen[p])
+                s->rgen[p] = ev.header.step;
             broken = 1;
         }
         if (dp_transport_skip_payload(s->t, s->ranks[p], &e) < 0 && lose(s, p, e.msg, err) < 0)
@@ -795,11 +1062,21 @@ static int device_step(dp_strategy *s, int n, float lr, long step, dp_step_out *
 static void watch_lost(dp_strategy *s)
 {
     for (int p = 0; p < s->n; p++)
-        if (!s->live[p] && !s->back[p])
+        if (!s->live[p] && !s->back[p]) {
             forget(s, p);
+            /* The same process connected again (a redial): it was frozen
+             * or cut off, not dead, and may think itself the ring (alone,
+             * or leading).  The leader tells it that it is out. */
+            dp_err e;
+            if (leads(s) && !s->told[p] && s->inc[p] != 0 &&
+                dp_transport_peer_incarnation(s->t, s->ranks[p]) == s->inc[p] &&
+                dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_PLAN, 0, PLAN_OUT, NULL, 0,
+                                  &e) == 0)
+                s->told[p] = 1;
+        }
 }
 
-/* Replica 0, between epochs (and at the end): the replicas that came back
+/* The leader, between epochs (and at the end): the replicas that came back
  * are members again (take_back), so the epoch's plan names them; then each
  * is answered (welcome): the plan as the answer to its HELLO, with the step
  * to start after and the ring's generation, then the parameters and
@@ -807,8 +1084,8 @@ static void watch_lost(dp_strategy *s)
 static void take_back(dp_strategy *s)
 {
     watch_lost(s);
-    for (int p = 1; p < s->n; p++)
-        if (s->back[p]) {
+    for (int p = 0; p < s->n; p++)
+        if (s->back[p] && !s->live[p]) {
             s->live[p] = 1;
             s->n_live++;
         }
@@ -816,7 +1093,7 @@ static void take_back(dp_strategy *s)
 
 static int welcome(dp_strategy *s, dp_err *err)
 {
-    for (int p = 1; p < s->n; p++) {
+    for (int p = 0; p < s->n; p++) {
         if (!s->back[p])
             continue;
         if (dp_replica_to_host(s->r, err) < 0)
@@ -832,6 +1109,15 @@ static int welcome(dp_strategy *s, dp_err *err)
             continue;
         }
         s->joined[p] = s->applied;
+        if (s->fresh[p]) { /* a spare slot filled: the job grows, no fault */
+            s->fresh[p] = 0;
+            dp_info("%s joined the all-reduce ring at step %ld; the run goes on over %d "
+                    "worker(s)", name_of(s, p), s->applied, s->n_live);
+            dp_metrics_event(s->env->metrics, "join", DP_F_STR, "task", name_of(s, p), DP_F_STR,
+                             "action", "join", DP_F_INT, "step", s->applied, DP_F_INT,
+                             "workers", (long)s->n_live, DP_F_END);
+            continue;
+        }
         dp_warn("fault: %s rejoined the all-reduce ring at step %ld; the ring goes on over %d "
                 "replica(s)", name_of(s, p), s->applied, s->n_live);
         dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", name_of(s, p), DP_F_STR,
@@ -841,7 +1127,7 @@ static int welcome(dp_strategy *s, dp_err *err)
     return 0;
 }
 
-/* What the reducer chose, once it has: one line from replica 0. */
+/* What the reducer chose, once it has: one line from the leader. */
 static void say_choice(const dp_strategy *s)
 {
     dp_overlap_choice c;
@@ -932,7 +1218,7 @@ static int sparse_exchange(dp_strategy *s, dp_err *err)
 {
     int rc = dp_ar_sparse_exchange(s->sparse, &s->ring, s->reducer, s->m->grads, s->weight,
                                    (uint64_t)s->cur, err);
-    if (rc == 0 && s->position == 0 && dp_log_get_level() <= DP_LOG_DEBUG) {
+    if (rc == 0 && leads(s) && dp_log_get_level() <= DP_LOG_DEBUG) {
         uint64_t gathered, sent;
         dp_ar_sparse_last(s->sparse, &gathered, &sent);
         dp_ar_sparse_plan plan;
@@ -968,7 +1254,7 @@ static int update(void *self, float *params, const float *grads, int records, fl
     if (dp_replica_apply(s->r, lr, err) < 0)
         return -1;
     s->applied = s->cur;
-    if (dp_reducer_choice_new(s->reducer) && s->position == 0)
+    if (dp_reducer_choice_new(s->reducer) && leads(s))
         say_choice(s);
     return 0;
 }
@@ -987,75 +1273,129 @@ static void allreduce_close(dp_strategy *s)
         dp_ring_free(&s->ring);
     free(s->ranks);
     free(s->live);
-    free(s->reset);
+    free(s->rgen);
     free(s->back);
+    free(s->rend);
+    free(s->rcur);
+    free(s->inc);
+    free(s->told);
+    free(s->silent);
     free(s->sizes);
     free(s->stats);
     free(s->have);
     free(s->joined);
+    free(s->fresh);
     if (s->m)
         s->m->grad_ready = NULL, s->m->batch_sum = NULL;
     free(s);
 }
 
-/* At open: every replica says HELLO to replica 0, which answers with the
- * ring's members (those that said it).  A replica restarted into a running
- * ring is answered at the next epoch's start (admit): the step the ring is
- * at and its generation, then the state; it goes on from there
- * (info->start_step). */
+/* At open every replica says HELLO to every other.  In a fresh run each
+ * reads the others' HELLOs, and replica 0, which leads at the start,
+ * answers each with the ring's members (those that said it).  A replica
+ * restarted into the running ring hears no HELLO: whoever leads now (not
+ * necessarily replica 0, which may itself be the one restarted) answers it
+ * at the next epoch's start (welcome): the step the ring is at and its
+ * generation, then the state; it goes on from there (info->start_step) as
+ * an ordinary replica. */
 static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
 {
     if (s->n == 1)
         return 0;
-    if (s->position != 0) {
-        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_HELLO, 0, 0, NULL, 0, err) < 0)
-            return -1;
-        dp_event ev;
-        int rc = recv_from(s, 0, "the ring's members", &ev, err);
-        if (rc != 0)
-            return -1;
-        if (ev.header.type != DP_WIRE_RING_HELLO)
-            return dp_errf(err, "%s sent frame type %u instead of the ring's members",
-                           name_of(s, 0), ev.header.type);
-        if (take_plan(s, 0, &ev, NULL, err) < 0)
-            return -1;
+    int me = s->position, n = s->n;
+    dp_err e;
+    for (int p = 0; p < n; p++) /* not to a spare slot: out of the ring until it says HELLO */
+        if (p != me && s->live[p] &&
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_HELLO, 0, 0, NULL, 0, &e) < 0)
+            lose(s, p, e.msg, err);
+    unsigned char *heard = calloc((size_t)n, 1);
+    if (!heard)
+        return dp_errf(err, "out of memory");
+    int rc = -1, answered = 0;
+    dp_event ev;
+    double deadline = dp_now() + s->ring.timeout * (n + 2);
+    for (;;) {
+        int all = 1;
+        for (int p = 0; p < n; p++)
+            all &= p == me || !s->live[p] || heard[p];
+        if (all && (answered || me == 0))
+            break;
+        double left = deadline - dp_now();
+        if (left <= 0 || dp_transport_poll(s->t, DP_PEER_ANY, left < 1 ? left : 1, &ev, err) < 0) {
+            if (left <= 0)
+                dp_errf(err, "no answer to this replica's HELLO within %g s (--collective-timeout)",
+                        s->ring.timeout * (n + 2));
+            goto out;
+        }
+        if (ev.kind == DP_EVENT_TIMEOUT)
+            continue;
+        int p = pos_of(s, ev.peer);
+        if (p < 0) { /* another role's frame: not the ring's */
+            if (ev.kind == DP_EVENT_FRAME)
+                dp_transport_skip_payload(s->t, ev.peer, &e);
+            continue;
+        }
+        if (ev.kind == DP_EVENT_PEER_LOST) {
+            if (p == 0 && !answered) {
+                dp_errf(err, "lost replica 0, %s, before the ring formed (%s)", name_of(s, 0),
+                        ev.reason);
+                goto out;
+            }
+            lose(s, p, ev.reason, err);
+            continue;
+        }
+        if (ev.kind != DP_EVENT_FRAME)
+            continue;
+        if (ev.header.type != DP_WIRE_RING_HELLO) {
+            dp_errf(err, "%s sent frame type %u instead of HELLO", name_of(s, p),
+                    ev.header.type);
+            goto out;
+        }
+        if (ev.header.length == 0) {
+            heard[p] = 1;
+            continue;
+        }
+        /* An answer: the ring's members. */
+        s->leader = p;
+        if (take_plan(s, p, &ev, NULL, err) < 0)
+            goto out;
+        answered = 1;
         if (ev.header.step == 0)
-            return 0;
+            continue; /* a fresh run: the others' HELLOs are still to be read */
         /* Restarted into the running ring: how it sums, its state, then on
          * from there. */
         s->gen = ev.header.offset & ~(GEN_NCCL | GEN_PSGD);
         s->autoc.psgd = (ev.header.offset & GEN_PSGD) != 0; /* auto_open takes it */
         s->decided = 1;
-        if ((ev.header.offset & GEN_NCCL) && !can_comm(s))
-            return dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
-                                "and this replica's %s: restart it where its GPU is",
-                           s->env->cfg->device.kind != DP_DEVICE_CPU
-                               ? "device has no collectives"
-                               : "has no device (--device)");
+        if ((ev.header.offset & GEN_NCCL) && !can_comm(s)) {
+            dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
+                         "and this replica's %s: restart it where its GPU is",
+                    s->env->cfg->device.kind != DP_DEVICE_CPU ? "device has no collectives"
+                                                              : "has no device (--device)");
+            goto out;
+        }
         s->nccl = (ev.header.offset & GEN_NCCL) != 0;
-        if (recv_state(s, 0, err) < 0 || dp_replica_from_host(s->r, err) < 0)
-            return -1;
+        if (recv_state(s, p, err) < 0 || dp_replica_from_host(s->r, err) < 0)
+            goto out;
         info->start_step = s->applied;
-        dp_info("%s: rejoined the all-reduce ring over %d replica(s) at step %ld",
-                name_of(s, s->position), s->n_live, s->applied);
-        return 0;
+        const dp_cluster *c = &s->env->node->cluster;
+        dp_info("%s: %s the all-reduce ring over %d replica(s) at step %ld, led by %s",
+                name_of(s, me),
+                dp_cluster_is_spare(c, c->self, s->env->cfg->spare_workers) ? "joined"
+                                                                            : "rejoined",
+                s->n_live, s->applied, name_of(s, p));
+        rc = 0;
+        goto out;
     }
-    for (int p = 1; p < s->n; p++) {
-        dp_event ev;
-        int rc = recv_from(s, p, "its HELLO", &ev, err);
-        if (rc < 0)
-            return -1;
-        if (rc == 0 && ev.header.type != DP_WIRE_RING_HELLO)
-            return dp_errf(err, "%s sent frame type %u instead of HELLO", name_of(s, p),
-                           ev.header.type);
+    if (me == 0 && !answered) {
+        for (int p = 1; p < n; p++)
+            if (s->live[p] && send_plan(s, p, DP_WIRE_RING_HELLO, 0, NULL, 1, &e) < 0)
+                lose(s, p, e.msg, err);
     }
-    for (int p = 1; p < s->n; p++) {
-        dp_err e;
-        if (s->live[p] && send_plan(s, p, DP_WIRE_RING_HELLO, 0, NULL, 1, &e) < 0 &&
-            lose(s, p, e.msg, err) < 0)
-            return -1;
-    }
-    return 0;
+    rc = 0;
+out:
+    free(heard);
+    return rc;
 }
 
 /* Sparse tables go by their rows when that is smaller, by the bound of
@@ -1076,7 +1416,7 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
                       : !plan.sparse ? "the rows a batch can touch are no smaller"
                                      : NULL;
     if (why) {
-        if (s->position == 0)
+        if (leads(s))
             dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-reduced whole (%s): "
                      "%llu bytes a replica a step, against at most %llu by rows",
                      plan.tables, s->m->name, plan.table_floats, why,
@@ -1091,7 +1431,7 @@ static int sparse_setup(dp_strategy *s, const dp_allreduce_settings *as, dp_err 
     if (dp_reducer_skip(s->reducer, lo, hi, k) < 0 ||
         (s->psgd && dp_powersgd_skip(s->psgd, lo, hi, k) < 0))
         return dp_errf(err, "allreduce: %s's sparse tables do not lie in order", s->m->name);
-    if (s->position == 0)
+    if (leads(s))
         dp_debug("allreduce: %d sparse table(s) of %s (%zu floats) all-gathered by the rows each "
                  "batch touches: at most %llu bytes a replica a step, against %llu all-reduced "
                  "whole (--allreduce-dense)",
@@ -1275,6 +1615,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     if (!s)
         return dp_errf(err, "out of memory");
     s->env = env;
+    s->info = info;
     s->m = env->model;
     s->t = env->node->transport;
     int n = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
@@ -1282,13 +1623,20 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->ranks = malloc((size_t)n * sizeof *s->ranks);
     s->sizes = malloc((size_t)n * sizeof *s->sizes);
     s->live = malloc((size_t)n);
-    s->reset = calloc((size_t)n, 1);
+    s->rgen = calloc((size_t)n, sizeof *s->rgen);
+    s->rend = calloc((size_t)n, 1);
+    s->rcur = calloc((size_t)n, sizeof *s->rcur);
+    s->inc = calloc((size_t)n, sizeof *s->inc);
+    s->told = calloc((size_t)n, 1);
+    s->silent = calloc((size_t)n, 1);
     s->back = calloc((size_t)n, 1);
     s->stats = calloc((size_t)n, sizeof *s->stats);
     s->have = calloc((size_t)n, 1);
     s->joined = malloc((size_t)n * sizeof *s->joined);
-    if (!s->ranks || !s->sizes || !s->live || !s->reset || !s->back || !s->stats || !s->have ||
-        !s->joined) {
+    s->fresh = calloc((size_t)n, 1);
+    if (!s->ranks || !s->sizes || !s->live || !s->rgen || !s->rend || !s->rcur || !s->inc || !s->told || !s->silent || !s->back ||
+        !s->stats || !s->have ||
+        !s->joined || !s->fresh) {
         allreduce_close(s);
         return dp_errf(err, "out of memory");
     }
@@ -1304,6 +1652,14 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     for (int p = 0; p < n; p++)
         s->joined[p] = -1;
     s->n_live = n;
+    /* Spare slots are out of the ring until their task says HELLO, as a
+     * lost replica that comes back; this replica is in its own ring. */
+    for (int p = 0; p < n; p++)
+        if (p != s->position && dp_cluster_is_spare(c, s->ranks[p], cfg->spare_workers)) {
+            s->live[p] = 0;
+            s->fresh[p] = 1;
+            s->n_live--;
+        }
     s->ring.timeout = cfg->collective_timeout > 0 ? cfg->collective_timeout : 300;
     const dp_allreduce_settings *as = dp_strategy_settings(cfg, &dp_allreduce_conf);
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
@@ -1328,8 +1684,10 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
-    if (handshake(s, info, err) < 0 || rebuild_ring(s, err) < 0 ||
-        auto_open(s, as, info, err) < 0 ||
+    int built = handshake(s, info, err) < 0 ? -1 : rebuild_ring(s, err);
+    if (built == AGAIN)
+        dp_errf(err, "the all-reduce ring re-formed while this replica joined it");
+    if (built != 0 || auto_open(s, as, info, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
@@ -1338,8 +1696,9 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
-    /* replica 0 writes every replica's residual into its checkpoints */
-    if (s->position == 0 && resid_of(s))
+    /* The leader writes every replica's residual into its checkpoints; any
+     * replica may come to lead, so each has room for them. */
+    if (resid_of(s))
         info->residuals = n;
     /* The ring has decided how it sums, for the whole run.  Summed on the
      * host, each step's copies go through the model's arrays, pinned.
@@ -1355,7 +1714,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         allreduce_close(s);
         return -1;
     }
-    if (s->psgd && s->position == 0)
+    if (s->psgd && leads(s))
         psgd_say(s);
     /* The loop deals shard position of n at batch cfg->batch until the
      * replicas change (deal). */
@@ -1373,13 +1732,16 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
         s->m->batch_sum_ctx = s;
     }
     info->part = DP_PART_TRAINER;
-    info->evaluator = s->position == 0;
+    /* The leader evaluates; every other replica evaluates silently too, so
+     * that whichever takes the lead holds the history (docs/faults.md). */
+    info->evaluator = leads(s);
+    info->standby = n > 1;
     info->live_params = dp_replica_host_live(s->r);
     info->shard_index = s->position;
     info->shard_count = n;
     info->replicas = n;
     info->replica = s->r;
-    if (s->position == 0)
+    if (leads(s))
         dp_info("%s: allreduce over %d replicas (%s), batch %d per replica (global %d), "
                 "buckets of %zu KiB, overlap %s", env->node->self->name, n,
                 s->nccl                 ? "NCCL on the devices"
@@ -1399,6 +1761,10 @@ static int allreduce_step(dp_strategy *s, const float *x, const uint8_t *y, int 
 {
     if (s->n_live < s->n)
         watch_lost(s);
+    if (s->dropped)
+        return dp_errf(err, "the all-reduce ring dropped this replica (it was silent past the "
+                            "heartbeat timeout: frozen or cut off) and went on without it; it "
+                            "leaves the run");
     if (s->sparse)
         dp_ar_sparse_rows(s->sparse, s->m, x, n);
     for (;;) {
@@ -1445,49 +1811,21 @@ static int allreduce_deal(dp_strategy *s, int epoch, int *index, int *count, dp_
     return 0;
 }
 
-/* The epoch's figures go to replica 0, which sums them and answers with the
- * ring's members, so every replica starts the next epoch (and deals its data)
- * with the same ring. */
-static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
+/* Whether member p, by its last REPORT, is past the end of the epoch whose
+ * last step is `end`: the leader lost after it sent p the epoch's plan. */
+static int past_end(const dp_strategy *s, int p, long end)
 {
-    (void)epoch;
-    if (s->n == 1)
-        return 0;
-    if (s->position != 0) {
-        uint8_t b[24];
-        double v[3] = {st->loss_sum, st->records, st->correct};
-        for (int i = 0; i < 3; i++) {
-            uint64_t u;
-            memcpy(&u, &v[i], sizeof u);
-            dp_put_u64(b + 8 * i, u);
-        }
-        dp_err e;
-        if (dp_transport_send(s->t, s->ranks[0], DP_WIRE_RING_STATS, (uint64_t)st->steps, 0, b,
-                              sizeof b, &e) < 0)
-            return lose(s, 0, e.msg, err);
-        for (;;) {
-            dp_event ev;
-            int rc = recv_from(s, 0, "the end of the epoch", &ev, err);
-            if (rc != 0)
-                return -1;
-            if (ev.header.type == DP_WIRE_RING_RESET) {
-                /* Replica 0 is re-forming the ring: take part, then wait on. */
-                s->reset[0] = 1;
-                if (reform_all(s, err) < 0)
-                    return -1;
-                continue;
-            }
-            if (ev.header.type != DP_WIRE_RING_PLAN)
-                return dp_errf(err, "%s sent frame type %u at the end of the epoch",
-                               name_of(s, 0), ev.header.type);
-            if (take_plan(s, 0, &ev, NULL, err) < 0)
-                return -1;
-            return s->ring.n != s->n_live ? rebuild_ring(s, err) : 0;
-        }
-    }
+    return !s->rend[p] && s->rcur[p] > end;
+}
+
+/* The leader's end of an epoch: every member's figures (but those past
+ * it), summed, and the ring's members as the answer. */
+static int lead_epoch_end(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
+{
+    long end = st->steps;
     double sum[3] = {st->loss_sum, st->records, st->correct};
-    for (int p = 1; p < s->n; p++) {
-        while (s->live[p] && !s->have[p]) {
+    for (int p = 0; p < s->n; p++) {
+        while (p != s->position && s->live[p] && !s->have[p] && !past_end(s, p, end)) {
             dp_event ev;
             int rc = recv_from(s, p, "its epoch figures", &ev, err);
             if (rc < 0)
@@ -1499,7 +1837,8 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
                     return -1;
             } else if (ev.header.type == DP_WIRE_RING_RESET) {
                 /* p lost another replica in the epoch's last step. */
-                s->reset[p] = 1;
+                if (ev.header.step > s->rgen[p])
+                    s->rgen[p] = ev.header.step;
                 if (reform_all(s, err) < 0)
                     return -1;
             } else {
@@ -1508,7 +1847,7 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
             }
         }
     }
-    for (int p = 1; p < s->n; p++) {
+    for (int p = 0; p < s->n; p++) {
         if (s->have[p])
             for (int i = 0; i < 3; i++)
                 sum[i] += s->stats[p][i];
@@ -1516,13 +1855,19 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
     }
     if (s->n_live < s->n)
         take_back(s);
-    for (int p = 1; p < s->n; p++) {
+    /* the plan, and after it the run's figures (offset 1): every replica's
+     * history holds the same rows, should it come to lead */
+    uint8_t buf[PLAN_MAX + 24];
+    size_t len = plan_bytes(s, buf, 0, NULL);
+    put_figures(buf + len, sum);
+    for (int p = 0; p < s->n; p++) {
         dp_err e;
-        if (s->live[p] && !s->back[p] &&
-            send_plan(s, p, DP_WIRE_RING_PLAN, s->applied, NULL, 0, &e) < 0)
+        if (p != s->position && s->live[p] && !s->back[p] && !past_end(s, p, end) &&
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_PLAN, (uint64_t)s->applied, 1, buf,
+                              len + 24, &e) < 0)
             lose(s, p, e.msg, err);
     }
-    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_ring(s, err) < 0))
+    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_or_reform(s, err) < 0))
         return -1;
     st->loss_sum = sum[0];
     st->records = sum[1];
@@ -1530,15 +1875,95 @@ static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp
     return 0;
 }
 
+/* The epoch's figures go to the leader, which sums them and answers with
+ * the ring's members, so every replica starts the next epoch (and deals its
+ * data) with the same ring.  A leader lost meanwhile: the ring re-forms,
+ * and the figures go to the new one, unless it was past the epoch's end
+ * already (it had the old leader's plan: so had this one, in effect). */
+static int allreduce_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err)
+{
+    (void)epoch;
+    if (s->n == 1)
+        return 0;
+    int rc = -1, sent_to = -1;
+    long end = st->steps;
+    s->in_end = 1;
+    for (;;) {
+        if (leads(s)) {
+            rc = lead_epoch_end(s, st, err);
+            break;
+        }
+        int lead = s->leader;
+        if (sent_to != lead) {
+            uint8_t b[24];
+            double v[3] = {st->loss_sum, st->records, st->correct};
+            put_figures(b, v);
+            dp_err e;
+            sent_to = lead;
+            if (dp_transport_send(s->t, s->ranks[lead], DP_WIRE_RING_STATS, (uint64_t)st->steps,
+                                  0, b, sizeof b, &e) < 0) {
+                lose(s, lead, e.msg, err);
+                if (reform_all(s, err) < 0)
+                    break;
+                if (!leads(s) && past_end(s, s->leader, end)) {
+                    rc = 0;
+                    break;
+                }
+                continue;
+            }
+        }
+        dp_event ev;
+        int r = recv_from(s, lead, "the end of the epoch", &ev, err);
+        if (r < 0)
+            break;
+        if (r > 0 || ev.header.type == DP_WIRE_RING_RESET) {
+            /* The leader lost, or re-forming the ring: take part, then wait on
+             * (the one that leads now). */
+            if (r == 0 && ev.header.step > s->rgen[lead])
+                s->rgen[lead] = ev.header.step;
+            if (reform_all(s, err) < 0)
+                break;
+            if (!leads(s) && past_end(s, s->leader, end)) {
+                rc = s->ring.n != s->n_live ? rebuild_or_reform(s, err) : 0;
+                break;
+            }
+            continue;
+        }
+        if (ev.header.type != DP_WIRE_RING_PLAN) {
+            dp_errf(err, "%s sent frame type %u at the end of the epoch", name_of(s, lead),
+                    ev.header.type);
+            break;
+        }
+        uint8_t buf[PLAN_MAX + 24];
+        size_t got = ev.header.length;
+        if (ev.header.offset != 1 || got < 4 + 24 || got > sizeof buf) {
+            dp_errf(err, "%s sent a malformed epoch plan (%zu bytes)", name_of(s, lead), got);
+            break;
+        }
+        if (dp_transport_recv_payload(s->t, s->ranks[lead], buf, got, err) < 0 ||
+            apply_plan(s, lead, buf, got - 24, NULL, err) < 0)
+            break;
+        double sum[3];
+        get_figures(buf + got - 24, sum);
+        st->loss_sum = sum[0];
+        st->records = sum[1];
+        st->correct = sum[2];
+        rc = s->ring.n != s->n_live ? rebuild_or_reform(s, err) : 0;
+        break;
+    }
+    s->in_end = 0;
+    return rc;
+}
+
 static const float *allreduce_params(dp_strategy *s, dp_weights which, dp_err *err)
 {
     return dp_replica_weights(s->r, which == DP_WEIGHTS_AVERAGE, err);
 }
 
-/* At a checkpoint with --compress: every replica's residual goes to
- * replica 0, which writes them all (replica.{p}.residual; docs/checkpoints.md),
+/* At a checkpoint with --compress: every replica's residual goes to the
+ * leader, which writes them all (replica.{p}.residual; docs/checkpoints.md),
  * since unlike the rest of the state each replica's is its own.  Every
- * replica sends before it takes another step, so replica 0 reads each one's
+ * replica sends before it takes another step, so the leader reads each one's
  * ahead of anything of the next step.  A replica out of the ring, lost on
  * the way, or welcomed back at this very step (it starts after it, and
  * takes no part in its checkpoint) is written as zeros: what a replica that
@@ -1547,22 +1972,27 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
 {
     float *resid = resid_of(s);
     size_t n = s->m->n_params, bytes = n * sizeof *resid;
-    if (s->position != 0) {
+    if (!leads(s)) {
+        /* A leader lost on the way writes no checkpoint of this step; the
+         * next one is the new leader's. */
         struct iovec iov = {resid, bytes};
         dp_err e;
-        if (dp_transport_sendv(s->t, s->ranks[0], DP_WIRE_RING_RESID, (uint64_t)step, 0, &iov, 1,
-                               &e) < 0)
-            return lose(s, 0, e.msg, err);
+        if (dp_transport_sendv(s->t, s->ranks[s->leader], DP_WIRE_RING_RESID, (uint64_t)step, 0,
+                               &iov, 1, &e) < 0)
+            return lose(s, s->leader, e.msg, err);
         return 0;
     }
     if (st->n_residuals != s->n || !st->residuals)
         return dp_errf(err, "allreduce: the checkpoint's state has room for %d replicas' "
                             "residuals, the ring %d", st->n_residuals, s->n);
-    memcpy(st->residuals, resid, bytes);
     char what[96];
     snprintf(what, sizeof what, "its compression residual at checkpoint step %ld", step);
-    for (int p = 1; p < s->n; p++) {
+    for (int p = 0; p < s->n; p++) {
         float *dst = st->residuals + (size_t)p * n;
+        if (p == s->position) {
+            memcpy(dst, resid, bytes);
+            continue;
+        }
         memset(dst, 0, bytes);
         /* one welcomed back at this step (an epoch's end) starts after it */
         while (s->live[p] && s->joined[p] < step) {
@@ -1584,7 +2014,8 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
             if (ev.header.type == DP_WIRE_RING_RESET) {
                 /* p lost another replica in the step before: take part, and
                  * p, through with that step, sends its residual after */
-                s->reset[p] = 1;
+                if (ev.header.step > s->rgen[p])
+                    s->rgen[p] = ev.header.step;
                 if (reform_all(s, err) < 0)
                     return -1;
                 continue;
@@ -1598,15 +2029,16 @@ static int gather_residuals(dp_strategy *s, long step, dp_train_state *st, dp_er
     return 0;
 }
 
-/* The first replica holds the whole state: params and optimiser are the
- * same on every replica.  The loop's st->ema is ours to fill where the
+/* The leader holds the whole state: params and optimiser are the same on
+ * every replica.  The loop's st->ema is ours to fill where the
  * state lives on the devices (live_params 0).  With --compress every
  * replica hands in its residual first. */
 static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err)
 {
+    int lead = leads(s); /* one that sees the leader lost here writes nothing yet */
     if (resid_of(s) && gather_residuals(s, step, st, err) < 0)
         return -1;
-    if (s->position != 0)
+    if (!lead)
         return 0;
     if (s->psgd && save_q(s, st, err) < 0)
         return -1;
@@ -1614,6 +2046,42 @@ static int allreduce_save(dp_strategy *s, long step, dp_train_state *st, dp_err 
                             err) < 0
                ? -1
                : 1;
+}
+
+/* After the last step the leader still has the run's result to write (the
+ * test evaluation, the table, --save): the others wait for it to end in
+ * order (its BYE).  Lost instead, the lowest survivor takes the lead, and
+ * the loop, which reads info->evaluator after finish, writes the result
+ * there.  Only where the transport tells a BYE from a death (TCP, which
+ * has incarnations). */
+static int await_result(dp_strategy *s, dp_err *err)
+{
+    if (s->n == 1 || dp_transport_incarnation(s->t) == 0)
+        return 0;
+    while (!leads(s)) {
+        int lead = s->leader;
+        dp_event ev;
+        if (dp_transport_recv(s->t, s->ranks[lead], "its result", s->ring.timeout * (s->n + 2),
+                              &ev, err) == 0) {
+            /* a late frame of the run (a RESET of a round over): read past */
+            if (dp_transport_skip_payload(s->t, s->ranks[lead], err) < 0 &&
+                dp_transport_peer_left(s->t, s->ranks[lead]))
+                return 0;
+            continue;
+        }
+        if (ev.kind == DP_EVENT_TIMEOUT)
+            return dp_errf(err, "the leader %s did not end within %g s of the last step",
+                           name_of(s, lead), s->ring.timeout * (s->n + 2));
+        if (dp_transport_peer_left(s->t, s->ranks[lead]))
+            return 0; /* it ended well: its result is written */
+        lose(s, lead, err->msg, err);
+        if (leads(s)) {
+            take_lead(s);
+            dp_warn("fault: %s writes the run's result: the leader was lost after the last "
+                    "step", name_of(s, s->position));
+        }
+    }
+    return 0;
 }
 
 /* Mirrored replicas must end identical: each says what it holds. */
@@ -1640,21 +2108,22 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      DP_F_INT, "compressed_buckets",
                      (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
                      (long)s->ring.bytes_sent, DP_F_END);
-    if (s->position == 0 && !s->psgd) /* powersgd sums no buckets */
+    if (leads(s) && !s->psgd) /* powersgd sums no buckets */
         dp_info("%s: %ld of %ld gradient buckets started reducing while backprop ran",
                 s->env->node->self->name, early, total);
     /* One that came back in the last epoch takes the final state: it ends
      * with the same bits. */
-    if (s->position == 0 && s->n_live < s->n) {
+    if (leads(s) && s->n_live < s->n) {
         take_back(s);
         return welcome(s, err);
     }
-    return 0;
+    return await_result(s, err);
 }
 
 /* Drained after `steps`, which every replica completed (its last ring
  * step's sends are out before the BYE the node says at close): nothing to
- * tell; each survivor takes the BYE as this replica leaving (lose). */
+ * tell; each survivor takes the BYE as this replica leaving (lose), and a
+ * leader that drains is followed by the lowest survivor, as a lost one. */
 static int allreduce_leave(dp_strategy *s, long steps, dp_err *err)
 {
     (void)s, (void)steps, (void)err;
@@ -1672,7 +2141,7 @@ const dp_strategy_ops dp_strategy_allreduce = {
     .buffers = 1,
     .no_clip_device = "with collectives the sum and the update run on the devices, and the "
                       "norm is summed on the host",
-    .survives = DP_ROLE_BIT(DP_ROLE_WORKER),
+    .survives = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_CHIEF),
     .open = allreduce_open,
     .step = allreduce_step,
     .deal = allreduce_deal,

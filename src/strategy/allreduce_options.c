@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "downpour/env.h"
+#include "downpour/launcher.h"
 #include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/powersgd.h"
@@ -250,8 +251,24 @@ static void identity(const void *own, int part, char *buf, size_t cap)
         snprintf(buf + n, n < cap ? cap - n : 0, " compress=%s", dp_compress_kind_name(c.kind));
 }
 
+/* The launcher's question: the chief (or worker 0, which plays it) leads
+ * the ring at the start, and the lowest survivor takes the lead over when it
+ * is lost (docs/faults.md, "All-reduce"); restarted, it rejoins as any
+ * replica. */
+static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
+                   size_t cap)
+{
+    (void)own;
+    if (role == DP_ROLE_CHIEF) {
+        snprintf(why, cap, "%s survives its leader: the lowest replica left evaluates and "
+                 "writes from then on", ops->name);
+        return DP_LAUNCH_HANDS_OVER;
+    }
+    return dp_strategy_restart(ops, NULL, role, why, cap);
+}
+
 const dp_strategy_conf dp_allreduce_conf = {
     .opts = opts, .n_opts = (int)(sizeof opts / sizeof opts[0]),
     .size = sizeof(dp_allreduce_settings), .defaults = &defaults,
-    .foreign = foreign, .check = check, .identity = identity,
+    .foreign = foreign, .check = check, .identity = identity, .restart = restart,
 };

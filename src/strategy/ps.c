@@ -487,9 +487,13 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     w->clock = m < 0 ? 0 : m;
     w->interval = 0;
     w->last_push = dp_ps_now(s);
-    dp_warn("fault: %s rejoined at clock %ld; %s serves it again",
-            dp_transport_peer_name(s->t, w->rank), w->clock,
-            self_name(s));
+    if (w->spare) /* a spare slot filled: the job grows, no fault */
+        dp_info("%s joined at clock %ld; %s serves it", dp_transport_peer_name(s->t, w->rank),
+                w->clock, self_name(s));
+    else
+        dp_warn("fault: %s rejoined at clock %ld; %s serves it again",
+                dp_transport_peer_name(s->t, w->rank), w->clock, self_name(s));
+    w->spare = 0;
     return 0;
 }
 

@@ -41,6 +41,8 @@ struct dp_strategy {
     int chief;             /* the chief's rank */
     int worker;            /* this worker's index */
     int deal_index, deal_count; /* the data shard the chief dealt it last */
+    int next_index, next_count, next_from; /* a deal for a later epoch (0-based
+                                              next_from; -1: none): a worker joins then */
     int chief_optional;    /* the strategy survives a lost chief (docs/faults.md) */
     int chief_lost;        /* a worker: the chief is gone; it trains on and waits */
     uint64_t chief_inc;    /* a worker: the incarnation of the chief it works with */
@@ -65,6 +67,7 @@ struct dp_strategy {
     long steps;            /* every worker's steps, from their DONE */
     uint8_t *reported;     /* [rank * (epochs + 1) + e]: epoch e's report counted */
     int *heard;            /* per rank: the worker's first word (JOIN, attach) or loss came */
+    unsigned char *fresh;  /* per rank: a spare worker slot not joined yet (--spare-workers) */
     int unheard;           /* workers not heard of yet: nothing is decided before */
     int attached;          /* workers that said they were already running: a restarted chief */
     int attach_state;      /* 0; 1 ATTACH handed to the loop; 2 its checkpoint taken */
@@ -264,6 +267,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->progress);
     free(s->reported);
     free(s->heard);
+    free(s->fresh);
     free(s->reports);
     for (int k = 0; k < DP_PS_MAX_TABLES; k++)
         free(s->sp_ids[k]);
@@ -285,6 +289,19 @@ static int take_deal(dp_strategy *s, const dp_event *ev, dp_err *err)
     uint32_t index = dp_get_u32(p), count = dp_get_u32(p + 4);
     if (count < 1 || index >= count || count > (uint32_t)s->c->count[DP_ROLE_WORKER])
         return dp_errf(err, "the chief dealt shard %u of %u", index, count);
+    /* offset 0: from this worker's next epoch; E + 1: from epoch E (0-based),
+     * when a spare joins, so every worker switches at the same epoch */
+    uint64_t from = ev->header.type == DP_WIRE_DEAL ? ev->header.offset : 0;
+    if (from > (uint64_t)s->env->cfg->epochs)
+        return dp_errf(err, "the chief dealt shard %u of %u from epoch %llu of %d", index,
+                       count, (unsigned long long)from, s->env->cfg->epochs);
+    if (from > 0) {
+        s->next_index = (int)index;
+        s->next_count = (int)count;
+        s->next_from = (int)from - 1;
+        return 0;
+    }
+    s->next_from = -1;
     s->deal_index = (int)index;
     s->deal_count = (int)count;
     return 0;
@@ -444,8 +461,9 @@ static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
     s->chief_inc = dp_transport_peer_incarnation(s->t, s->chief);
     if (relost && send_to(s, s->chief, DP_WIRE_JOIN, 0, NULL, 0, err) < 0)
         return -1; /* the JOIN went to the chief that was lost */
-    if (ev.header.offset != 1)
-        return dp_transport_skip_payload(s->t, s->chief, err);
+    if (ev.header.offset != 1) /* the first start: with spare slots, the first deal */
+        return ev.header.length ? take_deal(s, &ev, err)
+                                : dp_transport_skip_payload(s->t, s->chief, err);
     if (take_deal(s, &ev, err) < 0)
         return -1;
     info->start_step = (long)ev.header.step;
@@ -454,7 +472,10 @@ static int await_start(dp_strategy *s, dp_task_info *info, dp_err *err)
         return -1;
     if (dp_ps_client_pull(s->client, s->wparams, 0, err) < 0)
         return -1;
-    dp_info("Worker %d: rejoined the run at step %ld", s->worker, info->start_step);
+    dp_info("Worker %d: %s the run at step %ld", s->worker,
+            dp_cluster_is_spare(s->c, s->c->self, s->env->cfg->spare_workers) ? "joined"
+                                                                              : "rejoined",
+            info->start_step);
     return 0;
 }
 
@@ -472,8 +493,9 @@ static int open_chief(dp_strategy *s, dp_err *err)
     s->progress = calloc((size_t)n, sizeof *s->progress);
     s->reported = calloc((size_t)n * ((size_t)cfg->epochs + 1), 1);
     s->heard = calloc((size_t)n, sizeof *s->heard);
+    s->fresh = calloc((size_t)n, 1);
     if (!s->tally || !s->live || !s->ready || !s->lost || !s->from_epoch || !s->joining ||
-        !s->losses || !s->progress || !s->reported || !s->heard)
+        !s->losses || !s->progress || !s->reported || !s->heard || !s->fresh)
         return dp_errf(err, "out of memory");
     s->last_ckpt = s->env->resume ? s->env->resume->step : 0;
     for (int r = 0; r < n; r++)
@@ -497,11 +519,33 @@ static int open_chief(dp_strategy *s, dp_err *err)
     for (int p = 0; p < s->c->count[DP_ROLE_PS]; p++)
         if (send_to(s, dp_cluster_rank(s->c, DP_ROLE_PS, p), DP_WIRE_START, 0, NULL, 0, err) < 0)
             return -1;
+    /* Spare slots (--spare-workers) are as workers lost for good until
+     * their task says JOIN (admit_rejoin): not waited for, their data dealt
+     * to the others, who get it with their START. */
+    int spares = 0;
     for (int w = 0; w < workers; w++) {
         int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
+        if (!dp_cluster_is_spare(s->c, rank, cfg->spare_workers))
+            continue;
+        s->fresh[rank] = s->lost[rank] = s->heard[rank] = 1;
+        s->losses[rank] = s->restarts + 1;
+        s->unheard--;
+        s->live_workers--;
+        spares++;
+    }
+    if (spares)
+        dp_info("Chief: %d spare worker slot(s): a task started for one joins the run at an "
+                "epoch's start", spares);
+    for (int w = 0, k = 0; w < workers; w++) {
+        int rank = dp_cluster_rank(s->c, DP_ROLE_WORKER, w);
+        if (s->fresh[rank])
+            continue;
         s->live[rank] = 1;
         s->from_epoch[rank] = 1;
-        if (send_to(s, rank, DP_WIRE_START, 0, NULL, 0, err) < 0)
+        uint8_t p[8];
+        dp_put_u32(p, (uint32_t)k++);
+        dp_put_u32(p + 4, (uint32_t)(workers - spares));
+        if (send_to(s, rank, DP_WIRE_START, 0, spares ? p : NULL, spares ? sizeof p : 0, err) < 0)
             return -1;
     }
     return 0;
@@ -716,6 +760,11 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
     s->t = env->node->transport;
     s->c = c;
     s->mp_k = ((const dp_ps_settings *)dp_strategy_settings(cfg, &dp_ps_conf))->model_parallel;
+    if (s->mp_k > 0 && cfg->spare_workers > 0) {
+        free(s);
+        return dp_errf(err, "--spare-workers: a --model-parallel worker holds slices of a "
+                            "replica and cannot join one in mid-run");
+    }
     if (dp_ps_settings_apply(dp_strategy_settings(cfg, &dp_ps_conf), &s->pc, err) < 0) {
         free(s);
         return -1;
@@ -788,6 +837,7 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             info->shard_index = s->worker;
             s->deal_index = s->worker;
             s->deal_count = c->count[DP_ROLE_WORKER];
+            s->next_from = -1;
             snprintf(info->label, sizeof info->label, "Worker %d", s->worker);
         } else {
             snprintf(info->label, sizeof info->label, "Worker %d (mp task %d)", s->worker,
@@ -1023,7 +1073,8 @@ static void to_slice_order(const dp_strategy *s, float *v, float *scratch)
 int dp_ps_family_serve(dp_strategy *s, dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
-    dp_ps_start start = {.params = s->m->params};
+    dp_ps_start start = {.params = s->m->params,
+                         .spare_workers = s->env->cfg->spare_workers};
     if (r) {
         start.slots = r->slots;
         start.t = r->optim_t;
@@ -1328,10 +1379,14 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
 
 int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err *err)
 {
-    (void)epoch;
     dp_event ev;
     if (from_chief(s, ONLY_DEALS, "nothing but deals", 0, &ev, err) < 0)
         return -1;
+    if (s->next_from >= 0 && epoch >= s->next_from) {
+        s->deal_index = s->next_index;
+        s->deal_count = s->next_count;
+        s->next_from = -1;
+    }
     *index = s->deal_index;
     *count = s->deal_count;
     return 0;
@@ -1544,7 +1599,7 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
     return 0;
 }
 
-static void deal_all(dp_strategy *s, int joiner, long step);
+static void deal_all(dp_strategy *s, int joiner, long step, int from);
 
 /* A worker's first word (or its loss) came.  The chief decides nothing
  * before it has heard of every worker: a restarted chief must first learn
@@ -1587,7 +1642,7 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
         dp_metrics_event(s->env->metrics, "drain", DP_F_STR, "task", who, DP_F_STR, "action",
                          "drain", DP_F_INT, "step", s->progress[ev->peer], DP_F_INT, "workers",
                          (long)(s->live_workers - s->done), DP_F_END);
-        deal_all(s, -1, 0);
+        deal_all(s, -1, 0, 0);
         if (s->ready[ev->peer]) {
             s->ready[ev->peer] = 0;
             s->n_ready--;
@@ -1604,7 +1659,7 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
                      ev->reason, DP_F_STR, "action", awaited ? "await" : "continue", DP_F_INT,
                      "workers", (long)(s->live_workers - s->done), DP_F_END);
     if (!awaited)
-        deal_all(s, -1, 0);
+        deal_all(s, -1, 0, 0);
     if (s->ready[ev->peer]) {
         s->ready[ev->peer] = 0;
         s->n_ready--;
@@ -1614,9 +1669,10 @@ static int on_lost(dp_strategy *s, const dp_event *ev, dp_err *err)
 
 /* Deals the data among the workers not lost, in worker order: a
  * DEAL to each, and to a rejoining worker (rank `joiner`) its START at
- * `step` with its deal.  A worker that cannot be told is on its way out:
- * its loss arrives as an event. */
-static void deal_all(dp_strategy *s, int joiner, long step)
+ * `step` with its deal.  `from`: 0, each takes it at its next epoch; E + 1,
+ * from epoch E (0-based; a spare that joins starts there).  A worker that
+ * cannot be told is on its way out: its loss arrives as an event. */
+static void deal_all(dp_strategy *s, int joiner, long step, int from)
 {
     int n = 0;
     for (int w = 0; w < s->c->count[DP_ROLE_WORKER]; w++)
@@ -1635,7 +1691,7 @@ static void deal_all(dp_strategy *s, int joiner, long step)
         if (r == joiner)
             dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, sizeof p, &ignore);
         else
-            send_to(s, r, DP_WIRE_DEAL, 0, p, sizeof p, &ignore);
+            dp_transport_send(s->t, r, DP_WIRE_DEAL, 0, (uint64_t)from, p, sizeof p, &ignore);
     }
 }
 
@@ -1660,6 +1716,22 @@ static void admit_rejoin(dp_strategy *s, int r)
     const dp_train_config *cfg = s->env->cfg;
     long spe = s->env->steps_per_epoch, total = spe * cfg->epochs;
     long step = s->progress[r];
+    int from = 0;
+    if (s->fresh[r]) {
+        /* A spare slot filled: it starts at the start of an epoch no live
+         * worker has begun, and every worker takes the new deal from that
+         * epoch on, so each epoch is walked once by one set of shards.
+         * What the chief knows of their steps (PROGRESS, 16 an epoch) may
+         * lag: a worker within an eighth of an epoch of the next is taken
+         * to be in it already. */
+        long hi = s->last_ckpt;
+        for (int q = 0; q < s->c->n_tasks; q++)
+            if (s->live[q] && s->progress[q] > hi)
+                hi = s->progress[q];
+        long e = (hi + spe / 8) / spe + 1;
+        step = e < cfg->epochs ? e * spe : total;
+        from = e < cfg->epochs ? (int)e + 1 : 0;
+    }
     if (step < s->last_ckpt)
         step = s->last_ckpt;
     int ckpt_there = cfg->checkpoint_dir &&
@@ -1672,11 +1744,31 @@ static void admit_rejoin(dp_strategy *s, int r)
     s->live_workers++;
     s->from_epoch[r] = (int)(step / spe) + 1;
     const char *who = dp_transport_peer_name(s->t, r);
+    if (s->fresh[r]) { /* the job grows: no fault */
+        s->fresh[r] = 0;
+        s->losses[r] = 0;
+        dp_info("%s joined (a spare slot); it starts at step %ld (epoch %d), and the run goes "
+                "on with %d worker(s)%s", who, step, s->from_epoch[r], s->live_workers - s->done,
+                from ? ", the data dealt among them from that epoch" : "");
+        dp_metrics_event(s->env->metrics, "join", DP_F_STR, "task", who, DP_F_STR, "action",
+                         "join", DP_F_INT, "step", step, DP_F_INT, "workers",
+                         (long)(s->live_workers - s->done), DP_F_END);
+        if (from) {
+            deal_all(s, r, step, from);
+        } else { /* the last epoch is under way: nothing left for it */
+            uint8_t p[8];
+            dp_put_u32(p, 0);
+            dp_put_u32(p + 4, 1);
+            dp_err ignore;
+            dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, sizeof p, &ignore);
+        }
+        return;
+    }
     dp_warn("fault: %s rejoined; it starts at step %ld (epoch %d) and the run goes on with %d "
             "worker(s)", who, step, s->from_epoch[r], s->live_workers - s->done);
     dp_metrics_event(s->env->metrics, "fault", DP_F_STR, "task", who, DP_F_STR, "what",
                      "restarted", DP_F_STR, "action", "rejoin", DP_F_INT, "step", step, DP_F_END);
-    deal_all(s, r, step);
+    deal_all(s, r, step, 0);
 }
 
 /* A restarted chief hears from a worker that was running all along

@@ -12,6 +12,7 @@
 typedef struct dp_ps_worker {
     int rank;
     int live;          /* has not said DONE and is not lost */
+    int spare;         /* a spare slot (--spare-workers) that has not joined yet */
     long clock;        /* pushes applied (parameter rounds, for avg) */
     int pending;       /* owed a PARAMS reply the rule holds back */
     double last_push;  /* the server's clock at its last push */

@@ -174,7 +174,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->worker_of[r] = -1;
     for (int i = 0; i < s->n_workers; i++) {
         s->w[i].rank = dp_cluster_rank(c, DP_ROLE_WORKER, i);
-        s->w[i].live = start->clocks ? start->clocks[i] >= 0 : 1;
+        s->w[i].spare = !start->clocks && i >= s->n_workers - start->spare_workers;
+        s->w[i].live = start->clocks ? start->clocks[i] >= 0 : !s->w[i].spare;
         s->w[i].clock = start->clocks && start->clocks[i] > 0 ? start->clocks[i] : 0;
         s->w[i].unsynced = start->clocks && start->clocks[i] >= 0;
         s->restored |= s->w[i].unsynced;

@@ -319,7 +319,9 @@ static int external_eval(loop *L, const float *params, int test, double *acc, do
 }
 
 /* The evaluator after epoch `epoch`: validation, the epoch line and event,
- * --keep-best, the history table. */
+ * --keep-best, the history table.  A trainer on standby (info.standby)
+ * does the same silently: no line, no event, only the state it would need
+ * should it take the evaluator's part over. */
 static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double secs, long step,
                           dp_err *err)
 {
@@ -338,8 +340,9 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         validated = L->val.n > 0;
     }
     L->no_val = !validated;
+    int quiet = !L->info.evaluator;
     dp_trace_span("evaluation", "eval", t_eval, dp_now(), epoch);
-    if (bad > 0 && !L->warned_bad_inputs) { /* once a run: the same data every epoch */
+    if (bad > 0 && !L->warned_bad_inputs && !quiet) { /* once a run: the same data every epoch */
         dp_warn_bad_inputs(&L->m, bad, "the validation set");
         L->warned_bad_inputs = 1;
     }
@@ -357,6 +360,10 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         if (epoch > L->ck.n_history)
             L->ck.n_history = epoch;
     }
+    if (quiet)
+        return 0;
+    L->res->val_accuracy = val_acc;
+    L->res->train_loss = train_loss;
     /* the rate of the epoch's last step */
     double lr = L->cfg->optim.lr * dp_lr_scale(&L->lr, step > 0 ? step - 1 : 0, L->total_steps);
     /* no validation: null in the file (a non-finite number), not a false 0 */
@@ -386,8 +393,6 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     else
         dp_info("Epoch %d/%d: train_loss %.4f, val_loss %.4f, val_accuracy %.4f, %.2f s", epoch,
                 L->cfg->epochs, train_loss, val_loss, val_acc, secs);
-    L->res->val_accuracy = val_acc;
-    L->res->train_loss = train_loss;
     return 0;
 }
 
@@ -620,7 +625,7 @@ static int redeal(loop *L, dp_batcher *b, int epoch, int *index, int *count, int
                 "some records wait for the next epoch", L->info.label, i, c, L->m.max_batch);
     dp_info("%s: from epoch %d, shard %d of %d, %d records a step (%s)", L->info.label,
             epoch + 1, i, c, *batch,
-            c < *count ? "a worker was lost or drained" : "a worker is back");
+            c < *count ? "a worker was lost or drained" : "a worker joined or is back");
     *index = i;
     *count = c;
     return 0;
@@ -804,9 +809,12 @@ static int train(loop *L, dp_err *err)
     double pace_ms = dp_hook_step_ms();
     /* SIGTERM drains a worker whose strategy can let it go (docs/faults.md,
      * "Draining"): it finishes the step it is in, then leaves in order.
-     * Never the evaluator: the run's results are its. */
-    int drains = L->in_cluster && L->ops->leave && !info->evaluator &&
-                 L->node.self->role == DP_ROLE_WORKER;
+     * Never the evaluator, whose are the run's results, unless another
+     * takes them over (standby: allreduce's leader, chief or worker). */
+    dp_role role = L->in_cluster ? L->node.self->role : DP_ROLE_WORKER;
+    int drains = L->in_cluster && L->ops->leave &&
+                 (info->standby ? role == DP_ROLE_WORKER || role == DP_ROLE_CHIEF
+                                : !info->evaluator && role == DP_ROLE_WORKER);
     if (drains)
         dp_drain_arm();
     long step = info->start_step >= 0 ? info->start_step : L->resume.step;
@@ -943,7 +951,7 @@ static int train(loop *L, dp_err *err)
         if (L->ops->epoch_end(L->s, epoch + 1, &st, err) < 0)
             goto out;
         L->res->train_loss = st.records > 0 ? st.loss_sum / st.records : 0;
-        if (info->evaluator &&
+        if ((info->evaluator || info->standby) &&
             evaluate_epoch(L, epoch + 1, &st, dp_now() - t_epoch, step, err) < 0)
             goto out;
         if (checkpoint_due(L, step) && trainer_checkpoint(L, step, err) < 0)
@@ -1052,6 +1060,7 @@ static int open_node(loop *L, dp_err *err)
     for (int r = 0; r < DP_ROLE_COUNT; r++)
         all &= L->ops->talks_to[r] == 0;
     nc.talks_to = all ? NULL : L->ops->talks_to;
+    nc.spare_workers = cfg->spare_workers;
     rc = dp_node_open(&L->node, &nc, err);
     if (rc == 0)
         dp_metrics_set_task(L->metrics, L->node.self->name);
@@ -1095,9 +1104,17 @@ static int run_task(loop *L, dp_err *err)
     /* Every task builds the same initial parameters from the seed, so no
      * task has to ship them to another. */
     /* Room for twice the batch in a cluster: a trainer that takes over the
-     * share of lost ones takes bigger bites (redeal). */
-    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg)
-                                       : cfg->batch * (L->in_cluster ? 2 : 1);
+     * share of lost ones takes bigger bites (redeal); with spare slots, for
+     * the share of every slot not started yet too. */
+    int mult = L->in_cluster ? 2 : 1;
+    if (L->in_cluster && cfg->spare_workers > 0) {
+        const dp_cluster *c = &L->node.cluster;
+        int slots = c->count[DP_ROLE_CHIEF] + c->count[DP_ROLE_WORKER];
+        int live = slots - cfg->spare_workers;
+        if (live > 0 && (slots + live - 1) / live > mult)
+            mult = (slots + live - 1) / live;
+    }
+    int max_batch = L->ops->model_rows ? L->ops->model_rows(cfg) : cfg->batch * mult;
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     /* A worker of a strategy that moves sparse tables by rows holds only
