@@ -15,7 +15,19 @@
  *   and rows computed by hand, frame by frame;
  * - a worker that sends a row id out of range, ids not increasing, or a
  *   count larger than the shard's rows is dropped, named, with nothing of
- *   its push applied, and the round goes on with the others. */
+ *   its push applied, and the round goes on with the others;
+ * - a checkpoint's rows stream in STATE_ROWS frames of a bounded chunk:
+ *   the bytes by hand, and the same state as in one chunk a part; a chunk
+ *   that starts elsewhere than the next row, or whose length is not its
+ *   count's, fails the pull, naming the shard's task;
+ * - every table's rows streamed in pieces that cut rows anywhere (the
+ *   chief's --save on rows) are the whole pull's; a pass ended half read
+ *   leaves the client whole;
+ * - a shard's initial rows drawn alone (dp_model_init_rows: what a ps task
+ *   holds, docs/strategies.md "Tables larger than a worker") are the whole
+ *   model's rows id mod S, bit for bit, from the whole model or a compact
+ *   one, an embedding or four bags, 1 to 3 shards; a model without that
+ *   many tables is refused. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,8 +39,10 @@
 #include "downpour/frame.h"
 #include "downpour/inproc.h"
 #include "downpour/log.h"
+#include "downpour/model.h"
 #include "downpour/optim.h"
 #include "downpour/ps.h"
+#include "downpour/sparse.h"
 #include "downpour/wire.h"
 
 #define ROWS 10
@@ -189,6 +203,8 @@ static const float *start_params(void)
     return p;
 }
 
+static size_t rig_state_chunk; /* the rigs' cfg.state_chunk (0: the default) */
+
 static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_optim_config *oc,
                      int threads, int replicas)
 {
@@ -206,6 +222,7 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
     REQUIRE(dp_inproc_open_named(r->ts, r->n, names, &err) == 0);
     dp_ps_config_init(&r->cfg);
     r->cfg.mode = mode;
+    r->cfg.state_chunk = rig_state_chunk;
     r->cfg.min_shard_bytes = sizeof(float); /* two shards of the dense part */
     r->cfg.replicas = replicas;
     if (sparse) {
@@ -391,6 +408,193 @@ static void sparse_equals_dense(dp_ps_mode mode, dp_optim_kind kind)
     CHECK(memcmp(a + 1 * WIDTH, p0 + 1 * WIDTH, WIDTH * 4) != 0);
 }
 
+/* ------------------------------------------------------------ a checkpoint's rows */
+
+/* Two adagrad steps of one worker on rows, then the chief's pull of the
+ * training state with STATE_ROWS frames of `chunk` bytes of rows; the
+ * bytes the chief received for it. */
+static uint64_t state_of(size_t chunk, float *params, float *slots)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    oc.lr = 0.05f;
+    rig r;
+    rig_state_chunk = chunk;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
+    rig_state_chunk = 0;
+    dp_ps_client *w, *chief;
+    REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    float p[NP], g[NP];
+    memcpy(p, start_params(), sizeof p);
+    for (int step = 0; step < 2; step++) {
+        uint32_t ids[4];
+        sorted_rows(step, ids);
+        const uint32_t *idp[1] = {ids};
+        long n[1] = {(long)step_count[step]};
+        step_grad(step, g);
+        REQUIRE(dp_ps_client_pull_rows(w, p, idp, n, &err) == 0);
+        REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
+    }
+    dp_transport_stats a, b;
+    long t = -1;
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &a) == 0);
+    if (dp_ps_client_pull_state(chief, 7, &oc, params, slots, NULL, &t, &err) < 0) {
+        fprintf(stderr, "pull state: %s\n", err.msg);
+        exit(1);
+    }
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &b) == 0);
+    CHECK(t == 2);
+    dp_ps_client_free(w);
+    dp_ps_client_free(chief);
+    rig_close(&r, 1);
+    return b.bytes_recv - a.bytes_recv;
+}
+
+/* A checkpoint's rows in chunks (docs/strategies.md, "Evaluation and
+ * checkpoints"): with chunks of 2 rows each shard's 5 rows and their
+ * accumulators come in 2 x 3 STATE_ROWS frames, the bytes by hand, and the
+ * state is the one that came in one chunk a part, bit for bit. */
+static void state_in_chunks(void)
+{
+    float p1[NP], s1[NP], p2[NP], s2[NP];
+    uint64_t whole = state_of(0, p1, s1), chunked = state_of(2 * WIDTH * sizeof(float), p2, s2);
+    CHECK(memcmp(p1, p2, sizeof p1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    CHECK(memcmp(p1, start_params(), TAB * sizeof(float)) != 0); /* the steps moved rows */
+    uint64_t by_hand[2] = {0, 0}, rows = ROWS / 2; /* each shard's rows */
+    /* per shard: a STATE of [u64 t][u64 updates] and its dense slice and
+     * slot (added below), then per part (the rows, the accumulators) its
+     * chunks, each [4 x u32] and its rows */
+    for (int c = 0; c < 2; c++)
+        for (int sh = 0; sh < 2; sh++) {
+            uint64_t frames = c ? (rows + 1) / 2 : 1;
+            by_hand[c] += DP_FRAME_HEADER_SIZE + 16 +
+                          2 * (frames * (DP_FRAME_HEADER_SIZE + 16) + rows * WIDTH * 4);
+        }
+    uint64_t dense = 2 * 4 * (uint64_t)NDENSE; /* both shards' dense slices and slots */
+    CHECKF(whole == by_hand[0] + dense && chunked == by_hand[1] + dense,
+           "the chief received %llu and %llu bytes of state; by hand %llu and %llu",
+           (unsigned long long)whole, (unsigned long long)chunked,
+           (unsigned long long)(by_hand[0] + dense), (unsigned long long)(by_hand[1] + dense));
+    printf("a checkpoint's rows in chunks of 2 rows: %llu bytes to the chief (one chunk a part: "
+           "%llu), the same state bit for bit\n", (unsigned long long)chunked,
+           (unsigned long long)whole);
+}
+
+/* Every table's rows streamed (a chief on rows writing a file): pieces of
+ * 4 floats, rows of 3 cut anywhere, give the table the chief's whole pull
+ * gives, and pieces of 5 of part 1 the accumulators its state pull gives; a pass left half read and ended leaves the client whole (a pull
+ * after it, and a second pass, read the same); pieces past the table or
+ * out of order are refused. */
+static void tables_streamed(void)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    oc.lr = 0.05f;
+    rig r;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
+    dp_ps_client *w, *chief;
+    REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    float p[NP], g[NP], whole[NP], streamed[TAB];
+    memcpy(p, start_params(), sizeof p);
+    for (int step = 0; step < 2; step++) {
+        uint32_t ids[4];
+        sorted_rows(step, ids);
+        const uint32_t *idp[1] = {ids};
+        long n[1] = {(long)step_count[step]};
+        step_grad(step, g);
+        REQUIRE(dp_ps_client_pull_rows(w, p, idp, n, &err) == 0);
+        REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
+    }
+    REQUIRE(dp_ps_client_pull(chief, whole, 0, &err) == 0);
+    /* part 1, the accumulators' rows, against the checkpoint's state */
+    float sp[NP], ss[NP], acc[TAB];
+    long t = 0;
+    REQUIRE(dp_ps_client_pull_state(chief, 9, &oc, sp, ss, NULL, &t, &err) == 0);
+    for (size_t at = 0; at < TAB; at += 5) {
+        size_t n = TAB - at < 5 ? TAB - at : 5;
+        REQUIRE(dp_ps_client_tables_read(chief, 1, 0, acc + at, n, &err) == 0);
+    }
+    CHECK(memcmp(acc, ss, sizeof acc) == 0 && memcmp(sp, whole, sizeof acc) == 0);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(streamed, 0, sizeof streamed);
+        for (size_t at = 0; at < TAB; at += 4) {
+            size_t n = TAB - at < 4 ? TAB - at : 4;
+            if (dp_ps_client_tables_read(chief, 0, 0, streamed + at, n, &err) < 0) {
+                fprintf(stderr, "tables read: %s\n", err.msg);
+                exit(1);
+            }
+        }
+        CHECK(memcmp(streamed, whole, sizeof streamed) == 0);
+        CHECK(memcmp(whole, start_params(), sizeof streamed) != 0); /* the steps moved rows */
+    }
+    /* half a pass, ended: the rest skipped */
+    REQUIRE(dp_ps_client_tables_read(chief, 0, 0, streamed, 7, &err) == 0);
+    CHECK(dp_ps_client_tables_read(chief, 0, 1, streamed, 1, &err) < 0 &&
+          strstr(err.msg, "out of order"));
+    CHECK(dp_ps_client_tables_read(chief, 0, 0, streamed, TAB, &err) < 0 &&
+          strstr(err.msg, "are left"));
+    REQUIRE(dp_ps_client_tables_end(chief, &err) == 0);
+    float again[NP];
+    REQUIRE(dp_ps_client_pull(chief, again, 0, &err) == 0);
+    CHECK(memcmp(again, whole, sizeof again) == 0);
+    dp_ps_client_free(w);
+    dp_ps_client_free(chief);
+    rig_close(&r, 1);
+    printf("a table streamed in pieces of 4 and 5 floats (rows of 3): the whole pull's rows "
+           "and accumulators\n");
+}
+
+/* The chief's pull of a state that a fake shard 0 answers: its one chunk
+ * of rows claims to start at local row `first`, or carries `extra` floats
+ * more than its count says. */
+typedef struct state_pull {
+    dp_ps_client *chief;
+    dp_optim_config oc;
+    float params[NP];
+    int rc;
+    dp_err err;
+} state_pull;
+
+static void *pull_state_thread(void *arg)
+{
+    state_pull *p = arg;
+    long t;
+    p->rc = dp_ps_client_pull_state(p->chief, 3, &p->oc, p->params, NULL, NULL, &t, &p->err);
+    return NULL;
+}
+
+static void bad_state_rows(uint32_t first, int extra, const char *want)
+{
+    state_pull p = {.oc = dp_optim_defaults(DP_OPTIM_SGD)};
+    rig r;
+    rig_open(&r, 1, 1, DP_PS_SYNC, &p.oc, 0, 1); /* no server polls: this is shard 0 */
+    REQUIRE(dp_ps_client_open(&p.chief, r.ts[0], &r.layout, &r.cfg, &p.oc, NP, &err) == 0);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, pull_state_thread, &p) == 0);
+    dp_transport *ps = r.ts[r.ps0];
+    dp_event ev;
+    REQUIRE(dp_transport_recv(ps, 0, "the state request", 5, &ev, &err) == 0 &&
+            ev.header.type == DP_WIRE_STATE_REQ);
+    REQUIRE(dp_transport_skip_payload(ps, 0, &err) == 0);
+    size_t lo = r.layout.range[0].lo, n = r.layout.range[0].hi - lo;
+    float zeros[NP + 8] = {0};
+    uint8_t head[16] = {0}, h[16];
+    struct iovec st[2] = {{head, 16}, {zeros, n * 4}};
+    REQUIRE(dp_transport_sendv(ps, 0, DP_WIRE_STATE, 3, lo, st, 2, &err) == 0);
+    dp_put_u32(h, 0);
+    dp_put_u32(h + 4, 0);
+    dp_put_u32(h + 8, first);
+    dp_put_u32(h + 12, ROWS / 2);
+    struct iovec c[2] = {{h, 16}, {zeros, (ROWS / 2 * WIDTH + (size_t)extra) * 4}};
+    REQUIRE(dp_transport_sendv(ps, 0, DP_WIRE_STATE_ROWS, 3, lo, c, 2, &err) == 0);
+    pthread_join(th, NULL);
+    CHECKF(p.rc < 0 && strstr(p.err.msg, "ps:0") && strstr(p.err.msg, want),
+           "a bad chunk (first %u, %d floats more): %s", first, extra,
+           p.rc < 0 ? p.err.msg : "accepted");
+    dp_ps_client_free(p.chief);
+    rig_close(&r, 0);
+}
+
 /* ------------------------------------------------------------ bad ids */
 
 static char captured[8192];
@@ -502,6 +706,48 @@ static void bad_ids_refused(void)
     rig_close(&r, 0);
 }
 
+/* Each shard's rows drawn alone equal the whole model's, bit for bit. */
+static void rows_drawn_alone(const char *spec)
+{
+    dp_model whole, compact;
+    dp_err e;
+    REQUIRE(dp_model_init(&whole, spec, 20, 1, &e) == 0);
+    REQUIRE(dp_model_init_compact(&compact, spec, 20, 1, &e) == 1);
+    dp_model_init_params(&whole, 7);
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int n = dp_model_sparse_tables(&whole, t, DP_SPARSE_MAX);
+    REQUIRE(n >= 1 && n <= 4);
+    for (int S = 1; S <= 3; S++)
+        for (int sh = 0; sh < S; sh++)
+            for (int c = 0; c < 2; c++) {
+                float *dst[4];
+                for (int k = 0; k < n; k++)
+                    REQUIRE((dst[k] = calloc((size_t)t[k].rows * t[k].width, sizeof(float))));
+                CHECK(dp_model_init_rows(c ? &compact : &whole, 7, sh, S, dst, n) == 0);
+                long bad = 0;
+                for (int k = 0; k < n; k++) {
+                    size_t w = (size_t)t[k].width;
+                    for (long id = sh, j = 0; id < t[k].rows; id += S, j++)
+                        bad += memcmp(dst[k] + (size_t)j * w,
+                                      whole.params + t[k].off + (size_t)id * w,
+                                      w * sizeof(float)) != 0;
+                    free(dst[k]);
+                }
+                CHECKF(bad == 0, "%s, %s model, shard %d of %d: %ld row(s) differ from the whole "
+                                 "model's", spec, c ? "compact" : "whole", sh, S, bad);
+            }
+    float *dst[5];
+    for (int k = 0; k <= n; k++)
+        REQUIRE((dst[k] = malloc((size_t)t[k < n ? k : 0].rows * t[k < n ? k : 0].width *
+                                 sizeof(float))));
+    CHECK(dp_model_init_rows(&whole, 7, 0, 1, dst, n + 1) < 0); /* more tables than it has */
+    CHECK(dp_model_init_rows(&whole, 7, 2, 2, dst, n) < 0);     /* no shard 2 of 2 */
+    for (int k = 0; k <= n; k++)
+        free(dst[k]);
+    dp_model_free(&whole);
+    dp_model_free(&compact);
+}
+
 int main(void)
 {
     dp_log_set_level(DP_LOG_WARN);
@@ -517,5 +763,12 @@ int main(void)
     sparse_equals_dense(DP_PS_SSP, DP_OPTIM_ADAGRAD);
     sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
+    state_in_chunks();
+    tables_streamed();
+    bad_state_rows(1, 0, "sent rows [1, +5) of part 0 of sparse table 0; expected [0, +5)");
+    bad_state_rows(0, 1, "expected STATE_ROWS of 5 rows of sparse table 0");
+    rows_drawn_alone("8-emb1000x16-gap-10");
+    rows_drawn_alone("8-bag201x4-bag203x4-bag202x4-bag200x4m3mean-res(dense8-relu-dense1|dense1)"
+                     "-bce");
     CHECK_DONE();
 }

@@ -63,6 +63,17 @@ static void test_rss(void)
     volatile char sink = p[n / 2];
     (void)sink;
     free(p);
+    /* the peak stays where the memory was, after it went back (glibc hands
+     * a block this large back to the kernel at free; ASan keeps it) */
+    dp_resource_usage c;
+    REQUIRE(dp_resource_sample(&c, &err) == 0);
+    if (c.hwm_bytes >= 0) /* every Linux has VmHWM; -1 would be a kernel without it;
+                           * its count and statm's may differ by the pages a thread has
+                           * not yet folded in (the kernel's per-thread RSS caches) */
+        CHECKF(c.hwm_bytes > b.rss_bytes - (1LL << 20) &&
+                   c.hwm_bytes > c.rss_bytes - (1LL << 20),
+               "after free: rss %lld, peak %lld (held %lld)", (long long)c.rss_bytes,
+               (long long)c.hwm_bytes, (long long)b.rss_bytes);
 }
 
 static void net_counters(void *ctx, uint64_t *tx, uint64_t *rx)
@@ -98,6 +109,9 @@ static int check_events(const char *path, const char *task, double *last_tx, dou
         CHECK(cJSON_IsString(tk) && strcmp(tk->valuestring, task) == 0);
         CHECK(cJSON_IsNumber(cpu) && cpu->valuedouble >= 0);
         CHECK(cJSON_IsNumber(rss) && rss->valuedouble > 1e5);
+        const cJSON *hwm = cJSON_GetObjectItemCaseSensitive(o, "rss_hwm_bytes");
+        CHECK(cJSON_IsNumber(hwm) && cJSON_IsNumber(rss) &&
+              hwm->valuedouble >= rss->valuedouble);
         CHECK(cJSON_IsNumber(tx) && cJSON_IsNumber(rx));
         CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "t")));
         if (cJSON_IsNumber(tx))

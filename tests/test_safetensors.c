@@ -493,9 +493,102 @@ static void test_atomic(void)
     unlink(path);
 }
 
+/* dp_safetensors_save_source: a tensor made as it is written (300,000
+ * floats, more than one piece of the writer's), every piece seen in file
+ * order, a metadata value changed after the data; the file reads back as
+ * the same tensors written from memory, with the new value. */
+typedef struct source_ctx {
+    size_t next;   /* the next float the big tensor gives */
+    size_t seen[3];
+    int order_ok, last;
+    char value[9];
+    int fail_at;   /* fill fails at this call (0: never) */
+    int calls;
+} source_ctx;
+
+static int fill_big(void *ctx, int i, float *buf, size_t n, dp_err *err)
+{
+    source_ctx *c = ctx;
+    if (++c->calls == c->fail_at)
+        return dp_errf(err, "the source failed");
+    c->order_ok &= i == 1;
+    for (size_t k = 0; k < n; k++)
+        buf[k] = (float)(c->next + k) * 0.5f;
+    c->next += n;
+    return 0;
+}
+
+static void seen_piece(void *ctx, int i, const void *data, size_t bytes)
+{
+    source_ctx *c = ctx;
+    c->order_ok &= i >= c->last && data != NULL;
+    c->last = i;
+    c->seen[i] += bytes;
+}
+
+static int source_done(void *ctx, dp_err *err)
+{
+    (void)err;
+    source_ctx *c = ctx;
+    snprintf(c->value, sizeof c->value, "%08zx", c->seen[0] + c->seen[1] + c->seen[2]);
+    return 0;
+}
+
+static void test_save_source(void)
+{
+    char path[1024];
+    tmp_path(path, sizeof path, "source.safetensors");
+    enum { BIG = 300000 };
+    float a[3] = {1, 2, 3}, z[2] = {-1, -2};
+    dp_st_tensor ts[3] = {{.name = "a", .data = a, .ndim = 1, .shape = {3}},
+                          {.name = "big", .data = NULL, .ndim = 2, .shape = {BIG / 4, 4}},
+                          {.name = "z", .data = z, .ndim = 1, .shape = {2}}};
+    source_ctx c = {.order_ok = 1};
+    snprintf(c.value, sizeof c.value, "00000000");
+    dp_st_meta meta[1] = {{"sum", c.value}};
+    dp_st_source src = {fill_big, seen_piece, source_done, &c};
+    dp_err err = {{0}};
+    CHECKF(dp_safetensors_save_source(path, ts, 3, meta, 1, &src, &err) == 0, "%s", err.msg);
+    CHECK(c.order_ok && c.next == BIG && c.calls > 1);
+    CHECK(c.seen[0] == 12 && c.seen[1] == (size_t)BIG * 4 && c.seen[2] == 8);
+    dp_safetensors *st = NULL;
+    CHECKF(dp_safetensors_load(path, &st, &err) == 0, "%s", err.msg);
+    if (st) {
+        const dp_st_tensor *t = dp_safetensors_find(st, "big");
+        int ok = t && t->ndim == 2 && t->shape[0] == BIG / 4;
+        for (size_t k = 0; ok && k < BIG; k++)
+            ok = t->data[k] == (float)k * 0.5f;
+        CHECK(ok);
+        t = dp_safetensors_find(st, "z");
+        CHECK(t && t->data[1] == -2);
+        const char *v = dp_safetensors_meta(st, "sum");
+        CHECKF(v && strcmp(v, c.value) == 0 && strcmp(v, "00000000") != 0,
+               "the value after the data: %s", v ? v : "(none)");
+        dp_safetensors_free(st);
+    }
+    /* a value that changes length after the data: refused, no file */
+    unlink(path);
+    source_ctx d = {.order_ok = 1};
+    snprintf(d.value, sizeof d.value, "0");
+    meta[0].value = d.value;
+    src.ctx = &d;
+    CHECK(dp_safetensors_save_source(path, ts, 3, meta, 1, &src, &err) < 0);
+    CHECKF(strstr(err.msg, "final header"), "%s", err.msg);
+    CHECK(access(path, F_OK) != 0);
+    /* a source that fails: its error, no file */
+    source_ctx f = {.order_ok = 1, .fail_at = 2};
+    snprintf(f.value, sizeof f.value, "00000000");
+    meta[0].value = f.value;
+    src.ctx = &f;
+    CHECK(dp_safetensors_save_source(path, ts, 3, meta, 1, &src, &err) < 0);
+    CHECKF(strstr(err.msg, "the source failed"), "%s", err.msg);
+    CHECK(access(path, F_OK) != 0);
+}
+
 int main(void)
 {
     make_tmpdir();
+    test_save_source();
     test_round_trip();
     test_unaligned_header();
     test_bad_files();

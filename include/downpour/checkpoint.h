@@ -49,6 +49,19 @@ int dp_train_state_alloc_residuals(dp_train_state *st, int n, dp_err *err);
 /* Writes st (with the model's layout) atomically to path. */
 int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,
                         const dp_run_identity *id, dp_err *err);
+/* The same for a model holding its sparse tables compact (a chief on rows:
+ * docs/strategies.md, "Tables larger than a worker"): the file holds each
+ * table whole, and each optimiser slot whole, their rows taken from
+ * rows(ctx, part, k, buf, n) as they are written, the next n floats of part
+ * `part` (0: the rows, j: slot j - 1's) of table k (row after row, ids
+ * increasing; the tables in order, each from its first row; the parts in
+ * order), never a whole table in memory.  The weights and optimiser slots
+ * (st as the compact model lays them out); no other vector. */
+typedef int (*dp_ckpt_rows_fn)(void *ctx, int part, int table, float *buf, size_t n,
+                               dp_err *err);
+int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train_state *st,
+                             const dp_run_identity *id, dp_ckpt_rows_fn rows, void *ctx,
+                             dp_err *err);
 
 /* Reads a checkpoint for model m (already built from the run's spec) and run
  * id into *st (allocated here; free with dp_train_state_free).  Strict:

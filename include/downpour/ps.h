@@ -39,6 +39,15 @@ typedef enum dp_ps_mode {
  * width floats at off in the flat parameters.  Row id lives on shard
  * id mod n_shards, as that shard's local row id / n_shards. */
 #define DP_PS_MAX_TABLES 64
+/* A checkpoint's sparse rows go from a shard to the chief in frames of at
+ * most this many bytes of rows (STATE_ROWS): 4 MiB, far under the frame
+ * bound, whatever the table. */
+#define DP_PS_STATE_CHUNK ((size_t)4 << 20)
+/* A STATE_REQ's [u32 flags]: the dense state only, no STATE_ROWS (a chief
+ * with compact tables streams them into the file instead). */
+#define DP_PS_STATE_DENSE 1u
+/* A STATE_ROWS frame's head: [u32 table][u32 part][u32 first local row][u32 count]. */
+#define DP_PS_STATE_ROWS_HEAD 16
 typedef struct dp_ps_table_spec {
     size_t off;
     uint32_t rows, width;
@@ -85,6 +94,10 @@ typedef struct dp_ps_config {
     dp_ps_table_spec tables[DP_PS_MAX_TABLES];
     size_t dense_shift;     /* client: its vector holds dense parameter j (of the whole
                                model) at j - dense_shift: what its compact tables lack */
+    size_t state_chunk;     /* bytes of sparse rows one STATE_ROWS frame carries at most
+                               (0: DP_PS_STATE_CHUNK), at least one row; both ends
+                               hold the same (docs/strategies.md, "Evaluation and
+                               checkpoints") */
     int chunks;             /* sync with --sum-chunk: a gradient push carries this many
                                gradients (chunk j at j * n in the client's vector), each
                                of `chunk` records (the push's records fill them in
@@ -133,7 +146,8 @@ typedef struct dp_push_head {
 void dp_push_head_put(uint8_t *p, const dp_push_head *h);
 void dp_push_head_get(dp_push_head *h, const uint8_t *p);
 
-/* Where a server starts: full-length vectors, of which it keeps its slice.
+/* Where a server starts: full-length vectors (but see shift), of which it
+ * keeps its slice.
  * Every task computes the same initial parameters from the seed; a resumed
  * run passes the checkpoint's parameters, optimiser slots (slot k at
  * slots + k * n_params) with their update count, and moving average. */
@@ -149,6 +163,22 @@ typedef struct dp_ps_start {
                              part (lost, or done).  NULL: a fresh start */
     int spare_workers;    /* the last N workers are spare slots (train --spare-workers):
                              no part until their JOIN */
+    /* Sparse tables (docs/strategies.md, "Tables larger than a worker"): a
+     * ps task whose model holds its tables compact passes vectors without
+     * them: params, slots and ema hold dense parameter j at j - shift,
+     * each n_params - shift long (slot k at slots + k * (n_params - shift)).
+     * A shard's rows come from `rows` when given, else, with shift, from
+     * init_rows, else (shift 0) from the full-length vectors. */
+    size_t shift;
+    const float *rows;    /* the shard's rows in local order, table by table: its
+                             rows, then each optimiser slot's when slots is given
+                             (a RESTORE's layout).  The task's own shard's: a
+                             RESTORE comes only where the shard has no backup,
+                             so no backup shard opens from it */
+    /* Fills the initial rows of shard `shard` of `shards`, dst[k] table k's
+     * (dp_model_init_rows); 0, or -1. */
+    int (*init_rows)(void *ctx, int shard, int shards, float *const *dst, int n);
+    void *init_ctx;
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event
@@ -199,6 +229,17 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
  * tables, every row of every table too (PULL_TABLE), unless the client's
  * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
+/* Every sparse table's rows, streamed: the next n floats of part `part`
+ * (0: the rows; 1, 2: optimiser slot 0, 1's) of table k (row after row, ids
+ * increasing; the tables in order, each from its first row), from every
+ * shard's answer to one PULL_TABLE (sent at a pass's first call), read a
+ * piece at a time, never whole.  _end skips what a pass left unread. */
+int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
+                             dp_err *err);
+int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err);
+/* Rows of width w one STATE_ROWS frame carries under cfg (both ends alike):
+ * state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at least one row. */
+size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t width);
 /* The chief's side of a checkpoint: asks every shard for its training state
  * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL
  * when the servers keep none).  *t is the servers' optimiser update count. */

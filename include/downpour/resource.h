@@ -23,6 +23,8 @@ typedef struct dp_resource_usage {
     double cpu_seconds;  /* user + system CPU time of the process so far */
     int64_t rss_bytes;   /* resident set size */
     int64_t pss_bytes;   /* proportional set size; -1 where smaps_rollup is missing */
+    int64_t hwm_bytes;   /* the process's peak resident size so far (/proc/self/status
+                            VmHWM); -1 where missing */
 } dp_resource_usage;
 
 /* Reads /proc/self/stat, /proc/self/statm and /proc/self/smaps_rollup. */

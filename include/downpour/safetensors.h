@@ -33,6 +33,22 @@ typedef struct dp_st_meta {
 int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_tensors,
                         const dp_st_meta *meta, int n_meta, dp_err *err);
 
+/* The same, some tensors' data made as they are written (data NULL: never
+ * whole in memory): fill gives tensor i's next n floats, in order; seen is
+ * told every piece written, in file order (an empty tensor once, with 0
+ * bytes: a checksum over names and data); after the data,
+ * done may change metadata values in place, keeping their lengths, and the
+ * header is written again (a checksum over the data, in the header). */
+typedef struct dp_st_source {
+    int (*fill)(void *ctx, int tensor, float *buf, size_t n, dp_err *err);
+    void (*seen)(void *ctx, int tensor, const void *data, size_t bytes);
+    int (*done)(void *ctx, dp_err *err);
+    void *ctx;
+} dp_st_source;
+int dp_safetensors_save_source(const char *path, const dp_st_tensor *tensors, int n_tensors,
+                               const dp_st_meta *meta, int n_meta, const dp_st_source *src,
+                               dp_err *err);
+
 /* A loaded file: tensors point into one buffer owned by the handle. */
 typedef struct dp_safetensors dp_safetensors;
 

@@ -35,6 +35,19 @@ int dp_model_sparse_tables(const dp_model *m, dp_sparse_table *out, int max);
  * tables' rows left out; 0 for a model built whole). */
 size_t dp_model_sparse_cut(const dp_model *m);
 
+/* A table's initial rows on one shard, without the table (docs/strategies.md,
+ * "Tables larger than a worker"): row id of sparse table k holds the draws
+ * P_k + id*width .. + width of the model's generator from `seed`, P_k the
+ * draws of every layer before it, exactly as dp_model_init_params lays them
+ * down; this runs the generator through the tables (dst[0..n_dst), one a
+ * table in layer order) and keeps the rows id mod shards == shard, local row
+ * id / shards at dst[k] + (id / shards) * width.  The model whole or compact
+ * (its tables one a layer, as dp_model_init_compact lays them).  0, or -1
+ * when the model has not n_dst such tables.  Implemented in model.c, beside
+ * the initialiser it mirrors. */
+int dp_model_init_rows(const dp_model *m, uint64_t seed, int shard, int shards,
+                       float *const *dst, int n_dst);
+
 /* Compaction: rewrites the places of table t in the batch x (records of the
  * model's input width) that name rows, each to the slot of its row among
  * rows[0..n) (unique, increasing: dp_model_sparse_rows's), in place, so the

@@ -274,8 +274,21 @@ struct dp_strategy_ops {
     /* Whether a worker's model may hold its sparse tables compact, only
      * the rows of the batch in flight (dp_model_init_compact): the strategy
      * moves them by rows and nothing of a worker needs them whole (NULL:
-     * never).  The strategy's step then turns the batch's ids into slots. */
+     * never).  The strategy's step then turns the batch's ids into slots.
+     * The loop builds a ps task's model so too (its shards hold the rows),
+     * and the chief's unless it keeps --keep-best weights (docs/strategies.md,
+     * "The chief on rows"), which then evaluates through eval_rows and
+     * writes its files through table_rows. */
     int (*compact_tables)(const dp_train_config *cfg);
+    /* Evaluator with compact tables: pulls the rows that n records of x
+     * touch into the weights params() last returned and gives x with its ids
+     * turned into their slots (valid until the next call; NULL with err). */
+    const float *(*eval_rows)(dp_strategy *s, const float *x, int n, dp_err *err);
+    /* Evaluator with compact tables writing a file (--save, checkpoints):
+     * the next n floats of part `part` (0 the rows, j optimiser slot j - 1's)
+     * of sparse table k, whole (dp_ckpt_rows_fn's order), streamed from where
+     * they live; k -1 ends a pass (what it left unread is skipped). */
+    int (*table_rows)(dp_strategy *s, int part, int k, float *buf, size_t n, dp_err *err);
     /* Sets up this task's part of the run (from env->resume when resuming). */
     int (*open)(dp_strategy **out, const dp_run_env *env, dp_task_info *info, dp_err *err);
     /* SERVER: serves until the run is over. */

@@ -39,8 +39,8 @@ enum dp_wire_type {
     DP_WIRE_PULL = DP_FRAME_APP(2),         /* anyone -> ps: send me the shard's parameters */
     DP_WIRE_PARAMS = DP_FRAME_APP(3),       /* ps -> anyone: the shard's parameters; step = slowest clock */
     DP_WIRE_PULL_AVERAGE = DP_FRAME_APP(4), /* chief -> ps: send me the shard's moving average */
-    DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step` */
-    DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state); with sparse tables their rows and slots' rows follow */
+    DP_WIRE_STATE_REQ = DP_FRAME_APP(5),    /* chief -> ps: your training state for checkpoint `step`; payload none or [u32 flags] (DP_PS_STATE_DENSE: no STATE_ROWS) */
+    DP_WIRE_STATE = DP_FRAME_APP(6),        /* ps -> chief: that state (see ps.c send_state); with sparse tables their rows and slots' rows follow in STATE_ROWS frames */
     DP_WIRE_PUSH_ROWS = DP_FRAME_APP(7),    /* worker -> ps: push head + the shard's dense gradient + a rows section (ps_shard.c, "rows section") */
     /* ring all-reduce (src/strategy/ring.c, and allreduce.c re-forming it) */
     DP_WIRE_RING = DP_FRAME_APP(8),         /* a segment; step = the training step, offset = element
@@ -63,7 +63,7 @@ enum dp_wire_type {
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch (offset 0) or from epoch offset - 1 (a spare slot joins then) */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
-    DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c) */
+    DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c); its sparse rows follow in STATE_ROWS frames */
     DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
@@ -71,10 +71,11 @@ enum dp_wire_type {
     /* sparse rows (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "Sparse rows"); offset = the shard's dense lo */
     DP_WIRE_PULL_ROWS = DP_FRAME_APP(34),   /* worker -> ps: per table [u32 count][count u32 ids], ids of this shard, increasing */
     DP_WIRE_ROWS = DP_FRAME_APP(35),        /* ps -> anyone: the rows asked (or every row it holds), f32, table after table; step = slowest clock */
-    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order) */
+    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order); payload none or [u32 part]: 0 the rows, 1, 2 optimiser slot 0, 1's */
     /* compressed ps frames (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "ps family: compression") */
     DP_WIRE_PUSH_CODED = DP_FRAME_APP(37),  /* worker -> ps: push head + the shard's gradient as a coded block (compress.h: [u32 codec][u32 count], then bf16/fp16 values or top-k pairs) */
     DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
+    DP_WIRE_STATE_ROWS = DP_FRAME_APP(39),  /* ps -> chief after a STATE, chief -> a restarted ps after its RESTORE: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count] then count x width f32; step = the checkpoint's (ps.c send_state) */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

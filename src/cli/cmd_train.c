@@ -181,13 +181,15 @@ static int check_topology(const dp_strategy_ops *ops, const int *topo, const cha
 }
 
 /* --model: a spec that does not parse is a usage error, with the closest
- * preset when the spec looks like a misspelt one. */
+ * preset when the spec looks like a misspelt one.  Parsed only, nothing
+ * allocated: a task that holds no whole table (docs/strategies.md, "Tables
+ * larger than a worker") must not build one to check the spec. */
 static int check_model(const char *spec)
 {
     dp_model m;
     dp_err err;
     memset(&m, 0, sizeof m);
-    if (dp_model_init(&m, spec, 1, 1, &err) == 0) {
+    if (dp_model_describe(&m, spec, &err) == 0) {
         dp_model_free(&m);
         return 0;
     }

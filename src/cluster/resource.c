@@ -77,6 +77,17 @@ int dp_resource_sample(dp_resource_usage *u, dp_err *err)
     long page = sysconf(_SC_PAGESIZE);
     u->rss_bytes = (int64_t)resident * (page > 0 ? page : 4096);
     u->pss_bytes = -1;
+    u->hwm_bytes = -1;
+    /* The kernel's high-water mark: a task whose memory came and went
+     * between two samples (a ps task's shard, freed at its end) still shows
+     * what it held. */
+    char status[4096];
+    if (read_small("/proc/self/status", status, sizeof status, NULL) == 0) {
+        const char *q = strstr(status, "\nVmHWM:");
+        unsigned long long kb;
+        if (q && sscanf(q + 7, "%llu", &kb) == 1)
+            u->hwm_bytes = (int64_t)kb * 1024;
+    }
     /* Optional: older kernels lack smaps_rollup, and then only RSS is known. */
     char roll[4096];
     if (read_small("/proc/self/smaps_rollup", roll, sizeof roll, NULL) == 0) {
@@ -110,6 +121,7 @@ struct dp_resource_sampler {
     int finished; /* the last sample is written; the thread is joined */
     int warned;
     dp_resource_usage prev;
+    int64_t prev_hwm; /* the highest peak written */
 };
 
 static void write_sample(dp_resource_sampler *s)
@@ -127,15 +139,23 @@ static void write_sample(dp_resource_sampler *s)
         s->net(s->net_ctx, &tx, &rx);
     double cpu = dp_resource_cpu_percent(&s->prev, &now);
     s->prev = now;
+    /* the peak: the kernel's, else the highest this sampler saw */
+    if (now.hwm_bytes < now.rss_bytes)
+        now.hwm_bytes = now.rss_bytes;
+    if (now.hwm_bytes < s->prev_hwm)
+        now.hwm_bytes = s->prev_hwm;
+    s->prev_hwm = now.hwm_bytes;
     if (now.pss_bytes >= 0)
         dp_metrics_event(s->m, "resource", DP_F_STR, "task", s->task, DP_F_NUM, "cpu_percent",
-                         cpu, DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT, "pss_bytes",
+                         cpu, DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT,
+                         "rss_hwm_bytes", (long)now.hwm_bytes, DP_F_INT, "pss_bytes",
                          (long)now.pss_bytes, DP_F_INT, "net_tx_bytes", (long)tx, DP_F_INT,
                          "net_rx_bytes", (long)rx, DP_F_END);
     else
         dp_metrics_event(s->m, "resource", DP_F_STR, "task", s->task, DP_F_NUM, "cpu_percent",
                          cpu, DP_F_INT, "rss_bytes", (long)now.rss_bytes, DP_F_INT,
-                         "net_tx_bytes", (long)tx, DP_F_INT, "net_rx_bytes", (long)rx, DP_F_END);
+                         "rss_hwm_bytes", (long)now.hwm_bytes, DP_F_INT, "net_tx_bytes",
+                         (long)tx, DP_F_INT, "net_rx_bytes", (long)rx, DP_F_END);
 }
 
 static void *sampler_main(void *arg)

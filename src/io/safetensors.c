@@ -130,7 +130,8 @@ static int cmp_tensor_name(const void *a, const void *b)
 
 /* Checks the caller's tensors and metadata; fills bytes[i]. */
 static int check_save_args(const char *path, const dp_st_tensor *tensors, int n_tensors,
-                           const dp_st_meta *meta, int n_meta, uint64_t *bytes, dp_err *err)
+                           const dp_st_meta *meta, int n_meta, uint64_t *bytes, int filled,
+                           dp_err *err)
 {
     if (n_tensors < 0 || n_meta < 0 || (n_tensors > 0 && !tensors) || (n_meta > 0 && !meta))
         return dp_errf(err, "%s: bad arguments (%d tensors, %d metadata entries)", path,
@@ -151,7 +152,7 @@ static int check_save_args(const char *path, const dp_st_tensor *tensors, int n_
         if (shape_bytes(t->shape, t->ndim, &bytes[i]) < 0 || bytes[i] > (uint64_t)SIZE_MAX)
             return dp_errf(err, "%s: tensor '%s': shape %s is negative or too large", path,
                            t->name, shp);
-        if (bytes[i] > 0 && !t->data)
+        if (bytes[i] > 0 && !t->data && !filled)
             return dp_errf(err, "%s: tensor '%s': shape %s but no data", path, t->name, shp);
     }
     for (int i = 0; i < n_meta; i++) {
@@ -271,21 +272,59 @@ fail:
 int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_tensors,
                         const dp_st_meta *meta, int n_meta, dp_err *err)
 {
+    return dp_safetensors_save_source(path, tensors, n_tensors, meta, n_meta, NULL, err);
+}
+
+#define FILL_FLOATS ((size_t)1 << 18) /* a filled tensor goes to the file 1 MiB at a time */
+
+/* Tensor i's bytes to fd: from its data, or filled piece by piece. */
+static int write_tensor(int fd, const dp_st_tensor *t, int i, uint64_t bytes,
+                        const dp_st_source *src, float *buf, dp_err *err)
+{
+    if (t->data) {
+        if (src && src->seen)
+            src->seen(src->ctx, i, t->data, (size_t)bytes);
+        return dp_write_all(fd, t->data, (size_t)bytes, NULL) < 0 ? -1 : 0;
+    }
+    for (uint64_t done = 0; done < bytes;) {
+        size_t n = (size_t)((bytes - done) / sizeof(float));
+        if (n > FILL_FLOATS)
+            n = FILL_FLOATS;
+        if (src->fill(src->ctx, i, buf, n, err) < 0)
+            return -2;
+        if (src->seen)
+            src->seen(src->ctx, i, buf, n * sizeof(float));
+        if (dp_write_all(fd, buf, n * sizeof(float), NULL) < 0)
+            return -1;
+        done += n * sizeof(float);
+    }
+    return 0;
+}
+
+int dp_safetensors_save_source(const char *path, const dp_st_tensor *tensors, int n_tensors,
+                               const dp_st_meta *meta, int n_meta, const dp_st_source *src,
+                               dp_err *err)
+{
     if (!path)
         return dp_errf(err, "safetensors save: no path");
     uint64_t *bytes = NULL;
     unsigned char *head = NULL;
+    float *buf = NULL;
     dp_atomic_file af = {.fd = -1};
     size_t head_len = 0;
 
     bytes = malloc(((size_t)(n_tensors > 0 ? n_tensors : 0) + 1) * sizeof *bytes);
     if (!bytes)
         return dp_errf(err, "%s: out of memory", path);
-    if (check_save_args(path, tensors, n_tensors, meta, n_meta, bytes, err) < 0)
+    if (check_save_args(path, tensors, n_tensors, meta, n_meta, bytes, src && src->fill, err) < 0)
         goto fail;
     head = build_header(path, tensors, n_tensors, meta, n_meta, bytes, &head_len, err);
     if (!head)
         goto fail;
+    if (src && src->fill && !(buf = malloc(FILL_FLOATS * sizeof(float)))) {
+        dp_errf(err, "%s: out of memory", path);
+        goto fail;
+    }
 
     if (dp_atomic_open(&af, path, err) < 0)
         goto fail;
@@ -294,18 +333,42 @@ int dp_safetensors_save(const char *path, const dp_st_tensor *tensors, int n_ten
         goto fail;
     }
     for (int i = 0; i < n_tensors; i++) {
-        if (bytes[i] > 0 && dp_write_all(af.fd, tensors[i].data, (size_t)bytes[i], NULL) < 0) {
+        if (bytes[i] == 0) {
+            if (src && src->seen)
+                src->seen(src->ctx, i, NULL, 0);
+            continue;
+        }
+        int rc = write_tensor(af.fd, &tensors[i], i, bytes[i], src, buf, err);
+        if (rc == -1)
             dp_errf(err, "%s: writing tensor '%s' to %s: %s", path, tensors[i].name, af.tmp,
                     strerror(errno));
+        if (rc < 0)
+            goto fail;
+    }
+    if (src && src->done) { /* the metadata as it stands now, in a header of the same length */
+        size_t again = 0;
+        free(head);
+        head = NULL;
+        if (src->done(src->ctx, err) < 0 ||
+            !(head = build_header(path, tensors, n_tensors, meta, n_meta, bytes, &again, err)))
+            goto fail;
+        if (again != head_len) {
+            dp_errf(err, "%s: the final header is %zu bytes, the first %zu", path, again, head_len);
+            goto fail;
+        }
+        if (pwrite(af.fd, head, head_len, 0) != (ssize_t)head_len) {
+            dp_errf(err, "%s: rewriting the header of %s: %s", path, af.tmp, strerror(errno));
             goto fail;
         }
     }
+    free(buf);
     free(head);
     free(bytes);
     return dp_atomic_commit(&af, err);
 
 fail:
     dp_atomic_abort(&af);
+    free(buf);
     free(head);
     free(bytes);
     return -1;

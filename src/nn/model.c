@@ -105,6 +105,17 @@ static int compact_tables(dp_model *m, int max_batch)
     for (int k = l; k < m->n_layers; k++) /* no table among the dense layers */
         if (dp_layer_ops_of(&m->layers[k])->sparse)
             return 0;
+    /* Every table goes to slots once one is cut, a table no batch can
+     * outgrow with C = N: the ids of every table then mean slots alike (a
+     * table left in place among slotted ones got the rows at their ids). */
+    int any = 0;
+    for (int k = 0; k < l; k++) {
+        dp_lk_sparse t[DP_LK_MAX_SPARSE];
+        dp_layer_ops_of(&m->layers[k])->sparse(&m->layers[k], t);
+        any |= (long)max_batch * t[0].per_record < t[0].rows;
+    }
+    if (!any)
+        return 0;
     size_t cut = 0;
     for (int k = 0; k < m->n_layers; k++) {
         dp_layer *d = &m->layers[k];
@@ -115,8 +126,8 @@ static int compact_tables(dp_model *m, int max_batch)
         dp_lk_sparse t[DP_LK_MAX_SPARSE];
         dp_layer_ops_of(d)->sparse(d, t);
         long most = (long)max_batch * t[0].per_record;
-        if (most >= t[0].rows)
-            continue;
+        if (most > t[0].rows)
+            most = t[0].rows;
         d->sparse_rows = t[0].rows;
         d->w_len = (size_t)most * (size_t)t[0].width;
         d->b_off = d->w_off + d->w_len;
@@ -340,6 +351,64 @@ void dp_model_seed_dropout(dp_model *m, uint64_t seed)
     m->drop_count = 0;
 }
 
+/* A drawn layer's Glorot limit.  fans: a dense layer's in and out; a
+ * filter's window times channels. */
+static float glorot_limit(const dp_layer *d)
+{
+    double fan_in = d->in, fan_out = d->out;
+    if (dp_layer_ops_of(d)->fans)
+        dp_layer_ops_of(d)->fans(d, &fan_in, &fan_out);
+    return (float)sqrt(6.0 / (fan_in + fan_out));
+}
+
+/* The rows of a table a layer draws: its whole table's, compact or not. */
+static size_t drawn_floats(const dp_layer *d)
+{
+    if (!d->sparse_rows)
+        return d->w_len;
+    dp_lk_sparse t[DP_LK_MAX_SPARSE];
+    dp_layer_ops_of(d)->sparse(d, t);
+    return (size_t)d->sparse_rows * (size_t)t[0].width;
+}
+
+int dp_model_init_rows(const dp_model *m, uint64_t seed, int shard, int shards,
+                       float *const *dst, int n_dst)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    int k = 0;
+    if (shard < 0 || shards < 1 || shard >= shards)
+        return -1;
+    for (int l = 0; l < m->n_layers && k < n_dst; l++) {
+        const dp_layer *d = &m->layers[l];
+        const dp_layer_ops *ops = dp_layer_ops_of(d);
+        if (!d->w_len || ops->init_params) /* draws nothing */
+            continue;
+        float limit = glorot_limit(d);
+        size_t all = drawn_floats(d);
+        dp_lk_sparse t[DP_LK_MAX_SPARSE];
+        if (!ops->sparse || ops->sparse(d, t) != 1) { /* a dense layer before a table */
+            for (size_t j = 0; j < all; j++)
+                (void)dp_rng_uniform(&rng);
+            continue;
+        }
+        size_t w = (size_t)t[0].width, rows = all / w;
+        if (rows * w != all || t[0].off != d->w_off)
+            return -1; /* not one table a layer: no rows of its own to draw */
+        float *out = dst[k++];
+        for (size_t id = 0; id < rows; id++) {
+            int mine = id % (size_t)shards == (size_t)shard;
+            float *row = mine ? out + id / (size_t)shards * w : NULL;
+            for (size_t e = 0; e < w; e++) {
+                float v = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
+                if (mine)
+                    row[e] = v;
+            }
+        }
+    }
+    return k == n_dst ? 0 : -1;
+}
+
 void dp_model_init_params(dp_model *m, uint64_t seed)
 {
     dp_rng rng;
@@ -352,23 +421,14 @@ void dp_model_init_params(dp_model *m, uint64_t seed)
             dp_layer_ops_of(d)->init_params(d, m->params + d->w_off, m->params + d->b_off);
             continue;
         }
-        /* fans: a dense layer's in and out; a filter's window times channels */
-        double fan_in = d->in, fan_out = d->out;
-        if (dp_layer_ops_of(d)->fans)
-            dp_layer_ops_of(d)->fans(d, &fan_in, &fan_out);
-        float limit = (float)sqrt(6.0 / (fan_in + fan_out));
+        float limit = glorot_limit(d);
         float *w = m->params + d->w_off;
         for (size_t k = 0; k < d->w_len; k++)
             w[k] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * limit;
         /* a compact table draws what the whole one draws, so the layers
          * after it start as the whole model's do */
-        if (d->sparse_rows) {
-            dp_lk_sparse t[DP_LK_MAX_SPARSE];
-            dp_layer_ops_of(d)->sparse(d, t);
-            for (size_t k = d->w_len, all = (size_t)d->sparse_rows * (size_t)t[0].width;
-                 k < all; k++)
-                (void)dp_rng_uniform(&rng);
-        }
+        for (size_t k = d->w_len, all = drawn_floats(d); k < all; k++)
+            (void)dp_rng_uniform(&rng);
         memset(m->params + d->b_off, 0, d->b_len * sizeof(float));
     }
     init_buffers(m);

@@ -255,8 +255,8 @@ static void identity(const void *own, int part, char *buf, size_t cap)
  * the ring at the start, and the lowest survivor takes the lead over when it
  * is lost (docs/faults.md, "All-reduce"); restarted, it rejoins as any
  * replica. */
-static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, char *why,
-                   size_t cap)
+static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, int checkpoints,
+                   char *why, size_t cap)
 {
     (void)own;
     if (role == DP_ROLE_CHIEF) {
@@ -264,7 +264,7 @@ static int restart(const void *own, const dp_strategy_ops *ops, dp_role role, ch
                  "writes from then on", ops->name);
         return DP_LAUNCH_HANDS_OVER;
     }
-    return dp_strategy_restart(ops, NULL, role, why, cap);
+    return dp_strategy_restart(ops, NULL, role, checkpoints, why, cap);
 }
 
 const dp_strategy_conf dp_allreduce_conf = {

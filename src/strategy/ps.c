@@ -497,16 +497,27 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     return 0;
 }
 
+size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t w)
+{
+    size_t bytes = cfg->state_chunk ? cfg->state_chunk : DP_PS_STATE_CHUNK;
+    size_t r = bytes / (w * sizeof(float));
+    return r ? r : 1;
+}
+
 /* The shard's training state for a checkpoint: [u64 optimiser t][u64
  * updates] then the parameters, every optimiser slot and the moving average
- * (when kept), each s->n floats, straight from the server's buffers. */
-static int send_state(server *s, int rank, uint64_t step, dp_err *err)
+ * (when kept), each s->n floats, straight from the server's buffers.  The
+ * sparse tables' rows follow in STATE_ROWS frames, table by table, the rows
+ * then each slot's rows (part 0, 1, ..), each in chunks of at most
+ * dp_ps_state_chunk_rows rows in local order, straight from the tables: no frame
+ * grows with the table. */
+static int send_state(server *s, int rank, uint64_t step, int rows, dp_err *err)
 {
     uint8_t head[16];
     dp_put_u64(head, (uint64_t)s->opt.t);
     dp_put_u64(head + 8, (uint64_t)s->updates);
     size_t bytes = s->n * sizeof(float);
-    struct iovec iov[2 + 2 + 1 + 3 * DP_PS_MAX_TABLES];
+    struct iovec iov[2 + 2 + 1];
     int k = 0;
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){s->params, bytes};
@@ -514,15 +525,29 @@ static int send_state(server *s, int rank, uint64_t step, dp_err *err)
         iov[k++] = (struct iovec){s->opt.state + (size_t)j * s->n, bytes};
     if (s->ema)
         iov[k++] = (struct iovec){s->ema, bytes};
-    /* then each table's rows and each slot's rows, in local order */
-    for (int q = 0; q < s->n_tab; q++) {
+    if (dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err) < 0)
+        return -1;
+    for (int q = 0; rows && q < s->n_tab; q++) {
         dp_ps_table *t = &s->tab[q];
-        size_t tb = (size_t)t->local * (size_t)t->width * sizeof(float);
-        iov[k++] = (struct iovec){t->params, tb};
-        for (int j = 0; j < dp_optim_slots(t->opt.cfg.kind) && t->opt.state; j++)
-            iov[k++] = (struct iovec){t->opt.state + (size_t)j * t->opt.n, tb};
+        size_t w = (size_t)t->width, per = dp_ps_state_chunk_rows(&s->cfg, w);
+        int parts = 1 + (t->opt.state ? dp_optim_slots(t->opt.cfg.kind) : 0);
+        for (int j = 0; j < parts; j++) {
+            const float *v = j == 0 ? t->params : t->opt.state + (size_t)(j - 1) * t->opt.n;
+            for (size_t first = 0; first < (size_t)t->local; first += per) {
+                size_t n = (size_t)t->local - first < per ? (size_t)t->local - first : per;
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
+                dp_put_u32(h, (uint32_t)q);
+                dp_put_u32(h + 4, (uint32_t)j);
+                dp_put_u32(h + 8, (uint32_t)first);
+                dp_put_u32(h + 12, (uint32_t)n);
+                struct iovec c[2] = {{h, sizeof h},
+                                     {(void *)(v + first * w), n * w * sizeof(float)}};
+                if (dp_transport_sendv(s->t, rank, DP_WIRE_STATE_ROWS, step, s->lo, c, 2, err) < 0)
+                    return -1;
+            }
+        }
     }
-    return dp_transport_sendv(s->t, rank, DP_WIRE_STATE, step, s->lo, iov, k, err);
+    return 0;
 }
 
 /* One frame from ev->peer (worker index wi, or -1).  -1 with err: that
@@ -556,25 +581,49 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
         if (dp_ps_rows_read(s, ev->peer, ev->header.length, 0, who, err) < 0)
             return -1;
         return dp_ps_rows_send(s, ev->peer, 0, err);
-    case DP_WIRE_PULL_TABLE:
-        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
-            return -1;
+    case DP_WIRE_PULL_TABLE: { /* [u32 part] or nothing (part 0, the rows) */
+        uint32_t part = 0;
+        if (ev->header.length != 0 && ev->header.length != 4) {
+            if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+                return -1;
+            return dp_errf(err, "%s sent a PULL_TABLE of %llu bytes; it holds 0 or 4", who,
+                           (unsigned long long)ev->header.length);
+        }
+        if (ev->header.length == 4) {
+            uint8_t b[4];
+            if (dp_transport_recv_payload(s->t, ev->peer, b, 4, err) < 0)
+                return -1;
+            part = dp_get_u32(b);
+        }
         if (s->n_tab == 0)
             return dp_errf(err, "%s asked for the sparse tables; this run moves no table by rows",
                            who);
-        return dp_ps_rows_send(s, ev->peer, 1, err);
+        int parts = 1 + (s->tab[0].opt.state ? dp_optim_slots(s->tab[0].opt.cfg.kind) : 0);
+        if (part >= (uint32_t)parts)
+            return dp_errf(err, "%s asked for part %u of the sparse tables; they have %d (the "
+                                "rows and each optimiser slot)", who, part, parts);
+        return dp_ps_rows_send(s, ev->peer, 1 + (int)part, err);
+    }
     case DP_WIRE_PULL_AVERAGE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
         return dp_transport_send(s->t, ev->peer, DP_WIRE_PARAMS, 0, s->lo,
                                  s->ema ? s->ema : s->params, s->n * sizeof(float), err);
-    case DP_WIRE_STATE_REQ:
-        if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
+    case DP_WIRE_STATE_REQ: { /* [u32 flags] or nothing: STATE_DENSE, no rows */
+        uint32_t flags = 0;
+        if (ev->header.length == 4) {
+            uint8_t b[4];
+            if (dp_transport_recv_payload(s->t, ev->peer, b, 4, err) < 0)
+                return -1;
+            flags = dp_get_u32(b);
+        } else if (dp_transport_skip_payload(s->t, ev->peer, err) < 0) {
             return -1;
+        }
         if (ev->peer != s->chief)
             return dp_errf(err, "%s asked for the shard's training state; only the chief may",
                            who);
-        return send_state(s, ev->peer, ev->header.step, err);
+        return send_state(s, ev->peer, ev->header.step, !(flags & DP_PS_STATE_DENSE), err);
+    }
     case DP_WIRE_JOIN:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
             return -1;
@@ -873,6 +922,7 @@ void dp_ps_client_free(dp_ps_client *c)
     dp_sender_close(c->q);
     free(c->sec);
     free(c->rbuf);
+    free(c->stage);
     free(c->out);
     free(c->acc);
     free(c->sent);
@@ -1487,6 +1537,122 @@ int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const
     return rc;
 }
 
+/* A pass over every table's rows, streamed (the chief writing a file
+ * from compact tables, docs/strategies.md "The chief on rows"): one
+ * PULL_TABLE to every shard, whose ROWS frames are then read a piece at a
+ * time as the file wants them, never whole. */
+static int tables_begin(dp_ps_client *c, int part, dp_err *err)
+{
+    int S = c->layout.n_shards;
+    for (int a = 0; a < S; a++)
+        for (int b = a + 1; b < S; b++)
+            if (c->layout.rank[a] == c->layout.rank[b])
+                return dp_errf(err, "%s serves two shards (a failover): their rows cannot be "
+                                    "streamed side by side",
+                               dp_transport_peer_name(c->t, c->layout.rank[a]));
+    if (part == 0) {
+        if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
+            return -1;
+    } else { /* an optimiser slot's rows: [u32 part] */
+        uint8_t b[4];
+        dp_put_u32(b, (uint32_t)part);
+        if (sends_done(c, err) < 0)
+            return -1;
+        for (int sh = 0; sh < S; sh++)
+            if (dp_transport_send(c->t, c->layout.rank[sh], DP_WIRE_PULL_TABLE,
+                                  (uint64_t)c->clock, c->layout.range[sh].lo, b, 4, err) < 0)
+                return -1;
+    }
+    for (int sh = 0; sh < S; sh++) {
+        int rank = c->layout.rank[sh];
+        uint64_t want = 0;
+        for (int k = 0; k < c->cfg.n_tables; k++)
+            want += rows_on(&c->cfg.tables[k], sh, S) * c->cfg.tables[k].width * sizeof(float);
+        dp_event ev;
+        if (dp_transport_recv(c->t, rank, "every row of its tables", PS_TIMEOUT, &ev, err) < 0)
+            return -1;
+        if (ev.header.type != DP_WIRE_ROWS || ev.header.offset != c->layout.range[sh].lo ||
+            ev.header.length != want)
+            return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
+                                "ROWS of %llu bytes for shard %d",
+                           dp_transport_peer_name(c->t, rank), ev.header.type,
+                           (unsigned long long)ev.header.length,
+                           (unsigned long long)ev.header.offset, (unsigned long long)want, sh);
+        c->tab_left[sh] = want;
+    }
+    c->tab_on = 1;
+    c->tab_part = part;
+    c->tab_k = 0;
+    c->tab_pos = 0;
+    return 0;
+}
+
+int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err)
+{
+    int rc = 0;
+    for (int sh = 0; c->tab_on && sh < c->layout.n_shards; sh++)
+        if (c->tab_left[sh] > 0 && rc == 0)
+            rc = dp_transport_skip_payload(c->t, c->layout.rank[sh], err);
+    c->tab_on = 0;
+    return rc;
+}
+
+int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
+                             dp_err *err)
+{
+    if (!c->tab_on && tables_begin(c, part, err) < 0)
+        return -1;
+    if (part != c->tab_part)
+        return dp_errf(err, "part %d of the sparse tables asked while part %d is read", part,
+                       c->tab_part);
+    if (k == c->tab_k + 1 && c->tab_k < c->cfg.n_tables &&
+        c->tab_pos == (size_t)c->cfg.tables[c->tab_k].rows * c->cfg.tables[c->tab_k].width)
+        c->tab_k = k, c->tab_pos = 0; /* the next table */
+    if (k != c->tab_k || k >= c->cfg.n_tables)
+        return dp_errf(err, "sparse table %d's rows asked out of order (table %d is next)", k,
+                       c->tab_k);
+    const dp_ps_table_spec *t = &c->cfg.tables[k];
+    size_t w = t->width, S = (size_t)c->layout.n_shards, all = (size_t)t->rows * w;
+    if (n == 0)
+        return 0;
+    if (n > all - c->tab_pos)
+        return dp_errf(err, "%zu floats of sparse table %d asked; %zu are left", n, k,
+                       all - c->tab_pos);
+    if (n > c->stage_cap) {
+        float *p = realloc(c->stage, n * sizeof(float));
+        if (!p)
+            return dp_errf(err, "out of memory for %zu floats of rows", n);
+        c->stage = p, c->stage_cap = n;
+    }
+    /* floats [pos, pos + n): row r from shard r mod S, each shard's part of
+     * them one run of its stream; read each run into the stage, then lay the
+     * rows out in order */
+    size_t pos = c->tab_pos, end = pos + n, cnt[DP_PARTITION_MAX] = {0}, at[DP_PARTITION_MAX];
+    for (size_t r = pos / w; r * w < end; r++) {
+        size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
+        cnt[r % S] += b - a;
+    }
+    for (size_t sh = 0, off = 0; sh < S; off += cnt[sh], sh++) {
+        at[sh] = off;
+        uint64_t bytes = (uint64_t)cnt[sh] * sizeof(float);
+        if (bytes > c->tab_left[sh])
+            return dp_errf(err, "shard %zu's rows end before sparse table %d's", sh, k);
+        if (bytes && dp_transport_recv_payload(c->t, c->layout.rank[sh], c->stage + off,
+                                               (size_t)bytes, err) < 0)
+            return -1;
+        c->tab_left[sh] -= bytes;
+    }
+    for (size_t r = pos / w; r * w < end; r++) {
+        size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
+        memcpy(dst + (a - pos), c->stage + at[r % S], (b - a) * sizeof(float));
+        at[r % S] += b - a;
+    }
+    c->tab_pos = end;
+    if (k == c->cfg.n_tables - 1 && end == all)
+        c->tab_on = 0; /* every shard's ROWS read to its end */
+    return 0;
+}
+
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
 {
     /* The pushes' answers come first on each connection. */
@@ -1527,31 +1693,74 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err)
     return dp_ps_settle(c, params, 0, err);
 }
 
-/* Every row of table t that shard s holds, in local order, from peer's
- * payload into the full-length vector v (rows at t->off). */
-static int recv_table(dp_ps_client *c, int peer, const dp_ps_table_spec *t, int s, float *v,
-                      dp_err *err)
-{
-    int S = c->layout.n_shards;
-    size_t w = t->width, chunk = c->rbuf_floats / w, n = rows_on(t, s, S);
-    for (size_t done = 0; done < n;) {
-        size_t m = n - done < chunk ? n - done : chunk;
-        if (dp_transport_recv_payload(c->t, peer, c->rbuf, m * w * sizeof(float), err) < 0)
-            return -1;
-        for (size_t q = 0; q < m; q++)
-            memcpy(v + t->off + ((size_t)s + (done + q) * (size_t)S) * w, c->rbuf + q * w,
-                   w * sizeof(float));
-        done += m;
-    }
-    return 0;
-}
-
 typedef struct state_into {
     uint64_t step;
     int n_slots;
     float *params, *slots, *ema;
     long *t;
+    int dense_only; /* compact tables: no STATE_ROWS asked (their rows are streamed) */
 } state_into;
+
+/* The STATE_ROWS frames of shard s after its STATE, each checked against
+ * the one expected next (table q, part j, rows from `first`, at most a
+ * chunk) before its rows are read, through rbuf, into the full-length
+ * vectors.  -2: the shard broke the protocol (err names it). */
+static int take_state_rows(dp_ps_client *c, int s, int rank, const state_into *o, dp_err *err)
+{
+    int S = c->layout.n_shards;
+    const char *who = dp_transport_peer_name(c->t, rank);
+    for (int q = 0; q < c->cfg.n_tables; q++) {
+        const dp_ps_table_spec *t = &c->cfg.tables[q];
+        size_t w = t->width, n = rows_on(t, s, S), per = dp_ps_state_chunk_rows(&c->cfg, w);
+        for (int j = 0; j <= o->n_slots; j++) {
+            float *v = j == 0 ? o->params : o->slots + (size_t)(j - 1) * c->n;
+            for (size_t first = 0; first < n;) {
+                size_t want = n - first < per ? n - first : per;
+                dp_event ev;
+                if (dp_transport_recv(c->t, rank, "the rows of its training state", PS_TIMEOUT,
+                                      &ev, err) < 0)
+                    return -1;
+                uint64_t len = ev.header.length;
+                if (ev.header.type != DP_WIRE_STATE_ROWS || ev.header.step != o->step ||
+                    ev.header.offset != c->layout.range[s].lo ||
+                    len != DP_PS_STATE_ROWS_HEAD + (uint64_t)want * w * sizeof(float)) {
+                    dp_errf(err, "%s sent frame type %u of %llu bytes for step %llu; expected "
+                                 "STATE_ROWS of %zu rows of sparse table %d (part %d, from local "
+                                 "row %zu) for step %llu",
+                            who, ev.header.type, (unsigned long long)len,
+                            (unsigned long long)ev.header.step, want, q, j, first,
+                            (unsigned long long)o->step);
+                    return -2;
+                }
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
+                if (dp_transport_recv_payload(c->t, rank, h, sizeof h, err) < 0)
+                    return -1;
+                if (dp_get_u32(h) != (uint32_t)q || dp_get_u32(h + 4) != (uint32_t)j ||
+                    dp_get_u32(h + 8) != (uint32_t)first || dp_get_u32(h + 12) != want) {
+                    dp_errf(err, "%s sent rows [%u, +%u) of part %u of sparse table %u; expected "
+                                 "[%zu, +%zu) of part %d of table %d",
+                            who, dp_get_u32(h + 8), dp_get_u32(h + 12), dp_get_u32(h + 4),
+                            dp_get_u32(h), first, want, j, q);
+                    return -2;
+                }
+                /* the chunk's rows, rbuf at a time, to their places id = s + i S */
+                size_t cap = c->rbuf_floats / w;
+                for (size_t done = 0; done < want;) {
+                    size_t m = want - done < cap ? want - done : cap;
+                    if (dp_transport_recv_payload(c->t, rank, c->rbuf, m * w * sizeof(float),
+                                                  err) < 0)
+                        return -1;
+                    for (size_t i = 0; i < m; i++)
+                        memcpy(v + t->off + ((size_t)s + (first + done + i) * (size_t)S) * w,
+                               c->rbuf + i * w, w * sizeof(float));
+                    done += m;
+                }
+                first += want;
+            }
+        }
+    }
+    return 0;
+}
 
 static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
 {
@@ -1560,9 +1769,6 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
     int rank = ev->peer;
     size_t n = r->hi - r->lo, bytes = n * sizeof(float);
     size_t len = 16 + bytes * (size_t)(1 + o->n_slots + (c->cfg.ema > 0));
-    for (int k = 0; k < c->cfg.n_tables; k++)
-        len += rows_on(&c->cfg.tables[k], s, c->layout.n_shards) * c->cfg.tables[k].width *
-               sizeof(float) * (size_t)(1 + o->n_slots);
     if (ev->header.step != o->step || ev->header.length != len) {
         dp_errf(err, "%s answered the state request for step %llu with %llu bytes for step %llu; "
                      "expected %zu bytes for shard %d", dp_transport_peer_name(c->t, rank),
@@ -1571,23 +1777,20 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
         return -2;
     }
     uint8_t head[16];
+    size_t at = r->lo - c->cfg.dense_shift; /* a compact chief's vectors lack the tables */
     if (dp_transport_recv_payload(c->t, rank, head, sizeof head, err) < 0 ||
-        dp_transport_recv_payload(c->t, rank, o->params + r->lo, bytes, err) < 0)
+        dp_transport_recv_payload(c->t, rank, o->params + at, bytes, err) < 0)
         return -1;
     for (int k = 0; k < o->n_slots; k++)
-        if (dp_transport_recv_payload(c->t, rank, o->slots + (size_t)k * c->n + r->lo, bytes,
+        if (dp_transport_recv_payload(c->t, rank, o->slots + (size_t)k * c->n + at, bytes,
                                       err) < 0)
             return -1;
-    if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + r->lo, bytes, err)
+    if (c->cfg.ema > 0 && (o->ema ? dp_transport_recv_payload(c->t, rank, o->ema + at, bytes, err)
                                   : dp_transport_skip_payload(c->t, rank, err)) < 0)
         return -1;
-    for (int k = 0; k < c->cfg.n_tables; k++) {
-        if (recv_table(c, rank, &c->cfg.tables[k], s, o->params, err) < 0)
-            return -1;
-        for (int q = 0; q < o->n_slots; q++)
-            if (recv_table(c, rank, &c->cfg.tables[k], s, o->slots + (size_t)q * c->n, err) < 0)
-                return -1;
-    }
+    int rc = o->dense_only ? 0 : take_state_rows(c, s, rank, o, err);
+    if (rc < 0)
+        return rc;
     long shard_t = (long)dp_get_u64(head);
     if (s > 0 && shard_t != *o->t)
         dp_warn("%s has applied %ld optimiser updates, shard 0 %ld (the checkpoint keeps "
@@ -1600,9 +1803,21 @@ static int take_state(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_
 int dp_ps_client_pull_state(dp_ps_client *c, uint64_t step, const dp_optim_config *optim,
                             float *params, float *slots, float *ema, long *t, dp_err *err)
 {
-    state_into o = {step, dp_optim_slots(optim->kind), params, slots, ema, t};
-    if (request_all(c, DP_WIRE_STATE_REQ, step, err) < 0)
-        return -1;
+    state_into o = {step, dp_optim_slots(optim->kind), params, slots, ema, t, 0};
+    o.dense_only = c->cfg.n_tables > 0 && c->cfg.tables[0].slots > 0;
+    if (!o.dense_only) {
+        if (request_all(c, DP_WIRE_STATE_REQ, step, err) < 0)
+            return -1;
+    } else { /* the tables' rows go to the file later (dp_ps_client_tables_read) */
+        uint8_t b[4];
+        dp_put_u32(b, DP_PS_STATE_DENSE);
+        if (sends_done(c, err) < 0)
+            return -1;
+        for (int s = 0; s < c->layout.n_shards; s++)
+            if (dp_transport_send(c->t, c->layout.rank[s], DP_WIRE_STATE_REQ, step,
+                                  c->layout.range[s].lo, b, 4, err) < 0)
+                return -1;
+    }
     return collect(c, DP_WIRE_STATE, "its training state", take_state, &o, err);
 }
 

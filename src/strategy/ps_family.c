@@ -184,7 +184,8 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
         if (t[k].slots && t[k].slots < (long)s->pc.tables[k].max_ids)
             return dp_errf(err, "sparse table %d holds %ld slots, fewer than the %u rows a step "
                                 "may touch", k, t[k].slots, s->pc.tables[k].max_ids);
-        if (s->env->node->self->role == DP_ROLE_WORKER &&
+        if ((s->env->node->self->role == DP_ROLE_WORKER ||
+             (s->cut && s->env->node->self->role == DP_ROLE_CHIEF)) &&
             !(s->sp_ids[k] = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint32_t))))
             return dp_errf(err, "out of memory");
         rows += (size_t)t[k].rows;
@@ -192,7 +193,8 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     s->pc.n_tables = n;
     s->dense_lo = end;
     s->pc.dense_shift = s->cut;
-    if (s->cut && !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
+    if (s->cut && s->env->node->self->role != DP_ROLE_PS &&
+        !(s->cx = malloc((size_t)s->m->max_batch * (size_t)dp_model_inputs(s->m) *
                                    sizeof(float))))
         return dp_errf(err, "out of memory");
     /* every ps task holds a shard, so the rows spread over all of them */
@@ -200,9 +202,16 @@ static int choose_sparse(dp_strategy *s, dp_ps_mode mode, const dp_ps_settings *
     dp_debug("sparse rows: %d table(s) of %s (%zu rows, %zu floats) move by the rows each batch "
              "touches; row id on shard id mod the shard count; the dense shards cover [%zu, %zu)",
              n, s->m->name, rows, end, end, s->m->n_params + s->cut);
-    if (s->cut)
+    if (s->cut && s->env->node->self->role == DP_ROLE_WORKER)
         dp_debug("compact tables: this worker holds %zu of the tables' %zu floats (the rows of "
                  "the batch in flight) and %zu parameters in all, not %zu",
+                 end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
+    else if (s->cut && s->env->node->self->role == DP_ROLE_PS)
+        dp_debug("compact tables: this ps task builds no table; its shard draws its own rows "
+                 "(dp_model_init_rows)");
+    else if (s->cut)
+        dp_debug("compact tables: the chief holds %zu of the tables' %zu floats (the rows of "
+                 "an evaluation chunk, pulled chunk by chunk) and %zu parameters in all, not %zu",
                  end - s->cut, end, s->m->n_params, s->m->n_params + s->cut);
     return 0;
 }
@@ -898,9 +907,10 @@ fail:
  * optimiser t][u32 flags][u32 workers], per worker a u64: the step it
  * reached as the chief knows it (NOT_DONE: it takes no part), then with
  * RESTORE_STATE the shard's parameters, each optimiser slot and the moving
- * average (when kept), as the STATE answer has them, and with sparse tables
- * each table's rows of the shard then each slot's rows, in local order; the
- * frame's step is the checkpoint's (docs/faults.md, "A restarted ps"). */
+ * average (when kept), as the STATE answer has them; the frame's step is
+ * the checkpoint's.  With sparse tables each table's rows of the shard then
+ * each slot's rows, in local order, follow in STATE_ROWS frames of a chunk
+ * each, as a checkpoint's come (docs/faults.md, "A restarted ps"). */
 #define RESTORE_HEAD 24
 #define RESTORE_STATE 1u
 
@@ -943,9 +953,55 @@ static void own_shard(const dp_strategy *s, int rank, size_t *lo, size_t *n)
 /* A server's state as the chief restores it, in full-length buffers the
  * way dp_ps_start takes them (only this shard's slice is filled). */
 typedef struct restored {
-    float *slots, *ema;
+    float *slots, *ema, *rows;
     long *clocks;
 } restored;
+
+/* A RESTORE's rows: STATE_ROWS frames from the chief, table by table, the
+ * rows then each slot's (part 0, 1, ..), each chunk checked against the one
+ * expected next and its length against its count before a float is read,
+ * into `rows` (local order, shard_rows_floats long). */
+static int take_restore_rows(dp_strategy *s, int shard, int n_slots, long step, size_t lo,
+                             float *rows, dp_err *err)
+{
+    const char *chief = dp_transport_peer_name(s->t, s->chief);
+    size_t at = 0;
+    for (int q = 0; q < s->pc.n_tables; q++) {
+        size_t w = s->pc.tables[q].width, n = shard_rows(s, q, shard),
+               per = dp_ps_state_chunk_rows(&s->pc, w);
+        for (int j = 0; j <= n_slots; j++)
+            for (size_t first = 0; first < n;) {
+                size_t want = n - first < per ? n - first : per;
+                dp_event ev;
+                if (dp_transport_recv(s->t, s->chief, "the rows of its restore", WAIT_TIMEOUT,
+                                      &ev, err) < 0)
+                    return -1;
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
+                if (ev.header.type != DP_WIRE_STATE_ROWS || ev.header.step != (uint64_t)step ||
+                    ev.header.offset != lo ||
+                    ev.header.length != sizeof h + (uint64_t)want * w * sizeof(float))
+                    return dp_errf(err, "the chief %s sent frame type %u of %llu bytes; expected "
+                                        "STATE_ROWS of %zu rows of sparse table %d (part %d, "
+                                        "from local row %zu) of its restore",
+                                   chief, ev.header.type, (unsigned long long)ev.header.length,
+                                   want, q, j, first);
+                if (dp_transport_recv_payload(s->t, s->chief, h, sizeof h, err) < 0)
+                    return -1;
+                if (dp_get_u32(h) != (uint32_t)q || dp_get_u32(h + 4) != (uint32_t)j ||
+                    dp_get_u32(h + 8) != (uint32_t)first || dp_get_u32(h + 12) != want)
+                    return dp_errf(err, "the chief %s sent rows [%u, +%u) of part %u of sparse "
+                                        "table %u; expected [%zu, +%zu) of part %d of table %d",
+                                   chief, dp_get_u32(h + 8), dp_get_u32(h + 12),
+                                   dp_get_u32(h + 4), dp_get_u32(h), first, want, j, q);
+                if (dp_transport_recv_payload(s->t, s->chief, rows + at,
+                                              want * w * sizeof(float), err) < 0)
+                    return -1;
+                at += want * w;
+                first += want;
+            }
+    }
+    return 0;
+}
 
 static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, restored *rs,
                         dp_err *err)
@@ -966,8 +1022,7 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
     uint32_t flags = dp_get_u32(head + 16), nw = dp_get_u32(head + 20);
     int shard = shard_of(s, dp_transport_rank(s->t));
     uint64_t want = RESTORE_HEAD + table +
-                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema) +
-                                                 shard_rows_floats(s, shard, n_slots) * sizeof(float)
+                    (flags & RESTORE_STATE ? n * sizeof(float) * (uint64_t)(1 + n_slots + has_ema)
                                            : 0);
     if (nw != (uint32_t)workers || len != want)
         return dp_errf(err, "the chief's RESTORE holds %llu bytes for %u worker(s); expected %llu "
@@ -996,31 +1051,28 @@ static int take_restore(dp_strategy *s, const dp_event *ev, dp_ps_start *start, 
                 "from the run's initial parameters", dp_transport_peer_name(s->t, dp_transport_rank(s->t)));
         return 0;
     }
+    /* the model's vectors: dense j at j - cut (a ps with compact tables) */
+    size_t nrows = shard_rows_floats(s, shard, n_slots), at = lo - s->cut;
     if ((n_slots && !(rs->slots = calloc((size_t)n_slots * np, sizeof(float)))) ||
-        (has_ema && !(rs->ema = calloc(np, sizeof(float)))))
-        return dp_errf(err, "out of memory for %zu parameters", np);
+        (has_ema && !(rs->ema = calloc(np, sizeof(float)))) ||
+        (nrows && !(rs->rows = malloc(nrows * sizeof(float)))))
+        return dp_errf(err, "out of memory for %zu parameters and %zu floats of rows", np,
+                       nrows);
     size_t bytes = n * sizeof(float);
-    if (dp_transport_recv_payload(s->t, s->chief, s->m->params + lo, bytes, err) < 0)
+    if (dp_transport_recv_payload(s->t, s->chief, s->m->params + at, bytes, err) < 0)
         return -1;
     for (int k = 0; k < n_slots; k++)
-        if (dp_transport_recv_payload(s->t, s->chief, rs->slots + (size_t)k * np + lo, bytes, err) < 0)
+        if (dp_transport_recv_payload(s->t, s->chief, rs->slots + (size_t)k * np + at, bytes,
+                                      err) < 0)
             return -1;
-    if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + lo, bytes, err) < 0)
+    if (has_ema && dp_transport_recv_payload(s->t, s->chief, rs->ema + at, bytes, err) < 0)
         return -1;
     /* the shard's rows of each table, then each slot's rows, in local order,
-     * into the full-length vectors the shard opens from */
-    for (int k = 0; k < s->pc.n_tables; k++) {
-        const dp_ps_table_spec *t = &s->pc.tables[k];
-        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, k, shard);
-        for (int q = 0; q <= n_slots; q++) {
-            float *v = q == 0 ? s->m->params : rs->slots + (size_t)(q - 1) * np;
-            for (size_t j = 0; j < nr; j++)
-                if (dp_transport_recv_payload(s->t, s->chief,
-                                              v + t->off + ((size_t)shard + j * S) * w,
-                                              w * sizeof(float), err) < 0)
-                    return -1;
-        }
-    }
+     * in STATE_ROWS chunks: the shard opens from them as they are
+     * (dp_ps_start.rows) */
+    if (nrows && take_restore_rows(s, shard, n_slots, ckpt, lo, rs->rows, err) < 0)
+        return -1;
+    start->rows = rs->rows;
     start->params = s->m->params;
     start->slots = rs->slots;
     start->t = (long)dp_get_u64(head + 8);
@@ -1070,6 +1122,13 @@ static void to_slice_order(const dp_strategy *s, float *v, float *scratch)
     mp_order_gather(v, scratch, s->plans, s->K);
 }
 
+/* dp_ps_start.init_rows: a shard's initial rows from the run's seed. */
+static int draw_rows(void *ctx, int shard, int shards, float *const *dst, int n)
+{
+    const dp_strategy *s = ctx;
+    return dp_model_init_rows(s->m, s->env->cfg->seed, shard, shards, dst, n);
+}
+
 int dp_ps_family_serve(dp_strategy *s, dp_err *err)
 {
     const dp_train_state *r = s->env->resume;
@@ -1106,13 +1165,19 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
         if (has_ema)
             start.ema = v + np * (1 + (size_t)n_slots);
     }
+    /* compact tables: no table in the model's vectors; the shard draws its
+     * rows (docs/strategies.md, "Tables larger than a worker") */
+    start.shift = s->cut;
+    start.init_rows = draw_rows;
+    start.init_ctx = s;
     restored rs = {0};
     int rc = await_chief(s, &start, &rs, err);
     if (rc == 0)
         rc = dp_ps_serve(s->t, s->c, &s->layout, &s->pc, &s->env->cfg->optim, &start,
-                         s->m->n_params, err);
+                         s->m->n_params + s->cut, err);
     free(rs.slots);
     free(rs.ema);
+    free(rs.rows);
     free(rs.clocks);
     free(v);
     return rc;
@@ -1128,6 +1193,44 @@ static void release_state(dp_strategy *s, dp_train_state *st)
 {
     if (s->env->checkpoints)
         s->env->checkpoints->release(s->env->checkpoints->ctx, st);
+}
+
+/* The rows of a RESTORE (take_restore_rows's order), each chunk gathered
+ * from the checkpoint's full-length vectors into one buffer of a chunk. */
+static int send_restore_rows(dp_strategy *s, int rank, int shard, const dp_train_state *st,
+                             int n_slots, uint64_t step, size_t lo, dp_err *err)
+{
+    size_t S = (size_t)s->layout.n_shards, most = 1;
+    for (int q = 0; q < s->pc.n_tables; q++) {
+        size_t w = s->pc.tables[q].width, r = dp_ps_state_chunk_rows(&s->pc, w) * w;
+        most = r > most ? r : most;
+    }
+    float *buf = malloc(most * sizeof(float));
+    if (!buf)
+        return dp_errf(err, "out of memory for a chunk of %zu floats of rows", most);
+    int rc = 0;
+    for (int q = 0; q < s->pc.n_tables && rc == 0; q++) {
+        const dp_ps_table_spec *t = &s->pc.tables[q];
+        size_t w = t->width, n = shard_rows(s, q, shard), per = dp_ps_state_chunk_rows(&s->pc, w);
+        for (int j = 0; j <= n_slots && rc == 0; j++) {
+            const float *v = j == 0 ? st->params : st->slots + (size_t)(j - 1) * st->n_params;
+            for (size_t first = 0; first < n && rc == 0; first += per) {
+                size_t m = n - first < per ? n - first : per;
+                for (size_t i = 0; i < m; i++)
+                    memcpy(buf + i * w, v + t->off + ((size_t)shard + (first + i) * S) * w,
+                           w * sizeof(float));
+                uint8_t h[DP_PS_STATE_ROWS_HEAD];
+                dp_put_u32(h, (uint32_t)q);
+                dp_put_u32(h + 4, (uint32_t)j);
+                dp_put_u32(h + 8, (uint32_t)first);
+                dp_put_u32(h + 12, (uint32_t)m);
+                struct iovec c[2] = {{h, sizeof h}, {buf, m * w * sizeof(float)}};
+                rc = dp_transport_sendv(s->t, rank, DP_WIRE_STATE_ROWS, step, lo, c, 2, err);
+            }
+        }
+    }
+    free(buf);
+    return rc;
 }
 
 static int restore_ps(void *ctx, int rank, dp_err *err)
@@ -1189,45 +1292,29 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     size_t bytes = n * sizeof(float);
     iov[k++] = (struct iovec){head, sizeof head};
     iov[k++] = (struct iovec){lv, 8 * (size_t)workers};
-    /* sparse tables: the shard's rows and their slots' rows, gathered in
-     * local order (a restore is rare: its buffer is allocated here) */
     int shard = shard_of(s, rank);
-    float *rows = NULL;
     size_t nrows = found ? shard_rows_floats(s, shard, n_slots) : 0;
-    if (nrows && !(rows = malloc(nrows * sizeof(float)))) {
-        free(lv);
-        release_state(s, &st);
-        return dp_errf(err, "out of memory for %zu floats of sparse rows", nrows);
-    }
-    size_t at = 0;
-    for (int q = 0; nrows && q < s->pc.n_tables; q++) {
-        const dp_ps_table_spec *t = &s->pc.tables[q];
-        size_t S = (size_t)s->layout.n_shards, w = t->width, nr = shard_rows(s, q, shard);
-        for (int j = 0; j <= n_slots; j++) {
-            const float *v = j == 0 ? st.params : st.slots + (size_t)(j - 1) * st.n_params;
-            for (size_t r = 0; r < nr; r++, at += w)
-                memcpy(rows + at, v + t->off + ((size_t)shard + r * S) * w, w * sizeof(float));
-        }
-    }
     if (found) {
         iov[k++] = (struct iovec){st.params + lo, bytes};
         for (int j = 0; j < n_slots; j++)
             iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + lo, bytes};
         if (s->pc.ema > 0)
             iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + lo, bytes};
-        if (nrows)
-            iov[k++] = (struct iovec){rows, nrows * sizeof(float)};
     }
     long from = found ? st.step : base, reached = from;
     for (int r = 0; r < s->c->n_tasks; r++)
         if (s->progress[r] > reached)
             reached = s->progress[r];
     dp_err why;
-    int rc = dp_transport_sendv(s->t, rank, DP_WIRE_RESTORE, (uint64_t)(found ? st.step : 0), lo,
-                                iov, k, &why);
+    uint64_t step = (uint64_t)(found ? st.step : 0);
+    int rc = dp_transport_sendv(s->t, rank, DP_WIRE_RESTORE, step, lo, iov, k, &why);
+    /* sparse tables: the shard's rows and their slots' rows follow in
+     * STATE_ROWS chunks, gathered from the checkpoint's vectors a chunk at a
+     * time (docs/faults.md, "A restarted ps") */
+    if (rc == 0 && nrows)
+        rc = send_restore_rows(s, rank, shard, &st, n_slots, step, lo, &why);
     release_state(s, &st);
     free(lv);
-    free(rows);
     if (rc < 0)
         return 1;
     dp_warn("fault: %s was restarted; the Chief restores its shard [%zu, %zu) from %s: the "
@@ -2060,6 +2147,31 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
         if (rc < 0)
             return -1;
     }
+}
+
+/* The chief with compact tables: a chunk's rows into the weights
+ * dp_ps_family_params pulled, its ids into slots (docs/strategies.md,
+ * "Tables larger than a worker"). */
+const float *dp_ps_family_eval_rows(dp_strategy *s, const float *x, int n, dp_err *err)
+{
+    if (!s->cx)
+        return x; /* the tables whole: pulled with the weights */
+    if (n > s->m->max_batch) {
+        dp_errf(err, "an evaluation chunk of %d records; the model holds %d", n,
+                s->m->max_batch);
+        return NULL;
+    }
+    if (pull_rows(s, x, n, err) < 0)
+        return NULL;
+    return slot_batch(s, x, n);
+}
+
+int dp_ps_family_table_rows(dp_strategy *s, int part, int k, float *buf, size_t n,
+                            dp_err *err)
+{
+    if (k < 0)
+        return dp_ps_client_tables_end(s->client, err);
+    return dp_ps_client_tables_read(s->client, part, k, buf, n, err);
 }
 
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err)

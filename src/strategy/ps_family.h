@@ -92,6 +92,9 @@ int dp_ps_family_deal(dp_strategy *s, int epoch, int *index, int *count, dp_err 
 int dp_ps_family_epoch_end(dp_strategy *s, int epoch, dp_epoch_stats *st, dp_err *err);
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err);
 const float *dp_ps_family_params(dp_strategy *s, dp_weights which, dp_err *err);
+const float *dp_ps_family_eval_rows(dp_strategy *s, const float *x, int n, dp_err *err);
+int dp_ps_family_table_rows(dp_strategy *s, int part, int k, float *buf, size_t n,
+                            dp_err *err);
 int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err);
 int dp_ps_family_finish(dp_strategy *s, long steps, dp_err *err);
 int dp_ps_family_leave(dp_strategy *s, long steps, dp_err *err);
@@ -112,7 +115,8 @@ void dp_ps_family_close(dp_strategy *s);
     .serve = dp_ps_family_serve, .step = dp_ps_family_step,                                    \
     .deal = dp_ps_family_deal, .epoch_end = dp_ps_family_epoch_end,                            \
     .next = dp_ps_family_next,                                                                 \
-    .params = dp_ps_family_params, .save = dp_ps_family_save, .finish = dp_ps_family_finish,   \
+    .params = dp_ps_family_params, .eval_rows = dp_ps_family_eval_rows,           \
+    .table_rows = dp_ps_family_table_rows, .save = dp_ps_family_save, .finish = dp_ps_family_finish,   \
     .leave = dp_ps_family_leave, .close = dp_ps_family_close
 
 #endif

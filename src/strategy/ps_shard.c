@@ -123,7 +123,7 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->lo = layout->range[s->shard].lo;
         s->n = layout->range[s->shard].hi - s->lo;
     }
-    if (s->lo + s->n > n_params) {
+    if (s->lo + s->n > n_params || (s->n && s->lo < start->shift)) {
         dp_ps_shard_free(s);
         return dp_errf(err, "shard [%zu, %zu) lies outside the %zu parameters", s->lo,
                        s->lo + s->n, n_params);
@@ -161,13 +161,15 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         return -1;
     }
     s->base_step = start->step;
-    take_slice(s->params, start->params, s->lo, s->n);
+    /* the start's vectors lack the compact tables (shift): dense j at j - shift */
+    size_t at = s->n ? s->lo - start->shift : 0, len = n_params - start->shift;
+    take_slice(s->params, start->params, at, s->n);
     if (s->ema)
-        take_slice(s->ema, start->ema ? start->ema : start->params, s->lo, s->n);
+        take_slice(s->ema, start->ema ? start->ema : start->params, at, s->n);
     if (start->slots) {
         for (int k = 0; k < dp_optim_slots(optim->kind); k++)
-            take_slice(s->opt.state + (size_t)k * s->n, start->slots + (size_t)k * n_params,
-                       s->lo, s->n);
+            take_slice(s->opt.state + (size_t)k * s->n, start->slots + (size_t)k * len, at,
+                       s->n);
         s->opt.t = start->t;
     }
     for (int r = 0; r < c->n_tasks; r++)
@@ -231,6 +233,7 @@ static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_con
     s->n_tab = cfg->n_tables;
     int S = s->n_shards, n_slots = dp_optim_slots(optim->kind);
     size_t fwd = 0;
+    const float *from = start->rows;
     for (int k = 0; k < s->n_tab; k++) {
         dp_ps_table *t = &s->tab[k];
         const dp_ps_table_spec *sp = &cfg->tables[k];
@@ -255,16 +258,33 @@ static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_con
             return -1;
         t->opt.n = nl; /* dp_optim_apply_rows never reaches past the rows held */
         size_t w = (size_t)t->width;
-        for (long j = 0; j < t->local; j++) {
-            size_t id = (size_t)s->shard + (size_t)j * (size_t)S;
-            memcpy(t->params + j * w, start->params + t->off + id * w, w * sizeof(float));
-            for (int q = 0; q < n_slots && start->slots; q++)
-                memcpy(t->opt.state + (size_t)q * nl + j * w,
-                       start->slots + (size_t)q * n_params + t->off + id * w, w * sizeof(float));
+        if (start->rows) { /* local order already: the rows, then each slot's */
+            memcpy(t->params, from, nl * sizeof(float));
+            from += nl;
+            for (int q = 0; q < n_slots && start->slots; q++, from += nl)
+                memcpy(t->opt.state + (size_t)q * nl, from, nl * sizeof(float));
+        } else if (!start->shift) {
+            for (long j = 0; j < t->local; j++) {
+                size_t id = (size_t)s->shard + (size_t)j * (size_t)S;
+                memcpy(t->params + j * w, start->params + t->off + id * w, w * sizeof(float));
+                for (int q = 0; q < n_slots && start->slots; q++)
+                    memcpy(t->opt.state + (size_t)q * nl + j * w,
+                           start->slots + (size_t)q * n_params + t->off + id * w,
+                           w * sizeof(float));
+            }
         }
         if (start->slots)
             t->opt.t = start->t;
         fwd += 4 + (size_t)t->local * (4 + 4 * w);
+    }
+    if (!start->rows && start->shift && s->shard >= 0) { /* drawn here, each row as the whole model draws it */
+        float *dst[DP_PS_MAX_TABLES];
+        for (int k = 0; k < s->n_tab; k++)
+            dst[k] = s->tab[k].params;
+        if (!start->init_rows ||
+            start->init_rows(start->init_ctx, s->shard, S, dst, s->n_tab) < 0)
+            return dp_errf(err, "shard %d: cannot draw the initial rows of its %d sparse "
+                                "table(s)", s->shard, s->n_tab);
     }
     if (cfg->replicas > 1 && !(s->fwd = malloc(fwd ? fwd : 1)))
         return dp_errf(err, "out of memory");
@@ -436,8 +456,9 @@ int dp_ps_rows_send(server *s, int rank, int all, dp_err *err)
     for (int k = 0; k < s->n_tab; k++) {
         dp_ps_table *t = &s->tab[k];
         size_t w = (size_t)t->width;
-        if (all) {
-            iov[n++] = (struct iovec){t->params, (size_t)t->local * w * sizeof(float)};
+        if (all) { /* part all - 1: the rows, or an optimiser slot's */
+            const float *v = all == 1 ? t->params : t->opt.state + (size_t)(all - 2) * t->opt.n;
+            iov[n++] = (struct iovec){(void *)v, (size_t)t->local * w * sizeof(float)};
             continue;
         }
         for (long i = 0; i < t->n_ids; i++)

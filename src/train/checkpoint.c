@@ -19,6 +19,7 @@
 #include "downpour/layers.h"
 #include "downpour/log.h"
 #include "downpour/safetensors.h"
+#include "downpour/sparse.h"
 
 #define MAX_WORKERS 4096
 #define MAX_TENSORS \
@@ -105,6 +106,21 @@ typedef struct writer {
     char values[64 + MAX_WORKERS][48];
     char keys[MAX_WORKERS][NAME_LEN];
     int nm;
+    /* compact tables (dp_checkpoint_write_rows): tensor i's table (-1: its
+     * data is in memory), where the rows come from, and the checksum made
+     * as the data goes by */
+    int table_of[MAX_TENSORS];
+    int part_of[MAX_TENSORS];  /* a flat slot tensor of compact tables: 1 + its slot (0: none) */
+    size_t flat_at[MAX_TENSORS]; /* where its fill is, in the whole model's order */
+    size_t table_len[DP_SPARSE_MAX]; /* each compact table's floats, whole */
+    size_t tables_end, cut;      /* the tables' floats whole; what the model lacks of them */
+    const dp_train_state *st;
+    int n_tables;
+    dp_ckpt_rows_fn rows;
+    void *rows_ctx;
+    uint32_t crc;
+    int crc_tensor_at; /* the tensor whose name the checksum took last */
+    int crc_meta;      /* the crc32c entry, written again once the data is */
 } writer;
 
 static uint32_t crc_text(uint32_t crc, const char *key, const char *value)
@@ -180,7 +196,20 @@ static void add_kind_tensors(writer *w, const dp_layer *d, const float *params, 
 static int add_layer_tensors(writer *w, const dp_layer *d, const float *params, int idx)
 {
     if (dp_layer_ops_of(d)->tensors) {
+        int first = w->nt;
         add_kind_tensors(w, d, params, idx);
+        if (d->sparse_rows) { /* a compact table: the file holds it whole, from w->rows */
+            if (w->nt != first + 1)
+                return -1;
+            if (w->n_tables >= DP_SPARSE_MAX)
+                return -1;
+            w->t[first].shape[0] = d->sparse_rows;
+            w->t[first].data = NULL;
+            w->table_len[w->n_tables] = (size_t)d->sparse_rows * (size_t)w->t[first].shape[1];
+            w->tables_end += w->table_len[w->n_tables];
+            w->cut += w->table_len[w->n_tables] - d->w_len;
+            w->table_of[first] = w->n_tables++;
+        }
         return 0;
     }
     int64_t ws[6], bs[3];
@@ -224,8 +253,86 @@ static void add_text(writer *w, const char *key, const char *value)
     w->meta[w->nm++] = (dp_st_meta){key, value};
 }
 
+/* dp_st_source for compact tables: their rows from w->rows, the checksum
+ * over every piece in file order (as crc_tensor takes them: each tensor's
+ * name, empty ones' too, then its data), then the crc32c value written in
+ * place. */
+static int fill_rows(void *ctx, int i, float *buf, size_t n, dp_err *err)
+{
+    writer *w = ctx;
+    if (!w->part_of[i])
+        return w->rows(w->rows_ctx, 0, w->table_of[i], buf, n, err);
+    /* a flat slot vector in the whole model's order: the tables' part from
+     * the rows source, table after table, then the dense part from memory
+     * (dense j of the whole model at j - cut) */
+    int part = w->part_of[i];
+    const float *dense = w->st->slots + (size_t)(part - 1) * w->st->n_params;
+    while (n > 0) {
+        size_t at = w->flat_at[i], m = n;
+        if (at < w->tables_end) {
+            size_t lo = 0;
+            int k = 0;
+            while (at >= lo + w->table_len[k])
+                lo += w->table_len[k++];
+            if (m > lo + w->table_len[k] - at)
+                m = lo + w->table_len[k] - at;
+            if (w->rows(w->rows_ctx, part, k, buf, m, err) < 0)
+                return -1;
+        } else {
+            memcpy(buf, dense + (at - w->cut), m * sizeof(float));
+        }
+        w->flat_at[i] += m;
+        buf += m;
+        n -= m;
+    }
+    return 0;
+}
+
+static void crc_piece(void *ctx, int i, const void *data, size_t bytes)
+{
+    writer *w = ctx;
+    if (w->crc_tensor_at != i) {
+        w->crc_tensor_at = i;
+        w->crc = dp_crc32c(w->crc, w->t[i].name, strlen(w->t[i].name) + 1);
+    }
+    if (bytes)
+        w->crc = dp_crc32c(w->crc, data, bytes);
+}
+
+static int crc_done(void *ctx, dp_err *err)
+{
+    (void)err;
+    writer *w = ctx;
+    snprintf(w->values[w->crc_meta], sizeof w->values[w->crc_meta], "%08x", w->crc);
+    return 0;
+}
+
+static int write_file(const char *path, const dp_model *m, const dp_train_state *st,
+                      const dp_run_identity *id, dp_ckpt_rows_fn rows, void *rows_ctx,
+                      dp_err *err);
+
 int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_state *st,
                         const dp_run_identity *id, dp_err *err)
+{
+    return write_file(path, m, st, id, NULL, NULL, err);
+}
+
+int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train_state *st,
+                             const dp_run_identity *id, dp_ckpt_rows_fn rows, void *ctx,
+                             dp_err *err)
+{
+    if (!rows)
+        return dp_errf(err, "%s: no source of the sparse tables' rows", path);
+    /* the weights and optimiser slots: no other flat vector is made whole */
+    if (st->ema || st->best || st->n_workers || st->n_residuals || st->n_vecs || m->external)
+        return dp_errf(err, "%s: a model with compact tables writes its weights and optimiser "
+                            "slots only", path);
+    return write_file(path, m, st, id, rows, ctx, err);
+}
+
+static int write_file(const char *path, const dp_model *m, const dp_train_state *st,
+                      const dp_run_identity *id, dp_ckpt_rows_fn rows, void *rows_ctx,
+                      dp_err *err)
 {
     if (st->n_params != m->n_params)
         return dp_errf(err, "%s: the state holds %zu parameters, the model %zu", path,
@@ -242,6 +349,12 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
     writer *w = calloc(1, sizeof *w);
     if (!w)
         return dp_errf(err, "out of memory");
+    for (int i = 0; i < MAX_TENSORS; i++)
+        w->table_of[i] = -1;
+    w->rows = rows;
+    w->rows_ctx = rows_ctx;
+    w->st = st;
+    w->crc_tensor_at = -1;
     /* buffers: the state's when it holds them, else the writing task's model's
      * (docs/strategies.md, "Buffers") */
     const float *buffers = st->buffers ? st->buffers : m->buffers;
@@ -262,8 +375,15 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         if (m->n_buffers && buffers)
             add_tensor(w, buffers, 1, (int64_t)m->n_buffers, 0, "buffers", 0, 0);
     }
-    for (int k = 0; k < st->n_slots && st->slots; k++)
+    for (int k = 0; k < st->n_slots && st->slots; k++) {
+        int at = w->nt;
         add_tensor(w, st->slots + (size_t)k * n, 1, (int64_t)n, 0, "optimizer.slot%d", k, 0);
+        if (rows && w->n_tables) { /* whole in the file: the tables' part streamed */
+            w->t[at].data = NULL;
+            w->t[at].shape[0] = (int64_t)(n + w->cut);
+            w->part_of[at] = 1 + k;
+        }
+    }
     for (int i = 0; i < st->n_workers; i++)
         for (int k = 0; k < st->n_slots; k++)
             add_tensor(w, st->worker_slots + ((size_t)i * st->n_slots + k) * n, 1, (int64_t)n, 0,
@@ -315,14 +435,28 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
         add_meta(w, w->keys[i], "%ld", st->worker_t[i]);
     }
     /* A checksum over every metadata value and every tensor, so a flipped
-     * byte anywhere is caught on reading. */
+     * byte anywhere is caught on reading.  With compact tables their rows
+     * exist only as they are written: the checksum is made as the data goes
+     * by, and the header written again with it (same length: 8 digits). */
     uint32_t crc = 0;
     for (int i = 0; i < w->nm; i++)
         crc = crc_text(crc, w->meta[i].key, w->meta[i].value);
-    for (int i = 0; i < w->nt; i++)
-        crc = crc_tensor(crc, &w->t[i]);
-    add_meta(w, "crc32c", "%08x", crc);
-    int rc = dp_safetensors_save(path, w->t, w->nt, w->meta, w->nm, err);
+    int rc;
+    if (w->n_tables > 0 && !rows) {
+        rc = dp_errf(err, "%s: the model holds %d compact table(s) and no source of their rows "
+                          "was given", path, w->n_tables);
+    } else if (rows) {
+        w->crc = crc;
+        w->crc_meta = w->nm;
+        add_meta(w, "crc32c", "%08x", 0u);
+        dp_st_source src = {fill_rows, crc_piece, crc_done, w};
+        rc = dp_safetensors_save_source(path, w->t, w->nt, w->meta, w->nm, &src, err);
+    } else {
+        for (int i = 0; i < w->nt; i++)
+            crc = crc_tensor(crc, &w->t[i]);
+        add_meta(w, "crc32c", "%08x", crc);
+        rc = dp_safetensors_save(path, w->t, w->nt, w->meta, w->nm, err);
+    }
     for (int i = 0; i < w->n_owned; i++)
         free(w->owned[i]);
     free(w);

@@ -134,8 +134,25 @@ double dp_evaluate(dp_model *m, const float *params, const dp_split *s, float *x
     return dp_evaluate_auc(m, params, s, x, y, mean_loss, bad_inputs, NULL);
 }
 
+/* Before each chunk's forward: the batch the model reads (the compact
+ * tables' slots: docs/strategies.md, "Tables larger than a worker"); NULL
+ * with err on failure. */
+typedef const float *(*eval_prep_fn)(void *ctx, const float *x, int n, dp_err *err);
+
+static double evaluate(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc,
+                       eval_prep_fn prep, void *ctx, dp_err *err);
+
 double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, float *x,
                        uint8_t *y, double *mean_loss, long *bad_inputs, double *auc)
+{
+    return evaluate(m, params, s, x, y, mean_loss, bad_inputs, auc, NULL, NULL, NULL);
+}
+
+/* NAN only when prep failed (err says why). */
+static double evaluate(dp_model *m, const float *params, const dp_split *s, float *x,
+                       uint8_t *y, double *mean_loss, long *bad_inputs, double *auc,
+                       eval_prep_fn prep, void *ctx, dp_err *err)
 {
     /* a binary model's probabilities and labels, for the AUC (not a step:
      * evaluation may allocate) */
@@ -154,8 +171,13 @@ double dp_evaluate_auc(dp_model *m, const float *params, const dp_split *s, floa
         for (int i = 0; i < n; i++)
             idx[i] = lo + (uint32_t)i;
         dp_split_gather(x, y, s, idx, n);
+        const float *in = prep ? prep(ctx, x, n, err) : x;
+        if (!in) {
+            free(pairs);
+            return NAN;
+        }
         int c = 0;
-        loss_sum += (double)dp_model_forward(m, params, x, y, n, &c) * n;
+        loss_sum += (double)dp_model_forward(m, params, in, y, n, &c) * n;
         correct += c;
         bad += dp_model_bad_inputs(m, n);
         if (pairs) {
@@ -200,6 +222,8 @@ typedef struct loop {
     dp_tensorboard *tb; /* --tensorboard: mirrors the metrics events */
     dp_node node;
     int in_cluster;
+    int compact_eval;      /* the evaluator's model holds its tables compact: each
+                              evaluation chunk pulls its rows (ops->eval_rows) */
     int trainers;          /* --global-batch: the trainers it is shared among */
     int warned_bad_inputs; /* the warning of bad inputs (emb's ids) given: once a run */
     uint32_t bag_rows[DP_MAX_LAYERS]; /* the embedding bags' rows: named columns' id limits */
@@ -209,6 +233,8 @@ typedef struct loop {
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
+    dp_model whole;        /* a chief on rows (compact_eval): the whole model described,
+                              no memory: how the run's checkpoint files are laid out */
     float *x;
     uint8_t *y;
     dp_run_identity id;
@@ -222,13 +248,21 @@ typedef struct loop {
     dp_train_result *res;
 } loop;
 
+/* The model a checkpoint file of this run is read through: the whole one
+ * (a chief on rows reads a file whole, rare: a restart). */
+static const dp_model *file_model(const loop *L)
+{
+    return L->compact_eval ? &L->whole : &L->m;
+}
+
 /* env.checkpoints: the strategy's way to this run's newest checkpoint (the
  * ps family restores a restarted ps task from it), read here, so no
  * strategy calls into src/train. */
 static int newest_checkpoint(void *ctx, dp_train_state *st, char *path, size_t cap, dp_err *err)
 {
     const loop *L = ctx;
-    return dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, st, path, cap, err);
+    return dp_checkpoint_find_newest(L->cfg->checkpoint_dir, file_model(L), &L->id, st, path,
+                                     cap, err);
 }
 
 static void release_checkpoint(void *ctx, dp_train_state *st)
@@ -318,6 +352,21 @@ static int external_eval(loop *L, const float *params, int test, double *acc, do
     return 1;
 }
 
+static const float *eval_prep(void *ctx, const float *x, int n, dp_err *err)
+{
+    loop *L = ctx;
+    return L->ops->eval_rows(L->s, x, n, err);
+}
+
+/* The evaluator's figures over a split, through the strategy's rows when
+ * its tables are compact; NAN with err when they could not be pulled. */
+static double eval_split(loop *L, const float *params, const dp_split *s, double *loss,
+                         long *bad, double *auc, dp_err *err)
+{
+    return evaluate(&L->m, params, s, L->x, L->y, loss, bad, auc,
+                    L->compact_eval ? eval_prep : NULL, L, err);
+}
+
 /* The evaluator after epoch `epoch`: validation, the epoch line and event,
  * --keep-best, the history table.  A trainer on standby (info.standby)
  * does the same silently: no line, no event, only the state it would need
@@ -336,7 +385,9 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
         if ((validated = external_eval(L, params, 0, &val_acc, &val_loss, err)) < 0)
             return -1;
     } else {
-        val_acc = dp_evaluate_auc(&L->m, params, &L->val, L->x, L->y, &val_loss, &bad, &val_auc);
+        val_acc = eval_split(L, params, &L->val, &val_loss, &bad, &val_auc, err);
+        if (isnan(val_acc))
+            return -1;
         validated = L->val.n > 0;
     }
     L->no_val = !validated;
@@ -401,13 +452,36 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
  * behind, so training goes on, the next one is tried at its step, and the
  * run ends with DP_EXIT_CHECKPOINTS_MISSED (docs/checkpoints.md, "A
  * checkpoint that cannot be written"). */
+/* --save of a chief on rows, and its checkpoints: part `part` of table k's
+ * next n floats (dp_ckpt_rows_fn). */
+static int save_rows(void *ctx, int part, int k, float *buf, size_t n, dp_err *err)
+{
+    loop *L = ctx;
+    return L->ops->table_rows(L->s, part, k, buf, n, err);
+}
+
+/* st to path: a chief on rows streams its tables from the servers into the
+ * file (docs/strategies.md, "The chief on rows"). */
+static int write_file(loop *L, const char *path, const dp_train_state *st, dp_err *err)
+{
+    if (!L->compact_eval)
+        return dp_checkpoint_write(path, &L->m, st, &L->id, err);
+    dp_err end;
+    int rc = dp_checkpoint_write_rows(path, &L->m, st, &L->id, save_rows, L, err);
+    if (L->ops->table_rows(L->s, 0, -1, NULL, 0, &end) < 0 && rc == 0) {
+        *err = end;
+        rc = -1;
+    }
+    return rc;
+}
+
 static void write_checkpoint(loop *L, long step)
 {
     char path[4096];
     dp_err why;
     L->ck.step = step;
     dp_checkpoint_path(path, sizeof path, L->cfg->checkpoint_dir, step);
-    if (dp_checkpoint_write(path, &L->m, &L->ck, &L->id, &why) < 0) {
+    if (write_file(L, path, &L->ck, &why) < 0) {
         L->res->checkpoints_missed++;
         dp_warn("fault: checkpoint of step %ld not written: %s; the run goes on, and the "
                 "older checkpoints are kept", step, why.msg);
@@ -483,8 +557,10 @@ static int report_and_save(loop *L, dp_err *err)
         if (external_eval(L, params, 1, &res->test_accuracy, NULL, err) < 0)
             return -1;
     } else {
-        res->test_accuracy = dp_evaluate_auc(&L->m, params, &test, L->x, L->y,
-                                             &res->test_loss, &bad, &res->test_auc);
+        res->test_accuracy = eval_split(L, params, &test, &res->test_loss, &bad,
+                                        &res->test_auc, err);
+        if (isnan(res->test_accuracy))
+            return -1;
     }
     int binary = !L->m.external && dp_model_binary(&L->m);
     dp_trace_span("test evaluation", "eval", t_test, dp_now(), -1);
@@ -523,7 +599,7 @@ static int report_and_save(loop *L, dp_err *err)
     }
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
                               .step = L->total_steps, .best_accuracy = -1};
-    if (dp_checkpoint_write(cfg->save_path, &L->m, &weights, &L->id, err) < 0)
+    if (write_file(L, cfg->save_path, &weights, err) < 0)
         return -1;
     dp_info("Saved %s", cfg->save_path);
     return 0;
@@ -554,8 +630,8 @@ static int reattach(loop *L, dp_err *err)
     char path[4096];
     dp_train_state r;
     memset(&r, 0, sizeof r);
-    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, &L->m, &L->id, &r, path,
-                                          sizeof path, err);
+    int found = dp_checkpoint_find_newest(L->cfg->checkpoint_dir, file_model(L), &L->id, &r,
+                                          path, sizeof path, err);
     if (found < 0)
         return -1;
     if (found > 0) {
@@ -1118,15 +1194,27 @@ static int run_task(loop *L, dp_err *err)
     if (max_batch < EVAL_CHUNK)
         max_batch = EVAL_CHUNK;
     /* A worker of a strategy that moves sparse tables by rows holds only
-     * the rows of the batch in flight (docs/strategies.md, "Tables larger
+     * the rows of the batch in flight, and a ps task no table in its model
+     * (its shard draws its own rows: docs/strategies.md, "Tables larger
      * than a worker"); a resumed one reads the checkpoint whole, so holds
      * them whole. */
-    int compact = L->in_cluster && L->node.self->role == DP_ROLE_WORKER && !cfg->resume &&
-                  !cfg->external && L->ops->compact_tables && L->ops->compact_tables(cfg);
+    /* The chief too when it keeps no best weights (a whole vector): it
+     * evaluates chunk by chunk on the rows each pulls, and its files
+     * (--save, checkpoints) take the tables streamed from the servers. */
+    int chief_compact = L->in_cluster && L->node.self->role == DP_ROLE_CHIEF &&
+                        !cfg->keep_best && L->ops->eval_rows && L->ops->table_rows;
+    int compact = L->in_cluster &&
+                  (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
+                  !cfg->resume && !cfg->external && L->ops->compact_tables &&
+                  L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
-         : compact     ? dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err)
+         : compact     ? (L->compact_eval =
+                              dp_model_init_compact(&L->m, cfg->model, max_batch, 1, err))
                        : dp_model_init(&L->m, cfg->model, max_batch, 1, err)) < 0 ||
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
+        return -1;
+    L->compact_eval = L->compact_eval > 0 && chief_compact;
+    if (L->compact_eval && dp_model_describe(&L->whole, cfg->model, err) < 0)
         return -1;
     if (L->m.external) {
         /* its weights are its caller's: the same on every task when each
@@ -1373,6 +1461,7 @@ out:
     free(L.x);
     free(L.y);
     dp_model_free(&L.m);
+    dp_model_free(&L.whole);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
     L.node.failed = rc < 0;
