@@ -13,9 +13,11 @@
  * resume bit for bit; with the Q zeroed the weights differ, and a file
  * without it is refused naming it.
  * --compress auto on a fake slow link (DOWNPOUR_TEST_LINK_NS=80) takes
- * powersgd:4 at open; the checkpoint holds its warm start, and the run
+ * powersgd at open; the checkpoint holds its warm start (and the rank),
+ * and the run
  * resumed without the fake link takes the checkpoint's choice (its metrics
- * say so), not a new measurement: bit for bit again.
+ * say so), not a new measurement: bit for bit again; with its Q zeroed
+ * (the rank in its last float with it) it is refused, naming the file.
  * The parameter-server family the same way (docs/checkpoints.md,
  * "Compression residuals"): ps-sync (chief, 2 workers, 1 ps) with topk
  * pushes and bf16 answers (--ps-reply bf16) killed and resumed ends with
@@ -279,10 +281,10 @@ int main(void)
                                   "'allreduce.powersgd_q' (its warm start) is missing"),
            "powersgd, Q missing: %d %s", rc, err);
 
-    /* --compress auto: powersgd:4 taken on the fake slow link, kept by the
+    /* --compress auto: powersgd taken on the fake slow link, kept by the
      * checkpoint (its Q there) and by the run resumed on the real one */
     first_env = "DOWNPOUR_TEST_LINK_NS=80 ";
-    resume_is_exact("auto", "auto", 1);
+    resume_is_exact("auto", "auto", 2);
     first_env = "";
     char path[1400];
     snprintf(path, sizeof path, "%s/auto-0/" CKPT, tmp); /* the killed run's */
@@ -295,9 +297,15 @@ int main(void)
     snprintf(path, sizeof path, "%s/auto-part.safetensors.jsonl", tmp);
     cJSON *rep = last_event(path, "replica", NULL);
     const char *took = rep ? json_str(rep, "compress") : "(no replica event)";
-    CHECKF(strcmp(took, "auto: powersgd:4 (the checkpoint's choice)") == 0,
+    CHECKF(strncmp(took, "auto: powersgd:", 15) == 0 &&
+               strstr(took, " (the checkpoint's choice)"),
            "the resumed auto run's compress: %s", took);
     cJSON_Delete(rep);
+    rewrite("auto-1", ZERO_Q); /* the rank with it */
+    rc = resume("auto", "auto-1", "auto-zero.safetensors");
+    CHECKF(rc != 0 && strstr(err, "auto-1/" CKPT ": tensor 'allreduce.powersgd_q' does not end "
+                                  "with the rank --compress auto took (its last float is 0"),
+           "auto, Q zeroed: %d %s", rc, err);
 
     /* ps-sync: each worker's residual, gathered by the chief */
     launch = PS_LAUNCH;

@@ -113,7 +113,8 @@ struct dp_strategy {
 /* A rejoining replica's welcome carries the ring's generation, and in its
  * top bit whether the ring sums on the devices. */
 #define GEN_NCCL (1ULL << 63)
-#define GEN_PSGD (1ULL << 62) /* and whether --compress auto took powersgd */
+#define GEN_RANK_SHIFT 48 /* and in bits 48-61 the rank --compress auto took (0: none) */
+#define GEN_RANK_MASK (0x3FFFULL << GEN_RANK_SHIFT)
 #define KEY_MAX 256 /* a device key (device_key) with its NUL */
 
 static int pos_of(const dp_strategy *s, int rank)
@@ -1101,7 +1102,7 @@ static int welcome(dp_strategy *s, dp_err *err)
         s->back[p] = 0;
         dp_err e;
         if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL,
-                      s->gen | (s->nccl ? GEN_NCCL : 0) | (s->autoc.psgd ? GEN_PSGD : 0),
+                      s->gen | (s->nccl ? GEN_NCCL : 0) | ((uint64_t)s->autoc.rank << GEN_RANK_SHIFT),
                       &e) < 0 ||
             send_state(s, p, &e) < 0) {
             if (lose(s, p, e.msg, err) < 0)
@@ -1364,8 +1365,8 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
             continue; /* a fresh run: the others' HELLOs are still to be read */
         /* Restarted into the running ring: how it sums, its state, then on
          * from there. */
-        s->gen = ev.header.offset & ~(GEN_NCCL | GEN_PSGD);
-        s->autoc.psgd = (ev.header.offset & GEN_PSGD) != 0; /* auto_open takes it */
+        s->gen = ev.header.offset & ~(GEN_NCCL | GEN_RANK_MASK);
+        s->autoc.rank = (int)((ev.header.offset & GEN_RANK_MASK) >> GEN_RANK_SHIFT);
         s->decided = 1;
         if ((ev.header.offset & GEN_NCCL) && !can_comm(s)) {
             dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
@@ -1480,7 +1481,9 @@ static float *resid_of(dp_strategy *s)
  * Q, the same on every replica), padded with zeros to a vector of the
  * parameters, as the strategy vector allreduce.powersgd_q
  * (docs/checkpoints.md, "Compression residuals"; Q is always shorter: a
- * matrix is factored only where r (rows + cols) < rows cols). */
+ * matrix is factored only where r (rows + cols) < rows cols).  Under
+ * --compress auto its last float is the rank auto took (allreduce_auto.h
+ * keeps the Q's shorter than that). */
 #define PSGD_Q_NAME "allreduce.powersgd_q"
 
 static int save_q(dp_strategy *s, dp_train_state *st, dp_err *err)
@@ -1496,6 +1499,8 @@ static int save_q(dp_strategy *s, dp_train_state *st, dp_err *err)
     snprintf(st->vec_names[0], DP_STATE_NAME_LEN, "%s", PSGD_Q_NAME);
     memcpy(st->vecs, dp_powersgd_q(s->psgd), q * sizeof(float));
     memset(st->vecs + q, 0, (n - q) * sizeof(float));
+    if (s->auto_compress)
+        st->vecs[n - 1] = (float)s->autoc.rank;
     st->n_vecs = 1;
     return 0;
 }
@@ -1515,7 +1520,7 @@ static int restore_q(dp_strategy *s, const dp_task_info *info, dp_err *err)
         if (strcmp(r->vec_names[i], PSGD_Q_NAME) != 0)
             continue;
         const float *v = r->vecs + (size_t)i * n;
-        for (size_t j = q; j < n; j++)
+        for (size_t j = q; j < n - (s->auto_compress ? 1 : 0); j++)
             if (v[j] != 0)
                 return dp_errf(err, "%s: tensor '%s' holds a value at %zu, past the %zu floats "
                                     "of --compress powersgd:%d's factors of model %s",
@@ -1554,13 +1559,23 @@ static int restore_residual(dp_strategy *s, const dp_task_info *info, const char
     return 0;
 }
 
-/* --compress auto: powersgd:4 or the per-bucket bf16/none, once for the
- * run (allreduce_auto.h, docs/strategies.md "allreduce: compression"):
- * measured over a fresh ring (the fit at step 0, before the first sum);
- * on --resume the checkpoint's (it holds powersgd's warm start exactly
- * when auto took it: docs/checkpoints.md); for a replica restarted into
- * the running ring the ring's (its welcome).  Taken, it is powersgd:4 from
- * here on, as if asked for; a re-formed ring keeps it. */
+/* --compress auto: powersgd at a rank or the per-bucket bf16/none, once
+ * for the run (allreduce_auto.h, docs/strategies.md "allreduce:
+ * compression"): measured over a fresh ring (the fit at step 0, before the
+ * first sum); on --resume the checkpoint's (it holds powersgd's warm start
+ * exactly when auto took it, the rank in its last float: save_q); for a
+ * replica restarted into the running ring the ring's (its welcome).
+ * Taken, it is powersgd:RANK from here on, as if asked for; a re-formed
+ * ring keeps it. */
+static int auto_rank_ok(int rank)
+{
+    static const int ranks[DP_AUTO_PSGD_N_RANKS] = DP_AUTO_PSGD_RANKS;
+    for (int i = 0; i < DP_AUTO_PSGD_N_RANKS; i++)
+        if (rank == ranks[i])
+            return 1;
+    return rank == 0;
+}
+
 static int auto_open(dp_strategy *s, const dp_allreduce_settings *as, const dp_task_info *info,
                      dp_err *err)
 {
@@ -1568,31 +1583,49 @@ static int auto_open(dp_strategy *s, const dp_allreduce_settings *as, const dp_t
     if (!s->auto_compress)
         return 0;
     const dp_train_state *r = s->env->resume;
-    const char *took = a->psgd ? "powersgd:" DP_AUTO_PSGD_RANK_TEXT : "bf16 or none per bucket";
+    const char *from = NULL;
     if (dp_allreduce_overlap(as) == DP_OVERLAP_ON) {
-        a->psgd = 0;
+        a->rank = 0;
         snprintf(a->why, sizeof a->why, "auto: bf16 or none per bucket (powersgd not "
                                         "considered: --overlap on reduces beside backprop)");
     } else if (info->start_step >= 0) {
-        snprintf(a->why, sizeof a->why, "auto: %s (the running ring's choice)", took);
+        from = "the running ring's choice";
     } else if (r) {
-        a->psgd = 0;
-        for (int i = 0; i < r->n_vecs; i++)
-            a->psgd |= strcmp(r->vec_names[i], PSGD_Q_NAME) == 0;
-        snprintf(a->why, sizeof a->why, "auto: %s (the checkpoint's choice)",
-                 a->psgd ? "powersgd:" DP_AUTO_PSGD_RANK_TEXT : "bf16 or none per bucket");
+        a->rank = 0;
+        for (int i = 0; i < r->n_vecs; i++) {
+            if (strcmp(r->vec_names[i], PSGD_Q_NAME) != 0)
+                continue;
+            float v = r->vecs[(size_t)i * s->m->n_params + s->m->n_params - 1];
+            a->rank = v >= 1 && v <= 1024 && v == (float)(int)v ? (int)v : -1;
+            if (a->rank < 0)
+                return dp_errf(err, "%s: tensor '%s' does not end with the rank --compress auto "
+                                    "took (its last float is %g; docs/checkpoints.md, "
+                                    "\"Compression residuals\")",
+                               s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                               PSGD_Q_NAME, (double)v);
+        }
+        from = "the checkpoint's choice";
     } else if (dp_auto_compress_decide(a, &s->ring, s->m, as->bucket_bytes, s->env->cfg->seed, 0,
                                        err) < 0) {
         return -1;
     }
+    if (from && !auto_rank_ok(a->rank))
+        return dp_errf(err, "%s: --compress auto took rank %d, not one it chooses",
+                       info->start_step >= 0 ? name_of(s, s->leader)
+                       : s->env->resume_path ? s->env->resume_path
+                                             : "the checkpoint",
+                       a->rank);
+    if (from)
+        snprintf(a->why, sizeof a->why, "auto: %s%.0d (%s)",
+                 a->rank ? "powersgd:" : "bf16 or none per bucket", a->rank, from);
     if (s->position == 0)
         dp_debug("all-reduce: compress %s", a->why);
-    if (!a->psgd)
+    if (!a->rank)
         return 0;
     char *bf16 = strstr(s->ring.why, "; compress auto:"); /* the fit's per-bucket line: moot */
     if (bf16)
         *bf16 = 0;
-    s->compress = (dp_compress){.kind = DP_COMPRESS_POWERSGD, .rank = DP_AUTO_PSGD_RANK};
+    s->compress = (dp_compress){.kind = DP_COMPRESS_POWERSGD, .rank = a->rank};
     dp_ring_set_compress(&s->ring, &s->compress);
     return psgd_open(s, err);
 }
