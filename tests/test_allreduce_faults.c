@@ -7,9 +7,12 @@
  * taken back by the replica that did.  Restarted (--max-restarts 1), it
  * rejoins the ring at the next epoch with replica 0's state, and all three
  * end bitwise identical.  Under --sync-bn (a bn model) a killed replica is
- * survived the same way, and under --compress powersgd a killed and restarted
- * one.  With --compress topk the checkpoints hold each replica's residual,
- * zeros for one out of the ring, and its own again once it rejoined.  Losing
+ * survived the same way, and under --compress auto that took powersgd (a
+ * fake slow link, DOWNPOUR_TEST_LINK_NS) a killed and restarted one: the
+ * re-formed rings keep the choice, and the restarted replica takes the
+ * running ring's.  With --compress topk the checkpoints hold each
+ * replica's residual, zeros for one out of the ring, and its own again once
+ * it rejoined.  Losing
  * replica 0, the leader (worker:0; the chief under make test-long), costs no
  * more: killed in epoch 2, worker:1 takes the lead over and writes the
  * later checkpoints (with every residual under --compress), the result and
@@ -118,6 +121,22 @@ static void new_leader(const char *name, int rc, double clean, const char *what,
     free(log);
 }
 
+/* The replicas' "compress" fields: how many, how many start with
+ * took[0], and how many hold took[1]. */
+typedef struct tally {
+    const char *took[2];
+    int n, first, second;
+} tally;
+
+static void tally_compress(const cJSON *j, void *ctx)
+{
+    tally *t = ctx;
+    const char *c = json_str(j, "compress");
+    t->n++;
+    t->first += strncmp(c, t->took[0], strlen(t->took[0])) == 0;
+    t->second += strstr(c, t->took[1]) != NULL;
+}
+
 int main(void)
 {
     launch_test_init();
@@ -192,17 +211,27 @@ int main(void)
         dp_safetensors_free(f);
     }
 
-    /* --compress powersgd: a replica lost between the two sums of its
-     * factors; the survivors retry the step from their residuals as they
-     * were (a residual changes only once both sums are in), and the
-     * restarted one rejoins with a fresh residual and the ring's warm start
-     * restarted everywhere: all three end bitwise identical (plain build
-     * only, as sync-bn).  Its accuracy trails the exact sums' fault-free
-     * run a little, being compressed (0.907 against 0.914 measured): 3 %
-     * allows that, not a lost step's worth of damage. */
+    /* --compress powersgd (auto's, on a link the fit takes for 80 ns a
+     * byte): a replica lost between the two sums of its factors; the
+     * survivors re-form the ring, keep powersgd and retry the step from
+     * their residuals as they were (a residual changes only once both sums
+     * are in), and the restarted one takes powersgd from the running ring
+     * (its welcome) and rejoins with a fresh residual and the ring's warm
+     * start restarted everywhere: all three end bitwise identical (plain
+     * build only, as sync-bn).  Its accuracy trails the exact sums'
+     * fault-free run a little, being compressed (0.907 against 0.914
+     * measured): 3 % allows that, not a lost step's worth of damage. */
     if (!SANITIZED) {
-        rc = run_with("powersgd", "--max-restarts 1", "--compress powersgd:4", "kill",
-                      "worker:2");
+        setenv("DOWNPOUR_TEST_LINK_NS", "80", 1);
+        rc = run_with("powersgd", "--max-restarts 1", "--compress auto", "kill", "worker:2");
+        unsetenv("DOWNPOUR_TEST_LINK_NS");
+        char path[1200];
+        snprintf(path, sizeof path, "%s/powersgd.jsonl", tmp);
+        tally t = {{"auto: powersgd:", "(the running ring's choice)"}, 0, 0, 0};
+        for_each_event(path, "replica", NULL, tally_compress, &t);
+        CHECKF(t.n == 3 && t.first == 3 && t.second == 1,
+               "powersgd: of %d replicas, %d took auto's powersgd, %d from the running ring",
+               t.n, t.first, t.second);
         double acc = test_accuracy("powersgd");
         CHECKF(rc == 0 && acc >= clean - 0.03 && log_has("powersgd", "fault: lost worker:2") &&
                    log_has("powersgd", "fault: worker:2 rejoined the all-reduce ring at step") &&

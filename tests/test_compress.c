@@ -13,7 +13,17 @@
  *     then 1/4, then 1/16), with bf16, fp16 and top-k at 0.1 (error
  *     feedback), reaches the uncompressed loss within 1 %; top-k without
  *     the feedback stays far above it.
- * --compress's parse refuses what it does not know. */
+ * --compress's parse refuses what it does not know.
+ * --compress auto's choice of PowerSGD (src/strategy/allreduce_auto.h):
+ *   - the rule: for Model 1 (784-300-100-10) on a 100 Mbit/s-like fit it
+ *     takes powersgd:16 (within a third of bf16/none's step), on slower
+ *     ones 8 and 4, on a 10 GB/s one none, nor on the slow link when the
+ *     products cost more than the bytes saved;
+ *   - measured on 4 members of the in-process transport with a fake slow
+ *     link (DOWNPOUR_TEST_LINK_NS=80, docs/faults.md "Test hooks") every
+ *     member takes powersgd with the same numbers; without it every member
+ *     takes the same choice too; a model with no matrix to factor is not
+ *     considered, and says so. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +33,10 @@
 #include "check.h"
 #include "downpour/compress.h"
 #include "downpour/inproc.h"
+#include "downpour/model.h"
 #include "downpour/ring.h"
+#include "downpour/testhooks.h"
+#include "strategy/allreduce_auto.h"
 
 static uint32_t bits(float x)
 {
@@ -366,8 +379,156 @@ static void convergence(void)
     }
 }
 
+/* A ring of 4 whose fit says latency a s, b s per byte of the buffer,
+ * and bf16's codec 2 ns a float (as measured on this machine's kind). */
+static dp_ring fitted(double a, double b)
+{
+    dp_ring r;
+    memset(&r, 0, sizeof r);
+    r.n = 4;
+    r.setup = 1;
+    r.fit_a[0] = r.fit_a[1] = a;
+    r.fit_b[0] = r.fit_b[1] = b;
+    r.codec_s = 2e-9;
+    return r;
+}
+
+static void auto_rule(void)
+{
+    /* Model 1 (784-300-100-10): rank 4 sums 2050 + 4736 floats a step
+     * (docs/strategies.md), 8 and 16 more; buckets of 512 KiB; products
+     * of 0.5, 1 and 2 ms */
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_describe(&m, "784-300-100-10", &err) == 0);
+    dp_auto_cand c[DP_AUTO_PSGD_N_RANKS];
+    int n = dp_auto_candidates(&m, c);
+    CHECKF(n == 3 && c[0].rank == 4 && c[0].first == 2050 && c[0].second == 4736 &&
+               c[1].rank == 8 && c[2].rank == 16,
+           "%d candidates: rank %d, %zu + %zu floats", n, c[0].rank, c[0].first, c[0].second);
+    for (int i = 0; i < n; i++)
+        c[i].products_s = 0.5e-3 * (1 << i);
+    size_t bucket = 512u << 10;
+    /* ns a byte of the buffer (100 Mbit/s between 4 hosts: 2 (n-1)/n /
+     * 12.5 MB/s = 120), and the rank expected: within a third of bf16/none's
+     * prediction the highest, else 4 while faster at all */
+    const struct {
+        double a, ns;
+        int rank;
+    } links[] = {{200e-6, 120, 16}, {200e-6, 20, 8}, {200e-6, 5, 4}, {200e-6, 1, 4},
+                 {20e-6, 0.1, 0}};
+    dp_auto_compress a;
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+        dp_ring r = fitted(links[i].a, links[i].ns * 1e-9);
+        int took = dp_auto_psgd_rule(&a, &r, c, n, m.n_params, bucket);
+        char want[32];
+        snprintf(want, sizeof want, "auto: powersgd:%d (", links[i].rank);
+        CHECKF(took == links[i].rank && a.rank == took &&
+                   strncmp(a.why, links[i].rank ? want : "auto: bf16 or none per bucket (",
+                           strlen(links[i].rank ? want : "auto: bf16 or none per bucket (")) == 0,
+               "%g ns a byte: took %d, expected %d: %s", links[i].ns, took, links[i].rank, a.why);
+    }
+    dp_ring slow = fitted(200e-6, 120e-9);
+    fprintf(stderr, "slow link's rule: %s\n", (dp_auto_psgd_rule(&a, &slow, c, n, m.n_params,
+                                                                 bucket), a.why));
+    /* products that cost more than the bytes saved: none, even there */
+    dp_auto_cand dear[DP_AUTO_PSGD_N_RANKS];
+    memcpy(dear, c, sizeof dear);
+    for (int i = 0; i < n; i++)
+        dear[i].products_s = 1.0;
+    CHECKF(dp_auto_psgd_rule(&a, &slow, dear, n, m.n_params, bucket) == 0,
+           "slow link, products of 1 s: %s", a.why);
+    /* the same inputs, the same text: what every member logs */
+    char again[sizeof a.why];
+    dp_auto_psgd_rule(&a, &slow, c, n, m.n_params, bucket);
+    snprintf(again, sizeof again, "%s", a.why);
+    dp_auto_psgd_rule(&a, &slow, c, n, m.n_params, bucket);
+    CHECK(strcmp(again, a.why) == 0);
+    dp_model_free(&m);
+}
+
+#define AN 4
+typedef struct auto_job {
+    dp_transport *t;
+    const int *order;
+    const dp_model *m;
+    dp_auto_compress a;
+    int rc;
+    char msg[sizeof(dp_err)];
+} auto_job;
+
+static void *run_auto(void *arg)
+{
+    auto_job *j = arg;
+    dp_ring r;
+    dp_err err;
+    dp_compress c = {DP_COMPRESS_AUTO, 0, 0};
+    j->rc = dp_ring_init(&r, j->t, j->order, AN, 20, 0, &err);
+    if (j->rc == 0) {
+        dp_ring_set_algo(&r, DP_ALGO_AUTO);
+        dp_ring_set_compress(&r, &c);
+        j->rc = dp_auto_compress_decide(&j->a, &r, j->m, 512u << 10, 7, 0, &err);
+        dp_ring_free(&r);
+    }
+    if (j->rc < 0)
+        snprintf(j->msg, sizeof j->msg, "%s", err.msg);
+    return NULL;
+}
+
+/* Every member's choice over a fresh in-process ring: all the same. */
+static int auto_agreed(const char *spec, const char *what)
+{
+    dp_model m;
+    dp_err err;
+    REQUIRE(dp_model_describe(&m, spec, &err) == 0);
+    dp_transport *ts[AN];
+    REQUIRE(dp_inproc_open(ts, AN, &err) == 0);
+    static const int order[AN] = {1, 3, 0, 2};
+    auto_job jobs[AN];
+    pthread_t th[AN];
+    for (int p = 0; p < AN; p++) {
+        jobs[p] = (auto_job){.t = ts[order[p]], .order = order, .m = &m};
+        REQUIRE(pthread_create(&th[p], NULL, run_auto, &jobs[p]) == 0);
+    }
+    for (int p = 0; p < AN; p++)
+        pthread_join(th[p], NULL);
+    for (int p = 0; p < AN; p++) {
+        CHECKF(jobs[p].rc == 0, "%s, member %d: %s", what, p, jobs[p].msg);
+        CHECKF(jobs[p].a.rank == jobs[0].a.rank && strcmp(jobs[p].a.why, jobs[0].a.why) == 0,
+               "%s: member %d chose %s, member 0 %s", what, p, jobs[p].a.why, jobs[0].a.why);
+        dp_transport_close(ts[p]);
+    }
+    fprintf(stderr, "%s: %s\n", what, jobs[0].a.why);
+    dp_model_free(&m);
+    return jobs[0].a.rank;
+}
+
+static void auto_measured(void)
+{
+    dp_err err;
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "80", &err) == 0);
+    CHECK(auto_agreed("784-300-100-10", "slow link") > 0);
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
+    auto_agreed("784-300-100-10", "in-process link"); /* either, as measured: but agreed */
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "80", &err) == 0);
+    dp_model m;
+    REQUIRE(dp_model_describe(&m, "784-4", &err) == 0); /* 784 x 4: rank 4 saves nothing */
+    dp_auto_compress a;
+    dp_ring r;
+    memset(&r, 0, sizeof r);
+    r.n = 4;
+    CHECKF(dp_auto_compress_decide(&a, &r, &m, 512u << 10, 7, 0, &err) == 0 && !a.rank &&
+               strstr(a.why, "powersgd not considered: model") &&
+               strstr(a.why, "has no weight matrix that rank-4 factors make smaller"),
+           "no matrix: %s", a.why);
+    dp_model_free(&m);
+    REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
+}
+
 int main(void)
 {
+    auto_rule();
+    auto_measured();
     round_trips();
     topk();
     parse();

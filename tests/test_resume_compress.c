@@ -12,6 +12,12 @@
  * powersgd too: its residuals and its warm-start Q (allreduce.powersgd_q)
  * resume bit for bit; with the Q zeroed the weights differ, and a file
  * without it is refused naming it.
+ * --compress auto on a fake slow link (DOWNPOUR_TEST_LINK_NS=80) takes
+ * powersgd at open; the checkpoint holds its warm start (and the rank),
+ * and the run
+ * resumed without the fake link takes the checkpoint's choice (its metrics
+ * say so), not a new measurement: bit for bit again; with its Q zeroed
+ * (the rank in its last float with it) it is refused, naming the file.
  * The parameter-server family the same way (docs/checkpoints.md,
  * "Compression residuals"): ps-sync (chief, 2 workers, 1 ps) with topk
  * pushes and bf16 answers (--ps-reply bf16) killed and resumed ends with
@@ -30,6 +36,7 @@ static const char *bin, *tmp;
 static const char *launch = LAUNCH; /* or PS_LAUNCH */
 #define PS_LAUNCH "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply bf16"
 static char err[16384];
+static const char *first_env = ""; /* before the runs that resume_is_exact resumes */
 
 /* The metadata keys in the order the writer adds them (checkpoint.c). */
 static const char *const keys[] = {
@@ -156,11 +163,13 @@ static void holds_residuals(const char *dir)
     dp_safetensors_free(f);
 }
 
-/* Resumes dir (saving to save) with --compress kind; returns the exit. */
+/* Resumes dir (saving to save, its metrics to save.jsonl) with --compress
+ * kind; returns the exit. */
 static int resume(const char *kind, const char *dir, const char *save)
 {
     return run_cmd(err, sizeof err, "%s %s " SMALL " --compress %s --checkpoint-dir %s/%s "
-                   "--save %s/%s --resume", bin, launch, kind, tmp, dir, tmp, save);
+                   "--save %s/%s --metrics %s/%s.jsonl --resume", bin, launch, kind, tmp, dir,
+                   tmp, save, tmp, save);
 }
 
 /* Trains uninterrupted and killed after step 33, copies the directory of
@@ -171,12 +180,12 @@ static void resume_is_exact(const char *name, const char *kind, int copies)
     snprintf(full, sizeof full, "%s-full.safetensors", name);
     snprintf(part, sizeof part, "%s-part.safetensors", name);
     snprintf(dir, sizeof dir, "%s-b", name);
-    int rc = run_cmd(err, sizeof err, "%s %s " SMALL " --compress %s --checkpoint-dir "
-                     "%s/%s-a --save %s/%s", bin, launch, kind, tmp, name, tmp, full);
+    int rc = run_cmd(err, sizeof err, "%s%s %s " SMALL " --compress %s --checkpoint-dir "
+                     "%s/%s-a --save %s/%s", first_env, bin, launch, kind, tmp, name, tmp, full);
     CHECKF(rc == 0, "%s: the uninterrupted run exited %d: %s", name, rc, err);
-    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s %s " SMALL
-                 " --compress %s --checkpoint-dir %s/%s --save %s/%s", bin, launch, kind, tmp,
-                 dir, tmp, part);
+    rc = run_cmd(err, sizeof err, "%sDOWNPOUR_FAULT_KILL_AT_STEP=33 %s %s " SMALL
+                 " --compress %s --checkpoint-dir %s/%s --save %s/%s", first_env, bin, launch,
+                 kind, tmp, dir, tmp, part);
     CHECKF(rc != 0 && strstr(err, "killed by signal 9"),
            "%s: the run meant to be killed at step 33: %d %s", name, rc, err);
     holds_residuals(dir);
@@ -271,6 +280,32 @@ int main(void)
     CHECKF(rc != 0 && strstr(err, "psgd-1/" CKPT ": --compress powersgd:2, but tensor "
                                   "'allreduce.powersgd_q' (its warm start) is missing"),
            "powersgd, Q missing: %d %s", rc, err);
+
+    /* --compress auto: powersgd taken on the fake slow link, kept by the
+     * checkpoint (its Q there) and by the run resumed on the real one */
+    first_env = "DOWNPOUR_TEST_LINK_NS=80 ";
+    resume_is_exact("auto", "auto", 2);
+    first_env = "";
+    char path[1400];
+    snprintf(path, sizeof path, "%s/auto-0/" CKPT, tmp); /* the killed run's */
+    dp_safetensors *f = NULL;
+    dp_err e;
+    CHECKF(dp_safetensors_load(path, &f, &e) == 0 &&
+               dp_safetensors_find(f, "allreduce.powersgd_q") != NULL,
+           "%s: auto took powersgd, but its warm start is not in the checkpoint", path);
+    dp_safetensors_free(f);
+    snprintf(path, sizeof path, "%s/auto-part.safetensors.jsonl", tmp);
+    cJSON *rep = last_event(path, "replica", NULL);
+    const char *took = rep ? json_str(rep, "compress") : "(no replica event)";
+    CHECKF(strncmp(took, "auto: powersgd:", 15) == 0 &&
+               strstr(took, " (the checkpoint's choice)"),
+           "the resumed auto run's compress: %s", took);
+    cJSON_Delete(rep);
+    rewrite("auto-1", ZERO_Q); /* the rank with it */
+    rc = resume("auto", "auto-1", "auto-zero.safetensors");
+    CHECKF(rc != 0 && strstr(err, "auto-1/" CKPT ": tensor 'allreduce.powersgd_q' does not end "
+                                  "with the rank --compress auto took (its last float is 0"),
+           "auto, Q zeroed: %d %s", rc, err);
 
     /* ps-sync: each worker's residual, gathered by the chief */
     launch = PS_LAUNCH;

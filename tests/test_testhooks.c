@@ -73,6 +73,14 @@ static void hooks(void)
                "'%s'", bad_ms[i]);
     CHECK(dp_hook_set("DOWNPOUR_TEST_STEP_MS", "", &err) == 0 && dp_hook_step_ms() == 0);
 
+    CHECK(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "80", &err) == 0 && dp_hook_link_ns() == 80);
+    const char *bad_ns[] = {"-1", "2e6", "80ns", "nan"};
+    for (size_t i = 0; i < sizeof bad_ns / sizeof bad_ns[0]; i++)
+        CHECKF(dp_hook_set("DOWNPOUR_TEST_LINK_NS", bad_ns[i], &err) < 0 &&
+                   dp_hook_link_ns() == 0 && strstr(err.msg, "DOWNPOUR_TEST_LINK_NS"),
+               "'%s'", bad_ns[i]);
+    CHECK(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0 && dp_hook_link_ns() == 0);
+
     CHECK(!dp_hook_on(DP_HOOK_UNFUSED_UPDATE));
     CHECK(dp_hook_set("DOWNPOUR_UNFUSED_UPDATE", "1", &err) == 0 &&
           dp_hook_on(DP_HOOK_UNFUSED_UPDATE));

@@ -78,7 +78,8 @@ void dp_powersgd_close(dp_powersgd *ps); /* NULL is a no-op */
  * member; the skipped ranges are left alone.  step names the two all-reduces (buckets 0 and 1) in messages.
  * The ring's failures as dp_ring_allreduce's: grads is then partly summed,
  * the residual unchanged, and the warm start spoilt (dp_powersgd_restart
- * before the retry). */
+ * before the retry).  ring NULL: the products alone, nothing summed (as one
+ * member's share of a step: dp_powersgd_time). */
 int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weight, uint64_t step,
                        dp_err *err);
 /* One replica, nothing to send: grads times weight plus the residual,
@@ -102,5 +103,13 @@ float *dp_powersgd_q(dp_powersgd *ps);
 /* Floats in a step's first all-reduce (P's and the whole part) and second
  * (Q's). */
 void dp_powersgd_floats(const dp_powersgd *ps, size_t *first, size_t *second);
+
+/* The products of one step (dp_powersgd_reduce with no ring) on a model of
+ * n floats with these k matrices, timed on random gradients: the best of
+ * DP_POWERSGD_TIME_REPS, in seconds.  A scratch instance, allocated and
+ * freed here (--compress auto measures it once, at open). */
+#define DP_POWERSGD_TIME_REPS 3
+int dp_powersgd_time(size_t n, const dp_psgd_matrix *mats, int k, uint64_t seed, double *seconds,
+                     dp_err *err);
 
 #endif

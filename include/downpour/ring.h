@@ -116,6 +116,18 @@ void dp_ring_set_compress(dp_ring *r, const dp_compress *c);
  * or TOPK; auto resolved by the fit. */
 dp_compress_kind dp_ring_compress_choice(const dp_ring *r, size_t len);
 
+/* The first call's setup (topology, and for auto the fit) now: every
+ * member calls it with the same step, before its first sum (allreduce's
+ * --compress auto measures at open).  0 when there is nothing to measure
+ * (one member, a transport's own collective) or it is done; failures as
+ * dp_ring_allreduce's. */
+int dp_ring_measure(dp_ring *r, uint64_t step, dp_err *err);
+/* auto's prediction, in seconds, of one sum of len floats from the fit
+ * (after dp_ring_measure): kind NONE by the faster flat algorithm, BF16
+ * coded (half the bytes over direct's line plus the codec); 0 for one
+ * member.  The same on every member. */
+double dp_ring_predict(const dp_ring *r, size_t len, dp_compress_kind kind);
+
 /* dp_ring_allreduce with the compression set: resid (len floats, or NULL
  * for none) is this member's error feedback for these elements, added to
  * buf before encoding and left holding what was not sent.  bf16/fp16: each

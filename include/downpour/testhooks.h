@@ -16,6 +16,8 @@
  *                                    a TCP sender stops itself mid-frame (faults.md)
  *   DOWNPOUR_TEST_SHM_TAG=TAG        shared-memory segments are named downpour-TAG-...
  *                                    (1-8 letters or digits), so a test counts its own
+ *   DOWNPOUR_TEST_LINK_NS=NS         the all-reduce ring's fit (auto's measurement) sees a link
+ *                                    NS ns a byte slower (0 <= NS <= 1e6): a fake slow link
  *
  * The values are checked where they are read: dp_hooks_check refuses a
  * malformed one with a message naming it (the program checks before it
@@ -39,6 +41,7 @@ typedef enum dp_hook {
     DP_HOOK_PAUSE_FRAME,
     DP_HOOK_PAUSE_TASK,
     DP_HOOK_SHM_TAG,
+    DP_HOOK_LINK_NS,
     DP_HOOK_COUNT
 } dp_hook;
 
@@ -55,6 +58,8 @@ int dp_hook_set(const char *name, const char *value, dp_err *err);
 /* 0 when every hook set is well formed, else -1 with a message naming it. */
 int dp_hooks_check(dp_err *err);
 
+/* Nanoseconds a byte the ring's fit adds to each measured sum; 0: none. */
+double dp_hook_link_ns(void);
 /* The step after which to SIGKILL this task; -1: none. */
 long dp_hook_kill_at_step(void);
 /* Milliseconds a clustered task sleeps after each step; 0: none. */

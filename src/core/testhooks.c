@@ -21,6 +21,7 @@ static const char *const names[DP_HOOK_COUNT] = {
     [DP_HOOK_PAUSE_FRAME] = "DOWNPOUR_TEST_PAUSE_FRAME",
     [DP_HOOK_PAUSE_TASK] = "DOWNPOUR_TEST_PAUSE_TASK",
     [DP_HOOK_SHM_TAG] = "DOWNPOUR_TEST_SHM_TAG",
+    [DP_HOOK_LINK_NS] = "DOWNPOUR_TEST_LINK_NS",
 };
 
 /* The texts (owned copies) and the parsed values of the two hooks a
@@ -28,6 +29,7 @@ static const char *const names[DP_HOOK_COUNT] = {
 static char *text[DP_HOOK_COUNT];
 static long kill_at = -1;
 static double step_ms;
+static double link_ns;
 static long pause_bytes, pause_nth = 1;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -69,6 +71,14 @@ static int parse(dp_hook h, const char *t, dp_err *err)
         if (t && parse_ms(t, &v, err) < 0)
             return -1;
         step_ms = v;
+        return 0;
+    }
+    case DP_HOOK_LINK_NS: {
+        double v = 0;
+        link_ns = 0;
+        if (t && dp_parse_double(t, 0, 1e6, &v, names[h], err) < 0)
+            return -1;
+        link_ns = v;
         return 0;
     }
     case DP_HOOK_PAUSE_MIDFRAME:
@@ -173,6 +183,12 @@ double dp_hook_step_ms(void)
 {
     pthread_once(&once, load);
     return step_ms;
+}
+
+double dp_hook_link_ns(void)
+{
+    pthread_once(&once, load);
+    return link_ns;
 }
 
 unsigned long long dp_hook_pause_midframe(const char *task, long *nth)

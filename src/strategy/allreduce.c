@@ -36,6 +36,7 @@
 #include "downpour/env.h"
 #include "downpour/log.h"
 #include "downpour/powersgd.h"
+#include "allreduce_auto.h"
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
@@ -93,6 +94,8 @@ struct dp_strategy {
     dp_powersgd *psgd;     /* --compress powersgd: it sums the gradient, not the reducer */
     long psgd_sums;        /* all-reduces of its factors since the ring formed */
     dp_psgd_plan psgd_plan;
+    int auto_compress;     /* --compress auto: autoc says what it took (allreduce_auto.h) */
+    dp_auto_compress autoc;
     int no_nccl;           /* --no-nccl or DOWNPOUR_NCCL=0: host staging, asked for */
     int decided;           /* comm_setup has run: nccl says how sums are made */
     int nccl;              /* sums on the devices: the parameters and optimiser
@@ -110,6 +113,8 @@ struct dp_strategy {
 /* A rejoining replica's welcome carries the ring's generation, and in its
  * top bit whether the ring sums on the devices. */
 #define GEN_NCCL (1ULL << 63)
+#define GEN_RANK_SHIFT 48 /* and in bits 48-61 the rank --compress auto took (0: none) */
+#define GEN_RANK_MASK (0x3FFFULL << GEN_RANK_SHIFT)
 #define KEY_MAX 256 /* a device key (device_key) with its NUL */
 
 static int pos_of(const dp_strategy *s, int rank)
@@ -1097,7 +1102,8 @@ static int welcome(dp_strategy *s, dp_err *err)
         s->back[p] = 0;
         dp_err e;
         if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL,
-                      s->gen | (s->nccl ? GEN_NCCL : 0), &e) < 0 ||
+                      s->gen | (s->nccl ? GEN_NCCL : 0) | ((uint64_t)s->autoc.rank << GEN_RANK_SHIFT),
+                      &e) < 0 ||
             send_state(s, p, &e) < 0) {
             if (lose(s, p, e.msg, err) < 0)
                 return -1;
@@ -1359,7 +1365,8 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
             continue; /* a fresh run: the others' HELLOs are still to be read */
         /* Restarted into the running ring: how it sums, its state, then on
          * from there. */
-        s->gen = ev.header.offset & ~GEN_NCCL;
+        s->gen = ev.header.offset & ~(GEN_NCCL | GEN_RANK_MASK);
+        s->autoc.rank = (int)((ev.header.offset & GEN_RANK_MASK) >> GEN_RANK_SHIFT);
         s->decided = 1;
         if ((ev.header.offset & GEN_NCCL) && !can_comm(s)) {
             dp_errf(err, "the all-reduce ring sums the gradients on the devices (NCCL), "
@@ -1474,7 +1481,9 @@ static float *resid_of(dp_strategy *s)
  * Q, the same on every replica), padded with zeros to a vector of the
  * parameters, as the strategy vector allreduce.powersgd_q
  * (docs/checkpoints.md, "Compression residuals"; Q is always shorter: a
- * matrix is factored only where r (rows + cols) < rows cols). */
+ * matrix is factored only where r (rows + cols) < rows cols).  Under
+ * --compress auto its last float is the rank auto took (allreduce_auto.h
+ * keeps the Q's shorter than that). */
 #define PSGD_Q_NAME "allreduce.powersgd_q"
 
 static int save_q(dp_strategy *s, dp_train_state *st, dp_err *err)
@@ -1490,6 +1499,8 @@ static int save_q(dp_strategy *s, dp_train_state *st, dp_err *err)
     snprintf(st->vec_names[0], DP_STATE_NAME_LEN, "%s", PSGD_Q_NAME);
     memcpy(st->vecs, dp_powersgd_q(s->psgd), q * sizeof(float));
     memset(st->vecs + q, 0, (n - q) * sizeof(float));
+    if (s->auto_compress)
+        st->vecs[n - 1] = (float)s->autoc.rank;
     st->n_vecs = 1;
     return 0;
 }
@@ -1509,7 +1520,7 @@ static int restore_q(dp_strategy *s, const dp_task_info *info, dp_err *err)
         if (strcmp(r->vec_names[i], PSGD_Q_NAME) != 0)
             continue;
         const float *v = r->vecs + (size_t)i * n;
-        for (size_t j = q; j < n; j++)
+        for (size_t j = q; j < n - (s->auto_compress ? 1 : 0); j++)
             if (v[j] != 0)
                 return dp_errf(err, "%s: tensor '%s' holds a value at %zu, past the %zu floats "
                                     "of --compress powersgd:%d's factors of model %s",
@@ -1546,6 +1557,77 @@ static int restore_residual(dp_strategy *s, const dp_task_info *info, const char
     memcpy(resid, r->residuals + (size_t)s->position * s->m->n_params,
            s->m->n_params * sizeof *resid);
     return 0;
+}
+
+/* --compress auto: powersgd at a rank or the per-bucket bf16/none, once
+ * for the run (allreduce_auto.h, docs/strategies.md "allreduce:
+ * compression"): measured over a fresh ring (the fit at step 0, before the
+ * first sum); on --resume the checkpoint's (it holds powersgd's warm start
+ * exactly when auto took it, the rank in its last float: save_q); for a
+ * replica restarted into the running ring the ring's (its welcome).
+ * Taken, it is powersgd:RANK from here on, as if asked for; a re-formed
+ * ring keeps it. */
+static int auto_rank_ok(int rank)
+{
+    static const int ranks[DP_AUTO_PSGD_N_RANKS] = DP_AUTO_PSGD_RANKS;
+    for (int i = 0; i < DP_AUTO_PSGD_N_RANKS; i++)
+        if (rank == ranks[i])
+            return 1;
+    return rank == 0;
+}
+
+static int auto_open(dp_strategy *s, const dp_allreduce_settings *as, const dp_task_info *info,
+                     dp_err *err)
+{
+    dp_auto_compress *a = &s->autoc;
+    if (!s->auto_compress)
+        return 0;
+    const dp_train_state *r = s->env->resume;
+    const char *from = NULL;
+    if (dp_allreduce_overlap(as) == DP_OVERLAP_ON) {
+        a->rank = 0;
+        snprintf(a->why, sizeof a->why, "auto: bf16 or none per bucket (powersgd not "
+                                        "considered: --overlap on reduces beside backprop)");
+    } else if (info->start_step >= 0) {
+        from = "the running ring's choice";
+    } else if (r) {
+        a->rank = 0;
+        for (int i = 0; i < r->n_vecs; i++) {
+            if (strcmp(r->vec_names[i], PSGD_Q_NAME) != 0)
+                continue;
+            float v = r->vecs[(size_t)i * s->m->n_params + s->m->n_params - 1];
+            a->rank = v >= 1 && v <= 1024 && v == (float)(int)v ? (int)v : -1;
+            if (a->rank < 0)
+                return dp_errf(err, "%s: tensor '%s' does not end with the rank --compress auto "
+                                    "took (its last float is %g; docs/checkpoints.md, "
+                                    "\"Compression residuals\")",
+                               s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                               PSGD_Q_NAME, (double)v);
+        }
+        from = "the checkpoint's choice";
+    } else if (dp_auto_compress_decide(a, &s->ring, s->m, as->bucket_bytes, s->env->cfg->seed, 0,
+                                       err) < 0) {
+        return -1;
+    }
+    if (from && !auto_rank_ok(a->rank))
+        return dp_errf(err, "%s: --compress auto took rank %d, not one it chooses",
+                       info->start_step >= 0 ? name_of(s, s->leader)
+                       : s->env->resume_path ? s->env->resume_path
+                                             : "the checkpoint",
+                       a->rank);
+    if (from)
+        snprintf(a->why, sizeof a->why, "auto: %s%.0d (%s)",
+                 a->rank ? "powersgd:" : "bf16 or none per bucket", a->rank, from);
+    if (s->position == 0)
+        dp_debug("all-reduce: compress %s", a->why);
+    if (!a->rank)
+        return 0;
+    char *bf16 = strstr(s->ring.why, "; compress auto:"); /* the fit's per-bucket line: moot */
+    if (bf16)
+        *bf16 = 0;
+    s->compress = (dp_compress){.kind = DP_COMPRESS_POWERSGD, .rank = a->rank};
+    dp_ring_set_compress(&s->ring, &s->compress);
+    return psgd_open(s, err);
 }
 
 static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
@@ -1616,6 +1698,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     s->no_nccl = as->no_nccl || !dp_env_fallback_on(DP_ENV_NCCL);
     s->algo = dp_allreduce_algo_of(as);
     dp_allreduce_compress_of(as, &s->compress);
+    s->auto_compress = s->compress.kind == DP_COMPRESS_AUTO;
     if (env->resume)
         s->applied = env->resume->step;
     if (role == DP_ROLE_CHIEF)
@@ -1637,7 +1720,7 @@ static int allreduce_open(dp_strategy **out, const dp_run_env *env, dp_task_info
     int built = handshake(s, info, err) < 0 ? -1 : rebuild_ring(s, err);
     if (built == AGAIN)
         dp_errf(err, "the all-reduce ring re-formed while this replica joined it");
-    if (built != 0 ||
+    if (built != 0 || auto_open(s, as, info, err) < 0 ||
         dp_reducer_open(&s->reducer, &s->ring, s->m->grads, s->m->n_params, as->bucket_bytes,
                         s->psgd ? DP_OVERLAP_OFF : dp_allreduce_overlap(as), spare_cores(s),
                         err) < 0 ||
@@ -2054,7 +2137,8 @@ static int allreduce_finish(dp_strategy *s, long steps, dp_err *err)
                      s->ring.why, DP_F_INT, "allreduce_ring", (long)s->ring.calls[DP_ALGO_RING],
                      DP_F_INT, "allreduce_direct", (long)s->ring.calls[DP_ALGO_DIRECT], DP_F_INT,
                      "allreduce_hier", (long)s->ring.calls[DP_ALGO_HIER], DP_F_STR, "compress",
-                     dp_compress_kind_name(s->compress.kind), DP_F_INT, "compressed_buckets",
+                     s->auto_compress ? s->autoc.why : dp_compress_kind_name(s->compress.kind),
+                     DP_F_INT, "compressed_buckets",
                      (long)s->ring.coded_calls + s->psgd_sums, DP_F_INT, "ring_bytes",
                      (long)s->ring.bytes_sent, DP_F_END);
     if (leads(s) && !s->psgd) /* powersgd sums no buckets */

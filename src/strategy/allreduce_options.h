@@ -25,8 +25,8 @@
     X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, 0,                       \
       "allreduce: gradient compression: none (the default), bf16, fp16, topk:RATIO (with error "   \
       "feedback), powersgd:RANK (each weight matrix as rank-RANK factors, with error feedback), "  \
-      "auto (bf16 where the measured link makes it pay); the ps family: bf16, fp16, topk:RATIO "  \
-      "for the workers' gradient pushes")                                                          \
+      "auto (powersgd:4-16 for the run, else bf16 per bucket, where the measured link makes it"    \
+      " pay); the ps family: bf16, fp16, topk:RATIO for the workers' gradient pushes")             \
     X(const char *, overlap, NULL, "overlap", DP_OPT_STR, "MODE", 0, 0, 0,                         \
       "allreduce: reduce buckets during backprop: auto (measured over the first steps; the "       \
       "default), on, off")                                                                         \

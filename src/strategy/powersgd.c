@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "downpour/blas.h"
+#include "downpour/clock.h"
 #include "downpour/layer_kind.h"
 #include "downpour/rng.h"
 
@@ -278,7 +279,8 @@ int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weigh
         for (size_t j = 0; j < ps->whole[s].len; j++)
             w[j] = g[j] * weight;
     }
-    int rc = dp_ring_allreduce(ring, ps->pbuf, ps->p_floats + ps->w_floats, step, 0, err);
+    int rc = ring ? dp_ring_allreduce(ring, ps->pbuf, ps->p_floats + ps->w_floats, step, 0, err)
+                  : 0;
     if (rc < 0)
         return rc;
     for (int s = 0; s < ps->n_whole; s++)
@@ -295,7 +297,7 @@ int dp_powersgd_reduce(dp_powersgd *ps, dp_ring *ring, float *grads, float weigh
                  ps->qbuf + a->q, cols);
     }
     memcpy(ps->qown, ps->qbuf, ps->q_floats * sizeof *ps->qown);
-    rc = dp_ring_allreduce(ring, ps->qbuf, ps->q_floats, step, 1, err);
+    rc = ring ? dp_ring_allreduce(ring, ps->qbuf, ps->q_floats, step, 1, err) : 0;
     if (rc < 0)
         return rc;
     /* Both sums are in: the residual, then M' = P Q^T in the gradient */
@@ -337,4 +339,33 @@ void dp_powersgd_floats(const dp_powersgd *ps, size_t *first, size_t *second)
 {
     *first = ps->p_floats + ps->w_floats;
     *second = ps->q_floats;
+}
+
+int dp_powersgd_time(size_t n, const dp_psgd_matrix *mats, int k, uint64_t seed, double *seconds,
+                     dp_err *err)
+{
+    dp_powersgd *ps;
+    if (dp_powersgd_open(&ps, n, mats, k, seed, err) < 0)
+        return -1;
+    float *g = malloc((n ? n : 1) * sizeof *g);
+    if (!g) {
+        dp_powersgd_close(ps);
+        return dp_errf(err, "powersgd: out of memory for the measurement (%zu floats)", n);
+    }
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    double best = HUGE_VAL;
+    for (int rep = 0; rep < DP_POWERSGD_TIME_REPS; rep++) {
+        for (size_t j = 0; j < n; j++) /* a fresh gradient: nothing cached but the code */
+            g[j] = 2.0f * dp_rng_uniform(&rng) - 1.0f;
+        double t0 = dp_now();
+        (void)dp_powersgd_reduce(ps, NULL, g, 1.0f, 0, err);
+        double t = dp_now() - t0;
+        if (t < best)
+            best = t;
+    }
+    free(g);
+    dp_powersgd_close(ps);
+    *seconds = best;
+    return 0;
 }
