@@ -294,7 +294,10 @@ static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_e
                                 "silent past the heartbeat timeout: frozen or cut off) and went "
                                 "on without it; it leaves the run", name_of(s, p));
         }
-        if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen)) {
+        /* ring segments read past, stale RESETs, and a member's greeting
+         * at its open read after it was taken into the ring (ring.c) */
+        if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen) ||
+            (type == DP_WIRE_RING_HELLO && ev->header.length == 0 && s->live[p])) {
             if (dp_transport_skip_payload(s->t, s->ranks[p], err) < 0)
                 return lose(s, p, err->msg, err) < 0 ? -1 : 1;
             continue;

@@ -2033,8 +2033,10 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             /* A restarted chief with a worker at the barrier and another
              * not re-attached: that one may be past the barrier, and held
              * by the servers' clock bound until the first goes on, so the
-             * barrier cannot wait for it. */
-            if (s->n_ready > 0 && skip_unattached(s, err) < 0)
+             * barrier cannot wait for it.  A fresh chief (none attached)
+             * waits: a worker it has not heard of yet, started late, has
+             * passed no barrier (none opens without the chief's GO). */
+            if (s->n_ready > 0 && s->attached > 0 && skip_unattached(s, err) < 0)
                 return -1;
             goto wait;
         }

@@ -93,6 +93,20 @@ static int broken(dp_ring *r, int peer, int lost, uint64_t gen)
     return DP_RING_BROKEN;
 }
 
+/* The next frame from `from`, past a bare RING_HELLO: a replica's greeting to
+ * every member at its open, which a member that took it into the ring on the
+ * leader's plan may read only once the ring goes on (docs/faults.md,
+ * "All-reduce"); it carries nothing the ring needs. */
+static int ring_recv(dp_ring *r, int from, const char *what, dp_event *ev, dp_err *err)
+{
+    for (;;) {
+        if (dp_transport_recv(r->t, from, what, r->timeout, ev, err) < 0)
+            return -1;
+        if (ev->header.type != DP_WIRE_RING_HELLO || ev->header.length != 0)
+            return 0;
+    }
+}
+
 /* Receives segment [off, off + count) from `from` into dst, or (add) adds it
  * to dst straight from the transport (shared memory: from the ring, with no
  * copy besides the sender's). */
@@ -104,7 +118,7 @@ static int recv_segment(dp_ring *r, int from, float *dst, size_t off, size_t cou
     snprintf(what, sizeof what, "all-reduce step %llu bucket %d (%s)", (unsigned long long)step,
              bucket, phase);
     dp_event ev;
-    if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
+    if (ring_recv(r, from, what, &ev, err) < 0)
         return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0); /* silent: see reset_gen */
     if (ev.header.type == DP_WIRE_RING_RESET) {
         dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
@@ -549,7 +563,7 @@ static int recv_bytes(dp_ring *r, int from, uint8_t *dst, size_t off, size_t len
     snprintf(what, sizeof what, "compressed all-reduce step %llu bucket %d",
              (unsigned long long)step, bucket);
     dp_event ev;
-    if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
+    if (ring_recv(r, from, what, &ev, err) < 0)
         return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0);
     if (ev.header.type == DP_WIRE_RING_RESET) {
         dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
@@ -743,7 +757,7 @@ static int recv_piece(dp_ring *r, int from, uint8_t *dst, size_t cap, size_t *go
     char what[96];
     snprintf(what, sizeof what, "sparse all-gather step %llu", (unsigned long long)step);
     dp_event ev;
-    if (dp_transport_recv(r->t, from, what, r->timeout, &ev, err) < 0)
+    if (ring_recv(r, from, what, &ev, err) < 0)
         return broken(r, from, ev.kind == DP_EVENT_PEER_LOST, 0);
     if (ev.header.type == DP_WIRE_RING_RESET) {
         dp_errf(err, "%s is re-forming the ring (%s)", dp_transport_peer_name(r->t, from), what);
