@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ps_capture.h"
 #include "proc.h"
 #include "downpour/compress.h"
 #include "downpour/frame.h"
@@ -322,21 +323,7 @@ static char captured[8192];
 
 static int poll_captured(dp_ps_server *s)
 {
-    fflush(stderr);
-    char path[] = "/tmp/dp_test_ps_compress_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    REQUIRE(fd >= 0 && saved >= 0);
-    dup2(fd, 2);
-    int rc = dp_ps_server_poll(s, 0, &err);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, captured, sizeof captured - 1);
-    captured[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return rc;
+    return ps_poll_captured(s, captured, sizeof captured, &err);
 }
 
 static void bad_blocks_refused(void)

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ps_capture.h"
 #include "downpour/frame.h"
 #include "downpour/inproc.h"
 #include "downpour/log.h"
@@ -599,25 +600,9 @@ static void bad_state_rows(uint32_t first, int extra, const char *want)
 
 static char captured[8192];
 
-/* Runs one server poll with stderr captured into `captured`. */
 static int poll_captured(dp_ps_server *s)
 {
-    fflush(stderr);
-    char path[] = "/tmp/dp_test_ps_sparse_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    REQUIRE(fd >= 0 && saved >= 0);
-    dup2(fd, 2);
-    int rc = dp_ps_server_poll(s, 0, &err);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, captured, sizeof captured - 1);
-    captured[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    fputs(captured, stderr);
-    return rc;
+    return ps_poll_captured(s, captured, sizeof captured, &err);
 }
 
 /* Worker w (rank 1 + w) pushes to ps:0 (shard 0: even ids) a head, shard

@@ -32,6 +32,9 @@ void dp_scal(float *x, float alpha, size_t n);
  * or all cores) at the first product. */
 void dp_blas_set_threads(int n);
 int dp_blas_threads(void);
+/* Waits for the one-time set-up every wrapper here does first (OpenBLAS's
+ * kernels and threads): code that calls cblas itself calls it before. */
+void dp_blas_ready(void);
 /* For benchmarks only: our pool off, OpenBLAS's own n threads inside each product. */
 void dp_blas_set_native_threads(int n);
 /* For benchmarks: the shapes of the products some code runs, so that they

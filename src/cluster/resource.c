@@ -38,6 +38,18 @@ static int read_small(const char *path, char *buf, size_t size, dp_err *err)
     return 0;
 }
 
+/* A "KEY:   N kB" line of a /proc file, in bytes; -1 when it is not there. */
+static int64_t kb_field(const char *path, const char *key)
+{
+    char buf[4096], pat[32];
+    unsigned long long kb;
+    if (read_small(path, buf, sizeof buf, NULL) < 0)
+        return -1;
+    snprintf(pat, sizeof pat, "\n%s:", key);
+    const char *q = strstr(buf, pat);
+    return q && sscanf(q + strlen(pat), "%llu", &kb) == 1 ? (int64_t)kb * 1024 : -1;
+}
+
 int dp_resource_sample(dp_resource_usage *u, dp_err *err)
 {
     char buf[1024];
@@ -76,26 +88,12 @@ int dp_resource_sample(dp_resource_usage *u, dp_err *err)
         return dp_errf(err, "/proc/self/statm: unexpected format");
     long page = sysconf(_SC_PAGESIZE);
     u->rss_bytes = (int64_t)resident * (page > 0 ? page : 4096);
-    u->pss_bytes = -1;
-    u->hwm_bytes = -1;
     /* The kernel's high-water mark: a task whose memory came and went
      * between two samples (a ps task's shard, freed at its end) still shows
-     * what it held. */
-    char status[4096];
-    if (read_small("/proc/self/status", status, sizeof status, NULL) == 0) {
-        const char *q = strstr(status, "\nVmHWM:");
-        unsigned long long kb;
-        if (q && sscanf(q + 7, "%llu", &kb) == 1)
-            u->hwm_bytes = (int64_t)kb * 1024;
-    }
-    /* Optional: older kernels lack smaps_rollup, and then only RSS is known. */
-    char roll[4096];
-    if (read_small("/proc/self/smaps_rollup", roll, sizeof roll, NULL) == 0) {
-        const char *q = strstr(roll, "\nPss:");
-        unsigned long long kb;
-        if (q && sscanf(q + 5, "%llu", &kb) == 1)
-            u->pss_bytes = (int64_t)kb * 1024;
-    }
+     * what it held.  Optional: older kernels lack smaps_rollup, and then
+     * only RSS is known. */
+    u->hwm_bytes = kb_field("/proc/self/status", "VmHWM");
+    u->pss_bytes = kb_field("/proc/self/smaps_rollup", "Pss");
     return 0;
 }
 

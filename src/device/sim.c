@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "device/backend.h"
+#include "downpour/blas.h"
 #include "downpour/isa.h"
 #include "downpour/rng.h"
 #include "downpour/testhooks.h"
@@ -403,6 +404,7 @@ static void run_gemm(sim_ctx *c, const dp_gemm *g)
         return;
     if (g->m == 0 || g->n == 0)
         return;
+    dp_blas_ready(); /* OpenBLAS set up (blas.h), as every product of the tree */
     /* A batch is its products one by one: the bits of single products. */
     int batch = g->batch > 1 ? g->batch : 1;
     for (int i = 0; i < batch; i++)

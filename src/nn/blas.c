@@ -190,6 +190,11 @@ void dp_blas_set_native_threads(int n)
     openblas_set_num_threads(n < 1 ? 1 : n);
 }
 
+void dp_blas_ready(void)
+{
+    pthread_once(&default_once, default_threads);
+}
+
 int dp_blas_threads(void)
 {
     pthread_once(&default_once, default_threads);
@@ -234,11 +239,16 @@ const char *dp_blas_info(void)
     return blas_info;
 }
 
-/* BLAS takes an int length: longer vectors go in pieces. */
+/* BLAS takes an int length: longer vectors go in pieces.  Every call
+ * first waits for default_threads: its kernel re-initialisation
+ * (fix_kernels) leaves OpenBLAS's kernel table empty for a moment, and a
+ * first dot product on another thread read it there (a SEGV in
+ * cblas_dsdot, four in-process replicas under ASan). */
 #define DP_BLAS1_CHUNK ((size_t)1 << 30)
 
 double dp_dot(const float *x, const float *y, size_t n)
 {
+    pthread_once(&default_once, default_threads);
     double sum = 0;
     for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
         size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
@@ -249,6 +259,7 @@ double dp_dot(const float *x, const float *y, size_t n)
 
 void dp_axpy(float *y, float alpha, const float *x, size_t n)
 {
+    pthread_once(&default_once, default_threads);
     for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
         size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
         cblas_saxpy((int)len, alpha, x + lo, 1, y + lo, 1);
@@ -257,6 +268,7 @@ void dp_axpy(float *y, float alpha, const float *x, size_t n)
 
 void dp_scal(float *x, float alpha, size_t n)
 {
+    pthread_once(&default_once, default_threads);
     for (size_t lo = 0; lo < n; lo += DP_BLAS1_CHUNK) {
         size_t len = n - lo < DP_BLAS1_CHUNK ? n - lo : DP_BLAS1_CHUNK;
         cblas_sscal((int)len, alpha, x + lo, 1);

@@ -157,6 +157,10 @@ static double records_in_step(const dp_strategy *s, long k)
 
 /* A PLAN's offset that tells a replica the ring dropped it (watch_lost). */
 #define PLAN_OUT UINT64_MAX
+/* A bare HELLO's offset: a replica's greeting to every other at open, or
+ * (to the leader that welcomed it) its READY once it holds the state. */
+#define HELLO_GREETING 0
+#define HELLO_READY 2
 
 static int leads(const dp_strategy *s)
 {
@@ -179,7 +183,8 @@ static void forget(dp_strategy *s, int p)
             return;
         if (ev.header.type == DP_WIRE_RING_PLAN && ev.header.offset == PLAN_OUT)
             s->dropped = 1; /* a leader that dropped this replica: it is out */
-        if (ev.header.type == DP_WIRE_RING_HELLO && ev.header.length == 0 && !s->back[p]) {
+        if (ev.header.type == DP_WIRE_RING_HELLO && ev.header.length == 0 &&
+            ev.header.offset == HELLO_GREETING && !s->back[p]) {
             s->back[p] = 1;
             if (s->fresh[p] && leads(s))
                 dp_info("%s (a spare slot) asks to join; it joins the all-reduce ring at the "
@@ -297,7 +302,8 @@ static int recv_from(dp_strategy *s, int p, const char *what, dp_event *ev, dp_e
         /* ring segments read past, stale RESETs, and a member's greeting
          * at its open read after it was taken into the ring (ring.c) */
         if (type == DP_WIRE_RING || (type == DP_WIRE_RING_RESET && ev->header.step <= s->gen) ||
-            (type == DP_WIRE_RING_HELLO && ev->header.length == 0 && s->live[p])) {
+            (type == DP_WIRE_RING_HELLO && ev->header.length == 0 &&
+             ev->header.offset == HELLO_GREETING && s->live[p])) {
             if (dp_transport_skip_payload(s->t, s->ranks[p], err) < 0)
                 return lose(s, p, err->msg, err) < 0 ? -1 : 1;
             continue;
@@ -1112,6 +1118,22 @@ static int welcome(dp_strategy *s, dp_err *err)
                 return -1;
             continue;
         }
+        /* Its READY: it holds the state, so the others, told only now,
+         * may send it ring frames (its handshake reads any peer, and one's
+         * segment read before this plan would be the wrong frame). */
+        dp_event ev;
+        int rc = recv_from(s, p, "its READY", &ev, err);
+        if (rc < 0)
+            return -1;
+        if (rc == 1)
+            continue; /* lost: the others' plan leaves it out */
+        if (ev.header.type != DP_WIRE_RING_HELLO || ev.header.offset != HELLO_READY ||
+            ev.header.length != 0) {
+            dp_transport_skip_payload(s->t, s->ranks[p], &e);
+            if (lose(s, p, "it sent another frame than READY after its state", err) < 0)
+                return -1;
+            continue;
+        }
         s->joined[p] = s->applied;
         if (s->fresh[p]) { /* a spare slot filled: the job grows, no fault */
             s->fresh[p] = 0;
@@ -1310,7 +1332,8 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
     dp_err e;
     for (int p = 0; p < n; p++) /* not to a spare slot: out of the ring until it says HELLO */
         if (p != me && s->live[p] &&
-            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_HELLO, 0, 0, NULL, 0, &e) < 0)
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_HELLO, 0, HELLO_GREETING, NULL, 0,
+                              &e) < 0)
             lose(s, p, e.msg, err);
     unsigned char *heard = calloc((size_t)n, 1);
     if (!heard)
@@ -1379,7 +1402,9 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
             goto out;
         }
         s->nccl = (ev.header.offset & GEN_NCCL) != 0;
-        if (recv_state(s, p, err) < 0 || dp_replica_from_host(s->r, err) < 0)
+        if (recv_state(s, p, err) < 0 || dp_replica_from_host(s->r, err) < 0 ||
+            dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_HELLO, (uint64_t)s->applied,
+                              HELLO_READY, NULL, 0, err) < 0)
             goto out;
         info->start_step = s->applied;
         const dp_cluster *c = &s->env->node->cluster;
@@ -1891,6 +1916,10 @@ static int lead_epoch_end(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
     }
     if (s->n_live < s->n)
         take_back(s);
+    /* Those back are welcomed first (their plan and the state, then their
+     * READY), so no member sends one a ring frame before it is in. */
+    if (welcome(s, err) < 0)
+        return -1;
     /* the plan, and after it the run's figures (offset 1): every replica's
      * history holds the same rows, should it come to lead */
     uint8_t buf[PLAN_MAX + 24];
@@ -1898,12 +1927,13 @@ static int lead_epoch_end(dp_strategy *s, dp_epoch_stats *st, dp_err *err)
     put_figures(buf + len, sum);
     for (int p = 0; p < s->n; p++) {
         dp_err e;
-        if (p != s->position && s->live[p] && !s->back[p] && !past_end(s, p, end) &&
+        if (p != s->position && s->live[p] && s->joined[p] != s->applied &&
+            !past_end(s, p, end) &&
             dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_PLAN, (uint64_t)s->applied, 1, buf,
                               len + 24, &e) < 0)
             lose(s, p, e.msg, err);
     }
-    if (welcome(s, err) < 0 || (s->ring.n != s->n_live && rebuild_or_reform(s, err) < 0))
+    if (s->ring.n != s->n_live && rebuild_or_reform(s, err) < 0)
         return -1;
     st->loss_sum = sum[0];
     st->records = sum[1];

@@ -102,7 +102,8 @@ static int ring_recv(dp_ring *r, int from, const char *what, dp_event *ev, dp_er
     for (;;) {
         if (dp_transport_recv(r->t, from, what, r->timeout, ev, err) < 0)
             return -1;
-        if (ev->header.type != DP_WIRE_RING_HELLO || ev->header.length != 0)
+        if (ev->header.type != DP_WIRE_RING_HELLO || ev->header.length != 0 ||
+            ev->header.offset != 0)
             return 0;
     }
 }
