@@ -207,7 +207,7 @@ has_role() {  # strategy role fault
     case "$2" in
     worker) return 0 ;;
     chief) [ "$3" != drain ] || chiefless "$1" ;;  # a chief is not drained; replica 0 may be
-    ps) ! chiefless "$1" ;;
+    ps) [ "$3" != drain ] && ! chiefless "$1" ;;  # a drain is a worker's
     esac
 }
 
