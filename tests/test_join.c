@@ -298,6 +298,20 @@ int main(void)
     rc = finish(l, 120);
     CHECKF(rc == 0 && log_has("ps-late", "it starts at step 80"),
            "ps-late: a spare filled in the last epoch: exit %d", rc);
+    /* ps-sync: a spare filled from a later epoch is not due in the rounds
+     * before its first step (the servers once waited for its push there,
+     * and the run hung). */
+    snprintf(args, sizeof args, "--workers 3 --chief --ps 1 -- train --strategy ps-sync " JOB
+             " --epochs 2 --checkpoint-dir %s/sync.ck --checkpoint-every 10", tmp);
+    l = start("sync-join", args);
+    CHECKF(wait_log("sync-join", "Worker 0, At step 10,", 120), "sync-join: step 10 never came");
+    /* admitted at the release of the last barrier before its epoch (30),
+     * not at the first (10, 20 would have counted it without it); it starts
+     * a step early to take part in the checkpoint at its epoch's start */
+    kill(l, SIGUSR1);
+    rc = finish(l, 60);
+    CHECKF(rc == 0 && log_has("sync-join", "it starts at step 39 (epoch 1)"),
+           "sync-join: a spare joining ps-sync at the next epoch: exit %d", rc);
     refused_joins();
 
     /* refused before any task starts (exit 2): no worker would start, or a

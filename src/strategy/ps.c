@@ -259,9 +259,16 @@ int dp_ps_round_complete(const server *s)
 {
     if (s->round_pushes == 0)
         return 0;
+    /* The round's clock: its pushers'.  A worker that joined ahead (a spare
+     * slot filled from a later epoch: rejoin_worker set its clock to the
+     * step before its first) is not due until the round reaches it. */
+    long round = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->w[i].live && s->w[i].pending && s->w[i].clock > round)
+            round = s->w[i].clock;
     for (int i = 0; i < s->n_workers; i++) {
         const dp_ps_worker *w = &s->w[i];
-        if (!w->live || w->pending ||
+        if (!w->live || w->pending || w->clock >= round ||
             (s->restored && (w->unsynced || w->last_step >= s->round_key)))
             continue;
         return 0;

@@ -1818,6 +1818,15 @@ static void admit_rejoin(dp_strategy *s, int r)
         long e = (hi + spe / 8) / spe + 1;
         step = e < cfg->epochs ? e * spe : total;
         from = e < cfg->epochs ? (int)e + 1 : 0;
+        /* A checkpoint barrier the others reach before its first step would
+         * count it (live) without it: it is admitted at that barrier's
+         * release instead (release_barrier), as near its start as that. */
+        long seen = s->ckpt_step > s->last_ckpt ? s->ckpt_step : s->last_ckpt;
+        if (from && cfg->checkpoint_dir && cfg->checkpoint_every > 0 &&
+            (seen / cfg->checkpoint_every + 1) * cfg->checkpoint_every < step) {
+            s->joining[r] = 1;
+            return;
+        }
     }
     if (step < s->last_ckpt)
         step = s->last_ckpt;
