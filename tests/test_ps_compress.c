@@ -28,6 +28,7 @@
 
 #include "check.h"
 #include "ps_capture.h"
+#include "ps_rig.h"
 #include "proc.h"
 #include "downpour/compress.h"
 #include "downpour/frame.h"
@@ -42,33 +43,6 @@
 
 static dp_err err;
 
-typedef struct rig {
-    dp_cluster c;
-    dp_transport *ts[8];
-    dp_ps_config cfg;
-    dp_ps_layout layout;
-    dp_ps_server *s[2];
-    pthread_t th[2];
-    atomic_int stop[2];
-    struct serving {
-        dp_ps_server *s;
-        atomic_int *stop;
-    } sv[2];
-    int n, ps0;
-    int stopped[2];
-} rig;
-
-static void *serve_thread(void *arg)
-{
-    struct serving *v = arg;
-    dp_err e;
-    int rc;
-    while (!atomic_load(v->stop) && (rc = dp_ps_server_poll(v->s, 0.02, &e)) == 0)
-        ;
-    if (!atomic_load(v->stop) && rc < 0)
-        fprintf(stderr, "server: %s\n", e.msg);
-    return NULL;
-}
 
 static float target(int i) { return 0.5f * sinf(0.37f * (float)i); }
 static float init_of(int i) { return 0.3f * cosf(0.11f * (float)i); }
@@ -119,37 +93,12 @@ static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads, in
     for (int k = 0; k < 2; k++)
         REQUIRE(dp_ps_server_open(&r->s[k], r->ts[r->ps0 + k], &r->c, &r->layout, &r->cfg, &oc,
                                   &start, NP, &err) == 0);
-    for (int k = 0; k < 2 && threads; k++) {
-        r->sv[k] = (struct serving){r->s[k], &r->stop[k]};
-        REQUIRE(pthread_create(&r->th[k], NULL, serve_thread, &r->sv[k]) == 0);
-    }
-}
-
-static void rig_close(rig *r, int threads)
-{
-    for (int k = 0; k < 2; k++) {
-        if (threads && !r->stopped[k]) {
-            REQUIRE(dp_transport_send(r->ts[0], r->ps0 + k, DP_WIRE_SHUTDOWN, 0, 0, NULL, 0,
-                                      &err) == 0);
-            pthread_join(r->th[k], NULL);
-        }
-        dp_ps_server_close(r->s[k]);
-    }
-    for (int i = 0; i < r->n; i++)
-        dp_transport_close(r->ts[i]);
-    dp_cluster_free(&r->c);
+    if (threads)
+        rig_serve(r);
 }
 
 /* ps task k's thread stops serving, then its process "crashes": its
  * shard goes on on its backup (the other ps task). */
-static void crash_ps(rig *r, int k)
-{
-    atomic_store(&r->stop[k], 1);
-    pthread_join(r->th[k], NULL);
-    r->stopped[k] = 1;
-    REQUIRE(dp_inproc_kill(r->ts[r->ps0 + k], DP_INPROC_CRASH, &err) == 0);
-}
-
 /* One process doing what the compressed run should: v = g + resid, sent
  * q = the codec's rounding of v (topk: the k of each shard's slice largest
  * in magnitude, the lower index first on ties, chosen here by plain

@@ -37,6 +37,7 @@
 
 #include "check.h"
 #include "ps_capture.h"
+#include "ps_rig.h"
 #include "downpour/frame.h"
 #include "downpour/inproc.h"
 #include "downpour/log.h"
@@ -166,35 +167,6 @@ static void rows_equal_dense(dp_optim_kind kind)
 
 /* ------------------------------------------------------------ client and servers */
 
-/* chief (rank 0), workers, two ps tasks; each server polled by a thread of
- * its own until the chief's SHUTDOWN. */
-typedef struct rig {
-    dp_cluster c;
-    dp_transport *ts[8];
-    int n, ps0, workers;
-    dp_ps_layout layout;
-    dp_ps_config cfg;
-    dp_ps_server *s[2];
-    pthread_t th[2];
-    atomic_int stop[2];
-    int stopped[2];
-    struct serving {
-        dp_ps_server *s;
-        atomic_int *stop;
-    } sv[2];
-} rig;
-
-static void *serve_thread(void *arg)
-{
-    struct serving *v = arg;
-    dp_err e;
-    int rc;
-    while (!atomic_load(v->stop) && (rc = dp_ps_server_poll(v->s, 0.02, &e)) == 0)
-        ;
-    if (!atomic_load(v->stop) && rc < 0)
-        fprintf(stderr, "server: %s\n", e.msg);
-    return NULL;
-}
 
 static const float *start_params(void)
 {
@@ -240,36 +212,11 @@ static void rig_open(rig *r, int workers, int sparse, dp_ps_mode mode, const dp_
             exit(1);
         }
     }
-    for (int k = 0; k < 2 && threads; k++) {
-        r->sv[k] = (struct serving){r->s[k], &r->stop[k]};
-        REQUIRE(pthread_create(&r->th[k], NULL, serve_thread, &r->sv[k]) == 0);
-    }
+    if (threads)
+        rig_serve(r);
 }
 
 /* ps task k's thread stops serving, then its process "crashes". */
-static void crash_ps(rig *r, int k)
-{
-    atomic_store(&r->stop[k], 1);
-    pthread_join(r->th[k], NULL);
-    r->stopped[k] = 1;
-    REQUIRE(dp_inproc_kill(r->ts[r->ps0 + k], DP_INPROC_CRASH, &err) == 0);
-}
-
-static void rig_close(rig *r, int threads)
-{
-    for (int k = 0; k < 2; k++) {
-        if (threads && !r->stopped[k]) {
-            REQUIRE(dp_transport_send(r->ts[0], r->ps0 + k, DP_WIRE_SHUTDOWN, 0, 0, NULL, 0,
-                                      &err) == 0);
-            pthread_join(r->th[k], NULL);
-        }
-        dp_ps_server_close(r->s[k]);
-    }
-    for (int i = 0; i < r->n; i++)
-        dp_transport_close(r->ts[i]);
-    dp_cluster_free(&r->c);
-}
-
 /* A step's unique rows and gradient: the rows of step_rows, the dense part
  * always. */
 static void step_grad(int step, float *g)
