@@ -100,6 +100,27 @@ static int log_has(const char *name, const char *text)
     return has;
 }
 
+/* Prints tmp/NAME.log's last `lines` lines to stderr: a failed check's
+ * evidence, so a failure on a machine no one can reach explains itself. */
+static inline void show_log(const char *name, int lines)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+    size_t len;
+    char *s = slurp(path, &len);
+    if (!s) {
+        fprintf(stderr, "---- %s: none\n", path);
+        return;
+    }
+    const char *from = s + len;
+    for (int n = 0; from > s && n <= lines; from--)
+        if (from[-1] == '\n' && ++n > lines)
+            break;
+    fprintf(stderr, "---- %s (last %d lines)\n%s%s---- end of %s\n", path, lines, from,
+            len && s[len - 1] != '\n' ? "\n" : "", name);
+    free(s);
+}
+
 static int wait_log(const char *name, const char *text, double timeout)
 {
     for (double end = now_s() + timeout; now_s() < end; sleep_s(0.02))

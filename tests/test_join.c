@@ -17,6 +17,9 @@
  *   the updates follow the workers: the epochs over 3 make more of them
  *   than at the fixed size, which gains it 0.3 to 0.7 % here (test_drain
  *   gives a drain alone, which only loses updates, 2 %).
+ * - allreduce, 4 slots, 2 spare, two SIGUSR1s at once: both join at one
+ *   epoch's start (each waits for the leader's GO), exit 0, no fault, the
+ *   four replicas end bitwise equal.
  * - Tasks started by hand (`downpour run`, 4 slots, 2 spare): one for a
  *   spare slot with another secret is refused at once with a message that
  *   says so; worker:2 joins, and `run --join` takes the slot left
@@ -161,6 +164,48 @@ static int grow_and_shrink(const char *name, const char *strategy, const char *d
     return rc;
 }
 
+/* Two spares asked for at once (two SIGUSR1s, 4 slots, 2 spare) join the
+ * ring at one epoch's start.  The first one let go once it held the state
+ * sent the second a ring segment while the second still read its
+ * handshake: the second left ("sent frame type 24 instead of HELLO") and
+ * the ring hung.  Now each waits for the leader's GO, sent once all are
+ * READY: exit 0, two joins, no fault, the four replicas end bitwise equal. */
+static void two_at_once(void)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--workers 4 -- train --strategy allreduce --dataset mnist "
+             "--model 784-128-10 --train-size 12000 --val-size 1000 --batch 100 --threads 1 "
+             "--no-progress --log-every 10 --heartbeat-timeout 1 --spare-workers 2 --epochs 5 "
+             "--metrics %s/ar-two.jsonl", tmp);
+    /* epochs long enough for both to start; the leader waits after each
+     * READY, so one let go too early would surely speak to the other */
+    setenv("DOWNPOUR_TEST_STEP_MS", "10", 1);
+    setenv("DOWNPOUR_TEST_WELCOME_MS", "300", 1);
+    pid_t l = start("ar-two", args);
+    unsetenv("DOWNPOUR_TEST_STEP_MS");
+    unsetenv("DOWNPOUR_TEST_WELCOME_MS");
+    CHECKF(wait_log("ar-two", "Worker 0, At step 10,", 120), "ar-two: step 10 never came");
+    kill(l, SIGUSR1);
+    sleep_s(0.1); /* two signals, not one pending twice */
+    kill(l, SIGUSR1);
+    int rc = finish(l, 300);
+    long n = 0;
+    int same = replicas_equal("ar-two", &n);
+    int at2 = log_has("ar-two", "worker:2 joined the all-reduce ring at step"),
+        at3 = log_has("ar-two", "worker:3 joined the all-reduce ring at step");
+    fprintf(stderr, "ar-two: exit %d, %d join event(s), %ld replica checksum(s) %s\n", rc,
+            count_events("ar-two", "join"), n, same ? "equal" : "NOT equal");
+    CHECKF(rc == 0 && at2 && at3 && count_events("ar-two", "join") == 2,
+           "ar-two: two spares at once: exit %d, worker:2 %s, worker:3 %s", rc,
+           at2 ? "joined" : "did not join", at3 ? "joined" : "did not join");
+    CHECKF(count_events("ar-two", "fault") == 0 && !log_has("ar-two", "fault:"),
+           "ar-two: a fault (line or event) for two joins");
+    CHECKF(same && n == 4, "ar-two: %ld replica checksums, %s (expected 4, equal)", n,
+           same ? "all equal" : "not all equal");
+    if (rc != 0)
+        show_log("ar-two", 40);
+}
+
 /* --- joins refused, tasks started by hand --- */
 
 static void write_secret(const char *path, char c)
@@ -217,7 +262,7 @@ static pid_t run_by_hand(const char *name, const char *spec, int i, const char *
  * (each refused, saying why).  The job ends well. */
 static void refused_joins(void)
 {
-    int ports[4], fds[4];
+    int ports[4], fds[4], failures = check_failures;
     dp_err err;
     REQUIRE(dp_launch_free_ports(ports, fds, 4, &err) == 0);
     char spec[1200], good[1200], bad[1200];
@@ -267,6 +312,10 @@ static void refused_joins(void)
     CHECKF(r0 == 0 && r1 == 0 && r2 == 0, "the job's tasks exited %d, %d and %d", r0, r1, r2);
     CHECKF(log_has("hand-0", "worker:2 joined the all-reduce ring"),
            "hand-0: worker:2 did not join");
+    if (check_failures > failures)
+        for (size_t i = 0; i < 7; i++)
+            show_log((const char *[]){"hand-0", "hand-1", "hand-2", "hand-3-bad", "hand-join",
+                                      "hand-2-again", "hand-join-full"}[i], 30);
 }
 
 int main(void)
@@ -312,6 +361,7 @@ int main(void)
     rc = finish(l, 60);
     CHECKF(rc == 0 && log_has("sync-join", "it starts at step 39 (epoch 1)"),
            "sync-join: a spare joining ps-sync at the next epoch: exit %d", rc);
+    two_at_once();
     refused_joins();
 
     /* refused before any task starts (exit 2): no worker would start, or a

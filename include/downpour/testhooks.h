@@ -18,6 +18,8 @@
  *                                    (1-8 letters or digits), so a test counts its own
  *   DOWNPOUR_TEST_LINK_NS=NS         the all-reduce ring's fit (auto's measurement) sees a link
  *                                    NS ns a byte slower (0 <= NS <= 1e6): a fake slow link
+ *   DOWNPOUR_TEST_WELCOME_MS=MS      the all-reduce leader waits MS after each replica it
+ *                                    welcomed is READY (0 < MS <= 1000): a wide window
  *
  * The values are checked where they are read: dp_hooks_check refuses a
  * malformed one with a message naming it (the program checks before it
@@ -42,6 +44,7 @@ typedef enum dp_hook {
     DP_HOOK_PAUSE_TASK,
     DP_HOOK_SHM_TAG,
     DP_HOOK_LINK_NS,
+    DP_HOOK_WELCOME_MS,
     DP_HOOK_COUNT
 } dp_hook;
 
@@ -60,6 +63,9 @@ int dp_hooks_check(dp_err *err);
 
 /* Nanoseconds a byte the ring's fit adds to each measured sum; 0: none. */
 double dp_hook_link_ns(void);
+/* Milliseconds the all-reduce leader waits after each welcomed replica's
+ * READY; 0: none. */
+double dp_hook_welcome_ms(void);
 /* The step after which to SIGKILL this task; -1: none. */
 long dp_hook_kill_at_step(void);
 /* Milliseconds a clustered task sleeps after each step; 0: none. */

@@ -50,7 +50,7 @@ enum dp_wire_type {
     DP_WIRE_RING_PLAN = DP_FRAME_APP(11),   /* the leader -> replicas: the new ring (allreduce.c send_plan); offset all ones: you are out */
     DP_WIRE_RING_STATE = DP_FRAME_APP(12),  /* newest replica -> those behind: params, optimiser slots; offset = optimiser t */
     DP_WIRE_RING_STATS = DP_FRAME_APP(13),  /* replica -> the leader: epoch figures, 3 f64 */
-    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> every replica at open (no payload, offset 0); the leader answers with the members; a welcomed replica -> the leader once it holds the state (no payload, offset 2: READY) */
+    DP_WIRE_RING_HELLO = DP_FRAME_APP(14),  /* replica -> every replica at open (no payload, offset 0); the leader answers with the members; a welcomed replica -> the leader once it holds the state (no payload, offset 2: READY); the leader -> each welcomed replica once all are READY (offset 3: GO, payload the members) */
     DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> the leader: offset 1 if its device has them; the leader -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
     DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> the leader at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
     /* run coordination (the loop, and the strategy that coordinates) */

@@ -22,26 +22,27 @@ static const char *const names[DP_HOOK_COUNT] = {
     [DP_HOOK_PAUSE_TASK] = "DOWNPOUR_TEST_PAUSE_TASK",
     [DP_HOOK_SHM_TAG] = "DOWNPOUR_TEST_SHM_TAG",
     [DP_HOOK_LINK_NS] = "DOWNPOUR_TEST_LINK_NS",
+    [DP_HOOK_WELCOME_MS] = "DOWNPOUR_TEST_WELCOME_MS",
 };
 
-/* The texts (owned copies) and the parsed values of the two hooks a
- * training step tests; a malformed value leaves its hook off. */
+/* The texts (owned copies) and the parsed values of the hooks live paths
+ * test; a malformed value leaves its hook off. */
 static char *text[DP_HOOK_COUNT];
 static long kill_at = -1;
-static double step_ms;
+static double step_ms, welcome_ms;
 static double link_ns;
 static long pause_bytes, pause_nth = 1;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-/* T as milliseconds in (0, 1000]. */
-static int parse_ms(const char *t, double *out, dp_err *err)
+/* T, hook H's text, as milliseconds in (0, 1000]. */
+static int parse_ms(dp_hook h, const char *t, double *out, dp_err *err)
 {
     double v = 0;
-    if (dp_parse_double(t, 0, 1000, &v, names[DP_HOOK_STEP_MS], err) < 0)
+    if (dp_parse_double(t, 0, 1000, &v, names[h], err) < 0)
         return -1;
     if (!(v > 0))
-        return dp_errf(err, "%s: '%s' is not above 0 (milliseconds, at most 1000)",
-                       names[DP_HOOK_STEP_MS], t);
+        return dp_errf(err, "%s: '%s' is not above 0 (milliseconds, at most 1000)", names[h],
+                       t);
     *out = v;
     return 0;
 }
@@ -65,12 +66,13 @@ static int parse(dp_hook h, const char *t, dp_err *err)
         kill_at = v;
         return 0;
     }
-    case DP_HOOK_STEP_MS: {
-        double v = 0;
-        step_ms = 0;
-        if (t && parse_ms(t, &v, err) < 0)
+    case DP_HOOK_STEP_MS:
+    case DP_HOOK_WELCOME_MS: {
+        double v = 0, *dst = h == DP_HOOK_STEP_MS ? &step_ms : &welcome_ms;
+        *dst = 0;
+        if (t && parse_ms(h, t, &v, err) < 0)
             return -1;
-        step_ms = v;
+        *dst = v;
         return 0;
     }
     case DP_HOOK_LINK_NS: {
@@ -183,6 +185,12 @@ double dp_hook_step_ms(void)
 {
     pthread_once(&once, load);
     return step_ms;
+}
+
+double dp_hook_welcome_ms(void)
+{
+    pthread_once(&once, load);
+    return welcome_ms;
 }
 
 double dp_hook_link_ns(void)

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "downpour/blas.h"
@@ -40,6 +41,7 @@
 #include "downpour/reducer.h"
 #include "downpour/ring.h"
 #include "downpour/strategy.h"
+#include "downpour/testhooks.h"
 #include "downpour/wire.h"
 #include "strategy/allreduce_options.h"
 #include "strategy/allreduce_sparse.h"
@@ -158,9 +160,12 @@ static double records_in_step(const dp_strategy *s, long k)
 /* A PLAN's offset that tells a replica the ring dropped it (watch_lost). */
 #define PLAN_OUT UINT64_MAX
 /* A bare HELLO's offset: a replica's greeting to every other at open, or
- * (to the leader that welcomed it) its READY once it holds the state. */
+ * (to the leader that welcomed it) its READY once it holds the state; the
+ * leader's GO, once every replica it welcomed at that epoch's start is
+ * READY, lets each take its first ring step (welcome). */
 #define HELLO_GREETING 0
 #define HELLO_READY 2
+#define HELLO_GO 3
 
 static int leads(const dp_strategy *s)
 {
@@ -1103,19 +1108,23 @@ static void take_back(dp_strategy *s)
 
 static int welcome(dp_strategy *s, dp_err *err)
 {
+    unsigned char *ready = NULL; /* those READY: each is sent GO at the end */
     for (int p = 0; p < s->n; p++) {
         if (!s->back[p])
             continue;
-        if (dp_replica_to_host(s->r, err) < 0)
+        if (!ready && !(ready = calloc((size_t)s->n, 1)))
+            return dp_errf(err, "out of memory");
+        if (dp_replica_to_host(s->r, err) < 0) {
+            free(ready);
             return -1;
+        }
         s->back[p] = 0;
         dp_err e;
         if (send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL,
                       s->gen | (s->nccl ? GEN_NCCL : 0) | ((uint64_t)s->autoc.rank << GEN_RANK_SHIFT),
                       &e) < 0 ||
             send_state(s, p, &e) < 0) {
-            if (lose(s, p, e.msg, err) < 0)
-                return -1;
+            lose(s, p, e.msg, err);
             continue;
         }
         /* Its READY: it holds the state, so the others, told only now,
@@ -1123,18 +1132,25 @@ static int welcome(dp_strategy *s, dp_err *err)
          * segment read before this plan would be the wrong frame). */
         dp_event ev;
         int rc = recv_from(s, p, "its READY", &ev, err);
-        if (rc < 0)
+        if (rc < 0) {
+            free(ready);
             return -1;
+        }
         if (rc == 1)
             continue; /* lost: the others' plan leaves it out */
         if (ev.header.type != DP_WIRE_RING_HELLO || ev.header.offset != HELLO_READY ||
             ev.header.length != 0) {
             dp_transport_skip_payload(s->t, s->ranks[p], &e);
-            if (lose(s, p, "it sent another frame than READY after its state", err) < 0)
-                return -1;
+            lose(s, p, "it sent another frame than READY after its state", err);
             continue;
         }
+        ready[p] = 1;
         s->joined[p] = s->applied;
+        double pause = dp_hook_welcome_ms(); /* a test's wide window (testhooks.h) */
+        if (pause > 0)
+            nanosleep(&(struct timespec){(time_t)(pause / 1000),
+                                         (long)((pause - 1000 * (time_t)(pause / 1000)) * 1e6)},
+                      NULL);
         if (s->fresh[p]) { /* a spare slot filled: the job grows, no fault */
             s->fresh[p] = 0;
             dp_info("%s joined the all-reduce ring at step %ld; the run goes on over %d "
@@ -1150,6 +1166,19 @@ static int welcome(dp_strategy *s, dp_err *err)
                          "what", "restarted", DP_F_STR, "action", "rejoin", DP_F_INT, "step",
                          s->applied, DP_F_END);
     }
+    /* GO to each READY only now: two welcomed at one epoch's start hold a
+     * plan naming each other, and the first, let go at its READY, sent the
+     * second a ring segment while the second still read its handshake (it
+     * left with "sent frame type 24 instead of HELLO", and the ring hung).
+     * The GO carries the members as they are now: one welcomed first still
+     * holds a plan naming one lost since. */
+    for (int p = 0; ready && p < s->n; p++) {
+        dp_err e;
+        if (ready[p] && s->live[p] &&
+            send_plan(s, p, DP_WIRE_RING_HELLO, s->applied, NULL, HELLO_GO, &e) < 0)
+            lose(s, p, e.msg, err);
+    }
+    free(ready);
     return 0;
 }
 
@@ -1316,6 +1345,28 @@ static void allreduce_close(dp_strategy *s)
     free(s);
 }
 
+/* A welcomed replica, READY: the leader p's GO (welcome) with the members
+ * as they are now, after which the ring's other members may send it
+ * segments and it them. */
+static int await_go(dp_strategy *s, int p, dp_err *err)
+{
+    dp_event ev;
+    int rc = recv_from(s, p, "its GO after this replica's READY", &ev, err);
+    if (rc > 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return dp_errf(err, "lost the leader %s while joining the all-reduce ring (%s)",
+                       name_of(s, p), why);
+    }
+    if (rc < 0)
+        return -1;
+    if (ev.header.type != DP_WIRE_RING_HELLO || ev.header.offset != HELLO_GO)
+        return dp_errf(err, "%s sent frame type %u (offset %llu) instead of GO after this "
+                            "replica's READY",
+                       name_of(s, p), ev.header.type, (unsigned long long)ev.header.offset);
+    return take_plan(s, p, &ev, NULL, err);
+}
+
 /* At open every replica says HELLO to every other.  In a fresh run each
  * reads the others' HELLOs, and replica 0, which leads at the start,
  * answers each with the ring's members (those that said it).  A replica
@@ -1404,7 +1455,8 @@ static int handshake(dp_strategy *s, dp_task_info *info, dp_err *err)
         s->nccl = (ev.header.offset & GEN_NCCL) != 0;
         if (recv_state(s, p, err) < 0 || dp_replica_from_host(s->r, err) < 0 ||
             dp_transport_send(s->t, s->ranks[p], DP_WIRE_RING_HELLO, (uint64_t)s->applied,
-                              HELLO_READY, NULL, 0, err) < 0)
+                              HELLO_READY, NULL, 0, err) < 0 ||
+            await_go(s, p, err) < 0)
             goto out;
         info->start_step = s->applied;
         const dp_cluster *c = &s->env->node->cluster;
