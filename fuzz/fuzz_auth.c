@@ -74,6 +74,10 @@ static void params(dp_auth_params *p, int accept_side, int encrypt)
     p->admit = admit;
     p->incarnation = accept_side ? INC_ACCEPTOR : INC_DIALER;
     p->encrypt = encrypt;
+    if (accept_side) { /* a query for the spec (opt bit 3) is answered with it */
+        p->spec = "{\"cluster\": {\"worker\": [\"127.0.0.1:1\", \"127.0.0.1:2\"]}}";
+        p->spec_len = strlen(p->spec);
+    }
 }
 
 /* ---- writing the seeds: a real dialer and a real acceptor, with a relay

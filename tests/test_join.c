@@ -22,9 +22,11 @@
  *   four replicas end bitwise equal.
  * - Tasks started by hand (`downpour run`, 4 slots, 2 spare): one for a
  *   spare slot with another secret is refused at once with a message that
- *   says so; worker:2 joins, and `run --join` takes the slot left
- *   (worker:3); then a second task for a filled slot and a second `--join`
- *   are refused, naming the slots; the job goes on.
+ *   says so; worker:2 joins, and `run --join 127.0.0.1:PORT` (no spec
+ *   file: it asks worker:1 for the spec) takes the slot left (worker:3),
+ *   after the same with another secret was refused; then a second task for
+ *   a filled slot and a second `--join` (with the spec) are refused, naming
+ *   the slots; the job goes on.
  * - --spare-workers that leaves no worker to start, or under a strategy that
  *   cannot take a worker in mid-run, is refused before any task starts. */
 #include "launch.h"
@@ -219,22 +221,27 @@ static void write_secret(const char *path, char c)
     chmod(path, 0600);
 }
 
-/* `downpour run --task worker:I` (I < 0: `--join`, a free spare slot) of a
- * job of 4 worker slots, 2 spare, output in tmp/NAME.log; with its listening
- * socket as fd 3 (as the launcher hands it) unless fd < 0, when it binds its
- * address itself. */
+/* `downpour run --task worker:I` (I -1: `--join`, a free spare slot; I < -1:
+ * `--join 127.0.0.1:-I`, the spec asked of the task at that port, no
+ * --cluster) of a job of 4 worker slots, 2 spare, output in tmp/NAME.log;
+ * with its listening socket as fd 3 (as the launcher hands it) unless
+ * fd < 0, when it binds its address itself. */
 static pid_t run_by_hand(const char *name, const char *spec, int i, const char *secret, int fd,
                          const int *fds, int n)
 {
-    char log[1200], cmd[4096], task[32] = "--join";
+    char log[1200], cmd[4096], task[1300];
     snprintf(log, sizeof log, "%s/%s.log", tmp, name);
     if (i >= 0)
-        snprintf(task, sizeof task, "--task worker:%d", i);
-    snprintf(cmd, sizeof cmd, "exec %s run --cluster %s %s --secret-file %s -- "
+        snprintf(task, sizeof task, "--cluster %s --task worker:%d", spec, i);
+    else if (i == -1)
+        snprintf(task, sizeof task, "--cluster %s --join", spec);
+    else
+        snprintf(task, sizeof task, "--join 127.0.0.1:%d", -i);
+    snprintf(cmd, sizeof cmd, "exec %s run %s --secret-file %s -- "
              "train --strategy allreduce --dataset mnist --model 784-128-10 --train-size "
              "12000 --val-size 1000 --batch 100 --threads 1 --no-progress --log-every 10 "
              "--heartbeat-timeout 1 --spare-workers 2 --epochs 12 --startup-timeout 60", bin,
-             spec, task, secret);
+             task, secret);
     pid_t pid = fork();
     if (pid == 0) {
         int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -287,8 +294,11 @@ static void refused_joins(void)
     pid_t w3 = run_by_hand("hand-3-bad", spec, 3, bad, -1, fds, 3);
     pid_t w2 = run_by_hand("hand-2", spec, 2, good, fds[2], fds, 3);
     int r3 = finish(w3, 120);
-    /* worker:2's slot is held (by this test and the task): --join takes 3 */
-    pid_t wj = run_by_hand("hand-join", spec, -1, good, -1, fds, 3);
+    /* worker:2's slot is held (by this test and the task): --join takes 3,
+     * with the spec asked of worker:1 (no --cluster); and a query with the
+     * wrong secret is refused, naming it */
+    int rq = finish(run_by_hand("hand-query-bad", spec, -ports[1], bad, -1, fds, 3), 60);
+    pid_t wj = run_by_hand("hand-join", spec, -ports[1], good, -1, fds, 3);
     CHECKF(wait_log("hand-2", "2: joined the ", 120), "hand-2: worker:2 never joined");
     CHECKF(wait_log("hand-join", "3: joined the ", 120), "hand-join: --join never joined");
     int ra = finish(run_by_hand("hand-2-again", spec, 2, good, -1, fds, 3), 120);
@@ -305,6 +315,12 @@ static void refused_joins(void)
            "hand-join-full: --join to a full job exited %d without saying why", rf);
     CHECKF(rj == 0 && log_has("hand-0", "worker:3 joined the all-reduce ring"),
            "hand-join: --join (worker:3) exited %d, or never joined", rj);
+    CHECKF(rq == 1 && log_has("hand-query-bad", "for the cluster spec: authentication failed: "
+                                                "the task there holds another cluster secret"),
+           "hand-query-bad: --join HOST:PORT with another secret exited %d without saying why",
+           rq);
+    CHECKF(log_has("hand-1", "sent the cluster spec to 127.0.0.1:"),
+           "hand-1: no line says it sent the spec to the joiner");
     CHECKF(r3 != 0 && log_has("hand-3-bad", "this task's cluster secret is not the job's"),
            "hand-3-bad: a joiner with the wrong secret exited %d without saying why", r3);
     CHECKF(ra != 0 && log_has("hand-2-again", "the spare slot worker:2 is taken"),
@@ -313,9 +329,10 @@ static void refused_joins(void)
     CHECKF(log_has("hand-0", "worker:2 joined the all-reduce ring"),
            "hand-0: worker:2 did not join");
     if (check_failures > failures)
-        for (size_t i = 0; i < 7; i++)
+        for (size_t i = 0; i < 8; i++)
             show_log((const char *[]){"hand-0", "hand-1", "hand-2", "hand-3-bad", "hand-join",
-                                      "hand-2-again", "hand-join-full"}[i], 30);
+                                      "hand-2-again", "hand-join-full", "hand-query-bad"}[i],
+                     30);
 }
 
 int main(void)

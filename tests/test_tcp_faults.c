@@ -169,7 +169,7 @@ static int raw_connect(void)
 static int raw_auth(const unsigned char *key, size_t key_len, dp_err *err)
 {
     int fd = raw_connect();
-    dp_auth_params p = {0, 3, key, key_len, dp_now() + 3, NULL, NULL, 0x1234, 0};
+    dp_auth_params p = {0, 3, key, key_len, dp_now() + 3, NULL, NULL, 0x1234, 0, NULL, 0};
     dp_auth_io io = {0};
     dp_auth_session sess;
     if (dp_auth_dial(fd, &p, 2, &io, &sess, err) != 0) {
@@ -377,7 +377,7 @@ static void fault_cases(dp_transport *t)
      * the same process (its incarnation): a new incarnation would replace it. */
     fd = -1;
     dp_auth_params p = {1,    3,    secret, sizeof secret - 1, dp_now() + 3,
-                        NULL, NULL, dp_transport_peer_incarnation(t, 1), 0};
+                        NULL, NULL, dp_transport_peer_incarnation(t, 1), 0, NULL, 0};
     dp_auth_io io = {0};
     dp_auth_session sess;
     int rfd = raw_connect();

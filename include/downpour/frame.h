@@ -63,6 +63,10 @@ typedef enum dp_frame_type {
     /* Shared-memory setup right after WELCOME (docs/transport.md, "Shared
      * memory"): the dialer's offer, the acceptor's answer. */
     DP_FRAME_SHM = 7,
+    /* The cluster spec, to a dialer that asked for it in its HELLO and proved
+     * the secret (docs/transport.md, "Asking for the cluster spec"): its
+     * length, its bytes in chunks, then its MAC. */
+    DP_FRAME_SPEC = 8,
     /* Types from here on are delivered to the application (the strategies). */
     DP_FRAME_APP_FIRST = 16,
     DP_FRAME_COUNT = 256

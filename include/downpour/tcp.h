@@ -44,6 +44,11 @@ typedef struct dp_tcp_config {
                                   secret ends the wait at once with that reason, rather than
                                   after the whole connect deadline (docs/cluster.md, "Spare
                                   slots") */
+    const char *spec_json;     /* the cluster spec (dp_cluster_to_json, no "task"; at most
+                                  64 KiB), copied: handed to a task that proves the secret
+                                  and asks for it (`downpour run --join HOST:PORT`;
+                                  docs/transport.md, "Asking for the cluster spec").  NULL:
+                                  such a query is refused */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000
@@ -73,6 +78,12 @@ void dp_tcp_dial_later(dp_transport *t, int peer);
  * any, and ends no wait.  A no-op on a transport that is not TCP. */
 void dp_tcp_joined(dp_transport *t);
 
+/* Asks the task listening at addr ("host:port") for its cluster's spec,
+ * proving the secret and checking the task's proof (docs/transport.md,
+ * "Asking for the cluster spec").  0 with *json a malloc'd spec (free()),
+ * else -1 with a message naming addr.  One attempt, within timeout_s. */
+int dp_tcp_query_spec(const char *addr, const unsigned char *secret, size_t secret_len,
+                      double timeout_s, char **json, dp_err *err);
 /* The port this transport listens on (-1 if t is not TCP). */
 int dp_tcp_port(const dp_transport *t);
 

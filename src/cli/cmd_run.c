@@ -15,14 +15,16 @@
 #include "downpour/tcp.h"
 
 #define RUN_USAGE                                                                         \
-    "downpour run [--cluster FILE] [--task TYPE:INDEX | --join] [--] train|ping [OPTIONS]\n"\
+    "downpour run [--cluster FILE] [--task TYPE:INDEX | --join [HOST:PORT]] [--] train|ping\n"\
+    "             [OPTIONS]\n"                                                             \
     "\n"                                                                                  \
     "Runs one task of a cluster in this process. The spec (TF_CONFIG format:\n"           \
     "{\"cluster\": {\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}) comes\n" \
     "from --cluster FILE, else from DOWNPOUR_CONFIG, else from TF_CONFIG; --task\n"       \
     "overrides its \"task\". --join takes instead the first free spare worker slot on\n"  \
     "this host (train --spare-workers N: the spec's last N worker slots), and the task\n"  \
-    "joins the running job; with none free it exits 1.\n"                                                            \
+    "joins the running job; with none free it exits 1. --join HOST:PORT needs no spec:\n" \
+    "it asks the job's task at that address for it (proving the secret).\n"              \
     "Every task of the run needs the same secret: --secret-file FILE (passed on to\n"     \
     "the command), else DOWNPOUR_SECRET. See docs/cluster.md."
 
@@ -86,6 +88,60 @@ static int pick_spare(const dp_cluster *c, long spare, dp_err *err)
                    why);
 }
 
+/* `--join HOST:PORT` or `--join=HOST:PORT` among run's own options (before
+ * "--" or the command): the address, taken out of argv so the option table
+ * sees a bare --join; NULL when --join has no address. */
+static const char *take_join_address(int *argc, char **argv)
+{
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--") == 0 || argv[i][0] != '-')
+            return NULL;
+        const char *addr = NULL;
+        int drop = 0;
+        if (strncmp(argv[i], "--join=", 7) == 0) {
+            addr = argv[i] + 7;
+            argv[i] = "--join";
+        } else if (strcmp(argv[i], "--join") == 0 && i + 1 < *argc && argv[i + 1][0] != '-' &&
+                   !cli_is_task_command(argv[i + 1])) {
+            addr = argv[i + 1];
+            drop = i + 1;
+        } else {
+            continue;
+        }
+        if (drop) {
+            for (int k = drop; k + 1 < *argc; k++)
+                argv[k] = argv[k + 1];
+            (*argc)--;
+        }
+        return addr;
+    }
+    return NULL;
+}
+
+/* The spec of the job a task at addr belongs to, asked of that task with
+ * the cluster secret (secret_file, else DOWNPOUR_SECRET).  Returns the JSON
+ * (free()), or NULL with the reason printed; *status the exit status then. */
+static char *spec_from_job(const char *addr, const char *secret_file, int *status)
+{
+    dp_secret s;
+    dp_err err;
+    if (dp_secret_load(&s, secret_file, &err) < 0) {
+        fprintf(stderr, "downpour run: --join %s: the job's secret is needed to ask for its "
+                        "spec: %s\n", addr, err.msg);
+        *status = 2;
+        return NULL;
+    }
+    char *json = NULL;
+    int rc = dp_tcp_query_spec(addr, s.bytes, s.len, 10, &json, &err);
+    dp_secret_wipe(&s);
+    if (rc < 0) {
+        fprintf(stderr, "downpour run: --join %s: %s\n", addr, err.msg);
+        *status = 1;
+        return NULL;
+    }
+    return json;
+}
+
 /* Runs train or ping with argv; --secret-file FILE, when given to run, goes
  * right after the command name (an explicit one of the command's own, later,
  * wins). */
@@ -120,12 +176,14 @@ int cmd_run(int argc, char **argv)
          "this process's task, e.g. worker:0 (default: the spec's \"task\")", 0, 0},
         {"join", CLI_FLAG, &join, NULL,
          "take the first free spare worker slot on this host (train --spare-workers) and "
-         "join the running job", 0, 0},
+         "join the running job; --join HOST:PORT asks the job's task at that address for "
+         "the spec, so no --cluster is needed (default: a spec as for --task)", 0, 0},
         {"secret-file", CLI_STR, &secret_file, "FILE",
          "the cluster secret, same on every host (default: $DOWNPOUR_SECRET)", 0, 0},
         CLI_LOG_OPTS(&log_level, &verbose), /* the task's own --log-level wins */
     };
     int rest = 0;
+    const char *join_addr = take_join_address(&argc, argv);
     int rc = cli_parse(RUN_USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &rest);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
@@ -158,7 +216,21 @@ int cmd_run(int argc, char **argv)
     }
     dp_cluster c;
     dp_err err;
-    if (cluster) {
+    if (join_addr && cluster) {
+        fprintf(stderr, "downpour run: --join %s asks the job for its spec: leave out "
+                        "--cluster (or give --cluster FILE and a bare --join)\n",
+                join_addr);
+        return 2;
+    }
+    if (join_addr) {
+        char *json = spec_from_job(join_addr, secret_file, &rc);
+        if (!json)
+            return rc;
+        rc = dp_cluster_parse(&c, json, task, &err);
+        free(json);
+        if (rc < 0)
+            dp_err_prefix(&err, "the spec the task at %s sent", join_addr);
+    } else if (cluster) {
         rc = dp_cluster_load(&c, cluster, task, &err);
     } else {
         rc = dp_cluster_from_env(&c, task, &err);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "downpour/clock.h"
 #include "downpour/launcher.h"
@@ -215,6 +216,18 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     tc.encrypt = cfg->encrypt;
     tc.link_delay_ms = cfg->link_delay_ms;
     tc.joining = dp_cluster_is_spare(&n->cluster, n->cluster.self, cfg->spare_workers);
+    /* every task hands the spec to a joiner that proves the secret (`run
+     * --join HOST:PORT`): any one address of the job is enough */
+    char *spec = dp_cluster_to_json(&n->cluster, -1, err);
+    if (!spec) {
+        if (tc.listen_fd >= 0)
+            close(tc.listen_fd);
+        free(addrs);
+        free(names);
+        dp_secret_wipe(&secret);
+        goto fail;
+    }
+    tc.spec_json = spec;
     if (cfg->no_shm) {
         tc.shm = 0;
         dp_info("%s: shared memory off (--no-shm): tasks on this host talk over TCP",
@@ -229,6 +242,7 @@ int dp_node_open(dp_node *n, const dp_node_config *cfg, dp_err *err)
     }
     rc = dp_tcp_open(&tc, &n->transport, err);
     dp_secret_wipe(&secret); /* the transport keeps its own copy */
+    free(spec);
     free(addrs);
     free(names);
     if (rc < 0) {

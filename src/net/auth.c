@@ -16,6 +16,7 @@
 
 static const char auth_label[] = "downpour-auth-v2";
 static const char session_label[] = "downpour-session-v2";
+static const char spec_label[] = "downpour-spec-v1";
 
 #define HELLO_LEN (8 + DP_AUTH_NONCE + 12)
 #define CHAL_LEN (DP_AUTH_NONCE + DP_AUTH_MAC + 12)
@@ -50,6 +51,22 @@ static void hmac(uint8_t out[DP_AUTH_MAC], const dp_auth_params *p, const char *
         uint8_t d = (uint8_t)dir;
         crypto_auth_hmacsha256_update(&st, &d, 1);
     }
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+/* The MAC of a served cluster spec (auth.h): it binds the spec's bytes to
+ * this handshake, so no one between the two can change the addresses. */
+static void spec_mac(uint8_t out[DP_AUTH_MAC], const dp_auth_params *p, const uint8_t *tr,
+                     const char *spec, size_t len)
+{
+    crypto_auth_hmacsha256_state st;
+    uint8_t d = 'S';
+    crypto_auth_hmacsha256_init(&st, p->secret, p->secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)spec_label, strlen(spec_label));
+    crypto_auth_hmacsha256_update(&st, tr, TRANSCRIPT_LEN);
+    crypto_auth_hmacsha256_update(&st, &d, 1);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)spec, len);
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof st);
 }
@@ -199,6 +216,138 @@ int dp_auth_dial_shm(int fd, const dp_auth_params *p, int shm, int peer, dp_auth
     return rc;
 }
 
+/* The acceptor's side of a query for the cluster spec (auth.h): the same
+ * challenge and proof as a connection's, over a transcript that names the
+ * dialer DP_AUTH_QUERY_RANK and n_ranks 0, then the spec instead of WELCOME. */
+static int serve_spec(int fd, const dp_auth_params *p, const dp_frame_header *hh,
+                      const uint8_t *hello, int *peer_out, dp_auth_io *io, dp_err *err)
+{
+    uint8_t chal[CHAL_LEN], mac[DP_AUTH_MAC], want[DP_AUTH_MAC], tr[TRANSCRIPT_LEN], b4[4];
+    dp_frame_header h;
+    dp_auth_params q = *p;
+    q.n_ranks = 0;
+    uint64_t inc_d = dp_get_u64(hello + 8 + DP_AUTH_NONCE);
+    uint32_t opt_d = dp_get_u32(hello + 16 + DP_AUTH_NONCE);
+    if (dp_get_u32(hello) != 0 || dp_get_u32(hello + 4) != DP_AUTH_QUERY_RANK ||
+        hh->source != DP_AUTH_QUERY_RANK || opt_d != DP_AUTH_OPT_QUERY) {
+        dp_auth_send_reject(fd, p->self_rank, "malformed query for the cluster spec");
+        return dp_errf(err, "a malformed query for the cluster spec (%u ranks, target %u, "
+                            "source %u, options 0x%x)",
+                       dp_get_u32(hello), dp_get_u32(hello + 4), hh->source, opt_d);
+    }
+    randombytes_buf(chal, DP_AUTH_NONCE);
+    transcript(tr, &q, hello + 8, chal, (int)DP_AUTH_QUERY_RANK, p->self_rank, inc_d,
+               p->incarnation, opt_d, 0);
+    hmac(chal + DP_AUTH_NONCE, &q, auth_label, tr, 'A');
+    dp_put_u64(chal + DP_AUTH_NONCE + DP_AUTH_MAC, p->incarnation);
+    dp_put_u32(chal + DP_AUTH_NONCE + DP_AUTH_MAC + 8, 0);
+    if (send_frame(fd, p->self_rank, DP_FRAME_CHALLENGE, chal, sizeof chal, p->deadline, io, err))
+        return -1;
+    if (recv_frame(fd, DP_FRAME_AUTH, sizeof mac, &h, mac, sizeof mac, p->deadline, io, err))
+        return dp_err_prefix(err, "a task asking for the cluster spec");
+    hmac(want, &q, auth_label, tr, 'D');
+    if (crypto_verify_32(want, mac) != 0) {
+        dp_auth_send_reject(fd, p->self_rank, "authentication failed: wrong secret");
+        return dp_errf(err, "authentication failed: a task asking for the cluster spec does "
+                            "not know the cluster secret");
+    }
+    if (!p->spec || p->spec_len == 0 || p->spec_len > DP_AUTH_SPEC_MAX) {
+        dp_auth_send_reject(fd, p->self_rank, "this task serves no cluster spec");
+        return dp_errf(err, "a task asked for the cluster spec, which this one does not serve");
+    }
+    dp_put_u32(b4, (uint32_t)p->spec_len);
+    if (send_frame(fd, p->self_rank, DP_FRAME_SPEC, b4, sizeof b4, p->deadline, io, err))
+        return -1;
+    for (size_t at = 0; at < p->spec_len; at += HANDSHAKE_MAX_PAYLOAD) {
+        size_t n = p->spec_len - at < HANDSHAKE_MAX_PAYLOAD ? p->spec_len - at
+                                                             : HANDSHAKE_MAX_PAYLOAD;
+        if (send_frame(fd, p->self_rank, DP_FRAME_SPEC, p->spec + at, n, p->deadline, io, err))
+            return -1;
+    }
+    spec_mac(mac, &q, tr, p->spec, p->spec_len);
+    if (send_frame(fd, p->self_rank, DP_FRAME_SPEC, mac, sizeof mac, p->deadline, io, err))
+        return -1;
+    *peer_out = -1;
+    return DP_AUTH_SERVED_SPEC;
+}
+
+int dp_auth_query_spec(int fd, const dp_auth_params *p, char **spec, int *acceptor,
+                       dp_auth_io *io, dp_err *err)
+{
+    uint8_t hello[HELLO_LEN], chal[CHAL_LEN], mac[DP_AUTH_MAC], tr[TRANSCRIPT_LEN], b4[4];
+    dp_frame_header h;
+    dp_auth_params q = *p;
+    q.n_ranks = 0;
+    *spec = NULL;
+    dp_put_u32(hello, 0);
+    dp_put_u32(hello + 4, DP_AUTH_QUERY_RANK);
+    randombytes_buf(hello + 8, DP_AUTH_NONCE);
+    dp_put_u64(hello + 8 + DP_AUTH_NONCE, p->incarnation);
+    dp_put_u32(hello + 16 + DP_AUTH_NONCE, DP_AUTH_OPT_QUERY);
+    if (send_frame(fd, (int)DP_AUTH_QUERY_RANK, DP_FRAME_HELLO, hello, sizeof hello, p->deadline,
+                   io, err))
+        return -1;
+    int rc = recv_frame(fd, DP_FRAME_CHALLENGE, sizeof chal, &h, chal, sizeof chal, p->deadline,
+                        io, err);
+    if (rc)
+        return rc;
+    int acc = (int)h.source;
+    uint64_t inc_a = dp_get_u64(chal + DP_AUTH_NONCE + DP_AUTH_MAC);
+    uint32_t opt_a = dp_get_u32(chal + DP_AUTH_NONCE + DP_AUTH_MAC + 8);
+    transcript(tr, &q, hello + 8, chal, (int)DP_AUTH_QUERY_RANK, acc, p->incarnation, inc_a,
+               DP_AUTH_OPT_QUERY, opt_a);
+    hmac(mac, &q, auth_label, tr, 'A');
+    if (crypto_verify_32(mac, chal + DP_AUTH_NONCE) != 0 || opt_a != 0) {
+        dp_auth_send_reject(fd, (int)DP_AUTH_QUERY_RANK, "authentication failed: wrong secret");
+        dp_errf(err, "authentication failed: the task there holds another cluster secret than "
+                     "this one (is DOWNPOUR_SECRET, or --secret-file, the job's?)");
+        return -2;
+    }
+    hmac(mac, &q, auth_label, tr, 'D');
+    if (send_frame(fd, (int)DP_AUTH_QUERY_RANK, DP_FRAME_AUTH, mac, sizeof mac, p->deadline, io,
+                   err))
+        return -1;
+    if ((rc = recv_frame(fd, DP_FRAME_SPEC, sizeof b4, &h, b4, sizeof b4, p->deadline, io, err)))
+        return rc;
+    uint32_t total = dp_get_u32(b4);
+    if (total == 0 || total > DP_AUTH_SPEC_MAX) {
+        dp_errf(err, "the task there sends a cluster spec of %u bytes (at most %u)", total,
+                DP_AUTH_SPEC_MAX);
+        return -2;
+    }
+    char *buf = malloc((size_t)total + 1);
+    if (!buf)
+        return dp_errf(err, "out of memory for a %u-byte cluster spec", total);
+    for (uint32_t got = 0; got < total; got += (uint32_t)h.length) {
+        uint32_t left = total - got;
+        rc = recv_frame(fd, DP_FRAME_SPEC, -1, &h, (uint8_t *)buf + got,
+                        left < HANDSHAKE_MAX_PAYLOAD ? left : HANDSHAKE_MAX_PAYLOAD, p->deadline,
+                        io, err);
+        if (rc == 0 && h.length == 0)
+            rc = dp_errf(err, "an empty chunk of the cluster spec");
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+    }
+    if ((rc = recv_frame(fd, DP_FRAME_SPEC, sizeof mac, &h, mac, sizeof mac, p->deadline, io,
+                         err))) {
+        free(buf);
+        return rc;
+    }
+    uint8_t want[DP_AUTH_MAC];
+    spec_mac(want, &q, tr, buf, total);
+    if (crypto_verify_32(want, mac) != 0) {
+        free(buf);
+        dp_errf(err, "the cluster spec failed its check (changed on the way?)");
+        return -2;
+    }
+    buf[total] = '\0';
+    *spec = buf;
+    *acceptor = acc;
+    return 0;
+}
+
 int dp_auth_accept(int fd, const dp_auth_params *p, int *peer_out, dp_auth_io *io,
                    dp_auth_session *s, dp_err *err)
 {
@@ -219,6 +368,8 @@ int dp_auth_accept_shm(int fd, const dp_auth_params *p, int shm, int *peer_out, 
     uint64_t inc_d = dp_get_u64(hello + 8 + DP_AUTH_NONCE);
     uint32_t opt_d = dp_get_u32(hello + 16 + DP_AUTH_NONCE);
     int peer = (int)h.source;
+    if (opt_d & DP_AUTH_OPT_QUERY) /* a joiner asks for the spec (auth.h) */
+        return serve_spec(fd, p, &h, hello, peer_out, io, err);
     why[0] = '\0';
     if (n != (uint32_t)p->n_ranks)
         snprintf(why, sizeof why, "cluster size mismatch: peer has %u ranks, this task %d", n,

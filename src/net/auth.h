@@ -15,6 +15,18 @@
  * shared memory (dialer: offered; acceptor: taken, so the setup of shm.h
  * follows WELCOME).
  *
+ * Asking for the cluster spec (`downpour run --join HOST:PORT`): the dialer,
+ * which knows no rank yet, sends HELLO with opt bit 3 (query), n_ranks 0,
+ * target and source DP_AUTH_QUERY_RANK; the transcript names the dialer as
+ * DP_AUTH_QUERY_RANK and n_ranks as 0, the acceptor as the source of its
+ * CHALLENGE.  Once the dialer's AUTH checks out, the acceptor sends, instead
+ * of WELCOME:
+ *
+ *   acceptor -> SPEC {length u32}, SPEC {up to 1024 bytes}..., SPEC {mac_s[32]}
+ *   mac_s = HMAC-SHA256(secret, "downpour-spec-v1" | transcript | 'S' | spec)
+ *
+ * and closes.  An acceptor that serves no spec sends REJECT.
+ *
  * Either side may send REJECT {reason text} instead and close.  Both sides
  * prove they hold the secret; the direction byte stops a reflected answer and
  * the two fresh nonces stop a replayed one.  The protocol version is checked
@@ -32,6 +44,9 @@
 #define DP_AUTH_OPT_ENCRYPT 1u
 #define DP_AUTH_OPT_AES 2u
 #define DP_AUTH_OPT_SHM 4u /* shared-memory setup follows WELCOME (shm.h) */
+#define DP_AUTH_OPT_QUERY 8u /* dialer: asks for the cluster spec, not a connection */
+#define DP_AUTH_QUERY_RANK 0xffffffffu /* a querying dialer's rank (it has none) */
+#define DP_AUTH_SPEC_MAX (64u << 10)   /* the longest cluster spec a query takes */
 
 typedef struct dp_auth_params {
     int self_rank, n_ranks;
@@ -45,6 +60,10 @@ typedef struct dp_auth_params {
     void *admit_ctx;
     uint64_t incarnation; /* this process's, sent to the peer */
     int encrypt;          /* encrypt payloads: both sides must agree */
+    /* Acceptor only: the cluster spec (JSON, spec_len bytes, at most
+     * DP_AUTH_SPEC_MAX) for a dialer that asks for it; NULL: refused. */
+    const char *spec;
+    size_t spec_len;
 } dp_auth_params;
 
 /* What a finished handshake agreed on.  keyed is 0 with an empty secret
@@ -75,6 +94,16 @@ int dp_auth_dial_shm(int fd, const dp_auth_params *p, int shm, int peer, dp_auth
                      dp_auth_session *s, dp_err *err);
 int dp_auth_accept_shm(int fd, const dp_auth_params *p, int shm, int *peer_out, dp_auth_io *io,
                        dp_auth_session *s, dp_err *err);
+/* The acceptors' answer (1, *peer_out -1) when the dialer asked for the
+ * cluster spec and was sent it: close the connection, there is no peer. */
+#define DP_AUTH_SERVED_SPEC 1
+
+/* Dialer: asks the task at the other end of fd for the cluster spec
+ * (p->self_rank and p->n_ranks unused).  0 with *spec a malloc'd,
+ * NUL-terminated copy, *acceptor its rank; -1 (retry) or -2 (final) as
+ * dp_auth_dial. */
+int dp_auth_query_spec(int fd, const dp_auth_params *p, char **spec, int *acceptor,
+                       dp_auth_io *io, dp_err *err);
 
 /* Sends a REJECT frame with a reason, best effort, waiting at most 0.2 s. */
 void dp_auth_send_reject(int fd, int self_rank, const char *reason);

@@ -149,7 +149,7 @@ const char *dp_frame_status_name(dp_frame_status s)
 const char *dp_frame_type_name(unsigned type)
 {
     static const char *const names[] = {"HELLO", "CHALLENGE", "AUTH", "WELCOME",
-                                        "REJECT", "HEARTBEAT", "BYE", "SHM"};
+                                        "REJECT", "HEARTBEAT", "BYE", "SHM", "SPEC"};
     static _Thread_local char buf[16];
     if (type < sizeof names / sizeof names[0])
         return names[type];

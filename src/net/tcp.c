@@ -641,6 +641,7 @@ static void tcp_close(dp_transport *bt)
         for (int i = 0; i < t->base.n_ranks; i++)
             free(t->addrs[i]);
     free(t->addrs);
+    free(t->spec);
     free(t->conns);
     free(t->pf);
     free(t->who);
@@ -750,6 +751,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     if (cfg->encrypt && cfg->secret_len == 0)
         return dp_errf(err, "encryption needs a cluster secret (its keys are derived from it): "
                             "set DOWNPOUR_SECRET, or run without --encrypt");
+    if (cfg->spec_json && strlen(cfg->spec_json) > DP_AUTH_SPEC_MAX)
+        return dp_errf(err, "the cluster spec to serve is %zu bytes (at most %u)",
+                       strlen(cfg->spec_json), DP_AUTH_SPEC_MAX);
     if (cfg->secret_len > DP_SECRET_MAX)
         return dp_errf(err, "cluster secret of %zu bytes (at most %d)", cfg->secret_len,
                        DP_SECRET_MAX);
@@ -811,7 +815,9 @@ int dp_tcp_open(const dp_tcp_config *cfg, dp_transport **out, dp_err *err)
     t->addrs = calloc((size_t)cfg->n_ranks, sizeof *t->addrs);
     t->pf = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->pf);
     t->who = calloc(2 * (size_t)cfg->n_ranks, sizeof *t->who);
-    if (!t->conns || !t->addrs || !t->pf || !t->who) {
+    t->spec_len = cfg->spec_json ? strlen(cfg->spec_json) : 0;
+    t->spec = t->spec_len ? strdup(cfg->spec_json) : NULL;
+    if (!t->conns || !t->addrs || !t->pf || !t->who || (t->spec_len && !t->spec)) {
         free(t->conns);
         t->conns = NULL;
         dp_errf(err, "out of memory");

@@ -74,8 +74,9 @@ static void *handshake_main(void *arg)
     dp_auth_session sess;
     dp_shm *shm = NULL;
     int peer = -1;
-    dp_auth_params ap = {t->base.rank,  t->base.n_ranks, t->secret, t->secret_len,
-                         dp_now() + t->hs_timeout, admit, t, t->incarnation, t->encrypt};
+    dp_auth_params ap = {t->base.rank,  t->base.n_ranks, t->secret,     t->secret_len,
+                         dp_now() + t->hs_timeout, admit, t, t->incarnation, t->encrypt,
+                         t->spec, t->spec_len};
     memset(&sess, 0, sizeof sess);
     int rc = dp_sock_tune(h->fd, t->sock_buf, h->addr, &err);
     if (rc == 0)
@@ -88,7 +89,10 @@ static void *handshake_main(void *arg)
     t->hs_fd[h->slot] = -1;
     int stopping = atomic_load(&t->stopping);
     pthread_mutex_unlock(&t->mu);
-    if (rc != 0 || stopping) {
+    if (rc == DP_AUTH_SERVED_SPEC) { /* a joiner had the spec: no peer, no refusal */
+        dp_info("sent the cluster spec to %s (a task joining by this address)", h->addr);
+        close(h->fd);
+    } else if (rc != 0 || stopping) {
         if (rc != 0 && !stopping)
             dp_tcp_refused(t, h->addr, err.msg);
         if (rc != 0 && atomic_load(&t->joining) && strstr(err.msg, "secret")) {
@@ -294,7 +298,7 @@ static int dial_once(tcp *t, int peer, double deadline, int bg, int *eno, dp_err
     double hs = dp_now() + t->hs_timeout;
     dp_auth_params ap = {t->base.rank, t->base.n_ranks, t->secret,     t->secret_len,
                          hs < deadline ? hs : deadline,  NULL, NULL, t->incarnation,
-                         t->encrypt};
+                         t->encrypt,  NULL, 0}; /* a dialer serves no spec */
     int rc = dp_auth_dial_shm(fd, &ap, t->shm, peer, &io, &sess, last);
     if (rc == 0 && shm_setup(t, fd, 1, peer, &sess, &io, ap.deadline, &shm, last))
         rc = -1;
@@ -504,5 +508,33 @@ int dp_tcp_connect_peer(dp_transport *bt, int peer, double deadline, dp_err *err
         pthread_cond_timedwait(&t->cond, &t->mu, &ts);
     }
     pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+int dp_tcp_query_spec(const char *addr, const unsigned char *secret, size_t secret_len,
+                      double timeout_s, char **json, dp_err *err)
+{
+    *json = NULL;
+    if (sodium_init() < 0)
+        return dp_errf(err, "libsodium failed to initialise");
+    dp_sockaddr sa;
+    int fd = -1, eno = 0;
+    if (dp_sock_resolve(addr, 0, &sa, err) < 0)
+        return dp_err_prefix(err, "the job's address %s", addr);
+    if (dp_sock_dial(&sa, 0, timeout_s, &fd, &eno, err) < 0)
+        return dp_err_prefix(err, "cannot reach a task of the job at %s", addr);
+    dp_auth_params p;
+    memset(&p, 0, sizeof p);
+    p.secret = secret;
+    p.secret_len = secret_len;
+    p.deadline = dp_now() + timeout_s;
+    while (p.incarnation == 0)
+        randombytes_buf(&p.incarnation, sizeof p.incarnation);
+    dp_auth_io io = {0};
+    int acceptor = -1;
+    int rc = dp_auth_query_spec(fd, &p, json, &acceptor, &io, err);
+    close(fd);
+    if (rc != 0)
+        return dp_err_prefix(err, "asking the task at %s for the cluster spec", addr);
     return 0;
 }

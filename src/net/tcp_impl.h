@@ -158,6 +158,8 @@ typedef struct tcp {
     _Atomic int stopping;
     _Atomic int joining; /* dp_tcp_config.joining, until dp_tcp_joined */
     char secret_refusal[200]; /* joining: a handshake that failed on the secret (under mu) */
+    char *spec;               /* dp_tcp_config.spec_json (a copy), or NULL */
+    size_t spec_len;
     pthread_mutex_t mu;  /* install/wait for a connection; the handshakes below */
     pthread_cond_t cond; /* a connection was installed, or a handshake ended */
     int hs_fd[MAX_HANDSHAKES]; /* fds of the handshakes in progress, or -1 */
