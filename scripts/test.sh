@@ -14,8 +14,8 @@ set -uo pipefail
 build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)} beside=${6:-} first=${7:-}
 passed=0 failed=0 status=0
 
-suite() { # name dir [ctest args...]; EXTRA_JOBS: jobs beyond the cores (2)
-  local name=$1 dir=$2 extra=${EXTRA_JOBS:-2}; shift 2
+suite() { # name dir [ctest args...]
+  local name=$1 dir=$2; shift 2
   echo "== $name"
   local log
   log=$(mktemp)
@@ -23,11 +23,13 @@ suite() { # name dir [ctest args...]; EXTRA_JOBS: jobs beyond the cores (2)
   # waiting on sockets, heartbeats, their peers and their paced steps
   # (docs/faults.md, "Testing: paced runs"), and the extra jobs fill those
   # gaps (ASan suite on 2 cores: 317 s with -j2, 254 s with -j3 before the
-  # pacing; 191 s with -j3 and 182 s with -j4 after it).  The plain suite
-  # waits more than it computes: 150 s with -j4, 130 s with -j6 (its CPU
-  # bound, 255 CPU-s on 2 cores); the ASan suite is at its bound with -j4
-  # (129 s, and 130 s with -j6).
-  (cd "$dir" && ctest --output-on-failure -j "$((jobs + extra))" "$@") 2>&1 | tee "$log"
+  # pacing; 191 s with -j3 and 182 s with -j4 after it).  Not more: alone,
+  # the plain suite took 150 s with -j4 and 130 s with -j6 (its CPU bound),
+  # but in make test, beside the fuzz build, -j6 saved 12 s of the whole
+  # and loaded each test more (a restarted task's timing in
+  # test_launch_faults went another way once); the ASan suite is at its
+  # CPU bound with -j4 (129 s; 130 s with -j6).
+  (cd "$dir" && ctest --output-on-failure -j "$((jobs + 2))" "$@") 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   local line
   line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
@@ -85,7 +87,7 @@ if [ -n "$first" ] && ! bash -c "$first"; then
   [ -n "$beside_pid" ] && kill -- "$beside_pid" 2>/dev/null
   exit 1
 fi
-EXTRA_JOBS=4 timed tests suite "tests" "$build"
+timed tests suite "tests" "$build"
 timed install-check install_check "$build"
 # The ASan suite leaves out the tests labelled long there (tests/CMakeLists.txt):
 # make test-long runs them.

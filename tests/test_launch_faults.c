@@ -5,7 +5,8 @@
  *   and its restarted self held (SIGSTOP) until replica 0 has written the
  *   result, so it cannot rejoin before the end.  It used to dial its gone
  *   peers until --startup-timeout (600 s); now the launcher stops it --grace
- *   after the others ended, and exits 0;
+ *   after the others ended (or it meets replica 0 closing and leaves), and
+ *   exits 0;
  * - lbfgs with worker:1 frozen past the 1 s heartbeat timeout, then woken:
  *   the chief hands its portions to worker:0 and saves the model, and the
  *   woken worker, dropped, exits non-zero.  launch used to exit 1 (lbfgs
@@ -40,9 +41,15 @@ static void allreduce_late_rejoin(void)
         kill(again, SIGCONT);
     int rc = finish(l, 120);
     CHECKF(rc == 0, "late: launch exited %d (-1: still running after 120 s)", rc);
+    /* Woken, it rejoins, or is stopped --grace after the others ended, or
+     * (woken just as replica 0 closes: seen once under load) meets replica
+     * 0 closing and leaves by itself; each ends the run in time. */
     CHECKF(log_has("late", "the run is over and worker:1") ||
-               log_has("late", "rejoined the all-reduce ring"),
-           "late: the restarted worker:1 neither rejoined nor was stopped at the end");
+               log_has("late", "rejoined the all-reduce ring") ||
+               log_has("late", "[worker 1] downpour train: worker:1: lost replica 0, worker:0, "
+                               "before the ring formed"),
+           "late: the restarted worker:1 neither rejoined, nor was stopped at the end, nor "
+           "left on meeting the closed replica 0");
     CHECKF(test_accuracy("late") > 0.8, "late: accuracy %.4f", test_accuracy("late"));
     /* the launcher's (kill, restart), a survivor's, and the end's */
     CHECKF(count_events("late", "fault") >= 3, "late: %d fault events",
