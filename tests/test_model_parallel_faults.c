@@ -22,8 +22,10 @@
 static int run(const char *name, const char *launch, const char *line, const char *fault)
 {
     char args[2048];
-    snprintf(args, sizeof args, "%s " RUN " --heartbeat-timeout 1 --metrics %s/%s.jsonl", launch,
-             tmp, name);
+    /* 1 s to notice a freeze; a drain's refusal wants no short timeout a
+     * loaded machine can outlast (test_pipeline_faults) */
+    snprintf(args, sizeof args, "%s " RUN " --heartbeat-timeout %d --metrics %s/%s.jsonl", launch,
+             strcmp(fault, "term") == 0 ? 10 : 1, tmp, name);
     pid_t l = start(name, args);
     pid_t w = await_task(l, name, line, "worker:1");
     double t0 = now_s();
