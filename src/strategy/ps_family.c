@@ -63,6 +63,7 @@ struct dp_strategy {
     int live_workers, done, next_eval, n_ready;
     long last_ckpt;        /* step of the newest checkpoint written (or resumed from) */
     long ckpt_step;        /* the barrier's step */
+    long released;         /* the step of the last barrier released (0: none) */
     long go_pending;       /* a checkpoint written, its workers not yet released; -1 */
     long steps;            /* every worker's steps, from their DONE */
     uint8_t *reported;     /* [rank * (epochs + 1) + e]: epoch e's report counted */
@@ -1651,7 +1652,12 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
     int w = s->c->tasks[ev->peer].role == DP_ROLE_WORKER ? s->c->tasks[ev->peer].index : -1;
     if (w < 0 || !s->live[ev->peer] || s->ready[ev->peer])
         return dp_errf(err, "%s reached a checkpoint it should not (step %ld)", who, step);
-    if (s->n_ready > 0 && step != s->ckpt_step)
+    /* A barrier released before this worker came to it: a restarted chief
+     * passed it over while this one had not re-attached yet.  It goes on at
+     * once: held there, it would hold the servers' rounds (ps-sync), which
+     * hold the workers let go, and none would come to the barrier again. */
+    int late = step <= s->released;
+    if (!late && s->n_ready > 0 && step != s->ckpt_step)
         return dp_errf(err, "%s is at checkpoint step %ld, the others at %ld", who, step,
                        s->ckpt_step);
     size_t want = 0, per = 0, resid = 0;
@@ -1680,6 +1686,11 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
                                            st->residuals + (size_t)w * st->n_params, resid,
                                            err) < 0)
         return -1;
+    if (late) {
+        dp_warn("fault: %s came to the checkpoint barrier of step %ld after it was released; "
+                "it goes on at once (that checkpoint is not written)", who, step);
+        return send_to(s, ev->peer, DP_WIRE_CKPT_GO, (uint64_t)step, NULL, 0, err);
+    }
     s->ready[ev->peer] = 1;
     s->n_ready++;
     s->ckpt_step = step;
@@ -1986,6 +1997,8 @@ static int release_barrier(dp_strategy *s, long step, dp_err *err)
                 return -1;
         }
     s->n_ready = 0;
+    if (step > s->released)
+        s->released = step;
     for (int r = 0; r < s->c->n_tasks; r++)
         if (s->joining[r])
             admit_rejoin(s, r);
