@@ -475,6 +475,55 @@ static void test_avg(void)
     rig_close(&r);
 }
 
+/* Worker w's n-th average (the frame's step, as a client counts its
+ * pushes), saying its training step (model-avg's clock). */
+static void avg_at(rig *r, int w, uint64_t n, uint32_t step, uint32_t records, const float *v)
+{
+    uint8_t raw[DP_PUSH_HEAD_SIZE];
+    dp_push_head h = {records, 1, 1.0f, step};
+    dp_push_head_put(raw, &h);
+    struct iovec iov[2] = {{raw, sizeof raw}, {(void *)v, NP * sizeof(float)}};
+    REQUIRE(dp_transport_sendv(r->ts[wrank(w)], r->ps, DP_WIRE_PUSH_PARAMS, n, 0, iov, 2,
+                               &err) == 0);
+    SERVE(r);
+}
+
+/* model-avg clocks a worker by the step it averaged at, not by a count of
+ * its averages (those come every --period steps and before checkpoints):
+ * one behind (a restarted worker, back at an earlier step) pairs its next
+ * average with the other's round, then averages alone until it catches
+ * up, and never waits on the one ahead (which, counted, it did: a hang at
+ * the next checkpoint barrier, docs/faults.md "Rejoining"). */
+static void test_avg_steps(void)
+{
+    dp_ps_config cfg;
+    dp_ps_config_init(&cfg);
+    cfg.mode = DP_PS_AVG;
+    dp_optim_config oc = sgd();
+    rig r;
+    rig_open(&r, 2, &cfg, &oc);
+    const float p0[NP] = {1, 2, 3, 4}, p1[NP] = {5, -2, 3, 0};
+    const float want[NP] = {3, 0, 3, 2}; /* (p0 + p1) / 2 */
+    float got[NP];
+    avg_at(&r, 0, 1, 8, 1, p0);
+    avg_at(&r, 1, 1, 8, 1, p1);
+    CHECK(dp_ps_server_clock(r.s, 0) == 8 && dp_ps_server_clock(r.s, 1) == 8);
+    CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL));
+    CHECK_PARAMS(got, want);
+    /* worker 0 is at step 200 (a barrier's flush), worker 1 back at 158 */
+    avg_at(&r, 0, 2, 200, 1, p0);
+    CHECK(no_reply(&r, 0)); /* worker 1 (clock 8) is due */
+    avg_at(&r, 1, 2, 158, 1, p1);
+    CHECK(dp_ps_server_clock(r.s, 0) == 200 && dp_ps_server_clock(r.s, 1) == 158);
+    CHECK(reply(&r, 0, got, NULL) && reply(&r, 1, got, NULL));
+    CHECK_PARAMS(got, want);
+    /* behind, it averages alone: worker 0 (clock 200) is not due at 166 */
+    avg_at(&r, 1, 3, 166, 1, p1);
+    CHECK(reply(&r, 1, got, NULL));
+    CHECK_PARAMS(got, p1);
+    rig_close(&r);
+}
+
 static void test_async(void)
 {
     dp_ps_config cfg;
@@ -699,6 +748,7 @@ int main(void)
     test_dssp();
     test_sync();
     test_avg();
+    test_avg_steps();
     test_async();
     test_state();
     test_restarted();

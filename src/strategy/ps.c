@@ -432,7 +432,14 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
                                       : now - w->last_push;
     w->last_push = now;
-    w->clock++;
+    /* model-avg's clock is the step it averaged at: its averages come every
+     * --period steps and before each checkpoint, so a count of them is no
+     * step count, and a worker restarted at step S (rejoin_worker: clock
+     * S - 1) came back far ahead of the others' counts, so the rounds went
+     * on without it and its first average waited on a worker already at the
+     * next checkpoint barrier (docs/faults.md, "Rejoining") */
+    long at = (long)head.step - s->base_step;
+    w->clock = s->rules->pushes_params && head.step > 0 && at > w->clock ? at : w->clock + 1;
     s->pusher = w;
     int rc = s->rules->on_push(s, w, &head, err);
     s->pusher = NULL;
