@@ -439,15 +439,22 @@ static void test_sync(void)
     rig_close(&r);
 }
 
-static void test_avg(void)
+/* Two workers averaging (model-avg), plain SGD. */
+static const float p0[NP] = {1, 2, 3, 4}, p1[NP] = {5, -2, 3, 0};
+
+static void avg_rig(rig *r)
 {
     dp_ps_config cfg;
     dp_ps_config_init(&cfg);
     cfg.mode = DP_PS_AVG;
     dp_optim_config oc = sgd();
+    rig_open(r, 2, &cfg, &oc);
+}
+
+static void test_avg(void)
+{
     rig r;
-    rig_open(&r, 2, &cfg, &oc);
-    const float p0[NP] = {1, 2, 3, 4}, p1[NP] = {5, -2, 3, 0};
+    avg_rig(&r);
     const float want[NP] = {4, -1, 3, 1}; /* (p0 + 3 p1) / 4 */
     float got[NP];
     uint64_t step = 99;
@@ -496,13 +503,8 @@ static void avg_at(rig *r, int w, uint64_t n, uint32_t step, uint32_t records, c
  * the next checkpoint barrier, docs/faults.md "Rejoining"). */
 static void test_avg_steps(void)
 {
-    dp_ps_config cfg;
-    dp_ps_config_init(&cfg);
-    cfg.mode = DP_PS_AVG;
-    dp_optim_config oc = sgd();
     rig r;
-    rig_open(&r, 2, &cfg, &oc);
-    const float p0[NP] = {1, 2, 3, 4}, p1[NP] = {5, -2, 3, 0};
+    avg_rig(&r);
     const float want[NP] = {3, 0, 3, 2}; /* (p0 + p1) / 2 */
     float got[NP];
     avg_at(&r, 0, 1, 8, 1, p0);
