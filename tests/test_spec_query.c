@@ -3,8 +3,9 @@
  * 2-rank TCP transport that serves a spec hands it, byte for byte, to a
  * caller with the secret, also one of several handshake frames (5,000
  * bytes); a caller with another secret gets nothing and a message that
- * says why; a task that serves no spec refuses; nothing listening is a
- * clear error naming the address.  (tests/test_join.c joins a running job
+ * says why; a task that serves no spec, or one whose spec is above the
+ * 1 MiB a query takes (it warns at open and runs on), refuses; nothing
+ * listening is a clear error naming the address.  (tests/test_join.c joins a running job
  * by `run --join HOST:PORT`.) */
 #include "check.h"
 
@@ -74,16 +75,24 @@ int main(void)
     fprintf(stderr, "another secret: %s\n", err.msg);
     dp_transport_close(t);
 
-    /* a task that serves none */
-    REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &fd, &port, &err) == 0);
-    snprintf(self, sizeof self, "127.0.0.1:%d", port);
-    t = open_task(addrs, fd, NULL);
-    REQUIRE(t);
-    rc = dp_tcp_query_spec(self, secret, sizeof secret - 1, 5, &json, &err);
-    CHECKF(rc < 0 && strstr(err.msg, "serves no cluster spec"), "no spec served: rc %d, %s",
-           rc, rc < 0 ? err.msg : "a spec came back");
-    fprintf(stderr, "no spec served: %s\n", err.msg);
-    dp_transport_close(t);
+    /* a task that serves none, and one whose spec is one byte too long */
+    char *huge = malloc((1u << 20) + 2);
+    REQUIRE(huge);
+    memset(huge, ' ', (1u << 20) + 1);
+    huge[(1u << 20) + 1] = '\0';
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(dp_tcp_listen("127.0.0.1:0", 0, &fd, &port, &err) == 0);
+        snprintf(self, sizeof self, "127.0.0.1:%d", port);
+        t = open_task(addrs, fd, k ? huge : NULL);
+        REQUIRE(t);
+        rc = dp_tcp_query_spec(self, secret, sizeof secret - 1, 5, &json, &err);
+        CHECKF(rc < 0 && strstr(err.msg, "serves no cluster spec"), "%s: rc %d, %s",
+               k ? "a spec above 1 MiB" : "no spec served", rc,
+               rc < 0 ? err.msg : "a spec came back");
+        fprintf(stderr, "%s: %s\n", k ? "a spec above 1 MiB" : "no spec served", err.msg);
+        dp_transport_close(t);
+    }
+    free(huge);
 
     /* nothing there: the port just closed */
     rc = dp_tcp_query_spec(self, secret, sizeof secret - 1, 2, &json, &err);

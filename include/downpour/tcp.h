@@ -44,11 +44,11 @@ typedef struct dp_tcp_config {
                                   secret ends the wait at once with that reason, rather than
                                   after the whole connect deadline (docs/cluster.md, "Spare
                                   slots") */
-    const char *spec_json;     /* the cluster spec (dp_cluster_to_json, no "task"; at most
-                                  64 KiB), copied: handed to a task that proves the secret
-                                  and asks for it (`downpour run --join HOST:PORT`;
-                                  docs/transport.md, "Asking for the cluster spec").  NULL:
-                                  such a query is refused */
+    const char *spec_json;     /* the cluster spec (dp_cluster_to_json, no "task"), copied:
+                                  handed to a task that proves the secret and asks for it
+                                  (`downpour run --join HOST:PORT`; docs/transport.md,
+                                  "Asking for the cluster spec").  NULL, or above 1 MiB (a
+                                  warning): such a query is refused */
 } dp_tcp_config;
 
 #define DP_TCP_MAX_LINK_DELAY_MS 10000

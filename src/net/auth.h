@@ -46,7 +46,7 @@
 #define DP_AUTH_OPT_SHM 4u /* shared-memory setup follows WELCOME (shm.h) */
 #define DP_AUTH_OPT_QUERY 8u /* dialer: asks for the cluster spec, not a connection */
 #define DP_AUTH_QUERY_RANK 0xffffffffu /* a querying dialer's rank (it has none) */
-#define DP_AUTH_SPEC_MAX (64u << 10)   /* the longest cluster spec a query takes */
+#define DP_AUTH_SPEC_MAX (1u << 20)    /* the longest cluster spec a query takes */
 
 typedef struct dp_auth_params {
     int self_rank, n_ranks;

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "downpour/blas.h"
@@ -1146,11 +1145,7 @@ static int welcome(dp_strategy *s, dp_err *err)
         }
         ready[p] = 1;
         s->joined[p] = s->applied;
-        double pause = dp_hook_welcome_ms(); /* a test's wide window (testhooks.h) */
-        if (pause > 0)
-            nanosleep(&(struct timespec){(time_t)(pause / 1000),
-                                         (long)((pause - 1000 * (time_t)(pause / 1000)) * 1e6)},
-                      NULL);
+        dp_sleep_ms(dp_hook_welcome_ms()); /* a test's wide window (testhooks.h) */
         if (s->fresh[p]) { /* a spare slot filled: the job grows, no fault */
             s->fresh[p] = 0;
             dp_info("%s joined the all-reduce ring at step %ld; the run goes on over %d "

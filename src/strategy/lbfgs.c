@@ -653,13 +653,6 @@ static int pull_point(dp_strategy *s, uint64_t e, dp_err *err)
     return fresh;
 }
 
-static void sleep_ms(double ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000) * 1e6)};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* One portion: pull the point if needed, gradient and loss, push, report. */
 static int compute(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
@@ -688,7 +681,7 @@ static int compute(dp_strategy *s, const dp_event *ev, dp_err *err)
     int correct = 0;
     float loss = dp_model_forward_backward(s->m, s->x, s->y, (int)count, &correct);
     if (s->cfg->straggler == s->index)
-        sleep_ms(s->cfg->straggler_ms);
+        dp_sleep_ms(s->cfg->straggler_ms);
     uint8_t head[LB_GRAD_HEAD];
     dp_put_u32(head, count);
     for (int i = 0; i < s->layout.n_shards; i++) {

@@ -434,10 +434,11 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     w->last_push = now;
     /* model-avg's clock is the step it averaged at: its averages come every
      * --period steps and before each checkpoint, so a count of them is no
-     * step count, and a worker restarted at step S (rejoin_worker: clock
-     * S - 1) came back far ahead of the others' counts, so the rounds went
-     * on without it and its first average waited on a worker already at the
-     * next checkpoint barrier (docs/faults.md, "Rejoining") */
+     * step count, and a worker restarted to go on after step S
+     * (rejoin_worker: clock S) came back far ahead of the others' counts:
+     * the rounds went on without it, and its first average waited on a
+     * worker already at the next checkpoint barrier (docs/faults.md,
+     * "Rejoining") */
     long at = (long)head.step - s->base_step;
     w->clock = s->rules->pushes_params && head.step > 0 && at > w->clock ? at : w->clock + 1;
     s->pusher = w;

@@ -325,13 +325,6 @@ static const float *eval_params(loop *L, dp_err *err)
     return L->ops->params(L->s, L->cfg->ema > 0 ? DP_WEIGHTS_AVERAGE : DP_WEIGHTS_LIVE, err);
 }
 
-static void sleep_ms(double ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000) * 1e6)};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* An external model's figures come from its caller's evaluate (external.h),
  * on its own records; without one there are none (val_size 0's line). */
 static int external_eval(loop *L, const float *params, int test, double *acc, double *loss,
@@ -960,11 +953,11 @@ static int train(loop *L, dp_err *err)
             if (L->in_cluster && info->shard_index == cfg->straggler) {
                 /* --straggler stands for slow arithmetic: counted as compute */
                 double s0 = dp_now();
-                sleep_ms(cfg->straggler_ms);
+                dp_sleep_ms(cfg->straggler_ms);
                 dp_trace_compute("compute (--straggler)", s0, dp_now());
             }
             if (L->in_cluster && pace_ms > 0)
-                sleep_ms(pace_ms);
+                dp_sleep_ms(pace_ms);
             if (cfg->trace_clocks)
                 dp_metrics_event(L->metrics, "clock", DP_F_INT, "worker", (long)info->shard_index,
                                  DP_F_INT, "clock", step, DP_F_NUM, "mono", dp_now(), DP_F_INT,
