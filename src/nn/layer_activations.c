@@ -9,62 +9,69 @@
  *   (Phi(x) + x phi(x)).
  * Element-wise on any shape, flat or an image: each formula is kernels.h's,
  * shared by the CPU loop and the device kernel, so the two give the same
- * bits.  Model parallelism splits them with their rows as relu does (a band
- * of output rows is the same band of input rows). */
+ * bits; the CPU's loop is compiled for each instruction-set level
+ * (isa_paths.h: lanes are elements, so every path gives those bits).
+ * Model parallelism splits them with their rows as relu does (a band of
+ * output rows is the same band of input rows). */
 #include "nn/layer_impl.h"
 
 #include "device/dexec.h"
+#include "nn/isa_paths.h"
 
-#define ACTIVATION(lower, UPPER, help_text)                                                     \
-    static int lower##_parse(dp_spec_parser *p, const char *s, const char *end)                 \
-    {                                                                                           \
-        (void)s, (void)end;                                                                     \
-        return dp_spec_add(p, DP_LAYER_##UPPER) ? 0 : -1;                                       \
-    }                                                                                           \
-    static void lower##_fwd_span(const dp_layer_call *c, size_t lo, size_t hi)                  \
-    {                                                                                           \
-        for (size_t i = lo; i < hi; i++)                                                        \
-            c->out[i] = dp_k_##lower##_f(c->in[i]);                                             \
-    }                                                                                           \
-    static void lower##_bwd_span(const dp_layer_call *c, size_t lo, size_t hi)                  \
-    {                                                                                           \
-        for (size_t i = lo; i < hi; i++)                                                        \
-            c->din[i] = dp_k_##lower##_g(c->dout[i], c->in[i], c->out[i]);                      \
-    }                                                                                           \
-    static float lower##_forward(const dp_layer_call *c)                                        \
-    {                                                                                           \
-        dp_lk_pointwise(c, false, lower##_fwd_span);                                            \
-        return 0.0f;                                                                            \
-    }                                                                                           \
-    static void lower##_backward(const dp_layer_call *c)                                        \
-    {                                                                                           \
-        if (c->din)                                                                             \
-            dp_lk_pointwise(c, false, lower##_bwd_span);                                        \
-    }                                                                                           \
-    static void lower##_mp_forward(const dp_layer_call *c)                                      \
-    {                                                                                           \
-        dp_lk_pointwise(c, true, lower##_fwd_span);                                             \
-    }                                                                                           \
-    static void lower##_mp_backward(const dp_layer_call *c)                                     \
-    {                                                                                           \
-        if (c->din)                                                                             \
-            dp_lk_pointwise(c, true, lower##_bwd_span);                                         \
-    }                                                                                           \
-    static void lower##_dev_forward(const dp_dexec *x, const dp_layer_call *c)                  \
-    {                                                                                           \
-        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_FWD, false);                                   \
-    }                                                                                           \
-    static void lower##_dev_backward(const dp_dexec *x, const dp_layer_call *c)                 \
-    {                                                                                           \
-        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_BWD, true);                                    \
-    }                                                                                           \
-    const dp_layer_ops dp_layer_##lower = {                                                     \
-        .kind = DP_LAYER_##UPPER, .name = #lower, .token = 2,                                   \
-        .example = #lower, .help = help_text, .flags = DP_LK_MP_SAME_ROWS,                      \
-        .parse = lower##_parse,                                                                 \
-        .forward = lower##_forward, .backward = lower##_backward,                               \
-        .mp = DP_MP_ROWS, .mp_forward = lower##_mp_forward, .mp_backward = lower##_mp_backward, \
-        .dev_forward = lower##_dev_forward, .dev_backward = lower##_dev_backward,               \
+#define ACTIVATION(lower, UPPER, help_text)                                                         \
+    static int lower##_parse(dp_spec_parser *p, const char *s, const char *end)                     \
+    {                                                                                               \
+        (void)s, (void)end;                                                                         \
+        return dp_spec_add(p, DP_LAYER_##UPPER) ? 0 : -1;                                           \
+    }                                                                                               \
+    static inline __attribute__((always_inline)) void lower##_fwd_span_body(                        \
+        const dp_layer_call *c, size_t lo, size_t hi)                                               \
+    {                                                                                               \
+        for (size_t i = lo; i < hi; i++)                                                            \
+            c->out[i] = dp_k_##lower##_f(c->in[i]);                                                 \
+    }                                                                                               \
+    static inline __attribute__((always_inline)) void lower##_bwd_span_body(                        \
+        const dp_layer_call *c, size_t lo, size_t hi)                                               \
+    {                                                                                               \
+        for (size_t i = lo; i < hi; i++)                                                            \
+            c->din[i] = dp_k_##lower##_g(c->dout[i], c->in[i], c->out[i]);                          \
+    }                                                                                               \
+    DP_ISA_SPAN(lower##_fwd_span)                                                                   \
+    DP_ISA_SPAN(lower##_bwd_span)                                                                   \
+    static float lower##_forward(const dp_layer_call *c)                                            \
+    {                                                                                               \
+        dp_lk_pointwise(c, false, lower##_fwd_span[dp_isa_paths_level()]);                          \
+        return 0.0f;                                                                                \
+    }                                                                                               \
+    static void lower##_backward(const dp_layer_call *c)                                            \
+    {                                                                                               \
+        if (c->din)                                                                                 \
+            dp_lk_pointwise(c, false, lower##_bwd_span[dp_isa_paths_level()]);                      \
+    }                                                                                               \
+    static void lower##_mp_forward(const dp_layer_call *c)                                          \
+    {                                                                                               \
+        dp_lk_pointwise(c, true, lower##_fwd_span[dp_isa_paths_level()]);                           \
+    }                                                                                               \
+    static void lower##_mp_backward(const dp_layer_call *c)                                         \
+    {                                                                                               \
+        if (c->din)                                                                                 \
+            dp_lk_pointwise(c, true, lower##_bwd_span[dp_isa_paths_level()]);                       \
+    }                                                                                               \
+    static void lower##_dev_forward(const dp_dexec *x, const dp_layer_call *c)                      \
+    {                                                                                               \
+        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_FWD, false);                                       \
+    }                                                                                               \
+    static void lower##_dev_backward(const dp_dexec *x, const dp_layer_call *c)                     \
+    {                                                                                               \
+        dp_lk_pointwise_dev(x, c, DP_K_##UPPER##_BWD, true);                                        \
+    }                                                                                               \
+    const dp_layer_ops dp_layer_##lower = {                                                         \
+        .kind = DP_LAYER_##UPPER, .name = #lower, .token = 2,                                       \
+        .example = #lower, .help = help_text, .flags = DP_LK_MP_SAME_ROWS,                          \
+        .parse = lower##_parse,                                                                     \
+        .forward = lower##_forward, .backward = lower##_backward,                                   \
+        .mp = DP_MP_ROWS, .mp_forward = lower##_mp_forward, .mp_backward = lower##_mp_backward,     \
+        .dev_forward = lower##_dev_forward, .dev_backward = lower##_dev_backward,                   \
     };
 
 ACTIVATION(tanh, TANH, "tanh(x)")

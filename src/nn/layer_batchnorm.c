@@ -40,6 +40,7 @@
 #include "device/dexec.h"
 #include "downpour/isa.h"
 #include "downpour/pool.h"
+#include "nn/isa_paths.h"
 
 #define BN_EPS 1e-5
 #define BN_MOMENTUM 0.1f
@@ -114,35 +115,10 @@ typedef struct job {
  * bits. */
 #define BLOCK 256
 
-/* The passes compiled for AVX-512 and AVX2 besides the baseline, taken by
- * dp_isa_max() (docs/architecture.md, "Instruction sets"): the vector lanes
- * are channels, each channel's additions keep their order, and the build
- * never contracts, so every path gives the same bits (test_batchnorm runs
- * under each cap and holds them to the device's). */
-typedef void (*bn_task)(void *ctx, int i, int n);
-#if defined(__x86_64__) && defined(__GNUC__)
-#define BN_TASK(name)                                                                          \
-    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
-    __attribute__((target("avx2"))) static void name##_256(void *ctx, int i, int n)            \
-    {                                                                                          \
-        name##_body(ctx, i, n);                                                                \
-    }                                                                                          \
-    __attribute__((target("avx512f"))) static void name##_512(void *ctx, int i, int n)         \
-    {                                                                                          \
-        name##_body(ctx, i, n);                                                                \
-    }                                                                                          \
-    static const bn_task name[3] = {name##_c, name##_256, name##_512};
-static int bn_level(void)
-{
-    dp_isa l = dp_isa_max();
-    return l >= DP_ISA_AVX512 ? 2 : l >= DP_ISA_AVX2 ? 1 : 0;
-}
-#else
-#define BN_TASK(name)                                                                          \
-    static void name##_c(void *ctx, int i, int n) { name##_body(ctx, i, n); }                  \
-    static const bn_task name[1] = {name##_c};
-static int bn_level(void) { return 0; }
-#endif
+/* The passes are compiled for AVX-512, AVX2 and the baseline (isa_paths.h):
+ * the vector lanes are channels, each channel's additions keep their order,
+ * so every path gives the same bits (test_batchnorm runs under each cap and
+ * holds them to the device's). */
 
 /* Channels [c0, c0 + n), n <= BLOCK: out[k] = sum over rows of x (mu
  * NULL), else of (x - mu[k])^2. */
@@ -194,7 +170,7 @@ static inline __attribute__((always_inline)) void stats_task_body(void *ctx, int
         }
     }
 }
-BN_TASK(stats_task)
+DP_ISA_POOL_TASK(stats_task)
 
 /* Channels [lo, hi), --sync-bn: sum x (j->mean NULL), else sum (x - mean)^2. */
 static void sync_task(void *ctx, int i, int n)
@@ -270,7 +246,7 @@ static inline __attribute__((always_inline)) void norm_task_body(void *ctx, int 
                 y[ch] = bn_y(x[ch], j->mean[ch], j->scale[ch], c->w[ch], c->b[ch]);
     }
 }
-BN_TASK(norm_task)
+DP_ISA_POOL_TASK(norm_task)
 
 static float forward(const dp_layer_call *c)
 {
@@ -283,14 +259,14 @@ static float forward(const dp_layer_call *c)
         for (int ch = 0; ch < C; ch++)
             inv[ch] = (float)(1.0 / sqrt((double)rv[ch] + BN_EPS));
         j.mean = rm, j.scale = inv;
-        dp_pool_run(norm_task[bn_level()], &j);
+        dp_pool_run(norm_task[dp_isa_paths_level()], &j);
         return 0.0f;
     }
     double R = (double)j.R;
     if (c->sum && sync_stats(c, &j) == 0) {
         R = c->keep[3 * C];
     } else {
-        dp_pool_run(stats_task[bn_level()], &j);
+        dp_pool_run(stats_task[dp_isa_paths_level()], &j);
         c->keep[3 * C] = (float)R;
     }
     const float *mean = c->keep, *inv = c->keep + C, *var = c->keep + 2 * C;
@@ -303,7 +279,7 @@ static float forward(const dp_layer_call *c)
     }
     c->state[2 * C] += 1.0f;
     j.mean = mean, j.scale = inv;
-    dp_pool_run(norm_task[bn_level()], &j);
+    dp_pool_run(norm_task[dp_isa_paths_level()], &j);
     return 0.0f;
 }
 
@@ -358,7 +334,7 @@ static inline __attribute__((always_inline)) void grad_task_body(void *ctx, int 
         }
     }
 }
-BN_TASK(grad_task)
+DP_ISA_POOL_TASK(grad_task)
 
 /* Rows [lo, hi): dx = gamma/std/R * (R dy - dbeta - xhat dgamma), with the
  * relu's mask on dy first when c->relu_after.  The per-channel factor is
@@ -398,7 +374,7 @@ static inline __attribute__((always_inline)) void din_task_body(void *ctx, int i
         }
     }
 }
-BN_TASK(din_task)
+DP_ISA_POOL_TASK(din_task)
 
 /* --sync-bn: the whole batch's dbeta and dgamma, in this replica's scale
  * (the sums weighted by each replica's share of the rows, then taken back
@@ -425,12 +401,12 @@ static void backward(const dp_layer_call *c)
     const dp_layer *d = c->d;
     job j = {.c = c, .C = d->c, .R = (size_t)c->batch * d->h * d->w, .mean = c->keep,
              .scale = c->keep + d->c};
-    dp_pool_run(grad_task[bn_level()], &j);
+    dp_pool_run(grad_task[dp_isa_paths_level()], &j);
     if (!c->din)
         return;
     if (!c->sum || sync_grads(c, &j) < 0)
         j.rows = (float)j.R, j.db = c->gb, j.dg = c->gw;
-    dp_pool_run(din_task[bn_level()], &j);
+    dp_pool_run(din_task[dp_isa_paths_level()], &j);
 }
 
 /* ---- device: training only (evaluation stays on the host) ---- */

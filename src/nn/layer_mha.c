@@ -38,6 +38,7 @@
 #include "downpour/blas.h"
 #include "downpour/layers.h"
 #include "downpour/pool.h"
+#include "nn/isa_paths.h"
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
@@ -164,7 +165,10 @@ typedef struct attend_job {
     bool backward;
 } attend_job;
 
-static void attend_task(void *ctx, int i, int n)
+/* Compiled for each instruction-set level (isa_paths.h): the softmax's
+ * exponentials take the vector lanes, a score each, so every path gives
+ * the same bits. */
+static inline __attribute__((always_inline)) void attend_task_body(void *ctx, int i, int n)
 {
     const attend_job *j = ctx;
     const dp_layer_call *c = j->c;
@@ -189,6 +193,7 @@ static void attend_task(void *ctx, int i, int n)
         dp_sgemm(true, false, T, dh, T, 1.0f, q.ds, T, q.q, 3 * D, 0.0f, q.dk, 3 * D);
     }
 }
+DP_ISA_POOL_TASK(attend_task)
 
 static float forward(const dp_layer_call *c)
 {
@@ -197,7 +202,7 @@ static float forward(const dp_layer_call *c)
     parts k = parts_of(d, c->keep, c->batch);
     dp_dense_forward(k.qkv, c->in, c->w, c->b, rows, D, 3 * D);
     attend_job j = {c, false};
-    dp_pool_run(attend_task, &j);
+    dp_pool_run(attend_task[dp_isa_paths_level()], &j);
     dp_dense_forward(c->out, k.o, c->w + (size_t)3 * D * D, c->b + 3 * D, rows, D, D);
     return 0.0f;
 }
@@ -210,7 +215,7 @@ static void backward(const dp_layer_call *c)
     dp_dense_backward_overwrite(k.dout_o, c->gw + (size_t)3 * D * D, c->gb + 3 * D, c->dout, k.o,
                                 c->w + (size_t)3 * D * D, rows, D, D);
     attend_job j = {c, true};
-    dp_pool_run(attend_task, &j);
+    dp_pool_run(attend_task[dp_isa_paths_level()], &j);
     dp_dense_backward_overwrite(c->din, c->gw, c->gb, k.dqkv, c->in, c->w, rows, D, 3 * D);
 }
 

@@ -6,9 +6,9 @@
  * initial values are uniform with standard deviation 0.02 (torchvision's
  * ViT draws normal(std=0.02)): the Glorot draw with fans 2500 and 2500.
  *
- * The passes are kernels.h's bodies ("tokens"), called by the CPU's loops
- * and launched on a device alike, so the two give the same bits.  The
- * forward splits the elements over the pool; the backward's din is dout,
+ * A device launches kernels.h's bodies ("tokens"); the CPU's passes make
+ * the same additions in the same order, so the two give the same bits.
+ * The forward splits the records over the pool; the backward's din is dout,
  * and P's gradient sums each element over the batch in record order (split
  * by elements), so no result depends on the thread count.  Model
  * parallelism refuses it (a parameter every task would need whole). */
@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "device/dexec.h"
+#include "downpour/pool.h"
+#include "nn/isa_paths.h"
 
 static int parse(dp_spec_parser *p, const char *s, const char *end)
 {
@@ -48,17 +50,52 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
     return k;
 }
 
+/* The CPU's passes: out = in + P a record at a time, and P's gradient
+ * summed over the records in order in double with the vector lanes across
+ * the elements (isa_paths.h), as dp_k_pos_grad: the device's bits on every
+ * path. */
+#define BLOCK 256
+
+static inline __attribute__((always_inline)) void fwd_task_body(void *ctx, int i, int n)
+{
+    const dp_layer_call *c = ctx;
+    size_t F = (size_t)c->d->in, lo, hi;
+    dp_pool_range((size_t)c->batch, 1, i, n, &lo, &hi);
+    for (size_t r = lo; r < hi; r++)
+        for (size_t f = 0; f < F; f++)
+            c->out[r * F + f] = c->in[r * F + f] + c->w[f];
+}
+DP_ISA_POOL_TASK(fwd_task)
+
+static inline __attribute__((always_inline)) void grad_task_body(void *ctx, int i, int n)
+{
+    const dp_layer_call *c = ctx;
+    size_t F = (size_t)c->d->in, lo, hi;
+    dp_pool_range(F, 16, i, n, &lo, &hi);
+    for (size_t f0 = lo; f0 < hi; f0 += BLOCK) {
+        size_t m = hi - f0 < BLOCK ? hi - f0 : BLOCK;
+        double g[BLOCK];
+        for (size_t k = 0; k < m; k++)
+            g[k] = 0.0;
+        for (size_t r = 0; r < (size_t)c->batch; r++)
+            for (size_t k = 0; k < m; k++)
+                g[k] += c->dout[r * F + f0 + k];
+        for (size_t k = 0; k < m; k++)
+            c->gw[f0 + k] = (float)g[k];
+    }
+}
+DP_ISA_POOL_TASK(grad_task)
+
 static float forward(const dp_layer_call *c)
 {
-    dp_kernel k = kernel(c, DP_K_POS_FWD, (long)c->batch * c->d->in);
-    dp_lk_pool_kernel(&k, 64);
+    if (c->batch > 0)
+        dp_pool_run(fwd_task[dp_isa_paths_level()], (void *)c);
     return 0.0f;
 }
 
 static void backward(const dp_layer_call *c)
 {
-    dp_kernel k = kernel(c, DP_K_POS_GRAD, c->d->in);
-    dp_lk_pool_kernel(&k, 16);
+    dp_pool_run(grad_task[dp_isa_paths_level()], (void *)c);
     if (c->din)
         memcpy(c->din, c->dout, (size_t)c->batch * c->d->in * sizeof(float));
 }

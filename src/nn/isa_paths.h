@@ -1,0 +1,54 @@
+/* One C body compiled for AVX-512, AVX2 and the baseline, the widest taken
+ * by dp_isa_max() (docs/architecture.md, "Instruction sets").  A layer's
+ * loops written with their vector lanes across independent outputs (a
+ * channel's, feature's or element's own additions keep their order), and a
+ * build that never contracts (-ffp-contract=off), give the same bits on
+ * every path; the lanes only widen.  The tests that hold those bits run
+ * under each DOWNPOUR_ISA cap (tests/CMakeLists.txt, DP_ISA_TESTS).
+ *
+ *   static inline __attribute__((always_inline)) void name_body(void *ctx, int i, int n);
+ *   DP_ISA_POOL_TASK(name)              defines name[], a dp_pool_task per level
+ *   dp_pool_run(name[dp_isa_paths_level()], &job);
+ *
+ * DP_ISA_SPAN(name) does the same for a (const dp_layer_call *, size_t,
+ * size_t) span of elements (the element-wise activations). */
+#ifndef DP_NN_ISA_PATHS_H
+#define DP_NN_ISA_PATHS_H
+
+#include <stddef.h>
+
+#include "downpour/isa.h"
+
+struct dp_layer_call;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DP_ISA_PATHS 3
+#define DP_ISA_VARIANTS_(type, name, params, args)                                               \
+    static void name##_c params { name##_body args; }                                            \
+    __attribute__((target("avx2"))) static void name##_256 params { name##_body args; }          \
+    __attribute__((target("avx512f"))) static void name##_512 params { name##_body args; }       \
+    static const type name[DP_ISA_PATHS] = {name##_c, name##_256, name##_512};
+/* 0 baseline, 1 AVX2, 2 AVX-512: the index into a name[] above. */
+static inline int dp_isa_paths_level(void)
+{
+    dp_isa l = dp_isa_max();
+    return l >= DP_ISA_AVX512 ? 2 : l >= DP_ISA_AVX2 ? 1 : 0;
+}
+#else
+#define DP_ISA_PATHS 1
+#define DP_ISA_VARIANTS_(type, name, params, args)                                               \
+    static void name##_c params { name##_body args; }                                            \
+    static const type name[DP_ISA_PATHS] = {name##_c};
+static inline int dp_isa_paths_level(void) { return 0; }
+#endif
+
+typedef void (*dp_isa_pool_task)(void *ctx, int i, int n);
+typedef void (*dp_isa_span)(const struct dp_layer_call *c, size_t lo, size_t hi);
+
+#define DP_ISA_POOL_TASK(name)                                                                   \
+    DP_ISA_VARIANTS_(dp_isa_pool_task, name, (void *ctx, int i, int n), (ctx, i, n))
+#define DP_ISA_SPAN(name)                                                                        \
+    DP_ISA_VARIANTS_(dp_isa_span, name, (const struct dp_layer_call *c, size_t lo, size_t hi),  \
+                     (c, lo, hi))
+
+#endif
