@@ -121,12 +121,18 @@ static dp_kernel softmax_kernel(const dp_layer *d, float *s, const float *p, lon
     return k;
 }
 
-/* On the CPU: the rows [r0, r1). */
-static void softmax_rows(const dp_layer *d, float *s, const float *p, long r0, long r1)
+/* On the CPU: the rows [r0, r1), the bodies inlined into each
+ * instruction-set level's attend_task. */
+static inline __attribute__((always_inline)) void softmax_rows(const dp_layer *d, float *s,
+                                                               const float *p, long r0, long r1)
 {
     dp_kernel k = softmax_kernel(d, s, p, 0);
-    for (long r = r0; r < r1; r++)
-        (p ? dp_k_mha_softmax_bwd : dp_k_mha_softmax)(&k, r);
+    if (p)
+        for (long r = r0; r < r1; r++)
+            dp_k_mha_softmax_bwd(&k, r);
+    else
+        for (long r = r0; r < r1; r++)
+            dp_k_mha_softmax(&k, r);
 }
 
 /* One (record, head) pair's pointers. */
