@@ -236,9 +236,13 @@ typedef struct dp_ka_gap { /* NHWC images of hw pixels of c channels; out (batch
 /* ---- end of gap (1/2) ---- */
 
 /* ---- layer norm (1/2): kernel list and arguments (src/nn/layer_ln.c) ----
- * R records of F features.  The CPU's loop calls these bodies itself, so
- * the two give the same bits; every sum is in double in feature order (a
- * record's) or record order (a feature's). */
+ * R records of F features.  The CPU's passes (layer_ln.c) make the same
+ * additions in the same order, so the two give the same bits; every sum is
+ * in double: a record's over its features in DP_LN_LANES interleaved
+ * partial sums (feature f into sum f mod 8, each in feature order, then
+ * the eight in dp_k_sum8's fixed tree, so the CPU's vector lanes take a
+ * row eight features at a time), a feature's over the records in order. */
+#define DP_LN_LANES 8
 #define DP_KERNELS_LN(X)                                                                         \
     X(LN_STATS, ln_stats)                                                                        \
     X(LN_NORM, ln_norm)                                                                          \
@@ -939,21 +943,30 @@ DP_HD void dp_k_res_add(const dp_kernel *k, long i)
 /* ---- end of residual blocks (2/2) ---- */
 
 /* ---- layer norm (2/2): bodies ---- */
+/* The eight partial sums of a record (DP_LN_LANES) in one fixed tree:
+ * the halves of a vector added lane to lane, then again, then the last
+ * two. */
+DP_HD double dp_k_sum8(const double s[DP_LN_LANES])
+{
+    double a0 = s[0] + s[4], a1 = s[1] + s[5], a2 = s[2] + s[6], a3 = s[3] + s[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
 /* Item r, items R: record r's mean and 1/std (biased variance, eps). */
 DP_HD void dp_k_ln_stats(const dp_kernel *k, long r)
 {
     const dp_ka_ln *a = &k->u.ln;
     const float *x = a->x + r * a->F;
-    double s = 0.0, v = 0.0;
+    double s[DP_LN_LANES] = {0}, v[DP_LN_LANES] = {0};
     for (int f = 0; f < a->F; f++)
-        s += x[f];
-    double mu = s / a->F;
+        s[f % DP_LN_LANES] += x[f];
+    double mu = dp_k_sum8(s) / a->F;
     for (int f = 0; f < a->F; f++) {
         double t = x[f] - mu;
-        v += t * t;
+        v[f % DP_LN_LANES] += t * t;
     }
     a->mean[r] = (float)mu;
-    a->inv[r] = (float)(1.0 / sqrt(v / a->F + a->eps));
+    a->inv[r] = (float)(1.0 / sqrt(dp_k_sum8(v) / a->F + a->eps));
 }
 
 /* Item i = (r, f), items R*F: y = (x - mean) * inv * w + b. */
@@ -986,13 +999,13 @@ DP_HD void dp_k_ln_din(const dp_kernel *k, long r)
     const dp_ka_ln *a = &k->u.ln;
     long at = r * a->F;
     float mu = a->mean[r], inv = a->inv[r];
-    double sg = 0.0, sgx = 0.0;
+    double sg[DP_LN_LANES] = {0}, sgx[DP_LN_LANES] = {0};
     for (int f = 0; f < a->F; f++) {
         float g = a->dy[at + f] * a->w[f];
-        sg += g;
-        sgx += (double)g * ((a->x[at + f] - mu) * inv);
+        sg[f % DP_LN_LANES] += g;
+        sgx[f % DP_LN_LANES] += (double)g * ((a->x[at + f] - mu) * inv);
     }
-    float mg = (float)(sg / a->F), mgx = (float)(sgx / a->F);
+    float mg = (float)(dp_k_sum8(sg) / a->F), mgx = (float)(dp_k_sum8(sgx) / a->F);
     for (int f = 0; f < a->F; f++) {
         float g = a->dy[at + f] * a->w[f], xhat = (a->x[at + f] - mu) * inv;
         a->dx[at + f] = inv * (g - mg - xhat * mgx);

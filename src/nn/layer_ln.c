@@ -20,6 +20,7 @@
 #include "nn/layer_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "device/dexec.h"
 #include "downpour/pool.h"
@@ -70,19 +71,31 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
 }
 
 /* ---- the CPU's passes ----
- * The device's bodies (kernels.h) run one row or one feature per thread,
- * each row's or feature's sums in double in order.  The CPU does the same
- * additions in the same order with its vector lanes across independent
- * outputs, so it gives the device's bits on every instruction-set path
- * (isa_paths.h; test_tokens and test_layer_kinds hold them to the sim
- * device's, under each DOWNPOUR_ISA cap): the statistics and the input
- * gradient take GROUP rows at a time, one lane each (a row's sum is a
- * chain of dependent additions: one row alone waits on every one), and
- * the weight gradients a block of features at a time over the rows.
- * vit-mnist's five ln layers ran item by item through the device's
- * bodies and took about 17 % of its step. */
-#define GROUP 8
+ * The device's bodies (kernels.h) run one row or one feature per thread.
+ * The CPU makes the same additions in the same order with its vector lanes
+ * (isa_paths.h; test_tokens and test_layer_kinds hold it to the sim
+ * device's bits under each DOWNPOUR_ISA cap): a row's sums as DP_LN_LANES
+ * partial sums, eight features at a time, and the weight gradients a block
+ * of features at a time over the rows.  vit-mnist's five ln layers ran
+ * item by item through the device's bodies, one dependent addition after
+ * another, and took about 17 % of its step. */
+#define L DP_LN_LANES
 #define BLOCK 256
+
+/* Eight lanes as GCC's vector types, whose operations are lane by lane
+ * (IEEE, never contracted): one AVX-512 register, two AVX2 or four SSE
+ * ones, the same bits on each. */
+typedef float f8 __attribute__((vector_size(32), aligned(4)));
+typedef double d8 __attribute__((vector_size(64)));
+
+/* Eight floats at p as eight doubles into the d8 named out.  (A macro: a
+ * function passing a d8 by value would change the baseline's ABI.) */
+#define LOAD8(out, p)                                                                             \
+    do {                                                                                          \
+        f8 v_;                                                                                    \
+        memcpy(&v_, (p), sizeof v_);                                                              \
+        (out) = __builtin_convertvector(v_, d8);                                                  \
+    } while (0)
 
 typedef struct ln_job {
     const dp_layer_call *c;
@@ -91,48 +104,43 @@ typedef struct ln_job {
     float *mean, *inv; /* the keep: R each */
 } ln_job;
 
-/* Rows x[0..g) of F each (g <= GROUP): each row's mean and 1/std, as
- * dp_k_ln_stats. */
-static inline __attribute__((always_inline)) void group_stats(const float *x, int F, size_t g,
-                                                              float *mean, float *inv)
-{
-    double s[GROUP], v[GROUP], mu[GROUP];
-    for (size_t k = 0; k < g; k++)
-        s[k] = 0.0, v[k] = 0.0;
-    for (int f = 0; f < F; f++)
-        for (size_t k = 0; k < g; k++)
-            s[k] += x[k * (size_t)F + f];
-    for (size_t k = 0; k < g; k++)
-        mu[k] = s[k] / F;
-    for (int f = 0; f < F; f++)
-        for (size_t k = 0; k < g; k++) {
-            double t = x[k * (size_t)F + f] - mu[k];
-            v[k] += t * t;
-        }
-    for (size_t k = 0; k < g; k++) {
-        mean[k] = (float)mu[k];
-        inv[k] = (float)(1.0 / sqrt(v[k] / F + LN_EPS));
-    }
-}
-
 /* Rows [lo, hi): statistics, then y = (x - mean) * inv * w + b. */
 static inline __attribute__((always_inline)) void fwd_task_body(void *ctx, int i, int n)
 {
     const ln_job *j = ctx;
     const dp_layer_call *c = j->c;
-    size_t lo, hi, F = (size_t)j->F;
-    dp_pool_range(j->R, GROUP, i, n, &lo, &hi);
-    for (size_t r = lo; r < hi; r += GROUP) {
-        if (hi - r >= GROUP)
-            group_stats(c->in + r * F, j->F, GROUP, j->mean + r, j->inv + r);
-        else
-            group_stats(c->in + r * F, j->F, hi - r, j->mean + r, j->inv + r);
-    }
+    size_t lo, hi, F = (size_t)j->F, F8 = F / L * L;
+    dp_pool_range(j->R, 1, i, n, &lo, &hi);
     for (size_t r = lo; r < hi; r++) {
         const float *x = c->in + r * F;
-        float *y = c->out + r * F, mu = j->mean[r], iv = j->inv[r];
+        double s[L], v[L];
+        d8 acc = {0};
+        for (size_t f = 0; f < F8; f += L) {
+            d8 t;
+            LOAD8(t, x + f);
+            acc += t;
+        }
+        memcpy(s, &acc, sizeof s);
+        for (size_t f = F8; f < F; f++)
+            s[f % L] += x[f];
+        double mu = dp_k_sum8(s) / j->F;
+        acc = (d8){0};
+        for (size_t f = 0; f < F8; f += L) {
+            d8 t;
+            LOAD8(t, x + f);
+            t -= mu;
+            acc += t * t;
+        }
+        memcpy(v, &acc, sizeof v);
+        for (size_t f = F8; f < F; f++) {
+            double t = x[f] - mu;
+            v[f % L] += t * t;
+        }
+        float m = (float)mu, iv = (float)(1.0 / sqrt(dp_k_sum8(v) / j->F + LN_EPS));
+        j->mean[r] = m, j->inv[r] = iv;
+        float *y = c->out + r * F;
         for (size_t f = 0; f < F; f++)
-            y[f] = (x[f] - mu) * iv * c->w[f] + c->b[f];
+            y[f] = (x[f] - m) * iv * c->w[f] + c->b[f];
     }
 }
 DP_ISA_POOL_TASK(fwd_task)
@@ -165,44 +173,43 @@ static inline __attribute__((always_inline)) void grad_task_body(void *ctx, int 
 }
 DP_ISA_POOL_TASK(grad_task)
 
-/* Rows r0.. of a group (g <= GROUP): dx = inv (g - mean(g) - xhat
- * mean(g xhat)), g = dy * w, the two means in double, as dp_k_ln_din. */
-static inline __attribute__((always_inline)) void group_din(const ln_job *j, size_t r0, size_t g)
-{
-    const dp_layer_call *c = j->c;
-    size_t F = (size_t)j->F;
-    const float *x = c->in + r0 * F, *dy = c->dout + r0 * F, *w = c->w;
-    const float *mu = j->mean + r0, *iv = j->inv + r0;
-    double sg[GROUP], sgx[GROUP];
-    for (size_t k = 0; k < g; k++)
-        sg[k] = 0.0, sgx[k] = 0.0;
-    for (size_t f = 0; f < F; f++)
-        for (size_t k = 0; k < g; k++) {
-            float gv = dy[k * F + f] * w[f];
-            sg[k] += gv;
-            sgx[k] += (double)gv * ((x[k * F + f] - mu[k]) * iv[k]);
-        }
-    for (size_t k = 0; k < g; k++) {
-        float mg = (float)(sg[k] / j->F), mgx = (float)(sgx[k] / j->F), m = mu[k], s = iv[k];
-        const float *xr = x + k * F, *dyr = dy + k * F;
-        float *dx = c->din + (r0 + k) * F;
-        for (size_t f = 0; f < F; f++) {
-            float gv = dyr[f] * w[f], xhat = (xr[f] - m) * s;
-            dx[f] = s * (gv - mg - xhat * mgx);
-        }
-    }
-}
-
+/* Rows [lo, hi): dx = inv (g - mean(g) - xhat mean(g xhat)), g = dy * w,
+ * the two means in double, as dp_k_ln_din. */
 static inline __attribute__((always_inline)) void din_task_body(void *ctx, int i, int n)
 {
     const ln_job *j = ctx;
-    size_t lo, hi;
-    dp_pool_range(j->R, GROUP, i, n, &lo, &hi);
-    for (size_t r = lo; r < hi; r += GROUP) {
-        if (hi - r >= GROUP)
-            group_din(j, r, GROUP);
-        else
-            group_din(j, r, hi - r);
+    const dp_layer_call *c = j->c;
+    const float *w = c->w;
+    size_t lo, hi, F = (size_t)j->F, F8 = F / L * L;
+    dp_pool_range(j->R, 1, i, n, &lo, &hi);
+    for (size_t r = lo; r < hi; r++) {
+        const float *x = c->in + r * F, *dy = c->dout + r * F;
+        float m = j->mean[r], iv = j->inv[r];
+        double sg[L], sgx[L];
+        d8 ag = {0}, agx = {0};
+        for (size_t f = 0; f < F8; f += L) {
+            f8 gv, xv, wv;
+            memcpy(&gv, dy + f, sizeof gv);
+            memcpy(&wv, w + f, sizeof wv);
+            memcpy(&xv, x + f, sizeof xv);
+            gv = gv * wv;
+            d8 g = __builtin_convertvector(gv, d8);
+            ag += g;
+            agx += g * __builtin_convertvector((xv - m) * iv, d8);
+        }
+        memcpy(sg, &ag, sizeof sg);
+        memcpy(sgx, &agx, sizeof sgx);
+        for (size_t f = F8; f < F; f++) {
+            float gv = dy[f] * w[f];
+            sg[f % L] += gv;
+            sgx[f % L] += (double)gv * ((x[f] - m) * iv);
+        }
+        float mg = (float)(dp_k_sum8(sg) / j->F), mgx = (float)(dp_k_sum8(sgx) / j->F);
+        float *dx = c->din + r * F;
+        for (size_t f = 0; f < F; f++) {
+            float gv = dy[f] * w[f], xhat = (x[f] - m) * iv;
+            dx[f] = iv * (gv - mg - xhat * mgx);
+        }
     }
 }
 DP_ISA_POOL_TASK(din_task)
