@@ -14,6 +14,7 @@
 
 #include "device/dexec.h"
 #include "downpour/pool.h"
+#include "nn/isa_paths.h"
 
 typedef struct add_job {
     float *out;
@@ -22,7 +23,9 @@ typedef struct add_job {
     bool relu;
 } add_job;
 
-static void add_task(void *ctx, int i, int n)
+/* Compiled for each instruction-set level (isa_paths.h): lanes are
+ * elements, the same bits on every path. */
+static inline __attribute__((always_inline)) void add_task_body(void *ctx, int i, int n)
 {
     const add_job *j = ctx;
     size_t lo, hi;
@@ -36,11 +39,12 @@ static void add_task(void *ctx, int i, int n)
         for (size_t k = lo; k < hi; k++)
             j->out[k] = j->a[k] + j->b[k];
 }
+DP_ISA_POOL_TASK(add_task)
 
 void dp_lk_res_add(float *out, const float *a, const float *b, size_t n)
 {
     add_job j = {out, a, b, n, false};
-    dp_pool_run(add_task, &j);
+    dp_pool_run(add_task[dp_isa_paths_level()], &j);
 }
 
 /* The relu after the block runs in the sum (DP_LK_CPU_FUSES_RELU): one
@@ -48,7 +52,7 @@ void dp_lk_res_add(float *out, const float *a, const float *b, size_t n)
 static float forward(const dp_layer_call *c)
 {
     add_job j = {c->out, c->in, c->skip, (size_t)c->batch * c->d->out, c->relu};
-    dp_pool_run(add_task, &j);
+    dp_pool_run(add_task[dp_isa_paths_level()], &j);
     return 0.0f;
 }
 
