@@ -1062,10 +1062,11 @@ DP_HD void dp_k_emb_grad(const dp_kernel *k, long e)
         a->dst[(long)a->ids[t] * a->F + e] += a->src[t * a->F + e];
 }
 /* Item r: row r of scores, scaled, to its softmax (the max taken out,
- * summed in double), in place.  The exponentials are dp_k_exp's, in a loop
- * of their own, so the CPU's vector lanes take a row at a time (a libm
- * expf per score took 6 % of vit-mnist's step) and a GPU gives the same
- * bits. */
+ * summed in double in DP_LN_LANES partial sums, as ln's rows), in place.
+ * The exponentials are dp_k_exp's, in a loop of their own, so the CPU's
+ * vector lanes take a row at a time (a libm expf per score took 6 % of
+ * vit-mnist's step; layer_mha.c's CPU loop makes the same operations) and
+ * a GPU gives the same bits. */
 DP_HD void dp_k_mha_softmax(const dp_kernel *k, long r)
 {
     const dp_ka_attn *a = &k->u.attn;
@@ -1074,10 +1075,10 @@ DP_HD void dp_k_mha_softmax(const dp_kernel *k, long r)
         mx = s[j] * a->scale > mx ? s[j] * a->scale : mx;
     for (long j = 0; j < a->T; j++)
         s[j] = dp_k_exp(s[j] * a->scale - mx);
-    double sum = 0.0;
+    double part[DP_LN_LANES] = {0};
     for (long j = 0; j < a->T; j++)
-        sum += s[j];
-    float inv = (float)(1.0 / sum);
+        part[j % DP_LN_LANES] += s[j];
+    float inv = (float)(1.0 / dp_k_sum8(part));
     for (long j = 0; j < a->T; j++)
         s[j] *= inv;
 }
@@ -1088,10 +1089,10 @@ DP_HD void dp_k_mha_softmax_bwd(const dp_kernel *k, long r)
     const dp_ka_attn *a = &k->u.attn;
     float *g = a->s + r * a->T;
     const float *p = a->p + r * a->T;
-    double dot = 0.0;
+    double part[DP_LN_LANES] = {0};
     for (long j = 0; j < a->T; j++)
-        dot += (double)g[j] * p[j];
-    float d = (float)dot;
+        part[j % DP_LN_LANES] += (double)g[j] * p[j];
+    float d = (float)dp_k_sum8(part);
     for (long j = 0; j < a->T; j++)
         g[j] = a->scale * (p[j] * (g[j] - d));
 }

@@ -16,6 +16,7 @@
 #define DP_NN_ISA_PATHS_H
 
 #include <stddef.h>
+#include <string.h>
 
 #include "downpour/isa.h"
 
@@ -41,6 +42,21 @@ static inline int dp_isa_paths_level(void)
     static const type name[DP_ISA_PATHS] = {name##_c};
 static inline int dp_isa_paths_level(void) { return 0; }
 #endif
+
+/* Eight lanes as GCC's vector types, whose operations are lane by lane
+ * (IEEE, never contracted): one AVX-512 register, two AVX2 or four SSE
+ * ones inside a body compiled for each level, the same bits on each.
+ * DP_LOAD8 reads eight floats at p as eight doubles into the dp_d8 out (a
+ * macro: a function passing a dp_d8 by value would change the baseline's
+ * ABI). */
+typedef float dp_f8 __attribute__((vector_size(32), aligned(4)));
+typedef double dp_d8 __attribute__((vector_size(64)));
+#define DP_LOAD8(out, p)                                                                         \
+    do {                                                                                         \
+        dp_f8 v_;                                                                                \
+        memcpy(&v_, (p), sizeof v_);                                                             \
+        (out) = __builtin_convertvector(v_, dp_d8);                                              \
+    } while (0)
 
 typedef void (*dp_isa_pool_task)(void *ctx, int i, int n);
 typedef void (*dp_isa_span)(const struct dp_layer_call *c, size_t lo, size_t hi);

@@ -75,27 +75,12 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
  * The CPU makes the same additions in the same order with its vector lanes
  * (isa_paths.h; test_tokens and test_layer_kinds hold it to the sim
  * device's bits under each DOWNPOUR_ISA cap): a row's sums as DP_LN_LANES
- * partial sums, eight features at a time, and the weight gradients a block
- * of features at a time over the rows.  vit-mnist's five ln layers ran
+ * partial sums, eight features at a time (dp_d8), and the weight gradients
+ * a block of features at a time over the rows.  vit-mnist's five ln layers ran
  * item by item through the device's bodies, one dependent addition after
  * another, and took about 17 % of its step. */
 #define L DP_LN_LANES
 #define BLOCK 256
-
-/* Eight lanes as GCC's vector types, whose operations are lane by lane
- * (IEEE, never contracted): one AVX-512 register, two AVX2 or four SSE
- * ones, the same bits on each. */
-typedef float f8 __attribute__((vector_size(32), aligned(4)));
-typedef double d8 __attribute__((vector_size(64)));
-
-/* Eight floats at p as eight doubles into the d8 named out.  (A macro: a
- * function passing a d8 by value would change the baseline's ABI.) */
-#define LOAD8(out, p)                                                                             \
-    do {                                                                                          \
-        f8 v_;                                                                                    \
-        memcpy(&v_, (p), sizeof v_);                                                              \
-        (out) = __builtin_convertvector(v_, d8);                                                  \
-    } while (0)
 
 typedef struct ln_job {
     const dp_layer_call *c;
@@ -114,20 +99,20 @@ static inline __attribute__((always_inline)) void fwd_task_body(void *ctx, int i
     for (size_t r = lo; r < hi; r++) {
         const float *x = c->in + r * F;
         double s[L], v[L];
-        d8 acc = {0};
+        dp_d8 acc = {0};
         for (size_t f = 0; f < F8; f += L) {
-            d8 t;
-            LOAD8(t, x + f);
+            dp_d8 t;
+            DP_LOAD8(t, x + f);
             acc += t;
         }
         memcpy(s, &acc, sizeof s);
         for (size_t f = F8; f < F; f++)
             s[f % L] += x[f];
         double mu = dp_k_sum8(s) / j->F;
-        acc = (d8){0};
+        acc = (dp_d8){0};
         for (size_t f = 0; f < F8; f += L) {
-            d8 t;
-            LOAD8(t, x + f);
+            dp_d8 t;
+            DP_LOAD8(t, x + f);
             t -= mu;
             acc += t * t;
         }
@@ -186,16 +171,16 @@ static inline __attribute__((always_inline)) void din_task_body(void *ctx, int i
         const float *x = c->in + r * F, *dy = c->dout + r * F;
         float m = j->mean[r], iv = j->inv[r];
         double sg[L], sgx[L];
-        d8 ag = {0}, agx = {0};
+        dp_d8 ag = {0}, agx = {0};
         for (size_t f = 0; f < F8; f += L) {
-            f8 gv, xv, wv;
+            dp_f8 gv, xv, wv;
             memcpy(&gv, dy + f, sizeof gv);
             memcpy(&wv, w + f, sizeof wv);
             memcpy(&xv, x + f, sizeof xv);
             gv = gv * wv;
-            d8 g = __builtin_convertvector(gv, d8);
+            dp_d8 g = __builtin_convertvector(gv, dp_d8);
             ag += g;
-            agx += g * __builtin_convertvector((xv - m) * iv, d8);
+            agx += g * __builtin_convertvector((xv - m) * iv, dp_d8);
         }
         memcpy(sg, &ag, sizeof sg);
         memcpy(sgx, &agx, sizeof sgx);
