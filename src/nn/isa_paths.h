@@ -6,7 +6,7 @@
  * every path; the lanes only widen.  The tests that hold those bits run
  * under each DOWNPOUR_ISA cap (tests/CMakeLists.txt, DP_ISA_TESTS).
  *
- *   static inline __attribute__((always_inline)) void name_body(void *ctx, int i, int n);
+ *   DP_ISA_BODY void name_body(void *ctx, int i, int n);
  *   DP_ISA_POOL_TASK(name)              defines name[], a dp_pool_task per level
  *   dp_pool_run(name[dp_isa_paths_level()], &job);
  *
@@ -21,6 +21,9 @@
 #include "downpour/isa.h"
 
 struct dp_layer_call;
+
+/* A body, inlined into each level's function. */
+#define DP_ISA_BODY static inline __attribute__((always_inline))
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DP_ISA_PATHS 3
@@ -61,6 +64,8 @@ typedef double dp_d8 __attribute__((vector_size(64)));
 typedef void (*dp_isa_pool_task)(void *ctx, int i, int n);
 typedef void (*dp_isa_span)(const struct dp_layer_call *c, size_t lo, size_t hi);
 
+/* Any other signature: DP_ISA_FN(type, name, (params), (args)). */
+#define DP_ISA_FN(type, name, params, args) DP_ISA_VARIANTS_(type, name, params, args)
 #define DP_ISA_POOL_TASK(name)                                                                   \
     DP_ISA_VARIANTS_(dp_isa_pool_task, name, (void *ctx, int i, int n), (ctx, i, n))
 #define DP_ISA_SPAN(name)                                                                        \

@@ -1,6 +1,8 @@
 /* Layer kernels.  Matrix products go through dp_sgemm; the elementwise loops
  * are written plainly (restrict, unit stride, float math) so gcc -O3
- * vectorises them. */
+ * vectorises them, and the products' epilogues are compiled for each
+ * instruction-set level (isa_paths.h: lanes are columns, the same bits on
+ * every path). */
 #include "downpour/layers.h"
 
 #include <math.h>
@@ -8,6 +10,7 @@
 #include <string.h>
 
 #include "downpour/blas.h"
+#include "nn/isa_paths.h"
 
 /* Epilogues run by each thread of dp_sgemm_ep on the block of C it just
  * computed, while the block is in cache. */
@@ -17,7 +20,7 @@ typedef struct bias_ctx {
 } bias_ctx;
 
 /* out rows [r0,r1), columns [c0,c1): += b, then optionally max(., 0). */
-static void bias_act_block(void *ctx, float *out, int ld, int r0, int r1, int c0, int c1)
+DP_ISA_BODY void bias_act_block_body(void *ctx, float *out, int ld, int r0, int r1, int c0, int c1)
 {
     const bias_ctx *bc = ctx;
     const float *restrict b = bc->b + c0;
@@ -35,13 +38,16 @@ static void bias_act_block(void *ctx, float *out, int ld, int r0, int r1, int c0
         }
     }
 }
+DP_ISA_FN(dp_gemm_epilogue, bias_act_block,
+          (void *ctx, float *out, int ld, int r0, int r1, int c0, int c1),
+          (ctx, out, ld, r0, r1, c0, c1))
 
 void dp_dense_forward(float *out, const float *inp, const float *w, const float *b, int batch,
                       int in, int out_dim)
 {
     bias_ctx bc = {b, 0};
     dp_sgemm_ep(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim,
-                bias_act_block, &bc);
+                bias_act_block[dp_isa_paths_level()], &bc);
 }
 
 void dp_dense_relu_forward(float *out, const float *inp, const float *w, const float *b,
@@ -49,13 +55,13 @@ void dp_dense_relu_forward(float *out, const float *inp, const float *w, const f
 {
     bias_ctx bc = {b, 1};
     dp_sgemm_ep(false, true, batch, out_dim, in, 1.0f, inp, in, w, in, 0.0f, out, out_dim,
-                bias_act_block, &bc);
+                bias_act_block[dp_isa_paths_level()], &bc);
 }
 
 /* db[lo,hi) = (accumulate ? db : 0) + column sums of dout (batch,out_dim).  Each
  * element sums the rows in order, so the result never depends on the split. */
-static void col_sums(float *restrict db, const float *restrict dout, int batch, int out_dim,
-                     int lo, int hi, int accumulate)
+DP_ISA_BODY void col_sums(float *restrict db, const float *restrict dout, int batch,
+                          int out_dim, int lo, int hi, int accumulate)
 {
     int r = 0, w = hi - lo;
     db += lo;
@@ -83,7 +89,7 @@ typedef struct dw_ctx {
 
 /* After a block of columns [c0,c1) of dw (out,in): the same share of the bias
  * sums, out*c0/in .. out*c1/in, so the blocks' shares tile [0, out). */
-static void bias_sums_block(void *ctx, float *dw, int ld, int r0, int r1, int c0, int c1)
+DP_ISA_BODY void bias_sums_block_body(void *ctx, float *dw, int ld, int r0, int r1, int c0, int c1)
 {
     (void)dw;
     (void)ld;
@@ -99,9 +105,13 @@ static void bias_sums_block(void *ctx, float *dw, int ld, int r0, int r1, int c0
     if (hi > lo)
         col_sums(d->db, d->dout, d->batch, d->out_dim, lo, hi, d->accumulate);
 }
+DP_ISA_FN(dp_gemm_epilogue, bias_sums_block,
+          (void *ctx, float *dw, int ld, int r0, int r1, int c0, int c1),
+          (ctx, dw, ld, r0, r1, c0, c1))
 
 /* dinp rows [r0,r1), columns [c0,c1): zero where the relu output inp was not positive. */
-static void relu_mask_block(void *ctx, float *dinp, int ld, int r0, int r1, int c0, int c1)
+DP_ISA_BODY void relu_mask_block_body(void *ctx, float *dinp, int ld, int r0, int r1, int c0,
+                                      int c1)
 {
     const float *inp = ctx;
     int w = c1 - c0;
@@ -112,6 +122,9 @@ static void relu_mask_block(void *ctx, float *dinp, int ld, int r0, int r1, int 
             d[j] = o[j] > 0.0f ? d[j] : 0.0f;
     }
 }
+DP_ISA_FN(dp_gemm_epilogue, relu_mask_block,
+          (void *ctx, float *dinp, int ld, int r0, int r1, int c0, int c1),
+          (ctx, dinp, ld, r0, r1, c0, c1))
 
 static void dense_backward(float *dinp, float *dw, float *db, const float *dout,
                            const float *inp, const float *w, int batch, int in, int out_dim,
@@ -120,11 +133,11 @@ static void dense_backward(float *dinp, float *dw, float *db, const float *dout,
     /* dw (out,in) = dout^T (out,batch) . inp (batch,in); db = column sums of dout */
     dw_ctx dc = {db, dout, batch, out_dim, in, accumulate};
     dp_sgemm_ep(true, false, out_dim, in, batch, 1.0f, dout, out_dim, inp, in,
-                accumulate ? 1.0f : 0.0f, dw, in, bias_sums_block, &dc);
+                accumulate ? 1.0f : 0.0f, dw, in, bias_sums_block[dp_isa_paths_level()], &dc);
     /* dinp (batch,in) = dout (batch,out) . W (out,in) */
     if (dinp)
         dp_sgemm_ep(false, false, batch, in, out_dim, 1.0f, dout, out_dim, w, in, 0.0f, dinp,
-                    in, relu_inp ? relu_mask_block : NULL, (void *)inp);
+                    in, relu_inp ? relu_mask_block[dp_isa_paths_level()] : NULL, (void *)inp);
 }
 
 void dp_dense_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
