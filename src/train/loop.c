@@ -934,8 +934,13 @@ static int train(loop *L, dp_err *err)
             if (step == kill_at)
                 raise(SIGKILL);
             if (drains && dp_drain_asked()) {
-                if (L->ops->leave(L->s, step, err) < 0)
+                if (L->ops->leave(L->s, step, err) < 0) {
+                    /* said now: once this task closes its links, its peers
+                     * stop and a launcher may end it before its exit's
+                     * message */
+                    dp_warn("%s: %s", info->label, err->msg);
                     goto out;
+                }
                 dp_info("%s: SIGTERM: drained after step %ld; it leaves the run", info->label,
                         step);
                 L->res->train_seconds = dp_now() - t_start;
