@@ -69,6 +69,18 @@ int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train
 int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,
                        dp_train_state *st, dp_err *err);
 
+/* A state read for a model with compact tables (dp_model_init_compact: a
+ * task of a run on rows) holds the dense parts only, the tables' slots
+ * zeros, and keeps its file open (st->rows_src): the n rows from local row
+ * `first` of shard `shard` of `shards` (ids shard + (first + i) x shards)
+ * of table k's part (0: its rows; 1 + q: optimiser slot q's) into dst
+ * (n x width floats), read from the file a piece of at most 1 MiB at a
+ * time.  The file's checksum was verified in a streamed pass when it was
+ * read, through the same open file (docs/checkpoints.md, "Reading in
+ * pieces"). */
+int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
+                            size_t first, size_t n, float *dst, dp_err *err);
+
 /* What downpour eval needs: builds *m from the file's model spec (max_batch
  * for scratch), loads its weights; strategy, dataset and step are copied
  * into info (which may be NULL). */

@@ -233,8 +233,6 @@ typedef struct loop {
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
-    dp_model whole;        /* a chief on rows (compact_eval): the whole model described,
-                              no memory: how the run's checkpoint files are laid out */
     float *x;
     uint8_t *y;
     dp_run_identity id;
@@ -248,11 +246,12 @@ typedef struct loop {
     dp_train_result *res;
 } loop;
 
-/* The model a checkpoint file of this run is read through: the whole one
- * (a chief on rows reads a file whole, rare: a restart). */
+/* The model a checkpoint file of this run is read through: its own (one
+ * with compact tables reads the dense parts, and the rows by rows:
+ * dp_checkpoint_read_rows). */
 static const dp_model *file_model(const loop *L)
 {
-    return L->compact_eval ? &L->whole : &L->m;
+    return &L->m;
 }
 
 /* env.checkpoints: the strategy's way to this run's newest checkpoint (the
@@ -1189,8 +1188,9 @@ static int run_task(loop *L, dp_err *err)
     /* A worker of a strategy that moves sparse tables by rows holds only
      * the rows of the batch in flight, and a ps task no table in its model
      * (its shard draws its own rows: docs/strategies.md, "Tables larger
-     * than a worker"); a resumed one reads the checkpoint whole, so holds
-     * them whole. */
+     * than a worker"); resumed, each reads the checkpoint's dense parts and
+     * a ps task its shard's rows, a piece at a time (docs/checkpoints.md,
+     * "Reading in pieces"). */
     /* The chief too when it keeps no best weights (a whole vector): it
      * evaluates chunk by chunk on the rows each pulls, and its files
      * (--save, checkpoints) take the tables streamed from the servers. */
@@ -1198,7 +1198,7 @@ static int run_task(loop *L, dp_err *err)
                         !cfg->keep_best && L->ops->eval_rows && L->ops->table_rows;
     int compact = L->in_cluster &&
                   (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
-                  !cfg->resume && !cfg->external && L->ops->compact_tables &&
+                  !cfg->external && L->ops->compact_tables &&
                   L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
          : compact     ? (L->compact_eval =
@@ -1207,8 +1207,6 @@ static int run_task(loop *L, dp_err *err)
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     L->compact_eval = L->compact_eval > 0 && chief_compact;
-    if (L->compact_eval && dp_model_describe(&L->whole, cfg->model, err) < 0)
-        return -1;
     if (L->m.external) {
         /* its weights are its caller's: the same on every task when each
          * builds the module from the same seed (docs/python.md) */
@@ -1279,7 +1277,8 @@ static int run_task(loop *L, dp_err *err)
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
-    L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint, L};
+    L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint,
+                                       dp_checkpoint_read_rows, L};
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
                           .resume = L->env.resume,
@@ -1454,7 +1453,6 @@ out:
     free(L.x);
     free(L.y);
     dp_model_free(&L.m);
-    dp_model_free(&L.whole);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
     L.node.failed = rc < 0;
