@@ -55,8 +55,9 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
  * rows(ctx, part, k, buf, n) as they are written, the next n floats of part
  * `part` (0: the rows, j: slot j - 1's) of table k (row after row, ids
  * increasing; the tables in order, each from its first row; the parts in
- * order), never a whole table in memory.  The weights and optimiser slots
- * (st as the compact model lays them out); no other vector. */
+ * order), never a whole table in memory.  The weights, optimiser slots and
+ * best weights (st as the compact model lays them out; part
+ * DP_CKPT_PART_BEST the best weights' rows); no other vector. */
 typedef int (*dp_ckpt_rows_fn)(void *ctx, int part, int table, float *buf, size_t n,
                                dp_err *err);
 int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train_state *st,
@@ -80,6 +81,18 @@ int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identit
  * pieces"). */
 int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
                             size_t first, size_t n, float *dst, dp_err *err);
+/* The part of the best weights ('best', --keep-best), in
+ * dp_checkpoint_read_rows and _read_table and dp_ckpt_rows_fn. */
+#define DP_CKPT_PART_BEST 3
+/* Floats [off, off + n) of table k's part (row after row, whole rows or
+ * not) of such a state, into dst. */
+int dp_checkpoint_read_table(const dp_train_state *st, int table, int part, size_t off,
+                             size_t n, float *dst, dp_err *err);
+/* A weights file this run wrote (dp_checkpoint_write_rows: a --save file)
+ * opened for model m's compact tables' rows (part 0), no checksum read
+ * (the writer's own), nothing else of st filled but path. */
+int dp_checkpoint_open_rows(const char *path, const dp_model *m, dp_train_state *st,
+                            dp_err *err);
 
 /* What downpour eval needs: builds *m from the file's model spec (max_batch
  * for scratch), loads its weights; strategy, dataset and step are copied

@@ -40,6 +40,7 @@ typedef struct rows_src {
     long rows[DP_SPARSE_MAX];
     size_t flat[DP_SPARSE_MAX];               /* its first float in a flat slot vector */
     const dp_st_tensor *slot[2];              /* optimizer.slot{q} */
+    const dp_st_tensor *best;                 /* 'best' (DP_CKPT_PART_BEST), or NULL */
     float *buf;                               /* one piece: PIECE_BYTES */
 } rows_src;
 
@@ -139,7 +140,8 @@ typedef struct writer {
      * data is in memory), where the rows come from, and the checksum made
      * as the data goes by */
     int table_of[MAX_TENSORS];
-    int part_of[MAX_TENSORS];  /* a flat slot tensor of compact tables: 1 + its slot (0: none) */
+    int part_of[MAX_TENSORS];  /* a flat tensor of compact tables: 1 + its slot, or
+                                  DP_CKPT_PART_BEST (0: none) */
     size_t flat_at[MAX_TENSORS]; /* where its fill is, in the whole model's order */
     size_t table_len[DP_SPARSE_MAX]; /* each compact table's floats, whole */
     size_t tables_end, cut;      /* the tables' floats whole; what the model lacks of them */
@@ -295,7 +297,9 @@ static int fill_rows(void *ctx, int i, float *buf, size_t n, dp_err *err)
      * the rows source, table after table, then the dense part from memory
      * (dense j of the whole model at j - cut) */
     int part = w->part_of[i];
-    const float *dense = w->st->slots + (size_t)(part - 1) * w->st->n_params;
+    const float *dense = part == DP_CKPT_PART_BEST
+                             ? w->st->best
+                             : w->st->slots + (size_t)(part - 1) * w->st->n_params;
     while (n > 0) {
         size_t at = w->flat_at[i], m = n;
         if (at < w->tables_end) {
@@ -353,9 +357,9 @@ int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train
     if (!rows)
         return dp_errf(err, "%s: no source of the sparse tables' rows", path);
     /* the weights and optimiser slots: no other flat vector is made whole */
-    if (st->ema || st->best || st->n_workers || st->n_residuals || st->n_vecs || m->external)
-        return dp_errf(err, "%s: a model with compact tables writes its weights and optimiser "
-                            "slots only", path);
+    if (st->ema || st->n_workers || st->n_residuals || st->n_vecs || m->external)
+        return dp_errf(err, "%s: a model with compact tables writes its weights, optimiser "
+                            "slots and best weights only", path);
     return write_file(path, m, st, id, rows, ctx, err);
 }
 
@@ -422,8 +426,15 @@ static int write_file(const char *path, const dp_model *m, const dp_train_state 
                    0);
     if (st->ema)
         add_tensor(w, st->ema, 1, (int64_t)n, 0, "ema", 0, 0);
-    if (st->best && st->best_epoch > 0)
+    if (st->best && st->best_epoch > 0) {
+        int at = w->nt;
         add_tensor(w, st->best, 1, (int64_t)n, 0, "best", 0, 0);
+        if (rows && w->n_tables) { /* whole in the file: the tables' part streamed */
+            w->t[at].data = NULL;
+            w->t[at].shape[0] = (int64_t)(n + w->cut);
+            w->part_of[at] = DP_CKPT_PART_BEST;
+        }
+    }
     if (st->n_history > 0)
         add_tensor(w, st->history, 2, st->n_history, 3, "loop.history", 0, 0);
     for (int i = 0; i < st->n_vecs; i++) { /* the names fit: DP_STATE_NAME_LEN < NAME_LEN */
@@ -939,6 +950,32 @@ static size_t compact_cut(const dp_model *m)
     return cut;
 }
 
+/* A flat vector of the whole model (an optimiser slot, the best weights)
+ * for a model with compact tables: whole in the file, the tables' rows
+ * first (read by rows: dp_checkpoint_read_rows), then the dense part, which
+ * is this model's after its tables' slots (zeros); NULL with err. */
+static const dp_st_tensor *read_flat(const dp_safetensors *f, const char *name,
+                                     const rows_src *rs, const dp_model *m, size_t cut, float *v,
+                                     const char *path, dp_err *err)
+{
+    size_t n = m->n_params;
+    int64_t whole = (int64_t)(n + cut);
+    size_t tables = rs->n_tables ? rs->flat[rs->n_tables - 1] +
+                                       (size_t)rs->rows[rs->n_tables - 1] *
+                                           rs->width[rs->n_tables - 1]
+                                 : 0;
+    const dp_st_tensor *t = find_shaped(f, name, 1, &whole, path, err);
+    if (!t)
+        return NULL;
+    memset(v, 0, (tables - cut) * sizeof(float));
+    if (dp_safetensors_read(f, t, tables * sizeof(float), v + (tables - cut),
+                            (n + cut - tables) * sizeof(float), err) < 0) {
+        dp_err_prefix(err, "%s", path);
+        return NULL;
+    }
+    return t;
+}
+
 /* Reads f (opened or loaded) into st.  For a model with compact tables
  * (dp_model_init_compact) the state is in its layout: the dense parts read,
  * the tables' slots zeros, and the file kept open in st for the tables'
@@ -1006,20 +1043,9 @@ static int read_state(dp_safetensors **fp, const char *path, const dp_model *m,
                 return -1;
             continue;
         }
-        /* whole in the file: the tables' rows first (read by rows), then
-         * the dense part, which is this model's after its tables' slots */
-        int64_t whole = (int64_t)(n + cut);
-        size_t tables = rs->n_tables ? rs->flat[rs->n_tables - 1] +
-                                           (size_t)rs->rows[rs->n_tables - 1] *
-                                               rs->width[rs->n_tables - 1]
-                                     : 0;
-        float *v = st->slots + (size_t)k * n;
-        if (k >= 2 || !(rs->slot[k] = find_shaped(f, name, 1, &whole, path, err)))
+        if (k >= 2 || !(rs->slot[k] = read_flat(f, name, rs, m, cut, st->slots + (size_t)k * n,
+                                                 path, err)))
             return k >= 2 ? dp_errf(err, "%s: %d optimiser slots", path, n_slots) : -1;
-        memset(v, 0, (tables - cut) * sizeof(float));
-        if (dp_safetensors_read(f, rs->slot[k], tables * sizeof(float), v + (tables - cut),
-                                (n + cut - tables) * sizeof(float), err) < 0)
-            return dp_err_prefix(err, "%s", path);
     }
     for (int i = 0; i < n_workers; i++) {
         int from = (int)(i % file_workers);
@@ -1048,23 +1074,16 @@ static int read_state(dp_safetensors **fp, const char *path, const dp_model *m,
         if (copy_2d(st->residuals + (size_t)i * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
             return -1;
     }
-    /* a run on rows keeps no moving average (the tables would move whole)
-     * and its tasks no best weights: the chief that keeps them holds its
-     * tables whole */
+    /* a run on rows keeps no moving average (the tables would move whole);
+     * the best weights' dense part is read, their rows by rows */
     if (rs && st->ema)
         return dp_errf(err, "%s: tensor 'ema': a task holding its sparse tables compact reads "
                             "no moving average", path);
-    if (rs && st->best) {
-        int64_t whole = (int64_t)(n + cut);
-        if (!find_shaped(f, "best", 1, &whole, path, err))
-            return -1;
-        free(st->best);
-        st->best = NULL;
-        best_epoch = 0; /* not this task's */
-    }
+    if (rs && st->best && !(rs->best = read_flat(f, "best", rs, m, cut, st->best, path, err)))
+        return -1;
     if (st->ema && copy_2d(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
-    if (st->best && copy_2d(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
+    if (st->best && !rs && copy_2d(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
     if (!st->best && best_epoch > 0)
         return dp_errf(err, "%s: best_epoch is %ld but tensor 'best' is missing", path, best_epoch);
@@ -1107,13 +1126,16 @@ int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int s
     if (!rs)
         return dp_errf(err, "%s: read whole, not by rows",
                        st && st->path ? st->path : "the checkpoint");
-    if (table < 0 || table >= rs->n_tables || part < 0 || part > st->n_slots || shards < 1 ||
-        shard < 0 || shard >= shards)
+    const dp_st_tensor *t = table < 0 || table >= rs->n_tables ? NULL
+                            : part == 0                        ? rs->table[table]
+                            : part == DP_CKPT_PART_BEST        ? rs->best
+                            : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
+                                                               : NULL;
+    if (!t || shards < 1 || shard < 0 || shard >= shards)
         return dp_errf(err, "%s: no part %d of sparse table %d on shard %d of %d", rs->path,
                        part, table, shard, shards);
     size_t w = rs->width[table], S = (size_t)shards;
     size_t per = PIECE_BYTES / (w * sizeof(float)); /* rows a piece */
-    const dp_st_tensor *t = part ? rs->slot[part - 1] : rs->table[table];
     size_t base = part ? rs->flat[table] : 0;
     if (n && (size_t)shard + (first + n - 1) * S >= (size_t)rs->rows[table])
         return dp_errf(err, "%s: rows past the %ld of sparse table %d", rs->path,
@@ -1136,6 +1158,59 @@ int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int s
         for (size_t r = 0; r < m; r += S, i++)
             memcpy(dst + i * w, rs->buf + r * w, w * sizeof(float));
     }
+    return 0;
+}
+
+int dp_checkpoint_read_table(const dp_train_state *st, int table, int part, size_t off,
+                             size_t n, float *dst, dp_err *err)
+{
+    const rows_src *rs = st ? st->rows_src : NULL;
+    if (!rs || table < 0 || table >= rs->n_tables)
+        return dp_errf(err, "%s: no sparse table %d to read by rows",
+                       st && st->path ? st->path : "the checkpoint", table);
+    const dp_st_tensor *t = part == 0                       ? rs->table[table]
+                            : part == DP_CKPT_PART_BEST       ? rs->best
+                            : part > 0 && part <= st->n_slots ? rs->slot[part - 1]
+                                                              : NULL;
+    size_t len = (size_t)rs->rows[table] * rs->width[table];
+    if (!t || off > len || n > len - off)
+        return dp_errf(err, "%s: no floats [%zu, +%zu) of part %d of sparse table %d",
+                       rs->path, off, n, part, table);
+    size_t base = part ? rs->flat[table] : 0;
+    if (dp_safetensors_read(rs->f, t, (base + off) * sizeof(float), dst, n * sizeof(float),
+                            err) < 0)
+        return dp_err_prefix(err, "%s", rs->path);
+    return 0;
+}
+
+int dp_checkpoint_open_rows(const char *path, const dp_model *m, dp_train_state *st,
+                            dp_err *err)
+{
+    memset(st, 0, sizeof *st);
+    dp_safetensors *f = NULL;
+    rows_src *rs = calloc(1, sizeof *rs);
+    float *scratch = NULL;
+    if (!rs || !(rs->path = strdup(path)) || !(st->path = strdup(path))) {
+        rows_src_free(rs);
+        free(st->path);
+        st->path = NULL;
+        return dp_errf(err, "%s: out of memory", path);
+    }
+    st->rows_src = rs;
+    /* the weights' places are mapped through read_weights; the dense ones
+     * it reads are this model's few */
+    if (dp_safetensors_open(path, &f, err) < 0 ||
+        !(scratch = alloc_floats(m->n_params)) ||
+        read_weights(f, m, scratch, NULL, rs, path, err) < 0 || !(rs->buf = malloc(PIECE_BYTES))) {
+        if (f && !scratch)
+            dp_errf(err, "%s: out of memory", path);
+        free(scratch);
+        dp_safetensors_free(f);
+        dp_train_state_free(st);
+        return -1;
+    }
+    free(scratch);
+    rs->f = f;
     return 0;
 }
 
