@@ -1383,6 +1383,19 @@ static int pid_alive(long pid)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
+/* A best weights' file of a chief on rows (loop.c's write_best, unlinked
+ * once open: one left means its writer died between), ".best-<pid>.safetensors":
+ * 1 with *pid. */
+static int best_file_pid(const char *name, long *pid)
+{
+    const char *p = name + strlen(".best-");
+    if (strncmp(name, ".best-", strlen(".best-")) != 0 || *p < '0' || *p > '9')
+        return 0;
+    char *end;
+    *pid = strtol(p, &end, 10);
+    return strcmp(end, ".safetensors") == 0;
+}
+
 int dp_checkpoint_remove_temps(const char *dir, dp_err *err)
 {
     DIR *d = opendir(dir);
@@ -1394,12 +1407,17 @@ int dp_checkpoint_remove_temps(const char *dir, dp_err *err)
         size_t base_len;
         long pid;
         char base[NAME_LEN], path[4096];
-        if (!dp_atomic_temp_parse(e->d_name, &base_len, &pid) || base_len >= sizeof base)
-            continue;
-        memcpy(base, e->d_name, base_len);
-        base[base_len] = '\0';
-        if (step_of(base) < 0)
-            continue; /* another writer's temporary: not ours to judge */
+        if (best_file_pid(e->d_name, &pid)) { /* --keep-best on rows: its file, or */
+            base_len = 0;
+        } else {
+            if (!dp_atomic_temp_parse(e->d_name, &base_len, &pid) || base_len >= sizeof base)
+                continue;
+            memcpy(base, e->d_name, base_len);
+            base[base_len] = '\0';
+            long owner;
+            if (step_of(base) < 0 && !best_file_pid(base, &owner))
+                continue; /* another writer's temporary: not ours to judge */
+        }
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (pid != (long)getpid() && pid_alive(pid)) {
             dp_info("%s: left in place: process %ld is alive and may be writing it", path, pid);
