@@ -283,7 +283,8 @@ static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_con
             t->opt.t = start->t;
         fwd += 4 + (size_t)t->local * (4 + 4 * w);
     }
-    if (!start->rows && !start->read_rows && start->shift && s->shard >= 0) { /* drawn here, each row as the whole model draws it */
+    /* drawn here, each row as the whole model draws it */
+    if (!start->rows && !start->read_rows && start->shift && s->shard >= 0) {
         float *dst[DP_PS_MAX_TABLES];
         for (int k = 0; k < s->n_tab; k++)
             dst[k] = s->tab[k].params;

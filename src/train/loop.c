@@ -419,10 +419,11 @@ static const float *best_prep(void *ctx, const float *x, int n, dp_err *err)
     loop *L = ctx;
     dp_sparse_table t[DP_SPARSE_MAX];
     int nt = dp_model_sparse_tables(&L->m, t, DP_SPARSE_MAX);
-    long most = 0;
-    for (int k = 0; k < nt; k++)
-        most = (long)L->m.max_batch * t[k].per_record > most ? (long)L->m.max_batch * t[k].per_record
-                                                             : most;
+    long most = 0; /* the most ids a chunk names of one table */
+    for (int k = 0; k < nt; k++) {
+        long ids = (long)L->m.max_batch * t[k].per_record;
+        most = ids > most ? ids : most;
+    }
     size_t in = (size_t)dp_model_inputs(&L->m);
     if (n > L->m.max_batch) {
         dp_errf(err, "an evaluation chunk of %d records; the model holds %d", n, L->m.max_batch);
