@@ -678,7 +678,7 @@ static int meta_long(const dp_safetensors *f, const char *key, long lo, long hi,
     const char *v;
     if (meta_str(f, key, &v, path, err) < 0)
         return -1;
-    char what[128];
+    char what[DP_ERR_MAX]; /* the path and the key whole, however long the path */
     snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
     return dp_parse_long(v, lo, hi, out, what, err);
 }
@@ -689,7 +689,7 @@ static int meta_double(const dp_safetensors *f, const char *key, double *out, co
     const char *v;
     if (meta_str(f, key, &v, path, err) < 0)
         return -1;
-    char what[128];
+    char what[DP_ERR_MAX];
     snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
     return dp_parse_double(v, -1, 1, out, what, err);
 }
