@@ -1199,11 +1199,12 @@ int dp_checkpoint_open_rows(const char *path, const dp_model *m, dp_train_state 
     st->rows_src = rs;
     /* the weights' places are mapped through read_weights; the dense ones
      * it reads are this model's few */
-    if (dp_safetensors_open(path, &f, err) < 0 ||
-        !(scratch = alloc_floats(m->n_params)) ||
-        read_weights(f, m, scratch, NULL, rs, path, err) < 0 || !(rs->buf = malloc(PIECE_BYTES))) {
-        if (f && !scratch)
-            dp_errf(err, "%s: out of memory", path);
+    int rc = dp_safetensors_open(path, &f, err);
+    if (rc == 0 && (!(scratch = alloc_floats(m->n_params)) || !(rs->buf = malloc(PIECE_BYTES))))
+        rc = dp_errf(err, "%s: out of memory", path);
+    if (rc == 0)
+        rc = read_weights(f, m, scratch, NULL, rs, path, err);
+    if (rc < 0) {
         free(scratch);
         dp_safetensors_free(f);
         dp_train_state_free(st);
