@@ -18,8 +18,8 @@
  *   worker's peak resident memory (its last `resource` event's
  *   rss_hwm_bytes) stays under a quarter of the table, each ps task's is
  *   about its half of the rows and their optimiser state, and the chief's
- *   (--keep-best, --save, a checkpoint) stays under a quarter of the
- *   table; and so do they resumed from that checkpoint;
+ *   (--keep-best, a checkpoint) stays under a quarter of the table; and so
+ *   do they resumed from that checkpoint (the chief's --save then);
  * - --keep-best on rows: the chief holds no table, and its files are a
  *   whole chief's, resumed or not;
  * - a table no batch outgrows beside cut ones goes by slots as they do
@@ -338,12 +338,13 @@ static void bounded(const char *metrics, const char *run, double table, double *
  * model as well, 1.5 tables more); the chief holds none either, with
  * --keep-best: it evaluates each chunk on the rows it pulls, writes the
  * best epoch's rows from the shards to a file of their own and streams the
- * table into its --save file and checkpoint (before, it held the table
- * whole, 548 MiB, and with --keep-best 1,317 MiB).  Then --resume from that
- * checkpoint (at the run's end: nothing to train): each ps task reads its
- * rows and accumulators from the file a piece at a time, the chief the
- * best rows it evaluates, the workers no table (before, every task read the
- * 768 MiB file whole and built the whole model: 2,059 MiB each). */
+ * table into its checkpoint (before, it held the table whole, 548 MiB, and
+ * with --keep-best 1,317 MiB).  Then --resume from that checkpoint (at the
+ * run's end: nothing to train): each ps task reads its rows and
+ * accumulators from the file a piece at a time, the chief the best rows it
+ * evaluates and streams into its --save file, the workers no table
+ * (before, every task read the 768 MiB file whole and built the whole
+ * model: 2,059 MiB each). */
 static void task_memory(void)
 {
     /* Its verdicts are the plain allocator's peaks; under ASan (whose
@@ -360,19 +361,20 @@ static void task_memory(void)
                       "--threads 1 --no-progress --log-every 0 --train-size 500 --val-size 100 "
                       "--batch 32 --optimizer adagrad --lr 0.05 --keep-best --checkpoint-dir "
                       "%s/big-ck --metrics %s %s";
-    char save[1200];
-    snprintf(save, sizeof save, "--save %s/big.st", tmp);
-    int rc = run_cmd(err, sizeof err, run, bin, tmp, tmp, metrics, save);
+    int rc = run_cmd(err, sizeof err, run, bin, tmp, tmp, metrics, "");
     CHECKF(rc == 0, "the 2^22 x 16 table exited %d: %s", rc, err);
+    /* resumed, --save takes the best rows from the checkpoint's 'best' */
+    char save[1200];
+    snprintf(save, sizeof save, "--resume --save %s/big.st", tmp);
+    rc = run_cmd(err, sizeof err, run, bin, tmp, tmp, resumed, save);
+    CHECKF(rc == 0 && strstr(err, "[ps 0] Resuming from"), "the 2^22 x 16 table resumed "
+           "exited %d: %s", rc, err);
     char path[1200];
     snprintf(path, sizeof path, "%s/big.st", tmp);
     struct stat sb;
     CHECKF(stat(path, &sb) == 0 && (double)sb.st_size > 4194304.0 * 16 * 4,
            "--save wrote no file holding the table");
     unlink(path); /* 256 MiB */
-    rc = run_cmd(err, sizeof err, run, bin, tmp, tmp, resumed, "--resume");
-    CHECKF(rc == 0 && strstr(err, "[ps 0] Resuming from"), "the 2^22 x 16 table resumed "
-           "exited %d: %s", rc, err);
     rc = run_cmd(NULL, 0, "rm -rf '%s/big-ck'", tmp); /* 768 MiB */
     double table = 4194304.0 * 16 * 4, a[5], b[5];
     bounded(metrics, "--keep-best", table, a);
