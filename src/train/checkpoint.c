@@ -1220,7 +1220,7 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
 {
     dp_safetensors *f = NULL;
     memset(m, 0, sizeof *m);
-    if (dp_safetensors_load(path, &f, err) < 0)
+    if (dp_safetensors_open(path, &f, err) < 0)
         return -1;
     const char *spec = dp_safetensors_meta(f, "model");
     if (!spec) {
