@@ -233,16 +233,21 @@ static void stale_temps(void)
         fclose(pm);
     }
     dead++;
-    char stale[256], kept[6][256];
-    snprintf(stale, sizeof stale, "ckpt-0000000040.safetensors.tmp.%ld.0", dead);
+    /* and a chief on rows' --keep-best file (docs/checkpoints.md, "Reading
+     * in pieces"), or its temporary, whose writer died before unlinking it */
+    char stale[3][256], kept[7][256];
+    snprintf(stale[0], sizeof stale[0], "ckpt-0000000040.safetensors.tmp.%ld.0", dead);
+    snprintf(stale[1], sizeof stale[1], ".best-%ld.safetensors", dead);
+    snprintf(stale[2], sizeof stale[2], ".best-%ld.safetensors.tmp.%ld.3", dead, dead);
     snprintf(kept[0], sizeof kept[0], "ckpt-0000000040.safetensors.tmp.%ld.0", (long)getpid());
     snprintf(kept[1], sizeof kept[1], "ckpt-0000000040.safetensors.tmp.%ld.x", dead);
     snprintf(kept[2], sizeof kept[2], "ckpt-40.safetensors.tmp.%ld.0", dead);
     snprintf(kept[3], sizeof kept[3], "notes.tmp.%ld.0", dead);
     snprintf(kept[4], sizeof kept[4], "ckpt-0000000040.safetensors.tmp.%ld.0.bak", dead);
     snprintf(kept[5], sizeof kept[5], "ckpt-0000000040.safetensors.tmp");
-    for (int i = -1; i < 6; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, i < 0 ? stale : kept[i]);
+    snprintf(kept[6], sizeof kept[6], ".best-%ld.safetensors.bak", dead);
+    for (int i = -3; i < 7; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, i < 0 ? stale[i + 3] : kept[i]);
         FILE *f = fopen(path, "w");
         REQUIRE(f != NULL);
         fputs("half a checkpoint", f);
@@ -252,11 +257,14 @@ static void stale_temps(void)
                  "--checkpoint-dir %s --resume", bin, dir);
     CHECKF(rc == 0 && strstr(err, "ckpt-0000000030.safetensors (step 30)"),
            "d) --resume exited %d, or not from step 30: %s", rc, err);
-    snprintf(path, sizeof path, "Removed %s/%s,", dir, stale);
-    CHECKF(strstr(err, path) != NULL, "d) the run does not say it removed %s: %s", stale, err);
-    snprintf(path, sizeof path, "%s/%s", dir, stale);
-    CHECKF(!exists(path), "d) %s is still there", stale);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "Removed %s/%s,", dir, stale[i]);
+        CHECKF(strstr(err, path) != NULL, "d) the run does not say it removed %s: %s",
+               stale[i], err);
+        snprintf(path, sizeof path, "%s/%s", dir, stale[i]);
+        CHECKF(!exists(path), "d) %s is still there", stale[i]);
+    }
+    for (int i = 0; i < 7; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, kept[i]);
         CHECKF(exists(path), "d) %s was removed, and is not a stale checkpoint temporary",
                kept[i]);

@@ -11,9 +11,10 @@
  * - a ps-sync run killed at step 33 and resumed ends bit for bit where the
  *   uninterrupted one ends, lazy Adam's moments in the checkpoint;
  * - a worker's bytes per step are a fraction of the dense path's;
- * - ps:0 killed at step 30 under --max-restarts 1 (a paced run): the
- *   launcher restarts it, the chief restores its shard, its rows among it,
- *   from the checkpoint at step 20, and the run ends within 0.06 of the
+ * - ps:0 killed at step 30 under --max-restarts 1 (a paced run, a table
+ *   of 5,000 rows which the chief holds compact): the launcher restarts
+ *   it, the chief restores its shard, its rows among it (read from the
+ *   checkpoint at step 20 by rows), and the run ends within 0.06 of the
  *   fault-free run's test accuracy (about 10 steps of a shard are lost). */
 #include <math.h>
 #include <sys/stat.h>
@@ -22,6 +23,7 @@
 #include "launch.h"
 
 #define MODEL "8-emb1000x16-gap-10"
+#define BIG "8-emb5000x16-gap-10" /* its table cut on the chief too */
 #define COMMON "--model " MODEL " --epochs 2 --threads 1 --no-progress --log-every 0 " \
                "--train-size 1800 --val-size 200 --test-size 200 --batch 16"
 
@@ -177,7 +179,11 @@ static void fewer_bytes(void)
 static void restarted_ps(void)
 {
     char args[2048], extra[512];
-    snprintf(extra, sizeof extra, "--optimizer adam --lr 0.1 --metrics %s/clean.jsonl", tmp);
+    /* a table of 5,000 rows (the ids stay below 1,000): the chief, whose
+     * evaluation chunk touches at most 4,000, holds it compact, and
+     * restores the shard's rows from the checkpoint by rows */
+    snprintf(extra, sizeof extra, "--optimizer adam --lr 0.1 --metrics %s/clean.jsonl --model "
+             BIG, tmp);
     int rc = launch("ps-sync", 2, "clean.st", extra);
     double clean = test_accuracy("clean");
     CHECKF(rc == 0 && clean > 0, "the fault-free run exited %d: %s", rc, err);
@@ -185,7 +191,7 @@ static void restarted_ps(void)
     snprintf(args, sizeof args, "--chief --workers 2 --ps 2 --max-restarts 1 --verbose -- train "
              "--dataset %s/ids --strategy ps-sync " COMMON " --optimizer adam --lr 0.1 "
              "--log-every 10 --checkpoint-every 20 --checkpoint-dir %s/restart.ck "
-             "--metrics %s/restart.jsonl", tmp, tmp, tmp);
+             "--metrics %s/restart.jsonl --model " BIG, tmp, tmp, tmp);
     pid_t l = start("restart", args);
     pid_t ps = await_task(l, "restart", "Worker 1, At step 30,", "ps:0");
     if (ps > 0)
@@ -195,6 +201,7 @@ static void restarted_ps(void)
     double acc = test_accuracy("restart");
     CHECKF(rc == 0 && log_has("restart", "debug: sparse rows:") &&
                log_has("restart", "restores its shard") &&
+               log_has("restart", "compact tables: the chief holds") &&
                log_has("restart", "ckpt-0000000020") && log_has("restart", "fault: ps:0 is back"),
            "ps-sync on rows, ps:0 killed and restarted: exit %d, or no restore from step 20", rc);
     CHECKF(fabs(acc - clean) <= 0.06, "ps-sync on rows, ps:0 restarted: test accuracy %.4f, "

@@ -72,6 +72,19 @@ static void expect_refused(const char *name, const char *path, const char *word)
     if (rc != -1)
         dp_safetensors_free(st);
 
+    /* Opened (the data left in the file) the same way: the header's checks
+     * are load's, against the file's size. */
+    st = (dp_safetensors *)1;
+    rc = dp_safetensors_open(path, &st, &err);
+    CHECKF(rc == -1 && st == NULL, "%s: opened a bad file", name);
+    CHECKF(strstr(err.msg, path) != NULL, "%s (open): message does not name the file: %s", name,
+           err.msg);
+    if (word)
+        CHECKF(strstr(err.msg, word) != NULL, "%s (open): message lacks '%s': %s", name, word,
+               err.msg);
+    if (rc != -1)
+        dp_safetensors_free(st);
+
     /* The same bytes from memory are refused the same way. */
     struct stat sb;
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
@@ -91,6 +104,38 @@ static void expect_refused(const char *name, const char *path, const char *word)
 }
 
 /* load_mem of a file's bytes gives what load gives; the handle owns a copy. */
+/* open + read give load's tensors, piece by piece, from the file (the
+ * checkpoint reader's way: docs/checkpoints.md, "Reading in pieces"); a
+ * file that shrinks after it was opened is refused naming the tensor. */
+static void test_open_read(void)
+{
+    char path[1024];
+    tmp_path(path, sizeof path, "open.safetensors");
+    float w[6] = {1, -2, 3.5f, 4, 5, 6.25f}, got[4];
+    dp_st_tensor ts[2] = {{.name = "w", .data = w, .ndim = 2, .shape = {2, 2}},
+                          {.name = "b", .data = w + 4, .ndim = 1, .shape = {2}}};
+    dp_st_meta meta[1] = {{"step", "42"}};
+    dp_err err = {{0}};
+    REQUIRE(dp_safetensors_save(path, ts, 2, meta, 1, &err) == 0);
+    dp_safetensors *st = NULL;
+    CHECKF(dp_safetensors_open(path, &st, &err) == 0, "%s", err.msg);
+    if (!st)
+        return;
+    const dp_st_tensor *t = dp_safetensors_find(st, "w"), *b = dp_safetensors_find(st, "b");
+    CHECK(dp_safetensors_count(st) == 2 && t && b && t->data == NULL && t->shape[1] == 2);
+    CHECK(dp_safetensors_meta(st, "step") && strcmp(dp_safetensors_meta(st, "step"), "42") == 0);
+    CHECK(dp_safetensors_read(st, t, 0, got, 16, &err) == 0 && memcmp(got, w, 16) == 0);
+    CHECK(dp_safetensors_read(st, t, 8, got, 8, &err) == 0 && got[0] == 3.5f && got[1] == 4);
+    CHECK(dp_safetensors_read(st, b, 4, got, 4, &err) == 0 && got[0] == 6.25f);
+    CHECK(dp_safetensors_read(st, b, 4, got, 8, &err) == -1); /* past its end */
+    CHECKF(strstr(err.msg, "'b'"), "%s", err.msg);
+    CHECK(truncate(path, 8 + 4) == 0);
+    CHECK(dp_safetensors_read(st, b, 0, got, 8, &err) == -1);
+    CHECKF(strstr(err.msg, "tensor 'b'") && strstr(err.msg, "ends early"), "%s", err.msg);
+    dp_safetensors_free(st);
+    unlink(path);
+}
+
 static void test_load_mem(void)
 {
     char path[1024];
@@ -595,6 +640,7 @@ int main(void)
     test_bad_save_args();
     test_atomic();
     test_load_mem();
+    test_open_read();
     CHECK(count_temps() == 0);
     rmdir(tmpdir);
     return CHECK_DONE();

@@ -55,8 +55,9 @@ int dp_checkpoint_write(const char *path, const dp_model *m, const dp_train_stat
  * rows(ctx, part, k, buf, n) as they are written, the next n floats of part
  * `part` (0: the rows, j: slot j - 1's) of table k (row after row, ids
  * increasing; the tables in order, each from its first row; the parts in
- * order), never a whole table in memory.  The weights and optimiser slots
- * (st as the compact model lays them out); no other vector. */
+ * order), never a whole table in memory.  The weights, optimiser slots and
+ * best weights (st as the compact model lays them out; part
+ * DP_CKPT_PART_BEST the best weights' rows); no other vector. */
 typedef int (*dp_ckpt_rows_fn)(void *ctx, int part, int table, float *buf, size_t n,
                                dp_err *err);
 int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train_state *st,
@@ -68,6 +69,30 @@ int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train
  * see the top of this file. */
 int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,
                        dp_train_state *st, dp_err *err);
+
+/* A state read for a model with compact tables (dp_model_init_compact: a
+ * task of a run on rows) holds the dense parts only, the tables' slots
+ * zeros, and keeps its file open (st->rows_src): the n rows from local row
+ * `first` of shard `shard` of `shards` (ids shard + (first + i) x shards)
+ * of table k's part (0: its rows; 1 + q: optimiser slot q's) into dst
+ * (n x width floats), read from the file a piece of at most 1 MiB at a
+ * time.  The file's checksum was verified in a streamed pass when it was
+ * read, through the same open file (docs/checkpoints.md, "Reading in
+ * pieces"). */
+int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
+                            size_t first, size_t n, float *dst, dp_err *err);
+/* The part of the best weights ('best', --keep-best), in
+ * dp_checkpoint_read_rows and _read_table and dp_ckpt_rows_fn. */
+#define DP_CKPT_PART_BEST 3
+/* Floats [off, off + n) of table k's part (row after row, whole rows or
+ * not) of such a state, into dst. */
+int dp_checkpoint_read_table(const dp_train_state *st, int table, int part, size_t off,
+                             size_t n, float *dst, dp_err *err);
+/* A weights file this run wrote (dp_checkpoint_write_rows: a --save file)
+ * opened for model m's compact tables' rows (part 0), no checksum read
+ * (the writer's own), nothing else of st filled but path. */
+int dp_checkpoint_open_rows(const char *path, const dp_model *m, dp_train_state *st,
+                            dp_err *err);
 
 /* What downpour eval needs: builds *m from the file's model spec (max_batch
  * for scratch), loads its weights; strategy, dataset and step are copied

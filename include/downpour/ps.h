@@ -179,6 +179,14 @@ typedef struct dp_ps_start {
      * (dp_model_init_rows); 0, or -1. */
     int (*init_rows)(void *ctx, int shard, int shards, float *const *dst, int n);
     void *init_ctx;
+    /* A resumed shard with shift (a ps task of a --resume'd run on rows):
+     * its rows of table k's part (0: the rows; 1 + q: optimiser slot q's),
+     * local order, n of them, into dst, from the checkpoint (read a piece
+     * at a time, never the table whole: docs/checkpoints.md, "Reading in
+     * pieces"); 0, or -1 with err.  Taken before init_rows. */
+    int (*read_rows)(void *ctx, int shard, int shards, int table, int part, float *dst,
+                     size_t n, dp_err *err);
+    void *read_ctx;
 } dp_ps_start;
 
 /* One ps task's server, as an object so a test can drive it event by event

@@ -57,6 +57,15 @@ int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err);
  * its own copy, so buf may be freed at once.  Messages name the source
  * "safetensors buffer". */
 int dp_safetensors_load_mem(const void *buf, size_t len, dp_safetensors **out, dp_err *err);
+/* Opens path without loading its data: the header is read and checked as
+ * load checks it (against the file's size), the file kept open, and every
+ * tensor's data is NULL: read it with dp_safetensors_read, a piece at a
+ * time (a checkpoint's tables: docs/checkpoints.md, "Reading in pieces"). */
+int dp_safetensors_open(const char *path, dp_safetensors **out, dp_err *err);
+/* len bytes of tensor t's data (t of st), from byte off of it, into buf:
+ * from the file when st was opened, from memory when loaded. */
+int dp_safetensors_read(const dp_safetensors *st, const dp_st_tensor *t, uint64_t off,
+                        void *buf, size_t len, dp_err *err);
 void dp_safetensors_free(dp_safetensors *st); /* NULL is a no-op */
 int dp_safetensors_count(const dp_safetensors *st);
 /* The i-th tensor in file order (F32 data; other dtypes are refused at load). */

@@ -86,6 +86,11 @@ typedef struct dp_checkpoint_source {
      * and path set, 0 when there is none, -1 on an error (err says). */
     int (*newest)(void *ctx, dp_train_state *st, char *path, size_t cap, dp_err *err);
     void (*release)(void *ctx, dp_train_state *st); /* frees what newest filled */
+    /* A state read for a model with compact tables (st->rows_src): rows
+     * [first, first + n) of shard `shard` of `shards` of table k's part (0:
+     * the rows, 1 + q: slot q's) into dst (dp_checkpoint_read_rows). */
+    int (*rows)(const dp_train_state *st, int table, int part, int shard, int shards,
+                size_t first, size_t n, float *dst, dp_err *err);
     void *ctx;
 } dp_checkpoint_source;
 

@@ -45,6 +45,8 @@ typedef struct dp_train_state {
     float *vecs;
     char *scalars;
     char *path;           /* the file it was read from (malloc'd); NULL when not read */
+    void *rows_src;       /* read for a model with compact tables: the file, kept open
+                             for the tables' rows (dp_checkpoint_read_rows); NULL else */
 } dp_train_state;
 
 /* How a strategy's checkpoints resume on another cluster (dp_run_identity's

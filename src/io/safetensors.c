@@ -30,7 +30,11 @@
 #define ST_SHAPE_STR 160
 
 struct dp_safetensors {
-    unsigned char *buf;             /* the whole file; data area moved to an 8-aligned offset */
+    unsigned char *buf;             /* the whole file; data area moved to an 8-aligned offset
+                                       (opened, not loaded: the header only) */
+    int fd;                         /* opened (dp_safetensors_open): the file, else -1 */
+    uint64_t data_off;              /* opened: where the data area starts in the file */
+    uint64_t *begin;                /* opened: each tensor's first byte in the data area */
     dp_st_tensor *tensors;          /* file order (by data offset) */
     const dp_st_tensor **by_name;   /* sorted by name, for find */
     int n;
@@ -405,9 +409,11 @@ static int check_size(const char *what, uint64_t size, dp_err *err)
     return 0;
 }
 
-/* Reads the whole file into a fresh buffer after checking the header length. */
+/* Reads the whole file into a fresh buffer after checking the header length;
+ * with keep_fd, only the length and the header, and *keep_fd gets the open
+ * file (the data stays there: dp_safetensors_open). */
 static int read_file(const char *path, unsigned char **out, size_t *out_len, uint64_t *hdr_len,
-                     dp_err *err)
+                     int *keep_fd, dp_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -437,14 +443,15 @@ static int read_file(const char *path, unsigned char **out, size_t *out_len, uin
     }
     if (check_header_length(path, len8, size, hdr_len, err) < 0)
         goto fail;
-    buf = malloc(size);
+    size_t want = keep_fd ? 8 + (size_t)*hdr_len : size;
+    buf = malloc(want);
     if (!buf) {
-        dp_errf(err, "%s: out of memory for %zu bytes", path, size);
+        dp_errf(err, "%s: out of memory for %zu bytes", path, want);
         goto fail;
     }
     size_t got = 0;
-    while (got < size) {
-        size_t chunk = size - got > (1u << 30) ? (1u << 30) : size - got;
+    while (got < want) {
+        size_t chunk = want - got > (1u << 30) ? (1u << 30) : want - got;
         r = read(fd, buf + got, chunk);
         if (r < 0 && errno == EINTR)
             continue;
@@ -453,12 +460,15 @@ static int read_file(const char *path, unsigned char **out, size_t *out_len, uin
             goto fail;
         }
         if (r == 0) {
-            dp_errf(err, "%s: file shrank while reading (%zu of %zu bytes)", path, got, size);
+            dp_errf(err, "%s: file shrank while reading (%zu of %zu bytes)", path, got, want);
             goto fail;
         }
         got += (size_t)r;
     }
-    close(fd);
+    if (keep_fd)
+        *keep_fd = fd;
+    else
+        close(fd);
     *out = buf;
     *out_len = size;
     return 0;
@@ -610,6 +620,10 @@ static int build_index(const char *path, dp_safetensors *st, const cJSON *root, 
     }
 
     ents = malloc(((size_t)n + 1) * sizeof *ents);
+    if (st->fd >= 0 && !(st->begin = malloc(((size_t)n + 1) * sizeof *st->begin))) {
+        free(ents);
+        return dp_errf(err, "%s: out of memory for %d tensors", path, n);
+    }
     st->tensors = malloc(((size_t)n + 1) * sizeof *st->tensors);
     st->by_name = malloc(((size_t)n + 1) * sizeof *st->by_name);
     st->meta = malloc(((size_t)st->n_meta + 1) * sizeof *st->meta);
@@ -660,7 +674,10 @@ static int build_index(const char *path, dp_safetensors *st, const cJSON *root, 
         memcpy(s, ents[i].name, l);
         t->name = s;
         s += l;
-        t->data = (const float *)(void *)(st->buf + data_base + ents[i].begin);
+        if (st->fd >= 0) /* opened: the data stays in the file */
+            st->begin[i] = ents[i].begin;
+        t->data = st->fd >= 0 ? NULL
+                              : (const float *)(void *)(st->buf + data_base + ents[i].begin);
         t->ndim = ents[i].ndim;
         memset(t->shape, 0, sizeof t->shape);
         memcpy(t->shape, ents[i].shape, (size_t)t->ndim * sizeof t->shape[0]);
@@ -735,7 +752,8 @@ static int parse_loaded(const char *path, dp_safetensors *st, size_t size, uint6
     if (build_index(path, st, root, data_len, base, err) < 0)
         goto fail;
     cJSON_Delete(root);
-    if (base != data_off)
+    st->data_off = data_off;
+    if (st->fd < 0 && base != data_off)
         memmove(st->buf + base, st->buf + data_off, data_len);
     *out = st;
     return 0;
@@ -755,13 +773,67 @@ int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
     dp_safetensors *st = calloc(1, sizeof *st);
     if (!st)
         return dp_errf(err, "%s: out of memory", path);
+    st->fd = -1;
     size_t size = 0;
     uint64_t n = 0;
-    if (read_file(path, &st->buf, &size, &n, err) < 0) {
+    if (read_file(path, &st->buf, &size, &n, NULL, err) < 0) {
         dp_safetensors_free(st);
         return -1;
     }
     return parse_loaded(path, st, size, n, out, err);
+}
+
+int dp_safetensors_open(const char *path, dp_safetensors **out, dp_err *err)
+{
+    if (!out)
+        return dp_errf(err, "safetensors open: no output handle");
+    *out = NULL;
+    if (!path)
+        return dp_errf(err, "safetensors open: no path");
+    dp_safetensors *st = calloc(1, sizeof *st);
+    if (!st)
+        return dp_errf(err, "%s: out of memory", path);
+    st->fd = -1;
+    size_t size = 0;
+    uint64_t n = 0;
+    int fd = -1;
+    if (read_file(path, &st->buf, &size, &n, &fd, err) < 0) {
+        dp_safetensors_free(st);
+        return -1;
+    }
+    st->fd = fd; /* the checks of the header are load's, with the file's size */
+    return parse_loaded(path, st, size, n, out, err);
+}
+
+int dp_safetensors_read(const dp_safetensors *st, const dp_st_tensor *t, uint64_t off,
+                        void *buf, size_t len, dp_err *err)
+{
+    if (!st || !t || t < st->tensors || t >= st->tensors + st->n)
+        return dp_errf(err, "safetensors read: not a tensor of this file");
+    uint64_t bytes = 4;
+    for (int d = 0; d < t->ndim; d++)
+        bytes *= (uint64_t)t->shape[d];
+    if (off > bytes || len > bytes - off)
+        return dp_errf(err, "tensor '%s': bytes [%" PRIu64 ", +%zu) lie outside its %" PRIu64,
+                       t->name, off, len, bytes);
+    if (t->data) {
+        memcpy(buf, (const unsigned char *)t->data + off, len);
+        return 0;
+    }
+    uint64_t at = st->data_off + st->begin[t - st->tensors] + off;
+    unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(st->fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)at);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return dp_errf(err, "tensor '%s': reading the file: %s", t->name,
+                           r < 0 ? strerror(errno) : "it ends early (shrank since it was opened)");
+        p += r;
+        at += (uint64_t)r;
+        len -= (size_t)r;
+    }
+    return 0;
 }
 
 int dp_safetensors_load_mem(const void *buf, size_t len, dp_safetensors **out, dp_err *err)
@@ -776,6 +848,8 @@ int dp_safetensors_load_mem(const void *buf, size_t len, dp_safetensors **out, d
     if (check_size(what, len, err) < 0 || check_header_length(what, buf, len, &n, err) < 0)
         return -1;
     dp_safetensors *st = calloc(1, sizeof *st);
+    if (st)
+        st->fd = -1;
     if (!st || !(st->buf = malloc(len))) {
         free(st);
         return dp_errf(err, "%s: out of memory for %zu bytes", what, len);
@@ -788,7 +862,10 @@ void dp_safetensors_free(dp_safetensors *st)
 {
     if (!st)
         return;
+    if (st->fd >= 0)
+        close(st->fd);
     free(st->buf);
+    free(st->begin);
     free(st->tensors);
     free(st->by_name);
     free(st->meta);

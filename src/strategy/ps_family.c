@@ -1123,6 +1123,18 @@ static void to_slice_order(const dp_strategy *s, float *v, float *scratch)
     mp_order_gather(v, scratch, s->plans, s->K);
 }
 
+/* dp_ps_start.read_rows: a resumed shard's rows from the checkpoint, by
+ * rows (the loop's reader: no strategy calls into src/train). */
+static int resumed_rows(void *ctx, int shard, int shards, int table, int part, float *dst,
+                        size_t n, dp_err *err)
+{
+    const dp_strategy *s = ctx;
+    const dp_checkpoint_source *ck = s->env->checkpoints;
+    if (!ck || !ck->rows)
+        return dp_errf(err, "a resumed shard with compact tables and no checkpoint reader");
+    return ck->rows(s->env->resume, table, part, shard, shards, 0, n, dst, err);
+}
+
 /* dp_ps_start.init_rows: a shard's initial rows from the run's seed. */
 static int draw_rows(void *ctx, int shard, int shards, float *const *dst, int n)
 {
@@ -1171,6 +1183,10 @@ int dp_ps_family_serve(dp_strategy *s, dp_err *err)
     start.shift = s->cut;
     start.init_rows = draw_rows;
     start.init_ctx = s;
+    if (r && s->cut) { /* resumed: its rows from the checkpoint, a piece at a time */
+        start.read_rows = resumed_rows;
+        start.read_ctx = s;
+    }
     restored rs = {0};
     int rc = await_chief(s, &start, &rs, err);
     if (rc == 0)
@@ -1210,6 +1226,7 @@ static int send_restore_rows(dp_strategy *s, int rank, int shard, const dp_train
     if (!buf)
         return dp_errf(err, "out of memory for a chunk of %zu floats of rows", most);
     int rc = 0;
+    const dp_checkpoint_source *ck = s->env->checkpoints;
     for (int q = 0; q < s->pc.n_tables && rc == 0; q++) {
         const dp_ps_table_spec *t = &s->pc.tables[q];
         size_t w = t->width, n = shard_rows(s, q, shard), per = dp_ps_state_chunk_rows(&s->pc, w);
@@ -1217,7 +1234,15 @@ static int send_restore_rows(dp_strategy *s, int rank, int shard, const dp_train
             const float *v = j == 0 ? st->params : st->slots + (size_t)(j - 1) * st->n_params;
             for (size_t first = 0; first < n && rc == 0; first += per) {
                 size_t m = n - first < per ? n - first : per;
-                for (size_t i = 0; i < m; i++)
+                if (s->cut) { /* a chief on rows: from the file, a piece at a time */
+                    dp_err why;
+                    if (ck->rows(st, q, j, shard, (int)S, first, m, buf, &why) < 0) {
+                        dp_warn("restoring %s: %s", dp_transport_peer_name(s->t, rank), why.msg);
+                        rc = dp_errf(err, "%s", why.msg);
+                        break;
+                    }
+                }
+                for (size_t i = 0; i < m && !s->cut; i++)
                     memcpy(buf + i * w, v + t->off + ((size_t)shard + (first + i) * S) * w,
                            w * sizeof(float));
                 uint8_t h[DP_PS_STATE_ROWS_HEAD];
@@ -1295,12 +1320,13 @@ static int restore_ps(void *ctx, int rank, dp_err *err)
     iov[k++] = (struct iovec){lv, 8 * (size_t)workers};
     int shard = shard_of(s, rank);
     size_t nrows = found ? shard_rows_floats(s, shard, n_slots) : 0;
-    if (found) {
-        iov[k++] = (struct iovec){st.params + lo, bytes};
+    if (found) { /* a chief on rows reads the dense parts only: dense j at j - cut */
+        size_t at = n ? lo - s->cut : 0;
+        iov[k++] = (struct iovec){st.params + at, bytes};
         for (int j = 0; j < n_slots; j++)
-            iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + lo, bytes};
+            iov[k++] = (struct iovec){st.slots + (size_t)j * st.n_params + at, bytes};
         if (s->pc.ema > 0)
-            iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + lo, bytes};
+            iov[k++] = (struct iovec){(st.ema ? st.ema : st.params) + at, bytes};
     }
     long from = found ? st.step : base, reached = from;
     for (int r = 0; r < s->c->n_tasks; r++)

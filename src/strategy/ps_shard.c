@@ -263,6 +263,12 @@ static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_con
             from += nl;
             for (int q = 0; q < n_slots && start->slots; q++, from += nl)
                 memcpy(t->opt.state + (size_t)q * nl, from, nl * sizeof(float));
+        } else if (start->read_rows && start->shift) { /* resumed: from the checkpoint, by rows */
+            for (int q = 0; q <= (start->slots ? n_slots : 0); q++)
+                if (start->read_rows(start->read_ctx, s->shard, S, k, q,
+                                     q ? t->opt.state + (size_t)(q - 1) * nl : t->params,
+                                     (size_t)t->local, err) < 0)
+                    return -1;
         } else if (!start->shift) {
             for (long j = 0; j < t->local; j++) {
                 size_t id = (size_t)s->shard + (size_t)j * (size_t)S;
@@ -277,7 +283,8 @@ static int tables_open(server *s, const dp_ps_layout *layout, const dp_optim_con
             t->opt.t = start->t;
         fwd += 4 + (size_t)t->local * (4 + 4 * w);
     }
-    if (!start->rows && start->shift && s->shard >= 0) { /* drawn here, each row as the whole model draws it */
+    /* drawn here, each row as the whole model draws it */
+    if (!start->rows && !start->read_rows && start->shift && s->shard >= 0) {
         float *dst[DP_PS_MAX_TABLES];
         for (int k = 0; k < s->n_tab; k++)
             dst[k] = s->tab[k].params;

@@ -28,6 +28,35 @@
 
 static float *alloc_floats(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
 
+/* A state read for a model with compact tables (a task of a run on rows:
+ * docs/checkpoints.md, "Reading in pieces"): its file kept open, verified,
+ * and where each table's rows and each optimiser slot's lie in it. */
+typedef struct rows_src {
+    dp_safetensors *f;
+    char *path;
+    int n_tables;
+    const dp_st_tensor *table[DP_SPARSE_MAX]; /* layers.{i}.weight of table k */
+    size_t width[DP_SPARSE_MAX];
+    long rows[DP_SPARSE_MAX];
+    size_t flat[DP_SPARSE_MAX];               /* its first float in a flat slot vector */
+    const dp_st_tensor *slot[2];              /* optimizer.slot{q} */
+    const dp_st_tensor *best;                 /* 'best' (DP_CKPT_PART_BEST), or NULL */
+    float *buf;                               /* one piece: PIECE_BYTES */
+} rows_src;
+
+#define PIECE_BYTES ((size_t)1 << 20) /* a piece of rows read at once */
+
+static void rows_src_free(void *p)
+{
+    rows_src *r = p;
+    if (!r)
+        return;
+    dp_safetensors_free(r->f);
+    free(r->path);
+    free(r->buf);
+    free(r);
+}
+
 int dp_train_state_alloc(dp_train_state *st, size_t n_params, int n_slots, int parts,
                          int max_history, int n_workers, dp_err *err)
 {
@@ -75,6 +104,7 @@ void dp_train_state_free(dp_train_state *st)
     free(st->vecs);
     free(st->scalars);
     free(st->path);
+    rows_src_free(st->rows_src);
     memset(st, 0, sizeof *st);
 }
 
@@ -110,7 +140,8 @@ typedef struct writer {
      * data is in memory), where the rows come from, and the checksum made
      * as the data goes by */
     int table_of[MAX_TENSORS];
-    int part_of[MAX_TENSORS];  /* a flat slot tensor of compact tables: 1 + its slot (0: none) */
+    int part_of[MAX_TENSORS];  /* a flat tensor of compact tables: 1 + its slot, or
+                                  DP_CKPT_PART_BEST (0: none) */
     size_t flat_at[MAX_TENSORS]; /* where its fill is, in the whole model's order */
     size_t table_len[DP_SPARSE_MAX]; /* each compact table's floats, whole */
     size_t tables_end, cut;      /* the tables' floats whole; what the model lacks of them */
@@ -266,7 +297,9 @@ static int fill_rows(void *ctx, int i, float *buf, size_t n, dp_err *err)
      * the rows source, table after table, then the dense part from memory
      * (dense j of the whole model at j - cut) */
     int part = w->part_of[i];
-    const float *dense = w->st->slots + (size_t)(part - 1) * w->st->n_params;
+    const float *dense = part == DP_CKPT_PART_BEST
+                             ? w->st->best
+                             : w->st->slots + (size_t)(part - 1) * w->st->n_params;
     while (n > 0) {
         size_t at = w->flat_at[i], m = n;
         if (at < w->tables_end) {
@@ -324,9 +357,9 @@ int dp_checkpoint_write_rows(const char *path, const dp_model *m, const dp_train
     if (!rows)
         return dp_errf(err, "%s: no source of the sparse tables' rows", path);
     /* the weights and optimiser slots: no other flat vector is made whole */
-    if (st->ema || st->best || st->n_workers || st->n_residuals || st->n_vecs || m->external)
-        return dp_errf(err, "%s: a model with compact tables writes its weights and optimiser "
-                            "slots only", path);
+    if (st->ema || st->n_workers || st->n_residuals || st->n_vecs || m->external)
+        return dp_errf(err, "%s: a model with compact tables writes its weights, optimiser "
+                            "slots and best weights only", path);
     return write_file(path, m, st, id, rows, ctx, err);
 }
 
@@ -393,8 +426,15 @@ static int write_file(const char *path, const dp_model *m, const dp_train_state 
                    0);
     if (st->ema)
         add_tensor(w, st->ema, 1, (int64_t)n, 0, "ema", 0, 0);
-    if (st->best && st->best_epoch > 0)
+    if (st->best && st->best_epoch > 0) {
+        int at = w->nt;
         add_tensor(w, st->best, 1, (int64_t)n, 0, "best", 0, 0);
+        if (rows && w->n_tables) { /* whole in the file: the tables' part streamed */
+            w->t[at].data = NULL;
+            w->t[at].shape[0] = (int64_t)(n + w->cut);
+            w->part_of[at] = DP_CKPT_PART_BEST;
+        }
+    }
     if (st->n_history > 0)
         add_tensor(w, st->history, 2, st->n_history, 3, "loop.history", 0, 0);
     for (int i = 0; i < st->n_vecs; i++) { /* the names fit: DP_STATE_NAME_LEN < NAME_LEN */
@@ -493,8 +533,32 @@ static int copy_tensor(float *dst, const dp_safetensors *f, const char *name, in
         return dp_errf(err, "%s: tensor '%s' has shape %s, the model needs %s", path, name, got,
                        want);
     }
-    memcpy(dst, t->data, n * sizeof *dst);
+    if (dp_safetensors_read(f, t, 0, dst, n * sizeof *dst, err) < 0)
+        return dp_err_prefix(err, "%s", path);
     return 0;
+}
+
+/* A tensor whose shape must be `shape` and whose data is not read here (a
+ * compact table's rows: dp_checkpoint_read_rows); NULL with err. */
+static const dp_st_tensor *find_shaped(const dp_safetensors *f, const char *name, int ndim,
+                                       const int64_t *shape, const char *path, dp_err *err)
+{
+    const dp_st_tensor *t = dp_safetensors_find(f, name);
+    if (!t) {
+        dp_errf(err, "%s: tensor '%s' is missing", path, name);
+        return NULL;
+    }
+    int same = t->ndim == ndim;
+    for (int d = 0; d < ndim; d++)
+        same = same && t->shape[d] == shape[d];
+    if (!same) {
+        char want[96], got[96];
+        shape_text(want, sizeof want, shape, ndim);
+        shape_text(got, sizeof got, t->shape, t->ndim);
+        dp_errf(err, "%s: tensor '%s' has shape %s, the model needs %s", path, name, got, want);
+        return NULL;
+    }
+    return t;
 }
 
 /* A tensor of rank 1 (d0) or 2 (d0, d1). */
@@ -522,13 +586,31 @@ static int read_buffers(const dp_safetensors *f, const dp_layer *d, float *buffe
     return 0;
 }
 
-/* A kind's own tensors (layer_kind.h), layers.{idx}.<name>, into params. */
+/* A kind's own tensors (layer_kind.h), layers.{idx}.<name>, into params.
+ * A compact table (d->sparse_rows) is the whole table's tensor in the file:
+ * its shape is checked and its place kept in rs (its slots in params are
+ * zeros: a task of a run on rows pulls them), nothing of it read. */
 static int read_kind_tensors(const dp_safetensors *f, const dp_layer *d, float *params, int idx,
-                             const char *path, dp_err *err)
+                             rows_src *rs, const char *path, dp_err *err)
 {
     dp_lk_tensor t[DP_LK_MAX_TENSORS];
     int n = dp_layer_ops_of(d)->tensors(d, t);
     char name[NAME_LEN];
+    if (d->sparse_rows) {
+        if (n != 1 || t[0].ndim != 2 || !rs || rs->n_tables >= DP_SPARSE_MAX)
+            return dp_errf(err, "%s: layer %d: a compact table of another shape", path, idx);
+        int64_t shape[2] = {d->sparse_rows, t[0].shape[1]};
+        snprintf(name, sizeof name, "layers.%d.%s", idx, t[0].name);
+        int k = rs->n_tables;
+        if (!(rs->table[k] = find_shaped(f, name, 2, shape, path, err)))
+            return -1;
+        rs->width[k] = (size_t)shape[1];
+        rs->rows[k] = d->sparse_rows;
+        rs->flat[k] = k ? rs->flat[k - 1] + (size_t)rs->rows[k - 1] * rs->width[k - 1] : 0;
+        rs->n_tables++;
+        memset(params + d->w_off, 0, d->w_len * sizeof(float));
+        return 0;
+    }
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "layers.%d.%s", idx, t[i].name);
         if (copy_tensor(params + d->w_off + t[i].off, f, name, t[i].ndim, t[i].shape, path,
@@ -542,7 +624,7 @@ static int read_kind_tensors(const dp_safetensors *f, const dp_layer *d, float *
  * model's layout; filters back from PyTorch's order), and its buffers into
  * buffers when non-NULL. */
 static int read_weights(const dp_safetensors *f, const dp_model *m, float *params,
-                        float *buffers, const char *path, dp_err *err)
+                        float *buffers, rows_src *rs, const char *path, dp_err *err)
 {
     char name[NAME_LEN];
     if (m->external)
@@ -557,7 +639,7 @@ static int read_weights(const dp_safetensors *f, const dp_model *m, float *param
         if (!d->w_len)
             continue;
         if (dp_layer_ops_of(d)->tensors) {
-            if (read_kind_tensors(f, d, params, idx++, path, err) < 0)
+            if (read_kind_tensors(f, d, params, idx++, rs, path, err) < 0)
                 return -1;
             continue;
         }
@@ -596,7 +678,7 @@ static int meta_long(const dp_safetensors *f, const char *key, long lo, long hi,
     const char *v;
     if (meta_str(f, key, &v, path, err) < 0)
         return -1;
-    char what[128];
+    char what[DP_ERR_MAX]; /* the path and the key whole, however long the path */
     snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
     return dp_parse_long(v, lo, hi, out, what, err);
 }
@@ -607,7 +689,7 @@ static int meta_double(const dp_safetensors *f, const char *key, double *out, co
     const char *v;
     if (meta_str(f, key, &v, path, err) < 0)
         return -1;
-    char what[128];
+    char what[DP_ERR_MAX];
     snprintf(what, sizeof what, "%s: metadata '%s'", path, key);
     return dp_parse_double(v, -1, 1, out, what, err);
 }
@@ -776,8 +858,31 @@ static int check_crc(const dp_safetensors *f, const char *path, dp_err *err)
             break;
         crc = crc_text(crc, key, v);
     }
-    for (int i = 0; i < dp_safetensors_count(f); i++)
-        crc = crc_tensor(crc, dp_safetensors_at(f, i));
+    /* an opened file's data is read here in pieces (dp_safetensors_open):
+     * the same checksum, never the file whole in memory */
+    float *piece = NULL;
+    for (int i = 0; i < dp_safetensors_count(f); i++) {
+        const dp_st_tensor *t = dp_safetensors_at(f, i);
+        if (t->data) {
+            crc = crc_tensor(crc, t);
+            continue;
+        }
+        size_t bytes = 4;
+        for (int d = 0; d < t->ndim; d++)
+            bytes *= (size_t)t->shape[d];
+        crc = dp_crc32c(crc, t->name, strlen(t->name) + 1);
+        if (bytes && !piece && !(piece = malloc(PIECE_BYTES)))
+            return dp_errf(err, "%s: out of memory for a piece of %zu bytes", path, PIECE_BYTES);
+        for (size_t at = 0; at < bytes; at += PIECE_BYTES) {
+            size_t m = bytes - at < PIECE_BYTES ? bytes - at : PIECE_BYTES;
+            if (dp_safetensors_read(f, t, at, piece, m, err) < 0) {
+                free(piece);
+                return dp_err_prefix(err, "%s", path);
+            }
+            crc = dp_crc32c(crc, piece, m);
+        }
+    }
+    free(piece);
     char got[16];
     snprintf(got, sizeof got, "%08x", crc);
     if (strcmp(got, want) != 0)
@@ -821,16 +926,65 @@ static int read_strategy_state(const dp_safetensors *f, const char *strategy, dp
         if (strncmp(t->name, strategy, plen) != 0 || t->name[plen] != '.')
             continue;
         snprintf(st->vec_names[st->n_vecs], DP_STATE_NAME_LEN, "%s", t->name);
-        memcpy(st->vecs + (size_t)st->n_vecs * n, t->data, n * sizeof(float));
+        if (dp_safetensors_read(f, t, 0, st->vecs + (size_t)st->n_vecs * n, n * sizeof(float),
+                                err) < 0)
+            return dp_err_prefix(err, "%s", path);
         st->n_vecs++;
     }
     return 0;
 }
 
-static int read_state(const dp_safetensors *f, const char *path, const dp_model *m,
+/* The floats a model with compact tables lacks of the whole one's (0: none). */
+static size_t compact_cut(const dp_model *m)
+{
+    size_t cut = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const dp_layer *d = &m->layers[l];
+        if (d->sparse_rows && d->w_len) {
+            dp_lk_tensor t[DP_LK_MAX_TENSORS];
+            if (dp_layer_ops_of(d)->tensors && dp_layer_ops_of(d)->tensors(d, t) == 1 &&
+                t[0].ndim == 2)
+                cut += (size_t)d->sparse_rows * (size_t)t[0].shape[1] - d->w_len;
+        }
+    }
+    return cut;
+}
+
+/* A flat vector of the whole model (an optimiser slot, the best weights)
+ * for a model with compact tables: whole in the file, the tables' rows
+ * first (read by rows: dp_checkpoint_read_rows), then the dense part, which
+ * is this model's after its tables' slots (zeros); NULL with err. */
+static const dp_st_tensor *read_flat(const dp_safetensors *f, const char *name,
+                                     const rows_src *rs, const dp_model *m, size_t cut, float *v,
+                                     const char *path, dp_err *err)
+{
+    size_t n = m->n_params;
+    int64_t whole = (int64_t)(n + cut);
+    size_t tables = rs->n_tables ? rs->flat[rs->n_tables - 1] +
+                                       (size_t)rs->rows[rs->n_tables - 1] *
+                                           rs->width[rs->n_tables - 1]
+                                 : 0;
+    const dp_st_tensor *t = find_shaped(f, name, 1, &whole, path, err);
+    if (!t)
+        return NULL;
+    memset(v, 0, (tables - cut) * sizeof(float));
+    if (dp_safetensors_read(f, t, tables * sizeof(float), v + (tables - cut),
+                            (n + cut - tables) * sizeof(float), err) < 0) {
+        dp_err_prefix(err, "%s", path);
+        return NULL;
+    }
+    return t;
+}
+
+/* Reads f (opened or loaded) into st.  For a model with compact tables
+ * (dp_model_init_compact) the state is in its layout: the dense parts read,
+ * the tables' slots zeros, and the file kept open in st for the tables'
+ * rows (dp_checkpoint_read_rows): *f is then the state's, and NULL here. */
+static int read_state(dp_safetensors **fp, const char *path, const dp_model *m,
                       const dp_run_identity *id, dp_train_state *st, dp_err *err)
 {
-    if (check_crc(f, path, err) < 0 || check_identity(f, m, id, path, err) < 0)
+    const dp_safetensors *f = *fp; /* its checksum verified by the caller */
+    if (check_identity(f, m, id, path, err) < 0)
         return -1;
     dp_optim_kind kind;
     if (dp_optim_parse_kind(id->optimizer, &kind, err) < 0)
@@ -869,14 +1023,29 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
             return dp_errf(err, "%s: out of memory for %zu buffers", path, m->n_buffers);
         st->n_buffers = m->n_buffers;
     }
-    if (read_weights(f, m, st->params, st->buffers, path, err) < 0)
+    size_t cut = compact_cut(m);
+    rows_src *rs = NULL;
+    if (cut && !(rs = calloc(1, sizeof *rs)))
+        return dp_errf(err, "%s: out of memory", path);
+    if (rs && !(rs->path = strdup(path))) {
+        free(rs);
+        return dp_errf(err, "%s: out of memory", path);
+    }
+    st->rows_src = rs;
+    if (read_weights(f, m, st->params, st->buffers, rs, path, err) < 0)
         return -1;
     char name[NAME_LEN];
     size_t n = m->n_params;
     for (int k = 0; k < n_slots; k++) {
         snprintf(name, sizeof name, "optimizer.slot%d", k);
-        if (copy_2d(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
-            return -1;
+        if (!rs) {
+            if (copy_2d(st->slots + (size_t)k * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
+                return -1;
+            continue;
+        }
+        if (k >= 2 || !(rs->slot[k] = read_flat(f, name, rs, m, cut, st->slots + (size_t)k * n,
+                                                 path, err)))
+            return k >= 2 ? dp_errf(err, "%s: %d optimiser slots", path, n_slots) : -1;
     }
     for (int i = 0; i < n_workers; i++) {
         int from = (int)(i % file_workers);
@@ -905,9 +1074,16 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         if (copy_2d(st->residuals + (size_t)i * n, f, name, 1, (int64_t)n, 0, path, err) < 0)
             return -1;
     }
+    /* a run on rows keeps no moving average (the tables would move whole);
+     * the best weights' dense part is read, their rows by rows */
+    if (rs && st->ema)
+        return dp_errf(err, "%s: tensor 'ema': a task holding its sparse tables compact reads "
+                            "no moving average", path);
+    if (rs && st->best && !(rs->best = read_flat(f, "best", rs, m, cut, st->best, path, err)))
+        return -1;
     if (st->ema && copy_2d(st->ema, f, "ema", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
-    if (st->best && copy_2d(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
+    if (st->best && !rs && copy_2d(st->best, f, "best", 1, (int64_t)n, 0, path, err) < 0)
         return -1;
     if (!st->best && best_epoch > 0)
         return dp_errf(err, "%s: best_epoch is %ld but tensor 'best' is missing", path, best_epoch);
@@ -915,7 +1091,15 @@ static int read_state(const dp_safetensors *f, const char *path, const dp_model 
         return -1;
     if (!(st->path = strdup(path)))
         return dp_errf(err, "%s: out of memory", path);
-    return read_strategy_state(f, id->strategy, st, path, err);
+    if (read_strategy_state(f, id->strategy, st, path, err) < 0)
+        return -1;
+    if (rs) { /* the file stays open for the tables' rows */
+        if (!(rs->buf = malloc(PIECE_BYTES)))
+            return dp_errf(err, "%s: out of memory", path);
+        rs->f = *fp;
+        *fp = NULL;
+    }
+    return 0;
 }
 
 int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identity *id,
@@ -923,13 +1107,112 @@ int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identit
 {
     dp_safetensors *f = NULL;
     memset(st, 0, sizeof *st);
-    if (dp_safetensors_load(path, &f, err) < 0)
+    /* opened, not loaded: the checksum and the state read a piece at a time */
+    if (dp_safetensors_open(path, &f, err) < 0 || check_crc(f, path, err) < 0) {
+        dp_safetensors_free(f);
         return -1;
-    int rc = read_state(f, path, m, id, st, err);
+    }
+    int rc = read_state(&f, path, m, id, st, err);
     dp_safetensors_free(f);
     if (rc < 0)
         dp_train_state_free(st);
     return rc;
+}
+
+int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
+                            size_t first, size_t n, float *dst, dp_err *err)
+{
+    const rows_src *rs = st ? st->rows_src : NULL;
+    if (!rs)
+        return dp_errf(err, "%s: read whole, not by rows",
+                       st && st->path ? st->path : "the checkpoint");
+    const dp_st_tensor *t = table < 0 || table >= rs->n_tables ? NULL
+                            : part == 0                        ? rs->table[table]
+                            : part == DP_CKPT_PART_BEST        ? rs->best
+                            : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
+                                                               : NULL;
+    if (!t || shards < 1 || shard < 0 || shard >= shards)
+        return dp_errf(err, "%s: no part %d of sparse table %d on shard %d of %d", rs->path,
+                       part, table, shard, shards);
+    size_t w = rs->width[table], S = (size_t)shards;
+    size_t per = PIECE_BYTES / (w * sizeof(float)); /* rows a piece */
+    size_t base = part ? rs->flat[table] : 0;
+    if (n && (size_t)shard + (first + n - 1) * S >= (size_t)rs->rows[table])
+        return dp_errf(err, "%s: rows past the %ld of sparse table %d", rs->path,
+                       rs->rows[table], table);
+    for (size_t i = 0; i < n;) {
+        size_t id = (size_t)shard + (first + i) * S;
+        if (per == 0) { /* a row above a piece: straight into its place */
+            if (dp_safetensors_read(rs->f, t, (base + id * w) * sizeof(float), dst + i * w,
+                                    w * sizeof(float), err) < 0)
+                return dp_err_prefix(err, "%s", rs->path);
+            i++;
+            continue;
+        }
+        /* the piece from row id on: every S-th row of it is this shard's */
+        size_t last = (size_t)shard + (first + n - 1) * S, span = last - id + 1;
+        size_t m = span < per ? span : per;
+        if (dp_safetensors_read(rs->f, t, (base + id * w) * sizeof(float), rs->buf,
+                                m * w * sizeof(float), err) < 0)
+            return dp_err_prefix(err, "%s", rs->path);
+        for (size_t r = 0; r < m; r += S, i++)
+            memcpy(dst + i * w, rs->buf + r * w, w * sizeof(float));
+    }
+    return 0;
+}
+
+int dp_checkpoint_read_table(const dp_train_state *st, int table, int part, size_t off,
+                             size_t n, float *dst, dp_err *err)
+{
+    const rows_src *rs = st ? st->rows_src : NULL;
+    if (!rs || table < 0 || table >= rs->n_tables)
+        return dp_errf(err, "%s: no sparse table %d to read by rows",
+                       st && st->path ? st->path : "the checkpoint", table);
+    const dp_st_tensor *t = part == 0                       ? rs->table[table]
+                            : part == DP_CKPT_PART_BEST       ? rs->best
+                            : part > 0 && part <= st->n_slots ? rs->slot[part - 1]
+                                                              : NULL;
+    size_t len = (size_t)rs->rows[table] * rs->width[table];
+    if (!t || off > len || n > len - off)
+        return dp_errf(err, "%s: no floats [%zu, +%zu) of part %d of sparse table %d",
+                       rs->path, off, n, part, table);
+    size_t base = part ? rs->flat[table] : 0;
+    if (dp_safetensors_read(rs->f, t, (base + off) * sizeof(float), dst, n * sizeof(float),
+                            err) < 0)
+        return dp_err_prefix(err, "%s", rs->path);
+    return 0;
+}
+
+int dp_checkpoint_open_rows(const char *path, const dp_model *m, dp_train_state *st,
+                            dp_err *err)
+{
+    memset(st, 0, sizeof *st);
+    dp_safetensors *f = NULL;
+    rows_src *rs = calloc(1, sizeof *rs);
+    float *scratch = NULL;
+    if (!rs || !(rs->path = strdup(path)) || !(st->path = strdup(path))) {
+        rows_src_free(rs);
+        free(st->path);
+        st->path = NULL;
+        return dp_errf(err, "%s: out of memory", path);
+    }
+    st->rows_src = rs;
+    /* the weights' places are mapped through read_weights; the dense ones
+     * it reads are this model's few */
+    int rc = dp_safetensors_open(path, &f, err);
+    if (rc == 0 && (!(scratch = alloc_floats(m->n_params)) || !(rs->buf = malloc(PIECE_BYTES))))
+        rc = dp_errf(err, "%s: out of memory", path);
+    if (rc == 0)
+        rc = read_weights(f, m, scratch, NULL, rs, path, err);
+    if (rc < 0) {
+        free(scratch);
+        dp_safetensors_free(f);
+        dp_train_state_free(st);
+        return -1;
+    }
+    free(scratch);
+    rs->f = f;
+    return 0;
 }
 
 int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_ckpt_info *info,
@@ -937,7 +1220,7 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
 {
     dp_safetensors *f = NULL;
     memset(m, 0, sizeof *m);
-    if (dp_safetensors_load(path, &f, err) < 0)
+    if (dp_safetensors_open(path, &f, err) < 0)
         return -1;
     const char *spec = dp_safetensors_meta(f, "model");
     if (!spec) {
@@ -957,7 +1240,7 @@ int dp_checkpoint_load_weights(const char *path, dp_model *m, int max_batch, dp_
     const char *preset = dp_safetensors_meta(f, "model_name");
     if (preset && strlen(preset) < sizeof m->name)
         snprintf(m->name, sizeof m->name, "%s", preset);
-    if (read_weights(f, m, m->params, m->buffers, path, err) < 0)
+    if (read_weights(f, m, m->params, m->buffers, NULL, path, err) < 0)
         goto fail;
     if (info) {
         const char *s = dp_safetensors_meta(f, "strategy"), *d = dp_safetensors_meta(f, "dataset");
@@ -1053,7 +1336,9 @@ int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_i
         dp_checkpoint_path(path, path_len, dir, steps[i]);
         dp_safetensors *f = NULL;
         dp_err why;
-        if (dp_safetensors_load(path, &f, &why) < 0 || check_crc(f, path, &why) < 0) {
+        /* opened, not loaded: the checksum is verified in one streamed pass,
+         * a piece at a time, and the state read from the same open file */
+        if (dp_safetensors_open(path, &f, &why) < 0 || check_crc(f, path, &why) < 0) {
             /* A damaged file (a disk that filled, a copy cut short): an older
              * one will do.  It is set aside, not deleted (someone may want to
              * look at it), so it no longer counts among the kept ones. */
@@ -1066,7 +1351,7 @@ int dp_checkpoint_find_newest(const char *dir, const dp_model *m, const dp_run_i
             dp_safetensors_free(f);
             continue;
         }
-        rc = read_state(f, path, m, id, st, err) < 0 ? -1 : 1;
+        rc = read_state(&f, path, m, id, st, err) < 0 ? -1 : 1;
         dp_safetensors_free(f);
         if (rc < 0)
             dp_train_state_free(st);
@@ -1099,6 +1384,19 @@ static int pid_alive(long pid)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
+/* A best weights' file of a chief on rows (loop.c's write_best, unlinked
+ * once open: one left means its writer died between), ".best-<pid>.safetensors":
+ * 1 with *pid. */
+static int best_file_pid(const char *name, long *pid)
+{
+    const char *p = name + strlen(".best-");
+    if (strncmp(name, ".best-", strlen(".best-")) != 0 || *p < '0' || *p > '9')
+        return 0;
+    char *end;
+    *pid = strtol(p, &end, 10);
+    return strcmp(end, ".safetensors") == 0;
+}
+
 int dp_checkpoint_remove_temps(const char *dir, dp_err *err)
 {
     DIR *d = opendir(dir);
@@ -1110,12 +1408,17 @@ int dp_checkpoint_remove_temps(const char *dir, dp_err *err)
         size_t base_len;
         long pid;
         char base[NAME_LEN], path[4096];
-        if (!dp_atomic_temp_parse(e->d_name, &base_len, &pid) || base_len >= sizeof base)
-            continue;
-        memcpy(base, e->d_name, base_len);
-        base[base_len] = '\0';
-        if (step_of(base) < 0)
-            continue; /* another writer's temporary: not ours to judge */
+        if (best_file_pid(e->d_name, &pid)) { /* --keep-best on rows: its file, or */
+            base_len = 0;
+        } else {
+            if (!dp_atomic_temp_parse(e->d_name, &base_len, &pid) || base_len >= sizeof base)
+                continue;
+            memcpy(base, e->d_name, base_len);
+            base[base_len] = '\0';
+            long owner;
+            if (step_of(base) < 0 && !best_file_pid(base, &owner))
+                continue; /* another writer's temporary: not ours to judge */
+        }
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (pid != (long)getpid() && pid_alive(pid)) {
             dp_info("%s: left in place: process %ld is alive and may be writing it", path, pid);

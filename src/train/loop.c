@@ -25,6 +25,7 @@
 #include "downpour/node.h"
 #include "downpour/records.h"
 #include "downpour/resource.h"
+#include "downpour/sparse.h"
 #include "downpour/strategy.h"
 #include "downpour/tensorboard.h"
 #include "downpour/testhooks.h"
@@ -233,8 +234,6 @@ typedef struct loop {
     dp_dataset ds;
     dp_split train, val;
     dp_model m;
-    dp_model whole;        /* a chief on rows (compact_eval): the whole model described,
-                              no memory: how the run's checkpoint files are laid out */
     float *x;
     uint8_t *y;
     dp_run_identity id;
@@ -243,16 +242,28 @@ typedef struct loop {
     dp_train_state resume; /* the checkpoint this run goes on from */
     char resume_path[4096]; /* and its file */
     dp_checkpoint_source ckpts; /* env.checkpoints: how a strategy reads the run's newest */
+    /* --keep-best on rows (compact_eval): ck.best holds the best weights'
+     * dense part, and their tables' rows lie in a file kept open: the best
+     * epoch's weights written when it was best (best_own), or the
+     * checkpoint resumed from ('best'); part 0 or DP_CKPT_PART_BEST of it */
+    dp_train_state best_own;
+    const dp_train_state *best_src;
+    int best_part;
+    int save_best;         /* write_file: the tables' rows (part 0) from best_src */
+    size_t rows_at[DP_SPARSE_MAX]; /* write_file: where each table's read from best_src is */
+    uint32_t *best_ids;    /* an evaluation chunk's rows of each table, and the */
+    float *best_x;         /* chunk with its ids as slots, on the best weights */
     long spe, total_steps;
     dp_lr_plan lr; /* the schedule in steps, once spe is known */
     dp_train_result *res;
 } loop;
 
-/* The model a checkpoint file of this run is read through: the whole one
- * (a chief on rows reads a file whole, rare: a restart). */
+/* The model a checkpoint file of this run is read through: its own (one
+ * with compact tables reads the dense parts, and the rows by rows:
+ * dp_checkpoint_read_rows). */
 static const dp_model *file_model(const loop *L)
 {
-    return L->compact_eval ? &L->whole : &L->m;
+    return &L->m;
 }
 
 /* env.checkpoints: the strategy's way to this run's newest checkpoint (the
@@ -345,6 +356,8 @@ static int external_eval(loop *L, const float *params, int test, double *acc, do
     return 1;
 }
 
+static const float *best_prep(void *ctx, const float *x, int n, dp_err *err);
+
 static const float *eval_prep(void *ctx, const float *x, int n, dp_err *err)
 {
     loop *L = ctx;
@@ -356,8 +369,87 @@ static const float *eval_prep(void *ctx, const float *x, int n, dp_err *err)
 static double eval_split(loop *L, const float *params, const dp_split *s, double *loss,
                          long *bad, double *auc, dp_err *err)
 {
+    /* --keep-best on rows: the best weights' rows from their file */
+    int best = L->compact_eval && L->ck.best && params == L->ck.best;
     return evaluate(&L->m, params, s, L->x, L->y, loss, bad, auc,
-                    L->compact_eval ? eval_prep : NULL, L, err);
+                    best ? best_prep : L->compact_eval ? eval_prep : NULL, L, err);
+}
+
+static int write_file(loop *L, const char *path, const dp_train_state *st, dp_err *err);
+
+/* --keep-best on rows: a new best epoch's weights into a file of their own
+ * (the tables streamed from the shards, as --save writes them), kept open
+ * for their rows and unlinked at once (so nothing is left behind), in the
+ * checkpoint directory, else --save's, else $TMPDIR (docs/checkpoints.md,
+ * "Reading in pieces"). */
+static int write_best(loop *L, const float *params, long step, dp_err *err)
+{
+    const char *dir = L->cfg->checkpoint_dir, *save = L->cfg->save_path, *slash = NULL;
+    char base[4096], path[4200];
+    if (!dir && save && (slash = strrchr(save, '/')))
+        snprintf(base, sizeof base, "%.*s", (int)(slash - save + 1 > 1 ? slash - save : 1), save);
+    else
+        snprintf(base, sizeof base, "%s",
+                 dir ? dir : save ? "." : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(path, sizeof path, "%s/.best-%ld.safetensors", base, (long)getpid());
+    dp_train_state w = {.n_params = L->m.n_params, .params = (float *)params, .step = step,
+                        .best_accuracy = -1};
+    dp_train_state opened;
+    int save_best = L->save_best;
+    L->save_best = 0; /* the rows from the shards: the weights evaluated */
+    int rc = write_file(L, path, &w, err);
+    L->save_best = save_best;
+    if (rc == 0)
+        rc = dp_checkpoint_open_rows(path, &L->m, &opened, err);
+    unlink(path);
+    if (rc < 0)
+        return dp_err_prefix(err, "--keep-best: the best weights");
+    dp_train_state_free(&L->best_own);
+    L->best_own = opened;
+    L->best_src = &L->best_own;
+    L->best_part = 0;
+    return 0;
+}
+
+/* --keep-best on rows: an evaluation chunk's rows of the best weights, read
+ * from their file into the slots of ck.best, and the chunk with its ids as
+ * slots (as the strategy's eval_rows does from the shards). */
+static const float *best_prep(void *ctx, const float *x, int n, dp_err *err)
+{
+    loop *L = ctx;
+    dp_sparse_table t[DP_SPARSE_MAX];
+    int nt = dp_model_sparse_tables(&L->m, t, DP_SPARSE_MAX);
+    long most = 0; /* the most ids a chunk names of one table */
+    for (int k = 0; k < nt; k++) {
+        long ids = (long)L->m.max_batch * t[k].per_record;
+        most = ids > most ? ids : most;
+    }
+    size_t in = (size_t)dp_model_inputs(&L->m);
+    if (n > L->m.max_batch) {
+        dp_errf(err, "an evaluation chunk of %d records; the model holds %d", n, L->m.max_batch);
+        return NULL;
+    }
+    if ((!L->best_ids && !(L->best_ids = malloc((size_t)(most ? most : 1) * sizeof(uint32_t)))) ||
+        (!L->best_x && !(L->best_x = malloc((size_t)L->m.max_batch * in * sizeof(float))))) {
+        dp_errf(err, "out of memory");
+        return NULL;
+    }
+    memcpy(L->best_x, x, (size_t)n * in * sizeof(float));
+    for (int k = 0; k < nt; k++) {
+        long c = n > 0 ? dp_model_sparse_rows(&L->m, &t[k], x, n, L->best_ids) : 0;
+        if (c > t[k].slots) {
+            dp_errf(err, "an evaluation chunk touches %ld rows of sparse table %d, which holds "
+                         "%ld slots", c, k, t[k].slots);
+            return NULL;
+        }
+        for (long i = 0; i < c; i++)
+            if (dp_checkpoint_read_rows(L->best_src, k, L->best_part, 0, 1, L->best_ids[i], 1,
+                                        L->ck.best + t[k].local_off + (size_t)i * t[k].width,
+                                        err) < 0)
+                return NULL;
+        dp_model_sparse_slots(&L->m, &t[k], L->best_x, n, L->best_ids, c);
+    }
+    return L->best_x;
 }
 
 /* The evaluator after epoch `epoch`: validation, the epoch line and event,
@@ -392,6 +484,9 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
     }
     double train_loss = st->records > 0 ? st->loss_sum / st->records : 0;
     if (L->ck.best && val_acc > L->ck.best_accuracy) {
+        /* on rows the tables are in the shards: their rows go to a file */
+        if (L->compact_eval && !quiet && write_best(L, params, step, err) < 0)
+            return -1;
         memcpy(L->ck.best, params, L->m.n_params * sizeof(float));
         L->ck.best_accuracy = val_acc;
         L->ck.best_epoch = epoch;
@@ -450,6 +545,20 @@ static int evaluate_epoch(loop *L, int epoch, const dp_epoch_stats *st, double s
 static int save_rows(void *ctx, int part, int k, float *buf, size_t n, dp_err *err)
 {
     loop *L = ctx;
+    if (part == DP_CKPT_PART_BEST || (part == 0 && L->save_best)) {
+        /* the best weights' rows, read on from the file that holds them */
+        dp_sparse_table t[DP_SPARSE_MAX];
+        int nt = dp_model_sparse_tables(&L->m, t, DP_SPARSE_MAX);
+        if (!L->best_src || k < 0 || k >= nt)
+            return dp_errf(err, "no best weights' rows of sparse table %d", k);
+        if (dp_checkpoint_read_table(L->best_src, k, L->best_part, L->rows_at[k], n, buf,
+                                     err) < 0)
+            return -1;
+        L->rows_at[k] += n;
+        if (L->rows_at[k] >= (size_t)t[k].rows * (size_t)t[k].width)
+            L->rows_at[k] = 0; /* the next part reads the table from its first row */
+        return 0;
+    }
     return L->ops->table_rows(L->s, part, k, buf, n, err);
 }
 
@@ -459,6 +568,7 @@ static int write_file(loop *L, const char *path, const dp_train_state *st, dp_er
 {
     if (!L->compact_eval)
         return dp_checkpoint_write(path, &L->m, st, &L->id, err);
+    memset(L->rows_at, 0, sizeof L->rows_at);
     dp_err end;
     int rc = dp_checkpoint_write_rows(path, &L->m, st, &L->id, save_rows, L, err);
     if (L->ops->table_rows(L->s, 0, -1, NULL, 0, &end) < 0 && rc == 0) {
@@ -592,7 +702,10 @@ static int report_and_save(loop *L, dp_err *err)
     }
     dp_train_state weights = {.n_params = L->m.n_params, .params = (float *)params,
                               .step = L->total_steps, .best_accuracy = -1};
-    if (write_file(L, cfg->save_path, &weights, err) < 0)
+    L->save_best = L->compact_eval && params == L->ck.best; /* the rows from the best file */
+    int rc = write_file(L, cfg->save_path, &weights, err);
+    L->save_best = 0;
+    if (rc < 0)
         return -1;
     dp_info("Saved %s", cfg->save_path);
     return 0;
@@ -605,6 +718,10 @@ static void take_evaluator_state(loop *L, const dp_train_state *r)
         memcpy(L->ck.best, r->best, L->m.n_params * sizeof(float));
         L->ck.best_accuracy = r->best_accuracy;
         L->ck.best_epoch = r->best_epoch;
+        if (L->compact_eval) { /* the dense part; the rows stay in the file, read by rows */
+            L->best_src = r;
+            L->best_part = DP_CKPT_PART_BEST;
+        }
     }
     if (r->n_history > 0) {
         L->ck.n_history = r->n_history < L->ck.max_history ? r->n_history : L->ck.max_history;
@@ -631,6 +748,12 @@ static int reattach(loop *L, dp_err *err)
         take_evaluator_state(L, &r);
         L->ck.step = r.step;
         dp_info("Chief: the evaluation history so far from %s (step %ld)", path, r.step);
+        if (L->best_src == &r) { /* on rows: the best rows' file stays open, kept here */
+            dp_train_state_free(&L->best_own);
+            L->best_own = r;
+            L->best_src = &L->best_own;
+            memset(&r, 0, sizeof r);
+        }
     }
     dp_train_state_free(&r);
     return 0;
@@ -1194,16 +1317,18 @@ static int run_task(loop *L, dp_err *err)
     /* A worker of a strategy that moves sparse tables by rows holds only
      * the rows of the batch in flight, and a ps task no table in its model
      * (its shard draws its own rows: docs/strategies.md, "Tables larger
-     * than a worker"); a resumed one reads the checkpoint whole, so holds
-     * them whole. */
-    /* The chief too when it keeps no best weights (a whole vector): it
-     * evaluates chunk by chunk on the rows each pulls, and its files
-     * (--save, checkpoints) take the tables streamed from the servers. */
+     * than a worker"); resumed, each reads the checkpoint's dense parts and
+     * a ps task its shard's rows, a piece at a time (docs/checkpoints.md,
+     * "Reading in pieces"). */
+    /* The chief too: it evaluates chunk by chunk on the rows each pulls,
+     * and its files (--save, checkpoints) take the tables streamed from
+     * the servers; with --keep-best the best epoch's rows go to a file of
+     * their own (write_best), read back by rows. */
     int chief_compact = L->in_cluster && L->node.self->role == DP_ROLE_CHIEF &&
-                        !cfg->keep_best && L->ops->eval_rows && L->ops->table_rows;
+                        L->ops->eval_rows && L->ops->table_rows;
     int compact = L->in_cluster &&
                   (L->node.self->role == DP_ROLE_WORKER || role_ps || chief_compact) &&
-                  !cfg->resume && !cfg->external && L->ops->compact_tables &&
+                  !cfg->external && L->ops->compact_tables &&
                   L->ops->compact_tables(cfg);
     if ((cfg->external ? dp_model_init_external(&L->m, cfg->external, NULL, max_batch, err)
          : compact     ? (L->compact_eval =
@@ -1212,8 +1337,6 @@ static int run_task(loop *L, dp_err *err)
         dp_strategy_check_buffers(&L->m, cfg->strategy, err) < 0)
         return -1;
     L->compact_eval = L->compact_eval > 0 && chief_compact;
-    if (L->compact_eval && dp_model_describe(&L->whole, cfg->model, err) < 0)
-        return -1;
     if (L->m.external) {
         /* its weights are its caller's: the same on every task when each
          * builds the module from the same seed (docs/python.md) */
@@ -1284,7 +1407,8 @@ static int run_task(loop *L, dp_err *err)
     L->id.settings = settings;
     if (cfg->resume && load_resume(L, err) < 0)
         return -1;
-    L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint, L};
+    L->ckpts = (dp_checkpoint_source){newest_checkpoint, release_checkpoint,
+                                       dp_checkpoint_read_rows, L};
     L->env = (dp_run_env){.cfg = cfg, .node = L->in_cluster ? &L->node : NULL, .model = &L->m,
                           .metrics = L->metrics, .n_train = cfg->n_train,
                           .resume = L->env.resume,
@@ -1456,10 +1580,12 @@ out:
     }
     dp_train_state_free(&L.ck);
     dp_train_state_free(&L.resume);
+    dp_train_state_free(&L.best_own);
+    free(L.best_ids);
+    free(L.best_x);
     free(L.x);
     free(L.y);
     dp_model_free(&L.m);
-    dp_model_free(&L.whole);
     dp_dataset_close(&L.ds);
     dp_resource_sampler_stop(sampler);
     L.node.failed = rc < 0;
