@@ -79,4 +79,11 @@ void dp_coded_encode(const dp_compress *c, const float *g, float *resid, size_t 
 int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *out, size_t n,
                     dp_err *err);
 
+/* A coded answer of the parameter servers (wire.h PARAMS_CODED; docs/
+ * strategies.md, "ps family: compression"): [u32 codec = topk][u32 count]
+ * then count (u32 index, f32 value) pairs, indices strictly increasing and
+ * below n, 1 <= count <= n: sets x[index] = value.  -1 with err naming what
+ * is wrong, and x untouched, when the block is not that. */
+int dp_coded_set(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err);
+
 #endif

@@ -64,6 +64,7 @@ enum dp_wire_type {
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch (offset 0) or from epoch offset - 1 (a spare slot joins then) */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
     DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c); its sparse rows follow in STATE_ROWS frames */
+    DP_WIRE_PARAMS_CODED = DP_FRAME_APP(27), /* ps -> worker (--ps-reply topk:RATIO, --compress auto): [u32 codec = topk][u32 count] then count (u32 index, f32 parameter) pairs, indices strictly increasing, below the shard's n: the parameters that moved most since the copy the worker holds (ps_shard.c); step = slowest clock */
     DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */

@@ -268,3 +268,30 @@ int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *
     memset(out, 0, n * sizeof(float));
     return dp_topk_decode_add(in + DP_CODED_HEAD_SIZE, count, out, n, err);
 }
+
+int dp_coded_set(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err)
+{
+    if (len < DP_CODED_HEAD_SIZE + 8 || (len - DP_CODED_HEAD_SIZE) % 8 != 0 ||
+        (len - DP_CODED_HEAD_SIZE) / 8 > n)
+        return dp_errf(err, "a coded answer of %zu bytes; a shard of %zu takes 8 + 8k for k in "
+                            "[1, %zu]", len, n, n);
+    uint32_t kind = dp_get_u32(in), count = dp_get_u32(in + 4);
+    size_t k = (len - DP_CODED_HEAD_SIZE) / 8;
+    if (kind != (uint32_t)DP_COMPRESS_TOPK)
+        return dp_errf(err, "a coded answer of codec %u; answers are top-k (%u)", kind,
+                       (unsigned)DP_COMPRESS_TOPK);
+    if (count != k)
+        return dp_errf(err, "a coded answer says %u pairs in %zu bytes (%zu pairs)", count, len,
+                       k);
+    const uint8_t *body = in + DP_CODED_HEAD_SIZE;
+    /* every index checked before anything is set: a bad answer changes nothing */
+    for (size_t j = 0; j < k; j++) {
+        uint32_t i = dp_get_u32(body + 8 * j);
+        if (i >= n || (j > 0 && i <= dp_get_u32(body + 8 * (j - 1))))
+            return dp_errf(err, "a coded answer's pair %zu names element %u (%s)", j, i,
+                           i >= n ? "not below the shard's n" : "not above the one before");
+    }
+    for (size_t j = 0; j < k; j++)
+        x[dp_get_u32(body + 8 * j)] = dp_get_f32(body + 8 * j + 4);
+    return 0;
+}
