@@ -64,7 +64,6 @@ enum dp_wire_type {
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch (offset 0) or from epoch offset - 1 (a spare slot joins then) */
     DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
     DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c); its sparse rows follow in STATE_ROWS frames */
-    DP_WIRE_PARAMS_CODED = DP_FRAME_APP(27), /* ps -> worker (--ps-reply topk:RATIO, --compress auto): [u32 codec = topk][u32 count] then count (u32 index, f32 parameter) pairs, indices strictly increasing, below the shard's n: the parameters that moved most since the copy the worker holds (ps_shard.c); step = slowest clock */
     DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */
     DP_WIRE_REPLICATE = DP_FRAME_APP(32),   /* primary ps -> backup ps: an update of shard at `offset`; step = its sequence number */
@@ -77,6 +76,7 @@ enum dp_wire_type {
     DP_WIRE_PUSH_CODED = DP_FRAME_APP(37),  /* worker -> ps: push head + the shard's gradient as a coded block (compress.h: [u32 codec][u32 count], then bf16/fp16 values or top-k pairs) */
     DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
     DP_WIRE_STATE_ROWS = DP_FRAME_APP(39),  /* ps -> chief after a STATE, chief -> a restarted ps after its RESTORE: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count] then count x width f32; step = the checkpoint's (ps.c send_state) */
+    DP_WIRE_PARAMS_CODED = DP_FRAME_APP(66), /* ps -> worker (--ps-reply topk:RATIO, --compress auto): [u32 codec = topk][u32 count] then count (u32 index, f32 parameter) pairs, indices strictly increasing, below the shard's n: the parameters that moved most since the copy the worker holds (ps_shard.c); step = slowest clock */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */
