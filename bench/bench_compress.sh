@@ -59,7 +59,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         fi
         # allreduce: replica 0's all-reduce line; ps-async: worker 0's choice
         why=$(printf '%s\n' "$out" | grep -E "^\[($who|worker 0)\] (debug: all-reduce:|Worker 0: compress auto:)" |
-            tail -1 | sed -n 's/.*compress auto: //p' | cut -c1-160)
+            tail -1 | sed -n 's/.*compress auto: //p' | cut -c1-160 || true)
         sps[$k]="${sps[$k]:-} $s"
         acc[$k]="${acc[$k]:-} $a"
         printf 'round %d %-12s %8.0f samples/s  test accuracy %s%s\n' "$r" "$k" "$s" "$a" \
