@@ -8,16 +8,18 @@
  *   bit: the servers' and the worker's, each, and the worker's copy is not
  *   the servers' (what was not sent is still owed);
  * - the bytes of a step equal the formula: PARAMS_CODED 48 + 8 + 8k a shard;
+ * - so does --ps-reply delta4 (the copy takes the 4-bit difference of each
+ *   shard, with the smallest power-of-two scale), with f32 or top-k pushes;
  * - --compress auto with a link faked at 1000 ns a byte
- *   (DOWNPOUR_TEST_LINK_NS) takes topk:0.1 both ways, and its run is the
- *   same one process's bit for bit (the servers answer each coded push with
- *   its count); the rule on numbers: 80 ns a byte takes 0.1 for
- *   784-300-100-10, 0.1 ns none;
- * - answers top-k with the mirror converge on a quadratic to the optimum
- *   within what uncompressed answers reach;
+ *   (DOWNPOUR_TEST_LINK_NS) takes topk:0.1 pushes and 4-bit answers, and its
+ *   run is the same one process's bit for bit; the rule on numbers: 80 ns a
+ *   byte takes 0.1 for 784-300-100-10, 0.1 ns none;
+ * - answers top-k or 4-bit with the mirror converge on a quadratic to the
+ *   optimum within what uncompressed answers reach;
  * - a coded answer that is not one (another codec, count, length, an index
- *   past the shard or not increasing) is refused naming what, and changes
- *   nothing; one on the wire fails the worker's step. */
+ *   past the shard or not increasing; a 4-bit one's scale not a power of
+ *   two, a value of -8, a padding nibble) is refused naming what, and
+ *   changes nothing; one on the wire fails the worker's step. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +38,7 @@
 #define NP 4096 /* two shards of 2048 */
 #define HALF (NP / 2)
 #define STEPS 30
+#define D4 (-1.0) /* an answer (reply) of the 4-bit difference, --ps-reply delta4 */
 
 static dp_err err;
 
@@ -72,10 +75,29 @@ static void pick(const float *x, int lo, int n, size_t k, char *taken)
     }
 }
 
+/* The 4-bit difference of x[lo, lo + n) from pw, added to pw: the scale
+ * the smallest power of two s with 7 s >= max |x - pw|, each value the
+ * difference / s rounded to nearest even. */
+static void delta4(const float *x, float *pw, int lo, int n)
+{
+    float most = 0;
+    for (int i = lo; i < lo + n; i++)
+        most = fmaxf(most, fabsf(x[i] - pw[i]));
+    if (most == 0)
+        return;
+    float sc = 1.0f;
+    while (sc * 7.0f < most)
+        sc *= 2.0f;
+    while (sc * 0.5f * 7.0f >= most)
+        sc *= 0.5f;
+    for (int i = lo; i < lo + n; i++)
+        pw[i] += nearbyintf((x[i] - pw[i]) / sc) * sc;
+}
+
 /* One process: the worker computes on its copy pw; pushes v = g + resid
  * (top-k of it with push > 0, else whole), resid = v - sent; sgd applies
  * what was sent; then per shard the answer's k parameters farthest from
- * pw take the server's values. */
+ * pw take the server's values (reply D4: pw takes the 4-bit difference). */
 static void reference(double push, double reply, int steps, float *server, float *worker)
 {
     static float p[NP], pw[NP], g[NP], v[NP], q[NP], resid[NP], d[NP];
@@ -103,7 +125,10 @@ static void reference(double push, double reply, int steps, float *server, float
         for (int i = 0; i < NP; i++)
             resid[i] = v[i] - q[i];
         dp_optim_apply(&o, p, q, oc.lr);
-        if (reply > 0) {
+        if (reply == D4) {
+            for (int s = 0; s < 2; s++)
+                delta4(p, pw, s * HALF, HALF);
+        } else if (reply > 0) {
             for (int i = 0; i < NP; i++)
                 d[i] = p[i] - pw[i];
             memset(taken, 0, sizeof taken);
@@ -121,7 +146,7 @@ static void reference(double push, double reply, int steps, float *server, float
     dp_optim_free(&o);
 }
 
-static void rig_open(rig *r, const dp_compress *cz, double reply)
+static void rig_open(rig *r, const dp_compress *cz, double reply) /* reply D4: delta4 */
 {
     int ports[8];
     const char *names[8];
@@ -138,7 +163,8 @@ static void rig_open(rig *r, const dp_compress *cz, double reply)
     r->cfg.mode = DP_PS_ASYNC;
     r->cfg.min_shard_bytes = sizeof(float);
     r->cfg.compress = *cz;
-    r->cfg.reply_topk = reply;
+    r->cfg.reply_topk = reply > 0 ? reply : 0;
+    r->cfg.reply_delta4 = reply == D4;
     REQUIRE(dp_ps_layout_make(&r->layout, &r->c, NP, &r->cfg, &err) == 0);
     REQUIRE(r->layout.n_shards == 2);
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
@@ -169,8 +195,8 @@ static void run(const dp_compress *cz, double reply_cfg, double push, double rep
     REQUIRE(dp_ps_client_auto(w, params, why, sizeof why, &err) == 0);
     if (cz->kind == DP_COMPRESS_AUTO) {
         printf("%s\n", why);
-        char want[32];
-        snprintf(want, sizeof want, "auto: topk:%g pushes", push);
+        char want[64];
+        snprintf(want, sizeof want, "auto: topk:%g pushes, 4-bit", push);
         CHECKF(strstr(why, want) != NULL, "auto chose otherwise: %s", why);
     }
     for (int step = 0; step < STEPS; step++) {
@@ -184,9 +210,11 @@ static void run(const dp_compress *cz, double reply_cfg, double push, double rep
         REQUIRE(dp_transport_stats_get(r.ts[1], DP_PEER_ANY, &b) == 0);
         uint64_t sent = 0, recv = 0;
         for (int s = 0; s < 2; s++) {
-            uint64_t kp = dp_topk_count(push, HALF), kr = dp_topk_count(reply, HALF);
+            uint64_t kp = dp_topk_count(push, HALF), kr = dp_topk_count(fabs(reply), HALF);
             sent += DP_FRAME_HEADER_SIZE + DP_PUSH_HEAD_SIZE + (push > 0 ? 8 + 8 * kp : 4 * HALF);
-            recv += DP_FRAME_HEADER_SIZE + (reply > 0 ? 8 + 8 * kr : 4 * HALF);
+            recv += DP_FRAME_HEADER_SIZE + (reply == D4  ? 12 + HALF / 2
+                                             : reply > 0 ? 8 + 8 * kr
+                                                         : 4 * HALF);
         }
         CHECKF(b.bytes_sent - a.bytes_sent == sent && b.bytes_recv - a.bytes_recv == recv,
                "push %g reply %g: step %d moved %llu / %llu bytes; by the formula %llu / %llu",
@@ -218,7 +246,7 @@ static void equals_one_process(const char *push_spec, double reply_cfg, double p
     CHECKF(memcmp(worker, ref_w, sizeof ref_w) == 0,
            "--compress %s, answers topk:%g: the worker's copy is not one process's", push_spec,
            reply);
-    /* (with sgd an answer at the push's own ratio carries every change) */
+    /* (with sgd a top-k answer at the push's own ratio carries every change) */
     CHECKF(push > 0 && reply >= push ? 1 : memcmp(worker, server, sizeof server) != 0,
            "--compress %s, answers topk:%g: the worker holds the servers' parameters whole",
            push_spec, reply);
@@ -236,11 +264,16 @@ static double dist(const float *p)
  * quadratic as whole answers do (400 steps). */
 static void converges(void)
 {
-    static float a[NP], b[NP], wa[NP], wb[NP];
+    static float a[NP], b[NP], c[NP], wa[NP], wb[NP], wc[NP];
     flat = 1;
     reference(0, 0, 400, a, wa);
     reference(0, 0.05, 400, b, wb);
+    reference(0, D4, 400, c, wc);
     flat = 0;
+    double dc = dist(c), dwc = dist(wc);
+    printf("flat quadratic, 400 steps: 4-bit answers %.3g (the worker's copy %.3g)\n", dc, dwc);
+    CHECKF(dc < 1e-3 && dwc < 1e-3, "4-bit answers end %.3g (copy %.3g) from the optimum", dc,
+           dwc);
     double d0 = dist(start_params()), da = dist(a), db = dist(b), dw = dist(wb);
     printf("flat quadratic, 400 steps from %.3g: whole answers %.3g, topk:0.05 answers %.3g "
            "(the worker's copy %.3g)\n", d0, da, db, dw);
@@ -290,6 +323,48 @@ static void bad_answers(void)
         CHECKF(rc < 0 && strstr(e.msg, bad[c].says) && untouched, "bad answer %zu: rc %d (%s)",
                c, rc, rc < 0 ? e.msg : "accepted");
     }
+    /* 4-bit answers: n 3 (a padding nibble) */
+    static const struct {
+        uint32_t codec, count;
+        float scale;
+        uint8_t q0, q1;
+        size_t len;
+        const char *says;
+    } bad4[] = {
+        {DP_CODED_DELTA4, 3, 0.25f, 0x11, 0x01, 14, "of 14 bytes"},
+        {DP_CODED_DELTA4, 4, 0.25f, 0x11, 0x01, 14, "4 values"},
+        {DP_CODED_DELTA4, 3, 0.3f, 0x11, 0x01, 14, "power of two"},
+        {DP_CODED_DELTA4, 3, -0.25f, 0x11, 0x01, 14, "power of two"},
+        {DP_CODED_DELTA4, 3, 0.25f, 0x81, 0x01, 14, "is -8"},
+        {DP_CODED_DELTA4, 3, 0.25f, 0x11, 0x11, 14, "padding"},
+    };
+    for (size_t c = 0; c < sizeof bad4 / sizeof *bad4; c++) {
+        uint8_t b[16] = {0};
+        dp_put_u32(b, bad4[c].codec);
+        dp_put_u32(b + 4, bad4[c].count);
+        dp_put_f32(b + 8, bad4[c].scale);
+        b[12] = bad4[c].q0;
+        b[13] = bad4[c].q1;
+        float x[3] = {1, 2, 3};
+        dp_err e;
+        size_t len = c == 0 ? 15 : bad4[c].len;
+        int rc = dp_delta4_apply(b, len, x, 3, &e);
+        CHECKF(rc < 0 && strstr(e.msg, c == 0 ? "of 15 bytes" : bad4[c].says) && x[0] == 1 &&
+                   x[1] == 2 && x[2] == 3,
+               "bad 4-bit answer %zu: rc %d (%s)", c, rc, rc < 0 ? e.msg : "accepted");
+    }
+    {
+        uint8_t b[14];
+        dp_put_u32(b, DP_CODED_DELTA4);
+        dp_put_u32(b + 4, 3);
+        dp_put_f32(b + 8, 0.25f);
+        b[12] = 0xf1; /* +1, -1 */
+        b[13] = 0x07; /* +7 */
+        float x[3] = {1, 2, 3};
+        dp_err e;
+        CHECK(dp_delta4_apply(b, 14, x, 3, &e) == 0 && x[0] == 1.25f && x[1] == 1.75f &&
+              x[2] == 4.75f);
+    }
     uint8_t long_one[8 + 8 * (N + 1)] = {0};
     float x[N] = {0};
     dp_err e;
@@ -326,8 +401,10 @@ int main(void)
     dp_log_set_level(DP_LOG_WARN);
     equals_one_process("none", 0.05, 0, 0.05);
     equals_one_process("topk:0.05", 0.02, 0.05, 0.02);
+    equals_one_process("none", D4, 0, D4);
+    equals_one_process("topk:0.05", D4, 0.05, D4);
     REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", "1000", &err) == 0);
-    equals_one_process("auto", 0, 0.1, 0.1);
+    equals_one_process("auto", 0, 0.1, D4);
     REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
     rule();
     converges();

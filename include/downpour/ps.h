@@ -109,12 +109,15 @@ typedef struct dp_ps_config {
                                docs/strategies.md, "ps family: compression"); pushes
                                with sparse rows (PUSH_ROWS) stay f32 */
     int reply16;            /* servers answer workers with bf16 parameters (PARAMS16) */
+    int reply_delta4;       /* --ps-reply delta4: servers answer workers with the 4-bit
+                               difference from the worker's copy (PARAMS_CODED,
+                               compress.h dp_delta4_encode), as --compress auto's
+                               coded answers are */
     double reply_topk;      /* > 0 (--ps-reply topk:RATIO): servers answer workers with
                                the ceil(RATIO n) parameters that moved most since the
                                worker's copy (PARAMS_CODED), keeping a mirror of each
                                worker's copy (docs/strategies.md, "ps family:
-                               compression"); with compress AUTO the servers answer a
-                               worker's coded push so, with the push's count */
+                               compression") */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);

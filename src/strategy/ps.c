@@ -899,7 +899,7 @@ static int coder_open(dp_ps_client *c)
     }
     if (c->cfg.reply16 && !(c->in16 = malloc(2 * (most ? most : 1))))
         return -1;
-    if ((c->cfg.reply_topk > 0 || c->cfg.compress.kind == DP_COMPRESS_AUTO) &&
+    if ((c->cfg.reply_topk > 0 || c->cfg.reply_delta4 || c->cfg.compress.kind == DP_COMPRESS_AUTO) &&
         !c->rules->pushes_params && !(c->cin = malloc(DP_CODED_HEAD_SIZE + 8 * (most ? most : 1))))
         return -1;
     if (total == 0 || c->cfg.n_tables > 0 || c->rules->pushes_params)
@@ -1455,14 +1455,18 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
             dp_errf(err, "%s answered with a coded answer of %llu bytes for shard %d; %s",
                     dp_transport_peer_name(c->t, ev->peer), (unsigned long long)L, s,
                     c->cin ? "more than a top-k block of the shard takes"
-                           : "this run answers uncoded (no --ps-reply topk, no --compress auto)");
+                           : "this run answers uncoded (no --ps-reply topk or delta4, no "
+                             "--compress auto)");
             return -2;
         }
         dp_err why;
         if (dp_transport_recv_payload(c->t, ev->peer, c->cin, (size_t)L, err) < 0)
             return -1;
-        if (dp_coded_set(c->cin, (size_t)L, params + r->lo - c->cfg.dense_shift, r->hi - r->lo,
-                         &why) < 0) {
+        float *x = params + r->lo - c->cfg.dense_shift;
+        size_t n = r->hi - r->lo;
+        if ((L >= 4 && dp_get_u32(c->cin) == DP_CODED_DELTA4
+                 ? dp_delta4_apply(c->cin, (size_t)L, x, n, &why)
+                 : dp_coded_set(c->cin, (size_t)L, x, n, &why)) < 0) {
             dp_errf(err, "%s answered shard %d badly: %s", dp_transport_peer_name(c->t, ev->peer),
                     s, why.msg);
             return -2;

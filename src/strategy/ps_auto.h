@@ -3,7 +3,8 @@
  * servers (its link as it is, shared with the other workers) and the top-k
  * coder on its largest shard, and predicts a step's frames, pushes and
  * answers, for f32 and for top-k of each ratio of the ladder, coded both
- * ways (the servers answer a coded push coded, with its count). */
+ * ways (the servers answer a coded push with the 4-bit difference from the
+ * worker's copy, compress.h dp_delta4_encode). */
 #ifndef DOWNPOUR_STRATEGY_PS_AUTO_H
 #define DOWNPOUR_STRATEGY_PS_AUTO_H
 

@@ -53,7 +53,7 @@
       " primary is lost")                                                                          \
     X(const char *, ps_reply, NULL, "ps-reply", DP_OPT_STR, "FORMAT", 0, 0, 0,                    \
       "the servers' parameters to the workers: f32 (the default), bf16 (half the bytes,"           \
-      " rounded) or topk:RATIO (the parameters that moved most since the worker's copy)")          \
+      " rounded), delta4 (the 4-bit difference from the worker's copy) or topk:RATIO")             \
     /* --compress: listed with allreduce's options (ps family: bf16, fp16, topk:RATIO, auto) */     \
     X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, DP_OPT_ALSO,             \
       "gradient compression of the pushes")                                                        \

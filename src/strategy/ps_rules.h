@@ -26,8 +26,8 @@ typedef struct dp_ps_worker {
                           JOIN (or push) it holds nobody back */
     uint32_t last_step; /* restarted server: the training step it last pushed (or, from
                           its JOIN, the one before the step it is taking) */
-    uint32_t reply_k;  /* --compress auto: its newest push's top-k count, the count of
-                          its coded answer (0: it pushed f32, answered whole) */
+    uint32_t reply_k;  /* --compress auto: its newest push's top-k count (0: it pushed
+                          f32, answered whole; else answered with the 4-bit difference) */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
@@ -159,7 +159,7 @@ struct dp_ps_client {
     size_t coff[DP_PARTITION_MAX], clen[DP_PARTITION_MAX];
     float *ctmp, *ctmp2;
     uint8_t *in16;
-    uint8_t *cin;        /* coded answers (reply_topk, compress AUTO): one answer's bytes */
+    uint8_t *cin;        /* coded answers (reply_topk, delta4, compress AUTO): one answer's bytes */
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
     float *sent;         /* with replicas or restarts, avg (or async pushing behind): the

@@ -40,16 +40,24 @@ void dp_ps_mirror_forget(server *s, const dp_ps_worker *w)
         s->mirror_ok[w - s->w] = 0;
 }
 
-/* A coded answer (docs/strategies.md, "ps family: compression"): the k
- * parameters farthest from worker i's copy (top-k of params - mirror, ties:
+/* A coded answer (docs/strategies.md, "ps family: compression"): the 4-bit
+ * difference from worker i's copy (k DELTA4), which the mirror takes as the
+ * worker will; or the k parameters farthest from worker i's copy (top-k of params - mirror, ties:
  * the lower index), each sent as the server's own value, which the mirror
  * takes too: the worker, holding the mirror's bits, sets the same values and
  * holds them again.  What is not sent stays in the difference for the next
  * answer (error feedback on the way down).  A copy not known (mirror_ok 0)
  * is answered whole, f32, and becomes known. */
+#define DELTA4 ((size_t)-1)
 static int send_coded(server *s, int rank, int i, size_t k, dp_err *err)
 {
     float *m = s->mirror + (size_t)i * s->n;
+    long c = dp_ps_min_clock(s);
+    /* the 4-bit difference of every parameter (compress.h), unless one is
+     * not finite */
+    if (s->mirror_ok[i] && k == DELTA4 && dp_delta4_encode(s->params, m, s->n, s->rout) == 0)
+        return dp_transport_send(s->t, rank, DP_WIRE_PARAMS_CODED, (uint64_t)(c < 0 ? 0 : c),
+                                 s->lo, s->rout, dp_delta4_bytes(s->n), err);
     if (!s->mirror_ok[i] || k == 0 || k > s->n) {
         memcpy(m, s->params, s->n * sizeof(float));
         s->mirror_ok[i] = 1;
@@ -66,7 +74,6 @@ static int send_coded(server *s, int rank, int i, size_t k, dp_err *err)
         m[at] = s->params[at];
         dp_put_f32(body + 8 * j + 4, m[at]);
     }
-    long c = dp_ps_min_clock(s);
     return dp_transport_send(s->t, rank, DP_WIRE_PARAMS_CODED, (uint64_t)(c < 0 ? 0 : c), s->lo,
                              s->rout, DP_CODED_HEAD_SIZE + 8 * k, err);
 }
@@ -77,10 +84,12 @@ static int send_coded(server *s, int rank, int i, size_t k, dp_err *err)
 int dp_ps_send_answer(server *s, int rank, dp_err *err)
 {
     int i = rank >= 0 ? s->worker_of[rank] : -1;
+    /* --compress auto: a coded push is answered with the 4-bit difference */
     if (s->mirror && i >= 0)
         return send_coded(s, rank, i,
                           s->cfg.reply_topk > 0 ? dp_topk_count(s->cfg.reply_topk, s->n)
-                                                : s->w[i].reply_k,
+                          : s->cfg.reply_delta4 || s->w[i].reply_k ? DELTA4
+                                                                   : 0,
                           err);
     if (!s->out16)
         return dp_ps_send_params(s, rank, err);
@@ -196,7 +205,8 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
     if (cfg->reply16)
         s->out16 = malloc(2 * nn);
     /* coded answers: a mirror of each worker's copy, W x n floats (bounded) */
-    int mirrors = (cfg->reply_topk > 0 || cfg->compress.kind == DP_COMPRESS_AUTO) &&
+    int mirrors = (cfg->reply_topk > 0 || cfg->reply_delta4 ||
+                   cfg->compress.kind == DP_COMPRESS_AUTO) &&
                   !rules->pushes_params && s->n > 0;
     size_t nw = (size_t)(s->n_workers ? s->n_workers : 1);
     if (mirrors && nw * nn > DP_PS_MIRROR_MAX_FLOATS) {
