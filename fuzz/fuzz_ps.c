@@ -18,10 +18,11 @@
  * the server takes PUSH_CODED blocks: well-formed (any codec, a count near
  * the right one, top-k indices up to past the shard) or arbitrary bytes.
  * With byte 1's bit 3 as well, topk:0.3 becomes --compress auto (any count
- * of pairs) and none --ps-reply topk:0.3: the server answers coded
- * (PARAMS_CODED), and every coded answer it sends must read as one
- * (dp_coded_set, as a worker reads it); arbitrary bytes read as one are
- * refused with a message and change nothing.
+ * of pairs), bf16 gets --ps-reply delta4 and none --ps-reply topk:0.3: the
+ * server answers coded (PARAMS_CODED, top-k or 4-bit), and every coded
+ * answer it sends must read as one (dp_coded_set, dp_delta4_apply, as a
+ * worker reads it); arbitrary bytes read as one are refused with a message
+ * and change nothing.
  *
  * Input: byte 0 the mode (bits 0-6 % 5: async, sync, ssp, dssp, avg), the
  * servers' optimiser (bits 0-6 / 5 % 6) and, bit 7, a sparse table of
@@ -145,8 +146,9 @@ static void send_coded(dp_transport *from, int ps, uint64_t step, uint64_t offse
     (void)dp_transport_send(from, ps, DP_WIRE_PUSH_CODED, step, offset, buf, k, &err);
 }
 
-/* A coded answer as a worker reads it (dp_coded_set, PARAMS_CODED) for a
- * shard of len: set, or refused with x untouched and a message. */
+/* A coded answer as a worker reads it (PARAMS_CODED: dp_delta4_apply for
+ * a 4-bit one, else dp_coded_set) for a shard of len: set, or refused with
+ * x untouched and a message. */
 static int read_answer(const uint8_t *b, size_t k, size_t len)
 {
     float x[NP + 4], before[NP + 4];
@@ -154,7 +156,8 @@ static int read_answer(const uint8_t *b, size_t k, size_t len)
         x[i] = before[i] = (float)i;
     dp_err err;
     err.msg[0] = '\0';
-    int rc = dp_coded_set(b, k, x, len, &err);
+    int rc = k >= 4 && dp_get_u32(b) == DP_CODED_DELTA4 ? dp_delta4_apply(b, k, x, len, &err)
+                                                        : dp_coded_set(b, k, x, len, &err);
     if (rc < 0 && (err.msg[0] == '\0' || memcmp(x, before, len * sizeof(float)) != 0))
         abort(); /* a refusal says why and changes nothing */
     return rc;
@@ -219,9 +222,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.compress = codecs[((b0 & 0x7f) / 30) & 3];
     cfg.reply16 = (b0 & 0x7f) >= 120;
     /* coded answers: with the moving average's bit, topk:0.3 becomes auto
-     * (each push's own count) and none answers topk:0.3 */
+     * (each push's own count, answered 4-bit), bf16 pushes are answered
+     * 4-bit (delta4) and none answers topk:0.3 */
     if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_TOPK)
         cfg.compress.kind = DP_COMPRESS_AUTO;
+    else if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_BF16)
+        cfg.reply_delta4 = 1;
     else if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_NONE && !cfg.reply16)
         cfg.reply_topk = 0.3;
     dp_compress gen = cfg.compress; /* what send_coded makes: auto's are top-k */

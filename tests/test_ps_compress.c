@@ -334,7 +334,7 @@ static void program(void)
         {"--strategy ps-async --ps-reply topk:2", "--ps-reply"},
         {"--strategy ps-sync --compress powersgd:2", "a server cannot sum them"},
         {"--strategy model-avg --compress topk:0.1", "model-avg pushes parameters"},
-        {"--strategy ps-async --ps-reply fp8", "--ps-reply: 'fp8' is not f32, bf16 or topk"},
+        {"--strategy ps-async --ps-reply fp8", "--ps-reply: 'fp8' is not f32, bf16, delta4 or topk"},
         {"--strategy allreduce --ps-reply bf16", "strategy allreduce has no parameter servers"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
