@@ -317,10 +317,11 @@ int dp_delta4_encode(const float *x, float *copy, size_t n, uint8_t *out)
     float most = 0;
     for (size_t i = 0; i < n; i++) {
         float d = fabsf(x[i] - copy[i]);
-        if (!(d <= FLT_MAX))
-            return -1; /* not finite: the caller answers whole */
-        most = d > most ? d : most;
+        most = d > most ? d : most; /* a NaN stays out: checked below */
     }
+    for (size_t i = 0; i < n; i++)
+        if (!(x[i] - copy[i] <= FLT_MAX && x[i] - copy[i] >= -FLT_MAX))
+            return -1; /* not finite: the caller answers whole */
     float s = delta4_scale(most);
     if (!(s <= FLT_MAX))
         return -1;
@@ -329,14 +330,23 @@ int dp_delta4_encode(const float *x, float *copy, size_t n, uint8_t *out)
     dp_put_f32(out + 8, s);
     uint8_t *q = out + DP_DELTA4_HEAD_SIZE;
     memset(q, 0, (n + 1) / 2);
-    for (size_t i = 0; s > 0 && i < n; i++) {
-        float v = nearbyintf((x[i] - copy[i]) / s);
+    if (s == 0)
+        return 0;
+    /* 1 / s is exact for a normal power of two; d / s rounded to nearest
+     * even by the 1.5 x 2^23 trick (|d / s| <= 7) */
+    int exact = s >= FLT_MIN && s <= 0x1p126f;
+    float inv = exact ? 1.0f / s : 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = x[i] - copy[i];
+        float v = exact ? d * inv : d / s;
+        v = (v + 12582912.0f) - 12582912.0f;
         int k = v > 7 ? 7 : v < -7 ? -7 : (int)v;
         q[i / 2] |= (uint8_t)((k & 15) << (4 * (i & 1)));
+        /* the copy takes what was sent, as the receiver's does in
+         * dp_delta4_apply: the same expression on the same bits */
+        copy[i] += (float)k * s;
     }
-    /* the copy takes what was sent, as the receiver's will (dp_delta4_apply) */
-    dp_err ignored;
-    return dp_delta4_apply(out, dp_delta4_bytes(n), copy, n, &ignored);
+    return 0;
 }
 
 int dp_delta4_apply(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err)
