@@ -446,7 +446,8 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     }
     w->step = step;
     w->unsynced = 0; /* pushing without a JOIN: its clock as the chief knew it */
-    /* --compress auto: a coded push is answered coded, with its count */
+    /* --compress auto: a coded push is answered with the 4-bit difference
+     * (reply_k its count), an f32 push whole */
     w->reply_k = any_k ? (uint32_t)((want_len - DP_PUSH_HEAD_SIZE - DP_CODED_HEAD_SIZE) / 8) : 0;
     double now = dp_ps_now(s);
     if (w->clock > 0)
@@ -899,8 +900,10 @@ static int coder_open(dp_ps_client *c)
     }
     if (c->cfg.reply16 && !(c->in16 = malloc(2 * (most ? most : 1))))
         return -1;
-    if ((c->cfg.reply_topk > 0 || c->cfg.reply_delta4 || c->cfg.compress.kind == DP_COMPRESS_AUTO) &&
-        !c->rules->pushes_params && !(c->cin = malloc(DP_CODED_HEAD_SIZE + 8 * (most ? most : 1))))
+    int coded = c->cfg.reply_topk > 0 || c->cfg.reply_delta4 ||
+                c->cfg.compress.kind == DP_COMPRESS_AUTO; /* answers PARAMS_CODED */
+    if (coded && !c->rules->pushes_params &&
+        !(c->cin = malloc(DP_CODED_HEAD_SIZE + 8 * (most ? most : 1))))
         return -1;
     if (total == 0 || c->cfg.n_tables > 0 || c->rules->pushes_params)
         return 0;
@@ -1448,8 +1451,9 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
     const dp_range *r = &c->layout.range[s];
     size_t len = (r->hi - r->lo) * sizeof(float);
     if (ev->header.type == DP_WIRE_PARAMS_CODED) {
-        /* the parameters that moved most since this worker's copy, which the
-         * server's mirror of it holds too (docs/strategies.md) */
+        /* the 4-bit difference from this worker's copy, or the parameters
+         * that moved most since it, which the server's mirror of it takes too
+         * (docs/strategies.md) */
         uint64_t L = ev->header.length, most = DP_CODED_HEAD_SIZE + 2 * len;
         if (!c->cin || L > most) {
             dp_errf(err, "%s answered with a coded answer of %llu bytes for shard %d; %s",
