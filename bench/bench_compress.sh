@@ -10,6 +10,8 @@
 # usage: bench/bench_compress.sh [--hosts 4] [--link-mbit 100] [--epochs 3]
 #            [--rounds 1] [--train-size 54000] [--strategy allreduce|ps-async]
 #            [--kinds "none auto bf16 powersgd:4 topk:0.01"] [--bin PATH]
+#   (ps-async: a kind PUSH@REPLY also passes --ps-reply REPLY, e.g.
+#   topk:0.01@bf16 or topk:0.1@topk:0.1; auto chooses both itself)
 # Needs root (network namespaces) and MNIST under $DOWNPOUR_DATA.  allreduce
 # runs H workers (worker 0 evaluates); ps-async a chief, H - 2 workers and a
 # ps, each on its own host.  The kinds alternate within a round, and each
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --strategy) STRATEGY=$2; shift 2 ;;
     --kinds) KINDS=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
-    *) sed -n '10,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '10,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" = 0 ] || { echo "bench_compress: skipped: needs root (network namespaces)"; exit 0; }
@@ -41,8 +43,11 @@ read -r -a kinds <<<"$KINDS"
 declare -A sps acc
 for ((r = 1; r <= ROUNDS; r++)); do
     for k in "${kinds[@]}"; do
+        reply=()
+        case "$k" in *@*) reply=(--ps-reply "${k#*@}") ;; esac
         out=$("$here/../scripts/vcluster.sh" "${cluster[@]}" --link-mbit "$MBIT" --bin "$BIN" -- \
-            train --strategy "$STRATEGY" --compress "$k" --train-size "$TRAIN" --epochs "$EPOCHS" \
+            train --strategy "$STRATEGY" --compress "${k%@*}" "${reply[@]}" \
+            --train-size "$TRAIN" --epochs "$EPOCHS" \
             --batch 128 --threads 1 --no-progress --log-every 0 --verbose 2>&1 || true)
         line=$(printf '%s\n' "$out" | grep -E "^\[$who\] Test accuracy" | tail -1 || true)
         s=$(printf '%s\n' "$line" | sed -n 's/.*(\([0-9.]*\) samples\/s).*/\1/p')
@@ -52,8 +57,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
             printf '%s\n' "$out" | grep -iE 'error|fault|refus' | head -5 >&2
             continue
         fi
-        why=$(printf '%s\n' "$out" | grep -E "^\[$who\] debug: all-reduce:" | tail -1 |
-            sed -n 's/.*compress auto: //p')
+        # allreduce: replica 0's all-reduce line; ps-async: worker 0's choice
+        why=$(printf '%s\n' "$out" | grep -E "^\[($who|worker 0)\] (debug: all-reduce:|Worker 0: compress auto:)" |
+            tail -1 | sed -n 's/.*compress auto: //p' | cut -c1-160 || true)
         sps[$k]="${sps[$k]:-} $s"
         acc[$k]="${acc[$k]:-} $a"
         printf 'round %d %-12s %8.0f samples/s  test accuracy %s%s\n' "$r" "$k" "$s" "$a" \

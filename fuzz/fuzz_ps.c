@@ -17,6 +17,12 @@
  * bits 0-6 / 30, 1 bf16, 2 fp16, 3 topk:0.3, and from 120 bf16 answers)
  * the server takes PUSH_CODED blocks: well-formed (any codec, a count near
  * the right one, top-k indices up to past the shard) or arbitrary bytes.
+ * With byte 1's bit 3 as well, topk:0.3 becomes --compress auto (any count
+ * of pairs), bf16 gets --ps-reply delta4 and none --ps-reply topk:0.3: the
+ * server answers coded (PARAMS_CODED, top-k or 4-bit), and every coded
+ * answer it sends must read as one (dp_coded_set, dp_delta4_apply, as a
+ * worker reads it); arbitrary bytes read as one are refused with a message
+ * and change nothing.
  *
  * Input: byte 0 the mode (bits 0-6 % 5: async, sync, ssp, dssp, avg), the
  * servers' optimiser (bits 0-6 / 5 % 6) and, bit 7, a sparse table of
@@ -140,8 +146,26 @@ static void send_coded(dp_transport *from, int ps, uint64_t step, uint64_t offse
     (void)dp_transport_send(from, ps, DP_WIRE_PUSH_CODED, step, offset, buf, k, &err);
 }
 
-/* Reads (and drops) whatever the server sent to endpoint t. */
-static void drain(dp_transport *t, int n)
+/* A coded answer as a worker reads it (PARAMS_CODED: dp_delta4_apply for
+ * a 4-bit one, else dp_coded_set) for a shard of len: set, or refused with
+ * x untouched and a message. */
+static int read_answer(const uint8_t *b, size_t k, size_t len)
+{
+    float x[NP + 4], before[NP + 4];
+    for (size_t i = 0; i < len; i++)
+        x[i] = before[i] = (float)i;
+    dp_err err;
+    err.msg[0] = '\0';
+    int rc = k >= 4 && dp_get_u32(b) == DP_CODED_DELTA4 ? dp_delta4_apply(b, k, x, len, &err)
+                                                        : dp_coded_set(b, k, x, len, &err);
+    if (rc < 0 && (err.msg[0] == '\0' || memcmp(x, before, len * sizeof(float)) != 0))
+        abort(); /* a refusal says why and changes nothing */
+    return rc;
+}
+
+/* Reads (and drops) whatever the server sent to endpoint t; a coded answer
+ * (--ps-reply topk, --compress auto) must read as one. */
+static void drain(dp_transport *t, int n, size_t len)
 {
     dp_event ev;
     dp_err err;
@@ -151,6 +175,13 @@ static void drain(dp_transport *t, int n)
         if (ev.kind == DP_EVENT_FRAME) {
             if (ev.peer < 0 || ev.peer >= n)
                 abort();
+            static uint8_t b[8 + 8 * (NP + 4)];
+            if (ev.header.type == DP_WIRE_PARAMS_CODED && ev.header.length <= sizeof b) {
+                if (dp_transport_recv_payload(t, ev.peer, b, (size_t)ev.header.length, &err) == 0 &&
+                    read_answer(b, (size_t)ev.header.length, len) < 0)
+                    abort();
+                continue;
+            }
             (void)dp_transport_skip_payload(t, ev.peer, &err);
         }
     }
@@ -190,6 +221,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                           {DP_COMPRESS_FP16, 0, 0}, {DP_COMPRESS_TOPK, 0.3, 0}};
     cfg.compress = codecs[((b0 & 0x7f) / 30) & 3];
     cfg.reply16 = (b0 & 0x7f) >= 120;
+    /* coded answers: with the moving average's bit, topk:0.3 becomes auto
+     * (each push's own count, answered 4-bit), bf16 pushes are answered
+     * 4-bit (delta4) and none answers topk:0.3 */
+    if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_TOPK)
+        cfg.compress.kind = DP_COMPRESS_AUTO;
+    else if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_BF16)
+        cfg.reply_delta4 = 1;
+    else if ((b1 >> 3) & 1 && cfg.compress.kind == DP_COMPRESS_NONE && !cfg.reply16)
+        cfg.reply_topk = 0.3;
+    dp_compress gen = cfg.compress; /* what send_coded makes: auto's are top-k */
+    if (gen.kind == DP_COMPRESS_AUTO)
+        gen.kind = DP_COMPRESS_TOPK;
 
     int ports[MAX_WORKERS + 3];
     const char *names[MAX_WORKERS + 3];
@@ -275,10 +318,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, NULL, 0, &err);
             break;
         case 15: /* a coded push (refused without --compress) */
-            send_coded(t, ps, step, lo, len, &cfg.compress, &in);
+            send_coded(t, ps, step, lo, len, &gen, &in);
             break;
+        case 11: { /* a worker reads a coded answer of up to 64 arbitrary bytes */
+            uint8_t b[64];
+            size_t k = fz_bytes(&in, b, fz_u8(&in) & 63);
+            (void)read_answer(b, k, len);
+            drain(t, n, len);
+            break;
+        }
         default: /* the sender reads its replies */
-            drain(t, n);
+            drain(t, n, len);
             break;
         }
         err.msg[0] = '\0';

@@ -207,15 +207,19 @@ static void check_algorithms(const dp_cost_calibration *cal)
     dp_cost_job_init(&pj);
     pj.strategy = DP_COST_PS_ASYNC;
     const struct { dp_compress_kind kind; int reply16; double up, down; } ps_cases[] = {
+        {DP_COMPRESS_TOPK, 2, 4144, 4128},        /* --ps-reply topk:0.01: 48 + 8 + 8 x 509 */
+        {DP_COMPRESS_TOPK, 3, 4144, 25505},       /* --ps-reply delta4: 48 + 12 + 25445 */
         {DP_COMPRESS_NONE, 0, 48 + 16 + 4 * 50890.0, 48 + 4 * 50890.0},
         {DP_COMPRESS_BF16, 1, 101852, 101828},    /* 48 + 16 + 8 + 2n; 48 + 2n */
         {DP_COMPRESS_FP16, 0, 101852, 203608},
         {DP_COMPRESS_TOPK, 1, 4144, 101828},      /* 8 x ceil(0.01 n) = 8 x 509 */
     };
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         pj.compress.kind = ps_cases[i].kind;
         pj.compress.ratio = 0.01;
-        pj.ps_reply_bf16 = ps_cases[i].reply16;
+        pj.ps_reply_bf16 = ps_cases[i].reply16 == 1;
+        pj.ps_reply_topk = ps_cases[i].reply16 == 2 ? 0.01 : 0;
+        pj.ps_reply_delta4 = ps_cases[i].reply16 == 3;
         REQUIRE(dp_cost_predict(&small, &ps1, &pj, &a, &err) == 0);
         CHECKF(a.bytes_per_step == ps_cases[i].up, "case %d: %g", i, a.bytes_per_step);
         CHECKF(a.busiest_link_bytes == fmax(ps_cases[i].up, ps_cases[i].down), "case %d: %g", i,

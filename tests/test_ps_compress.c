@@ -15,7 +15,8 @@
  *   8 ceil(ratio n) (topk), PARAMS 48 + 4n or PARAMS16 48 + 2n;
  * - a coded block of another codec, count or length, or with an index out
  *   of the shard, is refused naming what is wrong, and its worker dropped;
- * - the program: auto, powersgd, model-avg and a bad --ps-reply refused
+ * - the program: auto with --ps-reply bf16, powersgd, model-avg (pushes
+ *   coded, or answers topk) and a bad --ps-reply refused
  *   with exit 2 and why; --ps-reply under a strategy without servers too;
  *   and with MNIST, ps-async (chief, 1 worker, 1 ps) with bf16 pushes and
  *   answers reaches the uncompressed run's test accuracy within 1 %. */
@@ -328,10 +329,12 @@ static void program(void)
     static const struct {
         const char *args, *says;
     } bad[] = {
-        {"--strategy ps-async --compress auto", "the parameter servers measure no link"},
+        {"--strategy ps-async --compress auto --ps-reply bf16", "auto chooses the answers"},
+        {"--strategy model-avg --ps-reply topk:0.1", "cannot know what a worker holds"},
+        {"--strategy ps-async --ps-reply topk:2", "--ps-reply"},
         {"--strategy ps-sync --compress powersgd:2", "a server cannot sum them"},
         {"--strategy model-avg --compress topk:0.1", "model-avg pushes parameters"},
-        {"--strategy ps-async --ps-reply fp8", "--ps-reply: 'fp8' is not f32 or bf16"},
+        {"--strategy ps-async --ps-reply fp8", "--ps-reply: 'fp8' is not f32, bf16, delta4 or topk"},
         {"--strategy allreduce --ps-reply bf16", "strategy allreduce has no parameter servers"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -21,8 +21,11 @@
  * The parameter-server family the same way (docs/checkpoints.md,
  * "Compression residuals"): ps-sync (chief, 2 workers, 1 ps) with topk
  * pushes and bf16 answers (--ps-reply bf16) killed and resumed ends with
- * the uninterrupted run's bytes, each worker's residual in the file; one
- * worker's residual shortened is refused naming the file and the tensor. */
+ * the uninterrupted run's bytes, each worker's residual in the file; so
+ * does it with top-k and 4-bit answers (--ps-reply topk:0.05, delta4: at
+ * each checkpoint the workers take the parameters whole, as resumed ones
+ * start); one worker's
+ * residual shortened is refused naming the file and the tensor. */
 #include "downpour/crc32c.h"
 #include "proc.h"
 
@@ -35,6 +38,9 @@
 static const char *bin, *tmp;
 static const char *launch = LAUNCH; /* or PS_LAUNCH */
 #define PS_LAUNCH "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply bf16"
+/* coded answers: the servers' mirrors of each worker's copy, which a checkpoint makes whole */
+#define PS_LAUNCH_TOPK "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply topk:0.05"
+#define PS_LAUNCH_D4 "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply delta4"
 static char err[16384];
 static const char *first_env = ""; /* before the runs that resume_is_exact resumes */
 
@@ -310,6 +316,11 @@ int main(void)
     /* ps-sync: each worker's residual, gathered by the chief */
     launch = PS_LAUNCH;
     resume_is_exact("ps-topk", "topk:0.05", 1);
+    launch = PS_LAUNCH_TOPK;
+    resume_is_exact("ps-reply-topk", "topk:0.05", 0);
+    launch = PS_LAUNCH_D4;
+    resume_is_exact("ps-reply-delta4", "topk:0.05", 0);
+    launch = PS_LAUNCH;
     rewrite("ps-topk-0", SHORTEN);
     rc = resume("topk:0.05", "ps-topk-0", "ps-short.safetensors");
     CHECKF(rc != 0 && strstr(err, "ps-topk-0/" CKPT ": tensor 'replica.1.residual' has shape "

@@ -79,4 +79,30 @@ void dp_coded_encode(const dp_compress *c, const float *g, float *resid, size_t 
 int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *out, size_t n,
                     dp_err *err);
 
+/* A coded answer of the parameter servers (wire.h PARAMS_CODED; docs/
+ * strategies.md, "ps family: compression"): [u32 codec = topk][u32 count]
+ * then count (u32 index, f32 value) pairs, indices strictly increasing and
+ * below n, 1 <= count <= n: sets x[index] = value.  -1 with err naming what
+ * is wrong, and x untouched, when the block is not that. */
+int dp_coded_set(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err);
+
+/* A 4-bit answer (--ps-reply delta4, and --compress auto's answers; wire.h
+ * PARAMS_CODED): the difference x - copy of every element, as
+ * [u32 codec = DP_CODED_DELTA4][u32 count = n][f32 scale] then n signed
+ * 4-bit values in [-7, 7] (two a byte, element 2j in the low nibble, a
+ * last odd one's high nibble 0), each value q standing for q x scale; the
+ * scale is 0 or the smallest power of two with max|x - copy| <= 7 scale,
+ * so q x scale is exact and copy + q x scale one rounding on every host.
+ * dp_delta4_encode codes it into out (dp_delta4_bytes(n)) and applies it to
+ * copy, as the receiver's dp_delta4_apply applies it to its x: both end
+ * with the same bits, and what the 4 bits left out stays in the next
+ * difference.  Encode: -1 when a difference is not finite (then nothing is
+ * changed: the caller sends x whole).  Apply: -1 with err naming what is
+ * wrong, and x untouched, when the block is not one for n. */
+#define DP_CODED_DELTA4 16u
+#define DP_DELTA4_HEAD_SIZE 12
+size_t dp_delta4_bytes(size_t n);
+int dp_delta4_encode(const float *x, float *copy, size_t n, uint8_t *out);
+int dp_delta4_apply(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err);
+
 #endif

@@ -90,6 +90,10 @@ typedef struct dp_cost_job {
     dp_compress compress;   /* allreduce: --compress (auto: bf16 where predicted faster);
                                ps-async, ps-sync: the workers' pushes (bf16, fp16, topk) */
     int ps_reply_bf16;      /* ps-async, ps-sync: --ps-reply bf16 */
+    double ps_reply_topk;   /* ps-async, ps-sync: --ps-reply topk:RATIO (> 0), answers
+                               of ceil(RATIO n_s) (index, value) pairs */
+    int ps_reply_delta4;    /* ps-async, ps-sync: --ps-reply delta4, answers of 4 bits a
+                               parameter (12 + ceil(n_s / 2) bytes) */
     size_t psgd_floats;     /* powersgd: factor + whole floats a step (dp_cost_powersgd) */
     double psgd_madds;      /* powersgd: its products' multiply-adds a step */
 } dp_cost_job;

@@ -109,6 +109,15 @@ typedef struct dp_ps_config {
                                docs/strategies.md, "ps family: compression"); pushes
                                with sparse rows (PUSH_ROWS) stay f32 */
     int reply16;            /* servers answer workers with bf16 parameters (PARAMS16) */
+    int reply_delta4;       /* --ps-reply delta4: servers answer workers with the 4-bit
+                               difference from the worker's copy (PARAMS_CODED,
+                               compress.h dp_delta4_encode), as --compress auto's
+                               coded answers are */
+    double reply_topk;      /* > 0 (--ps-reply topk:RATIO): servers answer workers with
+                               the ceil(RATIO n) parameters that moved most since the
+                               worker's copy (PARAMS_CODED), keeping a mirror of each
+                               worker's copy (docs/strategies.md, "ps family:
+                               compression") */
 } dp_ps_config;
 
 void dp_ps_config_init(dp_ps_config *cfg);
@@ -237,6 +246,12 @@ int dp_ps_client_flush(dp_ps_client *c, float *params, dp_err *err);
  * tables, every row of every table too (PULL_TABLE), unless the client's
  * tables are compact (they come by rows, each step). */
 int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
+/* --compress auto (docs/strategies.md, "ps family: compression"): times a
+ * pull of every shard into params (answered whole) and the top-k coder,
+ * and chooses how this client's pushes and their answers are coded from
+ * then on; why (cap bytes) says what and why.  Nothing under another
+ * --compress.  0, or -1 with err. */
+int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_err *err);
 /* Every sparse table's rows, streamed: the next n floats of part `part`
  * (0: the rows; 1, 2: optimiser slot 0, 1's) of table k (row after row, ids
  * increasing; the tables in order, each from its first row), from every

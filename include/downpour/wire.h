@@ -76,6 +76,7 @@ enum dp_wire_type {
     DP_WIRE_PUSH_CODED = DP_FRAME_APP(37),  /* worker -> ps: push head + the shard's gradient as a coded block (compress.h: [u32 codec][u32 count], then bf16/fp16 values or top-k pairs) */
     DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
     DP_WIRE_STATE_ROWS = DP_FRAME_APP(39),  /* ps -> chief after a STATE, chief -> a restarted ps after its RESTORE: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count] then count x width f32; step = the checkpoint's (ps.c send_state) */
+    DP_WIRE_PARAMS_CODED = DP_FRAME_APP(66), /* ps -> worker (--ps-reply delta4|topk:RATIO, --compress auto): what the worker's copy lacks, as the server's mirror of it knows (ps_shard.c send_coded): [u32 codec = 16][u32 count = n][f32 scale] then n 4-bit differences (compress.h dp_delta4_encode), or [u32 codec = topk][u32 count] then count (u32 index, f32 parameter) pairs, indices strictly increasing, below the shard's n; step = slowest clock */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

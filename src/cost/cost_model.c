@@ -205,7 +205,8 @@ static void shard_bytes(const dp_cost_sparse *sp, const dp_cost_job *job, double
 {
     if (!sp) {
         /* --compress: PUSH_CODED, a [u32 codec][u32 count] block of 2-byte
-         * values or 8-byte top-k pairs; --ps-reply bf16: PARAMS16 (docs/strategies.md,
+         * values or 8-byte top-k pairs; --ps-reply bf16: PARAMS16, topk: PARAMS_CODED
+         * of [u32 codec][u32 count] and 8-byte pairs (docs/strategies.md,
          * "ps family: compression") */
         dp_compress_kind c = job ? job->compress.kind : DP_COMPRESS_NONE;
         uint64_t n = (uint64_t)n_s;
@@ -213,7 +214,11 @@ static void shard_bytes(const dp_cost_sparse *sp, const dp_cost_job *job, double
                         : c == DP_COMPRESS_TOPK ? 8 + 8 * (uint64_t)dp_topk_count(job->compress.ratio, n)
                                                 : 4 * n;
         *up = (double)dp_frame_wire_size(DP_PUSH_HEAD_SIZE + push);
-        *down = (double)dp_frame_wire_size((job && job->ps_reply_bf16 ? 2 : 4) * n);
+        uint64_t answer = job && job->ps_reply_delta4 ? dp_delta4_bytes(n)
+                          : job && job->ps_reply_topk > 0
+                              ? 8 + 8 * (uint64_t)dp_topk_count(job->ps_reply_topk, n)
+                              : (job && job->ps_reply_bf16 ? 2 : 4) * n;
+        *down = (double)dp_frame_wire_size(answer);
         return;
     }
     double pull = 0, push = DP_PUSH_HEAD_SIZE + 4 * n_s, rows = 0;

@@ -1,6 +1,7 @@
 /* Gradient compression codecs: see include/downpour/compress.h. */
 #include "downpour/compress.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,4 +268,109 @@ int dp_coded_decode(const dp_compress *c, const uint8_t *in, size_t len, float *
     }
     memset(out, 0, n * sizeof(float));
     return dp_topk_decode_add(in + DP_CODED_HEAD_SIZE, count, out, n, err);
+}
+
+int dp_coded_set(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err)
+{
+    if (len < DP_CODED_HEAD_SIZE + 8 || (len - DP_CODED_HEAD_SIZE) % 8 != 0 ||
+        (len - DP_CODED_HEAD_SIZE) / 8 > n)
+        return dp_errf(err, "a coded answer of %zu bytes; a shard of %zu takes 8 + 8k for k in "
+                            "[1, %zu]", len, n, n);
+    uint32_t kind = dp_get_u32(in), count = dp_get_u32(in + 4);
+    size_t k = (len - DP_CODED_HEAD_SIZE) / 8;
+    if (kind != (uint32_t)DP_COMPRESS_TOPK)
+        return dp_errf(err, "a coded answer of codec %u; answers are top-k (%u)", kind,
+                       (unsigned)DP_COMPRESS_TOPK);
+    if (count != k)
+        return dp_errf(err, "a coded answer says %u pairs in %zu bytes (%zu pairs)", count, len,
+                       k);
+    const uint8_t *body = in + DP_CODED_HEAD_SIZE;
+    /* every index checked before anything is set: a bad answer changes nothing */
+    for (size_t j = 0; j < k; j++) {
+        uint32_t i = dp_get_u32(body + 8 * j);
+        if (i >= n || (j > 0 && i <= dp_get_u32(body + 8 * (j - 1))))
+            return dp_errf(err, "a coded answer's pair %zu names element %u (%s)", j, i,
+                           i >= n ? "not below the shard's n" : "not above the one before");
+    }
+    for (size_t j = 0; j < k; j++)
+        x[dp_get_u32(body + 8 * j)] = dp_get_f32(body + 8 * j + 4);
+    return 0;
+}
+
+/* The scale of a 4-bit difference: the smallest power of two s with
+ * max|d| <= 7 s (0 for no difference), so q s is exact and x + q s one
+ * rounding, the same on every host. */
+static float delta4_scale(float most)
+{
+    if (!(most > 0))
+        return 0;
+    int e;
+    float m = frexpf(most / 7.0f, &e); /* most / 7 = m 2^e, m in [0.5, 1) */
+    float s = ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+    return s * 7.0f < most ? s * 2.0f : s;
+}
+
+size_t dp_delta4_bytes(size_t n) { return DP_DELTA4_HEAD_SIZE + (n + 1) / 2; }
+
+int dp_delta4_encode(const float *x, float *copy, size_t n, uint8_t *out)
+{
+    float most = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(x[i] - copy[i]);
+        most = d > most ? d : most; /* a NaN stays out: checked below */
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!(x[i] - copy[i] <= FLT_MAX && x[i] - copy[i] >= -FLT_MAX))
+            return -1; /* not finite: the caller answers whole */
+    float s = delta4_scale(most);
+    if (!(s <= FLT_MAX))
+        return -1;
+    dp_put_u32(out, DP_CODED_DELTA4);
+    dp_put_u32(out + 4, (uint32_t)n);
+    dp_put_f32(out + 8, s);
+    uint8_t *q = out + DP_DELTA4_HEAD_SIZE;
+    memset(q, 0, (n + 1) / 2);
+    if (s == 0)
+        return 0;
+    /* 1 / s is exact for a normal power of two; d / s rounded to nearest
+     * even by the 1.5 x 2^23 trick (|d / s| <= 7) */
+    int exact = s >= FLT_MIN && s <= 0x1p126f;
+    float inv = exact ? 1.0f / s : 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = x[i] - copy[i];
+        float v = exact ? d * inv : d / s;
+        v = (v + 12582912.0f) - 12582912.0f;
+        int k = v > 7 ? 7 : v < -7 ? -7 : (int)v;
+        q[i / 2] |= (uint8_t)((k & 15) << (4 * (i & 1)));
+        /* the copy takes what was sent, as the receiver's does in
+         * dp_delta4_apply: the same expression on the same bits */
+        copy[i] += (float)k * s;
+    }
+    return 0;
+}
+
+int dp_delta4_apply(const uint8_t *in, size_t len, float *x, size_t n, dp_err *err)
+{
+    if (len != dp_delta4_bytes(n))
+        return dp_errf(err, "a 4-bit answer of %zu bytes; a shard of %zu takes %zu", len, n,
+                       dp_delta4_bytes(n));
+    uint32_t kind = dp_get_u32(in), count = dp_get_u32(in + 4);
+    float s = dp_get_f32(in + 8);
+    if (kind != DP_CODED_DELTA4 || count != n)
+        return dp_errf(err, "a 4-bit answer says codec %u, %u values; a shard of %zu takes "
+                            "codec %u, %zu", kind, count, n, (unsigned)DP_CODED_DELTA4, n);
+    int e;
+    if (!(s >= 0 && s <= FLT_MAX) || (s > 0 && frexpf(s, &e) != 0.5f))
+        return dp_errf(err, "a 4-bit answer's scale %g is not 0 or a power of two", (double)s);
+    const uint8_t *q = in + DP_DELTA4_HEAD_SIZE;
+    for (size_t i = 0; i < n; i++)
+        if (((q[i / 2] >> (4 * (i & 1))) & 15) == 8)
+            return dp_errf(err, "a 4-bit answer's value %zu is -8; they lie in [-7, 7]", i);
+    if (n & 1 && q[n / 2] >> 4)
+        return dp_errf(err, "a 4-bit answer's padding nibble is not 0");
+    for (size_t i = 0; i < n; i++) {
+        int k = (q[i / 2] >> (4 * (i & 1))) & 15;
+        x[i] += (float)(k > 7 ? k - 16 : k) * s;
+    }
+    return 0;
 }

@@ -14,6 +14,8 @@
 #include "downpour/train_config.h"
 #include "downpour/sender.h"
 #include "downpour/trace.h"
+#include "downpour/testhooks.h"
+#include "strategy/ps_auto.h"
 #include "strategy/ps_rules.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */
@@ -374,8 +376,22 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     if (coded && !s->coded)
         return dp_errf(err, "%s pushed a compressed gradient; this run pushes f32 (no "
                             "--compress)", who);
-    if (coded)
+    /* --compress auto: each worker chose its own top-k count (ps_auto.c), which
+     * the block's length says: k pairs, 1 <= k <= n */
+    dp_compress cz = s->cfg.compress;
+    int any_k = coded && cz.kind == DP_COMPRESS_AUTO;
+    if (any_k) {
+        uint64_t len = ev->header.length, body = len - DP_PUSH_HEAD_SIZE - DP_CODED_HEAD_SIZE;
+        if (len < DP_PUSH_HEAD_SIZE + DP_CODED_HEAD_SIZE + 8 || body % 8 != 0 || body / 8 > s->n)
+            return dp_errf(err, "%s pushed a coded gradient of %llu bytes; under --compress "
+                                "auto this shard of %zu takes a top-k block of 1 to %zu pairs",
+                           who, (unsigned long long)len, s->n, s->n);
+        cz.kind = DP_COMPRESS_TOPK;
+        cz.ratio = (double)(body / 8) / (double)s->n; /* dp_topk_count gives body / 8 back */
+        want_len = (size_t)len;
+    } else if (coded) {
         want_len = DP_PUSH_HEAD_SIZE + dp_coded_bytes(&s->cfg.compress, s->n);
+    }
     if ((rows ? ev->header.length < want_len : ev->header.length != want_len) ||
         ev->header.offset != s->lo)
         return dp_errf(err, "%s pushed %llu bytes at offset %llu; this shard takes %zu%s at %zu",
@@ -399,7 +415,10 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
         if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
             dp_transport_recv_payload(s->t, w->rank, s->coded, len, err) < 0)
             return -1;
-        if (dp_coded_decode(&s->cfg.compress, s->coded, len, s->scratch, s->n, &why) < 0)
+        if (any_k && dp_get_u32(s->coded + 4) != (len - DP_CODED_HEAD_SIZE) / 8)
+            return dp_errf(err, "%s pushed a bad coded gradient: its block says %u pairs in "
+                                "%zu bytes", who, dp_get_u32(s->coded + 4), len);
+        if (dp_coded_decode(&cz, s->coded, len, s->scratch, s->n, &why) < 0)
             return dp_errf(err, "%s pushed a bad coded gradient: %s", who, why.msg);
     } else if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0 ||
                dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float),
@@ -427,6 +446,9 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     }
     w->step = step;
     w->unsynced = 0; /* pushing without a JOIN: its clock as the chief knew it */
+    /* --compress auto: a coded push is answered with the 4-bit difference
+     * (reply_k its count), an f32 push whole */
+    w->reply_k = any_k ? (uint32_t)((want_len - DP_PUSH_HEAD_SIZE - DP_CODED_HEAD_SIZE) / 8) : 0;
     double now = dp_ps_now(s);
     if (w->clock > 0)
         w->interval = w->interval > 0 ? 0.8 * w->interval + 0.2 * (now - w->last_push)
@@ -463,6 +485,7 @@ static int settle(server *s, dp_err *err)
 /* A worker is gone (DONE, lost or dropped): the others must not wait for it. */
 static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
+    dp_ps_mirror_forget(s, w);
     w->live = 0;
     w->pending = 0;
     w->owed = 0;
@@ -491,6 +514,7 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     }
     if (w->live)
         return 0; /* the first incarnation's JOIN: nothing to do */
+    dp_ps_mirror_forget(s, w); /* an incarnation whose copy this server does not know */
     long m = dp_ps_min_clock(s);
     if (join_step > 0)
         m = (long)join_step - 1 - s->base_step;
@@ -590,6 +614,7 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
             return -1;
         if (wi < 0)
             return dp_ps_send_params(s, ev->peer, err);
+        dp_ps_mirror_forget(s, &s->w[wi]); /* a worker's pull is answered whole */
         dp_ps_reply(s, &s->w[wi]);
         return 0;
     case DP_WIRE_PULL_ROWS:
@@ -861,14 +886,24 @@ static int rows_buffers(dp_ps_client *c);
 static int coder_open(dp_ps_client *c)
 {
     size_t most = 0, total = 0;
+    /* --compress auto: laid out for its largest top-k (ps_auto.c), pushed
+     * f32 until it has chosen */
+    dp_compress cz = c->cfg.compress;
+    if (cz.kind == DP_COMPRESS_AUTO)
+        cz = (dp_compress){.kind = DP_COMPRESS_TOPK, .ratio = DP_PS_AUTO_MAX_RATIO};
     for (int s = 0; s < c->layout.n_shards; s++) {
         size_t n = c->layout.range[s].hi - c->layout.range[s].lo;
         most = n > most ? n : most;
         c->coff[s] = total;
-        c->clen[s] = dp_coded_bytes(&c->cfg.compress, n);
+        c->clen[s] = dp_coded_bytes(&cz, n);
         total += c->clen[s];
     }
     if (c->cfg.reply16 && !(c->in16 = malloc(2 * (most ? most : 1))))
+        return -1;
+    int coded = c->cfg.reply_topk > 0 || c->cfg.reply_delta4 ||
+                c->cfg.compress.kind == DP_COMPRESS_AUTO; /* answers PARAMS_CODED */
+    if (coded && !c->rules->pushes_params &&
+        !(c->cin = malloc(DP_CODED_HEAD_SIZE + 8 * (most ? most : 1))))
         return -1;
     if (total == 0 || c->cfg.n_tables > 0 || c->rules->pushes_params)
         return 0;
@@ -946,6 +981,7 @@ void dp_ps_client_free(dp_ps_client *c)
     free(c->ctmp);
     free(c->ctmp2);
     free(c->in16);
+    free(c->cin);
     dp_optim_free(&c->local);
     free(c);
 }
@@ -1286,7 +1322,9 @@ int dp_ps_push(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
 static int push_untraced(dp_ps_client *c, unsigned type, const float *v, uint32_t records,
                          int want, dp_err *err)
 {
-    c->last.coded = type == DP_WIRE_PUSH_GRAD && c->resid;
+    c->last.coded = type == DP_WIRE_PUSH_GRAD && c->resid &&
+                    c->cfg.compress.kind != DP_COMPRESS_AUTO &&
+                    c->cfg.compress.kind != DP_COMPRESS_NONE; /* auto: f32 until it chose */
     if (c->last.coded) {
         /* the send thread may still be sending the last push's blocks */
         if (sends_done(c, err) < 0)
@@ -1383,7 +1421,8 @@ static int collect(dp_ps_client *c, unsigned type, const char *what, take_fn tak
         int s = shard_answering(c, rank, ev.header.offset, got);
         /* a worker's PARAMS come as PARAMS16 with --ps-reply bf16 */
         int same = ev.header.type == type ||
-                   (type == DP_WIRE_PARAMS && ev.header.type == DP_WIRE_PARAMS16);
+                   (type == DP_WIRE_PARAMS && (ev.header.type == DP_WIRE_PARAMS16 ||
+                                               ev.header.type == DP_WIRE_PARAMS_CODED));
         if (!same || s < 0)
             return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
                                 "%s for a shard it holds",
@@ -1411,7 +1450,32 @@ static int take_params(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp
     float *params = ctx;
     const dp_range *r = &c->layout.range[s];
     size_t len = (r->hi - r->lo) * sizeof(float);
-    if (ev->header.type == DP_WIRE_PARAMS16) {
+    if (ev->header.type == DP_WIRE_PARAMS_CODED) {
+        /* the 4-bit difference from this worker's copy, or the parameters
+         * that moved most since it, which the server's mirror of it takes too
+         * (docs/strategies.md) */
+        uint64_t L = ev->header.length, most = DP_CODED_HEAD_SIZE + 2 * len;
+        if (!c->cin || L > most) {
+            dp_errf(err, "%s answered with a coded answer of %llu bytes for shard %d; %s",
+                    dp_transport_peer_name(c->t, ev->peer), (unsigned long long)L, s,
+                    c->cin ? "more than a top-k block of the shard takes"
+                           : "this run answers uncoded (no --ps-reply topk or delta4, no "
+                             "--compress auto)");
+            return -2;
+        }
+        dp_err why;
+        if (dp_transport_recv_payload(c->t, ev->peer, c->cin, (size_t)L, err) < 0)
+            return -1;
+        float *x = params + r->lo - c->cfg.dense_shift;
+        size_t n = r->hi - r->lo;
+        if ((L >= 4 && dp_get_u32(c->cin) == DP_CODED_DELTA4
+                 ? dp_delta4_apply(c->cin, (size_t)L, x, n, &why)
+                 : dp_coded_set(c->cin, (size_t)L, x, n, &why)) < 0) {
+            dp_errf(err, "%s answered shard %d badly: %s", dp_transport_peer_name(c->t, ev->peer),
+                    s, why.msg);
+            return -2;
+        }
+    } else if (ev->header.type == DP_WIRE_PARAMS16) {
         /* --ps-reply bf16: half the bytes, rounded (docs/strategies.md) */
         if (!c->in16 || ev->header.length != len / 2) {
             dp_errf(err, "%s answered with %llu bytes of bf16 parameters for shard %d; expected "
@@ -1684,6 +1748,53 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
     return collect(c, DP_WIRE_ROWS, "every row of its tables", take_rows, &o, err);
 }
 
+int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_err *err)
+{
+    if (c->cfg.compress.kind != DP_COMPRESS_AUTO)
+        return 0;
+    if (!c->resid) { /* pushes with sparse rows stay f32 (coder_open) */
+        c->cfg.compress.kind = DP_COMPRESS_NONE;
+        snprintf(why, cap, "auto: none (the pushes carry sparse rows, which go f32)");
+        return 0;
+    }
+    size_t n[DP_PARTITION_MAX], most = 0, bytes = 0;
+    for (int s = 0; s < c->layout.n_shards; s++) {
+        n[s] = c->layout.range[s].hi - c->layout.range[s].lo;
+        most = n[s] > most ? n[s] : most;
+        bytes += dp_frame_wire_size(4 * (uint64_t)n[s]);
+    }
+    /* the link: a pull of the whole model, as the step's answers will come
+     * (the other workers' frames on it too); DOWNPOUR_TEST_LINK_NS fakes it */
+    double t0 = dp_now();
+    if (dp_ps_client_pull(c, params, 0, err) < 0)
+        return -1;
+    double pull = dp_now() - t0, per_byte = bytes ? pull / (double)bytes : 0;
+    if (dp_hook_link_ns() > 0)
+        per_byte = dp_hook_link_ns() * 1e-9;
+    /* the coder: top-k at the largest ratio over the largest shard, best of 3 */
+    double best = 0;
+    size_t k = dp_topk_count(DP_PS_AUTO_MAX_RATIO, most);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < most; i++) {
+        x = x * 1664525u + 1013904223u;
+        c->ctmp[i] = (float)(x >> 8) * 0x1p-24f - 0.5f;
+    }
+    for (int rep = 0; rep < 3 && most > 0; rep++) {
+        double a = dp_now();
+        dp_topk_encode(c->ctmp, most, k, c->ctmp2, c->cbuf + DP_CODED_HEAD_SIZE);
+        double t = dp_now() - a;
+        best = rep == 0 || t < best ? t : best;
+    }
+    dp_ps_auto a;
+    double r = dp_ps_auto_rule(&a, n, c->layout.n_shards, per_byte, most ? best / most : 0);
+    c->cfg.compress = r > 0 ? (dp_compress){.kind = DP_COMPRESS_TOPK, .ratio = r}
+                            : (dp_compress){.kind = DP_COMPRESS_NONE};
+    for (int s = 0; s < c->layout.n_shards; s++)
+        c->clen[s] = dp_coded_bytes(&c->cfg.compress, n[s]);
+    snprintf(why, cap, "%s; the pull of %zu bytes took %.2f ms", a.why, bytes, pull * 1e3);
+    return 0;
+}
+
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,
                         dp_err *err)
 {
@@ -1845,7 +1956,12 @@ int dp_ps_client_sync(dp_ps_client *c, float *params, dp_err *err)
 {
     if (dp_ps_settle(c, params, 0, err) < 0)
         return -1;
-    return c->rules->sync ? c->rules->sync(c, params, err) : 0;
+    if (c->rules->sync && c->rules->sync(c, params, err) < 0)
+        return -1;
+    /* coded answers: at a checkpoint the worker takes the servers' parameters
+     * whole (a pull resets their mirrors), as a resumed worker starts from
+     * them, so both go on from the same copy (docs/checkpoints.md) */
+    return c->cin ? dp_ps_client_pull(c, params, 0, err) : 0;
 }
 
 dp_optim *dp_ps_client_local_optim(dp_ps_client *c)

@@ -895,6 +895,12 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
             }
         if (await_start(s, info, err) < 0 || restore_residual(s, info, err) < 0)
             goto fail;
+        char why[640];
+        if (s->pc.compress.kind == DP_COMPRESS_AUTO) {
+            if (dp_ps_client_auto(s->client, s->wparams, why, sizeof why, err) < 0)
+                goto fail;
+            dp_info("%s: compress %s", info->label, why);
+        }
     }
     *out = s;
     return 0;

@@ -52,9 +52,9 @@
       "copies of each ps shard: 2 keeps a backup on the next ps task, which takes over when the"   \
       " primary is lost")                                                                          \
     X(const char *, ps_reply, NULL, "ps-reply", DP_OPT_STR, "FORMAT", 0, 0, 0,                    \
-      "the servers' parameters to the workers: f32 (the default) or bf16 (half the bytes,"         \
-      " rounded)")                                                                                 \
-    /* --compress: listed with allreduce's options (ps family: bf16, fp16, topk:RATIO pushes) */    \
+      "the servers' parameters to the workers: f32 (the default), bf16 (half the bytes,"           \
+      " rounded), delta4 (the 4-bit difference from the worker's copy) or topk:RATIO")             \
+    /* --compress: listed with allreduce's options (ps family: bf16, fp16, topk:RATIO, auto) */     \
     X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, DP_OPT_ALSO,             \
       "gradient compression of the pushes")                                                        \
     /* ps-async's model-parallel replicas: listed with model-parallel's options */                 \

@@ -54,8 +54,17 @@ int dp_ps_settings_apply(const dp_ps_settings *ps, dp_ps_config *out, dp_err *er
     out->replicas = ps->replicas;
     if (dp_compress_parse(ps->compress, &out->compress, err) < 0)
         return dp_err_prefix(err, "--compress");
-    if (ps->ps_reply && strcmp(ps->ps_reply, "bf16") != 0 && strcmp(ps->ps_reply, "f32") != 0)
-        return dp_errf(err, "--ps-reply: '%s' is not f32 or bf16", ps->ps_reply);
+    if (ps->ps_reply && strncmp(ps->ps_reply, "topk:", 5) == 0) {
+        dp_compress r;
+        if (dp_compress_parse(ps->ps_reply, &r, err) < 0)
+            return dp_err_prefix(err, "--ps-reply");
+        out->reply_topk = r.ratio;
+    } else if (ps->ps_reply && strcmp(ps->ps_reply, "bf16") != 0 &&
+               strcmp(ps->ps_reply, "f32") != 0 && strcmp(ps->ps_reply, "delta4") != 0) {
+        return dp_errf(err, "--ps-reply: '%s' is not f32, bf16, delta4 or topk:RATIO",
+                       ps->ps_reply);
+    }
+    out->reply_delta4 = ps->ps_reply && strcmp(ps->ps_reply, "delta4") == 0;
     out->reply16 = ps->ps_reply && strcmp(ps->ps_reply, "bf16") == 0;
     return parse_range(ps->staleness_range, &out->staleness_lo, &out->staleness_hi, err);
 }
@@ -91,12 +100,12 @@ static int check_compress(const dp_ps_settings *ps, const dp_train_config *cfg, 
     dp_compress c;
     if (dp_compress_parse(ps->compress, &c, err) < 0)
         return dp_err_prefix(err, "--compress");
-    const char *why = NULL;
-    if (c.kind == DP_COMPRESS_AUTO)
-        why = "auto: allreduce's auto times the codec against its ring's measured links; "
-              "the parameter servers measure no link to decide by, so choose bf16, fp16 or "
-              "topk:RATIO";
-    else if (c.kind == DP_COMPRESS_POWERSGD)
+    dp_ps_config pc;
+    if (dp_ps_settings_apply(ps, &pc, err) < 0)
+        return -1;
+    const char *why = NULL, *rwhy = NULL;
+    int avg = cfg->strategy && strcmp(cfg->strategy, "model-avg") == 0;
+    if (c.kind == DP_COMPRESS_POWERSGD)
         why = "powersgd: its factors are all-reduced (the sum of the replicas' P and Q); a "
               "server cannot sum them from pushes at different steps: choose bf16, fp16 or "
               "topk:RATIO";
@@ -107,9 +116,23 @@ static int check_compress(const dp_ps_settings *ps, const dp_train_config *cfg, 
         why = "not with --model-parallel (a replica's tasks push slices of their own)";
     else if (c.kind != DP_COMPRESS_NONE && cfg->sum_chunk > 0)
         why = "not with --sum-chunk (its pushes carry each chunk's gradient whole)";
+    else if (c.kind == DP_COMPRESS_AUTO && pc.reply16)
+        why = "auto chooses the answers' coding too: not with --ps-reply bf16";
     if (why)
         return dp_errf(err, "--compress %s (docs/strategies.md, \"ps family: compression\")",
                        why);
+    /* coded answers: the worker's copy must change only by its answers */
+    int coded = pc.reply_topk > 0 || pc.reply_delta4;
+    if (coded && avg)
+        rwhy = "model-avg's workers train their copy between averages, so a server cannot "
+               "know what a worker holds: --ps-reply bf16 halves its answers";
+    else if (coded && ps->model_parallel > 0)
+        rwhy = "not with --model-parallel (a replica's tasks pull slices of their own)";
+    else if (coded && c.kind == DP_COMPRESS_AUTO)
+        rwhy = "not with --compress auto, which chooses the answers' coding itself";
+    if (rwhy)
+        return dp_errf(err, "--ps-reply %s: %s (docs/strategies.md, \"ps family: "
+                            "compression\")", ps->ps_reply, rwhy);
     return 0;
 }
 
@@ -166,6 +189,10 @@ static void identity(const void *own, int part, char *buf, size_t cap)
     n = strlen(buf);
     if (pc.reply16)
         snprintf(buf + n, n < cap ? cap - n : 0, " ps_reply=bf16");
+    else if (pc.reply_topk > 0)
+        snprintf(buf + n, n < cap ? cap - n : 0, " ps_reply=topk:%.9g", pc.reply_topk);
+    else if (pc.reply_delta4)
+        snprintf(buf + n, n < cap ? cap - n : 0, " ps_reply=delta4");
 }
 
 int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, int checkpoints,

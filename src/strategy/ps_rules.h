@@ -26,9 +26,15 @@ typedef struct dp_ps_worker {
                           JOIN (or push) it holds nobody back */
     uint32_t last_step; /* restarted server: the training step it last pushed (or, from
                           its JOIN, the one before the step it is taking) */
+    uint32_t reply_k;  /* --compress auto: its newest push's top-k count (0: it pushed
+                          f32, answered whole; else answered with the 4-bit difference) */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
+
+/* Coded answers keep W copies of a shard (ps_shard.c): at most this many
+ * floats, 4 GiB, per shard; above it the run is refused at open. */
+#define DP_PS_MIRROR_MAX_FLOATS ((size_t)1 << 30)
 
 /* One sparse table's rows on a shard (ps_shard.c; docs/strategies.md,
  * "Sparse rows"): the rows id = shard + j * n_shards, j in [0, local), as
@@ -101,6 +107,15 @@ struct dp_ps_server {
     /* compression (cfg.compress, cfg.reply16; docs/strategies.md) */
     uint8_t *coded;        /* a PUSH_CODED's block, dp_coded_bytes of the shard */
     uint8_t *out16;        /* a PARAMS16 answer: the shard as bf16 */
+    /* coded answers (cfg.reply_topk, or compress AUTO): worker i's copy of the
+     * shard as this server answered it, at mirror + i * n, and whether it is
+     * known (not after the worker joined again, pulled, or on a backup or a
+     * restarted server: answered whole first); the difference, the top-k
+     * scratch and the answer's bytes */
+    float *mirror;
+    uint8_t *mirror_ok;
+    float *rdiff, *rtmp;
+    uint8_t *rout;
 };
 
 struct dp_ps_client {
@@ -144,6 +159,7 @@ struct dp_ps_client {
     size_t coff[DP_PARTITION_MAX], clen[DP_PARTITION_MAX];
     float *ctmp, *ctmp2;
     uint8_t *in16;
+    uint8_t *cin;        /* coded answers (reply_topk, delta4, compress AUTO): one answer's bytes */
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
     float *sent;         /* with replicas or restarts, avg (or async pushing behind): the
@@ -247,6 +263,9 @@ void dp_ps_shard_free(dp_ps_server *s); /* NULL is a no-op */
 int dp_ps_send_params(dp_ps_server *s, int rank, dp_err *err);
 /* A worker's answer: PARAMS16 with cfg.reply16, else PARAMS. */
 int dp_ps_send_answer(dp_ps_server *s, int rank, dp_err *err);
+/* Coded answers: w's copy is not known any more (it joined again, or
+ * pulled): its next answer goes whole. */
+void dp_ps_mirror_forget(dp_ps_server *s, const dp_ps_worker *w);
 /* Sends w the shard's parameters now (dp_ps_reply, or a held reply let go). */
 void dp_ps_send_reply(dp_ps_server *s, dp_ps_worker *w);
 /* An update's bookkeeping, in this order around it: the pushes it carries

@@ -34,10 +34,63 @@ int dp_ps_send_params(server *s, int rank, dp_err *err)
                              s->params, s->n * sizeof(float), err);
 }
 
-/* A worker's answer: with --ps-reply bf16 the shard rounded to bf16
- * (PARAMS16, half the bytes), else the f32 PARAMS. */
+void dp_ps_mirror_forget(server *s, const dp_ps_worker *w)
+{
+    if (s->mirror_ok)
+        s->mirror_ok[w - s->w] = 0;
+}
+
+/* A coded answer (docs/strategies.md, "ps family: compression"): the 4-bit
+ * difference from worker i's copy (k DELTA4), which the mirror takes as the
+ * worker will; or the k parameters farthest from worker i's copy (top-k of params - mirror, ties:
+ * the lower index), each sent as the server's own value, which the mirror
+ * takes too: the worker, holding the mirror's bits, sets the same values and
+ * holds them again.  What is not sent stays in the difference for the next
+ * answer (error feedback on the way down).  A copy not known (mirror_ok 0)
+ * is answered whole, f32, and becomes known. */
+#define DELTA4 ((size_t)-1)
+static int send_coded(server *s, int rank, int i, size_t k, dp_err *err)
+{
+    float *m = s->mirror + (size_t)i * s->n;
+    long c = dp_ps_min_clock(s);
+    /* the 4-bit difference of every parameter (compress.h), unless one is
+     * not finite */
+    if (s->mirror_ok[i] && k == DELTA4 && dp_delta4_encode(s->params, m, s->n, s->rout) == 0)
+        return dp_transport_send(s->t, rank, DP_WIRE_PARAMS_CODED, (uint64_t)(c < 0 ? 0 : c),
+                                 s->lo, s->rout, dp_delta4_bytes(s->n), err);
+    if (!s->mirror_ok[i] || k == 0 || k > s->n) {
+        memcpy(m, s->params, s->n * sizeof(float));
+        s->mirror_ok[i] = 1;
+        return dp_ps_send_params(s, rank, err);
+    }
+    for (size_t j = 0; j < s->n; j++)
+        s->rdiff[j] = s->params[j] - m[j];
+    uint8_t *body = s->rout + DP_CODED_HEAD_SIZE;
+    dp_put_u32(s->rout, (uint32_t)DP_COMPRESS_TOPK);
+    dp_put_u32(s->rout + 4, (uint32_t)k);
+    dp_topk_encode(s->rdiff, s->n, k, s->rtmp, body);
+    for (size_t j = 0; j < k; j++) {
+        uint32_t at = dp_get_u32(body + 8 * j);
+        m[at] = s->params[at];
+        dp_put_f32(body + 8 * j + 4, m[at]);
+    }
+    return dp_transport_send(s->t, rank, DP_WIRE_PARAMS_CODED, (uint64_t)(c < 0 ? 0 : c), s->lo,
+                             s->rout, DP_CODED_HEAD_SIZE + 8 * k, err);
+}
+
+/* A worker's answer: coded (--ps-reply topk, --compress auto), with
+ * --ps-reply bf16 the shard rounded to bf16 (PARAMS16, half the bytes),
+ * else the f32 PARAMS. */
 int dp_ps_send_answer(server *s, int rank, dp_err *err)
 {
+    int i = rank >= 0 ? s->worker_of[rank] : -1;
+    /* --compress auto: a coded push is answered with the 4-bit difference */
+    if (s->mirror && i >= 0)
+        return send_coded(s, rank, i,
+                          s->cfg.reply_topk > 0 ? dp_topk_count(s->cfg.reply_topk, s->n)
+                          : s->cfg.reply_delta4 || s->w[i].reply_k ? DELTA4
+                                                                   : 0,
+                          err);
     if (!s->out16)
         return dp_ps_send_params(s, rank, err);
     long m = dp_ps_min_clock(s);
@@ -144,12 +197,35 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
         s->chunk_rec = calloc((size_t)(s->n_workers ? s->n_workers : 1), sizeof *s->chunk_rec);
         s->chunk_in = calloc((size_t)(s->n_workers ? s->n_workers : 1), 1);
     }
-    size_t coded = dp_coded_bytes(&cfg->compress, nn);
+    /* --compress auto: each worker's own top-k count, at most the shard's n */
+    size_t coded = cfg->compress.kind == DP_COMPRESS_AUTO ? DP_CODED_HEAD_SIZE + 8 * nn
+                                                         : dp_coded_bytes(&cfg->compress, nn);
     if (coded)
         s->coded = malloc(coded);
     if (cfg->reply16)
         s->out16 = malloc(2 * nn);
-    if (!s->w || !s->worker_of || !s->params || !s->scratch || !s->sum ||
+    /* coded answers: a mirror of each worker's copy, W x n floats (bounded) */
+    int mirrors = (cfg->reply_topk > 0 || cfg->reply_delta4 ||
+                   cfg->compress.kind == DP_COMPRESS_AUTO) &&
+                  !rules->pushes_params && s->n > 0;
+    size_t nw = (size_t)(s->n_workers ? s->n_workers : 1);
+    if (mirrors && nw * nn > DP_PS_MIRROR_MAX_FLOATS) {
+        dp_ps_shard_free(s);
+        return dp_errf(err, "coded answers keep a copy of the shard per worker: %zu worker(s) "
+                            "x %zu floats is above the bound of %zu floats (docs/strategies.md, "
+                            "\"ps family: compression\"); use --ps-reply f32 or bf16, or more "
+                            "ps tasks",
+                       nw, nn, (size_t)DP_PS_MIRROR_MAX_FLOATS);
+    }
+    if (mirrors) {
+        s->mirror = malloc(nw * nn * sizeof(float));
+        s->mirror_ok = calloc(nw, 1);
+        s->rdiff = malloc(nn * sizeof(float));
+        s->rtmp = malloc(nn * sizeof(float));
+        s->rout = malloc(DP_CODED_HEAD_SIZE + 8 * nn);
+    }
+    if ((mirrors && (!s->mirror || !s->mirror_ok || !s->rdiff || !s->rtmp || !s->rout)) ||
+        !s->w || !s->worker_of || !s->params || !s->scratch || !s->sum ||
         (cfg->ema > 0 && !s->ema) || (coded && !s->coded) || (cfg->reply16 && !s->out16) ||
         (chunked && (!s->chunk_buf || !s->chunk_rec || !s->chunk_in))) {
         dp_ps_shard_free(s);
@@ -171,6 +247,14 @@ int dp_ps_shard_open(dp_ps_server **out, dp_transport *t, const dp_cluster *c,
             take_slice(s->opt.state + (size_t)k * s->n, start->slots + (size_t)k * len, at,
                        s->n);
         s->opt.t = start->t;
+    }
+    /* Coded answers: every worker of a fresh or resumed run starts from the
+     * start's parameters (ps_family.c), so its copy is known; a restarted
+     * server's (clocks) and a backup's are not: answered whole first. */
+    for (size_t i = 0; s->mirror && !start->clocks && layout->rank[s->shard] == me && i < nw;
+         i++) {
+        memcpy(s->mirror + i * s->n, s->params, s->n * sizeof(float));
+        s->mirror_ok[i] = 1;
     }
     for (int r = 0; r < c->n_tasks; r++)
         s->worker_of[r] = -1;
@@ -209,6 +293,11 @@ void dp_ps_shard_free(dp_ps_server *s)
     free(s->chunk_in);
     free(s->coded);
     free(s->out16);
+    free(s->mirror);
+    free(s->mirror_ok);
+    free(s->rdiff);
+    free(s->rtmp);
+    free(s->rout);
     free(s);
 }
 

@@ -174,7 +174,7 @@ int dp_experiment_cost(int argc, char **argv)
         {"local-mbit", CLI_NUM, &local_mbit, "B", "allreduce: between two replicas of one host (shared memory), Mbit/s; default: over the host's link", 0, 1e9},
         {"allreduce-algo", CLI_STR, &algo_name, "A", "allreduce: ring, direct, hier or auto (the strategy's rule)", 0, 0},
         {"compress", CLI_STR, &compress_name, "C", "allreduce: none, bf16, fp16, topk:RATIO, powersgd:RANK or auto", 0, 0},
-        {"ps-reply", CLI_STR, &ps_reply, "f32|bf16", "ps family: the servers' replies", 0, 0},
+        {"ps-reply", CLI_STR, &ps_reply, "f32|bf16|delta4|topk:RATIO", "ps family: the servers' replies", 0, 0},
         {"codec-ns", CLI_NUM, &codec_ns, "NS", "allreduce: bf16/fp16 encode and decode a float", 0, 1e6},
         {"source", CLI_FLAG, &source, NULL, "the source experiment's cluster: TensorFlow's times beside the predictions", 0, 0},
     };
@@ -208,8 +208,13 @@ int dp_experiment_cost(int argc, char **argv)
         fprintf(stderr, "downpour experiment cost: --compress: %s\n", err.msg);
         return 2;
     }
-    if (strcmp(ps_reply, "f32") != 0 && strcmp(ps_reply, "bf16") != 0) {
-        fprintf(stderr, "downpour experiment cost: --ps-reply: '%s' is not f32 or bf16\n", ps_reply);
+    dp_compress reply = {DP_COMPRESS_NONE, 0, 0};
+    if (strncmp(ps_reply, "topk:", 5) == 0 ? dp_compress_parse(ps_reply, &reply, &err) < 0
+                                           : strcmp(ps_reply, "f32") != 0 &&
+                                                 strcmp(ps_reply, "bf16") != 0 &&
+                                                 strcmp(ps_reply, "delta4") != 0) {
+        fprintf(stderr, "downpour experiment cost: --ps-reply: '%s' is not f32, bf16, delta4 or "
+                        "topk:RATIO\n", ps_reply);
         return 2;
     }
     dp_cost_calibration cal;
@@ -285,6 +290,8 @@ int dp_experiment_cost(int argc, char **argv)
     job.algo = (dp_allreduce_algo)algo;
     job.compress = codec;
     job.ps_reply_bf16 = strcmp(ps_reply, "bf16") == 0;
+    job.ps_reply_topk = reply.kind == DP_COMPRESS_TOPK ? reply.ratio : 0;
+    job.ps_reply_delta4 = strcmp(ps_reply, "delta4") == 0;
     if (codec.kind == DP_COMPRESS_POWERSGD && !model) {
         fprintf(stderr, "downpour experiment cost: --compress powersgd needs --model (its matrices)\n");
         return 2;

@@ -1,0 +1,35 @@
+/* --compress auto under the ps family (docs/strategies.md, "ps family:
+ * compression"): each worker times a pull of the whole model from the
+ * servers (its link as it is, shared with the other workers) and the top-k
+ * coder on its largest shard, and predicts a step's frames, pushes and
+ * answers, for f32 and for top-k of each ratio of the ladder, coded both
+ * ways (the servers answer a coded push with the 4-bit difference from the
+ * worker's copy, compress.h dp_delta4_encode). */
+#ifndef DOWNPOUR_STRATEGY_PS_AUTO_H
+#define DOWNPOUR_STRATEGY_PS_AUTO_H
+
+#include <stddef.h>
+
+#define DP_PS_AUTO_N_RATIOS 4
+#define DP_PS_AUTO_RATIOS {0.01, 0.02, 0.05, 0.1}
+#define DP_PS_AUTO_MAX_RATIO 0.1
+/* as allreduce's PowerSGD rule (allreduce_auto.h): the largest ratio
+ * predicted within a third of f32 keeps a 3x gain on the link and spends
+ * the rest on accuracy */
+#define DP_PS_AUTO_MARGIN 3.0
+
+typedef struct dp_ps_auto {
+    double ratio;      /* the choice: top-k at this ratio both ways; 0: f32 */
+    double t_none;     /* a step's frames predicted, f32 (s) */
+    double t[DP_PS_AUTO_N_RATIOS]; /* ... and at each ratio, the coders included */
+    char why[512];
+} dp_ps_auto;
+
+/* The rule on numbers: shard sizes n[0..k), the link's seconds per byte
+ * (one worker's share, as measured), the coder's seconds per float (one
+ * top-k encode; a coded step has two: the push and its answer).  Fills a
+ * and returns a->ratio. */
+double dp_ps_auto_rule(dp_ps_auto *a, const size_t *n, int k, double s_per_byte,
+                       double codec_s_per_float);
+
+#endif
