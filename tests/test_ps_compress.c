@@ -69,31 +69,10 @@ static void grad_at(const float *p, int step, float *g)
 
 static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads, int replicas)
 {
-    int ports[8];
-    const char *names[8];
-    memset(r, 0, sizeof *r);
-    r->n = 4; /* chief, worker, 2 ps */
-    r->ps0 = 2;
-    for (int i = 0; i < r->n; i++)
-        ports[i] = 22000 + i;
-    REQUIRE(dp_cluster_local(&r->c, 1, 1, 2, ports, &err) == 0);
-    for (int i = 0; i < r->n; i++)
-        names[i] = r->c.tasks[i].name;
-    REQUIRE(dp_inproc_open_named(r->ts, r->n, names, &err) == 0);
-    dp_ps_config_init(&r->cfg);
-    r->cfg.mode = DP_PS_ASYNC;
-    r->cfg.min_shard_bytes = sizeof(float);
-    r->cfg.compress = *cz;
+    rig_begin(r, 22000, cz);
     r->cfg.reply16 = reply16;
     r->cfg.replicas = replicas;
-    REQUIRE(dp_ps_layout_make(&r->layout, &r->c, NP, &r->cfg, &err) == 0);
-    REQUIRE(r->layout.n_shards == 2);
-    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
-    oc.lr = 0.05f;
-    dp_ps_start start = {.params = start_params()};
-    for (int k = 0; k < 2; k++)
-        REQUIRE(dp_ps_server_open(&r->s[k], r->ts[r->ps0 + k], &r->c, &r->layout, &r->cfg, &oc,
-                                  &start, NP, &err) == 0);
+    rig_open_servers(r, start_params(), NP);
     if (threads)
         rig_serve(r);
 }

@@ -763,33 +763,15 @@ fail:
     return -1;
 }
 
-int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
+/* load (whole: keep_open 0) or open (the header only, the file kept open). */
+static int load_or_open(const char *path, dp_safetensors **out, int keep_open, dp_err *err)
 {
+    const char *what = keep_open ? "open" : "load";
     if (!out)
-        return dp_errf(err, "safetensors load: no output handle");
+        return dp_errf(err, "safetensors %s: no output handle", what);
     *out = NULL;
     if (!path)
-        return dp_errf(err, "safetensors load: no path");
-    dp_safetensors *st = calloc(1, sizeof *st);
-    if (!st)
-        return dp_errf(err, "%s: out of memory", path);
-    st->fd = -1;
-    size_t size = 0;
-    uint64_t n = 0;
-    if (read_file(path, &st->buf, &size, &n, NULL, err) < 0) {
-        dp_safetensors_free(st);
-        return -1;
-    }
-    return parse_loaded(path, st, size, n, out, err);
-}
-
-int dp_safetensors_open(const char *path, dp_safetensors **out, dp_err *err)
-{
-    if (!out)
-        return dp_errf(err, "safetensors open: no output handle");
-    *out = NULL;
-    if (!path)
-        return dp_errf(err, "safetensors open: no path");
+        return dp_errf(err, "safetensors %s: no path", what);
     dp_safetensors *st = calloc(1, sizeof *st);
     if (!st)
         return dp_errf(err, "%s: out of memory", path);
@@ -797,12 +779,22 @@ int dp_safetensors_open(const char *path, dp_safetensors **out, dp_err *err)
     size_t size = 0;
     uint64_t n = 0;
     int fd = -1;
-    if (read_file(path, &st->buf, &size, &n, &fd, err) < 0) {
+    if (read_file(path, &st->buf, &size, &n, keep_open ? &fd : NULL, err) < 0) {
         dp_safetensors_free(st);
         return -1;
     }
-    st->fd = fd; /* the checks of the header are load's, with the file's size */
+    st->fd = fd; /* opened: the checks of the header are load's, with the file's size */
     return parse_loaded(path, st, size, n, out, err);
+}
+
+int dp_safetensors_load(const char *path, dp_safetensors **out, dp_err *err)
+{
+    return load_or_open(path, out, 0, err);
+}
+
+int dp_safetensors_open(const char *path, dp_safetensors **out, dp_err *err)
+{
+    return load_or_open(path, out, 1, err);
 }
 
 int dp_safetensors_read(const dp_safetensors *st, const dp_st_tensor *t, uint64_t off,

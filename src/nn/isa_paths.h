@@ -61,6 +61,23 @@ typedef double dp_d8 __attribute__((vector_size(64)));
         (out) = __builtin_convertvector(v_, dp_d8);                                              \
     } while (0)
 
+/* part[k] = the sum in double of x[j] for j = k mod 8, in order: eight
+ * floats at a time, then the tail (a row's partial sums as kernels.h's
+ * DP_LN_LANES, which dp_k_sum8 then adds in its fixed tree). */
+DP_ISA_BODY void dp_lanes_sum(const float *x, size_t n, double part[8])
+{
+    size_t n8 = n / 8 * 8;
+    dp_d8 acc = {0};
+    for (size_t j = 0; j < n8; j += 8) {
+        dp_d8 t;
+        DP_LOAD8(t, x + j);
+        acc += t;
+    }
+    memcpy(part, &acc, 8 * sizeof *part);
+    for (size_t j = n8; j < n; j++)
+        part[j % 8] += x[j];
+}
+
 typedef void (*dp_isa_pool_task)(void *ctx, int i, int n);
 typedef void (*dp_isa_span)(const struct dp_layer_call *c, size_t lo, size_t hi);
 

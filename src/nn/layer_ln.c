@@ -80,6 +80,7 @@ static dp_kernel kernel(const dp_layer_call *c, dp_kernel_id id, long items)
  * item by item through the device's bodies, one dependent addition after
  * another, and took about 17 % of its step. */
 #define L DP_LN_LANES
+_Static_assert(DP_LN_LANES == 8, "dp_lanes_sum and dp_d8 are eight lanes");
 #define BLOCK 256
 
 typedef struct ln_job {
@@ -99,17 +100,9 @@ static inline __attribute__((always_inline)) void fwd_task_body(void *ctx, int i
     for (size_t r = lo; r < hi; r++) {
         const float *x = c->in + r * F;
         double s[L], v[L];
-        dp_d8 acc = {0};
-        for (size_t f = 0; f < F8; f += L) {
-            dp_d8 t;
-            DP_LOAD8(t, x + f);
-            acc += t;
-        }
-        memcpy(s, &acc, sizeof s);
-        for (size_t f = F8; f < F; f++)
-            s[f % L] += x[f];
+        dp_lanes_sum(x, F, s);
         double mu = dp_k_sum8(s) / j->F;
-        acc = (dp_d8){0};
+        dp_d8 acc = {0};
         for (size_t f = 0; f < F8; f += L) {
             dp_d8 t;
             DP_LOAD8(t, x + f);

@@ -136,9 +136,9 @@ static inline __attribute__((always_inline)) void softmax_rows(const dp_layer *d
     for (long r = r0; r < r1; r++) {
         float *x = s + r * T;
         double part[DP_LN_LANES];
-        dp_d8 acc = {0};
         if (p) {
             const float *pr = p + r * T;
+            dp_d8 acc = {0};
             for (long j = 0; j < T8; j += DP_LN_LANES) {
                 dp_d8 g, q;
                 DP_LOAD8(g, x + j);
@@ -158,14 +158,7 @@ static inline __attribute__((always_inline)) void softmax_rows(const dp_layer *d
             mx = x[j] * a->scale > mx ? x[j] * a->scale : mx;
         for (long j = 0; j < T; j++)
             x[j] = dp_k_exp(x[j] * a->scale - mx);
-        for (long j = 0; j < T8; j += DP_LN_LANES) {
-            dp_d8 t;
-            DP_LOAD8(t, x + j);
-            acc += t;
-        }
-        memcpy(part, &acc, sizeof part);
-        for (long j = T8; j < T; j++)
-            part[j % DP_LN_LANES] += x[j];
+        dp_lanes_sum(x, (size_t)T, part);
         float inv = (float)(1.0 / dp_k_sum8(part));
         for (long j = 0; j < T; j++)
             x[j] *= inv;
