@@ -44,28 +44,7 @@
 
 static dp_err err;
 
-
-static float target(int i) { return 0.5f * sinf(0.37f * (float)i); }
-static float init_of(int i) { return 0.3f * cosf(0.11f * (float)i); }
-
-static const float *start_params(void)
-{
-    static float p[NP];
-    for (int i = 0; i < NP; i++)
-        p[i] = init_of(i);
-    return p;
-}
-
-/* The gradient at p: a quadratic's, scaled per element, with a wobble of
- * the step so the residuals move. */
-static int flat; /* the convergence check: every element's curvature 1 */
-
-static void grad_at(const float *p, int step, float *g)
-{
-    for (int i = 0; i < NP; i++)
-        g[i] = (flat ? 1.0f : 1.0f + (float)(i % 7)) * (p[i] - target(i)) +
-               1e-3f * sinf(0.5f * (float)i + (float)step);
-}
+#include "ps_quadratic.h"
 
 static void rig_open(rig *r, const dp_compress *cz, int reply16, int threads, int replicas)
 {

@@ -42,25 +42,7 @@
 
 static dp_err err;
 
-static float target(int i) { return 0.5f * sinf(0.37f * (float)i); }
-static float init_of(int i) { return 0.3f * cosf(0.11f * (float)i); }
-
-static const float *start_params(void)
-{
-    static float p[NP];
-    for (int i = 0; i < NP; i++)
-        p[i] = init_of(i);
-    return p;
-}
-
-static int flat;
-
-static void grad_at(const float *p, int step, float *g)
-{
-    for (int i = 0; i < NP; i++)
-        g[i] = (flat ? 1.0f : 1.0f + (float)(i % 7)) * (p[i] - target(i)) +
-               1e-3f * sinf(0.5f * (float)i + (float)step);
-}
+#include "ps_quadratic.h"
 
 /* The k of x[lo, lo + n) largest in magnitude (ties: the lower index), by
  * plain selection, marked in taken. */
