@@ -14,22 +14,22 @@ set -uo pipefail
 build=$1 asan=$2 fuzz=$3 jobs=$4 phases=${5:-$(mktemp)} beside=${6:-} first=${7:-}
 passed=0 failed=0 status=0
 
-suite() { # name dir [ctest args...]
-  local name=$1 dir=$2; shift 2
+suite() { # name dir extra_jobs [ctest args...]
+  local name=$1 dir=$2 extra=$3; shift 3
   echo "== $name"
   local log
   log=$(mktemp)
-  # Two jobs more than cores: the cluster tests spend much of their time
+  # extra_jobs more than cores: the cluster tests spend much of their time
   # waiting on sockets, heartbeats, their peers and their paced steps
   # (docs/faults.md, "Testing: paced runs"), and the extra jobs fill those
   # gaps (ASan suite on 2 cores: 317 s with -j2, 254 s with -j3 before the
-  # pacing; 191 s with -j3 and 182 s with -j4 after it).  Not more: alone,
-  # the plain suite took 150 s with -j4 and 130 s with -j6 (its CPU bound),
-  # but in make test, beside the fuzz build, -j6 saved 12 s of the whole
-  # and loaded each test more (a restarted task's timing in
-  # test_launch_faults went another way once); the ASan suite is at its
-  # CPU bound with -j4 (129 s; 130 s with -j6).
-  (cd "$dir" && ctest --output-on-failure -j "$((jobs + 2))" "$@") 2>&1 | tee "$log"
+  # pacing; 191 s with -j3 and 182 s with -j4 after it).  The ASan suite is
+  # at its CPU bound with two extra (129 s; 130 s with -j6).  Alone, the
+  # plain suite took 150 s with -j4 and 130 s with -j6; in make test,
+  # beside the fuzz build, -j6 saved 12 s of the whole but loaded each test
+  # more (a restarted task's timing in test_launch_faults went another way
+  # once, since accepted), so it takes three extra.
+  (cd "$dir" && ctest --output-on-failure -j "$((jobs + extra))" "$@") 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   local line
   line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
@@ -87,11 +87,11 @@ if [ -n "$first" ] && ! bash -c "$first"; then
   [ -n "$beside_pid" ] && kill -- "$beside_pid" 2>/dev/null
   exit 1
 fi
-timed tests suite "tests" "$build"
+timed tests suite "tests" "$build" 3
 timed install-check install_check "$build"
 # The ASan suite leaves out the tests labelled long there (tests/CMakeLists.txt):
 # make test-long runs them.
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan" -LE long
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 timed asan-tests suite "tests under ASan+UBSan" "$asan" 2 -LE long
 if [ -n "$beside_pid" ]; then
   start=$SECONDS
   if wait "$beside_pid"; then
@@ -103,7 +103,7 @@ if [ -n "$beside_pid" ]; then
   echo "fuzz-build-wait $((SECONDS - start))" >>"$phases"
 fi
 rm -f "$beside_log"
-[ -d "$fuzz" ] && timed fuzz-tests suite "fuzz targets" "$fuzz" -L fuzz
+[ -d "$fuzz" ] && timed fuzz-tests suite "fuzz targets" "$fuzz" 2 -L fuzz
 echo "== time per step (s)"
 awk '{ printf "  %-16s %5d\n", $1, $2; t += $2 } END { printf "  %-16s %5d\n", "total", t }' "$phases"
 [ -f "$phases.beside" ] && awk '{ printf "  (%s %d s, beside the builds and suites)\n", $1, $2 }' "$phases.beside"
