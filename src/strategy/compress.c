@@ -317,11 +317,10 @@ int dp_delta4_encode(const float *x, float *copy, size_t n, uint8_t *out)
     float most = 0;
     for (size_t i = 0; i < n; i++) {
         float d = fabsf(x[i] - copy[i]);
-        most = d > most ? d : most; /* a NaN stays out: checked below */
+        if (!(d <= FLT_MAX))
+            return -1; /* not finite (NaN or inf): nothing changed, the caller answers whole */
+        most = d > most ? d : most;
     }
-    for (size_t i = 0; i < n; i++)
-        if (!(x[i] - copy[i] <= FLT_MAX && x[i] - copy[i] >= -FLT_MAX))
-            return -1; /* not finite: the caller answers whole */
     float s = delta4_scale(most);
     if (!(s <= FLT_MAX))
         return -1;
