@@ -7,11 +7,11 @@
  * under each DOWNPOUR_ISA cap (tests/CMakeLists.txt, DP_ISA_TESTS).
  *
  *   DP_ISA_BODY void name_body(void *ctx, int i, int n);
- *   DP_ISA_POOL_TASK(name)              defines name[], a dp_pool_task per level
+ *   DP_ISA_POOL_TASK(name)              defines name[], a dp_pool_fn per level
  *   dp_pool_run(name[dp_isa_paths_level()], &job);
  *
- * DP_ISA_SPAN(name) does the same for a (const dp_layer_call *, size_t,
- * size_t) span of elements (the element-wise activations). */
+ * DP_ISA_FN(type, name, (params), (args)) does the same for a function of
+ * any other type (a span of elements, a product's epilogue). */
 #ifndef DP_NN_ISA_PATHS_H
 #define DP_NN_ISA_PATHS_H
 
@@ -19,8 +19,7 @@
 #include <string.h>
 
 #include "downpour/isa.h"
-
-struct dp_layer_call;
+#include "downpour/pool.h"
 
 /* A body, inlined into each level's function. */
 #define DP_ISA_BODY static inline __attribute__((always_inline))
@@ -78,15 +77,8 @@ DP_ISA_BODY void dp_lanes_sum(const float *x, size_t n, double part[8])
         part[j % 8] += x[j];
 }
 
-typedef void (*dp_isa_pool_task)(void *ctx, int i, int n);
-typedef void (*dp_isa_span)(const struct dp_layer_call *c, size_t lo, size_t hi);
-
-/* Any other signature: DP_ISA_FN(type, name, (params), (args)). */
 #define DP_ISA_FN(type, name, params, args) DP_ISA_VARIANTS_(type, name, params, args)
 #define DP_ISA_POOL_TASK(name)                                                                   \
-    DP_ISA_VARIANTS_(dp_isa_pool_task, name, (void *ctx, int i, int n), (ctx, i, n))
-#define DP_ISA_SPAN(name)                                                                        \
-    DP_ISA_VARIANTS_(dp_isa_span, name, (const struct dp_layer_call *c, size_t lo, size_t hi),  \
-                     (c, lo, hi))
+    DP_ISA_VARIANTS_(dp_pool_fn, name, (void *ctx, int i, int n), (ctx, i, n))
 
 #endif

@@ -72,8 +72,10 @@ static size_t gelu_keep_floats(const dp_layer *d, int max_batch)
         (void)s, (void)end;                                                                     \
         return dp_spec_add(p, DP_LAYER_##UPPER) ? 0 : -1;                                       \
     }                                                                                           \
-    DP_ISA_SPAN(lower##_fwd_span)                                                               \
-    DP_ISA_SPAN(lower##_bwd_span)                                                               \
+    DP_ISA_FN(dp_lk_span_fn, lower##_fwd_span,                                                  \
+              (const dp_layer_call *c, size_t lo, size_t hi), (c, lo, hi))                      \
+    DP_ISA_FN(dp_lk_span_fn, lower##_bwd_span,                                                  \
+              (const dp_layer_call *c, size_t lo, size_t hi), (c, lo, hi))                      \
     static float lower##_forward(const dp_layer_call *c)                                        \
     {                                                                                           \
         dp_lk_pointwise(c, false, lower##_fwd_span[dp_isa_paths_level()]);                      \
