@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void fwd_task_body(void *ctx, int i
                 for (size_t k = 0; k < m; k++)
                     s[k] += x[p * C + k];
             for (size_t k = 0; k < m; k++)
-                c->out[r * C + c0 + k] = (float)(s[k] / (double)(long)hw);
+                c->out[r * C + c0 + k] = (float)(s[k] / (double)hw);
         }
 }
 DP_ISA_POOL_TASK(fwd_task)
@@ -73,7 +73,7 @@ static inline __attribute__((always_inline)) void bwd_task_body(void *ctx, int i
 {
     const dp_layer_call *c = ctx;
     size_t C = (size_t)c->d->c, hw = (size_t)c->d->h * c->d->w, lo, hi;
-    float div = (float)(long)hw;
+    float div = (float)hw;
     dp_pool_range((size_t)c->batch, 1, i, n, &lo, &hi);
     for (size_t r = lo; r < hi; r++)
         for (size_t p = 0; p < hw; p++) {
