@@ -6,7 +6,8 @@
 # through `downpour launch` under ps-async on sparse rows (each worker
 # holding its tables compact).  Prints each figure beside its bound:
 # each worker's peak resident memory (< 300 MB), the test log loss against
-# the generating model's (within 2 %), samples/s and a worker's bytes per
+# the generating model's (within 2 %) and against the best a model of the
+# training records can expect (docs/datasets.md), samples/s and a worker's bytes per
 # step.  Not part of `make test`.
 #
 #   bench/ctr_sparse.sh [ROWS] [DIR]      (defaults: 20000000, /tmp/ctr-sparse)
@@ -58,7 +59,8 @@ for line in open(sys.argv[1]):
         steps[t] = j
     elif e == "done":
         done = j
-gen = json.load(open(sys.argv[2]))["test"]["generating_log_loss"]
+info = json.load(open(sys.argv[2]))["test"]
+gen, seen = info["generating_log_loss"], info.get("seen_ids_log_loss")
 mb = 1e6
 for t in sorted(peak):
     bound = "  (bound < 300 MB: %s)" % ("ok" if peak[t] < 300 * mb else "OVER") \
@@ -69,6 +71,10 @@ if done:
     if ll is not None:
         print("test log loss %.5f, generating model %.5f: %+.2f %% (bound within 2 %%: %s)"
               % (ll, gen, 100 * (ll / gen - 1), "ok" if ll <= gen * 1.02 else "OVER"))
+        if seen is not None: # docs/datasets.md: no learner can expect to do better
+            print("  the best a model of these training records can expect: %.5f (%+.2f %% of "
+                  "the generating model's); this run %+.2f %% of it"
+                  % (seen, 100 * (seen / gen - 1), 100 * (ll / seen - 1)))
     print("test AUC %s; samples/s %.0f (all workers, training time %.1f s)"
           % (done.get("test_auc"), done["samples_per_second"], done["train_seconds"]))
 for t in sorted(steps):

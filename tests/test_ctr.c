@@ -4,6 +4,11 @@
  *     ties counting one half, and its edge cases;
  *   - the synthetic generator: the same record for the same row, the Zipf
  *     law's head frequency, multi-valued places;
+ *   - the best a model trained on some records can do (dp_ctr_synth_seen_p):
+ *     with every id seen, the generating model's probability bit for bit;
+ *     with none, E[sigmoid(bias + e)] over the ids' prior, against
+ *     Simpson's rule on a fine grid; and its expected log loss never below
+ *     the generating model's (Gibbs' inequality);
  *   - `downpour data synth ctr` writes CSV files (several, multi-valued) and
  *     a NumPy pair that read back through the dataset readers equal to the
  *     generator's records, its description with the generating model's log
@@ -117,6 +122,68 @@ static void test_generator(void)
 }
 
 /* Every record of a split's files equal to the generator's. */
+/* E[sigmoid(z + sd t)], t ~ Normal(0, 1), by Simpson's rule over [-12, 12]. */
+static double simpson_expected_sigmoid(double z, double sd)
+{
+    const int n = 24000;
+    double h = 24.0 / n, sum = 0;
+    for (int i = 0; i <= n; i++) {
+        double t = -12.0 + i * h, f = exp(-0.5 * t * t) / (1.0 + exp(-(z + sd * t)));
+        sum += f * (i == 0 || i == n ? 1 : i % 2 ? 4 : 2);
+    }
+    return sum * h / 3.0 / sqrt(2.0 * M_PI);
+}
+
+static void test_seen_bound(void)
+{
+    dp_ctr_synth s = dp_ctr_synth_defaults();
+    s.n_cat = 2, s.n_num = 3, s.seed = 5;
+    s.card[0] = 50, s.card[1] = 30, s.places[1] = 3;
+    dp_err err;
+    REQUIRE(dp_ctr_synth_init(&s, &err) == 0);
+    uint8_t all0[7], all1[4], none0[7] = {0}, none1[4] = {0}, half0[7], half1[4];
+    memset(all0, 0xff, sizeof all0), memset(all1, 0xff, sizeof all1);
+    memset(half0, 0x55, sizeof half0), memset(half1, 0x55, sizeof half1);
+    const uint8_t *all[2] = {all0, all1}, *none[2] = {none0, none1}, *half[2] = {half0, half1};
+    float x[8];
+    int exact = 0, near = 0, gibbs = 0;
+    double worst = 0;
+    for (uint64_t r = 0; r < 300; r++) {
+        uint8_t y;
+        double p;
+        s.n_num = 3;
+        dp_ctr_synth_row(&s, 1, r, x, &y, &p);
+        exact += dp_ctr_synth_seen_p(&s, x, all) == p;
+        double q = dp_ctr_synth_seen_p(&s, x, half);
+        double ent = -(p * log(p) + (1 - p) * log1p(-p));
+        gibbs += -(p * log(q) + (1 - p) * log1p(-q)) >= ent;
+        s.n_num = 0; /* none seen: z is the bias and the ids alone */
+        dp_ctr_synth_row(&s, 1, r, x, &y, &p);
+        int used = (x[1] >= 0) + (x[2] >= 0) + (x[3] >= 0);
+        double sd = s.id_scale * sqrt(1.0 + 1.0 / used);
+        double d = fabs(dp_ctr_synth_seen_p(&s, x, none) - simpson_expected_sigmoid(s.bias, sd));
+        worst = d > worst ? d : worst;
+        near += d < 1e-12;
+    }
+    CHECKF(exact == 300, "every id seen: %d of 300 records give the generating model's bits",
+           exact);
+    CHECKF(near == 300, "no id seen: %d of 300 records within 1e-12 of Simpson's (worst %g)",
+           near, worst);
+    CHECKF(gibbs == 300, "half the ids seen: %d of 300 records expect a log loss no lower than "
+           "the generating model's", gibbs);
+    /* a wide prior: the finer step */
+    s.id_scale = 9;
+    for (uint64_t r = 0; r < 20; r++) {
+        uint8_t y;
+        double p;
+        dp_ctr_synth_row(&s, 1, r, x, &y, &p);
+        int used = (x[1] >= 0) + (x[2] >= 0) + (x[3] >= 0);
+        double sd = s.id_scale * sqrt(1.0 + 1.0 / used);
+        double d = fabs(dp_ctr_synth_seen_p(&s, x, none) - simpson_expected_sigmoid(s.bias, sd));
+        CHECKF(d < 1e-10, "id_scale 9, record %d, none seen: %g from Simpson's", (int)r, d);
+    }
+}
+
 static void read_split_files(const char *spec, const dp_ctr_synth *s, long rows[2],
                              size_t files[2], const char *categorical, const char *numeric)
 {
@@ -199,6 +266,8 @@ static void test_cli(void)
     json[len] = 0;
     fclose(f);
     CHECK(strstr(json, "\"generating_log_loss\": 0.") && strstr(json, "\"places\": [1, 1, 1, 3]"));
+    CHECK(strstr(json, "\"seen_ids_log_loss\": 0.") &&
+          strstr(json, "\"seen_ids_expected_log_loss\": 0."));
 
     /* again without --force: refused; with it: the same bytes */
     rc = run_bin(a);
@@ -362,6 +431,7 @@ int main(void)
     scratch_make(g_dir, sizeof g_dir, "test_ctr");
     test_auc();
     test_generator();
+    test_seen_bound();
     test_cli();
     test_train();
     int rc = CHECK_DONE();

@@ -57,4 +57,19 @@ int dp_ctr_synth_width(const dp_ctr_synth *s);
 void dp_ctr_synth_row(const dp_ctr_synth *s, int split, uint64_t row, float *x, uint8_t *y,
                       double *p);
 
+/* What a model trained on a split can know at best.  seen[f] is a bitmap of
+ * card[f] bits, one an id of feature f: dp_ctr_synth_mark_seen sets the
+ * bits of record x's ids (a training record). */
+void dp_ctr_synth_mark_seen(const dp_ctr_synth *s, const float *x, uint8_t *const *seen);
+/* The click probability of record x for a predictor that knows the
+ * generating model exactly except the weights of the ids not marked seen,
+ * which it knows only by their prior Normal(0, id_scale^2): the Bayes
+ * predictive E[sigmoid(z_known + e)], e ~ Normal(0, V), V the unseen
+ * weights' variance in z.  No model trained on the records that marked
+ * seen can expect a lower log loss on other records, since those records
+ * say nothing of the weights of ids they do not hold (docs/datasets.md,
+ * "Synthetic click-through data").  With every id seen, the generating
+ * model's probability, bit for bit. */
+double dp_ctr_synth_seen_p(const dp_ctr_synth *s, const float *x, const uint8_t *const *seen);
+
 #endif

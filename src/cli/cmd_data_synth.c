@@ -48,6 +48,11 @@ typedef struct synth_job {
     float *x;
     double logloss[2], entropy[2], clicks[2];
     uint64_t bytes[2];
+    /* a bit an id of each feature: seen in a training record */
+    uint8_t *seen[DP_CTR_MAX_FEATURES];
+    /* the test split's by dp_ctr_synth_seen_p: on its labels, and expected
+     * under the generating model (as entropy is the generating model's) */
+    double seen_logloss, seen_expected;
 } synth_job;
 
 static const char *const split_names[2] = {"train", "test"};
@@ -64,9 +69,17 @@ static void file_path(char *out, size_t cap, const synth_job *j, int k, long i, 
                  j->files[k]);
 }
 
-/* The generating model's tallies of one record. */
-static void tally(synth_job *j, int k, uint8_t y, double p)
+/* The generating model's tallies of one record, and what a model trained
+ * on the training split can know of it at best. */
+static void tally(synth_job *j, int k, const float *x, uint8_t y, double p)
 {
+    if (k == 0) {
+        dp_ctr_synth_mark_seen(&j->s, x, j->seen);
+    } else {
+        double q = dp_ctr_synth_seen_p(&j->s, x, (const uint8_t *const *)j->seen);
+        j->seen_logloss -= y ? log(q) : log1p(-q);
+        j->seen_expected -= p * log(q) + (1 - p) * log1p(-q);
+    }
     j->logloss[k] -= y ? log(p) : log1p(-p);
     j->entropy[k] -= (p > 0 ? p * log(p) : 0) + (p < 1 ? (1 - p) * log1p(-p) : 0);
     j->clicks[k] += y;
@@ -139,7 +152,7 @@ static int write_csv(synth_job *j, int k, dp_err *err)
             uint8_t y;
             double p;
             dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-            tally(j, k, y, p);
+            tally(j, k, j->x, y, p);
             fprintf(f, "%u", y);
             for (int c = 0; c < n_ids; c++)
                 fprintf(f, ",%d", (int)j->x[c]);
@@ -180,7 +193,7 @@ static int write_tfrecord(synth_job *j, int k, dp_err *err)
             uint8_t y;
             double p;
             dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-            tally(j, k, y, p);
+            tally(j, k, j->x, y, p);
             int f = 0, at = 0;
             ids[j->width] = y;
             fs[f++] = (dp_feature){.name = "label", .kind = DP_FEATURE_INT64, .count = 1,
@@ -267,7 +280,7 @@ static int write_npy(synth_job *j, int k, dp_err *err)
         uint8_t y;
         double p;
         dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-        tally(j, k, y, p);
+        tally(j, k, j->x, y, p);
         fwrite(j->x, sizeof(float), (size_t)j->width, fx); /* little-endian hosts only */
         fputc(y, fy);
     }
@@ -303,9 +316,16 @@ static int write_info(const synth_job *j, dp_err *err)
         len += (size_t)snprintf(
             text + len, sizeof text - len,
             ",\n \"%s\": {\"rows\": %ld, \"files\": %ld, \"click_rate\": %.17g, "
-            "\"generating_log_loss\": %.17g, \"expected_log_loss\": %.17g}",
+            "\"generating_log_loss\": %.17g, \"expected_log_loss\": %.17g",
             split_names[k], j->rows[k], j->npy ? 1 : j->files[k], n ? j->clicks[k] / n : 0,
             n ? j->logloss[k] / n : 0, n ? j->entropy[k] / n : 0);
+        if (k == 1 && len < sizeof text)
+            len += (size_t)snprintf(text + len, sizeof text - len,
+                                    ", \"seen_ids_log_loss\": %.17g, "
+                                    "\"seen_ids_expected_log_loss\": %.17g",
+                                    n ? j->seen_logloss / n : 0, n ? j->seen_expected / n : 0);
+        if (len < sizeof text)
+            len += (size_t)snprintf(text + len, sizeof text - len, "}");
     }
     len += (size_t)snprintf(text + len, sizeof text - len, "}\n");
     if (len >= sizeof text)
@@ -465,11 +485,13 @@ static int synth_ctr(int argc, char **argv)
     j.files[0] = files, j.files[1] = test_files;
     j.width = dp_ctr_synth_width(&j.s);
     j.x = malloc((size_t)j.width * sizeof *j.x);
-    if (!j.x) {
-        fprintf(stderr, "downpour data synth ctr: out of memory\n");
-        return 1;
+    int rc = 1, oom = !j.x;
+    for (int f = 0; f < j.s.n_cat && !oom; f++)
+        oom = !(j.seen[f] = calloc(((size_t)j.s.card[f] + 7) / 8, 1));
+    if (oom) {
+        dp_errf(&err, "out of memory (a bit an id of each categorical feature, and a record)");
+        goto out;
     }
-    int rc = 1;
     double t0 = dp_now();
     if (dp_dir_prepare(to, "--to", &err) < 0)
         goto out;
@@ -499,6 +521,11 @@ static int synth_ctr(int argc, char **argv)
                "model's log loss %.6f (expected %.6f)\n",
                split_names[k], j.rows[k], j.npy ? 1 : j.files[k], (unsigned long long)j.bytes[k],
                j.clicks[k] / j.rows[k], j.logloss[k] / j.rows[k], j.entropy[k] / j.rows[k]);
+    if (test_rows > 0)
+        printf("test: the best a model trained on the training records can do, knowing every "
+               "id they hold exactly and the others by their prior: log loss %.6f (expected "
+               "%.6f)\n",
+               j.seen_logloss / (double)test_rows, j.seen_expected / (double)test_rows);
     printf("described in %s/%s-synth.json; %.2f s (%.0f records/s)\n", to, name, secs,
            secs > 0 ? (rows + test_rows) / secs : 0.0);
     print_model(&j);
@@ -507,6 +534,8 @@ out:
     if (rc)
         fprintf(stderr, "downpour data synth ctr: %s\n", err.msg);
     free(j.x);
+    for (int f = 0; f < j.s.n_cat; f++)
+        free(j.seen[f]);
     return rc;
 }
 

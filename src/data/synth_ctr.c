@@ -170,3 +170,59 @@ void dp_ctr_synth_row(const dp_ctr_synth *s, int split, uint64_t row, float *x, 
     *y = uniform(&r) < pr;
     *p = pr;
 }
+
+void dp_ctr_synth_mark_seen(const dp_ctr_synth *s, const float *x, uint8_t *const *seen)
+{
+    int at = 0;
+    for (int f = 0; f < s->n_cat; f++)
+        for (int j = 0; j < s->places[f]; j++, at++)
+            if (x[at] >= 0) {
+                uint32_t id = (uint32_t)x[at];
+                seen[f][id >> 3] |= (uint8_t)(1u << (id & 7));
+            }
+}
+
+/* E[sigmoid(z + sd t)], t ~ Normal(0, 1), by the trapezoid rule over
+ * t in [-10, 10] (the tails beyond weigh below 1e-22).  The integrand is
+ * analytic in a strip of half-width pi / sd (sigmoid's poles), so the
+ * rule's error falls as exp(-2 pi (pi / sd) / h): a step h of at most
+ * 0.6 / sd keeps it below exp(-30), and 1/8 suffices up to sd = 4.8. */
+static double expected_sigmoid(double z, double sd)
+{
+    double h = sd > 4.8 ? 0.6 / sd : 0.125, num = 0, den = 0;
+    long half = (long)ceil(10.0 / h);
+    for (long i = -half; i <= half; i++) {
+        double t = (double)i * h, w = exp(-0.5 * t * t);
+        num += w / (1.0 + exp(-(z + sd * t)));
+        den += w;
+    }
+    return num / den;
+}
+
+double dp_ctr_synth_seen_p(const dp_ctr_synth *s, const float *x, const uint8_t *const *seen)
+{
+    double z = s->bias, v = 0;
+    int at = 0;
+    for (int f = 0; f < s->n_cat; f++) {
+        int used = 0, unseen = 0;
+        double sum = 0;
+        for (int j = 0; j < s->places[f]; j++, at++) {
+            if (x[at] < 0)
+                continue;
+            uint32_t id = (uint32_t)x[at];
+            used++;
+            if (seen[f][id >> 3] & (1u << (id & 7)))
+                sum += id_weight(s, f, id);
+            else
+                unseen++;
+        }
+        if (used == 0)
+            continue;
+        z += sum / used;
+        v += unseen * (s->id_scale / used) * (s->id_scale / used);
+    }
+    for (int j = 0; j < s->n_num; j++, at++)
+        z += s->num_scale * normal_of(mix(s->seed ^ 0xa0761d6478bd642fULL) + (uint64_t)j) *
+             (double)x[at];
+    return v == 0 ? 1.0 / (1.0 + exp(-z)) : expected_sigmoid(z, sqrt(v));
+}
