@@ -61,6 +61,7 @@ for line in open(sys.argv[1]):
         done = j
 info = json.load(open(sys.argv[2]))["test"]
 gen, seen = info["generating_log_loss"], info.get("seen_ids_log_loss")
+bayes = info.get("bayes_estimate_log_loss")
 mb = 1e6
 for t in sorted(peak):
     bound = "  (bound < 300 MB: %s)" % ("ok" if peak[t] < 300 * mb else "OVER") \
@@ -75,6 +76,10 @@ if done:
             print("  the best a model of these training records can expect: %.5f (%+.2f %% of "
                   "the generating model's); this run %+.2f %% of it"
                   % (seen, 100 * (seen / gen - 1), 100 * (ll / seen - 1)))
+        if bayes is not None:
+            print("  a Bayes learner's estimate: %.5f (%+.2f %% of the generating model's); "
+                  "this run %+.2f %% of it" % (bayes, 100 * (bayes / gen - 1),
+                                               100 * (ll / bayes - 1)))
     print("test AUC %s; samples/s %.0f (all workers, training time %.1f s)"
           % (done.get("test_auc"), done["samples_per_second"], done["train_seconds"]))
 for t in sorted(steps):

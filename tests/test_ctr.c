@@ -8,7 +8,11 @@
  *     with every id seen, the generating model's probability bit for bit;
  *     with none, E[sigmoid(bias + e)] over the ids' prior, against
  *     Simpson's rule on a fine grid; and its expected log loss never below
- *     the generating model's (Gibbs' inequality);
+ *     the generating model's (Gibbs' inequality); the Bayes learner's
+ *     estimate (dp_ctr_synth_bayes_p) with no information equal to the
+ *     bound with no id seen, with near-infinite information to the
+ *     generating model, and the Fisher information of a record added to
+ *     its ids as p (1 - p) / used^2;
  *   - `downpour data synth ctr` writes CSV files (several, multi-valued) and
  *     a NumPy pair that read back through the dataset readers equal to the
  *     generator's records, its description with the generating model's log
@@ -171,6 +175,33 @@ static void test_seen_bound(void)
            near, worst);
     CHECKF(gibbs == 300, "half the ids seen: %d of 300 records expect a log loss no lower than "
            "the generating model's", gibbs);
+    /* The Bayes estimate: no information is no id seen; all but infinite
+     * information, the generating model; a record's information on its ids */
+    float i0a[50] = {0}, i0b[30] = {0}, iba[50], ibb[30];
+    for (int i = 0; i < 50; i++)
+        iba[i] = 1e30f;
+    for (int i = 0; i < 30; i++)
+        ibb[i] = 1e30f;
+    const float *info0[2] = {i0a, i0b}, *infob[2] = {iba, ibb};
+    int zero_info = 0, big_info = 0;
+    for (uint64_t r = 0; r < 200; r++) {
+        uint8_t y;
+        double p;
+        dp_ctr_synth_row(&s, 1, r, x, &y, &p);
+        zero_info += fabs(dp_ctr_synth_bayes_p(&s, r, x, info0) -
+                          dp_ctr_synth_seen_p(&s, x, none)) < 1e-14;
+        big_info += fabs(dp_ctr_synth_bayes_p(&s, r, x, infob) - p) < 1e-9;
+    }
+    CHECKF(zero_info == 200 && big_info == 200, "the Bayes estimate: %d of 200 with no "
+           "information as no id seen, %d with all but infinite as the generating model",
+           zero_info, big_info);
+    float a0[50] = {0}, a1[30] = {0};
+    float *acc[2] = {a0, a1};
+    x[0] = 7, x[1] = 4, x[2] = 4, x[3] = -1; /* id 4 twice of feature 1: used 2 */
+    dp_ctr_synth_add_info(&s, x, 0.2, acc);
+    CHECKF(a0[7] == 0.16f && a1[4] == 2 * (float)(0.16 / 4) && a0[6] == 0 && a1[3] == 0,
+           "a record's information: %g on id 7 of feature 0, %g on id 4 of feature 1", a0[7],
+           a1[4]);
     /* a wide prior: the finer step */
     s.id_scale = 9;
     for (uint64_t r = 0; r < 20; r++) {
@@ -267,7 +298,8 @@ static void test_cli(void)
     fclose(f);
     CHECK(strstr(json, "\"generating_log_loss\": 0.") && strstr(json, "\"places\": [1, 1, 1, 3]"));
     CHECK(strstr(json, "\"seen_ids_log_loss\": 0.") &&
-          strstr(json, "\"seen_ids_expected_log_loss\": 0."));
+          strstr(json, "\"seen_ids_expected_log_loss\": 0.") &&
+          strstr(json, "\"bayes_estimate_log_loss\": 0."));
 
     /* again without --force: refused; with it: the same bytes */
     rc = run_bin(a);

@@ -72,4 +72,17 @@ void dp_ctr_synth_mark_seen(const dp_ctr_synth *s, const float *x, uint8_t *cons
  * model's probability, bit for bit. */
 double dp_ctr_synth_seen_p(const dp_ctr_synth *s, const float *x, const uint8_t *const *seen);
 
+/* An estimate of the best a learner can do, where the bound above is loose
+ * (an id held by one training record is known exactly there).  info[f]
+ * holds card[f] floats: dp_ctr_synth_add_info adds training record x's
+ * Fisher information about each of its ids' weights, p (1 - p) / used^2
+ * (p the generating model's probability).  dp_ctr_synth_bayes_p is then a
+ * Bayes learner's probability for record `row` (x): each id's weight known
+ * to its Laplace posterior, variance 1 / (1 / id_scale^2 + info), whose
+ * mean misses the weight by a draw of that variance (a hash of the seed
+ * and the row: the same figure every time), the other weights exact. */
+void dp_ctr_synth_add_info(const dp_ctr_synth *s, const float *x, double p, float *const *info);
+double dp_ctr_synth_bayes_p(const dp_ctr_synth *s, uint64_t row, const float *x,
+                            const float *const *info);
+
 #endif

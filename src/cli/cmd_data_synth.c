@@ -53,7 +53,15 @@ typedef struct synth_job {
     /* the test split's by dp_ctr_synth_seen_p: on its labels, and expected
      * under the generating model (as entropy is the generating model's) */
     double seen_logloss, seen_expected;
+    /* each id's Fisher information from the training records, when the ids
+     * are few enough (MAX_INFO_IDS), and the Bayes learner's figures */
+    float *info[DP_CTR_MAX_FEATURES];
+    int have_info;
+    double bayes_logloss, bayes_expected;
 } synth_job;
+
+/* The ids (floats of information) the Bayes estimate may hold: 256 MiB. */
+#define MAX_INFO_IDS (1L << 26)
 
 static const char *const split_names[2] = {"train", "test"};
 
@@ -71,14 +79,21 @@ static void file_path(char *out, size_t cap, const synth_job *j, int k, long i, 
 
 /* The generating model's tallies of one record, and what a model trained
  * on the training split can know of it at best. */
-static void tally(synth_job *j, int k, const float *x, uint8_t y, double p)
+static void tally(synth_job *j, int k, uint64_t row, const float *x, uint8_t y, double p)
 {
     if (k == 0) {
         dp_ctr_synth_mark_seen(&j->s, x, j->seen);
+        if (j->have_info)
+            dp_ctr_synth_add_info(&j->s, x, p, j->info);
     } else {
         double q = dp_ctr_synth_seen_p(&j->s, x, (const uint8_t *const *)j->seen);
         j->seen_logloss -= y ? log(q) : log1p(-q);
         j->seen_expected -= p * log(q) + (1 - p) * log1p(-q);
+        if (j->have_info) {
+            q = dp_ctr_synth_bayes_p(&j->s, row, x, (const float *const *)j->info);
+            j->bayes_logloss -= y ? log(q) : log1p(-q);
+            j->bayes_expected -= p * log(q) + (1 - p) * log1p(-q);
+        }
     }
     j->logloss[k] -= y ? log(p) : log1p(-p);
     j->entropy[k] -= (p > 0 ? p * log(p) : 0) + (p < 1 ? (1 - p) * log1p(-p) : 0);
@@ -152,7 +167,7 @@ static int write_csv(synth_job *j, int k, dp_err *err)
             uint8_t y;
             double p;
             dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-            tally(j, k, j->x, y, p);
+            tally(j, k, r, j->x, y, p);
             fprintf(f, "%u", y);
             for (int c = 0; c < n_ids; c++)
                 fprintf(f, ",%d", (int)j->x[c]);
@@ -193,7 +208,7 @@ static int write_tfrecord(synth_job *j, int k, dp_err *err)
             uint8_t y;
             double p;
             dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-            tally(j, k, j->x, y, p);
+            tally(j, k, r, j->x, y, p);
             int f = 0, at = 0;
             ids[j->width] = y;
             fs[f++] = (dp_feature){.name = "label", .kind = DP_FEATURE_INT64, .count = 1,
@@ -280,7 +295,7 @@ static int write_npy(synth_job *j, int k, dp_err *err)
         uint8_t y;
         double p;
         dp_ctr_synth_row(&j->s, k, r, j->x, &y, &p);
-        tally(j, k, j->x, y, p);
+        tally(j, k, r, j->x, y, p);
         fwrite(j->x, sizeof(float), (size_t)j->width, fx); /* little-endian hosts only */
         fputc(y, fy);
     }
@@ -324,6 +339,11 @@ static int write_info(const synth_job *j, dp_err *err)
                                     ", \"seen_ids_log_loss\": %.17g, "
                                     "\"seen_ids_expected_log_loss\": %.17g",
                                     n ? j->seen_logloss / n : 0, n ? j->seen_expected / n : 0);
+        if (k == 1 && j->have_info && len < sizeof text)
+            len += (size_t)snprintf(text + len, sizeof text - len,
+                                    ", \"bayes_estimate_log_loss\": %.17g, "
+                                    "\"bayes_estimate_expected_log_loss\": %.17g",
+                                    n ? j->bayes_logloss / n : 0, n ? j->bayes_expected / n : 0);
         if (len < sizeof text)
             len += (size_t)snprintf(text + len, sizeof text - len, "}");
     }
@@ -486,8 +506,14 @@ static int synth_ctr(int argc, char **argv)
     j.width = dp_ctr_synth_width(&j.s);
     j.x = malloc((size_t)j.width * sizeof *j.x);
     int rc = 1, oom = !j.x;
-    for (int f = 0; f < j.s.n_cat && !oom; f++)
+    long n_ids = 0;
+    for (int f = 0; f < j.s.n_cat && !oom; f++) {
         oom = !(j.seen[f] = calloc(((size_t)j.s.card[f] + 7) / 8, 1));
+        n_ids += j.s.card[f];
+    }
+    j.have_info = !oom && n_ids <= MAX_INFO_IDS;
+    for (int f = 0; f < j.s.n_cat && j.have_info; f++)
+        j.have_info = (j.info[f] = calloc(j.s.card[f], sizeof(float))) != NULL;
     if (oom) {
         dp_errf(&err, "out of memory (a bit an id of each categorical feature, and a record)");
         goto out;
@@ -526,6 +552,10 @@ static int synth_ctr(int argc, char **argv)
                "id they hold exactly and the others by their prior: log loss %.6f (expected "
                "%.6f)\n",
                j.seen_logloss / (double)test_rows, j.seen_expected / (double)test_rows);
+    if (test_rows > 0 && j.have_info)
+        printf("test: an estimate of the best a learner of them can do, each id's weight known "
+               "to its Laplace posterior: log loss %.6f (expected %.6f)\n",
+               j.bayes_logloss / (double)test_rows, j.bayes_expected / (double)test_rows);
     printf("described in %s/%s-synth.json; %.2f s (%.0f records/s)\n", to, name, secs,
            secs > 0 ? (rows + test_rows) / secs : 0.0);
     print_model(&j);
@@ -534,8 +564,10 @@ out:
     if (rc)
         fprintf(stderr, "downpour data synth ctr: %s\n", err.msg);
     free(j.x);
-    for (int f = 0; f < j.s.n_cat; f++)
+    for (int f = 0; f < j.s.n_cat; f++) {
         free(j.seen[f]);
+        free(j.info[f]);
+    }
     return rc;
 }
 

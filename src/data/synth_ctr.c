@@ -226,3 +226,49 @@ double dp_ctr_synth_seen_p(const dp_ctr_synth *s, const float *x, const uint8_t 
              (double)x[at];
     return v == 0 ? 1.0 / (1.0 + exp(-z)) : expected_sigmoid(z, sqrt(v));
 }
+
+void dp_ctr_synth_add_info(const dp_ctr_synth *s, const float *x, double p, float *const *info)
+{
+    int at = 0;
+    for (int f = 0; f < s->n_cat; f++) {
+        int used = 0;
+        for (int j = 0; j < s->places[f]; j++)
+            used += x[at + j] >= 0;
+        for (int j = 0; j < s->places[f]; j++, at++)
+            if (x[at] >= 0)
+                info[f][(uint32_t)x[at]] += (float)(p * (1 - p) / ((double)used * used));
+    }
+}
+
+double dp_ctr_synth_bayes_p(const dp_ctr_synth *s, uint64_t row, const float *x,
+                            const float *const *info)
+{
+    double z = s->bias, v = 0, prior = 1.0 / (s->id_scale * s->id_scale);
+    int at = 0;
+    for (int f = 0; f < s->n_cat; f++) {
+        int used = 0;
+        for (int j = 0; j < s->places[f]; j++)
+            used += x[at + j] >= 0;
+        double sum = 0, var = 0;
+        for (int j = 0; j < s->places[f]; j++, at++) {
+            if (x[at] < 0)
+                continue;
+            uint32_t id = (uint32_t)x[at];
+            double post = s->id_scale > 0 ? 1.0 / (prior + info[f][id]) : 0;
+            /* the posterior mean: the weight, missed by a draw of the
+             * posterior's spread (shrunk to 0 for an id never seen) */
+            double w = id_weight(s, f, id), k = post * prior;
+            uint64_t h = mix(mix(s->seed ^ 0x6a09e667f3bcc909ULL) + row) ^ ((uint64_t)f << 32 | j);
+            sum += (1 - k) * w + sqrt(post * (1 - k)) * normal_of(h);
+            var += post;
+        }
+        if (used == 0)
+            continue;
+        z += sum / used;
+        v += var / ((double)used * used);
+    }
+    for (int j = 0; j < s->n_num; j++, at++)
+        z += s->num_scale * normal_of(mix(s->seed ^ 0xa0761d6478bd642fULL) + (uint64_t)j) *
+             (double)x[at];
+    return v == 0 ? 1.0 / (1.0 + exp(-z)) : expected_sigmoid(z, sqrt(v));
+}
