@@ -623,6 +623,32 @@ static int survive_fault(dp_launcher *l, int i, int st, const char *how)
     return 0;
 }
 
+static void reap_one(dp_launcher *l, int i, int killed_only);
+
+/* Task i exited with an error, perhaps because a peer was killed (a chief
+ * that lost its only ps): its peer's sockets close a moment before the
+ * killed process becomes a zombie, so the peer may exit first.  The fault
+ * is the killed one's: wait up to KILLED_FIRST_MS for a task ended by a
+ * signal and reap it first (reap). */
+#define KILLED_FIRST_MS 200
+static void reap_killed_first(dp_launcher *l, int i)
+{
+    for (int waited = 0; waited <= KILLED_FIRST_MS; waited += 5) {
+        for (int j = 0; j < l->n; j++) {
+            siginfo_t si;
+            memset(&si, 0, sizeof si);
+            if (j == i || !l->t[j].running ||
+                waitid(P_PID, (id_t)l->t[j].pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0)
+                continue;
+            if (si.si_pid != 0 && si.si_code != CLD_EXITED) {
+                reap_one(l, j, 1);
+                return;
+            }
+        }
+        dp_sleep_ms(5);
+    }
+}
+
 /* Reaps task i if it has ended (with killed_only, only if a signal ended
  * it).  Its leftover process group is killed before the zombie is reaped,
  * so its id cannot be reused meanwhile. */
@@ -646,6 +672,9 @@ static void reap_one(dp_launcher *l, int i, int killed_only)
     }
     if (si.si_pid == 0 || (killed_only && si.si_code == CLD_EXITED))
         return;
+    if (si.si_code == CLD_EXITED && si.si_status != 0 &&
+        si.si_status != DP_EXIT_CHECKPOINTS_MISSED && !l->stopping)
+        reap_killed_first(l, i);
     kill(-t->pid, SIGKILL);
     int st = 0;
     while (waitpid(t->pid, &st, 0) < 0 && errno == EINTR)
