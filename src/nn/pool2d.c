@@ -6,13 +6,19 @@
  * (sample, iy), like dp_row2im, so threads never share a pixel.  The max's
  * backward scatters each output's gradient to the first maximum of its
  * window, so it is split by (sample, block of channels): the windows of one
- * such unit only ever touch its own pixels' channels. */
+ * such unit only ever touch its own pixels' channels; windows that tile
+ * the image (2x2 stride 2 on an even image) split by output instead, each
+ * writing its own pixels once.
+ *
+ * The channel loops are compiled for each instruction set (isa_paths.h):
+ * each lane is a channel of its own, so every path gives the same bits. */
 #include "downpour/layers.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "downpour/pool.h"
+#include "nn/isa_paths.h"
 
 /* Work below this many floats stays on the calling thread. */
 #define POOL2D_MIN_SPLIT 16384
@@ -43,7 +49,7 @@ static size_t positions(const pool_job *j)
 
 /* Outputs [lo, hi) (each one (r, oy, ox) with its c channels); avg selects
  * the average, else the max. */
-static void forward_range(const pool_job *j, size_t lo, size_t hi, int avg)
+DP_ISA_BODY void forward_range_body(const pool_job *j, size_t lo, size_t hi, int avg)
 {
     const dp_window *g = j->g;
     const int c = g->c, h = g->h, w = g->w;
@@ -78,29 +84,36 @@ static void forward_range(const pool_job *j, size_t lo, size_t hi, int avg)
     }
 }
 
-static void max_forward_task(void *ctx, int i, int n)
-{
-    const pool_job *j = ctx;
-    size_t lo, hi;
-    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
-    forward_range(j, lo, hi, 0);
-}
+typedef void (*range_fn)(const pool_job *j, size_t lo, size_t hi, int flag);
+DP_ISA_FN(range_fn, forward_range, (const pool_job *j, size_t lo, size_t hi, int avg),
+          (j, lo, hi, avg))
 
-static void avg_forward_task(void *ctx, int i, int n)
+DP_ISA_BODY void max_forward_task_body(void *ctx, int i, int n)
 {
     const pool_job *j = ctx;
     size_t lo, hi;
     dp_pool_range(positions(j), 1, i, n, &lo, &hi);
-    forward_range(j, lo, hi, 1);
+    forward_range_body(j, lo, hi, 0);
 }
+DP_ISA_POOL_TASK(max_forward_task)
+
+DP_ISA_BODY void avg_forward_task_body(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
+    forward_range_body(j, lo, hi, 1);
+}
+DP_ISA_POOL_TASK(avg_forward_task)
 
 static void run_forward(pool_job *j, int avg)
 {
     size_t work = positions(j) * j->g->kh * j->g->kw * j->g->c;
+    int l = dp_isa_paths_level();
     if (work < POOL2D_MIN_SPLIT)
-        forward_range(j, 0, positions(j), avg);
+        forward_range[l](j, 0, positions(j), avg);
     else
-        dp_pool_run(avg ? avg_forward_task : max_forward_task, j);
+        dp_pool_run(avg ? avg_forward_task[l] : max_forward_task[l], j);
 }
 
 void dp_maxpool_forward(float *out, const float *in, const dp_window *g, int batch)
@@ -123,8 +136,9 @@ static void forward_band(float *out, const float *in, const dp_window *g, int ba
 {
     pool_job j = {.out = out, .in = in, .g = g, .batch = batch};
     size_t per = (size_t)g->oh * g->ow;
+    range_fn range = forward_range[dp_isa_paths_level()];
     for (int r = 0; r < batch && oy1 > oy0; r++)
-        forward_range(&j, r * per + (size_t)oy0 * g->ow, r * per + (size_t)oy1 * g->ow, avg);
+        range(&j, r * per + (size_t)oy0 * g->ow, r * per + (size_t)oy1 * g->ow, avg);
 }
 
 void dp_maxpool_forward_band(float *out, const float *in, const dp_window *g, int batch,
@@ -146,7 +160,7 @@ void dp_avgpool_forward_band(float *out, const float *in, const dp_window *g, in
  * to the maximum takes it, and 0 after.  relu: the input is a relu's output
  * and din the gradient at the relu's input, so a maximum that is not positive
  * passes nothing (the relu's mask, fused). */
-static void max_backward_range(const pool_job *j, size_t lo, size_t hi, int relu)
+DP_ISA_BODY void max_backward_range_body(const pool_job *j, size_t lo, size_t hi, int relu)
 {
     const dp_window *g = j->g;
     const int c = g->c, h = g->h, w = g->w;
@@ -186,21 +200,91 @@ static void max_backward_range(const pool_job *j, size_t lo, size_t hi, int relu
     }
 }
 
-static void max_backward_task(void *ctx, int i, int n)
+DP_ISA_FN(range_fn, max_backward_range, (const pool_job *j, size_t lo, size_t hi, int relu),
+          (j, lo, hi, relu))
+
+/* Outputs [lo, hi) of the max's backward when the windows tile the image
+ * (stride = window, no padding, every pixel in one window: tiles()): each
+ * output writes its window's pixels, all channels, with no zeroing pass
+ * and no read of din.  The same bits as max_backward_range: a pixel gets
+ * 0 + its share, as there (+0 where the share is -0). */
+#define TILE_CBLOCK 64
+DP_ISA_BODY void max_backward_tiles_body(const pool_job *j, size_t lo, size_t hi, int relu)
 {
-    const pool_job *j = ctx;
-    size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
-    dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
-    max_backward_range(j, lo, hi, 0);
+    const dp_window *g = j->g;
+    const int c = g->c, w = g->w, k = g->kh, kw = g->kw;
+    const size_t hw = (size_t)g->h * w, per_sample = (size_t)g->oh * g->ow;
+    for (size_t pos = lo; pos < hi; pos++) {
+        size_t r = pos / per_sample, q = pos % per_sample;
+        size_t iy0 = q / (size_t)g->ow * (size_t)k, ix0 = q % (size_t)g->ow * (size_t)kw;
+        float *din = j->out + r * hw * c;
+        const float *img = j->in + r * hw * c;
+        for (int c0 = 0; c0 < c; c0 += TILE_CBLOCK) {
+            int nc = c - c0 < TILE_CBLOCK ? c - c0 : TILE_CBLOCK;
+            const float *restrict o = j->fout + pos * c + c0;
+            const float *restrict d = j->dout + pos * c + c0;
+            float left[TILE_CBLOCK];
+            for (int ch = 0; ch < nc; ch++)
+                left[ch] = relu ? (float)(o[ch] > 0.0f) * d[ch] : d[ch];
+            for (int ky = 0; ky < k; ky++)
+                for (int kx = 0; kx < kw; kx++) {
+                    size_t at = ((iy0 + (size_t)ky) * (size_t)w + ix0 + (size_t)kx) * c + c0;
+                    float *restrict px = din + at;
+                    const float *restrict ip = img + at;
+                    for (int ch = 0; ch < nc; ch++) {
+                        float t = (float)(ip[ch] == o[ch]) * left[ch];
+                        px[ch] = 0.0f + t;
+                        left[ch] -= t;
+                    }
+                }
+        }
+    }
 }
 
-static void max_relu_backward_task(void *ctx, int i, int n)
+DP_ISA_BODY void max_backward_tiles_task_body(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
+    max_backward_tiles_body(j, lo, hi, 0);
+}
+DP_ISA_POOL_TASK(max_backward_tiles_task)
+
+DP_ISA_BODY void max_relu_backward_tiles_task_body(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi;
+    dp_pool_range(positions(j), 1, i, n, &lo, &hi);
+    max_backward_tiles_body(j, lo, hi, 1);
+}
+DP_ISA_POOL_TASK(max_relu_backward_tiles_task)
+DP_ISA_FN(range_fn, max_backward_tiles, (const pool_job *j, size_t lo, size_t hi, int relu),
+          (j, lo, hi, relu))
+
+/* The windows tile the image: each pixel in exactly one. */
+static int tiles(const dp_window *g)
+{
+    return g->pad == 0 && g->stride == g->kh && g->stride == g->kw && g->oh * g->kh == g->h &&
+           g->ow * g->kw == g->w;
+}
+
+DP_ISA_BODY void max_backward_task_body(void *ctx, int i, int n)
 {
     const pool_job *j = ctx;
     size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
     dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
-    max_backward_range(j, lo, hi, 1);
+    max_backward_range_body(j, lo, hi, 0);
 }
+DP_ISA_POOL_TASK(max_backward_task)
+
+DP_ISA_BODY void max_relu_backward_task_body(void *ctx, int i, int n)
+{
+    const pool_job *j = ctx;
+    size_t lo, hi, blocks = ((size_t)j->g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
+    dp_pool_range((size_t)j->batch * blocks, 1, i, n, &lo, &hi);
+    max_backward_range_body(j, lo, hi, 1);
+}
+DP_ISA_POOL_TASK(max_relu_backward_task)
 
 static void max_backward(float *din, const float *dout, const float *in, const float *out,
                          const dp_window *g, int batch, int relu)
@@ -209,10 +293,15 @@ static void max_backward(float *din, const float *dout, const float *in, const f
     size_t blocks = ((size_t)g->c + MAX_CBLOCK - 1) / MAX_CBLOCK;
     if (batch <= 0)
         return;
-    if (positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT)
-        max_backward_range(&j, 0, (size_t)batch * blocks, relu);
+    int l = dp_isa_paths_level(), small = positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT;
+    if (tiles(g) && small)
+        max_backward_tiles[l](&j, 0, positions(&j), relu);
+    else if (tiles(g))
+        dp_pool_run(relu ? max_relu_backward_tiles_task[l] : max_backward_tiles_task[l], &j);
+    else if (small)
+        max_backward_range[l](&j, 0, (size_t)batch * blocks, relu);
     else
-        dp_pool_run(relu ? max_relu_backward_task : max_backward_task, &j);
+        dp_pool_run(relu ? max_relu_backward_task[l] : max_backward_task[l], &j);
 }
 
 void dp_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
@@ -229,7 +318,7 @@ void dp_maxpool_relu_backward(float *din, const float *dout, const float *in, co
 
 /* Input rows [lo, hi) of din, each (r, iy): the sum of the gradients of every
  * window covering each pixel, windows in (ky, ox) order, then / (kh kw). */
-static void avg_backward_rows(const pool_job *j, size_t lo, size_t hi)
+DP_ISA_BODY void avg_backward_rows_body(const pool_job *j, size_t lo, size_t hi)
 {
     const dp_window *g = j->g;
     const int c = g->c, h = g->h, w = g->w, s = g->stride;
@@ -261,21 +350,26 @@ static void avg_backward_rows(const pool_job *j, size_t lo, size_t hi)
     }
 }
 
-static void avg_backward_task(void *ctx, int i, int n)
+typedef void (*rows_fn)(const pool_job *j, size_t lo, size_t hi);
+DP_ISA_FN(rows_fn, avg_backward_rows, (const pool_job *j, size_t lo, size_t hi), (j, lo, hi))
+
+DP_ISA_BODY void avg_backward_task_body(void *ctx, int i, int n)
 {
     const pool_job *j = ctx;
     size_t lo, hi;
     dp_pool_range((size_t)j->batch * j->g->h, 1, i, n, &lo, &hi);
-    avg_backward_rows(j, lo, hi);
+    avg_backward_rows_body(j, lo, hi);
 }
+DP_ISA_POOL_TASK(avg_backward_task)
 
 void dp_avgpool_backward(float *din, const float *dout, const dp_window *g, int batch)
 {
     pool_job j = {.out = din, .dout = dout, .g = g, .batch = batch};
     if (batch <= 0)
         return;
+    int l = dp_isa_paths_level();
     if (positions(&j) * g->kh * g->kw * g->c < POOL2D_MIN_SPLIT)
-        avg_backward_rows(&j, 0, (size_t)batch * g->h);
+        avg_backward_rows[l](&j, 0, (size_t)batch * g->h);
     else
-        dp_pool_run(avg_backward_task, &j);
+        dp_pool_run(avg_backward_task[l], &j);
 }
