@@ -170,18 +170,20 @@ int dp_ps_host_open(dp_ps_host *h, dp_transport *t, const dp_cluster *c, int wor
     if (share_map(t, wrank, W, worker, map, timeout, err) < 0)
         goto fail;
     /* A host: the lowest unplaced worker leads it; each later one joins
-     * it where both say they share a host. */
+     * it where both say they share a host, up to the most one push names. */
     for (int j = 0; j < W; j++)
         lead[j] = -1;
     for (int i = 0; i < W; i++) {
         if (lead[i] >= 0)
             continue;
         lead[i] = i;
-        for (int j = i + 1; j < W; j++)
-            if (lead[j] < 0 && map[(size_t)i * W + j] && map[(size_t)j * W + i])
+        for (int j = i + 1, k = 1; j < W && k < DP_PS_HOST_MAX; j++)
+            if (lead[j] < 0 && map[(size_t)i * W + j] && map[(size_t)j * W + i]) {
                 lead[j] = i;
+                k++;
+            }
     }
-    for (int j = 0; j < W && h->n < DP_PS_HOST_MAX; j++)
+    for (int j = 0; j < W; j++)
         if (lead[j] == lead[worker]) {
             h->rank[h->n] = wrank[j];
             h->index[h->n++] = (uint32_t)j;
