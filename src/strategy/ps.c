@@ -504,7 +504,7 @@ static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     dp_ps_mirror_forget(s, w);
     w->live = 0;
-    w->pending = 0;
+    w->pending = w->hosted = 0;
     w->owed = 0;
     s->dropped = 1;
     return settle(s, err);
@@ -540,6 +540,8 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     w->pending = 0;
     w->owed = 0;
     w->applied = 0; /* a new incarnation counts its pushes from 1 again */
+    w->hosted = 0;  /* and pushes on its own (docs/faults.md, "One push per host") */
+    w->hosted_step = 0;
     w->clock = m < 0 ? 0 : m;
     w->interval = 0;
     w->last_push = dp_ps_now(s);
@@ -648,7 +650,7 @@ static int on_host_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *
         for (uint32_t j = 0; j < i; j++)
             twice |= idx[j] == idx[i];
         if (idx[i] >= (uint32_t)s->n_workers || twice || (i == 0 && &s->w[idx[0]] != w) ||
-            (i > 0 && s->w[idx[i]].live && s->w[idx[i]].pending))
+            (s->w[idx[i]].live && s->w[idx[i]].pending))
             return dp_errf(err, "%s pushed for worker %u (entry %u of %u): not a worker of the "
                                 "run, named twice, not itself first, or one that pushed into "
                                 "this round already", who, idx[i], i, m);

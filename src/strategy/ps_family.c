@@ -698,13 +698,18 @@ static int host_setup(dp_strategy *s, const dp_task_info *info, dp_err *err)
     const char *off = NULL;
     if (s->pc.n_tables > 0 || s->cut > 0)
         off = "its pushes carry sparse rows";
-    else if (s->restarts > 0)
-        off = "a ps restarted into the run (--max-restarts) takes each worker's push on its own";
     else if (s->K > 0 || s->chunk_buf || s->pc.mode != DP_PS_SYNC)
         off = "only plain ps-sync pushes go by host";
     if (off && mode == DP_PS_PUSH_HOST)
         return dp_errf(err, "--ps-push host: %s (docs/strategies.md, \"ps-sync: one push per "
                             "host\")", off);
+    /* Where a ps may come back (--max-restarts), a restarted server takes
+     * each worker's push on its own, by step: by worker, said. */
+    if (!off && s->restarts > 0) {
+        off = "a ps restarted into the run (--max-restarts) takes each worker's push on its own";
+        if (mode == DP_PS_PUSH_HOST)
+            dp_warn("%s: --ps-push host: pushes by worker: %s", info->label, off);
+    }
     if (info->start_step >= 0) /* it rejoined: its host went on without it */
         off = "it rejoined the run, whose hosts were formed at its start";
     if (off) {

@@ -1,6 +1,7 @@
 /* One push per host under ps-sync: see ps_host.h. */
 #include "strategy/ps_host.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,9 @@ static int lead_step(dp_ps_host *h, dp_ps_client *client, float *params, const f
             return dp_errf(err, "--ps-push host: %s", why.msg);
         dp_push_head head;
         dp_push_head_get(&head, h->share);
+        if (head.records > (uint32_t)(INT_MAX - total))
+            return dp_errf(err, "--ps-push host: worker %u gave a share of %u records; the host's "
+                                "push holds at most %d", h->index[j], head.records, INT_MAX);
         for (size_t i = 0; i < h->np; i++)
             h->buf[i] += g[i];
         total += head.records;
