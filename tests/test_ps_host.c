@@ -16,8 +16,10 @@
  *   push of step K+1 but before it handed the answer on: the member pushes
  *   step K+1 itself and the servers only answer it (its share is not
  *   applied twice): the bits of worker 0 lost after step K+1;
- * - auto: the member takes the leader's choice, and either way the bits
- *   are the per-worker run's (which choice, is the machine's: not checked). */
+ * - auto: by worker with every ps on the workers' host; by host with the
+ *   servers on another (a fake host map) and their link faked slow
+ *   (DOWNPOUR_TEST_LINK_NS 1 ms a byte against an in-process echo); the
+ *   member takes the leader's choice; the bits are per-worker's either way. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -94,8 +96,8 @@ static void *work(void *arg)
     memcpy(j->params, start_params(), sizeof j->params);
     if (j->how != PER_WORKER &&
         dp_ps_host_open(&h, j->r->ts[1 + j->w], &j->r->c, j->w,
-                        j->how == BY_AUTO ? DP_PS_PUSH_AUTO : DP_PS_PUSH_HOST, j->c, j->params,
-                        NP, 30, &err) < 0) {
+                        j->how == BY_AUTO ? DP_PS_PUSH_AUTO : DP_PS_PUSH_HOST, j->c,
+                        &j->r->layout, j->params, NP, 30, &err) < 0) {
         fprintf(stderr, "worker %d: %s\n", j->w, err.msg);
         j->failed = 1;
         return NULL;
@@ -132,7 +134,8 @@ static void *work(void *arg)
     return NULL;
 }
 
-static job workers[2]; /* the last run's */
+static job workers[2];     /* the last run's */
+static const int *host_map; /* NULL: every task on one host */
 
 /* One run: the servers' parameters at the end into out; the bytes ps:k
  * took from each worker (from[k][w]), and the member's bytes from the
@@ -151,6 +154,8 @@ static void run(int how, fault f, float *out, uint64_t from[2][2], uint64_t host
     for (int i = 0; i < r.n; i++)
         names[i] = r.c.tasks[i].name;
     REQUIRE(dp_inproc_open_named(r.ts, r.n, names, &err) == 0);
+    if (host_map)
+        REQUIRE(dp_inproc_set_hosts(r.ts[0], host_map, &err) == 0);
     dp_ps_config_init(&r.cfg);
     r.cfg.mode = DP_PS_SYNC;
     r.cfg.min_shard_bytes = sizeof(float);
@@ -201,6 +206,7 @@ static void same(const char *what, const float *a, const float *b)
 
 int main(void)
 {
+    setenv("DOWNPOUR_TEST_LINK_NS", "1000000", 1); /* auto's servers' link: 1 ms a byte */
     static float worker[NP], host[NP], ref[NP];
     uint64_t from[2][2], inhost[2], wfrom[2][2], whost[2];
     const fault none = {-1, 0, 0};
@@ -231,16 +237,28 @@ int main(void)
            (unsigned long long)inhost[0], (unsigned long long)(H + 2 + STEPS * share),
            (unsigned long long)inhost[1], (unsigned long long)(H + 2 + H + STEPS * answer));
 
-    /* auto: the leader's choice, told to the member; either way the bits
-     * are the per-worker run's (which choice is the machine's) */
-    run(BY_AUTO, none, host, from, inhost);
-    same("auto against per worker", host, worker);
+    /* auto: on one host (the servers beside the workers) by worker; with
+     * the servers on another host and their link faked at 1 ms a byte
+     * (DOWNPOUR_TEST_LINK_NS, set in main) by host; the member takes the
+     * leader's choice, and the bits are the per-worker run's either way */
     const job *last = workers;
-    CHECKF(last[0].on == last[1].on && strncmp(last[0].why, "auto: by ", 9) == 0 &&
+    run(BY_AUTO, none, host, from, inhost);
+    same("auto on one host against per worker", host, worker);
+    CHECKF(!last[0].on && !last[1].on && strstr(last[0].why, "every ps shard is on this host") &&
                strstr(last[1].why, "leader, worker 0, chose"),
-           "auto: the leader chose %d (%s), the member %d (%s)", last[0].on, last[0].why,
-           last[1].on, last[1].why);
-    fprintf(stderr, "auto on one host: %s\n", last[0].why);
+           "auto on one host: the leader chose %d (%s), the member %d (%s)", last[0].on,
+           last[0].why, last[1].on, last[1].why);
+    static const int two_hosts[5] = {0, 0, 0, 1, 1}; /* chief, workers | ps tasks */
+    host_map = two_hosts;
+    run(BY_AUTO, none, host, from, inhost);
+    same("auto, the servers on another host, against per worker", host, worker);
+    CHECKF(last[0].on && last[1].on && strstr(last[0].why, "auto: by host: ps:0 is on another "
+                                                           "host; the servers' link 1000000.000"),
+           "auto, the servers away: the leader chose %d (%s), the member %d", last[0].on,
+           last[0].why, last[1].on);
+    CHECKF(from[0][0] > 0 && from[0][1] == 0, "auto by host: the member pushed %llu bytes",
+           (unsigned long long)from[0][1]);
+    host_map = NULL;
 
     /* Faults: the bits of the per-worker run that lost the same worker at
      * the same point. */

@@ -714,8 +714,8 @@ static int host_setup(dp_strategy *s, const dp_task_info *info, dp_err *err)
         off = "it rejoined the run, whose hosts were formed at its start";
     if (off) {
         snprintf(s->host.why, sizeof s->host.why, "%s", off);
-    } else if (dp_ps_host_open(&s->host, s->t, s->c, s->worker, mode, s->client, s->wparams,
-                               s->m->n_params, WAIT_TIMEOUT, err) < 0) {
+    } else if (dp_ps_host_open(&s->host, s->t, s->c, s->worker, mode, s->client, &s->layout,
+                               s->wparams, s->m->n_params, WAIT_TIMEOUT, err) < 0) {
         return -1;
     }
     dp_info("%s: ps pushes by %s (%d worker(s) on its host%s): %s", info->label,

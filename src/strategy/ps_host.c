@@ -13,6 +13,7 @@
 #include "downpour/wire.h"
 
 #define ECHO_REPS 3     /* auto: echoes with a member, the best taken */
+#define ECHO_FLOATS ((size_t)1 << 20) /* auto: an echo's floats at most (4 MiB) */
 #define HOST_MARGIN 2.0 /* auto: the servers' link must be this many times slower a byte */
 enum { DECIDE_HOST = 1, DECIDE_WORKER = 2 }; /* a HOST_PARAMS decision's offset */
 
@@ -60,28 +61,28 @@ static int share_map(dp_transport *t, const int *wrank, int W, int me, uint8_t *
     return 0;
 }
 
-/* auto, the leader: a pull of the whole model from the servers against an
- * echo of as many bytes with its first member (best of a few each), per
+/* auto, the leader: one pull of the whole model from the servers (as
+ * --compress auto times the link, ps.c dp_ps_client_auto) against an echo
+ * of up to ECHO_FLOATS with its first member (the best of a few), per
  * byte.  DOWNPOUR_TEST_LINK_NS fakes the servers' link (docs/faults.md,
  * "Test hooks"). */
 static int measure(dp_ps_host *h, dp_ps_client *client, float *params, double *link,
                    double *local, dp_err *err)
 {
-    double bytes = (double)h->np * sizeof(float);
-    *link = *local = 0;
+    size_t k = h->np < ECHO_FLOATS ? h->np : ECHO_FLOATS;
+    *local = 0;
+    double t0 = dp_now();
+    if (dp_ps_client_pull(client, params, 0, err) < 0)
+        return -1;
+    *link = (dp_now() - t0) / ((double)h->np * sizeof(float));
     for (int rep = 0; rep < ECHO_REPS; rep++) {
-        double t0 = dp_now();
-        if (dp_ps_client_pull(client, params, 0, err) < 0)
-            return -1;
         double t1 = dp_now();
         if (dp_transport_send(h->t, h->rank[1], DP_WIRE_HOST_PARAMS, 0, 0, params,
-                              h->np * sizeof(float), err) < 0 ||
+                              k * sizeof(float), err) < 0 ||
             dp_transport_recv_exact(h->t, h->rank[1], DP_WIRE_HOST_GRAD, 0, 0, h->buf,
-                                    h->np * sizeof(float), "auto's echo", h->timeout, err) != 0)
+                                    k * sizeof(float), "auto's echo", h->timeout, err) != 0)
             return dp_err_prefix(err, "--ps-push auto: timing the host's link");
-        double t2 = dp_now();
-        double a = (t1 - t0) / bytes, b = (t2 - t1) / (2 * bytes);
-        *link = rep == 0 || a < *link ? a : *link;
+        double b = (dp_now() - t1) / (2.0 * (double)k * sizeof(float));
         *local = rep == 0 || b < *local ? b : *local;
     }
     if (dp_hook_link_ns() > 0)
@@ -90,10 +91,19 @@ static int measure(dp_ps_host *h, dp_ps_client *client, float *params, double *l
 }
 
 /* The leader's choice, told to every member (HOST_PARAMS, no payload). */
-static int decide(dp_ps_host *h, int mode, dp_ps_client *client, float *params, dp_err *err)
+static int decide(dp_ps_host *h, int mode, dp_ps_client *client, const dp_ps_layout *layout,
+                  float *params, dp_err *err)
 {
-    int host = 1;
-    if (mode == DP_PS_PUSH_AUTO) {
+    int host = 1, away = -1;
+    for (int k = 0; k < layout->n_shards && away < 0; k++)
+        if (dp_transport_same_host(h->t, layout->rank[k]) != 1)
+            away = layout->rank[k];
+    if (mode == DP_PS_PUSH_AUTO && away < 0) {
+        /* every shard's server shares this host: its link is the host's
+         * own, and the pushes go to it side by side */
+        host = 0;
+        snprintf(h->why, sizeof h->why, "auto: by worker: every ps shard is on this host");
+    } else if (mode == DP_PS_PUSH_AUTO) {
         double link, local;
         if (measure(h, client, params, &link, &local, err) < 0)
             return -1;
@@ -104,10 +114,11 @@ static int decide(dp_ps_host *h, int mode, dp_ps_client *client, float *params, 
          * both are shared memory: by worker). */
         host = link > HOST_MARGIN * local;
         snprintf(h->why, sizeof h->why,
-                 "auto: %s: the servers' link %.3f ns/B (a pull), the host's %.3f ns/B (an "
-                 "echo with worker %u); by host when the servers' is over %.0fx slower",
-                 host ? "by host" : "by worker", link * 1e9, local * 1e9, h->index[1],
-                 HOST_MARGIN);
+                 "auto: %s: %s is on another host; the servers' link %.3f ns/B (a pull), the "
+                 "host's %.3f ns/B (an echo with worker %u); by host when the servers' is over "
+                 "%.0fx slower",
+                 host ? "by host" : "by worker", dp_transport_peer_name(h->t, away), link * 1e9,
+                 local * 1e9, h->index[1], HOST_MARGIN);
     } else {
         snprintf(h->why, sizeof h->why, "host: forced");
     }
@@ -129,7 +140,7 @@ static int hear(dp_ps_host *h, dp_err *err)
             return dp_err_prefix(err, "--ps-push");
         uint64_t len = ev.header.length;
         if (ev.header.type == DP_WIRE_HOST_PARAMS && ev.header.step == 0 &&
-            ev.header.offset == 0 && len == h->np * sizeof(float)) {
+            ev.header.offset == 0 && len > 0 && len <= h->np * sizeof(float) && len % 4 == 0) {
             if (dp_transport_recv_payload(h->t, h->rank[0], h->buf, (size_t)len, err) < 0 ||
                 dp_transport_send(h->t, h->rank[0], DP_WIRE_HOST_GRAD, 0, 0, h->buf, (size_t)len,
                                   err) < 0)
@@ -150,8 +161,8 @@ static int hear(dp_ps_host *h, dp_err *err)
 }
 
 int dp_ps_host_open(dp_ps_host *h, dp_transport *t, const dp_cluster *c, int worker, int mode,
-                    dp_ps_client *client, float *params, size_t np, double timeout,
-                    dp_err *err)
+                    dp_ps_client *client, const dp_ps_layout *layout, float *params, size_t np,
+                    double timeout, dp_err *err)
 {
     memset(h, 0, sizeof *h);
     h->t = t;
@@ -209,7 +220,7 @@ int dp_ps_host_open(dp_ps_host *h, dp_transport *t, const dp_cluster *c, int wor
         goto fail;
     }
     memset(h->live, 1, (size_t)h->n);
-    if ((h->lead ? decide(h, mode, client, params, err) : hear(h, err)) < 0)
+    if ((h->lead ? decide(h, mode, client, layout, params, err) : hear(h, err)) < 0)
         goto fail;
     return 0;
 fail:

@@ -7,8 +7,9 @@
  *               hold one map; a host is the workers both sides say share
  *               it with its lowest-indexed worker, who leads it;
  *   the choice  host: pushes by host wherever a host has several workers;
- *               auto: the leader times a pull from the servers and an echo
- *               with a member, and pushes by host only where the servers'
+ *               auto: by worker where every shard's server shares the
+ *               host; else the leader times a pull from the servers and an
+ *               echo with a member, and pushes by host where the servers'
  *               link is the slower by a margin; it tells its members;
  *   a step      member: its gradient times its records to the leader, the
  *               parameters back; leader: the sum, own share first and the
@@ -48,13 +49,14 @@ typedef struct dp_ps_host {
 } dp_ps_host;
 
 /* Forms the hosts and makes the choice (mode DP_PS_PUSH_HOST or _AUTO;
- * worker = this worker's index; params: a buffer of np floats auto's pull
- * may fill with the servers' parameters, the ones the worker holds).  At
+ * worker = this worker's index; layout: the shards, whose servers auto
+ * asks the transport about; params: a buffer of np floats auto's pull may
+ * fill with the servers' parameters, the ones the worker holds).  At
  * the run's first start only, every first-started worker at once.  0, or
  * -1 with err. */
 int dp_ps_host_open(dp_ps_host *h, dp_transport *t, const dp_cluster *c, int worker, int mode,
-                    dp_ps_client *client, float *params, size_t np, double timeout,
-                    dp_err *err);
+                    dp_ps_client *client, const dp_ps_layout *layout, float *params, size_t np,
+                    double timeout, dp_err *err);
 /* One step while h->on: the leader's or a member's part; a member whose
  * leader is lost turns h->on off and pushes on its own. */
 int dp_ps_host_step(dp_ps_host *h, dp_ps_client *client, float *params, const float *grads,
