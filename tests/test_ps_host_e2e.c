@@ -6,9 +6,8 @@
  *   says so in the log and in a ps_push metrics event per worker (worker 0
  *   leads), and a run killed at step 33 and resumed from its step-28
  *   checkpoint ends with those bytes too;
- * - a member (worker 1) or the leader (worker 0) SIGKILLed mid-run: the
- *   run goes on and exits 0, the leader pushing alone, or the member on
- *   its own (docs/faults.md, "One push per host");
+ * - the leader (worker 0) SIGKILLed mid-run: the run goes on and exits 0,
+ *   the member pushing on its own (docs/faults.md, "One push per host");
  * - --ps-push host under ps-async, with --compress, and a bad mode are
  *   refused before any task starts (exit 2), naming why. */
 #include "launch.h"
@@ -107,7 +106,8 @@ int main(void)
     refused("--strategy ps-sync --ps-push host --compress bf16", "not with --compress");
     refused("--strategy ps-sync --ps-push hosts", "'hosts' is not worker, host or auto");
     setenv("DOWNPOUR_TEST_STEP_MS", "8", 1);
-    survives("worker:1", "--ps-push host: worker 1 is lost");
+    /* the leader: its member falls back (a lost member, the leader's side,
+     * is test_ps_host's, bit for bit) */
     survives("worker:0", "this worker pushes on its own from step");
     return CHECK_DONE();
 }
