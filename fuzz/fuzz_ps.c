@@ -24,6 +24,9 @@
  * worker reads it); arbitrary bytes read as one are refused with a message
  * and change nothing.
  *
+ * A host leader's push (PUSH_HOST) names any workers, up to past the
+ * cluster's, and is refused but under plain ps-sync.
+ *
  * Input: byte 0 the mode (bits 0-6 % 5: async, sync, ssp, dssp, avg), the
  * servers' optimiser (bits 0-6 / 5 % 6) and, bit 7, a sparse table of
  * TROWS x TWIDTH before the NP dense parameters; byte 1 the workers (1 + % 3), bit 2 two ps tasks (the
@@ -74,6 +77,28 @@ static void send_push(dp_transport *from, int ps, unsigned type, uint64_t step, 
     dp_err err;
     (void)dp_transport_send(from, ps, type, step, offset, buf,
                             DP_PUSH_HEAD_SIZE + floats * sizeof(float), &err);
+}
+
+/* A host leader's PUSH_HOST (docs/strategies.md, "ps-sync: one push per
+ * host"): the head, 0 to 4 worker indices (any, up to past the workers),
+ * then the shard's `floats` floats; taken only under sync. */
+static void send_host(dp_transport *from, int ps, uint64_t step, uint64_t offset, size_t floats,
+                      fz_in *in)
+{
+    uint8_t buf[DP_PUSH_HEAD_SIZE + 4 + 4 * 4 + NP * sizeof(float)];
+    dp_push_head h = {fz_u8(in), 1, lr_table[fz_u8(in) & 15], fz_u8(in)};
+    dp_push_head_put(buf, &h);
+    uint8_t a = fz_u8(in);
+    uint32_t m = a % 5;
+    dp_put_u32(buf + DP_PUSH_HEAD_SIZE, m);
+    for (uint32_t i = 0; i < m; i++)
+        dp_put_u32(buf + DP_PUSH_HEAD_SIZE + 4 + 4 * i, fz_u8(in) % (MAX_WORKERS + 2));
+    size_t k = DP_PUSH_HEAD_SIZE + 4 + 4 * m;
+    if (floats > NP)
+        floats = NP;
+    k += fz_bytes(in, buf + k, floats * sizeof(float));
+    dp_err err;
+    (void)dp_transport_send(from, ps, DP_WIRE_PUSH_HOST, step, offset, buf, k, &err);
 }
 
 /* A PUSH_ROWS: the head, the shard's `floats` dense floats, then a rows
@@ -270,7 +295,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 0: /* a well-formed push for this shard */
             send_push(t, ps, push_type, step, lo, len, &in);
             break;
-        case 1: /* a push of the other kind */
+        case 1: /* a push of the other kind, or a host push */
+            if (step & 0x80) {
+                send_host(t, ps, step, lo, len, &in);
+                break;
+            }
             send_push(t, ps,
                       push_type == DP_WIRE_PUSH_GRAD ? DP_WIRE_PUSH_PARAMS : DP_WIRE_PUSH_GRAD,
                       step, lo, len, &in);

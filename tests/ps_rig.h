@@ -72,7 +72,7 @@ static inline void rig_open_servers(rig *r, const float *start, size_t np)
                                   &st, np, &e) == 0);
 }
 
-static void *serve_thread(void *arg)
+static inline void *serve_thread(void *arg)
 {
     struct serving *v = arg;
     dp_err e;
@@ -110,7 +110,7 @@ static void rig_close(rig *r, int threads)
 }
 
 /* Server k stops dead: its thread ends, its transport crashes. */
-static void crash_ps(rig *r, int k)
+static inline void crash_ps(rig *r, int k)
 {
     dp_err e;
     atomic_store(&r->stop[k], 1);

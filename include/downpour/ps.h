@@ -141,6 +141,9 @@ int dp_ps_layout_make(dp_ps_layout *out, const dp_cluster *c, size_t n_params,
 int dp_ps_layout_make_from(dp_ps_layout *out, const dp_cluster *c, size_t lo, size_t n_params,
                            const dp_ps_config *cfg, dp_err *err);
 
+/* The most workers one host push speaks for (--ps-push host). */
+#define DP_PS_HOST_MAX 256
+
 /* Head of a push payload, before the floats: DP_PUSH_HEAD_SIZE bytes,
  * [u32 records][u32 want][f32 lr][u32 step]. */
 #define DP_PUSH_HEAD_SIZE 16
@@ -237,6 +240,15 @@ void dp_ps_client_free(dp_ps_client *c);
  * says, with learning rate lr.  Allocates nothing. */
 int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records, float lr,
                       dp_err *err);
+/* --ps-push host, a host leader's step under ps-sync (docs/strategies.md,
+ * "ps-sync: one push per host"): pushes sum, the records-weighted gradient
+ * sum over `records` records of the workers that members names ([u32
+ * m][m u32 worker indices], len bytes, this worker first) to every shard
+ * as one PUSH_HOST, and takes the parameters back.  _hosted: a member's
+ * step, pushed by its leader (its clock counts it). */
+int dp_ps_client_push_host(dp_ps_client *c, float *params, const float *sum, int records,
+                           float lr, const uint8_t *members, size_t len, dp_err *err);
+void dp_ps_client_hosted(dp_ps_client *c);
 /* At the end of training: pushes what is still accumulated (async with
  * push_every > 1) or averages a last short period (avg), and takes the
  * parameters back. */

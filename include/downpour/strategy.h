@@ -272,6 +272,9 @@ struct dp_strategy_ops {
                             tasks exchange frames with; all zero: every task.  The
                             node connects only these, so a restarted task never
                             waits for a peer it has no business with */
+    /* The links its settings add to talks_to (NULL: none), as bits of
+     * talks_to[role] (the ps family's --ps-push host: worker to worker). */
+    void (*links)(const dp_train_config *cfg, unsigned talks_to[DP_ROLE_COUNT]);
 
     /* Rows the model must hold at once (NULL: the batch, twice it in a
      * cluster); the loop makes it at least its evaluation chunk. */

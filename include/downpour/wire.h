@@ -9,6 +9,7 @@
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
  *   APP(34..36)   sparse rows on the ps     src/strategy/ps.c, ps_shard.c (with APP(7))
  *   APP(37..38)   compressed ps frames      src/strategy/ps.c, ps_shard.c
+ *   APP(67..70)   ps pushes by host         src/strategy/ps.c, ps_host.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
  *   APP(48..55)   model parallelism         src/strategy/model_parallel.c
  *   APP(56..63)   Sandblaster L-BFGS        src/strategy/lbfgs.c, lbfgs_shard.c
@@ -77,6 +78,11 @@ enum dp_wire_type {
     DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
     DP_WIRE_STATE_ROWS = DP_FRAME_APP(39),  /* ps -> chief after a STATE, chief -> a restarted ps after its RESTORE: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count] then count x width f32; step = the checkpoint's (ps.c send_state) */
     DP_WIRE_PARAMS_CODED = DP_FRAME_APP(66), /* ps -> worker (--ps-reply delta4|topk:RATIO, --compress auto): what the worker's copy lacks, as the server's mirror of it knows (ps_shard.c send_coded): [u32 codec = 16][u32 count = n][f32 scale] then n 4-bit differences (compress.h dp_delta4_encode), or [u32 codec = topk][u32 count] then count (u32 index, f32 parameter) pairs, indices strictly increasing, below the shard's n; step = slowest clock */
+    /* one push per host (src/strategy/ps.c, ps_host.c; docs/strategies.md, "ps-sync: one push per host") */
+    DP_WIRE_PUSH_HOST = DP_FRAME_APP(67),   /* host leader -> ps: push head (records: the host's) + [u32 m][m u32 worker indices, the leader's first] + the shard's records-weighted gradient sum over those workers, f32 */
+    DP_WIRE_HOST_MAP = DP_FRAME_APP(68),    /* worker -> every worker at the start: offset = its index, payload one byte per worker, 1: on its host (dp_transport_same_host) */
+    DP_WIRE_HOST_GRAD = DP_FRAME_APP(69),   /* member -> its host's leader: push head + its gradient times its records, n_params f32; step = the training step (0: auto's echo) */
+    DP_WIRE_HOST_PARAMS = DP_FRAME_APP(70), /* leader -> its members: the parameters, n_params f32; step = the training step (0: auto's echo, offset 1: pushes by host, 2: by worker, with no payload) */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

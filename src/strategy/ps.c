@@ -129,6 +129,10 @@ static int live_workers(const server *s)
 void dp_ps_reply(server *s, dp_ps_worker *w)
 {
     w->pending = 0;
+    if (w->hosted) { /* its leader's answer carries its parameters */
+        w->hosted = 0;
+        return;
+    }
     if (!dp_ps_replica_holds(s, w))
         dp_ps_send_reply(s, w);
 }
@@ -238,7 +242,10 @@ int dp_ps_round_add(server *s, dp_ps_worker *w, const dp_push_head *h, dp_err *e
     if (align_round(s, w, h))
         return 0;
     float r = (float)h->records;
-    if (s->round_pushes == 0)
+    if (s->weighted) /* a host's sum: each worker's share weighted as below, by its leader */
+        for (size_t i = 0; i < s->n; i++)
+            s->sum[i] = s->round_pushes == 0 ? s->scratch[i] : s->sum[i] + s->scratch[i];
+    else if (s->round_pushes == 0)
         for (size_t i = 0; i < s->n; i++)
             s->sum[i] = s->scratch[i] * r;
     else
@@ -433,6 +440,16 @@ static int on_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
     if (!(head.lr >= 0 && head.lr <= 1e6f)) /* also refuses NaN */
         return dp_errf(err, "%s pushed a learning rate of %g", who, (double)head.lr);
     uint64_t step = ev->header.step;
+    if (head.step != 0 && head.step == w->hosted_step) {
+        /* A host member whose leader was lost pushes the step itself: its
+         * share is in the round already (its leader's push), so it only
+         * takes its own answer (docs/faults.md, "One push per host"). */
+        if (w->pending)
+            w->hosted = 0;
+        else
+            dp_ps_reply(s, w);
+        return 0;
+    }
     if (step != 0 && step == w->applied) {
         /* Re-sent after its primary was lost, and applied already (the
          * primary forwarded it): answered as the rule says, not applied again. */
@@ -487,7 +504,7 @@ static int retire_worker(server *s, dp_ps_worker *w, dp_err *err)
 {
     dp_ps_mirror_forget(s, w);
     w->live = 0;
-    w->pending = 0;
+    w->pending = w->hosted = 0;
     w->owed = 0;
     s->dropped = 1;
     return settle(s, err);
@@ -523,6 +540,8 @@ static int rejoin_worker(server *s, dp_ps_worker *w, uint64_t join_step)
     w->pending = 0;
     w->owed = 0;
     w->applied = 0; /* a new incarnation counts its pushes from 1 again */
+    w->hosted = 0;  /* and pushes on its own (docs/faults.md, "One push per host") */
+    w->hosted_step = 0;
     w->clock = m < 0 ? 0 : m;
     w->interval = 0;
     w->last_push = dp_ps_now(s);
@@ -589,6 +608,82 @@ static int send_state(server *s, int rank, uint64_t step, int rows, dp_err *err)
     return 0;
 }
 
+/* A host leader's push (PUSH_HOST, docs/strategies.md, "ps-sync: one push
+ * per host"): the records-weighted sum of its host's workers, named in the
+ * frame, the leader first.  Each named worker that is live counts as
+ * having pushed into the round, answered through the leader's answer. */
+static int on_host_push(server *s, dp_ps_worker *w, const dp_event *ev, dp_err *err)
+{
+    const char *who = dp_transport_peer_name(s->t, w->rank);
+    uint8_t raw[DP_PUSH_HEAD_SIZE + 4];
+    uint32_t idx[DP_PS_HOST_MAX];
+    uint64_t len = ev->header.length;
+    /* not on a server restarted into the run, whose rounds go by step and
+     * take a late push alone (align_round): its workers push on their own */
+    if (s->rules->on_push != dp_ps_rules_sync.on_push || s->chunk_buf || s->coded || s->n_tab ||
+        s->restored || s->backup_rank >= 0 || s->backup)
+        return dp_errf(err, "%s pushed for its host; only a plain ps-sync run takes host pushes "
+                            "(--ps-push host: not with --sum-chunk, --compress, sparse rows, "
+                            "--ps-replicas 2 or a restarted ps)", who);
+    if (len < sizeof raw || ev->header.offset != s->lo)
+        return dp_errf(err, "%s pushed a host push of %llu bytes at offset %llu; this shard "
+                            "is at %zu", who, (unsigned long long)len,
+                       (unsigned long long)ev->header.offset, s->lo);
+    if (!w->live)
+        return dp_transport_skip_payload(s->t, w->rank, err);
+    if (dp_transport_recv_payload(s->t, w->rank, raw, sizeof raw, err) < 0)
+        return -1;
+    uint32_t m = dp_get_u32(raw + DP_PUSH_HEAD_SIZE);
+    if (m < 1 || m > (uint32_t)s->n_workers || m > DP_PS_HOST_MAX ||
+        len != sizeof raw + 4 * (uint64_t)m + s->n * sizeof(float))
+        return dp_errf(err, "%s pushed a host push of %llu bytes for %u worker(s); this shard "
+                            "of %zu floats takes %zu + 4 per worker + %zu, for 1 to %d workers",
+                       who, (unsigned long long)len, m, s->n, sizeof raw, s->n * sizeof(float),
+                       s->n_workers < DP_PS_HOST_MAX ? s->n_workers : DP_PS_HOST_MAX);
+    uint8_t b[4 * DP_PS_HOST_MAX];
+    if (dp_transport_recv_payload(s->t, w->rank, b, 4 * (size_t)m, err) < 0 ||
+        dp_transport_recv_payload(s->t, w->rank, s->scratch, s->n * sizeof(float), err) < 0)
+        return -1;
+    for (uint32_t i = 0; i < m; i++) {
+        idx[i] = dp_get_u32(b + 4 * i);
+        int twice = 0;
+        for (uint32_t j = 0; j < i; j++)
+            twice |= idx[j] == idx[i];
+        if (idx[i] >= (uint32_t)s->n_workers || twice || (i == 0 && &s->w[idx[0]] != w) ||
+            (s->w[idx[i]].live && s->w[idx[i]].pending))
+            return dp_errf(err, "%s pushed for worker %u (entry %u of %u): not a worker of the "
+                                "run, named twice, not itself first, or one that pushed into "
+                                "this round already", who, idx[i], i, m);
+    }
+    dp_push_head head;
+    dp_push_head_get(&head, raw);
+    if (!(head.lr >= 0 && head.lr <= 1e6f))
+        return dp_errf(err, "%s pushed a learning rate of %g", who, (double)head.lr);
+    for (int k = 0; k < s->n_tab; k++)
+        s->tab[k].up_n = s->tab[k].n_ids = 0;
+    /* its members first: pending, through the leader, at the leader's clock */
+    for (uint32_t i = 1; i < m; i++) {
+        dp_ps_worker *mw = &s->w[idx[i]];
+        if (!mw->live) /* lost after it gave its leader its share: the share counts */
+            continue;
+        mw->pending = mw->hosted = 1;
+        mw->hosted_step = head.step;
+        mw->step = ev->header.step;
+        mw->unsynced = 0;
+        mw->clock++;
+    }
+    w->step = ev->header.step;
+    w->unsynced = 0;
+    w->reply_k = 0;
+    w->clock++;
+    s->pusher = w;
+    s->weighted = 1;
+    int rc = s->rules->on_push(s, w, &head, err);
+    s->weighted = 0;
+    s->pusher = NULL;
+    return rc;
+}
+
 /* One frame from ev->peer (worker index wi, or -1).  -1 with err: that
  * peer is at fault (dp_ps_server_poll decides what it costs). */
 static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
@@ -606,6 +701,17 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     {
         double t0 = dp_now();
         int rc = on_push(s, &s->w[wi], ev, err);
+        dp_trace_span("apply push", "ps", t0, dp_now(), wi);
+        return rc;
+    }
+    case DP_WIRE_PUSH_HOST:
+        if (wi < 0) {
+            dp_warn("ignoring a host push from %s: it is not a worker", who);
+            return dp_transport_skip_payload(s->t, ev->peer, err);
+        }
+    {
+        double t0 = dp_now();
+        int rc = on_host_push(s, &s->w[wi], ev, err);
         dp_trace_span("apply push", "ps", t0, dp_now(), wi);
         return rc;
     }
@@ -1205,10 +1311,18 @@ static int send_request(dp_ps_client *c, int s, dp_err *err)
 {
     const dp_range *r = &c->layout.range[s];
     int rank = c->layout.rank[s];
-    if (c->last.type == DP_WIRE_PUSH_GRAD || c->last.type == DP_WIRE_PUSH_PARAMS) {
+    if (c->last.type == DP_WIRE_PUSH_GRAD || c->last.type == DP_WIRE_PUSH_PARAMS ||
+        c->last.type == DP_WIRE_PUSH_HOST) {
         dp_push_head head = {c->last.records, (uint32_t)c->last.want, c->lr, (uint32_t)c->step};
         uint8_t raw[DP_PUSH_HEAD_SIZE];
         dp_push_head_put(raw, &head);
+        if (c->last.type == DP_WIRE_PUSH_HOST) {
+            struct iovec iov[3] = {{raw, sizeof raw},
+                                   {(void *)c->last.host, c->last.host_len},
+                                   {(void *)(c->last.v + r->lo), (r->hi - r->lo) * sizeof(float)}};
+            return dp_transport_sendv(c->t, rank, DP_WIRE_PUSH_HOST, c->last.step, r->lo, iov, 3,
+                                      err);
+        }
         /* with sparse tables a gradient push carries the step's rows */
         int rows = c->cfg.n_tables > 0 && c->last.type == DP_WIRE_PUSH_GRAD;
         if (c->cfg.chunks > 0 && c->last.type == DP_WIRE_PUSH_GRAD) {
@@ -1803,6 +1917,28 @@ int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int 
         return -1;
     return dp_ps_receive(c, params, err);
 }
+
+int dp_ps_client_push_host(dp_ps_client *c, float *params, const float *sum, int records,
+                           float lr, const uint8_t *members, size_t len, dp_err *err)
+{
+    if (c->rules != &dp_ps_rules_sync || c->q || c->resid || c->cfg.n_tables > 0 ||
+        c->cfg.chunks > 0)
+        return dp_errf(err, "a host push is for plain ps-sync pushes only");
+    c->lr = lr;
+    c->clock++;
+    c->last.v = sum;
+    c->last.records = (uint32_t)records;
+    c->last.want = 1;
+    c->last.coded = 0;
+    c->last.host = members;
+    c->last.host_len = len;
+    double t0 = dp_now();
+    int rc = request_all(c, DP_WIRE_PUSH_HOST, (uint64_t)c->clock, err);
+    dp_trace_span("push", "push", t0, dp_now(), -1);
+    return rc < 0 ? rc : dp_ps_receive(c, params, err);
+}
+
+void dp_ps_client_hosted(dp_ps_client *c) { c->clock++; }
 
 int dp_ps_client_step(dp_ps_client *c, float *params, const float *grads, int records, float lr,
                       dp_err *err)

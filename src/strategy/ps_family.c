@@ -17,6 +17,7 @@
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
+#include "strategy/ps_host.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
@@ -103,6 +104,10 @@ struct dp_strategy {
     size_t cut;            /* a worker with compact tables: the parameters its model
                               lacks (dp_model_sparse_cut); 0: it holds them whole */
     float *cx;             /* a worker with compact tables: the batch, ids as slots */
+    /* --ps-push host|auto (ps_host.h): a worker's host and whether it
+     * pushes by host; the step being taken */
+    dp_ps_host host;
+    long step_now;
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
@@ -282,6 +287,7 @@ void dp_ps_family_close(dp_strategy *s)
     for (int k = 0; k < DP_PS_MAX_TABLES; k++)
         free(s->sp_ids[k]);
     free(s->cx);
+    dp_ps_host_close(&s->host);
     free(s);
 }
 
@@ -672,6 +678,56 @@ static int mp_open_worker(dp_strategy *s, dp_ps_layout *mine, dp_task_info *info
     return 0;
 }
 
+void dp_ps_family_links(const dp_train_config *cfg, unsigned *talks_to)
+{
+    const dp_ps_settings *ps = dp_strategy_settings(cfg, &dp_ps_conf);
+    if (ps && dp_ps_push_parse(ps->ps_push) > DP_PS_PUSH_WORKER)
+        talks_to[DP_ROLE_WORKER] |= DP_ROLE_BIT(DP_ROLE_WORKER);
+}
+
+/* --ps-push host|auto (docs/strategies.md, "ps-sync: one push per host"):
+ * the hosts are formed by the workers that start with the run; one that
+ * rejoins it later, or a run whose ps may be restarted into it, pushes
+ * on its own.  Said in the log and the metrics. */
+static int host_setup(dp_strategy *s, const dp_task_info *info, dp_err *err)
+{
+    int mode = dp_ps_push_parse(
+        ((const dp_ps_settings *)dp_strategy_settings(s->env->cfg, &dp_ps_conf))->ps_push);
+    if (mode <= DP_PS_PUSH_WORKER)
+        return 0;
+    const char *off = NULL;
+    if (s->pc.n_tables > 0 || s->cut > 0)
+        off = "its pushes carry sparse rows";
+    else if (s->K > 0 || s->chunk_buf || s->pc.mode != DP_PS_SYNC)
+        off = "only plain ps-sync pushes go by host";
+    if (off && mode == DP_PS_PUSH_HOST)
+        return dp_errf(err, "--ps-push host: %s (docs/strategies.md, \"ps-sync: one push per "
+                            "host\")", off);
+    /* Where a ps may come back (--max-restarts), a restarted server takes
+     * each worker's push on its own, by step: by worker, said. */
+    if (!off && s->restarts > 0) {
+        off = "a ps restarted into the run (--max-restarts) takes each worker's push on its own";
+        if (mode == DP_PS_PUSH_HOST)
+            dp_warn("%s: --ps-push host: pushes by worker: %s", info->label, off);
+    }
+    if (info->start_step >= 0) /* it rejoined: its host went on without it */
+        off = "it rejoined the run, whose hosts were formed at its start";
+    if (off) {
+        snprintf(s->host.why, sizeof s->host.why, "%s", off);
+    } else if (dp_ps_host_open(&s->host, s->t, s->c, s->worker, mode, s->client, &s->layout,
+                               s->wparams, s->m->n_params, WAIT_TIMEOUT, err) < 0) {
+        return -1;
+    }
+    dp_info("%s: ps pushes by %s (%d worker(s) on its host%s): %s", info->label,
+            s->host.on ? "host" : "worker", s->host.n ? s->host.n : 1,
+            s->host.on ? (s->host.lead ? ", it leads" : "") : "", s->host.why);
+    dp_metrics_event(s->env->metrics, "ps_push", DP_F_STR, "push",
+                     s->host.on ? "host" : "worker", DP_F_STR, "reason", s->host.why, DP_F_INT,
+                     "host_workers", (long)(s->host.n ? s->host.n : 1), DP_F_INT, "leads",
+                     (long)(s->host.on && s->host.lead), DP_F_END);
+    return 0;
+}
+
 /* The launcher's DOWNPOUR_RESTARTS (launcher.h): how often a lost task may
  * come back, so whether the chief waits for a lost ps.  Unset or empty is
  * 0; anything but a count is refused rather than read as 0. */
@@ -893,7 +949,8 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
                 float *p = s->wparams + i - s->pc.dense_shift;
                 *p = dp_bf16_to_f32(dp_f32_to_bf16(*p));
             }
-        if (await_start(s, info, err) < 0 || restore_residual(s, info, err) < 0)
+        if (await_start(s, info, err) < 0 || restore_residual(s, info, err) < 0 ||
+            host_setup(s, info, err) < 0)
             goto fail;
         char why[640];
         if (s->pc.compress.kind == DP_COMPRESS_AUTO) {
@@ -1369,6 +1426,8 @@ static int update(void *self, float *params, const float *grads, int records, fl
      * model-avg, applied locally) */
     if (records > 0 && s->env->cfg->clip_norm > 0)
         dp_grad_clip(s->m->grads, s->m->n_params, s->env->cfg->clip_norm);
+    if (s->host.on)
+        return dp_ps_host_step(&s->host, s->client, params, grads, records, lr, s->step_now, err);
     return dp_ps_client_step(s->client, params, grads, records, lr, err);
 }
 
@@ -1471,6 +1530,7 @@ int dp_ps_family_step(dp_strategy *s, const float *x, const uint8_t *y, int n, f
                       long step, dp_step_out *out, dp_err *err)
 {
     dp_ps_client_at_step(s->client, step);
+    s->step_now = step;
     if (s->pc.n_tables > 0 && pull_rows(s, x, n, err) < 0)
         return -1;
     x = slot_batch(s, x, n);

@@ -54,6 +54,9 @@
     X(const char *, ps_reply, NULL, "ps-reply", DP_OPT_STR, "FORMAT", 0, 0, 0,                    \
       "the servers' parameters to the workers: f32 (the default), bf16 (half the bytes,"           \
       " rounded), delta4 (the 4-bit difference from the worker's copy) or topk:RATIO")             \
+    X(const char *, ps_push, NULL, "ps-push", DP_OPT_STR, "MODE", 0, 0, 0,                       \
+      "ps-sync: worker (each worker pushes), host (the workers of a host sum their gradients"     \
+      " there and one of them pushes) or auto (host where the servers' link is the slower)")     \
     /* --compress: listed with allreduce's options (ps family: bf16, fp16, topk:RATIO, auto) */     \
     X(const char *, compress, NULL, "compress", DP_OPT_STR, "MODE", 0, 0, DP_OPT_ALSO,             \
       "gradient compression of the pushes")                                                        \
@@ -78,6 +81,10 @@ void dp_ps_settings_identity(const dp_ps_settings *ps, char *buf, size_t cap);
  * for dp_strategy_restart). */
 int dp_ps_restart(int replicas, const dp_strategy_ops *ops, dp_role role, int checkpoints,
                   char *why, size_t cap);
+
+/* The links a run's settings add (dp_strategy_ops.links): --ps-push host
+ * or auto, the workers among themselves. */
+void dp_ps_family_links(const dp_train_config *cfg, unsigned *talks_to);
 
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err);
@@ -111,6 +118,7 @@ void dp_ps_family_close(dp_strategy *s);
     .talks_to = {[DP_ROLE_CHIEF] = DP_ROLE_BIT(DP_ROLE_WORKER) | DP_ROLE_BIT(DP_ROLE_PS),     \
                  [DP_ROLE_WORKER] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_PS),    \
                  [DP_ROLE_PS] = DP_ROLE_BIT(DP_ROLE_CHIEF) | DP_ROLE_BIT(DP_ROLE_WORKER)},   \
+    .links = dp_ps_family_links,                                                               \
     .open = open_fn,                                                                           \
     .serve = dp_ps_family_serve, .step = dp_ps_family_step,                                    \
     .deal = dp_ps_family_deal, .epoch_end = dp_ps_family_epoch_end,                            \

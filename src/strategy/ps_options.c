@@ -11,6 +11,7 @@
 #include "downpour/partition.h"
 #include "strategy/model_parallel_options.h"
 #include "strategy/ps_family.h"
+#include "strategy/ps_host.h"
 
 _Static_assert(sizeof(dp_ps_settings) <= DP_STRATEGY_CFG_MAX, "ps settings too big");
 
@@ -84,6 +85,10 @@ static int foreign(const void *own, const dp_train_config *cfg, dp_err *err)
     const dp_ps_settings *ps = own;
     if (parses(own, err) < 0)
         return -1;
+    if (dp_ps_push_parse(ps->ps_push) != DP_PS_PUSH_WORKER)
+        return dp_errf(err, "--ps-push %s: strategy %s has no parameter servers; ps-sync "
+                            "pushes by host (docs/strategies.md, \"ps-sync: one push per "
+                            "host\")", ps->ps_push, cfg->strategy);
     if (ps->ps_reply && strcmp(ps->ps_reply, "f32") != 0)
         return dp_errf(err, "--ps-reply %s: strategy %s has no parameter servers answering "
                             "workers; ps-async, ps-sync, ps-ssp, ps-dssp and model-avg do "
@@ -136,10 +141,44 @@ static int check_compress(const dp_ps_settings *ps, const dp_train_config *cfg, 
     return 0;
 }
 
+/* --ps-push (docs/strategies.md, "ps-sync: one push per host"): a host's
+ * workers in one push where a server's round sums them anyway, its pushes
+ * plain f32 gradients of the whole model. */
+static int check_push(const dp_ps_settings *ps, const dp_train_config *cfg, dp_err *err)
+{
+    int mode = dp_ps_push_parse(ps->ps_push);
+    if (mode < 0)
+        return dp_errf(err, "--ps-push: '%s' is not worker, host or auto", ps->ps_push);
+    if (mode == DP_PS_PUSH_WORKER)
+        return 0;
+    dp_ps_config pc;
+    if (dp_ps_settings_apply(ps, &pc, err) < 0)
+        return -1;
+    const char *why = NULL;
+    if (!cfg->strategy || strcmp(cfg->strategy, "ps-sync") != 0)
+        why = "only ps-sync sums every worker's gradient into one update; the other modes "
+              "apply (or average) each worker's push at its own clock, which a host's sum "
+              "would tie together";
+    else if (pc.compress.kind != DP_COMPRESS_NONE)
+        why = "not with --compress (the host's sum goes f32)";
+    else if (pc.reply16 || pc.reply_topk > 0 || pc.reply_delta4)
+        why = "not with --ps-reply other than f32 (the leader hands its answer on whole)";
+    else if (cfg->sum_chunk > 0)
+        why = "not with --sum-chunk (its pushes carry each chunk's gradient whole)";
+    else if (pc.replicas > 1)
+        why = "not with --ps-replicas 2";
+    else if (cfg->spare_workers > 0)
+        why = "not with --spare-workers (the hosts are formed when the run starts)";
+    if (why)
+        return dp_errf(err, "--ps-push %s: %s (docs/strategies.md, \"ps-sync: one push per "
+                            "host\")", ps->ps_push, why);
+    return 0;
+}
+
 static int check(const void *own, const dp_train_config *cfg, dp_err *err)
 {
     const dp_ps_settings *ps = own;
-    if (parses(own, err) < 0 || check_compress(ps, cfg, err) < 0)
+    if (parses(own, err) < 0 || check_compress(ps, cfg, err) < 0 || check_push(ps, cfg, err) < 0)
         return -1;
     if (ps->model_parallel == 0)
         return 0;

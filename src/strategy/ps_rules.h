@@ -28,6 +28,10 @@ typedef struct dp_ps_worker {
                           its JOIN, the one before the step it is taking) */
     uint32_t reply_k;  /* --compress auto: its newest push's top-k count (0: it pushed
                           f32, answered whole; else answered with the 4-bit difference) */
+    /* --ps-push host (docs/strategies.md, "ps-sync: one push per host"): its
+     * gradient came in its host leader's push, which takes its answer */
+    int hosted;        /* pending through the leader: no answer of its own */
+    uint32_t hosted_step; /* the training step of the last host push it was in */
 } dp_ps_worker;
 
 typedef struct dp_ps_rules dp_ps_rules;
@@ -76,6 +80,7 @@ struct dp_ps_server {
     float *ema;      /* moving average of params (cfg.ema > 0), else NULL */
     double round_records;
     int round_pushes;
+    int weighted;    /* the push in scratch is records-weighted already (a host's sum) */
     float round_lr;  /* the learning rate of the round's pushes */
     int restored;    /* restarted into the run (dp_ps_start.clocks): rounds go by step */
     uint32_t round_key; /* restored: the training step of the open round's pushes */
@@ -150,6 +155,8 @@ struct dp_ps_client {
         int want;
         uint64_t step;
         int coded;       /* a gradient push sent as coded blocks (cbuf) */
+        const uint8_t *host; /* PUSH_HOST: [u32 m][m u32 worker indices], host_len bytes */
+        size_t host_len;
     } last;
     /* compression (cfg.compress): the residual, each shard's coded block of
      * the newest push (at coff[s], clen[s] bytes; kept for a re-send), the

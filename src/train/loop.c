@@ -1253,10 +1253,14 @@ static int open_node(loop *L, dp_err *err)
     if (dp_metrics_open(&L->metrics, cfg->metrics_path, err) < 0)
         return -1;
     nc.metrics = cfg->metrics_path || cfg->tensorboard_dir ? L->metrics : NULL;
+    unsigned talks[DP_ROLE_COUNT];
+    memcpy(talks, L->ops->talks_to, sizeof talks);
+    if (L->ops->links)
+        L->ops->links(cfg, talks);
     int all = 1;
     for (int r = 0; r < DP_ROLE_COUNT; r++)
-        all &= L->ops->talks_to[r] == 0;
-    nc.talks_to = all ? NULL : L->ops->talks_to;
+        all &= talks[r] == 0;
+    nc.talks_to = all ? NULL : talks;
     nc.spare_workers = cfg->spare_workers;
     rc = dp_node_open(&L->node, &nc, err);
     if (rc == 0)
