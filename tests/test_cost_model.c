@@ -146,6 +146,12 @@ static void check_ps_auto(const dp_cost_calibration *small)
     CHECK_NEAR(a.comm_s, (40784 + 25505) / 12.5e6 + coder, 1e-12);
     CHECKF(strstr(a.how, "auto: topk:0.1 pushes, 4-bit answers (a step's frames at 80.0 ns a "
                          "byte: none 16.29 ms, coded 5.03 ms)") != NULL, "%s", a.how);
+    /* a request's and an answer's latency are part of the timed pull:
+     * (16.28864 + 2 x 0.5) ms over 203,608 bytes */
+    one.latency = 0.5e-3;
+    REQUIRE(dp_cost_predict(small, &one, &pj, &a, &err) == 0);
+    CHECKF(strstr(a.how, "at 84.9 ns a byte") != NULL, "%s", a.how);
+    one.latency = 0;
     /* the workers' own rule on the same numbers takes the same */
     dp_ps_auto r;
     size_t n = 50890;
