@@ -2248,6 +2248,23 @@ static int auto_state(dp_strategy *s, dp_train_state *st, dp_err *err)
     return 0;
 }
 
+static int auto_from_newest(dp_strategy *s, const dp_train_state *st, dp_err *err)
+{
+    int W = s->c->count[DP_ROLE_WORKER];
+    uint32_t *codes = calloc((size_t)W, sizeof *codes);
+    if (!codes)
+        return dp_errf(err, "out of memory");
+    if (dp_ps_auto_parse(st->scalars, W, codes, "the newest checkpoint", err) < 0) {
+        free(codes);
+        return -1;
+    }
+    for (int w = 0; w < W; w++)
+        if (s->auto_codes[w] == DP_PS_AUTO_UNSET)
+            s->auto_codes[w] = codes[w];
+    free(codes);
+    return 0;
+}
+
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
@@ -2263,10 +2280,14 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             return -1;
     }
     if (s->attach_state == 1) {
-        /* The loop took the newest checkpoint's evaluator state: its step. */
+        /* The loop took the newest checkpoint's evaluator state: its step,
+         * and under --compress auto the choices of the slots no worker has
+         * said its own to this chief yet (one lost while it was away). */
         if (st->step > s->last_ckpt)
             s->last_ckpt = st->step;
         s->attach_state = 2;
+        if (s->auto_codes && st->step > 0 && auto_from_newest(s, st, err) < 0)
+            return -1;
     }
     for (;;) {
         /* Nothing before every worker is heard of; then, for a restarted
