@@ -26,7 +26,15 @@
  * does it with top-k and 4-bit answers (--ps-reply topk:0.05, delta4: at
  * each checkpoint the workers take the parameters whole, as resumed ones
  * start); one worker's
- * residual shortened is refused naming the file and the tensor. */
+ * residual shortened is refused naming the file and the tensor.
+ * The ps family's --compress auto (ps_auto_resume_is_exact): each worker's
+ * choice, measured on a fake slow link (DOWNPOUR_TEST_LINK_NS=1000), is in
+ * the checkpoint (strategy_state ps_auto=...); resumed at step 28 without
+ * the fake link every worker takes it (its compress event says so) and the
+ * run ends with the bytes of the killed run resumed from its oldest
+ * checkpoint; a choice auto does not take, none, or another count is
+ * refused naming the file and the field; a slot without one (-) takes the
+ * lowest slot's. */
 #include "downpour/crc32c.h"
 #include "proc.h"
 
