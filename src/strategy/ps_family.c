@@ -17,8 +17,8 @@
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
-#include "strategy/ps_host.h"
 #include "strategy/ps_auto.h"
+#include "strategy/ps_host.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
 #define PROGRESS_PER_EPOCH 16 /* PROGRESS frames a worker sends an epoch: a restart redoes 1/16 at most */
