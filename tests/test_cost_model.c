@@ -16,6 +16,7 @@
 #include "downpour/sparse.h"
 #include "downpour/synth_ctr.h"
 #include "scratch.h"
+#include "strategy/ps_auto.h"
 
 /* Predicted against measured sparse bytes on 8-emb1000x16-gap-2 fed the
  * synthetic set's 8 categorical columns (Zipf 1.1 over 1,000 ids each). */
@@ -117,6 +118,70 @@ static dp_cost_calibration mlp_cal(void)
 /* All-reduce algorithms and codecs (docs/cost_model.md, "All-reduce
  * algorithms and compression"): bytes on the links by hand, auto's rule and
  * its codec choice, PowerSGD's plan. */
+/* --compress auto under the ps family (docs/cost_model.md): the workers'
+ * rule (ps_auto.c) on the seconds a byte their timed pull would see, every
+ * worker's f32 answers through the busiest link at once.  784-64-10 (50,890
+ * floats, one shard), the top-k coder at 17.4 ns a float, counted twice:
+ * 1.770972 ms.  Frames a step: none 48 + 16 + 4n = 203,624 up; topk:0.1
+ * 48 + 16 + 8 + 8 x 5,089 = 40,784 up, 4-bit answers 48 + 12 + 25,445 =
+ * 25,505 down; topk:0.05 48 + 16 + 8 + 8 x 2,545 = 20,432 up (25,505 the
+ * longer way).  The rule takes the largest ratio within a third of none:
+ * 0.1 from 65.4 ns a byte, 0.05 from 41.8 ns, none at 0.08 ns. */
+static void check_ps_auto(const dp_cost_calibration *small)
+{
+    dp_err err;
+    dp_cost_prediction a;
+    dp_cost_job pj;
+    dp_cost_job_init(&pj);
+    pj.strategy = DP_COST_PS_ASYNC;
+    pj.compress.kind = DP_COMPRESS_AUTO;
+    CHECK_NEAR(small->topk_s_per_float, 17.4e-9, 0);
+    const double coder = 2 * 50890 * 17.4e-9;
+    /* one worker alone on 100 Mbit/s: 80 ns a byte */
+    dp_cost_cluster one = {.hosts = 3, .cores = 2, .bandwidth = 12.5e6, .workers = 1, .ps = 1,
+                           .chief = 1};
+    REQUIRE(dp_cost_predict(small, &one, &pj, &a, &err) == 0);
+    CHECKF(a.bytes_per_step == 40784 && a.busiest_link_bytes == 40784, "%g %g",
+           a.bytes_per_step, a.busiest_link_bytes);
+    CHECK_NEAR(a.comm_s, (40784 + 25505) / 12.5e6 + coder, 1e-12);
+    CHECKF(strstr(a.how, "auto: topk:0.1 pushes, 4-bit answers (a step's frames at 80.0 ns a "
+                         "byte: none 16.29 ms, coded 5.03 ms)") != NULL, "%s", a.how);
+    /* a request's and an answer's latency are part of the timed pull:
+     * (16.28864 + 2 x 0.5) ms over 203,608 bytes */
+    one.latency = 0.5e-3;
+    REQUIRE(dp_cost_predict(small, &one, &pj, &a, &err) == 0);
+    CHECKF(strstr(a.how, "at 84.9 ns a byte") != NULL, "%s", a.how);
+    one.latency = 0;
+    /* the workers' own rule on the same numbers takes the same */
+    dp_ps_auto r;
+    size_t n = 50890;
+    CHECK(dp_ps_auto_rule(&r, &n, 1, 80e-9, 17.4e-9) == 0.1);
+    CHECK_NEAR(r.t_none, 203624 * 80e-9, 1e-15);
+    CHECK_NEAR(r.t[3], 40784 * 80e-9 + coder, 1e-15);
+    /* two workers through the ps host's link at 40 MB/s: 2 x 203,608
+     * bytes for one pull's 203,608, 50 ns a byte: topk:0.05 */
+    dp_cost_cluster two = {.hosts = 4, .cores = 2, .bandwidth = 40e6, .workers = 2, .ps = 1,
+                           .chief = 1};
+    REQUIRE(dp_cost_predict(small, &two, &pj, &a, &err) == 0);
+    CHECKF(a.bytes_per_step == 20432 && a.busiest_link_bytes == 2 * 25505.0, "%g %g",
+           a.bytes_per_step, a.busiest_link_bytes);
+    CHECKF(strstr(a.how, "auto: topk:0.05 pushes, 4-bit answers (a step's frames at 50.0 ns") !=
+               NULL, "%s", a.how);
+    pj.strategy = DP_COST_PS_SYNC;
+    REQUIRE(dp_cost_predict(small, &two, &pj, &a, &err) == 0);
+    CHECK(a.bytes_per_step == 20432);
+    CHECK_NEAR(a.comm_s, 2 * 20432 / 40e6 + 2 * 25505 / 40e6 + coder, 1e-12);
+    /* a fast link: the coder costs more than the bytes save */
+    one.bandwidth = 12.5e9;
+    REQUIRE(dp_cost_predict(small, &one, &pj, &a, &err) == 0);
+    CHECKF(a.bytes_per_step == 203624 && strstr(a.how, "auto: none (a step's frames at 0.1 ns"),
+           "%g %s", a.bytes_per_step, a.how);
+    CHECK_NEAR(a.comm_s, (203624 + 203608) / 12.5e9, 1e-15);
+    /* it chooses the answers itself */
+    pj.ps_reply_bf16 = 1;
+    CHECK(dp_cost_predict(small, &one, &pj, &a, &err) < 0 && strstr(err.msg, "--ps-reply"));
+}
+
 static void check_algorithms(const dp_cost_calibration *cal)
 {
     dp_err err;
@@ -227,6 +292,7 @@ static void check_algorithms(const dp_cost_calibration *cal)
     }
     pj.compress.kind = DP_COMPRESS_POWERSGD;
     CHECK(dp_cost_predict(&small, &ps1, &pj, &a, &err) < 0 && strstr(err.msg, "allreduce's"));
+    check_ps_auto(&small);
 
     /* bad input, named */
     job.psgd_floats = 0;

@@ -15,6 +15,9 @@
  * run, with the launcher's exit status saying so (tests/test_ps_restart.c
  * restarts one).
  *
+ * Under --compress auto the restarted worker takes its slot's choice from
+ * the chief.
+ *
  * The test strikes when worker 1 has logged step 20 of its 180, and finds
  * its pid among the launcher's children by the DOWNPOUR_TASK each child
  * gets (launcher.h). */
@@ -112,6 +115,28 @@ int main(void)
     CHECKF(rc == 0, "ps-sync with a frozen worker exited %d", rc);
     CHECKF(test_accuracy("sync-stop") > 0.8, "ps-sync with a frozen worker: accuracy %.4f",
            test_accuracy("sync-stop"));
+
+    /* --compress auto: the restarted worker takes its slot's choice from
+     * the chief (the running job's), measured by its first incarnation on
+     * the fake slow link, rather than measuring again (docs/strategies.md,
+     * "ps family: compression"). */
+    setenv("DOWNPOUR_TEST_LINK_NS", "1000", 1);
+    rc = run("auto-restart", "ps-sync --compress auto", "--max-restarts 1", "kill");
+    unsetenv("DOWNPOUR_TEST_LINK_NS");
+    char path[1200], want[256] = "(no choice logged)";
+    snprintf(path, sizeof path, "%s/auto-restart.log", tmp);
+    size_t len;
+    char *log = slurp(path, &len);
+    const char *first = log ? strstr(log, "Worker 1: compress auto: ") : NULL;
+    if (first) {
+        first += strlen("Worker 1: compress ");
+        snprintf(want, sizeof want, "Worker 1: compress %.*s(the running job's choice)",
+                 (int)strcspn(first, "("), first);
+    }
+    CHECKF(rc == 0 && log_has("auto-restart", "fault: worker:1 rejoined") &&
+               log_has("auto-restart", want),
+           "--compress auto, a restarted worker: exit %d, no '%s'", rc, want);
+    free(log);
 
     /* A lost ps: the run cannot go on, and says so. */
     char args[2048];

@@ -250,6 +250,28 @@ static void rule(void)
     CHECKF(dp_ps_auto_rule(&a, n, 1, 80e-9, 3.5e-9) == 0.1, "80 ns a byte: %s", a.why);
     CHECKF(dp_ps_auto_rule(&a, n, 1, 0.1e-9, 3.5e-9) == 0, "0.1 ns a byte: %s", a.why);
     printf("%s\n", a.why);
+    /* the choices as the checkpoint keeps them (strategy_state) */
+    uint32_t codes[3] = {dp_ps_auto_code(0.05), DP_PS_AUTO_UNSET, dp_ps_auto_code(0)}, back[3];
+    char text[64];
+    REQUIRE(dp_ps_auto_format(text, sizeof text, codes, 3) == 0);
+    CHECKF(strcmp(text, "ps_auto=topk:0.05,-,none") == 0, "%s", text);
+    CHECK(dp_ps_auto_parse(text, 3, back, "f", &err) == 0 && memcmp(back, codes, sizeof codes) == 0);
+    CHECK(dp_ps_auto_ratio(back[0]) == 0.05 && dp_ps_auto_ratio(back[1]) < 0 &&
+          dp_ps_auto_ratio(back[2]) == 0);
+    CHECK(dp_ps_auto_fallback(back, 3) == back[0] && dp_ps_auto_fallback(back + 1, 1) == 0);
+    static const struct { const char *text, *says; } bad[] = {
+        {"ps_auto=topk:0.05,-", "holds 2 worker choice(s); this run has 3"},
+        {"ps_auto=none,none,none,none", "more than the 3 worker choice(s)"},
+        {"ps_auto=none,,none", "worker 1's choice '' is not one"},
+        {"ps_auto=none,topk:0.5,none", "worker 1's choice 'topk:0.5' is not one"},
+        {"ps_auto=none,none,", "worker 2's choice '' is not one"},
+        {"iter=3", "holds no 'ps_auto'"},
+        {NULL, "holds no 'ps_auto'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECKF(dp_ps_auto_parse(bad[i].text, 3, back, "f.safetensors", &err) < 0 &&
+                   strstr(err.msg, "f.safetensors: ") == err.msg && strstr(err.msg, bad[i].says),
+               "%s: %s", bad[i].text ? bad[i].text : "(none)", err.msg);
 }
 
 /* dp_coded_set refuses what is not a coded answer and changes nothing. */

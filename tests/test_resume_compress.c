@@ -26,7 +26,15 @@
  * does it with top-k and 4-bit answers (--ps-reply topk:0.05, delta4: at
  * each checkpoint the workers take the parameters whole, as resumed ones
  * start); one worker's
- * residual shortened is refused naming the file and the tensor. */
+ * residual shortened is refused naming the file and the tensor.
+ * The ps family's --compress auto (ps_auto_resume_is_exact): each worker's
+ * choice, measured on a fake slow link (DOWNPOUR_TEST_LINK_NS=1000), is in
+ * the checkpoint (strategy_state ps_auto=...); resumed at step 28 without
+ * the fake link every worker takes it (its compress event says so) and the
+ * run ends with the bytes of the killed run resumed from its oldest
+ * checkpoint; a choice auto does not take, none, or another count is
+ * refused naming the file and the field; a slot without one (-) takes the
+ * lowest slot's. */
 #include "downpour/crc32c.h"
 #include "proc.h"
 
@@ -42,6 +50,7 @@ static const char *launch = LAUNCH; /* or PS_LAUNCH */
 /* coded answers: the servers' mirrors of each worker's copy, which a checkpoint makes whole */
 #define PS_LAUNCH_TOPK "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply topk:0.05"
 #define PS_LAUNCH_D4 "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync --ps-reply delta4"
+#define PS_LAUNCH_AUTO "launch --chief --workers 2 --ps 1 -- train --strategy ps-sync"
 static char err[16384];
 static const char *first_env = ""; /* before the runs that resume_is_exact resumes */
 
@@ -49,10 +58,11 @@ static const char *first_env = ""; /* before the runs that resume_is_exact resum
 static const char *const keys[] = {
     "format", "model", "model_name", "step", "epoch", "optimizer_t", "best_accuracy", "best_epoch",
     "strategy", "dataset", "optimizer", "lr", "lr_schedule", "workers", "ps", "batch", "seed",
-    "train_size", "val_size", "steps_per_epoch", "epochs", "settings"};
+    "train_size", "val_size", "steps_per_epoch", "epochs", "settings", "strategy_state"};
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
-typedef enum { ZERO, SWAP, DROP, SHORTEN, ZERO_Q, DROP_Q } edit;
+typedef enum { ZERO, SWAP, DROP, SHORTEN, ZERO_Q, DROP_Q, STATE } edit;
+static const char *new_state; /* STATE: strategy_state's new value (NULL: none) */
 
 /* Rewrites dir/CKPT with its residuals edited and the checksum made good
  * again, as the writer computes it: a file the reader trusts. */
@@ -93,6 +103,8 @@ static void rewrite(const char *dir, edit how)
     int m = 0;
     for (size_t i = 0; i < N_KEYS; i++) {
         const char *v = dp_safetensors_meta(f, keys[i]);
+        if (how == STATE && strcmp(keys[i], "strategy_state") == 0)
+            v = new_state;
         if (!v)
             continue;
         meta[m++] = (dp_st_meta){keys[i], v};
@@ -241,6 +253,85 @@ static void auto_resume_is_exact(void)
     resumed_matches("auto", "auto", "auto-full.safetensors");
 }
 
+/* The ps family's --compress auto (docs/checkpoints.md, "Compression
+ * residuals"): each worker's choice, measured on the fake slow link, is in
+ * the checkpoint (strategy_state ps_auto=...), and the run resumed without
+ * the fake link takes it: every worker says so in its metrics, and the
+ * weights are the killed run's resumed from its oldest checkpoint, bit for
+ * bit (as auto_resume_is_exact: no second measurement compared).  A choice
+ * auto does not take, none, or the wrong count of them is refused naming
+ * the file and the field. */
+static void ps_auto_resume_is_exact(void)
+{
+    launch = PS_LAUNCH_AUTO;
+    first_env = "DOWNPOUR_TEST_LINK_NS=1000 ";
+    killed_run("ps-auto", "auto", 5);
+    first_env = "";
+    char path[1400];
+    snprintf(path, sizeof path, "%s/ps-auto-b/" CKPT, tmp);
+    dp_safetensors *f = NULL;
+    dp_err e;
+    REQUIRE(dp_safetensors_load(path, &f, &e) == 0);
+    const char *state = dp_safetensors_meta(f, "strategy_state");
+    char took[2][64] = {"(none)", "(none)"};
+    CHECKF(state && sscanf(state, "ps_auto=%63[^,],%63s", took[0], took[1]) == 2,
+           "%s: strategy_state %s", path, state ? state : "(missing)");
+    dp_safetensors_free(f);
+    int rc = run_cmd(err, sizeof err, "rm %s/ps-auto-2/ckpt-0000000021.safetensors "
+                     "%s/ps-auto-2/" CKPT, tmp, tmp);
+    REQUIRE(rc == 0);
+    rc = resume("auto", "ps-auto-2", "ps-auto-full.safetensors");
+    CHECKF(rc == 0 && strstr(err, "ckpt-0000000014.safetensors (step 14)"),
+           "ps auto: the run resumed from step 14: %d %s", rc, err);
+    resumed_matches("ps-auto", "auto", "ps-auto-full.safetensors");
+    /* each worker took the checkpoint's choice, its own slot's */
+    snprintf(path, sizeof path, "%s/ps-auto-part.safetensors.jsonl", tmp);
+    for (int w = 0; w < 2; w++) {
+        char task[32], want[256];
+        snprintf(task, sizeof task, "worker:%d", w);
+        if (strcmp(took[w], "none") == 0)
+            snprintf(want, sizeof want, "auto: none (the checkpoint's choice)");
+        else
+            snprintf(want, sizeof want, "auto: %s pushes, 4-bit answers (the checkpoint's choice)",
+                     took[w]);
+        cJSON *ev = last_event(path, "compress", task);
+        const char *said = ev ? json_str(ev, "compress") : "(no compress event)";
+        CHECKF(strcmp(said, want) == 0, "ps auto, %s resumed: %s; the checkpoint's %s", task,
+               said, took[w]);
+        cJSON_Delete(ev);
+    }
+    /* refused, naming the file and the field */
+    new_state = "ps_auto=topk:0.1,topk:0.3";
+    rewrite("ps-auto-0", STATE);
+    rc = resume("auto", "ps-auto-0", "ps-auto-bad.safetensors");
+    CHECKF(rc != 0 && strstr(err, "ps-auto-0/" CKPT ": metadata 'strategy_state', 'ps_auto': "
+                                  "worker 1's choice 'topk:0.3' is not one --compress auto takes"),
+           "ps auto, a choice it does not take: %d %s", rc, err);
+    new_state = NULL;
+    rewrite("ps-auto-1", STATE);
+    rc = resume("auto", "ps-auto-1", "ps-auto-none.safetensors");
+    CHECKF(rc != 0 && strstr(err, "ps-auto-1/" CKPT ": --compress auto, but metadata "
+                                  "'strategy_state' holds no 'ps_auto'"),
+           "ps auto, no choice: %d %s", rc, err);
+    new_state = "ps_auto=none";
+    rewrite("ps-auto-3", STATE);
+    rc = resume("auto", "ps-auto-3", "ps-auto-one.safetensors");
+    CHECKF(rc != 0 && strstr(err, "ps-auto-3/" CKPT ": metadata 'strategy_state', 'ps_auto' "
+                                  "holds 1 worker choice(s); this run has 2"),
+           "ps auto, one choice for two workers: %d %s", rc, err);
+    /* a slot none chose in (a spare never filled) takes the lowest slot's;
+     * its log says so at open, so the run is cut short after a step */
+    new_state = "ps_auto=topk:0.05,-";
+    rewrite("ps-auto-4", STATE);
+    rc = run_cmd(err, sizeof err, "DOWNPOUR_FAULT_KILL_AT_STEP=29 %s " PS_LAUNCH_AUTO " " SMALL
+                 " --compress auto --checkpoint-dir %s/ps-auto-4 --resume", bin, tmp);
+    CHECKF(strstr(err, "Worker 1: compress auto: topk:0.05 pushes, 4-bit answers (the "
+                       "checkpoint's choice of worker 0)") &&
+               strstr(err, "Worker 0: compress auto: topk:0.05 pushes, 4-bit answers (the "
+                           "checkpoint's choice)"),
+           "ps auto, a slot without a choice: %d %s", rc, err);
+}
+
 int main(void)
 {
     bin = test_bin();
@@ -360,5 +451,6 @@ int main(void)
     CHECKF(rc != 0 && strstr(err, "ps-topk-0/" CKPT ": tensor 'replica.1.residual' has shape "
                                   "(50889), the model needs (50890)"),
            "ps: a residual of another size: %d %s", rc, err);
+    ps_auto_resume_is_exact();
     return CHECK_DONE();
 }

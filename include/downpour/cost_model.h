@@ -42,6 +42,7 @@ typedef struct dp_cost_calibration {
     double thread_gain;      /* each core beyond the first adds this much of one core */
     size_t n_params;         /* floats in the model */
     double codec_s_per_float; /* bf16/fp16: encode and decode one float (allreduce --compress) */
+    double topk_s_per_float;  /* the ps family: one top-k (or 4-bit answer) encode a float */
 } dp_cost_calibration;
 
 /* The cluster: identical hosts, each with one link of `bandwidth` bytes/s in
@@ -88,7 +89,8 @@ typedef struct dp_cost_job {
                                      --allreduce-dense) */
     dp_allreduce_algo algo; /* allreduce: --allreduce-algo (auto: the strategy's rule) */
     dp_compress compress;   /* allreduce: --compress (auto: bf16 where predicted faster);
-                               ps-async, ps-sync: the workers' pushes (bf16, fp16, topk) */
+                               ps-async, ps-sync: the workers' pushes (bf16, fp16, topk;
+                               auto: the workers' rule, ps_auto.c, on the link's terms) */
     int ps_reply_bf16;      /* ps-async, ps-sync: --ps-reply bf16 */
     double ps_reply_topk;   /* ps-async, ps-sync: --ps-reply topk:RATIO (> 0), answers
                                of ceil(RATIO n_s) (index, value) pairs */
@@ -111,7 +113,8 @@ typedef struct dp_cost_prediction {
     double busiest_link_bytes; /* bytes per step through the busiest host link, one direction */
     dp_cost_bottleneck bottleneck;
     char why[320];          /* one sentence: what bounds it, with its figure */
-    char how[160];          /* allreduce: the algorithm and codec taken, and why */
+    char how[160];          /* allreduce: the algorithm and codec taken, and why; the ps
+                               family under --compress auto: the codec it takes, and why */
 } dp_cost_prediction;
 
 const char *dp_cost_strategy_name(dp_cost_strategy s); /* the --strategy value */
@@ -123,7 +126,8 @@ const char *dp_cost_bottleneck_name(dp_cost_bottleneck b);
 void dp_cost_job_init(dp_cost_job *job);
 /* Thread gain 0.6 (docs/benchmarks.md: two threads are 1.6x one), Adam's
  * update at 0.45 ns a parameter (120 us for 266,610), a bf16 codec at 3.5 ns
- * a float (docs/strategies.md, "allreduce: compression"). */
+ * a float (docs/strategies.md, "allreduce: compression"), a top-k coder at
+ * 17.4 ns a float (docs/strategies.md, "ps family: compression"). */
 void dp_cost_calibration_init(dp_cost_calibration *cal);
 
 /* Refuses what no cluster has (0 hosts, no bandwidth, a strategy without

@@ -264,6 +264,13 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err);
  * then on; why (cap bytes) says what and why.  Nothing under another
  * --compress.  0, or -1 with err. */
 int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_err *err);
+/* --compress auto without measuring: takes a choice made before (top-k at
+ * ratio both ways, 4-bit answers; 0: none), the checkpoint's or the running
+ * job's (docs/strategies.md).  A ratio > 0 where the pushes carry sparse
+ * rows is refused. */
+int dp_ps_client_auto_take(dp_ps_client *c, double ratio, dp_err *err);
+/* Under --compress auto the ratio this client took (0: none), -1 before. */
+double dp_ps_client_auto_ratio(const dp_ps_client *c);
 /* Every sparse table's rows, streamed: the next n floats of part `part`
  * (0: the rows; 1, 2: optimiser slot 0, 1's) of table k (row after row, ids
  * increasing; the tables in order, each from its first row), from every

@@ -55,15 +55,15 @@ enum dp_wire_type {
     DP_WIRE_RING_COMM = DP_FRAME_APP(15),   /* collectives on the devices (allreduce.c comm_setup); step = generation. replica -> the leader: offset 1 if its device has them; the leader -> replicas: offset 1: sum with NCCL, payload the 128-byte id then the members (a PLAN's payload); offset 0: on the host, payload the members */
     DP_WIRE_RING_RESID = DP_FRAME_APP(65),  /* replica -> the leader at checkpoint `step` (allreduce.c gather_residuals): its compression residual, n_params f32 */
     /* run coordination (the loop, and the strategy that coordinates) */
-    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL; offset 0 with 8 bytes: the first DEAL, when the spec has spare slots) */
+    DP_WIRE_START = DP_FRAME_APP(16),       /* chief -> workers and ps: go (offset 1: a rejoined worker starts at `step`, payload its DEAL, then under the ps family's --compress auto a u32: its slot's choice, strategy/ps_auto.h, 0 none yet; offset 0 with 8 bytes: the first DEAL, when the spec has spare slots) */
     DP_WIRE_EPOCH = DP_FRAME_APP(17),       /* worker -> chief: epoch `step` done, with its stats */
     DP_WIRE_DONE = DP_FRAME_APP(18),        /* worker -> chief and ps: no more steps from me */
     DP_WIRE_SHUTDOWN = DP_FRAME_APP(19),    /* chief -> ps: the run is over */
-    DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state: model-avg's [u64 t][its optimiser slots], then with --compress its residual, n_params f32 */
+    DP_WIRE_CKPT_READY = DP_FRAME_APP(20),  /* worker -> chief: at checkpoint `step`, with its own state: model-avg's [u64 t][its optimiser slots], then with --compress its residual, n_params f32; offset: --compress auto's choice (strategy/ps_auto.h; 0 none) */
     DP_WIRE_CKPT_GO = DP_FRAME_APP(21),     /* chief -> workers: checkpoint `step` is written, go on */
     DP_WIRE_JOIN = DP_FRAME_APP(22),        /* worker -> chief, then ps: this incarnation takes part */
     DP_WIRE_DEAL = DP_FRAME_APP(23),        /* chief -> workers: {u32 index, u32 count}, your data shard from the next epoch (offset 0) or from epoch offset - 1 (a spare slot joins then) */
-    DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes) */
+    DP_WIRE_PROGRESS = DP_FRAME_APP(24),    /* worker -> chief: `step` steps done (where a restart resumes); offset: --compress auto's choice (strategy/ps_auto.h; 0 none), one PROGRESS sent as soon as it chose */
     DP_WIRE_RESTORE = DP_FRAME_APP(25),     /* chief -> a restarted ps: its shard from checkpoint `step` (ps_family.c); its sparse rows follow in STATE_ROWS frames */
     DP_WIRE_BUFFERS = DP_FRAME_APP(26),     /* worker 0 -> chief: u32 count (the model's n_buffers), then its buffers, f32: before each epoch report (step = epoch), at each checkpoint barrier (step) and when it re-attaches (ps_family.c send_buffers) */
     /* parameter-server replicas (src/strategy/ps_replica.c) */

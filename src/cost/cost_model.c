@@ -13,6 +13,7 @@
 #include "downpour/partition.h"
 #include "downpour/ps.h"
 #include "downpour/strategy.h"
+#include "strategy/ps_auto.h"
 
 #define RING_SEGMENT_BYTES (256u << 10) /* src/strategy/ring.c: frames of at most this */
 #define MAX_TASKS 4096
@@ -59,6 +60,7 @@ void dp_cost_calibration_init(dp_cost_calibration *cal)
     cal->apply_s_per_param = 120e-6 / 266610.0; /* docs/benchmarks.md, "The engine" */
     cal->thread_gain = 0.6;
     cal->codec_s_per_float = 3.5e-9; /* docs/strategies.md, "allreduce: compression" */
+    cal->topk_s_per_float = 17.4e-9; /* docs/strategies.md, "ps family: compression" */
 }
 
 /* Which host each task lands on: ps tasks, the chief, then the workers,
@@ -309,9 +311,15 @@ static int check_inputs(const dp_cost_calibration *cal, const dp_cost_cluster *c
     if (job->compress.kind != DP_COMPRESS_NONE && job->sparse)
         return dp_errf(err, "job: --compress with sparse tables is not modelled");
     if ((job->strategy == DP_COST_PS_ASYNC || job->strategy == DP_COST_PS_SYNC) &&
-        (job->compress.kind == DP_COMPRESS_AUTO || job->compress.kind == DP_COMPRESS_POWERSGD))
-        return dp_errf(err, "job: the ps family takes --compress bf16, fp16 or topk (%s is "
-                            "allreduce's)", dp_compress_kind_name(job->compress.kind));
+        job->compress.kind == DP_COMPRESS_POWERSGD)
+        return dp_errf(err, "job: the ps family takes --compress bf16, fp16, topk or auto (%s "
+                            "is allreduce's)", dp_compress_kind_name(job->compress.kind));
+    if ((job->strategy == DP_COST_PS_ASYNC || job->strategy == DP_COST_PS_SYNC) &&
+        job->compress.kind == DP_COMPRESS_AUTO &&
+        (job->ps_reply_bf16 || job->ps_reply_topk > 0 || job->ps_reply_delta4))
+        return dp_errf(err, "job: --compress auto chooses the ps answers itself (no --ps-reply)");
+    if (!(cal->topk_s_per_float >= 0) || !isfinite(cal->topk_s_per_float))
+        return dp_errf(err, "calibration: topk_s_per_float must not be negative");
     if (job->batch < 1 || job->epochs < 1 || job->train_records < 1 || job->val_records < 0)
         return dp_errf(err, "job: batch, epochs and train records must be positive");
     if ((unsigned)job->strategy >= DP_COST_STRATEGY_COUNT)
@@ -343,6 +351,49 @@ static double busiest(const loads *ld, int hosts)
     return m;
 }
 
+/* --compress auto under the ps family: the workers' own rule (ps_auto.c,
+ * docs/strategies.md "ps family: compression") on what they would measure.
+ * Each times a pull of the whole model while every worker pulls (they start
+ * together): the busiest link's f32 answers to all of them, plus a
+ * request's and an answer's latency, over one worker's pull bytes is its
+ * seconds a byte; the coder is the calibration's.  The choice goes into
+ * job (top-k pushes at its ratio with 4-bit answers, or none) and p->how. */
+static void predict_ps_auto(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
+                            dp_cost_job *job, const dp_range *r, int k, const layout *L,
+                            loads *down, dp_cost_prediction *p)
+{
+    size_t n[DP_PARTITION_MAX]; /* 32 KiB, as ps.c's own */
+    double bytes = 0;
+    memset(down, 0, sizeof *down);
+    for (int s = 0; s < k; s++) {
+        n[s] = r[s].hi - r[s].lo;
+        double d = (double)dp_frame_wire_size(4 * (uint64_t)n[s]);
+        bytes += d;
+        for (int t = 0; t < L->n_tasks; t++)
+            if (L->trains[t]) {
+                down->out[L->host[s]] += d;
+                down->in[L->host[t]] += d;
+            }
+    }
+    double pull_s = busiest(down, cl->hosts) / cl->bandwidth + 2 * cl->latency;
+    double per_byte = bytes > 0 ? pull_s / bytes : 0;
+    dp_ps_auto a;
+    double ratio = dp_ps_auto_rule(&a, n, k, per_byte, cal->topk_s_per_float);
+    job->compress = ratio > 0 ? (dp_compress){.kind = DP_COMPRESS_TOPK, .ratio = ratio}
+                              : (dp_compress){.kind = DP_COMPRESS_NONE};
+    job->ps_reply_delta4 = ratio > 0;
+    double best = a.t[0];
+    for (int i = 0; i < DP_PS_AUTO_N_RATIOS; i++)
+        if (ratio == 0 ? a.t[i] < best : dp_ps_auto_code(ratio) == (uint32_t)(2 + i))
+            best = a.t[i];
+    char took[48];
+    dp_ps_auto_name(dp_ps_auto_code(ratio), took, sizeof took);
+    snprintf(p->how, sizeof p->how,
+             "auto: %s%s (a step's frames at %.1f ns a byte: none %.2f ms, %s %.2f ms)", took,
+             ratio > 0 ? " pushes, 4-bit answers" : "", per_byte * 1e9, a.t_none * 1e3,
+             ratio > 0 ? "coded" : "best coded", best * 1e3);
+}
+
 static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
                       const dp_cost_job *job, dp_cost_prediction *p, loads *up, loads *down,
                       layout *L, dp_err *err)
@@ -363,6 +414,15 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
     place(L, cl, cl->ps, 0);
     int W = cl->workers;
     double push = 0, pull = 0, shard_apply = 0, ps_cpu[MAX_TASKS] = {0};
+    dp_cost_job eff = *job; /* under --compress auto: the codec it takes */
+    job = &eff;
+    if (eff.compress.kind == DP_COMPRESS_AUTO)
+        predict_ps_auto(cal, cl, &eff, r, k, L, down, p);
+    /* the top-k coder: a worker's push, a server's coded answer (the rule's
+     * upper bound for a 4-bit one, ps_auto.c) */
+    double coder = ((eff.compress.kind == DP_COMPRESS_TOPK) +
+                    (eff.ps_reply_topk > 0 || eff.ps_reply_delta4)) *
+                   (double)cal->n_params * cal->topk_s_per_float;
     memset(up, 0, sizeof *up);
     memset(down, 0, sizeof *down);
     double compute = 0;
@@ -407,7 +467,7 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
         /* A worker's round trip alone; the workers' steps interleave, so a
          * round of W steps (one each) takes at least what the busiest link
          * and the busiest ps core need for all of them. */
-        double own = (push + pull) / bw + 2 * lat;
+        double own = (push + pull) / bw + 2 * lat + coder;
         double worker = compute + own + shard_apply;
         double link = fmax(busiest(up, cl->hosts), busiest(down, cl->hosts)) / bw;
         double cpu = W * busiest_ps_cpu;
@@ -425,7 +485,7 @@ static int predict_ps(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
          * memory traffic) and apply once, then answer every worker at once. */
         double up_t = busiest(up, cl->hosts) / bw, down_t = busiest(down, cl->hosts) / bw;
         double apply = busiest_ps_cpu * (1.0 + W / 4.0);
-        p->comm_s = up_t + down_t + 2 * lat;
+        p->comm_s = up_t + down_t + 2 * lat + coder;
         p->apply_s = apply;
         p->busiest_link_bytes = fmax(busiest(up, cl->hosts), busiest(down, cl->hosts));
         p->step_s = compute + p->comm_s + apply;
@@ -601,8 +661,7 @@ int dp_cost_recommend(const dp_cost_calibration *cal, const dp_cost_cluster *cl,
     for (int s = 0; s < DP_COST_STRATEGY_COUNT; s++) {
         dp_cost_job j = *job;
         j.strategy = (dp_cost_strategy)s;
-        if (s != DP_COST_ALLREDUCE && (j.compress.kind == DP_COMPRESS_AUTO ||
-                                       j.compress.kind == DP_COMPRESS_POWERSGD))
+        if (s != DP_COST_ALLREDUCE && j.compress.kind == DP_COMPRESS_POWERSGD)
             j.compress.kind = DP_COMPRESS_NONE; /* allreduce's alone */
         dp_cost_cluster c = *cl;
         if (s == DP_COST_ALLREDUCE) {

@@ -1867,9 +1867,8 @@ int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_
     if (c->cfg.compress.kind != DP_COMPRESS_AUTO)
         return 0;
     if (!c->resid) { /* pushes with sparse rows stay f32 (coder_open) */
-        c->cfg.compress.kind = DP_COMPRESS_NONE;
         snprintf(why, cap, "auto: none (the pushes carry sparse rows, which go f32)");
-        return 0;
+        return dp_ps_client_auto_take(c, 0, err);
     }
     size_t n[DP_PARTITION_MAX], most = 0, bytes = 0;
     for (int s = 0; s < c->layout.n_shards; s++) {
@@ -1901,12 +1900,30 @@ int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_
     }
     dp_ps_auto a;
     double r = dp_ps_auto_rule(&a, n, c->layout.n_shards, per_byte, most ? best / most : 0);
-    c->cfg.compress = r > 0 ? (dp_compress){.kind = DP_COMPRESS_TOPK, .ratio = r}
-                            : (dp_compress){.kind = DP_COMPRESS_NONE};
-    for (int s = 0; s < c->layout.n_shards; s++)
-        c->clen[s] = dp_coded_bytes(&c->cfg.compress, n[s]);
     snprintf(why, cap, "%s; the pull of %zu bytes took %.2f ms", a.why, bytes, pull * 1e3);
+    return dp_ps_client_auto_take(c, r, err);
+}
+
+int dp_ps_client_auto_take(dp_ps_client *c, double ratio, dp_err *err)
+{
+    if (c->cfg.compress.kind != DP_COMPRESS_AUTO)
+        return dp_errf(err, "--compress auto's choice taken twice, or under another --compress");
+    if (ratio > 0 && !c->resid)
+        return dp_errf(err, "--compress auto: topk:%g taken, but the pushes carry sparse rows, "
+                            "which go f32", ratio);
+    c->cfg.compress = ratio > 0 ? (dp_compress){.kind = DP_COMPRESS_TOPK, .ratio = ratio}
+                                : (dp_compress){.kind = DP_COMPRESS_NONE};
+    c->auto_taken = 1;
+    for (int s = 0; s < c->layout.n_shards; s++)
+        c->clen[s] = dp_coded_bytes(&c->cfg.compress, c->layout.range[s].hi - c->layout.range[s].lo);
     return 0;
+}
+
+double dp_ps_client_auto_ratio(const dp_ps_client *c)
+{
+    if (!c->auto_taken)
+        return -1;
+    return c->cfg.compress.kind == DP_COMPRESS_TOPK ? c->cfg.compress.ratio : 0;
 }
 
 int dp_ps_push_and_wait(dp_ps_client *c, float *params, const float *grads, int records,

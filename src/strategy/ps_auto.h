@@ -9,6 +9,9 @@
 #define DOWNPOUR_STRATEGY_PS_AUTO_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "downpour/status.h"
 
 #define DP_PS_AUTO_N_RATIOS 4
 #define DP_PS_AUTO_RATIOS {0.01, 0.02, 0.05, 0.1}
@@ -31,5 +34,31 @@ typedef struct dp_ps_auto {
  * and returns a->ratio. */
 double dp_ps_auto_rule(dp_ps_auto *a, const size_t *n, int k, double s_per_byte,
                        double codec_s_per_float);
+
+/* A choice as a code, as the wire and the chief keep it (docs/strategies.md,
+ * "ps family: compression"): 0 none taken yet, 1 none, 2 + i the ladder's
+ * ratio i.  Each worker slot's choice is taken once and kept for the run:
+ * its PROGRESS and CKPT_READY frames say it (their offset), the chief
+ * writes every slot's in the checkpoint and hands it to a worker restarted
+ * into the slot (its START). */
+#define DP_PS_AUTO_UNSET 0
+#define DP_PS_AUTO_NONE 1
+#define DP_PS_AUTO_CODES (DP_PS_AUTO_N_RATIOS + 2)
+uint32_t dp_ps_auto_code(double ratio); /* the ladder's ratios, or 0 for none */
+double dp_ps_auto_ratio(uint32_t code); /* code 1.. : 0 for none; -1 for unset or invalid */
+/* "none", "topk:0.1", or "-" for unset */
+void dp_ps_auto_name(uint32_t code, char *buf, size_t cap);
+
+/* The checkpoint's value (metadata "strategy_state", docs/checkpoints.md):
+ * "ps_auto=C,C,..." one choice a worker slot, by dp_ps_auto_name. */
+int dp_ps_auto_format(char *buf, size_t cap, const uint32_t *codes, int workers);
+/* Reads it back from a checkpoint's strategy_state (NULL: none) into
+ * codes[0..workers); a missing value, another count or a choice auto does
+ * not take is refused naming file and the field. */
+int dp_ps_auto_parse(const char *state, int workers, uint32_t *codes, const char *file,
+                     dp_err *err);
+/* The code a slot without a choice of its own takes: the lowest slot's
+ * that has one (the running job's), else unset (it measures). */
+uint32_t dp_ps_auto_fallback(const uint32_t *codes, int workers);
 
 #endif

@@ -17,6 +17,7 @@
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
+#include "strategy/ps_auto.h"
 #include "strategy/ps_host.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */
@@ -108,6 +109,11 @@ struct dp_strategy {
      * pushes by host; the step being taken */
     dp_ps_host host;
     long step_now;
+    /* --compress auto (ps_auto.h): a worker's choice, as a code, said in its
+     * PROGRESS and CKPT_READY; the chief's copy of every worker slot's, for
+     * the checkpoints and a worker restarted into a slot */
+    uint32_t auto_code;
+    uint32_t *auto_codes;  /* the chief, per worker index; NULL without auto */
 };
 
 static int restore_ps(void *ctx, int rank, dp_err *err);
@@ -283,6 +289,7 @@ void dp_ps_family_close(dp_strategy *s)
     free(s->reported);
     free(s->heard);
     free(s->fresh);
+    free(s->auto_codes);
     free(s->reports);
     for (int k = 0; k < DP_PS_MAX_TABLES; k++)
         free(s->sp_ids[k]);
@@ -293,15 +300,29 @@ void dp_ps_family_close(dp_strategy *s)
 
 #define ONLY_DEALS 0u /* from_chief's type when nothing else may come */
 
-/* A DEAL from the chief: this worker's data shard from its next epoch. */
+/* A DEAL from the chief: this worker's data shard from its next epoch.  A
+ * rejoining worker's START (offset 1) under --compress auto carries its
+ * slot's choice after the deal (ps_auto.h; 0: none known, it measures). */
 static int take_deal(dp_strategy *s, const dp_event *ev, dp_err *err)
 {
-    uint8_t p[8];
-    if (ev->header.length != sizeof p)
-        return dp_errf(err, "the chief sent a %llu-byte DEAL; expected 8",
-                       (unsigned long long)ev->header.length);
-    if (dp_transport_recv_payload(s->t, s->chief, p, sizeof p, err) < 0)
+    uint8_t p[12];
+    size_t want = ev->header.type == DP_WIRE_START && ev->header.offset == 1 &&
+                          s->pc.compress.kind == DP_COMPRESS_AUTO
+                      ? 12
+                      : 8;
+    if (ev->header.length != want)
+        return dp_errf(err, "the chief sent a %llu-byte DEAL; expected %zu",
+                       (unsigned long long)ev->header.length, want);
+    if (dp_transport_recv_payload(s->t, s->chief, p, want, err) < 0)
         return -1;
+    if (want == 12) {
+        uint32_t code = dp_get_u32(p + 8);
+        if (code >= DP_PS_AUTO_CODES)
+            return dp_errf(err, "the chief %s handed this worker --compress auto's choice %u, "
+                                "not one auto takes (ps_auto.h: 0 to %d)",
+                           dp_transport_peer_name(s->t, s->chief), code, DP_PS_AUTO_CODES - 1);
+        s->auto_code = code;
+    }
     uint32_t index = dp_get_u32(p), count = dp_get_u32(p + 4);
     if (count < 1 || index >= count || count > (uint32_t)s->c->count[DP_ROLE_WORKER])
         return dp_errf(err, "the chief dealt shard %u of %u", index, count);
@@ -359,7 +380,9 @@ static int tell_chief(dp_strategy *s, unsigned type, uint64_t step, const void *
                       dp_err *err)
 {
     dp_err why;
-    if (s->chief_lost || send_to(s, s->chief, type, step, p, len, &why) == 0)
+    /* a PROGRESS's offset: --compress auto's choice (ps_auto.h; 0: none) */
+    uint64_t offset = type == DP_WIRE_PROGRESS ? s->auto_code : 0;
+    if (s->chief_lost || dp_transport_send(s->t, s->chief, type, step, offset, p, len, &why) == 0)
         return 0;
     return chief_gone(s, why.msg, err);
 }
@@ -517,6 +540,17 @@ static int open_chief(dp_strategy *s, dp_err *err)
     for (int r = 0; r < n; r++)
         s->progress[r] = s->last_ckpt;
     int workers = s->c->count[DP_ROLE_WORKER];
+    /* --compress auto: every worker slot's choice, from the checkpoint it
+     * resumes (the workers read it too) and then as they say it */
+    if (s->pc.compress.kind == DP_COMPRESS_AUTO) {
+        if (!(s->auto_codes = calloc((size_t)workers, sizeof *s->auto_codes)))
+            return dp_errf(err, "out of memory");
+        if (s->env->resume &&
+            dp_ps_auto_parse(s->env->resume->scalars, workers, s->auto_codes,
+                             s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                             err) < 0)
+            return -1;
+    }
     dp_info("Chief: %s on %d worker(s) and %d ps task(s), batch %d per worker (global %d); "
             "%d shard(s)%s", s->env->cfg->strategy, workers, s->c->count[DP_ROLE_PS], cfg->batch,
             cfg->batch * workers, s->layout.n_shards,
@@ -804,6 +838,62 @@ static int restore_residual(dp_strategy *s, const dp_task_info *info, dp_err *er
     return 0;
 }
 
+/* --compress auto, a worker: its slot's choice (docs/strategies.md, "ps
+ * family: compression").  Each slot chooses once: a worker restarted or
+ * joining into the running run takes what the chief hands it (its slot's,
+ * else the lowest slot's: the running job's), a resumed one the
+ * checkpoint's (the same way), and only one that finds none measures.
+ * Said in the log, the metrics ("compress") and to the chief at once. */
+static int auto_open(dp_strategy *s, const dp_task_info *info, dp_err *err)
+{
+    const dp_train_state *r = s->env->resume;
+    int W = s->c->count[DP_ROLE_WORKER];
+    char why[640], from[96] = "measured";
+    if (info->start_step >= 0 && s->auto_code != DP_PS_AUTO_UNSET) {
+        snprintf(from, sizeof from, "the running job's choice");
+    } else if (info->start_step < 0 && r) {
+        uint32_t *codes = calloc((size_t)W, sizeof *codes);
+        if (!codes)
+            return dp_errf(err, "out of memory");
+        if (dp_ps_auto_parse(r->scalars, W, codes,
+                             s->env->resume_path ? s->env->resume_path : "the checkpoint",
+                             err) < 0) {
+            free(codes);
+            return -1;
+        }
+        s->auto_code = codes[s->worker];
+        snprintf(from, sizeof from, "the checkpoint's choice");
+        if (s->auto_code == DP_PS_AUTO_UNSET) { /* a slot that never chose */
+            s->auto_code = dp_ps_auto_fallback(codes, W);
+            for (int w = 0; w < W; w++)
+                if (codes[w] == s->auto_code) {
+                    snprintf(from, sizeof from, "the checkpoint's choice of worker %d", w);
+                    break;
+                }
+        }
+        free(codes);
+    }
+    if (s->auto_code != DP_PS_AUTO_UNSET) {
+        double ratio = dp_ps_auto_ratio(s->auto_code);
+        if (dp_ps_client_auto_take(s->client, ratio, err) < 0)
+            return -1;
+        if (ratio > 0)
+            snprintf(why, sizeof why, "auto: topk:%g pushes, 4-bit answers (%s)", ratio, from);
+        else
+            snprintf(why, sizeof why, "auto: none (%s)", from);
+    } else {
+        if (dp_ps_client_auto(s->client, s->wparams, why, sizeof why, err) < 0)
+            return -1;
+        s->auto_code = dp_ps_auto_code(dp_ps_client_auto_ratio(s->client));
+    }
+    dp_info("%s: compress %s", info->label, why);
+    dp_metrics_event(s->env->metrics, "compress", DP_F_STR, "task", s->env->node->self->name,
+                     DP_F_INT, "worker", (long)s->worker, DP_F_STR, "compress", why, DP_F_STR,
+                     "from", from, DP_F_END);
+    long step = info->start_step >= 0 ? info->start_step : r ? r->step : 0;
+    return tell_chief(s, DP_WIRE_PROGRESS, (uint64_t)step, NULL, 0, err);
+}
+
 int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *info,
                       dp_ps_mode mode, dp_err *err)
 {
@@ -952,12 +1042,8 @@ int dp_ps_family_open(dp_strategy **out, const dp_run_env *env, dp_task_info *in
         if (await_start(s, info, err) < 0 || restore_residual(s, info, err) < 0 ||
             host_setup(s, info, err) < 0)
             goto fail;
-        char why[640];
-        if (s->pc.compress.kind == DP_COMPRESS_AUTO) {
-            if (dp_ps_client_auto(s->client, s->wparams, why, sizeof why, err) < 0)
-                goto fail;
-            dp_info("%s: compress %s", info->label, why);
-        }
+        if (s->pc.compress.kind == DP_COMPRESS_AUTO && auto_open(s, info, err) < 0)
+            goto fail;
     }
     *out = s;
     return 0;
@@ -1626,8 +1712,8 @@ int dp_ps_family_save(dp_strategy *s, long step, dp_train_state *st, dp_err *err
     if (send_buffers(s, (uint64_t)step, err) < 0)
         return -1;
     if (!s->chief_lost &&
-        dp_transport_sendv(s->t, s->chief, DP_WIRE_CKPT_READY, (uint64_t)step, 0, iov, iovcnt,
-                           &why) < 0 &&
+        dp_transport_sendv(s->t, s->chief, DP_WIRE_CKPT_READY, (uint64_t)step, s->auto_code,
+                           iov, iovcnt, &why) < 0 &&
         chief_gone(s, why.msg, err) < 0)
         return -1;
     if (!s->chief_lost && (rc = from_chief(s, DP_WIRE_CKPT_GO, "the checkpoint to be written",
@@ -1791,6 +1877,39 @@ static int on_ready(dp_strategy *s, const dp_event *ev, dp_train_state *st, dp_e
 
 static void deal_all(dp_strategy *s, int joiner, long step, int from);
 
+/* --compress auto: a worker says its choice in the offset of its PROGRESS
+ * and CKPT_READY (ps_auto.h; 0: none yet); the chief keeps its slot's. */
+static int hear_auto(dp_strategy *s, const dp_event *ev, dp_err *err)
+{
+    uint64_t code = ev->header.offset;
+    if (!s->auto_codes || code == DP_PS_AUTO_UNSET)
+        return 0;
+    if (code >= DP_PS_AUTO_CODES || s->c->tasks[ev->peer].role != DP_ROLE_WORKER)
+        return dp_errf(err, "%s says --compress auto chose %llu, not one auto takes (ps_auto.h: "
+                            "1 to %d)", dp_transport_peer_name(s->t, ev->peer),
+                       (unsigned long long)code, DP_PS_AUTO_CODES - 1);
+    s->auto_codes[s->c->tasks[ev->peer].index] = (uint32_t)code;
+    return 0;
+}
+
+/* A rejoining worker's START: its deal, and under --compress auto its
+ * slot's choice (else the lowest slot's: the running job's; 0 when none
+ * chose yet, and it measures). */
+static void send_rejoin_start(dp_strategy *s, int r, long step, uint32_t index, uint32_t count)
+{
+    uint8_t p[12];
+    dp_put_u32(p, index);
+    dp_put_u32(p + 4, count);
+    if (s->auto_codes) {
+        int w = s->c->tasks[r].index, W = s->c->count[DP_ROLE_WORKER];
+        dp_put_u32(p + 8, s->auto_codes[w] ? s->auto_codes[w]
+                                           : dp_ps_auto_fallback(s->auto_codes, W));
+    }
+    dp_err ignore;
+    dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, s->auto_codes ? 12 : 8,
+                      &ignore);
+}
+
 /* A worker's first word (or its loss) came.  The chief decides nothing
  * before it has heard of every worker: a restarted chief must first learn
  * where the running ones are (on_attach). */
@@ -1879,7 +1998,7 @@ static void deal_all(dp_strategy *s, int joiner, long step, int from)
         dp_put_u32(p + 4, (uint32_t)n);
         dp_err ignore;
         if (r == joiner)
-            dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, sizeof p, &ignore);
+            send_rejoin_start(s, r, step, (uint32_t)index, (uint32_t)n);
         else
             dp_transport_send(s->t, r, DP_WIRE_DEAL, 0, (uint64_t)from, p, sizeof p, &ignore);
     }
@@ -1957,11 +2076,7 @@ static void admit_rejoin(dp_strategy *s, int r)
         if (from) {
             deal_all(s, r, step, from);
         } else { /* the last epoch is under way: nothing left for it */
-            uint8_t p[8];
-            dp_put_u32(p, 0);
-            dp_put_u32(p + 4, 1);
-            dp_err ignore;
-            dp_transport_send(s->t, r, DP_WIRE_START, (uint64_t)step, 1, p, sizeof p, &ignore);
+            send_rejoin_start(s, r, step, 0, 1);
         }
         return;
     }
@@ -2118,6 +2233,38 @@ static int skip_unattached(dp_strategy *s, dp_err *err)
     return release_barrier(s, s->ckpt_step, err);
 }
 
+/* --compress auto: every worker slot's choice into the checkpoint,
+ * metadata strategy_state (ps_auto.h; "-" for a slot none chose in). */
+static int auto_state(dp_strategy *s, dp_train_state *st, dp_err *err)
+{
+    int W = s->c->count[DP_ROLE_WORKER];
+    size_t cap = 16 + 16 * (size_t)W;
+    char *text = malloc(cap);
+    if (!text)
+        return dp_errf(err, "out of memory");
+    dp_ps_auto_format(text, cap, s->auto_codes, W);
+    free(st->scalars);
+    st->scalars = text;
+    return 0;
+}
+
+static int auto_from_newest(dp_strategy *s, const dp_train_state *st, dp_err *err)
+{
+    int W = s->c->count[DP_ROLE_WORKER];
+    uint32_t *codes = calloc((size_t)W, sizeof *codes);
+    if (!codes)
+        return dp_errf(err, "out of memory");
+    if (dp_ps_auto_parse(st->scalars, W, codes, "the newest checkpoint", err) < 0) {
+        free(codes);
+        return -1;
+    }
+    for (int w = 0; w < W; w++)
+        if (s->auto_codes[w] == DP_PS_AUTO_UNSET)
+            s->auto_codes[w] = codes[w];
+    free(codes);
+    return 0;
+}
+
 int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp_err *err)
 {
     const dp_train_config *cfg = s->env->cfg;
@@ -2133,10 +2280,14 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             return -1;
     }
     if (s->attach_state == 1) {
-        /* The loop took the newest checkpoint's evaluator state: its step. */
+        /* The loop took the newest checkpoint's evaluator state: its step,
+         * and under --compress auto the choices of the slots no worker has
+         * said its own to this chief yet (one lost while it was away). */
         if (st->step > s->last_ckpt)
             s->last_ckpt = st->step;
         s->attach_state = 2;
+        if (s->auto_codes && st->step > 0 && auto_from_newest(s, st, err) < 0)
+            return -1;
     }
     for (;;) {
         /* Nothing before every worker is heard of; then, for a restarted
@@ -2187,6 +2338,8 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
                     }
                 }
             st->step = s->ckpt_step;
+            if (s->auto_codes && auto_state(s, st, err) < 0)
+                return -1;
             ev->kind = DP_COORD_CHECKPOINT;
             ev->step = s->ckpt_step;
             s->go_pending = s->ckpt_step;
@@ -2234,7 +2387,7 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             rc = on_epoch_report(s, &e, err);
             break;
         case DP_WIRE_CKPT_READY:
-            rc = on_ready(s, &e, st, err);
+            rc = hear_auto(s, &e, err) < 0 ? -1 : on_ready(s, &e, st, err);
             break;
         case DP_WIRE_BUFFERS:
             rc = on_buffers(s, &e, err);
@@ -2243,7 +2396,7 @@ int dp_ps_family_next(dp_strategy *s, dp_coord_event *ev, dp_train_state *st, dp
             rc = on_join(s, &e, err);
             break;
         case DP_WIRE_PROGRESS:
-            rc = dp_transport_skip_payload(s->t, e.peer, err);
+            rc = hear_auto(s, &e, err) < 0 ? -1 : dp_transport_skip_payload(s->t, e.peer, err);
             if ((long)e.header.step > s->progress[e.peer])
                 s->progress[e.peer] = (long)e.header.step;
             break;

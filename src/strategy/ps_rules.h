@@ -167,6 +167,7 @@ struct dp_ps_client {
     float *ctmp, *ctmp2;
     uint8_t *in16;
     uint8_t *cin;        /* coded answers (reply_topk, delta4, compress AUTO): one answer's bytes */
+    int auto_taken;      /* --compress auto: cfg.compress holds its choice */
     void (*on_failover)(void *ctx, int rank, const char *reason);
     void *failover_ctx;
     float *sent;         /* with replicas or restarts, avg (or async pushing behind): the

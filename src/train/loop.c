@@ -747,6 +747,11 @@ static int reattach(loop *L, dp_err *err)
     if (found > 0) {
         take_evaluator_state(L, &r);
         L->ck.step = r.step;
+        /* the strategy's scalars, for what it keeps across a chief's
+         * restart (the ps family's --compress auto choices) */
+        free(L->ck.scalars);
+        L->ck.scalars = r.scalars;
+        r.scalars = NULL;
         dp_info("Chief: the evaluation history so far from %s (step %ld)", path, r.step);
         if (L->best_src == &r) { /* on rows: the best rows' file stays open, kept here */
             dp_train_state_free(&L->best_own);

@@ -80,7 +80,8 @@ static void print_prediction(dp_cost_strategy s, const dp_cost_prediction *p)
            dp_cost_strategy_name(s), p->total_s, p->step_s * 1e3, p->compute_s * 1e3,
            p->comm_s * 1e3, p->apply_s * 1e3, p->steps_per_epoch, p->bytes_per_step / 1e6, p->why);
     if (p->how[0])
-        printf("            all-reduce: %s\n", p->how);
+        printf("            %s: %s\n", s == DP_COST_ALLREDUCE ? "all-reduce" : "ps compress",
+               p->how);
 }
 
 /* Predicts a measured run from its done event and prints the error. */
@@ -143,6 +144,7 @@ int dp_experiment_cost(int argc, char **argv)
     long batch = 128, epochs = 25, n_train = 54000, n_val = 6000, calib_records = 12800;
     double link_mbit = NAN, latency_ms = NAN, sample_us = NAN, step_ms = 0, record_us = 0;
     double thread_gain = 0.6, apply_ns = 120e-6 / 266610.0 * 1e9, local_mbit = 0, codec_ns = 3.5;
+    double topk_ns = 17.4;
     long tasks_per_host = 0;
     const char *algo_name = "auto", *compress_name = "none", *ps_reply = "f32";
     if (cores < 1)
@@ -173,9 +175,10 @@ int dp_experiment_cost(int argc, char **argv)
         {"tasks-per-host", CLI_INT, &tasks_per_host, "K", "K tasks to a host in rank order (scripts/vcluster.sh); default round-robin", 0, 4096},
         {"local-mbit", CLI_NUM, &local_mbit, "B", "allreduce: between two replicas of one host (shared memory), Mbit/s; default: over the host's link", 0, 1e9},
         {"allreduce-algo", CLI_STR, &algo_name, "A", "allreduce: ring, direct, hier or auto (the strategy's rule)", 0, 0},
-        {"compress", CLI_STR, &compress_name, "C", "allreduce: none, bf16, fp16, topk:RATIO, powersgd:RANK or auto", 0, 0},
+        {"compress", CLI_STR, &compress_name, "C", "allreduce: none, bf16, fp16, topk:RATIO, powersgd:RANK or auto; ps family: none, bf16, fp16, topk:RATIO or auto (the workers' rule on the link's terms)", 0, 0},
         {"ps-reply", CLI_STR, &ps_reply, "f32|bf16|delta4|topk:RATIO", "ps family: the servers' replies", 0, 0},
         {"codec-ns", CLI_NUM, &codec_ns, "NS", "allreduce: bf16/fp16 encode and decode a float", 0, 1e6},
+        {"topk-ns", CLI_NUM, &topk_ns, "NS", "ps family: a top-k (or 4-bit answer) encode a float", 0, 1e6},
         {"source", CLI_FLAG, &source, NULL, "the source experiment's cluster: TensorFlow's times beside the predictions", 0, 0},
     };
     int rest;
@@ -220,6 +223,7 @@ int dp_experiment_cost(int argc, char **argv)
     dp_cost_calibration cal;
     dp_cost_calibration_init(&cal);
     cal.codec_s_per_float = codec_ns * 1e-9;
+    cal.topk_s_per_float = topk_ns * 1e-9;
     cal.apply_s_per_param = apply_ns * 1e-9;
     cal.thread_gain = thread_gain;
     cal.step_overhead_s = step_ms * 1e-3;
