@@ -60,9 +60,13 @@ static void chief_survives(const char *strategy)
     /* asynchronous updates land in the scheduler's order: 0.011 below once */
     CHECKF(acc >= clean - 0.02 && acc <= clean + 0.02,
            "%s: accuracy %.4f with the chief restarted, %.4f without", strategy, acc, clean);
+    /* Epoch 1 is evaluated before the kill (run() waits for it) and epoch 3
+     * after the re-attach; epoch 2 only when the restarted chief is back
+     * before the workers finish it, which a loaded machine may not allow
+     * (ASan under load: 2 epoch events) */
     CHECKF(log_has(name, "Epoch 3/3"), "%s: epoch 3 was not evaluated", strategy);
-    CHECKF(count_events(name, "epoch") >= 3 && count_events(name, "fault") >= 2,
-           "%s: %d epoch and %d fault events; expected every epoch evaluated, and the "
+    CHECKF(count_events(name, "epoch") >= 2 && count_events(name, "fault") >= 2,
+           "%s: %d epoch and %d fault events; expected epochs 1 and 3 evaluated, and the "
            "launcher's and the chief's fault events", strategy, count_events(name, "epoch"),
            count_events(name, "fault"));
 }
