@@ -11,7 +11,8 @@
  * - a ps-sync run killed at step 33 and resumed ends bit for bit where the
  *   uninterrupted one ends, lazy Adam's moments in the checkpoint; so does
  *   one with --ps-replicas 2 and a table every task holds compact, resumed
- *   with ps:0 killed at step 50 (its backup then serving both shards);
+ *   with ps:0 killed at step 50 (its backup then serving both shards; not
+ *   under ASan);
  * - a worker's bytes per step are a fraction of the dense path's;
  * - ps:0 killed at step 30 under --max-restarts 1 (a paced run, a table
  *   of 5,000 rows which the chief holds compact): the launcher restarts
@@ -154,10 +155,13 @@ static void resume_is_exact(void)
  * takes shard 0 over, the checkpoints after it and --save are streamed from
  * ps:1 serving both shards (before, refused: "serves two shards"), and the
  * run ends bit for bit where the uninterrupted run (one copy of each shard)
- * ends.  Under ASan, the resumed run without the kill (the failover's code
- * runs under ASan in test_ps_sparse, in process). */
+ * ends.  Not under ASan (three more runs, 8 s there): the chunked table
+ * pulls and a shard's failover run under it in test_ps_sparse, in process,
+ * and the resume on rows in resume_is_exact. */
 static void replicas_resume(void)
 {
+    if (SANITIZED)
+        return;
     const char *o = "--optimizer adam --lr 0.05 --checkpoint-every 7 --model " BIG;
     char extra[512], args[2048];
     snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/rr-a", o, tmp);
@@ -169,15 +173,6 @@ static void replicas_resume(void)
                  "--dataset %s/ids --strategy ps-sync " COMMON " --save %s/rr-b.st %s",
                  bin, tmp, tmp, extra);
     CHECKF(rc != 0, "the killed run exited 0");
-    if (SANITIZED) {
-        snprintf(extra, sizeof extra, "%s --ps-replicas 2 --checkpoint-dir %s/rr-b --resume", o,
-                 tmp);
-        rc = launch("ps-sync", 2, "rr-b.st", extra);
-        CHECKF(rc == 0 && strstr(err, "[ps 0] Resuming from") && strstr(err, "ckpt-0000000028"),
-               "resumed with replicas: exited %d, or not from step 28: %s", rc, err);
-        same_weights("rr-a.st", "rr-b.st", "--ps-replicas 2 resumed against uninterrupted");
-        return;
-    }
     setenv("DOWNPOUR_TEST_STEP_MS", "8", 1); /* long enough to strike in */
     snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --dataset %s/ids "
              "--strategy ps-sync " COMMON " %s --ps-replicas 2 --heartbeat-timeout 1 "
