@@ -11,7 +11,11 @@
  *
  * With a sparse table (docs/strategies.md, "Sparse rows") the server also
  * takes rows sections: PUSH_ROWS with well-formed and arbitrary sections,
- * PULL_ROWS and PULL_TABLE.
+ * PULL_ROWS, and PULL_TABLE asks of a chunk (2 rows here) well-formed, past
+ * the shard or the chunk, or arbitrary bytes; every TABLE_ROWS answer must
+ * be the chunk its head names, and arbitrary bytes read as the answer to an
+ * ask (dp_ps_table_rows_check, as a client reads it) are taken only when
+ * they are the chunk asked.
  *
  * With compression (docs/strategies.md, "ps family: compression": byte 0's
  * bits 0-6 / 30, 1 bf16, 2 fp16, 3 topk:0.3, and from 120 bf16 answers)
@@ -188,8 +192,45 @@ static int read_answer(const uint8_t *b, size_t k, size_t len)
     return rc;
 }
 
+/* A PULL_TABLE (first byte a): bit 7, up to 31 arbitrary bytes; else
+ * [table (a >> 5) & 1][part a & 3][first 0..7][count 0..3] (the rig's
+ * chunk is 2 rows: asks past the shard, of no row or more than a chunk).
+ * Or, bit 6, a client reads up to 40 arbitrary bytes as the TABLE_ROWS
+ * answer to such an ask (dp_ps_table_rows_check): taken only when they are
+ * the chunk asked, head and length, else refused with a message. */
+static void table_op(dp_transport *t, int ps, uint64_t step, uint64_t lo, fz_in *in)
+{
+    uint8_t a = fz_u8(in), b[40];
+    dp_err err;
+    if (a & 0x80) {
+        size_t k = fz_bytes(in, b, a & 31);
+        (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, b, k, &err);
+        return;
+    }
+    uint8_t ask[16];
+    dp_put_u32(ask, (a >> 5) & 1);
+    dp_put_u32(ask + 4, a & 3);
+    dp_put_u32(ask + 8, fz_u8(in) & 7);
+    dp_put_u32(ask + 12, fz_u8(in) & 3);
+    if (!(a & 0x40)) {
+        (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, ask, sizeof ask, &err);
+        return;
+    }
+    size_t k = fz_bytes(in, b, fz_u8(in) % (sizeof b + 1));
+    err.msg[0] = '\0';
+    int rc = dp_ps_table_rows_check(DP_WIRE_TABLE_ROWS, lo, k, NULL, ask, TWIDTH, lo, "ps:0",
+                                    &err);
+    if (rc == 0 && k >= 16)
+        rc = dp_ps_table_rows_check(DP_WIRE_TABLE_ROWS, lo, k, b, ask, TWIDTH, lo, "ps:0", &err);
+    if (rc < 0 && (err.msg[0] == '\0' || !strstr(err.msg, "ps:0")))
+        abort(); /* a refusal names the peer */
+    if (rc == 0 && (k != 16 + dp_get_u32(ask + 12) * TWIDTH * 4 || memcmp(b, ask, 16) != 0))
+        abort(); /* taken: exactly the chunk asked */
+}
+
 /* Reads (and drops) whatever the server sent to endpoint t; a coded answer
- * (--ps-reply topk, --compress auto) must read as one. */
+ * (--ps-reply topk, --compress auto) must read as one, and a TABLE_ROWS
+ * answer as the chunk its head names. */
 static void drain(dp_transport *t, int n, size_t len)
 {
     dp_event ev;
@@ -200,7 +241,16 @@ static void drain(dp_transport *t, int n, size_t len)
         if (ev.kind == DP_EVENT_FRAME) {
             if (ev.peer < 0 || ev.peer >= n)
                 abort();
-            static uint8_t b[8 + 8 * (NP + 4)];
+            static uint8_t b[8 + 8 * (NP + 4) + 16 + TAB * 4];
+            if (ev.header.type == DP_WIRE_TABLE_ROWS && ev.header.length <= sizeof b &&
+                ev.header.length >= 16) {
+                if (dp_transport_recv_payload(t, ev.peer, b, (size_t)ev.header.length, &err) == 0 &&
+                    (dp_ps_table_rows_check(ev.header.type, ev.header.offset, ev.header.length,
+                                            NULL, b, TWIDTH, ev.header.offset, "ps:0", &err) < 0 ||
+                     dp_get_u32(b + 12) == 0 || dp_get_u32(b + 12) > 2))
+                    abort(); /* the server answers a chunk of 1 to 2 rows, as its head says */
+                continue;
+            }
             if (ev.header.type == DP_WIRE_PARAMS_CODED && ev.header.length <= sizeof b) {
                 if (dp_transport_recv_payload(t, ev.peer, b, (size_t)ev.header.length, &err) == 0 &&
                     read_answer(b, (size_t)ev.header.length, len) < 0)
@@ -232,6 +282,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (sparse) {
         cfg.n_tables = 1;
         cfg.tables[0] = (dp_ps_table_spec){.off = 0, .rows = TROWS, .width = TWIDTH, .max_ids = TROWS};
+        cfg.state_chunk = 2 * TWIDTH * sizeof(float); /* chunks of 2 rows */
     }
     int workers = 1 + b1 % MAX_WORKERS;
     int n_ps = (b1 >> 2) & 1 ? 2 : 1;
@@ -343,8 +394,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 13: /* a PULL_ROWS */
             send_rows(t, ps, step, lo, len, 0, layout.n_shards, (o >> 2) % 16 == 12, &in);
             break;
-        case 14: /* a PULL_TABLE */
-            (void)dp_transport_send(t, ps, DP_WIRE_PULL_TABLE, step, lo, NULL, 0, &err);
+        case 14: /* a PULL_TABLE, or a client reading a TABLE_ROWS answer */
+            table_op(t, ps, step, lo, &in);
             break;
         case 15: /* a coded push (refused without --compress) */
             send_coded(t, ps, step, lo, len, &gen, &in);

@@ -151,9 +151,15 @@ def ps_corpus():
                 ops += bytes([w | 12 << 2, step, 8, 1, 0]) + struct.pack("<6f", *g1)
                 ops += bytes([2, step, 2, 10, 3, 11])  # ids step, step + 1
             ops += simple(1, 11, 0) + simple(2, 11, 0)
-        ops += bytes([1 | 13 << 2, 0, 3, 1]) + simple(1, 14, 0) + simple(1, 11, 0)
+        ops += bytes([1 | 13 << 2, 0, 3, 1]) + simple(1, 11, 0)
+        ops += simple(0, 14, 0, bytes([0x01, 0, 2]))  # PULL_TABLE: part 1, rows [0, +2)
+        ops += simple(0, 14, 0, bytes([0x00, 2, 1]))  # part 0, rows [2, +1)
+        # a client reads 40 bytes as the answer to rows [0, +2): the ask's head, 2 rows
+        ops += simple(0, 14, 0, bytes([0x40, 0, 2, 40]) + struct.pack("<4I", 0, 0, 0, 2) + bytes(24))
+        ops += simple(0, 11, 0, b"\x00")  # the chief reads the answers
         ops += simple(0, 5, 3, b"\x00")  # chief STATE_REQ
         ops += bytes([2 | 12 << 2, 4, 8, 1, 0]) + struct.pack("<6f", *g2) + bytes([2, 7, 1, 2, 3, 4])  # ids 7, 8: past the table
+        ops += simple(0, 14, 0, bytes([0x00, 1, 3]))  # more than a chunk: refused
         ops += simple(0, 7, 0, b"\x00")
         put("fuzz_ps", "rows_%s_%s" % (names[mode], ["sgd", "", "", "adagrad", "adam"][optim]),
             bytes([0x80 | (mode + 5 * optim), 1]) + ops)

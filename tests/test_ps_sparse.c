@@ -22,7 +22,11 @@
  *   count's, fails the pull, naming the shard's task;
  * - every table's rows streamed in pieces that cut rows anywhere (the
  *   chief's --save on rows) are the whole pull's; a pass ended half read
- *   leaves the client whole;
+ *   leaves the client whole; in TABLE_ROWS chunks of 2 rows (a shard's 5
+ *   rows larger than a chunk) the same bits, the bytes frame by frame by
+ *   hand; a chunk repeated, skipped or longer than its count is refused
+ *   naming the shard's task, and a PULL_TABLE asking past the shard, more
+ *   than a chunk or of another length is refused naming the sender;
  * - a shard's initial rows drawn alone (dp_model_init_rows: what a ps task
  *   holds, docs/strategies.md "Tables larger than a worker") are the whole
  *   model's rows id mod S, bit for bit, from the whole model or a compact
@@ -430,15 +434,23 @@ static void state_in_chunks(void)
 
 /* Every table's rows streamed (a chief on rows writing a file): pieces of
  * 4 floats, rows of 3 cut anywhere, give the table the chief's whole pull
- * gives, and pieces of 5 of part 1 the accumulators its state pull gives; a pass left half read and ended leaves the client whole (a pull
- * after it, and a second pass, read the same); pieces past the table or
- * out of order are refused. */
-static void tables_streamed(void)
+ * gives, and pieces of 5 of part 1 the accumulators its state pull gives; a
+ * pass left half read and ended leaves the client whole (a pull after it,
+ * and a second pass, read the same); pieces past the table or out of order
+ * are refused.  With `chunk` bytes of rows a TABLE_ROWS frame (0: the
+ * default, 4 MiB: one frame a shard), the whole pull's bytes are counted
+ * frame by frame against the hand's: per shard a PULL and its PARAMS, then
+ * per chunk of at most `chunk` bytes of its 5 rows a PULL_TABLE of 16 bytes
+ * and a TABLE_ROWS of 16 bytes and its rows.  The table pulled goes to
+ * out. */
+static void tables_streamed(size_t chunk, float *out)
 {
     dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
     oc.lr = 0.05f;
     rig r;
+    rig_state_chunk = chunk;
     rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 1, 1);
+    rig_state_chunk = 0;
     dp_ps_client *w, *chief;
     REQUIRE(dp_ps_client_open(&w, r.ts[1], &r.layout, &r.cfg, &oc, NP, &err) == 0);
     REQUIRE(dp_ps_client_open(&chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
@@ -453,7 +465,22 @@ static void tables_streamed(void)
         REQUIRE(dp_ps_client_pull_rows(w, p, idp, n, &err) == 0);
         REQUIRE(dp_ps_client_step(w, p, g, 1, oc.lr, &err) == 0);
     }
+    dp_transport_stats a, b;
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &a) == 0);
     REQUIRE(dp_ps_client_pull(chief, whole, 0, &err) == 0);
+    REQUIRE(dp_transport_stats_get(r.ts[0], DP_PEER_ANY, &b) == 0);
+    uint64_t per = chunk ? chunk / (WIDTH * 4) : ROWS, rows = ROWS / 2, hs = 0, hr = 0;
+    for (int sh = 0; sh < 2; sh++) {
+        uint64_t frames = (rows + per - 1) / per;
+        hs += DP_FRAME_HEADER_SIZE + frames * (DP_FRAME_HEADER_SIZE + 16);
+        hr += DP_FRAME_HEADER_SIZE + 4 * (r.layout.range[sh].hi - r.layout.range[sh].lo) +
+              frames * (DP_FRAME_HEADER_SIZE + 16) + rows * WIDTH * 4;
+    }
+    CHECKF(b.bytes_sent - a.bytes_sent == hs && b.bytes_recv - a.bytes_recv == hr,
+           "chunks of %zu bytes: the whole pull sent %llu and received %llu bytes; by hand %llu "
+           "and %llu", chunk, (unsigned long long)(b.bytes_sent - a.bytes_sent),
+           (unsigned long long)(b.bytes_recv - a.bytes_recv), (unsigned long long)hs,
+           (unsigned long long)hr);
     /* part 1, the accumulators' rows, against the checkpoint's state */
     float sp[NP], ss[NP], acc[TAB];
     long t = 0;
@@ -485,11 +512,114 @@ static void tables_streamed(void)
     float again[NP];
     REQUIRE(dp_ps_client_pull(chief, again, 0, &err) == 0);
     CHECK(memcmp(again, whole, sizeof again) == 0);
+    memcpy(out, whole, TAB * sizeof(float));
     dp_ps_client_free(w);
     dp_ps_client_free(chief);
     rig_close(&r, 1);
-    printf("a table streamed in pieces of 4 and 5 floats (rows of 3): the whole pull's rows "
-           "and accumulators\n");
+    printf("a table streamed in pieces of 4 and 5 floats (rows of 3), chunks of %zu bytes: the "
+           "whole pull's rows (%llu bytes received) and accumulators\n", chunk,
+           (unsigned long long)(b.bytes_recv - a.bytes_recv));
+}
+
+/* A shard's 5 rows in TABLE_ROWS chunks of 2 rows (a table larger than a
+ * chunk) end where one chunk a shard ends, bit for bit. */
+static void tables_in_chunks(void)
+{
+    float one[TAB], chunked[TAB];
+    tables_streamed(0, one);
+    tables_streamed(2 * WIDTH * sizeof(float), chunked);
+    CHECK(memcmp(one, chunked, sizeof one) == 0);
+}
+
+/* A pass over the tables in chunks of 2 rows that a fake shard 0 answers:
+ * the first chunk as asked, the second with its head's first row moved by
+ * `shift` (-2: the first chunk again; 1: one skipped) or `extra` floats
+ * more than its count: refused, naming ps:0 (then the fake is gone, so a
+ * client that took the chunk fails otherwise, at once). */
+typedef struct table_pass {
+    dp_ps_client *chief;
+    float rows[TAB];
+    int rc;
+    dp_err err;
+} table_pass;
+
+static void *table_pass_thread(void *arg)
+{
+    table_pass *p = arg;
+    p->rc = dp_ps_client_tables_read(p->chief, 0, 0, p->rows, TAB, &p->err);
+    return NULL;
+}
+
+static void bad_table_rows(int shift, int extra, const char *want)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_SGD);
+    table_pass p = {0};
+    rig r;
+    rig_state_chunk = 2 * WIDTH * sizeof(float);
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 0, 1); /* no server polls: this is shard 0 */
+    rig_state_chunk = 0;
+    REQUIRE(dp_ps_client_open(&p.chief, r.ts[0], &r.layout, &r.cfg, &oc, NP, &err) == 0);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, table_pass_thread, &p) == 0);
+    dp_transport *ps = r.ts[r.ps0];
+    uint64_t lo = r.layout.range[0].lo;
+    float zeros[3 * WIDTH] = {0};
+    for (int c = 0; c < 2; c++) {
+        dp_event ev;
+        uint8_t ask[16];
+        REQUIRE(dp_transport_recv(ps, 0, "a chunk's request", 5, &ev, &err) == 0 &&
+                ev.header.type == DP_WIRE_PULL_TABLE && ev.header.length == 16);
+        REQUIRE(dp_transport_recv_payload(ps, 0, ask, 16, &err) == 0);
+        CHECK(dp_get_u32(ask) == 0 && dp_get_u32(ask + 4) == 0 &&
+              dp_get_u32(ask + 8) == (uint32_t)(2 * c) && dp_get_u32(ask + 12) == 2);
+        if (c == 1)
+            dp_put_u32(ask + 8, (uint32_t)(2 * c + shift));
+        struct iovec iov[2] = {{ask, 16}, {zeros, (2 * WIDTH + (size_t)(c ? extra : 0)) * 4}};
+        REQUIRE(dp_transport_sendv(ps, 0, DP_WIRE_TABLE_ROWS, 0, lo, iov, 2, &err) == 0);
+    }
+    /* then it is gone: a client that took the bad chunk fails at its next ask */
+    REQUIRE(dp_inproc_kill(ps, DP_INPROC_CRASH, &err) == 0);
+    pthread_join(th, NULL);
+    CHECKF(p.rc < 0 && strstr(p.err.msg, "ps:0") && strstr(p.err.msg, want),
+           "a bad chunk (its first row moved by %d, %d floats more): %s", shift, extra,
+           p.rc < 0 ? p.err.msg : "accepted");
+    dp_ps_client_free(p.chief);
+    rig_close(&r, 0);
+}
+
+/* A PULL_TABLE asking what the shard does not hold, or more than a chunk,
+ * or of another length, is refused, naming the sender. */
+static void bad_table_asks(void)
+{
+    dp_optim_config oc = dp_optim_defaults(DP_OPTIM_ADAGRAD);
+    rig r;
+    rig_state_chunk = 2 * WIDTH * sizeof(float);
+    rig_open(&r, 1, 1, DP_PS_SYNC, &oc, 0, 1);
+    rig_state_chunk = 0;
+    static const uint32_t asks[][4] = {
+        {1, 0, 0, 1}, /* no table 1 */
+        {0, 2, 0, 1}, /* adagrad has one slot: parts 0 and 1 */
+        {0, 0, 0, 0}, /* no row */
+        {0, 0, 0, 3}, /* more than a chunk of 2 rows */
+        {0, 0, 4, 2}, /* past the shard's 5 rows */
+        {0, 0, 0xffffffffu, 2},
+    };
+    static const char *const why[] = {"sparse table 1", "part 2", "[0, +0)", "[0, +3)",
+                                      "[4, +2)", "[4294967295, +2)"};
+    uint64_t lo = r.layout.range[0].lo;
+    for (size_t i = 0; i <= sizeof asks / sizeof asks[0]; i++) {
+        uint8_t b[20];
+        for (int j = 0; j < 4; j++)
+            dp_put_u32(b + 4 * j, i < sizeof asks / sizeof asks[0] ? asks[i][j] : 0);
+        size_t len = i < sizeof asks / sizeof asks[0] ? 16 : 20; /* the last: 20 bytes */
+        REQUIRE(dp_transport_send(r.ts[0], r.ps0, DP_WIRE_PULL_TABLE, 0, lo, b, len, &err) == 0);
+        int rc = dp_ps_server_poll(r.s[0], 1, &err);
+        const char *w = i < sizeof asks / sizeof asks[0] ? why[i] : "a PULL_TABLE of 20 bytes";
+        CHECKF(rc < 0 && strstr(err.msg, "chief:0") && strstr(err.msg, w),
+               "PULL_TABLE %zu: %d, %s (expected \"%s\")", i, rc, rc < 0 ? err.msg : "answered",
+               w);
+    }
+    rig_close(&r, 0);
 }
 
 /* The chief's pull of a state that a fake shard 0 answers: its one chunk
@@ -696,7 +826,11 @@ int main(void)
     sparse_equals_dense(DP_PS_DSSP, DP_OPTIM_SGD);
     bad_ids_refused();
     state_in_chunks();
-    tables_streamed();
+    tables_in_chunks();
+    bad_table_rows(-2, 0, "(a chunk missing, repeated or out of order)");
+    bad_table_rows(1, 0, "sent rows [3, +2) of sparse table 0, part 0; expected rows [2, +2)");
+    bad_table_rows(0, 1, "expected TABLE_ROWS of 40 bytes");
+    bad_table_asks();
     bad_state_rows(1, 0, "sent rows [1, +5) of part 0 of sparse table 0; expected [0, +5)");
     bad_state_rows(0, 1, "expected STATE_ROWS of 5 rows of sparse table 0");
     rows_drawn_alone("8-emb1000x16-gap-10");

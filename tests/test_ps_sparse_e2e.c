@@ -9,7 +9,10 @@
  * - ps-async with one worker equals one process (sgd);
  * - ps-ssp and ps-dssp train on rows; --ps-replicas 2 equals one copy;
  * - a ps-sync run killed at step 33 and resumed ends bit for bit where the
- *   uninterrupted one ends, lazy Adam's moments in the checkpoint;
+ *   uninterrupted one ends, lazy Adam's moments in the checkpoint; so does
+ *   one with --ps-replicas 2 and a table every task holds compact, resumed
+ *   with ps:0 killed at step 50 (its backup then serving both shards; not
+ *   under ASan);
  * - a worker's bytes per step are a fraction of the dense path's;
  * - ps:0 killed at step 30 under --max-restarts 1 (a paced run, a table
  *   of 5,000 rows which the chief holds compact): the launcher restarts
@@ -144,6 +147,57 @@ static void resume_is_exact(void)
     printf("ps-sync on rows, lazy adam: resumed = uninterrupted, bit for bit\n");
 }
 
+/* --ps-replicas 2 on rows with --resume (a table of 5,000 rows: every task
+ * holds it compact, the chief streams it into its checkpoints and --save
+ * from the shards a chunk at a time, each ps task reads its rows of the
+ * checkpoint a piece at a time): a ps-sync run with replicas killed at step
+ * 33 and resumed with ps:0 SIGKILLed at step 50 (paced): its backup ps:1
+ * takes shard 0 over, the checkpoints after it and --save are streamed from
+ * ps:1 serving both shards (before, refused: "serves two shards"), and the
+ * run ends bit for bit where the uninterrupted run (one copy of each shard)
+ * ends.  Not under ASan (three more runs, 8 s there): the chunked table
+ * pulls and a shard's failover run under it in test_ps_sparse, in process,
+ * and the resume on rows in resume_is_exact. */
+static void replicas_resume(void)
+{
+    if (SANITIZED)
+        return;
+    const char *o = "--optimizer adam --lr 0.05 --checkpoint-every 7 --model " BIG;
+    char extra[512], args[2048];
+    snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/rr-a", o, tmp);
+    int rc = launch("ps-sync", 2, "rr-a.st", extra);
+    CHECKF(rc == 0, "uninterrupted exited %d: %s", rc, err);
+    snprintf(extra, sizeof extra, "%s --ps-replicas 2 --checkpoint-dir %s/rr-b", o, tmp);
+    rc = run_cmd(err, sizeof err,
+                 "DOWNPOUR_FAULT_KILL_AT_STEP=33 %s launch --chief --workers 2 --ps 2 -- train "
+                 "--dataset %s/ids --strategy ps-sync " COMMON " --save %s/rr-b.st %s",
+                 bin, tmp, tmp, extra);
+    CHECKF(rc != 0, "the killed run exited 0");
+    setenv("DOWNPOUR_TEST_STEP_MS", "8", 1); /* long enough to strike in */
+    snprintf(args, sizeof args, "--chief --workers 2 --ps 2 -- train --dataset %s/ids "
+             "--strategy ps-sync " COMMON " %s --ps-replicas 2 --heartbeat-timeout 1 "
+             "--log-every 10 --checkpoint-dir %s/rr-b --resume --save %s/rr-b.st", tmp, o, tmp,
+             tmp);
+    pid_t l = start("rr-b", args);
+    pid_t ps = await_task(l, "rr-b", "Worker 1, At step 50,", "ps:0");
+    if (ps > 0)
+        kill(ps, SIGKILL);
+    rc = finish(l, 300);
+    unsetenv("DOWNPOUR_TEST_STEP_MS");
+    CHECKF(rc == 0 && log_has("rr-b", "[ps 0] Resuming from") &&
+               log_has("rr-b", "ckpt-0000000028") && log_has("rr-b", "takes the shard over") &&
+               !log_has("rr-b", "not written"),
+           "resumed with replicas, ps:0 killed at step 50: exit %d, not resumed from step 28, no "
+           "takeover, or a checkpoint not written", rc);
+    if (rc != 0)
+        show_log("rr-b", 20);
+    same_weights("rr-a.st", "rr-b.st", "--ps-replicas 2 resumed, ps:0 lost, against "
+                 "uninterrupted");
+    printf("ps-sync on rows (compact everywhere), --ps-replicas 2, lazy adam: killed at step "
+           "33 and resumed, ps:0 killed at step 50 of the resumed run (ps:1 serving both "
+           "shards) = uninterrupted, bit for bit\n");
+}
+
 /* The worker's bytes per step from its steps event. */
 static double bytes_per_step(const char *metrics)
 {
@@ -226,6 +280,7 @@ int main(void)
     async_equals_single();
     other_modes();
     resume_is_exact();
+    replicas_resume();
     fewer_bytes();
     restarted_ps();
     return CHECK_DONE();

@@ -81,6 +81,13 @@ int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identit
  * pieces"). */
 int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
                             size_t first, size_t n, float *dst, dp_err *err);
+/* The rows ids[0..n) (strictly increasing, below the table's rows) of
+ * table k's part of such a state into dst (row ids[i] at i x width): ids
+ * close together (a gap of at most 4 KiB of rows) are read together, one
+ * read a run of at most a piece (1 MiB), through the state's own piece
+ * buffer (docs/checkpoints.md, "Reading in pieces"). */
+int dp_checkpoint_read_ids(const dp_train_state *st, int table, int part, const uint32_t *ids,
+                           size_t n, float *dst, dp_err *err);
 /* The part of the best weights ('best', --keep-best), in
  * dp_checkpoint_read_rows and _read_table and dp_ckpt_rows_fn. */
 #define DP_CKPT_PART_BEST 3

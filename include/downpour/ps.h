@@ -94,10 +94,10 @@ typedef struct dp_ps_config {
     dp_ps_table_spec tables[DP_PS_MAX_TABLES];
     size_t dense_shift;     /* client: its vector holds dense parameter j (of the whole
                                model) at j - dense_shift: what its compact tables lack */
-    size_t state_chunk;     /* bytes of sparse rows one STATE_ROWS frame carries at most
-                               (0: DP_PS_STATE_CHUNK), at least one row; both ends
-                               hold the same (docs/strategies.md, "Evaluation and
-                               checkpoints") */
+    size_t state_chunk;     /* bytes of sparse rows one STATE_ROWS or TABLE_ROWS frame
+                               carries at most (0: DP_PS_STATE_CHUNK), at least one
+                               row; both ends hold the same (docs/strategies.md,
+                               "Evaluation and checkpoints") */
     int chunks;             /* sync with --sum-chunk: a gradient push carries this many
                                gradients (chunk j at j * n in the client's vector), each
                                of `chunk` records (the push's records fill them in
@@ -273,15 +273,26 @@ int dp_ps_client_auto_take(dp_ps_client *c, double ratio, dp_err *err);
 double dp_ps_client_auto_ratio(const dp_ps_client *c);
 /* Every sparse table's rows, streamed: the next n floats of part `part`
  * (0: the rows; 1, 2: optimiser slot 0, 1's) of table k (row after row, ids
- * increasing; the tables in order, each from its first row), from every
- * shard's answer to one PULL_TABLE (sent at a pass's first call), read a
- * piece at a time, never whole.  _end skips what a pass left unread. */
+ * increasing; the tables in order, each from its first row), each shard's
+ * rows of them asked in chunks (PULL_TABLE, answered by one TABLE_ROWS
+ * frame of at most dp_ps_state_chunk_rows rows), never whole; a shard lost
+ * meanwhile is asked on its backup.  _end ends a pass before its end. */
 int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
                              dp_err *err);
 int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err);
-/* Rows of width w one STATE_ROWS frame carries under cfg (both ends alike):
- * state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at least one row. */
+/* Rows of width w one STATE_ROWS or TABLE_ROWS frame carries under cfg
+ * (both ends alike): state_chunk (or DP_PS_STATE_CHUNK) bytes of rows, at
+ * least one row. */
 size_t dp_ps_state_chunk_rows(const dp_ps_config *cfg, size_t width);
+/* A TABLE_ROWS answer from peer to the PULL_TABLE whose 16 bytes are want
+ * ([u32 table][u32 part][u32 first][u32 count]) for the shard at lo, rows
+ * of width floats: with head NULL its type, offset and length (the head
+ * and count rows), before a byte of it is read; then its head (the first
+ * 16 bytes), which must be the chunk asked: a chunk missing, repeated or
+ * out of order is refused.  0, or -1 with err naming peer. */
+int dp_ps_table_rows_check(unsigned type, uint64_t offset, uint64_t length, const uint8_t *head,
+                           const uint8_t *want, uint32_t width, uint64_t lo, const char *peer,
+                           dp_err *err);
 /* The chief's side of a checkpoint: asks every shard for its training state
  * and assembles full-length vectors (slots as in dp_ps_start; ema may be NULL
  * when the servers keep none).  *t is the servers' optimiser update count. */

@@ -7,7 +7,8 @@
  *   APP(16..31)   run coordination          src/train/loop.c and the strategy
  *                                           that coordinates (src/strategy/ps_family.c)
  *   APP(32..33)   parameter-server replicas src/strategy/ps_replica.c
- *   APP(34..36)   sparse rows on the ps     src/strategy/ps.c, ps_shard.c (with APP(7))
+ *   APP(34..36), APP(71)
+ *                 sparse rows on the ps     src/strategy/ps.c, ps_shard.c (with APP(7))
  *   APP(37..38)   compressed ps frames      src/strategy/ps.c, ps_shard.c
  *   APP(67..70)   ps pushes by host         src/strategy/ps.c, ps_host.c
  *   APP(40..47)   layer pipelining          src/strategy/pipeline.c
@@ -72,7 +73,7 @@ enum dp_wire_type {
     /* sparse rows (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "Sparse rows"); offset = the shard's dense lo */
     DP_WIRE_PULL_ROWS = DP_FRAME_APP(34),   /* worker -> ps: per table [u32 count][count u32 ids], ids of this shard, increasing */
     DP_WIRE_ROWS = DP_FRAME_APP(35),        /* ps -> anyone: the rows asked (or every row it holds), f32, table after table; step = slowest clock */
-    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: send me every row of every table this shard holds (local order); payload none or [u32 part]: 0 the rows, 1, 2 optimiser slot 0, 1's */
+    DP_WIRE_PULL_TABLE = DP_FRAME_APP(36),  /* anyone -> ps: one chunk of a table's rows this shard holds: [u32 table][u32 part: 0 the rows, q slot q-1][u32 first local row][u32 count], count 1 to a chunk's rows (dp_ps_state_chunk_rows); answered by TABLE_ROWS */
     /* compressed ps frames (src/strategy/ps.c, ps_shard.c; docs/strategies.md, "ps family: compression") */
     DP_WIRE_PUSH_CODED = DP_FRAME_APP(37),  /* worker -> ps: push head + the shard's gradient as a coded block (compress.h: [u32 codec][u32 count], then bf16/fp16 values or top-k pairs) */
     DP_WIRE_PARAMS16 = DP_FRAME_APP(38),    /* ps -> worker (--ps-reply bf16): the shard's parameters as bf16, u16 each; step = slowest clock */
@@ -83,6 +84,8 @@ enum dp_wire_type {
     DP_WIRE_HOST_MAP = DP_FRAME_APP(68),    /* worker -> every worker at the start: offset = its index, payload one byte per worker, 1: on its host (dp_transport_same_host) */
     DP_WIRE_HOST_GRAD = DP_FRAME_APP(69),   /* member -> its host's leader: push head + its gradient times its records, n_params f32; step = the training step (0: auto's echo) */
     DP_WIRE_HOST_PARAMS = DP_FRAME_APP(70), /* leader -> its members: the parameters, n_params f32; step = the training step (0: auto's echo, offset 1: pushes by host, 2: by worker, with no payload) */
+    /* sparse rows, continued (src/strategy/ps.c, ps_shard.c) */
+    DP_WIRE_TABLE_ROWS = DP_FRAME_APP(71),  /* ps -> anyone: the chunk a PULL_TABLE asked: its head again, [u32 table][u32 part][u32 first local row][u32 count], then count x width f32 in local order; step = slowest clock (ps_shard.c dp_ps_table_send) */
     /* layer pipelining (src/strategy/pipeline.c); step = the training step */
     DP_WIRE_PIPE_ACT = DP_FRAME_APP(40),    /* stage s -> s+1: activations of micro-batch `offset`, f32 (rows, width) */
     DP_WIRE_PIPE_GRAD = DP_FRAME_APP(41),   /* stage s+1 -> s: the loss gradient at those activations */

@@ -726,29 +726,18 @@ static int handle(server *s, const dp_event *ev, int wi, dp_err *err)
     case DP_WIRE_PULL_ROWS:
         if (dp_ps_rows_read(s, ev->peer, ev->header.length, 0, who, err) < 0)
             return -1;
-        return dp_ps_rows_send(s, ev->peer, 0, err);
-    case DP_WIRE_PULL_TABLE: { /* [u32 part] or nothing (part 0, the rows) */
-        uint32_t part = 0;
-        if (ev->header.length != 0 && ev->header.length != 4) {
+        return dp_ps_rows_send(s, ev->peer, err);
+    case DP_WIRE_PULL_TABLE: { /* one chunk: [u32 table][u32 part][u32 first][u32 count] */
+        uint8_t b[DP_PS_STATE_ROWS_HEAD];
+        if (ev->header.length != sizeof b) {
             if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
                 return -1;
-            return dp_errf(err, "%s sent a PULL_TABLE of %llu bytes; it holds 0 or 4", who,
-                           (unsigned long long)ev->header.length);
+            return dp_errf(err, "%s sent a PULL_TABLE of %llu bytes; it holds %zu", who,
+                           (unsigned long long)ev->header.length, sizeof b);
         }
-        if (ev->header.length == 4) {
-            uint8_t b[4];
-            if (dp_transport_recv_payload(s->t, ev->peer, b, 4, err) < 0)
-                return -1;
-            part = dp_get_u32(b);
-        }
-        if (s->n_tab == 0)
-            return dp_errf(err, "%s asked for the sparse tables; this run moves no table by rows",
-                           who);
-        int parts = 1 + (s->tab[0].opt.state ? dp_optim_slots(s->tab[0].opt.cfg.kind) : 0);
-        if (part >= (uint32_t)parts)
-            return dp_errf(err, "%s asked for part %u of the sparse tables; they have %d (the "
-                                "rows and each optimiser slot)", who, part, parts);
-        return dp_ps_rows_send(s, ev->peer, 1 + (int)part, err);
+        if (dp_transport_recv_payload(s->t, ev->peer, b, sizeof b, err) < 0)
+            return -1;
+        return dp_ps_table_send(s, ev->peer, b, who, err);
     }
     case DP_WIRE_PULL_AVERAGE:
         if (dp_transport_skip_payload(s->t, ev->peer, err) < 0)
@@ -1637,27 +1626,18 @@ int dp_ps_settle(dp_ps_client *c, float *params, int left, dp_err *err)
     return 0;
 }
 
-/* Shard s's ROWS answer: the rows asked of it (whole 0: the step's ids it
- * holds; 1: every row it holds, local order), scattered into params
- * through rbuf. */
-typedef struct rows_into {
-    float *params;
-    int whole;
-} rows_into;
-
+/* Shard s's ROWS answer: the step's ids it holds, scattered into params
+ * (ctx) through rbuf. */
 static int take_rows(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_err *err)
 {
-    const rows_into *o = ctx;
+    float *params = ctx;
     int S = c->layout.n_shards;
     uint64_t want = 0;
     for (int k = 0; k < c->cfg.n_tables; k++) {
         const dp_ps_table_spec *t = &c->cfg.tables[k];
         uint64_t n = 0;
-        if (o->whole)
-            n = rows_on(t, s, S);
-        else
-            for (long i = 0; i < c->n_ids[k]; i++)
-                n += c->ids[k][i] % (uint32_t)S == (uint32_t)s;
+        for (long i = 0; i < c->n_ids[k]; i++)
+            n += c->ids[k][i] % (uint32_t)S == (uint32_t)s;
         want += n * t->width * sizeof(float);
     }
     if (ev->header.length != want) {
@@ -1668,34 +1648,25 @@ static int take_rows(dp_ps_client *c, int s, const dp_event *ev, void *ctx, dp_e
     }
     for (int k = 0; k < c->cfg.n_tables; k++) {
         const dp_ps_table_spec *t = &c->cfg.tables[k];
-        size_t w = t->width, chunk = c->rbuf_floats / w, n = o->whole ? rows_on(t, s, S) : 0;
+        size_t w = t->width, chunk = c->rbuf_floats / w;
         long i = 0; /* the next of the step's ids */
-        for (size_t done = 0;;) {
-            /* the next chunk of this table's rows: ids[] entries (or local rows) */
+        for (;;) {
+            /* the next chunk of this table's rows: ids[] entries */
             size_t m = 0;
-            if (o->whole)
-                m = n - done < chunk ? n - done : chunk;
-            else
-                for (long j = i; j < c->n_ids[k] && m < chunk; j++)
-                    m += c->ids[k][j] % (uint32_t)S == (uint32_t)s;
+            for (long j = i; j < c->n_ids[k] && m < chunk; j++)
+                m += c->ids[k][j] % (uint32_t)S == (uint32_t)s;
             if (m == 0)
                 break;
             if (dp_transport_recv_payload(c->t, ev->peer, c->rbuf, m * w * sizeof(float), err) < 0)
                 return -1;
             for (size_t q = 0; q < m; q++) {
-                size_t at;
-                if (o->whole) {
-                    at = t->off + ((size_t)s + (done + q) * (size_t)S) * w;
-                } else {
-                    while (c->ids[k][i] % (uint32_t)S != (uint32_t)s)
-                        i++;
-                    at = t->slots ? t->local_off + (size_t)i * w
-                                  : t->off + (size_t)c->ids[k][i] * w;
+                while (c->ids[k][i] % (uint32_t)S != (uint32_t)s)
                     i++;
-                }
-                memcpy(o->params + at, c->rbuf + q * w, w * sizeof(float));
+                size_t at = t->slots ? t->local_off + (size_t)i * w
+                                     : t->off + (size_t)c->ids[k][i] * w;
+                i++;
+                memcpy(params + at, c->rbuf + q * w, w * sizeof(float));
             }
-            done += m;
         }
     }
     long gap = c->clock - (long)ev->header.step;
@@ -1722,79 +1693,114 @@ int dp_ps_client_pull_rows(dp_ps_client *c, float *params, const uint32_t *const
         c->n_ids[k] = n[k];
     }
     double t0 = dp_now();
-    rows_into o = {params, 0};
     int rc = request_all(c, DP_WIRE_PULL_ROWS, (uint64_t)c->clock, err) < 0
                  ? -1
-                 : collect(c, DP_WIRE_ROWS, "rows", take_rows, &o, err);
+                 : collect(c, DP_WIRE_ROWS, "rows", take_rows, params, err);
     dp_trace_span("pull rows", "pull", t0, dp_now(), -1);
     return rc;
 }
 
-/* A pass over every table's rows, streamed (the chief writing a file
- * from compact tables, docs/strategies.md "The chief on rows"): one
- * PULL_TABLE to every shard, whose ROWS frames are then read a piece at a
- * time as the file wants them, never whole. */
-static int tables_begin(dp_ps_client *c, int part, dp_err *err)
+int dp_ps_table_rows_check(unsigned type, uint64_t offset, uint64_t length, const uint8_t *head,
+                           const uint8_t *want, uint32_t width, uint64_t lo, const char *peer,
+                           dp_err *err)
 {
-    int S = c->layout.n_shards;
-    for (int a = 0; a < S; a++)
-        for (int b = a + 1; b < S; b++)
-            if (c->layout.rank[a] == c->layout.rank[b])
-                return dp_errf(err, "%s serves two shards (a failover): their rows cannot be "
-                                    "streamed side by side",
-                               dp_transport_peer_name(c->t, c->layout.rank[a]));
-    if (part == 0) {
-        if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
-            return -1;
-    } else { /* an optimiser slot's rows: [u32 part] */
-        uint8_t b[4];
-        dp_put_u32(b, (uint32_t)part);
-        if (sends_done(c, err) < 0)
-            return -1;
-        for (int sh = 0; sh < S; sh++)
-            if (dp_transport_send(c->t, c->layout.rank[sh], DP_WIRE_PULL_TABLE,
-                                  (uint64_t)c->clock, c->layout.range[sh].lo, b, 4, err) < 0)
-                return -1;
-    }
-    for (int sh = 0; sh < S; sh++) {
-        int rank = c->layout.rank[sh];
-        uint64_t want = 0;
-        for (int k = 0; k < c->cfg.n_tables; k++)
-            want += rows_on(&c->cfg.tables[k], sh, S) * c->cfg.tables[k].width * sizeof(float);
-        dp_event ev;
-        if (dp_transport_recv(c->t, rank, "every row of its tables", PS_TIMEOUT, &ev, err) < 0)
-            return -1;
-        if (ev.header.type != DP_WIRE_ROWS || ev.header.offset != c->layout.range[sh].lo ||
-            ev.header.length != want)
+    uint32_t k = dp_get_u32(want), part = dp_get_u32(want + 4), first = dp_get_u32(want + 8),
+             n = dp_get_u32(want + 12);
+    uint64_t len = DP_PS_STATE_ROWS_HEAD + (uint64_t)n * width * sizeof(float);
+    if (!head) {
+        if (type != DP_WIRE_TABLE_ROWS || offset != lo || length != len)
             return dp_errf(err, "%s answered with frame type %u of %llu bytes at %llu; expected "
-                                "ROWS of %llu bytes for shard %d",
-                           dp_transport_peer_name(c->t, rank), ev.header.type,
-                           (unsigned long long)ev.header.length,
-                           (unsigned long long)ev.header.offset, (unsigned long long)want, sh);
-        c->tab_left[sh] = want;
+                                "TABLE_ROWS of %llu bytes at %llu (rows [%u, +%u) of sparse table "
+                                "%u, part %u)", peer, type, (unsigned long long)length,
+                           (unsigned long long)offset, (unsigned long long)len,
+                           (unsigned long long)lo, first, n, k, part);
+        return 0;
     }
-    c->tab_on = 1;
-    c->tab_part = part;
-    c->tab_k = 0;
-    c->tab_pos = 0;
+    if (memcmp(head, want, DP_PS_STATE_ROWS_HEAD) != 0)
+        return dp_errf(err, "%s sent rows [%u, +%u) of sparse table %u, part %u; expected rows "
+                            "[%u, +%u) of table %u, part %u (a chunk missing, repeated or out of "
+                            "order)", peer, dp_get_u32(head + 8), dp_get_u32(head + 12),
+                       dp_get_u32(head), dp_get_u32(head + 4), first, n, k, part);
     return 0;
 }
 
+/* Rows [first, first + n) in local order of shard sh's table k, part
+ * `part` (0 the rows, q slot q-1), n at most a chunk: one PULL_TABLE and
+ * its TABLE_ROWS answer, checked (dp_ps_table_rows_check) and read into
+ * dst (n x width floats).  Each chunk is asked and answered alone, so no
+ * frame or buffer grows with a table, and a task serving two shards (a
+ * failover) answers each in turn; a shard lost meanwhile is asked again on
+ * its backup (docs/strategies.md, "Sparse rows"). */
+static int table_chunk(dp_ps_client *c, int sh, int k, int part, size_t first, size_t n,
+                       float *dst, dp_err *err)
+{
+    uint32_t w = c->cfg.tables[k].width;
+    uint8_t ask[DP_PS_STATE_ROWS_HEAD], head[DP_PS_STATE_ROWS_HEAD];
+    dp_put_u32(ask, (uint32_t)k);
+    dp_put_u32(ask + 4, (uint32_t)part);
+    dp_put_u32(ask + 8, (uint32_t)first);
+    dp_put_u32(ask + 12, (uint32_t)n);
+    for (;;) {
+        int rank = c->layout.rank[sh];
+        uint64_t lo = c->layout.range[sh].lo;
+        const char *peer = dp_transport_peer_name(c->t, rank);
+        dp_event ev;
+        dp_err why;
+        int rc = dp_transport_send(c->t, rank, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, lo, ask,
+                                   sizeof ask, &why);
+        if (rc == 0 && (rc = dp_transport_recv(c->t, rank, "rows of its tables", PS_TIMEOUT, &ev,
+                                               &why)) < 0 && ev.kind != DP_EVENT_PEER_LOST) {
+            *err = why;
+            return -1;
+        }
+        if (rc == 0) {
+            if (dp_ps_table_rows_check(ev.header.type, ev.header.offset, ev.header.length, NULL,
+                                       ask, w, lo, peer, err) < 0)
+                return -1;
+            rc = dp_transport_recv_payload(c->t, rank, head, sizeof head, &why);
+            if (rc == 0 && dp_ps_table_rows_check(ev.header.type, ev.header.offset,
+                                                  ev.header.length, head, ask, w, lo, peer,
+                                                  err) < 0)
+                return -1;
+            if (rc == 0 && (rc = dp_transport_recv_payload(c->t, rank, dst,
+                                                           n * w * sizeof(float), &why)) == 0) {
+                long gap = c->clock - (long)ev.header.step;
+                if (gap > c->max_gap)
+                    c->max_gap = gap;
+                return 0;
+            }
+        }
+        if (dp_ps_client_lost(c, rank, why.msg, err) < 0)
+            return -1;
+    }
+}
+
+/* Rows of table k one PULL_TABLE asks at most: a chunk, and no more than
+ * `cap` floats hold. */
+static size_t table_chunk_rows(const dp_ps_client *c, int k, size_t cap)
+{
+    size_t w = c->cfg.tables[k].width, per = dp_ps_state_chunk_rows(&c->cfg, w);
+    return cap / w < per ? cap / w : per;
+}
+
+/* A pass over every table's rows (the chief writing a file from compact
+ * tables, docs/strategies.md "The chief on rows"): read a piece at a time
+ * as the file wants them, each shard's share of a piece asked in chunks. */
 int dp_ps_client_tables_end(dp_ps_client *c, dp_err *err)
 {
-    int rc = 0;
-    for (int sh = 0; c->tab_on && sh < c->layout.n_shards; sh++)
-        if (c->tab_left[sh] > 0 && rc == 0)
-            rc = dp_transport_skip_payload(c->t, c->layout.rank[sh], err);
+    (void)err; /* every chunk asked was read whole: nothing is left in flight */
     c->tab_on = 0;
-    return rc;
+    return 0;
 }
 
 int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_t n,
                              dp_err *err)
 {
-    if (!c->tab_on && tables_begin(c, part, err) < 0)
-        return -1;
+    if (!c->tab_on) {
+        if (sends_done(c, err) < 0)
+            return -1;
+        c->tab_on = 1, c->tab_part = part, c->tab_k = 0, c->tab_pos = 0;
+    }
     if (part != c->tab_part)
         return dp_errf(err, "part %d of the sparse tables asked while part %d is read", part,
                        c->tab_part);
@@ -1811,38 +1817,41 @@ int dp_ps_client_tables_read(dp_ps_client *c, int part, int k, float *dst, size_
     if (n > all - c->tab_pos)
         return dp_errf(err, "%zu floats of sparse table %d asked; %zu are left", n, k,
                        all - c->tab_pos);
-    if (n > c->stage_cap) {
-        float *p = realloc(c->stage, n * sizeof(float));
+    /* floats [pos, pos + n): row r from shard r mod S, its local row r / S;
+     * each shard's rows of them (whole: a row cut by the piece's ends is
+     * asked whole, again by the next piece) into the stage, then laid out */
+    size_t pos = c->tab_pos, end = pos + n, r0 = pos / w, r1 = (end + w - 1) / w;
+    size_t lr0[DP_PARTITION_MAX], cnt[DP_PARTITION_MAX], at[DP_PARTITION_MAX], need = 0;
+    for (size_t sh = 0; sh < S; sh++) {
+        /* the first local row at or after r0, and the rows of [r0, r1) */
+        lr0[sh] = r0 / S + (r0 % S > sh);
+        size_t hi = r1 / S + (r1 % S > sh);
+        cnt[sh] = hi > lr0[sh] ? hi - lr0[sh] : 0;
+        at[sh] = need;
+        need += cnt[sh] * w;
+    }
+    if (need > c->stage_cap) {
+        float *p = realloc(c->stage, need * sizeof(float));
         if (!p)
-            return dp_errf(err, "out of memory for %zu floats of rows", n);
-        c->stage = p, c->stage_cap = n;
+            return dp_errf(err, "out of memory for %zu floats of rows", need);
+        c->stage = p, c->stage_cap = need;
     }
-    /* floats [pos, pos + n): row r from shard r mod S, each shard's part of
-     * them one run of its stream; read each run into the stage, then lay the
-     * rows out in order */
-    size_t pos = c->tab_pos, end = pos + n, cnt[DP_PARTITION_MAX] = {0}, at[DP_PARTITION_MAX];
-    for (size_t r = pos / w; r * w < end; r++) {
+    size_t per = dp_ps_state_chunk_rows(&c->cfg, w);
+    for (size_t sh = 0; sh < S; sh++)
+        for (size_t i = 0, m; i < cnt[sh]; i += m) {
+            m = cnt[sh] - i < per ? cnt[sh] - i : per;
+            if (table_chunk(c, (int)sh, k, part, lr0[sh] + i, m, c->stage + at[sh] + i * w,
+                            err) < 0)
+                return -1;
+        }
+    for (size_t r = r0; r < r1; r++) {
         size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
-        cnt[r % S] += b - a;
-    }
-    for (size_t sh = 0, off = 0; sh < S; off += cnt[sh], sh++) {
-        at[sh] = off;
-        uint64_t bytes = (uint64_t)cnt[sh] * sizeof(float);
-        if (bytes > c->tab_left[sh])
-            return dp_errf(err, "shard %zu's rows end before sparse table %d's", sh, k);
-        if (bytes && dp_transport_recv_payload(c->t, c->layout.rank[sh], c->stage + off,
-                                               (size_t)bytes, err) < 0)
-            return -1;
-        c->tab_left[sh] -= bytes;
-    }
-    for (size_t r = pos / w; r * w < end; r++) {
-        size_t a = r * w > pos ? r * w : pos, b = (r + 1) * w < end ? (r + 1) * w : end;
-        memcpy(dst + (a - pos), c->stage + at[r % S], (b - a) * sizeof(float));
-        at[r % S] += b - a;
+        memcpy(dst + (a - pos), c->stage + at[r % S] + (r / S - lr0[r % S]) * w + (a - r * w),
+               (b - a) * sizeof(float));
     }
     c->tab_pos = end;
     if (k == c->cfg.n_tables - 1 && end == all)
-        c->tab_on = 0; /* every shard's ROWS read to its end */
+        c->tab_on = 0; /* the pass is over */
     return 0;
 }
 
@@ -1856,10 +1865,24 @@ int dp_ps_client_pull(dp_ps_client *c, float *params, int average, dp_err *err)
         return -1;
     if (c->cfg.n_tables == 0 || c->cfg.tables[0].slots)
         return 0;
-    rows_into o = {params, 1};
-    if (request_all(c, DP_WIRE_PULL_TABLE, (uint64_t)c->clock, err) < 0)
-        return -1;
-    return collect(c, DP_WIRE_ROWS, "every row of its tables", take_rows, &o, err);
+    /* every row of every table, shard by shard, a chunk at a time through
+     * rbuf into its place (row id = shard + local x S) */
+    size_t S = (size_t)c->layout.n_shards;
+    for (size_t sh = 0; sh < S; sh++)
+        for (int k = 0; k < c->cfg.n_tables; k++) {
+            const dp_ps_table_spec *t = &c->cfg.tables[k];
+            size_t w = t->width, rows = rows_on(t, (int)sh, (int)S);
+            size_t per = table_chunk_rows(c, k, c->rbuf_floats);
+            for (size_t first = 0, m; first < rows; first += m) {
+                m = rows - first < per ? rows - first : per;
+                if (table_chunk(c, (int)sh, k, 0, first, m, c->rbuf, err) < 0)
+                    return -1;
+                for (size_t q = 0; q < m; q++)
+                    memcpy(params + t->off + (sh + (first + q) * S) * w, c->rbuf + q * w,
+                           w * sizeof(float));
+            }
+        }
+    return 0;
 }
 
 int dp_ps_client_auto(dp_ps_client *c, float *params, char *why, size_t cap, dp_err *err)

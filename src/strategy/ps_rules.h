@@ -186,11 +186,9 @@ struct dp_ps_client {
     size_t sec_cap;
     float *rbuf;
     size_t rbuf_floats;
-    /* a pass over every table's rows (dp_ps_client_tables_read): each
-     * shard's ROWS payload left unread, the table and float read next, and
-     * the staging buffer of a read */
+    /* a pass over every table's rows (dp_ps_client_tables_read): the part,
+     * the table and float read next, and the staging buffer of a read */
     int tab_on, tab_part, tab_k;
-    uint64_t tab_left[DP_PARTITION_MAX];
     size_t tab_pos;
     float *stage;
     size_t stage_cap;
@@ -304,9 +302,15 @@ size_t dp_ps_rows_put(dp_ps_server *s);
 void dp_ps_rows_round_add(dp_ps_server *s, float r);
 void dp_ps_rows_round_mean(dp_ps_server *s, float scale);
 void dp_ps_rows_round_clear(dp_ps_server *s);
-/* Answers a PULL_ROWS (read by dp_ps_rows_read; all 0) or a PULL_TABLE of
- * part all - 1 (1: the rows; 2, 3: optimiser slot 0, 1's rows). */
-int dp_ps_rows_send(dp_ps_server *s, int rank, int all, dp_err *err);
+/* Answers a PULL_ROWS (read by dp_ps_rows_read). */
+int dp_ps_rows_send(dp_ps_server *s, int rank, dp_err *err);
+/* Answers a PULL_TABLE, ask its 16 bytes ([u32 table][u32 part][u32 first
+ * local row][u32 count]): every field checked against the shard's tables
+ * and the chunk (dp_ps_state_chunk_rows), then one TABLE_ROWS frame, the
+ * head and the rows straight from the table (docs/strategies.md, "Sparse
+ * rows"); -1 with err naming who. */
+int dp_ps_table_send(dp_ps_server *s, int rank, const uint8_t *ask, const char *who,
+                     dp_err *err);
 /* Floats of every table's rows this shard holds (the STATE frame's part). */
 size_t dp_ps_rows_local_floats(const dp_ps_server *s);
 

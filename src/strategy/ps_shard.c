@@ -545,18 +545,13 @@ void dp_ps_rows_round_clear(server *s)
     }
 }
 
-int dp_ps_rows_send(server *s, int rank, int all, dp_err *err)
+int dp_ps_rows_send(server *s, int rank, dp_err *err)
 {
     struct iovec iov[DP_PS_MAX_TABLES];
     int n = 0;
     for (int k = 0; k < s->n_tab; k++) {
         dp_ps_table *t = &s->tab[k];
         size_t w = (size_t)t->width;
-        if (all) { /* part all - 1: the rows, or an optimiser slot's */
-            const float *v = all == 1 ? t->params : t->opt.state + (size_t)(all - 2) * t->opt.n;
-            iov[n++] = (struct iovec){(void *)v, (size_t)t->local * w * sizeof(float)};
-            continue;
-        }
         for (long i = 0; i < t->n_ids; i++)
             memcpy(t->grad + (size_t)i * w, t->params + (size_t)t->ids[i] * w, w * sizeof(float));
         iov[n++] = (struct iovec){t->grad, (size_t)t->n_ids * w * sizeof(float)};
@@ -564,4 +559,30 @@ int dp_ps_rows_send(server *s, int rank, int all, dp_err *err)
     long m = dp_ps_min_clock(s);
     return dp_transport_sendv(s->t, rank, DP_WIRE_ROWS, (uint64_t)(m < 0 ? 0 : m), s->lo, iov, n,
                               err);
+}
+
+int dp_ps_table_send(server *s, int rank, const uint8_t *ask, const char *who, dp_err *err)
+{
+    uint32_t k = dp_get_u32(ask), part = dp_get_u32(ask + 4), first = dp_get_u32(ask + 8),
+             n = dp_get_u32(ask + 12);
+    if (k >= (uint32_t)s->n_tab)
+        return dp_errf(err, "%s asked for rows of sparse table %u; this run moves %d table(s) by "
+                            "rows", who, k, s->n_tab);
+    dp_ps_table *t = &s->tab[k];
+    size_t w = (size_t)t->width, per = dp_ps_state_chunk_rows(&s->cfg, w);
+    uint32_t parts = 1 + (t->opt.state ? (uint32_t)dp_optim_slots(t->opt.cfg.kind) : 0);
+    if (part >= parts)
+        return dp_errf(err, "%s asked for part %u of sparse table %u; it has %u (the rows and "
+                            "each optimiser slot)", who, part, k, parts);
+    if (n == 0 || n > per || first > (uint64_t)t->local || n > (uint64_t)t->local - first)
+        return dp_errf(err, "%s asked for rows [%u, +%u) of sparse table %u; this shard holds "
+                            "%ld, and a chunk is 1 to %zu rows", who, first, n, k, t->local, per);
+    const float *v = part == 0 ? t->params : t->opt.state + (size_t)(part - 1) * t->opt.n;
+    uint8_t h[DP_PS_STATE_ROWS_HEAD];
+    memcpy(h, ask, sizeof h); /* the chunk's head: what was asked, checked */
+    /* straight from the table: no copy, and no frame above a chunk */
+    struct iovec iov[2] = {{h, sizeof h}, {(void *)(v + (size_t)first * w), n * w * sizeof(float)}};
+    long m = dp_ps_min_clock(s);
+    return dp_transport_sendv(s->t, rank, DP_WIRE_TABLE_ROWS, (uint64_t)(m < 0 ? 0 : m), s->lo,
+                              iov, 2, err);
 }

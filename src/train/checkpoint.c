@@ -1161,6 +1161,52 @@ int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int s
     return 0;
 }
 
+/* A gap between two ids of dp_checkpoint_read_ids's of at most this many
+ * bytes of rows is read with them, in one pread, rather than splitting the
+ * read in two: a few KiB more cost less than a system call. */
+#define GAP_BYTES ((size_t)4096)
+
+int dp_checkpoint_read_ids(const dp_train_state *st, int table, int part, const uint32_t *ids,
+                           size_t n, float *dst, dp_err *err)
+{
+    const rows_src *rs = st ? st->rows_src : NULL;
+    if (!rs)
+        return dp_errf(err, "%s: read whole, not by rows",
+                       st && st->path ? st->path : "the checkpoint");
+    const dp_st_tensor *t = table < 0 || table >= rs->n_tables ? NULL
+                            : part == 0                        ? rs->table[table]
+                            : part == DP_CKPT_PART_BEST        ? rs->best
+                            : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
+                                                               : NULL;
+    if (!t)
+        return dp_errf(err, "%s: no part %d of sparse table %d", rs->path, part, table);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= (uint64_t)rs->rows[table] || (i > 0 && ids[i] <= ids[i - 1]))
+            return dp_errf(err, "%s: row id %u (entry %zu) of sparse table %d: ids must be below "
+                                "its %ld rows and strictly increasing",
+                           rs->path, ids[i], i, table, rs->rows[table]);
+    size_t w = rs->width[table], row = w * sizeof(float);
+    size_t per = PIECE_BYTES / row, gap = GAP_BYTES / row; /* rows */
+    size_t base = part ? rs->flat[table] : 0;
+    for (size_t i = 0, j; i < n; i = j) {
+        /* a run: ids close enough, spanning at most a piece */
+        for (j = i + 1; j < n && ids[j] - ids[j - 1] - 1 <= gap && ids[j] - ids[i] < per; j++)
+            ;
+        size_t span = (size_t)(ids[j - 1] - ids[i]) + 1;
+        uint64_t at = (base + (size_t)ids[i] * w) * sizeof(float);
+        if (span == j - i) { /* adjacent rows, adjacent places: straight there */
+            if (dp_safetensors_read(rs->f, t, at, dst + i * w, span * row, err) < 0)
+                return dp_err_prefix(err, "%s", rs->path);
+            continue;
+        }
+        if (dp_safetensors_read(rs->f, t, at, rs->buf, span * row, err) < 0)
+            return dp_err_prefix(err, "%s", rs->path);
+        for (size_t q = i; q < j; q++)
+            memcpy(dst + q * w, rs->buf + (size_t)(ids[q] - ids[i]) * w, row);
+    }
+    return 0;
+}
+
 int dp_checkpoint_read_table(const dp_train_state *st, int table, int part, size_t off,
                              size_t n, float *dst, dp_err *err)
 {

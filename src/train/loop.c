@@ -442,11 +442,10 @@ static const float *best_prep(void *ctx, const float *x, int n, dp_err *err)
                          "%ld slots", c, k, t[k].slots);
             return NULL;
         }
-        for (long i = 0; i < c; i++)
-            if (dp_checkpoint_read_rows(L->best_src, k, L->best_part, 0, 1, L->best_ids[i], 1,
-                                        L->ck.best + t[k].local_off + (size_t)i * t[k].width,
-                                        err) < 0)
-                return NULL;
+        /* the chunk's ids are sorted: runs of near ones, one read each */
+        if (dp_checkpoint_read_ids(L->best_src, k, L->best_part, L->best_ids, (size_t)c,
+                                   L->ck.best + t[k].local_off, err) < 0)
+            return NULL;
         dp_model_sparse_slots(&L->m, &t[k], L->best_x, n, L->best_ids, c);
     }
     return L->best_x;
