@@ -257,8 +257,14 @@ int main(void)
     const run_spec mlp = {"mlp-bn", 2, 16, 67, 784, 3};
     /* 17 + 16 + 16 records: the last step is 1 + 0 + 0 */
     const run_spec conv = {"1x8x8-conv3x3x4-bn-relu-maxpool2-dense12-bn-relu-5", 3, 8, 49, 64, 3};
-    /* 11 + 11 records: steps of 4 + 4, 4 + 4, 3 + 3 (under ASan one step of 4 + 4) */
-    const run_spec resnet = {"resnet-fashion", 2, 4, SANITIZED ? 8 : 22, 784, SANITIZED ? 1 : 3};
+    /* 8 + 8 records: two steps of 4 + 4 (under ASan one).  A third step
+     * (3 + 3) once ended 2.9e-4 from one process on a machine whose
+     * OpenBLAS runs its Haswell kernels (5.7e-7 with SkylakeX's): the
+     * products' other rounding let a pre-activation near 0 fall on the
+     * other side of a relu, whose whole gradient then moved; float noise
+     * made large, not a sum --sync-bn got wrong (the mlp and conv models
+     * keep their short last steps) */
+    const run_spec resnet = {"resnet-fashion", 2, 4, SANITIZED ? 8 : 16, 784, SANITIZED ? 1 : 2};
     /* 12 + 12 records: three steps of 4 + 4 */
     const run_spec vit = {"vit-mnist", 2, 4, 24, 784, 3};
     check_model(&mlp);
