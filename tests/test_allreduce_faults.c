@@ -260,11 +260,23 @@ int main(void)
     CHECKF(access(path, R_OK) == 0 && log_has("lead", "[worker 1] Saved "),
            "lead: worker:1 did not write the --save file");
     /* with --compress, the new leader gathers the residuals: the last
-     * checkpoint holds all three, worker:0's its own since it rejoined */
+     * checkpoint holds all three, worker:0's its own since it rejoined (at
+     * an epoch's start: step 80, or on a loaded machine 120, the
+     * checkpoint's own step, where its residual is still the fresh zeros) */
     snprintf(more, sizeof more, "--compress topk:0.1 --checkpoint-every 40 --checkpoint-dir "
              "%s/lead-restart-ck", tmp);
     rc = run_with("lead-restart", "--max-restarts 1", more, "kill", "worker:0");
     new_leader("lead-restart", rc, clean, "a killed and restarted leader", "worker:0");
+    snprintf(path, sizeof path, "%s/lead-restart.log", tmp);
+    size_t len;
+    char *text = slurp(path, &len);
+    const char *at = text ? strstr(text, "fault: worker:0 rejoined the all-reduce ring at step ")
+                          : NULL;
+    long rejoined_at = at ? atol(at + strlen("fault: worker:0 rejoined the all-reduce ring at "
+                                             "step ")) : -1;
+    free(text);
+    CHECKF(rejoined_at == 80 || rejoined_at == 120, "lead-restart: worker:0 rejoined at step %ld "
+           "(expected an epoch's start: 80 or 120)", rejoined_at);
     snprintf(path, sizeof path, "%s/lead-restart-ck/ckpt-0000000120.safetensors", tmp);
     dp_safetensors *f = NULL;
     dp_err e;
@@ -276,7 +288,11 @@ int main(void)
         size_t nonzero = 0;
         for (int64_t k = 0; t && k < t->shape[0]; k++)
             nonzero += t->data[k] != 0;
-        CHECKF(nonzero > 0, "%s: %s is %s", path, name, t ? "zeros" : "missing");
+        if (p == 0 && rejoined_at == 120)
+            CHECKF(t && nonzero == 0, "%s: %s (rejoined at step 120) is %s", path, name,
+                   t ? "not its fresh zeros" : "missing");
+        else
+            CHECKF(nonzero > 0, "%s: %s is %s", path, name, t ? "zeros" : "missing");
     }
     dp_safetensors_free(f);
     CHECKF(log_has("lead-restart", "fault: worker:0 rejoined the all-reduce ring at step") &&

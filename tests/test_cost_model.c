@@ -16,7 +16,7 @@
 #include "downpour/sparse.h"
 #include "downpour/synth_ctr.h"
 #include "scratch.h"
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 
 /* Predicted against measured sparse bytes on 8-emb1000x16-gap-2 fed the
  * synthetic set's 8 categorical columns (Zipf 1.1 over 1,000 ids each). */

@@ -33,7 +33,7 @@
 #include "downpour/ps.h"
 #include "downpour/testhooks.h"
 #include "downpour/wire.h"
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 
 #define NP 4096 /* two shards of 2048 */
 #define HALF (NP / 2)

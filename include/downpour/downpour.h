@@ -46,6 +46,7 @@
 #include "downpour/png.h"
 #include "downpour/pool.h"
 #include "downpour/ps.h"
+#include "downpour/ps_auto.h"
 #include "downpour/records.h"
 #include "downpour/reducer.h"
 #include "downpour/replica.h"

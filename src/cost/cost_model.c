@@ -13,7 +13,7 @@
 #include "downpour/partition.h"
 #include "downpour/ps.h"
 #include "downpour/strategy.h"
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 
 #define RING_SEGMENT_BYTES (256u << 10) /* src/strategy/ring.c: frames of at most this */
 #define MAX_TASKS 4096

@@ -15,7 +15,7 @@
 #include "downpour/sender.h"
 #include "downpour/trace.h"
 #include "downpour/testhooks.h"
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 #include "strategy/ps_rules.h"
 
 #define PS_TIMEOUT 600.0 /* s a worker waits for its parameters before giving up */

@@ -1,5 +1,5 @@
 /* --compress auto's rule for the ps family: see ps_auto.h. */
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 
 #include <stdio.h>
 #include <string.h>

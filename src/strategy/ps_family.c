@@ -17,7 +17,7 @@
 #include "downpour/wire.h"
 #include "exec/mp_replica.h"
 #include "strategy/buffers_wire.h"
-#include "strategy/ps_auto.h"
+#include "downpour/ps_auto.h"
 #include "strategy/ps_host.h"
 
 #define WAIT_TIMEOUT 600.0    /* s the chief or a worker waits for a peer */

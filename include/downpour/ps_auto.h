@@ -5,8 +5,8 @@
  * answers, for f32 and for top-k of each ratio of the ladder, coded both
  * ways (the servers answer a coded push with the 4-bit difference from the
  * worker's copy, compress.h dp_delta4_encode). */
-#ifndef DOWNPOUR_STRATEGY_PS_AUTO_H
-#define DOWNPOUR_STRATEGY_PS_AUTO_H
+#ifndef DOWNPOUR_PS_AUTO_H
+#define DOWNPOUR_PS_AUTO_H
 
 #include <stddef.h>
 #include <stdint.h>
