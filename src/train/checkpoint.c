@@ -1119,6 +1119,18 @@ int dp_checkpoint_read(const char *path, const dp_model *m, const dp_run_identit
     return rc;
 }
 
+/* The tensor of sparse table `table`'s part (0 its rows, DP_CKPT_PART_BEST
+ * the best ones, k its optimiser slot k - 1), NULL when there is none. */
+static const dp_st_tensor *part_tensor(const dp_train_state *st, const rows_src *rs, int table,
+                                       int part)
+{
+    return table < 0 || table >= rs->n_tables ? NULL
+           : part == 0                        ? rs->table[table]
+           : part == DP_CKPT_PART_BEST        ? rs->best
+           : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
+                                              : NULL;
+}
+
 int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int shard, int shards,
                             size_t first, size_t n, float *dst, dp_err *err)
 {
@@ -1126,11 +1138,7 @@ int dp_checkpoint_read_rows(const dp_train_state *st, int table, int part, int s
     if (!rs)
         return dp_errf(err, "%s: read whole, not by rows",
                        st && st->path ? st->path : "the checkpoint");
-    const dp_st_tensor *t = table < 0 || table >= rs->n_tables ? NULL
-                            : part == 0                        ? rs->table[table]
-                            : part == DP_CKPT_PART_BEST        ? rs->best
-                            : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
-                                                               : NULL;
+    const dp_st_tensor *t = part_tensor(st, rs, table, part);
     if (!t || shards < 1 || shard < 0 || shard >= shards)
         return dp_errf(err, "%s: no part %d of sparse table %d on shard %d of %d", rs->path,
                        part, table, shard, shards);
@@ -1173,11 +1181,7 @@ int dp_checkpoint_read_ids(const dp_train_state *st, int table, int part, const 
     if (!rs)
         return dp_errf(err, "%s: read whole, not by rows",
                        st && st->path ? st->path : "the checkpoint");
-    const dp_st_tensor *t = table < 0 || table >= rs->n_tables ? NULL
-                            : part == 0                        ? rs->table[table]
-                            : part == DP_CKPT_PART_BEST        ? rs->best
-                            : part > 0 && part <= st->n_slots  ? rs->slot[part - 1]
-                                                               : NULL;
+    const dp_st_tensor *t = part_tensor(st, rs, table, part);
     if (!t)
         return dp_errf(err, "%s: no part %d of sparse table %d", rs->path, part, table);
     for (size_t i = 0; i < n; i++)
