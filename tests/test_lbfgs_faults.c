@@ -115,7 +115,11 @@ int main(void)
      * waits up to 200 ms for such a killed task before it blames the
      * chief (launcher.c, reap_killed_first), so it names the chief only if
      * the ps took longer to die on a loaded machine. */
-    CHECKF(rc != 0 && log_has("nockpt", "lost ps:0") &&
+    /* the lost ps is named by the chief ("lost ps:0"), or, when the
+     * launcher reaps the killed ps and stops the others before the chief
+     * has logged it, by the launcher ("fault: ps:0 (pid ...) was killed") */
+    CHECKF(rc != 0 &&
+               (log_has("nockpt", "lost ps:0") || log_has("nockpt", "fault: ps:0 (pid")) &&
                (log_has("nockpt", "cannot survive a lost ps without --checkpoint-dir") ||
                 log_has("nockpt", "cannot survive a lost chief without --checkpoint-dir")),
            "without --checkpoint-dir: exit %d", rc);
